@@ -1,0 +1,1 @@
+"""Small adapters that let third-party packages work with rlax_post's stack."""
