@@ -1,0 +1,35 @@
+# The two commands: `make demo` and `make test`. Each creates .venv if missing and installs the project
+# (pinned by requirements/lock.txt); the install step is skipped when nothing it depends on changed.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.rlax_post-installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test test-all bench clean
+
+$(PY):
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), f"Python 3.11+ needed; $(PYTHON) is {sys.version}"'
+	$(PYTHON) -m venv $(VENV)
+
+# google-jetstream goes in without its declared dependencies: they pull seqio -> TensorFlow (~2 GB), which
+# it imports only for type names (third_party/jetstream_compat supplies them). Its real runtime needs are
+# ordinary dependencies of this project.
+$(STAMP): pyproject.toml requirements/lock.txt | $(PY)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -e ".[test]"
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c requirements/lock.txt google-jetstream
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/rlax-post train --config configs/demo.py --workdir runs/demo
+
+test: install
+	$(PY) -m pytest -n 2 --dist loadfile -m "not slow" $(PYTEST_ARGS)
+
+test-all: install
+	$(PY) -m pytest -n 2 --dist loadfile -m "slow or not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf runs .pytest_cache

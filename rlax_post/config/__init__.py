@@ -1,0 +1,41 @@
+"""Run configuration: validated frozen dataclasses built from `configs/*.py` ConfigDicts."""
+
+from rlax_post.config._schema import ADVANTAGE_ESTIMATORS
+from rlax_post.config._schema import AdvantageSection
+from rlax_post.config._schema import AGG_MODES
+from rlax_post.config._schema import CheckpointSection
+from rlax_post.config._schema import Config
+from rlax_post.config._schema import EvalSection
+from rlax_post.config._schema import KL_KINDS
+from rlax_post.config._schema import load
+from rlax_post.config._schema import LOSS_KINDS
+from rlax_post.config._schema import LossSection
+from rlax_post.config._schema import MeshSection
+from rlax_post.config._schema import ModelSection
+from rlax_post.config._schema import OptimizerSection
+from rlax_post.config._schema import RLSection
+from rlax_post.config._schema import RuntimeSection
+from rlax_post.config._schema import SFTSection
+from rlax_post.config._schema import TaskConfig
+from rlax_post.config._validate import to_dict
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AdvantageSection",
+    "AGG_MODES",
+    "CheckpointSection",
+    "Config",
+    "EvalSection",
+    "KL_KINDS",
+    "load",
+    "LOSS_KINDS",
+    "LossSection",
+    "MeshSection",
+    "ModelSection",
+    "OptimizerSection",
+    "RLSection",
+    "RuntimeSection",
+    "SFTSection",
+    "TaskConfig",
+    "to_dict",
+]

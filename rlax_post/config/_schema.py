@@ -1,0 +1,155 @@
+"""The validated run configuration: frozen dataclasses built from `configs/*.py` ConfigDicts.
+
+Every section mirrors a sub-dict of the ConfigDict with the same keys; `load(config_dict)` checks unknown
+keys, types, ranges and choices, and the cross-field constraints in `Config.__post_init__`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rlax_post.config._validate import bounded
+from rlax_post.config._validate import build
+from rlax_post.config._validate import choices
+
+ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp")
+LOSS_KINDS = ("ppo",)
+KL_KINDS = ("k3", "k1", "k2")
+AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+RUNTIME_MODES = ("sync",)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+  name: str = "reverse"  # checked by rlax_post.envs.make_task, which lists the valid names
+  options: dict = dataclasses.field(default_factory=dict)  # the task's own options (make_task kwargs)
+  num_eval: int = bounded(256, low=1)  # held-out prompts for the greedy eval
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+  preset: str = "tiny"  # a key of rlax_post.models.PRESETS
+  overrides: dict = dataclasses.field(default_factory=dict)  # ModelConfig fields to override
+  vocab_multiple: int = bounded(8, low=1)  # pad the tokenizer's vocab to a multiple of this (sharding)
+  max_seq_len: int = bounded(64, low=2)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection:
+  data: int = 1
+  fsdp: int = -1
+  tensor: int = 1
+  # (logical axis, mesh axis or list of mesh axes or None) pairs; empty = rlax_post.sharding.DEFAULT_RULES.
+  rules: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSection:
+  learning_rate: float = bounded(1e-3, low=0.0, low_open=True)
+  warmup_steps: int = bounded(10, low=0)
+  end_lr_ratio: float = bounded(0.1, low=0.0, high=1.0)
+  weight_decay: float = bounded(0.0, low=0.0)
+  b1: float = bounded(0.9, low=0.0, high=1.0)
+  b2: float = bounded(0.999, low=0.0, high=1.0)
+  max_grad_norm: float = bounded(1.0, low=0.0, low_open=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTSection:
+  """The warm start: supervised steps on noisy demonstrations before RL (steps = 0 skips it)."""
+  steps: int = bounded(300, low=0)
+  batch_size: int = bounded(64, low=1)
+  noise: float = bounded(0.6, low=0.0, high=1.0)  # probability of the task's systematic mistake
+  typo_rate: float = bounded(0.0, low=0.0, high=1.0)
+  optimizer: OptimizerSection = dataclasses.field(default_factory=OptimizerSection)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSection:
+  steps: int = bounded(60, low=0)
+  prompts_per_step: int = bounded(32, low=1)
+  samples_per_prompt: int = bounded(8, low=1)
+  max_new_tokens: int = bounded(8, low=1)
+  temperature: float = bounded(1.0, low=0.0, low_open=True)
+  top_p: float = bounded(1.0, low=0.0, high=1.0, low_open=True)
+  top_k: int = bounded(0, low=0)
+  minibatches: int = bounded(1, low=1)  # optimizer steps per rollout batch (per epoch)
+  epochs: int = bounded(1, low=1)  # passes over each rollout batch
+  optimizer: OptimizerSection = dataclasses.field(
+      default_factory=lambda: OptimizerSection(learning_rate=3e-4, warmup_steps=5))
+
+
+@dataclasses.dataclass(frozen=True)
+class LossSection:
+  kind: str = choices(*LOSS_KINDS)
+  eps_low: float = bounded(0.2, low=0.0)
+  eps_high: float = bounded(0.28, low=0.0)
+  dual_clip: float | None = None  # c > 1 caps the loss of negative-advantage tokens at -c·A
+  kl_coef: float = bounded(0.0, low=0.0)
+  kl_kind: str = choices(*KL_KINDS)
+  entropy_coef: float = bounded(0.0, low=0.0)
+  agg_mode: str = choices(*AGG_MODES)
+  micro_batches: int = bounded(1, low=1)  # gradient accumulation inside one optimizer step
+
+
+@dataclasses.dataclass(frozen=True)
+class AdvantageSection:
+  estimator: str = choices(*ADVANTAGE_ESTIMATORS)
+  std: str = choices("sample", "population")
+  eps: float = bounded(1e-6, low=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+  every: int = bounded(20, low=0)  # RL steps between greedy evals (0: only at the start and the end)
+  batch_size: int = bounded(256, low=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+  every: int = bounded(20, low=0)  # RL steps between checkpoints (0: only at the end)
+  max_to_keep: int = bounded(2, low=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeSection:
+  mode: str = choices(*RUNTIME_MODES)
+  log_every: int = bounded(1, low=1)
+  progress: bool = True  # a progress bar with the live reward
+  tensorboard: bool = True
+  plot: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  seed: int = bounded(0, low=0)
+  task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+  model: ModelSection = dataclasses.field(default_factory=ModelSection)
+  mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
+  sft: SFTSection = dataclasses.field(default_factory=SFTSection)
+  rl: RLSection = dataclasses.field(default_factory=RLSection)
+  loss: LossSection = dataclasses.field(default_factory=LossSection)
+  advantage: AdvantageSection = dataclasses.field(default_factory=AdvantageSection)
+  eval: EvalSection = dataclasses.field(default_factory=EvalSection)
+  checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
+  runtime: RuntimeSection = dataclasses.field(default_factory=RuntimeSection)
+
+  def __post_init__(self):
+    rollouts = self.rl.prompts_per_step * self.rl.samples_per_prompt
+    if rollouts % self.rl.minibatches:
+      raise ValueError(f"rl.prompts_per_step × rl.samples_per_prompt = {rollouts} must be divisible by "
+                       f"rl.minibatches = {self.rl.minibatches}.")
+    if (rollouts // self.rl.minibatches) % self.loss.micro_batches:
+      raise ValueError(f"A minibatch of {rollouts // self.rl.minibatches} rollouts must be divisible by "
+                       f"loss.micro_batches = {self.loss.micro_batches}.")
+    if self.sft.batch_size % self.loss.micro_batches:
+      raise ValueError(f"sft.batch_size = {self.sft.batch_size} must be divisible by loss.micro_batches = "
+                       f"{self.loss.micro_batches}.")
+    if self.loss.dual_clip is not None and self.loss.dual_clip <= 1.0:
+      raise ValueError(f"`loss.dual_clip` must be > 1 (or None); got {self.loss.dual_clip}.")
+
+
+def load(raw: Any) -> Config:
+  """Validates a ConfigDict (or mapping) into a `Config`."""
+  return build(Config, raw)

@@ -1,0 +1,110 @@
+"""Turns an `ml_collections.ConfigDict` into frozen dataclasses, with errors that list the allowed values."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Mapping
+
+
+def choices(*values, default=None):
+  """A dataclass field whose value must be one of `values`."""
+  return dataclasses.field(default=values[0] if default is None else default,
+                           metadata={"choices": values})
+
+
+def bounded(default, *, low=None, high=None, low_open=False):
+  """A numeric dataclass field with a lower (closed or open) and/or upper bound."""
+  return dataclasses.field(default=default, metadata={"low": low, "high": high, "low_open": low_open})
+
+
+def _to_plain(value):
+  if hasattr(value, "to_dict"):
+    return value.to_dict()
+  return value
+
+
+def _check_scalar(path: str, value, tp):
+  origin = typing.get_origin(tp)
+  if origin in (types.UnionType, typing.Union):
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if value is None and type(None) in typing.get_args(tp):
+      return None
+    tp = args[0]
+  if tp is bool:
+    if not isinstance(value, bool):
+      raise ValueError(f"`{path}` must be a bool; got {value!r}.")
+  elif tp is int:
+    if isinstance(value, bool) or not isinstance(value, int):
+      raise ValueError(f"`{path}` must be an int; got {value!r}.")
+  elif tp is float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise ValueError(f"`{path}` must be a number; got {value!r}.")
+    value = float(value)
+  elif tp is str:
+    if not isinstance(value, str):
+      raise ValueError(f"`{path}` must be a string; got {value!r}.")
+  elif typing.get_origin(tp) is tuple or tp is tuple:
+    if not isinstance(value, (list, tuple)):
+      raise ValueError(f"`{path}` must be a list; got {value!r}.")
+    value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+  elif typing.get_origin(tp) is dict or tp is dict:
+    value = dict(_to_plain(value) or {})
+  return value
+
+
+def _default_of(field: dataclasses.Field):
+  if field.default is not dataclasses.MISSING:
+    return field.default
+  if field.default_factory is not dataclasses.MISSING:
+    return field.default_factory()
+  return dataclasses.MISSING
+
+
+def build(cls, raw: Mapping[str, Any] | None, path: str = "config", base=None):
+  """Builds dataclass `cls` from a mapping, recursively; unknown keys and bad values raise ValueError.
+
+  Keys missing from `raw` take their value from `base` (an instance of `cls`) if given, else the field's
+  default; so a nested section's own defaults (a dataclass default_factory) are kept.
+  """
+  raw = dict(_to_plain(raw) or {})
+  hints = typing.get_type_hints(cls)
+  fields = {f.name: f for f in dataclasses.fields(cls)}
+  unknown = sorted(set(raw) - set(fields))
+  if unknown:
+    raise ValueError(f"Unknown key(s) {[f'{path}.{k}' for k in unknown]}; valid keys of `{path}` are "
+                     f"{sorted(fields)}.")
+  kwargs = {}
+  for name, field in fields.items():
+    sub = f"{path}.{name}"
+    tp = hints[name]
+    default = getattr(base, name) if base is not None else _default_of(field)
+    if dataclasses.is_dataclass(tp):
+      kwargs[name] = build(tp, raw.get(name), sub, None if default is dataclasses.MISSING else default)
+      continue
+    if name not in raw:
+      if default is not dataclasses.MISSING:
+        kwargs[name] = default
+      continue
+    value = _check_scalar(sub, raw[name], tp)
+    meta = field.metadata
+    if "choices" in meta and value not in meta["choices"]:
+      raise ValueError(f"`{sub}` must be one of {list(meta['choices'])}; got {value!r}.")
+    low, high = meta.get("low"), meta.get("high")
+    if value is not None and low is not None:
+      if value < low or (meta.get("low_open") and value == low):
+        relation = ">" if meta.get("low_open") else ">="
+        raise ValueError(f"`{sub}` must be {relation} {low}; got {value!r}.")
+    if value is not None and high is not None and value > high:
+      raise ValueError(f"`{sub}` must be <= {high}; got {value!r}.")
+    kwargs[name] = value
+  try:
+    return cls(**kwargs)
+  except ValueError as e:
+    raise ValueError(f"In `{path}`: {e}") from None
+
+
+def to_dict(obj) -> dict:
+  """A validated config back to plain Python (for logs and summary files)."""
+  return dataclasses.asdict(obj)

@@ -1,0 +1,270 @@
+"""Grain pipelines of task prompts and of noisy demonstrations.
+
+Determinism. Every example is a pure function of `(seed, split, index)`: the
+generator is `np.random.default_rng([seed, split_id, index])`, never Python's
+per-process salted `hash()`. Shuffle seeds come from `np.random.SeedSequence`.
+So the same arguments give the same batches in any process.
+
+Splits. The eval set is the first `num_eval` distinct keys drawn from split
+'eval' (indices 0, 1, ... with duplicates skipped). The train split has
+`TRAIN_LENGTH` (2**31 - 1) indices, effectively infinite; train example `i`
+keeps drawing from its own generator until it gets a key outside the eval set,
+so no train example ever shares a key with an eval example and the dataset
+has no holes (grain batching needs none).
+
+Batches carry their `Example`s as a numpy object array `examples` [B] (for
+rewards) next to `example_index` int64 [B] (the generation index: `i` in the
+train split, the position in `eval_examples` in the eval split). `examples`
+must be popped before a batch goes to a device.
+"""
+
+import dataclasses
+import operator
+from typing import Any
+
+import grain
+import numpy as np
+
+from rlax_post.envs import _base
+
+TRAIN_LENGTH = 2**31 - 1
+SPLITS = ('train', 'eval')
+_SPLIT_IDS = {'train': 0, 'eval': 1}
+_DEMO_STREAM = 2  # Generator of the demonstrator's noise, per train index.
+_PROMPT_SHUFFLE = 3
+_SFT_SHUFFLE = 4
+# A task whose eval set covers nearly all its problems cannot feed training.
+_MAX_DRAWS_PER_EXAMPLE = 1000
+
+
+def _check_seed(seed: object) -> None:
+  _base.check_int('seed', seed, 0)
+
+
+def _check_split(split: object) -> None:
+  if split not in _SPLIT_IDS:
+    raise ValueError(f'`split` must be one of {list(SPLITS)}; got {split!r}.')
+
+
+def _shuffle_seed(seed: int, stream: int) -> int:
+  return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
+
+
+def eval_examples(
+    task: _base.Task, *, seed: int, num_eval: int = 256
+) -> list[_base.Example]:
+  """The held-out set: the first `num_eval` distinct keys of split 'eval'.
+
+  Raises:
+    ValueError: if the task has too few distinct problems to fill it.
+  """
+  _check_seed(seed)
+  _base.check_int('num_eval', num_eval, 1)
+  examples, keys = [], set()
+  for i in range(_MAX_DRAWS_PER_EXAMPLE * num_eval):
+    if len(examples) == num_eval:
+      break
+    ex = task.make_example(np.random.default_rng([seed, _SPLIT_IDS['eval'], i]))
+    if ex.key not in keys:
+      keys.add(ex.key)
+      examples.append(ex)
+  if len(examples) < num_eval:
+    raise ValueError(
+        f'Task {task.name!r} gave only {len(examples)} distinct problems; '
+        f'num_eval={num_eval} is too large for it.')
+  return examples
+
+
+@dataclasses.dataclass(frozen=True)
+class _TrainExample:
+  """index -> (index, Example) with a key outside `eval_keys`."""
+
+  task: _base.Task
+  seed: int
+  eval_keys: frozenset[str]
+
+  def __call__(self, index: int) -> tuple[int, _base.Example]:
+    index = int(index)
+    rng = np.random.default_rng([self.seed, _SPLIT_IDS['train'], index])
+    for _ in range(_MAX_DRAWS_PER_EXAMPLE):
+      ex = self.task.make_example(rng)
+      if ex.key not in self.eval_keys:
+        return index, ex
+    raise ValueError(
+        f'Task {self.task.name!r}: train example {index} found no problem '
+        f'outside the eval set in {_MAX_DRAWS_PER_EXAMPLE} draws; the eval '
+        'set covers almost all problems, use a smaller num_eval.')
+
+
+def _indexed_dataset(
+    task: _base.Task, seed: int, split: str, num_eval: int, shuffle_stream: int
+) -> grain.MapDataset:
+  """MapDataset of (example_index, Example)."""
+  _check_seed(seed)
+  _check_split(split)
+  evals = eval_examples(task, seed=seed, num_eval=num_eval)
+  if split == 'eval':
+    return grain.MapDataset.source(list(enumerate(evals)))
+  make = _TrainExample(task, seed, frozenset(ex.key for ex in evals))
+  return (grain.MapDataset.range(TRAIN_LENGTH)
+          .shuffle(seed=_shuffle_seed(seed, shuffle_stream))
+          .map(make))
+
+
+def prompt_dataset(
+    task: _base.Task, *, seed: int, split: str = 'train', num_eval: int = 256
+) -> grain.MapDataset:
+  """MapDataset of `Example`s.
+
+  Args:
+    task: the task.
+    seed: a non-negative int; examples are a function of (seed, split, index).
+    split: 'train' (`TRAIN_LENGTH` examples, shuffled, keys disjoint from the
+      eval set) or 'eval' (exactly `eval_examples(task, seed, num_eval)`).
+    num_eval: size of the eval set (also what 'train' excludes).
+  """
+  return _indexed_dataset(
+      task, seed, split, num_eval, _PROMPT_SHUFFLE).map(operator.itemgetter(1))
+
+
+def _object_array(items: list[Any]) -> np.ndarray:
+  out = np.empty((len(items),), dtype=object)
+  for b, item in enumerate(items):  # np.array() would unpack sequences.
+    out[b] = item
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _PromptBatch:
+  tokenizer: Any
+  max_prompt_len: int
+
+  def __call__(self, items) -> dict[str, np.ndarray]:
+    indices, examples = zip(*items)
+    tokens, lens = self.tokenizer.encode_batch(
+        [ex.prompt for ex in examples], max_len=self.max_prompt_len,
+        add_bos=True)
+    return {
+        'prompt_tokens': tokens,
+        'prompt_lens': lens,
+        'example_index': np.asarray(indices, dtype=np.int64),
+        'examples': _object_array(list(examples)),
+    }
+
+
+def prompt_batches(
+    task: _base.Task,
+    tokenizer: Any,
+    *,
+    seed: int,
+    batch_size: int,
+    max_prompt_len: int,
+    split: str = 'train',
+    num_eval: int = 256,
+) -> grain.DatasetIterator:
+  """Checkpointable iterator over batches of prompts.
+
+  Each batch is a dict:
+    prompt_tokens: int32 [B, max_prompt_len], BOS + prompt bytes, right-padded
+      with `tokenizer.pad_id`.
+    prompt_lens: int32 [B], the non-pad length of each row (BOS included).
+    example_index: int64 [B], the generation index of each example.
+    examples: object [B], the `Example`s (for `task.reward`).
+
+  The train split is (practically) endless; the eval split yields
+  `ceil(num_eval / batch_size)` batches, the last one smaller if
+  `batch_size` does not divide `num_eval`.
+
+  `it.get_state()` is a JSON-serialisable dict; a fresh iterator from the
+  same arguments after `set_state(state)` yields the same later batches.
+  """
+  _base.check_int('batch_size', batch_size, 1)
+  _base.check_int('max_prompt_len', max_prompt_len, 1)
+  if max_prompt_len < task.max_prompt_len + 1:
+    raise ValueError(
+        f'max_prompt_len={max_prompt_len} cannot hold BOS + the longest '
+        f'prompt of task {task.name!r} ({task.max_prompt_len} bytes); '
+        f'use >= {task.max_prompt_len + 1}.')
+  ds = _indexed_dataset(task, seed, split, num_eval, _PROMPT_SHUFFLE)
+  ds = ds.batch(
+      batch_size, drop_remainder=(split == 'train'),
+      batch_fn=_PromptBatch(tokenizer, max_prompt_len))
+  return iter(ds.to_iter_dataset())
+
+
+@dataclasses.dataclass(frozen=True)
+class _SftBatch:
+  task: _base.Task
+  tokenizer: Any
+  seed: int
+  max_len: int
+  noise: float
+  typo_rate: float
+
+  def __call__(self, items) -> dict[str, np.ndarray]:
+    indices, examples = zip(*items)
+    texts, prompt_lens = [], []
+    for index, ex in items:
+      rng = np.random.default_rng([self.seed, _DEMO_STREAM, index])
+      demo = self.task.demonstration(
+          ex, rng, noise=self.noise, typo_rate=self.typo_rate)
+      texts.append(ex.prompt + demo)
+      prompt_lens.append(len(self.tokenizer.encode(ex.prompt, add_bos=True)))
+    tokens, lens = self.tokenizer.encode_batch(
+        texts, max_len=self.max_len, add_bos=True, add_eos=True)
+    # Target t + 1 is a demonstration token or its EOS iff
+    # prompt_len <= t + 1 < len, i.e. prompt_len - 1 <= t < len - 1.
+    t = np.arange(self.max_len - 1)[None, :]
+    prompt_lens = np.asarray(prompt_lens, dtype=np.int32)
+    loss_mask = (t >= prompt_lens[:, None] - 1) & (t < lens[:, None] - 1)
+    return {
+        'tokens': tokens,
+        'loss_mask': loss_mask.astype(np.float32),
+        'lengths': lens,
+        'prompt_lens': prompt_lens,
+        'example_index': np.asarray(indices, dtype=np.int64),
+        'examples': _object_array(list(examples)),
+    }
+
+
+def sft_batches(
+    task: _base.Task,
+    tokenizer: Any,
+    *,
+    seed: int,
+    batch_size: int,
+    max_len: int,
+    noise: float,
+    typo_rate: float = 0.0,
+    num_eval: int = 256,
+) -> grain.DatasetIterator:
+  """Checkpointable, endless iterator over batches of noisy demonstrations.
+
+  Prompts come from the train split (disjoint from the eval set) in their own
+  shuffled order; the demonstrator for train index `i` draws its noise from
+  `default_rng([seed, 2, i])`.
+
+  Each batch is a dict:
+    tokens: int32 [B, max_len], BOS + prompt + demonstration + EOS,
+      right-padded with `tokenizer.pad_id`.
+    loss_mask: float32 [B, max_len - 1]; `loss_mask[b, t] = 1` iff the target
+      `tokens[b, t + 1]` is a demonstration token or its EOS (a next-token
+      loss on `logits[:, :-1]` vs `tokens[:, 1:]`).
+    lengths: int32 [B], non-pad length of each row (EOS included).
+    prompt_lens: int32 [B], length of BOS + prompt.
+    example_index: int64 [B]; examples: object [B] (as in `prompt_batches`).
+  """
+  _base.check_int('batch_size', batch_size, 1)
+  _base.check_int('max_len', max_len, 2)
+  _base.check_probability('noise', noise)
+  _base.check_probability('typo_rate', typo_rate)
+  need = task.max_prompt_len + task.max_answer_len + 2
+  if max_len < need:
+    raise ValueError(
+        f'max_len={max_len} cannot hold BOS + prompt + answer + EOS of task '
+        f'{task.name!r}; use >= {need}.')
+  ds = _indexed_dataset(task, seed, 'train', num_eval, _SFT_SHUFFLE)
+  ds = ds.batch(
+      batch_size, drop_remainder=True,
+      batch_fn=_SftBatch(task, tokenizer, seed, max_len, noise, typo_rate))
+  return iter(ds.to_iter_dataset())

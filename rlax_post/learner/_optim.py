@@ -1,0 +1,105 @@
+"""The learner's optimizer: global-norm clipping, then AdamW on a schedule."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def make_lr_schedule(
+    *,
+    learning_rate: float,
+    warmup_steps: int,
+    total_steps: int,
+    end_lr_ratio: float = 0.1,
+) -> optax.Schedule:
+  """Linear warmup from 0 to `learning_rate`, then cosine decay.
+
+    lr(s) = learning_rate · s / warmup_steps                       s < warmup
+    lr(s) = end + (learning_rate − end)·½(1 + cos(π·(s − warmup) /
+            (total_steps − warmup)))                              s ≥ warmup
+
+  with end = end_lr_ratio · learning_rate, held after `total_steps`. `s` counts
+  applied updates (skipped ones do not advance it).
+  """
+  if learning_rate <= 0:
+    raise ValueError(f'learning_rate must be > 0; got {learning_rate}')
+  if warmup_steps < 0 or total_steps <= warmup_steps:
+    raise ValueError(
+        'need 0 <= warmup_steps < total_steps; got warmup_steps='
+        f'{warmup_steps}, total_steps={total_steps}')
+  if not 0.0 <= end_lr_ratio <= 1.0:
+    raise ValueError(f'end_lr_ratio must be in [0, 1]; got {end_lr_ratio}')
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0,
+      peak_value=learning_rate,
+      warmup_steps=warmup_steps,
+      decay_steps=total_steps,
+      end_value=learning_rate * end_lr_ratio,
+  )
+
+
+def make_optimizer(
+    *,
+    learning_rate: float,
+    warmup_steps: int,
+    total_steps: int,
+    end_lr_ratio: float = 0.1,
+    weight_decay: float = 0.0,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    max_grad_norm: float | None = 1.0,
+) -> optax.GradientTransformation:
+  """Clip by global norm, then AdamW with `make_lr_schedule`'s learning rate.
+
+  The learning rate is injected into the optimizer state (optax
+  `inject_hyperparams`), so `current_learning_rate(opt_state)` reads the rate
+  the last update used; the same schedule is `make_lr_schedule(...)`. Weight
+  decay is decoupled (AdamW) and applies to every parameter.
+
+  Args:
+    learning_rate: peak learning rate.
+    warmup_steps: steps of linear warmup from 0.
+    total_steps: steps at which the cosine reaches its end value.
+    end_lr_ratio: final learning rate as a fraction of the peak.
+    weight_decay: decoupled weight decay coefficient.
+    b1: Adam's first-moment decay.
+    b2: Adam's second-moment decay.
+    max_grad_norm: clip the gradient's global norm to this; None: no clipping.
+
+  Returns:
+    An optax `GradientTransformation`.
+  """
+  schedule = make_lr_schedule(
+      learning_rate=learning_rate, warmup_steps=warmup_steps,
+      total_steps=total_steps, end_lr_ratio=end_lr_ratio)
+  if max_grad_norm is not None and max_grad_norm <= 0:
+    raise ValueError(f'max_grad_norm must be > 0 or None; got {max_grad_norm}')
+  if weight_decay < 0:
+    raise ValueError(f'weight_decay must be >= 0; got {weight_decay}')
+  adamw = optax.inject_hyperparams(optax.adamw)(
+      learning_rate=schedule, b1=b1, b2=b2, weight_decay=weight_decay)
+  if max_grad_norm is None:
+    return adamw
+  return optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)
+
+
+def current_learning_rate(opt_state: optax.OptState) -> jax.Array:
+  """The learning rate stored by `inject_hyperparams` in `opt_state`.
+
+  Returns a float32 scalar, NaN when the state holds no injected
+  'learning_rate' (an optimizer not built by `make_optimizer`).
+  """
+  # inject_hyperparams keys both the value and its schedule's state by name;
+  # the value is the array.
+  found = optax.tree_utils.tree_get_all_with_path(
+      opt_state, 'learning_rate',
+      filtering=lambda _, value: hasattr(value, 'dtype'))
+  if not found:
+    return jnp.full((), jnp.nan, jnp.float32)
+  if len(found) > 1:
+    raise ValueError(
+        'opt_state holds more than one injected learning_rate: '
+        f'{[path for path, _ in found]}')
+  return jnp.asarray(found[0][1], jnp.float32)

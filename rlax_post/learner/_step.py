@@ -1,0 +1,61 @@
+"""The jitted step boundary: explicit shardings and a donated state."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+
+from rlax_post import models
+from rlax_post import sharding
+from rlax_post.learner._update import UpdateFn
+
+
+def jit_update(
+    update: UpdateFn,
+    state_shardings: Any,
+    batch_shardings: Any,
+    mesh: jax.sharding.Mesh,
+    *,
+    rules: sharding.Rules | None = None,
+) -> UpdateFn:
+  """`jax.jit` of `update` with explicit shardings and the state donated.
+
+    jit(update, in_shardings=(state, batch, replicated),
+        out_shardings=(state, replicated), donate_argnums=(0,))
+
+  Args:
+    update: from `make_update`.
+    state_shardings: a `TrainState` of `NamedSharding`s
+      (`rlax_post.sharding.state_shardings`).
+    batch_shardings: shardings for the batch dict, or one sharding used as a
+      prefix for every batch array (`rlax_post.sharding.batch_sharding(mesh,
+      rules, 1)` shards dim 0 of each).
+    mesh: the mesh the shardings live on; the rng and the metrics are
+      replicated on it.
+    rules: if given, the model's activations are constrained with
+      `rlax_post.sharding.activation_constraint_fn(mesh, rules)` while `update`
+      is traced; if None the compiler chooses their layout.
+
+  Returns:
+    `step(state, batch, rng) -> (state, metrics)`; the input state's buffers
+    are donated, so do not use it after the call. rng is a typed or raw key
+    (pass it: the jitted function has no default).
+  """
+  fn = update
+  if rules is not None:
+    constrain = sharding.activation_constraint_fn(mesh, rules)
+
+    @functools.wraps(update)
+    def fn(state, batch, rng):
+      with models.activation_constraints(constrain):
+        return update(state, batch, rng)
+
+  replicated = sharding.replicated(mesh)
+  return jax.jit(
+      fn,
+      in_shardings=(state_shardings, batch_shardings, replicated),
+      out_shardings=(state_shardings, replicated),
+      donate_argnums=(0,),
+  )

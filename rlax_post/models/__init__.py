@@ -1,0 +1,39 @@
+"""Decoder-only transformer models (flax nnx), their KV cache, the shared logprob path, and tokenizers."""
+
+from rlax_post.models._axes import activation_constraints
+from rlax_post.models._axes import PARAM_LOGICAL_AXES
+from rlax_post.models._axes import param_logical_axes
+from rlax_post.models._config import ModelConfig
+from rlax_post.models._config import preset
+from rlax_post.models._config import PRESETS
+from rlax_post.models._config import round_up
+from rlax_post.models._functional import abstract_params
+from rlax_post.models._functional import entropy_from_logits
+from rlax_post.models._functional import forward
+from rlax_post.models._functional import init_params
+from rlax_post.models._functional import logprobs_from_logits
+from rlax_post.models._functional import token_logprobs
+from rlax_post.models._tokenizer import ByteTokenizer
+from rlax_post.models._transformer import init_cache
+from rlax_post.models._transformer import KVCache
+from rlax_post.models._transformer import Transformer
+
+__all__ = [
+    "activation_constraints",
+    "abstract_params",
+    "ByteTokenizer",
+    "entropy_from_logits",
+    "forward",
+    "init_cache",
+    "init_params",
+    "KVCache",
+    "logprobs_from_logits",
+    "ModelConfig",
+    "PARAM_LOGICAL_AXES",
+    "param_logical_axes",
+    "preset",
+    "PRESETS",
+    "round_up",
+    "token_logprobs",
+    "Transformer",
+]

@@ -1,0 +1,58 @@
+"""Orbax checkpoints of a whole run: train state, reference params, and JSON metadata (data order, step).
+
+Orbax writes each step into a temporary directory and renames it when complete, and `latest_step` only lists
+finished steps, so a checkpoint interrupted mid-write is never read. Saves are asynchronous: the caller's next
+step overlaps with the write; `close()` waits for the last one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from etils import epath
+import jax
+import orbax.checkpoint as ocp
+
+
+def _abstract(tree: Any, shardings: Any) -> Any:
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+class RunCheckpointer:
+  """Saves and restores `(state, ref_params, meta)` under `workdir/checkpoints/<step>`."""
+
+  def __init__(self, workdir: str | epath.Path, *, max_to_keep: int = 2):
+    self.directory = epath.Path(workdir) / "checkpoints"
+    self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                             enable_async_checkpointing=True),
+        item_names=("state", "ref_params", "meta"),
+    )
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def save(self, step: int, state: Any, ref_params: Any, meta: dict) -> None:
+    self._manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        ref_params=ocp.args.StandardSave(ref_params),
+        meta=ocp.args.JsonSave(meta),
+    ))
+
+  def restore(self, step: int, *, state_like: Any, state_shardings: Any, ref_like: Any,
+              ref_shardings: Any) -> tuple[Any, Any, dict]:
+    """Restores step `step` onto the given shardings (the current mesh), with the templates' dtypes."""
+    out = self._manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(_abstract(state_like, state_shardings)),
+        ref_params=ocp.args.StandardRestore(_abstract(ref_like, ref_shardings)),
+        meta=ocp.args.JsonRestore(),
+    ))
+    return out.state, out.ref_params, dict(out.meta)
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()

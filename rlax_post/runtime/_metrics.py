@@ -1,0 +1,95 @@
+"""Run outputs: metrics.jsonl, TensorBoard event files, a PNG of the curves, and summary.json."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+
+def _finite_or_none(v):
+  v = float(v)
+  return v if math.isfinite(v) else None
+
+
+class MetricsWriter:
+  """Appends one JSON line per logged step and mirrors scalars to TensorBoard.
+
+  On resume, `truncate_after(step)` drops lines logged after the restored checkpoint, so the file describes
+  exactly one history.
+  """
+
+  def __init__(self, workdir: str, *, tensorboard: bool = True):
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._tb = None
+    if tensorboard:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def truncate_after(self, step: int, phase: str = "rl") -> None:
+    rows = [r for r in self.read() if not (r.get("phase") == phase and r["step"] > step)]
+    with open(self.path, "w") as f:
+      for r in rows:
+        f.write(json.dumps(r) + "\n")
+
+  def write(self, step: int, metrics: Mapping[str, Any], *, phase: str = "rl") -> None:
+    row = {"phase": phase, "step": int(step)}
+    row.update({k: _finite_or_none(v) for k, v in metrics.items()})
+    with open(self.path, "a") as f:
+      f.write(json.dumps(row) + "\n")
+    if self._tb is not None:
+      for k, v in row.items():
+        if k not in ("phase", "step") and v is not None:
+          self._tb.add_scalar(f"{phase}/{k}", v, int(step))
+
+  def read(self) -> list[dict]:
+    if not os.path.exists(self.path):
+      return []
+    with open(self.path) as f:
+      return [json.loads(line) for line in f if line.strip()]
+
+  def close(self) -> None:
+    if self._tb is not None:
+      self._tb.close()
+
+
+def plot_curves(rows: list[dict], path: str) -> None:
+  """Saves a PNG of the RL reward (train and greedy eval), KL and the SFT loss."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  def series(phase, key):
+    pts = [(r["step"], r[key]) for r in rows if r.get("phase") == phase and r.get(key) is not None]
+    return (np.array([p[0] for p in pts]), np.array([p[1] for p in pts])) if pts else (None, None)
+
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+  x, y = series("rl", "reward_mean")
+  if x is not None:
+    axes[0].plot(x, y, label="train reward (sampled)", alpha=0.8)
+  x, y = series("eval", "eval_reward")
+  if x is not None:
+    axes[0].plot(x, y, "o-", label="eval reward (greedy, held out)")
+  axes[0].set(title="Reward", xlabel="RL step", ylim=(-0.02, 1.02))
+  axes[0].legend()
+  x, y = series("rl", "kl")
+  if x is not None:
+    axes[1].plot(x, y, color="tab:red")
+  axes[1].set(title="KL to reference (k3, per token)", xlabel="RL step")
+  x, y = series("sft", "loss")
+  if x is not None:
+    axes[2].plot(x, y, color="tab:green")
+  axes[2].set(title="Warm-start SFT loss", xlabel="SFT step")
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+
+
+def write_summary(path: str, summary: Mapping[str, Any]) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(summary, f, indent=2, sort_keys=True, default=str)
+  os.replace(tmp, path)

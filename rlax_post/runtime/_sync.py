@@ -1,0 +1,269 @@
+"""The synchronous GRPO loop: warm-start SFT, then prompts → n samples → rewards → advantages → update.
+
+This is the thin imperative shell: every piece of maths it calls is a pure, jitted function from the
+library. Outputs under `workdir`: metrics.jsonl, tensorboard/, curves.png, checkpoints/, summary.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from typing import Any
+
+from etils import epath
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from rlax_post import advantages as advantages_lib
+from rlax_post import config as config_lib
+from rlax_post import data
+from rlax_post import learner
+from rlax_post import models
+from rlax_post import rewards
+from rlax_post.runtime import _checkpoint
+from rlax_post.runtime import _metrics
+from rlax_post.runtime import _setup
+
+# Streams of the run's PRNG: one key per (purpose, step), so a resumed run draws exactly what an
+# uninterrupted one would.
+_INIT, _SFT_UPDATE, _ROLLOUT, _RL_UPDATE, _MINIBATCH = range(5)
+
+
+def _key(seed: int, purpose: int, step: int) -> jax.Array:
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), purpose), step)
+
+
+def _host(metrics: dict) -> dict:
+  return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+class GreedyEval:
+  """Greedy decoding over the held-out prompts; returns the mean reward."""
+
+  def __init__(self, cfg: config_lib.Config, task, tokenizer, graphdef, *, max_prompt_len: int):
+    self.task, self.tokenizer = task, tokenizer
+    self.examples = data.eval_examples(task, seed=cfg.seed, num_eval=cfg.task.num_eval)
+    self.batch_size = cfg.eval.batch_size
+    self.max_prompt_len = max_prompt_len
+    self.generate = _setup.make_generate(graphdef, max_new_tokens=cfg.rl.max_new_tokens,
+                                         eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, temperature=0.0)
+
+  def __call__(self, params) -> float:
+    scores = []
+    for i in range(0, len(self.examples), self.batch_size):
+      chunk = self.examples[i:i + self.batch_size]
+      tokens, lens = self.tokenizer.encode_batch([ex.prompt for ex in chunk], max_len=self.max_prompt_len)
+      if len(chunk) < self.batch_size:  # Pad to one shape: one compilation.
+        pad = self.batch_size - len(chunk)
+        tokens = np.concatenate([tokens, np.repeat(tokens[-1:], pad, 0)])
+        lens = np.concatenate([lens, np.repeat(lens[-1:], pad, 0)])
+      gen = self.generate(params, tokens, lens, jax.random.key(0))
+      completions = rewards.decode_completions(self.tokenizer, np.asarray(gen.response)[:len(chunk)])
+      scores.append(rewards.score_completions(self.task, chunk, completions))
+    return float(np.mean(np.concatenate(scores)))
+
+
+def _check_lengths(cfg: config_lib.Config, task, model_cfg: models.ModelConfig) -> tuple[int, int]:
+  max_prompt_len = task.max_prompt_len + 1  # + BOS
+  if cfg.rl.max_new_tokens < task.max_answer_len + 1:
+    raise ValueError(f"`rl.max_new_tokens` = {cfg.rl.max_new_tokens} cannot hold the longest answer of task "
+                     f"{task.name!r} plus EOS ({task.max_answer_len + 1} tokens).")
+  sft_len = max_prompt_len + task.max_answer_len + 1
+  need = max(max_prompt_len + cfg.rl.max_new_tokens, sft_len)
+  if model_cfg.max_seq_len < need:
+    raise ValueError(f"`model.max_seq_len` = {model_cfg.max_seq_len} is shorter than the longest sequence "
+                     f"this run makes ({need} tokens).")
+  return max_prompt_len, sft_len
+
+
+def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: bool = False) -> dict:
+  """Runs the synchronous loop and returns the summary (also written to workdir/summary.json)."""
+  t_start = time.time()
+  workdir = os.fspath(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  tokenizer = models.ByteTokenizer()
+  task = _setup.make_task(cfg)
+  model_cfg = _setup.model_config(cfg, tokenizer)
+  max_prompt_len, sft_len = _check_lengths(cfg, task, model_cfg)
+  mesh, rules = _setup.mesh_and_rules(cfg)
+
+  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep)
+  latest = ckpt.latest_step()
+  if latest is not None and not resume:
+    raise ValueError(f"{workdir} already holds checkpoints (latest RL step {latest}); pass --resume to "
+                     "continue that run, or choose a new --workdir.")
+  metrics = _metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    json.dump(config_lib.to_dict(cfg), f, indent=2)
+
+  graphdef, params_like = models.abstract_params(model_cfg)
+  param_sh = _setup.param_shardings(params_like, mesh, rules)
+  logprob_fn = lambda p, tokens: models.token_logprobs(graphdef, p, tokens, temperature=cfg.rl.temperature)
+  rl_opt = _setup.optimizer(cfg.rl.optimizer, cfg.rl.steps * cfg.rl.minibatches * cfg.rl.epochs)
+  rl_learner = _setup.make_learner(
+      graphdef, params_like, rl_opt,
+      learner.ppo_objective(logprob_fn, eps_low=cfg.loss.eps_low, eps_high=cfg.loss.eps_high,
+                            dual_clip=cfg.loss.dual_clip, kl_coef=cfg.loss.kl_coef, kl_kind=cfg.loss.kl_kind,
+                            entropy_coef=cfg.loss.entropy_coef),
+      mesh=mesh, rules=rules, micro_batches=cfg.loss.micro_batches, agg_mode=cfg.loss.agg_mode,
+      max_len=max_prompt_len + cfg.rl.max_new_tokens)
+  evaluate = GreedyEval(cfg, task, tokenizer, graphdef, max_prompt_len=max_prompt_len)
+  prompts = data.prompt_batches(task, tokenizer, seed=cfg.seed, batch_size=cfg.rl.prompts_per_step,
+                                max_prompt_len=max_prompt_len, num_eval=cfg.task.num_eval)
+  say = (lambda *a: None) if quiet else print
+  bar = (lambda it, **kw: it) if (quiet or not cfg.runtime.progress) else tqdm.tqdm
+
+  if latest is not None:
+    state, ref_params, meta = ckpt.restore(
+        latest, state_like=rl_learner.abstract_state, state_shardings=rl_learner.state_shardings,
+        ref_like=params_like, ref_shardings=param_sh)
+    prompts.set_state(meta["data"])
+    metrics.truncate_after(latest, "rl")
+    metrics.truncate_after(latest, "eval")
+    start_step, history = latest, meta
+    say(f"Resumed {workdir} at RL step {latest}.")
+  else:
+    params = jax.jit(lambda k: models.init_params(model_cfg, k)[1], out_shardings=param_sh)(
+        _key(cfg.seed, _INIT, 0))
+    params = _warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules, sft_len, metrics,
+                         bar, say)
+    ref_params = jax.tree.map(jnp.copy, params)
+    state = rl_learner.init(params, _key(cfg.seed, _RL_UPDATE, 0))
+    initial = evaluate(state.params)
+    metrics.write(0, {"eval_reward": initial}, phase="eval")
+    say(f"Warm-start greedy eval reward on {len(evaluate.examples)} held-out prompts: {initial:.3f}")
+    history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - t_start}
+    start_step = 0
+    ckpt.save(0, state, ref_params, {**history, "data": prompts.get_state(), "rl_step": 0})
+
+  generate = _setup.make_generate(graphdef, max_new_tokens=cfg.rl.max_new_tokens, eos_id=tokenizer.eos_id,
+                                  pad_id=tokenizer.pad_id, temperature=cfg.rl.temperature,
+                                  top_p=cfg.rl.top_p, top_k=cfg.rl.top_k)
+  score = _setup.make_score(graphdef, temperature=cfg.rl.temperature)
+  batch_sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
+  group_adv = jax.jit(lambda r, g: advantages_lib.group_advantages(
+      r, g, num_groups=cfg.rl.prompts_per_step, method=cfg.advantage.estimator, std=cfg.advantage.std,
+      eps=cfg.advantage.eps))
+  group_stats = jax.jit(lambda r, g: advantages_lib.group_stats(r, g, num_groups=cfg.rl.prompts_per_step))
+
+  last_eval = None
+  progress = bar(range(start_step, cfg.rl.steps), initial=start_step, total=cfg.rl.steps, desc="GRPO",
+                 dynamic_ncols=True)
+  for rl_step in progress:
+    t0 = time.time()
+    batch = next(prompts)
+    examples = list(batch.pop("examples"))
+    n, p = cfg.rl.samples_per_prompt, cfg.rl.prompts_per_step
+    prompt_tokens = np.repeat(batch["prompt_tokens"], n, axis=0)
+    prompt_lens = np.repeat(batch["prompt_lens"], n, axis=0)
+    group_ids = np.repeat(np.arange(p, dtype=np.int32), n)
+    gen = generate(state.params, prompt_tokens, prompt_lens, _key(cfg.seed, _ROLLOUT, rl_step))
+    response = np.asarray(gen.response)
+    completions = rewards.decode_completions(tokenizer, response)
+    reward_b = rewards.score_completions(task, [examples[i] for i in group_ids], completions)
+    adv_b = np.asarray(group_adv(reward_b, group_ids))
+    stats = _host(group_stats(reward_b, group_ids))
+    t_rollout = time.time() - t0
+
+    tokens = np.asarray(gen.tokens)
+    lengths = np.asarray(gen.lengths)
+    loss_mask = _setup.response_mask(prompt_lens, lengths, tokens.shape[1])
+    old_logp = score(state.params, tokens)
+    ref_logp = score(ref_params, tokens)
+    full = {"tokens": tokens, "loss_mask": loss_mask, "advantages": adv_b[:, None] * loss_mask,
+            "old_logprobs": np.asarray(old_logp), "ref_logprobs": np.asarray(ref_logp)}
+    t1 = time.time()
+    step_metrics = []
+    rows = len(tokens)
+    for epoch in range(cfg.rl.epochs):
+      order = np.asarray(jax.random.permutation(_key(cfg.seed, _MINIBATCH, rl_step * cfg.rl.epochs + epoch),
+                                                rows)) if cfg.rl.minibatches > 1 else np.arange(rows)
+      for mb in np.array_split(order, cfg.rl.minibatches):
+        mb_batch = _setup.to_device_batch({k: v[mb] for k, v in full.items()}, batch_sh)
+        update_index = (rl_step * cfg.rl.epochs + epoch) * cfg.rl.minibatches + len(step_metrics)
+        state, m = rl_learner.step(state, mb_batch, _key(cfg.seed, _RL_UPDATE, update_index))
+        step_metrics.append(m)
+    learner_metrics = {k: float(np.mean([_host(m)[k] for m in step_metrics])) for k in step_metrics[0]}
+    t_learn = time.time() - t1
+
+    row = {
+        "reward_mean": float(reward_b.mean()),
+        "reward_std": float(reward_b.std()),
+        "response_len_mean": float(lengths.mean()),
+        "finished_frac": float(np.asarray(gen.finished).mean()),
+        "frac_zero_signal": stats["frac_zero_signal"],
+        **learner_metrics,
+        "tokens_per_s": learner_metrics["num_tokens"] * cfg.rl.minibatches / max(t_learn, 1e-9),
+        "rollout_seconds": t_rollout,
+        "learn_seconds": t_learn,
+    }
+    done = rl_step + 1
+    if done % cfg.runtime.log_every == 0 or done == cfg.rl.steps:
+      metrics.write(done, row)
+    if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.rl.steps:
+      last_eval = evaluate(state.params)
+      metrics.write(done, {"eval_reward": last_eval}, phase="eval")
+    if hasattr(progress, "set_postfix"):
+      progress.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0.0):.4f}",
+                           eval=("-" if last_eval is None else f"{last_eval:.3f}"))
+    if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == cfg.rl.steps:
+      ckpt.save(done, state, ref_params, {**{k: history[k] for k in ("initial_eval_reward",
+                                                                    "warm_start_seconds")},
+                                          "data": prompts.get_state(), "rl_step": done})
+  if hasattr(progress, "close"):
+    progress.close()
+
+  final = last_eval if last_eval is not None else evaluate(state.params)
+  ckpt.close()
+  rows = metrics.read()
+  metrics.close()
+  if cfg.runtime.plot:
+    _metrics.plot_curves(rows, os.path.join(workdir, "curves.png"))
+  rl_rows = [r for r in rows if r.get("phase") == "rl"]
+  summary = {
+      "initial_eval_reward": history["initial_eval_reward"],
+      "final_eval_reward": final,
+      "improvement": final - history["initial_eval_reward"],
+      "wall_seconds": time.time() - t_start,
+      "rl_steps": cfg.rl.steps,
+      "resumed_from_step": start_step if latest is not None else None,
+      "final_train_reward": rl_rows[-1]["reward_mean"] if rl_rows else None,
+      "final_kl": rl_rows[-1].get("kl") if rl_rows else None,
+      "num_skipped_updates": int(jax.device_get(state.num_skipped)),
+      "num_eval_prompts": len(evaluate.examples),
+      "model_params": model_cfg.num_params(),
+      "devices": jax.device_count(),
+      "workdir": os.path.abspath(workdir),
+  }
+  _metrics.write_summary(os.path.join(workdir, "summary.json"), summary)
+  return summary
+
+
+def _warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules, sft_len, metrics, bar, say):
+  """Supervised steps on noisy demonstrations (the systematic mistake with probability `sft.noise`)."""
+  if cfg.sft.steps == 0:
+    return params
+  sft_learner = _setup.make_learner(
+      graphdef, params_like, _setup.optimizer(cfg.sft.optimizer, cfg.sft.steps),
+      learner.sft_objective(lambda p, tokens: models.token_logprobs(graphdef, p, tokens)),
+      mesh=mesh, rules=rules, micro_batches=cfg.loss.micro_batches, agg_mode="token_mean", max_len=None)
+  state = sft_learner.init(params, _key(cfg.seed, _SFT_UPDATE, 0))
+  batches = data.sft_batches(task, tokenizer, seed=cfg.seed, batch_size=cfg.sft.batch_size, max_len=sft_len,
+                             noise=cfg.sft.noise, typo_rate=cfg.sft.typo_rate, num_eval=cfg.task.num_eval)
+  batch_sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
+  progress = bar(range(cfg.sft.steps), desc="warm-start SFT", dynamic_ncols=True)
+  for step in progress:
+    batch = next(batches)
+    device_batch = _setup.to_device_batch({"tokens": batch["tokens"], "loss_mask": batch["loss_mask"]},
+                                          batch_sh)
+    state, m = sft_learner.step(state, device_batch, _key(cfg.seed, _SFT_UPDATE, step))
+    if (step + 1) % 10 == 0 or step + 1 == cfg.sft.steps:
+      host = _host(m)
+      metrics.write(step + 1, host, phase="sft")
+      if hasattr(progress, "set_postfix"):
+        progress.set_postfix(loss=f"{host['loss']:.3f}")
+  return state.params

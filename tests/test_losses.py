@@ -1,0 +1,210 @@
+"""Tests for rlax_post.losses: hand-computed values and identities."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlax_post import losses
+
+VARIANTS = pytest.mark.parametrize(
+    'variant', [lambda f: f, jax.jit], ids=['nojit', 'jit'])
+
+
+def test_public_api():
+  for name in losses.__all__:
+    assert hasattr(losses, name), name
+
+
+# (ratio, advantage) cases with eps_low = 0.2, eps_high = 0.28, and the
+# expected loss / clipped flag / d loss / d logp, without and with dual clip 3.
+_PPO_CASES = [
+    # ratio, adv, loss, clipped, grad, dual_loss, dual_clipped, dual_grad
+    (1.5, 1.0, -1.28, 1.0, 0.0, -1.28, 1.0, 0.0),   # A > 0, above 1 + eps_high
+    (1.1, 1.0, -1.1, 0.0, -1.1, -1.1, 0.0, -1.1),   # inside the range
+    (0.5, 1.0, -0.5, 0.0, -0.5, -0.5, 0.0, -0.5),   # A > 0, below: not clipped
+    (0.5, -1.0, 0.8, 1.0, 0.0, 0.8, 1.0, 0.0),      # A < 0, below 1 - eps_low
+    (1.5, -1.0, 1.5, 0.0, 1.5, 1.5, 0.0, 1.5),      # A < 0, above: not clipped
+    (4.0, -2.0, 8.0, 0.0, 8.0, 6.0, 1.0, 0.0),      # dual clip caps at -c·A = 6
+    (2.5, -2.0, 5.0, 0.0, 5.0, 5.0, 0.0, 5.0),      # under the dual cap
+    (3.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0),       # no advantage
+]
+
+
+def _ppo_inputs():
+  cases = np.array(_PPO_CASES, np.float32)
+  old_logp = np.linspace(-3.0, -0.5, len(cases)).astype(np.float32)
+  logp = old_logp + np.log(cases[:, 0])
+  # Two rows: the cases, and the same cases reversed.
+  stack = lambda x: jnp.asarray(np.stack([x, x[::-1]]))
+  return stack(logp), stack(old_logp), stack(cases[:, 1]), cases
+
+
+@VARIANTS
+@pytest.mark.parametrize('dual_clip', [None, 3.0])
+def test_ppo_clip_hand_values(variant, dual_clip):
+  logp_bt, old_logp_bt, adv_bt, cases = _ppo_inputs()
+  col = (2, 3, 4) if dual_clip is None else (5, 6, 7)
+  expect = lambda c: np.stack([cases[:, c], cases[::-1, c]])
+
+  fn = variant(lambda lp, old, a: losses.ppo_clip(
+      lp, old, a, eps_low=0.2, eps_high=0.28, dual_clip=dual_clip))
+  loss_bt, clipped_bt = fn(logp_bt, old_logp_bt, adv_bt)
+  np.testing.assert_allclose(loss_bt, expect(col[0]), rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(clipped_bt, expect(col[1]))
+  assert clipped_bt.dtype == jnp.float32
+
+  grad_bt = jax.grad(lambda lp: jnp.sum(fn(lp, old_logp_bt, adv_bt)[0]))(
+      logp_bt)
+  np.testing.assert_allclose(grad_bt, expect(col[2]), rtol=1e-5, atol=1e-6)
+  # A token is flagged exactly when its gradient was cut.
+  has_adv = expect(1) != 0
+  np.testing.assert_array_equal(
+      clipped_bt == 1.0, (grad_bt == 0.0) & has_adv)
+
+
+def test_ppo_clip_symmetric_default():
+  logp_bt = jnp.log(jnp.array([[1.3, 0.7]]))
+  loss_bt, clipped_bt = losses.ppo_clip(
+      logp_bt, jnp.zeros((1, 2)), jnp.array([[2.0, -1.0]]))
+  np.testing.assert_allclose(loss_bt, [[-2.4, 0.8]], rtol=1e-6)
+  np.testing.assert_array_equal(clipped_bt, [[1.0, 1.0]])
+
+
+def test_ppo_clip_no_gradient_to_old_logp_or_adv():
+  logp_bt, old_logp_bt, adv_bt, _ = _ppo_inputs()
+  f = lambda old, a: jnp.sum(losses.ppo_clip(logp_bt, old, a)[0])
+  g_old, g_adv = jax.grad(f, argnums=(0, 1))(old_logp_bt, adv_bt)
+  np.testing.assert_array_equal(g_old, 0.0)
+  np.testing.assert_array_equal(g_adv, 0.0)
+
+
+def test_ppo_clip_errors():
+  x = jnp.zeros((2, 3))
+  with pytest.raises(ValueError, match=r'\(2, 3\).*\(2, 4\)'):
+    losses.ppo_clip(x, x, jnp.zeros((2, 4)))
+  with pytest.raises(ValueError, match='B, T'):
+    losses.ppo_clip(jnp.zeros(3), jnp.zeros(3), jnp.zeros(3))
+  with pytest.raises(ValueError, match='dual_clip'):
+    losses.ppo_clip(x, x, x, dual_clip=1.0)
+  with pytest.raises(ValueError, match='eps_low'):
+    losses.ppo_clip(x, x, x, eps_low=-0.1)
+
+
+@VARIANTS
+def test_kl_hand_values(variant):
+  logp_bt = jnp.array([[0.0, -1.0, -2.0]])
+  ref_bt = jnp.array([[0.0, -2.0, -1.0]])  # d = logp - ref = [0, 1, -1]
+  k = {kind: variant(lambda a, b, kind=kind: losses.kl_penalty(
+      a, b, kind=kind))(logp_bt, ref_bt) for kind in losses.KL_KINDS}
+  np.testing.assert_allclose(k['k1'], [[0.0, 1.0, -1.0]], atol=1e-7)
+  np.testing.assert_allclose(k['k2'], [[0.0, 0.5, 0.5]], atol=1e-7)
+  np.testing.assert_allclose(
+      k['k3'], [[0.0, math.exp(-1.0), math.e - 2.0]], rtol=1e-6, atol=1e-7)
+
+
+def test_kl_k3_nonnegative_and_zero_iff_equal():
+  logp_bt = jax.random.normal(jax.random.key(0), (4, 16)) * 3.0
+  ref_bt = jax.random.normal(jax.random.key(1), (4, 16)) * 3.0
+  assert jnp.all(losses.kl_penalty(logp_bt, ref_bt, kind='k3') >= 0.0)
+  np.testing.assert_array_equal(
+      losses.kl_penalty(logp_bt, logp_bt, kind='k3'), 0.0)
+  # Tiny differences stay accurate (≈ d²/2) and non-negative.
+  np.testing.assert_allclose(
+      losses.kl_penalty(jnp.full((1, 1), 1e-4), jnp.zeros((1, 1)), kind='k3'),
+      [[0.5e-8]], rtol=1e-3)
+
+
+def test_kl_gradient_flows_to_logp_only():
+  logp_bt = jnp.array([[-0.5, -1.5]])
+  ref_bt = jnp.array([[-1.0, -1.0]])
+  g_logp, g_ref = jax.grad(
+      lambda a, b: jnp.sum(losses.kl_penalty(a, b, kind='k3')),
+      argnums=(0, 1))(logp_bt, ref_bt)
+  d = np.array([[0.5, -0.5]])
+  np.testing.assert_allclose(g_logp, 1.0 - np.exp(-d), rtol=1e-6)
+  np.testing.assert_array_equal(g_ref, 0.0)
+
+
+def test_kl_bad_kind():
+  x = jnp.zeros((1, 2))
+  with pytest.raises(ValueError, match=r"\['k1', 'k2', 'k3'\].*'k4'"):
+    losses.kl_penalty(x, x, kind='k4')
+
+
+# Row lengths 3, 1, 0: N = 4 tokens, S = 2 non-empty rows.
+_MASK = np.array([[1, 1, 1, 0],
+                  [1, 0, 0, 0],
+                  [0, 0, 0, 0]], np.float32)
+_X = np.array([[1.0, 2.0, 3.0, 100.0],
+               [4.0, 100.0, 100.0, 100.0],
+               [100.0, 100.0, 100.0, 100.0]], np.float32)
+_EXPECTED = {
+    # mode: (weights, aggregate of _X)
+    'token_mean': (_MASK / 4.0, (1 + 2 + 3 + 4) / 4.0),
+    'seq_mean_token_mean': (
+        np.array([[1 / 6, 1 / 6, 1 / 6, 0], [0.5, 0, 0, 0], [0, 0, 0, 0]]),
+        (2.0 + 4.0) / 2.0),
+    'seq_mean_token_sum_norm': (_MASK / 10.0, (6.0 + 4.0) / 10.0),
+}
+
+
+@VARIANTS
+@pytest.mark.parametrize('mode', losses.AGG_MODES)
+def test_aggregation_hand_values(variant, mode):
+  w_expected, agg_expected = _EXPECTED[mode]
+  w_bt = variant(lambda m: losses.aggregation_weights(
+      m, mode=mode, max_len=5))(_MASK)
+  np.testing.assert_allclose(w_bt, w_expected, rtol=1e-6)
+  agg = variant(lambda x, m: losses.aggregate(x, m, mode=mode, max_len=5))(
+      _X, _MASK)
+  np.testing.assert_allclose(agg, agg_expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize('mode', losses.AGG_MODES)
+def test_aggregate_is_weighted_sum_and_splits_exactly(mode):
+  mask_bt = (jax.random.uniform(jax.random.key(0), (6, 5)) > 0.4).astype(
+      jnp.float32).at[2].set(0.0)
+  x_bt = jax.random.normal(jax.random.key(1), (6, 5))
+  w_bt = losses.aggregation_weights(mask_bt, mode=mode, max_len=7)
+  agg = losses.aggregate(x_bt, mask_bt, mode=mode, max_len=7)
+  np.testing.assert_allclose(agg, jnp.sum(w_bt * x_bt), rtol=1e-5, atol=1e-7)
+  # Weights of the whole batch, split in micro-batches, add up exactly.
+  parts = [losses.weighted_sum(x_bt[i:i + 2], w_bt[i:i + 2])
+           for i in range(0, 6, 2)]
+  np.testing.assert_allclose(sum(parts), agg, rtol=1e-5, atol=1e-7)
+  assert np.all(np.asarray(w_bt)[2] == 0.0)
+
+
+@pytest.mark.parametrize('mode', losses.AGG_MODES)
+def test_aggregation_empty_rows_and_batches(mode):
+  # An all-empty batch: zero weights and a zero aggregate, never NaN.
+  empty = jnp.zeros((3, 4))
+  w_bt = losses.aggregation_weights(empty, mode=mode, max_len=5)
+  np.testing.assert_array_equal(w_bt, 0.0)
+  assert losses.aggregate(jnp.ones((3, 4)), empty, mode=mode, max_len=5) == 0.0
+  # Appending empty rows changes nothing.
+  padded_mask = np.concatenate([_MASK, np.zeros((2, 4), np.float32)])
+  padded_x = np.concatenate([_X, np.full((2, 4), 7.0, np.float32)])
+  np.testing.assert_allclose(
+      losses.aggregate(padded_x, padded_mask, mode=mode, max_len=5),
+      _EXPECTED[mode][1], rtol=1e-6)
+
+
+def test_aggregate_ignores_nonfinite_padding():
+  x_bt = np.where(_MASK > 0, _X, np.nan).astype(np.float32)
+  agg = losses.aggregate(x_bt, _MASK, mode='token_mean')
+  np.testing.assert_allclose(agg, 2.5, rtol=1e-6)
+
+
+def test_aggregation_errors():
+  with pytest.raises(ValueError, match='token_mean.*seq_mean_token_mean.*got'):
+    losses.aggregation_weights(_MASK, mode='mean')
+  with pytest.raises(ValueError, match='requires max_len'):
+    losses.aggregation_weights(_MASK, mode='seq_mean_token_sum_norm')
+  with pytest.raises(ValueError, match=r'\[B, T\]'):
+    losses.aggregation_weights(jnp.ones(4), mode='token_mean')
+  with pytest.raises(ValueError, match=r'\(3, 4\).*\(3, 3\)'):
+    losses.aggregate(_X, _MASK[:, :3], mode='token_mean')

@@ -1,0 +1,129 @@
+"""Model tests: causal masking, KV-cache decoding vs the full forward pass, logical axes, config errors."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlax_post import models
+
+
+def _micro(**overrides):
+  return models.preset("micro", vocab_size=64, max_seq_len=32, **overrides)
+
+
+@pytest.fixture(scope="module")
+def micro_model():
+  cfg = _micro()
+  graphdef, params = models.init_params(cfg, jax.random.key(0))
+  return cfg, graphdef, params
+
+
+def test_param_count_matches_config():
+  for overrides in ({}, {"tie_embeddings": False}, {"qkv_bias": True, "qk_norm": True}):
+    cfg = _micro(**overrides)
+    _, params = models.init_params(cfg, jax.random.key(0))
+    assert sum(x.size for x in jax.tree.leaves(params)) == cfg.num_params()
+
+
+def test_tiny_preset_is_about_one_million_parameters():
+  cfg = models.preset("tiny", vocab_size=264)
+  assert 0.5e6 < cfg.num_params() < 1.5e6
+  # A multi-billion preset is described without allocating anything.
+  assert models.preset("llama3-8b").num_params() == pytest.approx(8.03e9, rel=0.01)
+
+
+def test_causal_masking(micro_model):
+  """Changing a later token never changes the logits at earlier positions."""
+  _, graphdef, params = micro_model
+  tokens = jax.random.randint(jax.random.key(1), (2, 12), 0, 64)
+  logits, _ = models.forward(graphdef, params, tokens)
+  changed = tokens.at[:, 7].set((tokens[:, 7] + 1) % 64)
+  logits_changed, _ = models.forward(graphdef, params, changed)
+  np.testing.assert_array_equal(np.asarray(logits[:, :7]), np.asarray(logits_changed[:, :7]))
+  assert np.abs(np.asarray(logits[:, 7:] - logits_changed[:, 7:])).max() > 1e-4
+
+
+@pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": False, "qkv_bias": True, "qk_norm": True}])
+def test_kv_cache_decoding_matches_full_forward(overrides):
+  cfg = _micro(**overrides)
+  graphdef, params = models.init_params(cfg, jax.random.key(3))
+  tokens = jax.random.randint(jax.random.key(4), (3, 14), 0, 64)
+  full, _ = models.forward(graphdef, params, tokens)
+
+  step = jax.jit(functools.partial(models.forward, graphdef))
+  cache = models.init_cache(cfg, 3, 20)
+  prefill, cache = step(params, tokens[:, :5], None, cache)
+  pieces = [prefill]
+  for t in range(5, 14):
+    logits, cache = step(params, tokens[:, t:t + 1], jnp.full((3, 1), t, jnp.int32), cache)
+    pieces.append(logits)
+  np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=1e-5, rtol=0)
+
+
+def test_rows_decode_at_their_own_positions(micro_model):
+  """Rows of one decode step at different positions give each row's own full-forward logits."""
+  cfg, graphdef, params = micro_model
+  tokens = jax.random.randint(jax.random.key(5), (2, 10), 0, 64)
+  full, _ = models.forward(graphdef, params, tokens)
+  cache = models.init_cache(cfg, 2, 16)
+  _, cache = models.forward(graphdef, params, tokens[:, :9], None, cache)
+  # Row 0 decodes position 4 again (its cache beyond 4 is stale and must be masked); row 1 position 9.
+  pos = jnp.array([[4], [9]], jnp.int32)
+  step_tokens = jnp.stack([tokens[0, 4:5], tokens[1, 9:10]])
+  logits, _ = models.forward(graphdef, params, step_tokens, pos, cache)
+  np.testing.assert_allclose(logits[0, 0], full[0, 4], atol=1e-5)
+  np.testing.assert_allclose(logits[1, 0], full[1, 9], atol=1e-5)
+
+
+def test_token_logprobs_identities(micro_model):
+  _, graphdef, params = micro_model
+  tokens = jax.random.randint(jax.random.key(6), (2, 9), 0, 64)
+  logp, entropy = models.token_logprobs(graphdef, params, tokens, temperature=0.7)
+  logits, _ = models.forward(graphdef, params, tokens)
+  manual = jax.nn.log_softmax(logits[:, :-1] / 0.7)
+  expected = np.take_along_axis(np.asarray(manual), np.asarray(tokens[:, 1:, None]), axis=-1)[..., 0]
+  np.testing.assert_allclose(logp, expected, atol=1e-6)
+  np.testing.assert_allclose(entropy, -(np.exp(manual) * manual).sum(-1), atol=1e-5)
+  assert np.all(np.asarray(logp) <= 0)
+
+
+def test_logical_axes_cover_every_parameter():
+  cfg = _micro(tie_embeddings=False, qkv_bias=True, qk_norm=True)
+  _, params = models.abstract_params(cfg)
+  axes = models.param_logical_axes(params)
+  flat_axes = jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple))
+  flat_params = jax.tree.leaves(params)
+  assert len(flat_axes) == len(flat_params)
+  for ax, p in zip(flat_axes, flat_params):
+    assert len(ax) == p.ndim
+  assert axes["q"] == ("layers", "embed", "heads", "head_dim")
+  assert axes["lm_head"] == ("embed", "vocab")
+
+
+def test_unknown_parameter_name_is_an_error():
+  with pytest.raises(ValueError, match="no logical axes"):
+    models.param_logical_axes({"mystery": jnp.zeros((2,))})
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"num_kv_heads": 3}, "must divide num_heads"),
+    ({"head_dim": 7}, "even"),
+    ({"dtype": "float8"}, "must be one of"),
+    ({"d_model": 0}, "positive int"),
+])
+def test_config_errors(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    _micro(**kwargs)
+
+
+def test_unknown_preset_lists_valid_ones():
+  with pytest.raises(ValueError, match="valid presets"):
+    models.preset("gpt5")
+
+
+def test_public_api_names_exist():
+  for name in models.__all__:
+    assert hasattr(models, name), name

@@ -1,0 +1,208 @@
+"""Tests for rlax_post.sharding on 8 fake CPU devices (see conftest.py)."""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+import numpy as np
+import pytest
+
+from rlax_post import learner
+from rlax_post import models
+from rlax_post import sharding
+
+RULES = sharding.DEFAULT_RULES
+
+
+def test_public_api():
+  for name in sharding.__all__:
+    assert hasattr(sharding, name), name
+
+
+def test_eight_devices():
+  assert jax.device_count() == 8, 'run with conftest.py (8 fake CPU devices)'
+
+
+@pytest.mark.parametrize('shape,expected', [
+    ({'data': 1, 'fsdp': -1, 'tensor': 1}, (1, 8, 1)),
+    ({'data': 2, 'fsdp': -1, 'tensor': 2}, (2, 2, 2)),
+    ({'data': -1, 'fsdp': 2, 'tensor': 2}, (2, 2, 2)),
+    ({'tensor': 4, 'fsdp': 2}, (1, 2, 4)),
+])
+def test_make_mesh(shape, expected):
+  mesh = sharding.make_mesh(shape)
+  assert mesh.axis_names == ('data', 'fsdp', 'tensor')
+  assert tuple(mesh.shape.values()) == expected
+  assert mesh.devices.size == 8
+  assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
+
+
+def test_make_mesh_on_some_devices():
+  mesh = sharding.make_mesh({'fsdp': -1}, devices=jax.devices()[:4])
+  assert dict(mesh.shape) == {'data': 1, 'fsdp': 4, 'tensor': 1}
+  assert set(mesh.devices.flat) == set(jax.devices()[:4])
+
+
+@pytest.mark.parametrize('shape,match', [
+    ({'data': 3, 'fsdp': 1, 'tensor': 1}, r"\{'data': 3.*3 devices.*8 devices"),
+    ({'data': 2, 'fsdp': 2, 'tensor': 1}, r'4 devices but there are 8'),
+    ({'data': 3, 'fsdp': -1}, r'cannot fill 8 devices'),
+    ({'data': -1, 'fsdp': -1}, r'at most one'),
+    ({'data': 0, 'fsdp': -1}, r"'data' must be a positive int or -1"),
+    ({'dp': 8}, r"unknown axes \['dp'\].*\['data', 'fsdp', 'tensor'\]"),
+])
+def test_make_mesh_errors(shape, match):
+  with pytest.raises(ValueError, match=match):
+    sharding.make_mesh(shape)
+
+
+def test_logical_to_spec():
+  assert sharding.logical_to_spec(('embed', 'vocab'), RULES) == P(
+      'fsdp', 'tensor')
+  assert sharding.logical_to_spec(
+      ('layers', 'embed', 'heads', 'head_dim'), RULES) == P(
+          None, 'fsdp', 'tensor', None)
+  assert sharding.logical_to_spec(('batch', 'length'), RULES) == P(
+      ('data', 'fsdp'), None)
+  assert sharding.logical_to_spec((None, 'mlp'), RULES) == P(None, 'tensor')
+  assert sharding.logical_to_spec((), RULES) == P()
+
+
+def test_logical_to_spec_errors():
+  with pytest.raises(ValueError, match=r"'hidden'.*known logical axes are \["):
+    sharding.logical_to_spec(('hidden',), RULES)
+  with pytest.raises(ValueError, match=r"'fsdp' is used twice"):
+    sharding.logical_to_spec(('batch', 'embed'), RULES)
+  with pytest.raises(ValueError, match=r"'tensor' is used twice"):
+    sharding.logical_to_spec(('heads', 'mlp'), RULES)
+  with pytest.raises(ValueError, match='appears twice'):
+    sharding.logical_to_spec(('embed',), RULES + (('embed', None),))
+
+
+@pytest.fixture(scope='module')
+def mesh():
+  return sharding.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
+
+
+def test_named_shardings(mesh):
+  logical = {'w': ('embed', 'mlp'), 'inner': {'b': ('mlp',), 's': ()}}
+  shapes = {'w': jax.ShapeDtypeStruct((4, 6), jnp.float32),
+            'inner': {'b': jnp.zeros(6), 's': jnp.zeros(())}}
+  out = sharding.named_shardings(logical, mesh, RULES, shapes=shapes)
+  assert out['w'].spec == P('fsdp', 'tensor') and out['w'].mesh == mesh
+  assert out['inner']['b'].spec == P('tensor')
+  assert out['inner']['s'].spec == P()
+  assert sharding.named_shardings(logical, mesh, RULES) == out
+
+
+def test_named_shardings_divisibility_error(mesh):
+  logical = {'layer': {'w': ('embed', 'mlp')}}
+  shapes = {'layer': {'w': jax.ShapeDtypeStruct((4, 3), jnp.float32)}}
+  with pytest.raises(
+      ValueError,
+      match=r"\['layer'\]\['w'\].*dim 1 \('mlp'\) of size 3.*\('tensor',\)"):
+    sharding.named_shardings(logical, mesh, RULES, shapes=shapes)
+  with pytest.raises(ValueError, match=r"\['layer'\]\['w'\].*rank"):
+    sharding.named_shardings(
+        logical, mesh, RULES, shapes={'layer': {'w': jnp.zeros(4)}})
+  with pytest.raises(ValueError, match=r"\['layer'\]\['w'\].*'nope'"):
+    sharding.named_shardings({'layer': {'w': ('nope',)}}, mesh, RULES)
+  with pytest.raises(ValueError, match=r"mesh axes \['pipe'\]"):
+    sharding.named_shardings(logical, mesh, RULES + (('stage', 'pipe'),))
+
+
+def test_batch_sharding(mesh):
+  assert sharding.batch_sharding(mesh, RULES, 2).spec == P(
+      ('data', 'fsdp'), None)
+  assert sharding.batch_sharding(mesh, RULES, 1).spec == P(('data', 'fsdp'))
+  x = jax.device_put(jnp.arange(8 * 3).reshape(8, 3),
+                     sharding.batch_sharding(mesh, RULES, 2))
+  # 4 batch shards of 2 rows, each on the 2 'tensor' devices.
+  assert {s.data.shape for s in x.addressable_shards} == {(2, 3)}
+
+
+def test_activation_constraint_fn(mesh):
+  constrain = sharding.activation_constraint_fn(mesh, RULES)
+
+  @jax.jit
+  def f(x):
+    # 'embed' would reuse 'fsdp', which 'batch' already took: dropped.
+    return constrain(x * 2, ('batch', 'length', 'embed'))
+
+  x = jnp.ones((4, 3, 6))
+  out = f(x)
+  assert out.sharding.is_equivalent_to(
+      jax.sharding.NamedSharding(mesh, P(('data', 'fsdp'), None, None)), 3)
+  np.testing.assert_array_equal(out, 2.0)
+  with pytest.raises(ValueError, match=r"activation: dim 0 \('batch'\) of size 2"):
+    jax.jit(lambda x: constrain(x, ('batch', 'length', 'embed')))(
+        jnp.ones((2, 3, 6)))
+
+
+def _expected_param_specs():
+  # By hand from DEFAULT_RULES and models.PARAM_LOGICAL_AXES.
+  return {
+      'embedding': P('tensor', 'fsdp'),              # (vocab, embed)
+      'final_norm': P(None),
+      'attn_norm': P(None, None),
+      'mlp_norm': P(None, None),
+      'q': P(None, 'fsdp', 'tensor', None),          # (layers, embed, heads, hd)
+      'k': P(None, 'fsdp', 'tensor', None),
+      'v': P(None, 'fsdp', 'tensor', None),
+      'o': P(None, 'tensor', None, 'fsdp'),          # (layers, heads, hd, embed)
+      'gate': P(None, 'fsdp', 'tensor'),             # (layers, embed, mlp)
+      'up': P(None, 'fsdp', 'tensor'),
+      'down': P(None, 'tensor', 'fsdp'),             # (layers, mlp, embed)
+  }
+
+
+def test_state_shardings_follow_rules(mesh):
+  cfg = models.ModelConfig(
+      vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+      head_dim=8, mlp_dim=64, max_seq_len=16)
+  _, abstract = models.abstract_params(cfg)
+  optimizer = learner.make_optimizer(
+      learning_rate=1e-3, warmup_steps=2, total_steps=10)
+  state = jax.eval_shape(
+      lambda p: learner.init_train_state(p, optimizer, jax.random.key(0)),
+      abstract)
+  out = sharding.state_shardings(
+      state, models.param_logical_axes(abstract), optimizer, mesh, RULES)
+
+  expected = _expected_param_specs()
+  assert set(out.params) == set(expected)
+  for name, spec in expected.items():
+    assert out.params[name].spec == spec, name
+  # Adam moments mirror the params; every other optimizer leaf is replicated.
+  adam = optax_adam_state(out.opt_state)
+  for moments in (adam.mu, adam.nu):
+    assert {k: v.spec for k, v in moments.items()} == expected
+  moment_ids = {id(v) for v in jax.tree.leaves(adam.mu) + jax.tree.leaves(adam.nu)}
+  others = [s for s in jax.tree.leaves(out.opt_state) if id(s) not in moment_ids]
+  assert len(others) >= 3  # counts and injected hyper-parameters
+  assert all(s.spec == P() for s in others)
+  for leaf in (out.step, out.rng, out.num_skipped):
+    assert leaf.spec == P() and leaf.mesh == mesh
+  # The structure matches the state, so it can be jit's in/out shardings.
+  assert jax.tree.structure(out) == jax.tree.structure(state)
+
+
+def optax_adam_state(opt_state):
+  import optax  # pylint: disable=g-import-not-at-top
+  found = [s for s in jax.tree.leaves(
+      opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByAdamState))
+           if isinstance(s, optax.ScaleByAdamState)]
+  assert len(found) == 1
+  return found[0]
+
+
+def test_state_shardings_divisibility_error(mesh):
+  params = {'w': jax.ShapeDtypeStruct((6, 4), jnp.float32)}  # 6 % 2 == 0
+  optimizer = learner.make_optimizer(
+      learning_rate=1e-3, warmup_steps=0, total_steps=10)
+  state = jax.eval_shape(
+      lambda p: learner.init_train_state(p, optimizer, jax.random.key(0)),
+      params)
+  big_mesh = sharding.make_mesh({'fsdp': 4, 'tensor': 2})
+  with pytest.raises(ValueError, match=r"\['w'\].*size 6.*\('fsdp',\)"):
+    sharding.state_shardings(
+        state, {'w': ('embed', 'mlp')}, optimizer, big_mesh, RULES)
