@@ -18,12 +18,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.task = dict(name="reverse", options=dict(min_len=3, max_len=6, alphabet="abcdefgh"), num_eval=256)
   c.model = dict(preset="tiny", overrides=dict(), vocab_multiple=8, max_seq_len=32)
   c.mesh = dict(data=1, fsdp=-1, tensor=1, rules=[])
-  c.sft = dict(steps=300, batch_size=64, noise=0.6, typo_rate=0.0,
+  c.sft = dict(steps=600, batch_size=64, noise=0.6, typo_rate=0.0,
                optimizer=dict(learning_rate=3e-3, warmup_steps=20, end_lr_ratio=0.1, weight_decay=0.0,
                               b1=0.9, b2=0.99, max_grad_norm=1.0))
-  c.rl = dict(steps=60, prompts_per_step=32, samples_per_prompt=8, max_new_tokens=8, temperature=1.0,
+  c.rl = dict(steps=100, prompts_per_step=32, samples_per_prompt=8, max_new_tokens=8, temperature=1.0,
               top_p=1.0, top_k=0, minibatches=1, epochs=1,
-              optimizer=dict(learning_rate=1e-3, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
+              optimizer=dict(learning_rate=5e-4, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
                              b1=0.9, b2=0.99, max_grad_norm=1.0))
   c.loss = dict(kind="ppo", eps_low=0.2, eps_high=0.28, dual_clip=None, kl_coef=0.0, kl_kind="k3",
                 entropy_coef=0.0, agg_mode="token_mean", micro_batches=1)

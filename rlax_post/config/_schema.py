@@ -119,6 +119,9 @@ class RuntimeSection:
   progress: bool = True  # a progress bar with the live reward
   tensorboard: bool = True
   plot: bool = True
+  # Stop after this many RL steps in this invocation (0: run to rl.steps), as a preempted job would; the
+  # last step is checkpointed and `--resume` continues. Lets a long run fit in time-limited slots.
+  stop_after_steps: int = bounded(0, low=0)
 
 
 @dataclasses.dataclass(frozen=True)

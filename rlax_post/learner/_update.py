@@ -142,7 +142,7 @@ def make_update(
       step_key, new_rng = as_typed_key(rng), state.rng
 
     loss, aux, grads = loss_and_grads(state.params, batch, weights_bt, step_key)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     # A non-finite entry anywhere makes the global norm non-finite.
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 

@@ -151,7 +151,10 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
   group_stats = jax.jit(lambda r, g: advantages_lib.group_stats(r, g, num_groups=cfg.rl.prompts_per_step))
 
   last_eval = None
-  progress = bar(range(start_step, cfg.rl.steps), initial=start_step, total=cfg.rl.steps, desc="GRPO",
+  end_step = cfg.rl.steps
+  if cfg.runtime.stop_after_steps:
+    end_step = min(cfg.rl.steps, start_step + cfg.runtime.stop_after_steps)
+  progress = bar(range(start_step, end_step), initial=start_step, total=cfg.rl.steps, desc="GRPO",
                  dynamic_ncols=True)
   for rl_step in progress:
     t0 = time.time()
@@ -204,19 +207,20 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
     done = rl_step + 1
     if done % cfg.runtime.log_every == 0 or done == cfg.rl.steps:
       metrics.write(done, row)
-    if (cfg.eval.every and done % cfg.eval.every == 0) or done == cfg.rl.steps:
+    if (cfg.eval.every and done % cfg.eval.every == 0) or done == end_step:
       last_eval = evaluate(state.params)
       metrics.write(done, {"eval_reward": last_eval}, phase="eval")
     if hasattr(progress, "set_postfix"):
       progress.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0.0):.4f}",
                            eval=("-" if last_eval is None else f"{last_eval:.3f}"))
-    if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == cfg.rl.steps:
+    if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == end_step:
       ckpt.save(done, state, ref_params, {**{k: history[k] for k in ("initial_eval_reward",
                                                                     "warm_start_seconds")},
                                           "data": prompts.get_state(), "rl_step": done})
   if hasattr(progress, "close"):
     progress.close()
 
+  # The loop evaluates at its last step; a resumed run with no step left to do evaluates here.
   final = last_eval if last_eval is not None else evaluate(state.params)
   ckpt.close()
   rows = metrics.read()
@@ -230,6 +234,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
       "improvement": final - history["initial_eval_reward"],
       "wall_seconds": time.time() - t_start,
       "rl_steps": cfg.rl.steps,
+      "rl_steps_done": end_step,
       "resumed_from_step": start_step if latest is not None else None,
       "final_train_reward": rl_rows[-1]["reward_mean"] if rl_rows else None,
       "final_kl": rl_rows[-1].get("kl") if rl_rows else None,

@@ -1,0 +1,65 @@
+"""Config validation: unknown keys and bad values give errors that name them and list what is allowed."""
+
+import subprocess
+import sys
+
+import pytest
+
+from rlax_post import config
+
+sys.path.insert(0, ".")
+from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def test_demo_config_validates_with_expected_values():
+  cfg = config.load(demo.get_config())
+  assert cfg.task.name == "reverse" and cfg.advantage.estimator == "grpo"
+  assert cfg.rl.optimizer.learning_rate == pytest.approx(5e-4)
+  assert cfg.sft.noise == pytest.approx(0.6)
+  tiny = config.load(demo.get_config("tiny"))
+  assert tiny.model.preset == "micro" and tiny.rl.steps == 3
+
+
+def test_nested_section_keeps_its_own_defaults():
+  cfg = config.load({"rl": {"optimizer": {"b1": 0.5}}})
+  assert cfg.rl.optimizer.b1 == 0.5
+  assert cfg.rl.optimizer.learning_rate == pytest.approx(3e-4)  # RLSection's default, not the generic one.
+  assert cfg.sft.optimizer.learning_rate == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"rl": {"stepz": 3}}, r"Unknown key\(s\) \['config.rl.stepz'\]; valid keys of `config.rl` are \['epochs'"),
+    ({"advantage": {"estimator": "gpro"}},
+     r"`config.advantage.estimator` must be one of \['grpo', 'drgrpo', 'rloo', 'reinforce_pp'\]; got 'gpro'"),
+    ({"loss": {"kl_kind": "k4"}}, r"must be one of \['k3', 'k1', 'k2'\]"),
+    ({"rl": {"top_p": 0.0}}, r"`config.rl.top_p` must be > 0.0; got 0.0"),
+    ({"rl": {"steps": 2.5}}, r"`config.rl.steps` must be an int; got 2.5"),
+    ({"runtime": {"progress": "yes"}}, r"must be a bool"),
+    ({"rl": {"minibatches": 3}}, r"must be divisible by rl.minibatches = 3"),
+    ({"loss": {"dual_clip": 0.5}}, r"dual_clip` must be > 1"),
+])
+def test_bad_config_errors(raw, message):
+  with pytest.raises(ValueError, match=message):
+    config.load(raw)
+
+
+def test_unknown_variant_of_config_file():
+  with pytest.raises(ValueError, match=r"unknown variant 'huge'; valid: \['default', 'tiny'\]"):
+    demo.get_config("huge")
+
+
+def _cli(*args):
+  return subprocess.run([sys.executable, "-m", "rlax_post.cli", *args], capture_output=True, text=True,
+                        timeout=120)
+
+
+def test_cli_reports_unknown_key_and_bad_value():
+  out = _cli("check-config", "--config", "configs/demo.py", "--config.rl.stepz=3")
+  assert out.returncode != 0 and "stepz" in out.stderr
+  out = _cli("check-config", "--config", "configs/demo.py", "--config.advantage.estimator=gpro")
+  assert out.returncode == 2
+  assert "`config.advantage.estimator` must be one of ['grpo', 'drgrpo', 'rloo', 'reinforce_pp']" in out.stderr
+  out = _cli("check-config", "--config", "configs/demo.py", "--config.rl.steps=7")
+  assert out.returncode == 0 and '"steps": 7' in out.stdout
+  out = _cli("tran", "--config", "configs/demo.py")
+  assert out.returncode == 2 and "valid commands: ['train', 'check-config']" in out.stderr

@@ -1,0 +1,375 @@
+"""Tests for rlax_post.learner with the real tiny model (8 fake CPU devices)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rlax_post import learner
+from rlax_post import losses
+from rlax_post import models
+from rlax_post import sharding
+
+CFG = models.ModelConfig(
+    vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+    head_dim=8, mlp_dim=64, max_seq_len=16)
+B, T = 8, 10
+
+
+@pytest.fixture(scope='module')
+def model():
+  return models.init_params(CFG, jax.random.key(0))
+
+
+def _logprob_fn(graphdef):
+  return functools.partial(models.token_logprobs, graphdef)
+
+
+# Compiling an update takes seconds on a CPU: the tests share a few jitted
+# updates through module fixtures (jit caches per function object).
+SFT_LR = 0.5
+PPO_LR = dict(learning_rate=1e-3, warmup_steps=2, total_steps=6,
+              end_lr_ratio=0.1)
+
+
+@pytest.fixture(scope='module')
+def sft(model):
+  graphdef, _ = model
+  optimizer = optax.sgd(SFT_LR)
+  update = jax.jit(learner.make_update(
+      optimizer, learner.sft_objective(_logprob_fn(graphdef))))
+  return optimizer, update
+
+
+@pytest.fixture(scope='module')
+def ppo(model):
+  """PPO with every term on; updates without and with 2 micro-batches."""
+  graphdef, params = model
+  optimizer = learner.make_optimizer(weight_decay=0.01, **PPO_LR)
+  objective = learner.ppo_objective(
+      _logprob_fn(graphdef), eps_low=0.2, eps_high=0.28, dual_clip=3.0,
+      kl_coef=0.05, kl_kind='k3', entropy_coef=0.01)
+  updates = {m: learner.make_update(
+      optimizer, objective, micro_batches=m, agg_mode='seq_mean_token_mean')
+             for m in (1, 2)}
+  jitted = {m: jax.jit(u) for m, u in updates.items()}
+  return optimizer, updates, jitted, _ppo_batch(graphdef, params)
+
+
+def _tree_allclose(a, b, atol=1e-5, rtol=1e-5):
+  jax.tree.map(
+      lambda x, y: np.testing.assert_allclose(x, y, atol=atol, rtol=rtol), a, b)
+
+
+def _sft_batch(seed=0):
+  """Right-padded sequences: prompt, response (trained), padding; row 3 empty."""
+  key_tok, key_len = jax.random.split(jax.random.key(seed))
+  tokens = jax.random.randint(key_tok, (B, T), 1, CFG.vocab_size)
+  prompt_b = np.array([2, 3, 1, 4, 2, 3, 2, 1])
+  resp_b = np.array([5, 3, 6, 0, 4, 6, 2, 7])
+  t = np.arange(T - 1)[None, :]
+  # Target t + 1 is a response token when prompt <= t + 1 < prompt + resp.
+  mask = ((t + 1 >= prompt_b[:, None]) & (t + 1 < (prompt_b + resp_b)[:, None]))
+  del key_len
+  return {'tokens': tokens.astype(jnp.int32),
+          'loss_mask': jnp.asarray(mask, jnp.float32)}
+
+
+# The graphdef is static and hashable.
+_token_logprobs = jax.jit(models.token_logprobs, static_argnums=0)
+
+
+def _ppo_batch(graphdef, params, seed=0):
+  batch = _sft_batch(seed)
+  logp_bt, _ = _token_logprobs(graphdef, params, batch['tokens'])
+  k1, k2, k3 = jax.random.split(jax.random.key(seed + 100), 3)
+  adv_b = jax.random.normal(k1, (B,))
+  batch['advantages'] = jnp.broadcast_to(adv_b[:, None], (B, T - 1))
+  # Ratios spread around 1 so that some tokens are clipped.
+  batch['old_logprobs'] = logp_bt + 0.3 * jax.random.normal(k2, (B, T - 1))
+  batch['ref_logprobs'] = logp_bt + 0.2 * jax.random.normal(k3, (B, T - 1))
+  return batch
+
+
+def _direct_logp(graphdef, params, tokens_bt):
+  # Independent of token_logprobs: logits, log-softmax, gather.
+  logits_btv, _ = models.forward(graphdef, params, tokens_bt[:, :-1])
+  logp_btv = jax.nn.log_softmax(logits_btv, axis=-1)
+  return jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
+
+
+def _sgd_grads(state, new_state, lr):
+  return jax.tree.map(lambda p, q: (p - q) / lr, state.params, new_state.params)
+
+
+def test_public_api():
+  for name in learner.__all__:
+    assert hasattr(learner, name), name
+
+
+def test_init_train_state(model):
+  _, params = model
+  optimizer = learner.make_optimizer(
+      learning_rate=1e-3, warmup_steps=0, total_steps=10)
+  state = learner.init_train_state(params, optimizer, jax.random.key(7))
+  assert state.step.dtype == jnp.int32 and state.step == 0
+  assert state.num_skipped.dtype == jnp.int32 and state.num_skipped == 0
+  assert state.rng.dtype == jnp.uint32
+  np.testing.assert_array_equal(
+      state.rng, jax.random.key_data(jax.random.key(7)))
+  raw = learner.init_train_state(
+      params, optimizer, jax.random.key_data(jax.random.key(7)))
+  np.testing.assert_array_equal(raw.rng, state.rng)
+  np.testing.assert_allclose(
+      learner.current_learning_rate(state.opt_state), 1e-3)
+
+
+def test_sft_loss_and_gradient_match_direct_formula(model, sft):
+  graphdef, params = model
+  optimizer, update = sft
+  batch = _sft_batch()
+  mask_bt = batch['loss_mask']
+
+  @jax.jit
+  def direct_loss_and_grads(p):
+    def loss(p):
+      logp_bt = _direct_logp(graphdef, p, batch['tokens'])
+      return -jnp.sum(mask_bt * logp_bt) / jnp.sum(mask_bt)
+    return jax.value_and_grad(loss)(p)
+
+  loss_ref, grads_ref = direct_loss_and_grads(params)
+  state = learner.init_train_state(params, optimizer, jax.random.key(1))
+  new_state, metrics = update(state, batch, jax.random.key(2))
+
+  np.testing.assert_allclose(metrics['loss'], loss_ref, rtol=1e-5)
+  np.testing.assert_allclose(metrics['nll'], loss_ref, rtol=1e-5)
+  np.testing.assert_allclose(metrics['num_tokens'], mask_bt.sum())
+  np.testing.assert_allclose(
+      metrics['grad_norm'], optax.tree.norm(grads_ref), rtol=1e-5)
+  _tree_allclose(_sgd_grads(state, new_state, SFT_LR), grads_ref, atol=2e-5)
+  assert metrics['skipped'] == 0.0 and new_state.step == 1
+  assert set(metrics) == {'loss', 'nll', 'entropy', 'grad_norm',
+                          'learning_rate', 'num_tokens', 'skipped',
+                          'num_skipped'}
+
+
+def test_ppo_objective_on_policy_identities(model):
+  graphdef, params = model
+  batch = _ppo_batch(graphdef, params)
+  logp_bt, _ = _token_logprobs(graphdef, params, batch['tokens'])
+  # On-policy (ratio 1) and ref = policy: PPO's gradient is the policy
+  # gradient −Σ w·A·∇logp, k3 is 0 with zero gradient.
+  batch['old_logprobs'] = logp_bt
+  batch['ref_logprobs'] = logp_bt
+  # Halve the old probability of two trained tokens with A > 0: ratio 2 > 1.2.
+  adv_b = batch['advantages'][:, 0]
+  b_pos = int(jnp.argmax(adv_b))
+  batch['old_logprobs'] = batch['old_logprobs'].at[b_pos, 4:6].add(-jnp.log(2.0))
+  mask_bt = batch['loss_mask']
+  assert mask_bt[b_pos, 4] == 1 and mask_bt[b_pos, 5] == 1
+  w_bt = losses.aggregation_weights(mask_bt, mode='token_mean')
+
+  objective = learner.ppo_objective(
+      _logprob_fn(graphdef), eps_low=0.2, eps_high=0.2, kl_coef=0.1,
+      kl_kind='k3')
+  clipped_bt = jnp.zeros_like(mask_bt).at[b_pos, 4:6].set(1.0)
+
+  def pg_direct(p):
+    lp_bt = _direct_logp(graphdef, p, batch['tokens'])
+    return -jnp.sum(w_bt * (1.0 - clipped_bt) * batch['advantages'] * lp_bt)
+
+  @jax.jit
+  def both(p):
+    value_grads = jax.value_and_grad(objective, has_aux=True)(
+        p, batch, w_bt, jax.random.key(0))
+    return value_grads, jax.grad(pg_direct)(p)
+
+  ((loss, aux), grads), grads_direct = both(params)
+
+  ratio_bt = jnp.where(clipped_bt > 0, 1.2, 1.0)
+  np.testing.assert_allclose(
+      aux['pg_loss'], -jnp.sum(w_bt * ratio_bt * batch['advantages']),
+      rtol=1e-5)
+  np.testing.assert_allclose(aux['clip_frac'], 2.0 / mask_bt.sum(), rtol=1e-6)
+  np.testing.assert_allclose(aux['kl'], 0.0, atol=1e-7)
+  np.testing.assert_allclose(loss, aux['pg_loss'], rtol=1e-6)
+  _tree_allclose(grads, grads_direct, atol=1e-6)
+
+
+def test_ppo_objective_needs_ref_logprobs_for_kl(model):
+  graphdef, params = model
+  batch = _ppo_batch(graphdef, params)
+  del batch['ref_logprobs']
+  w_bt = losses.aggregation_weights(batch['loss_mask'], mode='token_mean')
+  objective = learner.ppo_objective(_logprob_fn(graphdef), kl_coef=0.1)
+  with pytest.raises(ValueError, match=r"lacks keys \['ref_logprobs'\]"):
+    objective(params, batch, w_bt, jax.random.key(0))
+  _, aux = learner.ppo_objective(_logprob_fn(graphdef))(
+      params, batch, w_bt, jax.random.key(0))
+  assert set(aux) == {'pg_loss', 'clip_frac', 'entropy'}
+  with pytest.raises(ValueError, match=r"\['k1', 'k2', 'k3'\]"):
+    learner.ppo_objective(_logprob_fn(graphdef), kl_kind='k5')
+
+
+def test_micro_batches_equal_full_batch(model, ppo):
+  _, params = model
+  optimizer, _, update, batch = ppo
+  state = learner.init_train_state(params, optimizer, jax.random.key(1))
+  mu = lambda s: optax.tree_utils.tree_get(s.opt_state, 'mu')
+  full = micro = state
+  for step in range(2):
+    full, m_full = update[1](full, batch, jax.random.key(2))
+    micro, m_micro = update[2](micro, batch, jax.random.key(2))
+    assert set(m_full) == set(m_micro) == {
+        'loss', 'pg_loss', 'kl', 'clip_frac', 'entropy', 'grad_norm',
+        'learning_rate', 'num_tokens', 'skipped', 'num_skipped'}
+    for key in m_full:
+      np.testing.assert_allclose(m_micro[key], m_full[key], rtol=1e-5,
+                                 atol=1e-6, err_msg=key)
+    _tree_allclose(micro.params, full.params)
+    _tree_allclose(micro.opt_state, full.opt_state)
+    assert 0.0 < m_full['clip_frac'] < 1.0  # the clip is exercised
+    if step == 0:
+      # Step 0 runs at learning rate 0 (warmup); Adam's first moment is then
+      # exactly (1 - b1)·grad, so the gradients themselves agree.
+      np.testing.assert_allclose(m_full['learning_rate'], 0.0)
+      _tree_allclose(mu(micro), mu(full), atol=1e-7)
+      assert optax.tree.norm(mu(full)) > 0
+  assert m_full['learning_rate'] > 0
+  assert not np.array_equal(full.params['q'], state.params['q'])
+
+
+def test_batch_not_divisible_by_micro_batches(model):
+  graphdef, params = model
+  optimizer = optax.sgd(0.1)
+  update = learner.make_update(
+      optimizer, learner.sft_objective(_logprob_fn(graphdef)), micro_batches=3)
+  state = learner.init_train_state(params, optimizer, jax.random.key(1))
+  with pytest.raises(ValueError, match=r'batch size 8.*micro_batches=3'):
+    jax.jit(update)(state, _sft_batch(), jax.random.key(2))
+
+
+def test_make_update_and_optimizer_errors():
+  objective = learner.sft_objective(lambda p, t: (t, t))
+  with pytest.raises(ValueError, match=r"\['token_mean', .*'mean'"):
+    learner.make_update(optax.sgd(0.1), objective, agg_mode='mean')
+  with pytest.raises(ValueError, match='requires max_len'):
+    learner.make_update(optax.sgd(0.1), objective,
+                        agg_mode='seq_mean_token_sum_norm')
+  with pytest.raises(ValueError, match='micro_batches'):
+    learner.make_update(optax.sgd(0.1), objective, micro_batches=0)
+  with pytest.raises(ValueError, match='warmup_steps < total_steps'):
+    learner.make_optimizer(learning_rate=1e-3, warmup_steps=10, total_steps=10)
+  with pytest.raises(ValueError, match='end_lr_ratio'):
+    learner.make_optimizer(learning_rate=1e-3, warmup_steps=0, total_steps=10,
+                           end_lr_ratio=2.0)
+
+
+def adam_count(state):
+  return int(optax.tree_utils.tree_get(
+      state.opt_state, 'count',
+      filtering=lambda path, _: 'ScaleByAdamState' in str(path)))
+
+
+def test_nonfinite_update_is_skipped_and_schedule_waits(model, ppo):
+  _, params = model
+  optimizer, _, update, clean = ppo
+  schedule = learner.make_lr_schedule(**PPO_LR)
+  nan_at_valid = dict(clean, advantages=clean['advantages'].at[0, 5].set(
+      jnp.nan))
+  assert clean['loss_mask'][0, 5] == 1
+  # Non-finite values where loss_mask is 0 are padding and are ignored.
+  nan_at_pad = dict(clean, advantages=clean['advantages'].at[0, 0].set(jnp.nan),
+                    old_logprobs=clean['old_logprobs'].at[3].set(-jnp.inf),
+                    ref_logprobs=clean['ref_logprobs'].at[3].set(jnp.nan))
+  assert clean['loss_mask'][0, 0] == 0 and clean['loss_mask'][3].sum() == 0
+
+  state = learner.init_train_state(params, optimizer, jax.random.key(1))
+  lrs, skipped = [], []
+  for batch in (clean, nan_at_valid, nan_at_pad, nan_at_valid, clean):
+    before = state
+    state, metrics = update[1](state, batch, jax.random.key(2))
+    lrs.append(float(metrics['learning_rate']))
+    skipped.append(float(metrics['skipped']))
+    if metrics['skipped']:
+      assert not np.isfinite(metrics['loss'])
+      # Bit-identical params and optimizer state.
+      jax.tree.map(np.testing.assert_array_equal, state.params, before.params)
+      jax.tree.map(np.testing.assert_array_equal, state.opt_state,
+                   before.opt_state)
+    else:
+      assert np.isfinite(metrics['loss'])
+      assert adam_count(state) == adam_count(before) + 1
+
+  assert skipped == [0.0, 1.0, 0.0, 1.0, 0.0]
+  assert int(state.step) == 5 and int(state.num_skipped) == 2
+  assert float(metrics['num_skipped']) == 2.0
+  # The schedule counts applied updates: 0, 1, 2 (skips report the next one).
+  np.testing.assert_allclose(
+      lrs, [schedule(0), schedule(1), schedule(1), schedule(2), schedule(2)],
+      rtol=1e-6)
+  np.testing.assert_allclose(lrs[:3], [0.0, 5e-4, 5e-4], rtol=1e-6)
+  # After the warmup, a clean update moves the parameters.
+  assert not np.array_equal(state.params['q'], before.params['q'])
+
+
+def test_rng_handling(model, sft):
+  _, params = model
+  optimizer, update = sft
+  state = learner.init_train_state(params, optimizer, jax.random.key(1))
+  given, _ = update(state, _sft_batch(), jax.random.key(5))
+  np.testing.assert_array_equal(given.rng, state.rng)
+  own, _ = update(state, _sft_batch(), None)
+  np.testing.assert_array_equal(
+      own.rng, jax.random.key_data(jax.random.split(jax.random.key(1))[0]))
+
+
+def test_sharded_update_matches_single_device(model, ppo):
+  _, params = model
+  optimizer, updates, jitted, batch = ppo
+  mesh = sharding.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})
+  rules = sharding.DEFAULT_RULES
+  # Two steps: the first one runs at learning rate 0 (warmup).
+  state = learner.init_train_state(params, optimizer, jax.random.key(1))
+  ref_state = state
+  for _ in range(2):
+    ref_state, ref_metrics = jitted[2](ref_state, batch, jax.random.key(2))
+
+  state_sh = sharding.state_shardings(
+      state, models.param_logical_axes(params), optimizer, mesh, rules)
+  batch_sh = sharding.batch_sharding(mesh, rules, 1)
+  step = learner.jit_update(updates[2], state_sh, batch_sh, mesh, rules=rules)
+  # Place with jit, not device_put: device_put to a replicated sharding can
+  # reuse the source buffer, which the donating step would then delete.
+  sharded = jax.jit(lambda s: s, out_shardings=state_sh)(state)
+  new_state, metrics = step(sharded, batch, jax.random.key(2))
+  assert sharded.params['q'].is_deleted()  # donated
+  new_state, metrics = step(new_state, batch, jax.random.key(2))
+
+  for key in ref_metrics:
+    np.testing.assert_allclose(metrics[key], ref_metrics[key], rtol=1e-5,
+                               atol=1e-6, err_msg=key)
+  _tree_allclose(new_state.params, ref_state.params)
+  _tree_allclose(new_state.opt_state, ref_state.opt_state)
+  # Every output leaf lives where the rules say.
+  for x, s in zip(jax.tree.leaves(new_state), jax.tree.leaves(state_sh)):
+    assert x.sharding.is_equivalent_to(s, x.ndim), (x.sharding, s)
+  assert new_state.params['q'].sharding.spec == jax.sharding.PartitionSpec(
+      None, 'fsdp', 'tensor', None)
+
+
+def test_sft_steps_reduce_loss(model, sft):
+  _, params = model
+  optimizer, update = sft
+  state = learner.init_train_state(params, optimizer, jax.random.key(1))
+  batch = _sft_batch()
+  loss = []
+  for _ in range(6):
+    state, metrics = update(state, batch, None)
+    loss.append(float(metrics['loss']))
+  assert all(b < a for a, b in zip(loss, loss[1:])), loss
+  assert loss[-1] < loss[0] - 0.5, loss
+  np.testing.assert_allclose(loss[0], np.log(CFG.vocab_size), rtol=0.05)
