@@ -30,7 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.advantage = dict(estimator="grpo", std="sample", eps=1e-6)
   c.eval = dict(every=10, batch_size=256)
   c.checkpoint = dict(every=20, max_to_keep=2)
-  c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True)
+  c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0)
 
   if arg == "tiny":  # A smoke-sized run: compiles and runs in well under a minute.
     c.model.preset = "micro"

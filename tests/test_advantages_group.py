@@ -73,7 +73,8 @@ def test_grpo_eps_is_added_to_std():
   adv_b = advantages.group_advantages(
       jnp.array([0.0, 2.0]), jnp.array([0, 0]), num_groups=1, eps=1.0)
   # Sample std of [0, 2] is sqrt(2).
-  np.testing.assert_allclose(adv_b, [-1 / (_SQ2 + 1), 1 / (_SQ2 + 1)], rtol=1e-6)
+  np.testing.assert_allclose(
+      adv_b, [-1 / (_SQ2 + 1), 1 / (_SQ2 + 1)], rtol=1e-6)
 
 
 def test_rloo_is_scaled_drgrpo():
@@ -114,8 +115,8 @@ def test_group_stats(variant):
 
 def test_errors():
   r, g = jnp.zeros(4), jnp.zeros(4, jnp.int32)
-  with pytest.raises(
-      ValueError, match=r"\['grpo', 'drgrpo', 'rloo', 'reinforce_pp'\].*'gpro'"):
+  valid = r"\['grpo', 'drgrpo', 'rloo', 'reinforce_pp'\]"
+  with pytest.raises(ValueError, match=valid + ".*'gpro'"):
     advantages.group_advantages(r, g, num_groups=1, method='gpro')
   with pytest.raises(ValueError, match=r"\['sample', 'population'\].*'pop'"):
     advantages.group_advantages(r, g, num_groups=1, std='pop')

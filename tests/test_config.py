@@ -63,3 +63,24 @@ def test_cli_reports_unknown_key_and_bad_value():
   assert out.returncode == 0 and '"steps": 7' in out.stdout
   out = _cli("tran", "--config", "configs/demo.py")
   assert out.returncode == 2 and "valid commands: ['train', 'check-config']" in out.stderr
+
+
+def _keys(tree, prefix=""):
+  out = set()
+  for k, v in tree.items():
+    out.add(prefix + k)
+    if isinstance(v, dict) and k not in ("options", "overrides"):
+      out |= _keys(v, prefix + k + ".")
+  return out
+
+
+def test_config_files_spell_out_every_key():
+  """`--config.a.b=v` only overrides keys the file has, so each configs/*.py must carry all of them."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  schema = _keys(config.to_dict(config.Config()))
+  for path in glob.glob("configs/*.py"):
+    spec = importlib.util.spec_from_file_location("cfg", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert _keys(module.get_config().to_dict()) == schema, path

@@ -65,15 +65,13 @@ def _tree_allclose(a, b, atol=1e-5, rtol=1e-5):
 
 
 def _sft_batch(seed=0):
-  """Right-padded sequences: prompt, response (trained), padding; row 3 empty."""
-  key_tok, key_len = jax.random.split(jax.random.key(seed))
-  tokens = jax.random.randint(key_tok, (B, T), 1, CFG.vocab_size)
+  """Right-padded rows: prompt, response (trained), padding; row 3 empty."""
+  tokens = jax.random.randint(jax.random.key(seed), (B, T), 1, CFG.vocab_size)
   prompt_b = np.array([2, 3, 1, 4, 2, 3, 2, 1])
   resp_b = np.array([5, 3, 6, 0, 4, 6, 2, 7])
   t = np.arange(T - 1)[None, :]
   # Target t + 1 is a response token when prompt <= t + 1 < prompt + resp.
   mask = ((t + 1 >= prompt_b[:, None]) & (t + 1 < (prompt_b + resp_b)[:, None]))
-  del key_len
   return {'tokens': tokens.astype(jnp.int32),
           'loss_mask': jnp.asarray(mask, jnp.float32)}
 
@@ -167,7 +165,8 @@ def test_ppo_objective_on_policy_identities(model):
   # Halve the old probability of two trained tokens with A > 0: ratio 2 > 1.2.
   adv_b = batch['advantages'][:, 0]
   b_pos = int(jnp.argmax(adv_b))
-  batch['old_logprobs'] = batch['old_logprobs'].at[b_pos, 4:6].add(-jnp.log(2.0))
+  batch['old_logprobs'] = batch['old_logprobs'].at[b_pos, 4:6].add(
+      -jnp.log(2.0))
   mask_bt = batch['loss_mask']
   assert mask_bt[b_pos, 4] == 1 and mask_bt[b_pos, 5] == 1
   w_bt = losses.aggregation_weights(mask_bt, mode='token_mean')

@@ -1,4 +1,4 @@
-"""Advantage estimators (credit assignment), see docs/specs/credit_assignment."""
+"""Advantage estimators (credit assignment; spec: credit_assignment.md)."""
 
 from rlax_post.advantages._group import GROUP_METHODS
 from rlax_post.advantages._group import STD_KINDS

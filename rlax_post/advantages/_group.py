@@ -21,13 +21,20 @@ def _check_inputs(rewards_b, group_ids_b, num_groups):
         f'{jnp.shape(rewards_b)} and {jnp.shape(group_ids_b)}')
   if not jnp.issubdtype(jnp.asarray(group_ids_b).dtype, jnp.integer):
     raise ValueError(
-        f'group_ids_b must be integers; got dtype {jnp.asarray(group_ids_b).dtype}')
+        'group_ids_b must be integers; got dtype '
+        f'{jnp.asarray(group_ids_b).dtype}')
   if not isinstance(num_groups, int) or num_groups < 1:
-    raise ValueError(f'num_groups must be a positive Python int; got {num_groups!r}')
+    raise ValueError(
+        f'num_groups must be a positive Python int; got {num_groups!r}')
 
 
 def _group_moments(rewards_b, group_ids_b, num_groups):
-  """Per-trajectory view of its group: (count_b, centred_b, sq_sum_b, no_signal_b)."""
+  """Each trajectory's view of its group's statistics, all [B] float32.
+
+  Returns (rewards_b, count_b, sum_b, centred_b, sq_sum_b, no_signal_b): the
+  group's size, reward sum, the reward minus the group mean, the group's sum of
+  squared deviations, and whether the group carries no signal.
+  """
   rewards_b = jnp.asarray(rewards_b, jnp.float32)
   count_g = jax.ops.segment_sum(
       jnp.ones_like(rewards_b), group_ids_b, num_segments=num_groups)
@@ -42,7 +49,8 @@ def _group_moments(rewards_b, group_ids_b, num_groups):
   min_g = jax.ops.segment_min(rewards_b, group_ids_b, num_segments=num_groups)
   count_b = count_g[group_ids_b]
   no_signal_b = (count_b < 2) | (max_g[group_ids_b] == min_g[group_ids_b])
-  return rewards_b, count_b, sum_g[group_ids_b], centred_b, sq_sum_g[group_ids_b], no_signal_b
+  return (rewards_b, count_b, sum_g[group_ids_b], centred_b,
+          sq_sum_g[group_ids_b], no_signal_b)
 
 
 def group_advantages(
@@ -137,5 +145,6 @@ def group_stats(
       'frac_zero_signal': jnp.mean(no_signal_b.astype(jnp.float32)),
       'reward_mean': jnp.mean(rewards_b),
       'reward_std': jnp.std(rewards_b),
-      'group_std_mean': jnp.mean(jnp.sqrt(sq_sum_b / jnp.maximum(count_b, 1.0))),
+      'group_std_mean': jnp.mean(
+          jnp.sqrt(sq_sum_b / jnp.maximum(count_b, 1.0))),
   }

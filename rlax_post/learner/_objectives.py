@@ -1,4 +1,4 @@
-"""Training objectives: functions (params, batch, weights_bt, rng) -> (loss, aux).
+"""Training objectives: (params, batch, weights_bt, rng) -> (loss, aux).
 
 An objective sums per-token terms with the given aggregation weights, which
 were computed on the whole batch (`rlax_post.losses.aggregation_weights`). So
@@ -38,7 +38,8 @@ def _require(batch: Mapping[str, jax.Array], keys: tuple[str, ...]) -> None:
 def _logprobs(logprob_fn, params, batch, weights_bt):
   tokens_bt = batch['tokens']
   if jnp.ndim(tokens_bt) != 2:
-    raise ValueError(f'batch["tokens"] must be [B, T]; got {jnp.shape(tokens_bt)}')
+    raise ValueError(
+        f'batch["tokens"] must be [B, T]; got {jnp.shape(tokens_bt)}')
   b, t = tokens_bt.shape
   if jnp.shape(weights_bt) != (b, t - 1):
     raise ValueError(
@@ -100,7 +101,8 @@ def ppo_objective(
 ) -> Objective:
   """Per-token PPO clip with a KL penalty and an entropy bonus.
 
-    loss = Σ_bt w·[ppo_clip(logp, old, A) + kl_coef·kl(logp, ref) − entropy_coef·H]
+    loss = Σ_bt w·[ppo_clip(logp, old, A) + kl_coef·kl(logp, ref)
+                   − entropy_coef·H]
 
   The batch needs `tokens` [B, T] int32 and `advantages`, `old_logprobs`
   [B, T − 1] float32, plus `ref_logprobs` [B, T − 1] when kl_coef > 0. aux

@@ -22,7 +22,7 @@ class TrainState:
   opt_state: optax.OptState  # optax state of the optimizer that built it.
   step: jax.Array  # int32 [], number of update calls, skipped ones included.
   rng: jax.Array  # uint32 [2] raw key (threefry) of the learner's stream.
-  num_skipped: jax.Array  # int32 [], updates skipped for a non-finite loss/grad.
+  num_skipped: jax.Array  # int32 [], updates skipped: non-finite loss/grads.
 
 
 def as_raw_key(rng: jax.Array) -> jax.Array:

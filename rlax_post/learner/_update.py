@@ -1,10 +1,8 @@
-"""The pure update step: weights, micro-batch gradient accumulation, skip guard."""
+"""The pure update step: weights, micro-batch accumulation, skip guard."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import optax
@@ -16,6 +14,8 @@ from rlax_post.learner._state import TrainState
 from rlax_post.learner._state import as_typed_key
 
 Batch = Mapping[str, jax.Array]
+_UPDATE_METRICS = frozenset({'loss', 'grad_norm', 'learning_rate', 'num_tokens',
+                             'skipped', 'num_skipped'})
 UpdateFn = Callable[..., tuple[TrainState, dict[str, jax.Array]]]
 
 
@@ -94,7 +94,8 @@ def make_update(
     `skipped` (0 or 1) and `num_skipped` (after this update).
   """
   if not isinstance(micro_batches, int) or micro_batches < 1:
-    raise ValueError(f'micro_batches must be an int >= 1; got {micro_batches!r}')
+    raise ValueError(
+        f'micro_batches must be an int >= 1; got {micro_batches!r}')
   if agg_mode not in losses.AGG_MODES:
     raise ValueError(
         f'agg_mode must be one of {list(losses.AGG_MODES)}; got {agg_mode!r}')
@@ -142,6 +143,11 @@ def make_update(
       step_key, new_rng = as_typed_key(rng), state.rng
 
     loss, aux, grads = loss_and_grads(state.params, batch, weights_bt, step_key)
+    clash = sorted(set(aux) & _UPDATE_METRICS)
+    if clash:
+      raise ValueError(
+          f'objective aux keys {clash} clash with the update metrics '
+          f'{sorted(_UPDATE_METRICS)}')
     grad_norm = optax.tree.norm(grads)
     # A non-finite entry anywhere makes the global norm non-finite.
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)

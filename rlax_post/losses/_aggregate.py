@@ -46,7 +46,8 @@ def aggregation_weights(
   if mode not in AGG_MODES:
     raise ValueError(f'mode must be one of {list(AGG_MODES)}; got {mode!r}')
   if jnp.ndim(mask_bt) != 2:
-    raise ValueError(f'mask_bt must have shape [B, T]; got {jnp.shape(mask_bt)}')
+    raise ValueError(
+        f'mask_bt must have shape [B, T]; got {jnp.shape(mask_bt)}')
   mask_bt = jnp.asarray(mask_bt, jnp.float32)
 
   if mode == 'token_mean':
@@ -74,7 +75,7 @@ def aggregate(
     mode: str,
     max_len: int | None = None,
 ) -> jax.Array:
-  """Aggregates per-token values: Σ_bt w[b, t]·x[b, t], w from `aggregation_weights`.
+  """Aggregates per-token values: Σ_bt w[b, t]·x[b, t] (w: `aggregation_weights`).
 
   Positions with zero weight are dropped before the product, so non-finite
   padding values in `x_bt` do not leak into the result (its value; a gradient

@@ -1,4 +1,4 @@
-"""Per-token clipped surrogate (PPO) loss with an asymmetric range and dual clip."""
+"""Per-token clipped surrogate (PPO) loss: asymmetric range, dual clip."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Device mesh construction with the fixed axis names ('data', 'fsdp', 'tensor')."""
+"""Device meshes with the fixed axis names ('data', 'fsdp', 'tensor')."""
 
 from __future__ import annotations
 

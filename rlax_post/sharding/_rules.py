@@ -48,7 +48,8 @@ def _rules_dict(rules: Rules) -> dict[str, tuple[str, ...]]:
       axes = ()
     elif isinstance(axes, str):
       axes = (axes,)
-    elif not (isinstance(axes, tuple) and all(isinstance(a, str) for a in axes)):
+    elif not (isinstance(axes, tuple)
+              and all(isinstance(a, str) for a in axes)):
       raise ValueError(
           f'rule for {name!r} must map to a mesh axis, a tuple of them or '
           f'None; got {axes!r}')
@@ -57,7 +58,8 @@ def _rules_dict(rules: Rules) -> dict[str, tuple[str, ...]]:
 
 
 def _is_logical_axes(x: Any) -> bool:
-  return isinstance(x, tuple) and all(e is None or isinstance(e, str) for e in x)
+  return isinstance(x, tuple) and all(
+      e is None or isinstance(e, str) for e in x)
 
 
 def logical_to_spec(logical_axes: LogicalAxes, rules: Rules) -> PartitionSpec:
