@@ -37,7 +37,8 @@ DEFAULT_RULES: Rules = (
 def _rules_dict(rules: Rules) -> dict[str, tuple[str, ...]]:
   table = {}
   for pair in rules:
-    if not (isinstance(pair, tuple) and len(pair) == 2
+    # Lists are accepted too: rules often arrive from a config file.
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2
             and isinstance(pair[0], str)):
       raise ValueError(
           f'each rule must be a (logical_name, mesh_axes) pair; got {pair!r}')
@@ -48,12 +49,12 @@ def _rules_dict(rules: Rules) -> dict[str, tuple[str, ...]]:
       axes = ()
     elif isinstance(axes, str):
       axes = (axes,)
-    elif not (isinstance(axes, tuple)
+    elif not (isinstance(axes, (tuple, list))
               and all(isinstance(a, str) for a in axes)):
       raise ValueError(
           f'rule for {name!r} must map to a mesh axis, a tuple of them or '
           f'None; got {axes!r}')
-    table[name] = axes
+    table[name] = tuple(axes)
   return table
 
 
