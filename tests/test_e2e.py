@@ -13,10 +13,13 @@ pytestmark = pytest.mark.e2e
 _ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
 
 
-def _train(workdir, *overrides, resume=False):
-  cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/demo.py:tiny", "--workdir",
+_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.py")
+
+
+def _train(workdir, *overrides, resume=False, cwd=None):
+  cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir",
          str(workdir), "--quiet", *overrides] + (["--resume"] if resume else [])
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_ENV)
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_ENV, cwd=cwd)
   assert out.returncode == 0, out.stderr[-3000:]
   return out
 
@@ -27,7 +30,7 @@ def _rows(workdir, phase):
 
 
 def test_tiny_grpo_run_writes_finite_summary_and_outputs(tmp_path):
-  out = _train(tmp_path / "run")
+  out = _train("run", cwd=tmp_path)  # A relative workdir, as `make demo` uses.
   summary = json.loads((tmp_path / "run" / "summary.json").read_text())
   for key in ("initial_eval_reward", "final_eval_reward", "wall_seconds", "final_kl"):
     assert np.isfinite(summary[key]), key
@@ -43,7 +46,7 @@ def test_tiny_grpo_run_writes_finite_summary_and_outputs(tmp_path):
     assert (tmp_path / "run" / name).exists(), name
   assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["2", "3"]  # max_to_keep = 2
   # A second run into the same workdir without --resume is refused (nothing is overwritten).
-  cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/demo.py:tiny", "--workdir",
+  cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir",
          str(tmp_path / "run"), "--quiet"]
   again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_ENV)
   assert again.returncode == 2 and "pass --resume" in again.stderr

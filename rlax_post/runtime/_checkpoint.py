@@ -7,6 +7,7 @@ step overlaps with the write; `close()` waits for the last one.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from etils import epath
@@ -22,6 +23,9 @@ class RunCheckpointer:
   """Saves and restores `(state, ref_params, meta)` under `workdir/checkpoints/<step>`."""
 
   def __init__(self, workdir: str | epath.Path, *, max_to_keep: int = 2):
+    workdir = os.fspath(workdir)
+    if "://" not in workdir:  # Orbax wants absolute paths; bucket URLs (gs://...) already are.
+      workdir = os.path.abspath(workdir)
     self.directory = epath.Path(workdir) / "checkpoints"
     self._manager = ocp.CheckpointManager(
         self.directory,
