@@ -52,6 +52,15 @@ def test_tiny_grpo_run_writes_finite_summary_and_outputs(tmp_path):
   assert again.returncode == 2 and "pass --resume" in again.stderr
 
 
+def test_fresh_run_replaces_outputs_of_an_attempt_that_never_checkpointed(tmp_path):
+  workdir = tmp_path / "run"
+  workdir.mkdir()
+  (workdir / "metrics.jsonl").write_text(json.dumps({"phase": "rl", "step": 99, "reward_mean": 0.5}) + "\n")
+  _train(workdir)
+  assert all(r["step"] != 99 for r in _rows(workdir, "rl"))
+  assert [r["step"] for r in _rows(workdir, "rl")] == [1, 2, 3]
+
+
 def test_resume_continues_step_count_data_order_and_rng_exactly(tmp_path):
   overrides = ["--config.rl.steps=4", "--config.checkpoint.every=1"]
   _train(tmp_path / "straight", *overrides)

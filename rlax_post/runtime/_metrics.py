@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from typing import Any, Mapping
 
 import numpy as np
@@ -54,6 +55,18 @@ class MetricsWriter:
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
+
+
+OUTPUT_FILES = ("metrics.jsonl", "summary.json", "curves.png")
+
+
+def clear_outputs(workdir: str) -> None:
+  """Removes the metric outputs of a run (used when a fresh run starts in a workdir with no checkpoint)."""
+  for name in OUTPUT_FILES:
+    path = os.path.join(workdir, name)
+    if os.path.exists(path):
+      os.remove(path)
+  shutil.rmtree(os.path.join(workdir, "tensorboard"), ignore_errors=True)
 
 
 def plot_curves(rows: list[dict], path: str) -> None:

@@ -96,6 +96,9 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
   if latest is not None and not resume:
     raise ValueError(f"{workdir} already holds checkpoints (latest RL step {latest}); pass --resume to "
                      "continue that run, or choose a new --workdir.")
+  if latest is None:
+    # Outputs of an earlier attempt that never reached its first checkpoint describe no run we can continue.
+    _metrics.clear_outputs(workdir)
   metrics = _metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(config_lib.to_dict(cfg), f, indent=2)
