@@ -13,8 +13,10 @@ from rlax_post.config._validate import bounded
 from rlax_post.config._validate import build
 from rlax_post.config._validate import choices
 
-ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp")
-LOSS_KINDS = ("ppo",)
+# Group methods: one advantage per trajectory. Step methods: per generated token, with the token prefix as
+# the state (see rlax_post/runtime/_credit.py).
+ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gigpo", "graph_gae")
+LOSS_KINDS = ("ppo", "gspo", "decoupled_ppo")
 KL_KINDS = ("k3", "k1", "k2")
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 RUNTIME_MODES = ("sync",)
@@ -83,6 +85,7 @@ class RLSection:
 @dataclasses.dataclass(frozen=True)
 class LossSection:
   kind: str = choices(*LOSS_KINDS)
+  behaviour_cap: float = bounded(2.0, low=1.0)  # decoupled_ppo: truncation C of π_prox/π_behav
   eps_low: float = bounded(0.2, low=0.0)
   eps_high: float = bounded(0.28, low=0.0)
   dual_clip: float | None = None  # c > 1 caps the loss of negative-advantage tokens at -c·A
@@ -96,8 +99,15 @@ class LossSection:
 @dataclasses.dataclass(frozen=True)
 class AdvantageSection:
   estimator: str = choices(*ADVANTAGE_ESTIMATORS)
-  std: str = choices("sample", "population")
-  eps: float = bounded(1e-6, low=0.0)
+  std: str = choices("sample", "population")  # group methods
+  eps: float = bounded(1e-6, low=0.0)  # group methods
+  gamma: float = bounded(1.0, low=0.0, high=1.0)  # gigpo, graph_gae
+  lambda_: float = bounded(1.0, low=0.0, high=1.0)  # graph_gae
+  omega: float = bounded(1.0, low=0.0)  # gigpo: weight of the step-level term
+  episode_method: str = choices("drgrpo", "grpo", "rloo")  # gigpo: the episode-level term
+  normalize: str | None = choices(None, "group", "batch")  # graph_gae
+  max_nodes: int = bounded(0, low=0)  # gigpo, graph_gae: static node budget; 0 = B × max_new_tokens
+  num_iters: int = bounded(0, low=0)  # graph_gae: Bellman iterations; 0 = max_new_tokens + 1 (exact)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,6 +69,23 @@ def make_learner(graphdef, params_like, opt: optax.GradientTransformation, objec
                  abstract_state=abstract_state)
 
 
+def make_objective(section: config_lib.LossSection, logprob_fn):
+  """The policy objective named by `loss.kind` (registry; unknown kinds list the valid ones)."""
+  common = dict(kl_coef=section.kl_coef, kl_kind=section.kl_kind, entropy_coef=section.entropy_coef)
+  factories = {
+      "ppo": lambda: learner.ppo_objective(logprob_fn, eps_low=section.eps_low, eps_high=section.eps_high,
+                                           dual_clip=section.dual_clip, **common),
+      "gspo": lambda: learner.gspo_objective(logprob_fn, eps_low=section.eps_low,
+                                             eps_high=section.eps_high, **common),
+      "decoupled_ppo": lambda: learner.decoupled_ppo_objective(
+          logprob_fn, eps_low=section.eps_low, eps_high=section.eps_high,
+          behaviour_cap=section.behaviour_cap, dual_clip=section.dual_clip, **common),
+  }
+  if section.kind not in factories:
+    raise ValueError(f"`loss.kind` must be one of {sorted(factories)}; got {section.kind!r}.")
+  return factories[section.kind]()
+
+
 def param_shardings(params_like, mesh, rules):
   return sharding.named_shardings(models.param_logical_axes(params_like), mesh, rules, shapes=params_like)
 

@@ -25,6 +25,7 @@ from rlax_post import learner
 from rlax_post import models
 from rlax_post import rewards
 from rlax_post.runtime import _checkpoint
+from rlax_post.runtime import _credit
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _setup
 
@@ -109,9 +110,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
   rl_opt = _setup.optimizer(cfg.rl.optimizer, cfg.rl.steps * cfg.rl.minibatches * cfg.rl.epochs)
   rl_learner = _setup.make_learner(
       graphdef, params_like, rl_opt,
-      learner.ppo_objective(logprob_fn, eps_low=cfg.loss.eps_low, eps_high=cfg.loss.eps_high,
-                            dual_clip=cfg.loss.dual_clip, kl_coef=cfg.loss.kl_coef, kl_kind=cfg.loss.kl_kind,
-                            entropy_coef=cfg.loss.entropy_coef),
+      _setup.make_objective(cfg.loss, logprob_fn),
       mesh=mesh, rules=rules, micro_batches=cfg.loss.micro_batches, agg_mode=cfg.loss.agg_mode,
       max_len=max_prompt_len + cfg.rl.max_new_tokens)
   evaluate = GreedyEval(cfg, task, tokenizer, graphdef, max_prompt_len=max_prompt_len)
@@ -148,9 +147,9 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
                                   top_p=cfg.rl.top_p, top_k=cfg.rl.top_k)
   score = _setup.make_score(graphdef, temperature=cfg.rl.temperature)
   batch_sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
-  group_adv = jax.jit(lambda r, g: advantages_lib.group_advantages(
-      r, g, num_groups=cfg.rl.prompts_per_step, method=cfg.advantage.estimator, std=cfg.advantage.std,
-      eps=cfg.advantage.eps))
+  credit = _credit.Credit(cfg.advantage, num_groups=cfg.rl.prompts_per_step,
+                          batch=cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt,
+                          max_new_tokens=cfg.rl.max_new_tokens)
   group_stats = jax.jit(lambda r, g: advantages_lib.group_stats(r, g, num_groups=cfg.rl.prompts_per_step))
 
   last_eval = None
@@ -171,17 +170,21 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
     response = np.asarray(gen.response)
     completions = rewards.decode_completions(tokenizer, response)
     reward_b = rewards.score_completions(task, [examples[i] for i in group_ids], completions)
-    adv_b = np.asarray(group_adv(reward_b, group_ids))
     stats = _host(group_stats(reward_b, group_ids))
-    t_rollout = time.time() - t0
-
     tokens = np.asarray(gen.tokens)
     lengths = np.asarray(gen.lengths)
     loss_mask = _setup.response_mask(prompt_lens, lengths, tokens.shape[1])
-    old_logp = score(state.params, tokens)
-    ref_logp = score(ref_params, tokens)
-    full = {"tokens": tokens, "loss_mask": loss_mask, "advantages": adv_b[:, None] * loss_mask,
-            "old_logprobs": np.asarray(old_logp), "ref_logprobs": np.asarray(ref_logp)}
+    adv_bt, credit_metrics = credit(reward_b, group_ids, tokens, prompt_lens, lengths, loss_mask,
+                                    cfg.rl.max_new_tokens)
+    t_rollout = time.time() - t0
+
+    old_logp = np.asarray(score(state.params, tokens))
+    ref_logp = np.asarray(score(ref_params, tokens))
+    behaviour_logp = _credit.scatter_steps(np.asarray(gen.logprobs), prompt_lens, tokens.shape[1])
+    full = {"tokens": tokens, "loss_mask": loss_mask, "advantages": adv_bt, "old_logprobs": old_logp,
+            "ref_logprobs": ref_logp}
+    if cfg.loss.kind == "decoupled_ppo":
+      full["behaviour_logprobs"] = behaviour_logp
     t1 = time.time()
     step_metrics = []
     rows = len(tokens)
@@ -202,6 +205,9 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
         "response_len_mean": float(lengths.mean()),
         "finished_frac": float(np.asarray(gen.finished).mean()),
         "frac_zero_signal": stats["frac_zero_signal"],
+        # Sampler vs learner logprobs of the same tokens under the same params: float rounding only.
+        "logprob_mismatch_max": float(np.max(np.abs(behaviour_logp - old_logp) * loss_mask)),
+        **credit_metrics,
         **learner_metrics,
         "tokens_per_s": learner_metrics["num_tokens"] * cfg.rl.minibatches / max(t_learn, 1e-9),
         "rollout_seconds": t_rollout,
