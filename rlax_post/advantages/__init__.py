@@ -1,13 +1,41 @@
-"""Advantage estimators (credit assignment; spec: credit_assignment.md)."""
+"""Credit assignment: pure, jittable advantage estimators (spec: shared/specs/credit_assignment.md).
 
+Group-relative outcome advantages (GRPO, Dr.GRPO, RLOO, REINFORCE++), GAE, GiGPO, graph GAE (GRAFT),
+counterfactual leave-one-out credit over nested rollout trees (C3), and Tree-GRPO advantages.
+"""
+
+from rlax_post.advantages._c3 import C3_BASELINES
+from rlax_post.advantages._c3 import c3_advantages
+from rlax_post.advantages._c3 import c3_node_rewards
+from rlax_post.advantages._c3 import counterfactual_advantages
+from rlax_post.advantages._gae import gae
+from rlax_post.advantages._gigpo import gigpo
+from rlax_post.advantages._gigpo import StepAdvantages
+from rlax_post.advantages._graph import graph_gae
+from rlax_post.advantages._graph import GraphGAE
+from rlax_post.advantages._graph import NORMALIZE_KINDS
 from rlax_post.advantages._group import GROUP_METHODS
-from rlax_post.advantages._group import STD_KINDS
 from rlax_post.advantages._group import group_advantages
 from rlax_post.advantages._group import group_stats
+from rlax_post.advantages._group import STD_KINDS
+from rlax_post.advantages._tree import prefix_advantages
+from rlax_post.advantages._tree import tree_advantages
 
 __all__ = (
+    'C3_BASELINES',
     'GROUP_METHODS',
+    'GraphGAE',
+    'NORMALIZE_KINDS',
     'STD_KINDS',
+    'StepAdvantages',
+    'c3_advantages',
+    'c3_node_rewards',
+    'counterfactual_advantages',
+    'gae',
+    'gigpo',
+    'graph_gae',
     'group_advantages',
     'group_stats',
+    'prefix_advantages',
+    'tree_advantages',
 )

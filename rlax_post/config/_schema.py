@@ -88,6 +88,9 @@ class LossSection:
   behaviour_cap: float = bounded(2.0, low=1.0)  # decoupled_ppo: truncation C of π_prox/π_behav
   eps_low: float = bounded(0.2, low=0.0)
   eps_high: float = bounded(0.28, low=0.0)
+  # gspo clips a sequence-level ratio, which stays much closer to 1 (GSPO, Zheng et al. 2025: 3e-4 / 4e-4).
+  seq_eps_low: float = bounded(3e-4, low=0.0)
+  seq_eps_high: float = bounded(4e-4, low=0.0)
   dual_clip: float | None = None  # c > 1 caps the loss of negative-advantage tokens at -c·A
   kl_coef: float = bounded(0.0, low=0.0)
   kl_kind: str = choices(*KL_KINDS)

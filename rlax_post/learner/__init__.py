@@ -1,5 +1,7 @@
 """The learner: train state, optimizer, objectives and the update step."""
 
+from rlax_post.learner._objectives import decoupled_ppo_objective
+from rlax_post.learner._objectives import gspo_objective
 from rlax_post.learner._objectives import ppo_objective
 from rlax_post.learner._objectives import sft_objective
 from rlax_post.learner._optim import current_learning_rate
@@ -13,6 +15,8 @@ from rlax_post.learner._update import make_update
 __all__ = (
     'TrainState',
     'current_learning_rate',
+    'decoupled_ppo_objective',
+    'gspo_objective',
     'init_train_state',
     'jit_update',
     'make_lr_schedule',

@@ -26,6 +26,11 @@ LogprobFn = Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]
 Objective = Callable[
     [Any, Mapping[str, jax.Array], jax.Array, jax.Array],
     tuple[jax.Array, dict[str, jax.Array]]]
+# (logp_bt, batch, weights_bt) -> (pg_bt, aux_bt): the per-token policy loss
+# and per-token values that are reported as Σ w·value under their key.
+PgTerm = Callable[
+    [jax.Array, Mapping[str, jax.Array], jax.Array],
+    tuple[jax.Array, dict[str, jax.Array]]]
 
 
 def _require(batch: Mapping[str, jax.Array], keys: tuple[str, ...]) -> None:
@@ -89,6 +94,69 @@ def sft_objective(logprob_fn: LogprobFn) -> Objective:
   return objective
 
 
+def _check_regularisers(kl_coef, kl_kind, entropy_coef):
+  if kl_kind not in losses.KL_KINDS:
+    raise ValueError(
+        f'kl_kind must be one of {list(losses.KL_KINDS)}; got {kl_kind!r}')
+  if kl_coef < 0 or entropy_coef < 0:
+    raise ValueError(
+        f'kl_coef and entropy_coef must be >= 0; got {kl_coef}, {entropy_coef}')
+
+
+def _check_clip(eps_low, eps_high, dual_clip):
+  # Fail at build time, not at the first trace.
+  if eps_low < 0 or eps_high < 0 or (dual_clip is not None and dual_clip <= 1):
+    raise ValueError(
+        'need eps_low, eps_high >= 0 and dual_clip None or > 1; got '
+        f'{eps_low}, {eps_high}, {dual_clip}')
+
+
+def _policy_objective(
+    logprob_fn: LogprobFn,
+    pg_term: PgTerm,
+    *,
+    keys: tuple[str, ...],
+    kl_coef: float,
+    kl_kind: str,
+    entropy_coef: float,
+) -> Objective:
+  """Σ_bt w·[pg_term + kl_coef·kl(logp, ref) − entropy_coef·H].
+
+  The batch needs `tokens`, `advantages` and `keys`, plus `ref_logprobs` when
+  kl_coef > 0. aux (each Σ w·term): `pg_loss`, the pg_term's own entries,
+  `entropy`, and `kl` when kl_coef > 0 or the batch carries `ref_logprobs`
+  (then it is reported even if untrained).
+  """
+
+  def objective(params, batch, weights_bt, rng):
+    del rng  # The forward pass is deterministic.
+    _require(batch, ('tokens', 'advantages') + keys
+             + (('ref_logprobs',) if kl_coef > 0 else ()))
+    logp_bt, entropy_bt = _logprobs(logprob_fn, params, batch, weights_bt)
+    pg_bt, aux_bt = pg_term(logp_bt, batch, weights_bt)
+    pg_loss = losses.weighted_sum(pg_bt, weights_bt)
+    if entropy_coef == 0:
+      entropy_bt = jax.lax.stop_gradient(entropy_bt)
+    entropy = losses.weighted_sum(entropy_bt, weights_bt)
+    loss = pg_loss - entropy_coef * entropy
+    aux = {'pg_loss': pg_loss}
+    for key, x_bt in aux_bt.items():
+      aux[key] = losses.weighted_sum(jax.lax.stop_gradient(x_bt), weights_bt)
+    aux['entropy'] = entropy
+    if kl_coef > 0 or 'ref_logprobs' in batch:
+      ref_logp_bt = _per_token(batch, 'ref_logprobs', weights_bt,
+                               jax.lax.stop_gradient(logp_bt))
+      kl_bt = losses.kl_penalty(logp_bt, ref_logp_bt, kind=kl_kind)
+      if kl_coef == 0:
+        kl_bt = jax.lax.stop_gradient(kl_bt)
+      kl = losses.weighted_sum(kl_bt, weights_bt)
+      loss = loss + kl_coef * kl
+      aux['kl'] = kl
+    return loss, aux
+
+  return objective
+
+
 def ppo_objective(
     logprob_fn: LogprobFn,
     *,
@@ -121,48 +189,143 @@ def ppo_objective(
   Returns:
     An objective `(params, batch, weights_bt, rng) -> (loss, aux)`.
   """
-  if kl_kind not in losses.KL_KINDS:
-    raise ValueError(
-        f'kl_kind must be one of {list(losses.KL_KINDS)}; got {kl_kind!r}')
-  if kl_coef < 0 or entropy_coef < 0:
-    raise ValueError(
-        f'kl_coef and entropy_coef must be >= 0; got {kl_coef}, {entropy_coef}')
-  # Fail at build time, not at the first trace.
-  if eps_low < 0 or eps_high < 0 or (dual_clip is not None and dual_clip <= 1):
-    raise ValueError(
-        'need eps_low, eps_high >= 0 and dual_clip None or > 1; got '
-        f'{eps_low}, {eps_high}, {dual_clip}')
+  _check_regularisers(kl_coef, kl_kind, entropy_coef)
+  _check_clip(eps_low, eps_high, dual_clip)
 
-  def objective(params, batch, weights_bt, rng):
-    del rng  # The forward pass is deterministic.
-    _require(batch, ('tokens', 'advantages', 'old_logprobs')
-             + (('ref_logprobs',) if kl_coef > 0 else ()))
-    logp_bt, entropy_bt = _logprobs(logprob_fn, params, batch, weights_bt)
-    logp_sg_bt = jax.lax.stop_gradient(logp_bt)
+  def pg_term(logp_bt, batch, weights_bt):
     adv_bt = _per_token(batch, 'advantages', weights_bt, 0.0)
-    old_logp_bt = _per_token(batch, 'old_logprobs', weights_bt, logp_sg_bt)
-
+    old_logp_bt = _per_token(batch, 'old_logprobs', weights_bt,
+                             jax.lax.stop_gradient(logp_bt))
     pg_bt, clipped_bt = losses.ppo_clip(
         logp_bt, old_logp_bt, adv_bt, eps_low=eps_low, eps_high=eps_high,
         dual_clip=dual_clip)
-    pg_loss = losses.weighted_sum(pg_bt, weights_bt)
-    if entropy_coef == 0:
-      entropy_bt = jax.lax.stop_gradient(entropy_bt)
-    entropy = losses.weighted_sum(entropy_bt, weights_bt)
-    loss = pg_loss - entropy_coef * entropy
-    aux = {
-        'pg_loss': pg_loss,
-        'clip_frac': losses.weighted_sum(clipped_bt, weights_bt),
-        'entropy': entropy,
-    }
-    if kl_coef > 0 or 'ref_logprobs' in batch:
-      ref_logp_bt = _per_token(batch, 'ref_logprobs', weights_bt, logp_sg_bt)
-      kl_bt = losses.kl_penalty(logp_bt, ref_logp_bt, kind=kl_kind)
-      if kl_coef == 0:
-        kl_bt = jax.lax.stop_gradient(kl_bt)
-      kl = losses.weighted_sum(kl_bt, weights_bt)
-      loss = loss + kl_coef * kl
-      aux['kl'] = kl
-    return loss, aux
+    return pg_bt, {'clip_frac': clipped_bt}
 
-  return objective
+  return _policy_objective(
+      logprob_fn, pg_term, keys=('old_logprobs',), kl_coef=kl_coef,
+      kl_kind=kl_kind, entropy_coef=entropy_coef)
+
+
+def gspo_objective(
+    logprob_fn: LogprobFn,
+    *,
+    eps_low: float,
+    eps_high: float,
+    kl_coef: float = 0.0,
+    kl_kind: str = 'k3',
+    entropy_coef: float = 0.0,
+) -> Objective:
+  """Sequence-level clip (GSPO, Zheng et al. 2025) with KL and entropy terms.
+
+    loss = Σ_bt w·[gspo_b + kl_coef·kl(logp, ref) − entropy_coef·H]
+
+  where gspo_b (`rlax_post.losses.gspo`) is the loss of row b, counted on each
+  of its trained tokens, so a sequence weighs Σ_t w[b, t]: with the
+  'seq_mean_token_mean' aggregation that is the paper's mean over sequences.
+  The trained tokens (w ≠ 0) define the sequence ratio's token mean, and the
+  sequence advantage is the mean of `advantages` over them (exact for outcome
+  advantages, which are constant along a row).
+
+  The batch is that of `ppo_objective`: `tokens` [B, T] int32, `advantages`
+  and `old_logprobs` [B, T − 1], plus `ref_logprobs` when kl_coef > 0. aux
+  (each Σ w·term): `pg_loss`, `clip_frac` (the weight of the sequences whose
+  ratio was clipped), `entropy`, and `kl` as in `ppo_objective`.
+
+  Args:
+    logprob_fn: the model's `(params, tokens_bt) -> (logp_bt, entropy_bt)`.
+    eps_low: see `rlax_post.losses.gspo` (the paper uses 3e-4).
+    eps_high: see `rlax_post.losses.gspo` (the paper uses 4e-4).
+    kl_coef: weight of the KL penalty, ≥ 0.
+    kl_kind: 'k1', 'k2' or 'k3', see `rlax_post.losses.kl_penalty`.
+    entropy_coef: weight of the entropy bonus, ≥ 0.
+
+  Returns:
+    An objective `(params, batch, weights_bt, rng) -> (loss, aux)`.
+  """
+  _check_regularisers(kl_coef, kl_kind, entropy_coef)
+  _check_clip(eps_low, eps_high, None)
+
+  def pg_term(logp_bt, batch, weights_bt):
+    adv_bt = _per_token(batch, 'advantages', weights_bt, 0.0)
+    old_logp_bt = _per_token(batch, 'old_logprobs', weights_bt,
+                             jax.lax.stop_gradient(logp_bt))
+    mask_bt = weights_bt != 0
+    # adv_bt is 0 off the mask.
+    adv_b = jnp.sum(adv_bt, axis=1) / jnp.maximum(jnp.sum(mask_bt, axis=1), 1)
+    loss_b, clipped_b = losses.gspo(
+        logp_bt, old_logp_bt, adv_b, mask_bt, eps_low=eps_low,
+        eps_high=eps_high)
+    per_token = lambda x_b: jnp.broadcast_to(x_b[:, None], weights_bt.shape)
+    return per_token(loss_b), {'clip_frac': per_token(clipped_b)}
+
+  return _policy_objective(
+      logprob_fn, pg_term, keys=('old_logprobs',), kl_coef=kl_coef,
+      kl_kind=kl_kind, entropy_coef=entropy_coef)
+
+
+def decoupled_ppo_objective(
+    logprob_fn: LogprobFn,
+    *,
+    eps_low: float,
+    eps_high: float,
+    behaviour_cap: float = 2.0,
+    dual_clip: float | None = None,
+    kl_coef: float = 0.0,
+    kl_kind: str = 'k3',
+    entropy_coef: float = 0.0,
+) -> Objective:
+  """Decoupled PPO (AReaL) for asynchronous rollouts, with KL and entropy terms.
+
+    loss = Σ_bt w·[losses.decoupled_ppo(logp, prox, behav, A) + kl_coef·kl(logp, ref)
+                   − entropy_coef·H]
+
+  (`rlax_post.losses.decoupled_ppo`: the clip of π_θ/π_prox times the
+  truncated behaviour weight min(π_prox/π_behav, behaviour_cap)). With
+  `behaviour_logprobs` equal to `old_logprobs` it is `ppo_objective`.
+
+  The batch needs `tokens` [B, T] int32, and [B, T − 1] float32
+  `advantages`, `old_logprobs` (π_prox: the learner's recomputation with the
+  parameters at the start of the update round) and `behaviour_logprobs`
+  (π_behav: the sampler's logprobs), plus `ref_logprobs` when kl_coef > 0.
+  aux (each Σ w·term): `pg_loss`, `clip_frac`, `behaviour_weight` (the mean
+  weight), `behaviour_capped_frac` (tokens whose weight hit the cap),
+  `entropy`, and `kl` as in `ppo_objective`.
+
+  Args:
+    logprob_fn: the model's `(params, tokens_bt) -> (logp_bt, entropy_bt)`.
+    eps_low: see `rlax_post.losses.ppo_clip`.
+    eps_high: see `rlax_post.losses.ppo_clip`.
+    behaviour_cap: the truncation C ≥ 1 of the behaviour weight.
+    dual_clip: see `rlax_post.losses.ppo_clip`.
+    kl_coef: weight of the KL penalty, ≥ 0.
+    kl_kind: 'k1', 'k2' or 'k3', see `rlax_post.losses.kl_penalty`.
+    entropy_coef: weight of the entropy bonus, ≥ 0.
+
+  Returns:
+    An objective `(params, batch, weights_bt, rng) -> (loss, aux)`.
+  """
+  _check_regularisers(kl_coef, kl_kind, entropy_coef)
+  _check_clip(eps_low, eps_high, dual_clip)
+  if behaviour_cap < 1:
+    raise ValueError(f'behaviour_cap must be >= 1; got {behaviour_cap}')
+
+  def pg_term(logp_bt, batch, weights_bt):
+    adv_bt = _per_token(batch, 'advantages', weights_bt, 0.0)
+    prox_logp_bt = _per_token(batch, 'old_logprobs', weights_bt,
+                              jax.lax.stop_gradient(logp_bt))
+    # Padding gets behaviour = prox: weight 1, whatever the sampler wrote.
+    behav_logp_bt = _per_token(batch, 'behaviour_logprobs', weights_bt,
+                               prox_logp_bt)
+    pg_bt, clipped_bt, weight_bt = losses.decoupled_ppo(
+        logp_bt, prox_logp_bt, behav_logp_bt, adv_bt, eps_low=eps_low,
+        eps_high=eps_high, cap=behaviour_cap, dual_clip=dual_clip)
+    return pg_bt, {
+        'clip_frac': clipped_bt,
+        'behaviour_weight': weight_bt,
+        'behaviour_capped_frac': (weight_bt >= behaviour_cap).astype(
+            jnp.float32),
+    }
+
+  return _policy_objective(
+      logprob_fn, pg_term, keys=('old_logprobs', 'behaviour_logprobs'),
+      kl_coef=kl_coef, kl_kind=kl_kind, entropy_coef=entropy_coef)

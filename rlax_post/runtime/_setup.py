@@ -75,8 +75,8 @@ def make_objective(section: config_lib.LossSection, logprob_fn):
   factories = {
       "ppo": lambda: learner.ppo_objective(logprob_fn, eps_low=section.eps_low, eps_high=section.eps_high,
                                            dual_clip=section.dual_clip, **common),
-      "gspo": lambda: learner.gspo_objective(logprob_fn, eps_low=section.eps_low,
-                                             eps_high=section.eps_high, **common),
+      "gspo": lambda: learner.gspo_objective(logprob_fn, eps_low=section.seq_eps_low,
+                                             eps_high=section.seq_eps_high, **common),
       "decoupled_ppo": lambda: learner.decoupled_ppo_objective(
           logprob_fn, eps_low=section.eps_low, eps_high=section.eps_high,
           behaviour_cap=section.behaviour_cap, dual_clip=section.dual_clip, **common),
