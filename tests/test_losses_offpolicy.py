@@ -1,0 +1,407 @@
+"""Tests for GSPO and decoupled PPO: losses and their learner objectives."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlax_post import losses
+from rlax_post import models
+from rlax_post.learner._objectives import decoupled_ppo_objective
+from rlax_post.learner._objectives import gspo_objective
+from rlax_post.learner._objectives import ppo_objective
+from rlax_post.losses._decoupled import decoupled_ppo
+from rlax_post.losses._gspo import gspo
+
+VARIANTS = pytest.mark.parametrize(
+    'variant', [lambda f: f, jax.jit], ids=['nojit', 'jit'])
+
+# GSPO rows with eps_low = 0.2, eps_high = 0.28: sequence ratio s, advantage,
+# number of valid tokens n, expected loss and clipped flag; the gradient on each
+# valid token is −s·A/n when not clipped, else 0.
+_GSPO_ROWS = [
+    # s, A, n, loss, clipped
+    (1.5, 1.0, 2, -1.28, 1.0),   # A > 0, above 1 + eps_high
+    (1.1, 1.0, 3, -1.1, 0.0),    # inside the range
+    (0.5, -1.0, 4, 0.8, 1.0),    # A < 0, below 1 − eps_low
+    (1.5, -1.0, 1, 1.5, 0.0),    # A < 0, above: not clipped
+    (0.5, 1.0, 2, -0.5, 0.0),    # A > 0, below: not clipped
+    (1.0, 3.0, 0, 0.0, 0.0),     # empty row
+    (1.0, 0.0, 3, 0.0, 0.0),     # no advantage
+]
+_T = 5
+# Zero-mean deviations of the token log-ratios around log s, by row length.
+_DEV = {0: [], 1: [0.0], 2: [0.1, -0.1], 3: [0.1, 0.0, -0.1],
+        4: [0.1, -0.1, 0.2, -0.2]}
+
+
+def _gspo_inputs():
+  rows = np.array(_GSPO_ROWS, np.float32)
+  b = len(rows)
+  old_bt = np.full((b, _T), -np.inf, np.float32)  # −inf / NaN padding
+  logp_bt = np.full((b, _T), np.nan, np.float32)
+  mask_bt = np.zeros((b, _T), np.float32)
+  for i, (s, _, n, _, _) in enumerate(rows):
+    n = int(n)
+    # Valid tokens at the end of the row: no assumption of left alignment.
+    cols = slice(_T - n, _T)
+    mask_bt[i, cols] = 1.0
+    old_bt[i, cols] = np.linspace(-2.0, -0.5, n)
+    logp_bt[i, cols] = old_bt[i, cols] + np.log(s) + np.array(_DEV[n])
+  return (jnp.asarray(logp_bt), jnp.asarray(old_bt), jnp.asarray(rows[:, 1]),
+          jnp.asarray(mask_bt), rows)
+
+
+@VARIANTS
+def test_gspo_hand_values_and_gradient(variant):
+  logp_bt, old_bt, adv_b, mask_bt, rows = _gspo_inputs()
+  fn = variant(functools.partial(gspo, eps_low=0.2, eps_high=0.28))
+  loss_b, clipped_b = fn(logp_bt, old_bt, adv_b, mask_bt)
+  assert loss_b.shape == clipped_b.shape == (len(rows),)
+  assert loss_b.dtype == clipped_b.dtype == jnp.float32
+  np.testing.assert_allclose(loss_b, rows[:, 3], rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(clipped_b, rows[:, 4])
+
+  grad_bt = jax.grad(lambda lp: jnp.sum(fn(lp, old_bt, adv_b, mask_bt)[0]))(
+      logp_bt)
+  s, a, n = rows[:, 0], rows[:, 1], np.maximum(rows[:, 2], 1)
+  per_token_b = np.where(rows[:, 4] > 0, 0.0, -s * a / n)
+  np.testing.assert_allclose(
+      grad_bt, per_token_b[:, None] * np.asarray(mask_bt), rtol=1e-5,
+      atol=1e-6)
+
+
+@VARIANTS
+def test_gspo_on_policy_is_minus_advantage(variant):
+  logp_bt = jax.random.normal(jax.random.key(0), (4, 6)) - 2.0
+  mask_bt = jnp.array([[1, 1, 1, 0, 0, 0], [1] * 6, [0] * 6, [0, 1, 1, 1, 0, 0]],
+                      jnp.float32)
+  adv_b = jnp.array([0.5, -2.0, 1.0, 3.0])
+  fn = variant(functools.partial(gspo, eps_low=3e-4, eps_high=4e-4))
+  loss_b, clipped_b = fn(logp_bt, logp_bt, adv_b, mask_bt)
+  np.testing.assert_allclose(loss_b, [-0.5, 2.0, 0.0, -3.0], rtol=1e-6)
+  np.testing.assert_array_equal(clipped_b, 0.0)
+  grad_bt = jax.grad(lambda lp: jnp.sum(fn(lp, logp_bt, adv_b, mask_bt)[0]))(
+      logp_bt)
+  n_b = jnp.maximum(mask_bt.sum(1), 1.0)
+  np.testing.assert_allclose(
+      grad_bt, -(adv_b / n_b)[:, None] * mask_bt, rtol=1e-6)
+
+
+@pytest.mark.parametrize('eps_low,eps_high', [(0.2, 0.28), (0.1, 0.05)])
+def test_gspo_on_one_token_sequences_is_ppo_clip(eps_low, eps_high):
+  k1, k2, k3 = jax.random.split(jax.random.key(1), 3)
+  old_bt = jax.random.normal(k1, (64, 1)) - 1.0
+  logp_bt = old_bt + 0.4 * jax.random.normal(k2, (64, 1))
+  adv_bt = jax.random.normal(k3, (64, 1))
+  kw = dict(eps_low=eps_low, eps_high=eps_high)
+  seq = lambda lp: gspo(lp, old_bt, adv_bt[:, 0], jnp.ones((64, 1)), **kw)
+  tok = lambda lp: losses.ppo_clip(lp, old_bt, adv_bt, **kw)
+  np.testing.assert_allclose(seq(logp_bt)[0], tok(logp_bt)[0][:, 0],
+                             rtol=1e-6)
+  np.testing.assert_array_equal(seq(logp_bt)[1], tok(logp_bt)[1][:, 0])
+  assert 0 < float(jnp.sum(seq(logp_bt)[1])) < 64  # the clip is exercised
+  np.testing.assert_allclose(
+      jax.grad(lambda lp: jnp.sum(seq(lp)[0]))(logp_bt),
+      jax.grad(lambda lp: jnp.sum(tok(lp)[0]))(logp_bt), rtol=1e-6)
+
+
+def test_gspo_no_gradient_to_old_logp_or_adv():
+  logp_bt, old_bt, adv_b, mask_bt, _ = _gspo_inputs()
+  old_bt = jnp.where(mask_bt > 0, old_bt, 0.0)
+  f = lambda old, a: jnp.sum(
+      gspo(logp_bt, old, a, mask_bt, eps_low=0.2, eps_high=0.2)[0])
+  g_old, g_adv = jax.grad(f, argnums=(0, 1))(old_bt, adv_b)
+  np.testing.assert_array_equal(g_old, 0.0)
+  np.testing.assert_array_equal(g_adv, 0.0)
+
+
+def test_gspo_errors():
+  x = jnp.zeros((2, 3))
+  kw = dict(eps_low=0.1, eps_high=0.1)
+  with pytest.raises(ValueError, match=r'\(2, 3\).*\(2, 4\)'):
+    gspo(x, jnp.zeros((2, 4)), jnp.zeros(2), x, **kw)
+  with pytest.raises(ValueError, match=r'\(2, 3\).*\(2, 3\).*\(3, 2\)'):
+    gspo(x, x, jnp.zeros(2), jnp.zeros((3, 2)), **kw)
+  with pytest.raises(ValueError, match=r'adv_b must be \[B\].*\(2, 3\).*\(2, 1\)'):
+    gspo(x, x, jnp.zeros((2, 1)), x, **kw)
+  with pytest.raises(ValueError, match='B, T'):
+    gspo(jnp.zeros(3), jnp.zeros(3), jnp.zeros(3), jnp.zeros(3), **kw)
+  with pytest.raises(ValueError, match='eps_low'):
+    gspo(x, x, jnp.zeros(2), x, eps_low=-0.1, eps_high=0.1)
+
+
+def _random_ppo_inputs(seed, shape=(4, 16)):
+  k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+  old_bt = jax.random.normal(k1, shape) - 1.0
+  logp_bt = old_bt + 0.5 * jax.random.normal(k2, shape)
+  adv_bt = 2.0 * jax.random.normal(k3, shape)
+  return logp_bt, old_bt, adv_bt
+
+
+@VARIANTS
+@pytest.mark.parametrize('dual_clip', [None, 3.0])
+def test_decoupled_with_prox_equal_behaviour_is_ppo_clip(variant, dual_clip):
+  logp_bt, prox_bt, adv_bt = _random_ppo_inputs(2)
+  kw = dict(eps_low=0.2, eps_high=0.28, dual_clip=dual_clip)
+  loss_bt, clipped_bt, weight_bt = variant(functools.partial(
+      decoupled_ppo, cap=2.0, **kw))(logp_bt, prox_bt, prox_bt, adv_bt)
+  ref_loss_bt, ref_clipped_bt = variant(functools.partial(
+      losses.ppo_clip, **kw))(logp_bt, prox_bt, adv_bt)
+  np.testing.assert_array_equal(loss_bt, ref_loss_bt)
+  np.testing.assert_array_equal(clipped_bt, ref_clipped_bt)
+  np.testing.assert_array_equal(weight_bt, 1.0)
+  assert 0 < float(jnp.mean(clipped_bt)) < 1  # the clip is exercised
+
+
+@VARIANTS
+def test_decoupled_behaviour_weight_is_truncated_and_stopped(variant):
+  # π_prox/π_behav = [10, 2, 0.5, 1] with cap 5: weights [5, 2, 0.5, 1].
+  # ρ_prox = 1.1 inside the clip range, A = [1, 1, -2, 1]: the ppo_clip loss is
+  # −ρ·A, and the decoupled loss and its gradient are w times it.
+  prox_bt = jnp.array([[-1.0, -2.0, -0.5, -3.0]])
+  behav_bt = prox_bt - jnp.log(jnp.array([[10.0, 2.0, 0.5, 1.0]]))
+  logp_bt = prox_bt + jnp.log(1.1)
+  adv_bt = jnp.array([[1.0, 1.0, -2.0, 1.0]])
+  w = np.array([[5.0, 2.0, 0.5, 1.0]])
+  fn = variant(functools.partial(
+      decoupled_ppo, eps_low=0.2, eps_high=0.2, cap=5.0))
+  loss_bt, clipped_bt, weight_bt = fn(logp_bt, prox_bt, behav_bt, adv_bt)
+  np.testing.assert_allclose(weight_bt, w, rtol=1e-6)
+  np.testing.assert_allclose(loss_bt, -w * 1.1 * adv_bt, rtol=1e-6)
+  np.testing.assert_array_equal(clipped_bt, 0.0)
+
+  total = lambda lp, prox, behav: jnp.sum(fn(lp, prox, behav, adv_bt)[0])
+  g_logp, g_prox, g_behav = jax.grad(total, argnums=(0, 1, 2))(
+      logp_bt, prox_bt, behav_bt)
+  np.testing.assert_allclose(g_logp, -w * 1.1 * adv_bt, rtol=1e-5)
+  np.testing.assert_array_equal(g_prox, 0.0)
+  np.testing.assert_array_equal(g_behav, 0.0)
+
+
+def test_decoupled_clip_is_around_prox():
+  # ρ_prox = 1.5 > 1 + eps with A > 0 is clipped however stale π_behav is;
+  # the loss is the clipped one, w·(−1.2·A).
+  prox_bt = jnp.zeros((1, 2))
+  loss_bt, clipped_bt, _ = decoupled_ppo(
+      jnp.log(jnp.full((1, 2), 1.5)), prox_bt,
+      jnp.array([[0.0, jnp.log(0.8)]]), jnp.ones((1, 2)), eps_low=0.2,
+      eps_high=0.2, cap=3.0)
+  np.testing.assert_allclose(loss_bt, [[-1.2, -1.2 * 1.25]], rtol=1e-6)
+  np.testing.assert_array_equal(clipped_bt, 1.0)
+
+
+def test_decoupled_errors():
+  x = jnp.zeros((2, 3))
+  kw = dict(eps_low=0.2, eps_high=0.2)
+  with pytest.raises(ValueError, match=r'behav_logp_bt.*\(2, 4\)'):
+    decoupled_ppo(x, x, jnp.zeros((2, 4)), x, cap=2.0, **kw)
+  with pytest.raises(ValueError, match='cap must be >= 1'):
+    decoupled_ppo(x, x, x, x, cap=0.5, **kw)
+  with pytest.raises(ValueError, match='dual_clip'):
+    decoupled_ppo(x, x, x, x, cap=2.0, dual_clip=0.5, **kw)
+
+
+# Objectives on the micro model.
+_B, _TOK = 6, 12
+_CAP = 2.0
+
+
+@pytest.fixture(scope='module')
+def model():
+  cfg = models.preset('micro', vocab_size=64, max_seq_len=32)
+  return models.init_params(cfg, jax.random.key(0))
+
+
+def _direct_logp(graphdef, params, tokens_bt):
+  # Independent of token_logprobs: logits, log-softmax, gather.
+  logits_btv, _ = models.forward(graphdef, params, tokens_bt[:, :-1])
+  logp_btv = jax.nn.log_softmax(logits_btv, axis=-1)
+  return jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
+
+
+@pytest.fixture(scope='module')
+def batch(model):
+  graphdef, params = model
+  keys = jax.random.split(jax.random.key(1), 5)
+  tokens = jax.random.randint(keys[0], (_B, _TOK), 1, 64).astype(jnp.int32)
+  t = np.arange(_TOK - 1)[None]
+  start_b = np.array([2, 3, 1, 4, 2, 5])[:, None]
+  len_b = np.array([5, 8, 0, 3, 9, 1])[:, None]  # row 2 is empty
+  mask = ((t >= start_b) & (t < start_b + len_b)).astype(np.float32)
+  logp_bt = jax.jit(_direct_logp, static_argnums=0)(graphdef, params, tokens)
+  adv_b = jnp.array([1.0, -0.5, 2.0, -1.5, 0.7, 1.2])
+  old_bt = logp_bt + 0.3 * jax.random.normal(keys[1], logp_bt.shape)
+  behav_bt = old_bt + 0.6 * jax.random.normal(keys[2], logp_bt.shape)
+  ref_bt = logp_bt + 0.2 * jax.random.normal(keys[3], logp_bt.shape)
+  pad = mask == 0
+  return {
+      'tokens': tokens,
+      'loss_mask': jnp.asarray(mask),
+      'advantages': adv_b[:, None] * mask,
+      'old_logprobs': old_bt,
+      # A sampler may leave anything at padding.
+      'behaviour_logprobs': jnp.where(pad, -jnp.inf, behav_bt),
+      'ref_logprobs': jnp.where(pad, jnp.nan, ref_bt),
+  }
+
+
+def _value_and_grad(objective, params, batch, w_bt):
+  return jax.jit(jax.value_and_grad(objective, has_aux=True))(
+      params, batch, w_bt, jax.random.key(0))
+
+
+def _k3(lp_bt, ref_bt):
+  d_bt = ref_bt - lp_bt
+  return jnp.exp(d_bt) - d_bt - 1.0
+
+
+def _tree_allclose(a, b, **kw):
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, **kw), a, b)
+
+
+@pytest.mark.parametrize('mode', ['seq_mean_token_mean', 'token_mean'])
+def test_gspo_objective_matches_direct_formula(model, batch, mode):
+  graphdef, params = model
+  mask_bt = batch['loss_mask']
+  w_bt = losses.aggregation_weights(mask_bt, mode=mode)
+  eps_low, eps_high, kl_coef = 0.03, 0.04, 0.05
+  objective = gspo_objective(
+      functools.partial(models.token_logprobs, graphdef), eps_low=eps_low,
+      eps_high=eps_high, kl_coef=kl_coef)
+  (loss, aux), grads = _value_and_grad(objective, params, batch, w_bt)
+
+  valid = mask_bt > 0
+  len_b = jnp.maximum(mask_bt.sum(1), 1.0)
+  adv_b = batch['advantages'].sum(1) / len_b
+  # A sequence weighs Σ_t w: 1/S (sequence mean) or n_b/N (token mean).
+  seq_w_b = w_bt.sum(1)
+
+  def direct(p):
+    lp_bt = _direct_logp(graphdef, p, batch['tokens'])
+    s_b = jnp.exp(jnp.sum(jnp.where(valid, lp_bt - batch['old_logprobs'], 0.0),
+                          1) / len_b)
+    loss_b = -jnp.minimum(
+        s_b * adv_b, jnp.clip(s_b, 1 - eps_low, 1 + eps_high) * adv_b)
+    clipped_b = ((adv_b > 0) & (s_b > 1 + eps_high)) | (
+        (adv_b < 0) & (s_b < 1 - eps_low))
+    # Clean the NaN padding first: where() on the output would not keep it
+    # out of the gradient.
+    ref_bt = jnp.where(valid, batch['ref_logprobs'], 0.0)
+    kl = jnp.sum(jnp.where(valid, w_bt * _k3(lp_bt, ref_bt), 0.0))
+    return jnp.sum(seq_w_b * loss_b) + kl_coef * kl, (clipped_b, kl)
+
+  (loss_ref, (clipped_b, kl_ref)), grads_ref = jax.jit(
+      jax.value_and_grad(direct, has_aux=True))(params)
+  np.testing.assert_allclose(loss, loss_ref, rtol=1e-5)
+  np.testing.assert_allclose(aux['kl'], kl_ref, rtol=1e-5)
+  np.testing.assert_allclose(
+      aux['clip_frac'], jnp.sum(seq_w_b * clipped_b), rtol=1e-6)
+  assert 0 < int(clipped_b.sum()) < 5  # some, not all, sequences clipped
+  _tree_allclose(grads, grads_ref, atol=2e-6, rtol=1e-4)
+  assert set(aux) == {'pg_loss', 'clip_frac', 'entropy', 'kl'}
+
+
+def test_gspo_objective_on_policy_gradient(model, batch):
+  # Ratio 1: loss −Σ_b c_b·A_b, gradient −Σ_b c_b·A_b·mean_t ∇logp.
+  graphdef, params = model
+  logp_bt = jax.jit(_direct_logp, static_argnums=0)(
+      graphdef, params, batch['tokens'])
+  on_policy = dict(batch, old_logprobs=logp_bt)
+  del on_policy['ref_logprobs']
+  mask_bt = batch['loss_mask']
+  w_bt = losses.aggregation_weights(mask_bt, mode='seq_mean_token_mean')
+  objective = gspo_objective(
+      functools.partial(models.token_logprobs, graphdef), eps_low=3e-4,
+      eps_high=4e-4)
+  (loss, aux), grads = _value_and_grad(objective, params, on_policy, w_bt)
+  len_b = jnp.maximum(mask_bt.sum(1), 1.0)
+  adv_b = batch['advantages'].sum(1) / len_b
+  num_seqs = float((mask_bt.sum(1) > 0).sum())
+
+  def pg_direct(p):
+    lp_bt = _direct_logp(graphdef, p, batch['tokens'])
+    return -jnp.sum(adv_b * jnp.sum(mask_bt * lp_bt, 1) / len_b) / num_seqs
+
+  grads_ref = jax.jit(jax.grad(pg_direct))(params)
+  np.testing.assert_allclose(
+      loss, -jnp.sum(adv_b * (mask_bt.sum(1) > 0)) / num_seqs, rtol=1e-5)
+  np.testing.assert_allclose(aux['clip_frac'], 0.0)
+  _tree_allclose(grads, grads_ref, atol=1e-6, rtol=1e-4)
+
+
+def test_decoupled_objective_is_ppo_when_behaviour_is_old(model, batch):
+  graphdef, params = model
+  same = dict(batch, behaviour_logprobs=batch['old_logprobs'])
+  w_bt = losses.aggregation_weights(same['loss_mask'], mode='token_mean')
+  kw = dict(eps_low=0.2, eps_high=0.28, dual_clip=3.0, kl_coef=0.05,
+            entropy_coef=0.01)
+  logprob_fn = functools.partial(models.token_logprobs, graphdef)
+  (loss, aux), grads = _value_and_grad(
+      decoupled_ppo_objective(logprob_fn, behaviour_cap=_CAP, **kw), params,
+      same, w_bt)
+  (loss_ppo, aux_ppo), grads_ppo = _value_and_grad(
+      ppo_objective(logprob_fn, **kw), params, same, w_bt)
+  np.testing.assert_allclose(loss, loss_ppo, rtol=1e-6)
+  for key in aux_ppo:
+    np.testing.assert_allclose(aux[key], aux_ppo[key], rtol=1e-6, err_msg=key)
+  assert 0 < aux['clip_frac'] < 1
+  np.testing.assert_allclose(aux['behaviour_weight'], 1.0, rtol=1e-6)
+  np.testing.assert_allclose(aux['behaviour_capped_frac'], 0.0)
+  _tree_allclose(grads, grads_ppo, atol=1e-7, rtol=1e-5)
+
+
+def test_decoupled_objective_matches_direct_formula(model, batch):
+  graphdef, params = model
+  mask_bt = batch['loss_mask']
+  w_bt = losses.aggregation_weights(mask_bt, mode='seq_mean_token_mean')
+  objective = decoupled_ppo_objective(
+      functools.partial(models.token_logprobs, graphdef), eps_low=0.2,
+      eps_high=0.28, behaviour_cap=_CAP)
+  no_ref = {k: v for k, v in batch.items() if k != 'ref_logprobs'}
+  (loss, aux), grads = _value_and_grad(objective, params, no_ref, w_bt)
+
+  valid = mask_bt > 0
+  old_bt = batch['old_logprobs']
+  behav_bt = jnp.where(valid, batch['behaviour_logprobs'], old_bt)
+  weight_bt = jnp.minimum(jnp.exp(old_bt - behav_bt), _CAP)
+
+  def direct(p):
+    lp_bt = _direct_logp(graphdef, p, batch['tokens'])
+    ratio_bt = jnp.exp(lp_bt - old_bt)
+    adv_bt = batch['advantages']
+    pg_bt = -jnp.minimum(ratio_bt * adv_bt,
+                         jnp.clip(ratio_bt, 0.8, 1.28) * adv_bt)
+    return jnp.sum(jnp.where(valid, w_bt * weight_bt * pg_bt, 0.0))
+
+  loss_ref, grads_ref = jax.jit(jax.value_and_grad(direct))(params)
+  assert np.isfinite(loss)
+  np.testing.assert_allclose(loss, loss_ref, rtol=1e-5)
+  np.testing.assert_allclose(
+      aux['behaviour_weight'], jnp.sum(w_bt * weight_bt), rtol=1e-5)
+  capped = jnp.sum(w_bt * (weight_bt >= _CAP))
+  assert capped > 0  # the cap is exercised
+  np.testing.assert_allclose(aux['behaviour_capped_frac'], capped, rtol=1e-5)
+  _tree_allclose(grads, grads_ref, atol=1e-6, rtol=1e-4)
+  assert set(aux) == {'pg_loss', 'clip_frac', 'behaviour_weight',
+                      'behaviour_capped_frac', 'entropy'}
+
+
+def test_objective_errors(model, batch):
+  graphdef, params = model
+  fn = functools.partial(models.token_logprobs, graphdef)
+  with pytest.raises(ValueError, match='eps_low'):
+    gspo_objective(fn, eps_low=-1.0, eps_high=0.1)
+  with pytest.raises(ValueError, match=r"\['k1', 'k2', 'k3'\].*'k9'"):
+    gspo_objective(fn, eps_low=0.1, eps_high=0.1, kl_kind='k9')
+  with pytest.raises(ValueError, match='behaviour_cap'):
+    decoupled_ppo_objective(fn, eps_low=0.2, eps_high=0.2, behaviour_cap=0.9)
+  with pytest.raises(ValueError, match='entropy_coef'):
+    decoupled_ppo_objective(fn, eps_low=0.2, eps_high=0.2, entropy_coef=-1.0)
+  w_bt = losses.aggregation_weights(batch['loss_mask'], mode='token_mean')
+  missing = {k: v for k, v in batch.items() if k != 'behaviour_logprobs'}
+  with pytest.raises(ValueError, match=r"lacks keys \['behaviour_logprobs'\]"):
+    decoupled_ppo_objective(fn, eps_low=0.2, eps_high=0.2)(
+        params, missing, w_bt, jax.random.key(0))
