@@ -76,6 +76,12 @@ def _per_token(batch, key, weights_bt, fill_bt):
   return jnp.where(weights_bt != 0, x_bt, fill_bt)
 
 
+def _advantages_and_old(batch, weights_bt, logp_bt):
+  """`advantages` (0 at padding) and `old_logprobs` (the stopped current logprob at padding), [B, T − 1]."""
+  return (_per_token(batch, 'advantages', weights_bt, 0.0),
+          _per_token(batch, 'old_logprobs', weights_bt, jax.lax.stop_gradient(logp_bt)))
+
+
 def sft_objective(logprob_fn: LogprobFn) -> Objective:
   """Supervised fine-tuning: loss = −Σ_bt w[b, t]·logπ(tokens[b, t + 1] | ·).
 
@@ -193,9 +199,7 @@ def ppo_objective(
   _check_clip(eps_low, eps_high, dual_clip)
 
   def pg_term(logp_bt, batch, weights_bt):
-    adv_bt = _per_token(batch, 'advantages', weights_bt, 0.0)
-    old_logp_bt = _per_token(batch, 'old_logprobs', weights_bt,
-                             jax.lax.stop_gradient(logp_bt))
+    adv_bt, old_logp_bt = _advantages_and_old(batch, weights_bt, logp_bt)
     pg_bt, clipped_bt = losses.ppo_clip(
         logp_bt, old_logp_bt, adv_bt, eps_low=eps_low, eps_high=eps_high,
         dual_clip=dual_clip)
@@ -246,9 +250,7 @@ def gspo_objective(
   _check_clip(eps_low, eps_high, None)
 
   def pg_term(logp_bt, batch, weights_bt):
-    adv_bt = _per_token(batch, 'advantages', weights_bt, 0.0)
-    old_logp_bt = _per_token(batch, 'old_logprobs', weights_bt,
-                             jax.lax.stop_gradient(logp_bt))
+    adv_bt, old_logp_bt = _advantages_and_old(batch, weights_bt, logp_bt)
     mask_bt = weights_bt != 0
     # adv_bt is 0 off the mask.
     adv_b = jnp.sum(adv_bt, axis=1) / jnp.maximum(jnp.sum(mask_bt, axis=1), 1)
@@ -310,9 +312,7 @@ def decoupled_ppo_objective(
     raise ValueError(f'behaviour_cap must be >= 1; got {behaviour_cap}')
 
   def pg_term(logp_bt, batch, weights_bt):
-    adv_bt = _per_token(batch, 'advantages', weights_bt, 0.0)
-    prox_logp_bt = _per_token(batch, 'old_logprobs', weights_bt,
-                              jax.lax.stop_gradient(logp_bt))
+    adv_bt, prox_logp_bt = _advantages_and_old(batch, weights_bt, logp_bt)
     # Padding gets behaviour = prox: weight 1, whatever the sampler wrote.
     behav_logp_bt = _per_token(batch, 'behaviour_logprobs', weights_bt,
                                prox_logp_bt)
