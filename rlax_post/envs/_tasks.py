@@ -43,6 +43,22 @@ def _draw_string(
   return ''.join(alphabet[j] for j in rng.integers(0, len(alphabet), size=n))
 
 
+class _ExactMatchTask:
+  """Reward and noisy demonstrations shared by the built-in tasks.
+
+  A task supplies `name`, `partial_credit`, `mistake(example)` and `demo_alphabet`.
+  """
+
+  def reward(self, example: _base.Example, completion: str) -> float:
+    _base.check_example(self.name, example)
+    return _text.exact_match(completion, example.answer, partial_credit=self.partial_credit)
+
+  def demonstration(self, example, rng, *, noise, typo_rate=0.0) -> str:
+    _base.check_example(self.name, example)
+    return _base.noisy_demonstration(example, rng, noise=noise, typo_rate=typo_rate,
+                                     mistake=self.mistake, alphabet=self.demo_alphabet)
+
+
 def _check_options(task, min_len: int, max_len: int):
   _base.check_bool('partial_credit', task.partial_credit)
   _base.check_bool('reject_degenerate', task.reject_degenerate)
@@ -53,7 +69,7 @@ def _check_options(task, min_len: int, max_len: int):
 
 
 @dataclasses.dataclass(frozen=True)
-class ReverseTask:
+class ReverseTask(_ExactMatchTask):
   """'rev abcd=' -> 'dcba', strings of `min_len..max_len` over `alphabet`.
 
   Lengths are uniform in [min_len, max_len], then characters i.i.d. uniform.
@@ -92,20 +108,17 @@ class ReverseTask:
             task=self.name, prompt=f'rev {s}=', answer=s[::-1], key=s,
             inputs=(s,))
 
-  def reward(self, example: _base.Example, completion: str) -> float:
-    _base.check_example(self.name, example)
-    return _text.exact_match(
-        completion, example.answer, partial_credit=self.partial_credit)
+  def mistake(self, example: _base.Example) -> str:
+    """The noisy demonstrator's systematic mistake on `example`."""
+    return example.inputs[0]
 
-  def demonstration(self, example, rng, *, noise, typo_rate=0.0) -> str:
-    _base.check_example(self.name, example)
-    return _base.noisy_demonstration(
-        example, rng, noise=noise, typo_rate=typo_rate,
-        mistake=lambda ex: ex.inputs[0], alphabet=self.alphabet)
+  @property
+  def demo_alphabet(self) -> str:
+    return self.alphabet
 
 
 @dataclasses.dataclass(frozen=True)
-class SortTask:
+class SortTask(_ExactMatchTask):
   """'sort 3142=' -> '1234', digit strings of `min_len..max_len`.
 
   Lengths are uniform in [min_len, max_len], then digits i.i.d. uniform.
@@ -137,17 +150,13 @@ class SortTask:
             task=self.name, prompt=f'sort {s}=', answer=''.join(sorted(s)),
             key=s, inputs=(s,))
 
-  def reward(self, example: _base.Example, completion: str) -> float:
-    _base.check_example(self.name, example)
-    return _text.exact_match(
-        completion, example.answer, partial_credit=self.partial_credit)
+  def mistake(self, example: _base.Example) -> str:
+    """The noisy demonstrator's systematic mistake on `example`."""
+    return ''.join(sorted(example.inputs[0], reverse=True))
 
-  def demonstration(self, example, rng, *, noise, typo_rate=0.0) -> str:
-    _base.check_example(self.name, example)
-    return _base.noisy_demonstration(
-        example, rng, noise=noise, typo_rate=typo_rate,
-        mistake=lambda ex: ''.join(sorted(ex.inputs[0], reverse=True)),
-        alphabet=_DIGITS)
+  @property
+  def demo_alphabet(self) -> str:
+    return _DIGITS
 
 
 def add_without_carry(a: str, b: str) -> str:
@@ -164,7 +173,7 @@ def _draw_number(rng: np.random.Generator, max_digits: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class AddTask:
+class AddTask(_ExactMatchTask):
   """'12+345=' -> '357'; each operand has 1..`max_digits` digits.
 
   Each operand's digit count is uniform in [1, max_digits], then its value is
@@ -200,13 +209,10 @@ class AddTask:
             task=self.name, prompt=f'{a}+{b}=', answer=answer, key=f'{a}+{b}',
             inputs=(a, b))
 
-  def reward(self, example: _base.Example, completion: str) -> float:
-    _base.check_example(self.name, example)
-    return _text.exact_match(
-        completion, example.answer, partial_credit=self.partial_credit)
+  def mistake(self, example: _base.Example) -> str:
+    """The noisy demonstrator's systematic mistake on `example`."""
+    return add_without_carry(*example.inputs)
 
-  def demonstration(self, example, rng, *, noise, typo_rate=0.0) -> str:
-    _base.check_example(self.name, example)
-    return _base.noisy_demonstration(
-        example, rng, noise=noise, typo_rate=typo_rate,
-        mistake=lambda ex: add_without_carry(*ex.inputs), alphabet=_DIGITS)
+  @property
+  def demo_alphabet(self) -> str:
+    return _DIGITS

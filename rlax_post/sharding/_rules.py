@@ -63,6 +63,19 @@ def _is_logical_axes(x: Any) -> bool:
       e is None or isinstance(e, str) for e in x)
 
 
+def _mesh_axes_of(table, name: str, logical_axes: LogicalAxes) -> tuple[str, ...]:
+  if name not in table:
+    raise ValueError(
+        f'unknown logical axis {name!r} in {logical_axes}; known logical '
+        f'axes are {sorted(table)}')
+  return table[name]
+
+
+def _entry(axes: tuple[str, ...]):
+  """A PartitionSpec entry: None, one mesh axis, or a tuple of them."""
+  return None if not axes else axes[0] if len(axes) == 1 else axes
+
+
 def logical_to_spec(logical_axes: LogicalAxes, rules: Rules) -> PartitionSpec:
   """The `PartitionSpec` of an array whose dimensions have these logical names.
 
@@ -84,18 +97,14 @@ def logical_to_spec(logical_axes: LogicalAxes, rules: Rules) -> PartitionSpec:
     if name is None:
       entries.append(None)
       continue
-    if name not in table:
-      raise ValueError(
-          f'unknown logical axis {name!r} in {logical_axes}; known logical '
-          f'axes are {sorted(table)}')
-    axes = table[name]
+    axes = _mesh_axes_of(table, name, logical_axes)
     for axis in axes:
       if axis in used:
         raise ValueError(
             f'mesh axis {axis!r} is used twice in {logical_axes} (by '
             f'{logical_axes[used[axis]]!r} and {name!r})')
       used[axis] = dim
-    entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    entries.append(_entry(axes))
   return PartitionSpec(*entries)
 
 
@@ -241,13 +250,9 @@ def _activation_spec(logical_axes: LogicalAxes, rules: Rules) -> PartitionSpec:
     if name is None:
       entries.append(None)
       continue
-    if name not in table:
-      raise ValueError(
-          f'unknown logical axis {name!r} in {logical_axes}; known logical '
-          f'axes are {sorted(table)}')
-    axes = tuple(a for a in table[name] if a not in used)
+    axes = tuple(a for a in _mesh_axes_of(table, name, logical_axes) if a not in used)
     used.update(axes)
-    entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    entries.append(_entry(axes))
   return PartitionSpec(*entries)
 
 
