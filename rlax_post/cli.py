@@ -2,6 +2,7 @@
 
   rlax-post train --config configs/demo.py[:variant] [--config.a.b=value ...] --workdir DIR [--resume]
   rlax-post check-config --config configs/demo.py[:variant] [--config.a.b=value ...]
+  rlax-post serve --checkpoint RUN_WORKDIR --port 9000 [--host 127.0.0.1] [--temperature 0]
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 _RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --workdir from its latest checkpoint.")
 _QUIET = flags.DEFINE_bool("quiet", False, "No progress bars or status lines.")
 
-COMMANDS = ("train", "check-config")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "serve: the workdir of a training run (config.json and "
+                                  "checkpoints/); its newest checkpoint is served.")
+_PORT = flags.DEFINE_integer("port", 9000, "serve: gRPC port.")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "serve: address to listen on.")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "serve: sampling temperature (0: greedy).")
+_SLOTS = flags.DEFINE_integer("slots", 8, "serve: concurrent decodes (engine slots).")
+
+COMMANDS = ("train", "check-config", "serve")
 
 
 def _load_config():
@@ -50,6 +58,17 @@ def _check_config(argv):
   print(json.dumps(config_lib.to_dict(_load_config()), indent=2))
 
 
+def _serve(argv):
+  del argv
+  if not _CHECKPOINT.value:
+    raise app.UsageError("--checkpoint is required: the workdir of a training run.")
+  from rlax_post.sampler import _serve as serve_lib  # pylint: disable=g-import-not-at-top
+  server = serve_lib.serve(_CHECKPOINT.value, port=_PORT.value, host=_HOST.value,
+                           max_concurrent_decodes=_SLOTS.value, temperature=_TEMPERATURE.value)
+  print(f"Serving {_CHECKPOINT.value} with JetStream on {_HOST.value}:{_PORT.value}", flush=True)
+  server.wait_for_termination()
+
+
 def main(argv=None):
   argv = list(sys.argv if argv is None else argv)
   if len(argv) < 2 or argv[1] not in COMMANDS:
@@ -58,7 +77,7 @@ def main(argv=None):
           f"unknown or missing command {got!r}; valid commands: {list(COMMANDS)}", file=sys.stderr)
     sys.exit(2)
   command = argv.pop(1)
-  handler = {"train": _train, "check-config": _check_config}[command]
+  handler = {"train": _train, "check-config": _check_config, "serve": _serve}[command]
 
   def run(args):
     if not flags.FLAGS["verbosity"].present:

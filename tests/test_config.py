@@ -62,7 +62,7 @@ def test_cli_reports_unknown_key_and_bad_value():
   out = _cli("check-config", "--config", "configs/demo.py", "--config.rl.steps=7")
   assert out.returncode == 0 and '"steps": 7' in out.stdout
   out = _cli("tran", "--config", "configs/demo.py")
-  assert out.returncode == 2 and "valid commands: ['train', 'check-config']" in out.stderr
+  assert out.returncode == 2 and "valid commands: ['train', 'check-config', 'serve']" in out.stderr
 
 
 def _keys(tree, prefix=""):

@@ -1,5 +1,5 @@
-"""The JetStream engine: logprob parity with the learner's path wherever a sequence sits, greedy = argmax loop,
-prefix reuse and extension, bucketing, checkpoint loading, and clear errors."""
+"""The JetStream engine: logprob parity with the learner wherever a sequence sits, greedy = argmax loop,
+prefix reuse and extension, bucketing, stopping, checkpoint loading, and clear errors."""
 
 import functools
 
@@ -231,6 +231,30 @@ def test_a_slot_stops_at_max_decode_length():
   assert len(tokens) == 48 - 17 or TOK.eos_id in tokens
   assert int(run.state.positions[1]) == len(ids) + len(tokens)
   assert not bool(run.state.valid[1]) and not bool(run.state.active[1])
+
+
+class _TokenizerWithEos(models.ByteTokenizer):
+
+  def __init__(self, eos_id):
+    self.eos_id = eos_id
+
+
+def test_a_slot_stops_after_emitting_eos():
+  graphdef, _ = _model()
+  ids = _prompt(7, 15)
+  run = _Run(_engine_for(0.0))
+  run.insert("x", _prefill(run.engine, ids), 0)
+  run.step(4)
+  greedy = run.out["x"][0]
+  eos = greedy[2]  # Pretend the third greedy token is EOS: the slot must stop right after emitting it.
+  engine = _engine.RlaxEngine(CFG, graphdef, tokenizer=_TokenizerWithEos(eos), max_concurrent_decodes=2,
+                              max_prefill_length=16, max_decode_length=32, temperature=0.0)
+  run = _Run(engine)
+  run.insert("x", _prefill(engine, ids), 1)
+  run.step(5)
+  assert run.out["x"][0] == greedy[:greedy.index(eos) + 1]
+  assert not bool(run.state.active[1]) and not bool(run.state.valid[1])
+  assert int(run.state.tokens[1]) == TOK.pad_id and float(run.state.logprobs[1]) == 0.0
 
 
 def test_bad_inputs_raise_clear_errors(tmp_path):

@@ -41,3 +41,13 @@ def test_install_is_idempotent():
   first = jetstream_compat.import_jetstream().orchestrator.jax
   jetstream_compat.install()
   assert jetstream_compat.import_jetstream().orchestrator.jax is first
+
+
+def test_importing_the_orchestrator_leaves_the_root_logger_alone():
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ("import logging; root = logging.getLogger(); before = (root.level, list(root.handlers)); "
+          "from third_party import jetstream_compat; jetstream_compat.import_jetstream(); "
+          "assert (root.level, list(root.handlers)) == before, (root.level, root.handlers); print('ok')")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]

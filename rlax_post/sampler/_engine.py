@@ -15,8 +15,10 @@ slots sharing one prefix draw their first tokens independently.
 
 A slot stops (valid = 0 from then on) after emitting EOS or once its sequence holds `max_decode_length`
 tokens. Prefill pads prompts to `prefill_buckets` (powers of two from `min_prefill_bucket`, ending at
-`max_prefill_length`), so the prefill of a fresh prompt compiles once per bucket, and insert once per
-bucket as well; `generate` compiles once.
+`max_prefill_length`), so the prefill of a fresh prompt compiles once per bucket (`len(prefill_buckets)`
+shapes: ceil(log2(max_prefill_length / min_prefill_bucket)) + 1); an `existing_prefix` extension compiles
+once per (prefix cache length, bucket, output cache length) triple, all drawn from `cache_buckets`; insert
+once per prefix cache length; `generate` once. `prefill_shapes` records the prefill shapes used.
 """
 
 from __future__ import annotations
@@ -31,15 +33,12 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-import third_party.jetstream_compat as jetstream_compat
-
 from rlax_post import models
 from rlax_post import sharding
 from rlax_post.sampler import _tokenizer_api
 from rlax_post.sampler._v0 import sample_token
 
-_js = jetstream_compat.import_jetstream()
-engine_api = _js.engine_api
+engine_api = _tokenizer_api.jetstream_modules.engine_api
 tokenizer_pb2 = engine_api.tokenizer_pb2
 
 
@@ -74,7 +73,8 @@ class RlaxEngine(engine_api.Engine):
     graphdef: its graphdef (from `models.init_params` / `models.abstract_params`).
     tokenizer: a `models.ByteTokenizer` (ids must fit `model_cfg.vocab_size`).
     mesh: device mesh (default: the first device, axes data/fsdp/tensor). The decode state and prefixes
-      are replicated on it.
+      are replicated on it; params passed to `prefill`/`generate` must live on it too (`load_params`
+      restores them replicated there).
     max_concurrent_decodes: number of slots.
     max_prefill_length: longest prompt (tokens) one `prefill` takes.
     max_decode_length: S, positions per slot (prompt + response), in [max_prefill_length,
@@ -129,12 +129,12 @@ class RlaxEngine(engine_api.Engine):
   # --- Checks ---------------------------------------------------------------------------------------------
 
   def check_params(self, params: Any) -> None:
-    """Raises ValueError naming the first leaf where `params` differs from the model (missing, extra, shape)."""
+    """Raises ValueError naming the first leaf where `params` differs from the model: missing, extra, shape.
+
+    Dtypes are not checked (a bfloat16 copy of float32 params is fine; it compiles its own executables).
+    """
     want = dict(jax.tree_util.tree_flatten_with_path(self._abstract_params)[0])
-    try:
-      got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
-    except Exception as e:  # pylint: disable=broad-exception-caught
-      raise ValueError(f"params must be a pytree of arrays; got {type(params).__name__}: {e}") from None
+    got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
     for path in want:
       if path not in got:
         raise ValueError(f"params lack leaf {jax.tree_util.keystr(path)} of the model.")
@@ -142,8 +142,8 @@ class RlaxEngine(engine_api.Engine):
       if path not in want:
         raise ValueError(f"params have leaf {jax.tree_util.keystr(path)}, which the model does not.")
       if tuple(np.shape(leaf)) != want[path].shape:
-        raise ValueError(f"params leaf {jax.tree_util.keystr(path)} has shape {tuple(np.shape(leaf))}; the "
-                         f"model wants {want[path].shape}.")
+        raise ValueError(f"params leaf {jax.tree_util.keystr(path)} has shape {tuple(np.shape(leaf))}; "
+                         f"the model wants {want[path].shape}.")
 
   def _check_slot(self, slot: Any) -> int:
     if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not (
@@ -302,7 +302,8 @@ class RlaxEngine(engine_api.Engine):
     """
     directory = epath.Path(checkpoint_dir)
     if step is None:
-      steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
+      steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if (
+          directory.exists()) else []
       if not steps:
         raise FileNotFoundError(f"No finished checkpoint steps under {directory} (expected "
                                 f"{directory}/<step>/state; pass a run's workdir/checkpoints).")
@@ -314,11 +315,13 @@ class RlaxEngine(engine_api.Engine):
       saved = ckptr.metadata(path).item_metadata
       if "params" not in saved:
         raise ValueError(f"Checkpoint {path} has no 'params' entry; it has {sorted(saved)}.")
-      self.check_params(jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), saved["params"]))
+      self.check_params(jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype),
+                                     saved["params"]))
       target = {"params": jax.tree.map(
           lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._replicated), self._abstract_params)}
       out = ckptr.restore(path, args=ocp.args.PyTreeRestore(
-          item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True))
+          item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+          partial_restore=True))
     self.check_params(out["params"])
     return out["params"]
 

@@ -8,13 +8,15 @@ single non-ASCII byte decodes to that spelling here, and any other list of ids d
 
 from __future__ import annotations
 
+
 import numpy as np
 
 import third_party.jetstream_compat as jetstream_compat
 
 from rlax_post import models
 
-_js = jetstream_compat.import_jetstream()
+
+jetstream_modules = jetstream_compat.import_jetstream()
 
 # `TokenizerParameters.path` naming this tokenizer (JetStream passes the proto to `build_tokenizer`).
 BYTE_TOKENIZER_PATH = "rlax_post:byte"
@@ -48,7 +50,7 @@ def bucket_for(length: int, buckets: tuple[int, ...]) -> int:
                    f"{list(buckets)}.")
 
 
-class ByteTokenizerAdapter(_js.tokenizer_api.Tokenizer):
+class ByteTokenizerAdapter(jetstream_modules.tokenizer_api.Tokenizer):
   """`tokenizer_api.Tokenizer` for `models.ByteTokenizer` (ids 0..255 bytes, then PAD, BOS, EOS)."""
 
   def __init__(self, tokenizer: models.ByteTokenizer | None = None, *, min_bucket: int = 16):

@@ -6,6 +6,8 @@ The release has two problems for us, both outside the code paths we use:
   `Vocabulary` and `SentencePieceVocabulary`. `seqio` drags in TensorFlow (about 2 GB). We register a tiny
   `seqio.vocabularies` module with those two names; constructing a `SentencePieceVocabulary` raises, because
   our engines bring their own tokenizer and never go through seqio.
+* `jetstream.core.orchestrator` sets the root logger to DEBUG with a stdout handler when imported; we
+  restore the root logger around that import.
 * `jetstream.core.orchestrator` calls `jax.tree_map`, which current jax removed; the orchestrator thread
   then SIGKILLs its own process. We give that module a view of `jax` that also has `tree_map`, without
   touching the real `jax` module.
@@ -16,10 +18,11 @@ Use `import_jetstream()` (or import this package first) before importing any `je
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 import types
 
-__all__ = ["install", "import_jetstream"]
+__all__ = ["install", "import_jetstream", "set_server_host"]
 
 _INSTALLED = False
 
@@ -70,10 +73,27 @@ class _JaxWithTreeMap(types.ModuleType):
     return getattr(self._jax, name)
 
 
+def _import_keeping_root_logger(name: str):
+  """Imports `name`, undoing what JetStream 0.2.2's orchestrator does to logging at import time.
+
+  `jetstream/core/orchestrator.py` sets the root logger to DEBUG and adds a stdout handler, which would flood
+  every program that imports it.
+  """
+  root = logging.getLogger()
+  level, handlers = root.level, list(root.handlers)
+  try:
+    return importlib.import_module(name)
+  finally:
+    root.setLevel(level)
+    for handler in list(root.handlers):
+      if handler not in handlers:
+        root.removeHandler(handler)
+
+
 def _patch_orchestrator() -> None:
   import jax  # pylint: disable=g-import-not-at-top
 
-  orchestrator = importlib.import_module("jetstream.core.orchestrator")
+  orchestrator = _import_keeping_root_logger("jetstream.core.orchestrator")
   if not hasattr(jax, "tree_map") and not isinstance(orchestrator.jax, _JaxWithTreeMap):
     orchestrator.jax = _JaxWithTreeMap(jax)
 
@@ -101,3 +121,10 @@ def import_jetstream():
       jetstream_pb2=importlib.import_module("jetstream.core.proto.jetstream_pb2"),
       jetstream_pb2_grpc=importlib.import_module("jetstream.core.proto.jetstream_pb2_grpc"),
   )
+
+
+def set_server_host(host: str) -> None:
+  """Makes JetStream's gRPC server listen on `host` (it hard-codes all interfaces, "[::]")."""
+  install()
+  server_lib = importlib.import_module("jetstream.core.server_lib")
+  server_lib._HOST = host  # pylint: disable=protected-access

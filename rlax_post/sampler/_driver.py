@@ -1,0 +1,321 @@
+"""The RL sampling driver: requests in, completions (tokens, logprobs, param versions) out, over `RlaxEngine`.
+
+A thin imperative shell around the engine's pure, jitted steps (`prefill`, `insert`, `generate`):
+
+* Continuous batching. Before every `generate` step, free slots are filled from the queue of pending samples;
+  a sequence frees its slot in the step it finishes. With `static_batching=True` (the baseline) new samples
+  are inserted only once every slot of the current batch has finished.
+* Prefix sharing. The n samples of a request share one `prefill`: its `Prefix` is inserted into n slots,
+  each with its own sampling stream. `share_prefix=False` (the baseline) prefills every sample.
+* Weight swaps. `set_params(params, version)` between steps: in-flight sequences continue under the new
+  params. Every token records the version of the params that computed the logits it was sampled from.
+
+Logprobs are exactly the engine's: `log softmax(logits / T)[token]` with T the engine's temperature (T = 1
+when greedy), of the law *before* top-p/top-k truncation -- what `models.token_logprobs(graphdef, params,
+prompt + tokens, temperature=T)` gives at the generated positions, under the params of each token's version.
+
+On a swap, with `recompute_on_swap=True` (default) the driver re-prefills every in-flight sequence (prompt and
+tokens so far) under the new params and re-inserts it into its slot, continuing the slot's sampling stream;
+so a token of version v has exactly the logprob that version v's params give the whole sequence before it.
+With `recompute_on_swap=False` (PipelineRL-style in-flight update, no extra prefill) the KV cache of the
+tokens before the swap stays that of the old params: the first token after the swap is still of the old
+version (its logits were computed before the swap) and later ones are of the new version but condition on
+stale keys/values, so their logprobs are the behaviour policy's, not any single version's forward pass.
+Prefixes waiting in the queue are always re-prefilled under the current params before insertion.
+
+Per request the driver seeds sample i's stream with `fold_in(fold_in(key(seed), r), i)` (r: the request's
+submission index), so outputs do not depend on the schedule (slot, batching mode, prefix sharing).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Callable, Iterable, Sequence
+
+import jax
+import numpy as np
+
+from rlax_post.sampler import _engine
+from rlax_post.sampler import _tokenizer_api
+
+FINISH_REASONS = ("stop", "length", "max_decode_length")
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """n samples of one prompt.
+
+  prompt: token ids (BOS included by the caller), 1..max_prefill_length of them.
+  n: number of samples (each gets its own slot and sampling stream; all share one prefill).
+  max_tokens: most tokens to generate; None: until the sequence fills `max_decode_length`.
+  stop_tokens: ids that end a sample (the engine's EOS always does); the stop token is kept.
+  request_id: any hashable id, unique among the requests of one `submit`/`sample` call.
+  """
+  prompt: Sequence[int]
+  n: int = 1
+  max_tokens: int | None = None
+  stop_tokens: tuple[int, ...] = ()
+  request_id: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+  """One sample of a request.
+
+  tokens, logprobs, versions: [G] generated ids (stop token included), log π_T of each (see the module
+  docstring), and the params version that computed each token's law.
+  finish_reason: 'stop' (a stop token or EOS), 'length' (max_tokens reached), 'max_decode_length' (the
+  sequence filled the engine's `max_decode_length`; only when max_tokens is None).
+  """
+  request_id: Any
+  index: int
+  prompt: tuple[int, ...]
+  tokens: tuple[int, ...]
+  logprobs: tuple[float, ...]
+  versions: tuple[int, ...]
+  finish_reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverStats:
+  """Counters since the driver was built."""
+  slots: int  # the engine's max_concurrent_decodes.
+  prefills: int  # prefills of prompts (one per request with share_prefix, n without).
+  recompute_prefills: int  # prefill calls that rebuilt in-flight sequences after a swap.
+  inserts: int  # engine.insert calls (including re-inserts after a swap).
+  generate_steps: int  # engine.generate calls.
+  busy_slot_steps: int  # sum over generate steps of slots holding an unfinished sample.
+  tokens: int  # tokens generated into completions.
+
+  @property
+  def occupancy(self) -> float:
+    """Mean fraction of slots busy per generate step (0 before the first step)."""
+    return self.busy_slot_steps / (self.generate_steps * self.slots) if self.generate_steps else 0.0
+
+
+@dataclasses.dataclass
+class _Sample:
+  """A sample in flight (host-side bookkeeping)."""
+  request: Request
+  order: int  # the request's submission index (seeds its streams; sorts results).
+  index: int
+  stops: frozenset[int]
+  limit: int  # most tokens it may generate.
+  limit_reason: str
+  tokens: list[int] = dataclasses.field(default_factory=list)
+  logprobs: list[float] = dataclasses.field(default_factory=list)
+  versions: list[int] = dataclasses.field(default_factory=list)
+
+
+class Driver:
+  """Samples `Request`s on an `RlaxEngine` with continuous batching and in-flight weight swaps.
+
+  Use `sample(requests)` for a whole batch, or `submit(requests)` then `step()` until `done` to interleave
+  `set_params` (or pass `on_step` to `sample`).
+
+  Args:
+    engine: the engine (its slots, buckets, sampling law and EOS are used as they are).
+    params: initial params (on the engine's mesh).
+    version: their version.
+    static_batching: insert only when every slot is free (baseline).
+    share_prefix: one prefill per request (True) or per sample (False, baseline).
+    recompute_on_swap: rebuild in-flight KV caches under the new params on `set_params` (module docstring).
+    seed: seeds the samples' streams.
+  """
+
+  def __init__(self, engine: _engine.RlaxEngine, params: Any, *, version: int = 0,
+               static_batching: bool = False, share_prefix: bool = True, recompute_on_swap: bool = True,
+               seed: int = 0):
+    engine.check_params(params)
+    self.engine = engine
+    self.params, self.version = params, int(version)
+    self.static_batching, self.share_prefix = bool(static_batching), bool(share_prefix)
+    self.recompute_on_swap = bool(recompute_on_swap)
+    self._key = jax.random.key(seed)
+    self._slots = engine.max_concurrent_decodes
+    self._state = engine.init_decode_state()
+    self._busy: list[_Sample | None] = [None] * self._slots
+    self._logits_version = [self.version] * self._slots  # version of each slot's next-token logits.
+    self._pending: collections.deque[_Sample] = collections.deque()
+    self._prefixes: dict[int, tuple[_engine.Prefix, int]] = {}  # request order -> (prefix, version).
+    self._finished: list[Completion] = []
+    self._num_requests = 0
+    self._counts = collections.Counter()
+
+  # --- Public API -----------------------------------------------------------------------------------------
+
+  @property
+  def stats(self) -> DriverStats:
+    c = self._counts
+    return DriverStats(slots=self._slots, prefills=c["prefills"], recompute_prefills=c["recompute_prefills"],
+                       inserts=c["inserts"], generate_steps=c["generate_steps"],
+                       busy_slot_steps=c["busy_slot_steps"], tokens=c["tokens"])
+
+  @property
+  def done(self) -> bool:
+    """No sample pending or in flight."""
+    return not self._pending and all(s is None for s in self._busy)
+
+  def set_params(self, params: Any, version: int) -> None:
+    """Uses `params` (tagged `version`) from the next `generate` step on; see the module docstring."""
+    self.engine.check_params(params)
+    self.params, self.version = params, int(version)
+    if not self.recompute_on_swap:
+      return
+    busy = [slot for slot, s in enumerate(self._busy) if s is not None]
+    if not busy:
+      return
+    rngs = np.asarray(self._state.rngs)  # Continue each slot's stream (insert resets it).
+    for slot in busy:
+      sample = self._busy[slot]
+      prefix = self._prefill(list(sample.request.prompt) + sample.tokens, counter="recompute_prefills")
+      self._insert(prefix, slot, rngs[slot])
+      self._logits_version[slot] = self.version
+
+  def submit(self, requests: Iterable[Request]) -> None:
+    """Validates every request (ValueError naming the bad values) then queues their samples."""
+    requests = list(requests)
+    ids = [r.request_id for r in requests]
+    if len(set(ids)) != len(ids):
+      raise ValueError(f"request_ids must be unique within a call; got {ids}.")
+    queued = [self._validate(r) for r in requests]
+    for request, (stops, limit, reason) in zip(requests, queued):
+      order = self._num_requests
+      self._num_requests += 1
+      for i in range(request.n):
+        self._pending.append(_Sample(request, order, i, stops, limit, reason))
+
+  def step(self) -> list[Completion]:
+    """Fills free slots, runs one `generate` step and returns the samples that finished in it."""
+    self._fill()
+    busy = [slot for slot, s in enumerate(self._busy) if s is not None]
+    if not busy:
+      return []
+    versions = list(self._logits_version)
+    self._state, _ = self.engine.generate(self.params, self._state)
+    self._counts["generate_steps"] += 1
+    self._counts["busy_slot_steps"] += len(busy)
+    tokens_s, logprobs_s, valid_s = jax.device_get(
+        (self._state.tokens, self._state.logprobs, self._state.valid))
+    finished = []
+    for slot in busy:
+      sample = self._busy[slot]
+      if not valid_s[slot]:
+        raise RuntimeError(f"slot {slot} holds an unfinished sample but produced no token (driver bug).")
+      self._logits_version[slot] = self.version
+      token = int(tokens_s[slot])
+      sample.tokens.append(token)
+      sample.logprobs.append(float(logprobs_s[slot]))
+      sample.versions.append(versions[slot])
+      self._counts["tokens"] += 1
+      reason = ("stop" if token in sample.stops else
+                sample.limit_reason if len(sample.tokens) == sample.limit else None)
+      if reason is not None:
+        self._busy[slot] = None  # Free at once: the next step's fill may reuse it.
+        finished.append(Completion(
+            request_id=sample.request.request_id, index=sample.index, prompt=tuple(sample.request.prompt),
+            tokens=tuple(sample.tokens), logprobs=tuple(sample.logprobs), versions=tuple(sample.versions),
+            finish_reason=reason))
+    self._finished.extend(finished)
+    return finished
+
+  def sample(self, requests: Iterable[Request], *,
+             on_step: Callable[[Driver, int], None] | None = None) -> list[Completion]:
+    """Runs `requests` to completion; completions in request order, then sample index.
+
+    on_step(driver, steps_done) is called after every generate step (e.g. to `set_params`).
+    """
+    self.submit(requests)
+    steps = 0
+    while not self.done:
+      self.step()
+      steps += 1
+      if on_step is not None:
+        on_step(self, steps)
+    return self.collect()
+
+  def collect(self) -> list[Completion]:
+    """The completions finished since the last `collect`, in submission order then sample index."""
+    orders = {}
+    out, self._finished = self._finished, []
+    for c in out:
+      orders.setdefault(c.request_id, len(orders))
+    return sorted(out, key=lambda c: (self._order_of(c), c.index))
+
+  # --- Internals ------------------------------------------------------------------------------------------
+
+  def _order_of(self, completion: Completion) -> int:
+    return self._orders[completion.request_id]
+
+  def _validate(self, r: Request) -> tuple[frozenset[int], int, str]:
+    engine = self.engine
+    prompt = list(r.prompt)
+    vocab = engine.model_cfg.vocab_size
+    if not prompt or any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab
+                         for t in prompt):
+      raise ValueError(f"Request {r.request_id!r}: prompt must be a non-empty list of ids in [0, {vocab}); "
+                       f"got {prompt!r}.")
+    largest = engine.prefill_buckets[-1]
+    if len(prompt) > largest:
+      raise ValueError(f"Request {r.request_id!r}: prompt of {len(prompt)} tokens is longer than the "
+                       f"engine's largest prefill bucket {largest} (buckets {list(engine.prefill_buckets)}).")
+    if isinstance(r.n, bool) or not isinstance(r.n, int) or r.n < 1:
+      raise ValueError(f"Request {r.request_id!r}: n must be a positive int; got {r.n!r}.")
+    room = engine.max_decode_length - len(prompt)
+    if r.max_tokens is None:
+      if room < 1:
+        raise ValueError(f"Request {r.request_id!r}: prompt of {len(prompt)} tokens leaves no room in "
+                         f"max_decode_length {engine.max_decode_length}.")
+      limit, reason = room, "max_decode_length"
+    else:
+      if isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, int) or r.max_tokens < 1:
+        raise ValueError(f"Request {r.request_id!r}: max_tokens must be a positive int or None; got "
+                         f"{r.max_tokens!r}.")
+      if r.max_tokens > room:
+        raise ValueError(f"Request {r.request_id!r}: prompt of {len(prompt)} tokens + max_tokens "
+                         f"{r.max_tokens} = {len(prompt) + r.max_tokens} exceeds max_decode_length "
+                         f"{engine.max_decode_length}.")
+      limit, reason = r.max_tokens, "length"
+    stops = frozenset(int(t) for t in r.stop_tokens) | {engine.tokenizer.eos_id}
+    return stops, limit, reason
+
+  def _prefill(self, ids: list[int], *, counter: str) -> _engine.Prefix:
+    """Prefills `ids` (chunks of at most the largest bucket, extending the prefix) under the current params."""
+    chunk = self.engine.prefill_buckets[-1]
+    prefix = None
+    for start in range(0, len(ids), chunk):
+      piece = np.asarray(ids[start:start + chunk], np.int32)
+      prefix = self.engine.prefill(params=self.params, existing_prefix=prefix, padded_tokens=piece,
+                                   true_length=len(piece))
+      self._counts[counter] += 1
+    return prefix
+
+  def _insert(self, prefix: _engine.Prefix, slot: int, rng: Any) -> None:
+    self._state = self.engine.insert(prefix, self._state, slot, rng=rng)
+    self._counts["inserts"] += 1
+
+  def _prefix_for(self, sample: _Sample) -> _engine.Prefix:
+    if not self.share_prefix:
+      return self._prefill(list(sample.request.prompt), counter="prefills")
+    cached = self._prefixes.get(sample.order)
+    if cached is None or cached[1] != self.version:
+      cached = (self._prefill(list(sample.request.prompt), counter="prefills"), self.version)
+      self._prefixes[sample.order] = cached
+    if sample.index == sample.request.n - 1:  # Samples queue in index order: the last one frees it.
+      del self._prefixes[sample.order]
+    return cached[0]
+
+  def _fill(self) -> None:
+    free = [slot for slot, s in enumerate(self._busy) if s is None]
+    if self.static_batching and len(free) < self._slots:
+      return
+    for slot in free:
+      if not self._pending:
+        return
+      sample = self._pending.popleft()
+      prefix = self._prefix_for(sample)
+      rng = jax.random.fold_in(jax.random.fold_in(self._key, sample.order), sample.index)
+      self._insert(prefix, slot, rng)
+      self._busy[slot] = sample
+      self._logits_version[slot] = self.version
