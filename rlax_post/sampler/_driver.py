@@ -139,7 +139,7 @@ class Driver:
     self._logits_version = [self.version] * self._slots  # version of each slot's next-token logits.
     self._pending: collections.deque[_Sample] = collections.deque()
     self._prefixes: dict[int, tuple[_engine.Prefix, int]] = {}  # request order -> (prefix, version).
-    self._finished: list[Completion] = []
+    self._finished: list[tuple[int, int, Completion]] = []  # (request order, index, completion).
     self._num_requests = 0
     self._counts = collections.Counter()
 
@@ -213,12 +213,12 @@ class Driver:
                 sample.limit_reason if len(sample.tokens) == sample.limit else None)
       if reason is not None:
         self._busy[slot] = None  # Free at once: the next step's fill may reuse it.
-        finished.append(Completion(
+        finished.append((sample.order, sample.index, Completion(
             request_id=sample.request.request_id, index=sample.index, prompt=tuple(sample.request.prompt),
             tokens=tuple(sample.tokens), logprobs=tuple(sample.logprobs), versions=tuple(sample.versions),
-            finish_reason=reason))
+            finish_reason=reason)))
     self._finished.extend(finished)
-    return finished
+    return [c for _, _, c in finished]
 
   def sample(self, requests: Iterable[Request], *,
              on_step: Callable[[Driver, int], None] | None = None) -> list[Completion]:
@@ -237,16 +237,10 @@ class Driver:
 
   def collect(self) -> list[Completion]:
     """The completions finished since the last `collect`, in submission order then sample index."""
-    orders = {}
     out, self._finished = self._finished, []
-    for c in out:
-      orders.setdefault(c.request_id, len(orders))
-    return sorted(out, key=lambda c: (self._order_of(c), c.index))
+    return [c for _, _, c in sorted(out, key=lambda x: x[:2])]
 
   # --- Internals ------------------------------------------------------------------------------------------
-
-  def _order_of(self, completion: Completion) -> int:
-    return self._orders[completion.request_id]
 
   def _validate(self, r: Request) -> tuple[frozenset[int], int, str]:
     engine = self.engine
