@@ -2,9 +2,15 @@
 
 `RlaxEngine` implements JetStream's `Engine` API (prefill with bucketed lengths and prefix extension,
 insert into slots, one decode step for all slots); `rlax-post serve` runs JetStream's gRPC server with it.
-The synchronous training loop still samples with `generate` (v0) until the RL driver lands ([sampler]).
+`Driver` is the RL sampling driver over the engine (continuous batching, shared prefills, parameter versions,
+multi-turn continuation). The synchronous training loop still samples with `generate` (v0) until it is
+switched to the driver ([sampler]).
 """
 
+from rlax_post.sampler._driver import Completion
+from rlax_post.sampler._driver import Driver
+from rlax_post.sampler._driver import DriverStats
+from rlax_post.sampler._driver import Request
 from rlax_post.sampler._engine import DecodeState
 from rlax_post.sampler._engine import Prefix
 from rlax_post.sampler._engine import RlaxEngine
@@ -16,6 +22,10 @@ from rlax_post.sampler._v0 import sample_token
 
 __all__ = [
     "ByteTokenizerAdapter",
+    "Completion",
+    "Driver",
+    "DriverStats",
+    "Request",
     "DecodeState",
     "generate",
     "Generation",

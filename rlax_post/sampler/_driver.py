@@ -23,8 +23,15 @@ version (its logits were computed before the swap) and later ones are of the new
 stale keys/values, so their logprobs are the behaviour policy's, not any single version's forward pass.
 Prefixes waiting in the queue are always re-prefilled under the current params before insertion.
 
-Per request the driver seeds sample i's stream with `fold_in(fold_in(key(seed), r), i)` (r: the request's
-submission index), so outputs do not depend on the schedule (slot, batching mode, prefix sharing).
+Multi-turn: a request with an `env` callback continues after each turn. When a turn ends (stop token or
+max_tokens), `env(index, transcript, finish_reason)` (transcript: prompt and every token since) returns the
+observation ids to append, or None to end the sample. The conversation's prefix is then extended with the
+turn's tokens and the observation (`prefill(existing_prefix=...)`: the prompt is not recomputed) and the sample
+goes back to the front of the queue for a free slot. Observation tokens appear in `Completion.tokens` with
+mask 0, logprob 0 and version -1. The env runs on the host between generate steps.
+
+Per request the driver seeds turn j of sample i with `fold_in(fold_in(fold_in(key(seed), r), i), j)` (r: the
+request's submission index), so outputs do not depend on the schedule (slot, batching mode, prefix sharing).
 """
 
 from __future__ import annotations
@@ -37,10 +44,6 @@ import jax
 import numpy as np
 
 from rlax_post.sampler import _engine
-from rlax_post.sampler import _tokenizer_api
-
-FINISH_REASONS = ("stop", "length", "max_decode_length")
-
 
 @dataclasses.dataclass(frozen=True)
 class Request:
@@ -49,24 +52,30 @@ class Request:
   prompt: token ids (BOS included by the caller), 1..max_prefill_length of them.
   n: number of samples (each gets its own slot and sampling stream; all share one prefill).
   max_tokens: most tokens to generate; None: until the sequence fills `max_decode_length`.
-  stop_tokens: ids that end a sample (the engine's EOS always does); the stop token is kept.
+  stop_tokens: ids that end a turn (the engine's EOS always does); the stop token is kept.
   request_id: any hashable id, unique among the requests of one `submit`/`sample` call.
+  env: multi-turn callback `env(index, transcript, finish_reason) -> observation ids | None` (module
+    docstring); None: one turn. max_tokens then bounds each turn (and is clipped to the room left).
   """
   prompt: Sequence[int]
   n: int = 1
   max_tokens: int | None = None
   stop_tokens: tuple[int, ...] = ()
   request_id: Any = None
+  env: Callable[[int, tuple[int, ...], str], Sequence[int] | None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Completion:
   """One sample of a request.
 
-  tokens, logprobs, versions: [G] generated ids (stop token included), log π_T of each (see the module
-  docstring), and the params version that computed each token's law.
-  finish_reason: 'stop' (a stop token or EOS), 'length' (max_tokens reached), 'max_decode_length' (the
-  sequence filled the engine's `max_decode_length`; only when max_tokens is None).
+  tokens, logprobs, versions, mask: [G] ids after the prompt (stop tokens included), log π_T of each (see
+  the module docstring), the params version that computed each token's law, and 1 where the policy sampled
+  the token (0 for env observations, which have logprob 0 and version -1).
+  finish_reason: of the last turn: 'stop' (a stop token or EOS), 'length' (max_tokens reached),
+  'max_decode_length' (the sequence filled the engine's `max_decode_length`, or the env's observation would
+  leave no room to generate; then the observation is dropped).
+  num_turns: turns generated.
   """
   request_id: Any
   index: int
@@ -74,7 +83,9 @@ class Completion:
   tokens: tuple[int, ...]
   logprobs: tuple[float, ...]
   versions: tuple[int, ...]
+  mask: tuple[int, ...]
   finish_reason: str
+  num_turns: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +94,11 @@ class DriverStats:
   slots: int  # the engine's max_concurrent_decodes.
   prefills: int  # prefills of prompts (one per request with share_prefix, n without).
   recompute_prefills: int  # prefill calls that rebuilt in-flight sequences after a swap.
+  turn_prefills: int  # prefill calls that extended a conversation with a turn and an observation.
   inserts: int  # engine.insert calls (including re-inserts after a swap).
   generate_steps: int  # engine.generate calls.
   busy_slot_steps: int  # sum over generate steps of slots holding an unfinished sample.
-  tokens: int  # tokens generated into completions.
+  tokens: int  # tokens generated into completions (observations not counted).
 
   @property
   def occupancy(self) -> float:
@@ -101,11 +113,21 @@ class _Sample:
   order: int  # the request's submission index (seeds its streams; sorts results).
   index: int
   stops: frozenset[int]
-  limit: int  # most tokens it may generate.
+  limit: int  # most tokens it may generate this turn.
   limit_reason: str
   tokens: list[int] = dataclasses.field(default_factory=list)
   logprobs: list[float] = dataclasses.field(default_factory=list)
   versions: list[int] = dataclasses.field(default_factory=list)
+  mask: list[int] = dataclasses.field(default_factory=list)
+  turn: int = 0
+  turn_start: int = 0  # len(tokens) when the turn began.
+  # Multi-turn only: the prefix of prompt + tokens[:prefix_len], computed under params `prefix_version`.
+  prefix: _engine.Prefix | None = None
+  prefix_len: int = 0
+  prefix_version: int = -1
+
+  def ids(self) -> list[int]:
+    return list(self.request.prompt) + self.tokens
 
 
 class Driver:
@@ -142,6 +164,7 @@ class Driver:
     self._finished: list[tuple[int, int, Completion]] = []  # (request order, index, completion).
     self._num_requests = 0
     self._counts = collections.Counter()
+    self._room = engine.max_decode_length
 
   # --- Public API -----------------------------------------------------------------------------------------
 
@@ -149,7 +172,7 @@ class Driver:
   def stats(self) -> DriverStats:
     c = self._counts
     return DriverStats(slots=self._slots, prefills=c["prefills"], recompute_prefills=c["recompute_prefills"],
-                       inserts=c["inserts"], generate_steps=c["generate_steps"],
+                       turn_prefills=c["turn_prefills"], inserts=c["inserts"], generate_steps=c["generate_steps"],
                        busy_slot_steps=c["busy_slot_steps"], tokens=c["tokens"])
 
   @property
@@ -169,9 +192,11 @@ class Driver:
     rngs = np.asarray(self._state.rngs)  # Continue each slot's stream (insert resets it).
     for slot in busy:
       sample = self._busy[slot]
-      prefix = self._prefill(list(sample.request.prompt) + sample.tokens, counter="recompute_prefills")
+      prefix = self._prefill(sample.ids(), counter="recompute_prefills")
       self._insert(prefix, slot, rngs[slot])
       self._logits_version[slot] = self.version
+      if sample.request.env is not None:
+        self._keep_prefix(sample, prefix)
 
   def submit(self, requests: Iterable[Request]) -> None:
     """Validates every request (ValueError naming the bad values) then queues their samples."""
@@ -180,11 +205,13 @@ class Driver:
     if len(set(ids)) != len(ids):
       raise ValueError(f"request_ids must be unique within a call; got {ids}.")
     queued = [self._validate(r) for r in requests]
-    for request, (stops, limit, reason) in zip(requests, queued):
+    for request, stops in zip(requests, queued):
       order = self._num_requests
       self._num_requests += 1
       for i in range(request.n):
-        self._pending.append(_Sample(request, order, i, stops, limit, reason))
+        sample = _Sample(request, order, i, stops, 0, "")
+        self._set_turn_limit(sample)
+        self._pending.append(sample)
 
   def step(self) -> list[Completion]:
     """Fills free slots, runs one `generate` step and returns the samples that finished in it."""
@@ -208,15 +235,23 @@ class Driver:
       sample.tokens.append(token)
       sample.logprobs.append(float(logprobs_s[slot]))
       sample.versions.append(versions[slot])
+      sample.mask.append(1)
       self._counts["tokens"] += 1
       reason = ("stop" if token in sample.stops else
-                sample.limit_reason if len(sample.tokens) == sample.limit else None)
-      if reason is not None:
-        self._busy[slot] = None  # Free at once: the next step's fill may reuse it.
-        finished.append((sample.order, sample.index, Completion(
-            request_id=sample.request.request_id, index=sample.index, prompt=tuple(sample.request.prompt),
-            tokens=tuple(sample.tokens), logprobs=tuple(sample.logprobs), versions=tuple(sample.versions),
-            finish_reason=reason)))
+                sample.limit_reason if len(sample.tokens) - sample.turn_start == sample.limit else None)
+      if reason is None:
+        continue
+      self._busy[slot] = None  # Free at once: the next step's fill may reuse it.
+      if reason != "max_decode_length" and sample.request.env is not None:
+        outcome = self._next_turn(sample, reason)
+        if outcome == "queued":
+          continue
+        if outcome == "no_room":
+          reason = "max_decode_length"
+      finished.append((sample.order, sample.index, Completion(
+          request_id=sample.request.request_id, index=sample.index, prompt=tuple(sample.request.prompt),
+          tokens=tuple(sample.tokens), logprobs=tuple(sample.logprobs), versions=tuple(sample.versions),
+          mask=tuple(sample.mask), finish_reason=reason, num_turns=sample.turn + 1)))
     self._finished.extend(finished)
     return [c for _, _, c in finished]
 
@@ -242,7 +277,8 @@ class Driver:
 
   # --- Internals ------------------------------------------------------------------------------------------
 
-  def _validate(self, r: Request) -> tuple[frozenset[int], int, str]:
+  def _validate(self, r: Request) -> frozenset[int]:
+    """Raises ValueError naming the bad value; returns the request's stop ids (EOS included)."""
     engine = self.engine
     prompt = list(r.prompt)
     vocab = engine.model_cfg.vocab_size
@@ -261,7 +297,6 @@ class Driver:
       if room < 1:
         raise ValueError(f"Request {r.request_id!r}: prompt of {len(prompt)} tokens leaves no room in "
                          f"max_decode_length {engine.max_decode_length}.")
-      limit, reason = room, "max_decode_length"
     else:
       if isinstance(r.max_tokens, bool) or not isinstance(r.max_tokens, int) or r.max_tokens < 1:
         raise ValueError(f"Request {r.request_id!r}: max_tokens must be a positive int or None; got "
@@ -270,14 +305,48 @@ class Driver:
         raise ValueError(f"Request {r.request_id!r}: prompt of {len(prompt)} tokens + max_tokens "
                          f"{r.max_tokens} = {len(prompt) + r.max_tokens} exceeds max_decode_length "
                          f"{engine.max_decode_length}.")
-      limit, reason = r.max_tokens, "length"
-    stops = frozenset(int(t) for t in r.stop_tokens) | {engine.tokenizer.eos_id}
-    return stops, limit, reason
+    if r.env is not None and not callable(r.env):
+      raise ValueError(f"Request {r.request_id!r}: env must be callable or None; got {r.env!r}.")
+    return frozenset(int(t) for t in r.stop_tokens) | {engine.tokenizer.eos_id}
 
-  def _prefill(self, ids: list[int], *, counter: str) -> _engine.Prefix:
-    """Prefills `ids` (chunks of at most the largest bucket, extending the prefix) under the current params."""
+  def _set_turn_limit(self, sample: _Sample) -> None:
+    """This turn's token budget: max_tokens, clipped to the room left in `max_decode_length`."""
+    room = self._room - len(sample.request.prompt) - len(sample.tokens)
+    max_tokens = sample.request.max_tokens
+    if max_tokens is None or max_tokens > room:
+      sample.limit, sample.limit_reason = room, "max_decode_length"
+    else:
+      sample.limit, sample.limit_reason = max_tokens, "length"
+
+  def _next_turn(self, sample: _Sample, reason: str) -> str:
+    """Asks the env for an observation: 'queued' (next turn queued), 'done' (env ended it) or 'no_room'."""
+    observation = sample.request.env(sample.index, tuple(sample.ids()), reason)
+    if observation is None:
+      return "done"
+    observation = [int(t) for t in observation]
+    vocab = self.engine.model_cfg.vocab_size
+    if any(not 0 <= t < vocab for t in observation):
+      raise ValueError(f"Request {sample.request.request_id!r}: env observation ids must be in [0, {vocab}); "
+                       f"got {observation}.")
+    if len(sample.request.prompt) + len(sample.tokens) + len(observation) >= self._room:
+      return "no_room"  # Dropped: no room to generate after it.
+    sample.tokens.extend(observation)
+    sample.logprobs.extend([0.0] * len(observation))
+    sample.versions.extend([-1] * len(observation))
+    sample.mask.extend([0] * len(observation))
+    sample.turn += 1
+    sample.turn_start = len(sample.tokens)
+    self._set_turn_limit(sample)
+    self._pending.appendleft(sample)  # Ongoing conversations go first.
+    return "queued"
+
+  def _keep_prefix(self, sample: _Sample, prefix: _engine.Prefix) -> None:
+    sample.prefix, sample.prefix_len, sample.prefix_version = prefix, len(sample.tokens), self.version
+
+  def _prefill(self, ids: list[int], *, counter: str,
+               prefix: _engine.Prefix | None = None) -> _engine.Prefix:
+    """Prefills `ids` after `prefix` (if any) under the current params, in chunks of the largest bucket."""
     chunk = self.engine.prefill_buckets[-1]
-    prefix = None
     for start in range(0, len(ids), chunk):
       piece = np.asarray(ids[start:start + chunk], np.int32)
       prefix = self.engine.prefill(params=self.params, existing_prefix=prefix, padded_tokens=piece,
@@ -290,6 +359,14 @@ class Driver:
     self._counts["inserts"] += 1
 
   def _prefix_for(self, sample: _Sample) -> _engine.Prefix:
+    if sample.turn > 0:  # Extend the conversation's prefix (rebuild it if the params changed since).
+      if sample.prefix_version == self.version:
+        prefix = self._prefill(sample.tokens[sample.prefix_len:], counter="turn_prefills",
+                               prefix=sample.prefix)
+      else:
+        prefix = self._prefill(sample.ids(), counter="turn_prefills")
+      self._keep_prefix(sample, prefix)
+      return prefix
     if not self.share_prefix:
       return self._prefill(list(sample.request.prompt), counter="prefills")
     cached = self._prefixes.get(sample.order)
@@ -309,7 +386,10 @@ class Driver:
         return
       sample = self._pending.popleft()
       prefix = self._prefix_for(sample)
-      rng = jax.random.fold_in(jax.random.fold_in(self._key, sample.order), sample.index)
+      if sample.request.env is not None and sample.turn == 0:
+        self._keep_prefix(sample, prefix)
+      rng = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(self._key, sample.order), sample.index),
+                               sample.turn)
       self._insert(prefix, slot, rng)
       self._busy[slot] = sample
       self._logits_version[slot] = self.version

@@ -1,0 +1,343 @@
+"""The RL sampling driver: logprob parity with the learner under continuous batching, greedy = argmax loop,
+prefix sharing and static batching change no output, weight swaps mid-run tag and score tokens by version,
+finish reasons, and clear errors."""
+
+import collections
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlax_post import models
+from rlax_post.sampler import _driver
+from rlax_post.sampler import _engine
+
+TOK = models.ByteTokenizer()
+CFG = models.preset("micro", vocab_size=264, valid_vocab_size=259, max_seq_len=64)
+T = 0.7
+SLOTS = 3
+MAX_DECODE = 40
+Request = _driver.Request
+
+
+@functools.lru_cache(maxsize=None)
+def _model(seed=0):
+  return models.init_params(CFG, jax.random.key(seed))
+
+
+@pytest.fixture(scope="module")
+def sampling_engine():
+  return _engine.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=SLOTS,
+                            max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=T, top_p=0.9,
+                            top_k=40, seed=1)
+
+
+@pytest.fixture(scope="module")
+def greedy_engine():
+  return _engine.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=SLOTS,
+                            max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=0.0)
+
+
+def _prompt(n, seed=0):
+  """BOS then n - 1 random bytes."""
+  rng = np.random.default_rng(seed)
+  return [TOK.bos_id] + [int(x) for x in rng.integers(0, 256, n - 1)]
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_reference(temperature):
+  graphdef = _model()[0]
+  return jax.jit(lambda p, t: models.token_logprobs(graphdef, p, t, temperature=temperature)[0])
+
+
+def _reference_logprobs(params, prompt, tokens, temperature):
+  """`models.token_logprobs` of `tokens` after `prompt`, right-padded to one shape [1, 64] (causal)."""
+  seq = list(prompt) + list(tokens)
+  padded = jnp.array([seq + [TOK.pad_id] * (CFG.max_seq_len - len(seq))])
+  logp = _jitted_reference(temperature)(params, padded)
+  return np.asarray(logp[0, len(prompt) - 1:len(seq) - 1])
+
+
+def _argmax_loop(prompt, n):
+  graphdef, params = _model()
+  forward = _jitted_forward()
+  seq = list(prompt)
+  for _ in range(n):
+    padded = jnp.array([seq + [TOK.pad_id] * (CFG.max_seq_len - len(seq))])
+    seq.append(int(jnp.argmax(forward(params, padded)[0, len(seq) - 1])))
+  del graphdef
+  return seq[len(prompt):]
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_forward():
+  graphdef = _model()[0]
+  return jax.jit(lambda p, t: models.forward(graphdef, p, t)[0])
+
+
+def _check_finish(c, request):
+  """Each completion ends for the reason it claims, and not before."""
+  stops = set(request.stop_tokens) | {TOK.eos_id}
+  assert not stops & set(c.tokens[:-1])
+  if c.finish_reason == "stop":
+    assert c.tokens[-1] in stops
+  elif c.finish_reason == "length":
+    assert len(c.tokens) == request.max_tokens
+  else:
+    assert c.finish_reason == "max_decode_length" and request.max_tokens is None
+    assert len(c.prompt) + len(c.tokens) == MAX_DECODE
+
+
+def test_logprobs_match_the_learner_with_slots_refilled_mid_run(sampling_engine):
+  requests = [Request(_prompt(3, 1), n=2, max_tokens=5, request_id="a"),
+              Request(_prompt(14, 2), n=3, max_tokens=11, request_id="b"),
+              Request(_prompt(9, 3), n=2, max_tokens=None, request_id="c")]
+  driver = _driver.Driver(sampling_engine, _model()[1])
+  completions = driver.sample(requests)
+  assert [(c.request_id, c.index) for c in completions] == [
+      ("a", 0), ("a", 1), ("b", 0), ("b", 1), ("b", 2), ("c", 0), ("c", 1)]
+  by_id = {r.request_id: r for r in requests}
+  for c in completions:
+    request = by_id[c.request_id]
+    assert c.prompt == tuple(request.prompt) and c.tokens
+    _check_finish(c, request)
+    assert c.versions == (0,) * len(c.tokens)
+    np.testing.assert_allclose(c.logprobs, _reference_logprobs(_model()[1], c.prompt, c.tokens, T),
+                               atol=1e-5, rtol=0)
+  assert len({c.tokens for c in completions if c.request_id == "b"}) > 1  # Independent streams.
+  stats = driver.stats
+  assert (stats.prefills, stats.inserts, stats.recompute_prefills) == (3, 7, 0)
+  assert stats.tokens == stats.busy_slot_steps == sum(len(c.tokens) for c in completions)
+  assert stats.busy_slot_steps <= stats.generate_steps * SLOTS
+  assert stats.occupancy == pytest.approx(stats.busy_slot_steps / (stats.generate_steps * SLOTS))
+  assert driver.done and driver.collect() == []
+
+
+def test_greedy_equals_a_full_forward_argmax_loop(greedy_engine):
+  requests = [Request(_prompt(11, 4), n=2, max_tokens=7, request_id=0),
+              Request(_prompt(5, 5), n=3, max_tokens=9, request_id=1)]
+  completions = _driver.Driver(greedy_engine, _model()[1]).sample(requests)
+  assert len(completions) == 5
+  for request in requests:
+    expected = _argmax_loop(request.prompt, request.max_tokens)
+    if TOK.eos_id in expected:
+      expected = expected[:expected.index(TOK.eos_id) + 1]
+    group = [c for c in completions if c.request_id == request.request_id]
+    for c in group:
+      assert list(c.tokens) == expected
+      assert c.tokens == group[0].tokens and c.logprobs == group[0].logprobs
+      # Greedy logprobs are under T = 1.
+      np.testing.assert_allclose(c.logprobs, _reference_logprobs(_model()[1], c.prompt, c.tokens, 1.0),
+                                 atol=1e-5, rtol=0)
+
+
+def test_prefix_sharing_changes_nothing_but_the_prefill_count(greedy_engine):
+  requests = [Request(_prompt(7, 6), n=4, max_tokens=6, request_id="x"),
+              Request(_prompt(13, 7), n=2, max_tokens=4, request_id="y")]
+  shared = _driver.Driver(greedy_engine, _model()[1], share_prefix=True)
+  separate = _driver.Driver(greedy_engine, _model()[1], share_prefix=False)
+  out_shared, out_separate = shared.sample(requests), separate.sample(requests)
+  assert len(out_shared) == len(out_separate) == 6
+  for a, b in zip(out_shared, out_separate):
+    assert (a.request_id, a.index, a.tokens, a.finish_reason) == (b.request_id, b.index, b.tokens,
+                                                                  b.finish_reason)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6, rtol=0)
+  assert shared.stats.prefills == 2 and separate.stats.prefills == 6
+  assert shared.stats.inserts == separate.stats.inserts == 6
+
+
+def test_continuous_batching_takes_fewer_steps_than_static(greedy_engine, sampling_engine):
+  lengths = [2, 12, 2, 2, 12, 2, 2, 2]
+  requests = [Request(_prompt(4 + i, 20 + i), n=1, max_tokens=m, request_id=i) for i, m in enumerate(lengths)]
+  for engine in (greedy_engine, sampling_engine):  # Streams are per sample: the schedule changes nothing.
+    continuous = _driver.Driver(engine, _model()[1])
+    static = _driver.Driver(engine, _model()[1], static_batching=True)
+    out_c, out_s = continuous.sample(requests), static.sample(requests)
+    assert [c.tokens for c in out_c] == [c.tokens for c in out_s]
+    for a, b in zip(out_c, out_s):
+      np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6, rtol=0)
+    steps_c, steps_s = continuous.stats.generate_steps, static.stats.generate_steps
+    assert steps_c < steps_s, (steps_c, steps_s)
+    assert continuous.stats.occupancy > static.stats.occupancy
+    if engine is greedy_engine:
+      assert all(c.finish_reason == "length" for c in out_c)  # No EOS with these seeds.
+      # Static: batches {2,12,2}, {2,12,2}, {2,2} -> 12 + 12 + 2; continuous packs the short ones beside the
+      # long ones: 12 + 12 for the two long ones (the second starts after two 2-token samples).
+      assert steps_s == 26 and steps_c == 14
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_set_params_mid_run_tags_tokens_with_their_version(sampling_engine, recompute):
+  params0, params1 = _model(0)[1], _model(1)[1]
+  requests = [Request(_prompt(6, 30), n=4, max_tokens=8, request_id="p"),
+              Request(_prompt(10, 31), n=1, max_tokens=8, request_id="q")]
+  k = 3
+  driver = _driver.Driver(sampling_engine, params0, recompute_on_swap=recompute)
+
+  def swap(d, steps):
+    if steps == k:
+      d.set_params(params1, version=1)
+
+  completions = driver.sample(requests, on_step=swap)
+  assert len(completions) == 5
+  lag = 0 if recompute else 1  # Without recompute, the first token after the swap comes from old logits.
+  for c in completions:
+    inserted_before_swap = c.request_id == "p" and c.index < SLOTS
+    n0 = min(k + lag, len(c.tokens)) if inserted_before_swap else 0
+    assert c.versions == (0,) * n0 + (1,) * (len(c.tokens) - n0), (c.request_id, c.index, c.versions)
+    ref0 = _reference_logprobs(params0, c.prompt, c.tokens, T)
+    ref1 = _reference_logprobs(params1, c.prompt, c.tokens, T)
+    np.testing.assert_allclose(c.logprobs[:n0], ref0[:n0], atol=1e-5, rtol=0)
+    if recompute or not inserted_before_swap:
+      np.testing.assert_allclose(c.logprobs[n0:], ref1[n0:], atol=1e-5, rtol=0)
+    else:  # Stale keys/values: the behaviour policy is neither version's forward pass.
+      assert not np.allclose(c.logprobs[n0:], ref1[n0:], atol=1e-5, rtol=0)
+  stats = driver.stats
+  # The 4th sample of "p" and "q" were queued with stale (or no) prefixes: "p" is re-prefilled at version 1.
+  assert stats.prefills == 3
+  assert stats.recompute_prefills == (SLOTS if recompute else 0)
+  assert stats.inserts == 5 + stats.recompute_prefills
+
+
+def test_step_level_api_and_finish_reasons(greedy_engine):
+  prompt = _prompt(16, 40)
+  greedy = _argmax_loop(prompt, MAX_DECODE - 16)
+  assert TOK.eos_id not in greedy  # The fixture relies on it (fixed seeds).
+  stop = greedy[3]
+  requests = [Request(prompt, max_tokens=4, request_id="len"),
+              Request(prompt, stop_tokens=(stop, 7), max_tokens=10, request_id="stop"),
+              Request(prompt, request_id="full"),
+              Request(prompt, max_tokens=MAX_DECODE - 16, request_id="exact")]
+  driver = _driver.Driver(greedy_engine, _model()[1])
+  driver.submit(requests)
+  assert not driver.done
+  finished_at = {}  # request_id -> (step it finished in, tokens).
+  while not driver.done:
+    done_now = driver.step()
+    finished_at.update({c.request_id: (driver.stats.generate_steps, len(c.tokens)) for c in done_now})
+  assert driver.step() == []
+  first = greedy.index(stop) + 1
+  # "exact" waits for the first slot to free ("stop"'s or "len"'s) and starts in the next step.
+  room, freed = MAX_DECODE - 16, min(first, 4)
+  assert finished_at == {"len": (4, 4), "stop": (first, first), "full": (room, room),
+                         "exact": (freed + room, room)}
+  assert driver.stats.generate_steps == freed + room
+  by_id = {c.request_id: c for c in driver.collect()}
+  assert (by_id["len"].tokens, by_id["len"].finish_reason) == (tuple(greedy[:4]), "length")
+  assert (by_id["stop"].tokens, by_id["stop"].finish_reason) == (tuple(greedy[:first]), "stop")
+  assert (by_id["full"].tokens, by_id["full"].finish_reason) == (tuple(greedy), "max_decode_length")
+  assert (by_id["exact"].tokens, by_id["exact"].finish_reason) == (tuple(greedy), "length")
+  assert all(c.mask == (1,) * len(c.tokens) and c.num_turns == 1 for c in by_id.values())
+
+
+def test_bad_requests_raise_clear_errors(greedy_engine):
+  driver = _driver.Driver(greedy_engine, _model()[1])
+  with pytest.raises(ValueError, match=r"17 tokens.*largest prefill bucket 16"):
+    driver.submit([Request(_prompt(17), request_id="long")])
+  with pytest.raises(ValueError, match=r"10 tokens \+ max_tokens 31 = 41 exceeds max_decode_length 40"):
+    driver.submit([Request(_prompt(10), max_tokens=31)])
+  with pytest.raises(ValueError, match="n must be a positive int"):
+    driver.submit([Request(_prompt(3), n=0)])
+  with pytest.raises(ValueError, match="max_tokens must be"):
+    driver.submit([Request(_prompt(3), max_tokens=0)])
+  with pytest.raises(ValueError, match=r"prompt must be a non-empty list of ids in \[0, 264\)"):
+    driver.submit([Request([TOK.bos_id, 264])])
+  with pytest.raises(ValueError, match="unique"):
+    driver.submit([Request(_prompt(3), request_id=1), Request(_prompt(4), request_id=1)])
+  with pytest.raises(ValueError, match="lack leaf"):
+    driver.set_params({k: v for k, v in _model()[1].items() if k != "final_norm"}, 1)
+  assert driver.done and driver.stats.prefills == 0  # Nothing was queued by a rejected call.
+
+
+OBS = [ord(c) for c in "\nok:"]
+
+
+class _Env:
+  """Answers every turn of each sample with OBS, `turns` turns in all; records what it was shown."""
+
+  def __init__(self, turns, obs=tuple(OBS)):
+    self.turns, self.obs, self.calls = turns, list(obs), collections.defaultdict(list)
+
+  def __call__(self, index, transcript, finish_reason):
+    self.calls[index].append((transcript, finish_reason))
+    return self.obs if len(self.calls[index]) < self.turns else None
+
+
+def _check_multi_turn(c, env, params, temperature):
+  """Mask, versions and logprobs of a multi-turn completion; what the env saw."""
+  mask = np.array(c.mask, bool)
+  assert c.num_turns == env.turns and (~mask).sum() == len(OBS) * (env.turns - 1)
+  assert all(c.tokens[i] == t for i, t in zip(np.flatnonzero(~mask), OBS * env.turns))
+  assert all(v == -1 and lp == 0.0 for v, lp, m in zip(c.versions, c.logprobs, mask) if not m)
+  ref = _reference_logprobs(params, c.prompt, c.tokens, temperature)
+  np.testing.assert_allclose(np.array(c.logprobs)[mask], ref[mask], atol=1e-5, rtol=0)
+  seen = [transcript for transcript, _ in env.calls[c.index]]
+  assert seen[-1] == c.prompt + c.tokens  # The last turn ends the sample: nothing appended after it.
+  assert all(seen[-1][:len(t)] == t for t in seen)
+
+
+def test_multi_turn_greedy_equals_an_argmax_loop_with_observations(greedy_engine):
+  env = _Env(turns=3)
+  prompt = _prompt(9, 50)
+  driver = _driver.Driver(greedy_engine, _model()[1])
+  completions = driver.sample([Request(prompt, n=2, max_tokens=4, request_id="chat", env=env),
+                               Request(_prompt(5, 51), n=2, max_tokens=12, request_id="solo")])
+  expected = list(prompt)
+  for turn in range(3):
+    expected += _argmax_loop(expected, 4)
+    if turn < 2:
+      expected += OBS
+  assert TOK.eos_id not in expected
+  chat = [c for c in completions if c.request_id == "chat"]
+  for c in chat:
+    assert list(c.prompt + c.tokens) == expected and c.finish_reason == "length"
+    _check_multi_turn(c, env, _model()[1], 1.0)
+    assert [reason for _, reason in env.calls[c.index]] == ["length"] * 3
+  assert chat[0].logprobs == chat[1].logprobs
+  # Each continuation extends the conversation's prefix: one prefill of turn tokens + observation.
+  stats = driver.stats
+  assert (stats.prefills, stats.turn_prefills, stats.inserts) == (2, 4, 8)
+
+
+def test_multi_turn_sampling_matches_the_learner_across_a_weight_swap(sampling_engine):
+  params0, params1 = _model(0)[1], _model(1)[1]
+  envs = [_Env(turns=2), _Env(turns=3)]
+  requests = [Request(_prompt(6, 60), n=2, max_tokens=5, request_id=0, env=envs[0]),
+              Request(_prompt(12, 61), n=2, max_tokens=3, stop_tokens=(10,), request_id=1, env=envs[1]),
+              Request(_prompt(4, 62), n=1, max_tokens=6, request_id=2)]
+  driver = _driver.Driver(sampling_engine, params0)
+  swap_at = 7
+  completions = driver.sample(
+      requests, on_step=lambda d, steps: d.set_params(params1, 1) if steps == swap_at else None)
+  assert len(completions) == 5
+  for c in completions:
+    if c.request_id == 2:
+      continue
+    mask = np.array(c.mask, bool)
+    versions = np.array(c.versions)
+    assert set(versions[mask]) <= {0, 1} and (np.diff(versions[mask]) >= 0).all()
+    for version, params in ((0, params0), (1, params1)):
+      ref = _reference_logprobs(params, c.prompt, c.tokens, T)
+      sel = mask & (versions == version)
+      np.testing.assert_allclose(np.array(c.logprobs)[sel], ref[sel], atol=1e-5, rtol=0)
+    env = envs[c.request_id]
+    assert c.num_turns == env.turns and c.finish_reason in ("stop", "length")
+  assert {v for c in completions for v in c.versions} >= {0, 1}
+
+
+def test_an_observation_that_leaves_no_room_ends_the_sample(greedy_engine):
+  prompt = _prompt(16, 40)  # Greedy emits no EOS in its first 24 tokens (see the finish-reason test).
+  greedy = _argmax_loop(prompt, 9)
+  # 16 + 9 + 15 = 40: no room to generate after the observation, which is dropped.
+  env = _Env(turns=5, obs=range(100, 115))
+  c, = _driver.Driver(greedy_engine, _model()[1]).sample([Request(prompt, max_tokens=9, env=env)])
+  assert (c.tokens, c.mask, c.finish_reason, c.num_turns) == (tuple(greedy), (1,) * 9, "max_decode_length", 1)
+  assert len(env.calls[0]) == 1
+  # 16 + 9 + 14 = 39: the second turn is clipped to the one position left.
+  env = _Env(turns=5, obs=range(100, 114))
+  c, = _driver.Driver(greedy_engine, _model()[1]).sample([Request(prompt, max_tokens=9, env=env)])
+  assert c.tokens[:23] == tuple(greedy) + tuple(range(100, 114)) and len(c.tokens) == 24
+  assert (c.mask, c.finish_reason, c.num_turns) == ((1,) * 9 + (0,) * 14 + (1,), "max_decode_length", 2)
+  assert len(env.calls[0]) == 1  # A turn cut by max_decode_length does not ask the env.
