@@ -1,6 +1,8 @@
-"""Verifiable text tasks with noisy demonstrators."""
+"""Verifiable text tasks with noisy demonstrators, and the multi-turn `Env` protocol."""
 
 from rlax_post.envs._base import Example
+from rlax_post.envs._protocol import Env
+from rlax_post.envs._protocol import StepResult
 from rlax_post.envs._base import Task
 from rlax_post.envs._registry import make_task
 from rlax_post.envs._registry import TASKS
@@ -11,9 +13,11 @@ from rlax_post.envs._tasks import SortTask
 
 __all__ = [
     'AddTask',
+    'Env',
     'Example',
     'ReverseTask',
     'SortTask',
+    'StepResult',
     'TASKS',
     'Task',
     'add_without_carry',

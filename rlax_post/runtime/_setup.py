@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable
 
 import jax
@@ -15,7 +14,6 @@ from rlax_post import config as config_lib
 from rlax_post import envs
 from rlax_post import learner
 from rlax_post import models
-from rlax_post import sampler
 from rlax_post import sharding
 
 
@@ -88,13 +86,6 @@ def make_objective(section: config_lib.LossSection, logprob_fn):
 
 def param_shardings(params_like, mesh, rules):
   return sharding.named_shardings(models.param_logical_axes(params_like), mesh, rules, shapes=params_like)
-
-
-def make_generate(graphdef, *, max_new_tokens: int, eos_id: int, pad_id: int, temperature: float,
-                  top_p: float = 1.0, top_k: int = 0):
-  return jax.jit(functools.partial(sampler.generate, graphdef, max_new_tokens=max_new_tokens,
-                                   eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_p=top_p,
-                                   top_k=top_k))
 
 
 def make_score(graphdef, *, temperature: float):

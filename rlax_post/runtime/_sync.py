@@ -27,6 +27,7 @@ from rlax_post import rewards
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _credit
 from rlax_post.runtime import _metrics
+from rlax_post.runtime import _rollouts
 from rlax_post.runtime import _setup
 
 # Streams of the run's PRNG: one key per (purpose, step), so a resumed run draws exactly what an
@@ -43,29 +44,30 @@ def _host(metrics: dict) -> dict:
 
 
 class GreedyEval:
-  """Greedy decoding over the held-out prompts; returns the mean reward."""
+  """Greedy decoding over the held-out prompts (the same engine and driver as training); mean reward."""
 
-  def __init__(self, cfg: config_lib.Config, task, tokenizer, graphdef, *, max_prompt_len: int):
+  def __init__(self, cfg: config_lib.Config, task, tokenizer, graphdef, model_cfg, mesh, *,
+               max_prompt_len: int):
     self.task, self.tokenizer = task, tokenizer
     self.examples = data.eval_examples(task, seed=cfg.seed, num_eval=cfg.task.num_eval)
     self.batch_size = cfg.eval.batch_size
-    self.max_prompt_len = max_prompt_len
-    self.generate = _setup.make_generate(graphdef, max_new_tokens=cfg.rl.max_new_tokens,
-                                         eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, temperature=0.0)
+    self.sample = _rollouts.Sampler(model_cfg, graphdef, tokenizer, mesh, slots=cfg.eval.batch_size,
+                                    max_prompt_len=max_prompt_len, max_new_tokens=cfg.rl.max_new_tokens,
+                                    temperature=0.0)
 
   def __call__(self, params) -> float:
     scores = []
     for i in range(0, len(self.examples), self.batch_size):
       chunk = self.examples[i:i + self.batch_size]
-      tokens, lens = self.tokenizer.encode_batch([ex.prompt for ex in chunk], max_len=self.max_prompt_len)
-      if len(chunk) < self.batch_size:  # Pad to one shape: one compilation.
-        pad = self.batch_size - len(chunk)
-        tokens = np.concatenate([tokens, np.repeat(tokens[-1:], pad, 0)])
-        lens = np.concatenate([lens, np.repeat(lens[-1:], pad, 0)])
-      gen = self.generate(params, tokens, lens, jax.random.key(0))
-      completions = rewards.decode_completions(self.tokenizer, np.asarray(gen.response)[:len(chunk)])
+      prompts = [self.tokenizer.encode(ex.prompt, add_bos=True) for ex in chunk]
+      out = self.sample(params, prompts, n=1, seed=0)
+      completions = rewards.decode_completions(self.tokenizer, out.response)
       scores.append(rewards.score_completions(self.task, chunk, completions))
     return float(np.mean(np.concatenate(scores)))
+
+
+def _seed(*parts: int) -> int:
+  return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
 def _check_lengths(cfg: config_lib.Config, task, model_cfg: models.ModelConfig) -> tuple[int, int]:
@@ -113,7 +115,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
       _setup.make_objective(cfg.loss, logprob_fn),
       mesh=mesh, rules=rules, micro_batches=cfg.loss.micro_batches, agg_mode=cfg.loss.agg_mode,
       max_len=max_prompt_len + cfg.rl.max_new_tokens)
-  evaluate = GreedyEval(cfg, task, tokenizer, graphdef, max_prompt_len=max_prompt_len)
+  evaluate = GreedyEval(cfg, task, tokenizer, graphdef, model_cfg, mesh, max_prompt_len=max_prompt_len)
   prompts = data.prompt_batches(task, tokenizer, seed=cfg.seed, batch_size=cfg.rl.prompts_per_step,
                                 max_prompt_len=max_prompt_len, num_eval=cfg.task.num_eval)
   say = (lambda *a: None) if quiet else print
@@ -142,9 +144,10 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
     start_step = 0
     ckpt.save(0, state, ref_params, {**history, "data": prompts.get_state(), "rl_step": 0})
 
-  generate = _setup.make_generate(graphdef, max_new_tokens=cfg.rl.max_new_tokens, eos_id=tokenizer.eos_id,
-                                  pad_id=tokenizer.pad_id, temperature=cfg.rl.temperature,
-                                  top_p=cfg.rl.top_p, top_k=cfg.rl.top_k)
+  rollout_sampler = _rollouts.Sampler(
+      model_cfg, graphdef, tokenizer, mesh, slots=cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt,
+      max_prompt_len=max_prompt_len, max_new_tokens=cfg.rl.max_new_tokens, temperature=cfg.rl.temperature,
+      top_p=cfg.rl.top_p, top_k=cfg.rl.top_k)
   score = _setup.make_score(graphdef, temperature=cfg.rl.temperature)
   batch_sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
   credit = _credit.Credit(cfg.advantage, num_groups=cfg.rl.prompts_per_step,
@@ -163,16 +166,17 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
     batch = next(prompts)
     examples = list(batch.pop("examples"))
     n, p = cfg.rl.samples_per_prompt, cfg.rl.prompts_per_step
-    prompt_tokens = np.repeat(batch["prompt_tokens"], n, axis=0)
     prompt_lens = np.repeat(batch["prompt_lens"], n, axis=0)
     group_ids = np.repeat(np.arange(p, dtype=np.int32), n)
-    gen = generate(state.params, prompt_tokens, prompt_lens, _key(cfg.seed, _ROLLOUT, rl_step))
-    response = np.asarray(gen.response)
+    prompts_ids = [row[:length] for row, length in zip(batch["prompt_tokens"], batch["prompt_lens"])]
+    gen = rollout_sampler(state.params, prompts_ids, n=n, seed=_seed(cfg.seed, _ROLLOUT, rl_step),
+                          version=rl_step)
+    response = gen.response
     completions = rewards.decode_completions(tokenizer, response)
     reward_b = rewards.score_completions(task, [examples[i] for i in group_ids], completions)
     stats = _host(group_stats(reward_b, group_ids))
-    tokens = np.asarray(gen.tokens)
-    lengths = np.asarray(gen.lengths)
+    tokens = gen.tokens
+    lengths = gen.lengths
     loss_mask = _setup.response_mask(prompt_lens, lengths, tokens.shape[1])
     adv_bt, credit_metrics = credit(reward_b, group_ids, tokens, prompt_lens, lengths, loss_mask,
                                     cfg.rl.max_new_tokens)
@@ -180,7 +184,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
 
     old_logp = np.asarray(score(state.params, tokens))
     ref_logp = np.asarray(score(ref_params, tokens))
-    behaviour_logp = _credit.scatter_steps(np.asarray(gen.logprobs), prompt_lens, tokens.shape[1])
+    behaviour_logp = _credit.scatter_steps(gen.logprobs, prompt_lens, tokens.shape[1])
     full = {"tokens": tokens, "loss_mask": loss_mask, "advantages": adv_bt, "old_logprobs": old_logp,
             "ref_logprobs": ref_logp}
     if cfg.loss.kind == "decoupled_ppo":
@@ -203,7 +207,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
         "reward_mean": float(reward_b.mean()),
         "reward_std": float(reward_b.std()),
         "response_len_mean": float(lengths.mean()),
-        "finished_frac": float(np.asarray(gen.finished).mean()),
+        "finished_frac": float(gen.finished.mean()),
         "frac_zero_signal": stats["frac_zero_signal"],
         # Sampler vs learner logprobs of the same tokens under the same params: float rounding only.
         "logprob_mismatch_max": float(np.max(np.abs(behaviour_logp - old_logp) * loss_mask)),

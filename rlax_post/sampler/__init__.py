@@ -1,10 +1,9 @@
-"""Sampling: the JetStream engine over our models, its serving, and batched KV-cache decoding (v0).
+"""Sampling: the JetStream engine over our models, the RL driver on it, and serving.
 
 `RlaxEngine` implements JetStream's `Engine` API (prefill with bucketed lengths and prefix extension,
 insert into slots, one decode step for all slots); `rlax-post serve` runs JetStream's gRPC server with it.
 `Driver` is the RL sampling driver over the engine (continuous batching, shared prefills, parameter versions,
-multi-turn continuation). The synchronous training loop still samples with `generate` (v0) until it is
-switched to the driver ([sampler]).
+multi-turn continuation); the training loop and evaluation sample through it (one sampling path).
 """
 
 from rlax_post.sampler._driver import Completion
@@ -12,25 +11,27 @@ from rlax_post.sampler._driver import Driver
 from rlax_post.sampler._driver import DriverStats
 from rlax_post.sampler._driver import Request
 from rlax_post.sampler._engine import DecodeState
+from rlax_post.sampler._episodes import END_REASONS
+from rlax_post.sampler._episodes import Episode
+from rlax_post.sampler._episodes import run_episodes
 from rlax_post.sampler._engine import Prefix
 from rlax_post.sampler._engine import RlaxEngine
 from rlax_post.sampler._tokenizer_api import ByteTokenizerAdapter
 from rlax_post.sampler._tokenizer_api import prefill_buckets
-from rlax_post.sampler._v0 import generate
-from rlax_post.sampler._v0 import Generation
-from rlax_post.sampler._v0 import sample_token
+from rlax_post.sampler._sampling import sample_token
 
 __all__ = [
     "ByteTokenizerAdapter",
     "Completion",
     "Driver",
     "DriverStats",
+    "END_REASONS",
+    "Episode",
     "Request",
     "DecodeState",
-    "generate",
-    "Generation",
     "prefill_buckets",
     "Prefix",
     "RlaxEngine",
+    "run_episodes",
     "sample_token",
 ]

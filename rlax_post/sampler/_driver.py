@@ -30,6 +30,14 @@ turn's tokens and the observation (`prefill(existing_prefix=...)`: the prompt is
 goes back to the front of the queue for a free slot. Observation tokens appear in `Completion.tokens` with
 mask 0, logprob 0 and version -1. The env runs on the host between generate steps.
 
+Deferred observations: the env may instead return a `concurrent.futures.Future` of the same value (ids or
+None), e.g. an env step running in a thread pool. The sample is then parked: it holds no slot (other samples
+decode meanwhile) and keeps its conversation prefix; `step()` never blocks on a pending future while there is
+decoding to do, and re-queues the sample (front of the queue, as above) once its future has resolved. `done`
+counts parked samples; a `step()` with nothing but parked samples waits up to `park_wait_s` for the first
+future to resolve instead of spinning. A future that raises re-raises its exception from `step()` (the sample
+is dropped), as a raising synchronous env does.
+
 Per request the driver seeds turn j of sample i with `fold_in(fold_in(fold_in(key(seed), r), i), j)` (r: the
 request's submission index), so outputs do not depend on the schedule (slot, batching mode, prefix sharing).
 """
@@ -37,6 +45,7 @@ request's submission index), so outputs do not depend on the schedule (slot, bat
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 from typing import Any, Callable, Iterable, Sequence
 
@@ -54,15 +63,16 @@ class Request:
   max_tokens: most tokens to generate; None: until the sequence fills `max_decode_length`.
   stop_tokens: ids that end a turn (the engine's EOS always does); the stop token is kept.
   request_id: any hashable id, unique among the requests of one `submit`/`sample` call.
-  env: multi-turn callback `env(index, transcript, finish_reason) -> observation ids | None` (module
-    docstring); None: one turn. max_tokens then bounds each turn (and is clipped to the room left).
+  env: multi-turn callback `env(index, transcript, finish_reason) -> observation ids | None`, or a
+    `concurrent.futures.Future` of them (module docstring); None: one turn. max_tokens then bounds each turn
+    (and is clipped to the room left).
   """
   prompt: Sequence[int]
   n: int = 1
   max_tokens: int | None = None
   stop_tokens: tuple[int, ...] = ()
   request_id: Any = None
-  env: Callable[[int, tuple[int, ...], str], Sequence[int] | None] | None = None
+  env: Callable[[int, tuple[int, ...], str], Sequence[int] | None | concurrent.futures.Future] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +109,9 @@ class DriverStats:
   generate_steps: int  # engine.generate calls.
   busy_slot_steps: int  # sum over generate steps of slots holding an unfinished sample.
   tokens: int  # tokens generated into completions (observations not counted).
+  parked: int = 0  # samples parked on an env future (deferred observation).
+  parked_steps: int = 0  # generate steps run while at least one sample was parked.
+  park_waits: int = 0  # step() calls that waited because only parked samples were left.
 
   @property
   def occupancy(self) -> float:
@@ -144,11 +157,12 @@ class Driver:
     share_prefix: one prefill per request (True) or per sample (False, baseline).
     recompute_on_swap: rebuild in-flight KV caches under the new params on `set_params` (module docstring).
     seed: seeds the samples' streams.
+    park_wait_s: how long a `step()` with only parked samples left waits for one of their futures.
   """
 
   def __init__(self, engine: _engine.RlaxEngine, params: Any, *, version: int = 0,
                static_batching: bool = False, share_prefix: bool = True, recompute_on_swap: bool = True,
-               seed: int = 0):
+               seed: int = 0, park_wait_s: float = 0.05):
     engine.check_params(params)
     self.engine = engine
     self.params, self.version = params, int(version)
@@ -165,6 +179,9 @@ class Driver:
     self._num_requests = 0
     self._counts = collections.Counter()
     self._room = engine.max_decode_length
+    # Samples waiting on an env future, in parking order: (future, sample, the turn's finish reason).
+    self._parked: list[tuple[concurrent.futures.Future, _Sample, str]] = []
+    self.park_wait_s = float(park_wait_s)
 
   # --- Public API -----------------------------------------------------------------------------------------
 
@@ -173,12 +190,18 @@ class Driver:
     c = self._counts
     return DriverStats(slots=self._slots, prefills=c["prefills"], recompute_prefills=c["recompute_prefills"],
                        turn_prefills=c["turn_prefills"], inserts=c["inserts"], generate_steps=c["generate_steps"],
-                       busy_slot_steps=c["busy_slot_steps"], tokens=c["tokens"])
+                       busy_slot_steps=c["busy_slot_steps"], tokens=c["tokens"], parked=c["parked"],
+                       parked_steps=c["parked_steps"], park_waits=c["park_waits"])
 
   @property
   def done(self) -> bool:
-    """No sample pending or in flight."""
-    return not self._pending and all(s is None for s in self._busy)
+    """No sample pending, in flight or parked on an env future."""
+    return not self._pending and not self._parked and all(s is None for s in self._busy)
+
+  @property
+  def num_parked(self) -> int:
+    """Samples waiting on an env future (they hold no slot)."""
+    return len(self._parked)
 
   def set_params(self, params: Any, version: int) -> None:
     """Uses `params` (tagged `version`) from the next `generate` step on; see the module docstring."""
@@ -214,18 +237,28 @@ class Driver:
         self._pending.append(sample)
 
   def step(self) -> list[Completion]:
-    """Fills free slots, runs one `generate` step and returns the samples that finished in it."""
+    """Re-queues resolved parked samples, fills free slots, runs one `generate` step; returns the samples
+    that finished (in it, or as their env future resolved to None)."""
+    finished = self._unpark()
     self._fill()
     busy = [slot for slot, s in enumerate(self._busy) if s is not None]
+    if not busy and self._parked and not self._pending:  # Nothing to decode: wait for an env, briefly.
+      self._counts["park_waits"] += 1
+      concurrent.futures.wait([f for f, _, _ in self._parked], timeout=self.park_wait_s,
+                              return_when=concurrent.futures.FIRST_COMPLETED)
+      finished += self._unpark()
+      self._fill()
+      busy = [slot for slot, s in enumerate(self._busy) if s is not None]
     if not busy:
-      return []
+      self._finished.extend(finished)
+      return [c for _, _, c in finished]
     versions = list(self._logits_version)
     self._state, _ = self.engine.generate(self.params, self._state)
     self._counts["generate_steps"] += 1
     self._counts["busy_slot_steps"] += len(busy)
+    self._counts["parked_steps"] += bool(self._parked)
     tokens_s, logprobs_s, valid_s = jax.device_get(
         (self._state.tokens, self._state.logprobs, self._state.valid))
-    finished = []
     for slot in busy:
       sample = self._busy[slot]
       if not valid_s[slot]:
@@ -243,15 +276,17 @@ class Driver:
         continue
       self._busy[slot] = None  # Free at once: the next step's fill may reuse it.
       if reason != "max_decode_length" and sample.request.env is not None:
-        outcome = self._next_turn(sample, reason)
+        observation = sample.request.env(sample.index, tuple(sample.ids()), reason)
+        if isinstance(observation, concurrent.futures.Future):
+          self._parked.append((observation, sample, reason))
+          self._counts["parked"] += 1
+          continue
+        outcome = self._next_turn(sample, observation)
         if outcome == "queued":
           continue
         if outcome == "no_room":
           reason = "max_decode_length"
-      finished.append((sample.order, sample.index, Completion(
-          request_id=sample.request.request_id, index=sample.index, prompt=tuple(sample.request.prompt),
-          tokens=tuple(sample.tokens), logprobs=tuple(sample.logprobs), versions=tuple(sample.versions),
-          mask=tuple(sample.mask), finish_reason=reason, num_turns=sample.turn + 1)))
+      finished.append(self._completion(sample, reason))
     self._finished.extend(finished)
     return [c for _, _, c in finished]
 
@@ -318,9 +353,29 @@ class Driver:
     else:
       sample.limit, sample.limit_reason = max_tokens, "length"
 
-  def _next_turn(self, sample: _Sample, reason: str) -> str:
-    """Asks the env for an observation: 'queued' (next turn queued), 'done' (env ended it) or 'no_room'."""
-    observation = sample.request.env(sample.index, tuple(sample.ids()), reason)
+  def _completion(self, sample: _Sample, reason: str) -> tuple[int, int, Completion]:
+    return (sample.order, sample.index, Completion(
+        request_id=sample.request.request_id, index=sample.index, prompt=tuple(sample.request.prompt),
+        tokens=tuple(sample.tokens), logprobs=tuple(sample.logprobs), versions=tuple(sample.versions),
+        mask=tuple(sample.mask), finish_reason=reason, num_turns=sample.turn + 1))
+
+  def _unpark(self) -> list[tuple[int, int, Completion]]:
+    """Continues (or finishes) every parked sample whose env future has resolved; never blocks."""
+    finished = []
+    for entry in [entry for entry in self._parked if entry[0].done()]:
+      self._parked.remove(entry)  # One at a time: a raising future drops only its own sample.
+      future, sample, reason = entry
+      try:
+        outcome = self._next_turn(sample, future.result())  # Re-raises the env's exception.
+      except BaseException:
+        self._finished.extend(finished)  # Those already finished stay collectable.
+        raise
+      if outcome != "queued":
+        finished.append(self._completion(sample, "max_decode_length" if outcome == "no_room" else reason))
+    return finished
+
+  def _next_turn(self, sample: _Sample, observation: Sequence[int] | None) -> str:
+    """Appends the env's observation: 'queued' (next turn queued), 'done' (env ended it) or 'no_room'."""
     if observation is None:
       return "done"
     observation = [int(t) for t in observation]

@@ -8,8 +8,8 @@ every slot by one token, each at its own position.
 
 Each `generate` step, for every live slot: sample a token from the slot's next-token logits (the slot's own
 PRNG stream, see `insert`), record its logprob `models.logprobs_from_logits(logits, token, temperature=T)`
-(T = 1 when greedy: the temperature-scaled law *before* top-k/top-p truncation, as in `sampler.generate`
-and the learner), write it at the slot's position and compute the logits of the next one. So every token a
+(T = 1 when greedy: the temperature-scaled law *before* top-k/top-p truncation; the function the learner
+uses), write it at the slot's position and compute the logits of the next one. So every token a
 request produces comes out of `generate` (JetStream 0.2.2's orchestrator emits only generate's tokens), and
 slots sharing one prefix draw their first tokens independently.
 
@@ -36,7 +36,7 @@ import orbax.checkpoint as ocp
 from rlax_post import models
 from rlax_post import sharding
 from rlax_post.sampler import _tokenizer_api
-from rlax_post.sampler._v0 import sample_token
+from rlax_post.sampler._sampling import sample_token
 
 engine_api = _tokenizer_api.jetstream_modules.engine_api
 tokenizer_pb2 = engine_api.tokenizer_pb2
