@@ -10,6 +10,7 @@ sampling still finds the right answer often; GRPO then raises the greedy reward 
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -26,11 +27,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
               optimizer=dict(learning_rate=5e-4, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
                              b1=0.9, b2=0.99, max_grad_norm=1.0))
   c.loss = dict(kind="ppo", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,
-                seq_eps_high=4e-4, dual_clip=None, kl_coef=0.0, kl_kind="k3", entropy_coef=0.0,
-                agg_mode="token_mean", micro_batches=1)
+                seq_eps_high=4e-4, dual_clip=config_dict.placeholder(float), kl_coef=0.0, kl_kind="k3",
+                entropy_coef=0.0, agg_mode="token_mean", micro_batches=1)
   # gamma .. num_iters are read by the step-level estimators (gigpo, graph_gae) only.
   c.advantage = dict(estimator="grpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
-                     episode_method="drgrpo", normalize=None, max_nodes=0, num_iters=0)
+                     episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0)
   c.eval = dict(every=10, batch_size=256)
   c.checkpoint = dict(every=20, max_to_keep=2)
   c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0)

@@ -61,6 +61,10 @@ def test_cli_reports_unknown_key_and_bad_value():
   assert "`config.advantage.estimator` must be one of ['grpo', 'drgrpo', 'rloo', 'reinforce_pp', 'gigpo', 'graph_gae']" in out.stderr
   out = _cli("check-config", "--config", "configs/demo.py", "--config.rl.steps=7")
   assert out.returncode == 0 and '"steps": 7' in out.stdout
+  # Fields that default to None are typed placeholders, so they can still be set from the command line.
+  out = _cli("check-config", "--config", "configs/demo.py", "--config.advantage.normalize=group",
+             "--config.loss.dual_clip=3.0")
+  assert out.returncode == 0 and '"normalize": "group"' in out.stdout and '"dual_clip": 3.0' in out.stdout
   out = _cli("tran", "--config", "configs/demo.py")
   assert out.returncode == 2 and "valid commands: ['train', 'check-config', 'serve']" in out.stderr
 
