@@ -31,5 +31,10 @@ test: install
 test-all: install
 	$(PY) -m pytest -n 2 --dist loadfile -m "slow or not slow" $(PYTEST_ARGS)
 
+bench: install
+	mkdir -p benchmarks/out
+	$(PY) benchmarks/advantages.py --json benchmarks/out/advantages.json
+	$(PY) benchmarks/sampler.py --json benchmarks/out/sampler.json
+
 clean:
 	rm -rf runs .pytest_cache

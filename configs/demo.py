@@ -6,19 +6,30 @@ sampling still finds the right answer often; GRPO then raises the greedy reward 
 
   rlax-post train --config configs/demo.py --workdir runs/demo
   rlax-post train --config configs/demo.py:tiny --workdir /tmp/tiny     # seconds; used by the tests
-  rlax-post train --config configs/demo.py --config.rl.steps=120 --config.task.name=sort --workdir runs/sort
+  rlax-post train --config configs/demo.py:sort --workdir runs/sort     # another built-in task
+  rlax-post train --config configs/demo.py:add,tiny --workdir /tmp/add  # variants combine with commas
 """
 
 import ml_collections
 from ml_collections import config_dict
 
 
+# Each task's own options (`task.options` keys cannot be removed from the command line, so switching task
+# is a variant, not an override).
+_TASK_OPTIONS = {
+    "reverse": dict(min_len=3, max_len=6, alphabet="abcdefgh"),
+    "sort": dict(min_len=3, max_len=6),
+    "add": dict(max_digits=3),
+}
+_VARIANTS = ("default", "tiny", *_TASK_OPTIONS)
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
-  c.task = dict(name="reverse", options=dict(min_len=3, max_len=6, alphabet="abcdefgh"), num_eval=256)
+  c.task = dict(name="reverse", options=_TASK_OPTIONS["reverse"], num_eval=256)
   c.model = dict(preset="tiny", overrides=dict(), vocab_multiple=8, max_seq_len=32)
-  c.mesh = dict(data=1, fsdp=-1, tensor=1, rules=[])
+  c.mesh = dict(data=1, fsdp=-1, tensor=1, rules=())
   c.sft = dict(steps=600, batch_size=64, noise=0.6, typo_rate=0.0,
                optimizer=dict(learning_rate=3e-3, warmup_steps=20, end_lr_ratio=0.1, weight_decay=0.0,
                               b1=0.9, b2=0.99, max_grad_norm=1.0))
@@ -36,7 +47,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint = dict(every=20, max_to_keep=2)
   c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0)
 
-  if arg == "tiny":  # A smoke-sized run: compiles and runs in well under a minute.
+  variants = [v for v in (arg or "default").split(",") if v]
+  unknown = [v for v in variants if v not in _VARIANTS]
+  if unknown:
+    raise ValueError(f"configs/demo.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)} "
+                     "(combine with commas, e.g. 'sort,tiny').")
+  for variant in variants:
+    if variant in _TASK_OPTIONS:
+      c.task.name = variant
+      c.task.options = _TASK_OPTIONS[variant]
+  if "tiny" in variants:  # A smoke-sized run: compiles and runs in well under a minute.
     c.model.preset = "micro"
     c.task.num_eval = 16
     c.sft.steps = 4
@@ -47,6 +67,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.every = 2
     c.eval.batch_size = 16
     c.checkpoint.every = 2
-  elif arg not in (None, "", "default"):
-    raise ValueError(f"configs/demo.py: unknown variant {arg!r}; valid: ['default', 'tiny'].")
   return c

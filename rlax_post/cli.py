@@ -2,7 +2,7 @@
 
   rlax-post train --config configs/demo.py[:variant] [--config.a.b=value ...] --workdir DIR [--resume]
   rlax-post check-config --config configs/demo.py[:variant] [--config.a.b=value ...]
-  rlax-post serve --checkpoint RUN_WORKDIR --port 9000 [--host 127.0.0.1] [--temperature 0]
+  rlax-post serve --checkpoint RUN_WORKDIR --port 9000 [--host 127.0.0.1] [--temperature 0] [--slots 8]
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def main(argv=None):
       logging.set_verbosity(logging.WARNING)  # Orbax and grain log every step at INFO.
     try:
       handler(args)
-    except ValueError as e:  # Config and input errors: one clear line, no traceback.
+    except (ValueError, FileNotFoundError) as e:  # Config and input errors: one clear line, no traceback.
       print(f"rlax-post {command}: error: {e}", file=sys.stderr)
       sys.exit(2)
 

@@ -44,8 +44,16 @@ def test_bad_config_errors(raw, message):
 
 
 def test_unknown_variant_of_config_file():
-  with pytest.raises(ValueError, match=r"unknown variant 'huge'; valid: \['default', 'tiny'\]"):
+  with pytest.raises(ValueError, match=r"unknown variant\(s\) \['huge'\]; valid: \['default', 'tiny', 'reverse'"):
     demo.get_config("huge")
+
+
+def test_task_variants_carry_their_own_options_and_combine():
+  for name in ("reverse", "sort", "add"):
+    cfg = config.load(demo.get_config(f"{name},tiny"))
+    assert cfg.task.name == name and cfg.model.preset == "micro"
+    from rlax_post import envs  # pylint: disable=g-import-not-at-top
+    envs.make_task(cfg.task.name, **cfg.task.options)  # Valid options for that task.
 
 
 def _cli(*args):

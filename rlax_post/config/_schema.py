@@ -52,8 +52,8 @@ class OptimizerSection:
   warmup_steps: int = bounded(10, low=0)
   end_lr_ratio: float = bounded(0.1, low=0.0, high=1.0)
   weight_decay: float = bounded(0.0, low=0.0)
-  b1: float = bounded(0.9, low=0.0, high=1.0)
-  b2: float = bounded(0.999, low=0.0, high=1.0)
+  b1: float = bounded(0.9, low=0.0, high=1.0, high_open=True)  # 1.0 would divide by zero in Adam
+  b2: float = bounded(0.999, low=0.0, high=1.0, high_open=True)
   max_grad_norm: float = bounded(1.0, low=0.0, low_open=True)
 
 

@@ -14,9 +14,10 @@ def choices(*values, default=None):
                            metadata={"choices": values})
 
 
-def bounded(default, *, low=None, high=None, low_open=False):
-  """A numeric dataclass field with a lower (closed or open) and/or upper bound."""
-  return dataclasses.field(default=default, metadata={"low": low, "high": high, "low_open": low_open})
+def bounded(default, *, low=None, high=None, low_open=False, high_open=False):
+  """A numeric dataclass field with a lower and/or upper bound, each closed or open."""
+  return dataclasses.field(default=default, metadata={"low": low, "high": high, "low_open": low_open,
+                                                      "high_open": high_open})
 
 
 def _to_plain(value):
@@ -96,8 +97,10 @@ def build(cls, raw: Mapping[str, Any] | None, path: str = "config", base=None):
       if value < low or (meta.get("low_open") and value == low):
         relation = ">" if meta.get("low_open") else ">="
         raise ValueError(f"`{sub}` must be {relation} {low}; got {value!r}.")
-    if value is not None and high is not None and value > high:
-      raise ValueError(f"`{sub}` must be <= {high}; got {value!r}.")
+    if value is not None and high is not None:
+      if value > high or (meta.get("high_open") and value == high):
+        relation = "<" if meta.get("high_open") else "<="
+        raise ValueError(f"`{sub}` must be {relation} {high}; got {value!r}.")
     kwargs[name] = value
   try:
     return cls(**kwargs)

@@ -32,9 +32,11 @@ class MetricsWriter:
 
   def truncate_after(self, step: int, phase: str = "rl") -> None:
     rows = [r for r in self.read() if not (r.get("phase") == phase and r["step"] > step)]
-    with open(self.path, "w") as f:
+    tmp = self.path + ".tmp"
+    with open(tmp, "w") as f:
       for r in rows:
         f.write(json.dumps(r) + "\n")
+    os.replace(tmp, self.path)  # Never leaves a half-written file.
 
   def write(self, step: int, metrics: Mapping[str, Any], *, phase: str = "rl") -> None:
     row = {"phase": phase, "step": int(step)}

@@ -37,12 +37,12 @@ class Sampler:
   def __init__(self, model_cfg: models.ModelConfig, graphdef, tokenizer: models.ByteTokenizer, mesh, *,
                slots: int, max_prompt_len: int, max_new_tokens: int, temperature: float, top_p: float = 1.0,
                top_k: int = 0):
-    prefill_cap = _pow2_at_least(max_prompt_len)
-    decode_len = min(model_cfg.max_seq_len, max(prefill_cap, max_prompt_len + max_new_tokens))
+    decode_len = min(model_cfg.max_seq_len, max(_pow2_at_least(max_prompt_len), max_prompt_len + max_new_tokens))
+    prefill_cap = min(_pow2_at_least(max_prompt_len), decode_len)
     if decode_len < max_prompt_len + max_new_tokens:
       raise ValueError(f"model max_seq_len {model_cfg.max_seq_len} cannot hold prompts of {max_prompt_len} "
                        f"tokens plus {max_new_tokens} new tokens.")
-    self.tokenizer, self.max_new_tokens = tokenizer, max_new_tokens
+    self.tokenizer, self.max_new_tokens, self.max_prompt_len = tokenizer, max_new_tokens, max_prompt_len
     self.engine = sampler.RlaxEngine(model_cfg, graphdef, tokenizer=tokenizer, mesh=mesh,
                                      max_concurrent_decodes=slots, max_prefill_length=prefill_cap,
                                      max_decode_length=decode_len, temperature=temperature, top_p=top_p,
@@ -55,7 +55,9 @@ class Sampler:
                                 request_id=i) for i, p in enumerate(prompts)]
     completions = driver.sample(requests)
     b, n_max = len(completions), self.max_new_tokens
-    tp = max(len(p) for p in prompts)
+    tp = self.max_prompt_len  # A fixed width: the learner's jitted functions compile once.
+    if max(len(p) for p in prompts) > tp:
+      raise ValueError(f"A prompt of {max(len(p) for p in prompts)} tokens exceeds max_prompt_len {tp}.")
     pad = self.tokenizer.pad_id
     tokens = np.full((b, tp + n_max), pad, np.int32)
     response = np.full((b, n_max), pad, np.int32)

@@ -70,6 +70,34 @@ def _seed(*parts: int) -> int:
   return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
+# Sections that decide what a run computes; a resumed run must match the run that wrote the checkpoint.
+# (mesh, eval, checkpoint and runtime may change: a run can resume on another mesh, for example.)
+_RESULT_SECTIONS = ("seed", "task", "model", "sft", "rl", "loss", "advantage")
+
+
+def _flat(tree, prefix=""):
+  if not isinstance(tree, dict):
+    return {prefix[:-1]: tree}
+  out = {}
+  for k, v in tree.items():
+    out.update(_flat(v, f"{prefix}{k}."))
+  return out
+
+
+def _check_resume_config(saved: dict | None, cfg: config_lib.Config) -> None:
+  if saved is None:
+    return
+  now = config_lib.to_dict(cfg)
+  # JSON turns tuples into lists; compare through JSON on both sides.
+  old_flat = _flat({k: saved.get(k) for k in _RESULT_SECTIONS})
+  new_flat = _flat(json.loads(json.dumps({k: now[k] for k in _RESULT_SECTIONS})))
+  diff = sorted(k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k))
+  if diff:
+    changes = ", ".join(f"{k}: {old_flat.get(k)!r} -> {new_flat.get(k)!r}" for k in diff[:8])
+    raise ValueError(f"--resume needs the configuration that wrote the checkpoint (it decides the schedule, "
+                     f"data and random streams); these keys differ: {changes}.")
+
+
 def _check_lengths(cfg: config_lib.Config, task, model_cfg: models.ModelConfig) -> tuple[int, int]:
   max_prompt_len = task.max_prompt_len + 1  # + BOS
   if cfg.rl.max_new_tokens < task.max_answer_len + 1:
@@ -114,7 +142,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
       graphdef, params_like, rl_opt,
       _setup.make_objective(cfg.loss, logprob_fn),
       mesh=mesh, rules=rules, micro_batches=cfg.loss.micro_batches, agg_mode=cfg.loss.agg_mode,
-      max_len=max_prompt_len + cfg.rl.max_new_tokens)
+      max_len=cfg.rl.max_new_tokens)  # Dr.GRPO's constant normaliser: the longest response.
   evaluate = GreedyEval(cfg, task, tokenizer, graphdef, model_cfg, mesh, max_prompt_len=max_prompt_len)
   prompts = data.prompt_batches(task, tokenizer, seed=cfg.seed, batch_size=cfg.rl.prompts_per_step,
                                 max_prompt_len=max_prompt_len, num_eval=cfg.task.num_eval)
@@ -125,6 +153,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
     state, ref_params, meta = ckpt.restore(
         latest, state_like=rl_learner.abstract_state, state_shardings=rl_learner.state_shardings,
         ref_like=params_like, ref_shardings=param_sh)
+    _check_resume_config(meta.get("config"), cfg)
     prompts.set_state(meta["data"])
     metrics.truncate_after(latest, "rl")
     metrics.truncate_after(latest, "eval")
@@ -140,7 +169,8 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
     initial = evaluate(state.params)
     metrics.write(0, {"eval_reward": initial}, phase="eval")
     say(f"Warm-start greedy eval reward on {len(evaluate.examples)} held-out prompts: {initial:.3f}")
-    history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - t_start}
+    history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - t_start,
+               "config": config_lib.to_dict(cfg)}
     start_step = 0
     ckpt.save(0, state, ref_params, {**history, "data": prompts.get_state(), "rl_step": 0})
 
@@ -195,9 +225,9 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
     for epoch in range(cfg.rl.epochs):
       order = np.asarray(jax.random.permutation(_key(cfg.seed, _MINIBATCH, rl_step * cfg.rl.epochs + epoch),
                                                 rows)) if cfg.rl.minibatches > 1 else np.arange(rows)
-      for mb in np.array_split(order, cfg.rl.minibatches):
+      for j, mb in enumerate(np.array_split(order, cfg.rl.minibatches)):
         mb_batch = _setup.to_device_batch({k: v[mb] for k, v in full.items()}, batch_sh)
-        update_index = (rl_step * cfg.rl.epochs + epoch) * cfg.rl.minibatches + len(step_metrics)
+        update_index = (rl_step * cfg.rl.epochs + epoch) * cfg.rl.minibatches + j
         state, m = rl_learner.step(state, mb_batch, _key(cfg.seed, _RL_UPDATE, update_index))
         step_metrics.append(m)
     learner_metrics = {k: float(np.mean([_host(m)[k] for m in step_metrics])) for k in step_metrics[0]}
@@ -213,7 +243,8 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
         "logprob_mismatch_max": float(np.max(np.abs(behaviour_logp - old_logp) * loss_mask)),
         **credit_metrics,
         **learner_metrics,
-        "tokens_per_s": learner_metrics["num_tokens"] * cfg.rl.minibatches / max(t_learn, 1e-9),
+        "tokens_per_s": (learner_metrics["num_tokens"] * cfg.rl.minibatches * cfg.rl.epochs /
+                         max(t_learn, 1e-9)),
         "rollout_seconds": t_rollout,
         "learn_seconds": t_learn,
     }
@@ -228,7 +259,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
                            eval=("-" if last_eval is None else f"{last_eval:.3f}"))
     if (cfg.checkpoint.every and done % cfg.checkpoint.every == 0) or done == end_step:
       ckpt.save(done, state, ref_params, {**{k: history[k] for k in ("initial_eval_reward",
-                                                                    "warm_start_seconds")},
+                                                                    "warm_start_seconds", "config")},
                                           "data": prompts.get_state(), "rl_step": done})
   if hasattr(progress, "close"):
     progress.close()

@@ -1,0 +1,400 @@
+"""HFTokenizer against `transformers` on tokenizers built in the test."""
+
+import json
+import os
+import random
+
+import jinja2
+import numpy as np
+import pytest
+
+transformers = pytest.importorskip('transformers')
+tokenizers = pytest.importorskip('tokenizers')
+
+from rlax_post.models._hf_tokenizer import HFTokenizer  # pylint: disable=g-import-not-at-top
+
+_SPECIALS = ['<|begin_of_text|>', '<|end_of_text|>', '<|eot_id|>',
+             '<|start_header_id|>', '<|end_header_id|>', '<|pad|>',
+             '<|im_start|>', '<|im_end|>', '<|endoftext|>']
+
+LLAMA3_TEMPLATE = r"""{{- bos_token }}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{{- "Today Date: " + strftime_now("%d %b %Y") + "\n\n" }}
+{%- if tools is not none %}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {%- if message.role == 'tool' %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls | length == 1 %}
+            {{- raise_exception("Only single tool calls are supported.") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+        {{- '{"name": "' + tool_call.name + '", "parameters": ' }}
+        {{- tool_call.arguments | tojson }}
+        {{- "}<|eot_id|>" }}
+    {%- else %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
+CHATML_TEMPLATE = r"""{%- set ns = namespace(n_tool=0) %}
+{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == "system" and loop.first %}
+        {%- continue %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system") or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- set ns.n_tool = ns.n_tool + 1 %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response id=' + ns.n_tool | string + '>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+_TOOLS = [{
+    'type': 'function',
+    'function': {
+        'name': 'get_weather',
+        'description': 'Weather in a city, e.g. "Zürich" <fast> & cheap.',
+        'parameters': {
+            'type': 'object',
+            'properties': {'city': {'type': 'string'}},
+            'required': ['city'],
+        },
+    },
+}]
+
+_CONVERSATION = [
+    {'role': 'system', 'content': 'You are terse. Answer in one line.  '},
+    {'role': 'user', 'content': 'What is the weather in Zürich? ☀️'},
+    {'role': 'assistant', 'content': None, 'tool_calls': [{
+        'type': 'function',
+        'function': {'name': 'get_weather',
+                     'arguments': {'city': 'Zürich <CH> & "co"'}}}]},
+    {'role': 'tool', 'name': 'get_weather',
+     'content': '{"temp_c": 21, "sky": "clear 晴"}'},
+    {'role': 'tool', 'name': 'get_weather', 'content': 'second result'},
+    {'role': 'assistant', 'content': 'It is 21 °C and clear.'},
+    {'role': 'user', 'content': 'And tomorrow? <|im_start|> inside a message'},
+]
+
+_STRINGS = [
+    'hello world',
+    '  leading and trailing spaces  ',
+    'The quick brown fox jumps over the lazy dog.',
+    'unicode: Zürich, 東京, emoji 🙂👍🏽, ∑ x²',
+    'multi\nline\n\ttabs',
+    'specials inline <|im_start|>user<|im_end|> <|eot_id|>',
+    '',
+]
+
+
+def _corpus(n_lines: int = 400) -> list[str]:
+  rng = random.Random(0)
+  words = ('the weather in city is clear cloudy user assistant system tool '
+           'call answer question what how hello world today tomorrow temp '
+           'function name arguments json response quick brown fox dog').split()
+  return [' '.join(rng.choice(words) for _ in range(rng.randint(3, 12)))
+          for _ in range(n_lines)]
+
+
+def _build(tmp_path, name: str, *, template: str, bos: str | None,
+           eos: str, pad: str | None, bos_post_processor: bool):
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(
+      add_prefix_space=False)
+  tok.decoder = tokenizers.decoders.ByteLevel()
+  trainer = tokenizers.trainers.BpeTrainer(
+      vocab_size=500, special_tokens=_SPECIALS,
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+      show_progress=False)
+  tok.train_from_iterator(_corpus(), trainer=trainer)
+  if bos_post_processor:  # Llama-3 style: BOS added by the post-processor.
+    tok.post_processor = tokenizers.processors.TemplateProcessing(
+        single=f'{bos} $A', pair=f'{bos} $A {bos} $B',
+        special_tokens=[(bos, tok.token_to_id(bos))])
+  kwargs = {'eos_token': eos}
+  if bos is not None:
+    kwargs['bos_token'] = bos
+  if pad is not None:
+    kwargs['pad_token'] = pad
+  hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, **kwargs)
+  hf.chat_template = template
+  path = os.path.join(tmp_path, name)
+  hf.save_pretrained(path)
+  # Reload, so both sides read the same files.
+  return transformers.AutoTokenizer.from_pretrained(path), path
+
+
+@pytest.fixture(scope='module', params=['llama3', 'chatml'])
+def pair(request, tmp_path_factory):
+  tmp = tmp_path_factory.mktemp('tok')
+  if request.param == 'llama3':
+    hf, path = _build(tmp, 'llama3', template=LLAMA3_TEMPLATE,
+                      bos='<|begin_of_text|>', eos='<|eot_id|>',
+                      pad='<|pad|>', bos_post_processor=True)
+  else:
+    hf, path = _build(tmp, 'chatml', template=CHATML_TEMPLATE, bos=None,
+                      eos='<|im_end|>', pad='<|endoftext|>',
+                      bos_post_processor=False)
+  return request.param, hf, HFTokenizer.from_dir(path), path
+
+
+def test_special_ids_and_vocab_size(pair):
+  name, hf, ours, _ = pair
+  assert ours.vocab_size == len(hf)
+  assert ours.eos_id == hf.eos_token_id
+  assert ours.pad_id == hf.pad_token_id
+  if name == 'llama3':
+    assert ours.bos_id == hf.bos_token_id
+    assert ours.add_bos_token
+  else:
+    assert hf.bos_token_id is None
+    assert not ours.add_bos_token
+    with pytest.raises(ValueError, match='no bos_token'):
+      _ = ours.bos_id
+    with pytest.raises(ValueError, match='no bos_token'):
+      ours.encode('hi', add_bos=True)
+  assert ours.padded_vocab_size(128) % 128 == 0
+  assert 0 <= ours.padded_vocab_size(128) - ours.vocab_size < 128
+
+
+@pytest.mark.parametrize('text', _STRINGS)
+def test_encode_decode_match_transformers(pair, text):
+  name, hf, ours, _ = pair
+  ids = ours.encode(text, add_bos=False)
+  assert ids == hf.encode(text, add_special_tokens=False)
+  if name == 'llama3':  # The post-processor prepends BOS.
+    assert ours.encode(text, add_bos=True) == hf.encode(text)
+  assert ours.encode(text, add_bos=False, add_eos=True) == ids + [ours.eos_id]
+  # Ids of the specials written inline, so decode's two modes differ.
+  assert ours.decode(ids, skip_special=True, stop_at_eos=False) == hf.decode(
+      ids, skip_special_tokens=True)
+  assert ours.decode(ids, skip_special=False, stop_at_eos=False) == (
+      hf.decode(ids, skip_special_tokens=False))
+  if '<|' not in text:
+    assert ours.decode(ids) == text  # Byte-level BPE round-trips exactly.
+
+
+def test_decode_stops_at_eos_and_rejects_bad_ids(pair):
+  _, hf, ours, _ = pair
+  ids = ours.encode('hello world', add_bos=False)
+  tail = ours.encode('tomorrow', add_bos=False)
+  full = ids + [ours.eos_id] + tail
+  assert ours.decode(full) == 'hello world'
+  assert ours.decode(full, stop_at_eos=False) == hf.decode(
+      full, skip_special_tokens=True)
+  assert ours.decode(np.asarray(full, np.int32)) == 'hello world'
+  with pytest.raises(ValueError, match='must lie in'):
+    ours.decode([ours.vocab_size])
+  with pytest.raises(ValueError, match='1-D'):
+    ours.decode([[1, 2]])
+
+
+def test_encode_batch(pair):
+  _, _, ours, _ = pair
+  texts = ['hello world', 'the quick brown fox', 'Zürich 🙂']
+  tokens, lengths = ours.encode_batch(texts, max_len=32, add_bos=False)
+  assert tokens.shape == (3, 32) and tokens.dtype == np.int32
+  for b, text in enumerate(texts):
+    ids = ours.encode(text, add_bos=False)
+    assert lengths[b] == len(ids)
+    assert tokens[b, :len(ids)].tolist() == ids
+    assert (tokens[b, len(ids):] == ours.pad_id).all()
+  with pytest.raises(ValueError, match='longer than max_len=2'):
+    ours.encode_batch(texts, max_len=2, add_bos=False)
+
+
+@pytest.mark.parametrize('add_generation_prompt', [False, True])
+@pytest.mark.parametrize('with_tools', [False, True])
+def test_chat_template_matches_transformers(pair, add_generation_prompt,
+                                            with_tools):
+  _, hf, ours, _ = pair
+  tools = _TOOLS if with_tools else None
+  want_text = hf.apply_chat_template(
+      _CONVERSATION, tools=tools, add_generation_prompt=add_generation_prompt,
+      tokenize=False)
+  want_ids = hf.apply_chat_template(
+      _CONVERSATION, tools=tools, add_generation_prompt=add_generation_prompt,
+      tokenize=True, return_dict=False)
+  got_text = ours.apply_chat_template(
+      _CONVERSATION, tools=tools, add_generation_prompt=add_generation_prompt)
+  got_ids = ours.apply_chat_template(
+      _CONVERSATION, tools=tools, add_generation_prompt=add_generation_prompt,
+      tokenize=True)
+  assert got_text == want_text
+  assert got_ids == list(want_ids)
+  # Sanity on the rendering itself: JSON is not HTML-escaped and BOS is
+  # written once, by the template (tokenize=True adds none).
+  assert 'Zürich <CH> & \\"co\\"' in got_text
+  bos = ours.special_tokens.get('bos_token')
+  if bos is not None:
+    assert got_text.startswith(bos) and got_text.count(bos) == 1
+    assert got_ids.count(ours.bos_id) == 1
+  header = ('<|start_header_id|>assistant<|end_header_id|>\n\n'
+            if bos is not None else '<|im_start|>assistant\n')
+  assert got_text.endswith(header) == add_generation_prompt
+
+
+def test_chat_template_raise_exception_matches(pair):
+  name, hf, ours, _ = pair
+  if name != 'llama3':
+    pytest.skip('only the Llama-3 template raises')
+  two_calls = [
+      {'role': 'user', 'content': 'hi'},
+      {'role': 'assistant', 'tool_calls': [
+          {'function': {'name': 'a', 'arguments': {}}},
+          {'function': {'name': 'b', 'arguments': {}}}]},
+  ]
+  with pytest.raises(jinja2.TemplateError, match='single tool calls'):
+    hf.apply_chat_template(two_calls, tokenize=False)
+  with pytest.raises(jinja2.TemplateError, match='single tool calls'):
+    ours.apply_chat_template(two_calls)
+
+
+def test_sandbox_refuses_underscore_namespace_and_unsafe_access(pair):
+  _, _, ours, _ = pair
+  msgs = [{'role': 'user', 'content': 'x'}]
+  with pytest.raises(jinja2.exceptions.SecurityError):
+    ours.apply_chat_template(
+        msgs, chat_template='{% set ns = namespace(_x=1) %}{{ ns._x }}')
+  with pytest.raises(jinja2.exceptions.SecurityError):
+    ours.apply_chat_template(
+        msgs, chat_template="{{ messages.__class__.__mro__ }}"
+        "{{ ''.__class__.__subclasses__() }}")
+  with pytest.raises(jinja2.exceptions.SecurityError):
+    ours.apply_chat_template(  # Immutable sandbox: no in-place mutation.
+        msgs, chat_template="{{ messages.append(1) }}")
+
+
+def test_missing_files_and_template_errors(tmp_path, pair):
+  _, _, _, path = pair
+  with pytest.raises(FileNotFoundError, match='No tokenizer.json'):
+    HFTokenizer.from_dir(str(tmp_path))
+  # Same checkpoint without any chat template.
+  bare = tmp_path / 'bare'
+  bare.mkdir()
+  for fname in os.listdir(path):
+    if fname == 'chat_template.jinja':
+      continue
+    data = open(os.path.join(path, fname), 'rb').read()
+    if fname == 'tokenizer_config.json':
+      config = json.loads(data)
+      config.pop('chat_template', None)
+      data = json.dumps(config).encode()
+    (bare / fname).write_bytes(data)
+  ours = HFTokenizer.from_dir(str(bare))
+  with pytest.raises(ValueError, match='no chat template'):
+    ours.apply_chat_template([{'role': 'user', 'content': 'hi'}])
+  with pytest.raises(ValueError, match='empty conversation'):
+    ours.apply_chat_template([], chat_template='{{ messages }}')
+
+
+def test_missing_pad_token_is_a_clear_error(tmp_path):
+  _, path = _build(tmp_path, 'nopad', template=CHATML_TEMPLATE, bos=None,
+                   eos='<|im_end|>', pad=None, bos_post_processor=False)
+  ours = HFTokenizer.from_dir(path)
+  with pytest.raises(ValueError, match='no pad_token.*pad_token='):
+    ours.encode_batch(['hi'], max_len=4, add_bos=False)
+  padded = HFTokenizer.from_dir(path, pad_token='<|im_end|>')
+  tokens, lengths = padded.encode_batch(['hi'], max_len=4, add_bos=False)
+  assert (tokens[0, lengths[0]:] == padded.eos_id).all()
+
+
+def test_legacy_config_layout(tmp_path, pair):
+  """Templates inside tokenizer_config.json, specials as AddedToken dicts."""
+  name, hf, _, path = pair
+  legacy = tmp_path / 'legacy'
+  legacy.mkdir()
+  (legacy / 'tokenizer.json').write_bytes(
+      open(os.path.join(path, 'tokenizer.json'), 'rb').read())
+  config = json.load(open(os.path.join(path, 'tokenizer_config.json')))
+  template = open(os.path.join(path, 'chat_template.jinja')).read()
+  config['chat_template'] = [{'name': 'default', 'template': template},
+                             {'name': 'tool_use', 'template': 'TOOLS'}]
+  eos = config.pop('eos_token')
+  (legacy / 'tokenizer_config.json').write_text(json.dumps(config))
+  (legacy / 'special_tokens_map.json').write_text(json.dumps(
+      {'eos_token': {'content': eos, 'special': True}}))
+  ours = HFTokenizer.from_dir(str(legacy))
+  assert ours.eos_id == hf.eos_token_id
+  msgs = [{'role': 'user', 'content': 'hello'}]
+  assert ours.apply_chat_template(msgs) == hf.apply_chat_template(
+      msgs, tokenize=False)
+  assert ours.apply_chat_template(msgs, tools=_TOOLS) == 'TOOLS'
+  with pytest.raises(ValueError, match="No chat template named 'x'"):
+    ours.apply_chat_template(msgs, template_name='x')
