@@ -16,7 +16,7 @@ $(PY):
 # it imports only for type names (third_party/jetstream_compat supplies them). Its real runtime needs are
 # ordinary dependencies of this project.
 $(STAMP): pyproject.toml requirements/lock.txt | $(PY)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -e ".[test]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -e ".[test,hf]"
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c requirements/lock.txt google-jetstream
 	@touch $(STAMP)
 

@@ -13,6 +13,7 @@ from rlax_post.models._functional import forward
 from rlax_post.models._functional import init_params
 from rlax_post.models._functional import logprobs_from_logits
 from rlax_post.models._functional import token_logprobs
+from rlax_post.models._hf_tokenizer import HFTokenizer
 from rlax_post.models._tokenizer import ByteTokenizer
 from rlax_post.models._transformer import init_cache
 from rlax_post.models._transformer import KVCache
@@ -24,6 +25,7 @@ __all__ = [
     "ByteTokenizer",
     "entropy_from_logits",
     "forward",
+    "HFTokenizer",
     "init_cache",
     "init_params",
     "KVCache",
