@@ -4,31 +4,39 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlax_post-installed
+TEST_STAMP := $(VENV)/.rlax_post-test-installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-all bench clean
+.PHONY: install install-test demo test test-all bench clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), f"Python 3.11+ needed; $(PYTHON) is {sys.version}"'
 	$(PYTHON) -m venv $(VENV)
 
-# google-jetstream goes in without its declared dependencies: they pull seqio -> TensorFlow (~2 GB), which
-# it imports only for type names (third_party/jetstream_compat supplies them). Its real runtime needs are
-# ordinary dependencies of this project.
+# The lean default install (what `make demo` needs). google-jetstream goes in without its declared
+# dependencies: they pull seqio -> TensorFlow (~2 GB), which it imports only for type names
+# (third_party/jetstream_compat supplies them). Its real runtime needs are ordinary dependencies here.
 $(STAMP): pyproject.toml requirements/lock.txt | $(PY)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -e ".[test,hf]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -e .
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c requirements/lock.txt google-jetstream
 	@touch $(STAMP)
 
+# The test extras on top: pytest & co, the rlax oracle, and CPU torch + transformers for parity tests.
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -e ".[test,hf]"
+	@touch $(TEST_STAMP)
+
 install: $(STAMP)
+
+install-test: $(TEST_STAMP)
 
 demo: install
 	$(VENV)/bin/rlax-post train --config configs/demo.py --workdir runs/demo
 
-test: install
+test: install-test
 	$(PY) -m pytest -n 2 --dist loadfile -m "not slow" $(PYTEST_ARGS)
 
-test-all: install
+test-all: install-test
 	$(PY) -m pytest -n 2 --dist loadfile -m "slow or not slow" $(PYTEST_ARGS)
 
 bench: install

@@ -136,6 +136,12 @@ def test_bfloat16_load(tmp_path):
   want = model.model.layers[1].self_attn.q_proj.weight.detach().float().numpy()  # [N·H, D]
   got = np.asarray(params["q"][1].astype(jnp.float32))  # [D, N, H]
   np.testing.assert_array_equal(got.reshape(64, -1).T, want)
+  _hf.export_hf(str(tmp_path / "out"), cfg, params, architecture="Qwen2ForCausalLM")
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
+  assert reloaded.model.layers[1].self_attn.q_proj.weight.dtype == torch.bfloat16
+  reloaded_state = reloaded.state_dict()
+  for name, value in model.state_dict().items():
+    assert torch.equal(value, reloaded_state[name]), name
 
 
 # Error cases (one family suffices).

@@ -171,11 +171,10 @@ def load_hf(path: str, *, mesh: jax.sharding.Mesh | None = None, rules=None,
   with contextlib.ExitStack() as stack:
     handles = {f: stack.enter_context(safe_open(f, framework="numpy")) for f in sorted(set(files.values()))}
 
-    def hf_tensor(name, ours):
+    def hf_shape(name):
       if name not in files:
         raise ValueError(f"Checkpoint {path} is missing tensor {name!r}.")
-      got = tuple(handles[files[name]].get_slice(name).get_shape())
-      return handles[files[name]], got
+      return tuple(handles[files[name]].get_slice(name).get_shape())
 
     def check(name, got, want):
       if tuple(got) != tuple(want):
@@ -188,7 +187,7 @@ def load_hf(path: str, *, mesh: jax.sharding.Mesh | None = None, rules=None,
         want = tuple(math.prod(per_layer[a] for a in g) for g in groups)
         names = [_LAYER.format(l) + suffix for l in range(cfg.num_layers)]
         for name in names:
-          check(name, hf_tensor(name, per_layer)[1], want)
+          check(name, hf_shape(name), want)
 
         def cb(index, names=names, groups=groups, per_layer=per_layer):
           bounds = _slices(index, (cfg.num_layers,) + per_layer)
@@ -200,7 +199,7 @@ def load_hf(path: str, *, mesh: jax.sharding.Mesh | None = None, rules=None,
         if ours_name == "lm_head" and name not in files:
           raise ValueError(f"Checkpoint {path} has tie_word_embeddings=False but no {name!r}.")
         want = tuple(math.prod(leaf.shape[a] for a in g) for g in groups)
-        check(name, hf_tensor(name, leaf.shape)[1], want)
+        check(name, hf_shape(name), want)
 
         def cb(index, name=name, groups=groups, shape=leaf.shape):
           return _read(handles[files[name]], name, groups, shape, _slices(index, shape)).astype(out_dtype)
