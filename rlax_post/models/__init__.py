@@ -13,6 +13,10 @@ from rlax_post.models._functional import forward
 from rlax_post.models._functional import init_params
 from rlax_post.models._functional import logprobs_from_logits
 from rlax_post.models._functional import token_logprobs
+from rlax_post.models._hf import ARCHITECTURES as HF_ARCHITECTURES
+from rlax_post.models._hf import config_from_hf
+from rlax_post.models._hf import export_hf
+from rlax_post.models._hf import load_hf
 from rlax_post.models._hf_tokenizer import HFTokenizer
 from rlax_post.models._tokenizer import ByteTokenizer
 from rlax_post.models._transformer import init_cache
@@ -23,12 +27,16 @@ __all__ = [
     "activation_constraints",
     "abstract_params",
     "ByteTokenizer",
+    "config_from_hf",
+    "export_hf",
     "entropy_from_logits",
     "forward",
+    "HF_ARCHITECTURES",
     "HFTokenizer",
     "init_cache",
     "init_params",
     "KVCache",
+    "load_hf",
     "logprobs_from_logits",
     "ModelConfig",
     "PARAM_LOGICAL_AXES",
