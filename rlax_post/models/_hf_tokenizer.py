@@ -35,6 +35,8 @@ import jinja2.utils
 import numpy as np
 import tokenizers
 
+from rlax_post.models import _tokenizer
+
 _NAMED_SPECIALS = ('bos_token', 'eos_token', 'unk_token', 'sep_token',
                    'pad_token', 'cls_token', 'mask_token')
 _REASONING_FIELDS = ('reasoning_content', 'thinking', 'reasoning')
@@ -154,7 +156,7 @@ def _normalize_messages(messages) -> list[dict]:
   return out
 
 
-class HFTokenizer:
+class HFTokenizer(_tokenizer.TokenizerBase):
   """A `tokenizers` tokenizer plus its config, with the `ByteTokenizer` API."""
 
   def __init__(
@@ -285,13 +287,6 @@ class HFTokenizer:
     """Number of ids, added tokens included (`len(transformers_tokenizer)`)."""
     return self._tok.get_vocab_size(with_added_tokens=True)
 
-  def padded_vocab_size(self, multiple: int) -> int:
-    """`vocab_size` rounded up to a multiple of `multiple` (e.g. 8 or 128)."""
-    if isinstance(multiple, bool) or not isinstance(multiple, int) or (
-        multiple < 1):
-      raise ValueError(
-          f'`multiple` must be a positive int; got {multiple!r}.')
-    return -(-self.vocab_size // multiple) * multiple
 
   # --- text <-> ids ---------------------------------------------------------
 
@@ -355,40 +350,6 @@ class HFTokenizer:
         text = text.replace(before, after)
     return text
 
-  def encode_batch(
-      self,
-      texts: Sequence[str],
-      *,
-      max_len: int,
-      add_bos: bool = True,
-      add_eos: bool = False,
-  ) -> tuple[np.ndarray, np.ndarray]:
-    """Encodes and right-pads a batch; as `ByteTokenizer.encode_batch`.
-
-    Returns:
-      `(tokens, lengths)`: `tokens` int32 [B, L] right-padded with `pad_id`,
-      `lengths` int32 [B].
-
-    Raises:
-      ValueError: if an encoded text is longer than `max_len`, or the
-        tokenizer has no pad token.
-    """
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or (
-        max_len < 1):
-      raise ValueError(f'`max_len` must be a positive int; got {max_len!r}.')
-    if isinstance(texts, str):
-      raise ValueError('`texts` must be a sequence of str, not one str.')
-    tokens = np.full((len(texts), max_len), self.pad_id, dtype=np.int32)
-    lengths = np.zeros((len(texts),), dtype=np.int32)
-    for b, text in enumerate(texts):
-      ids = self.encode(text, add_bos=add_bos, add_eos=add_eos)
-      if len(ids) > max_len:
-        raise ValueError(
-            f'Text {b} encodes to {len(ids)} tokens, longer than '
-            f'max_len={max_len}: {text[:40]!r}.')
-      tokens[b, :len(ids)] = ids
-      lengths[b] = len(ids)
-    return tokens, lengths
 
   # --- chat -----------------------------------------------------------------
 

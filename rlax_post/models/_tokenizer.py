@@ -19,7 +19,59 @@ import numpy as np
 _NUM_BYTES = 256
 
 
-class ByteTokenizer:
+class TokenizerBase:
+  """What every tokenizer derives from `encode`, `vocab_size` and `pad_id`: vocab padding, batch encoding."""
+
+  def padded_vocab_size(self, multiple: int) -> int:
+    """`vocab_size` rounded up to a multiple of `multiple` (e.g. 8 or 128)."""
+    if isinstance(multiple, bool) or not isinstance(multiple, int) or (
+        multiple < 1):
+      raise ValueError(
+          f'`multiple` must be a positive int; got {multiple!r}.')
+    return -(-self.vocab_size // multiple) * multiple
+
+  def encode_batch(
+      self,
+      texts: Sequence[str],
+      *,
+      max_len: int,
+      add_bos: bool = True,
+      add_eos: bool = False,
+  ) -> tuple[np.ndarray, np.ndarray]:
+    """Encodes and right-pads a batch of texts.
+
+    Args:
+      texts: B strings.
+      max_len: the padded length L.
+      add_bos: prepend `bos_id` to each row.
+      add_eos: append `eos_id` to each row.
+
+    Returns:
+      `(tokens, lengths)`: `tokens` int32 [B, L], each row its ids followed
+      by `pad_id`; `lengths` int32 [B], the number of non-pad ids per row.
+
+    Raises:
+      ValueError: if an encoded text is longer than `max_len`.
+    """
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or (
+        max_len < 1):
+      raise ValueError(f'`max_len` must be a positive int; got {max_len!r}.')
+    if isinstance(texts, str):
+      raise ValueError('`texts` must be a sequence of str, not one str.')
+    tokens = np.full((len(texts), max_len), self.pad_id, dtype=np.int32)
+    lengths = np.zeros((len(texts),), dtype=np.int32)
+    for b, text in enumerate(texts):
+      ids = self.encode(text, add_bos=add_bos, add_eos=add_eos)
+      if len(ids) > max_len:
+        raise ValueError(
+            f'Text {b} encodes to {len(ids)} tokens, longer than '
+            f'max_len={max_len}: {text[:40]!r}.')
+      tokens[b, :len(ids)] = ids
+      lengths[b] = len(ids)
+    return tokens, lengths
+
+
+class ByteTokenizer(TokenizerBase):
   """Byte-level tokenizer with PAD, BOS and EOS specials. Stateless."""
 
   pad_id: int = _NUM_BYTES
@@ -32,14 +84,6 @@ class ByteTokenizer:
   def vocab_size(self) -> int:
     """Number of ids that `encode` and `decode` use (259)."""
     return _NUM_BYTES + 3
-
-  def padded_vocab_size(self, multiple: int) -> int:
-    """`vocab_size` rounded up to a multiple of `multiple` (e.g. 8 or 128)."""
-    if isinstance(multiple, bool) or not isinstance(multiple, int) or (
-        multiple < 1):
-      raise ValueError(
-          f'`multiple` must be a positive int; got {multiple!r}.')
-    return -(-self.vocab_size // multiple) * multiple
 
   def encode(
       self, text: str, *, add_bos: bool = True, add_eos: bool = False
@@ -108,43 +152,3 @@ class ByteTokenizer:
         pieces.append(self._SPECIAL_NAMES[i])
     pieces.append(run.decode('utf-8', errors='replace'))
     return ''.join(pieces)
-
-  def encode_batch(
-      self,
-      texts: Sequence[str],
-      *,
-      max_len: int,
-      add_bos: bool = True,
-      add_eos: bool = False,
-  ) -> tuple[np.ndarray, np.ndarray]:
-    """Encodes and right-pads a batch of texts.
-
-    Args:
-      texts: B strings.
-      max_len: the padded length L.
-      add_bos: prepend `bos_id` to each row.
-      add_eos: append `eos_id` to each row.
-
-    Returns:
-      `(tokens, lengths)`: `tokens` int32 [B, L], each row its ids followed
-      by `pad_id`; `lengths` int32 [B], the number of non-pad ids per row.
-
-    Raises:
-      ValueError: if an encoded text is longer than `max_len`.
-    """
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or (
-        max_len < 1):
-      raise ValueError(f'`max_len` must be a positive int; got {max_len!r}.')
-    if isinstance(texts, str):
-      raise ValueError('`texts` must be a sequence of str, not one str.')
-    tokens = np.full((len(texts), max_len), self.pad_id, dtype=np.int32)
-    lengths = np.zeros((len(texts),), dtype=np.int32)
-    for b, text in enumerate(texts):
-      ids = self.encode(text, add_bos=add_bos, add_eos=add_eos)
-      if len(ids) > max_len:
-        raise ValueError(
-            f'Text {b} encodes to {len(ids)} tokens, longer than '
-            f'max_len={max_len}: {text[:40]!r}.')
-      tokens[b, :len(ids)] = ids
-      lengths[b] = len(ids)
-    return tokens, lengths
