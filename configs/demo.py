@@ -37,7 +37,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
               top_p=1.0, top_k=0, minibatches=1, epochs=1,
               optimizer=dict(learning_rate=5e-4, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
                              b1=0.9, b2=0.99, max_grad_norm=1.0))
-  c.loss = dict(kind="ppo", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,
+  c.loss = dict(kind="auto", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,
                 seq_eps_high=4e-4, dual_clip=config_dict.placeholder(float), kl_coef=0.0, kl_kind="k3",
                 entropy_coef=0.0, agg_mode="token_mean", micro_batches=1)
   # gamma .. num_iters are read by the step-level estimators (gigpo, graph_gae) only.
@@ -45,7 +45,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                      episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0)
   c.eval = dict(every=10, batch_size=256)
   c.checkpoint = dict(every=20, max_to_keep=2)
-  c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0)
+  # mode="async": samplers and learner overlap through the rollout queue (docs/async.md); the keys after
+  # stop_after_steps are read in async mode only.
+  c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,
+                   max_staleness=1, num_samplers=1, queue="memory", queue_capacity=0, sampler_slots=0,
+                   param_versions_to_keep=3, sampler_timeout_s=60.0)
 
   variants = [v for v in (arg or "default").split(",") if v]
   unknown = [v for v in variants if v not in _VARIANTS]

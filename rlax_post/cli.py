@@ -3,6 +3,12 @@
   rlax-post train --config configs/demo.py[:variant] [--config.a.b=value ...] --workdir DIR [--resume]
   rlax-post check-config --config configs/demo.py[:variant] [--config.a.b=value ...]
   rlax-post serve --checkpoint RUN_WORKDIR --port 9000 [--host 127.0.0.1] [--temperature 0] [--slots 8]
+  rlax-post learner --config configs/demo.py[:variant] [--config.runtime.max_staleness=2 ...] --workdir DIR
+  rlax-post sampler --workdir DIR --index K        # any number of them, each with its own K
+  rlax-post replay --workdir DIR                   # re-runs an async run's learner from its logged rollouts
+
+`train` runs the loop of `runtime.mode`: "sync", or "async" (sampler threads and the learner in one process).
+`learner` and `sampler` are the async roles as separate processes (or hosts) sharing DIR (docs/async.md).
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ _PORT = flags.DEFINE_integer("port", 9000, "serve: gRPC port.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "serve: address to listen on.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "serve: sampling temperature (0: greedy).")
 _SLOTS = flags.DEFINE_integer("slots", 8, "serve: concurrent decodes (engine slots).")
+_INDEX = flags.DEFINE_integer("index", None, "sampler: this sampler's index (0, 1, ...; unique per sampler).")
 
-COMMANDS = ("train", "check-config", "serve")
+COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay")
 
 
 def _load_config():
@@ -44,12 +51,53 @@ def _train(argv):
     raise app.UsageError("--workdir is required.")
   cfg = _load_config()
   from rlax_post import runtime  # pylint: disable=g-import-not-at-top
-  summary = runtime.train(cfg, _WORKDIR.value, resume=_RESUME.value, quiet=_QUIET.value)
+  run = runtime.train_async if cfg.runtime.mode == "async" else runtime.train
+  summary = run(cfg, _WORKDIR.value, resume=_RESUME.value, quiet=_QUIET.value)
+  _print_summary(summary)
+
+
+def _print_summary(summary):
   initial, final = summary["initial_eval_reward"], summary["final_eval_reward"]
   print(f"\nGreedy eval reward on {summary['num_eval_prompts']} held-out prompts: warm start {initial:.3f} "
         f"-> after RL {final:.3f} ({final - initial:+.3f}) in {summary['wall_seconds']:.0f} s.")
   print(f"Outputs in {summary['workdir']}: summary.json, metrics.jsonl, curves.png, tensorboard/, "
         "checkpoints/")
+
+
+def _learner(argv):
+  del argv
+  if not _WORKDIR.value:
+    raise app.UsageError("--workdir is required.")
+  from rlax_post import runtime  # pylint: disable=g-import-not-at-top
+  if _CONFIG.value is not None:
+    cfg = _load_config()
+  else:  # A restarted learner may take the run's own config.
+    cfg = runtime.load_run_config(_WORKDIR.value)
+  if cfg.runtime.mode != "async":
+    raise ValueError("`rlax-post learner` runs the async learner: set --config.runtime.mode=async.")
+  _print_summary(runtime.run_learner(cfg, _WORKDIR.value, resume=_RESUME.value, quiet=_QUIET.value))
+
+
+def _sampler(argv):
+  del argv
+  if not _WORKDIR.value or _INDEX.value is None:
+    raise app.UsageError("--workdir and --index are required.")
+  from rlax_post import runtime  # pylint: disable=g-import-not-at-top
+  runtime.run_sampler(_WORKDIR.value, index=_INDEX.value, quiet=_QUIET.value)
+
+
+def _replay(argv):
+  del argv
+  if not _WORKDIR.value:
+    raise app.UsageError("--workdir is required.")
+  from rlax_post import runtime  # pylint: disable=g-import-not-at-top
+  report = runtime.replay(_WORKDIR.value, quiet=_QUIET.value)
+  if report["mismatches"]:
+    for step, key, want, got in report["mismatches"][:20]:
+      print(f"step {step}: {key} logged {want!r} replayed {got!r}")
+    raise ValueError(f"replay differs from the logged run in {len(report['mismatches'])} values.")
+  print(f"replay: {report['steps']} steps re-run from the logged rollouts; the metrics of "
+        f"{report['compared_steps']} logged steps match exactly.")
 
 
 def _check_config(argv):
@@ -77,7 +125,8 @@ def main(argv=None):
           f"unknown or missing command {got!r}; valid commands: {list(COMMANDS)}", file=sys.stderr)
     sys.exit(2)
   command = argv.pop(1)
-  handler = {"train": _train, "check-config": _check_config, "serve": _serve}[command]
+  handler = {"train": _train, "check-config": _check_config, "serve": _serve, "learner": _learner,
+             "sampler": _sampler, "replay": _replay}[command]
 
   def run(args):
     if not flags.FLAGS["verbosity"].present:

@@ -3,6 +3,7 @@ prefix sharing and static batching change no output, weight swaps mid-run tag an
 finish reasons, and clear errors."""
 
 import collections
+import dataclasses
 import functools
 
 import jax
@@ -341,3 +342,68 @@ def test_an_observation_that_leaves_no_room_ends_the_sample(greedy_engine):
   assert c.tokens[:23] == tuple(greedy) + tuple(range(100, 114)) and len(c.tokens) == 24
   assert (c.mask, c.finish_reason, c.num_turns) == ((1,) * 9 + (0,) * 14 + (1,), "max_decode_length", 2)
   assert len(env.calls[0]) == 1  # A turn cut by max_decode_length does not ask the env.
+
+
+def _sampling_engine(slots):
+  return _engine.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=slots,
+                            max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=T, top_p=0.9,
+                            top_k=40, seed=1)
+
+
+@pytest.mark.parametrize("slots", [SLOTS, 5])
+def test_per_request_seeds_reproduce_a_fresh_driver_from_a_long_lived_one(sampling_engine, slots):
+  """Request r of a batch from `Driver(seed=S)`, sent alone with `seed=S, stream=r` to a long-lived driver of
+  another seed between unrelated requests, draws the same tokens, logprobs and versions, bit for bit. With
+  another slot count too: on CPU XLA computes each slot's row of the decode step alike whatever the batch
+  size (not a cross-backend guarantee; see the driver's module docstring)."""
+  seed = 7
+  requests = [Request(_prompt(5, 70), n=2, max_tokens=9, request_id="a"),
+              Request(_prompt(12, 71), n=3, max_tokens=None, request_id="b"),
+              Request(_prompt(3, 72), n=2, max_tokens=4, request_id="c", env=_Env(turns=2))]
+  want = _driver.Driver(sampling_engine, _model()[1], seed=seed).sample(requests)
+  engine = sampling_engine if slots == SLOTS else _sampling_engine(slots)
+  driver = _driver.Driver(engine, _model()[1], seed=123)
+  driver.submit([Request(_prompt(8, 80), n=2, max_tokens=12, request_id="x")])
+  driver.step()
+  for r in (1, 0, 2):  # Out of order, one at a time, each after an unrelated request.
+    driver.submit([Request(_prompt(6, 90 + r), max_tokens=5, request_id=f"y{r}")])
+    env = _Env(turns=2) if requests[r].env is not None else None
+    driver.submit([dataclasses.replace(requests[r], seed=seed, stream=r, env=env)])
+    driver.step()
+  while not driver.done:
+    driver.step()
+  got = {(c.request_id, c.index): c for c in driver.collect()}
+  assert len(got) == 7 + 2 + 3
+  for c in want:
+    g = got[c.request_id, c.index]
+    assert (g.tokens, g.logprobs, g.versions, g.mask) == (c.tokens, c.logprobs, c.versions, c.mask)
+  assert got["x", 0].tokens != _driver.Driver(engine, _model()[1], seed=seed).sample(
+      [Request(_prompt(8, 80), n=1, max_tokens=12, request_id="x")])[0].tokens  # Driver seeds still apply.
+
+
+def test_sample_streams_replace_sample_indices(sampling_engine):
+  """Samples 0 and 2 of a seeded request, sent as their own request with sample_streams=(0, 2), draw what
+  they draw in the whole request."""
+  prompt = _prompt(7, 75)
+  whole = _driver.Driver(sampling_engine, _model()[1]).sample(
+      [Request(prompt, n=3, max_tokens=6, seed=5, stream=4)])
+  part = _driver.Driver(sampling_engine, _model()[1], seed=1).sample(
+      [Request(prompt, n=2, max_tokens=6, seed=5, stream=4, sample_streams=(0, 2))])
+  assert [c.index for c in part] == [0, 1]
+  assert [(c.tokens, c.logprobs) for c in part] == [(whole[i].tokens, whole[i].logprobs) for i in (0, 2)]
+  assert len({c.tokens for c in whole}) > 1
+
+
+def test_bad_seeds_and_streams_raise_clear_errors(greedy_engine):
+  driver = _driver.Driver(greedy_engine, _model()[1])
+  with pytest.raises(ValueError, match="stream is required when seed is set"):
+    driver.submit([Request(_prompt(3), seed=1)])
+  with pytest.raises(ValueError, match="stream 2 needs a seed"):
+    driver.submit([Request(_prompt(3), stream=2)])
+  with pytest.raises(ValueError, match=r"stream must be an int in \[0, 2\*\*32\); got -1"):
+    driver.submit([Request(_prompt(3), seed=1, stream=-1)])
+  with pytest.raises(ValueError, match="seed must be an int"):
+    driver.submit([Request(_prompt(3), seed=1.5, stream=0)])
+  with pytest.raises(ValueError, match="sample_streams must be n = 2 distinct ints"):
+    driver.submit([Request(_prompt(3), n=2, sample_streams=(1, 1))])
+  assert driver.done

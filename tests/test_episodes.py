@@ -289,3 +289,158 @@ def test_bad_arguments_raise_clear_errors(engine):
   driver.submit([_driver.Request(TOK.encode("a"), max_tokens=2)])
   with pytest.raises(ValueError, match="idle driver"):
     _episodes.run_episodes(driver, TOK, ToyEnv, ["a"], n=1, max_turn_tokens=2, max_turns=1)
+
+
+# --- EpisodeRunner: streaming groups --------------------------------------------------------------------
+
+LATENCY_S = {"ab": 0.0, "xyz": 0.2, "q": 0.04, "hello": 0.0}  # Per reset and step.
+
+
+class LatencyEnv(ToyEnv):
+  """ToyEnv sleeping `LATENCY_S[prompt]` per call; `variant(k)` appends a per-episode mark to the reset."""
+
+  def __init__(self, turns=2, mark=""):
+    super().__init__(turns=turns)
+    self.mark = mark
+
+  def reset(self, prompt):
+    self.sleep_s = LATENCY_S[prompt]
+    return super().reset(prompt)[:-1] + self.mark + ":"
+
+
+@pytest.fixture(scope="module")
+def sampling_engine():
+  return _engine.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=3, max_prefill_length=16,
+                            max_decode_length=MAX_DECODE, temperature=0.8, top_p=0.95, seed=2)
+
+
+def _runner(driver, factory=LatencyEnv, **kw):
+  kw = dict(dict(max_turn_tokens=TURN_TOKENS, max_turns=5, stop_tokens=STOP, max_workers=4), **kw)
+  return _episodes.EpisodeRunner(driver, TOK, factory, **kw)
+
+
+def _drain(runner, returned, until=lambda: False):
+  while runner.pending and not until():
+    for group_id, episodes in runner.step():
+      assert group_id not in returned  # Each group comes back once.
+      returned[group_id] = episodes
+
+
+def test_runner_groups_equal_run_episodes_whenever_submitted(sampling_engine):
+  seed, n = 11, 2
+  want = _episodes.run_episodes(_driver.Driver(sampling_engine, _model()[1], seed=seed), TOK, LatencyEnv,
+                                list(PROMPTS), n=n, max_turn_tokens=TURN_TOKENS, max_turns=5, stop_tokens=STOP)
+  assert len({e.tokens for e in want}) > len(PROMPTS)  # Sampled: the seeds matter.
+  driver = _driver.Driver(sampling_engine, _model()[1], seed=3, park_wait_s=0.01)
+  returned = {}
+  with _runner(driver) as runner:
+    runner.submit(PROMPTS[1], n=n, group_id="xyz", seed=seed, stream=1)  # The slowest env.
+    runner.submit("q", n=1, group_id="other")  # Unrelated and unseeded.
+    runner.submit(PROMPTS[0], n=n, group_id="ab", seed=seed, stream=0)
+    assert runner.pending == 3
+    _drain(runner, returned, until=lambda: "ab" in returned)
+    assert "xyz" not in returned and runner.pending >= 1  # Submitted later, the fast group came back first.
+    runner.submit(PROMPTS[3], n=n, group_id="hello", seed=seed, stream=3)
+    runner.submit(PROMPTS[2], n=n, group_id="q", seed=seed, stream=2)
+    _drain(runner, returned)
+  assert sorted(returned) == sorted(["xyz", "other", "ab", "hello", "q"]) and runner.pending == 0
+  for p, prompt in enumerate(PROMPTS):
+    got = returned[prompt]
+    assert [e.index for e in got] == list(range(n))
+    for g, w in zip(got, want[p * n:(p + 1) * n]):
+      assert (g.tokens, g.logprobs, g.versions, g.trained_mask, g.turn_starts, g.end_reason) == (
+          w.tokens, w.logprobs, w.versions, w.trained_mask, w.turn_starts, w.end_reason)
+  assert [e.prompt_index for e in returned["ab"]] == [2, 2]  # The group's submission index.
+
+
+def test_runner_seeds_each_episode_of_a_group_split_by_context(sampling_engine):
+  """Episodes 0 and 2 of a group whose resets give two contexts draw what they draw in a one-context group
+  with the same seed and stream (their requests carry sample_streams (0, 2) and (1, 3))."""
+
+  def factory_for(marks):
+    made = []
+    return lambda: made.append(0) or LatencyEnv(mark=marks[(len(made) - 1) % len(marks)])
+
+  out = []
+  for marks in (("", "!"), ("",)):
+    with _runner(_driver.Driver(sampling_engine, _model()[1], park_wait_s=0.01), factory_for(marks)) as runner:
+      runner.submit("ab", n=4, group_id=0, seed=4, stream=9)
+      returned = {}
+      _drain(runner, returned)
+      out.append(returned[0])
+  split, whole = out
+  assert split[1].tokens[:9] != whole[1].tokens[:9]  # "[ab!]:" vs "[ab]:".
+  for i in (0, 2):
+    assert (split[i].tokens, split[i].logprobs) == (whole[i].tokens, whole[i].logprobs)
+
+
+def test_set_params_between_runner_steps_tags_later_tokens(engine):
+  params0, params1 = _model(0)[1], _model(1)[1]
+  driver = _driver_for(engine)
+  returned = {}
+  with _runner(driver, lambda: ToyEnv(turns=3, sleep_s=0.02)) as runner:
+    runner.submit("ab", n=2, group_id="before")
+    _drain(runner, returned, until=lambda: driver.stats.tokens >= 3)
+    driver.set_params(params1, 1)
+    runner.submit("xyz", n=1, group_id="after", max_turn_tokens=2)
+    _drain(runner, returned)
+  assert {v for e in returned["before"] for v in e.versions} == {-1, 0, 1}
+  assert {v for e in returned["after"] for v in e.versions} == {-1, 1}
+  assert all(len(m) <= 2 for m in returned["after"][0].messages)  # The group's own max_turn_tokens.
+  for e in returned["before"] + returned["after"]:
+    m, versions = np.array(e.trained_mask, bool), np.array(e.versions)
+    assert e.end_reason == "env_done" and (np.diff(versions[m]) >= 0).all()
+    for version, params in ((0, params0), (1, params1)):
+      ref = np.asarray(_jitted_logprobs()(params, _pad(e.tokens)))[0, :len(e.tokens) - 1]
+      sel = np.flatnonzero(m & (versions == version))
+      np.testing.assert_allclose(np.array(e.logprobs)[sel], ref[sel - 1], atol=1e-5, rtol=0)
+
+
+def test_closing_a_runner_with_pending_groups_does_not_hang(engine):
+  driver = _driver_for(engine)
+  runner = _runner(driver, lambda: ToyEnv(turns=3, sleep_s=0.5))
+  with runner:
+    runner.submit("ab", n=2, group_id=0)
+    runner.submit("xyz", n=2, group_id=1)
+    for _ in range(1000):  # Until some sample is parked on a slow env step (after 0.5 s resets).
+      runner.step()
+      if driver.num_parked:
+        break
+    assert runner.pending == 2 and driver.num_parked
+    start = time.perf_counter()
+  assert time.perf_counter() - start < 0.2 and runner.pending == 0
+  with pytest.raises(RuntimeError, match="closed"):
+    runner.step()
+  start = time.perf_counter()
+  while not driver.done:  # The runner's samples drain without waiting on the envs.
+    driver.step()
+  assert time.perf_counter() - start < 1.0
+  driver.collect()
+  with _runner(driver, ToyEnv) as runner:  # The drained driver is reusable.
+    runner.submit("q", n=1, group_id="again")
+    returned = {}
+    _drain(runner, returned)
+  assert returned["again"][0].end_reason == "env_done"
+
+
+def test_runner_errors_and_groups_ended_at_reset(engine):
+  driver = _driver_for(engine)
+  with _runner(driver, lambda: ToyEnv(fail_reset=True)) as runner:
+    with pytest.raises(ValueError, match="group 'g': stream is required when seed is set"):
+      runner.submit("ab", n=1, group_id="g", seed=1)
+    with pytest.raises(ValueError, match="group 'g': stream 0 needs a seed"):
+      runner.submit("ab", n=1, group_id="g", stream=0)
+    with pytest.raises(ValueError, match="n must be an int >= 1; got 0"):
+      runner.submit("ab", n=0, group_id="g")
+    with pytest.raises(ValueError, match="max_turn_tokens must be an int >= 1; got 0"):
+      runner.submit("ab", n=1, group_id="g", max_turn_tokens=0)
+    with pytest.raises(ValueError, match="prompt must be a string"):
+      runner.submit([1], n=1, group_id="g")
+    assert runner.pending == 0
+    runner.submit("ab", n=2, group_id="no reset")
+    returned = {}
+    _drain(runner, returned)
+  assert [(e.end_reason, e.num_turns) for e in returned["no reset"]] == [("env_error", 0)] * 2
+  driver.submit([_driver.Request(TOK.encode("a"), max_tokens=2)])
+  with pytest.raises(ValueError, match="idle driver"):
+    _runner(driver)

@@ -4,7 +4,8 @@ import importlib
 
 import pytest
 
-_PACKAGES = ["advantages", "config", "data", "envs", "learner", "losses", "models", "rewards", "runtime",
+_PACKAGES = ["advantages", "config", "data", "envs", "exchange", "learner", "losses", "models", "rewards",
+             "rollouts", "runtime",
              "sampler", "sharding"]
 
 

@@ -10,12 +10,15 @@ from rlax_post.config._schema import KL_KINDS
 from rlax_post.config._schema import load
 from rlax_post.config._schema import LOSS_KINDS
 from rlax_post.config._schema import LossSection
+from rlax_post.config._schema import loss_kind
 from rlax_post.config._schema import MeshSection
 from rlax_post.config._schema import ModelSection
 from rlax_post.config._schema import OptimizerSection
+from rlax_post.config._schema import QUEUE_BACKENDS
 from rlax_post.config._schema import RLSection
 from rlax_post.config._schema import RuntimeSection
 from rlax_post.config._schema import SFTSection
+from rlax_post.config._schema import staleness
 from rlax_post.config._schema import TaskConfig
 from rlax_post.config._validate import to_dict
 
@@ -30,12 +33,15 @@ __all__ = [
     "load",
     "LOSS_KINDS",
     "LossSection",
+    "loss_kind",
     "MeshSection",
     "ModelSection",
     "OptimizerSection",
+    "QUEUE_BACKENDS",
     "RLSection",
     "RuntimeSection",
     "SFTSection",
+    "staleness",
     "TaskConfig",
     "to_dict",
 ]

@@ -16,10 +16,12 @@ from rlax_post.config._validate import choices
 # Group methods: one advantage per trajectory. Step methods: per generated token, with the token prefix as
 # the state (see rlax_post/runtime/_credit.py).
 ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gigpo", "graph_gae")
-LOSS_KINDS = ("ppo", "gspo", "decoupled_ppo")
+# "auto": ppo when training is on-policy (sync, or async with max_staleness = 0), decoupled_ppo otherwise.
+LOSS_KINDS = ("auto", "ppo", "gspo", "decoupled_ppo")
 KL_KINDS = ("k3", "k1", "k2")
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-RUNTIME_MODES = ("sync",)
+RUNTIME_MODES = ("sync", "async")
+QUEUE_BACKENDS = ("memory", "files")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +137,15 @@ class RuntimeSection:
   # Stop after this many RL steps in this invocation (0: run to rl.steps), as a preempted job would; the
   # last step is checkpointed and `--resume` continues. Lets a long run fit in time-limited slots.
   stop_after_steps: int = bounded(0, low=0)
+  # --- mode="async" (docs/async.md) ---
+  # η: the most policy versions a trained token may lag the learner. 0 reproduces the sync loop exactly.
+  max_staleness: int = bounded(1, low=0)
+  num_samplers: int = bounded(1, low=1)  # sampler threads of `rlax-post train` in async mode
+  queue: str = choices(*QUEUE_BACKENDS)  # rollout queue of `train`; learner/sampler processes use files
+  queue_capacity: int = bounded(0, low=0)  # rows; 0: (max_staleness + 2) × a step's rollouts
+  sampler_slots: int = bounded(0, low=0)  # concurrent decodes per sampler; 0: a step's rollouts
+  param_versions_to_keep: int = bounded(3, low=1)  # published parameter versions kept on disk
+  sampler_timeout_s: float = bounded(60.0, low=0.0, low_open=True)  # no heartbeat this long: sampler dead
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,8 +173,26 @@ class Config:
     if self.sft.batch_size % self.loss.micro_batches:
       raise ValueError(f"sft.batch_size = {self.sft.batch_size} must be divisible by loss.micro_batches = "
                        f"{self.loss.micro_batches}.")
+    if self.runtime.queue_capacity and self.runtime.queue_capacity < rollouts:
+      raise ValueError(f"runtime.queue_capacity = {self.runtime.queue_capacity} rows cannot hold one step's "
+                       f"{rollouts} rollouts (rl.prompts_per_step × rl.samples_per_prompt); use 0 or >= that.")
+    if self.runtime.sampler_slots and self.runtime.sampler_slots < self.rl.samples_per_prompt:
+      raise ValueError(f"runtime.sampler_slots = {self.runtime.sampler_slots} cannot hold one group of "
+                       f"rl.samples_per_prompt = {self.rl.samples_per_prompt} samples; use 0 or >= that.")
     if self.loss.dual_clip is not None and self.loss.dual_clip <= 1.0:
       raise ValueError(f"`loss.dual_clip` must be > 1 (or None); got {self.loss.dual_clip}.")
+
+
+def staleness(cfg: Config) -> int:
+  """η of the run: 0 in sync mode."""
+  return cfg.runtime.max_staleness if cfg.runtime.mode == "async" else 0
+
+
+def loss_kind(cfg: Config) -> str:
+  """`loss.kind` with "auto" resolved: off-policy correction (decoupled PPO) exactly when η > 0."""
+  if cfg.loss.kind != "auto":
+    return cfg.loss.kind
+  return "decoupled_ppo" if staleness(cfg) > 0 else "ppo"
 
 
 def load(raw: Any) -> Config:

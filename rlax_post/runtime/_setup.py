@@ -67,8 +67,10 @@ def make_learner(graphdef, params_like, opt: optax.GradientTransformation, objec
                  abstract_state=abstract_state)
 
 
-def make_objective(section: config_lib.LossSection, logprob_fn):
-  """The policy objective named by `loss.kind` (registry; unknown kinds list the valid ones)."""
+def make_objective(section: config_lib.LossSection, logprob_fn, kind: str | None = None):
+  """The policy objective named by `kind` (default `loss.kind`; "auto" resolved by the caller through
+  `config.loss_kind`); unknown kinds list the valid ones."""
+  kind = section.kind if kind is None else kind
   common = dict(kl_coef=section.kl_coef, kl_kind=section.kl_kind, entropy_coef=section.entropy_coef)
   factories = {
       "ppo": lambda: learner.ppo_objective(logprob_fn, eps_low=section.eps_low, eps_high=section.eps_high,
@@ -79,9 +81,9 @@ def make_objective(section: config_lib.LossSection, logprob_fn):
           logprob_fn, eps_low=section.eps_low, eps_high=section.eps_high,
           behaviour_cap=section.behaviour_cap, dual_clip=section.dual_clip, **common),
   }
-  if section.kind not in factories:
-    raise ValueError(f"`loss.kind` must be one of {sorted(factories)}; got {section.kind!r}.")
-  return factories[section.kind]()
+  if kind not in factories:
+    raise ValueError(f"`loss.kind` must be one of {sorted(factories)}; got {kind!r}.")
+  return factories[kind]()
 
 
 def param_shardings(params_like, mesh, rules):

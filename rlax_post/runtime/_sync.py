@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 import tqdm
 
-from rlax_post import advantages as advantages_lib
 from rlax_post import config as config_lib
 from rlax_post import data
 from rlax_post import learner
@@ -26,21 +25,13 @@ from rlax_post import models
 from rlax_post import rewards
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _credit
+from rlax_post.runtime import _learn
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _rollouts
 from rlax_post.runtime import _setup
 
-# Streams of the run's PRNG: one key per (purpose, step), so a resumed run draws exactly what an
-# uninterrupted one would.
-_INIT, _SFT_UPDATE, _ROLLOUT, _RL_UPDATE, _MINIBATCH = range(5)
-
-
-def _key(seed: int, purpose: int, step: int) -> jax.Array:
-  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), purpose), step)
-
-
-def _host(metrics: dict) -> dict:
-  return {k: float(v) for k, v in jax.device_get(metrics).items()}
+_INIT, _SFT_UPDATE, _ROLLOUT, _RL_UPDATE = _learn.INIT, _learn.SFT_UPDATE, _learn.ROLLOUT, _learn.RL_UPDATE
+_key, _seed, _host = _learn.key, _learn.seed_of, _learn.host
 
 
 class GreedyEval:
@@ -64,10 +55,6 @@ class GreedyEval:
       completions = rewards.decode_completions(self.tokenizer, out.response)
       scores.append(rewards.score_completions(self.task, chunk, completions))
     return float(np.mean(np.concatenate(scores)))
-
-
-def _seed(*parts: int) -> int:
-  return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
 
 
 # Sections that decide what a run computes; a resumed run must match the run that wrote the checkpoint.
@@ -136,13 +123,8 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
 
   graphdef, params_like = models.abstract_params(model_cfg)
   param_sh = _setup.param_shardings(params_like, mesh, rules)
-  logprob_fn = lambda p, tokens: models.token_logprobs(graphdef, p, tokens, temperature=cfg.rl.temperature)
-  rl_opt = _setup.optimizer(cfg.rl.optimizer, cfg.rl.steps * cfg.rl.minibatches * cfg.rl.epochs)
-  rl_learner = _setup.make_learner(
-      graphdef, params_like, rl_opt,
-      _setup.make_objective(cfg.loss, logprob_fn),
-      mesh=mesh, rules=rules, micro_batches=cfg.loss.micro_batches, agg_mode=cfg.loss.agg_mode,
-      max_len=cfg.rl.max_new_tokens)  # Dr.GRPO's constant normaliser: the longest response.
+  rl_update = _learn.RLUpdate(cfg, graphdef, params_like, mesh, rules, max_new_tokens=cfg.rl.max_new_tokens)
+  rl_learner = rl_update.learner
   evaluate = GreedyEval(cfg, task, tokenizer, graphdef, model_cfg, mesh, max_prompt_len=max_prompt_len)
   prompts = data.prompt_batches(task, tokenizer, seed=cfg.seed, batch_size=cfg.rl.prompts_per_step,
                                 max_prompt_len=max_prompt_len, num_eval=cfg.task.num_eval)
@@ -165,7 +147,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
     params = _warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules, sft_len, metrics,
                          bar, say)
     ref_params = jax.tree.map(jnp.copy, params)
-    state = rl_learner.init(params, _key(cfg.seed, _RL_UPDATE, 0))
+    state = rl_update.init(params, cfg.seed)
     initial = evaluate(state.params)
     metrics.write(0, {"eval_reward": initial}, phase="eval")
     say(f"Warm-start greedy eval reward on {len(evaluate.examples)} held-out prompts: {initial:.3f}")
@@ -178,13 +160,6 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
       model_cfg, graphdef, tokenizer, mesh, slots=cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt,
       max_prompt_len=max_prompt_len, max_new_tokens=cfg.rl.max_new_tokens, temperature=cfg.rl.temperature,
       top_p=cfg.rl.top_p, top_k=cfg.rl.top_k)
-  score = _setup.make_score(graphdef, temperature=cfg.rl.temperature)
-  batch_sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
-  credit = _credit.Credit(cfg.advantage, num_groups=cfg.rl.prompts_per_step,
-                          batch=cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt,
-                          max_new_tokens=cfg.rl.max_new_tokens)
-  group_stats = jax.jit(lambda r, g: advantages_lib.group_stats(r, g, num_groups=cfg.rl.prompts_per_step))
-
   last_eval = None
   end_step = cfg.rl.steps
   if cfg.runtime.stop_after_steps:
@@ -204,50 +179,15 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
     response = gen.response
     completions = rewards.decode_completions(tokenizer, response)
     reward_b = rewards.score_completions(task, [examples[i] for i in group_ids], completions)
-    stats = _host(group_stats(reward_b, group_ids))
-    tokens = gen.tokens
-    lengths = gen.lengths
-    loss_mask = _setup.response_mask(prompt_lens, lengths, tokens.shape[1])
-    adv_bt, credit_metrics = credit(reward_b, group_ids, tokens, prompt_lens, lengths, loss_mask,
-                                    cfg.rl.max_new_tokens)
+    tokens, lengths = gen.tokens, gen.lengths
+    batch_rl = _learn.RolloutBatch(
+        tokens=tokens, prompt_lens=prompt_lens, lengths=lengths,
+        loss_mask=_setup.response_mask(prompt_lens, lengths, tokens.shape[1]),
+        behaviour_logprobs=_credit.scatter_steps(gen.logprobs, prompt_lens, tokens.shape[1]),
+        rewards=reward_b, group_ids=group_ids, finished=gen.finished)
     t_rollout = time.time() - t0
-
-    old_logp = np.asarray(score(state.params, tokens))
-    ref_logp = np.asarray(score(ref_params, tokens))
-    behaviour_logp = _credit.scatter_steps(gen.logprobs, prompt_lens, tokens.shape[1])
-    full = {"tokens": tokens, "loss_mask": loss_mask, "advantages": adv_bt, "old_logprobs": old_logp,
-            "ref_logprobs": ref_logp}
-    if cfg.loss.kind == "decoupled_ppo":
-      full["behaviour_logprobs"] = behaviour_logp
-    t1 = time.time()
-    step_metrics = []
-    rows = len(tokens)
-    for epoch in range(cfg.rl.epochs):
-      order = np.asarray(jax.random.permutation(_key(cfg.seed, _MINIBATCH, rl_step * cfg.rl.epochs + epoch),
-                                                rows)) if cfg.rl.minibatches > 1 else np.arange(rows)
-      for j, mb in enumerate(np.array_split(order, cfg.rl.minibatches)):
-        mb_batch = _setup.to_device_batch({k: v[mb] for k, v in full.items()}, batch_sh)
-        update_index = (rl_step * cfg.rl.epochs + epoch) * cfg.rl.minibatches + j
-        state, m = rl_learner.step(state, mb_batch, _key(cfg.seed, _RL_UPDATE, update_index))
-        step_metrics.append(m)
-    learner_metrics = {k: float(np.mean([_host(m)[k] for m in step_metrics])) for k in step_metrics[0]}
-    t_learn = time.time() - t1
-
-    row = {
-        "reward_mean": float(reward_b.mean()),
-        "reward_std": float(reward_b.std()),
-        "response_len_mean": float(lengths.mean()),
-        "finished_frac": float(gen.finished.mean()),
-        "frac_zero_signal": stats["frac_zero_signal"],
-        # Sampler vs learner logprobs of the same tokens under the same params: float rounding only.
-        "logprob_mismatch_max": float(np.max(np.abs(behaviour_logp - old_logp) * loss_mask)),
-        **credit_metrics,
-        **learner_metrics,
-        "tokens_per_s": (learner_metrics["num_tokens"] * cfg.rl.minibatches * cfg.rl.epochs /
-                         max(t_learn, 1e-9)),
-        "rollout_seconds": t_rollout,
-        "learn_seconds": t_learn,
-    }
+    state, row = rl_update(state, ref_params, batch_rl, rl_step)
+    row["rollout_seconds"] = t_rollout
     done = rl_step + 1
     if done % cfg.runtime.log_every == 0 or done == cfg.rl.steps:
       metrics.write(done, row)

@@ -4,6 +4,7 @@
 insert into slots, one decode step for all slots); `rlax-post serve` runs JetStream's gRPC server with it.
 `Driver` is the RL sampling driver over the engine (continuous batching, shared prefills, parameter versions,
 multi-turn continuation); the training loop and evaluation sample through it (one sampling path).
+`run_episodes` runs multi-turn env episodes on a driver; `EpisodeRunner` streams groups of them.
 """
 
 from rlax_post.sampler._driver import Completion
@@ -12,6 +13,7 @@ from rlax_post.sampler._driver import DriverStats
 from rlax_post.sampler._driver import Request
 from rlax_post.sampler._engine import DecodeState
 from rlax_post.sampler._episodes import END_REASONS
+from rlax_post.sampler._episodes import EpisodeRunner
 from rlax_post.sampler._episodes import Episode
 from rlax_post.sampler._episodes import run_episodes
 from rlax_post.sampler._engine import Prefix
@@ -27,6 +29,7 @@ __all__ = [
     "DriverStats",
     "END_REASONS",
     "Episode",
+    "EpisodeRunner",
     "Request",
     "DecodeState",
     "prefill_buckets",

@@ -40,6 +40,13 @@ is dropped), as a raising synchronous env does.
 
 Per request the driver seeds turn j of sample i with `fold_in(fold_in(fold_in(key(seed), r), i), j)` (r: the
 request's submission index), so outputs do not depend on the schedule (slot, batching mode, prefix sharing).
+A request may pin its own streams: with `Request.seed` set, `key(Request.seed)` and r = `Request.stream` replace
+the driver's seed and the submission index (and `Request.sample_streams[i]` replaces i where given). So a
+long-lived driver that receives request r of a batch at any time, between any other requests, with
+`seed=S, stream=r`, draws what a fresh `Driver(seed=S)` draws for the batch submitted in order: the same
+tokens, logprobs and versions, bit for bit (tested on CPU with the same slot count and with another one).
+Across slot counts the streams are the same but the logits come from a decode step of another batch size,
+which XLA does not promise to compute bit-for-bit alike on every backend (a rounding could flip a draw).
 """
 
 from __future__ import annotations
@@ -66,6 +73,12 @@ class Request:
   env: multi-turn callback `env(index, transcript, finish_reason) -> observation ids | None`, or a
     `concurrent.futures.Future` of them (module docstring); None: one turn. max_tokens then bounds each turn
     (and is clipped to the room left).
+  seed: None: the samples' streams derive from the driver's seed and the request's submission index. An int:
+    turn j of sample i draws from `fold_in(key(seed), stream, i, j)`, whatever the driver's seed and whenever
+    the request is submitted (module docstring).
+  stream: the request's stream index r, an int in [0, 2**32); required with `seed`, only with it.
+  sample_streams: [n] distinct ints in [0, 2**32), the index each sample's streams use in place of i; None:
+    0..n-1. Lets a group split over several requests keep one stream per member (`EpisodeRunner`).
   """
   prompt: Sequence[int]
   n: int = 1
@@ -73,6 +86,9 @@ class Request:
   stop_tokens: tuple[int, ...] = ()
   request_id: Any = None
   env: Callable[[int, tuple[int, ...], str], Sequence[int] | None | concurrent.futures.Future] | None = None
+  seed: int | None = None
+  stream: int | None = None
+  sample_streams: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +139,7 @@ class DriverStats:
 class _Sample:
   """A sample in flight (host-side bookkeeping)."""
   request: Request
-  order: int  # the request's submission index (seeds its streams; sorts results).
+  order: int  # the request's submission index (sorts results; keys shared prefixes).
   index: int
   stops: frozenset[int]
   limit: int  # most tokens it may generate this turn.
@@ -138,9 +154,32 @@ class _Sample:
   prefix: _engine.Prefix | None = None
   prefix_len: int = 0
   prefix_version: int = -1
+  key: Any = None  # fold_in(key(seed), r, i): turn j draws from fold_in(key, j).
 
   def ids(self) -> list[int]:
     return list(self.request.prompt) + self.tokens
+
+
+def check_streams(name: str, seed: Any, stream: Any, sample_streams: Any, n: int) -> None:
+  """Raises ValueError (prefixed by `name`) unless seed, stream and sample_streams are valid for `Request`."""
+  def is_int(x, lo, hi):
+    return not isinstance(x, bool) and isinstance(x, (int, np.integer)) and lo <= x < hi
+
+  if seed is None:
+    if stream is not None:
+      raise ValueError(f"{name}: stream {stream!r} needs a seed (seed is None).")
+  else:
+    if not is_int(seed, -2**63, 2**63):
+      raise ValueError(f"{name}: seed must be an int in [-2**63, 2**63) or None; got {seed!r}.")
+    if stream is None:
+      raise ValueError(f"{name}: stream is required when seed is set (seed {seed}).")
+    if not is_int(stream, 0, 2**32):
+      raise ValueError(f"{name}: stream must be an int in [0, 2**32); got {stream!r}.")
+  if sample_streams is not None:
+    streams = tuple(sample_streams)
+    if len(streams) != n or len(set(streams)) != n or not all(is_int(x, 0, 2**32) for x in streams):
+      raise ValueError(f"{name}: sample_streams must be n = {n} distinct ints in [0, 2**32) or None; got "
+                       f"{sample_streams!r}.")
 
 
 class Driver:
@@ -156,7 +195,7 @@ class Driver:
     static_batching: insert only when every slot is free (baseline).
     share_prefix: one prefill per request (True) or per sample (False, baseline).
     recompute_on_swap: rebuild in-flight KV caches under the new params on `set_params` (module docstring).
-    seed: seeds the samples' streams.
+    seed: seeds the samples' streams (of requests without their own `seed`).
     park_wait_s: how long a `step()` with only parked samples left waits for one of their futures.
   """
 
@@ -231,8 +270,13 @@ class Driver:
     for request, stops in zip(requests, queued):
       order = self._num_requests
       self._num_requests += 1
-      for i in range(request.n):
-        sample = _Sample(request, order, i, stops, 0, "")
+      if request.seed is None:
+        request_key = jax.random.fold_in(self._key, order)
+      else:
+        request_key = jax.random.fold_in(jax.random.key(request.seed), request.stream)
+      streams = range(request.n) if request.sample_streams is None else request.sample_streams
+      for i, stream in enumerate(streams):
+        sample = _Sample(request, order, i, stops, 0, "", key=jax.random.fold_in(request_key, stream))
         self._set_turn_limit(sample)
         self._pending.append(sample)
 
@@ -342,6 +386,7 @@ class Driver:
                          f"{engine.max_decode_length}.")
     if r.env is not None and not callable(r.env):
       raise ValueError(f"Request {r.request_id!r}: env must be callable or None; got {r.env!r}.")
+    check_streams(f"Request {r.request_id!r}", r.seed, r.stream, r.sample_streams, r.n)
     return frozenset(int(t) for t in r.stop_tokens) | {engine.tokenizer.eos_id}
 
   def _set_turn_limit(self, sample: _Sample) -> None:
@@ -443,8 +488,7 @@ class Driver:
       prefix = self._prefix_for(sample)
       if sample.request.env is not None and sample.turn == 0:
         self._keep_prefix(sample, prefix)
-      rng = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(self._key, sample.order), sample.index),
-                               sample.turn)
+      rng = jax.random.fold_in(sample.key, sample.turn)
       self._insert(prefix, slot, rng)
       self._busy[slot] = sample
       self._logits_version[slot] = self.version

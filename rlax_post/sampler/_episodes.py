@@ -5,9 +5,20 @@ per turn the policy's message (up to `max_turn_tokens` tokens, ended by a stop t
 in the tokens) and the env's observation. When a message ends, its text (the turn's tokens decoded, stop
 token excluded) goes to `env.step` in a thread pool and the driver's env callback returns the step's future:
 the sample is parked without a slot and resumes from its cached prefix when the observation arrives (the
-driver's deferred observations), so slow envs overlap with decoding. Resets run in the same pool; a prompt's
-episodes go to the driver (in prompt order, so that sampling streams do not depend on env latency) as soon as
-its n resets are over.
+driver's deferred observations), so slow envs overlap with decoding. Resets run in the same pool; a group's
+episodes (the n episodes of one prompt) go to the driver as soon as its n resets are over. The episodes of a
+group whose first observations agree share one request (one prefill); others get a request per context.
+
+`EpisodeRunner` streams: `submit` a group at any time, `step` returns each group once all its n episodes
+have ended. `run_episodes` runs a batch to completion on it (one unseeded group per prompt).
+
+Seeding. A group submitted with `seed` and `stream` draws turn j of episode i from
+`fold_in(key(seed), stream, i, j)` (`Request.seed`, `.stream`, `.sample_streams`): the same whenever it is
+submitted and whatever else runs; a group with one context draws what `run_episodes` on a fresh
+`Driver(seed=seed)` draws for prompt number `stream` when every prompt has one context. A group without a seed
+is seeded by the driver's seed and its requests' submission indices; to keep those independent of env
+latency, it goes to the driver only after every earlier group, and no group overtakes an earlier group
+without a seed (so `run_episodes` submits prompts in prompt order, as it always has).
 
 An episode ends with `end_reason`:
   'env_done'           the env's step said done (its reward is the last one);
@@ -39,7 +50,8 @@ END_REASONS = ("env_done", "max_turns", "max_decode_length", "env_error", "env_t
 class Episode:
   """One finished episode (N tokens, K policy turns).
 
-  prompt_index, index: the prompt (position in `prompts`) and the episode's index among its n.
+  prompt_index, index: the prompt (its position in `run_episodes`' prompts; the group's submission index
+    in an `EpisodeRunner`) and the episode's index among its n.
   tokens: [N] context then, per turn, message and observation ids.
   trained_mask: [N] 1 where the policy sampled the token, 0 for context and observations.
   turn_starts: [K] index in `tokens` of each turn's first message token.
@@ -98,6 +110,7 @@ class _Calls:
     self._pool, self._timeout_s = pool, timeout_s
     self._lock = threading.Lock()
     self._live: dict[concurrent.futures.Future, tuple[list[float | None], _State]] = {}
+    self._closed = False
 
   def submit(self, state: _State, call: Callable[[], Any], on_result: Callable[[Any], Any]) -> Any:
     """Runs `call()` in the pool; the future resolves to `on_result(value)`, or None after recording an
@@ -130,9 +143,22 @@ class _Calls:
         out.set_result(None)
 
     with self._lock:
+      if self._closed:  # The pool is shut down: the call ends at once.
+        _end(state, "env_error", "the EpisodeRunner was closed")
+        out.set_result(None)
+        return out
       self._live[out] = (started, state)
     self._pool.submit(work)
     return out
+
+  def close(self) -> None:
+    """Ends every live call (its late result is ignored) and every later one at once."""
+    with self._lock:
+      self._closed = True
+      for out, (_, state) in self._live.items():
+        _end(state, "env_error", "the EpisodeRunner was closed")
+        out.set_result(None)
+      self._live.clear()
 
   def expire(self) -> None:
     """Ends every call that has run longer than the timeout."""
@@ -145,9 +171,200 @@ class _Calls:
           out.set_result(None)
 
 
+def _end(state: _State, reason: str, error: str) -> None:
+  state.end_reason, state.error = reason, error
+
+
 def _check_int(name: str, value: Any, minimum: int) -> None:
   if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
     raise ValueError(f"{name} must be an int >= {minimum}; got {value!r}.")
+
+
+@dataclasses.dataclass
+class _Group:
+  """One submitted group: n episodes of one prompt."""
+  group_id: Any
+  states: list[_State]  # [n] in episode order.
+  resets: list[concurrent.futures.Future]  # [n] each resolves to the reset's text, or None if it failed.
+  max_turn_tokens: int
+  seed: int | None
+  stream: int | None
+  remaining: int  # episodes not yet ended.
+  completions: dict[int, _driver.Completion] = dataclasses.field(default_factory=dict)  # by episode index.
+
+
+class EpisodeRunner:
+  """Streams groups of episodes through one driver (module docstring): submit any time, step to collect.
+
+  The runner owns the driver: submit nothing else to it (the runner collects every completion), though
+  `driver.set_params` between steps is fine. Not thread-safe: call `submit`, `step` and `close` from one
+  thread. `Episode.prompt_index` is the group's submission index in the runner (0, 1, ...).
+
+  Args:
+    driver: an idle driver (nothing submitted); its engine's sampling law, slots and params are used.
+    tokenizer: encodes texts (`encode(text, add_bos=...)`) and decodes messages (`decode(ids)`).
+    env_factory: builds one fresh `Env` per episode.
+    max_turn_tokens: most tokens per message (a group may override it).
+    max_turns: most messages per episode.
+    stop_tokens: ids that end a message (EOS always does).
+    env_timeout_s: longest an env `reset` or `step` may run.
+    max_workers: threads stepping envs.
+  """
+
+  def __init__(self, driver: _driver.Driver, tokenizer: Any, env_factory: Callable[[], _protocol.Env], *,
+               max_turn_tokens: int, max_turns: int, stop_tokens: Sequence[int] = (),
+               env_timeout_s: float = 60.0, max_workers: int = 8):
+    for name, value in (("max_turn_tokens", max_turn_tokens), ("max_turns", max_turns),
+                        ("max_workers", max_workers)):
+      _check_int(name, value, 1)
+    if isinstance(env_timeout_s, bool) or not isinstance(env_timeout_s, (int, float)) or env_timeout_s <= 0:
+      raise ValueError(f"env_timeout_s must be a positive number; got {env_timeout_s!r}.")
+    if not driver.done:
+      raise ValueError("EpisodeRunner (and run_episodes) needs an idle driver (it collects every completion).")
+    self._driver, self._tokenizer, self._env_factory = driver, tokenizer, env_factory
+    self._max_turn_tokens, self._max_turns = max_turn_tokens, max_turns
+    self._stop_tokens = tuple(int(t) for t in stop_tokens)
+    self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="rlax_env")
+    self._calls = _Calls(self._pool, float(env_timeout_s))
+    self._waiting: list[_Group] = []  # Resetting (or held back by an earlier unseeded group), in order.
+    self._running: dict[int, tuple[_Group, list[int]]] = {}  # request id -> (group, episode of each sample).
+    self._finished: list[_Group] = []
+    self._num_groups = self._num_requests = self._pending = 0
+    self._driver_steps = 0  # driver.step() calls (run_episodes' on_step counts them).
+    self._closed = False
+
+  @property
+  def pending(self) -> int:
+    """Groups submitted and not yet returned by `step` (0 once closed)."""
+    return self._pending
+
+  def submit(self, prompt: str, *, n: int, group_id: Any, seed: int | None = None, stream: int | None = None,
+             max_turn_tokens: int | None = None) -> None:
+    """Starts n episodes of `prompt` as one group: builds n envs and resets them in the pool.
+
+    Args:
+      prompt: the prompt text.
+      n: episodes in the group.
+      group_id: returned with the group's episodes by `step` (any value).
+      seed, stream: pin the group's sampling streams (module docstring); None: the driver's.
+      max_turn_tokens: this group's most tokens per message; None: the runner's.
+    """
+    self._check_open()
+    if not isinstance(prompt, str):
+      raise ValueError(f"prompt must be a string; got {prompt!r}.")
+    _check_int("n", n, 1)
+    max_turn_tokens = self._max_turn_tokens if max_turn_tokens is None else max_turn_tokens
+    _check_int("max_turn_tokens", max_turn_tokens, 1)
+    _driver.check_streams(f"group {group_id!r}", seed, stream, None, n)
+    states = [_State(self._num_groups, i, self._env_factory()) for i in range(n)]
+    bad = [type(s.env).__name__ for s in states if not isinstance(s.env, _protocol.Env)]
+    if bad:
+      raise ValueError(f"env_factory must build Envs (with reset and step); got {bad[0]}.")
+    self._num_groups += 1
+    self._pending += 1
+    context = self._tokenizer.encode(prompt, add_bos=True)
+    resets = []
+    for state in states:
+      state.context = list(context)
+      resets.append(self._calls.submit(state, lambda s=state: s.env.reset(prompt), _as_text))
+    self._waiting.append(_Group(group_id, states, resets, max_turn_tokens, seed, stream, remaining=n))
+
+  def step(self) -> list[tuple[Any, list[Episode]]]:
+    """One driver step or, when the driver is idle and groups are resetting, a wait of up to the driver's
+    `park_wait_s` for a reset; then expires timed-out env calls.
+
+    Returns:
+      The groups that finished meanwhile, in submission order: (group_id, its n episodes in index order).
+    """
+    self._check_open()
+    self._start_ready()
+    if not self._driver.done:
+      self._driver.step()
+      self._driver_steps += 1
+      self._calls.expire()
+      for c in self._driver.collect():
+        group, members = self._running[c.request_id]
+        group.completions[members[c.index]] = c
+        group.remaining -= 1
+        if not group.remaining:
+          self._finished.append(group)
+      self._running = {k: v for k, v in self._running.items() if v[0].remaining}
+    elif self._waiting:
+      resetting = [f for g in self._waiting for f in g.resets if not f.done()]
+      if resetting:
+        concurrent.futures.wait(resetting, timeout=self._driver.park_wait_s,
+                                return_when=concurrent.futures.FIRST_COMPLETED)
+      self._calls.expire()
+      self._start_ready()
+    finished, self._finished = self._finished, []
+    self._pending -= len(finished)
+    finished.sort(key=lambda g: g.states[0].prompt_index)
+    return [(g.group_id, [_episode(s, g.completions.get(s.index), self._tokenizer) for s in g.states])
+            for g in finished]
+
+  def close(self) -> None:
+    """Drops pending groups and shuts the env pool down without waiting for running env calls (their
+    results are ignored). Env calls the driver waits on resolve as ended, so stepping the driver until
+    `done` (then `collect`) drains the runner's samples if the driver is to be reused."""
+    if self._closed:
+      return
+    self._closed = True
+    self._calls.close()
+    self._pool.shutdown(wait=False, cancel_futures=True)
+    self._waiting, self._running, self._finished, self._pending = [], {}, [], 0
+
+  def __enter__(self) -> EpisodeRunner:
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+  def _check_open(self) -> None:
+    if self._closed:
+      raise RuntimeError("EpisodeRunner is closed.")
+
+  def _start_ready(self) -> None:
+    """Sends every group whose resets are over to the driver, keeping unseeded groups in order."""
+    waiting, held, hold_all = [], False, False
+    for k, group in enumerate(self._waiting):
+      if all(f.done() for f in group.resets) and not hold_all and (group.seed is not None or not held):
+        try:
+          self._start(group)
+        except Exception:
+          self._waiting = waiting + self._waiting[k + 1:]  # The group is dropped; the runner stays usable.
+          raise
+        continue
+      waiting.append(group)
+      held = True  # An unseeded group may not overtake it.
+      hold_all |= group.seed is None  # No group may overtake an unseeded one.
+    self._waiting = waiting
+
+  def _start(self, group: _Group) -> None:
+    """Submits the group's requests: its episodes grouped by context (a request shares one prefill)."""
+    contexts: dict[tuple[int, ...], list[int]] = {}
+    for future, state in zip(group.resets, group.states):
+      observation = future.result()
+      if observation is None:  # reset failed: the episode ends with its context, no turn.
+        group.remaining -= 1
+        continue
+      state.context += self._tokenizer.encode(observation, add_bos=False)
+      state.turn_starts.append(len(state.context))
+      contexts.setdefault(tuple(state.context), []).append(state.index)
+    requests = [_driver.Request(
+        list(context), n=len(members), max_tokens=group.max_turn_tokens, stop_tokens=self._stop_tokens,
+        request_id=self._num_requests + k,
+        env=_callback([group.states[i] for i in members], self._calls, self._tokenizer, self._max_turns),
+        seed=group.seed, stream=group.stream, sample_streams=None if group.seed is None else tuple(members))
+                for k, (context, members) in enumerate(contexts.items())]
+    try:
+      self._driver.submit(requests)  # Raises on a context the engine cannot take (nothing is queued then).
+    except Exception:
+      self._pending -= 1
+      raise
+    self._num_requests += len(requests)
+    self._running.update({r.request_id: (group, members) for r, members in zip(requests, contexts.values())})
+    if not group.remaining:
+      self._finished.append(group)
 
 
 def run_episodes(driver: _driver.Driver, tokenizer: Any, env_factory: Callable[[], _protocol.Env],
@@ -155,6 +372,10 @@ def run_episodes(driver: _driver.Driver, tokenizer: Any, env_factory: Callable[[
                  stop_tokens: Sequence[int] = (), env_timeout_s: float = 60.0, max_workers: int = 8,
                  on_step: Callable[[_driver.Driver, int], None] | None = None) -> list[Episode]:
   """Runs n episodes per prompt to their end (module docstring); episodes in prompt order, then index.
+
+  An `EpisodeRunner` with one unseeded group per prompt, submitted in prompt order: the groups go to the
+  driver in that order, so prompt p's requests take the driver's submission indices after those of prompts
+  0..p-1 (p itself when every prompt has one context), whatever the envs' latencies.
 
   Args:
     driver: an idle driver (nothing submitted); its engine's sampling law, slots and params are used.
@@ -172,73 +393,20 @@ def run_episodes(driver: _driver.Driver, tokenizer: Any, env_factory: Callable[[
   prompts = list(prompts)
   if not all(isinstance(p, str) for p in prompts):
     raise ValueError(f"prompts must be strings; got {prompts!r}.")
-  for name, value in (("n", n), ("max_turn_tokens", max_turn_tokens), ("max_turns", max_turns),
-                      ("max_workers", max_workers)):
-    _check_int(name, value, 1)
-  if isinstance(env_timeout_s, bool) or not isinstance(env_timeout_s, (int, float)) or env_timeout_s <= 0:
-    raise ValueError(f"env_timeout_s must be a positive number; got {env_timeout_s!r}.")
-  if not driver.done:
-    raise ValueError("run_episodes needs an idle driver (it collects every completion).")
-  stop_tokens = tuple(int(t) for t in stop_tokens)
-  pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="rlax_env")
-  calls = _Calls(pool, float(env_timeout_s))
-  try:
-    states = [_State(p, i, env_factory()) for p in range(len(prompts)) for i in range(n)]
-    bad = [type(s.env).__name__ for s in states if not isinstance(s.env, _protocol.Env)]
-    if bad:
-      raise ValueError(f"env_factory must build Envs (with reset and step); got {bad[0]}.")
-    resets: list[list[tuple[concurrent.futures.Future, _State]]] = [[] for _ in prompts]  # [P][n]
-    for state in states:
-      prompt = prompts[state.prompt_index]
-      state.context = tokenizer.encode(prompt, add_bos=True)
-      resets[state.prompt_index].append(
-          (calls.submit(state, lambda s=state, p=prompt: s.env.reset(p), _as_text), state))
-    where: dict[int, tuple[int, int]] = {}  # id(state) -> (request id, sample index).
-    submitted, steps = 0, 0
-    while submitted < len(prompts) or not driver.done:
-      # Prompts go to the driver in order (their submission index seeds their streams) once their n
-      # resets are over, so decoding of the first prompts overlaps with the resets of later ones.
-      while submitted < len(prompts) and all(f.done() for f, _ in resets[submitted]):
-        driver.submit(_requests(resets[submitted], where, calls, tokenizer, max_turn_tokens, max_turns,
-                                stop_tokens))
-        submitted += 1
-      if driver.done:
-        if submitted < len(prompts):
-          concurrent.futures.wait([f for f, _ in resets[submitted]], timeout=driver.park_wait_s,
-                                  return_when=concurrent.futures.FIRST_COMPLETED)
-          calls.expire()
-        continue
-      driver.step()
-      calls.expire()
-      steps += 1
-      if on_step is not None:
+  _check_int("n", n, 1)
+  with EpisodeRunner(driver, tokenizer, env_factory, max_turn_tokens=max_turn_tokens, max_turns=max_turns,
+                     stop_tokens=stop_tokens, env_timeout_s=env_timeout_s, max_workers=max_workers) as runner:
+    for p, prompt in enumerate(prompts):
+      runner.submit(prompt, n=n, group_id=p)
+    episodes: dict[int, list[Episode]] = {}
+    steps = 0
+    while runner.pending:
+      before = runner._driver_steps  # pylint: disable=protected-access
+      episodes.update(runner.step())
+      if on_step is not None and runner._driver_steps > before:  # pylint: disable=protected-access
+        steps += 1
         on_step(driver, steps)
-    completions = {(c.request_id, c.index): c for c in driver.collect()}
-  finally:
-    pool.shutdown(wait=False, cancel_futures=True)
-  return [_episode(state, completions.get(where.get(id(state))), tokenizer) for state in states]
-
-
-def _requests(resets: list[tuple[concurrent.futures.Future, _State]], where: dict[int, tuple[int, int]],
-              calls: _Calls, tokenizer: Any, max_turn_tokens: int, max_turns: int,
-              stop_tokens: tuple[int, ...]) -> list[_driver.Request]:
-  """One prompt's requests: its episodes grouped by context (a group shares one prefill)."""
-  groups: dict[tuple[int, ...], list[_State]] = {}
-  for future, state in resets:
-    observation = future.result()
-    if observation is None:  # reset failed: the episode ends with its context, no turn.
-      continue
-    state.context += tokenizer.encode(observation, add_bos=False)
-    state.turn_starts.append(len(state.context))
-    groups.setdefault(tuple(state.context), []).append(state)
-  requests = []
-  for context, members in groups.items():
-    request_id = len(where)  # Unique: `where` grows by one entry per sample.
-    where.update({id(m): (request_id, i) for i, m in enumerate(members)})
-    requests.append(_driver.Request(list(context), n=len(members), max_tokens=max_turn_tokens,
-                                    stop_tokens=stop_tokens, request_id=request_id,
-                                    env=_callback(members, calls, tokenizer, max_turns)))
-  return requests
+  return [e for p in range(len(prompts)) for e in episodes[p]]
 
 
 def _as_text(value: Any) -> str:

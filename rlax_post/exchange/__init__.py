@@ -1,0 +1,47 @@
+"""Versioned parameter exchange between a learner and its samplers, over orbax checkpoints.
+
+A `ParamPublisher` (the learner) writes params versions; `ParamSubscriber`s (samplers, evaluators; in this
+process or others, on other hosts, on other meshes) read the newest one. `LocalParams` is the in-memory
+equivalent for threads of one process. Both readers satisfy `ParamSource`.
+
+Layout on disk::
+
+  <dir>/<version>/                     one complete version (int >= 0, strictly increasing)
+    commit_success.txt                 orbax's commit marker, written last
+    params/                            the params pytree (orbax StandardSave, OCDBT)
+    meta/                              the JSON `meta` dict
+  <dir>/<version>.orbax-checkpoint-tmp a version being written (never read)
+  <dir>/leases/<version>.<reader_id>.<nonce>   a reader's lease: the wall-clock time it was taken
+
+Atomicity. A version is either complete or invisible. Orbax writes into a tmp directory and renames it when
+done (local disks) or writes in place and adds `commit_success.txt` last (buckets); in both modes the marker
+exists only in a finished version. Readers list only directories named `<int>` holding the marker (orbax's
+commit-file finalization check), so tmp dirs, stray numeric dirs and half-written versions are never read.
+A directory with the marker that cannot be read raises `ValueError` ("corrupt") instead of returning data.
+
+Asynchrony. `publish` returns once the params are copied to host memory; orbax writes them in a background
+thread. `wait()` (or `close()`) blocks until all publishes are visible.
+
+GC and leases. After each publish the publisher deletes complete versions older than the newest
+`max_to_keep`, on a background thread. Deletion removes the commit marker first, so a version being deleted is
+invisible at once. Before restoring version v a reader atomically writes `leases/<v>.<reader_id>.<nonce>`
+(holding `time.time()`), re-checks that v is still complete, restores, and removes the lease. GC skips
+versions with a lease younger than `lease_timeout_s` and removes older leases (their readers died). A reader
+that still loses its version (it listed v just before GC deleted it, or its restore outlived its lease)
+sees v vanish and `latest()`/`wait_for()` retry with the then-newest version; `restore(v)` raises
+`ValueError` listing the available versions.
+
+Processes and buckets. All paths are `etils.epath.Path`s: a local directory (made absolute) or a bucket URL
+such as `gs://bucket/run/params` (kept as is). Readers re-list the directory on every call and never create
+or delete versions, so any number of reader processes can follow one publisher process. Lease times are wall
+clocks of different hosts: keep `lease_timeout_s` well above both the clock skew and the slowest restore.
+Restores read only the shards each reader's own shardings need, so a reader may use a different mesh and
+different `PartitionSpec`s than the publisher (resharding on restore), and different dtypes (cast on read).
+"""
+
+from rlax_post.exchange._local import LocalParams
+from rlax_post.exchange._local import ParamSource
+from rlax_post.exchange._publisher import ParamPublisher
+from rlax_post.exchange._subscriber import ParamSubscriber
+
+__all__ = ["LocalParams", "ParamPublisher", "ParamSource", "ParamSubscriber"]

@@ -1,0 +1,155 @@
+"""The writing side: asynchronous orbax saves of one version after another, and lease-aware GC."""
+
+from __future__ import annotations
+
+from concurrent import futures
+import json
+import logging
+import os
+import threading
+from typing import Any
+
+from etils import epath
+import jax
+import orbax.checkpoint as ocp
+
+from rlax_post.exchange import _store
+
+
+def _handler() -> ocp.CompositeCheckpointHandler:
+  return ocp.CompositeCheckpointHandler(params=ocp.StandardCheckpointHandler(),
+                                        meta=ocp.JsonCheckpointHandler())
+
+
+class ParamPublisher:
+  """Publishes versions of a params pytree to `<directory>/<version>/` for `ParamSubscriber`s to read.
+
+  One publisher per directory (it removes leftovers of a crashed writer on start). In a multi-process JAX
+  program every process calls `publish` (orbax writes each process's shards); only process 0 deletes.
+  """
+
+  def __init__(self, directory: str | os.PathLike | epath.Path, *, max_to_keep: int = 3,
+               lease_timeout_s: float = 300.0):
+    """Opens (creating if needed) `directory`.
+
+    Args:
+      directory: local path or bucket URL (`gs://...`).
+      max_to_keep: complete versions kept after GC (leased versions are kept in addition), >= 1.
+      lease_timeout_s: a reader's lease older than this is considered dead and ignored by GC.
+    """
+    if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
+      raise ValueError(f"max_to_keep must be an int >= 1; got {max_to_keep!r}.")
+    if not lease_timeout_s > 0:
+      raise ValueError(f"lease_timeout_s must be > 0; got {lease_timeout_s!r}.")
+    self.directory = _store.as_path(directory)
+    self._max_to_keep = max_to_keep
+    self._lease_timeout_s = float(lease_timeout_s)
+    self._primary = jax.process_index() == 0
+    if self._primary:
+      self.directory.mkdir(parents=True, exist_ok=True)
+      _store.lease_dir(self.directory).mkdir(exist_ok=True)
+      for path in self.directory.iterdir():  # Tmp dirs of a writer that died mid-save.
+        if _store.TMP_SUFFIX in path.name:
+          path.rmtree()
+    self._checkpointer = ocp.AsyncCheckpointer(_handler())
+    versions = _store.complete_versions(self.directory)
+    self._last: int | None = versions[-1] if versions else None
+    # GC runs off the caller's thread; it only touches the filesystem, never the (non-thread-safe) checkpointer.
+    self._gc_pool = futures.ThreadPoolExecutor(1, thread_name_prefix="param-publisher-gc")
+    self._gc_pending: list[futures.Future] = []
+    self._lock = threading.Lock()
+
+  @property
+  def latest_version(self) -> int | None:
+    """The newest complete version in the directory (re-listed), or None."""
+    versions = _store.complete_versions(self.directory)
+    return versions[-1] if versions else None
+
+  def publish(self, params: Any, version: int, meta: dict | None = None) -> None:
+    """Starts writing `params` as `version`; returns after the device->host copy.
+
+    Orbax first waits for the previous publish to finish, copies `params` to host memory, and writes it to
+    `<dir>/<version>.orbax-checkpoint-tmp` in a background thread, renaming it to `<dir>/<version>` when done.
+    The caller may donate or overwrite `params` as soon as this returns. Call `wait()` for visibility.
+
+    Args:
+      params: pytree of `jax.Array`s (an `nnx.State` is stored as its nested dict).
+      version: int >= 0, greater than every version published before (in this directory).
+      meta: JSON-serializable dict stored with the version (e.g. learner step, data position).
+    """
+    with self._lock:
+      version = _store.check_version(version, self._last)
+      meta = {} if meta is None else meta
+      if not isinstance(meta, dict):
+        raise ValueError(f"meta must be a dict or None; got {type(meta).__name__}.")
+      try:
+        json.dumps(meta)
+      except TypeError as e:
+        raise ValueError(f"meta must be JSON-serializable: {e}") from e
+      step_dir = self.directory / str(version)
+      if self._primary and step_dir.exists():  # Incomplete (else check_version failed): a dead writer's.
+        step_dir.rmtree()
+      self._checkpointer.save(step_dir, args=ocp.args.Composite(
+          params=ocp.args.StandardSave(_store.pure(params)), meta=ocp.args.JsonSave(meta)))
+      self._last = version
+      # `save` waited for the previous version, so this pass sees every earlier version complete.
+      self._gc_pending = [f for f in self._gc_pending if not f.done()]
+      self._gc_pending.append(self._gc_pool.submit(self._collect_garbage))
+
+  def wait(self) -> None:
+    """Blocks until every pending publish is complete and visible, then garbage-collects."""
+    with self._lock:
+      self._checkpointer.wait_until_finished()
+      self._drain_gc()
+      self._collect_garbage()
+
+  def close(self) -> None:
+    """`wait()`, then releases the checkpointer and the GC thread."""
+    self.wait()
+    with self._lock:
+      self._checkpointer.close()
+      self._gc_pool.shutdown(wait=True)
+
+  def delete_newer_than(self, version: int) -> list[int]:
+    """Removes versions > `version` (complete or not), so that `publish(version + 1)` is allowed.
+
+    A learner resumed from an older checkpoint uses this to discard the versions of its lost future. Leases
+    are ignored: readers holding one of these versions fail over to the newest remaining version.
+
+    Returns:
+      The complete versions removed, ascending.
+    """
+    if isinstance(version, bool) or not isinstance(version, int):
+      raise ValueError(f"version must be an int; got {version!r}.")
+    self.wait()
+    with self._lock:
+      removed = [v for v in _store.complete_versions(self.directory) if v > version]
+      if self._primary:
+        for path in self.directory.iterdir():
+          head = path.name.partition(".")[0]
+          if path.name != _store.LEASES and head.isdigit() and int(head) > version:
+            _store.delete_version(path)
+      remaining = [v for v in _store.complete_versions(self.directory) if v <= version]
+      self._last = remaining[-1] if remaining else None
+      return removed
+
+  def _drain_gc(self) -> None:
+    for future in self._gc_pending:
+      future.result()
+    self._gc_pending = []
+
+  def _collect_garbage(self) -> None:
+    """Deletes complete versions older than the newest `max_to_keep`, except those with a live lease."""
+    if not self._primary:
+      return
+    try:
+      versions = _store.complete_versions(self.directory)
+      old = versions[:-self._max_to_keep]
+      if not old:
+        return
+      leased = _store.live_leases(self.directory, self._lease_timeout_s)
+      for v in old:
+        if v not in leased:
+          _store.delete_version(self.directory / str(v))
+    except OSError as e:  # GC is retried on the next publish; a transient error must not stop training.
+      logging.warning("Parameter GC in %s failed: %s", self.directory, e)

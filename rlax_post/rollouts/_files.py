@@ -1,0 +1,450 @@
+"""File backend: processes or hosts sharing a directory of ArrayRecord shards (layout in the package docs)."""
+
+from collections.abc import Sequence
+import json
+import logging
+import os
+import re
+import socket
+import tempfile
+import threading
+import time
+import uuid
+
+from array_record.python.array_record_module import ArrayRecordWriter
+from etils import epath
+import grain
+
+from rlax_post.rollouts import _queue
+from rlax_post.rollouts import _records
+
+_SHARD_RE = re.compile(r"^(\d{12})\.array_record$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+
+
+def _is_local(path: epath.Path) -> bool:
+  return "://" not in str(path)
+
+
+def _check_name(kind: str, name: str) -> None:
+  if not isinstance(name, str) or not _NAME_RE.match(name):
+    raise ValueError(f"{kind} must match {_NAME_RE.pattern} (it names files); got {name!r}")
+
+
+def _atomic_write_text(path: epath.Path, text: str) -> None:
+  """Writes a small file under a temporary name in the same directory, then renames it over `path`."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+  if _is_local(path):
+    with open(tmp, "w") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  else:
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _read_shard(path: epath.Path) -> list[_records.PutRecord]:
+  source = grain.sources.ArrayRecordDataSource([str(path)])
+  return [_records.decode_put(source[i]) for i in range(len(source))]
+
+
+def _list_shards(writer_dir: epath.Path) -> list[tuple[int, epath.Path]]:
+  """(seq, path) of the published shards of one writer, by seq; temporary and foreign files are ignored."""
+  if not writer_dir.exists():
+    return []
+  out = []
+  for path in writer_dir.iterdir():
+    match = _SHARD_RE.match(path.name)
+    if match:
+      out.append((int(match.group(1)), path))
+  return sorted(out)
+
+
+class FileQueue(_queue.RolloutQueue):
+  """A rollout queue shared by processes or hosts through `directory` (a local path or an epath bucket URL).
+
+  One object is a writer (it buffers its puts and publishes them as atomic shards under its `writer_id`), a
+  reader (it discovers shards by listing and merges their puts into rows, in its own merge order, which
+  defines `Row.seq`), and the owner of every consumer it calls `get_groups` / `rollback` for. Each consumer
+  name should be driven by one object at a time (e.g. the learner process).
+
+  Visibility: a put is visible to readers (this object included) once its shard is published: on `flush()`,
+  when a group becomes complete in this writer's buffer (it has `group_size` rows and all of them have the
+  same field names in this writer's puts, e.g. all tokens or all tokens + rewards), or when `flush_rows > 0`
+  records are buffered. `close()` flushes.
+
+  Validation of a put (duplicate field, `group_size`, group membership) is against this writer's own puts and
+  the rows it has read; a conflicting record from another writer is dropped by readers (first committed in
+  merge order wins) and counted in `stats()["records_dropped"]`.
+
+  Backpressure (approximate, checked against the last-seen counts, re-read at most every `poll_s`): a put
+  that creates a row new to this object (not in its own puts or its reader view) waits while, for some
+  consumer c, `rows_seen_c - rows_consumed_c + rows created in this writer's shards c has not read yet +
+  rows created in this writer's buffer >= capacity`, with `rows_seen_c`, `rows_consumed_c` and the shards c
+  has read taken from `<dir>/consumers/<c>.count` (all zero before c's first `get_groups`). Rows in other
+  writers' shards that c has not read yet are not counted, so with W writers the queue can briefly hold up to
+  about W * capacity unread rows; a row whose fields are written by two writers is counted by both until c
+  reads it. A stage that adds fields to rows created by another writer (e.g. a reward worker) should read
+  them first (as a registered consumer) so its puts are not counted as new rows.
+
+  `stats()` keys: those of `MemoryQueue` (`rows_written` = rows in this object's reader view, `puts` = puts by
+  this object) plus `shards_written`, `shards_read`, `records_dropped`, `buffered_records`.
+  """
+
+  def __init__(self, directory: str | os.PathLike[str], *, capacity: int,
+               consumers: Sequence[str] = ("learner",), writer_id: str | None = None, flush_rows: int = 0,
+               poll_s: float = 0.05):
+    self._consumers = _queue.check_queue_args(capacity, consumers)
+    for c in self._consumers:
+      _check_name("consumer", c)
+    if writer_id is None:
+      writer_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    _check_name("writer_id", writer_id)
+    if isinstance(flush_rows, bool) or not isinstance(flush_rows, int) or flush_rows < 0:
+      raise ValueError(f"flush_rows must be an int >= 0; got {flush_rows!r}")
+    if not poll_s > 0:
+      raise ValueError(f"poll_s must be > 0; got {poll_s!r}")
+    self._dir = epath.Path(directory)
+    self._capacity = capacity
+    self._writer_id = writer_id
+    self._flush_rows = flush_rows
+    self._poll_s = float(poll_s)
+    self._lock = threading.RLock()
+    self._closed = False
+    # Writer state.
+    self._writer_dir = self._dir / "shards" / writer_id
+    self._own = _queue.RowTable()            # this writer's own puts (validation + buffer completion)
+    self._own_shard_rows: dict[int, int] = {}  # own shard seq -> rows it created (this writer's view)
+    self._buffer: list[_records.PutRecord] = []
+    self._buffer_new_rows = 0
+    self._next_shard = 0
+    self._puts = 0
+    self._counts_cache: tuple[float, dict[str, dict]] | None = None
+    for seq, path in _list_shards(self._writer_dir):  # a restarted writer continues after its shards
+      created = 0
+      for rec in _read_shard(path):
+        try:
+          created += self._own.merge(rec.row_id, rec.fields, rec.group_id, rec.group_size, seq)
+        except ValueError:
+          pass
+      self._own_shard_rows[seq] = created
+      self._next_shard = seq + 1
+    # Reader state.
+    self._table = _queue.RowTable()
+    self._read_shards: dict[str, set[str]] = {}
+    self._max_read: dict[str, int] = {}      # writer -> highest shard seq read
+    self._seq = 0
+    self._shards_read = 0
+    self._dropped = 0
+    # Consumer state (lazily loaded from <dir>/consumers/<c>.jsonl).
+    self._consumed: dict[str, dict[str, tuple[int | None, int]]] = {}  # c -> group -> (tag, rows)
+    self._consumed_stat: dict[str, object] = {}
+    self._owned: set[str] = set()
+    self._put_blocked_s = 0.0
+    self._get_blocked_s = 0.0
+
+  # --- paths and small files -------------------------------------------------------------------------------
+
+  def _consumer_path(self, consumer: str, suffix: str) -> epath.Path:
+    return self._dir / "consumers" / f"{consumer}.{suffix}"
+
+  def _stat(self, path: epath.Path):
+    try:
+      if _is_local(path):
+        st = os.stat(path)
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+      st = path.stat()
+      return (st.length, st.mtime)
+    except (FileNotFoundError, OSError):
+      return None
+
+  def _load_consumer(self, consumer: str) -> dict[str, tuple[int | None, int]]:
+    """Consumption state of `consumer`, re-read when its file changed (another object may drive it)."""
+    path = self._consumer_path(consumer, "jsonl")
+    stat = self._stat(path)
+    if consumer in self._consumed and self._consumed_stat.get(consumer) == stat:
+      return self._consumed[consumer]
+    consumed = {}
+    if stat is not None:
+      lines = path.read_text().splitlines()
+      for i, line in enumerate(lines):
+        if not line.strip():
+          continue
+        try:
+          entry = json.loads(line)
+        except json.JSONDecodeError:
+          if i == len(lines) - 1:  # a torn final append (crash mid-write) consumed nothing
+            logging.warning("ignoring a partial last line in %s", path)
+            continue
+          raise
+        for group_id, rows in entry["groups"]:
+          consumed[group_id] = (entry["tag"], rows)
+    self._consumed[consumer] = consumed
+    self._consumed_stat[consumer] = stat
+    return consumed
+
+  def _append_consumed(self, consumer: str, groups: list[tuple[str, int]], tag: int | None) -> None:
+    path = self._consumer_path(consumer, "jsonl")
+    line = json.dumps({"tag": tag, "groups": groups}) + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if _is_local(path):
+      with open(path, "a") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+    else:  # object stores cannot append: rewrite atomically
+      old = path.read_text() if path.exists() else ""
+      _atomic_write_text(path, old + line)
+    self._consumed_stat[consumer] = self._stat(path)
+
+  def _write_count(self, consumer: str) -> None:
+    consumed = self._consumed[consumer]
+    _atomic_write_text(self._consumer_path(consumer, "count"), json.dumps({
+        "rows_consumed": sum(rows for _, rows in consumed.values()),
+        "rows_seen": len(self._table.rows),
+        "shards_seen": self._max_read,
+    }))
+
+  def _read_counts(self) -> dict[str, dict]:
+    now = time.monotonic()
+    if self._counts_cache is not None and now - self._counts_cache[0] < self._poll_s:
+      return self._counts_cache[1]
+    counts = {}
+    for c in self._consumers:
+      path = self._consumer_path(c, "count")
+      try:
+        counts[c] = json.loads(path.read_text())
+      except (FileNotFoundError, json.JSONDecodeError):
+        counts[c] = {"rows_consumed": 0, "rows_seen": 0, "shards_seen": {}}
+    self._counts_cache = (now, counts)
+    return counts
+
+  # --- writer ----------------------------------------------------------------------------------------------
+
+  def _writer_depth(self) -> int:
+    """Max over consumers of the approximate unconsumed rows (see class docstring)."""
+    depth = 0
+    for count in self._read_counts().values():
+      seen_upto = count["shards_seen"].get(self._writer_id, -1)
+      unseen = sum(n for seq, n in self._own_shard_rows.items() if seq > seen_upto)
+      depth = max(depth, count["rows_seen"] - count["rows_consumed"] + unseen + self._buffer_new_rows)
+    return depth
+
+  def _check_put(self, row_id, fields, group_id, group_size) -> bool:
+    new = self._own.check(row_id, fields, group_id, group_size)
+    if row_id in self._table.rows or group_id in self._table.groups:
+      new = self._table.check(row_id, fields, group_id, group_size) and new
+    return new
+
+  def put(self, row_id, fields, *, group_id, group_size, timeout_s=None):
+    _queue.check_put_args(row_id, group_id, group_size, self._capacity)
+    fields = _records.normalise_fields(fields)
+    end = _queue.deadline(timeout_s)
+    blocked_since = None
+    try:
+      while True:
+        with self._lock:
+          self._check_open()
+          new = self._check_put(row_id, fields, group_id, group_size)
+          if not new or self._writer_depth() < self._capacity:
+            self._own.merge(row_id, fields, group_id, group_size, self._puts)
+            self._buffer.append(_records.PutRecord(row_id, group_id, group_size, fields))
+            self._buffer_new_rows += new
+            self._puts += 1
+            full = self._flush_rows and len(self._buffer) >= self._flush_rows
+            if full or self._buffer_group_done(group_id):
+              self._flush_locked()
+            return
+          depth = self._writer_depth()
+        blocked_since = blocked_since or time.monotonic()
+        left = _queue.remaining(end)
+        if left is not None and left <= 0:
+          raise TimeoutError(f"put({row_id!r}) blocked {timeout_s}s: ~{depth} unconsumed rows >= "
+                             f"capacity={self._capacity}")
+        time.sleep(self._poll_s if left is None else min(self._poll_s, left))
+    finally:
+      if blocked_since is not None:
+        self._put_blocked_s += time.monotonic() - blocked_since
+
+  def _buffer_group_done(self, group_id: str) -> bool:
+    group = self._own.groups[group_id]
+    if len(group.row_ids) < group.size:
+      return False
+    names = {frozenset(self._own.rows[r].fields) for r in group.row_ids}
+    return len(names) == 1
+
+  def _flush_locked(self) -> None:
+    if not self._buffer:
+      return
+    self._writer_dir.mkdir(parents=True, exist_ok=True)
+    seq = self._next_shard
+    while (self._writer_dir / f"{seq:012d}.array_record").exists():  # never overwrite a published shard
+      seq += 1
+    final = self._writer_dir / f"{seq:012d}.array_record"
+    tmp = self._writer_dir / f".{seq:012d}.{uuid.uuid4().hex}.tmp"
+    local_tmp = str(tmp) if _is_local(tmp) else tempfile.mkstemp(suffix=".array_record")[1]
+    writer = ArrayRecordWriter(local_tmp, "group_size:1")
+    for rec in self._buffer:
+      writer.write(_records.encode_put(rec))
+    writer.close()
+    if _is_local(tmp):
+      fd = os.open(local_tmp, os.O_RDONLY)
+      try:
+        os.fsync(fd)
+      finally:
+        os.close(fd)
+    else:
+      tmp.write_bytes(epath.Path(local_tmp).read_bytes())
+      os.remove(local_tmp)
+    tmp.rename(final)  # the atomic publish: readers only list <seq>.array_record names
+    self._own_shard_rows[seq] = self._buffer_new_rows
+    self._next_shard = seq + 1
+    self._buffer = []
+    self._buffer_new_rows = 0
+
+  def flush(self):
+    with self._lock:
+      self._check_open()
+      self._flush_locked()
+
+  # --- reader / consumer -----------------------------------------------------------------------------------
+
+  def _refresh(self) -> None:
+    """Reads shards published since the last refresh (writers by name, then shards by seq)."""
+    root = self._dir / "shards"
+    if not root.exists():
+      return
+    found = False
+    for writer_dir in sorted(root.iterdir(), key=lambda p: p.name):
+      if not writer_dir.is_dir():
+        continue
+      done = self._read_shards.setdefault(writer_dir.name, set())
+      for seq, path in _list_shards(writer_dir):
+        if path.name in done:
+          continue
+        for rec in _read_shard(path):
+          try:
+            self._table.merge(rec.row_id, rec.fields, rec.group_id, rec.group_size, self._seq)
+          except ValueError as e:
+            self._dropped += 1
+            logging.warning("dropping a conflicting put from %s: %s", path, e)
+          self._seq += 1
+        done.add(path.name)
+        self._max_read[writer_dir.name] = max(seq, self._max_read.get(writer_dir.name, -1))
+        self._shards_read += 1
+        found = True
+    if found:
+      for c in self._owned:
+        self._write_count(c)
+
+  def written_group_ids(self) -> set[str]:
+    """Groups this writer has put rows of: its published shards (re-read when a writer restarts under the
+    same writer_id) and its buffer."""
+    with self._lock:
+      return set(self._own.groups)
+
+  def seen_group_ids(self) -> set[str]:
+    """Groups with at least one row in the published shards (refreshed now)."""
+    with self._lock:
+      self._refresh()
+      return set(self._table.groups)
+
+  def get_groups(self, consumer, num_groups, *, required=(), timeout_s=None, tag=None):
+    _queue.check_get_args(consumer, self._consumers, num_groups)
+    required = tuple(required)
+    end = _queue.deadline(timeout_s)
+    start = time.monotonic()
+    try:
+      while True:
+        with self._lock:
+          self._check_open()
+          consumed = self._load_consumer(consumer)
+          self._owned.add(consumer)
+          self._refresh()
+          ready = self._table.ready(consumed, required)
+          if len(ready) >= num_groups:
+            taken = [(g, self._table.group_rows(g)) for g in ready[:num_groups]]
+            self._append_consumed(consumer, taken, tag)
+            consumed.update({g: (tag, rows) for g, rows in taken})
+            self._write_count(consumer)
+            return [self._table.group(g) for g, _ in taken]
+        left = _queue.remaining(end)
+        if left is not None and left <= 0:
+          raise TimeoutError(f"get_groups({consumer!r}, {num_groups}): only {len(ready)} complete groups "
+                             f"after {timeout_s}s")
+        time.sleep(self._poll_s if left is None else min(self._poll_s, left))
+    finally:
+      self._get_blocked_s += time.monotonic() - start
+
+  def rollback(self, consumer, after_tag):
+    _queue.check_consumer(consumer, self._consumers)
+    with self._lock:
+      self._check_open()
+      consumed = self._load_consumer(consumer)
+      self._owned.add(consumer)
+      back = [g for g, (t, _) in consumed.items() if t is not None and t > after_tag]
+      if back:
+        for g in back:
+          del consumed[g]
+        by_tag: dict[int | None, list] = {}
+        for g, (t, rows) in consumed.items():
+          by_tag.setdefault(t, []).append([g, rows])
+        path = self._consumer_path(consumer, "jsonl")
+        lines = (json.dumps({"tag": t, "groups": gs}) + "\n" for t, gs in by_tag.items())
+        _atomic_write_text(path, "".join(lines))
+        self._consumed_stat[consumer] = self._stat(path)
+      self._write_count(consumer)
+      return len(back)
+
+  def consumed_tags(self, consumer):
+    _queue.check_consumer(consumer, self._consumers)
+    with self._lock:
+      return {g: t for g, (t, _) in self._load_consumer(consumer).items()}
+
+  def depth(self, consumer):
+    _queue.check_consumer(consumer, self._consumers)
+    with self._lock:
+      self._check_open()
+      self._refresh()
+      return self._depth_locked(consumer)
+
+  def _depth_locked(self, consumer: str) -> int:
+    rows_consumed = sum(rows for _, rows in self._load_consumer(consumer).values())
+    return max(0, len(self._table.rows) - rows_consumed)
+
+  def stats(self):
+    with self._lock:
+      self._check_open()
+      self._refresh()
+      out = {
+          "rows_written": float(len(self._table.rows)),
+          "puts": float(self._puts),
+          "groups_complete": float(self._table.num_complete),
+          "capacity": float(self._capacity),
+          "put_blocked_seconds": self._put_blocked_s,
+          "get_blocked_seconds": self._get_blocked_s,
+          "shards_written": float(len(self._own_shard_rows)),
+          "shards_read": float(self._shards_read),
+          "records_dropped": float(self._dropped),
+          "buffered_records": float(len(self._buffer)),
+      }
+      for c in self._consumers:
+        consumed = self._load_consumer(c)
+        out[f"rows_consumed/{c}"] = float(sum(rows for _, rows in consumed.values()))
+        out[f"groups_consumed/{c}"] = float(len(consumed))
+        out[f"depth/{c}"] = float(self._depth_locked(c))
+      out["depth"] = max(out[f"depth/{c}"] for c in self._consumers)
+      return out
+
+  def close(self):
+    with self._lock:
+      if not self._closed:
+        self._flush_locked()
+        self._closed = True
+
+  def _check_open(self):
+    if self._closed:
+      raise RuntimeError("the rollout queue is closed")

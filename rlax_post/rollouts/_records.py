@@ -1,0 +1,85 @@
+"""Field validation and the on-disk record format of one put.
+
+A record is one `put(row_id, fields, group_id=..., group_size=...)` call, serialised with flax msgpack as
+
+    {"version": 1, "row_id": str, "group_id": str, "group_size": int, "fields": {name: value}}
+
+`flax.serialization.msgpack_serialize` stores numpy arrays and numpy scalars as an extension type carrying
+dtype, shape and the raw buffer, so field values round-trip with their exact dtype and shape; python
+`bool`/`int`/`float`/`str`/`bytes`/`None` round-trip as themselves. Other values (lists, dicts, object arrays)
+are rejected at `put` time in both backends, so the memory and file backends accept exactly the same input.
+"""
+
+from collections.abc import Mapping
+import typing
+from typing import Any
+
+from flax import serialization
+import numpy as np
+
+RECORD_VERSION = 1
+_PY_SCALARS = (bool, int, float, str, bytes, type(None))
+
+
+class PutRecord(typing.NamedTuple):
+  """One decoded put."""
+  row_id: str
+  group_id: str
+  group_size: int
+  fields: dict[str, Any]  # name -> numpy array / numpy scalar / python scalar / str / bytes / None
+
+
+def normalise_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+  """Validates field names and values; returns a private copy (arrays copied: callers may reuse buffers).
+
+  Args:
+    fields: name -> value; values are numpy arrays (any non-object dtype and shape), numpy scalars, python
+      `bool`/`int`/`float`/`str`/`bytes`/`None`, or array-likes with `__array__` (e.g. `jax.Array`, converted
+      to numpy).
+
+  Returns:
+    A new dict with the same names and numpy-or-python values.
+
+  Raises:
+    ValueError: a name is not a non-empty str or a value has an unsupported type or dtype.
+  """
+  if not isinstance(fields, Mapping):
+    raise ValueError(f"fields must be a mapping of name -> value; got {type(fields).__name__}")
+  out = {}
+  for name, value in fields.items():
+    if not isinstance(name, str) or not name:
+      raise ValueError(f"field names must be non-empty str; got {name!r}")
+    if isinstance(value, np.generic):
+      pass
+    elif isinstance(value, _PY_SCALARS):
+      pass
+    elif isinstance(value, np.ndarray) or hasattr(value, "__array__"):
+      value = np.array(value, copy=True)
+    else:
+      raise ValueError(f"field {name!r}: unsupported value type {type(value).__name__}; use a numpy array, a "
+                       "numpy scalar, or a python bool/int/float/str/bytes/None")
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind not in "biufcSUV":
+      raise ValueError(f"field {name!r}: unsupported dtype {value.dtype}")
+    out[name] = value
+  return out
+
+
+def encode_put(record: PutRecord) -> bytes:
+  """Serialises a put (fields already normalised) to msgpack bytes."""
+  return serialization.msgpack_serialize({
+      "version": RECORD_VERSION,
+      "row_id": record.row_id,
+      "group_id": record.group_id,
+      "group_size": record.group_size,
+      "fields": dict(record.fields),
+  })
+
+
+def decode_put(data: bytes) -> PutRecord:
+  """Inverse of `encode_put`; raises ValueError for an unknown record version."""
+  obj = serialization.msgpack_restore(data)
+  version = obj.get("version")
+  if version != RECORD_VERSION:
+    raise ValueError(f"unknown rollout record version {version!r}; expected {RECORD_VERSION}")
+  return PutRecord(row_id=obj["row_id"], group_id=obj["group_id"], group_size=int(obj["group_size"]),
+                   fields=dict(obj["fields"]))

@@ -1,0 +1,229 @@
+"""The asynchronous runtime in one process: η = 0 equals the sync loop, bounded staleness, drops counted,
+replay reproduces the logged metrics, resume loses and repeats nothing, admission and the auto loss."""
+
+import json
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from rlax_post import config
+from rlax_post import rollouts
+from rlax_post import runtime
+from rlax_post.runtime import _async
+from rlax_post.runtime import _learn
+from rlax_post.runtime import _produce
+
+sys.path.insert(0, ".")
+from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+# Data-dependent metrics only (timing and the async-only bookkeeping are not comparable across loops).
+_SKIP = set(_learn.TIMING_METRICS) | {"time", "step_seconds"}
+
+
+def _cfg(**runtime_overrides):
+  c = demo.get_config("tiny")
+  c.task.options = dict(c.task.options, partial_credit=True)  # Non-zero, varied rewards at this size.
+  c.sft.steps = 20
+  c.rl.steps = 4
+  c.eval.every = 0
+  c.checkpoint.every = 2
+  c.runtime.progress = False
+  c.runtime.tensorboard = False
+  c.runtime.plot = False
+  for k, v in runtime_overrides.items():
+    setattr(c.runtime, k, v)
+  return config.load(c)
+
+
+def _rows(workdir, phase=None):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  return [r for r in rows if phase is None or r.get("phase") == phase]
+
+
+def _schedule(workdir):
+  with open(os.path.join(workdir, "schedule.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("sync")
+  runtime.train(_cfg(), workdir, quiet=True)
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def async1_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("async1")
+  summary = runtime.train_async(_cfg(mode="async", max_staleness=1), workdir, quiet=True)
+  return workdir, summary
+
+
+def test_eta_zero_reproduces_the_sync_loop_exactly(sync_run, tmp_path):
+  runtime.train_async(_cfg(mode="async", max_staleness=0), tmp_path, quiet=True)
+  want, got = _rows(sync_run), _rows(tmp_path)
+  assert [(r["phase"], r["step"]) for r in got] == [(r["phase"], r["step"]) for r in want]
+  compared = 0
+  for w, g in zip(want, got):
+    for k in (set(w) & set(g)) - _SKIP:
+      assert g[k] == w[k], (w["phase"], w["step"], k, w[k], g[k])
+      compared += 1
+  rl = [r for r in want if r["phase"] == "rl"]
+  # The comparison has teeth: rewards vary within groups, so the updates are not trivially zero.
+  assert any(r["reward_std"] > 0 for r in rl) and any(abs(r["loss"]) > 0 for r in rl)
+  assert compared > 60
+  assert all(r["staleness_max"] == 0 and r["dropped_stale"] == 0 for r in _rows(tmp_path, "rl"))
+
+
+def test_async_run_bounds_staleness_and_logs_every_group_once(async1_run):
+  workdir, summary = async1_run
+  cfg = _cfg(mode="async", max_staleness=1)
+  rl = _rows(workdir, "rl")
+  assert len(rl) == cfg.rl.steps
+  for r in rl:
+    assert 0 <= r["staleness_mean"] <= r["staleness_max"] <= 1
+    assert r["staleness_0"] + r["staleness_1"] == cfg.rl.prompts_per_step
+    for key in ("queue_depth", "learner_idle_frac", "sampler_idle_frac", "samples_per_s",
+                "dropped_stale_total"):
+      assert np.isfinite(r[key]), key
+  schedule = _schedule(workdir)
+  groups = [g for e in schedule for g in e["groups"]]
+  assert len(groups) == len(set(groups)) == cfg.rl.steps * cfg.rl.prompts_per_step
+  assert summary["mode"] == "async" and summary["max_staleness"] == 1
+  assert summary["dropped_stale_total"] == sum(len(e["dropped"]) for e in schedule)
+  assert np.isfinite(summary["final_eval_reward"])
+  # η > 0 with loss.kind "auto": decoupled PPO, whose metrics include the behaviour-weight statistics.
+  assert config.loss_kind(cfg) == "decoupled_ppo"
+
+
+def test_replay_reproduces_the_logged_metrics_exactly(async1_run):
+  workdir, _ = async1_run
+  report = runtime.replay(os.fspath(workdir), quiet=True)
+  assert report["steps"] == 4 and report["compared_steps"] == 4
+  assert report["mismatches"] == []
+
+
+def test_replay_detects_a_changed_rollout(async1_run, tmp_path):
+  workdir, _ = async1_run
+  import shutil  # pylint: disable=g-import-not-at-top
+  copy = tmp_path / "run"
+  shutil.copytree(workdir, copy)
+  path = os.path.join(copy, "replay", "rows", f"{2:08d}.msgpack")
+  groups = _async._load_rows(path)  # pylint: disable=protected-access
+  groups[0][1][0]["reward"] = np.float32(1.0 - float(groups[0][1][0]["reward"]))
+  _async._save_rows(path, groups)  # pylint: disable=protected-access
+  report = runtime.replay(os.fspath(copy), quiet=True)
+  assert {m[0] for m in report["mismatches"]} >= {2}
+  assert "reward_mean" in {m[1] for m in report["mismatches"] if m[0] == 2}
+
+
+def test_file_queue_resume_consumes_no_group_twice(tmp_path):
+  cfg = _cfg(mode="async", max_staleness=1, queue="files", stop_after_steps=2)
+  runtime.train_async(cfg, tmp_path, quiet=True)
+  assert len(_schedule(tmp_path)) == 2
+  runtime.train_async(_cfg(mode="async", max_staleness=1, queue="files"), tmp_path, resume=True, quiet=True)
+  schedule = _schedule(tmp_path)
+  assert [e["step"] for e in schedule] == [1, 2, 3, 4]
+  groups = [g for e in schedule for g in e["groups"] + e["dropped"]]
+  assert len(groups) == len(set(groups))
+  q = rollouts.FileQueue(tmp_path / "queue", capacity=64, consumers=("learner",), writer_id="check")
+  consumed = q.consumed_tags("learner")
+  assert set(groups) <= set(consumed)
+  assert all(consumed[g] == e["step"] for e in schedule for g in e["groups"])
+
+
+# --- Staleness: admission and drops ----------------------------------------------------------------------
+
+
+def test_memory_admission_bound_and_eta_zero_is_lockstep():
+  adm = rollouts.MemoryAdmission(groups_per_step=3, max_staleness=0)
+  assert [adm.claim(0) for _ in range(4)] == [0, 1, 2, None]  # Step 0's groups only, under version 0.
+  assert adm.claim(1) == 3 and adm.claim(1) == 4 and adm.claim(1) == 5 and adm.claim(1) is None
+  adm2 = rollouts.MemoryAdmission(groups_per_step=2, max_staleness=2)
+  assert [adm2.claim(0) for _ in range(7)] == [0, 1, 2, 3, 4, 5, None]  # (0 + 2 + 1) × 2 tickets.
+  assert rollouts.admission_limit(4, groups_per_step=8, max_staleness=1, extra=3) == 51
+  with pytest.raises(ValueError, match="max_staleness"):
+    rollouts.MemoryAdmission(groups_per_step=2, max_staleness=-1)
+
+
+def test_file_admission_tickets_are_unique_across_claimers_and_abandoned_ones_are_granted(tmp_path):
+  a = rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=4, sampler_id="s0")
+  b = rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=4, sampler_id="s1")
+  got = {"s0": [], "s1": []}
+
+  def claim(adm, name):
+    while (t := adm.claim(0)) is not None:
+      got[name].append(t)
+
+  threads = [threading.Thread(target=claim, args=(a, "s0")), threading.Thread(target=claim, args=(b, "s1"))]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert sorted(got["s0"] + got["s1"]) == list(range(20))  # (0 + 4 + 1) × 4, each exactly once.
+  b.commit(got["s1"][0]) if got["s1"] else None
+  b.heartbeat(version=0)
+  learner = rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=4)
+  assert learner.reclaim_abandoned(timeout_s=3600, committed=set()) == []  # s1 is alive.
+  beat = os.path.join(tmp_path, "samplers", "s1.json")
+  with open(beat) as f:
+    data = json.load(f)
+  data["time"] -= 7200  # s1 went silent two hours ago.
+  with open(beat, "w") as f:
+    json.dump(data, f)
+  held = sorted(got["s1"][1:])
+  assert learner.reclaim_abandoned(timeout_s=3600, committed=set()) == held
+  assert a.limit(0) == 20 + len(held) or a.extra() in (0, len(held))  # cached up to 0.2 s
+  restarted = rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=4, sampler_id="s1")
+  assert restarted.previously_held() == held
+
+
+def test_group_staleness_uses_the_oldest_sampled_token():
+  versions = [np.array([3, 3, -1, 4]), np.array([5, -1])]
+  masks = [np.array([1, 1, 0, 1]), np.array([1, 0])]
+  assert rollouts.group_staleness(6, versions, masks) == 3
+  assert rollouts.group_staleness(6, [np.array([-1, -1])]) == 0
+  assert rollouts.is_stale(3, 2) and not rollouts.is_stale(2, 2)
+
+
+def _group_rows(ticket, version, n=2):
+  return [{"prompt": np.array([1, 5], np.int32), "tokens": np.array([7, 2], np.int32),
+           "mask": np.array([1, 1], np.int32), "logprobs": np.array([-0.5, -0.25], np.float32),
+           "versions": np.array([version, version], np.int32), "reward": np.float32(i), "finished": True,
+           "ticket": np.int64(ticket)} for i in range(n)]
+
+
+def test_take_groups_drops_and_counts_stale_groups_and_sorts_by_ticket():
+  q = rollouts.MemoryQueue(capacity=64, consumers=("learner",))
+  for ticket, version in ((5, 9), (1, 2), (3, 9), (4, 8), (2, 10)):
+    for i, row in enumerate(_group_rows(ticket, version)):
+      q.put(_produce.row_id(ticket, i), row, group_id=_produce.group_id(ticket), group_size=2)
+  fresh, dropped = _async.take_groups(q, num_groups=3, learner_version=10, max_staleness=2, tag=11, poll_s=0.1)
+  assert dropped == [(_produce.group_id(1), 8)]
+  assert [int(rows[0]["ticket"]) for _, rows, _ in fresh] == [3, 4, 5]
+  assert [st for _, _, st in fresh] == [1, 2, 1]
+  assert q.depth("learner") == 2  # The dropped group was consumed (and counted), not left behind.
+
+
+def test_rows_to_batch_matches_the_sync_layout():
+  rows = _group_rows(0, 0) + _group_rows(1, 0)
+  batch = _produce.rows_to_batch([rows[:2], rows[2:]], seq_len=6, pad_id=0)
+  np.testing.assert_array_equal(batch.tokens[0], [1, 5, 7, 2, 0, 0])
+  np.testing.assert_array_equal(batch.loss_mask[0], [0, 1, 1, 0, 0])
+  np.testing.assert_allclose(batch.behaviour_logprobs[0], [0, -0.5, -0.25, 0, 0])
+  np.testing.assert_array_equal(batch.group_ids, [0, 0, 1, 1])
+  np.testing.assert_array_equal(batch.rewards, [0, 1, 0, 1])
+  with pytest.raises(ValueError, match="exceeds the batch width"):
+    _produce.rows_to_batch([rows[:2]], seq_len=3, pad_id=0)
+
+
+def test_auto_loss_is_decoupled_ppo_exactly_when_off_policy():
+  assert config.loss_kind(_cfg()) == "ppo"
+  assert config.loss_kind(_cfg(mode="async", max_staleness=0)) == "ppo"
+  assert config.loss_kind(_cfg(mode="async", max_staleness=2)) == "decoupled_ppo"
+  with pytest.raises(ValueError, match="queue_capacity"):
+    _cfg(mode="async", queue_capacity=3)
