@@ -58,3 +58,21 @@ def test_unfinished_checkpoint_is_never_listed(tmp_path):
   # What an interrupted orbax save leaves behind: a temporary directory for a later step.
   os.makedirs(tmp_path / "checkpoints" / "5.orbax-checkpoint-tmp-123" / "state")
   assert _checkpoint.RunCheckpointer(tmp_path).latest_step() == 3
+
+
+def test_stray_or_partially_copied_step_directory_is_never_loaded(tmp_path):
+  params, lrn = _setup_learner()
+  state = lrn.init(params, jax.random.key(1))
+  ckpt = _checkpoint.RunCheckpointer(tmp_path, max_to_keep=3)
+  ckpt.save(3, state, params, {"data": {}})
+  ckpt.close()
+  # A numeric directory without orbax's commit marker: e.g. a copy of a run interrupted half-way.
+  os.makedirs(tmp_path / "checkpoints" / "7" / "state")
+  with open(tmp_path / "checkpoints" / "7" / "state" / "junk", "w") as f:
+    f.write("not a checkpoint")
+  reopened = _checkpoint.RunCheckpointer(tmp_path)
+  assert reopened.complete_steps() == [3] and reopened.latest_step() == 3
+  import pytest  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match="not a complete checkpoint"):
+    reopened.restore(7, state_like=lrn.abstract_state, state_shardings=lrn.state_shardings, ref_like=params,
+                     ref_shardings=jax.tree.map(lambda x: x.sharding, params))

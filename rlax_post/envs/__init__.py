@@ -6,6 +6,8 @@ from rlax_post.envs._protocol import StepResult
 from rlax_post.envs._base import Task
 from rlax_post.envs._registry import make_task
 from rlax_post.envs._registry import TASKS
+from rlax_post.envs._latency import LatencyToolEnv
+from rlax_post.envs._latency import tool_prompt
 from rlax_post.envs._tasks import add_without_carry
 from rlax_post.envs._tasks import AddTask
 from rlax_post.envs._tasks import ReverseTask
@@ -15,6 +17,7 @@ __all__ = [
     'AddTask',
     'Env',
     'Example',
+    'LatencyToolEnv',
     'ReverseTask',
     'SortTask',
     'StepResult',
@@ -22,4 +25,5 @@ __all__ = [
     'Task',
     'add_without_carry',
     'make_task',
+    'tool_prompt',
 ]

@@ -1,7 +1,8 @@
 """Orbax checkpoints of a whole run: train state, reference params, and JSON metadata (data order, step).
 
-Orbax writes each step into a temporary directory and renames it when complete, and `latest_step` only lists
-finished steps, so a checkpoint interrupted mid-write is never read. Saves are asynchronous: the caller's next
+Orbax writes each step into a temporary directory and renames it when complete (on buckets: a commit file), and
+`latest_step` only lists finished steps -- named `<step>` *and* holding orbax's commit marker, so neither a
+checkpoint interrupted mid-write nor a stray or partially copied `<step>/` directory is ever read. Saves are asynchronous: the caller's next
 step overlaps with the write; `close()` waits for the last one.
 """
 
@@ -13,6 +14,8 @@ from typing import Any
 from etils import epath
 import jax
 import orbax.checkpoint as ocp
+
+from rlax_post.exchange import _store
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -34,8 +37,14 @@ class RunCheckpointer:
         item_names=("state", "ref_params", "meta"),
     )
 
+  def complete_steps(self) -> list[int]:
+    """Finished steps, ascending (re-lists the directory)."""
+    self._manager.reload()
+    return sorted(s for s in self._manager.all_steps() if _store.is_complete(self.directory / str(s)))
+
   def latest_step(self) -> int | None:
-    return self._manager.latest_step()
+    steps = self.complete_steps()
+    return steps[-1] if steps else None
 
   def save(self, step: int, state: Any, ref_params: Any, meta: dict) -> None:
     self._manager.save(step, args=ocp.args.Composite(
@@ -47,6 +56,9 @@ class RunCheckpointer:
   def restore(self, step: int, *, state_like: Any, state_shardings: Any, ref_like: Any,
               ref_shardings: Any) -> tuple[Any, Any, dict]:
     """Restores step `step` onto the given shardings (the current mesh), with the templates' dtypes."""
+    if step not in self.complete_steps():
+      raise ValueError(f"Checkpoint step {step} in {self.directory} is not a complete checkpoint; complete "
+                       f"steps: {self.complete_steps()}.")
     out = self._manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(_abstract(state_like, state_shardings)),
         ref_params=ocp.args.StandardRestore(_abstract(ref_like, ref_shardings)),

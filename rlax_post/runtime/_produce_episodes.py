@@ -1,0 +1,125 @@
+"""A producer of multi-turn episode groups for the asynchronous sampler (`SamplerWorker`).
+
+`EpisodeProducer` has the interface of `_produce.TaskProducer` (`version`, `in_flight_groups`,
+`in_flight_samples`, `set_params`, `submit`, `step`) over a streaming `sampler.EpisodeRunner`: ticket g in,
+the group's n episodes out as rows of `_produce.ROW_FIELDS`. Per row:
+
+  prompt    the episode's context up to its first turn (BOS, the prompt, the env's reset observation)
+  tokens    everything after it: the policy's messages and the env's observations
+  mask      1 where the policy sampled the token (`Episode.trained_mask`)
+  logprobs, versions   the driver's log π_T and params version of each token (0 and -1 off the mask)
+  reward    the episode's total reward; finished: the env ended the episode; ticket: g
+
+Seeding: group g samples with `seed_of(cfg.seed, ROLLOUT, g // P)` and stream g mod P (the synchronous loop's
+streams of step g // P, request g mod P), its prompt is `prompt_of(g)`, its episodes' envs are
+`env_of(g · n + i)` and its per-message token budget is `turn_tokens_of(g)`: the rows of a ticket do not
+depend on what else the producer runs, or when (same engine slot count; `sampler._driver`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from rlax_post import config as config_lib
+from rlax_post import envs
+from rlax_post import sampler
+from rlax_post.envs import _latency
+from rlax_post.runtime import _learn
+
+
+def turn_budget(seed: int, ticket: int, *, median: int = 6, p99: int = 32, low: int = 2,
+                high: int = 32) -> int:
+  """A group's most tokens per message: a lognormal draw (this median and 99th percentile) seeded by
+  (seed, ticket), rounded and clipped to [low, high]. Most groups answer briefly, a few at length."""
+  if not 1 <= low <= median <= p99 or high < low:
+    raise ValueError(f"Need 1 <= low <= median <= p99 and high >= low; got {low}, {median}, {p99}, {high}.")
+  sigma = math.log(p99 / median) / _latency.Z_99
+  z = np.random.default_rng([int(seed), int(ticket), 7]).standard_normal()
+  return int(np.clip(round(median * math.exp(sigma * z)), low, high))
+
+
+def episode_rows(ticket: int, episodes: Sequence[sampler.Episode]) -> list[dict]:
+  """A group's episodes (in index order) → rows of `_produce.ROW_FIELDS` (module docstring)."""
+  rows = []
+  for e in episodes:
+    start = e.turn_starts[0] if e.turn_starts else len(e.tokens)  # No turn: the reset failed.
+    rows.append({
+        "prompt": np.asarray(e.tokens[:start], np.int32),
+        "tokens": np.asarray(e.tokens[start:], np.int32),
+        "mask": np.asarray(e.trained_mask[start:], np.int32),
+        "logprobs": np.asarray(e.logprobs[start:], np.float32),
+        "versions": np.asarray(e.versions[start:], np.int32),
+        "reward": np.float32(e.total_reward),
+        "finished": bool(e.done),
+        "ticket": np.int64(ticket),
+    })
+  return rows
+
+
+class EpisodeProducer:
+  """Groups of multi-turn episodes, one per ticket (module docstring).
+
+  Args:
+    cfg: the run's config (seed, rl.prompts_per_step P, rl.samples_per_prompt n).
+    tokenizer: the engine's tokenizer.
+    engine: the sampler's `RlaxEngine` (its slots, sampling law and max_decode_length).
+    params, version: the params to start with.
+    prompt_of: ticket → prompt text.
+    env_of: episode id (ticket · n + i) → a fresh `Env`.
+    turn_tokens_of: ticket → the group's most tokens per message.
+    max_turns: most messages per episode.
+    stop_tokens: ids that end a message (EOS always does).
+    max_workers: threads stepping envs (envs that sleep need about one per concurrent episode).
+    env_timeout_s: longest an env call may run.
+  """
+
+  def __init__(self, cfg: config_lib.Config, tokenizer, engine: sampler.RlaxEngine, params, version: int, *,
+               prompt_of: Callable[[int], str], env_of: Callable[[int], envs.Env],
+               turn_tokens_of: Callable[[int], int], max_turns: int, stop_tokens: Sequence[int] = (),
+               max_workers: int = 32, env_timeout_s: float = 60.0):
+    self.cfg, self.tokenizer = cfg, tokenizer
+    self.n, self.p = cfg.rl.samples_per_prompt, cfg.rl.prompts_per_step
+    self.prompt_of, self.env_of, self.turn_tokens_of = prompt_of, env_of, turn_tokens_of
+    self.driver = sampler.Driver(engine, params, version=version, seed=0, park_wait_s=0.005)
+    self._episode_ids: list[int] = []  # The ids the runner's next env_factory calls take, in order.
+    self.runner = sampler.EpisodeRunner(
+        self.driver, tokenizer, self._make_env, max_turn_tokens=1, max_turns=max_turns,
+        stop_tokens=stop_tokens, env_timeout_s=env_timeout_s, max_workers=max_workers)
+
+  def _make_env(self) -> Any:
+    return self.env_of(self._episode_ids.pop(0))
+
+  @property
+  def version(self) -> int:
+    return self.driver.version
+
+  @property
+  def in_flight_groups(self) -> int:
+    return self.runner.pending
+
+  @property
+  def in_flight_samples(self) -> int:
+    return self.runner.pending * self.n
+
+  def set_params(self, params, version: int) -> None:
+    self.driver.set_params(params, version)
+
+  def submit(self, ticket: int) -> None:
+    ticket = int(ticket)
+    self._episode_ids = list(range(ticket * self.n, (ticket + 1) * self.n))
+    self.runner.submit(self.prompt_of(ticket), n=self.n, group_id=ticket,
+                       seed=_learn.seed_of(self.cfg.seed, _learn.ROLLOUT, ticket // self.p),
+                       stream=ticket % self.p, max_turn_tokens=int(self.turn_tokens_of(ticket)))
+    if self._episode_ids:
+      raise RuntimeError(f"EpisodeRunner built {self.n - len(self._episode_ids)} of {self.n} envs (bug).")
+
+  def step(self) -> list[tuple[int, list[dict]]]:
+    """One runner step; the groups that finished, as (ticket, rows in episode order)."""
+    return [(int(ticket), episode_rows(ticket, episodes)) for ticket, episodes in self.runner.step()]
+
+  def close(self) -> None:
+    """Drops pending groups and shuts the env threads down (running env calls are not waited for)."""
+    self.runner.close()
