@@ -18,9 +18,10 @@ per-group message budgets are long-tailed too), a `MemoryQueue`, `MemoryAdmissio
 The sampler's in-flight limit is 2 · P · n episodes in every mode (the engine decodes P · n at once; parked
 episodes waiting on a tool call hold no decode slot); in sync mode the admission bound keeps it at P · n.
 samples/s = trained samples / wall time of the RL loop (compilation excluded: a warm-up evaluation, a
-warm-up update and a throwaway 2-step async run go first). Final reward: mean total reward of a fixed held-out set of episodes (prompts never
-trained on, fixed sampling seeds, temperature 1, latency off) sampled with each mode's final params; the
-mean training reward of the last quarter of the steps is reported too.
+warm-up update and a throwaway 2-step async run go first). Final reward: mean total reward of a fixed
+held-out set of episodes (prompts never trained on, fixed sampling seeds, temperature 1, latency off)
+sampled with each mode's final params; the mean training reward of the last quarter of the steps is
+reported too. The model starts from a random init (no warm start), hence the high learning rate.
 """
 
 from __future__ import annotations
@@ -212,12 +213,12 @@ def run_mode(work: Workload, eta: int, *, steps: int | None = None) -> dict:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--steps", type=int, default=None, help="RL steps per mode (default 24; --quick 3)")
+  parser.add_argument("--steps", type=int, default=None, help="RL steps per mode (default 40; --quick 3)")
   parser.add_argument("--prompts", type=int, default=None, help="groups per step P (default 8; --quick 4)")
   parser.add_argument("--n", type=int, default=4, help="episodes per group")
   parser.add_argument("--etas", default="1,2,4", help="staleness bounds of the async runs, comma-separated")
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--lr", type=float, default=3e-3)
+  parser.add_argument("--lr", type=float, default=2e-2, help="RL learning rate (random init: a high one)")
   parser.add_argument("--median-s", type=float, default=0.03, help="median tool-call latency, seconds")
   parser.add_argument("--p99-s", type=float, default=1.0, help="99th-percentile tool-call latency, seconds")
   parser.add_argument("--eval-prompts", type=int, default=None, help="held-out groups (of n) for final reward")
@@ -227,7 +228,7 @@ def main():
   args.etas = [int(e) for e in args.etas.split(",") if e]
   if any(e < 1 for e in args.etas):
     raise ValueError(f"--etas must be ints >= 1 (η = 0 is the sync baseline, always run); got {args.etas}.")
-  args.steps = args.steps or (3 if args.quick else 24)
+  args.steps = args.steps or (3 if args.quick else 40)
   args.prompts = args.prompts or (4 if args.quick else 8)
   args.eval_prompts = args.eval_prompts or (4 if args.quick else 32)
 

@@ -8,7 +8,8 @@ the tool answers with how many of the message's characters were in the target se
 and the episode ends after `max_turns` calls, or early when a call scores 1 (the goal: a non-empty message of
 target letters only), in which case the turns left count as 1. Turn k's reward is s_k / max_turns (plus, on an
 early end, the turns left / max_turns), so the episode's total reward is the mean score over `max_turns` turns,
-in [0, 1]. A random byte-level policy scores ~|target| / 259 (a byte-level model); one that writes target letters scores 1.
+in [0, 1]. A uniformly random byte-level policy scores about |target| / 259; one that writes only target
+letters scores 1.
 
 Latency. Every `step` (and `reset`) sleeps for a duration drawn from a lognormal distribution with the given
 median and 99th percentile (σ = ln(p99 / median) / z_0.99), from a generator seeded by (seed, episode, turn)
