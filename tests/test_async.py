@@ -150,36 +150,78 @@ def test_memory_admission_bound_and_eta_zero_is_lockstep():
     rollouts.MemoryAdmission(groups_per_step=2, max_staleness=-1)
 
 
-def test_file_admission_tickets_are_unique_across_claimers_and_abandoned_ones_are_granted(tmp_path):
-  a = rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=4, sampler_id="s0")
-  b = rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=4, sampler_id="s1")
-  got = {"s0": [], "s1": []}
+def _age(directory, sampler_id, seconds):
+  path = os.path.join(directory, "samplers", f"{sampler_id}.json")
+  with open(path) as f:
+    beat = json.load(f)
+  beat["time"] -= seconds
+  with open(path, "w") as f:
+    json.dump(beat, f)
 
-  def claim(adm, name):
-    while (t := adm.claim(0)) is not None:
-      got[name].append(t)
 
-  threads = [threading.Thread(target=claim, args=(a, "s0")), threading.Thread(target=claim, args=(b, "s1"))]
-  for t in threads:
-    t.start()
-  for t in threads:
-    t.join()
-  assert sorted(got["s0"] + got["s1"]) == list(range(20))  # (0 + 4 + 1) × 4, each exactly once.
-  b.commit(got["s1"][0]) if got["s1"] else None
+def test_file_admission_grants_under_the_bound_and_regrants_a_dead_samplers_tickets(tmp_path):
+  a = rollouts.FileAdmission(tmp_path, groups_per_step=2, max_staleness=1, sampler_id="s0", capacity=3)
+  b = rollouts.FileAdmission(tmp_path, groups_per_step=2, max_staleness=1, sampler_id="s1", capacity=3)
+  learner = rollouts.FileAdmission(tmp_path, groups_per_step=2, max_staleness=1)
+  assert a.claim(0) is None  # Nothing granted yet.
+  a.heartbeat(version=0)
   b.heartbeat(version=0)
-  learner = rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=4)
-  assert learner.reclaim_abandoned(timeout_s=3600, committed=set()) == []  # s1 is alive.
-  beat = os.path.join(tmp_path, "samplers", "s1.json")
-  with open(beat) as f:
-    data = json.load(f)
-  data["time"] -= 7200  # s1 went silent two hours ago.
-  with open(beat, "w") as f:
-    json.dump(data, f)
-  held = sorted(got["s1"][1:])
-  assert learner.reclaim_abandoned(timeout_s=3600, committed=set()) == held
-  assert a.limit(0) == 20 + len(held) or a.extra() in (0, len(held))  # cached up to 0.2 s
-  restarted = rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=4, sampler_id="s1")
-  assert restarted.previously_held() == held
+  out = learner.grant(0, committed=set(), timeout_s=60)
+  assert out["granted"] == 4 and out["next_ticket"] == 4  # (0 + 1 + 1) × 2: the bound at version 0.
+  assert a.granted() == [0, 1, 2] and b.granted() == [3]
+  assert [a.claim(0), a.claim(0), a.claim(0)] == [0, 1, 2] and b.claim(0) == 3
+  assert a.claim(0) is None and b.claim(0) is None
+  a.commit(0)
+  a.commit(1)
+  b.heartbeat(version=0)
+  a.heartbeat(version=1)
+  # Version 1: the bound is 6; a's committed tickets leave its grants, and it is topped up to capacity 3.
+  out = learner.grant(1, committed={0, 1}, timeout_s=60)
+  assert a.granted() == [2, 4, 5] and b.granted() == [3] and out["next_ticket"] == 6
+  # A sampler granted a ticket above the bound at *its own* version does not start it.
+  assert a.claim(0) is None and a.claim(1) == 4
+  # s1 goes silent: its uncommitted ticket 3 is granted again (same ticket: same prompt and seeds).
+  _age(tmp_path, "s1", 120)
+  a.heartbeat(version=1)
+  learner.grant(1, committed={0, 1}, timeout_s=60)
+  assert b.granted() == []
+  a.commit(2)
+  a.commit(4)
+  a.heartbeat(version=1)
+  learner.grant(1, committed={0, 1, 2, 4}, timeout_s=60)
+  assert a.granted() == [3, 5]  # 3 came back from the pool; 6 would exceed the bound at version 1.
+  # A restarted sampler never starts what it already put in the queue.
+  restarted = rollouts.FileAdmission(tmp_path, groups_per_step=2, max_staleness=1, sampler_id="s0", capacity=3)
+  restarted.mark_done([3])
+  assert restarted.claim(1) == 5
+
+
+def test_file_admission_grants_each_ticket_once_under_concurrent_claims(tmp_path):
+  samplers = [rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=2, sampler_id=f"s{k}",
+                                     capacity=4) for k in range(3)]
+  learner = rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=2)
+  started = []
+  lock = threading.Lock()
+  committed = set()
+  for version in range(5):
+    for s in samplers:
+      s.heartbeat(version=version)
+    learner.grant(version, committed=set(committed), timeout_s=60)
+
+    def work(s, version=version):
+      while (t := s.claim(version)) is not None:
+        with lock:
+          started.append(t)
+        s.commit(t)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in samplers]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    committed |= set(started)
+  assert sorted(started) == list(range(len(started))) and len(started) == len(set(started))
+  assert max(started) < (4 + 2 + 1) * 4
 
 
 def test_group_staleness_uses_the_oldest_sampled_token():

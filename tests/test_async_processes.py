@@ -70,7 +70,7 @@ def test_sampler_and_learner_faults(tmp_path):
     s1.wait()
     del procs["s1"]
     at_kill = len(_schedule(workdir))
-    # The learner goes on with sampler 0 alone (sampler 1's held tickets are reclaimed after its timeout).
+    # The learner goes on with sampler 0 alone (the learner grants sampler 1's uncommitted tickets to sampler 0 after its timeout).
     _wait(lambda: len(_schedule(workdir)) >= at_kill + 3, "progress without sampler 1", procs)
     version_at_restart = len(_schedule(workdir))
     s1b = _cli("sampler", "--workdir", workdir, "--index", "1", log=logs["s1b"])

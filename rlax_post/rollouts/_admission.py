@@ -15,11 +15,21 @@ Drop. A group's staleness when the learner at version k consumes it is k − (th
 trained tokens). Out-of-order completion can still exceed η (a straggler started long ago); such a group is
 dropped and counted (`is_stale`), never silently.
 
-Two implementations with one interface: `MemoryAdmission` (threads of one process) and `FileAdmission`
-(processes sharing a POSIX directory: a ticket is claimed by creating `tickets/<g>` with O_EXCL, which needs a
-file system with atomic exclusive create -- local disk, NFS, Filestore; not an object store). Samplers
-heartbeat `samplers/<id>.json` with the tickets they hold; the learner's `reclaim_abandoned` turns the
-uncommitted tickets of samplers silent for longer than a timeout into `extra`.
+Two implementations with one interface: `MemoryAdmission` (threads of one process: a counter) and
+`FileAdmission` (processes or hosts sharing a directory, local or a bucket URL). In the file protocol every
+file has exactly one writer, so it needs nothing but atomic whole-file writes (true of local renames and of
+object stores):
+
+  <dir>/samplers/<id>.json   written by sampler <id>: heartbeat time, pid, params version, the tickets it
+                             started and has not committed, how many groups it can run at once
+  <dir>/grants/<id>.json     written by the learner: the tickets granted to sampler <id>
+  <dir>/learner.json         written by the learner: the next new ticket
+
+The learner (`grant`, called while it waits and after each step) tops up every live sampler's grants to its
+capacity with new tickets below the bound at the learner's version; a sampler starts a granted ticket only if
+it is below the bound at its *own* version. When a sampler's heartbeat is older than the timeout its
+uncommitted grants are taken back and granted to live samplers (same ticket: same prompt, same seeds), so no
+prompt is skipped and the learner never waits on a dead sampler. `extra` is 0 in this protocol.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import threading
 import time
 from typing import Iterable, Sequence
 
+from etils import epath
 import numpy as np
 
 
@@ -112,119 +123,154 @@ class MemoryAdmission(Admission):
       return ticket
 
 
-def _write_json_atomic(path: str, value) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
-  with open(tmp, "w") as f:
-    json.dump(value, f)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+def _write_json_atomic(path, value) -> None:
+  """Whole-file write: tmp + rename on local disks; a single object write on buckets (atomic there)."""
+  path = epath.Path(path)
+  text = json.dumps(value)
+  if _is_local(path):
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}"
+    with open(os.fspath(tmp), "w") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(os.fspath(tmp), os.fspath(path))
+  else:
+    path.write_text(text)
 
 
-def _read_json(path: str, default):
+def _read_json(path, default):
   try:
-    with open(path) as f:
-      return json.load(f)
-  except (FileNotFoundError, json.JSONDecodeError):
+    return json.loads(epath.Path(path).read_text())
+  except (FileNotFoundError, json.JSONDecodeError, OSError):
     return default
 
 
+def _is_local(path: epath.Path) -> bool:
+  return "://" not in os.fspath(path)
+
+
+def _dir(directory) -> epath.Path:
+  text = os.fspath(directory)
+  return epath.Path(text if "://" in text else os.path.abspath(text))
+
+
 class FileAdmission(Admission):
-  """Tickets as files claimed with O_EXCL in `<directory>/tickets/`; heartbeats in `<directory>/samplers/`.
+  """Learner-granted tickets through files (module docstring); the same object type on both sides.
 
   Args:
-    directory: shared by the learner and every sampler (a POSIX file system; module docstring).
-    sampler_id: this sampler's id (None for the learner, which only reads heartbeats and grants extra).
+    directory: shared by the learner and every sampler (local, NFS, or a bucket URL).
+    sampler_id: this sampler's id; None for the learner.
+    capacity: groups this sampler runs at once (it is granted up to that many outstanding tickets).
   """
 
-  def __init__(self, directory: str | os.PathLike, *, groups_per_step: int, max_staleness: int,
-               sampler_id: str | None = None):
+  def __init__(self, directory, *, groups_per_step: int, max_staleness: int, sampler_id: str | None = None,
+               capacity: int = 1):
     super().__init__(groups_per_step=groups_per_step, max_staleness=max_staleness)
-    self.directory = os.fspath(directory)
-    if "://" in self.directory:
-      raise ValueError(f"FileAdmission needs a POSIX directory with atomic exclusive create; got "
-                       f"{self.directory!r} (an object store URL).")
+    self.directory = _dir(directory)
     self.sampler_id = sampler_id
-    for sub in ("tickets", "samplers"):
-      os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
-    self._hint = 0
-    self._extra_cache = (0.0, 0)
-    self.held: set[int] = set()
-    if sampler_id is not None:
-      self._hint = self._first_free_hint()
+    self.capacity = _check("capacity", capacity, 1)
+    for sub in ("samplers", "grants"):
+      (self.directory / sub).mkdir(parents=True, exist_ok=True)
+    self.held: set[int] = set()  # sampler: started, not committed
+    self._done: set[int] = set()  # sampler: committed by this process
+    self._grants_cache: tuple[float, list[int]] = (0.0, [])
 
-  def _ticket_path(self, ticket: int) -> str:
-    return os.path.join(self.directory, "tickets", f"{ticket:012d}")
-
-  def _first_free_hint(self) -> int:
-    names = [n for n in os.listdir(os.path.join(self.directory, "tickets")) if n.isdigit()]
-    return max((int(n) for n in names), default=-1) + 1
+  # --- sampler side ---------------------------------------------------------------------------------------
 
   def extra(self) -> int:
+    return 0
+
+  def _grants_path(self, sampler_id: str) -> epath.Path:
+    return self.directory / "grants" / f"{sampler_id}.json"
+
+  def granted(self, *, max_age_s: float = 0.0) -> list[int]:
+    """The tickets the learner has granted this sampler (re-read when the cached copy is older than
+    max_age_s)."""
     now = time.time()
-    if now - self._extra_cache[0] > 0.2:
-      abandoned = _read_json(os.path.join(self.directory, "abandoned.json"), [])
-      self._extra_cache = (now, len(abandoned))
-    return self._extra_cache[1]
+    if now - self._grants_cache[0] > max_age_s:
+      self._grants_cache = (now, sorted(int(t) for t in _read_json(self._grants_path(self.sampler_id), {}).get(
+          "tickets", [])))
+    return self._grants_cache[1]
 
   def claim(self, version: int) -> int | None:
     if self.sampler_id is None:
       raise ValueError("Only a sampler (sampler_id set) claims tickets.")
     limit = self.limit(version)
-    while self._hint < limit:
-      ticket = self._hint
-      self._hint += 1
-      try:
-        fd = os.open(self._ticket_path(ticket), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-      except FileExistsError:
-        continue
-      with os.fdopen(fd, "w") as f:
-        f.write(self.sampler_id)
-      self.held.add(ticket)
-      return ticket
+    for ticket in self.granted(max_age_s=0.1):
+      if ticket >= limit:
+        return None
+      if ticket not in self.held and ticket not in self._done:
+        self.held.add(ticket)
+        return ticket
     return None
 
   def commit(self, ticket: int) -> None:
-    self.held.discard(ticket)
+    self.held.discard(int(ticket))
+    self._done.add(int(ticket))
 
-  def previously_held(self) -> list[int]:
-    """Tickets this sampler id held, uncommitted, when its last heartbeat was written (a restarted sampler
-    runs them first: their prompts and seeds are fixed by the ticket)."""
-    beat = _read_json(self._beat_path(self.sampler_id), {})
-    return sorted(int(t) for t in beat.get("held", []))
+  def mark_done(self, tickets: Iterable[int]) -> None:
+    """Tickets already in the queue (a restarted sampler's own earlier work): never started again."""
+    self._done.update(int(t) for t in tickets)
 
-  def adopt(self, tickets: Iterable[int]) -> None:
-    self.held.update(int(t) for t in tickets)
-
-  def _beat_path(self, sampler_id: str) -> str:
-    return os.path.join(self.directory, "samplers", f"{sampler_id}.json")
+  def _beat_path(self, sampler_id: str) -> epath.Path:
+    return self.directory / "samplers" / f"{sampler_id}.json"
 
   def heartbeat(self, **stats) -> None:
-    """Writes this sampler's liveness, held tickets and `stats` (e.g. version, idle fraction)."""
+    """Writes this sampler's liveness, held tickets, capacity and `stats` (e.g. version, idle fraction)."""
     _write_json_atomic(self._beat_path(self.sampler_id),
-                       {"time": time.time(), "pid": os.getpid(), "held": sorted(self.held), **stats})
+                       {"time": time.time(), "pid": os.getpid(), "held": sorted(self.held),
+                        "capacity": self.capacity, **stats})
+
+  # --- learner side ---------------------------------------------------------------------------------------
 
   def heartbeats(self) -> dict[str, dict]:
     out = {}
-    for name in sorted(os.listdir(os.path.join(self.directory, "samplers"))):
-      if name.endswith(".json"):
-        beat = _read_json(os.path.join(self.directory, "samplers", name), None)
-        if beat is not None:
-          out[name[:-len(".json")]] = beat
+    for path in sorted((self.directory / "samplers").glob("*.json")):
+      beat = _read_json(path, None)
+      if beat is not None:
+        out[path.name[:-len(".json")]] = beat
     return out
 
-  def reclaim_abandoned(self, timeout_s: float, committed: Sequence[int] | set[int]) -> list[int]:
-    """Learner side: tickets held by samplers silent for more than `timeout_s` and not in `committed` become
-    extra budget (recorded in `abandoned.json`); returns the newly abandoned tickets."""
-    path = os.path.join(self.directory, "abandoned.json")
-    abandoned = set(_read_json(path, []))
-    now = time.time()
-    new = []
-    committed = set(committed)
-    for beat in self.heartbeats().values():
-      if now - beat.get("time", 0.0) > timeout_s:
-        new += [t for t in beat.get("held", []) if t not in abandoned and t not in committed]
-    if new:
-      _write_json_atomic(path, sorted(abandoned | set(new)))
-      self._extra_cache = (0.0, 0)
-    return sorted(new)
+  def grant(self, version: int, *, committed: set[int], timeout_s: float) -> dict[str, int]:
+    """Learner side: takes back the uncommitted grants of samplers silent for more than `timeout_s` and tops
+    every live sampler up to its capacity (reclaimed tickets first, then new ones below the bound at
+    `version`). `committed`: tickets whose groups are in the queue. Returns counters."""
+    state = _read_json(self.directory / "learner.json", {"next_ticket": 0, "reclaimed": 0})
+    next_ticket, reclaimed = int(state["next_ticket"]), int(state.get("reclaimed", 0))
+    beats, now = self.heartbeats(), time.time()
+    grants = {p.name[:-len(".json")]: sorted(int(t) for t in _read_json(p, {}).get("tickets", []))
+              for p in (self.directory / "grants").glob("*.json")}
+    pool, changed = [], set()
+    for sid, tickets in grants.items():
+      outstanding = [t for t in tickets if t not in committed]
+      if outstanding != tickets:
+        grants[sid], _ = outstanding, changed.add(sid)
+      beat = beats.get(sid)
+      if outstanding and (beat is None or now - beat.get("time", 0.0) > timeout_s):
+        pool += outstanding
+        reclaimed += len(outstanding)
+        grants[sid], _ = [], changed.add(sid)
+    pool.sort()
+    limit = admission_limit(version, groups_per_step=self.groups_per_step, max_staleness=self.max_staleness)
+    live = sorted(sid for sid, b in beats.items() if now - b.get("time", 0.0) <= timeout_s)
+    granted_now = 0
+    for sid in live:
+      tickets = grants.setdefault(sid, [])
+      room = int(beats[sid].get("capacity", 1)) - len(tickets)
+      while room > 0 and (pool or next_ticket < limit):
+        tickets.append(pool.pop(0) if pool else next_ticket)
+        if not tickets[-1] < next_ticket:
+          next_ticket += 1
+        room, granted_now = room - 1, granted_now + 1
+        changed.add(sid)
+    # Reclaimed tickets no live sampler could take yet stay with nobody until the next call.
+    for sid in changed:
+      _write_json_atomic(self._grants_path(sid), {"tickets": sorted(grants[sid])})
+    if pool:
+      next_pool = sorted(pool)
+      _write_json_atomic(self._grants_path("_unassigned"), {"tickets": next_pool})
+    elif "_unassigned" in grants and grants["_unassigned"]:
+      _write_json_atomic(self._grants_path("_unassigned"), {"tickets": []})
+    _write_json_atomic(self.directory / "learner.json", {"next_ticket": next_ticket, "reclaimed": reclaimed})
+    return {"granted": granted_now, "reclaimed_total": reclaimed, "next_ticket": next_ticket,
+            "live_samplers": len(live)}

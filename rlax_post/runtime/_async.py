@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from etils import epath
 import flax.serialization
 import jax
 import jax.numpy as jnp
@@ -195,6 +196,7 @@ def _group_rows(group) -> list[dict]:
 class _Backend:
   """What differs between in-process threads and separate processes."""
   queue: Any
+  poll_s = 1.0  # how often the learner's wait for rollouts wakes up (on_wait)
 
   def publish(self, params, version: int) -> None: ...
   def start(self) -> None: ...
@@ -278,7 +280,8 @@ class _ThreadBackend(_Backend):
 
 
 class _ProcessBackend(_Backend):
-  """The learner process of `rlax-post learner`: file queue, orbax parameter versions, ticket files."""
+  """The learner process of `rlax-post learner`: file queue, orbax parameter versions, ticket grants."""
+  poll_s = 0.1  # the learner grants tickets while it waits
 
   def __init__(self, cfg: config_lib.Config, workdir: str):
     self.cfg, self.workdir = cfg, workdir
@@ -290,12 +293,21 @@ class _ProcessBackend(_Backend):
                                              max_to_keep=cfg.runtime.param_versions_to_keep)
     self.admission = rollouts.FileAdmission(os.path.join(workdir, "admission"), groups_per_step=p,
                                             max_staleness=config_lib.staleness(cfg))
-    self._last_reclaim = 0.0
+    self.version = 0
+    self._last_grant = 0.0
 
   def publish(self, params, version: int) -> None:
-    if self.publisher.latest_version is not None and version <= self.publisher.latest_version:
-      return  # Already out (a resumed learner republishing its checkpoint's version).
-    self.publisher.publish(params, version)
+    self.version = version
+    if self.publisher.latest_version is None or version > self.publisher.latest_version:
+      self.publisher.publish(params, version)  # (else already out: a resumed learner's checkpoint version)
+    self._grant(force=True)
+
+  def _grant(self, force: bool = False) -> None:
+    if not force and time.time() - self._last_grant < 0.1:
+      return
+    self._last_grant = time.time()
+    committed = {int(g) for g in self.queue.seen_group_ids()}
+    self.admission.grant(self.version, committed=committed, timeout_s=self.cfg.runtime.sampler_timeout_s)
 
   def on_resume(self, step: int, meta: dict) -> None:
     del meta
@@ -319,11 +331,7 @@ class _ProcessBackend(_Backend):
             if now - b.get("time", 0.0) <= self.cfg.runtime.sampler_timeout_s]
 
   def on_wait(self) -> None:
-    if time.time() - self._last_reclaim < 1.0:
-      return
-    self._last_reclaim = time.time()
-    committed = {int(g) for g in self.queue.seen_group_ids()}
-    self.admission.reclaim_abandoned(self.cfg.runtime.sampler_timeout_s, committed)
+    self._grant()
 
 
 def take_groups(queue, *, num_groups: int, learner_version: int, max_staleness: int, tag: int,
@@ -445,7 +453,7 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
 
       backend.check()
       fresh, dropped = take_groups(backend.queue, num_groups=p, learner_version=rl_step, max_staleness=eta,
-                                   tag=rl_step + 1, on_timeout=on_timeout)
+                                   tag=rl_step + 1, on_timeout=on_timeout, poll_s=backend.poll_s)
       wait_s = time.time() - t0
       total_wait += wait_s
       batch = _produce.rows_to_batch([rows for _, rows, _ in fresh], seq_len=seq_len, pad_id=tokenizer.pad_id)
@@ -551,16 +559,16 @@ def run_learner(cfg: config_lib.Config, workdir: str, *, resume: bool = False, q
 
 
 def load_run_config(workdir: str, *, timeout_s: float = 0.0) -> config_lib.Config:
-  """The config a learner wrote to `workdir/config.json` (waits up to timeout_s for it to appear)."""
-  path = os.path.join(os.fspath(workdir), "config.json")
+  """The config a learner wrote to `workdir/config.json` (waits up to timeout_s for it to appear); `workdir`
+  may be a local path or a bucket URL."""
+  path = epath.Path(os.fspath(workdir)) / "config.json"
   deadline = time.time() + timeout_s
-  while not os.path.exists(path):
+  while not path.exists():
     if time.time() >= deadline:
       raise FileNotFoundError(f"{path} does not exist: start `rlax-post learner --workdir {workdir}` first "
                               "(it writes the run's config).")
     time.sleep(0.2)
-  with open(path) as f:
-    return config_lib.load(json.load(f))
+  return config_lib.load(json.loads(path.read_text()))
 
 
 def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s: float = 600.0) -> dict:
@@ -579,19 +587,19 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   queue = rollouts.FileQueue(os.path.join(workdir, "queue"), capacity=capacity, consumers=(LEARNER,),
                              writer_id=name)
   admission = rollouts.FileAdmission(os.path.join(workdir, "admission"), groups_per_step=p,
-                                     max_staleness=config_lib.staleness(cfg), sampler_id=name)
-  # Tickets this sampler held when it died and that never reached the queue: redo them first.
-  committed = {int(g) for g in queue.written_group_ids()}
-  redo = [t for t in admission.previously_held() if t not in committed]
-  admission.adopt(redo)
+                                     max_staleness=config_lib.staleness(cfg), sampler_id=name,
+                                     capacity=max(slots // n, 1))
+  # A sampler restarted under the same index never redoes a group it already put in the queue; tickets
+  # still granted to it that never reached the queue are started again (same prompt and seeds).
+  admission.mark_done(int(g) for g in queue.written_group_ids())
   source = exchange.ParamSubscriber(os.path.join(workdir, "params"), params_like=params_like,
                                     shardings=shardings, reader_id=name)
-  done_path = os.path.join(workdir, DONE_FILE)
+  done_path = epath.Path(workdir) / DONE_FILE
   worker = SamplerWorker(name=name, producer_factory=factory, source=source, queue=queue, admission=admission,
-                         slots=slots, group_size=n, should_stop=lambda: os.path.exists(done_path),
-                         heartbeat=admission.heartbeat, resume_tickets=redo)
+                         slots=slots, group_size=n, should_stop=done_path.exists,
+                         heartbeat=admission.heartbeat)
   if not quiet:
-    print(f"[{name}] sampling for {workdir} ({slots} slots; redoing {len(redo)} held tickets)", flush=True)
+    print(f"[{name}] sampling for {workdir} ({slots} slots)", flush=True)
   t0 = time.time()
   last_print = [0.0]
 
