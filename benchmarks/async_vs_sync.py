@@ -15,8 +15,9 @@ per-group message budgets are long-tailed too), a `MemoryQueue`, `MemoryAdmissio
   async  η ∈ --etas: the sampler runs up to η versions ahead while the learner trains; groups whose oldest
          token is more than η versions behind are dropped and counted (decoupled PPO).
 
-The sampler's in-flight limit is 2 · P · n episodes in every mode (the engine decodes P · n at once; parked
-episodes waiting on a tool call hold no decode slot); in sync mode the admission bound keeps it at P · n.
+The sampler's in-flight limit is --inflight · P · n episodes in every mode (default 2; the engine decodes P · n
+at once; parked episodes waiting on a tool call hold no decode slot); in sync mode the admission bound keeps it
+at P · n whatever the limit, so `--inflight 1` compares the modes at equal concurrency.
 samples/s = trained samples / wall time of the RL loop (compilation excluded: a warm-up evaluation, a
 warm-up update and a throwaway 2-step async run go first). Final reward: mean total reward of a fixed
 held-out set of episodes (prompts never trained on, fixed sampling seeds, temperature 1, latency off)
@@ -162,7 +163,7 @@ def run_mode(work: Workload, eta: int, *, steps: int | None = None) -> dict:
     return producers[-1]
 
   worker = _async.SamplerWorker(name="sampler-0", producer_factory=factory, source=source, queue=queue,
-                                admission=admission, slots=2 * p * n, group_size=n, should_stop=stop.is_set)
+                                admission=admission, slots=work.args.inflight * p * n, group_size=n, should_stop=stop.is_set)
 
   def run():
     try:
@@ -222,6 +223,9 @@ def main():
   parser.add_argument("--median-s", type=float, default=0.03, help="median tool-call latency, seconds")
   parser.add_argument("--p99-s", type=float, default=1.0, help="99th-percentile tool-call latency, seconds")
   parser.add_argument("--eval-prompts", type=int, default=None, help="held-out groups (of n) for final reward")
+  parser.add_argument("--inflight", type=int, default=2,
+                      help="the sampler's in-flight limit in units of P · n episodes (1: no more episodes in "
+                           "flight than the synchronous batch holds)")
   parser.add_argument("--quick", action="store_true", help="smoke size: runs in under 2 minutes")
   parser.add_argument("--json", default=None)
   args = parser.parse_args()
@@ -255,7 +259,7 @@ def main():
   print(f"total wall time {time.perf_counter() - t_start:.0f} s")
   _harness.write_json(args.json, {
       "runs": runs, "initial_reward": initial, "steps": args.steps, "prompts": args.prompts, "n": args.n,
-      "seed": args.seed, "median_s": args.median_s, "p99_s": args.p99_s, "eval_episodes": args.eval_prompts * args.n,
+      "seed": args.seed, "inflight": args.inflight, "median_s": args.median_s, "p99_s": args.p99_s, "eval_episodes": args.eval_prompts * args.n,
       "model_params": work.model_cfg.num_params(), "cpu_count": os.cpu_count(),
       "final_reward_measure": "mean total reward of held-out episodes sampled (T=1, fixed seeds) with the final params",
   })
