@@ -28,7 +28,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.task = dict(name="reverse", options=_TASK_OPTIONS["reverse"], num_eval=256)
-  c.model = dict(preset="tiny", overrides=dict(), vocab_multiple=8, max_seq_len=32)
+  c.model = dict(preset="tiny", overrides=dict(), vocab_multiple=8, max_seq_len=32,
+                 hf_path=config_dict.placeholder(str))
   c.mesh = dict(data=1, fsdp=-1, tensor=1, rules=())
   c.sft = dict(steps=600, batch_size=64, noise=0.6, typo_rate=0.0,
                optimizer=dict(learning_rate=3e-3, warmup_steps=20, end_lr_ratio=0.1, weight_decay=0.0,

@@ -1,5 +1,10 @@
-"""HF checkpoint import/export against transformers' own Llama / Qwen2 / Qwen3 on tiny random models."""
+"""HF checkpoint import/export against transformers' own Llama / Qwen2 / Qwen3 / Gemma 2 / Gemma 3 models.
 
+Tiny random models; the Gemma ones have a sliding window of 4 and the test sequences 16 tokens, so the
+windows matter; "llama31" carries Llama 3.1-style `llama3` RoPE scaling.
+"""
+
+import dataclasses
 import json
 import os
 
@@ -18,18 +23,37 @@ from rlax_post.models import _hf  # noqa: E402
 
 _SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               intermediate_size=128, vocab_size=128, max_position_embeddings=256, head_dim=16)
+_LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=5000.0, factor=8.0, low_freq_factor=1.0,
+                    high_freq_factor=4.0, original_max_position_embeddings=32)
+_GEMMA = dict(num_hidden_layers=4, sliding_window=4, query_pre_attn_scalar=24, final_logit_softcapping=10.0)
 _FAMILIES = {
-    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, dict(rms_norm_eps=1e-5)),
-    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, dict(tie_word_embeddings=True)),
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict()),
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+              dict(rms_norm_eps=1e-5, rope_theta=5000.0)),
+    "llama31": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                dict(rms_norm_eps=1e-5, rope_parameters=_LLAMA3_ROPE)),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+              dict(tie_word_embeddings=True, rope_theta=5000.0)),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(rope_theta=5000.0)),
+    # Layers: sliding, global, sliding, global (transformers' default alternation).
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
+               dict(_GEMMA, attn_logit_softcapping=5.0, rope_theta=5000.0)),
+    # Local base 1000, global base 1e5 with linear scaling; layers: sliding, sliding, global, sliding.
+    "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM,
+               dict(_GEMMA, layer_types=["sliding_attention"] * 2 + ["full_attention", "sliding_attention"],
+                    rope_parameters={
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+                        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0}})),
 }
-_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_ARCH = {"llama": "LlamaForCausalLM", "llama31": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+         "qwen3": "Qwen3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
 
 
 def _hf_model(family, seed=0):
   config_cls, model_cls, extra = _FAMILIES[family]
   torch.manual_seed(seed)
-  model = model_cls(config_cls(**_SHAPE, rope_theta=5000.0, **extra)).float().eval()
+  model = model_cls(config_cls(**{**_SHAPE, **extra})).float().eval()
+  # No EOS, so `generate` neither stops nor (with min_new_tokens) masks it: Gemma's EOS id 1 is in the vocab.
+  model.generation_config.eos_token_id = None
   with torch.no_grad():  # Random norms and biases too, so a swapped or missing tensor shows in the logits.
     for name, p in model.named_parameters():
       if "norm" in name or "bias" in name:
@@ -42,13 +66,14 @@ def _save(model, path, **kwargs):
   return str(path)
 
 
-def _tokens(seed=0, b=3, t=12):
+def _tokens(seed=0, b=3, t=16):
   return np.random.default_rng(seed).integers(0, _SHAPE["vocab_size"], (b, t))
 
 
-def _hf_logits(model, tokens_bt):
+def _hf_logits(model, tokens_bt, positions_bt=None):
+  kwargs = {} if positions_bt is None else {"position_ids": torch.tensor(positions_bt)}
   with torch.no_grad():
-    return model(torch.tensor(tokens_bt)).logits.numpy()
+    return model(torch.tensor(tokens_bt), **kwargs).logits.numpy()
 
 
 @pytest.fixture(scope="module", params=sorted(_FAMILIES))
@@ -68,8 +93,9 @@ def test_logits_match_transformers(family, hf_model, tmp_path, shard_size):
     assert os.path.exists(os.path.join(path, "model.safetensors.index.json"))
     assert len([f for f in os.listdir(path) if f.endswith(".safetensors")]) > 2
   cfg, graphdef, params = _hf.load_hf(path)
-  assert (cfg.qkv_bias, cfg.qk_norm) == (family == "qwen2", family == "qwen3")
-  assert cfg.rope_theta == 5000.0 and cfg.head_dim == 16 and cfg.num_kv_heads == 2
+  assert (cfg.qkv_bias, cfg.qk_norm) == (family == "qwen2", family in ("qwen3", "gemma3"))
+  assert cfg.head_dim == 16 and cfg.num_kv_heads == 2
+  assert cfg.rope_theta == (100000.0 if family == "gemma3" else 5000.0)
   tokens = _tokens()
   ours, _ = models.forward(graphdef, params, jnp.asarray(tokens))
   np.testing.assert_allclose(np.asarray(ours), _hf_logits(hf_model, tokens), atol=1e-4, rtol=1e-4)
@@ -80,15 +106,25 @@ def test_greedy_generation_matches_transformers(hf_model, tmp_path):
   prompt = _tokens(seed=1, b=2, t=5)
   with torch.no_grad():
     want = hf_model.generate(torch.tensor(prompt), attention_mask=torch.ones(prompt.shape, dtype=torch.long),
-                             do_sample=False, max_new_tokens=16, min_new_tokens=16,
-                             pad_token_id=0).numpy()
+                             do_sample=False, max_new_tokens=16, pad_token_id=0).numpy()
+  assert want.shape == (2, 21)
   # Full forward over a fixed-length right-padded buffer (one compile); causality makes the padding inert.
   fwd = jax.jit(lambda p, t: models.forward(graphdef, p, t)[0].argmax(-1))
-  t0 = prompt.shape[1]
-  tokens = jnp.zeros((prompt.shape[0], t0 + 16), jnp.int32).at[:, :t0].set(prompt)
+  b, t0 = prompt.shape
+  tokens = jnp.zeros((b, t0 + 16), jnp.int32).at[:, :t0].set(prompt)
   for t in range(t0, t0 + 16):
     tokens = tokens.at[:, t].set(fwd(params, tokens)[:, t - 1])
   np.testing.assert_array_equal(np.asarray(tokens), want)
+  # Cached decoding: prefill the prompt, then one token per step (sliding windows mask cache slots).
+  step = jax.jit(lambda p, t, pos, c: models.forward(graphdef, p, t, pos, c))
+  cache = models.init_cache(cfg, b, t0 + 16)
+  logits, cache = step(params, jnp.asarray(prompt), jnp.broadcast_to(jnp.arange(t0), (b, t0)), cache)
+  out = [prompt]
+  for t in range(t0, t0 + 16):
+    token_b1 = logits[:, -1:].argmax(-1).astype(jnp.int32)
+    out.append(np.asarray(token_b1))
+    logits, cache = step(params, token_b1, jnp.full((b, 1), t, jnp.int32), cache)
+  np.testing.assert_array_equal(np.concatenate(out, axis=1), want)
 
 
 def test_export_roundtrip(family, hf_model, tmp_path):
@@ -189,12 +225,76 @@ def test_missing_tensor(tmp_path):
     _hf.load_hf(path)
 
 
-def test_llama3_rope_scaling_is_rejected(tmp_path):
-  path = _save(_hf_model("llama"), tmp_path)
+def _edit_config(path, **changes):
   with open(os.path.join(path, "config.json")) as f:
     config = json.load(f)
-  config["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}
+  config.update(changes)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(config, f)
-  with pytest.raises(NotImplementedError, match="llama3"):
+  return config
+
+
+def test_unknown_rope_type_is_rejected(tmp_path):
+  path = _save(_hf_model("llama"), tmp_path)
+  _edit_config(path, rope_parameters={"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0})
+  with pytest.raises(NotImplementedError, match=r"'yarn'.*'default', 'linear', 'llama3'"):
     _hf.load_hf(path)
+
+
+def test_llama3_rope_without_its_factors_is_rejected(tmp_path):
+  path = _save(_hf_model("llama"), tmp_path)
+  _edit_config(path, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0})
+  with pytest.raises(ValueError, match="low_freq_factor"):
+    _hf.load_hf(path)
+
+
+def test_gemma3_multimodal_is_rejected():
+  with pytest.raises(ValueError, match=r"Gemma3ForConditionalGeneration.*Gemma3ForCausalLM.*Qwen3ForCausalLM"):
+    _hf.config_from_hf({"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3"})
+
+
+def test_llama3_rope_scaling_beyond_the_original_context(tmp_path):
+  """Positions 100..115 lie past original_max_position_embeddings = 32: the scaling changes the logits."""
+  hf_model = _hf_model("llama31")
+  cfg, graphdef, params = _hf.load_hf(_save(hf_model, tmp_path))
+  assert (cfg.rope_scaling_type, cfg.rope_scaling_factor, cfg.rope_original_max_len) == ("llama3", 8.0, 32)
+  tokens = _tokens(seed=3)
+  positions = np.broadcast_to(np.arange(100, 116), tokens.shape)
+  ours = np.asarray(models.forward(graphdef, params, jnp.asarray(tokens), jnp.asarray(positions))[0])
+  np.testing.assert_allclose(ours, _hf_logits(hf_model, tokens, positions), atol=1e-4, rtol=1e-4)
+  unscaled_graphdef, _ = models.abstract_params(dataclasses.replace(cfg, rope_scaling_type=None))
+  unscaled = np.asarray(models.forward(unscaled_graphdef, params, jnp.asarray(tokens), jnp.asarray(positions))[0])
+  assert np.abs(unscaled - ours).max() > 20 * 1e-4  # 20x the parity tolerance (tiny logits are ~0.3).
+
+
+def test_llama32_preset_rope_matches_transformers():
+  cfg = models.preset("llama3.2-1b")
+  hf = transformers.LlamaConfig(head_dim=cfg.head_dim, hidden_size=cfg.d_model,
+                                num_attention_heads=cfg.num_heads, rope_parameters=dict(
+                                    rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
+                                    high_freq_factor=4.0, original_max_position_embeddings=8192))
+  want, _ = transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS["llama3"](hf)
+  np.testing.assert_allclose(cfg.rope_inv_freq()[0], want.numpy(), rtol=1e-6)
+
+
+def test_gemma3_hub_style_config():
+  """Gemma 3 configs on the Hub use rope_theta / rope_local_base_freq / sliding_window_pattern / rope_scaling."""
+  hf = dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", vocab_size=128, hidden_size=64,
+            intermediate_size=128, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=1,
+            head_dim=16, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0, sliding_window=512,
+            sliding_window_pattern=6, rope_scaling={"rope_type": "linear", "factor": 8.0},
+            query_pre_attn_scalar=16, final_logit_softcapping=None, attn_logit_softcapping=None)
+  cfg = _hf.config_from_hf(hf)
+  assert cfg.layer_types == ("sliding_attention",) * 5 + ("full_attention", "sliding_attention")
+  assert (cfg.rope_theta, cfg.rope_local_theta, cfg.rope_scaling_type, cfg.rope_scaling_factor) == (
+      1_000_000.0, 10_000.0, "linear", 8.0)
+  assert list(cfg.window_sizes()) == [512] * 5 + [0, 512]
+  want = transformers.Gemma3TextConfig(**{k: v for k, v in hf.items() if k not in ("architectures",
+                                                                                  "model_type")})
+  assert list(want.layer_types) == list(cfg.layer_types)
+  for layer_type, layer in (("sliding_attention", 0), ("full_attention", 5)):
+    fn = transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS.get(
+        want.rope_parameters[layer_type]["rope_type"],
+        transformers.models.gemma3.modeling_gemma3.Gemma3RotaryEmbedding.compute_default_rope_parameters)
+    inv_freq, _ = fn(want, layer_type=layer_type)
+    np.testing.assert_allclose(cfg.rope_inv_freq()[layer], inv_freq.numpy(), rtol=1e-6)

@@ -221,6 +221,30 @@ def test_rollback(env):
     r.get_groups("learner", 1, timeout_s=0.05)
 
 
+def test_release_frees_groups_every_consumer_consumed_and_guards_rollback(env):
+  w, r = env.pair(consumers=("learner", "critic"))
+  for j in range(4):
+    _put_group(w, f"g{j}", 2)
+  assert _ids(r.get_groups("learner", 3, tag=1, timeout_s=5)) == ["g0", "g1", "g2"]
+  assert _ids(r.get_groups("critic", 1, tag=1, timeout_s=5)) == ["g0"]
+  assert _ids(r.get_groups("learner", 1, tag=2, timeout_s=5)) == ["g3"]
+  # Only g0 was consumed by both consumers with a tag <= 1.
+  assert r.release(1) == 1
+  table = r._table  # pylint: disable=protected-access
+  assert all(v is None for row_id in table.groups["g0"].row_ids for v in table.rows[row_id].fields.values())
+  assert table.rows["g1/1"].fields["x"] == 1
+  assert r.depth("learner") == 0 and r.depth("critic") == 6  # Counters are unchanged by a release.
+  with pytest.raises(ValueError, match="released up to tag 1"):
+    r.rollback("learner", after_tag=0)
+  assert r.rollback("learner", after_tag=1) == 1  # g3 (tag 2) comes back whole.
+  assert _ids(r.get_groups("learner", 1, tag=2, timeout_s=5)) == ["g3"]
+  # The critic still gets the other groups, with their values.
+  got = r.get_groups("critic", 3, tag=1, timeout_s=5)
+  assert _ids(got) == ["g1", "g2", "g3"] and got[0].rows[1].fields["x"] == 1
+  with pytest.raises(ValueError, match="already written"):
+    w.put("g0/0", {"x": np.int32(5)}, group_id="g0", group_size=2)
+
+
 def test_rollback_across_reopen(tmp_path):
   w = rollouts.FileQueue(tmp_path, capacity=100, writer_id="sampler")
   for j in range(6):

@@ -37,6 +37,10 @@ class ModelSection:
   overrides: dict = dataclasses.field(default_factory=dict)  # ModelConfig fields to override
   vocab_multiple: int = bounded(8, low=1)  # pad the tokenizer's vocab to a multiple of this (sharding)
   max_seq_len: int = bounded(64, low=2)
+  # A local Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json). None: a random
+  # init of `preset` with the byte tokenizer. Set: the checkpoint's shapes, weights and tokenizer; `preset`
+  # is not used and `overrides` may only change dtype, param_dtype and remat.
+  hf_path: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

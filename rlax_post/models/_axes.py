@@ -20,6 +20,8 @@ PARAM_LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
     "final_norm": ("norm",),
     "attn_norm": ("layers", "norm"),
     "mlp_norm": ("layers", "norm"),
+    "attn_post_norm": ("layers", "norm"),
+    "mlp_post_norm": ("layers", "norm"),
     "q": ("layers", "embed", "heads", "head_dim"),
     "k": ("layers", "embed", "kv_heads", "head_dim"),
     "v": ("layers", "embed", "kv_heads", "head_dim"),

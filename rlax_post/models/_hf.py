@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints (Llama 3.x, Qwen2/2.5, Qwen3) to and from our stacked, sharded params.
+"""Hugging Face checkpoints (Llama 3.x, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3 text) to and from our params.
 
 `load_hf` reads each HF tensor slice by slice with `safetensors.safe_open` and builds every stacked param
 with `jax.make_array_from_callback`, so each device reads only its own shard and the whole model never sits
@@ -26,12 +26,17 @@ from rlax_post.models._functional import abstract_params
 from rlax_post.sharding import DEFAULT_RULES
 from rlax_post.sharding import named_shardings
 
-# architecture -> (model_type, qkv_bias, qk_norm).
-ARCHITECTURES: dict[str, tuple[str, bool, bool]] = {
-    "LlamaForCausalLM": ("llama", False, False),
-    "Qwen2ForCausalLM": ("qwen2", True, False),
-    "Qwen3ForCausalLM": ("qwen3", False, True),
+_LLAMA_STYLE = dict(norm_plus_one=False, post_norms=False, scale_embeddings=False, mlp_activation="silu")
+_GEMMA_STYLE = dict(norm_plus_one=True, post_norms=True, scale_embeddings=True, mlp_activation="gelu_tanh")
+# architecture -> (model_type, the ModelConfig flags the architecture fixes).
+ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
+    "LlamaForCausalLM": ("llama", dict(qkv_bias=False, qk_norm=False, **_LLAMA_STYLE)),
+    "Qwen2ForCausalLM": ("qwen2", dict(qkv_bias=True, qk_norm=False, **_LLAMA_STYLE)),
+    "Qwen3ForCausalLM": ("qwen3", dict(qkv_bias=False, qk_norm=True, **_LLAMA_STYLE)),
+    "Gemma2ForCausalLM": ("gemma2", dict(qkv_bias=False, qk_norm=False, **_GEMMA_STYLE)),
+    "Gemma3ForCausalLM": ("gemma3_text", dict(qkv_bias=False, qk_norm=True, **_GEMMA_STYLE)),
 }
+_GEMMA_ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 
 _LAYER = "model.layers.{}."
 # our name -> (HF name, how each HF dim maps to our per-layer axes). An HF dim mapping to several of our
@@ -53,6 +58,13 @@ _LAYER_TENSORS: dict[str, tuple[str, tuple[tuple[int, ...], ...]]] = {
     "up": ("mlp.up_proj.weight", ((1,), (0,))),
     "down": ("mlp.down_proj.weight", ((1,), (0,))),
 }
+# Gemma's four norms per layer (HF stores the w of a (1 + w) scale; our params keep that convention).
+_GEMMA_NORMS = {
+    "attn_norm": ("input_layernorm.weight", ((0,),)),
+    "attn_post_norm": ("post_attention_layernorm.weight", ((0,),)),
+    "mlp_norm": ("pre_feedforward_layernorm.weight", ((0,),)),
+    "mlp_post_norm": ("post_feedforward_layernorm.weight", ((0,),)),
+}
 _GLOBAL_TENSORS: dict[str, tuple[str, tuple[tuple[int, ...], ...]]] = {
     "embedding": ("model.embed_tokens.weight", ((0,), (1,))),
     "final_norm": ("model.norm.weight", ((0,),)),
@@ -60,16 +72,82 @@ _GLOBAL_TENSORS: dict[str, tuple[str, tuple[tuple[int, ...], ...]]] = {
 }
 
 
-def _rope_theta(hf: dict) -> float:
-  # transformers >= 5 nests RoPE in `rope_parameters`; older checkpoints use `rope_theta` + `rope_scaling`.
-  rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-  kind = rope.get("rope_type", rope.get("type", "default"))
-  if kind not in ("default", None):
-    raise NotImplementedError(
-        f"RoPE scaling of type {kind!r} (e.g. Llama 3.1+'s 'llama3' frequency scaling) is not supported: "
-        "our RoPE uses plain theta^(-2i/H) frequencies; only rope_type 'default' loads.")
-  theta = rope.get("rope_theta", hf.get("rope_theta"))
-  return 10_000.0 if theta is None else float(theta)
+def _layer_tensors(cfg: ModelConfig) -> dict[str, tuple[str, tuple[tuple[int, ...], ...]]]:
+  return {**_LAYER_TENSORS, **_GEMMA_NORMS} if cfg.post_norms else _LAYER_TENSORS
+
+
+_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def _rope_fields(rope: dict, default_theta: float, *, allow_scaling: bool = True) -> dict[str, Any]:
+  """ModelConfig RoPE fields from one HF rope dict (`rope_parameters`, or `rope_scaling` + `rope_theta`)."""
+  kind = rope.get("rope_type", rope.get("type")) or "default"
+  allowed = _ROPE_TYPES if allow_scaling else ("default",)
+  if kind not in allowed:
+    raise NotImplementedError(f"RoPE type {kind!r} is not supported here; supported: {list(allowed)}.")
+  theta = rope.get("rope_theta")
+  fields: dict[str, Any] = dict(rope_theta=float(default_theta if theta is None else theta))
+  if rope.get("partial_rotary_factor", 1.0) != 1.0:
+    raise NotImplementedError("partial_rotary_factor != 1: our RoPE rotates the whole head.")
+  if kind == "default":
+    return fields
+  needed = ("factor",) + (("low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+                          if kind == "llama3" else ())
+  missing = [k for k in needed if rope.get(k) is None]
+  if missing:
+    raise ValueError(f"RoPE type {kind!r} needs {list(needed)}; missing {missing} in {rope}.")
+  fields.update(rope_scaling_type=kind, rope_scaling_factor=float(rope["factor"]))
+  if kind == "llama3":
+    fields.update(rope_low_freq_factor=float(rope["low_freq_factor"]),
+                  rope_high_freq_factor=float(rope["high_freq_factor"]),
+                  rope_original_max_len=int(rope["original_max_position_embeddings"]))
+  return fields
+
+
+def _rope_config(hf: dict, arch: str) -> dict[str, Any]:
+  # transformers >= 5 nests RoPE in `rope_parameters` (Gemma 3: one dict per layer type); older checkpoints
+  # use top-level `rope_theta` + `rope_scaling` (Gemma 3: + `rope_local_base_freq`; scaling is global-only).
+  params = hf.get("rope_parameters") or {}
+  if arch == "Gemma3ForCausalLM":
+    if "full_attention" in params or "sliding_attention" in params:
+      global_rope, local_rope = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+    else:
+      global_rope = {**(hf.get("rope_scaling") or {}), **params}
+      global_rope.setdefault("rope_theta", hf.get("rope_theta"))
+      local_rope = {"rope_theta": hf.get("rope_local_base_freq")}
+    fields = _rope_fields(global_rope, 1_000_000.0, allow_scaling=True)
+    fields["rope_local_theta"] = _rope_fields(local_rope, 10_000.0, allow_scaling=False)["rope_theta"]
+    return fields
+  rope = {**(hf.get("rope_scaling") or {}), **params}
+  rope.setdefault("rope_theta", hf.get("rope_theta"))
+  # Gemma 2 applies one RoPE to local and global layers; our scaling is global-layer only, so refuse it.
+  return _rope_fields(rope, 10_000.0, allow_scaling=arch not in _GEMMA_ARCHS)
+
+
+def _float_or_none(x):
+  return None if x is None else float(x)
+
+
+def _gemma_config(hf: dict, arch: str) -> dict[str, Any]:
+  act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+  if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+    raise NotImplementedError(f"hidden_activation {act!r}: our Gemma MLP is GeGLU with tanh-approximate GELU.")
+  if hf.get("use_bidirectional_attention"):
+    raise NotImplementedError("use_bidirectional_attention=True: our attention is causal only.")
+  n = hf["num_hidden_layers"]
+  layer_types = hf.get("layer_types")
+  if layer_types is None:  # transformers' default: every `pattern`-th layer (1-based) is global.
+    pattern = 2 if arch == "Gemma2ForCausalLM" else hf.get("sliding_window_pattern", 6)
+    layer_types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+  sliding = "sliding_attention" in layer_types
+  return dict(
+      query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
+      # transformers' Gemma 3 attention ignores `attn_logit_softcapping`; so do we.
+      attn_logit_softcap=_float_or_none(hf.get("attn_logit_softcapping")) if arch == "Gemma2ForCausalLM"
+      else None,
+      final_logit_softcap=_float_or_none(hf.get("final_logit_softcapping")),
+      sliding_window=hf.get("sliding_window", 4096) if sliding else None,
+      layer_types=tuple(layer_types))
 
 
 def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
@@ -77,24 +155,32 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
   archs = hf.get("architectures") or []
   arch = next((a for a in archs if a in ARCHITECTURES), None)
   if arch is None:
-    raise ValueError(f"Unsupported architecture {archs!r}; supported: {sorted(ARCHITECTURES)}.")
-  _, qkv_bias, qk_norm = ARCHITECTURES[arch]
-  if hf.get("hidden_act", "silu") != "silu":
-    raise NotImplementedError(f"hidden_act {hf['hidden_act']!r}: our MLP is SwiGLU (silu) only.")
+    hint = (" (multimodal Gemma 3: only the text-only Gemma3ForCausalLM checkpoints, e.g. gemma-3-1b, load)"
+            if "Gemma3ForConditionalGeneration" in archs else "")
+    raise ValueError(f"Unsupported architecture {archs!r}{hint}; supported: {sorted(ARCHITECTURES)}.")
+  _, flags = ARCHITECTURES[arch]
+  extra: dict[str, Any] = {}
+  if arch in _GEMMA_ARCHS:
+    extra = _gemma_config(hf, arch)
+    if hf.get("attention_bias"):
+      raise NotImplementedError("attention_bias=True is not supported by our Gemma attention.")
+  else:
+    if hf.get("hidden_act", "silu") != "silu":
+      raise NotImplementedError(f"hidden_act {hf['hidden_act']!r}: our MLP is SwiGLU (silu) only.")
+    if arch != "Qwen2ForCausalLM" and hf.get("attention_bias"):
+      raise NotImplementedError("attention_bias=True (o_proj bias) is not supported by our attention.")
+    if hf.get("use_sliding_window"):
+      raise NotImplementedError("use_sliding_window=True: Qwen2-style sliding windows are not supported.")
   if hf.get("mlp_bias"):
     raise NotImplementedError("mlp_bias=True: our MLP has no biases.")
-  if arch != "Qwen2ForCausalLM" and hf.get("attention_bias"):
-    raise NotImplementedError("attention_bias=True (o_proj bias) is not supported by our attention.")
-  if hf.get("use_sliding_window"):
-    raise NotImplementedError("use_sliding_window=True: our attention is full causal attention only.")
   heads = hf["num_attention_heads"]
   return ModelConfig(
       vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
       num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
       head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, mlp_dim=hf["intermediate_size"],
-      max_seq_len=hf.get("max_position_embeddings", 2048), rope_theta=_rope_theta(hf),
-      norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      qkv_bias=qkv_bias, qk_norm=qk_norm, dtype=dtype, param_dtype=dtype)
+      max_seq_len=hf.get("max_position_embeddings", 2048), norm_eps=hf.get("rms_norm_eps", 1e-6),
+      tie_embeddings=bool(hf.get("tie_word_embeddings", arch in _GEMMA_ARCHS)), dtype=dtype,
+      param_dtype=dtype, **flags, **_rope_config(hf, arch), **extra)
 
 
 def _tensor_files(path: str) -> dict[str, str]:
@@ -180,9 +266,10 @@ def load_hf(path: str, *, mesh: jax.sharding.Mesh | None = None, rules=None,
       if tuple(got) != tuple(want):
         raise ValueError(f"Tensor {name!r} has shape {tuple(got)}; expected {tuple(want)} from config.json.")
 
+    layer_tensors = _layer_tensors(cfg)
     for ours_name, leaf in abstract.items():
-      if ours_name in _LAYER_TENSORS:
-        suffix, groups = _LAYER_TENSORS[ours_name]
+      if ours_name in layer_tensors:
+        suffix, groups = layer_tensors[ours_name]
         per_layer = leaf.shape[1:]
         want = tuple(math.prod(per_layer[a] for a in g) for g in groups)
         names = [_LAYER.format(l) + suffix for l in range(cfg.num_layers)]
@@ -219,18 +306,20 @@ def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str) -
   """
   if architecture not in ARCHITECTURES:
     raise ValueError(f"Unknown architecture {architecture!r}; supported: {sorted(ARCHITECTURES)}.")
-  model_type, qkv_bias, qk_norm = ARCHITECTURES[architecture]
-  if (cfg.qkv_bias, cfg.qk_norm) != (qkv_bias, qk_norm):
-    raise ValueError(f"{architecture} needs qkv_bias={qkv_bias}, qk_norm={qk_norm}; cfg has "
-                     f"qkv_bias={cfg.qkv_bias}, qk_norm={cfg.qk_norm}.")
+  model_type, flags = ARCHITECTURES[architecture]
+  mismatched = {k: getattr(cfg, k) for k, v in flags.items() if getattr(cfg, k) != v}
+  if mismatched:
+    raise ValueError(f"{architecture} needs {flags}; cfg has {mismatched}.")
   if cfg.valid_vocab_size is not None and cfg.valid_vocab_size != cfg.vocab_size:
     raise ValueError("cfg.valid_vocab_size (padded vocab) has no HF equivalent; export the unpadded model.")
+  hf = _hf_config(cfg, architecture, model_type)
   os.makedirs(path, exist_ok=True)
+  layer_tensors = _layer_tensors(cfg)
   tensors = {}
   for ours_name, value in params.items():
     arr = np.asarray(jax.device_get(value))
-    if ours_name in _LAYER_TENSORS:
-      suffix, groups = _LAYER_TENSORS[ours_name]
+    if ours_name in layer_tensors:
+      suffix, groups = layer_tensors[ours_name]
       for l in range(cfg.num_layers):
         tensors[_LAYER.format(l) + suffix] = _to_hf(arr[l], groups)
     elif ours_name in _GLOBAL_TENSORS:
@@ -239,16 +328,54 @@ def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str) -
     else:
       raise ValueError(f"Param {ours_name!r} has no HF name.")
   safetensors.numpy.save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf, f, indent=2)
+
+
+def _hf_rope(cfg: ModelConfig, *, scaled: bool = True, theta: float | None = None) -> dict[str, Any]:
+  rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_theta if theta is None else theta}
+  if scaled and cfg.rope_scaling_type is not None:
+    rope.update(rope_type=cfg.rope_scaling_type, factor=cfg.rope_scaling_factor)
+    if cfg.rope_scaling_type == "llama3":
+      rope.update(low_freq_factor=cfg.rope_low_freq_factor, high_freq_factor=cfg.rope_high_freq_factor,
+                  original_max_position_embeddings=cfg.rope_original_max_len)
+  return rope
+
+
+def _hf_config(cfg: ModelConfig, architecture: str, model_type: str) -> dict[str, Any]:
+  """The `config.json` of `cfg` as `architecture`; raises where transformers' model would differ."""
   hf = dict(
       architectures=[architecture], model_type=model_type, vocab_size=cfg.vocab_size,
       hidden_size=cfg.d_model, num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
       num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, intermediate_size=cfg.mlp_dim,
-      max_position_embeddings=cfg.max_seq_len, rope_theta=cfg.rope_theta,
-      rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta}, rms_norm_eps=cfg.norm_eps,
-      tie_word_embeddings=cfg.tie_embeddings, hidden_act="silu", attention_bias=qkv_bias,
-      torch_dtype=cfg.param_dtype, dtype=cfg.param_dtype)
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(hf, f, indent=2)
+      max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
+      tie_word_embeddings=cfg.tie_embeddings, attention_bias=cfg.qkv_bias, torch_dtype=cfg.param_dtype,
+      dtype=cfg.param_dtype)
+  if architecture not in _GEMMA_ARCHS:
+    if cfg.layer_types is not None and "sliding_attention" in cfg.layer_types:
+      raise ValueError(f"{architecture} has no sliding-window layers; cfg.layer_types has some.")
+    if cfg.query_pre_attn_scalar is not None or cfg.attn_logit_softcap or cfg.final_logit_softcap:
+      raise ValueError(f"{architecture} has no query_pre_attn_scalar or logit soft-capping.")
+    if cfg.rope_local_theta is not None:
+      raise ValueError(f"{architecture} has one RoPE base; cfg.rope_local_theta is set.")
+    return {**hf, "hidden_act": "silu", "rope_theta": cfg.rope_theta, "rope_parameters": _hf_rope(cfg)}
+  if architecture == "Gemma2ForCausalLM":
+    if cfg.rope_scaling_type is not None or cfg.rope_local_theta not in (None, cfg.rope_theta):
+      raise ValueError("Gemma2ForCausalLM has one unscaled RoPE for all layers; cfg has RoPE scaling or "
+                       "rope_local_theta.")
+    rope = _hf_rope(cfg)
+  else:
+    if cfg.attn_logit_softcap is not None:
+      raise ValueError("Gemma3ForCausalLM ignores attention soft-capping; cfg.attn_logit_softcap is set.")
+    local_theta = cfg.rope_theta if cfg.rope_local_theta is None else cfg.rope_local_theta
+    rope = {"full_attention": _hf_rope(cfg), "sliding_attention": _hf_rope(cfg, scaled=False, theta=local_theta)}
+  scalar = cfg.query_pre_attn_scalar or cfg.head_dim
+  return {**hf, "hidden_activation": "gelu_pytorch_tanh", "rope_parameters": rope,
+          # transformers' strict config types this field int.
+          "query_pre_attn_scalar": int(scalar) if float(scalar).is_integer() else scalar,
+          "attn_logit_softcapping": cfg.attn_logit_softcap, "final_logit_softcapping": cfg.final_logit_softcap,
+          "sliding_window": cfg.sliding_window,
+          "layer_types": list(cfg.layer_types or ("full_attention",) * cfg.num_layers)}
 
 
 def _to_hf(arr: np.ndarray, groups) -> np.ndarray:

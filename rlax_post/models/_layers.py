@@ -1,4 +1,4 @@
-"""Pure layer functions of the decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU."""
+"""Pure layer functions of the decoder: RMSNorm, RoPE, grouped-query attention, gated MLPs."""
 
 from __future__ import annotations
 
@@ -9,23 +9,32 @@ import jax.numpy as jnp
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-  """y = x / sqrt(mean(x²) + eps) · scale, computed in float32, returned in x's dtype."""
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float, plus_one: bool = False) -> jax.Array:
+  """y = x / sqrt(mean(x²) + eps) · scale (or · (1 + scale), Gemma), in float32, returned in x's dtype."""
   x32 = x.astype(jnp.float32)
   y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
-  return (y * scale.astype(jnp.float32)).astype(x.dtype)
+  scale32 = scale.astype(jnp.float32)
+  return (y * (1.0 + scale32 if plus_one else scale32)).astype(x.dtype)
 
 
-def apply_rope(x_btnh: jax.Array, pos_bt: jax.Array, theta: float) -> jax.Array:
-  """Rotary position embedding (Su et al. 2021), half-split layout as in Llama/Qwen checkpoints.
+def rope_inv_freq(theta: float, head_dim: int) -> jax.Array:
+  """[H/2] float32 inverse frequencies theta^(-2i/H) of plain RoPE."""
+  return theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+
+
+def apply_rope(x_btnh: jax.Array, pos_bt: jax.Array, inv_freq_h: jax.Array) -> jax.Array:
+  """Rotary position embedding (Su et al. 2021), half-split layout as in Llama/Qwen/Gemma checkpoints.
 
   Args:
     x_btnh: [B, T, N, H] queries or keys.
     pos_bt: [B, T] integer positions.
-    theta: base frequency.
+    inv_freq_h: [H/2] inverse frequencies (`rope_inv_freq`, or `ModelConfig.rope_inv_freq()[layer]` with
+      scaling and per-layer bases).
   """
   h = x_btnh.shape[-1]
-  inv_freq_h = theta ** (-jnp.arange(0, h, 2, dtype=jnp.float32) / h)  # [H/2]
+  if inv_freq_h.shape != (h // 2,):
+    raise ValueError(f"inv_freq {inv_freq_h.shape} must be [H/2] = [{h // 2}].")
+  inv_freq_h = inv_freq_h.astype(jnp.float32)
   angle_bth = pos_bt.astype(jnp.float32)[..., None] * inv_freq_h  # [B, T, H/2]
   sin, cos = jnp.sin(angle_bth)[:, :, None, :], jnp.cos(angle_bth)[:, :, None, :]
   x1, x2 = jnp.split(x_btnh.astype(jnp.float32), 2, axis=-1)
@@ -34,8 +43,12 @@ def apply_rope(x_btnh: jax.Array, pos_bt: jax.Array, theta: float) -> jax.Array:
 
 
 def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, q_pos_bt: jax.Array,
-              k_pos_bs: jax.Array) -> jax.Array:
+              k_pos_bs: jax.Array, *, window: jax.Array | int = 0, scale: float | None = None,
+              softcap: float | None = None) -> jax.Array:
   """Causal grouped-query attention by positions: query at position p sees keys at positions ≤ p.
+
+  With `window` w > 0 (sliding-window attention, Beltagy et al. 2020; Gemma 2 local layers) it sees only
+  positions p - w < s ≤ p: w positions, itself included, as transformers' `sliding_window_overlay`.
 
   Masking by positions (not by array index) is what makes the same function serve training (keys are the
   sequence itself), prefill and decoding into a KV cache (keys are cache slots 0..S-1, and slots past a
@@ -47,6 +60,9 @@ def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, q_pos_bt:
     v_bskh: [B, S, K, H] values.
     q_pos_bt: [B, T] positions of the queries.
     k_pos_bs: [B, S] positions of the keys.
+    window: scalar int (may be traced: a scanned per-layer input); 0 = global attention.
+    scale: multiplies q·k; None: H ** -0.5.
+    softcap: logits become softcap · tanh(logits / softcap) before masking (Gemma 2); None: off.
 
   Returns:
     [B, T, N, H] attention outputs.
@@ -55,17 +71,25 @@ def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, q_pos_bt:
   k = k_bskh.shape[2]
   q_btkgh = q_btnh.reshape(b, t, k, n // k, h)
   logits_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh,
-                            preferred_element_type=jnp.float32) * (h ** -0.5)
-  mask_bts = k_pos_bs[:, None, :] <= q_pos_bt[:, :, None]
+                            preferred_element_type=jnp.float32) * (h ** -0.5 if scale is None else scale)
+  if softcap is not None:
+    logits_bkgts = softcap * jnp.tanh(logits_bkgts / softcap)
+  q_pos_bt1, k_pos_b1s = q_pos_bt[:, :, None], k_pos_bs[:, None, :]
+  mask_bts = (k_pos_b1s <= q_pos_bt1) & ((window == 0) | (k_pos_b1s > q_pos_bt1 - window))
   logits_bkgts = jnp.where(mask_bts[:, None, None], logits_bkgts, MASK_VALUE)
   probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(v_bskh.dtype)
   out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs_bkgts, v_bskh)
   return out_btkgh.reshape(b, t, n, h)
 
 
-def swiglu(x_btd: jax.Array, gate_df: jax.Array, up_df: jax.Array, down_fd: jax.Array,
-           constrain=lambda x, _: x) -> jax.Array:
-  """SwiGLU MLP (Shazeer 2020): down(silu(x·gate) ⊙ (x·up))."""
-  hidden_btf = jax.nn.silu(x_btd @ gate_df) * (x_btd @ up_df)
+_ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
+
+
+def gated_mlp(x_btd: jax.Array, gate_df: jax.Array, up_df: jax.Array, down_fd: jax.Array,
+              constrain=lambda x, _: x, activation: str = "silu") -> jax.Array:
+  """Gated MLP (Shazeer 2020): down(act(x·gate) ⊙ (x·up)); silu: SwiGLU, gelu_tanh: GeGLU (Gemma)."""
+  if activation not in _ACTIVATIONS:
+    raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}; got {activation!r}.")
+  hidden_btf = _ACTIVATIONS[activation](x_btd @ gate_df) * (x_btd @ up_df)
   hidden_btf = constrain(hidden_btf, ("batch", "length", "mlp"))
   return hidden_btf @ down_fd

@@ -1,7 +1,8 @@
-"""A flax nnx decoder-only transformer of the Llama / Qwen family, with a KV cache.
+"""A flax nnx decoder-only transformer of the Llama / Qwen / Gemma 2 / Gemma 3 families, with a KV cache.
 
 Layers are stacked along a leading `layers` axis and run with `jax.lax.scan`, so compile time does not
-grow with depth (maxtext's scanned layers); the KV cache is stacked the same way.
+grow with depth (maxtext's scanned layers); the KV cache is stacked the same way. What differs between
+layers (sliding window or global attention, the RoPE base) is a scanned array input, never a Python branch.
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def _param(init, key, shape, dtype, name):
 
 
 class Transformer(nnx.Module):
-  """Decoder-only transformer: RMSNorm, RoPE, grouped-query attention, SwiGLU, tied or untied embeddings.
+  """Decoder-only transformer: RMSNorm, RoPE, grouped-query attention, gated MLP, tied or untied embeddings.
+
+  Gemma options (see `ModelConfig`): (1 + w) norms, post-attention / post-MLP norms, sqrt(d) embedding
+  scale, GeGLU, attention and final logit soft-capping, per-layer sliding windows and RoPE bases.
 
   Call with `tokens [B, T]`, `positions [B, T]` (default 0..T-1) and an optional `KVCache`; returns
   float32 logits `[B, T, V]` and the updated cache (or None). With a cache, each row's keys/values are written
@@ -54,8 +58,8 @@ class Transformer(nnx.Module):
                          cfg.num_layers)
     pdt = cfg.parameter_dtype
     normal = nnx.initializers.normal(cfg.init_std)
-    ones = nnx.initializers.ones
     zeros = nnx.initializers.zeros
+    ones = zeros if cfg.norm_plus_one else nnx.initializers.ones  # Norm scales: 1, or 1 + w with w = 0.
 
     def fan_in(*fan_in_axes):
       # Truncated-normal with variance 1/fan_in over the named input axes (layers axis excluded).
@@ -65,6 +69,9 @@ class Transformer(nnx.Module):
     self.embedding = _param(normal, rngs.params(), (cfg.vocab_size, d), pdt, "embedding")
     self.attn_norm = _param(ones, rngs.params(), (nl, d), pdt, "attn_norm")
     self.mlp_norm = _param(ones, rngs.params(), (nl, d), pdt, "mlp_norm")
+    if cfg.post_norms:
+      self.attn_post_norm = _param(ones, rngs.params(), (nl, d), pdt, "attn_post_norm")
+      self.mlp_post_norm = _param(ones, rngs.params(), (nl, d), pdt, "mlp_post_norm")
     self.q = _param(fan_in(1), rngs.params(), (nl, d, n, h), pdt, "q")
     self.k = _param(fan_in(1), rngs.params(), (nl, d, k, h), pdt, "k")
     self.v = _param(fan_in(1), rngs.params(), (nl, d, k, h), pdt, "v")
@@ -89,6 +96,8 @@ class Transformer(nnx.Module):
       names += ["q_bias", "k_bias", "v_bias"]
     if self.cfg.qk_norm:
       names += ["q_norm", "k_norm"]
+    if self.cfg.post_norms:
+      names += ["attn_post_norm", "mlp_post_norm"]
     dt = self.cfg.activation_dtype
     return {name: getattr(self, name)[...].astype(dt) for name in names}
 
@@ -108,7 +117,10 @@ class Transformer(nnx.Module):
     c = _axes.constrain
 
     embedding_vd = self.embedding[...]
-    x_btd = c(jnp.take(embedding_vd, tokens_bt, axis=0).astype(dt), _axes.ACT_BTD)
+    x_btd = jnp.take(embedding_vd, tokens_bt, axis=0).astype(dt)
+    if cfg.scale_embeddings:  # Gemma: sqrt(d) rounded to the activation dtype, as transformers does.
+      x_btd = x_btd * jnp.asarray(cfg.d_model ** 0.5, dt)
+    x_btd = c(x_btd, _axes.ACT_BTD)
 
     if cache is None:
       k_pos_bs = positions_bt
@@ -116,36 +128,47 @@ class Transformer(nnx.Module):
       s = cache.k.shape[2]
       k_pos_bs = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
     rows_b1 = jnp.arange(b)[:, None]
+    norm = lambda x, scale: _layers.rms_norm(x, scale, cfg.norm_eps, cfg.norm_plus_one)
+    q_scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
+    # Per-layer scanned inputs: window (0 = global) and RoPE inverse frequencies (base and scaling).
+    per_layer = dict(window=jnp.asarray(cfg.window_sizes()), inv_freq=jnp.asarray(cfg.rope_inv_freq()))
 
     def block(x_btd, layer):
       p, cache_k_bskh, cache_v_bskh = layer
-      h_btd = _layers.rms_norm(x_btd, p["attn_norm"], cfg.norm_eps)
+      h_btd = norm(x_btd, p["attn_norm"])
       q_btnh = jnp.einsum("btd,dnh->btnh", h_btd, p["q"])
       k_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["k"])
       v_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["v"])
       if cfg.qkv_bias:
         q_btnh, k_btkh, v_btkh = q_btnh + p["q_bias"], k_btkh + p["k_bias"], v_btkh + p["v_bias"]
       if cfg.qk_norm:
-        q_btnh = _layers.rms_norm(q_btnh, p["q_norm"], cfg.norm_eps)
-        k_btkh = _layers.rms_norm(k_btkh, p["k_norm"], cfg.norm_eps)
-      q_btnh = c(_layers.apply_rope(q_btnh, positions_bt, cfg.rope_theta), _axes.ACT_BTNH)
-      k_btkh = c(_layers.apply_rope(k_btkh, positions_bt, cfg.rope_theta), _axes.ACT_BTKH)
+        q_btnh = norm(q_btnh, p["q_norm"])
+        k_btkh = norm(k_btkh, p["k_norm"])
+      q_btnh = c(_layers.apply_rope(q_btnh, positions_bt, p["inv_freq"]), _axes.ACT_BTNH)
+      k_btkh = c(_layers.apply_rope(k_btkh, positions_bt, p["inv_freq"]), _axes.ACT_BTKH)
       v_btkh = c(v_btkh, _axes.ACT_BTKH)
       if cache_k_bskh is None:
         keys, values = k_btkh, v_btkh
       else:
         keys = cache_k_bskh.at[rows_b1, positions_bt].set(k_btkh, mode="drop")
         values = cache_v_bskh.at[rows_b1, positions_bt].set(v_btkh, mode="drop")
-      attn_btnh = _layers.attention(q_btnh, keys, values, positions_bt, k_pos_bs)
-      x_btd = x_btd + c(jnp.einsum("btnh,nhd->btd", attn_btnh, p["o"]), _axes.ACT_BTD)
-      h_btd = _layers.rms_norm(x_btd, p["mlp_norm"], cfg.norm_eps)
-      x_btd = x_btd + c(_layers.swiglu(h_btd, p["gate"], p["up"], p["down"], c), _axes.ACT_BTD)
+      attn_btnh = _layers.attention(q_btnh, keys, values, positions_bt, k_pos_bs, window=p["window"],
+                                    scale=q_scale, softcap=cfg.attn_logit_softcap)
+      out_btd = jnp.einsum("btnh,nhd->btd", attn_btnh, p["o"])
+      if cfg.post_norms:
+        out_btd = norm(out_btd, p["attn_post_norm"])
+      x_btd = x_btd + c(out_btd, _axes.ACT_BTD)
+      h_btd = norm(x_btd, p["mlp_norm"])
+      out_btd = _layers.gated_mlp(h_btd, p["gate"], p["up"], p["down"], c, cfg.mlp_activation)
+      if cfg.post_norms:
+        out_btd = norm(out_btd, p["mlp_post_norm"])
+      x_btd = x_btd + c(out_btd, _axes.ACT_BTD)
       new_cache = None if cache_k_bskh is None else (keys, values)
       return x_btd, new_cache
 
     if cfg.remat:
       block = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
-    layers = self._layer_params()
+    layers = {**self._layer_params(), **per_layer}
     if cache is None:
       x_btd, _ = jax.lax.scan(lambda x, p: block(x, (p, None, None)), x_btd, layers)
       new_cache = None
@@ -153,13 +176,15 @@ class Transformer(nnx.Module):
       x_btd, (k_lbskh, v_lbskh) = jax.lax.scan(block, x_btd, (layers, cache.k, cache.v))
       new_cache = KVCache(k=k_lbskh, v=v_lbskh)
 
-    x_btd = _layers.rms_norm(x_btd, self.final_norm[...], cfg.norm_eps)
+    x_btd = norm(x_btd, self.final_norm[...])
     if cfg.tie_embeddings:
       logits_btv = jnp.einsum("btd,vd->btv", x_btd, embedding_vd.astype(dt),
                               preferred_element_type=jnp.float32)
     else:
       logits_btv = jnp.einsum("btd,dv->btv", x_btd, self.lm_head[...].astype(dt),
                               preferred_element_type=jnp.float32)
+    if cfg.final_logit_softcap is not None:
+      logits_btv = cfg.final_logit_softcap * jnp.tanh(logits_btv / cfg.final_logit_softcap)
     if cfg.valid_vocab_size is not None and cfg.valid_vocab_size < cfg.vocab_size:
       valid_v = jnp.arange(cfg.vocab_size) < cfg.valid_vocab_size
       logits_btv = jnp.where(valid_v, logits_btv, _PADDED_VOCAB_LOGIT)

@@ -145,6 +145,7 @@ class FileQueue(_queue.RolloutQueue):
     self._owned: set[str] = set()
     self._put_blocked_s = 0.0
     self._get_blocked_s = 0.0
+    self._released_tag: int | None = None
 
   # --- paths and small files -------------------------------------------------------------------------------
 
@@ -300,6 +301,10 @@ class FileQueue(_queue.RolloutQueue):
       tmp.write_bytes(epath.Path(local_tmp).read_bytes())
       os.remove(local_tmp)
     tmp.rename(final)  # the atomic publish: readers only list <seq>.array_record names
+    for rec in self._buffer:  # Published: keep only the field names (duplicate checks), not the values.
+      row = self._own.rows.get(rec.row_id)
+      if row is not None:
+        row.fields = dict.fromkeys(row.fields)
     self._own_shard_rows[seq] = self._buffer_new_rows
     self._next_shard = seq + 1
     self._buffer = []
@@ -379,10 +384,20 @@ class FileQueue(_queue.RolloutQueue):
     finally:
       self._get_blocked_s += time.monotonic() - start
 
+  def release(self, up_to_tag):
+    with self._lock:
+      self._check_open()
+      self._refresh()
+      consumed = {c: self._load_consumer(c) for c in self._consumers}
+      freed = self._table.release(_queue.releasable(consumed, up_to_tag, tag_of=lambda v: v[0]))
+      self._released_tag = max(up_to_tag, self._released_tag if self._released_tag is not None else up_to_tag)
+      return freed
+
   def rollback(self, consumer, after_tag):
     _queue.check_consumer(consumer, self._consumers)
     with self._lock:
       self._check_open()
+      _queue.check_rollback(after_tag, self._released_tag)
       consumed = self._load_consumer(consumer)
       self._owned.add(consumer)
       back = [g for g, (t, _) in consumed.items() if t is not None and t > after_tag]

@@ -72,6 +72,13 @@ class RolloutQueue(abc.ABC):
     """Un-consumes every group `consumer` consumed with `tag > after_tag`; returns how many came back."""
 
   @abc.abstractmethod
+  def release(self, up_to_tag: int) -> int:
+    """Frees the field values of groups every consumer consumed with a tag <= `up_to_tag` (e.g. after the
+    learner checkpointed step `up_to_tag`, it never rolls back below it); returns how many were freed.
+    Afterwards `rollback(c, after_tag)` needs `after_tag >= up_to_tag` (ValueError otherwise). Without
+    releases a long run keeps every row it ever saw in memory."""
+
+  @abc.abstractmethod
   def consumed_tags(self, consumer: str) -> dict[str, int | None]:
     """group_id -> tag of every group `consumer` has consumed (and not rolled back)."""
 
@@ -120,6 +127,28 @@ def check_get_args(consumer: str, consumers: tuple[str, ...], num_groups: int) -
     raise ValueError(f"num_groups must be an int >= 1; got {num_groups!r}")
 
 
+def releasable(consumed: Mapping[str, Mapping[str, Any]], up_to_tag: int, tag_of=lambda v: v) -> list[str]:
+  """Groups every consumer consumed with a non-None tag <= up_to_tag."""
+  if isinstance(up_to_tag, bool) or not isinstance(up_to_tag, int):
+    raise ValueError(f"up_to_tag must be an int; got {up_to_tag!r}")
+  per_consumer = list(consumed.values())
+  if not per_consumer:
+    return []
+  first, rest = per_consumer[0], per_consumer[1:]
+  out = []
+  for group_id, value in first.items():
+    tags = [tag_of(value)] + [tag_of(c[group_id]) if group_id in c else None for c in rest]
+    if all(t is not None and t <= up_to_tag for t in tags):
+      out.append(group_id)
+  return out
+
+
+def check_rollback(after_tag: int, released_tag: int | None) -> None:
+  if released_tag is not None and after_tag < released_tag:
+    raise ValueError(f"rollback(after_tag={after_tag}) would hand out groups released up to tag "
+                     f"{released_tag}; roll back to a tag >= {released_tag}.")
+
+
 def check_consumer(consumer: str, consumers: tuple[str, ...]) -> None:
   if consumer not in consumers:
     raise ValueError(f"unknown consumer {consumer!r}; registered consumers are {list(consumers)}")
@@ -153,6 +182,7 @@ class RowTable:
   def __init__(self):
     self.rows: dict[str, _RowState] = {}
     self.groups: dict[str, _GroupState] = {}
+    self.active: dict[str, None] = {}  # groups not released (an insertion-ordered set)
     self.num_complete = 0      # groups holding group_size rows
 
   def check(self, row_id: str, fields: Mapping[str, Any], group_id: str, group_size: int) -> bool:
@@ -177,6 +207,8 @@ class RowTable:
     """Checks and applies a put committed at `seq`; returns whether it created a row."""
     new = self.check(row_id, fields, group_id, group_size)
     if new:
+      if group_id not in self.groups:
+        self.active[group_id] = None
       group = self.groups.setdefault(group_id, _GroupState(size=group_size, row_ids=[]))
       group.row_ids.append(row_id)
       if len(group.row_ids) == group.size:
@@ -190,7 +222,8 @@ class RowTable:
   def ready(self, exclude: Mapping[str, Any], required: Sequence[str]) -> list[str]:
     """Ids of complete groups not in `exclude`, oldest-completed first."""
     keyed = []
-    for group_id, group in self.groups.items():
+    for group_id in self.active:
+      group = self.groups[group_id]
       if group_id in exclude or len(group.row_ids) < group.size:
         continue
       key = -1
@@ -203,6 +236,17 @@ class RowTable:
         keyed.append((key, group_id))
     keyed.sort()
     return [group_id for _, group_id in keyed]
+
+  def release(self, group_ids) -> int:
+    """Drops the field values of these groups' rows (names stay, so a duplicate write is still caught)."""
+    freed = 0
+    for group_id in group_ids:
+      if self.active.pop(group_id, False) is None:
+        for row_id in self.groups[group_id].row_ids:
+          row = self.rows[row_id]
+          row.fields = dict.fromkeys(row.fields)
+        freed += 1
+    return freed
 
   def group(self, group_id: str) -> Group:
     rows = (self.rows[r] for r in self.groups[group_id].row_ids)
@@ -218,8 +262,7 @@ class MemoryQueue(RolloutQueue):
   """A rollout queue for threads of one process, guarded by one `threading.Condition`.
 
   Every put is committed immediately (visible to `get_groups` at once); `Row.seq` is a queue-wide counter.
-  Rows are kept after consumption (so `rollback` can hand them out again); memory grows with the total
-  number of rows written.
+  Rows are kept after consumption (so `rollback` can hand them out again) until `release` frees them.
 
   `stats()` keys: `rows_written`, `puts`, `groups_complete` (groups holding `group_size` rows),
   `rows_consumed/<consumer>`, `groups_consumed/<consumer>`, `depth/<consumer>`, `depth` (max over consumers,
@@ -238,6 +281,7 @@ class MemoryQueue(RolloutQueue):
     self._put_blocked_s = 0.0
     self._get_blocked_s = 0.0
     self._puts = 0
+    self._released_tag: int | None = None
 
   def _check_open(self):
     if self._closed:
@@ -301,10 +345,18 @@ class MemoryQueue(RolloutQueue):
       self._cond.notify_all()  # wakes writers waiting on backpressure
       return [self._table.group(g) for g in taken]
 
+  def release(self, up_to_tag):
+    with self._cond:
+      self._check_open()
+      freed = self._table.release(releasable(self._consumed, up_to_tag))
+      self._released_tag = max(up_to_tag, self._released_tag if self._released_tag is not None else up_to_tag)
+      return freed
+
   def rollback(self, consumer, after_tag):
     check_consumer(consumer, self._consumers)
     with self._cond:
       self._check_open()
+      check_rollback(after_tag, self._released_tag)
       consumed = self._consumed[consumer]
       back = [g for g, t in consumed.items() if t is not None and t > after_tag]
       for group_id in back:

@@ -141,7 +141,7 @@ class SamplerWorker:
 
 def _sampler_parts(cfg: config_lib.Config, *, mesh, rules):
   """Everything a sampler builds from the config: task, tokenizer, engine, params template and shardings."""
-  tokenizer = models.ByteTokenizer()
+  tokenizer = _setup.make_tokenizer(cfg)
   task = _setup.make_task(cfg)
   model_cfg = _setup.model_config(cfg, tokenizer)
   max_prompt_len, _ = _sync._check_lengths(cfg, task, model_cfg)  # pylint: disable=protected-access
@@ -368,7 +368,7 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
   """The learner of both deployments (module docstring)."""
   t_start = time.time()
   eta = config_lib.staleness(cfg)
-  tokenizer = models.ByteTokenizer()
+  tokenizer = _setup.make_tokenizer(cfg)
   task = _setup.make_task(cfg)
   model_cfg = _setup.model_config(cfg, tokenizer)
   max_prompt_len, sft_len = _sync._check_lengths(cfg, task, model_cfg)  # pylint: disable=protected-access
@@ -412,8 +412,7 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
     start_step, history = latest, meta
     say(f"Resumed {workdir} at RL step {latest}.")
   else:
-    params = jax.jit(lambda k: models.init_params(model_cfg, k)[1], out_shardings=param_sh)(
-        _learn.key(cfg.seed, _learn.INIT, 0))
+    params = _setup.initial_params(cfg, model_cfg, param_sh, mesh, rules, _learn.key(cfg.seed, _learn.INIT, 0))
     params = _sync._warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules,  # pylint: disable=protected-access
                                sft_len, metrics, bar, say)
     ref_params = jax.tree.map(jnp.copy, params)
@@ -630,7 +629,7 @@ def replay(workdir: str, *, quiet: bool = False) -> dict:
   """
   workdir = os.fspath(workdir)
   cfg = load_run_config(workdir)
-  tokenizer = models.ByteTokenizer()
+  tokenizer = _setup.make_tokenizer(cfg)
   task = _setup.make_task(cfg)
   model_cfg = _setup.model_config(cfg, tokenizer)
   max_prompt_len, _ = _sync._check_lengths(cfg, task, model_cfg)  # pylint: disable=protected-access

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from typing import Any, Callable
 
 import jax
@@ -16,8 +18,56 @@ from rlax_post import learner
 from rlax_post import models
 from rlax_post import sharding
 
+# With `model.hf_path`, the checkpoint's config.json decides the shapes; only these numerics may be
+# overridden (anything else would no longer match the weights).
+HF_OVERRIDABLE = ("dtype", "param_dtype", "remat")
 
-def model_config(cfg: config_lib.Config, tokenizer: models.ByteTokenizer) -> models.ModelConfig:
+
+class CheckpointTokenizer(models.HFTokenizer):
+  """A checkpoint's tokenizer for the runtime: `add_bos=True` frames text as the checkpoint itself does.
+
+  The runtime and the data pipeline ask for `add_bos=True` ("the start of a sequence"). A checkpoint without
+  a BOS token (Qwen) or one that does not prepend it gets none, as `transformers` would encode the prompt;
+  Llama 3 gets its `<|begin_of_text|>`. Checkpoints without a pad token pad with their EOS token.
+  """
+
+  def encode(self, text: str, *, add_bos: bool = True, add_eos: bool = False) -> list[int]:
+    return super().encode(text, add_bos=add_bos and self.add_bos_token, add_eos=add_eos)
+
+
+def make_tokenizer(cfg: config_lib.Config):
+  """`ByteTokenizer` for the built-in presets; the checkpoint's own tokenizer with `model.hf_path`."""
+  if cfg.model.hf_path is None:
+    return models.ByteTokenizer()
+  tokenizer = CheckpointTokenizer.from_dir(cfg.model.hf_path)
+  if "pad_token" not in tokenizer.special_tokens and "eos_token" in tokenizer.special_tokens:
+    tokenizer = CheckpointTokenizer.from_dir(cfg.model.hf_path, pad_token=tokenizer.special_tokens["eos_token"])
+  return tokenizer
+
+
+def _hf_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
+  path = cfg.model.hf_path
+  bad = sorted(set(cfg.model.overrides) - set(HF_OVERRIDABLE))
+  if bad:
+    raise ValueError(f"`model.overrides` keys {bad} cannot change a checkpoint loaded from `model.hf_path` "
+                     f"({path}); with hf_path only {list(HF_OVERRIDABLE)} may be overridden.")
+  with open(os.path.join(path, "config.json")) as f:
+    hf = json.load(f)
+  base = models.config_from_hf(hf)
+  if tokenizer.vocab_size > base.vocab_size:
+    raise ValueError(f"The tokenizer in {path} has {tokenizer.vocab_size} ids but the model's embedding only "
+                     f"{base.vocab_size} rows.")
+  # The embedding's extra rows (config.json pads the vocab, e.g. 151936 rows for 151665 Qwen ids) are
+  # masked so the sampler never draws an id the tokenizer cannot decode.
+  return dataclasses.replace(base, max_seq_len=cfg.model.max_seq_len, valid_vocab_size=tokenizer.vocab_size,
+                             **dict(cfg.model.overrides))
+
+
+def model_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
+  """The run's `ModelConfig`: from `model.preset` (+ overrides), or from the checkpoint at `model.hf_path`
+  (its config.json's shapes; `model.max_seq_len` and the dtype/remat overrides from the run config)."""
+  if cfg.model.hf_path is not None:
+    return _hf_config(cfg, tokenizer)
   overrides = dict(cfg.model.overrides)
   overrides.setdefault("vocab_size", tokenizer.padded_vocab_size(cfg.model.vocab_multiple))
   overrides.setdefault("valid_vocab_size", tokenizer.vocab_size)
@@ -27,6 +77,42 @@ def model_config(cfg: config_lib.Config, tokenizer: models.ByteTokenizer) -> mod
   except (TypeError, ValueError) as e:
     valid = sorted(f.name for f in dataclasses.fields(models.ModelConfig))
     raise ValueError(f"Bad `model` config ({e}); `model.overrides` keys must be among {valid}.") from None
+
+
+def initial_params(cfg: config_lib.Config, model_cfg: models.ModelConfig, param_sh, mesh, rules,
+                   rng: jax.Array):
+  """The run's starting params on the mesh: random init (`rng`), or the weights at `model.hf_path`."""
+  if cfg.model.hf_path is None:
+    return jax.jit(lambda k: models.init_params(model_cfg, k)[1], out_shardings=param_sh)(rng)
+  _, _, params = models.load_hf(cfg.model.hf_path, mesh=mesh, rules=rules, dtype=model_cfg.param_dtype)
+  if jax.tree.structure(params) != jax.tree.structure(param_sh):
+    raise ValueError(f"The checkpoint at {cfg.model.hf_path} has params {sorted(params)}; the model expects "
+                     f"{sorted(param_sh)}.")
+  return jax.device_put(params, param_sh)
+
+
+def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[str, int]:
+  """Per-device bytes of this run (`sharding.estimate_memory`), counting what the runtime holds.
+
+  The learner's batch is one minibatch of `rl.prompts_per_step × rl.samples_per_prompt / rl.minibatches`
+  rows of `model.max_seq_len` tokens (an upper bound: the runtime's rows are prompt + `rl.max_new_tokens`).
+  Param copies: the reference policy, plus in async mode the published version the samplers decode with
+  and the next one while it is handed over. KV cache: the samplers' slots plus the greedy eval's batch
+  (async runs evaluate while the samplers decode), each row `model.max_seq_len` long.
+  """
+  rollouts = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
+  is_async = cfg.runtime.mode == "async"
+  slots = (cfg.runtime.sampler_slots or rollouts) * (cfg.runtime.num_samplers if is_async else 1)
+  kv_slots = slots + cfg.eval.batch_size if is_async else max(slots, cfg.eval.batch_size)
+  mesh_shape = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
+  if -1 in mesh_shape.values():
+    raise ValueError(f"run_memory needs an explicit mesh (no -1 axis); got {mesh_shape}.")
+  rules = tuple((name, tuple(axes) if isinstance(axes, list) else axes)
+                for name, axes in cfg.mesh.rules) or sharding.DEFAULT_RULES
+  return sharding.estimate_memory(
+      model_cfg, mesh_shape, batch=rollouts // cfg.rl.minibatches, seq_len=cfg.model.max_seq_len,
+      micro_batches=cfg.loss.micro_batches, rules=rules, param_copies=3 if is_async else 1,
+      kv_slots=kv_slots, kv_len=cfg.model.max_seq_len)
 
 
 def mesh_and_rules(cfg: config_lib.Config) -> tuple[jax.sharding.Mesh, sharding.Rules]:

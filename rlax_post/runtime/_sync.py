@@ -103,7 +103,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
   t_start = time.time()
   workdir = os.fspath(workdir)
   os.makedirs(workdir, exist_ok=True)
-  tokenizer = models.ByteTokenizer()
+  tokenizer = _setup.make_tokenizer(cfg)
   task = _setup.make_task(cfg)
   model_cfg = _setup.model_config(cfg, tokenizer)
   max_prompt_len, sft_len = _check_lengths(cfg, task, model_cfg)
@@ -142,8 +142,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
     start_step, history = latest, meta
     say(f"Resumed {workdir} at RL step {latest}.")
   else:
-    params = jax.jit(lambda k: models.init_params(model_cfg, k)[1], out_shardings=param_sh)(
-        _key(cfg.seed, _INIT, 0))
+    params = _setup.initial_params(cfg, model_cfg, param_sh, mesh, rules, _key(cfg.seed, _INIT, 0))
     params = _warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules, sft_len, metrics,
                          bar, say)
     ref_params = jax.tree.map(jnp.copy, params)

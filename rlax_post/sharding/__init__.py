@@ -1,5 +1,9 @@
 """Meshes and logical-axis sharding rules."""
 
+from rlax_post.sharding._memory import abstract_mesh
+from rlax_post.sharding._memory import COMPONENTS as MEMORY_COMPONENTS
+from rlax_post.sharding._memory import estimate_memory
+from rlax_post.sharding._memory import format_bytes
 from rlax_post.sharding._mesh import MESH_AXES
 from rlax_post.sharding._mesh import make_mesh
 from rlax_post.sharding._rules import DEFAULT_RULES
@@ -14,6 +18,10 @@ from rlax_post.sharding._rules import state_shardings
 
 __all__ = (
     'DEFAULT_RULES',
+    'MEMORY_COMPONENTS',
+    'abstract_mesh',
+    'estimate_memory',
+    'format_bytes',
     'LogicalAxes',
     'MESH_AXES',
     'Rules',

@@ -1,0 +1,146 @@
+"""Open-weight models on real hardware: `configs/models.py:<model>,<hardware>` (big_vision style).
+
+  rlax-post train --config configs/models.py:qwen2.5-7b,h100x8 \
+      --config.model.hf_path=/path/to/Qwen2.5-7B-Instruct --workdir runs/qwen7b
+
+`model.hf_path` is a placeholder: point it at a local Hugging Face checkpoint directory (config.json,
+*.safetensors, tokenizer.json) of the named model. The run then loads those weights and that tokenizer; the
+preset named here only sizes the plan below (shapes, mesh, memory), so the checkpoint must be that model.
+
+Models: qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, qwen3-0.6b, qwen3-1.7b, qwen3-8b, llama3.2-1b, llama3.2-3b,
+gemma2-2b (each the `rlax_post.models.PRESETS` entry of that name).
+
+Hardware (JAX sees one device per chip; the device count is the mesh size):
+  gpu1    1 × H100 80 GB.
+  h100x8  one node of 8 × H100 80 GB (NVLink/NVSwitch inside the node).
+  v5e-8   TPU v5e (v5litepod-8): 8 chips × 16 GB HBM.
+  v5p-16  TPU v5p slice named by Google's TensorCore count: v5p has 2 TensorCores per chip, fused into one
+          JAX device (megacore), so v5p-16 is 8 chips × 95 GB HBM (two hosts of 4 chips).
+
+Numerics. Activations are bfloat16 (norms, softmax and logits stay float32 inside the model); params are
+float32 master weights. `learner.make_optimizer` (optax AdamW) keeps both Adam moments in the params' dtype
+and exposes no `mu_dtype`, so bfloat16 params would also mean bfloat16 moments, and an update of lr 1e-6
+times a unit-scale Adam direction is far below bfloat16's resolution (2^-8 relative): most updates would
+round away. float32 params give float32 moments and exact small updates, at 16 bytes per parameter (params,
+grads, two moments) before the copies below. Every block is rematerialised (`remat=True`).
+
+Meshes (axes data × fsdp × tensor; `rlax_post.sharding.DEFAULT_RULES`: 'embed' on fsdp, heads / kv_heads /
+mlp / vocab on tensor, the batch on data × fsdp):
+  * fsdp is the default axis everywhere: it shards params, grads and both Adam moments (each weight's embed
+    dim) and the batch, and costs one all-gather of each layer's weights forward and backward (plus a
+    reduce-scatter of its grads) per micro-batch: bandwidth that NVLink and the TPU ICI absorb for these
+    sizes. Up to 3B parameters, pure FSDP over 8 devices leaves every chip with state to spare.
+  * tensor = 2 for the 7B/8B models on 8 devices: it splits heads, MLP and vocab, so each device holds half
+    of a layer's activations and, above all, half of the [b, T, V] float32 logits (V ≈ 152k), and the FSDP
+    gathers span 4 devices instead of 8. Its cost is two all-reduces of [b, T, D] per layer, forward and
+    backward: latency-bound traffic that belongs inside one NVLink domain or one ICI slice, never across
+    hosts over the data-centre network (on a multi-node job, tensor stays within a node; fsdp and data span
+    nodes). 2 divides every kv_heads count here (Qwen2.5-7B has 4 KV heads, so tensor ≤ 4).
+  * data stays 1: it would replicate the optimizer state that we are short of.
+  * gpu1 is a 1 × 1 × 1 mesh.
+
+Batches: `loss.micro_batches` is chosen so one micro-batch puts 1-2 rows of `model.max_seq_len` tokens on
+each data × fsdp shard. The samplers keep their decode state (KV cache) replicated on the mesh
+(`RlaxEngine`), so `runtime.sampler_slots` (and `eval.batch_size`, the greedy eval's slots) is what bounds
+the cache: it is set per pair below. `rlax_post.runtime.run_memory` gives each pair's per-device estimate
+(docs/models.md has the table); tests/test_model_configs.py checks that every supported pair shards evenly
+and stays under 90% of the chip's memory.
+
+Runtime: async with η = `runtime.max_staleness` = 1 (samplers decode version k + 1 while the learner trains
+on version k; "auto" resolves the loss to decoupled PPO). In one process, the samplers hold the two newest
+published param versions (copies, since the learner donates its state), besides the reference policy.
+
+Task: the built-in `add` task (plain-text prompts such as '123+45='): a smoke test that the pipeline runs
+end to end on a real model. Replace `task.name` / `task.options` with a real task. The warm start is off
+(`sft.steps` = 0): its noisy demonstrations are for the from-scratch demo; set it > 0 to run it anyway.
+
+Pairs that do not fit raise ValueError with the reason (`UNSUPPORTED`): the 7B/8B models on gpu1 and v5e-8
+(float32 AdamW state alone is 16 B × 7.6-8.2B parameters ≈ 122-131 GB: > 80 GB on one GPU, ≈ 15-16 GB per
+16 GB v5e chip), and llama3.2-3b and gemma2-2b on gpu1 and v5e-8 (float32 state plus the three in-process
+param copies exceed 90% of the memory).
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-8b", "llama3.2-1b",
+          "llama3.2-3b", "gemma2-2b")
+_LARGE = ("qwen2.5-7b", "qwen3-8b")
+
+# devices: the mesh size; hbm_bytes: memory of one device; and the run's sizes on it.
+HARDWARE = {
+    "gpu1": dict(devices=1, hbm_bytes=80 * 10**9, prompts=16, samples=8, max_seq_len=1024, new_tokens=512,
+                 rows_per_shard=2, sampler_slots=32, eval_batch=32),
+    "h100x8": dict(devices=8, hbm_bytes=80 * 10**9, prompts=32, samples=8, max_seq_len=2048, new_tokens=1024,
+                   rows_per_shard=2, sampler_slots=64, eval_batch=32),
+    "v5e-8": dict(devices=8, hbm_bytes=16 * 2**30, prompts=16, samples=8, max_seq_len=1024, new_tokens=512,
+                  rows_per_shard=1, sampler_slots=16, eval_batch=16),
+    "v5p-16": dict(devices=8, hbm_bytes=95 * 2**30, prompts=32, samples=8, max_seq_len=2048, new_tokens=1024,
+                   rows_per_shard=2, sampler_slots=64, eval_batch=32),
+}
+
+UNSUPPORTED = {
+    ("qwen2.5-7b", "gpu1"): "float32 AdamW state (16 B/param ≈ 122 GB) exceeds one 80 GB GPU; use h100x8",
+    ("qwen3-8b", "gpu1"): "float32 AdamW state (16 B/param ≈ 131 GB) exceeds one 80 GB GPU; use h100x8",
+    ("llama3.2-3b", "gpu1"): "float32 state + 3 param copies ≈ 100 GB for 3.2B parameters; use h100x8",
+    ("gemma2-2b", "gpu1"): "float32 state + 3 param copies ≈ 90 GB for 2.6B parameters; use h100x8",
+    ("qwen2.5-7b", "v5e-8"): "float32 AdamW state is ≈ 15 GB per 16 GB chip before activations; use v5p-16",
+    ("qwen3-8b", "v5e-8"): "float32 AdamW state is ≈ 16 GB per 16 GB chip before activations; use v5p-16",
+    ("llama3.2-3b", "v5e-8"): "float32 state + param copies ≈ 14 GB of 16 GB per chip; use v5p-16",
+    ("gemma2-2b", "v5e-8"): "float32 state + param copies + 256k-vocab logits exceed 16 GB; use v5p-16",
+}
+
+
+def mesh_shape(model: str, hardware: str) -> dict:
+  devices = HARDWARE[hardware]["devices"]
+  tensor = 2 if model in _LARGE and devices >= 8 else 1
+  return dict(data=1, fsdp=devices // tensor, tensor=tensor)
+
+
+def _parse(arg):
+  parts = [p for p in (arg or "qwen2.5-0.5b,gpu1").split(",") if p]
+  models = [p for p in parts if p in MODELS]
+  hardware = [p for p in parts if p in HARDWARE]
+  unknown = [p for p in parts if p not in MODELS and p not in HARDWARE]
+  if unknown or len(models) != 1 or len(hardware) != 1:
+    raise ValueError(f"configs/models.py: expected '<model>,<hardware>' with model one of {list(MODELS)} and "
+                     f"hardware one of {list(HARDWARE)}; got {arg!r}.")
+  if (models[0], hardware[0]) in UNSUPPORTED:
+    raise ValueError(f"configs/models.py: {models[0]} on {hardware[0]} is not supported: "
+                     f"{UNSUPPORTED[(models[0], hardware[0])]}.")
+  return models[0], hardware[0]
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  model, hardware = _parse(arg)
+  hw = HARDWARE[hardware]
+  mesh = mesh_shape(model, hardware)
+  rollouts = hw["prompts"] * hw["samples"]
+  micro_batches = rollouts // (hw["rows_per_shard"] * mesh["data"] * mesh["fsdp"])
+  # The 7B/8B KV cache is 2-3x a small model's per slot (more layers and KV heads); halve the slots.
+  sampler_slots = hw["sampler_slots"] // 2 if model in _LARGE else hw["sampler_slots"]
+
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.task = dict(name="add", options=dict(max_digits=4), num_eval=256)
+  c.model = dict(preset=model, overrides=dict(dtype="bfloat16", param_dtype="float32", remat=True),
+                 vocab_multiple=128, max_seq_len=hw["max_seq_len"], hf_path=config_dict.placeholder(str))
+  c.mesh = dict(rules=(), **mesh)
+  c.sft = dict(steps=0, batch_size=rollouts, noise=0.0, typo_rate=0.0,
+               optimizer=dict(learning_rate=1e-5, warmup_steps=10, end_lr_ratio=0.1, weight_decay=0.0,
+                              b1=0.9, b2=0.999, max_grad_norm=1.0))
+  c.rl = dict(steps=200, prompts_per_step=hw["prompts"], samples_per_prompt=hw["samples"],
+              max_new_tokens=hw["new_tokens"], temperature=1.0, top_p=1.0, top_k=0, minibatches=1, epochs=1,
+              optimizer=dict(learning_rate=1e-6, warmup_steps=10, end_lr_ratio=0.1, weight_decay=0.0,
+                             b1=0.9, b2=0.999, max_grad_norm=1.0))
+  c.loss = dict(kind="auto", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,
+                seq_eps_high=4e-4, dual_clip=config_dict.placeholder(float), kl_coef=0.0, kl_kind="k3",
+                entropy_coef=0.0, agg_mode="token_mean", micro_batches=micro_batches)
+  c.advantage = dict(estimator="grpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
+                     episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0)
+  c.eval = dict(every=20, batch_size=hw["eval_batch"])
+  c.checkpoint = dict(every=50, max_to_keep=2)
+  c.runtime = dict(mode="async", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,
+                   max_staleness=1, num_samplers=1, queue="memory", queue_capacity=0,
+                   sampler_slots=sampler_slots, param_versions_to_keep=3, sampler_timeout_s=600.0)
+  return c

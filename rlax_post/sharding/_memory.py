@@ -1,0 +1,150 @@
+"""Per-device memory of a training run, from abstract shapes and the sharding rules (nothing is allocated).
+
+`estimate_memory` builds the model's and the optimizer's state with `jax.eval_shape`, shards it on an
+`AbstractMesh` of the requested shape with the same `state_shardings` the learner uses, and sums
+`NamedSharding.shard_shape` bytes; a dimension that does not divide its mesh axes raises ValueError, as the
+learner would. Activations and the sampler's KV cache have no state to trace; their per-device shapes come
+from the model's activation layouts (`models/_axes.py`) under the same rules (`activation_constraint_fn`'s
+left-to-right resolution), times the counts below.
+
+Components (bytes per device):
+
+  params      the learner's params, in `param_dtype`.
+  grads       one gradient tree in `param_dtype`; with `micro_batches > 1` also the float32 accumulator
+              (the scan carry of `learner.make_update`).
+  optimizer   the optimizer state (AdamW: mu and nu, each like the params; injected hyper-parameters).
+  reference   `param_copies` more full copies of the params: the frozen reference policy of the KL term
+              (the runtime always holds it), and in async mode the version published to the samplers.
+  activations one micro-batch of `batch / micro_batches` rows of `seq_len` tokens, per device
+              b = rows / (data · fsdp):
+                remat:    L · [b, T, D] (the block inputs the scan saves) + one block's working set;
+                no remat: L · the block working set.
+              A block's working set: [b, T, D] × 4 (residual, two norm outputs, attention output before the
+              projection), q/k/v/attention output ([b, T, N|K, H]), gate/up/act ([b, T, F] × 3), the
+              attention scores [b, N, T, T] twice (float32 logits and probabilities in the activation dtype;
+              our attention materialises them). Plus the float32 logits [b, T, V] × 3 (logits, log-softmax,
+              their gradient), which no remat policy frees.
+  kv_cache    the samplers' decode state: `kv_slots` rows × `kv_len` positions of K and V for every layer
+              ([L, slots, S, K, H] × 2 in the activation dtype) plus float32 logits [slots, V]. The engine
+              keeps its decode state replicated on its mesh (`RlaxEngine.init_decode_state`), so it is NOT
+              divided by the device count.
+
+What it leaves out: XLA's temporary buffers and fragmentation (keep a margin; the tests ask for < 90% of
+HBM), the prefill's per-request cache, the host-side rollout queue, and the compiled programs themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import jax
+from jax.sharding import NamedSharding
+import numpy as np
+
+from rlax_post.sharding._mesh import MESH_AXES
+from rlax_post.sharding._rules import DEFAULT_RULES
+from rlax_post.sharding._rules import Rules
+from rlax_post.sharding._rules import _activation_spec  # pylint: disable=protected-access
+from rlax_post.sharding._rules import _check_divisible  # pylint: disable=protected-access
+from rlax_post.sharding._rules import state_shardings
+
+COMPONENTS = ("params", "grads", "optimizer", "reference", "activations", "kv_cache")
+
+
+def abstract_mesh(mesh_shape: Mapping[str, int]) -> jax.sharding.AbstractMesh:
+  """An `AbstractMesh` with axes ('data', 'fsdp', 'tensor') of these sizes (missing axes: 1; no -1)."""
+  unknown = sorted(set(mesh_shape) - set(MESH_AXES))
+  if unknown:
+    raise ValueError(f'mesh shape has unknown axes {unknown}; valid axes are {list(MESH_AXES)}')
+  sizes = tuple(mesh_shape.get(a, 1) for a in MESH_AXES)
+  if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+    raise ValueError(f'abstract mesh axes must be positive ints; got {dict(mesh_shape)}')
+  return jax.sharding.AbstractMesh(sizes, MESH_AXES,
+                                   axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+
+
+def _tree_bytes(tree, shardings) -> int:
+  return sum(int(np.prod(sh.shard_shape(x.shape))) * np.dtype(x.dtype).itemsize
+             for x, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
+
+
+def _act_bytes(mesh, rules, logical_axes, shape, itemsize) -> int:
+  spec = _activation_spec(tuple(logical_axes), rules)
+  _check_divisible('activation', tuple(logical_axes), spec, shape, mesh)
+  return int(np.prod(NamedSharding(mesh, spec).shard_shape(tuple(shape)))) * itemsize
+
+
+def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq_len: int,
+                    micro_batches: int = 1, remat: bool | None = None, optimizer=None,
+                    rules: Rules = DEFAULT_RULES, param_copies: int = 1, kv_slots: int = 0,
+                    kv_len: int | None = None) -> dict[str, int]:
+  """Per-device bytes of a learner (and its in-process samplers) on a mesh of `mesh_shape`.
+
+  Args:
+    model_cfg: a `models.ModelConfig` (its dtypes decide the byte counts).
+    mesh_shape: {'data': .., 'fsdp': .., 'tensor': ..}; missing axes are 1. Need not match the local
+      devices (the mesh is abstract).
+    batch: rows of one optimizer step (rollouts per minibatch).
+    seq_len: tokens per row T (prompt + response).
+    micro_batches: gradient-accumulation parts; one part's activations are live at a time.
+    remat: rematerialise each block; None: `model_cfg.remat`.
+    optimizer: the optax transformation whose state to count; None: `learner.make_optimizer` (AdamW with
+      clipping; its moments take the params' dtype).
+    rules: logical-axis rules.
+    param_copies: extra full param trees held besides the learner's (reference policy, published version).
+    kv_slots: concurrent decodes whose KV cache is live (sampler slots + eval slots); 0: no sampler.
+    kv_len: positions per KV-cache row; None: `seq_len`.
+
+  Returns:
+    {component: bytes per device} for `COMPONENTS`, plus 'total'.
+  """
+  from rlax_post import learner  # pylint: disable=g-import-not-at-top  (learner imports sharding)
+  from rlax_post import models  # pylint: disable=g-import-not-at-top
+
+  for name, value in (('batch', batch), ('seq_len', seq_len), ('micro_batches', micro_batches)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f'{name} must be a positive int; got {value!r}')
+  if batch % micro_batches:
+    raise ValueError(f'batch={batch} must be divisible by micro_batches={micro_batches}')
+  remat = model_cfg.remat if remat is None else remat
+  kv_len = seq_len if kv_len is None else kv_len
+  mesh = abstract_mesh(mesh_shape)
+  if optimizer is None:
+    optimizer = learner.make_optimizer(learning_rate=1e-6, warmup_steps=1, total_steps=2)
+
+  _, params = models.abstract_params(model_cfg)
+  state = jax.eval_shape(lambda p: learner.init_train_state(p, optimizer, jax.random.key(0)), params)
+  sh = state_shardings(state, models.param_logical_axes(params), optimizer, mesh, rules)
+  out = {'params': _tree_bytes(state.params, sh.params),
+         'optimizer': _tree_bytes(state.opt_state, sh.opt_state)}
+  out['grads'] = out['params']
+  if micro_batches > 1:
+    f32 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32), state.params)
+    out['grads'] += _tree_bytes(f32, sh.params)
+  out['reference'] = param_copies * out['params']
+
+  c = model_cfg
+  a = np.dtype(c.dtype).itemsize
+  b, t = batch // micro_batches, seq_len
+  act = lambda axes, shape, itemsize=a: _act_bytes(mesh, rules, axes, shape, itemsize)
+  btd = act(('batch', 'length', 'embed'), (b, t, c.d_model))
+  block = (4 * btd
+           + 2 * act(('batch', 'length', 'heads', 'head_dim'), (b, t, c.num_heads, c.head_dim))
+           + 2 * act(('batch', 'length', 'kv_heads', 'head_dim'), (b, t, c.num_kv_heads, c.head_dim))
+           + 3 * act(('batch', 'length', 'mlp'), (b, t, c.mlp_dim))
+           + act(('batch', 'heads', 'length', None), (b, c.num_heads, t, t), 4 + a))
+  logits = 3 * act(('batch', 'length', 'vocab'), (b, t, c.vocab_size), 4)
+  out['activations'] = (c.num_layers * btd + block if remat else c.num_layers * block) + logits
+
+  kv = 0
+  if kv_slots:
+    kv = 2 * c.num_layers * kv_slots * kv_len * c.num_kv_heads * c.head_dim * a + kv_slots * c.vocab_size * 4
+  out['kv_cache'] = kv
+  out = {k: int(out[k]) for k in COMPONENTS}
+  out['total'] = sum(out.values())
+  return out
+
+
+def format_bytes(n: float) -> str:
+  """`n` bytes as GiB with one decimal (e.g. '13.4 GiB')."""
+  return f'{n / 2**30:.1f} GiB'

@@ -1,0 +1,123 @@
+"""`model.hf_path`: the runtime trains a Hugging Face checkpoint with its own weights and tokenizer."""
+
+import json
+import math
+import os
+import re
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
+
+from rlax_post import config  # noqa: E402
+from rlax_post import models  # noqa: E402
+from rlax_post import runtime  # noqa: E402
+from rlax_post.runtime import _rollouts  # noqa: E402
+from rlax_post.runtime import _setup  # noqa: E402
+
+sys.path.insert(0, ".")
+from configs import demo  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
+
+_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def _tokenizer(path):
+  """A byte-level BPE like Qwen's: no BOS, EOS <|im_end|>, pad <|endoftext|>."""
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = tokenizers.decoders.ByteLevel()
+  trainer = tokenizers.trainers.BpeTrainer(
+      vocab_size=300, special_tokens=_SPECIALS, show_progress=False,
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+  rng = np.random.default_rng(0)
+  tok.train_from_iterator([f"{a}+{b}={a + b}" for a, b in rng.integers(0, 1000, (400, 2))], trainer=trainer)
+  hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
+                                            pad_token="<|endoftext|>")
+  hf.save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("qwen2"))
+  torch.manual_seed(0)
+  hf_cfg = transformers.Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    num_key_value_heads=2, intermediate_size=128, vocab_size=384,
+                                    max_position_embeddings=256, head_dim=16, rope_theta=5000.0,
+                                    tie_word_embeddings=True)
+  model = transformers.Qwen2ForCausalLM(hf_cfg).float().eval()
+  model.save_pretrained(path, safe_serialization=True)
+  _tokenizer(path)
+  return path, model.model.embed_tokens.weight.detach().numpy(), model.model.layers[1].mlp.down_proj.weight.detach().numpy()
+
+
+def test_train_from_hf_checkpoint(checkpoint, tmp_path, monkeypatch):
+  path, embed_vd, down1_df = checkpoint
+  raw = demo.get_config("add,tiny")
+  raw.model.hf_path = path
+  raw.sft.steps = 0  # The warm start runs as configured; off here, as for a pretrained model.
+  raw.rl.steps = 2
+  raw.eval.every = 0
+  raw.runtime.update(progress=False, tensorboard=False, plot=False)
+  cfg = config.load(raw)
+
+  seen = {}
+  make_tokenizer, initial_params, sample = _setup.make_tokenizer, _setup.initial_params, _rollouts.Sampler.__call__
+
+  def record_tokenizer(c):
+    seen["tokenizer"] = make_tokenizer(c)
+    return seen["tokenizer"]
+
+  def record_params(*args, **kwargs):
+    params = initial_params(*args, **kwargs)
+    seen["params"] = {k: np.asarray(v) for k, v in params.items()}
+    return params
+
+  def record_prompts(self, params, prompts, **kwargs):
+    seen.setdefault("prompts", []).extend(list(map(int, p)) for p in prompts)
+    return sample(self, params, prompts, **kwargs)
+
+  monkeypatch.setattr(_setup, "make_tokenizer", record_tokenizer)
+  monkeypatch.setattr(_setup, "initial_params", record_params)
+  monkeypatch.setattr(_rollouts.Sampler, "__call__", record_prompts)
+  summary = runtime.train(cfg, str(tmp_path / "run"), quiet=True)
+
+  # The weights are the checkpoint's ([V, D] embedding; HF down_proj [D, F] is our down[l] [F, D]).
+  np.testing.assert_array_equal(seen["params"]["embedding"], embed_vd)
+  np.testing.assert_array_equal(seen["params"]["down"][1], down1_df.T)
+  # The model config comes from config.json, with the run's max_seq_len and the tokenizer's valid ids.
+  model_cfg = _setup.model_config(cfg, seen["tokenizer"])
+  assert (model_cfg.vocab_size, model_cfg.d_model, model_cfg.max_seq_len) == (384, 64, cfg.model.max_seq_len)
+  assert model_cfg.qkv_bias and model_cfg.valid_vocab_size == seen["tokenizer"].vocab_size
+
+  # Every prompt the sampler saw is the HF tokenizer's encoding of a task prompt (no BOS: Qwen has none).
+  hf = models.HFTokenizer.from_dir(path)
+  assert isinstance(seen["tokenizer"], models.HFTokenizer) and not hf.add_bos_token
+  assert seen["prompts"]
+  for ids in seen["prompts"]:
+    text = hf.decode(ids, skip_special=False)
+    assert re.fullmatch(r"\d+\+\d+=", text), text
+    assert ids == hf.encode(text, add_bos=hf.add_bos_token)
+
+  with open(os.path.join(tmp_path, "run", "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  rl_rows = [r for r in rows if r.get("phase") == "rl"]
+  assert [r["step"] for r in rl_rows] == [1, 2]
+  for r in rl_rows:
+    for key in ("loss", "reward_mean"):
+      assert r[key] is not None and math.isfinite(r[key]), (key, r)
+  assert summary["rl_steps_done"] == 2 and math.isfinite(summary["final_eval_reward"])
+  assert summary["model_params"] == model_cfg.num_params()
+
+
+def test_hf_path_rejects_shape_overrides(checkpoint):
+  path, _, _ = checkpoint
+  raw = demo.get_config("add,tiny")
+  raw.model.hf_path = path
+  raw.model.overrides = {"d_model": 32}
+  cfg = config.load(raw)
+  with pytest.raises(ValueError, match=r"`model.overrides` keys \['d_model'\] cannot change a checkpoint"):
+    _setup.model_config(cfg, _setup.make_tokenizer(cfg))
