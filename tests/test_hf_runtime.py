@@ -51,7 +51,8 @@ def checkpoint(tmp_path_factory):
   model = transformers.Qwen2ForCausalLM(hf_cfg).float().eval()
   model.save_pretrained(path, safe_serialization=True)
   _tokenizer(path)
-  return path, model.model.embed_tokens.weight.detach().numpy(), model.model.layers[1].mlp.down_proj.weight.detach().numpy()
+  body = model.model
+  return path, body.embed_tokens.weight.detach().numpy(), body.layers[1].mlp.down_proj.weight.detach().numpy()
 
 
 def test_train_from_hf_checkpoint(checkpoint, tmp_path, monkeypatch):

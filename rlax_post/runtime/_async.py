@@ -501,6 +501,8 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
                                             "dropped_stale_total": dropped_total,
                                             "max_ticket_consumed": history["max_ticket_consumed"],
                                             "next_ticket": history["max_ticket_consumed"] + 1})
+        # A resume never rolls back below this checkpoint: the groups it consumed can be freed.
+        backend.queue.release(done)
   finally:
     backend.stop()
     if hasattr(progress, "close"):
