@@ -12,6 +12,7 @@ from rlax_post.envs._tasks import add_without_carry
 from rlax_post.envs._tasks import AddTask
 from rlax_post.envs._tasks import ReverseTask
 from rlax_post.envs._tasks import SortTask
+from rlax_post.envs import tools
 
 __all__ = [
     'AddTask',
@@ -26,4 +27,5 @@ __all__ = [
     'add_without_carry',
     'make_task',
     'tool_prompt',
+    'tools',
 ]

@@ -1,0 +1,93 @@
+"""Stateful tool-use environments with programmatic rewards (docs/agentic.md).
+
+Simulated services (files, calendar, ledger) with typed tools, a text syntax for calls, grounded task
+synthesis over a tool dependency graph, a componentwise reward, and state keys for step-level credit.
+"""
+
+from rlax_post.envs.tools._env import REWARD_MODES
+from rlax_post.envs.tools._env import state_key
+from rlax_post.envs.tools._env import tool_env_factory
+from rlax_post.envs.tools._env import ToolEnv
+from rlax_post.envs.tools._rewards import argument_match
+from rlax_post.envs.tools._rewards import CallRecord
+from rlax_post.envs.tools._rewards import canon
+from rlax_post.envs.tools._rewards import combine
+from rlax_post.envs.tools._rewards import COMPONENTS
+from rlax_post.envs.tools._rewards import coverage
+from rlax_post.envs.tools._rewards import covered_calls
+from rlax_post.envs.tools._rewards import DEFAULT_KIND_SCORES
+from rlax_post.envs.tools._rewards import efficiency_penalty
+from rlax_post.envs.tools._rewards import ERROR_KINDS
+from rlax_post.envs.tools._rewards import final_state
+from rlax_post.envs.tools._rewards import KINDS
+from rlax_post.envs.tools._rewards import observed_values
+from rlax_post.envs.tools._rewards import reward_components
+from rlax_post.envs.tools._rewards import RewardConfig
+from rlax_post.envs.tools._rewards import validity
+from rlax_post.envs.tools._schema import validate
+from rlax_post.envs.tools._services import execute
+from rlax_post.envs.tools._services import signature
+from rlax_post.envs.tools._services import Tool
+from rlax_post.envs.tools._services import ToolError
+from rlax_post.envs.tools._services import TOOLS
+from rlax_post.envs.tools._syntax import Answer
+from rlax_post.envs.tools._syntax import Call
+from rlax_post.envs.tools._syntax import format_answer
+from rlax_post.envs.tools._syntax import format_call
+from rlax_post.envs.tools._syntax import parse_message
+from rlax_post.envs.tools._syntax import ParseError
+from rlax_post.envs.tools._tasks import GOALS
+from rlax_post.envs.tools._tasks import make_task_prompt
+from rlax_post.envs.tools._tasks import PRODUCER_OF
+from rlax_post.envs.tools._tasks import RequiredCall
+from rlax_post.envs.tools._tasks import synthesize_task
+from rlax_post.envs.tools._tasks import Task
+from rlax_post.envs.tools._tasks import task_of_prompt
+from rlax_post.envs.tools._tasks import task_tag
+from rlax_post.envs.tools._world import generate_world
+from rlax_post.envs.tools._world import World
+
+__all__ = [
+    'Answer',
+    'COMPONENTS',
+    'Call',
+    'CallRecord',
+    'DEFAULT_KIND_SCORES',
+    'ERROR_KINDS',
+    'GOALS',
+    'KINDS',
+    'PRODUCER_OF',
+    'ParseError',
+    'REWARD_MODES',
+    'RequiredCall',
+    'RewardConfig',
+    'TOOLS',
+    'Task',
+    'Tool',
+    'ToolEnv',
+    'ToolError',
+    'World',
+    'argument_match',
+    'canon',
+    'combine',
+    'coverage',
+    'covered_calls',
+    'efficiency_penalty',
+    'execute',
+    'final_state',
+    'format_answer',
+    'format_call',
+    'generate_world',
+    'make_task_prompt',
+    'observed_values',
+    'parse_message',
+    'reward_components',
+    'signature',
+    'state_key',
+    'synthesize_task',
+    'task_of_prompt',
+    'task_tag',
+    'tool_env_factory',
+    'validate',
+    'validity',
+]
