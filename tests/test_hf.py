@@ -25,7 +25,7 @@ _SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_ke
               intermediate_size=128, vocab_size=128, max_position_embeddings=256, head_dim=16)
 _LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=5000.0, factor=8.0, low_freq_factor=1.0,
                     high_freq_factor=4.0, original_max_position_embeddings=32)
-_GEMMA = dict(num_hidden_layers=4, sliding_window=4, query_pre_attn_scalar=24, final_logit_softcapping=10.0)
+_GEMMA = dict(num_hidden_layers=4, sliding_window=4, query_pre_attn_scalar=24, final_logit_softcapping=0.5)
 _FAMILIES = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
               dict(rms_norm_eps=1e-5, rope_theta=5000.0)),
@@ -36,7 +36,7 @@ _FAMILIES = {
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, dict(rope_theta=5000.0)),
     # Layers: sliding, global, sliding, global (transformers' default alternation).
     "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
-               dict(_GEMMA, attn_logit_softcapping=5.0, rope_theta=5000.0)),
+               dict(_GEMMA, attn_logit_softcapping=1.0, rope_theta=5000.0)),
     # Local base 1000, global base 1e5 with linear scaling; layers: sliding, sliding, global, sliding.
     "gemma3": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM,
                dict(_GEMMA, layer_types=["sliding_attention"] * 2 + ["full_attention", "sliding_attention"],
@@ -58,6 +58,8 @@ def _hf_model(family, seed=0):
     for name, p in model.named_parameters():
       if "norm" in name or "bias" in name:
         p.add_(0.3 * torch.randn_like(p))
+      if "q_proj.weight" in name or "k_proj.weight" in name:  # Attention logits of order 1, not 0.01.
+        p.mul_(4.0)
   return model
 
 
@@ -298,3 +300,21 @@ def test_gemma3_hub_style_config():
         transformers.models.gemma3.modeling_gemma3.Gemma3RotaryEmbedding.compute_default_rope_parameters)
     inv_freq, _ = fn(want, layer_type=layer_type)
     np.testing.assert_allclose(cfg.rope_inv_freq()[layer], inv_freq.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("family, change", [
+    ("gemma2", dict(layer_types=None, sliding_window=None)),  # Sliding windows off.
+    ("gemma2", dict(attn_logit_softcap=None)),
+    ("gemma2", dict(final_logit_softcap=None)),
+    ("gemma3", dict(layer_types=None, sliding_window=None)),
+    ("gemma3", dict(rope_local_theta=None)),  # Local layers on the global base.
+    ("gemma3", dict(rope_scaling_type=None)),  # Global layers unscaled.
+])
+def test_gemma_features_change_the_logits(tmp_path, family, change):
+  """Each Gemma feature the parity tests rely on moves the logits well past their 1e-4 tolerance."""
+  cfg, graphdef, params = _hf.load_hf(_save(_hf_model(family), tmp_path))
+  other_graphdef, _ = models.abstract_params(dataclasses.replace(cfg, **change))
+  tokens = jnp.asarray(_tokens())
+  ours = np.asarray(models.forward(graphdef, params, tokens)[0])
+  other = np.asarray(models.forward(other_graphdef, params, tokens)[0])
+  assert np.abs(ours - other).max() > 20 * 1e-4

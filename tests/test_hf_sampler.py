@@ -1,4 +1,8 @@
-"""The sampler's logprob parity on an imported Hugging Face model (Qwen3 and Llama layouts)."""
+"""The sampler's logprob parity on an imported Hugging Face model (Qwen3, Llama and Gemma 2 layouts).
+
+The Gemma 2 model has a sliding window of 4 on alternate layers and sequences of up to 18 tokens, so the
+engine's cached decoding must apply the window to its position-indexed KV cache.
+"""
 
 import pytest
 
@@ -12,18 +16,22 @@ from rlax_post import models  # noqa: E402
 from rlax_post import sampler  # noqa: E402
 
 
-@pytest.mark.parametrize("config_cls, model_cls", [
-    (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-    (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-])
-def test_driver_logprobs_match_the_learner_on_an_imported_model(tmp_path, config_cls, model_cls):
+@pytest.mark.parametrize("config_cls, model_cls, extra", [
+    (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {}),
+    (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
+    (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
+     dict(sliding_window=4, query_pre_attn_scalar=16, attn_logit_softcapping=1.0, final_logit_softcapping=5.0)),
+], ids=["qwen3", "llama", "gemma2"])
+def test_driver_logprobs_match_the_learner_on_an_imported_model(tmp_path, config_cls, model_cls, extra):
   torch.manual_seed(0)
   # vocab 264 holds the byte tokenizer's 259 ids, so the engine can use it.
   hf = model_cls(config_cls(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                             intermediate_size=128, vocab_size=264, max_position_embeddings=64, head_dim=16,
-                            rope_theta=10000.0)).float().eval()
+                            rope_theta=10000.0, **extra)).float().eval()
   hf.save_pretrained(tmp_path, safe_serialization=True)
   cfg, graphdef, params = models.load_hf(str(tmp_path))
+  if extra:
+    assert list(cfg.window_sizes()) == [4, 0]
   engine = sampler.RlaxEngine(cfg, graphdef, tokenizer=models.ByteTokenizer(), max_concurrent_decodes=3,
                               max_prefill_length=16, max_decode_length=40, temperature=0.8, seed=3)
   prompts = [[257, 10, 20, 30], [257, 5], [257, 1, 2, 3, 4, 5, 6, 7]]

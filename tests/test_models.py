@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rlax_post import models
+from rlax_post.models import _layers
 
 
 def _micro(**overrides):
@@ -21,8 +22,15 @@ def micro_model():
   return cfg, graphdef, params
 
 
+# Gemma-style micro model: (1 + w) norms, sandwich norms, GeGLU, soft-capping, windows of 3 on layers 0, 2.
+_GEMMA_MICRO = dict(norm_plus_one=True, post_norms=True, scale_embeddings=True, mlp_activation="gelu_tanh",
+                    qk_norm=True, query_pre_attn_scalar=16.0, attn_logit_softcap=2.0, final_logit_softcap=5.0,
+                    num_layers=3, sliding_window=3, rope_local_theta=100.0,
+                    layer_types=("sliding_attention", "full_attention", "sliding_attention"))
+
+
 def test_param_count_matches_config():
-  for overrides in ({}, {"tie_embeddings": False}, {"qkv_bias": True, "qk_norm": True}):
+  for overrides in ({}, {"tie_embeddings": False}, {"qkv_bias": True, "qk_norm": True}, _GEMMA_MICRO):
     cfg = _micro(**overrides)
     _, params = models.init_params(cfg, jax.random.key(0))
     assert sum(x.size for x in jax.tree.leaves(params)) == cfg.num_params()
@@ -46,7 +54,8 @@ def test_causal_masking(micro_model):
   assert np.abs(np.asarray(logits[:, 7:] - logits_changed[:, 7:])).max() > 1e-4
 
 
-@pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": False, "qkv_bias": True, "qk_norm": True}])
+@pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": False, "qkv_bias": True, "qk_norm": True},
+                                       _GEMMA_MICRO], ids=["plain", "bias_qknorm", "gemma"])
 def test_kv_cache_decoding_matches_full_forward(overrides):
   cfg = _micro(**overrides)
   graphdef, params = models.init_params(cfg, jax.random.key(3))
@@ -76,6 +85,39 @@ def test_rows_decode_at_their_own_positions(micro_model):
   logits, _ = models.forward(graphdef, params, step_tokens, pos, cache)
   np.testing.assert_allclose(logits[0, 0], full[0, 4], atol=1e-5)
   np.testing.assert_allclose(logits[1, 0], full[1, 9], atol=1e-5)
+
+
+def test_sliding_window_attention_matches_a_reference():
+  """Window w: query p sees keys p-w < s <= p, by positions (also past stale cache slots)."""
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32) for s in [(1, 6, 2, 4), (1, 8, 1, 4), (1, 8, 1, 4)])
+  q_pos = jnp.arange(6)[None] + 1
+  k_pos = jnp.arange(8)[None]
+  for window in (0, 1, 3):
+    got = _layers.attention(q, k, v, q_pos, k_pos, window=window, scale=0.3, softcap=1.5)
+    logits = 1.5 * np.tanh(np.einsum("tnh,sh->nts", q[0], k[0, :, 0]) * 0.3 / 1.5)
+    visible = (k_pos[0][None] <= q_pos[0][:, None]) & (
+        (window == 0) | (k_pos[0][None] > q_pos[0][:, None] - window))
+    probs = np.exp(np.where(visible, logits, -np.inf))
+    want = np.einsum("nts,sh->tnh", probs / probs.sum(-1, keepdims=True), v[0, :, 0])
+    np.testing.assert_allclose(got[0], want, atol=1e-5)
+
+
+def test_window_and_rope_per_layer():
+  cfg = _micro(**_GEMMA_MICRO)
+  np.testing.assert_array_equal(cfg.window_sizes(), [3, 0, 3])
+  inv_freq = cfg.rope_inv_freq()
+  np.testing.assert_allclose(inv_freq[0], 100.0 ** (-np.arange(0, 8, 2) / 8), rtol=1e-6)
+  np.testing.assert_allclose(inv_freq[1], 10_000.0 ** (-np.arange(0, 8, 2) / 8), rtol=1e-6)
+  linear = _micro(rope_scaling_type="linear", rope_scaling_factor=4.0).rope_inv_freq()
+  np.testing.assert_allclose(linear, _micro().rope_inv_freq() / 4, rtol=1e-6)
+
+
+def test_named_presets_build():
+  assert models.preset("gemma2-2b").num_params() == pytest.approx(2.61e9, rel=0.01)
+  assert models.preset("gemma3-1b").num_params() == pytest.approx(1.0e9, rel=0.01)
+  assert list(models.preset("gemma3-1b").window_sizes()[:6]) == [512] * 5 + [0]
+  assert models.preset("llama3.2-1b").rope_scaling_type == "llama3"
 
 
 def test_token_logprobs_identities(micro_model):
@@ -113,6 +155,12 @@ def test_unknown_parameter_name_is_an_error():
     ({"head_dim": 7}, "even"),
     ({"dtype": "float8"}, "must be one of"),
     ({"d_model": 0}, "positive int"),
+    ({"rope_scaling_type": "yarn"}, r"rope_scaling_type must be one of \[None, 'linear', 'llama3'\]"),
+    ({"rope_scaling_type": "llama3", "rope_low_freq_factor": 4.0}, "rope_low_freq_factor"),
+    ({"mlp_activation": "relu"}, "mlp_activation"),
+    ({"layer_types": ("full_attention",)}, "layer_types must be 2"),
+    ({"layer_types": ("sliding_attention", "full_attention")}, "sliding_window must be a positive int"),
+    ({"final_logit_softcap": 0.0}, "positive"),
 ])
 def test_config_errors(kwargs, match):
   with pytest.raises(ValueError, match=match):

@@ -1,4 +1,4 @@
-"""Decoder-only transformer models (flax nnx), their KV cache, the shared logprob path, and tokenizers."""
+"""Decoder-only transformers (Llama / Qwen / Gemma 2 / Gemma 3 text; flax nnx), KV cache, logprobs, tokenizers."""
 
 from rlax_post.models._axes import activation_constraints
 from rlax_post.models._axes import PARAM_LOGICAL_AXES

@@ -157,7 +157,8 @@ class ModelConfig:
     theta^(-2i/H) (Su et al. 2021) with theta = `rope_local_theta` on sliding-window layers; full-attention
     layers use `rope_theta` and the scaling: "linear" divides by factor; "llama3" (Llama 3.1, as in
     transformers' `_compute_llama3_parameters`) divides wavelengths λ = 2π/f above L/low by factor, keeps
-    those below L/high, and interpolates between with s = (L/λ − low)/(high − low): f' = (1−s)·f/factor + s·f.
+    those below L/high, and in between interpolates with s = (L/λ − low)/(high − low):
+    f' = (1−s)·f/factor + s·f.
     """
     h = self.head_dim
     exponent = np.arange(0, h, 2, dtype=np.float64) / h
