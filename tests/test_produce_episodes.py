@@ -129,7 +129,7 @@ def test_rows_to_batch_puts_the_loss_mask_exactly_over_the_sampled_tokens(engine
   groups = _run(_producer(engine), [0, 1])
   assert sorted(groups) == [0, 1] and all(len(rows) == N for rows in groups.values())
   rows = groups[0] + groups[1]
-  assert set(rows[0]) == set(_produce.ROW_FIELDS)
+  assert set(rows[0]) == set(_produce.ROW_FIELDS + _produce.TURN_FIELDS)
   batch = _produce.rows_to_batch([groups[0], groups[1]], seq_len=SEQ_LEN, pad_id=TOK.pad_id)
   for r, row in enumerate(rows):
     lp, mask = len(row["prompt"]), row["mask"].astype(bool)
@@ -144,6 +144,26 @@ def test_rows_to_batch_puts_the_loss_mask_exactly_over_the_sampled_tokens(engine
     assert batch.prompt_lens[r] == lp and batch.lengths[r] == len(row["tokens"])
     assert batch.finished[r] == row["finished"] and 0 <= batch.rewards[r] <= 1
   np.testing.assert_array_equal(batch.group_ids, [0, 0, 1, 1])
+
+
+def test_rows_of_an_env_without_state_keys_key_turns_by_their_token_prefix(engine):
+  """`LatencyToolEnv` gives no state keys: a turn's key is the hash of the tokens before it (prompt included),
+  so the group's first turns (one context) share a key; the turn spans cover exactly the sampled tokens."""
+  (rows,) = _run(_producer(engine), [2]).values()
+  for row in rows:
+    context = np.concatenate([row["prompt"], row["tokens"]])
+    lp, starts, ends = len(row["prompt"]), row["turn_starts"], row["turn_ends"]
+    covered = np.zeros(len(row["tokens"]), np.int32)
+    for s, e in zip(starts, ends):
+      covered[s:e] += 1
+    np.testing.assert_array_equal(covered, row["mask"])
+    assert starts[0] == 0 and len(starts) >= 1
+    np.testing.assert_array_equal(row["turn_keys"],
+                                  [_produce_episodes.prefix_key(context[:lp + s]) for s in starts])
+    np.testing.assert_allclose(row["turn_rewards"].sum(), row["reward"], rtol=1e-5, atol=1e-6)
+  assert rows[0]["turn_keys"][0] == rows[1]["turn_keys"][0]
+  assert _produce_episodes.prefix_key([1, 2]) != _produce_episodes.prefix_key([1, 3])
+  assert 0 <= _produce_episodes.prefix_key([1, 2]) < 2**31
 
 
 def test_a_ticket_gives_the_same_rows_whatever_else_runs(engine):

@@ -115,8 +115,9 @@ class AdvantageSection:
   omega: float = bounded(1.0, low=0.0)  # gigpo: weight of the step-level term
   episode_method: str = choices("drgrpo", "grpo", "rloo")  # gigpo: the episode-level term
   normalize: str | None = choices(None, "group", "batch")  # graph_gae
-  max_nodes: int = bounded(0, low=0)  # gigpo, graph_gae: static node budget; 0 = B × max_new_tokens
-  num_iters: int = bounded(0, low=0)  # graph_gae: Bellman iterations; 0 = max_new_tokens + 1 (exact)
+  # gigpo, graph_gae: static node budget; 0 = B × steps (steps: max_new_tokens single-turn, K turns multi-turn)
+  max_nodes: int = bounded(0, low=0)
+  num_iters: int = bounded(0, low=0)  # graph_gae: Bellman iterations; 0 = steps + 1 (exact on acyclic graphs)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,13 +3,19 @@
 Group methods give one scalar per trajectory, broadcast over its generated tokens. The step-level methods
 (`gigpo`, `graph_gae`) need the state each step is taken from: for single-turn text the state is the token
 prefix, so `prefix_state_keys` numbers the distinct prefixes of each group (an exact trie, no hashing), and
-samples of one prompt that share a prefix merge into one node. Environments with observable state bring
-their own keys (the [agentic] issue).
+samples of one prompt that share a prefix merge into one node.
+
+Multi-turn batches (`Turns`) give the step-level methods one step per policy message instead: the env's key
+of the state the turn is taken from (a token-prefix hash when the env has none, `_produce_episodes`), the
+env's reward of the turn, and the batch's group ids, so equal keys merge only within a prompt's group. Each
+turn's advantage then goes to every token the policy sampled in that turn (`turns_to_tokens`); observation
+and prompt tokens get 0. Group methods ignore turns (the episode reward, broadcast).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -60,12 +66,43 @@ def scatter_steps(values_bn: np.ndarray, prompt_lens_b: np.ndarray, seq_len: int
   return out_bt
 
 
+class Turns(NamedTuple):
+  """A batch's K turns per row (`RolloutBatch.turn_*`), left-aligned; padded turns have mask 0."""
+  starts: np.ndarray  # [B, K] int: position in the row's tokens of turn k's first token.
+  ends: np.ndarray  # [B, K] int: one past turn k's last token.
+  keys: np.ndarray  # [B, K] int32: key of the state turn k is taken from.
+  rewards: np.ndarray  # [B, K] float32: reward of turn k.
+  mask: np.ndarray  # [B, K] float32: 1 on real turns.
+
+
+def turns_to_tokens(values_bk: np.ndarray, starts_bk: np.ndarray, ends_bk: np.ndarray, mask_bk: np.ndarray,
+                    seq_len: int) -> np.ndarray:
+  """Turn values `[B, K]` to the learner's target layout `[B, T-1]`.
+
+  out[b, t] = values[b, k] for every real turn k with starts[b, k] <= t + 1 < ends[b, k] (target t predicts
+  token t + 1), 0 elsewhere. Spans of one row must not overlap.
+  """
+  cols_t = np.arange(1, seq_len)
+  inside_bkt = ((cols_t >= starts_bk[..., None]) & (cols_t < ends_bk[..., None]) & (mask_bk[..., None] > 0))
+  if np.any(inside_bkt.sum(axis=1) > 1):
+    raise ValueError("turns_to_tokens: turn spans of a row overlap.")
+  return np.where(inside_bkt, np.asarray(values_bk, np.float32)[..., None], 0.0).sum(axis=1, dtype=np.float32)
+
+
+def _check_turns(turns: Turns, b: int) -> None:
+  shapes = {f: np.shape(v) for f, v in turns._asdict().items()}
+  k = shapes["mask"][1:2]
+  if len(set(shapes.values())) != 1 or len(shapes["mask"]) != 2 or shapes["mask"][0] != b or k == (0,):
+    raise ValueError(f"Turns fields must all have shape [B, K] with B = {b} rows and K >= 1; got {shapes}.")
+
+
 class Credit:
   """Jitted advantage functions for one run's configuration; `__call__` gives `[B, T-1]` advantages."""
 
   def __init__(self, section: config_lib.AdvantageSection, *, num_groups: int, batch: int,
                max_new_tokens: int):
     self.section, self.num_groups = section, num_groups
+    self._turn_fns: dict[tuple[int, int], object] = {}  # (B, K) -> jitted step estimator over turns.
     s = section
     max_nodes = s.max_nodes or batch * max_new_tokens
     num_iters = s.num_iters or max_new_tokens + 1
@@ -84,13 +121,43 @@ class Credit:
       raise ValueError(f"Unknown advantage.estimator {s.estimator!r}; valid: "
                        f"{list(GROUP_ESTIMATORS + STEP_ESTIMATORS)}.")
 
+  def _turn_fn(self, b: int, k: int):
+    """The step estimator over [B, K] turns; max_nodes defaults to B × K, num_iters to K + 1 (exact on a
+    DAG of turns; keys that repeat within an episode, e.g. a turn that changes nothing, make cycles)."""
+    if (b, k) not in self._turn_fns:
+      s = self.section
+      if s.estimator == "gigpo":
+        fn = functools.partial(adv_lib.gigpo, num_groups=self.num_groups, gamma=s.gamma, omega=s.omega,
+                               max_nodes=s.max_nodes or b * k, episode_method=s.episode_method)
+      else:
+        fn = functools.partial(adv_lib.graph_gae, gamma=s.gamma, lambda_=s.lambda_,
+                               max_nodes=s.max_nodes or b * k, num_iters=s.num_iters or k + 1,
+                               normalize=s.normalize)
+      self._turn_fns[(b, k)] = jax.jit(fn)
+    return self._turn_fns[(b, k)]
+
   def __call__(self, rewards_b: np.ndarray, group_ids_b: np.ndarray, tokens_bt: np.ndarray,
                prompt_lens_b: np.ndarray, lengths_b: np.ndarray, loss_mask_bt: np.ndarray,
-               max_new_tokens: int) -> tuple[np.ndarray, dict]:
+               max_new_tokens: int, *, turns: Turns | None = None) -> tuple[np.ndarray, dict]:
+    """`[B, T-1]` advantages (times `loss_mask_bt`) and metrics; step estimators use `turns` when given."""
     estimator = self.section.estimator
     if estimator in GROUP_ESTIMATORS:
       adv_b = np.asarray(self._fn(rewards_b, group_ids_b))
       return adv_b[:, None] * loss_mask_bt, {}
+    if turns is not None:
+      _check_turns(turns, len(rewards_b))
+      fn = self._turn_fn(*turns.mask.shape)
+      keys_bk = np.asarray(turns.keys, np.int32)
+      rewards_bk = np.asarray(turns.rewards, np.float32)
+      mask_bk = np.asarray(turns.mask, np.float32)
+      if estimator == "gigpo":
+        out = fn(rewards_b, rewards_bk, keys_bk, mask_bk, group_ids_b)
+      else:
+        out = fn(keys_bk, rewards_bk, mask_bk, group_ids_b)
+      self._check_overflow(out, "B × K turns")
+      adv_bt = turns_to_tokens(np.asarray(out.advantages), turns.starts, turns.ends, mask_bk,
+                               tokens_bt.shape[1])
+      return adv_bt * loss_mask_bt, self._node_metrics(out, mask_bk)
     steps_bn, mask_bn = response_steps(tokens_bt, prompt_lens_b, lengths_b, max_new_tokens)
     keys_bn = prefix_state_keys(steps_bn, mask_bn, group_ids_b)
     # The outcome reward arrives with the last generated token.
@@ -100,10 +167,16 @@ class Credit:
       out = self._fn(rewards_b, step_rewards_bn, keys_bn, mask_bn, group_ids_b)
     else:
       out = self._fn(keys_bn, step_rewards_bn, mask_bn, group_ids_b)
-    num_nodes, overflow = int(out.num_nodes), bool(out.overflow)
-    if overflow:
-      raise ValueError(f"{estimator}: {num_nodes} distinct states exceed advantage.max_nodes = "
-                       f"{self.section.max_nodes}; raise it (0 means B × max_new_tokens).")
+    self._check_overflow(out, "B × max_new_tokens")
     adv_bt = scatter_steps(np.asarray(out.advantages), prompt_lens_b, tokens_bt.shape[1])
-    return adv_bt * loss_mask_bt, {"num_nodes": float(num_nodes),
-                                   "nodes_per_step": num_nodes / max(float(mask_bn.sum()), 1.0)}
+    return adv_bt * loss_mask_bt, self._node_metrics(out, mask_bn)
+
+  def _check_overflow(self, out, default: str) -> None:
+    if bool(out.overflow):
+      raise ValueError(f"{self.section.estimator}: {int(out.num_nodes)} distinct states exceed "
+                       f"advantage.max_nodes = {self.section.max_nodes}; raise it (0 means {default}).")
+
+  @staticmethod
+  def _node_metrics(out, mask) -> dict:
+    num_nodes = float(int(out.num_nodes))
+    return {"num_nodes": num_nodes, "nodes_per_step": num_nodes / max(float(mask.sum()), 1.0)}

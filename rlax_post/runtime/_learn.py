@@ -43,6 +43,9 @@ class RolloutBatch(NamedTuple):
 
   Sequences are right-padded to one width T (so the jitted functions compile once). A row's response is
   everything after its prompt: generated tokens and, in multi-turn episodes, env observations (loss_mask 0).
+
+  Multi-turn batches also carry K turns per row (K = the most turns of a row; padded turns have turn_mask 0),
+  which the step-level estimators use as their steps (`_credit`); single-turn batches leave them None.
   """
   tokens: np.ndarray  # [B, T] int32: prompt, then response, then PAD.
   prompt_lens: np.ndarray  # [B] int32
@@ -52,6 +55,11 @@ class RolloutBatch(NamedTuple):
   rewards: np.ndarray  # [B] float32: outcome reward of each row.
   group_ids: np.ndarray  # [B] int32 in [0, P).
   finished: np.ndarray  # [B] bool: the row ended on a stop token / the env ended the episode.
+  turn_starts: np.ndarray | None = None  # [B, K] int32: position in `tokens` of turn k's first token.
+  turn_ends: np.ndarray | None = None  # [B, K] int32: one past turn k's last token.
+  turn_keys: np.ndarray | None = None  # [B, K] int32: key of the state turn k is taken from.
+  turn_rewards: np.ndarray | None = None  # [B, K] float32: the env's reward of turn k.
+  turn_mask: np.ndarray | None = None  # [B, K] float32: 1 on real turns (left-aligned).
 
 
 class RLUpdate:
@@ -81,8 +89,11 @@ class RLUpdate:
     """Trains on `batch` as RL step `rl_step` (0-based); returns the new state and the step's metrics."""
     cfg = self.cfg
     stats = host(self.group_stats(batch.rewards, batch.group_ids))
+    turns = None if batch.turn_starts is None else _credit.Turns(
+        starts=batch.turn_starts, ends=batch.turn_ends, keys=batch.turn_keys, rewards=batch.turn_rewards,
+        mask=batch.turn_mask)
     adv_bt, credit_metrics = self.credit(batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens,
-                                         batch.lengths, batch.loss_mask, self.max_new_tokens)
+                                         batch.lengths, batch.loss_mask, self.max_new_tokens, turns=turns)
     old_logp = np.asarray(self.score(state.params, batch.tokens))
     ref_logp = np.asarray(self.score(ref_params, batch.tokens))
     full = {"tokens": batch.tokens, "loss_mask": batch.loss_mask, "advantages": adv_bt,

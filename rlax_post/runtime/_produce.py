@@ -13,6 +13,13 @@ rows of named fields ready for the rollout queue:
   reward    float32     the row's outcome reward
   finished  bool        ended on a stop token / the env ended the episode
   ticket    int64       g
+
+Multi-turn rows (`_produce_episodes`) add the optional per-turn fields `TURN_FIELDS` (K policy messages):
+
+  turn_starts   int32 [K]    offset in `tokens` of each message's first token
+  turn_ends     int32 [K]    one past its last token (mask is 1 exactly on [turn_starts[k], turn_ends[k]))
+  turn_keys     int32 [K]    key of the state each turn is taken from (the env's, else a token-prefix hash)
+  turn_rewards  float32 [K]  the env's reward of each turn (0 for a turn it did not score)
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from rlax_post import sampler
 from rlax_post.runtime import _learn
 
 ROW_FIELDS = ("prompt", "tokens", "mask", "logprobs", "versions", "reward", "finished", "ticket")
+TURN_FIELDS = ("turn_starts", "turn_ends", "turn_keys", "turn_rewards")
 
 
 def group_id(ticket: int) -> str:
@@ -102,7 +110,11 @@ class TaskProducer:
 
 
 def rows_to_batch(groups: list[list[dict]], *, seq_len: int, pad_id: int) -> _learn.RolloutBatch:
-  """Groups (each a list of rows in sample order) → the learner's `RolloutBatch`, group-major, width seq_len."""
+  """Groups (each a list of rows in sample order) → the learner's `RolloutBatch`, group-major, width seq_len.
+
+  The turn fields are set when every row has `TURN_FIELDS` (K = the most turns of a row, at least 1; turn
+  spans become absolute positions in the padded row), None when no row has them; a mix raises ValueError.
+  """
   rows = [r for g in groups for r in g]
   b = len(rows)
   tokens = np.full((b, seq_len), pad_id, np.int32)
@@ -124,4 +136,39 @@ def rows_to_batch(groups: list[list[dict]], *, seq_len: int, pad_id: int) -> _le
   return _learn.RolloutBatch(
       tokens=tokens, prompt_lens=prompt_lens, lengths=lengths, loss_mask=loss_mask,
       behaviour_logprobs=behaviour, rewards=np.asarray([float(r["reward"]) for r in rows], np.float32),
-      group_ids=group_ids, finished=np.asarray([bool(r["finished"]) for r in rows]))
+      group_ids=group_ids, finished=np.asarray([bool(r["finished"]) for r in rows]),
+      **_turn_arrays(rows, prompt_lens))
+
+
+def _turn_arrays(rows: list[dict], prompt_lens_b: np.ndarray) -> dict:
+  """The `RolloutBatch` turn fields of `rows` ({} when no row has turns); module docstring for the rows."""
+  has = [all(f in row for f in TURN_FIELDS) for row in rows]
+  if not any(has):
+    return {}
+  if not all(has):
+    raise ValueError(f"rows_to_batch: {has.count(False)} of {len(rows)} rows lack the turn fields "
+                     f"{list(TURN_FIELDS)}; a batch takes all multi-turn or all single-turn rows.")
+  turns = [{f: np.asarray(row[f]) for f in TURN_FIELDS} for row in rows]
+  b, k = len(rows), max([1] + [len(t["turn_starts"]) for t in turns])
+  out = {"turn_starts": np.zeros((b, k), np.int32), "turn_ends": np.zeros((b, k), np.int32),
+         "turn_keys": np.zeros((b, k), np.int32), "turn_rewards": np.zeros((b, k), np.float32),
+         "turn_mask": np.zeros((b, k), np.float32)}
+  for r, (row, t) in enumerate(zip(rows, turns)):
+    n = len(t["turn_starts"])
+    if any(t[f].shape != (n,) for f in TURN_FIELDS):
+      raise ValueError(f"rows_to_batch: row {r}'s turn fields must all have shape [K]; got "
+                       f"{ {f: t[f].shape for f in TURN_FIELDS} }.")
+    starts, ends = t["turn_starts"].astype(np.int64), t["turn_ends"].astype(np.int64)
+    if n and not (np.all(starts <= ends) and starts[0] >= 0 and ends[-1] <= len(row["tokens"])
+                  and np.all(ends[:-1] <= starts[1:])):
+      raise ValueError(f"rows_to_batch: row {r}'s turn spans {list(zip(starts, ends))} are not ordered "
+                       f"spans inside its {len(row['tokens'])} response tokens.")
+    keys = t["turn_keys"]
+    if keys.dtype.kind not in "iu" or (n and not (keys.min() >= -2**31 and keys.max() < 2**31)):
+      raise ValueError(f"rows_to_batch: row {r}'s turn_keys must be integers that fit int32; got {keys!r}.")
+    out["turn_starts"][r, :n] = prompt_lens_b[r] + starts
+    out["turn_ends"][r, :n] = prompt_lens_b[r] + ends
+    out["turn_keys"][r, :n] = keys
+    out["turn_rewards"][r, :n] = t["turn_rewards"]
+    out["turn_mask"][r, :n] = 1.0
+  return out

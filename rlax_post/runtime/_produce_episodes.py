@@ -9,6 +9,12 @@ the group's n episodes out as rows of `_produce.ROW_FIELDS`. Per row:
   mask      1 where the policy sampled the token (`Episode.trained_mask`)
   logprobs, versions   the driver's log π_T and params version of each token (0 and -1 off the mask)
   reward    the episode's total reward; finished: the env ended the episode; ticket: g
+  turn_starts, turn_ends   [K] each policy message's span in `tokens` (`_produce.TURN_FIELDS`)
+  turn_keys     [K] the state each turn is taken from: `infos[k]['prev_state_key']` (for a turn the env did
+                not score, the previous turn's `state_key`); an env without keys gets a 31-bit hash of the
+                token prefix up to the turn (equal prefixes, equal keys: the prefix-state semantics of the
+                single-turn path, merging within a group)
+  turn_rewards  [K] the env's reward of each turn (0 for a turn it did not score)
 
 Seeding: group g samples with `seed_of(cfg.seed, ROLLOUT, g // P)` and stream g mod P (the synchronous loop's
 streams of step g // P, request g mod P), its prompt is `prompt_of(g)`, its episodes' envs are
@@ -18,6 +24,7 @@ depend on what else the producer runs, or when (same engine slot count; `sampler
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import Any, Callable, Sequence
 
@@ -41,11 +48,55 @@ def turn_budget(seed: int, ticket: int, *, median: int = 6, p99: int = 32, low: 
   return int(np.clip(round(median * math.exp(sigma * z)), low, high))
 
 
+def prefix_key(tokens: Sequence[int]) -> int:
+  """A 31-bit non-negative key of a token prefix (BLAKE2b: the same in every process)."""
+  digest = hashlib.blake2b(np.asarray(tokens, np.int64).tobytes(), digest_size=4).digest()
+  return int.from_bytes(digest, "big") & 0x7FFFFFFF
+
+
+def turn_spans(e: sampler.Episode) -> tuple[np.ndarray, np.ndarray]:
+  """[K] starts and ends (one past) of each policy message in `e.tokens`: the run of sampled tokens from
+  each turn start, cut at the next turn's start."""
+  mask = np.asarray(e.trained_mask, bool)
+  starts = np.asarray(e.turn_starts, np.int64)
+  limits = np.append(starts[1:], len(e.tokens)).astype(np.int64)
+  ends = np.empty_like(starts)
+  for k, (start, limit) in enumerate(zip(starts, limits)):
+    off = np.flatnonzero(~mask[start:limit])
+    ends[k] = start + off[0] if len(off) else limit
+  return starts, ends
+
+
+def _env_key(info: dict, name: str, k: int) -> int | None:
+  if name not in info:
+    return None
+  key = info[name]
+  if isinstance(key, bool) or not isinstance(key, (int, np.integer)) or not -2**31 <= int(key) < 2**31:
+    raise ValueError(f"turn {k}: info[{name!r}] must be an int that fits int32; got {key!r}.")
+  return int(key)
+
+
+def turn_keys(e: sampler.Episode) -> np.ndarray:
+  """[K] key of the state each turn is taken from (module docstring)."""
+  keys = []
+  for k, start in enumerate(e.turn_starts):
+    key = _env_key(e.infos[k], "prev_state_key", k) if k < len(e.infos) else None
+    if key is None and 0 < k <= len(e.infos):
+      key = _env_key(e.infos[k - 1], "state_key", k - 1)
+    keys.append(prefix_key(e.tokens[:start]) if key is None else key)
+  return np.asarray(keys, np.int32)
+
+
 def episode_rows(ticket: int, episodes: Sequence[sampler.Episode]) -> list[dict]:
-  """A group's episodes (in index order) → rows of `_produce.ROW_FIELDS` (module docstring)."""
+  """A group's episodes (in index order) → rows of `_produce.ROW_FIELDS` and `TURN_FIELDS` (module
+  docstring)."""
   rows = []
   for e in episodes:
     start = e.turn_starts[0] if e.turn_starts else len(e.tokens)  # No turn: the reset failed.
+    starts, ends = turn_spans(e)
+    scored = e.rewards[:len(starts)]
+    rewards = np.zeros((len(starts),), np.float32)
+    rewards[:len(scored)] = scored
     rows.append({
         "prompt": np.asarray(e.tokens[:start], np.int32),
         "tokens": np.asarray(e.tokens[start:], np.int32),
@@ -55,6 +106,10 @@ def episode_rows(ticket: int, episodes: Sequence[sampler.Episode]) -> list[dict]
         "reward": np.float32(e.total_reward),
         "finished": bool(e.done),
         "ticket": np.int64(ticket),
+        "turn_starts": (starts - start).astype(np.int32),
+        "turn_ends": (ends - start).astype(np.int32),
+        "turn_keys": turn_keys(e),
+        "turn_rewards": rewards,
     })
   return rows
 
