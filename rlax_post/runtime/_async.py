@@ -39,6 +39,7 @@ from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _learn
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _produce
+from rlax_post.runtime import _produce_episodes
 from rlax_post.runtime import _rollouts
 from rlax_post.runtime import _setup
 from rlax_post.runtime import _sync
@@ -142,16 +143,24 @@ class SamplerWorker:
 def _sampler_parts(cfg: config_lib.Config, *, mesh, rules):
   """Everything a sampler builds from the config: task, tokenizer, engine, params template and shardings."""
   tokenizer = _setup.make_tokenizer(cfg)
-  task = _setup.make_task(cfg)
   model_cfg = _setup.model_config(cfg, tokenizer)
-  max_prompt_len, _ = _sync._check_lengths(cfg, task, model_cfg)  # pylint: disable=protected-access
+  if _setup.is_tool_task(cfg):
+    task = _setup.make_tool_task(cfg)
+    max_prompt_len, _ = _setup.tool_lengths(cfg, model_cfg)
+  else:
+    task = _setup.make_task(cfg)
+    max_prompt_len, _ = _sync._check_lengths(cfg, task, model_cfg)  # pylint: disable=protected-access
   graphdef, params_like = models.abstract_params(model_cfg)
   slots = cfg.runtime.sampler_slots or cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
   engine = _rollouts.Sampler(model_cfg, graphdef, tokenizer, mesh, slots=slots, max_prompt_len=max_prompt_len,
                              max_new_tokens=cfg.rl.max_new_tokens, temperature=cfg.rl.temperature,
                              top_p=cfg.rl.top_p, top_k=cfg.rl.top_k).engine
   shardings = _setup.param_shardings(params_like, mesh, rules)
-  factory = lambda params, version: _produce.TaskProducer(cfg, task, tokenizer, engine, params, version)
+  if _setup.is_tool_task(cfg):
+    factory = lambda params, version: _produce_episodes.tool_producer(cfg, task, tokenizer, engine, params,
+                                                                      version)
+  else:
+    factory = lambda params, version: _produce.TaskProducer(cfg, task, tokenizer, engine, params, version)
   return factory, params_like, shardings, slots
 
 
@@ -369,10 +378,17 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
   t_start = time.time()
   eta = config_lib.staleness(cfg)
   tokenizer = _setup.make_tokenizer(cfg)
-  task = _setup.make_task(cfg)
   model_cfg = _setup.model_config(cfg, tokenizer)
-  max_prompt_len, sft_len = _sync._check_lengths(cfg, task, model_cfg)  # pylint: disable=protected-access
-  seq_len = max_prompt_len + cfg.rl.max_new_tokens
+  tools = _setup.is_tool_task(cfg)
+  if tools:  # Multi-turn episodes: everything after the context (messages and observations) is the response.
+    task = _setup.make_tool_task(cfg)
+    max_prompt_len, seq_len = _setup.tool_lengths(cfg, model_cfg)
+    sft_len, response_len = seq_len, seq_len - 1
+  else:
+    task = _setup.make_task(cfg)
+    max_prompt_len, sft_len = _sync._check_lengths(cfg, task, model_cfg)  # pylint: disable=protected-access
+    seq_len = max_prompt_len + cfg.rl.max_new_tokens
+    response_len = cfg.rl.max_new_tokens
   p, n = cfg.rl.prompts_per_step, cfg.rl.samples_per_prompt
 
   ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep)
@@ -394,8 +410,9 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
 
   graphdef, params_like = models.abstract_params(model_cfg)
   param_sh = _setup.param_shardings(params_like, mesh, rules)
-  rl_update = _learn.RLUpdate(cfg, graphdef, params_like, mesh, rules, max_new_tokens=cfg.rl.max_new_tokens)
-  evaluate = _sync.GreedyEval(cfg, task, tokenizer, graphdef, model_cfg, mesh, max_prompt_len=max_prompt_len)
+  rl_update = _learn.RLUpdate(cfg, graphdef, params_like, mesh, rules, max_new_tokens=response_len)
+  eval_cls = _sync.ToolEval if tools else _sync.GreedyEval
+  evaluate = eval_cls(cfg, task, tokenizer, graphdef, model_cfg, mesh, max_prompt_len=max_prompt_len)
   say = (lambda *a: None) if quiet else print
   bar = (lambda it, **kw: it) if (quiet or not cfg.runtime.progress) else tqdm.tqdm
   schedule_path = os.path.join(workdir, "schedule.jsonl")
@@ -413,8 +430,12 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
     say(f"Resumed {workdir} at RL step {latest}.")
   else:
     params = _setup.initial_params(cfg, model_cfg, param_sh, mesh, rules, _learn.key(cfg.seed, _learn.INIT, 0))
-    params = _sync._warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules,  # pylint: disable=protected-access
-                               sft_len, metrics, bar, say)
+    if tools:
+      batches = _sync.tool_sft_batches(cfg, task, tokenizer, seq_len=sft_len)
+      params = _sync._sft(cfg, batches, graphdef, params, params_like, mesh, rules, metrics, bar)  # pylint: disable=protected-access
+    else:
+      params = _sync._warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules,  # pylint: disable=protected-access
+                                 sft_len, metrics, bar, say)
     ref_params = jax.tree.map(jnp.copy, params)
     state = rl_update.init(params, cfg.seed)
     initial = evaluate(state.params)
@@ -434,7 +455,7 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
   end_step = cfg.rl.steps
   if cfg.runtime.stop_after_steps:
     end_step = min(cfg.rl.steps, start_step + cfg.runtime.stop_after_steps)
-  progress = bar(range(start_step, end_step), initial=start_step, total=cfg.rl.steps, desc=f"async GRPO η={eta}",
+  progress = bar(range(start_step, end_step), initial=start_step, total=cfg.rl.steps, desc=f"{cfg.runtime.mode} RL η={eta}",
                  dynamic_ncols=True)
   last_eval, t_loop, trained_rows, total_wait = None, time.time(), 0, 0.0
   try:
@@ -516,7 +537,7 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
     _metrics.plot_curves(rows, os.path.join(workdir, "curves.png"))
   rl_rows = [r for r in rows if r.get("phase") == "rl"]
   summary = {
-      "mode": "async",
+      "mode": cfg.runtime.mode,
       "max_staleness": eta,
       "initial_eval_reward": history["initial_eval_reward"],
       "final_eval_reward": final,
@@ -632,14 +653,17 @@ def replay(workdir: str, *, quiet: bool = False) -> dict:
   workdir = os.fspath(workdir)
   cfg = load_run_config(workdir)
   tokenizer = _setup.make_tokenizer(cfg)
-  task = _setup.make_task(cfg)
   model_cfg = _setup.model_config(cfg, tokenizer)
-  max_prompt_len, _ = _sync._check_lengths(cfg, task, model_cfg)  # pylint: disable=protected-access
-  seq_len = max_prompt_len + cfg.rl.max_new_tokens
+  if _setup.is_tool_task(cfg):
+    _, seq_len = _setup.tool_lengths(cfg, model_cfg)
+    response_len = seq_len - 1
+  else:
+    max_prompt_len, _ = _sync._check_lengths(cfg, _setup.make_task(cfg), model_cfg)  # pylint: disable=protected-access
+    seq_len, response_len = max_prompt_len + cfg.rl.max_new_tokens, cfg.rl.max_new_tokens
   mesh, rules = _setup.mesh_and_rules(cfg)
   graphdef, params_like = models.abstract_params(model_cfg)
   param_sh = _setup.param_shardings(params_like, mesh, rules)
-  rl_update = _learn.RLUpdate(cfg, graphdef, params_like, mesh, rules, max_new_tokens=cfg.rl.max_new_tokens)
+  rl_update = _learn.RLUpdate(cfg, graphdef, params_like, mesh, rules, max_new_tokens=response_len)
   init = _checkpoint.RunCheckpointer(os.path.join(workdir, "replay"), max_to_keep=1)
   if init.latest_step() is None:
     raise FileNotFoundError(f"{workdir}/replay holds no initial checkpoint: was it written by an async run?")

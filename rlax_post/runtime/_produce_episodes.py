@@ -178,3 +178,14 @@ class EpisodeProducer:
   def close(self) -> None:
     """Drops pending groups and shuts the env threads down (running env calls are not waited for)."""
     self.runner.close()
+
+
+def tool_producer(cfg: config_lib.Config, tool_task, tokenizer, engine: sampler.RlaxEngine, params,
+                  version: int, *, index_of: Callable[[int], int] | None = None) -> EpisodeProducer:
+  """An `EpisodeProducer` over `ToolEnv` episodes of `tool_task` (`_setup.ToolTask`): ticket t runs the task
+  `index_of(t)` (default: the t-th training task), a fixed per-message budget, `tool_task.max_turns`."""
+  index_of = tool_task.train_index if index_of is None else index_of
+  return EpisodeProducer(cfg, tokenizer, engine, params, version,
+                         prompt_of=lambda t: tool_task.prompt(index_of(t)), env_of=tool_task.env,
+                         turn_tokens_of=lambda t: tool_task.max_turn_tokens, max_turns=tool_task.max_turns,
+                         max_workers=8)

@@ -195,3 +195,109 @@ def make_task(cfg: config_lib.Config) -> envs.Task:
 
 def to_device_batch(batch: dict, sharding_) -> dict:
   return {k: jax.device_put(jnp.asarray(v), sharding_) for k, v in batch.items()}
+
+
+# --- The tool-use env task (`task.name = "tools"`, docs/agentic.md) ----------------------------------------
+
+TOOLS_TASK = "tools"
+TOOL_PROMPT_LEN = 160  # Most tokens of a tool episode's context before its first message.
+HELD_OUT_BASE = 10**8  # Task indices from here on are held out (greedy eval); training indices are below.
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolTask:
+  """Multi-turn `envs.tools` episodes as the run's task; built from `task.options` by `make_tool_task`.
+
+  Task i lives in world `seed + i` (`make_task_prompt(seed + i, i, include_tools=False)`). Only tasks whose
+  noiseless demonstration fits the sequence budget (at most `max_turns` messages, a context of at most
+  `TOOL_PROMPT_LEN` tokens, `max_seq_len - slack` tokens in all) are used: training ticket t is the t-th fitting index from 0, held-out task j the j-th fitting index
+  from `HELD_OUT_BASE`, warm-start demonstrations come from fitting indices below `HELD_OUT_BASE`.
+
+  Attributes:
+    seed: the run's seed; max_seq_len: the model's.
+    max_goals, max_turns: the tasks' goals and the episodes' most messages.
+    max_turn_tokens: most tokens per message; slack: room kept beyond the demonstration for mistakes.
+    reward_mode: `ToolEnv`'s ('final' or 'delta').
+  """
+  seed: int
+  max_seq_len: int
+  max_goals: int = 1
+  max_turns: int = 4
+  max_turn_tokens: int = 128
+  slack: int = 32
+  reward_mode: str = "final"
+  name: str = TOOLS_TASK
+  _fits: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+  def prompt(self, index: int) -> str:
+    return envs.tools.make_task_prompt(self.seed + index, index, max_goals=self.max_goals, include_tools=False)
+
+  def demonstration(self, index: int, **kwargs) -> envs.tools.Demonstration:
+    return envs.tools.demonstration(self.seed + index, index, max_goals=self.max_goals,
+                                    max_turns=self.max_turns, **kwargs)
+
+  def demo_len(self, demo: envs.tools.Demonstration) -> int:
+    """Byte tokens of a demonstration: BOS, prompt, reset observation, messages + EOS, observations."""
+    return (1 + len(demo.prompt.encode()) + len(demo.reset_observation.encode()) +
+            sum(len(m.encode()) + 1 + len(o.encode()) for m, o in zip(demo.messages, demo.observations)))
+
+  def fits(self, index: int) -> bool:
+    if index not in self._fits:
+      task = envs.tools.synthesize_task(self.seed + index, index, max_goals=self.max_goals)
+      ok = task.complexity + 1 <= self.max_turns
+      if ok:
+        demo = self.demonstration(index)
+        context = 1 + len(demo.prompt.encode()) + len(demo.reset_observation.encode())
+        ok = context <= TOOL_PROMPT_LEN and self.demo_len(demo) <= self.max_seq_len - self.slack
+      self._fits[index] = ok
+    return self._fits[index]
+
+  def nth_fitting(self, n: int, start: int = 0) -> int:
+    table = self._fits.setdefault(("nth", start), [])
+    while len(table) <= n:
+      i = table[-1] + 1 if table else start
+      while not self.fits(i):
+        i += 1
+      table.append(i)
+    return table[n]
+
+  def train_index(self, ticket: int) -> int:
+    return self.nth_fitting(int(ticket))
+
+  def eval_index(self, j: int) -> int:
+    return self.nth_fitting(int(j), HELD_OUT_BASE)
+
+  def env(self, episode: int) -> envs.tools.ToolEnv:
+    return envs.tools.ToolEnv(episode=episode, latency_seed=self.seed, max_turns=self.max_turns,
+                              reward_mode=self.reward_mode, sleep=False)
+
+
+def is_tool_task(cfg: config_lib.Config) -> bool:
+  return cfg.task.name == TOOLS_TASK
+
+
+def make_tool_task(cfg: config_lib.Config) -> ToolTask:
+  """The run's `ToolTask` from `task.options` (keys: the `ToolTask` attributes after `max_seq_len`)."""
+  allowed = ("max_goals", "max_turns", "max_turn_tokens", "slack", "reward_mode")
+  unknown = sorted(set(cfg.task.options) - set(allowed))
+  if unknown:
+    raise ValueError(f"Unknown option(s) {unknown} for task {TOOLS_TASK!r}; valid options are {list(allowed)}.")
+  task = ToolTask(seed=cfg.seed, max_seq_len=cfg.model.max_seq_len, **dict(cfg.task.options))
+  for name in ("max_goals", "max_turns", "max_turn_tokens"):
+    if getattr(task, name) < 1:
+      raise ValueError(f"task.options.{name} must be >= 1; got {getattr(task, name)}.")
+  if task.reward_mode not in envs.tools.REWARD_MODES:
+    raise ValueError(f"task.options.reward_mode must be one of {list(envs.tools.REWARD_MODES)}; "
+                     f"got {task.reward_mode!r}.")
+  return task
+
+
+def tool_lengths(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> tuple[int, int]:
+  """(max_prompt_len, seq_len) of a tool run: the context before the first message (BOS, prompt, reset
+  observation) is at most `max_prompt_len`; everything after it at most `rl.max_new_tokens`."""
+  max_prompt_len = TOOL_PROMPT_LEN
+  need = max_prompt_len + cfg.rl.max_new_tokens
+  if model_cfg.max_seq_len < need:
+    raise ValueError(f"`model.max_seq_len` = {model_cfg.max_seq_len} cannot hold a {max_prompt_len}-token "
+                     f"context plus `rl.max_new_tokens` = {cfg.rl.max_new_tokens}.")
+  return max_prompt_len, need

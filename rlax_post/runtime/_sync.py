@@ -7,6 +7,8 @@ library. Outputs under `workdir`: metrics.jsonl, tensorboard/, curves.png, check
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import itertools
 import json
 import os
 import time
@@ -27,6 +29,7 @@ from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _credit
 from rlax_post.runtime import _learn
 from rlax_post.runtime import _metrics
+from rlax_post.runtime import _produce_episodes
 from rlax_post.runtime import _rollouts
 from rlax_post.runtime import _setup
 
@@ -55,6 +58,35 @@ class GreedyEval:
       completions = rewards.decode_completions(self.tokenizer, out.response)
       scores.append(rewards.score_completions(self.task, chunk, completions))
     return float(np.mean(np.concatenate(scores)))
+
+
+class ToolEval:
+  """Greedy (temperature 0) episodes of the held-out tool tasks (`ToolTask.eval_index`); mean total reward."""
+
+  def __init__(self, cfg: config_lib.Config, tool_task, tokenizer, graphdef, model_cfg, mesh, *,
+               max_prompt_len: int):
+    self.tool_task, self.tokenizer = tool_task, tokenizer
+    self.examples = [tool_task.eval_index(j) for j in range(cfg.task.num_eval)]
+    self.cfg = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, samples_per_prompt=1))
+    self.slots = cfg.eval.batch_size
+    self.engine = _rollouts.Sampler(model_cfg, graphdef, tokenizer, mesh, slots=self.slots,
+                                    max_prompt_len=max_prompt_len, max_new_tokens=cfg.rl.max_new_tokens,
+                                    temperature=0.0).engine
+
+  def __call__(self, params) -> float:
+    producer = _produce_episodes.tool_producer(self.cfg, self.tool_task, self.tokenizer, self.engine, params,
+                                               0, index_of=self.examples.__getitem__)
+    rewards, submitted = {}, 0
+    try:
+      while submitted < len(self.examples) or producer.in_flight_groups:
+        while submitted < len(self.examples) and producer.in_flight_samples < self.slots:
+          producer.submit(submitted)
+          submitted += 1
+        for ticket, rows in producer.step():
+          rewards[ticket] = float(rows[0]["reward"])
+    finally:
+      producer.close()
+    return float(np.mean([rewards[t] for t in range(len(self.examples))]))
 
 
 # Sections that decide what a run computes; a resumed run must match the run that wrote the checkpoint.
@@ -99,7 +131,14 @@ def _check_lengths(cfg: config_lib.Config, task, model_cfg: models.ModelConfig) 
 
 
 def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: bool = False) -> dict:
-  """Runs the synchronous loop and returns the summary (also written to workdir/summary.json)."""
+  """Runs the synchronous loop and returns the summary (also written to workdir/summary.json).
+
+  A tool-env run (`task.name = "tools"`) goes through the async learner loop with η = 0, which is the
+  synchronous loop over multi-turn episodes (`_async.train_async`).
+  """
+  if _setup.is_tool_task(cfg):
+    from rlax_post.runtime import _async  # pylint: disable=g-import-not-at-top  (_async imports this module)
+    return _async.train_async(cfg, workdir, resume=resume, quiet=quiet)
   t_start = time.time()
   workdir = os.fspath(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -235,13 +274,53 @@ def _warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules
   """Supervised steps on noisy demonstrations (the systematic mistake with probability `sft.noise`)."""
   if cfg.sft.steps == 0:
     return params
+  batches = data.sft_batches(task, tokenizer, seed=cfg.seed, batch_size=cfg.sft.batch_size, max_len=sft_len,
+                             noise=cfg.sft.noise, typo_rate=cfg.sft.typo_rate, num_eval=cfg.task.num_eval)
+  return _sft(cfg, batches, graphdef, params, params_like, mesh, rules, metrics, bar)
+
+
+def tool_demo_row(tokenizer, demo) -> tuple[list[int], list[int]]:
+  """A demonstration's tokens in the episode layout (BOS, prompt, reset observation, then per turn the
+  message + EOS and the observation) and its [len - 1] target mask: 1 where token t + 1 is the policy's."""
+  tokens = tokenizer.encode(demo.prompt + demo.reset_observation, add_bos=True)
+  trained = [0] * len(tokens)
+  for message, observation in zip(demo.messages, demo.observations):
+    m = tokenizer.encode(message, add_bos=False) + [tokenizer.eos_id]
+    o = tokenizer.encode(observation, add_bos=False)
+    tokens += m + o
+    trained += [1] * len(m) + [0] * len(o)
+  return tokens, trained[1:]
+
+
+def tool_sft_batches(cfg: config_lib.Config, tool_task, tokenizer, *, seq_len: int):
+  """Batches of demonstrations of training tool tasks ({'tokens' [B, seq_len], 'loss_mask' [B, seq_len-1]}):
+  step s draws `sft.batch_size` fitting task indices below the held-out range (uniformly); each demonstration is
+  corrupted ('guess') with probability `sft.noise`."""
+  for step in itertools.count():
+    rng = np.random.default_rng([cfg.seed, _SFT_UPDATE, step])
+    tokens = np.full((cfg.sft.batch_size, seq_len), tokenizer.pad_id, np.int32)
+    mask = np.zeros((cfg.sft.batch_size, seq_len - 1), np.float32)
+    for b in range(cfg.sft.batch_size):
+      index = int(rng.integers(0, _setup.HELD_OUT_BASE))
+      while not tool_task.fits(index):
+        index = int(rng.integers(0, _setup.HELD_OUT_BASE))
+      corruption = "guess" if rng.random() < cfg.sft.noise else None
+      row, trained = tool_demo_row(tokenizer,
+                                   tool_task.demonstration(index, corruption=corruption, rng=rng))
+      row, trained = row[:seq_len], trained[:seq_len - 1]
+      tokens[b, :len(row)], mask[b, :len(trained)] = row, trained
+    yield {"tokens": tokens, "loss_mask": mask}
+
+
+def _sft(cfg, batches, graphdef, params, params_like, mesh, rules, metrics, bar):
+  """`sft.steps` supervised steps on `batches` (dicts of tokens and loss_mask) from `params`."""
+  if cfg.sft.steps == 0:
+    return params
   sft_learner = _setup.make_learner(
       graphdef, params_like, _setup.optimizer(cfg.sft.optimizer, cfg.sft.steps),
       learner.sft_objective(lambda p, tokens: models.token_logprobs(graphdef, p, tokens)),
       mesh=mesh, rules=rules, micro_batches=cfg.loss.micro_batches, agg_mode="token_mean", max_len=None)
   state = sft_learner.init(params, _key(cfg.seed, _SFT_UPDATE, 0))
-  batches = data.sft_batches(task, tokenizer, seed=cfg.seed, batch_size=cfg.sft.batch_size, max_len=sft_len,
-                             noise=cfg.sft.noise, typo_rate=cfg.sft.typo_rate, num_eval=cfg.task.num_eval)
   batch_sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
   progress = bar(range(cfg.sft.steps), desc="warm-start SFT", dynamic_ncols=True)
   for step in progress:

@@ -4,6 +4,10 @@ Simulated services (files, calendar, ledger) with typed tools, a text syntax for
 synthesis over a tool dependency graph, a componentwise reward, and state keys for step-level credit.
 """
 
+from rlax_post.envs.tools._demos import CORRUPTIONS
+from rlax_post.envs.tools._demos import demo_messages
+from rlax_post.envs.tools._demos import Demonstration
+from rlax_post.envs.tools._demos import demonstration
 from rlax_post.envs.tools._env import REWARD_MODES
 from rlax_post.envs.tools._env import state_key
 from rlax_post.envs.tools._env import tool_env_factory
@@ -50,9 +54,11 @@ from rlax_post.envs.tools._world import World
 __all__ = [
     'Answer',
     'COMPONENTS',
+    'CORRUPTIONS',
     'Call',
     'CallRecord',
     'DEFAULT_KIND_SCORES',
+    'Demonstration',
     'ERROR_KINDS',
     'GOALS',
     'KINDS',
@@ -72,6 +78,8 @@ __all__ = [
     'combine',
     'coverage',
     'covered_calls',
+    'demo_messages',
+    'demonstration',
     'efficiency_penalty',
     'execute',
     'final_state',

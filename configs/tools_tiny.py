@@ -1,0 +1,65 @@
+"""A tiny byte-level model learns to call tools on `envs.tools` tasks (docs/agentic.md, "Training").
+
+One-goal tasks (2-3 required calls plus an answer, at most 4 messages, 512 tokens), prompts without the tool
+list. The warm start imitates demonstrations (the required calls, the env's real observations, an answer);
+with probability `sft.noise` a demonstration skips the id lookup and guesses the id, which fails the task.
+RL (multi-turn `EpisodeProducer` episodes through the async learner loop; `runtime.mode="sync"` is η = 0)
+then raises the greedy (temperature 0) mean episode reward on held-out tasks.
+
+  rlax-post train --config configs/tools_tiny.py --workdir runs/tools
+  rlax-post train --config configs/tools_tiny.py --config.advantage.estimator=gigpo --workdir runs/tools
+  rlax-post train --config configs/tools_tiny.py:tiny --workdir /tmp/tools_tiny   # seconds; the tests' size
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+_VARIANTS = ("default", "tiny")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  # options: see rlax_post.runtime._setup.ToolTask.
+  c.task = dict(name="tools", options=dict(max_goals=1, max_turns=4, max_turn_tokens=128, slack=32,
+                                           reward_mode="final"), num_eval=32)
+  c.model = dict(preset="tiny", overrides=dict(), vocab_multiple=8, max_seq_len=512,
+                 hf_path=config_dict.placeholder(str))
+  c.mesh = dict(data=1, fsdp=-1, tensor=1, rules=())
+  c.sft = dict(steps=300, batch_size=16, noise=0.5, typo_rate=0.0,
+               optimizer=dict(learning_rate=3e-3, warmup_steps=10, end_lr_ratio=0.1, weight_decay=0.0,
+                              b1=0.9, b2=0.99, max_grad_norm=1.0))
+  # max_new_tokens: the most tokens after the episode's 160-token context (messages and observations).
+  c.rl = dict(steps=20, prompts_per_step=4, samples_per_prompt=4, max_new_tokens=352, temperature=1.0,
+              top_p=1.0, top_k=0, minibatches=1, epochs=1,
+              optimizer=dict(learning_rate=3e-4, warmup_steps=2, end_lr_ratio=0.1, weight_decay=0.0,
+                             b1=0.9, b2=0.99, max_grad_norm=1.0))
+  c.loss = dict(kind="auto", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,
+                seq_eps_high=4e-4, dual_clip=config_dict.placeholder(float), kl_coef=0.0, kl_kind="k3",
+                entropy_coef=0.0, agg_mode="token_mean", micro_batches=1)
+  # estimator: "grpo" (episode level), "gigpo" or "graph_gae" (turn level over the env's state keys).
+  c.advantage = dict(estimator="grpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
+                     episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0)
+  c.eval = dict(every=5, batch_size=32)
+  c.checkpoint = dict(every=10, max_to_keep=2)
+  c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=False, plot=True, stop_after_steps=0,
+                   max_staleness=1, num_samplers=1, queue="memory", queue_capacity=0, sampler_slots=0,
+                   param_versions_to_keep=3, sampler_timeout_s=60.0)
+
+  variants = [v for v in (arg or "default").split(",") if v]
+  unknown = [v for v in variants if v not in _VARIANTS]
+  if unknown:
+    raise ValueError(f"configs/tools_tiny.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)}.")
+  if "tiny" in variants:  # A smoke-sized run: compiles and runs in well under a minute.
+    c.model.preset = "micro"
+    c.task.num_eval = 4
+    c.sft.steps = 2
+    c.sft.batch_size = 8
+    c.rl.steps = 2
+    c.rl.prompts_per_step = 2
+    c.rl.samples_per_prompt = 4
+    c.eval.every = 2
+    c.eval.batch_size = 8
+    c.checkpoint.every = 2
+    c.runtime.plot = False
+  return c
