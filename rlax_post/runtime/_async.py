@@ -16,6 +16,7 @@ orbax parameter versions, ticket files).
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import threading
@@ -57,8 +58,11 @@ class SamplerWorker:
 
   def __init__(self, *, name: str, producer_factory: Callable[[Any, int], Any], source, queue,
                admission: rollouts.Admission, slots: int, group_size: int, should_stop: Callable[[], bool],
-               heartbeat: Callable[..., None] | None = None, resume_tickets: list[int] = ()):
+               heartbeat: Callable[..., None] | None = None, resume_tickets: list[int] = (),
+               device_lock=None):
     self.name, self.source, self.queue, self.admission = name, source, queue, admission
+    # Held around every device program (see _ThreadBackend): None when the sampler owns its devices.
+    self.device_lock = device_lock if device_lock is not None else contextlib.nullcontext()
     self.producer_factory = producer_factory
     self.slots, self.n = slots, group_size
     self.should_stop, self.heartbeat = should_stop, heartbeat
@@ -88,7 +92,8 @@ class SamplerWorker:
       return
     version, params = first
     self.first_version = version
-    producer = self.producer_factory(params, version)
+    with self.device_lock:
+      producer = self.producer_factory(params, version)
     with self._lock:
       self._stats["version"] = version
     for ticket in self.resume_tickets:  # A restarted sampler first redoes the tickets it held.
@@ -99,7 +104,8 @@ class SamplerWorker:
       if newest is not None and newest != producer.version:
         got = self.source.latest()
         if got is not None:
-          producer.set_params(got[1], got[0])
+          with self.device_lock:
+            producer.set_params(got[1], got[0])
           with self._lock:
             self._stats["version"], self._stats["swaps"] = got[0], self._stats["swaps"] + 1
       while producer.in_flight_samples + self.n <= self.slots:
@@ -119,7 +125,9 @@ class SamplerWorker:
         with self._lock:
           self._stats["idle_seconds"] += time.time() - t0
         continue
-      for ticket, rows in producer.step():
+      with self.device_lock:
+        finished = producer.step()
+      for ticket, rows in finished:
         self._put_group(ticket, rows)
         if self.should_stop():
           return
@@ -205,6 +213,7 @@ def _group_rows(group) -> list[dict]:
 class _Backend:
   """What differs between in-process threads and separate processes."""
   queue: Any
+  device_lock: Any = contextlib.nullcontext()  # held by the learner around its device programs
   poll_s = 1.0  # how often the learner's wait for rollouts wakes up (on_wait)
 
   def publish(self, params, version: int) -> None: ...
@@ -238,16 +247,23 @@ class _ThreadBackend(_Backend):
                                               max_staleness=config_lib.staleness(cfg))
     self._stop = threading.Event()
     self._errors: list[BaseException] = []
+    # Samplers and learner share the mesh's devices here. Two multi-device programs launched from different
+    # threads can interleave their collectives differently on different devices and deadlock (seen on the
+    # 8-device CPU mesh), so on a multi-device mesh each device program runs under one lock: device compute
+    # is serialised, while host work (env calls, tokenisation, the queue, waiting) still overlaps.
+    self.device_lock = threading.RLock() if mesh.size > 1 else contextlib.nullcontext()
     factory, _, _, slots = _sampler_parts(cfg, mesh=mesh, rules=rules)
     self.workers = [SamplerWorker(name=f"sampler-{k}", producer_factory=factory, source=self.params,
                                   queue=self._writer_queue(k), admission=self.admission, slots=slots,
-                                  group_size=n, should_stop=self._stop.is_set)
+                                  group_size=n, should_stop=self._stop.is_set, device_lock=self.device_lock)
                     for k in range(cfg.runtime.num_samplers)]
     self._threads = []
 
   def publish(self, params, version: int) -> None:
     # The learner donates its state to the next update: hand the samplers their own copy.
-    self.params.publish(jax.tree.map(jnp.copy, params), version)
+    with self.device_lock:
+      copy = jax.block_until_ready(jax.tree.map(jnp.copy, params))
+    self.params.publish(copy, version)
 
   def on_resume(self, step: int, meta: dict) -> None:
     first = int(meta.get("next_ticket", step * self.cfg.rl.prompts_per_step))
@@ -438,7 +454,8 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
                                  sft_len, metrics, bar, say)
     ref_params = jax.tree.map(jnp.copy, params)
     state = rl_update.init(params, cfg.seed)
-    initial = evaluate(state.params)
+    with backend.device_lock:
+      initial = evaluate(state.params)
     metrics.write(0, {"eval_reward": initial}, phase="eval")
     say(f"Warm-start greedy eval reward on {len(evaluate.examples)} held-out prompts: {initial:.3f}")
     history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - t_start,
@@ -477,7 +494,8 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
       wait_s = time.time() - t0
       total_wait += wait_s
       batch = _produce.rows_to_batch([rows for _, rows, _ in fresh], seq_len=seq_len, pad_id=tokenizer.pad_id)
-      state, row = rl_update(state, ref_params, batch, rl_step)
+      with backend.device_lock:
+        state, row = rl_update(state, ref_params, batch, rl_step)
       backend.publish(state.params, rl_step + 1)
       done = rl_step + 1
       dropped_total += len(dropped)
@@ -510,7 +528,8 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
       if done % cfg.runtime.log_every == 0 or done == cfg.rl.steps:
         metrics.write(done, row)
       if (cfg.eval.every and done % cfg.eval.every == 0) or done == end_step:
-        last_eval = evaluate(state.params)
+        with backend.device_lock:
+          last_eval = evaluate(state.params)
         metrics.write(done, {"eval_reward": last_eval}, phase="eval")
       if hasattr(progress, "set_postfix"):
         progress.set_postfix(reward=f"{row['reward_mean']:.3f}", stale=f"{row['staleness_mean']:.2f}",
