@@ -549,36 +549,19 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
       progress.close()
 
   final = last_eval if last_eval is not None else evaluate(state.params)
-  ckpt.close()
-  rows = metrics.read()
-  metrics.close()
-  if cfg.runtime.plot:
-    _metrics.plot_curves(rows, os.path.join(workdir, "curves.png"))
-  rl_rows = [r for r in rows if r.get("phase") == "rl"]
-  summary = {
-      "mode": cfg.runtime.mode,
-      "max_staleness": eta,
-      "initial_eval_reward": history["initial_eval_reward"],
-      "final_eval_reward": final,
-      "improvement": final - history["initial_eval_reward"],
-      "wall_seconds": time.time() - t_start,
-      "rl_wall_seconds": time.time() - t_loop,
-      "rl_steps": cfg.rl.steps,
-      "rl_steps_done": end_step,
-      "resumed_from_step": start_step if latest is not None else None,
-      "final_train_reward": rl_rows[-1]["reward_mean"] if rl_rows else None,
-      "final_kl": rl_rows[-1].get("kl") if rl_rows else None,
-      "dropped_stale_total": dropped_total,
-      "mean_staleness": (float(np.mean([r["staleness_mean"] for r in rl_rows])) if rl_rows else None),
-      "samples_per_s": trained_rows / max(time.time() - t_loop, 1e-9),
-      "num_skipped_updates": int(jax.device_get(state.num_skipped)),
-      "num_eval_prompts": len(evaluate.examples),
-      "model_params": model_cfg.num_params(),
-      "devices": jax.device_count(),
-      "workdir": os.path.abspath(workdir),
-  }
-  _metrics.write_summary(os.path.join(workdir, "summary.json"), summary)
-  return summary
+  t_end = time.time()
+  return _sync.finish_run(
+      cfg, workdir, ckpt=ckpt, metrics=metrics, state=state, history=history, final=final, t_start=t_start,
+      end_step=end_step, resumed_from=start_step if latest is not None else None,
+      num_eval=len(evaluate.examples), model_cfg=model_cfg,
+      extra=lambda rl_rows: {
+          "mode": cfg.runtime.mode,
+          "max_staleness": eta,
+          "rl_wall_seconds": t_end - t_loop,
+          "dropped_stale_total": dropped_total,
+          "mean_staleness": (float(np.mean([r["staleness_mean"] for r in rl_rows])) if rl_rows else None),
+          "samples_per_s": trained_rows / max(t_end - t_loop, 1e-9),
+      })
 
 
 def train_async(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: bool = False) -> dict:

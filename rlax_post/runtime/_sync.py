@@ -244,6 +244,19 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
 
   # The loop evaluates at its last step; a resumed run with no step left to do evaluates here.
   final = last_eval if last_eval is not None else evaluate(state.params)
+  return finish_run(cfg, workdir, ckpt=ckpt, metrics=metrics, state=state, history=history, final=final,
+                    t_start=t_start, end_step=end_step,
+                    resumed_from=start_step if latest is not None else None,
+                    num_eval=len(evaluate.examples), model_cfg=model_cfg)
+
+
+def finish_run(cfg: config_lib.Config, workdir: str, *, ckpt, metrics, state, history: dict, final: float,
+               t_start: float, end_step: int, resumed_from: int | None, num_eval: int, model_cfg,
+               extra=None) -> dict:
+  """Closes the run's checkpointer and metrics, plots the curves, writes and returns summary.json.
+
+  extra(rl_rows) -> dict adds loop-specific entries (the async learner's staleness and throughput).
+  """
   ckpt.close()
   rows = metrics.read()
   metrics.close()
@@ -257,14 +270,15 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
       "wall_seconds": time.time() - t_start,
       "rl_steps": cfg.rl.steps,
       "rl_steps_done": end_step,
-      "resumed_from_step": start_step if latest is not None else None,
+      "resumed_from_step": resumed_from,
       "final_train_reward": rl_rows[-1]["reward_mean"] if rl_rows else None,
       "final_kl": rl_rows[-1].get("kl") if rl_rows else None,
       "num_skipped_updates": int(jax.device_get(state.num_skipped)),
-      "num_eval_prompts": len(evaluate.examples),
+      "num_eval_prompts": num_eval,
       "model_params": model_cfg.num_params(),
       "devices": jax.device_count(),
       "workdir": os.path.abspath(workdir),
+      **(extra(rl_rows) if extra is not None else {}),
   }
   _metrics.write_summary(os.path.join(workdir, "summary.json"), summary)
   return summary
