@@ -407,17 +407,8 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
     response_len = cfg.rl.max_new_tokens
   p, n = cfg.rl.prompts_per_step, cfg.rl.samples_per_prompt
 
-  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep)
+  ckpt, latest = _sync.open_checkpoints(cfg, workdir, resume=resume)
   replay_ckpt = _checkpoint.RunCheckpointer(os.path.join(workdir, "replay"), max_to_keep=1)
-  latest = ckpt.latest_step()
-  if latest is not None and not resume:
-    raise ValueError(f"{workdir} already holds checkpoints (latest RL step {latest}); pass --resume to "
-                     "continue that run, or choose a new --workdir.")
-  if latest is None:
-    _metrics.clear_outputs(workdir)
-    for name in ("schedule.jsonl",):
-      if os.path.exists(os.path.join(workdir, name)):
-        os.remove(os.path.join(workdir, name))
   rows_dir = os.path.join(workdir, "replay", "rows")
   os.makedirs(rows_dir, exist_ok=True)
   metrics = _metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard)

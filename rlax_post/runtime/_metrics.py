@@ -59,7 +59,7 @@ class MetricsWriter:
       self._tb.close()
 
 
-OUTPUT_FILES = ("metrics.jsonl", "summary.json", "curves.png")
+OUTPUT_FILES = ("metrics.jsonl", "summary.json", "curves.png", "schedule.jsonl")  # schedule: async runs
 
 
 def clear_outputs(workdir: str) -> None:

@@ -148,14 +148,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
   max_prompt_len, sft_len = _check_lengths(cfg, task, model_cfg)
   mesh, rules = _setup.mesh_and_rules(cfg)
 
-  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep)
-  latest = ckpt.latest_step()
-  if latest is not None and not resume:
-    raise ValueError(f"{workdir} already holds checkpoints (latest RL step {latest}); pass --resume to "
-                     "continue that run, or choose a new --workdir.")
-  if latest is None:
-    # Outputs of an earlier attempt that never reached its first checkpoint describe no run we can continue.
-    _metrics.clear_outputs(workdir)
+  ckpt, latest = open_checkpoints(cfg, workdir, resume=resume)
   metrics = _metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     json.dump(config_lib.to_dict(cfg), f, indent=2)
@@ -248,6 +241,20 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
                     t_start=t_start, end_step=end_step,
                     resumed_from=start_step if latest is not None else None,
                     num_eval=len(evaluate.examples), model_cfg=model_cfg)
+
+
+def open_checkpoints(cfg: config_lib.Config, workdir: str, *, resume: bool):
+  """The run's checkpointer and its latest complete step; refuses to overwrite a run without --resume, and
+  clears the outputs of an earlier attempt that never reached its first checkpoint (they describe no run we
+  can continue)."""
+  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep)
+  latest = ckpt.latest_step()
+  if latest is not None and not resume:
+    raise ValueError(f"{workdir} already holds checkpoints (latest RL step {latest}); pass --resume to "
+                     "continue that run, or choose a new --workdir.")
+  if latest is None:
+    _metrics.clear_outputs(workdir)
+  return ckpt, latest
 
 
 def finish_run(cfg: config_lib.Config, workdir: str, *, ckpt, metrics, state, history: dict, final: float,
