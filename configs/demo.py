@@ -30,7 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.task = dict(name="reverse", options=_TASK_OPTIONS["reverse"], num_eval=256)
   c.model = dict(preset="tiny", overrides=dict(), vocab_multiple=8, max_seq_len=32,
                  hf_path=config_dict.placeholder(str))
-  c.mesh = dict(data=1, fsdp=-1, tensor=1, rules=())
+  c.mesh = dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1, rules=())
   c.sft = dict(steps=600, batch_size=64, noise=0.6, typo_rate=0.0,
                optimizer=dict(learning_rate=3e-3, warmup_steps=20, end_lr_ratio=0.1, weight_decay=0.0,
                               b1=0.9, b2=0.99, max_grad_norm=1.0))
@@ -73,3 +73,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.batch_size = 16
     c.checkpoint.every = 2
   return c
+
+
+def get_sweep(arg: str | None = None) -> list[dict]:
+  """The demo's sweep: group-relative estimators × seeds (`rlax-post sweep`, docs/launch.md).
+
+    rlax-post sweep --config configs/demo.py --workdir runs/demo_sweep --parallel 2   # 6 units
+    rlax-post sweep --config configs/demo.py:tiny --workdir /tmp/sweep --parallel 2   # 2 units, seconds
+  """
+  from rlax_post import sweep  # pylint: disable=g-import-not-at-top
+  if "tiny" in (arg or "").split(","):
+    return sweep.product(sweep.axis("advantage.estimator", ["grpo", "rloo"]), sweep.axis("seed", [0]))
+  return sweep.product(sweep.axis("advantage.estimator", ["grpo", "rloo", "drgrpo"]), sweep.axis("seed", [0, 1]))

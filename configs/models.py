@@ -16,6 +16,13 @@ Hardware (JAX sees one device per chip; the device count is the mesh size):
   v5e-8   TPU v5e (v5litepod-8): 8 chips × 16 GB HBM.
   v5p-16  TPU v5p slice named by Google's TensorCore count: v5p has 2 TensorCores per chip, fused into one
           JAX device (megacore), so v5p-16 is 8 chips × 95 GB HBM (two hosts of 4 chips).
+  Pods and clusters (multi-host: one learner process per host, `docs/launch.md`):
+  v5e-256    one TPU v5e pod slice: 256 chips × 16 GB on one 16 × 16 ICI torus (64 hosts of 4 chips).
+  v5p-128    one TPU v5p slice: 64 chips × 95 GB (v5p-128 counts TensorCores) on a 4 × 4 × 4 ICI torus
+             (16 hosts of 4 chips).
+  2xv5p-128  two such slices (multislice): ICI inside each slice, the data-centre network (DCN) between.
+  h100x8xN   N nodes of 8 × H100 80 GB (N = 2, 4, 8, 16 listed): NVLink/NVSwitch inside a node,
+             InfiniBand/RoCE between nodes (the "DCN" of a GPU cluster; one process per node).
 
 Numerics. Activations are bfloat16 (norms, softmax and logits stay float32 inside the model); params are
 float32 master weights. `learner.make_optimizer` (optax AdamW) keeps both Adam moments in the params' dtype
@@ -38,6 +45,19 @@ mlp / vocab on tensor, the batch on data × fsdp):
     nodes). 2 divides every kv_heads count here (Qwen2.5-7B has 4 KV heads, so tensor ≤ 4).
   * data stays 1: it would replicate the optimizer state that we are short of.
   * gpu1 is a 1 × 1 × 1 mesh.
+  * Pods and clusters (`mesh_shape`, for more than 8 devices): the fast network is ICI inside a TPU slice and
+    NVLink inside a GPU node; the slow one is the DCN between slices or nodes (`mesh.dcn_data`,
+    `sharding.make_mesh(dcn=...)`). fsdp's per-layer all-gathers and reduce-scatters (every micro-batch,
+    forward and backward) and tensor's per-layer all-reduces must stay on the fast network; data
+    parallelism costs one gradient all-reduce per optimizer step, so it is the axis that crosses the DCN.
+    Inside a granule, fsdp is the smallest power of two for which the run's per-device estimate
+    (`runtime.run_memory`: float32 params, grads and moments, the reference and published copies,
+    activations, logits and KV cache) is under 80% of a chip's memory, and the rest of the granule is
+    data parallel: more fsdp than that only adds gathers over more chips. So
+    on v5e-256 (16 GB chips) a 7B model gets fsdp 32 × data 8, a 0.5B model fsdp 2 × data 128; on
+    v5p-128 (95 GB) a 7B model gets fsdp 8 × data 8; on h100x8xN a 7B model keeps the node's fsdp 4 ×
+    tensor 2 and runs data = N across nodes. A single slice is all ICI, so its dcn is 1; on 2xv5p-128
+    and h100x8xN, data = (data inside a granule) × granules with `mesh.dcn_data` = granules.
 
 Batches: `loss.micro_batches` is chosen so one micro-batch puts 1-2 rows of `model.max_seq_len` tokens on
 each data × fsdp shard. The samplers keep their decode state (KV cache) replicated on the mesh
@@ -77,6 +97,19 @@ HARDWARE = {
                   rows_per_shard=1, sampler_slots=16, eval_batch=16),
     "v5p-16": dict(devices=8, hbm_bytes=95 * 2**30, prompts=32, samples=8, max_seq_len=2048, new_tokens=1024,
                    rows_per_shard=2, sampler_slots=64, eval_batch=32),
+    # granules: TPU slices or GPU nodes joined by the DCN; hosts: JAX processes of the learner.
+    "v5e-256": dict(devices=256, granules=1, hosts=64, platform="tpu-pod", hbm_bytes=16 * 2**30, prompts=64,
+                    samples=8, max_seq_len=1024, new_tokens=512, rows_per_shard=1, sampler_slots=16,
+                    eval_batch=16),
+    "v5p-128": dict(devices=64, granules=1, hosts=16, platform="tpu-pod", hbm_bytes=95 * 2**30, prompts=64,
+                    samples=8, max_seq_len=2048, new_tokens=1024, rows_per_shard=2, sampler_slots=64,
+                    eval_batch=32),
+    "2xv5p-128": dict(devices=128, granules=2, hosts=32, platform="tpu-pod", hbm_bytes=95 * 2**30,
+                      prompts=128, samples=8, max_seq_len=2048, new_tokens=1024, rows_per_shard=2,
+                      sampler_slots=64, eval_batch=32),
+    **{f"h100x8x{n}": dict(devices=8 * n, granules=n, hosts=n, platform="gpu-cluster", hbm_bytes=80 * 10**9,
+                           prompts=32 * n, samples=8, max_seq_len=2048, new_tokens=1024, rows_per_shard=2,
+                           sampler_slots=64, eval_batch=32) for n in (2, 4, 8, 16)},
 }
 
 UNSUPPORTED = {
@@ -91,10 +124,32 @@ UNSUPPORTED = {
 }
 
 
+# The share of a chip's memory that the pod meshes plan for (the tests check < 90%).
+_POD_MEMORY_BUDGET = 0.8
+
+
 def mesh_shape(model: str, hardware: str) -> dict:
-  devices = HARDWARE[hardware]["devices"]
-  tensor = 2 if model in _LARGE and devices >= 8 else 1
-  return dict(data=1, fsdp=devices // tensor, tensor=tensor)
+  """The (data, fsdp, tensor) mesh of `model` on `hardware`, with the data axis's DCN granules."""
+  hw = HARDWARE[hardware]
+  devices, granules = hw["devices"], hw.get("granules", 1)
+  tensor = 2 if model in _LARGE and devices >= 8 and hw.get("platform") != "tpu-pod" else 1
+  if devices <= 8:  # One node or small slice: pure FSDP over it (tensor 2 for 7B/8B), state to spare.
+    return dict(data=1, fsdp=devices // tensor, tensor=tensor, dcn_data=1, dcn_fsdp=1)
+  # Pods: the smallest power-of-two fsdp inside one granule whose per-device estimate fits; data the rest.
+  from rlax_post import config as config_lib  # pylint: disable=g-import-not-at-top
+  from rlax_post import models  # pylint: disable=g-import-not-at-top
+  from rlax_post.runtime import _setup  # pylint: disable=g-import-not-at-top
+  per_granule = devices // granules
+  fsdp = 1
+  while fsdp * tensor <= per_granule:
+    mesh = dict(data=per_granule // (fsdp * tensor) * granules, fsdp=fsdp, tensor=tensor, dcn_data=granules,
+                dcn_fsdp=1)
+    cfg = config_lib.load(_build(model, hardware, mesh))
+    model_cfg = models.preset(model, max_seq_len=cfg.model.max_seq_len, **cfg.model.overrides)
+    if _setup.run_memory(cfg, model_cfg)["total"] <= _POD_MEMORY_BUDGET * hw["hbm_bytes"]:
+      return mesh
+    fsdp *= 2
+  raise ValueError(f"{model} does not fit {hardware} with fsdp × tensor inside one granule of {per_granule}.")
 
 
 def _parse(arg):
@@ -113,8 +168,11 @@ def _parse(arg):
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   model, hardware = _parse(arg)
+  return _build(model, hardware, mesh_shape(model, hardware))
+
+
+def _build(model: str, hardware: str, mesh: dict) -> ml_collections.ConfigDict:
   hw = HARDWARE[hardware]
-  mesh = mesh_shape(model, hardware)
   rollouts = hw["prompts"] * hw["samples"]
   micro_batches = rollouts // (hw["rows_per_shard"] * mesh["data"] * mesh["fsdp"])
   # The 7B/8B KV cache is 2-3x a small model's per slot (more layers and KV heads); halve the slots.

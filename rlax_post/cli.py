@@ -6,6 +6,7 @@
   rlax-post learner --config configs/demo.py[:variant] [--config.runtime.max_staleness=2 ...] --workdir DIR
   rlax-post sampler --workdir DIR --index K        # any number of them, each with its own K
   rlax-post replay --workdir DIR                   # re-runs an async run's learner from its logged rollouts
+  rlax-post sweep --config configs/X.py[:variant] [--config.a.b=value ...] --workdir ROOT [--parallel N]
 
 `train` runs the loop of `runtime.mode`: "sync", or "async" (sampler threads and the learner in one process).
 `learner` and `sampler` are the async roles as separate processes (or hosts) sharing DIR (docs/async.md).
@@ -34,8 +35,11 @@ _HOST = flags.DEFINE_string("host", "127.0.0.1", "serve: address to listen on.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "serve: sampling temperature (0: greedy).")
 _SLOTS = flags.DEFINE_integer("slots", 8, "serve: concurrent decodes (engine slots).")
 _INDEX = flags.DEFINE_integer("index", None, "sampler: this sampler's index (0, 1, ...; unique per sampler).")
+_PARALLEL = flags.DEFINE_integer("parallel", 1, "sweep: work units run at the same time.")
+_PIN_CPUS = flags.DEFINE_bool("pin_cpus", True, "sweep: give each concurrent unit its own share of the CPUs.")
+_JSON = flags.DEFINE_string("json", None, "sweep: also write the figures of sweep.json to this path.")
 
-COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay")
+COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay", "sweep")
 
 
 def _load_config():
@@ -100,6 +104,26 @@ def _replay(argv):
         f"{report['compared_steps']} logged steps match exactly.")
 
 
+def _sweep(argv, overrides):
+  """Runs the config's work units as local `rlax-post train` processes; prints their table."""
+  del argv
+  if not _WORKDIR.value:
+    raise app.UsageError("--workdir is required: the root under which each work unit gets its workdir.")
+  if _CONFIG.value is None:
+    raise app.UsageError("--config is required, e.g. --config configs/tools_tiny.py")
+  from rlax_post import sweep  # pylint: disable=g-import-not-at-top
+  spec = flags.FLAGS["config"].config_filename
+  say = (lambda *a, **k: None) if _QUIET.value else (lambda msg: print(msg, flush=True))
+  results = sweep.run_local(spec, _WORKDIR.value, parallel=_PARALLEL.value, extra_flags=overrides,
+                            pin_cpus=_PIN_CPUS.value, say=say)
+  sweep.write_report(results, _WORKDIR.value, config=spec, json_path=_JSON.value)
+  print(sweep.table(results))
+  print(f"\nOutputs in {_WORKDIR.value}: sweep.json, sweep.png, and one workdir per unit.")
+  failed = [r.unit.name for r in results if not r.ok]
+  if failed:
+    raise ValueError(f"{len(failed)} of {len(results)} work units failed: {failed}; see their train.log.")
+
+
 def _check_config(argv):
   del argv
   from rlax_post import config as config_lib  # pylint: disable=g-import-not-at-top
@@ -126,7 +150,14 @@ def main(argv=None):
     sys.exit(2)
   command = argv.pop(1)
   handler = {"train": _train, "check-config": _check_config, "serve": _serve, "learner": _learner,
-             "sampler": _sampler, "replay": _replay}[command]
+             "sampler": _sampler, "replay": _replay}.get(command)
+  if command == "sweep":  # The units get the command line's --config.key=value overrides too.
+    bare = [a for a in argv[1:] if a.startswith("--config.") and "=" not in a]
+    if bare:
+      print(f"rlax-post sweep: write overrides as --config.key=value; got {bare}", file=sys.stderr)
+      sys.exit(2)
+    overrides = [a for a in argv[1:] if a.startswith("--config.")]
+    handler = lambda args: _sweep(args, overrides)  # pylint: disable=unnecessary-lambda-assignment
 
   def run(args):
     if not flags.FLAGS["verbosity"].present:

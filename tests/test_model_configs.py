@@ -57,8 +57,9 @@ def test_pair_validates_shards_evenly_and_fits(model, hardware):
     leaves = [(x, sh) for x, sh in zip(jax.tree.leaves(tree), jax.tree.leaves(tree_sh)) if x.ndim >= 2]
     total = sum(int(np.prod(x.shape)) for x, _ in leaves)
     per_device = sum(int(np.prod(sh.shard_shape(x.shape))) for x, sh in leaves)
-    # Every weight matrix is split over fsdp × tensor (norm and bias vectors are a rounding error).
-    assert per_device == pytest.approx(total / split, rel=2e-3)
+    # Every weight matrix is split over fsdp × tensor (the scanned norm scales, [layers, d], are replicated:
+    # a rounding error, up to 0.3% at fsdp = 64).
+    assert per_device == pytest.approx(total / split, rel=5e-3)
 
   # The learner's micro-batch rows divide over the batch axes.
   rows = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt // cfg.rl.minibatches // cfg.loss.micro_batches
@@ -117,3 +118,77 @@ def test_estimate_memory_raises_for_a_dim_that_does_not_divide():
   cfg = models.preset("qwen2.5-0.5b")  # 14 heads, 2 KV heads: tensor = 4 does not divide.
   with pytest.raises(ValueError, match="not divisible"):
     sharding.estimate_memory(cfg, {"fsdp": 2, "tensor": 4}, batch=8, seq_len=16)
+
+
+# --- Pods and clusters: which mesh axes cross the data-centre network (DCN) --------------------------------
+
+_POD_HARDWARE = [h for h, hw in model_configs.HARDWARE.items() if hw["devices"] > 8]
+
+
+class _FakeDevice:
+  """Stands in for a TPU / GPU device of a pod: only what mesh construction reads."""
+
+  def __init__(self, i, granule, multislice):
+    self.id, self.process_index, self.platform, self.device_kind = i, granule, "gpu", "fake"
+    if multislice:
+      self.slice_index = granule
+
+  def __repr__(self):
+    return f"D{self.id}"
+
+
+def test_pod_hardware_is_listed():
+  assert {"v5e-256", "v5p-128", "2xv5p-128", "h100x8x2", "h100x8x4"} <= set(_POD_HARDWARE)
+  assert model_configs.HARDWARE["v5e-256"]["devices"] == 256
+  assert model_configs.HARDWARE["v5p-128"]["devices"] == 64  # v5p-128 counts TensorCores: 64 chips
+
+
+@pytest.mark.parametrize("hardware", _POD_HARDWARE)
+@pytest.mark.parametrize("model", model_configs.MODELS)
+def test_pod_mesh_keeps_fsdp_and_tensor_inside_a_granule(model, hardware):
+  """Builds the real device grid over fake devices grouped into the hardware's granules (slices or nodes):
+  every fsdp × tensor group is inside one granule, and the data axis is the only one crossing the DCN."""
+  _skip_missing_preset(model)
+  hw = model_configs.HARDWARE[hardware]
+  cfg = config.load(model_configs.get_config(f"{model},{hardware}"))
+  m = cfg.mesh
+  granules, per = hw["granules"], hw["devices"] // hw["granules"]
+  assert m.dcn_data == granules and m.dcn_fsdp == 1
+  assert m.data * m.fsdp * m.tensor == hw["devices"] and m.fsdp * m.tensor <= per
+  devices = [_FakeDevice(i, i // per, multislice=hardware.startswith("2x")) for i in range(hw["devices"])]
+  grid = sharding.hybrid_device_grid((m.data, m.fsdp, m.tensor), (m.dcn_data, 1, 1), devices)
+  granule_of = np.vectorize(lambda d: d.process_index)(grid)
+  assert grid.shape == (m.data, m.fsdp, m.tensor) and len({d.id for d in grid.flat}) == hw["devices"]
+  # Within one data index, all fsdp × tensor devices share a granule (their collectives stay on ICI/NVLink).
+  for d in range(m.data):
+    assert len(np.unique(granule_of[d])) == 1
+  # The data axis visits every granule equally often.
+  assert sorted(np.unique(granule_of[:, 0, 0], return_counts=True)[1]) == [m.data // granules] * granules
+  # fsdp is the smallest power of two whose per-device estimate is under 80% of the chip's memory.
+  assert _setup.run_memory(cfg, _model_cfg(cfg))["total"] <= 0.8 * hw["hbm_bytes"]
+  if m.fsdp > 1:
+    half = model_configs._build(model, hardware, dict(data=m.data * 2, fsdp=m.fsdp // 2, tensor=m.tensor,
+                                                       dcn_data=m.dcn_data, dcn_fsdp=1))
+    half = config.load(half)
+    assert _setup.run_memory(half, _model_cfg(half))["total"] > 0.8 * hw["hbm_bytes"]
+
+
+def test_make_mesh_dcn_checks():
+  devs = jax.devices()
+  assert len(devs) == 8
+  with pytest.raises(ValueError, match="tensor axis over the data-centre network"):
+    sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2}, devs, dcn={"tensor": 2})
+  with pytest.raises(ValueError, match="'fsdp' of size 4 cannot span 3 granules"):
+    sharding.make_mesh({"data": 2, "fsdp": 4}, devs, dcn={"fsdp": 3})
+  with pytest.raises(ValueError, match=r"needs 2 granules, but the devices come from 1 \(process_index"):
+    sharding.make_mesh({"data": 2, "fsdp": 4}, devs, dcn={"data": 2})
+  plain = sharding.make_mesh({"data": 2, "fsdp": 4}, devs)
+  same = sharding.make_mesh({"data": 2, "fsdp": 4}, devs, dcn={"data": 1, "fsdp": 1})
+  assert plain.devices.tolist() == same.devices.tolist()
+
+
+def test_mesh_config_dcn_validated():
+  raw = model_configs.get_config("qwen2.5-0.5b,h100x8x2")
+  raw.mesh.dcn_data = 0
+  with pytest.raises(ValueError, match="dcn_data"):
+    config.load(raw)

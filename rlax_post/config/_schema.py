@@ -48,6 +48,10 @@ class MeshSection:
   data: int = 1
   fsdp: int = -1
   tensor: int = 1
+  # How many granules (TPU slices of a multislice job, or GPU nodes) the data / fsdp axes span over the
+  # data-centre network; the rest of each axis stays on ICI / NVLink (sharding.make_mesh; docs/launch.md).
+  dcn_data: int = bounded(1, low=1)
+  dcn_fsdp: int = bounded(1, low=1)
   # (logical axis, mesh axis or list of mesh axes or None) pairs; empty = rlax_post.sharding.DEFAULT_RULES.
   rules: tuple = ()
 

@@ -4,6 +4,8 @@ from rlax_post.sharding._memory import abstract_mesh
 from rlax_post.sharding._memory import COMPONENTS as MEMORY_COMPONENTS
 from rlax_post.sharding._memory import estimate_memory
 from rlax_post.sharding._memory import format_bytes
+from rlax_post.sharding._mesh import dcn_shape
+from rlax_post.sharding._mesh import hybrid_device_grid
 from rlax_post.sharding._mesh import MESH_AXES
 from rlax_post.sharding._mesh import make_mesh
 from rlax_post.sharding._rules import DEFAULT_RULES
@@ -20,6 +22,8 @@ __all__ = (
     'DEFAULT_RULES',
     'MEMORY_COMPONENTS',
     'abstract_mesh',
+    'dcn_shape',
+    'hybrid_device_grid',
     'estimate_memory',
     'format_bytes',
     'LogicalAxes',

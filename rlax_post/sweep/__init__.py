@@ -1,0 +1,30 @@
+"""Sweeps defined next to `get_config` in `configs/*.py`, run locally (`rlax-post sweep`) or by XManager
+(`launch/launch_xm.py`); docs/launch.md."""
+
+from rlax_post.sweep._local import group_figures
+from rlax_post.sweep._local import plot
+from rlax_post.sweep._local import run_local
+from rlax_post.sweep._local import table
+from rlax_post.sweep._local import UnitResult
+from rlax_post.sweep._local import write_report
+from rlax_post.sweep._units import axis
+from rlax_post.sweep._units import load_module
+from rlax_post.sweep._units import product
+from rlax_post.sweep._units import work_units
+from rlax_post.sweep._units import WorkUnit
+from rlax_post.sweep._units import zipped
+
+__all__ = [
+    "axis",
+    "group_figures",
+    "load_module",
+    "plot",
+    "product",
+    "run_local",
+    "table",
+    "UnitResult",
+    "work_units",
+    "WorkUnit",
+    "write_report",
+    "zipped",
+]

@@ -1,0 +1,256 @@
+"""`rlax-post sweep`: run a config's work units as local processes, N at a time, and compare them.
+
+Every unit is a real `rlax-post train` process with its own workdir `<root>/<unit.dirname>` and its log in
+`<root>/<unit.dirname>/train.log`. A unit whose summary.json exists is not run again (so an interrupted sweep
+is continued by running the same command); one with checkpoints but no summary is resumed (`--resume`).
+When the sweep ends: a table of final metrics per unit and per group (units that differ only by `seed`),
+`<root>/sweep.json` with the same figures, and `<root>/sweep.png` with the reward curves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from rlax_post.sweep import _units
+
+
+@dataclasses.dataclass
+class UnitResult:
+  unit: _units.WorkUnit
+  workdir: str
+  returncode: int | None = None  # None: not run (already finished earlier).
+  seconds: float = 0.0
+  summary: dict[str, Any] | None = None
+  eval_curve: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+  train_curve: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+  log_tail: str = ""
+
+  @property
+  def ok(self) -> bool:
+    return self.summary is not None
+
+  def figures(self) -> dict[str, Any]:
+    s = self.summary or {}
+    train = [r for _, r in self.train_curve]
+    tail = train[-max(1, len(train) // 4):] if train else []
+    return {
+        "unit": self.unit.name, "group": self.unit.group, "dirname": self.unit.dirname,
+        "overrides": dict(self.unit.overrides), "ok": self.ok, "returncode": self.returncode,
+        "initial_eval_reward": s.get("initial_eval_reward"), "final_eval_reward": s.get("final_eval_reward"),
+        "improvement": s.get("improvement"), "wall_seconds": s.get("wall_seconds"),
+        # The mean sampled reward over the last quarter of the RL steps: less noisy than the last step.
+        "train_reward_first": train[0] if train else None,
+        "train_reward_last_quarter": float(np.mean(tail)) if tail else None,
+        "eval_curve": self.eval_curve, "train_curve": self.train_curve,
+    }
+
+
+def _read_curves(workdir: str) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+  path = os.path.join(workdir, "metrics.jsonl")
+  evals, train = [], []
+  if not os.path.exists(path):
+    return evals, train
+  with open(path) as f:
+    for line in f:
+      row = json.loads(line)
+      if row.get("phase") == "eval" and row.get("eval_reward") is not None:
+        evals.append((int(row["step"]), float(row["eval_reward"])))
+      elif row.get("phase") == "rl" and row.get("reward_mean") is not None:
+        train.append((int(row["step"]), float(row["reward_mean"])))
+  return evals, train
+
+
+def _collect(result: UnitResult) -> UnitResult:
+  path = os.path.join(result.workdir, "summary.json")
+  if os.path.exists(path):
+    with open(path) as f:
+      result.summary = json.load(f)
+  result.eval_curve, result.train_curve = _read_curves(result.workdir)
+  return result
+
+
+def _cpu_slots(parallel: int) -> list[set[int] | None]:
+  """CPU sets for the concurrent units: the cores split evenly, so units do not fight over one core."""
+  if parallel <= 1 or not hasattr(os, "sched_getaffinity"):
+    return [None] * max(parallel, 1)
+  cores = sorted(os.sched_getaffinity(0))
+  if len(cores) < parallel:
+    return [{cores[i % len(cores)]} for i in range(parallel)]
+  return [set(cores[i::parallel]) for i in range(parallel)]
+
+
+def _command(unit: _units.WorkUnit, workdir: str, extra_flags: Sequence[str], python: str) -> list[str]:
+  cmd = [python, "-m", "rlax_post.cli", "train", "--config", unit.config, *unit.flags(), *extra_flags,
+         "--workdir", workdir, "--quiet"]
+  if os.path.isdir(os.path.join(workdir, "checkpoints")):
+    cmd.append("--resume")
+  return cmd
+
+
+def _check_extra_flags(units: Sequence[_units.WorkUnit], extra_flags: Sequence[str]) -> None:
+  swept = {k for u in units for k in u.overrides}
+  for flag in extra_flags:
+    if not flag.startswith("--config."):
+      raise ValueError(f"sweep: extra flag {flag!r} is not a --config.key=value override.")
+    key = flag[len("--config."):].split("=", 1)[0]
+    if key in swept:
+      raise ValueError(f"sweep: {flag!r} sets {key!r}, which the sweep itself varies; drop one of them.")
+
+
+def run_local(config: str, root: str, *, parallel: int = 1, extra_flags: Sequence[str] = (),
+              pin_cpus: bool = True, python: str | None = None, say=print) -> list[UnitResult]:
+  """Runs every work unit of `config` under `root`, `parallel` at a time; returns their results in order."""
+  if parallel < 1:
+    raise ValueError(f"sweep: --parallel must be >= 1; got {parallel}.")
+  units = _units.work_units(config)
+  _check_extra_flags(units, extra_flags)
+  python = python or sys.executable
+  os.makedirs(root, exist_ok=True)
+  results = [UnitResult(unit=u, workdir=u.workdir(root)) for u in units]
+  pending = []
+  for r in results:
+    if os.path.exists(os.path.join(r.workdir, "summary.json")):
+      _collect(r)
+      say(f"[{r.unit.index + 1}/{len(units)}] {r.unit.name}: finished earlier, not run again.")
+    else:
+      pending.append(r)
+  slots = _cpu_slots(parallel) if pin_cpus else [None] * parallel
+  free = list(range(parallel))
+  running: dict[int, tuple[subprocess.Popen, UnitResult, float, Any]] = {}
+  while pending or running:
+    while pending and free:
+      r, slot = pending.pop(0), free.pop(0)
+      os.makedirs(r.workdir, exist_ok=True)
+      log = open(os.path.join(r.workdir, "train.log"), "ab")  # pylint: disable=consider-using-with
+      cpus = slots[slot]
+      proc = subprocess.Popen(  # pylint: disable=subprocess-popen-preexec-fn
+          _command(r.unit, r.workdir, extra_flags, python), stdout=log, stderr=subprocess.STDOUT,
+          preexec_fn=(lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None)
+      running[slot] = (proc, r, time.time(), log)
+      where = f" on CPUs {sorted(cpus)}" if cpus else ""
+      say(f"[{r.unit.index + 1}/{len(units)}] {r.unit.name}: started{where}.")
+    time.sleep(0.2)
+    for slot, (proc, r, t0, log) in list(running.items()):
+      if proc.poll() is None:
+        continue
+      log.close()
+      del running[slot]
+      free.append(slot)
+      r.returncode, r.seconds = proc.returncode, time.time() - t0
+      _collect(r)
+      if r.ok:
+        s = r.summary
+        say(f"[{r.unit.index + 1}/{len(units)}] {r.unit.name}: done in {r.seconds:.0f} s, eval reward "
+            f"{s['initial_eval_reward']:.3f} -> {s['final_eval_reward']:.3f}.")
+      else:
+        with open(os.path.join(r.workdir, "train.log"), "rb") as f:
+          r.log_tail = f.read()[-2000:].decode(errors="replace")
+        say(f"[{r.unit.index + 1}/{len(units)}] {r.unit.name}: FAILED (exit {proc.returncode}); "
+            f"log: {os.path.join(r.workdir, 'train.log')}\n{r.log_tail}")
+  return results
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+  a = np.asarray(values, dtype=np.float64)
+  return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
+def group_figures(results: Sequence[UnitResult]) -> list[dict[str, Any]]:
+  """Per group (units that differ only by seed): mean and sample std of the final figures."""
+  groups: dict[str, list[UnitResult]] = {}
+  for r in results:
+    groups.setdefault(r.unit.group, []).append(r)
+  out = []
+  for name, members in groups.items():
+    done = [m.figures() for m in members if m.ok]
+    row = {"group": name, "units": len(members), "finished": len(done)}
+    for key in ("initial_eval_reward", "final_eval_reward", "improvement", "train_reward_first",
+                "train_reward_last_quarter", "wall_seconds"):
+      vals = [d[key] for d in done if d[key] is not None]
+      row[key] = _mean_std(vals) if vals else None
+    out.append(row)
+  return out
+
+
+def _fmt(v, digits=3):
+  return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _fmt_ms(ms, digits=3):
+  return "-" if ms is None else f"{ms[0]:.{digits}f} ± {ms[1]:.{digits}f}"
+
+
+def table(results: Sequence[UnitResult]) -> str:
+  """A readable (markdown) table per unit, and per group when some group has more than one unit."""
+  lines = ["| unit | status | eval before RL | eval after RL | Δ | train reward (first → last ¼) | s |",
+           "|---|---|---|---|---|---|---|"]
+  for r in results:
+    f = r.figures()
+    status = "ok" if r.ok else f"failed ({r.returncode})"
+    lines.append(f"| {f['unit']} | {status} | {_fmt(f['initial_eval_reward'])} | "
+                 f"{_fmt(f['final_eval_reward'])} | {_fmt(f['improvement'])} | "
+                 f"{_fmt(f['train_reward_first'])} → {_fmt(f['train_reward_last_quarter'])} | "
+                 f"{_fmt(f['wall_seconds'], 0)} |")
+  groups = group_figures(results)
+  if any(g["units"] > 1 for g in groups):
+    lines += ["", "| group | seeds | eval before RL | eval after RL | Δ | train reward, last ¼ |",
+              "|---|---|---|---|---|---|"]
+    for g in groups:
+      lines.append(f"| {g['group']} | {g['finished']}/{g['units']} | {_fmt_ms(g['initial_eval_reward'])} | "
+                   f"{_fmt_ms(g['final_eval_reward'])} | {_fmt_ms(g['improvement'])} | "
+                   f"{_fmt_ms(g['train_reward_last_quarter'])} |")
+  return "\n".join(lines)
+
+
+def plot(results: Sequence[UnitResult], path: str, *, title: str = "") -> None:
+  """Reward curves of every unit, coloured by group: greedy eval (left) and sampled train reward (right)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+  colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  groups = list(dict.fromkeys(r.unit.group for r in results))
+  for gi, group in enumerate(groups):
+    colour = colours[gi % len(colours)]
+    members = [r for r in results if r.unit.group == group]
+    for ax, attr in ((axes[0], "eval_curve"), (axes[1], "train_curve")):
+      curves = [getattr(m, attr) for m in members if getattr(m, attr)]
+      for c in curves:
+        ax.plot([p[0] for p in c], [p[1] for p in c], color=colour, alpha=0.3, lw=1)
+      steps = sorted(set.intersection(*[{p[0] for p in c} for c in curves])) if curves else []
+      if steps:
+        mean = [np.mean([dict(c)[s] for c in curves]) for s in steps]
+        ax.plot(steps, mean, color=colour, lw=2.2, marker="o" if attr == "eval_curve" else None, ms=4,
+                label=f"{group} (mean of {len(curves)})")
+  axes[0].set(title="Greedy eval reward (held out)", xlabel="RL step", ylabel="mean reward")
+  axes[1].set(title="Sampled train reward", xlabel="RL step")
+  for ax in axes:
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def write_report(results: Sequence[UnitResult], root: str, *, config: str, json_path: str | None = None) -> dict:
+  """sweep.json (+ a copy at json_path) and sweep.png under root; returns the JSON payload."""
+  payload = {"config": config, "root": os.path.abspath(root),
+             "units": [r.figures() for r in results], "groups": group_figures(results)}
+  for path in [os.path.join(root, "sweep.json")] + ([json_path] if json_path else []):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump(payload, f, indent=2)
+    os.replace(tmp, path)
+  plot(results, os.path.join(root, "sweep.png"), title=config)
+  return payload

@@ -1,0 +1,165 @@
+"""Sweeps written next to `get_config` (big_vision style): work units are dicts of dotted config overrides.
+
+A config module may define
+
+    def get_sweep(arg=None):
+      return sweep.product(sweep.axis("advantage.estimator", ["grpo", "gigpo"]), sweep.axis("seed", [0, 1, 2]))
+
+or simply return a list of dicts. `arg` is the same `:variant` string `get_config` gets, so a variant may
+narrow or widen its sweep. A module without `get_sweep` is a sweep of one unit with no overrides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+import dataclasses
+import importlib.util
+import itertools
+import os
+import re
+from typing import Any
+
+import ml_collections
+
+Point = dict[str, Any]
+
+
+def axis(key: str, values: Iterable[Any]) -> list[Point]:
+  """One swept key: [{key: v} for v in values]."""
+  values = list(values)
+  if not values:
+    raise ValueError(f"sweep axis {key!r} has no values.")
+  return [{key: v} for v in values]
+
+
+def _merge(parts: Sequence[Point], who: str) -> Point:
+  point: Point = {}
+  for part in parts:
+    clash = sorted(set(point) & set(part))
+    if clash:
+      raise ValueError(f"sweep.{who}: key(s) {clash} appear in more than one axis.")
+    point.update(part)
+  return point
+
+
+def product(*axes: Sequence[Point]) -> list[Point]:
+  """Every combination of the axes (the last one varies fastest)."""
+  return [_merge(combo, "product") for combo in itertools.product(*axes)]
+
+
+def zipped(*axes: Sequence[Point]) -> list[Point]:
+  """The i-th point of every axis together (the axes must have one length)."""
+  lengths = sorted({len(a) for a in axes})
+  if len(lengths) > 1:
+    raise ValueError(f"sweep.zipped: axes of different lengths {lengths}.")
+  return [_merge(row, "zipped") for row in zip(*axes)]
+
+
+def _flag_value(value: Any) -> str:
+  """How `--config.key=value` spells a value so that ml_collections parses it back to the same value."""
+  if isinstance(value, bool):
+    return "true" if value else "false"
+  if isinstance(value, str):
+    return value
+  if isinstance(value, (int, float)):
+    return repr(value)
+  if isinstance(value, (tuple, list)):
+    return repr(tuple(value))
+  raise ValueError(f"sweep value {value!r} of type {type(value).__name__} cannot be passed as a flag; use "
+                   "bool, int, float, str or a tuple of them.")
+
+
+def _short(value: Any) -> str:
+  return "true" if value is True else "false" if value is False else str(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkUnit:
+  """One point of a sweep: its index, the config it runs and its dotted overrides."""
+  index: int
+  config: str  # "configs/x.py" or "configs/x.py:variant", as given.
+  overrides: Mapping[str, Any]
+
+  @property
+  def name(self) -> str:
+    return ",".join(f"{k}={_short(v)}" for k, v in self.overrides.items()) or "base"
+
+  @property
+  def group(self) -> str:
+    """The name without the seed: units of one group differ only by their seed."""
+    return ",".join(f"{k}={_short(v)}" for k, v in self.overrides.items() if k != "seed") or "base"
+
+  @property
+  def dirname(self) -> str:
+    """A filesystem-safe, sortable directory name, e.g. '03_advantage.estimator=gigpo_seed=0'."""
+    name = "_".join(f"{k}={_short(v)}" for k, v in self.overrides.items()) or "base"
+    name = re.sub(r"[^A-Za-z0-9._=+-]", "-", name)[:120]
+    return f"{self.index:02d}_{name}"
+
+  def flags(self) -> list[str]:
+    """The `--config.key=value` flags of this unit's overrides (for `rlax-post train/learner`)."""
+    return [f"--config.{k}={_flag_value(v)}" for k, v in self.overrides.items()]
+
+  def workdir(self, root: str) -> str:
+    return os.path.join(root, self.dirname)
+
+
+def _split(spec: str) -> tuple[str, str | None]:
+  path, sep, arg = spec.partition(":")
+  return path, (arg if sep else None)
+
+
+def load_module(path: str):
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"config file {path!r} does not exist.")
+  spec = importlib.util.spec_from_file_location(f"_rlax_post_sweep_config_{abs(hash(path))}", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _check_key(cfg: ml_collections.ConfigDict, key: str, config: str) -> None:
+  node: Any = cfg
+  parts = key.split(".")
+  for i, part in enumerate(parts):
+    if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
+      where = ".".join(parts[:i]) or "the config"
+      options = sorted(node.keys()) if isinstance(node, (ml_collections.ConfigDict, dict)) else []
+      raise ValueError(f"{config}: sweep key {key!r} does not exist ({part!r} is not a key of {where}; "
+                       f"valid: {options}).")
+    node = node[part]
+
+
+def work_units(config: str) -> list[WorkUnit]:
+  """The work units of `config` ('path.py' or 'path.py:variant'), with every key checked against the config
+  and every unit's full config validated, so a bad sweep fails before anything is launched."""
+  from rlax_post import config as config_lib  # pylint: disable=g-import-not-at-top
+  path, arg = _split(config)
+  module = load_module(path)
+  base = module.get_config(arg)
+  points = module.get_sweep(arg) if hasattr(module, "get_sweep") else [{}]
+  points = list(points)
+  if not points:
+    raise ValueError(f"{config}: get_sweep returned no work units.")
+  units = []
+  for i, point in enumerate(points):
+    if not isinstance(point, Mapping):
+      raise ValueError(f"{config}: sweep point {i} is {point!r}; expected a dict of dotted config keys.")
+    cfg = ml_collections.ConfigDict(base.to_dict())
+    for key, value in point.items():
+      _check_key(cfg, key, config)
+      _flag_value(value)
+      try:
+        cfg.update_from_flattened_dict({key: value})
+      except (TypeError, ValueError) as e:
+        raise ValueError(f"{config}: sweep point {i} sets {key}={value!r}: {e}") from e
+    try:
+      config_lib.load(cfg)
+    except ValueError as e:
+      raise ValueError(f"{config}: sweep point {i} ({point}) gives an invalid config: {e}") from e
+    units.append(WorkUnit(index=i, config=config, overrides=dict(point)))
+  names = [u.name for u in units]
+  dupes = sorted({n for n in names if names.count(n) > 1})
+  if dupes:
+    raise ValueError(f"{config}: the sweep repeats work unit(s) {dupes}.")
+  return units

@@ -1,0 +1,164 @@
+"""Sweeps next to get_config: work units, their flags, validation, and `rlax-post sweep` end to end."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from absl import flags as absl_flags
+from ml_collections import config_flags
+import numpy as np
+import pytest
+
+from rlax_post import sweep
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO = os.path.join(REPO, "configs", "demo.py")
+
+
+def _write_config(tmp_path, sweep_src: str, name="cfg.py") -> str:
+  path = tmp_path / name
+  path.write_text(textwrap.dedent(f"""
+      import importlib.util
+      from rlax_post import sweep
+
+      _spec = importlib.util.spec_from_file_location("_demo", {DEMO!r})
+      _demo = importlib.util.module_from_spec(_spec)
+      _spec.loader.exec_module(_demo)
+
+
+      def get_config(arg=None):
+        return _demo.get_config(arg)
+
+
+      def get_sweep(arg=None):
+      """) + textwrap.indent(textwrap.dedent(sweep_src), "  "))
+  return str(path)
+
+
+def test_product_and_zipped():
+  pts = sweep.product(sweep.axis("a", [1, 2]), sweep.axis("b", ["x", "y", "z"]))
+  assert pts == [{"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 1, "b": "z"},
+                 {"a": 2, "b": "x"}, {"a": 2, "b": "y"}, {"a": 2, "b": "z"}]
+  assert sweep.zipped(sweep.axis("a", [1, 2]), sweep.axis("b", [3, 4])) == [{"a": 1, "b": 3}, {"a": 2, "b": 4}]
+  with pytest.raises(ValueError, match="different lengths"):
+    sweep.zipped(sweep.axis("a", [1, 2]), sweep.axis("b", [3]))
+  with pytest.raises(ValueError, match=r"\['a'\] appear in more than one axis"):
+    sweep.product(sweep.axis("a", [1]), sweep.axis("a", [2]))
+  with pytest.raises(ValueError, match="no values"):
+    sweep.axis("a", [])
+
+
+def test_demo_sweeps_are_valid():
+  units = sweep.work_units(f"{DEMO}")
+  assert [u.name for u in units] == [f"advantage.estimator={e},seed={s}"
+                                     for e in ("grpo", "rloo", "drgrpo") for s in (0, 1)]
+  assert [u.group for u in units[:2]] == ["advantage.estimator=grpo"] * 2
+  assert units[3].dirname == "03_advantage.estimator=rloo_seed=1"
+  assert len(sweep.work_units(f"{DEMO}:tiny")) == 2
+
+
+def test_tools_sweep_is_the_ablation():
+  units = sweep.work_units(os.path.join(REPO, "configs", "tools_tiny.py"))
+  est = sorted({u.overrides["advantage.estimator"] for u in units})
+  assert est == ["gigpo", "graph_gae", "grpo"]
+  assert sorted({u.overrides["seed"] for u in units}) == [0, 1, 2] and len(units) == 9
+
+
+def test_no_get_sweep_is_one_unit(tmp_path):
+  path = tmp_path / "plain.py"
+  path.write_text(f"import importlib.util\n_s = importlib.util.spec_from_file_location('_d', {DEMO!r})\n"
+                  "_d = importlib.util.module_from_spec(_s); _s.loader.exec_module(_d)\nget_config = _d.get_config\n")
+  (unit,) = sweep.work_units(str(path))
+  assert unit.overrides == {} and unit.name == "base" and unit.flags() == [] and unit.dirname == "00_base"
+
+
+@pytest.mark.parametrize("value", [3e-4, 7, "gigpo", True, False, (1, 2)])
+def test_flags_round_trip_through_config_flags(tmp_path, value):
+  """What WorkUnit.flags() prints, ml_collections' own flag parser reads back as the same value."""
+  cfg_file = tmp_path / "c.py"
+  cfg_file.write_text("import ml_collections\n"
+                      "def get_config():\n"
+                      f"  return ml_collections.ConfigDict(dict(x=dict(v={value!r})))\n")
+  unit = sweep.WorkUnit(index=0, config=str(cfg_file), overrides={"x.v": value})
+  argv = ["prog", f"--config={cfg_file}", *unit.flags()]
+  fv = absl_flags.FlagValues()
+  config_flags.DEFINE_config_file("config", str(cfg_file), flag_values=fv, sys_argv=argv)
+  fv(argv)
+  got = fv.config.x.v
+  assert got == value and type(got) is type(value)
+
+
+def test_bad_sweeps_fail_before_launch(tmp_path):
+  bad_key = _write_config(tmp_path, "return [{'advantage.estimatr': 'grpo'}]", "k.py")
+  with pytest.raises(ValueError, match=r"'advantage.estimatr' does not exist.*'estimatr' is not a key"):
+    sweep.work_units(bad_key)
+  bad_value = _write_config(tmp_path, "return [{'advantage.estimator': 'nope'}]", "v.py")
+  with pytest.raises(ValueError, match=r"sweep point 0 .*invalid config.*nope"):
+    sweep.work_units(bad_value)
+  dup = _write_config(tmp_path, "return [{'seed': 1}, {'seed': 1}]", "d.py")
+  with pytest.raises(ValueError, match=r"repeats work unit\(s\) \['seed=1'\]"):
+    sweep.work_units(dup)
+  wrong_type = _write_config(tmp_path, "return [{'seed': 'one'}]", "t.py")
+  with pytest.raises(ValueError, match="seed='one'"):
+    sweep.work_units(wrong_type)
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    sweep.work_units(str(tmp_path / "missing.py"))
+
+
+def _fake_result(tmp_path, overrides, idx, evals, train):
+  unit = sweep.WorkUnit(index=idx, config="c.py", overrides=overrides)
+  r = sweep.UnitResult(unit=unit, workdir=str(tmp_path / unit.dirname), returncode=0)
+  r.summary = {"initial_eval_reward": evals[0][1], "final_eval_reward": evals[-1][1],
+               "improvement": evals[-1][1] - evals[0][1], "wall_seconds": 10.0}
+  r.eval_curve, r.train_curve = evals, train
+  return r
+
+
+def test_group_figures_and_report(tmp_path):
+  rs = [_fake_result(tmp_path, {"e": "a", "seed": 0}, 0, [(0, 0.1), (4, 0.5)], [(1, 0.0), (2, 0.2), (3, 0.4), (4, 0.6)]),
+        _fake_result(tmp_path, {"e": "a", "seed": 1}, 1, [(0, 0.2), (4, 0.4)], [(1, 0.1), (2, 0.1), (3, 0.1), (4, 0.2)]),
+        _fake_result(tmp_path, {"e": "b", "seed": 0}, 2, [(0, 0.3), (4, 0.3)], [(1, 0.3), (4, 0.3)])]
+  groups = {g["group"]: g for g in sweep.group_figures(rs)}
+  mean, std = groups["e=a"]["final_eval_reward"]
+  assert mean == pytest.approx(0.45) and std == pytest.approx(np.std([0.5, 0.4], ddof=1))
+  assert groups["e=a"]["improvement"][0] == pytest.approx(0.3)
+  assert groups["e=a"]["train_reward_last_quarter"][0] == pytest.approx(0.4)  # last of 4 steps: 0.6, 0.2
+  assert groups["e=b"]["units"] == 1 and groups["e=b"]["final_eval_reward"] == (pytest.approx(0.3), 0.0)
+  text = sweep.table(rs)
+  assert "| e=a,seed=1 | ok | 0.200 | 0.400 | 0.200 | 0.100 → 0.200 | 10 |" in text
+  assert "| e=a | 2/2 | 0.150 ± 0.071 | 0.450 ± 0.071 | 0.300 ± 0.141 |" in text
+  payload = sweep.write_report(rs, str(tmp_path), config="c.py")
+  on_disk = json.loads((tmp_path / "sweep.json").read_text())
+  assert on_disk["groups"][0]["final_eval_reward"][0] == pytest.approx(0.45) == payload["groups"][0]["final_eval_reward"][0]
+  assert (tmp_path / "sweep.png").stat().st_size > 10_000
+
+
+@pytest.mark.e2e
+def test_sweep_cli_end_to_end(tmp_path):
+  """Two real `rlax-post train` units, two at a time; the report matches each unit's own outputs; a second
+  invocation runs nothing again."""
+  root = tmp_path / "sweep"
+  cmd = [sys.executable, "-m", "rlax_post.cli", "sweep", "--config", f"{DEMO}:tiny", "--workdir", str(root),
+         "--parallel", "2", "--config.rl.steps=2", "--json", str(tmp_path / "out.json")]
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  payload = json.loads((tmp_path / "out.json").read_text())
+  assert [u["unit"] for u in payload["units"]] == ["advantage.estimator=grpo,seed=0",
+                                                    "advantage.estimator=rloo,seed=0"]
+  for u in payload["units"]:
+    wd = root / u["dirname"]
+    cfg = json.loads((wd / "config.json").read_text())
+    assert cfg["advantage"]["estimator"] == u["overrides"]["advantage.estimator"]
+    assert cfg["rl"]["steps"] == 2  # the command line's override reached every unit
+    summary = json.loads((wd / "summary.json").read_text())
+    assert u["final_eval_reward"] == summary["final_eval_reward"] and summary["rl_steps_done"] == 2
+    assert [s for s, _ in u["train_curve"]] == [1, 2]
+    assert f"| {u['unit']} | ok | {summary['initial_eval_reward']:.3f} |" in out.stdout
+  assert (root / "sweep.png").exists()
+  again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+  assert again.returncode == 0 and again.stdout.count("finished earlier, not run again") == 2
+  clash = subprocess.run(cmd[:-2] + ["--config.advantage.estimator=grpo"], capture_output=True, text=True,
+                         timeout=300, cwd=REPO)
+  assert clash.returncode == 2 and "which the sweep itself varies" in clash.stderr
