@@ -21,9 +21,11 @@ $(STAMP): pyproject.toml requirements/lock.txt | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c requirements/lock.txt google-jetstream
 	@touch $(STAMP)
 
-# The test extras on top: pytest & co, the rlax oracle, and CPU torch + transformers for parity tests.
-$(TEST_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -e ".[test,hf]"
+# The test extras on top: pytest & co, the rlax oracle, CPU torch + transformers for parity tests, and
+# xmanager for the launcher tests (its dependencies pinned by requirements/xm.txt).
+$(TEST_STAMP): $(STAMP) requirements/xm.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -c requirements/xm.txt \
+	  -e ".[test,hf,xm]"
 	@touch $(TEST_STAMP)
 
 install: $(STAMP)

@@ -1,0 +1,235 @@
+r"""Launches a config's sweep as one XManager experiment: one work unit per sweep point.
+
+Each work unit is a learner job (one or more hosts) and --num_samplers sampler jobs sharing the unit's workdir
+`<workdir_root>/<unit.dirname>`, or a single single-host `rlax-post train` job when --num_samplers=0 (sync).
+
+  # Local processes through xm_local (CPU):
+  python -m launch.launch_xm --config configs/demo.py:tiny --workdir_root /tmp/sweep --num_samplers 1
+  # Vertex AI / GKE: print the requests (--dry_run), or create them (needs credentials):
+  python -m launch.launch_xm --config configs/demo.py --executor vertex --platform tpu \
+      --accelerator tpu-v5p:2x2x4 --num_samplers 2 --image IMAGE --workdir_root gs://BUCKET/sweeps/demo \
+      --gcp_project PROJECT --gcp_region us-east5 --dry_run
+  python -m launch.launch_xm --config configs/demo.py --executor gke --platform gpu --accelerator h100x8 \
+      --learner_hosts 2 --num_samplers 2 --image IMAGE --workdir_root gs://BUCKET/sweeps/demo --dry_run
+
+`--config.key=value` overrides apply to every unit (before the unit's own). The local executor runs the jobs
+with xm_local (a local binary: this environment's `rlax-post`; no Docker). For Vertex AI and GKE the requests
+are built by launch/vertex.py (aiplatform_v1.CustomJob) and launch/gke.py (batch/v1 Indexed Jobs): xmanager's
+own cloud backends cannot express TPU topologies past v3, H100 machine types or multi-host indexed jobs.
+--dry_run prints everything as one JSON document on stdout and starts nothing: per unit its jobs, and the
+local processes (local) or the request bodies (vertex: CustomJob; gke: Services and Jobs) under "requests".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+if __package__ in (None, ""):  # Run as a script: make the repository root importable.
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+from xmanager import xm_flags  # pylint: disable=unused-import  (defines the --xm_* flags, e.g. the DB's)
+
+from launch import accelerators
+from launch import gke
+from launch import jobs as jobs_lib
+from launch import vertex
+# pylint: enable=g-import-not-at-top,wrong-import-position
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "configs/X.py[:variant] whose get_sweep gives the work "
+                                          "units (one unit if it has none).", lock_config=True)
+_WORKDIR_ROOT = flags.DEFINE_string("workdir_root", None, "Each unit's workdir is <root>/<unit.dirname>: a "
+                                    "local directory, or gs://BUCKET/PATH for Vertex AI and GKE.")
+_EXECUTOR = flags.DEFINE_enum("executor", "local", ["local", "vertex", "gke"], "Where the jobs run.")
+_PLATFORM = flags.DEFINE_enum("platform", "cpu", ["cpu", "gpu", "tpu"], "The jobs' accelerator platform.")
+_ACCELERATOR = flags.DEFINE_string("accelerator", None, "TPU slice (tpu-v5p:2x2x4, tpu-v5e:4x4) or GPUs per "
+                                   "host (h100x8, a100x4); none on the CPU.")
+_SAMPLER_ACCELERATOR = flags.DEFINE_string("sampler_accelerator", None, "Each sampler's accelerator (default: "
+                                           "one host of --accelerator).")
+_NUM_SAMPLERS = flags.DEFINE_integer("num_samplers", 0, "Sampler jobs per unit; 0: one sync `train` job.")
+_LEARNER_HOSTS = flags.DEFINE_integer("learner_hosts", None, "Hosts of the learner (or train) job; a TPU "
+                                      "slice's own host count if unset.")
+_IMAGE = flags.DEFINE_string("image", None, "Container image with rlax-post installed (Vertex AI, GKE).")
+_NAME = flags.DEFINE_string("experiment_name", None, "Experiment title and job name prefix (default: the "
+                            "config file's name).")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the jobs (and the Vertex AI / GKE requests) as JSON and "
+                             "start nothing.")
+_GCP_PROJECT = flags.DEFINE_string("gcp_project", None, "vertex: the Google Cloud project.")
+_GCP_REGION = flags.DEFINE_string("gcp_region", "us-central1", "vertex: the region.")
+_NAMESPACE = flags.DEFINE_string("k8s_namespace", "default", "gke: the namespace of the jobs.")
+
+
+def _config_overrides(argv: list[str]) -> list[str]:
+  """The `--config.key=value` flags of the command line (passed on to every unit's learner/train job)."""
+  bare = [a for a in argv if a.startswith("--config.") and "=" not in a]
+  if bare:
+    raise app.UsageError(f"write overrides as --config.key=value; got {bare}")
+  return [a for a in argv if a.startswith("--config.")]
+
+
+def _dns_label(*parts: str) -> str:
+  """A Kubernetes object name: lowercase alphanumerics and '-', at most 63 characters."""
+  name = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
+  return name[:63].rstrip("-")
+
+
+def _plan(spec: str, overrides: list[str], root: str):
+  """[(unit, unit workdir, jobs)] for every work unit of the sweep."""
+  from rlax_post import config as config_lib  # pylint: disable=g-import-not-at-top
+  from rlax_post import sweep  # pylint: disable=g-import-not-at-top
+  units = sweep.work_units(spec)
+  swept = {key for unit in units for key in unit.overrides}
+  clash = sorted(k for k in (o.partition("=")[0][len("--config."):] for o in overrides) if k in swept)
+  if clash:
+    raise ValueError(f"--config overrides of swept key(s) {clash}: the sweep sets them per unit.")
+  config_lib.load(_CONFIG.value)  # The base config with the command line's overrides must validate.
+  accelerator = accelerators.parse(_PLATFORM.value, _ACCELERATOR.value)
+  sampler_acc = (accelerators.parse(_PLATFORM.value, _SAMPLER_ACCELERATOR.value)
+                 if _SAMPLER_ACCELERATOR.value else None)
+  hosts = jobs_lib.learner_hosts(accelerator, _LEARNER_HOSTS.value)
+  plan = []
+  for unit in units:
+    workdir = unit.workdir(root)
+    unit_jobs = jobs_lib.unit_jobs(spec, unit.flags(), overrides, jobs_lib.container_path(workdir),
+                                   num_samplers=_NUM_SAMPLERS.value, hosts=hosts, accelerator=accelerator,
+                                   sampler_accelerator=sampler_acc, quiet=_EXECUTOR.value != "local")
+    plan.append((unit, workdir, unit_jobs))
+  return plan
+
+
+def _unit_json(unit, workdir: str, unit_jobs, requests: list[dict]) -> dict:
+  return {"index": unit.index, "name": unit.name, "dirname": unit.dirname, "workdir": workdir,
+          "overrides": dict(unit.overrides), "jobs": [j.to_dict() for j in unit_jobs], "requests": requests}
+
+
+# -- Local: real processes through xm_local --
+
+
+def _local_processes(job: jobs_lib.Job) -> list[tuple[str, list[str], dict[str, str]]]:
+  """(name, args, env) of each process of a job; a multi-host job is H processes on this machine."""
+  env = dict(job.env)
+  if job.accelerator.platform == "cpu":
+    env["JAX_PLATFORMS"] = "cpu"
+  if job.hosts == 1:
+    return [(job.name, list(job.args), env)]
+  import portpicker  # pylint: disable=g-import-not-at-top
+  address = f"localhost:{portpicker.pick_unused_port()}"
+  return [(f"{job.name}-{i}", [*job.args, f"--coordinator_address={address}", f"--num_processes={job.hosts}",
+                               f"--process_id={i}"], env) for i in range(job.hosts)]
+
+
+def _run_local(title: str, plan) -> int:
+  """Runs every unit's jobs as local processes (one xm work unit each) and waits; returns failed units."""
+  from xmanager import xm  # pylint: disable=g-import-not-at-top
+  from xmanager import xm_local  # pylint: disable=g-import-not-at-top
+  binary = os.path.join(os.path.dirname(sys.executable), "rlax-post")
+  try:
+    with xm_local.create_experiment(experiment_title=title) as experiment:
+      [executable] = experiment.package([xm.binary(path=binary, executor_spec=xm_local.Local.Spec())])
+      for unit, workdir, unit_jobs in plan:
+        os.makedirs(workdir, exist_ok=True)
+        group = {}
+        for job in unit_jobs:
+          for name, args, env in _local_processes(job):
+            group[f"u{unit.index:02d}-{name}"] = xm.Job(executable, executor=xm_local.Local(), args=args,
+                                                        env_vars=env)
+        experiment.add(xm.JobGroup(**group))
+  except RuntimeError as e:  # xm_local waits for every unit, then raises the first job's failure.
+    print(f"launch_xm: {e}", file=sys.stderr)
+  failed = [unit.name for unit, workdir, _ in plan if not os.path.exists(os.path.join(workdir, "summary.json"))]
+  for unit, workdir, _ in plan:
+    print(f"work unit {unit.index} ({unit.name}): {workdir} "
+          f"{'FAILED: no summary.json' if unit.name in failed else 'done'}", flush=True)
+  return len(failed)
+
+
+# -- Vertex AI and GKE: the requests --
+
+
+def _cloud_requests(title: str, plan, root: str):
+  """Per unit: (request messages or manifests, their JSON)."""
+  out = []
+  for unit, workdir, unit_jobs in plan:
+    objects = []
+    for job in unit_jobs:
+      if _EXECUTOR.value == "vertex":
+        objects.append(vertex.custom_job(f"{title}-{unit.dirname}-{job.name}", _IMAGE.value, job,
+                                         base_output_dir=workdir,
+                                         labels={"experiment": _dns_label(title), "work-unit": str(unit.index),
+                                                 "role": job.role}))
+      else:
+        name = _dns_label(title, f"{unit.index:02d}", job.name)
+        service = _dns_label(name, "hosts")
+        if job.multihost == "coordinator":
+          objects.append(gke.headless_service(service, name, _NAMESPACE.value))
+        objects.append(gke.k8s_job(name, _IMAGE.value, job, service=service, workdir_root=root,
+                                   namespace=_NAMESPACE.value,
+                                   annotations={"rlax-post/work-unit": unit.name, "rlax-post/workdir": workdir}))
+    to_json = vertex.to_json if _EXECUTOR.value == "vertex" else gke.to_json
+    out.append((objects, [to_json(o) for o in objects]))
+  return out
+
+
+def _check_cloud_flags(root: str) -> None:
+  if not _IMAGE.value:
+    raise app.UsageError(f"--executor={_EXECUTOR.value} needs --image (a container image with rlax-post).")
+  if not root.startswith("gs://"):
+    raise app.UsageError(f"--executor={_EXECUTOR.value} needs a gs:// --workdir_root (every job of a unit "
+                         "shares its workdir through Cloud Storage).")
+  if _EXECUTOR.value == "vertex" and not (_DRY_RUN.value or _GCP_PROJECT.value):
+    raise app.UsageError("--executor=vertex needs --gcp_project.")
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # xm_local's database migrations log at INFO.
+  root = _WORKDIR_ROOT.value
+  if not root:
+    raise app.UsageError("--workdir_root is required.")
+  spec = flags.FLAGS["config"].config_filename
+  overrides = _config_overrides(sys.argv[1:])
+  title = _NAME.value or os.path.splitext(os.path.basename(spec.partition(":")[0]))[0]
+  if _EXECUTOR.value != "local":
+    _check_cloud_flags(root)
+  elif root.startswith("gs://"):
+    raise app.UsageError("--executor=local needs a local --workdir_root.")
+  try:  # Config, sweep and accelerator errors: one clear line before anything starts.
+    plan = _plan(spec, overrides, root)
+    if _EXECUTOR.value == "local":
+      built = [([], [{"name": n, "args": a, "env": e} for job in unit_jobs for n, a, e in _local_processes(job)])
+               for _, _, unit_jobs in plan]
+    else:
+      built = _cloud_requests(title, plan, root)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
+  objects, requests = [o for o, _ in built], [r for _, r in built]
+  if _DRY_RUN.value:
+    doc = {"experiment": title, "config": spec, "executor": _EXECUTOR.value, "platform": _PLATFORM.value,
+           "accelerator": _ACCELERATOR.value, "num_samplers": _NUM_SAMPLERS.value, "workdir_root": root,
+           "work_units": [_unit_json(u, w, j, r) for (u, w, j), r in zip(plan, requests)]}
+    print(json.dumps(doc, indent=2))
+    return
+  if _EXECUTOR.value == "local":
+    if _run_local(title, plan):
+      sys.exit(1)
+    return
+  flat = [o for unit_objects in objects for o in unit_objects]
+  if _EXECUTOR.value == "vertex":
+    names = vertex.submit(flat, project=_GCP_PROJECT.value, region=_GCP_REGION.value)
+  else:
+    names = gke.submit(flat, namespace=_NAMESPACE.value)
+  for name in names:
+    print(f"created {name}")
+
+
+if __name__ == "__main__":
+  flags.mark_flag_as_required("config")
+  app.run(main)

@@ -1,0 +1,251 @@
+"""launch/launch_xm.py: a tiny sweep run end to end by xm_local (real local processes on the CPU), and the
+Vertex AI / GKE requests its --dry_run prints for TPU and GPU learners (single- and multi-host) and samplers.
+
+The launcher runs in a subprocess each time, as a user runs it (absl parses its own flags there)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("xmanager")
+pytest.importorskip("google.cloud.aiplatform_v1")
+pytest.importorskip("kubernetes")
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_CONFIG = "configs/demo.py:tiny"  # Its sweep: advantage.estimator in (grpo, rloo), seed 0.
+_UNITS = ["00_advantage.estimator=grpo_seed=0", "01_advantage.estimator=rloo_seed=0"]
+_IMAGE = "us-docker.pkg.dev/proj/rlax/rlax-post:test"
+_BUCKET_ROOT = "gs://bkt/sweeps/demo"
+
+
+def _launch(*args, tmp_path, timeout=60):
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)  # One CPU device per process: the fastest setup on a small machine.
+  db = tmp_path / "xm_db.yaml"  # xm_local's experiment database in the test's directory, not ~/.xmanager.
+  db.write_text(f"sql_connector: sqlite\nsql_connection_settings:\n  backend: sqlite\n"
+                f"  db_name: {tmp_path / 'xm.sqlite3'}\n")
+  cmd = [sys.executable, "-m", "launch.launch_xm", "--config", _CONFIG, f"--xm_db_yaml_config_path={db}", *args]
+  return subprocess.run(cmd, cwd=_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _dry_run(tmp_path, *args):
+  proc = _launch("--dry_run", "--image", _IMAGE, "--workdir_root", _BUCKET_ROOT, *args, tmp_path=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout)
+
+
+def _env(container_env):
+  return {e["name"]: e.get("value", e.get("valueFrom")) for e in container_env or []}
+
+
+@pytest.mark.e2e
+def test_local_sweep_learner_and_sampler_processes(tmp_path):
+  root = tmp_path / "runs"
+  proc = _launch("--workdir_root", str(root), "--num_samplers", "1", "--config.rl.steps=2",
+                 "--config.runtime.tensorboard=false", "--config.runtime.plot=false", tmp_path=tmp_path,
+                 timeout=420)
+  assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+  # xm_local streamed each job's output with its job name: one learner and one sampler per work unit.
+  for unit in ("u00", "u01"):
+    assert f"[{unit}-learner] " in proc.stdout and f"[{unit}-sampler-0] " in proc.stdout
+  assert sorted(os.listdir(root)) == _UNITS
+  for dirname, estimator in zip(_UNITS, ["grpo", "rloo"]):
+    workdir = root / dirname
+    with open(workdir / "config.json") as f:
+      cfg = json.load(f)
+    assert cfg["advantage"]["estimator"] == estimator  # The unit's override.
+    assert cfg["rl"]["steps"] == 2  # The command line's override, for every unit.
+    assert cfg["runtime"]["mode"] == "async" and cfg["runtime"]["num_samplers"] == 1
+    with open(workdir / "summary.json") as f:
+      summary = json.load(f)
+    assert summary["rl_steps_done"] == 2 and summary["mode"] == "async"
+    with open(workdir / "metrics.jsonl") as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+    assert [r["step"] for r in rows if r["phase"] == "rl"] == [1, 2]
+    assert (workdir / "learner.done").exists()
+    with open(workdir / "admission" / "samplers" / "sampler-0.json") as f:
+      assert json.load(f)["version"] >= 1  # The sampler process took a version the learner published.
+
+
+def test_local_dry_run_sync(tmp_path):
+  root = str(tmp_path / "runs")
+  proc = _launch("--dry_run", "--workdir_root", root, tmp_path=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  doc = json.loads(proc.stdout)
+  assert [u["dirname"] for u in doc["work_units"]] == _UNITS
+  for unit, estimator in zip(doc["work_units"], ["grpo", "rloo"]):
+    [job] = unit["jobs"]  # --num_samplers=0: one sync train job.
+    args = ["train", "--config", _CONFIG, f"--config.advantage.estimator={estimator}", "--config.seed=0",
+            "--workdir", os.path.join(root, unit["dirname"])]
+    assert job["role"] == "train" and job["hosts"] == 1 and job["args"] == args
+    assert unit["requests"] == [{"name": "train", "args": args, "env": {"JAX_PLATFORMS": "cpu"}}]
+
+
+def test_local_dry_run_multihost_cpu_learner(tmp_path):
+  root = str(tmp_path / "runs")
+  proc = _launch("--dry_run", "--workdir_root", root, "--learner_hosts", "2", "--num_samplers", "1",
+                 tmp_path=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  unit = json.loads(proc.stdout)["work_units"][0]
+  learner, sampler = unit["jobs"]
+  assert (learner["hosts"], learner["multihost"], sampler["hosts"]) == (2, "coordinator", 1)
+  p0, p1, s0 = unit["requests"]  # Two learner processes on this machine, then the sampler.
+  assert (p0["name"], p1["name"], s0["name"]) == ("learner-0", "learner-1", "sampler-0")
+  coordinator = p0["args"][-3]
+  assert coordinator.startswith("--coordinator_address=localhost:")
+  for i, p in enumerate([p0, p1]):
+    assert p["args"] == learner["args"] + [coordinator, "--num_processes=2", f"--process_id={i}"]
+    assert p["env"] == {"RLAX_NUM_PROCESSES": "2", "JAX_PLATFORMS": "cpu"}
+  assert s0["args"] == ["sampler", "--index", "0", "--workdir", os.path.join(root, _UNITS[0])]
+
+
+def test_vertex_tpu_slice_learner_and_samplers(tmp_path):
+  doc = _dry_run(tmp_path, "--executor", "vertex", "--platform", "tpu", "--accelerator", "tpu-v5p:2x2x4",
+                 "--num_samplers", "2")
+  assert len(doc["work_units"]) == 2
+  for unit, estimator in zip(doc["work_units"], ["grpo", "rloo"]):
+    workdir = f"/gcs/bkt/sweeps/demo/{unit['dirname']}"
+    assert unit["workdir"] == f"{_BUCKET_ROOT}/{unit['dirname']}"
+    learner, s0, s1 = unit["requests"]
+    assert learner["displayName"] == f"demo-{unit['dirname']}-learner"
+    assert learner["labels"] == {"experiment": "demo", "work-unit": str(unit["index"]), "role": "learner"}
+    [pool] = learner["jobSpec"]["workerPoolSpecs"]  # One v5p slice: 16 chips on 4 hosts, one replica.
+    assert pool["machineSpec"] == {"machineType": "ct5p-hightpu-4t", "tpuTopology": "2x2x4"}
+    assert pool["replicaCount"] == "1"
+    container = pool["containerSpec"]
+    assert container["imageUri"] == _IMAGE and container["command"] == ["rlax-post"]
+    assert container["args"] == ["learner", "--config", _CONFIG, "--config.runtime.mode=async",
+                                 "--config.runtime.num_samplers=2", f"--config.advantage.estimator={estimator}",
+                                 "--config.seed=0", "--quiet", "--workdir", workdir]
+    assert _env(container.get("env")) == {"RLAX_AUTO_DISTRIBUTED": "1"}  # JAX finds the slice's hosts.
+    assert learner["jobSpec"]["baseOutputDirectory"] == {"outputUriPrefix": unit["workdir"]}
+    for k, sampler in enumerate([s0, s1]):
+      [pool] = sampler["jobSpec"]["workerPoolSpecs"]  # One host of the same generation.
+      assert pool["machineSpec"] == {"machineType": "ct5p-hightpu-4t", "tpuTopology": "2x2x1"}
+      assert pool["replicaCount"] == "1"
+      assert pool["containerSpec"]["args"] == ["sampler", "--index", str(k), "--quiet", "--workdir", workdir]
+      assert "env" not in pool["containerSpec"]
+
+
+def test_vertex_multihost_gpu_learner(tmp_path):
+  doc = _dry_run(tmp_path, "--executor", "vertex", "--platform", "gpu", "--accelerator", "h100x8",
+                 "--learner_hosts", "3", "--num_samplers", "1", "--sampler_accelerator", "h100x1")
+  unit = doc["work_units"][1]
+  learner, sampler = unit["requests"]
+  chief, workers = learner["jobSpec"]["workerPoolSpecs"]  # Process 0, then processes 1 and 2.
+  gpu8 = {"machineType": "a3-highgpu-8g", "acceleratorType": "NVIDIA_H100_80GB", "acceleratorCount": 8}
+  assert chief["machineSpec"] == gpu8 and workers["machineSpec"] == gpu8
+  assert (chief["replicaCount"], workers["replicaCount"]) == ("1", "2")
+  for pool in (chief, workers):
+    container = pool["containerSpec"]
+    assert container["command"][:2] == ["python3", "-c"] and container["command"][3] == "rlax-post"
+    assert container["args"][:2] == ["learner", "--config"]
+    assert "--config.advantage.estimator=rloo" in container["args"]
+    assert _env(container["env"]) == {"RLAX_NUM_PROCESSES": "3"}
+  [pool] = sampler["jobSpec"]["workerPoolSpecs"]
+  assert pool["machineSpec"] == {"machineType": "a3-highgpu-1g", "acceleratorType": "NVIDIA_H100_80GB",
+                                 "acceleratorCount": 1}
+  assert pool["containerSpec"]["command"] == ["rlax-post"]
+
+
+@pytest.mark.parametrize("task,want_id", [({"type": "workerpool0", "index": 0}, "0"),
+                                          ({"type": "workerpool1", "index": 1}, "2")])
+def test_vertex_cluster_spec_wrapper(tmp_path, task, want_id):
+  """The multi-host command gives each replica its process id and process 0's address from CLUSTER_SPEC."""
+  doc = _dry_run(tmp_path, "--executor", "vertex", "--platform", "gpu", "--accelerator", "h100x8",
+                 "--learner_hosts", "3", "--num_samplers", "1")
+  learner, _ = doc["work_units"][0]["requests"]
+  python, flag, wrapper, command = learner["jobSpec"]["workerPoolSpecs"][1]["containerSpec"]["command"]
+  assert (python, flag, command) == ("python3", "-c", "rlax-post")
+  spec = {"cluster": {"workerpool0": ["cmle-training-workerpool0-ab12-0:2222"],
+                      "workerpool1": ["cmle-training-workerpool1-ab12-0:2222",
+                                      "cmle-training-workerpool1-ab12-1:2222"]}, "task": task}
+  env = dict(os.environ, CLUSTER_SPEC=json.dumps(spec))
+  out = subprocess.run([sys.executable, "-c", wrapper, "sh", "-c", 'echo "$RLAX_PROCESS_ID $RLAX_COORDINATOR_ADDRESS"'],
+                       env=env, capture_output=True, text=True, check=True).stdout.split()
+  assert out == [want_id, "cmle-training-workerpool0-ab12-0:8476"]
+
+
+def test_gke_tpu_slice_indexed_job(tmp_path):
+  doc = _dry_run(tmp_path, "--executor", "gke", "--platform", "tpu", "--accelerator", "tpu-v5p:2x2x4",
+                 "--num_samplers", "1", "--k8s_namespace", "rl")
+  unit = doc["work_units"][0]
+  learner, sampler = unit["requests"]  # No Service: TPU hosts find each other through GKE's TPU variables.
+  assert learner["kind"] == "Job" and learner["apiVersion"] == "batch/v1"
+  assert learner["metadata"]["name"] == "demo-00-learner" and learner["metadata"]["namespace"] == "rl"
+  assert learner["metadata"]["annotations"]["rlax-post/workdir"] == f"{_BUCKET_ROOT}/{_UNITS[0]}"
+  spec = learner["spec"]
+  assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 4, 4)
+  pod = spec["template"]["spec"]
+  assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
+                                 "cloud.google.com/gke-tpu-topology": "2x2x4"}
+  [container] = pod["containers"]
+  assert container["image"] == _IMAGE and container["command"] == ["rlax-post"]
+  assert container["args"] == ["learner", "--config", _CONFIG, "--config.runtime.mode=async",
+                               "--config.runtime.num_samplers=1", "--config.advantage.estimator=grpo",
+                               "--config.seed=0", "--quiet", "--workdir", f"/gcs/bkt/sweeps/demo/{_UNITS[0]}"]
+  assert container["resources"]["limits"] == {"google.com/tpu": "4"}
+  assert _env(container["env"]) == {"RLAX_AUTO_DISTRIBUTED": "1"}
+  # The shared workdir: the bucket through the Cloud Storage FUSE CSI driver, in every pod of the unit.
+  assert spec["template"]["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+  assert pod["volumes"] == [{"name": "gcs", "csi": {"driver": "gcsfuse.csi.storage.gke.io", "volumeAttributes": {
+      "bucketName": "bkt", "mountOptions": "implicit-dirs"}}}]
+  assert container["volumeMounts"] == [{"name": "gcs", "mountPath": "/gcs/bkt"}]
+  assert sampler["spec"]["completions"] == 1
+  sampler_pod = sampler["spec"]["template"]["spec"]
+  assert sampler_pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "2x2x1"
+  assert sampler_pod["containers"][0]["args"] == ["sampler", "--index", "0", "--quiet", "--workdir",
+                                                  f"/gcs/bkt/sweeps/demo/{_UNITS[0]}"]
+
+
+def test_gke_multihost_gpu_learner(tmp_path):
+  doc = _dry_run(tmp_path, "--executor", "gke", "--platform", "gpu", "--accelerator", "h100x8",
+                 "--learner_hosts", "2", "--num_samplers", "2")
+  service, learner, s0, s1 = doc["work_units"][1]["requests"]
+  assert service["kind"] == "Service" and service["metadata"]["name"] == "demo-01-learner-hosts"
+  assert service["spec"]["clusterIP"] == "None"
+  assert service["spec"]["selector"] == {"rlax-post/job": "demo-01-learner"}
+  assert learner["spec"]["completions"] == 2 and learner["spec"]["parallelism"] == 2
+  pod = learner["spec"]["template"]["spec"]
+  assert pod["subdomain"] == "demo-01-learner-hosts"  # Pods resolve as demo-01-learner-<i>.<subdomain>.
+  assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
+  [container] = pod["containers"]
+  assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+  assert "--config.advantage.estimator=rloo" in container["args"]
+  assert _env(container["env"]) == {
+      "RLAX_NUM_PROCESSES": "2",
+      "RLAX_COORDINATOR_ADDRESS": "demo-01-learner-0.demo-01-learner-hosts:8476",
+      "RLAX_PROCESS_ID": {"fieldRef": {
+          "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
+  for k, sampler in enumerate([s0, s1]):
+    assert sampler["metadata"]["name"] == f"demo-01-sampler-{k}"
+    sampler_pod = sampler["spec"]["template"]["spec"]
+    assert sampler_pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+    assert "env" not in sampler_pod["containers"][0] and "subdomain" not in sampler_pod
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--executor", "vertex", "--platform", "tpu", "--accelerator", "tpu-v5p:2x2x4", "--learner_hosts", "2"],
+     "does not match the TPU slice"),
+    (["--executor", "vertex", "--platform", "gpu", "--accelerator", "h100x3"], "no machine with 3 h100"),
+    (["--executor", "gke", "--platform", "tpu", "--accelerator", "tpu-v9:2x2"], "expected tpu-GEN:TOPOLOGY"),
+    (["--executor", "gke", "--platform", "gpu", "--accelerator", "h100x8", "--learner_hosts", "2"],
+     "set --num_samplers >= 1"),
+    (["--executor", "gke", "--config.seed=3"], "overrides of swept key(s) ['seed']"),
+])
+def test_dry_run_rejects_bad_requests(tmp_path, args, message):
+  proc = _launch("--dry_run", "--image", _IMAGE, "--workdir_root", _BUCKET_ROOT, *args, tmp_path=tmp_path)
+  assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+
+
+def test_local_failed_units_exit_non_zero(tmp_path):
+  root = tmp_path / "runs"  # Both units fail at start-up (no tokenizer there): the launcher reports each.
+  proc = _launch("--workdir_root", str(root), "--config.model.hf_path=/nonexistent", tmp_path=tmp_path,
+                 timeout=240)
+  assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+  assert "[u00-train] rlax-post train: error: No tokenizer.json in '/nonexistent'" in proc.stdout
+  for dirname in _UNITS:
+    assert f"{root / dirname} FAILED: no summary.json" in proc.stdout
