@@ -38,6 +38,20 @@ _INDEX = flags.DEFINE_integer("index", None, "sampler: this sampler's index (0, 
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "sweep: work units run at the same time.")
 _PIN_CPUS = flags.DEFINE_bool("pin_cpus", True, "sweep: give each concurrent unit its own share of the CPUs.")
 _JSON = flags.DEFINE_string("json", None, "sweep: also write the figures of sweep.json to this path.")
+# Multi-host learner (docs/launch.md, section 4); else RLAX_COORDINATOR_ADDRESS / _NUM_PROCESSES / _PROCESS_ID.
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "learner, replay: HOST:PORT of process 0 of a "
+                                   "multi-process learner.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "learner, replay: processes of the learner.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "learner, replay: this process's index (0 .. N-1).")
+_DISTRIBUTED_COMMANDS = ("train", "learner", "replay")  # Samplers are single-process JAX programs.
+
+
+def _init_distributed(command: str):
+  """Joins a multi-process job (flags, RLAX_* env; for the learner roles also a detected cluster)."""
+  from rlax_post.runtime import _distributed  # pylint: disable=g-import-not-at-top
+  _distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                          detect_cluster=command != "train")
+
 
 COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay", "sweep")
 
@@ -163,6 +177,8 @@ def main(argv=None):
     if not flags.FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)  # Orbax and grain log every step at INFO.
     try:
+      if command in _DISTRIBUTED_COMMANDS:
+        _init_distributed(command)  # Before anything touches a JAX backend.
       handler(args)
     except (ValueError, FileNotFoundError) as e:  # Config and input errors: one clear line, no traceback.
       print(f"rlax-post {command}: error: {e}", file=sys.stderr)

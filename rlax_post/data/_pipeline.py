@@ -237,6 +237,8 @@ def sft_batches(
     noise: float,
     typo_rate: float = 0.0,
     num_eval: int = 256,
+    shard_index: int = 0,
+    shard_count: int = 1,
 ) -> grain.DatasetIterator:
   """Checkpointable, endless iterator over batches of noisy demonstrations.
 
@@ -253,9 +255,22 @@ def sft_batches(
     lengths: int32 [B], non-pad length of each row (EOS included).
     prompt_lens: int32 [B], length of BOS + prompt.
     example_index: int64 [B]; examples: object [B] (as in `prompt_batches`).
+
+  Sharding (multi-host learners). With `shard_count` K > 1 the iterator
+  yields only block `shard_index` of each global batch: rows
+  [k·B/K, (k+1)·B/K) of the batch the unsharded iterator yields at the same
+  step, so K processes together load each global batch exactly once, in
+  disjoint blocks (block k is what process k's devices hold, see
+  `runtime._distributed.row_shard`).
   """
   _base.check_int('batch_size', batch_size, 1)
   _base.check_int('max_len', max_len, 2)
+  _base.check_int('shard_count', shard_count, 1)
+  _base.check_int('shard_index', shard_index, 0)
+  if shard_index >= shard_count or batch_size % shard_count:
+    raise ValueError(
+        f'shard_index={shard_index} must be < shard_count={shard_count}, '
+        f'which must divide batch_size={batch_size}.')
   _base.check_probability('noise', noise)
   _base.check_probability('typo_rate', typo_rate)
   need = task.max_prompt_len + task.max_answer_len + 2
@@ -264,7 +279,10 @@ def sft_batches(
         f'max_len={max_len} cannot hold BOS + prompt + answer + EOS of task '
         f'{task.name!r}; use >= {need}.')
   ds = _indexed_dataset(task, seed, 'train', num_eval, _SFT_SHUFFLE)
+  # Blocks of B/K consecutive rows; global batch s is blocks s·K .. s·K + K - 1.
   ds = ds.batch(
-      batch_size, drop_remainder=True,
+      batch_size // shard_count, drop_remainder=True,
       batch_fn=_SftBatch(task, tokenizer, seed, max_len, noise, typo_rate))
+  if shard_count > 1:
+    ds = ds[shard_index::shard_count]
   return iter(ds.to_iter_dataset())

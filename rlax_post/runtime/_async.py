@@ -37,6 +37,7 @@ from rlax_post import rollouts
 from rlax_post import sharding
 from rlax_post.rollouts import _admission
 from rlax_post.runtime import _checkpoint
+from rlax_post.runtime import _distributed
 from rlax_post.runtime import _learn
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _produce
@@ -193,6 +194,32 @@ def _load_rows(path: str) -> list[tuple[str, list[dict]]]:
   return out
 
 
+def _groups_payload(fresh, dropped) -> bytes:
+  """A step's taken groups as bytes: (group_id, rows, staleness) and dropped (group_id, staleness), in order."""
+  return flax.serialization.msgpack_serialize({
+      "fresh": {str(j): {"group_id": gid, "staleness": int(st), "rows": {str(i): r for i, r in enumerate(rows)}}
+                for j, (gid, rows, st) in enumerate(fresh)},
+      "dropped": {str(j): {"group_id": gid, "staleness": int(st)} for j, (gid, st) in enumerate(dropped)}})
+
+
+def _groups_from_payload(payload: bytes):
+  tree = flax.serialization.msgpack_restore(payload)
+  fresh = [tree["fresh"][str(j)] for j in range(len(tree["fresh"]))]
+  dropped = [tree["dropped"][str(j)] for j in range(len(tree["dropped"]))]
+  return ([(g["group_id"], [g["rows"][str(i)] for i in range(len(g["rows"]))], g["staleness"]) for g in fresh],
+          [(g["group_id"], g["staleness"]) for g in dropped])
+
+
+def take_shared(take: Callable[[], tuple[list, list]]) -> tuple[list, list]:
+  """`take()`'s groups on every process of the learner: process 0 alone reads the queue (`take`) and
+  broadcasts what it took, so every process trains on the same whole batch (a collective on a multi-host
+  learner: the other processes wait in it while process 0 waits for rollouts)."""
+  if not _distributed.is_multiprocess():
+    return take()
+  payload = _groups_payload(*take()) if _distributed.is_primary() else None
+  return _groups_from_payload(_distributed.broadcast_bytes(payload))
+
+
 def _truncate_jsonl(path: str, keep: Callable[[dict], bool]) -> None:
   if not os.path.exists(path):
     return
@@ -305,19 +332,26 @@ class _ThreadBackend(_Backend):
 
 
 class _ProcessBackend(_Backend):
-  """The learner process of `rlax-post learner`: file queue, orbax parameter versions, ticket grants."""
+  """The learner process of `rlax-post learner`: file queue, orbax parameter versions, ticket grants.
+
+  On a multi-host learner every process publishes (orbax writes each process's shards of a version); process
+  0 alone reads the queue (`take_shared`), grants tickets and writes learner.done; the others have no queue.
+  """
   poll_s = 0.1  # the learner grants tickets while it waits
 
   def __init__(self, cfg: config_lib.Config, workdir: str):
     self.cfg, self.workdir = cfg, workdir
+    self.primary = _distributed.is_primary()
     p, n = cfg.rl.prompts_per_step, cfg.rl.samples_per_prompt
     self.capacity = cfg.runtime.queue_capacity or (cfg.runtime.max_staleness + 2) * p * n
-    self.queue = rollouts.FileQueue(os.path.join(workdir, "queue"), capacity=self.capacity,
-                                    consumers=(LEARNER,), writer_id="learner")
+    self.queue = self.admission = None
+    if self.primary:
+      self.queue = rollouts.FileQueue(os.path.join(workdir, "queue"), capacity=self.capacity,
+                                      consumers=(LEARNER,), writer_id="learner")
+      self.admission = rollouts.FileAdmission(os.path.join(workdir, "admission"), groups_per_step=p,
+                                              max_staleness=config_lib.staleness(cfg))
     self.publisher = exchange.ParamPublisher(os.path.join(workdir, "params"),
                                              max_to_keep=cfg.runtime.param_versions_to_keep)
-    self.admission = rollouts.FileAdmission(os.path.join(workdir, "admission"), groups_per_step=p,
-                                            max_staleness=config_lib.staleness(cfg))
     self.version = 0
     self._last_grant = 0.0
 
@@ -328,7 +362,7 @@ class _ProcessBackend(_Backend):
     self._grant(force=True)
 
   def _grant(self, force: bool = False) -> None:
-    if not force and time.time() - self._last_grant < 0.1:
+    if not self.primary or (not force and time.time() - self._last_grant < 0.1):
       return
     self._last_grant = time.time()
     committed = {int(g) for g in self.queue.seen_group_ids()}
@@ -336,21 +370,27 @@ class _ProcessBackend(_Backend):
 
   def on_resume(self, step: int, meta: dict) -> None:
     del meta
-    self.queue.rollback(LEARNER, step)
+    if self.primary:
+      self.queue.rollback(LEARNER, step)
     self.publisher.delete_newer_than(step)
+    _distributed.barrier("rlax_post.learner_resume")  # Every process sees process 0's deletions.
+    self.publisher.delete_newer_than(step)  # (Now a listing only: re-reads the newest remaining version.)
 
   def start(self) -> None:
     done = os.path.join(self.workdir, DONE_FILE)
-    if os.path.exists(done):
+    if self.primary and os.path.exists(done):
       os.remove(done)
 
   def stop(self) -> None:
     self.publisher.wait()
-    with open(os.path.join(self.workdir, DONE_FILE), "w") as f:
-      f.write("done\n")
+    if self.primary:
+      with open(os.path.join(self.workdir, DONE_FILE), "w") as f:
+        f.write("done\n")
     self.publisher.close()
 
   def sampler_stats(self) -> list[dict]:
+    if not self.primary:
+      return []
     now = time.time()
     return [b for b in self.admission.heartbeats().values()
             if now - b.get("time", 0.0) <= self.cfg.runtime.sampler_timeout_s]
@@ -392,6 +432,7 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
                 mesh, rules) -> dict:
   """The learner of both deployments (module docstring)."""
   t_start = time.time()
+  quiet = quiet or not _distributed.is_primary()  # One progress bar per multi-host learner.
   eta = config_lib.staleness(cfg)
   tokenizer = _setup.make_tokenizer(cfg)
   model_cfg = _setup.model_config(cfg, tokenizer)
@@ -408,18 +449,22 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
   p, n = cfg.rl.prompts_per_step, cfg.rl.samples_per_prompt
 
   ckpt, latest = _sync.open_checkpoints(cfg, workdir, resume=resume)
-  replay_ckpt = _checkpoint.RunCheckpointer(os.path.join(workdir, "replay"), max_to_keep=1)
+  replay_ckpt = _checkpoint.RunCheckpointer(os.path.join(workdir, "replay"), max_to_keep=1, name="replay")
   rows_dir = os.path.join(workdir, "replay", "rows")
   os.makedirs(rows_dir, exist_ok=True)
-  metrics = _metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    json.dump(config_lib.to_dict(cfg), f, indent=2)
+  # A multi-host learner: process 0 writes the run's files (metrics, schedule, rows, config, summary); every
+  # process writes its shards of checkpoints and parameter versions.
+  primary = _distributed.is_primary()
+  metrics = _metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard, active=primary)
+  if primary:
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      json.dump(config_lib.to_dict(cfg), f, indent=2)
 
   graphdef, params_like = models.abstract_params(model_cfg)
   param_sh = _setup.param_shardings(params_like, mesh, rules)
   rl_update = _learn.RLUpdate(cfg, graphdef, params_like, mesh, rules, max_new_tokens=response_len)
-  eval_cls = _sync.ToolEval if tools else _sync.GreedyEval
-  evaluate = eval_cls(cfg, task, tokenizer, graphdef, model_cfg, mesh, max_prompt_len=max_prompt_len)
+  evaluate = _make_eval(cfg, task, tokenizer, graphdef, model_cfg, mesh, rules, params_like,
+                        max_prompt_len=max_prompt_len)
   say = (lambda *a: None) if quiet else print
   bar = (lambda it, **kw: it) if (quiet or not cfg.runtime.progress) else tqdm.tqdm
   schedule_path = os.path.join(workdir, "schedule.jsonl")
@@ -431,7 +476,8 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
     _sync._check_resume_config(meta.get("config"), cfg)  # pylint: disable=protected-access
     metrics.truncate_after(latest, "rl")
     metrics.truncate_after(latest, "eval")
-    _truncate_jsonl(schedule_path, lambda r: r["step"] <= latest)
+    if primary:
+      _truncate_jsonl(schedule_path, lambda r: r["step"] <= latest)
     backend.on_resume(latest, meta)
     start_step, history = latest, meta
     say(f"Resumed {workdir} at RL step {latest}.")
@@ -480,8 +526,9 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
               f"{len(backend.sampler_stats())}).")
 
       backend.check()
-      fresh, dropped = take_groups(backend.queue, num_groups=p, learner_version=rl_step, max_staleness=eta,
-                                   tag=rl_step + 1, on_timeout=on_timeout, poll_s=backend.poll_s)
+      fresh, dropped = take_shared(lambda rl_step=rl_step, on_timeout=on_timeout: take_groups(
+          backend.queue, num_groups=p, learner_version=rl_step, max_staleness=eta, tag=rl_step + 1,
+          on_timeout=on_timeout, poll_s=backend.poll_s))
       wait_s = time.time() - t0
       total_wait += wait_s
       batch = _produce.rows_to_batch([rows for _, rows, _ in fresh], seq_len=seq_len, pad_id=tokenizer.pad_id)
@@ -502,18 +549,19 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
           **{f"staleness_{s}": float(hist[s]) for s in range(eta + 1)},
           "dropped_stale": float(len(dropped)),
           "dropped_stale_total": float(dropped_total),
-          "queue_depth": float(backend.queue.depth(LEARNER)),
+          "queue_depth": float(backend.queue.depth(LEARNER)) if primary else 0.0,
           "wait_seconds": wait_s,
           "learner_idle_frac": total_wait / max(time.time() - t_loop, 1e-9),
           "sampler_idle_frac": float(np.mean([s["idle_frac"] for s in samplers])) if samplers else 0.0,
           "samples_per_s": trained_rows / max(time.time() - t_loop, 1e-9),
           "step_seconds": step_wall,
       })
-      _save_rows(os.path.join(rows_dir, f"{done:08d}.msgpack"), [(gid, rows) for gid, rows, _ in fresh])
-      with open(schedule_path, "a") as f:
-        f.write(json.dumps({"step": done, "groups": [gid for gid, _, _ in fresh],
-                            "staleness": staleness.tolist(), "dropped": [g for g, _ in dropped],
-                            "dropped_staleness": [s for _, s in dropped]}) + "\n")
+      if primary:
+        _save_rows(os.path.join(rows_dir, f"{done:08d}.msgpack"), [(gid, rows) for gid, rows, _ in fresh])
+        with open(schedule_path, "a") as f:
+          f.write(json.dumps({"step": done, "groups": [gid for gid, _, _ in fresh],
+                              "staleness": staleness.tolist(), "dropped": [g for g, _ in dropped],
+                              "dropped_staleness": [s for _, s in dropped]}) + "\n")
       history["max_ticket_consumed"] = max([int(history.get("max_ticket_consumed", -1))] +
                                            [int(rows[0]["ticket"]) for _, rows, _ in fresh])
       if done % cfg.runtime.log_every == 0 or done == cfg.rl.steps:
@@ -533,7 +581,8 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
                                             "max_ticket_consumed": history["max_ticket_consumed"],
                                             "next_ticket": history["max_ticket_consumed"] + 1})
         # A resume never rolls back below this checkpoint: the groups it consumed can be freed.
-        backend.queue.release(done)
+        if backend.queue is not None:
+          backend.queue.release(done)
   finally:
     backend.stop()
     if hasattr(progress, "close"):
@@ -555,8 +604,22 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
       })
 
 
+def _make_eval(cfg, task, tokenizer, graphdef, model_cfg, mesh, rules, params_like, *, max_prompt_len):
+  """The learner's greedy eval: on the learner's mesh, or on a multi-host learner process 0's devices."""
+  eval_cls = _sync.ToolEval if _setup.is_tool_task(cfg) else _sync.GreedyEval
+  if not _distributed.is_multiprocess():
+    return eval_cls(cfg, task, tokenizer, graphdef, model_cfg, mesh, max_prompt_len=max_prompt_len)
+  local_mesh = sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}, devices=jax.local_devices())
+  local_eval = None
+  if _distributed.is_primary():
+    local_eval = eval_cls(cfg, task, tokenizer, graphdef, model_cfg, local_mesh, max_prompt_len=max_prompt_len)
+  return _distributed.PrimaryEval(local_eval, _setup.param_shardings(params_like, local_mesh, rules),
+                                  num_examples=cfg.task.num_eval)
+
+
 def train_async(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: bool = False) -> dict:
   """`rlax-post train` with runtime.mode = "async": learner and sampler threads in one process."""
+  _distributed.check_single_process("`rlax-post train` (sampler threads in the learner's process)")
   workdir = os.fspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   mesh, rules = _setup.mesh_and_rules(cfg)
@@ -637,13 +700,17 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
 # --- Replay -----------------------------------------------------------------------------------------------
 
 
-def replay(workdir: str, *, quiet: bool = False) -> dict:
+def replay(workdir: str, *, quiet: bool = False, tolerance: float = 0.0, return_state: bool = False) -> dict:
   """Re-runs the learner offline from the logged rows and schedule; compares with metrics.jsonl.
 
-  Returns {"steps": replayed steps, "mismatches": [(step, key, logged, replayed), ...]}; exact equality of
-  every data-dependent metric is expected (timing metrics are skipped).
+  Returns {"steps": replayed steps, "compared_steps": ..., "mismatches": [(step, key, logged, replayed), ...]}
+  (and "state", the final train state, with `return_state`). On the mesh of the logged run, exact equality
+  of every data-dependent metric is expected (timing metrics are skipped); `tolerance` > 0 accepts relative
+  and absolute differences up to it (another mesh or process count sums in another order). Runs on a
+  multi-host learner too (every process replays; `_setup.to_device_batch` splits the rows).
   """
   workdir = os.fspath(workdir)
+  quiet = quiet or not _distributed.is_primary()
   cfg = load_run_config(workdir)
   tokenizer = _setup.make_tokenizer(cfg)
   model_cfg = _setup.model_config(cfg, tokenizer)
@@ -657,7 +724,7 @@ def replay(workdir: str, *, quiet: bool = False) -> dict:
   graphdef, params_like = models.abstract_params(model_cfg)
   param_sh = _setup.param_shardings(params_like, mesh, rules)
   rl_update = _learn.RLUpdate(cfg, graphdef, params_like, mesh, rules, max_new_tokens=response_len)
-  init = _checkpoint.RunCheckpointer(os.path.join(workdir, "replay"), max_to_keep=1)
+  init = _checkpoint.RunCheckpointer(os.path.join(workdir, "replay"), max_to_keep=1, name="replay")
   if init.latest_step() is None:
     raise FileNotFoundError(f"{workdir}/replay holds no initial checkpoint: was it written by an async run?")
   state, ref_params, _ = init.restore(0, state_like=rl_update.learner.abstract_state,
@@ -687,6 +754,15 @@ def replay(workdir: str, *, quiet: bool = False) -> dict:
         continue
       want = logged[step][k]
       got = _metrics._finite_or_none(v)  # pylint: disable=protected-access
-      if want != got:
+      if not _close(want, got, tolerance):
         mismatches.append((step, k, want, got))
-  return {"steps": len(schedule), "compared_steps": compared, "mismatches": mismatches}
+  report = {"steps": len(schedule), "compared_steps": compared, "mismatches": mismatches}
+  if return_state:
+    report["state"] = state
+  return report
+
+
+def _close(want: float | None, got: float | None, tolerance: float) -> bool:
+  if want is None or got is None or tolerance == 0:
+    return want == got
+  return abs(want - got) <= tolerance * max(1.0, abs(want))

@@ -4,6 +4,12 @@ Orbax writes each step into a temporary directory and renames it when complete (
 `latest_step` only lists finished steps -- named `<step>` *and* holding orbax's commit marker, so neither a
 checkpoint interrupted mid-write nor a stray or partially copied `<step>/` directory is ever read. Saves are asynchronous: the caller's next
 step overlaps with the write; `close()` waits for the last one.
+
+On a multi-host learner every process calls `save` and `restore` (collectives): orbax writes each process's
+shards and commits the step once; any process count can restore it onto its own mesh. Orbax names its
+cross-process barriers after the step (`async_write_complete.<step>`), so two checkpointers saving the same
+step number at once (the run's and replay's step 0, or step k while parameter version k is published) would
+join one barrier and fail; each checkpointer's `name` prefixes its barriers.
 """
 
 from __future__ import annotations
@@ -25,15 +31,17 @@ def _abstract(tree: Any, shardings: Any) -> Any:
 class RunCheckpointer:
   """Saves and restores `(state, ref_params, meta)` under `workdir/checkpoints/<step>`."""
 
-  def __init__(self, workdir: str | epath.Path, *, max_to_keep: int = 2):
+  def __init__(self, workdir: str | epath.Path, *, max_to_keep: int = 2, name: str = "run"):
     workdir = os.fspath(workdir)
     if "://" not in workdir:  # Orbax wants absolute paths; bucket URLs (gs://...) already are.
       workdir = os.path.abspath(workdir)
     self.directory = epath.Path(workdir) / "checkpoints"
     self._manager = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
-                                             enable_async_checkpointing=True),
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=True,
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                barrier_sync_key_prefix=f"rlax_post_{name}_checkpoints")),
         item_names=("state", "ref_params", "meta"),
     )
 

@@ -4,6 +4,9 @@
 The step: learner-side logprobs of the batch under the current and the reference params, advantages from the
 rewards (`advantage.estimator`), then `rl.epochs × rl.minibatches` jitted updates. Its random streams depend
 only on (seed, rl_step), never on when or where the batch was sampled.
+
+On a multi-host learner every process calls the step with the same whole batch; each puts only its devices'
+rows on the mesh (`_setup.to_device_batch`), so the result is that of one process with all the devices.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from rlax_post import advantages as advantages_lib
 from rlax_post import config as config_lib
 from rlax_post import models
 from rlax_post.runtime import _credit
+from rlax_post.runtime import _distributed
 from rlax_post.runtime import _setup
 
 # Streams of the run's PRNG: one key per (purpose, step), so a resumed run draws exactly what an
@@ -35,7 +39,7 @@ def seed_of(*parts: int) -> int:
 
 
 def host(metrics: dict) -> dict:
-  return {k: float(v) for k, v in jax.device_get(metrics).items()}
+  return {k: float(v) for k, v in _distributed.to_host(metrics).items()}
 
 
 class RolloutBatch(NamedTuple):
@@ -94,8 +98,9 @@ class RLUpdate:
         mask=batch.turn_mask)
     adv_bt, credit_metrics = self.credit(batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens,
                                          batch.lengths, batch.loss_mask, self.max_new_tokens, turns=turns)
-    old_logp = np.asarray(self.score(state.params, batch.tokens))
-    ref_logp = np.asarray(self.score(ref_params, batch.tokens))
+    # Every process holds the whole batch (host arrays); to_host gathers a multi-host learner's logprobs.
+    old_logp = _distributed.to_host(self.score(state.params, batch.tokens))
+    ref_logp = _distributed.to_host(self.score(ref_params, batch.tokens))
     full = {"tokens": batch.tokens, "loss_mask": batch.loss_mask, "advantages": adv_bt,
             "old_logprobs": old_logp, "ref_logprobs": ref_logp}
     if self.kind == "decoupled_ppo":

@@ -20,17 +20,21 @@ class MetricsWriter:
   """Appends one JSON line per logged step and mirrors scalars to TensorBoard.
 
   On resume, `truncate_after(step)` drops lines logged after the restored checkpoint, so the file describes
-  exactly one history.
+  exactly one history. An inactive writer (`active=False`: processes other than 0 of a multi-host learner)
+  writes nothing and only reads.
   """
 
-  def __init__(self, workdir: str, *, tensorboard: bool = True):
+  def __init__(self, workdir: str, *, tensorboard: bool = True, active: bool = True):
     self.path = os.path.join(workdir, "metrics.jsonl")
+    self.active = active
     self._tb = None
-    if tensorboard:
+    if tensorboard and active:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def truncate_after(self, step: int, phase: str = "rl") -> None:
+    if not self.active:
+      return
     rows = [r for r in self.read() if not (r.get("phase") == phase and r["step"] > step)]
     tmp = self.path + ".tmp"
     with open(tmp, "w") as f:
@@ -39,6 +43,8 @@ class MetricsWriter:
     os.replace(tmp, self.path)  # Never leaves a half-written file.
 
   def write(self, step: int, metrics: Mapping[str, Any], *, phase: str = "rl") -> None:
+    if not self.active:
+      return
     row = {"phase": phase, "step": int(step)}
     row.update({k: _finite_or_none(v) for k, v in metrics.items()})
     with open(self.path, "a") as f:

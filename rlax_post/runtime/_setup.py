@@ -8,7 +8,6 @@ import os
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -17,6 +16,7 @@ from rlax_post import envs
 from rlax_post import learner
 from rlax_post import models
 from rlax_post import sharding
+from rlax_post.runtime import _distributed
 
 # With `model.hf_path`, the checkpoint's config.json decides the shapes; only these numerics may be
 # overridden (anything else would no longer match the weights).
@@ -116,7 +116,8 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
 
 
 def mesh_and_rules(cfg: config_lib.Config) -> tuple[jax.sharding.Mesh, sharding.Rules]:
-  mesh = sharding.make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor})
+  mesh = sharding.make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor},
+                            dcn={"data": cfg.mesh.dcn_data, "fsdp": cfg.mesh.dcn_fsdp})
   rules = tuple((name, tuple(axes) if isinstance(axes, list) else axes)
                 for name, axes in cfg.mesh.rules) or sharding.DEFAULT_RULES
   return mesh, rules
@@ -193,8 +194,10 @@ def make_task(cfg: config_lib.Config) -> envs.Task:
   return envs.make_task(cfg.task.name, **dict(cfg.task.options))
 
 
-def to_device_batch(batch: dict, sharding_) -> dict:
-  return {k: jax.device_put(jnp.asarray(v), sharding_) for k, v in batch.items()}
+def to_device_batch(batch: dict, sharding_, rows: int | None = None) -> dict:
+  """A host batch on the mesh: the whole batch on every process, or with `rows` (the global row count) this
+  process's block of it (`_distributed.row_shard`); a multi-process learner assembles the global arrays."""
+  return {k: _distributed.to_global(v, sharding_, rows) for k, v in batch.items()}
 
 
 # --- The tool-use env task (`task.name = "tools"`, docs/agentic.md) ----------------------------------------

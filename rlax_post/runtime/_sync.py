@@ -27,6 +27,7 @@ from rlax_post import models
 from rlax_post import rewards
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _credit
+from rlax_post.runtime import _distributed
 from rlax_post.runtime import _learn
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _produce_episodes
@@ -139,6 +140,8 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
   if _setup.is_tool_task(cfg):
     from rlax_post.runtime import _async  # pylint: disable=g-import-not-at-top  (_async imports this module)
     return _async.train_async(cfg, workdir, resume=resume, quiet=quiet)
+  # Sampling inside the learner is a host-driven decode loop on one process's devices.
+  _distributed.check_single_process("The synchronous loop (`rlax-post train`, sampling in the learner)")
   t_start = time.time()
   workdir = os.fspath(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -252,7 +255,7 @@ def open_checkpoints(cfg: config_lib.Config, workdir: str, *, resume: bool):
   if latest is not None and not resume:
     raise ValueError(f"{workdir} already holds checkpoints (latest RL step {latest}); pass --resume to "
                      "continue that run, or choose a new --workdir.")
-  if latest is None:
+  if latest is None and _distributed.is_primary():
     _metrics.clear_outputs(workdir)
   return ckpt, latest
 
@@ -262,12 +265,14 @@ def finish_run(cfg: config_lib.Config, workdir: str, *, ckpt, metrics, state, hi
                extra=None) -> dict:
   """Closes the run's checkpointer and metrics, plots the curves, writes and returns summary.json.
 
-  extra(rl_rows) -> dict adds loop-specific entries (the async learner's staleness and throughput).
+  extra(rl_rows) -> dict adds loop-specific entries (the async learner's staleness and throughput). Every
+  process of a multi-host learner returns the summary; process 0 alone writes it and the curves.
   """
   ckpt.close()
-  rows = metrics.read()
   metrics.close()
-  if cfg.runtime.plot:
+  _distributed.barrier("rlax_post.finish_run")  # Process 0's metrics.jsonl is complete.
+  rows = metrics.read()
+  if cfg.runtime.plot and _distributed.is_primary():
     _metrics.plot_curves(rows, os.path.join(workdir, "curves.png"))
   rl_rows = [r for r in rows if r.get("phase") == "rl"]
   summary = {
@@ -280,14 +285,15 @@ def finish_run(cfg: config_lib.Config, workdir: str, *, ckpt, metrics, state, hi
       "resumed_from_step": resumed_from,
       "final_train_reward": rl_rows[-1]["reward_mean"] if rl_rows else None,
       "final_kl": rl_rows[-1].get("kl") if rl_rows else None,
-      "num_skipped_updates": int(jax.device_get(state.num_skipped)),
+      "num_skipped_updates": int(_distributed.to_host(state.num_skipped)),
       "num_eval_prompts": num_eval,
       "model_params": model_cfg.num_params(),
       "devices": jax.device_count(),
       "workdir": os.path.abspath(workdir),
       **(extra(rl_rows) if extra is not None else {}),
   }
-  _metrics.write_summary(os.path.join(workdir, "summary.json"), summary)
+  if _distributed.is_primary():
+    _metrics.write_summary(os.path.join(workdir, "summary.json"), summary)
   return summary
 
 
@@ -295,8 +301,11 @@ def _warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules
   """Supervised steps on noisy demonstrations (the systematic mistake with probability `sft.noise`)."""
   if cfg.sft.steps == 0:
     return params
+  # Each process of a multi-host learner loads only the rows its devices hold.
+  index, count = _distributed.row_shard(_sft_batch_sharding(mesh), cfg.sft.batch_size)
   batches = data.sft_batches(task, tokenizer, seed=cfg.seed, batch_size=cfg.sft.batch_size, max_len=sft_len,
-                             noise=cfg.sft.noise, typo_rate=cfg.sft.typo_rate, num_eval=cfg.task.num_eval)
+                             noise=cfg.sft.noise, typo_rate=cfg.sft.typo_rate, num_eval=cfg.task.num_eval,
+                             shard_index=index, shard_count=count)
   return _sft(cfg, batches, graphdef, params, params_like, mesh, rules, metrics, bar)
 
 
@@ -333,8 +342,15 @@ def tool_sft_batches(cfg: config_lib.Config, tool_task, tokenizer, *, seq_len: i
     yield {"tokens": tokens, "loss_mask": mask}
 
 
+def _sft_batch_sharding(mesh) -> jax.sharding.NamedSharding:
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
+
+
 def _sft(cfg, batches, graphdef, params, params_like, mesh, rules, metrics, bar):
-  """`sft.steps` supervised steps on `batches` (dicts of tokens and loss_mask) from `params`."""
+  """`sft.steps` supervised steps on `batches` (dicts of tokens and loss_mask) from `params`.
+
+  A batch holds all `sft.batch_size` rows, or on a multi-host learner this process's block of them.
+  """
   if cfg.sft.steps == 0:
     return params
   sft_learner = _setup.make_learner(
@@ -342,12 +358,12 @@ def _sft(cfg, batches, graphdef, params, params_like, mesh, rules, metrics, bar)
       learner.sft_objective(lambda p, tokens: models.token_logprobs(graphdef, p, tokens)),
       mesh=mesh, rules=rules, micro_batches=cfg.loss.micro_batches, agg_mode="token_mean", max_len=None)
   state = sft_learner.init(params, _key(cfg.seed, _SFT_UPDATE, 0))
-  batch_sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
+  batch_sh = _sft_batch_sharding(mesh)
   progress = bar(range(cfg.sft.steps), desc="warm-start SFT", dynamic_ncols=True)
   for step in progress:
     batch = next(batches)
     device_batch = _setup.to_device_batch({"tokens": batch["tokens"], "loss_mask": batch["loss_mask"]},
-                                          batch_sh)
+                                          batch_sh, rows=cfg.sft.batch_size)
     state, m = sft_learner.step(state, device_batch, _key(cfg.seed, _SFT_UPDATE, step))
     if (step + 1) % 10 == 0 or step + 1 == cfg.sft.steps:
       host = _host(m)
