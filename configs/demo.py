@@ -33,7 +33,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mesh = dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1, rules=())
   c.sft = dict(steps=600, batch_size=64, noise=0.6, typo_rate=0.0,
                optimizer=dict(learning_rate=3e-3, warmup_steps=20, end_lr_ratio=0.1, weight_decay=0.0,
-                              b1=0.9, b2=0.99, max_grad_norm=1.0))
+                              b1=0.9, b2=0.99, max_grad_norm=1.0),
+               cache_dir=config_dict.placeholder(str))
   c.rl = dict(steps=100, prompts_per_step=32, samples_per_prompt=8, max_new_tokens=8, temperature=1.0,
               top_p=1.0, top_k=0, minibatches=1, epochs=1,
               optimizer=dict(learning_rate=5e-4, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,

@@ -186,7 +186,8 @@ def _build(model: str, hardware: str, mesh: dict) -> ml_collections.ConfigDict:
   c.mesh = dict(rules=(), **mesh)
   c.sft = dict(steps=0, batch_size=rollouts, noise=0.0, typo_rate=0.0,
                optimizer=dict(learning_rate=1e-5, warmup_steps=10, end_lr_ratio=0.1, weight_decay=0.0,
-                              b1=0.9, b2=0.999, max_grad_norm=1.0))
+                              b1=0.9, b2=0.999, max_grad_norm=1.0),
+               cache_dir=config_dict.placeholder(str))
   c.rl = dict(steps=200, prompts_per_step=hw["prompts"], samples_per_prompt=hw["samples"],
               max_new_tokens=hw["new_tokens"], temperature=1.0, top_p=1.0, top_k=0, minibatches=1, epochs=1,
               optimizer=dict(learning_rate=1e-6, warmup_steps=10, end_lr_ratio=0.1, weight_decay=0.0,

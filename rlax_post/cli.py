@@ -38,6 +38,8 @@ _INDEX = flags.DEFINE_integer("index", None, "sampler: this sampler's index (0, 
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "sweep: work units run at the same time.")
 _PIN_CPUS = flags.DEFINE_bool("pin_cpus", True, "sweep: give each concurrent unit its own share of the CPUs.")
 _JSON = flags.DEFINE_string("json", None, "sweep: also write the figures of sweep.json to this path.")
+_SHARE_WARM = flags.DEFINE_bool("share_warm_start", True, "sweep: units with the same warm start (seed, task, "
+                                "model, sft) compute it once (--config.sft.cache_dir=ROOT/warm_start_cache).")
 # Multi-host learner (docs/launch.md, section 4); else RLAX_COORDINATOR_ADDRESS / _NUM_PROCESSES / _PROCESS_ID.
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "learner, replay: HOST:PORT of process 0 of a "
                                    "multi-process learner.")
@@ -129,7 +131,7 @@ def _sweep(argv, overrides):
   spec = flags.FLAGS["config"].config_filename
   say = (lambda *a, **k: None) if _QUIET.value else (lambda msg: print(msg, flush=True))
   results = sweep.run_local(spec, _WORKDIR.value, parallel=_PARALLEL.value, extra_flags=overrides,
-                            pin_cpus=_PIN_CPUS.value, say=say)
+                            pin_cpus=_PIN_CPUS.value, share_warm_start=_SHARE_WARM.value, say=say)
   sweep.write_report(results, _WORKDIR.value, config=spec, json_path=_JSON.value)
   print(sweep.table(results))
   print(f"\nOutputs in {_WORKDIR.value}: sweep.json, sweep.png, and one workdir per unit.")

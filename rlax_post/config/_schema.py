@@ -75,6 +75,9 @@ class SFTSection:
   noise: float = bounded(0.6, low=0.0, high=1.0)  # probability of the task's systematic mistake
   typo_rate: float = bounded(0.0, low=0.0, high=1.0)
   optimizer: OptimizerSection = dataclasses.field(default_factory=OptimizerSection)
+  # A directory of warm starts shared between runs (runtime/_warm_cache.py): a run whose seed, task, model
+  # and sft settings match a stored entry restores its params instead of repeating the SFT steps.
+  cache_dir: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

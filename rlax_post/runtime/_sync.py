@@ -33,6 +33,7 @@ from rlax_post.runtime import _metrics
 from rlax_post.runtime import _produce_episodes
 from rlax_post.runtime import _rollouts
 from rlax_post.runtime import _setup
+from rlax_post.runtime import _warm_cache
 
 _INIT, _SFT_UPDATE, _ROLLOUT, _RL_UPDATE = _learn.INIT, _learn.SFT_UPDATE, _learn.ROLLOUT, _learn.RL_UPDATE
 _key, _seed, _host = _learn.key, _learn.seed_of, _learn.host
@@ -93,6 +94,7 @@ class ToolEval:
 # Sections that decide what a run computes; a resumed run must match the run that wrote the checkpoint.
 # (mesh, eval, checkpoint and runtime may change: a run can resume on another mesh, for example.)
 _RESULT_SECTIONS = ("seed", "task", "model", "sft", "rl", "loss", "advantage")
+_NOT_RESULTS = ("sft.cache_dir",)  # where a warm start may be found, not what it is
 
 
 def _flat(tree, prefix=""):
@@ -111,7 +113,8 @@ def _check_resume_config(saved: dict | None, cfg: config_lib.Config) -> None:
   # JSON turns tuples into lists; compare through JSON on both sides.
   old_flat = _flat({k: saved.get(k) for k in _RESULT_SECTIONS})
   new_flat = _flat(json.loads(json.dumps({k: now[k] for k in _RESULT_SECTIONS})))
-  diff = sorted(k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k))
+  diff = sorted(k for k in old_flat.keys() | new_flat.keys()
+                if old_flat.get(k) != new_flat.get(k) and k not in _NOT_RESULTS)
   if diff:
     changes = ", ".join(f"{k}: {old_flat.get(k)!r} -> {new_flat.get(k)!r}" for k in diff[:8])
     raise ValueError(f"--resume needs the configuration that wrote the checkpoint (it decides the schedule, "
@@ -178,8 +181,9 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
     say(f"Resumed {workdir} at RL step {latest}.")
   else:
     params = _setup.initial_params(cfg, model_cfg, param_sh, mesh, rules, _key(cfg.seed, _INIT, 0))
-    params = _warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules, sft_len, metrics,
-                         bar, say)
+    params, _ = _warm_cache.warm_start(
+        cfg, params, lambda: _warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules,
+                                         sft_len, metrics, bar, say), say=say)
     ref_params = jax.tree.map(jnp.copy, params)
     state = rl_update.init(params, cfg.seed)
     initial = evaluate(state.params)

@@ -106,13 +106,56 @@ def _check_extra_flags(units: Sequence[_units.WorkUnit], extra_flags: Sequence[s
       raise ValueError(f"sweep: {flag!r} sets {key!r}, which the sweep itself varies; drop one of them.")
 
 
+def _warm_cache_flag(units: Sequence[_units.WorkUnit], extra_flags: Sequence[str], root: str) -> list[str]:
+  """`--config.sft.cache_dir=<root>/warm_start_cache`, unless the command line or the sweep sets it."""
+  if any(f.startswith("--config.sft.cache_dir=") for f in extra_flags):
+    return []
+  if any("sft.cache_dir" in u.overrides for u in units):
+    return []
+  return [f"--config.sft.cache_dir={os.path.abspath(os.path.join(root, WARM_CACHE))}"]
+
+
+def _cached(cache_dir: str | None, key: str) -> bool:
+  """Whether the warm-start cache holds a complete entry for `key` (runtime/_warm_cache.py's layout)."""
+  if not cache_dir:
+    return False
+  from rlax_post.exchange import _store  # pylint: disable=g-import-not-at-top
+  key_dir = _store.as_path(cache_dir) / key
+  try:
+    return any(_store.is_complete(p / "0") for p in key_dir.iterdir())
+  except FileNotFoundError:
+    return False
+
+
+def _next_unit(pending: list[UnitResult], running_keys: set[str], cache_dir: str | None) -> UnitResult | None:
+  """The first pending unit whose warm start is cached or not being computed by a running unit: two units
+  never compute one warm start at the same time (the second waits for the cache instead)."""
+  for r in pending:
+    key = r.unit.warm_key
+    if not cache_dir or key not in running_keys or _cached(cache_dir, key):
+      return r
+  return None
+
+
+WARM_CACHE = "warm_start_cache"
+
+
 def run_local(config: str, root: str, *, parallel: int = 1, extra_flags: Sequence[str] = (),
-              pin_cpus: bool = True, python: str | None = None, say=print) -> list[UnitResult]:
-  """Runs every work unit of `config` under `root`, `parallel` at a time; returns their results in order."""
+              pin_cpus: bool = True, share_warm_start: bool = True, python: str | None = None,
+              say=print) -> list[UnitResult]:
+  """Runs every work unit of `config` under `root`, `parallel` at a time; returns their results in order.
+
+  With `share_warm_start`, units pass `--config.sft.cache_dir=<root>/warm_start_cache`, so units whose warm
+  start is the same (same seed, task, model and sft settings) compute it once.
+  """
   if parallel < 1:
     raise ValueError(f"sweep: --parallel must be >= 1; got {parallel}.")
   units = _units.work_units(config)
   _check_extra_flags(units, extra_flags)
+  if share_warm_start:
+    extra_flags = [*extra_flags, *_warm_cache_flag(units, extra_flags, root)]
+  cache_flag = [f for f in extra_flags if f.startswith("--config.sft.cache_dir=")]
+  cache_dir = cache_flag[-1].split("=", 1)[1] if cache_flag else None
   python = python or sys.executable
   os.makedirs(root, exist_ok=True)
   results = [UnitResult(unit=u, workdir=u.workdir(root)) for u in units]
@@ -128,7 +171,11 @@ def run_local(config: str, root: str, *, parallel: int = 1, extra_flags: Sequenc
   running: dict[int, tuple[subprocess.Popen, UnitResult, float, Any]] = {}
   while pending or running:
     while pending and free:
-      r, slot = pending.pop(0), free.pop(0)
+      r = _next_unit(pending, {rr.unit.warm_key for _, rr, _, _ in running.values()}, cache_dir)
+      if r is None:
+        break
+      pending.remove(r)
+      slot = free.pop(0)
       os.makedirs(r.workdir, exist_ok=True)
       log = open(os.path.join(r.workdir, "train.log"), "ab")  # pylint: disable=consider-using-with
       cpus = slots[slot]

@@ -79,6 +79,8 @@ class WorkUnit:
   index: int
   config: str  # "configs/x.py" or "configs/x.py:variant", as given.
   overrides: Mapping[str, Any]
+  # runtime._warm_cache.cache_key of the unit's config: units with one key share their warm start.
+  warm_key: str = ""
 
   @property
   def name(self) -> str:
@@ -154,10 +156,11 @@ def work_units(config: str) -> list[WorkUnit]:
       except (TypeError, ValueError) as e:
         raise ValueError(f"{config}: sweep point {i} sets {key}={value!r}: {e}") from e
     try:
-      config_lib.load(cfg)
+      loaded = config_lib.load(cfg)
     except ValueError as e:
       raise ValueError(f"{config}: sweep point {i} ({point}) gives an invalid config: {e}") from e
-    units.append(WorkUnit(index=i, config=config, overrides=dict(point)))
+    from rlax_post.runtime import _warm_cache  # pylint: disable=g-import-not-at-top
+    units.append(WorkUnit(index=i, config=config, overrides=dict(point), warm_key=_warm_cache.cache_key(loaded)))
   names = [u.name for u in units]
   dupes = sorted({n for n in names if names.count(n) > 1})
   if dupes:

@@ -1,0 +1,70 @@
+"""A cache of warm starts: identical SFT phases (same seed, task, model and `sft` section) run once.
+
+With `sft.cache_dir` set, the params after the warm start are stored under `<cache_dir>/<key>/`, where key
+is a hash of everything that decides them. A later run with the same key restores them (onto its own mesh)
+instead of repeating the supervised steps: in a sweep over RL settings × seeds, each seed's warm start is
+computed once. `rlax-post sweep` points its units at `<root>/warm_start_cache` unless told otherwise.
+
+Every writer publishes into its own subdirectory through the parameter exchange (orbax, commit marker), so
+concurrent writers of one key never collide and a half-written entry is never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Callable
+import uuid
+
+import jax
+
+from rlax_post import config as config_lib
+from rlax_post import exchange
+from rlax_post.exchange import _store
+
+# What decides the params after the warm start (the RL sections do not; sft.cache_dir itself does not).
+_KEY_SECTIONS = ("seed", "task", "model", "sft")
+
+
+def cache_key(cfg: config_lib.Config) -> str:
+  """A hash of the sections that decide the warm-started params (and the micro-batching of the SFT step)."""
+  d = config_lib.to_dict(cfg)
+  spec = {k: d[k] for k in _KEY_SECTIONS}
+  spec["sft"] = {k: v for k, v in spec["sft"].items() if k != "cache_dir"}
+  spec["micro_batches"] = d["loss"]["micro_batches"]
+  text = json.dumps(spec, sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def _entries(key_dir) -> list:
+  try:
+    return sorted(p for p in key_dir.iterdir() if _store.is_complete(p / "0"))
+  except FileNotFoundError:
+    return []
+
+
+def warm_start(cfg: config_lib.Config, params: Any, run: Callable[[], Any], *, say=None) -> tuple[Any, bool]:
+  """The warm-started params: from the cache when an entry for this config exists, else `run()` (and stored).
+
+  `params` (the initial params, placed on the run's mesh) gives the tree, shapes and shardings to restore
+  onto. Returns (params, whether they came from the cache). Multi-process learners do not use the cache.
+  """
+  if cfg.sft.cache_dir is None or cfg.sft.steps == 0 or jax.process_count() > 1:
+    return run(), False
+  key = cache_key(cfg)
+  key_dir = _store.as_path(cfg.sft.cache_dir) / key
+  entries = _entries(key_dir)
+  if entries:
+    sub = exchange.ParamSubscriber(entries[0], params_like=params, reader_id=f"run-{os.getpid()}")
+    restored = sub.restore(0)
+    leaves = jax.tree.leaves(restored)
+    out = jax.tree.unflatten(jax.tree.structure(params), leaves)
+    if say:
+      say(f"warm start: {cfg.sft.steps} SFT steps restored from the cache ({entries[0]})")
+    return out, True
+  out = run()
+  pub = exchange.ParamPublisher(key_dir / uuid.uuid4().hex[:12], max_to_keep=1)
+  pub.publish(out, 0, meta={"key": key, "config": {k: config_lib.to_dict(cfg)[k] for k in _KEY_SECTIONS}})
+  pub.close()
+  return out, False

@@ -1,0 +1,89 @@
+"""The warm-start cache (`sft.cache_dir`): a run with a stored warm start restores it instead of repeating the
+SFT steps, and trains exactly as if it had computed it; the key changes with what decides the warm start."""
+
+import dataclasses
+import json
+import os
+import sys
+
+import pytest
+
+from rlax_post import config
+from rlax_post import runtime
+from rlax_post.runtime import _learn
+from rlax_post.runtime import _warm_cache
+
+sys.path.insert(0, ".")
+from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_SKIP = set(_learn.TIMING_METRICS) | {"time", "step_seconds"}
+
+
+def _cfg(cache_dir, **sft):
+  c = demo.get_config("tiny")
+  c.task.options = dict(c.task.options, partial_credit=True)  # Non-zero, varied rewards at this size.
+  c.sft.steps = 12
+  c.sft.cache_dir = str(cache_dir)
+  for k, v in sft.items():
+    setattr(c.sft, k, v)
+  c.rl.steps = 2
+  c.loss.entropy_coef = 0.01  # a non-zero loss even where this tiny run earns no reward
+  c.eval.every = 0
+  c.checkpoint.every = 2
+  c.runtime.progress = False
+  c.runtime.tensorboard = False
+  c.runtime.plot = False
+  return config.load(c)
+
+
+def _rows(workdir, phase):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f if json.loads(line).get("phase") == phase]
+
+
+def _data(rows):
+  return [{k: v for k, v in r.items() if k not in _SKIP} for r in rows]
+
+
+def test_cache_key_depends_on_what_decides_the_warm_start(tmp_path):
+  base = _cfg(tmp_path)
+  key = _warm_cache.cache_key(base)
+  assert _warm_cache.cache_key(dataclasses.replace(base, rl=dataclasses.replace(base.rl, steps=9))) == key
+  moved = dataclasses.replace(base, sft=dataclasses.replace(base.sft, cache_dir=str(tmp_path / "elsewhere")))
+  assert _warm_cache.cache_key(moved) == key
+  assert _warm_cache.cache_key(dataclasses.replace(base, seed=1)) != key
+  assert _warm_cache.cache_key(dataclasses.replace(base, sft=dataclasses.replace(base.sft, noise=0.1))) != key
+
+
+def test_second_run_restores_the_warm_start_and_trains_identically(tmp_path):
+  cache = tmp_path / "cache"
+  first = runtime.train(_cfg(cache), tmp_path / "a", quiet=True)
+  (key_dir,) = list(cache.iterdir())
+  assert key_dir.name == _warm_cache.cache_key(_cfg(cache)) and len(list(key_dir.iterdir())) == 1
+  second = runtime.train(_cfg(cache), tmp_path / "b", quiet=True)
+  assert [r["step"] for r in _rows(tmp_path / "a", "sft")] == [10, 12]
+  assert _rows(tmp_path / "b", "sft") == []  # restored, not recomputed
+  assert second["initial_eval_reward"] == first["initial_eval_reward"]
+  rl_a, rl_b = _data(_rows(tmp_path / "a", "rl")), _data(_rows(tmp_path / "b", "rl"))
+  assert len(rl_a) == 2 and rl_a == rl_b
+  assert any(r["loss"] != 0 for r in rl_a)
+  # The async learner (η = 0 reproduces the sync loop) restores the same entry.
+  cfg = _cfg(cache)
+  cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, mode="async", max_staleness=0))
+  runtime.train_async(cfg, tmp_path / "c", quiet=True)
+  assert _rows(tmp_path / "c", "sft") == []
+  rl_c = _data(_rows(tmp_path / "c", "rl"))
+  assert [{k: r[k] for k in a} for r, a in zip(rl_c, rl_a)] == rl_a
+  # Another warm start gets its own entry.
+  runtime.train(_cfg(cache, noise=0.1), tmp_path / "d", quiet=True)
+  assert len(list(cache.iterdir())) == 2 and [r["step"] for r in _rows(tmp_path / "d", "sft")] == [10, 12]
+
+
+def test_half_written_entries_are_ignored(tmp_path):
+  cache = tmp_path / "cache"
+  key = _warm_cache.cache_key(_cfg(cache))
+  (cache / key / "deadbeef" / "0.orbax-checkpoint-tmp").mkdir(parents=True)  # a writer that died
+  (cache / key / "cafe" / "0").mkdir(parents=True)  # no commit marker
+  runtime.train(_cfg(cache), tmp_path / "a", quiet=True)
+  assert [r["step"] for r in _rows(tmp_path / "a", "sft")] == [10, 12]  # computed, not read
+  assert len(list((cache / key).iterdir())) == 3
