@@ -72,10 +72,13 @@ def test_synthesis_is_deterministic_and_prompts_name_their_task():
   assert tools.generate_world(3) == tools.generate_world(3)
   assert tools.generate_world(3) != tools.generate_world(4)
   prompt = tools.make_task_prompt(3, 5)
-  assert prompt.endswith("[task seed=3 index=5 goals=2]") and f"Task: {task.text}" in prompt
+  assert prompt.endswith("[task seed=000000003 index=000000005 goals=2]") and f"Task: {task.text}" in prompt
   assert tools.task_of_prompt(prompt) == task
   short = tools.make_task_prompt(3, 5, include_tools=False)
-  assert short == f"Task: {task.text}\n[task seed=3 index=5 goals=2]"
+  assert short == f"Task: {task.text}\n[task seed=000000003 index=000000005 goals=2]"
+  # Fixed width: the layout does not depend on the task's number.
+  assert len(tools.task_tag(0, 5)) == len(tools.task_tag(10**8 - 1, 10**8 + 5))
+  assert tools.task_of_prompt(tools.make_task_prompt(3, 10**10, max_goals=1)).index == 10**10
   assert all(tools.signature(t) in prompt for t in tools.TOOLS.values())
 
 

@@ -216,9 +216,17 @@ def synthesize_task(seed: int, index: int, *, max_goals: int = 2) -> Task:
               new_names=tuple(new_names))
 
 
+TAG_DIGITS = 9
+
+
 def task_tag(seed: int, index: int, max_goals: int = 2) -> str:
-  """The line a prompt ends with, naming its task: '[task seed=S index=I goals=G]'."""
-  return f"[task seed={int(seed)} index={int(index)} goals={int(max_goals)}]"
+  """The line a prompt ends with, naming its task: '[task seed=S index=I goals=G]'.
+
+  S and I are zero-padded to `TAG_DIGITS` digits, so the prompt's layout does not depend on the task's number:
+  a byte-level model warm-started on tasks numbered up to 10⁸ sees the same layout for task 5
+  ('index=000000005') as for task 10⁸ + 5 (docs/agentic.md, "Task synthesis").
+  """
+  return f"[task seed={int(seed):0{TAG_DIGITS}d} index={int(index):0{TAG_DIGITS}d} goals={int(max_goals)}]"
 
 
 def task_of_prompt(prompt: str) -> Task:
