@@ -231,3 +231,40 @@ def test_two_process_learner_matches_one_process(tmp_path):
   _close(state3.params, report["state"].params)
   assert int(_distributed.to_host(state3.step)) == int(_distributed.to_host(report["state"].step)) == 3
   ckpt.close()
+
+
+# --- A mesh across the data-centre network: granules are processes -----------------------------------------
+
+_DCN_SCRIPT = r"""
+import sys
+import jax, jax.numpy as jnp, numpy as np
+from rlax_post import sharding
+from rlax_post.runtime import _distributed
+_distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
+mesh = sharding.make_mesh({"data": 2, "fsdp": 4}, dcn={"data": 2})
+procs = np.vectorize(lambda d: d.process_index)(mesh.devices)
+# Each data row of the mesh is one process's 4 devices: fsdp's collectives stay inside a process (the
+# "ICI" of this test), only the data axis crosses processes (its "DCN").
+assert procs.shape == (2, 4, 1) and (procs[0] == 0).all() and (procs[1] == 1).all(), procs
+# A real cross-process computation on that mesh: the batch split over data × fsdp, summed over both axes.
+spec = jax.sharding.PartitionSpec(("data", "fsdp"))
+x = jax.make_array_from_callback((16,), jax.sharding.NamedSharding(mesh, spec), lambda idx: np.arange(16.0)[idx])
+total = jax.jit(jnp.sum, out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))(x)
+print("TOTAL", float(total.addressable_data(0)))
+try:
+  sharding.make_mesh({"data": 2, "fsdp": 4}, dcn={"data": 4})
+except ValueError as e:
+  print("ERROR", e)
+"""
+
+
+@pytest.mark.e2e
+def test_dcn_mesh_spans_processes(tmp_path):
+  port = portpicker.pick_unused_port()
+  procs = [subprocess.Popen([sys.executable, "-c", _DCN_SCRIPT, f"127.0.0.1:{port}", str(k)], env=_env(4),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for k in range(2)]
+  for p in procs:
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, err[-3000:]
+    assert "TOTAL 120.0" in out
+    assert "ERROR mesh axis 'data' of size 2 cannot span 4 granules" in out

@@ -110,8 +110,11 @@ def dcn_shape(shape: Mapping[str, int], dcn: Mapping[str, int]) -> tuple[int, ..
 
 
 def _granule_attr(devices: Sequence[Any]) -> str:
-  # TPU multislice devices carry `slice_index`; elsewhere (GPU nodes, CPU processes) a process is a granule.
-  return 'slice_index' if hasattr(devices[0], 'slice_index') else 'process_index'
+  """'slice_index' when the devices span several TPU slices (multislice), else 'process_index' (GPU nodes,
+  CPU processes). Every device of one slice reports the same slice_index (CPU devices report 0), so one
+  slice falls back to processes."""
+  slices = {getattr(d, 'slice_index', None) for d in devices}
+  return 'slice_index' if len(slices) > 1 and None not in slices else 'process_index'
 
 
 def hybrid_device_grid(sizes: Sequence[int], dcn_sizes: Sequence[int],
