@@ -17,13 +17,14 @@ from collections.abc import Sequence
 import dataclasses
 
 from launch import accelerators
+from rlax_post.runtime import _distributed
 
 COORDINATOR_PORT = 8476
 # The variables rlax_post.runtime._distributed reads when the flags are absent.
-ENV_COORDINATOR = "RLAX_COORDINATOR_ADDRESS"
-ENV_NUM_PROCESSES = "RLAX_NUM_PROCESSES"
-ENV_PROCESS_ID = "RLAX_PROCESS_ID"
-ENV_AUTO = "RLAX_AUTO_DISTRIBUTED"
+ENV_COORDINATOR = _distributed.ENV_COORDINATOR
+ENV_NUM_PROCESSES = _distributed.ENV_NUM_PROCESSES
+ENV_PROCESS_ID = _distributed.ENV_PROCESS_ID
+ENV_AUTO = _distributed.ENV_AUTO
 
 
 @dataclasses.dataclass(frozen=True)
