@@ -45,7 +45,6 @@ from rlax_post.runtime import _produce_episodes
 from rlax_post.runtime import _rollouts
 from rlax_post.runtime import _setup
 from rlax_post.runtime import _sync
-from rlax_post.runtime import _warm_cache
 
 LEARNER = "learner"
 DONE_FILE = "learner.done"
@@ -484,14 +483,12 @@ def _learn_loop(cfg: config_lib.Config, workdir: str, backend: _Backend, *, resu
     say(f"Resumed {workdir} at RL step {latest}.")
   else:
     params = _setup.initial_params(cfg, model_cfg, param_sh, mesh, rules, _learn.key(cfg.seed, _learn.INIT, 0))
-    def run_warm_start(params=params):
-      if tools:
-        batches = _sync.tool_sft_batches(cfg, task, tokenizer, seq_len=sft_len)
-        return _sync._sft(cfg, batches, graphdef, params, params_like, mesh, rules, metrics, bar)  # pylint: disable=protected-access
-      return _sync._warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules,  # pylint: disable=protected-access
-                               sft_len, metrics, bar, say)
-
-    params, _ = _warm_cache.warm_start(cfg, params, run_warm_start, say=say)
+    if tools:
+      batches = _sync.tool_sft_batches(cfg, task, tokenizer, seq_len=sft_len)
+      params = _sync._sft(cfg, batches, graphdef, params, params_like, mesh, rules, metrics, bar, say=say)  # pylint: disable=protected-access
+    else:
+      params = _sync._warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules,  # pylint: disable=protected-access
+                                 sft_len, metrics, bar, say)
     ref_params = jax.tree.map(jnp.copy, params)
     state = rl_update.init(params, cfg.seed)
     with backend.device_lock:

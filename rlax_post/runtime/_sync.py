@@ -181,9 +181,8 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
     say(f"Resumed {workdir} at RL step {latest}.")
   else:
     params = _setup.initial_params(cfg, model_cfg, param_sh, mesh, rules, _key(cfg.seed, _INIT, 0))
-    params, _ = _warm_cache.warm_start(
-        cfg, params, lambda: _warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules,
-                                         sft_len, metrics, bar, say), say=say)
+    params = _warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules, sft_len, metrics,
+                         bar, say)
     ref_params = jax.tree.map(jnp.copy, params)
     state = rl_update.init(params, cfg.seed)
     initial = evaluate(state.params)
@@ -310,7 +309,7 @@ def _warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules
   batches = data.sft_batches(task, tokenizer, seed=cfg.seed, batch_size=cfg.sft.batch_size, max_len=sft_len,
                              noise=cfg.sft.noise, typo_rate=cfg.sft.typo_rate, num_eval=cfg.task.num_eval,
                              shard_index=index, shard_count=count)
-  return _sft(cfg, batches, graphdef, params, params_like, mesh, rules, metrics, bar)
+  return _sft(cfg, batches, graphdef, params, params_like, mesh, rules, metrics, bar, say=say)
 
 
 def tool_demo_row(tokenizer, demo) -> tuple[list[int], list[int]]:
@@ -350,13 +349,20 @@ def _sft_batch_sharding(mesh) -> jax.sharding.NamedSharding:
   return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
 
 
-def _sft(cfg, batches, graphdef, params, params_like, mesh, rules, metrics, bar):
-  """`sft.steps` supervised steps on `batches` (dicts of tokens and loss_mask) from `params`.
+def _sft(cfg, batches, graphdef, params, params_like, mesh, rules, metrics, bar, *, say=None):
+  """`sft.steps` supervised steps on `batches` (dicts of tokens and loss_mask) from `params`, or their result
+  restored from the warm-start cache (`sft.cache_dir`, `_warm_cache`) when it holds this configuration's.
 
   A batch holds all `sft.batch_size` rows, or on a multi-host learner this process's block of them.
   """
   if cfg.sft.steps == 0:
     return params
+  return _warm_cache.warm_start(
+      cfg, params, lambda: _sft_steps(cfg, batches, graphdef, params, params_like, mesh, rules, metrics, bar),
+      say=say)
+
+
+def _sft_steps(cfg, batches, graphdef, params, params_like, mesh, rules, metrics, bar):
   sft_learner = _setup.make_learner(
       graphdef, params_like, _setup.optimizer(cfg.sft.optimizer, cfg.sft.steps),
       learner.sft_objective(lambda p, tokens: models.token_logprobs(graphdef, p, tokens)),

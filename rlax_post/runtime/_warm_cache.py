@@ -37,34 +37,34 @@ def cache_key(cfg: config_lib.Config) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def _entries(key_dir) -> list:
+def entries(cache_dir: str, key: str) -> list:
+  """The complete entries stored for `key` (one per writer that finished), in name order."""
   try:
-    return sorted(p for p in key_dir.iterdir() if _store.is_complete(p / "0"))
+    return sorted(p for p in (_store.as_path(cache_dir) / key).iterdir() if _store.is_complete(p / "0"))
   except FileNotFoundError:
     return []
 
 
-def warm_start(cfg: config_lib.Config, params: Any, run: Callable[[], Any], *, say=None) -> tuple[Any, bool]:
+def warm_start(cfg: config_lib.Config, params: Any, run: Callable[[], Any], *, say=None) -> Any:
   """The warm-started params: from the cache when an entry for this config exists, else `run()` (and stored).
 
   `params` (the initial params, placed on the run's mesh) gives the tree, shapes and shardings to restore
-  onto. Returns (params, whether they came from the cache). Multi-process learners do not use the cache.
+  onto. Multi-process learners do not use the cache.
   """
   if cfg.sft.cache_dir is None or cfg.sft.steps == 0 or jax.process_count() > 1:
-    return run(), False
+    return run()
   key = cache_key(cfg)
-  key_dir = _store.as_path(cfg.sft.cache_dir) / key
-  entries = _entries(key_dir)
-  if entries:
-    sub = exchange.ParamSubscriber(entries[0], params_like=params, reader_id=f"run-{os.getpid()}")
-    restored = sub.restore(0)
-    leaves = jax.tree.leaves(restored)
-    out = jax.tree.unflatten(jax.tree.structure(params), leaves)
+  stored = entries(cfg.sft.cache_dir, key)
+  if stored:
+    sub = exchange.ParamSubscriber(stored[0], params_like=params, reader_id=f"run-{os.getpid()}")
+    # The stored tree is the params' pure dict: same leaves in the same (sorted-key) order.
+    out = jax.tree.unflatten(jax.tree.structure(params), jax.tree.leaves(sub.restore(0)))
     if say:
-      say(f"warm start: {cfg.sft.steps} SFT steps restored from the cache ({entries[0]})")
-    return out, True
+      say(f"warm start: {cfg.sft.steps} SFT steps restored from the cache ({stored[0]})")
+    return out
   out = run()
-  pub = exchange.ParamPublisher(key_dir / uuid.uuid4().hex[:12], max_to_keep=1)
-  pub.publish(out, 0, meta={"key": key, "config": {k: config_lib.to_dict(cfg)[k] for k in _KEY_SECTIONS}})
+  d = config_lib.to_dict(cfg)
+  pub = exchange.ParamPublisher(_store.as_path(cfg.sft.cache_dir) / key / uuid.uuid4().hex[:12], max_to_keep=1)
+  pub.publish(out, 0, meta={"key": key, "config": {k: d[k] for k in _KEY_SECTIONS}})
   pub.close()
-  return out, False
+  return out
