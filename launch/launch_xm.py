@@ -66,14 +66,6 @@ _GCP_REGION = flags.DEFINE_string("gcp_region", "us-central1", "vertex: the regi
 _NAMESPACE = flags.DEFINE_string("k8s_namespace", "default", "gke: the namespace of the jobs.")
 
 
-def _config_overrides(argv: list[str]) -> list[str]:
-  """The `--config.key=value` flags of the command line (passed on to every unit's learner/train job)."""
-  bare = [a for a in argv if a.startswith("--config.") and "=" not in a]
-  if bare:
-    raise app.UsageError(f"write overrides as --config.key=value; got {bare}")
-  return [a for a in argv if a.startswith("--config.")]
-
-
 def _dns_label(*parts: str) -> str:
   """A Kubernetes object name: lowercase alphanumerics and '-', at most 63 characters."""
   name = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
@@ -85,10 +77,7 @@ def _plan(spec: str, overrides: list[str], root: str):
   from rlax_post import config as config_lib  # pylint: disable=g-import-not-at-top
   from rlax_post import sweep  # pylint: disable=g-import-not-at-top
   units = sweep.work_units(spec)
-  swept = {key for unit in units for key in unit.overrides}
-  clash = sorted(k for k in (o.partition("=")[0][len("--config."):] for o in overrides) if k in swept)
-  if clash:
-    raise ValueError(f"--config overrides of swept key(s) {clash}: the sweep sets them per unit.")
+  sweep.check_overrides(units, overrides)
   config_lib.load(_CONFIG.value)  # The base config with the command line's overrides must validate.
   accelerator = accelerators.parse(_PLATFORM.value, _ACCELERATOR.value)
   sampler_acc = (accelerators.parse(_PLATFORM.value, _SAMPLER_ACCELERATOR.value)
@@ -195,7 +184,11 @@ def main(argv: list[str]) -> None:
   if not root:
     raise app.UsageError("--workdir_root is required.")
   spec = flags.FLAGS["config"].config_filename
-  overrides = _config_overrides(sys.argv[1:])
+  from rlax_post import sweep  # pylint: disable=g-import-not-at-top
+  try:
+    overrides = sweep.command_line_overrides(sys.argv[1:])
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
   title = _NAME.value or os.path.splitext(os.path.basename(spec.partition(":")[0]))[0]
   if _EXECUTOR.value != "local":
     _check_cloud_flags(root)

@@ -168,11 +168,12 @@ def main(argv=None):
   handler = {"train": _train, "check-config": _check_config, "serve": _serve, "learner": _learner,
              "sampler": _sampler, "replay": _replay}.get(command)
   if command == "sweep":  # The units get the command line's --config.key=value overrides too.
-    bare = [a for a in argv[1:] if a.startswith("--config.") and "=" not in a]
-    if bare:
-      print(f"rlax-post sweep: write overrides as --config.key=value; got {bare}", file=sys.stderr)
+    from rlax_post import sweep  # pylint: disable=g-import-not-at-top
+    try:
+      overrides = sweep.command_line_overrides(argv[1:])
+    except ValueError as e:
+      print(f"rlax-post sweep: {e}", file=sys.stderr)
       sys.exit(2)
-    overrides = [a for a in argv[1:] if a.startswith("--config.")]
     handler = lambda args: _sweep(args, overrides)  # pylint: disable=unnecessary-lambda-assignment
 
   def run(args):

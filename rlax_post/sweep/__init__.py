@@ -8,6 +8,8 @@ from rlax_post.sweep._local import table
 from rlax_post.sweep._local import UnitResult
 from rlax_post.sweep._local import write_report
 from rlax_post.sweep._units import axis
+from rlax_post.sweep._units import check_overrides
+from rlax_post.sweep._units import command_line_overrides
 from rlax_post.sweep._units import load_module
 from rlax_post.sweep._units import product
 from rlax_post.sweep._units import work_units
@@ -16,6 +18,8 @@ from rlax_post.sweep._units import zipped
 
 __all__ = [
     "axis",
+    "check_overrides",
+    "command_line_overrides",
     "group_figures",
     "load_module",
     "plot",

@@ -96,43 +96,13 @@ def _command(unit: _units.WorkUnit, workdir: str, extra_flags: Sequence[str], py
   return cmd
 
 
-def _check_extra_flags(units: Sequence[_units.WorkUnit], extra_flags: Sequence[str]) -> None:
-  swept = {k for u in units for k in u.overrides}
-  for flag in extra_flags:
-    if not flag.startswith("--config."):
-      raise ValueError(f"sweep: extra flag {flag!r} is not a --config.key=value override.")
-    key = flag[len("--config."):].split("=", 1)[0]
-    if key in swept:
-      raise ValueError(f"sweep: {flag!r} sets {key!r}, which the sweep itself varies; drop one of them.")
-
-
-def _warm_cache_flag(units: Sequence[_units.WorkUnit], extra_flags: Sequence[str], root: str) -> list[str]:
-  """`--config.sft.cache_dir=<root>/warm_start_cache`, unless the command line or the sweep sets it."""
-  if any(f.startswith("--config.sft.cache_dir=") for f in extra_flags):
-    return []
-  if any("sft.cache_dir" in u.overrides for u in units):
-    return []
-  return [f"--config.sft.cache_dir={os.path.abspath(os.path.join(root, WARM_CACHE))}"]
-
-
-def _cached(cache_dir: str | None, key: str) -> bool:
-  """Whether the warm-start cache holds a complete entry for `key` (runtime/_warm_cache.py's layout)."""
-  if not cache_dir:
-    return False
-  from rlax_post.exchange import _store  # pylint: disable=g-import-not-at-top
-  key_dir = _store.as_path(cache_dir) / key
-  try:
-    return any(_store.is_complete(p / "0") for p in key_dir.iterdir())
-  except FileNotFoundError:
-    return False
-
-
 def _next_unit(pending: list[UnitResult], running_keys: set[str], cache_dir: str | None) -> UnitResult | None:
   """The first pending unit whose warm start is cached or not being computed by a running unit: two units
   never compute one warm start at the same time (the second waits for the cache instead)."""
+  from rlax_post.runtime import _warm_cache  # pylint: disable=g-import-not-at-top  (JAX; only when running)
   for r in pending:
     key = r.unit.warm_key
-    if not cache_dir or key not in running_keys or _cached(cache_dir, key):
+    if not cache_dir or key not in running_keys or _warm_cache.entries(cache_dir, key):
       return r
   return None
 
@@ -151,11 +121,14 @@ def run_local(config: str, root: str, *, parallel: int = 1, extra_flags: Sequenc
   if parallel < 1:
     raise ValueError(f"sweep: --parallel must be >= 1; got {parallel}.")
   units = _units.work_units(config)
-  _check_extra_flags(units, extra_flags)
-  if share_warm_start:
-    extra_flags = [*extra_flags, *_warm_cache_flag(units, extra_flags, root)]
-  cache_flag = [f for f in extra_flags if f.startswith("--config.sft.cache_dir=")]
-  cache_dir = cache_flag[-1].split("=", 1)[1] if cache_flag else None
+  _units.check_overrides(units, extra_flags)
+  # The warm-start cache the units share: the command line's, else <root>/warm_start_cache (unless the sweep
+  # sets sft.cache_dir per unit, or sharing is off).
+  given = [f.split("=", 1)[1] for f in extra_flags if f.startswith("--config.sft.cache_dir=")]
+  cache_dir = given[-1] if given else None
+  if share_warm_start and not given and not any("sft.cache_dir" in u.overrides for u in units):
+    cache_dir = os.path.abspath(os.path.join(root, WARM_CACHE))
+    extra_flags = [*extra_flags, f"--config.sft.cache_dir={cache_dir}"]
   python = python or sys.executable
   os.makedirs(root, exist_ok=True)
   results = [UnitResult(unit=u, workdir=u.workdir(root)) for u in units]

@@ -106,6 +106,31 @@ class WorkUnit:
     return os.path.join(root, self.dirname)
 
 
+def command_line_overrides(argv: Sequence[str]) -> list[str]:
+  """The `--config.key=value` flags of a command line, which a launcher passes on to every unit.
+
+  Raises ValueError for the `--config.key value` spelling (the launcher could not tell the value apart).
+  """
+  bare = [a for a in argv if a.startswith("--config.") and "=" not in a]
+  if bare:
+    raise ValueError(f"write overrides as --config.key=value; got {bare}")
+  return [a for a in argv if a.startswith("--config.")]
+
+
+def check_overrides(units: Sequence[WorkUnit], overrides: Sequence[str]) -> None:
+  """Refuses a flag that is not `--config.key=value`, and an override of a key the sweep varies per unit."""
+  keys = []
+  for flag in overrides:
+    if not flag.startswith("--config.") or "=" not in flag:
+      raise ValueError(f"sweep: extra flag {flag!r} is not a --config.key=value override.")
+    keys.append(flag[len("--config."):].split("=", 1)[0])
+  swept = {k for u in units for k in u.overrides}
+  clash = sorted({k for k in keys if k in swept})
+  if clash:
+    raise ValueError(f"--config overrides of swept key(s) {clash}, which the sweep itself varies per unit; "
+                     "drop them or take them out of the sweep.")
+
+
 def _split(spec: str) -> tuple[str, str | None]:
   path, sep, arg = spec.partition(":")
   return path, (arg if sep else None)
