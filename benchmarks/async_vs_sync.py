@@ -28,6 +28,7 @@ reported too. The model starts from a random init (no warm start), hence the hig
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import threading
@@ -47,17 +48,20 @@ from rlax_post import envs  # pylint: disable=g-import-not-at-top,wrong-import-p
 from rlax_post import exchange  # pylint: disable=g-import-not-at-top,wrong-import-position
 from rlax_post import models  # pylint: disable=g-import-not-at-top,wrong-import-position
 from rlax_post import rollouts  # pylint: disable=g-import-not-at-top,wrong-import-position
+from rlax_post import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 from rlax_post import sampler  # pylint: disable=g-import-not-at-top,wrong-import-position
 from rlax_post import sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
-from rlax_post.runtime import _async  # pylint: disable=g-import-not-at-top,wrong-import-position
-from rlax_post.runtime import _learn  # pylint: disable=g-import-not-at-top,wrong-import-position
-from rlax_post.runtime import _produce  # pylint: disable=g-import-not-at-top,wrong-import-position
-from rlax_post.runtime import _produce_episodes  # pylint: disable=g-import-not-at-top,wrong-import-position
-from rlax_post.runtime import _setup  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SEQ_LEN = 128  # Engine max_decode_length = the learner's batch width.
+MAX_NEW_TOKENS = SEQ_LEN - 8  # The learner's response width (Dr.GRPO's constant normaliser).
 MAX_TURNS = 3
 HELD_OUT = 1_000_000  # Held-out prompts are tool_prompt(seed, HELD_OUT + i): never a training ticket.
+LEARNER = "learner"  # The rollout queue's consumer (the runtime's learner).
+
+
+def init_key(seed: int) -> jax.Array:
+  """The key of the run's initial params: (seed, envs.Stream.INIT, step 0), as the runtime draws it."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), int(envs.Stream.INIT)), 0)
 
 
 class Workload:
@@ -65,21 +69,25 @@ class Workload:
 
   def __init__(self, args):
     self.args, self.p, self.n = args, args.prompts, args.n
-    self.tok = models.ByteTokenizer()
     self.cfgs = {eta: self.config(eta) for eta in [0] + args.etas}
-    cfg = self.cfgs[0]
-    self.model_cfg = _setup.model_config(cfg, self.tok)
     # One device: the learner and the sampler share the host's cores, as they would share one accelerator.
     self.mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
-    _, self.rules = _setup.mesh_and_rules(cfg)
-    self.graphdef, params = models.init_params(self.model_cfg, _learn.key(args.seed, _learn.INIT, 0))
-    self.params_like = jax.eval_shape(lambda: params)
-    self.params0 = jax.device_put(params, _setup.param_shardings(self.params_like, self.mesh, self.rules))
+    parts = runtime.build_parts(self.cfgs[0], mesh=self.mesh)
+    self.tok, self.model_cfg = parts.tokenizer, parts.model_cfg
+    self.graphdef, params = models.init_params(self.model_cfg, init_key(args.seed))
+    # The learner's widths: rows of SEQ_LEN tokens, responses of up to MAX_NEW_TOKENS (episodes, not
+    # `rl.max_new_tokens`, set the response length here; the config keeps the task's default so that
+    # build_parts' single-turn lengths fit the model).
+    self.lengths = envs.Lengths(prompt=SEQ_LEN - MAX_NEW_TOKENS, response=MAX_NEW_TOKENS, sequence=SEQ_LEN,
+                                sft=SEQ_LEN)
+    self.parts = dataclasses.replace(parts, lengths=self.lengths, graphdef=self.graphdef,
+                                     params_like=jax.eval_shape(lambda: params))
+    self.params0 = jax.device_put(params, self.parts.param_shardings)
     self.slots = self.p * self.n
     self.engine = sampler.RlaxEngine(self.model_cfg, self.graphdef, tokenizer=self.tok, mesh=self.mesh,
                                      max_concurrent_decodes=self.slots, max_prefill_length=32,
                                      max_decode_length=SEQ_LEN, temperature=1.0)
-    self.updates: dict[str, _learn.RLUpdate] = {}
+    self.updates: dict[str, runtime.RLUpdate] = {}
 
   def config(self, eta: int) -> config_lib.Config:
     c = demo.get_config("tiny")
@@ -87,16 +95,14 @@ class Workload:
     c.model.max_seq_len = SEQ_LEN
     c.rl.steps = self.args.steps
     c.rl.prompts_per_step, c.rl.samples_per_prompt = self.p, self.n
-    c.rl.max_new_tokens = SEQ_LEN - 8
     c.rl.optimizer = dict(c.rl.optimizer, learning_rate=self.args.lr, warmup_steps=2)
     c.runtime.mode, c.runtime.max_staleness = "async", eta
     return config_lib.load(c)
 
-  def update_for(self, cfg) -> _learn.RLUpdate:
+  def update_for(self, cfg) -> runtime.RLUpdate:
     kind = config_lib.loss_kind(cfg)
     if kind not in self.updates:
-      self.updates[kind] = _learn.RLUpdate(cfg, self.graphdef, self.params_like, self.mesh, self.rules,
-                                           max_new_tokens=SEQ_LEN - 8)
+      self.updates[kind] = runtime.RLUpdate(dataclasses.replace(self.parts, cfg=cfg))
     return self.updates[kind]
 
   def env_of(self, episode: int, *, sleep: bool = True) -> envs.LatencyToolEnv:
@@ -104,13 +110,13 @@ class Workload:
                                median_s=self.args.median_s, p99_s=self.args.p99_s, sleep=sleep)
 
   def turn_tokens_of(self, ticket: int) -> int:
-    return _produce_episodes.turn_budget(self.args.seed, ticket)
+    return envs.turn_budget(self.args.seed, ticket)
 
-  def producer(self, cfg, params, version, **kw) -> _produce_episodes.EpisodeProducer:
+  def producer(self, cfg, params, version, **kw) -> envs.EpisodeProducer:
     kw = dict(dict(prompt_of=lambda t: envs.tool_prompt(self.args.seed, t), env_of=self.env_of,
                    turn_tokens_of=self.turn_tokens_of), **kw)
-    return _produce_episodes.EpisodeProducer(cfg, self.tok, self.engine, params, version, max_turns=MAX_TURNS,
-                                             max_workers=2 * self.slots, **kw)
+    return envs.EpisodeProducer(cfg, self.tok, self.engine, params, version, max_turns=MAX_TURNS,
+                                max_workers=2 * self.slots, **kw)
 
   def evaluate(self, params) -> float:
     """Mean total reward of the held-out episodes (--eval-prompts groups of n) under `params`."""
@@ -141,7 +147,7 @@ def warm_up(work: Workload, cfg) -> None:
     groups.update(prod.step())
   prod.close()
   update = work.update_for(cfg)
-  batch = _produce.rows_to_batch([groups[t] for t in range(work.p)], seq_len=SEQ_LEN, pad_id=work.tok.pad_id)
+  batch = runtime.rows_to_batch([groups[t] for t in range(work.p)], seq_len=SEQ_LEN, pad_id=work.tok.pad_id)
   state = update.init(jax.tree.map(jnp.copy, work.params0), cfg.seed)
   jax.block_until_ready(update(state, work.params0, batch, 0)[0])
 
@@ -153,7 +159,7 @@ def run_mode(work: Workload, eta: int, *, steps: int | None = None) -> dict:
   update = work.update_for(cfg)
   state = update.init(jax.tree.map(jnp.copy, work.params0), cfg.seed)
   ref_params = work.params0
-  queue = rollouts.MemoryQueue(capacity=(eta + 2) * p * n, consumers=(_async.LEARNER,))
+  queue = rollouts.MemoryQueue(capacity=(eta + 2) * p * n, consumers=(LEARNER,))
   source = exchange.LocalParams(max_to_keep=2)
   admission = rollouts.MemoryAdmission(groups_per_step=p, max_staleness=eta)
   stop, errors, producers = threading.Event(), [], []
@@ -162,8 +168,8 @@ def run_mode(work: Workload, eta: int, *, steps: int | None = None) -> dict:
     producers.append(work.producer(cfg, params, version))
     return producers[-1]
 
-  worker = _async.SamplerWorker(name="sampler-0", producer_factory=factory, source=source, queue=queue,
-                                admission=admission, slots=work.args.inflight * p * n, group_size=n, should_stop=stop.is_set)
+  worker = runtime.SamplerWorker("sampler-0", factory, runtime.Channels(source, queue, admission),
+                                 slots=work.args.inflight * p * n, group_size=n, should_stop=stop.is_set)
 
   def run():
     try:
@@ -183,9 +189,9 @@ def run_mode(work: Workload, eta: int, *, steps: int | None = None) -> dict:
   train_rewards, staleness, dropped, learn_s = [], [], 0, 0.0
   try:
     for step in range(steps):
-      fresh, stale = _async.take_groups(queue, num_groups=p, learner_version=step, max_staleness=eta,
-                                        tag=step + 1, poll_s=0.2, on_timeout=check)
-      batch = _produce.rows_to_batch([rows for _, rows, _ in fresh], seq_len=SEQ_LEN, pad_id=work.tok.pad_id)
+      fresh, stale = runtime.take_groups(queue, num_groups=p, learner_version=step, max_staleness=eta,
+                                         poll_s=0.2, on_timeout=check)
+      batch = runtime.rows_to_batch([rows for _, rows, _ in fresh], seq_len=SEQ_LEN, pad_id=work.tok.pad_id)
       t1 = time.perf_counter()
       state, metrics = update(state, ref_params, batch, step)
       learn_s += time.perf_counter() - t1

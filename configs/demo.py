@@ -13,6 +13,8 @@ sampling still finds the right answer often; GRPO then raises the greedy reward 
 import ml_collections
 from ml_collections import config_dict
 
+from rlax_post import sweep
+
 
 # Each task's own options (`task.options` keys cannot be removed from the command line, so switching task
 # is a variant, not an override).
@@ -82,7 +84,6 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     rlax-post sweep --config configs/demo.py --workdir runs/demo_sweep --parallel 2   # 6 units
     rlax-post sweep --config configs/demo.py:tiny --workdir /tmp/sweep --parallel 2   # 2 units, seconds
   """
-  from rlax_post import sweep  # pylint: disable=g-import-not-at-top
   if "tiny" in (arg or "").split(","):
     return sweep.product(sweep.axis("advantage.estimator", ["grpo", "rloo"]), sweep.axis("seed", [0]))
   return sweep.product(sweep.axis("advantage.estimator", ["grpo", "rloo", "drgrpo"]), sweep.axis("seed", [0, 1]))

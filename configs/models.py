@@ -83,6 +83,10 @@ param copies exceed 90% of the memory).
 import ml_collections
 from ml_collections import config_dict
 
+from rlax_post import config as config_lib
+from rlax_post import models
+from rlax_post import runtime
+
 MODELS = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-8b", "llama3.2-1b",
           "llama3.2-3b", "gemma2-2b")
 _LARGE = ("qwen2.5-7b", "qwen3-8b")
@@ -136,9 +140,6 @@ def mesh_shape(model: str, hardware: str) -> dict:
   if devices <= 8:  # One node or small slice: pure FSDP over it (tensor 2 for 7B/8B), state to spare.
     return dict(data=1, fsdp=devices // tensor, tensor=tensor, dcn_data=1, dcn_fsdp=1)
   # Pods: the smallest power-of-two fsdp inside one granule whose per-device estimate fits; data the rest.
-  from rlax_post import config as config_lib  # pylint: disable=g-import-not-at-top
-  from rlax_post import models  # pylint: disable=g-import-not-at-top
-  from rlax_post.runtime import _setup  # pylint: disable=g-import-not-at-top
   per_granule = devices // granules
   fsdp = 1
   while fsdp * tensor <= per_granule:
@@ -146,7 +147,7 @@ def mesh_shape(model: str, hardware: str) -> dict:
                 dcn_fsdp=1)
     cfg = config_lib.load(_build(model, hardware, mesh))
     model_cfg = models.preset(model, max_seq_len=cfg.model.max_seq_len, **cfg.model.overrides)
-    if _setup.run_memory(cfg, model_cfg)["total"] <= _POD_MEMORY_BUDGET * hw["hbm_bytes"]:
+    if runtime.run_memory(cfg, model_cfg)["total"] <= _POD_MEMORY_BUDGET * hw["hbm_bytes"]:
       return mesh
     fsdp *= 2
   raise ValueError(f"{model} does not fit {hardware} with fsdp × tensor inside one granule of {per_granule}.")

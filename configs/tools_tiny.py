@@ -23,7 +23,7 @@ _VARIANTS = ("default", "tiny")
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
-  # options: see rlax_post.runtime._setup.ToolTask.
+  # options: see rlax_post.envs.tools.ToolTask.
   # At 448 tokens and 3 messages the fitting one-goal tasks are mostly cancels (of the first 300 tasks: 49
   # cancels, 8 deletes, 3 copies), the kind where the warm start mixes "look the id up" with "guess it".
   c.task = dict(name="tools", options=dict(max_goals=1, max_turns=3, max_turn_tokens=128, slack=32,

@@ -17,7 +17,7 @@ _COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-in
 
 
 def _env(job: jobs_lib.Job, name: str, service: str):
-  from kubernetes import client  # pylint: disable=g-import-not-at-top
+  from kubernetes import client  # pylint: disable=g-import-not-at-top  (GKE requests only; extra xm)
   env = [client.V1EnvVar(name=k, value=v) for k, v in job.env]
   if job.multihost == "coordinator":
     env.append(client.V1EnvVar(name=jobs_lib.ENV_COORDINATOR,
@@ -30,7 +30,7 @@ def _env(job: jobs_lib.Job, name: str, service: str):
 def k8s_job(name: str, image: str, job: jobs_lib.Job, *, service: str, workdir_root: str,
             namespace: str = "default", annotations: dict[str, str] | None = None):
   """The `V1Job` of one job (`name`: a DNS-1123 label, at most 63 characters)."""
-  from kubernetes import client  # pylint: disable=g-import-not-at-top
+  from kubernetes import client  # pylint: disable=g-import-not-at-top  (GKE requests only; extra xm)
   volumes, mounts, pod_annotations = [], [], {}
   bucket = jobs_lib.bucket(workdir_root)
   if bucket:
@@ -62,7 +62,7 @@ def k8s_job(name: str, image: str, job: jobs_lib.Job, *, service: str, workdir_r
 
 def headless_service(name: str, job_name: str, namespace: str = "default"):
   """The Service that gives the pods of `job_name` their `<job>-<i>.<name>` DNS names."""
-  from kubernetes import client  # pylint: disable=g-import-not-at-top
+  from kubernetes import client  # pylint: disable=g-import-not-at-top  (GKE requests only; extra xm)
   return client.V1Service(
       api_version="v1", kind="Service", metadata=client.V1ObjectMeta(name=name, namespace=namespace),
       spec=client.V1ServiceSpec(cluster_ip="None", selector={"rlax-post/job": job_name},
@@ -71,13 +71,13 @@ def headless_service(name: str, job_name: str, namespace: str = "default"):
 
 def to_json(obj) -> dict:
   """A manifest as `kubectl apply` takes it (camelCase, unset fields left out)."""
-  from kubernetes import client  # pylint: disable=g-import-not-at-top
+  from kubernetes import client  # pylint: disable=g-import-not-at-top  (GKE requests only; extra xm)
   return client.ApiClient().sanitize_for_serialization(obj)
 
 
 def submit(objects, *, namespace: str) -> list[str]:
   """Creates the Services and Jobs in the current kubectl context's cluster; returns their names."""
-  from kubernetes import client, config  # pylint: disable=g-import-not-at-top,g-multiple-import
+  from kubernetes import client, config  # pylint: disable=g-import-not-at-top,g-multiple-import  (GKE requests only; extra xm)
   config.load_kube_config()
   batch, core, names = client.BatchV1Api(), client.CoreV1Api(), []
   for obj in objects:

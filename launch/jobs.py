@@ -17,14 +17,14 @@ from collections.abc import Sequence
 import dataclasses
 
 from launch import accelerators
-from rlax_post.runtime import _distributed
+from rlax_post import runtime
 
 COORDINATOR_PORT = 8476
-# The variables rlax_post.runtime._distributed reads when the flags are absent.
-ENV_COORDINATOR = _distributed.ENV_COORDINATOR
-ENV_NUM_PROCESSES = _distributed.ENV_NUM_PROCESSES
-ENV_PROCESS_ID = _distributed.ENV_PROCESS_ID
-ENV_AUTO = _distributed.ENV_AUTO
+# The variables rlax_post.runtime reads when the flags are absent.
+ENV_COORDINATOR = runtime.ENV_COORDINATOR
+ENV_NUM_PROCESSES = runtime.ENV_NUM_PROCESSES
+ENV_PROCESS_ID = runtime.ENV_PROCESS_ID
+ENV_AUTO = runtime.ENV_AUTO
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,6 +37,9 @@ from absl import logging
 from ml_collections import config_flags
 from xmanager import xm_flags  # pylint: disable=unused-import  (defines the --xm_* flags, e.g. the DB's)
 
+from rlax_post import config as config_lib
+from rlax_post import sweep
+
 from launch import accelerators
 from launch import gke
 from launch import jobs as jobs_lib
@@ -74,8 +77,6 @@ def _dns_label(*parts: str) -> str:
 
 def _plan(spec: str, overrides: list[str], root: str):
   """[(unit, unit workdir, jobs)] for every work unit of the sweep."""
-  from rlax_post import config as config_lib  # pylint: disable=g-import-not-at-top
-  from rlax_post import sweep  # pylint: disable=g-import-not-at-top
   units = sweep.work_units(spec)
   sweep.check_overrides(units, overrides)
   config_lib.load(_CONFIG.value)  # The base config with the command line's overrides must validate.
@@ -108,7 +109,7 @@ def _local_processes(job: jobs_lib.Job) -> list[tuple[str, list[str], dict[str, 
     env["JAX_PLATFORMS"] = "cpu"
   if job.hosts == 1:
     return [(job.name, list(job.args), env)]
-  import portpicker  # pylint: disable=g-import-not-at-top
+  import portpicker  # pylint: disable=g-import-not-at-top  (extra xm; only when launching)
   address = f"localhost:{portpicker.pick_unused_port()}"
   return [(f"{job.name}-{i}", [*job.args, f"--coordinator_address={address}", f"--num_processes={job.hosts}",
                                f"--process_id={i}"], env) for i in range(job.hosts)]
@@ -116,8 +117,8 @@ def _local_processes(job: jobs_lib.Job) -> list[tuple[str, list[str], dict[str, 
 
 def _run_local(title: str, plan) -> int:
   """Runs every unit's jobs as local processes (one xm work unit each) and waits; returns failed units."""
-  from xmanager import xm  # pylint: disable=g-import-not-at-top
-  from xmanager import xm_local  # pylint: disable=g-import-not-at-top
+  from xmanager import xm  # pylint: disable=g-import-not-at-top  (extra xm; only when launching)
+  from xmanager import xm_local  # pylint: disable=g-import-not-at-top  (extra xm; only when launching)
   binary = os.path.join(os.path.dirname(sys.executable), "rlax-post")
   try:
     with xm_local.create_experiment(experiment_title=title) as experiment:
@@ -184,7 +185,6 @@ def main(argv: list[str]) -> None:
   if not root:
     raise app.UsageError("--workdir_root is required.")
   spec = flags.FLAGS["config"].config_filename
-  from rlax_post import sweep  # pylint: disable=g-import-not-at-top
   try:
     overrides = sweep.command_line_overrides(sys.argv[1:])
   except ValueError as e:

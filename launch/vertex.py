@@ -45,7 +45,7 @@ def worker_pools(image: str, job: jobs_lib.Job) -> list[dict]:
 def custom_job(display_name: str, image: str, job: jobs_lib.Job, *, base_output_dir: str | None = None,
                labels: dict[str, str] | None = None):
   """The `aiplatform_v1.CustomJob` message for one job (the body of JobService.CreateCustomJob)."""
-  from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
+  from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top  (Vertex AI requests only; extra xm)
   spec = {"worker_pool_specs": worker_pools(image, job)}
   if base_output_dir and base_output_dir.startswith("gs://"):
     spec["base_output_directory"] = {"output_uri_prefix": base_output_dir}
@@ -55,14 +55,14 @@ def custom_job(display_name: str, image: str, job: jobs_lib.Job, *, base_output_
 def to_json(message) -> dict:
   """The REST JSON of a CustomJob as the API receives it: camelCase fields, enum names, int64 counts as
   strings (proto3 JSON), unset fields left out."""
-  from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
+  from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top  (Vertex AI requests only; extra xm)
   return json.loads(aiplatform_v1.CustomJob.to_json(message, use_integers_for_enums=False,
                                                     always_print_fields_with_no_presence=False))
 
 
 def submit(messages, *, project: str, region: str) -> list[str]:
   """Creates the CustomJobs (needs Google Cloud credentials); returns their resource names."""
-  from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top
+  from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top  (Vertex AI requests only; extra xm)
   client = aiplatform_v1.JobServiceClient(
       client_options={"api_endpoint": f"{region}-aiplatform.googleapis.com"})
   parent = f"projects/{project}/locations/{region}"

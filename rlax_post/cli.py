@@ -8,7 +8,7 @@
   rlax-post replay --workdir DIR                   # re-runs an async run's learner from its logged rollouts
   rlax-post sweep --config configs/X.py[:variant] [--config.a.b=value ...] --workdir ROOT [--parallel N]
 
-`train` runs the loop of `runtime.mode`: "sync", or "async" (sampler threads and the learner in one process).
+`train` runs the learner loop with sampling inline (`runtime.mode = "sync"`) or in sampler threads ("async").
 `learner` and `sampler` are the async roles as separate processes (or hosts) sharing DIR (docs/async.md).
 """
 
@@ -21,6 +21,11 @@ from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
+
+from rlax_post import config as config_lib
+from rlax_post import runtime
+from rlax_post import sampler
+from rlax_post import sweep
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.py file, optionally :variant.",
                                           lock_config=True)
@@ -50,16 +55,14 @@ _DISTRIBUTED_COMMANDS = ("train", "learner", "replay")  # Samplers are single-pr
 
 def _init_distributed(command: str):
   """Joins a multi-process job (flags, RLAX_* env; for the learner roles also a detected cluster)."""
-  from rlax_post.runtime import _distributed  # pylint: disable=g-import-not-at-top
-  _distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
-                          detect_cluster=command != "train")
+  runtime.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value,
+                                 detect_cluster=command != "train")
 
 
 COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay", "sweep")
 
 
 def _load_config():
-  from rlax_post import config as config_lib  # pylint: disable=g-import-not-at-top
   if _CONFIG.value is None:
     raise app.UsageError("--config is required, e.g. --config configs/demo.py")
   return config_lib.load(_CONFIG.value)
@@ -69,10 +72,7 @@ def _train(argv):
   del argv
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required.")
-  cfg = _load_config()
-  from rlax_post import runtime  # pylint: disable=g-import-not-at-top
-  run = runtime.train_async if cfg.runtime.mode == "async" else runtime.train
-  summary = run(cfg, _WORKDIR.value, resume=_RESUME.value, quiet=_QUIET.value)
+  summary = runtime.train(_load_config(), _WORKDIR.value, resume=_RESUME.value, quiet=_QUIET.value)
   _print_summary(summary)
 
 
@@ -88,7 +88,6 @@ def _learner(argv):
   del argv
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required.")
-  from rlax_post import runtime  # pylint: disable=g-import-not-at-top
   if _CONFIG.value is not None:
     cfg = _load_config()
   else:  # A restarted learner may take the run's own config.
@@ -102,7 +101,6 @@ def _sampler(argv):
   del argv
   if not _WORKDIR.value or _INDEX.value is None:
     raise app.UsageError("--workdir and --index are required.")
-  from rlax_post import runtime  # pylint: disable=g-import-not-at-top
   runtime.run_sampler(_WORKDIR.value, index=_INDEX.value, quiet=_QUIET.value)
 
 
@@ -110,7 +108,6 @@ def _replay(argv):
   del argv
   if not _WORKDIR.value:
     raise app.UsageError("--workdir is required.")
-  from rlax_post import runtime  # pylint: disable=g-import-not-at-top
   report = runtime.replay(_WORKDIR.value, quiet=_QUIET.value)
   if report["mismatches"]:
     for step, key, want, got in report["mismatches"][:20]:
@@ -127,7 +124,6 @@ def _sweep(argv, overrides):
     raise app.UsageError("--workdir is required: the root under which each work unit gets its workdir.")
   if _CONFIG.value is None:
     raise app.UsageError("--config is required, e.g. --config configs/tools_tiny.py")
-  from rlax_post import sweep  # pylint: disable=g-import-not-at-top
   spec = flags.FLAGS["config"].config_filename
   say = (lambda *a, **k: None) if _QUIET.value else (lambda msg: print(msg, flush=True))
   results = sweep.run_local(spec, _WORKDIR.value, parallel=_PARALLEL.value, extra_flags=overrides,
@@ -142,7 +138,6 @@ def _sweep(argv, overrides):
 
 def _check_config(argv):
   del argv
-  from rlax_post import config as config_lib  # pylint: disable=g-import-not-at-top
   print(json.dumps(config_lib.to_dict(_load_config()), indent=2))
 
 
@@ -150,9 +145,9 @@ def _serve(argv):
   del argv
   if not _CHECKPOINT.value:
     raise app.UsageError("--checkpoint is required: the workdir of a training run.")
-  from rlax_post.sampler import _serve as serve_lib  # pylint: disable=g-import-not-at-top
-  server = serve_lib.serve(_CHECKPOINT.value, port=_PORT.value, host=_HOST.value,
-                           max_concurrent_decodes=_SLOTS.value, temperature=_TEMPERATURE.value)
+  options = sampler.ServeOptions(port=_PORT.value, host=_HOST.value, max_concurrent_decodes=_SLOTS.value,
+                                 temperature=_TEMPERATURE.value)
+  server = runtime.serve(_CHECKPOINT.value, options)
   print(f"Serving {_CHECKPOINT.value} with JetStream on {_HOST.value}:{_PORT.value}", flush=True)
   server.wait_for_termination()
 
@@ -168,7 +163,6 @@ def main(argv=None):
   handler = {"train": _train, "check-config": _check_config, "serve": _serve, "learner": _learner,
              "sampler": _sampler, "replay": _replay}.get(command)
   if command == "sweep":  # The units get the command line's --config.key=value overrides too.
-    from rlax_post import sweep  # pylint: disable=g-import-not-at-top
     try:
       overrides = sweep.command_line_overrides(argv[1:])
     except ValueError as e:

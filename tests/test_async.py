@@ -1,5 +1,6 @@
-"""The asynchronous runtime in one process: η = 0 equals the sync loop, bounded staleness, drops counted,
-replay reproduces the logged metrics, resume loses and repeats nothing, admission and the auto loss."""
+"""The learner loop over its sources in one process: sampler threads at η = 0 equal inline sampling, bounded
+staleness, drops counted, replay reproduces the logged metrics, resume loses and repeats nothing, admission
+and the auto loss."""
 
 import json
 import os
@@ -10,17 +11,16 @@ import numpy as np
 import pytest
 
 from rlax_post import config
+from rlax_post import envs
 from rlax_post import rollouts
 from rlax_post import runtime
-from rlax_post.runtime import _async
-from rlax_post.runtime import _learn
-from rlax_post.runtime import _produce
+from rlax_post.runtime import _rowlog
 
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Data-dependent metrics only (timing and the async-only bookkeeping are not comparable across loops).
-_SKIP = set(_learn.TIMING_METRICS) | {"time", "step_seconds"}
+_SKIP = set(runtime.TIMING_METRICS) | {"time"}
 
 
 def _cfg(**runtime_overrides):
@@ -59,12 +59,12 @@ def sync_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def async1_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("async1")
-  summary = runtime.train_async(_cfg(mode="async", max_staleness=1), workdir, quiet=True)
+  summary = runtime.train(_cfg(mode="async", max_staleness=1), workdir, quiet=True)
   return workdir, summary
 
 
-def test_eta_zero_reproduces_the_sync_loop_exactly(sync_run, tmp_path):
-  runtime.train_async(_cfg(mode="async", max_staleness=0), tmp_path, quiet=True)
+def test_sampler_threads_at_eta_zero_reproduce_inline_sampling_exactly(sync_run, tmp_path):
+  runtime.train(_cfg(mode="async", max_staleness=0), tmp_path, quiet=True)
   want, got = _rows(sync_run), _rows(tmp_path)
   assert [(r["phase"], r["step"]) for r in got] == [(r["phase"], r["step"]) for r in want]
   compared = 0
@@ -77,6 +77,14 @@ def test_eta_zero_reproduces_the_sync_loop_exactly(sync_run, tmp_path):
   assert any(r["reward_std"] > 0 for r in rl) and any(abs(r["loss"]) > 0 for r in rl)
   assert compared > 60
   assert all(r["staleness_max"] == 0 and r["dropped_stale"] == 0 for r in _rows(tmp_path, "rl"))
+  assert all(r["staleness_max"] == 0 and r["dropped_stale"] == 0 for r in _rows(sync_run, "rl"))
+  assert _schedule(tmp_path) == _schedule(sync_run)  # The same groups, in the same order, at every step.
+
+
+def test_replay_of_an_inline_run_reproduces_it_exactly(sync_run):
+  report = runtime.replay(os.fspath(sync_run), quiet=True)
+  assert report["steps"] == 4 and report["compared_steps"] == 4
+  assert report["mismatches"] == []
 
 
 def test_async_run_bounds_staleness_and_logs_every_group_once(async1_run):
@@ -113,9 +121,9 @@ def test_replay_detects_a_changed_rollout(async1_run, tmp_path):
   copy = tmp_path / "run"
   shutil.copytree(workdir, copy)
   path = os.path.join(copy, "replay", "rows", f"{2:08d}.msgpack")
-  groups = _async._load_rows(path)  # pylint: disable=protected-access
+  groups = _rowlog.load_rows(path)
   groups[0][1][0]["reward"] = np.float32(1.0 - float(groups[0][1][0]["reward"]))
-  _async._save_rows(path, groups)  # pylint: disable=protected-access
+  _rowlog.save_rows(path, groups)
   report = runtime.replay(os.fspath(copy), quiet=True)
   assert {m[0] for m in report["mismatches"]} >= {2}
   assert "reward_mean" in {m[1] for m in report["mismatches"] if m[0] == 2}
@@ -123,9 +131,9 @@ def test_replay_detects_a_changed_rollout(async1_run, tmp_path):
 
 def test_file_queue_resume_consumes_no_group_twice(tmp_path):
   cfg = _cfg(mode="async", max_staleness=1, queue="files", stop_after_steps=2)
-  runtime.train_async(cfg, tmp_path, quiet=True)
+  runtime.train(cfg, tmp_path, quiet=True)
   assert len(_schedule(tmp_path)) == 2
-  runtime.train_async(_cfg(mode="async", max_staleness=1, queue="files"), tmp_path, resume=True, quiet=True)
+  runtime.train(_cfg(mode="async", max_staleness=1, queue="files"), tmp_path, resume=True, quiet=True)
   schedule = _schedule(tmp_path)
   assert [e["step"] for e in schedule] == [1, 2, 3, 4]
   groups = [g for e in schedule for g in e["groups"] + e["dropped"]]
@@ -243,9 +251,9 @@ def test_take_groups_drops_and_counts_stale_groups_and_sorts_by_ticket():
   q = rollouts.MemoryQueue(capacity=64, consumers=("learner",))
   for ticket, version in ((5, 9), (1, 2), (3, 9), (4, 8), (2, 10)):
     for i, row in enumerate(_group_rows(ticket, version)):
-      q.put(_produce.row_id(ticket, i), row, group_id=_produce.group_id(ticket), group_size=2)
-  fresh, dropped = _async.take_groups(q, num_groups=3, learner_version=10, max_staleness=2, tag=11, poll_s=0.1)
-  assert dropped == [(_produce.group_id(1), 8)]
+      q.put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=2)
+  fresh, dropped = runtime.take_groups(q, num_groups=3, learner_version=10, max_staleness=2, poll_s=0.1)
+  assert dropped == [(envs.group_id(1), 8)]
   assert [int(rows[0]["ticket"]) for _, rows, _ in fresh] == [3, 4, 5]
   assert [st for _, _, st in fresh] == [1, 2, 1]
   assert q.depth("learner") == 2  # The dropped group was consumed (and counted), not left behind.
@@ -253,14 +261,14 @@ def test_take_groups_drops_and_counts_stale_groups_and_sorts_by_ticket():
 
 def test_rows_to_batch_matches_the_sync_layout():
   rows = _group_rows(0, 0) + _group_rows(1, 0)
-  batch = _produce.rows_to_batch([rows[:2], rows[2:]], seq_len=6, pad_id=0)
+  batch = runtime.rows_to_batch([rows[:2], rows[2:]], seq_len=6, pad_id=0)
   np.testing.assert_array_equal(batch.tokens[0], [1, 5, 7, 2, 0, 0])
   np.testing.assert_array_equal(batch.loss_mask[0], [0, 1, 1, 0, 0])
   np.testing.assert_allclose(batch.behaviour_logprobs[0], [0, -0.5, -0.25, 0, 0])
   np.testing.assert_array_equal(batch.group_ids, [0, 0, 1, 1])
   np.testing.assert_array_equal(batch.rewards, [0, 1, 0, 1])
   with pytest.raises(ValueError, match="exceeds the batch width"):
-    _produce.rows_to_batch([rows[:2]], seq_len=3, pad_id=0)
+    runtime.rows_to_batch([rows[:2]], seq_len=3, pad_id=0)
 
 
 def test_auto_loss_is_decoupled_ppo_exactly_when_off_policy():

@@ -9,18 +9,21 @@ import numpy as np
 from rlax_post import learner
 from rlax_post import models
 from rlax_post import sharding
+from rlax_post import config
+from rlax_post import runtime
 from rlax_post.runtime import _checkpoint
-from rlax_post.runtime import _setup
+from rlax_post.runtime import _learn
 
 
 def _setup_learner():
-  cfg = models.preset("micro", vocab_size=64, max_seq_len=16)
-  graphdef, params = models.init_params(cfg, jax.random.key(0))
   mesh = sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}, devices=jax.devices()[:1])
-  opt = _setup.optimizer(_setup.config_lib.OptimizerSection(learning_rate=1e-2, warmup_steps=1), 10)
+  cfg = config.load({"model": {"preset": "micro", "max_seq_len": 16},
+                     "task": {"name": "reverse", "options": {"max_len": 4}}, "rl": {"max_new_tokens": 6}})
+  parts = runtime.build_parts(cfg, mesh=mesh)
+  graphdef, params = models.init_params(parts.model_cfg, jax.random.key(0))
+  opt = _learn.optimizer(config.OptimizerSection(learning_rate=1e-2, warmup_steps=1), 10)
   objective = learner.sft_objective(lambda p, t: models.token_logprobs(graphdef, p, t))
-  lrn = _setup.make_learner(graphdef, params, opt, objective, mesh=mesh, rules=sharding.DEFAULT_RULES,
-                            micro_batches=1, agg_mode="token_mean", max_len=None)
+  lrn = _learn.make_learner(parts, opt, objective, agg_mode="token_mean", max_len=None)
   return params, lrn
 
 

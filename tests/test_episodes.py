@@ -5,6 +5,7 @@ episode, max_turns; and the driver's deferred (future) observations."""
 import concurrent.futures
 import functools
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -289,6 +290,33 @@ def test_bad_arguments_raise_clear_errors(engine):
   driver.submit([_driver.Request(TOK.encode("a"), max_tokens=2)])
   with pytest.raises(ValueError, match="idle driver"):
     _episodes.run_episodes(driver, TOK, ToyEnv, ["a"], n=1, max_turn_tokens=2, max_turns=1)
+
+
+class PlainEnv:
+  """An env by shape only (the sampler does not import `envs`): reset and step; step returns `result`."""
+
+  def __init__(self, result):
+    self.result = result
+
+  def reset(self, prompt):
+    return ":"
+
+  def step(self, message):
+    return self.result
+
+
+def test_envs_and_step_results_are_duck_typed(engine):
+  result = types.SimpleNamespace(observation="", reward=0.5, done=True, info={"k": 1})
+  _, (good,) = _run(engine, lambda: PlainEnv(result), prompts=["ab"], n=1)
+  assert (good.end_reason, good.error, good.rewards, good.infos) == ("env_done", None, (0.5,), ({"k": 1},))
+  assert good.num_turns == 1
+  # A result without the StepResult fields ends its episode with a clear error.
+  _, (bad,) = _run(engine, lambda: PlainEnv({"observation": "", "reward": 1.0, "done": True}), prompts=["ab"],
+                   n=1)
+  assert (bad.end_reason, bad.rewards, bad.num_turns) == ("env_error", (), 1)
+  assert bad.error == "TypeError: env.step must return a StepResult; got dict."
+  with pytest.raises(ValueError, match="env_factory must build Envs.*got SimpleNamespace"):
+    _run(engine, lambda: types.SimpleNamespace(reset="not callable", step=print))
 
 
 # --- EpisodeRunner: streaming groups --------------------------------------------------------------------

@@ -18,7 +18,7 @@ from rlax_post import exchange
 from rlax_post import models
 from rlax_post import sharding
 from rlax_post.exchange import _store
-from rlax_post.runtime import _setup
+from rlax_post.runtime import _parts
 
 P = jax.sharding.PartitionSpec
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -95,6 +95,8 @@ def test_partial_and_unfinalized_versions_are_invisible(tmp_path):
   (tmp_path / "9").mkdir()  # Commit-file mode mid-write: no marker yet.
   (tmp_path / "9" / "junk").write_text("junk")
   (tmp_path / "10").write_text("a file, not a version")
+  names = ("5", "7.orbax-checkpoint-tmp-123", "8.orbax-checkpoint-tmp", "9", "10", "11")
+  assert [exchange.is_complete(exchange.as_path(tmp_path) / n) for n in names] == [True] + [False] * 5
   sub = exchange.ParamSubscriber(tmp_path, params_like=LIKE)
   assert sub.versions() == [5]
   version, params = sub.latest()
@@ -313,8 +315,8 @@ def test_reshard_micro_model(tmp_path):
   _, params_like = models.abstract_params(cfg)
   learner_mesh = sharding.make_mesh({"data": 2, "fsdp": 4})
   reader_mesh = sharding.make_mesh({"fsdp": 4, "tensor": 2}, devices=jax.devices()[::-1])
-  learner_sh = _setup.param_shardings(params_like, learner_mesh, sharding.DEFAULT_RULES)
-  reader_sh = _setup.param_shardings(params_like, reader_mesh, sharding.DEFAULT_RULES)
+  learner_sh = _parts.param_shardings(params_like, learner_mesh, sharding.DEFAULT_RULES)
+  reader_sh = _parts.param_shardings(params_like, reader_mesh, sharding.DEFAULT_RULES)
   assert any(a != b for a, b in zip(jax.tree.leaves(learner_sh), jax.tree.leaves(reader_sh)))
   pub = exchange.ParamPublisher(tmp_path)
   pub.publish(jax.device_put(params, learner_sh), 1)
@@ -379,6 +381,6 @@ def test_local_params():
 
 
 def test_paths():
-  assert str(_store.as_path("gs://bucket/run/params")) == "gs://bucket/run/params"
-  assert str(_store.as_path("relative/dir")) == os.path.abspath("relative/dir")
-  assert str(_store.as_path(pathlib.Path("/abs/dir"))) == "/abs/dir"
+  assert str(exchange.as_path("gs://bucket/run/params")) == "gs://bucket/run/params"
+  assert str(exchange.as_path("relative/dir")) == os.path.abspath("relative/dir")
+  assert str(exchange.as_path(pathlib.Path("/abs/dir"))) == "/abs/dir"

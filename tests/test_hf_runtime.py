@@ -13,11 +13,15 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
+import _serving  # noqa: E402
+import jax  # noqa: E402
+
 from rlax_post import config  # noqa: E402
 from rlax_post import models  # noqa: E402
 from rlax_post import runtime  # noqa: E402
-from rlax_post.runtime import _rollouts  # noqa: E402
-from rlax_post.runtime import _setup  # noqa: E402
+from rlax_post.runtime import _parts  # noqa: E402
+from rlax_post.runtime import _rowlog  # noqa: E402
+from rlax_post.runtime import _serve  # noqa: E402
 
 sys.path.insert(0, ".")
 from configs import demo  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
@@ -55,55 +59,51 @@ def checkpoint(tmp_path_factory):
   return path, body.embed_tokens.weight.detach().numpy(), body.layers[1].mlp.down_proj.weight.detach().numpy()
 
 
-def test_train_from_hf_checkpoint(checkpoint, tmp_path, monkeypatch):
-  path, embed_vd, down1_df = checkpoint
+def _hf_cfg(path, **rl):
   raw = demo.get_config("add,tiny")
   raw.model.hf_path = path
   raw.sft.steps = 0  # The warm start runs as configured; off here, as for a pretrained model.
   raw.rl.steps = 2
+  raw.rl.update(rl)
   raw.eval.every = 0
   raw.runtime.update(progress=False, tensorboard=False, plot=False)
-  cfg = config.load(raw)
+  return config.load(raw)
 
-  seen = {}
-  make_tokenizer, initial_params, sample = _setup.make_tokenizer, _setup.initial_params, _rollouts.Sampler.__call__
 
-  def record_tokenizer(c):
-    seen["tokenizer"] = make_tokenizer(c)
-    return seen["tokenizer"]
+@pytest.fixture(scope="module")
+def hf_run(checkpoint, tmp_path_factory):
+  path, _, _ = checkpoint
+  cfg = _hf_cfg(path)
+  workdir = str(tmp_path_factory.mktemp("hf_run"))
+  return cfg, workdir, runtime.train(cfg, workdir, quiet=True)
 
-  def record_params(*args, **kwargs):
-    params = initial_params(*args, **kwargs)
-    seen["params"] = {k: np.asarray(v) for k, v in params.items()}
-    return params
 
-  def record_prompts(self, params, prompts, **kwargs):
-    seen.setdefault("prompts", []).extend(list(map(int, p)) for p in prompts)
-    return sample(self, params, prompts, **kwargs)
-
-  monkeypatch.setattr(_setup, "make_tokenizer", record_tokenizer)
-  monkeypatch.setattr(_setup, "initial_params", record_params)
-  monkeypatch.setattr(_rollouts.Sampler, "__call__", record_prompts)
-  summary = runtime.train(cfg, str(tmp_path / "run"), quiet=True)
-
+def test_train_from_hf_checkpoint(checkpoint, hf_run):
+  path, embed_vd, down1_df = checkpoint
+  cfg, workdir, summary = hf_run
+  parts = runtime.build_parts(cfg)
+  params = _parts.initial_params(parts, jax.random.key(0))
   # The weights are the checkpoint's ([V, D] embedding; HF down_proj [D, F] is our down[l] [F, D]).
-  np.testing.assert_array_equal(seen["params"]["embedding"], embed_vd)
-  np.testing.assert_array_equal(seen["params"]["down"][1], down1_df.T)
+  np.testing.assert_array_equal(np.asarray(params["embedding"]), embed_vd)
+  np.testing.assert_array_equal(np.asarray(params["down"][1]), down1_df.T)
   # The model config comes from config.json, with the run's max_seq_len and the tokenizer's valid ids.
-  model_cfg = _setup.model_config(cfg, seen["tokenizer"])
+  model_cfg = parts.model_cfg
   assert (model_cfg.vocab_size, model_cfg.d_model, model_cfg.max_seq_len) == (384, 64, cfg.model.max_seq_len)
-  assert model_cfg.qkv_bias and model_cfg.valid_vocab_size == seen["tokenizer"].vocab_size
+  assert model_cfg.qkv_bias and model_cfg.valid_vocab_size == parts.tokenizer.vocab_size
 
-  # Every prompt the sampler saw is the HF tokenizer's encoding of a task prompt (no BOS: Qwen has none).
+  # Every prompt the run sampled (its logged rows) is the HF tokenizer's encoding of a task prompt (no BOS:
+  # Qwen has none).
   hf = models.HFTokenizer.from_dir(path)
-  assert isinstance(seen["tokenizer"], models.HFTokenizer) and not hf.add_bos_token
-  assert seen["prompts"]
-  for ids in seen["prompts"]:
+  assert isinstance(parts.tokenizer, models.HFTokenizer) and not hf.add_bos_token
+  log = _rowlog.RolloutLog(workdir)
+  prompts = [list(map(int, row["prompt"])) for step in (1, 2) for _, rows in log.rows(step) for row in rows]
+  assert len(prompts) == 2 * cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
+  for ids in prompts:
     text = hf.decode(ids, skip_special=False)
     assert re.fullmatch(r"\d+\+\d+=", text), text
     assert ids == hf.encode(text, add_bos=hf.add_bos_token)
 
-  with open(os.path.join(tmp_path, "run", "metrics.jsonl")) as f:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f if line.strip()]
   rl_rows = [r for r in rows if r.get("phase") == "rl"]
   assert [r["step"] for r in rl_rows] == [1, 2]
@@ -114,6 +114,26 @@ def test_train_from_hf_checkpoint(checkpoint, tmp_path, monkeypatch):
   assert summary["model_params"] == model_cfg.num_params()
 
 
+@pytest.mark.e2e
+def test_serve_answers_an_hf_run_with_its_own_tokenizer(checkpoint, hf_run):
+  """`rlax-post serve` of a run made from an HF checkpoint encodes the request and decodes with the
+  checkpoint's BPE tokenizer, not the byte tokenizer: the streamed ids are the greedy continuation of the
+  HF encoding of the text."""
+  path, _, _ = checkpoint
+  _, workdir, _ = hf_run
+  tokenizer = runtime.build_parts(runtime.load_run_config(workdir)).tokenizer
+  assert tokenizer.encode("12+34=", add_bos=True) != models.ByteTokenizer().encode("12+34=", add_bos=True)
+  want = models.HFTokenizer.from_dir(path).encode("12+34=", add_bos=False)  # Qwen-like: no BOS.
+  assert tokenizer.encode("12+34=", add_bos=True) == want
+  # The engine `rlax-post serve` builds encodes requests with the checkpoint's tokenizer.
+  engine = _serve.engine_from_workdir(workdir)
+  ids, length = engine.build_tokenizer(engine.get_tokenizer()).encode("12+34=", jax_padding=False)
+  assert list(ids[:length]) == want
+  expected = _serving.greedy_reference(workdir, "12+34=", 5, tokenizer)
+  assert expected
+  assert _serving.serve_and_decode(workdir, "12+34=", 5) == expected
+
+
 def test_hf_path_rejects_shape_overrides(checkpoint):
   path, _, _ = checkpoint
   raw = demo.get_config("add,tiny")
@@ -121,4 +141,4 @@ def test_hf_path_rejects_shape_overrides(checkpoint):
   raw.model.overrides = {"d_model": 32}
   cfg = config.load(raw)
   with pytest.raises(ValueError, match=r"`model.overrides` keys \['d_model'\] cannot change a checkpoint"):
-    _setup.model_config(cfg, _setup.make_tokenizer(cfg))
+    runtime.build_parts(cfg)

@@ -372,3 +372,50 @@ def test_sft_steps_reduce_loss(model, sft):
   assert all(b < a for a, b in zip(loss, loss[1:])), loss
   assert loss[-1] < loss[0] - 0.5, loss
   np.testing.assert_allclose(loss[0], np.log(CFG.vocab_size), rtol=0.05)
+
+
+def test_estimate_memory_matches_a_hand_count():
+  cfg = models.ModelConfig(vocab_size=16, d_model=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4,
+                           mlp_dim=16)  # float32 throughout, tied embeddings, no biases.
+  # fsdp = 2 halves every weight along its embed dim; norms are replicated.
+  per_layer = (8 * 2 * 4 + 2 * 8 * 1 * 4 + 2 * 4 * 8 + 3 * 8 * 16) // 2 + 2 * 8
+  params = 4 * (16 * 8 // 2 + 2 * per_layer + 8)
+  assert params == 2720
+  got = learner.estimate_memory(cfg, {"fsdp": 2}, batch=8, seq_len=6, micro_batches=2, remat=True,
+                                optimizer=optax.adam(1e-3), param_copies=1, kv_slots=3, kv_len=10)
+  # One micro-batch is 4 rows, 2 per device; activations float32 (4 bytes).
+  b, t = 2, 6
+  btd = b * t * 8 * 4
+  block = (4 * btd + 2 * b * t * 2 * 4 * 4 + 2 * b * t * 1 * 4 * 4 + 3 * b * t * 16 * 4
+           + b * 2 * t * t * (4 + 4))
+  logits = 3 * b * t * 16 * 4
+  want = {
+      "params": params,
+      "grads": 2 * params,  # the float32 grads and the float32 micro-batch accumulator
+      "optimizer": 2 * params + 4,  # mu, nu and Adam's int32 count
+      "reference": params,
+      "activations": 2 * btd + block + logits,
+      "kv_cache": 2 * 2 * 3 * 10 * 1 * 4 * 4 + 3 * 16 * 4,  # K and V, replicated; + float32 logits
+  }
+  want["total"] = sum(want.values())
+  assert got == want
+  assert tuple(got)[:-1] == learner.MEMORY_COMPONENTS
+  assert want["activations"] == 9216 and want["total"] == 27652
+  no_remat = learner.estimate_memory(cfg, {"fsdp": 2}, batch=8, seq_len=6, micro_batches=2, remat=False,
+                                     optimizer=optax.adam(1e-3))
+  assert no_remat["activations"] == 2 * block + logits
+
+
+def test_estimate_memory_raises_for_a_dim_that_does_not_divide_and_bad_arguments():
+  cfg = models.preset("qwen2.5-0.5b")  # 14 heads, 2 KV heads: tensor = 4 does not divide.
+  with pytest.raises(ValueError, match="not divisible"):
+    learner.estimate_memory(cfg, {"fsdp": 2, "tensor": 4}, batch=8, seq_len=16)
+  with pytest.raises(ValueError, match="batch=8 must be divisible by micro_batches=3"):
+    learner.estimate_memory(cfg, {"fsdp": 2}, batch=8, seq_len=16, micro_batches=3)
+  with pytest.raises(ValueError, match="seq_len must be a positive int; got 0"):
+    learner.estimate_memory(cfg, {"fsdp": 2}, batch=8, seq_len=0)
+
+
+def test_format_bytes():
+  assert learner.format_bytes(13.4 * 2**30) == "13.4 GiB"
+  assert learner.format_bytes(0) == "0.0 GiB"

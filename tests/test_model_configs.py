@@ -1,18 +1,18 @@
 """configs/models.py: every (model, hardware) pair validates, shards evenly on an abstract mesh of the
-hardware's device count, and fits its chip; `estimate_memory` against a hand count on a tiny model."""
+hardware's device count, and fits its chip (`learner.estimate_memory` itself is tested in test_learner.py)."""
 
 import sys
 
 import jax
 import numpy as np
-import optax
 import pytest
 
 from rlax_post import config
 from rlax_post import learner
 from rlax_post import models
 from rlax_post import sharding
-from rlax_post.runtime import _setup
+from rlax_post import runtime
+from rlax_post.runtime import _learn
 
 sys.path.insert(0, ".")
 from configs import models as model_configs  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -47,7 +47,7 @@ def test_pair_validates_shards_evenly_and_fits(model, hardware):
   assert model_cfg.param_dtype == "float32" and model_cfg.dtype == "bfloat16" and model_cfg.remat
 
   _, params = models.abstract_params(model_cfg)
-  opt = _setup.optimizer(cfg.rl.optimizer, cfg.rl.steps)
+  opt = _learn.optimizer(cfg.rl.optimizer, cfg.rl.steps)
   state = jax.eval_shape(lambda p: learner.init_train_state(p, opt, jax.random.key(0)), params)
   # Raises for any dimension that does not divide its mesh axes (nothing is silently replicated).
   shardings = sharding.state_shardings(state, models.param_logical_axes(params), opt, mesh,
@@ -64,8 +64,8 @@ def test_pair_validates_shards_evenly_and_fits(model, hardware):
   # The learner's micro-batch rows divide over the batch axes.
   rows = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt // cfg.rl.minibatches // cfg.loss.micro_batches
   assert rows % (cfg.mesh.data * cfg.mesh.fsdp) == 0
-  memory = _setup.run_memory(cfg, model_cfg)
-  assert memory["total"] < 0.9 * hw["hbm_bytes"], {k: sharding.format_bytes(v) for k, v in memory.items()}
+  memory = runtime.run_memory(cfg, model_cfg)
+  assert memory["total"] < 0.9 * hw["hbm_bytes"], {k: learner.format_bytes(v) for k, v in memory.items()}
 
 
 def test_every_model_runs_on_some_multi_device_hardware():
@@ -81,43 +81,6 @@ def test_bad_variants():
     model_configs.get_config("qwen2.5-7b,h100x9")
   with pytest.raises(ValueError, match="is not supported: float32 AdamW state"):
     model_configs.get_config("qwen3-8b,gpu1")
-
-
-def test_estimate_memory_matches_a_hand_count():
-  cfg = models.ModelConfig(vocab_size=16, d_model=8, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=4,
-                           mlp_dim=16)  # float32 throughout, tied embeddings, no biases.
-  # fsdp = 2 halves every weight along its embed dim; norms are replicated.
-  per_layer = (8 * 2 * 4 + 2 * 8 * 1 * 4 + 2 * 4 * 8 + 3 * 8 * 16) // 2 + 2 * 8
-  params = 4 * (16 * 8 // 2 + 2 * per_layer + 8)
-  assert params == 2720
-  got = sharding.estimate_memory(cfg, {"fsdp": 2}, batch=8, seq_len=6, micro_batches=2, remat=True,
-                                 optimizer=optax.adam(1e-3), param_copies=1, kv_slots=3, kv_len=10)
-  # One micro-batch is 4 rows, 2 per device; activations float32 (4 bytes).
-  b, t = 2, 6
-  btd = b * t * 8 * 4
-  block = (4 * btd + 2 * b * t * 2 * 4 * 4 + 2 * b * t * 1 * 4 * 4 + 3 * b * t * 16 * 4
-           + b * 2 * t * t * (4 + 4))
-  logits = 3 * b * t * 16 * 4
-  want = {
-      "params": params,
-      "grads": 2 * params,  # the float32 grads and the float32 micro-batch accumulator
-      "optimizer": 2 * params + 4,  # mu, nu and Adam's int32 count
-      "reference": params,
-      "activations": 2 * btd + block + logits,
-      "kv_cache": 2 * 2 * 3 * 10 * 1 * 4 * 4 + 3 * 16 * 4,  # K and V, replicated; + float32 logits
-  }
-  want["total"] = sum(want.values())
-  assert got == want
-  assert want["activations"] == 9216 and want["total"] == 27652
-  no_remat = sharding.estimate_memory(cfg, {"fsdp": 2}, batch=8, seq_len=6, micro_batches=2, remat=False,
-                                      optimizer=optax.adam(1e-3))
-  assert no_remat["activations"] == 2 * block + logits
-
-
-def test_estimate_memory_raises_for_a_dim_that_does_not_divide():
-  cfg = models.preset("qwen2.5-0.5b")  # 14 heads, 2 KV heads: tensor = 4 does not divide.
-  with pytest.raises(ValueError, match="not divisible"):
-    sharding.estimate_memory(cfg, {"fsdp": 2, "tensor": 4}, batch=8, seq_len=16)
 
 
 # --- Pods and clusters: which mesh axes cross the data-centre network (DCN) --------------------------------
@@ -165,12 +128,12 @@ def test_pod_mesh_keeps_fsdp_and_tensor_inside_a_granule(model, hardware):
   # The data axis visits every granule equally often.
   assert sorted(np.unique(granule_of[:, 0, 0], return_counts=True)[1]) == [m.data // granules] * granules
   # fsdp is the smallest power of two whose per-device estimate is under 80% of the chip's memory.
-  assert _setup.run_memory(cfg, _model_cfg(cfg))["total"] <= 0.8 * hw["hbm_bytes"]
+  assert runtime.run_memory(cfg, _model_cfg(cfg))["total"] <= 0.8 * hw["hbm_bytes"]
   if m.fsdp > 1:
     half = model_configs._build(model, hardware, dict(data=m.data * 2, fsdp=m.fsdp // 2, tensor=m.tensor,
                                                        dcn_data=m.dcn_data, dcn_fsdp=1))
     half = config.load(half)
-    assert _setup.run_memory(half, _model_cfg(half))["total"] > 0.8 * hw["hbm_bytes"]
+    assert runtime.run_memory(half, _model_cfg(half))["total"] > 0.8 * hw["hbm_bytes"]
 
 
 def test_make_mesh_dcn_checks():

@@ -19,13 +19,13 @@ from rlax_post import data
 from rlax_post import envs
 from rlax_post import models
 from rlax_post import runtime
-from rlax_post.runtime import _async
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _distributed
 from rlax_post.runtime import _learn
 from rlax_post.runtime import _metrics
-from rlax_post.runtime import _setup
-from rlax_post.runtime import _sync
+from rlax_post.runtime import _parts
+from rlax_post.runtime import _rowlog
+from rlax_post.runtime import _warm
 
 _TOL = 1e-5
 _OVERRIDES = ["--config", "configs/demo.py:tiny", "--config.runtime.mode=async", "--config.eval.every=0",
@@ -104,7 +104,7 @@ def test_row_shard_and_to_global_in_one_process():
 def test_group_payload_round_trip():
   rows = [{"tokens": np.arange(5, dtype=np.int32), "reward": 0.5, "ticket": 7, "versions": [3, 3]},
           {"tokens": np.arange(2, dtype=np.int32), "reward": 1.0, "ticket": 7, "versions": [4]}]
-  fresh, dropped = _async._groups_from_payload(_async._groups_payload([("0000000007", rows, 1)],
+  fresh, dropped = _rowlog.groups_from_payload(_rowlog.groups_payload([("0000000007", rows, 1)],
                                                                       [("0000000002", 3)]))
   assert dropped == [("0000000002", 3)]
   (gid, got, st), = fresh
@@ -192,29 +192,23 @@ def test_two_process_learner_matches_one_process(tmp_path):
 
   # One process, 8 devices: the same warm start from the same init ...
   cfg = runtime.load_run_config(workdir)
-  tokenizer, task = _setup.make_tokenizer(cfg), _setup.make_task(cfg)
-  model_cfg = _setup.model_config(cfg, tokenizer)
-  max_prompt_len, sft_len = _sync._check_lengths(cfg, task, model_cfg)
-  mesh, rules = _setup.mesh_and_rules(cfg)
-  graphdef, params_like = models.abstract_params(model_cfg)
-  param_sh = _setup.param_shardings(params_like, mesh, rules)
-  params = _setup.initial_params(cfg, model_cfg, param_sh, mesh, rules, _learn.key(cfg.seed, _learn.INIT, 0))
+  parts = runtime.build_parts(cfg)
+  params = _parts.initial_params(parts, _learn.key(cfg.seed, envs.Stream.INIT, 0))
   ref_dir = tmp_path / "one_process"
   ref_dir.mkdir()
   ref_metrics = _metrics.MetricsWriter(os.fspath(ref_dir), tensorboard=False)
-  sft_params = _sync._warm_start(cfg, task, tokenizer, graphdef, params, params_like, mesh, rules, sft_len,
-                                 ref_metrics, lambda it, **kw: it, lambda *a: None)
+  sft_params = _warm.warm_start(parts, params, ref_metrics, _metrics.Console(quiet=True))
   (ref_sft,), (got_sft,) = ref_metrics.read(), [r for r in rows if r["phase"] == "sft"]
   assert np.isfinite(got_sft["loss"]) and got_sft["loss"] > 0
   np.testing.assert_allclose(got_sft["loss"], ref_sft["loss"], rtol=_TOL)
 
   # ... matches the post-SFT params in the 2-process run's first checkpoint (restored in this process),
-  rl_update = _learn.RLUpdate(cfg, graphdef, params_like, mesh, rules, max_new_tokens=cfg.rl.max_new_tokens)
+  rl_update = runtime.RLUpdate(parts)
   ckpt = _checkpoint.RunCheckpointer(workdir)
   assert ckpt.complete_steps() == [0, 2, 3]
   restore = lambda step: ckpt.restore(step, state_like=rl_update.learner.abstract_state,
-                                      state_shardings=rl_update.learner.state_shardings, ref_like=params_like,
-                                      ref_shardings=param_sh)
+                                      state_shardings=rl_update.learner.state_shardings,
+                                      ref_like=parts.params_like, ref_shardings=parts.param_shardings)
   _, ref_params0, meta0 = restore(0)
   assert meta0["rl_step"] == 0
   _close(ref_params0, sft_params)

@@ -16,9 +16,7 @@ from rlax_post import models
 from rlax_post import rollouts
 from rlax_post import sampler
 from rlax_post.envs import _latency
-from rlax_post.runtime import _async
-from rlax_post.runtime import _produce
-from rlax_post.runtime import _produce_episodes
+from rlax_post import runtime
 
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -105,11 +103,11 @@ def _cfg():
 
 
 def _producer(engine, params=None, version=0, median_s=0.002, p99_s=0.05):
-  return _produce_episodes.EpisodeProducer(
+  return envs.EpisodeProducer(
       _cfg(), TOK, engine, _model()[1] if params is None else params, version,
       prompt_of=lambda t: envs.tool_prompt(0, t),
       env_of=lambda e: envs.LatencyToolEnv(seed=0, episode=e, max_turns=2, median_s=median_s, p99_s=p99_s),
-      turn_tokens_of=lambda t: _produce_episodes.turn_budget(0, t, median=3, p99=8, high=8), max_turns=2,
+      turn_tokens_of=lambda t: envs.turn_budget(0, t, median=3, p99=8, high=8), max_turns=2,
       max_workers=8)
 
 
@@ -129,8 +127,8 @@ def test_rows_to_batch_puts_the_loss_mask_exactly_over_the_sampled_tokens(engine
   groups = _run(_producer(engine), [0, 1])
   assert sorted(groups) == [0, 1] and all(len(rows) == N for rows in groups.values())
   rows = groups[0] + groups[1]
-  assert set(rows[0]) == set(_produce.ROW_FIELDS + _produce.TURN_FIELDS)
-  batch = _produce.rows_to_batch([groups[0], groups[1]], seq_len=SEQ_LEN, pad_id=TOK.pad_id)
+  assert set(rows[0]) == set(envs.ROW_FIELDS + envs.TURN_FIELDS)
+  batch = runtime.rows_to_batch([groups[0], groups[1]], seq_len=SEQ_LEN, pad_id=TOK.pad_id)
   for r, row in enumerate(rows):
     lp, mask = len(row["prompt"]), row["mask"].astype(bool)
     assert TOK.decode(row["prompt"][1:]) == envs.tool_prompt(0, int(row["ticket"])) + ">"
@@ -159,11 +157,11 @@ def test_rows_of_an_env_without_state_keys_key_turns_by_their_token_prefix(engin
     np.testing.assert_array_equal(covered, row["mask"])
     assert starts[0] == 0 and len(starts) >= 1
     np.testing.assert_array_equal(row["turn_keys"],
-                                  [_produce_episodes.prefix_key(context[:lp + s]) for s in starts])
+                                  [envs.prefix_key(context[:lp + s]) for s in starts])
     np.testing.assert_allclose(row["turn_rewards"].sum(), row["reward"], rtol=1e-5, atol=1e-6)
   assert rows[0]["turn_keys"][0] == rows[1]["turn_keys"][0]
-  assert _produce_episodes.prefix_key([1, 2]) != _produce_episodes.prefix_key([1, 3])
-  assert 0 <= _produce_episodes.prefix_key([1, 2]) < 2**31
+  assert envs.prefix_key([1, 2]) != envs.prefix_key([1, 3])
+  assert 0 <= envs.prefix_key([1, 2]) < 2**31
 
 
 def test_a_ticket_gives_the_same_rows_whatever_else_runs(engine):
@@ -180,12 +178,12 @@ def test_a_sampler_worker_runs_the_producer_under_the_staleness_bound(engine):
   """Two learner steps at η = 1 with SamplerWorker + EpisodeProducer (the params stay the same, the version
   moves): each step gets P complete groups, in ticket order, at most one version old."""
   params = _model()[1]
-  queue = rollouts.MemoryQueue(capacity=3 * P * N, consumers=(_async.LEARNER,))
+  queue = rollouts.MemoryQueue(capacity=3 * P * N, consumers=("learner",))
   source = exchange.LocalParams(max_to_keep=2)
   stop, producers = threading.Event(), []
-  worker = _async.SamplerWorker(
-      name="s", producer_factory=lambda p, v: producers.append(_producer(engine, p, v)) or producers[-1],
-      source=source, queue=queue, admission=rollouts.MemoryAdmission(groups_per_step=P, max_staleness=1),
+  worker = runtime.SamplerWorker(
+      "s", lambda p, v: producers.append(_producer(engine, p, v)) or producers[-1],
+      runtime.Channels(source, queue, rollouts.MemoryAdmission(groups_per_step=P, max_staleness=1)),
       slots=2 * P * N, group_size=N, should_stop=stop.is_set)
   source.publish(params, 0)
   thread = threading.Thread(target=worker.run, daemon=True)
@@ -193,8 +191,8 @@ def test_a_sampler_worker_runs_the_producer_under_the_staleness_bound(engine):
   try:
     got = []
     for step in range(2):
-      fresh, dropped = _async.take_groups(queue, num_groups=P, learner_version=step, max_staleness=1,
-                                          tag=step + 1, poll_s=0.2)
+      fresh, dropped = runtime.take_groups(queue, num_groups=P, learner_version=step, max_staleness=1,
+                                          poll_s=0.2)
       assert dropped == []
       got.append([(int(rows[0]["ticket"]), st) for _, rows, st in fresh])
       source.publish(params, step + 1)

@@ -3,7 +3,7 @@
 import numpy as np
 
 from rlax_post.runtime import _credit
-from rlax_post.runtime import _setup
+from rlax_post.runtime import _batch
 
 PAD = 9
 
@@ -48,7 +48,7 @@ def test_scatter_steps_places_step_i_at_target_of_token_len_plus_i():
   values = np.arange(1, 17, dtype=np.float32).reshape(4, 4)
   out = _credit.scatter_steps(values, prompt_lens, tokens.shape[1])
   assert out.shape == (4, 6)
-  loss_mask = _setup.response_mask(prompt_lens, lengths, tokens.shape[1])
+  loss_mask = _batch.response_mask(prompt_lens, lengths, tokens.shape[1])
   np.testing.assert_array_equal(out * loss_mask, [[0, 1, 2, 3, 0, 0], [0, 5, 6, 7, 0, 0],
                                                   [0, 9, 10, 0, 0, 0], [13, 14, 15, 0, 0, 0]])
   np.testing.assert_array_equal(loss_mask, (out * loss_mask != 0).astype(np.float32))
@@ -65,24 +65,23 @@ def test_graph_gae_on_prefix_states_credits_the_diverging_token():
   eos = 8
   tokens = np.array([[5, 5, 1, 2, eos], [5, 5, 1, 3, eos]])
   prompt_lens, lengths, groups = np.array([2, 2]), np.array([3, 3]), np.array([0, 0])
-  loss_mask = _setup.response_mask(prompt_lens, lengths, tokens.shape[1])
+  loss_mask = _batch.response_mask(prompt_lens, lengths, tokens.shape[1])
   section = config.AdvantageSection(estimator="graph_gae", gamma=1.0, lambda_=0.0)
   credit = _credit.Credit(section, num_groups=1, batch=2, max_new_tokens=3)
-  adv, metrics = credit(np.array([1.0, 0.0], np.float32), groups, tokens, prompt_lens, lengths, loss_mask, 3)
+  adv, metrics = credit(np.array([1.0, 0.0], np.float32), groups, tokens, prompt_lens, lengths, loss_mask)
   np.testing.assert_allclose(adv, [[0.0, 0.0, 0.5, 0.0], [0.0, 0.0, -0.5, 0.0]], atol=1e-6)
   assert metrics["num_nodes"] == 4.0  # prompt, 'a', 'ab', 'ac'
   # λ = 1: Monte-Carlo return minus the state's value, on every generated token.
   section = config.AdvantageSection(estimator="graph_gae", gamma=1.0, lambda_=1.0)
   adv, _ = _credit.Credit(section, num_groups=1, batch=2, max_new_tokens=3)(
-      np.array([1.0, 0.0], np.float32), groups, tokens, prompt_lens, lengths, loss_mask, 3)
+      np.array([1.0, 0.0], np.float32), groups, tokens, prompt_lens, lengths, loss_mask)
   np.testing.assert_allclose(adv, [[0.0, 0.5, 0.5, 0.0], [0.0, -0.5, -0.5, 0.0]], atol=1e-6)
 
 
 def test_group_estimator_broadcasts_over_generated_tokens_only():
   from rlax_post import config  # pylint: disable=g-import-not-at-top
   tokens, prompt_lens, lengths, groups = _rollouts()
-  loss_mask = _setup.response_mask(prompt_lens, lengths, tokens.shape[1])
+  loss_mask = _batch.response_mask(prompt_lens, lengths, tokens.shape[1])
   credit = _credit.Credit(config.AdvantageSection(estimator="drgrpo"), num_groups=2, batch=4, max_new_tokens=4)
-  adv, _ = credit(np.array([1.0, 0.0, 0.0, 1.0], np.float32), groups, tokens, prompt_lens, lengths, loss_mask,
-                  4)
+  adv, _ = credit(np.array([1.0, 0.0, 0.0, 1.0], np.float32), groups, tokens, prompt_lens, lengths, loss_mask)
   np.testing.assert_allclose(adv, np.array([2 / 3, -1 / 3, -1 / 3, 0.0])[:, None] * loss_mask, atol=1e-6)

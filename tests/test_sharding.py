@@ -139,6 +139,31 @@ def test_activation_constraint_fn(mesh):
         jnp.ones((2, 3, 6)))
 
 
+def test_activation_shard_shape_matches_the_constraint(mesh):
+  axes = ('batch', 'length', 'embed')
+  x = jax.jit(lambda x: sharding.activation_constraint_fn(mesh, RULES)(x, axes))(jnp.ones((8, 3, 6)))
+  assert sharding.activation_shard_shape(mesh, RULES, axes, (8, 3, 6)) == (2, 3, 6)
+  assert {s.data.shape for s in x.addressable_shards} == {(2, 3, 6)}
+
+
+def test_activation_shard_shape_on_an_abstract_mesh():
+  big = sharding.abstract_mesh({'data': 2, 'fsdp': 4, 'tensor': 2})
+  # batch over data × fsdp = 8; embed would reuse fsdp (dropped); heads over tensor.
+  assert sharding.activation_shard_shape(big, RULES, ('batch', 'length', 'embed'), (16, 3, 6)) == (2, 3, 6)
+  assert sharding.activation_shard_shape(big, RULES, ('batch', 'heads', None), (8, 4, 5)) == (1, 2, 5)
+  with pytest.raises(ValueError, match=r"activation: dim 1 \('heads'\) of size 3 is not divisible"):
+    sharding.activation_shard_shape(big, RULES, ('batch', 'heads', None), (8, 3, 5))
+
+
+def test_abstract_mesh():
+  mesh = sharding.abstract_mesh({'fsdp': 64, 'tensor': 4})
+  assert dict(mesh.shape) == {'data': 1, 'fsdp': 64, 'tensor': 4}
+  with pytest.raises(ValueError, match=r"unknown axes \['model'\]"):
+    sharding.abstract_mesh({'model': 2})
+  with pytest.raises(ValueError, match='must be positive ints'):
+    sharding.abstract_mesh({'fsdp': -1})
+
+
 def _expected_param_specs():
   # By hand from DEFAULT_RULES and models.PARAM_LOGICAL_AXES.
   return {

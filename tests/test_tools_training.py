@@ -12,8 +12,6 @@ import pytest
 from rlax_post import config
 from rlax_post import models
 from rlax_post.envs import tools
-from rlax_post.runtime import _setup
-from rlax_post.runtime import _sync
 
 from configs import tools_tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -23,7 +21,7 @@ _CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def _tool_task(**options):
   c = tools_tiny.get_config("tiny")
   c.task.options = dict(c.task.options, **options)
-  return _setup.make_tool_task(config.load(c))
+  return tools.make_tool_task(config.load(c), models.ByteTokenizer())
 
 
 def test_noiseless_demonstrations_parse_and_solve_the_task():
@@ -66,14 +64,14 @@ def test_held_out_indices_are_never_training_indices():
   task = _tool_task()
   train = {task.train_index(t) for t in range(50)}
   held = {task.eval_index(j) for j in range(10)}
-  assert max(train) < _setup.HELD_OUT_BASE <= min(held)
+  assert max(train) < tools.HELD_OUT_BASE <= min(held)
   assert all(task.fits(i) for i in train | held)
 
 
 def test_demo_row_trains_only_the_policy_messages():
   tok = models.ByteTokenizer()
   demo = _tool_task().demonstration(_tool_task().train_index(0))
-  tokens, trained = _sync.tool_demo_row(tok, demo)
+  tokens, trained = tools.demo_row(tok, demo)
   assert len(trained) == len(tokens) - 1
   targets = [t for t, m in zip(tokens[1:], trained) if m]
   assert targets == [t for msg in demo.messages for t in tok.encode(msg, add_bos=False) + [tok.eos_id]]
@@ -83,7 +81,7 @@ def test_unknown_tool_option_lists_the_valid_ones():
   c = tools_tiny.get_config("tiny")
   c.task.options = dict(c.task.options, max_goal=2)
   with pytest.raises(ValueError, match="max_goals"):
-    _setup.make_tool_task(config.load(c))
+    tools.make_tool_task(config.load(c), models.ByteTokenizer())
 
 
 @pytest.mark.e2e
@@ -96,7 +94,7 @@ def test_tiny_tool_run_end_to_end_with_turn_level_credit(tmp_path):
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
   assert out.returncode == 0, out.stderr[-3000:]
   summary = json.loads((tmp_path / "summary.json").read_text())
-  # mode "sync": the async learner loop with η = 0.
+  # mode "sync": episodes sampled inline (η = 0).
   assert summary["mode"] == "sync" and summary["max_staleness"] == 0 and summary["rl_steps_done"] == 2
   for key in ("initial_eval_reward", "final_eval_reward"):
     assert 0.0 <= summary[key] <= 1.0

@@ -16,11 +16,9 @@ from rlax_post import envs
 from rlax_post import models
 from rlax_post import sampler
 from rlax_post.envs import tools
+from rlax_post import runtime
+from rlax_post.runtime import _batch
 from rlax_post.runtime import _credit
-from rlax_post.runtime import _learn
-from rlax_post.runtime import _produce
-from rlax_post.runtime import _produce_episodes
-from rlax_post.runtime import _setup
 
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -70,7 +68,7 @@ SEQ_LEN = 10
 
 
 def test_rows_to_batch_lays_the_turns_out_in_absolute_positions():
-  batch = _produce.rows_to_batch(_groups(), seq_len=SEQ_LEN, pad_id=0)
+  batch = runtime.rows_to_batch(_groups(), seq_len=SEQ_LEN, pad_id=0)
   np.testing.assert_array_equal(batch.turn_starts, [[2, 5, 7], [2, 6, 0], [2, 5, 0], [3, 5, 0], [3, 6, 8],
                                                     [3, 5, 0]])
   np.testing.assert_array_equal(batch.turn_ends, [[4, 6, 8], [3, 8, 0], [4, 6, 0], [4, 7, 0], [5, 7, 9],
@@ -83,14 +81,14 @@ def test_rows_to_batch_lays_the_turns_out_in_absolute_positions():
   assert batch.turn_keys.dtype == np.int32 and batch.turn_mask.dtype == np.float32
   for b, targets in enumerate(TARGETS):  # The loss mask is exactly the union of the turns' targets.
     np.testing.assert_array_equal(np.flatnonzero(batch.loss_mask[b]), sorted(sum(targets, [])))
-  single = [{k: v for k, v in r.items() if k not in _produce.TURN_FIELDS} for r in _groups()[0]]
-  assert _produce.rows_to_batch([single], seq_len=SEQ_LEN, pad_id=0).turn_starts is None
+  single = [{k: v for k, v in r.items() if k not in envs.TURN_FIELDS} for r in _groups()[0]]
+  assert runtime.rows_to_batch([single], seq_len=SEQ_LEN, pad_id=0).turn_starts is None
   with pytest.raises(ValueError, match="lack the turn fields"):
-    _produce.rows_to_batch([single[:1], _groups()[0][1:]], seq_len=SEQ_LEN, pad_id=0)
+    runtime.rows_to_batch([single[:1], _groups()[0][1:]], seq_len=SEQ_LEN, pad_id=0)
   bad = _groups()
   bad[0][0]["turn_ends"] = np.array([2, 4, 9], np.int32)  # Past the response.
   with pytest.raises(ValueError, match="turn spans"):
-    _produce.rows_to_batch(bad, seq_len=SEQ_LEN, pad_id=0)
+    runtime.rows_to_batch(bad, seq_len=SEQ_LEN, pad_id=0)
 
 
 def _direct(estimator, batch):
@@ -109,10 +107,10 @@ def _turns(batch):
 
 @pytest.mark.parametrize("estimator", ["gigpo", "graph_gae"])
 def test_turn_advantages_land_on_the_tokens_of_their_turn(estimator):
-  batch = _produce.rows_to_batch(_groups(), seq_len=SEQ_LEN, pad_id=0)
+  batch = runtime.rows_to_batch(_groups(), seq_len=SEQ_LEN, pad_id=0)
   credit = _credit.Credit(SECTIONS[estimator], num_groups=2, batch=6, max_new_tokens=6)
   adv_bt, metrics = credit(batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths,
-                           batch.loss_mask, 6, turns=_turns(batch))
+                           batch.loss_mask, turns=_turns(batch))
   out = _direct(estimator, batch)
   adv_bk = np.asarray(out.advantages)
   expected = np.zeros((6, SEQ_LEN - 1), np.float32)
@@ -132,9 +130,9 @@ def test_turn_advantages_land_on_the_tokens_of_their_turn(estimator):
 def test_gigpo_turn_advantages_by_hand():
   """γ = 0.9, ω = 1, drgrpo episode term. Group 0 rewards R = [1.5, 0, 0.2] (mean 17/30). Turn returns of the
   shared state 10 (turn 0): [0.45 + 0.81, 0, 0.2]; of state 11 (rows 0, 1 at turn 1): [1.4, 0]."""
-  batch = _produce.rows_to_batch(_groups(), seq_len=SEQ_LEN, pad_id=0)
+  batch = runtime.rows_to_batch(_groups(), seq_len=SEQ_LEN, pad_id=0)
   adv_bt, _ = _credit.Credit(SECTIONS["gigpo"], num_groups=2, batch=6, max_new_tokens=6)(
-      batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths, batch.loss_mask, 6,
+      batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths, batch.loss_mask,
       turns=_turns(batch))
   r0 = [0.9 * 0.5 + 0.81 * 1.0, 0.0, 0.2]  # Returns from turn 0 (state 10).
   ep = 1.5 - 1.7 / 3
@@ -148,15 +146,15 @@ def test_gigpo_turn_advantages_by_hand():
 def test_equal_keys_of_different_groups_stay_apart(estimator):
   """The library's nodes are (group id, key) pairs: each group's advantages are those of the group alone."""
   groups = _groups()
-  batch = _produce.rows_to_batch(groups, seq_len=SEQ_LEN, pad_id=0)
+  batch = runtime.rows_to_batch(groups, seq_len=SEQ_LEN, pad_id=0)
   both, m = _credit.Credit(SECTIONS[estimator], num_groups=2, batch=6, max_new_tokens=6)(
-      batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths, batch.loss_mask, 6,
+      batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths, batch.loss_mask,
       turns=_turns(batch))
   nodes = 0
   for g in range(2):
-    alone = _produce.rows_to_batch([groups[g]], seq_len=SEQ_LEN, pad_id=0)
+    alone = runtime.rows_to_batch([groups[g]], seq_len=SEQ_LEN, pad_id=0)
     adv, mg = _credit.Credit(SECTIONS[estimator], num_groups=1, batch=3, max_new_tokens=6)(
-        alone.rewards, alone.group_ids, alone.tokens, alone.prompt_lens, alone.lengths, alone.loss_mask, 6,
+        alone.rewards, alone.group_ids, alone.tokens, alone.prompt_lens, alone.lengths, alone.loss_mask,
         turns=_turns(alone))
     np.testing.assert_allclose(both[3 * g:3 * g + 3], adv, rtol=1e-6, atol=1e-7)
     nodes += mg["num_nodes"]
@@ -172,32 +170,32 @@ def test_one_token_turns_with_prefix_keys_reproduce_the_token_path(estimator):
   tokens = np.array([[5, 5, 1, 2, eos, 0], [5, 5, 1, 3, eos, 0], [5, 5, 4, eos, 0, 0], [6, 1, 2, eos, 0, 0]])
   prompt_lens, lengths, groups = np.array([2, 2, 2, 1]), np.array([3, 3, 2, 3]), np.array([0, 0, 0, 1])
   rewards = np.array([1.0, 0.0, 0.5, 1.0], np.float32)
-  loss_mask = _setup.response_mask(prompt_lens, lengths, tokens.shape[1])
+  loss_mask = _batch.response_mask(prompt_lens, lengths, tokens.shape[1])
   credit = _credit.Credit(SECTIONS[estimator], num_groups=2, batch=4, max_new_tokens=4)
-  token_adv, token_m = credit(rewards, groups, tokens, prompt_lens, lengths, loss_mask, 4)
+  token_adv, token_m = credit(rewards, groups, tokens, prompt_lens, lengths, loss_mask)
   rows = [{"prompt": t[:lp], "tokens": t[lp:lp + n], "mask": np.ones((n,), np.int32),
            "logprobs": np.zeros((n,), np.float32), "versions": np.zeros((n,), np.int32), "reward": r,
            "finished": True, "ticket": np.int64(0)} for t, lp, n, r in zip(tokens, prompt_lens, lengths, rewards)]
-  batch = _produce.rows_to_batch([rows[:3], rows[3:]], seq_len=tokens.shape[1], pad_id=0)
+  batch = runtime.rows_to_batch([rows[:3], rows[3:]], seq_len=tokens.shape[1], pad_id=0)
   assert batch.turn_mask is None
   np.testing.assert_array_equal(batch.loss_mask, loss_mask)
   again, _ = credit(batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths,
-                    batch.loss_mask, 4, turns=None)
+                    batch.loss_mask, turns=None)
   np.testing.assert_array_equal(again, token_adv)
   steps, mask = _credit.response_steps(tokens, prompt_lens, lengths, 4)
   step_rewards = np.zeros_like(mask)
   step_rewards[np.arange(4), lengths - 1] = rewards
   turns = _credit.Turns(starts=prompt_lens[:, None] + np.arange(4), ends=prompt_lens[:, None] + np.arange(1, 5),
                         keys=_credit.prefix_state_keys(steps, mask, groups), rewards=step_rewards, mask=mask)
-  turn_adv, turn_m = credit(rewards, groups, tokens, prompt_lens, lengths, loss_mask, 4, turns=turns)
+  turn_adv, turn_m = credit(rewards, groups, tokens, prompt_lens, lengths, loss_mask, turns=turns)
   np.testing.assert_allclose(turn_adv, token_adv, rtol=1e-6, atol=1e-7)
   assert np.any(token_adv != 0) and turn_m == token_m
 
 
 def test_group_estimators_ignore_turns():
-  batch = _produce.rows_to_batch(_groups(), seq_len=SEQ_LEN, pad_id=0)
+  batch = runtime.rows_to_batch(_groups(), seq_len=SEQ_LEN, pad_id=0)
   credit = _credit.Credit(config.AdvantageSection(estimator="rloo"), num_groups=2, batch=6, max_new_tokens=6)
-  args = (batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths, batch.loss_mask, 6)
+  args = (batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths, batch.loss_mask)
   with_turns, _ = credit(*args, turns=_turns(batch))
   np.testing.assert_array_equal(with_turns, credit(*args)[0])
   adv_b = np.asarray(advantages.group_advantages(batch.rewards, batch.group_ids, num_groups=2, method="rloo"))
@@ -205,8 +203,8 @@ def test_group_estimators_ignore_turns():
 
 
 def test_turn_overflow_and_bad_shapes_raise():
-  batch = _produce.rows_to_batch(_groups(), seq_len=SEQ_LEN, pad_id=0)
-  args = (batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths, batch.loss_mask, 6)
+  batch = runtime.rows_to_batch(_groups(), seq_len=SEQ_LEN, pad_id=0)
+  args = (batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths, batch.loss_mask)
   small = config.AdvantageSection(estimator="graph_gae", max_nodes=4)
   with pytest.raises(ValueError, match="8 distinct states exceed advantage.max_nodes = 4"):
     _credit.Credit(small, num_groups=2, batch=6, max_new_tokens=6)(*args, turns=_turns(batch))
@@ -216,7 +214,7 @@ def test_turn_overflow_and_bad_shapes_raise():
 
 
 def test_rl_update_hands_the_batch_turns_to_credit():
-  batch = _produce.rows_to_batch(_groups(), seq_len=SEQ_LEN, pad_id=0)
+  batch = runtime.rows_to_batch(_groups(), seq_len=SEQ_LEN, pad_id=0)
   seen = []
 
   class Stop(Exception):
@@ -229,14 +227,14 @@ def test_rl_update_hands_the_batch_turns_to_credit():
   fake = types.SimpleNamespace(group_stats=lambda r, g: {"frac_zero_signal": 0.0}, credit=credit,
                                max_new_tokens=6, cfg=None)
   with pytest.raises(Stop):
-    _learn.RLUpdate.__call__(fake, None, None, batch, 0)
+    runtime.RLUpdate.__call__(fake, None, None, batch, 0)
   np.testing.assert_array_equal(seen[0][1].keys, batch.turn_keys)
   np.testing.assert_array_equal(seen[0][1].starts, batch.turn_starts)
   np.testing.assert_array_equal(seen[0][1].ends, batch.turn_ends)
   np.testing.assert_array_equal(seen[0][1].rewards, batch.turn_rewards)
   np.testing.assert_array_equal(seen[0][1].mask, batch.turn_mask)
   with pytest.raises(Stop):
-    _learn.RLUpdate.__call__(fake, None, None, batch._replace(
+    runtime.RLUpdate.__call__(fake, None, None, batch._replace(
         turn_starts=None, turn_ends=None, turn_keys=None, turn_rewards=None, turn_mask=None), 0)
   assert seen[1][1] is None
 
@@ -279,7 +277,7 @@ def test_episode_rows_from_a_tool_env_carry_its_turns_and_keys():
   c = demo.get_config("tiny")
   c.rl.prompts_per_step, c.rl.samples_per_prompt = 2, 2
   log = {}
-  producer = _produce_episodes.EpisodeProducer(
+  producer = envs.EpisodeProducer(
       config.load(c), TOK, engine, _model()[1], 0, prompt_of=str, env_of=lambda e: _ShortTool(e, log),
       turn_tokens_of=lambda t: 5, max_turns=3, max_workers=4)
   groups = {}
@@ -289,7 +287,7 @@ def test_episode_rows_from_a_tool_env_carry_its_turns_and_keys():
     groups.update(producer.step())
   producer.close()
   rows = groups[0] + groups[1]
-  assert set(rows[0]) == set(_produce.ROW_FIELDS + _produce.TURN_FIELDS)
+  assert set(rows[0]) == set(envs.ROW_FIELDS + envs.TURN_FIELDS)
   for r, row in enumerate(rows):
     episode = log[r]  # Ticket t's episode i is env t·n + i.
     starts, ends = row["turn_starts"], row["turn_ends"]
@@ -308,13 +306,13 @@ def test_episode_rows_from_a_tool_env_carry_its_turns_and_keys():
     np.testing.assert_allclose(row["turn_rewards"].sum(), row["reward"], rtol=1e-5, atol=1e-6)
   # The initial state's key is the same for every task (no facts observed, nothing changed); a call changed it.
   assert len({r["turn_keys"][0] for r in rows}) == 1 and any(len(set(r["turn_keys"])) > 1 for r in rows)
-  batch = _produce.rows_to_batch([groups[0], groups[1]], seq_len=64, pad_id=TOK.pad_id)
+  batch = runtime.rows_to_batch([groups[0], groups[1]], seq_len=64, pad_id=TOK.pad_id)
   for r, row in enumerate(rows):
     targets = np.concatenate([np.arange(s, e) for s, e in zip(batch.turn_starts[r], batch.turn_ends[r])
                               if e > s]) - 1
     np.testing.assert_array_equal(np.flatnonzero(batch.loss_mask[r]), targets)
   adv, metrics = _credit.Credit(SECTIONS["gigpo"], num_groups=2, batch=4, max_new_tokens=15)(
-      batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths, batch.loss_mask, 15,
+      batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths, batch.loss_mask,
       turns=_turns(batch))
   assert np.all(adv[batch.loss_mask == 0] == 0) and np.all(np.isfinite(adv))
   assert metrics["num_nodes"] == len({(int(g), int(k)) for g, ks, m in zip(batch.group_ids, batch.turn_keys,

@@ -16,16 +16,17 @@ Batches carry their `Example`s as a numpy object array `examples` [B] (for
 rewards) next to `example_index` int64 [B] (the generation index: `i` in the
 train split, the position in `eval_examples` in the eval split). `examples`
 must be popped before a batch goes to a device.
+
+Tasks. A task is any object with the members `Task` below (`envs.Task`s have them); it is typed by shape
+because data may not import envs (envs builds its RL tasks on these pipelines).
 """
 
 import dataclasses
 import operator
-from typing import Any
+from typing import Any, Protocol
 
 import grain
 import numpy as np
-
-from rlax_post.envs import _base
 
 TRAIN_LENGTH = 2**31 - 1
 SPLITS = ('train', 'eval')
@@ -37,8 +38,41 @@ _SFT_SHUFFLE = 4
 _MAX_DRAWS_PER_EXAMPLE = 1000
 
 
+class Example(Protocol):
+  """What the pipelines read of an example (`envs.Example` has it)."""
+
+  prompt: str  # The text the model is conditioned on.
+  key: str  # A canonical problem id: equal keys are the same problem.
+
+
+class Task(Protocol):
+  """What the pipelines need of a task (`envs.Task` has it)."""
+
+  name: str
+  max_prompt_len: int  # Bytes, BOS not included.
+  max_answer_len: int  # Bytes of an answer or demonstration.
+
+  def make_example(self, rng: np.random.Generator) -> Example:
+    """Draws one example; deterministic given the state of `rng`."""
+
+  def demonstration(self, example: Example, rng: np.random.Generator, *, noise: float,
+                    typo_rate: float = 0.0) -> str:
+    """The completion a noisy demonstrator writes (without EOS)."""
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    raise ValueError(f'`{name}` must be an int >= {minimum}; got {value!r}.')
+
+
+def _check_probability(name: str, value: object) -> None:
+  if isinstance(value, bool) or not isinstance(
+      value, (int, float, np.integer, np.floating)) or not 0 <= value <= 1:
+    raise ValueError(f'`{name}` must be a number in [0, 1]; got {value!r}.')
+
+
 def _check_seed(seed: object) -> None:
-  _base.check_int('seed', seed, 0)
+  _check_int('seed', seed, 0)
 
 
 def _check_split(split: object) -> None:
@@ -51,15 +85,15 @@ def _shuffle_seed(seed: int, stream: int) -> int:
 
 
 def eval_examples(
-    task: _base.Task, *, seed: int, num_eval: int = 256
-) -> list[_base.Example]:
+    task: Task, *, seed: int, num_eval: int = 256
+) -> list[Example]:
   """The held-out set: the first `num_eval` distinct keys of split 'eval'.
 
   Raises:
     ValueError: if the task has too few distinct problems to fill it.
   """
   _check_seed(seed)
-  _base.check_int('num_eval', num_eval, 1)
+  _check_int('num_eval', num_eval, 1)
   examples, keys = [], set()
   for i in range(_MAX_DRAWS_PER_EXAMPLE * num_eval):
     if len(examples) == num_eval:
@@ -79,11 +113,11 @@ def eval_examples(
 class _TrainExample:
   """index -> (index, Example) with a key outside `eval_keys`."""
 
-  task: _base.Task
+  task: Task
   seed: int
   eval_keys: frozenset[str]
 
-  def __call__(self, index: int) -> tuple[int, _base.Example]:
+  def __call__(self, index: int) -> tuple[int, Example]:
     index = int(index)
     rng = np.random.default_rng([self.seed, _SPLIT_IDS['train'], index])
     for _ in range(_MAX_DRAWS_PER_EXAMPLE):
@@ -97,7 +131,7 @@ class _TrainExample:
 
 
 def _indexed_dataset(
-    task: _base.Task, seed: int, split: str, num_eval: int, shuffle_stream: int
+    task: Task, seed: int, split: str, num_eval: int, shuffle_stream: int
 ) -> grain.MapDataset:
   """MapDataset of (example_index, Example)."""
   _check_seed(seed)
@@ -112,7 +146,7 @@ def _indexed_dataset(
 
 
 def prompt_dataset(
-    task: _base.Task, *, seed: int, split: str = 'train', num_eval: int = 256
+    task: Task, *, seed: int, split: str = 'train', num_eval: int = 256
 ) -> grain.MapDataset:
   """MapDataset of `Example`s.
 
@@ -153,7 +187,7 @@ class _PromptBatch:
 
 
 def prompt_batches(
-    task: _base.Task,
+    task: Task,
     tokenizer: Any,
     *,
     seed: int,
@@ -178,8 +212,8 @@ def prompt_batches(
   `it.get_state()` is a JSON-serialisable dict; a fresh iterator from the
   same arguments after `set_state(state)` yields the same later batches.
   """
-  _base.check_int('batch_size', batch_size, 1)
-  _base.check_int('max_prompt_len', max_prompt_len, 1)
+  _check_int('batch_size', batch_size, 1)
+  _check_int('max_prompt_len', max_prompt_len, 1)
   if max_prompt_len < task.max_prompt_len + 1:
     raise ValueError(
         f'max_prompt_len={max_prompt_len} cannot hold BOS + the longest '
@@ -194,7 +228,7 @@ def prompt_batches(
 
 @dataclasses.dataclass(frozen=True)
 class _SftBatch:
-  task: _base.Task
+  task: Task
   tokenizer: Any
   seed: int
   max_len: int
@@ -228,7 +262,7 @@ class _SftBatch:
 
 
 def sft_batches(
-    task: _base.Task,
+    task: Task,
     tokenizer: Any,
     *,
     seed: int,
@@ -263,16 +297,16 @@ def sft_batches(
   disjoint blocks (block k is what process k's devices hold, see
   `runtime._distributed.row_shard`).
   """
-  _base.check_int('batch_size', batch_size, 1)
-  _base.check_int('max_len', max_len, 2)
-  _base.check_int('shard_count', shard_count, 1)
-  _base.check_int('shard_index', shard_index, 0)
+  _check_int('batch_size', batch_size, 1)
+  _check_int('max_len', max_len, 2)
+  _check_int('shard_count', shard_count, 1)
+  _check_int('shard_index', shard_index, 0)
   if shard_index >= shard_count or batch_size % shard_count:
     raise ValueError(
         f'shard_index={shard_index} must be < shard_count={shard_count}, '
         f'which must divide batch_size={batch_size}.')
-  _base.check_probability('noise', noise)
-  _base.check_probability('typo_rate', typo_rate)
+  _check_probability('noise', noise)
+  _check_probability('typo_rate', typo_rate)
   need = task.max_prompt_len + task.max_answer_len + 2
   if max_len < need:
     raise ValueError(

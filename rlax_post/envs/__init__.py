@@ -1,4 +1,5 @@
-"""Verifiable text tasks with noisy demonstrators, and the multi-turn `Env` protocol."""
+"""The run's task interface (`RLTask`, `Producer`, `make_rl_task`), verifiable text tasks with noisy demonstrators,
+the multi-turn `Env` protocol and its `EpisodeProducer`, and the tool-use env (`envs.tools`)."""
 
 from rlax_post.envs._base import Example
 from rlax_post.envs._protocol import Env
@@ -13,8 +14,40 @@ from rlax_post.envs._tasks import AddTask
 from rlax_post.envs._tasks import ReverseTask
 from rlax_post.envs._tasks import SortTask
 from rlax_post.envs import tools
+from rlax_post.envs._episodes import episode_rows
+from rlax_post.envs._episodes import EpisodeProducer
+from rlax_post.envs._episodes import prefix_key
+from rlax_post.envs._episodes import turn_budget
+from rlax_post.envs._make import make_rl_task
+from rlax_post.envs._rl import group_id
+from rlax_post.envs._rl import Lengths
+from rlax_post.envs._rl import Producer
+from rlax_post.envs._rl import RLTask
+from rlax_post.envs._rl import ROW_FIELDS
+from rlax_post.envs._rl import row_id
+from rlax_post.envs._rl import run_tickets
+from rlax_post.envs._rl import seed_of
+from rlax_post.envs._rl import Stream
+from rlax_post.envs._rl import TextTask
+from rlax_post.envs._rl import TURN_FIELDS
 
 __all__ = [
+    'EpisodeProducer',
+    'Lengths',
+    'Producer',
+    'RLTask',
+    'ROW_FIELDS',
+    'Stream',
+    'TURN_FIELDS',
+    'TextTask',
+    'episode_rows',
+    'group_id',
+    'make_rl_task',
+    'prefix_key',
+    'row_id',
+    'run_tickets',
+    'seed_of',
+    'turn_budget',
     'AddTask',
     'Env',
     'Example',

@@ -26,8 +26,8 @@ from typing import ClassVar
 
 import numpy as np
 
+from rlax_post import rewards
 from rlax_post.envs import _base
-from rlax_post.rewards import _text
 
 _DIGITS = string.digits
 # Characters a task alphabet may use: printable, one byte, not whitespace
@@ -51,7 +51,7 @@ class _ExactMatchTask:
 
   def reward(self, example: _base.Example, completion: str) -> float:
     _base.check_example(self.name, example)
-    return _text.exact_match(completion, example.answer, partial_credit=self.partial_credit)
+    return rewards.exact_match(completion, example.answer, partial_credit=self.partial_credit)
 
   def demonstration(self, example, rng, *, noise, typo_rate=0.0) -> str:
     _base.check_example(self.name, example)

@@ -13,7 +13,8 @@ Layout on disk::
   <dir>/<version>.orbax-checkpoint-tmp a version being written (never read)
   <dir>/leases/<version>.<reader_id>.<nonce>   a reader's lease: the wall-clock time it was taken
 
-Atomicity. A version is either complete or invisible. Orbax writes into a tmp directory and renames it when
+Atomicity. A version is either complete or invisible (`is_complete(step_dir)`, also for other orbax step
+directories such as the runtime's checkpoints). Orbax writes into a tmp directory and renames it when
 done (local disks) or writes in place and adds `commit_success.txt` last (buckets); in both modes the marker
 exists only in a finished version. Readers list only directories named `<int>` holding the marker (orbax's
 commit-file finalization check), so tmp dirs, stray numeric dirs and half-written versions are never read.
@@ -31,8 +32,8 @@ that still loses its version (it listed v just before GC deleted it, or its rest
 sees v vanish and `latest()`/`wait_for()` retry with the then-newest version; `restore(v)` raises
 `ValueError` listing the available versions.
 
-Processes and buckets. All paths are `etils.epath.Path`s: a local directory (made absolute) or a bucket URL
-such as `gs://bucket/run/params` (kept as is). Readers re-list the directory on every call and never create
+Processes and buckets. All paths are `etils.epath.Path`s (`as_path`): a local directory (made absolute) or a
+bucket URL such as `gs://bucket/run/params` (kept as is). Readers re-list the directory on every call and never create
 or delete versions, so any number of reader processes can follow one publisher process. Lease times are wall
 clocks of different hosts: keep `lease_timeout_s` well above both the clock skew and the slowest restore.
 Restores read only the shards each reader's own shardings need, so a reader may use a different mesh and
@@ -42,6 +43,8 @@ different `PartitionSpec`s than the publisher (resharding on restore), and diffe
 from rlax_post.exchange._local import LocalParams
 from rlax_post.exchange._local import ParamSource
 from rlax_post.exchange._publisher import ParamPublisher
+from rlax_post.exchange._store import as_path
+from rlax_post.exchange._store import is_complete
 from rlax_post.exchange._subscriber import ParamSubscriber
 
-__all__ = ["LocalParams", "ParamPublisher", "ParamSource", "ParamSubscriber"]
+__all__ = ["LocalParams", "ParamPublisher", "ParamSource", "ParamSubscriber", "as_path", "is_complete"]

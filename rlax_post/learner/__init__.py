@@ -1,5 +1,8 @@
-"""The learner: train state, optimizer, objectives and the update step."""
+"""The learner: train state, optimizer, objectives, the update step and its per-device memory estimate."""
 
+from rlax_post.learner._memory import COMPONENTS as MEMORY_COMPONENTS
+from rlax_post.learner._memory import estimate_memory
+from rlax_post.learner._memory import format_bytes
 from rlax_post.learner._objectives import decoupled_ppo_objective
 from rlax_post.learner._objectives import gspo_objective
 from rlax_post.learner._objectives import ppo_objective
@@ -13,9 +16,12 @@ from rlax_post.learner._step import jit_update
 from rlax_post.learner._update import make_update
 
 __all__ = (
+    'MEMORY_COMPONENTS',
     'TrainState',
     'current_learning_rate',
     'decoupled_ppo_objective',
+    'estimate_memory',
+    'format_bytes',
     'gspo_objective',
     'init_train_state',
     'jit_update',

@@ -1,15 +1,42 @@
-"""The thin imperative shell: training loops (sync and async), checkpoints, metrics and progress."""
+"""The thin imperative shell: one learner loop over a source of batches, samplers, checkpoints, metrics."""
 
-from rlax_post.runtime._async import load_run_config
-from rlax_post.runtime._async import replay
-from rlax_post.runtime._async import run_learner
-from rlax_post.runtime._async import run_sampler
-from rlax_post.runtime._async import SamplerWorker
-from rlax_post.runtime._async import train_async
+from rlax_post.runtime._batch import RolloutBatch
+from rlax_post.runtime._batch import rows_to_batch
 from rlax_post.runtime._checkpoint import RunCheckpointer
+from rlax_post.runtime._distributed import ENV_AUTO
+from rlax_post.runtime._distributed import ENV_COORDINATOR
+from rlax_post.runtime._distributed import ENV_NUM_PROCESSES
+from rlax_post.runtime._distributed import ENV_PROCESS_ID
+from rlax_post.runtime._distributed import initialize as initialize_distributed
+from rlax_post.runtime._learn import RLUpdate
+from rlax_post.runtime._learn import TIMING_METRICS
+from rlax_post.runtime._loop import learn
+from rlax_post.runtime._loop import replay
+from rlax_post.runtime._loop import run_learner
+from rlax_post.runtime._loop import train
 from rlax_post.runtime._metrics import MetricsWriter
 from rlax_post.runtime._metrics import plot_curves
-from rlax_post.runtime._sync import train
+from rlax_post.runtime._parts import build_parts
+from rlax_post.runtime._parts import Parts
+from rlax_post.runtime._parts import run_memory
+from rlax_post.runtime._samplers import Channels
+from rlax_post.runtime._samplers import load_run_config
+from rlax_post.runtime._samplers import run_sampler
+from rlax_post.runtime._samplers import SamplerWorker
+from rlax_post.runtime._serve import serve
+from rlax_post.runtime._sources import InlineSource
+from rlax_post.runtime._sources import LoggedSource
+from rlax_post.runtime._sources import ProcessSource
+from rlax_post.runtime._sources import Source
+from rlax_post.runtime._sources import take_groups
+from rlax_post.runtime._sources import Taken
+from rlax_post.runtime._sources import ThreadSource
+from rlax_post.runtime._warm_cache import cache_key as warm_start_cache_key
+from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
-__all__ = ["load_run_config", "MetricsWriter", "plot_curves", "replay", "run_learner", "run_sampler",
-           "RunCheckpointer", "SamplerWorker", "train", "train_async"]
+__all__ = ["build_parts", "Channels", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID",
+           "InlineSource", "initialize_distributed", "learn", "load_run_config", "LoggedSource", "MetricsWriter",
+           "Parts", "plot_curves", "ProcessSource", "replay", "RLUpdate", "RolloutBatch", "rows_to_batch",
+           "run_learner", "run_memory", "run_sampler", "RunCheckpointer", "SamplerWorker", "serve", "Source",
+           "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "warm_start_cache_entries",
+           "warm_start_cache_key"]

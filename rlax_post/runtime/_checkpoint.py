@@ -14,6 +14,7 @@ join one barrier and fail; each checkpointer's `name` prefixes its barriers.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -21,7 +22,8 @@ from etils import epath
 import jax
 import orbax.checkpoint as ocp
 
-from rlax_post.exchange import _store
+from rlax_post import config as config_lib
+from rlax_post import exchange
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -48,7 +50,7 @@ class RunCheckpointer:
   def complete_steps(self) -> list[int]:
     """Finished steps, ascending (re-lists the directory)."""
     self._manager.reload()
-    return sorted(s for s in self._manager.all_steps() if _store.is_complete(self.directory / str(s)))
+    return sorted(s for s in self._manager.all_steps() if exchange.is_complete(self.directory / str(s)))
 
   def latest_step(self) -> int | None:
     steps = self.complete_steps()
@@ -80,3 +82,33 @@ class RunCheckpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+# Sections that decide what a run computes; a resumed run must match the run that wrote the checkpoint.
+# (mesh, eval, checkpoint and runtime may change: a run can resume on another mesh, for example.)
+_RESULT_SECTIONS = ("seed", "task", "model", "sft", "rl", "loss", "advantage")
+_NOT_RESULTS = ("sft.cache_dir",)  # where a warm start may be found, not what it is
+
+
+def _flat(tree, prefix=""):
+  if not isinstance(tree, dict):
+    return {prefix[:-1]: tree}
+  out = {}
+  for k, v in tree.items():
+    out.update(_flat(v, f"{prefix}{k}."))
+  return out
+
+
+def check_resume_config(saved: dict | None, cfg: config_lib.Config) -> None:
+  if saved is None:
+    return
+  now = config_lib.to_dict(cfg)
+  # JSON turns tuples into lists; compare through JSON on both sides.
+  old_flat = _flat({k: saved.get(k) for k in _RESULT_SECTIONS})
+  new_flat = _flat(json.loads(json.dumps({k: now[k] for k in _RESULT_SECTIONS})))
+  diff = sorted(k for k in old_flat.keys() | new_flat.keys()
+                if old_flat.get(k) != new_flat.get(k) and k not in _NOT_RESULTS)
+  if diff:
+    changes = ", ".join(f"{k}: {old_flat.get(k)!r} -> {new_flat.get(k)!r}" for k in diff[:8])
+    raise ValueError(f"--resume needs the configuration that wrote the checkpoint (it decides the schedule, "
+                     f"data and random streams); these keys differ: {changes}.")

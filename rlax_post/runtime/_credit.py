@@ -6,7 +6,7 @@ prefix, so `prefix_state_keys` numbers the distinct prefixes of each group (an e
 samples of one prompt that share a prefix merge into one node.
 
 Multi-turn batches (`Turns`) give the step-level methods one step per policy message instead: the env's key
-of the state the turn is taken from (a token-prefix hash when the env has none, `_produce_episodes`), the
+of the state the turn is taken from (a token-prefix hash when the env has none, `envs.EpisodeProducer`), the
 env's reward of the turn, and the batch's group ids, so equal keys merge only within a prompt's group. Each
 turn's advantage then goes to every token the policy sampled in that turn (`turns_to_tokens`); observation
 and prompt tokens get 0. Group methods ignore turns (the episode reward, broadcast).
@@ -101,7 +101,7 @@ class Credit:
 
   def __init__(self, section: config_lib.AdvantageSection, *, num_groups: int, batch: int,
                max_new_tokens: int):
-    self.section, self.num_groups = section, num_groups
+    self.section, self.num_groups, self.max_new_tokens = section, num_groups, max_new_tokens
     self._turn_fns: dict[tuple[int, int], object] = {}  # (B, K) -> jitted step estimator over turns.
     s = section
     max_nodes = s.max_nodes or batch * max_new_tokens
@@ -137,8 +137,8 @@ class Credit:
     return self._turn_fns[(b, k)]
 
   def __call__(self, rewards_b: np.ndarray, group_ids_b: np.ndarray, tokens_bt: np.ndarray,
-               prompt_lens_b: np.ndarray, lengths_b: np.ndarray, loss_mask_bt: np.ndarray,
-               max_new_tokens: int, *, turns: Turns | None = None) -> tuple[np.ndarray, dict]:
+               prompt_lens_b: np.ndarray, lengths_b: np.ndarray, loss_mask_bt: np.ndarray, *,
+               turns: Turns | None = None) -> tuple[np.ndarray, dict]:
     """`[B, T-1]` advantages (times `loss_mask_bt`) and metrics; step estimators use `turns` when given."""
     estimator = self.section.estimator
     if estimator in GROUP_ESTIMATORS:
@@ -158,7 +158,7 @@ class Credit:
       adv_bt = turns_to_tokens(np.asarray(out.advantages), turns.starts, turns.ends, mask_bk,
                                tokens_bt.shape[1])
       return adv_bt * loss_mask_bt, self._node_metrics(out, mask_bk)
-    steps_bn, mask_bn = response_steps(tokens_bt, prompt_lens_b, lengths_b, max_new_tokens)
+    steps_bn, mask_bn = response_steps(tokens_bt, prompt_lens_b, lengths_b, self.max_new_tokens)
     keys_bn = prefix_state_keys(steps_bn, mask_bn, group_ids_b)
     # The outcome reward arrives with the last generated token.
     step_rewards_bn = np.zeros(mask_bn.shape, np.float32)

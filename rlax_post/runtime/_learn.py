@@ -1,95 +1,138 @@
-"""One RL step of the learner on a batch of scored rollouts, shared by the sync loop, the async learner and
-`rlax-post replay` (so that the three compute the same thing from the same batch, bit for bit).
+"""The learner's RL step on a batch of scored rollouts, and the jitted, sharded learners it is made of.
+
+Every source of batches (inline sampling, sampler threads or processes, logged rows for `rlax-post replay`)
+feeds the same step, so they compute the same thing from the same batch, bit for bit.
 
 The step: learner-side logprobs of the batch under the current and the reference params, advantages from the
 rewards (`advantage.estimator`), then `rl.epochs × rl.minibatches` jitted updates. Its random streams depend
 only on (seed, rl_step), never on when or where the batch was sampled.
 
 On a multi-host learner every process calls the step with the same whole batch; each puts only its devices'
-rows on the mesh (`_setup.to_device_batch`), so the result is that of one process with all the devices.
+rows on the mesh (`_batch.to_device_batch`), so the result is that of one process with all the devices.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, NamedTuple
+import dataclasses
+from typing import Any, Callable
 
 import jax
 import numpy as np
+import optax
 
 from rlax_post import advantages as advantages_lib
 from rlax_post import config as config_lib
+from rlax_post import envs
+from rlax_post import learner
 from rlax_post import models
+from rlax_post import sharding
+from rlax_post.runtime import _batch
 from rlax_post.runtime import _credit
 from rlax_post.runtime import _distributed
-from rlax_post.runtime import _setup
+from rlax_post.runtime import _parts
 
-# Streams of the run's PRNG: one key per (purpose, step), so a resumed run draws exactly what an
-# uninterrupted one would.
-INIT, SFT_UPDATE, ROLLOUT, RL_UPDATE, MINIBATCH = range(5)
-
-
-def key(seed: int, purpose: int, step: int) -> jax.Array:
-  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), purpose), step)
-
-
-def seed_of(*parts: int) -> int:
-  """An int seed from ints (the sampling driver's seed of a step's rollouts)."""
-  return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+def key(seed: int, stream: int, step: int) -> jax.Array:
+  """The key of (seed, stream, step) (`envs.Stream`)."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), int(stream)), step)
 
 
 def host(metrics: dict) -> dict:
   return {k: float(v) for k, v in _distributed.to_host(metrics).items()}
 
 
-class RolloutBatch(NamedTuple):
-  """A step's scored rollouts, rows group-major (the n samples of group p are rows p·n … p·n + n - 1).
+def optimizer(section: config_lib.OptimizerSection, total_steps: int) -> optax.GradientTransformation:
+  return learner.make_optimizer(
+      learning_rate=section.learning_rate, warmup_steps=min(section.warmup_steps, max(total_steps - 1, 0)),
+      total_steps=max(total_steps, 1), end_lr_ratio=section.end_lr_ratio,
+      weight_decay=section.weight_decay, b1=section.b1, b2=section.b2, max_grad_norm=section.max_grad_norm)
 
-  Sequences are right-padded to one width T (so the jitted functions compile once). A row's response is
-  everything after its prompt: generated tokens and, in multi-turn episodes, env observations (loss_mask 0).
 
-  Multi-turn batches also carry K turns per row (K = the most turns of a row; padded turns have turn_mask 0),
-  which the step-level estimators use as their steps (`_credit`); single-turn batches leave them None.
-  """
-  tokens: np.ndarray  # [B, T] int32: prompt, then response, then PAD.
-  prompt_lens: np.ndarray  # [B] int32
-  lengths: np.ndarray  # [B] int32: response tokens (observations included).
-  loss_mask: np.ndarray  # [B, T-1] float32: 1 where target t+1 is a token the policy sampled.
-  behaviour_logprobs: np.ndarray  # [B, T-1] float32: the sampler's log π of target t+1; 0 off the mask.
-  rewards: np.ndarray  # [B] float32: outcome reward of each row.
-  group_ids: np.ndarray  # [B] int32 in [0, P).
-  finished: np.ndarray  # [B] bool: the row ended on a stop token / the env ended the episode.
-  turn_starts: np.ndarray | None = None  # [B, K] int32: position in `tokens` of turn k's first token.
-  turn_ends: np.ndarray | None = None  # [B, K] int32: one past turn k's last token.
-  turn_keys: np.ndarray | None = None  # [B, K] int32: key of the state turn k is taken from.
-  turn_rewards: np.ndarray | None = None  # [B, K] float32: the env's reward of turn k.
-  turn_mask: np.ndarray | None = None  # [B, K] float32: 1 on real turns (left-aligned).
+@dataclasses.dataclass
+class Learner:
+  """A jitted, sharded update for one optimizer and objective, and how to make its state."""
+  optimizer: optax.GradientTransformation
+  state_shardings: Any
+  step: Callable[..., Any]  # step(state, batch, rng) -> (state, metrics); donates state.
+  init: Callable[..., Any]  # init(params, rng) -> TrainState on the mesh.
+  abstract_state: Any
+
+
+def make_learner(parts: _parts.Parts, opt: optax.GradientTransformation, objective, *, agg_mode: str,
+                 max_len: int | None) -> Learner:
+  """The jitted update of `objective` under `opt` on the parts' mesh (`loss.micro_batches` micro-batches)."""
+  params_like, mesh, rules = parts.params_like, parts.mesh, parts.rules
+  logical = models.param_logical_axes(params_like)
+  abstract_state = jax.eval_shape(
+      lambda p: learner.init_train_state(p, opt, jax.random.key(0)), params_like)
+  shardings = sharding.state_shardings(abstract_state, logical, opt, mesh, rules)
+  update = learner.make_update(opt, objective, micro_batches=parts.cfg.loss.micro_batches, agg_mode=agg_mode,
+                               max_len=max_len)
+  step = learner.jit_update(update, shardings, sharding.batch_sharding(mesh, rules, 1), mesh, rules=rules)
+  init = jax.jit(lambda p, rng: learner.init_train_state(p, opt, rng), out_shardings=shardings)
+  return Learner(optimizer=opt, state_shardings=shardings, step=step, init=init,
+                 abstract_state=abstract_state)
+
+
+def make_objective(section: config_lib.LossSection, logprob_fn, kind: str | None = None):
+  """The policy objective named by `kind` (default `loss.kind`; "auto" resolved by the caller through
+  `config.loss_kind`); unknown kinds list the valid ones."""
+  kind = section.kind if kind is None else kind
+  common = dict(kl_coef=section.kl_coef, kl_kind=section.kl_kind, entropy_coef=section.entropy_coef)
+  factories = {
+      "ppo": lambda: learner.ppo_objective(logprob_fn, eps_low=section.eps_low, eps_high=section.eps_high,
+                                           dual_clip=section.dual_clip, **common),
+      "gspo": lambda: learner.gspo_objective(logprob_fn, eps_low=section.seq_eps_low,
+                                             eps_high=section.seq_eps_high, **common),
+      "decoupled_ppo": lambda: learner.decoupled_ppo_objective(
+          logprob_fn, eps_low=section.eps_low, eps_high=section.eps_high,
+          behaviour_cap=section.behaviour_cap, dual_clip=section.dual_clip, **common),
+  }
+  if kind not in factories:
+    raise ValueError(f"`loss.kind` must be one of {sorted(factories)}; got {kind!r}.")
+  return factories[kind]()
+
+
+def make_score(graphdef, *, temperature: float):
+  """Jitted learner-side logprobs of sequences: `score(params, tokens) -> logp [B, T-1]`."""
+  return jax.jit(lambda params, tokens: models.token_logprobs(graphdef, params, tokens,
+                                                             temperature=temperature)[0])
+
+
+def batch_sharding(mesh) -> jax.sharding.NamedSharding:
+  """Rows of a host batch over the mesh's data and fsdp axes."""
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
 
 
 class RLUpdate:
   """The learner's RL step for one run's configuration (jitted pieces built once)."""
 
-  def __init__(self, cfg: config_lib.Config, graphdef, params_like, mesh, rules, *, max_new_tokens: int):
+  def __init__(self, parts: _parts.Parts):
+    cfg, graphdef, max_new_tokens = parts.cfg, parts.graphdef, parts.lengths.response
     self.cfg = cfg
     self.kind = config_lib.loss_kind(cfg)
     logprob_fn = lambda p, tokens: models.token_logprobs(graphdef, p, tokens, temperature=cfg.rl.temperature)
-    opt = _setup.optimizer(cfg.rl.optimizer, cfg.rl.steps * cfg.rl.minibatches * cfg.rl.epochs)
-    self.learner = _setup.make_learner(
-        graphdef, params_like, opt, _setup.make_objective(cfg.loss, logprob_fn, kind=self.kind),
-        mesh=mesh, rules=rules, micro_batches=cfg.loss.micro_batches, agg_mode=cfg.loss.agg_mode,
+    opt = optimizer(cfg.rl.optimizer, cfg.rl.steps * cfg.rl.minibatches * cfg.rl.epochs)
+    self.learner = make_learner(
+        parts, opt, make_objective(cfg.loss, logprob_fn, kind=self.kind), agg_mode=cfg.loss.agg_mode,
         max_len=max_new_tokens)  # Dr.GRPO's constant normaliser: the longest response.
-    self.score = _setup.make_score(graphdef, temperature=cfg.rl.temperature)
-    self.batch_sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
+    self.score = make_score(graphdef, temperature=cfg.rl.temperature)
+    self.batch_sh = batch_sharding(parts.mesh)
     p = cfg.rl.prompts_per_step
     self.credit = _credit.Credit(cfg.advantage, num_groups=p, batch=p * cfg.rl.samples_per_prompt,
                                  max_new_tokens=max_new_tokens)
     self.max_new_tokens = max_new_tokens
+    self.seq_len, self.pad_id = parts.lengths.sequence, parts.tokenizer.pad_id
     self.group_stats = jax.jit(lambda r, g: advantages_lib.group_stats(r, g, num_groups=p))
 
-  def init(self, params, seed: int):
-    return self.learner.init(params, key(seed, RL_UPDATE, 0))
+  def batch(self, groups: list[list[dict]]) -> _batch.RolloutBatch:
+    """Groups of rows (`envs.ROW_FIELDS`) → the step's batch, `Lengths.sequence` wide."""
+    return _batch.rows_to_batch(groups, seq_len=self.seq_len, pad_id=self.pad_id)
 
-  def __call__(self, state, ref_params, batch: RolloutBatch, rl_step: int) -> tuple[Any, dict]:
+  def init(self, params, seed: int):
+    return self.learner.init(params, key(seed, envs.Stream.RL_UPDATE, 0))
+
+  def __call__(self, state, ref_params, batch: _batch.RolloutBatch, rl_step: int) -> tuple[Any, dict]:
     """Trains on `batch` as RL step `rl_step` (0-based); returns the new state and the step's metrics."""
     cfg = self.cfg
     stats = host(self.group_stats(batch.rewards, batch.group_ids))
@@ -97,7 +140,7 @@ class RLUpdate:
         starts=batch.turn_starts, ends=batch.turn_ends, keys=batch.turn_keys, rewards=batch.turn_rewards,
         mask=batch.turn_mask)
     adv_bt, credit_metrics = self.credit(batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens,
-                                         batch.lengths, batch.loss_mask, self.max_new_tokens, turns=turns)
+                                         batch.lengths, batch.loss_mask, turns=turns)
     # Every process holds the whole batch (host arrays); to_host gathers a multi-host learner's logprobs.
     old_logp = _distributed.to_host(self.score(state.params, batch.tokens))
     ref_logp = _distributed.to_host(self.score(ref_params, batch.tokens))
@@ -109,12 +152,12 @@ class RLUpdate:
     step_metrics = []
     rows = len(batch.tokens)
     for epoch in range(cfg.rl.epochs):
-      order = np.asarray(jax.random.permutation(key(cfg.seed, MINIBATCH, rl_step * cfg.rl.epochs + epoch),
+      order = np.asarray(jax.random.permutation(key(cfg.seed, envs.Stream.MINIBATCH, rl_step * cfg.rl.epochs + epoch),
                                                 rows)) if cfg.rl.minibatches > 1 else np.arange(rows)
       for j, mb in enumerate(np.array_split(order, cfg.rl.minibatches)):
-        mb_batch = _setup.to_device_batch({k: v[mb] for k, v in full.items()}, self.batch_sh)
+        mb_batch = _batch.to_device_batch({k: v[mb] for k, v in full.items()}, self.batch_sh)
         update_index = (rl_step * cfg.rl.epochs + epoch) * cfg.rl.minibatches + j
-        state, m = self.learner.step(state, mb_batch, key(cfg.seed, RL_UPDATE, update_index))
+        state, m = self.learner.step(state, mb_batch, key(cfg.seed, envs.Stream.RL_UPDATE, update_index))
         step_metrics.append(m)
     learner_metrics = {k: float(np.mean([host(m)[k] for m in step_metrics])) for k in step_metrics[0]}
     t_learn = time.time() - t1
@@ -137,5 +180,5 @@ class RLUpdate:
 
 
 # Metrics that depend on wall-clock time, not on the data: excluded when runs are compared.
-TIMING_METRICS = ("tokens_per_s", "learn_seconds", "rollout_seconds", "samples_per_s", "learner_idle_frac",
-                  "sampler_idle_frac", "queue_depth", "wait_seconds")
+TIMING_METRICS = ("tokens_per_s", "learn_seconds", "samples_per_s", "learner_idle_frac", "sampler_idle_frac",
+                  "queue_depth", "wait_seconds", "step_seconds")

@@ -2,16 +2,35 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import shutil
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
+import tqdm
 
 
-def _finite_or_none(v):
+@dataclasses.dataclass(frozen=True)
+class Console:
+  """Status lines and progress bars, or neither (`quiet`; bars also off with `progress=False`)."""
+  quiet: bool = False
+  progress: bool = True
+
+  def say(self, *args) -> None:
+    if not self.quiet:
+      print(*args, flush=True)
+
+  def bar(self, it: Iterable, **kwargs):
+    """`tqdm(it, **kwargs)`, or `it` itself when bars are off."""
+    if self.quiet or not self.progress:
+      return it
+    return tqdm.tqdm(it, dynamic_ncols=True, **kwargs)
+
+
+def finite_or_none(v):
   v = float(v)
   return v if math.isfinite(v) else None
 
@@ -29,7 +48,7 @@ class MetricsWriter:
     self.active = active
     self._tb = None
     if tensorboard and active:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (optional outputs; heavy imports)
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def truncate_after(self, step: int, phase: str = "rl") -> None:
@@ -46,7 +65,7 @@ class MetricsWriter:
     if not self.active:
       return
     row = {"phase": phase, "step": int(step)}
-    row.update({k: _finite_or_none(v) for k, v in metrics.items()})
+    row.update({k: finite_or_none(v) for k, v in metrics.items()})
     with open(self.path, "a") as f:
       f.write(json.dumps(row) + "\n")
     if self._tb is not None:
@@ -79,9 +98,9 @@ def clear_outputs(workdir: str) -> None:
 
 def plot_curves(rows: list[dict], path: str) -> None:
   """Saves a PNG of the RL reward (train and greedy eval), KL and the SFT loss."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib  # pylint: disable=g-import-not-at-top  (optional outputs; heavy imports)
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (optional outputs; heavy imports)
 
   def series(phase, key):
     pts = [(r["step"], r[key]) for r in rows if r.get("phase") == phase and r.get(key) is not None]

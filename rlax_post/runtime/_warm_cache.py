@@ -21,7 +21,6 @@ import jax
 
 from rlax_post import config as config_lib
 from rlax_post import exchange
-from rlax_post.exchange import _store
 
 # What decides the params after the warm start (the RL sections do not; sft.cache_dir itself does not).
 _KEY_SECTIONS = ("seed", "task", "model", "sft")
@@ -40,7 +39,7 @@ def cache_key(cfg: config_lib.Config) -> str:
 def entries(cache_dir: str, key: str) -> list:
   """The complete entries stored for `key` (one per writer that finished), in name order."""
   try:
-    return sorted(p for p in (_store.as_path(cache_dir) / key).iterdir() if _store.is_complete(p / "0"))
+    return sorted(p for p in (exchange.as_path(cache_dir) / key).iterdir() if exchange.is_complete(p / "0"))
   except FileNotFoundError:
     return []
 
@@ -64,7 +63,7 @@ def warm_start(cfg: config_lib.Config, params: Any, run: Callable[[], Any], *, s
     return out
   out = run()
   d = config_lib.to_dict(cfg)
-  pub = exchange.ParamPublisher(_store.as_path(cfg.sft.cache_dir) / key / uuid.uuid4().hex[:12], max_to_keep=1)
+  pub = exchange.ParamPublisher(exchange.as_path(cfg.sft.cache_dir) / key / uuid.uuid4().hex[:12], max_to_keep=1)
   pub.publish(out, 0, meta={"key": key, "config": {k: d[k] for k in _KEY_SECTIONS}})
   pub.close()
   return out

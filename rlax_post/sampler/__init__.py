@@ -21,8 +21,16 @@ from rlax_post.sampler._engine import RlaxEngine
 from rlax_post.sampler._tokenizer_api import ByteTokenizerAdapter
 from rlax_post.sampler._tokenizer_api import prefill_buckets
 from rlax_post.sampler._sampling import sample_token
+from rlax_post.sampler._serve import serve
+from rlax_post.sampler._serve import ServeOptions
+from rlax_post.sampler._serve import serving_engine
+from rlax_post.sampler._serve import ServingEngine
 
 __all__ = [
+    'ServeOptions',
+    'ServingEngine',
+    'serve',
+    'serving_engine',
     "ByteTokenizerAdapter",
     "Completion",
     "Driver",

@@ -40,10 +40,12 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from rlax_post.envs import _protocol
 from rlax_post.sampler import _driver
 
 END_REASONS = ("env_done", "max_turns", "max_decode_length", "env_error", "env_timeout")
+# What `env.step` returns: an `envs.StepResult` or any object with these attributes. Envs and step results
+# are duck-typed because the sampler may not import `envs` (which builds its producers on the sampler).
+_STEP_RESULT_FIELDS = ("observation", "reward", "done", "info")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +205,8 @@ class EpisodeRunner:
   Args:
     driver: an idle driver (nothing submitted); its engine's sampling law, slots and params are used.
     tokenizer: encodes texts (`encode(text, add_bos=...)`) and decodes messages (`decode(ids)`).
-    env_factory: builds one fresh `Env` per episode.
+    env_factory: builds one fresh env per episode: an `envs.Env`, or any object with `reset(prompt)` and
+      `step(message)`.
     max_turn_tokens: most tokens per message (a group may override it).
     max_turns: most messages per episode.
     stop_tokens: ids that end a message (EOS always does).
@@ -211,7 +214,7 @@ class EpisodeRunner:
     max_workers: threads stepping envs.
   """
 
-  def __init__(self, driver: _driver.Driver, tokenizer: Any, env_factory: Callable[[], _protocol.Env], *,
+  def __init__(self, driver: _driver.Driver, tokenizer: Any, env_factory: Callable[[], Any], *,
                max_turn_tokens: int, max_turns: int, stop_tokens: Sequence[int] = (),
                env_timeout_s: float = 60.0, max_workers: int = 8):
     for name, value in (("max_turn_tokens", max_turn_tokens), ("max_turns", max_turns),
@@ -257,7 +260,7 @@ class EpisodeRunner:
     _check_int("max_turn_tokens", max_turn_tokens, 1)
     _driver.check_streams(f"group {group_id!r}", seed, stream, None, n)
     states = [_State(self._num_groups, i, self._env_factory()) for i in range(n)]
-    bad = [type(s.env).__name__ for s in states if not isinstance(s.env, _protocol.Env)]
+    bad = [type(s.env).__name__ for s in states if not _is_env(s.env)]
     if bad:
       raise ValueError(f"env_factory must build Envs (with reset and step); got {bad[0]}.")
     self._num_groups += 1
@@ -367,7 +370,7 @@ class EpisodeRunner:
       self._finished.append(group)
 
 
-def run_episodes(driver: _driver.Driver, tokenizer: Any, env_factory: Callable[[], _protocol.Env],
+def run_episodes(driver: _driver.Driver, tokenizer: Any, env_factory: Callable[[], Any],
                  prompts: Sequence[str], *, n: int, max_turn_tokens: int, max_turns: int,
                  stop_tokens: Sequence[int] = (), env_timeout_s: float = 60.0, max_workers: int = 8,
                  on_step: Callable[[_driver.Driver, int], None] | None = None) -> list[Episode]:
@@ -380,7 +383,7 @@ def run_episodes(driver: _driver.Driver, tokenizer: Any, env_factory: Callable[[
   Args:
     driver: an idle driver (nothing submitted); its engine's sampling law, slots and params are used.
     tokenizer: encodes texts (`encode(text, add_bos=...)`) and decodes messages (`decode(ids)`).
-    env_factory: builds one fresh `Env` per episode.
+    env_factory: builds one fresh env per episode (as for `EpisodeRunner`).
     prompts: P prompt texts.
     n: episodes per prompt (those whose first observations agree share one prefill).
     max_turn_tokens: most tokens per message (clipped to the room left in `max_decode_length`).
@@ -409,6 +412,11 @@ def run_episodes(driver: _driver.Driver, tokenizer: Any, env_factory: Callable[[
   return [e for p in range(len(prompts)) for e in episodes[p]]
 
 
+def _is_env(env: Any) -> bool:
+  """Whether `env` has the `envs.Env` methods (checked by shape: the sampler cannot import `envs`)."""
+  return callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))
+
+
 def _as_text(value: Any) -> str:
   if not isinstance(value, str):
     raise TypeError(f"env.reset must return a str; got {type(value).__name__}.")
@@ -427,7 +435,7 @@ def _callback(members: list[_State], calls: _Calls, tokenizer: Any, max_turns: i
     state.messages.append(message)
 
     def on_result(result: Any) -> list[int] | None:
-      if not isinstance(result, _protocol.StepResult):
+      if not all(hasattr(result, f) for f in _STEP_RESULT_FIELDS):
         raise TypeError(f"env.step must return a StepResult; got {type(result).__name__}.")
       state.rewards.append(float(result.reward))
       state.infos.append(dict(result.info))

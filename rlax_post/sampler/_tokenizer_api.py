@@ -1,4 +1,4 @@
-"""JetStream's `tokenizer_api.Tokenizer` over our `models.ByteTokenizer`.
+"""JetStream's `tokenizer_api.Tokenizer` over the engine's tokenizer (`models.ByteTokenizer` or a checkpoint's).
 
 JetStream's orchestrator calls `encode(text, is_bos=..., max_prefill_length=..., jax_padding=...)` and expects
 `(padded_tokens [T_pad], true_length)`; it streams results one token at a time through `decode([id])` and
@@ -8,7 +8,7 @@ single non-ASCII byte decodes to that spelling here, and any other list of ids d
 
 from __future__ import annotations
 
-
+import jax.numpy as jnp
 import numpy as np
 
 import third_party.jetstream_compat as jetstream_compat
@@ -78,15 +78,15 @@ class ByteTokenizerAdapter(jetstream_modules.tokenizer_api.Tokenizer):
     tokens = np.full((padded,), self.pad_id, np.int32)
     tokens[:len(ids)] = ids
     if jax_padding:
-      import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
       tokens = jnp.asarray(tokens)
     return tokens, len(ids)
 
   def decode(self, token_ids: list[int], **kwargs) -> str:
-    """Text of `token_ids` (specials dropped); one non-ASCII byte alone is spelled `<0xAB>` for streaming."""
+    """Text of `token_ids` (specials dropped); with the byte tokenizer one non-ASCII byte alone is spelled
+    `<0xAB>` for streaming (a checkpoint's BPE tokens decode to their own text)."""
     del kwargs
     ids = [int(i) for i in np.asarray(token_ids).reshape(-1)]
-    if len(ids) == 1 and 0x80 <= ids[0] < 0x100:
+    if isinstance(self.tokenizer, models.ByteTokenizer) and len(ids) == 1 and 0x80 <= ids[0] < 0x100:
       return f"<0x{ids[0]:02X}>"
     return self.tokenizer.decode(ids, skip_special=True, stop_at_eos=False)
 

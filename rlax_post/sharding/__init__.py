@@ -1,9 +1,6 @@
 """Meshes and logical-axis sharding rules."""
 
-from rlax_post.sharding._memory import abstract_mesh
-from rlax_post.sharding._memory import COMPONENTS as MEMORY_COMPONENTS
-from rlax_post.sharding._memory import estimate_memory
-from rlax_post.sharding._memory import format_bytes
+from rlax_post.sharding._mesh import abstract_mesh
 from rlax_post.sharding._mesh import dcn_shape
 from rlax_post.sharding._mesh import hybrid_device_grid
 from rlax_post.sharding._mesh import MESH_AXES
@@ -12,6 +9,7 @@ from rlax_post.sharding._rules import DEFAULT_RULES
 from rlax_post.sharding._rules import LogicalAxes
 from rlax_post.sharding._rules import Rules
 from rlax_post.sharding._rules import activation_constraint_fn
+from rlax_post.sharding._rules import activation_shard_shape
 from rlax_post.sharding._rules import batch_sharding
 from rlax_post.sharding._rules import logical_to_spec
 from rlax_post.sharding._rules import named_shardings
@@ -20,16 +18,14 @@ from rlax_post.sharding._rules import state_shardings
 
 __all__ = (
     'DEFAULT_RULES',
-    'MEMORY_COMPONENTS',
     'abstract_mesh',
     'dcn_shape',
     'hybrid_device_grid',
-    'estimate_memory',
-    'format_bytes',
     'LogicalAxes',
     'MESH_AXES',
     'Rules',
     'activation_constraint_fn',
+    'activation_shard_shape',
     'batch_sharding',
     'logical_to_spec',
     'make_mesh',

@@ -13,6 +13,22 @@ import numpy as np
 MESH_AXES = ('data', 'fsdp', 'tensor')
 
 
+def abstract_mesh(mesh_shape: Mapping[str, int]) -> jax.sharding.AbstractMesh:
+  """An `AbstractMesh` with axes ('data', 'fsdp', 'tensor') of these sizes (missing axes: 1; no -1).
+
+  It has no devices, so shardings on it check shapes and count per-device bytes for hardware this process
+  does not have (`learner.estimate_memory`, the model configs' tests).
+  """
+  unknown = sorted(set(mesh_shape) - set(MESH_AXES))
+  if unknown:
+    raise ValueError(f'mesh shape has unknown axes {unknown}; valid axes are {list(MESH_AXES)}')
+  sizes = tuple(mesh_shape.get(a, 1) for a in MESH_AXES)
+  if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
+    raise ValueError(f'abstract mesh axes must be positive ints; got {dict(mesh_shape)}')
+  return jax.sharding.AbstractMesh(sizes, MESH_AXES,
+                                   axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
+
+
 def make_mesh(
     shape: Mapping[str, int],
     devices: Sequence[jax.Device] | None = None,

@@ -256,6 +256,17 @@ def _activation_spec(logical_axes: LogicalAxes, rules: Rules) -> PartitionSpec:
   return PartitionSpec(*entries)
 
 
+def activation_shard_shape(mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh, rules: Rules,
+                           logical_axes: Sequence[str | None], shape: Sequence[int]) -> tuple[int, ...]:
+  """The per-device shape of an activation of `shape` with these logical axes, as the constraints of
+  `activation_constraint_fn` place it (left-to-right resolution); for counting memory on any mesh, abstract
+  ones included. A dimension that does not divide its mesh axes raises ValueError, as tracing would."""
+  logical_axes = tuple(logical_axes)
+  spec = _activation_spec(logical_axes, rules)
+  _check_divisible('activation', logical_axes, spec, shape, mesh)
+  return tuple(NamedSharding(mesh, spec).shard_shape(tuple(shape)))
+
+
 def activation_constraint_fn(
     mesh: jax.sharding.Mesh,
     rules: Rules,

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from rlax_post import runtime
 from rlax_post.sweep import _units
 
 
@@ -99,10 +100,9 @@ def _command(unit: _units.WorkUnit, workdir: str, extra_flags: Sequence[str], py
 def _next_unit(pending: list[UnitResult], running_keys: set[str], cache_dir: str | None) -> UnitResult | None:
   """The first pending unit whose warm start is cached or not being computed by a running unit: two units
   never compute one warm start at the same time (the second waits for the cache instead)."""
-  from rlax_post.runtime import _warm_cache  # pylint: disable=g-import-not-at-top  (JAX; only when running)
   for r in pending:
     key = r.unit.warm_key
-    if not cache_dir or key not in running_keys or _warm_cache.entries(cache_dir, key):
+    if not cache_dir or key not in running_keys or runtime.warm_start_cache_entries(cache_dir, key):
       return r
   return None
 
@@ -233,9 +233,9 @@ def table(results: Sequence[UnitResult]) -> str:
 
 def plot(results: Sequence[UnitResult], path: str, *, title: str = "") -> None:
   """Reward curves of every unit, coloured by group: greedy eval (left) and sampled train reward (right)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
+  import matplotlib  # pylint: disable=g-import-not-at-top  (only to plot; heavy import)
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (only to plot; heavy import)
   fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
   colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
   groups = list(dict.fromkeys(r.unit.group for r in results))

@@ -21,6 +21,9 @@ from typing import Any
 
 import ml_collections
 
+from rlax_post import config as config_lib
+from rlax_post import runtime
+
 Point = dict[str, Any]
 
 
@@ -79,7 +82,7 @@ class WorkUnit:
   index: int
   config: str  # "configs/x.py" or "configs/x.py:variant", as given.
   overrides: Mapping[str, Any]
-  # runtime._warm_cache.cache_key of the unit's config: units with one key share their warm start.
+  # runtime.warm_start_cache_key of the unit's config: units with one key share their warm start.
   warm_key: str = ""
 
   @property
@@ -160,7 +163,6 @@ def _check_key(cfg: ml_collections.ConfigDict, key: str, config: str) -> None:
 def work_units(config: str) -> list[WorkUnit]:
   """The work units of `config` ('path.py' or 'path.py:variant'), with every key checked against the config
   and every unit's full config validated, so a bad sweep fails before anything is launched."""
-  from rlax_post import config as config_lib  # pylint: disable=g-import-not-at-top
   path, arg = _split(config)
   module = load_module(path)
   base = module.get_config(arg)
@@ -184,8 +186,7 @@ def work_units(config: str) -> list[WorkUnit]:
       loaded = config_lib.load(cfg)
     except ValueError as e:
       raise ValueError(f"{config}: sweep point {i} ({point}) gives an invalid config: {e}") from e
-    from rlax_post.runtime import _warm_cache  # pylint: disable=g-import-not-at-top
-    units.append(WorkUnit(index=i, config=config, overrides=dict(point), warm_key=_warm_cache.cache_key(loaded)))
+    units.append(WorkUnit(index=i, config=config, overrides=dict(point), warm_key=runtime.warm_start_cache_key(loaded)))
   names = [u.name for u in units]
   dupes = sorted({n for n in names if names.count(n) > 1})
   if dupes:

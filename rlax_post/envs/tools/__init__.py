@@ -50,8 +50,18 @@ from rlax_post.envs.tools._tasks import task_of_prompt
 from rlax_post.envs.tools._tasks import task_tag
 from rlax_post.envs.tools._world import generate_world
 from rlax_post.envs.tools._world import World
+from rlax_post.envs.tools._rl import demo_row
+from rlax_post.envs.tools._rl import HELD_OUT_BASE
+from rlax_post.envs.tools._rl import make_tool_task
+from rlax_post.envs.tools._rl import TOOL_PROMPT_LEN
+from rlax_post.envs.tools._rl import ToolTask
 
 __all__ = [
+    'HELD_OUT_BASE',
+    'TOOL_PROMPT_LEN',
+    'ToolTask',
+    'demo_row',
+    'make_tool_task',
     'Answer',
     'COMPONENTS',
     'CORRUPTIONS',

@@ -1,15 +1,15 @@
-"""A producer of multi-turn episode groups for the asynchronous sampler (`SamplerWorker`).
+"""A producer of multi-turn episode groups: the `Producer` of env tasks (`envs.tools`, the latency env).
 
-`EpisodeProducer` has the interface of `_produce.TaskProducer` (`version`, `in_flight_groups`,
-`in_flight_samples`, `set_params`, `submit`, `step`) over a streaming `sampler.EpisodeRunner`: ticket g in,
-the group's n episodes out as rows of `_produce.ROW_FIELDS`. Per row:
+`EpisodeProducer` implements `envs.Producer` (`version`, `in_flight_groups`, `in_flight_samples`,
+`set_params`, `submit`, `step`, `close`) over a streaming `sampler.EpisodeRunner`: ticket g in, the group's
+n episodes out as rows of `ROW_FIELDS` and `TURN_FIELDS` (`envs._rl`). Per row:
 
   prompt    the episode's context up to its first turn (BOS, the prompt, the env's reset observation)
   tokens    everything after it: the policy's messages and the env's observations
   mask      1 where the policy sampled the token (`Episode.trained_mask`)
   logprobs, versions   the driver's log π_T and params version of each token (0 and -1 off the mask)
   reward    the episode's total reward; finished: the env ended the episode; ticket: g
-  turn_starts, turn_ends   [K] each policy message's span in `tokens` (`_produce.TURN_FIELDS`)
+  turn_starts, turn_ends   [K] each policy message's span in `tokens`
   turn_keys     [K] the state each turn is taken from: `infos[k]['prev_state_key']` (for a turn the env did
                 not score, the previous turn's `state_key`); an env without keys gets a 31-bit hash of the
                 token prefix up to the turn (equal prefixes, equal keys: the prefix-state semantics of the
@@ -31,10 +31,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from rlax_post import config as config_lib
-from rlax_post import envs
 from rlax_post import sampler
 from rlax_post.envs import _latency
-from rlax_post.runtime import _learn
+from rlax_post.envs import _protocol
+from rlax_post.envs import _rl
 
 
 def turn_budget(seed: int, ticket: int, *, median: int = 6, p99: int = 32, low: int = 2,
@@ -43,7 +43,7 @@ def turn_budget(seed: int, ticket: int, *, median: int = 6, p99: int = 32, low: 
   (seed, ticket), rounded and clipped to [low, high]. Most groups answer briefly, a few at length."""
   if not 1 <= low <= median <= p99 or high < low:
     raise ValueError(f"Need 1 <= low <= median <= p99 and high >= low; got {low}, {median}, {p99}, {high}.")
-  sigma = math.log(p99 / median) / _latency.Z_99
+  sigma = _latency.lognormal_sigma(median, p99)
   z = np.random.default_rng([int(seed), int(ticket), 7]).standard_normal()
   return int(np.clip(round(median * math.exp(sigma * z)), low, high))
 
@@ -88,8 +88,7 @@ def turn_keys(e: sampler.Episode) -> np.ndarray:
 
 
 def episode_rows(ticket: int, episodes: Sequence[sampler.Episode]) -> list[dict]:
-  """A group's episodes (in index order) → rows of `_produce.ROW_FIELDS` and `TURN_FIELDS` (module
-  docstring)."""
+  """A group's episodes (in index order) → rows of `ROW_FIELDS` and `TURN_FIELDS` (module docstring)."""
   rows = []
   for e in episodes:
     start = e.turn_starts[0] if e.turn_starts else len(e.tokens)  # No turn: the reset failed.
@@ -119,6 +118,7 @@ class EpisodeProducer:
 
   Args:
     cfg: the run's config (seed, rl.prompts_per_step P, rl.samples_per_prompt n).
+    samples: episodes per group; None: n (a held-out evaluation runs one per ticket).
     tokenizer: the engine's tokenizer.
     engine: the sampler's `RlaxEngine` (its slots, sampling law and max_decode_length).
     params, version: the params to start with.
@@ -132,11 +132,12 @@ class EpisodeProducer:
   """
 
   def __init__(self, cfg: config_lib.Config, tokenizer, engine: sampler.RlaxEngine, params, version: int, *,
-               prompt_of: Callable[[int], str], env_of: Callable[[int], envs.Env],
+               prompt_of: Callable[[int], str], env_of: Callable[[int], _protocol.Env],
                turn_tokens_of: Callable[[int], int], max_turns: int, stop_tokens: Sequence[int] = (),
-               max_workers: int = 32, env_timeout_s: float = 60.0):
+               max_workers: int = 32, env_timeout_s: float = 60.0, samples: int | None = None):
     self.cfg, self.tokenizer = cfg, tokenizer
-    self.n, self.p = cfg.rl.samples_per_prompt, cfg.rl.prompts_per_step
+    self.n = cfg.rl.samples_per_prompt if samples is None else samples
+    self.p = cfg.rl.prompts_per_step
     self.prompt_of, self.env_of, self.turn_tokens_of = prompt_of, env_of, turn_tokens_of
     self.driver = sampler.Driver(engine, params, version=version, seed=0, park_wait_s=0.005)
     self._episode_ids: list[int] = []  # The ids the runner's next env_factory calls take, in order.
@@ -166,7 +167,7 @@ class EpisodeProducer:
     ticket = int(ticket)
     self._episode_ids = list(range(ticket * self.n, (ticket + 1) * self.n))
     self.runner.submit(self.prompt_of(ticket), n=self.n, group_id=ticket,
-                       seed=_learn.seed_of(self.cfg.seed, _learn.ROLLOUT, ticket // self.p),
+                       seed=_rl.seed_of(self.cfg.seed, _rl.Stream.ROLLOUT, ticket // self.p),
                        stream=ticket % self.p, max_turn_tokens=int(self.turn_tokens_of(ticket)))
     if self._episode_ids:
       raise RuntimeError(f"EpisodeRunner built {self.n - len(self._episode_ids)} of {self.n} envs (bug).")
@@ -179,13 +180,3 @@ class EpisodeProducer:
     """Drops pending groups and shuts the env threads down (running env calls are not waited for)."""
     self.runner.close()
 
-
-def tool_producer(cfg: config_lib.Config, tool_task, tokenizer, engine: sampler.RlaxEngine, params,
-                  version: int, *, index_of: Callable[[int], int] | None = None) -> EpisodeProducer:
-  """An `EpisodeProducer` over `ToolEnv` episodes of `tool_task` (`_setup.ToolTask`): ticket t runs the task
-  `index_of(t)` (default: the t-th training task), a fixed per-message budget, `tool_task.max_turns`."""
-  index_of = tool_task.train_index if index_of is None else index_of
-  return EpisodeProducer(cfg, tokenizer, engine, params, version,
-                         prompt_of=lambda t: tool_task.prompt(index_of(t)), env_of=tool_task.env,
-                         turn_tokens_of=lambda t: tool_task.max_turn_tokens, max_turns=tool_task.max_turns,
-                         max_workers=8)

@@ -1,11 +1,13 @@
 """Per-device memory of a training run, from abstract shapes and the sharding rules (nothing is allocated).
 
 `estimate_memory` builds the model's and the optimizer's state with `jax.eval_shape`, shards it on an
-`AbstractMesh` of the requested shape with the same `state_shardings` the learner uses, and sums
-`NamedSharding.shard_shape` bytes; a dimension that does not divide its mesh axes raises ValueError, as the
-learner would. Activations and the sampler's KV cache have no state to trace; their per-device shapes come
-from the model's activation layouts (`models/_axes.py`) under the same rules (`activation_constraint_fn`'s
-left-to-right resolution), times the counts below.
+`AbstractMesh` of the requested shape (`sharding.abstract_mesh`) with the same `sharding.state_shardings` the
+learner uses, and sums `NamedSharding.shard_shape` bytes; a dimension that does not divide its mesh axes
+raises ValueError, as the learner would. Activations and the sampler's KV cache have no state to trace; their
+per-device shapes come from the model's activation layouts (`models/_axes.py`) under the same rules
+(`sharding.activation_shard_shape`: `activation_constraint_fn`'s left-to-right resolution), times the counts
+below. It lives in the learner, not in `sharding`, because it builds the learner's state (and sharding may
+import nothing of ours).
 
 Components (bytes per device):
 
@@ -38,29 +40,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import jax
-from jax.sharding import NamedSharding
 import numpy as np
 
-from rlax_post.sharding._mesh import MESH_AXES
-from rlax_post.sharding._rules import DEFAULT_RULES
-from rlax_post.sharding._rules import Rules
-from rlax_post.sharding._rules import _activation_spec  # pylint: disable=protected-access
-from rlax_post.sharding._rules import _check_divisible  # pylint: disable=protected-access
-from rlax_post.sharding._rules import state_shardings
+from rlax_post import models
+from rlax_post import sharding
+from rlax_post.learner import _optim
+from rlax_post.learner import _state
 
 COMPONENTS = ("params", "grads", "optimizer", "reference", "activations", "kv_cache")
-
-
-def abstract_mesh(mesh_shape: Mapping[str, int]) -> jax.sharding.AbstractMesh:
-  """An `AbstractMesh` with axes ('data', 'fsdp', 'tensor') of these sizes (missing axes: 1; no -1)."""
-  unknown = sorted(set(mesh_shape) - set(MESH_AXES))
-  if unknown:
-    raise ValueError(f'mesh shape has unknown axes {unknown}; valid axes are {list(MESH_AXES)}')
-  sizes = tuple(mesh_shape.get(a, 1) for a in MESH_AXES)
-  if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
-    raise ValueError(f'abstract mesh axes must be positive ints; got {dict(mesh_shape)}')
-  return jax.sharding.AbstractMesh(sizes, MESH_AXES,
-                                   axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
 
 def _tree_bytes(tree, shardings) -> int:
@@ -69,14 +56,12 @@ def _tree_bytes(tree, shardings) -> int:
 
 
 def _act_bytes(mesh, rules, logical_axes, shape, itemsize) -> int:
-  spec = _activation_spec(tuple(logical_axes), rules)
-  _check_divisible('activation', tuple(logical_axes), spec, shape, mesh)
-  return int(np.prod(NamedSharding(mesh, spec).shard_shape(tuple(shape)))) * itemsize
+  return int(np.prod(sharding.activation_shard_shape(mesh, rules, logical_axes, shape))) * itemsize
 
 
 def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq_len: int,
                     micro_batches: int = 1, remat: bool | None = None, optimizer=None,
-                    rules: Rules = DEFAULT_RULES, param_copies: int = 1, kv_slots: int = 0,
+                    rules: sharding.Rules = sharding.DEFAULT_RULES, param_copies: int = 1, kv_slots: int = 0,
                     kv_len: int | None = None) -> dict[str, int]:
   """Per-device bytes of a learner (and its in-process samplers) on a mesh of `mesh_shape`.
 
@@ -96,11 +81,8 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
     kv_len: positions per KV-cache row; None: `seq_len`.
 
   Returns:
-    {component: bytes per device} for `COMPONENTS`, plus 'total'.
+    {component: bytes per device} for `COMPONENTS` (`learner.MEMORY_COMPONENTS`), plus 'total'.
   """
-  from rlax_post import learner  # pylint: disable=g-import-not-at-top  (learner imports sharding)
-  from rlax_post import models  # pylint: disable=g-import-not-at-top
-
   for name, value in (('batch', batch), ('seq_len', seq_len), ('micro_batches', micro_batches)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise ValueError(f'{name} must be a positive int; got {value!r}')
@@ -108,13 +90,13 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
     raise ValueError(f'batch={batch} must be divisible by micro_batches={micro_batches}')
   remat = model_cfg.remat if remat is None else remat
   kv_len = seq_len if kv_len is None else kv_len
-  mesh = abstract_mesh(mesh_shape)
+  mesh = sharding.abstract_mesh(mesh_shape)
   if optimizer is None:
-    optimizer = learner.make_optimizer(learning_rate=1e-6, warmup_steps=1, total_steps=2)
+    optimizer = _optim.make_optimizer(learning_rate=1e-6, warmup_steps=1, total_steps=2)
 
   _, params = models.abstract_params(model_cfg)
-  state = jax.eval_shape(lambda p: learner.init_train_state(p, optimizer, jax.random.key(0)), params)
-  sh = state_shardings(state, models.param_logical_axes(params), optimizer, mesh, rules)
+  state = jax.eval_shape(lambda p: _state.init_train_state(p, optimizer, jax.random.key(0)), params)
+  sh = sharding.state_shardings(state, models.param_logical_axes(params), optimizer, mesh, rules)
   out = {'params': _tree_bytes(state.params, sh.params),
          'optimizer': _tree_bytes(state.opt_state, sh.opt_state)}
   out['grads'] = out['params']

@@ -1,0 +1,14 @@
+"""`make_rl_task`: the run's config → its task (the one place that dispatches on `task.name`)."""
+
+from __future__ import annotations
+
+from rlax_post import config as config_lib
+from rlax_post.envs import _rl
+from rlax_post.envs.tools import _rl as tools_rl
+
+
+def make_rl_task(cfg: config_lib.Config, tokenizer) -> _rl.RLTask:
+  """The `envs.RLTask` named by `task.name`: the tool-use env ("tools") or a built-in text task."""
+  if cfg.task.name == tools_rl.NAME:
+    return tools_rl.make_tool_task(cfg, tokenizer)
+  return _rl.make_text_task(cfg, tokenizer)

@@ -1,0 +1,262 @@
+"""The run's task: what the learner loop asks of any task, and the single-turn text tasks behind it.
+
+A run's task (`RLTask`, built once by `make_rl_task(cfg, tokenizer)`) answers four questions for the runtime:
+  * `lengths(max_seq_len)`: how long its contexts, responses and training rows are (`Lengths`);
+  * `sft_batches(shard_index, shard_count)`: demonstrations for the supervised warm start;
+  * `producer(engine, params, version, split=...)`: how a group of rollouts is produced for a ticket (the
+    `Producer` protocol: ticket in, the group's rows out), for training (`split="train"`, n samples per
+    ticket) and for held-out evaluation (`split="eval"`, one sample per held-out ticket);
+  * `num_eval`: how many held-out tickets the evaluation runs.
+The runtime drives producers the same way for inline sampling, sampler threads, sampler processes and the
+greedy evaluation (`run_tickets`); adding a kind of task adds an entry to `make_rl_task`, not a branch in
+the runtime.
+
+Rows (one per sample; the rollout queue's records; `ROW_FIELDS`, multi-turn rows add `TURN_FIELDS`):
+
+  prompt    int32 [Lp]  prompt ids (BOS included)
+  tokens    int32 [L]   the response: generated ids (and, multi-turn, env observations)
+  mask      int32 [L]   1 where the policy sampled the token
+  logprobs  float32 [L] the sampler's log π_T of each sampled token (0 elsewhere)
+  versions  int32 [L]   the params version of each sampled token (-1 elsewhere)
+  reward    float32     the row's outcome reward
+  finished  bool        ended on a stop token / the env ended the episode
+  ticket    int64       the group's ticket
+  turn_starts, turn_ends  int32 [K]  each policy message's span in `tokens`
+  turn_keys     int32 [K]    key of the state each turn is taken from
+  turn_rewards  float32 [K]  the env's reward of each turn (0 for a turn it did not score)
+
+Seeding: training ticket g samples with `seed_of(seed, Stream.ROLLOUT, g // P)` and stream g mod P, which is what a
+fresh driver seeded for step g // P draws for request g mod P: the rows of a ticket do not depend on which
+deployment produced them, or when (same engine slot count; `sampler._driver`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Iterable, Iterator, Protocol
+
+import numpy as np
+
+from rlax_post import config as config_lib
+from rlax_post import data
+from rlax_post import rewards
+from rlax_post import sampler
+from rlax_post.envs import _base
+from rlax_post.envs import _registry
+
+ROW_FIELDS = ("prompt", "tokens", "mask", "logprobs", "versions", "reward", "finished", "ticket")
+TURN_FIELDS = ("turn_starts", "turn_ends", "turn_keys", "turn_rewards")
+SPLITS = ("train", "eval")
+
+
+class Stream(enum.IntEnum):
+  """Streams of a run's randomness: every key or seed is a function of (seed, stream, step), so a resumed
+  run draws exactly what an uninterrupted one would."""
+  INIT = 0
+  SFT_UPDATE = 1
+  ROLLOUT = 2
+  RL_UPDATE = 3
+  MINIBATCH = 4
+
+
+def seed_of(*parts: int) -> int:
+  """An int seed from ints (the sampling driver's seed of a step's rollouts)."""
+  return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
+
+def group_id(ticket: int) -> str:
+  """The rollout queue's id of ticket's group (zero-padded, so ids sort as tickets)."""
+  return f"{int(ticket):010d}"
+
+
+def row_id(ticket: int, index: int) -> str:
+  return f"{int(ticket):010d}-{int(index):05d}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lengths:
+  """Token budgets of a run's rows.
+
+  Attributes:
+    prompt: most context tokens before the first sampled token (BOS included); the engines' prefill width.
+    response: most tokens after the context (generated, and multi-turn observations); the learner's
+      response width and Dr.GRPO's constant normaliser.
+    sequence: a training row's width, prompt + response.
+    sft: a warm-start row's width.
+  """
+  prompt: int
+  response: int
+  sequence: int
+  sft: int
+
+
+class Producer(Protocol):
+  """Groups of rollouts, one per ticket: `submit(ticket)`, then `step()` until the group comes back."""
+
+  @property
+  def version(self) -> int: ...  # the params version it samples with
+  @property
+  def in_flight_groups(self) -> int: ...
+  @property
+  def in_flight_samples(self) -> int: ...
+  def set_params(self, params: Any, version: int) -> None: ...
+  def submit(self, ticket: int) -> None: ...
+  def step(self) -> list[tuple[int, list[dict]]]: ...  # the groups that finished: (ticket, rows)
+  def close(self) -> None: ...
+
+
+class RLTask(Protocol):
+  """A run's task (module docstring)."""
+  name: str
+  num_eval: int
+
+  def lengths(self, max_seq_len: int) -> Lengths: ...
+  def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]: ...
+  def producer(self, engine: sampler.RlaxEngine, params: Any, version: int, *, split: str = "train"
+               ) -> Producer: ...
+
+
+def check_split(split: str) -> None:
+  if split not in SPLITS:
+    raise ValueError(f"split must be one of {list(SPLITS)}; got {split!r}.")
+
+
+def run_tickets(producer: Producer, tickets: Iterable[int], *, slots: int, group_size: int
+                ) -> dict[int, list[dict]]:
+  """Produces every ticket's group with at most `slots` samples in flight; {ticket: rows}.
+
+  Tickets are submitted in order as slots free up (continuous batching across groups)."""
+  pending = list(tickets)
+  out: dict[int, list[dict]] = {}
+  want = len(pending)
+  while len(out) < want:
+    while pending and (producer.in_flight_samples + group_size <= slots or not producer.in_flight_groups):
+      producer.submit(pending.pop(0))
+    for ticket, rows in producer.step():
+      out[ticket] = rows
+  return out
+
+
+class TextProducer:
+  """Single-turn groups of a text task (`envs.Task`): ticket g is example g of the split."""
+
+  def __init__(self, task: "TextTask", engine: sampler.RlaxEngine, params, version: int, split: str):
+    check_split(split)
+    cfg = task.cfg
+    self.task, self.split = task, split
+    self.n = cfg.rl.samples_per_prompt if split == "train" else 1
+    self.p = cfg.rl.prompts_per_step
+    if split == "train":
+      self.examples = data.prompt_dataset(task.task, seed=cfg.seed, num_eval=cfg.task.num_eval)
+    else:
+      self.examples = data.eval_examples(task.task, seed=cfg.seed, num_eval=cfg.task.num_eval)
+    self.driver = sampler.Driver(engine, params, version=version, seed=0)
+    self._open: dict[int, tuple[Any, list]] = {}  # ticket -> (example, completions so far)
+
+  @property
+  def version(self) -> int:
+    return self.driver.version
+
+  @property
+  def in_flight_groups(self) -> int:
+    return len(self._open)
+
+  @property
+  def in_flight_samples(self) -> int:
+    return len(self._open) * self.n
+
+  def set_params(self, params, version: int) -> None:
+    self.driver.set_params(params, version)
+
+  def submit(self, ticket: int) -> None:
+    ticket = int(ticket)
+    example = self.examples[ticket]
+    prompt = self.task.tokenizer.encode(example.prompt, add_bos=True)
+    self.driver.submit([sampler.Request(
+        prompt=tuple(int(t) for t in prompt), n=self.n, max_tokens=self.task.cfg.rl.max_new_tokens,
+        request_id=ticket, seed=seed_of(self.task.cfg.seed, Stream.ROLLOUT, ticket // self.p),
+        stream=ticket % self.p)])
+    self._open[ticket] = (example, [])
+
+  def step(self) -> list[tuple[int, list[dict]]]:
+    for c in self.driver.step():
+      self._open[c.request_id][1].append(c)
+    self.driver.collect()  # The completions were taken from step(); drop the driver's copies.
+    out = []
+    for ticket in [t for t, (_, cs) in self._open.items() if len(cs) == self.n]:
+      example, completions = self._open.pop(ticket)
+      out.append((ticket, self._rows(ticket, example, sorted(completions, key=lambda c: c.index))))
+    return out
+
+  def close(self) -> None:
+    self._open.clear()
+
+  def _rows(self, ticket: int, example, completions) -> list[dict]:
+    tokenizer = self.task.tokenizer
+    response = np.full((len(completions), self.task.cfg.rl.max_new_tokens), tokenizer.pad_id, np.int32)
+    for i, c in enumerate(completions):
+      response[i, :len(c.tokens)] = c.tokens
+    scores = rewards.score_completions(self.task.task, [example] * len(completions),
+                                       rewards.decode_completions(tokenizer, response))
+    return [{
+        "prompt": np.asarray(c.prompt, np.int32),
+        "tokens": np.asarray(c.tokens, np.int32),
+        "mask": np.asarray(c.mask, np.int32),
+        "logprobs": np.asarray(c.logprobs, np.float32),
+        "versions": np.asarray(c.versions, np.int32),
+        "reward": np.float32(scores[i]),
+        "finished": bool(c.finish_reason == "stop"),
+        "ticket": np.int64(ticket),
+    } for i, c in enumerate(completions)]
+
+
+@dataclasses.dataclass(frozen=True)
+class TextTask:
+  """A built-in single-turn text task (reverse / sort / add) as the run's task.
+
+  Train tickets are the task's train prompts in the data pipeline's order (`data.prompt_dataset`), held-out
+  tickets its eval set (`data.eval_examples`); the warm start's demonstrations come from `data.sft_batches`.
+  """
+  task: _base.Task
+  cfg: config_lib.Config
+  tokenizer: Any
+
+  @property
+  def name(self) -> str:
+    return self.task.name
+
+  @property
+  def num_eval(self) -> int:
+    return self.cfg.task.num_eval
+
+  def lengths(self, max_seq_len: int) -> Lengths:
+    """BOS + the longest prompt; responses of `rl.max_new_tokens`, which must hold the longest answer + EOS."""
+    rl, task = self.cfg.rl, self.task
+    prompt = task.max_prompt_len + 1
+    if rl.max_new_tokens < task.max_answer_len + 1:
+      raise ValueError(f"`rl.max_new_tokens` = {rl.max_new_tokens} cannot hold the longest answer of task "
+                       f"{task.name!r} plus EOS ({task.max_answer_len + 1} tokens).")
+    sft = prompt + task.max_answer_len + 1
+    need = max(prompt + rl.max_new_tokens, sft)
+    if max_seq_len < need:
+      raise ValueError(f"`model.max_seq_len` = {max_seq_len} is shorter than the longest sequence this run "
+                       f"makes ({need} tokens).")
+    return Lengths(prompt=prompt, response=rl.max_new_tokens, sequence=prompt + rl.max_new_tokens, sft=sft)
+
+  def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]:
+    """Noisy demonstrations (`sft.noise`, `sft.typo_rate`); block `shard_index` of each global batch."""
+    sft = self.cfg.sft
+    return data.sft_batches(self.task, self.tokenizer, seed=self.cfg.seed, batch_size=sft.batch_size,
+                            max_len=self.task.max_prompt_len + self.task.max_answer_len + 2, noise=sft.noise,
+                            typo_rate=sft.typo_rate, num_eval=self.cfg.task.num_eval,
+                            shard_index=shard_index, shard_count=shard_count)
+
+  def producer(self, engine: sampler.RlaxEngine, params, version: int, *, split: str = "train"
+               ) -> TextProducer:
+    return TextProducer(self, engine, params, version, split)
+
+
+def make_text_task(cfg: config_lib.Config, tokenizer) -> TextTask:
+  return TextTask(task=_registry.make_task(cfg.task.name, **dict(cfg.task.options)), cfg=cfg,
+                  tokenizer=tokenizer)

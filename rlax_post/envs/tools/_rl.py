@@ -1,0 +1,174 @@
+"""The tool-use env as a run's task (`task.name = "tools"`, docs/agentic.md): an `envs.RLTask`.
+
+Task i lives in world `seed + i` (`make_task_prompt(seed + i, i, include_tools=False)`). Only tasks whose
+noiseless demonstration fits the sequence budget (at most `max_turns` messages, a context of at most
+`TOOL_PROMPT_LEN` tokens, `max_seq_len - slack` tokens in all) are used: training ticket t is the t-th
+fitting index from 0, held-out ticket j the j-th fitting index from `HELD_OUT_BASE`, warm-start
+demonstrations come from fitting indices below `HELD_OUT_BASE`. Episodes run through `EpisodeProducer`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Iterator
+
+import numpy as np
+
+from rlax_post import config as config_lib
+from rlax_post import sampler
+from rlax_post.envs import _episodes
+from rlax_post.envs import _rl
+from rlax_post.envs.tools import _demos
+from rlax_post.envs.tools import _env
+from rlax_post.envs.tools import _tasks
+
+NAME = "tools"
+TOOL_PROMPT_LEN = 160  # Most tokens of a tool episode's context before its first message.
+HELD_OUT_BASE = 10**8  # Task indices from here on are held out (greedy eval); training indices are below.
+OPTIONS = ("max_goals", "max_turns", "max_turn_tokens", "slack", "reward_mode")
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolTask:
+  """Multi-turn `envs.tools` episodes as the run's task; built from `task.options` by `make_tool_task`.
+
+  Attributes:
+    cfg: the run's config (seed, rl, sft, task.num_eval); tokenizer: the run's (byte-level lengths).
+    max_seq_len: the model's.
+    max_goals, max_turns: the tasks' goals and the episodes' most messages.
+    max_turn_tokens: most tokens per message; slack: room kept beyond the demonstration for mistakes.
+    reward_mode: `ToolEnv`'s ('final' or 'delta').
+  """
+  cfg: config_lib.Config
+  tokenizer: Any
+  max_seq_len: int
+  max_goals: int = 1
+  max_turns: int = 4
+  max_turn_tokens: int = 128
+  slack: int = 32
+  reward_mode: str = "final"
+  name: str = NAME
+  _fits: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+  @property
+  def seed(self) -> int:
+    return self.cfg.seed
+
+  @property
+  def num_eval(self) -> int:
+    return self.cfg.task.num_eval
+
+  def prompt(self, index: int) -> str:
+    return _tasks.make_task_prompt(self.seed + index, index, max_goals=self.max_goals, include_tools=False)
+
+  def demonstration(self, index: int, **kwargs) -> _demos.Demonstration:
+    return _demos.demonstration(self.seed + index, index, max_goals=self.max_goals, max_turns=self.max_turns,
+                                **kwargs)
+
+  def demo_len(self, demo: _demos.Demonstration) -> int:
+    """Byte tokens of a demonstration: BOS, prompt, reset observation, messages + EOS, observations."""
+    return (1 + len(demo.prompt.encode()) + len(demo.reset_observation.encode()) +
+            sum(len(m.encode()) + 1 + len(o.encode()) for m, o in zip(demo.messages, demo.observations)))
+
+  def fits(self, index: int) -> bool:
+    if index not in self._fits:
+      task = _tasks.synthesize_task(self.seed + index, index, max_goals=self.max_goals)
+      ok = task.complexity + 1 <= self.max_turns
+      if ok:
+        demo = self.demonstration(index)
+        context = 1 + len(demo.prompt.encode()) + len(demo.reset_observation.encode())
+        ok = context <= TOOL_PROMPT_LEN and self.demo_len(demo) <= self.max_seq_len - self.slack
+      self._fits[index] = ok
+    return self._fits[index]
+
+  def nth_fitting(self, n: int, start: int = 0) -> int:
+    table = self._fits.setdefault(("nth", start), [])
+    while len(table) <= n:
+      i = table[-1] + 1 if table else start
+      while not self.fits(i):
+        i += 1
+      table.append(i)
+    return table[n]
+
+  def train_index(self, ticket: int) -> int:
+    return self.nth_fitting(int(ticket))
+
+  def eval_index(self, j: int) -> int:
+    return self.nth_fitting(int(j), HELD_OUT_BASE)
+
+  def env(self, episode: int) -> _env.ToolEnv:
+    return _env.ToolEnv(episode=episode, latency_seed=self.seed, max_turns=self.max_turns,
+                        reward_mode=self.reward_mode, sleep=False)
+
+  def lengths(self, max_seq_len: int) -> _rl.Lengths:
+    """A context (BOS, prompt, reset observation) of at most `TOOL_PROMPT_LEN` tokens, then everything after
+    it (messages and observations) within `rl.max_new_tokens`; warm-start rows as wide as training rows."""
+    need = TOOL_PROMPT_LEN + self.cfg.rl.max_new_tokens
+    if max_seq_len < need:
+      raise ValueError(f"`model.max_seq_len` = {max_seq_len} cannot hold a {TOOL_PROMPT_LEN}-token context "
+                       f"plus `rl.max_new_tokens` = {self.cfg.rl.max_new_tokens}.")
+    return _rl.Lengths(prompt=TOOL_PROMPT_LEN, response=need - 1, sequence=need, sft=need)
+
+  def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]:
+    """Demonstrations of training tasks ({'tokens' [B/K, T], 'loss_mask' [B/K, T-1]}, T the sft width):
+    step s draws `sft.batch_size` fitting indices below the held-out range (uniformly); each is corrupted
+    ('guess') with probability `sft.noise`. With K = `shard_count` > 1, block `shard_index` of the batch."""
+    sft, seq_len = self.cfg.sft, self.lengths(self.max_seq_len).sft
+    if sft.batch_size % shard_count or not 0 <= shard_index < shard_count:
+      raise ValueError(f"shard_index={shard_index} must be in [0, {shard_count}) and shard_count must divide "
+                       f"sft.batch_size={sft.batch_size}.")
+    block = sft.batch_size // shard_count
+    for step in itertools.count():
+      rng = np.random.default_rng([self.seed, int(_rl.Stream.SFT_UPDATE), step])
+      tokens = np.full((sft.batch_size, seq_len), self.tokenizer.pad_id, np.int32)
+      mask = np.zeros((sft.batch_size, seq_len - 1), np.float32)
+      for b in range(sft.batch_size):
+        index = int(rng.integers(0, HELD_OUT_BASE))
+        while not self.fits(index):
+          index = int(rng.integers(0, HELD_OUT_BASE))
+        corruption = "guess" if rng.random() < sft.noise else None
+        row, trained = demo_row(self.tokenizer, self.demonstration(index, corruption=corruption, rng=rng))
+        row, trained = row[:seq_len], trained[:seq_len - 1]
+        tokens[b, :len(row)], mask[b, :len(trained)] = row, trained
+      rows = slice(shard_index * block, (shard_index + 1) * block)
+      yield {"tokens": tokens[rows], "loss_mask": mask[rows]}
+
+  def producer(self, engine: sampler.RlaxEngine, params, version: int, *, split: str = "train"
+               ) -> _episodes.EpisodeProducer:
+    """Ticket t runs training task `train_index(t)` (split "train", n episodes) or held-out task
+    `eval_index(t)` (split "eval", one episode); a fixed per-message budget, `max_turns` messages."""
+    _rl.check_split(split)
+    index_of = self.train_index if split == "train" else self.eval_index
+    return _episodes.EpisodeProducer(
+        self.cfg, self.tokenizer, engine, params, version, prompt_of=lambda t: self.prompt(index_of(t)),
+        env_of=self.env, turn_tokens_of=lambda t: self.max_turn_tokens, max_turns=self.max_turns,
+        max_workers=8, samples=None if split == "train" else 1)
+
+
+def demo_row(tokenizer, demo: _demos.Demonstration) -> tuple[list[int], list[int]]:
+  """A demonstration's tokens in the episode layout (BOS, prompt, reset observation, then per turn the
+  message + EOS and the observation) and its [len - 1] target mask: 1 where token t + 1 is the policy's."""
+  tokens = tokenizer.encode(demo.prompt + demo.reset_observation, add_bos=True)
+  trained = [0] * len(tokens)
+  for message, observation in zip(demo.messages, demo.observations):
+    m = tokenizer.encode(message, add_bos=False) + [tokenizer.eos_id]
+    o = tokenizer.encode(observation, add_bos=False)
+    tokens += m + o
+    trained += [1] * len(m) + [0] * len(o)
+  return tokens, trained[1:]
+
+
+def make_tool_task(cfg: config_lib.Config, tokenizer) -> ToolTask:
+  """The run's `ToolTask` from `task.options` (keys: `OPTIONS`)."""
+  unknown = sorted(set(cfg.task.options) - set(OPTIONS))
+  if unknown:
+    raise ValueError(f"Unknown option(s) {unknown} for task {NAME!r}; valid options are {list(OPTIONS)}.")
+  task = ToolTask(cfg=cfg, tokenizer=tokenizer, max_seq_len=cfg.model.max_seq_len, **dict(cfg.task.options))
+  for name in ("max_goals", "max_turns", "max_turn_tokens"):
+    if getattr(task, name) < 1:
+      raise ValueError(f"task.options.{name} must be >= 1; got {getattr(task, name)}.")
+  if task.reward_mode not in _env.REWARD_MODES:
+    raise ValueError(f"task.options.reward_mode must be one of {list(_env.REWARD_MODES)}; "
+                     f"got {task.reward_mode!r}.")
+  return task

@@ -1,0 +1,117 @@
+"""A step's batch: rollout rows (the queue's records, `envs.ROW_FIELDS`) → the learner's `RolloutBatch`.
+
+Rows become sequences right-padded to the run's width (`Lengths.sequence`), so the jitted functions compile
+once; the whole batch is on every process of a multi-host learner, and `to_device_batch` puts each process's
+block on the mesh.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from rlax_post import envs
+from rlax_post.runtime import _distributed
+
+
+class RolloutBatch(NamedTuple):
+  """A step's scored rollouts, rows group-major (the n samples of group p are rows p·n … p·n + n - 1).
+
+  Sequences are right-padded to one width T (so the jitted functions compile once). A row's response is
+  everything after its prompt: generated tokens and, in multi-turn episodes, env observations (loss_mask 0).
+
+  Multi-turn batches also carry K turns per row (K = the most turns of a row; padded turns have turn_mask 0),
+  which the step-level estimators use as their steps (`_credit`); single-turn batches leave them None.
+  """
+  tokens: np.ndarray  # [B, T] int32: prompt, then response, then PAD.
+  prompt_lens: np.ndarray  # [B] int32
+  lengths: np.ndarray  # [B] int32: response tokens (observations included).
+  loss_mask: np.ndarray  # [B, T-1] float32: 1 where target t+1 is a token the policy sampled.
+  behaviour_logprobs: np.ndarray  # [B, T-1] float32: the sampler's log π of target t+1; 0 off the mask.
+  rewards: np.ndarray  # [B] float32: outcome reward of each row.
+  group_ids: np.ndarray  # [B] int32 in [0, P).
+  finished: np.ndarray  # [B] bool: the row ended on a stop token / the env ended the episode.
+  turn_starts: np.ndarray | None = None  # [B, K] int32: position in `tokens` of turn k's first token.
+  turn_ends: np.ndarray | None = None  # [B, K] int32: one past turn k's last token.
+  turn_keys: np.ndarray | None = None  # [B, K] int32: key of the state turn k is taken from.
+  turn_rewards: np.ndarray | None = None  # [B, K] float32: the env's reward of turn k.
+  turn_mask: np.ndarray | None = None  # [B, K] float32: 1 on real turns (left-aligned).
+
+
+def rows_to_batch(groups: list[list[dict]], *, seq_len: int, pad_id: int) -> RolloutBatch:
+  """Groups (each a list of rows in sample order) → the learner's `RolloutBatch`, group-major, width seq_len.
+
+  The turn fields are set when every row has `envs.TURN_FIELDS` (K = the most turns of a row, at least 1; turn
+  spans become absolute positions in the padded row), None when no row has them; a mix raises ValueError.
+  """
+  rows = [r for g in groups for r in g]
+  b = len(rows)
+  tokens = np.full((b, seq_len), pad_id, np.int32)
+  loss_mask = np.zeros((b, seq_len - 1), np.float32)
+  behaviour = np.zeros((b, seq_len - 1), np.float32)
+  prompt_lens = np.zeros((b,), np.int32)
+  lengths = np.zeros((b,), np.int32)
+  for r, row in enumerate(rows):
+    lp, length = len(row["prompt"]), len(row["tokens"])
+    if lp + length > seq_len:
+      raise ValueError(f"A rollout of {lp} prompt + {length} response tokens exceeds the batch width {seq_len}.")
+    tokens[r, :lp] = row["prompt"]
+    tokens[r, lp:lp + length] = row["tokens"]
+    mask = np.asarray(row["mask"], np.float32)
+    loss_mask[r, lp - 1:lp - 1 + length] = mask
+    behaviour[r, lp - 1:lp - 1 + length] = np.asarray(row["logprobs"], np.float32) * mask
+    prompt_lens[r], lengths[r] = lp, length
+  group_ids = np.concatenate([np.full((len(g),), i, np.int32) for i, g in enumerate(groups)])
+  return RolloutBatch(
+      tokens=tokens, prompt_lens=prompt_lens, lengths=lengths, loss_mask=loss_mask,
+      behaviour_logprobs=behaviour, rewards=np.asarray([float(r["reward"]) for r in rows], np.float32),
+      group_ids=group_ids, finished=np.asarray([bool(r["finished"]) for r in rows]),
+      **_turn_arrays(rows, prompt_lens))
+
+
+def _turn_arrays(rows: list[dict], prompt_lens_b: np.ndarray) -> dict:
+  """The `RolloutBatch` turn fields of `rows` ({} when no row has turns); module docstring for the rows."""
+  has = [all(f in row for f in envs.TURN_FIELDS) for row in rows]
+  if not any(has):
+    return {}
+  if not all(has):
+    raise ValueError(f"rows_to_batch: {has.count(False)} of {len(rows)} rows lack the turn fields "
+                     f"{list(envs.TURN_FIELDS)}; a batch takes all multi-turn or all single-turn rows.")
+  turns = [{f: np.asarray(row[f]) for f in envs.TURN_FIELDS} for row in rows]
+  b, k = len(rows), max([1] + [len(t["turn_starts"]) for t in turns])
+  out = {"turn_starts": np.zeros((b, k), np.int32), "turn_ends": np.zeros((b, k), np.int32),
+         "turn_keys": np.zeros((b, k), np.int32), "turn_rewards": np.zeros((b, k), np.float32),
+         "turn_mask": np.zeros((b, k), np.float32)}
+  for r, (row, t) in enumerate(zip(rows, turns)):
+    n = len(t["turn_starts"])
+    if any(t[f].shape != (n,) for f in envs.TURN_FIELDS):
+      raise ValueError(f"rows_to_batch: row {r}'s turn fields must all have shape [K]; got "
+                       f"{ {f: t[f].shape for f in envs.TURN_FIELDS} }.")
+    starts, ends = t["turn_starts"].astype(np.int64), t["turn_ends"].astype(np.int64)
+    if n and not (np.all(starts <= ends) and starts[0] >= 0 and ends[-1] <= len(row["tokens"])
+                  and np.all(ends[:-1] <= starts[1:])):
+      raise ValueError(f"rows_to_batch: row {r}'s turn spans {list(zip(starts, ends))} are not ordered "
+                       f"spans inside its {len(row['tokens'])} response tokens.")
+    keys = t["turn_keys"]
+    if keys.dtype.kind not in "iu" or (n and not (keys.min() >= -2**31 and keys.max() < 2**31)):
+      raise ValueError(f"rows_to_batch: row {r}'s turn_keys must be integers that fit int32; got {keys!r}.")
+    out["turn_starts"][r, :n] = prompt_lens_b[r] + starts
+    out["turn_ends"][r, :n] = prompt_lens_b[r] + ends
+    out["turn_keys"][r, :n] = keys
+    out["turn_rewards"][r, :n] = t["turn_rewards"]
+    out["turn_mask"][r, :n] = 1.0
+  return out
+
+
+def response_mask(prompt_lens_b: np.ndarray, response_lens_b: np.ndarray, seq_len: int) -> np.ndarray:
+  """loss_mask [B, T-1]: 1 where target token t+1 is a generated token (prompt_len ≤ t+1 < prompt+resp)."""
+  t1 = np.arange(1, seq_len)[None]
+  start = prompt_lens_b[:, None]
+  return ((t1 >= start) & (t1 < start + response_lens_b[:, None])).astype(np.float32)
+
+
+def to_device_batch(batch: dict, sharding_, rows: int | None = None) -> dict:
+  """A host batch on the mesh: the whole batch on every process, or with `rows` (the global row count) this
+  process's block of it (`_distributed.row_shard`); a multi-process learner assembles the global arrays."""
+  return {k: _distributed.to_global(v, sharding_, rows) for k, v in batch.items()}

@@ -1,0 +1,126 @@
+"""The learner loop, and the commands built on it: `train`, `run_learner`, `replay`.
+
+One loop for every deployment: take a step's groups from a source (`_sources`), run the RL step, publish
+the new params, then log, evaluate and checkpoint (`_run.Run`). `rlax-post replay` is the same loop over the
+logged rows (`LoggedSource`) with a comparison of metrics in place of the run's outputs.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rlax_post import config as config_lib
+from rlax_post.runtime import _checkpoint
+from rlax_post.runtime import _distributed
+from rlax_post.runtime import _learn
+from rlax_post.runtime import _metrics
+from rlax_post.runtime import _parts
+from rlax_post.runtime import _run
+from rlax_post.runtime import _samplers
+from rlax_post.runtime import _sources
+
+
+def learn(update: _learn.RLUpdate, source: _sources.Source, out, start: _run.Start):
+  """Trains from `start` on the batches of `source`; `out` (`_run.Run` or `Comparison`) says which steps
+  to run (`steps`) and records each one (`after_step`). Returns the final train state."""
+  state = start.state
+  source.publish(state.params, start.step)
+  source.start()
+  try:
+    for step in out.steps(start.step):
+      taken = source.take(step)
+      batch = update.batch([rows for _, rows, _ in taken.groups])
+      with source.device_lock:
+        state, row = update(state, start.ref_params, batch, step)
+      source.publish(state.params, step + 1)
+      out.after_step(step + 1, start, state, row, taken, source)
+  finally:
+    source.stop()
+    out.close_progress()
+  return state
+
+
+def _train_with(parts: _parts.Parts, workdir: str, make_source, *, resume: bool, quiet: bool) -> dict:
+  run = _run.open_run(parts, workdir, resume=resume, quiet=quiet)
+  source = make_source(parts, run.workdir, run.ui.say)
+  start = run.start(source)
+  return run.finish(learn(run.update, source, run, start), start)
+
+
+def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: bool = False) -> dict:
+  """`rlax-post train`: sampling inline (`runtime.mode = "sync"`) or in sampler threads ("async"); returns
+  the summary (also written to workdir/summary.json)."""
+  # Sampling in the learner's process (inline or threads) is a host-driven decode loop on its own devices.
+  _distributed.check_single_process("`rlax-post train` (sampling in the learner's process)")
+  return _train_with(_parts.build_parts(cfg), workdir, _sources.make_source, resume=resume, quiet=quiet)
+
+
+def run_learner(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: bool = False) -> dict:
+  """`rlax-post learner`: the learner process; samplers are other processes (`run_sampler`)."""
+  return _train_with(_parts.build_parts(cfg), workdir, _sources.ProcessSource, resume=resume, quiet=quiet)
+
+
+class Comparison:
+  """Replay's outputs: each replayed step's metrics against the logged ones (`rlax-post replay`)."""
+
+  def __init__(self, workdir: str, *, steps: int, tolerance: float, ui: _metrics.Console):
+    self.logged = {r["step"]: r for r in _metrics.MetricsWriter(workdir, tensorboard=False).read()
+                   if r.get("phase") == "rl"}
+    self.num_steps, self.tolerance, self.ui = steps, tolerance, ui
+    self.mismatches, self.compared, self.bar = [], 0, None
+
+  def steps(self, first: int):
+    self.bar = self.ui.bar(range(first, self.num_steps), desc="replay")
+    return self.bar
+
+  def after_step(self, step: int, start, state, row: dict, taken, source) -> None:
+    del start, state, taken, source
+    if step not in self.logged:
+      return
+    self.compared += 1
+    for k, v in row.items():
+      if k in _learn.TIMING_METRICS or k not in self.logged[step]:
+        continue
+      want, got = self.logged[step][k], _metrics.finite_or_none(v)
+      if not _close(want, got, self.tolerance):
+        self.mismatches.append((step, k, want, got))
+
+  def close_progress(self) -> None:
+    if hasattr(self.bar, "close"):
+      self.bar.close()
+
+
+def replay(workdir: str, *, quiet: bool = False, tolerance: float = 0.0, return_state: bool = False) -> dict:
+  """Re-runs the learner from the run's initial state over its logged rows; compares with metrics.jsonl.
+
+  Returns {"steps": replayed steps, "compared_steps": ..., "mismatches": [(step, key, logged, replayed), ...]}
+  (and "state", the final train state, with `return_state`). On the mesh of the logged run, exact equality
+  of every data-dependent metric is expected (timing metrics are skipped); `tolerance` > 0 accepts relative
+  and absolute differences up to it (another mesh or process count sums in another order). Runs on a
+  multi-host learner too (every process replays).
+  """
+  workdir = os.fspath(workdir)
+  parts = _parts.build_parts(_samplers.load_run_config(workdir))
+  update = _learn.RLUpdate(parts)
+  init = _checkpoint.RunCheckpointer(os.path.join(workdir, "replay"), max_to_keep=1, name="replay")
+  if init.latest_step() is None:
+    raise FileNotFoundError(f"{workdir}/replay holds no initial checkpoint: was it written by "
+                            "`rlax-post train` or `rlax-post learner`?")
+  state, ref_params, meta = init.restore(0, state_like=update.learner.abstract_state,
+                                         state_shardings=update.learner.state_shardings,
+                                         ref_like=parts.params_like, ref_shardings=parts.param_shardings)
+  init.close()
+  source = _sources.LoggedSource(workdir)
+  ui = _metrics.Console(quiet=quiet or not _distributed.is_primary(), progress=True)
+  out = Comparison(workdir, steps=len(source.schedule), tolerance=tolerance, ui=ui)
+  state = learn(update, source, out, _run.Start(state, ref_params, 0, meta))
+  report = {"steps": len(source.schedule), "compared_steps": out.compared, "mismatches": out.mismatches}
+  if return_state:
+    report["state"] = state
+  return report
+
+
+def _close(want: float | None, got: float | None, tolerance: float) -> bool:
+  if want is None or got is None or tolerance == 0:
+    return want == got
+  return abs(want - got) <= tolerance * max(1.0, abs(want))

@@ -1,0 +1,191 @@
+"""The run's parts, built once from a validated `Config` and a mesh: `Parts` (tokenizer, model, task,
+lengths, mesh, shardings) and the engines that sample from them.
+
+Learner, samplers, evaluation, replay and serving all start from `build_parts(cfg, mesh)`, so the chain
+tokenizer → model config → task → lengths → mesh → abstract params → shardings is written once, here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+
+from rlax_post import config as config_lib
+from rlax_post import envs
+from rlax_post import learner
+from rlax_post import models
+from rlax_post import sampler
+from rlax_post import sharding
+
+# With `model.hf_path`, the checkpoint's config.json decides the shapes; only these numerics may be
+# overridden (anything else would no longer match the weights).
+HF_OVERRIDABLE = ("dtype", "param_dtype", "remat")
+
+
+class CheckpointTokenizer(models.HFTokenizer):
+  """A checkpoint's tokenizer for the runtime: `add_bos=True` frames text as the checkpoint itself does.
+
+  The runtime and the data pipeline ask for `add_bos=True` ("the start of a sequence"). A checkpoint without
+  a BOS token (Qwen) or one that does not prepend it gets none, as `transformers` would encode the prompt;
+  Llama 3 gets its `<|begin_of_text|>`. Checkpoints without a pad token pad with their EOS token.
+  """
+
+  def encode(self, text: str, *, add_bos: bool = True, add_eos: bool = False) -> list[int]:
+    return super().encode(text, add_bos=add_bos and self.add_bos_token, add_eos=add_eos)
+
+
+def make_tokenizer(cfg: config_lib.Config):
+  """`ByteTokenizer` for the built-in presets; the checkpoint's own tokenizer with `model.hf_path`."""
+  if cfg.model.hf_path is None:
+    return models.ByteTokenizer()
+  tokenizer = CheckpointTokenizer.from_dir(cfg.model.hf_path)
+  if "pad_token" not in tokenizer.special_tokens and "eos_token" in tokenizer.special_tokens:
+    tokenizer = CheckpointTokenizer.from_dir(cfg.model.hf_path, pad_token=tokenizer.special_tokens["eos_token"])
+  return tokenizer
+
+
+def _hf_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
+  path = cfg.model.hf_path
+  bad = sorted(set(cfg.model.overrides) - set(HF_OVERRIDABLE))
+  if bad:
+    raise ValueError(f"`model.overrides` keys {bad} cannot change a checkpoint loaded from `model.hf_path` "
+                     f"({path}); with hf_path only {list(HF_OVERRIDABLE)} may be overridden.")
+  with open(os.path.join(path, "config.json")) as f:
+    hf = json.load(f)
+  base = models.config_from_hf(hf)
+  if tokenizer.vocab_size > base.vocab_size:
+    raise ValueError(f"The tokenizer in {path} has {tokenizer.vocab_size} ids but the model's embedding only "
+                     f"{base.vocab_size} rows.")
+  # The embedding's extra rows (config.json pads the vocab, e.g. 151936 rows for 151665 Qwen ids) are
+  # masked so the sampler never draws an id the tokenizer cannot decode.
+  return dataclasses.replace(base, max_seq_len=cfg.model.max_seq_len, valid_vocab_size=tokenizer.vocab_size,
+                             **dict(cfg.model.overrides))
+
+
+def model_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
+  """The run's `ModelConfig`: from `model.preset` (+ overrides), or from the checkpoint at `model.hf_path`
+  (its config.json's shapes; `model.max_seq_len` and the dtype/remat overrides from the run config)."""
+  if cfg.model.hf_path is not None:
+    return _hf_config(cfg, tokenizer)
+  overrides = dict(cfg.model.overrides)
+  overrides.setdefault("vocab_size", tokenizer.padded_vocab_size(cfg.model.vocab_multiple))
+  overrides.setdefault("valid_vocab_size", tokenizer.vocab_size)
+  overrides.setdefault("max_seq_len", cfg.model.max_seq_len)
+  try:
+    return models.preset(cfg.model.preset, **overrides)
+  except (TypeError, ValueError) as e:
+    valid = sorted(f.name for f in dataclasses.fields(models.ModelConfig))
+    raise ValueError(f"Bad `model` config ({e}); `model.overrides` keys must be among {valid}.") from None
+
+
+def initial_params(parts: "Parts", rng: jax.Array):
+  """The run's starting params on its mesh: random init (`rng`), or the weights at `model.hf_path`."""
+  path, shardings = parts.cfg.model.hf_path, parts.param_shardings
+  if path is None:
+    return jax.jit(lambda k: models.init_params(parts.model_cfg, k)[1], out_shardings=shardings)(rng)
+  _, _, params = models.load_hf(path, mesh=parts.mesh, rules=parts.rules, dtype=parts.model_cfg.param_dtype)
+  if jax.tree.structure(params) != jax.tree.structure(shardings):
+    raise ValueError(f"The checkpoint at {path} has params {sorted(params)}; the model expects "
+                     f"{sorted(shardings)}.")
+  return jax.device_put(params, shardings)
+
+
+def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[str, int]:
+  """Per-device bytes of this run (`learner.estimate_memory`), counting what the runtime holds.
+
+  The learner's batch is one minibatch of `rl.prompts_per_step × rl.samples_per_prompt / rl.minibatches`
+  rows of `model.max_seq_len` tokens (an upper bound: the runtime's rows are prompt + `rl.max_new_tokens`).
+  Param copies: the reference policy, plus in async mode the published version the samplers decode with
+  and the next one while it is handed over. KV cache: the samplers' slots plus the greedy eval's batch
+  (async runs evaluate while the samplers decode), each row `model.max_seq_len` long.
+  """
+  rollouts = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
+  is_async = cfg.runtime.mode == "async"
+  slots = (cfg.runtime.sampler_slots or rollouts) * (cfg.runtime.num_samplers if is_async else 1)
+  kv_slots = slots + cfg.eval.batch_size if is_async else max(slots, cfg.eval.batch_size)
+  mesh_shape = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
+  if -1 in mesh_shape.values():
+    raise ValueError(f"run_memory needs an explicit mesh (no -1 axis); got {mesh_shape}.")
+  return learner.estimate_memory(
+      model_cfg, mesh_shape, batch=rollouts // cfg.rl.minibatches, seq_len=cfg.model.max_seq_len,
+      micro_batches=cfg.loss.micro_batches, param_copies=3 if is_async else 1,
+      kv_slots=kv_slots, kv_len=cfg.model.max_seq_len, rules=config_rules(cfg))
+
+
+def config_rules(cfg: config_lib.Config) -> sharding.Rules:
+  """`mesh.rules` (JSON turns their tuples into lists), or the default rules."""
+  return tuple((name, tuple(axes) if isinstance(axes, list) else axes)
+               for name, axes in cfg.mesh.rules) or sharding.DEFAULT_RULES
+
+
+def mesh_and_rules(cfg: config_lib.Config) -> tuple[jax.sharding.Mesh, sharding.Rules]:
+  mesh = sharding.make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor},
+                            dcn={"data": cfg.mesh.dcn_data, "fsdp": cfg.mesh.dcn_fsdp})
+  return mesh, config_rules(cfg)
+
+
+def param_shardings(params_like, mesh, rules):
+  return sharding.named_shardings(models.param_logical_axes(params_like), mesh, rules, shapes=params_like)
+
+
+@dataclasses.dataclass(frozen=True)
+class Parts:
+  """What every role of a run builds from its config and mesh (`build_parts`)."""
+  cfg: config_lib.Config
+  tokenizer: Any  # models.ByteTokenizer, or the checkpoint's (`CheckpointTokenizer`)
+  model_cfg: models.ModelConfig
+  task: envs.RLTask
+  lengths: envs.Lengths
+  mesh: jax.sharding.Mesh
+  rules: sharding.Rules
+  graphdef: Any
+  params_like: Any  # abstract params (ShapeDtypeStructs)
+  param_shardings: Any  # NamedShardings of the params on `mesh`
+
+  def engine(self, *, slots: int, temperature: float, top_p: float = 1.0, top_k: int = 0
+             ) -> sampler.RlaxEngine:
+    """An engine over this mesh for `slots` concurrent samples of the run's lengths: prefill buckets up to
+    the smallest power of two (≥ 16) that holds a context, decode rows long enough for context + response."""
+    prompt, response = self.lengths.prompt, self.lengths.sequence - self.lengths.prompt
+    prefill = _pow2_at_least(prompt)
+    decode_len = min(self.model_cfg.max_seq_len, max(prefill, prompt + response))
+    if decode_len < prompt + response:
+      raise ValueError(f"`model.max_seq_len` = {self.model_cfg.max_seq_len} cannot hold contexts of {prompt} "
+                       f"tokens plus {response} response tokens.")
+    return sampler.RlaxEngine(self.model_cfg, self.graphdef, tokenizer=self.tokenizer, mesh=self.mesh,
+                              max_concurrent_decodes=slots, max_prefill_length=min(prefill, decode_len),
+                              max_decode_length=decode_len, temperature=temperature, top_p=top_p, top_k=top_k)
+
+  def sampling_engine(self) -> sampler.RlaxEngine:
+    """The engine of the run's rollouts: `runtime.sampler_slots` (default P · n) slots, `rl`'s sampling law."""
+    rl = self.cfg.rl
+    return self.engine(slots=sampler_slots(self.cfg), temperature=rl.temperature, top_p=rl.top_p,
+                       top_k=rl.top_k)
+
+
+def _pow2_at_least(n: int, floor: int = 16) -> int:
+  b = floor
+  while b < n:
+    b *= 2
+  return b
+
+
+def sampler_slots(cfg: config_lib.Config) -> int:
+  return cfg.runtime.sampler_slots or cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
+
+
+def build_parts(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None) -> Parts:
+  """The run's parts on `mesh` (default: the config's mesh, `mesh_and_rules`); the rules are the config's."""
+  config_mesh, rules = mesh_and_rules(cfg) if mesh is None else (None, config_rules(cfg))
+  mesh = config_mesh if mesh is None else mesh
+  tokenizer = make_tokenizer(cfg)
+  model_cfg = model_config(cfg, tokenizer)
+  task = envs.make_rl_task(cfg, tokenizer)
+  graphdef, params_like = models.abstract_params(model_cfg)
+  return Parts(cfg=cfg, tokenizer=tokenizer, model_cfg=model_cfg, task=task,
+               lengths=task.lengths(model_cfg.max_seq_len), mesh=mesh, rules=rules, graphdef=graphdef,
+               params_like=params_like, param_shardings=param_shardings(params_like, mesh, rules))

@@ -1,0 +1,116 @@
+"""The learner's record of what it trained on: `schedule.jsonl` and `replay/rows/<step>.msgpack`.
+
+Every run logs, per RL step, the groups it took (ids, staleness, dropped groups) and their rows, so that
+`rlax-post replay` can feed the same learner step the same batches (`_sources.LoggedSource`). On a multi-host
+learner process 0 reads the queue and writes the log; `take_shared` hands every process the same groups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+import flax.serialization
+
+from rlax_post.runtime import _distributed
+
+SCHEDULE = "schedule.jsonl"
+
+
+def save_rows(path: str, groups: list[tuple[str, list[dict]]]) -> None:
+  payload = {"groups": {gid: {"rows": {str(i): r for i, r in enumerate(rows)}} for gid, rows in groups}}
+  tmp = f"{path}.tmp"
+  with open(tmp, "wb") as f:
+    f.write(flax.serialization.msgpack_serialize(payload))
+  os.replace(tmp, path)
+
+
+def load_rows(path: str) -> list[tuple[str, list[dict]]]:
+  with open(path, "rb") as f:
+    payload = flax.serialization.msgpack_restore(f.read())
+  out = []
+  for gid in sorted(payload["groups"]):
+    rows = payload["groups"][gid]["rows"]
+    out.append((gid, [rows[str(i)] for i in range(len(rows))]))
+  return out
+
+
+def groups_payload(fresh, dropped) -> bytes:
+  """A step's taken groups as bytes: (group_id, rows, staleness) and dropped (group_id, staleness), in order."""
+  return flax.serialization.msgpack_serialize({
+      "fresh": {str(j): {"group_id": gid, "staleness": int(st), "rows": {str(i): r for i, r in enumerate(rows)}}
+                for j, (gid, rows, st) in enumerate(fresh)},
+      "dropped": {str(j): {"group_id": gid, "staleness": int(st)} for j, (gid, st) in enumerate(dropped)}})
+
+
+def groups_from_payload(payload: bytes):
+  tree = flax.serialization.msgpack_restore(payload)
+  fresh = [tree["fresh"][str(j)] for j in range(len(tree["fresh"]))]
+  dropped = [tree["dropped"][str(j)] for j in range(len(tree["dropped"]))]
+  return ([(g["group_id"], [g["rows"][str(i)] for i in range(len(g["rows"]))], g["staleness"]) for g in fresh],
+          [(g["group_id"], g["staleness"]) for g in dropped])
+
+
+def take_shared(take: Callable[[], tuple[list, list]]) -> tuple[list, list]:
+  """`take()`'s groups on every process of the learner: process 0 alone reads the queue (`take`) and
+  broadcasts what it took, so every process trains on the same whole batch (a collective on a multi-host
+  learner: the other processes wait in it while process 0 waits for rollouts)."""
+  if not _distributed.is_multiprocess():
+    return take()
+  payload = groups_payload(*take()) if _distributed.is_primary() else None
+  return groups_from_payload(_distributed.broadcast_bytes(payload))
+
+
+def truncate_jsonl(path: str, keep: Callable[[dict], bool]) -> None:
+  """Drops the lines of a JSON-lines file that `keep` rejects (atomically: never a half-written file)."""
+  if not os.path.exists(path):
+    return
+  with open(path) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    for r in rows:
+      if keep(r):
+        f.write(json.dumps(r) + "\n")
+  os.replace(tmp, path)
+
+
+class RolloutLog:
+  """`workdir/schedule.jsonl` and `workdir/replay/rows/`; `active=False` (processes other than 0) writes
+  nothing."""
+
+  def __init__(self, workdir: str, *, active: bool = True):
+    self.schedule_path = os.path.join(workdir, SCHEDULE)
+    self.rows_dir = os.path.join(workdir, "replay", "rows")
+    self.active = active
+    if active:
+      os.makedirs(self.rows_dir, exist_ok=True)
+
+  def _rows_path(self, step: int) -> str:
+    return os.path.join(self.rows_dir, f"{step:08d}.msgpack")
+
+  def write(self, step: int, taken) -> None:
+    """Step `step` (1-based) trained on `taken` (`_sources.Taken`)."""
+    if not self.active:
+      return
+    save_rows(self._rows_path(step), [(gid, rows) for gid, rows, _ in taken.groups])
+    with open(self.schedule_path, "a") as f:
+      f.write(json.dumps({"step": step, "groups": [gid for gid, _, _ in taken.groups],
+                          "staleness": [int(st) for _, _, st in taken.groups],
+                          "dropped": [g for g, _ in taken.dropped],
+                          "dropped_staleness": [int(s) for _, s in taken.dropped]}) + "\n")
+
+  def truncate_after(self, step: int) -> None:
+    if self.active:
+      truncate_jsonl(self.schedule_path, lambda r: r["step"] <= step)
+
+  def schedule(self) -> list[dict]:
+    if not os.path.exists(self.schedule_path):
+      raise FileNotFoundError(f"{self.schedule_path} does not exist: was the run written by `rlax-post train` "
+                              "or `rlax-post learner`?")
+    with open(self.schedule_path) as f:
+      return [json.loads(line) for line in f if line.strip()]
+
+  def rows(self, step: int) -> list[tuple[str, list[dict]]]:
+    return load_rows(self._rows_path(step))

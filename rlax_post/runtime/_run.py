@@ -1,0 +1,237 @@
+"""A learner run's parts and outputs, built once (`open_run`): what the loop does around each RL step.
+
+Outputs under `workdir`: config.json, metrics.jsonl, tensorboard/, checkpoints/, schedule.jsonl and
+replay/ (the rows of every step and the initial state, for `rlax-post replay`), curves.png, summary.json.
+On a multi-host learner process 0 writes the files; every process writes its shards of checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlax_post import config as config_lib
+from rlax_post import envs
+from rlax_post.runtime import _checkpoint
+from rlax_post.runtime import _distributed
+from rlax_post.runtime import _eval
+from rlax_post.runtime import _learn
+from rlax_post.runtime import _metrics
+from rlax_post.runtime import _parts
+from rlax_post.runtime import _rowlog
+from rlax_post.runtime import _warm
+
+_KEEP = ("initial_eval_reward", "warm_start_seconds", "config")  # carried from checkpoint to checkpoint
+
+
+class Start(NamedTuple):
+  """Where the loop starts: train state and reference params at RL step `step`, and the run's history
+  (the checkpoint metadata: initial eval, config, counters, the source's resume position)."""
+  state: Any
+  ref_params: Any
+  step: int
+  history: dict
+
+
+class Tally:
+  """What the loop counts as it goes (mutable): staleness, drops, waits, throughput, the newest eval score
+  and the progress bar; `begin(history)` continues the counters of a resumed run."""
+
+  def __init__(self, eta: int):
+    self.eta = eta
+    self.begin({})
+
+  def begin(self, history: dict) -> None:
+    self.dropped_total = int(history.get("dropped_stale_total", 0))
+    self.max_ticket = int(history.get("max_ticket_consumed", -1))
+    self.t_loop = self.t_last = time.time()
+    self.rows = 0
+    self.wait = 0.0
+    self.staleness_means: list[float] = []
+    self.last_eval: float | None = None
+    self.bar = None
+
+  def add(self, step: int, taken) -> dict:
+    """Metrics of RL step `step` (0-based) that trained on `taken` (`_sources.Taken`)."""
+    now = time.time()
+    rows = sum(len(group_rows) for _, group_rows, _ in taken.groups)
+    staleness = np.asarray([st for _, _, st in taken.groups])
+    hist = np.bincount(np.clip(staleness, 0, self.eta), minlength=self.eta + 1)
+    self.dropped_total += len(taken.dropped)
+    self.max_ticket = max([self.max_ticket] + [int(rows_[0]["ticket"]) for _, rows_, _ in taken.groups])
+    self.rows += rows
+    self.wait += taken.metrics.get("wait_seconds", 0.0)
+    self.staleness_means.append(float(staleness.mean()))
+    out = {"policy_version": float(step), "staleness_mean": float(staleness.mean()),
+           "staleness_max": float(staleness.max()), **{f"staleness_{s}": float(hist[s]) for s in range(self.eta + 1)},
+           "dropped_stale": float(len(taken.dropped)), "dropped_stale_total": float(self.dropped_total),
+           **taken.metrics, "learner_idle_frac": self.wait / max(now - self.t_loop, 1e-9),
+           "samples_per_s": self.rows / max(now - self.t_loop, 1e-9), "step_seconds": now - self.t_last}
+    self.t_last = now
+    return out
+
+  def meta(self) -> dict:
+    """What a checkpoint records: the counters, and the ticket a resumed source starts from."""
+    return {"dropped_stale_total": self.dropped_total, "max_ticket_consumed": self.max_ticket,
+            "next_ticket": self.max_ticket + 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """A learner run (module docstring): its parts, the RL step, the evaluation and the outputs."""
+  parts: _parts.Parts
+  workdir: str
+  update: _learn.RLUpdate
+  evaluate: Callable[[Any], float]
+  ckpt: _checkpoint.RunCheckpointer
+  metrics: _metrics.MetricsWriter
+  log: _rowlog.RolloutLog
+  ui: _metrics.Console
+  latest: int | None  # the newest complete checkpoint when the run was opened (None: a fresh run)
+  t_start: float
+  tally: Tally
+
+  @property
+  def cfg(self) -> config_lib.Config:
+    return self.parts.cfg
+
+  @property
+  def end_step(self) -> int:
+    """The last RL step of this invocation (`runtime.stop_after_steps` stops early)."""
+    cfg = self.cfg
+    if cfg.runtime.stop_after_steps:
+      return min(cfg.rl.steps, (self.latest or 0) + cfg.runtime.stop_after_steps)
+    return cfg.rl.steps
+
+  def start(self, source) -> Start:
+    """Restores the newest checkpoint (`--resume`) or warm-starts a fresh run; positions `source`."""
+    start = self._resume(source) if self.latest is not None else self._fresh(source)
+    self.tally.begin(start.history)
+    return start
+
+  def _resume(self, source) -> Start:
+    step, update, parts = self.latest, self.update, self.parts
+    state, ref_params, meta = self.ckpt.restore(
+        step, state_like=update.learner.abstract_state, state_shardings=update.learner.state_shardings,
+        ref_like=parts.params_like, ref_shardings=parts.param_shardings)
+    _checkpoint.check_resume_config(meta.get("config"), self.cfg)
+    self.metrics.truncate_after(step, "rl")
+    self.metrics.truncate_after(step, "eval")
+    self.log.truncate_after(step)
+    source.resume(step, meta)
+    self.ui.say(f"Resumed {self.workdir} at RL step {step}.")
+    return Start(state, ref_params, step, meta)
+
+  def _fresh(self, source) -> Start:
+    params = _parts.initial_params(self.parts, _learn.key(self.cfg.seed, envs.Stream.INIT, 0))
+    params = _warm.warm_start(self.parts, params, self.metrics, self.ui)
+    ref_params = jax.tree.map(jnp.copy, params)
+    state = self.update.init(params, self.cfg.seed)
+    with source.device_lock:
+      initial = self.evaluate(state.params)
+    self.metrics.write(0, {"eval_reward": initial}, phase="eval")
+    self.ui.say(f"Warm-start greedy eval reward on {self.parts.task.num_eval} held-out prompts: {initial:.3f}")
+    history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - self.t_start,
+               "config": config_lib.to_dict(self.cfg), "rl_step": 0, **Tally(0).meta()}
+    self.ckpt.save(0, state, ref_params, history)
+    replay = _checkpoint.RunCheckpointer(os.path.join(self.workdir, "replay"), max_to_keep=1, name="replay")
+    replay.save(0, state, ref_params, history)  # `rlax-post replay` starts here.
+    replay.close()
+    return Start(state, ref_params, 0, history)
+
+  def steps(self, first: int):
+    """The RL steps (0-based) left to this invocation, behind a progress bar."""
+    desc = f"{self.cfg.runtime.mode} RL η={self.tally.eta}"
+    self.tally.bar = self.ui.bar(range(first, self.end_step), initial=first, total=self.cfg.rl.steps, desc=desc)
+    return self.tally.bar
+
+  def after_step(self, step: int, start: Start, state, row: dict, taken, source) -> None:
+    """Logs, evaluates and checkpoints after RL step `step` (1-based) as the config says."""
+    cfg, tally = self.cfg, self.tally
+    row.update(tally.add(step - 1, taken))
+    self.log.write(step, taken)
+    if step % cfg.runtime.log_every == 0 or step == cfg.rl.steps:
+      self.metrics.write(step, row)
+    if (cfg.eval.every and step % cfg.eval.every == 0) or step == self.end_step:
+      with source.device_lock:
+        tally.last_eval = self.evaluate(state.params)
+      self.metrics.write(step, {"eval_reward": tally.last_eval}, phase="eval")
+    if hasattr(tally.bar, "set_postfix"):
+      tally.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0.0):.4f}",
+                            stale=f"{row['staleness_mean']:.2f}",
+                            eval="-" if tally.last_eval is None else f"{tally.last_eval:.3f}")
+    if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == self.end_step:
+      meta = {**{k: start.history[k] for k in _KEEP}, "rl_step": step, **tally.meta()}
+      self.ckpt.save(step, state, start.ref_params, meta)
+      source.checkpointed(step)
+
+  def close_progress(self) -> None:
+    if hasattr(self.tally.bar, "close"):
+      self.tally.bar.close()
+
+  def finish(self, state, start: Start) -> dict:
+    """Closes checkpoints and metrics, plots the curves, writes and returns summary.json. Every process
+    of a multi-host learner returns the summary; process 0 alone writes it and the curves."""
+    # The loop evaluates at its last step; a resumed run with no step left to do evaluates here.
+    tally = self.tally
+    final = tally.last_eval if tally.last_eval is not None else self.evaluate(state.params)
+    t_end = time.time()
+    self.ckpt.close()
+    self.metrics.close()
+    _distributed.barrier("rlax_post.finish_run")  # Process 0's metrics.jsonl is complete.
+    rows = self.metrics.read()
+    primary = _distributed.is_primary()
+    if self.cfg.runtime.plot and primary:
+      _metrics.plot_curves(rows, os.path.join(self.workdir, "curves.png"))
+    rl_rows = [r for r in rows if r.get("phase") == "rl"]
+    initial = start.history["initial_eval_reward"]
+    summary = {
+        "initial_eval_reward": initial, "final_eval_reward": final, "improvement": final - initial,
+        "wall_seconds": t_end - self.t_start, "rl_wall_seconds": t_end - tally.t_loop,
+        "rl_steps": self.cfg.rl.steps, "rl_steps_done": self.end_step,
+        "resumed_from_step": self.latest,
+        "final_train_reward": rl_rows[-1]["reward_mean"] if rl_rows else None,
+        "final_kl": rl_rows[-1].get("kl") if rl_rows else None,
+        "num_skipped_updates": int(_distributed.to_host(state.num_skipped)),
+        "num_eval_prompts": self.parts.task.num_eval, "model_params": self.parts.model_cfg.num_params(),
+        "devices": jax.device_count(), "workdir": os.path.abspath(self.workdir),
+        "mode": self.cfg.runtime.mode, "max_staleness": tally.eta, "dropped_stale_total": tally.dropped_total,
+        "mean_staleness": float(np.mean(tally.staleness_means)) if tally.staleness_means else None,
+        "samples_per_s": tally.rows / max(t_end - tally.t_loop, 1e-9),
+    }
+    if primary:
+      _metrics.write_summary(os.path.join(self.workdir, "summary.json"), summary)
+    return summary
+
+
+def open_run(parts: _parts.Parts, workdir: str, *, resume: bool, quiet: bool) -> Run:
+  """The run in `workdir`: refuses to overwrite a run without `resume`, and clears the outputs of an earlier
+  attempt that never reached its first checkpoint (they describe no run we can continue)."""
+  t_start, cfg = time.time(), parts.cfg
+  workdir = os.fspath(workdir)
+  os.makedirs(workdir, exist_ok=True)
+  primary = _distributed.is_primary()
+  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep)
+  latest = ckpt.latest_step()
+  if latest is not None and not resume:
+    raise ValueError(f"{workdir} already holds checkpoints (latest RL step {latest}); pass --resume to "
+                     "continue that run, or choose a new --workdir.")
+  if latest is None and primary:
+    _metrics.clear_outputs(workdir)
+  if primary:
+    with open(os.path.join(workdir, "config.json"), "w") as f:
+      json.dump(config_lib.to_dict(cfg), f, indent=2)
+  # One progress bar per multi-host learner.
+  ui = _metrics.Console(quiet=quiet or not primary, progress=cfg.runtime.progress)
+  return Run(parts=parts, workdir=workdir, update=_learn.RLUpdate(parts), evaluate=_eval.make_evaluator(parts),
+             ckpt=ckpt, metrics=_metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard,
+                                                       active=primary),
+             log=_rowlog.RolloutLog(workdir, active=primary), ui=ui, latest=latest, t_start=t_start,
+             tally=Tally(config_lib.staleness(cfg)))

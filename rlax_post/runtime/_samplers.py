@@ -1,0 +1,195 @@
+"""Samplers: `SamplerWorker` (tickets → groups → rollout queue) and the `rlax-post sampler` process.
+
+A worker claims tickets under the admission bound (`rollouts.Admission`), samples their groups with a
+long-lived producer of the run's task (continuous batching across groups), picks up newer params between
+decode steps, and puts each finished group's rows into the rollout queue. The learner's `ThreadSource` runs
+workers as threads; `run_sampler` runs one as its own process over files (docs/async.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import json
+import os
+import threading
+import time
+from typing import Any, Callable
+
+from etils import epath
+
+from rlax_post import config as config_lib
+from rlax_post import envs
+from rlax_post import exchange
+from rlax_post import rollouts
+from rlax_post import sharding
+from rlax_post.runtime import _parts
+
+LEARNER = "learner"  # the rollout queue's consumer
+DONE_FILE = "learner.done"  # written by the learner when it stops: samplers stop too
+
+
+@dataclasses.dataclass
+class Channels:
+  """What a sampler talks to: `params` (exchange.LocalParams or exchange.ParamSubscriber), the rollout
+  `queue`, the ticket `admission`, and an optional `heartbeat(**stats)`."""
+  params: Any
+  queue: Any
+  admission: rollouts.Admission
+  heartbeat: Callable[..., None] | None = None
+
+
+class SamplerWorker:
+  """One sampler: tickets → groups → queue, with params from `channels.params`. `run()` returns when
+  `should_stop()`; counters in `stats()`. `producer_factory(params, version)` makes its `envs.Producer`."""
+
+  def __init__(self, name: str, producer_factory: Callable[[Any, int], Any], channels: Channels, *,
+               slots: int, group_size: int, should_stop: Callable[[], bool], device_lock=None):
+    self.name, self.channels = name, channels
+    self.source, self.queue = channels.params, channels.queue
+    # Held around every device program (see _sources.ThreadSource): None when the sampler owns its devices.
+    self.device_lock = device_lock if device_lock is not None else contextlib.nullcontext()
+    self.producer_factory = producer_factory
+    self.slots, self.n = slots, group_size
+    self.should_stop = should_stop
+    self._lock = threading.Lock()
+    self._stats = collections.Counter()
+    self._t_start = time.time()
+    self.first_version: int | None = None
+
+  def stats(self) -> dict:
+    with self._lock:
+      wall = max(time.time() - self._t_start, 1e-9)
+      return {"groups": self._stats["groups"], "idle_frac": self._stats["idle_seconds"] / wall,
+              "version": self._stats["version"], "swaps": self._stats["swaps"]}
+
+  def _wait_params(self):
+    while not self.should_stop():
+      try:
+        return self.source.wait_for(0, timeout_s=0.5)
+      except TimeoutError:
+        continue
+    return None
+
+  def run(self) -> None:
+    first = self._wait_params()
+    if first is None:
+      return
+    version, params = first
+    self.first_version = version
+    with self.device_lock:
+      producer = self.producer_factory(params, version)
+    with self._lock:
+      self._stats["version"] = version
+    last_beat = 0.0
+    while not self.should_stop():
+      newest = self.source.latest_version()
+      if newest is not None and newest != producer.version:
+        got = self.source.latest()
+        if got is not None:
+          with self.device_lock:
+            producer.set_params(got[1], got[0])
+          with self._lock:
+            self._stats["version"], self._stats["swaps"] = got[0], self._stats["swaps"] + 1
+      while producer.in_flight_samples + self.n <= self.slots or not producer.in_flight_groups:
+        ticket = self.channels.admission.claim(producer.version)
+        if ticket is None:
+          break
+        producer.submit(ticket)
+      if self.channels.heartbeat is not None and time.time() - last_beat > 0.5:
+        self.channels.heartbeat(version=producer.version, idle_frac=self.stats()["idle_frac"])
+        last_beat = time.time()
+      if producer.in_flight_groups == 0:  # Nothing admitted: wait for newer params.
+        t0 = time.time()
+        try:
+          self.source.wait_for(producer.version + 1, timeout_s=0.2)
+        except TimeoutError:
+          pass
+        with self._lock:
+          self._stats["idle_seconds"] += time.time() - t0
+        continue
+      with self.device_lock:
+        finished = producer.step()
+      for ticket, rows in finished:
+        self._put_group(ticket, rows)
+        if self.should_stop():
+          return
+
+  def _put_group(self, ticket: int, rows: list[dict]) -> None:
+    gid = envs.group_id(ticket)
+    for i, row in enumerate(rows):
+      while True:
+        try:
+          self.queue.put(envs.row_id(ticket, i), row, group_id=gid, group_size=len(rows), timeout_s=0.5)
+          break
+        except TimeoutError:  # Backpressure: the learner is behind.
+          if self.should_stop():
+            return
+    self.queue.flush()
+    self.channels.admission.commit(ticket)
+    with self._lock:
+      self._stats["groups"] += 1
+
+
+def queue_capacity(cfg: config_lib.Config) -> int:
+  """Rows the rollout queue holds: `runtime.queue_capacity`, or enough for η + 2 steps."""
+  p, n = cfg.rl.prompts_per_step, cfg.rl.samples_per_prompt
+  return cfg.runtime.queue_capacity or (cfg.runtime.max_staleness + 2) * p * n
+
+
+def load_run_config(workdir: str, *, timeout_s: float = 0.0) -> config_lib.Config:
+  """The config a learner wrote to `workdir/config.json` (waits up to timeout_s for it to appear); `workdir`
+  may be a local path or a bucket URL."""
+  path = epath.Path(os.fspath(workdir)) / "config.json"
+  deadline = time.time() + timeout_s
+  while not path.exists():
+    if time.time() >= deadline:
+      raise FileNotFoundError(f"{path} does not exist: start `rlax-post learner --workdir {workdir}` first "
+                              "(it writes the run's config).")
+    time.sleep(0.2)
+  return config_lib.load(json.loads(path.read_text()))
+
+
+def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s: float = 600.0) -> dict:
+  """`rlax-post sampler --index K`: samples for the learner of `workdir` until it writes learner.done."""
+  if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+    raise ValueError(f"--index must be an int >= 0; got {index!r}.")
+  workdir = os.fspath(workdir)
+  cfg = load_run_config(workdir, timeout_s=wait_config_s)
+  # The sampler's own mesh: every local device on the fsdp axis; params are resharded onto it on restore.
+  parts = _parts.build_parts(cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}))
+  name, slots, n = f"sampler-{index}", _parts.sampler_slots(cfg), cfg.rl.samples_per_prompt
+  queue = rollouts.FileQueue(os.path.join(workdir, "queue"), capacity=queue_capacity(cfg),
+                             consumers=(LEARNER,), writer_id=name)
+  admission = rollouts.FileAdmission(os.path.join(workdir, "admission"), groups_per_step=cfg.rl.prompts_per_step,
+                                     max_staleness=config_lib.staleness(cfg), sampler_id=name,
+                                     capacity=max(slots // n, 1))
+  # A sampler restarted under the same index never redoes a group it already put in the queue; tickets
+  # still granted to it that never reached the queue are started again (same prompt and seeds).
+  admission.mark_done(int(g) for g in queue.written_group_ids())
+  params = exchange.ParamSubscriber(os.path.join(workdir, "params"), params_like=parts.params_like,
+                                    shardings=parts.param_shardings, reader_id=name)
+  engine = parts.sampling_engine()
+  worker = SamplerWorker(name, lambda p, v: parts.task.producer(engine, p, v),
+                         Channels(params, queue, admission, heartbeat=admission.heartbeat), slots=slots,
+                         group_size=n, should_stop=(epath.Path(workdir) / DONE_FILE).exists)
+  if not quiet:
+    print(f"[{name}] sampling for {workdir} ({slots} slots)", flush=True)
+  t0 = time.time()
+  last_print = [0.0]
+
+  def beat(**stats):
+    admission.heartbeat(**stats)
+    if not quiet and time.time() - last_print[0] > 5.0:
+      last_print[0] = time.time()
+      s = worker.stats()
+      print(f"[{name}] version {s['version']}  groups {s['groups']}  idle {s['idle_frac']:.0%}", flush=True)
+
+  worker.channels.heartbeat = beat
+  worker.run()
+  queue.close()
+  stats = {**worker.stats(), "first_version": worker.first_version, "seconds": time.time() - t0}
+  if not quiet:
+    print(f"[{name}] done: {stats}", flush=True)
+  return stats

@@ -1,0 +1,360 @@
+"""Where the learner's batches come from: one small protocol (`Source`), one implementation per deployment.
+
+  InlineSource   samples each step's groups in the learner's thread with the newest params (η = 0: no
+                 threads, one copy of the params; `runtime.mode = "sync"`)
+  ThreadSource   sampler threads in the learner's process stream groups into a memory or file queue under
+                 the staleness bound η (`runtime.mode = "async"`, `rlax-post train`)
+  ProcessSource  `rlax-post sampler` processes stream groups through a file queue; the learner publishes
+                 orbax parameter versions and grants tickets (`rlax-post learner`)
+  LoggedSource   the rows a run logged, in its logged order (`rlax-post replay`)
+
+A source is resumed from a checkpoint's metadata (`resume`), receives every params version the learner
+makes (`publish`), and hands over each step's groups (`take`) with what it dropped as too stale; staleness,
+admission and the position to resume from belong to it. `device_lock` is held around the learner's device
+programs where samplers share its devices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+import time
+from typing import Any, Callable, ContextManager, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from rlax_post import config as config_lib
+from rlax_post import envs
+from rlax_post import exchange
+from rlax_post import rollouts
+from rlax_post.runtime import _distributed
+from rlax_post.runtime import _parts
+from rlax_post.runtime import _rowlog
+from rlax_post.runtime import _samplers
+
+@dataclasses.dataclass(frozen=True)
+class Taken:
+  """A step's groups: `groups` (group_id, rows in sample order, staleness) sorted by ticket; `dropped`
+  (group_id, staleness) of groups consumed but over η; `metrics` the source's own (waits, queue depth)."""
+  groups: list[tuple[str, list[dict], int]]
+  dropped: list[tuple[str, int]]
+  metrics: dict
+
+
+class Source(Protocol):
+  """Where the learner's batches come from (module docstring)."""
+  device_lock: ContextManager
+
+  def resume(self, step: int, meta: dict) -> None: ...  # continue after checkpoint `step` (its metadata)
+  def publish(self, params: Any, version: int) -> None: ...
+  def start(self) -> None: ...
+  def take(self, step: int) -> Taken: ...  # the groups of RL step `step` (0-based)
+  def checkpointed(self, step: int) -> None: ...  # checkpoint `step` is saved: no resume goes below it
+  def stop(self) -> None: ...
+
+
+def staleness_of(rows: list[dict], learner_version: int) -> int:
+  return rollouts.group_staleness(learner_version, [r["versions"] for r in rows], [r["mask"] for r in rows])
+
+
+def file_queue(cfg: config_lib.Config, workdir: str, writer_id: str) -> rollouts.FileQueue:
+  return rollouts.FileQueue(os.path.join(workdir, "queue"), capacity=_samplers.queue_capacity(cfg),
+                            consumers=(_samplers.LEARNER,), writer_id=writer_id)
+
+
+class InlineSource:
+  """Each step's P groups sampled in the learner's thread with the params of that step (η = 0)."""
+  device_lock = contextlib.nullcontext()
+
+  def __init__(self, parts: _parts.Parts):
+    self.parts, self.engine, self.producer = parts, parts.sampling_engine(), None
+    self.p, self.n = parts.cfg.rl.prompts_per_step, parts.cfg.rl.samples_per_prompt
+
+  def resume(self, step: int, meta: dict) -> None:
+    del step, meta  # Step k's tickets are k·P … k·P + P − 1: nothing else to restore.
+
+  def publish(self, params, version: int) -> None:
+    # The producer samples before the next update donates these params: no copy is needed.
+    if self.producer is None:
+      self.producer = self.parts.task.producer(self.engine, params, version)
+    else:
+      self.producer.set_params(params, version)
+
+  def start(self) -> None:
+    pass
+
+  def take(self, step: int) -> Taken:
+    t0 = time.time()
+    tickets = range(step * self.p, (step + 1) * self.p)
+    done = envs.run_tickets(self.producer, tickets, slots=_parts.sampler_slots(self.parts.cfg),
+                            group_size=self.n)
+    groups = [(envs.group_id(t), done[t], staleness_of(done[t], step)) for t in tickets]
+    return Taken(groups, [], {"wait_seconds": time.time() - t0})
+
+  def checkpointed(self, step: int) -> None:
+    del step
+
+  def stop(self) -> None:
+    if self.producer is not None:
+      self.producer.close()
+
+
+def take_groups(queue, *, num_groups: int, learner_version: int, max_staleness: int, poll_s: float = 1.0,
+                on_timeout: Callable[[int], None] | None = None
+                ) -> tuple[list[tuple[str, list[dict], int]], list[tuple[str, int]]]:
+  """Takes `num_groups` complete groups within `max_staleness` of `learner_version` from the queue.
+
+  Groups are consumed with the tag `learner_version + 1` (the step that takes them). Groups older than
+  `max_staleness` are consumed too, dropped and returned in the second list as (group_id, staleness) --
+  counted by the caller, never silently lost. The fresh groups come back as (group_id, rows in sample order,
+  staleness), sorted by ticket (the row layout of inline sampling).
+  """
+  fresh, dropped = [], []
+  while len(fresh) < num_groups:
+    try:
+      groups = queue.get_groups(_samplers.LEARNER, num_groups - len(fresh), required=envs.ROW_FIELDS,
+                                timeout_s=poll_s, tag=learner_version + 1)
+    except TimeoutError:
+      if on_timeout is not None:
+        on_timeout(len(fresh))
+      continue
+    for group in groups:
+      rows = [dict(r.fields) for r in sorted(group.rows, key=lambda r: r.row_id)]
+      st = staleness_of(rows, learner_version)
+      if rollouts.is_stale(st, max_staleness):
+        dropped.append((group.group_id, st))
+      else:
+        fresh.append((group.group_id, rows, st))
+  fresh.sort(key=lambda g: int(g[1][0]["ticket"]))
+  return fresh, dropped
+
+
+class _QueueSource:
+  """What the thread and process sources share: a learner that takes groups from a rollout queue."""
+  queue: Any
+  poll_s = 1.0
+  device_lock: ContextManager = contextlib.nullcontext()
+
+  def __init__(self, cfg: config_lib.Config, say: Callable[..., None]):
+    self.cfg, self.say, self.eta = cfg, say, config_lib.staleness(cfg)
+
+  def check(self) -> None:  # raises a sampler's error
+    pass
+
+  def on_wait(self) -> None:  # called while the learner waits for rollouts
+    pass
+
+  def sampler_stats(self) -> list[dict]:
+    return []
+
+  def _take_local(self, step: int) -> tuple[list, list]:
+    t0, warned = time.time(), [False]
+
+    def on_timeout(have: int) -> None:
+      self.check()
+      self.on_wait()
+      if time.time() - t0 > 30 and not warned[0]:
+        warned[0] = True
+        self.say(f"\n[learner] step {step + 1}: waiting for rollouts ({have}/{self.cfg.rl.prompts_per_step} "
+                 f"groups; live samplers: {len(self.sampler_stats())}).")
+
+    self.check()
+    return take_groups(self.queue, num_groups=self.cfg.rl.prompts_per_step, learner_version=step,
+                       max_staleness=self.eta, on_timeout=on_timeout, poll_s=self.poll_s)
+
+  def take(self, step: int) -> Taken:
+    t0 = time.time()
+    fresh, dropped = _rowlog.take_shared(lambda: self._take_local(step))
+    samplers = self.sampler_stats()
+    idle = [s["idle_frac"] for s in samplers]
+    return Taken(fresh, dropped, {
+        "wait_seconds": time.time() - t0,
+        "queue_depth": float(self.queue.depth(_samplers.LEARNER)) if self.queue is not None else 0.0,
+        "sampler_idle_frac": sum(idle) / len(idle) if idle else 0.0})
+
+  def checkpointed(self, step: int) -> None:
+    # A resume never rolls back below checkpoint `step`: the groups consumed up to it can be freed.
+    if self.queue is not None:
+      self.queue.release(step)
+
+
+class ThreadSource(_QueueSource):
+  """Sampler threads in the learner's process: `LocalParams`, `MemoryAdmission`, a memory or file queue."""
+
+  def __init__(self, parts: _parts.Parts, workdir: str, say: Callable[..., None]):
+    super().__init__(parts.cfg, say)
+    cfg = parts.cfg
+    self.workdir = workdir
+    if cfg.runtime.queue == "memory":
+      self.queue = rollouts.MemoryQueue(capacity=_samplers.queue_capacity(cfg), consumers=(_samplers.LEARNER,))
+      writer_queue = lambda k: self.queue
+    else:
+      self.queue = file_queue(cfg, workdir, "learner")
+      writer_queue = lambda k: file_queue(cfg, workdir, f"sampler-{k}")
+    self.params = exchange.LocalParams(max_to_keep=2)
+    self.admission = rollouts.MemoryAdmission(groups_per_step=cfg.rl.prompts_per_step, max_staleness=self.eta)
+    self._stop = threading.Event()
+    self._errors: list[BaseException] = []
+    # Samplers and learner share the mesh's devices here. Two multi-device programs launched from different
+    # threads can interleave their collectives differently on different devices and deadlock (seen on the
+    # 8-device CPU mesh), so on a multi-device mesh each device program runs under one lock: device compute
+    # is serialised, while host work (env calls, tokenisation, the queue, waiting) still overlaps.
+    self.device_lock = threading.RLock() if parts.mesh.size > 1 else contextlib.nullcontext()
+    engine = parts.sampling_engine()
+    self.workers = [_samplers.SamplerWorker(
+        f"sampler-{k}", lambda params, version: parts.task.producer(engine, params, version),
+        _samplers.Channels(self.params, writer_queue(k), self.admission), slots=_parts.sampler_slots(cfg),
+        group_size=cfg.rl.samples_per_prompt, should_stop=self._stop.is_set, device_lock=self.device_lock)
+        for k in range(cfg.runtime.num_samplers)]
+    self._threads = []
+
+  def publish(self, params, version: int) -> None:
+    # The learner donates its state to the next update: hand the samplers their own copy.
+    with self.device_lock:
+      copy = jax.block_until_ready(jax.tree.map(jnp.copy, params))
+    self.params.publish(copy, version)
+
+  def resume(self, step: int, meta: dict) -> None:
+    first = int(meta["next_ticket"])
+    if self.cfg.runtime.queue == "files":
+      # Groups consumed after the checkpoint come back; groups already in the queue are not sampled again.
+      self.queue.rollback(_samplers.LEARNER, step)
+      first = max([first] + [int(g) + 1 for g in self.queue.seen_group_ids()])
+    self.admission = rollouts.MemoryAdmission(groups_per_step=self.cfg.rl.prompts_per_step,
+                                              max_staleness=self.eta, first_ticket=first)
+    for w in self.workers:
+      w.channels.admission = self.admission
+
+  def start(self) -> None:
+    def run(worker):
+      try:
+        worker.run()
+      except BaseException as e:  # pylint: disable=broad-except
+        self._errors.append(e)
+        self._stop.set()
+    self._threads = [threading.Thread(target=run, args=(w,), name=w.name, daemon=True) for w in self.workers]
+    for t in self._threads:
+      t.start()
+
+  def check(self) -> None:
+    if self._errors:
+      raise RuntimeError(f"A sampler thread failed: {self._errors[0]!r}") from self._errors[0]
+
+  def stop(self) -> None:
+    self._stop.set()
+    for t in self._threads:
+      t.join(timeout=60)
+
+  def sampler_stats(self) -> list[dict]:
+    return [w.stats() for w in self.workers]
+
+
+class ProcessSource(_QueueSource):
+  """The learner process of `rlax-post learner`: file queue, orbax parameter versions, ticket grants.
+
+  On a multi-host learner every process publishes (orbax writes each process's shards of a version); process
+  0 alone reads the queue (`_rowlog.take_shared`), grants tickets and writes learner.done; the others have
+  no queue.
+  """
+  poll_s = 0.1  # the learner grants tickets while it waits
+
+  def __init__(self, parts: _parts.Parts, workdir: str, say: Callable[..., None]):
+    super().__init__(parts.cfg, say)
+    self.workdir, self.primary = workdir, _distributed.is_primary()
+    self.queue = self.admission = None
+    if self.primary:
+      self.queue = file_queue(self.cfg, workdir, "learner")
+      self.admission = rollouts.FileAdmission(os.path.join(workdir, "admission"),
+                                              groups_per_step=self.cfg.rl.prompts_per_step,
+                                              max_staleness=self.eta)
+    self.publisher = exchange.ParamPublisher(os.path.join(workdir, "params"),
+                                             max_to_keep=self.cfg.runtime.param_versions_to_keep)
+    self.version = 0
+    self._last_grant = 0.0
+
+  def publish(self, params, version: int) -> None:
+    self.version = version
+    if self.publisher.latest_version is None or version > self.publisher.latest_version:
+      self.publisher.publish(params, version)  # (else already out: a resumed learner's checkpoint version)
+    self._grant(force=True)
+
+  def _grant(self, force: bool = False) -> None:
+    if not self.primary or (not force and time.time() - self._last_grant < 0.1):
+      return
+    self._last_grant = time.time()
+    committed = {int(g) for g in self.queue.seen_group_ids()}
+    self.admission.grant(self.version, committed=committed, timeout_s=self.cfg.runtime.sampler_timeout_s)
+
+  def resume(self, step: int, meta: dict) -> None:
+    del meta
+    if self.primary:
+      self.queue.rollback(_samplers.LEARNER, step)
+    self.publisher.delete_newer_than(step)
+    _distributed.barrier("rlax_post.learner_resume")  # Every process sees process 0's deletions.
+    self.publisher.delete_newer_than(step)  # (Now a listing only: re-reads the newest remaining version.)
+
+  def start(self) -> None:
+    done = os.path.join(self.workdir, _samplers.DONE_FILE)
+    if self.primary and os.path.exists(done):
+      os.remove(done)
+
+  def stop(self) -> None:
+    self.publisher.wait()
+    if self.primary:
+      with open(os.path.join(self.workdir, _samplers.DONE_FILE), "w") as f:
+        f.write("done\n")
+    self.publisher.close()
+
+  def sampler_stats(self) -> list[dict]:
+    if not self.primary:
+      return []
+    now = time.time()
+    return [b for b in self.admission.heartbeats().values()
+            if now - b.get("time", 0.0) <= self.cfg.runtime.sampler_timeout_s]
+
+  def on_wait(self) -> None:
+    self._grant()
+
+
+class LoggedSource:
+  """The groups a run logged (`_rowlog.RolloutLog`), step by step in its schedule's order."""
+  device_lock = contextlib.nullcontext()
+
+  def __init__(self, workdir: str):
+    self.log = _rowlog.RolloutLog(workdir)
+    self.schedule = self.log.schedule()
+
+  def resume(self, step: int, meta: dict) -> None:
+    del step, meta
+
+  def publish(self, params, version: int) -> None:
+    del params, version
+
+  def start(self) -> None:
+    pass
+
+  def take(self, step: int) -> Taken:
+    entry = self.schedule[step]
+    if entry["step"] != step + 1:
+      raise ValueError(f"replay: schedule entry {step} is for step {entry['step']}, not {step + 1}.")
+    groups = dict(self.log.rows(step + 1))
+    if list(entry["groups"]) != sorted(groups, key=lambda g: int(groups[g][0]["ticket"])):
+      raise ValueError(f"replay: step {step + 1}'s logged rows do not match its schedule entry.")
+    return Taken([(g, groups[g], st) for g, st in zip(entry["groups"], entry["staleness"])],
+                 list(zip(entry["dropped"], entry["dropped_staleness"])), {})
+
+  def checkpointed(self, step: int) -> None:
+    del step
+
+  def stop(self) -> None:
+    pass
+
+
+def make_source(parts: _parts.Parts, workdir: str, say: Callable[..., None]) -> Source:
+  """`rlax-post train`'s source: inline sampling (`runtime.mode = "sync"`) or sampler threads ("async")."""
+  if parts.cfg.runtime.mode == "sync":
+    return InlineSource(parts)
+  return ThreadSource(parts, workdir, say)

@@ -1,0 +1,49 @@
+"""The warm start: `sft.steps` supervised steps on the task's demonstrations (`RLTask.sft_batches`), or their
+result restored from the warm-start cache (`sft.cache_dir`, `_warm_cache`) when it holds this config's.
+
+The result is both the reference policy and the RL run's initial params. On a multi-host learner each
+process loads only the rows its devices hold (`_distributed.row_shard`).
+"""
+
+from __future__ import annotations
+
+from rlax_post import envs
+from rlax_post import learner
+from rlax_post import models
+from rlax_post.runtime import _batch
+from rlax_post.runtime import _distributed
+from rlax_post.runtime import _learn
+from rlax_post.runtime import _metrics
+from rlax_post.runtime import _parts
+from rlax_post.runtime import _warm_cache
+
+
+def warm_start(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui: _metrics.Console):
+  """The warm-started params from `params` (the initial params on the parts' mesh)."""
+  if parts.cfg.sft.steps == 0:
+    return params
+  return _warm_cache.warm_start(parts.cfg, params, lambda: _sft_steps(parts, params, metrics, ui), say=ui.say)
+
+
+def _sft_steps(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui: _metrics.Console):
+  cfg, graphdef = parts.cfg, parts.graphdef
+  sft_learner = _learn.make_learner(
+      parts, _learn.optimizer(cfg.sft.optimizer, cfg.sft.steps),
+      learner.sft_objective(lambda p, tokens: models.token_logprobs(graphdef, p, tokens)),
+      agg_mode="token_mean", max_len=None)
+  state = sft_learner.init(params, _learn.key(cfg.seed, envs.Stream.SFT_UPDATE, 0))
+  batch_sh = _learn.batch_sharding(parts.mesh)
+  index, count = _distributed.row_shard(batch_sh, cfg.sft.batch_size)
+  batches = parts.task.sft_batches(index, count)
+  progress = ui.bar(range(cfg.sft.steps), desc="warm-start SFT")
+  for step in progress:
+    batch = next(batches)
+    device_batch = _batch.to_device_batch({"tokens": batch["tokens"], "loss_mask": batch["loss_mask"]},
+                                          batch_sh, rows=cfg.sft.batch_size)
+    state, m = sft_learner.step(state, device_batch, _learn.key(cfg.seed, envs.Stream.SFT_UPDATE, step))
+    if (step + 1) % 10 == 0 or step + 1 == cfg.sft.steps:
+      host = _learn.host(m)
+      metrics.write(step + 1, host, phase="sft")
+      if hasattr(progress, "set_postfix"):
+        progress.set_postfix(loss=f"{host['loss']:.3f}")
+  return state.params
