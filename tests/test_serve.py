@@ -5,9 +5,11 @@ import subprocess
 import sys
 
 import _serving
+import jax
 import pytest
 
 from rlax_post import models
+from rlax_post.runtime import _serve
 
 pytestmark = pytest.mark.e2e
 
@@ -21,6 +23,10 @@ def test_serve_streams_the_greedy_completion_over_grpc(tmp_path):
        "--quiet", "--config.rl.steps=1"],
       capture_output=True, text=True, timeout=300, env=_serving.ENV)
   assert train.returncode == 0, train.stderr[-3000:]
+  # A relative path serves the same params as an absolute one (orbax needs absolute paths).
+  relative = _serve.engine_from_workdir(os.path.relpath(workdir)).load_params()
+  absolute = _serve.engine_from_workdir(str(workdir)).load_params()
+  assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), relative, absolute))
   streamed = _serving.serve_and_decode(workdir, "rev abc=", 6)
   expected = _serving.greedy_reference(workdir, "rev abc=", 6, models.ByteTokenizer())
   assert expected, "the reference decodes EOS at once: the comparison would be vacuous"
