@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 from etils import epath
@@ -24,20 +25,65 @@ import orbax.checkpoint as ocp
 
 from rlax_post import config as config_lib
 from rlax_post import exchange
+from rlax_post.runtime import _distributed
+
+ASIDE_DIR = "checkpoints.aside"  # where step directories that must not be read or counted are moved
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
+def set_aside(step_dir: epath.Path, reason: str) -> epath.Path:
+  """Moves `step_dir` to `<workdir>/checkpoints.aside/<step>.<time>` with a `.reason.txt` beside it.
+
+  Orbax counts every `<int>` directory as a step: it refuses to save that step again and, under
+  `max_to_keep`, deletes newer complete checkpoints to make room for it. A step that must not be read (no
+  commit marker, or damaged) is therefore moved out of the way, never deleted: it may be what a person wants
+  to inspect.
+  """
+  aside = step_dir.parent.parent / ASIDE_DIR
+  aside.mkdir(parents=True, exist_ok=True)
+  target = aside / f"{step_dir.name}.{time.strftime('%Y%m%d-%H%M%S')}"
+  while target.exists():
+    target = aside / f"{target.name}+"
+  step_dir.rename(target)
+  (aside / f"{target.name}.reason.txt").write_text(reason + "\n")
+  return target
+
+
+def complete_checkpoints(workdir: str) -> list[int]:
+  """The complete checkpoint steps of the run in `workdir`, ascending (a listing: nothing is created)."""
+  directory = exchange.as_path(workdir) / "checkpoints"
+  if not directory.exists():
+    return []
+  return sorted(int(p.name) for p in directory.iterdir() if exchange.is_complete(p))
+
+
+def _first_line(e: BaseException) -> str:
+  lines = str(e).strip().splitlines()
+  return f"{type(e).__name__}: {lines[0] if lines else ''}"
+
+
 class RunCheckpointer:
-  """Saves and restores `(state, ref_params, meta)` under `workdir/checkpoints/<step>`."""
+  """Saves and restores `(state, ref_params, meta)` under `workdir/checkpoints/<step>`.
+
+  On opening, step directories without orbax's commit marker (saves that never finished) are set aside
+  (`set_aside`, by process 0 of a multi-host job); `aside` lists (path, reason) of what moved.
+  """
 
   def __init__(self, workdir: str | epath.Path, *, max_to_keep: int = 2, name: str = "run"):
     workdir = os.fspath(workdir)
     if "://" not in workdir:  # Orbax wants absolute paths; bucket URLs (gs://...) already are.
       workdir = os.path.abspath(workdir)
     self.directory = epath.Path(workdir) / "checkpoints"
+    self.aside: list[tuple[epath.Path, str]] = []
+    if _distributed.is_primary() and self.directory.exists():
+      for step_dir in sorted(p for p in self.directory.iterdir() if p.name.isdigit()):
+        if not exchange.is_complete(step_dir):
+          reason = f"step {step_dir.name} has no commit marker (a save that never finished)"
+          self.aside.append((set_aside(step_dir, reason), reason))
+    _distributed.barrier(f"rlax_post_{name}_checkpoints_aside")  # Every process lists what is left.
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
@@ -75,6 +121,27 @@ class RunCheckpointer:
         meta=ocp.args.JsonRestore(),
     ))
     return out.state, out.ref_params, dict(out.meta)
+
+  def restore_newest(self, **templates) -> tuple[int, Any, Any, dict]:
+    """The newest checkpoint that restores (`restore(step, **templates)`), setting aside newer complete
+    steps that fail to (a truncated array file, corrupt metadata) with the reason; ValueError naming every
+    step tried when none restores."""
+    failed = []
+    for step in reversed(self.complete_steps()):
+      try:
+        state, ref_params, meta = self.restore(step, **templates)
+      except Exception as e:  # pylint: disable=broad-except  (any failure to read a step: it is not intact)
+        failed.append((step, _first_line(e)))
+        continue
+      for bad, why in failed:
+        reason = f"step {bad} could not be restored ({why}); resumed from step {step}"
+        if _distributed.is_primary():
+          self.aside.append((set_aside(self.directory / str(bad), reason), reason))
+      _distributed.barrier("rlax_post_checkpoints_restored")
+      self._manager.reload()
+      return step, state, ref_params, meta
+    tried = "; ".join(f"step {s}: {why}" for s, why in failed) or "none"
+    raise ValueError(f"No checkpoint in {self.directory} could be restored (tried {tried}).")
 
   def wait(self) -> None:
     self._manager.wait_until_finished()

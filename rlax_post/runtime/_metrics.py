@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import sys
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -23,11 +24,43 @@ class Console:
     if not self.quiet:
       print(*args, flush=True)
 
+  def warn(self, message: str) -> None:
+    """A warning a person must see (what was skipped or set aside): to stderr, even when quiet."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
   def bar(self, it: Iterable, **kwargs):
     """`tqdm(it, **kwargs)`, or `it` itself when bars are off."""
     if self.quiet or not self.progress:
       return it
     return tqdm.tqdm(it, dynamic_ncols=True, **kwargs)
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """The rows of a JSON-lines file ([] if it does not exist).
+
+  A last line cut short by a crash in the middle of an append (no final newline) is dropped with a warning:
+  it is the one row that was being written. Any other line that does not parse is a ValueError naming the
+  file and the line.
+  """
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    text = f.read()
+  lines = text.split("\n")
+  rows = []
+  for number, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError as e:
+      if number == len(lines):  # The last line, with no newline after it: a torn append.
+        print(f"warning: {path}, line {number}: dropped a row cut short by an interrupted write.",
+              file=sys.stderr, flush=True)
+        continue
+      raise ValueError(f"{path}, line {number}: not a JSON row ({e.msg} at column {e.colno}); the file is "
+                       "corrupt: repair or remove that line.") from None
+  return rows
 
 
 def finite_or_none(v):
@@ -74,10 +107,7 @@ class MetricsWriter:
           self._tb.add_scalar(f"{phase}/{k}", v, int(step))
 
   def read(self) -> list[dict]:
-    if not os.path.exists(self.path):
-      return []
-    with open(self.path) as f:
-      return [json.loads(line) for line in f if line.strip()]
+    return read_jsonl(self.path)
 
   def close(self) -> None:
     if self._tb is not None:

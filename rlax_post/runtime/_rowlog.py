@@ -14,6 +14,7 @@ from typing import Callable
 import flax.serialization
 
 from rlax_post.runtime import _distributed
+from rlax_post.runtime import _metrics
 
 SCHEDULE = "schedule.jsonl"
 
@@ -66,8 +67,7 @@ def truncate_jsonl(path: str, keep: Callable[[dict], bool]) -> None:
   """Drops the lines of a JSON-lines file that `keep` rejects (atomically: never a half-written file)."""
   if not os.path.exists(path):
     return
-  with open(path) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
+  rows = _metrics.read_jsonl(path)
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     for r in rows:
@@ -109,8 +109,7 @@ class RolloutLog:
     if not os.path.exists(self.schedule_path):
       raise FileNotFoundError(f"{self.schedule_path} does not exist: was the run written by `rlax-post train` "
                               "or `rlax-post learner`?")
-    with open(self.schedule_path) as f:
-      return [json.loads(line) for line in f if line.strip()]
+    return _metrics.read_jsonl(self.schedule_path)
 
   def rows(self, step: int) -> list[tuple[str, list[dict]]]:
     return load_rows(self._rows_path(step))

@@ -57,6 +57,7 @@ class Tally:
     self.staleness_means: list[float] = []
     self.last_eval: float | None = None
     self.bar = None
+    self.end_step = 0
 
   def add(self, step: int, taken) -> dict:
     """Metrics of RL step `step` (0-based) that trained on `taken` (`_sources.Taken`)."""
@@ -102,12 +103,11 @@ class Run:
   def cfg(self) -> config_lib.Config:
     return self.parts.cfg
 
-  @property
-  def end_step(self) -> int:
-    """The last RL step of this invocation (`runtime.stop_after_steps` stops early)."""
+  def end_step(self, first: int) -> int:
+    """The last RL step of an invocation that starts at `first` (`runtime.stop_after_steps` stops early)."""
     cfg = self.cfg
     if cfg.runtime.stop_after_steps:
-      return min(cfg.rl.steps, (self.latest or 0) + cfg.runtime.stop_after_steps)
+      return min(cfg.rl.steps, first + cfg.runtime.stop_after_steps)
     return cfg.rl.steps
 
   def start(self, source) -> Start:
@@ -117,10 +117,12 @@ class Run:
     return start
 
   def _resume(self, source) -> Start:
-    step, update, parts = self.latest, self.update, self.parts
-    state, ref_params, meta = self.ckpt.restore(
-        step, state_like=update.learner.abstract_state, state_shardings=update.learner.state_shardings,
+    update, parts = self.update, self.parts
+    step, state, ref_params, meta = self.ckpt.restore_newest(
+        state_like=update.learner.abstract_state, state_shardings=update.learner.state_shardings,
         ref_like=parts.params_like, ref_shardings=parts.param_shardings)
+    for path, reason in self.ckpt.aside:
+      self.ui.warn(f"Set aside {path}: {reason}.")
     _checkpoint.check_resume_config(meta.get("config"), self.cfg)
     self.metrics.truncate_after(step, "rl")
     self.metrics.truncate_after(step, "eval")
@@ -149,7 +151,9 @@ class Run:
   def steps(self, first: int):
     """The RL steps (0-based) left to this invocation, behind a progress bar."""
     desc = f"{self.cfg.runtime.mode} RL η={self.tally.eta}"
-    self.tally.bar = self.ui.bar(range(first, self.end_step), initial=first, total=self.cfg.rl.steps, desc=desc)
+    self.tally.end_step = self.end_step(first)
+    self.tally.bar = self.ui.bar(range(first, self.tally.end_step), initial=first, total=self.cfg.rl.steps,
+                                 desc=desc)
     return self.tally.bar
 
   def after_step(self, step: int, start: Start, state, row: dict, taken, source) -> None:
@@ -159,7 +163,7 @@ class Run:
     self.log.write(step, taken)
     if step % cfg.runtime.log_every == 0 or step == cfg.rl.steps:
       self.metrics.write(step, row)
-    if (cfg.eval.every and step % cfg.eval.every == 0) or step == self.end_step:
+    if (cfg.eval.every and step % cfg.eval.every == 0) or step == tally.end_step:
       with source.device_lock:
         tally.last_eval = self.evaluate(state.params)
       self.metrics.write(step, {"eval_reward": tally.last_eval}, phase="eval")
@@ -167,7 +171,7 @@ class Run:
       tally.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0.0):.4f}",
                             stale=f"{row['staleness_mean']:.2f}",
                             eval="-" if tally.last_eval is None else f"{tally.last_eval:.3f}")
-    if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == self.end_step:
+    if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == tally.end_step:
       meta = {**{k: start.history[k] for k in _KEEP}, "rl_step": step, **tally.meta()}
       self.ckpt.save(step, state, start.ref_params, meta)
       source.checkpointed(step)
@@ -195,8 +199,8 @@ class Run:
     summary = {
         "initial_eval_reward": initial, "final_eval_reward": final, "improvement": final - initial,
         "wall_seconds": t_end - self.t_start, "rl_wall_seconds": t_end - tally.t_loop,
-        "rl_steps": self.cfg.rl.steps, "rl_steps_done": self.end_step,
-        "resumed_from_step": self.latest,
+        "rl_steps": self.cfg.rl.steps, "rl_steps_done": max(tally.end_step, start.step),
+        "resumed_from_step": None if self.latest is None else start.step,
         "final_train_reward": rl_rows[-1]["reward_mean"] if rl_rows else None,
         "final_kl": rl_rows[-1].get("kl") if rl_rows else None,
         "num_skipped_updates": int(_distributed.to_host(state.num_skipped)),
@@ -223,6 +227,10 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool, quiet: bool) ->
   if latest is not None and not resume:
     raise ValueError(f"{workdir} already holds checkpoints (latest RL step {latest}); pass --resume to "
                      "continue that run, or choose a new --workdir.")
+  if latest is None and resume:  # Never a fresh start that would clear the outputs of the run meant.
+    aside = "".join(f"; set aside {path}: {reason}" for path, reason in ckpt.aside)
+    raise ValueError(f"--resume: {workdir} holds no complete checkpoint to continue{aside}. Run without "
+                     "--resume to start a new run there.")
   if latest is None and primary:
     _metrics.clear_outputs(workdir)
   if primary:

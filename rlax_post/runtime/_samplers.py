@@ -148,7 +148,12 @@ def load_run_config(workdir: str, *, timeout_s: float = 0.0) -> config_lib.Confi
       raise FileNotFoundError(f"{path} does not exist: start `rlax-post learner --workdir {workdir}` first "
                               "(it writes the run's config).")
     time.sleep(0.2)
-  return config_lib.load(json.loads(path.read_text()))
+  try:
+    raw = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); it is the "
+                     "config a learner wrote: restore it from the run's checkpoint metadata or rerun.") from None
+  return config_lib.load(raw)
 
 
 def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s: float = 600.0) -> dict:

@@ -2,7 +2,7 @@
 
 Every unit is a real `rlax-post train` process with its own workdir `<root>/<unit.dirname>` and its log in
 `<root>/<unit.dirname>/train.log`. A unit whose summary.json exists is not run again (so an interrupted sweep
-is continued by running the same command); one with checkpoints but no summary is resumed (`--resume`).
+is continued by running the same command); one with a complete checkpoint but no summary is resumed (`--resume`).
 When the sweep ends: a table of final metrics per unit and per group (units that differ only by `seed`),
 `<root>/sweep.json` with the same figures, and `<root>/sweep.png` with the reward curves.
 """
@@ -92,7 +92,7 @@ def _cpu_slots(parallel: int) -> list[set[int] | None]:
 def _command(unit: _units.WorkUnit, workdir: str, extra_flags: Sequence[str], python: str) -> list[str]:
   cmd = [python, "-m", "rlax_post.cli", "train", "--config", unit.config, *unit.flags(), *extra_flags,
          "--workdir", workdir, "--quiet"]
-  if os.path.isdir(os.path.join(workdir, "checkpoints")):
+  if runtime.complete_checkpoints(workdir):  # (A unit stopped before its first checkpoint starts afresh.)
     cmd.append("--resume")
   return cmd
 

@@ -1,0 +1,107 @@
+"""Resume after damage: uncommitted steps set aside, a damaged newest checkpoint skipped for the one before
+it, `--resume` with nothing to resume refused, torn and corrupt JSON-lines files handled by name."""
+
+import os
+import shutil
+import sys
+
+import pytest
+
+from rlax_post import config
+from rlax_post import runtime
+from rlax_post.runtime import _checkpoint
+from rlax_post.runtime import _metrics
+
+sys.path.insert(0, ".")
+from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_SKIP = set(runtime.TIMING_METRICS) | {"time"}
+
+
+def _cfg(**runtime_overrides):
+  c = demo.get_config("tiny")
+  c.task.options = dict(c.task.options, partial_credit=True)  # Non-zero, varied rewards at this size.
+  c.sft.steps = 4
+  c.rl.steps = 4
+  c.eval.every = 0
+  c.checkpoint.every = 1
+  c.checkpoint.max_to_keep = 3
+  c.runtime.update(progress=False, tensorboard=False, plot=False, **runtime_overrides)
+  return config.load(c)
+
+
+def _data_rows(workdir):
+  rows = _metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  return [{k: v for k, v in r.items() if k not in _SKIP} for r in rows if r["phase"] == "rl"]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("straight")
+  runtime.train(_cfg(), workdir, quiet=True)
+  return workdir
+
+
+@pytest.fixture()
+def half(tmp_path):
+  """A run stopped after 2 of its 4 steps (checkpoints 0, 1, 2)."""
+  workdir = tmp_path / "run"
+  runtime.train(_cfg(stop_after_steps=2), workdir, quiet=True)
+  assert runtime.RunCheckpointer(workdir).complete_steps() == [0, 1, 2]
+  return workdir
+
+
+def test_an_uncommitted_step_is_set_aside_and_resume_matches_a_straight_run(straight, half, capsys):
+  ckpts = half / "checkpoints"
+  shutil.copytree(ckpts / "2", ckpts / "3")
+  os.remove(ckpts / "3" / "commit_success.txt")  # A save of step 3 that never finished.
+  summary = runtime.train(_cfg(), half, resume=True, quiet=True)
+  assert summary["resumed_from_step"] == 2 and summary["rl_steps_done"] == 4
+  assert _data_rows(half) == _data_rows(straight)
+  aside = sorted(os.listdir(half / _checkpoint.ASIDE_DIR))
+  assert len(aside) == 2 and aside[0].startswith("3.") and aside[1].endswith(".reason.txt")
+  assert "no commit marker" in (half / _checkpoint.ASIDE_DIR / aside[1]).read_text()
+  assert "no commit marker" in capsys.readouterr().err
+  assert runtime.RunCheckpointer(half).complete_steps() == [2, 3, 4]  # Step 3 saved anew, nothing lost.
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(straight, half, capsys):
+  state_dir = half / "checkpoints" / "2" / "state"
+  files = sorted((p for p in state_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+  with open(files[-1], "r+b") as f:  # Truncate the largest array file: a torn copy.
+    f.truncate(files[-1].stat().st_size // 2)
+  summary = runtime.train(_cfg(), half, resume=True, quiet=True)
+  assert summary["resumed_from_step"] == 1
+  assert _data_rows(half) == _data_rows(straight)  # Steps 2..4 redone from step 1: the same history.
+  err = capsys.readouterr().err
+  assert "step 2 could not be restored" in err and "resumed from step 1" in err
+  assert any(n.startswith("2.") and not n.endswith(".txt") for n in os.listdir(half / _checkpoint.ASIDE_DIR))
+
+
+def test_resume_with_nothing_to_resume_is_an_error_that_keeps_the_outputs(half):
+  for step in ("0", "1", "2"):
+    os.remove(half / "checkpoints" / step / "commit_success.txt")
+  metrics = (half / "metrics.jsonl").read_text()
+  with pytest.raises(ValueError, match=r"--resume: .* holds no complete checkpoint to continue; set aside"):
+    runtime.train(_cfg(), half, resume=True, quiet=True)
+  assert (half / "metrics.jsonl").read_text() == metrics  # Nothing was cleared.
+
+
+def test_a_torn_last_metrics_line_is_dropped_and_a_corrupt_one_is_named(straight, half, capsys):
+  path = half / "metrics.jsonl"
+  with open(path, "a") as f:
+    f.write('{"phase": "rl", "step": 3, "loss": 0.')  # The learner died in the middle of this append.
+  runtime.train(_cfg(), half, resume=True, quiet=True)
+  assert _data_rows(half) == _data_rows(straight)
+  assert "dropped a row cut short" in capsys.readouterr().err
+  lines = path.read_text().splitlines()
+  lines[1] = lines[1][:20]
+  path.write_text("\n".join(lines) + "\n")
+  with pytest.raises(ValueError, match=rf"{path}, line 2: not a JSON row"):
+    _metrics.read_jsonl(os.fspath(path))
+
+
+def test_a_corrupt_run_config_names_its_file(half):
+  (half / "config.json").write_text('{"seed": 0,')
+  with pytest.raises(ValueError, match=r"config.json is not valid JSON .* line 1, column"):
+    runtime.load_run_config(half)
