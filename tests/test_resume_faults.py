@@ -3,9 +3,11 @@ it, `--resume` with nothing to resume refused, torn and corrupt JSON-lines files
 
 import os
 import shutil
+import struct
 import sys
 
 import pytest
+from tensorboardX.proto import event_pb2
 
 from rlax_post import config
 from rlax_post import runtime
@@ -26,7 +28,7 @@ def _cfg(**runtime_overrides):
   c.eval.every = 0
   c.checkpoint.every = 1
   c.checkpoint.max_to_keep = 3
-  c.runtime.update(progress=False, tensorboard=False, plot=False, **runtime_overrides)
+  c.runtime.update({"progress": False, "tensorboard": False, "plot": False, **runtime_overrides})
   return config.load(c)
 
 
@@ -105,3 +107,31 @@ def test_a_corrupt_run_config_names_its_file(half):
   (half / "config.json").write_text('{"seed": 0,')
   with pytest.raises(ValueError, match=r"config.json is not valid JSON .* line 1, column"):
     runtime.load_run_config(half)
+
+
+def _tb_scalars(directory) -> list[tuple[str, int]]:
+  """(tag, step) of every scalar in the TensorBoard event files under `directory` (TFRecord framing:
+  uint64 length, uint32 crc, the Event proto, uint32 crc)."""
+  out = []
+  for path in sorted(directory.rglob("events.*")):
+    data = path.read_bytes()
+    i = 0
+    while i < len(data):
+      (length,) = struct.unpack("<Q", data[i:i + 8])
+      event = event_pb2.Event.FromString(data[i + 12:i + 12 + length])
+      out += [(v.tag, event.step) for v in event.summary.value]
+      i += 12 + length + 4
+  return out
+
+
+def test_tensorboard_has_no_duplicate_steps_after_a_resume(straight, tmp_path):
+  workdir = tmp_path / "run"
+  runtime.train(_cfg(stop_after_steps=3, tensorboard=True), workdir, quiet=True)
+  # Step 3 was logged, but its checkpoint never committed (the learner died while saving it).
+  os.remove(workdir / "checkpoints" / "3" / "commit_success.txt")
+  runtime.train(_cfg(tensorboard=True), workdir, resume=True, quiet=True)
+  scalars = _tb_scalars(workdir / "tensorboard")
+  rl_loss = sorted(step for tag, step in scalars if tag == "rl/loss")
+  assert rl_loss == [1, 2, 3, 4]  # Each step once: step 3's first logging is gone with its checkpoint.
+  assert len(scalars) == len(set(scalars))
+  assert _data_rows(workdir) == _data_rows(straight)

@@ -63,6 +63,11 @@ def read_jsonl(path: str) -> list[dict]:
   return rows
 
 
+def _summary_writer(directory: str):
+  from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (optional output; heavy import)
+  return SummaryWriter(directory)
+
+
 def finite_or_none(v):
   v = float(v)
   return v if math.isfinite(v) else None
@@ -72,17 +77,28 @@ class MetricsWriter:
   """Appends one JSON line per logged step and mirrors scalars to TensorBoard.
 
   On resume, `truncate_after(step)` drops lines logged after the restored checkpoint, so the file describes
-  exactly one history. An inactive writer (`active=False`: processes other than 0 of a multi-host learner)
+  exactly one history, and `rebuild_tensorboard()` rewrites the event files from it (they are append-only:
+  the rows of a killed learner's last steps would otherwise show twice). An inactive writer (`active=False`: processes other than 0 of a multi-host learner)
   writes nothing and only reads.
   """
 
   def __init__(self, workdir: str, *, tensorboard: bool = True, active: bool = True):
     self.path = os.path.join(workdir, "metrics.jsonl")
+    self.tb_dir = os.path.join(workdir, "tensorboard")
     self.active = active
     self._tb = None
     if tensorboard and active:
-      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (optional outputs; heavy imports)
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self._tb = _summary_writer(self.tb_dir)
+
+  def rebuild_tensorboard(self) -> None:
+    """Replaces the TensorBoard event files with the rows of metrics.jsonl (after `truncate_after`)."""
+    if self._tb is None:
+      return
+    self._tb.close()
+    shutil.rmtree(self.tb_dir, ignore_errors=True)  # Derived from metrics.jsonl, which is kept.
+    self._tb = _summary_writer(self.tb_dir)
+    for row in self.read():
+      self._mirror(row)
 
   def truncate_after(self, step: int, phase: str = "rl") -> None:
     if not self.active:
@@ -101,10 +117,13 @@ class MetricsWriter:
     row.update({k: finite_or_none(v) for k, v in metrics.items()})
     with open(self.path, "a") as f:
       f.write(json.dumps(row) + "\n")
+    self._mirror(row)
+
+  def _mirror(self, row: Mapping[str, Any]) -> None:
     if self._tb is not None:
       for k, v in row.items():
         if k not in ("phase", "step") and v is not None:
-          self._tb.add_scalar(f"{phase}/{k}", v, int(step))
+          self._tb.add_scalar(f"{row['phase']}/{k}", v, int(row["step"]))
 
   def read(self) -> list[dict]:
     return read_jsonl(self.path)

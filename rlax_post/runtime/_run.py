@@ -126,6 +126,7 @@ class Run:
     _checkpoint.check_resume_config(meta.get("config"), self.cfg)
     self.metrics.truncate_after(step, "rl")
     self.metrics.truncate_after(step, "eval")
+    self.metrics.rebuild_tensorboard()
     self.log.truncate_after(step)
     source.resume(step, meta)
     self.ui.say(f"Resumed {self.workdir} at RL step {step}.")
