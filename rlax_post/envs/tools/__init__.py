@@ -8,6 +8,7 @@ from rlax_post.envs.tools._demos import CORRUPTIONS
 from rlax_post.envs.tools._demos import demo_messages
 from rlax_post.envs.tools._demos import Demonstration
 from rlax_post.envs.tools._demos import demonstration
+from rlax_post.envs.tools._env import MAX_ERROR_CHARS
 from rlax_post.envs.tools._env import REWARD_MODES
 from rlax_post.envs.tools._env import state_key
 from rlax_post.envs.tools._env import tool_env_factory
@@ -38,6 +39,9 @@ from rlax_post.envs.tools._syntax import Answer
 from rlax_post.envs.tools._syntax import Call
 from rlax_post.envs.tools._syntax import format_answer
 from rlax_post.envs.tools._syntax import format_call
+from rlax_post.envs.tools._syntax import MAX_INT_DIGITS
+from rlax_post.envs.tools._syntax import MAX_JSON_DEPTH
+from rlax_post.envs.tools._syntax import MAX_MESSAGE_CHARS
 from rlax_post.envs.tools._syntax import parse_message
 from rlax_post.envs.tools._syntax import ParseError
 from rlax_post.envs.tools._tasks import GOALS
@@ -49,6 +53,7 @@ from rlax_post.envs.tools._tasks import Task
 from rlax_post.envs.tools._tasks import task_of_prompt
 from rlax_post.envs.tools._tasks import task_tag
 from rlax_post.envs.tools._world import generate_world
+from rlax_post.envs.tools._world import MAX_SEED
 from rlax_post.envs.tools._world import World
 from rlax_post.envs.tools._rl import demo_row
 from rlax_post.envs.tools._rl import HELD_OUT_BASE
@@ -72,6 +77,11 @@ __all__ = [
     'ERROR_KINDS',
     'GOALS',
     'KINDS',
+    'MAX_ERROR_CHARS',
+    'MAX_INT_DIGITS',
+    'MAX_JSON_DEPTH',
+    'MAX_MESSAGE_CHARS',
+    'MAX_SEED',
     'PRODUCER_OF',
     'ParseError',
     'REWARD_MODES',

@@ -7,7 +7,10 @@ Prompts. `make_task_prompt(seed, index)` writes the prompt of task (seed, index)
 Turns. Each message is parsed (`_syntax`); a call is executed on the episode's world and answered with
 '<result>{JSON}</result>', a failure with '<error kind="KIND">reason</error>' (KIND in `ERROR_KINDS`; the
 world is unchanged and `step` never raises for anything the agent writes). An answer ends the episode, and
-so does the `max_turns`-th message.
+so does the `max_turns`-th message. Messages beyond the parser's limits (`_syntax`: length, JSON depth,
+integer digits) are 'unparseable' errors like any other; a reason is shown escaped to valid UTF-8 (a lone
+surrogate the agent wrote would otherwise make the observation unencodable for the tokenizer) and cut to
+`MAX_ERROR_CHARS` (an error echoing a huge tool name or key list must not flood the context).
 
 Rewards (`_rewards`, weights in `RewardConfig`). With `reward_mode='final'` every turn gets 0 but the last,
 which gets the episode's reward R(episode). With 'delta' turn t gets R(first t messages) − R(first t − 1)
@@ -51,6 +54,15 @@ from rlax_post.envs.tools import _tasks
 from rlax_post.envs.tools import _world
 
 REWARD_MODES = ("final", "delta")
+MAX_ERROR_CHARS = 500  # Every error the tools and parser write about a message within reason is shorter.
+
+
+def _error_observation(kind: str, reason: str) -> str:
+  """The observation of a failed message: the reason escaped to valid UTF-8 and cut (module docstring)."""
+  text = reason.encode("utf-8", "backslashreplace").decode("utf-8")
+  if len(text) > MAX_ERROR_CHARS:
+    text = text[:MAX_ERROR_CHARS - 3] + "..."
+  return f'\n<error kind="{kind}">{text}</error>\n'
 
 
 def state_key(observed: frozenset[str], initial: frozenset, current: frozenset) -> int:
@@ -141,7 +153,7 @@ class ToolEnv:
     elif record.kind == "answer":
       observation = ""
     else:
-      observation = f'\n<error kind="{record.kind}">{error}</error>\n'
+      observation = _error_observation(record.kind, error)
     self.done = record.kind == "answer" or len(self.records) >= self.max_turns
     self.state_key = self._key()
     components = _rewards.reward_components(self.records, self.task, self.world, self.reward)

@@ -15,6 +15,12 @@ world, and takes the value from its result. So every task
   * has `complexity` = the number of required calls (its call budget is scaled from it).
 
 Synthesis is deterministic in (seed, index, max_goals); the world is `generate_world(seed)`.
+
+Seeds and indices are ints in [0, `_world.MAX_SEED`]; anything else is a `ValueError` naming the value and
+the range, wherever it enters (`synthesize_task`, `task_tag`, `make_task_prompt`, a prompt's tag in
+`task_of_prompt`), rather than an error observation: they only ever come from programs (a run's config, the
+prompt `make_task_prompt` wrote, which `ToolEnv.reset` reads), never from a model's message, so a bad one is
+a bug to surface, not an agent's mistake to score.
 """
 
 from __future__ import annotations
@@ -193,11 +199,18 @@ def _goal(kind: str, b: _Builder, rng: np.random.Generator) -> tuple[str, list, 
   raise ValueError(f"goal kind must be one of {list(GOALS)}; got {kind!r}.")
 
 
+def _check_goals(max_goals: Any) -> int:
+  """`max_goals`, checked: a task draws that many distinct goal kinds, so at most `len(GOALS)`."""
+  if isinstance(max_goals, bool) or not isinstance(max_goals, int) or not 1 <= max_goals <= len(GOALS):
+    raise ValueError(f"max_goals must be an int in [1, {len(GOALS)}]; got {max_goals!r:.60}.")
+  return max_goals
+
+
 @functools.lru_cache(maxsize=4096)
 def synthesize_task(seed: int, index: int, *, max_goals: int = 2) -> Task:
   """Task `index` of world `seed` (module docstring): 1..max_goals goals of distinct kinds."""
-  if isinstance(max_goals, bool) or not isinstance(max_goals, int) or not 1 <= max_goals <= len(GOALS):
-    raise ValueError(f"max_goals must be an int in [1, {len(GOALS)}]; got {max_goals!r}.")
+  seed, index = _world.check_seed("seed", seed), _world.check_seed("index", index)
+  max_goals = _check_goals(max_goals)
   world = _world.generate_world(seed)
   rng = np.random.default_rng([int(seed), int(index), 104729])
   b = _Builder(world)
@@ -224,17 +237,31 @@ def task_tag(seed: int, index: int, max_goals: int = 2) -> str:
 
   S and I are zero-padded to `TAG_DIGITS` digits, so the prompt's layout does not depend on the task's number:
   a byte-level model warm-started on tasks numbered up to 10⁸ sees the same layout for task 5
-  ('index=000000005') as for task 10⁸ + 5 (docs/agentic.md, "Task synthesis").
+  ('index=000000005') as for task 10⁸ + 5 (docs/agentic.md, "Task synthesis"). Raises `ValueError` for a
+  seed or index outside [0, MAX_SEED] (module docstring).
   """
-  return f"[task seed={int(seed):0{TAG_DIGITS}d} index={int(index):0{TAG_DIGITS}d} goals={int(max_goals)}]"
+  seed, index = _world.check_seed("seed", seed), _world.check_seed("index", index)
+  return f"[task seed={seed:0{TAG_DIGITS}d} index={index:0{TAG_DIGITS}d} goals={_check_goals(max_goals)}]"
+
+
+def _tag_number(name: str, digits: str) -> int:
+  """A tag's number; one longer than any valid value is refused before `int` spends time on it."""
+  if len(digits) > len(str(_world.MAX_SEED)) + 1:
+    raise ValueError(f"the task tag's {name} must be an int in [0, {_world.MAX_SEED}]; got {digits[:30]}... "
+                     f"({len(digits)} characters).")
+  return int(digits)
 
 
 def task_of_prompt(prompt: str) -> Task:
-  """The task a prompt's tag names (the last tag in the prompt); raises `ValueError` if there is none."""
+  """The task a prompt's tag names (the last tag in the prompt).
+
+  Raises:
+    ValueError: if there is no tag, or its numbers are out of range (a negative seed, say: module docstring).
+  """
   tags = _TAG.findall(prompt)
   if not tags:
     raise ValueError(f"A tool-use prompt ends with '[task seed=S index=I goals=G]'; got {prompt[-80:]!r}.")
-  seed, index, goals = (int(x) for x in tags[-1])
+  seed, index, goals = (_tag_number(n, x) for n, x in zip(("seed", "index", "goals"), tags[-1]))
   return synthesize_task(seed, index, max_goals=goals)
 
 

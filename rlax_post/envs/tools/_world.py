@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import numbers
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,18 @@ _WORDS = ("alpha", "beta", "ship", "review", "costs", "hire", "plan", "risk", "s
 DAYS = (1, 28)  # Calendar days, inclusive.
 HOURS = (8, 17)  # Meeting start hours, inclusive.
 FIRST_NEW_EVENT = 901  # Events created in an episode: evt_901, evt_902, ...
+MAX_SEED = 2**63 - 1  # Seeds and task indices are non-negative int64s.
+
+
+def check_seed(name: str, value: Any) -> int:
+  """`value` as an int if it is one in [0, MAX_SEED], else a `ValueError` naming it and the range.
+
+  Seeds and task indices come from programs (configs, `make_task_prompt`'s tag), so a bad one is the
+  caller's mistake, said plainly here rather than by numpy's seed sequence (which rejects negatives).
+  """
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value <= MAX_SEED:
+    raise ValueError(f"{name} must be an int in [0, {MAX_SEED}]; got {value!r:.60}.")
+  return int(value)
 
 
 @dataclasses.dataclass
@@ -82,7 +95,8 @@ class World:
 
 def generate_world(seed: int, *, num_people: int = 6, num_events: int = 5, num_files: int = 7) -> World:
   """The world of `seed`: `num_people` people with one account each, `num_events` events with distinct titles
-  and 2-3 attendees, and `num_files` files; deterministic in its arguments."""
+  and 2-3 attendees, and `num_files` files; deterministic in its arguments. `seed` is in [0, MAX_SEED]."""
+  seed = check_seed("seed", seed)
   if not (2 <= num_people <= len(PEOPLE) and 1 <= num_events <= len(TITLES) - 2
           and 1 <= num_files <= len(FILE_NAMES)):
     raise ValueError(f"Need 2 <= num_people <= {len(PEOPLE)}, 1 <= num_events <= {len(TITLES) - 2}, "
