@@ -1,25 +1,29 @@
-"""`rlax-post`: the command-line entry point.
-
-  rlax-post train --config configs/demo.py[:variant] [--config.a.b=value ...] --workdir DIR [--resume]
-  rlax-post check-config --config configs/demo.py[:variant] [--config.a.b=value ...]
-  rlax-post serve --checkpoint RUN_WORKDIR --port 9000 [--host 127.0.0.1] [--temperature 0] [--slots 8]
-  rlax-post learner --config configs/demo.py[:variant] [--config.runtime.max_staleness=2 ...] --workdir DIR
-  rlax-post sampler --workdir DIR --index K        # any number of them, each with its own K
-  rlax-post replay --workdir DIR                   # re-runs an async run's learner from its logged rollouts
-  rlax-post sweep --config configs/X.py[:variant] [--config.a.b=value ...] --workdir ROOT [--parallel N]
+"""`rlax-post`: the command-line entry point (`rlax-post --help` lists the commands, `rlax-post CMD --help`
+the flags of one).
 
 `train` runs the learner loop with sampling inline (`runtime.mode = "sync"`) or in sampler threads ("async").
 `learner` and `sampler` are the async roles as separate processes (or hosts) sharing DIR (docs/async.md).
+
+Every mistake a user can make on the command line (a bad flag, config key or value, a missing file, an
+unusable directory) ends in one line, `rlax-post CMD: error: ...`, and exit status 2, before any JAX work
+where it can be checked that early; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import json
+import os
+import re
 import sys
+import tempfile
+import textwrap
 
 from absl import app
 from absl import flags
 from absl import logging
+from ml_collections import config_dict
 from ml_collections import config_flags
 
 from rlax_post import config as config_lib
@@ -50,7 +54,76 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "learner, replay
                                    "multi-process learner.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "learner, replay: processes of the learner.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "learner, replay: this process's index (0 .. N-1).")
-_DISTRIBUTED_COMMANDS = ("train", "learner", "replay")  # Samplers are single-process JAX programs.
+
+_MULTIHOST = ("coordinator_address", "num_processes", "process_id")
+# Per command: its usage, one line on what it does, and the flags it reads (`--help` shows only those, not
+# absl's hundreds).
+_COMMANDS = {
+    "train": ("--config FILE[:variant] [--config.a.b=value ...] --workdir DIR [--resume]",
+              "Warm start, then RL; sampling inline (runtime.mode=sync) or in sampler threads (async).",
+              ("config", "workdir", "resume", "quiet", *_MULTIHOST)),
+    "check-config": ("--config FILE[:variant] [--config.a.b=value ...]",
+                     "Print the validated config as JSON: every key with its value.", ("config",)),
+    "serve": ("--checkpoint RUN_WORKDIR [--port 9000] [--host 127.0.0.1] [--temperature 0] [--slots 8]",
+              "Serve a run's newest checkpoint with JetStream's gRPC server.",
+              ("checkpoint", "port", "host", "temperature", "slots")),
+    "learner": ("--config FILE[:variant] [--config.a.b=value ...] --workdir DIR [--resume]",
+                "The async learner as its own process; samplers join it through DIR (docs/async.md).",
+                ("config", "workdir", "resume", "quiet", *_MULTIHOST)),
+    "sampler": ("--workdir DIR --index K",
+                "One async sampler for the learner of DIR (start any number, each with its own K).",
+                ("workdir", "index", "quiet")),
+    "replay": ("--workdir DIR",
+               "Re-run a run's learner from its logged rollouts and check its metrics match.",
+               ("workdir", "quiet", *_MULTIHOST)),
+    "sweep": ("--config FILE[:variant] [--config.a.b=value ...] --workdir ROOT [--parallel N]",
+              "Run a config's work units (get_sweep) as local `train` processes; print their table.",
+              ("config", "workdir", "parallel", "pin_cpus", "share_warm_start", "json", "quiet")),
+}
+COMMANDS = tuple(_COMMANDS)
+_HELP = ("--help", "-h", "-help", "--helpshort")
+_KEYS_NOTE = ("Config keys: `rlax-post check-config --config FILE` prints every key with its value; "
+              "docs/configuration.md documents them.")
+# Exceptions whose message is meant for the user (a bad flag, key, value, file or directory); anything else
+# is a bug and keeps its traceback.
+_USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+def _overview() -> str:
+  rows = "\n".join(f"  {name:<13} {line}" for name, (_, line, _) in _COMMANDS.items())
+  return (f"usage: rlax-post COMMAND [flags]\n\ncommands:\n{rows}\n\n"
+          f"`rlax-post COMMAND --help` lists the flags of a command. {_KEYS_NOTE}")
+
+
+def _flag_line(name: str) -> str:
+  flag = flags.FLAGS[name]
+  label = f"--[no]{name}" if flag.boolean else f"--{name}"
+  default = "" if flag.default is None or flag.default is False else f" (default: {flag.default})"
+  text = re.sub(r"^[a-z, ]+: ", "", flag.help)  # "serve: gRPC port." -> "gRPC port."
+  text = text[:1].upper() + text[1:]
+  return textwrap.fill(f"{text}{default}", width=110, initial_indent=f"  {label:<24} ",
+                       subsequent_indent=" " * 27)
+
+
+def _command_help(command: str) -> str:
+  usage, line, names = _COMMANDS[command]
+  rows = [_flag_line(name) for name in names]
+  if "config" in names:
+    rows.insert(1, f"  {'--config.SECTION.KEY=V':<24} Override one key of the config (repeatable).")
+  return (f"usage: rlax-post {command} {usage}\n\n{line}\n\nflags:\n" + "\n".join(rows) +
+          f"\n\n{textwrap.fill(_KEYS_NOTE, width=110)}")
+
+
+def _fail(command: str, error) -> None:
+  """The one line a user sees for a mistake: the command, and the message (which names the fix)."""
+  print(f"rlax-post {command}: error: {' '.join(str(error).split())}", file=sys.stderr)
+  sys.exit(2)
+
+
+def _required(holder, what: str):
+  if holder.value is None or holder.value == "":
+    raise ValueError(f"--{holder.name} is required: {what}.")
+  return holder.value
 
 
 def _init_distributed(command: str):
@@ -59,21 +132,124 @@ def _init_distributed(command: str):
                                  detect_cluster=command != "train")
 
 
-COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay", "sweep")
+# --- Paths, checked before any JAX work, so a typo does not cost a compile or a warm start. ---
+
+
+def _relative_note(path: str) -> str:
+  return "" if os.path.isabs(path) else f"; relative paths start at {os.getcwd()}"
+
+
+def _readable_file(path: str, flag: str, example: str) -> None:
+  try:
+    with open(path, "rb"):
+      pass
+  except OSError as e:
+    raise type(e)(f"{flag} {path!r}: cannot read it ({e.strerror}{_relative_note(path)}); "
+                  f"pass a readable file, e.g. {flag} {example}.") from None
+
+
+def _writable_dir(path: str, flag: str = "--workdir") -> str:
+  """Creates `path` and a probe file in it now, so a bad directory fails here, not at the first checkpoint."""
+  if "://" in path:  # A bucket URL: nothing to create locally.
+    return path
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise NotADirectoryError(f"{flag} {path!r} is a file, not a directory; pass a directory.")
+  try:
+    os.makedirs(path, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path, prefix=".rlax-post-write-probe-"):
+      pass
+  except OSError as e:
+    raise PermissionError(f"{flag} {path!r} is not writable ({e.strerror}); pass a directory you can write "
+                          "to, or fix its permissions.") from None
+  return path
+
+
+def _existing_dir(path: str, flag: str, what: str) -> str:
+  if "://" in path or os.path.isdir(path):
+    return path
+  error, state = (NotADirectoryError, "is a file") if os.path.exists(path) else (FileNotFoundError,
+                                                                                 "does not exist")
+  raise error(f"{flag} {path!r} {state}{_relative_note(path)}; pass {what}.")
+
+
+# --- Config overrides, checked against the config file before ml_collections parses them. ---
+
+
+def _config_spec(argv) -> str | None:
+  for i, arg in enumerate(argv):
+    if match := re.fullmatch(r"--?config(=(.*))?", arg):
+      return match.group(2) if match.group(1) else (argv[i + 1] if i + 1 < len(argv) else None)
+  return None
+
+
+def _flat_keys(node, prefix: str = "") -> list[str]:
+  out = []
+  for key, value in node.items():
+    out.append(prefix + key)
+    if isinstance(value, (dict, config_dict.ConfigDict)):
+      out += _flat_keys(value, f"{prefix}{key}.")
+  return out
+
+
+def _check_key(raw, key: str) -> None:
+  """An unknown `--config.a.b` names its close matches and the section's keys (ml_collections would print a
+  56-line traceback)."""
+  node, section = raw, []
+  for part in key.split("."):
+    if not isinstance(node, (dict, config_dict.ConfigDict)):
+      raise ValueError(f"unknown config key --config.{key}: `{'.'.join(section)}` is a value, not a section.")
+    if part not in node:
+      close = difflib.get_close_matches(key, _flat_keys(raw), n=3, cutoff=0.75)
+      hint = f"did you mean {' or '.join(f'--config.{c}' for c in close)}? " if close else ""
+      where = ".".join(section) or "the config"
+      raise ValueError(f"unknown config key --config.{key}; {hint}valid keys of `{where}`: {sorted(node)} "
+                       "(`rlax-post check-config --config FILE` prints them all).")
+    node, section = node[part], section + [part]
+
+
+def _check_overrides(argv) -> None:
+  """Reads --config FILE and checks every --config.a.b key against it; the file's own errors (a missing
+  file, an unknown variant) surface here as one line."""
+  keys = [m.group(2) for arg in argv if (m := re.match(r"--?(no)?config\.([^=]+)", arg))]
+  spec = _config_spec(argv)
+  if spec is None:
+    if keys:
+      raise ValueError(f"--config.{keys[0]} overrides a config file: pass --config FILE too.")
+    return
+  path, _, _ = spec.partition(":")
+  _readable_file(path, "--config", "configs/demo.py")
+  module = sweep.load_module(path)
+  if not callable(getattr(module, "get_config", None)):
+    raise ValueError(f"--config {path!r} defines no get_config(); see docs/configuration.md, 'Writing a config'.")
+  raw = module.get_config(*spec.split(":", 1)[1:])
+  for key in keys:
+    _check_key(raw, key)
+
+
+def _parse_flags(command: str, argv):
+  try:
+    _check_overrides(argv)
+    return flags.FLAGS(argv)
+  except flags.Error as e:  # An unknown flag, a value of the wrong type.
+    _fail(command, f"{e}; `rlax-post {command} --help` lists its flags.")
+  except _USER_ERRORS as e:
+    _fail(command, e)
+
+
+# --- Commands ---
 
 
 def _load_config():
-  if _CONFIG.value is None:
-    raise app.UsageError("--config is required, e.g. --config configs/demo.py")
+  _required(_CONFIG, "a configs/*.py file, e.g. --config configs/demo.py")
   return config_lib.load(_CONFIG.value)
 
 
 def _train(argv):
   del argv
-  if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required.")
-  summary = runtime.train(_load_config(), _WORKDIR.value, resume=_RESUME.value, quiet=_QUIET.value)
-  _print_summary(summary)
+  cfg = _load_config()
+  workdir = _writable_dir(_required(_WORKDIR, "the directory for checkpoints, metrics and summaries"))
+  _init_distributed("train")
+  _print_summary(runtime.train(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value))
 
 
 def _print_summary(summary):
@@ -86,29 +262,34 @@ def _print_summary(summary):
 
 def _learner(argv):
   del argv
-  if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required.")
+  workdir = _required(_WORKDIR, "the directory the learner and its samplers share")
   if _CONFIG.value is not None:
     cfg = _load_config()
   else:  # A restarted learner may take the run's own config.
-    cfg = runtime.load_run_config(_WORKDIR.value)
+    cfg = runtime.load_run_config(_existing_dir(workdir, "--workdir", "the workdir of a learner run, or "
+                                                "--config FILE to start one"))
   if cfg.runtime.mode != "async":
     raise ValueError("`rlax-post learner` runs the async learner: set --config.runtime.mode=async.")
-  _print_summary(runtime.run_learner(cfg, _WORKDIR.value, resume=_RESUME.value, quiet=_QUIET.value))
+  _writable_dir(workdir)
+  _init_distributed("learner")
+  _print_summary(runtime.run_learner(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value))
 
 
 def _sampler(argv):
   del argv
-  if not _WORKDIR.value or _INDEX.value is None:
-    raise app.UsageError("--workdir and --index are required.")
-  runtime.run_sampler(_WORKDIR.value, index=_INDEX.value, quiet=_QUIET.value)
+  workdir = _required(_WORKDIR, "the workdir of the learner to sample for")
+  _required(_INDEX, "this sampler's index (0, 1, ...; unique per sampler)")
+  if os.path.exists(workdir):  # Else it waits for the learner to create it.
+    _writable_dir(workdir)
+  runtime.run_sampler(workdir, index=_INDEX.value, quiet=_QUIET.value)
 
 
 def _replay(argv):
   del argv
-  if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required.")
-  report = runtime.replay(_WORKDIR.value, quiet=_QUIET.value)
+  workdir = _existing_dir(_required(_WORKDIR, "the workdir of the run to replay"), "--workdir",
+                          "the workdir of a run of `rlax-post train` or `rlax-post learner`")
+  _init_distributed("replay")
+  report = runtime.replay(workdir, quiet=_QUIET.value)
   if report["mismatches"]:
     for step, key, want, got in report["mismatches"][:20]:
       print(f"step {step}: {key} logged {want!r} replayed {got!r}")
@@ -117,20 +298,19 @@ def _replay(argv):
         f"{report['compared_steps']} logged steps match exactly.")
 
 
-def _sweep(argv, overrides):
+def _sweep(argv, command_line):
   """Runs the config's work units as local `rlax-post train` processes; prints their table."""
   del argv
-  if not _WORKDIR.value:
-    raise app.UsageError("--workdir is required: the root under which each work unit gets its workdir.")
-  if _CONFIG.value is None:
-    raise app.UsageError("--config is required, e.g. --config configs/tools_tiny.py")
+  overrides = sweep.command_line_overrides(command_line)  # The units get the --config.key=value flags too.
+  _required(_CONFIG, "a configs/*.py file, e.g. --config configs/tools_tiny.py")
+  root = _writable_dir(_required(_WORKDIR, "the root under which each work unit gets its workdir"))
   spec = flags.FLAGS["config"].config_filename
   say = (lambda *a, **k: None) if _QUIET.value else (lambda msg: print(msg, flush=True))
-  results = sweep.run_local(spec, _WORKDIR.value, parallel=_PARALLEL.value, extra_flags=overrides,
+  results = sweep.run_local(spec, root, parallel=_PARALLEL.value, extra_flags=overrides,
                             pin_cpus=_PIN_CPUS.value, share_warm_start=_SHARE_WARM.value, say=say)
-  sweep.write_report(results, _WORKDIR.value, config=spec, json_path=_JSON.value)
+  sweep.write_report(results, root, config=spec, json_path=_JSON.value)
   print(sweep.table(results))
-  print(f"\nOutputs in {_WORKDIR.value}: sweep.json, sweep.png, and one workdir per unit.")
+  print(f"\nOutputs in {root}: sweep.json, sweep.png, and one workdir per unit.")
   failed = [r.unit.name for r in results if not r.ok]
   if failed:
     raise ValueError(f"{len(failed)} of {len(results)} work units failed: {failed}; see their train.log.")
@@ -138,50 +318,65 @@ def _sweep(argv, overrides):
 
 def _check_config(argv):
   del argv
-  print(json.dumps(config_lib.to_dict(_load_config()), indent=2))
+  # allow_nan=False: the output is strict JSON (validation already refuses NaN and inf).
+  print(json.dumps(config_lib.to_dict(_load_config()), indent=2, allow_nan=False))
 
 
 def _serve(argv):
   del argv
-  if not _CHECKPOINT.value:
-    raise app.UsageError("--checkpoint is required: the workdir of a training run.")
+  workdir = _existing_dir(_required(_CHECKPOINT, "the workdir of a training run"), "--checkpoint",
+                          "the workdir of a training run (it holds config.json and checkpoints/)")
   options = sampler.ServeOptions(port=_PORT.value, host=_HOST.value, max_concurrent_decodes=_SLOTS.value,
                                  temperature=_TEMPERATURE.value)
-  server = runtime.serve(_CHECKPOINT.value, options)
-  print(f"Serving {_CHECKPOINT.value} with JetStream on {_HOST.value}:{_PORT.value}", flush=True)
+  server = runtime.serve(workdir, options)
+  print(f"Serving {workdir} with JetStream on {_HOST.value}:{_PORT.value}", flush=True)
   server.wait_for_termination()
+
+
+_HANDLERS = {"train": _train, "check-config": _check_config, "serve": _serve, "learner": _learner,
+             "sampler": _sampler, "replay": _replay, "sweep": _sweep}
+
+
+def _run(command: str, handler, args):
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # Orbax and grain log every step at INFO.
+  try:
+    handler(args)
+  except _USER_ERRORS as e:
+    _fail(command, e)
+
+
+def _command(argv) -> str:
+  """The command of `argv`; answers `--help`, a missing and an unknown command itself (and exits)."""
+  got = argv[1] if len(argv) > 1 else None
+  if got in _HELP:
+    print(_overview())
+    sys.exit(0)
+  if got is None:
+    print(f"{_overview()}\n\nrlax-post: error: missing command.", file=sys.stderr)
+    sys.exit(2)
+  if got not in _COMMANDS:
+    close = difflib.get_close_matches(got, COMMANDS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    print(f"rlax-post: error: unknown command {got!r}{hint}; valid commands: {list(COMMANDS)}; "
+          "`rlax-post --help` describes them.", file=sys.stderr)
+    sys.exit(2)
+  return got
 
 
 def main(argv=None):
   argv = list(sys.argv if argv is None else argv)
-  if len(argv) < 2 or argv[1] not in COMMANDS:
-    got = argv[1] if len(argv) > 1 else None
-    print(f"usage: rlax-post {{{','.join(COMMANDS)}}} --config FILE [--config.key=value ...] [flags]\n"
-          f"unknown or missing command {got!r}; valid commands: {list(COMMANDS)}", file=sys.stderr)
-    sys.exit(2)
-  command = argv.pop(1)
-  handler = {"train": _train, "check-config": _check_config, "serve": _serve, "learner": _learner,
-             "sampler": _sampler, "replay": _replay}.get(command)
-  if command == "sweep":  # The units get the command line's --config.key=value overrides too.
-    try:
-      overrides = sweep.command_line_overrides(argv[1:])
-    except ValueError as e:
-      print(f"rlax-post sweep: {e}", file=sys.stderr)
-      sys.exit(2)
-    handler = lambda args: _sweep(args, overrides)  # pylint: disable=unnecessary-lambda-assignment
-
-  def run(args):
-    if not flags.FLAGS["verbosity"].present:
-      logging.set_verbosity(logging.WARNING)  # Orbax and grain log every step at INFO.
-    try:
-      if command in _DISTRIBUTED_COMMANDS:
-        _init_distributed(command)  # Before anything touches a JAX backend.
-      handler(args)
-    except (ValueError, FileNotFoundError) as e:  # Config and input errors: one clear line, no traceback.
-      print(f"rlax-post {command}: error: {e}", file=sys.stderr)
-      sys.exit(2)
-
-  app.run(run, argv=argv)
+  command = _command(argv)
+  if any(arg in _HELP for arg in argv[2:]):
+    print(_command_help(command))
+    sys.exit(0)
+  command_line = argv[2:]
+  del argv[1]
+  handler = _HANDLERS[command]
+  if command == "sweep":
+    handler = functools.partial(_sweep, command_line=command_line)
+  app.run(functools.partial(_run, command, handler), argv=argv,
+          flags_parser=functools.partial(_parse_flags, command))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def test_nested_section_keeps_its_own_defaults():
     ({"advantage": {"estimator": "gpro"}},
      r"`config.advantage.estimator` must be one of \['grpo', 'drgrpo', 'rloo', 'reinforce_pp', 'gigpo', 'graph_gae'\]; got 'gpro'"),
     ({"loss": {"kl_kind": "k4"}}, r"must be one of \['k3', 'k1', 'k2'\]"),
-    ({"rl": {"top_p": 0.0}}, r"`config.rl.top_p` must be > 0.0; got 0.0"),
+    ({"rl": {"top_p": 0.0}}, r"`config.rl.top_p` must be > 0.0 and <= 1.0; got 0.0"),
     ({"rl": {"steps": 2.5}}, r"`config.rl.steps` must be an int; got 2.5"),
     ({"runtime": {"progress": "yes"}}, r"must be a bool"),
     ({"rl": {"minibatches": 3}}, r"must be divisible by rl.minibatches = 3"),
@@ -41,6 +41,40 @@ def test_nested_section_keeps_its_own_defaults():
 def test_bad_config_errors(raw, message):
   with pytest.raises(ValueError, match=message):
     config.load(raw)
+
+
+# One float field of each kind of range; NaN passes every comparison and inf an open-ended bound, so each
+# must be refused by the finiteness check itself.
+_FINITE_FIELDS = [
+    ("rl", "optimizer", "learning_rate", "> 0.0"),  # open lower bound only
+    ("sft", "optimizer", "weight_decay", ">= 0.0"),  # closed lower bound only
+    ("sft", "noise", None, ">= 0.0 and <= 1.0"),  # closed interval
+    ("rl", "optimizer", "b1", ">= 0.0 and < 1.0"),  # half-open interval
+    ("runtime", "sampler_timeout_s", None, "> 0.0"),
+    ("loss", "dual_clip", None, "> 1.0"),  # optional (None by default)
+]
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("section, key, sub, expected", _FINITE_FIELDS)
+def test_non_finite_floats_are_rejected(section, key, sub, expected, value):
+  raw = {section: {key: {sub: value}} if sub else {key: value}}
+  path = ".".join(p for p in ("config", section, key, sub) if p)
+  with pytest.raises(ValueError) as err:
+    config.load(raw)
+  assert str(err.value) == f"`{path}` must be a finite number {expected}; got {value!r}."
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_numbers_in_free_form_sections_are_rejected(value):
+  with pytest.raises(ValueError) as err:
+    config.load({"task": {"options": {"max_len": value}}})
+  assert str(err.value) == f"`config.task.options.max_len` must be a finite number; got {value!r}."
+
+
+def test_finite_extremes_still_validate():
+  cfg = config.load({"rl": {"optimizer": {"learning_rate": 1e300, "b1": 0.0}}, "loss": {"dual_clip": 1e9}})
+  assert cfg.rl.optimizer.learning_rate == 1e300 and cfg.rl.optimizer.b1 == 0.0 and cfg.loss.dual_clip == 1e9
 
 
 def test_unknown_variant_of_config_file():

@@ -12,14 +12,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+tokenizers = pytest.importorskip("tokenizers")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from rlax_post import config  # noqa: E402
 from rlax_post import models  # noqa: E402
 from rlax_post import sharding  # noqa: E402
 from rlax_post.models import _hf  # noqa: E402
+from rlax_post.runtime import _parts  # noqa: E402
 
 _SHAPE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               intermediate_size=128, vocab_size=128, max_position_embeddings=256, head_dim=16)
@@ -318,3 +321,125 @@ def test_gemma_features_change_the_logits(tmp_path, family, change):
   ours = np.asarray(models.forward(graphdef, params, tokens)[0])
   other = np.asarray(models.forward(other_graphdef, params, tokens)[0])
   assert np.abs(ours - other).max() > 20 * 1e-4
+
+
+# Damaged or missing files: each error names the file (and for JSON the line and column), not a Rust or
+# json traceback that leaves the user guessing which file of the checkpoint is bad.
+
+
+def _tokenizer_files(path):
+  """A tiny fast tokenizer (tokenizer.json + tokenizer_config.json) next to a checkpoint's config.json."""
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<unk>": 0, "<eos>": 1, "a": 2}, unk_token="<unk>"))
+  tok.save(os.path.join(path, "tokenizer.json"))
+  with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+    json.dump({"eos_token": "<eos>", "pad_token": "<unk>"}, f)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+  path = _save(_hf_model("llama"), tmp_path_factory.mktemp("llama"))
+  _tokenizer_files(path)
+  return path
+
+
+def _copy(src, dst):
+  for name in os.listdir(src):
+    with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
+      g.write(f.read())
+  return str(dst)
+
+
+def test_garbage_safetensors_names_the_file(llama_dir, tmp_path):
+  path = _copy(llama_dir, tmp_path)
+  with open(os.path.join(path, "model.safetensors"), "wb") as f:
+    f.write(np.random.default_rng(0).bytes(300))
+  with pytest.raises(ValueError, match=r"model\.safetensors is not a readable safetensors file \(.*header"):
+    models.load_hf(path)
+
+
+def test_truncated_safetensors_names_the_file(llama_dir, tmp_path):
+  path = _copy(llama_dir, tmp_path)
+  file = os.path.join(path, "model.safetensors")
+  size = os.path.getsize(file)
+  with open(file, "r+b") as f:
+    f.truncate(size // 2)
+  with pytest.raises(ValueError) as err:
+    models.load_hf(path)
+  assert str(err.value).startswith(f"{file} is not a readable safetensors file")
+  assert "truncated or corrupt" in str(err.value)
+
+
+def test_config_json_syntax_error_names_file_line_and_column(llama_dir, tmp_path):
+  path = _copy(llama_dir, tmp_path)
+  file = os.path.join(path, "config.json")
+  with open(file, "w") as f:
+    f.write('{\n  "hidden_size": 64,\n  "vocab_size" 128\n}\n')
+  want = f"{file} is not valid JSON (Expecting ':' delimiter at line 3, column 16)"
+  with pytest.raises(ValueError) as err:
+    models.load_hf(path)
+  assert str(err.value).startswith(want)
+  cfg = config.load({"model": {"hf_path": path}})
+  with pytest.raises(ValueError) as err:
+    _parts.model_config(cfg, _parts.make_tokenizer(cfg))
+  assert str(err.value).startswith(want)
+
+
+def test_config_json_without_model_keys(llama_dir, tmp_path):
+  path = _copy(llama_dir, tmp_path)
+  with open(os.path.join(path, "config.json")) as f:
+    hf = json.load(f)
+  del hf["hidden_size"]
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(hf, f)
+  with pytest.raises(ValueError, match=r"config\.json lacks the key 'hidden_size'"):
+    models.load_hf(path)
+
+
+def test_invalid_tokenizer_json_names_the_file(llama_dir, tmp_path):
+  path = _copy(llama_dir, tmp_path)
+  file = os.path.join(path, "tokenizer.json")
+  with open(file, "w") as f:
+    f.write('{"version": "1.0"}')  # Valid JSON, but no tokenizer model in it.
+  with pytest.raises(ValueError) as err:
+    models.HFTokenizer.from_dir(path)
+  assert str(err.value).startswith(f"{file} is not a valid `tokenizers` file (")
+  cfg = config.load({"model": {"hf_path": path}})
+  with pytest.raises(ValueError, match="tokenizer.json is not a valid `tokenizers` file"):
+    _parts.make_tokenizer(cfg)
+
+
+def test_invalid_tokenizer_config_json_names_the_file(llama_dir, tmp_path):
+  path = _copy(llama_dir, tmp_path)
+  file = os.path.join(path, "tokenizer_config.json")
+  with open(file, "w") as f:
+    f.write('{"eos_token": "<eos>",}')
+  with pytest.raises(ValueError) as err:
+    models.HFTokenizer.from_dir(path)
+  assert str(err.value).startswith(f"{file} is not valid JSON (Expecting property name enclosed in double "
+                                   "quotes at line 1, column 23)")
+
+
+@pytest.mark.parametrize("relative", [False, True])
+def test_missing_hf_path_is_named_as_such(tmp_path, monkeypatch, relative):
+  """Not the old "No tokenizer.json ... sentencepiece" of a directory that does not exist at all."""
+  monkeypatch.chdir(tmp_path)
+  path = "no/such/checkpoint" if relative else str(tmp_path / "no" / "such")
+  with pytest.raises(FileNotFoundError) as err:
+    _parts.make_tokenizer(config.load({"model": {"hf_path": path}}))
+  where = f" (relative to {tmp_path})" if relative else ""
+  assert str(err.value).startswith(f"`model.hf_path` = {path!r}{where} does not exist; set it to a local "
+                                   "Hugging Face checkpoint directory")
+  assert "sentencepiece" not in str(err.value)
+  with pytest.raises(FileNotFoundError, match=r"Tokenizer directory '.*' does not exist"):
+    models.HFTokenizer.from_dir(path)
+  with pytest.raises(FileNotFoundError, match=r"Checkpoint '.*' is not a directory"):
+    models.load_hf(path)
+
+
+@pytest.mark.parametrize("missing", ["config.json", "tokenizer.json"])
+def test_hf_path_missing_a_file(llama_dir, tmp_path, missing):
+  path = _copy(llama_dir, tmp_path)
+  os.remove(os.path.join(path, missing))
+  with pytest.raises(FileNotFoundError) as err:
+    _parts.make_tokenizer(config.load({"model": {"hf_path": path}}))
+  assert str(err.value).startswith(f"`model.hf_path` = {path!r} has no {missing}; a checkpoint directory needs")

@@ -104,7 +104,7 @@ class LossSection:
   # gspo clips a sequence-level ratio, which stays much closer to 1 (GSPO, Zheng et al. 2025: 3e-4 / 4e-4).
   seq_eps_low: float = bounded(3e-4, low=0.0)
   seq_eps_high: float = bounded(4e-4, low=0.0)
-  dual_clip: float | None = None  # c > 1 caps the loss of negative-advantage tokens at -c·A
+  dual_clip: float | None = bounded(None, low=1.0, low_open=True)  # c caps negative-advantage tokens' loss at -c·A
   kl_coef: float = bounded(0.0, low=0.0)
   kl_kind: str = choices(*KL_KINDS)
   entropy_coef: float = bounded(0.0, low=0.0)
@@ -191,8 +191,6 @@ class Config:
     if self.runtime.sampler_slots and self.runtime.sampler_slots < self.rl.samples_per_prompt:
       raise ValueError(f"runtime.sampler_slots = {self.runtime.sampler_slots} cannot hold one group of "
                        f"rl.samples_per_prompt = {self.rl.samples_per_prompt} samples; use 0 or >= that.")
-    if self.loss.dual_clip is not None and self.loss.dual_clip <= 1.0:
-      raise ValueError(f"`loss.dual_clip` must be > 1 (or None); got {self.loss.dual_clip}.")
 
 
 def staleness(cfg: Config) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Mapping
@@ -18,6 +19,46 @@ def bounded(default, *, low=None, high=None, low_open=False, high_open=False):
   """A numeric dataclass field with a lower and/or upper bound, each closed or open."""
   return dataclasses.field(default=default, metadata={"low": low, "high": high, "low_open": low_open,
                                                       "high_open": high_open})
+
+
+def _range(meta) -> str:
+  """The allowed interval of a `bounded` field in words ('' for an unbounded one), for error messages."""
+  parts = []
+  if meta.get("low") is not None:
+    parts.append(f"{'>' if meta.get('low_open') else '>='} {meta['low']}")
+  if meta.get("high") is not None:
+    parts.append(f"{'<' if meta.get('high_open') else '<='} {meta['high']}")
+  return " and ".join(parts)
+
+
+def _check_finite(path: str, value, meta=None):
+  """NaN compares false with every bound and inf passes an open-ended one, so both would slip through the
+  range checks (and train a NaN model, or print invalid JSON); no config number means them."""
+  if isinstance(value, float) and not math.isfinite(value):
+    expected = _range(meta or {})
+    raise ValueError(f"`{path}` must be a finite number{' ' + expected if expected else ''}; got {value!r}.")
+  if isinstance(value, dict):  # Free-form sections (task.options, model.overrides) hold numbers too.
+    for key, item in value.items():
+      _check_finite(f"{path}.{key}", item)
+  elif isinstance(value, (list, tuple)):
+    for i, item in enumerate(value):
+      _check_finite(f"{path}[{i}]", item)
+
+
+def _check_allowed(path: str, value, meta) -> None:
+  """Finiteness, `choices` and `bounded` limits of one field; each error names the key, value and range."""
+  _check_finite(path, value, meta)
+  if "choices" in meta and value not in meta["choices"]:
+    raise ValueError(f"`{path}` must be one of {list(meta['choices'])}; got {value!r}.")
+  if value is not None and not _within(value, meta):
+    raise ValueError(f"`{path}` must be {_range(meta)}; got {value!r}.")
+
+
+def _within(value, meta) -> bool:
+  low, high = meta.get("low"), meta.get("high")
+  if low is not None and (value < low or (meta.get("low_open") and value == low)):
+    return False
+  return high is None or not (value > high or (meta.get("high_open") and value == high))
 
 
 def _to_plain(value):
@@ -89,18 +130,7 @@ def build(cls, raw: Mapping[str, Any] | None, path: str = "config", base=None):
         kwargs[name] = default
       continue
     value = _check_scalar(sub, raw[name], tp)
-    meta = field.metadata
-    if "choices" in meta and value not in meta["choices"]:
-      raise ValueError(f"`{sub}` must be one of {list(meta['choices'])}; got {value!r}.")
-    low, high = meta.get("low"), meta.get("high")
-    if value is not None and low is not None:
-      if value < low or (meta.get("low_open") and value == low):
-        relation = ">" if meta.get("low_open") else ">="
-        raise ValueError(f"`{sub}` must be {relation} {low}; got {value!r}.")
-    if value is not None and high is not None:
-      if value > high or (meta.get("high_open") and value == high):
-        relation = "<" if meta.get("high_open") else "<="
-        raise ValueError(f"`{sub}` must be {relation} {high}; got {value!r}.")
+    _check_allowed(sub, value, field.metadata)
     kwargs[name] = value
   try:
     return cls(**kwargs)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import ml_dtypes  # noqa: F401  (registers numpy's bfloat16, which safetensors' numpy reader needs)
 import numpy as np
 from safetensors import safe_open
+from safetensors import SafetensorError
 import safetensors.numpy
 
 from rlax_post.models import _axes
@@ -183,12 +184,43 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
       param_dtype=dtype, **flags, **_rope_config(hf, arch), **extra)
 
 
+def _read_json(file: str):
+  """A checkpoint's JSON file; a damaged one is named with the line and column (json's own error names no
+  file)."""
+  try:
+    with open(file, encoding="utf-8") as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{file} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); fix it or "
+                     "copy the checkpoint again.") from None
+
+
+def _read_config(path: str, dtype: str) -> ModelConfig:
+  file = os.path.join(path, "config.json")
+  if not os.path.isfile(file):
+    state = "has no config.json" if os.path.isdir(path) else "is not a directory"
+    raise FileNotFoundError(f"Checkpoint {path!r} {state}: pass a Hugging Face checkpoint directory "
+                            "(config.json and *.safetensors, as save_pretrained writes them).")
+  try:
+    return config_from_hf(_read_json(file), dtype)
+  except KeyError as e:
+    raise ValueError(f"{file} lacks the key {e}; is it the config.json of a Hugging Face model?") from None
+
+
+def _safe_open(file: str):
+  """`safe_open`, naming the file when it is truncated or not safetensors (safetensors' errors do not)."""
+  try:
+    return safe_open(file, framework="numpy")
+  except SafetensorError as e:
+    raise ValueError(f"{file} is not a readable safetensors file ({e}); it may be truncated or corrupt: copy "
+                     "or export it again.") from None
+
+
 def _tensor_files(path: str) -> dict[str, str]:
   """HF tensor name -> the safetensors file holding it."""
   index = os.path.join(path, "model.safetensors.index.json")
   if os.path.exists(index):
-    with open(index) as f:
-      weight_map = json.load(f)["weight_map"]
+    weight_map = _read_json(index)["weight_map"]
     for name in sorted(set(weight_map.values())):
       if not os.path.exists(os.path.join(path, name)):
         raise FileNotFoundError(f"Shard {name!r} listed in {index} is missing from {path}.")
@@ -196,7 +228,7 @@ def _tensor_files(path: str) -> dict[str, str]:
   single = os.path.join(path, "model.safetensors")
   if not os.path.exists(single):
     raise FileNotFoundError(f"{path} has neither model.safetensors nor model.safetensors.index.json.")
-  with safe_open(single, framework="numpy") as f:
+  with _safe_open(single) as f:
     return {k: single for k in f.keys()}
 
 
@@ -241,9 +273,7 @@ def load_hf(path: str, *, mesh: jax.sharding.Mesh | None = None, rules=None,
   Returns:
     The config, the static graphdef, and the params dict ([L, ...] stacked layers, our layouts).
   """
-  with open(os.path.join(path, "config.json")) as f:
-    hf = json.load(f)
-  cfg = config_from_hf(hf, dtype)
+  cfg = _read_config(path, dtype)
   graphdef, abstract = abstract_params(cfg)
   if mesh is None:
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -255,7 +285,7 @@ def load_hf(path: str, *, mesh: jax.sharding.Mesh | None = None, rules=None,
   out_dtype = jnp.dtype(dtype)
   params = {}
   with contextlib.ExitStack() as stack:
-    handles = {f: stack.enter_context(safe_open(f, framework="numpy")) for f in sorted(set(files.values()))}
+    handles = {f: stack.enter_context(_safe_open(f)) for f in sorted(set(files.values()))}
 
     def hf_shape(name):
       if name not in files:

@@ -52,8 +52,23 @@ def _token_str(value) -> str | None:
 def _read_json(path: str) -> dict:
   if not os.path.exists(path):
     return {}
-  with open(path, encoding='utf-8') as f:
-    return json.load(f)
+  try:
+    with open(path, encoding='utf-8') as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:  # json's own message names no file.
+    raise ValueError(
+        f'{path} is not valid JSON ({e.msg} at line {e.lineno}, column '
+        f'{e.colno}); fix it or copy the tokenizer again.') from None
+
+
+def _read_tokenizer(path: str) -> tokenizers.Tokenizer:
+  """`tokenizers` raises a bare `Exception` that names no file."""
+  try:
+    return tokenizers.Tokenizer.from_file(path)
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    raise ValueError(
+        f'{path} is not a valid `tokenizers` file ({e}); save the tokenizer '
+        'again with save_pretrained.') from None
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -209,15 +224,20 @@ class HFTokenizer(_tokenizer.TokenizerBase):
         token when it defines none and batches must be padded).
 
     Raises:
-      FileNotFoundError: if `path/tokenizer.json` is missing.
+      FileNotFoundError: if `path` or `path/tokenizer.json` is missing.
+      ValueError: if tokenizer.json or a JSON config beside it is invalid.
     """
+    if not os.path.isdir(path):
+      raise FileNotFoundError(
+          f'Tokenizer directory {path!r} does not exist (or is not a '
+          'directory).')
     tok_path = os.path.join(path, 'tokenizer.json')
     if not os.path.isfile(tok_path):
       raise FileNotFoundError(
           f'No tokenizer.json in {path!r}: HFTokenizer needs a fast '
           '(`tokenizers`) checkpoint; slow sentencepiece-only ones must be '
           'converted with transformers first.')
-    tokenizer = tokenizers.Tokenizer.from_file(tok_path)
+    tokenizer = _read_tokenizer(tok_path)
     config = _read_json(os.path.join(path, 'tokenizer_config.json'))
     specials_map = _read_json(os.path.join(path, 'special_tokens_map.json'))
     special_tokens = {}

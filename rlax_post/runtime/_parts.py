@@ -38,10 +38,27 @@ class CheckpointTokenizer(models.HFTokenizer):
     return super().encode(text, add_bos=add_bos and self.add_bos_token, add_eos=add_eos)
 
 
+def _check_hf_path(path: str) -> None:
+  """Names what `model.hf_path` lacks before any of its files is parsed (a missing directory would otherwise
+  read as a tokenizer without tokenizer.json)."""
+  if not os.path.isdir(path):
+    state = "is a file, not a directory" if os.path.exists(path) else "does not exist"
+    where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
+    raise FileNotFoundError(f"`model.hf_path` = {path!r}{where} {state}; set it to a local Hugging Face "
+                            "checkpoint directory (config.json, *.safetensors, tokenizer.json).")
+  missing = [f for f in ("config.json", "tokenizer.json") if not os.path.isfile(os.path.join(path, f))]
+  if missing:
+    raise FileNotFoundError(f"`model.hf_path` = {path!r} has no {' and no '.join(missing)}; a checkpoint "
+                            "directory needs config.json and *.safetensors (model.save_pretrained) and the fast "
+                            "tokenizer's tokenizer.json (tokenizer.save_pretrained; sentencepiece-only "
+                            "tokenizers: load them with transformers' AutoTokenizer and save them again).")
+
+
 def make_tokenizer(cfg: config_lib.Config):
   """`ByteTokenizer` for the built-in presets; the checkpoint's own tokenizer with `model.hf_path`."""
   if cfg.model.hf_path is None:
     return models.ByteTokenizer()
+  _check_hf_path(cfg.model.hf_path)
   tokenizer = CheckpointTokenizer.from_dir(cfg.model.hf_path)
   if "pad_token" not in tokenizer.special_tokens and "eos_token" in tokenizer.special_tokens:
     tokenizer = CheckpointTokenizer.from_dir(cfg.model.hf_path, pad_token=tokenizer.special_tokens["eos_token"])
@@ -54,9 +71,11 @@ def _hf_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
   if bad:
     raise ValueError(f"`model.overrides` keys {bad} cannot change a checkpoint loaded from `model.hf_path` "
                      f"({path}); with hf_path only {list(HF_OVERRIDABLE)} may be overridden.")
-  with open(os.path.join(path, "config.json")) as f:
-    hf = json.load(f)
-  base = models.config_from_hf(hf)
+  file = os.path.join(path, "config.json")
+  try:
+    base = models.config_from_hf(_read_json(file))
+  except KeyError as e:
+    raise ValueError(f"{file} lacks the key {e}; is it the config.json of a Hugging Face model?") from None
   if tokenizer.vocab_size > base.vocab_size:
     raise ValueError(f"The tokenizer in {path} has {tokenizer.vocab_size} ids but the model's embedding only "
                      f"{base.vocab_size} rows.")
@@ -64,6 +83,16 @@ def _hf_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
   # masked so the sampler never draws an id the tokenizer cannot decode.
   return dataclasses.replace(base, max_seq_len=cfg.model.max_seq_len, valid_vocab_size=tokenizer.vocab_size,
                              **dict(cfg.model.overrides))
+
+
+def _read_json(file: str):
+  """A checkpoint's JSON file; a damaged one is named with the line and column (json's error names no file)."""
+  try:
+    with open(file, encoding="utf-8") as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{file} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); fix it or "
+                     "copy the checkpoint again.") from None
 
 
 def model_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:

@@ -1,0 +1,264 @@
+"""`rlax-post` explains itself (`--help`) and answers a careless user's mistakes with one line that names the
+bad flag, key, value, file or directory and the fix, exit status 2, and no traceback.
+
+Each case runs `python -m rlax_post.cli` in a subprocess and stops before training starts (check-config, or
+an error raised before any JAX work), so each takes about the time of an import.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlax_post import cli
+
+_ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DEMO = os.path.join(_ROOT, "configs", "demo.py")
+_COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay", "sweep")
+_IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _cli(*args, cwd=_ROOT):
+  return subprocess.run([sys.executable, "-m", "rlax_post.cli", *map(str, args)], capture_output=True,
+                        text=True, timeout=120, env=_ENV, cwd=cwd)
+
+
+def _error(out, command: str) -> str:
+  """The one error line of a failed command (asserting there is exactly one, and no traceback)."""
+  assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+  assert "Traceback" not in out.stderr, out.stderr[-3000:]
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1, out.stderr[-3000:]
+  assert lines[0].startswith(f"rlax-post {command}: error: "), lines[0]
+  return lines[0]
+
+
+# --- Help ---
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_every_command_in_one_line_each(flag):
+  out = _cli(flag)
+  assert out.returncode == 0 and out.stderr == ""
+  lines = out.stdout.splitlines()
+  assert lines[0] == "usage: rlax-post COMMAND [flags]"
+  for command in _COMMANDS:
+    assert len([l for l in lines if l.startswith(f"  {command} ")]) == 1, command
+  assert "rlax-post check-config --config FILE" in out.stdout and "docs/configuration.md" in out.stdout
+
+
+def test_no_command_prints_the_listing_to_stderr_and_exits_2():
+  out = _cli()
+  assert out.returncode == 2 and out.stdout == ""
+  assert out.stderr.startswith(_cli("--help").stdout.strip())
+  assert out.stderr.strip().endswith("rlax-post: error: missing command.")
+
+
+_OWN_FLAGS = {
+    "train": ("--config", "--workdir", "--[no]resume"), "check-config": ("--config",),
+    "serve": ("--checkpoint", "--port", "--host", "--temperature", "--slots"),
+    "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
+    "replay": ("--workdir",), "sweep": ("--config", "--workdir", "--parallel", "--json"),
+}
+_OTHER_FLAGS = {"train": "--port", "check-config": "--workdir", "serve": "--workdir", "learner": "--index",
+                "sampler": "--config", "replay": "--parallel", "sweep": "--checkpoint"}
+
+
+@pytest.mark.parametrize("command", _COMMANDS)
+def test_command_help_shows_usage_and_only_its_own_flags(command):
+  out = _cli(command, "--help")
+  assert out.returncode == 0 and out.stderr == ""
+  assert out.stdout.startswith(f"usage: rlax-post {command} ")
+  flag_names = [line.split()[0] for line in out.stdout.splitlines() if line.startswith("  --")]
+  for flag in _OWN_FLAGS[command]:
+    assert flag in flag_names, (command, flag)
+  assert _OTHER_FLAGS[command] not in flag_names
+  assert "--verbosity" not in out.stdout and "--logtostderr" not in out.stdout  # None of absl's own.
+  assert "rlax-post check-config --config FILE" in out.stdout and "docs/configuration.md" in out.stdout
+
+
+def test_unknown_command_lists_the_valid_ones():
+  out = _cli("tran", "--config", "configs/demo.py")
+  assert out.returncode == 2 and "Traceback" not in out.stderr
+  assert out.stderr.strip() == (
+      "rlax-post: error: unknown command 'tran' (did you mean 'train'?); valid commands: ['train', "
+      "'check-config', 'serve', 'learner', 'sampler', 'replay', 'sweep']; `rlax-post --help` describes them.")
+
+
+# --- Config values and keys ---
+
+
+@pytest.mark.parametrize("config", ["configs/demo.py:tiny", _DEMO + ":tiny"])
+def test_check_config_prints_strict_json_for_relative_and_absolute_paths(config):
+  out = _cli("check-config", "--config", config, "--config.rl.steps=7")
+  assert out.returncode == 0, out.stderr[-3000:]
+  cfg = json.loads(out.stdout)
+  assert cfg["rl"]["steps"] == 7 and cfg["model"]["preset"] == "micro"
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_value_is_refused_with_key_value_and_range(value):
+  out = _cli("check-config", "--config", "configs/demo.py", f"--config.rl.optimizer.learning_rate={value}")
+  assert _error(out, "check-config") == ("rlax-post check-config: error: `config.rl.optimizer.learning_rate` "
+                                         f"must be a finite number > 0.0; got {float(value)!r}.")
+  assert out.stdout == ""
+
+
+def test_unknown_key_names_close_matches_and_the_section_keys():
+  line = _error(_cli("check-config", "--config", "configs/demo.py", "--config.rl.stepz=3"), "check-config")
+  assert line == ("rlax-post check-config: error: unknown config key --config.rl.stepz; did you mean "
+                  "--config.rl.steps? valid keys of `rl`: ['epochs', 'max_new_tokens', 'minibatches', "
+                  "'optimizer', 'prompts_per_step', 'samples_per_prompt', 'steps', 'temperature', 'top_k', "
+                  "'top_p'] (`rlax-post check-config --config FILE` prints them all).")
+
+
+def test_key_of_another_section_is_suggested():
+  line = _error(_cli("train", "--config", "configs/demo.py", "--config.rl.kl_coef=0.1", "--workdir", "x"),
+                "train")
+  assert "unknown config key --config.rl.kl_coef; did you mean --config.loss.kl_coef?" in line
+  assert not os.path.exists(os.path.join(_ROOT, "x"))  # Refused before the workdir was created.
+
+
+def test_bad_flag_and_bad_flag_value():
+  line = _error(_cli("check-config", "--config", "configs/demo.py", "--wrkdir=x"), "check-config")
+  assert "Unknown command line flag 'wrkdir'. Did you mean: workdir ?" in line
+  line = _error(_cli("check-config", "--config", "configs/demo.py", "--config.rl.steps=abc"), "check-config")
+  assert "--config.rl.steps=abc: invalid literal for int() with base 10: 'abc'" in line
+
+
+def test_unknown_variant_is_one_line():
+  line = _error(_cli("check-config", "--config", "configs/demo.py:huge"), "check-config")
+  assert "unknown variant(s) ['huge']; valid: ['default', 'tiny', 'reverse', 'sort', 'add']" in line
+
+
+# --- Paths: relative (from the working directory) and absolute ---
+
+
+@pytest.mark.parametrize("relative", [True, False])
+def test_missing_config_file(tmp_path, relative):
+  path = "configs/nope.py" if relative else str(tmp_path / "nope.py")
+  line = _error(_cli("check-config", "--config", path, "--config.rl.steps=3", cwd=tmp_path), "check-config")
+  where = f"; relative paths start at {tmp_path}" if relative else ""
+  assert line == (f"rlax-post check-config: error: --config {path!r}: cannot read it (No such file or "
+                  f"directory{where}); pass a readable file, e.g. --config configs/demo.py.")
+
+
+def test_config_that_is_a_directory():
+  line = _error(_cli("check-config", "--config", "configs"), "check-config")
+  assert "--config 'configs': cannot read it (Is a directory" in line
+
+
+@pytest.mark.skipif(_IS_ROOT, reason="root reads any file")
+def test_unreadable_config_file(tmp_path):
+  path = tmp_path / "c.py"
+  path.write_text(open(_DEMO).read())
+  path.chmod(0)
+  line = _error(_cli("check-config", "--config", path), "check-config")
+  assert f"--config {str(path)!r}: cannot read it (Permission denied)" in line
+
+
+def test_unreadable_config_file_in_process(monkeypatch):
+  """The same check where the tests run as root (which reads any file): open() refused."""
+  def refuse(path, mode="r"):
+    raise PermissionError(13, "Permission denied", path)
+  monkeypatch.setattr(cli, "open", refuse, raising=False)
+  with pytest.raises(PermissionError, match=r"--config 'c.py': cannot read it \(Permission denied; relative"):
+    cli._readable_file("c.py", "--config", "configs/demo.py")
+
+
+@pytest.mark.parametrize("command", ["train", "learner"])
+@pytest.mark.parametrize("relative", [True, False])
+def test_workdir_that_is_a_file(tmp_path, command, relative):
+  (tmp_path / "afile").write_text("x")
+  path = "afile" if relative else str(tmp_path / "afile")
+  out = _cli(command, "--config", _DEMO + ":tiny", "--config.runtime.mode=async", "--workdir", path,
+             cwd=tmp_path)
+  assert _error(out, command) == (f"rlax-post {command}: error: --workdir {path!r} is a file, not a "
+                                  "directory; pass a directory.")
+
+
+@pytest.mark.parametrize("command", ["train", "learner"])
+@pytest.mark.parametrize("relative", [True, False])
+def test_workdir_is_created_relative_to_the_working_directory(tmp_path, command, relative):
+  """A good --workdir passes the early check (it is created there) and the run goes on to build its parts,
+  here to stop at a `model.hf_path` that does not exist."""
+  path = "runs/a" if relative else str(tmp_path / "runs" / "a")
+  out = _cli(command, "--config", _DEMO + ":tiny", "--config.runtime.mode=async", "--workdir", path,
+             "--config.model.hf_path=no/such/ckpt", cwd=tmp_path)
+  assert _error(out, command) == (
+      f"rlax-post {command}: error: `model.hf_path` = 'no/such/ckpt' (relative to {tmp_path}) does not exist; "
+      "set it to a local Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json).")
+  assert (tmp_path / "runs" / "a").is_dir()
+
+
+def test_workdir_below_a_file(tmp_path):
+  (tmp_path / "afile").write_text("x")
+  line = _error(_cli("train", "--config", _DEMO + ":tiny", "--workdir", "afile/run", cwd=tmp_path), "train")
+  assert line == ("rlax-post train: error: --workdir 'afile/run' is not writable (Not a directory); pass a "
+                  "directory you can write to, or fix its permissions.")
+
+
+@pytest.mark.skipif(_IS_ROOT, reason="root writes into any directory")
+def test_read_only_workdir(tmp_path):
+  (tmp_path / "ro").mkdir(mode=0o500)
+  line = _error(_cli("train", "--config", _DEMO + ":tiny", "--workdir", tmp_path / "ro"), "train")
+  assert f"--workdir {str(tmp_path / 'ro')!r} is not writable (Permission denied)" in line
+
+
+def test_read_only_workdir_in_process(tmp_path, monkeypatch):
+  """The probe file is what finds a read-only directory (as root, the subprocess test above is skipped)."""
+  def refuse(**kwargs):
+    raise PermissionError(13, "Permission denied")
+  monkeypatch.setattr(cli.tempfile, "NamedTemporaryFile", refuse)
+  with pytest.raises(PermissionError, match=r"--workdir '.*ro' is not writable \(Permission denied\)"):
+    cli._writable_dir(str(tmp_path / "ro"))
+
+
+@pytest.mark.parametrize("relative", [True, False])
+def test_sampler_workdir_that_is_a_file(tmp_path, relative):
+  (tmp_path / "afile").write_text("x")
+  path = "afile" if relative else str(tmp_path / "afile")
+  line = _error(_cli("sampler", "--workdir", path, "--index", "0", cwd=tmp_path), "sampler")
+  assert line == f"rlax-post sampler: error: --workdir {path!r} is a file, not a directory; pass a directory."
+
+
+@pytest.mark.parametrize("command, flag, what", [
+    ("replay", "--workdir", "the workdir of a run of `rlax-post train` or `rlax-post learner`"),
+    ("learner", "--workdir", "the workdir of a learner run, or --config FILE to start one"),
+    ("serve", "--checkpoint", "the workdir of a training run (it holds config.json and checkpoints/)"),
+])
+@pytest.mark.parametrize("relative", [True, False])
+def test_run_directory_that_does_not_exist(tmp_path, command, flag, what, relative):
+  path = "runs/nope" if relative else str(tmp_path / "runs" / "nope")
+  where = f"; relative paths start at {tmp_path}" if relative else ""
+  line = _error(_cli(command, flag, path, cwd=tmp_path), command)
+  assert line == f"rlax-post {command}: error: {flag} {path!r} does not exist{where}; pass {what}."
+
+
+@pytest.mark.parametrize("relative", [True, False])
+def test_replay_of_a_directory_without_a_run(tmp_path, relative):
+  """An existing relative or absolute directory passes the check; what it lacks is named next."""
+  (tmp_path / "empty").mkdir()
+  path = "empty" if relative else str(tmp_path / "empty")
+  line = _error(_cli("replay", "--workdir", path, cwd=tmp_path), "replay")
+  assert f"{os.path.join(path, 'config.json')} does not exist" in line
+
+
+def test_missing_required_flags():
+  line = _error(_cli("train", "--config", "configs/demo.py"), "train")
+  assert line == "rlax-post train: error: --workdir is required: the directory for checkpoints, metrics and summaries."
+  line = _error(_cli("check-config"), "check-config")
+  assert line == "rlax-post check-config: error: --config is required: a configs/*.py file, e.g. --config configs/demo.py."
+  line = _error(_cli("check-config", "--config.rl.steps=3"), "check-config")
+  assert line == "rlax-post check-config: error: --config.rl.steps overrides a config file: pass --config FILE too."
+
+
+def test_bugs_keep_their_traceback():
+  """Only the exceptions that carry a message for the user become one line; anything else propagates."""
+  def bug(argv):
+    raise KeyError("a bug")
+  with pytest.raises(KeyError):
+    cli._run("train", bug, [])
