@@ -17,54 +17,110 @@ from rlax_post.runtime import _serve
 from third_party import jetstream_compat
 
 ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+JS = jetstream_compat.import_jetstream()
+PB = JS.jetstream_pb2
+
+
+def serve_command(workdir, port) -> list[str]:
+  return [sys.executable, "-m", "rlax_post.cli", "serve", "--checkpoint", str(workdir), "--port", str(port),
+          "--host", "127.0.0.1"]
+
+
+def text_request(text: str, max_tokens: int, **kwargs):
+  return PB.DecodeRequest(text_content=PB.DecodeRequest.TextContent(text=text), max_tokens=max_tokens, **kwargs)
+
+
+def token_request(ids, max_tokens: int, **kwargs):
+  content = PB.DecodeRequest.TokenContent(token_ids=list(ids))
+  return PB.DecodeRequest(token_content=content, max_tokens=max_tokens, **kwargs)
+
+
+class ServerProcess:
+  """`rlax-post serve --checkpoint workdir` on a free port in a subprocess, up and healthy; `with` stops it."""
+
+  def __init__(self, workdir, timeout_s: float = 120):
+    self.port = portpicker.pick_unused_port()
+    self.process = subprocess.Popen(serve_command(workdir, self.port), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True, env=ENV)
+    self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+    self.stub = JS.jetstream_pb2_grpc.OrchestratorStub(self.channel)
+    try:
+      self._wait_healthy(time.time() + timeout_s)
+    except BaseException:
+      self.close()
+      raise
+
+  def _wait_healthy(self, deadline: float):
+    while not self.healthy():
+      assert self.process.poll() is None, self.process.stdout.read()[-3000:]
+      assert time.time() < deadline, "server did not come up"
+      time.sleep(0.5)
+
+  def healthy(self) -> bool:
+    try:
+      return self.stub.HealthCheck(PB.HealthCheckRequest(), timeout=5).is_live
+    except grpc.RpcError:
+      return False
+
+  def decode(self, request, timeout: float = 120) -> list[int]:
+    """The token ids streamed for `request`; raises grpc.RpcError with the server's status."""
+    streamed = []
+    for response in self.stub.Decode(request, timeout=timeout):
+      for sample in response.stream_content.samples:
+        streamed.extend(sample.token_ids)
+    return streamed
+
+  def decode_raw(self, data: bytes, timeout: float = 30) -> list:
+    """Decode with `data` sent as the request bytes, as they are (e.g. bytes no proto library would write)."""
+    method = f"/{PB.DESCRIPTOR.services_by_name['Orchestrator'].full_name}/Decode"
+    call = self.channel.unary_stream(method, request_serializer=None,
+                                     response_deserializer=PB.DecodeResponse.FromString)
+    return list(call(data, timeout=timeout))
+
+  def close(self) -> str:
+    """Stops the server (SIGTERM); returns its output."""
+    self.channel.close()
+    self.process.send_signal(signal.SIGTERM)
+    try:
+      out, _ = self.process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+      self.process.kill()
+      out, _ = self.process.communicate()
+    return out
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
 
 
 def serve_and_decode(workdir, text: str, max_tokens: int) -> list[int]:
   """The token ids `rlax-post serve --checkpoint workdir` streams for a text request, over gRPC."""
-  port = portpicker.pick_unused_port()
-  server = subprocess.Popen(
-      [sys.executable, "-m", "rlax_post.cli", "serve", "--checkpoint", str(workdir), "--port", str(port),
-       "--host", "127.0.0.1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
-  try:
-    js = jetstream_compat.import_jetstream()
-    stub = js.jetstream_pb2_grpc.OrchestratorStub(grpc.insecure_channel(f"127.0.0.1:{port}"))
-    deadline = time.time() + 120
-    while True:
-      try:
-        assert stub.HealthCheck(js.jetstream_pb2.HealthCheckRequest(), timeout=5).is_live
+  with ServerProcess(workdir) as server:
+    return server.decode(text_request(text, max_tokens))
+
+
+def greedy_references(workdir, texts, max_tokens: int, tokenizer) -> list[list[int]]:
+  """A plain full-forward argmax loop per text over the params the server loads, prompting with `tokenizer`."""
+  engine = _serve.engine_from_workdir(str(workdir))
+  params = engine.load_params()
+  forward = jax.jit(lambda p, t: models.forward(engine.graphdef, p, t)[0])
+  out = []
+  for text in texts:
+    seq, completion = tokenizer.encode(text, add_bos=True), []
+    for _ in range(max_tokens):
+      buf = np.full((1, 32), tokenizer.pad_id, np.int32)
+      buf[0, :len(seq)] = seq
+      nxt = int(jnp.argmax(forward(params, jnp.asarray(buf))[0, len(seq) - 1]))
+      if nxt == tokenizer.eos_id:
         break
-      except grpc.RpcError:
-        assert server.poll() is None, server.stdout.read()[-3000:]
-        assert time.time() < deadline, "server did not come up"
-        time.sleep(1)
-    request = js.jetstream_pb2.DecodeRequest(
-        text_content=js.jetstream_pb2.DecodeRequest.TextContent(text=text), max_tokens=max_tokens)
-    streamed = []
-    for response in stub.Decode(request, timeout=120):
-      for sample in response.stream_content.samples:
-        streamed.extend(sample.token_ids)
-    return streamed
-  finally:
-    server.send_signal(signal.SIGTERM)
-    try:
-      server.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-      server.kill()
+      completion.append(nxt)
+      seq.append(nxt)
+    out.append(completion)
+  return out
 
 
 def greedy_reference(workdir, text: str, max_tokens: int, tokenizer) -> list[int]:
-  """A plain full-forward argmax loop over the params the server loads, prompting with `tokenizer`."""
-  engine = _serve.engine_from_workdir(str(workdir))
-  params = engine.load_params()
-  seq = tokenizer.encode(text, add_bos=True)
-  forward = jax.jit(lambda p, t: models.forward(engine.graphdef, p, t)[0])
-  out = []
-  for _ in range(max_tokens):
-    buf = np.full((1, 32), tokenizer.pad_id, np.int32)
-    buf[0, :len(seq)] = seq
-    nxt = int(jnp.argmax(forward(params, jnp.asarray(buf))[0, len(seq) - 1]))
-    if nxt == tokenizer.eos_id:
-      break
-    out.append(nxt)
-    seq.append(nxt)
-  return out
+  """`greedy_references` of one text."""
+  return greedy_references(workdir, [text], max_tokens, tokenizer)[0]

@@ -1,33 +1,256 @@
-"""`rlax-post serve`: JetStream's gRPC server in a subprocess, queried through its generated client stub."""
+"""`rlax-post serve`: JetStream's orchestrator in a subprocess, queried through its generated client stub.
 
+One tiny run is trained per module and served by one server process (`server`); its newest step directory
+is an uncommitted copy that serving must skip. Bad requests get INVALID_ARGUMENT with the reason while the
+server keeps answering everyone else; bad ports fail before anything says "Serving".
+"""
+
+import asyncio
+from concurrent import futures
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import types
 
 import _serving
+import grpc
 import jax
 import pytest
 
 from rlax_post import models
+from rlax_post import sampler
 from rlax_post.runtime import _serve
+from rlax_post.sampler import _serve as sampler_serve
 
 pytestmark = pytest.mark.e2e
 
 _CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.py")
+_PB = _serving.PB
+_INVALID = grpc.StatusCode.INVALID_ARGUMENT
+_GOOD = ["rev abc=", "rev bad=", "rev hgfe=", "rev cab=", "rev dd=", "rev abcdef="]
+_TOO_LONG = "rev abcdefghabcdefgh="  # BOS + 21 bytes = 22 tokens; the tiny model's largest bucket is 16.
+_COMMITTED, _UNCOMMITTED = 1, 2
 
 
-def test_serve_streams_the_greedy_completion_over_grpc(tmp_path):
-  workdir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """A tiny run (`--config.rl.steps=1`: checkpoints 0 and 1) plus an uncommitted step 2: a copy of step 1
+  without orbax's commit marker and with its state half gone, as a save cut short would leave it."""
+  workdir = tmp_path_factory.mktemp("serve") / "run"
   train = subprocess.run(
       [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir", str(workdir),
        "--quiet", "--config.rl.steps=1"],
       capture_output=True, text=True, timeout=300, env=_serving.ENV)
   assert train.returncode == 0, train.stderr[-3000:]
-  # A relative path serves the same params as an absolute one (orbax needs absolute paths).
-  relative = _serve.engine_from_workdir(os.path.relpath(workdir)).load_params()
-  absolute = _serve.engine_from_workdir(str(workdir)).load_params()
+  checkpoints = workdir / "checkpoints"
+  shutil.copytree(checkpoints / str(_COMMITTED), checkpoints / str(_UNCOMMITTED))
+  (checkpoints / str(_UNCOMMITTED) / "commit_success.txt").unlink()
+  shutil.rmtree(checkpoints / str(_UNCOMMITTED) / "state")
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def server(run):
+  with _serving.ServerProcess(run) as process:
+    yield process
+
+
+@pytest.fixture(scope="module")
+def references(run):
+  """Greedy completions (6 tokens) of the good prompts, by a full-forward loop over the served params."""
+  return dict(zip(_GOOD, _serving.greedy_references(run, _GOOD, 6, models.ByteTokenizer())))
+
+
+def _status(call):
+  """(code, details) of the gRPC error `call()` raises; fails if it returns."""
+  with pytest.raises(grpc.RpcError) as info:
+    call()
+  return info.value.code(), info.value.details()
+
+
+def test_serving_reads_the_newest_committed_step_and_leaves_the_run_alone(run, server, references):
+  assert _serve.served_step(str(run)) == _COMMITTED  # Step 2 has no commit marker.
+  assert (run / "checkpoints" / str(_UNCOMMITTED)).is_dir()  # Listed, not moved aside.
+  assert not (run / "checkpoints.aside").exists()
+  with pytest.raises(ValueError, match=f"Step {_UNCOMMITTED} is not a committed checkpoint"):
+    _serve.served_step(str(run), _UNCOMMITTED)
+  # The server came up (reading step 2's missing state would have failed) and serves step 1's params.
+  assert server.decode(_serving.text_request(_GOOD[0], 6)) == references[_GOOD[0]]
+
+
+def test_no_committed_checkpoint_is_an_error_naming_the_workdir(tmp_path, run):
+  workdir = tmp_path / "run"  # The run with every commit marker gone.
+  shutil.copytree(run, workdir, ignore=shutil.ignore_patterns("commit_success.txt", "tensorboard", "replay"))
+  with pytest.raises(ValueError, match=f"No committed checkpoint in {workdir}/checkpoints"):
+    _serve.serve(str(workdir), sampler.ServeOptions())
+
+
+def test_relative_and_absolute_workdirs_serve_the_same_params(run):
+  relative = _serve.engine_from_workdir(os.path.relpath(run)).load_params()
+  absolute = _serve.engine_from_workdir(str(run)).load_params()
   assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), relative, absolute))
-  streamed = _serving.serve_and_decode(workdir, "rev abc=", 6)
-  expected = _serving.greedy_reference(workdir, "rev abc=", 6, models.ByteTokenizer())
-  assert expected, "the reference decodes EOS at once: the comparison would be vacuous"
-  assert streamed == expected  # Greedy up to EOS (not streamed) or max_tokens.
+
+
+def test_serve_streams_the_greedy_completion_over_grpc(server, references):
+  assert all(references.values()), "a reference decodes EOS at once: the comparison would be vacuous"
+  assert server.decode(_serving.text_request("rev abc=", 6)) == references["rev abc="]
+  # Token ids are framed like text (BOS first) and come back as the same ids.
+  ids = models.ByteTokenizer().encode("rev abc=", add_bos=False)
+  assert server.decode(_serving.token_request(ids, 6)) == references["rev abc="]
+
+
+def test_a_burst_with_bad_requests_leaves_every_good_one_served(server, references):
+  """8 concurrent clients; two send bad requests, and the server keeps serving the other six and after."""
+  bad = {
+      "too long": (_serving.text_request(_TOO_LONG, 6),
+                   "prompt of 22 tokens exceeds the largest prefill bucket 16 of this model; shorten it"),
+      "out of vocab": (_serving.token_request([ord(c) for c in "rev ab="] + [1000], 6),
+                       "token id 1000 at position 7 is outside the vocabulary [0, 259) of this model"),
+  }
+  requests = {**{name: r for name, (r, _) in bad.items()},
+              **{text: _serving.text_request(text, 6) for text in _GOOD}}
+  with futures.ThreadPoolExecutor(len(requests)) as pool:
+    answers = {name: pool.submit(_answer, server, r) for name, r in requests.items()}
+    answers = {name: f.result(timeout=180) for name, f in answers.items()}
+  for name, (_, reason) in bad.items():
+    assert answers[name] == (_INVALID, reason), name
+  for text in _GOOD:
+    assert answers[text] == references[text], text
+  assert server.healthy()
+  assert server.decode(_serving.text_request(_GOOD[1], 6)) == references[_GOOD[1]]
+
+
+def _answer(server, request):
+  try:
+    return server.decode(request, timeout=120)
+  except grpc.RpcError as e:
+    return e.code(), e.details()
+
+
+@pytest.mark.parametrize("request_, reason", [
+    (_PB.DecodeRequest(max_tokens=4), "the request has no content"),
+    (_serving.text_request("", 4), "the prompt is empty"),
+    (_serving.token_request([], 4), "the prompt is empty"),
+    (_serving.token_request([], 4, session_cache="s"), "the prompt is empty"),
+    (_serving.token_request(range(40), 4),
+     "prompt of 41 tokens (40 ids + BOS) exceeds the largest prefill bucket 16 of this model; shorten it"),
+    (_serving.token_request(range(16), 4, session_cache="s"), None),  # Without BOS 16 ids fit.
+    (_serving.token_request([97, 260], 4), "token id 260 at position 1 is outside the vocabulary [0, 259)"),
+    (_serving.token_request([-1, 97], 4), "token id -1 at position 0 is outside the vocabulary [0, 259)"),
+    (_serving.text_request("rev a=", 0), "max_tokens must be at least 1; got 0"),
+    (_serving.text_request("rev a=", -3), "max_tokens must be at least 1; got -3"),
+    (_serving.text_request("rev a=", 33), "max_tokens 33 exceeds max_decode_length 32 of this model"),
+], ids=["no content", "empty text", "empty ids", "empty ids, session", "40 ids", "16 ids, session",
+        "padded vocab id", "negative id", "max_tokens 0", "max_tokens < 0", "max_tokens > context"])
+def test_malformed_requests_get_invalid_argument_naming_the_problem(server, request_, reason):
+  if reason is None:
+    assert len(server.decode(request_)) <= 4
+  else:
+    code, details = _status(lambda: server.decode(request_))
+    assert code == _INVALID and details.startswith(reason), details
+  assert server.healthy()
+
+
+def test_request_bytes_with_invalid_utf8_text_get_invalid_argument(server):
+  """The proto library will not write non-UTF-8 text (nor encode a lone surrogate), so these are raw bytes."""
+  with pytest.raises(ValueError):
+    _serving.text_request("\ud800", 4).SerializeToString()
+  data = _serving.text_request("ab", 4).SerializeToString().replace(b"ab", b"\xff\xfe")
+  code, details = _status(lambda: server.decode_raw(data))
+  assert code == _INVALID and "not a valid DecodeRequest (text must be UTF-8)" in details, details
+  assert server.decode(_serving.text_request("rev abc=", 2))  # Still serving.
+
+
+def test_an_occupied_port_is_a_value_error_naming_it(run):
+  with socket.socket() as listener:
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    with pytest.raises(ValueError, match=f"cannot serve on 127.0.0.1:{port}: the port is already in use"):
+      _serve.serve(str(run), sampler.ServeOptions(port=port))
+
+
+@pytest.mark.parametrize("port", [0, 99999, -5])
+def test_a_port_out_of_range_is_a_value_error_naming_it(run, port):
+  message = rf"cannot serve on 127.0.0.1:{port}: the port must be an integer in \[1, 65535\]"
+  with pytest.raises(ValueError, match=message):
+    _serve.serve(str(run), sampler.ServeOptions(port=port))
+
+
+def test_the_cli_exits_2_without_serving_on_a_bad_or_taken_port(run, server):
+  """A second server on the first one's port (gRPC would share it: SO_REUSEPORT), and port 99999."""
+  commands = {port: subprocess.Popen(_serving.serve_command(run, port), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=_serving.ENV)
+              for port in (server.port, 99999)}
+  for port, process in commands.items():
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 2, (port, out, err[-2000:])
+    assert "Serving" not in out
+    assert f"rlax-post serve: error: cannot serve on 127.0.0.1:{port}" in err, err[-2000:]
+  assert server.healthy()
+
+
+def test_a_prefill_error_fails_its_request_not_the_process(run, references):
+  """The driver's backstop, fed requests the servicer would have rejected: each fails alone, with its error."""
+  engine = _serve.engine_from_workdir(str(run))
+  driver = sampler_serve._GuardedDriver(engine, engine.load_params())  # pylint: disable=protected-access
+  device_lost = object()
+
+  async def scenario():
+    outcomes = []
+    for content in ("rev abc=", list(range(40)), _TOO_LONG, device_lost, "rev bad="):
+      if content is device_lost:
+        engine.prefill, content = _raise(RuntimeError("device lost")), "rev abc="
+      try:
+        outcomes.append(await _decode(driver, content))
+      except sampler_serve._RequestFailed as e:  # pylint: disable=protected-access
+        outcomes.append((e.code, str(e)))
+      engine.__dict__.pop("prefill", None)
+    return outcomes
+
+  # The driver's threads answer on the loop a request was made on, up to a last call after the request has
+  # ended: the loop must outlive the driver (as the server's does), or that call kills the process.
+  loop = asyncio.new_event_loop()
+  try:
+    good, too_many_ids, too_long_text, device, after = loop.run_until_complete(scenario())
+    assert driver.live
+  finally:
+    driver.stop()
+    loop.close()
+  assert good == references["rev abc="] and after == references["rev bad="]
+  prefix = "the engine could not prefill this request: "
+  assert too_many_ids == (_INVALID, prefix + "true_length must be in [1, 16] (len(padded_tokens)); got 41.")
+  assert too_long_text[0] == _INVALID
+  assert too_long_text[1].startswith(prefix + "A sequence of 22 tokens is longer than the largest prefill")
+  assert device == (grpc.StatusCode.INTERNAL, prefix + "device lost")
+
+
+def _raise(error):
+  def prefill(**kwargs):
+    del kwargs
+    raise error
+  return prefill
+
+
+async def _decode(driver, content, max_tokens=6):
+  """The ids JetStream's driver returns for `content` (text or ids), straight onto its prefill queue."""
+  orchestrator = _serving.JS.orchestrator
+  request = orchestrator.ActiveRequest(
+      max_tokens=max_tokens, return_channel=orchestrator.async_multifuture.AsyncMultifuture(),
+      prefill_content=content, is_client_side_tokenization=not isinstance(content, str))
+  driver.place_request_on_prefill_queue(request)
+
+  async def collect():
+    return [i for samples in [s async for s in request.return_channel] for sample in samples
+            for i in sample.token_ids]
+  return await asyncio.wait_for(collect(), timeout=60)
+
+
+def test_check_request_names_the_context_limit_when_it_is_tighter_than_the_buckets():
+  engine = types.SimpleNamespace(tokenizer=models.ByteTokenizer(), max_prefill_length=16, max_decode_length=16)
+  assert sampler.check_request(_serving.text_request("a" * 14, 1), engine) is None  # BOS + 14 = 15 tokens.
+  assert sampler.check_request(_serving.text_request("a" * 15, 1), engine) == (
+      "prompt of 16 tokens leaves no position to generate into within max_decode_length 16 of this model; "
+      "shorten it to at most 15 tokens")

@@ -1,6 +1,8 @@
 """The JetStream adapter: the PyPI release imports without TensorFlow and its orchestrator finds tree_map."""
 
+import dataclasses
 import importlib.util
+import inspect
 
 import jax
 import pytest
@@ -51,3 +53,21 @@ def test_importing_the_orchestrator_leaves_the_root_logger_alone():
           "assert (root.level, list(root.handlers)) == before, (root.level, root.handlers); print('ok')")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
   assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_the_jetstream_internals_serving_builds_on_are_there():
+  """`sampler.serve` subclasses JetStream 0.2.2's `Driver` (its prefill thread's tokenization step) and
+  `LLMOrchestrator` (`Decode`) and registers the proto's service itself: an upgrade that moves any of these
+  must fail here, not in a server."""
+  js = jetstream_compat.import_jetstream()
+  driver = js.orchestrator.Driver
+  tokenize = inspect.signature(driver._process_prefill_content)  # pylint: disable=protected-access
+  assert list(tokenize.parameters) == ["self", "request", "tokenizer", "is_bos", "max_prefill_length"]
+  thread = inspect.getsource(driver._prefill_thread)  # pylint: disable=protected-access
+  assert thread.index("self._process_prefill_content(") < thread.index("prefill_engine.prefill(")
+  assert inspect.isasyncgenfunction(js.orchestrator.LLMOrchestrator.Decode)
+  assert {"prefill_content", "return_channel", "max_tokens"} <= {
+      f.name for f in dataclasses.fields(js.orchestrator.ActiveRequest)}
+  service = js.jetstream_pb2.DESCRIPTOR.services_by_name["Orchestrator"]
+  assert {m.name for m in service.methods} == {"Decode", "HealthCheck"}
+  assert "os.kill" in inspect.getsource(js.orchestrator.JetThread.run)  # Why requests are checked first.

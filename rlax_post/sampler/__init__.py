@@ -1,7 +1,8 @@
 """Sampling: the JetStream engine over our models, the RL driver on it, and serving.
 
 `RlaxEngine` implements JetStream's `Engine` API (prefill with bucketed lengths and prefix extension,
-insert into slots, one decode step for all slots); `rlax-post serve` runs JetStream's gRPC server with it.
+insert into slots, one decode step for all slots); `rlax-post serve` runs JetStream's orchestrator with it
+behind a gRPC `Server` that rejects malformed requests (`check_request`) before they reach JetStream's threads.
 `Driver` is the RL sampling driver over the engine (continuous batching, shared prefills, parameter versions,
 multi-turn continuation); the training loop and evaluation sample through it (one sampling path).
 `run_episodes` runs multi-turn env episodes on a driver; `EpisodeRunner` streams groups of them.
@@ -21,13 +22,17 @@ from rlax_post.sampler._engine import RlaxEngine
 from rlax_post.sampler._tokenizer_api import ByteTokenizerAdapter
 from rlax_post.sampler._tokenizer_api import prefill_buckets
 from rlax_post.sampler._sampling import sample_token
+from rlax_post.sampler._serve import check_request
 from rlax_post.sampler._serve import serve
 from rlax_post.sampler._serve import ServeOptions
+from rlax_post.sampler._serve import Server
 from rlax_post.sampler._serve import serving_engine
 from rlax_post.sampler._serve import ServingEngine
 
 __all__ = [
+    'check_request',
     'ServeOptions',
+    'Server',
     'ServingEngine',
     'serve',
     'serving_engine',

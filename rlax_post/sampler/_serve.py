@@ -1,20 +1,46 @@
-"""JetStream's own gRPC server (`server_lib`) over `RlaxEngine`, loading a run's checkpoint.
+"""`rlax-post serve`: JetStream's orchestrator over `ServingEngine`, behind a gRPC server that checks requests.
 
-`runtime.serve` builds the engine of a run's workdir (its model and tokenizer) and calls `serve` here.
+`runtime.serve` builds the engine of a run's workdir (its model and tokenizer, a committed checkpoint step) and
+calls `serve` here. JetStream's own `server_lib.run` is not used as is: its driver tokenizes and prefills in
+threads that SIGKILL the whole process on any exception (`orchestrator.JetThread`), so one malformed request
+would end every open stream, and it ignores whether its port was bound. `serve` assembles the same parts:
+
+* `Server` binds host:port first (a port out of range or in use is a ValueError naming it, before the engine
+  loads), on a `grpc.aio` server in its own event-loop thread as JetStream's server does.
+* `_CheckedOrchestrator` is JetStream's servicer (`LLMOrchestrator`) with `Decode` checking each request
+  (`check_request`) before it reaches the driver: a malformed or oversized one ends with INVALID_ARGUMENT and
+  the reason. Request bytes that do not parse (text that is not UTF-8) get the same answer.
+* `_GuardedDriver` is JetStream's `Driver`, the backstop for what the checks miss: an exception while
+  tokenizing or prefilling one request ends that request's stream (INVALID_ARGUMENT for a ValueError, else
+  INTERNAL) and its slot gets `ServingEngine.idle_prefix()`, which produces nothing; the process lives on.
 """
 
 from __future__ import annotations
 
+import asyncio
+from concurrent import futures
 import dataclasses
+import errno
+import logging
 import os
+import socket
+import threading
 from typing import Any, Callable
 
+import grpc
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from rlax_post import models
 from rlax_post import sharding
 from rlax_post.sampler import _engine
 from third_party import jetstream_compat
+
+_js = jetstream_compat.import_jetstream()
+_pb2 = _js.jetstream_pb2
+_INVALID = grpc.StatusCode.INVALID_ARGUMENT
+_EMPTY = "the prompt is empty: send at least one character or token id"
 
 
 class ServingEngine(_engine.RlaxEngine):
@@ -29,6 +55,18 @@ class ServingEngine(_engine.RlaxEngine):
       return super().load_params(*args, **kwargs)
     return super().load_params(self._checkpoint_dir, self._step)
 
+  def idle_prefix(self) -> _engine.Prefix:
+    """A prefix whose slot produces no token (it starts at `max_decode_length`, where a slot stops).
+
+    The driver's prefill stage must hand every request on to `insert`; for one whose prefill failed this is
+    what it hands on, so the slot is free again after one decode step.
+    """
+    cfg = self.model_cfg
+    cache = jax.tree.map(jnp.copy, models.init_cache(cfg, 1, self.prefill_buckets[0]))  # k, v: two buffers.
+    prefix = _engine.Prefix(cache=cache, length=jnp.int32(self.max_decode_length),
+                            logits=jnp.zeros((cfg.vocab_size,), jnp.float32))
+    return jax.device_put(prefix, self.get_prefix_destination_sharding())
+
 
 def _prefill_cap(max_decode_length: int) -> int:
   """The largest power of two ≥ 16 that leaves room to decode (JetStream's orchestrator pads token
@@ -41,8 +79,8 @@ def _prefill_cap(max_decode_length: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class ServeOptions:
-  """How `serve` runs: where it listens, which checkpoint step (None: the newest), the engine's slots and
-  sampling law, and the gRPC server's worker threads."""
+  """How `serve` runs: where it listens, which checkpoint step (None: the newest committed one), the engine's
+  slots and sampling law, and the gRPC server's worker threads."""
   port: int = 9000
   host: str = "127.0.0.1"
   step: int | None = None
@@ -59,18 +97,318 @@ def serving_engine(model_cfg: models.ModelConfig, graphdef: Any, tokenizer: Any,
   """A `ServingEngine` of the model on `devices` (one fsdp axis) that loads `checkpoint_dir`'s params."""
   mesh = sharding.make_mesh({"fsdp": -1}, devices=list(devices))
   max_decode = model_cfg.max_seq_len
+  if "://" not in checkpoint_dir:  # Orbax wants absolute paths; bucket URLs already are.
+    checkpoint_dir = os.path.abspath(checkpoint_dir)
   return ServingEngine(model_cfg, graphdef, tokenizer=tokenizer, mesh=mesh,
                        max_concurrent_decodes=options.max_concurrent_decodes,
                        max_prefill_length=_prefill_cap(max_decode), max_decode_length=max_decode,
                        temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
-                       seed=options.seed, checkpoint_dir=os.path.abspath(checkpoint_dir), step=options.step)
+                       seed=options.seed, checkpoint_dir=checkpoint_dir, step=options.step)
 
 
-def serve(create_engine: Callable[[list], ServingEngine], options: ServeOptions):
-  """Starts JetStream's gRPC server on host:port over `create_engine(devices)`; returns the server."""
-  js = jetstream_compat.import_jetstream()
-  jetstream_compat.set_server_host(options.host)
-  device = jax.devices()[0]
-  server_config = js.config_lib.ServerConfig(interleaved_slices=(f"{device.platform}=1",),
-                                             interleaved_engine_create_fns=(create_engine,))
-  return js.server_lib.run(port=options.port, config=server_config, devices=[device], threads=options.threads)
+# --- Request checks ---------------------------------------------------------------------------------------
+
+
+class _Undecodable:
+  """Decode request bytes that do not parse as a `DecodeRequest` (e.g. text that is not UTF-8).
+
+  The server parses requests itself so that this reaches `Decode` and gets INVALID_ARGUMENT, rather than a
+  gRPC-internal error carrying the parser's exception text.
+  """
+
+  def __init__(self, error: str):
+    self.error = error
+
+
+def _parse_decode_request(data: bytes) -> Any:
+  try:
+    return _pb2.DecodeRequest.FromString(data)
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    return _Undecodable(f"{type(e).__name__}: {e}")
+
+
+def check_request(request: Any, engine: _engine.RlaxEngine) -> str | None:
+  """Why JetStream's driver could not serve this Decode `request` on `engine`; None if it can.
+
+  The driver's prefill thread takes down the process on any error, so everything it would trip on is caught
+  here: no content or an empty prompt; text the tokenizer cannot encode; token ids outside [0, tokenizer
+  vocab); a prompt longer than the largest prefill bucket or leaving no position to generate into (counted
+  as the driver frames it: BOS first unless the request names a `session_cache`); `max_tokens` outside
+  [1, max_decode_length].
+  """
+  if isinstance(request, _Undecodable):
+    return f"the request is not a valid DecodeRequest (text must be UTF-8): {request.error}"
+  kind = request.WhichOneof("content")
+  if kind is None:
+    return "the request has no content: set text_content.text or token_content.token_ids"
+  return _check_max_tokens(request.max_tokens, engine.max_decode_length) or _check_prompt(request, kind, engine)
+
+
+def _check_max_tokens(max_tokens: int, max_decode_length: int) -> str | None:
+  if max_tokens < 1:
+    return f"max_tokens must be at least 1; got {max_tokens}"
+  if max_tokens > max_decode_length:
+    return (f"max_tokens {max_tokens} exceeds max_decode_length {max_decode_length} of this model (prompt and "
+            "completion together)")
+  return None
+
+
+def _check_prompt(request: Any, kind: str, engine: _engine.RlaxEngine) -> str | None:
+  with_bos = not request.session_cache  # JetStream 0.2.2 keeps no sessions: a session_cache only drops BOS.
+  if kind == "text_content":
+    if not request.text_content.text:
+      return _EMPTY
+    try:
+      length = len(engine.tokenizer.encode(request.text_content.text, add_bos=with_bos))
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      return f"text_content.text does not encode with this model's tokenizer: {e}"
+    return _check_length(length, f"prompt of {length} tokens", engine)
+  ids = np.asarray(request.token_content.token_ids, np.int64)
+  if ids.size == 0:
+    return _EMPTY
+  return _check_ids(ids, engine.tokenizer, with_bos) or _check_length(
+      ids.size + with_bos, f"prompt of {ids.size + with_bos} tokens" + (
+          f" ({ids.size} ids + BOS)" if with_bos else ""), engine)
+
+
+def _check_ids(ids: np.ndarray, tokenizer: Any, with_bos: bool) -> str | None:
+  bad = np.flatnonzero((ids < 0) | (ids >= tokenizer.vocab_size))
+  if bad.size:
+    return (f"token id {ids[bad[0]]} at position {bad[0]} is outside the vocabulary [0, "
+            f"{tokenizer.vocab_size}) of this model")
+  if with_bos:
+    try:
+      tokenizer.bos_id  # pylint: disable=pointless-statement
+    except ValueError as e:  # A checkpoint tokenizer without BOS (Qwen): JetStream would prepend one.
+      return (f"token_content gets a BOS prepended, but {e} Set session_cache to send the ids as they are, or "
+              "send text_content")
+  return None
+
+
+def _check_length(length: int, what: str, engine: _engine.RlaxEngine) -> str | None:
+  limit = min(engine.max_prefill_length, engine.max_decode_length - 1)
+  if length == 0:
+    return _EMPTY
+  if length <= limit:
+    return None
+  if limit == engine.max_prefill_length:
+    return f"{what} exceeds the largest prefill bucket {limit} of this model; shorten it"
+  return (f"{what} leaves no position to generate into within max_decode_length {engine.max_decode_length} "
+          f"of this model; shorten it to at most {limit} tokens")
+
+
+# --- JetStream's driver and servicer, guarded ------------------------------------------------------------
+
+
+class _RequestFailed(Exception):
+  """A request the server will not or could not serve; `code` and the message are its gRPC status."""
+
+  def __init__(self, code: grpc.StatusCode, message: str):
+    super().__init__(message)
+    self.code = code
+
+
+class _PrefillGuard:
+  """`ServingEngine` as the driver's prefill thread sees it: `prefill` never raises.
+
+  The driver runs one prefill thread per prefill engine, so one guard follows one request at a time: `begin`
+  names it; `fail` ends its stream with the error; `prefill` of a failed request, or one whose engine prefill
+  raises, returns `idle_prefix()` so the request still passes through insert and frees its slot.
+  """
+
+  def __init__(self, engine: ServingEngine):
+    self._engine = engine
+    self._request, self._failed = None, False
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._engine, name)
+
+  def begin(self, request: Any) -> None:
+    self._request, self._failed = request, False
+
+  def fail(self, error: Exception) -> None:
+    self._failed = True
+    code = _INVALID if isinstance(error, ValueError) else grpc.StatusCode.INTERNAL
+    logging.warning("Prefill of one request failed (%s: %s); it ends with %s, the server keeps serving.",
+                    type(error).__name__, error, code.name)
+    channel = self._request.return_channel if self._request is not None else None
+    if channel is not None:  # None once the driver is stopping.
+      channel.set_exception(_RequestFailed(code, f"the engine could not prefill this request: {error}"))
+
+  def prefill(self, **kwargs) -> _engine.Prefix:
+    if not self._failed:
+      try:
+        return self._engine.prefill(**kwargs)
+      except Exception as e:  # pylint: disable=broad-exception-caught
+        self.fail(e)
+    return self._engine.idle_prefix()
+
+
+class _GuardedDriver(_js.orchestrator.Driver):
+  """JetStream's driver over one interleaved engine, whose prefill stage fails a request, not the process."""
+
+  def __init__(self, engine: ServingEngine, params: Any):
+    self._guard = _PrefillGuard(engine)
+    super().__init__(prefill_engines=[self._guard], generate_engines=[engine], prefill_params=[params],
+                     generate_params=[params], interleaved_mode=True, jax_padding=False)
+
+  def _process_prefill_content(self, request, *args, **kwargs):
+    """JetStream's tokenization of `request` (in the prefill thread, just before `prefill`).
+
+    Token ids go in as an array: JetStream 0.2.2's `pad_tokens` takes the length of the list it is given
+    with `.shape`, which only works once it has prepended BOS (so ids with a session_cache always failed).
+    """
+    self._guard.begin(request)
+    if isinstance(request.prefill_content, list):
+      request.prefill_content = np.asarray(request.prefill_content, np.int32)
+    try:
+      return super()._process_prefill_content(request, *args, **kwargs)
+    except Exception as e:  # pylint: disable=broad-exception-caught
+      self._guard.fail(e)
+      return np.zeros((1,), np.int32), 1  # Never prefilled: the guard answers with the idle prefix.
+
+
+async def _abort(context: Any, code: grpc.StatusCode, details: str) -> None:
+  if context is None:  # Called directly, not over gRPC.
+    raise _RequestFailed(code, details)
+  await context.abort(code, details)
+
+
+class _CheckedOrchestrator(_js.orchestrator.LLMOrchestrator):
+  """JetStream's servicer; `Decode` answers a request `check_request` rejects, or one the driver fails, with
+  INVALID_ARGUMENT (or the failure's code) and the reason instead of handing it to the driver."""
+
+  def __init__(self, driver: _GuardedDriver, engine: ServingEngine):
+    super().__init__(driver=driver)
+    self._engine = engine
+
+  async def Decode(self, request, context=None):  # pylint: disable=invalid-overridden-method
+    problem = check_request(request, self._engine)
+    if problem is not None:
+      logging.info("Rejected a Decode request: %s", problem)
+      await _abort(context, _INVALID, problem)
+    try:
+      async for response in super().Decode(request, context):
+        yield response
+    except _RequestFailed as e:
+      await _abort(context, e.code, str(e))
+
+
+def _handlers(servicer: _CheckedOrchestrator) -> grpc.GenericRpcHandler:
+  """The Orchestrator service of JetStream's proto, with Decode requests parsed by `_parse_decode_request`."""
+  service = _pb2.DESCRIPTOR.services_by_name["Orchestrator"].full_name
+  return grpc.method_handlers_generic_handler(service, {
+      "Decode": grpc.unary_stream_rpc_method_handler(
+          servicer.Decode, request_deserializer=_parse_decode_request,
+          response_serializer=_pb2.DecodeResponse.SerializeToString),
+      "HealthCheck": grpc.unary_unary_rpc_method_handler(
+          servicer.HealthCheck, request_deserializer=_pb2.HealthCheckRequest.FromString,
+          response_serializer=_pb2.HealthCheckResponse.SerializeToString),
+  })
+
+
+# --- The server -------------------------------------------------------------------------------------------
+
+
+def _check_port(host: str, port: int) -> None:
+  """ValueError naming host:port unless `port` is in [1, 65535] and free to listen on at `host`.
+
+  gRPC alone is no check: it binds port 99999 to some other port, and two gRPC servers share a port
+  (SO_REUSEPORT) without a word. This probe binds like a server would (SO_REUSEADDR, so a port whose last
+  connections linger in TIME_WAIT is still free) and closes again.
+  """
+  if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+    raise ValueError(f"cannot serve on {host}:{port}: the port must be an integer in [1, 65535].")
+  try:
+    addresses = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+  except socket.gaierror as e:
+    raise ValueError(f"cannot serve on {host}:{port}: unknown host ({e}).") from None
+  errors = []
+  for family, kind, proto, _, address in addresses:
+    with socket.socket(family, kind, proto) as probe:
+      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+      try:
+        probe.bind(address)
+      except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+          raise ValueError(f"cannot serve on {host}:{port}: the port is already in use.") from None
+        errors.append(e)
+  if len(errors) == len(addresses):
+    raise ValueError(f"cannot serve on {host}:{port}: {errors[0].strerror}.")
+
+
+def _grpc_address(host: str, port: int) -> str:
+  return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+class Server:
+  """JetStream's orchestrator servicer on a `grpc.aio` server running in its own event-loop thread.
+
+  Like JetStream's `server_lib.JetStreamServer` (`wait_for_termination`, `stop`), but the port is bound
+  first, without SO_REUSEPORT, and checked, and the servicer is attached once the engine is ready (`start`).
+  """
+
+  def __init__(self, host: str, port: int, threads: int):
+    self.address, self.port = f"{host}:{port}", port
+    self._driver, self._stopped = None, False
+    self._executor = futures.ThreadPoolExecutor(max_workers=threads)
+    self._loop = asyncio.new_event_loop()
+    self._loop.set_default_executor(self._executor)
+    self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-server-loop", daemon=True)
+    self._thread.start()
+    self._grpc = self._run(self._new_grpc_server())
+    try:
+      bound = self._grpc.add_insecure_port(_grpc_address(host, port))
+    except RuntimeError:
+      bound = 0
+    if bound != port:
+      self.stop()
+      raise ValueError(f"cannot serve on {host}:{port}: gRPC could not bind it (in use, or not an address of "
+                       "this machine).")
+
+  async def _new_grpc_server(self) -> grpc.aio.Server:
+    return grpc.aio.server(self._executor, options=[("grpc.so_reuseport", 0)])
+
+  def _run(self, coroutine) -> Any:
+    return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+  def start(self, driver: _GuardedDriver, servicer: _CheckedOrchestrator) -> None:
+    """Answers requests from now on; `stop` stops `driver` too."""
+    self._driver = driver
+    self._grpc.add_generic_rpc_handlers((_handlers(servicer),))
+    self._run(self._grpc.start())
+
+  def stop(self, grace: float = 5.0) -> None:
+    """Lets open streams finish for `grace` seconds, then stops the driver's threads and the loop."""
+    if self._stopped:
+      return
+    self._stopped = True
+    self._run(self._grpc.stop(grace))
+    if self._driver is not None:
+      self._driver.stop()
+    self._loop.call_soon_threadsafe(self._loop.stop)
+    self._thread.join()
+    self._executor.shutdown(wait=False)
+
+  def wait_for_termination(self) -> None:
+    try:
+      self._run(self._grpc.wait_for_termination())
+    finally:
+      self.stop()
+
+
+def serve(create_engine: Callable[[list], ServingEngine], options: ServeOptions) -> Server:
+  """Serves `create_engine(devices)` (first device) on host:port; returns the started server.
+
+  A bad or busy port raises ValueError naming host:port before the engine is built.
+  """
+  _check_port(options.host, options.port)
+  server = Server(options.host, options.port, options.threads)
+  try:
+    engine = create_engine(jax.devices()[:1])
+    driver = _GuardedDriver(engine, engine.load_params())
+    server.start(driver, _CheckedOrchestrator(driver, engine))
+  except BaseException:
+    server.stop()
+    raise
+  return server

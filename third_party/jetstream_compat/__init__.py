@@ -22,7 +22,7 @@ import logging
 import sys
 import types
 
-__all__ = ["install", "import_jetstream", "set_server_host"]
+__all__ = ["install", "import_jetstream"]
 
 _INSTALLED = False
 
@@ -122,9 +122,3 @@ def import_jetstream():
       jetstream_pb2_grpc=importlib.import_module("jetstream.core.proto.jetstream_pb2_grpc"),
   )
 
-
-def set_server_host(host: str) -> None:
-  """Makes JetStream's gRPC server listen on `host` (it hard-codes all interfaces, "[::]")."""
-  install()
-  server_lib = importlib.import_module("jetstream.core.server_lib")
-  server_lib._HOST = host  # pylint: disable=protected-access
