@@ -294,7 +294,8 @@ def _replay(argv):
     for step, key, want, got in report["mismatches"][:20]:
       print(f"step {step}: {key} logged {want!r} replayed {got!r}")
     raise ValueError(f"replay differs from the logged run in {len(report['mismatches'])} values.")
-  print(f"replay: {report['steps']} steps re-run from the logged rollouts; the metrics of "
+  print(f"replay: {report['steps']} steps re-run from the checkpoint of step {report['first_step']} over the "
+        f"logged rollouts; the metrics of "
         f"{report['compared_steps']} logged steps match exactly.")
 
 

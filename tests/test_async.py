@@ -2,6 +2,7 @@
 staleness, drops counted, replay reproduces the logged metrics, resume loses and repeats nothing, admission
 and the auto loss."""
 
+import dataclasses
 import json
 import os
 import sys
@@ -30,6 +31,7 @@ def _cfg(**runtime_overrides):
   c.rl.steps = 4
   c.eval.every = 0
   c.checkpoint.every = 2
+  c.checkpoint.max_to_keep = 3  # Checkpoint 0 stays: replay covers the whole run.
   c.runtime.progress = False
   c.runtime.tensorboard = False
   c.runtime.plot = False
@@ -83,35 +85,25 @@ def test_sampler_threads_at_eta_zero_reproduce_inline_sampling_exactly(sync_run,
 
 def test_replay_of_an_inline_run_reproduces_it_exactly(sync_run):
   report = runtime.replay(os.fspath(sync_run), quiet=True)
-  assert report["steps"] == 4 and report["compared_steps"] == 4
+  assert report["first_step"] == 0 and report["steps"] == 4 and report["compared_steps"] == 4
   assert report["mismatches"] == []
 
 
-def test_async_run_bounds_staleness_and_logs_every_group_once(async1_run):
-  workdir, summary = async1_run
-  cfg = _cfg(mode="async", max_staleness=1)
-  rl = _rows(workdir, "rl")
-  assert len(rl) == cfg.rl.steps
-  for r in rl:
-    assert 0 <= r["staleness_mean"] <= r["staleness_max"] <= 1
-    assert r["staleness_0"] + r["staleness_1"] == cfg.rl.prompts_per_step
-    for key in ("queue_depth", "learner_idle_frac", "sampler_idle_frac", "samples_per_s",
-                "dropped_stale_total"):
-      assert np.isfinite(r[key]), key
-  schedule = _schedule(workdir)
-  groups = [g for e in schedule for g in e["groups"]]
-  assert len(groups) == len(set(groups)) == cfg.rl.steps * cfg.rl.prompts_per_step
-  assert summary["mode"] == "async" and summary["max_staleness"] == 1
-  assert summary["dropped_stale_total"] == sum(len(e["dropped"]) for e in schedule)
-  assert np.isfinite(summary["final_eval_reward"])
-  # η > 0 with loss.kind "auto": decoupled PPO, whose metrics include the behaviour-weight statistics.
-  assert config.loss_kind(cfg) == "decoupled_ppo"
-
-
-def test_replay_reproduces_the_logged_metrics_exactly(async1_run):
-  workdir, _ = async1_run
+def test_replay_rows_are_kept_from_the_oldest_kept_checkpoint_on(tmp_path):
+  """With checkpoint.max_to_keep = 2 the rows of steps before the oldest kept checkpoint are pruned as the run
+  goes (the rows on disk stay bounded), and replay re-runs the steps after that checkpoint, exactly."""
+  c = _cfg()
+  c = dataclasses.replace(c, rl=dataclasses.replace(c.rl, steps=8),
+                          checkpoint=dataclasses.replace(c.checkpoint, max_to_keep=2))
+  workdir = tmp_path / "run"
+  runtime.train(c, workdir, quiet=True)
+  kept = runtime.complete_checkpoints(os.fspath(workdir))
+  rows = sorted(int(name.split(".")[0]) for name in os.listdir(workdir / "replay" / "rows"))
+  assert kept[0] >= 2 and rows == list(range(rows[0], 9)) and rows[0] >= 3
+  assert len(rows) <= (c.checkpoint.max_to_keep + 1) * c.checkpoint.every  # Bounded by the checkpoints kept.
+  assert [e["step"] for e in _schedule(workdir)] == list(range(1, 9))  # The schedule is kept whole.
   report = runtime.replay(os.fspath(workdir), quiet=True)
-  assert report["steps"] == 4 and report["compared_steps"] == 4
+  assert report["first_step"] == kept[0] and report["steps"] == report["compared_steps"] == 8 - kept[0]
   assert report["mismatches"] == []
 
 

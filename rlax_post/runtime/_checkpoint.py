@@ -69,16 +69,17 @@ class RunCheckpointer:
   """Saves and restores `(state, ref_params, meta)` under `workdir/checkpoints/<step>`.
 
   On opening, step directories without orbax's commit marker (saves that never finished) are set aside
-  (`set_aside`, by process 0 of a multi-host job); `aside` lists (path, reason) of what moved.
+  (`set_aside`, by process 0 of a multi-host job); `aside` lists (path, reason) of what moved. A reader of
+  another process's run (`tidy=False`: replay, which may run while the learner saves) moves nothing.
   """
 
-  def __init__(self, workdir: str | epath.Path, *, max_to_keep: int = 2, name: str = "run"):
+  def __init__(self, workdir: str | epath.Path, *, max_to_keep: int = 2, name: str = "run", tidy: bool = True):
     workdir = os.fspath(workdir)
     if "://" not in workdir:  # Orbax wants absolute paths; bucket URLs (gs://...) already are.
       workdir = os.path.abspath(workdir)
     self.directory = epath.Path(workdir) / "checkpoints"
     self.aside: list[tuple[epath.Path, str]] = []
-    if _distributed.is_primary() and self.directory.exists():
+    if tidy and _distributed.is_primary() and self.directory.exists():
       for step_dir in sorted(p for p in self.directory.iterdir() if p.name.isdigit()):
         if not exchange.is_complete(step_dir):
           reason = f"step {step_dir.name} has no commit marker (a save that never finished)"

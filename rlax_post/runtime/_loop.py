@@ -70,7 +70,7 @@ class Comparison:
     self.mismatches, self.compared, self.bar = [], 0, None
 
   def steps(self, first: int):
-    self.bar = self.ui.bar(range(first, self.num_steps), desc="replay")
+    self.bar = self.ui.bar(range(first, self.num_steps), initial=first, total=self.num_steps, desc="replay")
     return self.bar
 
   def after_step(self, step: int, start, state, row: dict, taken, source) -> None:
@@ -91,30 +91,33 @@ class Comparison:
 
 
 def replay(workdir: str, *, quiet: bool = False, tolerance: float = 0.0, return_state: bool = False) -> dict:
-  """Re-runs the learner from the run's initial state over its logged rows; compares with metrics.jsonl.
+  """Re-runs the learner from the run's oldest kept checkpoint over its logged rows; compares the metrics
+  with metrics.jsonl.
 
-  Returns {"steps": replayed steps, "compared_steps": ..., "mismatches": [(step, key, logged, replayed), ...]}
-  (and "state", the final train state, with `return_state`). On the mesh of the logged run, exact equality
-  of every data-dependent metric is expected (timing metrics are skipped); `tolerance` > 0 accepts relative
-  and absolute differences up to it (another mesh or process count sums in another order). Runs on a
-  multi-host learner too (every process replays).
+  Returns {"first_step": that checkpoint's step, "steps": replayed steps, "compared_steps": ...,
+  "mismatches": [(step, key, logged, replayed), ...]} (and "state", the final train state, with
+  `return_state`). On the mesh of the logged run, exact equality of every data-dependent metric is expected
+  (timing metrics are skipped); `tolerance` > 0 accepts relative and absolute differences up to it (another
+  mesh or process count sums in another order). Runs on a multi-host learner too (every process replays).
   """
   workdir = os.fspath(workdir)
   parts = _parts.build_parts(_samplers.load_run_config(workdir))
   update = _learn.RLUpdate(parts)
-  init = _checkpoint.RunCheckpointer(os.path.join(workdir, "replay"), max_to_keep=1, name="replay")
-  if init.latest_step() is None:
-    raise FileNotFoundError(f"{workdir}/replay holds no initial checkpoint: was it written by "
-                            "`rlax-post train` or `rlax-post learner`?")
-  state, ref_params, meta = init.restore(0, state_like=update.learner.abstract_state,
+  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=parts.cfg.checkpoint.max_to_keep, tidy=False)
+  kept = ckpt.complete_steps()
+  if not kept:
+    raise FileNotFoundError(f"{workdir}/checkpoints holds no complete checkpoint to replay from: was it "
+                            "written by `rlax-post train` or `rlax-post learner`?")
+  state, ref_params, meta = ckpt.restore(kept[0], state_like=update.learner.abstract_state,
                                          state_shardings=update.learner.state_shardings,
                                          ref_like=parts.params_like, ref_shardings=parts.param_shardings)
-  init.close()
-  source = _sources.LoggedSource(workdir)
+  ckpt.close()
+  source = _sources.LoggedSource(workdir, kept[0])
   ui = _metrics.Console(quiet=quiet or not _distributed.is_primary(), progress=True)
-  out = Comparison(workdir, steps=len(source.schedule), tolerance=tolerance, ui=ui)
-  state = learn(update, source, out, _run.Start(state, ref_params, 0, meta))
-  report = {"steps": len(source.schedule), "compared_steps": out.compared, "mismatches": out.mismatches}
+  out = Comparison(workdir, steps=kept[0] + len(source.schedule), tolerance=tolerance, ui=ui)
+  state = learn(update, source, out, _run.Start(state, ref_params, kept[0], meta))
+  report = {"first_step": kept[0], "steps": len(source.schedule), "compared_steps": out.compared,
+            "mismatches": out.mismatches}
   if return_state:
     report["state"] = state
   return report

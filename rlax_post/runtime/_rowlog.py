@@ -1,7 +1,10 @@
 """The learner's record of what it trained on: `schedule.jsonl` and `replay/rows/<step>.msgpack`.
 
 Every run logs, per RL step, the groups it took (ids, staleness, dropped groups) and their rows, so that
-`rlax-post replay` can feed the same learner step the same batches (`_sources.LoggedSource`). On a multi-host
+`rlax-post replay` can feed the same learner step the same batches from the oldest checkpoint the run keeps
+(`_sources.LoggedSource`). Rows of steps at or before that checkpoint are pruned as checkpoints are saved
+(`prune`), so the rows on disk cover at most about `checkpoint.max_to_keep × checkpoint.every` steps; the
+schedule (a few group ids per step) is kept whole. On a multi-host
 learner process 0 reads the queue and writes the log; `take_shared` hands every process the same groups.
 """
 
@@ -101,6 +104,15 @@ class RolloutLog:
                           "dropped": [g for g, _ in taken.dropped],
                           "dropped_staleness": [int(s) for _, s in taken.dropped]}) + "\n")
 
+  def prune(self, up_to_step: int) -> None:
+    """Deletes the rows of steps ≤ `up_to_step` (no replay starts before the oldest kept checkpoint)."""
+    if not self.active or not os.path.isdir(self.rows_dir):
+      return
+    for name in os.listdir(self.rows_dir):
+      stem = name.split(".")[0]
+      if name.endswith(".msgpack") and stem.isdigit() and int(stem) <= up_to_step:
+        os.remove(os.path.join(self.rows_dir, name))
+
   def truncate_after(self, step: int) -> None:
     if self.active:
       truncate_jsonl(self.schedule_path, lambda r: r["step"] <= step)
@@ -112,4 +124,8 @@ class RolloutLog:
     return _metrics.read_jsonl(self.schedule_path)
 
   def rows(self, step: int) -> list[tuple[str, list[dict]]]:
-    return load_rows(self._rows_path(step))
+    path = self._rows_path(step)
+    if not os.path.exists(path):
+      raise FileNotFoundError(f"{path} does not exist: the rows of step {step} were not logged or were pruned "
+                              "(rows are kept from the oldest kept checkpoint on).")
+    return load_rows(path)

@@ -1,7 +1,8 @@
 """A learner run's parts and outputs, built once (`open_run`): what the loop does around each RL step.
 
 Outputs under `workdir`: config.json, metrics.jsonl, tensorboard/, checkpoints/, schedule.jsonl and
-replay/ (the rows of every step and the initial state, for `rlax-post replay`), curves.png, summary.json.
+replay/rows/ (the rows of the steps since the oldest kept checkpoint, for `rlax-post replay`), curves.png,
+summary.json.
 On a multi-host learner process 0 writes the files; every process writes its shards of checkpoints.
 """
 
@@ -144,9 +145,6 @@ class Run:
     history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - self.t_start,
                "config": config_lib.to_dict(self.cfg), "rl_step": 0, **Tally(0).meta()}
     self.ckpt.save(0, state, ref_params, history)
-    replay = _checkpoint.RunCheckpointer(os.path.join(self.workdir, "replay"), max_to_keep=1, name="replay")
-    replay.save(0, state, ref_params, history)  # `rlax-post replay` starts here.
-    replay.close()
     return Start(state, ref_params, 0, history)
 
   def steps(self, first: int):
@@ -176,6 +174,9 @@ class Run:
       meta = {**{k: start.history[k] for k in _KEEP}, "rl_step": step, **tally.meta()}
       self.ckpt.save(step, state, start.ref_params, meta)
       source.checkpointed(step)
+      kept = _checkpoint.complete_checkpoints(self.workdir)  # A listing: the manager's own view is untouched.
+      if kept:
+        self.log.prune(kept[0])  # Replay starts at the oldest kept checkpoint.
 
   def close_progress(self) -> None:
     if hasattr(self.tally.bar, "close"):

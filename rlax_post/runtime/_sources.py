@@ -6,7 +6,7 @@
                  the staleness bound η (`runtime.mode = "async"`, `rlax-post train`)
   ProcessSource  `rlax-post sampler` processes stream groups through a file queue; the learner publishes
                  orbax parameter versions and grants tickets (`rlax-post learner`)
-  LoggedSource   the rows a run logged, in its logged order (`rlax-post replay`)
+  LoggedSource   the rows a run logged since its oldest kept checkpoint, in logged order (`rlax-post replay`)
 
 A source is resumed from a checkpoint's metadata (`resume`), receives every params version the learner
 makes (`publish`), and hands over each step's groups (`take`) with what it dropped as too stale; staleness,
@@ -320,12 +320,16 @@ class ProcessSource(_QueueSource):
 
 
 class LoggedSource:
-  """The groups a run logged (`_rowlog.RolloutLog`), step by step in its schedule's order."""
+  """The groups a run logged (`_rowlog.RolloutLog`) for the steps after `first`, in its schedule's order."""
   device_lock = contextlib.nullcontext()
 
-  def __init__(self, workdir: str):
-    self.log = _rowlog.RolloutLog(workdir)
-    self.schedule = self.log.schedule()
+  def __init__(self, workdir: str, first: int):
+    self.log = _rowlog.RolloutLog(workdir, active=False)
+    self.schedule = {e["step"]: e for e in self.log.schedule() if e["step"] > first}
+    missing = sorted(set(range(first + 1, first + 1 + len(self.schedule))) ^ set(self.schedule))
+    if missing:
+      raise ValueError(f"replay: {self.log.schedule_path} has no entry for steps {missing[:5]} after the "
+                       f"checkpoint of step {first}.")
 
   def resume(self, step: int, meta: dict) -> None:
     del step, meta
@@ -337,9 +341,7 @@ class LoggedSource:
     pass
 
   def take(self, step: int) -> Taken:
-    entry = self.schedule[step]
-    if entry["step"] != step + 1:
-      raise ValueError(f"replay: schedule entry {step} is for step {entry['step']}, not {step + 1}.")
+    entry = self.schedule[step + 1]
     groups = dict(self.log.rows(step + 1))
     if list(entry["groups"]) != sorted(groups, key=lambda g: int(groups[g][0]["ticket"])):
       raise ValueError(f"replay: step {step + 1}'s logged rows do not match its schedule entry.")
