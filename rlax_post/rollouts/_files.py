@@ -6,19 +6,19 @@ import logging
 import os
 import re
 import socket
-import tempfile
 import threading
 import time
 import uuid
 
-from array_record.python.array_record_module import ArrayRecordWriter
 from etils import epath
 import grain
 
 from rlax_post.rollouts import _queue
 from rlax_post.rollouts import _records
 
-_SHARD_RE = re.compile(r"^(\d{12})\.array_record$")
+_SHARD_SUFFIX = ".rec"
+_LEGACY_SUFFIX = ".array_record"
+_SHARD_RE = re.compile(r"^(\d{12})\.(rec|array_record)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 
 
@@ -47,8 +47,14 @@ def _atomic_write_text(path: epath.Path, text: str) -> None:
 
 
 def _read_shard(path: epath.Path) -> list[_records.PutRecord]:
-  source = grain.sources.ArrayRecordDataSource([str(path)])
-  return [_records.decode_put(source[i]) for i in range(len(source))]
+  if path.name.endswith(_LEGACY_SUFFIX):  # a shard written before shards had their own format
+    source = grain.sources.ArrayRecordDataSource([str(path)])
+    return [_records.decode_put(source[i]) for i in range(len(source))]
+  try:
+    records = _records.decode_shard(path.read_bytes())
+  except ValueError as e:
+    raise ValueError(f"{path}: {e}") from None
+  return [_records.decode_put(r) for r in records]
 
 
 def _list_shards(writer_dir: epath.Path) -> list[tuple[int, epath.Path]]:
@@ -282,25 +288,19 @@ class FileQueue(_queue.RolloutQueue):
       return
     self._writer_dir.mkdir(parents=True, exist_ok=True)
     seq = self._next_shard
-    while (self._writer_dir / f"{seq:012d}.array_record").exists():  # never overwrite a published shard
+    while (self._writer_dir / f"{seq:012d}{_SHARD_SUFFIX}").exists():  # never overwrite a published shard
       seq += 1
-    final = self._writer_dir / f"{seq:012d}.array_record"
+    final = self._writer_dir / f"{seq:012d}{_SHARD_SUFFIX}"
     tmp = self._writer_dir / f".{seq:012d}.{uuid.uuid4().hex}.tmp"
-    local_tmp = str(tmp) if _is_local(tmp) else tempfile.mkstemp(suffix=".array_record")[1]
-    writer = ArrayRecordWriter(local_tmp, "group_size:1")
-    for rec in self._buffer:
-      writer.write(_records.encode_put(rec))
-    writer.close()
+    data = _records.encode_shard([_records.encode_put(rec) for rec in self._buffer])
     if _is_local(tmp):
-      fd = os.open(local_tmp, os.O_RDONLY)
-      try:
-        os.fsync(fd)
-      finally:
-        os.close(fd)
+      with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     else:
-      tmp.write_bytes(epath.Path(local_tmp).read_bytes())
-      os.remove(local_tmp)
-    tmp.rename(final)  # the atomic publish: readers only list <seq>.array_record names
+      tmp.write_bytes(data)
+    tmp.rename(final)  # the atomic publish: readers only list <seq>.rec names
     for rec in self._buffer:  # Published: keep only the field names (duplicate checks), not the values.
       row = self._own.rows.get(rec.row_id)
       if row is not None:
