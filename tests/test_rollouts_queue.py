@@ -6,10 +6,12 @@ import subprocess
 import sys
 import threading
 
+from array_record.python.array_record_module import ArrayRecordWriter
 import numpy as np
 import pytest
 
 from rlax_post import rollouts
+from rlax_post.rollouts import _records
 
 _REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -301,9 +303,9 @@ def test_files_ignore_partial_shards_and_continue_numbering(tmp_path):
   w = rollouts.FileQueue(tmp_path, capacity=100, writer_id="sampler-3")
   _put_group(w, "g0", 2)
   shard_dir = tmp_path / "shards" / "sampler-3"
-  assert sorted(p.name for p in shard_dir.iterdir()) == ["000000000000.array_record"]
+  assert sorted(p.name for p in shard_dir.iterdir()) == ["000000000000.rec"]
   (shard_dir / ".000000000001.deadbeef.tmp").write_bytes(b"\x00partial junk")
-  (shard_dir / "000000000007.array_record.tmp").write_bytes(b"junk")
+  (shard_dir / "000000000007.rec.tmp").write_bytes(b"junk")
   r = rollouts.FileQueue(tmp_path, capacity=100, writer_id="reader")
   assert _ids(r.get_groups("learner", 1, timeout_s=5)) == ["g0"]
   w.close()
@@ -312,9 +314,28 @@ def test_files_ignore_partial_shards_and_continue_numbering(tmp_path):
     w2.put("g0/0", {"x": 5}, group_id="g0", group_size=2)
   _put_group(w2, "g1", 2)
   names = sorted(p.name for p in shard_dir.iterdir() if not p.name.startswith(".") and "tmp" not in p.name)
-  assert names == ["000000000000.array_record", "000000000001.array_record"]
+  assert names == ["000000000000.rec", "000000000001.rec"]
   assert _ids(r.get_groups("learner", 1, timeout_s=5)) == ["g1"]
   assert r.stats()["shards_read"] == 2 and r.stats()["records_dropped"] == 0
+
+
+def test_files_read_legacy_array_record_shards(tmp_path):
+  # A queue directory written before shards had their own format: its ArrayRecord shards are still read, and
+  # the writer numbers its new shards after them.
+  shard_dir = tmp_path / "shards" / "old"
+  shard_dir.mkdir(parents=True)
+  writer = ArrayRecordWriter(str(shard_dir / "000000000000.array_record"), "group_size:1")
+  for i in range(2):
+    writer.write(_records.encode_put(_records.PutRecord(f"g0/{i}", "g0", 2, {"x": np.int32(i)})))
+  writer.close()
+  w = rollouts.FileQueue(tmp_path, capacity=100, writer_id="old")
+  assert w.written_group_ids() == {"g0"}
+  _put_group(w, "g1", 2)
+  assert sorted(p.name for p in shard_dir.iterdir()) == ["000000000000.array_record", "000000000001.rec"]
+  r = rollouts.FileQueue(tmp_path, capacity=100, writer_id="reader")
+  got = r.get_groups("learner", 2, timeout_s=5)
+  assert _ids(got) == ["g0", "g1"]
+  assert [row.fields["x"] for row in got[0].rows] == [0, 1]
 
 
 def test_files_flush_rules(tmp_path):
@@ -337,6 +358,7 @@ _SUBPROCESS_WRITER = """
 import sys
 import numpy as np
 from rlax_post import rollouts
+from rlax_post.rollouts import _records
 q = rollouts.FileQueue(sys.argv[1], capacity=100, writer_id="proc-writer")
 for j in range(5):
   for i in range(3):

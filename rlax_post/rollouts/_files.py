@@ -1,4 +1,4 @@
-"""File backend: processes or hosts sharing a directory of ArrayRecord shards (layout in the package docs)."""
+"""File backend: processes or hosts sharing a directory of shards (layout and disk use in the package docs)."""
 
 from collections.abc import Sequence
 import json
@@ -6,19 +6,20 @@ import logging
 import os
 import re
 import socket
-import tempfile
 import threading
 import time
 import uuid
 
-from array_record.python.array_record_module import ArrayRecordWriter
 from etils import epath
 import grain
 
 from rlax_post.rollouts import _queue
 from rlax_post.rollouts import _records
+from rlax_post.rollouts import _released
 
-_SHARD_RE = re.compile(r"^(\d{12})\.array_record$")
+_SHARD_SUFFIX = ".rec"
+_LEGACY_SUFFIX = ".array_record"
+_SHARD_RE = re.compile(r"^(\d{12})\.(rec|array_record)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 
 
@@ -46,9 +47,34 @@ def _atomic_write_text(path: epath.Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _read_shard(path: epath.Path) -> list[_records.PutRecord]:
-  source = grain.sources.ArrayRecordDataSource([str(path)])
-  return [_records.decode_put(source[i]) for i in range(len(source))]
+def _append_text(path: epath.Path, text: str) -> None:
+  """Appends and fsyncs (local) or rewrites atomically (object stores cannot append)."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  if _is_local(path):
+    with open(path, "a") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+  else:
+    old = path.read_text() if path.exists() else ""
+    _atomic_write_text(path, old + text)
+
+
+def _read_shard(path: epath.Path) -> list[_records.PutRecord] | None:
+  """The puts in a published shard; None if it is gone (a release deleted it after it was listed)."""
+  try:
+    if path.name.endswith(_LEGACY_SUFFIX):  # a shard written before shards had their own format
+      source = grain.sources.ArrayRecordDataSource([str(path)])
+      records = [source[i] for i in range(len(source))]
+    else:
+      records = _records.decode_shard(path.read_bytes())
+  except Exception as e:  # pylint: disable=broad-except  (only a vanished file is not an error)
+    if not path.exists():
+      return None
+    if isinstance(e, ValueError):
+      raise ValueError(f"{path}: {e}") from None
+    raise
+  return [_records.decode_put(r) for r in records]
 
 
 def _list_shards(writer_dir: epath.Path) -> list[tuple[int, epath.Path]]:
@@ -90,8 +116,23 @@ class FileQueue(_queue.RolloutQueue):
   reads it. A stage that adds fields to rows created by another writer (e.g. a reward worker) should read
   them first (as a registered consumer) so its puts are not counted as new rows.
 
-  `stats()` keys: those of `MemoryQueue` (`rows_written` = rows in this object's reader view, `puts` = puts by
-  this object) plus `shards_written`, `shards_read`, `records_dropped`, `buffered_records`.
+  Release and disk (see `_released`; one object per directory calls `release`: the learner). `release(t)` frees
+  the values of the groups every consumer consumed with a tag <= t in this object at once (and this object
+  refuses rollbacks below t from then on), but it goes to disk at the next `release` call: then the groups
+  released by the previous call's tag t' are recorded in `<dir>/released.json` (and each consumer's tags for
+  them in `<dir>/consumers/<c>.released`), the logs of the consumers this object drives are rewritten without
+  them, and every shard whose puts all belong to released groups is deleted, except each writer's newest shard
+  that this object has read (a restarted writer numbers its shards after the newest it finds). Why one call
+  late: the runtime calls `release(t)` right after starting the asynchronous save of checkpoint t; a learner
+  killed before that save commits resumes from t' (orbax's save of t waited for t') and must be able to roll
+  back to t', rows included. Once on disk, readers skip puts to released groups, `put` to one raises
+  ValueError, `written_group_ids`, `seen_group_ids` and `consumed_tags` still include them, the counts
+  (`rows_written`, `rows_consumed/<c>`, ...) go on unchanged, and every object refuses rollbacks below t'. A
+  reader that already read a deleted shard keeps what it read; listings simply skip the missing seqs.
+
+  `stats()` keys: those of `MemoryQueue` (`rows_written` = rows in this object's reader view plus released
+  rows, `puts` = puts by this object) plus `shards_written`, `shards_read`, `records_dropped`,
+  `buffered_records`, `groups_released` (in released.json) and `shards_deleted` (by this object).
   """
 
   def __init__(self, directory: str | os.PathLike[str], *, capacity: int,
@@ -125,7 +166,7 @@ class FileQueue(_queue.RolloutQueue):
     self._counts_cache: tuple[float, dict[str, dict]] | None = None
     for seq, path in _list_shards(self._writer_dir):  # a restarted writer continues after its shards
       created = 0
-      for rec in _read_shard(path):
+      for rec in _read_shard(path) or ():
         try:
           created += self._own.merge(rec.row_id, rec.fields, rec.group_id, rec.group_size, seq)
         except ValueError:
@@ -136,6 +177,7 @@ class FileQueue(_queue.RolloutQueue):
     self._table = _queue.RowTable()
     self._read_shards: dict[str, set[str]] = {}
     self._max_read: dict[str, int] = {}      # writer -> highest shard seq read
+    self._shard_groups: dict[str, dict[int, tuple[epath.Path, set[str]]]] = {}  # writer -> seq -> groups
     self._seq = 0
     self._shards_read = 0
     self._dropped = 0
@@ -145,7 +187,14 @@ class FileQueue(_queue.RolloutQueue):
     self._owned: set[str] = set()
     self._put_blocked_s = 0.0
     self._get_blocked_s = 0.0
-    self._released_tag: int | None = None
+    # Released groups (<dir>/released.json) and what of them this reader's table holds.
+    self._released = _released.Released()
+    self._released_stat = None
+    self._released_checked = -float("inf")
+    self._gone_rows = 0                       # table rows of released groups
+    self._gone_complete = 0                   # complete groups in the table that were released
+    self._shards_deleted = 0
+    self._pending_tag: int | None = None     # the last release(tag) of this object, not yet on disk
 
   # --- paths and small files -------------------------------------------------------------------------------
 
@@ -189,25 +238,61 @@ class FileQueue(_queue.RolloutQueue):
 
   def _append_consumed(self, consumer: str, groups: list[tuple[str, int]], tag: int | None) -> None:
     path = self._consumer_path(consumer, "jsonl")
-    line = json.dumps({"tag": tag, "groups": groups}) + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if _is_local(path):
-      with open(path, "a") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
-    else:  # object stores cannot append: rewrite atomically
-      old = path.read_text() if path.exists() else ""
-      _atomic_write_text(path, old + line)
+    _append_text(path, json.dumps({"tag": tag, "groups": groups}) + "\n")
     self._consumed_stat[consumer] = self._stat(path)
 
+  def _rewrite_consumed(self, consumer: str, consumed: dict[str, tuple[int | None, int]]) -> None:
+    """Replaces the log of `consumer` (atomically) by one line per tag of `consumed`."""
+    by_tag: dict[int | None, list] = {}
+    for g, (t, rows) in consumed.items():
+      by_tag.setdefault(t, []).append([g, rows])
+    path = self._consumer_path(consumer, "jsonl")
+    _atomic_write_text(path, "".join(json.dumps({"tag": t, "groups": gs}) + "\n" for t, gs in by_tag.items()))
+    self._consumed_stat[consumer] = self._stat(path)
+
+  def _live(self, consumer: str) -> dict[str, tuple[int | None, int]]:
+    """The consumption log of `consumer` without released groups (a log not yet compacted still has them)."""
+    return {g: v for g, v in self._load_consumer(consumer).items() if g not in self._released.groups}
+
+  def _rows_consumed(self, consumer: str) -> int:
+    return sum(rows for _, rows in self._live(consumer).values()) + self._released.rows
+
+  def _rows_seen(self) -> int:
+    return len(self._table.rows) - self._gone_rows + self._released.rows
+
   def _write_count(self, consumer: str) -> None:
-    consumed = self._consumed[consumer]
     _atomic_write_text(self._consumer_path(consumer, "count"), json.dumps({
-        "rows_consumed": sum(rows for _, rows in consumed.values()),
-        "rows_seen": len(self._table.rows),
+        "rows_consumed": self._rows_consumed(consumer),
+        "rows_seen": self._rows_seen(),
         "shards_seen": self._max_read,
     }))
+
+  def _load_released(self, max_age_s: float = 0.0) -> None:
+    """Re-reads <dir>/released.json if it changed (checked at most every `max_age_s`) and forgets the values
+    of newly released groups this reader holds."""
+    now = time.monotonic()
+    if now - self._released_checked < max_age_s:
+      return
+    self._released_checked = now
+    path = self._dir / "released.json"
+    stat = self._stat(path)
+    if stat is None or stat == self._released_stat:
+      return
+    loaded = _released.loads(path.read_text(), str(path))
+    self._released_stat = stat
+    new = loaded.groups - self._released.groups
+    self._released = loaded
+    self._forget(new)
+
+  def _forget(self, group_ids) -> int:
+    """Frees the rows of released groups in the table and counts them (the counters add released rows from
+    released.json instead); returns how many were still active."""
+    for g in group_ids:
+      group = self._table.groups.get(g)
+      if group is not None:
+        self._gone_rows += len(group.row_ids)
+        self._gone_complete += len(group.row_ids) == group.size
+    return self._table.release(group_ids)
 
   def _read_counts(self) -> dict[str, dict]:
     now = time.monotonic()
@@ -238,6 +323,10 @@ class FileQueue(_queue.RolloutQueue):
     new = self._own.check(row_id, fields, group_id, group_size)
     if row_id in self._table.rows or group_id in self._table.groups:
       new = self._table.check(row_id, fields, group_id, group_size) and new
+    self._load_released(max_age_s=self._poll_s)
+    if group_id in self._released.groups:
+      raise ValueError(f"group {group_id!r} was released (every consumer consumed it and its rows may be "
+                       "deleted); it takes no more puts")
     return new
 
   def put(self, row_id, fields, *, group_id, group_size, timeout_s=None):
@@ -282,25 +371,19 @@ class FileQueue(_queue.RolloutQueue):
       return
     self._writer_dir.mkdir(parents=True, exist_ok=True)
     seq = self._next_shard
-    while (self._writer_dir / f"{seq:012d}.array_record").exists():  # never overwrite a published shard
+    while (self._writer_dir / f"{seq:012d}{_SHARD_SUFFIX}").exists():  # never overwrite a published shard
       seq += 1
-    final = self._writer_dir / f"{seq:012d}.array_record"
+    final = self._writer_dir / f"{seq:012d}{_SHARD_SUFFIX}"
     tmp = self._writer_dir / f".{seq:012d}.{uuid.uuid4().hex}.tmp"
-    local_tmp = str(tmp) if _is_local(tmp) else tempfile.mkstemp(suffix=".array_record")[1]
-    writer = ArrayRecordWriter(local_tmp, "group_size:1")
-    for rec in self._buffer:
-      writer.write(_records.encode_put(rec))
-    writer.close()
+    data = _records.encode_shard([_records.encode_put(rec) for rec in self._buffer])
     if _is_local(tmp):
-      fd = os.open(local_tmp, os.O_RDONLY)
-      try:
-        os.fsync(fd)
-      finally:
-        os.close(fd)
+      with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
     else:
-      tmp.write_bytes(epath.Path(local_tmp).read_bytes())
-      os.remove(local_tmp)
-    tmp.rename(final)  # the atomic publish: readers only list <seq>.array_record names
+      tmp.write_bytes(data)
+    tmp.rename(final)  # the atomic publish: readers only list <seq>.rec names
     for rec in self._buffer:  # Published: keep only the field names (duplicate checks), not the values.
       row = self._own.rows.get(rec.row_id)
       if row is not None:
@@ -319,43 +402,59 @@ class FileQueue(_queue.RolloutQueue):
 
   def _refresh(self) -> None:
     """Reads shards published since the last refresh (writers by name, then shards by seq)."""
-    root = self._dir / "shards"
-    if not root.exists():
-      return
-    found = False
-    for writer_dir in sorted(root.iterdir(), key=lambda p: p.name):
-      if not writer_dir.is_dir():
-        continue
-      done = self._read_shards.setdefault(writer_dir.name, set())
-      for seq, path in _list_shards(writer_dir):
-        if path.name in done:
-          continue
-        for rec in _read_shard(path):
-          try:
-            self._table.merge(rec.row_id, rec.fields, rec.group_id, rec.group_size, self._seq)
-          except ValueError as e:
-            self._dropped += 1
-            logging.warning("dropping a conflicting put from %s: %s", path, e)
-          self._seq += 1
-        done.add(path.name)
-        self._max_read[writer_dir.name] = max(seq, self._max_read.get(writer_dir.name, -1))
-        self._shards_read += 1
-        found = True
-    if found:
+    unread = self._unread_shards()
+    # After the listing: a shard missing from it was deleted after its groups were recorded as released.
+    self._load_released()
+    for writer, seq, path in unread:
+      self._read_new_shard(writer, seq, path)
+    if unread:
       for c in self._owned:
         self._write_count(c)
 
+  def _unread_shards(self) -> list[tuple[str, int, epath.Path]]:
+    root = self._dir / "shards"
+    if not root.exists():
+      return []
+    out = []
+    for writer_dir in sorted(root.iterdir(), key=lambda p: p.name):
+      if writer_dir.is_dir():
+        done = self._read_shards.setdefault(writer_dir.name, set())
+        out += [(writer_dir.name, seq, path) for seq, path in _list_shards(writer_dir) if path.name not in done]
+    return out
+
+  def _read_new_shard(self, writer: str, seq: int, path: epath.Path) -> None:
+    """Merges a shard's puts, except those to released groups; notes which groups it holds (for deletion)."""
+    records = _read_shard(path)
+    if records is None:  # deleted by a release since the listing, which recorded its groups first
+      self._load_released()
+    else:
+      self._shard_groups.setdefault(writer, {})[seq] = (path, {rec.group_id for rec in records})
+      self._shards_read += 1
+    for rec in records or ():
+      if rec.group_id in self._released.groups:
+        continue
+      try:
+        self._table.merge(rec.row_id, rec.fields, rec.group_id, rec.group_size, self._seq)
+      except ValueError as e:
+        self._dropped += 1
+        logging.warning("dropping a conflicting put from %s: %s", path, e)
+      self._seq += 1
+    self._read_shards[writer].add(path.name)
+    self._max_read[writer] = max(seq, self._max_read.get(writer, -1))
+
   def written_group_ids(self) -> set[str]:
-    """Groups this writer has put rows of: its published shards (re-read when a writer restarts under the
-    same writer_id) and its buffer."""
+    """Groups this writer has put rows of (its published shards, re-read when a writer restarts under the
+    same writer_id, and its buffer) and every released group (done for every writer; their shards may be
+    deleted)."""
     with self._lock:
-      return set(self._own.groups)
+      self._load_released()
+      return set(self._own.groups) | self._released.groups
 
   def seen_group_ids(self) -> set[str]:
-    """Groups with at least one row in the published shards (refreshed now)."""
+    """Groups with at least one row in the published shards (refreshed now), released ones included."""
     with self._lock:
       self._refresh()
-      return set(self._table.groups)
+      return set(self._table.groups) | self._released.groups
 
   def get_groups(self, consumer, num_groups, *, required=(), timeout_s=None, tag=None):
     _queue.check_get_args(consumer, self._consumers, num_groups)
@@ -388,36 +487,88 @@ class FileQueue(_queue.RolloutQueue):
     with self._lock:
       self._check_open()
       self._refresh()
-      consumed = {c: self._load_consumer(c) for c in self._consumers}
-      freed = self._table.release(_queue.releasable(consumed, up_to_tag, tag_of=lambda v: v[0]))
-      self._released_tag = max(up_to_tag, self._released_tag if self._released_tag is not None else up_to_tag)
+      if self._pending_tag is not None:  # what the previous call released goes to disk now
+        self._persist(self._pending_tag)
+      live = {c: self._live(c) for c in self._consumers}
+      freed = self._table.release(_queue.releasable(live, up_to_tag, tag_of=lambda v: v[0]))
+      self._pending_tag = up_to_tag if self._pending_tag is None else max(self._pending_tag, up_to_tag)
       return freed
+
+  def _persist(self, tag: int) -> None:
+    """Records the groups every consumer consumed with a tag <= `tag` as released, compacts the logs of the
+    consumers this object drives and deletes the shards that hold nothing else."""
+    live = {c: self._live(c) for c in self._consumers}
+    new = [g for g in _queue.releasable(live, tag, tag_of=lambda v: v[0]) if g in self._table.groups]
+    if new or self._released.tag is None or tag > self._released.tag:
+      self._released.tag = tag if self._released.tag is None else max(self._released.tag, tag)
+      self._record_released(new, live)
+    self._forget(new)
+    for c in self._owned:  # (their counts are unchanged: released rows stay counted as seen and consumed)
+      self._compact_log(c)
+    self._delete_released_shards()
+
+  def _record_released(self, new: list[str], live: dict) -> None:
+    """Appends each consumer's tags for `new` to its history, then writes released.json (a history line
+    whose groups are not in released.json is ignored, so a crash in between loses nothing)."""
+    if new:
+      for c in self._consumers:
+        _append_text(self._consumer_path(c, "released"),
+                     _released.history_line({g: live[c][g][0] for g in new}))
+    self._released.groups |= set(new)
+    self._released.rows += sum(self._table.group_rows(g) for g in new)
+    path = self._dir / "released.json"
+    _atomic_write_text(path, self._released.dumps())
+    self._released_stat = self._stat(path)
+
+  def _compact_log(self, consumer: str) -> None:
+    """Rewrites the log of a consumer this object drives without its released groups (another process may
+    be appending to the log of a consumer it does not drive, so that one is left alone)."""
+    consumed = self._load_consumer(consumer)
+    if any(g in self._released.groups for g in consumed):
+      for g in [g for g in consumed if g in self._released.groups]:
+        del consumed[g]
+      self._rewrite_consumed(consumer, consumed)
+
+  def _delete_released_shards(self) -> None:
+    """Deletes the shards read by this object that hold only released groups, but never a writer's newest
+    one read (a restarted writer numbers its shards after the newest it finds)."""
+    for writer, shards in self._shard_groups.items():
+      newest = self._max_read[writer]
+      for seq in [s for s, (_, groups) in shards.items() if s < newest and groups <= self._released.groups]:
+        path, _ = shards.pop(seq)
+        try:
+          path.unlink()
+        except FileNotFoundError:
+          pass
+        self._read_shards[writer].discard(path.name)
+        self._shards_deleted += 1
 
   def rollback(self, consumer, after_tag):
     _queue.check_consumer(consumer, self._consumers)
     with self._lock:
       self._check_open()
-      _queue.check_rollback(after_tag, self._released_tag)
+      self._load_released()  # released by any object: those rows may be deleted
+      tags = [t for t in (self._released.tag, self._pending_tag) if t is not None]
+      _queue.check_rollback(after_tag, max(tags) if tags else None)
       consumed = self._load_consumer(consumer)
       self._owned.add(consumer)
       back = [g for g, (t, _) in consumed.items() if t is not None and t > after_tag]
       if back:
         for g in back:
           del consumed[g]
-        by_tag: dict[int | None, list] = {}
-        for g, (t, rows) in consumed.items():
-          by_tag.setdefault(t, []).append([g, rows])
-        path = self._consumer_path(consumer, "jsonl")
-        lines = (json.dumps({"tag": t, "groups": gs}) + "\n" for t, gs in by_tag.items())
-        _atomic_write_text(path, "".join(lines))
-        self._consumed_stat[consumer] = self._stat(path)
+        self._rewrite_consumed(consumer, consumed)
       self._write_count(consumer)
       return len(back)
 
   def consumed_tags(self, consumer):
     _queue.check_consumer(consumer, self._consumers)
     with self._lock:
-      return {g: t for g, (t, _) in self._load_consumer(consumer).items()}
+      # The log first: a release appends the history (and writes released.json) before it compacts the log.
+      logged = {g: t for g, (t, _) in self._load_consumer(consumer).items()}
+      self._load_released()
+      path = self._consumer_path(consumer, "released")
+      history = path.read_text() if self._released.groups and path.exists() else ""
+      return {**_released.read_history(history, self._released.groups, str(path)), **logged}
 
   def depth(self, consumer):
     _queue.check_consumer(consumer, self._consumers)
@@ -427,17 +578,17 @@ class FileQueue(_queue.RolloutQueue):
       return self._depth_locked(consumer)
 
   def _depth_locked(self, consumer: str) -> int:
-    rows_consumed = sum(rows for _, rows in self._load_consumer(consumer).values())
-    return max(0, len(self._table.rows) - rows_consumed)
+    return max(0, self._rows_seen() - self._rows_consumed(consumer))
 
   def stats(self):
     with self._lock:
       self._check_open()
       self._refresh()
+      released = len(self._released.groups)
       out = {
-          "rows_written": float(len(self._table.rows)),
+          "rows_written": float(self._rows_seen()),
           "puts": float(self._puts),
-          "groups_complete": float(self._table.num_complete),
+          "groups_complete": float(self._table.num_complete - self._gone_complete + released),
           "capacity": float(self._capacity),
           "put_blocked_seconds": self._put_blocked_s,
           "get_blocked_seconds": self._get_blocked_s,
@@ -445,11 +596,12 @@ class FileQueue(_queue.RolloutQueue):
           "shards_read": float(self._shards_read),
           "records_dropped": float(self._dropped),
           "buffered_records": float(len(self._buffer)),
+          "groups_released": float(released),
+          "shards_deleted": float(self._shards_deleted),
       }
       for c in self._consumers:
-        consumed = self._load_consumer(c)
-        out[f"rows_consumed/{c}"] = float(sum(rows for _, rows in consumed.values()))
-        out[f"groups_consumed/{c}"] = float(len(consumed))
+        out[f"rows_consumed/{c}"] = float(self._rows_consumed(c))
+        out[f"groups_consumed/{c}"] = float(len(self._live(c)) + released)
         out[f"depth/{c}"] = float(self._depth_locked(c))
       out["depth"] = max(out[f"depth/{c}"] for c in self._consumers)
       return out

@@ -8,16 +8,25 @@ A record is one `put(row_id, fields, group_id=..., group_size=...)` call, serial
 dtype, shape and the raw buffer, so field values round-trip with their exact dtype and shape; python
 `bool`/`int`/`float`/`str`/`bytes`/`None` round-trip as themselves. Other values (lists, dicts, object arrays)
 are rejected at `put` time in both backends, so the memory and file backends accept exactly the same input.
+
+A shard (one file of the file queue) is `SHARD_MAGIC` followed by one frame per record: its byte length and
+its CRC-32 (two little-endian uint32), then the bytes. The file costs 8 bytes plus 8 per record over its
+payload. (Shards used to be ArrayRecord files, which pad their footer and postscript to 64 KiB riegeli blocks
+whatever the options, so every shard took at least 128 KiB; readers still read those.)
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+import struct
 import typing
 from typing import Any
+import zlib
 
 from flax import serialization
 import numpy as np
 
 RECORD_VERSION = 1
+SHARD_MAGIC = b"RLAXQS01"
+_FRAME = struct.Struct("<II")  # record length, CRC-32 of the record
 _PY_SCALARS = (bool, int, float, str, bytes, type(None))
 
 
@@ -83,3 +92,31 @@ def decode_put(data: bytes) -> PutRecord:
     raise ValueError(f"unknown rollout record version {version!r}; expected {RECORD_VERSION}")
   return PutRecord(row_id=obj["row_id"], group_id=obj["group_id"], group_size=int(obj["group_size"]),
                    fields=dict(obj["fields"]))
+
+
+def encode_shard(records: Sequence[bytes]) -> bytes:
+  """The bytes of a shard file holding `records` (see the module docs)."""
+  parts = [SHARD_MAGIC]
+  for record in records:
+    parts += [_FRAME.pack(len(record), zlib.crc32(record)), record]
+  return b"".join(parts)
+
+
+def decode_shard(data: bytes) -> list[bytes]:
+  """Inverse of `encode_shard`; raises ValueError for a foreign, truncated or corrupt file (a published shard
+  is written whole before its rename, so this means the storage damaged it)."""
+  if not data.startswith(SHARD_MAGIC):
+    raise ValueError(f"not a rollout shard: it starts with {data[:len(SHARD_MAGIC)]!r}, not {SHARD_MAGIC!r}")
+  records, pos = [], len(SHARD_MAGIC)
+  while pos < len(data):
+    if pos + _FRAME.size > len(data):
+      raise ValueError(f"truncated frame header at byte {pos} of {len(data)}")
+    size, crc = _FRAME.unpack_from(data, pos)
+    pos += _FRAME.size
+    record = data[pos:pos + size]
+    if len(record) != size or zlib.crc32(record) != crc:
+      raise ValueError(f"record at byte {pos}: {len(record)} of {size} bytes, checksum "
+                       f"{'ok' if zlib.crc32(record) == crc else 'mismatch'}")
+    records.append(record)
+    pos += size
+  return records

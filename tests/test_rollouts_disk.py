@@ -1,0 +1,178 @@
+"""The file queue's disk stays proportionate to what it holds: small shards, and released groups deleted."""
+
+import numpy as np
+import pytest
+
+from rlax_post import rollouts
+from rlax_post.rollouts import _records
+from rlax_post.rollouts import _released
+
+
+def _rows(group_id, size=4, tokens=100):
+  """Rows like a sampler's: ~100 response tokens with their logprobs, a reward and a ticket."""
+  rng = np.random.default_rng(0)
+  return [(f"{group_id}/{i}", {"tokens": rng.integers(0, 32000, tokens).astype(np.int32),
+                               "logprobs": rng.normal(size=tokens).astype(np.float32),
+                               "reward": float(i), "ticket": i}) for i in range(size)]
+
+
+def _put(q, group_id, size=4, tokens=100):
+  for row_id, fields in _rows(group_id, size, tokens):
+    q.put(row_id, fields, group_id=group_id, group_size=size)
+  q.flush()
+
+
+def _payload(group_id, size=4, tokens=100):
+  return sum(len(_records.encode_put(_records.PutRecord(row_id, group_id, size, _records.normalise_fields(f))))
+             for row_id, f in _rows(group_id, size, tokens))
+
+
+def test_a_shard_is_its_payload_plus_a_few_bytes(tmp_path):
+  w = rollouts.FileQueue(tmp_path, capacity=100, writer_id="w")
+  _put(w, "0")
+  (shard,) = (tmp_path / "shards" / "w").iterdir()
+  payload = _payload("0")
+  assert 3000 < payload < 4000  # 4 rows of 100 int32 tokens and 100 float32 logprobs, plus names
+  # Magic (8 bytes) and a length + checksum per record (8 bytes each); ArrayRecord took 131072 bytes here.
+  assert shard.stat().st_size == payload + 8 + 4 * 8
+  _put(w, "1", size=1, tokens=1)
+  small = tmp_path / "shards" / "w" / "000000000001.rec"
+  assert small.stat().st_size < 4 * _payload("1", size=1, tokens=1) + 64
+
+
+def test_a_damaged_shard_is_named(tmp_path):
+  w = rollouts.FileQueue(tmp_path, capacity=100, writer_id="w")
+  _put(w, "0")
+  shard = tmp_path / "shards" / "w" / "000000000000.rec"
+  data = bytearray(shard.read_bytes())
+  data[100] ^= 0xFF
+  shard.write_bytes(bytes(data))
+  r = rollouts.FileQueue(tmp_path, capacity=100, writer_id="r")
+  with pytest.raises(ValueError, match=r"000000000000\.rec: record at byte \d+: \d+ of \d+ bytes, checksum mismatch"):
+    r.depth("learner")
+
+
+def _disk(directory):
+  """path (relative) -> bytes of every file under the queue directory."""
+  return {str(p.relative_to(directory)): p.stat().st_size for p in directory.rglob("*") if p.is_file()}
+
+
+def _history_bytes(files):
+  return sum(n for path, n in files.items() if path.endswith(".released"))
+
+
+def test_a_long_run_keeps_the_queue_directory_bounded(tmp_path):
+  # The runtime's loop: a sampler puts P groups a step, the learner takes them and, after the checkpoint of
+  # a step, releases up to a checkpoint (here two steps back; the disk follows one release later).
+  p, steps = 4, 200
+  sampler = rollouts.FileQueue(tmp_path, capacity=64, writer_id="sampler-0", poll_s=0.01)
+  learner = rollouts.FileQueue(tmp_path, capacity=64, writer_id="learner", poll_s=0.01)
+  watcher = rollouts.FileQueue(tmp_path, capacity=64, writer_id="watcher", poll_s=0.01)
+  disk = {}
+  for step in range(1, steps + 1):
+    for k in range(p):
+      _put(sampler, str((step - 1) * p + k))
+    assert _ids(learner.get_groups("learner", p, timeout_s=5, tag=step)) == [
+        str((step - 1) * p + k) for k in range(p)]
+    if step > 2:
+      learner.release(step - 2)
+    if step % 25 == 0:
+      assert watcher.depth("learner") == 0  # a reader that read shards before their deletion is unaffected
+    if step in (50, steps):
+      disk[step] = _disk(tmp_path)
+  early, late = disk[50], disk[steps]
+  # Shards: the 3 * P groups consumed after the tag on disk (steps - 3: a rollback may want them), no more.
+  shards = sorted(path for path in late if path.startswith("shards/"))
+  assert shards == [f"shards/sampler-0/{seq:012d}.rec" for seq in range((steps - 3) * p, steps * p)]
+  others = lambda files: sorted(path for path in files if not path.startswith("shards/"))
+  assert others(early) == others(late) == [
+      "consumers/learner.count", "consumers/learner.jsonl", "consumers/learner.released", "released.json"]
+  assert len(early) == len(late) == 3 * p + 4
+  # Every file but the per-step history of consumed tags has the same size at step 50 and step 200.
+  fixed = lambda files: sum(n for path, n in files.items() if not path.endswith(".released"))
+  assert abs(fixed(late) - fixed(early)) <= 16  # ids and counts printed with a few more digits
+  assert fixed(late) < 3 * p * 4000 + 2000
+  growth = (_history_bytes(late) - _history_bytes(early)) / (steps - 50)
+  assert 0 < growth <= 25  # bytes per step: '[[tag,[["",first,last]]]]\n'
+  print(f"\nstep 50: {len(early)} files, {sum(early.values())} bytes; step {steps}: {len(late)} files, "
+        f"{sum(late.values())} bytes; history {growth:.1f} bytes/step")
+  stats = learner.stats()
+  assert stats["shards_deleted"] == stats["groups_released"] == (steps - 3) * p
+  assert stats["rows_written"] == stats["rows_consumed/learner"] == steps * p * 4
+  assert stats["depth"] == 0
+  every = [str(t) for t in range(steps * p)]
+
+  # A learner resumed in a new process from the newest checkpoint (the last step) or an older one: back to
+  # the tag on disk (the previous release's: the learner may have died before its newest checkpoint
+  # committed) the rows are still there; below it they are not, and the rollback says so.
+  resumed = rollouts.FileQueue(tmp_path, capacity=64, writer_id="learner", poll_s=0.01)
+  assert resumed.seen_group_ids() == set(every)
+  assert resumed.consumed_tags("learner") == {g: int(g) // p + 1 for g in every}
+  assert resumed.depth("learner") == 0 and resumed.rollback("learner", after_tag=steps) == 0
+  with pytest.raises(ValueError, match=f"released up to tag {steps - 3}"):
+    resumed.rollback("learner", after_tag=steps - 4)
+  assert resumed.rollback("learner", after_tag=steps - 3) == 3 * p
+  again = resumed.get_groups("learner", 3 * p, timeout_s=5, tag=steps - 2)
+  assert _ids(again) == every[-3 * p:]
+  assert all(len(row.fields["tokens"]) == 100 for g in again for row in g.rows)
+  with pytest.raises(TimeoutError):
+    resumed.get_groups("learner", 1, timeout_s=0.05)
+
+  # Everything released: the writer's newest shard stays, so a restarted writer numbers on after it, and
+  # it neither redoes nor re-opens a released group.
+  resumed.release(steps)
+  resumed.release(steps)  # (the second call puts the first on disk)
+  assert sorted((tmp_path / "shards" / "sampler-0").iterdir()) == [
+      tmp_path / "shards" / "sampler-0" / f"{steps * p - 1:012d}.rec"]
+  restarted = rollouts.FileQueue(tmp_path, capacity=64, writer_id="sampler-0", poll_s=0.01)
+  assert restarted.written_group_ids() == set(every)
+  with pytest.raises(ValueError, match="group '7' was released"):
+    _put(restarted, "7")
+  _put(restarted, str(steps * p))
+  assert (tmp_path / "shards" / "sampler-0" / f"{steps * p:012d}.rec").exists()
+  reader = rollouts.FileQueue(tmp_path, capacity=64, writer_id="reader", poll_s=0.01)
+  assert reader.seen_group_ids() == set(every) | {str(steps * p)}
+  assert reader.stats()["depth/learner"] == 4
+  assert _ids(reader.get_groups("learner", 1, timeout_s=5)) == [str(steps * p)]
+
+
+def test_a_shard_holding_an_unreleased_group_stays_and_readers_skip_released_puts(tmp_path):
+  w = rollouts.FileQueue(tmp_path, capacity=100, writer_id="w")
+  w.put("a/0", {"x": 0}, group_id="a", group_size=2)
+  w.put("b/0", {"x": 0}, group_id="b", group_size=2)
+  w.put("a/1", {"x": 1}, group_id="a", group_size=2)  # a complete: shard 0 = a/0, b/0, a/1
+  w.put("b/1", {"x": 1}, group_id="b", group_size=2)  # shard 1 = b/1
+  for gid in ("a", "b"):  # shards 2 and 3: the rewards of a, then of b
+    for i in range(2):
+      w.put(f"{gid}/{i}", {"reward": float(i)}, group_id=gid, group_size=2)
+  learner = rollouts.FileQueue(tmp_path, capacity=100, writer_id="learner")
+  assert _ids(learner.get_groups("learner", 1, required=("reward",), timeout_s=5, tag=1)) == ["a"]
+  learner.release(1)
+  learner.release(1)
+  names = sorted(p.name for p in (tmp_path / "shards" / "w").iterdir())
+  assert names == ["000000000000.rec", "000000000001.rec", "000000000003.rec"]  # shard 2 held only a
+  reader = rollouts.FileQueue(tmp_path, capacity=100, writer_id="reader")
+  assert reader.seen_group_ids() == {"a", "b"}
+  stats = reader.stats()
+  assert stats["rows_written"] == 4 and stats["rows_consumed/learner"] == 2 and stats["depth"] == 2
+  assert sorted(reader._table.rows) == ["b/0", "b/1"]  # pylint: disable=protected-access
+  (b,) = reader.get_groups("learner", 1, required=("reward",), timeout_s=5, tag=2)
+  assert [row.fields for row in b.rows] == [{"x": 0, "reward": 0.0}, {"x": 1, "reward": 1.0}]
+  # A history line whose release never wrote released.json (a crash in between), and a torn last line.
+  with open(tmp_path / "consumers" / "learner.released", "a") as f:
+    f.write('[[5,["b"]]]\n[[6,')
+  assert reader.consumed_tags("learner") == {"a": 1, "b": 2}
+
+
+def test_compact_ids_round_trip():
+  tickets = [f"{t:012d}" for t in range(1000) if t != 500]
+  assert _released.compact(tickets) == [["", 0, 499, 12], ["", 501, 999, 12]]
+  ids = ["0", "1", "2", "10", "00", "01", "007", "g7", "g8", "g10", "a0b", "a0b1", "12ab", "x", "99", "100"]
+  items = _released.compact(ids)
+  assert sorted(_released.expand(items)) == sorted(ids)
+  assert items == [["", 0, 2], ["", 10, 10], ["", 99, 100], ["", 0, 1, 2], ["", 7, 7, 3], ["a0b", 1, 1],
+                   ["g", 7, 8], ["g", 10, 10], "12ab", "a0b", "x"]
+
+
+def _ids(groups):
+  return [g.group_id for g in groups]
