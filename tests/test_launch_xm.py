@@ -246,10 +246,12 @@ def test_dry_run_rejects_bad_requests(tmp_path, args, message):
 
 
 def test_local_failed_units_exit_non_zero(tmp_path):
-  root = tmp_path / "runs"  # Both units fail at start-up (no tokenizer there): the launcher reports each.
+  root = tmp_path / "runs"  # Both units fail at start-up (no checkpoint there): the launcher reports each.
   proc = _launch("--workdir_root", str(root), "--config.model.hf_path=/nonexistent", tmp_path=tmp_path,
                  timeout=240)
   assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
-  assert "[u00-train] rlax-post train: error: No tokenizer.json in '/nonexistent'" in proc.stdout
+  for unit in ("u00", "u01"):
+    assert (f"[{unit}-train] rlax-post train: error: `model.hf_path` = '/nonexistent' does not exist"
+            in proc.stdout), proc.stdout[-3000:]
   for dirname in _UNITS:
     assert f"{root / dirname} FAILED: no summary.json" in proc.stdout
