@@ -17,6 +17,7 @@ from rlax_post.models._hf import ARCHITECTURES as HF_ARCHITECTURES
 from rlax_post.models._hf import config_from_hf
 from rlax_post.models._hf import export_hf
 from rlax_post.models._hf import load_hf
+from rlax_post.models._hf import read_hf_config
 from rlax_post.models._hf_tokenizer import HFTokenizer
 from rlax_post.models._tokenizer import ByteTokenizer
 from rlax_post.models._transformer import init_cache
@@ -24,6 +25,7 @@ from rlax_post.models._transformer import KVCache
 from rlax_post.models._transformer import Transformer
 
 __all__ = [
+    "read_hf_config",
     "activation_constraints",
     "abstract_params",
     "ByteTokenizer",

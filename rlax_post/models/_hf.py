@@ -195,7 +195,9 @@ def _read_json(file: str):
                      "copy the checkpoint again.") from None
 
 
-def _read_config(path: str, dtype: str) -> ModelConfig:
+def read_hf_config(path: str, dtype: str = "float32") -> ModelConfig:
+  """The `ModelConfig` of the Hugging Face checkpoint directory `path` (its config.json); errors name the
+  file and what is wrong with it."""
   file = os.path.join(path, "config.json")
   if not os.path.isfile(file):
     state = "has no config.json" if os.path.isdir(path) else "is not a directory"
@@ -273,7 +275,7 @@ def load_hf(path: str, *, mesh: jax.sharding.Mesh | None = None, rules=None,
   Returns:
     The config, the static graphdef, and the params dict ([L, ...] stacked layers, our layouts).
   """
-  cfg = _read_config(path, dtype)
+  cfg = read_hf_config(path, dtype)
   graphdef, abstract = abstract_params(cfg)
   if mesh is None:
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

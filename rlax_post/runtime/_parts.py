@@ -8,7 +8,6 @@ tokenizer → model config → task → lengths → mesh → abstract params →
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -71,11 +70,7 @@ def _hf_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
   if bad:
     raise ValueError(f"`model.overrides` keys {bad} cannot change a checkpoint loaded from `model.hf_path` "
                      f"({path}); with hf_path only {list(HF_OVERRIDABLE)} may be overridden.")
-  file = os.path.join(path, "config.json")
-  try:
-    base = models.config_from_hf(_read_json(file))
-  except KeyError as e:
-    raise ValueError(f"{file} lacks the key {e}; is it the config.json of a Hugging Face model?") from None
+  base = models.read_hf_config(path)
   if tokenizer.vocab_size > base.vocab_size:
     raise ValueError(f"The tokenizer in {path} has {tokenizer.vocab_size} ids but the model's embedding only "
                      f"{base.vocab_size} rows.")
@@ -83,16 +78,6 @@ def _hf_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
   # masked so the sampler never draws an id the tokenizer cannot decode.
   return dataclasses.replace(base, max_seq_len=cfg.model.max_seq_len, valid_vocab_size=tokenizer.vocab_size,
                              **dict(cfg.model.overrides))
-
-
-def _read_json(file: str):
-  """A checkpoint's JSON file; a damaged one is named with the line and column (json's error names no file)."""
-  try:
-    with open(file, encoding="utf-8") as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
-    raise ValueError(f"{file} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); fix it or "
-                     "copy the checkpoint again.") from None
 
 
 def model_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
