@@ -1,7 +1,8 @@
 """A flax nnx decoder-only transformer of the Llama / Qwen / Gemma 2 / Gemma 3 families, with a KV cache.
 
 Layers are stacked along a leading `layers` axis and run with `jax.lax.scan`, so compile time does not
-grow with depth (maxtext's scanned layers); the KV cache is stacked the same way. What differs between
+grow with depth (maxtext's scanned layers); the KV cache is stacked the same way and carried through the
+scan whole, each layer writing only its new positions into it (in place), so a decode step does not copy it. What differs between
 layers (sliding window or global attention, the RoPE base) is a scanned array input, never a Python branch.
 """
 
@@ -133,8 +134,11 @@ class Transformer(nnx.Module):
     # Per-layer scanned inputs: window (0 = global) and RoPE inverse frequencies (base and scaling).
     per_layer = dict(window=jnp.asarray(cfg.window_sizes()), inv_freq=jnp.asarray(cfg.rope_inv_freq()))
 
-    def block(x_btd, layer):
-      p, cache_k_bskh, cache_v_bskh = layer
+    def block(carry, p):
+      """One layer. `carry` is x [B, T, D], or (x, k, v) with the whole stacked cache [L, B, S, K, H]: the
+      layer writes its new keys/values into its slice of the carried cache (only the new positions; XLA
+      updates a loop-carried buffer in place) and attends over that slice."""
+      x_btd, k_lbskh, v_lbskh = carry if isinstance(carry, tuple) else (carry, None, None)
       h_btd = norm(x_btd, p["attn_norm"])
       q_btnh = jnp.einsum("btd,dnh->btnh", h_btd, p["q"])
       k_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["k"])
@@ -147,11 +151,13 @@ class Transformer(nnx.Module):
       q_btnh = c(_layers.apply_rope(q_btnh, positions_bt, p["inv_freq"]), _axes.ACT_BTNH)
       k_btkh = c(_layers.apply_rope(k_btkh, positions_bt, p["inv_freq"]), _axes.ACT_BTKH)
       v_btkh = c(v_btkh, _axes.ACT_BTKH)
-      if cache_k_bskh is None:
+      if k_lbskh is None:
         keys, values = k_btkh, v_btkh
       else:
-        keys = cache_k_bskh.at[rows_b1, positions_bt].set(k_btkh, mode="drop")
-        values = cache_v_bskh.at[rows_b1, positions_bt].set(v_btkh, mode="drop")
+        i = p["index"]
+        k_lbskh = k_lbskh.at[i, rows_b1, positions_bt].set(k_btkh, mode="drop")
+        v_lbskh = v_lbskh.at[i, rows_b1, positions_bt].set(v_btkh, mode="drop")
+        keys, values = k_lbskh[i], v_lbskh[i]
       attn_btnh = _layers.attention(q_btnh, keys, values, positions_bt, k_pos_bs, window=p["window"],
                                     scale=q_scale, softcap=cfg.attn_logit_softcap)
       out_btd = jnp.einsum("btnh,nhd->btd", attn_btnh, p["o"])
@@ -163,17 +169,16 @@ class Transformer(nnx.Module):
       if cfg.post_norms:
         out_btd = norm(out_btd, p["mlp_post_norm"])
       x_btd = x_btd + c(out_btd, _axes.ACT_BTD)
-      new_cache = None if cache_k_bskh is None else (keys, values)
-      return x_btd, new_cache
+      return (x_btd if k_lbskh is None else (x_btd, k_lbskh, v_lbskh)), None
 
     if cfg.remat:
       block = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
-    layers = {**self._layer_params(), **per_layer}
+    layers = {**self._layer_params(), **per_layer, "index": jnp.arange(cfg.num_layers, dtype=jnp.int32)}
     if cache is None:
-      x_btd, _ = jax.lax.scan(lambda x, p: block(x, (p, None, None)), x_btd, layers)
+      x_btd, _ = jax.lax.scan(block, x_btd, layers)
       new_cache = None
     else:
-      x_btd, (k_lbskh, v_lbskh) = jax.lax.scan(block, x_btd, (layers, cache.k, cache.v))
+      (x_btd, k_lbskh, v_lbskh), _ = jax.lax.scan(block, (x_btd, cache.k, cache.v), layers)
       new_cache = KVCache(k=k_lbskh, v=v_lbskh)
 
     x_btd = norm(x_btd, self.final_norm[...])
