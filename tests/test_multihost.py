@@ -206,9 +206,7 @@ def test_two_process_learner_matches_one_process(tmp_path):
   rl_update = runtime.RLUpdate(parts)
   ckpt = _checkpoint.RunCheckpointer(workdir)
   assert ckpt.complete_steps() == [0, 2, 3]
-  restore = lambda step: ckpt.restore(step, state_like=rl_update.learner.abstract_state,
-                                      state_shardings=rl_update.learner.state_shardings,
-                                      ref_like=parts.params_like, ref_shardings=parts.param_shardings)
+  restore = lambda step: ckpt.restore(step, **rl_update.checkpoint_templates)
   _, ref_params0, meta0 = restore(0)
   assert meta0["rl_step"] == 0
   _close(ref_params0, sft_params)

@@ -123,6 +123,10 @@ class RLUpdate:
                                  max_new_tokens=max_new_tokens)
     self.max_new_tokens = max_new_tokens
     self.seq_len, self.pad_id = parts.lengths.sequence, parts.tokenizer.pad_id
+    # What `RunCheckpointer.restore` needs to put a checkpoint of this run on the mesh.
+    self.checkpoint_templates = dict(state_like=self.learner.abstract_state,
+                                     state_shardings=self.learner.state_shardings, ref_like=parts.params_like,
+                                     ref_shardings=parts.param_shardings)
     self.group_stats = jax.jit(lambda r, g: advantages_lib.group_stats(r, g, num_groups=p))
 
   def batch(self, groups: list[list[dict]]) -> _batch.RolloutBatch:

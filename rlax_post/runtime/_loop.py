@@ -108,9 +108,7 @@ def replay(workdir: str, *, quiet: bool = False, tolerance: float = 0.0, return_
   if not kept:
     raise FileNotFoundError(f"{workdir}/checkpoints holds no complete checkpoint to replay from: was it "
                             "written by `rlax-post train` or `rlax-post learner`?")
-  state, ref_params, meta = ckpt.restore(kept[0], state_like=update.learner.abstract_state,
-                                         state_shardings=update.learner.state_shardings,
-                                         ref_like=parts.params_like, ref_shardings=parts.param_shardings)
+  state, ref_params, meta = ckpt.restore(kept[0], **update.checkpoint_templates)
   ckpt.close()
   source = _sources.LoggedSource(workdir, kept[0])
   ui = _metrics.Console(quiet=quiet or not _distributed.is_primary(), progress=True)

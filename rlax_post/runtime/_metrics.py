@@ -63,6 +63,19 @@ def read_jsonl(path: str) -> list[dict]:
   return rows
 
 
+def truncate_jsonl(path: str, keep) -> None:
+  """Drops the rows of a JSON-lines file that `keep(row)` rejects (written aside, then renamed over it: never a
+  half-written file)."""
+  if not os.path.exists(path):
+    return
+  rows = [r for r in read_jsonl(path) if keep(r)]
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    for r in rows:
+      f.write(json.dumps(r) + "\n")
+  os.replace(tmp, path)
+
+
 def _summary_writer(directory: str):
   from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (optional output; heavy import)
   return SummaryWriter(directory)
@@ -103,12 +116,7 @@ class MetricsWriter:
   def truncate_after(self, step: int, phase: str = "rl") -> None:
     if not self.active:
       return
-    rows = [r for r in self.read() if not (r.get("phase") == phase and r["step"] > step)]
-    tmp = self.path + ".tmp"
-    with open(tmp, "w") as f:
-      for r in rows:
-        f.write(json.dumps(r) + "\n")
-    os.replace(tmp, self.path)  # Never leaves a half-written file.
+    truncate_jsonl(self.path, lambda r: not (r.get("phase") == phase and r["step"] > step))
 
   def write(self, step: int, metrics: Mapping[str, Any], *, phase: str = "rl") -> None:
     if not self.active:

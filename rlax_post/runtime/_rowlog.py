@@ -66,18 +66,6 @@ def take_shared(take: Callable[[], tuple[list, list]]) -> tuple[list, list]:
   return groups_from_payload(_distributed.broadcast_bytes(payload))
 
 
-def truncate_jsonl(path: str, keep: Callable[[dict], bool]) -> None:
-  """Drops the lines of a JSON-lines file that `keep` rejects (atomically: never a half-written file)."""
-  if not os.path.exists(path):
-    return
-  rows = _metrics.read_jsonl(path)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    for r in rows:
-      if keep(r):
-        f.write(json.dumps(r) + "\n")
-  os.replace(tmp, path)
-
 
 class RolloutLog:
   """`workdir/schedule.jsonl` and `workdir/replay/rows/`; `active=False` (processes other than 0) writes
@@ -115,7 +103,7 @@ class RolloutLog:
 
   def truncate_after(self, step: int) -> None:
     if self.active:
-      truncate_jsonl(self.schedule_path, lambda r: r["step"] <= step)
+      _metrics.truncate_jsonl(self.schedule_path, lambda r: r["step"] <= step)
 
   def schedule(self) -> list[dict]:
     if not os.path.exists(self.schedule_path):

@@ -118,10 +118,7 @@ class Run:
     return start
 
   def _resume(self, source) -> Start:
-    update, parts = self.update, self.parts
-    step, state, ref_params, meta = self.ckpt.restore_newest(
-        state_like=update.learner.abstract_state, state_shardings=update.learner.state_shardings,
-        ref_like=parts.params_like, ref_shardings=parts.param_shardings)
+    step, state, ref_params, meta = self.ckpt.restore_newest(**self.update.checkpoint_templates)
     for path, reason in self.ckpt.aside:
       self.ui.warn(f"Set aside {path}: {reason}.")
     _checkpoint.check_resume_config(meta.get("config"), self.cfg)
@@ -143,7 +140,7 @@ class Run:
     self.metrics.write(0, {"eval_reward": initial}, phase="eval")
     self.ui.say(f"Warm-start greedy eval reward on {self.parts.task.num_eval} held-out prompts: {initial:.3f}")
     history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - self.t_start,
-               "config": config_lib.to_dict(self.cfg), "rl_step": 0, **Tally(0).meta()}
+               "config": config_lib.to_dict(self.cfg), "rl_step": 0, **self.tally.meta()}
     self.ckpt.save(0, state, ref_params, history)
     return Start(state, ref_params, 0, history)
 

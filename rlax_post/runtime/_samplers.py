@@ -138,6 +138,12 @@ def queue_capacity(cfg: config_lib.Config) -> int:
   return cfg.runtime.queue_capacity or (cfg.runtime.max_staleness + 2) * p * n
 
 
+def file_queue(cfg: config_lib.Config, workdir: str, writer_id: str) -> rollouts.FileQueue:
+  """The run's file rollout queue under `workdir/queue`, opened as `writer_id`."""
+  return rollouts.FileQueue(os.path.join(workdir, "queue"), capacity=queue_capacity(cfg), consumers=(LEARNER,),
+                            writer_id=writer_id)
+
+
 def load_run_config(workdir: str, *, timeout_s: float = 0.0) -> config_lib.Config:
   """The config a learner wrote to `workdir/config.json` (waits up to timeout_s for it to appear); `workdir`
   may be a local path or a bucket URL."""
@@ -165,8 +171,7 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   # The sampler's own mesh: every local device on the fsdp axis; params are resharded onto it on restore.
   parts = _parts.build_parts(cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}))
   name, slots, n = f"sampler-{index}", _parts.sampler_slots(cfg), cfg.rl.samples_per_prompt
-  queue = rollouts.FileQueue(os.path.join(workdir, "queue"), capacity=queue_capacity(cfg),
-                             consumers=(LEARNER,), writer_id=name)
+  queue = file_queue(cfg, workdir, name)
   admission = rollouts.FileAdmission(os.path.join(workdir, "admission"), groups_per_step=cfg.rl.prompts_per_step,
                                      max_staleness=config_lib.staleness(cfg), sampler_id=name,
                                      capacity=max(slots // n, 1))

@@ -60,11 +60,6 @@ def staleness_of(rows: list[dict], learner_version: int) -> int:
   return rollouts.group_staleness(learner_version, [r["versions"] for r in rows], [r["mask"] for r in rows])
 
 
-def file_queue(cfg: config_lib.Config, workdir: str, writer_id: str) -> rollouts.FileQueue:
-  return rollouts.FileQueue(os.path.join(workdir, "queue"), capacity=_samplers.queue_capacity(cfg),
-                            consumers=(_samplers.LEARNER,), writer_id=writer_id)
-
-
 class InlineSource:
   """Each step's P groups sampled in the learner's thread with the params of that step (η = 0)."""
   device_lock = contextlib.nullcontext()
@@ -192,8 +187,8 @@ class ThreadSource(_QueueSource):
       self.queue = rollouts.MemoryQueue(capacity=_samplers.queue_capacity(cfg), consumers=(_samplers.LEARNER,))
       writer_queue = lambda k: self.queue
     else:
-      self.queue = file_queue(cfg, workdir, "learner")
-      writer_queue = lambda k: file_queue(cfg, workdir, f"sampler-{k}")
+      self.queue = _samplers.file_queue(cfg, workdir, "learner")
+      writer_queue = lambda k: _samplers.file_queue(cfg, workdir, f"sampler-{k}")
     self.params = exchange.LocalParams(max_to_keep=2)
     self.admission = rollouts.MemoryAdmission(groups_per_step=cfg.rl.prompts_per_step, max_staleness=self.eta)
     self._stop = threading.Event()
@@ -266,7 +261,7 @@ class ProcessSource(_QueueSource):
     self.workdir, self.primary = workdir, _distributed.is_primary()
     self.queue = self.admission = None
     if self.primary:
-      self.queue = file_queue(self.cfg, workdir, "learner")
+      self.queue = _samplers.file_queue(self.cfg, workdir, "learner")
       self.admission = rollouts.FileAdmission(os.path.join(workdir, "admission"),
                                               groups_per_step=self.cfg.rl.prompts_per_step,
                                               max_staleness=self.eta)
