@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from etils import epath
 import jax
 
 from rlax_post import exchange
 from rlax_post import models
 from rlax_post import sampler
+from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _samplers
 
@@ -22,15 +22,13 @@ from rlax_post.runtime import _samplers
 def served_step(workdir: str, step: int | None = None) -> int:
   """The checkpoint step to serve: `step` (which must be committed), else the newest committed one.
 
-  Committed = `<step>/` holding orbax's commit marker (`exchange.is_complete`, what
-  `RunCheckpointer.complete_steps` counts), so a step still being written, or left by a save that never
-  finished, is never read. Only lists: opening a `RunCheckpointer` would move such directories aside, and
+  Committed = `<step>/` holding orbax's commit marker (`runtime.complete_checkpoints`), so a step still being
+  written, or left by a save that never finished, is never read. Only lists: opening a `RunCheckpointer` would move such directories aside, and
   serving must not change a run's outputs (the run may still be training). ValueError naming the workdir if
   there is no such step.
   """
-  directory = epath.Path(workdir if "://" in workdir else os.path.abspath(workdir)) / "checkpoints"
-  steps = sorted(int(p.name) for p in directory.iterdir() if exchange.is_complete(p)) if (
-      directory.is_dir()) else []
+  steps = _checkpoint.complete_checkpoints(workdir)
+  directory = exchange.as_path(workdir) / "checkpoints"
   if not steps:
     raise ValueError(f"No committed checkpoint in {directory} (a <step>/ directory holding orbax's commit "
                      f"marker); is {workdir} the workdir of a run that has saved one?")
