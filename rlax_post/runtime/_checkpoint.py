@@ -95,9 +95,9 @@ class RunCheckpointer:
     )
 
   def complete_steps(self) -> list[int]:
-    """Finished steps, ascending (re-lists the directory)."""
+    """Finished steps, ascending (`complete_checkpoints`; the manager re-reads them too, to restore any)."""
     self._manager.reload()
-    return sorted(s for s in self._manager.all_steps() if exchange.is_complete(self.directory / str(s)))
+    return complete_checkpoints(os.fspath(self.directory.parent))
 
   def latest_step(self) -> int | None:
     steps = self.complete_steps()
