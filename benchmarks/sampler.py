@@ -1,14 +1,23 @@
-"""RL sampling driver: continuous vs static batching, and shared-prefix vs separate prefills, in one run.
+"""RL sampling driver against its limit: driver efficiency, blocks of decode steps, continuous vs static
+batching and shared vs separate prefills, side by side in one run.
 
   python benchmarks/sampler.py                      # tiny model on the CPU
-  python benchmarks/sampler.py --json out.json      # also write the figures (keys continuous_over_static,
-                                                    # shared_prefix_over_separate)
-  python benchmarks/sampler.py --device gpu         # ~1B-parameter config in bf16: decode tokens/s and the
-                                                    # achieved HBM bandwidth as a fraction of the chip's peak
+  python benchmarks/sampler.py --json out.json      # also write the figures (keys efficiency_equal,
+                                                    # efficiency_long_tail, continuous_over_static,
+                                                    # shared_prefix_over_separate, block_over_single_step)
+  python benchmarks/sampler.py --device gpu         # ~1B-parameter config in bf16, 128 slots: decode tokens/s and
+                                                    # the achieved HBM bandwidth as a fraction of the chip's peak
 
-Same model, same requests, same sampling streams for every mode (the driver seeds each sample independently of
-the schedule, so every mode generates exactly the same tokens; the script checks it). Output lengths are
-long-tailed (most requests short, a few long), which is where a static batch waits for its stragglers.
+The limit ("fused"): the same model decoding the same number of prompts, `slots` at a time, for the same
+number of new tokens per sample, inside one jitted function per round (one batched prefill, then a
+`fori_loop` of decode steps with the cache updated in place, sampling and logprobs included): no host
+round trip, no scheduling, every slot busy. Driver efficiency = driver tokens/s / fused tokens/s, on an
+equal-length workload (every sample exactly N tokens: EOS is an id the model never samples) and on a
+long-tailed one (most requests short, a few long; the fused loop runs the workload's mean length, so
+efficiency there also pays for the tail). Decode step time against the KV length: `benchmarks/decode_kv.py`.
+
+Same model, same requests, same sampling streams for every driver mode (the driver seeds each sample
+independently of the schedule, so every mode generates exactly the same tokens; the script checks it).
 Times are the best of --repeats runs after a warm-up run that compiles every shape.
 """
 
@@ -22,6 +31,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import _harness  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -32,6 +42,12 @@ from rlax_post import sampler  # pylint: disable=g-import-not-at-top,wrong-impor
 _PEAK_HBM = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L4": 0.3e12, "V100": 0.9e12}
 
 
+class _NoEosTokenizer(models.ByteTokenizer):
+  """Byte tokenizer whose EOS is a padded-vocabulary id the model never samples: every sample runs to its
+  max_tokens."""
+  eos_id = 263
+
+
 def long_tailed_requests(rng, num, *, prompt_len, short, long, long_frac, n):
   out = []
   for i in range(num):
@@ -40,6 +56,11 @@ def long_tailed_requests(rng, num, *, prompt_len, short, long, long_frac, n):
     max_tokens = int(rng.integers(*long)) if rng.random() < long_frac else int(rng.integers(*short))
     out.append(sampler.Request(prompt=prompt, n=n, max_tokens=max_tokens, request_id=i))
   return out
+
+
+def equal_requests(rng, num, *, prompt_len, new_tokens):
+  return [sampler.Request(prompt=[257] + [int(t) for t in rng.integers(97, 123, prompt_len - 1)],
+                          max_tokens=new_tokens, request_id=i) for i in range(num)]
 
 
 def run_mode(engine, params, requests, *, repeats, **driver_kwargs):
@@ -55,7 +76,46 @@ def run_mode(engine, params, requests, *, repeats, **driver_kwargs):
     stats = driver.stats
   tokens = sum(len(c.tokens) for c in completions)
   return dict(seconds=best, tokens=tokens, tokens_per_s=tokens / best, generate_steps=stats.generate_steps,
-              prefills=stats.prefills, occupancy=stats.occupancy), completions
+              syncs=stats.syncs, prefills=stats.prefills, occupancy=stats.occupancy), completions
+
+
+def fused_mode(engine, params, *, num, prompt_len, new_tokens, repeats):
+  """The limit: `num` prompts of `prompt_len` tokens, `slots` per round, each round one jitted prefill then
+  `new_tokens` decode steps (sampling and logprobs included) in a `fori_loop`, the cache updated in place."""
+  cfg, graphdef, slots = engine.model_cfg, engine.graphdef, engine.max_concurrent_decodes
+  kv_len, temperature = engine.max_decode_length, engine.temperature
+
+  @jax.jit
+  def round_(params, prompts_bt, key):
+    cache = jax.tree.map(jnp.copy, models.init_cache(cfg, slots, kv_len))
+    logits_btv, cache = models.forward(graphdef, params, prompts_bt, None, cache)
+
+    def step(i, carry):
+      logits_bv, cache, key, tokens_nb, logp_nb = carry
+      key, sub = jax.random.split(key)
+      token_b = sampler.sample_token(logits_bv, sub, temperature=temperature)
+      logp_b = models.logprobs_from_logits(logits_bv, token_b, temperature=temperature or 1.0)
+      positions_b1 = jnp.full((slots, 1), prompt_len, jnp.int32) + i
+      next_b1v, cache = models.forward(graphdef, params, token_b[:, None], positions_b1, cache)
+      return next_b1v[:, 0], cache, key, tokens_nb.at[i].set(token_b), logp_nb.at[i].set(logp_b)
+
+    init = (logits_btv[:, -1], cache, key, jnp.zeros((new_tokens, slots), jnp.int32),
+            jnp.zeros((new_tokens, slots), jnp.float32))
+    return jax.lax.fori_loop(0, new_tokens, step, init)[3:]
+
+  rng = np.random.default_rng(1)
+  rounds = -(-num // slots)
+  prompts = [jnp.asarray(rng.integers(97, 123, (slots, prompt_len)), jnp.int32) for _ in range(rounds)]
+
+  def run():
+    for r, prompts_bt in enumerate(prompts):
+      out = round_(params, prompts_bt, jax.random.key(r))
+    jax.block_until_ready(out)
+
+  seconds = _harness.best_time(run, warmup=1, repeats=repeats)
+  tokens = rounds * slots * new_tokens
+  return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds, generate_steps=rounds * new_tokens,
+              syncs=rounds, prefills=rounds * slots, occupancy=1.0)
 
 
 def same_outputs(a, b) -> bool:
@@ -67,7 +127,8 @@ def main():
   parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
   parser.add_argument("--slots", type=int, default=None)
   parser.add_argument("--requests", type=int, default=None)
-  parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--steps-per-sync", type=int, default=8, help="decode steps per host round trip (k)")
+  parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--json", default=None)
   args = parser.parse_args()
   device = jax.devices(args.device)[0]
@@ -75,49 +136,81 @@ def main():
     cfg = models.preset("llama3.2-1b", vocab_size=264, valid_vocab_size=259, max_seq_len=1024,
                         dtype="bfloat16", param_dtype="bfloat16")
     slots, num, prompt_len, max_decode = args.slots or 128, args.requests or 512, 128, 1024
-    short, long = (16, 64), (256, 768)
+    short, long, equal_new = (16, 64), (256, 768), 256
   else:
     cfg = models.preset("tiny", vocab_size=264, valid_vocab_size=259, max_seq_len=128)
     slots, num, prompt_len, max_decode = args.slots or 16, args.requests or 64, 24, 128
-    short, long = (4, 12), (48, 96)
-  tok = models.ByteTokenizer()
+    short, long, equal_new = (4, 12), (48, 96), 64
   with jax.default_device(device):
-    graphdef, params = models.init_params(cfg, jax.random.key(0))
-    mesh = jax.sharding.Mesh(np.array([device]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
-    engine = sampler.RlaxEngine(cfg, graphdef, tokenizer=tok, mesh=mesh, max_concurrent_decodes=slots,
-                                max_prefill_length=min(2 * prompt_len, max_decode // 2),
-                                max_decode_length=max_decode, temperature=1.0, seed=0)
-    params = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-    rng = np.random.default_rng(0)
-    tail = long_tailed_requests(rng, num, prompt_len=prompt_len, short=short, long=long, long_frac=0.15, n=1)
-    cont, out_c = run_mode(engine, params, tail, repeats=args.repeats)
-    stat, out_s = run_mode(engine, params, tail, repeats=args.repeats, static_batching=True)
-    # Shared prefixes: n = 8 samples of longer prompts, short answers (prefill matters).
-    grouped = long_tailed_requests(rng, max(num // 8, 1), prompt_len=2 * prompt_len, short=short,
-                                   long=short, long_frac=0.0, n=8)
-    shared, out_a = run_mode(engine, params, grouped, repeats=args.repeats)
-    separate, out_b = run_mode(engine, params, grouped, repeats=args.repeats, share_prefix=False)
-  rows = [dict(mode="continuous batching", **cont), dict(mode="static batching", **stat),
+    result, rows = _measure(args, device, cfg, slots=slots, num=num, prompt_len=prompt_len,
+                            max_decode=max_decode, short=short, long=long, equal_new=equal_new)
+  _report(args, device, cfg, slots, result, rows)
+
+
+def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, long, equal_new):
+  """Every mode's row, and the ratios."""
+  graphdef, params = models.init_params(cfg, jax.random.key(0))
+  mesh = jax.sharding.Mesh(np.array([device]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
+  params = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+
+  def engine(k, tokenizer=None):
+    return sampler.RlaxEngine(cfg, graphdef, tokenizer=tokenizer or models.ByteTokenizer(), mesh=mesh,
+                              max_concurrent_decodes=slots, max_prefill_length=min(2 * prompt_len, max_decode // 2),
+                              max_decode_length=max_decode, temperature=1.0, seed=0, steps_per_sync=k)
+
+  k, rng, repeats = args.steps_per_sync, np.random.default_rng(0), args.repeats
+  blocks, single = engine(k, _NoEosTokenizer()), engine(1, _NoEosTokenizer())
+  equal = equal_requests(rng, num, prompt_len=prompt_len, new_tokens=equal_new)
+  fused_eq = fused_mode(blocks, params, num=num, prompt_len=prompt_len, new_tokens=equal_new, repeats=repeats)
+  eq_k, out_k = run_mode(blocks, params, equal, repeats=repeats)
+  eq_1, out_1 = run_mode(single, params, equal, repeats=repeats)
+  tail = long_tailed_requests(rng, num, prompt_len=prompt_len, short=short, long=long, long_frac=0.15, n=1)
+  mean_new = round(sum(r.max_tokens for r in tail) / len(tail))
+  mean_prompt = round(sum(len(r.prompt) for r in tail) / len(tail))
+  fused_tail = fused_mode(blocks, params, num=num, prompt_len=mean_prompt, new_tokens=mean_new, repeats=repeats)
+  cont, out_c = run_mode(blocks, params, tail, repeats=repeats)
+  stat, out_s = run_mode(blocks, params, tail, repeats=repeats, static_batching=True)
+  # Shared prefixes: n = 8 samples of longer prompts, short answers (prefill matters).
+  grouped = long_tailed_requests(rng, max(num // 8, 1), prompt_len=2 * prompt_len, short=short,
+                                 long=short, long_frac=0.0, n=8)
+  shared, out_a = run_mode(blocks, params, grouped, repeats=repeats)
+  separate, out_b = run_mode(blocks, params, grouped, repeats=repeats, share_prefix=False)
+  rows = [dict(mode=f"equal {equal_new}: fused limit", **fused_eq),
+          dict(mode=f"equal {equal_new}: driver, k={k}", **eq_k),
+          dict(mode=f"equal {equal_new}: driver, k=1", **eq_1),
+          dict(mode=f"long tail: fused limit (mean {mean_new})", **fused_tail),
+          dict(mode=f"long tail: continuous, k={k}", **cont), dict(mode=f"long tail: static, k={k}", **stat),
           dict(mode="shared prefix (n=8)", **shared), dict(mode="separate prefills (n=8)", **separate)]
-  result = dict(device=str(device), model_params=cfg.num_params(), slots=slots, rows=rows,
+  result = dict(device=str(device), model_params=cfg.num_params(), slots=slots, steps_per_sync=k, rows=rows,
+                efficiency_equal=eq_k["tokens_per_s"] / fused_eq["tokens_per_s"],
+                efficiency_equal_k1=eq_1["tokens_per_s"] / fused_eq["tokens_per_s"],
+                efficiency_long_tail=cont["tokens_per_s"] / fused_tail["tokens_per_s"],
+                block_over_single_step=eq_k["tokens_per_s"] / eq_1["tokens_per_s"],
                 continuous_over_static=cont["tokens_per_s"] / stat["tokens_per_s"],
                 shared_prefix_over_separate=shared["tokens_per_s"] / separate["tokens_per_s"],
-                identical_outputs=same_outputs(out_c, out_s) and same_outputs(out_a, out_b))
+                identical_outputs=(same_outputs(out_c, out_s) and same_outputs(out_a, out_b)
+                                   and same_outputs(out_k, out_1)))
   if args.device == "gpu":
     kind = device.device_kind
-    peak = next((v for k, v in _PEAK_HBM.items() if k in kind), None)
-    param_bytes = cfg.num_params() * 2
+    peak = next((v for name, v in _PEAK_HBM.items() if name in kind), None)
     # Each decode step reads every weight once and, per busy slot, its KV cache (mean half-full).
-    kv_bytes = cfg.kv_cache_bytes(slots, max_decode) * cont["occupancy"] / 2
-    achieved = (param_bytes + kv_bytes) * cont["generate_steps"] / cont["seconds"]
-    result.update(decode_tokens_per_s=cont["tokens_per_s"], hbm_bytes_per_s=achieved,
+    kv_bytes = cfg.kv_cache_bytes(slots, max_decode) * eq_k["occupancy"] / 2
+    achieved = (cfg.num_params() * 2 + kv_bytes) * eq_k["generate_steps"] / eq_k["seconds"]
+    result.update(decode_tokens_per_s=eq_k["tokens_per_s"], hbm_bytes_per_s=achieved,
                   hbm_peak_fraction=achieved / peak if peak else None, device_kind=kind)
+  return result, rows
+
+
+def _report(args, device, cfg, slots, result, rows):
   print(f"RL sampling driver, {cfg.num_params() / 1e6:.1f}M-parameter model on {device}, {slots} slots")
   _harness.print_table(rows, [("mode", "mode", "s"), ("tokens", "tokens", "d"),
                               ("seconds", "seconds", ".3f"), ("tokens_per_s", "tokens/s", ".0f"),
-                              ("generate_steps", "decode steps", "d"), ("prefills", "prefills", "d"),
-                              ("occupancy", "slot occupancy", ".2f")])
-  print(f"continuous / static: {result['continuous_over_static']:.2f}x   "
+                              ("generate_steps", "decode steps", "d"), ("syncs", "host syncs", "d"),
+                              ("prefills", "prefills", "d"), ("occupancy", "slot occupancy", ".2f")])
+  print(f"driver efficiency (driver / fused tokens/s): equal lengths {result['efficiency_equal']:.2f} "
+        f"(k=1: {result['efficiency_equal_k1']:.2f}), long tail {result['efficiency_long_tail']:.2f}")
+  print(f"k={result['steps_per_sync']} / k=1: {result['block_over_single_step']:.2f}x   "
+        f"continuous / static: {result['continuous_over_static']:.2f}x   "
         f"shared prefix / separate: {result['shared_prefix_over_separate']:.2f}x   "
         f"identical outputs: {result['identical_outputs']}")
   if args.device == "gpu":

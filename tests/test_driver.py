@@ -28,17 +28,22 @@ def _model(seed=0):
   return models.init_params(CFG, jax.random.key(seed))
 
 
-@pytest.fixture(scope="module")
-def sampling_engine():
+# Every driver test runs with one decode step per host sync and with blocks of 4: outputs must not change.
+STEPS_PER_SYNC = [1, 4]
+
+
+@pytest.fixture(scope="module", params=STEPS_PER_SYNC, ids=lambda k: f"k{k}")
+def sampling_engine(request):
   return _engine.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=SLOTS,
                             max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=T, top_p=0.9,
-                            top_k=40, seed=1)
+                            top_k=40, seed=1, steps_per_sync=request.param)
 
 
-@pytest.fixture(scope="module")
-def greedy_engine():
+@pytest.fixture(scope="module", params=STEPS_PER_SYNC, ids=lambda k: f"k{k}")
+def greedy_engine(request):
   return _engine.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=SLOTS,
-                            max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=0.0)
+                            max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=0.0,
+                            steps_per_sync=request.param)
 
 
 def _prompt(n, seed=0):
@@ -174,16 +179,18 @@ def test_set_params_mid_run_tags_tokens_with_their_version(sampling_engine, reco
   params0, params1 = _model(0)[1], _model(1)[1]
   requests = [Request(_prompt(6, 30), n=4, max_tokens=8, request_id="p"),
               Request(_prompt(10, 31), n=1, max_tokens=8, request_id="q")]
-  k = 3
   driver = _driver.Driver(sampling_engine, params0, recompute_on_swap=recompute)
+  swapped_at = []  # Decode steps run before the swap (the first step() boundary at or after 3 steps).
 
-  def swap(d, steps):
-    if steps == k:
+  def swap(d, _):
+    if not swapped_at and d.stats.generate_steps >= 3:
+      swapped_at.append(d.stats.generate_steps)
       d.set_params(params1, version=1)
 
   completions = driver.sample(requests, on_step=swap)
   assert len(completions) == 5
   lag = 0 if recompute else 1  # Without recompute, the first token after the swap comes from old logits.
+  k, = swapped_at
   for c in completions:
     inserted_before_swap = c.request_id == "p" and c.index < SLOTS
     n0 = min(k + lag, len(c.tokens)) if inserted_before_swap else 0
@@ -196,8 +203,9 @@ def test_set_params_mid_run_tags_tokens_with_their_version(sampling_engine, reco
     else:  # Stale keys/values: the behaviour policy is neither version's forward pass.
       assert not np.allclose(c.logprobs[n0:], ref1[n0:], atol=1e-5, rtol=0)
   stats = driver.stats
-  # The 4th sample of "p" and "q" were queued with stale (or no) prefixes: "p" is re-prefilled at version 1.
-  assert stats.prefills == 3
+  # "p" and "q" are prefilled at version 0 (q's prefix prefetched for a free slot), dropped at the swap, and
+  # prefilled again at version 1 for the 4th sample of "p" and for "q".
+  assert stats.prefills == 4
   assert stats.recompute_prefills == (SLOTS if recompute else 0)
   assert stats.inserts == 5 + stats.recompute_prefills
 
@@ -222,8 +230,10 @@ def test_step_level_api_and_finish_reasons(greedy_engine):
   first = greedy.index(stop) + 1
   # "exact" waits for the first slot to free ("stop"'s or "len"'s) and starts in the next step.
   room, freed = MAX_DECODE - 16, min(first, 4)
-  assert finished_at == {"len": (4, 4), "stop": (first, first), "full": (room, room),
-                         "exact": (freed + room, room)}
+  if greedy_engine.steps_per_sync == 1:  # With blocks, step() returns at block ends: check the counts only.
+    assert finished_at == {"len": (4, 4), "stop": (first, first), "full": (room, room),
+                           "exact": (freed + room, room)}
+  assert {k: n for k, (_, n) in finished_at.items()} == {"len": 4, "stop": first, "full": room, "exact": room}
   assert driver.stats.generate_steps == freed + room
   by_id = {c.request_id: c for c in driver.collect()}
   assert (by_id["len"].tokens, by_id["len"].finish_reason) == (tuple(greedy[:4]), "length")
@@ -344,10 +354,10 @@ def test_an_observation_that_leaves_no_room_ends_the_sample(greedy_engine):
   assert len(env.calls[0]) == 1  # A turn cut by max_decode_length does not ask the env.
 
 
-def _sampling_engine(slots):
+def _sampling_engine(slots, steps_per_sync):
   return _engine.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=slots,
                             max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=T, top_p=0.9,
-                            top_k=40, seed=1)
+                            top_k=40, seed=1, steps_per_sync=steps_per_sync)
 
 
 @pytest.mark.parametrize("slots", [SLOTS, 5])
@@ -361,7 +371,7 @@ def test_per_request_seeds_reproduce_a_fresh_driver_from_a_long_lived_one(sampli
               Request(_prompt(12, 71), n=3, max_tokens=None, request_id="b"),
               Request(_prompt(3, 72), n=2, max_tokens=4, request_id="c", env=_Env(turns=2))]
   want = _driver.Driver(sampling_engine, _model()[1], seed=seed).sample(requests)
-  engine = sampling_engine if slots == SLOTS else _sampling_engine(slots)
+  engine = sampling_engine if slots == SLOTS else _sampling_engine(slots, sampling_engine.steps_per_sync)
   driver = _driver.Driver(engine, _model()[1], seed=123)
   driver.submit([Request(_prompt(8, 80), n=2, max_tokens=12, request_id="x")])
   driver.step()

@@ -193,7 +193,7 @@ def test_existing_prefix_extension_equals_prefilling_the_concatenation():
   head, tail = _prompt(13, 12), [int(x) for x in np.random.default_rng(13).integers(0, 256, 15)]
   whole = _prefill(engine, head + tail)
   extended = _prefill(engine, tail, existing_prefix=_prefill(engine, head))
-  assert int(extended.length) == int(whole.length) == 28
+  assert int(extended.length[0]) == int(whole.length[0]) == 28
   assert extended.cache.k.shape[2] == whole.cache.k.shape[2] == 32
   np.testing.assert_allclose(extended.logits, whole.logits, atol=1e-5, rtol=0)
   np.testing.assert_allclose(extended.cache.k[:, :, :28], whole.cache.k[:, :, :28], atol=1e-5)
@@ -216,7 +216,7 @@ def test_prefill_compiles_once_per_bucket():
     ids = _prompt(n, n)
     prefix = engine.prefill(params=params, padded_tokens=np.array(ids), true_length=n)
     assert prefix.cache.k.shape[2] == (16 if n <= 16 else 32)
-  assert engine.prefill_shapes == {(0, 16, 16), (0, 32, 32)}
+  assert engine.prefill_shapes == {(1, 0, 16, 16), (1, 0, 32, 32)}
   assert len(engine.prefill_shapes) <= len(engine.prefill_buckets) == 2
   assert engine._prefill_fn._cache_size() == 2  # pylint: disable=protected-access
 

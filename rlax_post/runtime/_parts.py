@@ -172,7 +172,8 @@ class Parts:
                        f"tokens plus {response} response tokens.")
     return sampler.RlaxEngine(self.model_cfg, self.graphdef, tokenizer=self.tokenizer, mesh=self.mesh,
                               max_concurrent_decodes=slots, max_prefill_length=min(prefill, decode_len),
-                              max_decode_length=decode_len, temperature=temperature, top_p=top_p, top_k=top_k)
+                              max_decode_length=decode_len, temperature=temperature, top_p=top_p, top_k=top_k,
+                              steps_per_sync=self.cfg.runtime.decode_steps_per_sync)
 
   def sampling_engine(self) -> sampler.RlaxEngine:
     """The engine of the run's rollouts: `runtime.sampler_slots` (default P · n) slots, `rl`'s sampling law."""

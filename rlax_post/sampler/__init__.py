@@ -1,7 +1,8 @@
 """Sampling: the JetStream engine over our models, the RL driver on it, and serving.
 
 `RlaxEngine` implements JetStream's `Engine` API (prefill with bucketed lengths and prefix extension,
-insert into slots, one decode step for all slots); `rlax-post serve` runs JetStream's orchestrator with it
+insert into slots, one decode step for all slots) plus batched prefill and insert, blocks of decode steps per
+host round trip (`generate_block`) and a sampling law per slot (`SamplingParams`); `rlax-post serve` runs JetStream's orchestrator with it
 behind a gRPC `Server` that rejects malformed requests (`check_request`) before they reach JetStream's threads.
 `Driver` is the RL sampling driver over the engine (continuous batching, shared prefills, parameter versions,
 multi-turn continuation); the training loop and evaluation sample through it (one sampling path).
@@ -12,6 +13,7 @@ from rlax_post.sampler._driver import Completion
 from rlax_post.sampler._driver import Driver
 from rlax_post.sampler._driver import DriverStats
 from rlax_post.sampler._driver import Request
+from rlax_post.sampler._engine import Block
 from rlax_post.sampler._engine import DecodeState
 from rlax_post.sampler._episodes import END_REASONS
 from rlax_post.sampler._episodes import EpisodeRunner
@@ -19,9 +21,12 @@ from rlax_post.sampler._episodes import Episode
 from rlax_post.sampler._episodes import run_episodes
 from rlax_post.sampler._engine import Prefix
 from rlax_post.sampler._engine import RlaxEngine
+from rlax_post.sampler._engine import SlotSettings
 from rlax_post.sampler._tokenizer_api import ByteTokenizerAdapter
 from rlax_post.sampler._tokenizer_api import prefill_buckets
+from rlax_post.sampler._sampling import sample_rows
 from rlax_post.sampler._sampling import sample_token
+from rlax_post.sampler._sampling import SamplingParams
 from rlax_post.sampler._serve import check_request
 from rlax_post.sampler._serve import serve
 from rlax_post.sampler._serve import ServeOptions
@@ -36,6 +41,7 @@ __all__ = [
     'ServingEngine',
     'serve',
     'serving_engine',
+    "Block",
     "ByteTokenizerAdapter",
     "Completion",
     "Driver",
@@ -49,5 +55,8 @@ __all__ = [
     "Prefix",
     "RlaxEngine",
     "run_episodes",
+    "sample_rows",
     "sample_token",
+    "SamplingParams",
+    "SlotSettings",
 ]

@@ -23,6 +23,19 @@ version (its logits were computed before the swap) and later ones are of the new
 stale keys/values, so their logprobs are the behaviour policy's, not any single version's forward pass.
 Prefixes waiting in the queue are always re-prefilled under the current params before insertion.
 
+Round trips: `step()` runs up to the engine's `steps_per_sync` decode steps in one device call
+(`RlaxEngine.generate_block`) and fetches their tokens, logprobs and validity in one transfer; slots stop on
+the device (stop ids, max_tokens, `max_decode_length`), and a block ends right after a slot stops whenever
+something waits for a slot, so no slot idles while work is queued and the tokens are those of one decode
+step per `step()` (the schedule changes, the outputs do not). Fresh prompts are prefilled in batches
+(`prefill_batch`, one call per length bucket) and inserted in batches (`insert_batch`, one call per prefix
+batch), and every inserted sample's PRNG key is derived in one call.
+
+Per-request sampling: `Request.sampling` (`SamplingParams`) replaces the engine's law for that request's
+samples (all in one compiled step); each token's logprob then refers to the request's own temperature.
+`Request.stop` strings end a turn once the turn's decoded text contains one of them (checked on the host after
+each block; the token that completes the string is kept, tokens the block produced after it are dropped).
+
 Multi-turn: a request with an `env` callback continues after each turn. When a turn ends (stop token or
 max_tokens), `env(index, transcript, finish_reason)` (transcript: prompt and every token since) returns the
 observation ids to append, or None to end the sample. The conversation's prefix is then extended with the
@@ -60,6 +73,8 @@ import jax
 import numpy as np
 
 from rlax_post.sampler import _engine
+from rlax_post.sampler import _tokenizer_api
+from rlax_post.sampler._sampling import SamplingParams
 
 @dataclasses.dataclass(frozen=True)
 class Request:
@@ -79,6 +94,8 @@ class Request:
   stream: the request's stream index r, an int in [0, 2**32); required with `seed`, only with it.
   sample_streams: [n] distinct ints in [0, 2**32), the index each sample's streams use in place of i; None:
     0..n-1. Lets a group split over several requests keep one stream per member (`EpisodeRunner`).
+  sampling: this request's law (`SamplingParams`); None: the engine's.
+  stop: strings that end a turn once its decoded text contains one (module docstring).
   """
   prompt: Sequence[int]
   n: int = 1
@@ -89,6 +106,8 @@ class Request:
   seed: int | None = None
   stream: int | None = None
   sample_streams: tuple[int, ...] | None = None
+  sampling: SamplingParams | None = None
+  stop: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,12 +141,13 @@ class DriverStats:
   recompute_prefills: int  # prefill calls that rebuilt in-flight sequences after a swap.
   turn_prefills: int  # prefill calls that extended a conversation with a turn and an observation.
   inserts: int  # engine.insert calls (including re-inserts after a swap).
-  generate_steps: int  # engine.generate calls.
-  busy_slot_steps: int  # sum over generate steps of slots holding an unfinished sample.
+  generate_steps: int  # decode steps run on the device.
+  busy_slot_steps: int  # sum over decode steps of slots that produced a token.
   tokens: int  # tokens generated into completions (observations not counted).
   parked: int = 0  # samples parked on an env future (deferred observation).
   parked_steps: int = 0  # generate steps run while at least one sample was parked.
   park_waits: int = 0  # step() calls that waited because only parked samples were left.
+  syncs: int = 0  # decode blocks (`generate_block` calls): one host round trip each.
 
   @property
   def occupancy(self) -> float:
@@ -154,7 +174,8 @@ class _Sample:
   prefix: _engine.Prefix | None = None
   prefix_len: int = 0
   prefix_version: int = -1
-  key: Any = None  # fold_in(key(seed), r, i): turn j draws from fold_in(key, j).
+  base_key: Any = None  # [2] uint32: raw key(seed) of the driver or the request.
+  streams: tuple[int, int] = (0, 0)  # (r, i): turn j draws from fold_in(base_key, r, i, j).
 
   def ids(self) -> list[int]:
     return list(self.request.prompt) + self.tokens
@@ -207,13 +228,16 @@ class Driver:
     self.params, self.version = params, int(version)
     self.static_batching, self.share_prefix = bool(static_batching), bool(share_prefix)
     self.recompute_on_swap = bool(recompute_on_swap)
-    self._key = jax.random.key(seed)
+    self._base_keys: dict[int, np.ndarray] = {}  # seed -> raw key(seed).
+    self._seed = seed
     self._slots = engine.max_concurrent_decodes
     self._state = engine.init_decode_state()
     self._busy: list[_Sample | None] = [None] * self._slots
     self._logits_version = [self.version] * self._slots  # version of each slot's next-token logits.
     self._pending: collections.deque[_Sample] = collections.deque()
-    self._prefixes: dict[int, tuple[_engine.Prefix, int]] = {}  # request order -> (prefix, version).
+    # First-turn prefixes waiting for slots (shared by a request's samples, or prefetched): prompt key
+    # (`_prompt_key`) -> (batched prefix, row, version).
+    self._prefixes: dict[Any, tuple[_engine.Prefix, int, int]] = {}
     self._finished: list[tuple[int, int, Completion]] = []  # (request order, index, completion).
     self._num_requests = 0
     self._counts = collections.Counter()
@@ -230,7 +254,7 @@ class Driver:
     return DriverStats(slots=self._slots, prefills=c["prefills"], recompute_prefills=c["recompute_prefills"],
                        turn_prefills=c["turn_prefills"], inserts=c["inserts"], generate_steps=c["generate_steps"],
                        busy_slot_steps=c["busy_slot_steps"], tokens=c["tokens"], parked=c["parked"],
-                       parked_steps=c["parked_steps"], park_waits=c["park_waits"])
+                       parked_steps=c["parked_steps"], park_waits=c["park_waits"], syncs=c["syncs"])
 
   @property
   def done(self) -> bool:
@@ -246,6 +270,7 @@ class Driver:
     """Uses `params` (tagged `version`) from the next `generate` step on; see the module docstring."""
     self.engine.check_params(params)
     self.params, self.version = params, int(version)
+    self._prefixes.clear()  # Stale: they would be prefilled again under the new params anyway.
     if not self.recompute_on_swap:
       return
     busy = [slot for slot, s in enumerate(self._busy) if s is not None]
@@ -255,7 +280,7 @@ class Driver:
     for slot in busy:
       sample = self._busy[slot]
       prefix = self._prefill(sample.ids(), counter="recompute_prefills")
-      self._insert(prefix, slot, rngs[slot])
+      self._insert(prefix, [(0, slot, sample)], rngs[slot][None])
       self._logits_version[slot] = self.version
       if sample.request.env is not None:
         self._keep_prefix(sample, prefix)
@@ -270,69 +295,111 @@ class Driver:
     for request, stops in zip(requests, queued):
       order = self._num_requests
       self._num_requests += 1
-      if request.seed is None:
-        request_key = jax.random.fold_in(self._key, order)
-      else:
-        request_key = jax.random.fold_in(jax.random.key(request.seed), request.stream)
+      seed, r = (self._seed, order) if request.seed is None else (request.seed, request.stream)
+      if seed not in self._base_keys:
+        self._base_keys[seed] = np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32)
       streams = range(request.n) if request.sample_streams is None else request.sample_streams
       for i, stream in enumerate(streams):
-        sample = _Sample(request, order, i, stops, 0, "", key=jax.random.fold_in(request_key, stream))
+        sample = _Sample(request, order, i, stops, 0, "", base_key=self._base_keys[seed],
+                         streams=(int(r), int(stream)))
         self._set_turn_limit(sample)
         self._pending.append(sample)
 
   def step(self) -> list[Completion]:
-    """Re-queues resolved parked samples, fills free slots, runs one `generate` step; returns the samples
-    that finished (in it, or as their env future resolved to None)."""
+    """Re-queues resolved parked samples, fills free slots, runs one decode block (up to `steps_per_sync`
+    steps); returns the samples that finished (in it, or as their env future resolved to None)."""
     finished = self._unpark()
     self._fill()
-    busy = [slot for slot, s in enumerate(self._busy) if s is not None]
-    if not busy and self._parked and not self._pending:  # Nothing to decode: wait for an env, briefly.
+    if not any(self._busy) and self._parked and not self._pending:  # Nothing to decode: wait for an env.
       self._counts["park_waits"] += 1
       concurrent.futures.wait([f for f, _, _ in self._parked], timeout=self.park_wait_s,
                               return_when=concurrent.futures.FIRST_COMPLETED)
       finished += self._unpark()
       self._fill()
-      busy = [slot for slot, s in enumerate(self._busy) if s is not None]
-    if not busy:
-      self._finished.extend(finished)
-      return [c for _, _, c in finished]
-    versions = list(self._logits_version)
-    self._state, _ = self.engine.generate(self.params, self._state)
-    self._counts["generate_steps"] += 1
-    self._counts["busy_slot_steps"] += len(busy)
-    self._counts["parked_steps"] += bool(self._parked)
-    tokens_s, logprobs_s, valid_s = jax.device_get(
-        (self._state.tokens, self._state.logprobs, self._state.valid))
-    for slot in busy:
-      sample = self._busy[slot]
-      if not valid_s[slot]:
-        raise RuntimeError(f"slot {slot} holds an unfinished sample but produced no token (driver bug).")
-      self._logits_version[slot] = self.version
-      token = int(tokens_s[slot])
-      sample.tokens.append(token)
-      sample.logprobs.append(float(logprobs_s[slot]))
-      sample.versions.append(versions[slot])
-      sample.mask.append(1)
-      self._counts["tokens"] += 1
-      reason = ("stop" if token in sample.stops else
-                sample.limit_reason if len(sample.tokens) - sample.turn_start == sample.limit else None)
-      if reason is None:
-        continue
-      self._busy[slot] = None  # Free at once: the next step's fill may reuse it.
-      if reason != "max_decode_length" and sample.request.env is not None:
-        observation = sample.request.env(sample.index, tuple(sample.ids()), reason)
-        if isinstance(observation, concurrent.futures.Future):
-          self._parked.append((observation, sample, reason))
-          self._counts["parked"] += 1
-          continue
-        outcome = self._next_turn(sample, observation)
-        if outcome == "queued":
-          continue
-        if outcome == "no_room":
-          reason = "max_decode_length"
-      finished.append(self._completion(sample, reason))
+    if any(self._busy):
+      finished += self._decode_block()
     self._finished.extend(finished)
     return [c for _, _, c in finished]
+
+  def _take(self, sample: _Sample, tokens: list[int], logprobs: list[float],
+            first_version: int) -> tuple[str | None, bool]:
+    """Adds a slot's tokens of one block, up to the first that ends the turn; returns the turn's finish
+    reason (None: it goes on) and whether a stop string ended it (tokens after the end are dropped)."""
+    left = sample.limit - (len(sample.tokens) - sample.turn_start)
+    used = min(len(tokens), left)
+    stop_at = next((i for i, t in enumerate(tokens[:used]) if t in sample.stops), None)
+    used = used if stop_at is None else stop_at + 1
+    by_string = False
+    if sample.request.stop:
+      used, by_string = self._stop_string_cut(sample, tokens, used)
+    sample.tokens.extend(tokens[:used])
+    sample.logprobs.extend(logprobs[:used])
+    sample.versions.extend([first_version] + [self.version] * (used - 1))
+    sample.mask.extend([1] * used)
+    self._counts["tokens"] += used
+    if by_string or stop_at is not None and used == stop_at + 1:
+      return "stop", by_string
+    return (sample.limit_reason if used == left else None), False
+
+  def _stop_string_cut(self, sample: _Sample, tokens: list[int], used: int) -> tuple[int, bool]:
+    """(tokens to keep, whether a stop string ends them): the first of `tokens[:used]` after which the turn's
+    text contains a stop string (one not there a token earlier ends at that token, so the last few tokens'
+    text is enough)."""
+    width = max(len(x.encode()) for x in sample.request.stop) + 2
+    turn = sample.tokens[sample.turn_start:][-width:]
+    for i in range(used):
+      tail = (turn + tokens[:i + 1])[-width:]
+      text = self.engine.tokenizer.decode(tail)
+      if any(x in text for x in sample.request.stop):
+        return i + 1, True
+    return used, False
+
+  def _end_turn(self, sample: _Sample, reason: str) -> list[tuple[int, int, Completion]]:
+    """A turn ended: ask the env for the next one (queued or parked), or finish the sample."""
+    if reason != "max_decode_length" and sample.request.env is not None:
+      observation = sample.request.env(sample.index, tuple(sample.ids()), reason)
+      if isinstance(observation, concurrent.futures.Future):
+        self._parked.append((observation, sample, reason))
+        self._counts["parked"] += 1
+        return []
+      outcome = self._next_turn(sample, observation)
+      if outcome == "queued":
+        return []
+      if outcome == "no_room":
+        reason = "max_decode_length"
+    return [self._completion(sample, reason)]
+
+  def _decode_block(self) -> list[tuple[int, int, Completion]]:
+    """One `generate_block`; hands each busy slot its tokens and finishes the samples that stopped."""
+    versions = list(self._logits_version)
+    waiting = bool(self._pending or self._parked) and not self.static_batching
+    stop_on_free = waiting or any(s is not None and s.request.env is not None for s in self._busy)
+    self._state, block = self.engine.generate_block(self.params, self._state, stop_on_free=stop_on_free)
+    tokens_ks, logprobs_ks, valid_ks, steps = jax.device_get((block.tokens, block.logprobs, block.valid,
+                                                              block.steps))
+    self._counts.update(syncs=1, generate_steps=int(steps), busy_slot_steps=int(valid_ks.sum()),
+                        parked_steps=int(steps) * bool(self._parked))
+    finished, release = [], []
+    for slot, sample in enumerate(self._busy):
+      if sample is None:
+        continue
+      self._logits_version[slot] = self.version
+      produced = int(valid_ks[:steps, slot].sum())
+      if produced == 0 or not valid_ks[:produced, slot].all():
+        raise RuntimeError(f"slot {slot} holds an unfinished sample but produced no token (driver bug).")
+      reason, by_string = self._take(sample, tokens_ks[:produced, slot].tolist(),
+                                     logprobs_ks[:produced, slot].tolist(), versions[slot])
+      if reason is None:
+        if produced < steps:
+          raise RuntimeError(f"slot {slot} stopped on the device with no stop the driver sees (driver bug).")
+        continue
+      if by_string:
+        release.append(slot)  # The device does not see stop strings: its slot is still live.
+      self._busy[slot] = None  # Free at once: the next fill may reuse it.
+      finished += self._end_turn(sample, reason)
+    if release:
+      self._state = self.engine.release(self._state, release)
+    return finished
 
   def sample(self, requests: Iterable[Request], *,
              on_step: Callable[[Driver, int], None] | None = None) -> list[Completion]:
@@ -387,7 +454,16 @@ class Driver:
     if r.env is not None and not callable(r.env):
       raise ValueError(f"Request {r.request_id!r}: env must be callable or None; got {r.env!r}.")
     check_streams(f"Request {r.request_id!r}", r.seed, r.stream, r.sample_streams, r.n)
-    return frozenset(int(t) for t in r.stop_tokens) | {engine.tokenizer.eos_id}
+    stops = frozenset(int(t) for t in r.stop_tokens) | {engine.tokenizer.eos_id}
+    if len(stops) > engine.max_stop_tokens:
+      raise ValueError(f"Request {r.request_id!r}: {len(stops)} stop ids (EOS included) exceed the engine's "
+                       f"max_stop_tokens {engine.max_stop_tokens}.")
+    if r.sampling is not None and not isinstance(r.sampling, SamplingParams):
+      raise ValueError(f"Request {r.request_id!r}: sampling must be a SamplingParams or None; got "
+                       f"{r.sampling!r}.")
+    if isinstance(r.stop, str) or not all(isinstance(x, str) and x for x in r.stop):
+      raise ValueError(f"Request {r.request_id!r}: stop must be a tuple of non-empty strings; got {r.stop!r}.")
+    return stops
 
   def _set_turn_limit(self, sample: _Sample) -> None:
     """This turn's token budget: max_tokens, clipped to the room left in `max_decode_length`."""
@@ -454,41 +530,99 @@ class Driver:
       self._counts[counter] += 1
     return prefix
 
-  def _insert(self, prefix: _engine.Prefix, slot: int, rng: Any) -> None:
-    self._state = self.engine.insert(prefix, self._state, slot, rng=rng)
-    self._counts["inserts"] += 1
+  def _insert(self, prefix: _engine.Prefix, entries: list[tuple[int, int, _Sample]], rngs: np.ndarray) -> None:
+    """Inserts prefix row `row` into `slot` for each (row, slot, sample) of `entries`, in one call."""
+    samples = [sample for _, _, sample in entries]
+    settings = self.engine.slot_settings(
+        [sample.limit - (len(sample.tokens) - sample.turn_start) for sample in samples],
+        [sample.stops for sample in samples], [sample.request.sampling for sample in samples])
+    self._state = self.engine.insert_batch(prefix, self._state, [row for row, _, _ in entries],
+                                           [slot for _, slot, _ in entries], rngs, settings)
+    self._counts["inserts"] += len(entries)
 
-  def _prefix_for(self, sample: _Sample) -> _engine.Prefix:
-    if sample.turn > 0:  # Extend the conversation's prefix (rebuild it if the params changed since).
-      if sample.prefix_version == self.version:
-        prefix = self._prefill(sample.tokens[sample.prefix_len:], counter="turn_prefills",
-                               prefix=sample.prefix)
+  def _turn_prefix(self, sample: _Sample) -> _engine.Prefix:
+    """Extends the conversation's prefix with the turn and observation (rebuilt if the params changed)."""
+    if sample.prefix_version == self.version:
+      prefix = self._prefill(sample.tokens[sample.prefix_len:], counter="turn_prefills", prefix=sample.prefix)
+    else:
+      prefix = self._prefill(sample.ids(), counter="turn_prefills")
+    self._keep_prefix(sample, prefix)
+    return prefix
+
+  def _prompt_key(self, sample: _Sample) -> Any:
+    return sample.order if self.share_prefix else (sample.order, sample.index)
+
+  def _prefixes_for(self, samples: list[_Sample]) -> list[tuple[_engine.Prefix, int]]:
+    """(prefix, row) of each sample: reused, extended (later turns) or prefilled in batches by bucket.
+
+    Fresh prompts are prefilled together with those of the next pending samples (up to `slots` prompts in
+    all), whose prefixes wait in `_prefixes` for a slot: continuous batching frees slots a few at a time,
+    and one batched prefill costs far less than many small ones.
+    """
+    out: list[Any] = [None] * len(samples)
+    fresh: dict[Any, tuple[Sequence[int], list[int]]] = {}  # prompt key -> (prompt, positions in samples).
+    for j, sample in enumerate(samples):
+      if sample.turn > 0:
+        out[j] = (self._turn_prefix(sample), 0)
+        continue
+      cached = self._prefixes.get(self._prompt_key(sample))
+      if cached is not None and cached[2] == self.version:
+        out[j] = cached[:2]
       else:
-        prefix = self._prefill(sample.ids(), counter="turn_prefills")
-      self._keep_prefix(sample, prefix)
-      return prefix
-    if not self.share_prefix:
-      return self._prefill(list(sample.request.prompt), counter="prefills")
-    cached = self._prefixes.get(sample.order)
-    if cached is None or cached[1] != self.version:
-      cached = (self._prefill(list(sample.request.prompt), counter="prefills"), self.version)
-      self._prefixes[sample.order] = cached
-    if sample.index == sample.request.n - 1:  # Samples queue in index order: the last one frees it.
-      del self._prefixes[sample.order]
-    return cached[0]
+        fresh.setdefault(self._prompt_key(sample), (sample.request.prompt, []))[1].append(j)
+    if fresh:
+      self._prefetch(fresh)
+    for keys in self._prefill_groups(fresh):
+      prefix = self.engine.prefill_batch(self.params, [fresh[key][0] for key in keys])
+      self._counts["prefills"] += len(keys)
+      for row, key in enumerate(keys):
+        for j in fresh[key][1]:
+          out[j] = (prefix, row)
+        self._prefixes[key] = (prefix, row, self.version)
+    for j, sample in enumerate(samples):
+      if sample.turn == 0 and (not self.share_prefix or sample.index == sample.request.n - 1):
+        self._prefixes.pop(self._prompt_key(sample), None)  # Samples queue in index order: the last frees it.
+      if sample.turn == 0 and sample.request.env is not None:
+        self._keep_prefix(sample, out[j][0].row(out[j][1]))
+    return out
+
+  def _prefetch(self, fresh: dict[Any, tuple[Sequence[int], list[int]]]) -> None:
+    """Adds the prompts of the next pending first turns without a current prefix to `fresh`, up to `slots`."""
+    for sample in self._pending:
+      if len(fresh) >= self._slots:
+        return
+      key = self._prompt_key(sample)
+      cached = self._prefixes.get(key)
+      if sample.turn == 0 and key not in fresh and (cached is None or cached[2] != self.version):
+        fresh[key] = (sample.request.prompt, [])
+
+  def _prefill_groups(self, fresh: dict[Any, tuple[Sequence[int], list[int]]]) -> list[list[Any]]:
+    """The fresh prompts' keys in groups of one length bucket, each at most `prefill_rows(bucket)` long."""
+    buckets: dict[int, list[Any]] = collections.defaultdict(list)
+    for key, (prompt, _) in fresh.items():
+      buckets[_tokenizer_api.bucket_for(len(prompt), self.engine.prefill_buckets)].append(key)
+    groups = []
+    for bucket, keys in sorted(buckets.items()):
+      size = self.engine.prefill_rows(bucket)
+      groups += [keys[i:i + size] for i in range(0, len(keys), size)]
+    return groups
 
   def _fill(self) -> None:
+    """Takes a pending sample into every free slot: one batched prefill per bucket, one insert per prefix."""
     free = [slot for slot, s in enumerate(self._busy) if s is None]
     if self.static_batching and len(free) < self._slots:
       return
-    for slot in free:
-      if not self._pending:
-        return
-      sample = self._pending.popleft()
-      prefix = self._prefix_for(sample)
-      if sample.request.env is not None and sample.turn == 0:
-        self._keep_prefix(sample, prefix)
-      rng = jax.random.fold_in(sample.key, sample.turn)
-      self._insert(prefix, slot, rng)
+    placed = [(slot, self._pending.popleft()) for slot in free[:len(self._pending)]]
+    if not placed:
+      return
+    where = self._prefixes_for([sample for _, sample in placed])
+    keys = self.engine.stream_keys(np.stack([sample.base_key for _, sample in placed]),
+                                   np.asarray([(*sample.streams, sample.turn) for _, sample in placed]))
+    by_prefix: dict[int, list[int]] = collections.defaultdict(list)
+    for j, (prefix, _) in enumerate(where):
+      by_prefix[id(prefix)].append(j)
+    for positions in by_prefix.values():
+      self._insert(where[positions[0]][0], [(where[j][1], *placed[j]) for j in positions], keys[positions])
+    for slot, sample in placed:
       self._busy[slot] = sample
       self._logits_version[slot] = self.version

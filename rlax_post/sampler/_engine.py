@@ -2,29 +2,33 @@
 
 Continuous batching: the decode state holds `max_concurrent_decodes` slots, each a row of one KV cache
 `[L, slots, S, K, H]` (S = `max_decode_length` positions, prompt and response together). `prefill` runs one
-prompt into a private cache and keeps the logits of its next token; `insert` copies that cache into a slot
-(the same prefix may go into several slots: n samples of one prompt share one prefill); `generate` advances
-every slot by one token, each at its own position.
+prompt (`prefill_batch` several, padded to one length) into a private cache and keeps the logits of its next
+token; `insert` copies that cache into a slot (`insert_batch` copies rows of one batched prefix into several
+slots at once; the same row may go into several slots: n samples of one prompt share one prefill);
+`generate` advances every slot by one token, each at its own position; `generate_block` runs up to
+`steps_per_sync` such steps on the device in one call and returns every step's tokens in one block.
 
-Each `generate` step, for every live slot: sample a token from the slot's next-token logits (the slot's own
-PRNG stream, see `insert`), record its logprob `models.logprobs_from_logits(logits, token, temperature=T)`
-(T = 1 when greedy: the temperature-scaled law *before* top-k/top-p truncation; the function the learner
-uses), write it at the slot's position and compute the logits of the next one. So every token a
-request produces comes out of `generate` (JetStream 0.2.2's orchestrator emits only generate's tokens), and
-slots sharing one prefix draw their first tokens independently.
+Each decode step, for every live slot: sample a token from the slot's next-token logits under the slot's
+own law (`SamplingParams`, written by `insert`; the engine's law by default) and PRNG stream, record its
+logprob `models.logprobs_from_logits(logits, token, temperature=T)` (T = the slot's temperature, 1 when
+greedy: the temperature-scaled law *before* top-k/top-p truncation; the function the learner uses), write it
+at the slot's position and compute the logits of the next one. So every token a request produces comes out
+of a decode step (JetStream 0.2.2's orchestrator emits only generate's tokens), and slots sharing one prefix
+draw their first tokens independently.
 
-A slot stops (valid = 0 from then on) after emitting EOS or once its sequence holds `max_decode_length`
+A slot stops (it produces nothing from then on) after emitting one of its stop ids (EOS always, plus those
+`insert` was given), after `limit` tokens since its insert, or once its sequence holds `max_decode_length`
 tokens. Prefill pads prompts to `prefill_buckets` (powers of two from `min_prefill_bucket`, ending at
-`max_prefill_length`), so the prefill of a fresh prompt compiles once per bucket (`len(prefill_buckets)`
-shapes: ceil(log2(max_prefill_length / min_prefill_bucket)) + 1); an `existing_prefix` extension compiles
-once per (prefix cache length, bucket, output cache length) triple, all drawn from `cache_buckets`; insert
-once per prefix cache length; `generate` once. `prefill_shapes` records the prefill shapes used.
+`max_prefill_length`) and batches of prompts to powers of two, so a fresh prefill compiles once per
+(batch bucket, length bucket); an `existing_prefix` extension compiles once per (prefix cache length,
+bucket, output cache length) triple, all drawn from `cache_buckets`; insert once per (prefix batch, prefix
+cache length, insert count bucket); `generate` and `generate_block` once. `prefill_shapes` records the
+prefill shapes used.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any
+from typing import Any, Sequence
 
 from etils import epath
 from flax import struct
@@ -36,23 +40,42 @@ import orbax.checkpoint as ocp
 from rlax_post import models
 from rlax_post import sharding
 from rlax_post.sampler import _tokenizer_api
-from rlax_post.sampler._sampling import sample_token
+from rlax_post.sampler._sampling import sample_rows
+from rlax_post.sampler._sampling import SamplingParams
 
 engine_api = _tokenizer_api.jetstream_modules.engine_api
+# Most prompts of one `prefill_batch` call: enough to amortise a call, few enough that a call with one
+# prompt wastes little.
+MAX_PREFILL_ROWS = 16
 tokenizer_pb2 = engine_api.tokenizer_pb2
 
 
 @struct.dataclass(frozen=True)
 class Prefix:
-  """One prompt after prefill: what `insert` copies into a slot."""
-  cache: models.KVCache  # k, v [L, 1, C, K, H]: positions 0..length-1 hold the prompt (C a cache bucket).
-  length: jax.Array  # [] int32: tokens in the prompt (position of the first generated token).
-  logits: jax.Array  # [V] float32: logits of the first generated token.
+  """B prompts after prefill: what `insert` copies into slots (`prefill` gives B = 1)."""
+  cache: models.KVCache  # k, v [L, B, C, K, H]: positions 0..length-1 hold the prompt (C a cache bucket).
+  length: jax.Array  # [B] int32: tokens in each prompt (position of its first generated token).
+  logits: jax.Array  # [B, V] float32: logits of each prompt's first generated token.
+
+  def row(self, b: int) -> Prefix:
+    """Prompt b alone (B = 1)."""
+    return Prefix(cache=jax.tree.map(lambda x: x[:, b:b + 1], self.cache), length=self.length[b:b + 1],
+                  logits=self.logits[b:b + 1])
+
+
+@struct.dataclass(frozen=True)
+class SlotSettings:
+  """What `insert_batch` writes into n slots besides their prefixes: when each stops and how it samples."""
+  limit: jax.Array  # [n] int32: the slot stops once it has generated this many tokens since its insert.
+  stops: jax.Array  # [n, M] int32: ids that stop the slot once emitted (EOS first; -1 pads).
+  temperature: jax.Array  # [n] float32: 0 is greedy.
+  top_p: jax.Array  # [n] float32 in (0, 1].
+  top_k: jax.Array  # [n] int32: 0 keeps every token.
 
 
 @struct.dataclass(frozen=True)
 class DecodeState:
-  """Every slot's sequence; `generate` maps it to the next one."""
+  """Every slot's sequence; a decode step maps it to the next one."""
   cache: models.KVCache  # k, v [L, slots, S, K, H]: slot s's position p at [:, s, p].
   logits: jax.Array  # [slots, V] float32: logits of each slot's next token.
   positions: jax.Array  # [slots] int32: position of each slot's next token (= its sequence length).
@@ -63,10 +86,20 @@ class DecodeState:
   valid: jax.Array  # [slots] bool: the last step produced a token in this slot.
   rngs: jax.Array  # [slots, 2] uint32: raw key of each slot's sampling stream.
   num_inserts: jax.Array  # [] int32: inserts so far (seeds the next slot's stream).
+  settings: SlotSettings  # [slots, ...]: each slot's stop rule and sampling law.
+
+
+@struct.dataclass(frozen=True)
+class Block:
+  """Up to `steps_per_sync` decode steps of every slot (`generate_block`), fetched in one transfer."""
+  tokens: jax.Array  # [k, slots] int32: step i's token of each slot (pad_id where not valid).
+  logprobs: jax.Array  # [k, slots] float32: its log π_T (0 where not valid).
+  valid: jax.Array  # [k, slots] bool: the slot produced a token at step i.
+  steps: jax.Array  # [] int32: steps run (rows past it are not valid).
 
 
 class RlaxEngine(engine_api.Engine):
-  """JetStream engine over `models.Transformer` with sampling by `sampler.sample_token`.
+  """JetStream engine over `models.Transformer` with sampling by `sampler.sample_rows`.
 
   Args:
     model_cfg: the model's `ModelConfig`.
@@ -79,26 +112,31 @@ class RlaxEngine(engine_api.Engine):
     max_prefill_length: longest prompt (tokens) one `prefill` takes.
     max_decode_length: S, positions per slot (prompt + response), in [max_prefill_length,
       model_cfg.max_seq_len].
-    temperature, top_p, top_k: sampling law; temperature 0 is greedy.
+    temperature, top_p, top_k: the default sampling law (`SamplingParams`); temperature 0 is greedy.
     seed: seeds the slots' PRNG streams.
     min_prefill_bucket: the smallest padded prompt length.
+    steps_per_sync: k, the most decode steps one `generate_block` runs.
+    max_stop_tokens: M, the most stop ids one slot holds (EOS included).
+    prefill_batch_tokens: the most padded prompt tokens of one `prefill_batch` call (`prefill_rows`; its
+      logits are [B, T, V]: this bounds their memory and the compute a call pads).
   """
 
   def __init__(self, model_cfg: models.ModelConfig, graphdef: Any, *, tokenizer: models.ByteTokenizer,
                mesh: jax.sharding.Mesh | None = None, max_concurrent_decodes: int,
                max_prefill_length: int, max_decode_length: int, temperature: float = 1.0,
-               top_p: float = 1.0, top_k: int = 0, seed: int = 0, min_prefill_bucket: int = 16):
+               top_p: float = 1.0, top_k: int = 0, seed: int = 0, min_prefill_bucket: int = 16,
+               steps_per_sync: int = 8, max_stop_tokens: int = 8, prefill_batch_tokens: int = 2048):
     for name, value in (("max_concurrent_decodes", max_concurrent_decodes),
                         ("max_prefill_length", max_prefill_length),
-                        ("max_decode_length", max_decode_length), ("min_prefill_bucket", min_prefill_bucket)):
+                        ("max_decode_length", max_decode_length), ("min_prefill_bucket", min_prefill_bucket),
+                        ("steps_per_sync", steps_per_sync), ("max_stop_tokens", max_stop_tokens),
+                        ("prefill_batch_tokens", prefill_batch_tokens)):
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int; got {value!r}.")
     if not max_prefill_length <= max_decode_length <= model_cfg.max_seq_len:
       raise ValueError(f"Need max_prefill_length <= max_decode_length <= model max_seq_len; got "
                        f"{max_prefill_length}, {max_decode_length}, {model_cfg.max_seq_len}.")
-    if temperature < 0 or not 0.0 < top_p <= 1.0 or isinstance(top_k, bool) or top_k < 0:
-      raise ValueError(f"Need temperature >= 0, top_p in (0, 1] and top_k >= 0; got {temperature}, {top_p}, "
-                       f"{top_k}.")
+    self.sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
     if tokenizer.vocab_size > model_cfg.vocab_size:
       raise ValueError(f"Tokenizer vocab_size {tokenizer.vocab_size} > model vocab_size "
                        f"{model_cfg.vocab_size}.")
@@ -111,20 +149,26 @@ class RlaxEngine(engine_api.Engine):
     self.max_decode_length = max_decode_length
     self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
     self.seed = seed
+    self.steps_per_sync, self.max_stop_tokens = steps_per_sync, max_stop_tokens
+    self.prefill_batch_tokens = prefill_batch_tokens
     self.prefill_buckets = _tokenizer_api.prefill_buckets(max_prefill_length,
                                                           min(min_prefill_bucket, max_prefill_length))
     # Cache lengths of prefixes: the prefill buckets, then powers of two up to S (for `existing_prefix`).
     longer = [b for b in _tokenizer_api.prefill_buckets(max_decode_length, self.prefill_buckets[0])
               if b > max_prefill_length]
     self.cache_buckets = self.prefill_buckets + tuple(longer)
-    # (existing cache length or 0, padded new tokens, output cache length) of every prefill so far: one
-    # compilation each. Fresh prompts use (0, b, b) for b in `prefill_buckets`.
-    self.prefill_shapes: set[tuple[int, int, int]] = set()
+    # (prompts padded, existing cache length or 0, padded new tokens, output cache length) of every prefill
+    # so far: one compilation each. Fresh prompts use (B, 0, t, t) for t in `prefill_buckets`.
+    self.prefill_shapes: set[tuple[int, int, int, int]] = set()
     _, self._abstract_params = models.abstract_params(model_cfg)
     self._replicated = jax.sharding.NamedSharding(self._mesh, jax.sharding.PartitionSpec())
     self._prefill_fn = jax.jit(self._prefill_impl, static_argnames=("cache_len",))
     self._insert_fn = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._generate_fn = jax.jit(self._generate_impl, donate_argnums=(1,))
+    self._block_fn = jax.jit(self._block_impl, donate_argnums=(1,))
+    self._release_fn = jax.jit(lambda state, slots: state.replace(
+        active=state.active.at[slots].set(False, mode="drop")), donate_argnums=(0,))
+    self._stream_keys_fn = jax.jit(jax.vmap(_stream_key))
 
   # --- Checks ---------------------------------------------------------------------------------------------
 
@@ -153,72 +197,140 @@ class RlaxEngine(engine_api.Engine):
 
   # --- Pure cores (jitted in __init__) --------------------------------------------------------------------
 
-  def _prefill_impl(self, params, tokens_1t, start, true_length, cache, *, cache_len):
+  def _prefill_impl(self, params, tokens_bt, start_b, true_length_b, cache, *, cache_len):
     cfg = self.model_cfg
     if cache is None:
-      cache = models.init_cache(cfg, 1, cache_len)
+      cache = models.init_cache(cfg, tokens_bt.shape[0], cache_len)
     else:
       pad = [(0, 0), (0, 0), (0, cache_len - cache.k.shape[2]), (0, 0), (0, 0)]
       cache = models.KVCache(k=jnp.pad(cache.k, pad), v=jnp.pad(cache.v, pad))
-    positions_1t = start + jnp.arange(tokens_1t.shape[1], dtype=jnp.int32)[None]
+    positions_bt = start_b[:, None] + jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)[None]
     # Pad tokens past the cache are dropped by the model's scatter; those inside it sit above the prompt's
     # length, where no query looks and the first decode steps overwrite them.
-    logits_1tv, cache = models.forward(self.graphdef, params, tokens_1t, positions_1t, cache)
-    return Prefix(cache=cache, length=start + true_length, logits=logits_1tv[0, true_length - 1])
+    logits_btv, cache = models.forward(self.graphdef, params, tokens_bt, positions_bt, cache)
+    last_b1 = (true_length_b - 1)[:, None, None]
+    return Prefix(cache=cache, length=start_b + true_length_b,
+                  logits=jnp.take_along_axis(logits_btv, last_b1, axis=1)[:, 0])
 
-  def _insert_impl(self, prefix: Prefix, state: DecodeState, slot, rng):
-    def put(big, row):
-      return jax.lax.dynamic_update_slice(big, row.astype(big.dtype), (0, slot, 0, 0, 0))
+  def _insert_impl(self, prefix: Prefix, state: DecodeState, rows_n, slots_n, rngs_n2,
+                   settings: SlotSettings):
+    """Prefix row rows_n[i] into slot slots_n[i]; slots out of range (padding) are dropped."""
+    c = prefix.cache.k.shape[2]
+
+    def put(big, value):
+      return big.at[slots_n].set(value.astype(big.dtype), mode="drop")
+
+    def put_cache(big, rows):
+      return big.at[:, slots_n, :c].set(rows[:, rows_n].astype(big.dtype), mode="drop")
+
+    length_n = prefix.length[rows_n]
     return state.replace(
-        cache=models.KVCache(k=put(state.cache.k, prefix.cache.k), v=put(state.cache.v, prefix.cache.v)),
-        logits=state.logits.at[slot].set(prefix.logits),
-        positions=state.positions.at[slot].set(prefix.length),
-        lengths=state.lengths.at[slot].set(0),
-        active=state.active.at[slot].set(True),
-        tokens=state.tokens.at[slot].set(self.tokenizer.pad_id),
-        logprobs=state.logprobs.at[slot].set(0.0),
-        valid=state.valid.at[slot].set(False),
-        rngs=state.rngs.at[slot].set(rng),
-        num_inserts=state.num_inserts + 1,
+        cache=models.KVCache(k=put_cache(state.cache.k, prefix.cache.k),
+                             v=put_cache(state.cache.v, prefix.cache.v)),
+        logits=put(state.logits, prefix.logits[rows_n]),
+        positions=put(state.positions, length_n),
+        lengths=put(state.lengths, jnp.zeros_like(length_n)),
+        active=put(state.active, (length_n < self.max_decode_length) & (settings.limit > 0)),
+        tokens=put(state.tokens, jnp.full_like(length_n, self.tokenizer.pad_id)),
+        logprobs=put(state.logprobs, jnp.zeros(length_n.shape, jnp.float32)),
+        valid=put(state.valid, jnp.zeros(length_n.shape, bool)),
+        rngs=put(state.rngs, rngs_n2),
+        num_inserts=state.num_inserts + jnp.sum(slots_n < self._max_concurrent_decodes),
+        settings=jax.tree.map(put, state.settings, settings),
+    )
+
+  def _decode_step(self, params, state: DecodeState) -> DecodeState:
+    """One decode step of every slot (the module docstring)."""
+    live_s, st = state.active, state.settings
+    keys_s2 = jax.vmap(lambda k: jax.random.key_data(jax.random.split(jax.random.wrap_key_data(k))))(
+        state.rngs)  # [slots, 2 keys, 2]
+    token_s = sample_rows(state.logits, jax.vmap(jax.random.wrap_key_data)(keys_s2[:, 1]), st.temperature,
+                          st.top_p, st.top_k)
+    logprob_temperature_s1 = jnp.where(st.temperature > 0, st.temperature, 1.0)[:, None]
+    logp_s = models.logprobs_from_logits(state.logits, token_s, temperature=logprob_temperature_s1)
+    s = self.max_decode_length
+    # Slots that produce nothing write at position S: out of the cache, dropped by the model's scatter.
+    write_pos_s = jnp.where(live_s, state.positions, s)
+    logits_s1v, cache = models.forward(self.graphdef, params, token_s[:, None], write_pos_s[:, None],
+                                       state.cache)
+    positions_s, lengths_s = state.positions + live_s, state.lengths + live_s
+    stopped_s = jnp.any(token_s[:, None] == st.stops, axis=-1)
+    return state.replace(
+        cache=cache,
+        logits=jnp.where(live_s[:, None], logits_s1v[:, 0], state.logits),
+        positions=positions_s,
+        lengths=lengths_s,
+        active=live_s & ~stopped_s & (lengths_s < st.limit) & (positions_s < s),
+        tokens=jnp.where(live_s, token_s, self.tokenizer.pad_id),
+        logprobs=jnp.where(live_s, logp_s, 0.0),
+        valid=live_s,
+        rngs=jnp.where(live_s[:, None], keys_s2[:, 0], state.rngs),
     )
 
   def _generate_impl(self, params, state: DecodeState):
-    s = self.max_decode_length
-    valid_s = state.active & (state.positions < s)
-    keys_s2 = jax.vmap(lambda k: jax.random.key_data(jax.random.split(jax.random.wrap_key_data(k))))(
-        state.rngs)  # [slots, 2 keys, 2]
-    sample_one = functools.partial(sample_token, temperature=self.temperature, top_p=self.top_p,
-                                   top_k=self.top_k)
-    token_s = jax.vmap(lambda l_v, k: sample_one(l_v[None], jax.random.wrap_key_data(k))[0])(
-        state.logits, keys_s2[:, 1])
-    logprob_temperature = self.temperature if self.temperature > 0 else 1.0
-    logp_s = models.logprobs_from_logits(state.logits, token_s, temperature=logprob_temperature)
-    # Slots that produce nothing write at position S: out of the cache, dropped by the model's scatter.
-    write_pos_s = jnp.where(valid_s, state.positions, s)
-    logits_s1v, cache = models.forward(self.graphdef, params, token_s[:, None], write_pos_s[:, None],
-                                       state.cache)
-    pad = self.tokenizer.pad_id
-    new = state.replace(
-        cache=cache,
-        logits=jnp.where(valid_s[:, None], logits_s1v[:, 0], state.logits),
-        positions=state.positions + valid_s,
-        lengths=state.lengths + valid_s,
-        active=valid_s & (token_s != self.tokenizer.eos_id),
-        tokens=jnp.where(valid_s, token_s, pad),
-        logprobs=jnp.where(valid_s, logp_s, 0.0),
-        valid=valid_s,
-        rngs=jnp.where(valid_s[:, None], keys_s2[:, 0], state.rngs),
-    )
-    data = jnp.stack([new.tokens, valid_s.astype(jnp.int32), new.lengths], axis=-1).astype(jnp.int32)
+    new = self._decode_step(params, state)
+    data = jnp.stack([new.tokens, new.valid.astype(jnp.int32), new.lengths], axis=-1).astype(jnp.int32)
     result = engine_api.ResultTokens(data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
                                      samples_per_slot=1)
     return new, result
+
+  def _block_impl(self, params, state: DecodeState, steps, stop_on_free):
+    """Up to `steps` (<= k) decode steps; stops early once no slot is live, or, with `stop_on_free`, after the
+    step in which some slot stopped (so the caller can refill it at once)."""
+    k, n = self.steps_per_sync, self._max_concurrent_decodes
+    empty = Block(tokens=jnp.full((k, n), self.tokenizer.pad_id, jnp.int32),
+                  logprobs=jnp.zeros((k, n), jnp.float32), valid=jnp.zeros((k, n), bool),
+                  steps=jnp.zeros((), jnp.int32))
+
+    def go_on(carry):
+      state, block, freed = carry
+      return (block.steps < steps) & jnp.any(state.active) & ~(stop_on_free & freed)
+
+    def body(carry):
+      state, block, _ = carry
+      new = self._decode_step(params, state)
+      i = block.steps
+      block = Block(tokens=block.tokens.at[i].set(new.tokens), logprobs=block.logprobs.at[i].set(new.logprobs),
+                    valid=block.valid.at[i].set(new.valid), steps=i + 1)
+      return new, block, jnp.any(state.active & ~new.active)
+
+    state, block, _ = jax.lax.while_loop(go_on, body, (state, empty, jnp.zeros((), bool)))
+    return state, block
+
+  # --- Host-side settings and keys ------------------------------------------------------------------------
+
+  def slot_settings(self, limits: Sequence[int | None], stops: Sequence[Sequence[int]] | None = None,
+                    sampling: Sequence[SamplingParams | None] | None = None) -> SlotSettings:
+    """The settings of n slots: limit (None: no limit but S), extra stop ids (EOS always stops), and law
+    (None: the engine's). Raises ValueError for more than `max_stop_tokens` stop ids in one slot."""
+    n, m = len(limits), self.max_stop_tokens
+    stops = [()] * n if stops is None else stops
+    laws = [law or self.sampling for law in ([None] * n if sampling is None else sampling)]
+    stop_nm = np.full((n, m), -1, np.int32)
+    for i, ids in enumerate(stops):
+      ids = [self.tokenizer.eos_id] + sorted(set(int(t) for t in ids) - {self.tokenizer.eos_id})
+      if len(ids) > m:
+        raise ValueError(f"{len(ids)} stop ids (EOS included) exceed the engine's max_stop_tokens {m}: "
+                         f"{ids}.")
+      stop_nm[i, :len(ids)] = ids
+    big = self.max_decode_length
+    return SlotSettings(limit=np.asarray([big if x is None else x for x in limits], np.int32), stops=stop_nm,
+                        temperature=np.asarray([x.temperature for x in laws], np.float32),
+                        top_p=np.asarray([x.top_p for x in laws], np.float32),
+                        top_k=np.asarray([x.top_k for x in laws], np.int32))
+
+  def stream_keys(self, base_keys: np.ndarray, streams: np.ndarray) -> np.ndarray:
+    """Raw keys [n, 2] uint32: `fold_in(...fold_in(key_i, streams[i, 0])..., streams[i, -1])` of each raw base
+    key [n, 2] (one jitted call for n keys instead of n·j host round trips)."""
+    return np.asarray(self._stream_keys_fn(jnp.asarray(base_keys, jnp.uint32),
+                                           jnp.asarray(streams, jnp.uint32)))
 
   # --- engine_api.Engine ----------------------------------------------------------------------------------
 
   def prefill(self, *, params: Any, existing_prefix: Prefix | None = None, padded_tokens: Any,
               true_length: int) -> Prefix:
-    """Runs `padded_tokens[:true_length]` (1-D) after `existing_prefix` (if any) into a fresh `Prefix`.
+    """Runs `padded_tokens[:true_length]` (1-D) after `existing_prefix` (if any, B = 1) into a fresh one-row
+    `Prefix`.
 
     With `existing_prefix`, the new tokens take positions `existing_prefix.length + i` and its cache is
     extended, not recomputed. JetStream 0.2.2 returns the prefix alone (no first token: `generate` samples
@@ -237,41 +349,119 @@ class RlaxEngine(engine_api.Engine):
     tokens_1t = np.full((1, t_bucket), self.tokenizer.pad_id, np.int32)
     tokens_1t[0, :true_length] = tokens[:true_length]
     if existing_prefix is None:
-      start, cache, c_in, c_out = 0, None, 0, t_bucket
-    else:
-      start = int(existing_prefix.length)
-      c_in = existing_prefix.cache.k.shape[2]
-      if start + true_length > self.max_decode_length:
-        raise ValueError(f"existing prefix of {start} tokens + {true_length} new tokens exceeds "
-                         f"max_decode_length {self.max_decode_length}.")
-      c_out = max(c_in, _tokenizer_api.bucket_for(start + true_length, self.cache_buckets))
-      cache = existing_prefix.cache
-    self.prefill_shapes.add((c_in, t_bucket, c_out))
-    return self._prefill_fn(params, jnp.asarray(tokens_1t), jnp.int32(start), jnp.int32(true_length), cache,
-                            cache_len=c_out)
+      self.prefill_shapes.add((1, 0, t_bucket, t_bucket))
+      return self._prefill_fn(params, jnp.asarray(tokens_1t), jnp.zeros((1,), jnp.int32),
+                              jnp.full((1,), true_length, jnp.int32), None, cache_len=t_bucket)
+    if existing_prefix.length.shape != (1,):
+      raise ValueError(f"existing_prefix must hold one prompt (B = 1); it holds {existing_prefix.length.shape}. "
+                       f"Take one with Prefix.row(b).")
+    start = int(existing_prefix.length[0])
+    c_in = existing_prefix.cache.k.shape[2]
+    if start + true_length > self.max_decode_length:
+      raise ValueError(f"existing prefix of {start} tokens + {true_length} new tokens exceeds "
+                       f"max_decode_length {self.max_decode_length}.")
+    c_out = max(c_in, _tokenizer_api.bucket_for(start + true_length, self.cache_buckets))
+    self.prefill_shapes.add((1, c_in, t_bucket, c_out))
+    return self._prefill_fn(params, jnp.asarray(tokens_1t), jnp.full((1,), start, jnp.int32),
+                            jnp.full((1,), true_length, jnp.int32), existing_prefix.cache, cache_len=c_out)
 
-  def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int, *,
-             rng: jax.Array | None = None) -> DecodeState:
-    """Copies `prefix` into `slot`; `decode_state` is donated (do not reuse it).
+  def prefill_rows(self, bucket: int) -> int:
+    """B of every `prefill_batch` call whose longest prompt pads to `bucket`: the largest power of two
+    with B · bucket <= `prefill_batch_tokens`, at most `MAX_PREFILL_ROWS`, at least 1 (never the slot count:
+    engines of any slot count prefill a prompt alike)."""
+    rows = 1
+    while rows * 2 * bucket <= self.prefill_batch_tokens and rows < MAX_PREFILL_ROWS:
+      rows *= 2
+    return rows
 
-    The slot's sampling stream is `rng` (a typed or raw key) if given, else
-    `fold_in(key(seed), decode_state.num_inserts)`: a fresh stream per insert, so n slots filled from one
-    prefix sample independently.
+  def prefill_batch(self, params: Any, prompts: Sequence[Sequence[int]]) -> Prefix:
+    """Prefills fresh prompts (ids, 1..largest bucket each) in one call; row b of the result is prompt b.
+
+    Rows pad to the bucket of the longest prompt, and the batch always to `prefill_rows(bucket)` rows (rows
+    past the last prompt are padding: never insert them). One shape per bucket keeps each row's numbers
+    independent of which prompts share its call (XLA on the CPU rounds a row alike at one shape, not across
+    shapes), so a sample's logprobs do not depend on the schedule. Group prompts of one bucket to waste
+    little.
     """
-    slot = self._check_slot(slot)
+    self.check_params(params)
+    lengths = [len(p) for p in prompts]
+    if not lengths or min(lengths) < 1:
+      raise ValueError(f"prefill_batch needs one or more non-empty prompts; got lengths {lengths}.")
+    t_bucket = _tokenizer_api.bucket_for(max(lengths), self.prefill_buckets)
+    b = self.prefill_rows(t_bucket)
+    if len(prompts) > b:
+      raise ValueError(f"prefill_batch takes at most prefill_rows({t_bucket}) = {b} prompts of that bucket; "
+                       f"got {len(prompts)}.")
+    tokens_bt = np.full((b, t_bucket), self.tokenizer.pad_id, np.int32)
+    for i, prompt in enumerate(prompts):
+      tokens_bt[i, :lengths[i]] = np.asarray(prompt, np.int32)
+    true_b = np.ones((b,), np.int32)
+    true_b[:len(prompts)] = lengths
+    self.prefill_shapes.add((b, 0, t_bucket, t_bucket))
+    return self._prefill_fn(params, jnp.asarray(tokens_bt), jnp.zeros((b,), jnp.int32), jnp.asarray(true_b),
+                            None, cache_len=t_bucket)
+
+  def insert_batch(self, prefix: Prefix, decode_state: DecodeState, rows: Sequence[int],
+                   slots: Sequence[int], rngs: np.ndarray, settings: SlotSettings) -> DecodeState:
+    """Copies prefix row rows[i] into slot slots[i] with raw key rngs[i] ([n, 2] uint32) and settings row i
+    (`slot_settings`); `decode_state` is donated. The n inserts pad to a power of two (one compilation per
+    bucket)."""
+    n = len(slots)
+    for slot in slots:
+      self._check_slot(slot)
+    if len(set(slots)) != n or len(rows) != n or np.shape(rngs)[0] != n or settings.limit.shape != (n,):
+      raise ValueError(f"insert_batch needs distinct slots and one row, key and settings row per slot; got "
+                       f"{n} slots {list(slots)}, {len(rows)} rows, {np.shape(rngs)[0]} keys, settings for "
+                       f"{settings.limit.shape[0]}.")
     if prefix.cache.k.shape[2] > self.max_decode_length:
       raise ValueError(f"prefix cache length {prefix.cache.k.shape[2]} exceeds max_decode_length "
                        f"{self.max_decode_length}.")
+    padded = _pow2_at_least(n)
+
+    def pad(x, fill):
+      x = np.asarray(x)
+      return np.concatenate([x, np.full((padded - n,) + x.shape[1:], fill, x.dtype)]) if padded > n else x
+
+    return self._insert_fn(prefix, decode_state, pad(np.asarray(rows, np.int32), 0),
+                           pad(np.asarray(slots, np.int32), self._max_concurrent_decodes),
+                           pad(np.asarray(rngs, np.uint32), 0), jax.tree.map(lambda x: pad(x, 0), settings))
+
+  def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int, *,
+             rng: jax.Array | None = None, settings: SlotSettings | None = None) -> DecodeState:
+    """Copies `prefix` (its first row) into `slot`; `decode_state` is donated (do not reuse it).
+
+    The slot's sampling stream is `rng` (a typed or raw key) if given, else
+    `fold_in(key(seed), decode_state.num_inserts)`: a fresh stream per insert, so n slots filled from one
+    prefix sample independently. `settings` (one row of `slot_settings`; default: no limit, EOS, the
+    engine's law) say when the slot stops and how it samples.
+    """
+    slot = self._check_slot(slot)
     if rng is None:
       rng = jax.random.fold_in(jax.random.key(self.seed), decode_state.num_inserts)
     if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key):
       rng = jax.random.key_data(rng)
-    return self._insert_fn(prefix, decode_state, jnp.int32(slot), jnp.asarray(rng, jnp.uint32))
+    settings = self.slot_settings([None]) if settings is None else settings
+    return self.insert_batch(prefix, decode_state, [0], [slot], np.asarray(rng, np.uint32)[None], settings)
+
+  def release(self, decode_state: DecodeState, slots: Sequence[int]) -> DecodeState:
+    """Stops `slots` (they produce nothing until their next insert); `decode_state` is donated."""
+    return self._release_fn(decode_state, jnp.asarray([self._check_slot(s) for s in slots], jnp.int32))
 
   def generate(self, params: Any, decode_state: DecodeState) -> tuple[DecodeState, Any]:
     """One token for every live slot; `decode_state` is donated. See the module docstring."""
     self.check_params(params)
     return self._generate_fn(params, decode_state)
+
+  def generate_block(self, params: Any, decode_state: DecodeState, *, steps: int | None = None,
+                     stop_on_free: bool = False) -> tuple[DecodeState, Block]:
+    """Up to `steps` (default and at most `steps_per_sync`) decode steps in one device call; `decode_state`
+    is donated. The block ends early once no slot is live, and with `stop_on_free` right after the step in
+    which a slot stopped. Step i of the block equals the i-th of as many `generate` calls."""
+    self.check_params(params)
+    steps = self.steps_per_sync if steps is None else steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= self.steps_per_sync:
+      raise ValueError(f"steps must be an int in [1, steps_per_sync = {self.steps_per_sync}]; got {steps!r}.")
+    return self._block_fn(params, decode_state, jnp.int32(steps), jnp.bool_(stop_on_free))
 
   def init_decode_state(self, *args, **kwargs) -> DecodeState:
     """All slots empty (inactive)."""
@@ -290,6 +480,7 @@ class RlaxEngine(engine_api.Engine):
         valid=jnp.zeros((n,), bool),
         rngs=jnp.zeros((n,) + key_shape, jnp.uint32),
         num_inserts=jnp.zeros((), jnp.int32),
+        settings=jax.tree.map(jnp.asarray, self.slot_settings([0] * n)),
     )
     return jax.device_put(state, self._replicated)
 
@@ -356,3 +547,18 @@ class RlaxEngine(engine_api.Engine):
   @property
   def colocated_cpus(self) -> None:
     return None
+
+
+def _pow2_at_least(n: int) -> int:
+  b = 1
+  while b < n:
+    b *= 2
+  return b
+
+
+def _stream_key(base_2: jax.Array, streams_j: jax.Array) -> jax.Array:
+  """Raw key of `fold_in` of the raw key `base_2` by each of `streams_j` in turn."""
+  key = jax.random.wrap_key_data(base_2)
+  for j in range(streams_j.shape[0]):
+    key = jax.random.fold_in(key, streams_j[j])
+  return jax.random.key_data(key)

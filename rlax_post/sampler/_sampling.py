@@ -1,30 +1,81 @@
-"""The sampling law: one token per row from temperature-scaled logits truncated to top-k, then top-p."""
+"""The sampling law: one token per row from temperature-scaled logits truncated to top-k, then top-p.
+
+`sample_token` applies one law to every row with one key; `sample_rows` gives each row its own law and key
+(the engine's decode step, where each slot holds a request with its own `SamplingParams`). Both truncate
+through `truncate_rows`, so one law gives the same kept set either way.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """One request's sampling law: softmax(logits / temperature) truncated to top-k, then top-p.
+
+  temperature: >= 0; 0 is greedy (argmax). top_p: in (0, 1]; 1 keeps every token. top_k: >= 0; 0 keeps every
+  token. Logprobs of a request refer to log softmax(logits / T) with its own T (T = 1 when greedy), before
+  truncation.
+  """
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+
+  def __post_init__(self):
+    def number(x):
+      return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating)) and np.isfinite(x)
+
+    if not number(self.temperature) or self.temperature < 0:
+      raise ValueError(f"temperature must be a finite number >= 0 (0 is greedy); got {self.temperature!r}.")
+    if not number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be a number in (0, 1]; got {self.top_p!r}.")
+    if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
+      raise ValueError(f"top_k must be an int >= 0 (0 keeps every token); got {self.top_k!r}.")
+
+
+def truncate_rows(scaled_bv: jax.Array, top_p_b: jax.Array, top_k_b: jax.Array) -> jax.Array:
+  """Sets to -inf, row by row, the tokens outside the top-k (k = top_k_b > 0), then outside the smallest set
+  of the remaining tokens whose mass reaches top_p_b (< 1; the token that crosses it is kept)."""
+  v = scaled_bv.shape[-1]
+  sorted_bv = jnp.sort(scaled_bv, axis=-1)[:, ::-1]
+  kth_b1 = jnp.take_along_axis(sorted_bv, jnp.clip(top_k_b - 1, 0, v - 1)[:, None], axis=-1)
+  kth_b1 = jnp.where(((top_k_b > 0) & (top_k_b < v))[:, None], kth_b1, -jnp.inf)
+  scaled_bv = jnp.where(scaled_bv < kth_b1, -jnp.inf, scaled_bv)
+  sorted_bv = jnp.where(sorted_bv < kth_b1, -jnp.inf, sorted_bv)
+  probs_bv = jax.nn.softmax(sorted_bv, axis=-1)
+  # A token is dropped when the mass strictly before it (in sorted order) already reaches top_p.
+  keep_bv = jnp.cumsum(probs_bv, axis=-1) - probs_bv < top_p_b[:, None]
+  threshold_b1 = jnp.min(jnp.where(keep_bv, sorted_bv, jnp.inf), axis=-1, keepdims=True)
+  threshold_b1 = jnp.where((top_p_b < 1.0)[:, None], threshold_b1, -jnp.inf)
+  return jnp.where(scaled_bv < threshold_b1, -jnp.inf, scaled_bv)
 
 
 def sample_token(logits_bv: jax.Array, rng: jax.Array, *, temperature: float, top_p: float = 1.0,
                  top_k: int = 0) -> jax.Array:
-  """Samples one token per row from softmax(logits / temperature), truncated to top-k then top-p.
-
-  temperature == 0 means greedy (argmax).
-  """
+  """Samples one token per row from softmax(logits / temperature), truncated to top-k then top-p; one key
+  for the whole batch. temperature == 0 means greedy (argmax)."""
   if temperature == 0.0:
     return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
   scaled_bv = logits_bv.astype(jnp.float32) / temperature
-  if top_k and top_k < scaled_bv.shape[-1]:
-    kth_b1 = jax.lax.top_k(scaled_bv, top_k)[0][:, -1:]
-    scaled_bv = jnp.where(scaled_bv < kth_b1, -jnp.inf, scaled_bv)
-  if top_p < 1.0:
-    sorted_bv = jnp.sort(scaled_bv, axis=-1)[:, ::-1]
-    probs_bv = jax.nn.softmax(sorted_bv, axis=-1)
-    # Keep the smallest prefix of the sorted tokens whose mass reaches top_p (the token that crosses it
-    # is kept): a token is dropped when the mass strictly before it already reaches top_p.
-    mass_before_bv = jnp.cumsum(probs_bv, axis=-1) - probs_bv
-    keep_bv = mass_before_bv < top_p
-    threshold_b1 = jnp.min(jnp.where(keep_bv, sorted_bv, jnp.inf), axis=-1, keepdims=True)
-    scaled_bv = jnp.where(scaled_bv < threshold_b1, -jnp.inf, scaled_bv)
+  if (top_k and top_k < scaled_bv.shape[-1]) or top_p < 1.0:
+    b = scaled_bv.shape[0]
+    scaled_bv = truncate_rows(scaled_bv, jnp.full((b,), top_p, jnp.float32), jnp.full((b,), top_k, jnp.int32))
   return jax.random.categorical(rng, scaled_bv, axis=-1).astype(jnp.int32)
+
+
+def sample_rows(logits_bv: jax.Array, keys_b: jax.Array, temperature_b: jax.Array, top_p_b: jax.Array,
+                top_k_b: jax.Array) -> jax.Array:
+  """One token per row, row b from its own law (temperature_b[b], top_p_b[b], top_k_b[b]; temperature 0 is
+  argmax) with its own key keys_b[b] (typed keys). The sort that truncation needs runs only when some row
+  truncates."""
+  greedy_b = temperature_b == 0.0
+  scaled_bv = logits_bv.astype(jnp.float32) / jnp.where(greedy_b, 1.0, temperature_b)[:, None]
+  truncates = jnp.any(((top_k_b > 0) & (top_k_b < scaled_bv.shape[-1])) | (top_p_b < 1.0))
+  scaled_bv = jax.lax.cond(truncates, truncate_rows, lambda x, *_: x, scaled_bv, top_p_b, top_k_b)
+  drawn_b = jax.vmap(lambda key, row: jax.random.categorical(key, row[None], axis=-1)[0])(keys_b, scaled_bv)
+  return jnp.where(greedy_b, jnp.argmax(logits_bv, axis=-1), drawn_b).astype(jnp.int32)

@@ -63,8 +63,8 @@ class ServingEngine(_engine.RlaxEngine):
     """
     cfg = self.model_cfg
     cache = jax.tree.map(jnp.copy, models.init_cache(cfg, 1, self.prefill_buckets[0]))  # k, v: two buffers.
-    prefix = _engine.Prefix(cache=cache, length=jnp.int32(self.max_decode_length),
-                            logits=jnp.zeros((cfg.vocab_size,), jnp.float32))
+    prefix = _engine.Prefix(cache=cache, length=jnp.full((1,), self.max_decode_length, jnp.int32),
+                            logits=jnp.zeros((1, cfg.vocab_size), jnp.float32))
     return jax.device_put(prefix, self.get_prefix_destination_sharding())
 
 
