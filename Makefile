@@ -5,9 +5,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlax_post-installed
 TEST_STAMP := $(VENV)/.rlax_post-test-installed
+TUNIX_VENV ?= .venv-tunix
+TUNIX_STAMP := $(TUNIX_VENV)/.tunix-installed
 PYTEST_ARGS ?=
 
-.PHONY: install install-test demo test test-all bench clean
+.PHONY: install install-test demo test test-all bench tunix-venv bench-tunix clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), f"Python 3.11+ needed; $(PYTHON) is {sys.version}"'
@@ -45,6 +47,22 @@ bench: install
 	mkdir -p benchmarks/out
 	$(PY) benchmarks/advantages.py --json benchmarks/out/advantages.json
 	$(PY) benchmarks/sampler.py --json benchmarks/out/sampler.json
+
+# Tunix 0.1.7 in its own venv, for the side-by-side benchmark only (benchmarks/vs_tunix.py); nothing else
+# needs it. requirements/tunix.txt pins every package (jax & co at requirements/lock.txt's versions).
+$(TUNIX_VENV)/bin/python:
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), f"Python 3.11+ needed; $(PYTHON) is {sys.version}"'
+	$(PYTHON) -m venv $(TUNIX_VENV)
+
+$(TUNIX_STAMP): requirements/tunix.txt | $(TUNIX_VENV)/bin/python
+	$(TUNIX_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/tunix.txt
+	@touch $(TUNIX_STAMP)
+
+tunix-venv: $(TUNIX_STAMP)
+
+bench-tunix: install tunix-venv
+	mkdir -p benchmarks/out
+	$(PY) benchmarks/vs_tunix.py --tunix-python $(TUNIX_VENV)/bin/python --json benchmarks/out/vs_tunix.json
 
 clean:
 	rm -rf runs .pytest_cache
