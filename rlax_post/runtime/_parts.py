@@ -162,8 +162,9 @@ class Parts:
 
   def engine(self, *, slots: int, temperature: float, top_p: float = 1.0, top_k: int = 0
              ) -> sampler.RlaxEngine:
-    """An engine over this mesh for `slots` concurrent samples of the run's lengths: prefill buckets up to
-    the smallest power of two (≥ 16) that holds a context, decode rows long enough for context + response."""
+    """An engine over this mesh and rules for `slots` concurrent samples of the run's lengths (its decode
+    state sharded by the rules: `slots` must divide the mesh axes of "batch"): prefill buckets up to the
+    smallest power of two (≥ 16) that holds a context, decode rows long enough for context + response."""
     prompt, response = self.lengths.prompt, self.lengths.sequence - self.lengths.prompt
     prefill = _pow2_at_least(prompt)
     decode_len = min(self.model_cfg.max_seq_len, max(prefill, prompt + response))
@@ -171,7 +172,7 @@ class Parts:
       raise ValueError(f"`model.max_seq_len` = {self.model_cfg.max_seq_len} cannot hold contexts of {prompt} "
                        f"tokens plus {response} response tokens.")
     return sampler.RlaxEngine(self.model_cfg, self.graphdef, tokenizer=self.tokenizer, mesh=self.mesh,
-                              max_concurrent_decodes=slots, max_prefill_length=min(prefill, decode_len),
+                              rules=self.rules, max_concurrent_decodes=slots, max_prefill_length=min(prefill, decode_len),
                               max_decode_length=decode_len, temperature=temperature, top_p=top_p, top_k=top_k,
                               steps_per_sync=self.cfg.runtime.decode_steps_per_sync)
 
