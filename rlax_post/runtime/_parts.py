@@ -115,7 +115,8 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   rows of `model.max_seq_len` tokens (an upper bound: the runtime's rows are prompt + `rl.max_new_tokens`).
   Param copies: the reference policy, plus in async mode the published version the samplers decode with
   and the next one while it is handed over. KV cache: the samplers' slots plus the greedy eval's batch
-  (async runs evaluate while the samplers decode), each row `model.max_seq_len` long.
+  (async runs evaluate while the samplers decode), each row `model.max_seq_len` long, sharded as the engines
+  shard it on the run's mesh (slots by the rules' "batch", KV heads by "kv_heads").
   """
   rollouts = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
   is_async = cfg.runtime.mode == "async"
