@@ -84,8 +84,9 @@ def _specs(state):
 
 def _check_state_layout(state):
   assert state.cache.k.sharding.spec == CACHE_SPEC and state.cache.v.sharding.spec == CACHE_SPEC
-  assert state.cache.k.sharding.shard_shape(state.cache.k.shape) == (CFG.num_layers, 1, MAX_DECODE, 1,
-                                                                     CFG.head_dim)
+  # Each device holds one slot's keys of one KV head.
+  assert {x.data.shape for x in state.cache.k.addressable_shards} == {(CFG.num_layers, 1, MAX_DECODE, 1,
+                                                                       CFG.head_dim)}
   assert _specs(state) == {"logits": P(SLOT_AXES, None), "positions": P(SLOT_AXES), "active": P(SLOT_AXES),
                            "rngs": P(SLOT_AXES, None)}
   assert state.settings.stops.sharding.spec == P(SLOT_AXES, None)

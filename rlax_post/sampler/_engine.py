@@ -550,6 +550,8 @@ class RlaxEngine(engine_api.Engine):
     n, cfg = self._max_concurrent_decodes, self.model_cfg
     key_shape = jax.random.key_data(jax.random.key(0)).shape
     return DecodeState(
+        # k and v share one zeros array here; as outputs of the jitted `_init_fn` they are two buffers (donation
+        # rejects one buffer twice).
         cache=models.init_cache(cfg, n, self.max_decode_length),
         logits=jnp.zeros((n, cfg.vocab_size), jnp.float32),
         positions=jnp.zeros((n,), jnp.int32),
