@@ -54,15 +54,17 @@ mlp / vocab on tensor, the batch on data × fsdp):
     (`runtime.run_memory`: float32 params, grads and moments, the reference and published copies,
     activations, logits and KV cache) is under 80% of a chip's memory, and the rest of the granule is
     data parallel: more fsdp than that only adds gathers over more chips. So
-    on v5e-256 (16 GB chips) a 7B model gets fsdp 32 × data 8, a 0.5B model fsdp 2 × data 128; on
-    v5p-128 (95 GB) a 7B model gets fsdp 8 × data 8; on h100x8xN a 7B model keeps the node's fsdp 4 ×
+    on v5e-256 (16 GB chips) a 7B/8B model gets fsdp 32 × data 8, a 0.5B model fsdp 2 × data 128; on
+    v5p-128 (95 GB) a 7B/8B model gets fsdp 4 × data 16; on h100x8xN a 7B model keeps the node's fsdp 4 ×
     tensor 2 and runs data = N across nodes. A single slice is all ICI, so its dcn is 1; on 2xv5p-128
     and h100x8xN, data = (data inside a granule) × granules with `mesh.dcn_data` = granules.
 
 Batches: `loss.micro_batches` is chosen so one micro-batch puts 1-2 rows of `model.max_seq_len` tokens on
-each data × fsdp shard. The samplers keep their decode state (KV cache) replicated on the mesh
-(`RlaxEngine`), so `runtime.sampler_slots` (and `eval.batch_size`, the greedy eval's slots) is what bounds
-the cache: it is set per pair below. `rlax_post.runtime.run_memory` gives each pair's per-device estimate
+each data × fsdp shard. The samplers shard their decode state (KV cache) over the mesh (`RlaxEngine`: slots
+over data × fsdp, KV heads over tensor), so each engine's slot count, `runtime.sampler_slots` and
+`eval.batch_size` (the greedy eval's slots), must be a multiple of data × fsdp: the per-hardware counts
+below are rounded up to one (a pod gets at least one slot per shard), and a device holds its share of the
+cache. `rlax_post.runtime.run_memory` gives each pair's per-device estimate
 (docs/models.md has the table); tests/test_model_configs.py checks that every supported pair shards evenly
 and stays under 90% of the chip's memory.
 
@@ -76,8 +78,9 @@ end to end on a real model. Replace `task.name` / `task.options` with a real tas
 
 Pairs that do not fit raise ValueError with the reason (`UNSUPPORTED`): the 7B/8B models on gpu1 and v5e-8
 (float32 AdamW state alone is 16 B × 7.6-8.2B parameters ≈ 122-131 GB: > 80 GB on one GPU, ≈ 15-16 GB per
-16 GB v5e chip), and llama3.2-3b and gemma2-2b on gpu1 and v5e-8 (float32 state plus the three in-process
-param copies exceed 90% of the memory).
+16 GB v5e chip), and llama3.2-3b and gemma2-2b on gpu1 (float32 state plus the three in-process param
+copies exceed 90% of the memory). Since the KV cache is sharded, llama3.2-3b and gemma2-2b fit v5e-8 (89%
+and 83% of a chip by `runtime.run_memory`; llama3.2-3b is the tightest supported pair).
 """
 
 import ml_collections
@@ -123,8 +126,6 @@ UNSUPPORTED = {
     ("gemma2-2b", "gpu1"): "float32 state + 3 param copies ≈ 90 GB for 2.6B parameters; use h100x8",
     ("qwen2.5-7b", "v5e-8"): "float32 AdamW state is ≈ 15 GB per 16 GB chip before activations; use v5p-16",
     ("qwen3-8b", "v5e-8"): "float32 AdamW state is ≈ 16 GB per 16 GB chip before activations; use v5p-16",
-    ("llama3.2-3b", "v5e-8"): "float32 state + param copies ≈ 14 GB of 16 GB per chip; use v5p-16",
-    ("gemma2-2b", "v5e-8"): "float32 state + param copies + 256k-vocab logits exceed 16 GB; use v5p-16",
 }
 
 
@@ -178,6 +179,9 @@ def _build(model: str, hardware: str, mesh: dict) -> ml_collections.ConfigDict:
   micro_batches = rollouts // (hw["rows_per_shard"] * mesh["data"] * mesh["fsdp"])
   # The 7B/8B KV cache is 2-3x a small model's per slot (more layers and KV heads); halve the slots.
   sampler_slots = hw["sampler_slots"] // 2 if model in _LARGE else hw["sampler_slots"]
+  # Engines shard their slots over data × fsdp (`RlaxEngine`): a multiple of it, at least one per shard.
+  shards = mesh["data"] * mesh["fsdp"]
+  sampler_slots, eval_batch = (-(-n // shards) * shards for n in (sampler_slots, hw["eval_batch"]))
 
   c = ml_collections.ConfigDict()
   c.seed = 0
@@ -198,9 +202,9 @@ def _build(model: str, hardware: str, mesh: dict) -> ml_collections.ConfigDict:
                 entropy_coef=0.0, agg_mode="token_mean", micro_batches=micro_batches)
   c.advantage = dict(estimator="grpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
                      episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0)
-  c.eval = dict(every=20, batch_size=hw["eval_batch"])
+  c.eval = dict(every=20, batch_size=eval_batch)
   c.checkpoint = dict(every=50, max_to_keep=2)
   c.runtime = dict(mode="async", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,
-                   max_staleness=1, num_samplers=1, queue="memory", queue_capacity=0,
+                   decode_steps_per_sync=8, max_staleness=1, num_samplers=1, queue="memory", queue_capacity=0,
                    sampler_slots=sampler_slots, param_versions_to_keep=3, sampler_timeout_s=600.0)
   return c

@@ -382,7 +382,7 @@ def test_estimate_memory_matches_a_hand_count():
   params = 4 * (16 * 8 // 2 + 2 * per_layer + 8)
   assert params == 2720
   got = learner.estimate_memory(cfg, {"fsdp": 2}, batch=8, seq_len=6, micro_batches=2, remat=True,
-                                optimizer=optax.adam(1e-3), param_copies=1, kv_slots=3, kv_len=10)
+                                optimizer=optax.adam(1e-3), param_copies=1, kv_slots=4, kv_len=10)
   # One micro-batch is 4 rows, 2 per device; activations float32 (4 bytes).
   b, t = 2, 6
   btd = b * t * 8 * 4
@@ -395,15 +395,31 @@ def test_estimate_memory_matches_a_hand_count():
       "optimizer": 2 * params + 4,  # mu, nu and Adam's int32 count
       "reference": params,
       "activations": 2 * btd + block + logits,
-      "kv_cache": 2 * 2 * 3 * 10 * 1 * 4 * 4 + 3 * 16 * 4,  # K and V, replicated; + float32 logits
+      # K and V [L, slots, S, K, H] with the 4 slots split over fsdp; + float32 logits [slots, V], the same.
+      "kv_cache": 2 * 2 * (4 // 2) * 10 * 1 * 4 * 4 + (4 // 2) * 16 * 4,
   }
   want["total"] = sum(want.values())
   assert got == want
   assert tuple(got)[:-1] == learner.MEMORY_COMPONENTS
-  assert want["activations"] == 9216 and want["total"] == 27652
+  assert want["activations"] == 9216 and want["kv_cache"] == 1408 and want["total"] == 26948
   no_remat = learner.estimate_memory(cfg, {"fsdp": 2}, batch=8, seq_len=6, micro_batches=2, remat=False,
                                      optimizer=optax.adam(1e-3))
   assert no_remat["activations"] == 2 * block + logits
+
+
+def test_estimate_memory_splits_the_kv_cache_over_slots_and_kv_heads():
+  cfg = models.ModelConfig(vocab_size=16, d_model=8, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=4,
+                           mlp_dim=16)
+  kw = dict(batch=8, seq_len=6, kv_len=10)
+  got = learner.estimate_memory(cfg, {"data": 2, "fsdp": 2, "tensor": 2}, kv_slots=8, **kw)
+  # 8 slots over data × fsdp = 4, 2 KV heads over tensor = 2; the logits by slot only.
+  assert got["kv_cache"] == 2 * 2 * (8 // 4) * 10 * (2 // 2) * 4 * 4 + (8 // 4) * 16 * 4 == 1408
+  # Rules that keep the slots on 'data': the same cache splits 2 ways by slot.
+  rules = tuple((name, "data" if name == "batch" else axes) for name, axes in sharding.DEFAULT_RULES)
+  got = learner.estimate_memory(cfg, {"data": 2, "fsdp": 2, "tensor": 2}, kv_slots=8, rules=rules, **kw)
+  assert got["kv_cache"] == 2 * 2 * (8 // 2) * 10 * (2 // 2) * 4 * 4 + (8 // 2) * 16 * 4 == 2816
+  with pytest.raises(ValueError, match=r"dim 1 \('batch'\) of size 6 is not divisible"):
+    learner.estimate_memory(cfg, {"data": 2, "fsdp": 2, "tensor": 2}, kv_slots=6, **kw)
 
 
 def test_estimate_memory_raises_for_a_dim_that_does_not_divide_and_bad_arguments():

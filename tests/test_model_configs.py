@@ -64,6 +64,9 @@ def test_pair_validates_shards_evenly_and_fits(model, hardware):
   # The learner's micro-batch rows divide over the batch axes.
   rows = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt // cfg.rl.minibatches // cfg.loss.micro_batches
   assert rows % (cfg.mesh.data * cfg.mesh.fsdp) == 0
+  # Each engine's slots divide over data × fsdp (its decode state is sharded there; `RlaxEngine` checks).
+  assert cfg.runtime.sampler_slots % (cfg.mesh.data * cfg.mesh.fsdp) == 0
+  assert cfg.eval.batch_size % (cfg.mesh.data * cfg.mesh.fsdp) == 0
   memory = runtime.run_memory(cfg, model_cfg)
   assert memory["total"] < 0.9 * hw["hbm_bytes"], {k: learner.format_bytes(v) for k, v in memory.items()}
 

@@ -27,9 +27,12 @@ Components (bytes per device):
               our attention materialises them). Plus the float32 logits [b, T, V] × 3 (logits, log-softmax,
               their gradient), which no remat policy frees.
   kv_cache    the samplers' decode state: `kv_slots` rows × `kv_len` positions of K and V for every layer
-              ([L, slots, S, K, H] × 2 in the activation dtype) plus float32 logits [slots, V]. The engine
-              keeps its decode state replicated on its mesh (`RlaxEngine.init_decode_state`), so it is NOT
-              divided by the device count.
+              ([L, slots, S, K, H] × 2 in the activation dtype) plus float32 logits [slots, V], sharded as
+              the engine shards them (`sampler.RlaxEngine`): the cache by `models.CACHE_LBSKH` (slots over
+              the mesh axes of 'batch', KV heads over those of 'kv_heads': data × fsdp and tensor with the
+              default rules), the logits by slot only. Slots or KV heads that do not divide their mesh axes
+              raise ValueError, as the engine would. (The engine's per-slot vectors and the prefill's
+              per-request cache are left out: small beside these.)
 
 What it leaves out: XLA's temporary buffers and fragmentation (keep a margin; the tests ask for < 90% of
 HBM), the prefill's per-request cache, the host-side rollout queue, and the compiled programs themselves.
@@ -77,7 +80,8 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
       clipping; its moments take the params' dtype).
     rules: logical-axis rules.
     param_copies: extra full param trees held besides the learner's (reference policy, published version).
-    kv_slots: concurrent decodes whose KV cache is live (sampler slots + eval slots); 0: no sampler.
+    kv_slots: concurrent decodes whose KV cache is live (sampler slots + eval slots); 0: no sampler. Each
+      engine's slot count must divide the mesh axes of 'batch'; this checks their sum.
     kv_len: positions per KV-cache row; None: `seq_len`.
 
   Returns:
@@ -120,7 +124,13 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
 
   kv = 0
   if kv_slots:
-    kv = 2 * c.num_layers * kv_slots * kv_len * c.num_kv_heads * c.head_dim * a + kv_slots * c.vocab_size * 4
+    decode_like = {'k': jax.ShapeDtypeStruct((c.num_layers, kv_slots, kv_len, c.num_kv_heads, c.head_dim),
+                                             np.dtype(c.dtype)),
+                   'logits': jax.ShapeDtypeStruct((kv_slots, c.vocab_size), np.float32)}
+    decode_sh = sharding.named_shardings({'k': models.CACHE_LBSKH, 'logits': ('batch', None)}, mesh, rules,
+                                         shapes=decode_like)
+    kv = (2 * _tree_bytes(decode_like['k'], decode_sh['k'])
+          + _tree_bytes(decode_like['logits'], decode_sh['logits']))
   out['kv_cache'] = kv
   out = {k: int(out[k]) for k in COMPONENTS}
   out['total'] = sum(out.values())

@@ -1,6 +1,7 @@
 """Decoder-only transformers (Llama / Qwen / Gemma 2 / Gemma 3 text; flax nnx), KV cache, logprobs, tokenizers."""
 
 from rlax_post.models._axes import activation_constraints
+from rlax_post.models._axes import CACHE_LBSKH
 from rlax_post.models._axes import PARAM_LOGICAL_AXES
 from rlax_post.models._axes import param_logical_axes
 from rlax_post.models._config import ModelConfig
@@ -27,6 +28,7 @@ from rlax_post.models._transformer import Transformer
 __all__ = [
     "read_hf_config",
     "activation_constraints",
+    "CACHE_LBSKH",
     "abstract_params",
     "ByteTokenizer",
     "config_from_hf",

@@ -42,6 +42,8 @@ ACT_BTNH = ("batch", "length", "heads", "head_dim")
 ACT_BTKH = ("batch", "length", "kv_heads", "head_dim")
 ACT_BTF = ("batch", "length", "mlp")
 ACT_BTV = ("batch", "length", "vocab")
+# The KV cache [L, B, S, K, H]: the sampler shards its decode state by it and `learner.estimate_memory` counts
+# it by it.
 CACHE_LBSKH = ("layers", "batch", "length", "kv_heads", "head_dim")
 
 ConstrainFn = Callable[[jax.Array, Sequence[str | None]], jax.Array]

@@ -115,7 +115,8 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   rows of `model.max_seq_len` tokens (an upper bound: the runtime's rows are prompt + `rl.max_new_tokens`).
   Param copies: the reference policy, plus in async mode the published version the samplers decode with
   and the next one while it is handed over. KV cache: the samplers' slots plus the greedy eval's batch
-  (async runs evaluate while the samplers decode), each row `model.max_seq_len` long.
+  (async runs evaluate while the samplers decode), each row `model.max_seq_len` long, sharded as the engines
+  shard it on the run's mesh (slots by the rules' "batch", KV heads by "kv_heads").
   """
   rollouts = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
   is_async = cfg.runtime.mode == "async"
@@ -162,8 +163,9 @@ class Parts:
 
   def engine(self, *, slots: int, temperature: float, top_p: float = 1.0, top_k: int = 0
              ) -> sampler.RlaxEngine:
-    """An engine over this mesh for `slots` concurrent samples of the run's lengths: prefill buckets up to
-    the smallest power of two (≥ 16) that holds a context, decode rows long enough for context + response."""
+    """An engine over this mesh and rules for `slots` concurrent samples of the run's lengths (its decode
+    state sharded by the rules: `slots` must divide the mesh axes of "batch"): prefill buckets up to the
+    smallest power of two (≥ 16) that holds a context, decode rows long enough for context + response."""
     prompt, response = self.lengths.prompt, self.lengths.sequence - self.lengths.prompt
     prefill = _pow2_at_least(prompt)
     decode_len = min(self.model_cfg.max_seq_len, max(prefill, prompt + response))
@@ -171,7 +173,7 @@ class Parts:
       raise ValueError(f"`model.max_seq_len` = {self.model_cfg.max_seq_len} cannot hold contexts of {prompt} "
                        f"tokens plus {response} response tokens.")
     return sampler.RlaxEngine(self.model_cfg, self.graphdef, tokenizer=self.tokenizer, mesh=self.mesh,
-                              max_concurrent_decodes=slots, max_prefill_length=min(prefill, decode_len),
+                              rules=self.rules, max_concurrent_decodes=slots, max_prefill_length=min(prefill, decode_len),
                               max_decode_length=decode_len, temperature=temperature, top_p=top_p, top_k=top_k,
                               steps_per_sync=self.cfg.runtime.decode_steps_per_sync)
 

@@ -24,6 +24,20 @@ tokens. Prefill pads prompts to `prefill_buckets` (powers of two from `min_prefi
 bucket, output cache length) triple, all drawn from `cache_buckets`; insert once per (prefix batch, prefix
 cache length, insert count bucket); `generate` and `generate_block` once. `prefill_shapes` records the
 prefill shapes used.
+
+Sharding (`rules`, logical axes → mesh axes, as the learner's): the decode state is sharded by slot, its
+slots ("batch": data × fsdp with `sharding.DEFAULT_RULES`) and the cache's KV heads ("kv_heads": tensor);
+the cache by `models.CACHE_LBSKH`, every per-slot field [slots] / [slots, ·] by its slot only. The logits
+[slots, V] are split by slot only, not by vocab: sampling (top-k / top-p sorts, the categorical draw) then
+reads whole rows on each device, and the model's vocab-split last matmul is gathered once per step into a
+buffer already divided by the slot axes. A prefix [L, B, C, K, H] splits its KV heads only: its B (1 to
+`MAX_PREFILL_ROWS`) rows go into slots on any device, so every device holds all of them (replicated over the
+slot axes; its length and logits are replicated). The jitted steps pin these layouts with explicit
+`in_shardings` / `out_shardings` and donate the state, so it stays put from step to step; a decode step
+traces the model under the rules' activation constraints. A slot count or KV-head count that does not
+divide its mesh axes is a ValueError (never a silent replication). Params may come sharded by the param
+rules (`load_params` restores them so; the runtime's `Parts.param_shardings`) or replicated: their layout
+is taken from the arrays (one compilation per layout).
 """
 
 from __future__ import annotations
@@ -98,6 +112,35 @@ class Block:
   steps: jax.Array  # [] int32: steps run (rows past it are not valid).
 
 
+def _slot_axes() -> tuple[DecodeState, Block]:
+  """The logical axes of every field of a `DecodeState` and a `Block` (the module docstring)."""
+  slot, slot_row = ("batch",), ("batch", None)
+  cache = models.KVCache(k=models.CACHE_LBSKH, v=models.CACHE_LBSKH)
+  settings = SlotSettings(limit=slot, stops=slot_row, temperature=slot, top_p=slot, top_k=slot)
+  state = DecodeState(cache=cache, logits=slot_row, positions=slot, lengths=slot, active=slot, tokens=slot,
+                      logprobs=slot, valid=slot, rngs=slot_row, num_inserts=(), settings=settings)
+  step_slot = (None, "batch")
+  return state, Block(tokens=step_slot, logprobs=step_slot, valid=step_slot, steps=())
+
+
+# A prefix's rows are replicated over the slot axes (any row may go into any slot); its KV heads are split.
+_PREFIX_AXES = Prefix(cache=models.KVCache(k=("layers", None, "length", "kv_heads", "head_dim"),
+                                           v=("layers", None, "length", "kv_heads", "head_dim")),
+                      length=(None,), logits=(None, None))
+
+
+def _mesh_rules(mesh: jax.sharding.Mesh) -> sharding.Rules:
+  """`sharding.DEFAULT_RULES` less the mesh axes `mesh` lacks (a mesh without them has nothing to split)."""
+  if all(a in mesh.shape for a in sharding.MESH_AXES):
+    return sharding.DEFAULT_RULES
+  return tuple((name, tuple(a for a in _spec_axes(axes) if a in mesh.shape) or None)
+               for name, axes in sharding.DEFAULT_RULES)
+
+
+def _spec_axes(entry) -> tuple[str, ...]:
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+
+
 class RlaxEngine(engine_api.Engine):
   """JetStream engine over `models.Transformer` with sampling by `sampler.sample_rows`.
 
@@ -106,8 +149,10 @@ class RlaxEngine(engine_api.Engine):
     graphdef: its graphdef (from `models.init_params` / `models.abstract_params`).
     tokenizer: a `models.ByteTokenizer` (ids must fit `model_cfg.vocab_size`).
     mesh: device mesh (default: the first device, axes data/fsdp/tensor). The decode state and prefixes
-      are replicated on it; params passed to `prefill`/`generate` must live on it too (`load_params`
-      restores them replicated there).
+      live on it, sharded by `rules`; params passed to `prefill`/`generate` must live on it too, sharded by
+      the param rules or replicated (`load_params` restores them sharded by `rules`).
+    rules: logical-axis rules (`sharding.Rules`; default: `sharding.DEFAULT_RULES` less the axes `mesh`
+      lacks). The slot count must divide the mesh axes of "batch", the model's KV heads those of "kv_heads".
     max_concurrent_decodes: number of slots.
     max_prefill_length: longest prompt (tokens) one `prefill` takes.
     max_decode_length: S, positions per slot (prompt + response), in [max_prefill_length,
@@ -122,7 +167,8 @@ class RlaxEngine(engine_api.Engine):
   """
 
   def __init__(self, model_cfg: models.ModelConfig, graphdef: Any, *, tokenizer: models.ByteTokenizer,
-               mesh: jax.sharding.Mesh | None = None, max_concurrent_decodes: int,
+               mesh: jax.sharding.Mesh | None = None, rules: sharding.Rules | None = None,
+               max_concurrent_decodes: int,
                max_prefill_length: int, max_decode_length: int, temperature: float = 1.0,
                top_p: float = 1.0, top_k: int = 0, seed: int = 0, min_prefill_bucket: int = 16,
                steps_per_sync: int = 8, max_stop_tokens: int = 8, prefill_batch_tokens: int = 2048):
@@ -161,13 +207,30 @@ class RlaxEngine(engine_api.Engine):
     # so far: one compilation each. Fresh prompts use (B, 0, t, t) for t in `prefill_buckets`.
     self.prefill_shapes: set[tuple[int, int, int, int]] = set()
     _, self._abstract_params = models.abstract_params(model_cfg)
-    self._replicated = jax.sharding.NamedSharding(self._mesh, jax.sharding.PartitionSpec())
-    self._prefill_fn = jax.jit(self._prefill_impl, static_argnames=("cache_len",))
-    self._insert_fn = jax.jit(self._insert_impl, donate_argnums=(1,))
-    self._generate_fn = jax.jit(self._generate_impl, donate_argnums=(1,))
-    self._block_fn = jax.jit(self._block_impl, donate_argnums=(1,))
+    self.rules = _mesh_rules(self._mesh) if rules is None else tuple(rules)
+    self._check_divides("max_concurrent_decodes", max_concurrent_decodes, "batch", "the decode state's slots")
+    self._check_divides("the model's num_kv_heads", model_cfg.num_kv_heads, "kv_heads", "the KV cache's heads")
+    state_axes, block_axes = _slot_axes()
+    state_like = jax.eval_shape(self._empty_state)
+    # NamedShardings of the decode state, a `generate_block` block and a prefix (the module docstring).
+    self.state_shardings = sharding.named_shardings(state_axes, self._mesh, self.rules, shapes=state_like)
+    self.block_shardings = sharding.named_shardings(block_axes, self._mesh, self.rules)
+    self.prefix_shardings = sharding.named_shardings(_PREFIX_AXES, self._mesh, self.rules)
+    self._constrain = sharding.activation_constraint_fn(self._mesh, self.rules)
+    state_sh = self.state_shardings
+    # Params, prefixes and host inputs keep the layout they come with (None); the state's is pinned.
+    self._init_fn = jax.jit(self._empty_state, out_shardings=state_sh)
+    self._prefill_fn = jax.jit(self._prefill_impl, static_argnames=("cache_len",),
+                               out_shardings=self.prefix_shardings)
+    self._insert_fn = jax.jit(self._insert_impl, in_shardings=(None, state_sh, None, None, None, None),
+                              out_shardings=state_sh, donate_argnums=(1,))
+    self._generate_fn = jax.jit(self._generate_impl, in_shardings=(None, state_sh),
+                                out_shardings=(state_sh, None), donate_argnums=(1,))
+    self._block_fn = jax.jit(self._block_impl, in_shardings=(None, state_sh, None, None),
+                             out_shardings=(state_sh, self.block_shardings), donate_argnums=(1,))
     self._release_fn = jax.jit(lambda state, slots: state.replace(
-        active=state.active.at[slots].set(False, mode="drop")), donate_argnums=(0,))
+        active=state.active.at[slots].set(False, mode="drop")), in_shardings=(state_sh, None),
+                               out_shardings=state_sh, donate_argnums=(0,))
     self._stream_keys_fn = jax.jit(jax.vmap(_stream_key))
 
   # --- Checks ---------------------------------------------------------------------------------------------
@@ -188,6 +251,19 @@ class RlaxEngine(engine_api.Engine):
       if tuple(np.shape(leaf)) != want[path].shape:
         raise ValueError(f"params leaf {jax.tree_util.keystr(path)} has shape {tuple(np.shape(leaf))}; "
                          f"the model wants {want[path].shape}.")
+
+  def _check_divides(self, what: str, size: int, logical: str, role: str) -> None:
+    """Raises ValueError unless `size` divides the mesh axes the rules map `logical` to."""
+    axes = _spec_axes(sharding.logical_to_spec((logical,), self.rules)[0])
+    missing = [a for a in axes if a not in self._mesh.shape]
+    if missing:
+      raise ValueError(f"The rules map {logical!r} ({role}) to mesh axes {axes}; the mesh "
+                       f"{dict(self._mesh.shape)} lacks {missing}.")
+    parts = int(np.prod([self._mesh.shape[a] for a in axes]))
+    if size % parts:
+      raise ValueError(f"{what} = {size} does not divide over the mesh axes {axes} of total size {parts} that "
+                       f"the rules map {logical!r} ({role}) to (mesh {dict(self._mesh.shape)}); use a "
+                       f"multiple of {parts}, or rules that split {logical!r} over fewer devices.")
 
   def _check_slot(self, slot: Any) -> int:
     if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not (
@@ -268,7 +344,8 @@ class RlaxEngine(engine_api.Engine):
     )
 
   def _generate_impl(self, params, state: DecodeState):
-    new = self._decode_step(params, state)
+    with models.activation_constraints(self._constrain):
+      new = self._decode_step(params, state)
     data = jnp.stack([new.tokens, new.valid.astype(jnp.int32), new.lengths], axis=-1).astype(jnp.int32)
     result = engine_api.ResultTokens(data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
                                      samples_per_slot=1)
@@ -294,7 +371,8 @@ class RlaxEngine(engine_api.Engine):
                     valid=block.valid.at[i].set(new.valid), steps=i + 1)
       return new, block, jnp.any(state.active & ~new.active)
 
-    state, block, _ = jax.lax.while_loop(go_on, body, (state, empty, jnp.zeros((), bool)))
+    with models.activation_constraints(self._constrain):
+      state, block, _ = jax.lax.while_loop(go_on, body, (state, empty, jnp.zeros((), bool)))
     return state, block
 
   # --- Host-side settings and keys ------------------------------------------------------------------------
@@ -464,13 +542,17 @@ class RlaxEngine(engine_api.Engine):
     return self._block_fn(params, decode_state, jnp.int32(steps), jnp.bool_(stop_on_free))
 
   def init_decode_state(self, *args, **kwargs) -> DecodeState:
-    """All slots empty (inactive)."""
+    """All slots empty (inactive), sharded by `state_shardings` (built on its devices, never whole on one)."""
     del args, kwargs
+    return self._init_fn()
+
+  def _empty_state(self) -> DecodeState:
     n, cfg = self._max_concurrent_decodes, self.model_cfg
     key_shape = jax.random.key_data(jax.random.key(0)).shape
-    state = DecodeState(
-        # Two buffers (`init_cache` shares one zeros array between k and v, which donation rejects).
-        cache=jax.tree.map(jnp.copy, models.init_cache(cfg, n, self.max_decode_length)),
+    return DecodeState(
+        # k and v share one zeros array here; as outputs of the jitted `_init_fn` they are two buffers (donation
+        # rejects one buffer twice).
+        cache=models.init_cache(cfg, n, self.max_decode_length),
         logits=jnp.zeros((n, cfg.vocab_size), jnp.float32),
         positions=jnp.zeros((n,), jnp.int32),
         lengths=jnp.zeros((n,), jnp.int32),
@@ -482,14 +564,14 @@ class RlaxEngine(engine_api.Engine):
         num_inserts=jnp.zeros((), jnp.int32),
         settings=jax.tree.map(jnp.asarray, self.slot_settings([0] * n)),
     )
-    return jax.device_put(state, self._replicated)
 
   def load_params(self, checkpoint_dir: str | epath.Path, step: int | None = None) -> Any:
     """The model params of a run checkpoint: `checkpoint_dir/<step>/state`'s `params` (latest step if None).
 
     `checkpoint_dir` is a run's `workdir/checkpoints` (see `runtime.RunCheckpointer`). Params are restored
-    replicated on the engine's mesh, in the model's `param_dtype`. Raises FileNotFoundError if there is no
-    such checkpoint and ValueError if its params do not match the model.
+    on the engine's mesh sharded by its rules (`param_shardings`), in the model's `param_dtype`. Raises
+    FileNotFoundError if there is no such checkpoint and ValueError if its params do not match the model or
+    do not divide the mesh axes their rules name.
     """
     directory = epath.Path(checkpoint_dir)
     if step is None:
@@ -508,16 +590,23 @@ class RlaxEngine(engine_api.Engine):
         raise ValueError(f"Checkpoint {path} has no 'params' entry; it has {sorted(saved)}.")
       self.check_params(jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype),
                                      saved["params"]))
-      target = {"params": jax.tree.map(
-          lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._replicated), self._abstract_params)}
+      target = {"params": jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                                       self._abstract_params, self.param_shardings())}
       out = ckptr.restore(path, args=ocp.args.PyTreeRestore(
           item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
           partial_restore=True))
     self.check_params(out["params"])
     return out["params"]
 
+  def param_shardings(self) -> Any:
+    """NamedShardings of the model's params on the engine's mesh by its rules (the learner's layout). Raises
+    ValueError naming the leaf whose dimension does not divide its mesh axes."""
+    return sharding.named_shardings(models.param_logical_axes(self._abstract_params), self._mesh, self.rules,
+                                    shapes=self._abstract_params)
+
   def get_prefix_destination_sharding(self) -> Any:
-    return self._replicated
+    """A `Prefix` of NamedShardings (`prefix_shardings`): KV heads split, rows replicated."""
+    return self.prefix_shardings
 
   def get_tokenizer(self) -> Any:
     return tokenizer_pb2.TokenizerParameters(path=_tokenizer_api.BYTE_TOKENIZER_PATH, extra_ids=0)
