@@ -12,8 +12,8 @@ Workloads (`workloads()`):
   sampler  64 prompts x 64 new tokens, prompts of 32 tokens, KV length 96 (32 + 64), temperature 1, no
            top-p/top-k; tokens/s = generated tokens / wall seconds of one call that returns every token and
            its logprob on the host.
-           Ours: `sampler.Driver` (defaults; `--steps-per-sync` passed through when the Driver has that
-           argument) over an `RlaxEngine` of 64 slots, prefill bucket 32, 96 positions.
+           Ours: `sampler.Driver` over an `RlaxEngine` of 64 slots, prefill bucket 32, 96 positions, decode
+           blocks of `--steps-per-sync` steps (default: the engine's, 8).
            Tunix: `tunix.generate.sampler.Sampler.__call__` on the 64 prompt strings (one batched prefill,
            then its jitted `while_loop` decode), `return_logprobs=True`, `max_prompt_length=32`, cache 96.
   grpo     one step of 4 prompts x 4 samples x 32 new tokens (prompts of 32 tokens): rollout (sampling,
@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
 import json
 import os
 import statistics
@@ -135,13 +134,9 @@ def _tokenizer(vocab_size: int):
   return NoEosTokenizer()
 
 
-def driver_kwargs(steps_per_sync: int | None) -> dict:
-  """Driver arguments: `steps_per_sync` only where given and the Driver accepts it (else its default)."""
-  if steps_per_sync is None:
-    return {}
-  if "steps_per_sync" not in inspect.signature(sampler.Driver).parameters:
-    raise SystemExit("vs_tunix.py: --steps-per-sync given but this Driver has no steps_per_sync argument.")
-  return {"steps_per_sync": steps_per_sync}
+def engine_kwargs(steps_per_sync: int | None) -> dict:
+  """Engine arguments: `steps_per_sync` where given (else the engine's default)."""
+  return {} if steps_per_sync is None else {"steps_per_sync": steps_per_sync}
 
 
 class OursSampler:
@@ -155,16 +150,16 @@ class OursSampler:
     self.engine = sampler.RlaxEngine(self.cfg, graphdef, tokenizer=_tokenizer(model["vocab_size"]), mesh=mesh,
                                      max_concurrent_decodes=len(spec["prompts"]),
                                      max_prefill_length=spec["prompt_len"], max_decode_length=spec["kv_len"],
-                                     temperature=spec["temperature"], seed=0)
+                                     temperature=spec["temperature"], seed=0,
+                                     **engine_kwargs(steps_per_sync))
     self.params = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
     self.requests = [sampler.Request(prompt=tuple(p), n=1, max_tokens=spec["new_tokens"], request_id=i)
                      for i, p in enumerate(spec["prompts"])]
-    self.kwargs = driver_kwargs(steps_per_sync)
     self.num_params = self.cfg.num_params()
 
   def run(self, seed: int) -> dict:
     t0 = time.perf_counter()
-    driver = sampler.Driver(self.engine, self.params, seed=seed, **self.kwargs)
+    driver = sampler.Driver(self.engine, self.params, seed=seed)
     completions = driver.sample(self.requests)
     seconds = time.perf_counter() - t0
     lengths = [len(c.tokens) for c in completions]
