@@ -8,6 +8,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from rlax_post.models import _axes
 from rlax_post.models._config import ModelConfig
 from rlax_post.models._transformer import KVCache
 from rlax_post.models._transformer import Transformer
@@ -109,17 +110,18 @@ def token_logprobs(graphdef: GraphDef, params: Params, tokens_bt: jax.Array,
                      f"{window} and needed_bt of shape {None if needed_bt is None else jnp.shape(needed_bt)}.")
   needed_bt = jnp.asarray(needed_bt, bool)
   # argmax of a row with no needed position is 0: its window is the first W positions, all unread.
-  start_b1 = jnp.minimum(jnp.argmax(needed_bt, axis=1), t1 - window)[:, None]
-  t_bw = start_b1 + jnp.arange(window)
-  x_bwd = jnp.take_along_axis(x_btd, t_bw[..., None], axis=1)
-  logp_bw, entropy_bw = _logprobs_and_entropy(
-      model.head(x_bwd), jnp.take_along_axis(targets_bt, t_bw, axis=1), temperature)
+  start_b = jnp.minimum(jnp.argmax(needed_bt, axis=1), t1 - window)
+  # Per-row slices (vmapped, so the gather and scatter are batched over rows: each device slices the rows it
+  # holds, no collective on a batch-sharded mesh).
+  window_of = jax.vmap(lambda x_t, s: jax.lax.dynamic_slice_in_dim(x_t, s, window, axis=0))
+  x_bwd = _axes.constrain(window_of(x_btd, start_b), _axes.ACT_BTD)
+  logp_bw, entropy_bw = _logprobs_and_entropy(model.head(x_bwd), window_of(targets_bt, start_b), temperature)
   t_1t = jnp.arange(t1)[None]
-  missed_bt = needed_bt & ((t_1t < start_b1) | (t_1t >= start_b1 + window))
-  rows_b1 = jnp.arange(b)[:, None]
+  missed_bt = needed_bt & ((t_1t < start_b[:, None]) | (t_1t >= start_b[:, None] + window))
+  into_row = jax.vmap(lambda x_w, s: jax.lax.dynamic_update_slice_in_dim(
+      jnp.zeros((t1,), x_w.dtype), x_w, s, axis=0))
 
   def place(x_bw):  # [B, W] -> [B, T-1]: zeros outside the window, NaN at needed positions outside it.
-    x_bt = jnp.zeros((b, t1), x_bw.dtype).at[rows_b1, t_bw].set(x_bw, unique_indices=True)
-    return jnp.where(missed_bt, jnp.nan, x_bt)
+    return jnp.where(missed_bt, jnp.nan, into_row(x_bw, start_b))
 
   return place(logp_bw), place(entropy_bw)
