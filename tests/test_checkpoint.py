@@ -1,5 +1,6 @@
 """Checkpoints: a restored train state gives a bit-identical next step; unfinished saves are invisible."""
 
+import functools
 import os
 
 import jax
@@ -22,7 +23,7 @@ def _setup_learner():
   parts = runtime.build_parts(cfg, mesh=mesh)
   graphdef, params = models.init_params(parts.model_cfg, jax.random.key(0))
   opt = _learn.optimizer(config.OptimizerSection(learning_rate=1e-2, warmup_steps=1), 10)
-  objective = learner.sft_objective(lambda p, t: models.token_logprobs(graphdef, p, t))
+  objective = learner.sft_objective(functools.partial(models.token_logprobs, graphdef))
   lrn = _learn.make_learner(parts, opt, objective, agg_mode="token_mean", max_len=None)
   return params, lrn
 

@@ -5,11 +5,15 @@ were computed on the whole batch (`rlax_post.losses.aggregation_weights`). So
 the loss and every aux entry of a micro-batch are partial sums: summed over
 micro-batches they equal the full-batch values exactly.
 
-`logprob_fn(params, tokens_bt) -> (logp_bt, entropy_bt)` is the model's pure
-forward pass, with tokens [B, T] and outputs [B, T − 1], where
-logp[b, t] = log π(tokens[b, t + 1] | tokens[b, :t + 1]); bind the model's
-graph and temperature, e.g.
-`functools.partial(models.token_logprobs, graphdef)`.
+`logprob_fn(params, tokens_bt, needed_bt) -> (logp_bt, entropy_bt)` is the
+model's pure forward pass, with tokens [B, T] and outputs [B, T − 1], where
+logp[b, t] = log π(tokens[b, t + 1] | tokens[b, :t + 1]). `needed_bt` [B, T − 1]
+bool marks the positions the objective reads (w ≠ 0, the trained tokens): the
+function must be exact there and finite elsewhere, so it may compute only those
+(e.g. zeros outside each row's response window). Bind the model's graph,
+temperature and window, e.g.
+`functools.partial(models.token_logprobs, graphdef, window=max_new_tokens)`,
+or `functools.partial(models.token_logprobs, graphdef)` for every position.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import jax.numpy as jnp
 
 from rlax_post import losses
 
-LogprobFn = Callable[[Any, jax.Array], tuple[jax.Array, jax.Array]]
+LogprobFn = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 Objective = Callable[
     [Any, Mapping[str, jax.Array], jax.Array, jax.Array],
     tuple[jax.Array, dict[str, jax.Array]]]
@@ -50,7 +54,7 @@ def _logprobs(logprob_fn, params, batch, weights_bt):
     raise ValueError(
         f'weights_bt must be [B, T - 1] = {(b, t - 1)} for tokens of shape '
         f'{tokens_bt.shape}; got {jnp.shape(weights_bt)}')
-  logp_bt, entropy_bt = logprob_fn(params, tokens_bt)
+  logp_bt, entropy_bt = logprob_fn(params, tokens_bt, weights_bt != 0)
   if logp_bt.shape != (b, t - 1) or entropy_bt.shape != (b, t - 1):
     raise ValueError(
         f'logprob_fn must return two [B, T - 1] = {(b, t - 1)} arrays; got '
@@ -184,7 +188,7 @@ def ppo_objective(
   or the batch carries `ref_logprobs` (then it is reported even if untrained).
 
   Args:
-    logprob_fn: the model's `(params, tokens_bt) -> (logp_bt, entropy_bt)`.
+    logprob_fn: the model's `(params, tokens_bt, needed_bt) -> (logp_bt, entropy_bt)`.
     eps_low: see `rlax_post.losses.ppo_clip`.
     eps_high: see `rlax_post.losses.ppo_clip`.
     dual_clip: see `rlax_post.losses.ppo_clip`.
@@ -236,7 +240,7 @@ def gspo_objective(
   ratio was clipped), `entropy`, and `kl` as in `ppo_objective`.
 
   Args:
-    logprob_fn: the model's `(params, tokens_bt) -> (logp_bt, entropy_bt)`.
+    logprob_fn: the model's `(params, tokens_bt, needed_bt) -> (logp_bt, entropy_bt)`.
     eps_low: see `rlax_post.losses.gspo` (the paper uses 3e-4).
     eps_high: see `rlax_post.losses.gspo` (the paper uses 4e-4).
     kl_coef: weight of the KL penalty, ≥ 0.
@@ -294,7 +298,7 @@ def decoupled_ppo_objective(
   `entropy`, and `kl` as in `ppo_objective`.
 
   Args:
-    logprob_fn: the model's `(params, tokens_bt) -> (logp_bt, entropy_bt)`.
+    logprob_fn: the model's `(params, tokens_bt, needed_bt) -> (logp_bt, entropy_bt)`.
     eps_low: see `rlax_post.losses.ppo_clip`.
     eps_high: see `rlax_post.losses.ppo_clip`.
     behaviour_cap: the truncation C ≥ 1 of the behaviour weight.

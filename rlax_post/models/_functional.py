@@ -8,6 +8,7 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from rlax_post.models import _axes
 from rlax_post.models._config import ModelConfig
 from rlax_post.models._transformer import KVCache
 from rlax_post.models._transformer import Transformer
@@ -46,30 +47,81 @@ def logprobs_from_logits(logits_btv: jax.Array, targets_bt: jax.Array, *,
   """
   if logits_btv.shape[:-1] != targets_bt.shape:
     raise ValueError(f"logits {logits_btv.shape} and targets {targets_bt.shape} disagree.")
-  logp_btv = jax.nn.log_softmax(logits_btv.astype(jnp.float32) / temperature, axis=-1)
-  return jnp.take_along_axis(logp_btv, targets_bt[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  return _take(_log_softmax(logits_btv, temperature), targets_bt)
 
 
 def entropy_from_logits(logits_btv: jax.Array, *, temperature: float = 1.0) -> jax.Array:
   """Entropy of softmax(logits / temperature) along the last axis, in nats."""
-  logp_btv = jax.nn.log_softmax(logits_btv.astype(jnp.float32) / temperature, axis=-1)
+  return _entropy(_log_softmax(logits_btv, temperature))
+
+
+def _log_softmax(logits_btv, temperature):
+  return jax.nn.log_softmax(logits_btv.astype(jnp.float32) / temperature, axis=-1)
+
+
+def _take(logp_btv, targets_bt):
+  return jnp.take_along_axis(logp_btv, targets_bt[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def _entropy(logp_btv):
   return -jnp.sum(jnp.exp(logp_btv) * logp_btv, axis=-1)
 
 
-def token_logprobs(graphdef: GraphDef, params: Params, tokens_bt: jax.Array, *,
-                   temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
+def _logprobs_and_entropy(logits_btv, targets_bt, temperature):
+  """`logprobs_from_logits` and `entropy_from_logits` of the same logits, through one log-softmax."""
+  logp_btv = _log_softmax(logits_btv, temperature)
+  return _take(logp_btv, targets_bt), _entropy(logp_btv)
+
+
+def token_logprobs(graphdef: GraphDef, params: Params, tokens_bt: jax.Array,
+                   needed_bt: jax.Array | None = None, *, temperature: float = 1.0,
+                   window: int | None = None) -> tuple[jax.Array, jax.Array]:
   """Per-token log-probabilities and entropies of a batch of sequences under the model.
+
+  The trunk (embedding and layers) always runs over every position, since attention needs them all. With a
+  `window` W < T - 1, the head (final norm, vocabulary projection, log-softmax, entropy), which costs
+  O(V) per position, runs only on the W positions of each row starting at its first needed position (moved
+  left where the window would pass the end, so it stays inside the row): for an RL batch that is the
+  response, W = the longest response. Every value inside the window, and its gradient, is the full
+  computation's; values outside it are 0, except needed positions outside it, which are NaN, so a loss over
+  them is non-finite (and an update skipped) rather than silently wrong.
 
   Args:
     graphdef: the model's static definition (from `init_params`).
     params: the model's parameters.
     tokens_bt: [B, T] int32 sequences, right-padded, positions 0..T-1.
+    needed_bt: [B, T-1] bool, the positions whose values the caller reads (e.g. the loss mask); required
+      with `window`, ignored without.
     temperature: the sampling temperature the logprobs refer to.
+    window: None (every position) or W ≥ 1 (static), the positions per row the head runs on.
 
   Returns:
     logp: [B, T-1] with logp[b, t] = log π(tokens[b, t+1] | tokens[b, :t+1]).
     entropy: [B, T-1], the entropy of π(· | tokens[b, :t+1]).
   """
-  logits_btv, _ = forward(graphdef, params, tokens_bt[:, :-1])
-  logp_bt = logprobs_from_logits(logits_btv, tokens_bt[:, 1:], temperature=temperature)
-  return logp_bt, entropy_from_logits(logits_btv, temperature=temperature)
+  model = nnx.merge(graphdef, params)
+  x_btd, _ = model.trunk(tokens_bt[:, :-1])
+  targets_bt = tokens_bt[:, 1:]
+  b, t1 = targets_bt.shape
+  if window is None or window >= t1:
+    return _logprobs_and_entropy(model.head(x_btd), targets_bt, temperature)
+  if window < 1 or needed_bt is None or jnp.shape(needed_bt) != (b, t1):
+    raise ValueError(f"A window needs window >= 1 and needed_bt of shape [B, T-1] = {(b, t1)}; got window "
+                     f"{window} and needed_bt of shape {None if needed_bt is None else jnp.shape(needed_bt)}.")
+  needed_bt = jnp.asarray(needed_bt, bool)
+  # argmax of a row with no needed position is 0: its window is the first W positions, all unread.
+  start_b = jnp.minimum(jnp.argmax(needed_bt, axis=1), t1 - window)
+  # Per-row slices (vmapped, so the gather and scatter are batched over rows: each device slices the rows it
+  # holds, no collective on a batch-sharded mesh).
+  window_of = jax.vmap(lambda x_t, s: jax.lax.dynamic_slice_in_dim(x_t, s, window, axis=0))
+  x_bwd = _axes.constrain(window_of(x_btd, start_b), _axes.ACT_BTD)
+  logp_bw, entropy_bw = _logprobs_and_entropy(model.head(x_bwd), window_of(targets_bt, start_b), temperature)
+  t_1t = jnp.arange(t1)[None]
+  missed_bt = needed_bt & ((t_1t < start_b[:, None]) | (t_1t >= start_b[:, None] + window))
+  into_row = jax.vmap(lambda x_w, s: jax.lax.dynamic_update_slice_in_dim(
+      jnp.zeros((t1,), x_w.dtype), x_w, s, axis=0))
+
+  def place(x_bw):  # [B, W] -> [B, T-1]: zeros outside the window, NaN at needed positions outside it.
+    return jnp.where(missed_bt, jnp.nan, into_row(x_bw, start_b))
+
+  return place(logp_bw), place(entropy_bw)

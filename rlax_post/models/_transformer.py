@@ -49,7 +49,9 @@ class Transformer(nnx.Module):
   scale, GeGLU, attention and final logit soft-capping, per-layer sliding windows and RoPE bases.
 
   Call with `tokens [B, T]`, `positions [B, T]` (default 0..T-1) and an optional `KVCache`; returns
-  float32 logits `[B, T, V]` and the updated cache (or None). With a cache, each row's keys/values are written
+  float32 logits `[B, T, V]` and the updated cache (or None). The call is `head(trunk(...))`: `trunk` runs the
+  embedding and the layers, `head` the position-wise final norm and vocabulary projection, so a caller that
+  needs logits at only some positions (`token_logprobs` with a window) runs the head on those alone. With a cache, each row's keys/values are written
   at its positions and every query attends to that row's cache slots at positions ≤ its own.
   """
 
@@ -104,6 +106,13 @@ class Transformer(nnx.Module):
 
   def __call__(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
                cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+    x_btd, new_cache = self.trunk(tokens_bt, positions_bt, cache)
+    return self.head(x_btd), new_cache
+
+  def trunk(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
+            cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+    """Embedding and every layer: the residual stream `[B, T, D]` (activation dtype) before the final norm,
+    and the updated cache (or None). `head` of it gives `__call__`'s logits."""
     cfg = self.cfg
     if tokens_bt.ndim != 2:
       raise ValueError(f"tokens must be [B, T]; got shape {tokens_bt.shape}.")
@@ -180,10 +189,16 @@ class Transformer(nnx.Module):
     else:
       (x_btd, k_lbskh, v_lbskh), _ = jax.lax.scan(block, (x_btd, cache.k, cache.v), layers)
       new_cache = KVCache(k=k_lbskh, v=v_lbskh)
+    return x_btd, new_cache
 
-    x_btd = norm(x_btd, self.final_norm[...])
+  def head(self, x_btd: jax.Array) -> jax.Array:
+    """Final norm, vocabulary projection, soft-cap and padded-vocabulary mask: float32 logits `[B, T, V]` of
+    a residual stream `[B, T, D]` from `trunk`, at whichever positions the caller kept (position-wise)."""
+    cfg = self.cfg
+    dt = cfg.activation_dtype
+    x_btd = _layers.rms_norm(x_btd, self.final_norm[...], cfg.norm_eps, cfg.norm_plus_one)
     if cfg.tie_embeddings:
-      logits_btv = jnp.einsum("btd,vd->btv", x_btd, embedding_vd.astype(dt),
+      logits_btv = jnp.einsum("btd,vd->btv", x_btd, self.embedding[...].astype(dt),
                               preferred_element_type=jnp.float32)
     else:
       logits_btv = jnp.einsum("btd,dv->btv", x_btd, self.lm_head[...].astype(dt),
@@ -193,4 +208,4 @@ class Transformer(nnx.Module):
     if cfg.valid_vocab_size is not None and cfg.valid_vocab_size < cfg.vocab_size:
       valid_v = jnp.arange(cfg.vocab_size) < cfg.valid_vocab_size
       logits_btv = jnp.where(valid_v, logits_btv, _PADDED_VOCAB_LOGIT)
-    return c(logits_btv.astype(jnp.float32), _axes.ACT_BTV), new_cache
+    return _axes.constrain(logits_btv.astype(jnp.float32), _axes.ACT_BTV)

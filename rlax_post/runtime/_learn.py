@@ -13,8 +13,9 @@ rows on the mesh (`_batch.to_device_batch`), so the result is that of one proces
 
 from __future__ import annotations
 
-import time
 import dataclasses
+import functools
+import time
 from typing import Any, Callable
 
 import jax
@@ -93,10 +94,12 @@ def make_objective(section: config_lib.LossSection, logprob_fn, kind: str | None
   return factories[kind]()
 
 
-def make_score(graphdef, *, temperature: float):
-  """Jitted learner-side logprobs of sequences: `score(params, tokens) -> logp [B, T-1]`."""
-  return jax.jit(lambda params, tokens: models.token_logprobs(graphdef, params, tokens,
-                                                             temperature=temperature)[0])
+def make_score(graphdef, *, temperature: float, window: int | None = None):
+  """Jitted learner-side logprobs of sequences: `score(params, tokens, needed) -> logp [B, T-1]`, exact where
+  `needed` [B, T-1] (the loss mask) is set; with a `window` computed only on each row's W positions from its
+  first needed one (`models.token_logprobs`)."""
+  return jax.jit(lambda params, tokens, needed: models.token_logprobs(
+      graphdef, params, tokens, needed != 0, temperature=temperature, window=window)[0])
 
 
 def batch_sharding(mesh) -> jax.sharding.NamedSharding:
@@ -111,12 +114,14 @@ class RLUpdate:
     cfg, graphdef, max_new_tokens = parts.cfg, parts.graphdef, parts.lengths.response
     self.cfg = cfg
     self.kind = config_lib.loss_kind(cfg)
-    logprob_fn = lambda p, tokens: models.token_logprobs(graphdef, p, tokens, temperature=cfg.rl.temperature)
+    # Only the response is trained: the vocabulary head runs on each row's R = max_new_tokens positions.
+    logprob_fn = functools.partial(models.token_logprobs, graphdef, temperature=cfg.rl.temperature,
+                                   window=max_new_tokens)
     opt = optimizer(cfg.rl.optimizer, cfg.rl.steps * cfg.rl.minibatches * cfg.rl.epochs)
     self.learner = make_learner(
         parts, opt, make_objective(cfg.loss, logprob_fn, kind=self.kind), agg_mode=cfg.loss.agg_mode,
         max_len=max_new_tokens)  # Dr.GRPO's constant normaliser: the longest response.
-    self.score = make_score(graphdef, temperature=cfg.rl.temperature)
+    self.score = make_score(graphdef, temperature=cfg.rl.temperature, window=max_new_tokens)
     self.batch_sh = batch_sharding(parts.mesh)
     p = cfg.rl.prompts_per_step
     self.credit = _credit.Credit(cfg.advantage, num_groups=p, batch=p * cfg.rl.samples_per_prompt,
@@ -139,6 +144,9 @@ class RLUpdate:
   def __call__(self, state, ref_params, batch: _batch.RolloutBatch, rl_step: int) -> tuple[Any, dict]:
     """Trains on `batch` as RL step `rl_step` (0-based); returns the new state and the step's metrics."""
     cfg = self.cfg
+    if batch.lengths.max(initial=0) > self.max_new_tokens:  # The logprob window would miss trained tokens.
+      raise ValueError(f"A row of {batch.lengths.max()} response tokens exceeds the learner's response window "
+                       f"of {self.max_new_tokens} tokens (`Lengths.response`).")
     stats = host(self.group_stats(batch.rewards, batch.group_ids))
     turns = None if batch.turn_starts is None else _credit.Turns(
         starts=batch.turn_starts, ends=batch.turn_ends, keys=batch.turn_keys, rewards=batch.turn_rewards,
@@ -146,8 +154,8 @@ class RLUpdate:
     adv_bt, credit_metrics = self.credit(batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens,
                                          batch.lengths, batch.loss_mask, turns=turns)
     # Every process holds the whole batch (host arrays); to_host gathers a multi-host learner's logprobs.
-    old_logp = _distributed.to_host(self.score(state.params, batch.tokens))
-    ref_logp = _distributed.to_host(self.score(ref_params, batch.tokens))
+    old_logp = _distributed.to_host(self.score(state.params, batch.tokens, batch.loss_mask))
+    ref_logp = _distributed.to_host(self.score(ref_params, batch.tokens, batch.loss_mask))
     full = {"tokens": batch.tokens, "loss_mask": batch.loss_mask, "advantages": adv_bt,
             "old_logprobs": old_logp, "ref_logprobs": ref_logp}
     if self.kind == "decoupled_ppo":

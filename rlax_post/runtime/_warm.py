@@ -7,6 +7,8 @@ process loads only the rows its devices hold (`_distributed.row_shard`).
 
 from __future__ import annotations
 
+import functools
+
 from rlax_post import envs
 from rlax_post import learner
 from rlax_post import models
@@ -29,7 +31,7 @@ def _sft_steps(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui:
   cfg, graphdef = parts.cfg, parts.graphdef
   sft_learner = _learn.make_learner(
       parts, _learn.optimizer(cfg.sft.optimizer, cfg.sft.steps),
-      learner.sft_objective(lambda p, tokens: models.token_logprobs(graphdef, p, tokens)),
+      learner.sft_objective(functools.partial(models.token_logprobs, graphdef)),
       agg_mode="token_mean", max_len=None)
   state = sft_learner.init(params, _learn.key(cfg.seed, envs.Stream.SFT_UPDATE, 0))
   batch_sh = _learn.batch_sharding(parts.mesh)
