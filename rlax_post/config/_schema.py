@@ -106,6 +106,8 @@ class LossSection:
   seq_eps_high: float = bounded(4e-4, low=0.0)
   dual_clip: float | None = bounded(None, low=1.0, low_open=True)  # c caps negative-advantage tokens' loss at -c·A
   kl_coef: float = bounded(0.0, low=0.0)
+  # With kl_coef = 0: still score the reference policy each step to report `kl` (one more forward pass).
+  track_kl: bool = False
   kl_kind: str = choices(*KL_KINDS)
   entropy_coef: float = bounded(0.0, low=0.0)
   agg_mode: str = choices(*AGG_MODES)

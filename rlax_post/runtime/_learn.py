@@ -155,9 +155,10 @@ class RLUpdate:
                                          batch.lengths, batch.loss_mask, turns=turns)
     # Every process holds the whole batch (host arrays); to_host gathers a multi-host learner's logprobs.
     old_logp = _distributed.to_host(self.score(state.params, batch.tokens, batch.loss_mask))
-    ref_logp = _distributed.to_host(self.score(ref_params, batch.tokens, batch.loss_mask))
     full = {"tokens": batch.tokens, "loss_mask": batch.loss_mask, "advantages": adv_bt,
-            "old_logprobs": old_logp, "ref_logprobs": ref_logp}
+            "old_logprobs": old_logp}
+    if cfg.loss.kl_coef > 0 or cfg.loss.track_kl:  # Else no reference pass: it would only feed a metric.
+      full["ref_logprobs"] = _distributed.to_host(self.score(ref_params, batch.tokens, batch.loss_mask))
     if self.kind == "decoupled_ppo":
       full["behaviour_logprobs"] = batch.behaviour_logprobs
     t1 = time.time()
