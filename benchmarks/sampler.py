@@ -18,7 +18,8 @@ efficiency there also pays for the tail). Decode step time against the KV length
 
 Same model, same requests, same sampling streams for every driver mode (the driver seeds each sample
 independently of the schedule, so every mode generates exactly the same tokens; the script checks it).
-Times are the best of --repeats runs after a warm-up run that compiles every shape.
+Times are the best of --repeats rounds after a warm-up round that compiles every shape; each round runs every
+mode once, in turn, so all modes see the same machine load.
 """
 
 from __future__ import annotations
@@ -63,59 +64,84 @@ def equal_requests(rng, num, *, prompt_len, new_tokens):
                           max_tokens=new_tokens, request_id=i) for i in range(num)]
 
 
-def run_mode(engine, params, requests, *, repeats, **driver_kwargs):
-  """Best wall time over `repeats` runs (after one warm-up run), completions and stats of the last run."""
-  best, completions, stats = float("inf"), None, None
-  for i in range(repeats + 1):
-    driver = sampler.Driver(engine, params, **driver_kwargs)
+class DriverMode:
+  """One driver configuration on one workload; `__call__` samples it once and returns the wall seconds."""
+
+  def __init__(self, engine, params, requests, **driver_kwargs):
+    self.engine, self.params, self.requests, self.kwargs = engine, params, requests, driver_kwargs
+    self.completions, self.stats = None, None
+
+  def __call__(self) -> float:
+    driver = sampler.Driver(self.engine, self.params, **self.kwargs)
     t0 = time.perf_counter()
-    completions = driver.sample(requests)
-    elapsed = time.perf_counter() - t0
-    if i:  # The first run compiles.
-      best = min(best, elapsed)
-    stats = driver.stats
-  tokens = sum(len(c.tokens) for c in completions)
-  return dict(seconds=best, tokens=tokens, tokens_per_s=tokens / best, generate_steps=stats.generate_steps,
-              syncs=stats.syncs, prefills=stats.prefills, occupancy=stats.occupancy), completions
+    self.completions = driver.sample(self.requests)
+    seconds = time.perf_counter() - t0
+    self.stats = driver.stats
+    return seconds
+
+  def row(self, seconds: float) -> dict:
+    tokens, stats = sum(len(c.tokens) for c in self.completions), self.stats
+    return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
+                generate_steps=stats.generate_steps, syncs=stats.syncs, prefills=stats.prefills,
+                occupancy=stats.occupancy)
 
 
-def fused_mode(engine, params, *, num, prompt_len, new_tokens, repeats):
+class FusedMode:
   """The limit: `num` prompts of `prompt_len` tokens, `slots` per round, each round one jitted prefill then
   `new_tokens` decode steps (sampling and logprobs included) in a `fori_loop`, the cache updated in place."""
-  cfg, graphdef, slots = engine.model_cfg, engine.graphdef, engine.max_concurrent_decodes
-  kv_len, temperature = engine.max_decode_length, engine.temperature
 
-  @jax.jit
-  def round_(params, prompts_bt, key):
-    cache = jax.tree.map(jnp.copy, models.init_cache(cfg, slots, kv_len))
-    logits_btv, cache = models.forward(graphdef, params, prompts_bt, None, cache)
+  def __init__(self, engine, params, *, num, prompt_len, new_tokens):
+    cfg, graphdef, slots = engine.model_cfg, engine.graphdef, engine.max_concurrent_decodes
+    kv_len, temperature = engine.max_decode_length, engine.temperature
 
-    def step(i, carry):
-      logits_bv, cache, key, tokens_nb, logp_nb = carry
-      key, sub = jax.random.split(key)
-      token_b = sampler.sample_token(logits_bv, sub, temperature=temperature)
-      logp_b = models.logprobs_from_logits(logits_bv, token_b, temperature=temperature or 1.0)
-      positions_b1 = jnp.full((slots, 1), prompt_len, jnp.int32) + i
-      next_b1v, cache = models.forward(graphdef, params, token_b[:, None], positions_b1, cache)
-      return next_b1v[:, 0], cache, key, tokens_nb.at[i].set(token_b), logp_nb.at[i].set(logp_b)
+    @jax.jit
+    def round_(params, prompts_bt, key):
+      cache = jax.tree.map(jnp.copy, models.init_cache(cfg, slots, kv_len))
+      logits_btv, cache = models.forward(graphdef, params, prompts_bt, None, cache)
 
-    init = (logits_btv[:, -1], cache, key, jnp.zeros((new_tokens, slots), jnp.int32),
-            jnp.zeros((new_tokens, slots), jnp.float32))
-    return jax.lax.fori_loop(0, new_tokens, step, init)[3:]
+      def step(i, carry):
+        logits_bv, cache, key, tokens_nb, logp_nb = carry
+        key, sub = jax.random.split(key)
+        token_b = sampler.sample_token(logits_bv, sub, temperature=temperature)
+        logp_b = models.logprobs_from_logits(logits_bv, token_b, temperature=temperature or 1.0)
+        positions_b1 = jnp.full((slots, 1), prompt_len, jnp.int32) + i
+        next_b1v, cache = models.forward(graphdef, params, token_b[:, None], positions_b1, cache)
+        return next_b1v[:, 0], cache, key, tokens_nb.at[i].set(token_b), logp_nb.at[i].set(logp_b)
 
-  rng = np.random.default_rng(1)
-  rounds = -(-num // slots)
-  prompts = [jnp.asarray(rng.integers(97, 123, (slots, prompt_len)), jnp.int32) for _ in range(rounds)]
+      init = (logits_btv[:, -1], cache, key, jnp.zeros((new_tokens, slots), jnp.int32),
+              jnp.zeros((new_tokens, slots), jnp.float32))
+      return jax.lax.fori_loop(0, new_tokens, step, init)[3:]
 
-  def run():
-    for r, prompts_bt in enumerate(prompts):
-      out = round_(params, prompts_bt, jax.random.key(r))
+    rng = np.random.default_rng(1)
+    self.rounds = -(-num // slots)
+    self.prompts = [jnp.asarray(rng.integers(97, 123, (slots, prompt_len)), jnp.int32)
+                    for _ in range(self.rounds)]
+    self.round_, self.params, self.slots, self.new_tokens = round_, params, slots, new_tokens
+
+  def __call__(self) -> float:
+    t0 = time.perf_counter()
+    for r, prompts_bt in enumerate(self.prompts):
+      out = self.round_(self.params, prompts_bt, jax.random.key(r))
     jax.block_until_ready(out)
+    return time.perf_counter() - t0
 
-  seconds = _harness.best_time(run, warmup=1, repeats=repeats)
-  tokens = rounds * slots * new_tokens
-  return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds, generate_steps=rounds * new_tokens,
-              syncs=rounds, prefills=rounds * slots, occupancy=1.0)
+  def row(self, seconds: float) -> dict:
+    tokens = self.rounds * self.slots * self.new_tokens
+    return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
+                generate_steps=self.rounds * self.new_tokens, syncs=self.rounds, prefills=self.rounds * self.slots,
+                occupancy=1.0)
+
+
+def best_alternating(modes: dict, repeats: int) -> dict:
+  """Each mode's best seconds over `repeats` rounds that run every mode once, in turn (after a compiling
+  warm-up round), so all modes see the same machine load."""
+  for mode in modes.values():
+    mode()
+  best = {name: float("inf") for name in modes}
+  for _ in range(repeats):
+    for name, mode in modes.items():
+      best[name] = min(best[name], mode())
+  return {name: modes[name].row(seconds) for name, seconds in best.items()}
 
 
 def same_outputs(a, b) -> bool:
@@ -128,7 +154,7 @@ def main():
   parser.add_argument("--slots", type=int, default=None)
   parser.add_argument("--requests", type=int, default=None)
   parser.add_argument("--steps-per-sync", type=int, default=8, help="decode steps per host round trip (k)")
-  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--repeats", type=int, default=7)
   parser.add_argument("--json", default=None)
   args = parser.parse_args()
   device = jax.devices(args.device)[0]
@@ -158,23 +184,25 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                               max_concurrent_decodes=slots, max_prefill_length=min(2 * prompt_len, max_decode // 2),
                               max_decode_length=max_decode, temperature=1.0, seed=0, steps_per_sync=k)
 
-  k, rng, repeats = args.steps_per_sync, np.random.default_rng(0), args.repeats
+  k, rng = args.steps_per_sync, np.random.default_rng(0)
   blocks, single = engine(k, _NoEosTokenizer()), engine(1, _NoEosTokenizer())
   equal = equal_requests(rng, num, prompt_len=prompt_len, new_tokens=equal_new)
-  fused_eq = fused_mode(blocks, params, num=num, prompt_len=prompt_len, new_tokens=equal_new, repeats=repeats)
-  eq_k, out_k = run_mode(blocks, params, equal, repeats=repeats)
-  eq_1, out_1 = run_mode(single, params, equal, repeats=repeats)
   tail = long_tailed_requests(rng, num, prompt_len=prompt_len, short=short, long=long, long_frac=0.15, n=1)
   mean_new = round(sum(r.max_tokens for r in tail) / len(tail))
   mean_prompt = round(sum(len(r.prompt) for r in tail) / len(tail))
-  fused_tail = fused_mode(blocks, params, num=num, prompt_len=mean_prompt, new_tokens=mean_new, repeats=repeats)
-  cont, out_c = run_mode(blocks, params, tail, repeats=repeats)
-  stat, out_s = run_mode(blocks, params, tail, repeats=repeats, static_batching=True)
   # Shared prefixes: n = 8 samples of longer prompts, short answers (prefill matters).
   grouped = long_tailed_requests(rng, max(num // 8, 1), prompt_len=2 * prompt_len, short=short,
                                  long=short, long_frac=0.0, n=8)
-  shared, out_a = run_mode(blocks, params, grouped, repeats=repeats)
-  separate, out_b = run_mode(blocks, params, grouped, repeats=repeats, share_prefix=False)
+  modes = dict(fused_eq=FusedMode(blocks, params, num=num, prompt_len=prompt_len, new_tokens=equal_new),
+               eq_k=DriverMode(blocks, params, equal), eq_1=DriverMode(single, params, equal),
+               fused_tail=FusedMode(blocks, params, num=num, prompt_len=mean_prompt, new_tokens=mean_new),
+               cont=DriverMode(blocks, params, tail), stat=DriverMode(blocks, params, tail, static_batching=True),
+               shared=DriverMode(blocks, params, grouped),
+               separate=DriverMode(blocks, params, grouped, share_prefix=False))
+  best = best_alternating(modes, args.repeats)
+  fused_eq, eq_k, eq_1, fused_tail, cont, stat, shared, separate = (best[name] for name in modes)
+  out_k, out_1, out_c, out_s, out_a, out_b = (modes[name].completions for name in (
+      "eq_k", "eq_1", "cont", "stat", "shared", "separate"))
   rows = [dict(mode=f"equal {equal_new}: fused limit", **fused_eq),
           dict(mode=f"equal {equal_new}: driver, k={k}", **eq_k),
           dict(mode=f"equal {equal_new}: driver, k=1", **eq_1),
