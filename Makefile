@@ -47,6 +47,8 @@ bench: install
 	mkdir -p benchmarks/out
 	$(PY) benchmarks/advantages.py --json benchmarks/out/advantages.json
 	$(PY) benchmarks/sampler.py --json benchmarks/out/sampler.json
+	$(PY) benchmarks/decode_kv.py --json benchmarks/out/decode_kv.json
+	$(PY) benchmarks/learner_step.py --json benchmarks/out/learner_step.json
 
 # Tunix 0.1.7 in its own venv, for the side-by-side benchmark only (benchmarks/vs_tunix.py); nothing else
 # needs it. requirements/tunix.txt pins every package (jax & co at requirements/lock.txt's versions).
