@@ -262,9 +262,12 @@ def test_driver_parks_a_sample_on_a_future_without_blocking(engine):
 
 def test_a_weight_swap_mid_run_tags_and_scores_tokens_by_version(engine):
   params0, params1 = _model(0)[1], _model(1)[1]
-  swap_at = 6
-  _, episodes = _run(engine, lambda: ToyEnv(turns=3, sleep_s=0.02), prompts=PROMPTS[:3], n=1,
-                     on_step=lambda d, steps: d.set_params(params1, 1) if steps == swap_at else None)
+
+  def swap(d, _):  # Once, after 6 decode steps (however many a driver step runs).
+    if d.version == 0 and d.stats.generate_steps >= 6:
+      d.set_params(params1, 1)
+
+  _, episodes = _run(engine, lambda: ToyEnv(turns=3, sleep_s=0.02), prompts=PROMPTS[:3], n=1, on_step=swap)
   assert {v for e in episodes for v in e.versions} == {-1, 0, 1}
   for e in episodes:
     assert e.end_reason == "env_done" and e.num_turns == 3

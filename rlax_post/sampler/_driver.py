@@ -555,9 +555,10 @@ class Driver:
   def _prefixes_for(self, samples: list[_Sample]) -> list[tuple[_engine.Prefix, int]]:
     """(prefix, row) of each sample: reused, extended (later turns) or prefilled in batches by bucket.
 
-    Fresh prompts are prefilled together with those of the next pending samples (up to `slots` prompts in
-    all), whose prefixes wait in `_prefixes` for a slot: continuous batching frees slots a few at a time,
-    and one batched prefill costs far less than many small ones.
+    Fresh prompts are prefilled together with those of the next pending samples (topped up to
+    `MAX_PREFILL_ROWS` prompts, one full `prefill_batch`), whose prefixes wait in `_prefixes` for a slot:
+    continuous batching frees slots a few at a time, and one batched prefill costs far less than many small
+    ones. The top-up bounds the prefixes held beyond those of the samples being placed.
     """
     out: list[Any] = [None] * len(samples)
     fresh: dict[Any, tuple[Sequence[int], list[int]]] = {}  # prompt key -> (prompt, positions in samples).
@@ -587,9 +588,10 @@ class Driver:
     return out
 
   def _prefetch(self, fresh: dict[Any, tuple[Sequence[int], list[int]]]) -> None:
-    """Adds the prompts of the next pending first turns without a current prefix to `fresh`, up to `slots`."""
+    """Adds the prompts of the next pending first turns without a current prefix to `fresh`, up to
+    `MAX_PREFILL_ROWS` prompts in all."""
     for sample in self._pending:
-      if len(fresh) >= self._slots:
+      if len(fresh) >= _engine.MAX_PREFILL_ROWS:
         return
       key = self._prompt_key(sample)
       cached = self._prefixes.get(key)
