@@ -258,6 +258,16 @@ def _k3(lp_bt, ref_bt):
   return jnp.exp(d_bt) - d_bt - 1.0
 
 
+def _check_behaviour_gap(aux, graphdef, params, batch, w_bt):
+  """aux['behaviour_gap'] = Σ w·|log π_θ − log π_behav| over the trained tokens (direct formula)."""
+  valid = batch['loss_mask'] > 0
+  lp_bt = _direct_logp(graphdef, params, batch['tokens'])
+  behav_bt = jnp.where(valid, batch['behaviour_logprobs'], 0.0)
+  gap = jnp.sum(jnp.where(valid, w_bt * jnp.abs(lp_bt - behav_bt), 0.0))
+  assert gap > 0
+  np.testing.assert_allclose(aux['behaviour_gap'], gap, rtol=1e-5)
+
+
 def _tree_allclose(a, b, **kw):
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, **kw), a, b)
 
@@ -301,7 +311,8 @@ def test_gspo_objective_matches_direct_formula(model, batch, mode):
       aux['clip_frac'], jnp.sum(seq_w_b * clipped_b), rtol=1e-6)
   assert 0 < int(clipped_b.sum()) < 5  # some, not all, sequences clipped
   _tree_allclose(grads, grads_ref, atol=2e-6, rtol=1e-4)
-  assert set(aux) == {'pg_loss', 'clip_frac', 'entropy', 'kl'}
+  _check_behaviour_gap(aux, graphdef, params, batch, w_bt)
+  assert set(aux) == {'pg_loss', 'clip_frac', 'entropy', 'kl', 'behaviour_gap'}
 
 
 def test_gspo_objective_on_policy_gradient(model, batch):
@@ -385,8 +396,9 @@ def test_decoupled_objective_matches_direct_formula(model, batch):
   assert capped > 0  # the cap is exercised
   np.testing.assert_allclose(aux['behaviour_capped_frac'], capped, rtol=1e-5)
   _tree_allclose(grads, grads_ref, atol=1e-6, rtol=1e-4)
+  _check_behaviour_gap(aux, graphdef, params, batch, w_bt)
   assert set(aux) == {'pg_loss', 'clip_frac', 'behaviour_weight',
-                      'behaviour_capped_frac', 'entropy'}
+                      'behaviour_capped_frac', 'entropy', 'behaviour_gap'}
 
 
 def test_objective_errors(model, batch):

@@ -1,22 +1,26 @@
-"""The learner scores the reference policy only when something reads it: the KL penalty (kl_coef > 0) or the
-`kl` metric asked for with `loss.track_kl`; then at step 0 (policy = reference) the reported KL is 0 to rounding."""
+"""The learner runs a scoring pass only for what reads it: the reference policy for the KL penalty (kl_coef > 0)
+or the `kl` metric (`loss.track_kl`), the old policy when a batch takes more than one update (epochs ×
+minibatches > 1). With one update the old policy is the current one, read off the update's own forward pass:
+the update equals the one fed a separately scored `old_logprobs`."""
 
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from rlax_post import config
 from rlax_post import models
 from rlax_post import runtime
+from rlax_post.runtime import _batch
 
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 class _CountingScore:
-  """Wraps `RLUpdate.score` and counts its calls (a real jitted scorer underneath)."""
+  """Wraps `RLUpdate.score` and counts its calls (the real jitted scorer underneath)."""
 
   def __init__(self, score):
     self.score, self.calls = score, 0
@@ -39,19 +43,52 @@ def _groups(update, parts):
   return groups
 
 
-@pytest.mark.parametrize("kl_coef, track_kl, scores", [(0.0, False, 1), (0.0, True, 2), (0.05, False, 2)])
-def test_the_reference_is_scored_only_when_read(kl_coef, track_kl, scores):
+def _setup(**loss_and_rl):
   c = demo.get_config("tiny")
-  c.loss.kl_coef, c.loss.track_kl = kl_coef, track_kl
+  for key, value in loss_and_rl.items():
+    section, name = key.split("__")
+    setattr(getattr(c, section), name, value)
   cfg = config.load(c)
   parts = runtime.build_parts(cfg)
   update = runtime.RLUpdate(parts)
-  update.score = _CountingScore(update.score)
   params = jax.device_put(models.init_params(parts.model_cfg, jax.random.key(0))[1], parts.param_shardings)
-  state = update.init(params, cfg.seed)
+  return update, parts, params, update.init(params, cfg.seed)
+
+
+@pytest.mark.parametrize("settings, scores", [
+    (dict(loss__kl_coef=0.0, loss__track_kl=False), 0),
+    (dict(loss__kl_coef=0.0, loss__track_kl=True), 1),
+    (dict(loss__kl_coef=0.05, loss__track_kl=False), 1),
+    (dict(loss__kl_coef=0.0, loss__track_kl=False, rl__epochs=2), 1),
+])
+def test_scoring_passes_run_only_for_what_reads_them(settings, scores):
+  update, parts, params, state = _setup(**settings)
+  update.score = _CountingScore(update.score)
   _, metrics = update(state, params, update.batch(_groups(update, parts)), 0)
-  assert update.score.calls == scores  # The old policy always; the reference when read.
-  if scores == 1:
-    assert "kl" not in metrics
-  else:
+  assert update.score.calls == scores
+  reads_ref = settings["loss__kl_coef"] > 0 or settings["loss__track_kl"]
+  assert ("kl" in metrics) == reads_ref
+  if reads_ref:
     assert abs(metrics["kl"]) < 1e-9  # Step 0: the policy is the reference (rounding apart).
+  assert ("logprob_mismatch_max" in metrics) == (settings.get("rl__epochs", 1) > 1)
+  # The sampler said -3 for every token; the learner's logprobs differ: the gap is their weighted mean.
+  assert metrics["behaviour_gap"] > 0
+
+
+def test_one_update_without_old_logprobs_equals_one_with_them_scored():
+  update, parts, _, state = _setup(loss__kl_coef=0.0, loss__track_kl=False)
+  batch = update.batch(_groups(update, parts))
+  adv_bt, _ = update.credit(batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths,
+                            batch.loss_mask)
+  full = {"tokens": batch.tokens, "loss_mask": batch.loss_mask, "advantages": adv_bt,
+          "behaviour_logprobs": batch.behaviour_logprobs}
+  scored = dict(full, old_logprobs=np.asarray(update.score(state.params, batch.tokens, batch.loss_mask)))
+  rng = jax.random.key(3)
+  # The step donates its state: each call gets its own copy.
+  outs = [update.learner.step(jax.tree.map(jnp.copy, state), _batch.to_device_batch(b, update.batch_sh), rng)
+          for b in (full, scored)]
+  (new_a, m_a), (new_b, m_b) = outs
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), new_a.params, new_b.params)
+  for key in ("loss", "pg_loss", "behaviour_gap", "entropy"):
+    np.testing.assert_allclose(float(m_a[key]), float(m_b[key]), rtol=1e-5, atol=1e-7)
+  assert float(m_a["clip_frac"]) == 0.0  # Ratios exactly 1.

@@ -81,9 +81,17 @@ def _per_token(batch, key, weights_bt, fill_bt):
 
 
 def _advantages_and_old(batch, weights_bt, logp_bt):
-  """`advantages` (0 at padding) and `old_logprobs` (the stopped current logprob at padding), [B, T − 1]."""
+  """`advantages` (0 at padding) and `old_logprobs` (the stopped current logprob at padding), [B, T − 1].
+
+  A batch without `old_logprobs` is trained by one update of the parameters that sampled-then-scored it
+  (one epoch of one minibatch): the old policy is then the current one, and its logprob is the stopped
+  current logprob, from this forward pass instead of a separate one (ratios exactly 1, same gradient).
+  """
+  stopped_bt = jax.lax.stop_gradient(logp_bt)
+  if 'old_logprobs' not in batch:
+    return _per_token(batch, 'advantages', weights_bt, 0.0), stopped_bt
   return (_per_token(batch, 'advantages', weights_bt, 0.0),
-          _per_token(batch, 'old_logprobs', weights_bt, jax.lax.stop_gradient(logp_bt)))
+          _per_token(batch, 'old_logprobs', weights_bt, stopped_bt))
 
 
 def sft_objective(logprob_fn: LogprobFn) -> Objective:
@@ -134,8 +142,10 @@ def _policy_objective(
 
   The batch needs `tokens`, `advantages` and `keys`, plus `ref_logprobs` when
   kl_coef > 0. aux (each Σ w·term): `pg_loss`, the pg_term's own entries,
-  `entropy`, and `kl` when kl_coef > 0 or the batch carries `ref_logprobs`
-  (then it is reported even if untrained).
+  `entropy`, `kl` when kl_coef > 0 or the batch carries `ref_logprobs`
+  (then it is reported even if untrained), and `behaviour_gap`
+  (Σ w·|log π_θ − log π_behav|, the learner/sampler logprob gap of the trained
+  tokens) when the batch carries `behaviour_logprobs`.
   """
 
   def objective(params, batch, weights_bt, rng):
@@ -153,6 +163,10 @@ def _policy_objective(
     for key, x_bt in aux_bt.items():
       aux[key] = losses.weighted_sum(jax.lax.stop_gradient(x_bt), weights_bt)
     aux['entropy'] = entropy
+    if 'behaviour_logprobs' in batch:
+      behaviour_bt = _per_token(batch, 'behaviour_logprobs', weights_bt, jax.lax.stop_gradient(logp_bt))
+      aux['behaviour_gap'] = losses.weighted_sum(
+          jnp.abs(jax.lax.stop_gradient(logp_bt) - behaviour_bt), weights_bt)
     if kl_coef > 0 or 'ref_logprobs' in batch:
       ref_logp_bt = _per_token(batch, 'ref_logprobs', weights_bt,
                                jax.lax.stop_gradient(logp_bt))
@@ -183,7 +197,8 @@ def ppo_objective(
                    − entropy_coef·H]
 
   The batch needs `tokens` [B, T] int32 and `advantages`, `old_logprobs`
-  [B, T − 1] float32, plus `ref_logprobs` [B, T − 1] when kl_coef > 0. aux
+  [B, T − 1] float32 (absent: one update of the scoring parameters, see
+  `_advantages_and_old`), plus `ref_logprobs` [B, T − 1] when kl_coef > 0. aux
   (each Σ w·term): `pg_loss`, `clip_frac`, `entropy`, and `kl` when kl_coef > 0
   or the batch carries `ref_logprobs` (then it is reported even if untrained).
 
@@ -210,7 +225,7 @@ def ppo_objective(
     return pg_bt, {'clip_frac': clipped_bt}
 
   return _policy_objective(
-      logprob_fn, pg_term, keys=('old_logprobs',), kl_coef=kl_coef,
+      logprob_fn, pg_term, keys=(), kl_coef=kl_coef,
       kl_kind=kl_kind, entropy_coef=entropy_coef)
 
 
@@ -265,7 +280,7 @@ def gspo_objective(
     return per_token(loss_b), {'clip_frac': per_token(clipped_b)}
 
   return _policy_objective(
-      logprob_fn, pg_term, keys=('old_logprobs',), kl_coef=kl_coef,
+      logprob_fn, pg_term, keys=(), kl_coef=kl_coef,
       kl_kind=kl_kind, entropy_coef=entropy_coef)
 
 
@@ -331,5 +346,5 @@ def decoupled_ppo_objective(
     }
 
   return _policy_objective(
-      logprob_fn, pg_term, keys=('old_logprobs', 'behaviour_logprobs'),
+      logprob_fn, pg_term, keys=('behaviour_logprobs',),
       kl_coef=kl_coef, kl_kind=kl_kind, entropy_coef=entropy_coef)

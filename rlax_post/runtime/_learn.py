@@ -154,13 +154,20 @@ class RLUpdate:
     adv_bt, credit_metrics = self.credit(batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens,
                                          batch.lengths, batch.loss_mask, turns=turns)
     # Every process holds the whole batch (host arrays); to_host gathers a multi-host learner's logprobs.
-    old_logp = _distributed.to_host(self.score(state.params, batch.tokens, batch.loss_mask))
     full = {"tokens": batch.tokens, "loss_mask": batch.loss_mask, "advantages": adv_bt,
-            "old_logprobs": old_logp}
+            "behaviour_logprobs": batch.behaviour_logprobs}
+    mismatch = {}
+    # One update per batch: the old policy is the current one, read off the update's own forward pass
+    # (objectives without `old_logprobs`); more updates need it fixed, so it is scored before the first.
+    if cfg.rl.epochs * cfg.rl.minibatches > 1:
+      old_logp = _distributed.to_host(self.score(state.params, batch.tokens, batch.loss_mask))
+      full["old_logprobs"] = old_logp
+      # Sampler vs learner logprobs of the same tokens: float rounding only when on-policy; the policy lag
+      # (and any sampler/learner numerics gap) when off-policy. (`behaviour_gap` is its weighted mean.)
+      mismatch["logprob_mismatch_max"] = float(
+          np.max(np.abs(batch.behaviour_logprobs - old_logp) * batch.loss_mask))
     if cfg.loss.kl_coef > 0 or cfg.loss.track_kl:  # Else no reference pass: it would only feed a metric.
       full["ref_logprobs"] = _distributed.to_host(self.score(ref_params, batch.tokens, batch.loss_mask))
-    if self.kind == "decoupled_ppo":
-      full["behaviour_logprobs"] = batch.behaviour_logprobs
     t1 = time.time()
     step_metrics = []
     rows = len(batch.tokens)
@@ -180,9 +187,7 @@ class RLUpdate:
         "response_len_mean": float(batch.lengths.mean()),
         "finished_frac": float(batch.finished.mean()),
         "frac_zero_signal": stats["frac_zero_signal"],
-        # Sampler vs learner logprobs of the same tokens: float rounding only when on-policy; the policy lag
-        # (and any sampler/learner numerics gap) when off-policy.
-        "logprob_mismatch_max": float(np.max(np.abs(batch.behaviour_logprobs - old_logp) * batch.loss_mask)),
+        **mismatch,
         **credit_metrics,
         **learner_metrics,
         "tokens_per_s": (learner_metrics["num_tokens"] * cfg.rl.minibatches * cfg.rl.epochs /
