@@ -4,28 +4,21 @@ finish reasons, and clear errors."""
 
 import collections
 import dataclasses
-import functools
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlax_post import models
 from rlax_post.sampler import _driver
 from rlax_post.sampler import _engine
 
-TOK = models.ByteTokenizer()
-CFG = models.preset("micro", vocab_size=264, valid_vocab_size=259, max_seq_len=64)
+import _driver_refs as refs
+from _driver_refs import CFG
+from _driver_refs import MAX_DECODE
+from _driver_refs import TOK
+
 T = 0.7
 SLOTS = 3
-MAX_DECODE = 40
 Request = _driver.Request
-
-
-@functools.lru_cache(maxsize=None)
-def _model(seed=0):
-  return models.init_params(CFG, jax.random.key(seed))
 
 
 # Every driver test runs with one decode step per host sync and with blocks of 4: outputs must not change.
@@ -34,53 +27,16 @@ STEPS_PER_SYNC = [1, 4]
 
 @pytest.fixture(scope="module", params=STEPS_PER_SYNC, ids=lambda k: f"k{k}")
 def sampling_engine(request):
-  return _engine.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=SLOTS,
+  return _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=SLOTS,
                             max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=T, top_p=0.9,
                             top_k=40, seed=1, steps_per_sync=request.param)
 
 
 @pytest.fixture(scope="module", params=STEPS_PER_SYNC, ids=lambda k: f"k{k}")
 def greedy_engine(request):
-  return _engine.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=SLOTS,
+  return _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=SLOTS,
                             max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=0.0,
                             steps_per_sync=request.param)
-
-
-def _prompt(n, seed=0):
-  """BOS then n - 1 random bytes."""
-  rng = np.random.default_rng(seed)
-  return [TOK.bos_id] + [int(x) for x in rng.integers(0, 256, n - 1)]
-
-
-@functools.lru_cache(maxsize=None)
-def _jitted_reference(temperature):
-  graphdef = _model()[0]
-  return jax.jit(lambda p, t: models.token_logprobs(graphdef, p, t, temperature=temperature)[0])
-
-
-def _reference_logprobs(params, prompt, tokens, temperature):
-  """`models.token_logprobs` of `tokens` after `prompt`, right-padded to one shape [1, 64] (causal)."""
-  seq = list(prompt) + list(tokens)
-  padded = jnp.array([seq + [TOK.pad_id] * (CFG.max_seq_len - len(seq))])
-  logp = _jitted_reference(temperature)(params, padded)
-  return np.asarray(logp[0, len(prompt) - 1:len(seq) - 1])
-
-
-def _argmax_loop(prompt, n):
-  graphdef, params = _model()
-  forward = _jitted_forward()
-  seq = list(prompt)
-  for _ in range(n):
-    padded = jnp.array([seq + [TOK.pad_id] * (CFG.max_seq_len - len(seq))])
-    seq.append(int(jnp.argmax(forward(params, padded)[0, len(seq) - 1])))
-  del graphdef
-  return seq[len(prompt):]
-
-
-@functools.lru_cache(maxsize=None)
-def _jitted_forward():
-  graphdef = _model()[0]
-  return jax.jit(lambda p, t: models.forward(graphdef, p, t)[0])
 
 
 def _check_finish(c, request):
@@ -97,10 +53,10 @@ def _check_finish(c, request):
 
 
 def test_logprobs_match_the_learner_with_slots_refilled_mid_run(sampling_engine):
-  requests = [Request(_prompt(3, 1), n=2, max_tokens=5, request_id="a"),
-              Request(_prompt(14, 2), n=3, max_tokens=11, request_id="b"),
-              Request(_prompt(9, 3), n=2, max_tokens=None, request_id="c")]
-  driver = _driver.Driver(sampling_engine, _model()[1])
+  requests = [Request(refs.prompt(3, 1), n=2, max_tokens=5, request_id="a"),
+              Request(refs.prompt(14, 2), n=3, max_tokens=11, request_id="b"),
+              Request(refs.prompt(9, 3), n=2, max_tokens=None, request_id="c")]
+  driver = _driver.Driver(sampling_engine, refs.model()[1])
   completions = driver.sample(requests)
   assert [(c.request_id, c.index) for c in completions] == [
       ("a", 0), ("a", 1), ("b", 0), ("b", 1), ("b", 2), ("c", 0), ("c", 1)]
@@ -110,7 +66,7 @@ def test_logprobs_match_the_learner_with_slots_refilled_mid_run(sampling_engine)
     assert c.prompt == tuple(request.prompt) and c.tokens
     _check_finish(c, request)
     assert c.versions == (0,) * len(c.tokens)
-    np.testing.assert_allclose(c.logprobs, _reference_logprobs(_model()[1], c.prompt, c.tokens, T),
+    np.testing.assert_allclose(c.logprobs, refs.reference_logprobs(refs.model()[1], c.prompt, c.tokens, T),
                                atol=1e-5, rtol=0)
   assert len({c.tokens for c in completions if c.request_id == "b"}) > 1  # Independent streams.
   stats = driver.stats
@@ -122,28 +78,26 @@ def test_logprobs_match_the_learner_with_slots_refilled_mid_run(sampling_engine)
 
 
 def test_greedy_equals_a_full_forward_argmax_loop(greedy_engine):
-  requests = [Request(_prompt(11, 4), n=2, max_tokens=7, request_id=0),
-              Request(_prompt(5, 5), n=3, max_tokens=9, request_id=1)]
-  completions = _driver.Driver(greedy_engine, _model()[1]).sample(requests)
+  requests = [Request(refs.prompt(11, 4), n=2, max_tokens=7, request_id=0),
+              Request(refs.prompt(5, 5), n=3, max_tokens=9, request_id=1)]
+  completions = _driver.Driver(greedy_engine, refs.model()[1]).sample(requests)
   assert len(completions) == 5
   for request in requests:
-    expected = _argmax_loop(request.prompt, request.max_tokens)
-    if TOK.eos_id in expected:
-      expected = expected[:expected.index(TOK.eos_id) + 1]
+    expected = refs.through_eos(refs.argmax_loop(request.prompt, request.max_tokens))
     group = [c for c in completions if c.request_id == request.request_id]
     for c in group:
       assert list(c.tokens) == expected
       assert c.tokens == group[0].tokens and c.logprobs == group[0].logprobs
       # Greedy logprobs are under T = 1.
-      np.testing.assert_allclose(c.logprobs, _reference_logprobs(_model()[1], c.prompt, c.tokens, 1.0),
+      np.testing.assert_allclose(c.logprobs, refs.reference_logprobs(refs.model()[1], c.prompt, c.tokens, 1.0),
                                  atol=1e-5, rtol=0)
 
 
 def test_prefix_sharing_changes_nothing_but_the_prefill_count(greedy_engine):
-  requests = [Request(_prompt(7, 6), n=4, max_tokens=6, request_id="x"),
-              Request(_prompt(13, 7), n=2, max_tokens=4, request_id="y")]
-  shared = _driver.Driver(greedy_engine, _model()[1], share_prefix=True)
-  separate = _driver.Driver(greedy_engine, _model()[1], share_prefix=False)
+  requests = [Request(refs.prompt(7, 6), n=4, max_tokens=6, request_id="x"),
+              Request(refs.prompt(13, 7), n=2, max_tokens=4, request_id="y")]
+  shared = _driver.Driver(greedy_engine, refs.model()[1], share_prefix=True)
+  separate = _driver.Driver(greedy_engine, refs.model()[1], share_prefix=False)
   out_shared, out_separate = shared.sample(requests), separate.sample(requests)
   assert len(out_shared) == len(out_separate) == 6
   for a, b in zip(out_shared, out_separate):
@@ -156,10 +110,10 @@ def test_prefix_sharing_changes_nothing_but_the_prefill_count(greedy_engine):
 
 def test_continuous_batching_takes_fewer_steps_than_static(greedy_engine, sampling_engine):
   lengths = [2, 12, 2, 2, 12, 2, 2, 2]
-  requests = [Request(_prompt(4 + i, 20 + i), n=1, max_tokens=m, request_id=i) for i, m in enumerate(lengths)]
+  requests = [Request(refs.prompt(4 + i, 20 + i), n=1, max_tokens=m, request_id=i) for i, m in enumerate(lengths)]
   for engine in (greedy_engine, sampling_engine):  # Streams are per sample: the schedule changes nothing.
-    continuous = _driver.Driver(engine, _model()[1])
-    static = _driver.Driver(engine, _model()[1], static_batching=True)
+    continuous = _driver.Driver(engine, refs.model()[1])
+    static = _driver.Driver(engine, refs.model()[1], static_batching=True)
     out_c, out_s = continuous.sample(requests), static.sample(requests)
     assert [c.tokens for c in out_c] == [c.tokens for c in out_s]
     for a, b in zip(out_c, out_s):
@@ -176,9 +130,9 @@ def test_continuous_batching_takes_fewer_steps_than_static(greedy_engine, sampli
 
 @pytest.mark.parametrize("recompute", [True, False])
 def test_set_params_mid_run_tags_tokens_with_their_version(sampling_engine, recompute):
-  params0, params1 = _model(0)[1], _model(1)[1]
-  requests = [Request(_prompt(6, 30), n=4, max_tokens=8, request_id="p"),
-              Request(_prompt(10, 31), n=1, max_tokens=8, request_id="q")]
+  params0, params1 = refs.model(0)[1], refs.model(1)[1]
+  requests = [Request(refs.prompt(6, 30), n=4, max_tokens=8, request_id="p"),
+              Request(refs.prompt(10, 31), n=1, max_tokens=8, request_id="q")]
   driver = _driver.Driver(sampling_engine, params0, recompute_on_swap=recompute)
   swapped_at = []  # Decode steps run before the swap (the first step() boundary at or after 3 steps).
 
@@ -195,8 +149,8 @@ def test_set_params_mid_run_tags_tokens_with_their_version(sampling_engine, reco
     inserted_before_swap = c.request_id == "p" and c.index < SLOTS
     n0 = min(k + lag, len(c.tokens)) if inserted_before_swap else 0
     assert c.versions == (0,) * n0 + (1,) * (len(c.tokens) - n0), (c.request_id, c.index, c.versions)
-    ref0 = _reference_logprobs(params0, c.prompt, c.tokens, T)
-    ref1 = _reference_logprobs(params1, c.prompt, c.tokens, T)
+    ref0 = refs.reference_logprobs(params0, c.prompt, c.tokens, T)
+    ref1 = refs.reference_logprobs(params1, c.prompt, c.tokens, T)
     np.testing.assert_allclose(c.logprobs[:n0], ref0[:n0], atol=1e-5, rtol=0)
     if recompute or not inserted_before_swap:
       np.testing.assert_allclose(c.logprobs[n0:], ref1[n0:], atol=1e-5, rtol=0)
@@ -211,15 +165,15 @@ def test_set_params_mid_run_tags_tokens_with_their_version(sampling_engine, reco
 
 
 def test_step_level_api_and_finish_reasons(greedy_engine):
-  prompt = _prompt(16, 40)
-  greedy = _argmax_loop(prompt, MAX_DECODE - 16)
+  prompt = refs.prompt(16, 40)
+  greedy = refs.argmax_loop(prompt, MAX_DECODE - 16)
   assert TOK.eos_id not in greedy  # The fixture relies on it (fixed seeds).
   stop = greedy[3]
   requests = [Request(prompt, max_tokens=4, request_id="len"),
               Request(prompt, stop_tokens=(stop, 7), max_tokens=10, request_id="stop"),
               Request(prompt, request_id="full"),
               Request(prompt, max_tokens=MAX_DECODE - 16, request_id="exact")]
-  driver = _driver.Driver(greedy_engine, _model()[1])
+  driver = _driver.Driver(greedy_engine, refs.model()[1])
   driver.submit(requests)
   assert not driver.done
   finished_at = {}  # request_id -> (step it finished in, tokens).
@@ -244,21 +198,21 @@ def test_step_level_api_and_finish_reasons(greedy_engine):
 
 
 def test_bad_requests_raise_clear_errors(greedy_engine):
-  driver = _driver.Driver(greedy_engine, _model()[1])
+  driver = _driver.Driver(greedy_engine, refs.model()[1])
   with pytest.raises(ValueError, match=r"17 tokens.*largest prefill bucket 16"):
-    driver.submit([Request(_prompt(17), request_id="long")])
+    driver.submit([Request(refs.prompt(17), request_id="long")])
   with pytest.raises(ValueError, match=r"10 tokens \+ max_tokens 31 = 41 exceeds max_decode_length 40"):
-    driver.submit([Request(_prompt(10), max_tokens=31)])
+    driver.submit([Request(refs.prompt(10), max_tokens=31)])
   with pytest.raises(ValueError, match="n must be a positive int"):
-    driver.submit([Request(_prompt(3), n=0)])
+    driver.submit([Request(refs.prompt(3), n=0)])
   with pytest.raises(ValueError, match="max_tokens must be"):
-    driver.submit([Request(_prompt(3), max_tokens=0)])
+    driver.submit([Request(refs.prompt(3), max_tokens=0)])
   with pytest.raises(ValueError, match=r"prompt must be a non-empty list of ids in \[0, 264\)"):
     driver.submit([Request([TOK.bos_id, 264])])
   with pytest.raises(ValueError, match="unique"):
-    driver.submit([Request(_prompt(3), request_id=1), Request(_prompt(4), request_id=1)])
+    driver.submit([Request(refs.prompt(3), request_id=1), Request(refs.prompt(4), request_id=1)])
   with pytest.raises(ValueError, match="lack leaf"):
-    driver.set_params({k: v for k, v in _model()[1].items() if k != "final_norm"}, 1)
+    driver.set_params({k: v for k, v in refs.model()[1].items() if k != "final_norm"}, 1)
   assert driver.done and driver.stats.prefills == 0  # Nothing was queued by a rejected call.
 
 
@@ -282,7 +236,7 @@ def _check_multi_turn(c, env, params, temperature):
   assert c.num_turns == env.turns and (~mask).sum() == len(OBS) * (env.turns - 1)
   assert all(c.tokens[i] == t for i, t in zip(np.flatnonzero(~mask), OBS * env.turns))
   assert all(v == -1 and lp == 0.0 for v, lp, m in zip(c.versions, c.logprobs, mask) if not m)
-  ref = _reference_logprobs(params, c.prompt, c.tokens, temperature)
+  ref = refs.reference_logprobs(params, c.prompt, c.tokens, temperature)
   np.testing.assert_allclose(np.array(c.logprobs)[mask], ref[mask], atol=1e-5, rtol=0)
   seen = [transcript for transcript, _ in env.calls[c.index]]
   assert seen[-1] == c.prompt + c.tokens  # The last turn ends the sample: nothing appended after it.
@@ -291,20 +245,20 @@ def _check_multi_turn(c, env, params, temperature):
 
 def test_multi_turn_greedy_equals_an_argmax_loop_with_observations(greedy_engine):
   env = _Env(turns=3)
-  prompt = _prompt(9, 50)
-  driver = _driver.Driver(greedy_engine, _model()[1])
+  prompt = refs.prompt(9, 50)
+  driver = _driver.Driver(greedy_engine, refs.model()[1])
   completions = driver.sample([Request(prompt, n=2, max_tokens=4, request_id="chat", env=env),
-                               Request(_prompt(5, 51), n=2, max_tokens=12, request_id="solo")])
+                               Request(refs.prompt(5, 51), n=2, max_tokens=12, request_id="solo")])
   expected = list(prompt)
   for turn in range(3):
-    expected += _argmax_loop(expected, 4)
+    expected += refs.argmax_loop(expected, 4)
     if turn < 2:
       expected += OBS
   assert TOK.eos_id not in expected
   chat = [c for c in completions if c.request_id == "chat"]
   for c in chat:
     assert list(c.prompt + c.tokens) == expected and c.finish_reason == "length"
-    _check_multi_turn(c, env, _model()[1], 1.0)
+    _check_multi_turn(c, env, refs.model()[1], 1.0)
     assert [reason for _, reason in env.calls[c.index]] == ["length"] * 3
   assert chat[0].logprobs == chat[1].logprobs
   # Each continuation extends the conversation's prefix: one prefill of turn tokens + observation.
@@ -313,11 +267,11 @@ def test_multi_turn_greedy_equals_an_argmax_loop_with_observations(greedy_engine
 
 
 def test_multi_turn_sampling_matches_the_learner_across_a_weight_swap(sampling_engine):
-  params0, params1 = _model(0)[1], _model(1)[1]
+  params0, params1 = refs.model(0)[1], refs.model(1)[1]
   envs = [_Env(turns=2), _Env(turns=3)]
-  requests = [Request(_prompt(6, 60), n=2, max_tokens=5, request_id=0, env=envs[0]),
-              Request(_prompt(12, 61), n=2, max_tokens=3, stop_tokens=(10,), request_id=1, env=envs[1]),
-              Request(_prompt(4, 62), n=1, max_tokens=6, request_id=2)]
+  requests = [Request(refs.prompt(6, 60), n=2, max_tokens=5, request_id=0, env=envs[0]),
+              Request(refs.prompt(12, 61), n=2, max_tokens=3, stop_tokens=(10,), request_id=1, env=envs[1]),
+              Request(refs.prompt(4, 62), n=1, max_tokens=6, request_id=2)]
   driver = _driver.Driver(sampling_engine, params0)
   swap_at = 7
   completions = driver.sample(
@@ -330,7 +284,7 @@ def test_multi_turn_sampling_matches_the_learner_across_a_weight_swap(sampling_e
     versions = np.array(c.versions)
     assert set(versions[mask]) <= {0, 1} and (np.diff(versions[mask]) >= 0).all()
     for version, params in ((0, params0), (1, params1)):
-      ref = _reference_logprobs(params, c.prompt, c.tokens, T)
+      ref = refs.reference_logprobs(params, c.prompt, c.tokens, T)
       sel = mask & (versions == version)
       np.testing.assert_allclose(np.array(c.logprobs)[sel], ref[sel], atol=1e-5, rtol=0)
     env = envs[c.request_id]
@@ -339,23 +293,23 @@ def test_multi_turn_sampling_matches_the_learner_across_a_weight_swap(sampling_e
 
 
 def test_an_observation_that_leaves_no_room_ends_the_sample(greedy_engine):
-  prompt = _prompt(16, 40)  # Greedy emits no EOS in its first 24 tokens (see the finish-reason test).
-  greedy = _argmax_loop(prompt, 9)
+  prompt = refs.prompt(16, 40)  # Greedy emits no EOS in its first 24 tokens (see the finish-reason test).
+  greedy = refs.argmax_loop(prompt, 9)
   # 16 + 9 + 15 = 40: no room to generate after the observation, which is dropped.
   env = _Env(turns=5, obs=range(100, 115))
-  c, = _driver.Driver(greedy_engine, _model()[1]).sample([Request(prompt, max_tokens=9, env=env)])
+  c, = _driver.Driver(greedy_engine, refs.model()[1]).sample([Request(prompt, max_tokens=9, env=env)])
   assert (c.tokens, c.mask, c.finish_reason, c.num_turns) == (tuple(greedy), (1,) * 9, "max_decode_length", 1)
   assert len(env.calls[0]) == 1
   # 16 + 9 + 14 = 39: the second turn is clipped to the one position left.
   env = _Env(turns=5, obs=range(100, 114))
-  c, = _driver.Driver(greedy_engine, _model()[1]).sample([Request(prompt, max_tokens=9, env=env)])
+  c, = _driver.Driver(greedy_engine, refs.model()[1]).sample([Request(prompt, max_tokens=9, env=env)])
   assert c.tokens[:23] == tuple(greedy) + tuple(range(100, 114)) and len(c.tokens) == 24
   assert (c.mask, c.finish_reason, c.num_turns) == ((1,) * 9 + (0,) * 14 + (1,), "max_decode_length", 2)
   assert len(env.calls[0]) == 1  # A turn cut by max_decode_length does not ask the env.
 
 
 def _sampling_engine(slots, steps_per_sync):
-  return _engine.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=slots,
+  return _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=slots,
                             max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=T, top_p=0.9,
                             top_k=40, seed=1, steps_per_sync=steps_per_sync)
 
@@ -367,16 +321,16 @@ def test_per_request_seeds_reproduce_a_fresh_driver_from_a_long_lived_one(sampli
   another slot count too: on CPU XLA computes each slot's row of the decode step alike whatever the batch
   size (not a cross-backend guarantee; see the driver's module docstring)."""
   seed = 7
-  requests = [Request(_prompt(5, 70), n=2, max_tokens=9, request_id="a"),
-              Request(_prompt(12, 71), n=3, max_tokens=None, request_id="b"),
-              Request(_prompt(3, 72), n=2, max_tokens=4, request_id="c", env=_Env(turns=2))]
-  want = _driver.Driver(sampling_engine, _model()[1], seed=seed).sample(requests)
+  requests = [Request(refs.prompt(5, 70), n=2, max_tokens=9, request_id="a"),
+              Request(refs.prompt(12, 71), n=3, max_tokens=None, request_id="b"),
+              Request(refs.prompt(3, 72), n=2, max_tokens=4, request_id="c", env=_Env(turns=2))]
+  want = _driver.Driver(sampling_engine, refs.model()[1], seed=seed).sample(requests)
   engine = sampling_engine if slots == SLOTS else _sampling_engine(slots, sampling_engine.steps_per_sync)
-  driver = _driver.Driver(engine, _model()[1], seed=123)
-  driver.submit([Request(_prompt(8, 80), n=2, max_tokens=12, request_id="x")])
+  driver = _driver.Driver(engine, refs.model()[1], seed=123)
+  driver.submit([Request(refs.prompt(8, 80), n=2, max_tokens=12, request_id="x")])
   driver.step()
   for r in (1, 0, 2):  # Out of order, one at a time, each after an unrelated request.
-    driver.submit([Request(_prompt(6, 90 + r), max_tokens=5, request_id=f"y{r}")])
+    driver.submit([Request(refs.prompt(6, 90 + r), max_tokens=5, request_id=f"y{r}")])
     env = _Env(turns=2) if requests[r].env is not None else None
     driver.submit([dataclasses.replace(requests[r], seed=seed, stream=r, env=env)])
     driver.step()
@@ -387,17 +341,17 @@ def test_per_request_seeds_reproduce_a_fresh_driver_from_a_long_lived_one(sampli
   for c in want:
     g = got[c.request_id, c.index]
     assert (g.tokens, g.logprobs, g.versions, g.mask) == (c.tokens, c.logprobs, c.versions, c.mask)
-  assert got["x", 0].tokens != _driver.Driver(engine, _model()[1], seed=seed).sample(
-      [Request(_prompt(8, 80), n=1, max_tokens=12, request_id="x")])[0].tokens  # Driver seeds still apply.
+  assert got["x", 0].tokens != _driver.Driver(engine, refs.model()[1], seed=seed).sample(
+      [Request(refs.prompt(8, 80), n=1, max_tokens=12, request_id="x")])[0].tokens  # Driver seeds still apply.
 
 
 def test_sample_streams_replace_sample_indices(sampling_engine):
   """Samples 0 and 2 of a seeded request, sent as their own request with sample_streams=(0, 2), draw what
   they draw in the whole request."""
-  prompt = _prompt(7, 75)
-  whole = _driver.Driver(sampling_engine, _model()[1]).sample(
+  prompt = refs.prompt(7, 75)
+  whole = _driver.Driver(sampling_engine, refs.model()[1]).sample(
       [Request(prompt, n=3, max_tokens=6, seed=5, stream=4)])
-  part = _driver.Driver(sampling_engine, _model()[1], seed=1).sample(
+  part = _driver.Driver(sampling_engine, refs.model()[1], seed=1).sample(
       [Request(prompt, n=2, max_tokens=6, seed=5, stream=4, sample_streams=(0, 2))])
   assert [c.index for c in part] == [0, 1]
   assert [(c.tokens, c.logprobs) for c in part] == [(whole[i].tokens, whole[i].logprobs) for i in (0, 2)]
@@ -405,15 +359,15 @@ def test_sample_streams_replace_sample_indices(sampling_engine):
 
 
 def test_bad_seeds_and_streams_raise_clear_errors(greedy_engine):
-  driver = _driver.Driver(greedy_engine, _model()[1])
+  driver = _driver.Driver(greedy_engine, refs.model()[1])
   with pytest.raises(ValueError, match="stream is required when seed is set"):
-    driver.submit([Request(_prompt(3), seed=1)])
+    driver.submit([Request(refs.prompt(3), seed=1)])
   with pytest.raises(ValueError, match="stream 2 needs a seed"):
-    driver.submit([Request(_prompt(3), stream=2)])
+    driver.submit([Request(refs.prompt(3), stream=2)])
   with pytest.raises(ValueError, match=r"stream must be an int in \[0, 2\*\*32\); got -1"):
-    driver.submit([Request(_prompt(3), seed=1, stream=-1)])
+    driver.submit([Request(refs.prompt(3), seed=1, stream=-1)])
   with pytest.raises(ValueError, match="seed must be an int"):
-    driver.submit([Request(_prompt(3), seed=1.5, stream=0)])
+    driver.submit([Request(refs.prompt(3), seed=1.5, stream=0)])
   with pytest.raises(ValueError, match="sample_streams must be n = 2 distinct ints"):
-    driver.submit([Request(_prompt(3), n=2, sample_streams=(1, 1))])
+    driver.submit([Request(refs.prompt(3), n=2, sample_streams=(1, 1))])
   assert driver.done

@@ -9,60 +9,28 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlax_post import models
 from rlax_post.sampler import _driver
 from rlax_post.sampler import _engine
 from rlax_post.sampler import _sampling
 
-TOK = models.ByteTokenizer()
-CFG = models.preset("micro", vocab_size=264, valid_vocab_size=259, max_seq_len=64)
-MAX_DECODE = 40
+import _driver_refs as refs
+from _driver_refs import CFG
+from _driver_refs import MAX_DECODE
+from _driver_refs import TOK
+
 Request = _driver.Request
 
 
 @functools.lru_cache(maxsize=None)
-def _model():
-  return models.init_params(CFG, jax.random.key(0))
-
-
-@functools.lru_cache(maxsize=None)
 def _engine_for(steps_per_sync, slots=3, temperature=0.8, top_p=0.9, top_k=40):
-  return _engine.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=slots,
+  return _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=slots,
                             max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=temperature,
                             top_p=top_p, top_k=top_k, seed=1, steps_per_sync=steps_per_sync)
 
 
-def _prompt(n, seed=0):
-  rng = np.random.default_rng(seed)
-  return [TOK.bos_id] + [int(x) for x in rng.integers(0, 256, n - 1)]
-
-
-@functools.lru_cache(maxsize=None)
-def _jitted_reference(temperature):
-  graphdef = _model()[0]
-  return jax.jit(lambda p, t: models.token_logprobs(graphdef, p, t, temperature=temperature)[0])
-
-
-def _reference_logprobs(prompt, tokens, temperature):
-  seq = list(prompt) + list(tokens)
-  padded = jnp.array([seq + [TOK.pad_id] * (CFG.max_seq_len - len(seq))])
-  return np.asarray(_jitted_reference(temperature)(_model()[1], padded)[0, len(prompt) - 1:len(seq) - 1])
-
-
-def _argmax_loop(prompt, n):
-  graphdef, params = _model()
-  seq = list(prompt)
-  for _ in range(n):
-    padded = jnp.array([seq + [TOK.pad_id] * (CFG.max_seq_len - len(seq))])
-    seq.append(int(jnp.argmax(models.forward(graphdef, params, padded)[0][0, len(seq) - 1])))
-    if seq[-1] == TOK.eos_id:
-      break
-  return seq[len(prompt):]
-
-
 def _filled_state(engine, prompts):
   state = engine.init_decode_state()
-  prefix = engine.prefill_batch(_model()[1], prompts)
+  prefix = engine.prefill_batch(refs.model()[1], prompts)
   keys = np.stack([np.asarray(jax.random.key_data(jax.random.key(10 + i)), np.uint32)
                    for i in range(len(prompts))])
   return engine.insert_batch(prefix, state, list(range(len(prompts))), list(range(len(prompts))), keys,
@@ -71,13 +39,13 @@ def _filled_state(engine, prompts):
 
 def test_a_block_equals_as_many_single_steps():
   engine = _engine_for(5)
-  prompts = [_prompt(5, 1), _prompt(9, 2), _prompt(3, 3)]
+  prompts = [refs.prompt(5, 1), refs.prompt(9, 2), refs.prompt(3, 3)]
   singles = _filled_state(engine, prompts)
   rows = []
   for _ in range(5):
-    singles, _ = engine.generate(_model()[1], singles)
+    singles, _ = engine.generate(refs.model()[1], singles)
     rows.append((np.asarray(singles.tokens), np.asarray(singles.logprobs), np.asarray(singles.valid)))
-  block_state, block = engine.generate_block(_model()[1], _filled_state(engine, prompts))
+  block_state, block = engine.generate_block(refs.model()[1], _filled_state(engine, prompts))
   assert int(block.steps) == 5
   np.testing.assert_array_equal(block.tokens, np.stack([r[0] for r in rows]))
   np.testing.assert_array_equal(block.logprobs, np.stack([r[1] for r in rows]))
@@ -89,23 +57,23 @@ def test_a_block_equals_as_many_single_steps():
 def test_a_block_stops_early_when_a_slot_stops_and_work_waits():
   engine = _engine_for(8)
   state = engine.init_decode_state()
-  prefix = engine.prefill_batch(_model()[1], [_prompt(4, 5)])
+  prefix = engine.prefill_batch(refs.model()[1], [refs.prompt(4, 5)])
   keys = np.zeros((2, 2), np.uint32)
   state = engine.insert_batch(prefix, state, [0, 0], [0, 2], keys, engine.slot_settings([3, 7]))
-  state, block = engine.generate_block(_model()[1], state, stop_on_free=True)
+  state, block = engine.generate_block(refs.model()[1], state, stop_on_free=True)
   assert int(block.steps) == 3  # Slot 0's limit of 3 tokens: the block ends right after.
   np.testing.assert_array_equal(np.asarray(block.valid)[:3, [0, 2]], True)
   assert not np.asarray(block.valid)[:, 1].any() and not np.asarray(block.valid)[3:].any()
-  state, block = engine.generate_block(_model()[1], state)  # Without stop_on_free: until slot 2 stops.
+  state, block = engine.generate_block(refs.model()[1], state)  # Without stop_on_free: until slot 2 stops.
   assert int(block.steps) == 4 and not bool(np.asarray(state.active).any())
   with pytest.raises(ValueError, match=r"steps must be an int in \[1, steps_per_sync = 8\]; got 9"):
-    engine.generate_block(_model()[1], state, steps=9)
+    engine.generate_block(refs.model()[1], state, steps=9)
 
 
 def test_batched_prefill_and_insert_equal_one_at_a_time():
   engine = _engine_for(1)
-  params = _model()[1]
-  prompts = [_prompt(7, 11), _prompt(12, 12), _prompt(2, 13)]
+  params = refs.model()[1]
+  prompts = [refs.prompt(7, 11), refs.prompt(12, 12), refs.prompt(2, 13)]
   batch = engine.prefill_batch(params, prompts)
   assert batch.cache.k.shape[1] == engine.prefill_rows(16) == 16 and batch.cache.k.shape[2] == 16
   for b, prompt in enumerate(prompts):
@@ -127,11 +95,11 @@ def test_batched_prefill_and_insert_equal_one_at_a_time():
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_every_k_gives_the_same_completions(temperature):
-  requests = [Request(_prompt(4 + i, 20 + i), n=1 + i % 2, max_tokens=m, request_id=i)
+  requests = [Request(refs.prompt(4 + i, 20 + i), n=1 + i % 2, max_tokens=m, request_id=i)
               for i, m in enumerate([2, 12, 3, 2, 9, 2, 1, 5])]
   outs = []
   for k in (1, 3, 8):
-    driver = _driver.Driver(_engine_for(k, temperature=temperature), _model()[1], seed=3)
+    driver = _driver.Driver(_engine_for(k, temperature=temperature), refs.model()[1], seed=3)
     outs.append((driver.sample(requests), driver.stats))
   for completions, stats in outs[1:]:
     assert [(c.tokens, c.versions, c.finish_reason) for c in completions] == [
@@ -146,24 +114,25 @@ def test_every_k_gives_the_same_completions(temperature):
 
 def test_each_request_samples_and_scores_under_its_own_law():
   engine = _engine_for(4, temperature=1.0, top_p=1.0, top_k=0)
-  prompt = _prompt(6, 30)
+  prompt = refs.prompt(6, 30)
   greedy = _sampling.SamplingParams(temperature=0.0)
   hot = _sampling.SamplingParams(temperature=1.7, top_k=5)
   requests = [Request(prompt, n=2, max_tokens=8, request_id="greedy", sampling=greedy),
               Request(prompt, n=2, max_tokens=8, request_id="hot", sampling=hot),
               Request(prompt, n=1, max_tokens=8, request_id="default")]
-  completions = _driver.Driver(engine, _model()[1]).sample(requests)
+  params = refs.model()[1]
+  completions = _driver.Driver(engine, params).sample(requests)
   by_id = {}
   for c in completions:
     by_id.setdefault(c.request_id, []).append(c)
-  expected = _argmax_loop(prompt, 8)
+  expected = refs.through_eos(refs.argmax_loop(prompt, 8))
   for c in by_id["greedy"]:
     assert list(c.tokens) == expected  # Beside sampling slots, in the same compiled step.
-    np.testing.assert_allclose(c.logprobs, _reference_logprobs(prompt, c.tokens, 1.0), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(c.logprobs, refs.reference_logprobs(params, prompt, c.tokens, 1.0), atol=1e-5, rtol=0)
   for c in by_id["hot"]:
-    np.testing.assert_allclose(c.logprobs, _reference_logprobs(prompt, c.tokens, 1.7), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(c.logprobs, refs.reference_logprobs(params, prompt, c.tokens, 1.7), atol=1e-5, rtol=0)
   c, = by_id["default"]
-  np.testing.assert_allclose(c.logprobs, _reference_logprobs(prompt, c.tokens, 1.0), atol=1e-5, rtol=0)
+  np.testing.assert_allclose(c.logprobs, refs.reference_logprobs(params, prompt, c.tokens, 1.0), atol=1e-5, rtol=0)
 
 
 def test_per_row_top_k_keeps_only_each_rows_k_largest():
@@ -182,13 +151,13 @@ def test_per_row_top_k_keeps_only_each_rows_k_largest():
 
 def test_stop_strings_end_a_turn_at_the_token_that_completes_them():
   engine = _engine_for(4, temperature=0.0)
-  prompt = _prompt(5, 40)
-  greedy = _argmax_loop(prompt, 20)
+  prompt = refs.prompt(5, 40)
+  greedy = refs.through_eos(refs.argmax_loop(prompt, 20))
   assert TOK.eos_id not in greedy and len(greedy) == 20
   text = TOK.decode(greedy[3:6])
   stop = text[-2:] if len(text) >= 2 else text
   want = next(n for n in range(1, 21) if stop in TOK.decode(greedy[:n]))
-  driver = _driver.Driver(engine, _model()[1])
+  driver = _driver.Driver(engine, refs.model()[1])
   c, other = driver.sample([Request(prompt, max_tokens=20, stop=(stop, "\x00never"), request_id="s"),
                             Request(prompt, max_tokens=20, request_id="plain")])
   assert (c.tokens, c.finish_reason) == (tuple(greedy[:want]), "stop")
@@ -203,13 +172,13 @@ def test_bad_laws_and_stops_raise_clear_errors():
     _sampling.SamplingParams(top_p=0)
   with pytest.raises(ValueError, match="top_k must be an int >= 0"):
     _sampling.SamplingParams(top_k=1.5)
-  driver = _driver.Driver(_engine_for(1), _model()[1])
+  driver = _driver.Driver(_engine_for(1), refs.model()[1])
   with pytest.raises(ValueError, match=r"10 stop ids \(EOS included\) exceed the engine's max_stop_tokens 8"):
-    driver.submit([Request(_prompt(3), stop_tokens=tuple(range(9)))])
+    driver.submit([Request(refs.prompt(3), stop_tokens=tuple(range(9)))])
   with pytest.raises(ValueError, match="sampling must be a SamplingParams"):
-    driver.submit([Request(_prompt(3), sampling={"temperature": 0.5})])
+    driver.submit([Request(refs.prompt(3), sampling={"temperature": 0.5})])
   with pytest.raises(ValueError, match="stop must be a tuple of non-empty strings"):
-    driver.submit([Request(_prompt(3), stop="ab")])
+    driver.submit([Request(refs.prompt(3), stop="ab")])
   with pytest.raises(ValueError, match="steps_per_sync must be a positive int; got 0"):
     _engine_for(0)
   assert driver.done
