@@ -92,7 +92,7 @@ class FusedMode:
 
   def __init__(self, engine, params, *, num, prompt_len, new_tokens):
     cfg, graphdef, slots = engine.model_cfg, engine.graphdef, engine.max_concurrent_decodes
-    kv_len, temperature = engine.max_decode_length, engine.temperature
+    kv_len, temperature = engine.max_decode_length, engine.sampling.temperature
 
     @jax.jit
     def round_(params, prompts_bt, key):

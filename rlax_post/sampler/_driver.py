@@ -405,7 +405,7 @@ class Driver:
              on_step: Callable[[Driver, int], None] | None = None) -> list[Completion]:
     """Runs `requests` to completion; completions in request order, then sample index.
 
-    on_step(driver, steps_done) is called after every generate step (e.g. to `set_params`).
+    on_step(driver, steps_done) is called after every `step()` (one decode block; e.g. to `set_params`).
     """
     self.submit(requests)
     steps = 0

@@ -193,7 +193,6 @@ class RlaxEngine(engine_api.Engine):
     self._max_concurrent_decodes = max_concurrent_decodes
     self._max_prefill_length = max_prefill_length
     self.max_decode_length = max_decode_length
-    self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
     self.seed = seed
     self.steps_per_sync, self.max_stop_tokens = steps_per_sync, max_stop_tokens
     self.prefill_batch_tokens = prefill_batch_tokens
@@ -423,13 +422,8 @@ class RlaxEngine(engine_api.Engine):
     if not 1 <= true_length <= tokens.shape[0]:
       raise ValueError(f"true_length must be in [1, {tokens.shape[0]}] (len(padded_tokens)); got "
                        f"{true_length}.")
-    t_bucket = _tokenizer_api.bucket_for(true_length, self.prefill_buckets)
-    tokens_1t = np.full((1, t_bucket), self.tokenizer.pad_id, np.int32)
-    tokens_1t[0, :true_length] = tokens[:true_length]
     if existing_prefix is None:
-      self.prefill_shapes.add((1, 0, t_bucket, t_bucket))
-      return self._prefill_fn(params, jnp.asarray(tokens_1t), jnp.zeros((1,), jnp.int32),
-                              jnp.full((1,), true_length, jnp.int32), None, cache_len=t_bucket)
+      return self._run_prefill(params, [tokens[:true_length]], rows=1)
     if existing_prefix.length.shape != (1,):
       raise ValueError(f"existing_prefix must hold one prompt (B = 1); it holds {existing_prefix.length.shape}. "
                        f"Take one with Prefix.row(b).")
@@ -439,9 +433,24 @@ class RlaxEngine(engine_api.Engine):
       raise ValueError(f"existing prefix of {start} tokens + {true_length} new tokens exceeds "
                        f"max_decode_length {self.max_decode_length}.")
     c_out = max(c_in, _tokenizer_api.bucket_for(start + true_length, self.cache_buckets))
-    self.prefill_shapes.add((1, c_in, t_bucket, c_out))
-    return self._prefill_fn(params, jnp.asarray(tokens_1t), jnp.full((1,), start, jnp.int32),
-                            jnp.full((1,), true_length, jnp.int32), existing_prefix.cache, cache_len=c_out)
+    return self._run_prefill(params, [tokens[:true_length]], rows=1, start=start, cache=existing_prefix.cache,
+                             cache_len=c_out)
+
+  def _run_prefill(self, params, prompts, *, rows: int, start: int = 0, cache=None,
+                   cache_len: int | None = None) -> Prefix:
+    """`prompts` padded to their longest one's bucket and to `rows` rows, after `cache` (positions from
+    `start`) if given, into a cache of `cache_len` positions (default: the bucket); records the shape."""
+    lengths = [len(p) for p in prompts]
+    t_bucket = _tokenizer_api.bucket_for(max(lengths), self.prefill_buckets)
+    tokens_bt = np.full((rows, t_bucket), self.tokenizer.pad_id, np.int32)
+    for i, prompt in enumerate(prompts):
+      tokens_bt[i, :lengths[i]] = np.asarray(prompt, np.int32)
+    true_b = np.ones((rows,), np.int32)
+    true_b[:len(prompts)] = lengths
+    cache_len = t_bucket if cache_len is None else cache_len
+    self.prefill_shapes.add((rows, 0 if cache is None else cache.k.shape[2], t_bucket, cache_len))
+    return self._prefill_fn(params, jnp.asarray(tokens_bt), jnp.full((rows,), start, jnp.int32),
+                            jnp.asarray(true_b), cache, cache_len=cache_len)
 
   def prefill_rows(self, bucket: int) -> int:
     """B of every `prefill_batch` call whose longest prompt pads to `bucket`: the largest power of two
@@ -470,14 +479,7 @@ class RlaxEngine(engine_api.Engine):
     if len(prompts) > b:
       raise ValueError(f"prefill_batch takes at most prefill_rows({t_bucket}) = {b} prompts of that bucket; "
                        f"got {len(prompts)}.")
-    tokens_bt = np.full((b, t_bucket), self.tokenizer.pad_id, np.int32)
-    for i, prompt in enumerate(prompts):
-      tokens_bt[i, :lengths[i]] = np.asarray(prompt, np.int32)
-    true_b = np.ones((b,), np.int32)
-    true_b[:len(prompts)] = lengths
-    self.prefill_shapes.add((b, 0, t_bucket, t_bucket))
-    return self._prefill_fn(params, jnp.asarray(tokens_bt), jnp.zeros((b,), jnp.int32), jnp.asarray(true_b),
-                            None, cache_len=t_bucket)
+    return self._run_prefill(params, prompts, rows=b)
 
   def insert_batch(self, prefix: Prefix, decode_state: DecodeState, rows: Sequence[int],
                    slots: Sequence[int], rngs: np.ndarray, settings: SlotSettings) -> DecodeState:
