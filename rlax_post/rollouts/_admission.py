@@ -44,6 +44,8 @@ from typing import Iterable, Sequence
 from etils import epath
 import numpy as np
 
+from rlax_post.rollouts import _disk
+
 
 def admission_limit(version: int, *, groups_per_step: int, max_staleness: int, extra: int = 0) -> int:
   """The first ticket a sampler at `version` may not start."""
@@ -127,12 +129,9 @@ def _write_json_atomic(path, value) -> None:
   """Whole-file write: tmp + rename on local disks; a single object write on buckets (atomic there)."""
   path = epath.Path(path)
   text = json.dumps(value)
-  if _is_local(path):
+  if _disk.is_local(path):
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}"
-    with open(os.fspath(tmp), "w") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
+    _disk.write_synced(tmp, text, "w")
     os.replace(os.fspath(tmp), os.fspath(path))
   else:
     path.write_text(text)
@@ -143,10 +142,6 @@ def _read_json(path, default):
     return json.loads(epath.Path(path).read_text())
   except (FileNotFoundError, json.JSONDecodeError, OSError):
     return default
-
-
-def _is_local(path: epath.Path) -> bool:
-  return "://" not in os.fspath(path)
 
 
 def _dir(directory) -> epath.Path:

@@ -13,6 +13,7 @@ import uuid
 from etils import epath
 import grain
 
+from rlax_post.rollouts import _disk
 from rlax_post.rollouts import _queue
 from rlax_post.rollouts import _records
 from rlax_post.rollouts import _released
@@ -21,10 +22,6 @@ _SHARD_SUFFIX = ".rec"
 _LEGACY_SUFFIX = ".array_record"
 _SHARD_RE = re.compile(r"^(\d{12})\.(rec|array_record)$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
-
-
-def _is_local(path: epath.Path) -> bool:
-  return "://" not in str(path)
 
 
 def _check_name(kind: str, name: str) -> None:
@@ -36,11 +33,8 @@ def _atomic_write_text(path: epath.Path, text: str) -> None:
   """Writes a small file under a temporary name in the same directory, then renames it over `path`."""
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
-  if _is_local(path):
-    with open(tmp, "w") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
+  if _disk.is_local(path):
+    _disk.write_synced(tmp, text, "w")
     os.replace(tmp, path)
   else:
     tmp.write_text(text)
@@ -50,11 +44,8 @@ def _atomic_write_text(path: epath.Path, text: str) -> None:
 def _append_text(path: epath.Path, text: str) -> None:
   """Appends and fsyncs (local) or rewrites atomically (object stores cannot append)."""
   path.parent.mkdir(parents=True, exist_ok=True)
-  if _is_local(path):
-    with open(path, "a") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
+  if _disk.is_local(path):
+    _disk.write_synced(path, text, "a")
   else:
     old = path.read_text() if path.exists() else ""
     _atomic_write_text(path, old + text)
@@ -203,7 +194,7 @@ class FileQueue(_queue.RolloutQueue):
 
   def _stat(self, path: epath.Path):
     try:
-      if _is_local(path):
+      if _disk.is_local(path):
         st = os.stat(path)
         return (st.st_ino, st.st_size, st.st_mtime_ns)
       st = path.stat()
@@ -376,11 +367,8 @@ class FileQueue(_queue.RolloutQueue):
     final = self._writer_dir / f"{seq:012d}{_SHARD_SUFFIX}"
     tmp = self._writer_dir / f".{seq:012d}.{uuid.uuid4().hex}.tmp"
     data = _records.encode_shard([_records.encode_put(rec) for rec in self._buffer])
-    if _is_local(tmp):
-      with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    if _disk.is_local(tmp):
+      _disk.write_synced(tmp, data, "wb")
     else:
       tmp.write_bytes(data)
     tmp.rename(final)  # the atomic publish: readers only list <seq>.rec names
