@@ -87,11 +87,10 @@ def _advantages_and_old(batch, weights_bt, logp_bt):
   (one epoch of one minibatch): the old policy is then the current one, and its logprob is the stopped
   current logprob, from this forward pass instead of a separate one (ratios exactly 1, same gradient).
   """
-  stopped_bt = jax.lax.stop_gradient(logp_bt)
+  adv_bt, stopped_bt = _per_token(batch, 'advantages', weights_bt, 0.0), jax.lax.stop_gradient(logp_bt)
   if 'old_logprobs' not in batch:
-    return _per_token(batch, 'advantages', weights_bt, 0.0), stopped_bt
-  return (_per_token(batch, 'advantages', weights_bt, 0.0),
-          _per_token(batch, 'old_logprobs', weights_bt, stopped_bt))
+    return adv_bt, stopped_bt
+  return adv_bt, _per_token(batch, 'old_logprobs', weights_bt, stopped_bt)
 
 
 def sft_objective(logprob_fn: LogprobFn) -> Objective:

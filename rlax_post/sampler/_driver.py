@@ -235,9 +235,9 @@ class Driver:
     self._busy: list[_Sample | None] = [None] * self._slots
     self._logits_version = [self.version] * self._slots  # version of each slot's next-token logits.
     self._pending: collections.deque[_Sample] = collections.deque()
-    # First-turn prefixes waiting for slots (shared by a request's samples, or prefetched): prompt key
-    # (`_prompt_key`) -> (batched prefix, row, version).
-    self._prefixes: dict[Any, tuple[_engine.Prefix, int, int]] = {}
+    # First-turn prefixes waiting for slots (shared by a request's samples, or prefetched), all under the
+    # current params (`set_params` drops them): prompt key (`_prompt_key`) -> (batched prefix, row).
+    self._prefixes: dict[Any, tuple[_engine.Prefix, int]] = {}
     self._finished: list[tuple[int, int, Completion]] = []  # (request order, index, completion).
     self._num_requests = 0
     self._counts = collections.Counter()
@@ -270,7 +270,7 @@ class Driver:
     """Uses `params` (tagged `version`) from the next `generate` step on; see the module docstring."""
     self.engine.check_params(params)
     self.params, self.version = params, int(version)
-    self._prefixes.clear()  # Stale: they would be prefilled again under the new params anyway.
+    self._prefixes.clear()  # Stale: prefilled again under the new params when their samples get slots.
     if not self.recompute_on_swap:
       return
     busy = [slot for slot, s in enumerate(self._busy) if s is not None]
@@ -567,8 +567,8 @@ class Driver:
         out[j] = (self._turn_prefix(sample), 0)
         continue
       cached = self._prefixes.get(self._prompt_key(sample))
-      if cached is not None and cached[2] == self.version:
-        out[j] = cached[:2]
+      if cached is not None:
+        out[j] = cached
       else:
         fresh.setdefault(self._prompt_key(sample), (sample.request.prompt, []))[1].append(j)
     if fresh:
@@ -579,7 +579,7 @@ class Driver:
       for row, key in enumerate(keys):
         for j in fresh[key][1]:
           out[j] = (prefix, row)
-        self._prefixes[key] = (prefix, row, self.version)
+        self._prefixes[key] = (prefix, row)
     for j, sample in enumerate(samples):
       if sample.turn == 0 and (not self.share_prefix or sample.index == sample.request.n - 1):
         self._prefixes.pop(self._prompt_key(sample), None)  # Samples queue in index order: the last frees it.
@@ -594,8 +594,7 @@ class Driver:
       if len(fresh) >= _engine.MAX_PREFILL_ROWS:
         return
       key = self._prompt_key(sample)
-      cached = self._prefixes.get(key)
-      if sample.turn == 0 and key not in fresh and (cached is None or cached[2] != self.version):
+      if sample.turn == 0 and key not in fresh and key not in self._prefixes:
         fresh[key] = (sample.request.prompt, [])
 
   def _prefill_groups(self, fresh: dict[Any, tuple[Sequence[int], list[int]]]) -> list[list[Any]]:
