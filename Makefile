@@ -23,11 +23,11 @@ $(STAMP): pyproject.toml requirements/lock.txt | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c requirements/lock.txt google-jetstream
 	@touch $(STAMP)
 
-# The test extras on top: pytest & co, the rlax oracle, CPU torch + transformers for parity tests, and
-# xmanager for the launcher tests (its dependencies pinned by requirements/xm.txt).
+# The test extras on top: pytest & co, the rlax oracle, CPU torch + transformers for parity tests, xmanager
+# for the launcher tests (its dependencies pinned by requirements/xm.txt), and pyarrow for Parquet data files.
 $(TEST_STAMP): $(STAMP) requirements/xm.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -c requirements/xm.txt \
-	  -e ".[test,hf,xm]"
+	  -e ".[test,hf,xm,parquet]"
 	@touch $(TEST_STAMP)
 
 install: $(STAMP)
@@ -49,6 +49,7 @@ bench: install
 	$(PY) benchmarks/sampler.py --json benchmarks/out/sampler.json
 	$(PY) benchmarks/decode_kv.py --json benchmarks/out/decode_kv.json
 	$(PY) benchmarks/learner_step.py --json benchmarks/out/learner_step.json
+	$(PY) benchmarks/data_files.py --json benchmarks/out/data_files.json
 
 # Tunix 0.1.7 in its own venv, for the side-by-side benchmark only (benchmarks/vs_tunix.py); nothing else
 # needs it. requirements/tunix.txt pins every package (jax & co at requirements/lock.txt's versions).

@@ -186,6 +186,13 @@ def _build(model: str, hardware: str, mesh: dict) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.task = dict(name="add", options=dict(max_digits=4), num_eval=256)
+  # The dataset task's files and reward (task.name = "dataset", docs/data.md); unused by this config's task.
+  c.data = dict(train=config_dict.placeholder(str), eval=config_dict.placeholder(str), eval_fraction=0.0,
+                format="auto", prompt_field="prompt", answer_field="answer", demo_field=config_dict.placeholder(str),
+                env_field=config_dict.placeholder(str), system_prompt=config_dict.placeholder(str), chat="auto",
+                chat_template=config_dict.placeholder(str), max_prompt_tokens=128, too_long="skip",
+                bad_rows="error", shuffle=True)
+  c.reward = dict(fn="math", weights=(), options=dict(), default=0.0, timeout_s=0.0, workers=8)
   c.model = dict(preset=model, overrides=dict(dtype="bfloat16", param_dtype="float32", remat=True),
                  vocab_multiple=128, max_seq_len=hw["max_seq_len"], hf_path=config_dict.placeholder(str))
   c.mesh = dict(rules=(), **mesh)
@@ -194,7 +201,8 @@ def _build(model: str, hardware: str, mesh: dict) -> ml_collections.ConfigDict:
                               b1=0.9, b2=0.999, max_grad_norm=1.0),
                cache_dir=config_dict.placeholder(str))
   c.rl = dict(steps=200, prompts_per_step=hw["prompts"], samples_per_prompt=hw["samples"],
-              max_new_tokens=hw["new_tokens"], temperature=1.0, top_p=1.0, top_k=0, minibatches=1, epochs=1,
+              max_new_tokens=hw["new_tokens"], temperature=1.0, top_p=1.0, top_k=0, stop=(), minibatches=1,
+              epochs=1,
               optimizer=dict(learning_rate=1e-6, warmup_steps=10, end_lr_ratio=0.1, weight_decay=0.0,
                              b1=0.9, b2=0.999, max_grad_norm=1.0))
   c.loss = dict(kind="auto", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,

@@ -28,6 +28,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # cancels, 8 deletes, 3 copies), the kind where the warm start mixes "look the id up" with "guess it".
   c.task = dict(name="tools", options=dict(max_goals=1, max_turns=3, max_turn_tokens=128, slack=32,
                                            reward_mode="final"), num_eval=32)
+  # The dataset task's files and reward (task.name = "dataset", docs/data.md); unused by this config's task.
+  c.data = dict(train=config_dict.placeholder(str), eval=config_dict.placeholder(str), eval_fraction=0.0,
+                format="auto", prompt_field="prompt", answer_field="answer", demo_field=config_dict.placeholder(str),
+                env_field=config_dict.placeholder(str), system_prompt=config_dict.placeholder(str), chat="auto",
+                chat_template=config_dict.placeholder(str), max_prompt_tokens=128, too_long="skip",
+                bad_rows="error", shuffle=True)
+  c.reward = dict(fn="math", weights=(), options=dict(), default=0.0, timeout_s=0.0, workers=8)
   c.model = dict(preset="tiny", overrides=dict(), vocab_multiple=8, max_seq_len=448,
                  hf_path=config_dict.placeholder(str))
   c.mesh = dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1, rules=())
@@ -37,7 +44,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                cache_dir=config_dict.placeholder(str))
   # max_new_tokens: the most tokens after the episode's 160-token context (messages and observations).
   c.rl = dict(steps=20, prompts_per_step=4, samples_per_prompt=8, max_new_tokens=288, temperature=1.0,
-              top_p=1.0, top_k=0, minibatches=1, epochs=1,
+              top_p=1.0, top_k=0, stop=(), minibatches=1, epochs=1,
               optimizer=dict(learning_rate=1e-4, warmup_steps=2, end_lr_ratio=0.1, weight_decay=0.0,
                              b1=0.9, b2=0.99, max_grad_norm=1.0))
   c.loss = dict(kind="auto", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,

@@ -110,9 +110,9 @@ def test_non_finite_value_is_refused_with_key_value_and_range(value):
 def test_unknown_key_names_close_matches_and_the_section_keys():
   line = _error(_cli("check-config", "--config", "configs/demo.py", "--config.rl.stepz=3"), "check-config")
   assert line == ("rlax-post check-config: error: unknown config key --config.rl.stepz; did you mean "
-                  "--config.rl.steps? valid keys of `rl`: ['epochs', 'max_new_tokens', 'minibatches', "
-                  "'optimizer', 'prompts_per_step', 'samples_per_prompt', 'steps', 'temperature', 'top_k', "
-                  "'top_p'] (`rlax-post check-config --config FILE` prints them all).")
+                  "--config.rl.steps or --config.rl.stop? valid keys of `rl`: ['epochs', 'max_new_tokens', "
+                  "'minibatches', 'optimizer', 'prompts_per_step', 'samples_per_prompt', 'steps', 'stop', "
+                  "'temperature', 'top_k', 'top_p'] (`rlax-post check-config --config FILE` prints them all).")
 
 
 def test_key_of_another_section_is_suggested():

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from rlax_post import config
+from rlax_post import data
 from rlax_post import runtime
 from rlax_post.runtime import _warm_cache
 
@@ -86,3 +87,14 @@ def test_half_written_entries_are_ignored(tmp_path):
   runtime.train(_cfg(cache), tmp_path / "a", quiet=True)
   assert [r["step"] for r in _rows(tmp_path / "a", "sft")] == [10, 12]  # computed, not read
   assert len(list((cache / key).iterdir())) == 3
+
+
+def test_cache_key_of_a_dataset_task_follows_its_files(tmp_path):
+  train = tmp_path / "t.jsonl"
+  data.write_jsonl(str(train), [{"prompt": "a", "answer": 1}])
+  cfg = config.load({"task": {"name": "dataset"}, "data": {"train": str(train), "eval_fraction": 0.5}})
+  key = _warm_cache.cache_key(cfg)
+  assert _warm_cache.cache_key(cfg) == key
+  assert _warm_cache.cache_key(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_prompt_tokens=9))) != key
+  data.write_jsonl(str(train), [{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": 2}])
+  assert _warm_cache.cache_key(cfg) != key  # rewritten: another warm start

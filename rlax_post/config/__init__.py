@@ -12,9 +12,11 @@ from rlax_post.config._schema import LOSS_KINDS
 from rlax_post.config._schema import LossSection
 from rlax_post.config._schema import loss_kind
 from rlax_post.config._schema import MeshSection
+from rlax_post.config._schema import DataSection
 from rlax_post.config._schema import ModelSection
 from rlax_post.config._schema import OptimizerSection
 from rlax_post.config._schema import QUEUE_BACKENDS
+from rlax_post.config._schema import RewardSection
 from rlax_post.config._schema import RLSection
 from rlax_post.config._schema import RuntimeSection
 from rlax_post.config._schema import SFTSection
@@ -35,9 +37,11 @@ __all__ = [
     "LossSection",
     "loss_kind",
     "MeshSection",
+    "DataSection",
     "ModelSection",
     "OptimizerSection",
     "QUEUE_BACKENDS",
+    "RewardSection",
     "RLSection",
     "RuntimeSection",
     "SFTSection",

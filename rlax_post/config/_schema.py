@@ -32,6 +32,44 @@ class TaskConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DataSection:
+  """The user's prompts: the rows of the `dataset` task (`task.name = "dataset"`, docs/data.md)."""
+  # A JSON Lines / Parquet / ArrayRecord file, a glob, or a directory of shards (relative to the working
+  # directory). None: no dataset (the other tasks).
+  train: str | None = None
+  # The held-out rows' file(s); None: a seeded `eval_fraction` of `train`'s rows (never trained on).
+  eval: str | None = None
+  eval_fraction: float = bounded(0.0, low=0.0, high=1.0, high_open=True)
+  format: str = choices("auto", "jsonl", "parquet", "arrayrecord")  # auto: by each file's extension
+  prompt_field: str = "prompt"  # a string, or a list of {"role", "content"} messages
+  answer_field: str | None = "answer"  # any JSON value; the reward gets it as `sample.answer`
+  demo_field: str | None = None  # a reference completion per row: the warm start's demonstrations
+  # Multi-turn rows: the field naming the row's environment ({"name": ..., "args": {...}}); None: one turn.
+  env_field: str | None = None
+  system_prompt: str | None = None
+  # Render prompts with the tokenizer's chat template: "auto" when it has one, "always" (an error if it has
+  # none), "never" (raw text; a list of messages is then an error).
+  chat: str = choices("auto", "always", "never")
+  chat_template: str | None = None  # a jinja chat template used in place of the checkpoint's
+  max_prompt_tokens: int = bounded(128, low=1)  # the prompt budget (BOS and template included)
+  too_long: str = choices("skip", "truncate", "error")  # a longer prompt: skipped (counted), cut, or an error
+  bad_rows: str = choices("error", "skip")  # a malformed row: the run stops naming it, or it is skipped (counted)
+  shuffle: bool = True  # train rows in a seeded order, reshuffled each epoch; False: file order
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSection:
+  """The dataset task's reward (docs/data.md): functions by built-in name, "module:function" or
+  "file.py:function", comma-separated, combined with `weights`."""
+  fn: str = "math"
+  weights: tuple = ()  # one per function; empty: 1 each
+  options: dict = dataclasses.field(default_factory=dict)  # {function as written in `fn`: {keyword: value}}
+  default: float = 0.0  # the reward of a sample whose function raised or timed out (counted: reward_errors)
+  timeout_s: float = bounded(0.0, low=0.0)  # longest a call may run; 0: no limit
+  workers: int = bounded(8, low=1)  # threads scoring samples while decoding goes on
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSection:
   preset: str = "tiny"  # a key of rlax_post.models.PRESETS
   overrides: dict = dataclasses.field(default_factory=dict)  # ModelConfig fields to override
@@ -89,6 +127,7 @@ class RLSection:
   temperature: float = bounded(1.0, low=0.0, low_open=True)
   top_p: float = bounded(1.0, low=0.0, high=1.0, low_open=True)
   top_k: int = bounded(0, low=0)
+  stop: tuple = ()  # strings that end a response once its text contains one (besides EOS)
   minibatches: int = bounded(1, low=1)  # optimizer steps per rollout batch (per epoch)
   epochs: int = bounded(1, low=1)  # passes over each rollout batch
   optimizer: OptimizerSection = dataclasses.field(
@@ -169,6 +208,8 @@ class RuntimeSection:
 class Config:
   seed: int = bounded(0, low=0)
   task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
+  data: DataSection = dataclasses.field(default_factory=DataSection)
+  reward: RewardSection = dataclasses.field(default_factory=RewardSection)
   model: ModelSection = dataclasses.field(default_factory=ModelSection)
   mesh: MeshSection = dataclasses.field(default_factory=MeshSection)
   sft: SFTSection = dataclasses.field(default_factory=SFTSection)
@@ -193,6 +234,10 @@ class Config:
     if self.runtime.queue_capacity and self.runtime.queue_capacity < rollouts:
       raise ValueError(f"runtime.queue_capacity = {self.runtime.queue_capacity} rows cannot hold one step's "
                        f"{rollouts} rollouts (rl.prompts_per_step × rl.samples_per_prompt); use 0 or >= that.")
+    if any(not isinstance(x, str) or not x for x in self.rl.stop):
+      raise ValueError(f"rl.stop must be a list of non-empty strings; got {list(self.rl.stop)}.")
+    if any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in self.reward.weights):
+      raise ValueError(f"reward.weights must be numbers; got {list(self.reward.weights)}.")
     if self.runtime.sampler_slots and self.runtime.sampler_slots < self.rl.samples_per_prompt:
       raise ValueError(f"runtime.sampler_slots = {self.runtime.sampler_slots} cannot hold one group of "
                        f"rl.samples_per_prompt = {self.rl.samples_per_prompt} samples; use 0 or >= that.")

@@ -1,5 +1,15 @@
-"""Deterministic, checkpointable grain pipelines over task examples."""
+"""Deterministic, checkpointable grain pipelines over task examples, and the rows of a user's data files."""
 
+from rlax_post.data._files import FORMATS
+from rlax_post.data._files import open_rows
+from rlax_post.data._files import ordered
+from rlax_post.data._files import read_position
+from rlax_post.data._files import resolve_files
+from rlax_post.data._files import RowError
+from rlax_post.data._files import Rows
+from rlax_post.data._files import split_indices
+from rlax_post.data._files import Where
+from rlax_post.data._files import write_jsonl
 from rlax_post.data._pipeline import eval_examples
 from rlax_post.data._pipeline import prompt_batches
 from rlax_post.data._pipeline import prompt_dataset
@@ -8,6 +18,16 @@ from rlax_post.data._pipeline import SPLITS
 from rlax_post.data._pipeline import TRAIN_LENGTH
 
 __all__ = [
+    'FORMATS',
+    'RowError',
+    'Rows',
+    'Where',
+    'open_rows',
+    'ordered',
+    'read_position',
+    'resolve_files',
+    'split_indices',
+    'write_jsonl',
     'SPLITS',
     'TRAIN_LENGTH',
     'eval_examples',

@@ -18,10 +18,15 @@ from rlax_post.envs._episodes import episode_rows
 from rlax_post.envs._episodes import EpisodeProducer
 from rlax_post.envs._episodes import prefix_key
 from rlax_post.envs._episodes import turn_budget
+from rlax_post.envs._dataset import DatasetProducer
+from rlax_post.envs._dataset import DatasetTask
+from rlax_post.envs._dataset import Renderer
 from rlax_post.envs._make import make_rl_task
 from rlax_post.envs._rl import group_id
 from rlax_post.envs._rl import Lengths
 from rlax_post.envs._rl import Producer
+from rlax_post.envs._rl import REWARD_PREFIX
+from rlax_post.envs._rl import ROW_METRICS
 from rlax_post.envs._rl import RLTask
 from rlax_post.envs._rl import ROW_FIELDS
 from rlax_post.envs._rl import row_id
@@ -32,10 +37,15 @@ from rlax_post.envs._rl import TextTask
 from rlax_post.envs._rl import TURN_FIELDS
 
 __all__ = [
+    'DatasetProducer',
+    'DatasetTask',
     'EpisodeProducer',
     'Lengths',
     'Producer',
     'RLTask',
+    'REWARD_PREFIX',
+    'Renderer',
+    'ROW_METRICS',
     'ROW_FIELDS',
     'Stream',
     'TURN_FIELDS',

@@ -48,6 +48,11 @@ from rlax_post.envs import _registry
 ROW_FIELDS = ("prompt", "tokens", "mask", "logprobs", "versions", "reward", "finished", "ticket")
 TURN_FIELDS = ("turn_starts", "turn_ends", "turn_keys", "turn_rewards")
 SPLITS = ("train", "eval")
+# Optional per-row scalars a task may add (the dataset task does); the learner reports each step's aggregate
+# of them as a metric of the same name. Fields named `REWARD_PREFIX` + ... are reward components: their mean
+# over the rows that have a value (NaN: none).
+ROW_METRICS = {"reward_errors": "sum", "data_skipped": "max", "data_truncated": "sum"}
+REWARD_PREFIX = "reward/"
 
 
 class Stream(enum.IntEnum):
@@ -176,7 +181,7 @@ class TextProducer:
     self.driver.submit([sampler.Request(
         prompt=tuple(int(t) for t in prompt), n=self.n, max_tokens=self.task.cfg.rl.max_new_tokens,
         request_id=ticket, seed=seed_of(self.task.cfg.seed, Stream.ROLLOUT, ticket // self.p),
-        stream=ticket % self.p)])
+        stream=ticket % self.p, stop=tuple(self.task.cfg.rl.stop))])
     self._open[ticket] = (example, [])
 
   def step(self) -> list[tuple[int, list[dict]]]:

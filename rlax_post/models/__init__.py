@@ -20,6 +20,7 @@ from rlax_post.models._hf import export_hf
 from rlax_post.models._hf import load_hf
 from rlax_post.models._hf import read_hf_config
 from rlax_post.models._hf_tokenizer import HFTokenizer
+from rlax_post.models._hf_tokenizer import render_chat
 from rlax_post.models._tokenizer import ByteTokenizer
 from rlax_post.models._transformer import init_cache
 from rlax_post.models._transformer import KVCache
@@ -47,6 +48,7 @@ __all__ = [
     "param_logical_axes",
     "preset",
     "PRESETS",
+    "render_chat",
     "round_up",
     "token_logprobs",
     "Transformer",

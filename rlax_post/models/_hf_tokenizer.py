@@ -171,6 +171,15 @@ def _normalize_messages(messages) -> list[dict]:
   return out
 
 
+def render_chat(source: str, messages: Sequence[Mapping], *, add_generation_prompt: bool = False,
+                tools: Sequence[Mapping] | None = None, **variables) -> str:
+  """Renders `messages` with the jinja chat template `source` as `transformers` does (module docstring);
+  `variables` are extra template variables (e.g. `bos_token`)."""
+  return compile_chat_template(source).render(
+      messages=_normalize_messages(messages), tools=tools, documents=None,
+      add_generation_prompt=add_generation_prompt, **variables)
+
+
 class HFTokenizer(_tokenizer.TokenizerBase):
   """A `tokenizers` tokenizer plus its config, with the `ByteTokenizer` API."""
 
@@ -421,13 +430,8 @@ class HFTokenizer(_tokenizer.TokenizerBase):
           raise ValueError('Tools must be JSON-schema dicts; got '
                            f'{type(tool).__name__}.')
       tools = [dict(t) for t in tools]
-    text = compile_chat_template(source).render(
-        messages=_normalize_messages(messages),
-        tools=tools,
-        documents=None,
-        add_generation_prompt=add_generation_prompt,
-        **{**self.special_tokens, **template_kwargs},
-    )
+    text = render_chat(source, messages, add_generation_prompt=add_generation_prompt, tools=tools,
+                       **{**self.special_tokens, **template_kwargs})
     if not tokenize:
       return text
     return self._tok.encode(text, add_special_tokens=False).ids

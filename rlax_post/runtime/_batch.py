@@ -37,6 +37,8 @@ class RolloutBatch(NamedTuple):
   turn_keys: np.ndarray | None = None  # [B, K] int32: key of the state turn k is taken from.
   turn_rewards: np.ndarray | None = None  # [B, K] float32: the env's reward of turn k.
   turn_mask: np.ndarray | None = None  # [B, K] float32: 1 on real turns (left-aligned).
+  # {field: [B] float64} the rows' `envs.ROW_METRICS` and reward components (NaN where a row has none).
+  row_metrics: dict | None = None
 
 
 def rows_to_batch(groups: list[list[dict]], *, seq_len: int, pad_id: int) -> RolloutBatch:
@@ -67,7 +69,26 @@ def rows_to_batch(groups: list[list[dict]], *, seq_len: int, pad_id: int) -> Rol
       tokens=tokens, prompt_lens=prompt_lens, lengths=lengths, loss_mask=loss_mask,
       behaviour_logprobs=behaviour, rewards=np.asarray([float(r["reward"]) for r in rows], np.float32),
       group_ids=group_ids, finished=np.asarray([bool(r["finished"]) for r in rows]),
-      **_turn_arrays(rows, prompt_lens))
+      row_metrics=_row_metrics(rows), **_turn_arrays(rows, prompt_lens))
+
+
+def _row_metrics(rows: list[dict]) -> dict[str, np.ndarray]:
+  """The rows' per-row metric fields (`envs.ROW_METRICS`, reward components) as [B] arrays."""
+  names = sorted({k for row in rows for k in row if k in envs.ROW_METRICS or k.startswith(envs.REWARD_PREFIX)})
+  return {k: np.asarray([float(row.get(k, np.nan)) for row in rows], np.float64) for k in names}
+
+
+def row_metric_values(row_metrics: dict[str, np.ndarray] | None) -> dict[str, float]:
+  """A step's metrics of its rows' metric fields: each `envs.ROW_METRICS` aggregate, reward components'
+  means over the rows that have them (a component no row has is left out)."""
+  out = {}
+  for name, values in (row_metrics or {}).items():
+    kind = envs.ROW_METRICS.get(name, "mean")
+    if kind != "mean":
+      out[name] = float(np.nansum(values) if kind == "sum" else np.nanmax(values))
+    elif not np.all(np.isnan(values)):
+      out[name] = float(np.nanmean(values))
+  return out
 
 
 def _turn_arrays(rows: list[dict], prompt_lens_b: np.ndarray) -> dict:

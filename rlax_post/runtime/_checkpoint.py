@@ -154,7 +154,7 @@ class RunCheckpointer:
 
 # Sections that decide what a run computes; a resumed run must match the run that wrote the checkpoint.
 # (mesh, eval, checkpoint and runtime may change: a run can resume on another mesh, for example.)
-_RESULT_SECTIONS = ("seed", "task", "model", "sft", "rl", "loss", "advantage")
+_RESULT_SECTIONS = ("seed", "task", "data", "reward", "model", "sft", "rl", "loss", "advantage")
 _NOT_RESULTS = ("sft.cache_dir",)  # where a warm start may be found, not what it is
 
 
@@ -172,8 +172,9 @@ def check_resume_config(saved: dict | None, cfg: config_lib.Config) -> None:
     return
   now = config_lib.to_dict(cfg)
   # JSON turns tuples into lists; compare through JSON on both sides.
-  old_flat = _flat({k: saved.get(k) for k in _RESULT_SECTIONS})
-  new_flat = _flat(json.loads(json.dumps({k: now[k] for k in _RESULT_SECTIONS})))
+  sections = [k for k in _RESULT_SECTIONS if k in saved]  # A checkpoint older than a section lacks it.
+  old_flat = _flat({k: saved.get(k) for k in sections})
+  new_flat = _flat(json.loads(json.dumps({k: now[k] for k in sections})))
   diff = sorted(k for k in old_flat.keys() | new_flat.keys()
                 if old_flat.get(k) != new_flat.get(k) and k not in _NOT_RESULTS)
   if diff:

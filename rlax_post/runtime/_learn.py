@@ -187,6 +187,7 @@ class RLUpdate:
         "response_len_mean": float(batch.lengths.mean()),
         "finished_frac": float(batch.finished.mean()),
         "frac_zero_signal": stats["frac_zero_signal"],
+        **_batch.row_metric_values(batch.row_metrics),
         **mismatch,
         **credit_metrics,
         **learner_metrics,

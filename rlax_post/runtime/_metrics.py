@@ -154,7 +154,8 @@ def clear_outputs(workdir: str) -> None:
 
 
 def plot_curves(rows: list[dict], path: str) -> None:
-  """Saves a PNG of the RL reward (train and greedy eval), KL and the SFT loss."""
+  """Saves a PNG of the RL reward (train and greedy eval, and each reward component a task reports), KL and
+  the SFT loss."""
   import matplotlib  # pylint: disable=g-import-not-at-top  (optional outputs; heavy imports)
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (optional outputs; heavy imports)
@@ -170,7 +171,12 @@ def plot_curves(rows: list[dict], path: str) -> None:
   x, y = series("eval", "eval_reward")
   if x is not None:
     axes[0].plot(x, y, "o-", label="eval reward (greedy, held out)")
-  axes[0].set(title="Reward", xlabel="RL step", ylim=(-0.02, 1.02))
+  components = sorted({k for r in rows if r.get("phase") == "rl" for k in r if k.startswith("reward/")})
+  for key in components:  # A task's named reward components (the dataset task's `reward/<name>...`).
+    x, y = series("rl", key)
+    if x is not None:
+      axes[0].plot(x, y, "--", label=key, alpha=0.7)
+  axes[0].set(title="Reward", xlabel="RL step")
   axes[0].legend()
   x, y = series("rl", "kl")
   if x is not None:

@@ -1,4 +1,5 @@
-"""A cache of warm starts: identical SFT phases (same seed, task, model and `sft` section) run once.
+"""A cache of warm starts: identical SFT phases (same seed, task, model and `sft` section; for the dataset
+task also the `data` section and its files' sizes and times) run once.
 
 With `sft.cache_dir` set, the params after the warm start are stored under `<cache_dir>/<key>/`, where key
 is a hash of everything that decides them. A later run with the same key restores them (onto its own mesh)
@@ -20,16 +21,31 @@ import uuid
 import jax
 
 from rlax_post import config as config_lib
+from rlax_post import data
 from rlax_post import exchange
 
 # What decides the params after the warm start (the RL sections do not; sft.cache_dir itself does not).
 _KEY_SECTIONS = ("seed", "task", "model", "sft")
 
 
+def _data_files(cfg: config_lib.Config) -> dict:
+  """The dataset task's `data` section and its files' sizes and modification times (a rewritten file is a
+  new warm start); {} for the other tasks."""
+  if cfg.data.train is None or cfg.task.name != "dataset":
+    return {}
+  stats = {}
+  for spec in (cfg.data.train, cfg.data.eval):
+    for f in data.resolve_files(spec, cfg.data.format) if spec is not None else ():
+      st = os.stat(f)
+      stats[os.path.abspath(f)] = [st.st_size, st.st_mtime_ns]
+  return {"data": config_lib.to_dict(cfg)["data"], "files": stats}
+
+
 def cache_key(cfg: config_lib.Config) -> str:
   """A hash of the sections that decide the warm-started params (and the micro-batching of the SFT step)."""
   d = config_lib.to_dict(cfg)
   spec = {k: d[k] for k in _KEY_SECTIONS}
+  spec.update(_data_files(cfg))
   spec["sft"] = {k: v for k, v in spec["sft"].items() if k != "cache_dir"}
   spec["micro_batches"] = d["loss"]["micro_batches"]
   text = json.dumps(spec, sort_keys=True, default=str)

@@ -1,0 +1,89 @@
+"""Your own prompts and reward: a model trains on a JSON Lines file with a reward function from your own
+module (docs/data.md).
+
+The rows are addition problems made by a script in the repo (answers and noisy demonstrations: half of
+them drop the carries); the reward is `examples/arith/reward.py:score`, a module outside the package that
+returns named components (`correct`, `format`) and their total, each logged as its own curve.
+
+  python examples/arith/make_data.py --out data/arith
+  rlax-post train --config configs/dataset.py --workdir runs/arith
+  rlax-post train --config configs/dataset.py:tiny --workdir /tmp/arith           # seconds; the tests' size
+  python examples/arith/make_data.py --out data/arith_chat --chat
+  rlax-post train --config configs/dataset.py:chat --workdir runs/arith_chat       # prompts as chat messages
+  rlax-post train --config configs/dataset.py:chat,hf --config.model.hf_path=/path/to/checkpoint \\
+      --workdir runs/arith_hf                  # a Hugging Face checkpoint: its tokenizer and chat template
+
+Paths are relative to the working directory (the repo root above). With `model.hf_path`, prompts are rendered
+with the checkpoint's chat template and tokenizer (see docs/data.md).
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+_VARIANTS = ("default", "tiny", "chat", "hf")
+# A chat template for the byte tokenizer (a checkpoint brings its own): one line per message, then the
+# assistant's header.
+BYTE_CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                      "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.task = dict(name="dataset", options=dict(), num_eval=64)
+  c.data = dict(train="data/arith/train.jsonl", eval="data/arith/eval.jsonl", eval_fraction=0.0, format="auto",
+                prompt_field="prompt", answer_field="answer", demo_field="demo",
+                env_field=config_dict.placeholder(str), system_prompt=config_dict.placeholder(str), chat="auto",
+                chat_template=config_dict.placeholder(str), max_prompt_tokens=16, too_long="skip",
+                bad_rows="error", shuffle=True)
+  # Built-ins ("math", "exact", "regex", "length") or your own functions, comma-separated, with weights.
+  c.reward = dict(fn="examples/arith/reward.py:score", weights=(), options=dict(), default=0.0, timeout_s=10.0,
+                  workers=8)
+  c.model = dict(preset="tiny", overrides=dict(), vocab_multiple=8, max_seq_len=32,
+                 hf_path=config_dict.placeholder(str))
+  c.mesh = dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1, rules=())
+  c.sft = dict(steps=600, batch_size=64, noise=0.0, typo_rate=0.0,
+               optimizer=dict(learning_rate=3e-3, warmup_steps=20, end_lr_ratio=0.1, weight_decay=0.0,
+                              b1=0.9, b2=0.99, max_grad_norm=1.0),
+               cache_dir=config_dict.placeholder(str))
+  c.rl = dict(steps=100, prompts_per_step=32, samples_per_prompt=8, max_new_tokens=6, temperature=1.0,
+              top_p=1.0, top_k=0, stop=(), minibatches=1, epochs=1,
+              optimizer=dict(learning_rate=5e-4, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
+                             b1=0.9, b2=0.99, max_grad_norm=1.0))
+  c.loss = dict(kind="auto", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,
+                seq_eps_high=4e-4, dual_clip=config_dict.placeholder(float), kl_coef=0.0, track_kl=True,
+                kl_kind="k3", entropy_coef=0.0, agg_mode="token_mean", micro_batches=1)
+  c.advantage = dict(estimator="grpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
+                     episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0)
+  c.eval = dict(every=10, batch_size=64)
+  c.checkpoint = dict(every=20, max_to_keep=2)
+  c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,
+                   decode_steps_per_sync=8, max_staleness=1, num_samplers=1, queue="memory", queue_capacity=0,
+                   sampler_slots=0, param_versions_to_keep=3, sampler_timeout_s=60.0)
+
+  variants = [v for v in (arg or "default").split(",") if v]
+  unknown = [v for v in variants if v not in _VARIANTS]
+  if unknown:
+    raise ValueError(f"configs/dataset.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)} "
+                     "(combine with commas, e.g. 'chat,tiny').")
+  if "chat" in variants:  # Prompts as chat messages, rendered with a template (a checkpoint's, or this one).
+    c.data.train, c.data.eval = "data/arith_chat/train.jsonl", "data/arith_chat/eval.jsonl"
+    c.data.chat_template = BYTE_CHAT_TEMPLATE
+    c.data.max_prompt_tokens = 32
+    c.model.max_seq_len = 48
+  if "hf" in variants:  # Set model.hf_path: prompts get the checkpoint's own chat template and tokenizer.
+    c.data.chat_template = None
+    c.data.max_prompt_tokens = 64
+    c.model.max_seq_len = 80
+  if "tiny" in variants:  # A smoke-sized run: compiles and runs in well under a minute.
+    c.model.preset = "micro"
+    c.task.num_eval = 8
+    c.sft.steps = 4
+    c.sft.batch_size = 8
+    c.rl.steps = 3
+    c.rl.prompts_per_step = 4
+    c.rl.samples_per_prompt = 4
+    c.eval.every = 2
+    c.eval.batch_size = 8
+    c.checkpoint.every = 2
+  return c

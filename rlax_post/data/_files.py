@@ -1,0 +1,266 @@
+"""Rows of a user's data files, read by index without loading the files: JSON Lines, Parquet, ArrayRecord.
+
+`open_rows(spec)` takes one file, a glob, or a directory of shards (their files in name order) and returns
+`Rows`, a grain `RandomAccessDataSource`: `len(rows)` rows over all files, `rows[i]` → `(row, where)` with
+`row` the i-th JSON object (a dict) and `where` a `Where` (file and line, or record / row number) that error
+messages name. Nothing is read into memory at start-up beyond an index:
+
+  JSON Lines   one pass over each file at open, in 4 MiB chunks, records where each line starts (int64
+               offsets: 8 bytes a row; blank lines are skipped but keep their numbers); `rows[i]` reads
+               that one line (`os.pread`, safe from any thread) and decodes it.
+  ArrayRecord  each record is one JSON object in UTF-8; `array_record`'s reader reads one record by index.
+  Parquet      (the `parquet` extra: pyarrow) the file's metadata gives the rows per row group; `rows[i]`
+               decodes i's row group and keeps the last one decoded (reads are in shuffled order, so a file
+               with huge row groups is slow: write ones of a few thousand rows).
+
+A line that is not valid UTF-8 or JSON, or not a JSON object, raises `RowError` naming the file and line.
+`split_indices` holds out a seeded fraction of the rows; `ordered` gives a split's rows in a seeded order,
+reshuffled each epoch, through grain's index shuffle (no permutation kept in memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob as glob_lib
+import json
+import os
+import threading
+from typing import Any, Sequence
+
+from array_record.python import array_record_module
+import grain
+import numpy as np
+
+FORMATS = ("jsonl", "parquet", "arrayrecord")
+EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
+              ".arrayrecord": "arrayrecord", ".array_record": "arrayrecord"}
+_CHUNK = 4 << 20
+
+
+class RowError(ValueError):
+  """A row of a data file is malformed; the message names the file and line (and the field, if any)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+  """A row's place: its file and 1-based line (JSON Lines) or 0-based record / row number."""
+  file: str
+  line: int
+  unit: str = "line"
+
+  def __str__(self) -> str:
+    return f"{self.file}:{self.line}" if self.unit == "line" else f"{self.file} ({self.unit} {self.line})"
+
+
+def _display(path: str) -> str:
+  return path if os.path.isabs(path) else f"{path} (= {os.path.abspath(path)})"
+
+
+def resolve_files(spec: str, fmt: str = "auto") -> list[str]:
+  """The files of `spec` (a file, a glob, or a directory of shards), sorted; errors name what is missing."""
+  if not isinstance(spec, str) or not spec:
+    raise ValueError(f"A data path must be a non-empty string; got {spec!r}.")
+  if fmt != "auto" and fmt not in FORMATS:
+    raise ValueError(f"data format must be 'auto' or one of {list(FORMATS)}; got {fmt!r}.")
+  if os.path.isdir(spec):
+    files = sorted(os.path.join(spec, f) for f in os.listdir(spec)
+                   if not f.startswith(".") and os.path.isfile(os.path.join(spec, f))
+                   and (fmt != "auto" or os.path.splitext(f)[1].lower() in EXTENSIONS))
+    what = f"directory {_display(spec)}"
+  elif glob_lib.has_magic(spec):
+    files = sorted(f for f in glob_lib.glob(spec) if os.path.isfile(f))
+    what = f"glob {spec!r} (relative to {os.getcwd()})"
+  elif os.path.isfile(spec):
+    return [spec]
+  else:
+    raise FileNotFoundError(f"Data file {_display(spec)} does not exist; expected a file, a glob or a "
+                            f"directory of {sorted(EXTENSIONS)} files.")
+  if not files:
+    raise FileNotFoundError(f"The {what} holds no data files; expected files named *"
+                            f"{', *'.join(sorted(EXTENSIONS))}.")
+  return files
+
+
+def file_format(path: str, fmt: str = "auto") -> str:
+  if fmt != "auto":
+    return fmt
+  ext = os.path.splitext(path)[1].lower()
+  if ext not in EXTENSIONS:
+    raise ValueError(f"Cannot tell the format of data file {path!r} from its extension {ext!r}; name it one of "
+                     f"{sorted(EXTENSIONS)} or set the format ({list(FORMATS)}).")
+  return EXTENSIONS[ext]
+
+
+def decode_object(data: bytes, where: Where) -> dict:
+  """A JSON object from one line / record; `RowError` naming `where` if it is not one."""
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise RowError(f"{where}: not valid UTF-8 (byte {e.start}: {e.reason}).") from None
+  try:
+    row = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise RowError(f"{where}: not valid JSON ({e.msg} at column {e.colno}).") from None
+  if not isinstance(row, dict):
+    raise RowError(f"{where}: a row must be a JSON object ({{\"field\": value, ...}}); got a "
+                   f"{type(row).__name__}.")
+  return row
+
+
+class _JsonLines:
+  """Random access to the lines of one JSON Lines file (module docstring)."""
+
+  def __init__(self, path: str):
+    self.path = path
+    newlines, size = [], os.path.getsize(path)
+    with open(path, "rb") as f:
+      offset = 0
+      while chunk := f.read(_CHUNK):
+        newlines.append(np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10) + offset)  # b"\n"
+        offset += len(chunk)
+    all_starts = np.concatenate([np.zeros((1,), np.int64)] + [n + 1 for n in newlines]).astype(np.int64)
+    all_starts = all_starts[all_starts < size]
+    # Line k (1-based) starts at all_starts[k - 1]; drop runs of blank / whitespace-only lines.
+    bounds = np.append(all_starts, size)
+    lengths = np.diff(bounds)
+    keep = np.ones(len(all_starts), bool)
+    with open(path, "rb") as f:
+      for k in np.flatnonzero(lengths <= 16):  # Only short lines can be blank; read just those.
+        f.seek(int(all_starts[k]))
+        keep[k] = bool(f.read(int(lengths[k])).strip())
+    self.starts = all_starts[keep].astype(np.int64)
+    self.ends = bounds[1:][keep].astype(np.int64)
+    self.lines = (np.flatnonzero(keep) + 1).astype(np.int64)
+    self._fd = os.open(path, os.O_RDONLY)
+
+  def __len__(self) -> int:
+    return len(self.starts)
+
+  def __getitem__(self, i: int) -> tuple[dict, Where]:
+    where = Where(self.path, int(self.lines[i]))
+    data = os.pread(self._fd, int(self.ends[i] - self.starts[i]), int(self.starts[i]))
+    return decode_object(data, where), where
+
+  def __del__(self):
+    if getattr(self, "_fd", None) is not None:
+      os.close(self._fd)
+
+
+class _ArrayRecords:
+  """Random access to the records of one ArrayRecord file; each record is a JSON object in UTF-8."""
+
+  def __init__(self, path: str):
+    self.path = path
+    try:
+      self._reader = array_record_module.ArrayRecordReader(path, "readahead_buffer_size:0")
+    except Exception as e:  # pylint: disable=broad-exception-caught  # array_record raises bare errors
+      raise ValueError(f"{_display(path)} is not a readable ArrayRecord file ({e}).") from None
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return self._reader.num_records()
+
+  def __getitem__(self, i: int) -> tuple[dict, Where]:
+    where = Where(self.path, int(i), unit="record")
+    with self._lock:
+      data = self._reader.read([int(i)])[0]
+    return decode_object(data, where), where
+
+
+class _Parquet:
+  """Random access to the rows of one Parquet file, one decoded row group kept (module docstring)."""
+
+  def __init__(self, path: str):
+    try:
+      import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  # optional `parquet` extra
+    except ImportError:
+      raise ImportError(f"Reading {path!r} needs pyarrow: pip install 'rlax_post[parquet]'.") from None
+    self.path = path
+    try:
+      self._file = pq.ParquetFile(path)
+    except Exception as e:  # pylint: disable=broad-exception-caught  # pyarrow's errors name no file
+      raise ValueError(f"{_display(path)} is not a readable Parquet file ({e}).") from None
+    meta = self._file.metadata
+    self._bounds = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+    self._lock = threading.Lock()
+    self._cached: tuple[int, list[dict]] | None = None
+
+  def __len__(self) -> int:
+    return int(self._bounds[-1])
+
+  def __getitem__(self, i: int) -> tuple[dict, Where]:
+    group = int(np.searchsorted(self._bounds, i, side="right") - 1)
+    with self._lock:
+      if self._cached is None or self._cached[0] != group:
+        self._cached = (group, self._file.read_row_group(group).to_pylist())
+      rows = self._cached[1]
+    return dict(rows[i - int(self._bounds[group])]), Where(self.path, int(i), unit="row")
+
+
+_READERS = {"jsonl": _JsonLines, "arrayrecord": _ArrayRecords, "parquet": _Parquet}
+
+
+class Rows(grain.sources.RandomAccessDataSource):
+  """The rows of several files as one sequence (module docstring)."""
+
+  def __init__(self, files: Sequence[str], fmt: str = "auto"):
+    self.files = list(files)
+    self._parts = [_READERS[file_format(f, fmt)](f) for f in self.files]
+    empty = [f for f, p in zip(self.files, self._parts) if not len(p)]
+    if empty:
+      raise RowError(f"Data file {_display(empty[0])} has no rows.")
+    self._bounds = np.cumsum([0] + [len(p) for p in self._parts])
+
+  def __len__(self) -> int:
+    return int(self._bounds[-1])
+
+  def __getitem__(self, i: int) -> tuple[dict, Where]:
+    i = int(i)
+    if not 0 <= i < len(self):
+      raise IndexError(f"row {i} of {len(self)}")
+    k = int(np.searchsorted(self._bounds, i, side="right") - 1)
+    return self._parts[k][i - int(self._bounds[k])]
+
+  def __repr__(self) -> str:
+    return f"Rows({len(self.files)} files, {len(self)} rows)"
+
+
+def open_rows(spec: str, fmt: str = "auto") -> Rows:
+  """`Rows` of a file, a glob or a directory of shards (module docstring)."""
+  return Rows(resolve_files(spec, fmt), fmt)
+
+
+def split_indices(n: int, *, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """(train, held out) row indices, each sorted: round(fraction · n) rows (at least 1) drawn with `seed`."""
+  if not 0 < fraction < 1:
+    raise ValueError(f"The held-out fraction must be in (0, 1); got {fraction!r}.")
+  k = max(1, int(round(fraction * n)))
+  if k >= n:
+    raise ValueError(f"Holding out {fraction} of {n} rows leaves no row to train on; use more rows or a "
+                     "smaller fraction.")
+  held = np.sort(np.random.default_rng([seed, 7]).permutation(n)[:k])
+  train = np.setdiff1d(np.arange(n), held, assume_unique=True)
+  return train.astype(np.int64), held.astype(np.int64)
+
+
+def ordered(indices: np.ndarray, *, seed: int | None) -> grain.MapDataset:
+  """Position → row index: `indices` in a seeded order (reshuffled every epoch), or as given when `seed` is
+  None; any position ≥ 0 is valid (epochs follow each other)."""
+  ds = grain.MapDataset.source(np.asarray(indices, np.int64))
+  if seed is not None:
+    ds = ds.shuffle(seed=int(np.random.SeedSequence([seed, 8]).generate_state(1)[0]))
+  return ds
+
+
+def read_position(rows: Rows, order: grain.MapDataset, position: int) -> tuple[int, dict, Where]:
+  """(row index, row, where) at `position` of `order`."""
+  index = int(order[int(position)])
+  row, where = rows[index]
+  return index, row, where
+
+
+def write_jsonl(path: str, rows: Sequence[dict[str, Any]]) -> None:
+  """Writes rows as JSON Lines (tests and examples)."""
+  with open(path, "w", encoding="utf-8") as f:
+    for row in rows:
+      f.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -1,0 +1,460 @@
+"""The user's prompts and reward as the run's task: `task.name = "dataset"` (docs/data.md).
+
+Rows come from the files of `data.train` (`data.open_rows`: JSON Lines, Parquet, ArrayRecord); the held-out
+rows from `data.eval`, or a seeded `data.eval_fraction` of `data.train` that training never sees. Each row
+is rendered to prompt ids (`Renderer`: the chat template, the system prompt and BOS as the tokenizer puts
+them) and checked against the prompt budget.
+
+Tickets. Training ticket t is the t-th accepted row of the train rows in their seeded order (reshuffled each
+epoch; `data.shuffle`); a row is skipped (and counted) when its prompt is too long (`data.too_long =
+"skip"`) or malformed (`data.bad_rows = "skip"`); otherwise a malformed row stops the run with an error
+naming its file, line and field (the first `CHECK_ROWS` train rows are read when the task is built, so
+mistakes there stop the run at start-up). Held-out ticket j is the j-th accepted held-out row in file order; the
+evaluation runs `min(task.num_eval, accepted held-out rows)` of them. Every process finds the same rows
+for the same tickets (a split scans its order once, remembering the accepted positions).
+
+Multi-turn rows (`data.env_field`): each row names an environment (`{"name": "tools", "args": {...}}`, or
+"module:callable" / "file.py:callable" called with the args); its episodes run through `EpisodeProducer`
+and the env's rewards score them (`reward.fn` is not used).
+
+Rewards: `rewards.Scorer` of `reward.fn` run by a `rewards.RewardRunner` while the group decodes. Rows add
+to `ROW_FIELDS`: `reward/<name>...` (float32 components; NaN when the call failed), `reward_errors` (int32:
+1 when the sample got `reward.default`), `data_row` (int64: the row's index in its files), `data_skipped`
+(int64: rows skipped before it in its split's order) and `data_truncated` (bool).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any, Iterator
+
+import numpy as np
+
+from rlax_post import config as config_lib
+from rlax_post import data
+from rlax_post import models
+from rlax_post import rewards
+from rlax_post import sampler
+from rlax_post.envs import _episodes
+from rlax_post.envs import _rl
+from rlax_post.envs import tools
+
+NAME = "dataset"
+CHECK_ROWS = 256  # train rows read (and checked) when the task is built
+_LOG = logging.getLogger("rlax_post.data")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+  """A rendered row: its prompt ids and text, the row, where it is, and whether the prompt was cut."""
+  ids: tuple[int, ...]
+  text: str
+  row: dict
+  where: data.Where
+  index: int
+  truncated: bool = False
+
+
+class Renderer:
+  """Row → `Prompt`, or the reason to skip it (a str); `data.RowError` for a malformed row."""
+
+  def __init__(self, section: config_lib.DataSection, tokenizer):
+    self.section, self.tokenizer = section, tokenizer
+    own = getattr(tokenizer, "chat_templates", {}) or {}
+    self.template = section.chat_template or own.get("default")
+    if section.chat == "always" and self.template is None:
+      raise ValueError("data.chat = 'always' but the tokenizer has no chat template; set data.chat_template "
+                       "to a jinja template or data.chat = 'never'.")
+    self.chat = section.chat != "never" and self.template is not None
+    self.specials = dict(getattr(tokenizer, "special_tokens", {}) or {})
+
+  def _field(self, row: dict, where: data.Where, name: str, what: str):
+    if name not in row:
+      raise data.RowError(f"{where}: no field {name!r} ({what}); the row has {sorted(row)}.")
+    return row[name]
+
+  def check(self, row: dict, where: data.Where) -> None:
+    """Raises `data.RowError` naming the field when the row lacks one the config names or has a bad type."""
+    s = self.section
+    prompt = self._field(row, where, s.prompt_field, "the prompt, `data.prompt_field`")
+    if isinstance(prompt, str):
+      if not prompt:
+        raise data.RowError(f"{where}: field {s.prompt_field!r} is an empty string.")
+    elif isinstance(prompt, list) and prompt and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in prompt):
+      if not self.chat:
+        raise data.RowError(f"{where}: field {s.prompt_field!r} is a list of messages, but prompts are not "
+                            "rendered with a chat template (data.chat = 'never', or the tokenizer has none: "
+                            "set data.chat_template).")
+    else:
+      raise data.RowError(f"{where}: field {s.prompt_field!r} must be a string or a non-empty list of "
+                          f"{{\"role\": str, \"content\": str}} messages; got {_short(prompt)}.")
+    if s.answer_field is not None:
+      self._field(row, where, s.answer_field, "the reference answer, `data.answer_field`; set it to None if "
+                  "the rows have none")
+    if s.demo_field is not None and not isinstance(
+        self._field(row, where, s.demo_field, "the demonstration, `data.demo_field`"), str):
+      raise data.RowError(f"{where}: field {s.demo_field!r} must be a string; got {_short(row[s.demo_field])}.")
+    if s.env_field is not None:
+      env = self._field(row, where, s.env_field, "the row's environment, `data.env_field`")
+      if not (isinstance(env, dict) and isinstance(env.get("name"), str)
+              and isinstance(env.get("args", {}), dict)):
+        raise data.RowError(f"{where}: field {s.env_field!r} must be {{\"name\": str, \"args\": {{...}}}}; got "
+                            f"{_short(env)}.")
+
+  def text(self, row: dict) -> str:
+    """The prompt text the model is given (system prompt and chat template applied)."""
+    s, prompt = self.section, row[self.section.prompt_field]
+    if not self.chat:
+      return (s.system_prompt + "\n\n" if s.system_prompt else "") + prompt
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if s.system_prompt and messages[0]["role"] != "system":
+      messages = [{"role": "system", "content": s.system_prompt}] + messages
+    return models.render_chat(self.template, messages, add_generation_prompt=True, **self.specials)
+
+  def __call__(self, index: int, row: dict, where: data.Where) -> Prompt | str:
+    self.check(row, where)
+    text = self.text(row)
+    # A chat template writes BOS itself (as transformers encodes its output: no special tokens added).
+    ids = self.tokenizer.encode(text, add_bos=not self.chat)
+    budget = self.section.max_prompt_tokens
+    if not ids:
+      raise data.RowError(f"{where}: the prompt renders to no tokens.")
+    if len(ids) <= budget:
+      return Prompt(tuple(ids), text, row, where, index)
+    if self.section.too_long == "skip":
+      return f"prompt of {len(ids)} tokens > data.max_prompt_tokens = {budget}"
+    if self.section.too_long == "error":
+      raise data.RowError(f"{where}: the prompt has {len(ids)} tokens, more than data.max_prompt_tokens = "
+                          f"{budget} (data.too_long = 'error'; 'skip' or 'truncate' instead).")
+    head = ids[:1] if ids[0] == _bos(self.tokenizer) else []  # Keep BOS; cut from the left.
+    ids = head + ids[len(ids) - (budget - len(head)):]
+    return Prompt(tuple(ids), text, row, where, index, truncated=True)
+
+
+def _bos(tokenizer) -> int | None:
+  try:
+    return tokenizer.bos_id
+  except ValueError:
+    return None
+
+
+def _short(value: Any) -> str:
+  text = repr(value)
+  return f"{type(value).__name__} {text[:80] + '...' if len(text) > 80 else text}"
+
+
+class Split:
+  """One split's accepted rows in order, found once and remembered (module docstring); thread-safe."""
+
+  def __init__(self, name: str, rows: data.Rows, order, size: int | None, renderer: Renderer, bad_rows: str):
+    self.name, self.rows, self.order, self.size = name, rows, order, size  # size None: endless
+    self.renderer, self.bad_rows = renderer, bad_rows
+    self._positions: list[int] = []  # position in `order` of accepted row k
+    self._skipped_before: list[int] = []
+    self._next, self._skipped = 0, 0
+    self.reasons: dict[str, int] = {}
+    self._lock = threading.Lock()
+
+  def _examine(self, position: int) -> Prompt | None:
+    index, row, where = data.read_position(self.rows, self.order, position)
+    try:
+      out = self.renderer(index, row, where)
+    except data.RowError as e:
+      if self.bad_rows == "error":
+        raise
+      out = f"malformed row ({e})"
+    if isinstance(out, str):
+      reason = out.split(" (")[0] if out.startswith("malformed") else "prompt too long"
+      if reason not in self.reasons:
+        _LOG.warning("%s row %s skipped: %s (later skips are counted: data_skipped).", self.name, where, out)
+      self.reasons[reason] = self.reasons.get(reason, 0) + 1
+      return None
+    return out
+
+  @property
+  def accepted(self) -> int:
+    """Accepted rows found so far."""
+    return len(self._positions)
+
+  def get(self, k: int) -> tuple[Prompt, int] | None:
+    """(accepted row k, rows skipped before it), or None when a finite split has fewer accepted rows."""
+    with self._lock:
+      since = 0
+      while len(self._positions) <= k:
+        if self.size is not None and self._next >= self.size:
+          return None
+        if since >= len(self.order) and not self._positions:
+          raise ValueError(f"No {self.name} row is usable: {self.reasons} of {len(self.order)} rows skipped.")
+        prompt = self._examine(self._next)
+        if prompt is None:
+          self._skipped += 1
+        else:
+          self._positions.append(self._next)
+          self._skipped_before.append(self._skipped)
+        self._next, since = self._next + 1, since + 1
+      position, skipped = self._positions[k], self._skipped_before[k]
+    prompt = self.renderer(*data.read_position(self.rows, self.order, position))
+    return prompt, skipped
+
+
+def _splits(cfg: config_lib.Config, renderer: Renderer) -> tuple[Split, Split]:
+  s = cfg.data
+  if s.train is None:
+    raise ValueError("task.name = 'dataset' needs data.train: a JSON Lines / Parquet / ArrayRecord file, a glob "
+                     "or a directory of shards.")
+  train_rows = data.open_rows(s.train, s.format)
+  seed = cfg.seed if s.shuffle else None
+  if s.eval is not None:
+    if s.eval_fraction:
+      raise ValueError(f"Set data.eval ({s.eval!r}) or data.eval_fraction ({s.eval_fraction}), not both.")
+    eval_rows = data.open_rows(s.eval, s.format)
+    train_idx, eval_idx = np.arange(len(train_rows)), np.arange(len(eval_rows))
+  elif s.eval_fraction:
+    eval_rows = train_rows
+    train_idx, eval_idx = data.split_indices(len(train_rows), fraction=s.eval_fraction, seed=cfg.seed)
+  else:
+    raise ValueError("The dataset task needs held-out rows for its evaluation: set data.eval to their file(s), "
+                     "or data.eval_fraction to hold out a seeded fraction of data.train.")
+  train = Split("train", train_rows, data.ordered(train_idx, seed=seed), None, renderer, s.bad_rows)
+  held = Split("eval", eval_rows, data.ordered(eval_idx, seed=None), len(eval_idx), renderer, s.bad_rows)
+  return train, held
+
+
+def _rows_of_group(ticket: int, prompt: Prompt, skipped: int, completions, results) -> list[dict]:
+  names = sorted({k for r in results for k in r.scored.components})
+  out = []
+  for c, r in zip(completions, results):
+    row = {
+        "prompt": np.asarray(c.prompt, np.int32),
+        "tokens": np.asarray(c.tokens, np.int32),
+        "mask": np.asarray(c.mask, np.int32),
+        "logprobs": np.asarray(c.logprobs, np.float32),
+        "versions": np.asarray(c.versions, np.int32),
+        "reward": np.float32(r.scored.total),
+        "finished": bool(c.finish_reason == "stop"),
+        "ticket": np.int64(ticket),
+        "reward_errors": np.int32(r.error is not None),
+        "data_row": np.int64(prompt.index),
+        "data_skipped": np.int64(skipped),
+        "data_truncated": bool(prompt.truncated),
+    }
+    row.update({k: np.float32(r.scored.components.get(k, np.nan)) for k in names})
+    out.append(row)
+  return out
+
+
+@dataclasses.dataclass
+class _Group:
+  prompt: Prompt
+  skipped: int
+  completions: dict = dataclasses.field(default_factory=dict)
+  results: dict = dataclasses.field(default_factory=dict)
+
+
+class DatasetProducer:
+  """Single-turn groups of dataset rows (`envs.Producer`), scored in threads while decoding goes on."""
+
+  def __init__(self, task: "DatasetTask", engine: sampler.RlaxEngine, params, version: int, split: str):
+    _rl.check_split(split)
+    cfg = task.cfg
+    self.task, self.split = task, task.train if split == "train" else task.held_out
+    self.n = cfg.rl.samples_per_prompt if split == "train" else 1
+    self.p = cfg.rl.prompts_per_step
+    self.driver = sampler.Driver(engine, params, version=version, seed=0)
+    self.runner = rewards.RewardRunner(task.scorer, workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s,
+                                       default=cfg.reward.default)
+    self._open: dict[int, _Group] = {}
+
+  @property
+  def version(self) -> int:
+    return self.driver.version
+
+  @property
+  def in_flight_groups(self) -> int:
+    return len(self._open)
+
+  @property
+  def in_flight_samples(self) -> int:
+    return len(self._open) * self.n
+
+  def set_params(self, params, version: int) -> None:
+    self.driver.set_params(params, version)
+
+  def submit(self, ticket: int) -> None:
+    ticket = int(ticket)
+    got = self.split.get(ticket)
+    if got is None:
+      raise ValueError(f"{self.split.name} ticket {ticket}: the split has only {self.split.accepted} usable rows.")
+    prompt, skipped = got
+    cfg = self.task.cfg
+    self.driver.submit([sampler.Request(
+        prompt=prompt.ids, n=self.n, max_tokens=cfg.rl.max_new_tokens, request_id=ticket,
+        seed=_rl.seed_of(cfg.seed, _rl.Stream.ROLLOUT, ticket // self.p), stream=ticket % self.p,
+        stop=tuple(cfg.rl.stop))])
+    self._open[ticket] = _Group(prompt, skipped)
+
+  def _sample(self, group: _Group, c: sampler.Completion) -> rewards.Sample:
+    text = self.task.tokenizer.decode(np.asarray(c.tokens, np.int64), skip_special=True, stop_at_eos=True)
+    for stop in self.task.cfg.rl.stop:  # The text ends before the stop string, as other samplers return it.
+      if stop in text:
+        text = text[:text.index(stop)]
+    s = self.task.cfg.data
+    row = group.prompt.row
+    return rewards.Sample(prompt=row[s.prompt_field], prompt_text=group.prompt.text, completion=text,
+                          completion_ids=tuple(c.tokens), answer=row.get(s.answer_field) if s.answer_field else None,
+                          row=row, finished=c.finish_reason == "stop", where=str(group.prompt.where))
+
+  def step(self) -> list[tuple[int, list[dict]]]:
+    if not self.driver.done:
+      for c in self.driver.step():
+        group = self._open[c.request_id]
+        group.completions[c.index] = c
+        self.runner.submit((c.request_id, c.index), self._sample(group, c))
+      self.driver.collect()  # The completions were taken from step(); drop the driver's copies.
+    for r in self.runner.poll(wait_s=0.0 if not self.driver.done else 0.01):
+      self._open[r.key[0]].results[r.key[1]] = r
+    out = []
+    for ticket in [t for t, g in self._open.items() if len(g.results) == self.n]:
+      g = self._open.pop(ticket)
+      order = range(self.n)
+      out.append((ticket, _rows_of_group(ticket, g.prompt, g.skipped, [g.completions[i] for i in order],
+                                         [g.results[i] for i in order])))
+    return out
+
+  def close(self) -> None:
+    self.runner.close()
+    self._open.clear()
+
+
+def _tool_env(episode: int, seed: int, **args) -> tools.ToolEnv:
+  """The tool-use env of a row (`envs.tools`): its task is read from the prompt's tag at reset."""
+  return tools.ToolEnv(episode=episode, latency_seed=seed, sleep=False, **args)
+
+
+# Environments a row may name by a short name; any other name is "module:callable" or "file.py:callable",
+# called with the row's args to build one env per episode.
+ROW_ENVS = {"tools": _tool_env}
+
+
+def make_row_env(spec: dict, episode: int, seed: int, where: data.Where):
+  """A fresh env for one episode of a row whose env field is `spec` ({"name", "args"})."""
+  name, args = spec["name"], dict(spec.get("args", {}))
+  try:
+    if name in ROW_ENVS:
+      return ROW_ENVS[name](episode, seed, **args)
+    _, factory = rewards.load_callable(name, what="environment")
+    return factory(**args)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{where}: cannot build environment {name!r} with args {args} ({e}); short names: "
+                     f"{sorted(ROW_ENVS)}.") from None
+
+
+class _TemplateFramed:
+  """The tokenizer of env episodes whose prompt text is chat-rendered: the template already wrote BOS, so
+  `encode` never adds one (observations are encoded without it anyway)."""
+
+  def __init__(self, tokenizer):
+    self._tokenizer = tokenizer
+
+  def __getattr__(self, name):
+    return getattr(self._tokenizer, name)
+
+  def encode(self, text: str, *, add_bos: bool = True, add_eos: bool = False) -> list[int]:
+    del add_bos
+    return self._tokenizer.encode(text, add_bos=False, add_eos=add_eos)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetTask:
+  """The user's rows and reward as the run's task (module docstring)."""
+  cfg: config_lib.Config
+  tokenizer: Any
+  renderer: Renderer
+  train: Split
+  held_out: Split
+  scorer: rewards.Scorer
+  num_eval: int
+  name: str = NAME
+
+  def lengths(self, max_seq_len: int) -> _rl.Lengths:
+    """Prompts of `data.max_prompt_tokens`, responses of `rl.max_new_tokens`; warm-start rows as wide. An
+    episode (`data.env_field`) may use a short prompt's unused budget too: everything after its context
+    fits the sequence, so its response window is the sequence less one token."""
+    prompt, response = self.cfg.data.max_prompt_tokens, self.cfg.rl.max_new_tokens
+    if max_seq_len < prompt + response:
+      raise ValueError(f"`model.max_seq_len` = {max_seq_len} cannot hold data.max_prompt_tokens = {prompt} plus "
+                       f"rl.max_new_tokens = {response}.")
+    window = response if self.cfg.data.env_field is None else prompt + response - 1
+    return _rl.Lengths(prompt=prompt, response=window, sequence=prompt + response, sft=prompt + response)
+
+  def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]:
+    """Warm-start rows: the train rows in ticket order, each its prompt, its `data.demo_field` text and EOS
+    (a demonstration longer than `rl.max_new_tokens` is cut); block `shard_index` of each global batch."""
+    s, sft = self.cfg.data, self.cfg.sft
+    if s.demo_field is None:
+      raise ValueError(f"sft.steps = {sft.steps} needs demonstrations: set data.demo_field to the rows' reference "
+                       "completions, or sft.steps = 0.")
+    if sft.batch_size % shard_count or not 0 <= shard_index < shard_count:
+      raise ValueError(f"shard_index={shard_index} must be in [0, {shard_count}) and shard_count must divide "
+                       f"sft.batch_size={sft.batch_size}.")
+    width, block = self.lengths(self.cfg.model.max_seq_len).sft, sft.batch_size // shard_count
+    k = 0
+    while True:
+      tokens = np.full((sft.batch_size, width), self.tokenizer.pad_id, np.int32)
+      mask = np.zeros((sft.batch_size, width - 1), np.float32)
+      for b in range(sft.batch_size):
+        prompt, _ = self.train.get(k)
+        k += 1
+        demo = self.tokenizer.encode(prompt.row[s.demo_field], add_bos=False) + [self.tokenizer.eos_id]
+        row = list(prompt.ids) + demo[:self.cfg.rl.max_new_tokens]
+        tokens[b, :len(row)] = row
+        mask[b, len(prompt.ids) - 1:len(row) - 1] = 1.0
+      rows = slice(shard_index * block, (shard_index + 1) * block)
+      yield {"tokens": tokens[rows], "loss_mask": mask[rows]}
+
+  def producer(self, engine: sampler.RlaxEngine, params, version: int, *, split: str = "train"):
+    """Single-turn groups scored by `reward.fn` (`DatasetProducer`), or, with `data.env_field`, episodes of
+    the env each row names, scored by that env (`EpisodeProducer`; a message may use the whole response
+    budget, the env ends the episode)."""
+    if self.cfg.data.env_field is None:
+      return DatasetProducer(self, engine, params, version, split)
+    _rl.check_split(split)
+    rows = self.train if split == "train" else self.held_out
+    n = self.cfg.rl.samples_per_prompt if split == "train" else 1
+    field, seed, budget = self.cfg.data.env_field, self.cfg.seed, self.cfg.rl.max_new_tokens
+
+    def env_of(episode: int):
+      prompt = rows.get(episode // n)[0]
+      return make_row_env(prompt.row[field], episode, seed, prompt.where)
+
+    tokenizer = _TemplateFramed(self.tokenizer) if self.renderer.chat else self.tokenizer
+    return _episodes.EpisodeProducer(
+        self.cfg, tokenizer, engine, params, version, prompt_of=lambda t: rows.get(t)[0].text, env_of=env_of,
+        turn_tokens_of=lambda t: budget, max_turns=budget, max_workers=8, samples=None if split == "train" else 1)
+
+
+def make_dataset_task(cfg: config_lib.Config, tokenizer) -> DatasetTask:
+  """The run's `DatasetTask`: opens the files, loads the reward functions, finds the held-out rows."""
+  if cfg.task.options:
+    raise ValueError(f"task.options {dict(cfg.task.options)} are not read by task 'dataset'; its settings are "
+                     "the `data` and `reward` sections.")
+  renderer = Renderer(cfg.data, tokenizer)
+  scorer = rewards.Scorer([f for f in cfg.reward.fn.split(",") if f.strip()], cfg.reward.weights,
+                          cfg.reward.options)
+  train, held = _splits(cfg, renderer)
+  for k in range(min(CHECK_ROWS, len(train.order))):  # Mistakes in the file show at start-up, not hours in.
+    train.get(k)
+  n_eval = 0
+  while n_eval < cfg.task.num_eval and held.get(n_eval) is not None:
+    n_eval += 1
+  if not n_eval:
+    raise ValueError(f"No usable held-out row (skipped: {held.reasons}).")
+  if n_eval < cfg.task.num_eval:
+    _LOG.warning("The evaluation runs the %d usable held-out rows (task.num_eval = %d).", n_eval,
+                 cfg.task.num_eval)
+  return DatasetTask(cfg=cfg, tokenizer=tokenizer, renderer=renderer, train=train, held_out=held,
+                     scorer=scorer, num_eval=n_eval)

@@ -1,0 +1,46 @@
+"""Built-in rewards of the dataset task, by name (`reward.fn = "math"`); each takes a `rewards.Sample` and
+keyword options (`reward.options.<name>`)."""
+
+from __future__ import annotations
+
+import re
+
+from rlax_post.rewards import _math
+
+
+def exact(sample, *, ignore_case: bool = False, strip: bool = True) -> float:
+  """1.0 when the completion equals the row's answer (as text), else 0.0; `strip` ignores surrounding
+  whitespace, `ignore_case` case."""
+  if sample.answer is None:
+    raise ValueError(f"{sample.where}: the reward 'exact' needs a reference answer; the row has none.")
+  a, b = sample.completion, str(sample.answer)
+  if strip:
+    a, b = a.strip(), b.strip()
+  if ignore_case:
+    a, b = a.casefold(), b.casefold()
+  return float(a == b)
+
+
+def regex(sample, *, pattern: str, full: bool = False) -> float:
+  """1.0 when the completion matches `pattern` (`re.search`, or `re.fullmatch` with `full`; DOTALL), else
+  0.0: a format reward, e.g. `r"<think>.*</think>\\s*<answer>.*</answer>"`."""
+  flags = re.DOTALL
+  found = re.fullmatch(pattern, sample.completion, flags) if full else re.search(pattern, sample.completion, flags)
+  return float(found is not None)
+
+
+def length(sample, *, max_tokens: int, buffer: int) -> float:
+  """DAPO's soft overlong penalty: 0 up to `max_tokens - buffer` generated tokens, then falling linearly to
+  -1 at `max_tokens`, and -1 beyond."""
+  if buffer < 1 or max_tokens <= buffer:
+    raise ValueError(f"The reward 'length' needs 1 <= buffer < max_tokens; got buffer={buffer}, "
+                     f"max_tokens={max_tokens}.")
+  n = len(sample.completion_ids)
+  if n <= max_tokens - buffer:
+    return 0.0
+  if n > max_tokens:
+    return -1.0
+  return (max_tokens - buffer - n) / buffer
+
+
+BUILTINS = {"math": _math.math_answer, "exact": exact, "regex": regex, "length": length}

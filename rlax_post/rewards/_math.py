@@ -1,0 +1,144 @@
+"""Final-answer matching for maths completions: find the answer, read it as a number, compare.
+
+`extract_answer(text)` takes, in this order of preference, the last of:
+  1. `\\boxed{...}` / `\\fbox{...}` (braces balanced: `\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`);
+  2. `#### ...` (GSM8K), up to the end of its line;
+  3. "the answer is ..." / "answer: ..." (any case), up to the end of the sentence or line;
+  4. the last number in the text.
+`parse_number(s)` reads integers, decimals, fractions (`3/4`, `\\frac{3}{4}`, `\\dfrac`, `\\tfrac`), signs (also
+the Unicode minus), thousands separators (`1,234,567`: groups of exactly three digits), a leading `$` or
+`\\$`, a trailing `%` or unit word, and LaTeX spacing and `\\text{}`; exact values become `Fraction`s. Two
+answers match when both read as numbers that are equal (exactly, or within the tolerances), or, when either
+does not read as a number, when their normalised texts are equal.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+import math
+import re
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_HASHES = re.compile(r"####\s*([^\n]*)")
+_ANSWER_IS = re.compile(r"(?:the\s+(?:final\s+)?answer\s+is|final\s+answer\s*:|answer\s*:)\s*:?\s*(.+?)"
+                        r"(?:\.(?:\s|$)|\n|$)", re.IGNORECASE)
+# A number: thousands-grouped or plain digits, optional decimals, optional /denominator; not preceded by
+# a letter, digit or dot (so "x2" or "5-3" give no "2" / "-3"). A leading ".5" also counts.
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?(?![\d])"
+                     r"|(?<![\w.])[-+]?\.\d+")
+_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*([^{}]+?)\s*\}\s*\{\s*([^{}]+?)\s*\}")
+_TEXT = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}")
+_PLAIN = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+(?:[eE][-+]?\d+)?")
+
+
+def _braced(text: str, start: int) -> str | None:
+  """The contents of the brace group opening just before `start`, or None if it never closes."""
+  depth = 1
+  for i in range(start, len(text)):
+    if text[i] == "{":
+      depth += 1
+    elif text[i] == "}":
+      depth -= 1
+      if depth == 0:
+        return text[start:i]
+  return None
+
+
+def extract_answer(text: str) -> str | None:
+  """The final answer written in `text` (module docstring), or None when it has none."""
+  if not isinstance(text, str):
+    raise ValueError(f"text must be a str; got {type(text).__name__}.")
+  text = text.replace("\u2212", "-")
+  boxed = [_braced(text, m.end()) for m in _BOXED.finditer(text)]
+  boxed = [b.strip() for b in boxed if b is not None and b.strip()]
+  if boxed:
+    return boxed[-1]
+  hashes = [h.strip() for h in _HASHES.findall(text) if h.strip()]
+  if hashes:
+    return hashes[-1]
+  stated = [s.strip() for s in _ANSWER_IS.findall(text) if s.strip()]
+  if stated:
+    return stated[-1]
+  numbers = _NUMBER.findall(text)
+  return numbers[-1].strip() if numbers else None
+
+
+def _clean(s: str) -> str:
+  s = s.replace("\u2212", "-").strip()
+  s = _TEXT.sub(r"\1", s)
+  for token in ("\\$", "$", "\\!", "\\,", "\\;", "\\ ", "\\left", "\\right", "\\%"):
+    s = s.replace(token, "")
+  return s.strip().rstrip(".").strip()
+
+
+def parse_number(s: str) -> Fraction | float | None:
+  """The number `s` writes (module docstring): a `Fraction` when exact, a float for exponents; None if `s`
+  is not a number (a trailing unit word or `%` is allowed: "72 dollars" reads 72)."""
+  if not isinstance(s, str):
+    raise ValueError(f"s must be a str; got {type(s).__name__}.")
+  s = _clean(s)
+  frac = _FRAC.fullmatch(s)
+  if frac:
+    num, den = parse_number(frac.group(1)), parse_number(frac.group(2))
+    if num is None or den is None or den == 0:
+      return None
+    return Fraction(num) / Fraction(den) if isinstance(num, Fraction) and isinstance(den, Fraction) else (
+        float(num) / float(den))
+  if "/" in s:
+    num, _, den = s.partition("/")
+    a, b = parse_number(num), parse_number(den)
+    if a is None or b is None or b == 0 or not num.strip() or not den.strip():
+      return None
+    return Fraction(a) / Fraction(b) if isinstance(a, Fraction) and isinstance(b, Fraction) else float(a) / float(b)
+  m = _PLAIN.match(s)
+  if not m:
+    return None
+  rest = s[m.end():].strip()
+  if rest and not (rest == "%" or re.fullmatch(r"[A-Za-z][A-Za-z ]*\.?", rest)):
+    return None
+  token = m.group(0).replace(",", "")
+  if "e" in token.lower():
+    value = float(token)
+    return value if math.isfinite(value) else None
+  return Fraction(token)
+
+
+def _normalise_text(s: str) -> str:
+  return re.sub(r"\s+", "", _clean(s)).lower()
+
+
+def reference_answer(answer) -> str | None:
+  """A row's reference answer as text: numbers as written, strings with a `####` or `\\boxed{}` read through
+  `extract_answer`, other strings as they are; None when there is no usable answer."""
+  if answer is None or isinstance(answer, bool):
+    return None
+  if isinstance(answer, (int, float)):
+    return repr(answer) if isinstance(answer, float) else str(answer)
+  if isinstance(answer, str):
+    if "####" in answer or _BOXED.search(answer):
+      return extract_answer(answer)
+    return answer.strip() or None
+  return None
+
+
+def answers_match(predicted: str | None, reference: str | None, *, rel_tol: float = 1e-6,
+                  abs_tol: float = 1e-9) -> bool:
+  """Whether two answers agree (module docstring)."""
+  if predicted is None or reference is None:
+    return False
+  a, b = parse_number(predicted), parse_number(reference)
+  if a is not None and b is not None:
+    if isinstance(a, Fraction) and isinstance(b, Fraction) and a == b:
+      return True
+    return math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=abs_tol)
+  return _normalise_text(predicted) == _normalise_text(reference)
+
+
+def math_answer(sample, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> float:
+  """1.0 when the completion's final answer matches the row's reference answer, else 0.0 (the built-in
+  reward "math"; `sample` is a `rewards.Sample`)."""
+  reference = reference_answer(sample.answer)
+  if reference is None:
+    raise ValueError(f"{sample.where}: the reward 'math' needs a reference answer (a number or a string); the "
+                     f"row's answer is {sample.answer!r}.")
+  return float(answers_match(extract_answer(sample.completion), reference, rel_tol=rel_tol, abs_tol=abs_tol))

@@ -1,0 +1,156 @@
+"""Reward functions named in a config, loaded and combined: `Scorer`.
+
+A function is named by a built-in name (`BUILTINS`: "math", "exact", "regex", "length"), by an import path
+`"package.module:function"`, or by a file path `"path/to/file.py:function"` (relative to the working
+directory; the file is imported as a module of its own). It is called as `fn(sample, **options)` with a
+`rewards.Sample` and returns a number, or a dict of named numbers: its components, whose total is the
+"total" entry if there is one, else their sum. The sample's reward is the weighted sum of the functions'
+totals. Components are reported as `reward/<name>` (each function's total) and `reward/<name>/<key>` (a
+dict's entries); `<name>` is the built-in name or the function's own name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import os
+import sys
+from typing import Any, Callable, Mapping, Sequence
+
+from rlax_post.rewards import _builtin
+from rlax_post.rewards._sample import Sample
+
+_PROBE = Sample(prompt="", prompt_text="", completion="")
+
+
+def _load_module(module: str, spec: str):
+  if module.endswith(".py") or os.sep in module or "/" in module:
+    path = os.path.abspath(module)
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"Reward {spec!r}: no file {path!r} (relative paths are read from {os.getcwd()}).")
+    name = "rlax_post_user_" + hashlib.blake2b(path.encode(), digest_size=6).hexdigest()
+    if name not in sys.modules:
+      file_spec = importlib.util.spec_from_file_location(name, path)
+      mod = importlib.util.module_from_spec(file_spec)
+      sys.modules[name] = mod
+      try:
+        file_spec.loader.exec_module(mod)
+      except Exception:
+        del sys.modules[name]
+        raise
+    return sys.modules[name]
+  try:
+    return importlib.import_module(module)
+  except ModuleNotFoundError as e:
+    raise ValueError(f"Reward {spec!r}: cannot import {module!r} ({e}); install it, put it on "
+                              "PYTHONPATH, or name the file instead: 'path/to/file.py:function'.") from None
+
+
+def load_callable(spec: str, what: str = "reward") -> tuple[str, Callable[..., Any]]:
+  """(name, function) of a built-in name, `"module:function"` or `"file.py:function"` (module docstring)."""
+  if not isinstance(spec, str) or not spec.strip():
+    raise ValueError(f"A {what} must be named by a non-empty string; got {spec!r}.")
+  spec = spec.strip()
+  if what == "reward" and spec in _builtin.BUILTINS:
+    return spec, _builtin.BUILTINS[spec]
+  module, sep, attr = spec.rpartition(":")
+  if not sep or not module or not attr:
+    builtins = f"a built-in ({sorted(_builtin.BUILTINS)}), " if what == "reward" else ""
+    raise ValueError(f"Unknown {what} {spec!r}; expected {builtins}'package.module:function' or "
+                     "'path/to/file.py:function'.")
+  mod = _load_module(module, spec)
+  fn = getattr(mod, attr, None)
+  if fn is None:
+    public = sorted(n for n in vars(mod) if not n.startswith("_") and callable(getattr(mod, n)))
+    raise ValueError(f"{what.capitalize()} {spec!r}: {module!r} has no {attr!r}; its callables: {public}.")
+  if not callable(fn):
+    raise ValueError(f"{what.capitalize()} {spec!r} is a {type(fn).__name__}, not a function.")
+  return attr, fn
+
+
+def _number(value, name: str) -> float:
+  if isinstance(value, bool):
+    return float(value)
+  if not isinstance(value, (int, float)) and not (hasattr(value, "item") and hasattr(value, "dtype")):
+    raise TypeError(f"reward {name!r} returned {value!r} ({type(value).__name__}); expected a number or a dict "
+                    "of numbers.")
+  value = float(value)
+  if not math.isfinite(value):
+    raise ValueError(f"reward {name!r} returned {value}; rewards must be finite.")
+  return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Scored:
+  """A sample's reward: the weighted total and its components (`reward/<name>...`: value)."""
+  total: float
+  components: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fn:
+  name: str
+  fn: Callable[..., Any]
+  weight: float
+  options: dict
+
+
+class Scorer:
+  """The reward functions of a config, combined (module docstring).
+
+  Args:
+    specs: the functions (module docstring), at least one.
+    weights: one per function; empty: 1 each.
+    options: keyword options per function, keyed by the spec as written.
+  """
+
+  def __init__(self, specs: Sequence[str], weights: Sequence[float] = (), options: Mapping[str, Mapping] = ()):
+    specs = [s.strip() for s in specs]
+    options = dict(options or {})
+    if not specs:
+      raise ValueError("No reward function given; name at least one (e.g. reward.fn = 'math').")
+    if weights and len(weights) != len(specs):
+      raise ValueError(f"{len(weights)} reward weights {list(weights)} for {len(specs)} functions {specs}.")
+    unknown = sorted(set(options) - set(specs))
+    if unknown:
+      raise ValueError(f"reward options for {unknown}, which are not among the reward functions {specs}.")
+    fns = []
+    for spec, weight in zip(specs, weights or [1.0] * len(specs)):
+      name, fn = load_callable(spec)
+      kwargs = dict(options.get(spec, {}))
+      try:
+        inspect.signature(fn).bind(_PROBE, **kwargs)
+      except TypeError as e:
+        raise ValueError(f"Reward {spec!r} cannot be called as fn(sample, **{kwargs}): {e}.") from None
+      except ValueError:  # Builtins without a signature: found out at the first call.
+        pass
+      fns.append(_Fn(name, fn, float(weight), kwargs))
+    names = [f.name for f in fns]
+    if len(set(names)) != len(names):
+      raise ValueError(f"Reward functions {specs} share a name ({names}); each needs its own.")
+    self.fns = tuple(fns)
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    return tuple(f.name for f in self.fns)
+
+  def __call__(self, sample: Sample) -> Scored:
+    """The sample's reward; raises what a function raises, or TypeError / ValueError for a bad return."""
+    total, components = 0.0, {}
+    for f in self.fns:
+      value = f.fn(sample, **f.options)
+      if isinstance(value, Mapping):
+        parts = {str(k): _number(v, f"{f.name}[{k!r}]") for k, v in value.items()}
+        if not parts:
+          raise ValueError(f"reward {f.name!r} returned an empty dict.")
+        fn_total = parts.pop("total") if "total" in parts else sum(parts.values())
+        components.update({f"reward/{f.name}/{k}": v for k, v in parts.items()})
+      else:
+        fn_total = _number(value, f.name)
+      components[f"reward/{f.name}"] = fn_total
+      total += f.weight * fn_total
+    return Scored(total=total, components=components)

@@ -1,0 +1,133 @@
+"""`data.open_rows`: JSON Lines, ArrayRecord and Parquet rows by index, errors that name file and line,
+streaming (an index, not the file, in memory), held-out splits and seeded orders."""
+
+import json
+import os
+import tracemalloc
+
+from array_record.python import array_record_module
+import numpy as np
+import pytest
+
+from rlax_post import data
+
+
+def _write(path, text: str | bytes):
+  with open(path, "wb") as f:
+    f.write(text.encode() if isinstance(text, str) else text)
+  return str(path)
+
+
+def test_jsonl_rows_and_line_numbers_skip_blank_lines(tmp_path):
+  path = _write(tmp_path / "a.jsonl", '{"q": 1}\n\n   \n{"q": 2}\r\n{"q": "é"}')  # no final newline
+  rows = data.open_rows(path)
+  assert len(rows) == 3
+  assert [rows[i][0]["q"] for i in range(3)] == [1, 2, "é"]
+  assert [rows[i][1].line for i in range(3)] == [1, 4, 5]
+  assert str(rows[1][1]) == f"{path}:4"
+  with pytest.raises(IndexError):
+    rows[3]
+
+
+@pytest.mark.parametrize("line, message", [
+    (b'{"q": 1,}', r"b.jsonl:2: not valid JSON \(Expecting property name"),
+    (b'[1, 2]', r"b.jsonl:2: a row must be a JSON object .* got a list"),
+    (b'{"q": "\xff"}', r"b.jsonl:2: not valid UTF-8"),
+])
+def test_bad_lines_name_file_and_line(tmp_path, line, message):
+  path = _write(tmp_path / "b.jsonl", b'{"q": 0}\n' + line + b"\n")
+  rows = data.open_rows(path)
+  assert rows[0][0] == {"q": 0}
+  with pytest.raises(data.RowError, match=message):
+    rows[1]
+
+
+def test_missing_empty_and_unknown_files(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(FileNotFoundError, match=r"nope.jsonl \(= .*nope.jsonl\) does not exist"):
+    data.open_rows("nope.jsonl")
+  _write(tmp_path / "empty.jsonl", "\n\n")
+  with pytest.raises(data.RowError, match="empty.jsonl .* has no rows"):
+    data.open_rows("empty.jsonl")
+  _write(tmp_path / "x.csv", "a,b\n")
+  with pytest.raises(ValueError, match=r"Cannot tell the format of data file 'x.csv'"):
+    data.open_rows("x.csv")
+  os.mkdir(tmp_path / "shards")
+  with pytest.raises(FileNotFoundError, match="holds no data files"):
+    data.open_rows("shards")
+  with pytest.raises(FileNotFoundError, match=r"glob 'z\*.jsonl'"):
+    data.open_rows("z*.jsonl")
+
+
+def test_glob_and_directory_concatenate_files_in_name_order(tmp_path):
+  d = tmp_path / "shards"
+  d.mkdir()
+  _write(d / "part-1.jsonl", '{"i": 2}\n{"i": 3}\n')
+  _write(d / "part-0.jsonl", '{"i": 0}\n{"i": 1}\n')
+  _write(d / "README.txt", "not data")
+  for spec in (str(d), str(d / "part-*.jsonl")):
+    rows = data.open_rows(spec)
+    assert [rows[i][0]["i"] for i in range(len(rows))] == [0, 1, 2, 3]
+    assert rows[2][1].file.endswith("part-1.jsonl") and rows[2][1].line == 1
+
+
+def test_jsonl_is_indexed_not_loaded(tmp_path):
+  """A 40 MB file opens holding offsets only: the peak allocation is a fraction of the file."""
+  path = tmp_path / "big.jsonl"
+  line = json.dumps({"prompt": "x" * 400, "answer": 1}) + "\n"
+  n = 40_000_000 // len(line)
+  with open(path, "w") as f:
+    f.write(line * n)
+  tracemalloc.start()
+  rows = data.open_rows(str(path))
+  _, peak = tracemalloc.get_traced_memory()
+  tracemalloc.stop()
+  assert len(rows) == n and rows[n - 1][0]["answer"] == 1 and rows[n - 1][1].line == n
+  assert peak < 0.35 * os.path.getsize(path), peak
+
+
+def test_array_record_rows(tmp_path):
+  path = str(tmp_path / "r.arrayrecord")
+  writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
+  for i in range(5):
+    writer.write(json.dumps({"i": i}).encode())
+  writer.write(b"not json")
+  writer.close()
+  rows = data.open_rows(path)
+  assert len(rows) == 6 and [rows[i][0]["i"] for i in range(5)] == [0, 1, 2, 3, 4]
+  assert rows[3][1].unit == "record" and rows[3][1].line == 3
+  with pytest.raises(data.RowError, match=r"r.arrayrecord \(record 5\): not valid JSON"):
+    rows[5]
+
+
+def test_parquet_rows_across_row_groups(tmp_path):
+  pa = pytest.importorskip("pyarrow")
+  pq = pytest.importorskip("pyarrow.parquet")
+  path = str(tmp_path / "p.parquet")
+  table = pa.table({"prompt": [f"q{i}" for i in range(10)], "answer": list(range(10))})
+  pq.write_table(table, path, row_group_size=3)
+  rows = data.open_rows(path)
+  assert len(rows) == 10
+  for i in (9, 0, 4, 3, 8):  # Out of order: row groups decoded as needed.
+    assert rows[i][0] == {"prompt": f"q{i}", "answer": i}
+  assert str(rows[4][1]).endswith("p.parquet (row 4)")
+
+
+def test_split_indices_are_disjoint_seeded_and_exact():
+  train, held = data.split_indices(1000, fraction=0.1, seed=3)
+  assert len(held) == 100 and len(train) == 900
+  assert not set(train) & set(held) and sorted(set(train) | set(held)) == list(range(1000))
+  again, _ = data.split_indices(1000, fraction=0.1, seed=3)
+  other, _ = data.split_indices(1000, fraction=0.1, seed=4)
+  assert np.array_equal(train, again) and not np.array_equal(train, other)
+  with pytest.raises(ValueError, match="leaves no row to train on"):
+    data.split_indices(3, fraction=0.9, seed=0)
+
+
+def test_ordered_visits_each_index_once_per_epoch_and_reshuffles():
+  idx = np.array([5, 7, 11, 13, 17, 19])
+  order = data.ordered(idx, seed=0)
+  first, second = [int(order[i]) for i in range(6)], [int(order[i]) for i in range(6, 12)]
+  assert sorted(first) == sorted(second) == list(idx)
+  assert first != second
+  assert [int(data.ordered(idx, seed=None)[i]) for i in range(8)] == [5, 7, 11, 13, 17, 19, 5, 7]

@@ -1,0 +1,252 @@
+"""The dataset task: rows rendered to prompt ids (chat templates, system prompt, BOS, the prompt budget),
+errors naming file, line and field, held-out rows that never train, and deterministic tickets."""
+
+import dataclasses
+import json
+import logging
+
+import numpy as np
+import pytest
+
+from rlax_post import config
+from rlax_post import data
+from rlax_post import envs
+from rlax_post import models
+from rlax_post import runtime
+from rlax_post.runtime import _rowlog
+
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def _cfg(tmp_path, rows, eval_rows=None, **data_kw):
+  train = tmp_path / "train.jsonl"
+  data.write_jsonl(str(train), rows)
+  raw = {"task": {"name": "dataset", "num_eval": 4}, "data": {"train": str(train), **data_kw},
+         "reward": {"fn": "math"}, "model": {"max_seq_len": 160}, "rl": {"max_new_tokens": 8}}
+  if eval_rows is not None:
+    data.write_jsonl(str(tmp_path / "eval.jsonl"), eval_rows)
+    raw["data"]["eval"] = str(tmp_path / "eval.jsonl")
+  return config.load(raw)
+
+
+def _rows(n, start=0):
+  return [{"prompt": f"{i}+1=", "answer": i + 1, "id": i} for i in range(start, start + n)]
+
+
+def test_raw_prompts_get_bos_and_system_prompt(tmp_path):
+  tok = models.ByteTokenizer()
+  cfg = _cfg(tmp_path, _rows(3), _rows(2, 100), system_prompt="Add.")
+  task = envs.make_rl_task(cfg, tok)
+  prompt, skipped = task.held_out.get(0)
+  assert prompt.text == "Add.\n\n100+1=" and skipped == 0
+  assert prompt.ids == tuple(tok.encode("Add.\n\n100+1=", add_bos=True)) and prompt.ids[0] == tok.bos_id
+  assert str(prompt.where).endswith("eval.jsonl:1") and task.num_eval == 2
+
+
+def test_chat_prompts_render_with_the_template_and_its_bos_only(tmp_path):
+  tok = models.ByteTokenizer()
+  rows = [{"prompt": [{"role": "user", "content": "hi"}], "answer": 1},
+          {"prompt": "plain", "answer": 2}]
+  cfg = _cfg(tmp_path, rows, rows, chat_template=TEMPLATE, system_prompt="Be brief.")
+  renderer = envs.Renderer(cfg.data, tok)
+  first = renderer(0, rows[0], data.Where("f", 1))
+  assert first.text == "<system>Be brief.\n<user>hi\n<assistant>"  # The byte tokenizer has no bos_token text.
+  assert first.ids == tuple(tok.encode(first.text, add_bos=False))  # The template frames BOS, not encode.
+  assert renderer(1, rows[1], data.Where("f", 2)).text == "<system>Be brief.\n<user>plain\n<assistant>"
+  own_system = {"prompt": [{"role": "system", "content": "S"}, {"role": "user", "content": "u"}], "answer": 0}
+  assert renderer(2, own_system, data.Where("f", 3)).text == "<system>S\n<user>u\n<assistant>"
+
+
+def test_hf_tokenizer_chat_template_writes_its_bos_once(tmp_path):
+  tokenizers = pytest.importorskip("tokenizers")
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({"<s>": 0, "</s>": 1, "<pad>": 2, "[UNK]": 3},
+                                                         unk_token="[UNK]"))
+  tok.add_special_tokens(["<s>", "</s>", "<pad>"])
+  hf = models.HFTokenizer(tok, special_tokens={"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"},
+                          add_bos_token=True, chat_templates={"default": TEMPLATE})
+  rows = [{"prompt": [{"role": "user", "content": "x"}], "answer": 1}]
+  cfg = _cfg(tmp_path, rows, rows)
+  prompt = envs.Renderer(cfg.data, hf)(0, rows[0], data.Where("f", 1))
+  assert prompt.text.startswith("<s><user>x")
+  assert prompt.ids.count(0) == 1 and prompt.ids[0] == 0
+
+
+@pytest.mark.parametrize("row, kw, message", [
+    ({"question": "q", "answer": 1}, {}, r"t.jsonl:7: no field 'prompt' \(the prompt, `data.prompt_field`\); "
+                                         r"the row has \['answer', 'question'\]"),
+    ({"prompt": 5, "answer": 1}, {}, r"t.jsonl:7: field 'prompt' must be a string or a non-empty list of .* int 5"),
+    ({"prompt": [{"role": "user"}], "answer": 1}, {}, r"field 'prompt' must be a string or a non-empty list"),
+    ({"prompt": "", "answer": 1}, {}, r"t.jsonl:7: field 'prompt' is an empty string"),
+    ({"prompt": "q"}, {}, r"t.jsonl:7: no field 'answer' \(the reference answer"),
+    ({"prompt": [{"role": "user", "content": "c"}], "answer": 1}, {},
+     r"is a list of messages, but prompts are not rendered with a chat template"),
+    ({"prompt": "q", "answer": 1, "demo": 3}, {"demo_field": "demo"}, r"field 'demo' must be a string; got int 3"),
+    ({"prompt": "q", "answer": 1, "env": "tools"}, {"env_field": "env"},
+     r"field 'env' must be \{\"name\": str, \"args\": \{...\}\}"),
+])
+def test_malformed_rows_name_file_line_and_field(tmp_path, row, kw, message):
+  cfg = _cfg(tmp_path, _rows(2), _rows(2), **kw)
+  with pytest.raises(data.RowError, match=message):
+    envs.Renderer(cfg.data, models.ByteTokenizer())(0, row, data.Where("t.jsonl", 7))
+
+
+def test_too_long_prompts_skip_truncate_or_error(tmp_path):
+  tok = models.ByteTokenizer()
+  long_row = {"prompt": "0123456789" * 2, "answer": 1}
+  for mode, expect in (("skip", str), ("truncate", envs.DatasetTask), ("error", data.RowError)):
+    cfg = _cfg(tmp_path, _rows(2), _rows(2), max_prompt_tokens=8, too_long=mode)
+    renderer = envs.Renderer(cfg.data, tok)
+    if expect is data.RowError:
+      with pytest.raises(data.RowError, match=r"t:1: the prompt has 21 tokens, more than data.max_prompt_tokens = 8"):
+        renderer(0, long_row, data.Where("t", 1))
+      continue
+    out = renderer(0, long_row, data.Where("t", 1))
+    if expect is str:
+      assert out == "prompt of 21 tokens > data.max_prompt_tokens = 8"
+    else:  # BOS kept, the end of the prompt kept.
+      assert out.truncated and out.ids == (tok.bos_id, *tok.encode("3456789", add_bos=False))
+
+
+def test_skipped_rows_are_counted_and_tickets_deterministic(tmp_path, caplog):
+  rows = _rows(12)
+  for i in (2, 5, 6):
+    rows[i]["prompt"] = "9" * 40  # too long
+  rows[8] = {"bad": True}
+  cfg = _cfg(tmp_path, rows, _rows(2, 100), max_prompt_tokens=10, bad_rows="skip", shuffle=False)
+  with caplog.at_level(logging.WARNING, logger="rlax_post.data"):
+    task = envs.make_rl_task(cfg, models.ByteTokenizer())
+    got = [task.train.get(k) for k in range(10)]
+  ids = [p.row.get("id") for p, _ in got]
+  assert ids == [0, 1, 3, 4, 7, 9, 10, 11, 0, 1]  # file order, then the next epoch
+  assert [s for _, s in got] == [0, 0, 1, 1, 3, 4, 4, 4, 4, 4]
+  # Building the task read the first 12 usable rows (`CHECK_ROWS` caps it at the order's length), into the
+  # second epoch: row 2 was skipped twice.
+  assert task.train.reasons == {"prompt too long": 4, "malformed row": 1}
+  warned = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+  assert len(warned) == 2 and "train.jsonl:3 skipped: prompt of 41 tokens" in warned[0]
+  assert "train.jsonl:9 skipped: malformed row" in warned[1]
+  again = envs.make_rl_task(cfg, models.ByteTokenizer())
+  assert [again.train.get(k)[0].index for k in (9, 3)] == [got[9][0].index, got[3][0].index]
+
+
+def test_bad_rows_stop_the_run_by_default(tmp_path):
+  rows = _rows(3)
+  rows[1] = {"prompt": "q"}
+  cfg = _cfg(tmp_path, rows, _rows(2, 100), shuffle=False)
+  with pytest.raises(data.RowError, match=r"train.jsonl:2: no field 'answer'"):
+    envs.make_rl_task(cfg, models.ByteTokenizer())  # The first rows are read when the task is built.
+
+
+def test_a_bad_row_past_the_first_ones_stops_the_run_when_reached(tmp_path):
+  rows = _rows(300)
+  rows[290] = {"prompt": 7, "answer": 1}
+  cfg = _cfg(tmp_path, rows, _rows(2, 1000), shuffle=False)
+  task = envs.make_rl_task(cfg, models.ByteTokenizer())
+  assert task.train.get(289)[0].row["id"] == 289
+  with pytest.raises(data.RowError, match=r"train.jsonl:291: field 'prompt' must be a string"):
+    task.train.get(290)
+
+
+def test_held_out_fraction_never_trains_across_epochs(tmp_path):
+  cfg = _cfg(tmp_path, _rows(40), eval_fraction=0.25)
+  task = envs.make_rl_task(cfg, models.ByteTokenizer())
+  held = {task.held_out.get(j)[0].index for j in range(task.num_eval)}
+  assert task.num_eval == 4 and len(held) == 4
+  trained = [task.train.get(k)[0].index for k in range(90)]  # three epochs of the 30 train rows
+  assert not held & set(trained)
+  assert sorted(trained[:30]) == sorted(trained[30:60]) and trained[:30] != trained[30:60]
+  assert len(set(trained)) == 30
+
+
+def test_config_mistakes_are_named(tmp_path):
+  tok = models.ByteTokenizer()
+  with pytest.raises(ValueError, match="needs held-out rows for its evaluation"):
+    envs.make_rl_task(_cfg(tmp_path, _rows(4)), tok)
+  with pytest.raises(ValueError, match=r"data.chat = 'always' but the tokenizer has no chat template"):
+    envs.make_rl_task(_cfg(tmp_path, _rows(4), _rows(2), chat="always"), tok)
+  cfg = _cfg(tmp_path, _rows(4), _rows(2))
+  with pytest.raises(ValueError, match=r"sft.steps = 300 needs demonstrations: set data.demo_field"):
+    next(envs.make_rl_task(cfg, tok).sft_batches())
+  with pytest.raises(ValueError, match=r"task.options \{'x': 1\} are not read by task 'dataset'"):
+    envs.make_rl_task(dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, options={"x": 1})), tok)
+  with pytest.raises(ValueError, match=r"Unknown reward 'maths'"):
+    envs.make_rl_task(dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, fn="maths")), tok)
+  with pytest.raises(FileNotFoundError, match=r"Data file nowhere.jsonl \(= /.*nowhere.jsonl\) does not exist"):
+    envs.make_rl_task(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train="nowhere.jsonl")), tok)
+
+
+def test_sft_rows_are_prompt_demo_eos_with_the_demo_trained(tmp_path):
+  tok = models.ByteTokenizer()
+  rows = [{"prompt": f"{i}+1=", "answer": i + 1, "demo": str(i + 1)} for i in range(6)]
+  raw_cfg = _cfg(tmp_path, rows, rows[:2], demo_field="demo", shuffle=False)
+  cfg = dataclasses.replace(raw_cfg, sft=dataclasses.replace(raw_cfg.sft, batch_size=2))
+  batch = next(envs.make_rl_task(cfg, tok).sft_batches())
+  row = tok.encode("0+1=", add_bos=True) + tok.encode("1", add_bos=False) + [tok.eos_id]
+  assert batch["tokens"].shape == (2, 128 + 8)
+  assert list(batch["tokens"][0, :len(row)]) == row and batch["tokens"][0, len(row)] == tok.pad_id
+  trained = np.flatnonzero(batch["loss_mask"][0])
+  assert list(trained) == [len(row) - 3, len(row) - 2]  # targets "1" and EOS
+
+
+_USER_ENV = """
+class Counter:
+  \"\"\"Rewards each message with its count of distinct characters / 10; ends after `turns` messages.\"\"\"
+
+  def __init__(self, turns):
+    self.turns, self.seen = turns, 0
+
+  def reset(self, prompt):
+    return "\\n"
+
+  def step(self, message):
+    from rlax_post import envs
+    self.seen += 1
+    return envs.StepResult(observation="ok\\n", reward=len(set(message)) / 10, done=self.seen >= self.turns,
+                           info={})
+"""
+
+
+def test_rows_naming_an_env_run_episodes_scored_by_that_env(tmp_path):
+  """Multi-turn from data: rows name the tools env or a user's env from a file; the logged rows are episodes
+  (turn fields) whose reward is what a fresh env of the row gives their messages replayed."""
+  (tmp_path / "my_env.py").write_text(_USER_ENV)
+  user_env = {"name": f"{tmp_path}/my_env.py:Counter", "args": {"turns": 2}}
+  tools_env = {"name": "tools", "args": {"max_turns": 2}}
+  rows = [{"prompt": envs.tools.make_task_prompt(7, i, max_goals=1, include_tools=False),
+           "env": tools_env if i % 2 else user_env} for i in range(6)]
+  train, held = tmp_path / "t.jsonl", tmp_path / "e.jsonl"
+  data.write_jsonl(str(train), rows[:4])
+  data.write_jsonl(str(held), rows[4:])
+  cfg = config.load({
+      "task": {"name": "dataset", "num_eval": 2},
+      "data": {"train": str(train), "eval": str(held), "answer_field": None, "env_field": "env",
+               "max_prompt_tokens": 160, "shuffle": False},
+      "model": {"preset": "micro", "max_seq_len": 208}, "sft": {"steps": 0},
+      "rl": {"steps": 1, "prompts_per_step": 2, "samples_per_prompt": 4, "max_new_tokens": 48},
+      "eval": {"every": 0, "batch_size": 8},
+      "runtime": {"progress": False, "tensorboard": False, "plot": False}})
+  workdir = str(tmp_path / "run")
+  runtime.train(cfg, workdir, quiet=True)
+  tok = models.ByteTokenizer()
+  logged = [row for _, group in _rowlog.RolloutLog(workdir).rows(1) for row in group]
+  assert len(logged) == 8 and {int(r["data_row"]) if "data_row" in r else None for r in logged} == {None}
+  kinds = []
+  for row in logged:
+    assert all(f in row for f in envs.TURN_FIELDS) and len(row["turn_starts"]) >= 1
+    prompt_text = tok.decode([int(t) for t in row["prompt"]][1:])
+    is_tools = "Counter" not in prompt_text and rows[int(row["ticket"])]["env"]["name"] == "tools"
+    kinds.append(is_tools)
+    replay = envs.tools.ToolEnv(sleep=False, max_turns=2) if is_tools else None
+    if replay is not None:
+      replay.reset(prompt_text.rstrip("\n"))
+    # An unfinished episode's last message was cut by the sequence budget: the env never saw it.
+    spans = list(zip(row["turn_starts"], row["turn_ends"]))[:None if row["finished"] else -1]
+    per_turn = []
+    for start, end in spans:
+      message = tok.decode([int(t) for t in row["tokens"][start:end]])
+      per_turn.append(replay.step(message).reward if is_tools else len(set(message)) / 10)
+    np.testing.assert_allclose(row["turn_rewards"][:len(per_turn)], per_turn, atol=1e-6)
+    assert float(row["reward"]) == pytest.approx(sum(per_turn), abs=1e-6)
+  assert sorted(kinds) == [False] * 4 + [True] * 4  # ticket 0: the user's env, ticket 1: the tools env
+  assert any(float(row["reward"]) > 0 for row in logged)

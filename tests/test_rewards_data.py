@@ -1,0 +1,196 @@
+"""The dataset task's rewards: maths answer matching on adversarial strings, the built-ins, functions named
+in a config (`Scorer`) and their threaded runner (errors, timeouts)."""
+
+from fractions import Fraction
+import logging
+import textwrap
+import threading
+import time
+
+import pytest
+
+from rlax_post import rewards
+
+
+def _sample(completion, answer=None, ids=(), **kw):
+  return rewards.Sample(prompt="p", prompt_text="p", completion=completion, completion_ids=tuple(ids),
+                        answer=answer, where="f.jsonl:3", **kw)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("The answer is 1,234.", "1,234"),
+    ("so \\boxed{\\frac{1}{2}} done", "\\frac{1}{2}"),
+    ("first \\boxed{3} then \\boxed{4}", "4"),
+    ("\\boxed{\\text{(A)}}", "\\text{(A)}"),
+    ("\\boxed{} and 7", "7"),  # an empty box is no answer: the last number
+    ("\\boxed{12", "12"),  # unclosed: the last number
+    ("work...\n#### 1,000,000\n", "1,000,000"),
+    ("Final answer: -3/4", "-3/4"),
+    ("12 apples and 13 oranges", "13"),
+    ("1,2,3", "3"),  # not a thousands-grouped number: three numbers
+    ("5-3 = 2", "2"),
+    ("x2 y", None),  # a digit inside a word is no number
+    ("\u22127", "-7"),
+    ("no numbers at all", None),
+    ("", None),
+])
+def test_extract_answer(text, expected):
+  assert rewards.extract_answer(text) == expected
+
+
+@pytest.mark.parametrize("s, expected", [
+    ("42", Fraction(42)), ("-0.50", Fraction(-1, 2)), ("1,234,567", Fraction(1234567)),
+    ("$1,299.99", Fraction(129999, 100)), ("\\frac{3}{4}", Fraction(3, 4)), ("\\dfrac{-6}{8}", Fraction(-3, 4)),
+    ("3 / 4", Fraction(3, 4)), ("50%", Fraction(50)), ("72 dollars", Fraction(72)), (".5", Fraction(1, 2)),
+    ("1e3", 1000.0), ("\\$ 5", Fraction(5)), ("1/0", None), ("12,34", None), ("abc", None), ("3 + 4", None),
+    ("\\text{7}", Fraction(7)),
+])
+def test_parse_number(s, expected):
+  got = rewards.parse_number(s)
+  assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.parametrize("a, b, same", [
+    ("-0.50", "-1/2", True), ("\\frac{1}{2}", "0.5", True), ("1,234", "1234", True), ("72 dollars", "72", True),
+    ("(A)", "(a)", True), ("3.14159", "3.1416", False), ("0.1", "0.1000000001", True), ("7", "-7", False),
+    (None, "3", False), ("x + 1", "x+1", True),
+])
+def test_answers_match(a, b, same):
+  assert rewards.answers_match(a, b) is same
+
+
+def test_math_reward_reads_references_of_every_kind():
+  assert rewards.math_answer(_sample("so it is 19", answer=19)) == 1.0
+  assert rewards.math_answer(_sample("so it is 19", answer="Add them: 12+7=19\n#### 19")) == 1.0
+  assert rewards.math_answer(_sample("\\boxed{0.25}", answer="\\boxed{\\frac{1}{4}}")) == 1.0
+  assert rewards.math_answer(_sample("it is 20", answer=19.0)) == 0.0
+  with pytest.raises(ValueError, match=r"f.jsonl:3: the reward 'math' needs a reference answer"):
+    rewards.math_answer(_sample("7", answer=None))
+
+
+def test_builtin_exact_regex_length():
+  b = rewards.BUILTINS
+  assert b["exact"](_sample(" Paris\n", answer="Paris")) == 1.0
+  assert b["exact"](_sample("paris", answer="Paris")) == 0.0
+  assert b["exact"](_sample("paris", answer="Paris"), ignore_case=True) == 1.0
+  fmt = r"<think>.*</think>\s*<answer>.*</answer>"
+  assert b["regex"](_sample("<think>a\nb</think> <answer>3</answer>"), pattern=fmt) == 1.0
+  assert b["regex"](_sample("<answer>3</answer>"), pattern=fmt) == 0.0
+  assert b["regex"](_sample("x <answer>3</answer>"), pattern="<answer>.*</answer>", full=True) == 0.0
+  length = lambda n: b["length"](_sample("", ids=range(n)), max_tokens=10, buffer=4)
+  assert [length(n) for n in (0, 6, 7, 8, 10, 11)] == [0.0, 0.0, -0.25, -0.5, -1.0, -1.0]
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+  path = tmp_path / "my_rewards.py"
+  path.write_text(textwrap.dedent("""
+      def parts(sample, *, bonus=0.0):
+        return {"correct": float(sample.completion == "ok"), "brevity": 0.5, "total": 2.0 + bonus}
+      def plain(sample):
+        return len(sample.completion)
+      def summed(sample):
+        return {"a": 1, "b": True}
+      def bad_type(sample):
+        return "1.0"
+      def nan(sample):
+        return float("nan")
+      def boom(sample):
+        raise KeyError("no such field")
+      CONSTANT = 3
+  """))
+  monkeypatch.chdir(tmp_path)
+  return "my_rewards.py"
+
+
+def test_scorer_combines_functions_with_weights_and_components(user_module):
+  scorer = rewards.Scorer([f"{user_module}:parts", f"{user_module}:plain", "exact"], [1.0, 0.5, 2.0],
+                          {f"{user_module}:parts": {"bonus": 1.0}})
+  assert scorer.names == ("parts", "plain", "exact")
+  got = scorer(_sample("ok", answer="ok"))
+  assert got.total == pytest.approx(3.0 + 0.5 * 2 + 2.0 * 1.0)
+  assert got.components == {"reward/parts/correct": 1.0, "reward/parts/brevity": 0.5, "reward/parts": 3.0,
+                            "reward/plain": 2.0, "reward/exact": 1.0}
+  summed = rewards.Scorer([f"{user_module}:summed"])(_sample("x"))
+  assert summed.total == 2.0 and summed.components["reward/summed/b"] == 1.0
+
+
+def test_scorer_loads_by_import_path(user_module, monkeypatch):
+  monkeypatch.syspath_prepend(".")
+  assert rewards.Scorer(["my_rewards:plain"])(_sample("abc")).total == 3.0
+
+
+@pytest.mark.parametrize("spec, error, message", [
+    ("mth", ValueError, r"Unknown reward 'mth'; expected a built-in \(\['exact', 'length', 'math', 'regex'\]\)"),
+    ("no_such_pkg.mod:f", ValueError, r"cannot import 'no_such_pkg.mod'.*'path/to/file.py:function'"),
+    ("missing.py:f", FileNotFoundError, r"no file '.*missing.py' \(relative paths are read from"),
+    ("my_rewards.py:nope", ValueError, r"has no 'nope'; its callables: \['bad_type', 'boom', 'nan'"),
+    ("my_rewards.py:CONSTANT", ValueError, r"is a int, not a function"),
+])
+def test_scorer_names_bad_functions(user_module, spec, error, message):
+  with pytest.raises(error, match=message):
+    rewards.Scorer([spec])
+
+
+def test_scorer_checks_options_weights_and_names(user_module):
+  with pytest.raises(ValueError, match=r"cannot be called as fn\(sample, \*\*\{'bonsu': 1\}\)"):
+    rewards.Scorer([f"{user_module}:parts"], options={f"{user_module}:parts": {"bonsu": 1}})
+  with pytest.raises(ValueError, match=r"reward options for \['math'\], which are not among"):
+    rewards.Scorer(["exact"], options={"math": {}})
+  with pytest.raises(ValueError, match=r"2 reward weights \[1.0, 2.0\] for 1 functions"):
+    rewards.Scorer(["exact"], [1.0, 2.0])
+  with pytest.raises(ValueError, match="share a name"):
+    rewards.Scorer(["exact", "exact"])
+
+
+@pytest.mark.parametrize("fn, message", [
+    ("bad_type", r"reward 'bad_type' returned '1.0' \(str\); expected a number"),
+    ("nan", r"reward 'nan' returned nan; rewards must be finite"),
+    ("boom", r"no such field"),
+])
+def test_scorer_bad_returns_raise(user_module, fn, message):
+  with pytest.raises(Exception, match=message):
+    rewards.Scorer([f"{user_module}:{fn}"])(_sample("x"))
+
+
+def _drain(runner, n, timeout=10.0):
+  out, deadline = [], time.monotonic() + timeout
+  while len(out) < n and time.monotonic() < deadline:
+    out += runner.poll(wait_s=0.05)
+  return {r.key: r for r in out}
+
+
+def test_runner_defaults_failures_logs_once_and_counts(user_module, caplog):
+  scorer = rewards.Scorer([f"{user_module}:boom"])
+  runner = rewards.RewardRunner(scorer, workers=2, default=-1.0)
+  with caplog.at_level(logging.WARNING, logger="rlax_post.rewards"):
+    for k in range(4):
+      runner.submit(k, _sample("x"))
+    got = _drain(runner, 4)
+  runner.close()
+  assert sorted(got) == [0, 1, 2, 3] and runner.errors == 4 and runner.pending == 0
+  assert all(r.scored.total == -1.0 and r.scored.components == {} for r in got.values())
+  assert all(r.error == "KeyError: 'no such field'" for r in got.values())
+  logged = [r for r in caplog.records if "A reward call failed" in r.getMessage()]
+  assert len(logged) == 1 and "Traceback" in logged[0].getMessage() and "f.jsonl:3" in logged[0].getMessage()
+
+
+def test_runner_times_out_hung_calls_and_keeps_going():
+  release = threading.Event()
+
+  def scorer(sample):
+    if sample.completion == "hang":
+      release.wait(30)
+    return rewards.Scored(total=float(len(sample.completion)), components={"reward/len": 1.0})
+
+  runner = rewards.RewardRunner(scorer, workers=1, timeout_s=0.2, default=0.5)
+  runner.submit("a", _sample("hang"))
+  runner.submit("b", _sample("hang"))
+  runner.submit("c", _sample("four"))
+  got = _drain(runner, 3)
+  release.set()
+  runner.close()
+  assert sorted(got) == ["a", "b", "c"]
+  assert got["a"].scored.total == got["b"].scored.total == 0.5 and "TimeoutError" in got["a"].error
+  assert got["c"].scored.total == 4.0 and got["c"].error is None  # A fresh worker replaced each hung one.
+  assert runner.errors == 2
