@@ -36,9 +36,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 env_field=config_dict.placeholder(str), system_prompt=config_dict.placeholder(str), chat="auto",
                 chat_template=config_dict.placeholder(str), max_prompt_tokens=16, too_long="skip",
                 bad_rows="error", shuffle=True)
-  # Built-ins ("math", "exact", "regex", "length") or your own functions, comma-separated, with weights.
-  c.reward = dict(fn="examples/arith/reward.py:score", weights=(), options=dict(), default=0.0, timeout_s=10.0,
-                  workers=8)
+  # Built-ins ("math", "exact", "regex", "length") or your own functions, comma-separated, with weights;
+  # options are keyword arguments per function, keyed by its name.
+  c.reward = dict(fn="examples/arith/reward.py:score", weights=(), options=dict(score=dict(format_weight=0.1)),
+                  default=0.0, timeout_s=10.0, workers=8)
   c.model = dict(preset="tiny", overrides=dict(), vocab_multiple=8, max_seq_len=32,
                  hf_path=config_dict.placeholder(str))
   c.mesh = dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1, rules=())

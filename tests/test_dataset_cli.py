@@ -46,15 +46,17 @@ def _metrics(workdir):
 def test_byte_tokenizer_run_logs_each_reward_component(tmp_path):
   data_dir = _make_data(str(tmp_path / "arith"))
   workdir = str(tmp_path / "run")
-  done = _train("tiny", data_dir, workdir)
+  done = _train("tiny", data_dir, workdir, "--config.reward.options.score.format_weight=0.5")
   assert done.returncode == 0, done.stderr[-3000:]
   rl = [r for r in _metrics(workdir) if r.get("phase") == "rl"]
   assert [r["step"] for r in rl] == [1, 2, 3]
   for r in rl:
     assert r["reward_errors"] == 0 and r["data_skipped"] == 0 and r["data_truncated"] == 0
-    # The user's total is correct + 0.1 · format, and every component is its own metric.
-    assert r["reward/score"] == pytest.approx(r["reward/score/correct"] + 0.1 * r["reward/score/format"])
+    # The user's total is correct + format_weight · format, and every component is its own metric.
+    assert r["reward/score"] == pytest.approx(r["reward/score/correct"] + 0.5 * r["reward/score/format"])
     assert r["reward_mean"] == pytest.approx(r["reward/score"], abs=1e-6)
+  with open(os.path.join(workdir, "config.json")) as f:
+    assert json.load(f)["reward"]["options"] == {"score": {"format_weight": 0.5}}
   with open(os.path.join(workdir, "summary.json")) as f:
     summary = json.load(f)
   assert summary["rl_steps_done"] == 3 and math.isfinite(summary["final_eval_reward"])

@@ -105,7 +105,7 @@ def user_module(tmp_path, monkeypatch):
 
 def test_scorer_combines_functions_with_weights_and_components(user_module):
   scorer = rewards.Scorer([f"{user_module}:parts", f"{user_module}:plain", "exact"], [1.0, 0.5, 2.0],
-                          {f"{user_module}:parts": {"bonus": 1.0}})
+                          {"parts": {"bonus": 1.0}})
   assert scorer.names == ("parts", "plain", "exact")
   got = scorer(_sample("ok", answer="ok"))
   assert got.total == pytest.approx(3.0 + 0.5 * 2 + 2.0 * 1.0)
@@ -134,8 +134,8 @@ def test_scorer_names_bad_functions(user_module, spec, error, message):
 
 def test_scorer_checks_options_weights_and_names(user_module):
   with pytest.raises(ValueError, match=r"cannot be called as fn\(sample, \*\*\{'bonsu': 1\}\)"):
-    rewards.Scorer([f"{user_module}:parts"], options={f"{user_module}:parts": {"bonsu": 1}})
-  with pytest.raises(ValueError, match=r"reward options for \['math'\], which are not among"):
+    rewards.Scorer([f"{user_module}:parts"], options={"parts": {"bonsu": 1}})
+  with pytest.raises(ValueError, match=r"reward options for \['math'\], which are not among the reward functions' names \['exact'\]"):
     rewards.Scorer(["exact"], options={"math": {}})
   with pytest.raises(ValueError, match=r"2 reward weights \[1.0, 2.0\] for 1 functions"):
     rewards.Scorer(["exact"], [1.0, 2.0])

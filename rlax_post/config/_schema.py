@@ -63,7 +63,7 @@ class RewardSection:
   "file.py:function", comma-separated, combined with `weights`."""
   fn: str = "math"
   weights: tuple = ()  # one per function; empty: 1 each
-  options: dict = dataclasses.field(default_factory=dict)  # {function as written in `fn`: {keyword: value}}
+  options: dict = dataclasses.field(default_factory=dict)  # {function's name: {keyword: value}}
   default: float = 0.0  # the reward of a sample whose function raised or timed out (counted: reward_errors)
   timeout_s: float = bounded(0.0, low=0.0)  # longest a call may run; 0: no limit
   workers: int = bounded(8, low=1)  # threads scoring samples while decoding goes on

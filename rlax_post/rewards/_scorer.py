@@ -105,7 +105,8 @@ class Scorer:
   Args:
     specs: the functions (module docstring), at least one.
     weights: one per function; empty: 1 each.
-    options: keyword options per function, keyed by the spec as written.
+    options: keyword options per function, keyed by its name (the built-in name, or the function's own name:
+      `score` for "my_rewards.py:score"; config keys cannot hold the dots of a path).
   """
 
   def __init__(self, specs: Sequence[str], weights: Sequence[float] = (), options: Mapping[str, Mapping] = ()):
@@ -115,13 +116,16 @@ class Scorer:
       raise ValueError("No reward function given; name at least one (e.g. reward.fn = 'math').")
     if weights and len(weights) != len(specs):
       raise ValueError(f"{len(weights)} reward weights {list(weights)} for {len(specs)} functions {specs}.")
-    unknown = sorted(set(options) - set(specs))
+    loaded = [load_callable(spec) for spec in specs]
+    names = [name for name, _ in loaded]
+    if len(set(names)) != len(names):
+      raise ValueError(f"Reward functions {specs} share a name ({names}); each needs its own.")
+    unknown = sorted(set(options) - set(names))
     if unknown:
-      raise ValueError(f"reward options for {unknown}, which are not among the reward functions {specs}.")
+      raise ValueError(f"reward options for {unknown}, which are not among the reward functions' names {names}.")
     fns = []
-    for spec, weight in zip(specs, weights or [1.0] * len(specs)):
-      name, fn = load_callable(spec)
-      kwargs = dict(options.get(spec, {}))
+    for spec, (name, fn), weight in zip(specs, loaded, weights or [1.0] * len(specs)):
+      kwargs = dict(options.get(name, {}))
       try:
         inspect.signature(fn).bind(_PROBE, **kwargs)
       except TypeError as e:
@@ -129,9 +133,6 @@ class Scorer:
       except ValueError:  # Builtins without a signature: found out at the first call.
         pass
       fns.append(_Fn(name, fn, float(weight), kwargs))
-    names = [f.name for f in fns]
-    if len(set(names)) != len(names):
-      raise ValueError(f"Reward functions {specs} share a name ({names}); each needs its own.")
     self.fns = tuple(fns)
 
   @property
