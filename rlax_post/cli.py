@@ -27,6 +27,7 @@ from ml_collections import config_dict
 from ml_collections import config_flags
 
 from rlax_post import config as config_lib
+from rlax_post import models
 from rlax_post import runtime
 from rlax_post import sampler
 from rlax_post import sweep
@@ -54,6 +55,8 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "learner, replay
                                    "multi-process learner.")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "learner, replay: processes of the learner.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "learner, replay: this process's index (0 .. N-1).")
+_GGUF = flags.DEFINE_string("gguf", None, "convert: a GGUF model file (llama.cpp).")
+_OUT = flags.DEFINE_string("out", None, "convert: the Hugging Face checkpoint directory to write.")
 
 _MULTIHOST = ("coordinator_address", "num_processes", "process_id")
 # Per command: its usage, one line on what it does, and the flags it reads (`--help` shows only those, not
@@ -79,6 +82,9 @@ _COMMANDS = {
     "sweep": ("--config FILE[:variant] [--config.a.b=value ...] --workdir ROOT [--parallel N]",
               "Run a config's work units (get_sweep) as local `train` processes; print their table.",
               ("config", "workdir", "parallel", "pin_cpus", "share_warm_start", "json", "quiet")),
+    "convert": ("--gguf FILE --out DIR",
+                "Write a GGUF model (llama.cpp) as a Hugging Face checkpoint directory for model.hf_path.",
+                ("gguf", "out", "quiet")),
 }
 COMMANDS = tuple(_COMMANDS)
 _HELP = ("--help", "-h", "-help", "--helpshort")
@@ -334,8 +340,20 @@ def _serve(argv):
   server.wait_for_termination()
 
 
+def _convert(argv):
+  del argv
+  path = _required(_GGUF, "a GGUF model file, e.g. --gguf SmolLM2-135M-Instruct.Q4_1.gguf")
+  _readable_file(path, "--gguf", "path/to/model.gguf")
+  out = _writable_dir(_required(_OUT, "the directory to write the Hugging Face checkpoint to"), "--out")
+  config = models.convert_gguf(path, out)
+  if not _QUIET.value:
+    print(f"Wrote {config['architectures'][0]} ({config['num_hidden_layers']} layers, width "
+          f"{config['hidden_size']}, vocab {config['vocab_size']}) to {out}; train it with "
+          f"--config.model.hf_path={out}")
+
+
 _HANDLERS = {"train": _train, "check-config": _check_config, "serve": _serve, "learner": _learner,
-             "sampler": _sampler, "replay": _replay, "sweep": _sweep}
+             "sampler": _sampler, "replay": _replay, "sweep": _sweep, "convert": _convert}
 
 
 def _run(command: str, handler, args):

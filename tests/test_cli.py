@@ -17,7 +17,7 @@ from rlax_post import cli
 _ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEMO = os.path.join(_ROOT, "configs", "demo.py")
-_COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay", "sweep")
+_COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay", "sweep", "convert")
 _IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
@@ -62,9 +62,10 @@ _OWN_FLAGS = {
     "serve": ("--checkpoint", "--port", "--host", "--temperature", "--slots"),
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
     "replay": ("--workdir",), "sweep": ("--config", "--workdir", "--parallel", "--json"),
+    "convert": ("--gguf", "--out"),
 }
 _OTHER_FLAGS = {"train": "--port", "check-config": "--workdir", "serve": "--workdir", "learner": "--index",
-                "sampler": "--config", "replay": "--parallel", "sweep": "--checkpoint"}
+                "sampler": "--config", "replay": "--parallel", "sweep": "--checkpoint", "convert": "--workdir"}
 
 
 @pytest.mark.parametrize("command", _COMMANDS)
@@ -85,7 +86,8 @@ def test_unknown_command_lists_the_valid_ones():
   assert out.returncode == 2 and "Traceback" not in out.stderr
   assert out.stderr.strip() == (
       "rlax-post: error: unknown command 'tran' (did you mean 'train'?); valid commands: ['train', "
-      "'check-config', 'serve', 'learner', 'sampler', 'replay', 'sweep']; `rlax-post --help` describes them.")
+      "'check-config', 'serve', 'learner', 'sampler', 'replay', 'sweep', 'convert']; `rlax-post --help` describes "
+      "them.")
 
 
 # --- Config values and keys ---

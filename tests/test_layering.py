@@ -326,7 +326,7 @@ def test_the_doc_table_reads_as_decided():
   layers = read_layers((ROOT / DOC).read_text())
   assert layers["learner"] == {"models", "losses", "sharding"}
   assert layers["config"] == frozenset() and layers["models"] == {"sharding"}
-  assert layers["cli"] == {"runtime", "sweep", "config", "sampler"}
+  assert layers["cli"] == {"runtime", "sweep", "config", "sampler", "models"}
   assert layers["benchmarks"] is ANY
   assert len(layers) == 18
 

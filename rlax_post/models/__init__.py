@@ -14,6 +14,9 @@ from rlax_post.models._functional import forward
 from rlax_post.models._functional import init_params
 from rlax_post.models._functional import logprobs_from_logits
 from rlax_post.models._functional import token_logprobs
+from rlax_post.models._gguf import ARCHITECTURES as GGUF_ARCHITECTURES
+from rlax_post.models._gguf import convert_gguf
+from rlax_post.models._gguf import TENSOR_TYPES as GGUF_TENSOR_TYPES
 from rlax_post.models._hf import ARCHITECTURES as HF_ARCHITECTURES
 from rlax_post.models._hf import config_from_hf
 from rlax_post.models._hf import export_hf
@@ -33,9 +36,12 @@ __all__ = [
     "abstract_params",
     "ByteTokenizer",
     "config_from_hf",
+    "convert_gguf",
     "export_hf",
     "entropy_from_logits",
     "forward",
+    "GGUF_ARCHITECTURES",
+    "GGUF_TENSOR_TYPES",
     "HF_ARCHITECTURES",
     "HFTokenizer",
     "init_cache",

@@ -1,0 +1,230 @@
+"""GGUF (llama.cpp) files → Hugging Face checkpoint directories that `model.hf_path` loads.
+
+`convert_gguf(gguf_path, out_dir)` writes `config.json`, `model.safetensors` (float32),
+`tokenizer.json`, `tokenizer_config.json` (special tokens, `add_bos_token`, the chat template) and
+`generation_config.json`. It reads the file with the `gguf` package (numpy only):
+
+  architectures  `llama` → LlamaForCausalLM, `qwen2` → Qwen2ForCausalLM (`ARCHITECTURES`)
+  tensor types   F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K (`TENSOR_TYPES`), dequantised
+                 to float32 by `gguf.quants`
+  vocabularies   `gpt2` (byte-level BPE: tokens + merges, the pre-tokenizer `tokenizer.ggml.pre` names) and
+                 `llama` (SentencePiece: tokens + scores, byte fallback; merges follow the scores)
+
+llama.cpp's converter permutes the rows of Llama's Q and K projections (its RoPE pairs adjacent dimensions,
+Hugging Face's the two halves of each head); `_unpermute` undoes it. Qwen2 files keep Hugging Face's order.
+Anything else (another architecture, a tensor type, an unknown tensor, RoPE frequency tensors) raises
+ValueError naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import gguf
+import numpy as np
+import safetensors.numpy
+import tokenizers
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_T = gguf.GGMLQuantizationType
+TENSOR_TYPES = tuple(_T[n] for n in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K",
+                                     "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+_LAYER = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+          "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+          "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+          "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+          "attn_v.bias": "self_attn.v_proj.bias", "ffn_gate.weight": "mlp.gate_proj.weight",
+          "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight"}
+# Pre-tokenizer splits of byte-level vocabularies, by `tokenizer.ggml.pre` (llama.cpp's llama-vocab.cpp).
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_SPLITS = {"default": [_GPT2_SPLIT], "gpt-2": [_GPT2_SPLIT], "smollm": [r"\p{N}", _GPT2_SPLIT],
+           "llama3": [_LLAMA3_SPLIT], "llama-bpe": [_LLAMA3_SPLIT], "llama-v3": [_LLAMA3_SPLIT],
+           "qwen2": [_QWEN2_SPLIT], "deepseek-r1-qwen": [_QWEN2_SPLIT]}
+_CONTROL, _USER_DEFINED, _BYTE, _UNKNOWN = 3, 4, 6, 2
+
+
+def _fields(reader: gguf.GGUFReader) -> dict[str, Any]:
+  return {name: field.contents() for name, field in reader.fields.items()}
+
+
+def _need(meta: dict, key: str, path: str):
+  if key not in meta:
+    raise ValueError(f"{path}: no metadata {key!r}; is this a complete GGUF model file?")
+  return meta[key]
+
+
+def hf_config(meta: dict, path: str, *, tied: bool) -> dict:
+  """config.json of the file's model (Llama or Qwen2)."""
+  arch = _need(meta, "general.architecture", path)
+  if arch not in ARCHITECTURES:
+    raise ValueError(f"{path}: architecture {arch!r} is not supported; supported: {sorted(ARCHITECTURES)}.")
+  key = lambda k: _need(meta, f"{arch}.{k}", path)
+  if meta.get(f"{arch}.rope.scaling.type", "none") not in ("none",):
+    raise ValueError(f"{path}: RoPE scaling {meta[f'{arch}.rope.scaling.type']!r} is not supported.")
+  heads, d = int(key("attention.head_count")), int(key("embedding_length"))
+  tokens = _need(meta, "tokenizer.ggml.tokens", path)
+  config = {
+      "architectures": [ARCHITECTURES[arch]], "model_type": arch, "hidden_size": d,
+      "intermediate_size": int(key("feed_forward_length")), "num_hidden_layers": int(key("block_count")),
+      "num_attention_heads": heads, "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+      "head_dim": int(meta.get(f"{arch}.rope.dimension_count", d // heads)),
+      "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
+      "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+      "max_position_embeddings": int(key("context_length")),
+      "vocab_size": int(meta.get(f"{arch}.vocab_size", len(tokens))), "tie_word_embeddings": tied,
+      "hidden_act": "silu", "torch_dtype": "float32",
+  }
+  if arch == "llama":
+    config.update(attention_bias=False, mlp_bias=False)
+  for name in ("bos", "eos", "padding"):
+    if f"tokenizer.ggml.{name}_token_id" in meta:
+      config[f"{'pad' if name == 'padding' else name}_token_id"] = int(meta[f"tokenizer.ggml.{name}_token_id"])
+  return config
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+  """Inverse of llama.cpp's `permute`: each head's rows interleaved in pairs (H/2, 2) back to Hugging Face's
+  two halves (2, H/2)."""
+  rows = w.shape[0]
+  return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _hf_name(name: str, path: str) -> str:
+  if name in _GLOBAL:
+    return _GLOBAL[name]
+  parts = name.split(".", 2)
+  if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER:
+    return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}"
+  raise ValueError(f"{path}: tensor {name!r} has no Hugging Face name (not a Llama / Qwen2 tensor we know; "
+                   "RoPE frequency tensors such as Llama 3.1's rope_freqs are not supported).")
+
+
+def dequantize(tensor, path: str) -> np.ndarray:
+  """A GGUF tensor as float32 in Hugging Face's [out, in] layout."""
+  if tensor.tensor_type not in TENSOR_TYPES:
+    raise ValueError(f"{path}: tensor {tensor.name!r} is {tensor.tensor_type.name}; supported types: "
+                     f"{[t.name for t in TENSOR_TYPES]}.")
+  values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+  shape = tuple(int(n) for n in reversed(tensor.shape))  # GGUF lists ne0 (the contiguous axis) first.
+  return np.ascontiguousarray(values.reshape(shape), dtype=np.float32)
+
+
+def convert_tensors(reader: gguf.GGUFReader, meta: dict, path: str) -> dict[str, np.ndarray]:
+  arch = meta["general.architecture"]
+  heads = int(meta[f"{arch}.attention.head_count"])
+  kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
+  out = {}
+  for tensor in reader.tensors:
+    name = _hf_name(tensor.name, path)
+    w = dequantize(tensor, path)
+    if arch == "llama" and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
+      w = _unpermute(w, heads)
+    elif arch == "llama" and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
+      w = _unpermute(w, kv_heads)
+    out[name] = w
+  return out
+
+
+def _bpe_merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+  """SentencePiece BPE merges: every split of a token into two tokens, the higher-scoring merged token first
+  (SentencePiece merges the pair whose result scores highest)."""
+  vocab = {t: i for i, t in enumerate(tokens)}
+  merges = []
+  for token, score in zip(tokens, scores):
+    for i in range(1, len(token)):
+      left, right = token[:i], token[i:]
+      if left in vocab and right in vocab:
+        merges.append((-score, vocab[left], vocab[right], left, right))
+  merges.sort()
+  return [(left, right) for _, _, _, left, right in merges]
+
+
+def _special(tokens, types) -> list[tokenizers.AddedToken]:
+  return [tokenizers.AddedToken(t, special=ty == _CONTROL, normalized=False)
+          for t, ty in zip(tokens, types) if ty in (_CONTROL, _USER_DEFINED)]
+
+
+def build_tokenizer(meta: dict, path: str) -> tokenizers.Tokenizer:
+  """The file's vocabulary as a `tokenizers.Tokenizer` (module docstring)."""
+  model = _need(meta, "tokenizer.ggml.model", path)
+  tokens = list(_need(meta, "tokenizer.ggml.tokens", path))
+  types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+  if model == "gpt2":
+    merges = [tuple(m.split(" ", 1)) for m in _need(meta, "tokenizer.ggml.merges", path)]
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                                                     ignore_merges=False))
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in _SPLITS:
+      raise ValueError(f"{path}: pre-tokenizer {pre!r} is not supported; supported: {sorted(_SPLITS)}.")
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Sequence(
+        [tokenizers.pre_tokenizers.Split(tokenizers.Regex(r), behavior="isolated") for r in _SPLITS[pre]]
+        + [tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = tokenizers.decoders.ByteLevel()
+  elif model == "llama":
+    scores = list(_need(meta, "tokenizer.ggml.scores", path))
+    unk = tokens[int(meta.get("tokenizer.ggml.unknown_token_id", 0))]
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(
+        vocab={t: i for i, t in enumerate(tokens)}, merges=_bpe_merges_from_scores(tokens, scores),
+        unk_token=unk, fuse_unk=True, byte_fallback=True))
+    prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    # As transformers builds Llama tokenizers: spaces become "▁", one is prepended unless the text starts
+    # with one (llama.cpp always prepends it: " x" differs there by one leading "▁").
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace(
+        replacement="▁", prepend_scheme="first" if prefix else "never", split=False)
+    decoders = [tokenizers.decoders.Replace("▁", " "), tokenizers.decoders.ByteFallback(),
+                tokenizers.decoders.Fuse()]
+    if prefix:
+      decoders.append(tokenizers.decoders.Strip(content=" ", left=1, right=0))
+    tok.decoder = tokenizers.decoders.Sequence(decoders)
+  else:
+    raise ValueError(f"{path}: tokenizer model {model!r} is not supported; supported: ['gpt2', 'llama'].")
+  tok.add_tokens(_special(tokens, types))
+  return tok
+
+
+def tokenizer_config(meta: dict, path: str) -> dict:
+  tokens = _need(meta, "tokenizer.ggml.tokens", path)
+  out = {"add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", meta["tokenizer.ggml.model"] == "llama")),
+         "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+         "clean_up_tokenization_spaces": False,
+         "model_max_length": int(meta.get(f"{meta['general.architecture']}.context_length", 2048))}
+  for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("pad_token", "padding"), ("unk_token", "unknown")):
+    if f"tokenizer.ggml.{key}_token_id" in meta:
+      out[name] = tokens[int(meta[f"tokenizer.ggml.{key}_token_id"])]
+  if "tokenizer.chat_template" in meta:
+    out["chat_template"] = meta["tokenizer.chat_template"]
+  return out
+
+
+def convert_gguf(gguf_path: str, out_dir: str) -> dict:
+  """Writes the HF checkpoint directory of a GGUF file (module docstring; weights in float32: a run casts them
+  with `model.overrides.param_dtype`); returns its config.json."""
+  if not os.path.isfile(gguf_path):
+    raise FileNotFoundError(f"GGUF file {gguf_path!r} does not exist (relative paths start at {os.getcwd()}).")
+  try:
+    reader = gguf.GGUFReader(gguf_path)
+  except (ValueError, OSError) as e:
+    raise ValueError(f"{gguf_path} is not a readable GGUF file ({e}).") from None
+  meta = _fields(reader)
+  names = {t.name for t in reader.tensors}
+  config = hf_config(meta, gguf_path, tied="output.weight" not in names)
+  tok = build_tokenizer(meta, gguf_path)  # Before the tensors: a bad vocabulary fails fast.
+  tensors = convert_tensors(reader, meta, gguf_path)
+  os.makedirs(out_dir, exist_ok=True)
+  safetensors.numpy.save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+  tok.save(os.path.join(out_dir, "tokenizer.json"))
+  files = {"config.json": config, "tokenizer_config.json": tokenizer_config(meta, gguf_path),
+           "generation_config.json": {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+                                      if k in config}}
+  for name, content in files.items():
+    with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
+      json.dump(content, f, indent=2, ensure_ascii=False)
+  return config
