@@ -21,6 +21,8 @@ from rlax_post.models._hf import load_hf
 from rlax_post.models._hf import read_hf_config
 from rlax_post.models._hf_tokenizer import HFTokenizer
 from rlax_post.models._tokenizer import ByteTokenizer
+from rlax_post.models._transformer import cache_axes
+from rlax_post.models._transformer import grow_cache
 from rlax_post.models._transformer import init_cache
 from rlax_post.models._transformer import KVCache
 from rlax_post.models._transformer import Transformer
@@ -30,6 +32,7 @@ __all__ = [
     "activation_constraints",
     "CACHE_LBSKH",
     "abstract_params",
+    "cache_axes",
     "ByteTokenizer",
     "config_from_hf",
     "export_hf",
@@ -37,6 +40,7 @@ __all__ = [
     "forward",
     "HF_ARCHITECTURES",
     "HFTokenizer",
+    "grow_cache",
     "init_cache",
     "init_params",
     "KVCache",
