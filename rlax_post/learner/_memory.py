@@ -29,11 +29,11 @@ Components (bytes per device):
   kv_cache    the samplers' decode state: `kv_slots` rows × `kv_len` positions of K and V for every layer
               ([L, slots, S, K, H] × 2 in the activation dtype; a sliding-window layer's ring keeps
               `model_cfg.ring_length(kv_len)` positions instead, `models.init_cache`) plus float32 logits
-              [slots, V], sharded as the engine shards them (`sampler.RlaxEngine`): the cache by `models.CACHE_LBSKH` (slots over
-              the mesh axes of 'batch', KV heads over those of 'kv_heads': data × fsdp and tensor with the
-              default rules), the logits by slot only. Slots or KV heads that do not divide their mesh axes
-              raise ValueError, as the engine would. (The engine's per-slot vectors and the prefill's
-              per-request cache are left out: small beside these.)
+              [slots, V], sharded as the engine shards them (`sampler.RlaxEngine`): the cache by
+              `models.CACHE_LBSKH` (slots over the mesh axes of 'batch', KV heads over those of 'kv_heads':
+              data × fsdp and tensor with the default rules), the logits by slot only. Slots or KV heads
+              that do not divide their mesh axes raise ValueError, as the engine would. (The engine's
+              per-slot vectors and the prefill's per-request cache are left out: small beside these.)
 
 What it leaves out: XLA's temporary buffers and fragmentation (keep a margin; the tests ask for < 90% of
 HBM), the prefill's per-request cache, the host-side rollout queue, and the compiled programs themselves.
