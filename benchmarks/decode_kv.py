@@ -1,13 +1,16 @@
 """Decode step time against the KV length: one `RlaxEngine.generate` step over every slot, in one run.
 
   python benchmarks/decode_kv.py                    # tiny Qwen3-shaped model (2 layers, width 128, fp32)
+  python benchmarks/decode_kv.py --window 32        # the same with a Gemma 2-style sliding-window layer 0
   python benchmarks/decode_kv.py --json out.json    # also write the figures
 
 A decode step reads each slot's cache once (attention over S positions) and writes one position. If it also
 copied the cache (as a cache threaded through the layer scan as input and output does), its time grows like
 the cache's size times a copy, faster than attention's reads. The table reports ms per step at each KV length
 S, its growth against the shortest S, and the growth of the cache bytes themselves (S / S_min) for
-comparison: a step that only reads the cache grows at most like S / S_min once attention dominates.
+comparison: a step that only reads the cache grows at most like S / S_min once attention dominates. With
+--window W, layer 0 attends over a sliding window of W positions and keeps a ring buffer of W slots instead
+of S (`models.KVCache`): the cache then grows more slowly than S, and the step should too.
 Times are the best of --repeats timed blocks of --steps steps after a compiling warm-up.
 """
 
@@ -50,24 +53,36 @@ def main():
   parser.add_argument("--slots", type=int, default=64)
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--window", type=int, default=0, help="Sliding window of layer 0 (0: none).")
   parser.add_argument("--json", default=None)
   args = parser.parse_args()
   lengths = sorted(int(x) for x in args.lengths.split(","))
   cfg = models.preset("qwen3-0.6b", vocab_size=512, d_model=128, num_layers=2, num_heads=4, num_kv_heads=2,
                       head_dim=32, mlp_dim=256, max_seq_len=max(lengths), dtype="float32",
-                      param_dtype="float32")
+                      param_dtype="float32", **_window_overrides(args.window))
   graphdef, params = models.init_params(cfg, jax.random.key(0))
   rows = []
   for kv_len in lengths:
     ms = step_ms(cfg, graphdef, params, kv_len=kv_len, slots=args.slots, steps=args.steps,
                  repeats=args.repeats)
-    rows.append({"kv_len": kv_len, "ms_per_step": ms, "cache_growth": kv_len / lengths[0]})
+    cache_mib = cfg.kv_cache_bytes(args.slots, kv_len) / 2**20
+    rows.append({"kv_len": kv_len, "ms_per_step": ms, "cache_mib": cache_mib})
   for r in rows:
     r["time_growth"] = r["ms_per_step"] / rows[0]["ms_per_step"]
-  print(f"decode step of {args.slots} slots, {jax.devices()[0].platform}, model {cfg.num_params():,} params")
+    r["cache_growth"] = r["cache_mib"] / rows[0]["cache_mib"]
+  print(f"decode step of {args.slots} slots, {jax.devices()[0].platform}, model {cfg.num_params():,} params, "
+        f"window {args.window or 'none'}")
   _harness.print_table(rows, [("kv_len", "KV length", "d"), ("ms_per_step", "ms/step", ".2f"),
-                              ("time_growth", "time growth", ".2f"), ("cache_growth", "cache growth", ".2f")])
-  _harness.write_json(args.json, {"slots": args.slots, "rows": rows})
+                              ("time_growth", "time growth", ".2f"), ("cache_mib", "cache MiB", ".2f"),
+                              ("cache_growth", "cache growth", ".2f")])
+  _harness.write_json(args.json, {"slots": args.slots, "window": args.window, "rows": rows})
+
+
+def _window_overrides(window: int) -> dict:
+  """Layer 0 sliding-window, layer 1 global (Gemma 2's alternation), or no windows."""
+  if not window:
+    return {}
+  return dict(sliding_window=window, layer_types=("sliding_attention", "full_attention"))
 
 
 if __name__ == "__main__":

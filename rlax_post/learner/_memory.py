@@ -27,12 +27,13 @@ Components (bytes per device):
               our attention materialises them). Plus the float32 logits [b, T, V] × 3 (logits, log-softmax,
               their gradient), which no remat policy frees.
   kv_cache    the samplers' decode state: `kv_slots` rows × `kv_len` positions of K and V for every layer
-              ([L, slots, S, K, H] × 2 in the activation dtype) plus float32 logits [slots, V], sharded as
-              the engine shards them (`sampler.RlaxEngine`): the cache by `models.CACHE_LBSKH` (slots over
-              the mesh axes of 'batch', KV heads over those of 'kv_heads': data × fsdp and tensor with the
-              default rules), the logits by slot only. Slots or KV heads that do not divide their mesh axes
-              raise ValueError, as the engine would. (The engine's per-slot vectors and the prefill's
-              per-request cache are left out: small beside these.)
+              ([L, slots, S, K, H] × 2 in the activation dtype; a sliding-window layer's ring keeps
+              `model_cfg.ring_length(kv_len)` positions instead, `models.init_cache`) plus float32 logits
+              [slots, V], sharded as the engine shards them (`sampler.RlaxEngine`): the cache by
+              `models.CACHE_LBSKH` (slots over the mesh axes of 'batch', KV heads over those of 'kv_heads':
+              data × fsdp and tensor with the default rules), the logits by slot only. Slots or KV heads
+              that do not divide their mesh axes raise ValueError, as the engine would. (The engine's
+              per-slot vectors and the prefill's per-request cache are left out: small beside these.)
 
 What it leaves out: XLA's temporary buffers and fragmentation (keep a margin; the tests ask for < 90% of
 HBM), the prefill's per-request cache, the host-side rollout queue, and the compiled programs themselves.
@@ -124,13 +125,11 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
 
   kv = 0
   if kv_slots:
-    decode_like = {'k': jax.ShapeDtypeStruct((c.num_layers, kv_slots, kv_len, c.num_kv_heads, c.head_dim),
-                                             np.dtype(c.dtype)),
+    decode_like = {'cache': jax.eval_shape(lambda: models.init_cache(c, kv_slots, kv_len)),
                    'logits': jax.ShapeDtypeStruct((kv_slots, c.vocab_size), np.float32)}
-    decode_sh = sharding.named_shardings({'k': models.CACHE_LBSKH, 'logits': ('batch', None)}, mesh, rules,
-                                         shapes=decode_like)
-    kv = (2 * _tree_bytes(decode_like['k'], decode_sh['k'])
-          + _tree_bytes(decode_like['logits'], decode_sh['logits']))
+    decode_axes = {'cache': models.cache_axes(c, models.CACHE_LBSKH), 'logits': ('batch', None)}
+    decode_sh = sharding.named_shardings(decode_axes, mesh, rules, shapes=decode_like)
+    kv = _tree_bytes(decode_like, decode_sh)
   out['kv_cache'] = kv
   out = {k: int(out[k]) for k in COMPONENTS}
   out['total'] = sum(out.values())

@@ -25,6 +25,8 @@ from rlax_post.models._hf import read_hf_config
 from rlax_post.models._hf_tokenizer import HFTokenizer
 from rlax_post.models._hf_tokenizer import render_chat
 from rlax_post.models._tokenizer import ByteTokenizer
+from rlax_post.models._transformer import cache_axes
+from rlax_post.models._transformer import grow_cache
 from rlax_post.models._transformer import init_cache
 from rlax_post.models._transformer import KVCache
 from rlax_post.models._transformer import Transformer
@@ -34,6 +36,7 @@ __all__ = [
     "activation_constraints",
     "CACHE_LBSKH",
     "abstract_params",
+    "cache_axes",
     "ByteTokenizer",
     "config_from_hf",
     "convert_gguf",
@@ -44,6 +47,7 @@ __all__ = [
     "GGUF_TENSOR_TYPES",
     "HF_ARCHITECTURES",
     "HFTokenizer",
+    "grow_cache",
     "init_cache",
     "init_params",
     "KVCache",

@@ -204,9 +204,18 @@ class ModelConfig:
       total += d * self.vocab_size
     return total
 
+  def ring_length(self, max_len: int) -> int:
+    """Positions each sliding-window layer's KV cache keeps in a cache of `max_len` positions: a ring buffer
+    of the largest window, or `max_len` itself when that is no longer (or the model has no windowed layer)."""
+    widest = int(self.window_sizes().max(initial=0))
+    return min(max_len, widest) if widest else max_len
+
   def kv_cache_bytes(self, batch: int, seq_len: int) -> int:
-    return 2 * self.num_layers * batch * seq_len * self.num_kv_heads * self.head_dim * jnp.dtype(
-        self.dtype).itemsize
+    """Bytes of K and V of `batch` rows of `seq_len` positions (`models.init_cache`): global layers keep
+    every position, sliding-window layers `ring_length(seq_len)`."""
+    num_local = int((self.window_sizes() > 0).sum())
+    positions = (self.num_layers - num_local) * seq_len + num_local * self.ring_length(seq_len)
+    return 2 * batch * positions * self.num_kv_heads * self.head_dim * jnp.dtype(self.dtype).itemsize
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import jax
 import jax.numpy as jnp
 
@@ -67,19 +69,43 @@ def attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array, q_pos_bt:
   Returns:
     [B, T, N, H] attention outputs.
   """
+  return attention_over_blocks(q_btnh, [(k_bskh, v_bskh, k_pos_bs)], q_pos_bt, window=window, scale=scale,
+                               softcap=softcap)
+
+
+def attention_over_blocks(q_btnh: jax.Array, blocks: Sequence[tuple[jax.Array, jax.Array, jax.Array]],
+                          q_pos_bt: jax.Array, *, window: jax.Array | int = 0, scale: float | None = None,
+                          softcap: float | None = None) -> jax.Array:
+  """`attention` over the union of several key blocks `(k_bskh, v_bskh, k_pos_bs)` (S may differ), with one
+  softmax over all of them: the attention over their concatenation, without copying the keys into one
+  buffer (a sliding-window layer attends over its ring buffer and the chunk's own new keys this way)."""
   b, t, n, h = q_btnh.shape
-  k = k_bskh.shape[2]
+  k = blocks[0][0].shape[2]
   q_btkgh = q_btnh.reshape(b, t, k, n // k, h)
+  logits = [_masked_logits(q_btkgh, k_bskh, q_pos_bt, k_pos_bs, window, scale, softcap)
+            for k_bskh, _, k_pos_bs in blocks]
+  logits_bkgts = logits[0] if len(logits) == 1 else jnp.concatenate(logits, axis=-1)
+  probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(blocks[0][1].dtype)
+  out_btkgh, start = None, 0
+  for _, v_bskh, _ in blocks:
+    s = v_bskh.shape[1]
+    probs = probs_bkgts if len(blocks) == 1 else probs_bkgts[..., start:start + s]
+    part_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh)
+    out_btkgh = part_btkgh if out_btkgh is None else out_btkgh + part_btkgh
+    start += s
+  return out_btkgh.reshape(b, t, n, h)
+
+
+def _masked_logits(q_btkgh, k_bskh, q_pos_bt, k_pos_bs, window, scale, softcap):
+  """[B, K, G, T, S] float32 logits q·k (scaled, soft-capped), MASK_VALUE where the key is not visible."""
+  h = q_btkgh.shape[-1]
   logits_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh,
                             preferred_element_type=jnp.float32) * (h ** -0.5 if scale is None else scale)
   if softcap is not None:
     logits_bkgts = softcap * jnp.tanh(logits_bkgts / softcap)
   q_pos_bt1, k_pos_b1s = q_pos_bt[:, :, None], k_pos_bs[:, None, :]
   mask_bts = (k_pos_b1s <= q_pos_bt1) & ((window == 0) | (k_pos_b1s > q_pos_bt1 - window))
-  logits_bkgts = jnp.where(mask_bts[:, None, None], logits_bkgts, MASK_VALUE)
-  probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(v_bskh.dtype)
-  out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs_bkgts, v_bskh)
-  return out_btkgh.reshape(b, t, n, h)
+  return jnp.where(mask_bts[:, None, None], logits_bkgts, MASK_VALUE)
 
 
 _ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}

@@ -2,17 +2,23 @@
 
 Layers are stacked along a leading `layers` axis and run with `jax.lax.scan`, so compile time does not
 grow with depth (maxtext's scanned layers); the KV cache is stacked the same way and carried through the
-scan whole, each layer writing only its new positions into it (in place), so a decode step does not copy it. What differs between
-layers (sliding window or global attention, the RoPE base) is a scanned array input, never a Python branch.
+scan whole, each layer writing only its new positions into it (in place), so a decode step does not copy it.
+What differs between layers (sliding window or global attention, the RoPE base) is a scanned array input,
+never a Python branch. A model with sliding-window layers keeps two stacks, a full-length one for its global
+layers and a ring buffer of the window for its windowed ones (`KVCache`); a scanned flag picks each layer's
+stack and attention (`lax.cond`, which only reads: every write is outside it), and the rings are written
+once after the scan (`_cache_scan`).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rlax_post.models import _axes
 from rlax_post.models import _layers
@@ -23,18 +29,79 @@ from rlax_post.models._config import ModelConfig
 _PADDED_VOCAB_LOGIT = -1e9
 
 
+# Position of an empty ring slot: above every query's position, so the causal mask hides it.
+_EMPTY_POSITION = jnp.iinfo(jnp.int32).max
+
+
 class KVCache(NamedTuple):
-  """Keys and values of every layer, indexed by position: slot s of a row holds that row's position s."""
-  k: jax.Array  # [L, B, S, K, H] activation dtype
-  v: jax.Array  # [L, B, S, K, H] activation dtype
+  """Keys and values of every layer of B rows of up to S positions.
+
+  Global layers (all layers of a model without sliding windows) keep every position: slot s of a row holds
+  that row's position s. Sliding-window layers keep a ring buffer of R = `cfg.ring_length(S)` slots (their
+  window, or S if that is shorter): position p at slot p mod R, and the slots of a row of length n hold its
+  positions n - R .. n - 1 (those below 0 are empty). S is `k.shape[2]`, also when no layer is global.
+  """
+  k: jax.Array  # [Lg, B, S, K, H] activation dtype: the global layers, in layer order.
+  v: jax.Array  # [Lg, B, S, K, H] activation dtype.
+  local_k: jax.Array | None = None  # [Ll, B, R, K, H]: sliding-window layers, in layer order; None without.
+  local_v: jax.Array | None = None  # [Ll, B, R, K, H].
+
+
+def cache_layout(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
+  """[L] bool: the layer keeps a ring (sliding-window layers); [L] int32: its index in its stack."""
+  ring_l = cfg.window_sizes() > 0
+  index_l = np.where(ring_l, np.cumsum(ring_l) - 1, np.cumsum(~ring_l) - 1).astype(np.int32)
+  return ring_l, index_l
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int | None = None) -> KVCache:
   """An empty cache for `batch` rows of up to `max_len` (default `cfg.max_seq_len`) positions."""
   max_len = cfg.max_seq_len if max_len is None else max_len
-  shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
-  zeros = jnp.zeros(shape, cfg.activation_dtype)
-  return KVCache(k=zeros, v=zeros)
+  ring_l, _ = cache_layout(cfg)
+  zeros = lambda layers, length: jnp.zeros((layers, batch, length, cfg.num_kv_heads, cfg.head_dim),
+                                           cfg.activation_dtype)
+  full = zeros(int((~ring_l).sum()), max_len)
+  if not ring_l.any():
+    return KVCache(k=full, v=full)
+  ring = zeros(int(ring_l.sum()), cfg.ring_length(max_len))
+  return KVCache(k=full, v=full, local_k=ring, local_v=ring)
+
+
+def grow_cache(cfg: ModelConfig, cache: KVCache, max_len: int) -> KVCache:
+  """`cache` with room for `max_len` ≥ S positions: the same positions, in their slots of the longer cache.
+
+  Zeros go after each stack's slots. A ring that grows was shorter than its window (R = S), so its positions
+  p < S sit at slot p, which is also their slot p mod R' in the longer ring.
+  """
+  s = cache.k.shape[2]
+  if max_len < s:
+    raise ValueError(f"grow_cache: max_len {max_len} is shorter than the cache's {s} positions.")
+  lengths = KVCache(k=max_len, v=max_len, local_k=cfg.ring_length(max_len), local_v=cfg.ring_length(max_len))
+  pad = lambda x, n: jnp.pad(x, [(0, 0), (0, 0), (0, n - x.shape[2]), (0, 0), (0, 0)])
+  return KVCache(*(None if x is None else pad(x, n) for x, n in zip(cache, lengths)))
+
+
+def cache_axes(cfg: ModelConfig, axes: tuple[str | None, ...]) -> KVCache:
+  """A `KVCache` of the model's layout with `axes` (e.g. `CACHE_LBSKH`) at every array: a sharding tree."""
+  ring = bool(cache_layout(cfg)[0].any())
+  return KVCache(k=axes, v=axes, local_k=axes if ring else None, local_v=axes if ring else None)
+
+
+def ring_positions(length_b: jax.Array, r: int) -> jax.Array:
+  """[B, R] int32: the position each ring slot of rows of `length_b` positions holds (p mod R = slot, the
+  largest such p < length), `_EMPTY_POSITION` where that would be negative."""
+  last_b1 = length_b[:, None] - 1
+  pos_br = last_b1 - jnp.mod(last_b1 - jnp.arange(r, dtype=jnp.int32)[None], r)
+  return jnp.where(pos_br >= 0, pos_br, _EMPTY_POSITION)
+
+
+def ring_slots(positions_bt: jax.Array, s: int, r: int) -> jax.Array:
+  """[B, T] int32: the ring slot (p mod R) each new position is written to, R (out of range: dropped) for
+  positions ≥ S (not written, as in the full cache) and for all but a row's last R written positions (a
+  scatter with repeated indices has no defined order)."""
+  kept_bt = positions_bt < s
+  last_b1 = jnp.max(jnp.where(kept_bt, positions_bt, -1), axis=1, keepdims=True)
+  return jnp.where(kept_bt & (positions_bt > last_b1 - r), jnp.mod(positions_bt, r), r)
 
 
 def _param(init, key, shape, dtype, name):
@@ -51,8 +118,10 @@ class Transformer(nnx.Module):
   Call with `tokens [B, T]`, `positions [B, T]` (default 0..T-1) and an optional `KVCache`; returns
   float32 logits `[B, T, V]` and the updated cache (or None). The call is `head(trunk(...))`: `trunk` runs the
   embedding and the layers, `head` the position-wise final norm and vocabulary projection, so a caller that
-  needs logits at only some positions (`token_logprobs` with a window) runs the head on those alone. With a cache, each row's keys/values are written
-  at its positions and every query attends to that row's cache slots at positions ≤ its own.
+  needs logits at only some positions (`token_logprobs` with a window) runs the head on those alone. With a
+  cache, each row's keys/values are written at its positions (those < S; a sliding-window layer keeps a row's
+  last R) and every query attends to that row's cached positions ≤ its own. With sliding-window layers, each
+  row's positions must run on from the number its cache holds (its length), those ≥ S last.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -123,6 +192,9 @@ class Transformer(nnx.Module):
       raise ValueError(f"positions {positions_bt.shape} must match tokens {tokens_bt.shape}.")
     if cache is not None and cache.k.shape[1] != b:
       raise ValueError(f"cache batch {cache.k.shape[1]} != tokens batch {b}.")
+    if cache is not None and (cache.local_k is None) == bool(cache_layout(cfg)[0].any()):
+      raise ValueError("The cache's layout does not match the model's sliding-window layers; build it with "
+                       "models.init_cache(cfg, ...).")
     dt = cfg.activation_dtype
     c = _axes.constrain
 
@@ -132,22 +204,22 @@ class Transformer(nnx.Module):
       x_btd = x_btd * jnp.asarray(cfg.d_model ** 0.5, dt)
     x_btd = c(x_btd, _axes.ACT_BTD)
 
-    if cache is None:
-      k_pos_bs = positions_bt
-    else:
-      s = cache.k.shape[2]
-      k_pos_bs = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
-    rows_b1 = jnp.arange(b)[:, None]
     norm = lambda x, scale: _layers.rms_norm(x, scale, cfg.norm_eps, cfg.norm_plus_one)
     q_scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
-    # Per-layer scanned inputs: window (0 = global) and RoPE inverse frequencies (base and scaling).
-    per_layer = dict(window=jnp.asarray(cfg.window_sizes()), inv_freq=jnp.asarray(cfg.rope_inv_freq()))
+    attend = functools.partial(_layers.attention_over_blocks, scale=q_scale, softcap=cfg.attn_logit_softcap)
+    if cache is not None:
+      carry, cached_attention, finish = _cache_scan(cache, positions_bt, attend)
+    # Per-layer scanned inputs: window (0 = global), RoPE inverse frequencies (base and scaling), and where
+    # the layer's cache lives (the ring stack or the full one, and its index there).
+    ring_l, index_l = cache_layout(cfg)
+    per_layer = dict(window=jnp.asarray(cfg.window_sizes()), inv_freq=jnp.asarray(cfg.rope_inv_freq()),
+                     ring=jnp.asarray(ring_l), index=jnp.asarray(index_l))
 
     def block(carry, p):
-      """One layer. `carry` is x [B, T, D], or (x, k, v) with the whole stacked cache [L, B, S, K, H]: the
-      layer writes its new keys/values into its slice of the carried cache (only the new positions; XLA
-      updates a loop-carried buffer in place) and attends over that slice."""
-      x_btd, k_lbskh, v_lbskh = carry if isinstance(carry, tuple) else (carry, None, None)
+      """One layer. `carry` is x [B, T, D], or (x, cache) with the whole stacked cache: the layer writes its
+      new keys/values into its slice of the carried cache (only the new positions; XLA updates a
+      loop-carried buffer in place) and attends over that slice."""
+      x_btd, cache = carry if isinstance(carry, tuple) else (carry, None)
       h_btd = norm(x_btd, p["attn_norm"])
       q_btnh = jnp.einsum("btd,dnh->btnh", h_btd, p["q"])
       k_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["k"])
@@ -160,15 +232,10 @@ class Transformer(nnx.Module):
       q_btnh = c(_layers.apply_rope(q_btnh, positions_bt, p["inv_freq"]), _axes.ACT_BTNH)
       k_btkh = c(_layers.apply_rope(k_btkh, positions_bt, p["inv_freq"]), _axes.ACT_BTKH)
       v_btkh = c(v_btkh, _axes.ACT_BTKH)
-      if k_lbskh is None:
-        keys, values = k_btkh, v_btkh
+      if cache is None:
+        attn_btnh = attend(q_btnh, [(k_btkh, v_btkh, positions_bt)], positions_bt, window=p["window"])
       else:
-        i = p["index"]
-        k_lbskh = k_lbskh.at[i, rows_b1, positions_bt].set(k_btkh, mode="drop")
-        v_lbskh = v_lbskh.at[i, rows_b1, positions_bt].set(v_btkh, mode="drop")
-        keys, values = k_lbskh[i], v_lbskh[i]
-      attn_btnh = _layers.attention(q_btnh, keys, values, positions_bt, k_pos_bs, window=p["window"],
-                                    scale=q_scale, softcap=cfg.attn_logit_softcap)
+        attn_btnh, cache = cached_attention(cache, p, q_btnh, k_btkh, v_btkh)
       out_btd = jnp.einsum("btnh,nhd->btd", attn_btnh, p["o"])
       if cfg.post_norms:
         out_btd = norm(out_btd, p["attn_post_norm"])
@@ -178,18 +245,16 @@ class Transformer(nnx.Module):
       if cfg.post_norms:
         out_btd = norm(out_btd, p["mlp_post_norm"])
       x_btd = x_btd + c(out_btd, _axes.ACT_BTD)
-      return (x_btd if k_lbskh is None else (x_btd, k_lbskh, v_lbskh)), None
+      return (x_btd if cache is None else (x_btd, cache)), None
 
     if cfg.remat:
       block = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
-    layers = {**self._layer_params(), **per_layer, "index": jnp.arange(cfg.num_layers, dtype=jnp.int32)}
+    layers = {**self._layer_params(), **per_layer}
     if cache is None:
       x_btd, _ = jax.lax.scan(block, x_btd, layers)
-      new_cache = None
-    else:
-      (x_btd, k_lbskh, v_lbskh), _ = jax.lax.scan(block, (x_btd, cache.k, cache.v), layers)
-      new_cache = KVCache(k=k_lbskh, v=v_lbskh)
-    return x_btd, new_cache
+      return x_btd, None
+    (x_btd, carry), _ = jax.lax.scan(block, (x_btd, carry), layers)
+    return x_btd, finish(carry)
 
   def head(self, x_btd: jax.Array) -> jax.Array:
     """Final norm, vocabulary projection, soft-cap and padded-vocabulary mask: float32 logits `[B, T, V]` of
@@ -209,3 +274,76 @@ class Transformer(nnx.Module):
       valid_v = jnp.arange(cfg.vocab_size) < cfg.valid_vocab_size
       logits_btv = jnp.where(valid_v, logits_btv, _PADDED_VOCAB_LOGIT)
     return _axes.constrain(logits_btv.astype(jnp.float32), _axes.ACT_BTV)
+
+
+class _ScanCache(NamedTuple):
+  """What the layer scan carries of a cache (`_cache_scan`)."""
+  k: jax.Array  # [Lg, B, S, K, H]: the full-length stacks, written in place.
+  v: jax.Array  # [Lg, B, S, K, H]
+  new_k: jax.Array | None  # [Ll, B, T, K, H]: each ring layer's keys of this chunk; None without rings.
+  new_v: jax.Array | None  # [Ll, B, T, K, H]
+
+
+def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend):
+  """How the layer scan reads and writes `cache`: `(carry, layer, finish)`.
+
+  `carry` is the `_ScanCache` the scan starts from; `layer(carry, p, q, k, v) -> (attention [B, T, N, H],
+  carry)` is one layer (`p` its scanned inputs: `ring`, `index` in its stack, `window`); `finish(carry)` is
+  the updated `KVCache`.
+
+  A full layer writes its keys/values at their positions into its slice of the carried stack (positions ≥ S
+  are dropped; XLA updates a loop-carried buffer in place) and attends over that slice. A ring layer attends
+  over its ring as it was before the chunk plus the chunk's own keys (a chunk longer than R - window + 1
+  would overwrite keys its first queries still see). So the rings are not carried but read as constants,
+  and `finish` writes each row's last R kept positions into them after the scan: XLA copies a loop-carried
+  buffer read before it is written in the same iteration whole, every layer. The ring's positions follow
+  from each row's length before the chunk, its first position: each row's positions must run consecutively
+  from the number of positions its cache holds (positions ≥ S, e.g. padding, last).
+  """
+  b, s = cache.k.shape[1], cache.k.shape[2]
+  rows_b1 = jnp.arange(b)[:, None]
+  k_pos_bs = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+  write = lambda stack, i, at_bt, new: stack.at[i, rows_b1, at_bt].set(new, mode="drop")
+
+  def full(carry, i, window, q_btnh):
+    return attend(q_btnh, [(carry.k[i], carry.v[i], k_pos_bs)], positions_bt, window=window)
+
+  if cache.local_k is None:
+    def layer(carry, p, q_btnh, k_btkh, v_btkh):
+      i = p["index"]
+      carry = carry._replace(k=write(carry.k, i, positions_bt, k_btkh),
+                             v=write(carry.v, i, positions_bt, v_btkh))
+      return full(carry, i, p["window"], q_btnh), carry
+
+    return _ScanCache(cache.k, cache.v, None, None), layer, lambda carry: KVCache(k=carry.k, v=carry.v)
+
+  num_full, num_ring, r = cache.k.shape[0], cache.local_k.shape[0], cache.local_k.shape[2]
+  ring_pos_br = ring_positions(positions_bt[:, 0], r)
+  all_t = jnp.broadcast_to(jnp.arange(positions_bt.shape[1]), positions_bt.shape)
+  new_lbtkh = jnp.zeros((num_ring,) + positions_bt.shape + cache.k.shape[3:], cache.k.dtype)
+
+  def ring(carry, i, window, q_btnh):
+    blocks = [(cache.local_k[i], cache.local_v[i], ring_pos_br),
+              (carry.new_k[i], carry.new_v[i], positions_bt)]
+    return attend(q_btnh, blocks, positions_bt, window=window)
+
+  def layer(carry, p, q_btnh, k_btkh, v_btkh):
+    # Every layer writes to both, at an out-of-range index (dropped) in the other kind's, and the cond only
+    # reads: a cond that wrote a carried stack would copy it.
+    i, is_ring = p["index"], p["ring"]
+    full_i, ring_i = jnp.where(is_ring, num_full, i), jnp.where(is_ring, i, num_ring)
+    carry = _ScanCache(k=write(carry.k, full_i, positions_bt, k_btkh),
+                       v=write(carry.v, full_i, positions_bt, v_btkh),
+                       new_k=write(carry.new_k, ring_i, all_t, k_btkh),
+                       new_v=write(carry.new_v, ring_i, all_t, v_btkh))
+    if num_full == 0:  # Every layer has a window shorter than S.
+      return ring(carry, i, p["window"], q_btnh), carry
+    return jax.lax.cond(is_ring, ring, full, carry, i, p["window"], q_btnh), carry
+
+  def finish(carry):
+    slots_bt = ring_slots(positions_bt, s, r)
+    put = lambda stack, new: stack.at[:, rows_b1, slots_bt].set(new, mode="drop")
+    return KVCache(k=carry.k, v=carry.v, local_k=put(cache.local_k, carry.new_k),
+                   local_v=put(cache.local_v, carry.new_v))
+
+  return _ScanCache(cache.k, cache.v, new_lbtkh, new_lbtkh), layer, finish

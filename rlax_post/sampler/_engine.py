@@ -1,7 +1,8 @@
 """A JetStream `engine_api.Engine` for our nnx transformers: prefill, insert, generate over a slot array.
 
 Continuous batching: the decode state holds `max_concurrent_decodes` slots, each a row of one KV cache
-`[L, slots, S, K, H]` (S = `max_decode_length` positions, prompt and response together). `prefill` runs one
+`[L, slots, S, K, H]` (S = `max_decode_length` positions, prompt and response together; a model's
+sliding-window layers keep a ring of their window instead, `models.KVCache`). `prefill` runs one
 prompt (`prefill_batch` several, padded to one length) into a private cache and keeps the logits of its next
 token; `insert` copies that cache into a slot (`insert_batch` copies rows of one batched prefix into several
 slots at once; the same row may go into several slots: n samples of one prompt share one prefill);
@@ -67,7 +68,8 @@ tokenizer_pb2 = engine_api.tokenizer_pb2
 @struct.dataclass(frozen=True)
 class Prefix:
   """B prompts after prefill: what `insert` copies into slots (`prefill` gives B = 1)."""
-  cache: models.KVCache  # k, v [L, B, C, K, H]: positions 0..length-1 hold the prompt (C a cache bucket).
+  cache: models.KVCache  # [L, B, C, K, H] (C a cache bucket): positions 0..length-1 of the prompt; ring
+  # layers [Ll, B, R', K, H] with R' = ring_length(C): the prompt's last R' positions (`models.KVCache`).
   length: jax.Array  # [B] int32: tokens in each prompt (position of its first generated token).
   logits: jax.Array  # [B, V] float32: logits of each prompt's first generated token.
 
@@ -90,7 +92,7 @@ class SlotSettings:
 @struct.dataclass(frozen=True)
 class DecodeState:
   """Every slot's sequence; a decode step maps it to the next one."""
-  cache: models.KVCache  # k, v [L, slots, S, K, H]: slot s's position p at [:, s, p].
+  cache: models.KVCache  # [L, slots, S, K, H]: slot s's position p at [:, s, p] (a ring's: [:, s, p mod R]).
   logits: jax.Array  # [slots, V] float32: logits of each slot's next token.
   positions: jax.Array  # [slots] int32: position of each slot's next token (= its sequence length).
   lengths: jax.Array  # [slots] int32: tokens generated since the slot's insert.
@@ -112,10 +114,10 @@ class Block:
   steps: jax.Array  # [] int32: steps run (rows past it are not valid).
 
 
-def _slot_axes() -> tuple[DecodeState, Block]:
+def _slot_axes(cfg: models.ModelConfig) -> tuple[DecodeState, Block]:
   """The logical axes of every field of a `DecodeState` and a `Block` (the module docstring)."""
   slot, slot_row = ("batch",), ("batch", None)
-  cache = models.KVCache(k=models.CACHE_LBSKH, v=models.CACHE_LBSKH)
+  cache = models.cache_axes(cfg, models.CACHE_LBSKH)
   settings = SlotSettings(limit=slot, stops=slot_row, temperature=slot, top_p=slot, top_k=slot)
   state = DecodeState(cache=cache, logits=slot_row, positions=slot, lengths=slot, active=slot, tokens=slot,
                       logprobs=slot, valid=slot, rngs=slot_row, num_inserts=(), settings=settings)
@@ -123,10 +125,10 @@ def _slot_axes() -> tuple[DecodeState, Block]:
   return state, Block(tokens=step_slot, logprobs=step_slot, valid=step_slot, steps=())
 
 
-# A prefix's rows are replicated over the slot axes (any row may go into any slot); its KV heads are split.
-_PREFIX_AXES = Prefix(cache=models.KVCache(k=("layers", None, "length", "kv_heads", "head_dim"),
-                                           v=("layers", None, "length", "kv_heads", "head_dim")),
-                      length=(None,), logits=(None, None))
+def _prefix_axes(cfg: models.ModelConfig) -> Prefix:
+  """A prefix's rows are replicated over the slot axes (any row may go into any slot); its KV heads split."""
+  cache = models.cache_axes(cfg, ("layers", None, "length", "kv_heads", "head_dim"))
+  return Prefix(cache=cache, length=(None,), logits=(None, None))
 
 
 def _mesh_rules(mesh: jax.sharding.Mesh) -> sharding.Rules:
@@ -209,12 +211,12 @@ class RlaxEngine(engine_api.Engine):
     self.rules = _mesh_rules(self._mesh) if rules is None else tuple(rules)
     self._check_divides("max_concurrent_decodes", max_concurrent_decodes, "batch", "the decode state's slots")
     self._check_divides("the model's num_kv_heads", model_cfg.num_kv_heads, "kv_heads", "the KV cache's heads")
-    state_axes, block_axes = _slot_axes()
+    state_axes, block_axes = _slot_axes(model_cfg)
     state_like = jax.eval_shape(self._empty_state)
     # NamedShardings of the decode state, a `generate_block` block and a prefix (the module docstring).
     self.state_shardings = sharding.named_shardings(state_axes, self._mesh, self.rules, shapes=state_like)
     self.block_shardings = sharding.named_shardings(block_axes, self._mesh, self.rules)
-    self.prefix_shardings = sharding.named_shardings(_PREFIX_AXES, self._mesh, self.rules)
+    self.prefix_shardings = sharding.named_shardings(_prefix_axes(model_cfg), self._mesh, self.rules)
     self._constrain = sharding.activation_constraint_fn(self._mesh, self.rules)
     state_sh = self.state_shardings
     # Params, prefixes and host inputs keep the layout they come with (None); the state's is pinned.
@@ -277,11 +279,11 @@ class RlaxEngine(engine_api.Engine):
     if cache is None:
       cache = models.init_cache(cfg, tokens_bt.shape[0], cache_len)
     else:
-      pad = [(0, 0), (0, 0), (0, cache_len - cache.k.shape[2]), (0, 0), (0, 0)]
-      cache = models.KVCache(k=jnp.pad(cache.k, pad), v=jnp.pad(cache.v, pad))
-    positions_bt = start_b[:, None] + jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)[None]
-    # Pad tokens past the cache are dropped by the model's scatter; those inside it sit above the prompt's
-    # length, where no query looks and the first decode steps overwrite them.
+      cache = models.grow_cache(cfg, cache, cache_len)
+    t_1t = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)[None]
+    # Pad tokens take position cache_len, past the cache: the model writes none of them (a sliding-window
+    # layer's ring would put them over the prompt's last positions), and no prompt query sees them.
+    positions_bt = jnp.where(t_1t < true_length_b[:, None], start_b[:, None] + t_1t, cache_len)
     logits_btv, cache = models.forward(self.graphdef, params, tokens_bt, positions_bt, cache)
     last_b1 = (true_length_b - 1)[:, None, None]
     return Prefix(cache=cache, length=start_b + true_length_b,
@@ -289,19 +291,22 @@ class RlaxEngine(engine_api.Engine):
 
   def _insert_impl(self, prefix: Prefix, state: DecodeState, rows_n, slots_n, rngs_n2,
                    settings: SlotSettings):
-    """Prefix row rows_n[i] into slot slots_n[i]; slots out of range (padding) are dropped."""
-    c = prefix.cache.k.shape[2]
+    """Prefix row rows_n[i] into slot slots_n[i]; slots out of range (padding) are dropped.
+
+    Each of the prefix's C positions (R' ring slots of a sliding-window layer) goes to the same slot of the
+    state's S (R ≥ R'): a ring as long as the state's has the same modulus, and a shorter one holds its
+    positions p < R' at slot p (its window is longer than C), which is slot p mod R in the state's ring.
+    """
 
     def put(big, value):
       return big.at[slots_n].set(value.astype(big.dtype), mode="drop")
 
     def put_cache(big, rows):
-      return big.at[:, slots_n, :c].set(rows[:, rows_n].astype(big.dtype), mode="drop")
+      return big.at[:, slots_n, :rows.shape[2]].set(rows[:, rows_n].astype(big.dtype), mode="drop")
 
     length_n = prefix.length[rows_n]
     return state.replace(
-        cache=models.KVCache(k=put_cache(state.cache.k, prefix.cache.k),
-                             v=put_cache(state.cache.v, prefix.cache.v)),
+        cache=jax.tree.map(put_cache, state.cache, prefix.cache),
         logits=put(state.logits, prefix.logits[rows_n]),
         positions=put(state.positions, length_n),
         lengths=put(state.lengths, jnp.zeros_like(length_n)),
