@@ -13,11 +13,15 @@ from rlax_post.learner._optim import make_optimizer
 from rlax_post.learner._state import TrainState
 from rlax_post.learner._state import init_train_state
 from rlax_post.learner._step import jit_update
+from rlax_post.learner._trainable import BASE_DTYPES
+from rlax_post.learner._trainable import Trainable
 from rlax_post.learner._update import make_update
 
 __all__ = (
+    'BASE_DTYPES',
     'MEMORY_COMPONENTS',
     'TrainState',
+    'Trainable',
     'current_learning_rate',
     'decoupled_ppo_objective',
     'estimate_memory',

@@ -23,6 +23,9 @@ class TrainState:
   step: jax.Array  # int32 [], number of update calls, skipped ones included.
   rng: jax.Array  # uint32 [2] raw key (threefry) of the learner's stream.
   num_skipped: jax.Array  # int32 [], updates skipped: non-finite loss/grads.
+  # Params the update reads but never changes (LoRA's frozen base, `Trainable`), or None. `jit_update` does
+  # not donate them, so the arrays stay valid for whoever else holds them (reference, samplers).
+  frozen: Any = None
 
 
 def as_raw_key(rng: jax.Array) -> jax.Array:
@@ -48,6 +51,7 @@ def init_train_state(
     params: Any,
     optimizer: optax.GradientTransformation,
     rng: jax.Array,
+    frozen: Any = None,
 ) -> TrainState:
   """A fresh `TrainState` at step 0.
 
@@ -56,6 +60,7 @@ def init_train_state(
     optimizer: the optax transformation the updates will use.
     rng: a typed key (`jax.random.key(seed)`) or its uint32 key data; stored
       as key data.
+    frozen: params the update reads but never trains (`Trainable.split`), or None.
 
   Returns:
     The initial `TrainState`.
@@ -66,4 +71,5 @@ def init_train_state(
       step=jnp.zeros((), jnp.int32),
       rng=as_raw_key(rng),
       num_skipped=jnp.zeros((), jnp.int32),
+      frozen=frozen,
   )

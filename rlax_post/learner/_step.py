@@ -25,6 +25,10 @@ def jit_update(
     jit(update, in_shardings=(state, batch, replicated),
         out_shardings=(state, replicated), donate_argnums=(0,))
 
+  except `state.frozen` (LoRA's base): it is passed beside the donated rest
+  and handed back as the same arrays, neither donated nor copied, so a
+  reference policy or a sampler holding it keeps valid arrays.
+
   Args:
     update: from `make_update`.
     state_shardings: a `TrainState` of `NamedSharding`s
@@ -52,10 +56,24 @@ def jit_update(
       with models.activation_constraints(constrain):
         return update(state, batch, rng)
 
+  def without_frozen(state, frozen, batch, rng):
+    new_state, metrics = fn(state.replace(frozen=frozen), batch, rng)
+    return new_state.replace(frozen=None), metrics
+
   replicated = sharding.replicated(mesh)
-  return jax.jit(
-      fn,
-      in_shardings=(state_shardings, batch_shardings, replicated),
-      out_shardings=(state_shardings, replicated),
+  rest_sh = state_shardings.replace(frozen=None)
+  jitted = jax.jit(
+      without_frozen,
+      in_shardings=(rest_sh, state_shardings.frozen, batch_shardings,
+                    replicated),
+      out_shardings=(rest_sh, replicated),
       donate_argnums=(0,),
   )
+
+  @functools.wraps(update)
+  def step(state, batch, rng):
+    new_state, metrics = jitted(
+        state.replace(frozen=None), state.frozen, batch, rng)
+    return new_state.replace(frozen=state.frozen), metrics
+
+  return step

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -59,6 +61,7 @@ def make_update(
     micro_batches: int = 1,
     agg_mode: str = 'token_mean',
     max_len: int | None = None,
+    to_model: Callable[[Any, Any], Any] | None = None,
 ) -> UpdateFn:
   """Builds `update(state, batch, rng=None) -> (state, metrics)`, pure.
 
@@ -84,6 +87,9 @@ def make_update(
     micro_batches: number of gradient-accumulation parts; must divide B.
     agg_mode: see `rlax_post.losses.aggregation_weights`.
     max_len: see `rlax_post.losses.aggregation_weights`.
+    to_model: `(state.frozen, state.params) -> the params the objective sees`
+      (`Trainable.to_model`: LoRA's merge); gradients and optimizer state are
+      those of `state.params` only. None: the objective sees `state.params`.
 
   Returns:
     `update(state, batch, rng=None)`. The batch is a dict of arrays with
@@ -102,9 +108,13 @@ def make_update(
   if agg_mode == 'seq_mean_token_sum_norm' and max_len is None:
     raise ValueError("agg_mode 'seq_mean_token_sum_norm' requires max_len")
 
-  grad_fn = jax.value_and_grad(objective, has_aux=True)
+  def loss_and_grads(params, frozen, batch, weights_bt, step_key):
+    if to_model is None:
+      grad_fn = jax.value_and_grad(objective, has_aux=True)
+    else:  # Differentiate through the merge: the frozen params get no gradient.
+      grad_fn = jax.value_and_grad(
+          lambda p, *args: objective(to_model(frozen, p), *args), has_aux=True)
 
-  def loss_and_grads(params, batch, weights_bt, step_key):
     if micro_batches == 1:
       (loss, aux), grads = grad_fn(
           params, batch, weights_bt, jax.random.fold_in(step_key, 0))
@@ -142,7 +152,8 @@ def make_update(
     else:
       step_key, new_rng = as_typed_key(rng), state.rng
 
-    loss, aux, grads = loss_and_grads(state.params, batch, weights_bt, step_key)
+    loss, aux, grads = loss_and_grads(
+        state.params, state.frozen, batch, weights_bt, step_key)
     clash = sorted(set(aux) & _UPDATE_METRICS)
     if clash:
       raise ValueError(

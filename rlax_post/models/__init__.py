@@ -24,6 +24,12 @@ from rlax_post.models._hf import load_hf
 from rlax_post.models._hf import read_hf_config
 from rlax_post.models._hf_tokenizer import HFTokenizer
 from rlax_post.models._hf_tokenizer import render_chat
+from rlax_post.models._lora import check_lora
+from rlax_post.models._lora import init_lora
+from rlax_post.models._lora import LoRA
+from rlax_post.models._lora import LORA_TARGETS
+from rlax_post.models._lora import lora_logical_axes
+from rlax_post.models._lora import merge as merge_lora
 from rlax_post.models._tokenizer import ByteTokenizer
 from rlax_post.models._transformer import cache_axes
 from rlax_post.models._transformer import grow_cache
@@ -38,6 +44,7 @@ __all__ = [
     "abstract_params",
     "cache_axes",
     "ByteTokenizer",
+    "check_lora",
     "config_from_hf",
     "convert_gguf",
     "export_hf",
@@ -49,10 +56,15 @@ __all__ = [
     "HFTokenizer",
     "grow_cache",
     "init_cache",
+    "init_lora",
     "init_params",
     "KVCache",
     "load_hf",
     "logprobs_from_logits",
+    "LoRA",
+    "LORA_TARGETS",
+    "lora_logical_axes",
+    "merge_lora",
     "ModelConfig",
     "PARAM_LOGICAL_AXES",
     "param_logical_axes",

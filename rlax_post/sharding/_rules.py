@@ -207,6 +207,7 @@ def state_shardings(
     optimizer: optax.GradientTransformation,
     mesh: jax.sharding.Mesh,
     rules: Rules,
+    frozen_logical_axes: Any = None,
 ) -> Any:
   """Shardings for a whole `TrainState`, as a `TrainState` of `NamedSharding`s.
 
@@ -221,6 +222,8 @@ def state_shardings(
     optimizer: the optimizer that built `state.opt_state`.
     mesh: the device mesh.
     rules: the logical-axis rules.
+    frozen_logical_axes: pytree like `state.frozen` of logical-axis tuples;
+      required when `state.frozen` has leaves.
 
   Returns:
     A pytree with the structure of `state` and a `NamedSharding` per leaf.
@@ -235,8 +238,15 @@ def state_shardings(
       param_sh,
       transform_non_params=lambda _: repl,
   )
+  frozen = getattr(state, 'frozen', None)
+  if frozen is None:
+    return jax.tree.map(lambda _: repl, state).replace(
+        params=param_sh, opt_state=opt_sh)
+  if frozen_logical_axes is None:
+    raise ValueError('state.frozen has leaves: pass frozen_logical_axes')
+  frozen_sh = named_shardings(frozen_logical_axes, mesh, rules, shapes=frozen)
   return jax.tree.map(lambda _: repl, state).replace(
-      params=param_sh, opt_state=opt_sh)
+      params=param_sh, opt_state=opt_sh, frozen=frozen_sh)
 
 
 def _activation_spec(logical_axes: LogicalAxes, rules: Rules) -> PartitionSpec:

@@ -1,0 +1,200 @@
+"""LoRA: adapters over a frozen base (models.init_lora / merge_lora, learner.Trainable), in the update, on a
+sharded mesh, and through the runtime (8 fake CPU devices, see conftest.py)."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from rlax_post import learner
+from rlax_post import models
+from rlax_post import sharding
+
+CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                         mlp_dim=64, max_seq_len=16)
+B, T = 8, 10
+ALL = models.LoRA(rank=4, alpha=8.0, targets=models.LORA_TARGETS)
+
+
+@pytest.fixture(scope="module")
+def model():
+  return models.init_params(CFG, jax.random.key(0))
+
+
+def _batch(seed=0):
+  tokens = jax.random.randint(jax.random.key(seed), (B, T), 1, CFG.vocab_size).astype(jnp.int32)
+  t = np.arange(T - 1)[None, :]
+  prompt_b = np.array([2, 3, 1, 4, 2, 3, 2, 1])[:, None]
+  mask = (t + 1 >= prompt_b) & (t + 1 < prompt_b + 5)
+  return {"tokens": tokens, "loss_mask": jnp.asarray(mask, jnp.float32)}
+
+
+def _with_random_b(adapters, seed=1, std=0.05):
+  """Adapters whose b is not zero (at init b = 0 and a gets no gradient)."""
+  keys = iter(jax.random.split(jax.random.key(seed), len(adapters)))
+  return {t: {"a": ab["a"], "b": std * jax.random.normal(next(keys), ab["b"].shape)} for t, ab in
+          adapters.items()}
+
+
+def test_adapter_shapes_and_logical_axes(model):
+  _, params = model
+  adapters = models.init_lora(params, ALL, jax.random.key(1))
+  n, k, h, d, f, r = CFG.num_heads, CFG.num_kv_heads, CFG.head_dim, CFG.d_model, CFG.mlp_dim, 4
+  want = {"q": ((2, d, r), (2, r, n, h)), "k": ((2, d, r), (2, r, k, h)), "v": ((2, d, r), (2, r, k, h)),
+          "o": ((2, n, h, r), (2, r, d)), "gate": ((2, d, r), (2, r, f)), "up": ((2, d, r), (2, r, f)),
+          "down": ((2, f, r), (2, r, d))}
+  assert {t: (ab["a"].shape, ab["b"].shape) for t, ab in adapters.items()} == want
+  for ab in adapters.values():
+    np.testing.assert_array_equal(ab["b"], 0.0)
+  # a ~ N(0, 1/fan_in): q's fan-in is d_model; o's is heads x head_dim.
+  assert abs(float(jnp.std(adapters["q"]["a"])) * np.sqrt(d) - 1.0) < 0.2
+  assert abs(float(jnp.std(adapters["o"]["a"])) * np.sqrt(n * h) - 1.0) < 0.2
+  axes = models.lora_logical_axes(adapters)
+  assert axes["q"] == {"a": ("layers", "embed", None), "b": ("layers", None, "heads", "head_dim")}
+  assert axes["o"] == {"a": ("layers", "heads", "head_dim", None), "b": ("layers", None, "embed")}
+  assert axes["down"] == {"a": ("layers", "mlp", None), "b": ("layers", None, "embed")}
+
+
+def test_merge_is_w_plus_scaled_a_times_b(model):
+  _, params = model
+  adapters = _with_random_b(models.init_lora(params, ALL, jax.random.key(1)))
+  merged = models.merge_lora(params, adapters, ALL)
+  scale = ALL.alpha / ALL.rank
+  for layer in range(CFG.num_layers):  # Hand-written per target, layer by layer.
+    a, b = adapters["q"]["a"][layer], adapters["q"]["b"][layer]
+    np.testing.assert_allclose(merged["q"][layer], params["q"][layer] + scale * np.einsum("dr,rnh->dnh", a, b),
+                               rtol=1e-5, atol=1e-6)
+    a, b = adapters["o"]["a"][layer], adapters["o"]["b"][layer]
+    np.testing.assert_allclose(merged["o"][layer], params["o"][layer] + scale * np.einsum("nhr,rd->nhd", a, b),
+                               rtol=1e-5, atol=1e-6)
+  for name in ("embedding", "attn_norm", "final_norm"):
+    assert merged[name] is params[name]
+
+
+def test_zero_init_adapters_leave_logits_unchanged_exactly(model):
+  graphdef, params = model
+  tokens = _batch()["tokens"]
+  base_logits, _ = models.forward(graphdef, params, tokens)
+  adapters = models.init_lora(params, ALL, jax.random.key(3))
+  merged = models.merge_lora(params, adapters, ALL)
+  lora_logits, _ = models.forward(graphdef, merged, tokens)
+  np.testing.assert_array_equal(lora_logits, base_logits)
+  # ...and a non-zero b does change them (the test above could not pass by ignoring the adapters).
+  moved, _ = models.forward(graphdef, models.merge_lora(params, _with_random_b(adapters), ALL), tokens)
+  assert float(jnp.max(jnp.abs(moved - base_logits))) > 1e-3
+
+
+def test_bad_specs_name_the_allowed_values(model):
+  _, params = model
+  with pytest.raises(ValueError, match="among"):
+    learner.Trainable(lora=(4, 8.0, ("q", "qq")))
+  with pytest.raises(ValueError, match="rank"):
+    learner.Trainable(lora=(0, 8.0, ("q",)))
+  with pytest.raises(ValueError, match="base_dtype"):
+    learner.Trainable(lora=(4, 8.0, ("q",)), base_dtype="float16")
+  with pytest.raises(ValueError, match="not among the params"):
+    models.init_lora({"k": params["k"]}, models.LoRA(2, 1.0, ("q",)), jax.random.key(0))
+
+
+def _sft_update(graphdef, trainable, optimizer, micro_batches=1):
+  objective = learner.sft_objective(functools.partial(models.token_logprobs, graphdef))
+  return learner.make_update(optimizer, objective, micro_batches=micro_batches, to_model=trainable.to_model)
+
+
+def test_lora_gradient_matches_a_central_finite_difference(model):
+  """The update's gradient g (read off an SGD step with learning rate 1) along unit directions u equals
+  the central difference D(ε) = (L(θ + εu) − L(θ − εu)) / 2ε, Richardson-extrapolated, (4·D(ε/2) − D(ε)) / 3,
+  so the truncation error is O(ε⁴) instead of O(ε²) (plain D(3e-2) is off by 3e-3 relative along g).
+  float32 throughout: the rounding error is about 1e-6 / ε ≈ 3e-5 for a loss of about 4 (a few float32
+  ulps), so we ask for 1e-3 relative plus 1e-4 absolute, along g itself and along random directions."""
+  graphdef, params = model
+  trainable = learner.Trainable(lora=models.LoRA(4, 8.0, ("q", "o", "up", "down")))
+  frozen, adapters = trainable.split(params, jax.random.key(1))
+  adapters = _with_random_b(adapters)
+  batch = _batch()
+  state = learner.init_train_state(adapters, optax.sgd(1.0), jax.random.key(2), frozen=frozen)
+  new_state, metrics = jax.jit(_sft_update(graphdef, trainable, optax.sgd(1.0)))(state, batch,
+                                                                                jax.random.key(3))
+  grads = jax.tree.map(lambda old, new: old - new, adapters, new_state.params)
+  assert float(optax.tree.norm(grads)) > 1e-3  # every target moved: a and b both have gradients
+  for ab in grads.values():
+    assert float(jnp.max(jnp.abs(ab["a"]))) > 0 and float(jnp.max(jnp.abs(ab["b"]))) > 0
+
+  w_bt = batch["loss_mask"] / jnp.sum(batch["loss_mask"])
+  objective = learner.sft_objective(functools.partial(models.token_logprobs, graphdef))
+  loss_of = jax.jit(lambda ad: objective(trainable.to_model(frozen, ad), batch, w_bt, jax.random.key(0))[0])
+  np.testing.assert_allclose(loss_of(adapters), metrics["loss"], rtol=1e-6)
+  leaves, treedef = jax.tree.flatten(adapters)
+  directions = [grads] + [jax.tree.unflatten(treedef, [jax.random.normal(k, x.shape) for k, x in zip(
+      jax.random.split(jax.random.key(10 + seed), len(leaves)), leaves)]) for seed in range(3)]
+  for seed, u in enumerate(directions):
+    u = jax.tree.map(lambda x, u=u: x / optax.tree.norm(u), u)
+    central = lambda eps, u=u: (loss_of(jax.tree.map(lambda x, d: x + eps * d, adapters, u)) -
+                                loss_of(jax.tree.map(lambda x, d: x - eps * d, adapters, u))) / (2 * eps)
+    fd = (4 * central(1.5e-2) - central(3e-2)) / 3
+    analytic = sum(jnp.vdot(g, d) for g, d in zip(jax.tree.leaves(grads), jax.tree.leaves(u)))
+    np.testing.assert_allclose(fd, analytic, rtol=1e-3, atol=1e-4, err_msg=f"direction {seed}")
+
+
+def test_optimizer_state_holds_only_the_adapters(model):
+  _, params = model
+  trainable = learner.Trainable(lora=models.LoRA(4, 8.0, ("q", "v")))
+  frozen, adapters = trainable.split(params, jax.random.key(1))
+  optimizer = learner.make_optimizer(learning_rate=1e-3, warmup_steps=1, total_steps=4)
+  state = learner.init_train_state(adapters, optimizer, jax.random.key(2), frozen=frozen)
+  adapter_count = sum(x.size for x in jax.tree.leaves(state.params))
+  l, d, r = CFG.num_layers, CFG.d_model, 4
+  assert adapter_count == l * d * r * 2 + l * r * CFG.num_heads * CFG.head_dim + l * r * CFG.num_kv_heads * CFG.head_dim
+  # Adam's two moments mirror the adapters; everything else in the optimizer state is a scalar.
+  opt_arrays = [x for x in jax.tree.leaves(state.opt_state) if x.ndim > 0]
+  assert sum(x.size for x in opt_arrays) == 2 * adapter_count
+  base_count = sum(x.size for x in jax.tree.leaves(params))
+  assert sum(x.size for x in jax.tree.leaves(state.opt_state)) < 2 * adapter_count + 16 < base_count
+
+
+@pytest.mark.parametrize("base_dtype", [None, "bfloat16"])
+def test_sharded_lora_update_matches_single_device(model, base_dtype):
+  graphdef, params = model
+  trainable = learner.Trainable(lora=models.LoRA(4, 8.0, models.LORA_TARGETS), base_dtype=base_dtype)
+  frozen, adapters = trainable.split(params, jax.random.key(1))
+  if base_dtype:
+    assert {x.dtype for x in jax.tree.leaves(frozen)} == {jnp.dtype(jnp.bfloat16)}
+  optimizer = learner.make_optimizer(learning_rate=1e-2, warmup_steps=1, total_steps=6)
+  update = _sft_update(graphdef, trainable, optimizer, micro_batches=2)
+  batch = _batch()
+  state = learner.init_train_state(adapters, optimizer, jax.random.key(2), frozen=frozen)
+  ref_state = state
+  for i in range(3):
+    ref_state, ref_metrics = jax.jit(update)(ref_state, batch, jax.random.key(3 + i))
+
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  rules = sharding.DEFAULT_RULES
+  frozen_axes, adapter_axes = trainable.logical_axes(params)
+  state_sh = sharding.state_shardings(state, adapter_axes, optimizer, mesh, rules,
+                                      frozen_logical_axes=frozen_axes)
+  step = learner.jit_update(update, state_sh, sharding.batch_sharding(mesh, rules, 1), mesh, rules=rules)
+  placed = jax.jit(lambda s: s, out_shardings=state_sh)(state)
+  new_state = placed
+  for i in range(3):
+    new_state, metrics = step(new_state, batch, jax.random.key(3 + i))
+  assert placed.params["q"]["a"].is_deleted()  # the adapters' state is donated...
+  assert new_state.frozen is placed.frozen  # ...the frozen base is neither donated nor copied
+  assert not placed.frozen["q"].is_deleted()
+  jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), new_state.frozen, frozen)
+  for key in ref_metrics:
+    np.testing.assert_allclose(metrics[key], ref_metrics[key], rtol=1e-5, atol=1e-6, err_msg=key)
+  # Adam divides each moment by √v, so an entry whose gradient is near 0 turns the devices' other summation
+  # order (~1e-7 relative) into up to ~1e-4 relative of its step; 3 steps at lr 1e-2 stay within 5e-5.
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-4, atol=5e-5), new_state.params,
+               ref_state.params)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6), new_state.opt_state,
+               ref_state.opt_state)
+  assert float(optax.tree.norm(jax.tree.map(jnp.subtract, new_state.params, adapters))) > 1e-3  # it trained
+  # The adapters shard like the weights they adapt: q's a over embed (fsdp), its b over heads (tensor).
+  P = jax.sharding.PartitionSpec
+  assert new_state.params["q"]["a"].sharding.spec == P(None, "fsdp", None)
+  assert new_state.params["q"]["b"].sharding.spec == P(None, None, "tensor", None)
+  assert new_state.frozen["q"].sharding.spec == P(None, "fsdp", "tensor", None)
