@@ -41,7 +41,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.reward = dict(fn="examples/arith/reward.py:score", weights=(), options=dict(score=dict(format_weight=0.1)),
                   default=0.0, timeout_s=10.0, workers=8)
   c.model = dict(preset="tiny", overrides=dict(), vocab_multiple=8, max_seq_len=32,
-                 hf_path=config_dict.placeholder(str))
+                 hf_path=config_dict.placeholder(str),
+                 lora=dict(rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down"),
+                           base_dtype=config_dict.placeholder(str)))
   c.mesh = dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1, rules=())
   c.sft = dict(steps=600, batch_size=64, noise=0.0, typo_rate=0.0,
                optimizer=dict(learning_rate=3e-3, warmup_steps=20, end_lr_ratio=0.1, weight_decay=0.0,

@@ -194,7 +194,9 @@ def _build(model: str, hardware: str, mesh: dict) -> ml_collections.ConfigDict:
                 bad_rows="error", shuffle=True)
   c.reward = dict(fn="math", weights=(), options=dict(), default=0.0, timeout_s=0.0, workers=8)
   c.model = dict(preset=model, overrides=dict(dtype="bfloat16", param_dtype="float32", remat=True),
-                 vocab_multiple=128, max_seq_len=hw["max_seq_len"], hf_path=config_dict.placeholder(str))
+                 vocab_multiple=128, max_seq_len=hw["max_seq_len"], hf_path=config_dict.placeholder(str),
+                 lora=dict(rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down"),
+                           base_dtype=config_dict.placeholder(str)))
   c.mesh = dict(rules=(), **mesh)
   c.sft = dict(steps=0, batch_size=rollouts, noise=0.0, typo_rate=0.0,
                optimizer=dict(learning_rate=1e-5, warmup_steps=10, end_lr_ratio=0.1, weight_decay=0.0,

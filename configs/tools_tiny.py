@@ -36,7 +36,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 bad_rows="error", shuffle=True)
   c.reward = dict(fn="math", weights=(), options=dict(), default=0.0, timeout_s=0.0, workers=8)
   c.model = dict(preset="tiny", overrides=dict(), vocab_multiple=8, max_seq_len=448,
-                 hf_path=config_dict.placeholder(str))
+                 hf_path=config_dict.placeholder(str),
+                 lora=dict(rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down"),
+                           base_dtype=config_dict.placeholder(str)))
   c.mesh = dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1, rules=())
   c.sft = dict(steps=200, batch_size=16, noise=0.5, typo_rate=0.0,
                optimizer=dict(learning_rate=3e-3, warmup_steps=10, end_lr_ratio=0.1, weight_decay=0.0,

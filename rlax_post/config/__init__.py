@@ -9,6 +9,8 @@ from rlax_post.config._schema import EvalSection
 from rlax_post.config._schema import KL_KINDS
 from rlax_post.config._schema import load
 from rlax_post.config._schema import LOSS_KINDS
+from rlax_post.config._schema import LORA_TARGETS
+from rlax_post.config._schema import LoraSection
 from rlax_post.config._schema import LossSection
 from rlax_post.config._schema import loss_kind
 from rlax_post.config._schema import MeshSection
@@ -33,6 +35,8 @@ __all__ = [
     "EvalSection",
     "KL_KINDS",
     "load",
+    "LORA_TARGETS",
+    "LoraSection",
     "LOSS_KINDS",
     "LossSection",
     "loss_kind",

@@ -69,6 +69,25 @@ class RewardSection:
   workers: int = bounded(8, low=1)  # threads scoring samples while decoding goes on
 
 
+# The projections LoRA may adapt (`rlax_post.models.LORA_TARGETS`; a test keeps the two equal).
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSection:
+  """LoRA adapters for RL (docs/learner.md): the base weights are frozen, only the adapters train."""
+  rank: int = bounded(0, low=0)  # r; 0: off, every weight trains (full fine-tuning)
+  alpha: float = bounded(16.0, low=0.0, low_open=True)  # the merged delta is (alpha / r)·a·b
+  targets: tuple = LORA_TARGETS  # the projections with adapters
+  base_dtype: str | None = choices(None, "bfloat16")  # the frozen base's storage dtype; None: param_dtype
+
+  def __post_init__(self):
+    bad = [t for t in self.targets if t not in LORA_TARGETS]
+    if bad or not self.targets or len(set(self.targets)) != len(self.targets):
+      raise ValueError(f"`model.lora.targets` must be distinct names among {list(LORA_TARGETS)}; got "
+                       f"{list(self.targets)}.")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
   preset: str = "tiny"  # a key of rlax_post.models.PRESETS
@@ -79,6 +98,7 @@ class ModelSection:
   # init of `preset` with the byte tokenizer. Set: the checkpoint's shapes, weights and tokenizer; `preset`
   # is not used and `overrides` may only change dtype, param_dtype and remat.
   hf_path: str | None = None
+  lora: LoraSection = dataclasses.field(default_factory=LoraSection)
 
 
 @dataclasses.dataclass(frozen=True)

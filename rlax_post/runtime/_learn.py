@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -60,17 +61,24 @@ class Learner:
 
 
 def make_learner(parts: _parts.Parts, opt: optax.GradientTransformation, objective, *, agg_mode: str,
-                 max_len: int | None) -> Learner:
-  """The jitted update of `objective` under `opt` on the parts' mesh (`loss.micro_batches` micro-batches)."""
+                 max_len: int | None, trainable: learner.Trainable = learner.Trainable()) -> Learner:
+  """The jitted update of `objective` under `opt` on the parts' mesh (`loss.micro_batches` micro-batches),
+  training what `trainable` says (default: every weight); `init(params, rng)` splits the model's params into
+  the state's frozen and trainable parts (LoRA's adapters drawn from `fold_in(rng, 1)`)."""
   params_like, mesh, rules = parts.params_like, parts.mesh, parts.rules
-  logical = models.param_logical_axes(params_like)
-  abstract_state = jax.eval_shape(
-      lambda p: learner.init_train_state(p, opt, jax.random.key(0)), params_like)
-  shardings = sharding.state_shardings(abstract_state, logical, opt, mesh, rules)
+  frozen_axes, trainable_axes = trainable.logical_axes(params_like)
+
+  def init_state(params, rng):
+    frozen, trained = trainable.split(params, jax.random.fold_in(rng, 1))
+    return learner.init_train_state(trained, opt, rng, frozen=frozen)
+
+  abstract_state = jax.eval_shape(lambda p: init_state(p, jax.random.key(0)), params_like)
+  shardings = sharding.state_shardings(abstract_state, trainable_axes, opt, mesh, rules,
+                                       frozen_logical_axes=frozen_axes)
   update = learner.make_update(opt, objective, micro_batches=parts.cfg.loss.micro_batches, agg_mode=agg_mode,
-                               max_len=max_len)
+                               max_len=max_len, to_model=trainable.to_model)
   step = learner.jit_update(update, shardings, sharding.batch_sharding(mesh, rules, 1), mesh, rules=rules)
-  init = jax.jit(lambda p, rng: learner.init_train_state(p, opt, rng), out_shardings=shardings)
+  init = jax.jit(init_state, out_shardings=shardings)
   return Learner(optimizer=opt, state_shardings=shardings, step=step, init=init,
                  abstract_state=abstract_state)
 
@@ -120,7 +128,8 @@ class RLUpdate:
     opt = optimizer(cfg.rl.optimizer, cfg.rl.steps * cfg.rl.minibatches * cfg.rl.epochs)
     self.learner = make_learner(
         parts, opt, make_objective(cfg.loss, logprob_fn, kind=self.kind), agg_mode=cfg.loss.agg_mode,
-        max_len=max_new_tokens)  # Dr.GRPO's constant normaliser: the longest response.
+        max_len=max_new_tokens, trainable=parts.trainable)  # max_len: Dr.GRPO's normaliser, the longest response.
+    self.to_model = parts.to_model
     self.score = make_score(graphdef, temperature=cfg.rl.temperature, window=max_new_tokens)
     self.batch_sh = batch_sharding(parts.mesh)
     p = cfg.rl.prompts_per_step
@@ -128,10 +137,13 @@ class RLUpdate:
                                  max_new_tokens=max_new_tokens)
     self.max_new_tokens = max_new_tokens
     self.seq_len, self.pad_id = parts.lengths.sequence, parts.tokenizer.pad_id
-    # What `RunCheckpointer.restore` needs to put a checkpoint of this run on the mesh.
-    self.checkpoint_templates = dict(state_like=self.learner.abstract_state,
-                                     state_shardings=self.learner.state_shardings, ref_like=parts.params_like,
-                                     ref_shardings=parts.param_shardings)
+    # What `RunCheckpointer.restore` needs to put a checkpoint of this run on the mesh. With LoRA the reference
+    # policy is the frozen base (`reference`), stored in its dtype.
+    base_like, base_sh = parts.base_like()
+    self.checkpoint_templates = dict(
+        state_like=self.learner.abstract_state, state_shardings=self.learner.state_shardings,
+        ref_like=parts.params_like if base_like is None else base_like,
+        ref_shardings=parts.param_shardings if base_sh is None else base_sh)
     self.group_stats = jax.jit(lambda r, g: advantages_lib.group_stats(r, g, num_groups=p))
 
   def batch(self, groups: list[list[dict]]) -> _batch.RolloutBatch:
@@ -140,6 +152,17 @@ class RLUpdate:
 
   def init(self, params, seed: int):
     return self.learner.init(params, key(seed, envs.Stream.RL_UPDATE, 0))
+
+  def policy(self, state):
+    """The model's params of the policy `state` holds (LoRA: the base merged with the adapters)."""
+    return self.to_model(state.frozen, state.params)
+
+  def reference(self, state, params):
+    """The reference policy of a run that starts from `params` as `state`: a copy of them, or with LoRA
+    the frozen base itself (the policy with zero adapters; the same arrays: no second copy)."""
+    if state.frozen is not None:
+      return state.frozen
+    return jax.tree.map(jnp.copy, params)
 
   def __call__(self, state, ref_params, batch: _batch.RolloutBatch, rl_step: int) -> tuple[Any, dict]:
     """Trains on `batch` as RL step `rl_step` (0-based); returns the new state and the step's metrics."""
@@ -160,7 +183,7 @@ class RLUpdate:
     # One update per batch: the old policy is the current one, read off the update's own forward pass
     # (objectives without `old_logprobs`); more updates need it fixed, so it is scored before the first.
     if cfg.rl.epochs * cfg.rl.minibatches > 1:
-      old_logp = _distributed.to_host(self.score(state.params, batch.tokens, batch.loss_mask))
+      old_logp = _distributed.to_host(self.score(self.policy(state), batch.tokens, batch.loss_mask))
       full["old_logprobs"] = old_logp
       # Sampler vs learner logprobs of the same tokens: float rounding only when on-policy; the policy lag
       # (and any sampler/learner numerics gap) when off-policy. (`behaviour_gap` is its weighted mean.)

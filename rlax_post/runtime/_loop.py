@@ -24,7 +24,7 @@ def learn(update: _learn.RLUpdate, source: _sources.Source, out, start: _run.Sta
   """Trains from `start` on the batches of `source`; `out` (`_run.Run` or `Comparison`) says which steps
   to run (`steps`) and records each one (`after_step`). Returns the final train state."""
   state = start.state
-  source.publish(state.params, start.step)
+  source.publish(state, start.step)
   source.start()
   try:
     for step in out.steps(start.step):
@@ -32,7 +32,7 @@ def learn(update: _learn.RLUpdate, source: _sources.Source, out, start: _run.Sta
       batch = update.batch([rows for _, rows, _ in taken.groups])
       with source.device_lock:
         state, row = update(state, start.ref_params, batch, step)
-      source.publish(state.params, step + 1)
+      source.publish(state, step + 1)
       out.after_step(step + 1, start, state, row, taken, source)
   finally:
     source.stop()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
 
@@ -147,6 +147,23 @@ def param_shardings(params_like, mesh, rules):
   return sharding.named_shardings(models.param_logical_axes(params_like), mesh, rules, shapes=params_like)
 
 
+def make_trainable(cfg: config_lib.Config) -> learner.Trainable:
+  """What the RL learner trains (`model.lora`): every weight (rank 0) or LoRA adapters over a frozen base."""
+  lora = cfg.model.lora
+  if lora.rank == 0:
+    return learner.Trainable()
+  return learner.Trainable(lora=models.LoRA(lora.rank, lora.alpha, tuple(lora.targets)),
+                           base_dtype=lora.base_dtype)
+
+
+def _to_model_fn(trainable: learner.Trainable, shardings) -> Callable[[Any, Any], Any]:
+  """`(frozen, trainable) -> the model's params` on the param shardings: the trainable params themselves
+  (full fine-tuning: no copy), or one jitted LoRA merge."""
+  if trainable.lora is None:
+    return trainable.to_model
+  return jax.jit(trainable.to_model, out_shardings=shardings)
+
+
 @dataclasses.dataclass(frozen=True)
 class Parts:
   """What every role of a run builds from its config and mesh (`build_parts`)."""
@@ -160,6 +177,24 @@ class Parts:
   graphdef: Any
   params_like: Any  # abstract params (ShapeDtypeStructs)
   param_shardings: Any  # NamedShardings of the params on `mesh`
+  # What the RL learner trains (`make_trainable`), and `to_model(frozen, trainable) -> params` on `mesh`.
+  trainable: learner.Trainable = learner.Trainable()
+  to_model: Callable[[Any, Any], Any] = learner.Trainable().to_model
+
+  def exchanged_like(self) -> tuple[Any, Any]:
+    """Abstract params and shardings of what the learner publishes to samplers each version: its
+    trainable params (the adapters with LoRA, else the whole model)."""
+    _, like = self.trainable.like(self.params_like)
+    _, axes = self.trainable.logical_axes(self.params_like)
+    return like, sharding.named_shardings(axes, self.mesh, self.rules, shapes=like)
+
+  def base_like(self) -> tuple[Any, Any]:
+    """Abstract params and shardings of LoRA's frozen base (held once by samplers; None without LoRA)."""
+    like, _ = self.trainable.like(self.params_like)
+    axes, _ = self.trainable.logical_axes(self.params_like)
+    if like is None:
+      return None, None
+    return like, sharding.named_shardings(axes, self.mesh, self.rules, shapes=like)
 
   def engine(self, *, slots: int, temperature: float, top_p: float = 1.0, top_k: int = 0
              ) -> sampler.RlaxEngine:
@@ -203,6 +238,8 @@ def build_parts(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None) -
   model_cfg = model_config(cfg, tokenizer)
   task = envs.make_rl_task(cfg, tokenizer)
   graphdef, params_like = models.abstract_params(model_cfg)
+  shardings, trainable = param_shardings(params_like, mesh, rules), make_trainable(cfg)
   return Parts(cfg=cfg, tokenizer=tokenizer, model_cfg=model_cfg, task=task,
                lengths=task.lengths(model_cfg.max_seq_len), mesh=mesh, rules=rules, graphdef=graphdef,
-               params_like=params_like, param_shardings=param_shardings(params_like, mesh, rules))
+               params_like=params_like, param_shardings=shardings, trainable=trainable,
+               to_model=_to_model_fn(trainable, shardings))

@@ -15,7 +15,6 @@ import time
 from typing import Any, Callable, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from rlax_post import config as config_lib
@@ -133,10 +132,10 @@ class Run:
   def _fresh(self, source) -> Start:
     params = _parts.initial_params(self.parts, _learn.key(self.cfg.seed, envs.Stream.INIT, 0))
     params = _warm.warm_start(self.parts, params, self.metrics, self.ui)
-    ref_params = jax.tree.map(jnp.copy, params)
     state = self.update.init(params, self.cfg.seed)
+    ref_params = self.update.reference(state, params)
     with source.device_lock:
-      initial = self.evaluate(state.params)
+      initial = self.evaluate(self.update.policy(state))
     self.metrics.write(0, {"eval_reward": initial}, phase="eval")
     self.ui.say(f"Warm-start greedy eval reward on {self.parts.task.num_eval} held-out prompts: {initial:.3f}")
     history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - self.t_start,
@@ -161,7 +160,7 @@ class Run:
       self.metrics.write(step, row)
     if (cfg.eval.every and step % cfg.eval.every == 0) or step == tally.end_step:
       with source.device_lock:
-        tally.last_eval = self.evaluate(state.params)
+        tally.last_eval = self.evaluate(self.update.policy(state))
       self.metrics.write(step, {"eval_reward": tally.last_eval}, phase="eval")
     if hasattr(tally.bar, "set_postfix"):
       tally.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0.0):.4f}",
@@ -184,7 +183,7 @@ class Run:
     of a multi-host learner returns the summary; process 0 alone writes it and the curves."""
     # The loop evaluates at its last step; a resumed run with no step left to do evaluates here.
     tally = self.tally
-    final = tally.last_eval if tally.last_eval is not None else self.evaluate(state.params)
+    final = tally.last_eval if tally.last_eval is not None else self.evaluate(self.update.policy(state))
     t_end = time.time()
     self.ckpt.close()
     self.metrics.close()

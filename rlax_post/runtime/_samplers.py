@@ -28,6 +28,7 @@ from rlax_post.runtime import _parts
 
 LEARNER = "learner"  # the rollout queue's consumer
 DONE_FILE = "learner.done"  # written by the learner when it stops: samplers stop too
+BASE_DIR = "base"  # LoRA's frozen base, published once (version 0); `params/` then holds the adapters
 
 
 @dataclasses.dataclass
@@ -42,15 +43,19 @@ class Channels:
 
 class SamplerWorker:
   """One sampler: tickets → groups → queue, with params from `channels.params`. `run()` returns when
-  `should_stop()`; counters in `stats()`. `producer_factory(params, version)` makes its `envs.Producer`."""
+  `should_stop()`; counters in `stats()`. `producer_factory(params, version)` makes its `envs.Producer`;
+  `receive(published)` turns what the exchange carries into the model's params (LoRA: merges the adapters
+  into the base the sampler holds; default: they are the params)."""
 
   def __init__(self, name: str, producer_factory: Callable[[Any, int], Any], channels: Channels, *,
-               slots: int, group_size: int, should_stop: Callable[[], bool], device_lock=None):
+               slots: int, group_size: int, should_stop: Callable[[], bool], device_lock=None,
+               receive: Callable[[Any], Any] | None = None):
     self.name, self.channels = name, channels
     self.source, self.queue = channels.params, channels.queue
     # Held around every device program (see _sources.ThreadSource): None when the sampler owns its devices.
     self.device_lock = device_lock if device_lock is not None else contextlib.nullcontext()
     self.producer_factory = producer_factory
+    self.receive = receive if receive is not None else (lambda published: published)
     self.slots, self.n = slots, group_size
     self.should_stop = should_stop
     self._lock = threading.Lock()
@@ -79,7 +84,7 @@ class SamplerWorker:
     version, params = first
     self.first_version = version
     with self.device_lock:
-      producer = self.producer_factory(params, version)
+      producer = self.producer_factory(self.receive(params), version)
     with self._lock:
       self._stats["version"] = version
     last_beat = 0.0
@@ -89,7 +94,7 @@ class SamplerWorker:
         got = self.source.latest()
         if got is not None:
           with self.device_lock:
-            producer.set_params(got[1], got[0])
+            producer.set_params(self.receive(got[1]), got[0])
           with self._lock:
             self._stats["version"], self._stats["swaps"] = got[0], self._stats["swaps"] + 1
       while producer.in_flight_samples + self.n <= self.slots or not producer.in_flight_groups:
@@ -162,6 +167,17 @@ def load_run_config(workdir: str, *, timeout_s: float = 0.0) -> config_lib.Confi
   return config_lib.load(raw)
 
 
+def _read_base(parts: _parts.Parts, workdir: str, name: str, timeout_s: float = 600.0):
+  """LoRA's frozen base, read once from the learner's `workdir/base` onto this sampler's mesh (None without
+  LoRA: the published versions are the whole params)."""
+  base_like, base_sh = parts.base_like()
+  if base_like is None:
+    return None
+  reader = exchange.ParamSubscriber(os.path.join(workdir, BASE_DIR), params_like=base_like, shardings=base_sh,
+                                    reader_id=name)
+  return reader.wait_for(0, timeout_s=timeout_s)[1]
+
+
 def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s: float = 600.0) -> dict:
   """`rlax-post sampler --index K`: samples for the learner of `workdir` until it writes learner.done."""
   if isinstance(index, bool) or not isinstance(index, int) or index < 0:
@@ -178,12 +194,15 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   # A sampler restarted under the same index never redoes a group it already put in the queue; tickets
   # still granted to it that never reached the queue are started again (same prompt and seeds).
   admission.mark_done(int(g) for g in queue.written_group_ids())
-  params = exchange.ParamSubscriber(os.path.join(workdir, "params"), params_like=parts.params_like,
-                                    shardings=parts.param_shardings, reader_id=name)
+  exchanged_like, exchanged_sh = parts.exchanged_like()
+  params = exchange.ParamSubscriber(os.path.join(workdir, "params"), params_like=exchanged_like,
+                                    shardings=exchanged_sh, reader_id=name)
+  base = _read_base(parts, workdir, name)
   engine = parts.sampling_engine()
   worker = SamplerWorker(name, lambda p, v: parts.task.producer(engine, p, v),
                          Channels(params, queue, admission, heartbeat=admission.heartbeat), slots=slots,
-                         group_size=n, should_stop=(epath.Path(workdir) / DONE_FILE).exists)
+                         group_size=n, should_stop=(epath.Path(workdir) / DONE_FILE).exists,
+                         receive=lambda published: parts.to_model(base, published))
   if not quiet:
     print(f"[{name}] sampling for {workdir} ({slots} slots)", flush=True)
   t0 = time.time()

@@ -8,8 +8,9 @@
                  orbax parameter versions and grants tickets (`rlax-post learner`)
   LoggedSource   the rows a run logged since its oldest kept checkpoint, in logged order (`rlax-post replay`)
 
-A source is resumed from a checkpoint's metadata (`resume`), receives every params version the learner
-makes (`publish`), and hands over each step's groups (`take`) with what it dropped as too stale; staleness,
+A source is resumed from a checkpoint's metadata (`resume`), receives every train state the learner makes
+(`publish`: its samplers get the policy's params, or with LoRA (`Parts.trainable`) the adapters, merged into
+the frozen base they hold once), and hands over each step's groups (`take`) with what it dropped as too stale; staleness,
 admission and the position to resume from belong to it. `device_lock` is held around the learner's device
 programs where samplers share its devices.
 """
@@ -49,7 +50,7 @@ class Source(Protocol):
   device_lock: ContextManager
 
   def resume(self, step: int, meta: dict) -> None: ...  # continue after checkpoint `step` (its metadata)
-  def publish(self, params: Any, version: int) -> None: ...
+  def publish(self, state: Any, version: int) -> None: ...  # the learner's TrainState as version `version`
   def start(self) -> None: ...
   def take(self, step: int) -> Taken: ...  # the groups of RL step `step` (0-based)
   def checkpointed(self, step: int) -> None: ...  # checkpoint `step` is saved: no resume goes below it
@@ -71,8 +72,9 @@ class InlineSource:
   def resume(self, step: int, meta: dict) -> None:
     del step, meta  # Step k's tickets are k·P … k·P + P − 1: nothing else to restore.
 
-  def publish(self, params, version: int) -> None:
+  def publish(self, state, version: int) -> None:
     # The producer samples before the next update donates these params: no copy is needed.
+    params = self.parts.to_model(state.frozen, state.params)
     if self.producer is None:
       self.producer = self.parts.task.producer(self.engine, params, version)
     else:
@@ -199,17 +201,21 @@ class ThreadSource(_QueueSource):
     # is serialised, while host work (env calls, tokenisation, the queue, waiting) still overlaps.
     self.device_lock = threading.RLock() if parts.mesh.size > 1 else contextlib.nullcontext()
     engine = parts.sampling_engine()
+    self.base = None  # LoRA's frozen base, from the first published state (never donated: `jit_update`)
+    receive = lambda published: parts.to_model(self.base, published)
     self.workers = [_samplers.SamplerWorker(
         f"sampler-{k}", lambda params, version: parts.task.producer(engine, params, version),
         _samplers.Channels(self.params, writer_queue(k), self.admission), slots=_parts.sampler_slots(cfg),
-        group_size=cfg.rl.samples_per_prompt, should_stop=self._stop.is_set, device_lock=self.device_lock)
-        for k in range(cfg.runtime.num_samplers)]
+        group_size=cfg.rl.samples_per_prompt, should_stop=self._stop.is_set, device_lock=self.device_lock,
+        receive=receive) for k in range(cfg.runtime.num_samplers)]
     self._threads = []
 
-  def publish(self, params, version: int) -> None:
-    # The learner donates its state to the next update: hand the samplers their own copy.
+  def publish(self, state, version: int) -> None:
+    # The learner donates its state to the next update: hand the samplers their own copy (of the adapters
+    # only, with LoRA: the samplers merge them into the base they hold).
+    self.base = state.frozen
     with self.device_lock:
-      copy = jax.block_until_ready(jax.tree.map(jnp.copy, params))
+      copy = jax.block_until_ready(jax.tree.map(jnp.copy, state.params))
     self.params.publish(copy, version)
 
   def resume(self, step: int, meta: dict) -> None:
@@ -267,13 +273,18 @@ class ProcessSource(_QueueSource):
                                               max_staleness=self.eta)
     self.publisher = exchange.ParamPublisher(os.path.join(workdir, "params"),
                                              max_to_keep=self.cfg.runtime.param_versions_to_keep)
+    self.base_dir, self._base_out = os.path.join(workdir, _samplers.BASE_DIR), False
     self.version = 0
     self._last_grant = 0.0
 
-  def publish(self, params, version: int) -> None:
+  def publish(self, state, version: int) -> None:
     self.version = version
+    if state.frozen is not None and not self._base_out:
+      _publish_base(self.base_dir, state.frozen)
+      self._base_out = True
     if self.publisher.latest_version is None or version > self.publisher.latest_version:
-      self.publisher.publish(params, version)  # (else already out: a resumed learner's checkpoint version)
+      # (else already out: a resumed learner's checkpoint version). With LoRA: the adapters only.
+      self.publisher.publish(state.params, version)
     self._grant(force=True)
 
   def _grant(self, force: bool = False) -> None:
@@ -314,6 +325,17 @@ class ProcessSource(_QueueSource):
     self._grant()
 
 
+def _publish_base(directory: str, base) -> None:
+  """LoRA's frozen base as version 0 of `directory`, once per run: samplers read it once and merge every
+  published adapter version into it (`_samplers.run_sampler`)."""
+  publisher = exchange.ParamPublisher(directory, max_to_keep=1)
+  try:
+    if publisher.latest_version is None:
+      publisher.publish(base, 0)
+  finally:
+    publisher.close()
+
+
 class LoggedSource:
   """The groups a run logged (`_rowlog.RolloutLog`) for the steps after `first`, in its schedule's order."""
   device_lock = contextlib.nullcontext()
@@ -329,8 +351,8 @@ class LoggedSource:
   def resume(self, step: int, meta: dict) -> None:
     del step, meta
 
-  def publish(self, params, version: int) -> None:
-    del params, version
+  def publish(self, state, version: int) -> None:
+    del state, version
 
   def start(self) -> None:
     pass
