@@ -321,3 +321,20 @@ def test_the_process_exchange_carries_only_the_adapters(lora_run, tmp_path):
   size = lambda d: sum(f.stat().st_size for f in pathlib.Path(d).rglob("*") if f.is_file())
   # (At this micro size orbax's metadata is a good part of each; benchmarks/lora_exchange.py measures 135M.)
   assert size(tmp_path / "params" / "5") * 3 < size(tmp_path / "base" / "0")
+
+
+def test_export_writes_the_merged_policy_as_an_hf_checkpoint(lora_run, tmp_path):
+  workdir, cfg, _ = lora_run
+  assert runtime.export_hf(workdir, tmp_path / "hf", architecture="LlamaForCausalLM") == 4
+  state, _, _ = _restore(workdir, cfg, 4)
+  merged = models.merge_lora(state.frozen, state.params, runtime.build_parts(cfg).trainable.lora)
+  hf_cfg, graphdef, loaded = models.load_hf(str(tmp_path / "hf"))
+  assert sorted(loaded) == sorted(merged)
+  for name in merged:
+    np.testing.assert_array_equal(np.asarray(loaded[name]), np.asarray(merged[name]), err_msg=name)
+  # The adapters are in it: the exported q differs from the base's.
+  assert float(np.max(np.abs(np.asarray(loaded["q"]) - np.asarray(state.frozen["q"])))) > 1e-6
+  # (The restored params live on the 8-device mesh, the loaded ones on one device: another summation order.)
+  tokens = _batch()["tokens"] % hf_cfg.vocab_size
+  np.testing.assert_allclose(models.forward(graphdef, loaded, tokens)[0],
+                             models.forward(graphdef, merged, tokens)[0], atol=1e-5)
