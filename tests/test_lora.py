@@ -113,8 +113,8 @@ def _sft_update(graphdef, trainable, optimizer, micro_batches=1):
 
 def test_lora_gradient_matches_a_central_finite_difference(model):
   """The update's gradient g (read off an SGD step with learning rate 1) along unit directions u equals
-  the central difference D(ε) = (L(θ + εu) − L(θ − εu)) / 2ε, Richardson-extrapolated, (4·D(ε/2) − D(ε)) / 3,
-  so the truncation error is O(ε⁴) instead of O(ε²) (plain D(3e-2) is off by 3e-3 relative along g).
+  the central difference D(ε) = (L(θ + εu) − L(θ − εu)) / 2ε, Richardson-extrapolated,
+  (4·D(ε/2) − D(ε)) / 3, so the truncation error is O(ε⁴) instead of O(ε²) (plain D(3e-2) is off by 3e-3 relative along g).
   float32 throughout: the rounding error is about 1e-6 / ε ≈ 3e-5 for a loss of about 4 (a few float32
   ulps), so we ask for 1e-3 relative plus 1e-4 absolute, along g itself and along random directions."""
   graphdef, params = model
@@ -338,3 +338,15 @@ def test_export_writes_the_merged_policy_as_an_hf_checkpoint(lora_run, tmp_path)
   tokens = _batch()["tokens"] % hf_cfg.vocab_size
   np.testing.assert_allclose(models.forward(graphdef, loaded, tokens)[0],
                              models.forward(graphdef, merged, tokens)[0], atol=1e-5)
+
+
+def test_config_lora_section_validates_and_names_the_allowed_values():
+  assert config.LORA_TARGETS == models.LORA_TARGETS  # the config's copy of the list (config imports nothing)
+  cfg = config.load({"model": {"lora": {"rank": 8, "alpha": 16, "targets": ["q", "v"], "base_dtype": "bfloat16"}}})
+  trainable = runtime.build_parts(cfg).trainable
+  assert trainable == learner.Trainable(lora=models.LoRA(8, 16.0, ("q", "v")), base_dtype="bfloat16")
+  assert runtime.build_parts(config.load({})).trainable == learner.Trainable()  # rank 0: full fine-tuning
+  for lora, message in [({"targets": ["q", "x"]}, "among"), ({"rank": -1}, ">= 0"), ({"alpha": 0.0}, "> 0"),
+                        ({"base_dtype": "float16"}, "one of")]:
+    with pytest.raises(ValueError, match=message):
+      config.load({"model": {"lora": lora}})

@@ -10,9 +10,9 @@
 
 A source is resumed from a checkpoint's metadata (`resume`), receives every train state the learner makes
 (`publish`: its samplers get the policy's params, or with LoRA (`Parts.trainable`) the adapters, merged into
-the frozen base they hold once), and hands over each step's groups (`take`) with what it dropped as too stale; staleness,
-admission and the position to resume from belong to it. `device_lock` is held around the learner's device
-programs where samplers share its devices.
+the frozen base they hold once), and hands over each step's groups (`take`) with what it dropped as too
+stale; staleness, admission and the position to resume from belong to it. `device_lock` is held around the
+learner's device programs where samplers share its devices.
 """
 
 from __future__ import annotations
