@@ -350,3 +350,29 @@ def test_config_lora_section_validates_and_names_the_allowed_values():
                         ({"base_dtype": "float16"}, "one of")]:
     with pytest.raises(ValueError, match=message):
       config.load({"model": {"lora": lora}})
+
+
+def test_lora_leaves_the_warm_start_key_alone_and_older_checkpoints_resume():
+  from rlax_post.runtime import _checkpoint  # pylint: disable=g-import-not-at-top
+  plain, lora = config.load({}), config.load({"model": {"lora": {"rank": 4}}})
+  assert runtime.warm_start_cache_key(plain) == runtime.warm_start_cache_key(lora)
+  saved = json.loads(json.dumps(config.to_dict(plain)))
+  del saved["model"]["lora"]  # a checkpoint written before the section existed ran with its defaults
+  _checkpoint.check_resume_config(saved, plain)
+  with pytest.raises(ValueError, match="model.lora.rank"):
+    _checkpoint.check_resume_config(saved, lora)
+
+
+def test_a_lora_run_with_a_bfloat16_base(tmp_path):
+  c = _run_cfg()
+  cfg = config.load(dict(config.to_dict(c), model=dict(config.to_dict(c)["model"], lora=dict(
+      rank=4, alpha=8.0, targets=("q", "v", "o", "up"), base_dtype="bfloat16")), rl=dict(
+          config.to_dict(c)["rl"], steps=2)))
+  summary = runtime.train(cfg, tmp_path, quiet=True)
+  assert summary["num_skipped_updates"] == 0
+  state, ref, _ = _restore(tmp_path, cfg, 2)
+  assert {x.dtype for x in jax.tree.leaves(state.frozen)} == {jnp.dtype(jnp.bfloat16)}
+  assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}
+  jax.tree.map(np.testing.assert_array_equal, ref, state.frozen)
+  rows = _rl_rows(tmp_path)
+  assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-7) and np.isfinite(rows[-1]["loss"])

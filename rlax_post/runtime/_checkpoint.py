@@ -173,7 +173,9 @@ def check_resume_config(saved: dict | None, cfg: config_lib.Config) -> None:
   now = config_lib.to_dict(cfg)
   # JSON turns tuples into lists; compare through JSON on both sides.
   sections = [k for k in _RESULT_SECTIONS if k in saved]  # A checkpoint older than a section lacks it.
-  old_flat = _flat({k: saved.get(k) for k in sections})
+  # ...or a key added since (e.g. model.lora): it ran with that key's default.
+  defaults = _flat(json.loads(json.dumps({k: config_lib.to_dict(config_lib.Config())[k] for k in sections})))
+  old_flat = {**defaults, **_flat({k: saved.get(k) for k in sections})}
   new_flat = _flat(json.loads(json.dumps({k: now[k] for k in sections})))
   diff = sorted(k for k in old_flat.keys() | new_flat.keys()
                 if old_flat.get(k) != new_flat.get(k) and k not in _NOT_RESULTS)

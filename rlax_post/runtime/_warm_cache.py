@@ -47,6 +47,8 @@ def cache_key(cfg: config_lib.Config) -> str:
   spec = {k: d[k] for k in _KEY_SECTIONS}
   spec.update(_data_files(cfg))
   spec["sft"] = {k: v for k, v in spec["sft"].items() if k != "cache_dir"}
+  # The warm start trains every weight whatever RL does after it (model.lora): not part of its key.
+  spec["model"] = {k: v for k, v in spec["model"].items() if k != "lora"}
   spec["micro_batches"] = d["loss"]["micro_batches"]
   text = json.dumps(spec, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:20]
