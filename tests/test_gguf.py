@@ -20,6 +20,7 @@ import safetensors.numpy
 from rlax_post import models
 from rlax_post import sampler
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _rowlog
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -190,3 +191,33 @@ def test_convert_command_names_a_missing_file(tmp_path):
                         env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert done.returncode == 2 and "Traceback" not in done.stderr
   assert done.stderr.strip().startswith("rlax-post convert: error: --gguf 'missing.gguf': cannot read it")
+
+
+def test_smollm2_trains_with_grpo_through_the_cli(smollm2, tmp_path):
+  """The real path end to end at a tiny size: the converted checkpoint, chat-rendered word problems, the
+  built-in maths reward, GRPO through `rlax-post train`."""
+  out, _, _ = smollm2
+  data_dir = str(tmp_path / "problems")
+  made = subprocess.run([sys.executable, "examples/word_problems/make_data.py", "--out", data_dir, "--train", "40",
+                         "--eval", "8"], capture_output=True, text=True, timeout=120, cwd=_ROOT)
+  assert made.returncode == 0, made.stderr
+  workdir = str(tmp_path / "run")
+  done = subprocess.run(
+      [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/smollm2_math.py:tiny", "--workdir",
+       workdir, f"--config.model.hf_path={out}", f"--config.data.train={data_dir}/train.jsonl",
+       f"--config.data.eval={data_dir}/eval.jsonl", "--config.runtime.progress=False",
+       "--config.runtime.tensorboard=False", "--config.runtime.plot=False"],
+      capture_output=True, text=True, timeout=900, cwd=_ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert done.returncode == 0, done.stderr[-3000:]
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rl = [json.loads(line) for line in f if '"phase": "rl"' in line]
+  assert [r["step"] for r in rl] == [1, 2]
+  assert all(np.isfinite(r["loss"]) and 0 <= r["reward/math"] <= 1 and r["reward_errors"] == 0 for r in rl)
+  tok = _parts.CheckpointTokenizer.from_dir(out)
+  with open(os.path.join(data_dir, "train.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  logged = [r for step in (1, 2) for _, group in _rowlog.RolloutLog(workdir).rows(step) for r in group]
+  assert len(logged) == 2 * 2 * 4
+  for r in logged:
+    expected = tok.encode(tok.apply_chat_template(rows[int(r["data_row"])]["prompt"], add_generation_prompt=True))
+    assert [int(t) for t in r["prompt"]] == expected

@@ -38,11 +38,12 @@ TEMPLATES = [
 ]
 
 
-def problem(rng: np.random.Generator) -> dict:
+def problem(rng: np.random.Generator, max_operand: int) -> dict:
   kind, template, answer = TEMPLATES[rng.integers(len(TEMPLATES))]
   n, m = rng.choice(NAMES, size=2, replace=False)
   t = rng.choice(THINGS)
-  a, b, c = int(rng.integers(2, 50)), int(rng.integers(1, 30)), int(rng.integers(2, 10))
+  a, b = int(rng.integers(2, max_operand)), int(rng.integers(1, max(2, max_operand // 2)))
+  c = int(rng.integers(2, max(3, min(10, max_operand // 4 + 1))))
   if kind == "sub":
     a, b = max(a, b) + 1, min(a, b)
   if kind == "two":
@@ -52,10 +53,10 @@ def problem(rng: np.random.Generator) -> dict:
           "kind": kind}
 
 
-def split(n: int, seed: int, exclude: set[str]) -> list[dict]:
+def split(n: int, seed: int, exclude: set[str], max_operand: int) -> list[dict]:
   rng, rows, seen = np.random.default_rng(seed), [], set(exclude)
   while len(rows) < n:
-    row = problem(rng)
+    row = problem(rng, max_operand)
     key = row["prompt"][0]["content"]
     if key not in seen:
       seen.add(key)
@@ -68,12 +69,14 @@ def main(argv=None) -> None:
   parser.add_argument("--out", required=True, help="directory for train.jsonl and eval.jsonl")
   parser.add_argument("--train", type=int, default=4000)
   parser.add_argument("--eval", type=int, default=200)
+  parser.add_argument("--max-operand", type=int, default=20,
+                      help="first operands below this, second ones below half of it, multipliers below 6")
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args(argv)
-  if args.train < 1 or args.eval < 1:
-    parser.error(f"--train and --eval must be positive; got {args.train}, {args.eval}")
-  held = split(args.eval, args.seed + 1, set())
-  train = split(args.train, args.seed, {r["prompt"][0]["content"] for r in held})
+  if args.train < 1 or args.eval < 1 or args.max_operand < 4:
+    parser.error(f"--train and --eval must be positive and --max-operand >= 4; got {vars(args)}")
+  held = split(args.eval, args.seed + 1, set(), args.max_operand)
+  train = split(args.train, args.seed, {r["prompt"][0]["content"] for r in held}, args.max_operand)
   os.makedirs(args.out, exist_ok=True)
   for name, rows, start in (("train.jsonl", train, 0), ("eval.jsonl", held, len(train))):
     with open(os.path.join(args.out, name), "w", encoding="utf-8") as f:

