@@ -503,8 +503,8 @@ def main(argv=None):
   v = setup["versions"]
   print(f"rlax_post (jax {jax.__version__}) vs TRL {v['trl']} (torch {v['torch']}, transformers "
         f"{v['transformers']}), CPU, {spec['threads']} thread(s) per side; SmolLM2-135M-Instruct "
-        f"({ours.num_params:,} params, fp32); median of {spec['rounds']} alternating steps after {spec['warmup']} warm-up; load average "
-        f"{load[0]:.1f} -> {load[1]:.1f}")
+        f"({ours.num_params:,} params, fp32); median of {spec['rounds']} alternating steps after "
+        f"{spec['warmup']} warm-up; load average {load[0]:.1f} -> {load[1]:.1f}")
   print("ratio > 1 favours ours: TRL time / our time, our tokens/s / TRL's, TRL peak RSS / ours")
   _harness.print_table(table_rows(summary, spec), [("figure", "figure", "s"), ("ours", "ours", "s"),
                                                    ("trl", "TRL", "s"), ("ratio", "ratio", "s")])
