@@ -505,6 +505,8 @@ def main(argv=None):
         f"{v['transformers']}), CPU, {spec['threads']} thread(s) per side; SmolLM2-135M-Instruct "
         f"({ours.num_params:,} params, fp32); median of {spec['rounds']} alternating steps after "
         f"{spec['warmup']} warm-up; load average {load[0]:.1f} -> {load[1]:.1f}")
+  if os.environ.get("OMP_WAIT_POLICY"):  # inherited by TRL's worker (torch's OpenMP); XLA does not read it
+    print(f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
   print("ratio > 1 favours ours: TRL time / our time, our tokens/s / TRL's, TRL peak RSS / ours")
   _harness.print_table(table_rows(summary, spec), [("figure", "figure", "s"), ("ours", "ours", "s"),
                                                    ("trl", "TRL", "s"), ("ratio", "ratio", "s")])
@@ -518,7 +520,8 @@ def main(argv=None):
       "spec": spec, "rounds": rounds, "warmup": warm, "summary": summary, "num_params": ours.num_params,
       "setup_s": {"ours_and_trl_with_warmup": setup_s, "trl_build": setup["setup_s"]},
       "trl_settings": setup["settings"], "fairness": {k: list(v) for k, v in fairness(cfg, trl_args(spec)).items()},
-      "timed_compiles": timed_compiles, "load_average": load, "versions": dict(v, jax=jax.__version__)})
+      "timed_compiles": timed_compiles, "load_average": load,
+      "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "versions": dict(v, jax=jax.__version__)})
 
 
 if __name__ == "__main__":
