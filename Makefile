@@ -7,9 +7,11 @@ STAMP := $(VENV)/.rlax_post-installed
 TEST_STAMP := $(VENV)/.rlax_post-test-installed
 TUNIX_VENV ?= .venv-tunix
 TUNIX_STAMP := $(TUNIX_VENV)/.tunix-installed
+TRL_VENV ?= .venv-trl
+TRL_STAMP := $(TRL_VENV)/.trl-installed
 PYTEST_ARGS ?=
 
-.PHONY: install install-test demo demo-real test test-all bench tunix-venv bench-tunix clean
+.PHONY: install install-test demo demo-real test test-all bench tunix-venv bench-tunix trl-venv bench-trl clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), f"Python 3.11+ needed; $(PYTHON) is {sys.version}"'
@@ -84,6 +86,23 @@ tunix-venv: $(TUNIX_STAMP)
 bench-tunix: install tunix-venv
 	mkdir -p benchmarks/out
 	$(PY) benchmarks/vs_tunix.py --tunix-python $(TUNIX_VENV)/bin/python --json benchmarks/out/vs_tunix.json
+
+# TRL 1.16.0 (torch CPU) in its own venv, for the side-by-side benchmark only (benchmarks/vs_trl.py); nothing
+# else needs it. requirements/trl.txt pins every package (torch 2.13.0+cpu, transformers at requirements/lock.txt's).
+# The benchmark needs the test install too: the GGUF wheel it converts when the checkpoint is missing.
+$(TRL_VENV)/bin/python:
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), f"Python 3.11+ needed; $(PYTHON) is {sys.version}"'
+	$(PYTHON) -m venv $(TRL_VENV)
+
+$(TRL_STAMP): requirements/trl.txt | $(TRL_VENV)/bin/python
+	$(TRL_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements/trl.txt
+	@touch $(TRL_STAMP)
+
+trl-venv: $(TRL_STAMP)
+
+bench-trl: install-test trl-venv
+	mkdir -p benchmarks/out
+	$(PY) benchmarks/vs_trl.py --trl-python $(TRL_VENV)/bin/python --json benchmarks/out/vs_trl.json
 
 clean:
 	rm -rf runs .pytest_cache
