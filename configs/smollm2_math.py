@@ -65,7 +65,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.lora.alpha = 32.0
     c.rl.optimizer.learning_rate = 1e-4
   if "quick" in variants:  # `make demo-real`: a visible rise in about 10 minutes.
-    c.rl.steps = 15
+    c.rl.steps = 10
     c.task.num_eval = 64
     c.eval.every = 5
   if "tiny" in variants:  # The tests' size: two RL steps, a small held-out set.
