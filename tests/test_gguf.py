@@ -193,6 +193,7 @@ def test_convert_command_names_a_missing_file(tmp_path):
   assert done.stderr.strip().startswith("rlax-post convert: error: --gguf 'missing.gguf': cannot read it")
 
 
+@pytest.mark.slow  # About 75 s; the real model's parity tests and the tiny-HF dataset CLI run are in make test.
 def test_smollm2_trains_with_grpo_through_the_cli(smollm2, tmp_path):
   """The real path end to end at a tiny size: the converted checkpoint, chat-rendered word problems, the
   built-in maths reward, GRPO through `rlax-post train`."""
@@ -207,7 +208,8 @@ def test_smollm2_trains_with_grpo_through_the_cli(smollm2, tmp_path):
        workdir, f"--config.model.hf_path={out}", f"--config.data.train={data_dir}/train.jsonl",
        f"--config.data.eval={data_dir}/eval.jsonl", "--config.runtime.progress=False",
        "--config.runtime.tensorboard=False", "--config.runtime.plot=False"],
-      capture_output=True, text=True, timeout=900, cwd=_ROOT, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+      capture_output=True, text=True, timeout=900, cwd=_ROOT,
+      env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})  # One device, as a user's run.
   assert done.returncode == 0, done.stderr[-3000:]
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rl = [json.loads(line) for line in f if '"phase": "rl"' in line]

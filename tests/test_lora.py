@@ -363,6 +363,7 @@ def test_lora_leaves_the_warm_start_key_alone_and_older_checkpoints_resume():
     _checkpoint.check_resume_config(saved, lora)
 
 
+@pytest.mark.slow  # The bf16 base is also covered by the sharded update test; this end-to-end run costs 20 s.
 def test_a_lora_run_with_a_bfloat16_base(tmp_path):
   c = _run_cfg()
   cfg = config.load(dict(config.to_dict(c), model=dict(config.to_dict(c)["model"], lora=dict(
