@@ -72,6 +72,7 @@ def test_byte_tokenizer_run_logs_each_reward_component(tmp_path):
     assert 0 <= int(row["data_row"]) < 200
 
 
+@pytest.mark.slow  # A long end-to-end run: `make test-all` (make test's 15-minute budget).
 def test_hf_checkpoint_renders_chat_prompts_with_its_template(tmp_path):
   pytest.importorskip("tokenizers")
   checkpoint = _tiny_hf.make_checkpoint(str(tmp_path / "ckpt"))

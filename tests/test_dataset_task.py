@@ -207,6 +207,7 @@ class Counter:
 """
 
 
+@pytest.mark.slow  # A long end-to-end run: `make test-all` (make test's 15-minute budget).
 def test_rows_naming_an_env_run_episodes_scored_by_that_env(tmp_path):
   """Multi-turn from data: rows name the tools env or a user's env from a file; the logged rows are episodes
   (turn fields) whose reward is what a fresh env of the row gives their messages replayed."""

@@ -41,6 +41,7 @@ def _env(container_env):
   return {e["name"]: e.get("value", e.get("valueFrom")) for e in container_env or []}
 
 
+@pytest.mark.slow  # A long end-to-end run: `make test-all` (make test's 15-minute budget).
 @pytest.mark.e2e
 def test_local_sweep_learner_and_sampler_processes(tmp_path):
   root = tmp_path / "runs"

@@ -280,6 +280,7 @@ def _argmax_loop(graphdef, params, prompt, n):
   return seq[len(prompt):]
 
 
+@pytest.mark.slow  # A long end-to-end run: `make test-all` (make test's 15-minute budget).
 def test_driver_greedy_outputs_equal_the_full_cache_and_a_full_forward_loop(monkeypatch):
   graphdef, params = _model()
   ring = sampler.Driver(_engine(temperature=0.0, slots=2), params).sample(_requests())
@@ -295,6 +296,7 @@ def test_driver_greedy_outputs_equal_the_full_cache_and_a_full_forward_loop(monk
     assert list(c.tokens) == _argmax_loop(graphdef, params, list(c.prompt), len(c.tokens)), c.request_id
 
 
+@pytest.mark.slow  # A long end-to-end run: `make test-all` (make test's 15-minute budget).
 def test_sharded_engine_shards_the_rings_and_gives_the_one_device_completions():
   graphdef, params = _model()
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})

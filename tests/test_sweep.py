@@ -135,6 +135,7 @@ def test_group_figures_and_report(tmp_path):
   assert (tmp_path / "sweep.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow  # A long end-to-end run: `make test-all` (make test's 15-minute budget).
 @pytest.mark.e2e
 def test_sweep_cli_end_to_end(tmp_path):
   """Two real `rlax-post train` units, two at a time; the report matches each unit's own outputs; a second

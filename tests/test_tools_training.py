@@ -84,6 +84,7 @@ def test_unknown_tool_option_lists_the_valid_ones():
     tools.make_tool_task(config.load(c), models.ByteTokenizer())
 
 
+@pytest.mark.slow  # A long end-to-end run: `make test-all` (make test's 15-minute budget).
 @pytest.mark.e2e
 def test_tiny_tool_run_end_to_end_with_turn_level_credit(tmp_path):
   # A CLI subprocess on one CPU device, as tests/test_e2e.py: the sampler thread and the learner's greedy

@@ -55,6 +55,7 @@ def test_cache_key_depends_on_what_decides_the_warm_start(tmp_path):
   assert _warm_cache.cache_key(dataclasses.replace(base, sft=dataclasses.replace(base.sft, noise=0.1))) != key
 
 
+@pytest.mark.slow  # A long end-to-end run: `make test-all` (make test's 15-minute budget).
 def test_second_run_restores_the_warm_start_and_trains_identically(tmp_path):
   cache = tmp_path / "cache"
   first = runtime.train(_cfg(cache), tmp_path / "a", quiet=True)
