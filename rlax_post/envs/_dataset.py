@@ -183,7 +183,7 @@ class Split:
   def get(self, k: int) -> tuple[Prompt, int] | None:
     """(accepted row k, rows skipped before it), or None when a finite split has fewer accepted rows."""
     with self._lock:
-      since = 0
+      since, prompt = 0, None
       while len(self._positions) <= k:
         if self.size is not None and self._next >= self.size:
           return None
@@ -197,7 +197,8 @@ class Split:
           self._skipped_before.append(self._skipped)
         self._next, since = self._next + 1, since + 1
       position, skipped = self._positions[k], self._skipped_before[k]
-    prompt = self.renderer(*data.read_position(self.rows, self.order, position))
+    if since == 0:  # Row k was found by an earlier call: read and render it again (prompts are not kept).
+      prompt = self.renderer(*data.read_position(self.rows, self.order, position))
     return prompt, skipped
 
 
