@@ -9,11 +9,13 @@ from rlax_post.advantages._c3 import c3_advantages
 from rlax_post.advantages._c3 import c3_node_rewards
 from rlax_post.advantages._c3 import counterfactual_advantages
 from rlax_post.advantages._gae import gae
+from rlax_post.advantages._gae import gae_over_mask
 from rlax_post.advantages._gigpo import gigpo
 from rlax_post.advantages._gigpo import StepAdvantages
 from rlax_post.advantages._graph import graph_gae
 from rlax_post.advantages._graph import GraphGAE
 from rlax_post.advantages._graph import NORMALIZE_KINDS
+from rlax_post.advantages._graph import normalize_bt
 from rlax_post.advantages._group import GROUP_METHODS
 from rlax_post.advantages._group import group_advantages
 from rlax_post.advantages._group import group_stats
@@ -26,12 +28,14 @@ __all__ = (
     'GROUP_METHODS',
     'GraphGAE',
     'NORMALIZE_KINDS',
+    'normalize_bt',
     'STD_KINDS',
     'StepAdvantages',
     'c3_advantages',
     'c3_node_rewards',
     'counterfactual_advantages',
     'gae',
+    'gae_over_mask',
     'gigpo',
     'graph_gae',
     'group_advantages',

@@ -120,3 +120,47 @@ def gae(
   adv_bt = discounted_sum_bt(delta_bt, lambda_ * discount_bt, valid_bt)
   returns_bt = jnp.where(valid_bt, adv_bt + v_bt1[:, :-1], 0.0)
   return adv_bt, returns_bt
+
+
+def gae_over_mask(
+    rewards: jax.Array,
+    values: jax.Array,
+    mask: jax.Array,
+    *,
+    gamma: float,
+    lambda_: float,
+) -> tuple[jax.Array, jax.Array]:
+  """GAE over the masked positions of each row, in order, skipping the rest; the episode ends after a row's
+  last masked position (bootstrap 0).
+
+  For token-level PPO on a batch of sequences: `mask` marks the tokens the policy sampled, which in a
+  multi-turn row are interrupted by observation tokens the policy did not choose. Step i of row b is its
+  i-th masked position; the value of the state before the next policy token already accounts for the
+  observation in between, so the observation adds no step. With a left-aligned mask this is `gae` with
+  values[b, L] = 0.
+
+  Args:
+    rewards: [B, T] reward of each step (e.g. the outcome reward at a row's last masked position).
+    values: [B, T] V of the state each step is taken from (read only where `mask` is set).
+    mask: [B, T] 1/True on steps.
+    gamma: scalar discount γ.
+    lambda_: scalar GAE mixing λ.
+
+  Returns:
+    (advantages, returns): [B, T] float32 each, at the masked positions, 0 elsewhere.
+  """
+  check_same_shape_bt('rewards', rewards, values=values, mask=mask)
+  valid_bt = jnp.asarray(mask) != 0
+  b, t = valid_bt.shape
+  # Stable sort on "not a step": the steps first, in order; order[b, i] = position of step i.
+  order_bt = jnp.argsort(~valid_bt, axis=1, stable=True)
+  count_b = jnp.sum(valid_bt, axis=1)
+  packed = lambda x: jnp.take_along_axis(jnp.asarray(x, jnp.float32), order_bt, axis=1)
+  steps_bt = jnp.arange(t)[None] < count_b[:, None]
+  v_bt = jnp.where(steps_bt, packed(values), 0.0)
+  r_bt = jnp.where(steps_bt, packed(rewards), 0.0)
+  adv_bt, ret_bt = gae(r_bt, jnp.concatenate([v_bt, jnp.zeros((b, 1))], axis=1), steps_bt,
+                       gamma=gamma, lambda_=lambda_)
+  # Back to the positions: step i goes to order[b, i]; the non-steps (0) fill the rest.
+  unpack = lambda x: jnp.zeros((b, t), jnp.float32).at[jnp.arange(b)[:, None], order_bt].set(x)
+  return unpack(adv_bt), unpack(ret_bt)

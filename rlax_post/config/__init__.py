@@ -5,6 +5,7 @@ from rlax_post.config._schema import AdvantageSection
 from rlax_post.config._schema import AGG_MODES
 from rlax_post.config._schema import CheckpointSection
 from rlax_post.config._schema import Config
+from rlax_post.config._schema import CriticSection
 from rlax_post.config._schema import EvalSection
 from rlax_post.config._schema import KL_KINDS
 from rlax_post.config._schema import load
@@ -17,6 +18,7 @@ from rlax_post.config._schema import MeshSection
 from rlax_post.config._schema import DataSection
 from rlax_post.config._schema import ModelSection
 from rlax_post.config._schema import OptimizerSection
+from rlax_post.config._schema import policy_value_head
 from rlax_post.config._schema import QUEUE_BACKENDS
 from rlax_post.config._schema import RewardSection
 from rlax_post.config._schema import RLSection
@@ -32,6 +34,7 @@ __all__ = [
     "AGG_MODES",
     "CheckpointSection",
     "Config",
+    "CriticSection",
     "EvalSection",
     "KL_KINDS",
     "load",
@@ -44,6 +47,7 @@ __all__ = [
     "DataSection",
     "ModelSection",
     "OptimizerSection",
+    "policy_value_head",
     "QUEUE_BACKENDS",
     "RewardSection",
     "RLSection",

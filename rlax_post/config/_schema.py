@@ -15,7 +15,8 @@ from rlax_post.config._validate import choices
 
 # Group methods: one advantage per trajectory. Step methods: per generated token, with the token prefix as
 # the state (see rlax_post/runtime/_credit.py).
-ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gigpo", "graph_gae")
+# "gae": token-level GAE with a learned critic (the `critic` section; docs/critic.md).
+ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gigpo", "graph_gae", "gae")
 # "auto": ppo when training is on-policy (sync, or async with max_staleness = 0), decoupled_ppo otherwise.
 LOSS_KINDS = ("auto", "ppo", "gspo", "decoupled_ppo")
 KL_KINDS = ("k3", "k1", "k2")
@@ -178,14 +179,41 @@ class AdvantageSection:
   estimator: str = choices(*ADVANTAGE_ESTIMATORS)
   std: str = choices("sample", "population")  # group methods
   eps: float = bounded(1e-6, low=0.0)  # group methods
-  gamma: float = bounded(1.0, low=0.0, high=1.0)  # gigpo, graph_gae
-  lambda_: float = bounded(1.0, low=0.0, high=1.0)  # graph_gae
+  gamma: float = bounded(1.0, low=0.0, high=1.0)  # gigpo, graph_gae, gae
+  lambda_: float = bounded(1.0, low=0.0, high=1.0)  # graph_gae, gae
   omega: float = bounded(1.0, low=0.0)  # gigpo: weight of the step-level term
   episode_method: str = choices("drgrpo", "grpo", "rloo")  # gigpo: the episode-level term
-  normalize: str | None = choices(None, "group", "batch")  # graph_gae
+  # graph_gae: over a group's or the batch's steps; gae: "batch" whitens the advantages over the batch's trained
+  # tokens (as verl and TRL's PPO do), "group" over each prompt's group's.
+  normalize: str | None = choices(None, "group", "batch")
   # gigpo, graph_gae: static node budget; 0 = B × steps (steps: max_new_tokens single-turn, K turns multi-turn)
   max_nodes: int = bounded(0, low=0)
   num_iters: int = bounded(0, low=0)  # graph_gae: Bellman iterations; 0 = steps + 1 (exact on acyclic graphs)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticSection:
+  """The learned value of `advantage.estimator = "gae"` (PPO with a critic; docs/critic.md)."""
+  # "separate": its own model, TrainState, optimizer and checkpoint item; "shared": a value head on the policy,
+  # trained through the policy's loss (+ coef · value loss) in the same forward pass.
+  mode: str = choices("separate", "shared")
+  # separate: the backbone's weights: the policy's warm start ("policy"), a random init of `preset` (with
+  # `overrides`), or the checkpoint at `hf_path` (same tokenizer as the policy).
+  init: str = choices("policy", "preset", "hf")
+  preset: str = "tiny"
+  overrides: dict = dataclasses.field(default_factory=dict)
+  hf_path: str | None = None
+  loss: str = choices("clipped", "mse", "huber", "bce")  # bce: targets in [0, 1], the head read as a logit
+  clip_eps: float = bounded(0.2, low=0.0)  # clipped: how far a value may move from the one it was scored at
+  huber_delta: float = bounded(1.0, low=0.0, low_open=True)
+  coef: float = bounded(0.5, low=0.0)  # shared: weight of the value loss in the policy's loss
+  # The head's initial bias: a value (regression) or a base rate in (0, 1) for bce (its logit, "prior
+  # matching"); None: 0.
+  init_bias: float | None = None
+  # RL steps at the start in which only the critic trains (the policy waits for useful values).
+  warmup_steps: int = bounded(0, low=0)
+  optimizer: OptimizerSection = dataclasses.field(
+      default_factory=lambda: OptimizerSection(learning_rate=1e-3, warmup_steps=5))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,6 +264,7 @@ class Config:
   rl: RLSection = dataclasses.field(default_factory=RLSection)
   loss: LossSection = dataclasses.field(default_factory=LossSection)
   advantage: AdvantageSection = dataclasses.field(default_factory=AdvantageSection)
+  critic: CriticSection = dataclasses.field(default_factory=CriticSection)
   eval: EvalSection = dataclasses.field(default_factory=EvalSection)
   checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
   runtime: RuntimeSection = dataclasses.field(default_factory=RuntimeSection)
@@ -258,6 +287,15 @@ class Config:
       raise ValueError(f"rl.stop must be a list of non-empty strings; got {list(self.rl.stop)}.")
     if any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in self.reward.weights):
       raise ValueError(f"reward.weights must be numbers; got {list(self.reward.weights)}.")
+    if self.advantage.estimator == "gae" and self.critic.mode == "shared" and self.model.lora.rank:
+      raise ValueError("critic.mode = 'shared' puts a value head on the policy, which LoRA would freeze; use "
+                       "critic.mode = 'separate' with model.lora.rank > 0.")
+    if self.critic.mode == "shared" and self.critic.warmup_steps:
+      raise ValueError("critic.warmup_steps trains a separate critic alone; with critic.mode = 'shared' the value "
+                       "head trains with the policy. Set critic.warmup_steps = 0 or critic.mode = 'separate'.")
+    if self.critic.loss == "bce" and self.critic.init_bias is not None and not 0 < self.critic.init_bias < 1:
+      raise ValueError(f"critic.init_bias with critic.loss = 'bce' is a base rate in (0, 1); got "
+                       f"{self.critic.init_bias}.")
     if self.runtime.sampler_slots and self.runtime.sampler_slots < self.rl.samples_per_prompt:
       raise ValueError(f"runtime.sampler_slots = {self.runtime.sampler_slots} cannot hold one group of "
                        f"rl.samples_per_prompt = {self.rl.samples_per_prompt} samples; use 0 or >= that.")
@@ -273,6 +311,11 @@ def loss_kind(cfg: Config) -> str:
   if cfg.loss.kind != "auto":
     return cfg.loss.kind
   return "decoupled_ppo" if staleness(cfg) > 0 else "ppo"
+
+
+def policy_value_head(cfg: Config) -> bool:
+  """The policy carries a value head: a critic in use (`advantage.estimator = "gae"`) in `critic.mode = "shared"`."""
+  return cfg.advantage.estimator == "gae" and cfg.critic.mode == "shared"
 
 
 def load(raw: Any) -> Config:

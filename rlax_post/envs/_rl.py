@@ -63,6 +63,7 @@ class Stream(enum.IntEnum):
   ROLLOUT = 2
   RL_UPDATE = 3
   MINIBATCH = 4
+  CRITIC = 5  # the separate critic's init and updates
 
 
 def seed_of(*parts: int) -> int:

@@ -7,6 +7,9 @@ from rlax_post.learner._objectives import decoupled_ppo_objective
 from rlax_post.learner._objectives import gspo_objective
 from rlax_post.learner._objectives import ppo_objective
 from rlax_post.learner._objectives import sft_objective
+from rlax_post.learner._objectives import value_objective
+from rlax_post.learner._objectives import ValueLoss
+from rlax_post.learner._objectives import with_value_loss
 from rlax_post.learner._optim import current_learning_rate
 from rlax_post.learner._optim import make_lr_schedule
 from rlax_post.learner._optim import make_optimizer
@@ -34,4 +37,7 @@ __all__ = (
     'make_update',
     'ppo_objective',
     'sft_objective',
+    'value_objective',
+    'ValueLoss',
+    'with_value_loss',
 )

@@ -18,6 +18,7 @@ or `functools.partial(models.token_logprobs, graphdef)` for every position.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -347,3 +348,104 @@ def decoupled_ppo_objective(
   return _policy_objective(
       logprob_fn, pg_term, keys=('behaviour_logprobs',),
       kl_coef=kl_coef, kl_kind=kl_kind, entropy_coef=entropy_coef)
+
+
+# The model's scalar head: (params, tokens_bt, needed_bt) -> values_bt [B, T − 1], aligned with logprobs
+# (values[b, t] = V(tokens[b, :t + 1]); `models.token_values`).
+ValueFn = Callable[[Any, jax.Array, jax.Array], jax.Array]
+# A policy with a value head in one pass: (params, tokens_bt, needed_bt) -> (logp_bt, entropy_bt, values_bt)
+# (`models.token_logprobs_and_values`).
+OutputsFn = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueLoss:
+  """How a value is regressed on its targets (`rlax_post.losses.value_loss`): `kind` one of
+  `losses.VALUE_LOSSES` ('clipped' needs the batch's `old_values`; 'bce' reads the head as a logit and needs
+  targets in [0, 1]), with PPO's clip ε and Huber's δ."""
+  kind: str = 'clipped'
+  clip_eps: float = 0.2
+  huber_delta: float = 1.0
+
+  def __post_init__(self):
+    if self.kind not in losses.VALUE_LOSSES:
+      raise ValueError(f'value loss kind must be one of {list(losses.VALUE_LOSSES)}; got {self.kind!r}')
+    if self.clip_eps < 0 or not self.huber_delta > 0:
+      raise ValueError(f'need clip_eps >= 0 and huber_delta > 0; got {self.clip_eps}, {self.huber_delta}')
+
+  @property
+  def keys(self) -> tuple[str, ...]:
+    """The batch keys the loss reads besides `tokens`."""
+    return ('returns', 'old_values') if self.kind == 'clipped' else ('returns',)
+
+  def terms(self, values_bt, batch, weights_bt) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(Σ w·loss, aux) of predictions `values_bt` [B, T − 1] against `batch['returns']`; aux: `value_loss`
+    and, for 'clipped', `value_clip_frac` (Σ w·[the clipped term was taken]). Padding (w = 0) takes the
+    stopped prediction as its target, so it adds neither loss nor a non-finite gradient."""
+    _require(batch, self.keys)
+    stopped_bt = jax.lax.stop_gradient(values_bt)
+    target_bt = _per_token(batch, 'returns', weights_bt, stopped_bt)
+    old_bt = _per_token(batch, 'old_values', weights_bt, stopped_bt) if self.kind == 'clipped' else None
+    loss_bt = losses.value_loss(values_bt, target_bt, kind=self.kind, old=old_bt, clip_eps=self.clip_eps,
+                                huber_delta=self.huber_delta)
+    loss = losses.weighted_sum(loss_bt, weights_bt)
+    aux = {'value_loss': loss}
+    if self.kind == 'clipped':
+      aux['value_clip_frac'] = losses.weighted_sum(
+          losses.value_clip_fraction(stopped_bt, target_bt, old_bt, self.clip_eps), weights_bt)
+    return loss, aux
+
+
+def _values(value_fn, params, batch, weights_bt):
+  tokens_bt = batch['tokens']
+  values_bt = value_fn(params, tokens_bt, weights_bt != 0)
+  if values_bt.shape != weights_bt.shape:
+    raise ValueError(f'value_fn must return [B, T - 1] = {weights_bt.shape}; got {values_bt.shape}')
+  return values_bt
+
+
+def value_objective(value_fn: ValueFn, value_loss: ValueLoss = ValueLoss()) -> Objective:
+  """A critic's own objective: loss = Σ_bt w·value_loss(V(tokens[:t + 1]), returns[b, t]).
+
+  The batch needs `tokens` [B, T] int32 and `returns` [B, T − 1] (the regression targets: GAE's λ-returns,
+  Monte-Carlo returns, or success flags in [0, 1] for 'bce'), plus `old_values` [B, T − 1] (the values the
+  targets were computed with) for 'clipped'. aux: `value_loss` (= loss) and `value_clip_frac` ('clipped').
+  """
+
+  def objective(params, batch, weights_bt, rng):
+    del rng  # The forward pass is deterministic.
+    _require(batch, ('tokens',))
+    return value_loss.terms(_values(value_fn, params, batch, weights_bt), batch, weights_bt)
+
+  return objective
+
+
+def with_value_loss(policy: Callable[[LogprobFn], Objective], outputs_fn: OutputsFn, value_loss: ValueLoss,
+                    coef: float) -> Objective:
+  """A policy objective plus `coef`·value loss, from one forward pass of a policy with a value head.
+
+    loss = policy(...) + coef · Σ_bt w·value_loss(V, returns)
+
+  `policy` builds the policy objective from a logprob function (e.g. `lambda fn: ppo_objective(fn, ...)`);
+  it is given one that runs `outputs_fn` and keeps the values it computed on the side, so the trunk runs once
+  for both terms. The batch is the policy objective's plus `value_loss.keys`; aux is the policy's plus the
+  value loss's.
+  """
+  if coef < 0:
+    raise ValueError(f'the value loss coefficient must be >= 0; got {coef}')
+
+  def objective(params, batch, weights_bt, rng):
+    values = []
+
+    def logprob_fn(p, tokens_bt, needed_bt):
+      logp_bt, entropy_bt, values_bt = outputs_fn(p, tokens_bt, needed_bt)
+      values.append(values_bt)
+      return logp_bt, entropy_bt
+
+    loss, aux = policy(logprob_fn)(params, batch, weights_bt, rng)
+    if len(values) != 1:
+      raise ValueError(f'the policy objective called its logprob function {len(values)} times; expected 1')
+    v_loss, v_aux = value_loss.terms(values[0], batch, weights_bt)
+    return loss + coef * v_loss, {**aux, **v_aux}
+
+  return objective

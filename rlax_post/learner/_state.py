@@ -26,6 +26,9 @@ class TrainState:
   # Params the update reads but never changes (LoRA's frozen base, `Trainable`), or None. `jit_update` does
   # not donate them, so the arrays stay valid for whoever else holds them (reference, samplers).
   frozen: Any = None
+  # A model trained beside this one on the same batches with its own optimizer (PPO's separate critic: its
+  # own `TrainState`), or None. This state's update neither reads nor changes it; it is saved with the state.
+  critic: Any = None
 
 
 def as_raw_key(rng: jax.Array) -> jax.Array:

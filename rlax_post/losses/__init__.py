@@ -1,4 +1,4 @@
-"""Per-token policy losses, KL penalties and their aggregation (spec: credit_assignment.md §7)."""
+"""Per-token policy losses, KL penalties, value losses and their aggregation (spec: credit_assignment.md §7)."""
 
 from rlax_post.losses._aggregate import AGG_MODES
 from rlax_post.losses._aggregate import aggregate
@@ -9,15 +9,31 @@ from rlax_post.losses._gspo import gspo
 from rlax_post.losses._kl import KL_KINDS
 from rlax_post.losses._kl import kl_penalty
 from rlax_post.losses._ppo import ppo_clip
+from rlax_post.losses._value import calibration_error
+from rlax_post.losses._value import explained_variance
+from rlax_post.losses._value import masked_mean_std
+from rlax_post.losses._value import prediction
+from rlax_post.losses._value import prior_logit
+from rlax_post.losses._value import VALUE_LOSSES
+from rlax_post.losses._value import value_clip_fraction
+from rlax_post.losses._value import value_loss
 
 __all__ = (
     'AGG_MODES',
     'KL_KINDS',
+    'VALUE_LOSSES',
     'aggregate',
     'aggregation_weights',
+    'calibration_error',
     'decoupled_ppo',
+    'explained_variance',
     'gspo',
     'kl_penalty',
+    'masked_mean_std',
     'ppo_clip',
+    'prediction',
+    'prior_logit',
+    'value_clip_fraction',
+    'value_loss',
     'weighted_sum',
 )

@@ -13,7 +13,12 @@ from rlax_post.models._functional import entropy_from_logits
 from rlax_post.models._functional import forward
 from rlax_post.models._functional import init_params
 from rlax_post.models._functional import logprobs_from_logits
+from rlax_post.models._functional import sequence_values
 from rlax_post.models._functional import token_logprobs
+from rlax_post.models._functional import token_logprobs_and_values
+from rlax_post.models._functional import token_values
+from rlax_post.models._functional import value_model_config
+from rlax_post.models._functional import value_model_params
 from rlax_post.models._gguf import ARCHITECTURES as GGUF_ARCHITECTURES
 from rlax_post.models._gguf import convert_gguf
 from rlax_post.models._gguf import TENSOR_TYPES as GGUF_TENSOR_TYPES
@@ -72,6 +77,11 @@ __all__ = [
     "PRESETS",
     "render_chat",
     "round_up",
+    "sequence_values",
     "token_logprobs",
+    "token_logprobs_and_values",
+    "token_values",
+    "value_model_config",
+    "value_model_params",
     "Transformer",
 ]

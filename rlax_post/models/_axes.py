@@ -34,6 +34,8 @@ PARAM_LOGICAL_AXES: dict[str, tuple[str | None, ...]] = {
     "gate": ("layers", "embed", "mlp"),
     "up": ("layers", "embed", "mlp"),
     "down": ("layers", "mlp", "embed"),
+    "value_head": ("embed",),
+    "value_bias": (),
 }
 
 # Activation layouts used inside the model.

@@ -55,6 +55,8 @@ class ModelConfig:
     final_logit_softcap: output logits become cap · tanh(logits / cap) (Gemma 2/3); None: off.
     sliding_window: how many positions (itself included) a sliding-window layer's query sees.
     layer_types: per layer "full_attention" or "sliding_attention" (HF's `layer_types`); None: all full.
+    value_head: add a scalar head (`value_head` [D], `value_bias` []) read off the final-normed residual
+      stream (`Transformer.values`): a critic's or a reward model's output, or a value head on the policy.
   """
 
   vocab_size: int
@@ -90,6 +92,7 @@ class ModelConfig:
   final_logit_softcap: float | None = None
   sliding_window: int | None = None
   layer_types: tuple[str, ...] | None = None
+  value_head: bool = False
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from flax import nnx
@@ -100,11 +101,76 @@ def token_logprobs(graphdef: GraphDef, params: Params, tokens_bt: jax.Array,
     entropy: [B, T-1], the entropy of π(· | tokens[b, :t+1]).
   """
   model = nnx.merge(graphdef, params)
+  logp, entropy = _token_outputs(model, tokens_bt, needed_bt, window,
+                                 lambda x, targets: _logprobs_and_entropy(model.head(x), targets, temperature))
+  return logp, entropy
+
+
+def token_values(graphdef: GraphDef, params: Params, tokens_bt: jax.Array, needed_bt: jax.Array | None = None,
+                 *, window: int | None = None) -> jax.Array:
+  """The scalar head at every state of a batch of sequences: values[b, t] = V(tokens[b, :t+1]), [B, T-1].
+
+  Aligned with `token_logprobs`: values[b, t] is the value of the state from which tokens[b, t+1] is
+  generated, so a loss mask indexes both. `needed_bt` and `window` as in `token_logprobs` (the head is cheap,
+  but the window keeps the values of positions outside it out of the gradient the same way). The model needs
+  `value_head=True` (`value_model_config`).
+  """
+  model = nnx.merge(graphdef, params)
+  return _token_outputs(model, tokens_bt, needed_bt, window, lambda x, _: (model.values(x),))[0]
+
+
+def token_logprobs_and_values(graphdef: GraphDef, params: Params, tokens_bt: jax.Array,
+                              needed_bt: jax.Array | None = None, *, temperature: float = 1.0,
+                              window: int | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`token_logprobs` and `token_values` of a policy with a value head, from one pass of the trunk:
+  (logp, entropy, values), each [B, T-1]."""
+  model = nnx.merge(graphdef, params)
+
+  def fn(x, targets):
+    logp, entropy = _logprobs_and_entropy(model.head(x), targets, temperature)
+    return logp, entropy, model.values(x)
+
+  return _token_outputs(model, tokens_bt, needed_bt, window, fn)
+
+
+def sequence_values(graphdef: GraphDef, params: Params, tokens_bt: jax.Array,
+                    lengths_b: jax.Array) -> jax.Array:
+  """The scalar head at each row's last token: V(tokens[b, :lengths[b]]), [B] float32 (a score of the whole
+  sequence; right padding after it is never read). Rows of length 0 get the value at position 0."""
+  model = nnx.merge(graphdef, params)
+  x_btd, _ = model.trunk(tokens_bt)
+  last_b = jnp.clip(jnp.asarray(lengths_b, jnp.int32) - 1, 0, tokens_bt.shape[1] - 1)
+  x_b1d = jnp.take_along_axis(x_btd, last_b[:, None, None], axis=1)
+  return model.values(x_b1d)[:, 0]
+
+
+def value_model_config(cfg: ModelConfig) -> ModelConfig:
+  """A scalar model on `cfg`'s backbone: the value head on, and the vocabulary projection tied to the
+  embedding, so a separate critic holds no untied `lm_head` it would never use."""
+  return dataclasses.replace(cfg, value_head=True, tie_embeddings=True)
+
+
+def value_model_params(params: Params, cfg: ModelConfig, *, bias: float = 0.0) -> Params:
+  """`params` of a model (a policy, a checkpoint) made into those of `cfg` (which has `value_head`): an
+  untied `lm_head` dropped when `cfg` ties it, and a zero head with bias `bias` added where there is none."""
+  if not cfg.value_head:
+    raise ValueError("value_model_params needs a config with value_head=True (value_model_config).")
+  out = {k: v for k, v in params.items() if not (k == "lm_head" and cfg.tie_embeddings)}
+  if "value_head" not in out:
+    dtype = cfg.parameter_dtype
+    out["value_head"] = jnp.zeros((cfg.d_model,), dtype)
+    out["value_bias"] = jnp.asarray(bias, dtype)
+  return out
+
+
+def _token_outputs(model, tokens_bt, needed_bt, window, fn) -> tuple[jax.Array, ...]:
+  """`fn(x, targets)` -> a tuple of per-position [B, W] outputs of the residual stream after
+  `tokens[:, :-1]`, placed in [B, T-1]: on every position, or only on each row's window (`token_logprobs`)."""
   x_btd, _ = model.trunk(tokens_bt[:, :-1])
   targets_bt = tokens_bt[:, 1:]
   b, t1 = targets_bt.shape
   if window is None or window >= t1:
-    return _logprobs_and_entropy(model.head(x_btd), targets_bt, temperature)
+    return tuple(fn(x_btd, targets_bt))
   if window < 1 or needed_bt is None or jnp.shape(needed_bt) != (b, t1):
     raise ValueError(f"A window needs window >= 1 and needed_bt of shape [B, T-1] = {(b, t1)}; got window "
                      f"{window} and needed_bt of shape {None if needed_bt is None else jnp.shape(needed_bt)}.")
@@ -115,7 +181,7 @@ def token_logprobs(graphdef: GraphDef, params: Params, tokens_bt: jax.Array,
   # holds, no collective on a batch-sharded mesh).
   window_of = jax.vmap(lambda x_t, s: jax.lax.dynamic_slice_in_dim(x_t, s, window, axis=0))
   x_bwd = _axes.constrain(window_of(x_btd, start_b), _axes.ACT_BTD)
-  logp_bw, entropy_bw = _logprobs_and_entropy(model.head(x_bwd), window_of(targets_bt, start_b), temperature)
+  outputs = fn(x_bwd, window_of(targets_bt, start_b))
   t_1t = jnp.arange(t1)[None]
   missed_bt = needed_bt & ((t_1t < start_b[:, None]) | (t_1t >= start_b[:, None] + window))
   into_row = jax.vmap(lambda x_w, s: jax.lax.dynamic_update_slice_in_dim(
@@ -124,4 +190,4 @@ def token_logprobs(graphdef: GraphDef, params: Params, tokens_bt: jax.Array,
   def place(x_bw):  # [B, W] -> [B, T-1]: zeros outside the window, NaN at needed positions outside it.
     return jnp.where(missed_bt, jnp.nan, into_row(x_bw, start_b))
 
-  return place(logp_bw), place(entropy_bw)
+  return tuple(place(x) for x in outputs)

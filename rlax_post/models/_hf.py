@@ -327,6 +327,9 @@ def load_hf(path: str, *, mesh: jax.sharding.Mesh | None = None, rules=None,
   return cfg, graphdef, params
 
 
+_SCALAR_HEAD = ("value_head", "value_bias")
+
+
 def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str) -> None:
   """Writes `params` as an HF checkpoint (`config.json` + `model.safetensors`) loadable by transformers.
 
@@ -335,6 +338,8 @@ def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str) -
     cfg: the model's config; its flags must match the architecture (e.g. Qwen2 needs `qkv_bias`).
     params: our params dict (any sharding; each tensor is gathered to the host in turn).
     architecture: one of `ARCHITECTURES`.
+
+  A value head (`ModelConfig.value_head`) is left out: the checkpoint is the causal LM alone.
   """
   if architecture not in ARCHITECTURES:
     raise ValueError(f"Unknown architecture {architecture!r}; supported: {sorted(ARCHITECTURES)}.")
@@ -357,6 +362,8 @@ def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str) -
     elif ours_name in _GLOBAL_TENSORS:
       name, groups = _GLOBAL_TENSORS[ours_name]
       tensors[name] = _to_hf(arr, groups)
+    elif ours_name in _SCALAR_HEAD:  # A value head is no part of a causal LM checkpoint: left out.
+      continue
     else:
       raise ValueError(f"Param {ours_name!r} has no HF name.")
   safetensors.numpy.save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})

@@ -161,6 +161,9 @@ class Transformer(nnx.Module):
     self.final_norm = _param(ones, rngs.params(), (d,), pdt, "final_norm")
     if not cfg.tie_embeddings:
       self.lm_head = _param(normal, rngs.params(), (d, cfg.vocab_size), pdt, "lm_head")
+    if cfg.value_head:  # Zeros: every value starts at 0 (the bias may be set to a prior, `value_model_params`).
+      self.value_head = _param(zeros, rngs.params(), (d,), pdt, "value_head")
+      self.value_bias = _param(zeros, rngs.params(), (), pdt, "value_bias")
 
   def _layer_params(self) -> dict[str, jax.Array]:
     names = ["attn_norm", "mlp_norm", "q", "k", "v", "o", "gate", "up", "down"]
@@ -261,7 +264,7 @@ class Transformer(nnx.Module):
     a residual stream `[B, T, D]` from `trunk`, at whichever positions the caller kept (position-wise)."""
     cfg = self.cfg
     dt = cfg.activation_dtype
-    x_btd = _layers.rms_norm(x_btd, self.final_norm[...], cfg.norm_eps, cfg.norm_plus_one)
+    x_btd = self.final(x_btd)
     if cfg.tie_embeddings:
       logits_btv = jnp.einsum("btd,vd->btv", x_btd, self.embedding[...].astype(dt),
                               preferred_element_type=jnp.float32)
@@ -274,6 +277,18 @@ class Transformer(nnx.Module):
       valid_v = jnp.arange(cfg.vocab_size) < cfg.valid_vocab_size
       logits_btv = jnp.where(valid_v, logits_btv, _PADDED_VOCAB_LOGIT)
     return _axes.constrain(logits_btv.astype(jnp.float32), _axes.ACT_BTV)
+
+  def final(self, x_btd: jax.Array) -> jax.Array:
+    """The final norm of a residual stream `[B, T, D]` from `trunk` (what `head` and `values` read)."""
+    return _layers.rms_norm(x_btd, self.final_norm[...], self.cfg.norm_eps, self.cfg.norm_plus_one)
+
+  def values(self, x_btd: jax.Array) -> jax.Array:
+    """The scalar head (`cfg.value_head`): float32 `[B, T]` = final_norm(x) · w + b, position-wise."""
+    if not self.cfg.value_head:
+      raise ValueError("This model has no value head; build it with ModelConfig(value_head=True) "
+                       "(models.value_model_config).")
+    w_d = self.value_head[...].astype(jnp.float32)
+    return jnp.einsum("btd,d->bt", self.final(x_btd).astype(jnp.float32), w_d) + self.value_bias[...]
 
 
 class _ScanCache(NamedTuple):

@@ -136,6 +136,17 @@ class Credit:
       self._turn_fns[(b, k)] = jax.jit(fn)
     return self._turn_fns[(b, k)]
 
+  def assign(self, state, batch) -> tuple[np.ndarray, dict, dict]:
+    """(advantages [B, T-1], extra batch fields (none), metrics) of a step's `RolloutBatch`: the RL step's
+    credit interface, shared with the learned critic (`_critic.Critic.assign`). `state` is not read."""
+    del state
+    turns = None if batch.turn_starts is None else Turns(
+        starts=batch.turn_starts, ends=batch.turn_ends, keys=batch.turn_keys, rewards=batch.turn_rewards,
+        mask=batch.turn_mask)
+    adv_bt, metrics = self(batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths,
+                           batch.loss_mask, turns=turns)
+    return adv_bt, {}, metrics
+
   def __call__(self, rewards_b: np.ndarray, group_ids_b: np.ndarray, tokens_bt: np.ndarray,
                prompt_lens_b: np.ndarray, lengths_b: np.ndarray, loss_mask_bt: np.ndarray, *,
                turns: Turns | None = None) -> tuple[np.ndarray, dict]:

@@ -31,57 +31,10 @@ from rlax_post import models
 from rlax_post import sharding
 from rlax_post.runtime import _batch
 from rlax_post.runtime import _credit
+from rlax_post.runtime import _critic
+from rlax_post.runtime import _learners
 from rlax_post.runtime import _distributed
 from rlax_post.runtime import _parts
-
-def key(seed: int, stream: int, step: int) -> jax.Array:
-  """The key of (seed, stream, step) (`envs.Stream`)."""
-  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), int(stream)), step)
-
-
-def host(metrics: dict) -> dict:
-  return {k: float(v) for k, v in _distributed.to_host(metrics).items()}
-
-
-def optimizer(section: config_lib.OptimizerSection, total_steps: int) -> optax.GradientTransformation:
-  return learner.make_optimizer(
-      learning_rate=section.learning_rate, warmup_steps=min(section.warmup_steps, max(total_steps - 1, 0)),
-      total_steps=max(total_steps, 1), end_lr_ratio=section.end_lr_ratio,
-      weight_decay=section.weight_decay, b1=section.b1, b2=section.b2, max_grad_norm=section.max_grad_norm)
-
-
-@dataclasses.dataclass
-class Learner:
-  """A jitted, sharded update for one optimizer and objective, and how to make its state."""
-  optimizer: optax.GradientTransformation
-  state_shardings: Any
-  step: Callable[..., Any]  # step(state, batch, rng) -> (state, metrics); donates state.
-  init: Callable[..., Any]  # init(params, rng) -> TrainState on the mesh.
-  abstract_state: Any
-
-
-def make_learner(parts: _parts.Parts, opt: optax.GradientTransformation, objective, *, agg_mode: str,
-                 max_len: int | None, trainable: learner.Trainable = learner.Trainable()) -> Learner:
-  """The jitted update of `objective` under `opt` on the parts' mesh (`loss.micro_batches` micro-batches),
-  training what `trainable` says (default: every weight); `init(params, rng)` splits the model's params into
-  the state's frozen and trainable parts (LoRA's adapters drawn from `fold_in(rng, 1)`)."""
-  params_like, mesh, rules = parts.params_like, parts.mesh, parts.rules
-  frozen_axes, trainable_axes = trainable.logical_axes(params_like)
-
-  def init_state(params, rng):
-    frozen, trained = trainable.split(params, jax.random.fold_in(rng, 1))
-    return learner.init_train_state(trained, opt, rng, frozen=frozen)
-
-  abstract_state = jax.eval_shape(lambda p: init_state(p, jax.random.key(0)), params_like)
-  shardings = sharding.state_shardings(abstract_state, trainable_axes, opt, mesh, rules,
-                                       frozen_logical_axes=frozen_axes)
-  update = learner.make_update(opt, objective, micro_batches=parts.cfg.loss.micro_batches, agg_mode=agg_mode,
-                               max_len=max_len, to_model=trainable.to_model)
-  step = learner.jit_update(update, shardings, sharding.batch_sharding(mesh, rules, 1), mesh, rules=rules)
-  init = jax.jit(init_state, out_shardings=shardings)
-  return Learner(optimizer=opt, state_shardings=shardings, step=step, init=init,
-                 abstract_state=abstract_state)
-
 
 def make_objective(section: config_lib.LossSection, logprob_fn, kind: str | None = None):
   """The policy objective named by `kind` (default `loss.kind`; "auto" resolved by the caller through
@@ -110,11 +63,6 @@ def make_score(graphdef, *, temperature: float, window: int | None = None):
       graphdef, params, tokens, needed != 0, temperature=temperature, window=window)[0])
 
 
-def batch_sharding(mesh) -> jax.sharding.NamedSharding:
-  """Rows of a host batch over the mesh's data and fsdp axes."""
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
-
-
 class RLUpdate:
   """The learner's RL step for one run's configuration (jitted pieces built once)."""
 
@@ -125,23 +73,37 @@ class RLUpdate:
     # Only the response is trained: the vocabulary head runs on each row's R = max_new_tokens positions.
     logprob_fn = functools.partial(models.token_logprobs, graphdef, temperature=cfg.rl.temperature,
                                    window=max_new_tokens)
-    opt = optimizer(cfg.rl.optimizer, cfg.rl.steps * cfg.rl.minibatches * cfg.rl.epochs)
-    self.learner = make_learner(
-        parts, opt, make_objective(cfg.loss, logprob_fn, kind=self.kind), agg_mode=cfg.loss.agg_mode,
+    total_updates = cfg.rl.steps * cfg.rl.minibatches * cfg.rl.epochs
+    objective = make_objective(cfg.loss, logprob_fn, kind=self.kind)
+    if config_lib.policy_value_head(cfg):  # The value head's loss joins the policy's, from the same forward pass.
+      objective = learner.with_value_loss(
+          lambda fn: make_objective(cfg.loss, fn, kind=self.kind),
+          functools.partial(models.token_logprobs_and_values, graphdef, temperature=cfg.rl.temperature,
+                            window=max_new_tokens), _critic.value_loss(cfg.critic), cfg.critic.coef)
+    self.learner = _learners.make_learner(
+        parts, _learners.optimizer(cfg.rl.optimizer, total_updates), objective, agg_mode=cfg.loss.agg_mode,
         max_len=max_new_tokens, trainable=parts.trainable)  # max_len: Dr.GRPO's normaliser, the longest response.
     self.to_model = parts.to_model
     self.score = make_score(graphdef, temperature=cfg.rl.temperature, window=max_new_tokens)
-    self.batch_sh = batch_sharding(parts.mesh)
+    self.batch_sh = _learners.batch_sharding(parts.mesh)
     p = cfg.rl.prompts_per_step
-    self.credit = _credit.Credit(cfg.advantage, num_groups=p, batch=p * cfg.rl.samples_per_prompt,
-                                 max_new_tokens=max_new_tokens)
+    # Advantages of a batch: from the rewards alone, or (gae) with a learned critic's values.
+    self.critic = _critic.Critic(parts, total_updates=total_updates) if cfg.advantage.estimator == "gae" else None
+    self.credit = self.critic or _credit.Credit(cfg.advantage, num_groups=p, batch=p * cfg.rl.samples_per_prompt,
+                                                max_new_tokens=max_new_tokens)
+    # What the policy's update reads of the host batch (its objective takes more keys when they are present).
+    self.policy_keys = ("tokens", "loss_mask", "advantages", "behaviour_logprobs", "old_logprobs",
+                        "ref_logprobs") + (_critic.CRITIC_KEYS if config_lib.policy_value_head(cfg) else ())
     self.max_new_tokens = max_new_tokens
     self.seq_len, self.pad_id = parts.lengths.sequence, parts.tokenizer.pad_id
     # What `RunCheckpointer.restore` needs to put a checkpoint of this run on the mesh. With LoRA the reference
     # policy is the frozen base (`reference`), stored in its dtype.
     base_like, base_sh = parts.base_like()
+    state_like, state_sh = self.learner.abstract_state, self.learner.state_shardings
+    if self.critic is not None:
+      state_like, state_sh = self.critic.attach(state_like, state_sh)
     self.checkpoint_templates = dict(
-        state_like=self.learner.abstract_state, state_shardings=self.learner.state_shardings,
+        state_like=state_like, state_shardings=state_sh,
         ref_like=parts.params_like if base_like is None else base_like,
         ref_shardings=parts.param_shardings if base_sh is None else base_sh)
     self.group_stats = jax.jit(lambda r, g: advantages_lib.group_stats(r, g, num_groups=p))
@@ -151,7 +113,12 @@ class RLUpdate:
     return _batch.rows_to_batch(groups, seq_len=self.seq_len, pad_id=self.pad_id)
 
   def init(self, params, seed: int):
-    return self.learner.init(params, key(seed, envs.Stream.RL_UPDATE, 0))
+    """The RL state of a run starting from the policy `params`: the policy's `TrainState`, with a separate
+    critic's own state in its `critic` field."""
+    state = self.learner.init(params, _learners.key(seed, envs.Stream.RL_UPDATE, 0))
+    if self.critic is None:
+      return state
+    return state.replace(critic=self.critic.init(params, _learners.key(seed, envs.Stream.CRITIC, 0)))
 
   def policy(self, state):
     """The model's params of the policy `state` holds (LoRA: the base merged with the adapters)."""
@@ -170,15 +137,11 @@ class RLUpdate:
     if batch.lengths.max(initial=0) > self.max_new_tokens:  # The logprob window would miss trained tokens.
       raise ValueError(f"A row of {batch.lengths.max()} response tokens exceeds the learner's response window "
                        f"of {self.max_new_tokens} tokens (`Lengths.response`).")
-    stats = host(self.group_stats(batch.rewards, batch.group_ids))
-    turns = None if batch.turn_starts is None else _credit.Turns(
-        starts=batch.turn_starts, ends=batch.turn_ends, keys=batch.turn_keys, rewards=batch.turn_rewards,
-        mask=batch.turn_mask)
-    adv_bt, credit_metrics = self.credit(batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens,
-                                         batch.lengths, batch.loss_mask, turns=turns)
+    stats = _learners.host(self.group_stats(batch.rewards, batch.group_ids))
+    adv_bt, fields, credit_metrics = self.credit.assign(state, batch)
     # Every process holds the whole batch (host arrays); to_host gathers a multi-host learner's logprobs.
     full = {"tokens": batch.tokens, "loss_mask": batch.loss_mask, "advantages": adv_bt,
-            "behaviour_logprobs": batch.behaviour_logprobs}
+            "behaviour_logprobs": batch.behaviour_logprobs, **fields}
     mismatch = {}
     # One update per batch: the old policy is the current one, read off the update's own forward pass
     # (objectives without `old_logprobs`); more updates need it fixed, so it is scored before the first.
@@ -194,15 +157,27 @@ class RLUpdate:
     t1 = time.time()
     step_metrics = []
     rows = len(batch.tokens)
+    # A separate critic's warm-up: its first `critic.warmup_steps` RL steps train the critic alone.
+    train_policy = self.critic is None or rl_step >= cfg.critic.warmup_steps
     for epoch in range(cfg.rl.epochs):
-      order = np.asarray(jax.random.permutation(key(cfg.seed, envs.Stream.MINIBATCH, rl_step * cfg.rl.epochs + epoch),
+      order = np.asarray(jax.random.permutation(_learners.key(cfg.seed, envs.Stream.MINIBATCH, rl_step * cfg.rl.epochs + epoch),
                                                 rows)) if cfg.rl.minibatches > 1 else np.arange(rows)
       for j, mb in enumerate(np.array_split(order, cfg.rl.minibatches)):
-        mb_batch = _batch.to_device_batch({k: v[mb] for k, v in full.items()}, self.batch_sh)
         update_index = (rl_step * cfg.rl.epochs + epoch) * cfg.rl.minibatches + j
-        state, m = self.learner.step(state, mb_batch, key(cfg.seed, envs.Stream.RL_UPDATE, update_index))
+        m = {}
+        if self.critic is not None and self.critic.separate:
+          critic_batch = _batch.to_device_batch({k: full[k][mb] for k in _critic.CRITIC_KEYS}, self.batch_sh)
+          state, m = self.critic.step(state, critic_batch, _learners.key(cfg.seed, envs.Stream.CRITIC, update_index))
+        if train_policy:
+          mb_batch = _batch.to_device_batch({k: v[mb] for k, v in full.items() if k in self.policy_keys},
+                                            self.batch_sh)
+          critic_state = state.critic  # The policy's jitted update takes its own state only.
+          state, pm = self.learner.step(state.replace(critic=None), mb_batch,
+                                        _learners.key(cfg.seed, envs.Stream.RL_UPDATE, update_index))
+          state, m = state.replace(critic=critic_state), {**m, **pm}
         step_metrics.append(m)
-    learner_metrics = {k: float(np.mean([host(m)[k] for m in step_metrics])) for k in step_metrics[0]}
+    learner_metrics = {k: float(np.mean([_learners.host(m)[k] for m in step_metrics])) for k in step_metrics[0]}
+    learner_metrics.setdefault("num_tokens", float(batch.loss_mask.sum()) / cfg.rl.minibatches)  # critic warm-up
     t_learn = time.time() - t1
     metrics = {
         "reward_mean": float(batch.rewards.mean()),

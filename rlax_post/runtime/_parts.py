@@ -12,10 +12,12 @@ import os
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 
 from rlax_post import config as config_lib
 from rlax_post import envs
 from rlax_post import learner
+from rlax_post import losses
 from rlax_post import models
 from rlax_post import sampler
 from rlax_post import sharding
@@ -82,7 +84,13 @@ def _hf_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
 
 def model_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
   """The run's `ModelConfig`: from `model.preset` (+ overrides), or from the checkpoint at `model.hf_path`
-  (its config.json's shapes; `model.max_seq_len` and the dtype/remat overrides from the run config)."""
+  (its config.json's shapes; `model.max_seq_len` and the dtype/remat overrides from the run config); with a
+  value head when the critic shares the policy (`config.policy_value_head`)."""
+  model_cfg = _policy_config(cfg, tokenizer)
+  return dataclasses.replace(model_cfg, value_head=True) if config_lib.policy_value_head(cfg) else model_cfg
+
+
+def _policy_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
   if cfg.model.hf_path is not None:
     return _hf_config(cfg, tokenizer)
   overrides = dict(cfg.model.overrides)
@@ -96,12 +104,26 @@ def model_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
     raise ValueError(f"Bad `model` config ({e}); `model.overrides` keys must be among {valid}.") from None
 
 
+def value_head_bias(section: config_lib.CriticSection) -> float:
+  """A value head's initial bias: `critic.init_bias`, as its logit for bce ("prior matching"); 0 if unset."""
+  if section.init_bias is None:
+    return 0.0
+  return losses.prior_logit(section.init_bias) if section.loss == "bce" else float(section.init_bias)
+
+
 def initial_params(parts: "Parts", rng: jax.Array):
-  """The run's starting params on its mesh: random init (`rng`), or the weights at `model.hf_path`."""
-  path, shardings = parts.cfg.model.hf_path, parts.param_shardings
+  """The run's starting params on its mesh: random init (`rng`), or the weights at `model.hf_path`; a policy
+  value head (`critic.mode = "shared"`) starts at zero weights and `value_head_bias`."""
+  path, shardings, model_cfg = parts.cfg.model.hf_path, parts.param_shardings, parts.model_cfg
+  with_head = lambda p: p
+  if model_cfg.value_head:
+    bias = value_head_bias(parts.cfg.critic)
+    with_head = lambda p: {**models.value_model_params(p, model_cfg), "value_bias": jnp.asarray(
+        bias, model_cfg.parameter_dtype)}
   if path is None:
-    return jax.jit(lambda k: models.init_params(parts.model_cfg, k)[1], out_shardings=shardings)(rng)
-  _, _, params = models.load_hf(path, mesh=parts.mesh, rules=parts.rules, dtype=parts.model_cfg.param_dtype)
+    return jax.jit(lambda k: with_head(models.init_params(model_cfg, k)[1]), out_shardings=shardings)(rng)
+  _, _, params = models.load_hf(path, mesh=parts.mesh, rules=parts.rules, dtype=model_cfg.param_dtype)
+  params = jax.jit(with_head, out_shardings=shardings)(params) if model_cfg.value_head else params
   if jax.tree.structure(params) != jax.tree.structure(shardings):
     raise ValueError(f"The checkpoint at {path} has params {sorted(params)}; the model expects "
                      f"{sorted(shardings)}.")

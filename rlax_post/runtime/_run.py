@@ -23,6 +23,7 @@ from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _distributed
 from rlax_post.runtime import _eval
 from rlax_post.runtime import _learn
+from rlax_post.runtime import _learners
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _rowlog
@@ -130,7 +131,7 @@ class Run:
     return Start(state, ref_params, step, meta)
 
   def _fresh(self, source) -> Start:
-    params = _parts.initial_params(self.parts, _learn.key(self.cfg.seed, envs.Stream.INIT, 0))
+    params = _parts.initial_params(self.parts, _learners.key(self.cfg.seed, envs.Stream.INIT, 0))
     params = _warm.warm_start(self.parts, params, self.metrics, self.ui)
     state = self.update.init(params, self.cfg.seed)
     ref_params = self.update.reference(state, params)

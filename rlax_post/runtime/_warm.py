@@ -14,7 +14,7 @@ from rlax_post import learner
 from rlax_post import models
 from rlax_post.runtime import _batch
 from rlax_post.runtime import _distributed
-from rlax_post.runtime import _learn
+from rlax_post.runtime import _learners
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _warm_cache
@@ -29,12 +29,12 @@ def warm_start(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui:
 
 def _sft_steps(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui: _metrics.Console):
   cfg, graphdef = parts.cfg, parts.graphdef
-  sft_learner = _learn.make_learner(
-      parts, _learn.optimizer(cfg.sft.optimizer, cfg.sft.steps),
+  sft_learner = _learners.make_learner(
+      parts, _learners.optimizer(cfg.sft.optimizer, cfg.sft.steps),
       learner.sft_objective(functools.partial(models.token_logprobs, graphdef)),
       agg_mode="token_mean", max_len=None)
-  state = sft_learner.init(params, _learn.key(cfg.seed, envs.Stream.SFT_UPDATE, 0))
-  batch_sh = _learn.batch_sharding(parts.mesh)
+  state = sft_learner.init(params, _learners.key(cfg.seed, envs.Stream.SFT_UPDATE, 0))
+  batch_sh = _learners.batch_sharding(parts.mesh)
   index, count = _distributed.row_shard(batch_sh, cfg.sft.batch_size)
   batches = parts.task.sft_batches(index, count)
   progress = ui.bar(range(cfg.sft.steps), desc="warm-start SFT")
@@ -42,9 +42,9 @@ def _sft_steps(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui:
     batch = next(batches)
     device_batch = _batch.to_device_batch({"tokens": batch["tokens"], "loss_mask": batch["loss_mask"]},
                                           batch_sh, rows=cfg.sft.batch_size)
-    state, m = sft_learner.step(state, device_batch, _learn.key(cfg.seed, envs.Stream.SFT_UPDATE, step))
+    state, m = sft_learner.step(state, device_batch, _learners.key(cfg.seed, envs.Stream.SFT_UPDATE, step))
     if (step + 1) % 10 == 0 or step + 1 == cfg.sft.steps:
-      host = _learn.host(m)
+      host = _learners.host(m)
       metrics.write(step + 1, host, phase="sft")
       if hasattr(progress, "set_postfix"):
         progress.set_postfix(loss=f"{host['loss']:.3f}")

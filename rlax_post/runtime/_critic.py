@@ -1,0 +1,178 @@
+"""PPO's learned critic (`advantage.estimator = "gae"`, the `critic` section; docs/critic.md).
+
+At consumption time, the learner scores every trained token of a batch with the critic's current params
+(`values[b, t]` = V of the state before target t + 1, `models.token_values`), so samples that waited in the
+queue are valued by the newest critic, and computes token-level GAE over the trained tokens: the outcome reward
+arrives with a row's last trained token and the episode ends there (bootstrap 0); in a multi-turn row the
+observation tokens between two policy turns are no step (`advantages.gae_over_mask`). The λ-returns are the
+critic's regression targets; it is trained on the same minibatches as the policy.
+
+Two modes:
+- "separate": its own model (a `models.value_model_config` backbone from the policy's warm start, a preset or
+  an HF checkpoint), own `TrainState` (kept in the policy state's `critic` field, so it is checkpointed,
+  resumed and replayed with it), own optimizer and learning-rate schedule, own jitted, sharded update on the
+  run's mesh under the run's logical-axis rules.
+- "shared": a value head on the policy (`ModelConfig.value_head`); the policy's objective adds
+  `critic.coef` × the value loss, computed from the same forward pass (`learner.with_value_loss`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlax_post import advantages as adv_lib
+from rlax_post import config as config_lib
+from rlax_post import learner
+from rlax_post import losses
+from rlax_post import models
+from rlax_post.runtime import _distributed
+from rlax_post.runtime import _learners
+from rlax_post.runtime import _parts
+
+# Host-batch keys the critic's own update reads.
+CRITIC_KEYS = ("tokens", "loss_mask", "returns", "old_values")
+
+
+def value_loss(section: config_lib.CriticSection) -> learner.ValueLoss:
+  return learner.ValueLoss(kind=section.loss, clip_eps=section.clip_eps, huber_delta=section.huber_delta)
+
+
+def critic_model_config(parts: _parts.Parts) -> models.ModelConfig:
+  """The separate critic's model: the policy's backbone, a preset, or an HF checkpoint's (`critic.init`),
+  with a value head and no untied vocabulary projection; it must read the policy's token ids."""
+  c, policy_cfg = parts.cfg.critic, parts.model_cfg
+  if c.init == "policy":
+    base = policy_cfg
+  elif c.init == "preset":
+    overrides = {"vocab_size": policy_cfg.vocab_size, "valid_vocab_size": policy_cfg.valid_vocab_size,
+                 "max_seq_len": policy_cfg.max_seq_len, **dict(c.overrides)}
+    try:
+      base = models.preset(c.preset, **overrides)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"Bad critic model (`critic.preset` = {c.preset!r}, `critic.overrides`): {e}") from None
+  else:
+    if c.hf_path is None:
+      raise ValueError("critic.init = 'hf' needs critic.hf_path, a local Hugging Face checkpoint directory.")
+    base = dataclasses.replace(models.read_hf_config(c.hf_path), max_seq_len=policy_cfg.max_seq_len,
+                               valid_vocab_size=policy_cfg.valid_vocab_size)
+  if base.vocab_size != policy_cfg.vocab_size:
+    raise ValueError(f"The critic's vocabulary ({base.vocab_size} ids, critic.init = {c.init!r}) differs from "
+                     f"the policy's ({policy_cfg.vocab_size}); the critic reads the policy's tokens, so it needs "
+                     "the same tokenizer.")
+  return models.value_model_config(base)
+
+
+class Critic:
+  """The run's critic: values at consumption time, GAE advantages and returns, and (separate) its update."""
+
+  def __init__(self, parts: _parts.Parts, *, total_updates: int):
+    cfg = parts.cfg
+    self.section, self.advantage = cfg.critic, cfg.advantage
+    self.loss = value_loss(cfg.critic)
+    window = parts.lengths.response
+    self.separate = cfg.critic.mode == "separate"
+    if self.separate:
+      model_cfg = critic_model_config(parts)
+      graphdef, params_like = models.abstract_params(model_cfg)
+      self.parts = dataclasses.replace(
+          parts, model_cfg=model_cfg, graphdef=graphdef, params_like=params_like,
+          param_shardings=_parts.param_shardings(params_like, parts.mesh, parts.rules),
+          trainable=learner.Trainable(), to_model=learner.Trainable().to_model)
+      objective = learner.value_objective(
+          functools.partial(models.token_values, graphdef, window=window), self.loss)
+      self.learner = _learners.make_learner(
+          self.parts, _learners.optimizer(cfg.critic.optimizer, total_updates), objective,
+          agg_mode=cfg.loss.agg_mode, max_len=window)
+    else:
+      graphdef, self.parts, self.learner = parts.graphdef, parts, None
+    self._values = jax.jit(lambda params, tokens, needed: models.token_values(
+        graphdef, params, tokens, needed != 0, window=window))
+    self._gae = jax.jit(functools.partial(_gae_advantages, gamma=self.advantage.gamma,
+                                          lambda_=self.advantage.lambda_, normalize=self.advantage.normalize))
+
+  # --- state ---
+
+  def initial_params(self, policy_params, seed: int):
+    """The separate critic's starting params on the mesh (`critic.init`)."""
+    c, p = self.section, self.parts
+    bias = _parts.value_head_bias(c)
+    if c.init == "policy":
+      make = jax.jit(lambda q: models.value_model_params(q, p.model_cfg, bias=bias),
+                     out_shardings=p.param_shardings)
+      return make(policy_params)
+    if c.init == "preset":
+      def init(key):
+        params = models.init_params(p.model_cfg, key)[1]
+        return {**params, "value_bias": jnp.asarray(bias, params["value_bias"].dtype)}
+      return jax.jit(init, out_shardings=p.param_shardings)(
+          jax.random.fold_in(jax.random.key(seed), _CRITIC_INIT))
+    _, _, loaded = models.load_hf(c.hf_path, mesh=p.mesh, rules=p.rules, dtype=p.model_cfg.param_dtype)
+    make = jax.jit(lambda q: models.value_model_params(q, p.model_cfg, bias=bias), out_shardings=p.param_shardings)
+    return make(loaded)
+
+  def init(self, policy_params, rng) -> Any:
+    """The separate critic's `TrainState` (None when shared)."""
+    if not self.separate:
+      return None
+    return self.learner.init(self.initial_params(policy_params, int(jax.random.randint(rng, (), 0, 2**31 - 1))),
+                             rng)
+
+  def attach(self, state_like, shardings) -> tuple[Any, Any]:
+    """A policy state's abstract value and shardings with the critic's in their `critic` field."""
+    if not self.separate:
+      return state_like, shardings
+    return (state_like.replace(critic=self.learner.abstract_state),
+            shardings.replace(critic=self.learner.state_shardings))
+
+  # --- credit ---
+
+  def assign(self, state, batch) -> tuple[np.ndarray, dict, dict]:
+    """(advantages [B, T-1], the critic's batch fields `returns` and `old_values`, metrics) of `batch`, valued
+    by the critic in `state` (the separate critic's, or the policy's own head; shared excludes LoRA, so the
+    policy's params are `state.params`)."""
+    params = state.critic.params if self.separate else state.params
+    raw_bt = np.asarray(_distributed.to_host(self._values(params, batch.tokens, batch.loss_mask)), np.float32)
+    values_bt = np.asarray(losses.prediction(raw_bt, self.loss.kind))
+    mask_bt = batch.loss_mask
+    adv_bt, returns_bt = (np.asarray(x) for x in self._gae(batch.rewards, values_bt, mask_bt, batch.group_ids))
+    metrics = value_metrics(values_bt, returns_bt, mask_bt, self.loss.kind)
+    return adv_bt * mask_bt, {"returns": returns_bt, "old_values": raw_bt * mask_bt}, metrics
+
+  def step(self, state, mb_batch, rng) -> tuple[Any, dict]:
+    """One update of the separate critic on a minibatch (device arrays of `CRITIC_KEYS`)."""
+    critic_state, m = self.learner.step(state.critic, mb_batch, rng)
+    return state.replace(critic=critic_state), {
+        (k if k.startswith("value_") else f"critic_{k}"): v for k, v in m.items()}
+
+
+_CRITIC_INIT = 7  # fold_in index of the preset critic's init key (apart from the policy's streams)
+
+
+def _gae_advantages(rewards_b, values_bt, mask_bt, group_ids_b, *, gamma, lambda_, normalize):
+  """Token-level GAE of outcome rewards over the trained tokens; normalised over the batch or the group."""
+  mask_bt = jnp.asarray(mask_bt) != 0
+  t = mask_bt.shape[1]
+  last_b = t - 1 - jnp.argmax(mask_bt[:, ::-1], axis=1)  # the last trained position of each row
+  has_b = mask_bt.any(axis=1)
+  r_bt = jnp.where((jnp.arange(t)[None] == last_b[:, None]) & has_b[:, None], rewards_b[:, None], 0.0)
+  adv_bt, returns_bt = adv_lib.gae_over_mask(r_bt, values_bt, mask_bt, gamma=gamma, lambda_=lambda_)
+  return adv_lib.normalize_bt(adv_bt, mask_bt, group_ids_b, normalize), returns_bt
+
+
+def value_metrics(values_bt, returns_bt, mask_bt, kind: str) -> dict:
+  """The critic's diagnostics over the trained tokens, before this batch's update: `value_mean`, `value_std`,
+  `return_mean`, `explained_variance` (NaN when the returns do not vary), and `value_calibration` (expected
+  calibration error) for bce's [0, 1] targets."""
+  mean, std = losses.masked_mean_std(values_bt, mask_bt)
+  ret_mean, _ = losses.masked_mean_std(returns_bt, mask_bt)
+  out = {"value_mean": float(mean), "value_std": float(std), "return_mean": float(ret_mean),
+         "explained_variance": float(losses.explained_variance(values_bt, returns_bt, mask_bt))}
+  if kind == "bce":
+    out["value_calibration"] = float(losses.calibration_error(values_bt, np.clip(returns_bt, 0, 1), mask_bt))
+  return out

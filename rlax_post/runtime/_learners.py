@@ -1,0 +1,71 @@
+"""The jitted, sharded learners that the RL step, its critic and the warm start are made of, and the run's
+keys: `make_learner` (an objective under an optimizer on the parts' mesh), `optimizer` (from a config section),
+`key(seed, stream, step)`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import optax
+
+from rlax_post import config as config_lib
+from rlax_post import learner
+from rlax_post import sharding
+from rlax_post.runtime import _distributed
+from rlax_post.runtime import _parts
+
+
+def key(seed: int, stream: int, step: int) -> jax.Array:
+  """The key of (seed, stream, step) (`envs.Stream`)."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), int(stream)), step)
+
+
+def host(metrics: dict) -> dict:
+  return {k: float(v) for k, v in _distributed.to_host(metrics).items()}
+
+
+def optimizer(section: config_lib.OptimizerSection, total_steps: int) -> optax.GradientTransformation:
+  return learner.make_optimizer(
+      learning_rate=section.learning_rate, warmup_steps=min(section.warmup_steps, max(total_steps - 1, 0)),
+      total_steps=max(total_steps, 1), end_lr_ratio=section.end_lr_ratio,
+      weight_decay=section.weight_decay, b1=section.b1, b2=section.b2, max_grad_norm=section.max_grad_norm)
+
+
+@dataclasses.dataclass
+class Learner:
+  """A jitted, sharded update for one optimizer and objective, and how to make its state."""
+  optimizer: optax.GradientTransformation
+  state_shardings: Any
+  step: Callable[..., Any]  # step(state, batch, rng) -> (state, metrics); donates state.
+  init: Callable[..., Any]  # init(params, rng) -> TrainState on the mesh.
+  abstract_state: Any
+
+
+def make_learner(parts: _parts.Parts, opt: optax.GradientTransformation, objective, *, agg_mode: str,
+                 max_len: int | None, trainable: learner.Trainable = learner.Trainable()) -> Learner:
+  """The jitted update of `objective` under `opt` on the parts' mesh (`loss.micro_batches` micro-batches),
+  training what `trainable` says (default: every weight); `init(params, rng)` splits the model's params into
+  the state's frozen and trainable parts (LoRA's adapters drawn from `fold_in(rng, 1)`)."""
+  params_like, mesh, rules = parts.params_like, parts.mesh, parts.rules
+  frozen_axes, trainable_axes = trainable.logical_axes(params_like)
+
+  def init_state(params, rng):
+    frozen, trained = trainable.split(params, jax.random.fold_in(rng, 1))
+    return learner.init_train_state(trained, opt, rng, frozen=frozen)
+
+  abstract_state = jax.eval_shape(lambda p: init_state(p, jax.random.key(0)), params_like)
+  shardings = sharding.state_shardings(abstract_state, trainable_axes, opt, mesh, rules,
+                                       frozen_logical_axes=frozen_axes)
+  update = learner.make_update(opt, objective, micro_batches=parts.cfg.loss.micro_batches, agg_mode=agg_mode,
+                               max_len=max_len, to_model=trainable.to_model)
+  step = learner.jit_update(update, shardings, sharding.batch_sharding(mesh, rules, 1), mesh, rules=rules)
+  init = jax.jit(init_state, out_shardings=shardings)
+  return Learner(optimizer=opt, state_shardings=shardings, step=step, init=init,
+                 abstract_state=abstract_state)
+
+
+def batch_sharding(mesh) -> jax.sharding.NamedSharding:
+  """Rows of a host batch over the mesh's data and fsdp axes."""
+  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
