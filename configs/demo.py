@@ -8,6 +8,7 @@ sampling still finds the right answer often; GRPO then raises the greedy reward 
   rlax-post train --config configs/demo.py:tiny --workdir /tmp/tiny     # seconds; used by the tests
   rlax-post train --config configs/demo.py:sort --workdir runs/sort     # another built-in task
   rlax-post train --config configs/demo.py:add,tiny --workdir /tmp/add  # variants combine with commas
+  rlax-post train --config configs/demo.py:gae --workdir runs/ppo        # PPO with a learned critic
 """
 
 import ml_collections
@@ -23,7 +24,7 @@ _TASK_OPTIONS = {
     "sort": dict(min_len=3, max_len=6),
     "add": dict(max_digits=3),
 }
-_VARIANTS = ("default", "tiny", *_TASK_OPTIONS)
+_VARIANTS = ("default", "tiny", "gae", *_TASK_OPTIONS)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -80,6 +81,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if variant in _TASK_OPTIONS:
       c.task.name = variant
       c.task.options = _TASK_OPTIONS[variant]
+  if "gae" in variants:  # PPO with a separate critic (docs/critic.md): token-level GAE, whitened over the batch.
+    c.advantage.estimator = "gae"
+    c.advantage.normalize = "batch"
   if "tiny" in variants:  # A smoke-sized run: compiles and runs in well under a minute.
     c.model.preset = "micro"
     c.task.num_eval = 16
@@ -99,7 +103,11 @@ def get_sweep(arg: str | None = None) -> list[dict]:
 
     rlax-post sweep --config configs/demo.py --workdir runs/demo_sweep --parallel 2   # 6 units
     rlax-post sweep --config configs/demo.py:tiny --workdir /tmp/sweep --parallel 2   # 2 units, seconds
+    rlax-post sweep --config configs/demo.py:gae --workdir runs/critic --parallel 2   # GRPO vs PPO + critic
   """
-  if "tiny" in (arg or "").split(","):
+  variants = (arg or "").split(",")
+  if "gae" in variants:  # GRPO against PPO with a critic at equal samples, 3 seeds (docs/critic.md)
+    return sweep.product(sweep.axis("advantage.estimator", ["grpo", "gae"]), sweep.axis("seed", [0, 1, 2]))
+  if "tiny" in variants:
     return sweep.product(sweep.axis("advantage.estimator", ["grpo", "rloo"]), sweep.axis("seed", [0]))
   return sweep.product(sweep.axis("advantage.estimator", ["grpo", "rloo", "drgrpo"]), sweep.axis("seed", [0, 1]))

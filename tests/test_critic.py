@@ -340,3 +340,27 @@ def test_critic_config_errors_name_the_setting():
   c.critic.overrides = {}
   with pytest.raises(ValueError, match="critic.hf_path"):
     runtime.RLUpdate(runtime.build_parts(config.load(c)))
+
+
+def test_multi_turn_rows_value_only_the_policy_tokens():
+  """Observation tokens (mask 0) inside a response are no step: GAE runs over the policy's tokens alone, and
+  the observations get advantage 0 and are not regressed on."""
+  update, parts, _, state = _setup(advantage__gamma=0.5, advantage__lambda_=1.0, critic__init_bias=0.25)
+  groups = _groups(parts, np.arange(16) % 2)
+  for rows in groups:
+    for row in rows:
+      length = len(row["tokens"])
+      row["mask"] = (np.arange(length) % 3 != 1).astype(np.int32)  # every third token is an observation
+      row["mask"][-1] = 1
+      row["logprobs"] = np.where(row["mask"] > 0, row["logprobs"], 0.0).astype(np.float32)
+  batch = update.batch(groups)
+  assert np.any((batch.loss_mask == 0) & (np.arange(batch.loss_mask.shape[1]) > batch.prompt_lens[:, None]))
+  adv, fields, _ = update.credit.assign(state, batch)
+  assert np.all(adv[batch.loss_mask == 0] == 0) and np.all(fields["returns"][batch.loss_mask == 0] == 0)
+  for b in range(len(batch.rewards)):
+    steps = np.flatnonzero(batch.loss_mask[b])
+    k = len(steps)
+    # γ = .5, λ = 1, V = .25 everywhere, reward R at the last policy token: return of step i = R·.5^(k−1−i).
+    want_ret = batch.rewards[b] * 0.5 ** (k - 1 - np.arange(k))
+    np.testing.assert_allclose(fields["returns"][b, steps], want_ret, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(adv[b, steps], want_ret - 0.25, rtol=1e-5, atol=1e-6)
