@@ -78,7 +78,7 @@ def test_finite_extremes_still_validate():
 
 
 def test_unknown_variant_of_config_file():
-  with pytest.raises(ValueError, match=r"unknown variant\(s\) \['huge'\]; valid: \['default', 'tiny', 'reverse'"):
+  with pytest.raises(ValueError, match=r"unknown variant\(s\) \['huge'\]; valid: \['default', 'tiny', 'gae', 'reverse'"):
     demo.get_config("huge")
 
 
