@@ -155,7 +155,7 @@ def clear_outputs(workdir: str) -> None:
 
 def plot_curves(rows: list[dict], path: str) -> None:
   """Saves a PNG of the RL reward (train and greedy eval, and each reward component a task reports), KL and
-  the SFT loss."""
+  the SFT loss, and with a learned critic (`value_loss` rows) its explained variance and value loss."""
   import matplotlib  # pylint: disable=g-import-not-at-top  (optional outputs; heavy imports)
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (optional outputs; heavy imports)
@@ -164,7 +164,8 @@ def plot_curves(rows: list[dict], path: str) -> None:
     pts = [(r["step"], r[key]) for r in rows if r.get("phase") == phase and r.get(key) is not None]
     return (np.array([p[0] for p in pts]), np.array([p[1] for p in pts])) if pts else (None, None)
 
-  fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+  critic = any(r.get("phase") == "rl" and "value_loss" in r for r in rows)
+  fig, axes = plt.subplots(1, 4 if critic else 3, figsize=(20 if critic else 15, 4))
   x, y = series("rl", "reward_mean")
   if x is not None:
     axes[0].plot(x, y, label="train reward (sampled)", alpha=0.8)
@@ -186,6 +187,15 @@ def plot_curves(rows: list[dict], path: str) -> None:
   if x is not None:
     axes[2].plot(x, y, color="tab:green")
   axes[2].set(title="Warm-start SFT loss", xlabel="SFT step")
+  if critic:
+    x, y = series("rl", "explained_variance")
+    if x is not None:
+      axes[3].plot(x, y, color="tab:purple", label="explained variance")
+    twin = axes[3].twinx()
+    x, y = series("rl", "value_loss")
+    if x is not None:
+      twin.plot(x, y, color="tab:gray", alpha=0.7, label="value loss")
+    axes[3].set(title="Critic: explained variance (left), value loss (right)", xlabel="RL step")
   fig.tight_layout()
   fig.savefig(path, dpi=90)
   plt.close(fig)

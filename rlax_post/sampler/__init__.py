@@ -7,6 +7,8 @@ behind a gRPC `Server` that rejects malformed requests (`check_request`) before 
 `Driver` is the RL sampling driver over the engine (continuous batching, shared prefills, parameter versions,
 multi-turn continuation); the training loop and evaluation sample through it (one sampling path).
 `run_episodes` runs multi-turn env episodes on a driver; `EpisodeRunner` streams groups of them.
+`ScoreService` scores batches of token rows (or strings) with a scalar model (`models.sequence_values`):
+jitted, sharded, length-bucketed, callable from several threads; a reward model's or a critic's queries.
 """
 
 from rlax_post.sampler._driver import Completion
@@ -27,6 +29,7 @@ from rlax_post.sampler._tokenizer_api import prefill_buckets
 from rlax_post.sampler._sampling import sample_rows
 from rlax_post.sampler._sampling import sample_token
 from rlax_post.sampler._sampling import SamplingParams
+from rlax_post.sampler._scoring import ScoreService
 from rlax_post.sampler._serve import check_request
 from rlax_post.sampler._serve import serve
 from rlax_post.sampler._serve import ServeOptions
@@ -58,5 +61,6 @@ __all__ = [
     "sample_rows",
     "sample_token",
     "SamplingParams",
+    "ScoreService",
     "SlotSettings",
 ]
