@@ -241,17 +241,7 @@ class RlaxEngine(engine_api.Engine):
 
     Dtypes are not checked (a bfloat16 copy of float32 params is fine; it compiles its own executables).
     """
-    want = dict(jax.tree_util.tree_flatten_with_path(self._abstract_params)[0])
-    got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
-    for path in want:
-      if path not in got:
-        raise ValueError(f"params lack leaf {jax.tree_util.keystr(path)} of the model.")
-    for path, leaf in got.items():
-      if path not in want:
-        raise ValueError(f"params have leaf {jax.tree_util.keystr(path)}, which the model does not.")
-      if tuple(np.shape(leaf)) != want[path].shape:
-        raise ValueError(f"params leaf {jax.tree_util.keystr(path)} has shape {tuple(np.shape(leaf))}; "
-                         f"the model wants {want[path].shape}.")
+    check_params_like(params, self._abstract_params, "the model")
 
   def _check_divides(self, what: str, size: int, logical: str, role: str) -> None:
     """Raises ValueError unless `size` divides the mesh axes the rules map `logical` to."""
@@ -658,3 +648,19 @@ def _stream_key(base_2: jax.Array, streams_j: jax.Array) -> jax.Array:
   for j in range(streams_j.shape[0]):
     key = jax.random.fold_in(key, streams_j[j])
   return jax.random.key_data(key)
+
+
+def check_params_like(params: Any, params_like: Any, model: str, hint: str = "") -> None:
+  """Raises ValueError naming the first leaf where `params` differs from `params_like` (`model` names what
+  they belong to; `hint` follows an extra leaf's message): missing, extra, shape. Dtypes are not checked."""
+  want = dict(jax.tree_util.tree_flatten_with_path(params_like)[0])
+  got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
+  for path in want:
+    if path not in got:
+      raise ValueError(f"params lack leaf {jax.tree_util.keystr(path)} of {model}.")
+  for path, leaf in got.items():
+    if path not in want:
+      raise ValueError(f"params have leaf {jax.tree_util.keystr(path)}, which {model} does not{hint}.")
+    if tuple(np.shape(leaf)) != want[path].shape:
+      raise ValueError(f"params leaf {jax.tree_util.keystr(path)} has shape {tuple(np.shape(leaf))}; "
+                       f"{model} wants {want[path].shape}.")

@@ -29,6 +29,7 @@ import numpy as np
 
 from rlax_post import models
 from rlax_post import sharding
+from rlax_post.sampler import _engine
 from rlax_post.sampler import _tokenizer_api
 
 
@@ -97,7 +98,8 @@ class ScoreService:
     use them, calls in flight finish with the ones they started with."""
     if isinstance(version, bool) or not isinstance(version, (int, np.integer)):
       raise ValueError(f"version must be an int; got {version!r}.")
-    _check_params(params, self._params_like)
+    _engine.check_params_like(params, self._params_like, "the scalar model", hint=(
+        " (models.value_model_params makes a policy's params into a scalar model's)"))
     placed = jax.device_put(params, self.param_shardings)
     with self._lock:
       self._params, self._version = placed, int(version)
@@ -177,19 +179,3 @@ def _batch_devices(mesh: jax.sharding.Mesh, rules: sharding.Rules) -> int:
   if missing:
     raise ValueError(f"The rules map 'batch' to mesh axes {axes}; the mesh {dict(mesh.shape)} lacks {missing}.")
   return math.prod(mesh.shape[a] for a in axes)
-
-
-def _check_params(params: Any, params_like: Any) -> None:
-  """Raises ValueError naming the first leaf where `params` differs from the model: missing, extra, shape."""
-  want = dict(jax.tree_util.tree_flatten_with_path(params_like)[0])
-  got = dict(jax.tree_util.tree_flatten_with_path(params)[0])
-  for path in want:
-    if path not in got:
-      raise ValueError(f"params lack leaf {jax.tree_util.keystr(path)} of the scalar model.")
-  for path, leaf in got.items():
-    if path not in want:
-      raise ValueError(f"params have leaf {jax.tree_util.keystr(path)}, which the scalar model does not "
-                       "(models.value_model_params makes a policy's params into a scalar model's).")
-    if tuple(np.shape(leaf)) != want[path].shape:
-      raise ValueError(f"params leaf {jax.tree_util.keystr(path)} has shape {tuple(np.shape(leaf))}; the "
-                       f"model wants {want[path].shape}.")
