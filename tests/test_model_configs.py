@@ -12,7 +12,7 @@ from rlax_post import learner
 from rlax_post import models
 from rlax_post import sharding
 from rlax_post import runtime
-from rlax_post.runtime import _learn
+from rlax_post.runtime import _learners
 
 sys.path.insert(0, ".")
 from configs import models as model_configs  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -47,7 +47,7 @@ def test_pair_validates_shards_evenly_and_fits(model, hardware):
   assert model_cfg.param_dtype == "float32" and model_cfg.dtype == "bfloat16" and model_cfg.remat
 
   _, params = models.abstract_params(model_cfg)
-  opt = _learn.optimizer(cfg.rl.optimizer, cfg.rl.steps)
+  opt = _learners.optimizer(cfg.rl.optimizer, cfg.rl.steps)
   state = jax.eval_shape(lambda p: learner.init_train_state(p, opt, jax.random.key(0)), params)
   # Raises for any dimension that does not divide its mesh axes (nothing is silently replicated).
   shardings = sharding.state_shardings(state, models.param_logical_axes(params), opt, mesh,
