@@ -15,7 +15,8 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import critic_step  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 ROW_KEYS = {"arm", "estimator", "critic", "policy_params", "critic_params", "batch_rows", "seq_len", "step_ms",
-            "learn_ms", "step_ratio", "learn_ratio", "step_ms_all", "learn_ms_all"}
+            "learn_ms", "step_ratio", "learn_ratio", "step_ratio_paired", "learn_ratio_paired", "step_ms_all",
+            "learn_ms_all"}
 
 
 def test_one_round_writes_the_table_as_json(tmp_path, capsys):
@@ -38,11 +39,13 @@ def test_one_round_writes_the_table_as_json(tmp_path, capsys):
   assert rows["shared"]["policy_params"] == policy + d + 1 and rows["shared"]["critic_params"] == 0
   for r in got["rows"]:
     assert len(r["step_ms_all"]) == len(r["learn_ms_all"]) == 1
-    for key in ("step_ms", "learn_ms", "step_ratio", "learn_ratio"):
+    for key in ("step_ms", "learn_ms", "step_ratio", "learn_ratio", "step_ratio_paired", "learn_ratio_paired"):
       assert math.isfinite(r[key]) and r[key] > 0, (r["arm"], key, r[key])
     assert r["step_ratio"] == pytest.approx(r["step_ms"] / rows["grpo"]["step_ms"])
+    # One round: the paired ratio is that round's ratio, the ratio of the medians too.
+    assert r["step_ratio_paired"] == pytest.approx(r["step_ratio"])
     assert r["learn_ms"] <= r["step_ms"]  # the update is part of the step
-  assert rows["grpo"]["step_ratio"] == rows["grpo"]["learn_ratio"] == 1.0
+  assert rows["grpo"]["step_ratio"] == rows["grpo"]["learn_ratio"] == rows["grpo"]["step_ratio_paired"] == 1.0
   out = capsys.readouterr().out
   assert "step / grpo" in out and "rollout excluded" in out and f"wrote {path}" in out
 
