@@ -3,6 +3,10 @@
   rlax-post train --config configs/models.py:qwen2.5-7b,h100x8 \
       --config.model.hf_path=/path/to/Qwen2.5-7B-Instruct --workdir runs/qwen7b
 
+PPO with a learned critic: add `critic` to the variant (`configs/models.py:qwen2.5-7b,h100x8,critic`) for
+`advantage.estimator = "gae"` with a separate critic initialised from the policy (`critic.mode = "separate"`,
+`critic.init = "policy"`: a second model of the policy's size with its own AdamW state), learning rate 1e-5.
+
 `model.hf_path` is a placeholder: point it at a local Hugging Face checkpoint directory (config.json,
 *.safetensors, tokenizer.json) of the named model. The run then loads those weights and that tokenizer; the
 preset named here only sizes the plan below (shapes, mesh, memory), so the checkpoint must be that model.
@@ -81,6 +85,13 @@ Pairs that do not fit raise ValueError with the reason (`UNSUPPORTED`): the 7B/8
 16 GB v5e chip), and llama3.2-3b and gemma2-2b on gpu1 (float32 state plus the three in-process param
 copies exceed 90% of the memory). Since the KV cache is sharded, llama3.2-3b and gemma2-2b fit v5e-8 (89%
 and 83% of a chip by `runtime.run_memory`; llama3.2-3b is the tightest supported pair).
+
+A separate critic (variant `critic`) adds its params, grads (and the float32 accumulator), AdamW moments and
+one micro-batch's activations (`learner.estimate_memory`'s "critic" component): 16-20 bytes per parameter
+again. On the same meshes, four more pairs no longer fit and raise ValueError with the reason
+(`UNSUPPORTED_CRITIC`): qwen2.5-1.5b and qwen3-1.7b on gpu1, llama3.2-3b and gemma2-2b on v5e-8. Pods and
+clusters pick their fsdp with the critic counted, so there a critic costs data parallelism, not fit.
+docs/models.md has the table.
 """
 
 import ml_collections
@@ -129,12 +140,25 @@ UNSUPPORTED = {
 }
 
 
+# Pairs that fit without a critic but not with a separate one (variant `critic`; the tests check both).
+UNSUPPORTED_CRITIC = {
+    ("qwen2.5-1.5b", "gpu1"): "a second float32 model state for the critic: ≈ 81 GiB, 109% of one 80 GB GPU; "
+                              "use h100x8",
+    ("qwen3-1.7b", "gpu1"): "a second float32 model state for the critic: ≈ 95 GiB, 127% of one 80 GB GPU; "
+                            "use h100x8",
+    ("llama3.2-3b", "v5e-8"): "the critic's float32 state and activations take ≈ 22 GiB, 138% of a 16 GB "
+                              "chip; use v5p-16 or v5e-256",
+    ("gemma2-2b", "v5e-8"): "the critic's float32 state and activations take ≈ 20 GiB, 123% of a 16 GB chip; "
+                            "use v5p-16 or v5e-256",
+}
+
 # The share of a chip's memory that the pod meshes plan for (the tests check < 90%).
 _POD_MEMORY_BUDGET = 0.8
 
 
-def mesh_shape(model: str, hardware: str) -> dict:
-  """The (data, fsdp, tensor) mesh of `model` on `hardware`, with the data axis's DCN granules."""
+def mesh_shape(model: str, hardware: str, critic: bool = False) -> dict:
+  """The (data, fsdp, tensor) mesh of `model` on `hardware` (with a separate critic: `critic`), with the data
+  axis's DCN granules."""
   hw = HARDWARE[hardware]
   devices, granules = hw["devices"], hw.get("granules", 1)
   tensor = 2 if model in _LARGE and devices >= 8 and hw.get("platform") != "tpu-pod" else 1
@@ -146,7 +170,7 @@ def mesh_shape(model: str, hardware: str) -> dict:
   while fsdp * tensor <= per_granule:
     mesh = dict(data=per_granule // (fsdp * tensor) * granules, fsdp=fsdp, tensor=tensor, dcn_data=granules,
                 dcn_fsdp=1)
-    cfg = config_lib.load(_build(model, hardware, mesh))
+    cfg = config_lib.load(_build(model, hardware, mesh, critic))
     model_cfg = models.preset(model, max_seq_len=cfg.model.max_seq_len, **cfg.model.overrides)
     if runtime.run_memory(cfg, model_cfg)["total"] <= _POD_MEMORY_BUDGET * hw["hbm_bytes"]:
       return mesh
@@ -158,22 +182,26 @@ def _parse(arg):
   parts = [p for p in (arg or "qwen2.5-0.5b,gpu1").split(",") if p]
   models = [p for p in parts if p in MODELS]
   hardware = [p for p in parts if p in HARDWARE]
-  unknown = [p for p in parts if p not in MODELS and p not in HARDWARE]
-  if unknown or len(models) != 1 or len(hardware) != 1:
-    raise ValueError(f"configs/models.py: expected '<model>,<hardware>' with model one of {list(MODELS)} and "
-                     f"hardware one of {list(HARDWARE)}; got {arg!r}.")
-  if (models[0], hardware[0]) in UNSUPPORTED:
-    raise ValueError(f"configs/models.py: {models[0]} on {hardware[0]} is not supported: "
-                     f"{UNSUPPORTED[(models[0], hardware[0])]}.")
-  return models[0], hardware[0]
+  critic = parts.count("critic")
+  unknown = [p for p in parts if p not in MODELS and p not in HARDWARE and p != "critic"]
+  if unknown or len(models) != 1 or len(hardware) != 1 or critic > 1:
+    raise ValueError(f"configs/models.py: expected '<model>,<hardware>' or '<model>,<hardware>,critic' with model "
+                     f"one of {list(MODELS)} and hardware one of {list(HARDWARE)}; got {arg!r}.")
+  pair = (models[0], hardware[0])
+  if pair in UNSUPPORTED:
+    raise ValueError(f"configs/models.py: {pair[0]} on {pair[1]} is not supported: {UNSUPPORTED[pair]}.")
+  if critic and pair in UNSUPPORTED_CRITIC:
+    raise ValueError(f"configs/models.py: {pair[0]} on {pair[1]} with a separate critic is not supported: "
+                     f"{UNSUPPORTED_CRITIC[pair]}.")
+  return pair[0], pair[1], bool(critic)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  model, hardware = _parse(arg)
-  return _build(model, hardware, mesh_shape(model, hardware))
+  model, hardware, critic = _parse(arg)
+  return _build(model, hardware, mesh_shape(model, hardware, critic), critic)
 
 
-def _build(model: str, hardware: str, mesh: dict) -> ml_collections.ConfigDict:
+def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_collections.ConfigDict:
   hw = HARDWARE[hardware]
   rollouts = hw["prompts"] * hw["samples"]
   micro_batches = rollouts // (hw["rows_per_shard"] * mesh["data"] * mesh["fsdp"])
@@ -219,6 +247,10 @@ def _build(model: str, hardware: str, mesh: dict) -> ml_collections.ConfigDict:
                   init_bias=config_dict.placeholder(float), warmup_steps=0,
                   optimizer=dict(learning_rate=1e-3, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
                                  b1=0.9, b2=0.99, max_grad_norm=1.0))
+  if critic:  # PPO with a separate critic of the policy's size, from the policy's weights.
+    c.advantage.estimator = "gae"
+    c.critic.update(mode="separate", init="policy")
+    c.critic.optimizer.update(learning_rate=1e-5, warmup_steps=10)
   c.eval = dict(every=20, batch_size=eval_batch)
   c.checkpoint = dict(every=50, max_to_keep=2)
   c.runtime = dict(mode="async", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,

@@ -395,6 +395,7 @@ def test_estimate_memory_matches_a_hand_count():
       "optimizer": 2 * params + 4,  # mu, nu and Adam's int32 count
       "reference": params,
       "activations": 2 * btd + block + logits,
+      "critic": 0,  # no separate critic (tests/test_memory_critic.py counts one)
       # K and V [L, slots, S, K, H] with the 4 slots split over fsdp; + float32 logits [slots, V], the same.
       "kv_cache": 2 * 2 * (4 // 2) * 10 * 1 * 4 * 4 + (4 // 2) * 16 * 4,
   }

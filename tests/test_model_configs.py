@@ -1,5 +1,9 @@
 """configs/models.py: every (model, hardware) pair validates, shards evenly on an abstract mesh of the
-hardware's device count, and fits its chip (`learner.estimate_memory` itself is tested in test_learner.py)."""
+hardware's device count, and fits its chip, without and with a separate critic (variant `critic`); a pair that
+does not fit is listed with its reason and refused (`learner.estimate_memory` itself is tested in
+test_learner.py and test_memory_critic.py)."""
+
+import re
 
 import sys
 
@@ -12,7 +16,7 @@ from rlax_post import learner
 from rlax_post import models
 from rlax_post import sharding
 from rlax_post import runtime
-from rlax_post.runtime import _learn
+from rlax_post.runtime import _learners
 
 sys.path.insert(0, ".")
 from configs import models as model_configs  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -29,14 +33,23 @@ def _model_cfg(cfg):
   return models.preset(cfg.model.preset, max_seq_len=cfg.model.max_seq_len, **cfg.model.overrides)
 
 
+def _variant(model, hardware, critic):
+  return f"{model},{hardware}" + (",critic" if critic else "")
+
+
+@pytest.mark.parametrize("critic", [False, True], ids=["grpo", "critic"])
 @pytest.mark.parametrize("model, hardware", _PAIRS)
-def test_pair_validates_shards_evenly_and_fits(model, hardware):
+def test_pair_validates_shards_evenly_and_fits(model, hardware, critic):
   _skip_missing_preset(model)
   if (model, hardware) in model_configs.UNSUPPORTED:
     with pytest.raises(ValueError, match=f"{model} on {hardware} is not supported"):
-      model_configs.get_config(f"{model},{hardware}")
+      model_configs.get_config(_variant(model, hardware, critic))
     return
-  cfg = config.load(model_configs.get_config(f"{model},{hardware}"))
+  if critic and (model, hardware) in model_configs.UNSUPPORTED_CRITIC:
+    with pytest.raises(ValueError, match=f"{model} on {hardware} with a separate critic is not supported"):
+      model_configs.get_config(_variant(model, hardware, critic))
+    return
+  cfg = config.load(model_configs.get_config(_variant(model, hardware, critic)))
   hw = model_configs.HARDWARE[hardware]
   assert cfg.model.preset == model and cfg.model.hf_path is None
   assert cfg.runtime.mode == "async" and config.staleness(cfg) == 1
@@ -47,7 +60,7 @@ def test_pair_validates_shards_evenly_and_fits(model, hardware):
   assert model_cfg.param_dtype == "float32" and model_cfg.dtype == "bfloat16" and model_cfg.remat
 
   _, params = models.abstract_params(model_cfg)
-  opt = _learn.optimizer(cfg.rl.optimizer, cfg.rl.steps)
+  opt = _learners.optimizer(cfg.rl.optimizer, cfg.rl.steps)
   state = jax.eval_shape(lambda p: learner.init_train_state(p, opt, jax.random.key(0)), params)
   # Raises for any dimension that does not divide its mesh axes (nothing is silently replicated).
   shardings = sharding.state_shardings(state, models.param_logical_axes(params), opt, mesh,
@@ -69,6 +82,31 @@ def test_pair_validates_shards_evenly_and_fits(model, hardware):
   assert cfg.eval.batch_size % (cfg.mesh.data * cfg.mesh.fsdp) == 0
   memory = runtime.run_memory(cfg, model_cfg)
   assert memory["total"] < 0.9 * hw["hbm_bytes"], {k: learner.format_bytes(v) for k, v in memory.items()}
+  # The critic variant is PPO with a separate critic of the policy's size; the plain one has none.
+  assert (cfg.advantage.estimator == "gae") == critic and cfg.critic.mode == "separate"
+  assert cfg.critic.init == "policy"
+  # A second params + grads + moments (less an untied lm_head, which the critic drops), plus activations.
+  lm_head = 0 if model_cfg.tie_embeddings else model_cfg.vocab_size * model_cfg.d_model / model_cfg.num_params()
+  policy_state = memory["params"] + memory["grads"] + memory["optimizer"]
+  assert (memory["critic"] > (1 - lm_head) * policy_state) if critic else memory["critic"] == 0
+
+
+@pytest.mark.parametrize("model, hardware", sorted(model_configs.UNSUPPORTED_CRITIC))
+def test_pairs_without_room_for_a_critic_are_listed_with_their_estimate(model, hardware):
+  """A pair that does not fit with a critic is refused, not dropped: it fits without one, and on its mesh the
+  critic's estimate is over 90%, as its reason says."""
+  hw = model_configs.HARDWARE[hardware]
+  assert (model, hardware) not in model_configs.UNSUPPORTED
+  plain = config.load(model_configs.get_config(f"{model},{hardware}"))
+  assert runtime.run_memory(plain, _model_cfg(plain))["total"] < 0.9 * hw["hbm_bytes"]
+  mesh = model_configs.mesh_shape(model, hardware, critic=True)
+  cfg = config.load(model_configs._build(model, hardware, mesh, critic=True))
+  memory = runtime.run_memory(cfg, _model_cfg(cfg))
+  share = memory["total"] / hw["hbm_bytes"]
+  assert share >= 0.9
+  reason = model_configs.UNSUPPORTED_CRITIC[(model, hardware)]
+  assert int(re.search(r"(\d+)% of", reason).group(1)) == round(100 * share), (reason, share)
+  assert f"{memory['total'] / 2**30:.0f} GiB" in reason, (reason, learner.format_bytes(memory["total"]))
 
 
 def test_every_model_runs_on_some_multi_device_hardware():
@@ -84,6 +122,10 @@ def test_bad_variants():
     model_configs.get_config("qwen2.5-7b,h100x9")
   with pytest.raises(ValueError, match="is not supported: float32 AdamW state"):
     model_configs.get_config("qwen3-8b,gpu1")
+  with pytest.raises(ValueError, match="expected '<model>,<hardware>'"):
+    model_configs.get_config("qwen2.5-7b,h100x8,critic,critic")
+  with pytest.raises(ValueError, match="with a separate critic is not supported: a second float32"):
+    model_configs.get_config("qwen3-1.7b,gpu1,critic")
 
 
 # --- Pods and clusters: which mesh axes cross the data-centre network (DCN) --------------------------------
@@ -109,14 +151,15 @@ def test_pod_hardware_is_listed():
   assert model_configs.HARDWARE["v5p-128"]["devices"] == 64  # v5p-128 counts TensorCores: 64 chips
 
 
+@pytest.mark.parametrize("critic", [False, True], ids=["grpo", "critic"])
 @pytest.mark.parametrize("hardware", _POD_HARDWARE)
 @pytest.mark.parametrize("model", model_configs.MODELS)
-def test_pod_mesh_keeps_fsdp_and_tensor_inside_a_granule(model, hardware):
+def test_pod_mesh_keeps_fsdp_and_tensor_inside_a_granule(model, hardware, critic):
   """Builds the real device grid over fake devices grouped into the hardware's granules (slices or nodes):
   every fsdp × tensor group is inside one granule, and the data axis is the only one crossing the DCN."""
   _skip_missing_preset(model)
   hw = model_configs.HARDWARE[hardware]
-  cfg = config.load(model_configs.get_config(f"{model},{hardware}"))
+  cfg = config.load(model_configs.get_config(_variant(model, hardware, critic)))
   m = cfg.mesh
   granules, per = hw["granules"], hw["devices"] // hw["granules"]
   assert m.dcn_data == granules and m.dcn_fsdp == 1
@@ -130,11 +173,11 @@ def test_pod_mesh_keeps_fsdp_and_tensor_inside_a_granule(model, hardware):
     assert len(np.unique(granule_of[d])) == 1
   # The data axis visits every granule equally often.
   assert sorted(np.unique(granule_of[:, 0, 0], return_counts=True)[1]) == [m.data // granules] * granules
-  # fsdp is the smallest power of two whose per-device estimate is under 80% of the chip's memory.
+  # fsdp is the smallest power of two whose per-device estimate (with the critic's) is under 80% of the chip.
   assert runtime.run_memory(cfg, _model_cfg(cfg))["total"] <= 0.8 * hw["hbm_bytes"]
   if m.fsdp > 1:
     half = model_configs._build(model, hardware, dict(data=m.data * 2, fsdp=m.fsdp // 2, tensor=m.tensor,
-                                                       dcn_data=m.dcn_data, dcn_fsdp=1))
+                                                       dcn_data=m.dcn_data, dcn_fsdp=1), critic)
     half = config.load(half)
     assert runtime.run_memory(half, _model_cfg(half))["total"] > 0.8 * hw["hbm_bytes"]
 

@@ -26,6 +26,16 @@ Components (bytes per device):
               attention scores [b, N, T, T] twice (float32 logits and probabilities in the activation dtype;
               our attention materialises them). Plus the float32 logits [b, T, V] × 3 (logits, log-softmax,
               their gradient), which no remat policy frees.
+  critic      a separate critic (`critic_cfg`: PPO's learned value model, its own weights): its params,
+              one gradient tree (and the float32 accumulator with `micro_batches > 1`), its optimizer state
+              (`optimizer`'s, as the runtime gives the critic the same AdamW), and the activations of one
+              critic micro-batch: the block terms above for its own shapes, but no vocabulary logits: its
+              head reads a scalar, so [b, T] float32 values × 2 (the values and their gradient) instead.
+              The critic's update runs before the policy's, as its own jitted call, so its gradients and
+              activations are never live together with the policy's; summing them is an upper bound (by
+              the smaller of the two updates' gradients + activations). A critic that shares the policy
+              (a value head, D + 1 params) needs no component: pass the policy's config with
+              `value_head=True` and the head is counted in `params`.
   kv_cache    the samplers' decode state: `kv_slots` rows × `kv_len` positions of K and V for every layer
               ([L, slots, S, K, H] × 2 in the activation dtype; a sliding-window layer's ring keeps
               `model_cfg.ring_length(kv_len)` positions instead, `models.init_cache`) plus float32 logits
@@ -51,7 +61,7 @@ from rlax_post import sharding
 from rlax_post.learner import _optim
 from rlax_post.learner import _state
 
-COMPONENTS = ("params", "grads", "optimizer", "reference", "activations", "kv_cache")
+COMPONENTS = ("params", "grads", "optimizer", "reference", "activations", "critic", "kv_cache")
 
 
 def _tree_bytes(tree, shardings) -> int:
@@ -63,42 +73,8 @@ def _act_bytes(mesh, rules, logical_axes, shape, itemsize) -> int:
   return int(np.prod(sharding.activation_shard_shape(mesh, rules, logical_axes, shape))) * itemsize
 
 
-def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq_len: int,
-                    micro_batches: int = 1, remat: bool | None = None, optimizer=None,
-                    rules: sharding.Rules = sharding.DEFAULT_RULES, param_copies: int = 1, kv_slots: int = 0,
-                    kv_len: int | None = None) -> dict[str, int]:
-  """Per-device bytes of a learner (and its in-process samplers) on a mesh of `mesh_shape`.
-
-  Args:
-    model_cfg: a `models.ModelConfig` (its dtypes decide the byte counts).
-    mesh_shape: {'data': .., 'fsdp': .., 'tensor': ..}; missing axes are 1. Need not match the local
-      devices (the mesh is abstract).
-    batch: rows of one optimizer step (rollouts per minibatch).
-    seq_len: tokens per row T (prompt + response).
-    micro_batches: gradient-accumulation parts; one part's activations are live at a time.
-    remat: rematerialise each block; None: `model_cfg.remat`.
-    optimizer: the optax transformation whose state to count; None: `learner.make_optimizer` (AdamW with
-      clipping; its moments take the params' dtype).
-    rules: logical-axis rules.
-    param_copies: extra full param trees held besides the learner's (reference policy, published version).
-    kv_slots: concurrent decodes whose KV cache is live (sampler slots + eval slots); 0: no sampler. Each
-      engine's slot count must divide the mesh axes of 'batch'; this checks their sum.
-    kv_len: positions per KV-cache row; None: `seq_len`.
-
-  Returns:
-    {component: bytes per device} for `COMPONENTS` (`learner.MEMORY_COMPONENTS`), plus 'total'.
-  """
-  for name, value in (('batch', batch), ('seq_len', seq_len), ('micro_batches', micro_batches)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f'{name} must be a positive int; got {value!r}')
-  if batch % micro_batches:
-    raise ValueError(f'batch={batch} must be divisible by micro_batches={micro_batches}')
-  remat = model_cfg.remat if remat is None else remat
-  kv_len = seq_len if kv_len is None else kv_len
-  mesh = sharding.abstract_mesh(mesh_shape)
-  if optimizer is None:
-    optimizer = _optim.make_optimizer(learning_rate=1e-6, warmup_steps=1, total_steps=2)
-
+def _state_bytes(model_cfg, mesh, rules, optimizer, micro_batches) -> dict[str, int]:
+  """Per-device bytes of one learner's params, grads (+ the float32 accumulator) and optimizer state."""
   _, params = models.abstract_params(model_cfg)
   state = jax.eval_shape(lambda p: _state.init_train_state(p, optimizer, jax.random.key(0)), params)
   sh = sharding.state_shardings(state, models.param_logical_axes(params), optimizer, mesh, rules)
@@ -108,11 +84,12 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
   if micro_batches > 1:
     f32 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32), state.params)
     out['grads'] += _tree_bytes(f32, sh.params)
-  out['reference'] = param_copies * out['params']
+  return out
 
-  c = model_cfg
+
+def _trunk_activation_bytes(c, mesh, rules, b: int, t: int, remat: bool) -> int:
+  """Per-device bytes of the layers' activations of one micro-batch of b rows × t tokens (no head)."""
   a = np.dtype(c.dtype).itemsize
-  b, t = batch // micro_batches, seq_len
   act = lambda axes, shape, itemsize=a: _act_bytes(mesh, rules, axes, shape, itemsize)
   btd = act(('batch', 'length', 'embed'), (b, t, c.d_model))
   block = (4 * btd
@@ -120,8 +97,63 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
            + 2 * act(('batch', 'length', 'kv_heads', 'head_dim'), (b, t, c.num_kv_heads, c.head_dim))
            + 3 * act(('batch', 'length', 'mlp'), (b, t, c.mlp_dim))
            + act(('batch', 'heads', 'length', None), (b, c.num_heads, t, t), 4 + a))
-  logits = 3 * act(('batch', 'length', 'vocab'), (b, t, c.vocab_size), 4)
-  out['activations'] = (c.num_layers * btd + block if remat else c.num_layers * block) + logits
+  return c.num_layers * btd + block if remat else c.num_layers * block
+
+
+def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq_len: int,
+                    micro_batches: int = 1, remat: bool | None = None, optimizer=None,
+                    rules: sharding.Rules = sharding.DEFAULT_RULES, param_copies: int = 1, kv_slots: int = 0,
+                    kv_len: int | None = None, critic_cfg=None) -> dict[str, int]:
+  """Per-device bytes of a learner (and its in-process samplers) on a mesh of `mesh_shape`.
+
+  Args:
+    model_cfg: a `models.ModelConfig` (its dtypes decide the byte counts).
+    mesh_shape: {'data': .., 'fsdp': .., 'tensor': ..}; missing axes are 1. Need not match the local
+      devices (the mesh is abstract).
+    batch: rows of one optimizer step (rollouts per minibatch).
+    seq_len: tokens per row T (prompt + response).
+    micro_batches: gradient-accumulation parts; one part's activations are live at a time.
+    remat: rematerialise each block; None: `model_cfg.remat` (and `critic_cfg.remat` for the critic).
+    optimizer: the optax transformation whose state to count; None: `learner.make_optimizer` (AdamW with
+      clipping; its moments take the params' dtype).
+    rules: logical-axis rules.
+    param_copies: extra full param trees held besides the learner's (reference policy, published version).
+    kv_slots: concurrent decodes whose KV cache is live (sampler slots + eval slots); 0: no sampler. Each
+      engine's slot count must divide the mesh axes of 'batch'; this checks their sum.
+    kv_len: positions per KV-cache row; None: `seq_len`.
+    critic_cfg: a separate critic's `models.ModelConfig` (`models.value_model_config` of its backbone),
+      trained on the same micro-batches under the same rules and `optimizer`; None: no separate critic
+      (the 'critic' component is 0).
+
+  Returns:
+    {component: bytes per device} for `COMPONENTS` (`learner.MEMORY_COMPONENTS`), plus 'total'.
+  """
+  for name, value in (('batch', batch), ('seq_len', seq_len), ('micro_batches', micro_batches)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise ValueError(f'{name} must be a positive int; got {value!r}')
+  if batch % micro_batches:
+    raise ValueError(f'batch={batch} must be divisible by micro_batches={micro_batches}')
+  if critic_cfg is not None and not critic_cfg.value_head:
+    raise ValueError('critic_cfg must have a value head (models.value_model_config); got value_head=False.')
+  kv_len = seq_len if kv_len is None else kv_len
+  mesh = sharding.abstract_mesh(mesh_shape)
+  if optimizer is None:
+    optimizer = _optim.make_optimizer(learning_rate=1e-6, warmup_steps=1, total_steps=2)
+
+  out = _state_bytes(model_cfg, mesh, rules, optimizer, micro_batches)
+  out['reference'] = param_copies * out['params']
+
+  c = model_cfg
+  b, t = batch // micro_batches, seq_len
+  logits = 3 * _act_bytes(mesh, rules, ('batch', 'length', 'vocab'), (b, t, c.vocab_size), 4)
+  out['activations'] = _trunk_activation_bytes(c, mesh, rules, b, t, c.remat if remat is None else remat) + logits
+
+  out['critic'] = 0
+  if critic_cfg is not None:
+    critic = _state_bytes(critic_cfg, mesh, rules, optimizer, micro_batches)
+    values = 2 * _act_bytes(mesh, rules, ('batch', 'length'), (b, t), 4)
+    out['critic'] = (sum(critic.values()) + values + _trunk_activation_bytes(
+        critic_cfg, mesh, rules, b, t, critic_cfg.remat if remat is None else remat))
 
   kv = 0
   if kv_slots:

@@ -43,31 +43,6 @@ def value_loss(section: config_lib.CriticSection) -> learner.ValueLoss:
   return learner.ValueLoss(kind=section.loss, clip_eps=section.clip_eps, huber_delta=section.huber_delta)
 
 
-def critic_model_config(parts: _parts.Parts) -> models.ModelConfig:
-  """The separate critic's model: the policy's backbone, a preset, or an HF checkpoint's (`critic.init`),
-  with a value head and no untied vocabulary projection; it must read the policy's token ids."""
-  c, policy_cfg = parts.cfg.critic, parts.model_cfg
-  if c.init == "policy":
-    base = policy_cfg
-  elif c.init == "preset":
-    overrides = {"vocab_size": policy_cfg.vocab_size, "valid_vocab_size": policy_cfg.valid_vocab_size,
-                 "max_seq_len": policy_cfg.max_seq_len, **dict(c.overrides)}
-    try:
-      base = models.preset(c.preset, **overrides)
-    except (TypeError, ValueError) as e:
-      raise ValueError(f"Bad critic model (`critic.preset` = {c.preset!r}, `critic.overrides`): {e}") from None
-  else:
-    if c.hf_path is None:
-      raise ValueError("critic.init = 'hf' needs critic.hf_path, a local Hugging Face checkpoint directory.")
-    base = dataclasses.replace(models.read_hf_config(c.hf_path), max_seq_len=policy_cfg.max_seq_len,
-                               valid_vocab_size=policy_cfg.valid_vocab_size)
-  if base.vocab_size != policy_cfg.vocab_size:
-    raise ValueError(f"The critic's vocabulary ({base.vocab_size} ids, critic.init = {c.init!r}) differs from "
-                     f"the policy's ({policy_cfg.vocab_size}); the critic reads the policy's tokens, so it needs "
-                     "the same tokenizer.")
-  return models.value_model_config(base)
-
-
 class Critic:
   """The run's critic: values at consumption time, GAE advantages and returns, and (separate) its update."""
 
@@ -78,7 +53,7 @@ class Critic:
     window = parts.lengths.response
     self.separate = cfg.critic.mode == "separate"
     if self.separate:
-      model_cfg = critic_model_config(parts)
+      model_cfg = _parts.critic_model_config(cfg, parts.model_cfg)
       graphdef, params_like = models.abstract_params(model_cfg)
       self.parts = dataclasses.replace(
           parts, model_cfg=model_cfg, graphdef=graphdef, params_like=params_like,

@@ -104,6 +104,33 @@ def _policy_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
     raise ValueError(f"Bad `model` config ({e}); `model.overrides` keys must be among {valid}.") from None
 
 
+def critic_model_config(cfg: config_lib.Config, policy_cfg: models.ModelConfig) -> models.ModelConfig:
+  """The separate critic's model (`critic.mode = "separate"`): the policy's backbone `policy_cfg`, a preset, or
+  an HF checkpoint's (`critic.init`), with a value head and no untied vocabulary projection
+  (`models.value_model_config`); it must read the policy's token ids. The critic's learner and
+  `run_memory` both take it from here."""
+  c = cfg.critic
+  if c.init == "policy":
+    base = policy_cfg
+  elif c.init == "preset":
+    overrides = {"vocab_size": policy_cfg.vocab_size, "valid_vocab_size": policy_cfg.valid_vocab_size,
+                 "max_seq_len": policy_cfg.max_seq_len, **dict(c.overrides)}
+    try:
+      base = models.preset(c.preset, **overrides)
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"Bad critic model (`critic.preset` = {c.preset!r}, `critic.overrides`): {e}") from None
+  else:
+    if c.hf_path is None:
+      raise ValueError("critic.init = 'hf' needs critic.hf_path, a local Hugging Face checkpoint directory.")
+    base = dataclasses.replace(models.read_hf_config(c.hf_path), max_seq_len=policy_cfg.max_seq_len,
+                               valid_vocab_size=policy_cfg.valid_vocab_size)
+  if base.vocab_size != policy_cfg.vocab_size:
+    raise ValueError(f"The critic's vocabulary ({base.vocab_size} ids, critic.init = {c.init!r}) differs from "
+                     f"the policy's ({policy_cfg.vocab_size}); the critic reads the policy's tokens, so it needs "
+                     "the same tokenizer.")
+  return models.value_model_config(base)
+
+
 def value_head_bias(section: config_lib.CriticSection) -> float:
   """A value head's initial bias: `critic.init_bias`, as its logit for bce ("prior matching"); 0 if unset."""
   if section.init_bias is None:
@@ -138,7 +165,10 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   Param copies: the reference policy, plus in async mode the published version the samplers decode with
   and the next one while it is handed over. KV cache: the samplers' slots plus the greedy eval's batch
   (async runs evaluate while the samplers decode), each row `model.max_seq_len` long, sharded as the engines
-  shard it on the run's mesh (slots by the rules' "batch", KV heads by "kv_heads").
+  shard it on the run's mesh (slots by the rules' "batch", KV heads by "kv_heads"). Critic: a separate one
+  (`advantage.estimator = "gae"`, `critic.mode = "separate"`) adds its own params, grads, optimizer state and
+  one micro-batch's activations (`critic_model_config(cfg, model_cfg)`); a shared one is the value head in
+  `model_cfg` (`model_config` adds it), counted in its params.
   """
   rollouts = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
   is_async = cfg.runtime.mode == "async"
@@ -147,10 +177,12 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   mesh_shape = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
   if -1 in mesh_shape.values():
     raise ValueError(f"run_memory needs an explicit mesh (no -1 axis); got {mesh_shape}.")
+  separate = cfg.advantage.estimator == "gae" and cfg.critic.mode == "separate"
+  critic_cfg = critic_model_config(cfg, model_cfg) if separate else None
   return learner.estimate_memory(
       model_cfg, mesh_shape, batch=rollouts // cfg.rl.minibatches, seq_len=cfg.model.max_seq_len,
       micro_batches=cfg.loss.micro_batches, param_copies=3 if is_async else 1,
-      kv_slots=kv_slots, kv_len=cfg.model.max_seq_len, rules=config_rules(cfg))
+      kv_slots=kv_slots, kv_len=cfg.model.max_seq_len, rules=config_rules(cfg), critic_cfg=critic_cfg)
 
 
 def config_rules(cfg: config_lib.Config) -> sharding.Rules:
