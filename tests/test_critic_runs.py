@@ -99,3 +99,25 @@ def test_shared_value_head_run(tmp_path):
   assert len(rows) == 4 and all(np.isfinite(r["value_loss"]) and np.isfinite(r["pg_loss"]) for r in rows)
   assert "critic_grad_norm" not in rows[0]
   assert rows[0]["value_mean"] == pytest.approx(0.5, abs=1e-6)
+
+
+def test_learner_publishes_the_critic_for_scorers_in_other_processes(tmp_path):
+  import jax  # pylint: disable=g-import-not-at-top
+  from rlax_post import models  # pylint: disable=g-import-not-at-top
+  c = config.to_dict(_cfg(mode="async"))
+  c["critic"]["publish"] = True
+  cfg = config.load(c)
+  parts = runtime.build_parts(cfg)
+  update = runtime.RLUpdate(parts)
+  state = update.init(models.init_params(parts.model_cfg, jax.random.key(0))[1], cfg.seed)
+  source = runtime.ProcessSource(parts, str(tmp_path), lambda *a: None)
+  source.publish(state, 1)
+  source.stop()
+  scores = runtime.CriticScores(parts, str(tmp_path))
+  assert scores.refresh() == 1
+  rows = [[1, 5, 7, 9], [1, 2], [1, 3, 3, 3, 3, 3, 3, 3, 3, 3]]
+  critic = update.critic.parts
+  want = [float(models.sequence_values(critic.graphdef, state.critic.params, np.asarray([r]), np.asarray([len(r)]))[0])
+          for r in rows]
+  np.testing.assert_allclose(scores.score(rows), want, rtol=1e-5)
+  assert float(np.abs(want).max()) == pytest.approx(0.5)  # the critic's bias, from its init

@@ -212,6 +212,9 @@ class CriticSection:
   init_bias: float | None = None
   # RL steps at the start in which only the critic trains (the policy waits for useful values).
   warmup_steps: int = bounded(0, low=0)
+  # `rlax-post learner`: publish the separate critic's params as versions beside the policy's
+  # (workdir/critic_params), for scorers in other processes (`runtime.CriticScores`).
+  publish: bool = False
   optimizer: OptimizerSection = dataclasses.field(
       default_factory=lambda: OptimizerSection(learning_rate=1e-3, warmup_steps=5))
 

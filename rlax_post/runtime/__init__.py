@@ -4,6 +4,7 @@ from rlax_post.runtime._batch import RolloutBatch
 from rlax_post.runtime._batch import rows_to_batch
 from rlax_post.runtime._checkpoint import complete_checkpoints
 from rlax_post.runtime._checkpoint import RunCheckpointer
+from rlax_post.runtime._critic import CriticScores
 from rlax_post.runtime._distributed import ENV_AUTO
 from rlax_post.runtime._distributed import ENV_COORDINATOR
 from rlax_post.runtime._distributed import ENV_NUM_PROCESSES
@@ -36,7 +37,7 @@ from rlax_post.runtime._sources import ThreadSource
 from rlax_post.runtime._warm_cache import cache_key as warm_start_cache_key
 from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
-__all__ = ["build_parts", "Channels", "complete_checkpoints", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "export_hf",
+__all__ = ["build_parts", "Channels", "complete_checkpoints", "CriticScores", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "export_hf",
            "InlineSource", "initialize_distributed", "learn", "load_run_config", "LoggedSource", "MetricsWriter",
            "Parts", "plot_curves", "ProcessSource", "replay", "RLUpdate", "RolloutBatch", "rows_to_batch",
            "run_learner", "run_memory", "run_sampler", "RunCheckpointer", "SamplerWorker", "serve", "Source",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from typing import Any
 
 import jax
@@ -28,15 +29,19 @@ import numpy as np
 
 from rlax_post import advantages as adv_lib
 from rlax_post import config as config_lib
+from rlax_post import exchange
 from rlax_post import learner
 from rlax_post import losses
 from rlax_post import models
+from rlax_post import sampler
 from rlax_post.runtime import _distributed
 from rlax_post.runtime import _learners
 from rlax_post.runtime import _parts
 
 # Host-batch keys the critic's own update reads.
 CRITIC_KEYS = ("tokens", "loss_mask", "returns", "old_values")
+# Where `rlax-post learner` publishes a separate critic's versions (`critic.publish`), beside `params/`.
+CRITIC_PARAMS_DIR = "critic_params"
 
 
 def value_loss(section: config_lib.CriticSection) -> learner.ValueLoss:
@@ -151,3 +156,41 @@ def value_metrics(values_bt, returns_bt, mask_bt, kind: str) -> dict:
   if kind == "bce":
     out["value_calibration"] = float(losses.calibration_error(values_bt, np.clip(returns_bt, 0, 1), mask_bt))
   return out
+
+
+class CriticScores:
+  """A run's published critic read in another process (a sampler, an evaluator): the newest version of
+  `workdir/critic_params` (`critic.publish`) in a `sampler.ScoreService` on this process's mesh.
+
+  `refresh()` loads a newer version if there is one; `score(rows)` scores token rows (or strings) with the
+  loaded version, `models.sequence_values`: V of each row's whole sequence.
+  """
+
+  def __init__(self, parts: _parts.Parts, workdir: str, *, reader_id: str = "critic-scores", max_batch: int = 64):
+    model_cfg = _parts.critic_model_config(parts.cfg, parts.model_cfg)
+    graphdef, like = models.abstract_params(model_cfg)
+    shardings = _parts.param_shardings(like, parts.mesh, parts.rules)
+    self.subscriber = exchange.ParamSubscriber(os.path.join(workdir, CRITIC_PARAMS_DIR), params_like=like,
+                                               shardings=shardings, reader_id=reader_id)
+    self.service = sampler.ScoreService(model_cfg, graphdef, mesh=parts.mesh, rules=parts.rules,
+                                        tokenizer=parts.tokenizer, max_len=parts.lengths.sequence,
+                                        max_batch=max_batch)
+    self.version: int | None = None
+
+  def refresh(self) -> int | None:
+    """Loads the newest published version if it is newer than the loaded one; returns the loaded version."""
+    newest = self.subscriber.latest_version()
+    if newest is not None and (self.version is None or newest > self.version):
+      got = self.subscriber.latest()
+      if got is not None:
+        self.version = got[0]
+        self.service.set_params(got[1], got[0])
+    return self.version
+
+  def score(self, rows) -> np.ndarray:
+    """Values [N] of the rows under the loaded version (loading the newest first if none is loaded)."""
+    if self.version is None and self.refresh() is None:
+      raise RuntimeError(f"No critic version in {self.subscriber.directory} yet: the learner publishes one per "
+                         "step when critic.publish is set (with advantage.estimator = 'gae', critic.mode = "
+                         "'separate', under `rlax-post learner`).")
+    return self.service.score(rows)

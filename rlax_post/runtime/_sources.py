@@ -32,6 +32,7 @@ from rlax_post import envs
 from rlax_post import exchange
 from rlax_post import rollouts
 from rlax_post.runtime import _distributed
+from rlax_post.runtime import _critic
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _rowlog
 from rlax_post.runtime import _samplers
@@ -274,6 +275,10 @@ class ProcessSource(_QueueSource):
     self.publisher = exchange.ParamPublisher(os.path.join(workdir, "params"),
                                              max_to_keep=self.cfg.runtime.param_versions_to_keep)
     self.base_dir, self._base_out = os.path.join(workdir, _samplers.BASE_DIR), False
+    # A separate critic's versions, for scorers in other processes (`critic.publish`; `_critic.CriticScores`).
+    self.critic_publisher = exchange.ParamPublisher(
+        os.path.join(workdir, _critic.CRITIC_PARAMS_DIR), max_to_keep=self.cfg.runtime.param_versions_to_keep
+    ) if self.cfg.critic.publish and self.cfg.advantage.estimator == "gae" else None
     self.version = 0
     self._last_grant = 0.0
 
@@ -285,6 +290,9 @@ class ProcessSource(_QueueSource):
     if self.publisher.latest_version is None or version > self.publisher.latest_version:
       # (else already out: a resumed learner's checkpoint version). With LoRA: the adapters only.
       self.publisher.publish(state.params, version)
+    if self.critic_publisher is not None and (self.critic_publisher.latest_version is None
+                                              or version > self.critic_publisher.latest_version):
+      self.critic_publisher.publish(state.critic.params, version)
     self._grant(force=True)
 
   def _grant(self, force: bool = False) -> None:
@@ -298,9 +306,12 @@ class ProcessSource(_QueueSource):
     del meta
     if self.primary:
       self.queue.rollback(_samplers.LEARNER, step)
-    self.publisher.delete_newer_than(step)
+    publishers = [p for p in (self.publisher, self.critic_publisher) if p is not None]
+    for publisher in publishers:
+      publisher.delete_newer_than(step)
     _distributed.barrier("rlax_post.learner_resume")  # Every process sees process 0's deletions.
-    self.publisher.delete_newer_than(step)  # (Now a listing only: re-reads the newest remaining version.)
+    for publisher in publishers:  # (Now a listing only: re-reads the newest remaining version.)
+      publisher.delete_newer_than(step)
 
   def start(self) -> None:
     done = os.path.join(self.workdir, _samplers.DONE_FILE)
@@ -309,6 +320,8 @@ class ProcessSource(_QueueSource):
 
   def stop(self) -> None:
     self.publisher.wait()
+    if self.critic_publisher is not None:
+      self.critic_publisher.close()
     if self.primary:
       with open(os.path.join(self.workdir, _samplers.DONE_FILE), "w") as f:
         f.write("done\n")
