@@ -61,7 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The learned critic of advantage.estimator = "gae" (PPO with a critic; docs/critic.md); unused otherwise.
   c.critic = dict(mode="separate", init="policy", preset="tiny", overrides=dict(),
                   hf_path=config_dict.placeholder(str), loss="clipped", clip_eps=0.2, huber_delta=1.0, coef=0.5,
-                  init_bias=config_dict.placeholder(float), warmup_steps=0, publish=False,
+                  init_bias=config_dict.placeholder(float), warmup_steps=0, mesh=dict(), publish=False,
                   optimizer=dict(learning_rate=1e-3, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
                                  b1=0.9, b2=0.99, max_grad_norm=1.0))
   c.eval = dict(every=10, batch_size=64)

@@ -364,3 +364,26 @@ def test_multi_turn_rows_value_only_the_policy_tokens():
     want_ret = batch.rewards[b] * 0.5 ** (k - 1 - np.arange(k))
     np.testing.assert_allclose(fields["returns"][b, steps], want_ret, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(adv[b, steps], want_ret - 0.25, rtol=1e-5, atol=1e-6)
+
+
+def test_a_separate_critic_on_its_own_mesh_computes_what_it_does_on_the_policys():
+  if len(jax.devices()) < 8:
+    pytest.skip("needs the 8 fake CPU devices of tests/conftest.py")
+  results = []
+  for mesh in ({}, {"data": 2, "fsdp": 4}):
+    update, parts, params, state = _setup(critic__mesh=mesh, critic__init_bias=0.2)
+    assert dict(update.critic.parts.mesh.shape) == ({"data": 1, "fsdp": 8, "tensor": 1} if not mesh else
+                                                    {"data": 2, "fsdp": 4, "tensor": 1})
+    leaf = state.critic.params["q"]
+    assert leaf.sharding.mesh.shape == update.critic.parts.mesh.shape
+    batch = update.batch(_groups(parts, np.arange(16) % 3 / 2.0))
+    rows = []
+    for step in range(3):
+      state, m = update(state, params, batch, step)
+      rows.append((m["value_loss"], m["value_mean"], m["explained_variance"], m["pg_loss"]))
+    results.append(np.asarray(rows))
+  np.testing.assert_allclose(results[0], results[1], rtol=2e-4, atol=1e-6)
+  with pytest.raises(ValueError, match="critic.mesh"):
+    _setup(critic__mesh={"data": 3})
+  with pytest.raises(ValueError, match="critic.mesh"):
+    _setup(critic__mesh={"pipeline": 2})

@@ -212,6 +212,9 @@ class CriticSection:
   init_bias: float | None = None
   # RL steps at the start in which only the critic trains (the policy waits for useful values).
   warmup_steps: int = bounded(0, low=0)
+  # A separate critic's own mesh over the run's devices, as {axis: size} for "data", "fsdp", "tensor" (one may
+  # be -1); empty: the policy's mesh. Sharded by the run's logical-axis rules either way.
+  mesh: dict = dataclasses.field(default_factory=dict)
   # `rlax-post learner`: publish the separate critic's params as versions beside the policy's
   # (workdir/critic_params), for scorers in other processes (`runtime.CriticScores`).
   publish: bool = False
@@ -293,6 +296,11 @@ class Config:
     if self.advantage.estimator == "gae" and self.critic.mode == "shared" and self.model.lora.rank:
       raise ValueError("critic.mode = 'shared' puts a value head on the policy, which LoRA would freeze; use "
                        "critic.mode = 'separate' with model.lora.rank > 0.")
+    bad_axes = sorted(set(self.critic.mesh) - {"data", "fsdp", "tensor"})
+    if bad_axes or any(isinstance(v, bool) or not isinstance(v, int) or (v < 1 and v != -1)
+                       for v in self.critic.mesh.values()):
+      raise ValueError(f"critic.mesh maps 'data', 'fsdp', 'tensor' to sizes (ints >= 1, or one -1); got "
+                       f"{dict(self.critic.mesh)}.")
     if self.critic.mode == "shared" and self.critic.warmup_steps:
       raise ValueError("critic.warmup_steps trains a separate critic alone; with critic.mode = 'shared' the value "
                        "head trains with the policy. Set critic.warmup_steps = 0 or critic.mode = 'separate'.")

@@ -34,6 +34,7 @@ from rlax_post import learner
 from rlax_post import losses
 from rlax_post import models
 from rlax_post import sampler
+from rlax_post import sharding
 from rlax_post.runtime import _distributed
 from rlax_post.runtime import _learners
 from rlax_post.runtime import _parts
@@ -48,6 +49,18 @@ def value_loss(section: config_lib.CriticSection) -> learner.ValueLoss:
   return learner.ValueLoss(kind=section.loss, clip_eps=section.clip_eps, huber_delta=section.huber_delta)
 
 
+def critic_mesh(section: config_lib.CriticSection, policy_mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+  """The separate critic's mesh: the policy's, or `critic.mesh`'s axes over the same devices."""
+  if not section.mesh:
+    return policy_mesh
+  devices = list(policy_mesh.devices.flat)
+  shape = {**{a: 1 for a in ("data", "fsdp", "tensor")}, **dict(section.mesh)}
+  if -1 not in shape.values() and np.prod(list(shape.values())) != len(devices):
+    raise ValueError(f"critic.mesh {dict(section.mesh)} has {int(np.prod(list(shape.values())))} devices; the "
+                     f"run has {len(devices)} (use -1 for one axis to take the rest).")
+  return sharding.make_mesh(shape, sorted(devices, key=lambda d: d.id))
+
+
 class Critic:
   """The run's critic: values at consumption time, GAE advantages and returns, and (separate) its update."""
 
@@ -60,9 +73,10 @@ class Critic:
     if self.separate:
       model_cfg = _parts.critic_model_config(cfg, parts.model_cfg)
       graphdef, params_like = models.abstract_params(model_cfg)
+      mesh = critic_mesh(cfg.critic, parts.mesh)
       self.parts = dataclasses.replace(
-          parts, model_cfg=model_cfg, graphdef=graphdef, params_like=params_like,
-          param_shardings=_parts.param_shardings(params_like, parts.mesh, parts.rules),
+          parts, model_cfg=model_cfg, graphdef=graphdef, params_like=params_like, mesh=mesh,
+          param_shardings=_parts.param_shardings(params_like, mesh, parts.rules),
           trainable=learner.Trainable(), to_model=learner.Trainable().to_model)
       objective = learner.value_objective(
           functools.partial(models.token_values, graphdef, window=window), self.loss)
@@ -71,6 +85,7 @@ class Critic:
           agg_mode=cfg.loss.agg_mode, max_len=window)
     else:
       graphdef, self.parts, self.learner = parts.graphdef, parts, None
+    self.batch_sh = _learners.batch_sharding(self.parts.mesh)  # the critic's minibatches on its mesh
     self._values = jax.jit(lambda params, tokens, needed: models.token_values(
         graphdef, params, tokens, needed != 0, window=window))
     self._gae = jax.jit(functools.partial(_gae_advantages, gamma=self.advantage.gamma,

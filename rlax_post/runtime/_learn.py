@@ -166,7 +166,8 @@ class RLUpdate:
         update_index = (rl_step * cfg.rl.epochs + epoch) * cfg.rl.minibatches + j
         m = {}
         if self.critic is not None and self.critic.separate:
-          critic_batch = _batch.to_device_batch({k: full[k][mb] for k in _critic.CRITIC_KEYS}, self.batch_sh)
+          critic_batch = _batch.to_device_batch({k: full[k][mb] for k in _critic.CRITIC_KEYS},
+                                                self.critic.batch_sh)
           state, m = self.critic.step(state, critic_batch, _learners.key(cfg.seed, envs.Stream.CRITIC, update_index))
         if train_policy:
           mb_batch = _batch.to_device_batch({k: v[mb] for k, v in full.items() if k in self.policy_keys},
