@@ -13,7 +13,7 @@ from rlax_post import sharding
 from rlax_post import config
 from rlax_post import runtime
 from rlax_post.runtime import _checkpoint
-from rlax_post.runtime import _learn
+from rlax_post.runtime import _learners
 
 
 def _setup_learner():
@@ -22,9 +22,9 @@ def _setup_learner():
                      "task": {"name": "reverse", "options": {"max_len": 4}}, "rl": {"max_new_tokens": 6}})
   parts = runtime.build_parts(cfg, mesh=mesh)
   graphdef, params = models.init_params(parts.model_cfg, jax.random.key(0))
-  opt = _learn.optimizer(config.OptimizerSection(learning_rate=1e-2, warmup_steps=1), 10)
+  opt = _learners.optimizer(config.OptimizerSection(learning_rate=1e-2, warmup_steps=1), 10)
   objective = learner.sft_objective(functools.partial(models.token_logprobs, graphdef))
-  lrn = _learn.make_learner(parts, opt, objective, agg_mode="token_mean", max_len=None)
+  lrn = _learners.make_learner(parts, opt, objective, agg_mode="token_mean", max_len=None)
   return params, lrn
 
 

@@ -133,7 +133,7 @@ def test_bad_flag_and_bad_flag_value():
 
 def test_unknown_variant_is_one_line():
   line = _error(_cli("check-config", "--config", "configs/demo.py:huge"), "check-config")
-  assert "unknown variant(s) ['huge']; valid: ['default', 'tiny', 'reverse', 'sort', 'add']" in line
+  assert "unknown variant(s) ['huge']; valid: ['default', 'tiny', 'gae', 'reverse', 'sort', 'add']" in line
 
 
 # --- Paths: relative (from the working directory) and absolute ---

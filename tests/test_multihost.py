@@ -21,7 +21,7 @@ from rlax_post import models
 from rlax_post import runtime
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _distributed
-from rlax_post.runtime import _learn
+from rlax_post.runtime import _learners
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _rowlog
@@ -193,7 +193,7 @@ def test_two_process_learner_matches_one_process(tmp_path):
   # One process, 8 devices: the same warm start from the same init ...
   cfg = runtime.load_run_config(workdir)
   parts = runtime.build_parts(cfg)
-  params = _parts.initial_params(parts, _learn.key(cfg.seed, envs.Stream.INIT, 0))
+  params = _parts.initial_params(parts, _learners.key(cfg.seed, envs.Stream.INIT, 0))
   ref_dir = tmp_path / "one_process"
   ref_dir.mkdir()
   ref_metrics = _metrics.MetricsWriter(os.fspath(ref_dir), tensorboard=False)

@@ -4,7 +4,6 @@ the tokens the policy sampled in that turn."""
 
 import functools
 import sys
-import types
 
 import jax
 import numpy as np
@@ -213,29 +212,27 @@ def test_turn_overflow_and_bad_shapes_raise():
         *args, turns=_turns(batch)._replace(keys=batch.turn_keys[:, :2]))
 
 
-def test_rl_update_hands_the_batch_turns_to_credit():
+def test_credit_assign_hands_the_batch_turns_to_the_estimator():
+  """The RL step's credit interface (`Credit.assign`, what `RLUpdate` calls) passes the batch's turns."""
   batch = runtime.rows_to_batch(_groups(), seq_len=SEQ_LEN, pad_id=0)
   seen = []
 
-  class Stop(Exception):
-    pass
+  class Spy(_credit.Credit):
+    def __call__(self, *args, turns=None):
+      seen.append((args, turns))
+      return np.zeros_like(args[5]), {}
 
-  def credit(*args, turns):
-    seen.append((args, turns))
-    raise Stop
-
-  fake = types.SimpleNamespace(group_stats=lambda r, g: {"frac_zero_signal": 0.0}, credit=credit,
-                               max_new_tokens=6, cfg=None)
-  with pytest.raises(Stop):
-    runtime.RLUpdate.__call__(fake, None, None, batch, 0)
+  spy = Spy(SECTIONS["gigpo"], num_groups=2, batch=6, max_new_tokens=6)
+  adv, fields, _ = spy.assign(None, batch)
+  assert fields == {} and adv.shape == batch.loss_mask.shape
+  np.testing.assert_array_equal(seen[0][0][0], batch.rewards)
   np.testing.assert_array_equal(seen[0][1].keys, batch.turn_keys)
   np.testing.assert_array_equal(seen[0][1].starts, batch.turn_starts)
   np.testing.assert_array_equal(seen[0][1].ends, batch.turn_ends)
   np.testing.assert_array_equal(seen[0][1].rewards, batch.turn_rewards)
   np.testing.assert_array_equal(seen[0][1].mask, batch.turn_mask)
-  with pytest.raises(Stop):
-    runtime.RLUpdate.__call__(fake, None, None, batch._replace(
-        turn_starts=None, turn_ends=None, turn_keys=None, turn_rewards=None, turn_mask=None), 0)
+  spy.assign(None, batch._replace(turn_starts=None, turn_ends=None, turn_keys=None, turn_rewards=None,
+                                  turn_mask=None))
   assert seen[1][1] is None
 
 
