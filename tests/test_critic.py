@@ -283,12 +283,12 @@ def test_separate_critic_values_gae_and_fits_its_returns():
   assert metrics["value_mean"] == pytest.approx(0.3) and metrics["value_std"] == pytest.approx(0.0, abs=1e-6)
   # The critic learns its targets on a fixed batch; the policy is untouched by the critic's update.
   first = None
-  for step in range(40):
+  for step in range(15):
     policy_before = jax.tree.map(np.asarray, state.params)
     state, m = update(state, params, batch, step)
     first = m["value_loss"] if first is None else first
-  assert m["value_loss"] < 0.3 * first
-  assert m["explained_variance"] > 0.5 and np.isfinite(m["critic_grad_norm"])
+  assert m["value_loss"] < 0.5 * first
+  assert m["explained_variance"] > 0.2 and np.isfinite(m["critic_grad_norm"])
   assert any(np.any(a != np.asarray(b)) for a, b in zip(jax.tree.leaves(policy_before), jax.tree.leaves(state.params)))
 
 
@@ -312,7 +312,7 @@ def test_shared_critic_trains_a_value_head_on_the_policy():
   assert parts.model_cfg.value_head and state.critic is None and "value_head" in state.params
   batch = update.batch(_groups(parts, np.arange(16) % 2))
   first = None
-  for step in range(25):
+  for step in range(10):
     state, m = update(state, params, batch, step)
     first = m["value_loss"] if first is None else first
   assert m["value_loss"] < first and "pg_loss" in m and "critic_grad_norm" not in m

@@ -72,6 +72,7 @@ def test_separate_critic_run_trains_and_replays_exactly(separate_run):
   assert report["compared_steps"] == 4 and report["mismatches"] == []
 
 
+@pytest.mark.slow  # `make test-all` (make test's 15-minute budget); the fast suite keeps run + replay.
 def test_resume_restores_the_critic_exactly(separate_run, tmp_path):
   split = tmp_path / "split"
   runtime.train(_cfg(stop_after_steps=2), split, quiet=True)
@@ -80,6 +81,7 @@ def test_resume_restores_the_critic_exactly(separate_run, tmp_path):
   assert _same(_rl_rows(separate_run), _rl_rows(split)) > 80
 
 
+@pytest.mark.slow  # `make test-all` (make test's 15-minute budget); the fast suite keeps run + replay.
 def test_sampler_threads_at_eta_zero_equal_inline_and_async_values_at_consumption(separate_run, tmp_path):
   runtime.train(_async_cfg(0), tmp_path / "eta0", quiet=True)
   assert _same(_rl_rows(separate_run), _rl_rows(tmp_path / "eta0")) > 80
@@ -93,6 +95,7 @@ def _async_cfg(eta):
   return _cfg(mode="async", max_staleness=eta)
 
 
+@pytest.mark.slow  # `make test-all` (make test's 15-minute budget); the fast suite keeps run + replay.
 def test_shared_value_head_run(tmp_path):
   runtime.train(_cfg(critic_mode="shared"), tmp_path, quiet=True)
   rows = _rl_rows(tmp_path)

@@ -174,6 +174,7 @@ def _close(a, b):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # Two learner processes and a one-process reference run: 55 s (`make test-all`; the budget).
 def test_two_process_learner_matches_one_process(tmp_path):
   workdir = os.fspath(tmp_path / "run")
   _run_two_process_learner(workdir, tmp_path)
