@@ -57,10 +57,10 @@ demo-real: install $(SMOLLM2)/config.json data/word_problems/train.jsonl
 	$(VENV)/bin/rlax-post train --config configs/smollm2_math.py:quick --workdir runs/smollm2_quick
 
 test: install-test
-	$(PY) -m pytest -n 2 --dist loadfile -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not slow" $(PYTEST_ARGS)
 
 test-all: install-test
-	$(PY) -m pytest -n 2 --dist loadfile -m "slow or not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "slow or not slow" $(PYTEST_ARGS)
 
 bench: install
 	mkdir -p benchmarks/out

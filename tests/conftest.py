@@ -21,3 +21,20 @@ if os.environ["JAX_COMPILATION_CACHE_DIR"]:
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 else:
   del os.environ["JAX_COMPILATION_CACHE_DIR"]
+
+
+# The long files first. `make test` runs files whole on 2 workers (`--dist loadfile`) in collection order
+# (`--no-loadscope-reorder`: xdist's default order, most tests first, puts the few-but-long end-to-end files
+# last, and one worker then finishes them alone for minutes). Started first, the long files run side by side
+# and the short ones fill in around them. Ordered by their measured time (cold compilation cache, 2026-12-02).
+_LONG_FILES = (
+    "test_e2e.py", "test_lora.py", "test_serve.py", "test_e2e_sharded.py", "test_gguf.py", "test_async.py",
+    "test_async_processes.py", "test_ring_cache.py", "test_critic.py", "test_dataset_cli.py", "test_hf_runtime.py",
+    "test_critic_runs.py", "test_resume_faults.py", "test_warm_cache.py", "test_bench_critic_step.py",
+    "test_hf_sampler.py", "test_learner.py", "test_learner_window.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+  rank = {name: i for i, name in enumerate(_LONG_FILES)}
+  items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(_LONG_FILES)))  # stable
