@@ -89,6 +89,7 @@ def test_replay_of_an_inline_run_reproduces_it_exactly(sync_run):
   assert report["mismatches"] == []
 
 
+@pytest.mark.slow  # `make test-all`: make test's 15-minute budget (measured 2026-12-02, cold cache: 14 s).
 def test_replay_rows_are_kept_from_the_oldest_kept_checkpoint_on(tmp_path):
   """With checkpoint.max_to_keep = 2 the rows of steps before the oldest kept checkpoint are pruned as the run
   goes (the rows on disk stay bounded), and replay re-runs the steps after that checkpoint, exactly."""
@@ -121,6 +122,7 @@ def test_replay_detects_a_changed_rollout(async1_run, tmp_path):
   assert "reward_mean" in {m[1] for m in report["mismatches"] if m[0] == 2}
 
 
+@pytest.mark.slow  # `make test-all`: make test's 15-minute budget (measured 2026-12-02, cold cache: 13 s).
 def test_file_queue_resume_consumes_no_group_twice(tmp_path):
   cfg = _cfg(mode="async", max_staleness=1, queue="files", stop_after_steps=2)
   runtime.train(cfg, tmp_path, quiet=True)

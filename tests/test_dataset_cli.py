@@ -43,6 +43,7 @@ def _metrics(workdir):
     return [json.loads(line) for line in f if line.strip()]
 
 
+@pytest.mark.slow  # `make test-all`: make test's 15-minute budget (measured 2026-12-02, cold cache: 28 s).
 def test_byte_tokenizer_run_logs_each_reward_component(tmp_path):
   data_dir = _make_data(str(tmp_path / "arith"))
   workdir = str(tmp_path / "run")

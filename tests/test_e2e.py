@@ -54,6 +54,7 @@ def test_tiny_grpo_run_writes_finite_summary_and_outputs(tmp_path):
   assert again.returncode == 2 and "pass --resume" in again.stderr
 
 
+@pytest.mark.slow  # `make test-all`: make test's 15-minute budget (measured 2026-12-02, cold cache: 17 s).
 def test_fresh_run_replaces_outputs_of_an_attempt_that_never_checkpointed(tmp_path):
   workdir = tmp_path / "run"
   workdir.mkdir()
@@ -63,6 +64,7 @@ def test_fresh_run_replaces_outputs_of_an_attempt_that_never_checkpointed(tmp_pa
   assert [r["step"] for r in _rows(workdir, "rl")] == [1, 2, 3]
 
 
+@pytest.mark.slow  # `make test-all`: make test's 15-minute budget (measured 2026-12-02, cold cache: 52 s).
 def test_resume_continues_step_count_data_order_and_rng_exactly(tmp_path):
   overrides = ["--config.rl.steps=4", "--config.checkpoint.every=1"]
   _train(tmp_path / "straight", *overrides)

@@ -25,6 +25,7 @@ def _run(workdir, devices, *overrides):
   return rows, json.loads(open(os.path.join(workdir, "summary.json")).read())
 
 
+@pytest.mark.slow  # `make test-all`: make test's 15-minute budget (measured 2026-12-02, cold cache: 47 s).
 def test_sharded_run_matches_single_device(tmp_path):
   single, s1 = _run(tmp_path / "one", 1)
   sharded, s8 = _run(tmp_path / "mesh", 8, "--config.mesh.data=2", "--config.mesh.fsdp=2",

@@ -162,7 +162,8 @@ def test_optimizer_state_holds_only_the_adapters(model):
   assert sum(x.size for x in jax.tree.leaves(state.opt_state)) < 2 * adapter_count + 16 < base_count
 
 
-@pytest.mark.parametrize("base_dtype", [None, pytest.param("bfloat16", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("base_dtype", [pytest.param(None, marks=pytest.mark.slow),  # 18 s each
+                                        pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_sharded_lora_update_matches_single_device(model, base_dtype):
   graphdef, params = model
   trainable = learner.Trainable(lora=models.LoRA(4, 8.0, models.LORA_TARGETS), base_dtype=base_dtype)

@@ -124,6 +124,7 @@ def _tb_scalars(directory) -> list[tuple[str, int]]:
   return out
 
 
+@pytest.mark.slow  # `make test-all`: make test's 15-minute budget (measured 2026-12-02, cold cache: 13 s).
 def test_tensorboard_has_no_duplicate_steps_after_a_resume(straight, tmp_path):
   workdir = tmp_path / "run"
   runtime.train(_cfg(stop_after_steps=3, tensorboard=True), workdir, quiet=True)

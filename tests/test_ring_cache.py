@@ -241,7 +241,7 @@ def _learner_logprobs(graphdef, params, prompt, tokens, temperature):
   return np.asarray(logp[0, len(prompt) - 1:len(seq) - 1])
 
 
-@pytest.mark.parametrize("window", [8, pytest.param(24, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("window", [pytest.param(8, marks=pytest.mark.slow), pytest.param(24, marks=pytest.mark.slow)])  # 27 s each
 def test_engine_through_rings_matches_the_learner_and_the_full_cache(window, monkeypatch):
   """Window 8: every prefix (buckets 16 and 32) is already a ring of 8. Window 24: a 16-position prefix is
   shorter than the window (its ring is the whole prefix) and goes into the slots' rings of 24 at p mod 24."""
