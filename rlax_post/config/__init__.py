@@ -23,6 +23,7 @@ from rlax_post.config._schema import QUEUE_BACKENDS
 from rlax_post.config._schema import RewardSection
 from rlax_post.config._schema import RLSection
 from rlax_post.config._schema import RuntimeSection
+from rlax_post.config._schema import separate_critic
 from rlax_post.config._schema import SFTSection
 from rlax_post.config._schema import staleness
 from rlax_post.config._schema import TaskConfig
@@ -52,6 +53,7 @@ __all__ = [
     "RewardSection",
     "RLSection",
     "RuntimeSection",
+    "separate_critic",
     "SFTSection",
     "staleness",
     "TaskConfig",

@@ -329,6 +329,11 @@ def policy_value_head(cfg: Config) -> bool:
   return cfg.advantage.estimator == "gae" and cfg.critic.mode == "shared"
 
 
+def separate_critic(cfg: Config) -> bool:
+  """The run trains a critic model of its own: a critic in use in `critic.mode = "separate"`."""
+  return cfg.advantage.estimator == "gae" and cfg.critic.mode == "separate"
+
+
 def load(raw: Any) -> Config:
   """Validates a ConfigDict (or mapping) into a `Config`."""
   return build(Config, raw)

@@ -278,7 +278,7 @@ class ProcessSource(_QueueSource):
     # A separate critic's versions, for scorers in other processes (`critic.publish`; `_critic.CriticScores`).
     self.critic_publisher = exchange.ParamPublisher(
         os.path.join(workdir, _critic.CRITIC_PARAMS_DIR), max_to_keep=self.cfg.runtime.param_versions_to_keep
-    ) if self.cfg.critic.publish and self.cfg.advantage.estimator == "gae" else None
+    ) if self.cfg.critic.publish and config_lib.separate_critic(self.cfg) else None
     self.version = 0
     self._last_grant = 0.0
 
