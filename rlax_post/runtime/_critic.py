@@ -69,7 +69,7 @@ class Critic:
     self.section, self.advantage = cfg.critic, cfg.advantage
     self.loss = value_loss(cfg.critic)
     window = parts.lengths.response
-    self.separate = cfg.critic.mode == "separate"
+    self.separate = config_lib.separate_critic(cfg)
     if self.separate:
       model_cfg = _parts.critic_model_config(cfg, parts.model_cfg)
       graphdef, params_like = models.abstract_params(model_cfg)
@@ -88,28 +88,25 @@ class Critic:
     self.batch_sh = _learners.batch_sharding(self.parts.mesh)  # the critic's minibatches on its mesh
     self._values = jax.jit(lambda params, tokens, needed: models.token_values(
         graphdef, params, tokens, needed != 0, window=window))
-    self._gae = jax.jit(functools.partial(_gae_advantages, gamma=self.advantage.gamma,
-                                          lambda_=self.advantage.lambda_, normalize=self.advantage.normalize))
+    # Values -> predictions -> GAE -> diagnostics in one jitted call (one dispatch per step on the host path).
+    self._credit = jax.jit(functools.partial(
+        _gae_credit, kind=self.loss.kind, gamma=self.advantage.gamma, lambda_=self.advantage.lambda_,
+        normalize=self.advantage.normalize))
 
   # --- state ---
 
   def initial_params(self, policy_params, seed: int):
-    """The separate critic's starting params on the mesh (`critic.init`)."""
+    """The separate critic's starting params on the mesh (`critic.init`): the backbone's weights with a zero
+    head at `_parts.value_head_bias` (`_parts.with_value_head`)."""
     c, p = self.section, self.parts
-    bias = _parts.value_head_bias(c)
     if c.init == "policy":
-      make = jax.jit(lambda q: models.value_model_params(q, p.model_cfg, bias=bias),
-                     out_shardings=p.param_shardings)
-      return make(policy_params)
-    if c.init == "preset":
-      def init(key):
-        params = models.init_params(p.model_cfg, key)[1]
-        return {**params, "value_bias": jnp.asarray(bias, params["value_bias"].dtype)}
-      return jax.jit(init, out_shardings=p.param_shardings)(
+      backbone = policy_params
+    elif c.init == "preset":
+      backbone = jax.jit(lambda key: models.init_params(p.model_cfg, key)[1], out_shardings=p.param_shardings)(
           jax.random.fold_in(jax.random.key(seed), _CRITIC_INIT))
-    _, _, loaded = models.load_hf(c.hf_path, mesh=p.mesh, rules=p.rules, dtype=p.model_cfg.param_dtype)
-    make = jax.jit(lambda q: models.value_model_params(q, p.model_cfg, bias=bias), out_shardings=p.param_shardings)
-    return make(loaded)
+    else:
+      _, _, backbone = models.load_hf(c.hf_path, mesh=p.mesh, rules=p.rules, dtype=p.model_cfg.param_dtype)
+    return jax.jit(lambda q: _parts.with_value_head(q, p.model_cfg, c), out_shardings=p.param_shardings)(backbone)
 
   def init(self, policy_params, rng) -> Any:
     """The separate critic's `TrainState` (None when shared)."""
@@ -133,10 +130,10 @@ class Critic:
     policy's params are `state.params`)."""
     params = state.critic.params if self.separate else state.params
     raw_bt = np.asarray(_distributed.to_host(self._values(params, batch.tokens, batch.loss_mask)), np.float32)
-    values_bt = np.asarray(losses.prediction(raw_bt, self.loss.kind))
     mask_bt = batch.loss_mask
-    adv_bt, returns_bt = (np.asarray(x) for x in self._gae(batch.rewards, values_bt, mask_bt, batch.group_ids))
-    metrics = value_metrics(values_bt, returns_bt, mask_bt, self.loss.kind)
+    adv_bt, returns_bt, metrics = self._credit(raw_bt, batch.rewards, mask_bt, batch.group_ids)
+    adv_bt, returns_bt = np.asarray(adv_bt), np.asarray(returns_bt)
+    metrics = {k: float(v) for k, v in metrics.items()}
     return adv_bt * mask_bt, {"returns": returns_bt, "old_values": raw_bt * mask_bt}, metrics
 
   def step(self, state, mb_batch, rng) -> tuple[Any, dict]:
@@ -149,27 +146,30 @@ class Critic:
 _CRITIC_INIT = 7  # fold_in index of the preset critic's init key (apart from the policy's streams)
 
 
-def _gae_advantages(rewards_b, values_bt, mask_bt, group_ids_b, *, gamma, lambda_, normalize):
-  """Token-level GAE of outcome rewards over the trained tokens; normalised over the batch or the group."""
+def _gae_credit(raw_bt, rewards_b, mask_bt, group_ids_b, *, kind, gamma, lambda_, normalize):
+  """The critic's head outputs -> (advantages, returns, diagnostics): token-level GAE of outcome rewards over
+  the trained tokens, normalised over the batch or the group, and `value_metrics`."""
+  values_bt = losses.prediction(raw_bt, kind)
   mask_bt = jnp.asarray(mask_bt) != 0
   t = mask_bt.shape[1]
   last_b = t - 1 - jnp.argmax(mask_bt[:, ::-1], axis=1)  # the last trained position of each row
   has_b = mask_bt.any(axis=1)
   r_bt = jnp.where((jnp.arange(t)[None] == last_b[:, None]) & has_b[:, None], rewards_b[:, None], 0.0)
   adv_bt, returns_bt = adv_lib.gae_over_mask(r_bt, values_bt, mask_bt, gamma=gamma, lambda_=lambda_)
-  return adv_lib.normalize_bt(adv_bt, mask_bt, group_ids_b, normalize), returns_bt
+  adv_bt = adv_lib.normalize_bt(adv_bt, mask_bt, group_ids_b, normalize)
+  return adv_bt, returns_bt, value_metrics(values_bt, returns_bt, mask_bt, kind)
 
 
 def value_metrics(values_bt, returns_bt, mask_bt, kind: str) -> dict:
-  """The critic's diagnostics over the trained tokens, before this batch's update: `value_mean`, `value_std`,
-  `return_mean`, `explained_variance` (NaN when the returns do not vary), and `value_calibration` (expected
-  calibration error) for bce's [0, 1] targets."""
+  """The critic's diagnostics over the trained tokens, before this batch's update (scalars): `value_mean`,
+  `value_std`, `return_mean`, `explained_variance` (NaN when the returns do not vary), and
+  `value_calibration` (expected calibration error) for bce's [0, 1] targets."""
   mean, std = losses.masked_mean_std(values_bt, mask_bt)
   ret_mean, _ = losses.masked_mean_std(returns_bt, mask_bt)
-  out = {"value_mean": float(mean), "value_std": float(std), "return_mean": float(ret_mean),
-         "explained_variance": float(losses.explained_variance(values_bt, returns_bt, mask_bt))}
+  out = {"value_mean": mean, "value_std": std, "return_mean": ret_mean,
+         "explained_variance": losses.explained_variance(values_bt, returns_bt, mask_bt)}
   if kind == "bce":
-    out["value_calibration"] = float(losses.calibration_error(values_bt, np.clip(returns_bt, 0, 1), mask_bt))
+    out["value_calibration"] = losses.calibration_error(values_bt, jnp.clip(returns_bt, 0, 1), mask_bt)
   return out
 
 

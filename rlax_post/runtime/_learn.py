@@ -13,27 +13,24 @@ rows on the mesh (`_batch.to_device_batch`), so the result is that of one proces
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from rlax_post import advantages as advantages_lib
 from rlax_post import config as config_lib
 from rlax_post import envs
 from rlax_post import learner
 from rlax_post import models
-from rlax_post import sharding
 from rlax_post.runtime import _batch
 from rlax_post.runtime import _credit
 from rlax_post.runtime import _critic
-from rlax_post.runtime import _learners
 from rlax_post.runtime import _distributed
+from rlax_post.runtime import _learners
 from rlax_post.runtime import _parts
 
 def make_objective(section: config_lib.LossSection, logprob_fn, kind: str | None = None):

@@ -140,15 +140,20 @@ def value_head_bias(section: config_lib.CriticSection) -> float:
   return losses.prior_logit(section.init_bias) if section.loss == "bce" else float(section.init_bias)
 
 
+def with_value_head(params, model_cfg: models.ModelConfig, section: config_lib.CriticSection):
+  """`params` as those of `model_cfg` (which has a value head: `models.value_model_params`), the head's bias
+  set to `value_head_bias(section)`: how a shared head and a separate critic start."""
+  return {**models.value_model_params(params, model_cfg),
+          "value_bias": jnp.asarray(value_head_bias(section), model_cfg.parameter_dtype)}
+
+
 def initial_params(parts: "Parts", rng: jax.Array):
   """The run's starting params on its mesh: random init (`rng`), or the weights at `model.hf_path`; a policy
   value head (`critic.mode = "shared"`) starts at zero weights and `value_head_bias`."""
   path, shardings, model_cfg = parts.cfg.model.hf_path, parts.param_shardings, parts.model_cfg
   with_head = lambda p: p
   if model_cfg.value_head:
-    bias = value_head_bias(parts.cfg.critic)
-    with_head = lambda p: {**models.value_model_params(p, model_cfg), "value_bias": jnp.asarray(
-        bias, model_cfg.parameter_dtype)}
+    with_head = lambda p: with_value_head(p, model_cfg, parts.cfg.critic)
   if path is None:
     return jax.jit(lambda k: with_head(models.init_params(model_cfg, k)[1]), out_shardings=shardings)(rng)
   _, _, params = models.load_hf(path, mesh=parts.mesh, rules=parts.rules, dtype=model_cfg.param_dtype)
@@ -179,8 +184,7 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   mesh_shape = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
   if -1 in mesh_shape.values():
     raise ValueError(f"run_memory needs an explicit mesh (no -1 axis); got {mesh_shape}.")
-  separate = cfg.advantage.estimator == "gae" and cfg.critic.mode == "separate"
-  critic_cfg = critic_model_config(cfg, model_cfg) if separate else None
+  critic_cfg = critic_model_config(cfg, model_cfg) if config_lib.separate_critic(cfg) else None
   return learner.estimate_memory(
       model_cfg, mesh_shape, batch=rollouts // cfg.rl.minibatches, seq_len=cfg.model.max_seq_len,
       micro_batches=cfg.loss.micro_batches, param_copies=3 if is_async else 1,
