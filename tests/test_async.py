@@ -5,7 +5,6 @@ and the auto loss."""
 import dataclasses
 import json
 import os
-import sys
 import threading
 
 import numpy as np
@@ -17,27 +16,14 @@ from rlax_post import rollouts
 from rlax_post import runtime
 from rlax_post.runtime import _rowlog
 
-sys.path.insert(0, ".")
-from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+import _tiny_runs  # pylint: disable=g-bad-import-order
 
 # Data-dependent metrics only (timing and the async-only bookkeeping are not comparable across loops).
 _SKIP = set(runtime.TIMING_METRICS) | {"time"}
 
 
 def _cfg(**runtime_overrides):
-  c = demo.get_config("tiny")
-  c.task.options = dict(c.task.options, partial_credit=True)  # Non-zero, varied rewards at this size.
-  c.sft.steps = 20
-  c.rl.steps = 4
-  c.eval.every = 0
-  c.checkpoint.every = 2
-  c.checkpoint.max_to_keep = 3  # Checkpoint 0 stays: replay covers the whole run.
-  c.runtime.progress = False
-  c.runtime.tensorboard = False
-  c.runtime.plot = False
-  for k, v in runtime_overrides.items():
-    setattr(c.runtime, k, v)
-  return config.load(c)
+  return config.load(_tiny_runs.run_config("tiny", **runtime_overrides))
 
 
 def _rows(workdir, phase=None):

@@ -19,6 +19,8 @@ from rlax_post import runtime
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+import _tiny_runs  # pylint: disable=g-bad-import-order
+
 
 # --- value losses ---
 
@@ -232,20 +234,7 @@ def test_with_value_loss_adds_the_value_term_to_the_policy_objective(value_model
 # --- PPO with a critic in the RL step ---
 
 def _groups(parts, rewards):
-  rng = np.random.default_rng(0)
-  p, n, r = parts.cfg.rl.prompts_per_step, parts.cfg.rl.samples_per_prompt, parts.lengths.response
-  groups = []
-  for g in range(p):
-    prompt = [parts.tokenizer.bos_id] + [int(x) for x in rng.integers(97, 123, 5)]
-    rows = []
-    for i in range(n):
-      length = int(rng.integers(2, r + 1))
-      rows.append({"prompt": np.asarray(prompt, np.int32), "tokens": rng.integers(97, 123, length).astype(np.int32),
-                   "mask": np.ones(length, np.int32), "logprobs": np.full(length, -3.0, np.float32),
-                   "versions": np.zeros(length, np.int32), "reward": np.float32(rewards[g * n + i]),
-                   "finished": True})
-    groups.append(rows)
-  return groups
+  return _tiny_runs.synthetic_groups(parts, rewards, random_lengths=True)
 
 
 def _setup(**settings):

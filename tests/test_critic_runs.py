@@ -4,7 +4,6 @@ run values its batches at consumption time."""
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -12,28 +11,16 @@ import pytest
 from rlax_post import config
 from rlax_post import runtime
 
-sys.path.insert(0, ".")
-from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+import _tiny_runs  # pylint: disable=g-bad-import-order
 
 _SKIP = set(runtime.TIMING_METRICS) | {"time"}
 
 
 def _cfg(critic_mode="separate", **runtime_overrides):
-  c = demo.get_config("tiny,gae")
-  c.task.options = dict(c.task.options, partial_credit=True)  # Non-zero, varied rewards at this size.
+  c = _tiny_runs.run_config("tiny,gae", **runtime_overrides)
   c.critic.mode = critic_mode
   c.critic.init_bias = 0.5  # values start away from the returns, so the critic's updates are not trivial
   c.critic.optimizer.warmup_steps = 0
-  c.sft.steps = 20
-  c.rl.steps = 4
-  c.eval.every = 0
-  c.checkpoint.every = 2
-  c.checkpoint.max_to_keep = 3  # Checkpoint 0 stays: replay covers the whole run.
-  c.runtime.progress = False
-  c.runtime.tensorboard = False
-  c.runtime.plot = False
-  for k, v in runtime_overrides.items():
-    setattr(c.runtime, k, v)
   return config.load(c)
 
 
@@ -124,3 +111,13 @@ def test_learner_publishes_the_critic_for_scorers_in_other_processes(tmp_path):
           for r in rows]
   np.testing.assert_allclose(scores.score(rows), want, rtol=1e-5)
   assert float(np.abs(want).max()) == pytest.approx(0.5)  # the critic's bias, from its init
+
+
+def test_a_shared_head_is_not_published_as_a_critic(tmp_path):
+  """`critic.publish` concerns a separate critic; with a shared value head there is no critic state to write."""
+  c = config.to_dict(_cfg(critic_mode="shared", mode="async"))
+  c["critic"]["publish"] = True
+  parts = runtime.build_parts(config.load(c))
+  source = runtime.ProcessSource(parts, str(tmp_path), lambda *a: None)
+  assert source.critic_publisher is None
+  source.stop()

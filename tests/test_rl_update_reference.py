@@ -18,6 +18,8 @@ from rlax_post.runtime import _batch
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+import _tiny_runs  # pylint: disable=g-bad-import-order
+
 
 class _CountingScore:
   """Wraps `RLUpdate.score` and counts its calls (the real jitted scorer underneath)."""
@@ -31,16 +33,8 @@ class _CountingScore:
 
 
 def _groups(update, parts):
-  rng = np.random.default_rng(0)
-  p, n, r = update.cfg.rl.prompts_per_step, update.cfg.rl.samples_per_prompt, parts.lengths.response
-  groups = []
-  for g in range(p):
-    prompt = [parts.tokenizer.bos_id] + [int(x) for x in rng.integers(97, 123, 5)]
-    groups.append([{"prompt": np.asarray(prompt, np.int32), "tokens": rng.integers(97, 123, r).astype(np.int32),
-                    "mask": np.ones(r, np.int32), "logprobs": np.full(r, -3.0, np.float32),
-                    "versions": np.zeros(r, np.int32), "reward": np.float32((g + i) % 2),
-                    "finished": True} for i in range(n)])
-  return groups
+  p, n = update.cfg.rl.prompts_per_step, update.cfg.rl.samples_per_prompt
+  return _tiny_runs.synthetic_groups(parts, [(g + i) % 2 for g in range(p) for i in range(n)])
 
 
 def _setup(**loss_and_rl):
