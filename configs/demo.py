@@ -57,13 +57,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 entropy_coef=0.0, agg_mode="token_mean", micro_batches=1)
   # gamma .. num_iters are read by the step-level estimators (gigpo, graph_gae) only.
   c.advantage = dict(estimator="grpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
-                     episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0)
+                     episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0,
+                     c3_mode="value_assisted", alpha=1.0, baseline="loo", standardize=True)
   # The learned critic of advantage.estimator = "gae" (PPO with a critic; docs/critic.md); unused otherwise.
   c.critic = dict(mode="separate", init="policy", preset="tiny", overrides=dict(),
                   hf_path=config_dict.placeholder(str), loss="clipped", clip_eps=0.2, huber_delta=1.0, coef=0.5,
                   init_bias=config_dict.placeholder(float), warmup_steps=0, mesh=dict(), publish=False,
                   optimizer=dict(learning_rate=1e-3, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
                                  b1=0.9, b2=0.99, max_grad_norm=1.0))
+  # Role pipelines (task.name "relay" / "sort_reverse", docs/multiagent.md); unused by this config's task.
+  c.multiagent = dict(roles=(), prompts=dict(), template="{system}:{view}{history}>", separator="|", fanout=(),
+                      replay=True)
   c.eval = dict(every=10, batch_size=256)
   c.checkpoint = dict(every=20, max_to_keep=2)
   # mode="async": samplers and learner overlap through the rollout queue (docs/async.md); the keys after

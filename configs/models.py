@@ -240,7 +240,8 @@ def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_co
                 track_kl=False, kl_kind="k3",
                 entropy_coef=0.0, agg_mode="token_mean", micro_batches=micro_batches)
   c.advantage = dict(estimator="grpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
-                     episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0)
+                     episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0,
+                     c3_mode="value_assisted", alpha=1.0, baseline="loo", standardize=True)
   # The learned critic of advantage.estimator = "gae" (PPO with a critic; docs/critic.md); unused otherwise.
   c.critic = dict(mode="separate", init="policy", preset="tiny", overrides=dict(),
                   hf_path=config_dict.placeholder(str), loss="clipped", clip_eps=0.2, huber_delta=1.0, coef=0.5,
@@ -251,6 +252,9 @@ def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_co
     c.advantage.estimator = "gae"
     c.critic.update(mode="separate", init="policy")
     c.critic.optimizer.update(learning_rate=1e-5, warmup_steps=10)
+  # Role pipelines (task.name "relay" / "sort_reverse", docs/multiagent.md); unused by this config's task.
+  c.multiagent = dict(roles=(), prompts=dict(), template="{system}:{view}{history}>", separator="|", fanout=(),
+                      replay=True)
   c.eval = dict(every=20, batch_size=eval_batch)
   c.checkpoint = dict(every=50, max_to_keep=2)
   c.runtime = dict(mode="async", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,

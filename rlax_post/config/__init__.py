@@ -27,6 +27,13 @@ from rlax_post.config._schema import separate_critic
 from rlax_post.config._schema import SFTSection
 from rlax_post.config._schema import staleness
 from rlax_post.config._schema import TaskConfig
+from rlax_post.config._schema import C3_MODES
+from rlax_post.config._schema import COLLABORATION_TASKS
+from rlax_post.config._schema import fanout_of
+from rlax_post.config._schema import group_rows
+from rlax_post.config._schema import MultiAgentSection
+from rlax_post.config._schema import TREE_ESTIMATORS
+from rlax_post.config._schema import uses_critic
 from rlax_post.config._validate import to_dict
 
 __all__ = [
@@ -58,4 +65,11 @@ __all__ = [
     "staleness",
     "TaskConfig",
     "to_dict",
+    "uses_critic",
+    "TREE_ESTIMATORS",
+    "MultiAgentSection",
+    "group_rows",
+    "fanout_of",
+    "COLLABORATION_TASKS",
+    "C3_MODES",
 ]

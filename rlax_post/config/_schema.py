@@ -7,6 +7,7 @@ keys, types, ranges and choices, and the cross-field constraints in `Config.__po
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 from rlax_post.config._validate import bounded
@@ -16,7 +17,10 @@ from rlax_post.config._validate import choices
 # Group methods: one advantage per trajectory. Step methods: per generated token, with the token prefix as
 # the state (see rlax_post/runtime/_credit.py).
 # "gae": token-level GAE with a learned critic (the `critic` section; docs/critic.md).
-ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gigpo", "graph_gae", "gae")
+# Tree methods (role pipelines, the `multiagent` section; docs/multiagent.md): "c3" counterfactual credit of
+# sibling messages, "magrpo" one group-normalised outcome per role.
+ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gigpo", "graph_gae", "gae", "c3", "magrpo")
+C3_MODES = ("value_assisted", "reward_only", "value_only")
 # "auto": ppo when training is on-policy (sync, or async with max_staleness = 0), decoupled_ppo otherwise.
 LOSS_KINDS = ("auto", "ppo", "gspo", "decoupled_ppo")
 KL_KINDS = ("k3", "k1", "k2")
@@ -189,7 +193,31 @@ class AdvantageSection:
   # gigpo, graph_gae: static node budget; 0 = B × steps (steps: max_new_tokens single-turn, K turns multi-turn)
   max_nodes: int = bounded(0, low=0)
   num_iters: int = bounded(0, low=0)  # graph_gae: Bellman iterations; 0 = steps + 1 (exact on acyclic graphs)
+  # c3: the baseline of a node against its siblings: reward_only r − LOO(r); value_only q − LOO(q);
+  # value_assisted r − [(1 − α)·LOO(r) + α·LOO(q)] with q the Q-critic's score (the `critic` section).
+  c3_mode: str = choices(*C3_MODES)
+  alpha: float = bounded(1.0, low=0.0, high=1.0)  # c3 value_assisted: the critic's weight in the baseline
+  baseline: str = choices("loo", "full_mean")  # c3: leave-one-out, or the sibling group's mean (ablation)
+  standardize: bool = True  # c3: standardise within each sibling group (population variance + 1e-8)
 
+
+@dataclasses.dataclass(frozen=True)
+class MultiAgentSection:
+  """Role pipelines (docs/multiagent.md): the roles of a collaboration task (`task.name` "relay" or
+  "sort_reverse") run in order with one shared policy, sampled as fanout trees."""
+  roles: tuple = ()  # role names in order; empty: the task's own
+  prompts: dict = dataclasses.field(default_factory=dict)  # {role name: system prompt}; missing: the task's
+  # A role's prompt: {system} its system prompt, {view} what it sees of the problem, {history} the earlier
+  # roles' messages, each after `separator`.
+  template: str = "{system}:{view}{history}>"
+  separator: str = "|"
+  # Children per node at each depth (one entry per role), product = rl.samples_per_prompt (the terminal
+  # evaluations per prompt); empty: flat, (samples_per_prompt, 1, ..., 1), MAGRPO's.
+  fanout: tuple = ()
+  # True: each alternative's downstream is sampled fresh (C3's fixed-continuation replay); False (ablation):
+  # only the first depth-1 message's subtree is sampled and its tokens are reused after the other
+  # depth-1 messages (not trained there).
+  replay: bool = True
 
 @dataclasses.dataclass(frozen=True)
 class CriticSection:
@@ -271,14 +299,16 @@ class Config:
   loss: LossSection = dataclasses.field(default_factory=LossSection)
   advantage: AdvantageSection = dataclasses.field(default_factory=AdvantageSection)
   critic: CriticSection = dataclasses.field(default_factory=CriticSection)
+  multiagent: MultiAgentSection = dataclasses.field(default_factory=MultiAgentSection)
   eval: EvalSection = dataclasses.field(default_factory=EvalSection)
   checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
   runtime: RuntimeSection = dataclasses.field(default_factory=RuntimeSection)
 
   def __post_init__(self):
-    rollouts = self.rl.prompts_per_step * self.rl.samples_per_prompt
+    self._check_multiagent()
+    rollouts = self.rl.prompts_per_step * group_rows(self)
     if rollouts % self.rl.minibatches:
-      raise ValueError(f"rl.prompts_per_step × rl.samples_per_prompt = {rollouts} must be divisible by "
+      raise ValueError(f"A step's {rollouts} rows (rl.prompts_per_step × rows per group) must be divisible by "
                        f"rl.minibatches = {self.rl.minibatches}.")
     if (rollouts // self.rl.minibatches) % self.loss.micro_batches:
       raise ValueError(f"A minibatch of {rollouts // self.rl.minibatches} rollouts must be divisible by "
@@ -307,9 +337,59 @@ class Config:
     if self.critic.loss == "bce" and self.critic.init_bias is not None and not 0 < self.critic.init_bias < 1:
       raise ValueError(f"critic.init_bias with critic.loss = 'bce' is a base rate in (0, 1); got "
                        f"{self.critic.init_bias}.")
+    if self.advantage.estimator == "c3" and self.advantage.c3_mode != "reward_only" and (
+        self.critic.mode != "separate" or self.critic.loss != "bce"):
+      raise ValueError(f"advantage.c3_mode = {self.advantage.c3_mode!r} scores nodes with a Q-critic of success "
+                       "in [0, 1]: set critic.mode = 'separate' and critic.loss = 'bce' (got "
+                       f"{self.critic.mode!r}, {self.critic.loss!r}), or use c3_mode = 'reward_only'.")
     if self.runtime.sampler_slots and self.runtime.sampler_slots < self.rl.samples_per_prompt:
       raise ValueError(f"runtime.sampler_slots = {self.runtime.sampler_slots} cannot hold one group of "
                        f"rl.samples_per_prompt = {self.rl.samples_per_prompt} samples; use 0 or >= that.")
+
+
+  def _check_multiagent(self):
+    tree = self.advantage.estimator in TREE_ESTIMATORS
+    fanout = self.multiagent.fanout
+    if tree and self.task.name not in COLLABORATION_TASKS:
+      raise ValueError(f"advantage.estimator = {self.advantage.estimator!r} credits the nodes of role pipelines; "
+                       f"task.name must be one of {list(COLLABORATION_TASKS)}, got {self.task.name!r}.")
+    if any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in fanout):
+      raise ValueError(f"multiagent.fanout must hold positive ints; got {list(fanout)}.")
+    if fanout and math.prod(fanout) != self.rl.samples_per_prompt:
+      raise ValueError(f"multiagent.fanout {list(fanout)} makes {math.prod(fanout)} leaves per prompt; it must "
+                       f"equal rl.samples_per_prompt = {self.rl.samples_per_prompt} (the terminal evaluations).")
+    if self.task.name in COLLABORATION_TASKS and self.advantage.estimator not in TREE_ESTIMATORS + ("gae",):
+      raise ValueError(f"task {self.task.name!r} is a role pipeline; advantage.estimator must be one of "
+                       f"{list(TREE_ESTIMATORS + ('gae',))}, got {self.advantage.estimator!r}.")
+
+
+# Tasks that are role pipelines (`envs.COLLABORATIONS`; a test keeps the two equal) and the estimators that
+# credit their tree nodes.
+COLLABORATION_TASKS = ("relay", "sort_reverse")
+TREE_ESTIMATORS = ("c3", "magrpo")
+
+
+def group_rows(cfg: Config) -> int:
+  """Rows in one group (ticket): rl.samples_per_prompt, or for a role pipeline one per tree node
+  (Σ_d f_1·…·f_d over the fanout; flat when `multiagent.fanout` is empty)."""
+  if cfg.task.name not in COLLABORATION_TASKS:
+    return cfg.rl.samples_per_prompt
+  return sum(math.prod(fanout_of(cfg)[:d + 1]) for d in range(len(fanout_of(cfg))))
+
+
+def fanout_of(cfg: Config, num_roles: int | None = None) -> tuple[int, ...]:
+  """The tree's fanout: `multiagent.fanout`, or flat (n, 1, …, 1) over the roles (`multiagent.roles`, else
+  `num_roles`, else 2)."""
+  if cfg.multiagent.fanout:
+    return tuple(cfg.multiagent.fanout)
+  r = len(cfg.multiagent.roles) or num_roles or 2
+  return (cfg.rl.samples_per_prompt,) + (1,) * (r - 1)
+
+
+def uses_critic(cfg: Config) -> bool:
+  """The run learns a value: PPO's critic (`gae`) or C3's Q-critic (`c3` with a value mode)."""
+  return cfg.advantage.estimator == "gae" or (cfg.advantage.estimator == "c3"
+                                              and cfg.advantage.c3_mode != "reward_only")
 
 
 def staleness(cfg: Config) -> int:
@@ -331,7 +411,7 @@ def policy_value_head(cfg: Config) -> bool:
 
 def separate_critic(cfg: Config) -> bool:
   """The run trains a critic model of its own: a critic in use in `critic.mode = "separate"`."""
-  return cfg.advantage.estimator == "gae" and cfg.critic.mode == "separate"
+  return uses_critic(cfg) and cfg.critic.mode == "separate"
 
 
 def load(raw: Any) -> Config:

@@ -1,5 +1,6 @@
 """The run's task interface (`RLTask`, `Producer`, `make_rl_task`), verifiable text tasks with noisy demonstrators,
-the multi-turn `Env` protocol and its `EpisodeProducer`, and the tool-use env (`envs.tools`)."""
+the multi-turn `Env` protocol and its `EpisodeProducer`, the tool-use env (`envs.tools`), and role pipelines
+sampled as fanout trees (`RoleTask`, `TreeProducer`)."""
 
 from rlax_post.envs._base import Example
 from rlax_post.envs._protocol import Env
@@ -22,6 +23,18 @@ from rlax_post.envs._dataset import DatasetProducer
 from rlax_post.envs._dataset import DatasetTask
 from rlax_post.envs._dataset import Renderer
 from rlax_post.envs._make import make_rl_task
+from rlax_post.envs._roles import Collaboration
+from rlax_post.envs._roles import COLLABORATIONS
+from rlax_post.envs._roles import make_pipeline
+from rlax_post.envs._roles import NODE_FIELDS
+from rlax_post.envs._roles import Pipeline
+from rlax_post.envs._roles import Relay
+from rlax_post.envs._roles import RELAY_OPS
+from rlax_post.envs._roles import relay_op
+from rlax_post.envs._roles import RoleDemos
+from rlax_post.envs._roles import RoleTask
+from rlax_post.envs._roles import SortReverse
+from rlax_post.envs._roles import TreeProducer
 from rlax_post.envs._rl import group_id
 from rlax_post.envs._rl import Lengths
 from rlax_post.envs._rl import Producer
@@ -37,6 +50,18 @@ from rlax_post.envs._rl import TextTask
 from rlax_post.envs._rl import TURN_FIELDS
 
 __all__ = [
+    'Collaboration',
+    'COLLABORATIONS',
+    'make_pipeline',
+    'NODE_FIELDS',
+    'Pipeline',
+    'Relay',
+    'RELAY_OPS',
+    'relay_op',
+    'RoleDemos',
+    'RoleTask',
+    'SortReverse',
+    'TreeProducer',
     'DatasetProducer',
     'DatasetTask',
     'EpisodeProducer',

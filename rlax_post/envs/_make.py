@@ -5,14 +5,17 @@ from __future__ import annotations
 from rlax_post import config as config_lib
 from rlax_post.envs import _dataset
 from rlax_post.envs import _rl
+from rlax_post.envs import _roles
 from rlax_post.envs.tools import _rl as tools_rl
 
 
 def make_rl_task(cfg: config_lib.Config, tokenizer) -> _rl.RLTask:
-  """The `envs.RLTask` named by `task.name`: the user's files ("dataset"), the tool-use env ("tools") or a
-  built-in text task."""
+  """The `envs.RLTask` named by `task.name`: the user's files ("dataset"), the tool-use env ("tools"), a role
+  pipeline ("relay", "sort_reverse") or a built-in text task."""
   if cfg.task.name == _dataset.NAME:
     return _dataset.make_dataset_task(cfg, tokenizer)
+  if cfg.task.name in _roles.COLLABORATIONS:
+    return _roles.make_role_task(cfg, tokenizer)
   if cfg.task.name == tools_rl.NAME:
     return tools_rl.make_tool_task(cfg, tokenizer)
   return _rl.make_text_task(cfg, tokenizer)

@@ -51,7 +51,9 @@ SPLITS = ("train", "eval")
 # Optional per-row scalars a task may add (the dataset task does); the learner reports each step's aggregate
 # of them as a metric of the same name. Fields named `REWARD_PREFIX` + ... are reward components: their mean
 # over the rows that have a value (NaN: none).
-ROW_METRICS = {"reward_errors": "sum", "data_skipped": "max", "data_truncated": "sum"}
+# Role pipelines add their budget: tokens decoded and prefilled, and terminal evaluations (scored leaves).
+ROW_METRICS = {"reward_errors": "sum", "data_skipped": "max", "data_truncated": "sum", "decode_tokens": "sum",
+               "prefill_tokens": "sum", "terminal_evals": "sum"}
 REWARD_PREFIX = "reward/"
 
 

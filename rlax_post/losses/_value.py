@@ -17,6 +17,8 @@ base rate p ("prior matching"), not ½.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -80,7 +82,8 @@ def prior_logit(p: float) -> float:
   """log(p / (1 − p)): the bias at which a `bce` head predicts the base rate p ∈ (0, 1)."""
   if not 0 < p < 1:
     raise ValueError(f'a prior must be in (0, 1); got {p}')
-  return float(jnp.log(p) - jnp.log1p(-p))
+  # Host arithmetic: called while a jitted init is traced (a bce critic's head bias), where jnp would trace.
+  return math.log(p) - math.log1p(-p)
 
 
 def _masked(x, mask):

@@ -39,6 +39,10 @@ class RolloutBatch(NamedTuple):
   turn_mask: np.ndarray | None = None  # [B, K] float32: 1 on real turns (left-aligned).
   # {field: [B] float64} the rows' `envs.ROW_METRICS` and reward components (NaN where a row has none).
   row_metrics: dict | None = None
+  # Role pipelines' tree nodes (`envs.NODE_FIELDS`): each row's parent node id (siblings share it within a
+  # group) and depth (its role's index + 1); None for other tasks.
+  node_parents: np.ndarray | None = None  # [B] int32
+  node_depths: np.ndarray | None = None  # [B] int32
 
 
 def rows_to_batch(groups: list[list[dict]], *, seq_len: int, pad_id: int) -> RolloutBatch:
@@ -69,7 +73,19 @@ def rows_to_batch(groups: list[list[dict]], *, seq_len: int, pad_id: int) -> Rol
       tokens=tokens, prompt_lens=prompt_lens, lengths=lengths, loss_mask=loss_mask,
       behaviour_logprobs=behaviour, rewards=np.asarray([float(r["reward"]) for r in rows], np.float32),
       group_ids=group_ids, finished=np.asarray([bool(r["finished"]) for r in rows]),
-      row_metrics=_row_metrics(rows), **_turn_arrays(rows, prompt_lens))
+      row_metrics=_row_metrics(rows), **_turn_arrays(rows, prompt_lens), **_node_arrays(rows))
+
+
+def _node_arrays(rows: list[dict]) -> dict:
+  """The `RolloutBatch` node fields of `rows` ({} when no row is a tree node; a mix raises ValueError)."""
+  has = [all(f in row for f in envs.NODE_FIELDS) for row in rows]
+  if not any(has):
+    return {}
+  if not all(has):
+    raise ValueError(f"rows_to_batch: {has.count(False)} of {len(rows)} rows lack the tree-node fields "
+                     f"{list(envs.NODE_FIELDS)}; a batch takes all tree rows or none.")
+  return {"node_parents": np.asarray([int(r["node_parent"]) for r in rows], np.int32),
+          "node_depths": np.asarray([int(r["node_depth"]) for r in rows], np.int32)}
 
 
 def _row_metrics(rows: list[dict]) -> dict[str, np.ndarray]:

@@ -5,6 +5,12 @@ Group methods give one scalar per trajectory, broadcast over its generated token
 prefix, so `prefix_state_keys` numbers the distinct prefixes of each group (an exact trie, no hashing), and
 samples of one prompt that share a prefix merge into one node.
 
+Role pipelines' batches carry tree nodes (`RolloutBatch.node_parents`, `node_depths`; each row one node's
+message, its reward the mean of its subtree's leaves): `c3` compares a node with its siblings (the children of
+one parent: `counterfactual_advantages`, spec §5), `magrpo` normalises the outcome over each role's nodes of a
+prompt (GRPO over the (group, depth) pairs; with a flat fanout every message of trajectory k gets k's
+group-normalised reward). The scalar goes to every token the node sampled.
+
 Multi-turn batches (`Turns`) give the step-level methods one step per policy message instead: the env's key
 of the state the turn is taken from (a token-prefix hash when the env has none, `envs.EpisodeProducer`), the
 env's reward of the turn, and the batch's group ids, so equal keys merge only within a prompt's group. Each
@@ -25,6 +31,7 @@ from rlax_post import config as config_lib
 
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp")
 STEP_ESTIMATORS = ("gigpo", "graph_gae")
+TREE_ESTIMATORS = config_lib.TREE_ESTIMATORS  # role pipelines' nodes (batch.node_parents / node_depths)
 
 
 def response_steps(tokens_bt: np.ndarray, prompt_lens_b: np.ndarray, lengths_b: np.ndarray,
@@ -96,6 +103,31 @@ def _check_turns(turns: Turns, b: int) -> None:
     raise ValueError(f"Turns fields must all have shape [B, K] with B = {b} rows and K >= 1; got {shapes}.")
 
 
+def pair_ids(a_b: np.ndarray, b_b: np.ndarray) -> np.ndarray:
+  """Dense int32 ids of the distinct (a, b) pairs, in [0, B)."""
+  return np.unique(np.stack([a_b, b_b], 1), axis=0, return_inverse=True)[1].reshape(-1).astype(np.int32)
+
+
+def tree_metrics(adv_b: np.ndarray, batch) -> dict:
+  """Per role (depth d): `role{d}_adv_var`, the variance of the trained nodes' advantages, and
+  `role{d}_influence`, how much of the outcome's spread role d's choice explains: the mean within-sibling-
+  group variance of depth-d node rewards over the mean within-prompt variance of leaf rewards (NaN when the
+  leaves never vary; 0 for a role sampled once per parent)."""
+  out = {}
+  depth = int(batch.node_depths.max())
+  leaves = batch.node_depths == depth
+  leaf_var = np.mean([np.var(batch.rewards[leaves & (batch.group_ids == g)]) for g in np.unique(batch.group_ids)])
+  trained = batch.loss_mask.sum(axis=1) > 0
+  for d in range(1, depth + 1):
+    at = batch.node_depths == d
+    sel = at & trained
+    out[f"role{d}_adv_var"] = float(np.var(adv_b[sel])) if sel.any() else float("nan")
+    sib = pair_ids(batch.group_ids[at], batch.node_parents[at])
+    within = np.mean([np.var(batch.rewards[at][sib == k]) for k in np.unique(sib)])
+    out[f"role{d}_influence"] = float(within / leaf_var) if leaf_var > 0 else float("nan")
+  return out
+
+
 class Credit:
   """Jitted advantage functions for one run's configuration; `__call__` gives `[B, T-1]` advantages."""
 
@@ -117,9 +149,16 @@ class Credit:
       self._fn = jax.jit(functools.partial(adv_lib.graph_gae, gamma=s.gamma, lambda_=s.lambda_,
                                            max_nodes=max_nodes, num_iters=num_iters,
                                            normalize=s.normalize))
+    elif s.estimator == "c3":  # num_groups: at most one sibling group per row
+      self._fn = jax.jit(functools.partial(
+          adv_lib.counterfactual_advantages, num_groups=batch, alpha=s.alpha,
+          baseline="mean" if s.baseline == "full_mean" else "loo", normalize=s.standardize))
+    elif s.estimator == "magrpo":
+      self._fn = jax.jit(functools.partial(adv_lib.group_advantages, num_groups=batch, method="grpo", std=s.std,
+                                           eps=s.eps))
     else:
       raise ValueError(f"Unknown advantage.estimator {s.estimator!r}; valid: "
-                       f"{list(GROUP_ESTIMATORS + STEP_ESTIMATORS)}.")
+                       f"{list(GROUP_ESTIMATORS + STEP_ESTIMATORS + TREE_ESTIMATORS)}.")
 
   def _turn_fn(self, b: int, k: int):
     """The step estimator over [B, K] turns; max_nodes defaults to B × K, num_iters to K + 1 (exact on a
@@ -140,12 +179,35 @@ class Credit:
     """(advantages [B, T-1], extra batch fields (none), metrics) of a step's `RolloutBatch`: the RL step's
     credit interface, shared with the learned critic (`_critic.Critic.assign`). `state` is not read."""
     del state
+    if self.section.estimator in TREE_ESTIMATORS:
+      adv_bt, metrics = self.tree(batch)
+      return adv_bt, {}, metrics
     turns = None if batch.turn_starts is None else Turns(
         starts=batch.turn_starts, ends=batch.turn_ends, keys=batch.turn_keys, rewards=batch.turn_rewards,
         mask=batch.turn_mask)
     adv_bt, metrics = self(batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths,
                            batch.loss_mask, turns=turns)
     return adv_bt, {}, metrics
+
+  def tree(self, batch, q_b: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+    """`[B, T-1]` advantages and metrics of a batch of tree nodes; `q_b` the Q-critic's scores in [0, 1]
+    (c3's value modes)."""
+    if batch.node_parents is None:
+      raise ValueError(f"advantage.estimator = {self.section.estimator!r} needs tree-node rows (a role pipeline "
+                       "task); this batch has none.")
+    s = self.section
+    if s.estimator == "magrpo":
+      adv_b = self._fn(batch.rewards, pair_ids(batch.group_ids, batch.node_depths))
+    else:
+      siblings_b = pair_ids(batch.group_ids, batch.node_parents)
+      if s.c3_mode == "reward_only":
+        adv_b = self._fn(batch.rewards, siblings_b)
+      elif s.c3_mode == "value_only":
+        adv_b = self._fn(np.asarray(q_b, np.float32), siblings_b)
+      else:
+        adv_b = self._fn(batch.rewards, siblings_b, q_values=np.asarray(q_b, np.float32))
+    adv_b = np.asarray(adv_b)
+    return adv_b[:, None] * batch.loss_mask, tree_metrics(adv_b, batch)
 
   def __call__(self, rewards_b: np.ndarray, group_ids_b: np.ndarray, tokens_bt: np.ndarray,
                prompt_lens_b: np.ndarray, lengths_b: np.ndarray, loss_mask_bt: np.ndarray, *,

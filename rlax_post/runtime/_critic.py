@@ -7,6 +7,14 @@ arrives with a row's last trained token and the episode ends there (bootstrap 0)
 observation tokens between two policy turns are no step (`advantages.gae_over_mask`). The λ-returns are the
 critic's regression targets; it is trained on the same minibatches as the policy.
 
+C3's Q-critic (`advantage.estimator = "c3"` with `advantage.c3_mode` "value_assisted" or "value_only"; a
+separate critic with the bce loss, docs/multiagent.md): it scores each tree node's prefix view, the node's
+prompt (the problem and the earlier roles' messages) and its own message, by the head at the row's last
+token, q = σ(logit); the learner reads q with the critic's params before this step's updates (so batch t's
+credit uses the critic trained on batches up to t − 1) and then trains it on the node's reward clipped to
+[0, 1], the mean of its subtree's leaves. The bce loss is linear in its target, so this is the loss of the
+prefix view against each of those leaves' rewards, averaged.
+
 Two modes:
 - "separate": its own model (a `models.value_model_config` backbone from the policy's warm start, a preset or
   an HF checkpoint), own `TrainState` (kept in the policy state's `critic` field, so it is checkpointed,
@@ -35,12 +43,14 @@ from rlax_post import losses
 from rlax_post import models
 from rlax_post import sampler
 from rlax_post import sharding
+from rlax_post.runtime import _credit
 from rlax_post.runtime import _distributed
 from rlax_post.runtime import _learners
 from rlax_post.runtime import _parts
 
-# Host-batch keys the critic's own update reads.
-CRITIC_KEYS = ("tokens", "loss_mask", "returns", "old_values")
+# Host-batch keys the critic's own update reads (`value_mask` is its loss mask: the policy's trained tokens for
+# GAE, each row's last state for the Q-critic).
+CRITIC_KEYS = ("tokens", "value_mask", "returns", "old_values")
 # Where `rlax-post learner` publishes a separate critic's versions (`critic.publish`), beside `params/`.
 CRITIC_PARAMS_DIR = "critic_params"
 
@@ -92,6 +102,11 @@ class Critic:
     self._credit = jax.jit(functools.partial(
         _gae_credit, kind=self.loss.kind, gamma=self.advantage.gamma, lambda_=self.advantage.lambda_,
         normalize=self.advantage.normalize))
+    # C3's Q-critic: node scores feed the tree credit.
+    self.tree_credit = _credit.Credit(
+        cfg.advantage, num_groups=cfg.rl.prompts_per_step, batch=cfg.rl.prompts_per_step * config_lib.group_rows(cfg),
+        max_new_tokens=window) if cfg.advantage.estimator == "c3" else None
+    self._q_metrics = jax.jit(functools.partial(value_metrics, kind="bce"))
 
   # --- state ---
 
@@ -129,12 +144,30 @@ class Critic:
     by the critic in `state` (the separate critic's, or the policy's own head; shared excludes LoRA, so the
     policy's params are `state.params`)."""
     params = state.critic.params if self.separate else state.params
+    if self.tree_credit is not None:
+      return self._assign_q(params, batch)
     raw_bt = np.asarray(_distributed.to_host(self._values(params, batch.tokens, batch.loss_mask)), np.float32)
     mask_bt = batch.loss_mask
     adv_bt, returns_bt, metrics = self._credit(raw_bt, batch.rewards, mask_bt, batch.group_ids)
     adv_bt, returns_bt = np.asarray(adv_bt), np.asarray(returns_bt)
     metrics = {k: float(v) for k, v in metrics.items()}
-    return adv_bt * mask_bt, {"returns": returns_bt, "old_values": raw_bt * mask_bt}, metrics
+    return adv_bt * mask_bt, {"value_mask": mask_bt, "returns": returns_bt, "old_values": raw_bt * mask_bt}, metrics
+
+  def _assign_q(self, params, batch) -> tuple[np.ndarray, dict, dict]:
+    """C3 with the Q-critic (module docstring): q of every node's prefix view, the tree credit, and the
+    critic's targets (the node rewards clipped to [0, 1]) at each row's last state."""
+    rows = np.arange(len(batch.rewards))
+    # Target t's value is V(tokens[:t + 1]): t = prompt + response − 1 reads the row's whole message.
+    last_b = batch.prompt_lens + batch.lengths - 1
+    value_mask = np.zeros(batch.loss_mask.shape, np.float32)
+    value_mask[rows, last_b] = 1.0
+    raw_bt = np.asarray(_distributed.to_host(self._values(params, batch.tokens, value_mask)), np.float32)
+    q_b = np.asarray(losses.prediction(raw_bt[rows, last_b], "bce"))
+    adv_bt, metrics = self.tree_credit.tree(batch, q_b)
+    returns_bt = value_mask * np.clip(batch.rewards, 0.0, 1.0)[:, None]
+    q_metrics = self._q_metrics(losses.prediction(raw_bt, "bce"), returns_bt, value_mask)
+    metrics = {**metrics, **{k: float(v) for k, v in q_metrics.items()}}
+    return adv_bt, {"value_mask": value_mask, "returns": returns_bt, "old_values": raw_bt * value_mask}, metrics
 
   def step(self, state, mb_batch, rng) -> tuple[Any, dict]:
     """One update of the separate critic on a minibatch (device arrays of `CRITIC_KEYS`)."""

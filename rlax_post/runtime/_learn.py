@@ -85,8 +85,8 @@ class RLUpdate:
     self.batch_sh = _learners.batch_sharding(parts.mesh)
     p = cfg.rl.prompts_per_step
     # Advantages of a batch: from the rewards alone, or (gae) with a learned critic's values.
-    self.critic = _critic.Critic(parts, total_updates=total_updates) if cfg.advantage.estimator == "gae" else None
-    self.credit = self.critic or _credit.Credit(cfg.advantage, num_groups=p, batch=p * cfg.rl.samples_per_prompt,
+    self.critic = _critic.Critic(parts, total_updates=total_updates) if config_lib.uses_critic(cfg) else None
+    self.credit = self.critic or _credit.Credit(cfg.advantage, num_groups=p, batch=p * config_lib.group_rows(cfg),
                                                 max_new_tokens=max_new_tokens)
     # What the policy's update reads of the host batch (its objective takes more keys when they are present).
     self.policy_keys = ("tokens", "loss_mask", "advantages", "behaviour_logprobs", "old_logprobs",
@@ -163,8 +163,9 @@ class RLUpdate:
         update_index = (rl_step * cfg.rl.epochs + epoch) * cfg.rl.minibatches + j
         m = {}
         if self.critic is not None and self.critic.separate:
-          critic_batch = _batch.to_device_batch({k: full[k][mb] for k in _critic.CRITIC_KEYS},
-                                                self.critic.batch_sh)
+          critic_batch = _batch.to_device_batch(  # its loss mask: `value_mask`
+              {("loss_mask" if k == "value_mask" else k): full[k][mb] for k in _critic.CRITIC_KEYS},
+              self.critic.batch_sh)
           state, m = self.critic.step(state, critic_batch, _learners.key(cfg.seed, envs.Stream.CRITIC, update_index))
         if train_policy:
           mb_batch = _batch.to_device_batch({k: v[mb] for k, v in full.items() if k in self.policy_keys},

@@ -177,9 +177,9 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   one micro-batch's activations (`critic_model_config(cfg, model_cfg)`); a shared one is the value head in
   `model_cfg` (`model_config` adds it), counted in its params.
   """
-  rollouts = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
+  rollouts = cfg.rl.prompts_per_step * config_lib.group_rows(cfg)
   is_async = cfg.runtime.mode == "async"
-  slots = (cfg.runtime.sampler_slots or rollouts) * (cfg.runtime.num_samplers if is_async else 1)
+  slots = sampler_slots(cfg) * (cfg.runtime.num_samplers if is_async else 1)
   kv_slots = slots + cfg.eval.batch_size if is_async else max(slots, cfg.eval.batch_size)
   mesh_shape = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
   if -1 in mesh_shape.values():

@@ -139,8 +139,8 @@ class SamplerWorker:
 
 def queue_capacity(cfg: config_lib.Config) -> int:
   """Rows the rollout queue holds: `runtime.queue_capacity`, or enough for η + 2 steps."""
-  p, n = cfg.rl.prompts_per_step, cfg.rl.samples_per_prompt
-  return cfg.runtime.queue_capacity or (cfg.runtime.max_staleness + 2) * p * n
+  rows = cfg.rl.prompts_per_step * config_lib.group_rows(cfg)
+  return cfg.runtime.queue_capacity or (cfg.runtime.max_staleness + 2) * rows
 
 
 def file_queue(cfg: config_lib.Config, workdir: str, writer_id: str) -> rollouts.FileQueue:

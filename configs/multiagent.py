@@ -1,0 +1,116 @@
+"""Two collaborating roles of one policy, trained with counterfactual credit (C3) or a shared reward (MAGRPO).
+
+The relay (default): only the router sees an instruction code and must name the operation it stands for; the
+worker sees that name and the input digits and must apply it. `sort_reverse`: a sorter and a reverser whose
+systematic mistakes cancel. Both start from noisy demonstrations of each role (docs/multiagent.md).
+
+  rlax-post train --config configs/multiagent.py --workdir runs/relay_c3                 # C3, value-assisted
+  rlax-post train --config configs/multiagent.py:magrpo --workdir runs/relay_magrpo      # shared reward
+  rlax-post train --config configs/multiagent.py:sort_reverse,c3 --workdir runs/sr_c3    # C3, reward only
+  rlax-post sweep --config configs/multiagent.py --workdir runs/relay_sweep --parallel 2  # 4 arms × 3 seeds
+
+Arms (one variant each; all make K = 8 terminal evaluations per prompt):
+  magrpo        flat fanout (8, 1); every message of trajectory k gets k's group-normalised reward
+  c3            fanout (2, 4); reward_only: a node's subtree mean against its siblings' (leave-one-out)
+  c3_value      (the default) fanout (2, 4); value_assisted, α = 1: the baseline is the siblings' Q-critic scores
+  c3_noreplay   fanout (2, 4), reward_only, without fixed-continuation replay: the first router message's
+                subtree is reused after the other one
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+from rlax_post import sweep
+
+_TASKS = {
+    "relay": dict(min_len=4, max_len=6, noise=(0.5, 0.3)),
+    "sort_reverse": dict(min_len=3, max_len=6, noise=(0.4, 0.4)),
+}
+_ARMS = ("magrpo", "c3", "c3_value", "c3_noreplay")
+_VARIANTS = ("default", "tiny", *_TASKS, *_ARMS)
+ARMS = {  # each arm's overrides (also the sweep's units)
+    "magrpo": {"advantage.estimator": "magrpo", "multiagent.fanout": (8, 1)},
+    "c3": {"advantage.estimator": "c3", "advantage.c3_mode": "reward_only", "multiagent.fanout": (2, 4)},
+    "c3_value": {"advantage.estimator": "c3", "advantage.c3_mode": "value_assisted", "multiagent.fanout": (2, 4)},
+    "c3_noreplay": {"advantage.estimator": "c3", "advantage.c3_mode": "reward_only", "multiagent.fanout": (2, 4),
+                    "multiagent.replay": False},
+}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.task = dict(name="relay", options=_TASKS["relay"], num_eval=256)
+  # The dataset task's files and reward (task.name = "dataset", docs/data.md); unused by this config's task.
+  c.data = dict(train=config_dict.placeholder(str), eval=config_dict.placeholder(str), eval_fraction=0.0,
+                format="auto", prompt_field="prompt", answer_field="answer", demo_field=config_dict.placeholder(str),
+                env_field=config_dict.placeholder(str), system_prompt=config_dict.placeholder(str), chat="auto",
+                chat_template=config_dict.placeholder(str), max_prompt_tokens=128, too_long="skip",
+                bad_rows="error", shuffle=True)
+  c.reward = dict(fn="math", weights=(), options=dict(), default=0.0, timeout_s=0.0, workers=8)
+  c.model = dict(preset="tiny", overrides=dict(), vocab_multiple=8, max_seq_len=32,
+                 hf_path=config_dict.placeholder(str),
+                 lora=dict(rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down"),
+                           base_dtype=config_dict.placeholder(str)))
+  c.mesh = dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1, rules=())
+  # task.options.noise gives each role's demonstrator its own noise (sft.noise is then not read).
+  c.sft = dict(steps=600, batch_size=64, noise=0.5, typo_rate=0.0,
+               optimizer=dict(learning_rate=3e-3, warmup_steps=20, end_lr_ratio=0.1, weight_decay=0.0,
+                              b1=0.9, b2=0.99, max_grad_norm=1.0),
+               cache_dir=config_dict.placeholder(str))
+  c.rl = dict(steps=40, prompts_per_step=16, samples_per_prompt=8, max_new_tokens=8, temperature=1.0,
+              top_p=1.0, top_k=0, stop=(), minibatches=1, epochs=1,
+              optimizer=dict(learning_rate=5e-4, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
+                             b1=0.9, b2=0.99, max_grad_norm=1.0))
+  c.loss = dict(kind="auto", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,
+                seq_eps_high=4e-4, dual_clip=config_dict.placeholder(float), kl_coef=0.0,
+                track_kl=False, kl_kind="k3",
+                entropy_coef=0.0, agg_mode="token_mean", micro_batches=1)
+  # c3: c3_mode, alpha, baseline, standardize; magrpo: std, eps.
+  c.advantage = dict(estimator="c3", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
+                     episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0,
+                     c3_mode="value_assisted", alpha=1.0, baseline="loo", standardize=True)
+  # C3's Q-critic (c3_mode value_assisted / value_only): a separate model from the warm start, bce on success.
+  c.critic = dict(mode="separate", init="policy", preset="tiny", overrides=dict(),
+                  hf_path=config_dict.placeholder(str), loss="bce", clip_eps=0.2, huber_delta=1.0, coef=0.5,
+                  init_bias=0.4, warmup_steps=0, mesh=dict(), publish=False,
+                  optimizer=dict(learning_rate=1e-3, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
+                                 b1=0.9, b2=0.99, max_grad_norm=1.0))
+  c.multiagent = dict(roles=(), prompts=dict(), template="{system}:{view}{history}>", separator="|",
+                      fanout=(2, 4), replay=True)
+  c.eval = dict(every=10, batch_size=256)
+  c.checkpoint = dict(every=20, max_to_keep=2)
+  c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,
+                   decode_steps_per_sync=8, max_staleness=1, num_samplers=1, queue="memory", queue_capacity=0,
+                   sampler_slots=0, param_versions_to_keep=3, sampler_timeout_s=60.0)
+
+  variants = [v for v in (arg or "default").split(",") if v]
+  unknown = [v for v in variants if v not in _VARIANTS]
+  if unknown:
+    raise ValueError(f"configs/multiagent.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)} "
+                     "(combine with commas, e.g. 'sort_reverse,magrpo').")
+  for variant in variants:
+    if variant in _TASKS:
+      c.task.name = variant
+      c.task.options = _TASKS[variant]
+    if variant in ARMS:
+      for key, value in ARMS[variant].items():
+        section, name = key.split(".")
+        c[section][name] = value
+  if "tiny" in variants:  # A smoke-sized run: compiles and runs in well under a minute.
+    c.model.preset = "micro"
+    c.task.num_eval = 16
+    c.sft.steps = 4
+    c.sft.batch_size = 8
+    c.rl.steps = 3
+    c.rl.prompts_per_step = 4
+    c.eval.every = 2
+    c.eval.batch_size = 16
+    c.checkpoint.every = 2
+  return c
+
+
+def get_sweep(arg: str | None = None) -> list[dict]:
+  """The four arms × seeds 0, 1, 2 on the variant's task, at K = 8 terminal evaluations per prompt."""
+  seeds = [0] if "tiny" in (arg or "").split(",") else [0, 1, 2]
+  return sweep.product([dict(ARMS[a]) for a in _ARMS], sweep.axis("seed", seeds))

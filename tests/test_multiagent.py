@@ -1,0 +1,335 @@
+"""Role pipelines (docs/multiagent.md): collaborations, fanout trees on the sampler, tree credit (c3, magrpo),
+C3's Q-critic and short runs."""
+
+import functools
+import json
+import math
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from rlax_post import advantages
+from rlax_post import config
+from rlax_post import envs
+from rlax_post import models
+from rlax_post import runtime
+
+sys.path.insert(0, ".")
+from configs import multiagent  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _cfg(variants="tiny", **overrides):
+  c = multiagent.get_config(variants)
+  for key, value in overrides.items():
+    section, name = key.split("__")
+    c[section][name] = value
+  return config.load(c)
+
+
+def _problem(collab, *inputs):
+  return envs.Example(prompt=" ".join(inputs), answer="", key=" ".join(inputs), task=collab.name, inputs=inputs)
+
+
+# --- Collaborations --------------------------------------------------------------------------------------
+
+
+def test_relay_codes_gold_messages_and_mistakes():
+  relay = envs.Relay()
+  assert [envs.relay_op(c) for c in "abcdefgh"] == ["rev", "sort", "rot", "inc"] * 2
+  p = _problem(relay, "b", "4821")
+  assert relay.view(p, 0) == "b" and relay.view(p, 1) == "4821"
+  assert relay.gold(p, 0, []) == "sort" and relay.mistake(p, 0, []) == "rot"
+  assert relay.gold(p, 1, ["sort"]) == "1248"
+  assert relay.gold(p, 1, ["rot"]) == "8214"  # the worker executes what it is told
+  assert relay.gold(p, 1, ["inc"]) == "5932"
+  assert relay.gold(p, 1, ["xyz"]) == "4821" == relay.mistake(p, 1, ["sort"])
+  problems = relay.problems
+  for i in range(50):
+    ex = problems.make_example(np.random.default_rng(i))
+    code, x = ex.inputs
+    assert ex.answer == envs.RELAY_OPS[envs.relay_op(code)](x)
+    assert len({x, *(op(x) for op in envs.RELAY_OPS.values())}) == 5  # the output names the operation
+
+
+def test_sort_reverse_mistakes_cancel():
+  sr = envs.SortReverse()
+  p = _problem(sr, "3142")
+  assert sr.gold(p, 0, []) == "1234" and sr.mistake(p, 0, []) == "4321"
+  assert sr.gold(p, 1, ["1234"]) == "4321" and sr.mistake(p, 1, ["1234"]) == "1234"
+  answer = "4321"
+  assert sr.gold(p, 1, [sr.gold(p, 0, [])]) == answer  # both right
+  assert sr.mistake(p, 1, [sr.mistake(p, 0, [])]) == answer  # both wrong: the mistakes cancel
+  assert sr.gold(p, 1, [sr.mistake(p, 0, [])]) != answer
+
+
+def test_pipeline_renders_prompts_from_the_config_in_text_and_ids():
+  cfg = _cfg("default", multiagent__roles=("a", "b"), multiagent__prompts={"b": "BB"},
+             multiagent__template="<{system}>{view}{history}=")
+  pipe = envs.make_pipeline(cfg)
+  tok = models.ByteTokenizer()
+  p = _problem(pipe.collab, "c", "48213")
+  assert pipe.roles == ("a", "b") and pipe.prompts == ("R", "BB")
+  assert pipe.render(p, 0, []) == "<R>c="
+  assert pipe.render(p, 1, ["inc"]) == "<BB>48213|inc="
+  # Ids: the earlier messages as sampled (here arbitrary bytes that are no valid UTF-8), not re-encoded.
+  ids = pipe.render_ids(tok, p, 1, [(255, 254)])
+  assert ids == tok.encode("<BB>48213|", add_bos=True) + [255, 254] + tok.encode("=", add_bos=False)
+  assert pipe.max_prompt_len() == len("<BB>xxxxxx|xxxx=")
+  assert pipe.max_prompt_len(8) == len("<BB>xxxxxx|xxxxxxxx=")
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(multiagent__roles=("a",)), "must name the 2 roles"),
+    (dict(multiagent__roles=("a", "a")), "must name the 2 roles"),
+    (dict(multiagent__prompts={"boss": "X"}), "names roles \\['boss'\\]"),
+    (dict(multiagent__template="{system}{view}"), "exactly once"),
+    (dict(multiagent__template="{system}{oops}{history}"), "must use only"),
+    (dict(task__options=dict(noise=(0.5,))), "one probability per role"),
+    (dict(task__options=dict(colour=1)), "Unknown option"),
+])
+def test_bad_pipeline_settings_are_clear_errors(overrides, match):
+  with pytest.raises(ValueError, match=match):
+    envs.make_pipeline(_cfg("default", **overrides))
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(multiagent__fanout=(2, 3)), "makes 6 leaves"),
+    (dict(multiagent__fanout=(2, 0, 4)), "positive ints"),
+    (dict(advantage__estimator="grpo"), "is a role pipeline"),
+    (dict(critic__loss="mse"), "critic.loss = 'bce'"),
+])
+def test_bad_multiagent_config_is_a_clear_error(overrides, match):
+  with pytest.raises(ValueError, match=match):
+    _cfg("default", **overrides)
+
+
+def test_tree_estimators_need_a_role_pipeline():
+  from configs import demo  # pylint: disable=g-import-not-at-top
+  c = demo.get_config("tiny")
+  c.advantage.estimator = "c3"
+  with pytest.raises(ValueError, match="task.name must be one of"):
+    config.load(c)
+
+
+def test_config_and_envs_agree_on_the_collaborations():
+  assert sorted(config.COLLABORATION_TASKS) == sorted(envs.COLLABORATIONS)
+
+
+def test_group_rows_counts_tree_nodes():
+  assert config.group_rows(_cfg("default")) == 2 + 8
+  assert config.group_rows(_cfg("magrpo")) == 8 + 8
+  assert config.group_rows(_cfg("default", multiagent__fanout=())) == 16  # flat over the two roles
+
+
+def test_role_demonstrations_follow_each_roles_noise():
+  pipe = envs.make_pipeline(_cfg("default", task__options=dict(noise=(1.0, 0.0))))
+  demos = envs.RoleDemos(pipe)
+  for i in range(40):
+    ex = demos.make_example(np.random.default_rng(i))
+    demo = demos.demonstration(ex, np.random.default_rng(i), noise=0.5)
+    n = int(ex.inputs[0])
+    problem = _problem(pipe.collab, *ex.inputs[1:1 + n])
+    role, upstream = int(ex.inputs[1 + n]), list(ex.inputs[2 + n:])
+    assert ex.prompt == pipe.render(problem, role, upstream)
+    if role == 0:  # noise 1: always the router's mistake
+      assert demo == pipe.collab.mistake(problem, 0, []) != ex.answer
+    else:  # the router's demonstrated (wrong) message, then the worker's right execution of it
+      assert upstream == [pipe.collab.mistake(problem, 0, [])]
+      assert demo == ex.answer == pipe.collab.gold(problem, 1, upstream)
+
+
+# --- Fanout trees on the sampler --------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def _parts(replay: bool = True):
+  cfg = _cfg("tiny", rl__samples_per_prompt=6, multiagent__fanout=(2, 3), multiagent__replay=replay)
+  parts = runtime.build_parts(cfg)
+  params = models.init_params(parts.model_cfg, jax.random.key(0))[1]
+  return parts, params
+
+
+def _trees(tickets, *, replay=True, slots=None):
+  parts, params = _parts(replay)
+  engine = parts.engine(slots=slots or 16, temperature=1.0)
+  producer = parts.task.producer(engine, params, 0)
+  out = envs.run_tickets(producer, tickets, slots=slots or 16, group_size=6)
+  producer.close()
+  return out
+
+
+def test_a_tree_has_one_row_per_node_with_ids_rewards_and_budget():
+  (rows,) = _trees([3]).values()
+  assert len(rows) == 2 + 6
+  assert [int(r["node_id"]) for r in rows] == list(range(1, 9))
+  assert [int(r["node_depth"]) for r in rows] == [1, 1] + [2] * 6
+  assert [int(r["node_parent"]) for r in rows] == [0, 0, 1, 1, 1, 2, 2, 2]
+  # Siblings share their prompt (one prefill, counted on the first); a child's prompt holds its parent's message.
+  assert np.array_equal(rows[0]["prompt"], rows[1]["prompt"])
+  for k, child in enumerate(rows[2:]):
+    parent = rows[k // 3]
+    message = list(parent["tokens"][:-1] if parent["finished"] else parent["tokens"])
+    assert list(child["prompt"][-len(message) - 1:-1]) == message
+    assert np.array_equal(child["prompt"], rows[2 + 3 * (k // 3)]["prompt"])
+  assert [r["prefill_tokens"] > 0 for r in rows] == [True, False, True, False, False, True, False, False]
+  assert sum(r["terminal_evals"] for r in rows) == 6
+  assert all(r["decode_tokens"] == r["mask"].sum() == len(r["tokens"]) for r in rows)
+  # A node's reward is the mean of its subtree's leaves.
+  leaves = np.asarray([float(r["reward"]) for r in rows[2:]])
+  assert [float(r["reward"]) for r in rows[:2]] == pytest.approx([leaves[:3].mean(), leaves[3:].mean()])
+
+
+def test_trees_do_not_depend_on_the_schedule():
+  alone = _trees([5], slots=8)[5]
+  crowd = _trees([2, 5, 7], slots=16)[5]
+  for a, b in zip(alone, crowd):
+    assert np.array_equal(a["tokens"], b["tokens"]) and np.array_equal(a["prompt"], b["prompt"])
+    np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=1e-5)
+
+
+def test_without_replay_the_first_subtree_is_reused_and_not_trained():
+  rows = _trees([3], replay=False)[3]
+  fresh = _trees([3])[3]
+  assert [np.array_equal(a["tokens"], b["tokens"]) for a, b in zip(rows[:5], fresh[:5])] == [True] * 5
+  for k in range(3):  # the second router message's children: the first's children's tokens, untrained
+    copy, src = rows[5 + k], rows[2 + k]
+    assert np.array_equal(copy["tokens"], src["tokens"]) and copy["mask"].sum() == 0
+    assert copy["decode_tokens"] == 0 and copy["prefill_tokens"] == 0
+    assert np.all(copy["versions"] == -1) and np.all(copy["logprobs"] == 0)
+  # Rendered after the second router message, whose leaves score the reused worker messages.
+  message = list(rows[1]["tokens"][:-1] if rows[1]["finished"] else rows[1]["tokens"])
+  assert list(rows[5]["prompt"][-len(message) - 1:-1]) == message
+  assert float(rows[1]["reward"]) == pytest.approx(np.mean([float(r["reward"]) for r in rows[5:8]]))
+
+
+def test_the_eval_split_is_one_greedy_chain_per_held_out_problem():
+  parts, params = _parts()
+  engine = parts.engine(slots=8, temperature=1.0)
+  producer = parts.task.producer(engine, params, 0, split="eval")
+  out = envs.run_tickets(producer, [0, 1], slots=8, group_size=1)
+  assert [len(out[t]) for t in (0, 1)] == [2, 2]
+  assert [int(r["node_parent"]) for r in out[0]] == [0, 1]
+  assert out[0][0]["reward"] == out[0][1]["reward"]
+
+
+# --- Tree credit --------------------------------------------------------------------------------------------
+
+
+def _tree_batch(leaf_rewards, fanout=(2, 2)):
+  """A batch of one tree per row of `leaf_rewards` (level order, one token per node)."""
+  groups = []
+  for g, leaves in enumerate(leaf_rewards):
+    node_rewards = [np.asarray(r).reshape(-1) for r in advantages.c3_node_rewards(np.asarray([leaves]), fanout)]
+    rows, offset = [], 1
+    for d, f in enumerate(fanout):
+      n = math.prod(fanout[:d + 1])
+      for k in range(n):
+        parent = 0 if d == 0 else offset - math.prod(fanout[:d]) + k // f
+        rows.append({"prompt": np.asarray([256, 97], np.int32), "tokens": np.asarray([98], np.int32),
+                     "mask": np.ones(1, np.int32), "logprobs": np.zeros(1, np.float32),
+                     "versions": np.zeros(1, np.int32), "reward": np.float32(node_rewards[d][k]), "finished": True,
+                     "ticket": np.int64(g), "node_id": offset + k, "node_parent": parent, "node_depth": d + 1})
+      offset += n
+    groups.append(rows)
+  return runtime.rows_to_batch(groups, seq_len=4, pad_id=0)
+
+
+def _credit(estimator="c3", **section):
+  adv = config.AdvantageSection(estimator=estimator, **section)
+  return runtime.Credit(adv, num_groups=2, batch=12, max_new_tokens=2)
+
+
+def test_c3_reward_only_on_the_spec_example():
+  batch = _tree_batch([[1, 0, 1, 1]])
+  adv_bt, _, metrics = _credit(c3_mode="reward_only", standardize=False).assign(None, batch)
+  # spec §5: depth-1 rewards [0.5, 1.0] -> [-0.5, 0.5]; depth 2: [1, 0] -> [1, -1], [1, 1] -> [0, 0].
+  np.testing.assert_allclose(adv_bt.sum(axis=1), [-0.5, 0.5, 1, -1, 0, 0], atol=1e-6)
+  assert metrics["role1_adv_var"] == pytest.approx(0.25)
+  assert metrics["role2_adv_var"] == pytest.approx(0.5)
+  # influence: within-sibling variance of node rewards over the leaves' variance (3/16).
+  assert metrics["role1_influence"] == pytest.approx((0.25 ** 2) / (3 / 16))
+  assert metrics["role2_influence"] == pytest.approx((0.25 + 0) / 2 / (3 / 16))
+  # Standardised: each sibling group of two becomes ±1 (equal ones stay 0); two trees are independent.
+  adv2, _, _ = _credit(c3_mode="reward_only").assign(None, _tree_batch([[1, 0, 1, 1], [0, 0, 0, 1]]))
+  np.testing.assert_allclose(adv2.sum(axis=1), [-1, 1, 1, -1, 0, 0, -1, 1, 0, 0, -1, 1], atol=1e-3)
+
+
+def test_c3_matches_the_library_on_random_trees():
+  rng = np.random.default_rng(0)
+  leaves = rng.integers(0, 2, (2, 4)).astype(np.float32)
+  q = rng.random(12).astype(np.float32)
+  batch = _tree_batch(leaves)
+  credit = _credit(c3_mode="value_assisted", alpha=0.5, baseline="full_mean", standardize=True)
+  adv_bt, _ = credit.tree(batch, q)
+  depth1 = np.concatenate([q[0:2], q[6:8]]).reshape(2, 2)
+  depth2 = np.concatenate([q[2:6], q[8:12]]).reshape(2, 4)
+  want = advantages.c3_advantages(leaves, (2, 2), q_values=(depth1, depth2), alpha=0.5, baseline="mean",
+                                  normalize=True)
+  got = adv_bt.sum(axis=1)
+  np.testing.assert_allclose(np.concatenate([got[0:2], got[6:8]]), np.asarray(want[0]).reshape(-1), atol=1e-5)
+  np.testing.assert_allclose(np.concatenate([got[2:6], got[8:12]]), np.asarray(want[1]).reshape(-1), atol=1e-5)
+  # value_only: q against its siblings' q.
+  adv_v, _ = _credit(c3_mode="value_only", standardize=False).tree(batch, q)
+  np.testing.assert_allclose(adv_v.sum(axis=1)[:2], [q[0] - q[1], q[1] - q[0]], atol=1e-6)
+
+
+def test_magrpo_normalises_each_roles_outcomes_over_the_prompt():
+  # Flat fanout (4, 1): trajectory k's reward, GRPO over the prompt's 4, on both of its messages.
+  batch = _tree_batch([[1, 0, 0, 1]], fanout=(4, 1))
+  adv_bt, _, _ = _credit("magrpo").assign(None, batch)
+  z = (np.asarray([1, 0, 0, 1]) - 0.5) / (np.std([1, 0, 0, 1], ddof=1) + 1e-6)
+  np.testing.assert_allclose(adv_bt.sum(axis=1), np.concatenate([z, z]), atol=1e-5)
+
+
+def test_tree_estimators_refuse_a_batch_without_nodes():
+  batch = runtime.rows_to_batch([[{"prompt": np.asarray([256], np.int32), "tokens": np.asarray([98], np.int32),
+                                   "mask": np.ones(1, np.int32), "logprobs": np.zeros(1, np.float32),
+                                   "versions": np.zeros(1, np.int32), "reward": 1.0, "finished": True}]],
+                                seq_len=4, pad_id=0)
+  with pytest.raises(ValueError, match="needs tree-node rows"):
+    _credit().assign(None, batch)
+
+
+# --- C3's Q-critic and runs --------------------------------------------------------------------------------
+
+
+def test_the_q_critic_scores_each_nodes_whole_message_and_targets_its_reward():
+  cfg = _cfg("tiny", rl__samples_per_prompt=6, multiagent__fanout=(2, 3))
+  parts = runtime.build_parts(cfg)
+  update = runtime.RLUpdate(parts)
+  params = models.init_params(parts.model_cfg, jax.random.key(0))[1]
+  state = update.init(params, 0)
+  groups = list(_trees([0, 1]).values())
+  batch = update.batch(groups)
+  adv_bt, fields, metrics = update.credit.assign(state, batch)
+  last = batch.prompt_lens + batch.lengths - 1
+  assert np.array_equal(np.argmax(fields["value_mask"], axis=1), last) and fields["value_mask"].sum() == 16
+  np.testing.assert_allclose(fields["returns"][np.arange(16), last], np.clip(batch.rewards, 0, 1))
+  # A fresh critic predicts the prior (critic.init_bias) for every node.
+  assert metrics["value_mean"] == pytest.approx(0.4, abs=1e-5)
+  # The step trains the critic after the credit read it: credit for batch t uses the critic up to t - 1.
+  before = jax.tree.map(lambda x: x.copy(), state)  # the update donates `state`
+  new_state, _ = update(state, params, batch, 0)
+  new_state, _ = update(new_state, params, batch, 1)  # (the critic's learning rate warms up from 0)
+  again, _, _ = update.credit.assign(before, batch)
+  np.testing.assert_array_equal(again, adv_bt)
+  _, _, later = update.credit.assign(new_state, batch)
+  assert later["value_mean"] != metrics["value_mean"]
+
+
+@pytest.mark.parametrize("variant, mode", [("c3_value", "sync"), ("magrpo", "async")])
+def test_short_runs_train_both_roles_and_log_the_budget(tmp_path, variant, mode):
+  c = multiagent.get_config(f"tiny,{variant}")
+  c.runtime.mode = mode
+  c.runtime.progress = c.runtime.tensorboard = c.runtime.plot = False
+  runtime.train(config.load(c), str(tmp_path))
+  rl = [json.loads(l) for l in open(os.path.join(tmp_path, "metrics.jsonl")) if '"rl"' in l]
+  assert len(rl) == 3
+  for m in rl:
+    assert m["terminal_evals"] == 4 * 8  # P = 4 prompts × K = 8 leaves
+    assert m["decode_tokens"] == m["num_tokens"] > 0
+    assert 0 <= m["reward/router_correct"] <= 1 and 0 <= m["reward/worker_correct"] <= 1
+    assert "role1_adv_var" in m and "role2_influence" in m
