@@ -19,6 +19,7 @@ from rlax_post import runtime
 
 sys.path.insert(0, ".")
 from configs import multiagent  # pylint: disable=g-import-not-at-top,wrong-import-position
+from examples.multiagent import report  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _cfg(variants="tiny", **overrides):
@@ -333,3 +334,60 @@ def test_short_runs_train_both_roles_and_log_the_budget(tmp_path, variant, mode)
     assert m["decode_tokens"] == m["num_tokens"] > 0
     assert 0 <= m["reward/router_correct"] <= 1 and 0 <= m["reward/worker_correct"] <= 1
     assert "role1_adv_var" in m and "role2_influence" in m
+  # The comparison's report reads the run back (examples/multiagent/report.py).
+  figures = report.unit_figures(str(tmp_path), extra=0)
+  assert figures["arm"] == variant and figures["terminal_evals_per_prompt"] == 8
+  assert figures["decode_tokens_per_prompt"] == pytest.approx(np.mean([m["decode_tokens"] for m in rl]) / 4)
+  assert figures["role1_correct_end"] == pytest.approx(np.mean([m["reward/router_correct"] for m in rl]))
+
+
+# --- Diagnostics -------------------------------------------------------------------------------------------
+
+
+def test_spearman_by_hand_with_ties():
+  assert runtime.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+  assert runtime.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+  # ranks x: [0, 1.5, 1.5, 3]; y: [0, 1, 2, 3] -> corr = 4.5 / sqrt(4.5 * 5)
+  assert runtime.spearman([0, 1, 1, 2], [0, 1, 2, 3]) == pytest.approx(4.5 / np.sqrt(4.5 * 5))
+  assert np.isnan(runtime.spearman([1, 1, 1], [1, 2, 3]))
+
+
+def test_restrict_tree_keeps_the_first_children_and_recomputes_rewards():
+  leaves = [1, 0, 0, 1, 1, 1]  # fanout (2, 3): node 1's leaves 1, 0, 0; node 2's 1, 1, 1
+  wide = _tree_batch_rows(leaves, (2, 3))
+  small = envs.restrict_tree(wide, (2, 3), (2, 2))
+  assert [int(r["node_id"]) for r in small] == [1, 2, 3, 4, 5, 6]
+  assert [int(r["node_parent"]) for r in small] == [0, 0, 1, 1, 2, 2]
+  assert [float(r["reward"]) for r in small] == [0.5, 1.0, 1, 0, 1, 1]  # means of the kept leaves only
+  assert [r["tokens"][0] for r in small] == [wide[i]["tokens"][0] for i in (0, 1, 2, 3, 5, 6)]
+  with pytest.raises(ValueError, match="one entry in"):
+    envs.restrict_tree(wide, (2, 3), (2, 4))
+
+
+def _tree_batch_rows(leaves, fanout):
+  rows, offset, n_prev = [], 1, 1
+  flat_leaves = np.asarray(leaves, np.float32)
+  for d, f in enumerate(fanout):
+    n = n_prev * f
+    block = len(leaves) // n
+    for k in range(n):
+      rows.append({"prompt": np.asarray([256], np.int32), "tokens": np.asarray([offset + k], np.int32),
+                   "mask": np.ones(1, np.int32), "logprobs": np.zeros(1, np.float32),
+                   "versions": np.zeros(1, np.int32), "reward": np.float32(flat_leaves[k * block:(k + 1) * block].mean()),
+                   "finished": True, "ticket": np.int64(0), "node_id": offset + k,
+                   "node_parent": 0 if d == 0 else offset - n_prev + k // f, "node_depth": d + 1})
+    offset, n_prev = offset + n, n
+  return rows
+
+
+def test_credit_fidelity_of_a_short_run(tmp_path):
+  c = multiagent.get_config("tiny,c3")
+  c.runtime.progress = c.runtime.tensorboard = c.runtime.plot = False
+  c.rl.steps = 1
+  runtime.train(config.load(c), str(tmp_path))
+  report = runtime.credit_fidelity(str(tmp_path), extra=4)
+  assert report["candidates"] == 4 * 2 and report["step"] == 1  # P = 4 problems × f_1 = 2 messages
+  assert 0 <= report["value_first_role"] <= 1
+  assert np.isnan(report["credit_fidelity"]) or -1 <= report["credit_fidelity"] <= 1
+  with pytest.raises(ValueError, match="extra >= the second fanout"):
+    runtime.credit_fidelity(str(tmp_path), extra=2)

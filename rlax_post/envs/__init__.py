@@ -31,6 +31,7 @@ from rlax_post.envs._roles import Pipeline
 from rlax_post.envs._roles import Relay
 from rlax_post.envs._roles import RELAY_OPS
 from rlax_post.envs._roles import relay_op
+from rlax_post.envs._roles import restrict_tree
 from rlax_post.envs._roles import RoleDemos
 from rlax_post.envs._roles import RoleTask
 from rlax_post.envs._roles import SortReverse
@@ -58,6 +59,7 @@ __all__ = [
     'Relay',
     'RELAY_OPS',
     'relay_op',
+    'restrict_tree',
     'RoleDemos',
     'RoleTask',
     'SortReverse',

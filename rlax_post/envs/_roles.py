@@ -372,11 +372,16 @@ class _Tree:
 class TreeProducer:
   """Fanout trees of a role pipeline, one per ticket (an `envs.Producer`; module docstring)."""
 
-  def __init__(self, task: "RoleTask", engine: sampler.RlaxEngine, params, version: int, split: str):
+  def __init__(self, task: "RoleTask", engine: sampler.RlaxEngine, params, version: int, split: str, *,
+               fanout: tuple[int, ...] | None = None):
+    """`fanout`: the trees' (default: the run's for "train", one chain for "eval"), e.g. wider trees on the
+    held-out problems for `runtime.credit_fidelity`."""
     _rl.check_split(split)
     cfg = task.cfg
     self.task, self.split = task, split
-    self.fanout = task.fanout if split == "train" else (1,) * len(task.pipeline.roles)
+    self.fanout = fanout or (task.fanout if split == "train" else (1,) * len(task.pipeline.roles))
+    if len(self.fanout) != len(task.pipeline.roles):
+      raise ValueError(f"fanout {list(self.fanout)} must have one entry per role {list(task.pipeline.roles)}.")
     self.replay = cfg.multiagent.replay or split != "train"
     self.leaves = math.prod(self.fanout)
     # Level offsets: node_id = 1 + (nodes of shallower depths) + its depth-first index.
@@ -502,6 +507,43 @@ class TreeProducer:
           f"{_rl.REWARD_PREFIX}{pipe.roles[role]}_correct": float(n.messages[-1] == gold),
       })
     return rows
+
+
+def _radix(flat: int, fanout: Sequence[int]) -> list[int]:
+  """The child indices (i_1, …, i_d) of the depth-d node with depth-first index `flat` under `fanout[:d]`."""
+  out = []
+  for f in reversed(fanout):
+    flat, i = divmod(flat, f)
+    out.append(i)
+  return out[::-1]
+
+
+def restrict_tree(rows: list[dict], fanout: Sequence[int], keep: Sequence[int]) -> list[dict]:
+  """The rows of the sub-tree that keeps the first `keep[d]` children of every node (`keep[d] <= fanout[d]`),
+  with node ids, parents and rewards (means of the kept leaves) recomputed: the tree an estimator with fanout
+  `keep` would have seen, out of a wider one."""
+  depth = len(fanout)
+  if len(keep) != depth or any(k < 1 or k > f for k, f in zip(keep, fanout)):
+    raise ValueError(f"keep {list(keep)} must have one entry in [1, f] per depth of fanout {list(fanout)}.")
+  off = [1 + sum(math.prod(keep[:k + 1]) for k in range(d)) for d in range(depth + 1)]
+  kept = {}
+  for row in rows:
+    d = int(row["node_depth"])
+    index = _radix(int(row["node_id"]) - 1 - sum(math.prod(fanout[:k + 1]) for k in range(d - 1)), fanout[:d])
+    if all(i < k for i, k in zip(index, keep)):
+      flat = 0
+      for i, k in zip(index, keep):
+        flat = flat * k + i
+      kept[(d, flat)] = row
+  leaves = np.asarray([float(kept[(depth, j)]["reward"]) for j in range(math.prod(keep))], np.float32)
+  out = []
+  for (d, flat), row in sorted(kept.items()):
+    block = math.prod(keep[d:])
+    parent = 0 if d == 1 else off[d - 2] + flat // keep[d - 1]
+    out.append({**row, "node_id": np.int32(off[d - 1] + flat), "node_parent": np.int32(parent),
+                "reward": np.float32(np.mean(leaves[flat * block:(flat + 1) * block])),
+                "terminal_evals": float(d == depth)})
+  return out
 
 
 def _message_ids(c, tokenizer) -> tuple[int, ...]:

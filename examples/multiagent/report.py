@@ -1,0 +1,136 @@
+"""The multi-agent comparison's table and plot (docs/multiagent.md) from `rlax-post sweep` roots.
+
+  python examples/multiagent/report.py --sweep relay=runs/ma_relay --sweep sort_reverse=runs/ma_sortrev \
+      --json runs/ma_report.json --plot docs/images/multiagent.png
+
+For every work unit (a run of `configs/multiagent.py`): the arm (from its config), the greedy held-out
+success at the warm start and at the end, each role's sampled correctness over the first and the last five
+RL steps, the decode tokens and terminal evaluations per prompt, and the credit fidelity of its final
+checkpoint (`runtime.credit_fidelity`, `--extra` continuations per first-role message). Prints a table of
+mean ± std over seeds per (task, arm) and writes the per-unit figures as JSON.
+"""
+
+import argparse
+import json
+import os
+
+import numpy as np
+
+from rlax_post import runtime
+
+ARMS = ("magrpo", "c3", "c3_value", "c3_noreplay")
+
+
+def arm_of(cfg: dict) -> str:
+  adv, ma = cfg["advantage"], cfg["multiagent"]
+  if adv["estimator"] == "magrpo":
+    return "magrpo"
+  if not ma["replay"]:
+    return "c3_noreplay"
+  return {"reward_only": "c3", "value_assisted": "c3_value", "value_only": "c3_value_only"}[adv["c3_mode"]]
+
+
+def unit_figures(workdir: str, extra: int) -> dict:
+  cfg = json.load(open(os.path.join(workdir, "config.json")))
+  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  evals = [(r["step"], r["eval_reward"]) for r in rows if r.get("phase") == "eval"]
+  rl = [r for r in rows if r.get("phase") == "rl"]
+  roles = sorted(k for k in rl[0] if k.startswith("reward/") and k.endswith("_correct"))
+  prompts = cfg["rl"]["prompts_per_step"]
+  out = {"workdir": workdir, "arm": arm_of(cfg), "seed": cfg["seed"], "task": cfg["task"]["name"],
+         "success_start": evals[0][1], "success_end": evals[-1][1], "eval_steps": [s for s, _ in evals],
+         "eval_success": [v for _, v in evals],
+         "decode_tokens_per_prompt": float(np.mean([r["decode_tokens"] for r in rl])) / prompts,
+         "terminal_evals_per_prompt": float(np.mean([r["terminal_evals"] for r in rl])) / prompts,
+         "cumulative_decode_tokens": list(np.cumsum([r["decode_tokens"] for r in rl]).astype(float))}
+  for k, role in enumerate(roles, 1):
+    out[f"role{k}_correct_start"] = float(np.mean([r[role] for r in rl[:5]]))
+    out[f"role{k}_correct_end"] = float(np.mean([r[role] for r in rl[-5:]]))
+  if extra:
+    fid = runtime.credit_fidelity(workdir, extra=extra)
+    out["credit_fidelity"] = fid["credit_fidelity"]
+  return out
+
+
+def _ms(values) -> str:
+  values = [v for v in values if v == v]  # NaN: undefined for that unit
+  if not values:
+    return "n/a"
+  return f"{np.mean(values):.3f} ± {np.std(values, ddof=1) if len(values) > 1 else 0:.3f}"
+
+
+def table(units: list[dict]) -> str:
+  lines = ["| task | arm | seeds | success start → end | gain | role 1 correct start → end | "
+           "role 2 correct end | credit fidelity | decode tokens / prompt |", "|---" * 9 + "|"]
+  for task in sorted({u["task"] for u in units}):
+    for arm in ARMS:
+      us = [u for u in units if u["task"] == task and u["arm"] == arm]
+      if not us:
+        continue
+      gain = [u["success_end"] - u["success_start"] for u in us]
+      lines.append(
+          f"| {task} | {arm} | {len(us)} | {np.mean([u['success_start'] for u in us]):.3f} → "
+          f"{_ms([u['success_end'] for u in us])} | {_ms(gain)} | "
+          f"{np.mean([u['role1_correct_start'] for u in us]):.3f} → {_ms([u['role1_correct_end'] for u in us])} | "
+          f"{_ms([u['role2_correct_end'] for u in us])} | {_ms([u.get('credit_fidelity', np.nan) for u in us])} | "
+          f"{np.mean([u['decode_tokens_per_prompt'] for u in us]):.1f} |")
+  return "\n".join(lines)
+
+
+def plot(units: list[dict], path: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top  # heavy, optional: only for the figure
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  tasks = sorted({u["task"] for u in units})
+  fig, axes = plt.subplots(len(tasks), 2, figsize=(11, 3.6 * len(tasks)), squeeze=False)
+  colours = dict(zip(ARMS, ("tab:grey", "tab:blue", "tab:green", "tab:orange")))
+  for row, task in zip(axes, tasks):
+    for arm in ARMS:
+      us = [u for u in units if u["task"] == task and u["arm"] == arm]
+      for i, u in enumerate(us):
+        x = [u["cumulative_decode_tokens"][s - 1] if s else 0.0 for s in u["eval_steps"]]
+        row[0].plot(np.asarray(x) / 1e3, u["eval_success"], color=colours[arm], alpha=0.8,
+                    label=arm if i == 0 else None)
+      if us:
+        fid = [u["credit_fidelity"] for u in us if u.get("credit_fidelity", np.nan) == u.get("credit_fidelity")]
+        row[1].scatter([ARMS.index(arm)] * len(us), [u["success_end"] - u["success_start"] for u in us],
+                       color=colours[arm], label=f"{arm} (fidelity {np.mean(fid):.2f})" if fid else arm)
+    row[0].set(title=f"{task}: greedy held-out success", xlabel="cumulative decode tokens (thousands)",
+               ylabel="success")
+    row[0].legend(fontsize=8)
+    row[1].set(title=f"{task}: gain over the warm start per seed", xticks=range(len(ARMS)), xticklabels=ARMS,
+               ylabel="success gain")
+    row[1].axhline(0, color="black", lw=0.5)
+    row[1].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--sweep", action="append", required=True, help="LABEL=ROOT of an `rlax-post sweep`.")
+  parser.add_argument("--extra", type=int, default=32, help="fidelity continuations (0: skip fidelity).")
+  parser.add_argument("--json", help="write the per-unit figures here.")
+  parser.add_argument("--plot", help="write the figure here.")
+  args = parser.parse_args()
+  units = []
+  for spec in args.sweep:
+    if "=" not in spec:
+      raise SystemExit(f"--sweep takes LABEL=ROOT; got {spec!r}.")
+    root = spec.split("=", 1)[1]
+    if not os.path.isdir(root):
+      raise SystemExit(f"--sweep {spec!r}: {os.path.abspath(root)} is not a directory.")
+    for name in sorted(os.listdir(root)):
+      workdir = os.path.join(root, name)
+      if os.path.exists(os.path.join(workdir, "summary.json")):
+        units.append(unit_figures(workdir, args.extra))
+  print(table(units))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(units, f, indent=2)
+  if args.plot:
+    plot(units, args.plot)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,90 @@
+"""Credit fidelity of a role-pipeline run (docs/multiagent.md): how well its estimator's credit for the first
+role's messages ranks their true counterfactual value.
+
+On held-out problems, a tree is sampled with the run's fanout except that every first-role message j gets
+`extra` continuations (the rest of the fanout unchanged). The ground truth is Δ*_j = V*(j) − mean_k V*(k):
+the mean outcome of j's many continuations minus the parent's value, estimated by the mean over its
+siblings. The estimator sees the sub-tree its own fanout would have sampled (the first f_d children of every
+node, `envs.restrict_tree`) and assigns A_j as it does in training (with the run's Q-critic where it has
+one). Fidelity = Spearman(A_j, Δ*_j) pooled over the held-out problems (C3, arXiv 2603.06859).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+
+from rlax_post import config as config_lib
+from rlax_post import envs
+from rlax_post.runtime import _checkpoint
+from rlax_post.runtime import _learn
+from rlax_post.runtime import _parts
+from rlax_post.runtime import _samplers
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+  """Spearman's rank correlation (ties get their average rank); NaN when either side is constant."""
+  rx, ry = _ranks(np.asarray(x, np.float64)), _ranks(np.asarray(y, np.float64))
+  if rx.std() == 0 or ry.std() == 0:
+    return float("nan")
+  return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+  order = np.argsort(x, kind="stable")
+  ranks = np.empty(len(x), np.float64)
+  ranks[order] = np.arange(len(x), dtype=np.float64)
+  for value in np.unique(x):  # average rank over ties
+    tied = x == value
+    ranks[tied] = ranks[tied].mean()
+  return ranks
+
+
+def credit_fidelity(workdir: str, *, extra: int = 32, step: int | None = None) -> dict:
+  """Fidelity of run `workdir`'s credit at checkpoint `step` (None: the newest), on its first
+  `rl.prompts_per_step` held-out problems with `extra` continuations per first-role message (module
+  docstring). Returns `credit_fidelity`, `candidates` (how many A_j), the estimator's metrics on the held-out
+  trees (`role{d}_adv_var`, `role{d}_influence`) and the held-out `value_first_role` (mean V*)."""
+  parts = _parts.build_parts(_samplers.load_run_config(os.fspath(workdir)))
+  cfg = parts.cfg
+  if cfg.task.name not in config_lib.COLLABORATION_TASKS:
+    raise ValueError(f"credit_fidelity reads role-pipeline runs (task.name in {list(config_lib.COLLABORATION_TASKS)}); "
+                     f"{workdir} ran task {cfg.task.name!r}.")
+  update = _learn.RLUpdate(parts)
+  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep, tidy=False)
+  try:
+    step = ckpt.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"{workdir}/checkpoints holds no complete checkpoint.")
+    state, _, _ = ckpt.restore(step, **update.checkpoint_templates)
+  finally:
+    ckpt.close()
+  fanout = parts.task.fanout
+  if len(fanout) < 2 or extra < fanout[1]:
+    raise ValueError(f"credit_fidelity needs two roles or more and extra >= the second fanout {fanout[1:2]}; "
+                     f"got fanout {list(fanout)}, extra {extra}.")
+  wide = (fanout[0], extra) + tuple(fanout[2:])
+  per_tree = math.prod(wide)
+  devices = parts.mesh.size
+  slots = -(-per_tree // devices) * devices
+  engine = parts.engine(slots=slots, temperature=cfg.rl.temperature, top_p=cfg.rl.top_p, top_k=cfg.rl.top_k)
+  producer = envs.TreeProducer(parts.task, engine, update.policy(state), step, "eval",
+                               fanout=wide)
+  tickets = list(range(cfg.rl.prompts_per_step))
+  trees = envs.run_tickets(producer, tickets, slots=slots, group_size=per_tree)
+  producer.close()
+  batch = update.batch([envs.restrict_tree(trees[t], wide, fanout) for t in tickets])
+  adv_bt, _, metrics = update.credit.assign(state, batch)
+  adv_b = adv_bt.sum(axis=1) / np.maximum(batch.loss_mask.sum(axis=1), 1.0)
+  credit, truth, values = [], [], []
+  rows_per_tree = len(batch.rewards) // len(tickets)
+  for i, t in enumerate(tickets):
+    v = np.asarray([float(r["reward"]) for r in trees[t] if int(r["node_depth"]) == 1])  # V*(j), j-th message
+    credit += list(adv_b[i * rows_per_tree:i * rows_per_tree + fanout[0]])
+    truth += list(v - v.mean())
+    values += list(v)
+  return {"credit_fidelity": spearman(np.asarray(credit), np.asarray(truth)), "candidates": len(credit),
+          "value_first_role": float(np.mean(values)), "step": step,
+          **{k: v for k, v in metrics.items() if k.startswith("role")}}
