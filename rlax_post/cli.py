@@ -59,6 +59,7 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "learner, replay: this pr
 _GGUF = flags.DEFINE_string("gguf", None, "convert: a GGUF model file (llama.cpp).")
 _OUT = flags.DEFINE_string("out", None, "convert: the Hugging Face checkpoint directory to write.")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
+_BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
 
 _MULTIHOST = ("coordinator_address", "num_processes", "process_id")
 # Per command: its usage, one line on what it does, and the flags it reads (`--help` shows only those, not
@@ -87,9 +88,9 @@ _COMMANDS = {
     "convert": ("--gguf FILE --out DIR",
                 "Write a GGUF model (llama.cpp) as a Hugging Face checkpoint directory for model.hf_path.",
                 ("gguf", "out", "quiet")),
-    "fidelity": ("--workdir DIR [--extra 32] [--json PATH]",
+    "fidelity": ("--workdir DIR [--extra 32] [--batches 1] [--json PATH]",
                  "A role-pipeline run's credit fidelity: Spearman of its credit against sampled ground truth.",
-                 ("workdir", "extra", "json")),
+                 ("workdir", "extra", "batches", "json")),
 }
 COMMANDS = tuple(_COMMANDS)
 _HELP = ("--help", "-h", "-help", "--helpshort")
@@ -363,7 +364,7 @@ def _fidelity(argv):
                           "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
   if _EXTRA.value < 1:
     raise ValueError(f"--extra must be >= 1; got {_EXTRA.value}.")
-  report = runtime.credit_fidelity(workdir, extra=_EXTRA.value)
+  report = runtime.credit_fidelity(workdir, extra=_EXTRA.value, batches=_BATCHES.value)
   if _JSON.value:
     with open(_JSON.value, "w") as f:
       json.dump(report, f, indent=2)

@@ -385,9 +385,19 @@ def test_credit_fidelity_of_a_short_run(tmp_path):
   c.runtime.progress = c.runtime.tensorboard = c.runtime.plot = False
   c.rl.steps = 1
   runtime.train(config.load(c), str(tmp_path))
-  report = runtime.credit_fidelity(str(tmp_path), extra=4)
-  assert report["candidates"] == 4 * 2 and report["step"] == 1  # P = 4 problems × f_1 = 2 messages
+  report = runtime.credit_fidelity(str(tmp_path), extra=4, batches=2)
+  assert report["candidates"] == 2 * 4 * 2 and report["step"] == 1  # 2 batches × P = 4 problems × f_1 = 2
   assert 0 <= report["value_first_role"] <= 1
   assert np.isnan(report["credit_fidelity"]) or -1 <= report["credit_fidelity"] <= 1
   with pytest.raises(ValueError, match="extra >= the second fanout"):
     runtime.credit_fidelity(str(tmp_path), extra=2)
+  with pytest.raises(ValueError, match="held-out problems must be between 1 and task.num_eval = 16"):
+    runtime.credit_fidelity(str(tmp_path), extra=4, batches=5)
+
+
+def test_the_fidelity_command_names_a_bad_workdir(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  out = subprocess.run([sys.executable, "-m", "rlax_post.cli", "fidelity", "--workdir", str(tmp_path / "nope")],
+                       capture_output=True, text=True, check=False)
+  assert out.returncode == 2 and "Traceback" not in out.stderr
+  assert "rlax-post fidelity: error:" in out.stderr and "nope" in out.stderr

@@ -6,7 +6,8 @@
 For every work unit (a run of `configs/multiagent.py`): the arm (from its config), the greedy held-out
 success at the warm start and at the end, each role's sampled correctness over the first and the last five
 RL steps, the decode tokens and terminal evaluations per prompt, and the credit fidelity of its final
-checkpoint (`runtime.credit_fidelity`, `--extra` continuations per first-role message). Prints a table of
+checkpoint (`runtime.credit_fidelity`, `--extra` continuations per first-role message, on `--batches` ×
+`rl.prompts_per_step` held-out problems). Prints a table of
 mean ± std over seeds per (task, arm) and writes the per-unit figures as JSON.
 """
 
@@ -30,7 +31,7 @@ def arm_of(cfg: dict) -> str:
   return {"reward_only": "c3", "value_assisted": "c3_value", "value_only": "c3_value_only"}[adv["c3_mode"]]
 
 
-def unit_figures(workdir: str, extra: int) -> dict:
+def unit_figures(workdir: str, extra: int, batches: int = 4) -> dict:
   cfg = json.load(open(os.path.join(workdir, "config.json")))
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   evals = [(r["step"], r["eval_reward"]) for r in rows if r.get("phase") == "eval"]
@@ -47,7 +48,7 @@ def unit_figures(workdir: str, extra: int) -> dict:
     out[f"role{k}_correct_start"] = float(np.mean([r[role] for r in rl[:5]]))
     out[f"role{k}_correct_end"] = float(np.mean([r[role] for r in rl[-5:]]))
   if extra:
-    fid = runtime.credit_fidelity(workdir, extra=extra)
+    fid = runtime.credit_fidelity(workdir, extra=extra, batches=batches)
     out["credit_fidelity"] = fid["credit_fidelity"]
   return out
 
@@ -110,6 +111,7 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--sweep", action="append", required=True, help="LABEL=ROOT of an `rlax-post sweep`.")
   parser.add_argument("--extra", type=int, default=32, help="fidelity continuations (0: skip fidelity).")
+  parser.add_argument("--batches", type=int, default=4, help="fidelity: held-out batches of problems.")
   parser.add_argument("--json", help="write the per-unit figures here.")
   parser.add_argument("--plot", help="write the figure here.")
   args = parser.parse_args()
@@ -123,7 +125,7 @@ def main():
     for name in sorted(os.listdir(root)):
       workdir = os.path.join(root, name)
       if os.path.exists(os.path.join(workdir, "summary.json")):
-        units.append(unit_figures(workdir, args.extra))
+        units.append(unit_figures(workdir, args.extra, args.batches))
   print(table(units))
   if args.json:
     with open(args.json, "w") as f:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from rlax_post import config as config_lib
 from rlax_post.envs import _dataset
 from rlax_post.envs import _rl
-from rlax_post.envs import _roles
+from rlax_post.envs import _collab
+from rlax_post.envs import _trees
 from rlax_post.envs.tools import _rl as tools_rl
 
 
@@ -14,8 +15,8 @@ def make_rl_task(cfg: config_lib.Config, tokenizer) -> _rl.RLTask:
   pipeline ("relay", "sort_reverse") or a built-in text task."""
   if cfg.task.name == _dataset.NAME:
     return _dataset.make_dataset_task(cfg, tokenizer)
-  if cfg.task.name in _roles.COLLABORATIONS:
-    return _roles.make_role_task(cfg, tokenizer)
+  if cfg.task.name in _collab.COLLABORATIONS:
+    return _trees.make_role_task(cfg, tokenizer)
   if cfg.task.name == tools_rl.NAME:
     return tools_rl.make_tool_task(cfg, tokenizer)
   return _rl.make_text_task(cfg, tokenizer)

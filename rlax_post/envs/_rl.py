@@ -24,7 +24,7 @@ Rows (one per sample; the rollout queue's records; `ROW_FIELDS`, multi-turn rows
   turn_starts, turn_ends  int32 [K]  each policy message's span in `tokens`
   turn_keys     int32 [K]    key of the state each turn is taken from
   turn_rewards  float32 [K]  the env's reward of each turn (0 for a turn it did not score)
-  node_id, node_parent, node_depth  int  a role pipeline's tree node (`envs.NODE_FIELDS`, `_roles`)
+  node_id, node_parent, node_depth  int  a role pipeline's tree node (`envs.NODE_FIELDS`, `_trees`)
 
 Seeding: training ticket g samples with `seed_of(seed, Stream.ROLLOUT, g // P)` and stream g mod P, which is what a
 fresh driver seeded for step g // P draws for request g mod P: the rows of a ticket do not depend on which

@@ -42,10 +42,10 @@ def _ranks(x: np.ndarray) -> np.ndarray:
   return ranks
 
 
-def credit_fidelity(workdir: str, *, extra: int = 32, step: int | None = None) -> dict:
+def credit_fidelity(workdir: str, *, extra: int = 32, batches: int = 1, step: int | None = None) -> dict:
   """Fidelity of run `workdir`'s credit at checkpoint `step` (None: the newest), on its first
-  `rl.prompts_per_step` held-out problems with `extra` continuations per first-role message (module
-  docstring). Returns `credit_fidelity`, `candidates` (how many A_j), the estimator's metrics on the held-out
+  `batches × rl.prompts_per_step` held-out problems (credited a step's batch at a time, as in training) with
+  `extra` continuations per first-role message (module docstring). Returns `credit_fidelity`, `candidates` (how many A_j), the estimator's metrics on the held-out
   trees (`role{d}_adv_var`, `role{d}_influence`) and the held-out `value_first_role` (mean V*)."""
   parts = _parts.build_parts(_samplers.load_run_config(os.fspath(workdir)))
   cfg = parts.cfg
@@ -72,19 +72,25 @@ def credit_fidelity(workdir: str, *, extra: int = 32, step: int | None = None) -
   engine = parts.engine(slots=slots, temperature=cfg.rl.temperature, top_p=cfg.rl.top_p, top_k=cfg.rl.top_k)
   producer = envs.TreeProducer(parts.task, engine, update.policy(state), step, "eval",
                                fanout=wide)
-  tickets = list(range(cfg.rl.prompts_per_step))
-  trees = envs.run_tickets(producer, tickets, slots=slots, group_size=per_tree)
+  if batches < 1 or batches * cfg.rl.prompts_per_step > cfg.task.num_eval:
+    raise ValueError(f"batches = {batches} × rl.prompts_per_step = {cfg.rl.prompts_per_step} held-out problems "
+                     f"must be between 1 and task.num_eval = {cfg.task.num_eval}.")
+  p = cfg.rl.prompts_per_step
+  trees = envs.run_tickets(producer, range(batches * p), slots=slots, group_size=per_tree)
   producer.close()
-  batch = update.batch([envs.restrict_tree(trees[t], wide, fanout) for t in tickets])
-  adv_bt, _, metrics = update.credit.assign(state, batch)
-  adv_b = adv_bt.sum(axis=1) / np.maximum(batch.loss_mask.sum(axis=1), 1.0)
-  credit, truth, values = [], [], []
-  rows_per_tree = len(batch.rewards) // len(tickets)
-  for i, t in enumerate(tickets):
-    v = np.asarray([float(r["reward"]) for r in trees[t] if int(r["node_depth"]) == 1])  # V*(j), j-th message
-    credit += list(adv_b[i * rows_per_tree:i * rows_per_tree + fanout[0]])
-    truth += list(v - v.mean())
-    values += list(v)
+  credit, truth, values, role_metrics = [], [], [], []
+  for b in range(batches):
+    tickets = list(range(b * p, (b + 1) * p))
+    batch = update.batch([envs.restrict_tree(trees[t], wide, fanout) for t in tickets])
+    adv_bt, _, metrics = update.credit.assign(state, batch)
+    role_metrics.append({k: v for k, v in metrics.items() if k.startswith("role")})
+    adv_b = adv_bt.sum(axis=1) / np.maximum(batch.loss_mask.sum(axis=1), 1.0)
+    rows_per_tree = len(batch.rewards) // p
+    for i, t in enumerate(tickets):
+      v = np.asarray([float(r["reward"]) for r in trees[t] if int(r["node_depth"]) == 1])  # V*(j), j-th message
+      credit += list(adv_b[i * rows_per_tree:i * rows_per_tree + fanout[0]])
+      truth += list(v - v.mean())
+      values += list(v)
   return {"credit_fidelity": spearman(np.asarray(credit), np.asarray(truth)), "candidates": len(credit),
           "value_first_role": float(np.mean(values)), "step": step,
-          **{k: v for k, v in metrics.items() if k.startswith("role")}}
+          **{k: float(np.nanmean([m[k] for m in role_metrics])) for k in role_metrics[0]}}
