@@ -321,7 +321,7 @@ def test_the_q_critic_scores_each_nodes_whole_message_and_targets_its_reward():
   assert later["value_mean"] != metrics["value_mean"]
 
 
-@pytest.mark.parametrize("variant, mode", [("c3_value", "sync"), ("magrpo", "async")])
+@pytest.mark.parametrize("variant, mode", [("c3_value", "sync"), pytest.param("magrpo", "async", marks=pytest.mark.slow)])
 def test_short_runs_train_both_roles_and_log_the_budget(tmp_path, variant, mode):
   c = multiagent.get_config(f"tiny,{variant}")
   c.runtime.mode = mode

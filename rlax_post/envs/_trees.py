@@ -170,9 +170,10 @@ class TreeProducer:
 
   def _rows(self, ticket: int, tree: _Tree) -> list[dict]:
     pipe, depth = self.task.pipeline, len(self.fanout)
+    problems = pipe.collab.problems  # its reward scores the last role's message against the answer
     nodes = [tree.nodes[i] for i in sorted(tree.nodes) if i]
     leaf_rewards = np.asarray([
-        rewards.exact_match(n.messages[-1], tree.problem.answer) for n in nodes if n.depth == depth], np.float32)
+        problems.reward(tree.problem, n.messages[-1]) for n in nodes if n.depth == depth], np.float32)
     node_rewards = {}
     for n in nodes:  # a depth-d node's leaves are a contiguous block of the depth-first leaf order
       block = math.prod(self.fanout[n.depth:])
