@@ -12,6 +12,7 @@ from rlax_post.advantages._group import STD_KINDS
 from rlax_post.advantages._group import group_advantages
 from rlax_post.advantages._tree import prefix_advantages
 from rlax_post.advantages._tree import tree_advantages
+from rlax_post import advantages
 
 VARIANTS = pytest.mark.parametrize(
     'variant', [lambda f: f, jax.jit], ids=['nojit', 'jit'])
@@ -128,3 +129,47 @@ def test_errors():
     prefix_advantages(r, nodes, num_nodes=2, valid_ld=jnp.ones((4, 3)))
   with pytest.raises(ValueError, match='num_nodes'):
     prefix_advantages(r, nodes, num_nodes=0)
+
+
+# --- prefix weighting and TreeRL segment advantages (issue [trees]) -------------------------------------
+
+
+def test_prefix_advantages_sum_is_the_duplicated_rows_gradient():
+  # Two leaves share segment 0; leaf 0 ends in segment 1, leaf 1 in segment 2.
+  node_ids = jnp.array([[0, 1], [0, 2]])
+  leaf_adv = jnp.array([1.5, -0.5])
+  mean_adv, owner = advantages.prefix_advantages(leaf_adv, node_ids, num_nodes=3)
+  sum_adv, owner_sum = advantages.prefix_advantages(leaf_adv, node_ids, num_nodes=3, reduce="sum")
+  np.testing.assert_allclose(mean_adv, [0.5, 1.5, -0.5])
+  np.testing.assert_allclose(sum_adv, [1.0, 1.5, -0.5])  # = Σ over the leaf rows that hold segment 0
+  np.testing.assert_array_equal(owner, owner_sum)
+  with pytest.raises(ValueError, match="reduce must be one of"):
+    advantages.prefix_advantages(leaf_adv, node_ids, num_nodes=3, reduce="max")
+
+
+def test_segment_advantages_by_hand():
+  # One tree: segment 0 (shared by 4 leaves) forks into 1 (leaves 0, 1) and 2 (leaves 2, 3); the leaves end in
+  # segments 3..6. Rewards [1, 0, 1, 1]; LOO-centred: [1/3, -1, 1/3, 1/3].
+  node_ids = jnp.array([[0, 1, 3], [0, 1, 4], [0, 2, 5], [0, 2, 6]])
+  adv = advantages.segment_advantages(jnp.array([1.0, 0.0, 1.0, 1.0]), node_ids, jnp.zeros(4, jnp.int32),
+                                      num_nodes=8, num_groups=1)
+  v0 = 0.0 / 2
+  v1, v2 = (-1 / 3) / np.sqrt(2), (1 / 3) / np.sqrt(2)
+  leaf = np.array([1 / 3, -1, 1 / 3, 1 / 3])
+  want = [2 * v0, 2 * v1 - v0, 2 * v2 - v0, 2 * leaf[0] - v1, 2 * leaf[1] - v1, 2 * leaf[2] - v2,
+          2 * leaf[3] - v2, 0.0]
+  np.testing.assert_allclose(adv, want, atol=1e-6)
+  jitted = jax.jit(functools.partial(advantages.segment_advantages, num_nodes=8, num_groups=1))
+  np.testing.assert_allclose(jitted(jnp.array([1.0, 0.0, 1.0, 1.0]), node_ids, jnp.zeros(4, jnp.int32)), want,
+                             atol=1e-6)
+
+
+def test_segment_advantages_groups_are_independent_and_padding_is_ignored():
+  # Two prompts; prompt 1's single leaf is a group of one (centred reward 0). Leaf 2's path is one segment long.
+  node_ids = jnp.array([[0, 1], [0, 2], [3, 9]])
+  valid = jnp.array([[1, 1], [1, 1], [1, 0]])
+  adv = advantages.segment_advantages(jnp.array([1.0, 0.0, 5.0]), node_ids, jnp.array([0, 0, 1]),
+                                      num_nodes=10, num_groups=2, valid_ld=valid)
+  # Prompt 0: centred [1, -1]; V(0) = 0; leaves: V' = ±1, advantage 2·(±1) - 0.
+  np.testing.assert_allclose(adv[:4], [0.0, 2.0, -2.0, 0.0], atol=1e-6)
+  assert float(adv[9]) == 0.0  # a node on no valid path

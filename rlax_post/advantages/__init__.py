@@ -1,7 +1,7 @@
 """Credit assignment: pure, jittable advantage estimators (spec: shared/specs/credit_assignment.md).
 
 Group-relative outcome advantages (GRPO, Dr.GRPO, RLOO, REINFORCE++), GAE, GiGPO, graph GAE (GRAFT),
-counterfactual leave-one-out credit over nested rollout trees (C3), and Tree-GRPO advantages.
+counterfactual leave-one-out credit over nested rollout trees (C3), Tree-GRPO and TreeRL tree advantages.
 """
 
 from rlax_post.advantages._c3 import C3_BASELINES
@@ -21,6 +21,8 @@ from rlax_post.advantages._group import group_advantages
 from rlax_post.advantages._group import group_stats
 from rlax_post.advantages._group import STD_KINDS
 from rlax_post.advantages._tree import prefix_advantages
+from rlax_post.advantages._tree import PREFIX_REDUCE
+from rlax_post.advantages._tree import segment_advantages
 from rlax_post.advantages._tree import tree_advantages
 
 __all__ = (
@@ -41,5 +43,7 @@ __all__ = (
     'group_advantages',
     'group_stats',
     'prefix_advantages',
+    'PREFIX_REDUCE',
+    'segment_advantages',
     'tree_advantages',
 )
