@@ -5,7 +5,8 @@
 
 For every work unit (a run of `configs/multiagent.py`): the arm (from its config), the greedy held-out
 success at the warm start and at the end, each role's sampled correctness over the first and the last five
-RL steps, the decode tokens and terminal evaluations per prompt, and the credit fidelity of its final
+RL steps, role 1's influence on the outcome (`role1_influence`, mean over the steps), the decode tokens and
+terminal evaluations per prompt, and the credit fidelity of its final
 checkpoint (`runtime.credit_fidelity`, `--extra` continuations per first-role message, on `--batches` ×
 `rl.prompts_per_step` held-out problems). Prints a table of
 mean ± std over seeds per (task, arm) and writes the per-unit figures as JSON.
@@ -44,6 +45,8 @@ def unit_figures(workdir: str, extra: int, batches: int = 4) -> dict:
          "decode_tokens_per_prompt": float(np.mean([r["decode_tokens"] for r in rl])) / prompts,
          "terminal_evals_per_prompt": float(np.mean([r["terminal_evals"] for r in rl])) / prompts,
          "cumulative_decode_tokens": list(np.cumsum([r["decode_tokens"] for r in rl]).astype(float))}
+  influence = [r["role1_influence"] for r in rl if r.get("role1_influence") is not None]
+  out["role1_influence"] = float(np.mean(influence)) if influence else float("nan")
   for k, role in enumerate(roles, 1):
     out[f"role{k}_correct_start"] = float(np.mean([r[role] for r in rl[:5]]))
     out[f"role{k}_correct_end"] = float(np.mean([r[role] for r in rl[-5:]]))
@@ -62,7 +65,7 @@ def _ms(values) -> str:
 
 def table(units: list[dict]) -> str:
   lines = ["| task | arm | seeds | success start → end | gain | role 1 correct start → end | "
-           "role 2 correct end | credit fidelity | decode tokens / prompt |", "|---" * 9 + "|"]
+           "role 2 correct end | role 1 influence | credit fidelity | decode tokens / prompt |", "|---" * 10 + "|"]
   for task in sorted({u["task"] for u in units}):
     for arm in ARMS:
       us = [u for u in units if u["task"] == task and u["arm"] == arm]
@@ -73,8 +76,24 @@ def table(units: list[dict]) -> str:
           f"| {task} | {arm} | {len(us)} | {np.mean([u['success_start'] for u in us]):.3f} → "
           f"{_ms([u['success_end'] for u in us])} | {_ms(gain)} | "
           f"{np.mean([u['role1_correct_start'] for u in us]):.3f} → {_ms([u['role1_correct_end'] for u in us])} | "
-          f"{_ms([u['role2_correct_end'] for u in us])} | {_ms([u.get('credit_fidelity', np.nan) for u in us])} | "
+          f"{_ms([u['role2_correct_end'] for u in us])} | {_ms([u['role1_influence'] for u in us])} | "
+          f"{_ms([u.get('credit_fidelity', np.nan) for u in us])} | "
           f"{np.mean([u['decode_tokens_per_prompt'] for u in us]):.1f} |")
+  return "\n".join(lines)
+
+
+def contrasts(units: list[dict]) -> str:
+  """Each arm's final success against MAGRPO's, per task: the difference of means and Welch's t-test."""
+  from scipy import stats  # pylint: disable=g-import-not-at-top  # a dependency of jax, only needed here
+  lines = ["| task | arm − magrpo | difference in final success | Welch t | p |", "|---" * 5 + "|"]
+  for task in sorted({u["task"] for u in units}):
+    base = [u["success_end"] for u in units if u["task"] == task and u["arm"] == "magrpo"]
+    for arm in ARMS[1:]:
+      other = [u["success_end"] for u in units if u["task"] == task and u["arm"] == arm]
+      if len(base) < 2 or len(other) < 2:
+        continue
+      t, p = stats.ttest_ind(other, base, equal_var=False)
+      lines.append(f"| {task} | {arm} | {np.mean(other) - np.mean(base):+.3f} | {t:.2f} | {p:.3f} |")
   return "\n".join(lines)
 
 
@@ -109,13 +128,15 @@ def plot(units: list[dict], path: str) -> None:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--sweep", action="append", required=True, help="LABEL=ROOT of an `rlax-post sweep`.")
+  parser.add_argument("--sweep", action="append", default=[], help="LABEL=ROOT of an `rlax-post sweep`.")
+  parser.add_argument("--units", action="append", default=[], help="read the per-unit figures from this JSON (of an earlier --json) "
+                      "instead of the sweeps.")
   parser.add_argument("--extra", type=int, default=32, help="fidelity continuations (0: skip fidelity).")
   parser.add_argument("--batches", type=int, default=4, help="fidelity: held-out batches of problems.")
   parser.add_argument("--json", help="write the per-unit figures here.")
   parser.add_argument("--plot", help="write the figure here.")
   args = parser.parse_args()
-  units = []
+  units = [u for path in args.units for u in json.load(open(path))]
   for spec in args.sweep:
     if "=" not in spec:
       raise SystemExit(f"--sweep takes LABEL=ROOT; got {spec!r}.")
@@ -127,6 +148,8 @@ def main():
       if os.path.exists(os.path.join(workdir, "summary.json")):
         units.append(unit_figures(workdir, args.extra, args.batches))
   print(table(units))
+  print()
+  print(contrasts(units))
   if args.json:
     with open(args.json, "w") as f:
       json.dump(units, f, indent=2)
