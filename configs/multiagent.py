@@ -4,15 +4,16 @@ The relay (default): only the router sees an instruction code and must name the 
 worker sees that name and the input digits and must apply it. `sort_reverse`: a sorter and a reverser whose
 systematic mistakes cancel. Both start from noisy demonstrations of each role (docs/multiagent.md).
 
-  rlax-post train --config configs/multiagent.py --workdir runs/relay_c3                 # C3, value-assisted
-  rlax-post train --config configs/multiagent.py:magrpo --workdir runs/relay_magrpo      # shared reward
-  rlax-post train --config configs/multiagent.py:sort_reverse,c3 --workdir runs/sr_c3    # C3, reward only
+  rlax-post train --config configs/multiagent.py --workdir runs/relay_magrpo             # MAGRPO (default)
+  rlax-post train --config configs/multiagent.py:c3 --workdir runs/relay_c3              # C3, reward only
+  rlax-post train --config configs/multiagent.py:sort_reverse,c3_value --workdir runs/sr # C3, value-assisted
   rlax-post sweep --config configs/multiagent.py --workdir runs/relay_sweep --parallel 2  # 4 arms × 3 seeds
 
 Arms (one variant each; all make K = 8 terminal evaluations per prompt):
-  magrpo        flat fanout (8, 1); every message of trajectory k gets k's group-normalised reward
+  magrpo        (the default: the best arm measured, docs/multiagent.md) flat fanout (8, 1); every message of
+                trajectory k gets k's group-normalised reward
   c3            fanout (2, 4); reward_only: a node's subtree mean against its siblings' (leave-one-out)
-  c3_value      (the default) fanout (2, 4); value_assisted, α = 1: the baseline is the siblings' Q-critic scores
+  c3_value      fanout (2, 4); value_assisted, α = 1: the baseline is the siblings' Q-critic scores
   c3_noreplay   fanout (2, 4), reward_only, without fixed-continuation replay: the first router message's
                 subtree is reused after the other one
 """
@@ -67,7 +68,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 track_kl=False, kl_kind="k3",
                 entropy_coef=0.0, agg_mode="token_mean", micro_batches=1)
   # c3: c3_mode, alpha, baseline, standardize; magrpo: std, eps.
-  c.advantage = dict(estimator="c3", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
+  c.advantage = dict(estimator="magrpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
                      episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0,
                      c3_mode="value_assisted", alpha=1.0, baseline="loo", standardize=True)
   # C3's Q-critic (c3_mode value_assisted / value_only): a separate model from the warm start, bce on success.
@@ -77,7 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                   optimizer=dict(learning_rate=1e-3, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
                                  b1=0.9, b2=0.99, max_grad_norm=1.0))
   c.multiagent = dict(roles=(), prompts=dict(), template="{system}:{view}{history}>", separator="|",
-                      fanout=(2, 4), replay=True)
+                      fanout=(8, 1), replay=True)
   c.eval = dict(every=10, batch_size=256)
   c.checkpoint = dict(every=20, max_to_keep=2)
   c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,

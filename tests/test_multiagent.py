@@ -100,7 +100,7 @@ def test_bad_pipeline_settings_are_clear_errors(overrides, match):
     (dict(multiagent__fanout=(2, 3)), "makes 6 leaves"),
     (dict(multiagent__fanout=(2, 0, 4)), "positive ints"),
     (dict(advantage__estimator="grpo"), "is a role pipeline"),
-    (dict(critic__loss="mse"), "critic.loss = 'bce'"),
+    (dict(advantage__estimator="c3", critic__loss="mse"), "critic.loss = 'bce'"),
 ])
 def test_bad_multiagent_config_is_a_clear_error(overrides, match):
   with pytest.raises(ValueError, match=match):
@@ -120,7 +120,7 @@ def test_config_and_envs_agree_on_the_collaborations():
 
 
 def test_group_rows_counts_tree_nodes():
-  assert config.group_rows(_cfg("default")) == 2 + 8
+  assert config.group_rows(_cfg("c3")) == 2 + 8
   assert config.group_rows(_cfg("magrpo")) == 8 + 8
   assert config.group_rows(_cfg("default", multiagent__fanout=())) == 16  # flat over the two roles
 
@@ -147,7 +147,7 @@ def test_role_demonstrations_follow_each_roles_noise():
 
 @functools.lru_cache(maxsize=None)
 def _parts(replay: bool = True):
-  cfg = _cfg("tiny", rl__samples_per_prompt=6, multiagent__fanout=(2, 3), multiagent__replay=replay)
+  cfg = _cfg("tiny,c3", rl__samples_per_prompt=6, multiagent__fanout=(2, 3), multiagent__replay=replay)
   parts = runtime.build_parts(cfg)
   params = models.init_params(parts.model_cfg, jax.random.key(0))[1]
   return parts, params
@@ -298,7 +298,7 @@ def test_tree_estimators_refuse_a_batch_without_nodes():
 
 
 def test_the_q_critic_scores_each_nodes_whole_message_and_targets_its_reward():
-  cfg = _cfg("tiny", rl__samples_per_prompt=6, multiagent__fanout=(2, 3))
+  cfg = _cfg("tiny,c3_value", rl__samples_per_prompt=6, multiagent__fanout=(2, 3))
   parts = runtime.build_parts(cfg)
   update = runtime.RLUpdate(parts)
   params = models.init_params(parts.model_cfg, jax.random.key(0))[1]

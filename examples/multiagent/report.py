@@ -128,7 +128,8 @@ def plot(units: list[dict], path: str) -> None:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--sweep", action="append", default=[], help="LABEL=ROOT of an `rlax-post sweep`.")
+  parser.add_argument("--sweep", action="append", default=[], help="LABEL=ROOT of an `rlax-post sweep` (the "
+                      "label names its rows, e.g. relay_40).")
   parser.add_argument("--units", action="append", default=[], help="read the per-unit figures from this JSON (of an earlier --json) "
                       "instead of the sweeps.")
   parser.add_argument("--extra", type=int, default=32, help="fidelity continuations (0: skip fidelity).")
@@ -146,7 +147,7 @@ def main():
     for name in sorted(os.listdir(root)):
       workdir = os.path.join(root, name)
       if os.path.exists(os.path.join(workdir, "summary.json")):
-        units.append(unit_figures(workdir, args.extra, args.batches))
+        units.append({**unit_figures(workdir, args.extra, args.batches), "task": spec.split("=", 1)[0]})
   print(table(units))
   print()
   print(contrasts(units))
