@@ -19,6 +19,7 @@ ROW_KEYS = {"arm", "estimator", "critic", "policy_params", "critic_params", "bat
             "learn_ms_all"}
 
 
+@pytest.mark.slow  # A benchmark's smoke run (about 25 s cold): `make test-all` keeps it checked.
 def test_one_round_writes_the_table_as_json(tmp_path, capsys):
   path = tmp_path / "critic_step.json"
   returned = critic_step.main(["--variant", "tiny", "--rounds", "1", "--warmup", "1", "--json", str(path)])

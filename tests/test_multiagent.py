@@ -321,13 +321,24 @@ def test_the_q_critic_scores_each_nodes_whole_message_and_targets_its_reward():
   assert later["value_mean"] != metrics["value_mean"]
 
 
-@pytest.mark.parametrize("variant, mode", [("c3_value", "sync"), pytest.param("magrpo", "async", marks=pytest.mark.slow)])
-def test_short_runs_train_both_roles_and_log_the_budget(tmp_path, variant, mode):
+def _short_run(workdir, variant, mode="sync"):
   c = multiagent.get_config(f"tiny,{variant}")
   c.runtime.mode = mode
   c.runtime.progress = c.runtime.tensorboard = c.runtime.plot = False
-  runtime.train(config.load(c), str(tmp_path))
-  rl = [json.loads(l) for l in open(os.path.join(tmp_path, "metrics.jsonl")) if '"rl"' in l]
+  runtime.train(config.load(c), str(workdir))
+  return str(workdir)
+
+
+@pytest.fixture(scope="module")
+def c3_value_run(tmp_path_factory):
+  """A 3-step run of the tiny c3_value arm (inline sampling), shared by the tests that read one."""
+  return _short_run(tmp_path_factory.mktemp("c3_value"), "c3_value")
+
+
+@pytest.mark.parametrize("variant, mode", [("c3_value", "sync"), pytest.param("magrpo", "async", marks=pytest.mark.slow)])
+def test_short_runs_train_both_roles_and_log_the_budget(request, tmp_path, variant, mode):
+  workdir = request.getfixturevalue("c3_value_run") if mode == "sync" else _short_run(tmp_path, variant, mode)
+  rl = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl")) if '"rl"' in l]
   assert len(rl) == 3
   for m in rl:
     assert m["terminal_evals"] == 4 * 8  # P = 4 prompts × K = 8 leaves
@@ -335,7 +346,7 @@ def test_short_runs_train_both_roles_and_log_the_budget(tmp_path, variant, mode)
     assert 0 <= m["reward/router_correct"] <= 1 and 0 <= m["reward/worker_correct"] <= 1
     assert "role1_adv_var" in m and "role2_influence" in m
   # The comparison's report reads the run back (examples/multiagent/report.py).
-  figures = report.unit_figures(str(tmp_path), extra=0)
+  figures = report.unit_figures(workdir, extra=0)
   assert figures["arm"] == variant and figures["terminal_evals_per_prompt"] == 8
   assert figures["decode_tokens_per_prompt"] == pytest.approx(np.mean([m["decode_tokens"] for m in rl]) / 4)
   assert figures["role1_correct_end"] == pytest.approx(np.mean([m["reward/router_correct"] for m in rl]))
@@ -380,19 +391,15 @@ def _tree_batch_rows(leaves, fanout):
   return rows
 
 
-def test_credit_fidelity_of_a_short_run(tmp_path):
-  c = multiagent.get_config("tiny,c3")
-  c.runtime.progress = c.runtime.tensorboard = c.runtime.plot = False
-  c.rl.steps = 1
-  runtime.train(config.load(c), str(tmp_path))
-  report = runtime.credit_fidelity(str(tmp_path), extra=4, batches=2)
-  assert report["candidates"] == 2 * 4 * 2 and report["step"] == 1  # 2 batches × P = 4 problems × f_1 = 2
-  assert 0 <= report["value_first_role"] <= 1
-  assert np.isnan(report["credit_fidelity"]) or -1 <= report["credit_fidelity"] <= 1
+def test_credit_fidelity_of_a_short_run(c3_value_run):
+  fid = runtime.credit_fidelity(c3_value_run, extra=4, batches=2)  # with the run's Q-critic
+  assert fid["candidates"] == 2 * 4 * 2 and fid["step"] == 3  # 2 batches × P = 4 problems × f_1 = 2
+  assert 0 <= fid["value_first_role"] <= 1
+  assert np.isnan(fid["credit_fidelity"]) or -1 <= fid["credit_fidelity"] <= 1
   with pytest.raises(ValueError, match="extra >= the second fanout"):
-    runtime.credit_fidelity(str(tmp_path), extra=2)
+    runtime.credit_fidelity(c3_value_run, extra=2)
   with pytest.raises(ValueError, match="held-out problems must be between 1 and task.num_eval = 16"):
-    runtime.credit_fidelity(str(tmp_path), extra=4, batches=5)
+    runtime.credit_fidelity(c3_value_run, extra=4, batches=5)
 
 
 def test_the_fidelity_command_names_a_bad_workdir(tmp_path):
