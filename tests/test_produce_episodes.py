@@ -127,7 +127,13 @@ def test_rows_to_batch_puts_the_loss_mask_exactly_over_the_sampled_tokens(engine
   groups = _run(_producer(engine), [0, 1])
   assert sorted(groups) == [0, 1] and all(len(rows) == N for rows in groups.values())
   rows = groups[0] + groups[1]
-  assert set(rows[0]) == set(envs.ROW_FIELDS + envs.TURN_FIELDS)
+  assert set(rows[0]) == set(envs.ROW_FIELDS + envs.TURN_FIELDS + envs.BUDGET_FIELDS)
+  for ticket in (0, 1):  # budget: the prompt prefilled once per group, then each turn's extension
+    for i, row in enumerate(groups[ticket]):
+      starts = row["turn_starts"]
+      assert row["decode_tokens"] == row["mask"].sum() and row["terminal_evals"] == 1
+      assert row["prefill_tokens"] == (len(row["prompt"]) if i == 0 else 0) + (starts[-1] if len(starts) > 1 else 0)
+      assert row["env_calls"] == len(starts) or row["env_calls"] == len(starts) - 1
   batch = runtime.rows_to_batch([groups[0], groups[1]], seq_len=SEQ_LEN, pad_id=TOK.pad_id)
   for r, row in enumerate(rows):
     lp, mask = len(row["prompt"]), row["mask"].astype(bool)

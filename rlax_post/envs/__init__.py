@@ -36,6 +36,8 @@ from rlax_post.envs._collab import RoleDemos
 from rlax_post.envs._trees import RoleTask
 from rlax_post.envs._collab import SortReverse
 from rlax_post.envs._trees import TreeProducer
+from rlax_post.envs._rl import budget
+from rlax_post.envs._rl import BUDGET_FIELDS
 from rlax_post.envs._rl import group_id
 from rlax_post.envs._rl import Lengths
 from rlax_post.envs._rl import Producer
@@ -64,6 +66,8 @@ __all__ = [
     'RoleTask',
     'SortReverse',
     'TreeProducer',
+    'budget',
+    'BUDGET_FIELDS',
     'DatasetProducer',
     'DatasetTask',
     'EpisodeProducer',

@@ -228,7 +228,7 @@ def _splits(cfg: config_lib.Config, renderer: Renderer) -> tuple[Split, Split]:
 def _rows_of_group(ticket: int, prompt: Prompt, skipped: int, completions, results) -> list[dict]:
   names = sorted({k for r in results for k in r.scored.components})
   out = []
-  for c, r in zip(completions, results):
+  for i, (c, r) in enumerate(zip(completions, results)):
     row = {
         "prompt": np.asarray(c.prompt, np.int32),
         "tokens": np.asarray(c.tokens, np.int32),
@@ -242,6 +242,7 @@ def _rows_of_group(ticket: int, prompt: Prompt, skipped: int, completions, resul
         "data_row": np.int64(prompt.index),
         "data_skipped": np.int64(skipped),
         "data_truncated": bool(prompt.truncated),
+        **_rl.budget(c.mask, len(c.prompt) if i == 0 else 0),  # the group's samples share one prefill
     }
     row.update({k: np.float32(r.scored.components.get(k, np.nan)) for k in names})
     out.append(row)

@@ -90,8 +90,11 @@ def turn_keys(e: sampler.Episode) -> np.ndarray:
 def episode_rows(ticket: int, episodes: Sequence[sampler.Episode]) -> list[dict]:
   """A group's episodes (in index order) → rows of `ROW_FIELDS` and `TURN_FIELDS` (module docstring)."""
   rows = []
-  for e in episodes:
+  for i, e in enumerate(episodes):
     start = e.turn_starts[0] if e.turn_starts else len(e.tokens)  # No turn: the reset failed.
+    # Prefilled: the shared prompt (on the group's first row), then each turn's message and observation
+    # before the next turn (the conversation's prefix is extended, not recomputed).
+    prefill = (start if i == 0 else 0) + (e.turn_starts[-1] - start if len(e.turn_starts) > 1 else 0)
     starts, ends = turn_spans(e)
     scored = e.rewards[:len(starts)]
     rewards = np.zeros((len(starts),), np.float32)
@@ -109,6 +112,7 @@ def episode_rows(ticket: int, episodes: Sequence[sampler.Episode]) -> list[dict]
         "turn_ends": (ends - start).astype(np.int32),
         "turn_keys": turn_keys(e),
         "turn_rewards": rewards,
+        **_rl.budget(e.trained_mask[start:], prefill, env_calls=len(e.rewards)),  # env steps answered
     })
   return rows
 

@@ -52,9 +52,13 @@ SPLITS = ("train", "eval")
 # Optional per-row scalars a task may add (the dataset task does); the learner reports each step's aggregate
 # of them as a metric of the same name. Fields named `REWARD_PREFIX` + ... are reward components: their mean
 # over the rows that have a value (NaN: none).
-# Role pipelines add their budget: tokens decoded and prefilled, and terminal evaluations (scored leaves).
-ROW_METRICS = {"reward_errors": "sum", "data_skipped": "max", "data_truncated": "sum", "decode_tokens": "sum",
-               "prefill_tokens": "sum", "terminal_evals": "sum"}
+# Every producer's rows carry their share of the step's budget (`BUDGET_FIELDS`, summed per step), so arms
+# of a comparison can be put at equal cost: tokens the policy decoded, context tokens prefilled (a group's
+# shared prompt once, on its first row; a multi-turn episode's turn extensions), env steps answered, and
+# terminal evaluations (scored complete episodes).
+BUDGET_FIELDS = ("decode_tokens", "prefill_tokens", "env_calls", "terminal_evals")
+ROW_METRICS = {"reward_errors": "sum", "data_skipped": "max", "data_truncated": "sum",
+               **{name: "sum" for name in BUDGET_FIELDS}}
 REWARD_PREFIX = "reward/"
 
 
@@ -124,6 +128,12 @@ class RLTask(Protocol):
   def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]: ...
   def producer(self, engine: sampler.RlaxEngine, params: Any, version: int, *, split: str = "train"
                ) -> Producer: ...
+
+
+def budget(mask, prefill: int, *, env_calls: int = 0, terminal: bool = True) -> dict:
+  """A row's `BUDGET_FIELDS`: its sampled tokens (`mask`), the context tokens prefilled for it, env steps."""
+  return {"decode_tokens": float(np.sum(mask)), "prefill_tokens": float(prefill), "env_calls": float(env_calls),
+          "terminal_evals": float(terminal)}
 
 
 def check_split(split: str) -> None:
@@ -217,6 +227,7 @@ class TextProducer:
         "reward": np.float32(scores[i]),
         "finished": bool(c.finish_reason == "stop"),
         "ticket": np.int64(ticket),
+        **budget(c.mask, len(c.prompt) if i == 0 else 0),  # the group's samples share one prefill
     } for i, c in enumerate(completions)]
 
 

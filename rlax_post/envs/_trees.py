@@ -193,9 +193,7 @@ class TreeProducer:
           "finished": bool(c.finish_reason == "stop"),
           "ticket": np.int64(ticket),
           "node_id": np.int32(n.id), "node_parent": np.int32(n.parent), "node_depth": np.int32(n.depth),
-          "decode_tokens": float(mask.sum()),
-          "prefill_tokens": float(len(n.prompt)) if n.first_sibling and not n.copied else 0.0,
-          "terminal_evals": float(n.depth == depth),
+          **_rl.budget(mask, len(n.prompt) if n.first_sibling and not n.copied else 0, terminal=n.depth == depth),
           f"{_rl.REWARD_PREFIX}{pipe.roles[role]}_correct": float(n.messages[-1] == gold),
       })
     return rows
