@@ -127,7 +127,9 @@ def test_objective_loss_aux_and_grads_equal_full(model, batch, name, agg_mode):
   np.testing.assert_allclose(loss_w, loss, rtol=1e-5, atol=1e-7)
   _tree_allclose(aux_w, aux)
   assert optax.tree.norm(grads) > 0
-  _tree_allclose(grads_w, grads, atol=1e-7)
+  # Float rounding only: the two paths sum in different orders (one element in 2048 differs by 1.6e-7 when XLA
+  # builds the CPU code without LLVM's optimisation, as tests/conftest.py does).
+  _tree_allclose(grads_w, grads, atol=1e-6)
 
 
 def test_update_equals_full_and_skips_a_missed_token(model, batch):
