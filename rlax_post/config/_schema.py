@@ -374,7 +374,8 @@ def group_rows(cfg: Config) -> int:
   (Σ_d f_1·…·f_d over the fanout; flat when `multiagent.fanout` is empty)."""
   if cfg.task.name not in COLLABORATION_TASKS:
     return cfg.rl.samples_per_prompt
-  return sum(math.prod(fanout_of(cfg)[:d + 1]) for d in range(len(fanout_of(cfg))))
+  fanout = fanout_of(cfg)
+  return sum(math.prod(fanout[:d + 1]) for d in range(len(fanout)))
 
 
 def fanout_of(cfg: Config, num_roles: int | None = None) -> tuple[int, ...]:

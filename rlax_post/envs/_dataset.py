@@ -257,7 +257,7 @@ class _Group:
   results: dict = dataclasses.field(default_factory=dict)
 
 
-class DatasetProducer:
+class DatasetProducer(_rl.DriverProducer):
   """Single-turn groups of dataset rows (`envs.Producer`), scored in threads while decoding goes on."""
 
   def __init__(self, task: "DatasetTask", engine: sampler.RlaxEngine, params, version: int, split: str):
@@ -266,25 +266,9 @@ class DatasetProducer:
     self.task, self.split = task, task.train if split == "train" else task.held_out
     self.n = cfg.rl.samples_per_prompt if split == "train" else 1
     self.p = cfg.rl.prompts_per_step
-    self.driver = sampler.Driver(engine, params, version=version, seed=0)
+    super().__init__(engine, params, version, self.n)  # _open: ticket -> _Group
     self.runner = rewards.RewardRunner(task.scorer, workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s,
                                        default=cfg.reward.default)
-    self._open: dict[int, _Group] = {}
-
-  @property
-  def version(self) -> int:
-    return self.driver.version
-
-  @property
-  def in_flight_groups(self) -> int:
-    return len(self._open)
-
-  @property
-  def in_flight_samples(self) -> int:
-    return len(self._open) * self.n
-
-  def set_params(self, params, version: int) -> None:
-    self.driver.set_params(params, version)
 
   def submit(self, ticket: int) -> None:
     ticket = int(ticket)
@@ -329,7 +313,7 @@ class DatasetProducer:
 
   def close(self) -> None:
     self.runner.close()
-    self._open.clear()
+    super().close()
 
 
 def _tool_env(episode: int, seed: int, **args) -> tools.ToolEnv:

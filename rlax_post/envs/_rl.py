@@ -157,7 +157,35 @@ def run_tickets(producer: Producer, tickets: Iterable[int], *, slots: int, group
   return out
 
 
-class TextProducer:
+class DriverProducer:
+  """What the producers that sample through one `sampler.Driver` share: the driver (its params and version),
+  the groups open by ticket (`_open`), and `group_samples` slots in flight per open group."""
+
+  def __init__(self, engine: sampler.RlaxEngine, params, version: int, group_samples: int):
+    self.driver = sampler.Driver(engine, params, version=version, seed=0)
+    self.group_samples = group_samples
+    self._open: dict[int, Any] = {}
+
+  @property
+  def version(self) -> int:
+    return self.driver.version
+
+  @property
+  def in_flight_groups(self) -> int:
+    return len(self._open)
+
+  @property
+  def in_flight_samples(self) -> int:
+    return len(self._open) * self.group_samples
+
+  def set_params(self, params, version: int) -> None:
+    self.driver.set_params(params, version)
+
+  def close(self) -> None:
+    self._open.clear()
+
+
+class TextProducer(DriverProducer):
   """Single-turn groups of a text task (`envs.Task`): ticket g is example g of the split."""
 
   def __init__(self, task: "TextTask", engine: sampler.RlaxEngine, params, version: int, split: str):
@@ -170,23 +198,7 @@ class TextProducer:
       self.examples = data.prompt_dataset(task.task, seed=cfg.seed, num_eval=cfg.task.num_eval)
     else:
       self.examples = data.eval_examples(task.task, seed=cfg.seed, num_eval=cfg.task.num_eval)
-    self.driver = sampler.Driver(engine, params, version=version, seed=0)
-    self._open: dict[int, tuple[Any, list]] = {}  # ticket -> (example, completions so far)
-
-  @property
-  def version(self) -> int:
-    return self.driver.version
-
-  @property
-  def in_flight_groups(self) -> int:
-    return len(self._open)
-
-  @property
-  def in_flight_samples(self) -> int:
-    return len(self._open) * self.n
-
-  def set_params(self, params, version: int) -> None:
-    self.driver.set_params(params, version)
+    super().__init__(engine, params, version, self.n)  # _open: ticket -> (example, completions so far)
 
   def submit(self, ticket: int) -> None:
     ticket = int(ticket)
@@ -207,9 +219,6 @@ class TextProducer:
       example, completions = self._open.pop(ticket)
       out.append((ticket, self._rows(ticket, example, sorted(completions, key=lambda c: c.index))))
     return out
-
-  def close(self) -> None:
-    self._open.clear()
 
   def _rows(self, ticket: int, example, completions) -> list[dict]:
     tokenizer = self.task.tokenizer

@@ -60,7 +60,7 @@ class _Tree:
   pending: int = 0  # requests in flight
 
 
-class TreeProducer:
+class TreeProducer(_rl.DriverProducer):
   """Fanout trees of a role pipeline, one per ticket (an `envs.Producer`; module docstring)."""
 
   def __init__(self, task: "RoleTask", engine: sampler.RlaxEngine, params, version: int, split: str, *,
@@ -74,31 +74,13 @@ class TreeProducer:
     if len(self.fanout) != len(task.pipeline.roles):
       raise ValueError(f"fanout {list(self.fanout)} must have one entry per role {list(task.pipeline.roles)}.")
     self.replay = cfg.multiagent.replay or split != "train"
-    self.leaves = math.prod(self.fanout)
-    # Level offsets: node_id = 1 + (nodes of shallower depths) + its depth-first index.
-    self.offsets = [1 + sum(math.prod(self.fanout[:k + 1]) for k in range(d)) for d in range(len(self.fanout) + 1)]
+    self.offsets = _level_offsets(self.fanout)
     problems = task.pipeline.collab.problems
     if split == "train":
       self.examples = data.prompt_dataset(problems, seed=cfg.seed, num_eval=cfg.task.num_eval)
     else:
       self.examples = data.eval_examples(problems, seed=cfg.seed, num_eval=cfg.task.num_eval)
-    self.driver = sampler.Driver(engine, params, version=version, seed=0)
-    self._open: dict[int, _Tree] = {}
-
-  @property
-  def version(self) -> int:
-    return self.driver.version
-
-  @property
-  def in_flight_groups(self) -> int:
-    return len(self._open)
-
-  @property
-  def in_flight_samples(self) -> int:
-    return len(self._open) * self.leaves
-
-  def set_params(self, params, version: int) -> None:
-    self.driver.set_params(params, version)
+    super().__init__(engine, params, version, math.prod(self.fanout))  # leaves; _open: ticket -> _Tree
 
   def submit(self, ticket: int) -> None:
     ticket = int(ticket)
@@ -150,9 +132,6 @@ class TreeProducer:
       out.append((ticket, self._rows(ticket, tree)))
     return out
 
-  def close(self) -> None:
-    self._open.clear()
-
   def _copy_subtrees(self, tree: _Tree) -> None:
     """No replay: the first depth-1 node's subtree, reused after every other depth-1 node (prompts rendered
     with the new ancestors; tokens not trained there)."""
@@ -199,6 +178,12 @@ class TreeProducer:
     return rows
 
 
+def _level_offsets(fanout: Sequence[int]) -> list[int]:
+  """offsets[d]: the node_id of depth d + 1's first node, 1 + (nodes at depths 1..d); node_id = offsets[d - 1]
+  + a depth-d node's depth-first index."""
+  return [1 + sum(math.prod(fanout[:k + 1]) for k in range(d)) for d in range(len(fanout) + 1)]
+
+
 def _radix(flat: int, fanout: Sequence[int]) -> list[int]:
   """The child indices (i_1, …, i_d) of the depth-d node with depth-first index `flat` under `fanout[:d]`."""
   out = []
@@ -215,11 +200,11 @@ def restrict_tree(rows: list[dict], fanout: Sequence[int], keep: Sequence[int]) 
   depth = len(fanout)
   if len(keep) != depth or any(k < 1 or k > f for k, f in zip(keep, fanout)):
     raise ValueError(f"keep {list(keep)} must have one entry in [1, f] per depth of fanout {list(fanout)}.")
-  off = [1 + sum(math.prod(keep[:k + 1]) for k in range(d)) for d in range(depth + 1)]
+  off, wide = _level_offsets(keep), _level_offsets(fanout)
   kept = {}
   for row in rows:
     d = int(row["node_depth"])
-    index = _radix(int(row["node_id"]) - 1 - sum(math.prod(fanout[:k + 1]) for k in range(d - 1)), fanout[:d])
+    index = _radix(int(row["node_id"]) - wide[d - 1], fanout[:d])
     if all(i < k for i, k in zip(index, keep)):
       flat = 0
       for i, k in zip(index, keep):

@@ -78,12 +78,8 @@ def rows_to_batch(groups: list[list[dict]], *, seq_len: int, pad_id: int) -> Rol
 
 def _node_arrays(rows: list[dict]) -> dict:
   """The `RolloutBatch` node fields of `rows` ({} when no row is a tree node; a mix raises ValueError)."""
-  has = [all(f in row for f in envs.NODE_FIELDS) for row in rows]
-  if not any(has):
+  if not _all_or_none(rows, envs.NODE_FIELDS, "tree-node fields", "all tree rows or none"):
     return {}
-  if not all(has):
-    raise ValueError(f"rows_to_batch: {has.count(False)} of {len(rows)} rows lack the tree-node fields "
-                     f"{list(envs.NODE_FIELDS)}; a batch takes all tree rows or none.")
   return {"node_parents": np.asarray([int(r["node_parent"]) for r in rows], np.int32),
           "node_depths": np.asarray([int(r["node_depth"]) for r in rows], np.int32)}
 
@@ -107,14 +103,19 @@ def row_metric_values(row_metrics: dict[str, np.ndarray] | None) -> dict[str, fl
   return out
 
 
+def _all_or_none(rows: list[dict], fields: tuple, what: str, rule: str) -> bool:
+  """Whether the rows have `fields`: True if all do, False if none does; a mix raises ValueError."""
+  has = [all(f in row for f in fields) for row in rows]
+  if any(has) and not all(has):
+    raise ValueError(f"rows_to_batch: {has.count(False)} of {len(rows)} rows lack the {what} {list(fields)}; "
+                     f"a batch takes {rule}.")
+  return all(has)
+
+
 def _turn_arrays(rows: list[dict], prompt_lens_b: np.ndarray) -> dict:
   """The `RolloutBatch` turn fields of `rows` ({} when no row has turns); module docstring for the rows."""
-  has = [all(f in row for f in envs.TURN_FIELDS) for row in rows]
-  if not any(has):
+  if not _all_or_none(rows, envs.TURN_FIELDS, "turn fields", "all multi-turn or all single-turn rows"):
     return {}
-  if not all(has):
-    raise ValueError(f"rows_to_batch: {has.count(False)} of {len(rows)} rows lack the turn fields "
-                     f"{list(envs.TURN_FIELDS)}; a batch takes all multi-turn or all single-turn rows.")
   turns = [{f: np.asarray(row[f]) for f in envs.TURN_FIELDS} for row in rows]
   b, k = len(rows), max([1] + [len(t["turn_starts"]) for t in turns])
   out = {"turn_starts": np.zeros((b, k), np.int32), "turn_ends": np.zeros((b, k), np.int32),

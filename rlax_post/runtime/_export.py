@@ -25,14 +25,9 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str, step: int | None
   workdir = os.fspath(workdir)
   parts = _parts.build_parts(_samplers.load_run_config(workdir))
   update = _learn.RLUpdate(parts)
-  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=parts.cfg.checkpoint.max_to_keep, tidy=False)
-  try:
-    step = ckpt.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"{workdir}/checkpoints holds no complete checkpoint to export.")
-    state, _, _ = ckpt.restore(step, **update.checkpoint_templates)
-  finally:
-    ckpt.close()
+  state, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
+                                          max_to_keep=parts.cfg.checkpoint.max_to_keep, step=step,
+                                          purpose=" to export")
   cfg = dataclasses.replace(parts.model_cfg, valid_vocab_size=None)  # HF has no masked vocabulary rows
   models.export_hf(os.fspath(out_dir), cfg, update.policy(state), architecture=architecture)
   return step
