@@ -67,7 +67,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                  b1=0.9, b2=0.99, max_grad_norm=1.0))
   # Role pipelines (task.name "relay" / "sort_reverse", docs/multiagent.md); unused by this config's task.
   c.multiagent = dict(roles=(), prompts=dict(), template="{system}:{view}{history}>", separator="|", fanout=(),
-                      replay=True)
+                      replay=True, policies="shared")
   c.eval = dict(every=10, batch_size=256)
   c.checkpoint = dict(every=20, max_to_keep=2)
   # mode="async": samplers and learner overlap through the rollout queue (docs/async.md); the keys after

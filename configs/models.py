@@ -254,7 +254,7 @@ def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_co
     c.critic.optimizer.update(learning_rate=1e-5, warmup_steps=10)
   # Role pipelines (task.name "relay" / "sort_reverse", docs/multiagent.md); unused by this config's task.
   c.multiagent = dict(roles=(), prompts=dict(), template="{system}:{view}{history}>", separator="|", fanout=(),
-                      replay=True)
+                      replay=True, policies="shared")
   c.eval = dict(every=20, batch_size=eval_batch)
   c.checkpoint = dict(every=50, max_to_keep=2)
   c.runtime = dict(mode="async", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,

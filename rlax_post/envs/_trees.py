@@ -1,4 +1,5 @@
-"""Role pipelines: collaborating roles of one shared policy, sampled as fanout trees (docs/multiagent.md).
+"""Role pipelines: collaborating roles of one shared policy or one policy each, sampled as fanout trees
+(docs/multiagent.md).
 
 A *collaboration* (`_collab.Collaboration`) is a problem solved by roles in a fixed order: role r sees its own view of
 the problem and the messages of the roles before it; only the last role's message is scored. Its rows are
@@ -28,6 +29,7 @@ import dataclasses
 import math
 from typing import Any, Iterator, Sequence
 
+import jax
 import numpy as np
 
 from rlax_post import config as config_lib
@@ -80,7 +82,18 @@ class TreeProducer(_rl.DriverProducer):
       self.examples = data.prompt_dataset(problems, seed=cfg.seed, num_eval=cfg.task.num_eval)
     else:
       self.examples = data.eval_examples(problems, seed=cfg.seed, num_eval=cfg.task.num_eval)
-    super().__init__(engine, params, version, math.prod(self.fanout))  # leaves; _open: ticket -> _Tree
+    # One policy for every role, or one per role: `params` stacked [R, ...]; role r samples on driver r.
+    self.policies = config_lib.num_policies(cfg)
+    super().__init__(engine, self._policy(params, 0), version, math.prod(self.fanout))  # _open: ticket -> _Tree
+    self.drivers = [self.driver] + [sampler.Driver(engine, self._policy(params, r), version=version, seed=0)
+                                    for r in range(1, self.policies)]
+
+  def _policy(self, params, role: int):
+    return params if self.policies == 1 else jax.tree.map(lambda x: x[role], params)
+
+  def set_params(self, params, version: int) -> None:
+    for role, driver in enumerate(self.drivers):
+      driver.set_params(self._policy(params, role), version)
 
   def submit(self, ticket: int) -> None:
     ticket = int(ticket)
@@ -94,7 +107,7 @@ class TreeProducer(_rl.DriverProducer):
     role = node.depth
     prompt = pipe.render_ids(self.task.tokenizer, tree.problem, role, node.ids)
     p = cfg.rl.prompts_per_step
-    self.driver.submit([sampler.Request(
+    self.drivers[role if self.policies > 1 else 0].submit([sampler.Request(
         prompt=tuple(int(t) for t in prompt), n=self.fanout[role], max_tokens=cfg.rl.max_new_tokens,
         request_id=(ticket, node.id), seed=_rl.seed_of(cfg.seed, _rl.Stream.ROLLOUT, ticket // p, ticket % p),
         stream=node.id, stop=tuple(cfg.rl.stop))])
@@ -102,9 +115,10 @@ class TreeProducer(_rl.DriverProducer):
 
   def step(self) -> list[tuple[int, list[dict]]]:
     children: dict[tuple[int, int], list] = {}
-    for c in self.driver.step():
-      children.setdefault(c.request_id, []).append(c)
-    self.driver.collect()  # The completions were taken from step(); drop the driver's copies.
+    for driver in self.drivers:
+      for c in driver.step():
+        children.setdefault(c.request_id, []).append(c)
+      driver.collect()  # The completions were taken from step(); drop the driver's copies.
     tok = self.task.tokenizer
     for (ticket, parent_id), completions in children.items():
       tree = self._open[ticket]
@@ -277,4 +291,9 @@ class RoleTask:
 
 
 def make_role_task(cfg: config_lib.Config, tokenizer) -> RoleTask:
-  return RoleTask(pipeline=_collab.make_pipeline(cfg), cfg=cfg, tokenizer=tokenizer)
+  pipeline = _collab.make_pipeline(cfg)
+  policies = config_lib.num_policies(cfg)
+  if policies > 1 and policies != len(pipeline.roles):
+    raise ValueError(f"multiagent.policies = 'per_role' makes {policies} policies (one per multiagent.fanout "
+                     f"entry) but task {cfg.task.name!r} has roles {list(pipeline.roles)}.")
+  return RoleTask(pipeline=pipeline, cfg=cfg, tokenizer=tokenizer)

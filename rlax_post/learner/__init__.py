@@ -5,6 +5,7 @@ from rlax_post.learner._memory import estimate_memory
 from rlax_post.learner._memory import format_bytes
 from rlax_post.learner._objectives import decoupled_ppo_objective
 from rlax_post.learner._objectives import gspo_objective
+from rlax_post.learner._objectives import per_role_objective
 from rlax_post.learner._objectives import ppo_objective
 from rlax_post.learner._objectives import sft_objective
 from rlax_post.learner._objectives import value_objective
@@ -18,6 +19,7 @@ from rlax_post.learner._state import init_train_state
 from rlax_post.learner._step import jit_update
 from rlax_post.learner._trainable import BASE_DTYPES
 from rlax_post.learner._trainable import Trainable
+from rlax_post.learner._trainable import role_params
 from rlax_post.learner._update import make_update
 
 __all__ = (
@@ -35,7 +37,9 @@ __all__ = (
     'make_lr_schedule',
     'make_optimizer',
     'make_update',
+    'per_role_objective',
     'ppo_objective',
+    'role_params',
     'sft_objective',
     'value_objective',
     'ValueLoss',

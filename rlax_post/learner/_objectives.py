@@ -449,3 +449,35 @@ def with_value_loss(policy: Callable[[LogprobFn], Objective], outputs_fn: Output
     return loss + coef * v_loss, {**aux, **v_aux}
 
   return objective
+
+
+def per_role_objective(objective: Objective, roles: int) -> Objective:
+  """One policy per role: `objective` applied to each row under its own role's params.
+
+  params: R = `roles` policies stacked on a leading axis (`Trainable(roles=R).to_model`); the batch adds
+  `role` [B] int (each row's role in [0, R)). Objectives are sums over rows of per-row terms weighted by the
+  whole batch's weights (what micro-batching relies on), so
+
+    loss = Σ_r objective(params[r], batch, w · [role = r])
+
+  is every row's loss under its own role's policy, with the same aggregation as one policy's; role r's
+  params get gradients from role r's rows only, and aux entries (sums) add up the same way. Each role's
+  forward pass runs over the whole batch (R passes: the cost of R policies on one device).
+  """
+  if isinstance(roles, bool) or not isinstance(roles, int) or roles < 1:
+    raise ValueError(f'roles must be an int >= 1; got {roles!r}')
+
+  def objective_by_role(params, batch, weights_bt, rng):
+    _require(batch, ('role',))
+    role_b = jnp.asarray(batch['role'], jnp.int32)
+    if role_b.shape != weights_bt.shape[:1]:
+      raise ValueError(f'batch["role"] must be [B] = {weights_bt.shape[:1]}; got {role_b.shape}')
+    loss, aux = 0.0, {}
+    for r in range(roles):
+      w_r = jnp.where((role_b == r)[:, None], weights_bt, 0.0)
+      loss_r, aux_r = objective(jax.tree.map(lambda x: x[r], params), batch, w_r, rng)
+      loss = loss + loss_r
+      aux = {k: aux.get(k, 0.0) + v for k, v in aux_r.items()}
+    return loss, aux
+
+  return objective_by_role

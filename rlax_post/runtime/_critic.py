@@ -84,10 +84,11 @@ class Critic:
       model_cfg = _parts.critic_model_config(cfg, parts.model_cfg)
       graphdef, params_like = models.abstract_params(model_cfg)
       mesh = critic_mesh(cfg.critic, parts.mesh)
+      critic_sh = _parts.param_shardings(params_like, mesh, parts.rules)
       self.parts = dataclasses.replace(
           parts, model_cfg=model_cfg, graphdef=graphdef, params_like=params_like, mesh=mesh,
-          param_shardings=_parts.param_shardings(params_like, mesh, parts.rules),
-          trainable=learner.Trainable(), to_model=learner.Trainable().to_model)
+          param_shardings=critic_sh, trainable=learner.Trainable(), to_model=learner.Trainable().to_model,
+          policy_shardings=critic_sh)
       objective = learner.value_objective(
           functools.partial(models.token_values, graphdef, window=window), self.loss)
       self.learner = _learners.make_learner(

@@ -40,4 +40,4 @@ def make_evaluator(parts: _parts.Parts):
   local_mesh = sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}, devices=jax.local_devices())
   local = _parts.build_parts(parts.cfg, mesh=local_mesh)
   return _distributed.PrimaryEval(Evaluator(local) if _distributed.is_primary() else None,
-                                  local.param_shardings, num_examples=parts.task.num_eval)
+                                  local.policy_shardings, num_examples=parts.task.num_eval)

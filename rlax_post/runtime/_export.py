@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from rlax_post import learner
 from rlax_post import models
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _learn
@@ -21,6 +22,9 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str, step: int | None
   the base's and the adapters' dtypes: a plain checkpoint that any HF loader (or `model.hf_path`) reads
   without knowing about LoRA. The embedding keeps every row, so its vocabulary is the model's padded one (a
   checkpoint's own config.json size; the byte tokenizer's multiple of `model.vocab_multiple`).
+
+  A run with one policy per role (`multiagent.policies = "per_role"`) writes one checkpoint per role, in
+  `out_dir/<role name>/`.
   """
   workdir = os.fspath(workdir)
   parts = _parts.build_parts(_samplers.load_run_config(workdir))
@@ -29,5 +33,11 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str, step: int | None
                                           max_to_keep=parts.cfg.checkpoint.max_to_keep, step=step,
                                           purpose=" to export")
   cfg = dataclasses.replace(parts.model_cfg, valid_vocab_size=None)  # HF has no masked vocabulary rows
-  models.export_hf(os.fspath(out_dir), cfg, update.policy(state), architecture=architecture)
+  policy = update.policy(state)
+  if update.roles == 1:
+    models.export_hf(os.fspath(out_dir), cfg, policy, architecture=architecture)
+    return step
+  for r, name in enumerate(parts.task.pipeline.roles):
+    models.export_hf(os.path.join(os.fspath(out_dir), name), cfg, learner.role_params(policy, r),
+                     architecture=architecture)
   return step

@@ -60,6 +60,22 @@ def make_score(graphdef, *, temperature: float, window: int | None = None):
       graphdef, params, tokens, needed != 0, temperature=temperature, window=window)[0])
 
 
+def make_role_score(graphdef, roles: int, *, temperature: float, window: int | None = None):
+  """`score(params, tokens, needed, role) -> logp [B, T-1]` of R = `roles` policies stacked [R, ...]: row b
+  under policy role[b] (as `make_score`, one pass per role)."""
+
+  def score(params, tokens, needed, role):
+    logp = jnp.zeros((tokens.shape[0], tokens.shape[1] - 1), jnp.float32)
+    for r in range(roles):
+      mine = (role == r)[:, None]
+      logp_r = models.token_logprobs(graphdef, learner.role_params(params, r), tokens, (needed != 0) & mine,
+                                     temperature=temperature, window=window)[0]
+      logp = jnp.where(mine, logp_r, logp)
+    return logp
+
+  return jax.jit(score)
+
+
 class RLUpdate:
   """The learner's RL step for one run's configuration (jitted pieces built once)."""
 
@@ -82,6 +98,10 @@ class RLUpdate:
         max_len=max_new_tokens, trainable=parts.trainable)  # max_len: Dr.GRPO's normaliser, the longest response.
     self.to_model = parts.to_model
     self.score = make_score(graphdef, temperature=cfg.rl.temperature, window=max_new_tokens)
+    # One policy per role: rows carry their `role` (node depth − 1); the policy's params are stacked per role.
+    self.roles = parts.trainable.roles
+    self.role_score = make_role_score(graphdef, self.roles, temperature=cfg.rl.temperature,
+                                      window=max_new_tokens) if self.roles > 1 else None
     self.batch_sh = _learners.batch_sharding(parts.mesh)
     p = cfg.rl.prompts_per_step
     # Advantages of a batch: from the rewards alone, or (gae) with a learned critic's values.
@@ -90,7 +110,7 @@ class RLUpdate:
                                                 max_new_tokens=max_new_tokens)
     # What the policy's update reads of the host batch (its objective takes more keys when they are present).
     self.policy_keys = ("tokens", "loss_mask", "advantages", "behaviour_logprobs", "old_logprobs",
-                        "ref_logprobs") + (_critic.CRITIC_KEYS if config_lib.policy_value_head(cfg) else ())
+                        "ref_logprobs", "role") + (_critic.CRITIC_KEYS if config_lib.policy_value_head(cfg) else ())
     self.max_new_tokens = max_new_tokens
     self.seq_len, self.pad_id = parts.lengths.sequence, parts.tokenizer.pad_id
     # What `RunCheckpointer.restore` needs to put a checkpoint of this run on the mesh. With LoRA the reference
@@ -118,8 +138,16 @@ class RLUpdate:
     return state.replace(critic=self.critic.init(params, _learners.key(seed, envs.Stream.CRITIC, 0)))
 
   def policy(self, state):
-    """The model's params of the policy `state` holds (LoRA: the base merged with the adapters)."""
+    """The model's params of the policy `state` holds (LoRA: the base merged with the adapters; one policy per
+    role: stacked [R, ...])."""
     return self.to_model(state.frozen, state.params)
+
+  def score_policy(self, state, batch: _batch.RolloutBatch) -> np.ndarray:
+    """The current policy's logprobs of the batch's tokens (each row under its role's policy), on host."""
+    if self.roles == 1:
+      return _distributed.to_host(self.score(self.policy(state), batch.tokens, batch.loss_mask))
+    return _distributed.to_host(self.role_score(self.policy(state), batch.tokens, batch.loss_mask,
+                                                _roles_of(batch, self.roles)))
 
   def reference(self, state, params):
     """The reference policy of a run that starts from `params` as `state`: a copy of them, or with LoRA
@@ -139,11 +167,13 @@ class RLUpdate:
     # Every process holds the whole batch (host arrays); to_host gathers a multi-host learner's logprobs.
     full = {"tokens": batch.tokens, "loss_mask": batch.loss_mask, "advantages": adv_bt,
             "behaviour_logprobs": batch.behaviour_logprobs, **fields}
+    if self.roles > 1:
+      full["role"] = _roles_of(batch, self.roles)
     mismatch = {}
     # One update per batch: the old policy is the current one, read off the update's own forward pass
     # (objectives without `old_logprobs`); more updates need it fixed, so it is scored before the first.
     if cfg.rl.epochs * cfg.rl.minibatches > 1:
-      old_logp = _distributed.to_host(self.score(self.policy(state), batch.tokens, batch.loss_mask))
+      old_logp = self.score_policy(state, batch)
       full["old_logprobs"] = old_logp
       # Sampler vs learner logprobs of the same tokens: float rounding only when on-policy; the policy lag
       # (and any sampler/learner numerics gap) when off-policy. (`behaviour_gap` is its weighted mean.)
@@ -193,6 +223,17 @@ class RLUpdate:
         "learn_seconds": t_learn,
     }
     return state, metrics
+
+
+def _roles_of(batch: _batch.RolloutBatch, roles: int) -> np.ndarray:
+  """Each row's role, [B] int32: its tree node's depth − 1 (role pipelines' rows carry `node_depth`)."""
+  if batch.node_depths is None:
+    raise ValueError(f"{roles} policies (one per role) need rows with tree nodes (`node_depth`); this batch has "
+                     "none: a role pipeline's producer makes them.")
+  role = np.asarray(batch.node_depths, np.int32) - 1
+  if role.min(initial=0) < 0 or role.max(initial=0) >= roles:
+    raise ValueError(f"rows' roles (node_depth − 1) must lie in [0, {roles}); got {sorted(set(role.tolist()))}.")
+  return role
 
 
 # Metrics that depend on wall-clock time, not on the data: excluded when runs are compared.

@@ -47,8 +47,11 @@ def make_learner(parts: _parts.Parts, opt: optax.GradientTransformation, objecti
                  max_len: int | None, trainable: learner.Trainable = learner.Trainable()) -> Learner:
   """The jitted update of `objective` under `opt` on the parts' mesh (`loss.micro_batches` micro-batches),
   training what `trainable` says (default: every weight); `init(params, rng)` splits the model's params into
-  the state's frozen and trainable parts (LoRA's adapters drawn from `fold_in(rng, 1)`)."""
+  the state's frozen and trainable parts (LoRA's adapters drawn from `fold_in(rng, 1)`). With one policy per
+  role (`trainable.roles` > 1) each batch row is trained under its `role`'s policy (`per_role_objective`)."""
   params_like, mesh, rules = parts.params_like, parts.mesh, parts.rules
+  if trainable.roles > 1:
+    objective = learner.per_role_objective(objective, trainable.roles)
   frozen_axes, trainable_axes = trainable.logical_axes(params_like)
 
   def init_state(params, rng):

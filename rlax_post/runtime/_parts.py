@@ -208,17 +208,18 @@ def param_shardings(params_like, mesh, rules):
 
 
 def make_trainable(cfg: config_lib.Config) -> learner.Trainable:
-  """What the RL learner trains (`model.lora`): every weight (rank 0) or LoRA adapters over a frozen base."""
-  lora = cfg.model.lora
+  """What the RL learner trains (`model.lora`): every weight (rank 0) or LoRA adapters over a frozen base;
+  one policy, or one per role (`config.num_policies`)."""
+  lora, roles = cfg.model.lora, config_lib.num_policies(cfg)
   if lora.rank == 0:
-    return learner.Trainable()
+    return learner.Trainable(roles=roles)
   return learner.Trainable(lora=models.LoRA(lora.rank, lora.alpha, tuple(lora.targets)),
-                           base_dtype=lora.base_dtype)
+                           base_dtype=lora.base_dtype, roles=roles)
 
 
 def _to_model_fn(trainable: learner.Trainable, shardings) -> Callable[[Any, Any], Any]:
-  """`(frozen, trainable) -> the model's params` on the param shardings: the trainable params themselves
-  (full fine-tuning: no copy), or one jitted LoRA merge."""
+  """`(frozen, trainable) -> the policy's params` on `shardings`: the trainable params themselves (full
+  fine-tuning: no copy), or one jitted LoRA merge."""
   if trainable.lora is None:
     return trainable.to_model
   return jax.jit(trainable.to_model, out_shardings=shardings)
@@ -237,9 +238,11 @@ class Parts:
   graphdef: Any
   params_like: Any  # abstract params (ShapeDtypeStructs)
   param_shardings: Any  # NamedShardings of the params on `mesh`
-  # What the RL learner trains (`make_trainable`), and `to_model(frozen, trainable) -> params` on `mesh`.
+  # What the RL learner trains (`make_trainable`), and `to_model(frozen, trainable) -> the policy's params` on
+  # `mesh` (`policy_shardings`: the params', or per role [R, ...] with a replicated role axis).
   trainable: learner.Trainable = learner.Trainable()
   to_model: Callable[[Any, Any], Any] = learner.Trainable().to_model
+  policy_shardings: Any = None
 
   def exchanged_like(self) -> tuple[Any, Any]:
     """Abstract params and shardings of what the learner publishes to samplers each version: its
@@ -299,7 +302,9 @@ def build_parts(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None) -
   task = envs.make_rl_task(cfg, tokenizer)
   graphdef, params_like = models.abstract_params(model_cfg)
   shardings, trainable = param_shardings(params_like, mesh, rules), make_trainable(cfg)
+  policy_like = jax.eval_shape(trainable.to_model, *trainable.like(params_like))
+  policy_sh = sharding.named_shardings(trainable.model_logical_axes(params_like), mesh, rules, shapes=policy_like)
   return Parts(cfg=cfg, tokenizer=tokenizer, model_cfg=model_cfg, task=task,
                lengths=task.lengths(model_cfg.max_seq_len), mesh=mesh, rules=rules, graphdef=graphdef,
                params_like=params_like, param_shardings=shardings, trainable=trainable,
-               to_model=_to_model_fn(trainable, shardings))
+               to_model=_to_model_fn(trainable, policy_sh), policy_shardings=policy_sh)

@@ -43,6 +43,7 @@ def engine_from_workdir(workdir: str, options: sampler.ServeOptions = sampler.Se
                         devices=None) -> sampler.ServingEngine:
   """The serving engine of a run's workdir (default devices: the first one), loading `served_step`."""
   cfg = _samplers.load_run_config(workdir)
+  _check_servable(cfg, workdir)
   tokenizer = _parts.make_tokenizer(cfg)
   model_cfg = _parts.model_config(cfg, tokenizer)
   graphdef, _ = models.abstract_params(model_cfg)
@@ -51,12 +52,21 @@ def engine_from_workdir(workdir: str, options: sampler.ServeOptions = sampler.Se
                                 jax.devices()[:1] if devices is None else devices)
 
 
+def _check_servable(cfg, workdir: str) -> None:
+  """ValueError unless the run's checkpoints hold one whole model's params (what the engine loads)."""
+  what = ("one policy per role (multiagent.policies = 'per_role')" if cfg.multiagent.policies == "per_role"
+          else "LoRA adapters (model.lora.rank > 0)" if cfg.model.lora.rank else None)
+  if what:
+    raise ValueError(f"{workdir} trains {what}; `serve` loads one whole model's params. Write its policy as a "
+                     "Hugging Face checkpoint with `runtime.export_hf` and train from it with model.hf_path.")
+
+
 def serve(workdir: str, options: sampler.ServeOptions) -> sampler.Server:
   """Starts JetStream's gRPC server over the run in `workdir`; returns the server.
 
   A bad workdir, no committed checkpoint, or a bad or busy port raise ValueError here, before the server
   answers anything.
   """
-  _samplers.load_run_config(workdir)
+  _check_servable(_samplers.load_run_config(workdir), workdir)
   options = dataclasses.replace(options, step=served_step(workdir, options.step))
   return sampler.serve(lambda devices: engine_from_workdir(workdir, options, devices=devices), options)
