@@ -19,7 +19,10 @@ Arms (one variant each; all make K = 8 terminal evaluations per prompt):
                 subtree is reused after the other one
 
 With any arm, `per_role` trains one policy per role (`multiagent.policies = "per_role"`: each role its own
-weights, all starting from the warm start) instead of one shared policy.
+weights, all starting from the warm start) instead of one shared policy. The `policies` variant's sweep
+compares the two with MAGRPO (shared vs per_role × seeds 0, 1, 2):
+
+  rlax-post sweep --config configs/multiagent.py:policies --workdir runs/ma_policies --config.rl.steps=120
 """
 
 import ml_collections
@@ -33,7 +36,7 @@ _TASKS = {
 }
 _ARMS = ("magrpo", "c3", "c3_value", "c3_noreplay")
 _POLICIES = {"per_role": {"multiagent.policies": "per_role"}}
-_VARIANTS = ("default", "tiny", *_TASKS, *_ARMS, *_POLICIES)
+_VARIANTS = ("default", "tiny", "policies", *_TASKS, *_ARMS, *_POLICIES)
 ARMS = {  # each arm's overrides (also the sweep's units)
     "magrpo": {"advantage.estimator": "magrpo", "multiagent.fanout": (8, 1)},
     "c3": {"advantage.estimator": "c3", "advantage.c3_mode": "reward_only", "multiagent.fanout": (2, 4)},
@@ -117,6 +120,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
-  """The four arms × seeds 0, 1, 2 on the variant's task, at K = 8 terminal evaluations per prompt."""
-  seeds = [0] if "tiny" in (arg or "").split(",") else [0, 1, 2]
+  """The four arms × seeds 0, 1, 2 on the variant's task, at K = 8 terminal evaluations per prompt; with the
+  `policies` variant, MAGRPO with one shared policy vs one policy per role × seeds 0, 1, 2."""
+  variants = (arg or "").split(",")
+  seeds = [0] if "tiny" in variants else [0, 1, 2]
+  if "policies" in variants:
+    return sweep.product(sweep.axis("multiagent.policies", ["shared", "per_role"]), sweep.axis("seed", seeds))
   return sweep.product([dict(ARMS[a]) for a in _ARMS], sweep.axis("seed", seeds))

@@ -20,16 +20,23 @@ import numpy as np
 
 from rlax_post import runtime
 
-ARMS = ("magrpo", "c3", "c3_value", "c3_noreplay")
+ARMS = ("magrpo", "c3", "c3_value", "c3_noreplay", "magrpo_per_role")
 
 
 def arm_of(cfg: dict) -> str:
+  """The unit's arm; `_per_role` when each role has its own policy (runs older than the key: shared)."""
   adv, ma = cfg["advantage"], cfg["multiagent"]
+  suffix = "_per_role" if ma.get("policies", "shared") == "per_role" else ""
   if adv["estimator"] == "magrpo":
-    return "magrpo"
+    return "magrpo" + suffix
   if not ma["replay"]:
-    return "c3_noreplay"
-  return {"reward_only": "c3", "value_assisted": "c3_value", "value_only": "c3_value_only"}[adv["c3_mode"]]
+    return "c3_noreplay" + suffix
+  return {"reward_only": "c3", "value_assisted": "c3_value", "value_only": "c3_value_only"}[adv["c3_mode"]] + suffix
+
+
+def _arms(units: list[dict]) -> list[str]:
+  """The arms with units, in `ARMS` order."""
+  return [a for a in ARMS if any(u["arm"] == a for u in units)]
 
 
 def unit_figures(workdir: str, extra: int, batches: int = 4) -> dict:
@@ -103,9 +110,10 @@ def plot(units: list[dict], path: str) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   tasks = sorted({u["task"] for u in units})
   fig, axes = plt.subplots(len(tasks), 2, figsize=(11, 3.6 * len(tasks)), squeeze=False)
-  colours = dict(zip(ARMS, ("tab:grey", "tab:blue", "tab:green", "tab:orange")))
+  colours = dict(zip(ARMS, ("tab:grey", "tab:blue", "tab:green", "tab:orange", "tab:purple")))
+  arms = _arms(units)
   for row, task in zip(axes, tasks):
-    for arm in ARMS:
+    for arm in _arms(units):
       us = [u for u in units if u["task"] == task and u["arm"] == arm]
       for i, u in enumerate(us):
         x = [u["cumulative_decode_tokens"][s - 1] if s else 0.0 for s in u["eval_steps"]]
@@ -113,12 +121,12 @@ def plot(units: list[dict], path: str) -> None:
                     label=arm if i == 0 else None)
       if us:
         fid = [u["credit_fidelity"] for u in us if u.get("credit_fidelity", np.nan) == u.get("credit_fidelity")]
-        row[1].scatter([ARMS.index(arm)] * len(us), [u["success_end"] - u["success_start"] for u in us],
+        row[1].scatter([arms.index(arm)] * len(us), [u["success_end"] - u["success_start"] for u in us],
                        color=colours[arm], label=f"{arm} (fidelity {np.mean(fid):.2f})" if fid else arm)
     row[0].set(title=f"{task}: greedy held-out success", xlabel="cumulative decode tokens (thousands)",
                ylabel="success")
     row[0].legend(fontsize=8)
-    row[1].set(title=f"{task}: gain over the warm start per seed", xticks=range(len(ARMS)), xticklabels=ARMS,
+    row[1].set(title=f"{task}: gain over the warm start per seed", xticks=range(len(arms)), xticklabels=arms,
                ylabel="success gain")
     row[1].axhline(0, color="black", lw=0.5)
     row[1].legend(fontsize=8)
