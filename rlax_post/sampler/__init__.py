@@ -14,6 +14,7 @@ jitted, sharded, length-bucketed, callable from several threads; a reward model'
 from rlax_post.sampler._driver import Completion
 from rlax_post.sampler._driver import Driver
 from rlax_post.sampler._driver import DriverStats
+from rlax_post.sampler._driver import Fork
 from rlax_post.sampler._driver import Request
 from rlax_post.sampler._engine import Block
 from rlax_post.sampler._engine import DecodeState
@@ -49,6 +50,7 @@ __all__ = [
     "Completion",
     "Driver",
     "DriverStats",
+    "Fork",
     "END_REASONS",
     "Episode",
     "EpisodeRunner",

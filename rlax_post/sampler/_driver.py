@@ -111,6 +111,27 @@ class Request:
 
 
 @dataclasses.dataclass(frozen=True)
+class Fork:
+  """n continuations of a running sample from where it is now (`Driver.fork`).
+
+  parent: (request_id, index) of a sample that is decoding (in a slot) or queued for its next turn.
+  n: continuations; each takes its own slot, from a copy of the parent's KV cache (nothing recomputed).
+  request_id: the continuations' request id (their completions carry it, with indices 0..n-1).
+  seed, stream, sample_streams: their sampling streams, as `Request`'s: turn j of continuation i draws from
+    `fold_in(key(seed), stream, i, j)` (j continues the parent's turn count), whenever the fork is made.
+  env: the continuations' multi-turn callback; required when the parent has one (the env's state must be
+    forked with the sample: `EpisodeRunner.fork`), None otherwise.
+  """
+  parent: tuple[Any, int]
+  n: int = 1
+  request_id: Any = None
+  seed: int | None = None
+  stream: int | None = None
+  sample_streams: tuple[int, ...] | None = None
+  env: Callable[[int, tuple[int, ...], str], Sequence[int] | None | concurrent.futures.Future] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Completion:
   """One sample of a request.
 
@@ -121,6 +142,8 @@ class Completion:
   'max_decode_length' (the sequence filled the engine's `max_decode_length`, or the env's observation would
   leave no room to generate; then the observation is dropped).
   num_turns: turns generated.
+  forked_at: the tokens it inherited from the sample it was forked from (`Driver.fork`; 0: not a fork): its
+    own continuation is `tokens[forked_at:]`.
   """
   request_id: Any
   index: int
@@ -131,6 +154,7 @@ class Completion:
   mask: tuple[int, ...]
   finish_reason: str
   num_turns: int
+  forked_at: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +172,7 @@ class DriverStats:
   parked_steps: int = 0  # generate steps run while at least one sample was parked.
   park_waits: int = 0  # step() calls that waited because only parked samples were left.
   syncs: int = 0  # decode blocks (`generate_block` calls): one host round trip each.
+  forks: int = 0  # continuations started by `fork` (each from a copy of its parent's KV cache).
 
   @property
   def occupancy(self) -> float:
@@ -176,6 +201,10 @@ class _Sample:
   prefix_version: int = -1
   base_key: Any = None  # [2] uint32: raw key(seed) of the driver or the request.
   streams: tuple[int, int] = (0, 0)  # (r, i): turn j draws from fold_in(base_key, r, i, j).
+  # A fork waiting for a slot: its parent's state as a one-row prefix, computed under params `fork_version`.
+  fork_prefix: _engine.Prefix | None = None
+  fork_version: int = -1
+  forked_at: int = 0
 
   def ids(self) -> list[int]:
     return list(self.request.prompt) + self.tokens
@@ -254,7 +283,8 @@ class Driver:
     return DriverStats(slots=self._slots, prefills=c["prefills"], recompute_prefills=c["recompute_prefills"],
                        turn_prefills=c["turn_prefills"], inserts=c["inserts"], generate_steps=c["generate_steps"],
                        busy_slot_steps=c["busy_slot_steps"], tokens=c["tokens"], parked=c["parked"],
-                       parked_steps=c["parked_steps"], park_waits=c["park_waits"], syncs=c["syncs"])
+                       parked_steps=c["parked_steps"], park_waits=c["park_waits"], syncs=c["syncs"],
+                       forks=c["forks"])
 
   @property
   def done(self) -> bool:
@@ -295,15 +325,77 @@ class Driver:
     for request, stops in zip(requests, queued):
       order = self._num_requests
       self._num_requests += 1
-      seed, r = (self._seed, order) if request.seed is None else (request.seed, request.stream)
-      if seed not in self._base_keys:
-        self._base_keys[seed] = np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32)
+      base_key, r = self._base_key(request.seed, request.stream, order)
       streams = range(request.n) if request.sample_streams is None else request.sample_streams
       for i, stream in enumerate(streams):
-        sample = _Sample(request, order, i, stops, 0, "", base_key=self._base_keys[seed],
-                         streams=(int(r), int(stream)))
+        sample = _Sample(request, order, i, stops, 0, "", base_key=base_key, streams=(int(r), int(stream)))
         self._set_turn_limit(sample)
         self._pending.append(sample)
+
+  def _base_key(self, seed: int | None, stream: int | None, order: int) -> tuple[np.ndarray, int]:
+    """(raw key(seed), r) of a request or fork: its own seed and stream, else the driver's seed and `order`."""
+    seed, r = (self._seed, order) if seed is None else (seed, stream)
+    if seed not in self._base_keys:
+      self._base_keys[seed] = np.asarray(jax.random.key_data(jax.random.key(seed)), np.uint32)
+    return self._base_keys[seed], r
+
+  def fork(self, forks: Iterable[Fork]) -> None:
+    """Queues each fork's n continuations of its parent from where the parent is now (`Fork`).
+
+    A decoding parent's slot is copied as it stands after the last block (`RlaxEngine.snapshot`: its KV cache
+    and next-token logits; nothing is recomputed), and each continuation samples its next token from those
+    logits with its own stream. A parent queued for its next turn has its conversation prefix extended once
+    (the turn and observation) and shared by its continuations. The continuations inherit the parent's
+    tokens, logprobs, versions and mask so far (`Completion.forked_at` of them) and its turn budget. ValueError
+    naming the parent if it is not decoding or queued (finished, waiting on an env future, unknown), or if it
+    has an env and the fork brings none.
+    """
+    forks = list(forks)
+    for f in forks:
+      if isinstance(f.n, bool) or not isinstance(f.n, int) or f.n < 1:
+        raise ValueError(f"Fork of {f.parent!r}: n must be a positive int; got {f.n!r}.")
+      check_streams(f"Fork of {f.parent!r}", f.seed, f.stream, f.sample_streams, f.n)
+      if f.env is not None and not callable(f.env):
+        raise ValueError(f"Fork of {f.parent!r}: env must be callable or None; got {f.env!r}.")
+    for f in forks:
+      parent, slot = self._find_parent(f.parent)
+      if parent.request.env is not None and f.env is None:
+        raise ValueError(f"Fork of {f.parent!r}: the sample runs an env, whose state must be forked with it; "
+                         "pass the continuations' env (Fork.env, e.g. EpisodeRunner.fork).")
+      if slot is None:  # Queued for its next turn: extend its conversation prefix once, for all of them.
+        prefix = self._turn_prefix(parent)
+      else:
+        prefix = self.engine.snapshot(self._state, slot)
+      order = self._num_requests
+      self._num_requests += 1
+      request = dataclasses.replace(parent.request, n=f.n, request_id=f.request_id, env=f.env, seed=f.seed,
+                                    stream=f.stream, sample_streams=f.sample_streams)
+      base_key, r = self._base_key(f.seed, f.stream, order)
+      streams = range(f.n) if f.sample_streams is None else f.sample_streams
+      children = [_Sample(request, order, i, parent.stops, parent.limit, parent.limit_reason,
+                          tokens=list(parent.tokens), logprobs=list(parent.logprobs), versions=list(parent.versions),
+                          mask=list(parent.mask), turn=parent.turn, turn_start=parent.turn_start,
+                          base_key=base_key, streams=(int(r), int(stream)), fork_prefix=prefix,
+                          fork_version=self.version, forked_at=len(parent.tokens))
+                  for i, stream in enumerate(streams)]
+      self._pending.extendleft(reversed(children))  # Ongoing work goes first, in index order.
+      self._counts["forks"] += f.n
+
+  def _find_parent(self, parent: tuple[Any, int]) -> tuple[_Sample, int | None]:
+    """The sample `parent` = (request_id, index) and its slot (None: queued for its next turn)."""
+    match = lambda s: s is not None and (s.request.request_id, s.index) == tuple(parent)
+    found = [(s, slot) for slot, s in enumerate(self._busy) if match(s)]
+    found += [(s, None) for s in self._pending if match(s) and s.turn > 0 and s.fork_prefix is None]
+    if len(found) == 1:
+      return found[0]
+    if len(found) > 1:
+      raise ValueError(f"Fork: {len(found)} running samples are {parent!r} (request ids repeat across submits).")
+    where = ("waits on its env's observation; fork it once that has come"
+             if any(match(s) for _, s, _ in self._parked) else
+             "has not started decoding" if any(match(s) for s in self._pending) else
+             "is not running (finished, or never submitted)")
+    raise ValueError(f"Fork: sample {parent!r} {where}; a fork continues a sample that is decoding or queued "
+                     "for its next turn.")
 
   def step(self) -> list[Completion]:
     """Re-queues resolved parked samples, fills free slots, runs one decode block (up to `steps_per_sync`
@@ -478,7 +570,7 @@ class Driver:
     return (sample.order, sample.index, Completion(
         request_id=sample.request.request_id, index=sample.index, prompt=tuple(sample.request.prompt),
         tokens=tuple(sample.tokens), logprobs=tuple(sample.logprobs), versions=tuple(sample.versions),
-        mask=tuple(sample.mask), finish_reason=reason, num_turns=sample.turn + 1))
+        mask=tuple(sample.mask), finish_reason=reason, num_turns=sample.turn + 1, forked_at=sample.forked_at))
 
   def _unpark(self) -> list[tuple[int, int, Completion]]:
     """Continues (or finishes) every parked sample whose env future has resolved; never blocks."""
@@ -549,6 +641,17 @@ class Driver:
     self._keep_prefix(sample, prefix)
     return prefix
 
+  def _fork_prefix(self, sample: _Sample) -> _engine.Prefix:
+    """A fork's prefix: its parent's state (rebuilt from its ids if the params changed since the fork); kept as
+    its conversation prefix when it runs an env."""
+    prefix = sample.fork_prefix
+    if sample.fork_version != self.version:
+      prefix = self._prefill(sample.ids(), counter="recompute_prefills")
+    sample.fork_prefix = None
+    if sample.request.env is not None:
+      self._keep_prefix(sample, prefix)
+    return prefix
+
   def _prompt_key(self, sample: _Sample) -> Any:
     return sample.order if self.share_prefix else (sample.order, sample.index)
 
@@ -563,6 +666,9 @@ class Driver:
     out: list[Any] = [None] * len(samples)
     fresh: dict[Any, tuple[Sequence[int], list[int]]] = {}  # prompt key -> (prompt, positions in samples).
     for j, sample in enumerate(samples):
+      if sample.fork_prefix is not None:
+        out[j] = (self._fork_prefix(sample), 0)
+        continue
       if sample.turn > 0:
         out[j] = (self._turn_prefix(sample), 0)
         continue
@@ -594,7 +700,7 @@ class Driver:
       if len(fresh) >= _engine.MAX_PREFILL_ROWS:
         return
       key = self._prompt_key(sample)
-      if sample.turn == 0 and key not in fresh and key not in self._prefixes:
+      if sample.turn == 0 and sample.fork_prefix is None and key not in fresh and key not in self._prefixes:
         fresh[key] = (sample.request.prompt, [])
 
   def _prefill_groups(self, fresh: dict[Any, tuple[Sequence[int], list[int]]]) -> list[list[Any]]:

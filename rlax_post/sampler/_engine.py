@@ -114,6 +114,14 @@ class Block:
   steps: jax.Array  # [] int32: steps run (rows past it are not valid).
 
 
+def _snapshot(state: DecodeState, slot: jax.Array) -> Prefix:
+  """Slot `slot` of `state` as a one-row Prefix: every cache position (a ring's too: same length, so the same
+  modulus in the slots it is inserted into), `positions[slot]` as its length, its next token's logits."""
+  take = lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=0)
+  return Prefix(cache=jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=1), state.cache),
+                length=take(state.positions), logits=take(state.logits))
+
+
 def _slot_axes(cfg: models.ModelConfig) -> tuple[DecodeState, Block]:
   """The logical axes of every field of a `DecodeState` and a `Block` (the module docstring)."""
   slot, slot_row = ("batch",), ("batch", None)
@@ -233,6 +241,7 @@ class RlaxEngine(engine_api.Engine):
         active=state.active.at[slots].set(False, mode="drop")), in_shardings=(state_sh, None),
                                out_shardings=state_sh, donate_argnums=(0,))
     self._stream_keys_fn = jax.jit(jax.vmap(_stream_key))
+    self._snapshot_fn = jax.jit(_snapshot, in_shardings=(state_sh, None), out_shardings=self.prefix_shardings)
 
   # --- Checks ---------------------------------------------------------------------------------------------
 
@@ -517,6 +526,12 @@ class RlaxEngine(engine_api.Engine):
       rng = jax.random.key_data(rng)
     settings = self.slot_settings([None]) if settings is None else settings
     return self.insert_batch(prefix, decode_state, [0], [slot], np.asarray(rng, np.uint32)[None], settings)
+
+  def snapshot(self, decode_state: DecodeState, slot: int) -> Prefix:
+    """Slot `slot`'s sequence as a one-row `Prefix` (its whole KV cache, its position as the length, the logits
+    of its next token), to insert into other slots: a fork of a running sample that recomputes nothing.
+    `decode_state` is read, not donated."""
+    return self._snapshot_fn(decode_state, jnp.asarray(self._check_slot(slot), jnp.int32))
 
   def release(self, decode_state: DecodeState, slots: Sequence[int]) -> DecodeState:
     """Stops `slots` (they produce nothing until their next insert); `decode_state` is donated."""

@@ -1,0 +1,131 @@
+"""Forking a running sample on the driver (`Driver.fork`, `RlaxEngine.snapshot`): continuations from a copy of
+the parent's KV cache, with the learner's logprobs, fresh schedule-independent streams, no prefix recomputed;
+forks at a multi-turn boundary with their own env; clear errors."""
+
+import collections
+
+import numpy as np
+import pytest
+
+from rlax_post.sampler import _driver
+from rlax_post.sampler import _engine
+
+import _driver_refs as refs
+from _driver_refs import CFG
+from _driver_refs import MAX_DECODE
+from _driver_refs import TOK
+
+T = 0.9
+Request, Fork = _driver.Request, _driver.Fork
+
+
+@pytest.fixture(scope="module", params=[1, 4], ids=lambda k: f"k{k}")
+def engine(request):
+  return _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=3, max_prefill_length=16,
+                            max_decode_length=MAX_DECODE, temperature=T, seed=1, steps_per_sync=request.param)
+
+
+def _until(driver, done):
+  """Steps the driver until done(driver) holds; the completions finished meanwhile."""
+  out = []
+  for _ in range(500):
+    if done(driver):
+      return out
+    out += driver.step()
+  raise AssertionError("the driver never got there")
+
+
+def _parent_tokens(driver, request_id):
+  """Tokens so far of the sample of `request_id` in a slot (0: not in one)."""
+  return next((len(s.tokens) for s in driver._busy if s is not None and s.request.request_id == request_id), 0)  # pylint: disable=protected-access
+
+
+def test_a_fork_continues_from_the_parents_cache_with_its_own_streams(engine):
+  params = refs.model()[1]
+  prompt = refs.prompt(7, 3)
+  parent = Request(prompt, max_tokens=20, request_id="p", seed=11, stream=0, stop_tokens=())
+  driver = _driver.Driver(engine, params)
+  driver.submit([parent])
+  _until(driver, lambda d: _parent_tokens(d, "p") >= 5)
+  at = _parent_tokens(driver, "p")
+  prefills = driver.stats.prefills
+  driver.fork([Fork(("p", 0), n=3, request_id="f", seed=7, stream=2)])  # 4 samples, 3 slots: one fork waits
+  done = _until(driver, lambda d: d.done) + driver.collect()
+  by = collections.defaultdict(dict)
+  for c in done:
+    by[c.request_id][c.index] = c
+  assert sorted(by["f"]) == [0, 1, 2] and list(by["p"]) == [0]
+  p = by["p"][0]
+  assert driver.stats.prefills == prefills and driver.stats.recompute_prefills == 0  # nothing recomputed
+  assert driver.stats.forks == 3
+  for c in by["f"].values():
+    assert c.forked_at == at and c.prompt == tuple(prompt)
+    assert c.tokens[:at] == p.tokens[:at] and c.logprobs[:at] == p.logprobs[:at]  # inherited as they were
+    assert len(c.tokens) <= 20 and c.finish_reason in ("stop", "length")  # the parent's turn budget
+    # The continuation's logprobs are the learner's of the whole sequence: the copied cache is the parent's.
+    np.testing.assert_allclose(c.logprobs, refs.reference_logprobs(params, c.prompt, c.tokens, T), atol=1e-5)
+  assert len({c.tokens[at:] for c in by["f"].values()} | {p.tokens[at:]}) > 1  # their own streams
+  # Schedule-independent: continuation i is what a fresh request of the parent's context draws with the same
+  # seed and stream (its first turn is keyed like the fork's: the parent's turn 0).
+  fresh = _driver.Driver(engine, params).sample([Request(tuple(prompt) + p.tokens[:at], n=3, max_tokens=20 - at,
+                                                         seed=7, stream=2)])
+  for c, f in zip((by["f"][i] for i in range(3)), fresh):
+    assert c.tokens[at:] == f.tokens
+    np.testing.assert_allclose(c.logprobs[at:], f.logprobs, atol=1e-5)
+
+
+OBS = [ord(c) for c in "\nok:"]
+
+
+class _Env:
+  """OBS after every turn, `turns` turns in all; counts its calls per sample."""
+
+  def __init__(self, turns):
+    self.turns, self.calls = turns, collections.Counter()
+
+  def __call__(self, index, transcript, finish_reason):
+    self.calls[index] += 1
+    return OBS if self.calls[index] < self.turns else None
+
+
+def test_a_fork_at_a_turn_boundary_shares_one_prefix_and_runs_its_own_env(engine):
+  params = refs.model()[1]
+  env, forked_env = _Env(turns=3), _Env(turns=2)
+  driver = _driver.Driver(engine, params)
+  driver.submit([Request(refs.prompt(5, 4), max_tokens=4, request_id="p", env=env, seed=3, stream=0)])
+  _until(driver, lambda d: env.calls[0] == 1)  # turn 1 done: the parent waits for a slot for turn 2
+  turn_prefills = driver.stats.turn_prefills
+  driver.fork([Fork(("p", 0), n=2, request_id="f", seed=5, stream=0, env=forked_env)])
+  assert driver.stats.turn_prefills == turn_prefills + 1  # one extension (turn 1 + OBS), shared
+  done = {(c.request_id, c.index): c for c in _until(driver, lambda d: d.done) + driver.collect()}
+  parent = done[("p", 0)]
+  assert parent.num_turns == 3 and env.calls[0] == 3
+  for i in range(2):
+    c = done[("f", i)]
+    at = c.forked_at
+    assert c.tokens[:at] == parent.tokens[:at] and list(c.tokens[at - len(OBS):at]) == OBS
+    assert forked_env.calls[i] == 2 and c.num_turns == 3  # the parent's turn 1, then its own env's two
+    mask = np.asarray(c.mask, bool)
+    np.testing.assert_allclose(np.asarray(c.logprobs)[mask],
+                               refs.reference_logprobs(params, c.prompt, c.tokens, T)[mask], atol=1e-5)
+
+
+def test_bad_forks_are_clear_errors(engine):
+  params = refs.model()[1]
+  driver = _driver.Driver(engine, params)
+  with pytest.raises(ValueError, match=r"sample \('x', 0\) is not running"):
+    driver.fork([Fork(("x", 0))])
+  driver.submit([Request(refs.prompt(5, 1), max_tokens=6, request_id="e", env=_Env(turns=2)),
+                 Request(refs.prompt(5, 2), max_tokens=6, request_id="q")])
+  with pytest.raises(ValueError, match="has not started decoding"):
+    driver.fork([Fork(("q", 0))])
+  driver.step()
+  with pytest.raises(ValueError, match="runs an env, whose state must be forked with it"):
+    driver.fork([Fork(("e", 0), request_id="f")])
+  with pytest.raises(ValueError, match="n must be a positive int; got 0"):
+    driver.fork([Fork(("q", 0), n=0)])
+  with pytest.raises(ValueError, match="stream is required when seed is set"):
+    driver.fork([Fork(("q", 0), seed=3)])
+  _until(driver, lambda d: d.done)
+  with pytest.raises(ValueError, match="is not running"):
+    driver.fork([Fork(("q", 0))])  # finished: its slot holds no state to fork
