@@ -129,3 +129,103 @@ def test_bad_forks_are_clear_errors(engine):
   _until(driver, lambda d: d.done)
   with pytest.raises(ValueError, match="is not running"):
     driver.fork([Fork(("q", 0))])  # finished: its slot holds no state to fork
+
+
+# --- Forking episodes and their envs (EpisodeRunner.fork, ToolEnv.fork) ---------------------------------------
+
+
+def _runner(engine, factory, max_turns=3):
+  from rlax_post.sampler import _episodes  # pylint: disable=g-import-not-at-top
+  driver = _driver.Driver(engine, refs.model()[1], park_wait_s=0.001)
+  return _episodes.EpisodeRunner(driver, TOK, factory, max_turn_tokens=5, max_turns=max_turns)
+
+
+class _CountEnv:
+  """Answers message k with "<k>", keeps every message it saw; forks by copying them."""
+
+  def __init__(self):
+    self.seen = []
+
+  def reset(self, prompt):
+    return "\n"
+
+  def step(self, message):
+    from rlax_post import envs  # pylint: disable=g-import-not-at-top
+    self.seen.append(message)
+    return envs.StepResult(observation=f"<{len(self.seen)}>", reward=float(len(self.seen)), done=False)
+
+  def fork(self):
+    out = _CountEnv()
+    out.seen = list(self.seen)
+    return out
+
+
+def test_an_episode_forks_with_its_env(engine):
+  from rlax_post import envs  # pylint: disable=g-import-not-at-top
+  made = []
+
+  def factory():
+    made.append(_CountEnv())
+    return made[-1]
+
+  runner = _runner(engine, factory, max_turns=3)
+  runner.submit("hi", n=1, group_id="g", seed=4, stream=0)
+  parent_env = made[0]
+  for _ in range(500):  # until the first message has been answered and the episode is not waiting on its env
+    runner.step()
+    if len(parent_env.seen) == 1 and runner._driver.num_parked == 0:  # pylint: disable=protected-access
+      break
+  assert envs.can_fork(parent_env) and runner.fork("g", 0, 2, seed=9, stream=0) == [1, 2]
+  done = []
+  while runner.pending:
+    done += runner.step()
+  (group_id, episodes), = done
+  assert group_id == "g" and [e.index for e in episodes] == [0, 1, 2] and len(made) == 1
+  parent = episodes[0]
+  assert parent.parent == -1 and parent.forked_at == 0 and parent_env.seen == list(parent.messages)
+  assert len(parent.messages) == 3 and parent.rewards == (1.0, 2.0, 3.0)
+  for e in episodes[1:]:
+    assert e.parent == 0 and 0 < e.forked_at <= len(e.tokens)
+    assert e.tokens[:e.forked_at] == parent.tokens[:e.forked_at]
+    assert e.messages[0] == parent.messages[0] and len(e.messages) == 3
+    assert e.rewards == (1.0, 2.0, 3.0)  # its forked env counts on from the parent's first message
+  assert len({e.tokens for e in episodes}) > 1
+  runner.close()
+
+
+def test_a_forked_tool_env_has_its_own_world():
+  from rlax_post.envs import tools  # pylint: disable=g-import-not-at-top
+  env = tools.ToolEnv(sleep=False, max_turns=8)
+  with pytest.raises(RuntimeError, match="fork before reset"):
+    env.fork()
+  env.reset(tools.make_task_prompt(0, 1, max_goals=1))
+  a, b = (env.world.account_of(p) for p in env.world.people[:2])
+  env.step(tools.format_call("files.create", {"name": "x.txt", "content": "x"}))
+  fork = env.fork()
+  fork.step(tools.format_call("ledger.transfer", {"from": a, "to": b, "amount": 5}))
+  assert env.world.transfers == [] and len(fork.world.transfers) == 1  # the fork's change stays in the fork
+  assert "x.txt" in env.world.files and "x.txt" in fork.world.files  # the state before the fork is in both
+  assert len(env.records) == 1 and len(fork.records) == 2 and env.state_key != fork.state_key
+  step = env.step(tools.format_call("files.list", {}))
+  assert step.info["turn"] == 2 and env.latencies == fork.latencies  # one latency stream: the same draws
+
+
+class _PlainEnv:
+  def reset(self, prompt):
+    return "\n"
+
+  def step(self, message):
+    from rlax_post import envs  # pylint: disable=g-import-not-at-top
+    return envs.StepResult(observation="\nok\n", reward=0.0, done=False)
+
+
+def test_an_env_without_fork_is_a_clear_error(engine):
+  runner = _runner(engine, _PlainEnv)
+  runner.submit("hi", n=1, group_id=0, seed=1, stream=0)
+  runner.step()
+  runner.step()
+  with pytest.raises(ValueError, match="runs a _PlainEnv, which cannot be forked"):
+    runner.fork(0, 0, 2, seed=1, stream=0)
+  with pytest.raises(ValueError, match="no running episode 3 in group 0"):
+    runner.fork(0, 3, 1)
+  runner.close()

@@ -3,6 +3,7 @@ the multi-turn `Env` protocol and its `EpisodeProducer`, the tool-use env (`envs
 sampled as fanout trees (`RoleTask`, `TreeProducer`)."""
 
 from rlax_post.envs._base import Example
+from rlax_post.envs._protocol import can_fork
 from rlax_post.envs._protocol import Env
 from rlax_post.envs._protocol import StepResult
 from rlax_post.envs._base import Task
@@ -90,6 +91,7 @@ __all__ = [
     'seed_of',
     'turn_budget',
     'AddTask',
+    'can_fork',
     'Env',
     'Example',
     'LatencyToolEnv',

@@ -4,6 +4,10 @@ An `Env` is one episode's environment (stateful; build one per episode): `reset(
 observation, then each policy message is answered by `step(message)` with the next observation, the
 message's reward and whether the episode is over. Texts are plain strings; the sampler encodes and decodes
 them (`sampler.run_episodes`).
+
+An env that can be forked (tree rollouts continue one episode several ways: `sampler.EpisodeRunner.fork`)
+also has `fork()`, returning an independent env in the same state (`can_fork`); the tool env can. It is
+optional: a fork of an env without it is a clear error.
 """
 
 import dataclasses
@@ -37,3 +41,8 @@ class Env(Protocol):
 
   def step(self, message: str) -> StepResult:
     """Answers the policy's `message` (decoded text of its turn, stop token excluded)."""
+
+
+def can_fork(env: Any) -> bool:
+  """Whether `env` declares it can be forked (has a callable `fork()`; module docstring)."""
+  return callable(getattr(env, "fork", None))

@@ -63,6 +63,8 @@ class Episode:
     step failed, has none).
   done: the env ended the episode. end_reason: one of END_REASONS (module docstring).
   error: the exception text for 'env_error', the timeout for 'env_timeout', else None.
+  parent, forked_at: a fork's (`EpisodeRunner.fork`) episode index it was forked from and the position in
+    `tokens` where its own continuation starts (`tokens[:forked_at]` is the parent's); -1 and 0 otherwise.
   """
   prompt_index: int
   index: int
@@ -77,6 +79,8 @@ class Episode:
   done: bool
   end_reason: str
   error: str | None
+  parent: int = -1
+  forked_at: int = 0
 
   @property
   def total_reward(self) -> float:
@@ -103,6 +107,14 @@ class _State:
   done: bool = False
   end_reason: str | None = None
   error: str | None = None
+  parent: int = -1  # the episode it was forked from (`EpisodeRunner.fork`)
+
+  def fork(self, index: int) -> "_State":
+    """Episode `index` of the same group, continuing this one: its turns so far copied (its env, forked, is
+    set once the driver has taken the fork)."""
+    return _State(self.prompt_index, index, None, context=list(self.context),
+                  turn_starts=list(self.turn_starts), messages=list(self.messages), rewards=list(self.rewards),
+                  infos=[dict(i) for i in self.infos], parent=self.index)
 
 
 class _Calls:
@@ -271,6 +283,44 @@ class EpisodeRunner:
       state.context = list(context)
       resets.append(self._calls.submit(state, lambda s=state: s.env.reset(prompt), _as_text))
     self._waiting.append(_Group(group_id, states, resets, max_turn_tokens, seed, stream, remaining=n))
+
+  def fork(self, group_id: Any, index: int, n: int, *, seed: int | None = None,
+           stream: int | None = None) -> list[int]:
+    """n more episodes of group `group_id`, continuing its episode `index` from where it is now; returns their
+    indices in the group (after the existing ones; `step` returns them with the group, `Episode.parent` and
+    `forked_at` set).
+
+    The episode must be decoding, or have its last observation and wait for its next turn (not waiting on its
+    env): each fork gets `env.fork()` (an env without `fork` cannot be forked: ValueError naming its type) and
+    a copy of the driver's sample (`Driver.fork`: its KV cache, nothing recomputed). seed, stream: the forks'
+    sampling streams (`Fork`; fork i draws with sample stream = its episode index); None: the driver's.
+    """
+    self._check_open()
+    _check_int("n", n, 1)
+    found = [(rid, group, members) for rid, (group, members) in self._running.items()
+             if group.group_id == group_id and index in members]
+    if not found:
+      raise ValueError(f"Fork: no running episode {index} in group {group_id!r} (running groups: "
+                       f"{sorted({repr(g.group_id) for g, _ in self._running.values()})}).")
+    rid, group, members = found[0]
+    parent = group.states[index]
+    if not callable(getattr(parent.env, "fork", None)):
+      raise ValueError(f"Fork: episode {index} of group {group_id!r} runs a {type(parent.env).__name__}, which "
+                       "cannot be forked (it has no fork() method; envs.can_fork).")
+    first = len(group.states)
+    children = [parent.fork(first + k) for k in range(n)]
+    indices = [c.index for c in children]
+    self._driver.fork([_driver.Fork(
+        (rid, members.index(index)), n=n, request_id=self._num_requests, seed=seed, stream=stream,
+        sample_streams=None if seed is None else tuple(indices),
+        env=_callback(children, self._calls, self._tokenizer, self._max_turns))])
+    for child in children:  # The env is idle now (the sample is not waiting on it): fork it before any step.
+      child.env = parent.env.fork()
+    self._running[self._num_requests] = (group, indices)
+    self._num_requests += 1
+    group.states += children
+    group.remaining += n
+    return indices
 
   def step(self) -> list[tuple[Any, list[Episode]]]:
     """One driver step or, when the driver is idle and groups are resetting, a wait of up to the driver's
@@ -475,4 +525,5 @@ def _episode(state: _State, completion: _driver.Completion | None, tokenizer: An
       trained_mask=(0,) * pad + tuple(mask), turn_starts=tuple(state.turn_starts[:k]),
       logprobs=(0.0,) * pad + tuple(logprobs), versions=(-1,) * pad + tuple(versions),
       messages=tuple(state.messages[:k]), rewards=tuple(state.rewards), infos=tuple(state.infos),
-      done=state.done, end_reason=end_reason, error=state.error)
+      done=state.done, end_reason=end_reason, error=state.error, parent=state.parent,
+      forked_at=pad + completion.forked_at if completion is not None and completion.forked_at else 0)

@@ -32,12 +32,17 @@ after it; `env.state_key` is the current one (after `reset`: the initial state's
 Latency. Every `reset` and `step` waits a lognormal(median, p99) draw seeded by (latency_seed, episode,
 turn) (`envs._latency.latency_draw`; turn 0 is the reset); `sleep=False` records it without sleeping.
 
+Forking (`fork`): an independent copy of the episode as it stands (its world, calls so far, observed facts,
+latency draws), for tree rollouts that continue one episode several ways (`sampler.EpisodeRunner.fork`). The
+copy keeps the episode's latency stream: its next calls wait what the original's next calls would.
+
 Thread safety: an env owns its world and touches no shared mutable state (synthesized tasks are cached, but
 immutable), so envs run concurrently in a thread pool, one per episode.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import itertools
 import json
@@ -136,6 +141,15 @@ class ToolEnv:
     if kind == "executed":
       return _rewards.CallRecord(kind, parsed.name, parsed.args, payload), ""
     return _rewards.CallRecord(kind, parsed.name, parsed.args), payload
+
+  def fork(self) -> "ToolEnv":
+    """An independent copy of the episode in its current state (module docstring)."""
+    if self.task is None:
+      raise RuntimeError("ToolEnv.fork before reset: there is no episode to fork.")
+    out = copy.copy(self)
+    out.world = self.world.copy()
+    out.records, out.latencies, out._observed = list(self.records), list(self.latencies), set(self._observed)
+    return out
 
   def step(self, message: str) -> _protocol.StepResult:
     """Answers one message (module docstring); raises only if called before `reset` or after the end."""
