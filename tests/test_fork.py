@@ -229,3 +229,36 @@ def test_an_env_without_fork_is_a_clear_error(engine):
   with pytest.raises(ValueError, match="no running episode 3 in group 0"):
     runner.fork(0, 3, 1)
   runner.close()
+
+
+def test_a_kept_finished_sample_forks_at_any_position_with_one_token_prefilled(engine):
+  params = refs.model()[1]
+  prompt = refs.prompt(6, 8)
+  driver = _driver.Driver(engine, params)
+  (parent,) = driver.sample([Request(prompt, max_tokens=12, request_id="p", seed=2, stream=0, keep=True)])
+  assert driver.num_kept == 1 and len(parent.tokens) >= 4
+  prefills = driver.stats.prefills
+  at = 3
+  driver.fork([Fork(("p", 0), at=at, n=2, request_id="f", seed=7, stream=1)])
+  _until(driver, lambda d: d.done)
+  forks = driver.collect()
+  assert [(c.request_id, c.index) for c in forks] == [("f", 0), ("f", 1)]
+  assert driver.stats.prefills == prefills and driver.stats.recompute_prefills == 0  # one token, no context
+  for c in forks:
+    assert c.forked_at == at and c.tokens[:at] == parent.tokens[:at] and c.logprobs[:at] == parent.logprobs[:at]
+    assert len(c.tokens) <= 12
+    np.testing.assert_allclose(c.logprobs, refs.reference_logprobs(params, c.prompt, c.tokens, T), atol=1e-5)
+  # The same draws as a fresh request of the context (the token at `at` is sampled afresh).
+  fresh = _driver.Driver(engine, params).sample([Request(tuple(prompt) + parent.tokens[:at], n=2, max_tokens=12 - at,
+                                                         seed=7, stream=1)])
+  assert [c.tokens[at:] for c in forks] == [f.tokens for f in fresh]
+  with pytest.raises(ValueError, match=r"forks at an int Fork.at in \[0, "):
+    driver.fork([Fork(("p", 0), at=len(parent.tokens))])
+  with pytest.raises(ValueError, match="got at=None"):
+    driver.fork([Fork(("p", 0))])
+  driver.release_kept("p")
+  assert driver.num_kept == 0
+  with pytest.raises(ValueError, match="is not running"):
+    driver.fork([Fork(("p", 0), at=1)])
+  with pytest.raises(ValueError, match="keep applies to single-turn requests"):
+    driver.submit([Request(prompt, keep=True, env=_Env(2))])

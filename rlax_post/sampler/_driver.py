@@ -96,6 +96,8 @@ class Request:
     0..n-1. Lets a group split over several requests keep one stream per member (`EpisodeRunner`).
   sampling: this request's law (`SamplingParams`); None: the engine's.
   stop: strings that end a turn once its decoded text contains one (module docstring).
+  keep: keep each finished sample's state (its KV cache) so that `fork` can continue it from any of its
+    positions later, until `release_kept(request_id)`; single-turn requests only (no env).
   """
   prompt: Sequence[int]
   n: int = 1
@@ -108,13 +110,18 @@ class Request:
   sample_streams: tuple[int, ...] | None = None
   sampling: SamplingParams | None = None
   stop: tuple[str, ...] = ()
+  keep: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
 class Fork:
   """n continuations of a running sample from where it is now (`Driver.fork`).
 
-  parent: (request_id, index) of a sample that is decoding (in a slot) or queued for its next turn.
+  parent: (request_id, index) of a sample that is decoding (in a slot), queued for its next turn, or finished
+    and kept (`Request.keep`).
+  at: how many of the parent's completion tokens the continuations inherit; None: all it has now. A kept
+    sample is forked at any `at` < its length (the token at `at` is sampled afresh); a running one only where
+    it is.
   n: continuations; each takes its own slot, from a copy of the parent's KV cache (nothing recomputed).
   request_id: the continuations' request id (their completions carry it, with indices 0..n-1).
   seed, stream, sample_streams: their sampling streams, as `Request`'s: turn j of continuation i draws from
@@ -124,6 +131,7 @@ class Fork:
   """
   parent: tuple[Any, int]
   n: int = 1
+  at: int | None = None
   request_id: Any = None
   seed: int | None = None
   stream: int | None = None
@@ -273,6 +281,9 @@ class Driver:
     self._room = engine.max_decode_length
     # Samples waiting on an env future, in parking order: (future, sample, the turn's finish reason).
     self._parked: list[tuple[concurrent.futures.Future, _Sample, str]] = []
+    # Finished samples of `Request.keep` requests: (request_id, index) -> (sample, its state as a prefix, the
+    # params version it was computed under).
+    self._kept: dict[tuple[Any, int], tuple[_Sample, _engine.Prefix, int]] = {}
     self.park_wait_s = float(park_wait_s)
 
   # --- Public API -----------------------------------------------------------------------------------------
@@ -358,34 +369,75 @@ class Driver:
       if f.env is not None and not callable(f.env):
         raise ValueError(f"Fork of {f.parent!r}: env must be callable or None; got {f.env!r}.")
     for f in forks:
-      parent, slot = self._find_parent(f.parent)
-      if parent.request.env is not None and f.env is None:
-        raise ValueError(f"Fork of {f.parent!r}: the sample runs an env, whose state must be forked with it; "
-                         "pass the continuations' env (Fork.env, e.g. EpisodeRunner.fork).")
-      if slot is None:  # Queued for its next turn: extend its conversation prefix once, for all of them.
-        prefix = self._turn_prefix(parent)
-      else:
-        prefix = self.engine.snapshot(self._state, slot)
+      parent, prefix, version, at = self._fork_point(f)
       order = self._num_requests
       self._num_requests += 1
       request = dataclasses.replace(parent.request, n=f.n, request_id=f.request_id, env=f.env, seed=f.seed,
-                                    stream=f.stream, sample_streams=f.sample_streams)
+                                    stream=f.stream, sample_streams=f.sample_streams, keep=False)
       base_key, r = self._base_key(f.seed, f.stream, order)
       streams = range(f.n) if f.sample_streams is None else f.sample_streams
       children = [_Sample(request, order, i, parent.stops, parent.limit, parent.limit_reason,
-                          tokens=list(parent.tokens), logprobs=list(parent.logprobs), versions=list(parent.versions),
-                          mask=list(parent.mask), turn=parent.turn, turn_start=parent.turn_start,
+                          tokens=parent.tokens[:at], logprobs=parent.logprobs[:at], versions=parent.versions[:at],
+                          mask=parent.mask[:at], turn=parent.turn, turn_start=parent.turn_start,
                           base_key=base_key, streams=(int(r), int(stream)), fork_prefix=prefix,
-                          fork_version=self.version, forked_at=len(parent.tokens))
+                          fork_version=version, forked_at=at)
                   for i, stream in enumerate(streams)]
       self._pending.extendleft(reversed(children))  # Ongoing work goes first, in index order.
       self._counts["forks"] += f.n
 
-  def _find_parent(self, parent: tuple[Any, int]) -> tuple[_Sample, int | None]:
-    """The sample `parent` = (request_id, index) and its slot (None: queued for its next turn)."""
+  def release_kept(self, request_id: Any) -> None:
+    """Drops the kept states (`Request.keep`) of request `request_id`'s finished samples."""
+    for key in [k for k in self._kept if k[0] == request_id]:
+      del self._kept[key]
+
+  @property
+  def num_kept(self) -> int:
+    """Finished samples whose state is kept for forks (`Request.keep`)."""
+    return len(self._kept)
+
+  def _fork_point(self, f: Fork) -> tuple[_Sample, _engine.Prefix, int, int]:
+    """(parent sample, prefix after its first `at` tokens, the prefix's params version, at) of fork `f`."""
+    parent, slot = self._find_parent(f.parent)
+    if parent.request.env is not None and f.env is None:
+      raise ValueError(f"Fork of {f.parent!r}: the sample runs an env, whose state must be forked with it; "
+                       "pass the continuations' env (Fork.env, e.g. EpisodeRunner.fork).")
+    length = len(parent.tokens)
+    if slot == "kept":
+      _, kept, version = self._kept[tuple(f.parent)]
+      at = f.at
+      if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at < length:
+        raise ValueError(f"Fork of {f.parent!r}: a finished sample of {length} tokens forks at an int Fork.at in "
+                         f"[0, {length}) (the token there is sampled afresh); got at={f.at!r}.")
+      return parent, self._prefix_at(parent, kept, version, at), self.version, at
+    if f.at is not None and f.at != length:
+      raise ValueError(f"Fork of {f.parent!r}: a running sample forks where it is (at = {length} tokens) or with "
+                       f"at=None; got at={f.at!r} (keep the request to fork it anywhere once it has finished).")
+    if slot is None:  # Queued for its next turn: extend its conversation prefix once, for all of them.
+      return parent, self._turn_prefix(parent), self.version, length
+    return parent, self.engine.snapshot(self._state, slot), self.version, length
+
+  def _prefix_at(self, parent: _Sample, kept: _engine.Prefix, version: int, at: int) -> _engine.Prefix:
+    """The state after the prompt and the parent's first `at` tokens: the kept cache cut there (later
+    positions are masked: keys past a query's position are not attended to, and are overwritten as the fork
+    decodes), with the last of them prefilled again for its next-token logits (one token). The whole context
+    is prefilled again instead when the params changed since the sample finished, or when the model has
+    sliding-window layers (their rings have overwritten positions a window before the end, which a cut
+    needs)."""
+    ids = parent.ids()[:len(parent.request.prompt) + at]
+    if version != self.version or self.engine.model_cfg.window_sizes().max(initial=0) > 0:
+      return self._prefill(ids, counter="recompute_prefills")
+    cut = _engine.Prefix(cache=kept.cache, length=np.asarray([len(ids) - 1], np.int32), logits=kept.logits)
+    return self.engine.prefill(params=self.params, existing_prefix=cut, padded_tokens=np.asarray(ids[-1:], np.int32),
+                               true_length=1)
+
+  def _find_parent(self, parent: tuple[Any, int]) -> tuple[_Sample, Any]:
+    """The sample `parent` = (request_id, index) and where it is: its slot, None (queued for its next turn) or
+    "kept" (finished, `Request.keep`)."""
     match = lambda s: s is not None and (s.request.request_id, s.index) == tuple(parent)
     found = [(s, slot) for slot, s in enumerate(self._busy) if match(s)]
     found += [(s, None) for s in self._pending if match(s) and s.turn > 0 and s.fork_prefix is None]
+    if tuple(parent) in self._kept:
+      found.append((self._kept[tuple(parent)][0], "kept"))
     if len(found) == 1:
       return found[0]
     if len(found) > 1:
@@ -394,8 +446,8 @@ class Driver:
              if any(match(s) for _, s, _ in self._parked) else
              "has not started decoding" if any(match(s) for s in self._pending) else
              "is not running (finished, or never submitted)")
-    raise ValueError(f"Fork: sample {parent!r} {where}; a fork continues a sample that is decoding or queued "
-                     "for its next turn.")
+    raise ValueError(f"Fork: sample {parent!r} {where}; a fork continues a sample that is decoding, queued "
+                     "for its next turn, or finished and kept (Request.keep).")
 
   def step(self) -> list[Completion]:
     """Re-queues resolved parked samples, fills free slots, runs one decode block (up to `steps_per_sync`
@@ -487,6 +539,9 @@ class Driver:
         continue
       if by_string:
         release.append(slot)  # The device does not see stop strings: its slot is still live.
+      if sample.request.keep:  # Its slot is reused from the next fill on: copy its state now.
+        self._kept[(sample.request.request_id, sample.index)] = (sample, self.engine.snapshot(self._state, slot),
+                                                                 self.version)
       self._busy[slot] = None  # Free at once: the next fill may reuse it.
       finished += self._end_turn(sample, reason)
     if release:
@@ -553,6 +608,9 @@ class Driver:
     if r.sampling is not None and not isinstance(r.sampling, SamplingParams):
       raise ValueError(f"Request {r.request_id!r}: sampling must be a SamplingParams or None; got "
                        f"{r.sampling!r}.")
+    if r.keep and r.env is not None:
+      raise ValueError(f"Request {r.request_id!r}: keep applies to single-turn requests (no env); fork a "
+                       "multi-turn sample while it runs.")
     if isinstance(r.stop, str) or not all(isinstance(x, str) and x for x in r.stop):
       raise ValueError(f"Request {r.request_id!r}: stop must be a tuple of non-empty strings; got {r.stop!r}.")
     return stops
