@@ -17,6 +17,14 @@ from rlax_post.envs._tasks import ReverseTask
 from rlax_post.envs._tasks import SortTask
 from rlax_post.envs import tools
 from rlax_post.envs._episodes import episode_rows
+from rlax_post.envs._expansion import arpo_branch_probability
+from rlax_post.envs._expansion import Branch
+from rlax_post.envs._expansion import EXPANSION_POLICIES
+from rlax_post.envs._expansion import random_forks
+from rlax_post.envs._expansion import segment_boundaries
+from rlax_post.envs._expansion import step_entropy
+from rlax_post.envs._expansion import tree_grpo_forks
+from rlax_post.envs._expansion import treerl_forks
 from rlax_post.envs._episodes import EpisodeProducer
 from rlax_post.envs._episodes import prefix_key
 from rlax_post.envs._episodes import turn_budget
@@ -54,6 +62,14 @@ from rlax_post.envs._rl import TextTask
 from rlax_post.envs._rl import TURN_FIELDS
 
 __all__ = [
+    'arpo_branch_probability',
+    'Branch',
+    'EXPANSION_POLICIES',
+    'random_forks',
+    'segment_boundaries',
+    'step_entropy',
+    'tree_grpo_forks',
+    'treerl_forks',
     'Collaboration',
     'COLLABORATIONS',
     'make_pipeline',

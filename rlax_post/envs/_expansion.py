@@ -1,0 +1,118 @@
+"""Expansion policies of tree rollouts: where a tree of samples forks next (docs/trees.md).
+
+A tree starts from one complete chain; each expansion forks some of its samples at chosen positions and
+continues them to the end (`sampler.Driver.fork` with `Fork.at`; a kept finished sample forks anywhere). The
+policies here are pure host functions of the tree's samples so far (`Branch`: tokens, the sampler's logprobs,
+step boundaries, and where each was forked from), seeded by a `numpy.random.Generator`; each returns fork
+points `(branch index, at)`, `at` = tokens of that branch the fork inherits (the token at `at` is sampled
+afresh).
+
+  tree_grpo  Tree-GRPO (arXiv 2509.21240): a node is a step (an agent turn; for a single-turn task a segment
+             of `Branch.boundaries`); pick N distinct nodes uniformly among the root and the non-leaf nodes
+             (every step prefix that is not a whole sample) and start a new chain from each.
+  treerl     TreeRL (arXiv 2506.11902): the N tokens with the highest −log p of the sampled token over the
+             tree, excluding each branch's first own token (its fork point) and inherited tokens, and tokens at
+             or past `max_at`; T continuations each.
+  arpo       ARPO (arXiv 2507.19849): after a tool call, branch with probability clip(0.5 + 0.2·(H_t − H_0), 0, 1)
+             where H is the mean entropy of the first ≤ 20 tokens of a step, normalised by log |V|
+             (`arpo_branch_probability`). Ours estimates a step's entropy by the mean −log p of its sampled
+             tokens (an unbiased estimate of the sampling law's entropy from one draw per position): the
+             sampler returns the sampled token's logprob, not the top-10 the paper reads.
+  random     N fork points uniformly over the tree's own (not inherited) token positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+EXPANSION_POLICIES = ("tree_grpo", "treerl", "arpo", "random")
+ARPO_TOKENS = 20  # ARPO's entropy window: the first ≤ 20 tokens of a step
+
+
+@dataclasses.dataclass(frozen=True)
+class Branch:
+  """One sample of a tree (a leaf so far).
+
+  tokens: its completion ids (inherited ones included); logprobs: the sampler's log π of each (0 where the
+  policy did not sample it: env observations); boundaries: positions in `tokens` where a step begins (after
+  0: an agent turn, or a segment), increasing, all < len(tokens); forked_at: the tokens it inherited (0 for
+  the tree's first chain).
+  """
+  tokens: tuple[int, ...]
+  logprobs: tuple[float, ...]
+  boundaries: tuple[int, ...] = ()
+  forked_at: int = 0
+
+  def __post_init__(self):
+    if len(self.logprobs) != len(self.tokens):
+      raise ValueError(f"Branch: {len(self.logprobs)} logprobs for {len(self.tokens)} tokens.")
+    b = list(self.boundaries)
+    if b != sorted(set(b)) or any(not 0 < x < len(self.tokens) for x in b):
+      raise ValueError(f"Branch: boundaries must be increasing positions in (0, {len(self.tokens)}); got {b}.")
+    if not 0 <= self.forked_at <= len(self.tokens):
+      raise ValueError(f"Branch: forked_at {self.forked_at} outside [0, {len(self.tokens)}].")
+
+
+def segment_boundaries(length: int, every: int) -> tuple[int, ...]:
+  """Step boundaries of a single-turn sample of `length` tokens cut into segments of `every` tokens."""
+  if every < 1:
+    raise ValueError(f"segments must be at least 1 token; got {every}.")
+  return tuple(range(every, length, every))
+
+
+def _pick(candidates: list, n: int, rng: np.random.Generator) -> list:
+  if n < 1:
+    raise ValueError(f"an expansion picks n >= 1 fork points; got {n}.")
+  if len(candidates) <= n:
+    return list(candidates)
+  return [candidates[i] for i in sorted(rng.choice(len(candidates), size=n, replace=False))]
+
+
+def tree_grpo_forks(branches: Sequence[Branch], n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+  """Tree-GRPO: n distinct nodes, uniformly among the root and the non-leaf step nodes (module docstring).
+
+  A node is a step prefix `tokens[:b]` (b = 0, the root, or a boundary); nodes shared by several branches
+  count once (the first branch holding it is forked)."""
+  nodes: dict[tuple[int, ...], tuple[int, int]] = {}
+  for i, br in enumerate(branches):
+    for b in (0,) + tuple(br.boundaries):
+      nodes.setdefault(tuple(br.tokens[:b]), (i, b))
+  return _pick(list(nodes.values()), n, rng)
+
+
+def treerl_forks(branches: Sequence[Branch], n: int, *, max_at: int | None = None) -> list[tuple[int, int]]:
+  """TreeRL: the n highest −log p sampled tokens over the branches' own tokens (module docstring); ties go to
+  the earlier branch, then the earlier position."""
+  scored = []
+  for i, br in enumerate(branches):
+    stop = len(br.tokens) if max_at is None else min(len(br.tokens), max_at)
+    for t in range(br.forked_at + 1, stop):
+      if br.logprobs[t] != 0.0:  # a sampled token (observations have logprob 0)
+        scored.append((-float(br.logprobs[t]), i, t))
+  scored.sort(key=lambda x: (-x[0], x[1], x[2]))
+  if n < 1:
+    raise ValueError(f"an expansion picks n >= 1 fork points; got {n}.")
+  return [(i, t) for _, i, t in scored[:n]]
+
+
+def random_forks(branches: Sequence[Branch], n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
+  """n fork points uniformly over the branches' own token positions (module docstring)."""
+  return _pick([(i, t) for i, br in enumerate(branches) for t in range(br.forked_at, len(br.tokens))], n, rng)
+
+
+def step_entropy(logprobs: Sequence[float], vocab_size: int) -> float:
+  """A step's normalised entropy estimate: the mean −log p of its first ≤ `ARPO_TOKENS` sampled tokens, over
+  log |V| (module docstring)."""
+  window = [-float(x) for x in list(logprobs)[:ARPO_TOKENS]]
+  if not window:
+    raise ValueError("a step's entropy needs at least one sampled token.")
+  return float(np.mean(window)) / math.log(vocab_size)
+
+
+def arpo_branch_probability(h_step: float, h_initial: float, *, base: float = 0.5, scale: float = 0.2) -> float:
+  """ARPO's branching probability after a tool call: clip(base + scale·(H_t − H_0), 0, 1)."""
+  return float(np.clip(base + scale * (h_step - h_initial), 0.0, 1.0))
