@@ -31,6 +31,10 @@ from rlax_post.config._schema import C3_MODES
 from rlax_post.config._schema import COLLABORATION_TASKS
 from rlax_post.config._schema import fanout_of
 from rlax_post.config._schema import group_rows
+from rlax_post.config._schema import tree_leaves
+from rlax_post.config._schema import TEXT_TASKS
+from rlax_post.config._schema import TREE_ROLLOUT_ESTIMATORS
+from rlax_post.config._schema import TreeSection
 from rlax_post.config._schema import num_policies
 from rlax_post.config._schema import MultiAgentSection
 from rlax_post.config._schema import TREE_ESTIMATORS
@@ -70,6 +74,10 @@ __all__ = [
     "TREE_ESTIMATORS",
     "MultiAgentSection",
     "group_rows",
+    "tree_leaves",
+    "TEXT_TASKS",
+    "TREE_ROLLOUT_ESTIMATORS",
+    "TreeSection",
     "num_policies",
     "fanout_of",
     "COLLABORATION_TASKS",

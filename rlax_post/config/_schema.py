@@ -19,7 +19,10 @@ from rlax_post.config._validate import choices
 # "gae": token-level GAE with a learned critic (the `critic` section; docs/critic.md).
 # Tree methods (role pipelines, the `multiagent` section; docs/multiagent.md): "c3" counterfactual credit of
 # sibling messages, "magrpo" one group-normalised outcome per role.
-ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gigpo", "graph_gae", "gae", "c3", "magrpo")
+# Tree rollouts (the `tree` section; docs/trees.md): "tree_grpo" intra- plus inter-tree GRPO of the leaves,
+# "treerl" TreeRL's segment advantages.
+ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gigpo", "graph_gae", "gae", "c3", "magrpo",
+                        "tree_grpo", "treerl")
 C3_MODES = ("value_assisted", "reward_only", "value_only")
 # "auto": ppo when training is on-policy (sync, or async with max_staleness = 0), decoupled_ppo otherwise.
 LOSS_KINDS = ("auto", "ppo", "gspo", "decoupled_ppo")
@@ -223,6 +226,27 @@ class MultiAgentSection:
   policies: str = choices("shared", "per_role")
 
 @dataclasses.dataclass(frozen=True)
+class TreeSection:
+  """Tree rollouts of single-turn text tasks (docs/trees.md): each prompt grows `trees` trees, each from one
+  chain, expanded `iterations` times by forking `forks` points per tree with `continuations` samples each."""
+  expansion: str = choices("none", "tree_grpo", "treerl", "random")  # where trees fork (envs._expansion)
+  trees: int = bounded(2, low=1)  # M: trees per prompt, each starting from one complete chain
+  forks: int = bounded(2, low=1)  # N: fork points per tree per iteration
+  iterations: int = bounded(1, low=1)  # L
+  continuations: int = bounded(1, low=1)  # T: samples from each fork point
+  segment_tokens: int = bounded(4, low=1)  # tree_grpo on a single-turn task: a step (node) is this many tokens
+  # How a prefix shared by several leaves trains: "sum" (every leaf's row in full, as the papers' code) or
+  # "mean" (once, with the mean of its leaves' advantages).
+  prefix: str = choices("sum", "mean")
+
+
+def tree_leaves(cfg: "Config") -> int:
+  """Leaves per prompt of a tree run: M · (1 + L · N · T)."""
+  t = cfg.tree
+  return t.trees * (1 + t.iterations * t.forks * t.continuations)
+
+
+@dataclasses.dataclass(frozen=True)
 class CriticSection:
   """The learned value of `advantage.estimator = "gae"` (PPO with a critic; docs/critic.md)."""
   # "separate": its own model, TrainState, optimizer and checkpoint item; "shared": a value head on the policy,
@@ -303,12 +327,14 @@ class Config:
   advantage: AdvantageSection = dataclasses.field(default_factory=AdvantageSection)
   critic: CriticSection = dataclasses.field(default_factory=CriticSection)
   multiagent: MultiAgentSection = dataclasses.field(default_factory=MultiAgentSection)
+  tree: TreeSection = dataclasses.field(default_factory=TreeSection)
   eval: EvalSection = dataclasses.field(default_factory=EvalSection)
   checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
   runtime: RuntimeSection = dataclasses.field(default_factory=RuntimeSection)
 
   def __post_init__(self):
     self._check_multiagent()
+    self._check_tree()
     rollouts = self.rl.prompts_per_step * group_rows(self)
     if rollouts % self.rl.minibatches:
       raise ValueError(f"A step's {rollouts} rows (rl.prompts_per_step × rows per group) must be divisible by "
@@ -373,10 +399,32 @@ class Config:
                          "would sit on one role's policy only.")
 
 
+  def _check_tree(self):
+    expansion, estimator = self.tree.expansion, self.advantage.estimator
+    if estimator in TREE_ROLLOUT_ESTIMATORS and expansion == "none":
+      raise ValueError(f"advantage.estimator = {estimator!r} credits tree rollouts; set tree.expansion to one of "
+                       "['tree_grpo', 'treerl', 'random'].")
+    if expansion == "none":
+      return
+    if self.task.name not in TEXT_TASKS:
+      raise ValueError(f"tree.expansion = {expansion!r} grows trees of single-turn text tasks; task.name must be "
+                       f"one of {list(TEXT_TASKS)}, got {self.task.name!r}.")
+    if self.rl.samples_per_prompt != tree_leaves(self):
+      raise ValueError(f"tree rollouts make tree.trees × (1 + tree.iterations × tree.forks × tree.continuations) "
+                       f"= {tree_leaves(self)} leaves per prompt; rl.samples_per_prompt must equal it, got "
+                       f"{self.rl.samples_per_prompt}.")
+    if estimator not in TREE_ROLLOUT_ESTIMATORS + ("grpo", "drgrpo", "rloo"):
+      raise ValueError(f"tree rollouts are credited by one of {list(TREE_ROLLOUT_ESTIMATORS + ('grpo', 'drgrpo', 'rloo'))}"
+                       f"; got advantage.estimator = {estimator!r}.")
+
+
 # Tasks that are role pipelines (`envs.COLLABORATIONS`; a test keeps the two equal) and the estimators that
 # credit their tree nodes.
 COLLABORATION_TASKS = ("relay", "sort_reverse")
 TREE_ESTIMATORS = ("c3", "magrpo")
+# Single-turn text tasks that grow tree rollouts (`tree.expansion`), and the estimators of their leaves.
+TEXT_TASKS = ("reverse", "sort", "add")
+TREE_ROLLOUT_ESTIMATORS = ("tree_grpo", "treerl")
 
 
 def group_rows(cfg: Config) -> int:

@@ -58,7 +58,9 @@ from rlax_post.envs._rl import row_id
 from rlax_post.envs._rl import run_tickets
 from rlax_post.envs._rl import seed_of
 from rlax_post.envs._rl import Stream
-from rlax_post.envs._rl import TextTask
+from rlax_post.envs._text import TextTask
+from rlax_post.envs._tree_rollouts import TREE_FIELDS
+from rlax_post.envs._tree_rollouts import TreeRolloutProducer
 from rlax_post.envs._rl import TURN_FIELDS
 
 __all__ = [
@@ -98,6 +100,8 @@ __all__ = [
     'Stream',
     'TURN_FIELDS',
     'TextTask',
+    'TREE_FIELDS',
+    'TreeRolloutProducer',
     'episode_rows',
     'group_id',
     'make_rl_task',

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rlax_post import config as config_lib
 from rlax_post.envs import _dataset
 from rlax_post.envs import _rl
+from rlax_post.envs import _text
 from rlax_post.envs import _collab
 from rlax_post.envs import _trees
 from rlax_post.envs.tools import _rl as tools_rl
@@ -19,4 +20,4 @@ def make_rl_task(cfg: config_lib.Config, tokenizer) -> _rl.RLTask:
     return _trees.make_role_task(cfg, tokenizer)
   if cfg.task.name == tools_rl.NAME:
     return tools_rl.make_tool_task(cfg, tokenizer)
-  return _rl.make_text_task(cfg, tokenizer)
+  return _text.make_text_task(cfg, tokenizer)

@@ -39,12 +39,8 @@ from typing import Any, Iterable, Iterator, Protocol
 
 import numpy as np
 
-from rlax_post import config as config_lib
-from rlax_post import data
 from rlax_post import rewards
 from rlax_post import sampler
-from rlax_post.envs import _base
-from rlax_post.envs import _registry
 
 ROW_FIELDS = ("prompt", "tokens", "mask", "logprobs", "versions", "reward", "finished", "ticket")
 TURN_FIELDS = ("turn_starts", "turn_ends", "turn_keys", "turn_rewards")
@@ -186,18 +182,15 @@ class DriverProducer:
 
 
 class TextProducer(DriverProducer):
-  """Single-turn groups of a text task (`envs.Task`): ticket g is example g of the split."""
+  """Single-turn groups of a text task (`envs.TextTask`): ticket g is example g of the split."""
 
-  def __init__(self, task: "TextTask", engine: sampler.RlaxEngine, params, version: int, split: str):
+  def __init__(self, task: Any, engine: sampler.RlaxEngine, params, version: int, split: str):
     check_split(split)
     cfg = task.cfg
     self.task, self.split = task, split
     self.n = cfg.rl.samples_per_prompt if split == "train" else 1
     self.p = cfg.rl.prompts_per_step
-    if split == "train":
-      self.examples = data.prompt_dataset(task.task, seed=cfg.seed, num_eval=cfg.task.num_eval)
-    else:
-      self.examples = data.eval_examples(task.task, seed=cfg.seed, num_eval=cfg.task.num_eval)
+    self.examples = task.examples(split)
     super().__init__(engine, params, version, self.n)  # _open: ticket -> (example, completions so far)
 
   def submit(self, ticket: int) -> None:
@@ -238,54 +231,3 @@ class TextProducer(DriverProducer):
         "ticket": np.int64(ticket),
         **budget(c.mask, len(c.prompt) if i == 0 else 0),  # the group's samples share one prefill
     } for i, c in enumerate(completions)]
-
-
-@dataclasses.dataclass(frozen=True)
-class TextTask:
-  """A built-in single-turn text task (reverse / sort / add) as the run's task.
-
-  Train tickets are the task's train prompts in the data pipeline's order (`data.prompt_dataset`), held-out
-  tickets its eval set (`data.eval_examples`); the warm start's demonstrations come from `data.sft_batches`.
-  """
-  task: _base.Task
-  cfg: config_lib.Config
-  tokenizer: Any
-
-  @property
-  def name(self) -> str:
-    return self.task.name
-
-  @property
-  def num_eval(self) -> int:
-    return self.cfg.task.num_eval
-
-  def lengths(self, max_seq_len: int) -> Lengths:
-    """BOS + the longest prompt; responses of `rl.max_new_tokens`, which must hold the longest answer + EOS."""
-    rl, task = self.cfg.rl, self.task
-    prompt = task.max_prompt_len + 1
-    if rl.max_new_tokens < task.max_answer_len + 1:
-      raise ValueError(f"`rl.max_new_tokens` = {rl.max_new_tokens} cannot hold the longest answer of task "
-                       f"{task.name!r} plus EOS ({task.max_answer_len + 1} tokens).")
-    sft = prompt + task.max_answer_len + 1
-    need = max(prompt + rl.max_new_tokens, sft)
-    if max_seq_len < need:
-      raise ValueError(f"`model.max_seq_len` = {max_seq_len} is shorter than the longest sequence this run "
-                       f"makes ({need} tokens).")
-    return Lengths(prompt=prompt, response=rl.max_new_tokens, sequence=prompt + rl.max_new_tokens, sft=sft)
-
-  def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]:
-    """Noisy demonstrations (`sft.noise`, `sft.typo_rate`); block `shard_index` of each global batch."""
-    sft = self.cfg.sft
-    return data.sft_batches(self.task, self.tokenizer, seed=self.cfg.seed, batch_size=sft.batch_size,
-                            max_len=self.task.max_prompt_len + self.task.max_answer_len + 2, noise=sft.noise,
-                            typo_rate=sft.typo_rate, num_eval=self.cfg.task.num_eval,
-                            shard_index=shard_index, shard_count=shard_count)
-
-  def producer(self, engine: sampler.RlaxEngine, params, version: int, *, split: str = "train"
-               ) -> TextProducer:
-    return TextProducer(self, engine, params, version, split)
-
-
-def make_text_task(cfg: config_lib.Config, tokenizer) -> TextTask:
-  return TextTask(task=_registry.make_task(cfg.task.name, **dict(cfg.task.options)), cfg=cfg,
-                  tokenizer=tokenizer)

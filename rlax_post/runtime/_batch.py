@@ -43,6 +43,13 @@ class RolloutBatch(NamedTuple):
   # group) and depth (its role's index + 1); None for other tasks.
   node_parents: np.ndarray | None = None  # [B] int32
   node_depths: np.ndarray | None = None  # [B] int32
+  # Tree rollouts (`envs.TREE_FIELDS`): each leaf row's tree (global: group · M + its tree in the group) and its
+  # path's D segments (left-aligned; padding has segment_mask 0): the end of each in the row's response, and
+  # its node id (global over the batch: leaves that share a segment share it). None for other tasks.
+  tree_ids: np.ndarray | None = None  # [B] int32
+  segment_ends: np.ndarray | None = None  # [B, D] int32
+  segment_nodes: np.ndarray | None = None  # [B, D] int32
+  segment_mask: np.ndarray | None = None  # [B, D] float32
 
 
 def rows_to_batch(groups: list[list[dict]], *, seq_len: int, pad_id: int) -> RolloutBatch:
@@ -73,7 +80,8 @@ def rows_to_batch(groups: list[list[dict]], *, seq_len: int, pad_id: int) -> Rol
       tokens=tokens, prompt_lens=prompt_lens, lengths=lengths, loss_mask=loss_mask,
       behaviour_logprobs=behaviour, rewards=np.asarray([float(r["reward"]) for r in rows], np.float32),
       group_ids=group_ids, finished=np.asarray([bool(r["finished"]) for r in rows]),
-      row_metrics=_row_metrics(rows), **_turn_arrays(rows, prompt_lens), **_node_arrays(rows))
+      row_metrics=_row_metrics(rows), **_turn_arrays(rows, prompt_lens), **_node_arrays(rows),
+      **_tree_arrays(groups))
 
 
 def _node_arrays(rows: list[dict]) -> dict:
@@ -82,6 +90,31 @@ def _node_arrays(rows: list[dict]) -> dict:
     return {}
   return {"node_parents": np.asarray([int(r["node_parent"]) for r in rows], np.int32),
           "node_depths": np.asarray([int(r["node_depth"]) for r in rows], np.int32)}
+
+
+def _tree_arrays(groups: list[list[dict]]) -> dict:
+  """The `RolloutBatch` tree-rollout fields of the groups' rows ({} when no row is a tree leaf): tree and node
+  ids made global (each group's after the previous groups')."""
+  rows = [r for g in groups for r in g]
+  if not _all_or_none(rows, envs.TREE_FIELDS, "tree-rollout fields", "all tree leaves or none"):
+    return {}
+  b, d = len(rows), max(len(r["segment_ends"]) for r in rows)
+  out = {"tree_ids": np.zeros((b,), np.int32), "segment_ends": np.zeros((b, d), np.int32),
+         "segment_nodes": np.zeros((b, d), np.int32), "segment_mask": np.zeros((b, d), np.float32)}
+  i = tree_offset = node_offset = 0
+  for g in groups:
+    for r in g:
+      k = len(r["segment_ends"])
+      if len(r["segment_nodes"]) != k:
+        raise ValueError(f"rows_to_batch: row {i} has {k} segment ends but {len(r['segment_nodes'])} nodes.")
+      out["tree_ids"][i] = tree_offset + int(r["tree_id"])
+      out["segment_ends"][i, :k] = r["segment_ends"]
+      out["segment_nodes"][i, :k] = node_offset + np.asarray(r["segment_nodes"], np.int32)
+      out["segment_mask"][i, :k] = 1.0
+      i += 1
+    tree_offset += 1 + max(int(r["tree_id"]) for r in g)
+    node_offset += 1 + max((int(n) for r in g for n in r["segment_nodes"]), default=-1)
+  return out
 
 
 def _row_metrics(rows: list[dict]) -> dict[str, np.ndarray]:

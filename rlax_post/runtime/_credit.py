@@ -32,6 +32,9 @@ from rlax_post import config as config_lib
 GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp")
 STEP_ESTIMATORS = ("gigpo", "graph_gae")
 TREE_ESTIMATORS = config_lib.TREE_ESTIMATORS  # role pipelines' nodes (batch.node_parents / node_depths)
+# Tree rollouts' leaves (batch.tree_ids / segment_*): Tree-GRPO's intra + inter leaf advantages, TreeRL's
+# segment advantages.
+TREE_ROLLOUT_ESTIMATORS = config_lib.TREE_ROLLOUT_ESTIMATORS
 
 
 def response_steps(tokens_bt: np.ndarray, prompt_lens_b: np.ndarray, lengths_b: np.ndarray,
@@ -128,12 +131,28 @@ def tree_metrics(adv_b: np.ndarray, batch) -> dict:
   return out
 
 
+def segments_to_tokens(values_bd: np.ndarray, train_bd: np.ndarray, ends_bd: np.ndarray, mask_bd: np.ndarray,
+                       prompt_lens_b: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+  """Per-segment values to the learner's layout: (values [B, T-1], train [B, T-1]), where target t of row b
+  (predicting response token p = t + 1 − prompt_len) takes segment d's value when ends[d−1] <= p < ends[d]
+  (ends[−1] = 0), and `train` its 0/1 flag (0 outside every real segment)."""
+  b, d = values_bd.shape
+  p_bt = np.arange(1, seq_len)[None] - prompt_lens_b[:, None]  # response position of target t
+  starts_bd = np.concatenate([np.zeros((b, 1), ends_bd.dtype), ends_bd[:, :-1]], axis=1)
+  inside_bdt = ((p_bt[:, None] >= starts_bd[..., None]) & (p_bt[:, None] < ends_bd[..., None])
+                & (mask_bd[..., None] > 0))
+  values_bt = np.where(inside_bdt, np.asarray(values_bd, np.float32)[..., None], 0.0).sum(axis=1, dtype=np.float32)
+  train_bt = np.where(inside_bdt, np.asarray(train_bd, np.float32)[..., None], 0.0).sum(axis=1, dtype=np.float32)
+  return values_bt, train_bt
+
+
 class Credit:
   """Jitted advantage functions for one run's configuration; `__call__` gives `[B, T-1]` advantages."""
 
   def __init__(self, section: config_lib.AdvantageSection, *, num_groups: int, batch: int,
-               max_new_tokens: int):
+               max_new_tokens: int, tree: config_lib.TreeSection | None = None):
     self.section, self.num_groups, self.max_new_tokens = section, num_groups, max_new_tokens
+    self.tree_section = tree
     self._turn_fns: dict[tuple[int, int], object] = {}  # (B, K) -> jitted step estimator over turns.
     s = section
     max_nodes = s.max_nodes or batch * max_new_tokens
@@ -156,9 +175,18 @@ class Credit:
     elif s.estimator == "magrpo":
       self._fn = jax.jit(functools.partial(adv_lib.group_advantages, num_groups=batch, method="grpo", std=s.std,
                                            eps=s.eps))
+    elif s.estimator in TREE_ROLLOUT_ESTIMATORS:
+      if tree is None:
+        raise ValueError(f"advantage.estimator = {s.estimator!r} needs the run's tree section.")
+      num_nodes = batch * max_new_tokens  # a leaf has at most one segment per response token
+      self._leaf_fn = jax.jit(functools.partial(adv_lib.tree_advantages, num_trees=num_groups * tree.trees,
+                                                num_prompts=num_groups, std=s.std, eps=s.eps))
+      self._prefix_fn = jax.jit(functools.partial(adv_lib.prefix_advantages, num_nodes=num_nodes, reduce="mean"))
+      self._segment_fn = jax.jit(functools.partial(adv_lib.segment_advantages, num_nodes=num_nodes,
+                                                   num_groups=num_groups))
     else:
       raise ValueError(f"Unknown advantage.estimator {s.estimator!r}; valid: "
-                       f"{list(GROUP_ESTIMATORS + STEP_ESTIMATORS + TREE_ESTIMATORS)}.")
+                       f"{list(GROUP_ESTIMATORS + STEP_ESTIMATORS + TREE_ESTIMATORS + TREE_ROLLOUT_ESTIMATORS)}.")
 
   def _turn_fn(self, b: int, k: int):
     """The step estimator over [B, K] turns; max_nodes defaults to B × K, num_iters to K + 1 (exact on a
@@ -182,6 +210,8 @@ class Credit:
     if self.section.estimator in TREE_ESTIMATORS:
       adv_bt, metrics = self.tree(batch)
       return adv_bt, {}, metrics
+    if self.section.estimator in TREE_ROLLOUT_ESTIMATORS:
+      return self.tree_rollouts(batch)
     turns = None if batch.turn_starts is None else Turns(
         starts=batch.turn_starts, ends=batch.turn_ends, keys=batch.turn_keys, rewards=batch.turn_rewards,
         mask=batch.turn_mask)
@@ -208,6 +238,44 @@ class Credit:
         adv_b = self._fn(batch.rewards, siblings_b, q_values=np.asarray(q_b, np.float32))
     adv_b = np.asarray(adv_b)
     return adv_b[:, None] * batch.loss_mask, tree_metrics(adv_b, batch)
+
+  def tree_rollouts(self, batch) -> tuple[np.ndarray, dict, dict]:
+    """(advantages [B, T-1], fields, metrics) of a batch of tree-rollout leaves (`envs.TreeRolloutProducer`).
+
+    tree_grpo: leaf advantage A = GRPO over its tree's leaves + GRPO over its prompt's (`tree_advantages`);
+    treerl: every token of segment s gets TreeRL's A(s) (`segment_advantages`). `tree.prefix = "sum"`: each
+    leaf's row trains in full (a shared prefix once per leaf through it, with that leaf's A, or A(s)), as the
+    papers' code does; "mean": each segment trains once, in the row of its lowest-index leaf, with the mean of
+    its leaves' A (tree_grpo) or A(s) (treerl), the other copies leave the loss mask (`fields['loss_mask']`).
+    """
+    if batch.tree_ids is None:
+      raise ValueError(f"advantage.estimator = {self.section.estimator!r} needs tree-rollout rows "
+                       "(tree.expansion); this batch has none.")
+    d = self.max_new_tokens
+    pad = lambda x, fill: np.pad(x, [(0, 0), (0, d - x.shape[1])], constant_values=fill)
+    nodes_bd, ends_bd = pad(batch.segment_nodes, 0), pad(batch.segment_ends, 0)
+    valid_bd = pad(batch.segment_mask, 0.0)
+    mean = self.tree_section.prefix == "mean"
+    leaf_b = None
+    if self.section.estimator == "tree_grpo":
+      leaf_b = np.asarray(self._leaf_fn(batch.rewards, batch.tree_ids, batch.group_ids))
+      node_n, owner_bd = map(np.asarray, self._prefix_fn(leaf_b, nodes_bd, valid_ld=valid_bd))
+      values_bd = node_n[nodes_bd] if mean else np.broadcast_to(leaf_b[:, None], nodes_bd.shape)
+    else:
+      seg_n = np.asarray(self._segment_fn(batch.rewards, nodes_bd, batch.group_ids, valid_ld=valid_bd))
+      _, owner_bd = map(np.asarray, self._prefix_fn(np.zeros(len(batch.rewards), np.float32), nodes_bd,
+                                                    valid_ld=valid_bd))
+      values_bd = seg_n[nodes_bd]
+    train_bd = owner_bd if mean else valid_bd
+    adv_bt, train_bt = segments_to_tokens(values_bd, train_bd, ends_bd, valid_bd, batch.prompt_lens,
+                                          batch.tokens.shape[1])
+    loss_mask = batch.loss_mask * train_bt
+    fields = {"loss_mask": loss_mask} if mean else {}
+    real = valid_bd > 0
+    metrics = {"tree_nodes": float(len(np.unique(nodes_bd[real]))),
+               "tree_segments_per_leaf": float(real.sum()) / len(batch.rewards),
+               "trained_token_frac": float(loss_mask.sum()) / max(float(batch.loss_mask.sum()), 1.0)}
+    return adv_bt * loss_mask, fields, metrics
 
   def __call__(self, rewards_b: np.ndarray, group_ids_b: np.ndarray, tokens_bt: np.ndarray,
                prompt_lens_b: np.ndarray, lengths_b: np.ndarray, loss_mask_bt: np.ndarray, *,

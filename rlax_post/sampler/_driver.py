@@ -128,6 +128,7 @@ class Fork:
     `fold_in(key(seed), stream, i, j)` (j continues the parent's turn count), whenever the fork is made.
   env: the continuations' multi-turn callback; required when the parent has one (the env's state must be
     forked with the sample: `EpisodeRunner.fork`), None otherwise.
+  keep: keep the continuations' states once they finish, for further forks (`Request.keep`).
   """
   parent: tuple[Any, int]
   n: int = 1
@@ -137,6 +138,7 @@ class Fork:
   stream: int | None = None
   sample_streams: tuple[int, ...] | None = None
   env: Callable[[int, tuple[int, ...], str], Sequence[int] | None | concurrent.futures.Future] | None = None
+  keep: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,12 +370,14 @@ class Driver:
       check_streams(f"Fork of {f.parent!r}", f.seed, f.stream, f.sample_streams, f.n)
       if f.env is not None and not callable(f.env):
         raise ValueError(f"Fork of {f.parent!r}: env must be callable or None; got {f.env!r}.")
+      if f.keep and f.env is not None:
+        raise ValueError(f"Fork of {f.parent!r}: keep applies to single-turn samples (no env).")
     for f in forks:
       parent, prefix, version, at = self._fork_point(f)
       order = self._num_requests
       self._num_requests += 1
       request = dataclasses.replace(parent.request, n=f.n, request_id=f.request_id, env=f.env, seed=f.seed,
-                                    stream=f.stream, sample_streams=f.sample_streams, keep=False)
+                                    stream=f.stream, sample_streams=f.sample_streams, keep=f.keep)
       base_key, r = self._base_key(f.seed, f.stream, order)
       streams = range(f.n) if f.sample_streams is None else f.sample_streams
       children = [_Sample(request, order, i, parent.stops, parent.limit, parent.limit_reason,

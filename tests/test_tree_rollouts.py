@@ -1,0 +1,190 @@
+"""Tree rollouts of text tasks (docs/trees.md): the producer's trees (forks from kept samples, segments, budget,
+seeds), the batch's tree fields, Tree-GRPO and TreeRL credit by hand, config checks and a short run."""
+
+import functools
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from rlax_post import config
+from rlax_post import envs
+from rlax_post import models
+from rlax_post import runtime
+from rlax_post.runtime import _batch
+from rlax_post.runtime import _credit
+from rlax_post.envs import _registry
+
+sys.path.insert(0, ".")
+from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _cfg(**overrides):
+  c = demo.get_config("tiny")
+  c.tree.expansion, c.tree.trees, c.tree.forks, c.tree.iterations, c.tree.continuations = "treerl", 2, 2, 1, 1
+  c.rl.samples_per_prompt = 6
+  for key, value in overrides.items():
+    section, name = key.split("__")
+    c[section][name] = value
+  return config.load(c)
+
+
+@functools.lru_cache(maxsize=None)
+def _parts(expansion="treerl", iterations=1):
+  leaves = 2 * (1 + iterations * 2)
+  parts = runtime.build_parts(_cfg(tree__expansion=expansion, tree__iterations=iterations,
+                                   rl__samples_per_prompt=leaves))
+  return parts, models.init_params(parts.model_cfg, jax.random.key(0))[1]
+
+
+def _trees(tickets, expansion="treerl", iterations=1, slots=16):
+  parts, params = _parts(expansion, iterations)
+  producer = parts.task.producer(parts.engine(slots=slots, temperature=1.0), params, 0)
+  assert isinstance(producer, envs.TreeRolloutProducer)
+  out = envs.run_tickets(producer, tickets, slots=slots, group_size=parts.cfg.rl.samples_per_prompt)
+  assert producer.driver.num_kept == 0  # every kept state is released with its group
+  return out
+
+
+@pytest.mark.parametrize("expansion, iterations", [("treerl", 1), ("tree_grpo", 2), ("random", 1)])
+def test_a_group_is_trees_of_forked_leaves_with_shared_segments(expansion, iterations):
+  (rows,) = _trees([3], expansion, iterations).values()
+  parts, _ = _parts(expansion, iterations)
+  assert len(rows) == 2 * (1 + iterations * 2) == parts.cfg.rl.samples_per_prompt
+  assert [int(r["tree_parent"]) for r in rows[:2]] == [-1, -1]
+  for i, r in enumerate(rows):
+    ends, nodes = list(r["segment_ends"]), list(r["segment_nodes"])
+    assert ends == sorted(set(ends)) and ends[-1] == len(r["tokens"]) and len(nodes) == len(ends)
+    if r["tree_parent"] >= 0:
+      parent, at = rows[int(r["tree_parent"])], int(r["forked_at"])
+      assert int(parent["tree_id"]) == int(r["tree_id"]) and at < len(parent["tokens"])
+      assert np.array_equal(r["tokens"][:at], parent["tokens"][:at])
+      assert np.array_equal(r["logprobs"][:at], parent["logprobs"][:at])
+      assert r["decode_tokens"] == len(r["tokens"]) - at and r["prefill_tokens"] in (0.0, 1.0)
+    # Two leaves of a tree share exactly the segments inside their common prefix.
+    for o in rows[:i]:
+      if int(o["tree_id"]) != int(r["tree_id"]):
+        assert not set(nodes) & set(o["segment_nodes"])
+        continue
+      common = next((k for k, (a, b) in enumerate(zip(r["tokens"], o["tokens"])) if a != b),
+                    min(len(r["tokens"]), len(o["tokens"])))
+      shared = {n for n, e in zip(nodes, ends) if e <= common}
+      assert shared == {n for n, e in zip(o["segment_nodes"], o["segment_ends"]) if e <= common}
+      assert common in set(ends) | {0}  # a leaf is cut where another one of its tree leaves it
+  # Budget: the prompt once, one token per fork point; each leaf's own tokens.
+  assert sum(r["prefill_tokens"] for r in rows) == len(rows[0]["prompt"]) + 2 * 2 * iterations
+  assert sum(r["terminal_evals"] for r in rows) == len(rows)
+
+
+def test_trees_do_not_depend_on_the_schedule():
+  alone = _trees([5], slots=8)[5]
+  crowd = _trees([2, 5, 7], slots=16)[5]
+  for a, b in zip(alone, crowd):
+    assert np.array_equal(a["tokens"], b["tokens"]) and int(a["forked_at"]) == int(b["forked_at"])
+    np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=1e-5)
+
+
+def _leaf(tokens, tree, nodes, ends, reward, ticket=0):
+  n = len(tokens)
+  return {"prompt": np.asarray([256, 1], np.int32), "tokens": np.asarray(tokens, np.int32),
+          "mask": np.ones(n, np.int32), "logprobs": np.zeros(n, np.float32), "versions": np.zeros(n, np.int32),
+          "reward": np.float32(reward), "finished": True, "ticket": np.int64(ticket), "tree_id": tree,
+          "tree_parent": -1, "forked_at": 0, "segment_ends": np.asarray(ends, np.int32),
+          "segment_nodes": np.asarray(nodes, np.int32)}
+
+
+def _hand_batch():
+  # One prompt, two trees. Tree 0: leaf a = [s0 (2 tokens) | s1 (2)], leaf b = [s0 | s2 (1)] (b forked a at 2);
+  # tree 1: one leaf c = [s3 (3)]. Rewards a 1, b 0, c 1.
+  rows = [_leaf([5, 6, 7, 8], 0, [0, 1], [2, 4], 1.0), _leaf([5, 6, 9], 0, [0, 2], [2, 3], 0.0),
+          _leaf([4, 4, 4], 1, [3], [3], 1.0)]
+  return _batch.rows_to_batch([rows], seq_len=8, pad_id=0)
+
+
+def _credit_of(estimator, prefix):
+  section = config.load(demo.get_config("tiny")).advantage
+  section = type(section)(**{**section.__dict__, "estimator": estimator})
+  tree = config.TreeSection(expansion="treerl", trees=2, forks=1, iterations=1, continuations=1, prefix=prefix)
+  return _credit.Credit(section, num_groups=1, batch=3, max_new_tokens=6, tree=tree)
+
+
+def test_the_batch_carries_global_tree_and_node_ids():
+  rows = [[_leaf([5, 6], 0, [0], [2], 1.0), _leaf([5, 7], 1, [1], [2], 0.0)],
+          [_leaf([5, 6], 0, [0], [2], 1.0, ticket=1), _leaf([5, 6], 1, [1], [2], 1.0, ticket=1)]]
+  b = _batch.rows_to_batch(rows, seq_len=8, pad_id=0)
+  assert b.tree_ids.tolist() == [0, 1, 2, 3] and b.segment_nodes[:, 0].tolist() == [0, 1, 2, 3]
+  with pytest.raises(ValueError, match="tree-rollout fields"):
+    _batch.rows_to_batch([[rows[0][0], {k: v for k, v in rows[0][1].items() if k != "tree_id"}]], seq_len=8,
+                         pad_id=0)
+
+
+def test_tree_grpo_by_hand_with_summed_and_averaged_prefixes():
+  batch = _hand_batch()
+  r = np.array([1.0, 0.0, 1.0])
+  # Intra-tree GRPO (sample std, eps 1e-6): tree 0 {1, 0}: ±1/sqrt(0.5); tree 1 alone: 0. Inter over all three:
+  # mean 2/3, sample std sqrt(1/3).
+  intra = np.array([0.5, -0.5, 0.0]) / (np.sqrt(0.5) + 1e-6)
+  inter = (r - 2 / 3) / (np.sqrt(1 / 3) + 1e-6)
+  leaf = intra + inter
+  adv, fields, metrics = _credit_of("tree_grpo", "sum").tree_rollouts(batch)
+  assert fields == {} and metrics["tree_nodes"] == 4
+  # Targets of row b: response token p at column prompt_len - 1 + p = 1 + p.
+  for row, n in ((0, 4), (1, 3), (2, 3)):
+    np.testing.assert_allclose(adv[row, 1:1 + n], leaf[row], rtol=1e-5)
+    assert np.all(adv[row, 1 + n:] == 0) and adv[row, 0] == 0
+  adv, fields, _ = _credit_of("tree_grpo", "mean").tree_rollouts(batch)
+  mask = fields["loss_mask"]
+  # Shared s0 trains once, in row 0 (the lowest leaf), with the mean of a's and b's advantages.
+  np.testing.assert_allclose(adv[0, 1:3], (leaf[0] + leaf[1]) / 2, rtol=1e-5)
+  np.testing.assert_allclose(adv[0, 3:5], leaf[0], rtol=1e-5)
+  assert mask[1, 1:3].tolist() == [0, 0] and mask[1, 3] == 1 and adv[1, 1] == 0
+  np.testing.assert_allclose(adv[1, 3], leaf[1], rtol=1e-5)
+  assert mask.sum() == 2 + 2 + 1 + 3  # every distinct segment's tokens once
+
+
+def test_treerl_segment_advantages_by_hand():
+  batch = _hand_batch()
+  # Leave-one-out centring in the prompt's group: c = r - mean(others) = [1 - 1/2, 0 - 1, 1 - 1/2].
+  c = np.array([0.5, -1.0, 0.5])
+  v = {0: (c[0] + c[1]) / 2 / np.sqrt(2), 1: c[0], 2: c[1], 3: c[2]}  # V'(s) = mean c under s / sqrt(count)
+  a = {0: 2 * v[0], 1: 2 * v[1] - v[0], 2: 2 * v[2] - v[0], 3: 2 * v[3]}
+  adv, fields, _ = _credit_of("treerl", "sum").tree_rollouts(batch)
+  assert fields == {}
+  np.testing.assert_allclose(adv[0, 1:5], [a[0], a[0], a[1], a[1]], rtol=1e-5)
+  np.testing.assert_allclose(adv[1, 1:4], [a[0], a[0], a[2]], rtol=1e-5)  # s0 again: a duplicate, trained
+  np.testing.assert_allclose(adv[2, 1:4], [a[3]] * 3, rtol=1e-5)
+  adv, fields, _ = _credit_of("treerl", "mean").tree_rollouts(batch)
+  assert fields["loss_mask"][1, 1:3].tolist() == [0, 0] and adv[1, 1] == 0
+  np.testing.assert_allclose(adv[1, 3], a[2], rtol=1e-5)
+
+
+def test_tree_config_errors_name_the_setting():
+  with pytest.raises(ValueError, match=r"= 6 leaves per prompt; rl.samples_per_prompt must equal it, got 4"):
+    _cfg(rl__samples_per_prompt=4)
+  with pytest.raises(ValueError, match="credits tree rollouts; set tree.expansion"):
+    _cfg(tree__expansion="none", advantage__estimator="tree_grpo", rl__samples_per_prompt=4)
+  with pytest.raises(ValueError, match="tree rollouts are credited by one of"):
+    _cfg(advantage__estimator="gigpo")
+  with pytest.raises(ValueError, match=r"tree.expansion` must be one of \[.none., .tree_grpo., .treerl., .random.\]; got .beam."):
+    _cfg(tree__expansion="beam")
+  assert sorted(config.TEXT_TASKS) == sorted(_registry.TASKS)  # the config's text tasks are the registry's
+
+
+def test_a_short_tree_run_trains_and_logs_the_budget(tmp_path):
+  c = demo.get_config("tiny")
+  c.task.options = dict(c.task.options, partial_credit=True)  # non-zero, varied rewards at this size
+  c.tree.expansion, c.tree.trees, c.tree.forks, c.tree.iterations, c.tree.continuations = "tree_grpo", 2, 1, 1, 1
+  c.rl.samples_per_prompt = 4
+  c.advantage.estimator, c.tree.prefix = "tree_grpo", "mean"
+  c.rl.steps, c.eval.every = 2, 0
+  c.runtime.progress = c.runtime.tensorboard = c.runtime.plot = False
+  summary = runtime.train(config.load(c), str(tmp_path), quiet=True)
+  assert summary["rl_steps_done"] == 2 and summary["num_skipped_updates"] == 0
+  rl = [json.loads(l) for l in open(os.path.join(tmp_path, "metrics.jsonl")) if '"rl"' in l]
+  for m in rl:
+    assert m["terminal_evals"] == 4 * 4 and m["num_tokens"] == m["decode_tokens"] > 0  # each token once
+    assert m["tree_nodes"] >= 4 * 2  # at least one segment per tree
+  assert max(m["grad_norm"] for m in rl) > 0  # a step with reward signal trained
