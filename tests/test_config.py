@@ -30,7 +30,7 @@ def test_nested_section_keeps_its_own_defaults():
 @pytest.mark.parametrize("raw, message", [
     ({"rl": {"stepz": 3}}, r"Unknown key\(s\) \['config.rl.stepz'\]; valid keys of `config.rl` are \['epochs'"),
     ({"advantage": {"estimator": "gpro"}},
-     r"`config.advantage.estimator` must be one of \['grpo', 'drgrpo', 'rloo', 'reinforce_pp', 'gigpo', 'graph_gae', 'gae', 'c3', 'magrpo'\]; got 'gpro'"),
+     r"`config.advantage.estimator` must be one of \['grpo', 'drgrpo', 'rloo', 'reinforce_pp', 'gigpo', 'graph_gae', 'gae', 'c3', 'magrpo', 'tree_grpo', 'treerl'\]; got 'gpro'"),
     ({"loss": {"kl_kind": "k4"}}, r"must be one of \['k3', 'k1', 'k2'\]"),
     ({"rl": {"top_p": 0.0}}, r"`config.rl.top_p` must be > 0.0 and <= 1.0; got 0.0"),
     ({"rl": {"steps": 2.5}}, r"`config.rl.steps` must be an int; got 2.5"),
@@ -100,7 +100,7 @@ def test_cli_reports_unknown_key_and_bad_value():
   assert out.returncode != 0 and "stepz" in out.stderr
   out = _cli("check-config", "--config", "configs/demo.py", "--config.advantage.estimator=gpro")
   assert out.returncode == 2
-  assert "`config.advantage.estimator` must be one of ['grpo', 'drgrpo', 'rloo', 'reinforce_pp', 'gigpo', 'graph_gae', 'gae', 'c3', 'magrpo']" in out.stderr
+  assert "`config.advantage.estimator` must be one of ['grpo', 'drgrpo', 'rloo', 'reinforce_pp', 'gigpo', 'graph_gae', 'gae', 'c3', 'magrpo', 'tree_grpo', 'treerl']" in out.stderr
   out = _cli("check-config", "--config", "configs/demo.py", "--config.rl.steps=7")
   assert out.returncode == 0 and '"steps": 7' in out.stdout
   # Fields that default to None are typed placeholders, so they can still be set from the command line.
