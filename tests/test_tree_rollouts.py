@@ -20,6 +20,7 @@ from rlax_post.envs import _registry
 
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+from examples.trees import report  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _cfg(**overrides):
@@ -179,7 +180,7 @@ def test_a_short_tree_run_trains_and_logs_the_budget(tmp_path):
   c.tree.expansion, c.tree.trees, c.tree.forks, c.tree.iterations, c.tree.continuations = "tree_grpo", 2, 1, 1, 1
   c.rl.samples_per_prompt = 4
   c.advantage.estimator, c.tree.prefix = "tree_grpo", "mean"
-  c.rl.steps, c.eval.every = 2, 0
+  c.rl.steps, c.eval.every = 2, 2
   c.runtime.progress = c.runtime.tensorboard = c.runtime.plot = False
   summary = runtime.train(config.load(c), str(tmp_path), quiet=True)
   assert summary["rl_steps_done"] == 2 and summary["num_skipped_updates"] == 0
@@ -188,3 +189,9 @@ def test_a_short_tree_run_trains_and_logs_the_budget(tmp_path):
     assert m["terminal_evals"] == 4 * 4 and m["num_tokens"] == m["decode_tokens"] > 0  # each token once
     assert m["tree_nodes"] >= 4 * 2  # at least one segment per tree
   assert max(m["grad_norm"] for m in rl) > 0  # a step with reward signal trained
+  # The comparison's report reads the run back (examples/trees/report.py).
+  figures = report.unit_figures(str(tmp_path))
+  assert figures["arm"] == "tree_grpo" and figures["leaves_per_prompt"] == 4
+  assert figures["decode_tokens_per_prompt"] == pytest.approx(np.mean([m["decode_tokens"] for m in rl]) / 4)
+  assert figures["prefill_tokens_per_prompt"] == pytest.approx(np.mean([m["prefill_tokens"] for m in rl]) / 4)
+  assert figures["success_end"] == summary["final_eval_reward"]
