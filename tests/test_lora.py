@@ -20,6 +20,8 @@ from rlax_post import runtime
 from rlax_post import sharding
 from rlax_post.runtime import _samplers
 
+import _runs
+
 CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                          mlp_dim=64, max_seq_len=16)
 B, T = 8, 10
@@ -234,13 +236,6 @@ def _rl_rows(workdir):
     return [r for r in map(json.loads, f) if r["phase"] == "rl"]
 
 
-def _restore(workdir, cfg, step):
-  update = runtime.RLUpdate(runtime.build_parts(cfg))
-  ckpt = runtime.RunCheckpointer(workdir, tidy=False)
-  try:
-    return ckpt.restore(step, **update.checkpoint_templates)
-  finally:
-    ckpt.close()
 
 
 @pytest.fixture(scope="module")
@@ -254,8 +249,8 @@ def test_a_lora_run_trains_the_adapters_and_leaves_the_base_alone(lora_run):
   workdir, cfg, summary = lora_run
   assert summary["rl_steps_done"] == 4 and summary["num_skipped_updates"] == 0
   assert np.isfinite(summary["final_eval_reward"])
-  first_state, first_ref, _ = _restore(workdir, cfg, 0)
-  state, ref, _ = _restore(workdir, cfg, 4)
+  first_state, first_ref, _ = _runs.restore(workdir, cfg, 0)
+  state, ref, _ = _runs.restore(workdir, cfg, 4)
   # The base never moves, and it is the reference policy.
   jax.tree.map(np.testing.assert_array_equal, state.frozen, first_state.frozen)
   jax.tree.map(np.testing.assert_array_equal, ref, first_state.frozen)
@@ -307,7 +302,7 @@ def test_the_process_exchange_carries_only_the_adapters(lora_run, tmp_path):
   sampler that reads both merges them into the policy's params."""
   workdir, cfg, _ = lora_run
   parts = runtime.build_parts(cfg)
-  state, _, _ = _restore(workdir, cfg, 4)
+  state, _, _ = _runs.restore(workdir, cfg, 4)
   source = runtime.ProcessSource(parts, str(tmp_path), say=lambda *a: None)
   source.publish(state, 5)
   source.stop()
@@ -328,7 +323,7 @@ def test_the_process_exchange_carries_only_the_adapters(lora_run, tmp_path):
 def test_export_writes_the_merged_policy_as_an_hf_checkpoint(lora_run, tmp_path):
   workdir, cfg, _ = lora_run
   assert runtime.export_hf(workdir, tmp_path / "hf", architecture="LlamaForCausalLM") == 4
-  state, _, _ = _restore(workdir, cfg, 4)
+  state, _, _ = _runs.restore(workdir, cfg, 4)
   merged = models.merge_lora(state.frozen, state.params, runtime.build_parts(cfg).trainable.lora)
   hf_cfg, graphdef, loaded = models.load_hf(str(tmp_path / "hf"))
   assert sorted(loaded) == sorted(merged)
@@ -373,7 +368,7 @@ def test_a_lora_run_with_a_bfloat16_base(tmp_path):
           config.to_dict(c)["rl"], steps=2)))
   summary = runtime.train(cfg, tmp_path, quiet=True)
   assert summary["num_skipped_updates"] == 0
-  state, ref, _ = _restore(tmp_path, cfg, 2)
+  state, ref, _ = _runs.restore(tmp_path, cfg, 2)
   assert {x.dtype for x in jax.tree.leaves(state.frozen)} == {jnp.dtype(jnp.bfloat16)}
   assert {x.dtype for x in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.float32)}
   jax.tree.map(np.testing.assert_array_equal, ref, state.frozen)

@@ -22,6 +22,8 @@ from rlax_post.runtime import _learn
 sys.path.insert(0, ".")
 from configs import multiagent  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+import _runs
+
 CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
                          mlp_dim=64, max_seq_len=16)
 B, T = 8, 10
@@ -219,20 +221,13 @@ def per_role_run(tmp_path_factory):
   return str(workdir), cfg, runtime.train(cfg, str(workdir), quiet=True)
 
 
-def _restore(workdir, cfg, step):
-  update = runtime.RLUpdate(runtime.build_parts(cfg))
-  ckpt = runtime.RunCheckpointer(workdir, tidy=False)
-  try:
-    return ckpt.restore(step, **update.checkpoint_templates)
-  finally:
-    ckpt.close()
 
 
 def test_a_per_role_run_trains_two_policies_from_one_warm_start(per_role_run, tmp_path):
   workdir, cfg, summary = per_role_run
   assert summary["rl_steps_done"] == 3 and summary["num_skipped_updates"] == 0
-  start, ref, _ = _restore(workdir, cfg, 0)
-  end, _, _ = _restore(workdir, cfg, 3)
+  start, ref, _ = _runs.restore(workdir, cfg, 0)
+  end, _, _ = _runs.restore(workdir, cfg, 3)
   for name, w in ref.items():  # both roles start as the warm start (the reference policy)
     assert start.params[name].shape == (2,) + w.shape
     for r in range(2):

@@ -214,20 +214,25 @@ class TextProducer(DriverProducer):
     return out
 
   def _rows(self, ticket: int, example, completions) -> list[dict]:
-    tokenizer = self.task.tokenizer
-    response = np.full((len(completions), self.task.cfg.rl.max_new_tokens), tokenizer.pad_id, np.int32)
-    for i, c in enumerate(completions):
-      response[i, :len(c.tokens)] = c.tokens
-    scores = rewards.score_completions(self.task.task, [example] * len(completions),
-                                       rewards.decode_completions(tokenizer, response))
-    return [{
-        "prompt": np.asarray(c.prompt, np.int32),
-        "tokens": np.asarray(c.tokens, np.int32),
-        "mask": np.asarray(c.mask, np.int32),
-        "logprobs": np.asarray(c.logprobs, np.float32),
-        "versions": np.asarray(c.versions, np.int32),
-        "reward": np.float32(scores[i]),
-        "finished": bool(c.finish_reason == "stop"),
-        "ticket": np.int64(ticket),
-        **budget(c.mask, len(c.prompt) if i == 0 else 0),  # the group's samples share one prefill
-    } for i, c in enumerate(completions)]
+    scores = score_group(self.task, example, completions)
+    return [{**completion_row(c, scores[i], ticket),
+             **budget(c.mask, len(c.prompt) if i == 0 else 0)}  # the group's samples share one prefill
+            for i, c in enumerate(completions)]
+
+
+def score_group(task: Any, example, completions) -> np.ndarray:
+  """The text task's rewards of one prompt's completions (decoded from their ids)."""
+  tokenizer = task.tokenizer
+  response = np.full((len(completions), task.cfg.rl.max_new_tokens), tokenizer.pad_id, np.int32)
+  for i, c in enumerate(completions):
+    response[i, :len(c.tokens)] = c.tokens
+  return rewards.score_completions(task.task, [example] * len(completions),
+                                   rewards.decode_completions(tokenizer, response))
+
+
+def completion_row(c: sampler.Completion, reward: float, ticket: int) -> dict:
+  """A completion's `ROW_FIELDS`."""
+  return {"prompt": np.asarray(c.prompt, np.int32), "tokens": np.asarray(c.tokens, np.int32),
+          "mask": np.asarray(c.mask, np.int32), "logprobs": np.asarray(c.logprobs, np.float32),
+          "versions": np.asarray(c.versions, np.int32), "reward": np.float32(reward),
+          "finished": bool(c.finish_reason == "stop"), "ticket": np.int64(ticket)}

@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 
 from rlax_post import config as config_lib
-from rlax_post import rewards
 from rlax_post import sampler
 from rlax_post.envs import _expansion
 from rlax_post.envs import _rl
@@ -143,13 +142,8 @@ class TreeRolloutProducer(_rl.DriverProducer):
     group.waiting, group.iteration = len(leaves), it + 1
 
   def _rows(self, ticket: int, group: _Group) -> list[dict]:
-    tok, task = self.task.tokenizer, self.task.task
     completions = [leaf.completion for leaf in group.leaves]
-    response = np.full((len(completions), self.cfg.rl.max_new_tokens), tok.pad_id, np.int32)
-    for i, c in enumerate(completions):
-      response[i, :len(c.tokens)] = c.tokens
-    scores = rewards.score_completions(task, [group.example] * len(completions),
-                                       rewards.decode_completions(tok, response))
+    scores = _rl.score_group(self.task, group.example, completions)
     nodes: dict[tuple, int] = {}
     rows = []
     for i, (leaf, c) in enumerate(zip(group.leaves, completions)):
@@ -160,14 +154,7 @@ class TreeRolloutProducer(_rl.DriverProducer):
       segment_nodes = [nodes.setdefault((leaf.tree,) + tokens[:e], len(nodes)) for e in ends]
       prefill = (len(c.prompt) if i == 0 else 0) + (1 if leaf.first_of_fork else 0)
       rows.append({
-          "prompt": np.asarray(c.prompt, np.int32),
-          "tokens": np.asarray(tokens, np.int32),
-          "mask": np.asarray(c.mask, np.int32),
-          "logprobs": np.asarray(c.logprobs, np.float32),
-          "versions": np.asarray(c.versions, np.int32),
-          "reward": np.float32(scores[i]),
-          "finished": bool(c.finish_reason == "stop"),
-          "ticket": np.int64(ticket),
+          **_rl.completion_row(c, scores[i], ticket),
           "tree_id": np.int32(leaf.tree), "tree_parent": np.int32(leaf.parent),
           "forked_at": np.int32(c.forked_at),
           "segment_ends": np.asarray(ends, np.int32), "segment_nodes": np.asarray(segment_nodes, np.int32),
