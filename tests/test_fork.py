@@ -58,6 +58,7 @@ def test_a_fork_continues_from_the_parents_cache_with_its_own_streams(engine):
   p = by["p"][0]
   assert driver.stats.prefills == prefills and driver.stats.recompute_prefills == 0  # nothing recomputed
   assert driver.stats.forks == 3
+  assert [by["f"][i].fork_prefill for i in range(3)] == [0, 0, 0]  # a copied cache: nothing prefilled
   for c in by["f"].values():
     assert c.forked_at == at and c.prompt == tuple(prompt)
     assert c.tokens[:at] == p.tokens[:at] and c.logprobs[:at] == p.logprobs[:at]  # inherited as they were
@@ -210,6 +211,26 @@ def test_a_forked_tool_env_has_its_own_world():
   assert step.info["turn"] == 2 and env.latencies == fork.latencies  # one latency stream: the same draws
 
 
+class _BadForkEnv(_CountEnv):
+  def fork(self):
+    raise RuntimeError("no copies")
+
+
+def test_an_env_whose_fork_raises_ends_only_the_forked_episodes(engine):
+  runner = _runner(engine, _BadForkEnv, max_turns=2)
+  runner.submit("hi", n=1, group_id="g", seed=4, stream=0)
+  runner.step()
+  assert runner.fork("g", 0, 2, seed=9, stream=0) == [1, 2]
+  done = []
+  while runner.pending:
+    done += runner.step()
+  (_, episodes), = done
+  assert episodes[0].end_reason == "max_turns" and len(episodes[0].messages) == 2
+  for e in episodes[1:]:
+    assert e.end_reason == "env_error" and "env.fork() raised RuntimeError: no copies" in e.error
+  runner.close()
+
+
 class _PlainEnv:
   def reset(self, prompt):
     return "\n"
@@ -243,6 +264,7 @@ def test_a_kept_finished_sample_forks_at_any_position_with_one_token_prefilled(e
   _until(driver, lambda d: d.done)
   forks = driver.collect()
   assert [(c.request_id, c.index) for c in forks] == [("f", 0), ("f", 1)]
+  assert [c.fork_prefill for c in forks] == [1, 0]  # one token, counted on the fork's first continuation
   assert driver.stats.prefills == prefills and driver.stats.recompute_prefills == 0  # one token, no context
   for c in forks:
     assert c.forked_at == at and c.tokens[:at] == parent.tokens[:at] and c.logprobs[:at] == parent.logprobs[:at]
@@ -262,3 +284,27 @@ def test_a_kept_finished_sample_forks_at_any_position_with_one_token_prefilled(e
     driver.fork([Fork(("p", 0), at=1)])
   with pytest.raises(ValueError, match="keep applies to single-turn requests"):
     driver.submit([Request(prompt, keep=True, env=_Env(2))])
+  driver.sample([Request(prompt, max_tokens=4, request_id="k", keep=True)])
+  with pytest.raises(ValueError, match=r"Requests \['k'\] keep their samples, but samples of those"):
+    driver.submit([Request(prompt, max_tokens=4, request_id="k", keep=True)])
+  with pytest.raises(ValueError, match="has kept samples already"):
+    driver.fork([Fork(("k", 0), at=1, request_id="k", keep=True)])
+
+
+def test_a_fork_after_an_in_flight_swap_tags_its_first_token_with_the_logits_version(engine):
+  """recompute_on_swap=False: the parent's next-token logits were computed before the swap (version 0), so the
+  forks' first own token is of version 0, like the parent's, and later ones of version 5."""
+  p0, p1 = refs.model()[1], refs.model(seed=1)[1]
+  driver = _driver.Driver(engine, p0, recompute_on_swap=False)
+  driver.submit([Request(refs.prompt(6, 9), max_tokens=12, request_id="p", seed=1, stream=0)])
+  _until(driver, lambda d: _parent_tokens(d, "p") >= 3)
+  at = _parent_tokens(driver, "p")
+  driver.set_params(p1, 5)
+  driver.fork([Fork(("p", 0), n=2, request_id="f", seed=2, stream=0)])
+  _until(driver, lambda d: d.done)
+  done = {(c.request_id, c.index): c for c in driver.collect()}
+  parent = done[("p", 0)]
+  assert parent.versions[at] == 0 and set(parent.versions[at + 1:]) <= {5}
+  for i in range(2):
+    c = done[("f", i)]
+    assert c.versions[:at] == parent.versions[:at] and c.versions[at] == 0 and set(c.versions[at + 1:]) <= {5}

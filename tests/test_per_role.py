@@ -242,3 +242,24 @@ def test_a_per_role_run_trains_two_policies_from_one_warm_start(per_role_run, tm
     np.testing.assert_array_equal(np.asarray(loaded["q"]), np.asarray(end.params["q"][r]))
   with pytest.raises(ValueError, match="one policy per role .*export_hf"):
     runtime.serve(workdir, sampler.ServeOptions())
+
+
+def test_each_roles_gradient_is_clipped_on_its_own():
+  clip = learner.clip_per_role(1.0)
+  g = {"w": jnp.stack([jnp.full((4,), 5.0), jnp.full((4,), 0.25)]), "b": jnp.stack([jnp.zeros(2), jnp.ones(2) * 0.1])}
+  out, _ = clip.update(g, clip.init(g))
+  norms = [float(jnp.sqrt(jnp.sum(out["w"][r] ** 2) + jnp.sum(out["b"][r] ** 2))) for r in range(2)]
+  assert norms[0] == pytest.approx(1.0, rel=1e-6)  # role 0 (norm 10) clipped to 1
+  np.testing.assert_allclose(out["w"][1], 0.25)  # role 1 (norm < 1) as it was
+  np.testing.assert_allclose(out["b"][1], 0.1)
+  # make_optimizer(roles=2) clips this way, then AdamW: the same updates as that chain, step after step.
+  opt = learner.make_optimizer(learning_rate=1e-2, warmup_steps=0, total_steps=10, b2=0.9, roles=2)
+  ref = optax.chain(learner.clip_per_role(1.0), optax.inject_hyperparams(optax.adamw)(
+      learning_rate=learner.make_lr_schedule(learning_rate=1e-2, warmup_steps=0, total_steps=10), b1=0.9,
+      b2=0.9, weight_decay=0.0))
+  s_opt, s_ref = opt.init(g), ref.init(g)
+  for k in range(3):
+    grads = jax.tree.map(lambda x, k=k: x * (k + 1) * jnp.arange(1, x.size + 1).reshape(x.shape), g)
+    u_opt, s_opt = opt.update(grads, s_opt, g)
+    u_ref, s_ref = ref.update(grads, s_ref, g)
+    jax.tree.map(np.testing.assert_array_equal, u_opt, u_ref)

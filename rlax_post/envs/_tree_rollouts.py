@@ -20,7 +20,9 @@ leaves in the order they were made:
   segment_nodes  int32 [D]  each segment's node id in the group; leaves sharing a segment share its id
 
 and the budget fields: `decode_tokens` its own tokens, `prefill_tokens` the prompt once per group (the first
-chain) and one token per fork point (on its first continuation), `terminal_evals` 1.
+chain) plus what the driver prefilled to start it (`Completion.fork_prefill`: one token per fork point, on its
+first continuation; the whole context where a params change or sliding-window layers made the driver
+prefill it again), `terminal_evals` 1.
 
 Seeding: the chains of ticket g draw from `seed_of(seed, ROLLOUT, g // P)` with stream g mod P (as a chain
 run's group); iteration i's forks from `seed_of(seed, ROLLOUT, g // P, g mod P, i + 1)` with stream m·N + k
@@ -48,7 +50,6 @@ class _Leaf:
   parent: int  # row of the leaf it was forked from (-1: a chain)
   key: tuple  # its (request_id, index) in the driver (kept for forks)
   completion: Any = None
-  first_of_fork: bool = False  # the first continuation of its fork point (carries the point's prefill)
 
 
 @dataclasses.dataclass
@@ -102,6 +103,13 @@ class TreeRolloutProducer(_rl.DriverProducer):
       out.append((ticket, self._rows(ticket, group)))
     return out
 
+  def close(self) -> None:
+    """Drops the open groups and their kept states."""
+    for group in self._open.values():
+      for rid in {leaf.key[0] for leaf in group.leaves}:
+        self.driver.release_kept(rid)
+    super().close()
+
   def _branches(self, group: _Group, tree: int) -> tuple[list[int], list[_expansion.Branch]]:
     rows = [i for i, leaf in enumerate(group.leaves) if leaf.tree == tree]
     branches = []
@@ -136,7 +144,7 @@ class TreeRolloutProducer(_rl.DriverProducer):
         rid = (ticket, "fork", it, m, k)
         forks.append(sampler.Fork(group.leaves[rows[b]].key, n=t.continuations, at=at, request_id=rid, seed=seed,
                                   stream=m * t.forks + k, keep=it + 1 < t.iterations))
-        leaves += [_Leaf(tree=m, parent=rows[b], key=(rid, j), first_of_fork=j == 0) for j in range(t.continuations)]
+        leaves += [_Leaf(tree=m, parent=rows[b], key=(rid, j)) for j in range(t.continuations)]
     self.driver.fork(forks)
     group.leaves += leaves
     group.waiting, group.iteration = len(leaves), it + 1
@@ -152,7 +160,7 @@ class TreeRolloutProducer(_rl.DriverProducer):
       ends = sorted({_common(tokens, other) for other in same_tree} - {0} | {len(tokens)}) if tokens else []
       ends = [e for e in ends if 0 < e <= len(tokens)]
       segment_nodes = [nodes.setdefault((leaf.tree,) + tokens[:e], len(nodes)) for e in ends]
-      prefill = (len(c.prompt) if i == 0 else 0) + (1 if leaf.first_of_fork else 0)
+      prefill = (len(c.prompt) if i == 0 else 0) + c.fork_prefill
       rows.append({
           **_rl.completion_row(c, scores[i], ticket),
           "tree_id": np.int32(leaf.tree), "tree_parent": np.int32(leaf.parent),

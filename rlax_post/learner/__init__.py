@@ -11,6 +11,7 @@ from rlax_post.learner._objectives import sft_objective
 from rlax_post.learner._objectives import value_objective
 from rlax_post.learner._objectives import ValueLoss
 from rlax_post.learner._objectives import with_value_loss
+from rlax_post.learner._optim import clip_per_role
 from rlax_post.learner._optim import current_learning_rate
 from rlax_post.learner._optim import make_lr_schedule
 from rlax_post.learner._optim import make_optimizer
@@ -27,6 +28,7 @@ __all__ = (
     'MEMORY_COMPONENTS',
     'TrainState',
     'Trainable',
+    'clip_per_role',
     'current_learning_rate',
     'decoupled_ppo_objective',
     'estimate_memory',

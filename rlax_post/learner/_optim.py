@@ -50,6 +50,7 @@ def make_optimizer(
     b1: float = 0.9,
     b2: float = 0.999,
     max_grad_norm: float | None = 1.0,
+    roles: int = 1,
 ) -> optax.GradientTransformation:
   """Clip by global norm, then AdamW with `make_lr_schedule`'s learning rate.
 
@@ -67,6 +68,8 @@ def make_optimizer(
     b1: Adam's first-moment decay.
     b2: Adam's second-moment decay.
     max_grad_norm: clip the gradient's global norm to this; None: no clipping.
+    roles: > 1: the params hold one policy per role on a leading axis; each role's gradient is clipped on
+      its own (`clip_per_role`).
 
   Returns:
     An optax `GradientTransformation`.
@@ -82,7 +85,24 @@ def make_optimizer(
       learning_rate=schedule, b1=b1, b2=b2, weight_decay=weight_decay)
   if max_grad_norm is None:
     return adamw
-  return optax.chain(optax.clip_by_global_norm(max_grad_norm), adamw)
+  clip = optax.clip_by_global_norm(max_grad_norm) if roles == 1 else clip_per_role(max_grad_norm)
+  return optax.chain(clip, adamw)
+
+
+def clip_per_role(max_norm: float) -> optax.GradientTransformation:
+  """Clips each role's gradient (slice r of every leaf's leading role axis: one policy per role,
+  `Trainable(roles=R)`) to global norm `max_norm` on its own, so one role's large gradient does not shrink
+  another's step."""
+
+  def update(updates, state, params=None):
+    del params
+    leaves = jax.tree.leaves(updates)
+    sq_r = sum(jnp.sum(jnp.square(x.astype(jnp.float32)).reshape(x.shape[0], -1), axis=1) for x in leaves)
+    scale_r = jnp.minimum(1.0, max_norm / jnp.maximum(jnp.sqrt(sq_r), 1e-30))
+    return jax.tree.map(lambda x: (x * scale_r.reshape((-1,) + (1,) * (x.ndim - 1))).astype(x.dtype),
+                        updates), state
+
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def current_learning_rate(opt_state: optax.OptState) -> jax.Array:

@@ -94,7 +94,8 @@ class RLUpdate:
           functools.partial(models.token_logprobs_and_values, graphdef, temperature=cfg.rl.temperature,
                             window=max_new_tokens), _critic.value_loss(cfg.critic), cfg.critic.coef)
     self.learner = _learners.make_learner(
-        parts, _learners.optimizer(cfg.rl.optimizer, total_updates), objective, agg_mode=cfg.loss.agg_mode,
+        parts, _learners.optimizer(cfg.rl.optimizer, total_updates, parts.trainable.roles), objective,
+        agg_mode=cfg.loss.agg_mode,
         max_len=max_new_tokens, trainable=parts.trainable)  # max_len: Dr.GRPO's normaliser, the longest response.
     self.to_model = parts.to_model
     self.score = make_score(graphdef, temperature=cfg.rl.temperature, window=max_new_tokens)

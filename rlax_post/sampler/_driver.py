@@ -67,7 +67,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -154,6 +154,9 @@ class Completion:
   num_turns: turns generated.
   forked_at: the tokens it inherited from the sample it was forked from (`Driver.fork`; 0: not a fork): its
     own continuation is `tokens[forked_at:]`.
+  fork_prefill: context tokens prefilled to start it as a fork (a fork's shared prefill counted on its
+    continuation 0: 0 for a running sample's copied cache, 1 for a kept sample's cut, the turn and observation
+    for a queued one; the whole context where it had to be prefilled again, on each continuation that did).
   """
   request_id: Any
   index: int
@@ -165,6 +168,7 @@ class Completion:
   finish_reason: str
   num_turns: int
   forked_at: int = 0
+  fork_prefill: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,9 +219,22 @@ class _Sample:
   fork_prefix: _engine.Prefix | None = None
   fork_version: int = -1
   forked_at: int = 0
+  fork_prefill: int = 0  # `Completion.fork_prefill`
+  first_version: int | None = None  # a fork's first token's logits version, when not the current one
 
   def ids(self) -> list[int]:
     return list(self.request.prompt) + self.tokens
+
+
+class _ForkPoint(NamedTuple):
+  """Where a fork starts: its parent, the prefix after its first `at` tokens (computed under params
+  `version`), the version of that prefix's next-token logits, and the context tokens prefilled for it."""
+  parent: _Sample
+  prefix: _engine.Prefix
+  version: int
+  at: int
+  first_version: int
+  prefilled: int
 
 
 def check_streams(name: str, seed: Any, stream: Any, sample_streams: Any, n: int) -> None:
@@ -335,6 +352,10 @@ class Driver:
     if len(set(ids)) != len(ids):
       raise ValueError(f"request_ids must be unique within a call; got {ids}.")
     queued = [self._validate(r) for r in requests]
+    kept = [r.request_id for r in requests if r.keep and any(k[0] == r.request_id for k in self._kept)]
+    if kept:
+      raise ValueError(f"Requests {kept} keep their samples, but samples of those request_ids are kept already; "
+                       "release_kept them first or use new ids.")
     for request, stops in zip(requests, queued):
       order = self._num_requests
       self._num_requests += 1
@@ -372,8 +393,12 @@ class Driver:
         raise ValueError(f"Fork of {f.parent!r}: env must be callable or None; got {f.env!r}.")
       if f.keep and f.env is not None:
         raise ValueError(f"Fork of {f.parent!r}: keep applies to single-turn samples (no env).")
-    for f in forks:
-      parent, prefix, version, at = self._fork_point(f)
+      if f.keep and any((f.request_id, i) in self._kept for i in range(f.n)):
+        raise ValueError(f"Fork of {f.parent!r}: request_id {f.request_id!r} has kept samples already; kept "
+                         "forks need an id of their own.")
+    points = [self._fork_point(f) for f in forks]  # all resolved (or one raises) before any is queued
+    for f, point in zip(forks, points):
+      parent, at = point.parent, point.at
       order = self._num_requests
       self._num_requests += 1
       request = dataclasses.replace(parent.request, n=f.n, request_id=f.request_id, env=f.env, seed=f.seed,
@@ -383,8 +408,9 @@ class Driver:
       children = [_Sample(request, order, i, parent.stops, parent.limit, parent.limit_reason,
                           tokens=parent.tokens[:at], logprobs=parent.logprobs[:at], versions=parent.versions[:at],
                           mask=parent.mask[:at], turn=parent.turn, turn_start=parent.turn_start,
-                          base_key=base_key, streams=(int(r), int(stream)), fork_prefix=prefix,
-                          fork_version=version, forked_at=at)
+                          base_key=base_key, streams=(int(r), int(stream)), fork_prefix=point.prefix,
+                          fork_version=point.version, forked_at=at, fork_prefill=point.prefilled if i == 0 else 0,
+                          first_version=point.first_version)
                   for i, stream in enumerate(streams)]
       self._pending.extendleft(reversed(children))  # Ongoing work goes first, in index order.
       self._counts["forks"] += f.n
@@ -399,8 +425,8 @@ class Driver:
     """Finished samples whose state is kept for forks (`Request.keep`)."""
     return len(self._kept)
 
-  def _fork_point(self, f: Fork) -> tuple[_Sample, _engine.Prefix, int, int]:
-    """(parent sample, prefix after its first `at` tokens, the prefix's params version, at) of fork `f`."""
+  def _fork_point(self, f: Fork) -> _ForkPoint:
+    """Where fork `f` starts (ValueError naming the parent if it cannot)."""
     parent, slot = self._find_parent(f.parent)
     if parent.request.env is not None and f.env is None:
       raise ValueError(f"Fork of {f.parent!r}: the sample runs an env, whose state must be forked with it; "
@@ -412,15 +438,20 @@ class Driver:
       if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at < length:
         raise ValueError(f"Fork of {f.parent!r}: a finished sample of {length} tokens forks at an int Fork.at in "
                          f"[0, {length}) (the token there is sampled afresh); got at={f.at!r}.")
-      return parent, self._prefix_at(parent, kept, version, at), self.version, at
+      prefix, prefilled = self._prefix_at(parent, kept, version, at)
+      return _ForkPoint(parent, prefix, self.version, at, self.version, prefilled)
     if f.at is not None and f.at != length:
       raise ValueError(f"Fork of {f.parent!r}: a running sample forks where it is (at = {length} tokens) or with "
                        f"at=None; got at={f.at!r} (keep the request to fork it anywhere once it has finished).")
     if slot is None:  # Queued for its next turn: extend its conversation prefix once, for all of them.
-      return parent, self._turn_prefix(parent), self.version, length
-    return parent, self.engine.snapshot(self._state, slot), self.version, length
+      prefilled = (length - parent.prefix_len if parent.prefix_version == self.version
+                   else len(parent.ids()))
+      return _ForkPoint(parent, self._turn_prefix(parent), self.version, length, self.version, prefilled)
+    return _ForkPoint(parent, self.engine.snapshot(self._state, slot), self.version, length,
+                      self._logits_version[slot], 0)
 
-  def _prefix_at(self, parent: _Sample, kept: _engine.Prefix, version: int, at: int) -> _engine.Prefix:
+  def _prefix_at(self, parent: _Sample, kept: _engine.Prefix, version: int, at: int
+                 ) -> tuple[_engine.Prefix, int]:
     """The state after the prompt and the parent's first `at` tokens: the kept cache cut there (later
     positions are masked: keys past a query's position are not attended to, and are overwritten as the fork
     decodes), with the last of them prefilled again for its next-token logits (one token). The whole context
@@ -429,10 +460,10 @@ class Driver:
     needs)."""
     ids = parent.ids()[:len(parent.request.prompt) + at]
     if version != self.version or self.engine.model_cfg.window_sizes().max(initial=0) > 0:
-      return self._prefill(ids, counter="recompute_prefills")
+      return self._prefill(ids, counter="recompute_prefills"), len(ids)
     cut = _engine.Prefix(cache=kept.cache, length=np.asarray([len(ids) - 1], np.int32), logits=kept.logits)
     return self.engine.prefill(params=self.params, existing_prefix=cut, padded_tokens=np.asarray(ids[-1:], np.int32),
-                               true_length=1)
+                               true_length=1), 1
 
   def _find_parent(self, parent: tuple[Any, int]) -> tuple[_Sample, Any]:
     """The sample `parent` = (request_id, index) and where it is: its slot, None (queued for its next turn) or
@@ -632,7 +663,8 @@ class Driver:
     return (sample.order, sample.index, Completion(
         request_id=sample.request.request_id, index=sample.index, prompt=tuple(sample.request.prompt),
         tokens=tuple(sample.tokens), logprobs=tuple(sample.logprobs), versions=tuple(sample.versions),
-        mask=tuple(sample.mask), finish_reason=reason, num_turns=sample.turn + 1, forked_at=sample.forked_at))
+        mask=tuple(sample.mask), finish_reason=reason, num_turns=sample.turn + 1, forked_at=sample.forked_at,
+        fork_prefill=sample.fork_prefill))
 
   def _unpark(self) -> list[tuple[int, int, Completion]]:
     """Continues (or finishes) every parked sample whose env future has resolved; never blocks."""
@@ -709,6 +741,8 @@ class Driver:
     prefix = sample.fork_prefix
     if sample.fork_version != self.version:
       prefix = self._prefill(sample.ids(), counter="recompute_prefills")
+      sample.fork_prefill += len(sample.ids())
+      sample.first_version = None
     sample.fork_prefix = None
     if sample.request.env is not None:
       self._keep_prefix(sample, prefix)
@@ -794,4 +828,5 @@ class Driver:
       self._insert(where[positions[0]][0], [(where[j][1], *placed[j]) for j in positions], keys[positions])
     for slot, sample in placed:
       self._busy[slot] = sample
-      self._logits_version[slot] = self.version
+      self._logits_version[slot] = self.version if sample.first_version is None else sample.first_version
+      sample.first_version = None

@@ -185,6 +185,16 @@ class _Calls:
           out.set_result(None)
 
 
+class _FailedFork:
+  """The env of a fork whose `env.fork()` raised: its first step raises that error (the episode's env_error)."""
+
+  def __init__(self, error: str):
+    self.error = error
+
+  def step(self, message: str):
+    raise RuntimeError(f"env.fork() raised {self.error}")
+
+
 def _end(state: _State, reason: str, error: str) -> None:
   state.end_reason, state.error = reason, error
 
@@ -314,10 +324,13 @@ class EpisodeRunner:
         (rid, members.index(index)), n=n, request_id=self._num_requests, seed=seed, stream=stream,
         sample_streams=None if seed is None else tuple(indices),
         env=_callback(children, self._calls, self._tokenizer, self._max_turns))])
-    for child in children:  # The env is idle now (the sample is not waiting on it): fork it before any step.
-      child.env = parent.env.fork()
     self._running[self._num_requests] = (group, indices)
     self._num_requests += 1
+    for child in children:  # The env is idle now (the sample is not waiting on it): fork it before any step.
+      try:
+        child.env = parent.env.fork()
+      except Exception as e:  # The env's own bug: that fork's episode ends with env_error at its first step.
+        child.env = _FailedFork(f"{type(e).__name__}: {e}")
     group.states += children
     group.remaining += n
     return indices
