@@ -54,15 +54,33 @@ def table(units: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def success_at(u: dict, budget: float) -> float:
+  """A unit's held-out success at `budget` cumulative decode tokens (linear between its evaluations)."""
+  x = [u["cumulative_decode_tokens"][s - 1] if s else 0.0 for s in u["eval_steps"]]
+  return float(np.interp(budget, x, u["eval_success"]))
+
+
 def contrasts(units: list[dict]) -> str:
+  """Each arm against `chain`: final success (equal leaves and steps) and success at an equal decode budget
+  (the smallest final budget of any unit)."""
   from scipy import stats  # pylint: disable=g-import-not-at-top  # a dependency of jax, only needed here
-  base = [u["success_end"] for u in units if u["arm"] == "chain"]
-  lines = ["| arm − chain | difference in final success | Welch t | p |", "|---" * 4 + "|"]
+  budget = min(u["cumulative_decode_tokens"][-1] for u in units)
+  for u in units:
+    u["success_at_equal_budget"] = success_at(u, budget)
+  lines = [f"| arm − chain | final success | Welch t | p | success at {budget / 1e3:.0f}k decode tokens | Welch t | p |",
+           "|---" * 7 + "|"]
   for arm in ARMS[1:]:
-    other = [u["success_end"] for u in units if u["arm"] == arm]
-    if len(base) >= 2 and len(other) >= 2:
+    cells = []
+    for key in ("success_end", "success_at_equal_budget"):
+      base = [u[key] for u in units if u["arm"] == "chain"]
+      other = [u[key] for u in units if u["arm"] == arm]
+      if len(base) < 2 or len(other) < 2:
+        break
       t, p = stats.ttest_ind(other, base, equal_var=False)
-      lines.append(f"| {arm} | {np.mean(other) - np.mean(base):+.3f} | {t:.2f} | {p:.3f} |")
+      cells.append(f"{np.mean(other) - np.mean(base):+.3f} | {t:.2f} | {p:.3f}")
+    if len(cells) == 2:
+      lines.append(f"| {arm} | {cells[0]} | {cells[1]} |")
+  base = [u["success_end"] for u in units if u["arm"] == "chain"]
   if len(base) >= 2:
     lines.append(f"\nchain σ (final success, {len(base)} seeds) = {np.std(base, ddof=1):.3f}: 3 seeds per arm "
                  f"detect ≈ 2.9σ = {2.9 * np.std(base, ddof=1):.3f} (Welch, α 0.05, power 0.8)")
