@@ -2,8 +2,10 @@
 
   rlax-post train --config configs/trees.py:treerl --workdir runs/trees_treerl
   rlax-post sweep --config configs/trees.py --workdir runs/trees --parallel 2 --share_warm_start  # 4 arms × 3
+  rlax-post sweep --config configs/trees.py:add --workdir runs/trees_add --parallel 2 --share_warm_start
 
-Arms (the demo's model, warm start and reverse task; `rl.samples_per_prompt` = 8 leaves per prompt):
+Arms (the demo's model and warm start, on its reverse task or, as a variant, its sort or add task;
+`rl.samples_per_prompt` = 8 leaves per prompt):
   chain      8 independent samples, GRPO (the demo itself)
   tree_grpo  4 chains, each forked once at a uniformly drawn step node (2-token segments); Tree-GRPO's intra +
              inter-tree leaf advantages, shared prefixes trained once per leaf ("sum", as the paper's code)
@@ -29,7 +31,8 @@ ARMS = {
     "treerl": {"tree.expansion": "treerl", "advantage.estimator": "treerl", **_TREE},
     "random": {"tree.expansion": "random", "advantage.estimator": "tree_grpo", **_TREE},
 }
-_VARIANTS = ("default", "tiny", *ARMS)
+_TASKS = ("reverse", "sort", "add")  # the demo's tasks (its variants)
+_VARIANTS = ("default", "tiny", *_TASKS, *ARMS)
 
 
 def _demo():
@@ -45,8 +48,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if unknown:
     raise ValueError(f"configs/trees.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)} "
                      "(combine with commas, e.g. 'treerl,tiny').")
-  c = _demo().get_config("tiny" if "tiny" in variants else None)
-  c.tree.segment_tokens = 2  # the reverse task's answers are 3 to 6 characters and EOS
+  c = _demo().get_config(",".join(v for v in variants if v in ("tiny",) + _TASKS) or None)
+  c.tree.segment_tokens = 2  # the tasks' answers are a few characters and EOS
   arm = next((v for v in variants if v in ARMS), "treerl")
   for key, value in ARMS[arm].items():
     section, name = key.split(".")
