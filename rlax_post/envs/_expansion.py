@@ -87,6 +87,8 @@ def tree_grpo_forks(branches: Sequence[Branch], n: int, rng: np.random.Generator
 def treerl_forks(branches: Sequence[Branch], n: int, *, max_at: int | None = None) -> list[tuple[int, int]]:
   """TreeRL: the n highest −log p sampled tokens over the branches' own tokens (module docstring); ties go to
   the earlier branch, then the earlier position."""
+  if n < 1:
+    raise ValueError(f"an expansion picks n >= 1 fork points; got {n}.")
   scored = []
   for i, br in enumerate(branches):
     stop = len(br.tokens) if max_at is None else min(len(br.tokens), max_at)
@@ -94,8 +96,6 @@ def treerl_forks(branches: Sequence[Branch], n: int, *, max_at: int | None = Non
       if br.logprobs[t] != 0.0:  # a sampled token (observations have logprob 0)
         scored.append((-float(br.logprobs[t]), i, t))
   scored.sort(key=lambda x: (-x[0], x[1], x[2]))
-  if n < 1:
-    raise ValueError(f"an expansion picks n >= 1 fork points; got {n}.")
   return [(i, t) for _, i, t in scored[:n]]
 
 

@@ -57,7 +57,11 @@ class _Group:
   example: Any
   leaves: list[_Leaf]
   iteration: int = 0
-  waiting: int = 0  # completions still due in this phase
+
+  @property
+  def waiting(self) -> bool:
+    """Completions are still due in this phase."""
+    return any(leaf.completion is None for leaf in self.leaves)
 
 
 class TreeRolloutProducer(_rl.DriverProducer):
@@ -79,7 +83,7 @@ class TreeRolloutProducer(_rl.DriverProducer):
         prompt=tuple(int(t) for t in prompt), n=m, max_tokens=self.cfg.rl.max_new_tokens, request_id=rid,
         seed=_rl.seed_of(self.cfg.seed, _rl.Stream.ROLLOUT, ticket // self.p), stream=ticket % self.p,
         stop=tuple(self.cfg.rl.stop), keep=True)])
-    self._open[ticket] = _Group(example, [_Leaf(tree=i, parent=-1, key=(rid, i)) for i in range(m)], waiting=m)
+    self._open[ticket] = _Group(example, [_Leaf(tree=i, parent=-1, key=(rid, i)) for i in range(m)])
 
   def step(self) -> list[tuple[int, list[dict]]]:
     by_key = {}
@@ -91,24 +95,26 @@ class TreeRolloutProducer(_rl.DriverProducer):
       for leaf in group.leaves:
         if leaf.completion is None and leaf.key in by_key:
           leaf.completion = by_key[leaf.key]
-          group.waiting -= 1
       if group.waiting:
         continue
       if group.iteration < self.tree.iterations:
         self._expand(ticket, group)
         continue
       del self._open[ticket]
-      for rid in {leaf.key[0] for leaf in group.leaves}:
-        self.driver.release_kept(rid)
+      self._release(group)
       out.append((ticket, self._rows(ticket, group)))
     return out
 
   def close(self) -> None:
     """Drops the open groups and their kept states."""
     for group in self._open.values():
-      for rid in {leaf.key[0] for leaf in group.leaves}:
-        self.driver.release_kept(rid)
+      self._release(group)
     super().close()
+
+  def _release(self, group: _Group) -> None:
+    """Drops the driver's kept states of the group's samples."""
+    for rid in {leaf.key[0] for leaf in group.leaves}:
+      self.driver.release_kept(rid)
 
   def _branches(self, group: _Group, tree: int) -> tuple[list[int], list[_expansion.Branch]]:
     rows = [i for i, leaf in enumerate(group.leaves) if leaf.tree == tree]
@@ -147,7 +153,7 @@ class TreeRolloutProducer(_rl.DriverProducer):
         leaves += [_Leaf(tree=m, parent=rows[b], key=(rid, j)) for j in range(t.continuations)]
     self.driver.fork(forks)
     group.leaves += leaves
-    group.waiting, group.iteration = len(leaves), it + 1
+    group.iteration = it + 1
 
   def _rows(self, ticket: int, group: _Group) -> list[dict]:
     completions = [leaf.completion for leaf in group.leaves]
@@ -157,8 +163,8 @@ class TreeRolloutProducer(_rl.DriverProducer):
     for i, (leaf, c) in enumerate(zip(group.leaves, completions)):
       tokens = tuple(c.tokens)
       same_tree = [o.completion.tokens for o in group.leaves if o.tree == leaf.tree and o is not leaf]
-      ends = sorted({_common(tokens, other) for other in same_tree} - {0} | {len(tokens)}) if tokens else []
-      ends = [e for e in ends if 0 < e <= len(tokens)]
+      # Cut wherever another leaf of the tree leaves this one (a common prefix shorter than it), and at its end.
+      ends = sorted(({_common(tokens, other) for other in same_tree} | {len(tokens)}) - {0})
       segment_nodes = [nodes.setdefault((leaf.tree,) + tokens[:e], len(nodes)) for e in ends]
       prefill = (len(c.prompt) if i == 0 else 0) + c.fork_prefill
       rows.append({

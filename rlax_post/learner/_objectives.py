@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from rlax_post import losses
+from rlax_post.learner._trainable import role_params
 
 LogprobFn = Callable[[Any, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 Objective = Callable[
@@ -475,7 +476,7 @@ def per_role_objective(objective: Objective, roles: int) -> Objective:
     loss, aux = 0.0, {}
     for r in range(roles):
       w_r = jnp.where((role_b == r)[:, None], weights_bt, 0.0)
-      loss_r, aux_r = objective(jax.tree.map(lambda x: x[r], params), batch, w_r, rng)
+      loss_r, aux_r = objective(role_params(params, r), batch, w_r, rng)
       loss = loss + loss_r
       aux = {k: aux.get(k, 0.0) + v for k, v in aux_r.items()}
     return loss, aux

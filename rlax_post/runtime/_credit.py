@@ -131,21 +131,6 @@ def tree_metrics(adv_b: np.ndarray, batch) -> dict:
   return out
 
 
-def segments_to_tokens(values_bd: np.ndarray, train_bd: np.ndarray, ends_bd: np.ndarray, mask_bd: np.ndarray,
-                       prompt_lens_b: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-  """Per-segment values to the learner's layout: (values [B, T-1], train [B, T-1]), where target t of row b
-  (predicting response token p = t + 1 − prompt_len) takes segment d's value when ends[d−1] <= p < ends[d]
-  (ends[−1] = 0), and `train` its 0/1 flag (0 outside every real segment)."""
-  b, d = values_bd.shape
-  p_bt = np.arange(1, seq_len)[None] - prompt_lens_b[:, None]  # response position of target t
-  starts_bd = np.concatenate([np.zeros((b, 1), ends_bd.dtype), ends_bd[:, :-1]], axis=1)
-  inside_bdt = ((p_bt[:, None] >= starts_bd[..., None]) & (p_bt[:, None] < ends_bd[..., None])
-                & (mask_bd[..., None] > 0))
-  values_bt = np.where(inside_bdt, np.asarray(values_bd, np.float32)[..., None], 0.0).sum(axis=1, dtype=np.float32)
-  train_bt = np.where(inside_bdt, np.asarray(train_bd, np.float32)[..., None], 0.0).sum(axis=1, dtype=np.float32)
-  return values_bt, train_bt
-
-
 class Credit:
   """Jitted advantage functions for one run's configuration; `__call__` gives `[B, T-1]` advantages."""
 
@@ -256,19 +241,24 @@ class Credit:
     nodes_bd, ends_bd = pad(batch.segment_nodes, 0), pad(batch.segment_ends, 0)
     valid_bd = pad(batch.segment_mask, 0.0)
     mean = self.tree_section.prefix == "mean"
-    leaf_b = None
+    owners = lambda leaf_b: map(np.asarray, self._prefix_fn(leaf_b, nodes_bd, valid_ld=valid_bd))
+    train_bd = valid_bd  # "mean": only each segment's lowest leaf's row (prefix_advantages' owners)
     if self.section.estimator == "tree_grpo":
       leaf_b = np.asarray(self._leaf_fn(batch.rewards, batch.tree_ids, batch.group_ids))
-      node_n, owner_bd = map(np.asarray, self._prefix_fn(leaf_b, nodes_bd, valid_ld=valid_bd))
-      values_bd = node_n[nodes_bd] if mean else np.broadcast_to(leaf_b[:, None], nodes_bd.shape)
+      values_bd = np.broadcast_to(leaf_b[:, None], nodes_bd.shape)
+      if mean:  # a segment's mean leaf advantage
+        node_n, train_bd = owners(leaf_b)
+        values_bd = node_n[nodes_bd]
     else:
-      seg_n = np.asarray(self._segment_fn(batch.rewards, nodes_bd, batch.group_ids, valid_ld=valid_bd))
-      _, owner_bd = map(np.asarray, self._prefix_fn(np.zeros(len(batch.rewards), np.float32), nodes_bd,
-                                                    valid_ld=valid_bd))
-      values_bd = seg_n[nodes_bd]
-    train_bd = owner_bd if mean else valid_bd
-    adv_bt, train_bt = segments_to_tokens(values_bd, train_bd, ends_bd, valid_bd, batch.prompt_lens,
-                                          batch.tokens.shape[1])
+      values_bd = np.asarray(self._segment_fn(batch.rewards, nodes_bd, batch.group_ids, valid_ld=valid_bd))[nodes_bd]
+      if mean:
+        _, train_bd = owners(np.zeros(len(batch.rewards), np.float32))
+    # Segments as spans of the row's tokens (segment d: response positions ends[d-1] .. ends[d]).
+    starts_bd = batch.prompt_lens[:, None] + np.concatenate([np.zeros_like(ends_bd[:, :1]), ends_bd[:, :-1]], 1)
+    ends_abs_bd = batch.prompt_lens[:, None] + ends_bd
+    seq_len = batch.tokens.shape[1]
+    adv_bt = turns_to_tokens(values_bd, starts_bd, ends_abs_bd, valid_bd, seq_len)
+    train_bt = turns_to_tokens(train_bd, starts_bd, ends_abs_bd, valid_bd, seq_len)
     loss_mask = batch.loss_mask * train_bt
     fields = {"loss_mask": loss_mask} if mean else {}
     real = valid_bd > 0

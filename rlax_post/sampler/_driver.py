@@ -227,11 +227,10 @@ class _Sample:
 
 
 class _ForkPoint(NamedTuple):
-  """Where a fork starts: its parent, the prefix after its first `at` tokens (computed under params
-  `version`), the version of that prefix's next-token logits, and the context tokens prefilled for it."""
+  """Where a fork starts: its parent, the prefix after its first `at` tokens (computed under the current
+  params), the version of that prefix's next-token logits, and the context tokens prefilled for it."""
   parent: _Sample
   prefix: _engine.Prefix
-  version: int
   at: int
   first_version: int
   prefilled: int
@@ -352,7 +351,7 @@ class Driver:
     if len(set(ids)) != len(ids):
       raise ValueError(f"request_ids must be unique within a call; got {ids}.")
     queued = [self._validate(r) for r in requests]
-    kept = [r.request_id for r in requests if r.keep and any(k[0] == r.request_id for k in self._kept)]
+    kept = [r.request_id for r in requests if r.keep and self._has_kept(r.request_id)]
     if kept:
       raise ValueError(f"Requests {kept} keep their samples, but samples of those request_ids are kept already; "
                        "release_kept them first or use new ids.")
@@ -380,9 +379,10 @@ class Driver:
     and next-token logits; nothing is recomputed), and each continuation samples its next token from those
     logits with its own stream. A parent queued for its next turn has its conversation prefix extended once
     (the turn and observation) and shared by its continuations. The continuations inherit the parent's
-    tokens, logprobs, versions and mask so far (`Completion.forked_at` of them) and its turn budget. ValueError
-    naming the parent if it is not decoding or queued (finished, waiting on an env future, unknown), or if it
-    has an env and the fork brings none.
+    tokens, logprobs, versions and mask so far (`Completion.forked_at` of them) and its turn budget; a kept
+    finished parent (`Request.keep`) is forked at `Fork.at`. Every fork is checked before any is queued:
+    ValueError naming the parent if it is waiting on an env future, has not started, has finished unkept or is
+    unknown, if `at` does not fit, or if it has an env and the fork brings none.
     """
     forks = list(forks)
     for f in forks:
@@ -393,7 +393,7 @@ class Driver:
         raise ValueError(f"Fork of {f.parent!r}: env must be callable or None; got {f.env!r}.")
       if f.keep and f.env is not None:
         raise ValueError(f"Fork of {f.parent!r}: keep applies to single-turn samples (no env).")
-      if f.keep and any((f.request_id, i) in self._kept for i in range(f.n)):
+      if f.keep and self._has_kept(f.request_id):
         raise ValueError(f"Fork of {f.parent!r}: request_id {f.request_id!r} has kept samples already; kept "
                          "forks need an id of their own.")
     points = [self._fork_point(f) for f in forks]  # all resolved (or one raises) before any is queued
@@ -409,7 +409,7 @@ class Driver:
                           tokens=parent.tokens[:at], logprobs=parent.logprobs[:at], versions=parent.versions[:at],
                           mask=parent.mask[:at], turn=parent.turn, turn_start=parent.turn_start,
                           base_key=base_key, streams=(int(r), int(stream)), fork_prefix=point.prefix,
-                          fork_version=point.version, forked_at=at, fork_prefill=point.prefilled if i == 0 else 0,
+                          fork_version=self.version, forked_at=at, fork_prefill=point.prefilled if i == 0 else 0,
                           first_version=point.first_version)
                   for i, stream in enumerate(streams)]
       self._pending.extendleft(reversed(children))  # Ongoing work goes first, in index order.
@@ -419,6 +419,9 @@ class Driver:
     """Drops the kept states (`Request.keep`) of request `request_id`'s finished samples."""
     for key in [k for k in self._kept if k[0] == request_id]:
       del self._kept[key]
+
+  def _has_kept(self, request_id: Any) -> bool:
+    return any(k[0] == request_id for k in self._kept)
 
   @property
   def num_kept(self) -> int:
@@ -439,16 +442,15 @@ class Driver:
         raise ValueError(f"Fork of {f.parent!r}: a finished sample of {length} tokens forks at an int Fork.at in "
                          f"[0, {length}) (the token there is sampled afresh); got at={f.at!r}.")
       prefix, prefilled = self._prefix_at(parent, kept, version, at)
-      return _ForkPoint(parent, prefix, self.version, at, self.version, prefilled)
+      return _ForkPoint(parent, prefix, at, self.version, prefilled)
     if f.at is not None and f.at != length:
       raise ValueError(f"Fork of {f.parent!r}: a running sample forks where it is (at = {length} tokens) or with "
                        f"at=None; got at={f.at!r} (keep the request to fork it anywhere once it has finished).")
     if slot is None:  # Queued for its next turn: extend its conversation prefix once, for all of them.
       prefilled = (length - parent.prefix_len if parent.prefix_version == self.version
                    else len(parent.ids()))
-      return _ForkPoint(parent, self._turn_prefix(parent), self.version, length, self.version, prefilled)
-    return _ForkPoint(parent, self.engine.snapshot(self._state, slot), self.version, length,
-                      self._logits_version[slot], 0)
+      return _ForkPoint(parent, self._turn_prefix(parent), length, self.version, prefilled)
+    return _ForkPoint(parent, self.engine.snapshot(self._state, slot), length, self._logits_version[slot], 0)
 
   def _prefix_at(self, parent: _Sample, kept: _engine.Prefix, version: int, at: int
                  ) -> tuple[_engine.Prefix, int]:
