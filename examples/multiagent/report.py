@@ -15,10 +15,14 @@ mean ± std over seeds per (task, arm) and writes the per-unit figures as JSON.
 import argparse
 import json
 import os
+import sys
 
 import numpy as np
 
 from rlax_post import runtime
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from examples import sweep_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 ARMS = ("magrpo", "c3", "c3_value", "c3_noreplay", "magrpo_per_role")
 
@@ -63,13 +67,6 @@ def unit_figures(workdir: str, extra: int, batches: int = 4) -> dict:
   return out
 
 
-def _ms(values) -> str:
-  values = [v for v in values if v == v]  # NaN: undefined for that unit
-  if not values:
-    return "n/a"
-  return f"{np.mean(values):.3f} ± {np.std(values, ddof=1) if len(values) > 1 else 0:.3f}"
-
-
 def table(units: list[dict]) -> str:
   lines = ["| task | arm | seeds | success start → end | gain | role 1 correct start → end | "
            "role 2 correct end | role 1 influence | credit fidelity | decode tokens / prompt |", "|---" * 10 + "|"]
@@ -81,10 +78,10 @@ def table(units: list[dict]) -> str:
       gain = [u["success_end"] - u["success_start"] for u in us]
       lines.append(
           f"| {task} | {arm} | {len(us)} | {np.mean([u['success_start'] for u in us]):.3f} → "
-          f"{_ms([u['success_end'] for u in us])} | {_ms(gain)} | "
-          f"{np.mean([u['role1_correct_start'] for u in us]):.3f} → {_ms([u['role1_correct_end'] for u in us])} | "
-          f"{_ms([u['role2_correct_end'] for u in us])} | {_ms([u['role1_influence'] for u in us])} | "
-          f"{_ms([u.get('credit_fidelity', np.nan) for u in us])} | "
+          f"{sweep_report.ms([u['success_end'] for u in us])} | {sweep_report.ms(gain)} | "
+          f"{np.mean([u['role1_correct_start'] for u in us]):.3f} → {sweep_report.ms([u['role1_correct_end'] for u in us])} | "
+          f"{sweep_report.ms([u['role2_correct_end'] for u in us])} | {sweep_report.ms([u['role1_influence'] for u in us])} | "
+          f"{sweep_report.ms([u.get('credit_fidelity', np.nan) for u in us])} | "
           f"{np.mean([u['decode_tokens_per_prompt'] for u in us]):.1f} |")
   return "\n".join(lines)
 
@@ -149,21 +146,10 @@ def main():
   for spec in args.sweep:
     if "=" not in spec:
       raise SystemExit(f"--sweep takes LABEL=ROOT; got {spec!r}.")
-    root = spec.split("=", 1)[1]
-    if not os.path.isdir(root):
-      raise SystemExit(f"--sweep {spec!r}: {os.path.abspath(root)} is not a directory.")
-    for name in sorted(os.listdir(root)):
-      workdir = os.path.join(root, name)
-      if os.path.exists(os.path.join(workdir, "summary.json")):
-        units.append({**unit_figures(workdir, args.extra, args.batches), "task": spec.split("=", 1)[0]})
-  print(table(units))
-  print()
-  print(contrasts(units))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(units, f, indent=2)
-  if args.plot:
-    plot(units, args.plot)
+    label, root = spec.split("=", 1)
+    units += [{**unit_figures(workdir, args.extra, args.batches), "task": label}
+              for workdir in sweep_report.unit_dirs(root)]
+  sweep_report.publish(units, f"{table(units)}\n\n{contrasts(units)}", args.json, plot, args.plot)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from examples.multiagent.report import _ms  # pylint: disable=g-import-not-at-top,wrong-import-position
+from examples import sweep_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 ARMS = ("chain", "tree_grpo", "treerl", "random")
 
@@ -46,10 +46,10 @@ def table(units: list[dict]) -> str:
     us = [u for u in units if u["arm"] == arm]
     if us:
       lines.append(f"| {arm} | {len(us)} | {np.mean([u['success_start'] for u in us]):.3f} → "
-                   f"{_ms([u['success_end'] for u in us])} | "
-                   f"{_ms([u['success_end'] - u['success_start'] for u in us])} | "
-                   f"{_ms([u['decode_tokens_per_prompt'] for u in us])} | "
-                   f"{_ms([u['prefill_tokens_per_prompt'] for u in us])} | "
+                   f"{sweep_report.ms([u['success_end'] for u in us])} | "
+                   f"{sweep_report.ms([u['success_end'] - u['success_start'] for u in us])} | "
+                   f"{sweep_report.ms([u['decode_tokens_per_prompt'] for u in us])} | "
+                   f"{sweep_report.ms([u['prefill_tokens_per_prompt'] for u in us])} | "
                    f"{np.mean([u['leaves_per_prompt'] for u in us]):.0f} | {np.mean([u['wall_seconds'] for u in us]):.0f} |")
   return "\n".join(lines)
 
@@ -114,18 +114,8 @@ def main():
   parser.add_argument("--json", help="write the per-unit figures here.")
   parser.add_argument("--plot", help="write the figure here.")
   args = parser.parse_args()
-  if not os.path.isdir(args.sweep):
-    raise SystemExit(f"--sweep {args.sweep!r}: {os.path.abspath(args.sweep)} is not a directory.")
-  units = [unit_figures(os.path.join(args.sweep, name)) for name in sorted(os.listdir(args.sweep))
-           if os.path.exists(os.path.join(args.sweep, name, "summary.json"))]
-  print(table(units))
-  print()
-  print(contrasts(units))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(units, f, indent=2)
-  if args.plot:
-    plot(units, args.plot)
+  units = [unit_figures(workdir) for workdir in sweep_report.unit_dirs(args.sweep)]
+  sweep_report.publish(units, f"{table(units)}\n\n{contrasts(units)}", args.json, plot, args.plot)
 
 
 if __name__ == "__main__":

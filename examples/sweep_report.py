@@ -1,0 +1,37 @@
+"""What the comparison reports (`examples/*/report.py`) share: reading an `rlax-post sweep` root, mean ± std
+cells, and writing the table, the per-unit JSON and the plot."""
+
+import json
+import os
+from typing import Callable
+
+import numpy as np
+
+
+def unit_dirs(root: str) -> list[str]:
+  """The finished units (a `summary.json`) of sweep root `root`, in name order; SystemExit naming a root that
+  is not a directory."""
+  if not os.path.isdir(root):
+    raise SystemExit(f"--sweep {root!r}: {os.path.abspath(root)} is not a directory.")
+  return [os.path.join(root, name) for name in sorted(os.listdir(root))
+          if os.path.exists(os.path.join(root, name, "summary.json"))]
+
+
+def ms(values) -> str:
+  """Mean ± sample std of `values` (NaN entries, undefined for their unit, left out; "n/a" if none is left)."""
+  values = [v for v in values if v == v]
+  if not values:
+    return "n/a"
+  return f"{np.mean(values):.3f} ± {np.std(values, ddof=1) if len(values) > 1 else 0:.3f}"
+
+
+def publish(units: list[dict], text: str, json_path: str | None, plot: Callable[[list[dict], str], None],
+            plot_path: str | None) -> None:
+  """Prints `text` (the tables) and writes the per-unit figures to `json_path` and the figure to `plot_path`
+  when given."""
+  print(text)
+  if json_path:
+    with open(json_path, "w") as f:
+      json.dump(units, f, indent=2)
+  if plot_path:
+    plot(units, plot_path)
