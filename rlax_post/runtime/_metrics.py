@@ -201,8 +201,14 @@ def plot_curves(rows: list[dict], path: str) -> None:
   plt.close(fig)
 
 
-def write_summary(path: str, summary: Mapping[str, Any]) -> None:
+def write_json(path: str, payload: Any, **dump_kwargs) -> None:
+  """`payload` as indented JSON at `path`, written aside and renamed over it: a reader (a sampler process
+  reading the run's config.json as the learner starts) never sees a half-written file."""
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
-    json.dump(summary, f, indent=2, sort_keys=True, default=str)
+    json.dump(payload, f, indent=2, **dump_kwargs)
   os.replace(tmp, path)
+
+
+def write_summary(path: str, summary: Mapping[str, Any]) -> None:
+  write_json(path, summary, sort_keys=True, default=str)

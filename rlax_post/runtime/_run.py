@@ -9,7 +9,6 @@ On a multi-host learner process 0 writes the files; every process writes its sha
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from typing import Any, Callable, NamedTuple
@@ -233,8 +232,7 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool, quiet: bool) ->
   if latest is None and primary:
     _metrics.clear_outputs(workdir)
   if primary:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
-      json.dump(config_lib.to_dict(cfg), f, indent=2)
+    _metrics.write_json(os.path.join(workdir, "config.json"), config_lib.to_dict(cfg))
   # One progress bar per multi-host learner.
   ui = _metrics.Console(quiet=quiet or not primary, progress=cfg.runtime.progress)
   return Run(parts=parts, workdir=workdir, update=_learn.RLUpdate(parts), evaluate=_eval.make_evaluator(parts),
