@@ -111,6 +111,56 @@ def test_a_fork_at_a_turn_boundary_shares_one_prefix_and_runs_its_own_env(engine
                                refs.reference_logprobs(params, c.prompt, c.tokens, T)[mask], atol=1e-5)
 
 
+class _KeyedEnv:
+  """OBS after every turn, `turns` turns per sample; state per sample, so a fork can start from any turn."""
+
+  def __init__(self, turns, done_before=0):
+    self.turns, self.calls = turns, collections.Counter()
+    self.done_before = done_before  # turns each sample had before this env took it over
+
+  def __call__(self, index, transcript, finish_reason):
+    self.calls[index] += 1
+    return OBS if self.done_before + self.calls[index] < self.turns else None
+
+
+def test_a_kept_multi_turn_sample_forks_at_any_turn_and_inside_one(engine):
+  params = refs.model()[1]
+  driver = _driver.Driver(engine, params)
+  driver.sample([Request(refs.prompt(5, 4), max_tokens=4, request_id="p", env=_KeyedEnv(3), seed=3, stream=0,
+                         stop_tokens=(), keep=True)])
+  assert driver.num_kept == 1
+  parent = driver._kept[("p", 0)][0]  # pylint: disable=protected-access
+  starts = list(parent.turn_starts)
+  assert len(starts) == 3 and starts[0] == 0 and all(b - a == 4 + len(OBS) for a, b in zip(starts, starts[1:]))
+  full = tuple(parent.tokens)
+  # At a turn's start with the parent's own seed and stream: turn j draws from the same stream, so the fork
+  # redraws the parent's episode from there token for token (its env answering as the parent's did).
+  for j, at in enumerate(starts):
+    prefills = driver.stats.prefills
+    driver.fork([Fork(("p", 0), at=at, request_id=("same", j), seed=3, stream=0, env=_KeyedEnv(3, j))])
+    _until(driver, lambda d: d.done)
+    (c,) = driver.collect()
+    assert c.tokens == full and c.forked_at == at and c.num_turns == 3 and c.fork_prefill == 1
+    assert driver.stats.prefills == prefills  # the kept cache cut at `at`, one token prefilled
+  # Inside turn 1 with other streams: the turn goes on from there with the turn's remaining budget.
+  at = starts[1] + 2
+  driver.fork([Fork(("p", 0), n=2, at=at, request_id="mid", seed=8, stream=1, env=_KeyedEnv(3, 1))])
+  _until(driver, lambda d: d.done)
+  mids = driver.collect()
+  assert [(c.request_id, c.index) for c in mids] == [("mid", 0), ("mid", 1)]
+  for c in mids:
+    assert c.tokens[:at] == full[:at] and c.num_turns == 3
+    assert list(c.tokens[starts[1] + 4:starts[2]]) == OBS  # turn 1 still ends after its 4 tokens
+    mask = np.asarray(c.mask, bool)
+    assert mask.sum() == 12
+    np.testing.assert_allclose(np.asarray(c.logprobs)[mask],
+                               refs.reference_logprobs(params, c.prompt, c.tokens, T)[mask], atol=1e-5)
+  with pytest.raises(ValueError, match=rf"at={starts[1] - 1} lies in an env observation"):
+    driver.fork([Fork(("p", 0), at=starts[1] - 1, request_id="bad", env=_KeyedEnv(3))])
+  with pytest.raises(ValueError, match="runs an env, whose state must be forked with it"):
+    driver.fork([Fork(("p", 0), at=0, request_id="bad")])
+
+
 def test_bad_forks_are_clear_errors(engine):
   params = refs.model()[1]
   driver = _driver.Driver(engine, params)
@@ -194,6 +244,73 @@ def test_an_episode_forks_with_its_env(engine):
   runner.close()
 
 
+def _drain(runner):
+  done = []
+  while runner.pending:
+    done += runner.step()
+  return done
+
+
+def test_an_ended_episode_of_a_kept_group_forks_at_any_turn_with_its_envs_state_there(engine):
+  made = []
+
+  def factory():
+    made.append(_CountEnv())
+    return made[-1]
+
+  runner = _runner(engine, factory, max_turns=3)
+  runner.submit("hi", n=1, group_id="g", seed=4, stream=0, keep=True)
+  (_, (parent,)), = _drain(runner)
+  driver = runner._driver  # pylint: disable=protected-access
+  assert len(parent.turn_starts) == 3 and parent.rewards == (1.0, 2.0, 3.0) and driver.num_kept == 1
+  mask = parent.trained_mask
+  # Inside a turn of at least 2 tokens (every turn has its stop token at least, 5 tokens at most).
+  mid = next(s + 1 for s in parent.turn_starts if s + 1 < len(mask) and mask[s + 1])
+  at = parent.turn_starts[1]
+  assert runner.fork("g", 0, 2, at=at, seed=9, stream=0, keep=True) == [1, 2]
+  assert runner.fork("g", 0, 1, at=mid, seed=9, stream=1) == [3] and runner.pending == 1
+  (group_id, episodes), = _drain(runner)
+  assert group_id == "g" and [e.index for e in episodes] == [0, 1, 2, 3] and len(made) == 1
+  assert episodes[0] == parent and made[0].seen == list(parent.messages)  # the parent's env is untouched
+  for e in episodes[1:3]:
+    assert e.parent == 0 and e.forked_at == at and e.tokens[:at] == parent.tokens[:at]
+    # Its env is the snapshot at turn 1's start: it has seen message 0 only, and counts on from there.
+    assert e.messages[0] == parent.messages[0] and e.rewards == (1.0, 2.0, 3.0) and len(e.turn_starts) == 3
+    assert e.turn_starts[:2] == parent.turn_starts[:2] and e.end_reason == "max_turns"
+  last = episodes[3]
+  assert last.forked_at == mid and last.rewards == (1.0, 2.0, 3.0)
+  k = parent.turn_starts.index(mid - 1)
+  assert last.turn_starts[:k + 1] == parent.turn_starts[:k + 1] and last.tokens[:mid] == parent.tokens[:mid]
+  for e in episodes[1:]:
+    mask = np.asarray(e.trained_mask, bool)
+    np.testing.assert_allclose(np.asarray(e.logprobs)[mask],
+                               refs.reference_logprobs(refs.model()[1], e.tokens[:1], e.tokens[1:], T)[mask[1:]],
+                               atol=1e-5)
+  assert driver.num_kept == 3  # the parent and the two kept forks
+  # A kept fork forks again, at its own turn 2.
+  assert runner.fork("g", 1, 1, at=episodes[1].turn_starts[2], seed=9, stream=2) == [4]
+  (_, again), = _drain(runner)
+  assert again[4].parent == 1 and again[4].tokens[:again[4].forked_at] == episodes[1].tokens[:again[4].forked_at]
+  assert again[4].messages[:2] == episodes[1].messages[:2] and again[4].rewards == (1.0, 2.0, 3.0)
+  with pytest.raises(ValueError, match=rf"at={parent.turn_starts[1] - 1} lies in an env observation"):
+    runner.fork("g", 0, 1, at=parent.turn_starts[1] - 1)
+  with pytest.raises(ValueError, match=r"forks at an int `at` in \["):
+    runner.fork("g", 0, 1, at=len(parent.tokens))
+  runner.submit("hi", n=1, group_id="u", seed=4, stream=1)
+  (_, (u,)), = _drain(runner)
+  with pytest.raises(ValueError, match="no running or kept group 'u'"):  # not kept: gone once returned
+    runner.fork("u", 0, 1, at=u.turn_starts[0])
+  runner.release("g")
+  assert driver.num_kept == 0
+  with pytest.raises(ValueError, match="no running or kept group 'g'"):
+    runner.fork("g", 0, 1, at=at)
+  with pytest.raises(ValueError, match="is not kept"):
+    runner.release("g")
+  with pytest.raises(ValueError, match=r"its envs \(_PlainEnv\) cannot fork"):
+    _runner(engine, _PlainEnv).submit("hi", n=1, group_id="p", keep=True)
+  runner.close()
+
+
 def test_a_forked_tool_env_has_its_own_world():
   from rlax_post.envs import tools  # pylint: disable=g-import-not-at-top
   env = tools.ToolEnv(sleep=False, max_turns=8)
@@ -247,7 +364,7 @@ def test_an_env_without_fork_is_a_clear_error(engine):
   runner.step()
   with pytest.raises(ValueError, match="runs a _PlainEnv, which cannot be forked"):
     runner.fork(0, 0, 2, seed=1, stream=0)
-  with pytest.raises(ValueError, match="no running episode 3 in group 0"):
+  with pytest.raises(ValueError, match=r"group 0 has episodes 0..0; got index 3"):
     runner.fork(0, 3, 1)
   runner.close()
 
@@ -282,8 +399,6 @@ def test_a_kept_finished_sample_forks_at_any_position_with_one_token_prefilled(e
   assert driver.num_kept == 0
   with pytest.raises(ValueError, match="is not running"):
     driver.fork([Fork(("p", 0), at=1)])
-  with pytest.raises(ValueError, match="keep applies to single-turn requests"):
-    driver.submit([Request(prompt, keep=True, env=_Env(2))])
   driver.sample([Request(prompt, max_tokens=4, request_id="k", keep=True)])
   with pytest.raises(ValueError, match=r"Requests \['k'\] keep their samples, but samples of those"):
     driver.submit([Request(prompt, max_tokens=4, request_id="k", keep=True)])

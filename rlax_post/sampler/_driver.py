@@ -97,7 +97,9 @@ class Request:
   sampling: this request's law (`SamplingParams`); None: the engine's.
   stop: strings that end a turn once its decoded text contains one (module docstring).
   keep: keep each finished sample's state (its KV cache) so that `fork` can continue it from any of its
-    positions later, until `release_kept(request_id)`; single-turn requests only (no env).
+    positions later, until `release_kept(request_id)`. A multi-turn sample forks anywhere inside one of its
+    turns (not inside an observation); its env's state at that turn is the caller's to supply
+    (`EpisodeRunner.fork`).
   """
   prompt: Sequence[int]
   n: int = 1
@@ -209,6 +211,7 @@ class _Sample:
   mask: list[int] = dataclasses.field(default_factory=list)
   turn: int = 0
   turn_start: int = 0  # len(tokens) when the turn began.
+  turn_starts: list[int] = dataclasses.field(default_factory=lambda: [0])  # len(tokens) at each turn's start
   # Multi-turn only: the prefix of prompt + tokens[:prefix_len], computed under params `prefix_version`.
   prefix: _engine.Prefix | None = None
   prefix_len: int = 0
@@ -221,6 +224,7 @@ class _Sample:
   forked_at: int = 0
   fork_prefill: int = 0  # `Completion.fork_prefill`
   first_version: int | None = None  # a fork's first token's logits version, when not the current one
+  last_turn_state: Any = None  # keep + env: (state, version) after its latest turn, kept once it finishes
 
   def ids(self) -> list[int]:
     return list(self.request.prompt) + self.tokens
@@ -228,12 +232,21 @@ class _Sample:
 
 class _ForkPoint(NamedTuple):
   """Where a fork starts: its parent, the prefix after its first `at` tokens (computed under the current
-  params), the version of that prefix's next-token logits, and the context tokens prefilled for it."""
+  params), the version of that prefix's next-token logits, the context tokens prefilled for it, and the turn
+  `at` lies in (its index)."""
   parent: _Sample
   prefix: _engine.Prefix
   at: int
   first_version: int
   prefilled: int
+  turn: int
+
+
+def _turn_at(sample: _Sample, at: int) -> int | None:
+  """The turn whose message holds position `at` of the sample's tokens (the policy sampled every token from
+  the turn's start to `at`); None where `at` lies in an env observation."""
+  turn = max(j for j, start in enumerate(sample.turn_starts) if start <= at)
+  return turn if all(sample.mask[sample.turn_starts[turn]:at + 1]) else None
 
 
 def check_streams(name: str, seed: Any, stream: Any, sample_streams: Any, n: int) -> None:
@@ -391,8 +404,6 @@ class Driver:
       check_streams(f"Fork of {f.parent!r}", f.seed, f.stream, f.sample_streams, f.n)
       if f.env is not None and not callable(f.env):
         raise ValueError(f"Fork of {f.parent!r}: env must be callable or None; got {f.env!r}.")
-      if f.keep and f.env is not None:
-        raise ValueError(f"Fork of {f.parent!r}: keep applies to single-turn samples (no env).")
       if f.keep and self._has_kept(f.request_id):
         raise ValueError(f"Fork of {f.parent!r}: request_id {f.request_id!r} has kept samples already; kept "
                          "forks need an id of their own.")
@@ -405,9 +416,11 @@ class Driver:
                                     stream=f.stream, sample_streams=f.sample_streams, keep=f.keep)
       base_key, r = self._base_key(f.seed, f.stream, order)
       streams = range(f.n) if f.sample_streams is None else f.sample_streams
-      children = [_Sample(request, order, i, parent.stops, parent.limit, parent.limit_reason,
+      starts = parent.turn_starts[:point.turn + 1]
+      limit, limit_reason = self._turn_limit(request, starts[-1])
+      children = [_Sample(request, order, i, parent.stops, limit, limit_reason,
                           tokens=parent.tokens[:at], logprobs=parent.logprobs[:at], versions=parent.versions[:at],
-                          mask=parent.mask[:at], turn=parent.turn, turn_start=parent.turn_start,
+                          mask=parent.mask[:at], turn=point.turn, turn_start=starts[-1], turn_starts=list(starts),
                           base_key=base_key, streams=(int(r), int(stream)), fork_prefix=point.prefix,
                           fork_version=self.version, forked_at=at, fork_prefill=point.prefilled if i == 0 else 0,
                           first_version=point.first_version)
@@ -438,19 +451,25 @@ class Driver:
     if slot == "kept":
       _, kept, version = self._kept[tuple(f.parent)]
       at = f.at
-      if isinstance(at, bool) or not isinstance(at, int) or not 0 <= at < length:
+      if isinstance(at, bool) or not isinstance(at, (int, np.integer)) or not 0 <= at < length:
         raise ValueError(f"Fork of {f.parent!r}: a finished sample of {length} tokens forks at an int Fork.at in "
                          f"[0, {length}) (the token there is sampled afresh); got at={f.at!r}.")
+      at = int(at)
+      turn = _turn_at(parent, at)
+      if turn is None:
+        raise ValueError(f"Fork of {f.parent!r}: at={at} lies in an env observation (turns start at "
+                         f"{parent.turn_starts}); a multi-turn sample forks inside one of its turns.")
       prefix, prefilled = self._prefix_at(parent, kept, version, at)
-      return _ForkPoint(parent, prefix, at, self.version, prefilled)
+      return _ForkPoint(parent, prefix, at, self.version, prefilled, turn)
     if f.at is not None and f.at != length:
       raise ValueError(f"Fork of {f.parent!r}: a running sample forks where it is (at = {length} tokens) or with "
                        f"at=None; got at={f.at!r} (keep the request to fork it anywhere once it has finished).")
     if slot is None:  # Queued for its next turn: extend its conversation prefix once, for all of them.
       prefilled = (length - parent.prefix_len if parent.prefix_version == self.version
                    else len(parent.ids()))
-      return _ForkPoint(parent, self._turn_prefix(parent), length, self.version, prefilled)
-    return _ForkPoint(parent, self.engine.snapshot(self._state, slot), length, self._logits_version[slot], 0)
+      return _ForkPoint(parent, self._turn_prefix(parent), length, self.version, prefilled, parent.turn)
+    return _ForkPoint(parent, self.engine.snapshot(self._state, slot), length, self._logits_version[slot], 0,
+                      parent.turn)
 
   def _prefix_at(self, parent: _Sample, kept: _engine.Prefix, version: int, at: int
                  ) -> tuple[_engine.Prefix, int]:
@@ -576,9 +595,9 @@ class Driver:
         continue
       if by_string:
         release.append(slot)  # The device does not see stop strings: its slot is still live.
-      if sample.request.keep:  # Its slot is reused from the next fill on: copy its state now.
-        self._kept[(sample.request.request_id, sample.index)] = (sample, self.engine.snapshot(self._state, slot),
-                                                                 self.version)
+      if sample.request.keep:  # Its slot is reused from the next fill on: copy its state now (kept once the
+        # sample finishes: a multi-turn one may go on after its env's observation).
+        sample.last_turn_state = (self.engine.snapshot(self._state, slot), self.version)
       self._busy[slot] = None  # Free at once: the next fill may reuse it.
       finished += self._end_turn(sample, reason)
     if release:
@@ -645,23 +664,27 @@ class Driver:
     if r.sampling is not None and not isinstance(r.sampling, SamplingParams):
       raise ValueError(f"Request {r.request_id!r}: sampling must be a SamplingParams or None; got "
                        f"{r.sampling!r}.")
-    if r.keep and r.env is not None:
-      raise ValueError(f"Request {r.request_id!r}: keep applies to single-turn requests (no env); fork a "
-                       "multi-turn sample while it runs.")
     if isinstance(r.stop, str) or not all(isinstance(x, str) and x for x in r.stop):
       raise ValueError(f"Request {r.request_id!r}: stop must be a tuple of non-empty strings; got {r.stop!r}.")
     return stops
 
   def _set_turn_limit(self, sample: _Sample) -> None:
-    """This turn's token budget: max_tokens, clipped to the room left in `max_decode_length`."""
-    room = self._room - len(sample.request.prompt) - len(sample.tokens)
-    max_tokens = sample.request.max_tokens
-    if max_tokens is None or max_tokens > room:
-      sample.limit, sample.limit_reason = room, "max_decode_length"
-    else:
-      sample.limit, sample.limit_reason = max_tokens, "length"
+    """This turn's token budget (`_turn_limit`)."""
+    sample.limit, sample.limit_reason = self._turn_limit(sample.request, len(sample.tokens))
+
+  def _turn_limit(self, request: Request, start: int) -> tuple[int, str]:
+    """A turn's token budget and what ends it there, for a turn starting after `start` completion tokens:
+    max_tokens, clipped to the room left in `max_decode_length`."""
+    room = self._room - len(request.prompt) - start
+    if request.max_tokens is None or request.max_tokens > room:
+      return room, "max_decode_length"
+    return request.max_tokens, "length"
 
   def _completion(self, sample: _Sample, reason: str) -> tuple[int, int, Completion]:
+    """The finished sample's completion (sorted by request order, index); keeps its state if asked."""
+    if sample.last_turn_state is not None:
+      self._kept[(sample.request.request_id, sample.index)] = (sample, *sample.last_turn_state)
+      sample.last_turn_state = None
     return (sample.order, sample.index, Completion(
         request_id=sample.request.request_id, index=sample.index, prompt=tuple(sample.request.prompt),
         tokens=tuple(sample.tokens), logprobs=tuple(sample.logprobs), versions=tuple(sample.versions),
@@ -700,6 +723,7 @@ class Driver:
     sample.mask.extend([0] * len(observation))
     sample.turn += 1
     sample.turn_start = len(sample.tokens)
+    sample.turn_starts.append(sample.turn_start)
     self._set_turn_limit(sample)
     self._pending.appendleft(sample)  # Ongoing conversations go first.
     return "queued"

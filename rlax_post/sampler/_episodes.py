@@ -40,6 +40,8 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from rlax_post.sampler import _driver
 
 END_REASONS = ("env_done", "max_turns", "max_decode_length", "env_error", "env_timeout")
@@ -108,13 +110,23 @@ class _State:
   end_reason: str | None = None
   error: str | None = None
   parent: int = -1  # the episode it was forked from (`EpisodeRunner.fork`)
+  key: tuple | None = None  # its sample in the driver: (request_id, index)
+  # Kept groups only: the env's state at each turn's start (after the reset, then after each answered turn).
+  snapshots: list | None = None
 
-  def fork(self, index: int) -> "_State":
-    """Episode `index` of the same group, continuing this one: its turns so far copied (its env, forked, is
-    set once the driver has taken the fork)."""
+  def fork(self, index: int, turns: int | None = None) -> "_State":
+    """Episode `index` of the same group, continuing this one (its first `turns` turns; None: all so far):
+    those turns copied (its env, forked, is set once the driver has taken the fork)."""
+    k = len(self.turn_starts) if turns is None else turns
     return _State(self.prompt_index, index, None, context=list(self.context),
-                  turn_starts=list(self.turn_starts), messages=list(self.messages), rewards=list(self.rewards),
-                  infos=[dict(i) for i in self.infos], parent=self.index)
+                  turn_starts=list(self.turn_starts[:k + 1]), messages=list(self.messages[:k]),
+                  rewards=list(self.rewards[:k]), infos=[dict(i) for i in self.infos[:k]], parent=self.index,
+                  snapshots=None if self.snapshots is None else list(self.snapshots[:k + 1]))
+
+  def snapshot(self) -> None:
+    """Records the env's state at a turn's start (kept groups; called while the env is idle)."""
+    if self.snapshots is not None:
+      self.snapshots.append(self.env.fork())
 
 
 class _Calls:
@@ -215,6 +227,7 @@ class _Group:
   stream: int | None
   remaining: int  # episodes not yet ended.
   completions: dict[int, _driver.Completion] = dataclasses.field(default_factory=dict)  # by episode index.
+  keep: bool = False  # its samples' and envs' states are kept for forks once they end (`submit(keep=True)`)
 
 
 class EpisodeRunner:
@@ -254,6 +267,7 @@ class EpisodeRunner:
     self._waiting: list[_Group] = []  # Resetting (or held back by an earlier unseeded group), in order.
     self._running: dict[int, tuple[_Group, list[int]]] = {}  # request id -> (group, episode of each sample).
     self._finished: list[_Group] = []
+    self._kept: dict[Any, _Group] = {}  # group_id -> a kept group (`submit(keep=True)`), until `release`.
     self._num_groups = self._num_requests = self._pending = 0
     self._driver_steps = 0  # driver.step() calls (run_episodes' on_step counts them).
     self._closed = False
@@ -264,7 +278,7 @@ class EpisodeRunner:
     return self._pending
 
   def submit(self, prompt: str, *, n: int, group_id: Any, seed: int | None = None, stream: int | None = None,
-             max_turn_tokens: int | None = None) -> None:
+             max_turn_tokens: int | None = None, keep: bool = False) -> None:
     """Starts n episodes of `prompt` as one group: builds n envs and resets them in the pool.
 
     Args:
@@ -273,6 +287,9 @@ class EpisodeRunner:
       group_id: returned with the group's episodes by `step` (any value).
       seed, stream: pin the group's sampling streams (module docstring); None: the driver's.
       max_turn_tokens: this group's most tokens per message; None: the runner's.
+      keep: keep the group's episodes forkable once they end (`fork` with `at`), until `release(group_id)`:
+        the driver keeps each sample's state (`Request.keep`) and each env is snapshotted (`env.fork()`) at
+        every turn's start. Its envs must be able to fork.
     """
     self._check_open()
     if not isinstance(prompt, str):
@@ -281,59 +298,120 @@ class EpisodeRunner:
     max_turn_tokens = self._max_turn_tokens if max_turn_tokens is None else max_turn_tokens
     _check_int("max_turn_tokens", max_turn_tokens, 1)
     _driver.check_streams(f"group {group_id!r}", seed, stream, None, n)
-    states = [_State(self._num_groups, i, self._env_factory()) for i in range(n)]
+    if keep and group_id in self._kept:
+      raise ValueError(f"Group {group_id!r} is kept already; release it first or use another group_id.")
+    states = [_State(self._num_groups, i, self._env_factory(), snapshots=[] if keep else None) for i in range(n)]
     bad = [type(s.env).__name__ for s in states if not _is_env(s.env)]
     if bad:
       raise ValueError(f"env_factory must build Envs (with reset and step); got {bad[0]}.")
+    if keep and not all(callable(getattr(s.env, "fork", None)) for s in states):
+      raise ValueError(f"Group {group_id!r} keeps its episodes for forks, but its envs "
+                       f"({type(states[0].env).__name__}) cannot fork (no fork() method; envs.can_fork).")
     self._num_groups += 1
     self._pending += 1
     context = self._tokenizer.encode(prompt, add_bos=True)
     resets = []
     for state in states:
       state.context = list(context)
-      resets.append(self._calls.submit(state, lambda s=state: s.env.reset(prompt), _as_text))
-    self._waiting.append(_Group(group_id, states, resets, max_turn_tokens, seed, stream, remaining=n))
+      resets.append(self._calls.submit(state, lambda s=state: s.env.reset(prompt), _reset_text(state)))
+    self._waiting.append(_Group(group_id, states, resets, max_turn_tokens, seed, stream, remaining=n, keep=keep))
 
-  def fork(self, group_id: Any, index: int, n: int, *, seed: int | None = None,
-           stream: int | None = None) -> list[int]:
-    """n more episodes of group `group_id`, continuing its episode `index` from where it is now; returns their
-    indices in the group (after the existing ones; `step` returns them with the group, `Episode.parent` and
-    `forked_at` set).
+  def fork(self, group_id: Any, index: int, n: int, *, at: int | None = None, seed: int | None = None,
+           stream: int | None = None, keep: bool = False) -> list[int]:
+    """n more episodes of group `group_id`, continuing its episode `index`; returns their indices in the group
+    (after the existing ones; `step` returns them with the group, `Episode.parent` and `forked_at` set).
 
-    The episode must be decoding, or have its last observation and wait for its next turn (not waiting on its
-    env): each fork gets `env.fork()` (an env without `fork` cannot be forked: ValueError naming its type) and
-    a copy of the driver's sample (`Driver.fork`: its KV cache, nothing recomputed). seed, stream: the forks'
-    sampling streams (`Fork`; fork i draws with sample stream = its episode index); None: the driver's.
+    A running episode forks where it is (at None): it must be decoding, or have its last observation and wait
+    for its next turn (not waiting on its env); each fork gets `env.fork()` and a copy of the driver's sample
+    (`Driver.fork`: its KV cache, nothing recomputed). An ended episode of a kept group (`submit(keep=True)`)
+    forks at any position `at` of `Episode.tokens` inside one of its turns (the token there is sampled
+    afresh): each fork gets a fork of the env's snapshot at that turn's start, and the driver's kept cache cut
+    at `at`; the group is returned by `step` again, whole, once the forks end. An env without `fork` cannot be
+    forked (ValueError naming its type). seed, stream: the forks' sampling streams (`Fork`; fork i draws with
+    sample stream = its episode index); None: the driver's. keep: keep the forks' states for further forks.
     """
     self._check_open()
     _check_int("n", n, 1)
-    found = [(rid, group, members) for rid, (group, members) in self._running.items()
-             if group.group_id == group_id and index in members]
-    if not found:
-      raise ValueError(f"Fork: no running episode {index} in group {group_id!r} (running groups: "
-                       f"{sorted({repr(g.group_id) for g, _ in self._running.values()})}).")
-    rid, group, members = found[0]
+    group = self._group_of(group_id)
+    if not 0 <= index < len(group.states):
+      raise ValueError(f"Fork: group {group_id!r} has episodes 0..{len(group.states) - 1}; got index {index!r}.")
     parent = group.states[index]
     if not callable(getattr(parent.env, "fork", None)):
       raise ValueError(f"Fork: episode {index} of group {group_id!r} runs a {type(parent.env).__name__}, which "
                        "cannot be forked (it has no fork() method; envs.can_fork).")
+    if keep and not group.keep:
+      raise ValueError(f"Fork: keep=True needs a kept group; submit group {group_id!r} with keep=True.")
+    ended = group.completions.get(index)
+    turns, driver_at = None, None
+    if ended is None:
+      if at is not None:
+        raise ValueError(f"Fork: episode {index} of group {group_id!r} is running; it forks where it is "
+                         f"(at=None), got at={at!r}.")
+    else:
+      if not group.keep:
+        raise ValueError(f"Fork: episode {index} of group {group_id!r} has ended; only a kept group's ended "
+                         "episodes fork (submit(keep=True)).")
+      starts = parent.turn_starts[:ended.num_turns]
+      length = len(ended.prompt) + len(ended.tokens)
+      if isinstance(at, bool) or not isinstance(at, (int, np.integer)) or not starts or not starts[0] <= at < length:
+        raise ValueError(f"Fork: ended episode {index} of group {group_id!r} forks at an int `at` in "
+                         f"[{starts[0] if starts else length}, {length}) (a position of its turns); got at={at!r}.")
+      turns = max(j for j, start in enumerate(starts) if start <= at)
+      driver_at = int(at) - len(ended.prompt)
+      if not all(ended.mask[starts[turns] - len(ended.prompt):driver_at + 1]):
+        raise ValueError(f"Fork: at={at} lies in an env observation of episode {index} of group {group_id!r} "
+                         f"(its turns start at {list(starts)}); an ended episode forks inside one of its turns.")
     first = len(group.states)
-    children = [parent.fork(first + k) for k in range(n)]
+    children = [parent.fork(first + k, turns) for k in range(n)]
     indices = [c.index for c in children]
+    rid = self._num_requests
     self._driver.fork([_driver.Fork(
-        (rid, members.index(index)), n=n, request_id=self._num_requests, seed=seed, stream=stream,
-        sample_streams=None if seed is None else tuple(indices),
+        parent.key, n=n, at=driver_at, request_id=rid, seed=seed, stream=stream,
+        sample_streams=None if seed is None else tuple(indices), keep=keep,
         env=_callback(children, self._calls, self._tokenizer, self._max_turns))])
-    self._running[self._num_requests] = (group, indices)
+    self._running[rid] = (group, indices)
     self._num_requests += 1
-    for child in children:  # The env is idle now (the sample is not waiting on it): fork it before any step.
+    source = parent.env if turns is None else parent.snapshots[turns]
+    for k, child in enumerate(children):  # The env is idle (not waited on, or a snapshot): fork it before a step.
+      child.key = (rid, k)
       try:
-        child.env = parent.env.fork()
+        child.env = source.fork()
       except Exception as e:  # The env's own bug: that fork's episode ends with env_error at its first step.
         child.env = _FailedFork(f"{type(e).__name__}: {e}")
     group.states += children
+    if not group.remaining:  # an ended kept group: it is pending again, until `step` returns it again
+      self._pending += 1
     group.remaining += n
+    if not keep:
+      for child in children:
+        child.snapshots = None
     return indices
+
+  def release(self, group_id: Any) -> None:
+    """Drops a kept group's states (the driver's kept caches and the env snapshots); its episodes can no longer
+    fork. A group with forks still running is released once `step` has returned it."""
+    group = self._kept.get(group_id)
+    if group is None:
+      raise ValueError(f"release: group {group_id!r} is not kept (kept: {sorted(map(repr, self._kept))}).")
+    if group.remaining and not self._closed:
+      raise ValueError(f"release: group {group_id!r} has {group.remaining} episodes running; release it once "
+                       "step has returned it.")
+    del self._kept[group_id]
+    for rid in {s.key[0] for s in group.states if s.key is not None}:
+      self._driver.release_kept(rid)
+    for state in group.states:
+      state.snapshots = None
+
+  def _group_of(self, group_id: Any) -> _Group:
+    """The running or kept group `group_id` (ValueError if there is none)."""
+    for group, _ in self._running.values():
+      if group.group_id == group_id:
+        return group
+    if group_id in self._kept:
+      return self._kept[group_id]
+    raise ValueError(f"Fork: no running or kept group {group_id!r} (running groups: "
+                     f"{sorted({repr(g.group_id) for g, _ in self._running.values()})}; kept: "
+                     f"{sorted(map(repr, self._kept))}).")
 
   def step(self) -> list[tuple[Any, list[Episode]]]:
     """One driver step or, when the driver is idle and groups are resetting, a wait of up to the driver's
@@ -354,6 +432,8 @@ class EpisodeRunner:
         group.remaining -= 1
         if not group.remaining:
           self._finished.append(group)
+          if group.keep:
+            self._kept[group.group_id] = group
       self._running = {k: v for k, v in self._running.items() if v[0].remaining}
     elif self._waiting:
       resetting = [f for g in self._waiting for f in g.resets if not f.done()]
@@ -378,6 +458,8 @@ class EpisodeRunner:
     self._calls.close()
     self._pool.shutdown(wait=False, cancel_futures=True)
     self._waiting, self._running, self._finished, self._pending = [], {}, [], 0
+    for group_id in list(self._kept):
+      self.release(group_id)
 
   def __enter__(self) -> EpisodeRunner:
     return self
@@ -420,8 +502,12 @@ class EpisodeRunner:
         list(context), n=len(members), max_tokens=group.max_turn_tokens, stop_tokens=self._stop_tokens,
         request_id=self._num_requests + k,
         env=_callback([group.states[i] for i in members], self._calls, self._tokenizer, self._max_turns),
-        seed=group.seed, stream=group.stream, sample_streams=None if group.seed is None else tuple(members))
+        seed=group.seed, stream=group.stream, sample_streams=None if group.seed is None else tuple(members),
+        keep=group.keep)
                 for k, (context, members) in enumerate(contexts.items())]
+    for request, members in zip(requests, contexts.values()):
+      for k, i in enumerate(members):
+        group.states[i].key = (request.request_id, k)
     try:
       self._driver.submit(requests)  # Raises on a context the engine cannot take (nothing is queued then).
     except Exception:
@@ -480,10 +566,16 @@ def _is_env(env: Any) -> bool:
   return callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))
 
 
-def _as_text(value: Any) -> str:
-  if not isinstance(value, str):
-    raise TypeError(f"env.reset must return a str; got {type(value).__name__}.")
-  return value
+def _reset_text(state: _State) -> Callable[[Any], str]:
+  """The reset's result check: a str; the env's state is snapshotted there for a kept group."""
+
+  def check(value: Any) -> str:
+    if not isinstance(value, str):
+      raise TypeError(f"env.reset must return a str; got {type(value).__name__}.")
+    state.snapshot()
+    return value
+
+  return check
 
 
 def _callback(members: list[_State], calls: _Calls, tokenizer: Any, max_turns: int):
@@ -510,6 +602,7 @@ def _callback(members: list[_State], calls: _Calls, tokenizer: Any, max_turns: i
         return None
       observation = tokenizer.encode(result.observation, add_bos=False)
       state.turn_starts.append(len(transcript) + len(observation))
+      state.snapshot()
       return observation
 
     return calls.submit(state, lambda: state.env.step(message), on_result)
