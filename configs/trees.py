@@ -1,8 +1,10 @@
-"""Tree rollouts against chains on the demo's task (docs/trees.md): every arm makes 8 leaves per prompt.
+"""Tree rollouts against chains on the demo's task and on tool episodes (docs/trees.md): every arm makes 8
+leaves per prompt.
 
   rlax-post train --config configs/trees.py:treerl --workdir runs/trees_treerl
   rlax-post sweep --config configs/trees.py --workdir runs/trees --parallel 2 --share_warm_start  # 4 arms × 3
   rlax-post sweep --config configs/trees.py:add --workdir runs/trees_add --parallel 2 --share_warm_start
+  rlax-post sweep --config configs/trees.py:tools --workdir runs/trees_tools --parallel 2 --share_warm_start
 
 Arms (the demo's model and warm start, on its reverse task or, as a variant, its sort or add task;
 `rl.samples_per_prompt` = 8 leaves per prompt):
@@ -11,6 +13,10 @@ Arms (the demo's model and warm start, on its reverse task or, as a variant, its
              inter-tree leaf advantages, shared prefixes trained once per leaf ("sum", as the paper's code)
   treerl     4 chains, each forked once at its highest −log p token; TreeRL's segment advantages ("sum")
   random     4 chains, each forked once at a uniformly drawn token; Tree-GRPO's advantages
+  arpo       (variant `tools` only) 4 episodes, each forked once after a tool call, where ARPO's entropy rule
+             says; plain GRPO over the leaves, as ARPO
+Variant `tools`: the multi-turn tool task of `configs/tools_tiny.py` (its model, warm start and budget), whose
+steps are agent turns; its sweep's arms are chain, tree_grpo, treerl and arpo.
 A fork continues from the chain's kept state (`Driver.fork`): its prefix is not decoded or prefilled again, so
 the tree arms decode fewer tokens per prompt than `chain` for the same leaves; the report compares arms
 against cumulative decode tokens.
@@ -30,13 +36,17 @@ ARMS = {
     "tree_grpo": {"tree.expansion": "tree_grpo", "advantage.estimator": "tree_grpo", **_TREE},
     "treerl": {"tree.expansion": "treerl", "advantage.estimator": "treerl", **_TREE},
     "random": {"tree.expansion": "random", "advantage.estimator": "tree_grpo", **_TREE},
+    "arpo": {"tree.expansion": "arpo", "advantage.estimator": "grpo", **_TREE},
 }
+TEXT_ARMS = ("chain", "tree_grpo", "treerl", "random")
+TOOL_ARMS = ("chain", "tree_grpo", "treerl", "arpo")
 _TASKS = ("reverse", "sort", "add")  # the demo's tasks (its variants)
-_VARIANTS = ("default", "tiny", *_TASKS, *ARMS)
+_VARIANTS = ("default", "tiny", "tools", *_TASKS, *ARMS)
 
 
-def _demo():
-  spec = importlib.util.spec_from_file_location("_demo_config", os.path.join(os.path.dirname(__file__), "demo.py"))
+def _config_module(name: str):
+  path = os.path.join(os.path.dirname(__file__), f"{name}.py")
+  spec = importlib.util.spec_from_file_location(f"_{name}_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -48,9 +58,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if unknown:
     raise ValueError(f"configs/trees.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)} "
                      "(combine with commas, e.g. 'treerl,tiny').")
-  c = _demo().get_config(",".join(v for v in variants if v in ("tiny",) + _TASKS) or None)
-  c.tree.segment_tokens = 2  # the tasks' answers are a few characters and EOS
+  tools = "tools" in variants
+  if tools and set(variants) & set(_TASKS):
+    raise ValueError(f"configs/trees.py: variant 'tools' is its own task; drop {sorted(set(variants) & set(_TASKS))}.")
+  base = _config_module("tools_tiny" if tools else "demo")
+  c = base.get_config(",".join(v for v in variants if v in ("tiny",) + _TASKS) or None)
+  c.tree.segment_tokens = 2  # the text tasks' answers are a few characters and EOS (tool episodes: turns)
   arm = next((v for v in variants if v in ARMS), "treerl")
+  if arm not in (TOOL_ARMS if tools else TEXT_ARMS):
+    raise ValueError(f"configs/trees.py: arm {arm!r} runs on {'the text tasks' if tools else 'variant tools'} only.")
   for key, value in ARMS[arm].items():
     section, name = key.split(".")
     c[section][name] = value
@@ -58,6 +74,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
-  """The four arms × seeds 0, 1, 2 (seed 0 only with `tiny`)."""
-  seeds = [0] if "tiny" in (arg or "").split(",") else [0, 1, 2]
-  return sweep.product([dict(ARMS[a]) for a in ARMS], sweep.axis("seed", seeds))
+  """The four arms (text: chain, tree_grpo, treerl, random; `tools`: chain, tree_grpo, treerl, arpo) × seeds 0,
+  1, 2 (seed 0 only with `tiny`)."""
+  variants = (arg or "").split(",")
+  seeds = [0] if "tiny" in variants else [0, 1, 2]
+  arms = TOOL_ARMS if "tools" in variants else TEXT_ARMS
+  return sweep.product([dict(ARMS[a]) for a in arms], sweep.axis("seed", seeds))

@@ -71,3 +71,38 @@ def test_bad_branches_and_budgets_are_clear_errors():
   with pytest.raises(ValueError, match="n >= 1"):
     envs.tree_grpo_forks(_tree(), 0, np.random.default_rng(0))
   assert envs.segment_boundaries(10, 4) == (4, 8) and envs.segment_boundaries(8, 4) == (4,)
+
+
+def _episode_tree():
+  # An episode's row tokens: turn 0 = 0..2 (sampled), observation 3..4, turn 1 = 5..7, observation 8, turn 2 = 9..10.
+  mask = (1, 1, 1, 0, 0, 1, 1, 1, 0, 1, 1)
+  lp0, lp1, lp2 = (-0.5, -0.5, -0.5), (-2.0, -2.0, -2.0), (-0.1, -0.1)
+  logprobs = lp0 + (0.0, 0.0) + lp1 + (0.0,) + lp2
+  return B(tokens=tuple(range(11)), logprobs=logprobs, boundaries=(5, 9), mask=tuple(bool(m) for m in mask))
+
+
+def test_random_and_treerl_forks_skip_env_observations():
+  br = _episode_tree()
+  positions = {t for _, t in envs.random_forks([br], 20, np.random.default_rng(0))}
+  assert positions == {0, 1, 2, 5, 6, 7, 9, 10}  # the 8 sampled positions, none of the 3 observed
+  assert all(t not in (3, 4, 8) for _, t in envs.treerl_forks([br], 8))
+
+
+def test_arpo_forks_at_turn_starts_with_the_papers_probability():
+  br = _episode_tree()
+  v = 256
+  h0, h1, h2 = 0.5 / math.log(v), 2.0 / math.log(v), 0.1 / math.log(v)
+  p1, p2 = envs.arpo_branch_probability(h1, h0), envs.arpo_branch_probability(h2, h0)
+  assert p1 == pytest.approx(0.5 + 0.2 * (h1 - h0)) and p2 == pytest.approx(0.5 + 0.2 * (h2 - h0)) and p1 > p2
+  # Each candidate (turn starts 5 and 9; not 0, before any tool call) is accepted with its probability.
+  rng, counts = np.random.default_rng(3), {5: 0, 9: 0}
+  for _ in range(4000):
+    draws = envs.arpo_forks([br], 2, rng, vocab_size=v)
+    assert sorted(t for _, t in draws) == [5, 9]  # n = 2: the rest tops the accepted up
+    counts[envs.arpo_forks([br], 1, np.random.default_rng(rng.integers(1 << 30)), vocab_size=v)[0][1]] += 1
+  # n = 1: turn 5 is picked when accepted (prob p1), else turn 9 when accepted, else the more probable (5).
+  expected5 = p1 + (1 - p1) * (1 - p2)
+  assert counts[5] / 4000 == pytest.approx(expected5, abs=0.025)
+  # A fork's own turns only: a branch forked at 5 offers turn 9 alone.
+  forked = B(tokens=br.tokens, logprobs=br.logprobs, boundaries=br.boundaries, forked_at=5, mask=br.mask)
+  assert envs.arpo_forks([forked], 3, np.random.default_rng(0), vocab_size=v) == [(0, 9)]

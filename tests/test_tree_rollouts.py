@@ -169,7 +169,7 @@ def test_tree_config_errors_name_the_setting():
     _cfg(tree__expansion="none", advantage__estimator="tree_grpo", rl__samples_per_prompt=4)
   with pytest.raises(ValueError, match="tree rollouts are credited by one of"):
     _cfg(advantage__estimator="gigpo")
-  with pytest.raises(ValueError, match=r"tree.expansion` must be one of \[.none., .tree_grpo., .treerl., .random.\]; got .beam."):
+  with pytest.raises(ValueError, match=r"tree.expansion` must be one of \[.none., .tree_grpo., .treerl., .arpo., .random.\]; got .beam."):
     _cfg(tree__expansion="beam")
   assert sorted(config.TEXT_TASKS) == sorted(_registry.TASKS)  # the config's text tasks are the registry's
 

@@ -227,9 +227,10 @@ class MultiAgentSection:
 
 @dataclasses.dataclass(frozen=True)
 class TreeSection:
-  """Tree rollouts of single-turn text tasks (docs/trees.md): each prompt grows `trees` trees, each from one
-  chain, expanded `iterations` times by forking `forks` points per tree with `continuations` samples each."""
-  expansion: str = choices("none", "tree_grpo", "treerl", "random")  # where trees fork (envs._expansion)
+  """Tree rollouts of text tasks and tool episodes (docs/trees.md): each prompt grows `trees` trees, each from
+  one chain, expanded `iterations` times by forking `forks` points per tree with `continuations` samples each."""
+  # Where trees fork (envs._expansion); "arpo" after tool calls, so multi-turn tasks only.
+  expansion: str = choices("none", "tree_grpo", "treerl", "arpo", "random")
   trees: int = bounded(2, low=1)  # M: trees per prompt, each starting from one complete chain
   forks: int = bounded(2, low=1)  # N: fork points per tree per iteration
   iterations: int = bounded(1, low=1)  # L
@@ -403,12 +404,15 @@ class Config:
     expansion, estimator = self.tree.expansion, self.advantage.estimator
     if estimator in TREE_ROLLOUT_ESTIMATORS and expansion == "none":
       raise ValueError(f"advantage.estimator = {estimator!r} credits tree rollouts; set tree.expansion to one of "
-                       "['tree_grpo', 'treerl', 'random'].")
+                       "['tree_grpo', 'treerl', 'arpo', 'random'].")
     if expansion == "none":
       return
-    if self.task.name not in TEXT_TASKS:
-      raise ValueError(f"tree.expansion = {expansion!r} grows trees of single-turn text tasks; task.name must be "
-                       f"one of {list(TEXT_TASKS)}, got {self.task.name!r}.")
+    if self.task.name not in TREE_TASKS:
+      raise ValueError(f"tree.expansion = {expansion!r} grows trees of text tasks and tool episodes; task.name "
+                       f"must be one of {list(TREE_TASKS)}, got {self.task.name!r}.")
+    if expansion == "arpo" and self.task.name in TEXT_TASKS:
+      raise ValueError(f"tree.expansion = 'arpo' branches after tool calls; task {self.task.name!r} is single-turn "
+                       "(use 'tree_grpo', 'treerl' or 'random', or task.name = 'tools').")
     if self.rl.samples_per_prompt != tree_leaves(self):
       raise ValueError(f"tree rollouts make tree.trees × (1 + tree.iterations × tree.forks × tree.continuations) "
                        f"= {tree_leaves(self)} leaves per prompt; rl.samples_per_prompt must equal it, got "
@@ -422,8 +426,10 @@ class Config:
 # credit their tree nodes.
 COLLABORATION_TASKS = ("relay", "sort_reverse")
 TREE_ESTIMATORS = ("c3", "magrpo")
-# Single-turn text tasks that grow tree rollouts (`tree.expansion`), and the estimators of their leaves.
+# Single-turn text tasks; the tasks that grow tree rollouts (`tree.expansion`), and the estimators of their
+# leaves.
 TEXT_TASKS = ("reverse", "sort", "add")
+TREE_TASKS = TEXT_TASKS + ("tools",)
 TREE_ROLLOUT_ESTIMATORS = ("tree_grpo", "treerl")
 
 

@@ -18,6 +18,7 @@ from rlax_post.envs._tasks import SortTask
 from rlax_post.envs import tools
 from rlax_post.envs._episodes import episode_rows
 from rlax_post.envs._expansion import arpo_branch_probability
+from rlax_post.envs._expansion import arpo_forks
 from rlax_post.envs._expansion import Branch
 from rlax_post.envs._expansion import EXPANSION_POLICIES
 from rlax_post.envs._expansion import random_forks
@@ -60,11 +61,13 @@ from rlax_post.envs._rl import seed_of
 from rlax_post.envs._rl import Stream
 from rlax_post.envs._text import TextTask
 from rlax_post.envs._tree_rollouts import TREE_FIELDS
+from rlax_post.envs._tree_rollouts import EpisodeTreeProducer
 from rlax_post.envs._tree_rollouts import TreeRolloutProducer
 from rlax_post.envs._rl import TURN_FIELDS
 
 __all__ = [
     'arpo_branch_probability',
+    'arpo_forks',
     'Branch',
     'EXPANSION_POLICIES',
     'random_forks',
@@ -102,6 +105,7 @@ __all__ = [
     'TextTask',
     'TREE_FIELDS',
     'TreeRolloutProducer',
+    'EpisodeTreeProducer',
     'episode_rows',
     'group_id',
     'make_rl_task',

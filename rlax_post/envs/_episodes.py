@@ -92,9 +92,12 @@ def episode_rows(ticket: int, episodes: Sequence[sampler.Episode]) -> list[dict]
   rows = []
   for i, e in enumerate(episodes):
     start = e.turn_starts[0] if e.turn_starts else len(e.tokens)  # No turn: the reset failed.
-    # Prefilled: the shared prompt (on the group's first row), then each turn's message and observation
-    # before the next turn (the conversation's prefix is extended, not recomputed).
-    prefill = (start if i == 0 else 0) + (e.turn_starts[-1] - start if len(e.turn_starts) > 1 else 0)
+    # Prefilled: the shared prompt (on the group's first row), what started a fork, then each turn's message
+    # and observation before the next turn (the conversation's prefix is extended, not recomputed), from
+    # where the episode's own tokens begin (a fork's: `forked_at`).
+    own = max(start, e.forked_at)
+    prefill = (start if i == 0 else 0) + e.fork_prefill + max(0, (e.turn_starts[-1] if e.turn_starts else 0) - own)
+    inherited = sum(1 for t in e.turn_starts if t <= e.forked_at) - 1 if e.forked_at else 0  # whole turns
     starts, ends = turn_spans(e)
     scored = e.rewards[:len(starts)]
     rewards = np.zeros((len(starts),), np.float32)
@@ -112,7 +115,8 @@ def episode_rows(ticket: int, episodes: Sequence[sampler.Episode]) -> list[dict]
         "turn_ends": (ends - start).astype(np.int32),
         "turn_keys": turn_keys(e),
         "turn_rewards": rewards,
-        **_rl.budget(e.trained_mask[start:], prefill, env_calls=len(e.rewards)),  # env steps answered
+        # Its own sampled tokens and env steps answered (a fork's after `forked_at`).
+        **_rl.budget(e.trained_mask[own:], prefill, env_calls=len(e.rewards) - max(inherited, 0)),
     })
   return rows
 

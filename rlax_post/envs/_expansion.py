@@ -13,12 +13,18 @@ afresh).
   treerl     TreeRL (arXiv 2506.11902): the N tokens with the highest −log p of the sampled token over the
              tree, excluding each branch's first own token (its fork point) and inherited tokens, and tokens at
              or past `max_at`; T continuations each.
-  arpo       ARPO (arXiv 2507.19849): after a tool call, branch with probability clip(0.5 + 0.2·(H_t − H_0), 0, 1)
-             where H is the mean entropy of the first ≤ 20 tokens of a step, normalised by log |V|
-             (`arpo_branch_probability`). Ours estimates a step's entropy by the mean −log p of its sampled
-             tokens (an unbiased estimate of the sampling law's entropy from one draw per position): the
-             sampler returns the sampled token's logprob, not the top-10 the paper reads.
-  random     N fork points uniformly over the tree's own (not inherited) token positions.
+  arpo       ARPO (arXiv 2507.19849): after a tool call (at the start of each turn after the first), branch with
+             probability clip(0.5 + 0.2·(H_t − H_0), 0, 1) where H is the mean entropy of the first ≤ 20 tokens
+             of a step, normalised by log |V| (`arpo_branch_probability`), H_0 the episode's first turn's. Ours
+             estimates a step's entropy by the mean −log p of its sampled tokens (an unbiased estimate of the
+             sampling law's entropy from one draw per position): the sampler returns the sampled token's
+             logprob, not the top-10 the paper reads. ARPO decides while the rollout runs; the rule reads only
+             the episode's tokens up to 20 past the tool call, so deciding on the finished chain (`arpo_forks`)
+             draws the same branch points. Each own turn start (after the first) is accepted with its
+             probability, in order; the first N accepted are the forks, and if fewer than N are, the rest
+             are the most probable of those not accepted (the run's leaf budget is fixed, where ARPO's
+             budget is an upper bound).
+  random     N fork points uniformly over the tree's own (not inherited) sampled token positions.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-EXPANSION_POLICIES = ("tree_grpo", "treerl", "arpo", "random")
+EXPANSION_POLICIES = ("tree_grpo", "treerl", "arpo", "random")  # `arpo` needs multi-turn samples
 ARPO_TOKENS = 20  # ARPO's entropy window: the first ≤ 20 tokens of a step
 
 
@@ -40,12 +46,14 @@ class Branch:
   tokens: its completion ids (inherited ones included); logprobs: the sampler's log π of each (0 where the
   policy did not sample it: env observations); boundaries: positions in `tokens` where a step begins (after
   0: an agent turn, or a segment), increasing, all < len(tokens); forked_at: the tokens it inherited (0 for
-  the tree's first chain).
+  the tree's first chain); mask: 1 where the policy sampled the token (a fork may start there), None: every
+  token.
   """
   tokens: tuple[int, ...]
   logprobs: tuple[float, ...]
   boundaries: tuple[int, ...] = ()
   forked_at: int = 0
+  mask: tuple[bool, ...] | None = None
 
   def __post_init__(self):
     if len(self.logprobs) != len(self.tokens):
@@ -55,6 +63,12 @@ class Branch:
       raise ValueError(f"Branch: boundaries must be increasing positions in (0, {len(self.tokens)}); got {b}.")
     if not 0 <= self.forked_at <= len(self.tokens):
       raise ValueError(f"Branch: forked_at {self.forked_at} outside [0, {len(self.tokens)}].")
+    if self.mask is not None and len(self.mask) != len(self.tokens):
+      raise ValueError(f"Branch: {len(self.mask)} mask entries for {len(self.tokens)} tokens.")
+
+  def sampled(self, t: int) -> bool:
+    """Whether the policy sampled token t (a fork may start there)."""
+    return self.mask is None or bool(self.mask[t])
 
 
 def segment_boundaries(length: int, every: int) -> tuple[int, ...]:
@@ -93,7 +107,7 @@ def treerl_forks(branches: Sequence[Branch], n: int, *, max_at: int | None = Non
   for i, br in enumerate(branches):
     stop = len(br.tokens) if max_at is None else min(len(br.tokens), max_at)
     for t in range(br.forked_at + 1, stop):
-      if br.logprobs[t] != 0.0:  # a sampled token (observations have logprob 0)
+      if br.sampled(t) and br.logprobs[t] != 0.0:  # a sampled token (observations have logprob 0)
         scored.append((-float(br.logprobs[t]), i, t))
   scored.sort(key=lambda x: (-x[0], x[1], x[2]))
   return [(i, t) for _, i, t in scored[:n]]
@@ -101,7 +115,40 @@ def treerl_forks(branches: Sequence[Branch], n: int, *, max_at: int | None = Non
 
 def random_forks(branches: Sequence[Branch], n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
   """n fork points uniformly over the branches' own token positions (module docstring)."""
-  return _pick([(i, t) for i, br in enumerate(branches) for t in range(br.forked_at, len(br.tokens))], n, rng)
+  return _pick([(i, t) for i, br in enumerate(branches) for t in range(br.forked_at, len(br.tokens))
+                if br.sampled(t)], n, rng)
+
+
+def _turn_logprobs(br: Branch, start: int) -> list[float]:
+  """The sampled tokens' logprobs of the step starting at `start` (up to the first unsampled token)."""
+  out = []
+  for t in range(start, len(br.tokens)):
+    if not br.sampled(t):
+      break
+    out.append(br.logprobs[t])
+  return out
+
+
+def arpo_forks(branches: Sequence[Branch], n: int, rng: np.random.Generator, *,
+               vocab_size: int) -> list[tuple[int, int]]:
+  """ARPO: each own step start after the first (a tool call's answer came before it), accepted with
+  probability `arpo_branch_probability(H_t, H_0)`, branch by branch in position order; the first n accepted,
+  topped up with the most probable of the rest (module docstring)."""
+  if n < 1:
+    raise ValueError(f"an expansion picks n >= 1 fork points; got {n}.")
+  scored = []  # (probability, branch, at)
+  for i, br in enumerate(branches):
+    if not br.tokens:
+      continue
+    h0 = step_entropy(_turn_logprobs(br, 0), vocab_size)
+    for b in br.boundaries:
+      if b > br.forked_at and br.sampled(b):
+        p = arpo_branch_probability(step_entropy(_turn_logprobs(br, b), vocab_size), h0)
+        scored.append((p, i, b))
+  draws = rng.random(len(scored))
+  accepted = [(i, b) for (p, i, b), u in zip(scored, draws) if u < p]
+  rest = sorted((x for x, u in zip(scored, draws) if u >= x[0]), key=lambda x: (-x[0], x[1], x[2]))
+  return (accepted + [(i, b) for _, i, b in rest])[:n]
 
 
 def step_entropy(logprobs: Sequence[float], vocab_size: int) -> float:

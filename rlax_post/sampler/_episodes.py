@@ -67,6 +67,7 @@ class Episode:
   error: the exception text for 'env_error', the timeout for 'env_timeout', else None.
   parent, forked_at: a fork's (`EpisodeRunner.fork`) episode index it was forked from and the position in
     `tokens` where its own continuation starts (`tokens[:forked_at]` is the parent's); -1 and 0 otherwise.
+  fork_prefill: context tokens the driver prefilled to start it as a fork (`Completion.fork_prefill`).
   """
   prompt_index: int
   index: int
@@ -83,6 +84,7 @@ class Episode:
   error: str | None
   parent: int = -1
   forked_at: int = 0
+  fork_prefill: int = 0
 
   @property
   def total_reward(self) -> float:
@@ -632,4 +634,5 @@ def _episode(state: _State, completion: _driver.Completion | None, tokenizer: An
       logprobs=(0.0,) * pad + tuple(logprobs), versions=(-1,) * pad + tuple(versions),
       messages=tuple(state.messages[:k]), rewards=tuple(state.rewards), infos=tuple(state.infos),
       done=state.done, end_reason=end_reason, error=state.error, parent=state.parent,
-      forked_at=pad + completion.forked_at if completion is not None and completion.forked_at else 0)
+      forked_at=pad + completion.forked_at if completion is not None and completion.forked_at else 0,
+      fork_prefill=completion.fork_prefill if completion is not None else 0)

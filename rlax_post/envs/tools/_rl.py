@@ -19,6 +19,7 @@ from rlax_post import config as config_lib
 from rlax_post import sampler
 from rlax_post.envs import _episodes
 from rlax_post.envs import _rl
+from rlax_post.envs import _tree_rollouts
 from rlax_post.envs.tools import _demos
 from rlax_post.envs.tools import _env
 from rlax_post.envs.tools import _tasks
@@ -135,15 +136,17 @@ class ToolTask:
       yield {"tokens": tokens[rows], "loss_mask": mask[rows]}
 
   def producer(self, engine: sampler.RlaxEngine, params, version: int, *, split: str = "train"
-               ) -> _episodes.EpisodeProducer:
-    """Ticket t runs training task `train_index(t)` (split "train", n episodes) or held-out task
-    `eval_index(t)` (split "eval", one episode); a fixed per-message budget, `max_turns` messages."""
+               ) -> _rl.Producer:
+    """Ticket t runs training task `train_index(t)` (split "train", n episodes; with `tree.expansion` a tree
+    of n leaves, `envs.EpisodeTreeProducer`) or held-out task `eval_index(t)` (split "eval", one episode); a
+    fixed per-message budget, `max_turns` messages."""
     _rl.check_split(split)
     index_of = self.train_index if split == "train" else self.eval_index
-    return _episodes.EpisodeProducer(
-        self.cfg, self.tokenizer, engine, params, version, prompt_of=lambda t: self.prompt(index_of(t)),
-        env_of=self.env, turn_tokens_of=lambda t: self.max_turn_tokens, max_turns=self.max_turns,
-        max_workers=8, samples=None if split == "train" else 1)
+    trees = split == "train" and self.cfg.tree.expansion != "none"
+    make = _tree_rollouts.EpisodeTreeProducer if trees else _episodes.EpisodeProducer
+    return make(self.cfg, self.tokenizer, engine, params, version, prompt_of=lambda t: self.prompt(index_of(t)),
+                env_of=self.env, turn_tokens_of=lambda t: self.max_turn_tokens, max_turns=self.max_turns,
+                max_workers=8, samples=None if split == "train" else 1)
 
 
 def demo_row(tokenizer, demo: _demos.Demonstration) -> tuple[list[int], list[int]]:
