@@ -3,9 +3,9 @@
   python examples/trees/report.py --sweep runs/trees --json docs/results/trees_units.json \
       --plot docs/images/trees.png
 
-Per unit: the arm (from its config: `tree.expansion`, `none` = chain), the greedy held-out success at the warm
-start and at the end, and its curve against the cumulative decode tokens, the decode and prefill tokens per
-prompt (the budget), and the wall time. Prints mean ± std over seeds per arm, each arm's final success
+Per unit: the arm (from its config: `tree.expansion`, `none` = chain), the greedy held-out success (the tool
+task: mean episode reward) at the warm start and at the end, and its curve against the cumulative decode
+tokens, the decode and prefill tokens and env calls per prompt (the budget), and the wall time. Prints mean ± std over seeds per arm, each arm's final success
 against `chain`'s (difference and Welch's t-test), and the effect the chain arm's σ lets 3 seeds detect.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from examples import sweep_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-ARMS = ("chain", "tree_grpo", "treerl", "random")
+ARMS = ("chain", "tree_grpo", "treerl", "random", "arpo")
 
 
 def unit_figures(workdir: str) -> dict:
@@ -35,13 +35,14 @@ def unit_figures(workdir: str) -> dict:
           "decode_tokens_per_prompt": float(np.mean([r["decode_tokens"] for r in rl])) / prompts,
           "prefill_tokens_per_prompt": float(np.mean([r["prefill_tokens"] for r in rl])) / prompts,
           "leaves_per_prompt": float(np.mean([r["terminal_evals"] for r in rl])) / prompts,
+          "env_calls_per_prompt": float(np.mean([r.get("env_calls", 0.0) for r in rl])) / prompts,
           "cumulative_decode_tokens": list(np.cumsum([r["decode_tokens"] for r in rl]).astype(float)),
           "wall_seconds": summary.get("wall_seconds", float("nan"))}
 
 
 def table(units: list[dict]) -> str:
   lines = ["| arm | seeds | success start → end | gain | decode tokens / prompt | prefill tokens / prompt | "
-           "leaves / prompt | wall s |", "|---" * 8 + "|"]
+           "env calls / prompt | leaves / prompt | wall s |", "|---" * 9 + "|"]
   for arm in ARMS:
     us = [u for u in units if u["arm"] == arm]
     if us:
@@ -50,6 +51,7 @@ def table(units: list[dict]) -> str:
                    f"{sweep_report.ms([u['success_end'] - u['success_start'] for u in us])} | "
                    f"{sweep_report.ms([u['decode_tokens_per_prompt'] for u in us])} | "
                    f"{sweep_report.ms([u['prefill_tokens_per_prompt'] for u in us])} | "
+                   f"{sweep_report.ms([u.get('env_calls_per_prompt', 0.0) for u in us])} | "
                    f"{np.mean([u['leaves_per_prompt'] for u in us]):.0f} | {np.mean([u['wall_seconds'] for u in us]):.0f} |")
   return "\n".join(lines)
 
@@ -92,7 +94,7 @@ def plot(units: list[dict], path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-  colours = dict(zip(ARMS, ("tab:grey", "tab:blue", "tab:green", "tab:orange")))
+  colours = dict(zip(ARMS, ("tab:grey", "tab:blue", "tab:green", "tab:orange", "tab:purple")))
   arms = [a for a in ARMS if any(u["arm"] == a for u in units)]
   for arm in arms:
     us = [u for u in units if u["arm"] == arm]
