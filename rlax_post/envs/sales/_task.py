@@ -1,0 +1,128 @@
+"""The sales conversation as a run's task (`task.name = "sales"`, docs/iterppo.md): an `envs.RLTask`.
+
+Every episode has the same prompt (`PROMPT`, then the customer's greeting); episode e of a split meets
+customer type `customer(split, e)`, drawn from (seed, split, e). Each turn's reward is discounted by γ^t
+(t = the message's index), so an episode's total reward is its discounted return, the quantity the oracle's
+V^π measures (`sales.policy_values`). Rollouts run through `EpisodeProducer` (one message per turn, at most
+`patience` of them); held-out ticket j is episode j of split "eval".
+
+The warm start ("π_0, a prompted model"): demonstrations that play the best script (ask, offer the plan that
+suits the answer, close) or, with probability `sft.noise`, the blind one (offer a random plan, then close),
+with the env's real answers; the blind script is what the myopic trap rewards at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Iterator
+
+import numpy as np
+
+from rlax_post import config as config_lib
+from rlax_post import sampler
+from rlax_post.envs import _episodes
+from rlax_post.envs import _rl
+from rlax_post.envs import tools
+from rlax_post.envs.sales import _game
+
+NAME = "sales"
+OPTIONS = ("patience", "gamma", "offer_bonus", "max_turn_tokens")
+PROMPT = "seller: sell a phone plan (lite, plus, pro). say ask, offer <plan> or close.\n"
+_SPLIT_IDS = {"train": 0, "eval": 1, "demo": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class SalesTask:
+  """Sales episodes as the run's task; built from `task.options` by `make_sales_task` (module docstring)."""
+  cfg: config_lib.Config
+  tokenizer: Any
+  game: _game.SalesGame
+  max_turn_tokens: int = 16
+  name: str = NAME
+
+  @property
+  def num_eval(self) -> int:
+    return self.cfg.task.num_eval
+
+  def customer(self, split: str, episode: int) -> int:
+    """The customer type index of episode `episode` of `split` ('train', 'eval' or 'demo')."""
+    rng = np.random.default_rng([self.cfg.seed, _SPLIT_IDS[split], int(episode)])
+    return int(rng.integers(len(self.game.types)))
+
+  def env(self, split: str, episode: int) -> _game.SalesEnv:
+    return _game.SalesEnv(self.game, customer=self.customer(split, episode), discounted=True)
+
+  def context_len(self) -> int:
+    return len(self.tokenizer.encode(PROMPT + _game.render_greeting(), add_bos=True))
+
+  def lengths(self, max_seq_len: int) -> _rl.Lengths:
+    """The context (BOS, prompt, greeting), then up to `patience` turns of a message and an answer within
+    `rl.max_new_tokens`; warm-start rows as wide as training rows."""
+    prompt = self.context_len()
+    need = prompt + self.cfg.rl.max_new_tokens
+    if max_seq_len < need:
+      raise ValueError(f"`model.max_seq_len` = {max_seq_len} cannot hold the {prompt}-token context plus "
+                       f"`rl.max_new_tokens` = {self.cfg.rl.max_new_tokens}.")
+    return _rl.Lengths(prompt=prompt, response=need - 1, sequence=need, sft=need)
+
+  def demonstration(self, episode: int, *, blind: bool, rng: np.random.Generator) -> tools.Demonstration:
+    """A demonstrated episode against the customer of demo episode `episode`: the best script, or the blind
+    one (a random plan offered at once, then close)."""
+    env = _game.SalesEnv(self.game, customer=self.customer("demo", episode), discounted=True)
+    reset = env.reset(PROMPT)
+    customer = self.game.plans[env.customer]
+    script = ([f"offer {self.game.plans[rng.integers(len(self.game.plans))]}", "close"] if blind else
+              ["ask", f"offer {customer}", "close"])
+    messages, observations, total = [], [], 0.0
+    for message in script:
+      step = env.step(message)
+      messages.append(message)
+      observations.append("" if step.done else step.observation)
+      total += step.reward
+      if step.done:
+        break
+    return tools.Demonstration(prompt=PROMPT, reset_observation=reset, messages=tuple(messages),
+                               observations=tuple(observations), reward=total,
+                               solved=bool(step.info["success"]), corruption="blind" if blind else None)
+
+  def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]:
+    """Demonstrations ({'tokens' [B/K, T], 'loss_mask' [B/K, T-1]}, T the sft width): step s plays demo
+    episodes s·B .. s·B + B − 1, each blind with probability `sft.noise`; block `shard_index` of K."""
+    sft, seq_len = self.cfg.sft, self.lengths(self.cfg.model.max_seq_len).sft
+    if sft.batch_size % shard_count or not 0 <= shard_index < shard_count:
+      raise ValueError(f"shard_index={shard_index} must be in [0, {shard_count}) and shard_count must divide "
+                       f"sft.batch_size={sft.batch_size}.")
+    block = sft.batch_size // shard_count
+    for step in itertools.count():
+      rng = np.random.default_rng([self.cfg.seed, int(_rl.Stream.SFT_UPDATE), step])
+      tokens = np.full((sft.batch_size, seq_len), self.tokenizer.pad_id, np.int32)
+      mask = np.zeros((sft.batch_size, seq_len - 1), np.float32)
+      for b in range(sft.batch_size):
+        demo = self.demonstration(step * sft.batch_size + b, blind=bool(rng.random() < sft.noise), rng=rng)
+        row, trained = tools.demo_row(self.tokenizer, demo)
+        tokens[b, :len(row)], mask[b, :len(trained)] = row[:seq_len], trained[:seq_len - 1]
+      rows = slice(shard_index * block, (shard_index + 1) * block)
+      yield {"tokens": tokens[rows], "loss_mask": mask[rows]}
+
+  def producer(self, engine: sampler.RlaxEngine, params, version: int, *, split: str = "train"
+               ) -> _rl.Producer:
+    """Ticket t's episodes (split "train": n of them, episodes t·n + i; "eval": one, episode t)."""
+    _rl.check_split(split)
+    return _episodes.EpisodeProducer(
+        self.cfg, self.tokenizer, engine, params, version, prompt_of=lambda t: PROMPT,
+        env_of=lambda e: self.env(split, e), turn_tokens_of=lambda t: self.max_turn_tokens,
+        max_turns=self.game.patience, max_workers=8, samples=None if split == "train" else 1)
+
+
+def make_sales_task(cfg: config_lib.Config, tokenizer) -> SalesTask:
+  """The run's `SalesTask` from `task.options` (keys: `OPTIONS`)."""
+  options = dict(cfg.task.options)
+  unknown = sorted(set(options) - set(OPTIONS))
+  if unknown:
+    raise ValueError(f"Unknown option(s) {unknown} for task {NAME!r}; valid options are {list(OPTIONS)}.")
+  turn_tokens = options.pop("max_turn_tokens", 16)
+  if isinstance(turn_tokens, bool) or not isinstance(turn_tokens, int) or turn_tokens < 12:
+    raise ValueError(f"task.options.max_turn_tokens must be an int >= 12 (the longest action and EOS); got "
+                     f"{turn_tokens!r}.")
+  return SalesTask(cfg=cfg, tokenizer=tokenizer, game=_game.SalesGame(**options), max_turn_tokens=turn_tokens)

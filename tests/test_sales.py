@@ -1,0 +1,183 @@
+"""The sales conversation of Iterative PPO's experiments (envs._sales, docs/iterppo.md): its rules, the env,
+and the exact oracle (Q*, V*, Q^π) against hand-computed values, Monte Carlo returns and policy improvement."""
+
+import numpy as np
+import pytest
+
+from rlax_post.envs import sales
+from rlax_post import envs
+
+G = sales.SalesGame()  # 3 types, patience 4, γ 0.9, offer bonus 0.1
+A = sales.Action
+ASK, CLOSE, OTHER = A(sales.ASK), A(sales.CLOSE), A(sales.OTHER)
+LITE, PLUS, PRO = (A(sales.OFFER, p) for p in G.plans)
+
+
+def _episode(env, messages):
+  env.reset("")
+  return [env.step(m) for m in messages]
+
+
+def test_the_rules_by_hand():
+  env = sales.SalesEnv(G, customer=1)  # a family: plus suits them
+  steps = _episode(env, ["ask", " Offer PLUS ", "close"])
+  assert [s.observation for s in steps] == ["customer: I am a family.\n", "customer: sounds good.\n",
+                                           "customer: deal!\n"]
+  assert [s.reward for s in steps] == [0.0, 0.1, 1.0] and [s.done for s in steps] == [False, False, True]
+  assert steps[-1].info["success"] and steps[0].info["action"] == "ask" and steps[1].info["action"] == "offer plus"
+  assert steps[1].info["prev_state_key"] == steps[0].info["state_key"] != steps[1].info["state_key"]
+  wrong = _episode(sales.SalesEnv(G, customer=1), ["offer pro"])
+  assert wrong[0].done and wrong[0].reward == 0.1 and not wrong[0].info["success"]  # the trap pays, then ends
+  early = _episode(sales.SalesEnv(G, customer=0), ["close"])
+  assert early[0].done and early[0].reward == 0.0
+  patience = _episode(sales.SalesEnv(G, customer=0), ["hello", "ask", "offer lite", "offer lite"])
+  assert [s.done for s in patience] == [False, False, False, True] and patience[0].observation == "customer: sorry?\n"
+  assert patience[-1].observation == "customer: sounds good. I have to go.\n" and patience[-1].reward == 0.1
+  with pytest.raises(RuntimeError, match="after the episode ended"):
+    env.step("ask")
+  assert [str(sales.parse_action(m, G)) for m in ("ASK", "offer  lite", "offer gold", "close it", "")] == [
+      "ask", "offer lite", "other", "other", "other"]
+
+
+def test_a_forked_env_continues_on_its_own_and_types_are_drawn_per_seed():
+  env = sales.SalesEnv(G, customer=2)
+  _episode(env, ["ask"])
+  fork = env.fork()
+  assert envs.can_fork(env) and fork.step("offer pro").reward == 0.1
+  assert len(env.history) == 1 and len(fork.history) == 2  # the fork's turn stays in the fork
+  drawn = set()
+  for seed in range(30):
+    e = sales.SalesEnv(G, seed=seed)
+    e.reset("")
+    drawn.add(e.customer)
+  assert drawn == {0, 1, 2}
+  with pytest.raises(ValueError, match="one plan per type"):
+    sales.SalesGame(types=("a", "b"), plans=("x",))
+  with pytest.raises(ValueError, match=r"gamma must be in \(0, 1\]"):
+    sales.SalesGame(gamma=0.0)
+
+
+def test_optimal_values_by_hand():
+  v = sales.optimal_values(G)
+  g, b = G.gamma, G.offer_bonus
+  assert v.value() == pytest.approx(g * b + g * g) == pytest.approx(G.optimal_return())  # ask, offer, close
+  assert v.q((), ASK) == pytest.approx(g * (b + g))
+  assert v.q((), LITE) == pytest.approx((b + g * 1.0) / 3 + 2 * b / 3)  # right 1 time in 3, then close
+  assert v.q((), CLOSE) == 0.0
+  assert v.q((), OTHER) == pytest.approx(g * g * (b + g))  # one message wasted, then the best of the rest
+  asked = ((ASK, "customer: I am a business."),)
+  assert sales.consistent(G, asked) == [2]
+  assert v.q(asked, PRO) == pytest.approx(b + g) and v.q(asked, LITE) == pytest.approx(b)
+  with pytest.raises(ValueError, match="not an ongoing episode"):
+    v.q(((ASK, "customer: I am a pirate."),), CLOSE)
+
+
+def _myopic(history):
+  """The best immediate reward: an offer (the first plan), whatever was said."""
+  return {LITE: 1.0}
+
+
+def _uniform(history):
+  return {a: 1 / len(G.actions) for a in G.actions}
+
+
+def test_a_myopic_policy_falls_into_the_trap():
+  g, b = G.gamma, G.offer_bonus
+  v = sales.policy_values(G, _myopic)
+  # A student (1 in 3) is offered lite 4 times and never closed; the others leave after one offer.
+  assert v.value() == pytest.approx((b * (1 + g + g ** 2 + g ** 3)) / 3 + 2 * b / 3)
+  assert v.value() < 0.25 * G.optimal_return()
+
+
+def test_policy_values_match_monte_carlo_returns():
+  exact = sales.policy_values(G, _uniform).value()
+  rng = np.random.default_rng(0)
+  returns = []
+  for episode in range(6000):
+    env = sales.SalesEnv(G, seed=episode)
+    env.reset("")
+    total, discount, done = 0.0, 1.0, False
+    while not done:
+      step = env.step(str(G.actions[rng.integers(len(G.actions))]))
+      total, discount, done = total + discount * step.reward, discount * G.gamma, step.done
+    returns.append(total)
+  assert abs(np.mean(returns) - exact) < 3.5 * np.std(returns) / np.sqrt(len(returns))
+
+
+def test_greedy_improvement_on_exact_q_improves_every_state():
+  # The policy improvement theorem behind Iterative PPO: π' greedy on Q^π has V^π' >= V^π in every state.
+  before = sales.policy_values(G, _uniform)
+
+  def greedy(history):
+    qs = {a: before.q(history, a) for a in G.actions}
+    return {max(qs, key=qs.get): 1.0}
+
+  after = sales.policy_values(G, greedy)
+  histories = [(), ((ASK, "customer: I am a student."),), ((OTHER, "customer: sorry?"),),
+               ((LITE, "customer: sounds good."),)]
+  for h in histories:
+    assert after.value(h) >= before.value(h) - 1e-12
+  assert after.value() > before.value() + 0.1
+  with pytest.raises(ValueError, match="probabilities summing to 1"):
+    sales.policy_values(G, lambda h: {ASK: 0.5}).value()
+
+
+# --- The run's task (task.name = "sales") -----------------------------------------------------------------
+
+
+def _task(**options):
+  import sys  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, ".")
+  from configs import sales as sales_config  # pylint: disable=g-import-not-at-top
+  from rlax_post import config, models  # pylint: disable=g-import-not-at-top
+  c = sales_config.get_config("tiny")
+  c.task.options = dict(c.task.options, **options)
+  return envs.make_rl_task(config.load(c), models.ByteTokenizer())
+
+
+def test_the_task_discounts_rewards_and_demonstrates_both_scripts():
+  task = _task()
+  assert isinstance(task, sales.SalesTask) and task.lengths(352).prompt == task.context_len()
+  env = task.env("train", 5)
+  env.reset(sales.PROMPT)
+  plan = G.plans[env.customer]
+  rewards = [env.step(m).reward for m in ("ask", f"offer {plan}", "close")]
+  assert rewards == pytest.approx([0.0, 0.9 * 0.1, 0.81])  # γ^t per message: the total is the return
+  rng = np.random.default_rng(0)
+  best = task.demonstration(3, blind=False, rng=rng)
+  assert best.messages[0] == "ask" and best.solved and best.reward == pytest.approx(G.optimal_return())
+  blind = [task.demonstration(i, blind=True, rng=rng) for i in range(30)]
+  assert all(d.messages[0].startswith("offer ") for d in blind)
+  solved = [d.solved for d in blind]
+  assert 0 < sum(solved) < 30  # right 1 time in 3
+  for d in blind:  # solved: offer, close (0.1 + 0.9); lost: the offer's bonus only
+    assert d.reward == pytest.approx(0.1 + 0.9 if d.solved else 0.1)
+  batch = next(task.sft_batches())
+  assert batch["tokens"].shape == (8, task.lengths(352).sft) and batch["loss_mask"].sum() > 0
+  with pytest.raises(ValueError, match=r"Unknown option\(s\) \['colour'\]"):
+    _task(colour="red")
+  with pytest.raises(ValueError, match="max_turn_tokens must be an int >= 12"):
+    _task(max_turn_tokens=4)
+
+
+def test_customers_differ_between_splits_and_episodes():
+  task = _task()
+  train = [task.customer("train", e) for e in range(60)]
+  held = [task.customer("eval", e) for e in range(60)]
+  assert set(train) == set(held) == {0, 1, 2} and train != held
+  assert task.customer("train", 7) == task.customer("train", 7)
+
+
+def test_a_short_sales_run_through_the_cli(tmp_path):
+  import json, os, subprocess, sys  # pylint: disable=g-import-not-at-top,multiple-imports
+  # One CPU device, as the tool task's run (tests/test_tools_training.py).
+  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/sales.py:tiny", "--workdir",
+         str(tmp_path), "--quiet"]
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert summary["rl_steps_done"] == 2 and 0.0 <= summary["final_eval_reward"] <= G.optimal_return()
+  rl = [json.loads(l) for l in open(tmp_path / "metrics.jsonl") if '"rl"' in l]
+  for m in rl:  # 2 prompts × 4 episodes, each answered at least once and at most `patience` times
+    assert 8 <= m["env_calls"] <= 8 * G.patience and m["terminal_evals"] == 8
