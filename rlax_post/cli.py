@@ -47,8 +47,8 @@ _SLOTS = flags.DEFINE_integer("slots", 8, "serve: concurrent decodes (engine slo
 _INDEX = flags.DEFINE_integer("index", None, "sampler: this sampler's index (0, 1, ...; unique per sampler).")
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "sweep: work units run at the same time.")
 _PIN_CPUS = flags.DEFINE_bool("pin_cpus", True, "sweep: give each concurrent unit its own share of the CPUs.")
-_JSON = flags.DEFINE_string("json", None, "sweep: also write the figures of sweep.json to this path; fidelity: "
-                            "write the report there.")
+_JSON = flags.DEFINE_string("json", None, "sweep: also write the figures of sweep.json to this path; fidelity, "
+                            "value: write the report there.")
 _SHARE_WARM = flags.DEFINE_bool("share_warm_start", True, "sweep: units with the same warm start (seed, task, "
                                 "model, sft) compute it once (--config.sft.cache_dir=ROOT/warm_start_cache).")
 # Multi-host learner (docs/launch.md, section 4); else RLAX_COORDINATOR_ADDRESS / _NUM_PROCESSES / _PROCESS_ID.
@@ -60,6 +60,7 @@ _GGUF = flags.DEFINE_string("gguf", None, "convert: a GGUF model file (llama.cpp
 _OUT = flags.DEFINE_string("out", None, "convert: the Hugging Face checkpoint directory to write.")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
 _BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
+_STEP = flags.DEFINE_integer("step", None, "value: the checkpoint step to evaluate (default: the newest).")
 
 _MULTIHOST = ("coordinator_address", "num_processes", "process_id")
 # Per command: its usage, one line on what it does, and the flags it reads (`--help` shows only those, not
@@ -91,6 +92,9 @@ _COMMANDS = {
     "fidelity": ("--workdir DIR [--extra 32] [--batches 1] [--json PATH]",
                  "A role-pipeline run's credit fidelity: Spearman of its credit against sampled ground truth.",
                  ("workdir", "extra", "batches", "json")),
+    "value": ("--workdir DIR [--step K] [--json PATH]",
+              "A sales run's exact policy value V^π (and its warm start's) against the optimal V* (docs/iterppo.md).",
+              ("workdir", "step", "json")),
 }
 COMMANDS = tuple(_COMMANDS)
 _HELP = ("--help", "-h", "-help", "--helpshort")
@@ -371,9 +375,20 @@ def _fidelity(argv):
   print(json.dumps(report, indent=2))
 
 
+def _value(argv):
+  del argv
+  workdir = _existing_dir(_required(_WORKDIR, "the workdir of a sales run"), "--workdir",
+                          "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
+  report = runtime.run_policy_value(workdir, step=_STEP.value)
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump(report, f, indent=2)
+  print(json.dumps(report, indent=2))
+
+
 _HANDLERS = {"train": _train, "check-config": _check_config, "serve": _serve, "learner": _learner,
              "sampler": _sampler, "replay": _replay, "sweep": _sweep, "convert": _convert,
-             "fidelity": _fidelity}
+             "fidelity": _fidelity, "value": _value}
 
 
 def _run(command: str, handler, args):

@@ -86,7 +86,7 @@ def test_unknown_command_lists_the_valid_ones():
   assert out.returncode == 2 and "Traceback" not in out.stderr
   assert out.stderr.strip() == (
       "rlax-post: error: unknown command 'tran' (did you mean 'train'?); valid commands: ['train', "
-      "'check-config', 'serve', 'learner', 'sampler', 'replay', 'sweep', 'convert', 'fidelity']; `rlax-post --help` describes "
+      "'check-config', 'serve', 'learner', 'sampler', 'replay', 'sweep', 'convert', 'fidelity', 'value']; `rlax-post --help` describes "
       "them.")
 
 

@@ -181,3 +181,35 @@ def test_a_short_sales_run_through_the_cli(tmp_path):
   rl = [json.loads(l) for l in open(tmp_path / "metrics.jsonl") if '"rl"' in l]
   for m in rl:  # 2 prompts × 4 episodes, each answered at least once and at most `patience` times
     assert 8 <= m["env_calls"] <= 8 * G.patience and m["terminal_evals"] == 8
+  # The exact value of the run's policy and of its warm start (`rlax-post value`).
+  out = subprocess.run([sys.executable, "-m", "rlax_post.cli", "value", "--workdir", str(tmp_path), "--json",
+                        str(tmp_path / "value.json")], capture_output=True, text=True, timeout=300, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  report = json.loads((tmp_path / "value.json").read_text())
+  assert report["step"] == 2 and report["optimal_value"] == pytest.approx(0.9) and report["histories"] >= 1
+  assert 0.0 <= report["value"] <= 0.9 and 0.0 <= report["warm_start_value"] <= 0.9
+  first = [v for k, v in report.items() if k.startswith("first/")]
+  assert len(first) == len(G.actions) and sum(first) == pytest.approx(1.0)
+  bad = subprocess.run([sys.executable, "-m", "rlax_post.cli", "value", "--workdir", str(tmp_path / "nope")],
+                       capture_output=True, text=True, timeout=120, env=env)
+  assert bad.returncode != 0 and "--workdir" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_model_policy_renders_conversations_as_episodes_and_scores_each_action():
+  import jax  # pylint: disable=g-import-not-at-top
+  from rlax_post import models, runtime  # pylint: disable=g-import-not-at-top
+  task = _task()
+  cfg = models.ModelConfig(vocab_size=264, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                           mlp_dim=64, max_seq_len=352)
+  graphdef, params = models.init_params(cfg, jax.random.key(0))
+  policy = runtime.ModelPolicy(graphdef, params, task.tokenizer, G, temperature=1.0, seq_len=352)
+  demo = task.demonstration(0, blind=False, rng=np.random.default_rng(0))
+  tokens, _ = envs.tools.demo_row(task.tokenizer, demo)
+  history = tuple((sales.parse_action(m, G), o.rstrip("\n")) for m, o in zip(demo.messages[:2], demo.observations))
+  context = policy.context(history)
+  assert tokens[:len(context)] == context  # the layout of the episode rows (and of the warm start's rows)
+  probs = policy(history)
+  assert set(probs) == set(G.actions) and sum(probs.values()) == pytest.approx(1.0) and min(probs.values()) >= 0
+  seq = context + task.tokenizer.encode("close", add_bos=False) + [task.tokenizer.eos_id]
+  logp = models.token_logprobs(graphdef, params, np.asarray([seq], np.int32))[0][0]
+  assert probs[CLOSE] == pytest.approx(float(np.exp(np.asarray(logp)[len(context) - 1:].sum())), rel=1e-4)

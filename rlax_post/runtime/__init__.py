@@ -15,6 +15,9 @@ from rlax_post.runtime._learn import RLUpdate
 from rlax_post.runtime._credit import Credit
 from rlax_post.runtime._fidelity import credit_fidelity
 from rlax_post.runtime._fidelity import spearman
+from rlax_post.runtime._oracle import ModelPolicy
+from rlax_post.runtime._oracle import policy_value
+from rlax_post.runtime._oracle import run_policy_value
 from rlax_post.runtime._learn import TIMING_METRICS
 from rlax_post.runtime._loop import learn
 from rlax_post.runtime._loop import replay
@@ -40,7 +43,7 @@ from rlax_post.runtime._sources import ThreadSource
 from rlax_post.runtime._warm_cache import cache_key as warm_start_cache_key
 from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
-__all__ = ["build_parts", "Credit", "credit_fidelity", "spearman", "Channels", "complete_checkpoints", "CriticScores", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "export_hf",
+__all__ = ["build_parts", "Credit", "credit_fidelity", "spearman", "ModelPolicy", "policy_value", "run_policy_value", "Channels", "complete_checkpoints", "CriticScores", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "export_hf",
            "InlineSource", "initialize_distributed", "learn", "load_run_config", "LoggedSource", "MetricsWriter",
            "Parts", "plot_curves", "ProcessSource", "replay", "RLUpdate", "RolloutBatch", "rows_to_batch",
            "run_learner", "run_memory", "run_sampler", "RunCheckpointer", "SamplerWorker", "serve", "Source",

@@ -1,0 +1,105 @@
+"""The exact value of a sales run's policy (`task.name = "sales"`, envs.sales; docs/iterppo.md).
+
+The policy's law over actions after a conversation is exact: the probability of each canonical message
+('ask', 'offer <plan>', 'close', each ended by EOS) under the model at the run's sampling temperature, and
+OTHER the rest (every other message acts as OTHER; spellings the parser also accepts, such as 'ASK', are
+counted as OTHER, a mass a policy trained on the canonical spellings leaves near 0). With that law,
+`envs.sales.policy_values` gives V^π by recursion over the conversation tree: the true expected discounted
+return of the sampling policy, with no Monte Carlo error, to set against V* (`sales.optimal_values`).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlax_post import models
+from rlax_post.envs import sales
+from rlax_post.runtime import _checkpoint
+from rlax_post.runtime import _learn
+from rlax_post.runtime import _parts
+from rlax_post.runtime import _samplers
+
+
+class ModelPolicy:
+  """history → the model's action probabilities (module docstring); one batched forward per conversation.
+
+  Args:
+    graphdef, params: the policy model.
+    tokenizer: the run's (it renders the conversation as the episode rows do).
+    game: the sales game; temperature: the sampling law's; seq_len: the padded length of a scored row.
+  """
+
+  def __init__(self, graphdef, params, tokenizer, game: sales.SalesGame, *, temperature: float, seq_len: int):
+    self.tokenizer, self.game, self.seq_len = tokenizer, game, seq_len
+    self.params = params
+    self.actions = [a for a in game.actions if a.kind != sales.OTHER]
+    self._messages = [tokenizer.encode(str(a), add_bos=False) + [tokenizer.eos_id] for a in self.actions]
+    self._logprobs = jax.jit(lambda p, t: models.token_logprobs(graphdef, p, t, temperature=temperature)[0])
+    self.calls = 0
+
+  def context(self, history) -> list[int]:
+    """The conversation's tokens as the episode has them: BOS, prompt, greeting, then each message + EOS and
+    the customer's answer line."""
+    ids = self.tokenizer.encode(sales.PROMPT + sales.render_greeting(), add_bos=True)
+    for action, answer in history:
+      ids += self.tokenizer.encode(str(action), add_bos=False) + [self.tokenizer.eos_id]
+      ids += self.tokenizer.encode(answer + "\n", add_bos=False)
+    return ids
+
+  @functools.lru_cache(maxsize=None)
+  def __call__(self, history) -> dict:
+    context = self.context(history)
+    rows = np.full((len(self._messages), self.seq_len), self.tokenizer.pad_id, np.int32)
+    for i, message in enumerate(self._messages):
+      seq = context + message
+      if len(seq) > self.seq_len:
+        raise ValueError(f"a scored conversation of {len(seq)} tokens exceeds seq_len {self.seq_len}.")
+      rows[i, :len(seq)] = seq
+    logp = np.asarray(self._logprobs(self.params, jnp.asarray(rows)), np.float64)
+    self.calls += 1
+    probs = {}
+    for i, (action, message) in enumerate(zip(self.actions, self._messages)):
+      probs[action] = float(np.exp(logp[i, len(context) - 1:len(context) - 1 + len(message)].sum()))
+    total = sum(probs.values())
+    if total > 1.0 + 1e-4:
+      raise RuntimeError(f"canonical messages have probability {total} > 1 (a tokenisation clash: bug).")
+    probs = {a: p / max(total, 1.0) for a, p in probs.items()}
+    probs[sales.Action(sales.OTHER)] = max(0.0, 1.0 - sum(probs.values()))
+    return probs
+
+
+def policy_value(parts: _parts.Parts, params) -> dict:
+  """V^π at the start (the sampling policy at `rl.temperature`), the probabilities of the first message, V*
+  and the histories scored."""
+  cfg, task = parts.cfg, parts.task
+  if cfg.task.name != sales.NAME:
+    raise ValueError(f"the exact value needs a sales run (task.name = {sales.NAME!r}); got {cfg.task.name!r}.")
+  policy = ModelPolicy(parts.graphdef, params, task.tokenizer, task.game, temperature=cfg.rl.temperature,
+                       seq_len=task.lengths(cfg.model.max_seq_len).sequence)
+  value = sales.policy_values(task.game, policy).value()
+  return {"value": value, "optimal_value": task.game.optimal_return(), "histories": policy.calls,
+          **{f"first/{a}": p for a, p in policy(()).items()}}
+
+
+def run_policy_value(workdir: str, *, step: int | None = None) -> dict:
+  """`policy_value` of run `workdir`'s policy at checkpoint `step` (None: the newest), and of its reference
+  policy (the warm start RL began from) where the checkpoint holds one: keys `value`, `warm_start_value`."""
+  parts = _parts.build_parts(_samplers.load_run_config(os.fspath(workdir)))
+  update = _learn.RLUpdate(parts)
+  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=parts.cfg.checkpoint.max_to_keep, tidy=False)
+  try:
+    step = ckpt.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"{workdir}/checkpoints holds no complete checkpoint to evaluate.")
+    state, ref_params, _ = ckpt.restore(step, **update.checkpoint_templates)
+  finally:
+    ckpt.close()
+  out = {"step": step, **policy_value(parts, update.policy(state))}
+  if ref_params is not None:
+    out["warm_start_value"] = policy_value(parts, ref_params)["value"]
+  return out
