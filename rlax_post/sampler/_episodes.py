@@ -345,6 +345,9 @@ class EpisodeRunner:
       raise ValueError(f"Fork: keep=True needs a kept group; submit group {group_id!r} with keep=True.")
     ended = group.completions.get(index)
     turns, driver_at = None, None
+    if parent.key is None:
+      raise ValueError(f"Fork: episode {index} of group {group_id!r} never started (its reset failed: "
+                       f"{parent.error}); there is nothing to fork.")
     if ended is None:
       if at is not None:
         raise ValueError(f"Fork: episode {index} of group {group_id!r} is running; it forks where it is "
