@@ -11,80 +11,39 @@ then close). RL: multi-turn GRPO on the episodes (the "online multi-turn GRPO" a
   rlax-post train --config configs/sales.py:tiny --workdir /tmp/sales_tiny   # seconds; the tests' size
 """
 
+import importlib.util
+import os
+
 import ml_collections
-from ml_collections import config_dict
 
 _VARIANTS = ("default", "tiny")
 
 
-def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  # options: see rlax_post.envs.sales.SalesGame (patience, gamma, offer_bonus) and SalesTask (max_turn_tokens).
-  c.task = dict(name="sales", options=dict(patience=4, gamma=0.9, offer_bonus=0.1, max_turn_tokens=16),
-                num_eval=32)
-  # The dataset task's files and reward (task.name = "dataset", docs/data.md); unused by this config's task.
-  c.data = dict(train=config_dict.placeholder(str), eval=config_dict.placeholder(str), eval_fraction=0.0,
-                format="auto", prompt_field="prompt", answer_field="answer", demo_field=config_dict.placeholder(str),
-                env_field=config_dict.placeholder(str), system_prompt=config_dict.placeholder(str), chat="auto",
-                chat_template=config_dict.placeholder(str), max_prompt_tokens=128, too_long="skip",
-                bad_rows="error", shuffle=True)
-  c.reward = dict(fn="math", weights=(), options=dict(), default=0.0, timeout_s=0.0, workers=8)
-  c.model = dict(preset="tiny", overrides=dict(), vocab_multiple=8, max_seq_len=352,
-                 hf_path=config_dict.placeholder(str),
-                 lora=dict(rank=0, alpha=16.0, targets=("q", "k", "v", "o", "gate", "up", "down"),
-                           base_dtype=config_dict.placeholder(str)))
-  c.mesh = dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1, rules=())
-  c.sft = dict(steps=150, batch_size=16, noise=0.5, typo_rate=0.0,
-               optimizer=dict(learning_rate=3e-3, warmup_steps=10, end_lr_ratio=0.1, weight_decay=0.0,
-                              b1=0.9, b2=0.99, max_grad_norm=1.0),
-               cache_dir=config_dict.placeholder(str))
-  # max_new_tokens: the most tokens after the episode's context (4 messages of 16 tokens and their answers).
-  c.rl = dict(steps=30, prompts_per_step=4, samples_per_prompt=8, max_new_tokens=224, temperature=1.0,
-              top_p=1.0, top_k=0, stop=(), minibatches=1, epochs=1,
-              optimizer=dict(learning_rate=1e-4, warmup_steps=2, end_lr_ratio=0.1, weight_decay=0.0,
-                             b1=0.9, b2=0.99, max_grad_norm=1.0))
-  c.loss = dict(kind="auto", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,
-                seq_eps_high=4e-4, dual_clip=config_dict.placeholder(float), kl_coef=0.02,
-                track_kl=False, kl_kind="k3",
-                entropy_coef=0.0, agg_mode="token_mean", micro_batches=1)
-  # estimator: "grpo" on the episode's discounted return (also "gigpo" / "graph_gae" over the conversation keys).
-  c.advantage = dict(estimator="grpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
-                     episode_method="drgrpo", normalize="group", max_nodes=0,
-                     num_iters=c.task.options.patience + 1,
-                     c3_mode="value_assisted", alpha=1.0, baseline="loo", standardize=True)
-  # The learned critic of advantage.estimator = "gae" (PPO with a critic; docs/critic.md); unused otherwise.
-  c.critic = dict(mode="separate", init="policy", preset="tiny", overrides=dict(),
-                  hf_path=config_dict.placeholder(str), loss="clipped", clip_eps=0.2, huber_delta=1.0, coef=0.5,
-                  init_bias=config_dict.placeholder(float), warmup_steps=0, mesh=dict(), publish=False,
-                  optimizer=dict(learning_rate=1e-3, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
-                                 b1=0.9, b2=0.99, max_grad_norm=1.0))
-  # Role pipelines (task.name "relay" / "sort_reverse", docs/multiagent.md); unused by this config's task.
-  c.multiagent = dict(roles=(), prompts=dict(), template="{system}:{view}{history}>", separator="|", fanout=(),
-                      replay=True, policies="shared")
-  # Tree rollouts of single-turn text tasks (docs/trees.md); "none": one chain per sample.
-  c.tree = dict(expansion="none", trees=2, forks=2, iterations=1, continuations=1, segment_tokens=4,
-                prefix="sum")
-  c.eval = dict(every=10, batch_size=32)
-  c.checkpoint = dict(every=20, max_to_keep=2)
-  c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=False, plot=True, stop_after_steps=0,
-                   decode_steps_per_sync=8, max_staleness=1, num_samplers=1, queue="memory", queue_capacity=0,
-                   sampler_slots=0, param_versions_to_keep=3, sampler_timeout_s=60.0)
+def _tools_tiny():
+  """configs/tools_tiny.py (every key this config does not change comes from it)."""
+  path = os.path.join(os.path.dirname(__file__), "tools_tiny.py")
+  spec = importlib.util.spec_from_file_location("_tools_tiny_config", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = [v for v in (arg or "default").split(",") if v]
   unknown = [v for v in variants if v not in _VARIANTS]
   if unknown:
     raise ValueError(f"configs/sales.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)}.")
-  if "tiny" in variants:  # A smoke-sized run: compiles and runs in well under a minute.
-    c.model.preset = "micro"
-    c.task.num_eval = 4
-    c.sft.steps = 2
-    c.sft.batch_size = 8
-    c.rl.steps = 2
-    c.rl.prompts_per_step = 2
-    c.rl.samples_per_prompt = 4
-    c.eval.every = 2
-    c.eval.batch_size = 8
-    c.checkpoint.every = 2
-    c.runtime.plot = False
+  c = _tools_tiny().get_config("tiny" if "tiny" in variants else None)
+  # options: see rlax_post.envs.sales.SalesGame (patience, gamma, offer_bonus) and SalesTask (max_turn_tokens).
+  c.task.name = "sales"
+  c.task.options = dict(patience=4, gamma=0.9, offer_bonus=0.1, max_turn_tokens=16)
+  c.model.max_seq_len = 352
+  c.sft.steps = 2 if "tiny" in variants else 150
+  # max_new_tokens: the most tokens after the episode's context (4 messages of 16 tokens and their answers).
+  c.rl.max_new_tokens = 224
+  if "tiny" not in variants:
+    c.rl.steps = 30
+  # estimator: "grpo" on the episode's discounted return (also "gigpo" / "graph_gae" over the conversation keys).
+  c.advantage.estimator = "grpo"
+  c.advantage.num_iters = c.task.options.patience + 1
   return c
