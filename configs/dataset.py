@@ -70,7 +70,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                       replay=True, policies="shared")
   # Tree rollouts of single-turn text tasks (docs/trees.md); "none": one chain per sample.
   c.tree = dict(expansion="none", trees=2, forks=2, iterations=1, continuations=1, segment_tokens=4,
-                prefix="sum")
+                prefix="sum", keep=0)
   c.eval = dict(every=10, batch_size=64)
   c.checkpoint = dict(every=20, max_to_keep=2)
   c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,

@@ -257,7 +257,7 @@ def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_co
                       replay=True, policies="shared")
   # Tree rollouts of single-turn text tasks (docs/trees.md); "none": one chain per sample.
   c.tree = dict(expansion="none", trees=2, forks=2, iterations=1, continuations=1, segment_tokens=4,
-                prefix="sum")
+                prefix="sum", keep=0)
   c.eval = dict(every=20, batch_size=eval_batch)
   c.checkpoint = dict(every=50, max_to_keep=2)
   c.runtime = dict(mode="async", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,

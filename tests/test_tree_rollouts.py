@@ -80,6 +80,26 @@ def test_a_group_is_trees_of_forked_leaves_with_shared_segments(expansion, itera
   assert sum(r["terminal_evals"] for r in rows) == len(rows)
 
 
+def test_keep_k_trains_k_leaves_per_tree_and_keeps_the_groups_cost():
+  parts, params = _parts("tree_grpo", 1)  # 2 trees of 3 leaves
+  full = envs.run_tickets(parts.task.producer(parts.engine(slots=16, temperature=1.0), params, 0), [4], slots=16,
+                          group_size=6)[4]
+  kept_parts = runtime.build_parts(_cfg(tree__expansion="tree_grpo", tree__keep=2, rl__samples_per_prompt=4))
+  producer = kept_parts.task.producer(kept_parts.engine(slots=16, temperature=1.0), params, 0)
+  rows = envs.run_tickets(producer, [4], slots=16, group_size=4)[4]
+  assert len(rows) == 4 and [int(r["tree_id"]) for r in rows].count(0) == 2 and producer.driver.num_kept == 0
+  full_tokens = [tuple(r["tokens"]) for r in full]
+  assert all(tuple(r["tokens"]) in full_tokens for r in rows)  # the same trees, 2 leaves of each kept
+  for name in envs.BUDGET_FIELDS:  # the dropped leaves' cost stays in the group
+    assert sum(r[name] for r in rows) == pytest.approx(sum(r[name] for r in full))
+  for i, r in enumerate(rows):
+    parent = int(r["tree_parent"])
+    assert parent < i and (parent < 0 or int(rows[parent]["tree_id"]) == int(r["tree_id"]))
+    assert list(r["segment_ends"])[-1] == len(r["tokens"])
+  with pytest.raises(ValueError, match=r"at most tree.keep\) = 4 leaves per prompt"):
+    _cfg(tree__keep=2)
+
+
 def test_trees_do_not_depend_on_the_schedule():
   alone = _trees([5], slots=8)[5]
   crowd = _trees([2, 5, 7], slots=16)[5]

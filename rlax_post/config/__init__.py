@@ -31,6 +31,7 @@ from rlax_post.config._schema import C3_MODES
 from rlax_post.config._schema import COLLABORATION_TASKS
 from rlax_post.config._schema import fanout_of
 from rlax_post.config._schema import group_rows
+from rlax_post.config._schema import tree_grown
 from rlax_post.config._schema import tree_leaves
 from rlax_post.config._schema import TEXT_TASKS
 from rlax_post.config._schema import TREE_ROLLOUT_ESTIMATORS
@@ -74,6 +75,7 @@ __all__ = [
     "TREE_ESTIMATORS",
     "MultiAgentSection",
     "group_rows",
+    "tree_grown",
     "tree_leaves",
     "TEXT_TASKS",
     "TREE_ROLLOUT_ESTIMATORS",

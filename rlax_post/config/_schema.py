@@ -239,12 +239,22 @@ class TreeSection:
   # How a prefix shared by several leaves trains: "sum" (every leaf's row in full, as the papers' code) or
   # "mean" (once, with the mean of its leaves' advantages).
   prefix: str = choices("sum", "mean")
+  # K: leaves kept (and trained) per tree, drawn uniformly among its leaves once it is grown (Tree-GRPO's
+  # "keep k"); 0: every leaf. The dropped leaves' cost stays in the budget fields.
+  keep: int = bounded(0, low=0)
+
+
+def tree_grown(cfg: "Config") -> int:
+  """Leaves grown per prompt of a tree run: M · (1 + L · N · T)."""
+  t = cfg.tree
+  return t.trees * (1 + t.iterations * t.forks * t.continuations)
 
 
 def tree_leaves(cfg: "Config") -> int:
-  """Leaves per prompt of a tree run: M · (1 + L · N · T)."""
+  """Leaves kept (rows) per prompt of a tree run: M · min(K, 1 + L · N · T), K = `tree.keep` (0: all)."""
   t = cfg.tree
-  return t.trees * (1 + t.iterations * t.forks * t.continuations)
+  per_tree = 1 + t.iterations * t.forks * t.continuations
+  return t.trees * (min(t.keep, per_tree) if t.keep else per_tree)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,8 +424,9 @@ class Config:
       raise ValueError(f"tree.expansion = 'arpo' branches after tool calls; task {self.task.name!r} is single-turn "
                        "(use 'tree_grpo', 'treerl' or 'random', or task.name = 'tools').")
     if self.rl.samples_per_prompt != tree_leaves(self):
-      raise ValueError(f"tree rollouts make tree.trees × (1 + tree.iterations × tree.forks × tree.continuations) "
-                       f"= {tree_leaves(self)} leaves per prompt; rl.samples_per_prompt must equal it, got "
+      raise ValueError(f"tree rollouts keep tree.trees × (1 + tree.iterations × tree.forks × tree.continuations, "
+                       f"at most tree.keep) = {tree_leaves(self)} leaves per prompt; rl.samples_per_prompt must "
+                       f"equal it, got "
                        f"{self.rl.samples_per_prompt}.")
     if estimator not in TREE_ROLLOUT_ESTIMATORS + ("grpo", "drgrpo", "rloo"):
       raise ValueError(f"tree rollouts are credited by one of {list(TREE_ROLLOUT_ESTIMATORS + ('grpo', 'drgrpo', 'rloo'))}"

@@ -7,12 +7,14 @@ are one request: one prefill); then, `tree.iterations` = L times, the expansion 
 continued `tree.continuations` = T times from the leaf's kept state (`sampler.Driver.fork`: the leaf's KV cache
 cut at `at`, one token prefilled again; the token at `at` is sampled afresh; an episode's fork also gets a fork
 of its env as it was at the start of the turn holding `at`: `sampler.EpisodeRunner.fork`). Leaves per prompt:
-M · (1 + L · N · T) = `rl.samples_per_prompt` (the config checks it). A policy with fewer candidates than N
-repeats its picks, so every group has the same number of rows. An episode's steps (Tree-GRPO's nodes, ARPO's
+M · (1 + L · N · T); with `tree.keep` = K > 0, each grown tree keeps K of its leaves, drawn uniformly
+(Tree-GRPO's "keep k"; `default_rng([seed, g, K, m])`), so M · min(K, 1 + L · N · T) rows =
+`rl.samples_per_prompt` (the config checks it). A policy with fewer candidates than N repeats its picks, so
+every group has the same number of rows. An episode's steps (Tree-GRPO's nodes, ARPO's
 branch points) are its turns; a text sample's are segments of `tree.segment_tokens`.
 
 Rows (one per leaf, the whole trajectory; `envs.ROW_FIELDS` (episodes: and `TURN_FIELDS`) plus `TREE_FIELDS`),
-each tree's leaves in the order they were made (the text producer: tree by tree):
+in the order they were made (the M chains, then each iteration's forks, tree by tree):
 
   tree_id        int    the leaf's tree, in [0, M)
   tree_parent    int    the row (in the group) of the leaf it was forked from; -1 for a tree's first chain
@@ -26,7 +28,9 @@ and the budget fields: `decode_tokens` its own tokens, `prefill_tokens` the prom
 chain) plus what the driver prefilled to start it (`Completion.fork_prefill`: one token per fork point, on its
 first continuation; the whole context where a params change or sliding-window layers made the driver
 prefill it again) and, for an episode, its own turns' extensions, `env_calls` its own env steps,
-`terminal_evals` 1.
+`terminal_evals` 1. A dropped leaf's (`tree.keep`) fields are added to its tree's first kept row, so a
+group's budget is what it cost; `tree_parent` then names the nearest kept ancestor (-1: none), and segments
+are cut among the kept leaves.
 
 Seeding: the chains of ticket g draw from `seed_of(seed, ROLLOUT, g // P)` with stream g mod P (as a chain
 run's group); iteration i's forks from `seed_of(seed, ROLLOUT, g // P, g mod P, i + 1)` with stream m·N + k
@@ -141,19 +145,42 @@ class _TreeGrowth:
     group.iteration = it + 1
 
   def _rows(self, ticket: int, group: _Group) -> list[dict]:
-    """The group's rows with their tree fields (module docstring), in leaf order."""
+    """The group's rows with their tree fields (module docstring), in leaf order; with `tree.keep`, the kept
+    leaves' only."""
     rows, tokens = self._group_rows(ticket, group)
+    kept = self._kept(ticket, group)
+    for i in set(range(len(rows))) - set(kept):  # its cost stays in the group: on its tree's first kept row
+      first = next(j for j in kept if group.leaves[j].tree == group.leaves[i].tree)
+      for name in _rl.BUDGET_FIELDS:
+        rows[first][name] = rows[first][name] + rows[i][name]
+    new_row = {old: new for new, old in enumerate(kept)}
     nodes: dict[tuple, int] = {}
-    for leaf, row, own in zip(group.leaves, rows, tokens):
-      same_tree = [other for o, other in zip(group.leaves, tokens) if o.tree == leaf.tree and o is not leaf]
+    for i in kept:
+      leaf, row, own = group.leaves[i], rows[i], tokens[i]
+      same_tree = [tokens[j] for j in kept if group.leaves[j].tree == leaf.tree and j != i]
       # Cut wherever another leaf of the tree leaves this one (a common prefix shorter than it), and at its end.
       ends = sorted(({_common(own, other) for other in same_tree} | {len(own)}) - {0})
+      parent = leaf.parent
+      while parent >= 0 and parent not in new_row:
+        parent = group.leaves[parent].parent
       row.update({
-          "tree_id": np.int32(leaf.tree), "tree_parent": np.int32(leaf.parent),
+          "tree_id": np.int32(leaf.tree), "tree_parent": np.int32(new_row.get(parent, -1)),
           "segment_ends": np.asarray(ends, np.int32),
           "segment_nodes": np.asarray([nodes.setdefault((leaf.tree,) + own[:e], len(nodes)) for e in ends], np.int32),
       })
-    return rows
+    return [rows[i] for i in kept]
+
+  def _kept(self, ticket: int, group: _Group) -> list[int]:
+    """The leaves (rows) kept: every one, or `tree.keep` = K per tree drawn uniformly (module docstring)."""
+    k = self.tree.keep
+    kept = []
+    for m in range(self.tree.trees):
+      rows = [i for i, leaf in enumerate(group.leaves) if leaf.tree == m]
+      if k and len(rows) > k:
+        rng = np.random.default_rng([self.cfg.seed, ticket, k, m])
+        rows = sorted(rows[j] for j in rng.choice(len(rows), size=k, replace=False))
+      kept += rows
+    return sorted(kept)
 
 
 class TreeRolloutProducer(_TreeGrowth, _rl.DriverProducer):
@@ -165,7 +192,7 @@ class TreeRolloutProducer(_TreeGrowth, _rl.DriverProducer):
     self.p = cfg.rl.prompts_per_step
     self.vocab_size = engine.model_cfg.vocab_size
     self.examples = task.examples("train")
-    super().__init__(engine, params, version, config_lib.tree_leaves(cfg))
+    super().__init__(engine, params, version, config_lib.tree_grown(cfg))
 
   def submit(self, ticket: int) -> None:
     ticket, m = int(ticket), self.tree.trees
@@ -235,7 +262,7 @@ class EpisodeTreeProducer(_TreeGrowth, _episodes.EpisodeProducer):
 
   @property
   def in_flight_samples(self) -> int:
-    return len(self._open) * config_lib.tree_leaves(self.cfg)
+    return len(self._open) * config_lib.tree_grown(self.cfg)
 
   def submit(self, ticket: int) -> None:
     ticket, m = int(ticket), self.tree.trees
