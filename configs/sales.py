@@ -11,21 +11,18 @@ then close). RL: multi-turn GRPO on the episodes (the "online multi-turn GRPO" a
   rlax-post train --config configs/sales.py:tiny --workdir /tmp/sales_tiny   # seconds; the tests' size
 """
 
-import importlib.util
 import os
 
 import ml_collections
+
+from rlax_post import sweep
 
 _VARIANTS = ("default", "tiny")
 
 
 def _tools_tiny():
   """configs/tools_tiny.py (every key this config does not change comes from it)."""
-  path = os.path.join(os.path.dirname(__file__), "tools_tiny.py")
-  spec = importlib.util.spec_from_file_location("_tools_tiny_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return sweep.load_module(os.path.join(os.path.dirname(__file__), "tools_tiny.py"))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

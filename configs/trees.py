@@ -22,7 +22,6 @@ the tree arms decode fewer tokens per prompt than `chain` for the same leaves; t
 against cumulative decode tokens.
 """
 
-import importlib.util
 import os
 
 import ml_collections
@@ -45,11 +44,8 @@ _VARIANTS = ("default", "tiny", "tools", *_TASKS, *ARMS)
 
 
 def _config_module(name: str):
-  path = os.path.join(os.path.dirname(__file__), f"{name}.py")
-  spec = importlib.util.spec_from_file_location(f"_{name}_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  """configs/<name>.py, the config this one builds on."""
+  return sweep.load_module(os.path.join(os.path.dirname(__file__), f"{name}.py"))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -131,7 +131,7 @@ class _TreeGrowth:
     """One iteration: N fork points per tree, T continuations each (module docstring)."""
     it, t = group.iteration, self.tree
     seed = _rl.seed_of(self.cfg.seed, _rl.Stream.ROLLOUT, ticket // self.p, ticket % self.p, it + 1)
-    specs, trees = [], []
+    specs = []
     for m in range(t.trees):
       rows = [i for i, leaf in enumerate(group.leaves) if leaf.tree == m]
       branches = [self._branch(group.leaves[i].result) for i in rows]
@@ -139,9 +139,8 @@ class _TreeGrowth:
       for k, (b, at) in enumerate(self._picks(branches, rng)):
         specs.append(_ForkSpec(rows[b], at, t.continuations, (ticket, "fork", it, m, k), seed, m * t.forks + k,
                                keep=it + 1 < t.iterations))
-        trees.append(m)
-    for spec, m, keys in zip(specs, trees, self._fork_leaves(ticket, group, specs)):
-      group.leaves += [_Leaf(tree=m, parent=spec.parent, key=key) for key in keys]
+    for spec, keys in zip(specs, self._fork_leaves(ticket, group, specs)):
+      group.leaves += [_Leaf(tree=group.leaves[spec.parent].tree, parent=spec.parent, key=key) for key in keys]
     group.iteration = it + 1
 
   def _rows(self, ticket: int, group: _Group) -> list[dict]:

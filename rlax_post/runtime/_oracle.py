@@ -35,7 +35,7 @@ class ModelPolicy:
   """
 
   def __init__(self, graphdef, params, tokenizer, game: sales.SalesGame, *, temperature: float, seq_len: int):
-    self.tokenizer, self.game, self.seq_len = tokenizer, game, seq_len
+    self.tokenizer, self.seq_len = tokenizer, seq_len
     self.params = params
     self.actions = [a for a in game.actions if a.kind != sales.OTHER]
     self._messages = [tokenizer.encode(str(a), add_bos=False) + [tokenizer.eos_id] for a in self.actions]

@@ -209,8 +209,6 @@ class _Sample:
   logprobs: list[float] = dataclasses.field(default_factory=list)
   versions: list[int] = dataclasses.field(default_factory=list)
   mask: list[int] = dataclasses.field(default_factory=list)
-  turn: int = 0
-  turn_start: int = 0  # len(tokens) when the turn began.
   turn_starts: list[int] = dataclasses.field(default_factory=lambda: [0])  # len(tokens) at each turn's start
   # Multi-turn only: the prefix of prompt + tokens[:prefix_len], computed under params `prefix_version`.
   prefix: _engine.Prefix | None = None
@@ -229,6 +227,16 @@ class _Sample:
   def ids(self) -> list[int]:
     return list(self.request.prompt) + self.tokens
 
+  @property
+  def turn(self) -> int:
+    """The turn it is in (0: the first)."""
+    return len(self.turn_starts) - 1
+
+  @property
+  def turn_start(self) -> int:
+    """len(tokens) when the turn began."""
+    return self.turn_starts[-1]
+
 
 class _ForkPoint(NamedTuple):
   """Where a fork starts: its parent, the prefix after its first `at` tokens (computed under the current
@@ -242,11 +250,12 @@ class _ForkPoint(NamedTuple):
   turn: int
 
 
-def _turn_at(sample: _Sample, at: int) -> int | None:
-  """The turn whose message holds position `at` of the sample's tokens (the policy sampled every token from
-  the turn's start to `at`); None where `at` lies in an env observation."""
-  turn = max(j for j, start in enumerate(sample.turn_starts) if start <= at)
-  return turn if all(sample.mask[sample.turn_starts[turn]:at + 1]) else None
+def turn_at(turn_starts: Sequence[int], mask: Sequence[int], at: int) -> int | None:
+  """The turn whose message holds position `at` of a completion's tokens, given where each turn starts and
+  which tokens the policy sampled (it sampled every token from the turn's start to `at`); None where `at` lies
+  in an env observation."""
+  turn = max(j for j, start in enumerate(turn_starts) if start <= at)
+  return turn if all(mask[turn_starts[turn]:at + 1]) else None
 
 
 def check_streams(name: str, seed: Any, stream: Any, sample_streams: Any, n: int) -> None:
@@ -420,7 +429,7 @@ class Driver:
       limit, limit_reason = self._turn_limit(request, starts[-1])
       children = [_Sample(request, order, i, parent.stops, limit, limit_reason,
                           tokens=parent.tokens[:at], logprobs=parent.logprobs[:at], versions=parent.versions[:at],
-                          mask=parent.mask[:at], turn=point.turn, turn_start=starts[-1], turn_starts=list(starts),
+                          mask=parent.mask[:at], turn_starts=list(starts),
                           base_key=base_key, streams=(int(r), int(stream)), fork_prefix=point.prefix,
                           fork_version=self.version, forked_at=at, fork_prefill=point.prefilled if i == 0 else 0,
                           first_version=point.first_version)
@@ -455,7 +464,7 @@ class Driver:
         raise ValueError(f"Fork of {f.parent!r}: a finished sample of {length} tokens forks at an int Fork.at in "
                          f"[0, {length}) (the token there is sampled afresh); got at={f.at!r}.")
       at = int(at)
-      turn = _turn_at(parent, at)
+      turn = turn_at(parent.turn_starts, parent.mask, at)
       if turn is None:
         raise ValueError(f"Fork of {f.parent!r}: at={at} lies in an env observation (turns start at "
                          f"{parent.turn_starts}); a multi-turn sample forks inside one of its turns.")
@@ -721,9 +730,7 @@ class Driver:
     sample.logprobs.extend([0.0] * len(observation))
     sample.versions.extend([-1] * len(observation))
     sample.mask.extend([0] * len(observation))
-    sample.turn += 1
-    sample.turn_start = len(sample.tokens)
-    sample.turn_starts.append(sample.turn_start)
+    sample.turn_starts.append(len(sample.tokens))
     self._set_turn_limit(sample)
     self._pending.appendleft(sample)  # Ongoing conversations go first.
     return "queued"

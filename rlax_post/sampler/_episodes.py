@@ -116,14 +116,15 @@ class _State:
   # Kept groups only: the env's state at each turn's start (after the reset, then after each answered turn).
   snapshots: list | None = None
 
-  def fork(self, index: int, turns: int | None = None) -> "_State":
+  def fork(self, index: int, turns: int | None = None, *, keep: bool = False) -> "_State":
     """Episode `index` of the same group, continuing this one (its first `turns` turns; None: all so far):
-    those turns copied (its env, forked, is set once the driver has taken the fork)."""
+    those turns copied, and with `keep` their env snapshots (its env, forked, is set once the driver has taken
+    the fork)."""
     k = len(self.turn_starts) if turns is None else turns
     return _State(self.prompt_index, index, None, context=list(self.context),
                   turn_starts=list(self.turn_starts[:k + 1]), messages=list(self.messages[:k]),
                   rewards=list(self.rewards[:k]), infos=[dict(i) for i in self.infos[:k]], parent=self.index,
-                  snapshots=None if self.snapshots is None else list(self.snapshots[:k + 1]))
+                  snapshots=list(self.snapshots[:k + 1]) if keep else None)
 
   def snapshot(self) -> None:
     """Records the env's state at a turn's start (kept groups; called while the env is idle)."""
@@ -356,18 +357,22 @@ class EpisodeRunner:
       if not group.keep:
         raise ValueError(f"Fork: episode {index} of group {group_id!r} has ended; only a kept group's ended "
                          "episodes fork (submit(keep=True)).")
+    if (keep or ended is not None) and parent.snapshots is None:
+      raise ValueError(f"Fork: episode {index} of group {group_id!r} is not kept (a fork made with keep=False); "
+                       "an ended episode forks, and a fork keeps, only where its turns' env states were kept.")
+    if ended is not None:
       starts = parent.turn_starts[:ended.num_turns]
       length = len(ended.prompt) + len(ended.tokens)
       if isinstance(at, bool) or not isinstance(at, (int, np.integer)) or not starts or not starts[0] <= at < length:
         raise ValueError(f"Fork: ended episode {index} of group {group_id!r} forks at an int `at` in "
                          f"[{starts[0] if starts else length}, {length}) (a position of its turns); got at={at!r}.")
-      turns = max(j for j, start in enumerate(starts) if start <= at)
       driver_at = int(at) - len(ended.prompt)
-      if not all(ended.mask[starts[turns] - len(ended.prompt):driver_at + 1]):
+      turns = _driver.turn_at([s - len(ended.prompt) for s in starts], ended.mask, driver_at)
+      if turns is None:
         raise ValueError(f"Fork: at={at} lies in an env observation of episode {index} of group {group_id!r} "
                          f"(its turns start at {list(starts)}); an ended episode forks inside one of its turns.")
     first = len(group.states)
-    children = [parent.fork(first + k, turns) for k in range(n)]
+    children = [parent.fork(first + k, turns, keep=keep) for k in range(n)]
     indices = [c.index for c in children]
     rid = self._num_requests
     self._driver.fork([_driver.Fork(
@@ -387,9 +392,6 @@ class EpisodeRunner:
     if not group.remaining:  # an ended kept group: it is pending again, until `step` returns it again
       self._pending += 1
     group.remaining += n
-    if not keep:
-      for child in children:
-        child.snapshots = None
     return indices
 
   def release(self, group_id: Any) -> None:

@@ -35,6 +35,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from rlax_post.envs import _episodes
 from rlax_post.envs import _protocol
 
 ASK, OFFER, CLOSE, OTHER = "ask", "offer", "close", "other"
@@ -181,12 +182,8 @@ def actions_of(history: History) -> tuple[Action, ...]:
 
 
 def _history_key(history: History) -> int:
-  """A 31-bit key of a conversation, the same in every process (no Python hash seed)."""
-  key = 0
-  for a, answer in history:
-    for ch in f"{a}|{answer};":
-      key = (key * 131 + ord(ch)) % 2147483629
-  return key
+  """A 31-bit key of a conversation, the same in every process (`prefix_key` of its text's bytes)."""
+  return _episodes.prefix_key(list("".join(f"{a}|{answer};" for a, answer in history).encode()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,9 +203,8 @@ class Values:
 
 def consistent(game: SalesGame, history: History) -> list[int]:
   """The customer types that answer the history's actions with its answers and are still in the episode."""
-  out = []
+  out, actions = [], actions_of(history)
   for c in range(len(game.types)):
-    actions = actions_of(history)
     replies = [game.outcome(c, actions[:i], a) for i, a in enumerate(actions)]
     if all(r[0] == answer and not r[2] for r, (_, answer) in zip(replies, history)):
       out.append(c)
@@ -217,10 +213,11 @@ def consistent(game: SalesGame, history: History) -> list[int]:
 
 def _solve(game: SalesGame, choose: Callable[[History, dict[Action, float]], float]) -> Values:
   """Q and V by recursion over ongoing histories; `choose(history, q by action)` is V(history)."""
+  types_of = functools.lru_cache(maxsize=None)(lambda history: consistent(game, history))  # once per history
 
   @functools.lru_cache(maxsize=None)
   def q(history: History, action: Action) -> float:
-    types = consistent(game, history)
+    types = types_of(history)
     if not types:
       raise ValueError(f"history {[(str(a), t) for a, t in history]} is not an ongoing episode of any customer "
                        "type.")

@@ -69,7 +69,7 @@ class SalesTask:
   def demonstration(self, episode: int, *, blind: bool, rng: np.random.Generator) -> tools.Demonstration:
     """A demonstrated episode against the customer of demo episode `episode`: the best script, or the blind
     one (a random plan offered at once, then close)."""
-    env = _game.SalesEnv(self.game, customer=self.customer("demo", episode), discounted=True)
+    env = self.env("demo", episode)
     reset = env.reset(PROMPT)
     customer = self.game.plans[env.customer]
     script = ([f"offer {self.game.plans[rng.integers(len(self.game.plans))]}", "close"] if blind else
