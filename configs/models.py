@@ -258,6 +258,9 @@ def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_co
   # Tree rollouts of single-turn text tasks (docs/trees.md); "none": one chain per sample.
   c.tree = dict(expansion="none", trees=2, forks=2, iterations=1, continuations=1, segment_tokens=4,
                 prefix="sum", keep=0)
+  # Iterative PPO's rounds (runtime.mode = "rounds"; docs/iterppo.md).
+  c.iterppo = dict(episodes=64, round_steps=10, gamma=0.9, q="learned", q_epochs=4, q_batch_size=32,
+                   q_holdout=0.2)
   c.eval = dict(every=20, batch_size=eval_batch)
   c.checkpoint = dict(every=50, max_to_keep=2)
   c.runtime = dict(mode="async", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,

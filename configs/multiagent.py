@@ -90,6 +90,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Tree rollouts of single-turn text tasks (docs/trees.md); "none": one chain per sample.
   c.tree = dict(expansion="none", trees=2, forks=2, iterations=1, continuations=1, segment_tokens=4,
                 prefix="sum", keep=0)
+  # Iterative PPO's rounds (runtime.mode = "rounds"; docs/iterppo.md).
+  c.iterppo = dict(episodes=64, round_steps=10, gamma=0.9, q="learned", q_epochs=4, q_batch_size=32,
+                   q_holdout=0.2)
   c.eval = dict(every=10, batch_size=256)
   c.checkpoint = dict(every=20, max_to_keep=2)
   c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,

@@ -53,8 +53,9 @@ def test_a_forked_env_continues_on_its_own_and_types_are_drawn_per_seed():
   assert drawn == {0, 1, 2}
   with pytest.raises(ValueError, match="one plan per type"):
     sales.SalesGame(types=("a", "b"), plans=("x",))
-  with pytest.raises(ValueError, match=r"gamma must be in \(0, 1\]"):
-    sales.SalesGame(gamma=0.0)
+  for bad in (-0.1, 1.5):
+    with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\]"):
+      sales.SalesGame(gamma=bad)
 
 
 def test_optimal_values_by_hand():

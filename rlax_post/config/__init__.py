@@ -35,6 +35,7 @@ from rlax_post.config._schema import tree_grown
 from rlax_post.config._schema import tree_leaves
 from rlax_post.config._schema import TEXT_TASKS
 from rlax_post.config._schema import TREE_ROLLOUT_ESTIMATORS
+from rlax_post.config._schema import IterPPOSection
 from rlax_post.config._schema import TreeSection
 from rlax_post.config._schema import num_policies
 from rlax_post.config._schema import MultiAgentSection
@@ -80,6 +81,7 @@ __all__ = [
     "TEXT_TASKS",
     "TREE_ROLLOUT_ESTIMATORS",
     "TreeSection",
+    "IterPPOSection",
     "num_policies",
     "fanout_of",
     "COLLABORATION_TASKS",

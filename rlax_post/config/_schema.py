@@ -28,7 +28,8 @@ C3_MODES = ("value_assisted", "reward_only", "value_only")
 LOSS_KINDS = ("auto", "ppo", "gspo", "decoupled_ppo")
 KL_KINDS = ("k3", "k1", "k2")
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
-RUNTIME_MODES = ("sync", "async")
+# "rounds": Iterative PPO's round loop (the `iterppo` section; docs/iterppo.md).
+RUNTIME_MODES = ("sync", "async", "rounds")
 QUEUE_BACKENDS = ("memory", "files")
 
 
@@ -289,6 +290,25 @@ class CriticSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class IterPPOSection:
+  """Iterative PPO's rounds (`runtime.mode = "rounds"`, docs/iterppo.md): each round deploys the policy π_i on
+  `episodes` episodes of the (multi-turn) task, fits Q_i(state, response) on their Monte Carlo returns (a
+  scalar model of the `critic` section: its model, init, loss and optimizer), then runs `round_steps` steps of
+  single-turn PPO on the logged states (rl.prompts_per_step states × rl.samples_per_prompt responses), reward
+  Q_i and a KL penalty `loss.kl_coef` (β) to π_i. rl.steps = rounds × round_steps."""
+  episodes: int = bounded(64, low=1)  # E: episodes collected with π_i per round
+  round_steps: int = bounded(10, low=1)  # S: single-turn PPO steps per round
+  # γ of the returns Q regresses on, per policy message (0: the immediate reward, a myopic Q).
+  gamma: float = bounded(0.9, low=0.0, high=1.0)
+  # "learned": Q_i fitted each round (warm-started from Q_{i-1}); "learned_once": Q_0 only, kept; "oracle": the
+  # exact Q^{π_i} of a task with an oracle (task.name = "sales"), no fit.
+  q: str = choices("learned", "learned_once", "oracle")
+  q_epochs: int = bounded(4, low=1)  # passes of Q's fit over a round's training transitions
+  q_batch_size: int = bounded(32, low=1)  # transitions per update of Q
+  q_holdout: float = bounded(0.2, low=0.0, high=1.0, high_open=True)  # fraction of episodes held out of Q's fit
+
+
+@dataclasses.dataclass(frozen=True)
 class EvalSection:
   every: int = bounded(20, low=0)  # RL steps between greedy evals (0: only at the start and the end)
   batch_size: int = bounded(256, low=1)
@@ -339,6 +359,7 @@ class Config:
   critic: CriticSection = dataclasses.field(default_factory=CriticSection)
   multiagent: MultiAgentSection = dataclasses.field(default_factory=MultiAgentSection)
   tree: TreeSection = dataclasses.field(default_factory=TreeSection)
+  iterppo: IterPPOSection = dataclasses.field(default_factory=IterPPOSection)
   eval: EvalSection = dataclasses.field(default_factory=EvalSection)
   checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
   runtime: RuntimeSection = dataclasses.field(default_factory=RuntimeSection)
@@ -346,6 +367,7 @@ class Config:
   def __post_init__(self):
     self._check_multiagent()
     self._check_tree()
+    self._check_rounds()
     rollouts = self.rl.prompts_per_step * group_rows(self)
     if rollouts % self.rl.minibatches:
       raise ValueError(f"A step's {rollouts} rows (rl.prompts_per_step × rows per group) must be divisible by "
@@ -410,6 +432,26 @@ class Config:
                          "would sit on one role's policy only.")
 
 
+  def _check_rounds(self):
+    if self.runtime.mode != "rounds":
+      return
+    it = self.iterppo
+    if self.rl.steps % it.round_steps:
+      raise ValueError(f"runtime.mode = 'rounds' runs rl.steps / iterppo.round_steps rounds; rl.steps = "
+                       f"{self.rl.steps} must be a multiple of iterppo.round_steps = {it.round_steps}.")
+    if it.episodes % self.rl.samples_per_prompt:
+      raise ValueError(f"iterppo.episodes = {it.episodes} is collected in groups of rl.samples_per_prompt = "
+                       f"{self.rl.samples_per_prompt}; make it a multiple.")
+    if self.advantage.estimator not in ROUND_ESTIMATORS or self.tree.expansion != "none":
+      raise ValueError(f"runtime.mode = 'rounds' trains single-turn groups of responses to logged states: "
+                       f"advantage.estimator must be one of {list(ROUND_ESTIMATORS)} (got "
+                       f"{self.advantage.estimator!r}) and tree.expansion 'none' (got {self.tree.expansion!r}).")
+    if it.q == "oracle" and self.task.name != "sales":
+      raise ValueError(f"iterppo.q = 'oracle' needs a task with an exact oracle (task.name = 'sales'); got "
+                       f"{self.task.name!r}.")
+    if it.q != "oracle" and self.critic.mode != "separate":
+      raise ValueError("iterppo.q = 'learned' fits Q as a separate scalar model: set critic.mode = 'separate'.")
+
   def _check_tree(self):
     expansion, estimator = self.tree.expansion, self.advantage.estimator
     if estimator in TREE_ROLLOUT_ESTIMATORS and expansion == "none":
@@ -442,6 +484,8 @@ TREE_ESTIMATORS = ("c3", "magrpo")
 TEXT_TASKS = ("reverse", "sort", "add")
 TREE_TASKS = TEXT_TASKS + ("tools",)
 TREE_ROLLOUT_ESTIMATORS = ("tree_grpo", "treerl")
+# The group estimators of Iterative PPO's single-turn phase (`runtime.mode = "rounds"`).
+ROUND_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp")
 
 
 def group_rows(cfg: Config) -> int:

@@ -50,6 +50,10 @@ class RolloutBatch(NamedTuple):
   segment_ends: np.ndarray | None = None  # [B, D] int32
   segment_nodes: np.ndarray | None = None  # [B, D] int32
   segment_mask: np.ndarray | None = None  # [B, D] float32
+  # Rows that carry their reference policy's logprobs (`ref_logprobs` [L], Iterative PPO's π_i of the round,
+  # `runtime.mode = "rounds"`): log π_ref of target t+1, 0 off the mask; the learner reads these in place of
+  # scoring the run's reference params. None when the rows have none.
+  ref_logprobs: np.ndarray | None = None  # [B, T-1] float32
 
 
 def rows_to_batch(groups: list[list[dict]], *, seq_len: int, pad_id: int) -> RolloutBatch:
@@ -81,7 +85,18 @@ def rows_to_batch(groups: list[list[dict]], *, seq_len: int, pad_id: int) -> Rol
       behaviour_logprobs=behaviour, rewards=np.asarray([float(r["reward"]) for r in rows], np.float32),
       group_ids=group_ids, finished=np.asarray([bool(r["finished"]) for r in rows]),
       row_metrics=_row_metrics(rows), **_turn_arrays(rows, prompt_lens), **_node_arrays(rows),
-      **_tree_arrays(groups))
+      **_tree_arrays(groups), **_ref_arrays(rows, loss_mask))
+
+
+def _ref_arrays(rows: list[dict], loss_mask_bt: np.ndarray) -> dict:
+  """`ref_logprobs` [B, T-1] of rows that carry theirs, placed as `behaviour_logprobs` are ({} when none does)."""
+  if not _all_or_none(rows, ("ref_logprobs",), "reference logprobs", "all rows with them or none"):
+    return {}
+  ref = np.zeros(loss_mask_bt.shape, np.float32)
+  for r, row in enumerate(rows):
+    lp, length = len(row["prompt"]), len(row["tokens"])
+    ref[r, lp - 1:lp - 1 + length] = np.asarray(row["ref_logprobs"], np.float32)
+  return {"ref_logprobs": ref * loss_mask_bt}
 
 
 def _node_arrays(rows: list[dict]) -> dict:

@@ -74,12 +74,14 @@ def critic_mesh(section: config_lib.CriticSection, policy_mesh: jax.sharding.Mes
 class Critic:
   """The run's critic: values at consumption time, GAE advantages and returns, and (separate) its update."""
 
-  def __init__(self, parts: _parts.Parts, *, total_updates: int):
+  def __init__(self, parts: _parts.Parts, *, total_updates: int, separate: bool | None = None):
+    """`separate`: a model of its own (default: the config's `config.separate_critic`; Iterative PPO's Q is
+    one whatever the estimator)."""
     cfg = parts.cfg
     self.section, self.advantage = cfg.critic, cfg.advantage
     self.loss = value_loss(cfg.critic)
     window = parts.lengths.response
-    self.separate = config_lib.separate_critic(cfg)
+    self.separate = config_lib.separate_critic(cfg) if separate is None else separate
     if self.separate:
       model_cfg = _parts.critic_model_config(cfg, parts.model_cfg)
       graphdef, params_like = models.abstract_params(model_cfg)
@@ -137,6 +139,12 @@ class Critic:
       return state_like, shardings
     return (state_like.replace(critic=self.learner.abstract_state),
             shardings.replace(critic=self.learner.state_shardings))
+
+  def values(self, params, tokens, needed) -> np.ndarray:
+    """The value predictions (`losses.prediction` of the head, by the critic's loss) [B, T-1] on host, exact
+    where `needed` is set: position t reads tokens[:t + 1]."""
+    raw = _distributed.to_host(self._values(params, tokens, needed))
+    return np.asarray(losses.prediction(np.asarray(raw, np.float32), self.loss.kind), np.float32)
 
   # --- credit ---
 

@@ -180,7 +180,9 @@ class RLUpdate:
       # (and any sampler/learner numerics gap) when off-policy. (`behaviour_gap` is its weighted mean.)
       mismatch["logprob_mismatch_max"] = float(
           np.max(np.abs(batch.behaviour_logprobs - old_logp) * batch.loss_mask))
-    if cfg.loss.kl_coef > 0 or cfg.loss.track_kl:  # Else no reference pass: it would only feed a metric.
+    if batch.ref_logprobs is not None:  # The rows' own reference (Iterative PPO's π_i): no reference pass.
+      full["ref_logprobs"] = batch.ref_logprobs
+    elif cfg.loss.kl_coef > 0 or cfg.loss.track_kl:  # Else no reference pass: it would only feed a metric.
       full["ref_logprobs"] = _distributed.to_host(self.score(ref_params, batch.tokens, batch.loss_mask))
     t1 = time.time()
     step_metrics = []

@@ -15,6 +15,7 @@ from rlax_post.runtime import _distributed
 from rlax_post.runtime import _learn
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _rounds
 from rlax_post.runtime import _run
 from rlax_post.runtime import _samplers
 from rlax_post.runtime import _sources
@@ -47,12 +48,22 @@ def _train_with(parts: _parts.Parts, workdir: str, make_source, *, resume: bool,
   return run.finish(learn(run.update, source, run, start), start)
 
 
+def make_source(parts: _parts.Parts, workdir: str, say) -> _sources.Source:
+  """`rlax-post train`'s source: inline sampling (`runtime.mode = "sync"`), sampler threads ("async") or
+  Iterative PPO's rounds ("rounds")."""
+  if parts.cfg.runtime.mode == "sync":
+    return _sources.InlineSource(parts)
+  if parts.cfg.runtime.mode == "rounds":
+    return _rounds.RoundSource(parts, workdir, say)
+  return _sources.ThreadSource(parts, workdir, say)
+
+
 def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: bool = False) -> dict:
-  """`rlax-post train`: sampling inline (`runtime.mode = "sync"`) or in sampler threads ("async"); returns
-  the summary (also written to workdir/summary.json)."""
+  """`rlax-post train`: sampling inline (`runtime.mode = "sync"`), in sampler threads ("async"), or Iterative
+  PPO's rounds ("rounds"); returns the summary (also written to workdir/summary.json)."""
   # Sampling in the learner's process (inline or threads) is a host-driven decode loop on its own devices.
   _distributed.check_single_process("`rlax-post train` (sampling in the learner's process)")
-  return _train_with(_parts.build_parts(cfg), workdir, _sources.make_source, resume=resume, quiet=quiet)
+  return _train_with(_parts.build_parts(cfg), workdir, make_source, resume=resume, quiet=quiet)
 
 
 def run_learner(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: bool = False) -> dict:

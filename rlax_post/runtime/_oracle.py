@@ -10,6 +10,7 @@ return of the sampling policy, with no Monte Carlo error, to set against V* (`sa
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 
@@ -73,17 +74,43 @@ class ModelPolicy:
     return probs
 
 
+class ExactOracle:
+  """The exact values of a sales run's policy `params` (the sampling law at `rl.temperature`): `value()` is
+  V^π at the start under the game's γ; `q(turns, message)` is Q^π(history, the message's action) under
+  discount `gamma` (Iterative PPO's "oracle Q^{π_i}" reward and the yardstick of a learned Q's error; γ = 0:
+  the expected immediate reward), the history given as the (message, observation) texts of its turns."""
+
+  def __init__(self, parts: _parts.Parts, params, *, gamma: float | None = None):
+    cfg, task = parts.cfg, parts.task
+    if cfg.task.name != sales.NAME:
+      raise ValueError(f"the exact value needs a sales run (task.name = {sales.NAME!r}); got {cfg.task.name!r}.")
+    self.game = task.game
+    self.policy = ModelPolicy(parts.graphdef, params, task.tokenizer, task.game, temperature=cfg.rl.temperature,
+                              seq_len=task.lengths(cfg.model.max_seq_len).sequence)
+    self.values = sales.policy_values(task.game, self.policy)
+    gamma = task.game.gamma if gamma is None else gamma
+    self.q_values = self.values if gamma == task.game.gamma else sales.policy_values(
+        dataclasses.replace(task.game, gamma=gamma), self.policy)
+
+  def value(self) -> float:
+    return self.values.value()
+
+  def q(self, turns, message: str) -> float:
+    return self.q_values.q(sales.history_of(self.game, turns), sales.parse_action(message, self.game))
+
+
+def exact_oracle(parts: _parts.Parts, params, *, gamma: float | None = None) -> ExactOracle | None:
+  """The run's `ExactOracle` of `params`, or None when its task has none (only the sales game has one)."""
+  return ExactOracle(parts, params, gamma=gamma) if parts.cfg.task.name == sales.NAME else None
+
+
 def policy_value(parts: _parts.Parts, params) -> dict:
   """V^π at the start (the sampling policy at `rl.temperature`), the probabilities of the first message, V*
   and the histories scored."""
-  cfg, task = parts.cfg, parts.task
-  if cfg.task.name != sales.NAME:
-    raise ValueError(f"the exact value needs a sales run (task.name = {sales.NAME!r}); got {cfg.task.name!r}.")
-  policy = ModelPolicy(parts.graphdef, params, task.tokenizer, task.game, temperature=cfg.rl.temperature,
-                       seq_len=task.lengths(cfg.model.max_seq_len).sequence)
-  value = sales.policy_values(task.game, policy).value()
-  return {"value": value, "optimal_value": task.game.optimal_return(), "histories": policy.calls,
-          **{f"first/{a}": p for a, p in policy(()).items()}}
+  oracle = ExactOracle(parts, params)
+  value = oracle.value()
+  return {"value": value, "optimal_value": oracle.game.optimal_return(), "histories": oracle.policy.calls,
+          **{f"first/{a}": p for a, p in oracle.policy(()).items()}}
 
 
 def run_policy_value(workdir: str, *, step: int | None = None) -> dict:

@@ -383,10 +383,3 @@ class LoggedSource:
 
   def stop(self) -> None:
     pass
-
-
-def make_source(parts: _parts.Parts, workdir: str, say: Callable[..., None]) -> Source:
-  """`rlax-post train`'s source: inline sampling (`runtime.mode = "sync"`) or sampler threads ("async")."""
-  if parts.cfg.runtime.mode == "sync":
-    return InlineSource(parts)
-  return ThreadSource(parts, workdir, say)

@@ -6,6 +6,7 @@ from rlax_post.envs.sales._game import Action
 from rlax_post.envs.sales._game import actions_of
 from rlax_post.envs.sales._game import CLOSE
 from rlax_post.envs.sales._game import consistent
+from rlax_post.envs.sales._game import history_of
 from rlax_post.envs.sales._game import OFFER
 from rlax_post.envs.sales._game import optimal_values
 from rlax_post.envs.sales._game import OTHER
@@ -21,7 +22,7 @@ from rlax_post.envs.sales._task import PROMPT
 from rlax_post.envs.sales._task import SalesTask
 
 __all__ = [
-    "ASK", "OFFER", "CLOSE", "OTHER", "Action", "SalesGame", "SalesEnv", "Values", "actions_of", "consistent",
+    "ASK", "OFFER", "CLOSE", "OTHER", "Action", "SalesGame", "SalesEnv", "Values", "actions_of", "consistent", "history_of",
     "optimal_values", "parse_action", "policy_values", "render_greeting", "NAME", "PROMPT", "SalesTask",
     "make_sales_task",
 ]

@@ -58,7 +58,7 @@ class SalesGame:
   Attributes:
     types, plans: the customer types and the plan that suits each (same length, distinct names).
     patience: most policy messages per episode.
-    gamma: discount per message, in (0, 1].
+    gamma: discount per message, in [0, 1] (0: the immediate reward only).
     offer_bonus: immediate reward of every offer the customer hears.
   """
   types: tuple[str, ...] = ("student", "family", "business")
@@ -76,8 +76,8 @@ class SalesGame:
       raise ValueError(f"SalesGame: types and plans must be distinct lower-case words; got {names}.")
     if isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1:
       raise ValueError(f"SalesGame: patience must be an int >= 1; got {self.patience!r}.")
-    if not 0 < self.gamma <= 1:
-      raise ValueError(f"SalesGame: gamma must be in (0, 1]; got {self.gamma!r}.")
+    if not 0 <= self.gamma <= 1:  # 0: only the immediate reward counts (the myopic game)
+      raise ValueError(f"SalesGame: gamma must be in [0, 1]; got {self.gamma!r}.")
     if self.offer_bonus < 0:
       raise ValueError(f"SalesGame: offer_bonus must be >= 0; got {self.offer_bonus!r}.")
 
@@ -120,6 +120,12 @@ def parse_action(message: str, game: SalesGame) -> Action:
   if m and m.group(1) in game.plans:
     return Action(OFFER, m.group(1))
   return Action(OTHER)
+
+
+def history_of(game: SalesGame, turns) -> History:
+  """The history of a conversation given as (message, observation) texts per turn (the env's observation is the
+  customer's answer and a newline)."""
+  return tuple((parse_action(message, game), observation.rstrip("\n")) for message, observation in turns)
 
 
 def render_greeting() -> str:
@@ -224,7 +230,7 @@ def _solve(game: SalesGame, choose: Callable[[History, dict[Action, float]], flo
     total = 0.0
     for c in types:  # the prior is uniform: so is the posterior over the consistent types
       answer, reward, done = game.outcome(c, actions_of(history), action)
-      total += reward + (0.0 if done else game.gamma * value(history + ((action, answer),)))
+      total += reward + (0.0 if done or not game.gamma else game.gamma * value(history + ((action, answer),)))
     return total / len(types)
 
   @functools.lru_cache(maxsize=None)

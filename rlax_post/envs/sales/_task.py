@@ -3,7 +3,8 @@
 Every episode has the same prompt (`PROMPT`, then the customer's greeting); episode e of a split meets
 customer type `customer(split, e)`, drawn from (seed, split, e). Each turn's reward is discounted by γ^t
 (t = the message's index), so an episode's total reward is its discounted return, the quantity the oracle's
-V^π measures (`sales.policy_values`). Rollouts run through `EpisodeProducer` (one message per turn, at most
+V^π measures (`sales.policy_values`); with the option `discounted = False` the turns carry the game's raw
+rewards (Iterative PPO's rounds discount them themselves, `iterppo.gamma`). Rollouts run through `EpisodeProducer` (one message per turn, at most
 `patience` of them); held-out ticket j is episode j of split "eval".
 
 The warm start ("π_0, a prompted model"): demonstrations that play the best script (ask, offer the plan that
@@ -27,7 +28,7 @@ from rlax_post.envs import tools
 from rlax_post.envs.sales import _game
 
 NAME = "sales"
-OPTIONS = ("patience", "gamma", "offer_bonus", "max_turn_tokens")
+OPTIONS = ("patience", "gamma", "offer_bonus", "max_turn_tokens", "discounted")
 PROMPT = "seller: sell a phone plan (lite, plus, pro). say ask, offer <plan> or close.\n"
 _SPLIT_IDS = {"train": 0, "eval": 1, "demo": 2}
 
@@ -39,6 +40,7 @@ class SalesTask:
   tokenizer: Any
   game: _game.SalesGame
   max_turn_tokens: int = 16
+  discounted: bool = True  # turn rewards γ^t·r (an episode's reward is its return); False: the raw r
   name: str = NAME
 
   @property
@@ -51,7 +53,7 @@ class SalesTask:
     return int(rng.integers(len(self.game.types)))
 
   def env(self, split: str, episode: int) -> _game.SalesEnv:
-    return _game.SalesEnv(self.game, customer=self.customer(split, episode), discounted=True)
+    return _game.SalesEnv(self.game, customer=self.customer(split, episode), discounted=self.discounted)
 
   def context_len(self) -> int:
     return len(self.tokenizer.encode(PROMPT + _game.render_greeting(), add_bos=True))
@@ -125,4 +127,8 @@ def make_sales_task(cfg: config_lib.Config, tokenizer) -> SalesTask:
   if isinstance(turn_tokens, bool) or not isinstance(turn_tokens, int) or turn_tokens < 12:
     raise ValueError(f"task.options.max_turn_tokens must be an int >= 12 (the longest action and EOS); got "
                      f"{turn_tokens!r}.")
-  return SalesTask(cfg=cfg, tokenizer=tokenizer, game=_game.SalesGame(**options), max_turn_tokens=turn_tokens)
+  discounted = options.pop("discounted", True)
+  if not isinstance(discounted, bool):
+    raise ValueError(f"task.options.discounted must be a bool; got {discounted!r}.")
+  return SalesTask(cfg=cfg, tokenizer=tokenizer, game=_game.SalesGame(**options), max_turn_tokens=turn_tokens,
+                   discounted=discounted)
