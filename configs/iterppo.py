@@ -53,7 +53,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.iterppo = dict(episodes=128, round_steps=8, gamma=0.9, q="learned", q_epochs=4, q_batch_size=32,
                    q_holdout=0.2)
   if tiny:
-    c.iterppo.episodes, c.iterppo.round_steps, c.iterppo.q_batch_size, c.iterppo.q_epochs = 8, 1, 8, 1
+    c.iterppo.episodes, c.iterppo.round_steps, c.iterppo.q_batch_size, c.iterppo.q_epochs = 8, 2, 8, 1
   arm = next((v for v in variants if v in ARMS), "learned")
   for key, value in ARMS[arm].items():
     *path, name = key.split(".")

@@ -449,8 +449,13 @@ class Config:
     if it.q == "oracle" and self.task.name != "sales":
       raise ValueError(f"iterppo.q = 'oracle' needs a task with an exact oracle (task.name = 'sales'); got "
                        f"{self.task.name!r}.")
-    if it.q != "oracle" and self.critic.mode != "separate":
-      raise ValueError("iterppo.q = 'learned' fits Q as a separate scalar model: set critic.mode = 'separate'.")
+    if it.q != "oracle" and (self.critic.mode != "separate" or self.critic.loss == "clipped"):
+      raise ValueError(f"iterppo.q = {it.q!r} fits Q as a separate scalar model by regression on the returns: set "
+                       f"critic.mode = 'separate' (got {self.critic.mode!r}) and critic.loss to 'mse', 'huber' or "
+                       f"'bce' (got {self.critic.loss!r}; 'clipped' needs the values a target was scored at).")
+    if it.q_batch_size % self.loss.micro_batches:
+      raise ValueError(f"iterppo.q_batch_size = {it.q_batch_size} must be divisible by loss.micro_batches = "
+                       f"{self.loss.micro_batches}.")
 
   def _check_tree(self):
     expansion, estimator = self.tree.expansion, self.advantage.estimator

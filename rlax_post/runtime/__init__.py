@@ -15,11 +15,14 @@ from rlax_post.runtime._learn import RLUpdate
 from rlax_post.runtime._credit import Credit
 from rlax_post.runtime._fidelity import credit_fidelity
 from rlax_post.runtime._fidelity import spearman
+from rlax_post.runtime._oracle import ExactOracle
+from rlax_post.runtime._oracle import exact_oracle
 from rlax_post.runtime._oracle import ModelPolicy
 from rlax_post.runtime._oracle import policy_value
 from rlax_post.runtime._oracle import run_policy_value
 from rlax_post.runtime._learn import TIMING_METRICS
 from rlax_post.runtime._loop import learn
+from rlax_post.runtime._loop import make_source
 from rlax_post.runtime._loop import replay
 from rlax_post.runtime._loop import run_learner
 from rlax_post.runtime._loop import train
@@ -28,6 +31,13 @@ from rlax_post.runtime._metrics import plot_curves
 from rlax_post.runtime._parts import build_parts
 from rlax_post.runtime._parts import Parts
 from rlax_post.runtime._parts import run_memory
+from rlax_post.runtime._rounds import discounted_returns
+from rlax_post.runtime._rounds import pair_rows
+from rlax_post.runtime._rounds import QFunction
+from rlax_post.runtime._rounds import read_rounds
+from rlax_post.runtime._rounds import round_dir
+from rlax_post.runtime._rounds import RoundSource
+from rlax_post.runtime._rounds import transitions_of
 from rlax_post.runtime._samplers import Channels
 from rlax_post.runtime._samplers import load_run_config
 from rlax_post.runtime._samplers import run_sampler
@@ -43,8 +53,9 @@ from rlax_post.runtime._sources import ThreadSource
 from rlax_post.runtime._warm_cache import cache_key as warm_start_cache_key
 from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
-__all__ = ["build_parts", "Credit", "credit_fidelity", "spearman", "ModelPolicy", "policy_value", "run_policy_value", "Channels", "complete_checkpoints", "CriticScores", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "export_hf",
-           "InlineSource", "initialize_distributed", "learn", "load_run_config", "LoggedSource", "MetricsWriter",
+__all__ = ["build_parts", "Credit", "credit_fidelity", "spearman", "ModelPolicy", "ExactOracle", "exact_oracle", "policy_value", "run_policy_value", "Channels", "complete_checkpoints", "CriticScores", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "export_hf",
+           "InlineSource", "initialize_distributed", "learn", "make_source", "discounted_returns", "pair_rows",
+           "QFunction", "read_rounds", "round_dir", "RoundSource", "transitions_of", "load_run_config", "LoggedSource", "MetricsWriter",
            "Parts", "plot_curves", "ProcessSource", "replay", "RLUpdate", "RolloutBatch", "rows_to_batch",
            "run_learner", "run_memory", "run_sampler", "RunCheckpointer", "SamplerWorker", "serve", "Source",
            "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "warm_start_cache_entries",

@@ -1,0 +1,216 @@
+"""Iterative PPO's rounds (`runtime.mode = "rounds"`, runtime/_rounds.py, docs/iterppo.md): transitions and
+Monte Carlo returns by hand, the rows' own reference in the learner's KL, Q's fit, the oracle's exact Q
+(γ = 0: the expected immediate reward), the config's checks, and a run through the CLI that resumes mid-round
+and replays exactly."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from rlax_post import config
+from rlax_post import envs
+from rlax_post import models
+from rlax_post import runtime
+from rlax_post.envs import sales
+
+sys.path.insert(0, ".")
+from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import iterppo  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+import _tiny_runs  # pylint: disable=g-bad-import-order
+
+_ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}  # one device per CLI process
+
+
+def test_discounted_returns_by_hand():
+  np.testing.assert_allclose(runtime.discounted_returns([0.0, 0.1, 1.0], 0.9), [0.09 + 0.81, 0.1 + 0.9, 1.0])
+  np.testing.assert_allclose(runtime.discounted_returns([0.1, 0.1], 0.0), [0.1, 0.1])
+  assert len(runtime.discounted_returns([], 0.9)) == 0
+
+
+class _Bytes:
+  eos_id, pad_id = 1, 0
+
+  def decode(self, ids):
+    return bytes(ids).decode()
+
+
+def test_transitions_of_an_episode_row_by_hand():
+  tok = _Bytes()
+  enc = lambda s: list(s.encode())
+  # prompt "P:", then "ask"+EOS, observation "t\n", "close"+EOS, observation "ok\n"
+  response = enc("ask") + [1] + enc("t\n") + enc("close") + [1] + enc("ok\n")
+  row = {"prompt": np.asarray([2] + enc("P:")), "tokens": np.asarray(response),
+         "logprobs": np.arange(len(response), dtype=np.float32) / -10.0,
+         "turn_starts": np.asarray([0, 6]), "turn_ends": np.asarray([4, 12]),
+         "turn_rewards": np.asarray([0.0, 1.0], np.float32)}
+  out = runtime.transitions_of([row], [7], tok, gamma=0.5, index=3)
+  assert [t["turn"] for t in out] == [0, 1] and all(t["episode"] == 7 and t["round"] == 3 for t in out)
+  assert out[0]["state"] == [2] + enc("P:") and out[0]["action"] == enc("ask") + [1]
+  assert out[1]["state"] == [2] + enc("P:") + enc("ask") + [1] + enc("t\n")
+  assert out[1]["action"] == enc("close") + [1]
+  np.testing.assert_allclose(out[1]["logprobs"], np.arange(6, 12) / -10.0, rtol=1e-6)
+  assert [t["reward"] for t in out] == [0.0, 1.0] and [t["return"] for t in out] == [0.5, 1.0]
+  assert out[0]["turns"] == [] and out[1]["turns"] == [["ask", "t\n"]]
+  with pytest.raises(ValueError, match="multi-turn"):
+    runtime.transitions_of([{"prompt": [2], "tokens": [3]}], [0], tok, gamma=0.9, index=0)
+
+
+def test_the_oracle_q_with_gamma_zero_is_the_expected_immediate_reward():
+  game = sales.SalesGame(gamma=0.0)
+  values = sales.policy_values(game, lambda h: {a: 1 / len(game.actions) for a in game.actions})
+  for action, reward in ((sales.Action("ask"), 0.0), (sales.Action("offer", "lite"), 0.1),
+                         (sales.Action("close"), 0.0)):
+    assert values.q((), action) == pytest.approx(reward)
+  history = sales.history_of(game, [["ask", "customer: I am a student.\n"], ["offer lite", "customer: sounds good.\n"]])
+  assert history == ((sales.Action("ask"), "customer: I am a student."),
+                     (sales.Action("offer", "lite"), "customer: sounds good."))
+  assert values.q(history, sales.Action("close")) == pytest.approx(1.0)  # the sale, now: γ plays no part
+  discounted = sales.policy_values(sales.SalesGame(), lambda h: {sales.Action("close"): 1.0})
+  # γ = 0.9, always close: ask now (0), then close without an offer heard: the customer leaves (0).
+  assert discounted.q((), sales.Action("ask")) == 0.0
+  assert discounted.q((), sales.Action("offer", "plus")) == pytest.approx(0.1 + 0.9 * 1.0 / 3)
+
+
+def _update_setup(kl_coef):
+  c = demo.get_config("tiny")
+  c.loss.kl_coef = kl_coef
+  cfg = config.load(c)
+  parts = runtime.build_parts(cfg)
+  update = runtime.RLUpdate(parts)
+  params = jax.device_put(models.init_params(parts.model_cfg, jax.random.key(0))[1], parts.param_shardings)
+  return update, parts, update.init(params, cfg.seed)
+
+
+def test_rows_reference_logprobs_replace_the_reference_pass_and_set_the_kl():
+  update, parts, state = _update_setup(kl_coef=0.05)
+  p, n = update.cfg.rl.prompts_per_step, update.cfg.rl.samples_per_prompt
+  groups = _tiny_runs.synthetic_groups(parts, [(g + i) % 2 for g in range(p) for i in range(n)])
+  current = update.score_policy(state, update.batch(groups))  # the policy's own logprobs [B, T-1]
+  c = 0.5
+  b = 0
+  for g in groups:
+    for row in g:
+      lp = len(row["prompt"])
+      row["ref_logprobs"] = current[b, lp - 1:lp - 1 + len(row["tokens"])] + c * np.asarray(row["mask"])
+      b += 1
+  batch = update.batch(groups)
+  np.testing.assert_allclose(batch.ref_logprobs, (current + c) * batch.loss_mask, rtol=1e-6, atol=1e-6)
+  calls = []
+  update.score = lambda *a: calls.append(a)  # no reference pass may run
+  _, metrics = update(state, None, batch, 0)
+  assert calls == []
+  # k3 of log π_ref − log π = c on every trained token: e^c − c − 1.
+  assert metrics["kl"] == pytest.approx(np.exp(c) - c - 1, rel=1e-4)
+  del groups[0][0]["ref_logprobs"]
+  with pytest.raises(ValueError, match="reference logprobs"):
+    update.batch(groups)
+
+
+def _rounds_config(**overrides):
+  c = iterppo.get_config("tiny")
+  for key, value in overrides.items():
+    section, name = key.split("__")
+    c[section][name] = value
+  return c
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(rl__steps=5), "multiple of iterppo.round_steps"),
+    (dict(iterppo__episodes=6), "multiple"),
+    (dict(advantage__estimator="gigpo"), "advantage.estimator must be one of"),
+    (dict(critic__loss="clipped"), "critic.loss"),
+    (dict(iterppo__q="bogus"), "iterppo.q"),
+])
+def test_the_config_refuses_what_rounds_cannot_run(overrides, message):
+  config.load(_rounds_config())
+  with pytest.raises(ValueError, match=message):
+    config.load(_rounds_config(**overrides))
+  oracle_elsewhere = demo.get_config("tiny")
+  oracle_elsewhere.runtime.mode, oracle_elsewhere.iterppo.q = "rounds", "oracle"
+  oracle_elsewhere.iterppo.round_steps = oracle_elsewhere.rl.steps
+  oracle_elsewhere.iterppo.episodes = oracle_elsewhere.rl.samples_per_prompt
+  with pytest.raises(ValueError, match="exact oracle"):
+    config.load(oracle_elsewhere)
+
+
+def test_q_reads_the_response_and_its_fit_lowers_the_error():
+  cfg = config.load(_rounds_config(iterppo__q_epochs=30))
+  parts = runtime.build_parts(cfg)
+  q = runtime.QFunction(parts)
+  params = q.initial(jax.device_put(models.init_params(parts.model_cfg, jax.random.key(0))[1],
+                                    parts.param_shardings))
+  state = [parts.tokenizer.bos_id] + list(b"customer: hi.\n")
+  good, bad = list(b"ask") + [parts.tokenizer.eos_id], list(b"close") + [parts.tokenizer.eos_id]
+  train = [{"state": state, "action": a, "return": r} for a, r in [(good, 0.9), (bad, 0.0)] * 4]
+  pairs = [(t["state"], t["action"]) for t in train[:2]]
+  before = q(params, pairs)
+  # Q(s, a) is the head at the response's last token: the critic's values there.
+  tokens, _, last = runtime.pair_rows(pairs, parts.lengths.sequence, parts.tokenizer.pad_id)
+  needed = np.zeros((2, parts.lengths.sequence - 1), np.float32)
+  needed[np.arange(2), last] = 1
+  np.testing.assert_allclose(before, q.critic.values(params, tokens, needed)[np.arange(2), last], rtol=1e-5)
+  fitted, metrics = q.fit(params, train, 0)
+  after = q(fitted, pairs)
+  target = np.asarray([0.9, 0.0])
+  assert metrics["q_updates"] == 30 and np.isfinite(metrics["q_train_loss"])
+  assert np.mean((after - target) ** 2) < 0.25 * np.mean((before - target) ** 2)
+  with pytest.raises(ValueError, match="3 training transitions, fewer than"):
+    q.fit(params, train[:3], 0)
+
+
+def _train(workdir, *flags):
+  cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/iterppo.py:tiny", "--workdir",
+         str(workdir), "--config.runtime.progress=false", *flags]
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_ENV)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out
+
+
+def _rl_rows(workdir):
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f]
+  return {r["step"]: {k: v for k, v in r.items() if k not in runtime.TIMING_METRICS}
+          for r in rows if r.get("phase") == "rl"}
+
+
+def test_rounds_through_the_cli_resume_mid_round_and_replay_exactly(tmp_path):
+  whole, parted = tmp_path / "whole", tmp_path / "parted"
+  _train(whole)
+  cfg = config.load(iterppo.get_config("tiny"))
+  s, rounds = cfg.iterppo.round_steps, cfg.rl.steps // cfg.iterppo.round_steps
+  records = runtime.read_rounds(str(whole))
+  assert [r["round"] for r in records] == list(range(rounds + 1)) and records[-1]["final"]
+  for r in records[:-1]:
+    with open(os.path.join(runtime.round_dir(str(whole), r["round"]), "transitions.jsonl")) as f:
+      transitions = [json.loads(line) for line in f]
+    m = r["metrics"]
+    assert m["round_episodes"] == cfg.iterppo.episodes and m["round_transitions"] == len(transitions)
+    assert m["round_env_calls"] == len(transitions)  # one env step per message
+    assert {t["round"] for t in transitions} == {r["round"]} and 0 <= m["round_value"] <= 0.9 + 1e-9
+    assert len(r["heldout_episodes"]) == round(cfg.iterppo.q_holdout * cfg.iterppo.episodes)
+    assert "q_heldout_mse" in m and "q_exact_rmse" in m and m["round_value_exact"] == 1.0
+  logged = _rl_rows(str(whole))
+  assert sorted(logged) == list(range(1, cfg.rl.steps + 1))
+  assert [logged[k]["round"] for k in sorted(logged)] == [(k - 1) // s for k in sorted(logged)]
+  assert all(("q_train_loss" in logged[k]) == ((k - 1) % s == 0) for k in logged)  # the round's first step
+  # Stopped inside round 1, then resumed: the same rounds, the same metrics.
+  _train(parted, f"--config.runtime.stop_after_steps={s + 1}")
+  assert [r["round"] for r in runtime.read_rounds(str(parted))] == [0, 1]
+  broken = tmp_path / "broken"  # a mid-round resume needs the round's record
+  shutil.copytree(parted, broken)
+  os.remove(os.path.join(runtime.round_dir(str(broken), 1), "round.json"))
+  out = subprocess.run([sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/iterppo.py:tiny",
+                        "--workdir", str(broken), "--resume"], capture_output=True, text=True, timeout=600, env=_ENV)
+  assert out.returncode != 0 and "round.json" in out.stderr and "missing" in out.stderr
+  _train(parted, "--resume")
+  assert _rl_rows(str(parted)) == logged
+  assert [r["metrics"] for r in runtime.read_rounds(str(parted))] == [r["metrics"] for r in records]
+  report = runtime.replay(str(whole), quiet=True)
+  assert report["mismatches"] == [] and report["compared_steps"] > 0
