@@ -39,11 +39,7 @@ def _sales():
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = [v for v in (arg or "default").split(",") if v]
-  unknown = [v for v in variants if v not in _VARIANTS]
-  if unknown:
-    raise ValueError(f"configs/iterppo.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)} (combine with "
-                     "commas, e.g. 'oracle,tiny').")
+  variants = sweep.variants(arg, _VARIANTS, "configs/iterppo.py")
   tiny = "tiny" in variants
   c = _sales().get_config("tiny" if tiny else None)
   # Q: the critic section's scalar model from the warm start's backbone, regressed on the returns (mse).
@@ -55,12 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if tiny:
     c.iterppo.episodes, c.iterppo.round_steps, c.iterppo.q_batch_size, c.iterppo.q_epochs = 8, 2, 8, 1
   arm = next((v for v in variants if v in ARMS), "learned")
-  for key, value in ARMS[arm].items():
-    *path, name = key.split(".")
-    section = c
-    for p in path:
-      section = section[p]
-    section[name] = value
+  sweep.apply(c, ARMS[arm])
   episodes = c.iterppo.episodes * ROUNDS
   if arm == "grpo":  # as many episodes as the rounds' arms
     c.rl.steps = episodes // (c.rl.prompts_per_step * c.rl.samples_per_prompt)

@@ -26,10 +26,7 @@ def _tools_tiny():
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = [v for v in (arg or "default").split(",") if v]
-  unknown = [v for v in variants if v not in _VARIANTS]
-  if unknown:
-    raise ValueError(f"configs/sales.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)}.")
+  variants = sweep.variants(arg, _VARIANTS, "configs/sales.py")
   c = _tools_tiny().get_config("tiny" if "tiny" in variants else None)
   # options: see rlax_post.envs.sales.SalesGame (patience, gamma, offer_bonus) and SalesTask (max_turn_tokens).
   c.task.name = "sales"

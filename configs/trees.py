@@ -49,11 +49,7 @@ def _config_module(name: str):
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-  variants = [v for v in (arg or "default").split(",") if v]
-  unknown = [v for v in variants if v not in _VARIANTS]
-  if unknown:
-    raise ValueError(f"configs/trees.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)} "
-                     "(combine with commas, e.g. 'treerl,tiny').")
+  variants = sweep.variants(arg, _VARIANTS, "configs/trees.py")
   tools = "tools" in variants
   if tools and set(variants) & set(_TASKS):
     raise ValueError(f"configs/trees.py: variant 'tools' is its own task; drop {sorted(set(variants) & set(_TASKS))}.")
@@ -63,9 +59,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   arm = next((v for v in variants if v in ARMS), "treerl")
   if arm not in (TOOL_ARMS if tools else TEXT_ARMS):
     raise ValueError(f"configs/trees.py: arm {arm!r} runs on {'the text tasks' if tools else 'variant tools'} only.")
-  for key, value in ARMS[arm].items():
-    section, name = key.split(".")
-    c[section][name] = value
+  sweep.apply(c, ARMS[arm])
   return c
 
 

@@ -1,6 +1,7 @@
 """What the comparison reports (`examples/*/report.py`) share: reading an `rlax-post sweep` root, mean ± std
 cells, and writing the table, the per-unit JSON and the plot."""
 
+import argparse
 import json
 import os
 from typing import Callable
@@ -35,3 +36,16 @@ def publish(units: list[dict], text: str, json_path: str | None, plot: Callable[
       json.dump(units, f, indent=2)
   if plot_path:
     plot(units, plot_path)
+
+
+def main(doc: str, config: str, unit_figures: Callable[[str], dict], text: Callable[[list[dict]], str],
+         plot: Callable[[list[dict], str], None]) -> None:
+  """A report's command line: `--sweep ROOT` (a sweep of `config`), `--json`, `--plot`; figures per unit by
+  `unit_figures(workdir)`, printed as `text(units)`."""
+  parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+  parser.add_argument("--sweep", required=True, help=f"the root of an `rlax-post sweep` of {config}")
+  parser.add_argument("--json", help="write the per-unit figures here.")
+  parser.add_argument("--plot", help="write the figure here.")
+  args = parser.parse_args()
+  units = [unit_figures(workdir) for workdir in unit_dirs(args.sweep)]
+  publish(units, text(units), args.json, plot, args.plot)

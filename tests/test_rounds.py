@@ -214,3 +214,26 @@ def test_rounds_through_the_cli_resume_mid_round_and_replay_exactly(tmp_path):
   assert [r["metrics"] for r in runtime.read_rounds(str(parted))] == [r["metrics"] for r in records]
   report = runtime.replay(str(whole), quiet=True)
   assert report["mismatches"] == [] and report["compared_steps"] > 0
+
+
+def test_rounds_run_on_the_tool_task_with_a_monte_carlo_value(tmp_path):
+  """The rounds over another multi-turn task (no oracle): the value is the mean return of held-out episodes."""
+  flags = ["--config.runtime.mode=rounds", "--config.iterppo.episodes=8", "--config.iterppo.round_steps=1",
+           "--config.iterppo.q_batch_size=8", "--config.iterppo.q_epochs=1", "--config.critic.loss=mse",
+           "--config.advantage.estimator=grpo", "--config.runtime.progress=false"]
+  cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/tools_tiny.py:tiny", "--workdir",
+         str(tmp_path), *flags]
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_ENV)
+  assert out.returncode == 0, out.stderr[-3000:]
+  records = runtime.read_rounds(str(tmp_path))
+  assert [r["round"] for r in records] == [0, 1, 2] and records[-1]["final"]
+  for r in records[:-1]:
+    m = r["metrics"]
+    assert m["round_value_exact"] == 0.0 and "q_exact_rmse" not in m and np.isfinite(m["q_heldout_mse"])
+    assert m["round_episodes"] == 8 and m["round_transitions"] >= 8 and m["round_env_calls"] >= 8
+  bad = subprocess.run([sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/demo.py:tiny",
+                        "--workdir", str(tmp_path / "text"), "--config.runtime.mode=rounds",
+                        "--config.iterppo.round_steps=1", "--config.iterppo.episodes=4", "--config.critic.loss=mse",
+                        "--config.critic.mode=separate"],
+                       capture_output=True, text=True, timeout=600, env=_ENV)
+  assert bad.returncode != 0 and "max_turn_tokens" in bad.stderr

@@ -9,7 +9,6 @@ tokens, the decode and prefill tokens and env calls per prompt (the budget), and
 against `chain`'s (difference and Welch's t-test), and the effect the chain arm's σ lets 3 seeds detect.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -111,13 +110,7 @@ def plot(units: list[dict], path: str) -> None:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--sweep", required=True, help="the root of an `rlax-post sweep` of configs/trees.py")
-  parser.add_argument("--json", help="write the per-unit figures here.")
-  parser.add_argument("--plot", help="write the figure here.")
-  args = parser.parse_args()
-  units = [unit_figures(workdir) for workdir in sweep_report.unit_dirs(args.sweep)]
-  sweep_report.publish(units, f"{table(units)}\n\n{contrasts(units)}", args.json, plot, args.plot)
+  sweep_report.main(__doc__, "configs/trees.py", unit_figures, lambda units: f"{table(units)}\n\n{contrasts(units)}", plot)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,6 @@ from rlax_post.envs._rl import ROW_METRICS
 from rlax_post.envs._rl import RLTask
 from rlax_post.envs._rl import ROW_FIELDS
 from rlax_post.envs._rl import row_id
-from rlax_post.envs._rl import budget
 from rlax_post.envs._rl import completion_row
 from rlax_post.envs._rl import run_tickets
 from rlax_post.envs._rl import seed_of
@@ -113,7 +112,6 @@ __all__ = [
     'make_rl_task',
     'prefix_key',
     'row_id',
-    'budget',
     'completion_row',
     'run_tickets',
     'seed_of',

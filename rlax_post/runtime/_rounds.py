@@ -210,7 +210,10 @@ class RoundSource:
     self.workdir, self.root = workdir, os.path.join(workdir, ROUNDS_DIR)
     self.p, self.n, self.seq_len = cfg.rl.prompts_per_step, cfg.rl.samples_per_prompt, parts.lengths.sequence
     self.num_rounds = cfg.rl.steps // self.it.round_steps
-    self.turn_tokens = parts.task.max_turn_tokens
+    self.turn_tokens = getattr(parts.task, "max_turn_tokens", None)  # a multi-turn task's message budget
+    if not isinstance(self.turn_tokens, int):
+      raise ValueError(f"runtime.mode = 'rounds' trains single messages of a multi-turn task (one with "
+                       f"`max_turn_tokens`: 'sales', 'tools'); task {cfg.task.name!r} has none.")
     self.collect_engine = parts.sampling_engine()
     # The single-turn phase prefills whole logged conversations: an engine whose prompts may fill the row.
     wide = dataclasses.replace(parts, lengths=envs.Lengths(prompt=self.seq_len - 1, response=1,

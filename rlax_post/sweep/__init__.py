@@ -7,6 +7,7 @@ from rlax_post.sweep._local import run_local
 from rlax_post.sweep._local import table
 from rlax_post.sweep._local import UnitResult
 from rlax_post.sweep._local import write_report
+from rlax_post.sweep._units import apply
 from rlax_post.sweep._units import axis
 from rlax_post.sweep._units import check_overrides
 from rlax_post.sweep._units import command_line_overrides
@@ -14,9 +15,11 @@ from rlax_post.sweep._units import load_module
 from rlax_post.sweep._units import product
 from rlax_post.sweep._units import work_units
 from rlax_post.sweep._units import WorkUnit
+from rlax_post.sweep._units import variants
 from rlax_post.sweep._units import zipped
 
 __all__ = [
+    "apply",
     "axis",
     "check_overrides",
     "command_line_overrides",
@@ -30,5 +33,6 @@ __all__ = [
     "work_units",
     "WorkUnit",
     "write_report",
+    "variants",
     "zipped",
 ]

@@ -139,6 +139,27 @@ def _split(spec: str) -> tuple[str, str | None]:
   return path, (arg if sep else None)
 
 
+def variants(arg: str | None, valid: Sequence[str], config: str) -> list[str]:
+  """The comma-separated variants of a `get_config(arg)` (["default"] when none), each one of `valid`; a
+  ValueError naming `config` and the valid ones otherwise."""
+  chosen = [v for v in (arg or "default").split(",") if v]
+  unknown = [v for v in chosen if v not in valid]
+  if unknown:
+    raise ValueError(f"{config}: unknown variant(s) {unknown}; valid: {list(valid)} (combine with commas).")
+  return chosen
+
+
+def apply(cfg: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """Sets each dotted key of `overrides` (a sweep point, e.g. {"tree.keep": 2}) on `cfg`; returns it."""
+  for key, value in overrides.items():
+    *path, name = key.split(".")
+    section = cfg
+    for part in path:
+      section = section[part]
+    section[name] = value
+  return cfg
+
+
 def load_module(path: str):
   if not os.path.isfile(path):
     raise FileNotFoundError(f"config file {path!r} does not exist.")
