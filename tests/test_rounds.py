@@ -17,6 +17,7 @@ from rlax_post import config
 from rlax_post import envs
 from rlax_post import models
 from rlax_post import runtime
+from rlax_post import sharding
 from rlax_post.envs import sales
 
 sys.path.insert(0, ".")
@@ -142,7 +143,9 @@ def test_the_config_refuses_what_rounds_cannot_run(overrides, message):
 
 def test_q_reads_the_response_and_its_fit_lowers_the_error():
   cfg = config.load(_rounds_config(iterppo__q_epochs=30))
-  parts = runtime.build_parts(cfg)
+  # One device: Q's semantics, not its sharding (8 host devices in one process can deadlock in collectives of
+  # executables loaded from the persistent compilation cache).
+  parts = runtime.build_parts(cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]))
   q = runtime.QFunction(parts)
   params = q.initial(jax.device_put(models.init_params(parts.model_cfg, jax.random.key(0))[1],
                                     parts.param_shardings))
@@ -152,8 +155,8 @@ def test_q_reads_the_response_and_its_fit_lowers_the_error():
   pairs = [(t["state"], t["action"]) for t in train[:2]]
   before = q(params, pairs)
   # Q(s, a) is the head at the response's last token: the critic's values there.
-  tokens, _, last = runtime.pair_rows(pairs, parts.lengths.sequence, parts.tokenizer.pad_id)
-  needed = np.zeros((2, parts.lengths.sequence - 1), np.float32)
+  tokens, _, last = runtime.pair_rows(pairs, q.seq_len, parts.tokenizer.pad_id)
+  needed = np.zeros((2, q.seq_len - 1), np.float32)
   needed[np.arange(2), last] = 1
   np.testing.assert_allclose(before, q.critic.values(params, tokens, needed)[np.arange(2), last], rtol=1e-5)
   fitted, metrics = q.fit(params, train, 0)
@@ -163,6 +166,9 @@ def test_q_reads_the_response_and_its_fit_lowers_the_error():
   assert np.mean((after - target) ** 2) < 0.25 * np.mean((before - target) ** 2)
   with pytest.raises(ValueError, match="3 training transitions, fewer than"):
     q.fit(params, train[:3], 0)
+  # A pair that fills a whole training row is read at its last token too.
+  full = [(state, [97] * (parts.lengths.sequence - len(state)))]
+  assert np.isfinite(q(params, full)).all()
 
 
 def _train(workdir, *flags):

@@ -68,7 +68,7 @@ class Stream(enum.IntEnum):
   MINIBATCH = 4
   CRITIC = 5  # the separate critic's init and updates
   Q_FIT = 6  # Iterative PPO's Q: each round's fit (order, updates) and its held-out episodes
-  ROUNDS = 7  # Iterative PPO's rounds: the order of a round's logged states
+  ROUNDS = 7  # Iterative PPO's rounds: the order of a round's logged states, the single-turn steps' samples
 
 
 def seed_of(*parts: int) -> int:

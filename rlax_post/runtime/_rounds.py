@@ -3,7 +3,7 @@ docs/iterppo.md).
 
 Round i covers RL steps i·S … i·S + S − 1 (S = `iterppo.round_steps`). At its first step the source
   1. deploys π_i, the policy of that step, on E = `iterppo.episodes` episodes of the run's multi-turn task
-     (its training producer, on tickets of the round's own range: no episode is met twice) and logs them as
+     (its training producer on the task's training tickets i·E/n …, so no episode is met twice) and logs them as
      transitions: per policy message j of an episode, the state (the context and the conversation before
      the message), the response, its behaviour logprobs, the turn's reward r_j and the Monte Carlo return
      G_j = Σ_{k≥j} γ^{k−j} r_k (γ = `iterppo.gamma`);
@@ -49,9 +49,6 @@ from rlax_post.runtime import _sources
 ROUNDS_DIR = "rounds"
 ROUND_FILE = "round.json"
 TRANSITIONS_FILE = "transitions.jsonl"
-# The tickets of a round's episodes: a range apart from the single-turn steps' tickets (k·P …), so no two
-# rounds, and no round and step, share an episode's customer or sampling seed.
-COLLECT_TICKETS = 1 << 40
 BUDGET_KEYS = tuple(f"round_{k}" for k in envs.BUDGET_FIELDS)
 
 
@@ -135,7 +132,8 @@ class QFunction:
   def __init__(self, parts: _parts.Parts):
     self.cfg = parts.cfg
     self.critic = _critic.Critic(parts, total_updates=1 << 30, separate=True)
-    self.seq_len, self.pad_id = parts.lengths.sequence, parts.tokenizer.pad_id
+    # One column more than a training row: a pair that fills a whole row is still read at its last token.
+    self.seq_len, self.pad_id = parts.lengths.sequence + 1, parts.tokenizer.pad_id
     self.batch = self.cfg.iterppo.q_batch_size
 
   @property
@@ -263,6 +261,7 @@ class RoundSource:
     metrics = {"round": float(index)}
     if self.round is None or self.round.index != index:
       self.round = self._open_round(index)
+    if step == index * self.it.round_steps:  # the round's own metrics, on its first step (also when resumed)
       metrics.update({k: float(v) for k, v in self.round.record["metrics"].items()})
     groups = self._sample(step)
     return _sources.Taken([(envs.group_id(t), rows, _sources.staleness_of(rows, step)) for t, rows in groups], [],
@@ -331,7 +330,7 @@ class RoundSource:
   def _collect(self, params, index: int) -> tuple[list[dict], list[int]]:
     """E episodes of π_i: the rows (in ticket and sample order) and their episode ids (ticket · n + sample)."""
     per_round = self.it.episodes // self.n
-    tickets = range(COLLECT_TICKETS + index * per_round, COLLECT_TICKETS + (index + 1) * per_round)
+    tickets = range(index * per_round, (index + 1) * per_round)  # the task's training tickets, each met once
     producer = self.parts.task.producer(self.collect_engine, params, self.version)
     try:
       done = envs.run_tickets(producer, tickets, slots=_parts.sampler_slots(self.cfg), group_size=self.n)
@@ -400,7 +399,7 @@ class RoundSource:
     states = [r.transitions[int(r.order[(local * self.p + j) % len(r.order)])] for j in range(self.p)]
     self.driver.submit([sampler.Request(
         prompt=tuple(s["state"]), n=self.n, max_tokens=min(self.turn_tokens, self.seq_len - len(s["state"])),
-        request_id=t, seed=envs.seed_of(self.cfg.seed, envs.Stream.ROLLOUT, step), stream=j,
+        request_id=t, seed=envs.seed_of(self.cfg.seed, envs.Stream.ROUNDS, step), stream=j,
         stop=tuple(self.cfg.rl.stop)) for j, (t, s) in enumerate(zip(tickets, states))])
     completions = []
     while len(completions) < self.p * self.n:
