@@ -8,7 +8,8 @@ Per unit: the arm (from its config), the exact value V^π of its sampling policy
 0, E, 2E, …: the rounds' records) or, for online GRPO, at its kept checkpoints (`runtime.run_policy_value`,
 cached as `value_step_K.json` in the unit), the Q error per round (`q_exact_rmse`: RMS against the exact
 Q^{π_i} on held-out transitions) and the wall time. Prints mean ± std over seeds per arm, each arm's final
-value against `learned`'s (Welch's t-test), how often V^{π_{i+1}} < V^{π_i}, and the effect 3 seeds detect.
+value against `learned`'s (Welch's t-test), how often V^{π_{i+1}} < V^{π_i}, the policy updates and decode
+tokens each arm spent (the arms are equal in env episodes, not in these), and the effect 3 seeds detect.
 """
 
 import json
@@ -57,7 +58,12 @@ def unit_figures(workdir: str) -> dict:
   with open(os.path.join(workdir, "summary.json")) as f:
     summary = json.load(f)
   arm = arm_of(cfg)
-  out = {"workdir": workdir, "arm": arm, "seed": cfg["seed"], "wall_seconds": summary.get("wall_seconds")}
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rl = [r for r in map(json.loads, f) if r.get("phase") == "rl"]
+  # Decode tokens of the whole run: the RL steps' rows and (rounds) each round's episodes.
+  decode = sum(r.get("decode_tokens", 0.0) + r.get("round_decode_tokens", 0.0) for r in rl)
+  out = {"workdir": workdir, "arm": arm, "seed": cfg["seed"], "wall_seconds": summary.get("wall_seconds"),
+         "decode_tokens": decode, "policy_updates": len(rl) * cfg["rl"]["minibatches"] * cfg["rl"]["epochs"]}
   if arm == "grpo":
     episodes, values = _grpo_values(workdir, cfg)
     q_error = []
@@ -73,7 +79,7 @@ def unit_figures(workdir: str) -> dict:
 
 def table(units: list[dict]) -> str:
   lines = ["| arm | seeds | V^π by episodes (mean ± std) | V end − start | gap to V* | Q error per round (RMS) | "
-           "rounds with V down | wall s |", "|---" * 8 + "|"]
+           "rounds with V down | policy updates | decode tokens (k) | wall s |", "|---" * 10 + "|"]
   for arm in ARMS:
     us = [u for u in units if u["arm"] == arm]
     if not us:
@@ -86,6 +92,7 @@ def table(units: list[dict]) -> str:
                        range(len(us[0]["q_exact_rmse"]))) or "—"
     lines.append(f"| {arm} | {len(us)} | {points} | {sweep_report.ms([u['value_end'] - u['value_start'] for u in us])} | "
                  f"{sweep_report.ms([V_STAR - u['value_end'] for u in us])} | {q_err} | {down} of {moves} | "
+                 f"{np.mean([u['policy_updates'] for u in us]):.0f} | {np.mean([u['decode_tokens'] for u in us]) / 1e3:.1f} | "
                  f"{np.mean([u['wall_seconds'] or np.nan for u in us]):.0f} |")
   return "\n".join(lines)
 
