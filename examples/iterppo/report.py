@@ -72,7 +72,8 @@ def unit_figures(workdir: str) -> dict:
     e = cfg["iterppo"]["episodes"]
     episodes = [r["round"] * e for r in records]
     values = [r["metrics"]["round_value"] for r in records]
-    q_error = [r["metrics"].get("q_exact_rmse", float("nan")) for r in records if not r.get("final")]
+    q_error = [] if cfg["iterppo"]["q"] == "oracle" else [  # (the oracle's Q: no error, by construction)
+        r["metrics"].get("q_exact_rmse", float("nan")) for r in records if not r.get("final")]
   return {**out, "episodes": episodes, "values": values, "value_start": values[0], "value_end": values[-1],
           "q_exact_rmse": q_error}
 
