@@ -49,7 +49,6 @@ from rlax_post.runtime import _sources
 ROUNDS_DIR = "rounds"
 ROUND_FILE = "round.json"
 TRANSITIONS_FILE = "transitions.jsonl"
-BUDGET_KEYS = tuple(f"round_{k}" for k in envs.BUDGET_FIELDS)
 
 
 def round_dir(workdir: str, index: int) -> str:
@@ -74,6 +73,11 @@ def discounted_returns(rewards, gamma: float) -> np.ndarray:
     g = float(rewards[j]) + gamma * g
     out[j] = g
   return out
+
+
+def episode_return(row: dict, gamma: float) -> float:
+  """An episode row's γ-discounted return from its first message (0 for an episode with no message)."""
+  return float(discounted_returns(row["turn_rewards"], gamma)[0]) if len(row["turn_rewards"]) else 0.0
 
 
 def transitions_of(rows: list[dict], episodes: list[int], tokenizer, *, gamma: float, index: int) -> list[dict]:
@@ -292,8 +296,7 @@ class RoundSource:
     train = [t for t in transitions if t["episode"] not in heldout_episodes]
     heldout = [t for t in transitions if t["episode"] in heldout_episodes]
     metrics = {"round_episodes": float(len(rows)), "round_transitions": float(len(transitions)),
-               "round_return_mean": float(np.mean([discounted_returns(r["turn_rewards"], self.it.gamma)[0]
-                                                   if len(r["turn_rewards"]) else 0.0 for r in rows])),
+               "round_return_mean": float(np.mean([episode_return(r, self.it.gamma) for r in rows])),
                **{f"round_{k}": float(sum(float(r[k]) for r in rows)) for k in envs.BUDGET_FIELDS},
                **self._value(reference, oracle)}
     q_params = None
@@ -358,8 +361,7 @@ class RoundSource:
       done = envs.run_tickets(producer, tickets, slots=_parts.sampler_slots(self.cfg), group_size=1)
     finally:
       producer.close()
-    returns = [discounted_returns(r["turn_rewards"], self.it.gamma)[0] if len(r["turn_rewards"]) else 0.0
-               for t in tickets for r in done[t]]
+    returns = [episode_return(r, self.it.gamma) for t in tickets for r in done[t]]
     return {"round_value": float(np.mean(returns)), "round_value_exact": 0.0}
 
   def _fit_q(self, reference, train: list[dict], index: int) -> tuple[Any, dict]:
@@ -379,9 +381,7 @@ class RoundSource:
     pairs = [(t["state"], t["action"]) for t in heldout]
     exact = None if oracle is None else np.asarray(
         [oracle.q(t["turns"], text_of(self.parts.tokenizer, t["action"])) for t in heldout])
-    q = exact if q_params is None else self.q(q_params, pairs)
-    if q is None:
-      return {}
+    q = exact if q_params is None else self.q(q_params, pairs)  # (no Q params: the oracle's arm)
     returns = np.asarray([t["return"] for t in heldout])
     out = {"q_heldout_mse": float(np.mean((q - returns) ** 2))}
     if exact is not None:
