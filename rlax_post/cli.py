@@ -60,7 +60,24 @@ _GGUF = flags.DEFINE_string("gguf", None, "convert: a GGUF model file (llama.cpp
 _OUT = flags.DEFINE_string("out", None, "convert: the Hugging Face checkpoint directory to write.")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
 _BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
-_STEP = flags.DEFINE_integer("step", None, "value: the checkpoint step to evaluate (default: the newest).")
+_STEP = flags.DEFINE_integer("step", None, "value, rescue-eval: the checkpoint step to evaluate (default: the "
+                             "newest).")
+# RESCUE (docs/dialogue.md).
+_SESSIONS = flags.DEFINE_string("sessions", None, "rescue-eval: RESCUE session files (a .json file, a directory "
+                                "of them or a glob); rescue-sim: the directory to write them to.")
+_COUNT = flags.DEFINE_integer("count", 100, "rescue-sim, rescue-audit: sessions to simulate (per paraphrase "
+                              "split for the audit).")
+_SEED = flags.DEFINE_integer("seed", 0, "rescue-sim, rescue-audit: the first session's seed.")
+_VARIANTS = flags.DEFINE_enum("variants", "heldout", ["train", "heldout"], "rescue-sim: which paraphrases the "
+                              "clients use.")
+_HORIZON = flags.DEFINE_integer("horizon", 4, "rescue-sim, rescue-audit: therapist turns per session.")
+_WARM_START = flags.DEFINE_bool("warm_start", False, "rescue-eval: evaluate the run's warm start (the reference "
+                                "policy RL began from) instead of its RL policy.")
+_TASKS = flags.DEFINE_list("tasks", ["itp", "rpp", "stp", "ssp", "er", "vp"], "rescue-eval: the RESCUE tasks.")
+_JUDGE = flags.DEFINE_string("judge", None, "rescue-eval: the emotion / viewpoint judge, a reward function "
+                             "('module:function' or 'file.py:function'); default: programmatic label match.")
+_CONTEXT_ROWS = flags.DEFINE_integer("max_context_rows", 8, "rescue-eval, rescue-audit: dialogue rows shown "
+                                     "before each question (0: all).")
 
 _MULTIHOST = ("coordinator_address", "num_processes", "process_id")
 # Per command: its usage, one line on what it does, and the flags it reads (`--help` shows only those, not
@@ -95,6 +112,16 @@ _COMMANDS = {
     "value": ("--workdir DIR [--step K] [--json PATH]",
               "A sales run's exact policy value V^π (and its warm start's) against the optimal V* (docs/iterppo.md).",
               ("workdir", "step", "json")),
+    "rescue-sim": ("--sessions DIR [--count 100] [--seed 0] [--variants heldout] [--horizon 4]",
+                   "Write simulated couple-therapy sessions in RESCUE's format (docs/dialogue.md).",
+                   ("sessions", "count", "seed", "variants", "horizon")),
+    "rescue-eval": ("--workdir DIR --sessions PATH [--step K] [--warm_start] [--tasks itp,...] [--judge SPEC] "
+                    "[--json PATH]",
+                    "A run's policy on RESCUE's six tasks over session files, scored by the paper's metrics.",
+                    ("workdir", "sessions", "step", "warm_start", "tasks", "judge", "max_context_rows", "json")),
+    "rescue-audit": ("[--count 100] [--seed 0] [--horizon 4] [--json PATH]",
+                     "The simulator's checks: optimum vs relation-agnostic baseline, label leakage of its text.",
+                     ("count", "seed", "horizon", "max_context_rows", "json")),
 }
 COMMANDS = tuple(_COMMANDS)
 _HELP = ("--help", "-h", "-help", "--helpshort")
@@ -386,9 +413,51 @@ def _value(argv):
   print(json.dumps(report, indent=2))
 
 
+def _write_json(report) -> None:
+  if _JSON.value:
+    with open(_JSON.value, "w") as f:
+      json.dump(report, f, indent=2)
+  print(json.dumps(report, indent=2))
+
+
+def _rescue_sim(argv):
+  del argv
+  out = _writable_dir(_required(_SESSIONS, "the directory to write the sessions to"), "--sessions")
+  paths = runtime.simulate_sessions(out, _COUNT.value, seed=_SEED.value, variants=_VARIANTS.value,
+                                    horizon=_HORIZON.value)
+  print(f"Wrote {len(paths)} RESCUE sessions to {out}.")
+
+
+def _context_rows():
+  if _CONTEXT_ROWS.value < 0:
+    raise ValueError(f"--max_context_rows must be >= 0 (0: all rows); got {_CONTEXT_ROWS.value}.")
+  return _CONTEXT_ROWS.value or None
+
+
+def _rescue_eval(argv):
+  del argv
+  workdir = _existing_dir(_required(_WORKDIR, "the workdir of a run whose policy answers"), "--workdir",
+                          "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
+  sessions = _required(_SESSIONS, "RESCUE session files: a .json file, a directory or a glob")
+  if _JSON.value:
+    _writable_dir(os.path.dirname(os.path.abspath(_JSON.value)), "--json")
+  options = runtime.HarnessOptions(tasks=tuple(_TASKS.value), judge=_JUDGE.value,
+                                   max_context_rows=_context_rows())
+  report = runtime.run_rescue_eval(sessions, workdir, step=_STEP.value, warm_start=_WARM_START.value,
+                                   options=options, out=_JSON.value)
+  print(json.dumps(report, indent=2))
+
+
+def _rescue_audit(argv):
+  del argv
+  _write_json(runtime.rescue_audit(horizon=_HORIZON.value, sessions=_COUNT.value, seed=_SEED.value,
+                                   max_context_rows=_context_rows()))
+
+
 _HANDLERS = {"train": _train, "check-config": _check_config, "serve": _serve, "learner": _learner,
              "sampler": _sampler, "replay": _replay, "sweep": _sweep, "convert": _convert,
-             "fidelity": _fidelity, "value": _value}
+             "fidelity": _fidelity, "value": _value, "rescue-sim": _rescue_sim, "rescue-eval": _rescue_eval,
+             "rescue-audit": _rescue_audit}
 
 
 def _run(command: str, handler, args):

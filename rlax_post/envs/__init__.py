@@ -16,6 +16,7 @@ from rlax_post.envs._tasks import AddTask
 from rlax_post.envs._tasks import ReverseTask
 from rlax_post.envs._tasks import SortTask
 from rlax_post.envs import tools
+from rlax_post.envs import dialogue
 from rlax_post.envs._episodes import episode_rows
 from rlax_post.envs._expansion import arpo_branch_probability
 from rlax_post.envs._expansion import arpo_forks
@@ -130,4 +131,5 @@ __all__ = [
     'make_task',
     'tool_prompt',
     'tools',
+    'dialogue',
 ]

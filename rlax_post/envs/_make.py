@@ -8,13 +8,15 @@ from rlax_post.envs import _rl
 from rlax_post.envs import _text
 from rlax_post.envs import _collab
 from rlax_post.envs import _trees
+from rlax_post.envs.dialogue import _task as dialogue_task
 from rlax_post.envs.sales import _task as sales_task
 from rlax_post.envs.tools import _rl as tools_rl
 
 
 def make_rl_task(cfg: config_lib.Config, tokenizer) -> _rl.RLTask:
   """The `envs.RLTask` named by `task.name`: the user's files ("dataset"), the tool-use env ("tools"), the
-  sales conversation ("sales"), a role pipeline ("relay", "sort_reverse") or a built-in text task."""
+  sales conversation ("sales"), the couple-therapy simulator ("dialogue"), a role pipeline ("relay",
+  "sort_reverse") or a built-in text task."""
   if cfg.task.name == _dataset.NAME:
     return _dataset.make_dataset_task(cfg, tokenizer)
   if cfg.task.name in _collab.COLLABORATIONS:
@@ -23,4 +25,6 @@ def make_rl_task(cfg: config_lib.Config, tokenizer) -> _rl.RLTask:
     return tools_rl.make_tool_task(cfg, tokenizer)
   if cfg.task.name == sales_task.NAME:
     return sales_task.make_sales_task(cfg, tokenizer)
+  if cfg.task.name == dialogue_task.NAME:
+    return dialogue_task.make_dialogue_task(cfg, tokenizer)
   return _text.make_text_task(cfg, tokenizer)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -20,10 +19,8 @@ import numpy as np
 
 from rlax_post import models
 from rlax_post.envs import sales
-from rlax_post.runtime import _checkpoint
-from rlax_post.runtime import _learn
 from rlax_post.runtime import _parts
-from rlax_post.runtime import _samplers
+from rlax_post.runtime import _policy
 
 
 class ModelPolicy:
@@ -116,17 +113,8 @@ def policy_value(parts: _parts.Parts, params) -> dict:
 def run_policy_value(workdir: str, *, step: int | None = None) -> dict:
   """`policy_value` of run `workdir`'s policy at checkpoint `step` (None: the newest), and of its reference
   policy (the warm start RL began from) where the checkpoint holds one: keys `value`, `warm_start_value`."""
-  parts = _parts.build_parts(_samplers.load_run_config(os.fspath(workdir)))
-  update = _learn.RLUpdate(parts)
-  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=parts.cfg.checkpoint.max_to_keep, tidy=False)
-  try:
-    step = ckpt.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"{workdir}/checkpoints holds no complete checkpoint to evaluate.")
-    state, ref_params, _ = ckpt.restore(step, **update.checkpoint_templates)
-  finally:
-    ckpt.close()
-  out = {"step": step, **policy_value(parts, update.policy(state))}
-  if ref_params is not None:
-    out["warm_start_value"] = policy_value(parts, ref_params)["value"]
+  run = _policy.load_run_policy(workdir, step=step)
+  out = {"step": run.step, **policy_value(run.parts, run.params)}
+  if run.warm_start is not None:
+    out["warm_start_value"] = policy_value(run.parts, run.warm_start)["value"]
   return out

@@ -259,12 +259,13 @@ class Parts:
       return None, None
     return like, sharding.named_shardings(axes, self.mesh, self.rules, shapes=like)
 
-  def engine(self, *, slots: int, temperature: float, top_p: float = 1.0, top_k: int = 0
-             ) -> sampler.RlaxEngine:
-    """An engine over this mesh and rules for `slots` concurrent samples of the run's lengths (its decode
-    state sharded by the rules: `slots` must divide the mesh axes of "batch"): prefill buckets up to the
-    smallest power of two (≥ 16) that holds a context, decode rows long enough for context + response."""
-    prompt, response = self.lengths.prompt, self.lengths.sequence - self.lengths.prompt
+  def engine(self, *, slots: int, temperature: float, top_p: float = 1.0, top_k: int = 0,
+             lengths: envs.Lengths | None = None) -> sampler.RlaxEngine:
+    """An engine over this mesh and rules for `slots` concurrent samples of the run's lengths, or `lengths`
+    (its decode state sharded by the rules: `slots` must divide the mesh axes of "batch"): prefill buckets up
+    to the smallest power of two (≥ 16) that holds a context, decode rows long enough for context + response."""
+    lengths = lengths or self.lengths
+    prompt, response = lengths.prompt, lengths.sequence - lengths.prompt
     prefill = _pow2_at_least(prompt)
     decode_len = min(self.model_cfg.max_seq_len, max(prefill, prompt + response))
     if decode_len < prompt + response:
