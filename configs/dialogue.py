@@ -39,13 +39,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.task.name = "dialogue"
   c.task.options = dict(horizon=3, max_distress=4, success=0.8, max_turn_tokens=24, couples=1,
                         harness_fraction=0.3, max_context_rows=4)
-  c.task.num_eval = 64
+  c.task.num_eval = 8 if tiny else 64
   # The context (BOS, instructions, three opening lines) is 340 tokens; three messages and two answers of the
   # clients fit in 448 more.
   c.model.max_seq_len = 800
   c.rl.max_new_tokens = 448
   c.sft.noise = 0.5
-  c.sft.steps = 2 if tiny else 300
+  c.sft.steps = 2 if tiny else 200
   c.advantage.estimator = "grpo"
   c.advantage.num_iters = c.task.options.horizon + 1
   if not tiny:

@@ -12,8 +12,9 @@ f1, precision, recall, accuracy, r_at_1 and mrr are percentages (0..100), as the
 
 A judge is a reward function of the dataset task (`rewards.Sample` in, a number or a dict with a "total" out),
 named by a spec ("module:function", "file.py:function") or given as a callable, and must score in [1, 5].
-The defaults, `emotion_judge` and `viewpoint_judge`, are programmatic label matching, not an LLM; they reward
-recall: a prediction that matches no gold item costs nothing.
+The defaults, `emotion_judge` and `viewpoint_judge`, are programmatic label matching, not an LLM: each gold item
+scores its best predicted match, and the sum is divided by the larger of the gold and predicted counts, so a
+list padded with guesses scores lower (an F1-like balance of recall and precision).
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ def _mean(values: Sequence[float]) -> float:
   return sum(values) / len(values) if values else 0.0
 
 
+def _balanced(best: Sequence[float], predicted: int) -> float:
+  """Σ best matches / max(#gold, #predicted): recall when too few are predicted, precision when too many."""
+  return sum(best) / max(len(best), predicted)
+
+
 def _gold_items(sample: rewards.Sample, width: int, judge: str) -> list:
   answer = sample.answer
   if not isinstance(answer, (list, tuple)) or not answer or any(
@@ -44,8 +50,9 @@ def _gold_items(sample: rewards.Sample, width: int, judge: str) -> list:
 
 
 def emotion_judge(sample: rewards.Sample) -> float:
-  """1 + 4·m on 1..5, m the mean over gold (emotion, intensity) of its best predicted match's score
-  0.6·[same label] + 0.4·(1 − |Δintensity|/10)·[same label] (labels case-insensitive); programmatic, not an LLM.
+  """1 + 4·m on 1..5, m = Σ over gold (emotion, intensity) of its best predicted match's score
+  0.6·[same label] + 0.4·(1 − |Δintensity|/10)·[same label] (labels case-insensitive), divided by
+  max(#gold, #predicted); programmatic, not an LLM.
 
   Args:
     sample: completion: the model's answer ('anger 7; fear 3'); answer: the gold as [[emotion, intensity], ...].
@@ -56,7 +63,8 @@ def emotion_judge(sample: rewards.Sample) -> float:
     return max((0.6 + 0.4 * (1 - abs(intensity - k) / 10) for e, k in predicted
                 if e.casefold() == emotion.casefold()), default=0.0)
 
-  return 1 + 4 * _mean([best(str(e), int(k)) for e, k in _gold_items(sample, 2, "emotion_judge")])
+  return 1 + 4 * _balanced([best(str(e), int(k)) for e, k in _gold_items(sample, 2, "emotion_judge")],
+                            len(predicted))
 
 
 def token_f1(gold: str, predicted: str) -> float:
@@ -73,8 +81,9 @@ def token_f1(gold: str, predicted: str) -> float:
 
 
 def viewpoint_judge(sample: rewards.Sample) -> float:
-  """1 + 4·m on 1..5, m the mean over gold (source, target, viewpoint) of its best predicted match's score
-  0.25·[same source] + 0.25·[same target] + 0.5·token_f1(viewpoints) (names case-insensitive); programmatic.
+  """1 + 4·m on 1..5, m = Σ over gold (source, target, viewpoint) of its best predicted match's score
+  0.25·[same source] + 0.25·[same target] + 0.5·token_f1(viewpoints) (names case-insensitive), divided by
+  max(#gold, #predicted); programmatic.
 
   Args:
     sample: completion: the model's answer ('alex -> sam: ...; ...'); answer: [[source, target, viewpoint], ...].
@@ -85,7 +94,8 @@ def viewpoint_judge(sample: rewards.Sample) -> float:
     return max((0.25 * (s.casefold() == source.casefold()) + 0.25 * (t.casefold() == target.casefold())
                 + 0.5 * token_f1(viewpoint, v) for s, t, v in predicted), default=0.0)
 
-  return 1 + 4 * _mean([best(*map(str, g)) for g in _gold_items(sample, 3, "viewpoint_judge")])
+  return 1 + 4 * _balanced([best(*map(str, g)) for g in _gold_items(sample, 3, "viewpoint_judge")],
+                            len(predicted))
 
 
 _DEFAULT_JUDGES = {"er": ("emotion_judge", emotion_judge), "vp": ("viewpoint_judge", viewpoint_judge)}

@@ -95,47 +95,53 @@ class TherapyEnv:
 
 
 class _SessionWriter:
-  """Builds a session's RESCUE rows from the hidden state as the episode runs."""
+  """Builds a session's RESCUE rows from the hidden state as the episode runs. A row's relation cycle state is
+  the pattern of the stances the clients' latest rows show (its evidence rows), "" until both have spoken: the
+  label a reader of the rows so far can be held to (the hidden pattern runs ahead of it only while a client
+  whose stance changed has not spoken yet)."""
 
   def __init__(self, sim: _sim.CoupleSim, names: tuple[str, str]):
     self.sim, self.names = sim, names
     self.rows: list[_format.Row] = []
-    self.last_row_of = {0: None, 1: None}
+    self.last_row_of: dict[int, int] = {}
+    self.shown: dict[int, str] = {}  # each client's stance as their latest row shows it
 
-  def _relation(self, state: _sim.State):
+  def _relation(self):
+    if len(self.shown) < 2:
+      return "", "", ()
+    stances = (self.shown[0], self.shown[1])
     a, b = self.names
-    evidence = tuple(r for r in (self.last_row_of[0], self.last_row_of[1]) if r is not None)
-    reason = f"{a} {_render.VERBS[state.stances[0]]} while {b} {_render.VERBS[state.stances[1]]}"
-    return _sim.pattern_of(state.stances), reason, evidence
+    reason = f"{a} {_render.VERBS[stances[0]]} while {b} {_render.VERBS[stances[1]]}"
+    return _sim.pattern_of(stances), reason, (self.last_row_of[0], self.last_row_of[1])
 
-  def _row(self, speaker: str, target: tuple[str, ...], text: str, state: _sim.State, **fields) -> _format.Row:
+  def _row(self, speaker: str, target: tuple[str, ...], text: str, **fields) -> _format.Row:
     k = len(self.rows)
-    pattern, reason, evidence = self._relation(state)
+    pattern, reason, evidence = self._relation()
     base = dict(start_time=6.0 * k, end_time=6.0 * k + 5.0, primary_speaker=speaker, target=target,
                 dialogue_cleaned=text, utterance_type="statement", background_dialogue="", tone_of_voice="",
                 body_posture="", facial_expressions="", self_directed_behavior="", interaction_behavior=(),
                 internal_emotion=(), viewpoints_attitudes=(), support_strategy=(), relation_cycle_state=pattern,
-                relation_cycle_reason=reason, relation_cycle_evidence_rows=evidence, extra={})
+                relation_cycle_reason=reason, relation_cycle_evidence_rows=tuple(sorted(evidence)), extra={})
     base.update(fields)
     return _format.Row(**base)
 
   def client(self, state: _sim.State, i: int, variant: int) -> None:
     stance, d, partner = state.stances[i], state.distress[i], self.names[1 - i]
-    self.last_row_of[i] = len(self.rows)
+    self.last_row_of[i], self.shown[i] = len(self.rows), stance
     emotion, intensity = _sim.emotion_of(stance, d, self.sim.max_distress)
     self.rows.append(self._row(
-        self.names[i], (partner,), _render.client_text(stance, partner, variant), state,
+        self.names[i], (partner,), _render.client_text(stance, partner, variant),
         tone_of_voice=_render.tone(d, self.sim.max_distress), body_posture=_render.POSTURES[stance],
         facial_expressions=_render.FACES[int(round(d * (len(_render.FACES) - 1) / self.sim.max_distress))],
         interaction_behavior=(_render.BEHAVIOURS[stance],),
         internal_emotion=(_format.Emotion(emotion, intensity),),
         viewpoints_attitudes=(_format.Viewpoint(self.names[i], partner, _sim.viewpoint_of(stance)),)))
 
-  def therapist(self, state: _sim.State, action: _sim.Action) -> None:
+  def therapist(self, action: _sim.Action) -> None:
     targets = self.names if action.target == _sim.BOTH else (self.names[action.target],)
     text = ("" if action.target == _sim.BOTH else targets[0] + ", ") + _render.THERAPIST_SAYS[action.strategy]
     strategies = tuple(_format.Strategy(t, action.strategy, _render.INTENTIONS[action.strategy]) for t in targets)
-    self.rows.append(self._row(_format.THERAPIST, tuple(targets), text, state, utterance_type="intervention",
+    self.rows.append(self._row(_format.THERAPIST, tuple(targets), text, utterance_type="intervention",
                                support_strategy=strategies))
 
 
@@ -154,7 +160,7 @@ def simulate_session(sim: _sim.CoupleSim, seed: int, *, variants: str = "heldout
     if sim.done(state, turn):
       break
     action = therapist(turn, state)
-    writer.therapist(state, action)
+    writer.therapist(action)
     state, turn, addressed = _sim.step(sim, state, action, rng), turn + 1, action.target
   return _format.Session(session_id=session_id or f"sim-{variants}-{seed:05d}", kind="couple", clients=names,
                          rows=tuple(writer.rows))
