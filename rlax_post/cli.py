@@ -115,10 +115,11 @@ _COMMANDS = {
     "rescue-sim": ("--sessions DIR [--count 100] [--seed 0] [--variants heldout] [--horizon 4]",
                    "Write simulated couple-therapy sessions in RESCUE's format (docs/dialogue.md).",
                    ("sessions", "count", "seed", "variants", "horizon")),
-    "rescue-eval": ("--workdir DIR --sessions PATH [--step K] [--warm_start] [--tasks itp,...] [--judge SPEC] "
-                    "[--json PATH]",
-                    "A run's policy on RESCUE's six tasks over session files, scored by the paper's metrics.",
-                    ("workdir", "sessions", "step", "warm_start", "tasks", "judge", "max_context_rows", "json")),
+    "rescue-eval": ("(--workdir DIR [--step K] [--warm_start] | --config FILE) --sessions PATH [--tasks itp,...] "
+                    "[--judge SPEC] [--max_context_rows 8] [--json PATH]",
+                    "A policy on RESCUE's six tasks over session files, scored by the paper's metrics.",
+                    ("workdir", "config", "sessions", "step", "warm_start", "tasks", "judge", "max_context_rows",
+                     "json")),
     "rescue-audit": ("[--count 100] [--seed 0] [--horizon 4] [--json PATH]",
                      "The simulator's checks: optimum vs relation-agnostic baseline, label leakage of its text.",
                      ("count", "seed", "horizon", "max_context_rows", "json")),
@@ -395,22 +396,14 @@ def _fidelity(argv):
                           "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
   if _EXTRA.value < 1:
     raise ValueError(f"--extra must be >= 1; got {_EXTRA.value}.")
-  report = runtime.credit_fidelity(workdir, extra=_EXTRA.value, batches=_BATCHES.value)
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump(report, f, indent=2)
-  print(json.dumps(report, indent=2))
+  _write_json(runtime.credit_fidelity(workdir, extra=_EXTRA.value, batches=_BATCHES.value))
 
 
 def _value(argv):
   del argv
   workdir = _existing_dir(_required(_WORKDIR, "the workdir of a sales run"), "--workdir",
                           "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
-  report = runtime.run_policy_value(workdir, step=_STEP.value)
-  if _JSON.value:
-    with open(_JSON.value, "w") as f:
-      json.dump(report, f, indent=2)
-  print(json.dumps(report, indent=2))
+  _write_json(runtime.run_policy_value(workdir, step=_STEP.value))
 
 
 def _write_json(report) -> None:
@@ -436,15 +429,22 @@ def _context_rows():
 
 def _rescue_eval(argv):
   del argv
-  workdir = _existing_dir(_required(_WORKDIR, "the workdir of a run whose policy answers"), "--workdir",
-                          "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
   sessions = _required(_SESSIONS, "RESCUE session files: a .json file, a directory or a glob")
+  if (_WORKDIR.value is None) == (_CONFIG.value is None):
+    raise ValueError("give --workdir (a run's policy) or --config (a config's starting weights, e.g. a "
+                     "pretrained model.hf_path, zero-shot), not both or neither.")
   if _JSON.value:
     _writable_dir(os.path.dirname(os.path.abspath(_JSON.value)), "--json")
   options = runtime.HarnessOptions(tasks=tuple(_TASKS.value), judge=_JUDGE.value,
                                    max_context_rows=_context_rows())
-  report = runtime.run_rescue_eval(sessions, workdir, step=_STEP.value, warm_start=_WARM_START.value,
-                                   options=options, out=_JSON.value)
+  if _WORKDIR.value is not None:
+    workdir = _existing_dir(_WORKDIR.value, "--workdir",
+                            "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
+    load = functools.partial(runtime.load_run_policy, workdir, step=_STEP.value)
+  else:
+    load = functools.partial(runtime.config_policy, _load_config())
+  report = runtime.run_rescue_eval(sessions, load, warm_start=_WARM_START.value, options=options,
+                                   out=_JSON.value)
   print(json.dumps(report, indent=2))
 
 

@@ -1,4 +1,5 @@
-"""A finished or running run's policy, read back from its checkpoints (for `rlax-post value` and `rescue`)."""
+"""A policy to evaluate: a run's, read back from its checkpoints, or a config's starting one (for `rlax-post
+value` and `rescue-eval`)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import dataclasses
 import os
 from typing import Any
 
+import jax
+
+from rlax_post import config as config_lib
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _learn
 from rlax_post.runtime import _parts
@@ -35,3 +39,12 @@ def load_run_policy(workdir: str, *, step: int | None = None) -> RunPolicy:
   finally:
     ckpt.close()
   return RunPolicy(parts=parts, step=step, params=update.policy(state), warm_start=ref_params)
+
+
+def config_policy(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None) -> RunPolicy:
+  """The policy a run of `cfg` would start from, before any training: the weights at `model.hf_path` (a
+  pretrained checkpoint, zero-shot), else a random init of seed `cfg.seed` (step 0, no warm start); on `mesh`
+  (default: the config's)."""
+  parts = _parts.build_parts(cfg, mesh=mesh)
+  return RunPolicy(parts=parts, step=0, params=_parts.initial_params(parts, jax.random.key(cfg.seed)),
+                   warm_start=None)

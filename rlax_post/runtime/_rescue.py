@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -83,18 +83,20 @@ def evaluate(parts: _parts.Parts, params, sessions: Sequence[dialogue.Session], 
   return metrics, records
 
 
-def run_rescue_eval(sessions_path: str, workdir: str, *, step: int | None = None, warm_start: bool = False,
+def run_rescue_eval(sessions_path: str, load_policy: Callable[[], _policy.RunPolicy], *, warm_start: bool = False,
                     options: HarnessOptions = HarnessOptions(), out: str | None = None) -> dict:
-  """`evaluate` of run `workdir`'s policy at checkpoint `step` (None: the newest; `warm_start`: the reference
-  policy RL began from) on the sessions at `sessions_path` (a file, a directory or a glob). With `out`, the
-  metrics are written to `out` (JSON) and the records beside it (`<out stem>.records.jsonl`)."""
+  """`evaluate` of the policy `load_policy()` gives (`load_run_policy`: a run's checkpoint; `config_policy`: a
+  config's starting weights; `warm_start`: the reference policy RL began from) on the sessions at
+  `sessions_path` (a file, a directory or a glob; read and checked first, before any JAX work). With `out`,
+  the result is written to `out` (JSON) and the records beside it (`<out stem>.records.jsonl`)."""
   sessions = dialogue.load_sessions(sessions_path)
-  run = _policy.load_run_policy(workdir, step=step)
-  if warm_start and run.warm_start is None:
-    raise ValueError(f"{workdir} checkpoint {run.step} holds no warm-start (reference) policy.")
-  metrics, records = evaluate(run.parts, run.warm_start if warm_start else run.params, sessions, options)
-  result = {"workdir": os.path.abspath(workdir), "step": run.step, "policy": "warm_start" if warm_start else "final",
-            "sessions": len(sessions), "metrics": metrics}
+  build_instances(sessions, options)  # bad tasks or context rows: an error before the model is built
+  policy = load_policy()
+  if warm_start and policy.warm_start is None:
+    raise ValueError(f"checkpoint {policy.step} holds no warm-start (reference) policy.")
+  metrics, records = evaluate(policy.parts, policy.warm_start if warm_start else policy.params, sessions, options)
+  result = {"step": policy.step, "policy": "warm_start" if warm_start else "final", "sessions": len(sessions),
+            "instances": len(records), "metrics": metrics}
   if out:
     _write(out, result, records)
   return result
