@@ -35,7 +35,7 @@ else:
 # and the short ones fill in around them. Ordered by their measured time (cold compilation cache, 2026-12-02).
 _LONG_FILES = (
     "test_e2e.py", "test_lora.py", "test_serve.py", "test_e2e_sharded.py", "test_gguf.py", "test_async.py",
-    "test_async_processes.py", "test_rounds.py", "test_ring_cache.py", "test_critic.py", "test_dataset_cli.py", "test_hf_runtime.py",
+    "test_async_processes.py", "test_rounds.py", "test_dialogue_harness.py", "test_ring_cache.py", "test_critic.py", "test_dataset_cli.py", "test_hf_runtime.py",
     "test_critic_runs.py", "test_resume_faults.py", "test_warm_cache.py",
     "test_hf_sampler.py", "test_learner.py", "test_learner_window.py", "test_multiagent.py",
 )

@@ -76,6 +76,17 @@ def test_parse_session():
   assert (f.session_id, f.kind, f.clients) == ("fam7", "family", ("mom", "kim", "dad"))
 
 
+def test_nested_objects_may_carry_more_keys_but_not_fewer():
+  obj = couple()
+  obj["rows"][0]["internal_emotion"][0]["speaker"] = "alex"  # an annotation tool's own key: read past
+  s = _format.parse_session(obj, where="s1.json")
+  assert s.rows[0].internal_emotion[0] == _format.Emotion("anger", 7)
+  del obj["rows"][0]["internal_emotion"][0]["intensity"]
+  with pytest.raises(ValueError, match=r"s1.json row 0 field 'internal_emotion'\[0\]: expected an object with the "
+                                       r"keys \['emotion', 'intensity'\]"):
+    _format.parse_session(obj, where="s1.json")
+
+
 def test_round_trip():
   for obj in (couple(), family()):
     s = _format.parse_session(obj, where="x.json")

@@ -95,14 +95,20 @@ def test_rescue_commands(tmp_path):
       (("rescue-eval", "--sessions", "nowhere"), "give --workdir"),
       (("rescue-eval", "--config", f"{repo}/configs/dialogue.py:tiny", "--sessions", "nowhere"),
        "No session files at 'nowhere'"),
-      (("rescue-eval", "--config", f"{repo}/configs/dialogue.py:tiny", "--sessions", "sessions", "--tasks", "itp,xx"),
-       r"got ['itp', 'xx']"),
-      (("rescue-sim", "--sessions", "s2", "--count", "0"), "must be an int >= 1; got 0"),
-      (("rescue-audit", "--horizon", "0"), "horizon must be an int in 1..12; got 0"),
   ]
   for args, message in bad:
     out = _cli(*args, cwd=tmp_path)
     assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+
+
+def test_bad_harness_input_is_named():
+  sessions = [dialogue.simulate_session(SIM, 0)]
+  with pytest.raises(ValueError, match=r"got \['itp', 'xx'\]"):
+    runtime.rescue_evaluate(None, None, sessions, runtime.HarnessOptions(tasks=("itp", "xx")))
+  with pytest.raises(ValueError, match="must be an int >= 1; got 0"):
+    runtime.simulate_sessions("unused", 0)
+  with pytest.raises(ValueError, match="horizon must be an int in 1..12; got 0"):
+    runtime.rescue_audit(horizon=0, sessions=2)
 
 
 def test_rescue_audit_command(tmp_path):

@@ -18,7 +18,7 @@ A file holds an object with a `rows` list (and optionally `session_id`, a str, a
   relation_cycle_reason      str or null
   relation_cycle_evidence_rows  list of int row indices into `rows`
 
-Other row keys are kept in `Row.extra`. A session's kind is its `session_type`, else "couple" with exactly 2
+Other row keys are kept in `Row.extra`; other keys of an emotion, viewpoint or strategy object are read past. A session's kind is its `session_type`, else "couple" with exactly 2
 client speakers and "family" with more. `parse_session` checks all of this; each error is a ValueError naming
 the file, the row, the field, the bad value and what was expected.
 """
@@ -171,12 +171,13 @@ def _seconds(at: _At, field: str, value: Any, lo: float) -> float:
 
 
 def _objects(at: _At, field: str, value: Any, keys: tuple[str, ...]) -> list[tuple[str, dict]]:
-  """(field path, item) of a list of objects with exactly the keys `keys`."""
+  """(field path, item) of a list of objects with (at least) the keys `keys`; other keys of an item are read
+  past (annotation tools add their own, such as a speaker id)."""
   if not isinstance(value, list):
     raise at.error(field, f"a list of objects with keys {list(keys)}", value)
   for k, item in enumerate(value):
-    if not isinstance(item, dict) or sorted(item) != sorted(keys):
-      raise at.error(f"{field}[{k}]", f"an object with exactly the keys {list(keys)}", item)
+    if not isinstance(item, dict) or any(key not in item for key in keys):
+      raise at.error(f"{field}[{k}]", f"an object with the keys {list(keys)}", item)
   return [(f"{field}[{k}]", item) for k, item in enumerate(value)]
 
 
