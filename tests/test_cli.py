@@ -86,8 +86,8 @@ def test_unknown_command_lists_the_valid_ones():
   assert out.returncode == 2 and "Traceback" not in out.stderr
   assert out.stderr.strip() == (
       "rlax-post: error: unknown command 'tran' (did you mean 'train'?); valid commands: ['train', "
-      "'check-config', 'serve', 'learner', 'sampler', 'replay', 'sweep', 'convert', 'fidelity', 'value']; `rlax-post --help` describes "
-      "them.")
+      "'check-config', 'serve', 'learner', 'sampler', 'replay', 'sweep', 'convert', 'fidelity', 'value', "
+      "'rescue-sim', 'rescue-eval', 'rescue-audit']; `rlax-post --help` describes them.")
 
 
 # --- Config values and keys ---

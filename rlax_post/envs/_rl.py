@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Iterable, Iterator, Protocol
+import itertools
+from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
 
+from rlax_post import config as config_lib
 from rlax_post import rewards
 from rlax_post import sampler
 
@@ -132,6 +134,29 @@ def budget(mask, prefill: int, *, env_calls: int = 0, terminal: bool = True) -> 
   """A row's `BUDGET_FIELDS`: its sampled tokens (`mask`), the context tokens prefilled for it, env steps."""
   return {"decode_tokens": float(np.sum(mask)), "prefill_tokens": float(prefill), "env_calls": float(env_calls),
           "terminal_evals": float(terminal)}
+
+
+def demo_batches(cfg: config_lib.Config, seq_len: int, pad_id: int,
+                 row_of: Callable[[int, np.random.Generator], tuple[list[int], list[int]]], shard_index: int = 0,
+                 shard_count: int = 1) -> Iterator[dict]:
+  """Warm-start batches of a task whose demonstrations are drawn one row at a time: step s's row b is
+  `row_of(s·B + b, rng)` → (tokens, [len − 1] target mask), cut to `seq_len`, with one
+  `default_rng([seed, SFT_UPDATE, s])` per step shared by its rows in order (B = `sft.batch_size`); yields
+  {'tokens' [B/K, seq_len], 'loss_mask' [B/K, seq_len − 1]}, block `shard_index` of K = `shard_count`."""
+  batch = cfg.sft.batch_size
+  if batch % shard_count or not 0 <= shard_index < shard_count:
+    raise ValueError(f"shard_index={shard_index} must be in [0, {shard_count}) and shard_count must divide "
+                     f"sft.batch_size={batch}.")
+  block = batch // shard_count
+  for step in itertools.count():
+    rng = np.random.default_rng([cfg.seed, int(Stream.SFT_UPDATE), step])
+    tokens = np.full((batch, seq_len), pad_id, np.int32)
+    mask = np.zeros((batch, seq_len - 1), np.float32)
+    for b in range(batch):
+      row, trained = row_of(step * batch + b, rng)
+      tokens[b, :len(row)], mask[b, :len(trained)] = row[:seq_len], trained[:seq_len - 1]
+    rows = slice(shard_index * block, (shard_index + 1) * block)
+    yield {"tokens": tokens[rows], "loss_mask": mask[rows]}
 
 
 def check_split(split: str) -> None:

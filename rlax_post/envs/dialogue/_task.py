@@ -15,7 +15,6 @@ answered with its gold label (so the harness has something to measure before and
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Any, Iterator
 
 import numpy as np
@@ -100,26 +99,17 @@ class DialogueTask:
     return _harness.demo_row(self.tokenizer, instance)
 
   def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]:
-    """Warm-start rows ({'tokens' [B/K, T], 'loss_mask' [B/K, T-1]}): step s, row b is demo episode s·B + b,
-    or with probability `harness_fraction` a RESCUE instance; block `shard_index` of K."""
-    sft, seq_len = self.cfg.sft, self.lengths(self.cfg.model.max_seq_len).sft
-    if sft.batch_size % shard_count or not 0 <= shard_index < shard_count:
-      raise ValueError(f"shard_index={shard_index} must be in [0, {shard_count}) and shard_count must divide "
-                       f"sft.batch_size={sft.batch_size}.")
-    block, solution = sft.batch_size // shard_count, _sim.solve(self.sim)
-    for step in itertools.count():
-      rng = np.random.default_rng([self.cfg.seed, int(_rl.Stream.SFT_UPDATE), step])
-      tokens = np.full((sft.batch_size, seq_len), self.tokenizer.pad_id, np.int32)
-      mask = np.zeros((sft.batch_size, seq_len - 1), np.float32)
-      for b in range(sft.batch_size):
-        index = step * sft.batch_size + b
-        if rng.random() < self.harness_fraction:
-          row, trained = self.harness_row(index, rng)
-        else:
-          row, trained = tools.demo_row(self.tokenizer, self.demonstration(index, rng, solution))
-        tokens[b, :len(row)], mask[b, :len(trained)] = row[:seq_len], trained[:seq_len - 1]
-      rows = slice(shard_index * block, (shard_index + 1) * block)
-      yield {"tokens": tokens[rows], "loss_mask": mask[rows]}
+    """Warm-start rows (`_rl.demo_batches`): row b of step s is demo episode s·B + b, or with probability
+    `harness_fraction` a RESCUE instance."""
+    solution = _sim.solve(self.sim)
+
+    def row_of(index: int, rng: np.random.Generator):
+      if rng.random() < self.harness_fraction:
+        return self.harness_row(index, rng)
+      return tools.demo_row(self.tokenizer, self.demonstration(index, rng, solution))
+
+    return _rl.demo_batches(self.cfg, self.lengths(self.cfg.model.max_seq_len).sft, self.tokenizer.pad_id, row_of,
+                            shard_index, shard_count)
 
   def producer(self, engine: sampler.RlaxEngine, params, version: int, *, split: str = "train") -> _rl.Producer:
     """Ticket t's episodes (split "train": n of them, episodes t·n + i; "eval": one, episode t)."""

@@ -15,7 +15,6 @@ with the env's real answers; the blind script is what the myopic trap rewards at
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Any, Iterator
 
 import numpy as np
@@ -89,23 +88,13 @@ class SalesTask:
                                solved=bool(step.info["success"]), corruption="blind" if blind else None)
 
   def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]:
-    """Demonstrations ({'tokens' [B/K, T], 'loss_mask' [B/K, T-1]}, T the sft width): step s plays demo
-    episodes s·B .. s·B + B − 1, each blind with probability `sft.noise`; block `shard_index` of K."""
-    sft, seq_len = self.cfg.sft, self.lengths(self.cfg.model.max_seq_len).sft
-    if sft.batch_size % shard_count or not 0 <= shard_index < shard_count:
-      raise ValueError(f"shard_index={shard_index} must be in [0, {shard_count}) and shard_count must divide "
-                       f"sft.batch_size={sft.batch_size}.")
-    block = sft.batch_size // shard_count
-    for step in itertools.count():
-      rng = np.random.default_rng([self.cfg.seed, int(_rl.Stream.SFT_UPDATE), step])
-      tokens = np.full((sft.batch_size, seq_len), self.tokenizer.pad_id, np.int32)
-      mask = np.zeros((sft.batch_size, seq_len - 1), np.float32)
-      for b in range(sft.batch_size):
-        demo = self.demonstration(step * sft.batch_size + b, blind=bool(rng.random() < sft.noise), rng=rng)
-        row, trained = tools.demo_row(self.tokenizer, demo)
-        tokens[b, :len(row)], mask[b, :len(trained)] = row[:seq_len], trained[:seq_len - 1]
-      rows = slice(shard_index * block, (shard_index + 1) * block)
-      yield {"tokens": tokens[rows], "loss_mask": mask[rows]}
+    """Demonstrations (`_rl.demo_batches`): row b of step s plays demo episode s·B + b, blind with probability
+    `sft.noise`."""
+    def row_of(episode: int, rng: np.random.Generator):
+      return tools.demo_row(self.tokenizer, self.demonstration(episode, blind=bool(rng.random() < self.cfg.sft.noise),
+                                                               rng=rng))
+    return _rl.demo_batches(self.cfg, self.lengths(self.cfg.model.max_seq_len).sft, self.tokenizer.pad_id, row_of,
+                            shard_index, shard_count)
 
   def producer(self, engine: sampler.RlaxEngine, params, version: int, *, split: str = "train"
                ) -> _rl.Producer:
