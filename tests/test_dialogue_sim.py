@@ -1,6 +1,5 @@
 """The couple simulator (envs.dialogue): its dynamics by hand, exact values, text, sessions, task and audit."""
 
-import collections
 import itertools
 
 import numpy as np

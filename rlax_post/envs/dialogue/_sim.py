@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -276,7 +275,3 @@ VIEWPOINTS = {"pursue": "needs more closeness", "withdraw": "feels criticised", 
 
 def viewpoint_of(stance: str) -> str:
   return VIEWPOINTS[stance]
-
-
-def all_pairs() -> list[tuple[str, str]]:
-  return list(itertools.product(STANCES, STANCES))
