@@ -123,6 +123,10 @@ def test_env_messages_and_invalid_turns():
   assert out.reward == 0.0 and env.state == before and not out.info["valid"]
   assert dialogue.parse_message("To  SAM: Reframe.", ("alex", "sam")) == A(1, "reframe")
   assert dialogue.parse_message("to both: evoke", ("alex", "sam")) == A(dialogue.BOTH, "evoke")
+  assert dialogue.parse_message("to sam: reframe. maybe the anger is fear.", ("alex", "sam")) == A(1, "reframe")
+  assert _render.message_words("to sam: reframe. maybe the anger is fear.") == "maybe the anger is fear"
+  assert _render.message_words("to sam: reframe") == ""
+  assert dialogue.parse_message("to sam: reframed", ("alex", "sam")) is None
   assert dialogue.parse_message("to kim: evoke", ("alex", "sam")) is None
   assert dialogue.parse_message("to sam: hug", ("alex", "sam")) is None
   with pytest.raises(ValueError, match="variants"):

@@ -10,6 +10,8 @@ behaviour) are templates of the same hidden state.
 
 from __future__ import annotations
 
+import re
+
 from rlax_post.envs.dialogue import _sim
 
 UTTERANCES = {
@@ -70,13 +72,21 @@ def therapist_message(names: tuple[str, str], action: _sim.Action) -> str:
 
 
 def parse_message(message: str, names: tuple[str, str]) -> _sim.Action | None:
-  """The action a therapist message means ('to <name>|both: <strategy>', case and blanks ignored), or None."""
+  """The action a therapist message means, or None: 'to <name>|both: <strategy>', optionally followed by the
+  therapist's own words ('to sam: reframe. maybe the anger is fear.'; case and blanks ignored). The clients
+  react to the target and the strategy; the words are the therapist's to choose (`message_words`)."""
   text = " ".join(message.lower().split())
   if not text.startswith("to ") or ":" not in text:
     return None
-  who, _, strategy = text[3:].partition(":")
-  who, strategy = who.strip(), strategy.strip().rstrip(".")
+  who, _, rest = text[3:].partition(":")
+  strategy = re.split(r"[\s.,;!?-]", rest.strip(), maxsplit=1)[0]
   targets = {names[0]: 0, names[1]: 1, "both": _sim.BOTH}
-  if who not in targets or strategy not in _sim.STRATEGIES:
+  if who.strip() not in targets or strategy not in _sim.STRATEGIES:
     return None
-  return _sim.Action(targets[who], strategy)
+  return _sim.Action(targets[who.strip()], strategy)
+
+
+def message_words(message: str) -> str:
+  """The therapist's own words after the strategy of a parsed message ('' when there are none)."""
+  rest = message.partition(":")[2].strip()
+  return re.split(r"[\s.,;!?-]", rest, maxsplit=1)[1].strip(" .,;!?-") if re.search(r"[\s.,;!?-]", rest) else ""

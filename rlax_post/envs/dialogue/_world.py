@@ -7,7 +7,8 @@ on). So whether the therapist speaks after a client row (the intervention-timing
 hidden state too.
 
 `TherapyEnv` is the interactive mode (an `envs.Env`, forkable): the policy is the therapist, one message
-'to <name>|both: <strategy>' per turn; the clients' lines come back as the observation; the turn's reward is
+'to <name>|both: <strategy>' per turn (optionally followed by its own words, which
+the clients do not react to); the clients' lines come back as the observation; the turn's reward is
 the simulator's (the drop in total distress, scaled); a message that does not parse changes nothing and earns
 0. `simulate_session` plays a whole session with a therapist policy (the optimal one by default) and writes
 it as a RESCUE `Session`, every label read off the hidden state.
@@ -82,6 +83,7 @@ class TherapyEnv:
     self.done = self.sim.done(self.state, self.turn)
     observation = "" if self.done else self.lines(responders(self.state, action.target if action else None))
     info = {"action": str(action and _render.therapist_message(self.names, action)), "valid": action is not None,
+            "words": _render.message_words(message) if action else "",
             "pattern": _sim.pattern_of(self.state.stances), "distress": list(self.state.distress),
             "prev_state_key": prev, "state_key": _key(self.state, self.turn),
             "success": sum(self.state.distress) == 0}
