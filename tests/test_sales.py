@@ -191,6 +191,18 @@ def test_a_short_sales_run_through_the_cli(tmp_path):
   assert 0.0 <= report["value"] <= 0.9 and 0.0 <= report["warm_start_value"] <= 0.9
   first = [v for k, v in report.items() if k.startswith("first/")]
   assert len(first) == len(G.actions) and sum(first) == pytest.approx(1.0)
+  # Any run's checkpoint answers RESCUE sessions (docs/dialogue.md): here the warm start of this one.
+  sessions = tmp_path / "sessions"
+  sessions.mkdir()
+  session = envs.dialogue.simulate_session(envs.dialogue.CoupleSim(horizon=2), 0)
+  envs.dialogue.dump_session(session, sessions / "s.json")
+  out = subprocess.run([sys.executable, "-m", "rlax_post.cli", "rescue-eval", "--workdir", str(tmp_path),
+                        "--warm_start", "--sessions", str(sessions), "--tasks", "stp", "--max_context_rows", "1",
+                        "--json", str(tmp_path / "rescue.json")], capture_output=True, text=True, timeout=300, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  rescue = json.loads((tmp_path / "rescue.json").read_text())
+  assert (rescue["step"], rescue["policy"], rescue["sessions"]) == (2, "warm_start", 1)
+  assert rescue["metrics"]["stp"]["n"] == len(envs.dialogue.instances(session, ["stp"]))
   bad = subprocess.run([sys.executable, "-m", "rlax_post.cli", "value", "--workdir", str(tmp_path / "nope")],
                        capture_output=True, text=True, timeout=120, env=env)
   assert bad.returncode != 0 and "--workdir" in bad.stderr and "Traceback" not in bad.stderr
