@@ -39,10 +39,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   tiny = "tiny" in variants
   c = _sales().get_config("tiny" if tiny else None)
   # options: see rlax_post.envs.dialogue.CoupleSim (horizon, max_distress, success) and DialogueTask
-  # (max_turn_tokens, couples: how many name pairs, harness_fraction, max_context_rows of a RESCUE instance).
+  # (max_turn_tokens, couples: how many name pairs, harness_fraction, max_context_rows of a RESCUE instance,
+  # eval_paraphrases: the held-out episodes' sentences, "heldout" or "train").
   c.task.name = "dialogue"
   c.task.options = dict(horizon=3, max_distress=4, success=0.8, max_turn_tokens=24, couples=1,
-                        harness_fraction=0.3, max_context_rows=4)
+                        harness_fraction=0.3, max_context_rows=4, eval_paraphrases="heldout")
   c.task.num_eval = 8 if tiny else 64
   # The context (BOS, instructions, three opening lines) is 340 tokens; three messages and two answers of the
   # clients fit in 448 more.

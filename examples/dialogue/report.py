@@ -6,7 +6,10 @@
 Per unit (seed): the greedy return on the held-out episodes at every evaluation (warm start first), against
 the exact returns of the optimal therapist (value iteration), the relation-agnostic baseline and the random
 therapist, and the Monte Carlo returns of the optimal and baseline therapists on the same held-out episodes
-(the policy is measured on a sample of start states; so are they). With `--sessions` (RESCUE files, e.g. from
+(the policy is measured on a sample of start states; so are they); the greedy return of the warm start and the
+final policy on held-out episodes told in the *training* paraphrases (`task.options.eval_paraphrases = "train"`,
+cached as `eval_train_paraphrases.json`: what the policy does apart from reading new sentences). With
+`--sessions` (RESCUE files, e.g. from
 `rlax-post rescue-sim`), the six RESCUE tasks answered by the unit's warm start and final policy
 (`runtime.run_rescue_eval`, cached as `rescue_warm_start.json` / `rescue_final.json` in the unit).
 """
@@ -21,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from examples import sweep_report  # pylint: disable=g-import-not-at-top,wrong-import-position
+from rlax_post import config  # pylint: disable=g-import-not-at-top,wrong-import-position
 from rlax_post import envs  # pylint: disable=g-import-not-at-top,wrong-import-position
 from rlax_post import models  # pylint: disable=g-import-not-at-top,wrong-import-position
 from rlax_post import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -48,10 +52,26 @@ def reference_returns(workdir: str) -> dict:
   return out
 
 
+def train_paraphrase_returns(workdir: str) -> dict:
+  """Greedy returns of the unit's warm start and final policy on its held-out episodes told in the training
+  paraphrases (cached)."""
+  path = os.path.join(workdir, "eval_train_paraphrases.json")
+  if not os.path.exists(path):
+    with open(os.path.join(workdir, "config.json")) as f:
+      raw = json.load(f)
+    raw["task"]["options"]["eval_paraphrases"] = "train"
+    evaluate = runtime.Evaluator(runtime.build_parts(config.load(raw)))
+    run = runtime.load_run_policy(workdir)
+    with open(path, "w") as f:
+      json.dump({"step": run.step, "warm_start": evaluate(run.warm_start), "final": evaluate(run.params)}, f)
+  with open(path) as f:
+    return json.load(f)
+
+
 def _rescue(workdir: str, sessions: str, warm_start: bool) -> dict:
   path = os.path.join(workdir, f"rescue_{'warm_start' if warm_start else 'final'}.json")
   if not os.path.exists(path):
-    options = runtime.HarnessOptions(max_context_rows=4)
+    options = runtime.HarnessOptions(max_context_rows=4, slots=32)
     runtime.run_rescue_eval(sessions, functools.partial(runtime.load_run_policy, workdir), warm_start=warm_start,
                             options=options, out=path)
   with open(path) as f:
@@ -64,7 +84,8 @@ def unit_figures(workdir: str, sessions: str | None) -> dict:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     evals = [r for r in map(json.loads, f) if r.get("phase") == "eval"]
   out = {"workdir": workdir, "seed": cfg["seed"], "eval_steps": [r["step"] for r in evals],
-         "eval_returns": [r["eval_reward"] for r in evals], **reference_returns(workdir)}
+         "eval_returns": [r["eval_reward"] for r in evals], **reference_returns(workdir),
+         "train_paraphrases": train_paraphrase_returns(workdir)}
   if sessions:
     out["rescue"] = {"warm_start": _rescue(workdir, sessions, True), "final": _rescue(workdir, sessions, False)}
   return out
@@ -76,6 +97,10 @@ def table(units: list[dict]) -> str:
   lines.append(f"| warm start (SFT on the noisy optimal therapist) | {ms([u['eval_returns'][0] for u in units])} |")
   lines.append(f"| after GRPO ({units[0]['eval_steps'][-1]} steps) | {ms([u['eval_returns'][-1] for u in units])} |")
   lines.append(f"| RL − warm start | {ms([u['eval_returns'][-1] - u['eval_returns'][0] for u in units])} |")
+  tp = [u["train_paraphrases"] for u in units]
+  lines.append(f"| warm start, episodes in the training paraphrases | {ms([t['warm_start'] for t in tp])} |")
+  lines.append(f"| after GRPO, episodes in the training paraphrases | {ms([t['final'] for t in tp])} |")
+  lines.append(f"| RL − warm start, training paraphrases | {ms([t['final'] - t['warm_start'] for t in tp])} |")
   for name in ("optimal", "baseline"):
     lines.append(f"| {name} on the same episodes (Monte Carlo) | {ms([u['heldout_' + name] for u in units])} |")
   u = units[0]

@@ -4,7 +4,10 @@ The policy is the therapist: every episode starts with `PROMPT` and the clients'
 message is 'to <name>|both: <strategy>', answered by the clients' lines; an episode's reward is its return
 (the drop in total distress / 2·max_distress). Episode e of a split meets couple `NAME_PAIRS[...]` (the first
 `couples` pairs) with the start state, transitions and paraphrases of seed (seed, split, e); training and
-warm-start episodes use the training paraphrases, held-out episodes (split "eval") the held-out ones.
+warm-start episodes use the training paraphrases, held-out episodes (split "eval") the held-out ones
+(`eval_paraphrases = "heldout"`, the default) or the training ones ("train": new start states and transitions
+in the sentences the policy was trained on; what a small model's policy does, apart from whether it reads new
+sentences).
 
 The warm start ("a prompted model"): episodes of the optimal therapist in which each turn is, with
 probability `sft.noise`, the relation-agnostic baseline's action instead (`_sim.baseline_action`); and, with
@@ -32,7 +35,7 @@ from rlax_post.envs.dialogue import _world
 
 NAME = "dialogue"
 OPTIONS = ("horizon", "max_distress", "success", "max_turn_tokens", "couples", "harness_fraction",
-           "max_context_rows")
+           "max_context_rows", "eval_paraphrases")
 PROMPT = ("therapist of a couple. each turn say: to <name or both>: <strategy>, one of track reframe evoke "
           "enact join detach repair counterbalance safeguard goal_align.\n")
 _SPLIT_IDS = {"train": 0, "eval": 1, "demo": 2}
@@ -50,6 +53,7 @@ class DialogueTask:
   couples: int = 1
   harness_fraction: float = 0.0
   max_context_rows: int = 8
+  eval_paraphrases: str = "heldout"
   name: str = NAME
 
   @property
@@ -60,7 +64,8 @@ class DialogueTask:
     """Episode `episode` of `split` ('train', 'eval' or 'demo')."""
     seed = int(np.random.default_rng([self.cfg.seed, _SPLIT_IDS[split], int(episode)]).integers(2**31))
     names = _world.NAME_PAIRS[seed % self.couples]
-    return _world.TherapyEnv(self.sim, names, seed=seed, variants="heldout" if split == "eval" else "train")
+    variants = self.eval_paraphrases if split == "eval" else "train"
+    return _world.TherapyEnv(self.sim, names, seed=seed, variants=variants)
 
   def context_len(self) -> int:
     """BOS, the prompt and the longest opening (three lines of the longest kind)."""
@@ -138,5 +143,9 @@ def make_dialogue_task(cfg: config_lib.Config, tokenizer) -> DialogueTask:
   couples = _number(options, "couples", 1, int, 1, len(_world.NAME_PAIRS))
   harness = _number(options, "harness_fraction", 0.0, (int, float), 0.0, 1.0)
   context_rows = _number(options, "max_context_rows", 8, int, 1, 64)
+  paraphrases = options.pop("eval_paraphrases", "heldout")
+  if paraphrases not in _render.VARIANTS:
+    raise ValueError(f"task.options.eval_paraphrases must be one of {sorted(_render.VARIANTS)}; got {paraphrases!r}.")
   return DialogueTask(cfg=cfg, tokenizer=tokenizer, sim=_sim.CoupleSim(**options), max_turn_tokens=turn_tokens,
-                      couples=couples, harness_fraction=float(harness), max_context_rows=context_rows)
+                      couples=couples, harness_fraction=float(harness), max_context_rows=context_rows,
+                      eval_paraphrases=paraphrases)
