@@ -201,6 +201,13 @@ def test_task_warm_start_rows_train_only_the_policy_tokens():
     dialogue.make_dialogue_task(_cfg(turns=3), tok)
   with pytest.raises(ValueError, match="horizon"):
     dialogue.make_dialogue_task(_cfg(horizon=0), tok)
+  with pytest.raises(ValueError, match=r"eval_paraphrases must be one of \['heldout', 'train'\]; got 'test'"):
+    dialogue.make_dialogue_task(_cfg(eval_paraphrases="test"), tok)
+  # Held-out episodes: other seeds than training's, in the held-out sentences unless asked otherwise.
+  assert (task.env("eval", 0).variants, task.env("train", 0).variants) == ("heldout", "train")
+  assert task.env("eval", 0).seed != task.env("train", 0).seed
+  same = dialogue.make_dialogue_task(_cfg(eval_paraphrases="train"), tok)
+  assert (same.env("eval", 0).variants, same.env("eval", 0).seed) == ("train", task.env("eval", 0).seed)
 
 
 def row_text(tok, ids):
