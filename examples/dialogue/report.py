@@ -29,7 +29,8 @@ from rlax_post import envs  # pylint: disable=g-import-not-at-top,wrong-import-p
 from rlax_post import models  # pylint: disable=g-import-not-at-top,wrong-import-position
 from rlax_post import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-HEADLINE = {"itp": "f1", "rpp": "accuracy", "stp": "r_at_1", "ssp": "r_at_1", "er": "judge", "vp": "judge"}
+HEADLINE = (("itp", "f1"), ("itp", "accuracy"), ("rpp", "accuracy"), ("stp", "r_at_1"), ("stp", "mrr"),
+            ("ssp", "r_at_1"), ("ssp", "mrr"), ("er", "judge"), ("vp", "judge"))
 
 
 def reference_returns(workdir: str) -> dict:
@@ -107,12 +108,14 @@ def table(units: list[dict]) -> str:
   lines.append(f"| exact: optimal / baseline / random | {u['exact_optimal']:.3f} / {u['exact_baseline']:.3f} / "
                f"{u['exact_random']:.3f} |")
   if all("rescue" in u for u in units):
-    lines += ["", "| RESCUE task (metric) | warm start | after RL | after − before |", "|---|---|---|---|"]
-    for task, metric in HEADLINE.items():
+    lines += ["", "| RESCUE task (metric) | warm start | after RL | after − before | answers parsed, before → after |",
+              "|---|---|---|---|---|"]
+    for task, metric in HEADLINE:
       before = [u["rescue"]["warm_start"][task][metric] for u in units]
       after = [u["rescue"]["final"][task][metric] for u in units]
+      parsed = [np.mean([u["rescue"][p][task]["parsed"] for u in units]) for p in ("warm_start", "final")]
       lines.append(f"| {task} ({metric}) | {ms(before)} | {ms(after)} | "
-                   f"{ms([a - b for a, b in zip(after, before)])} |")
+                   f"{ms([a - b for a, b in zip(after, before)])} | {parsed[0]:.2f} → {parsed[1]:.2f} |")
   return "\n".join(lines)
 
 
@@ -122,7 +125,11 @@ def plot(units: list[dict], path: str) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(6.5, 4))
   for u in units:
-    ax.plot(u["eval_steps"], u["eval_returns"], "o-", ms=3, alpha=0.8, label=f"GRPO seed {u['seed']}")
+    line, = ax.plot(u["eval_steps"], u["eval_returns"], "o-", ms=3, alpha=0.8,
+                    label=f"seed {u['seed']}: held-out sentences")
+    tp = u["train_paraphrases"]
+    ax.plot([0, u["eval_steps"][-1]], [tp["warm_start"], tp["final"]], "s--", ms=5, mfc="none", alpha=0.8,
+            color=line.get_color(), label=f"seed {u['seed']}: training sentences")
   u = units[0]
   for name, style in (("optimal", "k:"), ("baseline", "r--"), ("random", "g-.")):
     ax.axhline(u["exact_" + name], ls=style[1:], color=style[0], lw=1, label=f"{name} (exact)")

@@ -1,5 +1,5 @@
 """The RESCUE harness: a policy answers the six tasks' instances of session files; scored by the paper's
-metrics (`rlax-post rescue eval`; docs/dialogue.md).
+metrics (`rlax-post rescue-eval`; docs/dialogue.md).
 
 Instances are built from the sessions (`envs.dialogue.instances`), rendered with the policy's chat template
 (or the plain layout of a tokenizer without one, `envs.dialogue.prompt_text`), answered greedily through the
@@ -64,6 +64,8 @@ def answer(parts: _parts.Parts, params, instances: Sequence[dialogue.Instance], 
   driver = sampler.Driver(engine, params, version=0, seed=0)
   done = driver.sample([sampler.Request(prompt=p, max_tokens=options.max_new_tokens, request_id=k)
                         for k, p in enumerate(prompts)])
+  if sorted(c.request_id for c in done) != list(range(len(prompts))):
+    raise RuntimeError(f"the driver answered {len(done)} of {len(prompts)} instances (bug).")
   texts = [""] * len(prompts)
   for c in done:
     texts[c.request_id] = tokenizer.decode(list(c.tokens))
