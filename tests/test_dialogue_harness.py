@@ -88,7 +88,7 @@ def test_rescue_commands(tmp_path):
   assert out.returncode == 0, out.stderr
   report = json.loads((tmp_path / "eval" / "out.json").read_text())
   records = [json.loads(l) for l in open(tmp_path / "eval" / "out.records.jsonl")]
-  assert report["sessions"] == 3 and report["instances"] == len(records)
+  assert (report["sessions"], report["instances"], report["policy"]) == (3, len(records), "initial")
   assert set(report["metrics"]) == {"itp", "stp"}
   assert report["metrics"]["itp"]["n"] == sum(r["task"] == "itp" for r in records)
   bad = [

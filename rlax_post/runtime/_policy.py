@@ -19,11 +19,13 @@ from rlax_post.runtime import _samplers
 @dataclasses.dataclass(frozen=True)
 class RunPolicy:
   """parts: the run's (its config as saved); step: the checkpoint read; params: its policy; warm_start: the
-  reference policy RL began from (None when the checkpoint holds none)."""
+  reference policy RL began from (None when the checkpoint holds none); source: "checkpoint" (a run's) or
+  "config" (the starting weights of a config, before any training)."""
   parts: _parts.Parts
   step: int
   params: Any
   warm_start: Any
+  source: str = "checkpoint"
 
 
 def load_run_policy(workdir: str, *, step: int | None = None) -> RunPolicy:
@@ -47,4 +49,4 @@ def config_policy(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None)
   (default: the config's)."""
   parts = _parts.build_parts(cfg, mesh=mesh)
   return RunPolicy(parts=parts, step=0, params=_parts.initial_params(parts, jax.random.key(cfg.seed)),
-                   warm_start=None)
+                   warm_start=None, source="config")

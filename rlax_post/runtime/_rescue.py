@@ -90,14 +90,16 @@ def run_rescue_eval(sessions_path: str, load_policy: Callable[[], _policy.RunPol
   """`evaluate` of the policy `load_policy()` gives (`load_run_policy`: a run's checkpoint; `config_policy`: a
   config's starting weights; `warm_start`: the reference policy RL began from) on the sessions at
   `sessions_path` (a file, a directory or a glob; read and checked first, before any JAX work). With `out`,
-  the result is written to `out` (JSON) and the records beside it (`<out stem>.records.jsonl`)."""
+  the result is written to `out` (JSON; `policy`: "final", "warm_start", or "initial" for a config's starting
+  weights) and the records beside it (`<out stem>.records.jsonl`)."""
   sessions = dialogue.load_sessions(sessions_path)
   build_instances(sessions, options)  # bad tasks or context rows: an error before the model is built
   policy = load_policy()
   if warm_start and policy.warm_start is None:
     raise ValueError(f"checkpoint {policy.step} holds no warm-start (reference) policy.")
   metrics, records = evaluate(policy.parts, policy.warm_start if warm_start else policy.params, sessions, options)
-  result = {"step": policy.step, "policy": "warm_start" if warm_start else "final", "sessions": len(sessions),
+  which = "warm_start" if warm_start else ("final" if policy.source == "checkpoint" else "initial")
+  result = {"step": policy.step, "policy": which, "sessions": len(sessions),
             "instances": len(records), "metrics": metrics}
   if out:
     _write(out, result, records)
