@@ -45,8 +45,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.task.options = dict(horizon=3, max_distress=4, success=0.8, max_turn_tokens=24, couples=1,
                         harness_fraction=0.3, max_context_rows=4, eval_paraphrases="heldout")
   c.task.num_eval = 8 if tiny else 64
-  # The context (BOS, instructions, three opening lines) is 340 tokens; three messages and two answers of the
-  # clients fit in 448 more.
+  # The context (BOS, instructions, the longest three opening lines) is 342 tokens; three messages and two
+  # answers of the clients fit in 448 more.
   c.model.max_seq_len = 800
   c.rl.max_new_tokens = 448
   c.sft.noise = 0.5

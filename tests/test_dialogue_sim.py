@@ -195,6 +195,13 @@ def test_task_warm_start_rows_train_only_the_policy_tokens():
   row = next(harness.sft_batches())
   text = tok.decode([t for t, m in zip(row["tokens"][0, 1:], row["loss_mask"][0]) if m], skip_special=True)
   assert text and text in row_text(tok, row["tokens"][0])
+  # A row longer than the warm start's width is an error, not silently cut (its end is the answer).
+  long = dialogue.make_dialogue_task(_cfg(harness_fraction=1.0, max_context_rows=64), tok)
+  with pytest.raises(ValueError, match=r"warm-start row \d+ has \d+ tokens, more than the warm start's width"):
+    for _ in range(20):
+      next(long.sft_batches())
+  with pytest.raises(ValueError, match=r"success must be in \(0, 1\]; got '0.8'"):
+    dialogue.CoupleSim(success="0.8")
   with pytest.raises(ValueError, match="harness_fraction"):
     dialogue.make_dialogue_task(_cfg(harness_fraction=1.5), tok)
   with pytest.raises(ValueError, match=r"Unknown option\(s\) \['turns'\]"):

@@ -140,7 +140,7 @@ def demo_batches(cfg: config_lib.Config, seq_len: int, pad_id: int,
                  row_of: Callable[[int, np.random.Generator], tuple[list[int], list[int]]], shard_index: int = 0,
                  shard_count: int = 1) -> Iterator[dict]:
   """Warm-start batches of a task whose demonstrations are drawn one row at a time: step s's row b is
-  `row_of(s·B + b, rng)` → (tokens, [len − 1] target mask), cut to `seq_len`, with one
+  `row_of(s·B + b, rng)` → (tokens, [len − 1] target mask; longer than `seq_len`: an error), with one
   `default_rng([seed, SFT_UPDATE, s])` per step shared by its rows in order (B = `sft.batch_size`); yields
   {'tokens' [B/K, seq_len], 'loss_mask' [B/K, seq_len − 1]}, block `shard_index` of K = `shard_count`."""
   batch = cfg.sft.batch_size
@@ -154,7 +154,10 @@ def demo_batches(cfg: config_lib.Config, seq_len: int, pad_id: int,
     mask = np.zeros((batch, seq_len - 1), np.float32)
     for b in range(batch):
       row, trained = row_of(step * batch + b, rng)
-      tokens[b, :len(row)], mask[b, :len(trained)] = row[:seq_len], trained[:seq_len - 1]
+      if len(row) > seq_len:  # cut, it would lose its end: the answer a demonstration is for
+        raise ValueError(f"warm-start row {step * batch + b} has {len(row)} tokens, more than the warm start's "
+                         f"width {seq_len}; raise `model.max_seq_len` / `rl.max_new_tokens` or shorten the rows.")
+      tokens[b, :len(row)], mask[b, :len(trained)] = row, trained
     rows = slice(shard_index * block, (shard_index + 1) * block)
     yield {"tokens": tokens[rows], "loss_mask": mask[rows]}
 

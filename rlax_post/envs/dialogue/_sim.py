@@ -117,7 +117,7 @@ class CoupleSim:
       raise ValueError(f"CoupleSim: horizon must be an int in 1..12; got {self.horizon!r}.")
     if isinstance(self.max_distress, bool) or not isinstance(self.max_distress, int) or not 2 <= self.max_distress <= 5:
       raise ValueError(f"CoupleSim: max_distress must be an int in 2..5; got {self.max_distress!r}.")
-    if not 0.0 < self.success <= 1.0:
+    if isinstance(self.success, bool) or not isinstance(self.success, (int, float)) or not 0.0 < self.success <= 1.0:
       raise ValueError(f"CoupleSim: success must be in (0, 1]; got {self.success!r}.")
     if not self.start_distress or any(not 1 <= d <= self.max_distress for d in self.start_distress):
       raise ValueError(f"CoupleSim: start_distress must be levels in 1..{self.max_distress}; got "

@@ -39,8 +39,9 @@ OPTIONS = ("horizon", "max_distress", "success", "max_turn_tokens", "couples", "
 PROMPT = ("therapist of a couple. each turn say: to <name or both>: <strategy>, one of track reframe evoke "
           "enact join detach repair counterbalance safeguard goal_align.\n")
 _SPLIT_IDS = {"train": 0, "eval": 1, "demo": 2}
-_LONGEST_LINE = max(len(l) for l in (f"{n} ({t}): {u.format(p='xxx')}\n" for n in ("xxx",) for t in _render.TONES
-                                       for v in _render.UTTERANCES.values() for u in v))
+_NAME = "x" * max(len(n) for pair in _world.NAME_PAIRS for n in pair)
+_LONGEST_LINE = max(len(f"{_NAME} ({t}): {u.format(p=_NAME)}\n") for t in _render.TONES
+                    for v in _render.UTTERANCES.values() for u in v)
 
 
 @dataclasses.dataclass(frozen=True)
