@@ -66,18 +66,19 @@ def _first_line(e: BaseException) -> str:
 
 
 def restore_state(workdir: str, templates: dict, *, max_to_keep: int, step: int | None = None,
-                  purpose: str = "") -> tuple[Any, int]:
-  """(train state, step) of run `workdir` at checkpoint `step` (None: the newest complete one), read without
-  tidying the run; `templates`: `RLUpdate.checkpoint_templates`; `purpose` ends the no-checkpoint error."""
+                  purpose: str = "") -> tuple[Any, Any, int]:
+  """(train state, reference params or None, step) of run `workdir` at checkpoint `step` (None: the newest
+  complete one), read without tidying the run; `templates`: `RLUpdate.checkpoint_templates`; `purpose` ends
+  the no-checkpoint error."""
   ckpt = RunCheckpointer(workdir, max_to_keep=max_to_keep, tidy=False)
   try:
     step = ckpt.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"{workdir}/checkpoints holds no complete checkpoint{purpose}.")
-    state, _, _ = ckpt.restore(step, **templates)
+    state, ref_params, _ = ckpt.restore(step, **templates)
   finally:
     ckpt.close()
-  return state, step
+  return state, ref_params, step
 
 
 class RunCheckpointer:

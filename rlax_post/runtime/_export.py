@@ -29,9 +29,9 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str, step: int | None
   workdir = os.fspath(workdir)
   parts = _parts.build_parts(_samplers.load_run_config(workdir))
   update = _learn.RLUpdate(parts)
-  state, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
-                                          max_to_keep=parts.cfg.checkpoint.max_to_keep, step=step,
-                                          purpose=" to export")
+  state, _, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
+                                             max_to_keep=parts.cfg.checkpoint.max_to_keep, step=step,
+                                             purpose=" to export")
   cfg = dataclasses.replace(parts.model_cfg, valid_vocab_size=None)  # HF has no masked vocabulary rows
   policy = update.policy(state)
   if update.roles == 1:

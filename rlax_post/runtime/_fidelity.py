@@ -53,8 +53,8 @@ def credit_fidelity(workdir: str, *, extra: int = 32, batches: int = 1, step: in
     raise ValueError(f"credit_fidelity reads role-pipeline runs (task.name in {list(config_lib.COLLABORATION_TASKS)}); "
                      f"{workdir} ran task {cfg.task.name!r}.")
   update = _learn.RLUpdate(parts)
-  state, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
-                                          max_to_keep=cfg.checkpoint.max_to_keep, step=step)
+  state, _, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
+                                             max_to_keep=cfg.checkpoint.max_to_keep, step=step)
   fanout = parts.task.fanout
   if len(fanout) < 2 or extra < fanout[1]:
     raise ValueError(f"credit_fidelity needs two roles or more and extra >= the second fanout {fanout[1:2]}; "

@@ -32,14 +32,9 @@ def load_run_policy(workdir: str, *, step: int | None = None) -> RunPolicy:
   """Run `workdir`'s policy at checkpoint `step` (None: the newest complete one)."""
   parts = _parts.build_parts(_samplers.load_run_config(os.fspath(workdir)))
   update = _learn.RLUpdate(parts)
-  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=parts.cfg.checkpoint.max_to_keep, tidy=False)
-  try:
-    step = ckpt.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"{workdir}/checkpoints holds no complete checkpoint to read.")
-    state, ref_params, _ = ckpt.restore(step, **update.checkpoint_templates)
-  finally:
-    ckpt.close()
+  state, ref_params, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
+                                                      max_to_keep=parts.cfg.checkpoint.max_to_keep, step=step,
+                                                      purpose=" to read")
   return RunPolicy(parts=parts, step=step, params=update.policy(state), warm_start=ref_params)
 
 
