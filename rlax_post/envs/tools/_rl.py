@@ -10,7 +10,6 @@ demonstrations come from fitting indices below `HELD_OUT_BASE`. Episodes run thr
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from typing import Any, Iterator
 
 import numpy as np
@@ -112,28 +111,20 @@ class ToolTask:
     return _rl.Lengths(prompt=TOOL_PROMPT_LEN, response=need - 1, sequence=need, sft=need)
 
   def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]:
-    """Demonstrations of training tasks ({'tokens' [B/K, T], 'loss_mask' [B/K, T-1]}, T the sft width):
-    step s draws `sft.batch_size` fitting indices below the held-out range (uniformly); each is corrupted
-    ('guess') with probability `sft.noise`. With K = `shard_count` > 1, block `shard_index` of the batch."""
-    sft, seq_len = self.cfg.sft, self.lengths(self.max_seq_len).sft
-    if sft.batch_size % shard_count or not 0 <= shard_index < shard_count:
-      raise ValueError(f"shard_index={shard_index} must be in [0, {shard_count}) and shard_count must divide "
-                       f"sft.batch_size={sft.batch_size}.")
-    block = sft.batch_size // shard_count
-    for step in itertools.count():
-      rng = np.random.default_rng([self.seed, int(_rl.Stream.SFT_UPDATE), step])
-      tokens = np.full((sft.batch_size, seq_len), self.tokenizer.pad_id, np.int32)
-      mask = np.zeros((sft.batch_size, seq_len - 1), np.float32)
-      for b in range(sft.batch_size):
+    """Demonstrations of training tasks (`_rl.demo_batches`): each row draws a fitting index below the
+    held-out range (uniformly) and is corrupted ('guess') with probability `sft.noise`; a row longer than the
+    sft width is cut to it (a guessed episode can outrun the clean one that `fits` measured)."""
+    seq_len = self.lengths(self.max_seq_len).sft
+
+    def row_of(_, rng: np.random.Generator):
+      index = int(rng.integers(0, HELD_OUT_BASE))
+      while not self.fits(index):
         index = int(rng.integers(0, HELD_OUT_BASE))
-        while not self.fits(index):
-          index = int(rng.integers(0, HELD_OUT_BASE))
-        corruption = "guess" if rng.random() < sft.noise else None
-        row, trained = demo_row(self.tokenizer, self.demonstration(index, corruption=corruption, rng=rng))
-        row, trained = row[:seq_len], trained[:seq_len - 1]
-        tokens[b, :len(row)], mask[b, :len(trained)] = row, trained
-      rows = slice(shard_index * block, (shard_index + 1) * block)
-      yield {"tokens": tokens[rows], "loss_mask": mask[rows]}
+      corruption = "guess" if rng.random() < self.cfg.sft.noise else None
+      row, trained = demo_row(self.tokenizer, self.demonstration(index, corruption=corruption, rng=rng))
+      return row[:seq_len], trained[:seq_len - 1]
+
+    return _rl.demo_batches(self.cfg, seq_len, self.tokenizer.pad_id, row_of, shard_index, shard_count)
 
   def producer(self, engine: sampler.RlaxEngine, params, version: int, *, split: str = "train"
                ) -> _rl.Producer:
