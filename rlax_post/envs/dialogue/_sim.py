@@ -228,7 +228,7 @@ def policy_return(sim: CoupleSim, policy: Callable[[int, State], Action]) -> Sol
 
 
 @functools.lru_cache(maxsize=None)
-def _own_best(sim: CoupleSim, stance: str) -> str:
+def _own_best(stance: str) -> str:
   """The strategy that lowers a client's own distress most on average over partners' stances."""
   def own(strategy):
     outs = [_single_effect(stance, partner, strategy)[1] for partner in STANCES]
@@ -239,19 +239,14 @@ def _own_best(sim: CoupleSim, stance: str) -> str:
 def baseline_action(sim: CoupleSim, state: State) -> Action:
   """The relation-agnostic therapist: the most distressed client (ties: client 0), with the strategy best
   for that client's own stance on average over partners; it never looks at the partner."""
+  del sim  # the baseline's choice does not depend on the rules' parameters
   i = int(np.argmax(state.distress))
-  return Action(i, _own_best(sim, state.stances[i]))
+  return Action(i, _own_best(state.stances[i]))
 
 
 def random_return(sim: CoupleSim) -> float:
   """The expected return of the uniformly random therapist."""
-  @functools.lru_cache(maxsize=None)
-  def value(turn, state):
-    if sim.done(state, turn):
-      return 0.0
-    return float(np.mean([sum(p * (sim.reward(state, n) + value(turn + 1, n)) for p, n in sim.transitions(state, a))
-                          for a in ACTIONS]))
-  return float(np.mean([value(0, s) for s in sim.start_states()]))
+  return _values(sim, lambda t, s, q: float(np.mean([q(t, s, a) for a in ACTIONS]))).start_value
 
 
 def step(sim: CoupleSim, state: State, action: Action, rng: np.random.Generator) -> State:
