@@ -97,14 +97,7 @@ def test_baseline_ignores_the_partner():
 
 def test_env_matches_the_exact_value_and_is_reproducible():
   best = dialogue.solve(SIM)
-  returns = []
-  for seed in range(1500):
-    env = dialogue.TherapyEnv(SIM, ("alex", "sam"), seed=seed)
-    env.reset("")
-    total = 0.0
-    while not env.done:
-      total += env.step(dialogue.therapist_message(env.names, best.best(env.turn, env.state))).reward
-    returns.append(total)
+  returns = [dialogue.TherapyEnv(SIM, ("alex", "sam"), seed=seed).play(best.best) for seed in range(1500)]
   mean, sem = np.mean(returns), np.std(returns) / np.sqrt(len(returns))
   assert abs(mean - best.start_value) < 4 * sem
   e1, e2 = dialogue.TherapyEnv(SIM, ("alex", "sam"), seed=7), dialogue.TherapyEnv(SIM, ("alex", "sam"), seed=7)

@@ -41,15 +41,7 @@ def reference_returns(workdir: str) -> dict:
   policies = {"optimal": best.best, "baseline": lambda t, s: envs.dialogue.baseline_action(sim, s)}
   out = {"exact_" + k: v for k, v in envs.dialogue.relation_check(sim).items() if k != "by_pattern"}
   for name, policy in policies.items():
-    returns = []
-    for e in range(task.num_eval):
-      env = task.env("eval", e)
-      env.reset("")
-      total = 0.0
-      while not env.done:
-        total += env.step(envs.dialogue.therapist_message(env.names, policy(env.turn, env.state))).reward
-      returns.append(total)
-    out["heldout_" + name] = float(np.mean(returns))
+    out["heldout_" + name] = float(np.mean([task.env("eval", e).play(policy) for e in range(task.num_eval)]))
   return out
 
 

@@ -90,6 +90,15 @@ class TherapyEnv:
     return _protocol.StepResult(observation=observation, reward=self.sim.reward(before, self.state),
                                 done=self.done, info=info)
 
+  def play(self, policy: Callable[[int, _sim.State], _sim.Action]) -> float:
+    """Resets the episode and plays `policy(turn, state)` (a therapist that sees the hidden state, such as the
+    optimal or the baseline one) to its end; returns the episode's return."""
+    self.reset("")
+    total = 0.0
+    while not self.done:
+      total += self.step(_render.therapist_message(self.names, policy(self.turn, self.state))).reward
+    return total
+
   def fork(self) -> "TherapyEnv":
     if self.state is None:
       raise RuntimeError("TherapyEnv.fork before reset: there is no episode to fork.")
