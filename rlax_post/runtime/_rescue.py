@@ -116,10 +116,9 @@ def _write(out: str, result: dict, records: list[dict]) -> None:
 
 
 def _jsonable(x: Any):
+  """json's `default` for numpy scalars (a custom judge's score may be one); tuples are written as lists."""
   if isinstance(x, (np.integer, np.floating)):
     return x.item()
-  if isinstance(x, tuple):
-    return list(x)
   raise TypeError(f"not JSON-able: {type(x).__name__}")
 
 
