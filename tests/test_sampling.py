@@ -26,3 +26,16 @@ def test_greedy_is_argmax_and_temperature_scales_the_law():
       jax.random.split(jax.random.key(1), 4000))
   freq = np.bincount(np.asarray(draws).ravel(), minlength=3) / 4000
   np.testing.assert_allclose(freq, np.asarray(jax.nn.softmax(logits[0] / 2.0)), atol=0.03)
+
+
+def test_draw_rows_inverts_each_rows_cumulative_distribution():
+  # Row 0: masses e^0 : e^1 over tokens 0 and 2 (1 and 3 cut): token 0 below u = 1 / (1 + e) ≈ 0.2689.
+  scaled = jnp.array([[0.0, -jnp.inf, 1.0, -jnp.inf], [-jnp.inf, -jnp.inf, -jnp.inf, 2.0]])
+  cut = 1.0 / (1.0 + np.e)
+  for u, want in ((0.0, [0, 3]), (cut - 1e-4, [0, 3]), (cut + 1e-4, [2, 3]), (1.0 - 2.0 ** -24, [2, 3]),
+                  (1.0, [2, 3])):  # u = 1 (outside [0, 1)) still gives a kept token: the last one.
+    np.testing.assert_array_equal(sampler.draw_rows(scaled, jnp.full((2,), u)), want)
+  # Over a grid of u, each token's share of draws is its probability (to the grid's 1/1000).
+  logits = jnp.log(jnp.array([[0.1, 0.0, 0.6, 0.3]]))
+  draws = [int(sampler.draw_rows(logits, jnp.array([u]))[0]) for u in (np.arange(1000) + 0.5) / 1000]
+  np.testing.assert_allclose(np.bincount(draws, minlength=4) / 1000, [0.1, 0.0, 0.6, 0.3], atol=1e-3)

@@ -27,6 +27,7 @@ from rlax_post.sampler._engine import RlaxEngine
 from rlax_post.sampler._engine import SlotSettings
 from rlax_post.sampler._tokenizer_api import ByteTokenizerAdapter
 from rlax_post.sampler._tokenizer_api import prefill_buckets
+from rlax_post.sampler._sampling import draw_rows
 from rlax_post.sampler._sampling import sample_rows
 from rlax_post.sampler._sampling import sample_token
 from rlax_post.sampler._sampling import SamplingParams
@@ -60,6 +61,7 @@ __all__ = [
     "Prefix",
     "RlaxEngine",
     "run_episodes",
+    "draw_rows",
     "sample_rows",
     "sample_token",
     "SamplingParams",

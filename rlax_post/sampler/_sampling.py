@@ -2,7 +2,10 @@
 
 `sample_token` applies one law to every row with one key; `sample_rows` gives each row its own law and key
 (the engine's decode step, where each slot holds a request with its own `SamplingParams`). Both truncate
-through `truncate_rows`, so one law gives the same kept set either way.
+through `truncate_rows`, so one law gives the same kept set either way, and both draw by `draw_rows`: the
+inverse of each row's cumulative distribution at one uniform number per row. A Gumbel-max draw
+(`jax.random.categorical`) needs V random numbers per row; on the CPU those cost a fifth of a tiny model's
+decode step (`benchmarks/sampler.py`), where one number per row costs nothing.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ def sample_token(logits_bv: jax.Array, rng: jax.Array, *, temperature: float, to
   if (top_k and top_k < scaled_bv.shape[-1]) or top_p < 1.0:
     b = scaled_bv.shape[0]
     scaled_bv = truncate_rows(scaled_bv, jnp.full((b,), top_p, jnp.float32), jnp.full((b,), top_k, jnp.int32))
-  return jax.random.categorical(rng, scaled_bv, axis=-1).astype(jnp.int32)
+  return draw_rows(scaled_bv, jax.random.uniform(rng, scaled_bv.shape[:1]))
 
 
 def sample_rows(logits_bv: jax.Array, keys_b: jax.Array, temperature_b: jax.Array, top_p_b: jax.Array,
@@ -77,5 +80,21 @@ def sample_rows(logits_bv: jax.Array, keys_b: jax.Array, temperature_b: jax.Arra
   scaled_bv = logits_bv.astype(jnp.float32) / jnp.where(greedy_b, 1.0, temperature_b)[:, None]
   truncates = jnp.any(((top_k_b > 0) & (top_k_b < scaled_bv.shape[-1])) | (top_p_b < 1.0))
   scaled_bv = jax.lax.cond(truncates, truncate_rows, lambda x, *_: x, scaled_bv, top_p_b, top_k_b)
-  drawn_b = jax.vmap(lambda key, row: jax.random.categorical(key, row[None], axis=-1)[0])(keys_b, scaled_bv)
+  drawn_b = draw_rows(scaled_bv, jax.vmap(jax.random.uniform)(keys_b))
   return jnp.where(greedy_b, jnp.argmax(logits_bv, axis=-1), drawn_b).astype(jnp.int32)
+
+
+def draw_rows(scaled_bv: jax.Array, u_b: jax.Array) -> jax.Array:
+  """Token of each row of softmax(scaled_bv) (-inf: never drawn) at the uniform number u_b[b] in [0, 1): the
+  first token whose cumulative mass exceeds u·(total mass), i.e. token j with probability p_j.
+
+  Only tokens of positive mass are taken (a float cumulative sum may tie a zero-mass token with its
+  predecessor); if rounding puts u·total at or past the last cumulative value, the last such token is.
+  """
+  v = scaled_bv.shape[-1]
+  mass_bv = jnp.exp(scaled_bv - jnp.max(scaled_bv, axis=-1, keepdims=True))
+  cumulative_bv = jnp.cumsum(mass_bv, axis=-1)
+  positive_bv = mass_bv > 0
+  hit_bv = (cumulative_bv > u_b[:, None] * cumulative_bv[:, -1:]) & positive_bv
+  last_b = v - 1 - jnp.argmax(positive_bv[:, ::-1], axis=-1)
+  return jnp.where(jnp.any(hit_bv, axis=-1), jnp.argmax(hit_bv, axis=-1), last_b).astype(jnp.int32)
