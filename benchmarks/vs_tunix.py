@@ -29,7 +29,9 @@ Workloads (`workloads()`):
 Fairness choices:
   * Same shapes: Qwen3-shaped decoder, 2 layers, width 128, 4 query / 2 KV heads of 32, MLP 256, vocab 512,
     tied embeddings, q/k RMSNorm, RoPE theta 1e6, float32 params and compute, random init (each side its
-    own initialiser: values do not change the cost). Parameter counts are printed and must agree.
+    own initialiser: values do not change the cost). Parameter counts are printed and must agree. The layers
+    run unrolled on both sides: Tunix's Qwen3 calls them in a Python loop, ours sets `scan_unroll` to the
+    layer count (its default, 1, scans them; `ModelConfig.scan_unroll`).
   * Same jax/jaxlib/flax/optax/numpy versions in both venvs (requirements/tunix.txt pins them to
     requirements/lock.txt's), same CPU, processes never run at the same time.
   * Every sample produces exactly its token budget on both sides: EOS is an id outside the vocabulary
@@ -122,7 +124,8 @@ def even_fraction(ids) -> float:
 def _model_overrides(m: dict, seq_len: int) -> dict:
   return dict(vocab_size=m["vocab_size"], d_model=m["d_model"], num_layers=m["num_layers"],
               num_heads=m["num_heads"], num_kv_heads=m["num_kv_heads"], head_dim=m["head_dim"],
-              mlp_dim=m["mlp_dim"], max_seq_len=seq_len, dtype="float32", param_dtype="float32")
+              mlp_dim=m["mlp_dim"], max_seq_len=seq_len, dtype="float32", param_dtype="float32",
+              scan_unroll=m["num_layers"])
 
 
 def _tokenizer(vocab_size: int):

@@ -70,6 +70,30 @@ def test_a_block_stops_early_when_a_slot_stops_and_work_waits():
     engine.generate_block(refs.model()[1], state, steps=9)
 
 
+def test_a_block_attends_over_the_filled_span_and_stops_before_passing_it():
+  engine = _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=3, max_prefill_length=16,
+                              max_decode_length=MAX_DECODE, temperature=0.8, seed=1, steps_per_sync=4,
+                              min_kv_bucket=16)
+  assert engine.kv_buckets == (16, 32, 40)
+  assert [engine.kv_span(n) for n in (1, 16, 17, 33, 41)] == [16, 16, 32, 40, 40]
+  params = refs.model()[1]
+  prompts = [refs.prompt(5, 1), refs.prompt(13, 2), refs.prompt(3, 3)]
+  full, spans = _filled_state(engine, prompts), _filled_state(engine, prompts)
+  longest = 13
+  for _ in range(5):  # Spans 32 (13 + 4 = 17 positions) then 32, 32, 32 and 40: the same steps as all 40.
+    full, want = engine.generate_block(params, full)
+    spans, got = engine.generate_block(params, spans, max_length=longest)
+    assert int(got.steps) == int(want.steps) == 4
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-6, rtol=0)
+    longest += 4
+  # A bound too low (1: span 16) costs steps, not tokens: the slot at position 13 stops the block at 16.
+  low, block = engine.generate_block(params, _filled_state(engine, prompts), max_length=1)
+  _, want = engine.generate_block(params, _filled_state(engine, prompts))
+  assert int(block.steps) == 3 and np.asarray(low.positions).tolist() == [8, 16, 6]
+  np.testing.assert_array_equal(np.asarray(block.tokens)[:3], np.asarray(want.tokens)[:3])
+
+
 def test_batched_prefill_and_insert_equal_one_at_a_time():
   engine = _engine_for(1)
   params = refs.model()[1]

@@ -102,7 +102,8 @@ def test_decode_state_keeps_the_rules_layout_through_every_step():
   assert prefix.cache.k.sharding.spec == P(None, None, None, "tensor", None)  # Rows replicated.
   assert prefix.logits.sharding.is_fully_replicated and prefix.length.sharding.is_fully_replicated
   assert engine.get_prefix_destination_sharding() == engine.prefix_shardings
-  rngs = np.stack([np.asarray(jax.random.key_data(jax.random.key(i))) for i in range(3)])
+  # Streams whose first four tokens are not EOS (with these keys every slot runs the whole block).
+  rngs = np.stack([np.asarray(jax.random.key_data(jax.random.key(i + 3))) for i in range(3)])
   state = engine.insert_batch(prefix, state, [0, 1, 0], [0, 3, 2], rngs, engine.slot_settings([6, 6, 6]))
   _check_state_layout(state)
   state, block = engine.generate_block(params, state, steps=3)

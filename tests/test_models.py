@@ -72,6 +72,45 @@ def test_kv_cache_decoding_matches_full_forward(overrides):
   np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("overrides", [{}, _GEMMA_MICRO], ids=["plain", "gemma"])
+def test_a_decode_step_over_the_first_kv_len_positions_equals_one_over_all(overrides):
+  """Keys past every query's position are masked anyway: attending over the cache's first kv_len positions
+  gives the same logits and the same cache to float rounding (a ring's layers are not cut)."""
+  cfg = _micro(**overrides)
+  graphdef, params = models.init_params(cfg, jax.random.key(6))
+  tokens = jax.random.randint(jax.random.key(7), (2, 9), 0, 64)
+  cache = models.init_cache(cfg, 2, 24)
+  _, cache = models.forward(graphdef, params, tokens[:, :8], None, cache)
+  pos = jnp.array([[8], [5]], jnp.int32)  # Row 1 decodes position 5 again over its stale 5..7.
+  step = jax.jit(functools.partial(models.forward, graphdef), static_argnames=("kv_len",))
+  every, every_cache = step(params, tokens[:, 8:], pos, cache)
+  cut, cut_cache = step(params, tokens[:, 8:], pos, cache, kv_len=9)
+  np.testing.assert_allclose(cut, every, atol=1e-6, rtol=0)
+  for a, b in zip(jax.tree.leaves(cut_cache), jax.tree.leaves(every_cache)):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)  # Later layers' keys: their inputs' rounding.
+  for bad in (0, 25):
+    with pytest.raises(ValueError, match=rf"kv_len must be in \[1, 24\] \(the cache's positions\); got {bad}"):
+      models.forward(graphdef, params, tokens[:, 8:], pos, cache, kv_len=bad)
+
+
+def test_an_unrolled_layer_scan_computes_the_scanned_model():
+  """scan_unroll changes how XLA runs the layers, not what they compute: logits, logprobs and gradients agree
+  to float rounding, and the params are the same tree."""
+  scanned, unrolled = _micro(), _micro(scan_unroll=2)
+  graphdef, params = models.init_params(scanned, jax.random.key(8))
+  graphdef_u, params_u = models.init_params(unrolled, jax.random.key(8))
+  assert jax.tree.structure(params) == jax.tree.structure(params_u)
+  tokens = jax.random.randint(jax.random.key(9), (2, 12), 0, 64)
+  loss = lambda g: lambda p: models.token_logprobs(g, p, tokens)[0].sum()
+  for g in (graphdef, graphdef_u):
+    assert models.forward(g, params, tokens)[0].shape == (2, 12, 64)
+  np.testing.assert_allclose(models.forward(graphdef_u, params, tokens)[0], models.forward(graphdef, params, tokens)[0],
+                             atol=1e-5, rtol=0)
+  grads, grads_u = jax.grad(loss(graphdef))(params), jax.grad(loss(graphdef_u))(params)
+  for a, b in zip(jax.tree.leaves(grads_u), jax.tree.leaves(grads)):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_rows_decode_at_their_own_positions(micro_model):
   """Rows of one decode step at different positions give each row's own full-forward logits."""
   cfg, graphdef, params = micro_model
@@ -161,6 +200,7 @@ def test_unknown_parameter_name_is_an_error():
     ({"layer_types": ("full_attention",)}, "layer_types must be 2"),
     ({"layer_types": ("sliding_attention", "full_attention")}, "sliding_window must be a positive int"),
     ({"final_logit_softcap": 0.0}, "positive"),
+    ({"scan_unroll": 0}, "scan_unroll must be a positive int"),
 ])
 def test_config_errors(kwargs, match):
   with pytest.raises(ValueError, match=match):

@@ -105,7 +105,7 @@ class ModelSection:
   max_seq_len: int = bounded(64, low=2)
   # A local Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json). None: a random
   # init of `preset` with the byte tokenizer. Set: the checkpoint's shapes, weights and tokenizer; `preset`
-  # is not used and `overrides` may only change dtype, param_dtype and remat.
+  # is not used and `overrides` may only change dtype, param_dtype, remat and scan_unroll.
   hf_path: str | None = None
   lora: LoraSection = dataclasses.field(default_factory=LoraSection)
 

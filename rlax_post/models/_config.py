@@ -35,6 +35,10 @@ class ModelConfig:
     dtype: activation dtype ("float32", "bfloat16", "float16"); norms, softmax and logits stay float32.
     param_dtype: parameter dtype.
     remat: rematerialise each block in the backward pass (saves activation memory).
+    scan_unroll: layers per iteration of the layer scan (`jax.lax.scan`'s unroll): 1 scans (compile time
+      independent of depth), num_layers unrolls every layer (a Python loop over layers, as transformers and
+      Tunix run them): compile time grows with depth; on the CPU a shallow model's training step is faster
+      (`benchmarks/vs_tunix.py`). Numerics are the same up to float rounding.
     init_std: standard deviation of the embedding (and untied output) initialiser.
     valid_vocab_size: ids at or above it are padding rows of the embedding (added so the table shards);
       their logits are masked to a large negative value, so the model never predicts them. None: all valid.
@@ -75,6 +79,7 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
+  scan_unroll: int = 1
   init_std: float = 0.02
   valid_vocab_size: int | None = None
   rope_scaling_type: str | None = None
@@ -96,7 +101,7 @@ class ModelConfig:
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                 "mlp_dim", "max_seq_len"):
+                 "mlp_dim", "max_seq_len", "scan_unroll"):
       value = getattr(self, name)
       if not isinstance(value, int) or value <= 0:
         raise ValueError(f"ModelConfig.{name} must be a positive int; got {value!r}.")

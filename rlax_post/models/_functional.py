@@ -34,10 +34,10 @@ def abstract_params(cfg: ModelConfig) -> tuple[GraphDef, Params]:
 
 
 def forward(graphdef: GraphDef, params: Params, tokens_bt: jax.Array,
-            positions_bt: jax.Array | None = None,
-            cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
-  """Logits [B, T, V] (float32) and the updated cache; see `Transformer.__call__`."""
-  return nnx.merge(graphdef, params)(tokens_bt, positions_bt, cache)
+            positions_bt: jax.Array | None = None, cache: KVCache | None = None,
+            kv_len: int | None = None) -> tuple[jax.Array, KVCache | None]:
+  """Logits [B, T, V] (float32) and the updated cache; see `Transformer.__call__` (`kv_len`: `trunk`)."""
+  return nnx.merge(graphdef, params)(tokens_bt, positions_bt, cache, kv_len)
 
 
 def logprobs_from_logits(logits_btv: jax.Array, targets_bt: jax.Array, *,

@@ -1,13 +1,13 @@
 """A flax nnx decoder-only transformer of the Llama / Qwen / Gemma 2 / Gemma 3 families, with a KV cache.
 
-Layers are stacked along a leading `layers` axis and run with `jax.lax.scan`, so compile time does not
-grow with depth (maxtext's scanned layers); the KV cache is stacked the same way and carried through the
-scan whole, each layer writing only its new positions into it (in place), so a decode step does not copy it.
-What differs between layers (sliding window or global attention, the RoPE base) is a scanned array input,
-never a Python branch. A model with sliding-window layers keeps two stacks, a full-length one for its global
-layers and a ring buffer of the window for its windowed ones (`KVCache`); a scanned flag picks each layer's
-stack and attention (`lax.cond`, which only reads: every write is outside it), and the rings are written
-once after the scan (`_cache_scan`).
+Layers are stacked along a leading `layers` axis and run with `jax.lax.scan`, so compile time does not grow
+with depth (maxtext's scanned layers; `ModelConfig.scan_unroll` unrolls it); the KV cache is stacked the same
+way and carried through the scan whole, each layer writing only its new positions into it (in place), so a
+decode step does not copy it. What differs between layers (sliding window or global attention, the RoPE base)
+is a scanned array input, never a Python branch. A model with sliding-window layers keeps two stacks, a
+full-length one for its global layers and a ring buffer of the window for its windowed ones (`KVCache`); a
+scanned flag picks each layer's stack and attention (`lax.cond`, which only reads: every write is outside it),
+and the rings are written once after the scan (`_cache_scan`).
 """
 
 from __future__ import annotations
@@ -177,14 +177,18 @@ class Transformer(nnx.Module):
     return {name: getattr(self, name)[...].astype(dt) for name in names}
 
   def __call__(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
-               cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
-    x_btd, new_cache = self.trunk(tokens_bt, positions_bt, cache)
+               cache: KVCache | None = None, kv_len: int | None = None) -> tuple[jax.Array, KVCache | None]:
+    x_btd, new_cache = self.trunk(tokens_bt, positions_bt, cache, kv_len)
     return self.head(x_btd), new_cache
 
   def trunk(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
-            cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+            cache: KVCache | None = None, kv_len: int | None = None) -> tuple[jax.Array, KVCache | None]:
     """Embedding and every layer: the residual stream `[B, T, D]` (activation dtype) before the final norm,
-    and the updated cache (or None). `head` of it gives `__call__`'s logits."""
+    and the updated cache (or None). `head` of it gives `__call__`'s logits.
+
+    `kv_len` (static, with a cache): the global layers attend over the first `kv_len` of the cache's S
+    positions only (a decode step reads the filled part of the cache, not all of it); every query's position
+    must be below it (keys past it are not seen). None: all S. Sliding-window layers read their ring."""
     cfg = self.cfg
     if tokens_bt.ndim != 2:
       raise ValueError(f"tokens must be [B, T]; got shape {tokens_bt.shape}.")
@@ -195,6 +199,8 @@ class Transformer(nnx.Module):
       raise ValueError(f"positions {positions_bt.shape} must match tokens {tokens_bt.shape}.")
     if cache is not None and cache.k.shape[1] != b:
       raise ValueError(f"cache batch {cache.k.shape[1]} != tokens batch {b}.")
+    if cache is not None and kv_len is not None and not 1 <= kv_len <= cache.k.shape[2]:
+      raise ValueError(f"kv_len must be in [1, {cache.k.shape[2]}] (the cache's positions); got {kv_len}.")
     if cache is not None and (cache.local_k is None) == bool(cache_layout(cfg)[0].any()):
       raise ValueError("The cache's layout does not match the model's sliding-window layers; build it with "
                        "models.init_cache(cfg, ...).")
@@ -211,7 +217,7 @@ class Transformer(nnx.Module):
     q_scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
     attend = functools.partial(_layers.attention_over_blocks, scale=q_scale, softcap=cfg.attn_logit_softcap)
     if cache is not None:
-      carry, cached_attention, finish = _cache_scan(cache, positions_bt, attend)
+      carry, cached_attention, finish = _cache_scan(cache, positions_bt, attend, kv_len)
     # Per-layer scanned inputs: window (0 = global), RoPE inverse frequencies (base and scaling), and where
     # the layer's cache lives (the ring stack or the full one, and its index there).
     ring_l, index_l = cache_layout(cfg)
@@ -254,9 +260,9 @@ class Transformer(nnx.Module):
       block = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
     layers = {**self._layer_params(), **per_layer}
     if cache is None:
-      x_btd, _ = jax.lax.scan(block, x_btd, layers)
+      x_btd, _ = jax.lax.scan(block, x_btd, layers, unroll=cfg.scan_unroll)
       return x_btd, None
-    (x_btd, carry), _ = jax.lax.scan(block, (x_btd, carry), layers)
+    (x_btd, carry), _ = jax.lax.scan(block, (x_btd, carry), layers, unroll=cfg.scan_unroll)
     return x_btd, finish(carry)
 
   def head(self, x_btd: jax.Array) -> jax.Array:
@@ -299,7 +305,7 @@ class _ScanCache(NamedTuple):
   new_v: jax.Array | None  # [Ll, B, T, K, H]
 
 
-def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend):
+def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend, kv_len: int | None = None):
   """How the layer scan reads and writes `cache`: `(carry, layer, finish)`.
 
   `carry` is the `_ScanCache` the scan starts from; `layer(carry, p, q, k, v) -> (attention [B, T, N, H],
@@ -307,7 +313,8 @@ def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend):
   the updated `KVCache`.
 
   A full layer writes its keys/values at their positions into its slice of the carried stack (positions ≥ S
-  are dropped; XLA updates a loop-carried buffer in place) and attends over that slice. A ring layer attends
+  are dropped; XLA updates a loop-carried buffer in place) and attends over that slice's first `kv_len`
+  positions (all S if None: `Transformer.trunk`). A ring layer attends
   over its ring as it was before the chunk plus the chunk's own keys (a chunk longer than R - window + 1
   would overwrite keys its first queries still see). So the rings are not carried but read as constants,
   and `finish` writes each row's last R kept positions into them after the scan: XLA copies a loop-carried
@@ -316,12 +323,13 @@ def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend):
   from the number of positions its cache holds (positions ≥ S, e.g. padding, last).
   """
   b, s = cache.k.shape[1], cache.k.shape[2]
+  w = s if kv_len is None else kv_len
   rows_b1 = jnp.arange(b)[:, None]
-  k_pos_bs = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+  k_pos_bw = jnp.broadcast_to(jnp.arange(w, dtype=jnp.int32), (b, w))
   write = lambda stack, i, at_bt, new: stack.at[i, rows_b1, at_bt].set(new, mode="drop")
 
   def full(carry, i, window, q_btnh):
-    return attend(q_btnh, [(carry.k[i], carry.v[i], k_pos_bs)], positions_bt, window=window)
+    return attend(q_btnh, [(carry.k[i][:, :w], carry.v[i][:, :w], k_pos_bw)], positions_bt, window=window)
 
   if cache.local_k is None:
     def layer(carry, p, q_btnh, k_btkh, v_btkh):

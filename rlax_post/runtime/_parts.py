@@ -24,7 +24,7 @@ from rlax_post import sharding
 
 # With `model.hf_path`, the checkpoint's config.json decides the shapes; only these numerics may be
 # overridden (anything else would no longer match the weights).
-HF_OVERRIDABLE = ("dtype", "param_dtype", "remat")
+HF_OVERRIDABLE = ("dtype", "param_dtype", "remat", "scan_unroll")
 
 
 class CheckpointTokenizer(models.HFTokenizer):

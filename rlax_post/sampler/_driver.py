@@ -583,7 +583,9 @@ class Driver:
     versions = list(self._logits_version)
     waiting = bool(self._pending or self._parked) and not self.static_batching
     stop_on_free = waiting or any(s is not None and s.request.env is not None for s in self._busy)
-    self._state, block = self.engine.generate_block(self.params, self._state, stop_on_free=stop_on_free)
+    longest = max(len(s.request.prompt) + len(s.tokens) for s in self._busy if s is not None)
+    self._state, block = self.engine.generate_block(self.params, self._state, stop_on_free=stop_on_free,
+                                                    max_length=longest)
     tokens_ks, logprobs_ks, valid_ks, steps = jax.device_get((block.tokens, block.logprobs, block.valid,
                                                               block.steps))
     self._counts.update(syncs=1, generate_steps=int(steps), busy_slot_steps=int(valid_ks.sum()),
@@ -851,9 +853,10 @@ class Driver:
     placed = [(slot, self._pending.popleft()) for slot in free[:len(self._pending)]]
     if not placed:
       return
-    where = self._prefixes_for([sample for _, sample in placed])
+    # The keys first: fetching them waits for the device, which has no prefill queued yet.
     keys = self.engine.stream_keys(np.stack([sample.base_key for _, sample in placed]),
                                    np.asarray([(*sample.streams, sample.turn) for _, sample in placed]))
+    where = self._prefixes_for([sample for _, sample in placed])
     by_prefix: dict[int, list[int]] = collections.defaultdict(list)
     for j, (prefix, _) in enumerate(where):
       by_prefix[id(prefix)].append(j)

@@ -7,7 +7,11 @@ prompt (`prefill_batch` several, padded to one length) into a private cache and 
 token; `insert` copies that cache into a slot (`insert_batch` copies rows of one batched prefix into several
 slots at once; the same row may go into several slots: n samples of one prompt share one prefill);
 `generate` advances every slot by one token, each at its own position; `generate_block` runs up to
-`steps_per_sync` such steps on the device in one call and returns every step's tokens in one block.
+`steps_per_sync` such steps on the device in one call and returns every step's tokens in one block. Told the
+longest live sequence (`max_length`; the driver knows it), a block attends over the first W of the S cache
+positions only, W the smallest of `kv_buckets` (powers of two from `min_kv_bucket`, then S) that its steps
+fit: a decode step's attention reads the filled part of the cache, not all of it. A block stops before a
+slot would pass W, so a wrong bound costs a short block, never a token.
 
 Each decode step, for every live slot: sample a token from the slot's next-token logits under the slot's
 own law (`SamplingParams`, written by `insert`; the engine's law by default) and PRNG stream, record its
@@ -23,7 +27,7 @@ tokens. Prefill pads prompts to `prefill_buckets` (powers of two from `min_prefi
 `max_prefill_length`) and batches of prompts to powers of two, so a fresh prefill compiles once per
 (batch bucket, length bucket); an `existing_prefix` extension compiles once per (prefix cache length,
 bucket, output cache length) triple, all drawn from `cache_buckets`; insert once per (prefix batch, prefix
-cache length, insert count bucket); `generate` and `generate_block` once. `prefill_shapes` records the
+cache length, insert count bucket); `generate` once, `generate_block` once per `kv_buckets` entry used. `prefill_shapes` records the
 prefill shapes used.
 
 Sharding (`rules`, logical axes → mesh axes, as the learner's): the decode state is sharded by slot, its
@@ -172,6 +176,7 @@ class RlaxEngine(engine_api.Engine):
     min_prefill_bucket: the smallest padded prompt length.
     steps_per_sync: k, the most decode steps one `generate_block` runs.
     max_stop_tokens: M, the most stop ids one slot holds (EOS included).
+    min_kv_bucket: the shortest attention span W of a decode block (`kv_buckets`; each compiles once).
     prefill_batch_tokens: the most padded prompt tokens of one `prefill_batch` call (`prefill_rows`; its
       logits are [B, T, V]: this bounds their memory and the compute a call pads).
   """
@@ -181,12 +186,13 @@ class RlaxEngine(engine_api.Engine):
                max_concurrent_decodes: int,
                max_prefill_length: int, max_decode_length: int, temperature: float = 1.0,
                top_p: float = 1.0, top_k: int = 0, seed: int = 0, min_prefill_bucket: int = 16,
-               steps_per_sync: int = 8, max_stop_tokens: int = 8, prefill_batch_tokens: int = 2048):
+               steps_per_sync: int = 8, max_stop_tokens: int = 8, prefill_batch_tokens: int = 2048,
+               min_kv_bucket: int = 64):
     for name, value in (("max_concurrent_decodes", max_concurrent_decodes),
                         ("max_prefill_length", max_prefill_length),
                         ("max_decode_length", max_decode_length), ("min_prefill_bucket", min_prefill_bucket),
                         ("steps_per_sync", steps_per_sync), ("max_stop_tokens", max_stop_tokens),
-                        ("prefill_batch_tokens", prefill_batch_tokens)):
+                        ("prefill_batch_tokens", prefill_batch_tokens), ("min_kv_bucket", min_kv_bucket)):
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be a positive int; got {value!r}.")
     if not max_prefill_length <= max_decode_length <= model_cfg.max_seq_len:
@@ -212,9 +218,12 @@ class RlaxEngine(engine_api.Engine):
     longer = [b for b in _tokenizer_api.prefill_buckets(max_decode_length, self.prefill_buckets[0])
               if b > max_prefill_length]
     self.cache_buckets = self.prefill_buckets + tuple(longer)
+    # Attention spans of decode blocks: powers of two from min_kv_bucket below S, then S.
+    self.kv_buckets = _tokenizer_api.prefill_buckets(max_decode_length, min_kv_bucket)
     # (prompts padded, existing cache length or 0, padded new tokens, output cache length) of every prefill
     # so far: one compilation each. Fresh prompts use (B, 0, t, t) for t in `prefill_buckets`.
     self.prefill_shapes: set[tuple[int, int, int, int]] = set()
+    self._checked_params = None  # The params `check_params` last passed (an identity cache).
     _, self._abstract_params = models.abstract_params(model_cfg)
     self.rules = _mesh_rules(self._mesh) if rules is None else tuple(rules)
     self._check_divides("max_concurrent_decodes", max_concurrent_decodes, "batch", "the decode state's slots")
@@ -235,7 +244,7 @@ class RlaxEngine(engine_api.Engine):
                               out_shardings=state_sh, donate_argnums=(1,))
     self._generate_fn = jax.jit(self._generate_impl, in_shardings=(None, state_sh),
                                 out_shardings=(state_sh, None), donate_argnums=(1,))
-    self._block_fn = jax.jit(self._block_impl, in_shardings=(None, state_sh, None, None),
+    self._block_fn = jax.jit(self._block_impl, static_argnums=(4,), in_shardings=(None, state_sh, None, None),
                              out_shardings=(state_sh, self.block_shardings), donate_argnums=(1,))
     self._release_fn = jax.jit(lambda state, slots: state.replace(
         active=state.active.at[slots].set(False, mode="drop")), in_shardings=(state_sh, None),
@@ -249,8 +258,13 @@ class RlaxEngine(engine_api.Engine):
     """Raises ValueError naming the first leaf where `params` differs from the model: missing, extra, shape.
 
     Dtypes are not checked (a bfloat16 copy of float32 params is fine; it compiles its own executables).
+    The params last found good are held, and passing that same object again is not checked again (every
+    decode block passes the driver's params).
     """
+    if params is self._checked_params:
+      return
     check_params_like(params, self._abstract_params, "the model")
+    self._checked_params = params
 
   def _check_divides(self, what: str, size: int, logical: str, role: str) -> None:
     """Raises ValueError unless `size` divides the mesh axes the rules map `logical` to."""
@@ -318,8 +332,9 @@ class RlaxEngine(engine_api.Engine):
         settings=jax.tree.map(put, state.settings, settings),
     )
 
-  def _decode_step(self, params, state: DecodeState) -> DecodeState:
-    """One decode step of every slot (the module docstring)."""
+  def _decode_step(self, params, state: DecodeState, kv_len: int | None = None) -> DecodeState:
+    """One decode step of every slot (the module docstring); attention over the cache's first `kv_len`
+    positions (every live slot's position must be below it; None: all S)."""
     live_s, st = state.active, state.settings
     keys_s2 = jax.vmap(lambda k: jax.random.key_data(jax.random.split(jax.random.wrap_key_data(k))))(
         state.rngs)  # [slots, 2 keys, 2]
@@ -331,7 +346,7 @@ class RlaxEngine(engine_api.Engine):
     # Slots that produce nothing write at position S: out of the cache, dropped by the model's scatter.
     write_pos_s = jnp.where(live_s, state.positions, s)
     logits_s1v, cache = models.forward(self.graphdef, params, token_s[:, None], write_pos_s[:, None],
-                                       state.cache)
+                                       state.cache, kv_len)
     positions_s, lengths_s = state.positions + live_s, state.lengths + live_s
     stopped_s = jnp.any(token_s[:, None] == st.stops, axis=-1)
     return state.replace(
@@ -354,8 +369,9 @@ class RlaxEngine(engine_api.Engine):
                                      samples_per_slot=1)
     return new, result
 
-  def _block_impl(self, params, state: DecodeState, steps, stop_on_free):
-    """Up to `steps` (<= k) decode steps; stops early once no slot is live, or, with `stop_on_free`, after the
+  def _block_impl(self, params, state: DecodeState, steps, stop_on_free, kv_len: int):
+    """Up to `steps` (<= k) decode steps attending over the cache's first `kv_len` positions; stops early
+    once no slot is live, before a live slot's position reaches `kv_len`, or, with `stop_on_free`, after the
     step in which some slot stopped (so the caller can refill it at once)."""
     k, n = self.steps_per_sync, self._max_concurrent_decodes
     empty = Block(tokens=jnp.full((k, n), self.tokenizer.pad_id, jnp.int32),
@@ -364,11 +380,12 @@ class RlaxEngine(engine_api.Engine):
 
     def go_on(carry):
       state, block, freed = carry
-      return (block.steps < steps) & jnp.any(state.active) & ~(stop_on_free & freed)
+      fits = ~jnp.any(state.active & (state.positions >= kv_len))
+      return (block.steps < steps) & jnp.any(state.active) & fits & ~(stop_on_free & freed)
 
     def body(carry):
       state, block, _ = carry
-      new = self._decode_step(params, state)
+      new = self._decode_step(params, state, kv_len)
       i = block.steps
       block = Block(tokens=block.tokens.at[i].set(new.tokens), logprobs=block.logprobs.at[i].set(new.logprobs),
                     valid=block.valid.at[i].set(new.valid), steps=i + 1)
@@ -543,15 +560,25 @@ class RlaxEngine(engine_api.Engine):
     return self._generate_fn(params, decode_state)
 
   def generate_block(self, params: Any, decode_state: DecodeState, *, steps: int | None = None,
-                     stop_on_free: bool = False) -> tuple[DecodeState, Block]:
+                     stop_on_free: bool = False, max_length: int | None = None) -> tuple[DecodeState, Block]:
     """Up to `steps` (default and at most `steps_per_sync`) decode steps in one device call; `decode_state`
     is donated. The block ends early once no slot is live, and with `stop_on_free` right after the step in
-    which a slot stopped. Step i of the block equals the i-th of as many `generate` calls."""
+    which a slot stopped. Step i of the block equals the i-th of as many `generate` calls.
+
+    `max_length`: the longest live slot's sequence (prompt and tokens so far, its next position); the block
+    attends over the smallest `kv_buckets` span W >= max_length + steps (`kv_span`) and ends before a live slot
+    reaches position W (fewer steps, never a wrong token, if the bound was low). None: all S positions."""
     self.check_params(params)
     steps = self.steps_per_sync if steps is None else steps
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= self.steps_per_sync:
       raise ValueError(f"steps must be an int in [1, steps_per_sync = {self.steps_per_sync}]; got {steps!r}.")
-    return self._block_fn(params, decode_state, jnp.int32(steps), jnp.bool_(stop_on_free))
+    span = self.max_decode_length if max_length is None else self.kv_span(max_length + steps)
+    return self._block_fn(params, decode_state, np.int32(steps), np.bool_(stop_on_free), span)
+
+  def kv_span(self, length: int) -> int:
+    """The attention span of a block whose slots reach `length` positions: the smallest `kv_buckets`
+    entry >= length (S if none is)."""
+    return next((b for b in self.kv_buckets if b >= length), self.max_decode_length)
 
   def init_decode_state(self, *args, **kwargs) -> DecodeState:
     """All slots empty (inactive), sharded by `state_shardings` (built on its devices, never whole on one)."""
