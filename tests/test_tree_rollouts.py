@@ -196,7 +196,8 @@ def test_tree_config_errors_name_the_setting():
 
 def test_a_short_tree_run_trains_and_logs_the_budget(tmp_path):
   c = demo.get_config("tiny")
-  c.task.options = dict(c.task.options, partial_credit=True)  # non-zero, varied rewards at this size
+  c.task.options = dict(c.task.options, partial_credit=True)  # non-zero, varied rewards at this size,
+  c.sft.steps = 40  # once the warm start has taught the answer's form (4 steps leave most rewards at 0)
   c.tree.expansion, c.tree.trees, c.tree.forks, c.tree.iterations, c.tree.continuations = "tree_grpo", 2, 1, 1, 1
   c.rl.samples_per_prompt = 4
   c.advantage.estimator, c.tree.prefix = "tree_grpo", "mean"
@@ -206,7 +207,9 @@ def test_a_short_tree_run_trains_and_logs_the_budget(tmp_path):
   assert summary["rl_steps_done"] == 2 and summary["num_skipped_updates"] == 0
   rl = [json.loads(l) for l in open(os.path.join(tmp_path, "metrics.jsonl")) if '"rl"' in l]
   for m in rl:
-    assert m["terminal_evals"] == 4 * 4 and m["num_tokens"] == m["decode_tokens"] > 0  # each token once
+    # Each distinct segment trains once: a fork that samples its parent's token again shares that segment (one
+    # node, its prefix), so a run may train fewer tokens than it decoded, never more.
+    assert m["terminal_evals"] == 4 * 4 and 0 < m["num_tokens"] <= m["decode_tokens"]
     assert m["tree_nodes"] >= 4 * 2  # at least one segment per tree
   assert max(m["grad_norm"] for m in rl) > 0  # a step with reward signal trained
   # The comparison's report reads the run back (examples/trees/report.py).
