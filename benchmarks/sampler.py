@@ -25,6 +25,7 @@ mode once, in turn, so all modes see the same machine load.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -88,29 +89,35 @@ class DriverMode:
 
 class FusedMode:
   """The limit: `num` prompts of `prompt_len` tokens, `slots` per round, each round one jitted prefill then
-  `new_tokens` decode steps (sampling and logprobs included) in a `fori_loop`, the cache updated in place."""
+  `new_tokens` decode steps (sampling and logprobs included) in `fori_loop`s, the cache updated in place, each
+  step attending over the engine's span for its position (`RlaxEngine.kv_span`, as the driver's blocks do)."""
 
   def __init__(self, engine, params, *, num, prompt_len, new_tokens):
     cfg, graphdef, slots = engine.model_cfg, engine.graphdef, engine.max_concurrent_decodes
     kv_len, temperature = engine.max_decode_length, engine.sampling.temperature
+    # (first step, end step, span) runs: step i writes position prompt_len + i, so it needs that many + 1.
+    spans = [engine.kv_span(prompt_len + i + 1) for i in range(new_tokens)]
+    runs = [(i, j, spans[i]) for i, j in _runs_of(spans)]
 
     @jax.jit
     def round_(params, prompts_bt, key):
       cache = jax.tree.map(jnp.copy, models.init_cache(cfg, slots, kv_len))
       logits_btv, cache = models.forward(graphdef, params, prompts_bt, None, cache)
 
-      def step(i, carry):
+      def step(span, i, carry):
         logits_bv, cache, key, tokens_nb, logp_nb = carry
         key, sub = jax.random.split(key)
         token_b = sampler.sample_token(logits_bv, sub, temperature=temperature)
         logp_b = models.logprobs_from_logits(logits_bv, token_b, temperature=temperature or 1.0)
         positions_b1 = jnp.full((slots, 1), prompt_len, jnp.int32) + i
-        next_b1v, cache = models.forward(graphdef, params, token_b[:, None], positions_b1, cache)
+        next_b1v, cache = models.forward(graphdef, params, token_b[:, None], positions_b1, cache, span)
         return next_b1v[:, 0], cache, key, tokens_nb.at[i].set(token_b), logp_nb.at[i].set(logp_b)
 
-      init = (logits_btv[:, -1], cache, key, jnp.zeros((new_tokens, slots), jnp.int32),
-              jnp.zeros((new_tokens, slots), jnp.float32))
-      return jax.lax.fori_loop(0, new_tokens, step, init)[3:]
+      carry = (logits_btv[:, -1], cache, key, jnp.zeros((new_tokens, slots), jnp.int32),
+               jnp.zeros((new_tokens, slots), jnp.float32))
+      for start, end, span in runs:
+        carry = jax.lax.fori_loop(start, end, functools.partial(step, span), carry)
+      return carry[3:]
 
     rng = np.random.default_rng(1)
     self.rounds = -(-num // slots)
@@ -130,6 +137,12 @@ class FusedMode:
     return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
                 generate_steps=self.rounds * self.new_tokens, syncs=self.rounds, prefills=self.rounds * self.slots,
                 occupancy=1.0)
+
+
+def _runs_of(values: list) -> list[tuple[int, int]]:
+  """[start, end) of each run of equal consecutive values."""
+  starts = [i for i in range(len(values)) if i == 0 or values[i] != values[i - 1]]
+  return list(zip(starts, starts[1:] + [len(values)]))
 
 
 def best_alternating(modes: dict, repeats: int) -> dict:
