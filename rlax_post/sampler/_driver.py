@@ -751,14 +751,16 @@ class Driver:
       self._counts[counter] += 1
     return prefix
 
-  def _insert(self, prefix: _engine.Prefix, entries: list[tuple[int, int, _Sample]], rngs: np.ndarray) -> None:
-    """Inserts prefix row `row` into `slot` for each (row, slot, sample) of `entries`, in one call."""
+  def _insert(self, prefix: _engine.Prefix, entries: list[tuple[int, int, _Sample]], rngs: np.ndarray,
+              streams: np.ndarray | None = None) -> None:
+    """Inserts prefix row `row` into `slot` for each (row, slot, sample) of `entries`, in one call, with the
+    raw keys `rngs` (folded in by `streams` on the device: `RlaxEngine.insert_batch`)."""
     samples = [sample for _, _, sample in entries]
     settings = self.engine.slot_settings(
         [sample.limit - (len(sample.tokens) - sample.turn_start) for sample in samples],
         [sample.stops for sample in samples], [sample.request.sampling for sample in samples])
     self._state = self.engine.insert_batch(prefix, self._state, [row for row, _, _ in entries],
-                                           [slot for _, slot, _ in entries], rngs, settings)
+                                           [slot for _, slot, _ in entries], rngs, settings, streams)
     self._counts["inserts"] += len(entries)
 
   def _turn_prefix(self, sample: _Sample) -> _engine.Prefix:
@@ -853,15 +855,16 @@ class Driver:
     placed = [(slot, self._pending.popleft()) for slot in free[:len(self._pending)]]
     if not placed:
       return
-    # The keys first: fetching them waits for the device, which has no prefill queued yet.
-    keys = self.engine.stream_keys(np.stack([sample.base_key for _, sample in placed]),
-                                   np.asarray([(*sample.streams, sample.turn) for _, sample in placed]))
+    # Each sample's stream: its base key folded in by (request, sample, turn) streams, inside the insert.
+    keys = np.stack([sample.base_key for _, sample in placed])
+    streams = np.asarray([(*sample.streams, sample.turn) for _, sample in placed], np.uint32)
     where = self._prefixes_for([sample for _, sample in placed])
     by_prefix: dict[int, list[int]] = collections.defaultdict(list)
     for j, (prefix, _) in enumerate(where):
       by_prefix[id(prefix)].append(j)
     for positions in by_prefix.values():
-      self._insert(where[positions[0]][0], [(where[j][1], *placed[j]) for j in positions], keys[positions])
+      self._insert(where[positions[0]][0], [(where[j][1], *placed[j]) for j in positions], keys[positions],
+                   streams[positions])
     for slot, sample in placed:
       self._busy[slot] = sample
       self._logits_version[slot] = self.version if sample.first_version is None else sample.first_version

@@ -240,7 +240,7 @@ class RlaxEngine(engine_api.Engine):
     self._init_fn = jax.jit(self._empty_state, out_shardings=state_sh)
     self._prefill_fn = jax.jit(self._prefill_impl, static_argnames=("cache_len",),
                                out_shardings=self.prefix_shardings)
-    self._insert_fn = jax.jit(self._insert_impl, in_shardings=(None, state_sh, None, None, None, None),
+    self._insert_fn = jax.jit(self._insert_impl, in_shardings=(None, state_sh, None, None, None, None, None),
                               out_shardings=state_sh, donate_argnums=(1,))
     self._generate_fn = jax.jit(self._generate_impl, in_shardings=(None, state_sh),
                                 out_shardings=(state_sh, None), donate_argnums=(1,))
@@ -249,7 +249,6 @@ class RlaxEngine(engine_api.Engine):
     self._release_fn = jax.jit(lambda state, slots: state.replace(
         active=state.active.at[slots].set(False, mode="drop")), in_shardings=(state_sh, None),
                                out_shardings=state_sh, donate_argnums=(0,))
-    self._stream_keys_fn = jax.jit(jax.vmap(_stream_key))
     self._snapshot_fn = jax.jit(_snapshot, in_shardings=(state_sh, None), out_shardings=self.prefix_shardings)
 
   # --- Checks ---------------------------------------------------------------------------------------------
@@ -303,8 +302,9 @@ class RlaxEngine(engine_api.Engine):
                   logits=jnp.take_along_axis(logits_btv, last_b1, axis=1)[:, 0])
 
   def _insert_impl(self, prefix: Prefix, state: DecodeState, rows_n, slots_n, rngs_n2,
-                   settings: SlotSettings):
-    """Prefix row rows_n[i] into slot slots_n[i]; slots out of range (padding) are dropped.
+                   settings: SlotSettings, streams_nj):
+    """Prefix row rows_n[i] into slot slots_n[i] with the raw key rngs_n2[i] folded in by streams_nj[i] (j = 0:
+    the key itself); slots out of range (padding) are dropped.
 
     Each of the prefix's C positions (R' ring slots of a sliding-window layer) goes to the same slot of the
     state's S (R ≥ R'): a ring as long as the state's has the same modulus, and a shorter one holds its
@@ -327,7 +327,7 @@ class RlaxEngine(engine_api.Engine):
         tokens=put(state.tokens, jnp.full_like(length_n, self.tokenizer.pad_id)),
         logprobs=put(state.logprobs, jnp.zeros(length_n.shape, jnp.float32)),
         valid=put(state.valid, jnp.zeros(length_n.shape, bool)),
-        rngs=put(state.rngs, rngs_n2),
+        rngs=put(state.rngs, jax.vmap(_stream_key)(rngs_n2, streams_nj)),
         num_inserts=state.num_inserts + jnp.sum(slots_n < self._max_concurrent_decodes),
         settings=jax.tree.map(put, state.settings, settings),
     )
@@ -417,12 +417,6 @@ class RlaxEngine(engine_api.Engine):
                         top_p=np.asarray([x.top_p for x in laws], np.float32),
                         top_k=np.asarray([x.top_k for x in laws], np.int32))
 
-  def stream_keys(self, base_keys: np.ndarray, streams: np.ndarray) -> np.ndarray:
-    """Raw keys [n, 2] uint32: `fold_in(...fold_in(key_i, streams[i, 0])..., streams[i, -1])` of each raw base
-    key [n, 2] (one jitted call for n keys instead of n·j host round trips)."""
-    return np.asarray(self._stream_keys_fn(jnp.asarray(base_keys, jnp.uint32),
-                                           jnp.asarray(streams, jnp.uint32)))
-
   # --- engine_api.Engine ----------------------------------------------------------------------------------
 
   def prefill(self, *, params: Any, existing_prefix: Prefix | None = None, padded_tokens: Any,
@@ -503,10 +497,12 @@ class RlaxEngine(engine_api.Engine):
     return self._run_prefill(params, prompts, rows=b)
 
   def insert_batch(self, prefix: Prefix, decode_state: DecodeState, rows: Sequence[int],
-                   slots: Sequence[int], rngs: np.ndarray, settings: SlotSettings) -> DecodeState:
-    """Copies prefix row rows[i] into slot slots[i] with raw key rngs[i] ([n, 2] uint32) and settings row i
-    (`slot_settings`); `decode_state` is donated. The n inserts pad to a power of two (one compilation per
-    bucket)."""
+                   slots: Sequence[int], rngs: np.ndarray, settings: SlotSettings,
+                   streams: np.ndarray | None = None) -> DecodeState:
+    """Copies prefix row rows[i] into slot slots[i] with settings row i (`slot_settings`) and the sampling
+    stream `fold_in(...fold_in(rngs[i], streams[i, 0])..., streams[i, -1])` (raw keys [n, 2] uint32, streams
+    [n, j]; None: rngs[i] itself), folded on the device in the same call; `decode_state` is donated. The n
+    inserts pad to a power of two (one compilation per bucket and j)."""
     n = len(slots)
     for slot in slots:
       self._check_slot(slot)
@@ -523,9 +519,13 @@ class RlaxEngine(engine_api.Engine):
       x = np.asarray(x)
       return np.concatenate([x, np.full((padded - n,) + x.shape[1:], fill, x.dtype)]) if padded > n else x
 
+    streams = np.zeros((n, 0), np.uint32) if streams is None else np.asarray(streams, np.uint32)
+    if streams.ndim != 2 or streams.shape[0] != n:
+      raise ValueError(f"insert_batch needs streams [n = {n}, j]; got shape {streams.shape}.")
     return self._insert_fn(prefix, decode_state, pad(np.asarray(rows, np.int32), 0),
                            pad(np.asarray(slots, np.int32), self._max_concurrent_decodes),
-                           pad(np.asarray(rngs, np.uint32), 0), jax.tree.map(lambda x: pad(x, 0), settings))
+                           pad(np.asarray(rngs, np.uint32), 0), jax.tree.map(lambda x: pad(x, 0), settings),
+                           pad(streams, 0))
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int, *,
              rng: jax.Array | None = None, settings: SlotSettings | None = None) -> DecodeState:
