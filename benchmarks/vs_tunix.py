@@ -31,7 +31,9 @@ Fairness choices:
     tied embeddings, q/k RMSNorm, RoPE theta 1e6, float32 params and compute, random init (each side its
     own initialiser: values do not change the cost). Parameter counts are printed and must agree. The layers
     run unrolled on both sides: Tunix's Qwen3 calls them in a Python loop, ours sets `scan_unroll` to the
-    layer count (its default, 1, scans them; `ModelConfig.scan_unroll`).
+    layer count (its default, 1, scans them; `ModelConfig.scan_unroll`). Ours attends over the filled span
+    of its cache (64 of 96 positions while the sequences are shorter than 56, then 96; the engine's default
+    `kv_buckets`), Tunix over its whole cache: each side as it decodes by default.
   * Same jax/jaxlib/flax/optax/numpy versions in both venvs (requirements/tunix.txt pins them to
     requirements/lock.txt's), same CPU, processes never run at the same time.
   * Every sample produces exactly its token budget on both sides: EOS is an id outside the vocabulary

@@ -22,10 +22,11 @@ Request = _driver.Request
 
 
 @functools.lru_cache(maxsize=None)
-def _engine_for(steps_per_sync, slots=3, temperature=0.8, top_p=0.9, top_k=40):
+def _engine_for(steps_per_sync, slots=3, temperature=0.8, top_p=0.9, top_k=40, min_kv_bucket=64):
   return _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=slots,
                             max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=temperature,
-                            top_p=top_p, top_k=top_k, seed=1, steps_per_sync=steps_per_sync)
+                            top_p=top_p, top_k=top_k, seed=1, steps_per_sync=steps_per_sync,
+                            min_kv_bucket=min_kv_bucket)
 
 
 def _filled_state(engine, prompts):
@@ -134,6 +135,40 @@ def test_every_k_gives_the_same_completions(temperature):
     assert stats.generate_steps == outs[0][1].generate_steps and stats.syncs < outs[0][1].syncs
   assert outs[0][1].syncs == outs[0][1].generate_steps
   assert outs[0][1].prefills == len(requests)
+
+
+def test_attention_spans_give_the_completions_of_attention_over_the_whole_cache():
+  """Spans 16 and 32 of 40 positions (min_kv_bucket 16), the driver's bound: the same tokens and versions as
+  an engine that attends over all 40, logprobs to float rounding."""
+  requests = [Request(refs.prompt(4 + i, 40 + i), n=1 + i % 2, max_tokens=m, request_id=i)
+              for i, m in enumerate([2, 12, 3, 20, 9, 2, 1, 5])]
+  spans = _engine_for(4, min_kv_bucket=16)
+  assert spans.kv_buckets == (16, 32, MAX_DECODE) and _engine_for(4).kv_buckets == (MAX_DECODE,)
+  got = _driver.Driver(spans, refs.model()[1], seed=5).sample(requests)
+  want = _driver.Driver(_engine_for(4), refs.model()[1], seed=5).sample(requests)
+  assert max(len(c.prompt) + len(c.tokens) for c in got) > 16  # a span past the first one was used
+  assert [(c.tokens, c.versions, c.finish_reason) for c in got] == [
+      (c.tokens, c.versions, c.finish_reason) for c in want]
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6, rtol=0)
+
+
+def test_insert_folds_each_slots_stream_key_in_by_its_streams():
+  engine = _engine_for(1)
+  prefix = engine.prefill_batch(refs.model()[1], [refs.prompt(3, 7)])
+  base = np.stack([np.asarray(jax.random.key_data(jax.random.key(s)), np.uint32) for s in (3, 4)])
+  streams = np.array([[5, 0, 0], [7, 2, 1]], np.uint32)
+  state = engine.insert_batch(prefix, engine.init_decode_state(), [0, 0], [2, 0], base, engine.slot_settings([4, 4]),
+                              streams)
+  for slot, key, (r, i, j) in ((2, 3, streams[0]), (0, 4, streams[1])):
+    want = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(jax.random.key(key), r), i), j)
+    np.testing.assert_array_equal(np.asarray(state.rngs)[slot], jax.random.key_data(want))
+  plain = engine.insert_batch(prefix, engine.init_decode_state(), [0], [1], base[:1], engine.slot_settings([4]))
+  np.testing.assert_array_equal(np.asarray(plain.rngs)[1], base[0])  # No streams: the key itself.
+  with pytest.raises(ValueError, match=r"insert_batch needs streams \[n = 1, j\]; got shape \(2, 3\)"):
+    engine.insert_batch(prefix, engine.init_decode_state(), [0], [1], base[:1], engine.slot_settings([4]), streams)
+  with pytest.raises(ValueError, match="max_length must be None or an int >= 0"):
+    engine.generate_block(refs.model()[1], plain, max_length=-1)
 
 
 def test_each_request_samples_and_scores_under_its_own_law():

@@ -201,6 +201,7 @@ def test_unknown_parameter_name_is_an_error():
     ({"layer_types": ("sliding_attention", "full_attention")}, "sliding_window must be a positive int"),
     ({"final_logit_softcap": 0.0}, "positive"),
     ({"scan_unroll": 0}, "scan_unroll must be a positive int"),
+    ({"scan_unroll": True}, "scan_unroll must be a positive int; got True"),
 ])
 def test_config_errors(kwargs, match):
   with pytest.raises(ValueError, match=match):

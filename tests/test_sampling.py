@@ -35,6 +35,9 @@ def test_draw_rows_inverts_each_rows_cumulative_distribution():
   for u, want in ((0.0, [0, 3]), (cut - 1e-4, [0, 3]), (cut + 1e-4, [2, 3]), (1.0 - 2.0 ** -24, [2, 3]),
                   (1.0, [2, 3])):  # u = 1 (outside [0, 1)) still gives a kept token: the last one.
     np.testing.assert_array_equal(sampler.draw_rows(scaled, jnp.full((2,), u)), want)
+  # A row without positive mass takes its argmax: all -inf (0), a +inf logit (its token), a NaN (its index).
+  bad = jnp.array([[-jnp.inf, -jnp.inf, -jnp.inf], [0.0, jnp.inf, 1.0], [jnp.nan, 0.0, 1.0]])
+  np.testing.assert_array_equal(sampler.draw_rows(bad, jnp.full((3,), 0.5)), [0, 1, 0])
   # Over a grid of u, each token's share of draws is its probability (to the grid's 1/1000).
   logits = jnp.log(jnp.array([[0.1, 0.0, 0.6, 0.3]]))
   draws = [int(sampler.draw_rows(logits, jnp.array([u]))[0]) for u in (np.arange(1000) + 0.5) / 1000]

@@ -103,7 +103,7 @@ class ModelConfig:
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim",
                  "mlp_dim", "max_seq_len", "scan_unroll"):
       value = getattr(self, name)
-      if not isinstance(value, int) or value <= 0:
+      if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"ModelConfig.{name} must be a positive int; got {value!r}.")
     if self.valid_vocab_size is not None and not 0 < self.valid_vocab_size <= self.vocab_size:
       raise ValueError(f"ModelConfig.valid_vocab_size must be in [1, vocab_size={self.vocab_size}]; got "

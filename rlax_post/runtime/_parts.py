@@ -113,7 +113,8 @@ def critic_model_config(cfg: config_lib.Config, policy_cfg: models.ModelConfig) 
   if c.init == "policy":
     base = policy_cfg
   elif c.init == "preset":
-    # The policy's vocabulary and numerics (dtypes, remat) unless `critic.overrides` says otherwise.
+    # The policy's vocabulary and numerics (dtypes, remat) unless `critic.overrides` says otherwise; its layer
+    # scan's unroll is its own (its depth may differ).
     overrides = {"vocab_size": policy_cfg.vocab_size, "valid_vocab_size": policy_cfg.valid_vocab_size,
                  "max_seq_len": policy_cfg.max_seq_len, "dtype": policy_cfg.dtype,
                  "param_dtype": policy_cfg.param_dtype, "remat": policy_cfg.remat, **dict(c.overrides)}

@@ -29,7 +29,8 @@ the device (stop ids, max_tokens, `max_decode_length`), and a block ends right a
 something waits for a slot, so no slot idles while work is queued and the tokens are those of one decode
 step per `step()` (the schedule changes, the outputs do not). Fresh prompts are prefilled in batches
 (`prefill_batch`, one call per length bucket) and inserted in batches (`insert_batch`, one call per prefix
-batch), and every inserted sample's PRNG key is derived in one call.
+batch), each inserted sample's PRNG key folded in that insert call. A block attends over the filled span of
+the cache (the driver passes the longest busy sequence: `RlaxEngine.generate_block`'s `max_length`).
 
 Per-request sampling: `Request.sampling` (`SamplingParams`) replaces the engine's law for that request's
 samples (all in one compiled step); each token's logprob then refers to the request's own temperature.
@@ -52,7 +53,9 @@ future to resolve instead of spinning. A future that raises re-raises its except
 is dropped), as a raising synchronous env does.
 
 Per request the driver seeds turn j of sample i with `fold_in(fold_in(fold_in(key(seed), r), i), j)` (r: the
-request's submission index), so outputs do not depend on the schedule (slot, batching mode, prefix sharing).
+request's submission index), so outputs do not depend on the schedule (slot, batching mode, prefix sharing;
+with attention spans on, to float rounding: a block's span follows the longest sequence in it, and attention
+over a shorter span need not round alike on every backend; an engine with `min_kv_bucket` >= S has none).
 A request may pin its own streams: with `Request.seed` set, `key(Request.seed)` and r = `Request.stream` replace
 the driver's seed and the submission index (and `Request.sample_streams[i]` replaces i where given). So a
 long-lived driver that receives request r of a batch at any time, between any other requests, with

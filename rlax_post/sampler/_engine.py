@@ -11,7 +11,10 @@ slots at once; the same row may go into several slots: n samples of one prompt s
 longest live sequence (`max_length`; the driver knows it), a block attends over the first W of the S cache
 positions only, W the smallest of `kv_buckets` (powers of two from `min_kv_bucket`, then S) that its steps
 fit: a decode step's attention reads the filled part of the cache, not all of it. A block stops before a
-slot would pass W, so a wrong bound costs a short block, never a token.
+slot would pass W, so a bound below a live slot's position costs a short block (none if that slot is at W
+already), never a token. Attention over W and over all S positions agree to float rounding, not bit for bit
+on every backend: W depends on the longest sequence sharing the block, so with `max_length` a sample's
+logprobs (and, at a rounding tie, a draw) may depend on the schedule; `min_kv_bucket` >= S turns spans off.
 
 Each decode step, for every live slot: sample a token from the slot's next-token logits under the slot's
 own law (`SamplingParams`, written by `insert`; the engine's law by default) and PRNG stream, record its
@@ -27,13 +30,13 @@ tokens. Prefill pads prompts to `prefill_buckets` (powers of two from `min_prefi
 `max_prefill_length`) and batches of prompts to powers of two, so a fresh prefill compiles once per
 (batch bucket, length bucket); an `existing_prefix` extension compiles once per (prefix cache length,
 bucket, output cache length) triple, all drawn from `cache_buckets`; insert once per (prefix batch, prefix
-cache length, insert count bucket); `generate` once, `generate_block` once per `kv_buckets` entry used. `prefill_shapes` records the
-prefill shapes used.
+cache length, insert count bucket); `generate` once, `generate_block` once per `kv_buckets` entry used.
+`prefill_shapes` records the prefill shapes used.
 
 Sharding (`rules`, logical axes → mesh axes, as the learner's): the decode state is sharded by slot, its
 slots ("batch": data × fsdp with `sharding.DEFAULT_RULES`) and the cache's KV heads ("kv_heads": tensor);
 the cache by `models.CACHE_LBSKH`, every per-slot field [slots] / [slots, ·] by its slot only. The logits
-[slots, V] are split by slot only, not by vocab: sampling (top-k / top-p sorts, the categorical draw) then
+[slots, V] are split by slot only, not by vocab: sampling (top-k / top-p sorts, the cumulative sum) then
 reads whole rows on each device, and the model's vocab-split last matmul is gathered once per step into a
 buffer already divided by the slot axes. A prefix [L, B, C, K, H] splits its KV heads only: its B (1 to
 `MAX_PREFILL_ROWS`) rows go into slots on any device, so every device holds all of them (replicated over the
@@ -565,14 +568,19 @@ class RlaxEngine(engine_api.Engine):
     is donated. The block ends early once no slot is live, and with `stop_on_free` right after the step in
     which a slot stopped. Step i of the block equals the i-th of as many `generate` calls.
 
-    `max_length`: the longest live slot's sequence (prompt and tokens so far, its next position); the block
-    attends over the smallest `kv_buckets` span W >= max_length + steps (`kv_span`) and ends before a live slot
-    reaches position W (fewer steps, never a wrong token, if the bound was low). None: all S positions."""
+    `max_length`: the longest live slot's sequence (prompt and tokens so far, its next position), at least
+    every live slot's position; the block attends over the smallest `kv_buckets` span W >= max_length + steps
+    (`kv_span`) and ends before a live slot reaches position W (fewer steps, never a wrong token, if the bound
+    was low; no step at all if a live slot is at W already). None: all S positions, and then step i equals the
+    i-th of as many `generate` calls bit for bit (with a span, to float rounding: the module docstring)."""
     self.check_params(params)
     steps = self.steps_per_sync if steps is None else steps
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= self.steps_per_sync:
       raise ValueError(f"steps must be an int in [1, steps_per_sync = {self.steps_per_sync}]; got {steps!r}.")
-    span = self.max_decode_length if max_length is None else self.kv_span(max_length + steps)
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
+                                   or max_length < 0):
+      raise ValueError(f"max_length must be None or an int >= 0 (the longest live sequence); got {max_length!r}.")
+    span = self.max_decode_length if max_length is None else self.kv_span(int(max_length) + steps)
     return self._block_fn(params, decode_state, np.int32(steps), np.bool_(stop_on_free), span)
 
   def kv_span(self, length: int) -> int:

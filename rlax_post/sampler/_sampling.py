@@ -89,12 +89,17 @@ def draw_rows(scaled_bv: jax.Array, u_b: jax.Array) -> jax.Array:
   first token whose cumulative mass exceeds u·(total mass), i.e. token j with probability p_j.
 
   Only tokens of positive mass are taken (a float cumulative sum may tie a zero-mass token with its
-  predecessor); if rounding puts u·total at or past the last cumulative value, the last such token is.
+  predecessor); if rounding puts u·total at or past the last cumulative value, the last such token is. A row
+  with no positive mass (all -inf, a NaN, or +inf from a tiny temperature) takes its argmax. In float32 the
+  draw resolves about 2^-24 of a row's mass, coarser for late ids, where the running sum is large (a
+  Gumbel-max draw has a like floor).
   """
   v = scaled_bv.shape[-1]
+  scaled_bv = scaled_bv.astype(jnp.float32)
   mass_bv = jnp.exp(scaled_bv - jnp.max(scaled_bv, axis=-1, keepdims=True))
   cumulative_bv = jnp.cumsum(mass_bv, axis=-1)
   positive_bv = mass_bv > 0
   hit_bv = (cumulative_bv > u_b[:, None] * cumulative_bv[:, -1:]) & positive_bv
   last_b = v - 1 - jnp.argmax(positive_bv[:, ::-1], axis=-1)
+  last_b = jnp.where(jnp.any(positive_bv, axis=-1), last_b, jnp.argmax(scaled_bv, axis=-1))
   return jnp.where(jnp.any(hit_bv, axis=-1), jnp.argmax(hit_bv, axis=-1), last_b).astype(jnp.int32)
