@@ -314,9 +314,9 @@ def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend, kv_len: int | N
 
   A full layer writes its keys/values at their positions into its slice of the carried stack (positions ≥ S
   are dropped; XLA updates a loop-carried buffer in place) and attends over that slice's first `kv_len`
-  positions (all S if None: `Transformer.trunk`). A ring layer attends
-  over its ring as it was before the chunk plus the chunk's own keys (a chunk longer than R - window + 1
-  would overwrite keys its first queries still see). So the rings are not carried but read as constants,
+  positions (all S if None: `Transformer.trunk`). A ring layer attends over its ring as it was before the
+  chunk plus the chunk's own keys (a chunk longer than R - window + 1 would overwrite keys its first queries
+  still see). So the rings are not carried but read as constants,
   and `finish` writes each row's last R kept positions into them after the scan: XLA copies a loop-carried
   buffer read before it is written in the same iteration whole, every layer. The ring's positions follow
   from each row's length before the chunk, its first position: each row's positions must run consecutively
