@@ -46,10 +46,11 @@ Fairness choices:
     one epoch of one minibatch; temperature 1. Optimizer: clip by global norm 1.0 then AdamW, lr 5e-4
     constant, b1 0.9, b2 0.99, eps 1e-8, no weight decay (ours: `make_optimizer` with no warmup and
     end_lr_ratio 1; Tunix: the same optax chain). Reward: fraction of even ids in the completion (host).
-  * Each side does what its own step does: ours computes the learner-side old-policy and reference
-    logprobs (two forward passes; the reference one even with kl_coef 0) and per-token logprobs in the
-    sampler; Tunix skips the reference model when beta = 0 and uses stop_gradient of the current logprobs
-    as the old policy when num_iterations = 1, and its GRPO rollout does not return logprobs.
+  * Each side does what its own step does, and both skip the same passes: with one update per batch the
+    old policy is the current one, read off the update's own forward pass (ours: no scoring pass; Tunix:
+    stop_gradient of the current logprobs when num_iterations = 1), and with no KL term neither scores a
+    reference model (ours: kl_coef = 0 and `loss.track_kl` off; Tunix: beta = 0). Ours returns per-token
+    logprobs from the sampler; Tunix's GRPO rollout does not.
   * Rounds: each call is timed whole (host work included: Tunix tokenises and detokenises strings, ours
     builds requests and rows). The sampler's `seed` changes per round on both sides.
 """

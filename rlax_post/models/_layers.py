@@ -108,6 +108,21 @@ def _masked_logits(q_btkgh, k_bskh, q_pos_bt, k_pos_bs, window, scale, softcap):
   return jnp.where(mask_bts[:, None, None], logits_bkgts, MASK_VALUE)
 
 
+def token_einsum(spec: str, x_bt_: jax.Array, w: jax.Array, **kwargs) -> jax.Array:
+  """`einsum` of every token of `x` [B, T, ...] with the weight `w`: `spec` names x's per-token dims only
+  ("d,dnh->nh" is "btd,dnh->btnh"). B and T are flattened into one dimension for the product (a free
+  reshape) and restored after: with [B, T, ...] operands XLA's CPU backend gives the weight's gradient a
+  transposing copy of the activations' gradient, which cost a small model's update more than the products
+  (docs/benchmarks.md: 20% of the GRPO update)."""
+  lhs, out = spec.split("->")
+  x_dims, w_dims = lhs.split(",")
+  if len(x_dims) != x_bt_.ndim - 2:
+    raise ValueError(f"token_einsum {spec!r}: x must be [B, T] + {len(x_dims)} dims; got shape {x_bt_.shape}.")
+  b, t = x_bt_.shape[:2]
+  y = jnp.einsum(f"Z{x_dims},{w_dims}->Z{out}", x_bt_.reshape((b * t,) + x_bt_.shape[2:]), w, **kwargs)
+  return y.reshape((b, t) + y.shape[1:])
+
+
 _ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True)}
 
 
@@ -116,6 +131,7 @@ def gated_mlp(x_btd: jax.Array, gate_df: jax.Array, up_df: jax.Array, down_fd: j
   """Gated MLP (Shazeer 2020): down(act(x·gate) ⊙ (x·up)); silu: SwiGLU, gelu_tanh: GeGLU (Gemma)."""
   if activation not in _ACTIVATIONS:
     raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}; got {activation!r}.")
-  hidden_btf = _ACTIVATIONS[activation](x_btd @ gate_df) * (x_btd @ up_df)
+  act = _ACTIVATIONS[activation]
+  hidden_btf = act(token_einsum("d,df->f", x_btd, gate_df)) * token_einsum("d,df->f", x_btd, up_df)
   hidden_btf = constrain(hidden_btf, ("batch", "length", "mlp"))
-  return hidden_btf @ down_fd
+  return token_einsum("f,fd->d", hidden_btf, down_fd)

@@ -230,9 +230,9 @@ class Transformer(nnx.Module):
       loop-carried buffer in place) and attends over that slice."""
       x_btd, cache = carry if isinstance(carry, tuple) else (carry, None)
       h_btd = norm(x_btd, p["attn_norm"])
-      q_btnh = jnp.einsum("btd,dnh->btnh", h_btd, p["q"])
-      k_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["k"])
-      v_btkh = jnp.einsum("btd,dkh->btkh", h_btd, p["v"])
+      q_btnh = _layers.token_einsum("d,dnh->nh", h_btd, p["q"])
+      k_btkh = _layers.token_einsum("d,dkh->kh", h_btd, p["k"])
+      v_btkh = _layers.token_einsum("d,dkh->kh", h_btd, p["v"])
       if cfg.qkv_bias:
         q_btnh, k_btkh, v_btkh = q_btnh + p["q_bias"], k_btkh + p["k_bias"], v_btkh + p["v_bias"]
       if cfg.qk_norm:
@@ -245,7 +245,7 @@ class Transformer(nnx.Module):
         attn_btnh = attend(q_btnh, [(k_btkh, v_btkh, positions_bt)], positions_bt, window=p["window"])
       else:
         attn_btnh, cache = cached_attention(cache, p, q_btnh, k_btkh, v_btkh)
-      out_btd = jnp.einsum("btnh,nhd->btd", attn_btnh, p["o"])
+      out_btd = _layers.token_einsum("nh,nhd->d", attn_btnh, p["o"])
       if cfg.post_norms:
         out_btd = norm(out_btd, p["attn_post_norm"])
       x_btd = x_btd + c(out_btd, _axes.ACT_BTD)
@@ -272,11 +272,11 @@ class Transformer(nnx.Module):
     dt = cfg.activation_dtype
     x_btd = self.final(x_btd)
     if cfg.tie_embeddings:
-      logits_btv = jnp.einsum("btd,vd->btv", x_btd, self.embedding[...].astype(dt),
-                              preferred_element_type=jnp.float32)
+      logits_btv = _layers.token_einsum("d,vd->v", x_btd, self.embedding[...].astype(dt),
+                                            preferred_element_type=jnp.float32)
     else:
-      logits_btv = jnp.einsum("btd,dv->btv", x_btd, self.lm_head[...].astype(dt),
-                              preferred_element_type=jnp.float32)
+      logits_btv = _layers.token_einsum("d,dv->v", x_btd, self.lm_head[...].astype(dt),
+                                            preferred_element_type=jnp.float32)
     if cfg.final_logit_softcap is not None:
       logits_btv = cfg.final_logit_softcap * jnp.tanh(logits_btv / cfg.final_logit_softcap)
     if cfg.valid_vocab_size is not None and cfg.valid_vocab_size < cfg.vocab_size:

@@ -208,7 +208,8 @@ class RLUpdate:
                                         _learners.key(cfg.seed, envs.Stream.RL_UPDATE, update_index))
           state, m = state.replace(critic=critic_state), {**m, **pm}
         step_metrics.append(m)
-    learner_metrics = {k: float(np.mean([_learners.host(m)[k] for m in step_metrics])) for k in step_metrics[0]}
+    step_metrics = [_learners.host(m) for m in step_metrics]  # One transfer per update.
+    learner_metrics = {k: float(np.mean([m[k] for m in step_metrics])) for k in step_metrics[0]}
     learner_metrics.setdefault("num_tokens", float(batch.loss_mask.sum()) / cfg.rl.minibatches)  # critic warm-up
     t_learn = time.time() - t1
     metrics = {
