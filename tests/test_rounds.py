@@ -27,6 +27,9 @@ from configs import iterppo  # pylint: disable=g-import-not-at-top,wrong-import-
 import _tiny_runs  # pylint: disable=g-bad-import-order
 
 _ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}  # one device per CLI process
+# A customer of patience 2 (configs/sales.py: 4): the exact oracle's conversation tree, scored at every round,
+# shrinks from minutes of forwards to seconds; the rounds, their records and the resume are the same code.
+_PATIENCE = "--config.task.options.patience=2"
 
 
 def test_discounted_returns_by_hand():
@@ -173,7 +176,7 @@ def test_q_reads_the_response_and_its_fit_lowers_the_error():
 
 def _train(workdir, *flags):
   cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/iterppo.py:tiny", "--workdir",
-         str(workdir), "--config.runtime.progress=false", "--config.rl.steps=4", *flags]  # 2 rounds of 2 steps
+         str(workdir), "--config.runtime.progress=false", "--config.rl.steps=4", _PATIENCE, *flags]  # 2 rounds of 2 steps
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_ENV)
   assert out.returncode == 0, out.stderr[-3000:]
   return out
@@ -190,7 +193,7 @@ def test_rounds_through_the_cli_resume_mid_round_and_replay_exactly(tmp_path):
   whole, parted = tmp_path / "whole", tmp_path / "parted"
   _train(whole)
   c = iterppo.get_config("tiny")
-  c.rl.steps = 4
+  c.rl.steps, c.task.options.patience = 4, 2
   cfg = config.load(c)
   s, rounds = cfg.iterppo.round_steps, cfg.rl.steps // cfg.iterppo.round_steps
   records = runtime.read_rounds(str(whole))
@@ -215,7 +218,7 @@ def test_rounds_through_the_cli_resume_mid_round_and_replay_exactly(tmp_path):
   shutil.copytree(parted, broken)
   os.remove(os.path.join(runtime.round_dir(str(broken), 1), "round.json"))
   out = subprocess.run([sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/iterppo.py:tiny",
-                        "--workdir", str(broken), "--resume", "--config.rl.steps=4"], capture_output=True, text=True,
+                        "--workdir", str(broken), "--resume", "--config.rl.steps=4", _PATIENCE], capture_output=True, text=True,
                        timeout=600, env=_ENV)
   assert out.returncode != 0 and "round.json" in out.stderr and "missing" in out.stderr
   _train(parted, "--resume")
