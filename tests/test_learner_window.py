@@ -111,18 +111,25 @@ _OBJECTIVES = {
 }
 
 
+@functools.lru_cache(maxsize=None)
+def _value_and_grads(name):
+  """The objective's (loss, aux) and grads on the full and the windowed path, jitted once per objective: the
+  weights are an argument, so both aggregation modes run one compiled program (a cold compile is seconds)."""
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def value_and_grads(graphdef, p, batch, w_bt):
+    return [jax.value_and_grad(_OBJECTIVES[name](fn), has_aux=True)(p, batch, w_bt, jax.random.key(0))
+            for fn in _logprob_fns(graphdef)]
+
+  return value_and_grads
+
+
 @pytest.mark.parametrize('agg_mode', ['token_mean', 'seq_mean_token_sum_norm'])
 @pytest.mark.parametrize('name', sorted(_OBJECTIVES))
 def test_objective_loss_aux_and_grads_equal_full(model, batch, name, agg_mode):
   graphdef, params = model
   w_bt = losses.aggregation_weights(batch['loss_mask'], mode=agg_mode, max_len=R)
-
-  @jax.jit
-  def value_and_grads(p):
-    return [jax.value_and_grad(_OBJECTIVES[name](fn), has_aux=True)(p, batch, w_bt, jax.random.key(0))
-            for fn in _logprob_fns(graphdef)]
-
-  ((loss, aux), grads), ((loss_w, aux_w), grads_w) = value_and_grads(params)
+  ((loss, aux), grads), ((loss_w, aux_w), grads_w) = _value_and_grads(name)(graphdef, params, batch, w_bt)
   assert np.isfinite(loss) and set(aux) == set(aux_w)
   np.testing.assert_allclose(loss_w, loss, rtol=1e-5, atol=1e-7)
   _tree_allclose(aux_w, aux)
