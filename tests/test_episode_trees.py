@@ -49,7 +49,11 @@ def _trees(tickets, expansion="tree_grpo", iterations=1, slots=8):
   return out
 
 
-@pytest.mark.parametrize("expansion, iterations", [("tree_grpo", 2), ("treerl", 1), ("arpo", 1), ("random", 1)])
+# make test keeps a fork at turns (tree_grpo, two iterations) and one inside a turn (treerl); ARPO's (after a
+# tool call) and random forks take the same producer path: `make test-all` (about 7 s each, cold).
+@pytest.mark.parametrize("expansion, iterations", [
+    ("tree_grpo", 2), ("treerl", 1), pytest.param("arpo", 1, marks=pytest.mark.slow),
+    pytest.param("random", 1, marks=pytest.mark.slow)])
 def test_a_group_is_trees_of_forked_episodes(expansion, iterations):
   (rows,) = _trees([1], expansion, iterations).values()
   assert len(rows) == 2 * (1 + iterations)
