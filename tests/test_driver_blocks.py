@@ -71,6 +71,74 @@ def test_a_block_stops_early_when_a_slot_stops_and_work_waits():
     engine.generate_block(refs.model()[1], state, steps=9)
 
 
+def test_a_block_ends_once_n_of_its_slots_stopped():
+  engine = _engine_for(8)
+  prefix = engine.prefill_batch(refs.model()[1], [refs.prompt(4, 5)])
+
+  def filled():  # Slots 0, 1, 2 stop after 2, 3 and 7 tokens.
+    return engine.insert_batch(prefix, engine.init_decode_state(), [0, 0, 0], [0, 1, 2], np.zeros((3, 2), np.uint32),
+                               engine.slot_settings([2, 3, 7]))
+
+  for stop_on_free, steps in ((True, 2), (1, 2), (2, 3), (3, 7), (0, 7), (False, 7)):
+    state, block = engine.generate_block(refs.model()[1], filled(), stop_on_free=stop_on_free)
+    assert int(block.steps) == steps, stop_on_free
+    assert np.asarray(block.valid).sum(axis=0).tolist() == [min(2, steps), min(3, steps), steps]
+  for bad in (-1, 1.5, "2"):
+    with pytest.raises(ValueError, match=rf"stop_on_free must be a bool or an int >= 0 .*got {bad!r}"):
+      engine.generate_block(refs.model()[1], state, stop_on_free=bad)
+
+
+def test_refill_after_changes_round_trips_not_completions():
+  requests = [Request(refs.prompt(4 + i, 20 + i), n=1 + i % 2, max_tokens=m, request_id=i)
+              for i, m in enumerate([2, 12, 3, 2, 9, 2, 1, 5, 2, 3])]
+  runs = {}
+  for refill in (1, 2, 3):
+    driver = _driver.Driver(_engine_for(8), refs.model()[1], seed=3, refill_after=refill)
+    runs[refill] = (driver.sample(requests), driver.stats)
+  want, one = runs[1]
+  for refill in (2, 3):
+    got, stats = runs[refill]
+    assert [(c.tokens, c.versions, c.finish_reason) for c in got] == [(c.tokens, c.versions, c.finish_reason)
+                                                                      for c in want]
+    for a, b in zip(got, want):
+      np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6, rtol=0)
+    # Fewer round trips; freed slots may idle until the block ends, so as many decode steps or more.
+    assert stats.syncs < one.syncs and stats.generate_steps >= one.generate_steps
+    assert stats.busy_slot_steps == one.busy_slot_steps == sum(len(c.tokens) for c in want)
+  assert _driver.Driver(_engine_for(8, slots=16), refs.model()[1]).refill_after == 2  # slots // 8
+  assert _driver.Driver(_engine_for(8), refs.model()[1]).refill_after == 1
+  for bad in (0, 4, True, 1.0):
+    with pytest.raises(ValueError, match=rf"refill_after must be None or an int in \[1, 3\] .*got {bad!r}"):
+      _driver.Driver(_engine_for(8), refs.model()[1], refill_after=bad)
+
+
+def test_prefill_calls_are_topped_up_with_the_next_prompts_of_their_bucket():
+  # Buckets 16 and 32; prefill_batch_tokens 64: calls of 4 prompts of bucket 16, 2 of bucket 32.
+  engine = _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=3, max_prefill_length=32,
+                              max_decode_length=MAX_DECODE, temperature=0.8, seed=1, steps_per_sync=4,
+                              prefill_batch_tokens=64)
+  assert engine.prefill_buckets == (16, 32) and [engine.prefill_rows(b) for b in (16, 32)] == [4, 2]
+  lengths = [5, 20, 6, 7, 18, 3, 9, 30, 4, 11, 12]  # 8 prompts of bucket 16, 3 of bucket 32.
+  requests = [Request(refs.prompt(n, 40 + i), n=2, max_tokens=3, request_id=i) for i, n in enumerate(lengths)]
+  calls = []
+  prefill_batch = engine.prefill_batch
+
+  def counting(params, prompts):
+    calls.append(sorted(len(p) for p in prompts))
+    return prefill_batch(params, prompts)
+
+  engine.prefill_batch = counting
+  driver = _driver.Driver(engine, refs.model()[1], seed=3)
+  completions = driver.sample(requests)
+  # Every prompt prefilled once (its 2 samples share it), in full calls but the last of each bucket:
+  # ceil(8 / 4) + ceil(3 / 2) = 4 calls.
+  assert sorted(sum(calls, [])) == sorted(lengths) and driver.stats.prefills == len(lengths)
+  assert sorted(len(c) for c in calls) == [1, 2, 4, 4], calls
+  assert all(max(c) <= 16 or min(c) > 16 for c in calls)  # One bucket per call.
+  assert len(completions) == 22
+  assert all(len(c.tokens) == 3 or c.finish_reason == "stop" and 1 <= len(c.tokens) < 3 for c in completions)
+
+
 def test_a_block_attends_over_the_filled_span_and_stops_before_passing_it():
   engine = _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=3, max_prefill_length=16,
                               max_decode_length=MAX_DECODE, temperature=0.8, seed=1, steps_per_sync=4,

@@ -25,11 +25,13 @@ Prefixes waiting in the queue are always re-prefilled under the current params b
 
 Round trips: `step()` runs up to the engine's `steps_per_sync` decode steps in one device call
 (`RlaxEngine.generate_block`) and fetches their tokens, logprobs and validity in one transfer; slots stop on
-the device (stop ids, max_tokens, `max_decode_length`), and a block ends right after a slot stops whenever
-something waits for a slot, so no slot idles while work is queued and the tokens are those of one decode
-step per `step()` (the schedule changes, the outputs do not). Fresh prompts are prefilled in batches
-(`prefill_batch`, one call per length bucket) and inserted in batches (`insert_batch`, one call per prefix
-batch), each inserted sample's PRNG key folded in that insert call. A block attends over the filled span of
+the device (stop ids, max_tokens, `max_decode_length`), and while samples wait for a slot a block ends right
+after the step in which `refill_after` of its slots stopped (default: an eighth of the slots; 1 while a
+sample runs an env, whose observation should not wait), so freed slots idle at most a few steps and each
+refill (host round trip, prefill, insert) serves several slots; the outputs do not depend on it (the schedule
+changes, the tokens do not). Fresh prompts are prefilled in batches (`prefill_batch`, one call per length
+bucket, topped up with the next pending prompts of that bucket) and inserted in batches (`insert_batch`, one
+call per prefix batch), each inserted sample's PRNG key folded in that insert call. A block attends over the filled span of
 the cache (the driver passes the longest busy sequence: `RlaxEngine.generate_block`'s `max_length`).
 
 Per-request sampling: `Request.sampling` (`SamplingParams`) replaces the engine's law for that request's
@@ -70,6 +72,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import itertools
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import jax
@@ -78,6 +81,10 @@ import numpy as np
 from rlax_post.sampler import _engine
 from rlax_post.sampler import _tokenizer_api
 from rlax_post.sampler._sampling import SamplingParams
+
+# How far down the queue a fill looks for prompts to top its prefill calls up with (bounds its host work).
+_PREFETCH_HORIZON = 512
+
 
 @dataclasses.dataclass(frozen=True)
 class Request:
@@ -298,12 +305,23 @@ class Driver:
     recompute_on_swap: rebuild in-flight KV caches under the new params on `set_params` (module docstring).
     seed: seeds the samples' streams (of requests without their own `seed`).
     park_wait_s: how long a `step()` with only parked samples left waits for one of their futures.
+    refill_after: while samples wait for a slot, a decode block ends once this many of its slots have stopped
+      (at most the number waiting); None: max(1, slots // 8). 1 refills every slot the step it frees (more
+      round trips); larger values let a few freed slots idle until the block ends (at most `steps_per_sync`
+      steps).
   """
 
   def __init__(self, engine: _engine.RlaxEngine, params: Any, *, version: int = 0,
                static_batching: bool = False, share_prefix: bool = True, recompute_on_swap: bool = True,
-               seed: int = 0, park_wait_s: float = 0.05):
+               seed: int = 0, park_wait_s: float = 0.05, refill_after: int | None = None):
     engine.check_params(params)
+    slots = engine.max_concurrent_decodes
+    if refill_after is None:
+      refill_after = max(1, slots // 8)
+    if isinstance(refill_after, bool) or not isinstance(refill_after, int) or not 1 <= refill_after <= slots:
+      raise ValueError(f"refill_after must be None or an int in [1, {slots}] (the engine's slots); got "
+                       f"{refill_after!r}.")
+    self.refill_after = refill_after
     self.engine = engine
     self.params, self.version = params, int(version)
     self.static_batching, self.share_prefix = bool(static_batching), bool(share_prefix)
@@ -584,8 +602,12 @@ class Driver:
   def _decode_block(self) -> list[tuple[int, int, Completion]]:
     """One `generate_block`; hands each busy slot its tokens and finishes the samples that stopped."""
     versions = list(self._logits_version)
-    waiting = bool(self._pending or self._parked) and not self.static_batching
-    stop_on_free = waiting or any(s is not None and s.request.env is not None for s in self._busy)
+    # Slots to free before the block ends: some while samples wait (a parked one counts), one at once while an
+    # env waits for its turn's end.
+    waiting = 0 if self.static_batching else len(self._pending) + len(self._parked)
+    stop_on_free = min(self.refill_after, waiting)
+    if any(s is not None and s.request.env is not None for s in self._busy):
+      stop_on_free = 1
     longest = max(len(s.request.prompt) + len(s.tokens) for s in self._busy if s is not None)
     self._state, block = self.engine.generate_block(self.params, self._state, stop_on_free=stop_on_free,
                                                     max_length=longest)
@@ -794,10 +816,11 @@ class Driver:
   def _prefixes_for(self, samples: list[_Sample]) -> list[tuple[_engine.Prefix, int]]:
     """(prefix, row) of each sample: reused, extended (later turns) or prefilled in batches by bucket.
 
-    Fresh prompts are prefilled together with those of the next pending samples (topped up to
-    `MAX_PREFILL_ROWS` prompts, one full `prefill_batch`), whose prefixes wait in `_prefixes` for a slot:
-    continuous batching frees slots a few at a time, and one batched prefill costs far less than many small
-    ones. The top-up bounds the prefixes held beyond those of the samples being placed.
+    Fresh prompts are prefilled together with those of the next pending samples of their length bucket
+    (`_prefetch`: each call topped up to its `prefill_rows`), whose prefixes wait in `_prefixes` for a slot:
+    continuous batching frees slots a few at a time, and a `prefill_batch` call costs the same whatever the
+    number of its prompts (one shape per bucket). The top-up bounds the prefixes held beyond those of the
+    samples being placed (fewer than `prefill_rows` per bucket).
     """
     out: list[Any] = [None] * len(samples)
     fresh: dict[Any, tuple[Sequence[int], list[int]]] = {}  # prompt key -> (prompt, positions in samples).
@@ -830,20 +853,32 @@ class Driver:
     return out
 
   def _prefetch(self, fresh: dict[Any, tuple[Sequence[int], list[int]]]) -> None:
-    """Adds the prompts of the next pending first turns without a current prefix to `fresh`, up to
-    `MAX_PREFILL_ROWS` prompts in all."""
-    for sample in self._pending:
-      if len(fresh) >= _engine.MAX_PREFILL_ROWS:
+    """Adds to `fresh` the prompts of the next pending first turns without a current prefix (among the next
+    `_PREFETCH_HORIZON` pending samples) whose length bucket `fresh` prefills already, until each of those
+    buckets' last call is full: rows a call would pad cost as much as prompts."""
+    room = collections.Counter()
+    for prompt, _ in fresh.values():
+      room[self._bucket(prompt)] += 1
+    room = collections.Counter({b: -n % self.engine.prefill_rows(b) for b, n in room.items()})
+    for sample in itertools.islice(self._pending, _PREFETCH_HORIZON):
+      if not +room:
         return
       key = self._prompt_key(sample)
-      if sample.turn == 0 and sample.fork_prefix is None and key not in fresh and key not in self._prefixes:
+      if sample.turn or sample.fork_prefix is not None or key in fresh or key in self._prefixes:
+        continue
+      bucket = self._bucket(sample.request.prompt)
+      if room[bucket] > 0:
         fresh[key] = (sample.request.prompt, [])
+        room[bucket] -= 1
+
+  def _bucket(self, prompt: Sequence[int]) -> int:
+    return _tokenizer_api.bucket_for(len(prompt), self.engine.prefill_buckets)
 
   def _prefill_groups(self, fresh: dict[Any, tuple[Sequence[int], list[int]]]) -> list[list[Any]]:
     """The fresh prompts' keys in groups of one length bucket, each at most `prefill_rows(bucket)` long."""
     buckets: dict[int, list[Any]] = collections.defaultdict(list)
     for key, (prompt, _) in fresh.items():
-      buckets[_tokenizer_api.bucket_for(len(prompt), self.engine.prefill_buckets)].append(key)
+      buckets[self._bucket(prompt)].append(key)
     groups = []
     for bucket, keys in sorted(buckets.items()):
       size = self.engine.prefill_rows(bucket)

@@ -374,8 +374,8 @@ class RlaxEngine(engine_api.Engine):
 
   def _block_impl(self, params, state: DecodeState, steps, stop_on_free, kv_len: int):
     """Up to `steps` (<= k) decode steps attending over the cache's first `kv_len` positions; stops early
-    once no slot is live, before a live slot's position reaches `kv_len`, or, with `stop_on_free`, after the
-    step in which some slot stopped (so the caller can refill it at once)."""
+    once no slot is live, before a live slot's position reaches `kv_len`, or, with `stop_on_free` = n > 0,
+    after the step in which the block's n-th slot stopped (so the caller can refill them)."""
     k, n = self.steps_per_sync, self._max_concurrent_decodes
     empty = Block(tokens=jnp.full((k, n), self.tokenizer.pad_id, jnp.int32),
                   logprobs=jnp.zeros((k, n), jnp.float32), valid=jnp.zeros((k, n), bool),
@@ -384,18 +384,18 @@ class RlaxEngine(engine_api.Engine):
     def go_on(carry):
       state, block, freed = carry
       fits = ~jnp.any(state.active & (state.positions >= kv_len))
-      return (block.steps < steps) & jnp.any(state.active) & fits & ~(stop_on_free & freed)
+      return (block.steps < steps) & jnp.any(state.active) & fits & ((stop_on_free == 0) | (freed < stop_on_free))
 
     def body(carry):
-      state, block, _ = carry
+      state, block, freed = carry
       new = self._decode_step(params, state, kv_len)
       i = block.steps
       block = Block(tokens=block.tokens.at[i].set(new.tokens), logprobs=block.logprobs.at[i].set(new.logprobs),
                     valid=block.valid.at[i].set(new.valid), steps=i + 1)
-      return new, block, jnp.any(state.active & ~new.active)
+      return new, block, freed + jnp.sum(state.active & ~new.active, dtype=jnp.int32)
 
     with models.activation_constraints(self._constrain):
-      state, block, _ = jax.lax.while_loop(go_on, body, (state, empty, jnp.zeros((), bool)))
+      state, block, _ = jax.lax.while_loop(go_on, body, (state, empty, jnp.zeros((), jnp.int32)))
     return state, block
 
   # --- Host-side settings and keys ------------------------------------------------------------------------
@@ -563,10 +563,11 @@ class RlaxEngine(engine_api.Engine):
     return self._generate_fn(params, decode_state)
 
   def generate_block(self, params: Any, decode_state: DecodeState, *, steps: int | None = None,
-                     stop_on_free: bool = False, max_length: int | None = None) -> tuple[DecodeState, Block]:
+                     stop_on_free: bool | int = False, max_length: int | None = None) -> tuple[DecodeState, Block]:
     """Up to `steps` (default and at most `steps_per_sync`) decode steps in one device call; `decode_state`
-    is donated. The block ends early once no slot is live, and with `stop_on_free` right after the step in
-    which a slot stopped. Step i of the block equals the i-th of as many `generate` calls.
+    is donated. The block ends early once no slot is live, and with `stop_on_free` = n >= 1 (True: 1) right
+    after the step in which the n-th of its slots stopped. Step i of the block equals the i-th of as many
+    `generate` calls.
 
     `max_length`: the longest live slot's sequence (prompt and tokens so far, its next position), at least
     every live slot's position; the block attends over the smallest `kv_buckets` span W >= max_length + steps
@@ -577,11 +578,14 @@ class RlaxEngine(engine_api.Engine):
     steps = self.steps_per_sync if steps is None else steps
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= self.steps_per_sync:
       raise ValueError(f"steps must be an int in [1, steps_per_sync = {self.steps_per_sync}]; got {steps!r}.")
+    if not isinstance(stop_on_free, (bool, int, np.integer)) or stop_on_free < 0:
+      raise ValueError(f"stop_on_free must be a bool or an int >= 0 (slots that stop before the block ends); "
+                       f"got {stop_on_free!r}.")
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
                                    or max_length < 0):
       raise ValueError(f"max_length must be None or an int >= 0 (the longest live sequence); got {max_length!r}.")
     span = self.max_decode_length if max_length is None else self.kv_span(int(max_length) + steps)
-    return self._block_fn(params, decode_state, np.int32(steps), np.bool_(stop_on_free), span)
+    return self._block_fn(params, decode_state, np.int32(steps), np.int32(stop_on_free), span)
 
   def kv_span(self, length: int) -> int:
     """The attention span of a block whose slots reach `length` positions: the smallest `kv_buckets`
