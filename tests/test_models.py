@@ -216,3 +216,21 @@ def test_unknown_preset_lists_valid_ones():
 def test_public_api_names_exist():
   for name in models.__all__:
     assert hasattr(models, name), name
+
+
+def test_token_einsum_is_the_einsum_over_batch_and_time_and_checks_the_rank():
+  k = jax.random.split(jax.random.key(7), 3)
+  x_btd = jax.random.normal(k[0], (3, 5, 8))
+  w_dnh = jax.random.normal(k[1], (8, 4, 2))
+  a_btnh = jax.random.normal(k[2], (3, 5, 4, 2))
+  np.testing.assert_allclose(_layers.token_einsum("d,dnh->nh", x_btd, w_dnh),
+                             jnp.einsum("btd,dnh->btnh", x_btd, w_dnh), atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(_layers.token_einsum("nh,dnh->d", a_btnh, w_dnh),
+                             jnp.einsum("btnh,dnh->btd", a_btnh, w_dnh), atol=1e-5, rtol=1e-5)
+  # The weight's gradient too (what the flattening is for).
+  loss = lambda f: lambda w: jnp.sum(jnp.sin(f(w)))
+  np.testing.assert_allclose(jax.grad(loss(lambda w: _layers.token_einsum("d,dnh->nh", x_btd, w)))(w_dnh),
+                             jax.grad(loss(lambda w: jnp.einsum("btd,dnh->btnh", x_btd, w)))(w_dnh),
+                             atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match=r"x must be \[B, T\] \+ 1 dims; got shape \(3, 5, 4, 2\)"):
+    _layers.token_einsum("d,dnh->nh", a_btnh, w_dnh)
