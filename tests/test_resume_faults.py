@@ -44,11 +44,20 @@ def straight(tmp_path_factory):
   return workdir
 
 
-@pytest.fixture()
-def half(tmp_path):
-  """A run stopped after 2 of its 4 steps (checkpoints 0, 1, 2)."""
-  workdir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def _half_run(tmp_path_factory):
+  """A run stopped after 2 of its 4 steps (checkpoints 0, 1, 2), run once for the module."""
+  workdir = tmp_path_factory.mktemp("half") / "run"
   runtime.train(_cfg(stop_after_steps=2), workdir, quiet=True)
+  return workdir
+
+
+@pytest.fixture()
+def half(_half_run, tmp_path):
+  """A fresh copy of the stopped run for each test to damage and resume (the run is deterministic: a copy is
+  the directory a second stopped run would leave, minus its seconds)."""
+  workdir = tmp_path / "run"
+  shutil.copytree(_half_run, workdir)
   assert runtime.RunCheckpointer(workdir).complete_steps() == [0, 1, 2]
   return workdir
 
