@@ -145,7 +145,8 @@ def test_the_config_refuses_what_rounds_cannot_run(overrides, message):
 
 
 def test_q_reads_the_response_and_its_fit_lowers_the_error():
-  cfg = config.load(_rounds_config(iterppo__q_epochs=30))
+  # 15 updates (about a second each here) take the error to 8% of the start's (measured; 30: 0.2%).
+  cfg = config.load(_rounds_config(iterppo__q_epochs=15))
   # One device: Q's semantics, not its sharding (8 host devices in one process can deadlock in collectives of
   # executables loaded from the persistent compilation cache).
   parts = runtime.build_parts(cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]))
@@ -165,7 +166,7 @@ def test_q_reads_the_response_and_its_fit_lowers_the_error():
   fitted, metrics = q.fit(params, train, 0)
   after = q(fitted, pairs)
   target = np.asarray([0.9, 0.0])
-  assert metrics["q_updates"] == 30 and np.isfinite(metrics["q_train_loss"])
+  assert metrics["q_updates"] == 15 and np.isfinite(metrics["q_train_loss"])
   assert np.mean((after - target) ** 2) < 0.25 * np.mean((before - target) ** 2)
   with pytest.raises(ValueError, match="3 training transitions, fewer than"):
     q.fit(params, train[:3], 0)
@@ -176,7 +177,8 @@ def test_q_reads_the_response_and_its_fit_lowers_the_error():
 
 def _train(workdir, *flags):
   cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/iterppo.py:tiny", "--workdir",
-         str(workdir), "--config.runtime.progress=false", "--config.rl.steps=4", _PATIENCE, *flags]  # 2 rounds of 2 steps
+         str(workdir), "--config.runtime.progress=false", "--config.rl.steps=4", _PATIENCE,
+         *flags]  # 2 rounds of 2 steps
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_ENV)
   assert out.returncode == 0, out.stderr[-3000:]
   return out
@@ -218,8 +220,8 @@ def test_rounds_through_the_cli_resume_mid_round_and_replay_exactly(tmp_path):
   shutil.copytree(parted, broken)
   os.remove(os.path.join(runtime.round_dir(str(broken), 1), "round.json"))
   out = subprocess.run([sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/iterppo.py:tiny",
-                        "--workdir", str(broken), "--resume", "--config.rl.steps=4", _PATIENCE], capture_output=True, text=True,
-                       timeout=600, env=_ENV)
+                        "--workdir", str(broken), "--resume", "--config.rl.steps=4", _PATIENCE],
+                       capture_output=True, text=True, timeout=600, env=_ENV)
   assert out.returncode != 0 and "round.json" in out.stderr and "missing" in out.stderr
   _train(parted, "--resume")
   assert _rl_rows(str(parted)) == logged
