@@ -11,7 +11,7 @@ import time
 
 from rlax_post import rollouts
 
-_STEPS = 30
+_STEPS = 20  # killed at 10 learner steps (a 0.1 s poll; steps take about half a second): room to resume and finish
 
 
 def _env():
