@@ -31,8 +31,9 @@ sample runs an env, whose observation should not wait), so freed slots idle at m
 refill (host round trip, prefill, insert) serves several slots; the outputs do not depend on it (the schedule
 changes, the tokens do not). Fresh prompts are prefilled in batches (`prefill_batch`, one call per length
 bucket, topped up with the next pending prompts of that bucket) and inserted in batches (`insert_batch`, one
-call per prefix batch), each inserted sample's PRNG key folded in that insert call. A block attends over the filled span of
-the cache (the driver passes the longest busy sequence: `RlaxEngine.generate_block`'s `max_length`).
+call per prefix batch), each inserted sample's PRNG key folded in that insert call. A block attends over the
+filled span of the cache (the driver passes the longest busy sequence: `RlaxEngine.generate_block`'s
+`max_length`).
 
 Per-request sampling: `Request.sampling` (`SamplingParams`) replaces the engine's law for that request's
 samples (all in one compiled step); each token's logprob then refers to the request's own temperature.
