@@ -331,7 +331,7 @@ class RuntimeSection:
   # last step is checkpointed and `--resume` continues. Lets a long run fit in time-limited slots.
   stop_after_steps: int = bounded(0, low=0)
   # Decode steps the sampler runs on the device per host round trip (`RlaxEngine.steps_per_sync`); a block
-  # ends early when a slot frees while work waits, so outputs do not depend on it.
+  # ends early once slots free while work waits (`sampler.Driver`'s refill_after); outputs do not depend on it.
   decode_steps_per_sync: int = bounded(8, low=1)
   # --- mode="async" (docs/async.md) ---
   # η: the most policy versions a trained token may lag the learner. 0 reproduces the sync loop exactly.
