@@ -11,7 +11,7 @@ import time
 
 from rlax_post import rollouts
 
-_STEPS = 20  # killed at 10 learner steps (a 0.1 s poll; steps take about half a second): room to resume and finish
+_STEPS = 30  # killed at >= 10 learner steps; a fast machine (or a late poll) may run 20 before the kill lands
 
 
 def _env():
