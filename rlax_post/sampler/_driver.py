@@ -857,18 +857,16 @@ class Driver:
     """Adds to `fresh` the prompts of the next pending first turns without a current prefix (among the next
     `_PREFETCH_HORIZON` pending samples) whose length bucket `fresh` prefills already, until each of those
     buckets' last call is full: rows a call would pad cost as much as prompts."""
-    room = collections.Counter()
-    for prompt, _ in fresh.values():
-      room[self._bucket(prompt)] += 1
-    room = collections.Counter({b: -n % self.engine.prefill_rows(b) for b, n in room.items()})
+    counts = collections.Counter(self._bucket(prompt) for prompt, _ in fresh.values())
+    room = {bucket: -n % self.engine.prefill_rows(bucket) for bucket, n in counts.items()}  # Free rows.
     for sample in itertools.islice(self._pending, _PREFETCH_HORIZON):
-      if not +room:
+      if not any(room.values()):
         return
       key = self._prompt_key(sample)
       if sample.turn or sample.fork_prefix is not None or key in fresh or key in self._prefixes:
         continue
       bucket = self._bucket(sample.request.prompt)
-      if room[bucket] > 0:
+      if room.get(bucket, 0) > 0:
         fresh[key] = (sample.request.prompt, [])
         room[bucket] -= 1
 
