@@ -1,6 +1,5 @@
 """Helpers of the serving tests: `rlax-post serve` in a subprocess, and a plain greedy reference."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,11 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import portpicker
 
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import models
 from rlax_post.runtime import _serve
 from third_party import jetstream_compat
 
-ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+ENV = _procs.env()
 JS = jetstream_compat.import_jetstream()
 PB = JS.jetstream_pb2
 

@@ -12,12 +12,15 @@ choose the directory, or to an empty string to switch the cache off.
 import os
 import tempfile
 
+import _procs
+
 _XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
 if "xla_backend_optimization_level" not in _XLA_FLAGS:
   # The suite's programs are tiny and compiled once each: LLVM's optimisation of the CPU code costs far more
   # than it saves (the suite runs about a third faster with a cold cache; measured 2026-12-02). Every program
-  # in a test process is compiled the same way, so comparisons between them are unaffected.
-  _XLA_FLAGS += " --xla_backend_optimization_level=0"
+  # in a test process is compiled the same way, so comparisons between them are unaffected; the processes
+  # tests start get the same flag (`_procs.env`).
+  _XLA_FLAGS += " " + _procs.FAST_COMPILE_FLAG
 os.environ["XLA_FLAGS"] = (_XLA_FLAGS + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",

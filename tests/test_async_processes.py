@@ -9,16 +9,14 @@ import subprocess
 import sys
 import time
 
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import rollouts
 
 _STEPS = 30  # killed at >= 10 learner steps; a fast machine (or a late poll) may run 20 before the kill lands
 
 
 def _env():
-  env = dict(os.environ)
-  env["JAX_PLATFORMS"] = "cpu"
-  env.pop("XLA_FLAGS", None)  # One device per process: the fastest setup on a 2-core machine.
-  return env
+  return _procs.env()  # One device per process: the fastest setup on a 2-core machine.
 
 
 def _cli(*args, log):

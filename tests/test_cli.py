@@ -12,9 +12,10 @@ import sys
 
 import pytest
 
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import cli
 
-_ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+_ENV = _procs.env()
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEMO = os.path.join(_ROOT, "configs", "demo.py")
 _COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay", "sweep", "convert")

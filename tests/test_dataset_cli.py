@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import _procs  # pylint: disable=g-bad-import-order
 import _tiny_hf
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from rlax_post import models
 from rlax_post.runtime import _rowlog
 
-_ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+_ENV = _procs.env()
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _QUIET = ("--config.runtime.progress=False", "--config.runtime.tensorboard=False", "--config.runtime.plot=False")
 

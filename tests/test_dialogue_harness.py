@@ -8,6 +8,7 @@ import sys
 import jax
 import pytest
 
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config as config_lib
 from rlax_post import models
 from rlax_post import runtime
@@ -71,7 +72,7 @@ def test_a_prompt_too_long_for_the_model_is_an_error_naming_it(policy):
 
 
 def _cli(*args, cwd=None):
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  env = _procs.env()
   return subprocess.run([sys.executable, "-m", "rlax_post.cli", *args], capture_output=True, text=True,
                         timeout=300, env=env, cwd=cwd)
 

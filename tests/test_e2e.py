@@ -8,11 +8,12 @@ import sys
 import numpy as np
 import pytest
 
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import runtime
 
 pytestmark = pytest.mark.e2e
 
-_ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+_ENV = _procs.env()
 
 
 _CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.py")

@@ -8,14 +8,15 @@ import sys
 import numpy as np
 import pytest
 
+import _procs  # pylint: disable=g-bad-import-order
+
 pytestmark = pytest.mark.e2e
 
 _CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.py")
 
 
 def _run(workdir, devices, *overrides):
-  env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+  env = _procs.env(devices)
   cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir",
          str(workdir), "--quiet", *overrides]
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)

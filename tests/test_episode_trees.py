@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import pytest
 
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
 from rlax_post import envs
 from rlax_post import models
@@ -109,7 +110,7 @@ def test_tree_config_on_tools_and_arpo_on_text_are_checked():
 def test_a_short_tool_tree_run_trains_and_logs_the_budget(tmp_path):
   # A CLI subprocess on one CPU device, as tests/test_tools_training.py: the episode envs' threads and the
   # learner's sharded programs over 8 fake CPU devices can deadlock in a collective.
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  env = _procs.env()
   cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir", str(tmp_path),
          "--quiet", "--config.tree.expansion=treerl", "--config.tree.forks=1", "--config.rl.samples_per_prompt=4",
          "--config.advantage.estimator=treerl", "--config.tree.prefix=mean"]

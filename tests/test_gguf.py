@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import _procs  # pylint: disable=g-bad-import-order
 import _tiny_gguf
 import gguf
 import jax
@@ -209,7 +210,7 @@ def test_smollm2_trains_with_grpo_through_the_cli(smollm2, tmp_path):
        f"--config.data.eval={data_dir}/eval.jsonl", "--config.runtime.progress=False",
        "--config.runtime.tensorboard=False", "--config.runtime.plot=False"],
       capture_output=True, text=True, timeout=900, cwd=_ROOT,
-      env={**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})  # One device, as a user's run.
+      env=_procs.env())  # One device, as a user's run.
   assert done.returncode == 0, done.stderr[-3000:]
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rl = [json.loads(line) for line in f if '"phase": "rl"' in line]

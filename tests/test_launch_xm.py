@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+import _procs  # pylint: disable=g-bad-import-order
+
 pytest.importorskip("xmanager")
 pytest.importorskip("google.cloud.aiplatform_v1")
 pytest.importorskip("kubernetes")
@@ -22,8 +24,7 @@ _BUCKET_ROOT = "gs://bkt/sweeps/demo"
 
 
 def _launch(*args, tmp_path, timeout=60):
-  env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)  # One CPU device per process: the fastest setup on a small machine.
+  env = _procs.env()  # One CPU device per process: the fastest setup on a small machine.
   db = tmp_path / "xm_db.yaml"  # xm_local's experiment database in the test's directory, not ~/.xmanager.
   db.write_text(f"sql_connector: sqlite\nsql_connection_settings:\n  backend: sqlite\n"
                 f"  db_name: {tmp_path / 'xm.sqlite3'}\n")

@@ -15,6 +15,7 @@ import numpy as np
 import portpicker
 import pytest
 
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import data
 from rlax_post import envs
 from rlax_post import models
@@ -117,12 +118,7 @@ def test_group_payload_round_trip():
 
 
 def _env(devices: int | None):
-  env = dict(os.environ)
-  env["JAX_PLATFORMS"] = "cpu"
-  env.pop("XLA_FLAGS", None)
-  if devices:
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  return env
+  return _procs.env(devices or 1)
 
 
 def _run_two_process_learner(workdir, tmp_path):

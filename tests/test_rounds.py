@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
 from rlax_post import envs
 from rlax_post import models
@@ -26,7 +27,7 @@ from configs import iterppo  # pylint: disable=g-import-not-at-top,wrong-import-
 
 import _tiny_runs  # pylint: disable=g-bad-import-order
 
-_ENV = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}  # one device per CLI process
+_ENV = _procs.env()  # one device per CLI process
 # A customer of patience 2 (configs/sales.py: 4): the exact oracle's conversation tree, scored at every round,
 # shrinks from minutes of forwards to seconds; the rounds, their records and the resume are the same code.
 _PATIENCE = "--config.task.options.patience=2"

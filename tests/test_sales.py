@@ -4,6 +4,7 @@ and the exact oracle (Q*, V*, Q^π) against hand-computed values, Monte Carlo re
 import numpy as np
 import pytest
 
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post.envs import sales
 from rlax_post import envs
 
@@ -172,7 +173,7 @@ def test_customers_differ_between_splits_and_episodes():
 def test_a_short_sales_run_through_the_cli(tmp_path):
   import json, os, subprocess, sys  # pylint: disable=g-import-not-at-top,multiple-imports
   # One CPU device, as the tool task's run (tests/test_tools_training.py).
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  env = _procs.env()
   cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/sales.py:tiny", "--workdir",
          str(tmp_path), "--quiet"]
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
 from rlax_post import models
 from rlax_post.envs import tools
@@ -89,7 +90,7 @@ def test_unknown_tool_option_lists_the_valid_ones():
 def test_tiny_tool_run_end_to_end_with_turn_level_credit(tmp_path):
   # A CLI subprocess on one CPU device, as tests/test_e2e.py: the sampler thread and the learner's greedy
   # eval both run sharded programs, and concurrent collectives over 8 fake CPU devices can deadlock.
-  env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+  env = _procs.env()
   cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir",
          str(tmp_path), "--quiet", "--config.advantage.estimator=gigpo"]
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
