@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from rlax_post import config
+from rlax_post import runtime
 
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -18,6 +19,17 @@ def test_demo_config_validates_with_expected_values():
   assert cfg.sft.noise == pytest.approx(0.6)
   tiny = config.load(demo.get_config("tiny"))
   assert tiny.model.preset == "micro" and tiny.rl.steps == 3
+
+
+def test_the_runs_engines_take_the_runtime_decode_keys():
+  c = demo.get_config("tiny")
+  c.runtime.decode_steps_per_sync, c.runtime.sampler_slots, c.runtime.refill_after = 4, 16, 12
+  parts = runtime.build_parts(config.load(c))
+  engine = parts.sampling_engine()
+  assert (engine.max_concurrent_decodes, engine.steps_per_sync, engine.refill_after) == (16, 4, 12)
+  assert parts.engine(slots=8, temperature=1.0).refill_after == 8  # an engine with fewer slots: all of them
+  c.runtime.refill_after = 0  # an eighth of the slots
+  assert runtime.build_parts(config.load(c)).sampling_engine().refill_after == 2
 
 
 def test_nested_section_keeps_its_own_defaults():
@@ -37,6 +49,10 @@ def test_nested_section_keeps_its_own_defaults():
     ({"runtime": {"progress": "yes"}}, r"must be a bool"),
     ({"rl": {"minibatches": 3}}, r"must be divisible by rl.minibatches = 3"),
     ({"loss": {"dual_clip": 0.5}}, r"dual_clip` must be > 1"),
+    ({"rl": {"prompts_per_step": 2, "samples_per_prompt": 4}, "runtime": {"refill_after": 9}},
+     r"runtime.refill_after = 9 exceeds the sampler's 8 slots"),
+    ({"runtime": {"sampler_slots": 16, "refill_after": 17}}, r"runtime.refill_after = 17 exceeds the sampler's 16"),
+    ({"runtime": {"refill_after": -1}}, r"`config.runtime.refill_after` must be >= 0; got -1"),
 ])
 def test_bad_config_errors(raw, message):
   with pytest.raises(ValueError, match=message):

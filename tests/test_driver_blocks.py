@@ -22,11 +22,12 @@ Request = _driver.Request
 
 
 @functools.lru_cache(maxsize=None)
-def _engine_for(steps_per_sync, slots=3, temperature=0.8, top_p=0.9, top_k=40, min_kv_bucket=64):
+def _engine_for(steps_per_sync, slots=3, temperature=0.8, top_p=0.9, top_k=40, min_kv_bucket=64,
+                refill_after=None):
   return _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=slots,
                             max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=temperature,
                             top_p=top_p, top_k=top_k, seed=1, steps_per_sync=steps_per_sync,
-                            min_kv_bucket=min_kv_bucket)
+                            min_kv_bucket=min_kv_bucket, refill_after=refill_after)
 
 
 def _filled_state(engine, prompts):
@@ -107,9 +108,14 @@ def test_refill_after_changes_round_trips_not_completions():
     assert stats.busy_slot_steps == one.busy_slot_steps == sum(len(c.tokens) for c in want)
   assert _driver.Driver(_engine_for(8, slots=16), refs.model()[1]).refill_after == 2  # slots // 8
   assert _driver.Driver(_engine_for(8), refs.model()[1]).refill_after == 1
+  # The engine's count (`runtime.refill_after`) is a driver's default; the driver's own argument wins.
+  assert _driver.Driver(_engine_for(8, slots=16, refill_after=5), refs.model()[1]).refill_after == 5
+  assert _driver.Driver(_engine_for(8, refill_after=3), refs.model()[1], refill_after=2).refill_after == 2
   for bad in (0, 4, True, 1.0):
     with pytest.raises(ValueError, match=rf"refill_after must be None or an int in \[1, 3\] .*got {bad!r}"):
       _driver.Driver(_engine_for(8), refs.model()[1], refill_after=bad)
+    with pytest.raises(ValueError, match=rf"refill_after must be None or an int in \[1, 3\] .*got {bad!r}"):
+      _engine_for.__wrapped__(8, refill_after=bad)  # not through the cache: True == 1
 
 
 def test_prefill_calls_are_topped_up_with_the_next_prompts_of_their_bucket():

@@ -333,6 +333,9 @@ class RuntimeSection:
   # Decode steps the sampler runs on the device per host round trip (`RlaxEngine.steps_per_sync`); a block
   # ends early once slots free while work waits (`sampler.Driver`'s refill_after); outputs do not depend on it.
   decode_steps_per_sync: int = bounded(8, low=1)
+  # While rollouts wait for a slot, a decode block ends once this many slots stopped, so one refill (a host
+  # round trip, a prefill, an insert) serves several (`RlaxEngine.refill_after`); 0: an eighth of the slots.
+  refill_after: int = bounded(0, low=0)
   # --- mode="async" (docs/async.md) ---
   # η: the most policy versions a trained token may lag the learner. 0 reproduces the sync loop exactly.
   max_staleness: int = bounded(1, low=0)
@@ -407,6 +410,11 @@ class Config:
     if self.runtime.sampler_slots and self.runtime.sampler_slots < self.rl.samples_per_prompt:
       raise ValueError(f"runtime.sampler_slots = {self.runtime.sampler_slots} cannot hold one group of "
                        f"rl.samples_per_prompt = {self.rl.samples_per_prompt} samples; use 0 or >= that.")
+    slots = self.runtime.sampler_slots or self.rl.prompts_per_step * self.rl.samples_per_prompt
+    if self.runtime.refill_after > slots:
+      raise ValueError(f"runtime.refill_after = {self.runtime.refill_after} exceeds the sampler's {slots} slots "
+                       "(runtime.sampler_slots, or rl.prompts_per_step × rl.samples_per_prompt); use 0 (an eighth "
+                       "of the slots) or at most that.")
 
 
   def _check_multiagent(self):

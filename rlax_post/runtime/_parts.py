@@ -275,7 +275,8 @@ class Parts:
     return sampler.RlaxEngine(self.model_cfg, self.graphdef, tokenizer=self.tokenizer, mesh=self.mesh,
                               rules=self.rules, max_concurrent_decodes=slots, max_prefill_length=min(prefill, decode_len),
                               max_decode_length=decode_len, temperature=temperature, top_p=top_p, top_k=top_k,
-                              steps_per_sync=self.cfg.runtime.decode_steps_per_sync)
+                              steps_per_sync=self.cfg.runtime.decode_steps_per_sync,
+                              refill_after=min(self.cfg.runtime.refill_after, slots) or None)
 
   def sampling_engine(self) -> sampler.RlaxEngine:
     """The engine of the run's rollouts: `runtime.sampler_slots` (default P · n) slots, `rl`'s sampling law."""

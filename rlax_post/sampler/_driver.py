@@ -26,10 +26,10 @@ Prefixes waiting in the queue are always re-prefilled under the current params b
 Round trips: `step()` runs up to the engine's `steps_per_sync` decode steps in one device call
 (`RlaxEngine.generate_block`) and fetches their tokens, logprobs and validity in one transfer; slots stop on
 the device (stop ids, max_tokens, `max_decode_length`), and while samples wait for a slot a block ends right
-after the step in which `refill_after` of its slots stopped (default: an eighth of the slots; 1 while a
-sample runs an env, whose observation should not wait), so freed slots idle at most a few steps and each
-refill (host round trip, prefill, insert) serves several slots; the outputs do not depend on it (the schedule
-changes, the tokens do not). Fresh prompts are prefilled in batches (`prefill_batch`, one call per length
+after the step in which `refill_after` of its slots stopped (the engine's: an eighth of the slots unless
+`runtime.refill_after` says otherwise; 1 while a sample runs an env, whose observation should not wait), so
+freed slots idle at most a few steps and each refill (host round trip, prefill, insert) serves several
+slots; the outputs do not depend on it (the schedule changes, the tokens do not). Fresh prompts are prefilled in batches (`prefill_batch`, one call per length
 bucket, topped up with the next pending prompts of that bucket) and inserted in batches (`insert_batch`, one
 call per prefix batch), each inserted sample's PRNG key folded in that insert call. A block attends over the
 filled span of the cache (the driver passes the longest busy sequence: `RlaxEngine.generate_block`'s
@@ -307,9 +307,9 @@ class Driver:
     seed: seeds the samples' streams (of requests without their own `seed`).
     park_wait_s: how long a `step()` with only parked samples left waits for one of their futures.
     refill_after: while samples wait for a slot, a decode block ends once this many of its slots have stopped
-      (at most the number waiting); None: max(1, slots // 8). 1 refills every slot the step it frees (more
-      round trips); larger values let a few freed slots idle until the block ends (at most `steps_per_sync`
-      steps).
+      (at most the number waiting); None: the engine's `refill_after` (default max(1, slots // 8)). 1 refills
+      every slot the step it frees (more round trips); larger values let a few freed slots idle until the
+      block ends (at most `steps_per_sync` steps).
   """
 
   def __init__(self, engine: _engine.RlaxEngine, params: Any, *, version: int = 0,
@@ -318,7 +318,7 @@ class Driver:
     engine.check_params(params)
     slots = engine.max_concurrent_decodes
     if refill_after is None:
-      refill_after = max(1, slots // 8)
+      refill_after = engine.refill_after
     if isinstance(refill_after, bool) or not isinstance(refill_after, int) or not 1 <= refill_after <= slots:
       raise ValueError(f"refill_after must be None or an int in [1, {slots}] (the engine's slots); got "
                        f"{refill_after!r}.")

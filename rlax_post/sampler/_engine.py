@@ -178,6 +178,8 @@ class RlaxEngine(engine_api.Engine):
     seed: seeds the slots' PRNG streams.
     min_prefill_bucket: the smallest padded prompt length.
     steps_per_sync: k, the most decode steps one `generate_block` runs.
+    refill_after: the `stop_on_free` a `Driver` passes while samples wait for a slot: a block ends once this
+      many slots stopped (None: max(1, slots // 8); in [1, slots]). Outputs do not depend on it.
     max_stop_tokens: M, the most stop ids one slot holds (EOS included).
     min_kv_bucket: the shortest attention span W of a decode block (`kv_buckets`; each compiles once).
     prefill_batch_tokens: the most padded prompt tokens of one `prefill_batch` call (`prefill_rows`; its
@@ -190,7 +192,7 @@ class RlaxEngine(engine_api.Engine):
                max_prefill_length: int, max_decode_length: int, temperature: float = 1.0,
                top_p: float = 1.0, top_k: int = 0, seed: int = 0, min_prefill_bucket: int = 16,
                steps_per_sync: int = 8, max_stop_tokens: int = 8, prefill_batch_tokens: int = 2048,
-               min_kv_bucket: int = 64):
+               min_kv_bucket: int = 64, refill_after: int | None = None):
     for name, value in (("max_concurrent_decodes", max_concurrent_decodes),
                         ("max_prefill_length", max_prefill_length),
                         ("max_decode_length", max_decode_length), ("min_prefill_bucket", min_prefill_bucket),
@@ -214,6 +216,13 @@ class RlaxEngine(engine_api.Engine):
     self.max_decode_length = max_decode_length
     self.seed = seed
     self.steps_per_sync, self.max_stop_tokens = steps_per_sync, max_stop_tokens
+    if refill_after is None:
+      refill_after = max(1, max_concurrent_decodes // 8)
+    if isinstance(refill_after, bool) or not isinstance(refill_after, int) or not (
+        1 <= refill_after <= max_concurrent_decodes):
+      raise ValueError(f"refill_after must be None or an int in [1, {max_concurrent_decodes}] (the slots); got "
+                       f"{refill_after!r}.")
+    self.refill_after = refill_after
     self.prefill_batch_tokens = prefill_batch_tokens
     self.prefill_buckets = _tokenizer_api.prefill_buckets(max_prefill_length,
                                                           min(min_prefill_bucket, max_prefill_length))
