@@ -67,6 +67,7 @@ bench: install
 	$(PY) benchmarks/advantages.py --json benchmarks/out/advantages.json
 	$(PY) benchmarks/sampler.py --json benchmarks/out/sampler.json
 	$(PY) benchmarks/decode_kv.py --json benchmarks/out/decode_kv.json
+	$(PY) benchmarks/prefill_head.py --json benchmarks/out/prefill_head.json
 	$(PY) benchmarks/learner_step.py --json benchmarks/out/learner_step.json
 	$(PY) benchmarks/data_files.py --json benchmarks/out/data_files.json
 	$(PY) benchmarks/reward_overlap.py --json benchmarks/out/reward_overlap.json

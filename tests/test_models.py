@@ -72,6 +72,29 @@ def test_kv_cache_decoding_matches_full_forward(overrides):
   np.testing.assert_allclose(np.concatenate(pieces, axis=1), full, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": False, "valid_vocab_size": 60}, _GEMMA_MICRO],
+                         ids=["plain", "untied_padded_vocab", "gemma"])
+def test_forward_at_is_the_full_forwards_row_at_each_position_and_the_same_cache(overrides):
+  """The head on one position per row (a prefill's last token) gives `forward`'s logits there, soft-cap and
+  padded-vocabulary mask included, and the same cache."""
+  cfg = _micro(**overrides)
+  graphdef, params = models.init_params(cfg, jax.random.key(8))
+  tokens = jax.random.randint(jax.random.key(9), (3, 11), 0, 60)
+  at = jnp.array([10, 0, 6], jnp.int32)
+  full, full_cache = models.forward(graphdef, params, tokens, None, models.init_cache(cfg, 3, 16))
+  rows, cache = jax.jit(functools.partial(models.forward_at, graphdef))(params, tokens, at, None,
+                                                                       models.init_cache(cfg, 3, 16))
+  assert rows.shape == (3, 64) and rows.dtype == jnp.float32
+  np.testing.assert_allclose(rows, full[jnp.arange(3), at], atol=1e-5, rtol=0)
+  for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(full_cache)):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+  no_cache, none = models.forward_at(graphdef, params, tokens, at)
+  assert none is None
+  np.testing.assert_allclose(no_cache, rows, atol=1e-5, rtol=0)
+  if "valid_vocab_size" in overrides:
+    assert float(rows[:, 60:].max()) <= -1e9  # the padded ids are never sampled
+
+
 @pytest.mark.parametrize("overrides", [{}, _GEMMA_MICRO], ids=["plain", "gemma"])
 def test_a_decode_step_over_the_first_kv_len_positions_equals_one_over_all(overrides):
   """Keys past every query's position are masked anyway: attending over the cache's first kv_len positions

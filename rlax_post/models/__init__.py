@@ -11,6 +11,7 @@ from rlax_post.models._config import round_up
 from rlax_post.models._functional import abstract_params
 from rlax_post.models._functional import entropy_from_logits
 from rlax_post.models._functional import forward
+from rlax_post.models._functional import forward_at
 from rlax_post.models._functional import init_params
 from rlax_post.models._functional import logprobs_from_logits
 from rlax_post.models._functional import sequence_values
@@ -55,6 +56,7 @@ __all__ = [
     "export_hf",
     "entropy_from_logits",
     "forward",
+    "forward_at",
     "GGUF_ARCHITECTURES",
     "GGUF_TENSOR_TYPES",
     "HF_ARCHITECTURES",

@@ -40,6 +40,17 @@ def forward(graphdef: GraphDef, params: Params, tokens_bt: jax.Array,
   return nnx.merge(graphdef, params)(tokens_bt, positions_bt, cache, kv_len)
 
 
+def forward_at(graphdef: GraphDef, params: Params, tokens_bt: jax.Array, at_b: jax.Array,
+               positions_bt: jax.Array | None = None, cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+  """Logits [B, V] (float32) of position `at_b[b]` of each row, and the updated cache: `forward`'s row at that
+  position, with the vocabulary head (final norm, projection, O(V) per position) run only there. A prefill
+  reads one position of each prompt; the head over all T would cost T·D·V and hold [B, T, V] logits."""
+  model = nnx.merge(graphdef, params)
+  x_btd, cache = model.trunk(tokens_bt, positions_bt, cache)
+  x_b1d = jnp.take_along_axis(x_btd, jnp.asarray(at_b, jnp.int32)[:, None, None], axis=1)
+  return model.head(x_b1d)[:, 0], cache
+
+
 def logprobs_from_logits(logits_btv: jax.Array, targets_bt: jax.Array, *,
                          temperature: float = 1.0) -> jax.Array:
   """log softmax(logits / temperature)[target]: the log-probability of each target under the sampling law.

@@ -4,7 +4,7 @@ Continuous batching: the decode state holds `max_concurrent_decodes` slots, each
 `[L, slots, S, K, H]` (S = `max_decode_length` positions, prompt and response together; a model's
 sliding-window layers keep a ring of their window instead, `models.KVCache`). `prefill` runs one
 prompt (`prefill_batch` several, padded to one length) into a private cache and keeps the logits of its next
-token; `insert` copies that cache into a slot (`insert_batch` copies rows of one batched prefix into several
+token (the vocabulary head runs on that position only: `models.forward_at`); `insert` copies that cache into a slot (`insert_batch` copies rows of one batched prefix into several
 slots at once; the same row may go into several slots: n samples of one prompt share one prefill);
 `generate` advances every slot by one token, each at its own position; `generate_block` runs up to
 `steps_per_sync` such steps on the device in one call and returns every step's tokens in one block. Told the
@@ -182,8 +182,8 @@ class RlaxEngine(engine_api.Engine):
       many slots stopped (None: max(1, slots // 8); in [1, slots]). Outputs do not depend on it.
     max_stop_tokens: M, the most stop ids one slot holds (EOS included).
     min_kv_bucket: the shortest attention span W of a decode block (`kv_buckets`; each compiles once).
-    prefill_batch_tokens: the most padded prompt tokens of one `prefill_batch` call (`prefill_rows`; its
-      logits are [B, T, V]: this bounds their memory and the compute a call pads).
+    prefill_batch_tokens: the most padded prompt tokens of one `prefill_batch` call (`prefill_rows`; this
+      bounds its activations and the compute a call pads; its logits are only each prompt's last, [B, V]).
   """
 
   def __init__(self, model_cfg: models.ModelConfig, graphdef: Any, *, tokenizer: models.ByteTokenizer,
@@ -308,10 +308,8 @@ class RlaxEngine(engine_api.Engine):
     # Pad tokens take position cache_len, past the cache: the model writes none of them (a sliding-window
     # layer's ring would put them over the prompt's last positions), and no prompt query sees them.
     positions_bt = jnp.where(t_1t < true_length_b[:, None], start_b[:, None] + t_1t, cache_len)
-    logits_btv, cache = models.forward(self.graphdef, params, tokens_bt, positions_bt, cache)
-    last_b1 = (true_length_b - 1)[:, None, None]
-    return Prefix(cache=cache, length=start_b + true_length_b,
-                  logits=jnp.take_along_axis(logits_btv, last_b1, axis=1)[:, 0])
+    logits_bv, cache = models.forward_at(self.graphdef, params, tokens_bt, true_length_b - 1, positions_bt, cache)
+    return Prefix(cache=cache, length=start_b + true_length_b, logits=logits_bv)
 
   def _insert_impl(self, prefix: Prefix, state: DecodeState, rows_n, slots_n, rngs_n2,
                    settings: SlotSettings, streams_nj):
