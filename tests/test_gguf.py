@@ -10,16 +10,15 @@ import subprocess
 import sys
 
 import _procs  # pylint: disable=g-bad-import-order
+import _smollm2_ours
 import _tiny_gguf
 import gguf
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import safetensors.numpy
 
 from rlax_post import models
-from rlax_post import sampler
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _rowlog
 
@@ -121,21 +120,18 @@ def _smollm2_path():
 def smollm2(tmp_path_factory):
   path = _smollm2_path()
   out = str(tmp_path_factory.mktemp("smollm2"))
-  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "convert", "--gguf", path, "--out", out],
-                        capture_output=True, text=True, timeout=600, cwd=_ROOT,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
-  assert done.returncode == 0, done.stderr[-3000:]
-  assert f"--config.model.hf_path={out}" in done.stdout
-  model, tokenizer = _reference(path)
+  # The conversion runs while transformers reads the same file (each about as long as the other).
+  with subprocess.Popen([sys.executable, "-m", "rlax_post.cli", "convert", "--gguf", path, "--out", out],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=_ROOT,
+                        env=_procs.env(1)) as convert:
+    model, tokenizer = _reference(path)
+    stdout, stderr = convert.communicate(timeout=600)
+  assert convert.returncode == 0, stderr[-3000:]
+  assert f"--config.model.hf_path={out}" in stdout
   return out, model, tokenizer
 
 
-_CHATS = [
-    [{"role": "user", "content": "What is 12 + 7? Answer with a number."}],
-    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}],
-    [{"role": "user", "content": "Write a haiku about the sea."}, {"role": "assistant", "content": "Waves."},
-     {"role": "user", "content": "Another?"}],
-]
+_CHATS = _smollm2_ours.CHATS
 _HARD = ["def f(x):\n    return x**2  # 12345", "héllo 世界 🤗🤗  \t\n\n  spaces", "<|im_start|>user<|im_end|>",
          "1234567890 3.14159 -42 1,000", "  leading and trailing  ", "ñ Ω ∑ 😀 中文字符 日本語 한국어",
          "\n\n\n", "a\u00a0b\u200bc", "<|endoftext|><file_sep>x", "   ", "IT'S it's I'M we'll"]
@@ -158,32 +154,30 @@ def test_smollm2_config_tokens_and_template_match_transformers(smollm2):
           chat, add_generation_prompt=gen, tokenize=False)
 
 
-def test_smollm2_logits_and_greedy_tokens_match_transformers(smollm2):
+def test_smollm2_logits_and_greedy_tokens_match_transformers(smollm2, tmp_path):
   out, reference, theirs = smollm2
-  cfg, graphdef, params = models.load_hf(out)
+  # Ours in a process with XLA's default flags (`_smollm2_ours`): the model as a user runs it.
+  ours_npz = tmp_path / "ours.npz"
+  done = subprocess.run([sys.executable, os.path.join(_ROOT, "tests", "_smollm2_ours.py"), out, str(ours_npz)],
+                        capture_output=True, text=True, timeout=600, cwd=_ROOT, env=_procs.env(1, XLA_FLAGS=""))
+  assert done.returncode == 0, done.stderr[-3000:]
+  ours = np.load(ours_npz)
   tok = _parts.CheckpointTokenizer.from_dir(out)
-  forward = jax.jit(lambda p, x: models.forward(graphdef, p, x)[0])
-  prompts = [tok.encode(tok.apply_chat_template(c, add_generation_prompt=True)) for c in _CHATS]
-  for ids in prompts:
-    ours = np.asarray(forward(params, jnp.asarray([ids])))[0]
+  for i in range(len(_CHATS)):
+    ids = ours[f"ids_{i}"].tolist()
     with torch.no_grad():
       ref = reference(torch.tensor([ids])).logits[0].numpy()
     # Both dequantise the same Q4_1 / Q8_0 blocks to float32; what is left is float32 rounding through 30
     # layers (measured: 1.1e-4 on logits of magnitude ~40).
-    np.testing.assert_allclose(ours, ref, atol=1e-3, rtol=0)
-    np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1))
-  # 32 greedy tokens through our sampler (JetStream engine + RL driver) equal transformers' generate.
-  engine = sampler.RlaxEngine(cfg, graphdef, tokenizer=tok, max_concurrent_decodes=len(prompts),
-                              max_prefill_length=64, max_decode_length=128, temperature=0.0)
-  driver = sampler.Driver(engine, params)
-  done = driver.sample([sampler.Request(prompt=tuple(ids), max_tokens=32, request_id=i)
-                        for i, ids in enumerate(prompts)])
-  for c in sorted(done, key=lambda c: c.request_id):
+    np.testing.assert_allclose(ours[f"logits_{i}"], ref, atol=1e-3, rtol=0)
+    np.testing.assert_array_equal(ours[f"logits_{i}"].argmax(-1), ref.argmax(-1))
+    # 32 greedy tokens through our sampler (JetStream engine + RL driver) equal transformers' generate.
     with torch.no_grad():
-      ref = reference.generate(torch.tensor([prompts[c.request_id]]), max_new_tokens=32, do_sample=False,
-                               eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)[0, len(prompts[c.request_id]):]
-    assert list(c.tokens) == ref.tolist(), (c.request_id, tok.decode(c.tokens), tok.decode(ref.tolist()))
-    assert len(c.tokens) == 32 or c.tokens[-1] == tok.eos_id
+      want = reference.generate(torch.tensor([ids]), max_new_tokens=_smollm2_ours.GREEDY_TOKENS, do_sample=False,
+                                eos_token_id=tok.eos_id, pad_token_id=tok.pad_id)[0, len(ids):].tolist()
+    got = ours[f"tokens_{i}"].tolist()
+    assert got == want, (i, tok.decode(got), tok.decode(want))
+    assert len(got) == _smollm2_ours.GREEDY_TOKENS or got[-1] == tok.eos_id
 
 
 def test_convert_command_names_a_missing_file(tmp_path):
