@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> dict:
                                  ("every_ms", "head on every position, ms", ".1f"),
                                  ("last_ms", "head on the last, ms", ".1f"), ("speedup", "ratio", ".2f"),
                                  ("every_temp_mib", "temp MiB (every)", ".1f"),
-                                 ("last_temp_mib", "temp MiB (last)", ".1f"), ("max_abs_diff", "max |Δ logit|", ".1e")])
+                                 ("last_temp_mib", "temp MiB (last)", ".1f"),
+                                 ("max_abs_diff", "max |Δ logit|", ".1e")])
   payload = {"rows": args.rows, "length": args.length, "results": results}
   _harness.write_json(args.json, payload)
   return payload

@@ -28,12 +28,12 @@ Round trips: `step()` runs up to the engine's `steps_per_sync` decode steps in o
 the device (stop ids, max_tokens, `max_decode_length`), and while samples wait for a slot a block ends right
 after the step in which `refill_after` of its slots stopped (the engine's: an eighth of the slots unless
 `runtime.refill_after` says otherwise; 1 while a sample runs an env, whose observation should not wait), so
-freed slots idle at most a few steps and each refill (host round trip, prefill, insert) serves several
-slots; the outputs do not depend on it (the schedule changes, the tokens do not). Fresh prompts are prefilled in batches (`prefill_batch`, one call per length
-bucket, topped up with the next pending prompts of that bucket) and inserted in batches (`insert_batch`, one
-call per prefix batch), each inserted sample's PRNG key folded in that insert call. A block attends over the
-filled span of the cache (the driver passes the longest busy sequence: `RlaxEngine.generate_block`'s
-`max_length`).
+freed slots idle at most a few steps and each refill (host round trip, prefill, insert) serves several slots;
+the outputs do not depend on it (the schedule changes, the tokens do not). Fresh prompts are prefilled in
+batches (`prefill_batch`, one call per length bucket, topped up with the next pending prompts of that bucket)
+and inserted in batches (`insert_batch`, one call per prefix batch), each inserted sample's PRNG key folded in
+that insert call. A block attends over the filled span of the cache (the driver passes the longest busy
+sequence: `RlaxEngine.generate_block`'s `max_length`).
 
 Per-request sampling: `Request.sampling` (`SamplingParams`) replaces the engine's law for that request's
 samples (all in one compiled step); each token's logprob then refers to the request's own temperature.
