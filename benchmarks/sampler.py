@@ -88,9 +88,10 @@ class DriverMode:
 
 
 class FusedMode:
-  """The limit: `num` prompts of `prompt_len` tokens, `slots` per round, each round one jitted prefill then
-  `new_tokens` decode steps (sampling and logprobs included) in `fori_loop`s, the cache updated in place, each
-  step attending over the engine's span for its position (`RlaxEngine.kv_span`, as the driver's blocks do)."""
+  """The limit: `num` prompts of `prompt_len` tokens, `slots` per round, each round one jitted prefill (the head
+  on the last position only, as the engine's) then `new_tokens` decode steps (sampling and logprobs included)
+  in `fori_loop`s, the cache updated in place, each step attending over the engine's span for its position
+  (`RlaxEngine.kv_span`, as the driver's blocks do)."""
 
   def __init__(self, engine, params, *, num, prompt_len, new_tokens):
     cfg, graphdef, slots = engine.model_cfg, engine.graphdef, engine.max_concurrent_decodes
@@ -102,7 +103,8 @@ class FusedMode:
     @jax.jit
     def round_(params, prompts_bt, key):
       cache = jax.tree.map(jnp.copy, models.init_cache(cfg, slots, kv_len))
-      logits_btv, cache = models.forward(graphdef, params, prompts_bt, None, cache)
+      last_b = jnp.full((slots,), prompts_bt.shape[1] - 1, jnp.int32)  # the head on the last position only
+      logits_bv, cache = models.forward_at(graphdef, params, prompts_bt, last_b, None, cache)
 
       def step(span, i, carry):
         logits_bv, cache, key, tokens_nb, logp_nb = carry
@@ -113,7 +115,7 @@ class FusedMode:
         next_b1v, cache = models.forward(graphdef, params, token_b[:, None], positions_b1, cache, span)
         return next_b1v[:, 0], cache, key, tokens_nb.at[i].set(token_b), logp_nb.at[i].set(logp_b)
 
-      carry = (logits_btv[:, -1], cache, key, jnp.zeros((new_tokens, slots), jnp.int32),
+      carry = (logits_bv, cache, key, jnp.zeros((new_tokens, slots), jnp.int32),
                jnp.zeros((new_tokens, slots), jnp.float32))
       for start, end, span in runs:
         carry = jax.lax.fori_loop(start, end, functools.partial(step, span), carry)
