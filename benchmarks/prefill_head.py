@@ -2,6 +2,7 @@
 
   python benchmarks/prefill_head.py                   # the benchmarks' tiny model and a SmolLM2-135M shape
   python benchmarks/prefill_head.py --models qwen3-0.6b --repeats 3 --json out.json
+  python benchmarks/prefill_head.py --models tiny --vocab-size 32768        # the tiny trunk, a real vocabulary
 
 A prefill needs the logits of each prompt's next token only. `forward` runs the head (final norm, a D × V
 projection) on all T positions and holds [B, T, V] float32 logits; `forward_at` runs it on one position per
@@ -50,8 +51,11 @@ def _prefills(cfg, graphdef):
   return jax.jit(every), jax.jit(last)
 
 
-def measure(name: str, *, rows: int, length: int, repeats: int) -> dict:
+def measure(name: str, *, rows: int, length: int, repeats: int, vocab_size: int = 0) -> dict:
   shape = dict(SHAPES[name])
+  if vocab_size:  # another vocabulary on the same trunk: the head's share of a prefill grows with V
+    shape.pop("valid_vocab_size", None)
+    shape["vocab_size"] = vocab_size
   cfg = models.preset(shape.pop("preset"), max_seq_len=max(length, 128), dtype="float32", param_dtype="float32",
                       **shape)
   graphdef, params = models.init_params(cfg, jax.random.key(0))
@@ -79,6 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--rows", type=int, default=16, help="prompts per prefill call")
   parser.add_argument("--length", type=int, default=64, help="padded prompt length")
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--vocab-size", type=int, default=0, help="every model's vocabulary (0: its own)")
   parser.add_argument("--json", default=None)
   args = parser.parse_args(argv)
   names = [n for n in args.models.split(",") if n]
@@ -87,7 +92,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.error(f"--models: unknown {unknown}; valid: {list(SHAPES)}")
   if args.rows < 1 or args.length < 1 or args.repeats < 1:
     parser.error(f"--rows, --length, --repeats must be >= 1; got {args.rows}, {args.length}, {args.repeats}")
-  results = [measure(n, rows=args.rows, length=args.length, repeats=args.repeats) for n in names]
+  if args.vocab_size and args.vocab_size < 16:
+    parser.error(f"--vocab-size must be 0 (each model's own) or >= 16; got {args.vocab_size}")
+  results = [measure(n, rows=args.rows, length=args.length, repeats=args.repeats, vocab_size=args.vocab_size)
+             for n in names]
   print(f"prefill of {args.rows} × {args.length} tokens, {jax.devices()[0].platform}, best of {args.repeats} "
         "alternating rounds")
   _harness.print_table(results, [("model", "model", "s"), ("params", "params", ",d"),
@@ -96,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
                                  ("every_temp_mib", "temp MiB (every)", ".1f"),
                                  ("last_temp_mib", "temp MiB (last)", ".1f"),
                                  ("max_abs_diff", "max |Δ logit|", ".1e")])
-  payload = {"rows": args.rows, "length": args.length, "results": results}
+  payload = {"rows": args.rows, "length": args.length, "vocab_size": args.vocab_size, "results": results}
   _harness.write_json(args.json, payload)
   return payload
 

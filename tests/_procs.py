@@ -1,8 +1,9 @@
 """The environment of the processes tests start (CLI runs, learner and sampler processes, servers).
 
 One CPU device per process unless `devices` says otherwise (a user's run, and the fastest setup on a 2-core
-machine), and the suite's compile flags (conftest.py sets them for the test processes too). The suite's
-programs are tiny and each compiles once, so building them costs more than running them:
+machine), and the test process's own XLA flags (`XLA_FLAGS` as conftest.py leaves it: the caller's flags plus
+the suite's compile flags, `suite_flags`). The suite's programs are tiny and each compiles once, so building
+them costs more than running them:
 * `--xla_backend_optimization_level=0`: no LLVM optimisation of the CPU code. A CLI run of the tiny demo
   config, cold compilation cache: 76 s with XLA's defaults, 44 s with it (measured 2026-12-03).
 * `--xla_cpu_use_fusion_emitters=false`: XLA's older loop emitters for fused ops instead of its MLIR fusion
@@ -12,13 +13,25 @@ Every process of a test gets the same flags, so runs that must replay each other
 """
 
 import os
+import re
 
-FAST_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+_DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\S*")
+
+
+def suite_flags(flags: str) -> str:
+  """`flags` plus each of `FAST_COMPILE_FLAGS` whose option they do not set already (the caller's wins)."""
+  for flag in FAST_COMPILE_FLAGS:
+    if flag.split("=")[0] not in flags:
+      flags += " " + flag
+  return flags.strip()
 
 
 def env(devices: int = 1, **extra: str) -> dict[str, str]:
-  """os.environ for a child process on `devices` CPU devices, with the fast-compile flags and `extra`."""
+  """os.environ for a child process on `devices` CPU devices, with this process's XLA flags and `extra`."""
   if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
     raise ValueError(f"devices must be an int >= 1; got {devices!r}.")
-  flags = FAST_COMPILE_FLAGS + (f" --xla_force_host_platform_device_count={devices}" if devices > 1 else "")
-  return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, **extra}
+  flags = _DEVICE_COUNT.sub("", suite_flags(os.environ.get("XLA_FLAGS", "")))
+  if devices > 1:
+    flags += f" --xla_force_host_platform_device_count={devices}"
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(flags.split()), **extra}

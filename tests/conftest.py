@@ -14,14 +14,13 @@ import tempfile
 
 import _procs
 
-_XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
-if "xla_backend_optimization_level" not in _XLA_FLAGS:
-  # The suite's programs are tiny and compiled once each: building them well costs far more than it saves
-  # (no LLVM optimisation: the suite ran about a third faster with a cold cache, measured 2026-12-02; the
-  # older fusion emitters: `_procs`). Every program in a test process is compiled the same way, so
-  # comparisons between them are unaffected; the processes tests start get the same flags (`_procs.env`).
-  _XLA_FLAGS += " " + _procs.FAST_COMPILE_FLAGS
-os.environ["XLA_FLAGS"] = (_XLA_FLAGS + " --xla_force_host_platform_device_count=8").strip()
+# The suite's programs are tiny and compiled once each: building them well costs far more than it saves (no
+# LLVM optimisation: the suite ran about a third faster with a cold cache, measured 2026-12-02; the older fusion
+# emitters: `_procs`). A flag the caller's XLA_FLAGS set already is theirs. Every program in a test process is
+# compiled the same way, so comparisons between them are unaffected; the processes tests start get the same
+# flags (`_procs.env`).
+os.environ["XLA_FLAGS"] = _procs.suite_flags(os.environ.get("XLA_FLAGS", "") +
+                                             " --xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), f"rlax_post_test_jax_cache_{os.getuid()}"))

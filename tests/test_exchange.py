@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import exchange
 from rlax_post import models
 from rlax_post import sharding
@@ -341,7 +342,7 @@ def test_subscriber_follows_publisher_in_another_process(tmp_path):
         time.sleep(0.2)
       pub.close()
   """)
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(REPO)}
+  env = _procs.env(PYTHONPATH=str(REPO))
   proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)
   try:

@@ -131,7 +131,6 @@ def smollm2(tmp_path_factory):
   return out, model, tokenizer
 
 
-_CHATS = _smollm2_ours.CHATS
 _HARD = ["def f(x):\n    return x**2  # 12345", "héllo 世界 🤗🤗  \t\n\n  spaces", "<|im_start|>user<|im_end|>",
          "1234567890 3.14159 -42 1,000", "  leading and trailing  ", "ñ Ω ∑ 😀 中文字符 日本語 한국어",
          "\n\n\n", "a\u00a0b\u200bc", "<|endoftext|><file_sep>x", "   ", "IT'S it's I'M we'll"]
@@ -148,7 +147,7 @@ def test_smollm2_config_tokens_and_template_match_transformers(smollm2):
   assert (ours.bos_id, ours.eos_id, ours.pad_id, ours.add_bos_token) == (1, 2, 2, False)
   for text in _HARD:
     assert ours.encode(text, add_bos=False) == theirs(text, add_special_tokens=False)["input_ids"], text
-  for chat in _CHATS:
+  for chat in _smollm2_ours.CHATS:
     for gen in (True, False):
       assert ours.apply_chat_template(chat, add_generation_prompt=gen) == theirs.apply_chat_template(
           chat, add_generation_prompt=gen, tokenize=False)
@@ -163,7 +162,7 @@ def test_smollm2_logits_and_greedy_tokens_match_transformers(smollm2, tmp_path):
   assert done.returncode == 0, done.stderr[-3000:]
   ours = np.load(ours_npz)
   tok = _parts.CheckpointTokenizer.from_dir(out)
-  for i in range(len(_CHATS)):
+  for i in range(len(_smollm2_ours.CHATS)):
     ids = ours[f"ids_{i}"].tolist()
     with torch.no_grad():
       ref = reference(torch.tensor([ids])).logits[0].numpy()
@@ -183,7 +182,7 @@ def test_smollm2_logits_and_greedy_tokens_match_transformers(smollm2, tmp_path):
 def test_convert_command_names_a_missing_file(tmp_path):
   done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "convert", "--gguf", "missing.gguf", "--out",
                          str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=_ROOT,
-                        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+                        env=_procs.env())
   assert done.returncode == 2 and "Traceback" not in done.stderr
   assert done.stderr.strip().startswith("rlax-post convert: error: --gguf 'missing.gguf': cannot read it")
 

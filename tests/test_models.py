@@ -93,6 +93,20 @@ def test_forward_at_is_the_full_forwards_row_at_each_position_and_the_same_cache
   np.testing.assert_allclose(no_cache, rows, atol=1e-5, rtol=0)
   if "valid_vocab_size" in overrides:
     assert float(rows[:, 60:].max()) <= -1e9  # the padded ids are never sampled
+  # Extending a filled cache with padded rows, as a prefill after an existing prefix: pads take position
+  # cache_len (written nowhere), each row's last real token is its own index.
+  true_b = jnp.array([4, 2, 1], jnp.int32)
+  t_1t = jnp.arange(4)[None]
+  positions = jnp.where(t_1t < true_b[:, None], 11 + t_1t, 16)
+  new = jax.random.randint(jax.random.key(10), (3, 4), 0, 60)
+  want, want_cache = models.forward(graphdef, params, new, positions, full_cache)
+  got, got_cache = models.forward_at(graphdef, params, new, true_b - 1, positions, full_cache)
+  np.testing.assert_allclose(got, want[jnp.arange(3), true_b - 1], atol=1e-5, rtol=0)
+  for a, b in zip(jax.tree.leaves(got_cache), jax.tree.leaves(want_cache)):
+    np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+  for bad in (jnp.array([1, 2], jnp.int32), jnp.array([1.0, 2.0, 3.0]), 3):
+    with pytest.raises(ValueError, match=r"at_b must be \[B\] = \(3,\) integers .* got shape"):
+      models.forward_at(graphdef, params, tokens, bad)
 
 
 @pytest.mark.parametrize("overrides", [{}, _GEMMA_MICRO], ids=["plain", "gemma"])

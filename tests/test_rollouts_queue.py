@@ -1,6 +1,5 @@
 """Rollout queue: one suite over both backends (memory: one object; files: writer and reader objects)."""
 
-import os
 import pathlib
 import subprocess
 import sys
@@ -10,6 +9,7 @@ from array_record.python.array_record_module import ArrayRecordWriter
 import numpy as np
 import pytest
 
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import rollouts
 from rlax_post.rollouts import _records
 
@@ -369,7 +369,7 @@ q.close()
 
 
 def test_files_subprocess_writer(tmp_path):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=str(_REPO))
+  env = _procs.env(PYTHONPATH=str(_REPO))
   proc = subprocess.run([sys.executable, "-c", _SUBPROCESS_WRITER, str(tmp_path)], env=env,
                         capture_output=True, text=True, timeout=60, check=False)
   assert proc.returncode == 0, proc.stderr

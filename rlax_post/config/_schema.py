@@ -335,6 +335,7 @@ class RuntimeSection:
   decode_steps_per_sync: int = bounded(8, low=1)
   # While rollouts wait for a slot, a decode block ends once this many slots stopped, so one refill (a host
   # round trip, a prefill, an insert) serves several (`RlaxEngine.refill_after`); 0: an eighth of the slots.
+  # At most the sampler's slots; a run's engines with fewer (eval, per-turn) use all of theirs.
   refill_after: int = bounded(0, low=0)
   # --- mode="async" (docs/async.md) ---
   # η: the most policy versions a trained token may lag the learner. 0 reproduces the sync loop exactly.
@@ -366,6 +367,11 @@ class Config:
   eval: EvalSection = dataclasses.field(default_factory=EvalSection)
   checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
   runtime: RuntimeSection = dataclasses.field(default_factory=RuntimeSection)
+
+  @property
+  def sampler_slots(self) -> int:
+    """Concurrent decodes per sampler: `runtime.sampler_slots`, or a step's rollouts (P · n) when it is 0."""
+    return self.runtime.sampler_slots or self.rl.prompts_per_step * self.rl.samples_per_prompt
 
   def __post_init__(self):
     self._check_multiagent()
@@ -410,11 +416,10 @@ class Config:
     if self.runtime.sampler_slots and self.runtime.sampler_slots < self.rl.samples_per_prompt:
       raise ValueError(f"runtime.sampler_slots = {self.runtime.sampler_slots} cannot hold one group of "
                        f"rl.samples_per_prompt = {self.rl.samples_per_prompt} samples; use 0 or >= that.")
-    slots = self.runtime.sampler_slots or self.rl.prompts_per_step * self.rl.samples_per_prompt
-    if self.runtime.refill_after > slots:
-      raise ValueError(f"runtime.refill_after = {self.runtime.refill_after} exceeds the sampler's {slots} slots "
-                       "(runtime.sampler_slots, or rl.prompts_per_step × rl.samples_per_prompt); use 0 (an eighth "
-                       "of the slots) or at most that.")
+    if self.runtime.refill_after > self.sampler_slots:
+      raise ValueError(f"runtime.refill_after = {self.runtime.refill_after} exceeds the sampler's "
+                       f"{self.sampler_slots} slots (runtime.sampler_slots, or rl.prompts_per_step × "
+                       "rl.samples_per_prompt); use 0 (an eighth of the slots) or at most that.")
 
 
   def _check_multiagent(self):

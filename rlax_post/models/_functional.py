@@ -44,10 +44,19 @@ def forward_at(graphdef: GraphDef, params: Params, tokens_bt: jax.Array, at_b: j
                positions_bt: jax.Array | None = None, cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
   """Logits [B, V] (float32) of position `at_b[b]` of each row, and the updated cache: `forward`'s row at that
   position, with the vocabulary head (final norm, projection, O(V) per position) run only there. A prefill
-  reads one position of each prompt; the head over all T would cost T·D·V and hold [B, T, V] logits."""
+  reads one position of each prompt; the head over all T would cost T·D·V and hold [B, T, V] logits.
+
+  `at_b`: [B] ints, each in [0, T) (an index of `tokens_bt`'s time axis, not a position; values are not
+  checked under jit: one out of range gives NaN logits for its row). Rules that shard the "length" axis do
+  not fit the [B, 1, D] slice the head runs on.
+  """
+  at_b = jnp.asarray(at_b)
+  if at_b.shape != tokens_bt.shape[:1] or not jnp.issubdtype(at_b.dtype, jnp.integer):
+    raise ValueError(f"at_b must be [B] = {tokens_bt.shape[:1]} integers (one index per row of tokens_bt "
+                     f"{tokens_bt.shape}); got shape {at_b.shape}, dtype {at_b.dtype}.")
   model = nnx.merge(graphdef, params)
   x_btd, cache = model.trunk(tokens_bt, positions_bt, cache)
-  x_b1d = jnp.take_along_axis(x_btd, jnp.asarray(at_b, jnp.int32)[:, None, None], axis=1)
+  x_b1d = jnp.take_along_axis(x_btd, at_b.astype(jnp.int32)[:, None, None], axis=1)
   return model.head(x_b1d)[:, 0], cache
 
 

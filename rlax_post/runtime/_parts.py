@@ -180,7 +180,7 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   """
   rollouts = cfg.rl.prompts_per_step * config_lib.group_rows(cfg)
   is_async = cfg.runtime.mode == "async"
-  slots = sampler_slots(cfg) * (cfg.runtime.num_samplers if is_async else 1)
+  slots = cfg.sampler_slots * (cfg.runtime.num_samplers if is_async else 1)
   kv_slots = slots + cfg.eval.batch_size if is_async else max(slots, cfg.eval.batch_size)
   mesh_shape = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
   if -1 in mesh_shape.values():
@@ -281,7 +281,7 @@ class Parts:
   def sampling_engine(self) -> sampler.RlaxEngine:
     """The engine of the run's rollouts: `runtime.sampler_slots` (default P · n) slots, `rl`'s sampling law."""
     rl = self.cfg.rl
-    return self.engine(slots=sampler_slots(self.cfg), temperature=rl.temperature, top_p=rl.top_p,
+    return self.engine(slots=self.cfg.sampler_slots, temperature=rl.temperature, top_p=rl.top_p,
                        top_k=rl.top_k)
 
 
@@ -292,8 +292,6 @@ def _pow2_at_least(n: int, floor: int = 16) -> int:
   return b
 
 
-def sampler_slots(cfg: config_lib.Config) -> int:
-  return cfg.runtime.sampler_slots or cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
 
 
 def build_parts(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None) -> Parts:

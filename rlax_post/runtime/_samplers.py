@@ -186,7 +186,7 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   cfg = load_run_config(workdir, timeout_s=wait_config_s)
   # The sampler's own mesh: every local device on the fsdp axis; params are resharded onto it on restore.
   parts = _parts.build_parts(cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}))
-  name, slots, n = f"sampler-{index}", _parts.sampler_slots(cfg), cfg.rl.samples_per_prompt
+  name, slots, n = f"sampler-{index}", cfg.sampler_slots, cfg.rl.samples_per_prompt
   queue = file_queue(cfg, workdir, name)
   admission = rollouts.FileAdmission(os.path.join(workdir, "admission"), groups_per_step=cfg.rl.prompts_per_step,
                                      max_staleness=config_lib.staleness(cfg), sampler_id=name,

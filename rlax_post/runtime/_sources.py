@@ -87,7 +87,7 @@ class InlineSource:
   def take(self, step: int) -> Taken:
     t0 = time.time()
     tickets = range(step * self.p, (step + 1) * self.p)
-    done = envs.run_tickets(self.producer, tickets, slots=_parts.sampler_slots(self.parts.cfg),
+    done = envs.run_tickets(self.producer, tickets, slots=self.parts.cfg.sampler_slots,
                             group_size=self.n)
     groups = [(envs.group_id(t), done[t], staleness_of(done[t], step)) for t in tickets]
     return Taken(groups, [], {"wait_seconds": time.time() - t0})
@@ -206,7 +206,7 @@ class ThreadSource(_QueueSource):
     receive = lambda published: parts.to_model(self.base, published)
     self.workers = [_samplers.SamplerWorker(
         f"sampler-{k}", lambda params, version: parts.task.producer(engine, params, version),
-        _samplers.Channels(self.params, writer_queue(k), self.admission), slots=_parts.sampler_slots(cfg),
+        _samplers.Channels(self.params, writer_queue(k), self.admission), slots=cfg.sampler_slots,
         group_size=cfg.rl.samples_per_prompt, should_stop=self._stop.is_set, device_lock=self.device_lock,
         receive=receive) for k in range(cfg.runtime.num_samplers)]
     self._threads = []

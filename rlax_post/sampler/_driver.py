@@ -316,13 +316,8 @@ class Driver:
                static_batching: bool = False, share_prefix: bool = True, recompute_on_swap: bool = True,
                seed: int = 0, park_wait_s: float = 0.05, refill_after: int | None = None):
     engine.check_params(params)
-    slots = engine.max_concurrent_decodes
-    if refill_after is None:
-      refill_after = engine.refill_after
-    if isinstance(refill_after, bool) or not isinstance(refill_after, int) or not 1 <= refill_after <= slots:
-      raise ValueError(f"refill_after must be None or an int in [1, {slots}] (the engine's slots); got "
-                       f"{refill_after!r}.")
-    self.refill_after = refill_after
+    self.refill_after = _engine.check_refill_after(engine.refill_after if refill_after is None else refill_after,
+                                                   engine.max_concurrent_decodes)
     self.engine = engine
     self.params, self.version = params, int(version)
     self.static_batching, self.share_prefix = bool(static_batching), bool(share_prefix)

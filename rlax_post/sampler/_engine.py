@@ -159,6 +159,15 @@ def _spec_axes(entry) -> tuple[str, ...]:
   return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
+def check_refill_after(refill_after: Any, slots: int) -> int:
+  """`refill_after` (the count of stopped slots that ends a decode block while work waits) if it is an int in
+  [1, slots]; raises ValueError naming it otherwise."""
+  if isinstance(refill_after, bool) or not isinstance(refill_after, int) or not 1 <= refill_after <= slots:
+    raise ValueError(f"refill_after must be None or an int in [1, {slots}] (the engine's slots); got "
+                     f"{refill_after!r}.")
+  return refill_after
+
+
 class RlaxEngine(engine_api.Engine):
   """JetStream engine over `models.Transformer` with sampling by `sampler.sample_rows`.
 
@@ -217,13 +226,8 @@ class RlaxEngine(engine_api.Engine):
     self.max_decode_length = max_decode_length
     self.seed = seed
     self.steps_per_sync, self.max_stop_tokens = steps_per_sync, max_stop_tokens
-    if refill_after is None:
-      refill_after = max(1, max_concurrent_decodes // 8)
-    if isinstance(refill_after, bool) or not isinstance(refill_after, int) or not (
-        1 <= refill_after <= max_concurrent_decodes):
-      raise ValueError(f"refill_after must be None or an int in [1, {max_concurrent_decodes}] (the slots); got "
-                       f"{refill_after!r}.")
-    self.refill_after = refill_after
+    self.refill_after = check_refill_after(
+        max(1, max_concurrent_decodes // 8) if refill_after is None else refill_after, max_concurrent_decodes)
     self.prefill_batch_tokens = prefill_batch_tokens
     self.prefill_buckets = _tokenizer_api.prefill_buckets(max_prefill_length,
                                                           min(min_prefill_bucket, max_prefill_length))
