@@ -14,7 +14,6 @@ compiled call (`memory_analysis`). Random weights: only the shapes matter here.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 
@@ -67,8 +66,8 @@ def measure(name: str, *, rows: int, length: int, repeats: int, vocab_size: int 
   times = {"every": float("inf"), "last": float("inf")}
   for _ in range(repeats):  # alternating, best of each
     for key, fn in (("every", every), ("last", last)):
-      times[key] = min(times[key], _harness.best_time(
-          functools.partial(lambda f: jax.block_until_ready(f(params, tokens, last_b)), fn), warmup=0, repeats=1))
+      times[key] = min(times[key], _harness.best_time(lambda f=fn: jax.block_until_ready(f(params, tokens, last_b)),
+                                                      warmup=0, repeats=1))
   temp = {key: fn.lower(params, tokens, last_b).compile().memory_analysis().temp_size_in_bytes / 2**20
           for key, fn in (("every", every), ("last", last))}
   return {"model": name, "params": cfg.num_params(), "rows": rows, "length": length,
