@@ -1,6 +1,7 @@
 """The JetStream engine: logprob parity with the learner wherever a sequence sits, greedy = argmax loop,
 prefix reuse and extension, bucketing, stopping, checkpoint loading, and clear errors."""
 
+import dataclasses
 import functools
 
 import jax
@@ -13,6 +14,8 @@ import third_party.jetstream_compat as jetstream_compat
 from rlax_post import learner
 from rlax_post import models
 from rlax_post.runtime import _checkpoint
+from rlax_post import sampler
+from rlax_post.sampler import _cores
 from rlax_post.sampler import _engine
 from rlax_post.sampler import _tokenizer_api
 
@@ -210,6 +213,7 @@ def test_existing_prefix_extension_equals_prefilling_the_concatenation():
 
 def test_prefill_compiles_once_per_bucket():
   graphdef, params = _model()
+  _cores.clear_programs()  # Programs are shared by equal engines: count this engine's compilations alone.
   engine = _engine.RlaxEngine(CFG, graphdef, tokenizer=TOK, max_concurrent_decodes=2, max_prefill_length=32,
                               max_decode_length=32)
   for n in (3, 9, 17, 16, 32):
@@ -218,7 +222,39 @@ def test_prefill_compiles_once_per_bucket():
     assert prefix.cache.k.shape[2] == (16 if n <= 16 else 32)
   assert engine.prefill_shapes == {(1, 0, 16, 16), (1, 0, 32, 32)}
   assert len(engine.prefill_shapes) <= len(engine.prefill_buckets) == 2
-  assert engine._prefill_fn._cache_size() == 2  # pylint: disable=protected-access
+  assert engine._programs.prefill._cache_size() == 2  # pylint: disable=protected-access
+
+
+def test_engines_share_each_program_whose_inputs_they_share():  # pylint: disable=protected-access
+  """Each jitted program of an engine is shared by every engine equal in what that program reads (the prefill:
+  model, mesh, rules; insert and the decode steps: also slots, S, M, pad id; a block: also k; the empty state:
+  also EOS and the default law): nothing is traced or compiled again. What only the host reads (seed, buckets)
+  shares everything."""
+  graphdef, params = _model()
+  kw = dict(tokenizer=TOK, max_concurrent_decodes=2, max_prefill_length=16, max_decode_length=32, seed=0)
+  a = _engine.RlaxEngine(CFG, graphdef, **kw)
+  names = ("prefill", "insert", "generate", "release", "snapshot", "block", "init")
+  state = {"insert", "generate", "release", "snapshot", "block", "init"}
+  cases = [(dict(seed=5), set()), (dict(min_kv_bucket=16, min_prefill_bucket=8, prefill_batch_tokens=64), set()),
+           (dict(rules=[[name, list(axes) if isinstance(axes, tuple) else axes]  # a config's lists
+                        for name, axes in a.rules]), set()),
+           (dict(temperature=0.5), {"init"}), (dict(top_k=7), {"init"}),
+           (dict(tokenizer=_TokenizerWithEos(7)), {"init"}), (dict(steps_per_sync=4), {"block"}),
+           (dict(max_concurrent_decodes=4), state), (dict(max_decode_length=48), state),
+           (dict(max_stop_tokens=3), state)]
+  for change, own in cases:
+    b = _engine.RlaxEngine(CFG, graphdef, **{**kw, **change})
+    assert {n for n in names if getattr(b._programs, n) is not getattr(a._programs, n)} == own, change
+  other_model = models.init_params(dataclasses.replace(CFG, mlp_dim=2 * CFG.mlp_dim), jax.random.key(0))[0]
+  b = _engine.RlaxEngine(dataclasses.replace(CFG, mlp_dim=2 * CFG.mlp_dim), other_model, **kw)
+  assert all(getattr(b._programs, n) is not getattr(a._programs, n) for n in names)
+  # Shared programs give what freshly built ones give (the slots' streams come from each engine's own seed).
+  requests = [sampler.Request(prompt=_prompt(5 + i, i), max_tokens=9, request_id=i) for i in range(3)]
+  shared = sampler.Driver(_engine.RlaxEngine(CFG, graphdef, **{**kw, "seed": 3}), params).sample(requests)
+  _cores.clear_programs()
+  fresh = sampler.Driver(_engine.RlaxEngine(CFG, graphdef, **{**kw, "seed": 3}), params).sample(requests)
+  assert [c.tokens for c in shared] == [c.tokens for c in fresh] and len(shared) == 3
+  assert [c.logprobs for c in shared] == [c.logprobs for c in fresh]
 
 
 def test_a_slot_stops_at_max_decode_length():

@@ -328,7 +328,7 @@ def test_a_decode_step_copies_no_cache_stack(kind):
   else:
     engine, params = _engine(kind), _model(kind)[1]
   state = engine.init_decode_state()
-  hlo = engine._generate_fn.lower(params, state).compile().as_text()  # pylint: disable=protected-access
+  hlo = engine._programs.generate.lower(params, state).compile().as_text()  # pylint: disable=protected-access
   stacks = {",".join(map(str, x.shape)) for x in jax.tree.leaves(state.cache)}
   assert len(stacks) == (2 if kind == "gemma3" else 1)
   copies = [line for line in hlo.splitlines() if " copy(" in line and any(f"[{s}]" in line for s in stacks)]

@@ -54,7 +54,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from etils import epath
-from flax import struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,8 +61,12 @@ import orbax.checkpoint as ocp
 
 from rlax_post import models
 from rlax_post import sharding
+from rlax_post.sampler import _cores
 from rlax_post.sampler import _tokenizer_api
-from rlax_post.sampler._sampling import sample_rows
+from rlax_post.sampler._cores import Block
+from rlax_post.sampler._cores import DecodeState
+from rlax_post.sampler._cores import Prefix
+from rlax_post.sampler._cores import SlotSettings
 from rlax_post.sampler._sampling import SamplingParams
 
 engine_api = _tokenizer_api.jetstream_modules.engine_api
@@ -71,80 +74,6 @@ engine_api = _tokenizer_api.jetstream_modules.engine_api
 # prompt wastes little.
 MAX_PREFILL_ROWS = 16
 tokenizer_pb2 = engine_api.tokenizer_pb2
-
-
-@struct.dataclass(frozen=True)
-class Prefix:
-  """B prompts after prefill: what `insert` copies into slots (`prefill` gives B = 1)."""
-  cache: models.KVCache  # [L, B, C, K, H] (C a cache bucket): positions 0..length-1 of the prompt; ring
-  # layers [Ll, B, R', K, H] with R' = ring_length(C): the prompt's last R' positions (`models.KVCache`).
-  length: jax.Array  # [B] int32: tokens in each prompt (position of its first generated token).
-  logits: jax.Array  # [B, V] float32: logits of each prompt's first generated token.
-
-  def row(self, b: int) -> Prefix:
-    """Prompt b alone (B = 1)."""
-    return Prefix(cache=jax.tree.map(lambda x: x[:, b:b + 1], self.cache), length=self.length[b:b + 1],
-                  logits=self.logits[b:b + 1])
-
-
-@struct.dataclass(frozen=True)
-class SlotSettings:
-  """What `insert_batch` writes into n slots besides their prefixes: when each stops and how it samples."""
-  limit: jax.Array  # [n] int32: the slot stops once it has generated this many tokens since its insert.
-  stops: jax.Array  # [n, M] int32: ids that stop the slot once emitted (EOS first; -1 pads).
-  temperature: jax.Array  # [n] float32: 0 is greedy.
-  top_p: jax.Array  # [n] float32 in (0, 1].
-  top_k: jax.Array  # [n] int32: 0 keeps every token.
-
-
-@struct.dataclass(frozen=True)
-class DecodeState:
-  """Every slot's sequence; a decode step maps it to the next one."""
-  cache: models.KVCache  # [L, slots, S, K, H]: slot s's position p at [:, s, p] (a ring's: [:, s, p mod R]).
-  logits: jax.Array  # [slots, V] float32: logits of each slot's next token.
-  positions: jax.Array  # [slots] int32: position of each slot's next token (= its sequence length).
-  lengths: jax.Array  # [slots] int32: tokens generated since the slot's insert.
-  active: jax.Array  # [slots] bool: the slot holds a sequence that has not stopped.
-  tokens: jax.Array  # [slots] int32: the last step's tokens (pad_id where not valid).
-  logprobs: jax.Array  # [slots] float32: the last step's log π_T(token) (0 where not valid).
-  valid: jax.Array  # [slots] bool: the last step produced a token in this slot.
-  rngs: jax.Array  # [slots, 2] uint32: raw key of each slot's sampling stream.
-  num_inserts: jax.Array  # [] int32: inserts so far (seeds the next slot's stream).
-  settings: SlotSettings  # [slots, ...]: each slot's stop rule and sampling law.
-
-
-@struct.dataclass(frozen=True)
-class Block:
-  """Up to `steps_per_sync` decode steps of every slot (`generate_block`), fetched in one transfer."""
-  tokens: jax.Array  # [k, slots] int32: step i's token of each slot (pad_id where not valid).
-  logprobs: jax.Array  # [k, slots] float32: its log π_T (0 where not valid).
-  valid: jax.Array  # [k, slots] bool: the slot produced a token at step i.
-  steps: jax.Array  # [] int32: steps run (rows past it are not valid).
-
-
-def _snapshot(state: DecodeState, slot: jax.Array) -> Prefix:
-  """Slot `slot` of `state` as a one-row Prefix: every cache position (a ring's too: same length, so the same
-  modulus in the slots it is inserted into), `positions[slot]` as its length, its next token's logits."""
-  take = lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=0)
-  return Prefix(cache=jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, slot, 1, axis=1), state.cache),
-                length=take(state.positions), logits=take(state.logits))
-
-
-def _slot_axes(cfg: models.ModelConfig) -> tuple[DecodeState, Block]:
-  """The logical axes of every field of a `DecodeState` and a `Block` (the module docstring)."""
-  slot, slot_row = ("batch",), ("batch", None)
-  cache = models.cache_axes(cfg, models.CACHE_LBSKH)
-  settings = SlotSettings(limit=slot, stops=slot_row, temperature=slot, top_p=slot, top_k=slot)
-  state = DecodeState(cache=cache, logits=slot_row, positions=slot, lengths=slot, active=slot, tokens=slot,
-                      logprobs=slot, valid=slot, rngs=slot_row, num_inserts=(), settings=settings)
-  step_slot = (None, "batch")
-  return state, Block(tokens=step_slot, logprobs=step_slot, valid=step_slot, steps=())
-
-
-def _prefix_axes(cfg: models.ModelConfig) -> Prefix:
-  """A prefix's rows are replicated over the slot axes (any row may go into any slot); its KV heads split."""
-  cache = models.cache_axes(cfg, ("layers", None, "length", "kv_heads", "head_dim"))
-  return Prefix(cache=cache, length=(None,), logits=(None, None))
 
 
 def _mesh_rules(mesh: jax.sharding.Mesh) -> sharding.Rules:
@@ -242,31 +171,19 @@ class RlaxEngine(engine_api.Engine):
     self.prefill_shapes: set[tuple[int, int, int, int]] = set()
     self._checked_params = None  # The params `check_params` last passed (an identity cache).
     _, self._abstract_params = models.abstract_params(model_cfg)
-    self.rules = _mesh_rules(self._mesh) if rules is None else tuple(rules)
+    self.rules = _mesh_rules(self._mesh) if rules is None else tuple(
+        (name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in rules)  # hashable
     self._check_divides("max_concurrent_decodes", max_concurrent_decodes, "batch", "the decode state's slots")
     self._check_divides("the model's num_kv_heads", model_cfg.num_kv_heads, "kv_heads", "the KV cache's heads")
-    state_axes, block_axes = _slot_axes(model_cfg)
-    state_like = jax.eval_shape(self._empty_state)
+    # The jitted cores, shared with every engine equal in what they read (`_cores.programs`).
+    self._programs = _cores.programs(_cores.Cores(
+        model_cfg=model_cfg, graphdef=graphdef, mesh=self._mesh, rules=self.rules, slots=max_concurrent_decodes,
+        max_decode_length=max_decode_length, steps_per_sync=steps_per_sync, max_stop_tokens=max_stop_tokens,
+        pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id, sampling=self.sampling))
     # NamedShardings of the decode state, a `generate_block` block and a prefix (the module docstring).
-    self.state_shardings = sharding.named_shardings(state_axes, self._mesh, self.rules, shapes=state_like)
-    self.block_shardings = sharding.named_shardings(block_axes, self._mesh, self.rules)
-    self.prefix_shardings = sharding.named_shardings(_prefix_axes(model_cfg), self._mesh, self.rules)
-    self._constrain = sharding.activation_constraint_fn(self._mesh, self.rules)
-    state_sh = self.state_shardings
-    # Params, prefixes and host inputs keep the layout they come with (None); the state's is pinned.
-    self._init_fn = jax.jit(self._empty_state, out_shardings=state_sh)
-    self._prefill_fn = jax.jit(self._prefill_impl, static_argnames=("cache_len",),
-                               out_shardings=self.prefix_shardings)
-    self._insert_fn = jax.jit(self._insert_impl, in_shardings=(None, state_sh, None, None, None, None, None),
-                              out_shardings=state_sh, donate_argnums=(1,))
-    self._generate_fn = jax.jit(self._generate_impl, in_shardings=(None, state_sh),
-                                out_shardings=(state_sh, None), donate_argnums=(1,))
-    self._block_fn = jax.jit(self._block_impl, static_argnums=(4,), in_shardings=(None, state_sh, None, None),
-                             out_shardings=(state_sh, self.block_shardings), donate_argnums=(1,))
-    self._release_fn = jax.jit(lambda state, slots: state.replace(
-        active=state.active.at[slots].set(False, mode="drop")), in_shardings=(state_sh, None),
-                               out_shardings=state_sh, donate_argnums=(0,))
-    self._snapshot_fn = jax.jit(_snapshot, in_shardings=(state_sh, None), out_shardings=self.prefix_shardings)
+    self.state_shardings = self._programs.state_shardings
+    self.block_shardings = self._programs.block_shardings
+    self.prefix_shardings = self._programs.prefix_shardings
 
   # --- Checks ---------------------------------------------------------------------------------------------
 
@@ -300,115 +217,6 @@ class RlaxEngine(engine_api.Engine):
         0 <= slot < self._max_concurrent_decodes):
       raise ValueError(f"slot must be an int in [0, {self._max_concurrent_decodes}); got {slot!r}.")
     return int(slot)
-
-  # --- Pure cores (jitted in __init__) --------------------------------------------------------------------
-
-  def _prefill_impl(self, params, tokens_bt, start_b, true_length_b, cache, *, cache_len):
-    cfg = self.model_cfg
-    if cache is None:
-      cache = models.init_cache(cfg, tokens_bt.shape[0], cache_len)
-    else:
-      cache = models.grow_cache(cfg, cache, cache_len)
-    t_1t = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)[None]
-    # Pad tokens take position cache_len, past the cache: the model writes none of them (a sliding-window
-    # layer's ring would put them over the prompt's last positions), and no prompt query sees them.
-    positions_bt = jnp.where(t_1t < true_length_b[:, None], start_b[:, None] + t_1t, cache_len)
-    logits_bv, cache = models.forward_at(self.graphdef, params, tokens_bt, true_length_b - 1, positions_bt, cache)
-    return Prefix(cache=cache, length=start_b + true_length_b, logits=logits_bv)
-
-  def _insert_impl(self, prefix: Prefix, state: DecodeState, rows_n, slots_n, rngs_n2,
-                   settings: SlotSettings, streams_nj):
-    """Prefix row rows_n[i] into slot slots_n[i] with the raw key rngs_n2[i] folded in by streams_nj[i] (j = 0:
-    the key itself); slots out of range (padding) are dropped.
-
-    Each of the prefix's C positions (R' ring slots of a sliding-window layer) goes to the same slot of the
-    state's S (R ≥ R'): a ring as long as the state's has the same modulus, and a shorter one holds its
-    positions p < R' at slot p (its window is longer than C), which is slot p mod R in the state's ring.
-    """
-
-    def put(big, value):
-      return big.at[slots_n].set(value.astype(big.dtype), mode="drop")
-
-    def put_cache(big, rows):
-      return big.at[:, slots_n, :rows.shape[2]].set(rows[:, rows_n].astype(big.dtype), mode="drop")
-
-    length_n = prefix.length[rows_n]
-    return state.replace(
-        cache=jax.tree.map(put_cache, state.cache, prefix.cache),
-        logits=put(state.logits, prefix.logits[rows_n]),
-        positions=put(state.positions, length_n),
-        lengths=put(state.lengths, jnp.zeros_like(length_n)),
-        active=put(state.active, (length_n < self.max_decode_length) & (settings.limit > 0)),
-        tokens=put(state.tokens, jnp.full_like(length_n, self.tokenizer.pad_id)),
-        logprobs=put(state.logprobs, jnp.zeros(length_n.shape, jnp.float32)),
-        valid=put(state.valid, jnp.zeros(length_n.shape, bool)),
-        rngs=put(state.rngs, jax.vmap(_stream_key)(rngs_n2, streams_nj)),
-        num_inserts=state.num_inserts + jnp.sum(slots_n < self._max_concurrent_decodes),
-        settings=jax.tree.map(put, state.settings, settings),
-    )
-
-  def _decode_step(self, params, state: DecodeState, kv_len: int | None = None) -> DecodeState:
-    """One decode step of every slot (the module docstring); attention over the cache's first `kv_len`
-    positions (every live slot's position must be below it; None: all S)."""
-    live_s, st = state.active, state.settings
-    keys_s2 = jax.vmap(lambda k: jax.random.key_data(jax.random.split(jax.random.wrap_key_data(k))))(
-        state.rngs)  # [slots, 2 keys, 2]
-    token_s = sample_rows(state.logits, jax.vmap(jax.random.wrap_key_data)(keys_s2[:, 1]), st.temperature,
-                          st.top_p, st.top_k)
-    logprob_temperature_s1 = jnp.where(st.temperature > 0, st.temperature, 1.0)[:, None]
-    logp_s = models.logprobs_from_logits(state.logits, token_s, temperature=logprob_temperature_s1)
-    s = self.max_decode_length
-    # Slots that produce nothing write at position S: out of the cache, dropped by the model's scatter.
-    write_pos_s = jnp.where(live_s, state.positions, s)
-    logits_s1v, cache = models.forward(self.graphdef, params, token_s[:, None], write_pos_s[:, None],
-                                       state.cache, kv_len)
-    positions_s, lengths_s = state.positions + live_s, state.lengths + live_s
-    stopped_s = jnp.any(token_s[:, None] == st.stops, axis=-1)
-    return state.replace(
-        cache=cache,
-        logits=jnp.where(live_s[:, None], logits_s1v[:, 0], state.logits),
-        positions=positions_s,
-        lengths=lengths_s,
-        active=live_s & ~stopped_s & (lengths_s < st.limit) & (positions_s < s),
-        tokens=jnp.where(live_s, token_s, self.tokenizer.pad_id),
-        logprobs=jnp.where(live_s, logp_s, 0.0),
-        valid=live_s,
-        rngs=jnp.where(live_s[:, None], keys_s2[:, 0], state.rngs),
-    )
-
-  def _generate_impl(self, params, state: DecodeState):
-    with models.activation_constraints(self._constrain):
-      new = self._decode_step(params, state)
-    data = jnp.stack([new.tokens, new.valid.astype(jnp.int32), new.lengths], axis=-1).astype(jnp.int32)
-    result = engine_api.ResultTokens(data=data, tokens_idx=(0, 1), valid_idx=(1, 2), length_idx=(2, 3),
-                                     samples_per_slot=1)
-    return new, result
-
-  def _block_impl(self, params, state: DecodeState, steps, stop_on_free, kv_len: int):
-    """Up to `steps` (<= k) decode steps attending over the cache's first `kv_len` positions; stops early
-    once no slot is live, before a live slot's position reaches `kv_len`, or, with `stop_on_free` = n > 0,
-    after the step in which the block's n-th slot stopped (so the caller can refill them)."""
-    k, n = self.steps_per_sync, self._max_concurrent_decodes
-    empty = Block(tokens=jnp.full((k, n), self.tokenizer.pad_id, jnp.int32),
-                  logprobs=jnp.zeros((k, n), jnp.float32), valid=jnp.zeros((k, n), bool),
-                  steps=jnp.zeros((), jnp.int32))
-
-    def go_on(carry):
-      state, block, freed = carry
-      fits = ~jnp.any(state.active & (state.positions >= kv_len))
-      return (block.steps < steps) & jnp.any(state.active) & fits & ((stop_on_free == 0) | (freed < stop_on_free))
-
-    def body(carry):
-      state, block, freed = carry
-      new = self._decode_step(params, state, kv_len)
-      i = block.steps
-      block = Block(tokens=block.tokens.at[i].set(new.tokens), logprobs=block.logprobs.at[i].set(new.logprobs),
-                    valid=block.valid.at[i].set(new.valid), steps=i + 1)
-      return new, block, freed + jnp.sum(state.active & ~new.active, dtype=jnp.int32)
-
-    with models.activation_constraints(self._constrain):
-      state, block, _ = jax.lax.while_loop(go_on, body, (state, empty, jnp.zeros((), jnp.int32)))
-    return state, block
 
   # --- Host-side settings and keys ------------------------------------------------------------------------
 
@@ -479,7 +287,7 @@ class RlaxEngine(engine_api.Engine):
     true_b[:len(prompts)] = lengths
     cache_len = t_bucket if cache_len is None else cache_len
     self.prefill_shapes.add((rows, 0 if cache is None else cache.k.shape[2], t_bucket, cache_len))
-    return self._prefill_fn(params, jnp.asarray(tokens_bt), jnp.full((rows,), start, jnp.int32),
+    return self._programs.prefill(params, jnp.asarray(tokens_bt), jnp.full((rows,), start, jnp.int32),
                             jnp.asarray(true_b), cache, cache_len=cache_len)
 
   def prefill_rows(self, bucket: int) -> int:
@@ -537,7 +345,7 @@ class RlaxEngine(engine_api.Engine):
     streams = np.zeros((n, 0), np.uint32) if streams is None else np.asarray(streams, np.uint32)
     if streams.ndim != 2 or streams.shape[0] != n:
       raise ValueError(f"insert_batch needs streams [n = {n}, j]; got shape {streams.shape}.")
-    return self._insert_fn(prefix, decode_state, pad(np.asarray(rows, np.int32), 0),
+    return self._programs.insert(prefix, decode_state, pad(np.asarray(rows, np.int32), 0),
                            pad(np.asarray(slots, np.int32), self._max_concurrent_decodes),
                            pad(np.asarray(rngs, np.uint32), 0), jax.tree.map(lambda x: pad(x, 0), settings),
                            pad(streams, 0))
@@ -563,16 +371,16 @@ class RlaxEngine(engine_api.Engine):
     """Slot `slot`'s sequence as a one-row `Prefix` (its whole KV cache, its position as the length, the logits
     of its next token), to insert into other slots: a fork of a running sample that recomputes nothing.
     `decode_state` is read, not donated."""
-    return self._snapshot_fn(decode_state, jnp.asarray(self._check_slot(slot), jnp.int32))
+    return self._programs.snapshot(decode_state, jnp.asarray(self._check_slot(slot), jnp.int32))
 
   def release(self, decode_state: DecodeState, slots: Sequence[int]) -> DecodeState:
     """Stops `slots` (they produce nothing until their next insert); `decode_state` is donated."""
-    return self._release_fn(decode_state, jnp.asarray([self._check_slot(s) for s in slots], jnp.int32))
+    return self._programs.release(decode_state, jnp.asarray([self._check_slot(s) for s in slots], jnp.int32))
 
   def generate(self, params: Any, decode_state: DecodeState) -> tuple[DecodeState, Any]:
     """One token for every live slot; `decode_state` is donated. See the module docstring."""
     self.check_params(params)
-    return self._generate_fn(params, decode_state)
+    return self._programs.generate(params, decode_state)
 
   def generate_block(self, params: Any, decode_state: DecodeState, *, steps: int | None = None,
                      stop_on_free: bool | int = False, max_length: int | None = None) -> tuple[DecodeState, Block]:
@@ -597,7 +405,7 @@ class RlaxEngine(engine_api.Engine):
                                    or max_length < 0):
       raise ValueError(f"max_length must be None or an int >= 0 (the longest live sequence); got {max_length!r}.")
     span = self.max_decode_length if max_length is None else self.kv_span(int(max_length) + steps)
-    return self._block_fn(params, decode_state, np.int32(steps), np.int32(stop_on_free), span)
+    return self._programs.block(params, decode_state, np.int32(steps), np.int32(stop_on_free), span)
 
   def kv_span(self, length: int) -> int:
     """The attention span of a block whose slots reach `length` positions: the smallest `kv_buckets`
@@ -607,26 +415,7 @@ class RlaxEngine(engine_api.Engine):
   def init_decode_state(self, *args, **kwargs) -> DecodeState:
     """All slots empty (inactive), sharded by `state_shardings` (built on its devices, never whole on one)."""
     del args, kwargs
-    return self._init_fn()
-
-  def _empty_state(self) -> DecodeState:
-    n, cfg = self._max_concurrent_decodes, self.model_cfg
-    key_shape = jax.random.key_data(jax.random.key(0)).shape
-    return DecodeState(
-        # k and v share one zeros array here; as outputs of the jitted `_init_fn` they are two buffers (donation
-        # rejects one buffer twice).
-        cache=models.init_cache(cfg, n, self.max_decode_length),
-        logits=jnp.zeros((n, cfg.vocab_size), jnp.float32),
-        positions=jnp.zeros((n,), jnp.int32),
-        lengths=jnp.zeros((n,), jnp.int32),
-        active=jnp.zeros((n,), bool),
-        tokens=jnp.full((n,), self.tokenizer.pad_id, jnp.int32),
-        logprobs=jnp.zeros((n,), jnp.float32),
-        valid=jnp.zeros((n,), bool),
-        rngs=jnp.zeros((n,) + key_shape, jnp.uint32),
-        num_inserts=jnp.zeros((), jnp.int32),
-        settings=jax.tree.map(jnp.asarray, self.slot_settings([0] * n)),
-    )
+    return self._programs.init()
 
   def load_params(self, checkpoint_dir: str | epath.Path, step: int | None = None) -> Any:
     """The model params of a run checkpoint: `checkpoint_dir/<step>/state`'s `params` (latest step if None).
@@ -706,14 +495,6 @@ def _pow2_at_least(n: int) -> int:
   while b < n:
     b *= 2
   return b
-
-
-def _stream_key(base_2: jax.Array, streams_j: jax.Array) -> jax.Array:
-  """Raw key of `fold_in` of the raw key `base_2` by each of `streams_j` in turn."""
-  key = jax.random.wrap_key_data(base_2)
-  for j in range(streams_j.shape[0]):
-    key = jax.random.fold_in(key, streams_j[j])
-  return jax.random.key_data(key)
 
 
 def check_params_like(params: Any, params_like: Any, model: str, hint: str = "") -> None:
