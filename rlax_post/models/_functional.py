@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 from flax import nnx
@@ -27,7 +28,16 @@ def init_params(cfg: ModelConfig, rng: jax.Array) -> tuple[GraphDef, Params]:
 
 
 def abstract_params(cfg: ModelConfig) -> tuple[GraphDef, Params]:
-  """Like `init_params` but with `jax.ShapeDtypeStruct` leaves: no memory, no compute."""
+  """Like `init_params` but with `jax.ShapeDtypeStruct` leaves: no memory, no compute. Each call returns its
+  own dicts (the caller may change them) over leaves computed once per config."""
+  graphdef, params = _abstract_params(cfg)
+  return graphdef, jax.tree.map(lambda x: x, params)
+
+
+@functools.lru_cache(maxsize=64)
+def _abstract_params(cfg: ModelConfig) -> tuple[GraphDef, Params]:
+  # Tracing the model's construction costs ~50 ms, and memory estimates, engines and config checks ask for the
+  # same few configs again and again (configs/models.py tries several meshes per model).
   model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0)))
   graphdef, state = nnx.split(model)
   return graphdef, nnx.to_pure_dict(state)
