@@ -208,6 +208,21 @@ def test_token_logprobs_identities(micro_model):
   assert np.all(np.asarray(logp) <= 0)
 
 
+def test_abstract_params_match_init_and_each_call_owns_its_dicts():
+  """`abstract_params` is `init_params`' shapes and dtypes (traced once per config): a caller that edits its
+  dicts leaves the next call's alone."""
+  cfg = _micro(tie_embeddings=False)
+  graphdef, params = models.init_params(cfg, jax.random.key(0))
+  abstract_graphdef, first = models.abstract_params(cfg)
+  assert abstract_graphdef == graphdef
+  assert jax.tree.map(lambda x: (x.shape, x.dtype), first) == jax.tree.map(lambda x: (x.shape, x.dtype), params)
+  first.pop("lm_head")
+  first["q"] = None
+  _, second = models.abstract_params(cfg)
+  assert "lm_head" in second and second["q"].shape == params["q"].shape and second is not first
+  assert models.abstract_params(_micro(tie_embeddings=True))[1].keys() != second.keys()  # another config
+
+
 def test_logical_axes_cover_every_parameter():
   cfg = _micro(tie_embeddings=False, qkv_bias=True, qk_norm=True)
   _, params = models.abstract_params(cfg)
