@@ -20,6 +20,7 @@ from rlax_post import models
 from rlax_post import sampler
 from rlax_post import sharding
 from rlax_post.models import _transformer
+from rlax_post.sampler import _cores
 
 TOK = models.ByteTokenizer()
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -45,8 +46,12 @@ def _model(kind="gemma2", window=8):
 
 
 def _full_length_cache(monkeypatch):
-  """From here on every cache keeps all S positions on every layer (rings as long as the cache)."""
+  """From here on every cache keeps all S positions on every layer (rings as long as the cache). Engines share
+  their programs (`sampler/_cores.py`), traced with rings: this test's engines get empty caches of their own,
+  and the rings' programs are back for the tests after it."""
   monkeypatch.setattr(models.ModelConfig, "ring_length", lambda self, max_len: max_len)
+  for name in _cores.CACHES:
+    monkeypatch.setattr(_cores, name, functools.lru_cache(getattr(_cores, name).__wrapped__))
 
 
 def _prompt(n, seed=0):

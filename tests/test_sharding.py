@@ -18,6 +18,17 @@ def test_public_api():
     assert hasattr(sharding, name), name
 
 
+def test_as_rules_gives_hashable_tuples_and_leaves_bad_pairs_to_be_named():
+  from_json = [["batch", ["data", "fsdp"]], ["embed", "fsdp"], ["length", None]]
+  rules = sharding.as_rules(from_json)
+  assert rules == (("batch", ("data", "fsdp")), ("embed", "fsdp"), ("length", None)) and hash(rules)
+  assert sharding.as_rules(sharding.DEFAULT_RULES) == sharding.DEFAULT_RULES
+  bad = sharding.as_rules([["batch", "data", "fsdp"]])
+  assert bad == (["batch", "data", "fsdp"],)
+  with pytest.raises(ValueError, match="each rule must be a"):
+    sharding.logical_to_spec(("batch",), bad)
+
+
 def test_eight_devices():
   assert jax.device_count() == 8, 'run with conftest.py (8 fake CPU devices)'
 

@@ -194,8 +194,7 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
 
 def config_rules(cfg: config_lib.Config) -> sharding.Rules:
   """`mesh.rules` (JSON turns their tuples into lists), or the default rules."""
-  return tuple((name, tuple(axes) if isinstance(axes, list) else axes)
-               for name, axes in cfg.mesh.rules) or sharding.DEFAULT_RULES
+  return sharding.as_rules(cfg.mesh.rules) or sharding.DEFAULT_RULES
 
 
 def mesh_and_rules(cfg: config_lib.Config) -> tuple[jax.sharding.Mesh, sharding.Rules]:
@@ -290,8 +289,6 @@ def _pow2_at_least(n: int, floor: int = 16) -> int:
   while b < n:
     b *= 2
   return b
-
-
 
 
 def build_parts(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None) -> Parts:

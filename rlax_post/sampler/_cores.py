@@ -229,7 +229,6 @@ class Cores:
       state, block, _ = jax.lax.while_loop(go_on, body, (state, empty, jnp.zeros((), jnp.int32)))
     return state, block
 
-
   def empty_state(self) -> DecodeState:
     """Every slot empty (inactive), with the default law and no limit (as `RlaxEngine.slot_settings([0] * n)`)."""
     n, cfg, law = self.slots, self.model_cfg, self.sampling
@@ -288,49 +287,57 @@ def programs(cores: Cores) -> Programs:
   `_PROGRAM_SETS` most recent kept): engines that differ only in their default law share all but `init`, and
   every engine of one model and mesh shares its prefill. Params, prefixes and host inputs keep the layout they
   come with (None); the state's is pinned."""
-  prefix_sh, prefill = _prefill_program(_only(cores, _MODEL))
-  state_sh, insert, generate, release, snapshot = _state_programs(_only(cores, _STATE))
+  insert, generate, release, snapshot = _state_programs(_only(cores, _STATE))
   block_sh, block = _block_program(_only(cores, _BLOCK))
-  return Programs(state_shardings=state_sh, block_shardings=block_sh, prefix_shardings=prefix_sh,
-                  init=_init_program(_only(cores, _INIT)), prefill=prefill, insert=insert, generate=generate, block=block,
+  return Programs(state_shardings=_state_shardings(_only(cores, _STATE)), block_shardings=block_sh,
+                  prefix_shardings=_prefix_shardings(_only(cores, _MODEL)), init=_init_program(_only(cores, _INIT)),
+                  prefill=_prefill_program(_only(cores, _MODEL)), insert=insert, generate=generate, block=block,
                   release=release, snapshot=snapshot)
 
 
+# Every cache of this module, by name (tests that change what a trace reads swap them for empty ones).
+CACHES = ("_prefix_shardings", "_state_shardings", "_prefill_program", "_state_programs", "_block_program",
+          "_init_program")
+
+
 def clear_programs() -> None:
-  """Forgets every shared program (for tests that count one engine's compilations from a clean start)."""
-  for build in (_prefill_program, _state_programs, _block_program, _init_program):
-    build.cache_clear()
+  """Forgets every shared program and layout (for tests that count one engine's compilations from a clean
+  start)."""
+  for name in CACHES:
+    globals()[name].cache_clear()
 
 
-def _prefix_shardings(cores: Cores) -> Prefix:
+# The layouts, keyed like the programs that pin them (one state layout per `_STATE` key: its shapes need a trace).
+@functools.lru_cache(maxsize=_PROGRAM_SETS)
+def _prefix_shardings(cores: Cores) -> Prefix:  # cores: a `_MODEL` key
   return sharding.named_shardings(_prefix_axes(cores.model_cfg), cores.mesh, cores.rules)
 
 
-def _state_shardings(cores: Cores) -> DecodeState:
+@functools.lru_cache(maxsize=_PROGRAM_SETS)
+def _state_shardings(cores: Cores) -> DecodeState:  # cores: a `_STATE` key
   return sharding.named_shardings(_slot_axes(cores.model_cfg)[0], cores.mesh, cores.rules,
                                   shapes=jax.eval_shape(cores.empty_state))
 
 
 @functools.lru_cache(maxsize=_PROGRAM_SETS)
 def _prefill_program(cores: Cores):
-  prefix_sh = _prefix_shardings(cores)
-  return prefix_sh, jax.jit(cores.prefill, static_argnames=("cache_len",), out_shardings=prefix_sh)
+  return jax.jit(cores.prefill, static_argnames=("cache_len",), out_shardings=_prefix_shardings(cores))
 
 
 @functools.lru_cache(maxsize=_PROGRAM_SETS)
 def _state_programs(cores: Cores):
   state_sh = _state_shardings(cores)
-  return (state_sh,
-          jax.jit(cores.insert, in_shardings=(None, state_sh, None, None, None, None, None), out_shardings=state_sh,
+  return (jax.jit(cores.insert, in_shardings=(None, state_sh, None, None, None, None, None),
+                  out_shardings=state_sh, donate_argnums=(1,)),
+          jax.jit(cores.generate, in_shardings=(None, state_sh), out_shardings=(state_sh, None),
                   donate_argnums=(1,)),
-          jax.jit(cores.generate, in_shardings=(None, state_sh), out_shardings=(state_sh, None), donate_argnums=(1,)),
           jax.jit(_release, in_shardings=(state_sh, None), out_shardings=state_sh, donate_argnums=(0,)),
-          jax.jit(_snapshot, in_shardings=(state_sh, None), out_shardings=_prefix_shardings(cores)))
+          jax.jit(_snapshot, in_shardings=(state_sh, None), out_shardings=_prefix_shardings(_only(cores, _MODEL))))
 
 
 @functools.lru_cache(maxsize=_PROGRAM_SETS)
 def _block_program(cores: Cores):
-  state_sh = _state_shardings(cores)
+  state_sh = _state_shardings(_only(cores, _STATE))
   block_sh = sharding.named_shardings(_slot_axes(cores.model_cfg)[1], cores.mesh, cores.rules)
   return block_sh, jax.jit(cores.block, static_argnums=(4,), in_shardings=(None, state_sh, None, None),
                            out_shardings=(state_sh, block_sh), donate_argnums=(1,))
@@ -338,7 +345,7 @@ def _block_program(cores: Cores):
 
 @functools.lru_cache(maxsize=_PROGRAM_SETS)
 def _init_program(cores: Cores):
-  return jax.jit(cores.empty_state, out_shardings=_state_shardings(cores))
+  return jax.jit(cores.empty_state, out_shardings=_state_shardings(_only(cores, _STATE)))
 
 
 def _release(state: DecodeState, slots: jax.Array) -> DecodeState:
@@ -351,5 +358,3 @@ def _stream_key(base_2: jax.Array, streams_j: jax.Array) -> jax.Array:
   for j in range(streams_j.shape[0]):
     key = jax.random.fold_in(key, streams_j[j])
   return jax.random.key_data(key)
-
-

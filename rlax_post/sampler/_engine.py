@@ -171,8 +171,7 @@ class RlaxEngine(engine_api.Engine):
     self.prefill_shapes: set[tuple[int, int, int, int]] = set()
     self._checked_params = None  # The params `check_params` last passed (an identity cache).
     _, self._abstract_params = models.abstract_params(model_cfg)
-    self.rules = _mesh_rules(self._mesh) if rules is None else tuple(
-        (name, tuple(axes) if isinstance(axes, list) else axes) for name, axes in rules)  # hashable
+    self.rules = _mesh_rules(self._mesh) if rules is None else sharding.as_rules(rules)
     self._check_divides("max_concurrent_decodes", max_concurrent_decodes, "batch", "the decode state's slots")
     self._check_divides("the model's num_kv_heads", model_cfg.num_kv_heads, "kv_heads", "the KV cache's heads")
     # The jitted cores, shared with every engine equal in what they read (`_cores.programs`).

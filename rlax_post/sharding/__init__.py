@@ -9,6 +9,7 @@ from rlax_post.sharding._rules import DEFAULT_RULES
 from rlax_post.sharding._rules import LogicalAxes
 from rlax_post.sharding._rules import Rules
 from rlax_post.sharding._rules import activation_constraint_fn
+from rlax_post.sharding._rules import as_rules
 from rlax_post.sharding._rules import activation_shard_shape
 from rlax_post.sharding._rules import batch_sharding
 from rlax_post.sharding._rules import logical_to_spec
@@ -26,6 +27,7 @@ __all__ = (
     'Rules',
     'activation_constraint_fn',
     'activation_shard_shape',
+    'as_rules',
     'batch_sharding',
     'logical_to_spec',
     'make_mesh',

@@ -34,6 +34,13 @@ DEFAULT_RULES: Rules = (
 )
 
 
+def as_rules(rules) -> Rules:
+  """`rules` as tuples (hashable, so they can key jit caches): a config file's JSON makes each pair and its
+  mesh axes lists. Malformed pairs pass through unchanged for the functions that use rules to name."""
+  return tuple((pair[0], tuple(pair[1]) if isinstance(pair[1], list) else pair[1])
+               if isinstance(pair, (tuple, list)) and len(pair) == 2 else pair for pair in rules)
+
+
 def _rules_dict(rules: Rules) -> dict[str, tuple[str, ...]]:
   table = {}
   for pair in rules:
