@@ -553,7 +553,8 @@ class Driver:
     reason (None: it goes on) and whether a stop string ended it (tokens after the end are dropped)."""
     left = sample.limit - (len(sample.tokens) - sample.turn_start)
     used = min(len(tokens), left)
-    stop_at = next((i for i, t in enumerate(tokens[:used]) if t in sample.stops), None)
+    stop_at = (None if sample.stops.isdisjoint(tokens[:used])
+               else next(i for i, t in enumerate(tokens[:used]) if t in sample.stops))
     used = used if stop_at is None else stop_at + 1
     by_string = False
     if sample.request.stop:
@@ -609,20 +610,28 @@ class Driver:
                                                     max_length=longest)
     tokens_ks, logprobs_ks, valid_ks, steps = jax.device_get((block.tokens, block.logprobs, block.valid,
                                                               block.steps))
-    self._counts.update(syncs=1, generate_steps=int(steps), busy_slot_steps=int(valid_ks.sum()),
-                        parked_steps=int(steps) * bool(self._parked))
+    steps = int(steps)
+    valid_ks = valid_ks[:steps]
+    produced_s = valid_ks.sum(axis=0)
+    self._counts.update(syncs=1, generate_steps=steps, busy_slot_steps=int(produced_s.sum()),
+                        parked_steps=steps * bool(self._parked))
+    # Each busy slot's tokens are a run from the block's first step (the device stops a slot, never resumes it).
+    runs_s = (valid_ks == (np.arange(steps)[:, None] < produced_s)).all(axis=0) & (produced_s > 0)
+    busy = [slot for slot, sample in enumerate(self._busy) if sample is not None]
+    broken = [slot for slot in busy if not runs_s[slot]]
+    if broken:
+      raise RuntimeError(f"slots {broken} hold unfinished samples but produced no run of tokens (driver bug).")
+    # One conversion per block, not per slot: [slots][steps] lists.
+    tokens_sk, logprobs_sk = tokens_ks[:steps].T.tolist(), logprobs_ks[:steps].T.tolist()
+    produced = produced_s.tolist()
     finished, release = [], []
-    for slot, sample in enumerate(self._busy):
-      if sample is None:
-        continue
+    for slot in busy:
+      sample = self._busy[slot]
       self._logits_version[slot] = self.version
-      produced = int(valid_ks[:steps, slot].sum())
-      if produced == 0 or not valid_ks[:produced, slot].all():
-        raise RuntimeError(f"slot {slot} holds an unfinished sample but produced no token (driver bug).")
-      reason, by_string = self._take(sample, tokens_ks[:produced, slot].tolist(),
-                                     logprobs_ks[:produced, slot].tolist(), versions[slot])
+      n = produced[slot]
+      reason, by_string = self._take(sample, tokens_sk[slot][:n], logprobs_sk[slot][:n], versions[slot])
       if reason is None:
-        if produced < steps:
+        if n < steps:
           raise RuntimeError(f"slot {slot} stopped on the device with no stop the driver sees (driver bug).")
         continue
       if by_string:
