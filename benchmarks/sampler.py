@@ -4,7 +4,8 @@ batching and shared vs separate prefills, side by side in one run.
   python benchmarks/sampler.py                      # tiny model on the CPU
   python benchmarks/sampler.py --json out.json      # also write the figures (keys efficiency_equal,
                                                     # efficiency_long_tail, continuous_over_static,
-                                                    # shared_prefix_over_separate, block_over_single_step)
+                                                    # shared_prefix_over_separate, block_over_single_step,
+                                                    # run_ahead_over_sync)
   python benchmarks/sampler.py --device gpu         # ~1B-parameter config in bf16, 128 slots: decode tokens/s and
                                                     # the achieved HBM bandwidth as a fraction of the chip's peak
 
@@ -15,6 +16,8 @@ round trip, no scheduling, every slot busy. Driver efficiency = driver tokens/s 
 equal-length workload (every sample exactly N tokens: EOS is an id the model never samples) and on a
 long-tailed one (most requests short, a few long; the fused loop runs the workload's mean length, so
 efficiency there also pays for the tail). Decode step time against the KV length: `benchmarks/decode_kv.py`.
+Run-ahead (`Driver(run_ahead=)`): one wave of `slots` equal requests (all decoding from the first block, so
+every block after the first is dispatched before the host hands out the one before it), with and without.
 
 Same model, same requests, same sampling streams for every driver mode (the driver seeds each sample
 independently of the schedule, so every mode generates exactly the same tokens; the script checks it).
@@ -210,17 +213,21 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                                  long=short, long_frac=0.0, n=8)
   modes = dict(fused_eq=FusedMode(blocks, params, num=num, prompt_len=prompt_len, new_tokens=equal_new),
                eq_k=DriverMode(blocks, params, equal), eq_1=DriverMode(single, params, equal),
+               wave=DriverMode(blocks, params, equal[:slots]),
+               wave_sync=DriverMode(blocks, params, equal[:slots], run_ahead=False),
                fused_tail=FusedMode(blocks, params, num=num, prompt_len=mean_prompt, new_tokens=mean_new),
                cont=DriverMode(blocks, params, tail), stat=DriverMode(blocks, params, tail, static_batching=True),
                shared=DriverMode(blocks, params, grouped),
                separate=DriverMode(blocks, params, grouped, share_prefix=False))
   best = best_alternating(modes, args.repeats)
-  fused_eq, eq_k, eq_1, fused_tail, cont, stat, shared, separate = (best[name] for name in modes)
-  out_k, out_1, out_c, out_s, out_a, out_b = (modes[name].completions for name in (
-      "eq_k", "eq_1", "cont", "stat", "shared", "separate"))
+  fused_eq, eq_k, eq_1, wave, wave_sync, fused_tail, cont, stat, shared, separate = (best[name] for name in modes)
+  out_k, out_1, out_w, out_y, out_c, out_s, out_a, out_b = (modes[name].completions for name in (
+      "eq_k", "eq_1", "wave", "wave_sync", "cont", "stat", "shared", "separate"))
   rows = [dict(mode=f"equal {equal_new}: fused limit", **fused_eq),
           dict(mode=f"equal {equal_new}: driver, k={k}", **eq_k),
           dict(mode=f"equal {equal_new}: driver, k=1", **eq_1),
+          dict(mode=f"one wave of {slots}: driver, k={k}", **wave),
+          dict(mode=f"one wave of {slots}: driver, k={k}, no run-ahead", **wave_sync),
           dict(mode=f"long tail: fused limit (mean {mean_new})", **fused_tail),
           dict(mode=f"long tail: continuous, k={k}", **cont), dict(mode=f"long tail: static, k={k}", **stat),
           dict(mode="shared prefix (n=8)", **shared), dict(mode="separate prefills (n=8)", **separate)]
@@ -229,10 +236,11 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                 efficiency_equal_k1=eq_1["tokens_per_s"] / fused_eq["tokens_per_s"],
                 efficiency_long_tail=cont["tokens_per_s"] / fused_tail["tokens_per_s"],
                 block_over_single_step=eq_k["tokens_per_s"] / eq_1["tokens_per_s"],
+                run_ahead_over_sync=wave["tokens_per_s"] / wave_sync["tokens_per_s"],
                 continuous_over_static=cont["tokens_per_s"] / stat["tokens_per_s"],
                 shared_prefix_over_separate=shared["tokens_per_s"] / separate["tokens_per_s"],
                 identical_outputs=(same_outputs(out_c, out_s) and same_outputs(out_a, out_b)
-                                   and same_outputs(out_k, out_1)))
+                                   and same_outputs(out_k, out_1) and same_outputs(out_w, out_y)))
   if args.device == "gpu":
     kind = device.device_kind
     peak = next((v for name, v in _PEAK_HBM.items() if name in kind), None)
@@ -253,6 +261,7 @@ def _report(args, device, cfg, slots, result, rows):
   print(f"driver efficiency (driver / fused tokens/s): equal lengths {result['efficiency_equal']:.2f} "
         f"(k=1: {result['efficiency_equal_k1']:.2f}), long tail {result['efficiency_long_tail']:.2f}")
   print(f"k={result['steps_per_sync']} / k=1: {result['block_over_single_step']:.2f}x   "
+        f"run-ahead / not: {result['run_ahead_over_sync']:.2f}x   "
         f"continuous / static: {result['continuous_over_static']:.2f}x   "
         f"shared prefix / separate: {result['shared_prefix_over_separate']:.2f}x   "
         f"identical outputs: {result['identical_outputs']}")

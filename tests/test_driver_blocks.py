@@ -192,6 +192,56 @@ def test_batched_prefill_and_insert_equal_one_at_a_time():
   assert int(many.num_inserts) == 2 and int(many.positions[0]) == 7
 
 
+def test_run_ahead_changes_when_the_host_looks_not_completions():
+  """Blocks dispatched before the host has handed out the one before (`run_ahead`): the same completions as
+  without, also when requests arrive while a block is ahead (they wait for it, then fill freed slots)."""
+  first = [Request(refs.prompt(4 + i, 50 + i), max_tokens=m, request_id=i) for i, m in enumerate([14, 20, 9])]
+  later = [Request(refs.prompt(6, 60), n=2, max_tokens=7, request_id="later")]
+  runs = {}
+  for ahead in (True, False):
+    driver = _driver.Driver(_engine_for(3), refs.model()[1], seed=4, run_ahead=ahead)
+    driver.submit(first)
+    for _ in range(2):
+      driver.step()
+    driver.submit(later)
+    while not driver.done:
+      driver.step()
+    runs[ahead] = (driver.collect(), driver.stats)
+  (got, stats), (want, base) = runs[True], runs[False]
+  assert stats.ahead >= 3 and base.ahead == 0  # every block while three samples decode and nothing waits
+  assert [(c.request_id, c.index, c.tokens, c.versions, c.finish_reason) for c in got] == [
+      (c.request_id, c.index, c.tokens, c.versions, c.finish_reason) for c in want]
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6, rtol=0)
+  assert stats.tokens == base.tokens == stats.busy_slot_steps == sum(len(c.tokens) for c in want)
+
+
+def test_a_swap_while_a_block_runs_ahead_tags_each_token_with_the_params_that_computed_it():
+  """`set_params` hands out the block run ahead first: its tokens are version 0 (computed before the swap),
+  every later one version 1, each with the logprob of its version's forward pass over the whole sequence
+  (recompute_on_swap)."""
+  params0, params1 = refs.model(0)[1], refs.model(1)[1]
+  requests = [Request(refs.prompt(5 + i, 70 + i), max_tokens=m, request_id=i) for i, m in enumerate([16, 21, 18])]
+  driver = _driver.Driver(_engine_for(3), params0, seed=2)
+  seen = []  # decode steps the host had handed out at the swap
+
+  def swap(d, _):
+    if not seen and d.stats.generate_steps >= 3:
+      seen.append(d.stats.generate_steps)
+      d.set_params(params1, version=1)
+
+  completions = driver.sample(requests, on_step=swap)
+  assert driver.stats.ahead > 0 and driver.stats.recompute_prefills == 3
+  for c in completions:
+    n0 = c.versions.count(0)
+    assert c.versions == (0,) * n0 + (1,) * (len(c.tokens) - n0)
+    assert seen[0] < n0 <= seen[0] + 3  # one block (k = 3) past what the host had seen, run before the swap
+    np.testing.assert_allclose(c.logprobs[:n0], refs.reference_logprobs(params0, c.prompt, c.tokens, 0.8)[:n0],
+                               atol=1e-5, rtol=0)
+    np.testing.assert_allclose(c.logprobs[n0:], refs.reference_logprobs(params1, c.prompt, c.tokens, 0.8)[n0:],
+                               atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_every_k_gives_the_same_completions(temperature):
   requests = [Request(refs.prompt(4 + i, 20 + i), n=1 + i % 2, max_tokens=m, request_id=i)

@@ -33,7 +33,11 @@ the outputs do not depend on it (the schedule changes, the tokens do not). Fresh
 batches (`prefill_batch`, one call per length bucket, topped up with the next pending prompts of that bucket)
 and inserted in batches (`insert_batch`, one call per prefix batch), each inserted sample's PRNG key folded in
 that insert call. A block attends over the filled span of the cache (the driver passes the longest busy
-sequence: `RlaxEngine.generate_block`'s `max_length`).
+sequence: `RlaxEngine.generate_block`'s `max_length`). Run-ahead (`run_ahead`, default on): while nothing
+waits for a slot and no busy sample needs the host at a turn's end (env, stop strings, `keep`), the next block
+is dispatched before the host fetches and hands out the one in flight, so the host's bookkeeping overlaps the
+device's decoding; `set_params` and `fork` hand out the block in flight first (its tokens keep the version
+that computed them).
 
 Per-request sampling: `Request.sampling` (`SamplingParams`) replaces the engine's law for that request's
 samples (all in one compiled step); each token's logprob then refers to the request's own temperature.
@@ -200,6 +204,7 @@ class DriverStats:
   park_waits: int = 0  # step() calls that waited because only parked samples were left.
   syncs: int = 0  # decode blocks (`generate_block` calls): one host round trip each.
   forks: int = 0  # continuations started by `fork` (each from a copy of its parent's KV cache).
+  ahead: int = 0  # decode blocks dispatched before the host handed out the one before (`run_ahead`).
 
   @property
   def occupancy(self) -> float:
@@ -261,6 +266,14 @@ class _ForkPoint(NamedTuple):
   turn: int
 
 
+class _Flight(NamedTuple):
+  """A dispatched decode block: its (device) outputs, the sample in each slot when it was dispatched, and the
+  params version of each slot's next-token logits then (its first token's version)."""
+  block: _engine.Block
+  samples: list
+  versions: list
+
+
 def turn_at(turn_starts: Sequence[int], mask: Sequence[int], at: int) -> int | None:
   """The turn whose message holds position `at` of a completion's tokens, given where each turn starts and
   which tokens the policy sampled (it sampled every token from the turn's start to `at`); None where `at` lies
@@ -310,11 +323,17 @@ class Driver:
       (at most the number waiting); None: the engine's `refill_after` (default max(1, slots // 8)). 1 refills
       every slot the step it frees (more round trips); larger values let a few freed slots idle until the
       block ends (at most `steps_per_sync` steps).
+    run_ahead: dispatch the next decode block before handing out the one in flight when nothing the host
+      learns from it could change the next (no sample waits for a slot or is parked, no busy sample has an
+      env, stop strings or `keep`, one has more than k tokens of budget left), so the host's work on a block
+      (fetching, bookkeeping, stop checks) overlaps the device's on the next. The outputs do not depend on it
+      (to float rounding where a block's attention span differs: it attends over the span of the longest
+      sequence plus k). `set_params` and `fork` hand out a block run ahead first.
   """
 
   def __init__(self, engine: _engine.RlaxEngine, params: Any, *, version: int = 0,
                static_batching: bool = False, share_prefix: bool = True, recompute_on_swap: bool = True,
-               seed: int = 0, park_wait_s: float = 0.05, refill_after: int | None = None):
+               seed: int = 0, park_wait_s: float = 0.05, refill_after: int | None = None, run_ahead: bool = True):
     engine.check_params(params)
     self.refill_after = _engine.check_refill_after(engine.refill_after if refill_after is None else refill_after,
                                                    engine.max_concurrent_decodes)
@@ -342,6 +361,9 @@ class Driver:
     # params version it was computed under).
     self._kept: dict[tuple[Any, int], tuple[_Sample, _engine.Prefix, int]] = {}
     self.park_wait_s = float(park_wait_s)
+    self.run_ahead = bool(run_ahead)
+    self._ahead: _Flight | None = None  # The block dispatched ahead of the host (`_decode_block`).
+    self._early: list[tuple[int, int, Completion]] = []  # Finished in it when `_settle` handed it out.
 
   # --- Public API -----------------------------------------------------------------------------------------
 
@@ -352,12 +374,12 @@ class Driver:
                        turn_prefills=c["turn_prefills"], inserts=c["inserts"], generate_steps=c["generate_steps"],
                        busy_slot_steps=c["busy_slot_steps"], tokens=c["tokens"], parked=c["parked"],
                        parked_steps=c["parked_steps"], park_waits=c["park_waits"], syncs=c["syncs"],
-                       forks=c["forks"])
+                       forks=c["forks"], ahead=c["ahead"])
 
   @property
   def done(self) -> bool:
     """No sample pending, in flight or parked on an env future."""
-    return not self._pending and not self._parked and all(s is None for s in self._busy)
+    return not self._pending and not self._parked and not self._early and all(s is None for s in self._busy)
 
   @property
   def num_parked(self) -> int:
@@ -367,6 +389,7 @@ class Driver:
   def set_params(self, params: Any, version: int) -> None:
     """Uses `params` (tagged `version`) from the next `generate` step on; see the module docstring."""
     self.engine.check_params(params)
+    self._settle()  # A block run ahead computed its tokens under the old params.
     self.params, self.version = params, int(version)
     self._prefixes.clear()  # Stale: prefilled again under the new params when their samples get slots.
     if not self.recompute_on_swap:
@@ -433,6 +456,7 @@ class Driver:
       if f.keep and self._has_kept(f.request_id):
         raise ValueError(f"Fork of {f.parent!r}: request_id {f.request_id!r} has kept samples already; kept "
                          "forks need an id of their own.")
+    self._settle()  # Parents as the device has them.
     points = [self._fork_point(f) for f in forks]  # all resolved (or one raises) before any is queued
     for f, point in zip(forks, points):
       parent, at = point.parent, point.at
@@ -534,7 +558,7 @@ class Driver:
   def step(self) -> list[Completion]:
     """Re-queues resolved parked samples, fills free slots, runs one decode block (up to `steps_per_sync`
     steps); returns the samples that finished (in it, or as their env future resolved to None)."""
-    finished = self._unpark()
+    finished, self._early = self._early + self._unpark(), []
     self._fill()
     if not any(self._busy) and self._parked and not self._pending:  # Nothing to decode: wait for an env.
       self._counts["park_waits"] += 1
@@ -597,17 +621,62 @@ class Driver:
     return [self._completion(sample, reason)]
 
   def _decode_block(self) -> list[tuple[int, int, Completion]]:
-    """One `generate_block`; hands each busy slot its tokens and finishes the samples that stopped."""
-    versions = list(self._logits_version)
-    # Slots to free before the block ends: some while samples wait (a parked one counts), one at once while an
-    # env waits for its turn's end.
-    waiting = 0 if self.static_batching else len(self._pending) + len(self._parked)
-    stop_on_free = min(self.refill_after, waiting)
-    if any(s is not None and s.request.env is not None for s in self._busy):
-      stop_on_free = 1
-    longest = max(len(s.request.prompt) + len(s.tokens) for s in self._busy if s is not None)
+    """Runs one decode block (or takes the one dispatched ahead), dispatches the next ahead where nothing the
+    host learns from this one could change it (`_can_run_ahead`), then hands out this one's tokens: the host's
+    work on a block overlaps the device's on the next."""
+    if self._ahead is not None:
+      flight, self._ahead = self._ahead, None
+    else:
+      # Slots to free before the block ends: some while samples wait (a parked one counts), one at once while
+      # an env waits for its turn's end.
+      waiting = 0 if self.static_batching else len(self._pending) + len(self._parked)
+      stop_on_free = min(self.refill_after, waiting)
+      if any(s is not None and s.request.env is not None for s in self._busy):
+        stop_on_free = 1
+      flight = self._dispatch(stop_on_free, self._longest(), list(self._logits_version))
+    if self._can_run_ahead():
+      # Each busy sequence grows by at most k in the block before it, whose last logits are of this version
+      # (a slot filled since that block was dispatched starts from its own).
+      versions = [self.version if s is not None and s is flight.samples[slot] else self._logits_version[slot]
+                  for slot, s in enumerate(self._busy)]
+      self._ahead = self._dispatch(0, self._longest() + self.engine.steps_per_sync, versions)
+      self._counts["ahead"] += 1
+    return self._take_block(flight)
+
+  def _longest(self) -> int:
+    """The longest busy sequence as the host sees it (prompt and tokens)."""
+    return max(len(s.request.prompt) + len(s.tokens) for s in self._busy if s is not None)
+
+  def _dispatch(self, stop_on_free: int, longest: int, versions: list[int]) -> _Flight:
+    """Starts a `generate_block` on the current state (the device runs it while the host goes on); `versions`:
+    each slot's next-token logits version when the block starts."""
     self._state, block = self.engine.generate_block(self.params, self._state, stop_on_free=stop_on_free,
                                                     max_length=longest)
+    return _Flight(block, list(self._busy), versions)
+
+  def _can_run_ahead(self) -> bool:
+    """Whether the next block can start before the host has seen the one in flight: nothing waits for a slot
+    (so no refill is due), no busy sample needs the host at a turn's end (an env, stop strings, a kept state),
+    and some busy sample has more than k tokens of budget left (it outlives the block in flight unless it
+    samples a stop id)."""
+    if not self.run_ahead or self._pending or self._parked:
+      return False
+    busy = [s for s in self._busy if s is not None]
+    k = self.engine.steps_per_sync
+    return (not any(s.request.env is not None or s.request.stop or s.request.keep for s in busy)
+            and any(s.limit - (len(s.tokens) - s.turn_start) > k for s in busy))
+
+  def _settle(self) -> None:
+    """Hands out the block dispatched ahead, if any (its completions come with the next `step()`), so that
+    the host's view of every slot is the device's."""
+    if self._ahead is not None:
+      flight, self._ahead = self._ahead, None
+      self._early.extend(self._take_block(flight))
+
+  def _take_block(self, flight: _Flight) -> list[tuple[int, int, Completion]]:
+    """Fetches a dispatched block (one transfer), hands each of its slots' samples their tokens and finishes
+    the samples that stopped. Slots whose sample finished before the block (a block run ahead) are skipped."""
+    block = flight.block
     tokens_ks, logprobs_ks, valid_ks, steps = jax.device_get((block.tokens, block.logprobs, block.valid,
                                                               block.steps))
     steps = int(steps)
@@ -615,9 +684,10 @@ class Driver:
     produced_s = valid_ks.sum(axis=0)
     self._counts.update(syncs=1, generate_steps=steps, busy_slot_steps=int(produced_s.sum()),
                         parked_steps=steps * bool(self._parked))
+    busy = [slot for slot, sample in enumerate(flight.samples)
+            if sample is not None and self._busy[slot] is sample]
     # Each busy slot's tokens are a run from the block's first step (the device stops a slot, never resumes it).
     runs_s = (valid_ks == (np.arange(steps)[:, None] < produced_s)).all(axis=0) & (produced_s > 0)
-    busy = [slot for slot, sample in enumerate(self._busy) if sample is not None]
     broken = [slot for slot in busy if not runs_s[slot]]
     if broken:
       raise RuntimeError(f"slots {broken} hold unfinished samples but produced no run of tokens (driver bug).")
@@ -629,7 +699,7 @@ class Driver:
       sample = self._busy[slot]
       self._logits_version[slot] = self.version
       n = produced[slot]
-      reason, by_string = self._take(sample, tokens_sk[slot][:n], logprobs_sk[slot][:n], versions[slot])
+      reason, by_string = self._take(sample, tokens_sk[slot][:n], logprobs_sk[slot][:n], flight.versions[slot])
       if reason is None:
         if n < steps:
           raise RuntimeError(f"slot {slot} stopped on the device with no stop the driver sees (driver bug).")
