@@ -157,13 +157,18 @@ def test_vertex_multihost_gpu_learner(tmp_path):
   assert pool["containerSpec"]["command"] == ["rlax-post"]
 
 
+@pytest.fixture(scope="module")
+def vertex_multihost(tmp_path_factory):
+  """One dry run of a 3-host learner on Vertex AI, shared by the replicas' cases."""
+  return _dry_run(tmp_path_factory.mktemp("vertex"), "--executor", "vertex", "--platform", "gpu", "--accelerator",
+                  "h100x8", "--learner_hosts", "3", "--num_samplers", "1")
+
+
 @pytest.mark.parametrize("task,want_id", [({"type": "workerpool0", "index": 0}, "0"),
                                           ({"type": "workerpool1", "index": 1}, "2")])
-def test_vertex_cluster_spec_wrapper(tmp_path, task, want_id):
+def test_vertex_cluster_spec_wrapper(vertex_multihost, task, want_id):
   """The multi-host command gives each replica its process id and process 0's address from CLUSTER_SPEC."""
-  doc = _dry_run(tmp_path, "--executor", "vertex", "--platform", "gpu", "--accelerator", "h100x8",
-                 "--learner_hosts", "3", "--num_samplers", "1")
-  learner, _ = doc["work_units"][0]["requests"]
+  learner, _ = vertex_multihost["work_units"][0]["requests"]
   python, flag, wrapper, command = learner["jobSpec"]["workerPoolSpecs"][1]["containerSpec"]["command"]
   assert (python, flag, command) == ("python3", "-c", "rlax-post")
   spec = {"cluster": {"workerpool0": ["cmle-training-workerpool0-ab12-0:2222"],
