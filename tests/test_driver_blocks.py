@@ -194,35 +194,63 @@ def test_batched_prefill_and_insert_equal_one_at_a_time():
 
 def test_run_ahead_changes_when_the_host_looks_not_completions():
   """Blocks dispatched before the host has handed out the one before (`run_ahead`): the same completions as
-  without, also when requests arrive while a block is ahead (they wait for it, then fill freed slots)."""
-  first = [Request(refs.prompt(4 + i, 50 + i), max_tokens=m, request_id=i) for i, m in enumerate([14, 20, 9])]
+  without, also when requests arrive while a block is ahead (they fill the slots freed before it and decode
+  from the block after it), and a fork of a sample that stopped in the block run ahead says so."""
+  first = [Request(refs.prompt(4 + i, 50 + i), max_tokens=m, request_id=i) for i, m in enumerate([3, 20, 14])]
   later = [Request(refs.prompt(6, 60), n=2, max_tokens=7, request_id="later")]
   runs = {}
   for ahead in (True, False):
     driver = _driver.Driver(_engine_for(3), refs.model()[1], seed=4, run_ahead=ahead)
     driver.submit(first)
-    for _ in range(2):
-      driver.step()
+    driver.step()  # request 0 (3 tokens) finished in the first block; with run-ahead the second is in flight
+    if ahead:
+      assert driver._ahead is not None and driver._busy[0] is None  # pylint: disable=protected-access
     driver.submit(later)
     while not driver.done:
       driver.step()
     runs[ahead] = (driver.collect(), driver.stats)
   (got, stats), (want, base) = runs[True], runs[False]
-  assert stats.ahead >= 3 and base.ahead == 0  # every block while three samples decode and nothing waits
+  assert stats.ahead >= 3 and base.ahead == 0
   assert [(c.request_id, c.index, c.tokens, c.versions, c.finish_reason) for c in got] == [
       (c.request_id, c.index, c.tokens, c.versions, c.finish_reason) for c in want]
   for a, b in zip(got, want):
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6, rtol=0)
   assert stats.tokens == base.tokens == stats.busy_slot_steps == sum(len(c.tokens) for c in want)
+  # A 4-token sample: the first block (3 steps) leaves it running, the block run ahead finishes it.
+  driver = _driver.Driver(_engine_for(3), refs.model()[1], seed=4)
+  driver.submit([Request(refs.prompt(5, 61), max_tokens=4, request_id="p"), first[1]])
+  assert driver.step() == []
+  with pytest.raises(ValueError, match=r"finished in the decode block run ahead \(its completion comes with the "):
+    driver.fork([_driver.Fork(("p", 0))])
+  assert [(c.request_id, len(c.tokens)) for c in driver.step()] == [("p", 4)]
 
 
-def test_a_swap_while_a_block_runs_ahead_tags_each_token_with_the_params_that_computed_it():
+def test_an_error_in_a_step_leaves_the_samples_finished_before_it_collectable():
+  """A raising env ends `step()` with its error; a sample that finished before it (here in the block run
+  ahead, handed out by `set_params`, whose completion that step was to return) stays collectable."""
+  def broken_env(index, transcript, reason):
+    raise RuntimeError("env broke")
+
+  driver = _driver.Driver(_engine_for(3), refs.model()[1], seed=4)
+  driver.submit([Request(refs.prompt(5, 1), max_tokens=5, request_id="x")])
+  assert driver.step() == []
+  driver.submit([Request(refs.prompt(4, 2), max_tokens=1, request_id="e", env=broken_env)])
+  driver.set_params(refs.model()[1], 1)  # hands out the block run ahead, in which x finished
+  with pytest.raises(RuntimeError, match="env broke"):
+    driver.step()
+  assert [(c.request_id, c.versions) for c in driver.collect()] == [("x", (0,) * 5)]
+  assert driver.done
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_a_swap_while_a_block_runs_ahead_tags_each_token_with_the_params_that_computed_it(recompute):
   """`set_params` hands out the block run ahead first: its tokens are version 0 (computed before the swap),
-  every later one version 1, each with the logprob of its version's forward pass over the whole sequence
-  (recompute_on_swap)."""
+  the later ones version 1 (without recompute_on_swap the first of them too: its logits came before the
+  swap), each with the logprob of its version's forward pass over the whole sequence (recompute_on_swap) or
+  of version 0 up to the swap (without)."""
   params0, params1 = refs.model(0)[1], refs.model(1)[1]
   requests = [Request(refs.prompt(5 + i, 70 + i), max_tokens=m, request_id=i) for i, m in enumerate([16, 21, 18])]
-  driver = _driver.Driver(_engine_for(3), params0, seed=2)
+  driver = _driver.Driver(_engine_for(3), params0, seed=2, recompute_on_swap=recompute)
   seen = []  # decode steps the host had handed out at the swap
 
   def swap(d, _):
@@ -231,15 +259,18 @@ def test_a_swap_while_a_block_runs_ahead_tags_each_token_with_the_params_that_co
       d.set_params(params1, version=1)
 
   completions = driver.sample(requests, on_step=swap)
-  assert driver.stats.ahead > 0 and driver.stats.recompute_prefills == 3
+  assert driver.stats.ahead > 0 and driver.stats.recompute_prefills == (3 if recompute else 0)
+  lag = 0 if recompute else 1
   for c in completions:
     n0 = c.versions.count(0)
     assert c.versions == (0,) * n0 + (1,) * (len(c.tokens) - n0)
-    assert seen[0] < n0 <= seen[0] + 3  # one block (k = 3) past what the host had seen, run before the swap
+    # One block (k = 3) past what the host had seen was run before the swap.
+    assert seen[0] + lag < n0 <= seen[0] + 3 + lag
     np.testing.assert_allclose(c.logprobs[:n0], refs.reference_logprobs(params0, c.prompt, c.tokens, 0.8)[:n0],
                                atol=1e-5, rtol=0)
-    np.testing.assert_allclose(c.logprobs[n0:], refs.reference_logprobs(params1, c.prompt, c.tokens, 0.8)[n0:],
-                               atol=1e-5, rtol=0)
+    if recompute:
+      np.testing.assert_allclose(c.logprobs[n0:],
+                                 refs.reference_logprobs(params1, c.prompt, c.tokens, 0.8)[n0:], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

@@ -322,13 +322,15 @@ class Driver:
     refill_after: while samples wait for a slot, a decode block ends once this many of its slots have stopped
       (at most the number waiting); None: the engine's `refill_after` (default max(1, slots // 8)). 1 refills
       every slot the step it frees (more round trips); larger values let a few freed slots idle until the
-      block ends (at most `steps_per_sync` steps).
+      block ends (at most `steps_per_sync` steps; for work submitted between steps while a block runs ahead,
+      until that block ends too).
     run_ahead: dispatch the next decode block before handing out the one in flight when nothing the host
       learns from it could change the next (no sample waits for a slot or is parked, no busy sample has an
       env, stop strings or `keep`, one has more than k tokens of budget left), so the host's work on a block
       (fetching, bookkeeping, stop checks) overlaps the device's on the next. The outputs do not depend on it
       (to float rounding where a block's attention span differs: it attends over the span of the longest
-      sequence plus k). `set_params` and `fork` hand out a block run ahead first.
+      sequence plus k). `set_params` and `fork` hand out a block run ahead first (so a running sample forks
+      up to k tokens past what `step()` has returned); work submitted meanwhile starts one block later.
   """
 
   def __init__(self, engine: _engine.RlaxEngine, params: Any, *, version: int = 0,
@@ -378,7 +380,8 @@ class Driver:
 
   @property
   def done(self) -> bool:
-    """No sample pending, in flight or parked on an env future."""
+    """No sample pending, in flight or parked on an env future, and no completion waiting for `step()` to
+    return it."""
     return not self._pending and not self._parked and not self._early and all(s is None for s in self._busy)
 
   @property
@@ -387,7 +390,8 @@ class Driver:
     return len(self._parked)
 
   def set_params(self, params: Any, version: int) -> None:
-    """Uses `params` (tagged `version`) from the next `generate` step on; see the module docstring."""
+    """Uses `params` (tagged `version`) from the next decode block on (a block already run ahead is handed out
+    first: its tokens keep the old version); see the module docstring."""
     self.engine.check_params(params)
     self._settle()  # A block run ahead computed its tokens under the old params.
     self.params, self.version = params, int(version)
@@ -550,6 +554,8 @@ class Driver:
       raise ValueError(f"Fork: {len(found)} running samples are {parent!r} (request ids repeat across submits).")
     where = ("waits on its env's observation; fork it once that has come"
              if any(match(s) for _, s, _ in self._parked) else
+             "finished in the decode block run ahead (its completion comes with the next step())"
+             if any((c.request_id, c.index) == tuple(parent) for _, _, c in self._early) else
              "has not started decoding" if any(match(s) for s in self._pending) else
              "is not running (finished, or never submitted)")
     raise ValueError(f"Fork: sample {parent!r} {where}; a fork continues a sample that is decoding, queued "
@@ -558,16 +564,21 @@ class Driver:
   def step(self) -> list[Completion]:
     """Re-queues resolved parked samples, fills free slots, runs one decode block (up to `steps_per_sync`
     steps); returns the samples that finished (in it, or as their env future resolved to None)."""
-    finished, self._early = self._early + self._unpark(), []
-    self._fill()
-    if not any(self._busy) and self._parked and not self._pending:  # Nothing to decode: wait for an env.
-      self._counts["park_waits"] += 1
-      concurrent.futures.wait([f for f, _, _ in self._parked], timeout=self.park_wait_s,
-                              return_when=concurrent.futures.FIRST_COMPLETED)
-      finished += self._unpark()
+    finished = []
+    try:
+      finished, self._early = self._early + self._unpark(), []
       self._fill()
-    if any(self._busy):
-      finished += self._decode_block()
+      if not any(self._busy) and self._parked and not self._pending:  # Nothing to decode: wait for an env.
+        self._counts["park_waits"] += 1
+        concurrent.futures.wait([f for f, _, _ in self._parked], timeout=self.park_wait_s,
+                                return_when=concurrent.futures.FIRST_COMPLETED)
+        finished += self._unpark()
+        self._fill()
+      if any(self._busy):
+        finished += self._decode_block()
+    except BaseException:
+      self._finished.extend(finished)  # Those finished before the error stay collectable.
+      raise
     self._finished.extend(finished)
     return [c for _, _, c in finished]
 
@@ -641,7 +652,11 @@ class Driver:
                   for slot, s in enumerate(self._busy)]
       self._ahead = self._dispatch(0, self._longest() + self.engine.steps_per_sync, versions)
       self._counts["ahead"] += 1
-    return self._take_block(flight)
+    finished = self._take_block(flight)
+    if self._ahead is not None and not any(self._busy):  # All stopped in `flight`: the block run ahead has
+      ahead, self._ahead = self._ahead, None  # nothing to decode (it ends at once); take it, not keep it.
+      finished += self._take_block(ahead)
+    return finished
 
   def _longest(self) -> int:
     """The longest busy sequence as the host sees it (prompt and tokens)."""
@@ -695,22 +710,26 @@ class Driver:
     tokens_sk, logprobs_sk = tokens_ks[:steps].T.tolist(), logprobs_ks[:steps].T.tolist()
     produced = produced_s.tolist()
     finished, release = [], []
-    for slot in busy:
-      sample = self._busy[slot]
-      self._logits_version[slot] = self.version
-      n = produced[slot]
-      reason, by_string = self._take(sample, tokens_sk[slot][:n], logprobs_sk[slot][:n], flight.versions[slot])
-      if reason is None:
-        if n < steps:
-          raise RuntimeError(f"slot {slot} stopped on the device with no stop the driver sees (driver bug).")
-        continue
-      if by_string:
-        release.append(slot)  # The device does not see stop strings: its slot is still live.
-      if sample.request.keep:  # Its slot is reused from the next fill on: copy its state now (kept once the
-        # sample finishes: a multi-turn one may go on after its env's observation).
-        sample.last_turn_state = (self.engine.snapshot(self._state, slot), self.version)
-      self._busy[slot] = None  # Free at once: the next fill may reuse it.
-      finished += self._end_turn(sample, reason)
+    try:
+      for slot in busy:
+        sample = self._busy[slot]
+        self._logits_version[slot] = self.version
+        n = produced[slot]
+        reason, by_string = self._take(sample, tokens_sk[slot][:n], logprobs_sk[slot][:n], flight.versions[slot])
+        if reason is None:
+          if n < steps:
+            raise RuntimeError(f"slot {slot} stopped on the device with no stop the driver sees (driver bug).")
+          continue
+        if by_string:
+          release.append(slot)  # The device does not see stop strings: its slot is still live.
+        if sample.request.keep:  # Its slot is reused from the next fill on: copy its state now (kept once the
+          # sample finishes: a multi-turn one may go on after its env's observation).
+          sample.last_turn_state = (self.engine.snapshot(self._state, slot), self.version)
+        self._busy[slot] = None  # Free at once: the next fill may reuse it.
+        finished += self._end_turn(sample, reason)
+    except BaseException:  # e.g. an env raising at a turn's end: the samples finished before it stay collectable.
+      self._finished.extend(finished)
+      raise
     if release:
       self._state = self.engine.release(self._state, release)
     return finished
