@@ -5,7 +5,7 @@ batching and shared vs separate prefills, side by side in one run.
   python benchmarks/sampler.py --json out.json      # also write the figures (keys efficiency_equal,
                                                     # efficiency_long_tail, continuous_over_static,
                                                     # shared_prefix_over_separate, block_over_single_step,
-                                                    # run_ahead_over_sync)
+                                                    # run_ahead_over_sync, run_ahead_admission)
   python benchmarks/sampler.py --device gpu         # ~1B-parameter config in bf16, 128 slots: decode tokens/s and
                                                     # the achieved HBM bandwidth as a fraction of the chip's peak
 
@@ -17,7 +17,9 @@ equal-length workload (every sample exactly N tokens: EOS is an id the model nev
 long-tailed one (most requests short, a few long; the fused loop runs the workload's mean length, so
 efficiency there also pays for the tail). Decode step time against the KV length: `benchmarks/decode_kv.py`.
 Run-ahead (`Driver(run_ahead=)`): one wave of `slots` equal requests (all decoding from the first block, so
-every block after the first is dispatched before the host hands out the one before it), with and without.
+every block after the first is dispatched before the host hands out the one before it), with and without; and
+RL groups of 4 admitted as their slots free (a loop of `step()`, as `envs.run_tickets`), with and without
+(there a freed slot waits for the block run ahead before its next group can start).
 
 Same model, same requests, same sampling streams for every driver mode (the driver seeds each sample
 independently of the schedule, so every mode generates exactly the same tokens; the script checks it).
@@ -88,6 +90,29 @@ class DriverMode:
     return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
                 generate_steps=stats.generate_steps, syncs=stats.syncs, prefills=stats.prefills,
                 occupancy=stats.occupancy)
+
+
+class AdmissionMode(DriverMode):
+  """Groups admitted as their slots free (`envs.run_tickets`' loop: a group of n samples is submitted once n
+  slots are free by the group count, between `step()` calls), with `run_ahead` on or off."""
+
+  def __call__(self) -> float:
+    driver = sampler.Driver(self.engine, self.params, **self.kwargs)
+    slots, pending, open_groups, done = driver.engine.max_concurrent_decodes, list(self.requests), {}, 0
+    t0 = time.perf_counter()
+    while done < len(self.requests):
+      while pending and (len(open_groups) + 1) * pending[0].n <= slots:
+        request = pending.pop(0)
+        driver.submit([request])
+        open_groups[request.request_id] = request.n
+      for c in driver.step():
+        open_groups[c.request_id] -= 1
+        if not open_groups[c.request_id]:
+          del open_groups[c.request_id]
+          done += 1
+    seconds = time.perf_counter() - t0
+    self.completions, self.stats = driver.collect(), driver.stats
+    return seconds
 
 
 class FusedMode:
@@ -211,6 +236,9 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
   # Shared prefixes: n = 8 samples of longer prompts, short answers (prefill matters).
   grouped = long_tailed_requests(rng, max(num // 8, 1), prompt_len=2 * prompt_len, short=short,
                                  long=short, long_frac=0.0, n=8)
+  # RL groups: n = 4 samples each, long-tailed lengths, admitted as their slots free.
+  groups = long_tailed_requests(rng, num // 2, prompt_len=prompt_len, short=(2 * short[0], 2 * short[1]),
+                                long=long, long_frac=0.15, n=4)
   modes = dict(fused_eq=FusedMode(blocks, params, num=num, prompt_len=prompt_len, new_tokens=equal_new),
                eq_k=DriverMode(blocks, params, equal), eq_1=DriverMode(single, params, equal),
                wave=DriverMode(blocks, params, equal[:slots]),
@@ -218,11 +246,14 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                fused_tail=FusedMode(blocks, params, num=num, prompt_len=mean_prompt, new_tokens=mean_new),
                cont=DriverMode(blocks, params, tail), stat=DriverMode(blocks, params, tail, static_batching=True),
                shared=DriverMode(blocks, params, grouped),
-               separate=DriverMode(blocks, params, grouped, share_prefix=False))
+               separate=DriverMode(blocks, params, grouped, share_prefix=False),
+               admit=AdmissionMode(blocks, params, groups, run_ahead=False),
+               admit_ahead=AdmissionMode(blocks, params, groups, run_ahead=True))
   best = best_alternating(modes, args.repeats)
-  fused_eq, eq_k, eq_1, wave, wave_sync, fused_tail, cont, stat, shared, separate = (best[name] for name in modes)
-  out_k, out_1, out_w, out_y, out_c, out_s, out_a, out_b = (modes[name].completions for name in (
-      "eq_k", "eq_1", "wave", "wave_sync", "cont", "stat", "shared", "separate"))
+  (fused_eq, eq_k, eq_1, wave, wave_sync, fused_tail, cont, stat, shared, separate, admit,
+   admit_ahead) = (best[name] for name in modes)
+  out_k, out_1, out_w, out_y, out_c, out_s, out_a, out_b, out_g, out_h = (modes[name].completions for name in (
+      "eq_k", "eq_1", "wave", "wave_sync", "cont", "stat", "shared", "separate", "admit", "admit_ahead"))
   rows = [dict(mode=f"equal {equal_new}: fused limit", **fused_eq),
           dict(mode=f"equal {equal_new}: driver, k={k}", **eq_k),
           dict(mode=f"equal {equal_new}: driver, k=1", **eq_1),
@@ -230,17 +261,21 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
           dict(mode=f"one wave of {slots}: driver, k={k}, no run-ahead", **wave_sync),
           dict(mode=f"long tail: fused limit (mean {mean_new})", **fused_tail),
           dict(mode=f"long tail: continuous, k={k}", **cont), dict(mode=f"long tail: static, k={k}", **stat),
-          dict(mode="shared prefix (n=8)", **shared), dict(mode="separate prefills (n=8)", **separate)]
+          dict(mode="shared prefix (n=8)", **shared), dict(mode="separate prefills (n=8)", **separate),
+          dict(mode="groups admitted as slots free", **admit),
+          dict(mode="groups admitted, run-ahead", **admit_ahead)]
   result = dict(device=str(device), model_params=cfg.num_params(), slots=slots, steps_per_sync=k, rows=rows,
                 efficiency_equal=eq_k["tokens_per_s"] / fused_eq["tokens_per_s"],
                 efficiency_equal_k1=eq_1["tokens_per_s"] / fused_eq["tokens_per_s"],
                 efficiency_long_tail=cont["tokens_per_s"] / fused_tail["tokens_per_s"],
                 block_over_single_step=eq_k["tokens_per_s"] / eq_1["tokens_per_s"],
                 run_ahead_over_sync=wave["tokens_per_s"] / wave_sync["tokens_per_s"],
+                run_ahead_admission=admit_ahead["tokens_per_s"] / admit["tokens_per_s"],
                 continuous_over_static=cont["tokens_per_s"] / stat["tokens_per_s"],
                 shared_prefix_over_separate=shared["tokens_per_s"] / separate["tokens_per_s"],
                 identical_outputs=(same_outputs(out_c, out_s) and same_outputs(out_a, out_b)
-                                   and same_outputs(out_k, out_1) and same_outputs(out_w, out_y)))
+                                   and same_outputs(out_k, out_1) and same_outputs(out_w, out_y)
+                                   and same_outputs(out_g, out_h)))
   if args.device == "gpu":
     kind = device.device_kind
     peak = next((v for name, v in _PEAK_HBM.items() if name in kind), None)
@@ -261,7 +296,8 @@ def _report(args, device, cfg, slots, result, rows):
   print(f"driver efficiency (driver / fused tokens/s): equal lengths {result['efficiency_equal']:.2f} "
         f"(k=1: {result['efficiency_equal_k1']:.2f}), long tail {result['efficiency_long_tail']:.2f}")
   print(f"k={result['steps_per_sync']} / k=1: {result['block_over_single_step']:.2f}x   "
-        f"run-ahead / not: {result['run_ahead_over_sync']:.2f}x   "
+        f"run-ahead / not: {result['run_ahead_over_sync']:.2f}x (groups admitted as slots free: "
+        f"{result['run_ahead_admission']:.2f}x)   "
         f"continuous / static: {result['continuous_over_static']:.2f}x   "
         f"shared prefix / separate: {result['shared_prefix_over_separate']:.2f}x   "
         f"identical outputs: {result['identical_outputs']}")

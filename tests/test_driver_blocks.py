@@ -211,13 +211,21 @@ def test_run_ahead_changes_when_the_host_looks_not_completions():
     runs[ahead] = (driver.collect(), driver.stats)
   (got, stats), (want, base) = runs[True], runs[False]
   assert stats.ahead >= 3 and base.ahead == 0
+  # By default only `sample()` runs ahead (nothing is submitted between its steps), not a loop of `step()`.
+  default = _driver.Driver(_engine_for(3), refs.model()[1], seed=4)
+  assert [c.tokens for c in default.sample(first)] == [c.tokens for c in want if c.request_id != "later"]
+  in_sample = default.stats.ahead
+  default.submit(first)
+  while not default.done:
+    default.step()
+  assert in_sample > 0 and default.stats.ahead == in_sample
   assert [(c.request_id, c.index, c.tokens, c.versions, c.finish_reason) for c in got] == [
       (c.request_id, c.index, c.tokens, c.versions, c.finish_reason) for c in want]
   for a, b in zip(got, want):
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6, rtol=0)
   assert stats.tokens == base.tokens == stats.busy_slot_steps == sum(len(c.tokens) for c in want)
   # A 4-token sample: the first block (3 steps) leaves it running, the block run ahead finishes it.
-  driver = _driver.Driver(_engine_for(3), refs.model()[1], seed=4)
+  driver = _driver.Driver(_engine_for(3), refs.model()[1], seed=4, run_ahead=True)
   driver.submit([Request(refs.prompt(5, 61), max_tokens=4, request_id="p"), first[1]])
   assert driver.step() == []
   with pytest.raises(ValueError, match=r"finished in the decode block run ahead \(its completion comes with the "):
@@ -231,7 +239,7 @@ def test_an_error_in_a_step_leaves_the_samples_finished_before_it_collectable():
   def broken_env(index, transcript, reason):
     raise RuntimeError("env broke")
 
-  driver = _driver.Driver(_engine_for(3), refs.model()[1], seed=4)
+  driver = _driver.Driver(_engine_for(3), refs.model()[1], seed=4, run_ahead=True)
   driver.submit([Request(refs.prompt(5, 1), max_tokens=5, request_id="x")])
   assert driver.step() == []
   driver.submit([Request(refs.prompt(4, 2), max_tokens=1, request_id="e", env=broken_env)])

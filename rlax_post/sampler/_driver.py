@@ -33,11 +33,11 @@ the outputs do not depend on it (the schedule changes, the tokens do not). Fresh
 batches (`prefill_batch`, one call per length bucket, topped up with the next pending prompts of that bucket)
 and inserted in batches (`insert_batch`, one call per prefix batch), each inserted sample's PRNG key folded in
 that insert call. A block attends over the filled span of the cache (the driver passes the longest busy
-sequence: `RlaxEngine.generate_block`'s `max_length`). Run-ahead (`run_ahead`, default on): while nothing
-waits for a slot and no busy sample needs the host at a turn's end (env, stop strings, `keep`), the next block
-is dispatched before the host fetches and hands out the one in flight, so the host's bookkeeping overlaps the
-device's decoding; `set_params` and `fork` hand out the block in flight first (its tokens keep the version
-that computed them).
+sequence: `RlaxEngine.generate_block`'s `max_length`). Run-ahead (`run_ahead`; by default inside `sample()`,
+which holds the whole workload): while nothing waits for a slot and no busy sample needs the host at a turn's
+end (env, stop strings, `keep`), the next block is dispatched before the host fetches and hands out the one in
+flight, so the host's bookkeeping overlaps the device's decoding; `set_params` and `fork` hand out the block in
+flight first (its tokens keep the version that computed them).
 
 Per-request sampling: `Request.sampling` (`SamplingParams`) replaces the engine's law for that request's
 samples (all in one compiled step); each token's logprob then refers to the request's own temperature.
@@ -330,12 +330,16 @@ class Driver:
       (fetching, bookkeeping, stop checks) overlaps the device's on the next. The outputs do not depend on it
       (to float rounding where a block's attention span differs: it attends over the span of the longest
       sequence plus k). `set_params` and `fork` hand out a block run ahead first (so a running sample forks
-      up to k tokens past what `step()` has returned); work submitted meanwhile starts one block later.
+      up to k tokens past what `step()` has returned); work submitted meanwhile starts one block later. None
+      (default): only inside `sample()`, where nothing is submitted between steps (but by `on_step`); a loop
+      that submits as slots free (`envs.run_tickets` admits a group once its slots are free) would leave them
+      idle a block longer each time: measured on the CPU, 18% fewer busy slot-steps and 14% more time.
   """
 
   def __init__(self, engine: _engine.RlaxEngine, params: Any, *, version: int = 0,
                static_batching: bool = False, share_prefix: bool = True, recompute_on_swap: bool = True,
-               seed: int = 0, park_wait_s: float = 0.05, refill_after: int | None = None, run_ahead: bool = True):
+               seed: int = 0, park_wait_s: float = 0.05, refill_after: int | None = None,
+               run_ahead: bool | None = None):
     engine.check_params(params)
     self.refill_after = _engine.check_refill_after(engine.refill_after if refill_after is None else refill_after,
                                                    engine.max_concurrent_decodes)
@@ -363,7 +367,8 @@ class Driver:
     # params version it was computed under).
     self._kept: dict[tuple[Any, int], tuple[_Sample, _engine.Prefix, int]] = {}
     self.park_wait_s = float(park_wait_s)
-    self.run_ahead = bool(run_ahead)
+    self.run_ahead = run_ahead if run_ahead is None else bool(run_ahead)
+    self._sampling = False  # Inside `sample()` (run-ahead's default scope).
     self._ahead: _Flight | None = None  # The block dispatched ahead of the host (`_decode_block`).
     self._early: list[tuple[int, int, Completion]] = []  # Finished in it when `_settle` handed it out.
 
@@ -674,7 +679,7 @@ class Driver:
     (so no refill is due), no busy sample needs the host at a turn's end (an env, stop strings, a kept state),
     and some busy sample has more than k tokens of budget left (it outlives the block in flight unless it
     samples a stop id)."""
-    if not self.run_ahead or self._pending or self._parked:
+    if not (self._sampling if self.run_ahead is None else self.run_ahead) or self._pending or self._parked:
       return False
     busy = [s for s in self._busy if s is not None]
     k = self.engine.steps_per_sync
@@ -742,11 +747,15 @@ class Driver:
     """
     self.submit(requests)
     steps = 0
-    while not self.done:
-      self.step()
-      steps += 1
-      if on_step is not None:
-        on_step(self, steps)
+    self._sampling = True
+    try:
+      while not self.done:
+        self.step()
+        steps += 1
+        if on_step is not None:
+          on_step(self, steps)
+    finally:
+      self._sampling = False
     return self.collect()
 
   def collect(self) -> list[Completion]:
