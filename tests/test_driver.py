@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rlax_post.sampler import _driver
+from rlax_post.sampler import _requests
 from rlax_post.sampler import _engine
 
 import _driver_refs as refs
@@ -18,7 +19,7 @@ from _driver_refs import TOK
 
 T = 0.7
 SLOTS = 3
-Request = _driver.Request
+Request = _requests.Request
 
 
 # Every driver test runs with one decode step per host sync and with blocks of 4: outputs must not change.

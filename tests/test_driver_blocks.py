@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from rlax_post.sampler import _driver
+from rlax_post.sampler import _requests
 from rlax_post.sampler import _engine
 from rlax_post.sampler import _sampling
 
@@ -18,7 +19,7 @@ from _driver_refs import CFG
 from _driver_refs import MAX_DECODE
 from _driver_refs import TOK
 
-Request = _driver.Request
+Request = _requests.Request
 
 
 @functools.lru_cache(maxsize=None)
@@ -229,7 +230,7 @@ def test_run_ahead_changes_when_the_host_looks_not_completions():
   driver.submit([Request(refs.prompt(5, 61), max_tokens=4, request_id="p"), first[1]])
   assert driver.step() == []
   with pytest.raises(ValueError, match=r"finished in the decode block run ahead \(its completion comes with the "):
-    driver.fork([_driver.Fork(("p", 0))])
+    driver.fork([_requests.Fork(("p", 0))])
   assert [(c.request_id, len(c.tokens)) for c in driver.step()] == [("p", 4)]
 
 

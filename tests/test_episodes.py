@@ -15,6 +15,7 @@ import pytest
 from rlax_post import models
 from rlax_post.envs import _protocol
 from rlax_post.sampler import _driver
+from rlax_post.sampler import _requests
 from rlax_post.sampler import _engine
 from rlax_post.sampler import _episodes
 
@@ -237,9 +238,9 @@ def test_driver_parks_a_sample_on_a_future_without_blocking(engine):
 
   sync.calls = 0
   prompt = TOK.encode("ab[ab]:")
-  other = _driver.Request(TOK.encode("xyz"), max_tokens=8, request_id="other")
+  other = _requests.Request(TOK.encode("xyz"), max_tokens=8, request_id="other")
   driver = _driver_for(engine)
-  driver.submit([_driver.Request(prompt, max_tokens=TURN_TOKENS, request_id="chat", env=deferred), other])
+  driver.submit([_requests.Request(prompt, max_tokens=TURN_TOKENS, request_id="chat", env=deferred), other])
   while not futures:
     driver.step()
   assert driver.num_parked == 1 and not driver.done
@@ -252,7 +253,7 @@ def test_driver_parks_a_sample_on_a_future_without_blocking(engine):
     driver.step()
   got = {c.request_id: c for c in driver.collect()}
   want = {c.request_id: c for c in _driver_for(engine).sample(
-      [_driver.Request(prompt, max_tokens=TURN_TOKENS, request_id="chat", env=sync), other])}
+      [_requests.Request(prompt, max_tokens=TURN_TOKENS, request_id="chat", env=sync), other])}
   for key in ("chat", "other"):
     assert (got[key].tokens, got[key].mask, got[key].num_turns) == (want[key].tokens, want[key].mask,
                                                                     want[key].num_turns)
@@ -290,7 +291,7 @@ def test_bad_arguments_raise_clear_errors(engine):
   with pytest.raises(ValueError, match="env_factory must build Envs.*got int"):
     _run(engine, lambda: 3)
   driver = _driver_for(engine)
-  driver.submit([_driver.Request(TOK.encode("a"), max_tokens=2)])
+  driver.submit([_requests.Request(TOK.encode("a"), max_tokens=2)])
   with pytest.raises(ValueError, match="idle driver"):
     _episodes.run_episodes(driver, TOK, ToyEnv, ["a"], n=1, max_turn_tokens=2, max_turns=1)
 
@@ -472,6 +473,6 @@ def test_runner_errors_and_groups_ended_at_reset(engine):
     returned = {}
     _drain(runner, returned)
   assert [(e.end_reason, e.num_turns) for e in returned["no reset"]] == [("env_error", 0)] * 2
-  driver.submit([_driver.Request(TOK.encode("a"), max_tokens=2)])
+  driver.submit([_requests.Request(TOK.encode("a"), max_tokens=2)])
   with pytest.raises(ValueError, match="idle driver"):
     _runner(driver)

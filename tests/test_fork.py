@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rlax_post.sampler import _driver
+from rlax_post.sampler import _requests
 from rlax_post.sampler import _engine
 
 import _driver_refs as refs
@@ -16,7 +17,7 @@ from _driver_refs import MAX_DECODE
 from _driver_refs import TOK
 
 T = 0.9
-Request, Fork = _driver.Request, _driver.Fork
+Request, Fork = _requests.Request, _requests.Fork
 
 
 @pytest.fixture(scope="module", params=[1, 4], ids=lambda k: f"k{k}")

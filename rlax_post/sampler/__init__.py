@@ -11,17 +11,17 @@ multi-turn continuation); the training loop and evaluation sample through it (on
 jitted, sharded, length-bucketed, callable from several threads; a reward model's or a critic's queries.
 """
 
-from rlax_post.sampler._driver import Completion
 from rlax_post.sampler._driver import Driver
-from rlax_post.sampler._driver import DriverStats
-from rlax_post.sampler._driver import Fork
-from rlax_post.sampler._driver import Request
 from rlax_post.sampler._engine import Block
 from rlax_post.sampler._engine import DecodeState
 from rlax_post.sampler._episodes import END_REASONS
 from rlax_post.sampler._episodes import EpisodeRunner
 from rlax_post.sampler._episodes import Episode
 from rlax_post.sampler._episodes import run_episodes
+from rlax_post.sampler._requests import Completion
+from rlax_post.sampler._requests import DriverStats
+from rlax_post.sampler._requests import Fork
+from rlax_post.sampler._requests import Request
 from rlax_post.sampler._engine import Prefix
 from rlax_post.sampler._engine import RlaxEngine
 from rlax_post.sampler._engine import SlotSettings

@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from rlax_post.sampler import _driver
+from rlax_post.sampler import _requests
 
 END_REASONS = ("env_done", "max_turns", "max_decode_length", "env_error", "env_timeout")
 # What `env.step` returns: an `envs.StepResult` or any object with these attributes. Envs and step results
@@ -229,7 +230,7 @@ class _Group:
   seed: int | None
   stream: int | None
   remaining: int  # episodes not yet ended.
-  completions: dict[int, _driver.Completion] = dataclasses.field(default_factory=dict)  # by episode index.
+  completions: dict[int, _requests.Completion] = dataclasses.field(default_factory=dict)  # by episode index.
   keep: bool = False  # its samples' and envs' states are kept for forks once they end (`submit(keep=True)`)
 
 
@@ -300,7 +301,7 @@ class EpisodeRunner:
     _check_int("n", n, 1)
     max_turn_tokens = self._max_turn_tokens if max_turn_tokens is None else max_turn_tokens
     _check_int("max_turn_tokens", max_turn_tokens, 1)
-    _driver.check_streams(f"group {group_id!r}", seed, stream, None, n)
+    _requests.check_streams(f"group {group_id!r}", seed, stream, None, n)
     if keep and group_id in self._kept:
       raise ValueError(f"Group {group_id!r} is kept already; release it first or use another group_id.")
     states = [_State(self._num_groups, i, self._env_factory(), snapshots=[] if keep else None) for i in range(n)]
@@ -367,7 +368,7 @@ class EpisodeRunner:
         raise ValueError(f"Fork: ended episode {index} of group {group_id!r} forks at an int `at` in "
                          f"[{starts[0] if starts else length}, {length}) (a position of its turns); got at={at!r}.")
       driver_at = int(at) - len(ended.prompt)
-      turns = _driver.turn_at([s - len(ended.prompt) for s in starts], ended.mask, driver_at)
+      turns = _requests.turn_at([s - len(ended.prompt) for s in starts], ended.mask, driver_at)
       if turns is None:
         raise ValueError(f"Fork: at={at} lies in an env observation of episode {index} of group {group_id!r} "
                          f"(its turns start at {list(starts)}); an ended episode forks inside one of its turns.")
@@ -375,7 +376,7 @@ class EpisodeRunner:
     children = [parent.fork(first + k, turns, keep=keep) for k in range(n)]
     indices = [c.index for c in children]
     rid = self._num_requests
-    self._driver.fork([_driver.Fork(
+    self._driver.fork([_requests.Fork(
         parent.key, n=n, at=driver_at, request_id=rid, seed=seed, stream=stream,
         sample_streams=None if seed is None else tuple(indices), keep=keep,
         env=_callback(children, self._calls, self._tokenizer, self._max_turns))])
@@ -505,7 +506,7 @@ class EpisodeRunner:
       state.context += self._tokenizer.encode(observation, add_bos=False)
       state.turn_starts.append(len(state.context))
       contexts.setdefault(tuple(state.context), []).append(state.index)
-    requests = [_driver.Request(
+    requests = [_requests.Request(
         list(context), n=len(members), max_tokens=group.max_turn_tokens, stop_tokens=self._stop_tokens,
         request_id=self._num_requests + k,
         env=_callback([group.states[i] for i in members], self._calls, self._tokenizer, self._max_turns),
@@ -617,7 +618,7 @@ def _callback(members: list[_State], calls: _Calls, tokenizer: Any, max_turns: i
   return env
 
 
-def _episode(state: _State, completion: _driver.Completion | None, tokenizer: Any) -> Episode:
+def _episode(state: _State, completion: _requests.Completion | None, tokenizer: Any) -> Episode:
   if completion is None:  # Ended at reset.
     k, tokens, mask, logprobs, versions = 0, list(state.context), [], [], []
     end_reason = state.end_reason
