@@ -5,7 +5,8 @@ batching and shared vs separate prefills, side by side in one run.
   python benchmarks/sampler.py --json out.json      # also write the figures (keys efficiency_equal,
                                                     # efficiency_long_tail, continuous_over_static,
                                                     # shared_prefix_over_separate, block_over_single_step,
-                                                    # run_ahead_over_sync, run_ahead_admission)
+                                                    # run_ahead_over_sync, run_ahead_admission,
+                                                    # unfinished_over_groups)
   python benchmarks/sampler.py --device gpu         # ~1B-parameter config in bf16, 128 slots: decode tokens/s and
                                                     # the achieved HBM bandwidth as a fraction of the chip's peak
 
@@ -30,6 +31,7 @@ mode once, in turn, so all modes see the same machine load.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import sys
@@ -93,15 +95,22 @@ class DriverMode:
 
 
 class AdmissionMode(DriverMode):
-  """Groups admitted as their slots free (`envs.run_tickets`' loop: a group of n samples is submitted once n
-  slots are free by the group count, between `step()` calls), with `run_ahead` on or off."""
+  """Groups admitted as their slots free (`envs.run_tickets`' loop: a group of n samples is submitted, between
+  `step()` calls, once n slots are free by the count), counting an open group's n slots until it ends
+  (`by_samples=False`, what trees need) or only its unfinished samples (`Driver.num_unfinished`, what a
+  single-turn producer counts); driver keyword arguments (`run_ahead`) as given."""
+
+  def __init__(self, engine, params, requests, by_samples=False, **driver_kwargs):
+    super().__init__(engine, params, requests, **driver_kwargs)
+    self.by_samples = by_samples
 
   def __call__(self) -> float:
     driver = sampler.Driver(self.engine, self.params, **self.kwargs)
     slots, pending, open_groups, done = driver.engine.max_concurrent_decodes, list(self.requests), {}, 0
+    held = lambda: driver.num_unfinished if self.by_samples else len(open_groups) * pending[0].n
     t0 = time.perf_counter()
     while done < len(self.requests):
-      while pending and (len(open_groups) + 1) * pending[0].n <= slots:
+      while pending and held() + pending[0].n <= slots:
         request = pending.pop(0)
         driver.submit([request])
         open_groups[request.request_id] = request.n
@@ -236,9 +245,10 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
   # Shared prefixes: n = 8 samples of longer prompts, short answers (prefill matters).
   grouped = long_tailed_requests(rng, max(num // 8, 1), prompt_len=2 * prompt_len, short=short,
                                  long=short, long_frac=0.0, n=8)
-  # RL groups: n = 4 samples each, long-tailed lengths, admitted as their slots free.
-  groups = long_tailed_requests(rng, num // 2, prompt_len=prompt_len, short=(2 * short[0], 2 * short[1]),
-                                long=long, long_frac=0.15, n=4)
+  # RL groups: n = 4 samples each, long-tailed lengths, admitted as their slots free; seven stop ids (each
+  # step stops a sample with probability ~7/259 under the random model) make a group's samples end apart.
+  groups = [dataclasses.replace(r, stop_tokens=tuple(range(97, 104))) for r in long_tailed_requests(
+      rng, num // 2, prompt_len=prompt_len, short=(4 * short[0], 4 * short[1]), long=long, long_frac=0.15, n=4)]
   modes = dict(fused_eq=FusedMode(blocks, params, num=num, prompt_len=prompt_len, new_tokens=equal_new),
                eq_k=DriverMode(blocks, params, equal), eq_1=DriverMode(single, params, equal),
                wave=DriverMode(blocks, params, equal[:slots]),
@@ -248,12 +258,14 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                shared=DriverMode(blocks, params, grouped),
                separate=DriverMode(blocks, params, grouped, share_prefix=False),
                admit=AdmissionMode(blocks, params, groups, run_ahead=False),
-               admit_ahead=AdmissionMode(blocks, params, groups, run_ahead=True))
+               admit_ahead=AdmissionMode(blocks, params, groups, run_ahead=True),
+               admit_samples=AdmissionMode(blocks, params, groups, by_samples=True))
   best = best_alternating(modes, args.repeats)
   (fused_eq, eq_k, eq_1, wave, wave_sync, fused_tail, cont, stat, shared, separate, admit,
-   admit_ahead) = (best[name] for name in modes)
-  out_k, out_1, out_w, out_y, out_c, out_s, out_a, out_b, out_g, out_h = (modes[name].completions for name in (
-      "eq_k", "eq_1", "wave", "wave_sync", "cont", "stat", "shared", "separate", "admit", "admit_ahead"))
+   admit_ahead, admit_samples) = (best[name] for name in modes)
+  out_k, out_1, out_w, out_y, out_c, out_s, out_a, out_b, out_g, out_h, out_u = (
+      modes[name].completions for name in ("eq_k", "eq_1", "wave", "wave_sync", "cont", "stat", "shared",
+                                           "separate", "admit", "admit_ahead", "admit_samples"))
   rows = [dict(mode=f"equal {equal_new}: fused limit", **fused_eq),
           dict(mode=f"equal {equal_new}: driver, k={k}", **eq_k),
           dict(mode=f"equal {equal_new}: driver, k=1", **eq_1),
@@ -263,7 +275,8 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
           dict(mode=f"long tail: continuous, k={k}", **cont), dict(mode=f"long tail: static, k={k}", **stat),
           dict(mode="shared prefix (n=8)", **shared), dict(mode="separate prefills (n=8)", **separate),
           dict(mode="groups admitted as slots free", **admit),
-          dict(mode="groups admitted, run-ahead", **admit_ahead)]
+          dict(mode="groups admitted, run-ahead", **admit_ahead),
+          dict(mode="groups admitted, unfinished counted", **admit_samples)]
   result = dict(device=str(device), model_params=cfg.num_params(), slots=slots, steps_per_sync=k, rows=rows,
                 efficiency_equal=eq_k["tokens_per_s"] / fused_eq["tokens_per_s"],
                 efficiency_equal_k1=eq_1["tokens_per_s"] / fused_eq["tokens_per_s"],
@@ -271,11 +284,12 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                 block_over_single_step=eq_k["tokens_per_s"] / eq_1["tokens_per_s"],
                 run_ahead_over_sync=wave["tokens_per_s"] / wave_sync["tokens_per_s"],
                 run_ahead_admission=admit_ahead["tokens_per_s"] / admit["tokens_per_s"],
+                unfinished_over_groups=admit_samples["tokens_per_s"] / admit["tokens_per_s"],
                 continuous_over_static=cont["tokens_per_s"] / stat["tokens_per_s"],
                 shared_prefix_over_separate=shared["tokens_per_s"] / separate["tokens_per_s"],
                 identical_outputs=(same_outputs(out_c, out_s) and same_outputs(out_a, out_b)
                                    and same_outputs(out_k, out_1) and same_outputs(out_w, out_y)
-                                   and same_outputs(out_g, out_h)))
+                                   and same_outputs(out_g, out_h) and same_outputs(out_g, out_u)))
   if args.device == "gpu":
     kind = device.device_kind
     peak = next((v for name, v in _PEAK_HBM.items() if name in kind), None)
@@ -297,7 +311,8 @@ def _report(args, device, cfg, slots, result, rows):
         f"(k=1: {result['efficiency_equal_k1']:.2f}), long tail {result['efficiency_long_tail']:.2f}")
   print(f"k={result['steps_per_sync']} / k=1: {result['block_over_single_step']:.2f}x   "
         f"run-ahead / not: {result['run_ahead_over_sync']:.2f}x (groups admitted as slots free: "
-        f"{result['run_ahead_admission']:.2f}x)   "
+        f"{result['run_ahead_admission']:.2f}x)   admission by unfinished samples / by groups: "
+        f"{result['unfinished_over_groups']:.2f}x   "
         f"continuous / static: {result['continuous_over_static']:.2f}x   "
         f"shared prefix / separate: {result['shared_prefix_over_separate']:.2f}x   "
         f"identical outputs: {result['identical_outputs']}")

@@ -260,6 +260,8 @@ class _Group:
 class DatasetProducer(_rl.DriverProducer):
   """Single-turn groups of dataset rows (`envs.Producer`), scored in threads while decoding goes on."""
 
+  submits_whole_groups = True
+
   def __init__(self, task: "DatasetTask", engine: sampler.RlaxEngine, params, version: int, split: str):
     _rl.check_split(split)
     cfg = task.cfg

@@ -171,7 +171,10 @@ def run_tickets(producer: Producer, tickets: Iterable[int], *, slots: int, group
                 ) -> dict[int, list[dict]]:
   """Produces every ticket's group with at most `slots` samples in flight; {ticket: rows}.
 
-  Tickets are submitted in order as slots free up (continuous batching across groups)."""
+  Tickets are submitted in order as slots free up (continuous batching across groups): a group once
+  `group_size` slots are free by the producer's count (`in_flight_samples`: unfinished samples where a group
+  submits them all at once, so the slots of a group's finished samples serve the next group while its
+  slowest ones decode)."""
   pending = list(tickets)
   out: dict[int, list[dict]] = {}
   want = len(pending)
@@ -185,7 +188,12 @@ def run_tickets(producer: Producer, tickets: Iterable[int], *, slots: int, group
 
 class DriverProducer:
   """What the producers that sample through one `sampler.Driver` share: the driver (its params and version),
-  the groups open by ticket (`_open`), and `group_samples` slots in flight per open group."""
+  the groups open by ticket (`_open`), and the slots they hold (`in_flight_samples`)."""
+
+  # True where a group submits all its samples at once (single-turn groups): then only its unfinished samples
+  # hold slots, and a finished sample's slot takes the next group's at once. False where a group grows after
+  # its submit (trees expand as messages come back): it holds `group_samples` slots until it ends.
+  submits_whole_groups = False
 
   def __init__(self, engine: sampler.RlaxEngine, params, version: int, group_samples: int):
     self.driver = sampler.Driver(engine, params, version=version, seed=0)
@@ -202,6 +210,9 @@ class DriverProducer:
 
   @property
   def in_flight_samples(self) -> int:
+    """The slots the open groups hold (`submits_whole_groups`)."""
+    if self.submits_whole_groups:
+      return self.driver.num_unfinished
     return len(self._open) * self.group_samples
 
   def set_params(self, params, version: int) -> None:
@@ -213,6 +224,8 @@ class DriverProducer:
 
 class TextProducer(DriverProducer):
   """Single-turn groups of a text task (`envs.TextTask`): ticket g is example g of the split."""
+
+  submits_whole_groups = True
 
   def __init__(self, task: Any, engine: sampler.RlaxEngine, params, version: int, split: str):
     check_split(split)

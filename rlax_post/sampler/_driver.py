@@ -245,6 +245,12 @@ class Driver:
     return not self._pending and not self._parked and not self._early and all(s is None for s in self._busy)
 
   @property
+  def num_unfinished(self) -> int:
+    """Samples submitted and not finished: queued (for a first or a later turn), decoding, or parked on an env
+    future; the slots they need."""
+    return len(self._pending) + len(self._parked) + sum(s is not None for s in self._busy)
+
+  @property
   def num_parked(self) -> int:
     """Samples waiting on an env future (they hold no slot)."""
     return len(self._parked)
