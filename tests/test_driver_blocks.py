@@ -2,6 +2,7 @@
 insert equal one-at-a-time ones, every k gives the same completions, each request samples under its own law
 (and scores under its own temperature), stop strings end turns, and bad settings raise clear errors."""
 
+import dataclasses
 import functools
 
 import jax
@@ -248,6 +249,31 @@ def test_an_error_in_a_step_leaves_the_samples_finished_before_it_collectable():
   with pytest.raises(RuntimeError, match="env broke"):
     driver.step()
   assert [(c.request_id, c.versions) for c in driver.collect()] == [("x", (0,) * 5)]
+  assert driver.done
+
+
+def test_an_error_taking_the_empty_block_run_ahead_leaves_the_completions_of_the_block_before_it(monkeypatch):
+  """A sample that samples a stop id in a block while the next block was dispatched ahead (the host saw budget
+  left): the empty block run ahead is taken in the same step; if that take raises, the sample's completion
+  (from the block before) is still collectable, not lost with the step."""
+  request = Request(refs.prompt(5, 3), max_tokens=20, request_id="s")
+  tokens = _driver.Driver(_engine_for(3), refs.model()[1], seed=4).sample([request])[0].tokens
+  end = next(i for i in (1, 2) if tokens[i] not in tokens[:i])  # a stop id the sample first samples in block 1
+  driver = _driver.Driver(_engine_for(3), refs.model()[1], seed=4, run_ahead=True)
+  driver.submit([dataclasses.replace(request, stop_tokens=(tokens[end],))])
+  take, flights = driver._take_block, []  # pylint: disable=protected-access
+
+  def failing_take(flight):
+    flights.append(flight)
+    if len(flights) == 2:
+      raise RuntimeError("transfer failed")
+    return take(flight)
+
+  monkeypatch.setattr(driver, "_take_block", failing_take)
+  with pytest.raises(RuntimeError, match="transfer failed"):
+    driver.step()
+  assert driver.stats.ahead == 1 and len(flights) == 2
+  assert [(c.request_id, c.tokens, c.finish_reason) for c in driver.collect()] == [("s", tokens[:end + 1], "stop")]
   assert driver.done
 
 

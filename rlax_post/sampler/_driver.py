@@ -501,6 +501,7 @@ class Driver:
     """Runs one decode block (or takes the one dispatched ahead), dispatches the next ahead where nothing the
     host learns from this one could change it (`_can_run_ahead`), then hands out this one's tokens: the host's
     work on a block overlaps the device's on the next."""
+    longest = self._longest()
     if self._ahead is not None:
       flight, self._ahead = self._ahead, None
     else:
@@ -510,18 +511,22 @@ class Driver:
       stop_on_free = min(self.refill_after, waiting)
       if any(s is not None and s.request.env is not None for s in self._busy):
         stop_on_free = 1
-      flight = self._dispatch(stop_on_free, self._longest(), list(self._logits_version))
+      flight = self._dispatch(stop_on_free, longest, list(self._logits_version))
     if self._can_run_ahead():
       # Each busy sequence grows by at most k in the block before it, whose last logits are of this version
       # (a slot filled since that block was dispatched starts from its own).
       versions = [self.version if s is not None and s is flight.samples[slot] else self._logits_version[slot]
                   for slot, s in enumerate(self._busy)]
-      self._ahead = self._dispatch(0, self._longest() + self.engine.steps_per_sync, versions)
+      self._ahead = self._dispatch(0, longest + self.engine.steps_per_sync, versions)
       self._counts["ahead"] += 1
     finished = self._take_block(flight)
     if self._ahead is not None and not any(self._busy):  # All stopped in `flight`: the block run ahead has
       ahead, self._ahead = self._ahead, None  # nothing to decode (it ends at once); take it, not keep it.
-      finished += self._take_block(ahead)
+      try:
+        finished += self._take_block(ahead)
+      except BaseException:  # `flight`'s completions are not `step()`'s yet: keep them collectable.
+        self._finished.extend(finished)
+        raise
     return finished
 
   def _longest(self) -> int:
