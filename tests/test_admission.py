@@ -6,10 +6,12 @@ import sys
 
 import jax
 import numpy as np
+import pytest
 
 from rlax_post import config
 from rlax_post import envs
 from rlax_post import models
+from rlax_post import rollouts
 from rlax_post import runtime
 
 sys.path.insert(0, ".")
@@ -23,23 +25,43 @@ def _parts():
   return runtime.build_parts(config.load(cfg))
 
 
-def test_single_turn_groups_start_in_the_slots_of_finished_samples():
+@pytest.mark.parametrize("admission", ["list", "files"])
+def test_single_turn_groups_start_in_the_slots_of_finished_samples(admission, tmp_path):
+  """The groups come in order from a list (`envs.run_tickets`), or are granted through a file admission as a
+  sampler process gets them (`rlax-post sampler`: its heartbeat reports `envs.group_capacity`, the learner
+  tops its grants up to it): either way a third group starts in 8 slots while two are open."""
   parts = _parts()
   params = models.init_params(parts.model_cfg, jax.random.key(0))[1]
   producer = parts.task.producer(parts.engine(slots=8, temperature=1.0), params, 0)
   assert producer.submits_whole_groups
-  pending, out, most_open, lengths = list(range(8)), {}, 0, set()
+  files = admission == "files"
+  sampler_side = rollouts.FileAdmission(tmp_path, groups_per_step=8, max_staleness=0, sampler_id="s0", capacity=2,
+                                        ahead=2)
+  learner_side = rollouts.FileAdmission(tmp_path, groups_per_step=8, max_staleness=0)
+  pending, out, most_open, most_capacity, lengths = list(range(8)), {}, 0, 0, set()
   while len(out) < 8:
-    while pending and producer.in_flight_samples + 4 <= 8:
-      producer.submit(pending.pop(0))
+    if files:
+      capacity = envs.group_capacity(producer, slots=8, group_size=4)
+      most_capacity = max(most_capacity, capacity)
+      sampler_side.heartbeat(capacity=capacity)
+      learner_side.grant(0, committed=set(out), timeout_s=60)
+      # Granted: the groups it runs, those it can start and two ahead (as `rlax-post sampler`), never more.
+      assert len([t for t in sampler_side.granted() if t not in out]) <= capacity + 2
+    while envs.has_room(producer, slots=8, group_size=4):
+      ticket = sampler_side.claim(0) if files else (pending.pop(0) if pending else None)
+      if ticket is None:
+        break
+      producer.submit(ticket)
     # The slots held are the driver's unfinished samples: never more than the engine has.
     assert producer.in_flight_samples == producer.driver.num_unfinished <= 8
     most_open = max(most_open, producer.in_flight_groups)
     for ticket, rows in producer.step():
       out[ticket] = rows
+      sampler_side.commit(ticket)
       lengths |= {int(np.sum(r["mask"])) for r in rows}  # each response's sampled tokens
   assert len(lengths) > 1  # the samples of a group did end apart
   assert most_open >= 3  # counting whole groups, two at most would be open in 8 slots
+  assert most_capacity >= 3 if files else most_capacity == 0  # (a fixed capacity was slots // n = 2)
   # The same rows as every group at once (each group's streams are its ticket's).
   everything = parts.task.producer(parts.engine(slots=32, temperature=1.0), params, 0)
   want = envs.run_tickets(everything, range(8), slots=32, group_size=4)
@@ -49,6 +71,51 @@ def test_single_turn_groups_start_in_the_slots_of_finished_samples():
       np.testing.assert_array_equal(got["tokens"], ref["tokens"])
       np.testing.assert_array_equal(got["mask"], ref["mask"])
       np.testing.assert_allclose(got["logprobs"], ref["logprobs"], atol=1e-6, rtol=0)
+
+
+def test_a_sampler_reports_the_groups_it_can_hold_and_is_granted_up_to_them(tmp_path):
+  """`FileAdmission.heartbeat(capacity=)`: the learner tops the sampler's outstanding tickets up to the capacity
+  of its last heartbeat (under the bound), never takes granted tickets back when it falls, and a bad capacity
+  raises; tickets `ahead` go to a sampler once every sampler has its capacity; `envs.group_capacity` counts
+  the open groups and those the free slots start."""
+  s0 = rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=1, sampler_id="s0", capacity=1)
+  learner = rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=1)
+  s0.heartbeat()
+  learner.grant(0, committed=set(), timeout_s=60)
+  assert s0.granted() == [0]
+  s0.heartbeat(capacity=3)
+  learner.grant(0, committed=set(), timeout_s=60)
+  assert s0.granted() == [0, 1, 2] and learner.heartbeats()["s0"]["capacity"] == 3
+  s0.heartbeat(capacity=1)
+  learner.grant(0, committed={0}, timeout_s=60)
+  assert s0.granted() == [1, 2]  # committed 0 leaves; 1 and 2 stay granted
+  s0.heartbeat(capacity=4)
+  learner.grant(0, committed={0}, timeout_s=60)
+  assert s0.granted() == [1, 2, 3, 4]
+  s0.heartbeat(capacity=9)
+  learner.grant(0, committed={0}, timeout_s=60)
+  assert s0.granted() == [1, 2, 3, 4, 5, 6, 7]  # ticket 8 would pass the bound (0 + 1 + 1) x 4
+  with pytest.raises(ValueError, match="capacity must be an int >= 1; got 0"):
+    s0.heartbeat(capacity=0)
+  with pytest.raises(ValueError, match="ahead must be an int >= 0; got -1"):
+    rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=1, sampler_id="s0", ahead=-1)
+  # Tickets ahead (held ready for when slots free) come after every sampler's capacity: bound (0 + 1 + 1) x 3.
+  a, b = (rollouts.FileAdmission(tmp_path / "two", groups_per_step=3, max_staleness=1, sampler_id=f"s{i}",
+                                 capacity=2, ahead=2) for i in range(2))
+  learner = rollouts.FileAdmission(tmp_path / "two", groups_per_step=3, max_staleness=1)
+  a.heartbeat()
+  b.heartbeat()
+  learner.grant(0, committed=set(), timeout_s=60)
+  assert (a.granted(), b.granted()) == ([0, 1, 4, 5], [2, 3])
+
+  class Open:  # an envs.Producer's counts
+    def __init__(self, groups, samples):
+      self.in_flight_groups, self.in_flight_samples = groups, samples
+
+  assert [envs.group_capacity(Open(g, u), slots=8, group_size=4) for g, u in
+          [(0, 0), (2, 8), (2, 5), (2, 3), (3, 7), (1, 12)]] == [2, 2, 2, 3, 3, 1]
+  assert [envs.has_room(Open(g, u), slots=8, group_size=4) for g, u in
+          [(0, 0), (2, 8), (2, 4), (2, 5), (0, 12)]] == [True, False, True, False, True]
 
 
 def test_groups_that_grow_after_their_submit_hold_all_their_slots():

@@ -58,6 +58,8 @@ from rlax_post.envs._rl import RLTask
 from rlax_post.envs._rl import ROW_FIELDS
 from rlax_post.envs._rl import row_id
 from rlax_post.envs._rl import completion_row
+from rlax_post.envs._rl import group_capacity
+from rlax_post.envs._rl import has_room
 from rlax_post.envs._rl import run_tickets
 from rlax_post.envs._rl import seed_of
 from rlax_post.envs._rl import Stream
@@ -114,6 +116,8 @@ __all__ = [
     'prefix_key',
     'row_id',
     'completion_row',
+    'group_capacity',
+    'has_room',
     'run_tickets',
     'seed_of',
     'turn_budget',

@@ -167,19 +167,31 @@ def check_split(split: str) -> None:
     raise ValueError(f"split must be one of {list(SPLITS)}; got {split!r}.")
 
 
+def has_room(producer: Producer, *, slots: int, group_size: int) -> bool:
+  """Whether `producer` may start another group: `group_size` of its `slots` free by its count
+  (`in_flight_samples`: unfinished samples where a group submits them all at once, so the slots of a group's
+  finished samples serve the next group while its slowest ones decode), or no group open."""
+  return producer.in_flight_samples + group_size <= slots or not producer.in_flight_groups
+
+
+def group_capacity(producer: Producer, *, slots: int, group_size: int) -> int:
+  """The groups `producer` can hold now (what a sampler reports to a file admission, which grants it as many
+  tickets): its open groups plus as many as its free slots could start, at least one."""
+  free = max(slots - producer.in_flight_samples, 0)
+  return max(producer.in_flight_groups + free // group_size, 1)
+
+
 def run_tickets(producer: Producer, tickets: Iterable[int], *, slots: int, group_size: int
                 ) -> dict[int, list[dict]]:
   """Produces every ticket's group with at most `slots` samples in flight; {ticket: rows}.
 
   Tickets are submitted in order as slots free up (continuous batching across groups): a group once
-  `group_size` slots are free by the producer's count (`in_flight_samples`: unfinished samples where a group
-  submits them all at once, so the slots of a group's finished samples serve the next group while its
-  slowest ones decode)."""
+  `group_size` slots are free by the producer's count (`has_room`)."""
   pending = list(tickets)
   out: dict[int, list[dict]] = {}
   want = len(pending)
   while len(out) < want:
-    while pending and (producer.in_flight_samples + group_size <= slots or not producer.in_flight_groups):
+    while pending and has_room(producer, slots=slots, group_size=group_size):
       producer.submit(pending.pop(0))
     for ticket, rows in producer.step():
       out[ticket] = rows

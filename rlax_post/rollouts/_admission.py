@@ -26,8 +26,10 @@ object stores):
   <dir>/learner.json         written by the learner: the next new ticket
 
 The learner (`grant`, called while it waits and after each step) tops up every live sampler's grants to its
-capacity with new tickets below the bound at the learner's version; a sampler starts a granted ticket only if
-it is below the bound at its *own* version. When a sampler's heartbeat is older than the timeout its
+capacity (the groups it runs plus those its free slots could start), then to its capacity plus its `ahead`
+(tickets held ready, so a group starts when slots free rather than a grant later), with new tickets below the
+bound at the learner's version; a sampler starts a granted ticket only if it is below the bound at its *own*
+version. When a sampler's heartbeat is older than the timeout its
 uncommitted grants are taken back and granted to live samplers (same ticket: same prompt, same seeds), so no
 prompt is skipped and the learner never waits on a dead sampler. `extra` is 0 in this protocol.
 """
@@ -155,15 +157,19 @@ class FileAdmission(Admission):
   Args:
     directory: shared by the learner and every sampler (local, NFS, or a bucket URL).
     sampler_id: this sampler's id; None for the learner.
-    capacity: groups this sampler runs at once (it is granted up to that many outstanding tickets).
+    capacity: groups this sampler can hold now: those it runs plus those its free slots could start. A sampler
+      updates it with each heartbeat (`heartbeat(capacity=)`).
+    ahead: tickets it asks for beyond `capacity`, so that a group starts as soon as slots free, not a grant
+      later (the learner grants every sampler its capacity before any its `ahead`).
   """
 
   def __init__(self, directory, *, groups_per_step: int, max_staleness: int, sampler_id: str | None = None,
-               capacity: int = 1):
+               capacity: int = 1, ahead: int = 0):
     super().__init__(groups_per_step=groups_per_step, max_staleness=max_staleness)
     self.directory = _dir(directory)
     self.sampler_id = sampler_id
     self.capacity = _check("capacity", capacity, 1)
+    self.ahead = _check("ahead", ahead, 0)
     for sub in ("samplers", "grants"):
       (self.directory / sub).mkdir(parents=True, exist_ok=True)
     self.held: set[int] = set()  # sampler: started, not committed
@@ -210,11 +216,14 @@ class FileAdmission(Admission):
   def _beat_path(self, sampler_id: str) -> epath.Path:
     return self.directory / "samplers" / f"{sampler_id}.json"
 
-  def heartbeat(self, **stats) -> None:
-    """Writes this sampler's liveness, held tickets, capacity and `stats` (e.g. version, idle fraction)."""
+  def heartbeat(self, *, capacity: int | None = None, **stats) -> None:
+    """Writes this sampler's liveness, held tickets, capacity (`capacity`, if given, replaces it) and `stats`
+    (e.g. version, idle fraction)."""
+    if capacity is not None:
+      self.capacity = _check("capacity", capacity, 1)
     _write_json_atomic(self._beat_path(self.sampler_id),
                        {"time": time.time(), "pid": os.getpid(), "held": sorted(self.held),
-                        "capacity": self.capacity, **stats})
+                        "capacity": self.capacity, "ahead": self.ahead, **stats})
 
   # --- learner side ---------------------------------------------------------------------------------------
 
@@ -249,15 +258,17 @@ class FileAdmission(Admission):
     limit = admission_limit(version, groups_per_step=self.groups_per_step, max_staleness=self.max_staleness)
     live = sorted(sid for sid, b in beats.items() if now - b.get("time", 0.0) <= timeout_s)
     granted_now = 0
-    for sid in live:
-      tickets = grants.setdefault(sid, [])
-      room = int(beats[sid].get("capacity", 1)) - len(tickets)
-      while room > 0 and (pool or next_ticket < limit):
-        tickets.append(pool.pop(0) if pool else next_ticket)
-        if not tickets[-1] < next_ticket:
-          next_ticket += 1
-        room, granted_now = room - 1, granted_now + 1
-        changed.add(sid)
+    # Every sampler's capacity first (work it can start now), then its tickets ahead.
+    for with_ahead in (False, True):
+      for sid in live:
+        tickets, beat = grants.setdefault(sid, []), beats[sid]
+        room = int(beat.get("capacity", 1)) + with_ahead * int(beat.get("ahead", 0)) - len(tickets)
+        while room > 0 and (pool or next_ticket < limit):
+          tickets.append(pool.pop(0) if pool else next_ticket)
+          if not tickets[-1] < next_ticket:
+            next_ticket += 1
+          room, granted_now = room - 1, granted_now + 1
+          changed.add(sid)
     # Reclaimed tickets no live sampler could take yet stay with nobody until the next call.
     for sid in changed:
       _write_json_atomic(self._grants_path(sid), {"tickets": sorted(grants[sid])})

@@ -87,7 +87,7 @@ class SamplerWorker:
       producer = self.producer_factory(self.receive(params), version)
     with self._lock:
       self._stats["version"] = version
-    last_beat = 0.0
+    last_beat, reported = 0.0, None
     while not self.should_stop():
       newest = self.source.latest_version()
       if newest is not None and newest != producer.version:
@@ -97,14 +97,17 @@ class SamplerWorker:
             producer.set_params(self.receive(got[1]), got[0])
           with self._lock:
             self._stats["version"], self._stats["swaps"] = got[0], self._stats["swaps"] + 1
-      while producer.in_flight_samples + self.n <= self.slots or not producer.in_flight_groups:
+      while envs.has_room(producer, slots=self.slots, group_size=self.n):
         ticket = self.channels.admission.claim(producer.version)
         if ticket is None:
           break
         producer.submit(ticket)
-      if self.channels.heartbeat is not None and time.time() - last_beat > 0.5:
-        self.channels.heartbeat(version=producer.version, idle_frac=self.stats()["idle_frac"])
-        last_beat = time.time()
+      if self.channels.heartbeat is not None:
+        capacity, now = envs.group_capacity(producer, slots=self.slots, group_size=self.n), time.time()
+        # Every 0.5 s, and sooner (0.1 s) when the room to start groups changed: the learner grants by it.
+        if now - last_beat > 0.5 or (capacity != reported and now - last_beat > 0.1):
+          self.channels.heartbeat(version=producer.version, idle_frac=self.stats()["idle_frac"], capacity=capacity)
+          last_beat, reported = now, capacity
       if producer.in_flight_groups == 0:  # Nothing admitted: wait for newer params.
         t0 = time.time()
         try:
@@ -190,7 +193,7 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   queue = file_queue(cfg, workdir, name)
   admission = rollouts.FileAdmission(os.path.join(workdir, "admission"), groups_per_step=cfg.rl.prompts_per_step,
                                      max_staleness=config_lib.staleness(cfg), sampler_id=name,
-                                     capacity=max(slots // n, 1))
+                                     capacity=max(slots // n, 1), ahead=max(slots // n, 1))
   # A sampler restarted under the same index never redoes a group it already put in the queue; tickets
   # still granted to it that never reached the queue are started again (same prompt and seeds).
   admission.mark_done(int(g) for g in queue.written_group_ids())
