@@ -194,6 +194,45 @@ def test_batched_prefill_and_insert_equal_one_at_a_time():
   assert int(many.num_inserts) == 2 and int(many.positions[0]) == 7
 
 
+def test_a_prefill_call_runs_only_the_chunks_holding_prompts_and_a_rows_numbers_do_not_depend_on_its_call():
+  """`prefill_chunk_tokens` 32 (bucket 16: chunks of 2 of the call's 16 rows): a call of 5 prompts computes
+  3 chunks (rows past the sixth stay zero), each prompt's row equals, bit for bit, the same prompt prefilled
+  alone or among others, and agrees with a call that runs all 16 rows in one pass."""
+  params = refs.model()[1]
+
+  def engine(chunk_tokens):
+    return _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=3, max_prefill_length=16,
+                              max_decode_length=MAX_DECODE, seed=1, prefill_chunk_tokens=chunk_tokens)
+
+  chunked, whole = engine(32), engine(2048)
+  assert chunked.prefill_rows(16) == 16 and chunked.prefill_chunk_rows(16, 16) == 2
+  assert whole.prefill_chunk_rows(16, 16) == 16
+  prompts = [refs.prompt(n, 20 + i) for i, n in enumerate([7, 12, 2, 16, 5])]
+  five = chunked.prefill_batch(params, prompts)
+  alone = chunked.prefill_batch(params, [prompts[3]])
+  others = chunked.prefill_batch(params, [prompts[4], prompts[0], prompts[3]])
+  one_pass = whole.prefill_batch(params, prompts)
+  k = np.asarray(five.cache.k)
+  assert np.all(k[:, 6:] == 0) and np.all(np.asarray(five.logits)[6:] == 0)  # chunks 3-7: not computed
+  assert np.all(np.abs(k[:, :5]).sum(axis=(0, 2, 3, 4)) > 0)
+  for got, row in ((alone, 0), (others, 2)):
+    np.testing.assert_array_equal(got.logits[row], five.logits[3])
+    np.testing.assert_array_equal(got.cache.k[:, row], five.cache.k[:, 3])
+    np.testing.assert_array_equal(got.cache.v[:, row], five.cache.v[:, 3])
+  np.testing.assert_array_equal(others.logits[0], five.logits[4])
+  for b, prompt in enumerate(prompts):
+    assert int(five.length[b]) == int(one_pass.length[b]) == len(prompt)
+    np.testing.assert_allclose(five.logits[b], one_pass.logits[b], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(five.cache.k[:, b, :len(prompt)], one_pass.cache.k[:, b, :len(prompt)], atol=1e-5)
+  assert [chunked.prefill_chunk_rows(b, r) for b, r in [(8, 16), (12, 16), (32, 16), (16, 1), (16, 6)]] == [
+      4, 2, 1, 1, 2]
+  assert _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=3, max_prefill_length=16,
+                            max_decode_length=MAX_DECODE).prefill_chunk_tokens == _engine.DEFAULT_CHUNK_TOKENS["cpu"]
+  for bad in (0, -3, 2.5, True):
+    with pytest.raises(ValueError, match=rf"prefill_chunk_tokens must be None or a positive int; got {bad!r}"):
+      engine(bad)
+
+
 def test_run_ahead_changes_when_the_host_looks_not_completions():
   """Blocks dispatched before the host has handed out the one before (`run_ahead`): the same completions as
   without, also when requests arrive while a block is ahead (they fill the slots freed before it and decode

@@ -122,12 +122,34 @@ class Cores:
     """The activation constraints of the engine's mesh and rules (traced into each decode step)."""
     return sharding.activation_constraint_fn(self.mesh, self.rules)
 
-  def prefill(self, params, tokens_bt, start_b, true_length_b, cache, *, cache_len):
-    cfg = self.model_cfg
+  def prefill(self, params, tokens_bt, start_b, true_length_b, cache, count, *, cache_len, chunk):
+    """The prompts of `tokens_bt`'s first `count` rows (the rest is padding) into a cache of `cache_len`
+    positions, `chunk` rows at a time (static; it divides B): a loop runs the same program on each chunk until
+    `count` rows are done, so a row's numbers do not depend on how many prompts share its call, and rows past
+    the last chunk holding a prompt are not computed (their cache and logits stay zero)."""
+    cfg, b = self.model_cfg, tokens_bt.shape[0]
     if cache is None:
-      cache = models.init_cache(cfg, tokens_bt.shape[0], cache_len)
+      cache = models.init_cache(cfg, b, cache_len)
     else:
       cache = models.grow_cache(cfg, cache, cache_len)
+    if chunk >= b:
+      return self._prefill_rows(params, tokens_bt, start_b, true_length_b, cache, cache_len)
+
+    def body(i, carry):
+      cache, logits_bv = carry
+      at = i * chunk
+      rows = lambda x, axis=0: jax.lax.dynamic_slice_in_dim(x, at, chunk, axis)
+      part = self._prefill_rows(params, rows(tokens_bt), rows(start_b), rows(true_length_b),
+                                jax.tree.map(lambda x: rows(x, 1), cache), cache_len)
+      put = lambda x, new, axis=0: jax.lax.dynamic_update_slice_in_dim(x, new, at, axis)
+      return jax.tree.map(lambda x, new: put(x, new, 1), cache, part.cache), put(logits_bv, part.logits)
+
+    logits_bv = jnp.zeros((b, cfg.vocab_size), jnp.float32)
+    cache, logits_bv = jax.lax.fori_loop(0, (count + chunk - 1) // chunk, body, (cache, logits_bv))
+    return Prefix(cache=cache, length=start_b + true_length_b, logits=logits_bv)
+
+  def _prefill_rows(self, params, tokens_bt, start_b, true_length_b, cache, cache_len):
+    """Every row of `tokens_bt` into `cache` (already `cache_len` positions long), in one forward pass."""
     t_1t = jnp.arange(tokens_bt.shape[1], dtype=jnp.int32)[None]
     # Pad tokens take position cache_len, past the cache: the model writes none of them (a sliding-window
     # layer's ring would put them over the prompt's last positions), and no prompt query sees them.
@@ -260,7 +282,7 @@ class Programs(NamedTuple):
   block_shardings: Block
   prefix_shardings: Prefix
   init: Any  # () -> DecodeState
-  prefill: Any  # Cores.prefill (static cache_len)
+  prefill: Any  # Cores.prefill (static cache_len and chunk)
   insert: Any  # Cores.insert; the state donated
   generate: Any  # Cores.generate; the state donated
   block: Any  # Cores.block (static kv_len); the state donated
@@ -321,7 +343,7 @@ def _state_shardings(cores: Cores) -> DecodeState:  # cores: a `_STATE` key
 
 @functools.lru_cache(maxsize=_PROGRAM_SETS)
 def _prefill_program(cores: Cores):
-  return jax.jit(cores.prefill, static_argnames=("cache_len",), out_shardings=_prefix_shardings(cores))
+  return jax.jit(cores.prefill, static_argnames=("cache_len", "chunk"), out_shardings=_prefix_shardings(cores))
 
 
 @functools.lru_cache(maxsize=_PROGRAM_SETS)
