@@ -28,8 +28,14 @@ def test_the_runs_engines_take_the_runtime_decode_keys():
   engine = parts.sampling_engine()
   assert (engine.max_concurrent_decodes, engine.steps_per_sync, engine.refill_after) == (16, 4, 12)
   assert parts.engine(slots=8, temperature=1.0).refill_after == 8  # an engine with fewer slots: all of them
-  c.runtime.refill_after = 0  # an eighth of the slots
-  assert runtime.build_parts(config.load(c)).sampling_engine().refill_after == 2
+  assert engine.prefill_chunk_tokens == 128  # the CPU's default
+  c.runtime.refill_after, c.runtime.prefill_chunk_tokens = 0, 64  # an eighth of the slots; chunks of 64 tokens
+  engine = runtime.build_parts(config.load(c)).sampling_engine()
+  assert engine.refill_after == 2 and engine.prefill_chunk_tokens == 64
+  assert engine.prefill_chunk_rows(16, engine.prefill_rows(16)) == 4
+  c.runtime.prefill_chunk_tokens = -1
+  with pytest.raises(ValueError, match="runtime.prefill_chunk_tokens"):
+    config.load(c)
 
 
 def test_nested_section_keeps_its_own_defaults():

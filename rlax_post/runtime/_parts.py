@@ -275,7 +275,8 @@ class Parts:
                               rules=self.rules, max_concurrent_decodes=slots, max_prefill_length=min(prefill, decode_len),
                               max_decode_length=decode_len, temperature=temperature, top_p=top_p, top_k=top_k,
                               steps_per_sync=self.cfg.runtime.decode_steps_per_sync,
-                              refill_after=min(self.cfg.runtime.refill_after, slots) or None)
+                              refill_after=min(self.cfg.runtime.refill_after, slots) or None,
+                              prefill_chunk_tokens=self.cfg.runtime.prefill_chunk_tokens or None)
 
   def sampling_engine(self) -> sampler.RlaxEngine:
     """The engine of the run's rollouts: `runtime.sampler_slots` (default P · n) slots, `rl`'s sampling law."""
