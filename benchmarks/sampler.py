@@ -6,9 +6,12 @@ batching and shared vs separate prefills, side by side in one run.
                                                     # efficiency_long_tail, continuous_over_static,
                                                     # shared_prefix_over_separate, block_over_single_step,
                                                     # run_ahead_over_sync, run_ahead_admission,
-                                                    # unfinished_over_groups)
+                                                    # unfinished_over_groups, chunked_prefill_admission,
+                                                    # chunked_prefill_full_calls)
   python benchmarks/sampler.py --device gpu         # ~1B-parameter config in bf16, 128 slots: decode tokens/s and
                                                     # the achieved HBM bandwidth as a fraction of the chip's peak
+  python benchmarks/sampler.py --modes fused_eq,eq_k --progress   # some modes only (ratios of the others: None),
+                                                    # each mode's seconds and XLA compiles printed as it goes
 
 The limit ("fused"): the same model decoding the same number of prompts, `slots` at a time, for the same
 number of new tokens per sample, inside one jitted function per round (one batched prefill, then a
@@ -21,6 +24,10 @@ Run-ahead (`Driver(run_ahead=)`): one wave of `slots` equal requests (all decodi
 every block after the first is dispatched before the host hands out the one before it), with and without; and
 RL groups of 4 admitted as their slots free (a loop of `step()`, as `envs.run_tickets`), with and without
 (there a freed slot waits for the block run ahead before its next group can start).
+The RL modes (groups admitted as slots free) run on an engine as the runtime's sampling engine: prefill passes
+of the groups a fill starts (`RlaxEngine(prefill_chunk=slots / 4)`); the others run every prefill call in one
+pass (the engine's default). Chunked prefill: the equal workload (full calls) and groups admitted by
+unfinished samples (calls of a prompt or two) both ways.
 
 Same model, same requests, same sampling streams for every driver mode (the driver seeds each sample
 independently of the schedule, so every mode generates exactly the same tokens; the script checks it).
@@ -184,15 +191,32 @@ def _runs_of(values: list) -> list[tuple[int, int]]:
   return list(zip(starts, starts[1:] + [len(values)]))
 
 
-def best_alternating(modes: dict, repeats: int) -> dict:
+class CompileClock:
+  """XLA compile seconds and count so far (a `jax.monitoring` listener), for `--progress`."""
+
+  def __init__(self):
+    self.seconds, self.count = 0.0, 0
+    jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+  def _listen(self, event, duration, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+      self.seconds, self.count = self.seconds + duration, self.count + 1
+
+
+def best_alternating(modes: dict, repeats: int, progress: CompileClock | None = None) -> dict:
   """Each mode's best seconds over `repeats` rounds that run every mode once, in turn (after a compiling
-  warm-up round), so all modes see the same machine load."""
-  for mode in modes.values():
-    mode()
-  best = {name: float("inf") for name in modes}
-  for _ in range(repeats):
+  warm-up round, round 0), so all modes see the same machine load. With `progress`, prints each mode's
+  seconds and XLA compiles per round as it goes (a run cut off by a timeout still says how far it got)."""
+  best, t0 = {name: float("inf") for name in modes}, time.perf_counter()
+  for r in range(repeats + 1):
     for name, mode in modes.items():
-      best[name] = min(best[name], mode())
+      before = (progress.seconds, progress.count) if progress else None
+      seconds = mode()
+      if r:
+        best[name] = min(best[name], seconds)
+      if progress:
+        print(f"[progress] round {r} {name}: {seconds:.3f} s, {progress.count - before[1]} compiles "
+              f"{progress.seconds - before[0]:.1f} s; {time.perf_counter() - t0:.0f} s in", flush=True)
   return {name: modes[name].row(seconds) for name, seconds in best.items()}
 
 
@@ -200,15 +224,22 @@ def same_outputs(a, b) -> bool:
   return all(x.tokens == y.tokens for x, y in zip(a, b)) and len(a) == len(b)
 
 
-def main():
+def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
   parser.add_argument("--slots", type=int, default=None)
   parser.add_argument("--requests", type=int, default=None)
   parser.add_argument("--steps-per-sync", type=int, default=8, help="decode steps per host round trip (k)")
   parser.add_argument("--repeats", type=int, default=7)
+  parser.add_argument("--modes", default=None,
+                      help="comma-separated modes to run (default: all), e.g. fused_eq,eq_k for the decode figures")
+  parser.add_argument("--prefill-chunk", type=int, default=None,
+                      help="RlaxEngine.prefill_chunk (rows per prefill pass) of the RL modes and eq_chunked "
+                           "(default: slots / 4, the groups of 4 a fill can start)")
+  parser.add_argument("--progress", action="store_true",
+                      help="print each mode's seconds and XLA compiles per round as it goes")
   parser.add_argument("--json", default=None)
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   device = jax.devices(args.device)[0]
   if args.device == "gpu":
     cfg = models.preset("llama3.2-1b", vocab_size=264, valid_vocab_size=259, max_seq_len=1024,
@@ -223,6 +254,7 @@ def main():
     result, rows = _measure(args, device, cfg, slots=slots, num=num, prompt_len=prompt_len,
                             max_decode=max_decode, short=short, long=long, equal_new=equal_new)
   _report(args, device, cfg, slots, result, rows)
+  return result
 
 
 def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, long, equal_new):
@@ -231,13 +263,17 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
   mesh = jax.sharding.Mesh(np.array([device]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
   params = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
-  def engine(k, tokenizer=None):
+  def engine(k, tokenizer=None, chunk=None):
     return sampler.RlaxEngine(cfg, graphdef, tokenizer=tokenizer or models.ByteTokenizer(), mesh=mesh,
                               max_concurrent_decodes=slots, max_prefill_length=min(2 * prompt_len, max_decode // 2),
-                              max_decode_length=max_decode, temperature=1.0, seed=0, steps_per_sync=k)
+                              max_decode_length=max_decode, temperature=1.0, seed=0, steps_per_sync=k,
+                              prefill_chunk=chunk)
 
   k, rng = args.steps_per_sync, np.random.default_rng(0)
-  blocks, single = engine(k, _NoEosTokenizer()), engine(1, _NoEosTokenizer())
+  blocks, single = engine(k, _NoEosTokenizer()), engine(1, _NoEosTokenizer())  # prefill calls in one pass
+  # The RL modes' engine, as the runtime's sampling engine: prefill passes of the groups (of 4) a fill starts,
+  # slots / 4 rows, or --prefill-chunk.
+  rl = engine(k, _NoEosTokenizer(), args.prefill_chunk or max(slots // 4, 1))
   equal = equal_requests(rng, num, prompt_len=prompt_len, new_tokens=equal_new)
   tail = long_tailed_requests(rng, num, prompt_len=prompt_len, short=short, long=long, long_frac=0.15, n=1)
   mean_new = round(sum(r.max_tokens for r in tail) / len(tail))
@@ -257,40 +293,50 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                cont=DriverMode(blocks, params, tail), stat=DriverMode(blocks, params, tail, static_batching=True),
                shared=DriverMode(blocks, params, grouped),
                separate=DriverMode(blocks, params, grouped, share_prefix=False),
-               admit=AdmissionMode(blocks, params, groups, run_ahead=False),
-               admit_ahead=AdmissionMode(blocks, params, groups, run_ahead=True),
-               admit_samples=AdmissionMode(blocks, params, groups, by_samples=True))
-  best = best_alternating(modes, args.repeats)
-  (fused_eq, eq_k, eq_1, wave, wave_sync, fused_tail, cont, stat, shared, separate, admit,
-   admit_ahead, admit_samples) = (best[name] for name in modes)
-  out_k, out_1, out_w, out_y, out_c, out_s, out_a, out_b, out_g, out_h, out_u = (
-      modes[name].completions for name in ("eq_k", "eq_1", "wave", "wave_sync", "cont", "stat", "shared",
-                                           "separate", "admit", "admit_ahead", "admit_samples"))
-  rows = [dict(mode=f"equal {equal_new}: fused limit", **fused_eq),
-          dict(mode=f"equal {equal_new}: driver, k={k}", **eq_k),
-          dict(mode=f"equal {equal_new}: driver, k=1", **eq_1),
-          dict(mode=f"one wave of {slots}: driver, k={k}", **wave),
-          dict(mode=f"one wave of {slots}: driver, k={k}, no run-ahead", **wave_sync),
-          dict(mode=f"long tail: fused limit (mean {mean_new})", **fused_tail),
-          dict(mode=f"long tail: continuous, k={k}", **cont), dict(mode=f"long tail: static, k={k}", **stat),
-          dict(mode="shared prefix (n=8)", **shared), dict(mode="separate prefills (n=8)", **separate),
-          dict(mode="groups admitted as slots free", **admit),
-          dict(mode="groups admitted, run-ahead", **admit_ahead),
-          dict(mode="groups admitted, unfinished counted", **admit_samples)]
+               admit=AdmissionMode(rl, params, groups, run_ahead=False),
+               admit_ahead=AdmissionMode(rl, params, groups, run_ahead=True),
+               admit_samples=AdmissionMode(rl, params, groups, by_samples=True),
+               admit_one_pass=AdmissionMode(blocks, params, groups, by_samples=True),
+               eq_chunked=DriverMode(rl, params, equal))
+  labels = dict(fused_eq=f"equal {equal_new}: fused limit", eq_k=f"equal {equal_new}: driver, k={k}",
+                eq_1=f"equal {equal_new}: driver, k=1", wave=f"one wave of {slots}: driver, k={k}",
+                wave_sync=f"one wave of {slots}: driver, k={k}, no run-ahead",
+                fused_tail=f"long tail: fused limit (mean {mean_new})", cont=f"long tail: continuous, k={k}",
+                stat=f"long tail: static, k={k}", shared="shared prefix (n=8)", separate="separate prefills (n=8)",
+                admit="groups admitted as slots free", admit_ahead="groups admitted, run-ahead",
+                admit_samples="groups admitted, unfinished counted",
+                admit_one_pass="groups admitted, unfinished, prefill in one pass",
+                eq_chunked=f"equal {equal_new}: prefill in passes of {rl.prefill_chunk} rows")
+  chosen = args.modes.split(",") if args.modes else list(modes)
+  unknown = [name for name in chosen if name not in modes]
+  if unknown:
+    raise SystemExit(f"--modes: unknown mode(s) {unknown}; the modes are {list(modes)}.")
+  modes = {name: modes[name] for name in chosen}
+  best = best_alternating(modes, args.repeats, CompileClock() if args.progress else None)
+  rows = [dict(mode=labels[name], **best[name]) for name in modes]
+
+  def ratio(a, b):  # tokens/s of mode a over mode b; None unless both ran
+    return best[a]["tokens_per_s"] / best[b]["tokens_per_s"] if a in best and b in best else None
+
+  def same(a, b):
+    return same_outputs(modes[a].completions, modes[b].completions) if a in modes and b in modes else True
+
   result = dict(device=str(device), model_params=cfg.num_params(), slots=slots, steps_per_sync=k, rows=rows,
-                efficiency_equal=eq_k["tokens_per_s"] / fused_eq["tokens_per_s"],
-                efficiency_equal_k1=eq_1["tokens_per_s"] / fused_eq["tokens_per_s"],
-                efficiency_long_tail=cont["tokens_per_s"] / fused_tail["tokens_per_s"],
-                block_over_single_step=eq_k["tokens_per_s"] / eq_1["tokens_per_s"],
-                run_ahead_over_sync=wave["tokens_per_s"] / wave_sync["tokens_per_s"],
-                run_ahead_admission=admit_ahead["tokens_per_s"] / admit["tokens_per_s"],
-                unfinished_over_groups=admit_samples["tokens_per_s"] / admit["tokens_per_s"],
-                continuous_over_static=cont["tokens_per_s"] / stat["tokens_per_s"],
-                shared_prefix_over_separate=shared["tokens_per_s"] / separate["tokens_per_s"],
-                identical_outputs=(same_outputs(out_c, out_s) and same_outputs(out_a, out_b)
-                                   and same_outputs(out_k, out_1) and same_outputs(out_w, out_y)
-                                   and same_outputs(out_g, out_h) and same_outputs(out_g, out_u)))
-  if args.device == "gpu":
+                prefill_chunk=rl.prefill_chunk,
+                modes=list(modes), efficiency_equal=ratio("eq_k", "fused_eq"),
+                efficiency_equal_k1=ratio("eq_1", "fused_eq"), efficiency_long_tail=ratio("cont", "fused_tail"),
+                block_over_single_step=ratio("eq_k", "eq_1"), run_ahead_over_sync=ratio("wave", "wave_sync"),
+                run_ahead_admission=ratio("admit_ahead", "admit"),
+                unfinished_over_groups=ratio("admit_samples", "admit"),
+                continuous_over_static=ratio("cont", "stat"), shared_prefix_over_separate=ratio("shared", "separate"),
+                chunked_prefill_admission=ratio("admit_samples", "admit_one_pass"),
+                chunked_prefill_full_calls=ratio("eq_chunked", "eq_k"),
+                identical_outputs=all(same(a, b) for a, b in [("cont", "stat"), ("shared", "separate"),
+                                                              ("eq_k", "eq_1"), ("wave", "wave_sync"),
+                                                              ("admit", "admit_ahead"), ("admit", "admit_samples"),
+                                                              ("eq_k", "eq_chunked")]))
+  if args.device == "gpu" and "eq_k" in best:
+    eq_k = best["eq_k"]
     kind = device.device_kind
     peak = next((v for name, v in _PEAK_HBM.items() if name in kind), None)
     # Each decode step reads every weight once and, per busy slot, its KV cache (mean half-full).
@@ -307,16 +353,18 @@ def _report(args, device, cfg, slots, result, rows):
                               ("seconds", "seconds", ".3f"), ("tokens_per_s", "tokens/s", ".0f"),
                               ("generate_steps", "decode steps", "d"), ("syncs", "host syncs", "d"),
                               ("prefills", "prefills", "d"), ("occupancy", "slot occupancy", ".2f")])
-  print(f"driver efficiency (driver / fused tokens/s): equal lengths {result['efficiency_equal']:.2f} "
-        f"(k=1: {result['efficiency_equal_k1']:.2f}), long tail {result['efficiency_long_tail']:.2f}")
-  print(f"k={result['steps_per_sync']} / k=1: {result['block_over_single_step']:.2f}x   "
-        f"run-ahead / not: {result['run_ahead_over_sync']:.2f}x (groups admitted as slots free: "
-        f"{result['run_ahead_admission']:.2f}x)   admission by unfinished samples / by groups: "
-        f"{result['unfinished_over_groups']:.2f}x   "
-        f"continuous / static: {result['continuous_over_static']:.2f}x   "
-        f"shared prefix / separate: {result['shared_prefix_over_separate']:.2f}x   "
+  x = lambda key, unit="x": "-" if result[key] is None else f"{result[key]:.2f}{unit}"
+  print(f"driver efficiency (driver / fused tokens/s): equal lengths {x('efficiency_equal', '')} "
+        f"(k=1: {x('efficiency_equal_k1', '')}), long tail {x('efficiency_long_tail', '')}")
+  print(f"k={result['steps_per_sync']} / k=1: {x('block_over_single_step')}   "
+        f"run-ahead / not: {x('run_ahead_over_sync')} (groups admitted as slots free: "
+        f"{x('run_ahead_admission')})   admission by unfinished samples / by groups: "
+        f"{x('unfinished_over_groups')}   continuous / static: {x('continuous_over_static')}   "
+        f"shared prefix / separate: {x('shared_prefix_over_separate')}   "
         f"identical outputs: {result['identical_outputs']}")
-  if args.device == "gpu":
+  print(f"prefill in chunks ({result['prefill_chunk']} rows) / in one pass: groups admitted "
+        f"{x('chunked_prefill_admission')}, equal lengths (full calls) {x('chunked_prefill_full_calls')}")
+  if "decode_tokens_per_s" in result:
     frac = result["hbm_peak_fraction"]
     print(f"decode: {result['decode_tokens_per_s']:.0f} tokens/s, HBM {result['hbm_bytes_per_s'] / 1e9:.0f} GB/s"
           + (f" = {frac:.0%} of peak" if frac else ""))

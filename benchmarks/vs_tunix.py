@@ -19,7 +19,8 @@ Workloads (`workloads()`):
   grpo     one step of 4 prompts x 4 samples x 32 new tokens (prompts of 32 tokens): rollout (sampling,
            rewards, advantages: everything before the optimizer step) and update (the optimizer step and
            handing the new params to the sampler) timed apart, and their total.
-           Ours: `sampler.Driver` (16 slots, one `set_params` per step) + `runtime.RLUpdate` built from
+           Ours: `sampler.Driver` over the run's sampling engine (`Parts.sampling_engine`: 16 slots, prefill
+           passes of the 4 groups a fill starts; one `set_params` per step) + `runtime.RLUpdate` built from
            `runtime.build_parts` of a config (loss.kind ppo, rl.epochs = rl.minibatches = 1).
            Tunix: `GRPOLearner` on an `RLCluster` (vanilla rollout, actor and rollout on one mesh, so they
            share weights and no sync is needed): `_generate_and_compute_advantage` then
@@ -210,8 +211,10 @@ class OursGRPO:
     self.ref_params = jax.device_put(params, parts.param_shardings)
     self.state = self.update.init(self.ref_params, cfg.seed)
     n = spec["samples_per_prompt"]
-    self.driver = sampler.Driver(parts.engine(slots=spec["num_prompts"] * n, temperature=spec["temperature"]),
-                                 self.state.params, version=0)
+    engine = parts.sampling_engine()  # P · n slots, the run's law, prefill passes of the P groups a fill starts
+    assert (engine.max_concurrent_decodes, engine.sampling.temperature) == (spec["num_prompts"] * n,
+                                                                              spec["temperature"])
+    self.driver = sampler.Driver(engine, self.state.params, version=0)
     self.requests = [sampler.Request(prompt=tuple(q), n=n, max_tokens=r, request_id=i)
                      for i, q in enumerate(spec["prompts"])]
     self.step = 0

@@ -12,10 +12,23 @@ them costs more than running them:
 Every process of a test gets the same flags, so runs that must replay each other exactly still compile alike.
 """
 
+import importlib.metadata
 import os
 import re
 
-FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+
+def _jaxlib_before(major: int, minor: int) -> bool:
+  """Whether the installed jaxlib is older than major.minor (read without importing jax)."""
+  try:
+    version = tuple(int(x) for x in importlib.metadata.version("jaxlib").split(".")[:2])
+  except (importlib.metadata.PackageNotFoundError, ValueError):
+    return True
+  return version < (major, minor)
+
+
+# jaxlib 0.11's XLA no longer has the fusion-emitter flag and aborts on it (seen with jax 0.11.2, 2026-12-03).
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0",) + (
+    ("--xla_cpu_use_fusion_emitters=false",) if _jaxlib_before(0, 11) else ())
 _DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\S*")
 
 

@@ -28,13 +28,15 @@ def test_the_runs_engines_take_the_runtime_decode_keys():
   engine = parts.sampling_engine()
   assert (engine.max_concurrent_decodes, engine.steps_per_sync, engine.refill_after) == (16, 4, 12)
   assert parts.engine(slots=8, temperature=1.0).refill_after == 8  # an engine with fewer slots: all of them
-  assert engine.prefill_chunk_tokens == 128  # the CPU's default
-  c.runtime.refill_after, c.runtime.prefill_chunk_tokens = 0, 64  # an eighth of the slots; chunks of 64 tokens
-  engine = runtime.build_parts(config.load(c)).sampling_engine()
-  assert engine.refill_after == 2 and engine.prefill_chunk_tokens == 64
-  assert engine.prefill_chunk_rows(16, engine.prefill_rows(16)) == 4
-  c.runtime.prefill_chunk_tokens = -1
-  with pytest.raises(ValueError, match="runtime.prefill_chunk_tokens"):
+  # Prefill passes of the groups a fill can start: 16 slots / 4 samples per prompt = 4 rows; other engines one.
+  assert (engine.prefill_chunk, parts.engine(slots=8, temperature=1.0).prefill_chunk) == (4, 16)
+  c.runtime.refill_after, c.runtime.prefill_chunk_rows = 0, 2  # an eighth of the slots; passes of 2 rows
+  parts = runtime.build_parts(config.load(c))
+  engine = parts.sampling_engine()
+  assert engine.refill_after == 2 and engine.prefill_chunk == parts.engine(slots=8, temperature=1.0).prefill_chunk == 2
+  assert engine.prefill_chunk_rows(engine.prefill_rows(16)) == 2
+  c.runtime.prefill_chunk_rows = -1
+  with pytest.raises(ValueError, match=r"`config.runtime.prefill_chunk_rows` must be >= 0; got -1"):
     config.load(c)
 
 

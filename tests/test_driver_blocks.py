@@ -195,18 +195,18 @@ def test_batched_prefill_and_insert_equal_one_at_a_time():
 
 
 def test_a_prefill_call_runs_only_the_chunks_holding_prompts_and_a_rows_numbers_do_not_depend_on_its_call():
-  """`prefill_chunk_tokens` 32 (bucket 16: chunks of 2 of the call's 16 rows): a call of 5 prompts computes
-  3 chunks (rows past the sixth stay zero), each prompt's row equals, bit for bit, the same prompt prefilled
-  alone or among others, and agrees with a call that runs all 16 rows in one pass."""
+  """`prefill_chunk` 2 (passes of 2 of a call's 16 rows): a call of 5 prompts computes 3 chunks (rows past the
+  sixth stay zero), each prompt's row equals, bit for bit, the same prompt prefilled alone or among others, and
+  agrees with a call that runs all 16 rows in one pass."""
   params = refs.model()[1]
 
-  def engine(chunk_tokens):
+  def engine(chunk):
     return _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=3, max_prefill_length=16,
-                              max_decode_length=MAX_DECODE, seed=1, prefill_chunk_tokens=chunk_tokens)
+                              max_decode_length=MAX_DECODE, seed=1, prefill_chunk=chunk)
 
-  chunked, whole = engine(32), engine(2048)
-  assert chunked.prefill_rows(16) == 16 and chunked.prefill_chunk_rows(16, 16) == 2
-  assert whole.prefill_chunk_rows(16, 16) == 16
+  chunked, whole = engine(2), engine(None)
+  assert chunked.prefill_rows(16) == 16 and chunked.prefill_chunk_rows(16) == 2
+  assert whole.prefill_chunk_rows(16) == 16  # None: one pass per call
   prompts = [refs.prompt(n, 20 + i) for i, n in enumerate([7, 12, 2, 16, 5])]
   five = chunked.prefill_batch(params, prompts)
   alone = chunked.prefill_batch(params, [prompts[3]])
@@ -224,12 +224,11 @@ def test_a_prefill_call_runs_only_the_chunks_holding_prompts_and_a_rows_numbers_
     assert int(five.length[b]) == int(one_pass.length[b]) == len(prompt)
     np.testing.assert_allclose(five.logits[b], one_pass.logits[b], atol=1e-5, rtol=0)
     np.testing.assert_allclose(five.cache.k[:, b, :len(prompt)], one_pass.cache.k[:, b, :len(prompt)], atol=1e-5)
-  assert [chunked.prefill_chunk_rows(b, r) for b, r in [(8, 16), (12, 16), (32, 16), (16, 1), (16, 6)]] == [
-      4, 2, 1, 1, 2]
-  assert _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=3, max_prefill_length=16,
-                            max_decode_length=MAX_DECODE).prefill_chunk_tokens == _engine.DEFAULT_CHUNK_TOKENS["cpu"]
+  assert [engine(c).prefill_chunk_rows(r) for c, r in [(4, 16), (3, 16), (8, 6), (16, 1), (1, 16)]] == [
+      4, 2, 2, 1, 1]
   for bad in (0, -3, 2.5, True):
-    with pytest.raises(ValueError, match=rf"prefill_chunk_tokens must be None or a positive int; got {bad!r}"):
+    with pytest.raises(ValueError, match=rf"prefill_chunk must be None \(one pass per call\) or a positive int "
+                                         rf"\(rows per pass\); got {bad!r}"):
       engine(bad)
 
 

@@ -337,9 +337,10 @@ class RuntimeSection:
   # round trip, a prefill, an insert) serves several (`RlaxEngine.refill_after`); 0: an eighth of the slots.
   # At most the sampler's slots; a run's engines with fewer (eval, per-turn) use all of theirs.
   refill_after: int = bounded(0, low=0)
-  # Padded prompt tokens per forward pass of a batched prefill (`RlaxEngine.prefill_chunk_tokens`): a call
-  # runs only the chunks holding prompts; 0: by platform (128 on the CPU, 512 on accelerators).
-  prefill_chunk_tokens: int = bounded(0, low=0)
+  # Rows per forward pass of a batched prefill (`RlaxEngine.prefill_chunk`): a call runs only the chunks holding
+  # prompts. 0: the run's sampling engine takes the power of two >= its slots / samples per prompt (the groups
+  # a fill can start: calls hold that many prompts at most, mostly fewer), other engines one pass per call.
+  prefill_chunk_rows: int = bounded(0, low=0)
   # --- mode="async" (docs/async.md) ---
   # η: the most policy versions a trained token may lag the learner. 0 reproduces the sync loop exactly.
   max_staleness: int = bounded(1, low=0)

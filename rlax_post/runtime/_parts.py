@@ -260,10 +260,11 @@ class Parts:
     return like, sharding.named_shardings(axes, self.mesh, self.rules, shapes=like)
 
   def engine(self, *, slots: int, temperature: float, top_p: float = 1.0, top_k: int = 0,
-             lengths: envs.Lengths | None = None) -> sampler.RlaxEngine:
+             lengths: envs.Lengths | None = None, prefill_chunk: int | None = None) -> sampler.RlaxEngine:
     """An engine over this mesh and rules for `slots` concurrent samples of the run's lengths, or `lengths`
     (its decode state sharded by the rules: `slots` must divide the mesh axes of "batch"): prefill buckets up
-    to the smallest power of two (≥ 16) that holds a context, decode rows long enough for context + response."""
+    to the smallest power of two (≥ 16) that holds a context, decode rows long enough for context + response;
+    prefill passes of `runtime.prefill_chunk_rows` rows if set, else of `prefill_chunk` (None: one pass)."""
     lengths = lengths or self.lengths
     prompt, response = lengths.prompt, lengths.sequence - lengths.prompt
     prefill = _pow2_at_least(prompt)
@@ -276,13 +277,15 @@ class Parts:
                               max_decode_length=decode_len, temperature=temperature, top_p=top_p, top_k=top_k,
                               steps_per_sync=self.cfg.runtime.decode_steps_per_sync,
                               refill_after=min(self.cfg.runtime.refill_after, slots) or None,
-                              prefill_chunk_tokens=self.cfg.runtime.prefill_chunk_tokens or None)
+                              prefill_chunk=self.cfg.runtime.prefill_chunk_rows or prefill_chunk)
 
   def sampling_engine(self) -> sampler.RlaxEngine:
     """The engine of the run's rollouts: `runtime.sampler_slots` (default P · n) slots, `rl`'s sampling law."""
-    rl = self.cfg.rl
-    return self.engine(slots=self.cfg.sampler_slots, temperature=rl.temperature, top_p=rl.top_p,
-                       top_k=rl.top_k)
+    rl, slots = self.cfg.rl, self.cfg.sampler_slots
+    # Its prefill calls hold the groups a fill can start (one prompt each), slots / n at most.
+    groups = -(-slots // config_lib.group_rows(self.cfg))
+    return self.engine(slots=slots, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
+                       prefill_chunk=_pow2_at_least(groups, floor=1))
 
 
 def _pow2_at_least(n: int, floor: int = 16) -> int:

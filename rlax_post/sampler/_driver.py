@@ -744,10 +744,10 @@ class Driver:
     """(prefix, row) of each sample: reused, extended (later turns) or prefilled in batches by bucket.
 
     Fresh prompts are prefilled together with those of the next pending samples of their length bucket
-    (`_prefetch`: each call's last chunk topped up to its `prefill_chunk_rows`), whose prefixes wait in
-    `_prefixes` for a slot: continuous batching frees slots a few at a time, and a `prefill_batch` call costs
-    its chunks whatever the number of their prompts (one chunk shape per bucket). The top-up bounds the
-    prefixes held beyond those of the samples being placed (fewer than a chunk's rows per bucket).
+    (`_prefetch`: each call topped up to its `prefill_rows`), whose prefixes wait in `_prefixes` for a slot:
+    continuous batching frees slots a few at a time, and a chunk of a `prefill_batch` call costs the same
+    whatever the number of its prompts (one chunk shape per bucket). The top-up bounds the prefixes held
+    beyond those of the samples being placed (fewer than `prefill_rows` per bucket).
     """
     out: list[Any] = [None] * len(samples)
     fresh: dict[Any, tuple[Sequence[int], list[int]]] = {}  # prompt key -> (prompt, positions in samples).
@@ -782,10 +782,10 @@ class Driver:
   def _prefetch(self, fresh: dict[Any, tuple[Sequence[int], list[int]]]) -> None:
     """Adds to `fresh` the prompts of the next pending first turns without a current prefix (among the next
     `_PREFETCH_HORIZON` pending samples) whose length bucket `fresh` prefills already, until each of those
-    buckets' last chunk is full: rows a chunk would pad cost as much as prompts."""
+    buckets' last call is full: one call of several chunks costs less than as many calls (measured against
+    topping up the last chunk only: long-tail sampling 3% against 8% slower than calls in one pass)."""
     counts = collections.Counter(self._bucket(prompt) for prompt, _ in fresh.values())
-    chunk = lambda b: self.engine.prefill_chunk_rows(b, self.engine.prefill_rows(b))
-    room = {bucket: -n % chunk(bucket) for bucket, n in counts.items()}  # Free rows of the last chunk.
+    room = {bucket: -n % self.engine.prefill_rows(bucket) for bucket, n in counts.items()}  # Free rows.
     for sample in itertools.islice(self._pending, _PREFETCH_HORIZON):
       if not any(room.values()):
         return

@@ -1,21 +1,21 @@
 """A JetStream `engine_api.Engine` for our nnx transformers: prefill, insert, generate over a slot array.
 
-Continuous batching: the decode state holds `max_concurrent_decodes` slots, each a row of one KV cache
-`[L, slots, S, K, H]` (S = `max_decode_length` positions, prompt and response together; a model's
-sliding-window layers keep a ring of their window instead, `models.KVCache`). `prefill` runs one prompt
-(`prefill_batch` several, padded to one length and run a chunk of rows at a time) into a private cache and keeps the logits of its next token
-(the vocabulary head runs on that position only: `models.forward_at`); `insert` copies that cache into a slot
-(`insert_batch` copies rows of one batched prefix into several slots at once; the same row may go into several
-slots: n samples of one prompt share one prefill); `generate` advances every slot by one token, each at its
-own position; `generate_block` runs up to `steps_per_sync` such steps on the device in one call and returns
-every step's tokens in one block. Told the longest live sequence (`max_length`; the driver knows it), a block
-attends over the first W of the S cache positions only, W the smallest of `kv_buckets` (powers of two from
-`min_kv_bucket`, then S) that its steps fit: a decode step's attention reads the filled part of the cache, not
-all of it. A block stops before a slot would pass W, so a bound below a live slot's position costs a short
-block (none if that slot is at W already), never a token. Attention over W and over all S positions agree to
-float rounding, not bit for bit on every backend: W depends on the longest sequence sharing the block, so with
-`max_length` a sample's logprobs (and, at a rounding tie, a draw) may depend on the schedule; `min_kv_bucket`
->= S turns spans off.
+Continuous batching: the decode state holds `max_concurrent_decodes` slots, each a row of one KV cache `[L,
+slots, S, K, H]` (S = `max_decode_length` positions, prompt and response together; a model's sliding-window
+layers keep a ring of their window instead, `models.KVCache`). `prefill` runs one prompt (`prefill_batch`
+several, padded to one length, run a chunk of rows at a time) into a private cache and keeps the logits of its
+next token (the vocabulary head runs on that position only: `models.forward_at`); `insert` copies that cache
+into a slot (`insert_batch` copies rows of one batched prefix into several slots at once; the same row may go
+into several slots: n samples of one prompt share one prefill); `generate` advances every slot by one token,
+each at its own position; `generate_block` runs up to `steps_per_sync` such steps on the device in one call
+and returns every step's tokens in one block. Told the longest live sequence (`max_length`; the driver knows
+it), a block attends over the first W of the S cache positions only, W the smallest of `kv_buckets` (powers of
+two from `min_kv_bucket`, then S) that its steps fit: a decode step's attention reads the filled part of the
+cache, not all of it. A block stops before a slot would pass W, so a bound below a live slot's position costs
+a short block (none if that slot is at W already), never a token. Attention over W and over all S positions
+agree to float rounding, not bit for bit on every backend: W depends on the longest sequence sharing the
+block, so with `max_length` a sample's logprobs (and, at a rounding tie, a draw) may depend on the schedule;
+`min_kv_bucket` >= S turns spans off.
 
 Each decode step, for every live slot: sample a token from the slot's next-token logits under the slot's
 own law (`SamplingParams`, written by `insert`; the engine's law by default) and PRNG stream, record its
@@ -73,10 +73,6 @@ engine_api = _tokenizer_api.jetstream_modules.engine_api
 # Most prompts of one `prefill_batch` call: enough to amortise a call, few enough that a call with one
 # prompt wastes little.
 MAX_PREFILL_ROWS = 16
-# `RlaxEngine(prefill_chunk_tokens=None)` by platform: on the CPU a chunk of 4 rows of 32 tokens costs about
-# what a quarter of a 16-row call does (docs/benchmarks.md), so chunks of 128 tokens cost a full call nothing
-# and a call of one prompt a quarter. Elsewhere a pass of 512 tokens keeps the matrix units busy.
-DEFAULT_CHUNK_TOKENS = {"cpu": 128, "gpu": 512, "tpu": 512}
 tokenizer_pb2 = engine_api.tokenizer_pb2
 
 
@@ -127,10 +123,11 @@ class RlaxEngine(engine_api.Engine):
     min_kv_bucket: the shortest attention span W of a decode block (`kv_buckets`; each compiles once).
     prefill_batch_tokens: the most padded prompt tokens of one `prefill_batch` call (`prefill_rows`; this
       bounds its activations; its logits are only each prompt's last, [B, V]).
-    prefill_chunk_tokens: the padded prompt tokens one forward pass of a `prefill_batch` call takes
-      (`prefill_chunk_rows`): a call runs its rows a chunk at a time and only the chunks holding prompts, so a
-      call of a few prompts costs a few chunks, not the whole padded call. None: `DEFAULT_CHUNK_TOKENS` by the
-      mesh's platform (a chunk as long as the call does one pass).
+    prefill_chunk: the most rows one forward pass of a `prefill_batch` call takes (`prefill_chunk_rows`): a
+      call runs its rows a chunk at a time, only the chunks holding prompts, so a call of a few prompts costs
+      a chunk, not the whole padded call; a full call costs its chunks, each less efficient than one pass of
+      them all. None: one pass per call. RL loops, whose calls hold the groups that fit their slots (the
+      runtime's default: `runtime.prefill_chunk_rows`), gain; sampling many prompts at once does not.
   """
 
   def __init__(self, model_cfg: models.ModelConfig, graphdef: Any, *, tokenizer: models.ByteTokenizer,
@@ -139,7 +136,7 @@ class RlaxEngine(engine_api.Engine):
                max_prefill_length: int, max_decode_length: int, temperature: float = 1.0,
                top_p: float = 1.0, top_k: int = 0, seed: int = 0, min_prefill_bucket: int = 16,
                steps_per_sync: int = 8, max_stop_tokens: int = 8, prefill_batch_tokens: int = 2048,
-               min_kv_bucket: int = 64, refill_after: int | None = None, prefill_chunk_tokens: int | None = None):
+               min_kv_bucket: int = 64, refill_after: int | None = None, prefill_chunk: int | None = None):
     for name, value in (("max_concurrent_decodes", max_concurrent_decodes),
                         ("max_prefill_length", max_prefill_length),
                         ("max_decode_length", max_decode_length), ("min_prefill_bucket", min_prefill_bucket),
@@ -166,11 +163,11 @@ class RlaxEngine(engine_api.Engine):
     self.refill_after = check_refill_after(
         max(1, max_concurrent_decodes // 8) if refill_after is None else refill_after, max_concurrent_decodes)
     self.prefill_batch_tokens = prefill_batch_tokens
-    if prefill_chunk_tokens is None:
-      prefill_chunk_tokens = DEFAULT_CHUNK_TOKENS.get(self._mesh.devices.flat[0].platform, prefill_batch_tokens)
-    if isinstance(prefill_chunk_tokens, bool) or not isinstance(prefill_chunk_tokens, int) or prefill_chunk_tokens < 1:
-      raise ValueError(f"prefill_chunk_tokens must be None or a positive int; got {prefill_chunk_tokens!r}.")
-    self.prefill_chunk_tokens = prefill_chunk_tokens
+    if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
+                                      or prefill_chunk < 1):
+      raise ValueError(f"prefill_chunk must be None (one pass per call) or a positive int (rows per pass); got "
+                       f"{prefill_chunk!r}.")
+    self.prefill_chunk = MAX_PREFILL_ROWS if prefill_chunk is None else prefill_chunk
     self.prefill_buckets = _tokenizer_api.prefill_buckets(max_prefill_length,
                                                           min(min_prefill_bucket, max_prefill_length))
     # Cache lengths of prefixes: the prefill buckets, then powers of two up to S (for `existing_prefix`).
@@ -301,13 +298,13 @@ class RlaxEngine(engine_api.Engine):
     self.prefill_shapes.add((rows, 0 if cache is None else cache.k.shape[2], t_bucket, cache_len))
     return self._programs.prefill(params, jnp.asarray(tokens_bt), jnp.full((rows,), start, jnp.int32),
                                   jnp.asarray(true_b), cache, np.int32(len(prompts)), cache_len=cache_len,
-                                  chunk=self.prefill_chunk_rows(t_bucket, rows))
+                                  chunk=self.prefill_chunk_rows(rows))
 
-  def prefill_chunk_rows(self, bucket: int, rows: int) -> int:
-    """Rows of one forward pass of a prefill call of `rows` rows padded to `bucket`: the largest power of two
-    dividing `rows` with chunk · bucket <= `prefill_chunk_tokens`, at least 1."""
+  def prefill_chunk_rows(self, rows: int) -> int:
+    """Rows of one forward pass of a prefill call of `rows` rows: the largest power of two dividing `rows`, at
+    most `prefill_chunk` (at least 1)."""
     chunk = 1
-    while rows % (chunk * 2) == 0 and chunk * 2 * bucket <= self.prefill_chunk_tokens:
+    while rows % (chunk * 2) == 0 and chunk * 2 <= self.prefill_chunk:
       chunk *= 2
     return chunk
 

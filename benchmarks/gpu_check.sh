@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The one command a session runs on the device machine (one NVIDIA H200, its image's python3 3.12 with jax
+# 0.11.2 and the CUDA plugin), from the repo root, with `.whl` (from benchmarks/gpu_wheels.sh, run here first)
+# named in `carry`:
+#
+#   run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=600)
+#
+# It installs the carried wheels into /tmp/site, prints the machine and the versions, checks the imports, runs
+# `benchmarks/sampler.py --device gpu` twice under timeouts (its decode modes, then all), then
+# `benchmarks/advantages.py --device gpu` in what is left of the budget, each writing its JSON and log to $OUT,
+# and always exits 0 (what is under $OUT comes back even when a step fails or is killed). Knobs (environment
+# variables):
+#   BUDGET_S=560           seconds this script may take in all (keep it under the run's timeout_s, at most 600)
+#   CORE_TIMEOUT_S=240, CORE_ARGS="--repeats 3"   the first sampler.py run: modes fused_eq,eq_k only (the
+#                          decode tokens/s and HBM fraction of issue 15's item 8, and the driver's efficiency)
+#   SAMPLER_ARGS="--repeats 1"   the second sampler.py run: every mode, until ADV_RESERVE_S=90 s are left
+#   ADV_ARGS="--repeats 10"      extra flags for advantages.py, in what is left
+#   SKIP_SAMPLER=1 / SKIP_ADV=1  skip a benchmark
+#   SITE=/tmp/site         where the wheels go (first on PYTHONPATH, then the repo root)
+#   DEVICE=gpu             DEVICE=cpu dry-runs this script on a machine without a GPU (tiny CPU workloads)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+START=$(date +%s)
+OUT=${OUT:-/tmp/gpu_check_out}
+mkdir -p "$OUT"
+BUDGET_S=${BUDGET_S:-560}
+CORE_TIMEOUT_S=${CORE_TIMEOUT_S:-240}
+CORE_ARGS=${CORE_ARGS:---repeats 3}
+# The full run measures prefill passes of slots / 4 rows against one pass per call (keys
+# chunked_prefill_admission, chunked_prefill_full_calls).
+SAMPLER_ARGS=${SAMPLER_ARGS:---repeats 1}
+ADV_RESERVE_S=${ADV_RESERVE_S:-90}
+ADV_ARGS=${ADV_ARGS:---repeats 10}
+DEVICE=${DEVICE:-gpu}
+SITE=${SITE:-/tmp/site}
+left() { echo $((BUDGET_S - ($(date +%s) - START))); }
+step() { echo; echo "=== $* (t=$(($(date +%s) - START)) s, $(left) s left)"; }
+
+main() {
+step "wheels"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" .whl/*.whl \
+    || echo "WHEEL INSTALL FAILED"
+  ls .whl
+else
+  echo "no .whl/ carried: google-jetstream, shortuuid, gguf (and flax >= 0.12.10) must already be importable"
+fi
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+# A persistent compilation cache outside the repo: a second call on the still-warm machine (a rerun after a
+# timeout) skips the compiles of the first.
+export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/jax_cache}
+
+step "machine"
+nvidia-smi || echo "nvidia-smi failed"
+python3 - <<'EOF' || echo "VERSION CHECK FAILED"
+import sys, importlib.metadata as md
+print("python", sys.version.split()[0], sys.executable)
+for name in ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda13-pjrt", "flax", "optax", "orbax-checkpoint", "chex",
+             "numpy", "ml-dtypes", "etils", "tensorstore", "grpcio", "protobuf", "tiktoken", "tokenizers",
+             "safetensors", "google-jetstream", "shortuuid", "gguf"):
+  try:
+    print(f"  {name} {md.version(name)}")
+  except md.PackageNotFoundError:
+    print(f"  {name} MISSING")
+import jax
+print("jax.devices():", jax.devices())
+print("default backend:", jax.default_backend())
+EOF
+
+step "imports"
+python3 -c "import jetstream, shortuuid, gguf; from rlax_post import models, sampler, advantages; print('imports ok')" \
+  || echo "IMPORT CHECK FAILED"
+
+# The headline first (decode tokens/s, HBM fraction and driver efficiency: the fused limit and the driver on
+# equal lengths, 4 model compiles), then every mode (the compilation cache holds the first run's programs).
+bench() {  # bench NAME TIMEOUT ARGS...: sampler.py with --progress, its JSON and log under $OUT
+  local name=$1 t=$2; shift 2
+  step "sampler.py --device $DEVICE $* (timeout ${t}s)"
+  timeout -k 10 "$t" python3 benchmarks/sampler.py --device "$DEVICE" --progress "$@" --json "$OUT/$name.json" \
+    > "$OUT/$name.log" 2>&1
+  local rc=$?
+  cat "$OUT/$name.log"
+  echo "$name rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)')"
+}
+if [ -z "${SKIP_SAMPLER:-}" ]; then
+  # shellcheck disable=SC2086
+  bench "sampler_${DEVICE}_decode" $(( $(left) < CORE_TIMEOUT_S ? $(left) : CORE_TIMEOUT_S )) \
+    --modes fused_eq,eq_k $CORE_ARGS
+  # shellcheck disable=SC2086
+  bench "sampler_${DEVICE}" $(( $(left) - ADV_RESERVE_S )) $SAMPLER_ARGS
+fi
+
+if [ -z "${SKIP_ADV:-}" ]; then
+  t=$(( $(left) - 5 ))
+  if [ "$t" -ge 30 ]; then
+    step "advantages.py --device $DEVICE $ADV_ARGS (timeout ${t}s)"
+    # shellcheck disable=SC2086
+    timeout -k 5 "$t" python3 benchmarks/advantages.py --device $DEVICE $ADV_ARGS --json "$OUT/advantages_$DEVICE.json" \
+      > "$OUT/advantages_$DEVICE.log" 2>&1
+    rc=$?
+    cat "$OUT/advantages_$DEVICE.log"
+    echo "advantages rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)')"
+  else
+    step "advantages.py skipped: ${t}s left"
+  fi
+fi
+
+step "done"
+ls -l "$OUT"
+}
+
+main 2>&1 | tee "$OUT/gpu_check.log"
+exit 0

@@ -1,0 +1,36 @@
+"""benchmarks/sampler.py at a tiny size: the modes asked for run (the others' ratios are None), continuous and
+static batching give the same completions, `--progress` prints each mode's rounds, and an unknown mode is
+named. Timing ratios are not tested."""
+
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import sampler as bench  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def test_a_tiny_run_of_some_modes(tmp_path, capsys):
+  path = tmp_path / "sampler.json"
+  result = bench.main(["--slots", "4", "--requests", "8", "--repeats", "1", "--modes", "fused_eq,eq_k,cont,stat",
+                       "--progress", "--json", str(path)])
+  got = json.loads(path.read_text())
+  assert got == json.loads(json.dumps(result))
+  assert got["modes"] == ["fused_eq", "eq_k", "cont", "stat"] and len(got["rows"]) == 4
+  equal, driver = got["rows"][0], got["rows"][1]
+  assert equal["tokens"] == driver["tokens"] == 8 * 64  # every request runs to its 64 tokens
+  assert got["efficiency_equal"] == pytest.approx(driver["tokens_per_s"] / equal["tokens_per_s"])
+  assert got["continuous_over_static"] > 0 and got["identical_outputs"] is True
+  assert got["run_ahead_over_sync"] is None and got["shared_prefix_over_separate"] is None
+  out = capsys.readouterr().out
+  assert sum(line.startswith("[progress] round ") for line in out.splitlines()) == 2 * 4  # warm-up + 1 round
+  assert "shared prefix / separate: -" in out
+
+
+def test_an_unknown_mode_is_named():
+  with pytest.raises(SystemExit, match=r"--modes: unknown mode\(s\) \['eq_2'\]; the modes are \['fused_eq'"):
+    bench.main(["--slots", "4", "--requests", "8", "--repeats", "1", "--modes", "eq_k,eq_2"])
