@@ -76,7 +76,7 @@ def test_single_turn_groups_start_in_the_slots_of_finished_samples(admission, tm
 def test_a_sampler_reports_the_groups_it_can_hold_and_is_granted_up_to_them(tmp_path):
   """`FileAdmission.heartbeat(capacity=)`: the learner tops the sampler's outstanding tickets up to the capacity
   of its last heartbeat (under the bound), never takes granted tickets back when it falls, and a bad capacity
-  raises; tickets `ahead` go to a sampler once every sampler has its capacity; `envs.group_capacity` counts
+  raises; tickets `ahead` go out once every sampler has its capacity, in turn; `envs.group_capacity` counts
   the open groups and those the free slots start."""
   s0 = rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=1, sampler_id="s0", capacity=1)
   learner = rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=1)
@@ -99,14 +99,15 @@ def test_a_sampler_reports_the_groups_it_can_hold_and_is_granted_up_to_them(tmp_
     s0.heartbeat(capacity=0)
   with pytest.raises(ValueError, match="ahead must be an int >= 0; got -1"):
     rollouts.FileAdmission(tmp_path, groups_per_step=4, max_staleness=1, sampler_id="s0", ahead=-1)
-  # Tickets ahead (held ready for when slots free) come after every sampler's capacity: bound (0 + 1 + 1) x 3.
+  # Tickets ahead (held ready for when slots free) come after every sampler's capacity, one per sampler in turn
+  # (shared under a tight bound, not all held by the first): bound (0 + 1 + 1) x 3.
   a, b = (rollouts.FileAdmission(tmp_path / "two", groups_per_step=3, max_staleness=1, sampler_id=f"s{i}",
                                  capacity=2, ahead=2) for i in range(2))
   learner = rollouts.FileAdmission(tmp_path / "two", groups_per_step=3, max_staleness=1)
   a.heartbeat()
   b.heartbeat()
   learner.grant(0, committed=set(), timeout_s=60)
-  assert (a.granted(), b.granted()) == ([0, 1, 4, 5], [2, 3])
+  assert (a.granted(), b.granted()) == ([0, 1, 4], [2, 3, 5])
 
   class Open:  # an envs.Producer's counts
     def __init__(self, groups, samples):

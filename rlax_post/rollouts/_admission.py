@@ -26,12 +26,13 @@ object stores):
   <dir>/learner.json         written by the learner: the next new ticket
 
 The learner (`grant`, called while it waits and after each step) tops up every live sampler's grants to its
-capacity (the groups it runs plus those its free slots could start), then to its capacity plus its `ahead`
-(tickets held ready, so a group starts when slots free rather than a grant later), with new tickets below the
-bound at the learner's version; a sampler starts a granted ticket only if it is below the bound at its *own*
-version. When a sampler's heartbeat is older than the timeout its
-uncommitted grants are taken back and granted to live samplers (same ticket: same prompt, same seeds), so no
-prompt is skipped and the learner never waits on a dead sampler. `extra` is 0 in this protocol.
+capacity (the groups it runs plus those its free slots could start), then, one ticket per sampler in turn, to
+its capacity plus its `ahead` (tickets held ready, so a group starts when slots free rather than a grant
+later; in turn, so that under a tight bound one sampler does not hold every spare while another idles), with
+new tickets below the bound at the learner's version; a sampler starts a granted ticket only if it is below
+the bound at its *own* version. When a sampler's heartbeat is older than the timeout its uncommitted grants
+are taken back and granted to live samplers (same ticket: same prompt, same seeds), so no prompt is skipped
+and the learner never waits on a dead sampler. `extra` is 0 in this protocol.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ class FileAdmission(Admission):
     capacity: groups this sampler can hold now: those it runs plus those its free slots could start. A sampler
       updates it with each heartbeat (`heartbeat(capacity=)`).
     ahead: tickets it asks for beyond `capacity`, so that a group starts as soon as slots free, not a grant
-      later (the learner grants every sampler its capacity before any its `ahead`).
+      later (the learner grants every sampler its capacity first, then tickets ahead one per sampler in turn).
   """
 
   def __init__(self, directory, *, groups_per_step: int, max_staleness: int, sampler_id: str | None = None,
@@ -258,17 +259,29 @@ class FileAdmission(Admission):
     limit = admission_limit(version, groups_per_step=self.groups_per_step, max_staleness=self.max_staleness)
     live = sorted(sid for sid, b in beats.items() if now - b.get("time", 0.0) <= timeout_s)
     granted_now = 0
-    # Every sampler's capacity first (work it can start now), then its tickets ahead.
-    for with_ahead in (False, True):
-      for sid in live:
-        tickets, beat = grants.setdefault(sid, []), beats[sid]
-        room = int(beat.get("capacity", 1)) + with_ahead * int(beat.get("ahead", 0)) - len(tickets)
-        while room > 0 and (pool or next_ticket < limit):
-          tickets.append(pool.pop(0) if pool else next_ticket)
-          if not tickets[-1] < next_ticket:
-            next_ticket += 1
-          room, granted_now = room - 1, granted_now + 1
-          changed.add(sid)
+
+    def give(sid: str) -> None:
+      nonlocal next_ticket, granted_now
+      grants[sid].append(pool.pop(0) if pool else next_ticket)
+      if not grants[sid][-1] < next_ticket:
+        next_ticket += 1
+      granted_now += 1
+      changed.add(sid)
+
+    left = lambda: bool(pool) or next_ticket < limit
+    beat_of = lambda sid, key, default: int(beats[sid].get(key, default))
+    # Every sampler's capacity first (work it can start now), in turn; then tickets ahead, one per sampler per
+    # round, so that under a tight bound the spares are shared rather than all held by the first sampler.
+    for sid in live:
+      while len(grants.setdefault(sid, [])) < beat_of(sid, "capacity", 1) and left():
+        give(sid)
+    wanting = [sid for sid in live if len(grants[sid]) < beat_of(sid, "capacity", 1) + beat_of(sid, "ahead", 0)]
+    while wanting and left():
+      for sid in wanting[:]:
+        if left():
+          give(sid)
+        if len(grants[sid]) >= beat_of(sid, "capacity", 1) + beat_of(sid, "ahead", 0):
+          wanting.remove(sid)
     # Reclaimed tickets no live sampler could take yet stay with nobody until the next call.
     for sid in changed:
       _write_json_atomic(self._grants_path(sid), {"tickets": sorted(grants[sid])})
