@@ -269,19 +269,20 @@ class FileAdmission(Admission):
       changed.add(sid)
 
     left = lambda: bool(pool) or next_ticket < limit
-    beat_of = lambda sid, key, default: int(beats[sid].get(key, default))
-    # Every sampler's capacity first (work it can start now), in turn; then tickets ahead, one per sampler per
+    capacity = {sid: int(beats[sid].get("capacity", 1)) for sid in live}
+    with_ahead = {sid: capacity[sid] + int(beats[sid].get("ahead", 0)) for sid in live}
+    # Every sampler's capacity first (work it can start now), in order; then tickets ahead, one per sampler per
     # round, so that under a tight bound the spares are shared rather than all held by the first sampler.
     for sid in live:
-      while len(grants.setdefault(sid, [])) < beat_of(sid, "capacity", 1) and left():
+      while len(grants.setdefault(sid, [])) < capacity[sid] and left():
         give(sid)
-    wanting = [sid for sid in live if len(grants[sid]) < beat_of(sid, "capacity", 1) + beat_of(sid, "ahead", 0)]
-    while wanting and left():
-      for sid in wanting[:]:
+    while left():
+      wanting = [sid for sid in live if len(grants[sid]) < with_ahead[sid]]
+      if not wanting:
+        break
+      for sid in wanting:
         if left():
           give(sid)
-        if len(grants[sid]) >= beat_of(sid, "capacity", 1) + beat_of(sid, "ahead", 0):
-          wanting.remove(sid)
     # Reclaimed tickets no live sampler could take yet stay with nobody until the next call.
     for sid in changed:
       _write_json_atomic(self._grants_path(sid), {"tickets": sorted(grants[sid])})
