@@ -81,25 +81,28 @@ def attention_over_blocks(q_btnh: jax.Array, blocks: Sequence[tuple[jax.Array, j
   buffer (a sliding-window layer attends over its ring buffer and the chunk's own new keys this way)."""
   b, t, n, h = q_btnh.shape
   k = blocks[0][0].shape[2]
-  q_btkgh = q_btnh.reshape(b, t, k, n // k, h)
-  logits = [_masked_logits(q_btkgh, k_bskh, q_pos_bt, k_pos_bs, window, scale, softcap)
+  # Products in [B, K, G, T, ·] order (the queries and outputs transposed, never the keys and values): with
+  # [B, T, K, G, ·] operands or outputs XLA's CPU backend copied the whole cache slice into another layout per
+  # layer and decode step (docs/benchmarks.md: a decode step 13-25% slower).
+  q_bkgth = q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
+  logits = [_masked_logits(q_bkgth, k_bskh, q_pos_bt, k_pos_bs, window, scale, softcap)
             for k_bskh, _, k_pos_bs in blocks]
   logits_bkgts = logits[0] if len(logits) == 1 else jnp.concatenate(logits, axis=-1)
   probs_bkgts = jax.nn.softmax(logits_bkgts, axis=-1).astype(blocks[0][1].dtype)
-  out_btkgh, start = None, 0
+  out_bkgth, start = None, 0
   for _, v_bskh, _ in blocks:
     s = v_bskh.shape[1]
     probs = probs_bkgts if len(blocks) == 1 else probs_bkgts[..., start:start + s]
-    part_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh)
-    out_btkgh = part_btkgh if out_btkgh is None else out_btkgh + part_btkgh
+    part_bkgth = jnp.einsum("bkgts,bskh->bkgth", probs, v_bskh)
+    out_bkgth = part_bkgth if out_bkgth is None else out_bkgth + part_bkgth
     start += s
-  return out_btkgh.reshape(b, t, n, h)
+  return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
-def _masked_logits(q_btkgh, k_bskh, q_pos_bt, k_pos_bs, window, scale, softcap):
+def _masked_logits(q_bkgth, k_bskh, q_pos_bt, k_pos_bs, window, scale, softcap):
   """[B, K, G, T, S] float32 logits q·k (scaled, soft-capped), MASK_VALUE where the key is not visible."""
-  h = q_btkgh.shape[-1]
-  logits_bkgts = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh,
+  h = q_bkgth.shape[-1]
+  logits_bkgts = jnp.einsum("bkgth,bskh->bkgts", q_bkgth, k_bskh,
                             preferred_element_type=jnp.float32) * (h ** -0.5 if scale is None else scale)
   if softcap is not None:
     logits_bkgts = softcap * jnp.tanh(logits_bkgts / softcap)
