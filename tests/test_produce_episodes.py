@@ -211,3 +211,39 @@ def test_a_sampler_worker_runs_the_producer_under_the_staleness_bound(engine):
   assert sorted(t for g in got for t, _ in g) == [0, 1, 2, 3]
   assert all([t for t, _ in g] == sorted(t for t, _ in g) for g in got)
   assert all(0 <= st <= 1 for g in got for _, st in g)
+
+
+def test_groups_start_in_the_slots_of_ended_episodes():
+  """Episodes of a group end apart (their messages stop at different lengths); the producer counts only those
+  not ended as holding slots (`EpisodeRunner.unfinished`), so `envs.run_tickets`' admission opens a third
+  group of 4 in 8 slots while two are open, and each ticket's rows are those it gives alone."""
+  eng = sampler.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=8, max_prefill_length=16,
+                           max_decode_length=SEQ_LEN, temperature=1.0, seed=0)
+  c = demo.get_config("tiny")
+  c.rl.prompts_per_step, c.rl.samples_per_prompt = 2, 4
+
+  def producer():
+    return envs.EpisodeProducer(
+        config.load(c), TOK, eng, _model()[1], 0, prompt_of=lambda t: envs.tool_prompt(0, t),
+        env_of=lambda e: envs.LatencyToolEnv(seed=0, episode=e, max_turns=2, sleep=False),
+        turn_tokens_of=lambda t: 16, max_turns=2, max_workers=8,
+        stop_tokens=range(97, 104))  # seven letters end a message: messages, so episodes, end apart
+
+  crowd, pending, out, most_open, seen = producer(), list(range(6)), {}, 0, set()
+  while len(out) < 6:
+    while pending and envs.has_room(crowd, slots=8, group_size=4):
+      crowd.submit(pending.pop(0))
+    assert crowd.in_flight_samples <= 8
+    seen.add(crowd.in_flight_samples)
+    most_open = max(most_open, crowd.in_flight_groups)
+    for ticket, rows in crowd.step():
+      out[ticket] = rows
+  crowd.close()
+  assert most_open >= 3  # counting whole groups, two at most would be open in 8 slots
+  assert seen - {0, 4, 8}  # some group was open with only part of its episodes running
+  assert {len({len(r["tokens"]) for r in rows}) for rows in out.values()} - {1}  # episodes did end apart
+  for ticket in (0, 5):
+    alone = _run(producer(), [ticket])[ticket]
+    for a, b in zip(alone, out[ticket]):
+      for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)

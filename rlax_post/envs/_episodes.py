@@ -166,7 +166,9 @@ class EpisodeProducer:
 
   @property
   def in_flight_samples(self) -> int:
-    return self.runner.pending * self.n
+    """The episodes of open groups that have not ended (`EpisodeRunner.unfinished`): a group submits all n at
+    once, so the slots of its ended episodes serve the next group while its longest ones go on."""
+    return self.runner.unfinished
 
   def set_params(self, params, version: int) -> None:
     self.driver.set_params(params, version)

@@ -281,6 +281,14 @@ class EpisodeRunner:
     """Groups submitted and not yet returned by `step` (0 once closed)."""
     return self._pending
 
+  @property
+  def unfinished(self) -> int:
+    """Episodes that have not ended, of the groups not yet returned by `step`: resetting, queued, decoding or
+    waiting on their env (the driver slots they still need; those of a group's ended episodes are free)."""
+    groups = {id(g): g for g in self._waiting}
+    groups.update((id(g), g) for g, _ in self._running.values())
+    return sum(g.remaining for g in groups.values())
+
   def submit(self, prompt: str, *, n: int, group_id: Any, seed: int | None = None, stream: int | None = None,
              max_turn_tokens: int | None = None, keep: bool = False) -> None:
     """Starts n episodes of `prompt` as one group: builds n envs and resets them in the pool.
