@@ -83,7 +83,7 @@ def attention_over_blocks(q_btnh: jax.Array, blocks: Sequence[tuple[jax.Array, j
   k = blocks[0][0].shape[2]
   # Products in [B, K, G, T, ·] order (the queries and outputs transposed, never the keys and values): with
   # [B, T, K, G, ·] operands or outputs XLA's CPU backend copied the whole cache slice into another layout per
-  # layer and decode step (docs/benchmarks.md: a decode step 13-25% slower).
+  # layer and decode step (docs/benchmarks.md: a decode step 17-28% slower).
   q_bkgth = q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
   logits = [_masked_logits(q_bkgth, k_bskh, q_pos_bt, k_pos_bs, window, scale, softcap)
             for k_bskh, _, k_pos_bs in blocks]
