@@ -81,9 +81,10 @@ def attention_over_blocks(q_btnh: jax.Array, blocks: Sequence[tuple[jax.Array, j
   buffer (a sliding-window layer attends over its ring buffer and the chunk's own new keys this way)."""
   b, t, n, h = q_btnh.shape
   k = blocks[0][0].shape[2]
-  # Products in [B, K, G, T, ·] order (the queries and outputs transposed, never the keys and values): with
-  # [B, T, K, G, ·] operands or outputs XLA's CPU backend copied the whole cache slice into another layout per
-  # layer and decode step (docs/benchmarks.md: a decode step 17-28% slower).
+  # Products in [B, K, G, T, ·] order (the queries and outputs transposed, never the keys and values): XLA's
+  # CPU backend then multiplies each (b, k)'s G·T query rows by the S keys; with [B, T, K, G, ·] operands and
+  # outputs it multiplied the keys by G·T columns (2 in a decode step of a GQA model), which its matrix
+  # kernels ran far slower (docs/benchmarks.md: a decode step 17-28% slower).
   q_bkgth = q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
   logits = [_masked_logits(q_bkgth, k_bskh, q_pos_bt, k_pos_bs, window, scale, softcap)
             for k_bskh, _, k_pos_bs in blocks]
