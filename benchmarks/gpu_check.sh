@@ -6,7 +6,8 @@
 #   run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=600)
 #
 # It installs the carried wheels into /tmp/site, prints the machine and the versions, checks the imports, runs
-# `benchmarks/sampler.py --device gpu` twice under timeouts (its decode modes, then all), then
+# `benchmarks/sampler.py --device gpu` twice under timeouts (its decode modes, then all; the first also dumps
+# the decode block's optimised HLO and lists its copies and transposes), then
 # `benchmarks/advantages.py --device gpu` in what is left of the budget, each writing its JSON and log to $OUT,
 # and always exits 0 (what is under $OUT comes back even when a step fails or is killed). Knobs (environment
 # variables):
@@ -78,16 +79,33 @@ python3 -c "import jetstream, shortuuid, gguf; from rlax_post import models, sam
 bench() {  # bench NAME TIMEOUT ARGS...: sampler.py with --progress, its JSON and log under $OUT
   local name=$1 t=$2; shift 2
   step "sampler.py --device $DEVICE $* (timeout ${t}s)"
-  timeout -k 10 "$t" python3 benchmarks/sampler.py --device "$DEVICE" --progress "$@" --json "$OUT/$name.json" \
+  timeout -k 10 "$t" env XLA_FLAGS="${BENCH_XLA_FLAGS:-}${XLA_FLAGS:+ $XLA_FLAGS}" \
+    python3 benchmarks/sampler.py --device "$DEVICE" --progress "$@" --json "$OUT/$name.json" \
     > "$OUT/$name.log" 2>&1
   local rc=$?
   cat "$OUT/$name.log"
   echo "$name rc=$rc$([ $rc -eq 124 ] && echo ' (timed out)')"
 }
 if [ -z "${SKIP_SAMPLER:-}" ]; then
+  # The decode run also dumps the optimised HLO of the driver's decode block (`jit_block`): whether this backend
+  # copies each layer's cache slice per step for attention's products, as XLA's CPU backend does (4 copies per
+  # layer; docs/benchmarks.md, 2026-12-03 fourth session), decides the cache-layout question.
   # shellcheck disable=SC2086
-  bench "sampler_${DEVICE}_decode" $(( $(left) < CORE_TIMEOUT_S ? $(left) : CORE_TIMEOUT_S )) \
+  BENCH_XLA_FLAGS="--xla_dump_to=$OUT/hlo --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit_block" \
+    bench "sampler_${DEVICE}_decode" $(( $(left) < CORE_TIMEOUT_S ? $(left) : CORE_TIMEOUT_S )) \
     --modes fused_eq,eq_k $CORE_ARGS
+  step "decode block HLO: copies and transposes (shapes), per optimised module"
+  for f in "$OUT"/hlo/*jit_block*after_optimizations.txt; do
+    [ -e "$f" ] || { echo "no jit_block HLO dumped"; break; }
+    echo "$(basename "$f"): $(wc -c < "$f") bytes"
+    # Ops of 3 or more dims named copy or transpose (fusions included; a fused computation's own lines too).
+    grep -oE '%[a-z_-]*(copy|transpose)[a-z_.0-9-]* = [a-z0-9]+\[[0-9]+,[0-9]+,[0-9,]*\]' "$f" | sort | uniq -c \
+      | sort -rn | head -20
+  done
+  # Keep the HLO of the largest decode block only (the others are the same program at other spans).
+  largest=$(ls -S "$OUT"/hlo/*jit_block*after_optimizations.txt 2>/dev/null | head -1)
+  if [ -n "$largest" ]; then mv "$largest" "$OUT/decode_block_hlo.txt"; fi
+  rm -rf "$OUT/hlo"
   # shellcheck disable=SC2086
   bench "sampler_${DEVICE}" $(( $(left) - ADV_RESERVE_S )) $SAMPLER_ARGS
 fi
