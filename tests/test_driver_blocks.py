@@ -176,12 +176,13 @@ def test_batched_prefill_and_insert_equal_one_at_a_time():
   params = refs.model()[1]
   prompts = [refs.prompt(7, 11), refs.prompt(12, 12), refs.prompt(2, 13)]
   batch = engine.prefill_batch(params, prompts)
-  assert batch.cache.k.shape[1] == engine.prefill_rows(16) == 16 and batch.cache.k.shape[2] == 16
+  assert batch.cache.k.shape[1] == engine.prefill_rows(16) == 16 and batch.cache.max_len == 16
   for b, prompt in enumerate(prompts):
     one = engine.prefill(params=params, padded_tokens=np.array(prompt), true_length=len(prompt))
     assert int(batch.length[b]) == int(one.length[0]) == len(prompt)
     np.testing.assert_allclose(batch.logits[b], one.logits[0], atol=1e-5, rtol=0)
-    np.testing.assert_allclose(batch.cache.k[:, b, :len(prompt)], one.cache.k[:, 0, :len(prompt)], atol=1e-5)
+    np.testing.assert_allclose(batch.cache.k[:, b, ..., :len(prompt)], one.cache.k[:, 0, ..., :len(prompt)],
+                               atol=1e-5)  # Keys [L, B, K, H, S].
   assert {(16, 0, 16, 16), (1, 0, 16, 16)} <= engine.prefill_shapes
   key = np.asarray(jax.random.key_data(jax.random.key(4)), np.uint32)
   many = engine.insert_batch(batch, engine.init_decode_state(), [2, 0], [1, 0], np.stack([key, key]),
@@ -223,7 +224,8 @@ def test_a_prefill_call_runs_only_the_chunks_holding_prompts_and_a_rows_numbers_
   for b, prompt in enumerate(prompts):
     assert int(five.length[b]) == int(one_pass.length[b]) == len(prompt)
     np.testing.assert_allclose(five.logits[b], one_pass.logits[b], atol=1e-5, rtol=0)
-    np.testing.assert_allclose(five.cache.k[:, b, :len(prompt)], one_pass.cache.k[:, b, :len(prompt)], atol=1e-5)
+    np.testing.assert_allclose(five.cache.k[:, b, ..., :len(prompt)], one_pass.cache.k[:, b, ..., :len(prompt)],
+                               atol=1e-5)
   assert [engine(c).prefill_chunk_rows(r) for c, r in [(4, 16), (3, 16), (8, 6), (16, 1), (1, 16)]] == [
       4, 2, 2, 1, 1]
   for bad in (0, -3, 2.5, True):

@@ -197,9 +197,10 @@ def test_existing_prefix_extension_equals_prefilling_the_concatenation():
   whole = _prefill(engine, head + tail)
   extended = _prefill(engine, tail, existing_prefix=_prefill(engine, head))
   assert int(extended.length[0]) == int(whole.length[0]) == 28
-  assert extended.cache.k.shape[2] == whole.cache.k.shape[2] == 32
+  assert extended.cache.max_len == whole.cache.max_len == 32
   np.testing.assert_allclose(extended.logits, whole.logits, atol=1e-5, rtol=0)
-  np.testing.assert_allclose(extended.cache.k[:, :, :28], whole.cache.k[:, :, :28], atol=1e-5)
+  np.testing.assert_allclose(extended.cache.k[..., :28], whole.cache.k[..., :28], atol=1e-5)  # [L, B, K, H, S]
+  np.testing.assert_allclose(extended.cache.v[:, :, :, :28], whole.cache.v[:, :, :, :28], atol=1e-5)
   key = jax.random.key(3)
   a, b = _Run(engine), _Run(engine)
   a.insert("x", whole, 1, rng=key)
@@ -219,7 +220,7 @@ def test_prefill_compiles_once_per_bucket():
   for n in (3, 9, 17, 16, 32):
     ids = _prompt(n, n)
     prefix = engine.prefill(params=params, padded_tokens=np.array(ids), true_length=n)
-    assert prefix.cache.k.shape[2] == (16 if n <= 16 else 32)
+    assert prefix.cache.max_len == prefix.cache.k.shape[4] == (16 if n <= 16 else 32)
   assert engine.prefill_shapes == {(1, 0, 16, 16), (1, 0, 32, 32)}
   assert len(engine.prefill_shapes) <= len(engine.prefill_buckets) == 2
   assert engine._programs.prefill._cache_size() == 2  # pylint: disable=protected-access

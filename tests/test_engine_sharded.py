@@ -20,7 +20,7 @@ CFG = models.preset("micro", vocab_size=264, valid_vocab_size=259, max_seq_len=6
 SLOTS = 4  # data × fsdp = 4 slot shards of one slot each.
 MAX_DECODE = 40
 SLOT_AXES = ("data", "fsdp")
-CACHE_SPEC = P(None, SLOT_AXES, None, "tensor", None)
+CACHE_SPEC = P(None, SLOT_AXES, "tensor", None, None)  # Keys [L, B, K, H, S], values [L, B, K, S, H].
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,8 +85,8 @@ def _specs(state):
 def _check_state_layout(state):
   assert state.cache.k.sharding.spec == CACHE_SPEC and state.cache.v.sharding.spec == CACHE_SPEC
   # Each device holds one slot's keys of one KV head.
-  assert {x.data.shape for x in state.cache.k.addressable_shards} == {(CFG.num_layers, 1, MAX_DECODE, 1,
-                                                                       CFG.head_dim)}
+  assert {x.data.shape for x in state.cache.k.addressable_shards} == {(CFG.num_layers, 1, 1, CFG.head_dim,
+                                                                       MAX_DECODE)}
   assert _specs(state) == {"logits": P(SLOT_AXES, None), "positions": P(SLOT_AXES), "active": P(SLOT_AXES),
                            "rngs": P(SLOT_AXES, None)}
   assert state.settings.stops.sharding.spec == P(SLOT_AXES, None)
@@ -99,7 +99,7 @@ def test_decode_state_keeps_the_rules_layout_through_every_step():
   state = engine.init_decode_state()
   _check_state_layout(state)
   prefix = engine.prefill_batch(params, [_prompt(5, 1), _prompt(9, 2)])
-  assert prefix.cache.k.sharding.spec == P(None, None, None, "tensor", None)  # Rows replicated.
+  assert prefix.cache.k.sharding.spec == P(None, None, "tensor", None, None)  # Rows replicated.
   assert prefix.logits.sharding.is_fully_replicated and prefix.length.sharding.is_fully_replicated
   assert engine.get_prefix_destination_sharding() == engine.prefix_shardings
   # Streams whose first four tokens are not EOS (with these keys every slot runs the whole block).
@@ -116,7 +116,7 @@ def test_decode_state_keeps_the_rules_layout_through_every_step():
   _check_state_layout(state)
   extended = engine.prefill(params=params, existing_prefix=prefix.row(1), padded_tokens=np.array([65, 66]),
                             true_length=2)
-  assert extended.cache.k.sharding.spec == P(None, None, None, "tensor", None)
+  assert extended.cache.k.sharding.spec == P(None, None, "tensor", None, None)
   state = engine.insert(extended, state, 1)
   _check_state_layout(state)
   assert np.asarray(state.active).tolist() == [True, True, True, False]
@@ -128,11 +128,11 @@ def test_other_rules_and_meshes():
   rules = tuple((name, "data" if name == "batch" else axes) for name, axes in sharding.DEFAULT_RULES)
   engine = _engine(_mesh(), rules=rules, slots=2)
   state = engine.init_decode_state()
-  assert state.cache.k.sharding.spec == P(None, "data", None, "tensor", None)
+  assert state.cache.k.sharding.spec == P(None, "data", "tensor", None, None)
   assert state.logits.sharding.spec == P("data", None)
   engine = _engine(_mesh(data=4, fsdp=1, tensor=2))
   state = engine.init_decode_state()
-  assert state.cache.k.sharding.shard_shape(state.cache.k.shape)[1::2] == (1, 1)
+  assert state.cache.k.sharding.shard_shape(state.cache.k.shape)[1:3] == (1, 1)
   # A mesh with other axis names: the default rules keep only its axes (nothing to split).
   other = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("x",))
   engine = _engine(other, slots=3)

@@ -8,6 +8,7 @@ The full-length reference is the same code with `ModelConfig.ring_length` patche
 """
 
 import functools
+import re
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -66,10 +67,12 @@ def _prompt(n, seed=0):
 def test_windowed_layers_keep_a_ring_of_their_window():
   cfg = _cfg("gemma3")  # 4 windowed layers, 1 global; 2 KV heads of 8 dims, float32.
   cache = models.init_cache(cfg, 3, 48)
-  assert cache.k.shape == cache.v.shape == (1, 3, 48, 2, 8)
-  assert cache.local_k.shape == cache.local_v.shape == (4, 3, 8, 2, 8)
+  # Keys [L, B, K, H, S], values [L, B, K, S, H].
+  assert cache.k.shape == (1, 3, 2, 8, 48) and cache.v.shape == (1, 3, 2, 48, 8) and cache.max_len == 48
+  assert cache.local_k.shape == cache.local_v.shape == (4, 3, 2, 8, 8)
   assert (cfg.ring_length(48), cfg.ring_length(8), cfg.ring_length(6)) == (8, 8, 6)
-  assert models.init_cache(cfg, 3, 6).local_k.shape == (4, 3, 6, 2, 8)  # Window ≥ S: the whole cache.
+  small = models.init_cache(cfg, 3, 6)  # Window ≥ S: the whole cache.
+  assert small.local_k.shape == (4, 3, 2, 8, 6) and small.local_v.shape == (4, 3, 2, 6, 8)
   # K and V × 3 rows × (1 layer × 48 + 4 layers × 8 positions) × 2 heads × 8 dims × 4 bytes.
   assert cfg.kv_cache_bytes(3, 48) == 2 * 3 * (48 + 4 * 8) * 2 * 8 * 4 == 30720
   assert sum(x.nbytes for x in jax.tree.leaves(cache)) == 30720
@@ -77,11 +80,11 @@ def test_windowed_layers_keep_a_ring_of_their_window():
   # No windowed layer: one stack of every layer, as before rings.
   plain = models.preset("micro", vocab_size=264, max_seq_len=64)
   cache = models.init_cache(plain, 3, 48)
-  assert cache.k.shape == (2, 3, 48, 2, 8) and cache.local_k is None and cache.local_v is None
+  assert cache.k.shape == (2, 3, 2, 8, 48) and cache.local_k is None and cache.local_v is None
   assert plain.kv_cache_bytes(3, 48) == 2 * 2 * 3 * 48 * 2 * 8 * 4 == plain.ring_length(48) * 768
   # Every layer windowed: an empty full-length stack still says S.
   cache = models.init_cache(_cfg("all_local"), 3, 48)
-  assert cache.k.shape == (0, 3, 48, 2, 8) and cache.local_k.shape == (2, 3, 8, 2, 8)
+  assert cache.k.shape == (0, 3, 2, 8, 48) and cache.max_len == 48 and cache.local_k.shape == (2, 3, 2, 8, 8)
 
 
 def test_cache_layout_indexes_each_layer_in_its_stack():
@@ -117,13 +120,17 @@ def test_estimate_memory_counts_the_rings():
 def test_grow_cache_keeps_every_position_in_its_slot():
   cfg = _cfg("gemma2", window=24)
   cache = models.init_cache(cfg, 1, 16)
-  k = jnp.arange(cache.local_k.size, dtype=jnp.float32).reshape(cache.local_k.shape)
-  cache = cache._replace(local_k=k, k=k[:, :, :16] + 1000)
+  k = jnp.arange(cache.local_k.size, dtype=jnp.float32).reshape(cache.local_k.shape)  # Positions last.
+  v = jnp.arange(cache.local_v.size, dtype=jnp.float32).reshape(cache.local_v.shape)  # Positions third.
+  cache = cache._replace(local_k=k, k=k + 1000, local_v=v, v=v + 1000)
   grown = models.grow_cache(cfg, cache, 32)  # The ring grows from 16 to the window, 24; the global to 32.
-  assert grown.k.shape[2] == 32 and grown.local_k.shape[2] == 24
-  np.testing.assert_array_equal(grown.local_k[:, :, :16], k)
-  np.testing.assert_array_equal(grown.local_k[:, :, 16:], 0)
-  np.testing.assert_array_equal(grown.k[:, :, :16], k[:, :, :16] + 1000)
+  assert grown.max_len == 32 and grown.k.shape[4] == 32 and grown.local_k.shape[4] == grown.local_v.shape[3] == 24
+  np.testing.assert_array_equal(grown.local_k[..., :16], k)
+  np.testing.assert_array_equal(grown.local_k[..., 16:], 0)
+  np.testing.assert_array_equal(grown.k[..., :16], k + 1000)
+  np.testing.assert_array_equal(grown.local_v[:, :, :, :16], v)
+  np.testing.assert_array_equal(grown.local_v[:, :, :, 16:], 0)
+  np.testing.assert_array_equal(grown.v[:, :, :, :16], v + 1000)
   with pytest.raises(ValueError, match="shorter than the cache's 16 positions"):
     models.grow_cache(cfg, cache, 8)
 
@@ -166,12 +173,13 @@ def test_ring_decoding_equals_the_full_cache_and_the_full_forward(kind, first, m
   ring, ring_cache = _decode(cfg, graphdef, params, tokens, first)
   _full_length_cache(monkeypatch)
   whole, whole_cache = _decode(cfg, graphdef, params, tokens, first)
-  assert ring_cache.local_k.shape[2] == 8 and whole_cache.local_k.shape[2] == MAX_DECODE
+  assert ring_cache.local_k.shape[4] == 8 and whole_cache.local_k.shape[4] == MAX_DECODE
   np.testing.assert_allclose(ring, full, atol=1e-5, rtol=0)
   np.testing.assert_allclose(ring, whole, atol=1e-5, rtol=0)
   # The ring holds each row's last 8 positions (36..43) at slot p mod 8, as the full cache does at p.
   slots = np.arange(36, 44) % 8
-  np.testing.assert_allclose(ring_cache.local_k[:, :, slots], whole_cache.local_k[:, :, 36:44], atol=1e-5)
+  np.testing.assert_allclose(ring_cache.local_k[..., slots], whole_cache.local_k[..., 36:44], atol=1e-5)
+  np.testing.assert_allclose(ring_cache.local_v[:, :, :, slots], whole_cache.local_v[:, :, :, 36:44], atol=1e-5)
 
 
 def test_rows_of_different_lengths_in_one_call_keep_their_own_rings():
@@ -253,17 +261,17 @@ def test_engine_through_rings_matches_the_learner_and_the_full_cache(window, mon
   graphdef, params = _model("gemma2", window)
   ring_out, (long, extended, batch) = _run_engine(_engine(window=window), params)
   ring = min(window, 16)
-  assert long.cache.k.shape[2] == 32 and long.cache.local_k.shape[2] == window
-  assert extended.cache.k.shape[2] == 32 and int(extended.length[0]) == 24
-  assert batch.cache.local_k.shape[2] == window and batch.cache.k.shape[1] == batch.cache.local_k.shape[1]
-  assert _prefill(_engine(window=window), params, _prompt(5)).cache.local_k.shape[2] == ring
+  assert long.cache.max_len == 32 and long.cache.local_k.shape[4] == long.cache.local_v.shape[3] == window
+  assert extended.cache.max_len == 32 and int(extended.length[0]) == 24
+  assert batch.cache.local_k.shape[4] == window and batch.cache.k.shape[1] == batch.cache.local_k.shape[1]
+  assert _prefill(_engine(window=window), params, _prompt(5)).cache.local_k.shape[4] == ring
   for prompt, tokens, logps in ring_out:
     assert len(prompt) + len(tokens) >= 3 * 8 or TOK.eos_id in tokens, (len(prompt), tokens)
     np.testing.assert_allclose(logps, _learner_logprobs(graphdef, params, prompt, tokens, 0.7), atol=1e-5,
                                rtol=0)
   _full_length_cache(monkeypatch)
   whole_out, (long, _, _) = _run_engine(_engine(window=window), params)
-  assert long.cache.local_k.shape[2] == 32
+  assert long.cache.local_k.shape[4] == 32
   for (_, ring_tokens, ring_logps), (_, tokens, logps) in zip(ring_out, whole_out):
     assert ring_tokens == tokens
     np.testing.assert_allclose(ring_logps, logps, atol=1e-5, rtol=0)
@@ -307,9 +315,9 @@ def test_sharded_engine_shards_the_rings_and_gives_the_one_device_completions():
   mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
   eight = _engine(temperature=0.7, mesh=mesh)
   state = eight.init_decode_state()
-  spec = P(None, ("data", "fsdp"), None, "tensor", None)
-  assert state.cache.k.sharding.spec == state.cache.local_k.sharding.spec == spec
-  assert state.cache.local_k.shape == (2, 4, 8, 2, 8)
+  spec = P(None, ("data", "fsdp"), "tensor", None, None)  # Slots and KV heads: keys' and values' axes 1, 2.
+  assert state.cache.k.sharding.spec == state.cache.local_k.sharding.spec == state.cache.local_v.sharding.spec == spec
+  assert state.cache.local_k.shape == (2, 4, 2, 8, 8)
   expected = sampler.Driver(_engine(temperature=0.7), params).sample(_requests())
   got = sampler.Driver(eight, jax.device_put(params, eight.param_shardings())).sample(_requests())
   assert [(c.request_id, c.index, c.tokens) for c in got] == [
@@ -319,6 +327,42 @@ def test_sharded_engine_shards_the_rings_and_gives_the_one_device_completions():
 
 
 # --- In place --------------------------------------------------------------------------------------------
+
+
+def _copies_of_layer_spans(hlo: str, cache: models.KVCache) -> list[str]:
+  """The copy and transpose instructions (fusions included) of `hlo` whose result has one layer's key or
+  value span's dimensions, in any order (ignoring 1s)."""
+  spans = {tuple(sorted(d for d in x.shape[1:] if d > 1)) for x in jax.tree.leaves(cache)}
+  found = []
+  for line in hlo.splitlines():
+    m = re.match(r"\s*(?:ROOT )?%(\S+) = \w+\[([\d,]*)\]", line)
+    if m and re.search("copy|transpose", m.group(1)):
+      dims = tuple(sorted(int(d) for d in m.group(2).split(",") if d and int(d) > 1))
+      if dims in spans:
+        found.append(line.strip()[:160])
+  return found
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "plain"])
+def test_a_decode_step_copies_no_layer_span_of_the_cache(kind):
+  """Keys stored [B, K, H, S] and values [B, K, S, H] are attention's operands as they lie: the compiled decode
+  step (a block's too) neither copies nor transposes any layer's keys or values (with [B, S, K, H] XLA's CPU
+  backend copied every layer's span at every step)."""
+  if kind == "plain":
+    cfg = models.preset("micro", vocab_size=264, valid_vocab_size=259, max_seq_len=64)
+    engine = sampler.RlaxEngine(cfg, models.init_params(cfg, jax.random.key(0))[0], tokenizer=TOK,
+                                max_concurrent_decodes=4, max_prefill_length=32, max_decode_length=MAX_DECODE)
+    params = models.init_params(cfg, jax.random.key(0))[1]
+  else:
+    engine, params = _engine(kind), _model(kind)[1]
+  state = engine.init_decode_state()
+  programs = engine._programs  # pylint: disable=protected-access
+  step = programs.generate.lower(params, state).compile().as_text()
+  block = programs.block.lower(params, state, np.int32(2), np.int32(0), MAX_DECODE).compile().as_text()
+  assert _copies_of_layer_spans(step, state.cache) == [] and _copies_of_layer_spans(block, state.cache) == []
+  # The check sees such a copy: one of a layer's keys brought to [B, S, K, H].
+  keys = jax.jit(lambda c: c.k[0].transpose(0, 3, 1, 2) * 2).lower(state.cache).compile().as_text()
+  assert _copies_of_layer_spans(keys, state.cache)
 
 
 @pytest.mark.parametrize("kind", ["gemma3", "plain"])
@@ -335,7 +379,7 @@ def test_a_decode_step_copies_no_cache_stack(kind):
   state = engine.init_decode_state()
   hlo = engine._programs.generate.lower(params, state).compile().as_text()  # pylint: disable=protected-access
   stacks = {",".join(map(str, x.shape)) for x in jax.tree.leaves(state.cache)}
-  assert len(stacks) == (2 if kind == "gemma3" else 1)
+  assert len(stacks) == (3 if kind == "gemma3" else 2)  # Keys [L, B, K, H, S] and values [L, B, K, S, H].
   copies = [line for line in hlo.splitlines() if " copy(" in line and any(f"[{s}]" in line for s in stacks)]
   assert not copies, copies
   assert any(f"[{s}]" in hlo for s in stacks)  # The check looks at the right shapes.

@@ -37,10 +37,11 @@ Components (bytes per device):
               (a value head, D + 1 params) needs no component: pass the policy's config with
               `value_head=True` and the head is counted in `params`.
   kv_cache    the samplers' decode state: `kv_slots` rows × `kv_len` positions of K and V for every layer
-              ([L, slots, S, K, H] × 2 in the activation dtype; a sliding-window layer's ring keeps
-              `model_cfg.ring_length(kv_len)` positions instead, `models.init_cache`) plus float32 logits
+              (keys [L, slots, K, H, S], values [L, slots, K, S, H] in the activation dtype; a
+              sliding-window layer's ring keeps `model_cfg.ring_length(kv_len)` positions instead,
+              `models.init_cache`) plus float32 logits
               [slots, V], sharded as the engine shards them (`sampler.RlaxEngine`): the cache by
-              `models.CACHE_LBSKH` (slots over the mesh axes of 'batch', KV heads over those of 'kv_heads':
+              `models.cache_axes` (slots over the mesh axes of 'batch', KV heads over those of 'kv_heads':
               data × fsdp and tensor with the default rules), the logits by slot only. Slots or KV heads
               that do not divide their mesh axes raise ValueError, as the engine would. (The engine's
               per-slot vectors and the prefill's per-request cache are left out: small beside these.)
@@ -159,7 +160,7 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
   if kv_slots:
     decode_like = {'cache': jax.eval_shape(lambda: models.init_cache(c, kv_slots, kv_len)),
                    'logits': jax.ShapeDtypeStruct((kv_slots, c.vocab_size), np.float32)}
-    decode_axes = {'cache': models.cache_axes(c, models.CACHE_LBSKH), 'logits': ('batch', None)}
+    decode_axes = {'cache': models.cache_axes(c), 'logits': ('batch', None)}
     decode_sh = sharding.named_shardings(decode_axes, mesh, rules, shapes=decode_like)
     kv = _tree_bytes(decode_like, decode_sh)
   out['kv_cache'] = kv

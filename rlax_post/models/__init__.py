@@ -1,7 +1,8 @@
 """Decoder-only transformers (Llama / Qwen / Gemma 2 / Gemma 3 text; flax nnx), KV cache, logprobs, tokenizers."""
 
 from rlax_post.models._axes import activation_constraints
-from rlax_post.models._axes import CACHE_LBSKH
+from rlax_post.models._axes import CACHE_K_LBKHS
+from rlax_post.models._axes import CACHE_V_LBKSH
 from rlax_post.models._axes import PARAM_LOGICAL_AXES
 from rlax_post.models._axes import param_logical_axes
 from rlax_post.models._config import ModelConfig
@@ -41,12 +42,14 @@ from rlax_post.models._transformer import cache_axes
 from rlax_post.models._transformer import grow_cache
 from rlax_post.models._transformer import init_cache
 from rlax_post.models._transformer import KVCache
+from rlax_post.models._transformer import position_axes
 from rlax_post.models._transformer import Transformer
 
 __all__ = [
     "read_hf_config",
     "activation_constraints",
-    "CACHE_LBSKH",
+    "CACHE_K_LBKHS",
+    "CACHE_V_LBKSH",
     "abstract_params",
     "cache_axes",
     "ByteTokenizer",
@@ -66,6 +69,7 @@ __all__ = [
     "init_lora",
     "init_params",
     "KVCache",
+    "position_axes",
     "load_hf",
     "logprobs_from_logits",
     "LoRA",

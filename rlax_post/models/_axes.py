@@ -44,9 +44,10 @@ ACT_BTNH = ("batch", "length", "heads", "head_dim")
 ACT_BTKH = ("batch", "length", "kv_heads", "head_dim")
 ACT_BTF = ("batch", "length", "mlp")
 ACT_BTV = ("batch", "length", "vocab")
-# The KV cache [L, B, S, K, H]: the sampler shards its decode state by it and `learner.estimate_memory` counts
-# it by it.
-CACHE_LBSKH = ("layers", "batch", "length", "kv_heads", "head_dim")
+# The KV cache (`KVCache`): keys [L, B, K, H, S] and values [L, B, K, S, H]. The sampler shards its decode
+# state by them (`cache_axes`) and `learner.estimate_memory` counts it by them.
+CACHE_K_LBKHS = ("layers", "batch", "kv_heads", "head_dim", "length")
+CACHE_V_LBKSH = ("layers", "batch", "kv_heads", "length", "head_dim")
 
 ConstrainFn = Callable[[jax.Array, Sequence[str | None]], jax.Array]
 

@@ -2,12 +2,13 @@
 
 Layers are stacked along a leading `layers` axis and run with `jax.lax.scan`, so compile time does not grow
 with depth (maxtext's scanned layers; `ModelConfig.scan_unroll` unrolls it); the KV cache is stacked the same
-way and carried through the scan whole, each layer writing only its new positions into it (in place), so a
-decode step does not copy it. What differs between layers (sliding window or global attention, the RoPE base)
-is a scanned array input, never a Python branch. A model with sliding-window layers keeps two stacks, a
-full-length one for its global layers and a ring buffer of the window for its windowed ones (`KVCache`); a
-scanned flag picks each layer's stack and attention (`lax.cond`, which only reads: every write is outside it),
-and the rings are written once after the scan (`_cache_scan`).
+way and carried through the scan whole, each layer writing only its new positions into it (in place). Keys
+are stored [B, K, H, S] and values [B, K, S, H] (`KVCache`): attention's products then take them as they lie,
+so a decode step neither copies nor transposes the cache, only reads it. What differs between layers
+(sliding window or global attention, the RoPE base) is a scanned array input, never a Python branch. A model
+with sliding-window layers keeps two stacks, a full-length one for its global layers and a ring buffer of the
+window for its windowed ones (`KVCache`); a scanned flag picks each layer's stack and attention (`lax.cond`,
+which only reads: every write is outside it), and the rings are written once after the scan (`_cache_scan`).
 """
 
 from __future__ import annotations
@@ -39,12 +40,32 @@ class KVCache(NamedTuple):
   Global layers (all layers of a model without sliding windows) keep every position: slot s of a row holds
   that row's position s. Sliding-window layers keep a ring buffer of R = `cfg.ring_length(S)` slots (their
   window, or S if that is shorter): position p at slot p mod R, and the slots of a row of length n hold its
-  positions n - R .. n - 1 (those below 0 are empty). S is `k.shape[2]`, also when no layer is global.
+  positions n - R .. n - 1 (those below 0 are empty). S is `max_len`, also when no layer is global.
+
+  Keys are stored [B, K, H, S] and values [B, K, S, H] per layer (`POSITION_AXES`): attention multiplies
+  each (row, KV head)'s queries by its keys and its probabilities by its values as they lie. With [B, S, K, H]
+  XLA's CPU backend copied each layer's key and value span at every decode step to bring (B, K) forward (a
+  GPU's batched matrix products want them leading too), and values [B, K, H, S] made its products slower
+  (docs/benchmarks.md).
   """
-  k: jax.Array  # [Lg, B, S, K, H] activation dtype: the global layers, in layer order.
-  v: jax.Array  # [Lg, B, S, K, H] activation dtype.
-  local_k: jax.Array | None = None  # [Ll, B, R, K, H]: sliding-window layers, in layer order; None without.
-  local_v: jax.Array | None = None  # [Ll, B, R, K, H].
+  k: jax.Array  # [Lg, B, K, H, S] activation dtype: the global layers, in layer order.
+  v: jax.Array  # [Lg, B, K, S, H] activation dtype.
+  local_k: jax.Array | None = None  # [Ll, B, K, H, R]: sliding-window layers, in layer order; None without.
+  local_v: jax.Array | None = None  # [Ll, B, K, R, H].
+
+  @property
+  def max_len(self) -> int:
+    """S: the positions each row can hold."""
+    return self.v.shape[3]
+
+
+# The position axis (S, or a ring's R) of each `KVCache` array.
+POSITION_AXES = KVCache(k=4, v=3, local_k=4, local_v=3)
+
+
+def position_axes(cache: KVCache) -> KVCache:
+  """`POSITION_AXES` where `cache` has arrays (None where it has none): a tree to map with the cache."""
+  return KVCache(*(None if x is None else axis for x, axis in zip(cache, POSITION_AXES)))
 
 
 def cache_layout(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -58,13 +79,14 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int | None = None) -> KVCa
   """An empty cache for `batch` rows of up to `max_len` (default `cfg.max_seq_len`) positions."""
   max_len = cfg.max_seq_len if max_len is None else max_len
   ring_l, _ = cache_layout(cfg)
-  zeros = lambda layers, length: jnp.zeros((layers, batch, length, cfg.num_kv_heads, cfg.head_dim),
-                                           cfg.activation_dtype)
-  full = zeros(int((~ring_l).sum()), max_len)
+  kh = (cfg.num_kv_heads, cfg.head_dim)
+  keys = lambda layers, length: jnp.zeros((layers, batch) + kh + (length,), cfg.activation_dtype)
+  values = lambda layers, length: jnp.zeros((layers, batch, kh[0], length, kh[1]), cfg.activation_dtype)
+  full = int((~ring_l).sum())
   if not ring_l.any():
-    return KVCache(k=full, v=full)
-  ring = zeros(int(ring_l.sum()), cfg.ring_length(max_len))
-  return KVCache(k=full, v=full, local_k=ring, local_v=ring)
+    return KVCache(k=keys(full, max_len), v=values(full, max_len))
+  ring, r = int(ring_l.sum()), cfg.ring_length(max_len)
+  return KVCache(k=keys(full, max_len), v=values(full, max_len), local_k=keys(ring, r), local_v=values(ring, r))
 
 
 def grow_cache(cfg: ModelConfig, cache: KVCache, max_len: int) -> KVCache:
@@ -73,18 +95,21 @@ def grow_cache(cfg: ModelConfig, cache: KVCache, max_len: int) -> KVCache:
   Zeros go after each stack's slots. A ring that grows was shorter than its window (R = S), so its positions
   p < S sit at slot p, which is also their slot p mod R' in the longer ring.
   """
-  s = cache.k.shape[2]
+  s = cache.max_len
   if max_len < s:
     raise ValueError(f"grow_cache: max_len {max_len} is shorter than the cache's {s} positions.")
   lengths = KVCache(k=max_len, v=max_len, local_k=cfg.ring_length(max_len), local_v=cfg.ring_length(max_len))
-  pad = lambda x, n: jnp.pad(x, [(0, 0), (0, 0), (0, n - x.shape[2]), (0, 0), (0, 0)])
-  return KVCache(*(None if x is None else pad(x, n) for x, n in zip(cache, lengths)))
+  pad = lambda x, n, axis: jnp.pad(x, [(0, n - x.shape[axis]) if d == axis else (0, 0) for d in range(x.ndim)])
+  return KVCache(*(None if x is None else pad(x, n, axis) for x, n, axis in zip(cache, lengths, POSITION_AXES)))
 
 
-def cache_axes(cfg: ModelConfig, axes: tuple[str | None, ...]) -> KVCache:
-  """A `KVCache` of the model's layout with `axes` (e.g. `CACHE_LBSKH`) at every array: a sharding tree."""
+def cache_axes(cfg: ModelConfig, batch: str | None = "batch") -> KVCache:
+  """The logical axes of the model's `KVCache` (`_axes.CACHE_K_LBKHS` for keys, `CACHE_V_LBKSH` for values)
+  with `batch` as its rows' axis (None: rows replicated, as a prefix's): a sharding tree."""
   ring = bool(cache_layout(cfg)[0].any())
-  return KVCache(k=axes, v=axes, local_k=axes if ring else None, local_v=axes if ring else None)
+  k = _axes.CACHE_K_LBKHS[:1] + (batch,) + _axes.CACHE_K_LBKHS[2:]
+  v = _axes.CACHE_V_LBKSH[:1] + (batch,) + _axes.CACHE_V_LBKSH[2:]
+  return KVCache(k=k, v=v, local_k=k if ring else None, local_v=v if ring else None)
 
 
 def ring_positions(length_b: jax.Array, r: int) -> jax.Array:
@@ -197,10 +222,10 @@ class Transformer(nnx.Module):
       positions_bt = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     if positions_bt.shape != tokens_bt.shape:
       raise ValueError(f"positions {positions_bt.shape} must match tokens {tokens_bt.shape}.")
-    if cache is not None and cache.k.shape[1] != b:
-      raise ValueError(f"cache batch {cache.k.shape[1]} != tokens batch {b}.")
-    if cache is not None and kv_len is not None and not 1 <= kv_len <= cache.k.shape[2]:
-      raise ValueError(f"kv_len must be in [1, {cache.k.shape[2]}] (the cache's positions); got {kv_len}.")
+    if cache is not None and cache.v.shape[1] != b:
+      raise ValueError(f"cache batch {cache.v.shape[1]} != tokens batch {b}.")
+    if cache is not None and kv_len is not None and not 1 <= kv_len <= cache.max_len:
+      raise ValueError(f"kv_len must be in [1, {cache.max_len}] (the cache's positions); got {kv_len}.")
     if cache is not None and (cache.local_k is None) == bool(cache_layout(cfg)[0].any()):
       raise ValueError("The cache's layout does not match the model's sliding-window layers; build it with "
                        "models.init_cache(cfg, ...).")
@@ -299,10 +324,21 @@ class Transformer(nnx.Module):
 
 class _ScanCache(NamedTuple):
   """What the layer scan carries of a cache (`_cache_scan`)."""
-  k: jax.Array  # [Lg, B, S, K, H]: the full-length stacks, written in place.
-  v: jax.Array  # [Lg, B, S, K, H]
+  k: jax.Array  # [Lg, B, K, H, S]: the full-length stacks, written in place.
+  v: jax.Array  # [Lg, B, K, S, H]
   new_k: jax.Array | None  # [Ll, B, T, K, H]: each ring layer's keys of this chunk; None without rings.
   new_v: jax.Array | None  # [Ll, B, T, K, H]
+
+
+def _keys_bskh(k_bkhs: jax.Array) -> jax.Array:
+  """A layer's stored keys [B, K, H, S] as attention's [B, S, K, H] operand (a view: XLA folds the transpose
+  into the product)."""
+  return k_bkhs.transpose(0, 3, 1, 2)
+
+
+def _values_bskh(v_bksh: jax.Array) -> jax.Array:
+  """A layer's stored values [B, K, S, H] as attention's [B, S, K, H] operand (a view)."""
+  return v_bksh.transpose(0, 2, 1, 3)
 
 
 def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend, kv_len: int | None = None):
@@ -322,31 +358,37 @@ def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend, kv_len: int | N
   from each row's length before the chunk, its first position: each row's positions must run consecutively
   from the number of positions its cache holds (positions ≥ S, e.g. padding, last).
   """
-  b, s = cache.k.shape[1], cache.k.shape[2]
+  b, s = cache.v.shape[1], cache.max_len
   w = s if kv_len is None else kv_len
   rows_b1 = jnp.arange(b)[:, None]
   k_pos_bw = jnp.broadcast_to(jnp.arange(w, dtype=jnp.int32), (b, w))
-  write = lambda stack, i, at_bt, new: stack.at[i, rows_b1, at_bt].set(new, mode="drop")
+  # [B, T, K, H] new keys / values at [B, T] positions of layer i's stack (the index arrays are apart, so the
+  # written elements are indexed [B, T, K, H] whatever the stack's layout).
+  write_k = lambda stack, i, at_bt, new: stack.at[i, rows_b1, :, :, at_bt].set(new, mode="drop")
+  write_v = lambda stack, i, at_bt, new: stack.at[i, rows_b1, :, at_bt].set(new, mode="drop")
 
   def full(carry, i, window, q_btnh):
-    return attend(q_btnh, [(carry.k[i][:, :w], carry.v[i][:, :w], k_pos_bw)], positions_bt, window=window)
+    block = (_keys_bskh(carry.k[i][..., :w]), _values_bskh(carry.v[i][:, :, :w]), k_pos_bw)
+    return attend(q_btnh, [block], positions_bt, window=window)
 
   if cache.local_k is None:
     def layer(carry, p, q_btnh, k_btkh, v_btkh):
       i = p["index"]
-      carry = carry._replace(k=write(carry.k, i, positions_bt, k_btkh),
-                             v=write(carry.v, i, positions_bt, v_btkh))
+      carry = carry._replace(k=write_k(carry.k, i, positions_bt, k_btkh),
+                             v=write_v(carry.v, i, positions_bt, v_btkh))
       return full(carry, i, p["window"], q_btnh), carry
 
     return _ScanCache(cache.k, cache.v, None, None), layer, lambda carry: KVCache(k=carry.k, v=carry.v)
 
-  num_full, num_ring, r = cache.k.shape[0], cache.local_k.shape[0], cache.local_k.shape[2]
+  num_full, num_ring, r = cache.v.shape[0], cache.local_v.shape[0], cache.local_v.shape[3]
   ring_pos_br = ring_positions(positions_bt[:, 0], r)
   all_t = jnp.broadcast_to(jnp.arange(positions_bt.shape[1]), positions_bt.shape)
-  new_lbtkh = jnp.zeros((num_ring,) + positions_bt.shape + cache.k.shape[3:], cache.k.dtype)
+  kh = (cache.v.shape[2], cache.v.shape[4])
+  new_lbtkh = jnp.zeros((num_ring,) + positions_bt.shape + kh, cache.v.dtype)
+  write_new = lambda stack, i, new: stack.at[i, rows_b1, all_t].set(new, mode="drop")
 
   def ring(carry, i, window, q_btnh):
-    blocks = [(cache.local_k[i], cache.local_v[i], ring_pos_br),
+    blocks = [(_keys_bskh(cache.local_k[i]), _values_bskh(cache.local_v[i]), ring_pos_br),
               (carry.new_k[i], carry.new_v[i], positions_bt)]
     return attend(q_btnh, blocks, positions_bt, window=window)
 
@@ -355,18 +397,20 @@ def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend, kv_len: int | N
     # reads: a cond that wrote a carried stack would copy it.
     i, is_ring = p["index"], p["ring"]
     full_i, ring_i = jnp.where(is_ring, num_full, i), jnp.where(is_ring, i, num_ring)
-    carry = _ScanCache(k=write(carry.k, full_i, positions_bt, k_btkh),
-                       v=write(carry.v, full_i, positions_bt, v_btkh),
-                       new_k=write(carry.new_k, ring_i, all_t, k_btkh),
-                       new_v=write(carry.new_v, ring_i, all_t, v_btkh))
+    carry = _ScanCache(k=write_k(carry.k, full_i, positions_bt, k_btkh),
+                       v=write_v(carry.v, full_i, positions_bt, v_btkh),
+                       new_k=write_new(carry.new_k, ring_i, k_btkh),
+                       new_v=write_new(carry.new_v, ring_i, v_btkh))
     if num_full == 0:  # Every layer has a window shorter than S.
       return ring(carry, i, p["window"], q_btnh), carry
     return jax.lax.cond(is_ring, ring, full, carry, i, p["window"], q_btnh), carry
 
   def finish(carry):
     slots_bt = ring_slots(positions_bt, s, r)
-    put = lambda stack, new: stack.at[:, rows_b1, slots_bt].set(new, mode="drop")
-    return KVCache(k=carry.k, v=carry.v, local_k=put(cache.local_k, carry.new_k),
-                   local_v=put(cache.local_v, carry.new_v))
+    # The written elements are indexed [B, T, Ll, K, H] (index arrays apart): the chunk's [Ll, B, T, K, H].
+    new = lambda new_lbtkh: new_lbtkh.transpose(1, 2, 0, 3, 4)
+    return KVCache(k=carry.k, v=carry.v,
+                   local_k=cache.local_k.at[:, rows_b1, :, :, slots_bt].set(new(carry.new_k), mode="drop"),
+                   local_v=cache.local_v.at[:, rows_b1, :, slots_bt].set(new(carry.new_v), mode="drop"))
 
   return _ScanCache(cache.k, cache.v, new_lbtkh, new_lbtkh), layer, finish

@@ -32,8 +32,9 @@ _PROGRAM_SETS = 16
 @struct.dataclass(frozen=True)
 class Prefix:
   """B prompts after prefill: what `insert` copies into slots (`prefill` gives B = 1)."""
-  cache: models.KVCache  # [L, B, C, K, H] (C a cache bucket): positions 0..length-1 of the prompt; ring
-  # layers [Ll, B, R', K, H] with R' = ring_length(C): the prompt's last R' positions (`models.KVCache`).
+  cache: models.KVCache  # keys [L, B, K, H, C], values [L, B, K, C, H] (C a cache bucket): positions
+  # 0..length-1 of the prompt; ring layers R' = ring_length(C) long: the prompt's last R' positions
+  # (`models.KVCache`).
   length: jax.Array  # [B] int32: tokens in each prompt (position of its first generated token).
   logits: jax.Array  # [B, V] float32: logits of each prompt's first generated token.
 
@@ -56,7 +57,8 @@ class SlotSettings:
 @struct.dataclass(frozen=True)
 class DecodeState:
   """Every slot's sequence; a decode step maps it to the next one."""
-  cache: models.KVCache  # [L, slots, S, K, H]: slot s's position p at [:, s, p] (a ring's: [:, s, p mod R]).
+  cache: models.KVCache  # keys [L, slots, K, H, S], values [L, slots, K, S, H]: slot s's position p at
+  # [:, s, ..., p] and [:, s, :, p] (a ring's: p mod R).
   logits: jax.Array  # [slots, V] float32: logits of each slot's next token.
   positions: jax.Array  # [slots] int32: position of each slot's next token (= its sequence length).
   lengths: jax.Array  # [slots] int32: tokens generated since the slot's insert.
@@ -89,7 +91,7 @@ def _snapshot(state: DecodeState, slot: jax.Array) -> Prefix:
 def _slot_axes(cfg: models.ModelConfig) -> tuple[DecodeState, Block]:
   """The logical axes of every field of a `DecodeState` and a `Block` (the module docstring)."""
   slot, slot_row = ("batch",), ("batch", None)
-  cache = models.cache_axes(cfg, models.CACHE_LBSKH)
+  cache = models.cache_axes(cfg)
   settings = SlotSettings(limit=slot, stops=slot_row, temperature=slot, top_p=slot, top_k=slot)
   state = DecodeState(cache=cache, logits=slot_row, positions=slot, lengths=slot, active=slot, tokens=slot,
                       logprobs=slot, valid=slot, rngs=slot_row, num_inserts=(), settings=settings)
@@ -99,7 +101,7 @@ def _slot_axes(cfg: models.ModelConfig) -> tuple[DecodeState, Block]:
 
 def _prefix_axes(cfg: models.ModelConfig) -> Prefix:
   """A prefix's rows are replicated over the slot axes (any row may go into any slot); its KV heads split."""
-  cache = models.cache_axes(cfg, ("layers", None, "length", "kv_heads", "head_dim"))
+  cache = models.cache_axes(cfg, batch=None)
   return Prefix(cache=cache, length=(None,), logits=(None, None))
 
 
@@ -170,12 +172,13 @@ class Cores:
     def put(big, value):
       return big.at[slots_n].set(value.astype(big.dtype), mode="drop")
 
-    def put_cache(big, rows):
-      return big.at[:, slots_n, :rows.shape[2]].set(rows[:, rows_n].astype(big.dtype), mode="drop")
+    def put_cache(big, rows, axis):  # The prefix's C (R') positions at the first of the slot's S (R).
+      at = (slice(None), slots_n) + (slice(None),) * (axis - 2) + (slice(0, rows.shape[axis]),)
+      return big.at[at].set(rows[:, rows_n].astype(big.dtype), mode="drop")
 
     length_n = prefix.length[rows_n]
     return state.replace(
-        cache=jax.tree.map(put_cache, state.cache, prefix.cache),
+        cache=jax.tree.map(put_cache, state.cache, prefix.cache, models.position_axes(state.cache)),
         logits=put(state.logits, prefix.logits[rows_n]),
         positions=put(state.positions, length_n),
         lengths=put(state.lengths, jnp.zeros_like(length_n)),

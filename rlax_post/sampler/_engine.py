@@ -36,10 +36,10 @@ cache length, insert count bucket); `generate` once, `generate_block` once per `
 
 Sharding (`rules`, logical axes → mesh axes, as the learner's): the decode state is sharded by slot, its
 slots ("batch": data × fsdp with `sharding.DEFAULT_RULES`) and the cache's KV heads ("kv_heads": tensor);
-the cache by `models.CACHE_LBSKH`, every per-slot field [slots] / [slots, ·] by its slot only. The logits
+the cache by `models.cache_axes` (keys [L, slots, K, H, S], values [L, slots, K, S, H]), every per-slot field [slots] / [slots, ·] by its slot only. The logits
 [slots, V] are split by slot only, not by vocab: sampling (top-k / top-p sorts, the cumulative sum) then
 reads whole rows on each device, and the model's vocab-split last matmul is gathered once per step into a
-buffer already divided by the slot axes. A prefix [L, B, C, K, H] splits its KV heads only: its B (1 to
+buffer already divided by the slot axes. A prefix (keys [L, B, K, H, C]) splits its KV heads only: its B (1 to
 `MAX_PREFILL_ROWS`) rows go into slots on any device, so every device holds all of them (replicated over the
 slot axes; its length and logits are replicated). The jitted steps pin these layouts with explicit
 `in_shardings` / `out_shardings` and donate the state, so it stays put from step to step; a decode step
@@ -275,7 +275,7 @@ class RlaxEngine(engine_api.Engine):
       raise ValueError(f"existing_prefix must hold one prompt (B = 1); it holds {existing_prefix.length.shape}. "
                        f"Take one with Prefix.row(b).")
     start = int(existing_prefix.length[0])
-    c_in = existing_prefix.cache.k.shape[2]
+    c_in = existing_prefix.cache.max_len
     if start + true_length > self.max_decode_length:
       raise ValueError(f"existing prefix of {start} tokens + {true_length} new tokens exceeds "
                        f"max_decode_length {self.max_decode_length}.")
@@ -295,7 +295,7 @@ class RlaxEngine(engine_api.Engine):
     true_b = np.ones((rows,), np.int32)
     true_b[:len(prompts)] = lengths
     cache_len = t_bucket if cache_len is None else cache_len
-    self.prefill_shapes.add((rows, 0 if cache is None else cache.k.shape[2], t_bucket, cache_len))
+    self.prefill_shapes.add((rows, 0 if cache is None else cache.max_len, t_bucket, cache_len))
     return self._programs.prefill(params, jnp.asarray(tokens_bt), jnp.full((rows,), start, jnp.int32),
                                   jnp.asarray(true_b), cache, np.int32(len(prompts)), cache_len=cache_len,
                                   chunk=self.prefill_chunk_rows(rows))
@@ -352,8 +352,8 @@ class RlaxEngine(engine_api.Engine):
       raise ValueError(f"insert_batch needs distinct slots and one row, key and settings row per slot; got "
                        f"{n} slots {list(slots)}, {len(rows)} rows, {np.shape(rngs)[0]} keys, settings for "
                        f"{settings.limit.shape[0]}.")
-    if prefix.cache.k.shape[2] > self.max_decode_length:
-      raise ValueError(f"prefix cache length {prefix.cache.k.shape[2]} exceeds max_decode_length "
+    if prefix.cache.max_len > self.max_decode_length:
+      raise ValueError(f"prefix cache length {prefix.cache.max_len} exceeds max_decode_length "
                        f"{self.max_decode_length}.")
     padded = _pow2_at_least(n)
 
