@@ -329,6 +329,16 @@ def test_sharded_engine_shards_the_rings_and_gives_the_one_device_completions():
 # --- In place --------------------------------------------------------------------------------------------
 
 
+def _engine_and_params(kind: str):
+  """An engine and its params: the Gemma 3-style model of `kind`, or "plain" (no sliding window)."""
+  if kind != "plain":
+    return _engine(kind), _model(kind)[1]
+  cfg = models.preset("micro", vocab_size=264, valid_vocab_size=259, max_seq_len=64)
+  graphdef, params = models.init_params(cfg, jax.random.key(0))
+  return sampler.RlaxEngine(cfg, graphdef, tokenizer=TOK, max_concurrent_decodes=4, max_prefill_length=32,
+                            max_decode_length=MAX_DECODE), params
+
+
 def _copies_of_layer_spans(hlo: str, cache: models.KVCache) -> list[str]:
   """The copy and transpose instructions (fusions included) of `hlo` whose result has one layer's key or
   value span's dimensions, in any order (ignoring 1s)."""
@@ -348,13 +358,7 @@ def test_a_decode_step_copies_no_layer_span_of_the_cache(kind):
   """Keys stored [B, K, H, S] and values [B, K, S, H] are attention's operands as they lie: the compiled decode
   step (a block's too) neither copies nor transposes any layer's keys or values (with [B, S, K, H] XLA's CPU
   backend copied every layer's span at every step)."""
-  if kind == "plain":
-    cfg = models.preset("micro", vocab_size=264, valid_vocab_size=259, max_seq_len=64)
-    engine = sampler.RlaxEngine(cfg, models.init_params(cfg, jax.random.key(0))[0], tokenizer=TOK,
-                                max_concurrent_decodes=4, max_prefill_length=32, max_decode_length=MAX_DECODE)
-    params = models.init_params(cfg, jax.random.key(0))[1]
-  else:
-    engine, params = _engine(kind), _model(kind)[1]
+  engine, params = _engine_and_params(kind)
   state = engine.init_decode_state()
   programs = engine._programs  # pylint: disable=protected-access
   step = programs.generate.lower(params, state).compile().as_text()
@@ -369,13 +373,7 @@ def test_a_decode_step_copies_no_layer_span_of_the_cache(kind):
 def test_a_decode_step_copies_no_cache_stack(kind):
   """The compiled decode step holds no copy of a whole cache stack (XLA copies a loop-carried buffer that is
   read before it is written, or written inside a cond): each layer writes only its new positions."""
-  if kind == "plain":
-    cfg = models.preset("micro", vocab_size=264, valid_vocab_size=259, max_seq_len=64)
-    engine = sampler.RlaxEngine(cfg, models.init_params(cfg, jax.random.key(0))[0], tokenizer=TOK,
-                                max_concurrent_decodes=4, max_prefill_length=32, max_decode_length=MAX_DECODE)
-    params = models.init_params(cfg, jax.random.key(0))[1]
-  else:
-    engine, params = _engine(kind), _model(kind)[1]
+  engine, params = _engine_and_params(kind)
   state = engine.init_decode_state()
   hlo = engine._programs.generate.lower(params, state).compile().as_text()  # pylint: disable=protected-access
   stacks = {",".join(map(str, x.shape)) for x in jax.tree.leaves(state.cache)}

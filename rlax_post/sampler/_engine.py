@@ -296,9 +296,9 @@ class RlaxEngine(engine_api.Engine):
     true_b[:len(prompts)] = lengths
     cache_len = t_bucket if cache_len is None else cache_len
     self.prefill_shapes.add((rows, 0 if cache is None else cache.max_len, t_bucket, cache_len))
-    return self._programs.prefill(params, jnp.asarray(tokens_bt), jnp.full((rows,), start, jnp.int32),
-                                  jnp.asarray(true_b), cache, np.int32(len(prompts)), cache_len=cache_len,
-                                  chunk=self.prefill_chunk_rows(rows))
+    # Host arrays go into the call as they are (no eager device op per prefill: the call transfers them).
+    return self._programs.prefill(params, tokens_bt, np.full((rows,), start, np.int32), true_b, cache,
+                                  np.int32(len(prompts)), cache_len=cache_len, chunk=self.prefill_chunk_rows(rows))
 
   def prefill_chunk_rows(self, rows: int) -> int:
     """Rows of one forward pass of a prefill call of `rows` rows: the largest power of two dividing `rows`, at
@@ -390,11 +390,11 @@ class RlaxEngine(engine_api.Engine):
     """Slot `slot`'s sequence as a one-row `Prefix` (its whole KV cache, its position as the length, the logits
     of its next token), to insert into other slots: a fork of a running sample that recomputes nothing.
     `decode_state` is read, not donated."""
-    return self._programs.snapshot(decode_state, jnp.asarray(self._check_slot(slot), jnp.int32))
+    return self._programs.snapshot(decode_state, np.int32(self._check_slot(slot)))
 
   def release(self, decode_state: DecodeState, slots: Sequence[int]) -> DecodeState:
     """Stops `slots` (they produce nothing until their next insert); `decode_state` is donated."""
-    return self._programs.release(decode_state, jnp.asarray([self._check_slot(s) for s in slots], jnp.int32))
+    return self._programs.release(decode_state, np.asarray([self._check_slot(s) for s in slots], np.int32))
 
   def generate(self, params: Any, decode_state: DecodeState) -> tuple[DecodeState, Any]:
     """One token for every live slot; `decode_state` is donated. See the module docstring."""
