@@ -7,7 +7,7 @@
 #
 # It installs the carried wheels into /tmp/site, prints the machine and the versions, checks the imports, runs
 # `benchmarks/sampler.py --device gpu` twice under timeouts (its decode modes, then all; the first also dumps
-# the decode block's optimised HLO and lists its copies and transposes), then
+# the decode block's optimised HLO and lists its copies, transposes and dynamic slices), then
 # `benchmarks/advantages.py --device gpu` in what is left of the budget, each writing its JSON and log to $OUT,
 # and always exits 0 (what is under $OUT comes back even when a step fails or is killed). Knobs (environment
 # variables):
@@ -94,13 +94,15 @@ if [ -z "${SKIP_SAMPLER:-}" ]; then
   BENCH_XLA_FLAGS="--xla_dump_to=$OUT/hlo --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit_block" \
     bench "sampler_${DEVICE}_decode" $(( $(left) < CORE_TIMEOUT_S ? $(left) : CORE_TIMEOUT_S )) \
     --modes fused_eq,eq_k $CORE_ARGS
-  step "decode block HLO: copies and transposes (shapes), per optimised module"
+  step "decode block HLO: copies, transposes and dynamic slices (shapes), per optimised module"
   for f in "$OUT"/hlo/*jit_block*after_optimizations.txt; do
     [ -e "$f" ] || { echo "no jit_block HLO dumped"; break; }
     echo "$(basename "$f"): $(wc -c < "$f") bytes"
-    # Ops of 3 or more dims named copy or transpose (fusions included; a fused computation's own lines too).
-    grep -oE '%[a-z_-]*(copy|transpose)[a-z_.0-9-]* = [a-z0-9]+\[[0-9]+,[0-9]+,[0-9,]*\]' "$f" | sort | uniq -c \
-      | sort -rn | head -20
+    # Ops of 2 or more dims named copy, transpose or dynamic-slice (fusions included; a fused computation's own
+    # lines too): a transposed cache span, or a layer's cache span or weights copied out of its stack per step
+    # (the CPU copies each layer's weights so, [128, 384] and the like in the tiny model).
+    grep -oE '%[a-z_-]*(copy|transpose|dynamic-slice)[a-z_.0-9-]* = [a-z0-9]+\[[0-9]+,[0-9,]+\]' "$f" \
+      | sort | uniq -c | sort -rn | head -30
   done
   # Keep the HLO of the largest decode block only (the others are the same program at other spans).
   largest=$(ls -S "$OUT"/hlo/*jit_block*after_optimizations.txt 2>/dev/null | head -1)

@@ -339,34 +339,35 @@ def _engine_and_params(kind: str):
                             max_decode_length=MAX_DECODE), params
 
 
-def _copies_of_layer_spans(hlo: str, cache: models.KVCache) -> list[str]:
-  """The copy and transpose instructions (fusions included) of `hlo` whose result has one layer's key or
-  value span's dimensions, in any order (ignoring 1s)."""
-  spans = {tuple(sorted(d for d in x.shape[1:] if d > 1)) for x in jax.tree.leaves(cache)}
+def _reordered_layer_spans(hlo: str, cache: models.KVCache) -> list[str]:
+  """The instructions (fusions included) of `hlo` whose result holds one layer's key or value span (its
+  dimensions, ignoring 1s) in another order than the cache stores it: a transposing copy of the span."""
+  stored = {tuple(d for d in x.shape[1:] if d > 1) for x in jax.tree.leaves(cache)}
   found = []
   for line in hlo.splitlines():
     m = re.match(r"\s*(?:ROOT )?%(\S+) = \w+\[([\d,]*)\]", line)
-    if m and re.search("copy|transpose", m.group(1)):
-      dims = tuple(sorted(int(d) for d in m.group(2).split(",") if d and int(d) > 1))
-      if dims in spans:
+    if m:
+      dims = tuple(int(d) for d in m.group(2).split(",") if d and int(d) > 1)
+      if sorted(dims) in [sorted(x) for x in stored] and (dims not in stored or "transpose" in m.group(1)):
         found.append(line.strip()[:160])
   return found
 
 
 @pytest.mark.parametrize("kind", ["gemma3", "plain"])
-def test_a_decode_step_copies_no_layer_span_of_the_cache(kind):
+def test_a_decode_step_never_transposes_a_layer_span(kind):
   """Keys stored [B, K, H, S] and values [B, K, S, H] are attention's operands as they lie: the compiled decode
-  step (a block's too) neither copies nor transposes any layer's keys or values (with [B, S, K, H] XLA's CPU
-  backend copied every layer's span at every step)."""
+  step (a block's too) holds no layer's keys or values in any other order (with [B, S, K, H] XLA's CPU backend
+  made a transposing copy of every layer's span at every step). It still slices each layer's span out of the
+  stacked cache (the scan's layer index), a copy in the stored order, which this does not count."""
   engine, params = _engine_and_params(kind)
   state = engine.init_decode_state()
   programs = engine._programs  # pylint: disable=protected-access
   step = programs.generate.lower(params, state).compile().as_text()
   block = programs.block.lower(params, state, np.int32(2), np.int32(0), MAX_DECODE).compile().as_text()
-  assert _copies_of_layer_spans(step, state.cache) == [] and _copies_of_layer_spans(block, state.cache) == []
+  assert _reordered_layer_spans(step, state.cache) == [] and _reordered_layer_spans(block, state.cache) == []
   # The check sees such a copy: one of a layer's keys brought to [B, S, K, H].
   keys = jax.jit(lambda c: c.k[0].transpose(0, 3, 1, 2) * 2).lower(state.cache).compile().as_text()
-  assert _copies_of_layer_spans(keys, state.cache)
+  assert _reordered_layer_spans(keys, state.cache)
 
 
 @pytest.mark.parametrize("kind", ["gemma3", "plain"])

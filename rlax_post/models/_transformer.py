@@ -4,7 +4,7 @@ Layers are stacked along a leading `layers` axis and run with `jax.lax.scan`, so
 with depth (maxtext's scanned layers; `ModelConfig.scan_unroll` unrolls it); the KV cache is stacked the same
 way and carried through the scan whole, each layer writing only its new positions into it (in place). Keys
 are stored [B, K, H, S] and values [B, K, S, H] (`KVCache`): attention's products then take them as they lie,
-so a decode step neither copies nor transposes the cache, only reads it. What differs between layers
+so a decode step never transposes the cache. What differs between layers
 (sliding window or global attention, the RoPE base) is a scanned array input, never a Python branch. A model
 with sliding-window layers keeps two stacks, a full-length one for its global layers and a ring buffer of the
 window for its windowed ones (`KVCache`); a scanned flag picks each layer's stack and attention (`lax.cond`,
@@ -44,9 +44,10 @@ class KVCache(NamedTuple):
 
   Keys are stored [B, K, H, S] and values [B, K, S, H] per layer (`POSITION_AXES`): attention multiplies
   each (row, KV head)'s queries by its keys and its probabilities by its values as they lie. With [B, S, K, H]
-  XLA's CPU backend copied each layer's key and value span at every decode step to bring (B, K) forward (a
-  GPU's batched matrix products want them leading too), and values [B, K, H, S] made its products slower
-  (docs/benchmarks.md).
+  XLA's CPU backend made a transposing copy of each layer's key and value span at every decode step to bring
+  (B, K) forward (a GPU's batched matrix products want them leading too), and values [B, K, H, S] made its
+  products slower (docs/benchmarks.md). It still copies each layer's span out of the stack (the layer scan's
+  index picks it), now in the stored order.
   """
   k: jax.Array  # [Lg, B, K, H, S] activation dtype: the global layers, in layer order.
   v: jax.Array  # [Lg, B, K, S, H] activation dtype.
