@@ -45,9 +45,10 @@ def _abstract_params(cfg: ModelConfig) -> tuple[GraphDef, Params]:
 
 def forward(graphdef: GraphDef, params: Params, tokens_bt: jax.Array,
             positions_bt: jax.Array | None = None, cache: KVCache | None = None,
-            kv_len: int | None = None) -> tuple[jax.Array, KVCache | None]:
-  """Logits [B, T, V] (float32) and the updated cache; see `Transformer.__call__` (`kv_len`: `trunk`)."""
-  return nnx.merge(graphdef, params)(tokens_bt, positions_bt, cache, kv_len)
+            kv_len: int | None = None, *, kv_block: int = 0) -> tuple[jax.Array, KVCache | None]:
+  """Logits [B, T, V] (float32) and the updated cache; see `Transformer.__call__` (`kv_len`, `kv_block`:
+  `trunk`)."""
+  return nnx.merge(graphdef, params)(tokens_bt, positions_bt, cache, kv_len, kv_block=kv_block)
 
 
 def forward_at(graphdef: GraphDef, params: Params, tokens_bt: jax.Array, at_b: jax.Array,

@@ -100,6 +100,41 @@ def attention_over_blocks(q_btnh: jax.Array, blocks: Sequence[tuple[jax.Array, j
   return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
 
 
+def attention_over_cache(q_btnh: jax.Array, k_lbkhs: jax.Array, v_lbksh: jax.Array, layer: jax.Array,
+                         q_pos_bt: jax.Array, *, span: int, block: int, window: jax.Array | int = 0,
+                         scale: float | None = None, softcap: float | None = None) -> jax.Array:
+  """`attention_over_blocks` over the first `span` positions of layer `layer` of a stacked cache (keys
+  [L, B, K, H, S], values [L, B, K, S, H]; slot s holds position s), read `block` positions at a time (static;
+  it divides `span`) with an online softmax: no copy of the layer's whole span is made (XLA's CPU backend
+  copies a layer's span picked by a traced index before its products), only of one block at a time. Equal to
+  the one-softmax attention up to float rounding."""
+  b, t, n, h = q_btnh.shape
+  k = k_lbkhs.shape[2]
+  q_bkgth = q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
+
+  def body(j, carry):
+    max_bkgt, sum_bkgt, out_bkgth = carry
+    start = j * block
+    k_bkhs = jax.lax.dynamic_slice(k_lbkhs, (layer, 0, 0, 0, start), (1, b, k, h, block))[0]
+    v_bksh = jax.lax.dynamic_slice(v_lbksh, (layer, 0, 0, start, 0), (1, b, k, block, h))[0]
+    k_pos_bs = jnp.broadcast_to(start + jnp.arange(block, dtype=jnp.int32), (b, block))
+    logits_bkgts = _masked_logits(q_bkgth, k_bkhs.transpose(0, 3, 1, 2), q_pos_bt, k_pos_bs, window, scale,
+                                  softcap)
+    new_max = jnp.maximum(max_bkgt, logits_bkgts.max(axis=-1))
+    probs_bkgts = jnp.exp(logits_bkgts - new_max[..., None])
+    rescale = jnp.exp(max_bkgt - new_max)  # 0 once a visible key is seen after only masked ones.
+    part_bkgth = jnp.einsum("bkgts,bksh->bkgth", probs_bkgts.astype(v_bksh.dtype), v_bksh,
+                            preferred_element_type=jnp.float32)
+    return new_max, sum_bkgt * rescale + probs_bkgts.sum(axis=-1), out_bkgth * rescale[..., None] + part_bkgth
+
+  shape = (b, k, n // k, t)
+  init = (jnp.full(shape, MASK_VALUE, jnp.float32), jnp.zeros(shape, jnp.float32),
+          jnp.zeros(shape + (h,), jnp.float32))
+  _, sum_bkgt, out_bkgth = jax.lax.fori_loop(0, span // block, body, init)
+  out_bkgth = (out_bkgth / sum_bkgt[..., None]).astype(v_lbksh.dtype)
+  return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+
+
 def _masked_logits(q_bkgth, k_bskh, q_pos_bt, k_pos_bs, window, scale, softcap):
   """[B, K, G, T, S] float32 logits q·k (scaled, soft-capped), MASK_VALUE where the key is not visible."""
   h = q_bkgth.shape[-1]

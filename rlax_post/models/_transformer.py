@@ -203,18 +203,27 @@ class Transformer(nnx.Module):
     return {name: getattr(self, name)[...].astype(dt) for name in names}
 
   def __call__(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
-               cache: KVCache | None = None, kv_len: int | None = None) -> tuple[jax.Array, KVCache | None]:
-    x_btd, new_cache = self.trunk(tokens_bt, positions_bt, cache, kv_len)
+               cache: KVCache | None = None, kv_len: int | None = None, *,
+               kv_block: int = 0) -> tuple[jax.Array, KVCache | None]:
+    x_btd, new_cache = self.trunk(tokens_bt, positions_bt, cache, kv_len, kv_block=kv_block)
     return self.head(x_btd), new_cache
 
   def trunk(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
-            cache: KVCache | None = None, kv_len: int | None = None) -> tuple[jax.Array, KVCache | None]:
+            cache: KVCache | None = None, kv_len: int | None = None, *,
+            kv_block: int = 0) -> tuple[jax.Array, KVCache | None]:
     """Embedding and every layer: the residual stream `[B, T, D]` (activation dtype) before the final norm,
     and the updated cache (or None). `head` of it gives `__call__`'s logits.
 
     `kv_len` (static, with a cache): the global layers attend over the first `kv_len` of the cache's S
     positions only (a decode step reads the filled part of the cache, not all of it); every query's position
-    must be below it (keys past it are not seen). None: all S. Sliding-window layers read their ring."""
+    must be below it (keys past it are not seen). None: all S. Sliding-window layers read their ring.
+
+    `kv_block` (static, with a cache): when it divides the global layers' span (`kv_len` or S) and is shorter,
+    and no layer has a sliding window, they read the cache in blocks of that many positions with an online softmax (`layers.attention_over_cache`)
+    instead of one slice per layer, which XLA's CPU backend copies whole before its products; 0: one slice.
+    The same attention up to float rounding."""
+    if isinstance(kv_block, bool) or not isinstance(kv_block, int) or kv_block < 0:
+      raise ValueError(f"kv_block must be an int >= 0 (positions per block; 0: one slice); got {kv_block!r}.")
     cfg = self.cfg
     if tokens_bt.ndim != 2:
       raise ValueError(f"tokens must be [B, T]; got shape {tokens_bt.shape}.")
@@ -243,7 +252,10 @@ class Transformer(nnx.Module):
     q_scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
     attend = functools.partial(_layers.attention_over_blocks, scale=q_scale, softcap=cfg.attn_logit_softcap)
     if cache is not None:
-      carry, cached_attention, finish = _cache_scan(cache, positions_bt, attend, kv_len)
+      attend_cache = functools.partial(_layers.attention_over_cache, block=kv_block, scale=q_scale,
+                                       softcap=cfg.attn_logit_softcap)
+      carry, cached_attention, finish = _cache_scan(cache, positions_bt, attend,
+                                                    attend_cache if kv_block else None, kv_len)
     # Per-layer scanned inputs: window (0 = global), RoPE inverse frequencies (base and scaling), and where
     # the layer's cache lives (the ring stack or the full one, and its index there).
     ring_l, index_l = cache_layout(cfg)
@@ -342,9 +354,12 @@ def _values_bskh(v_bksh: jax.Array) -> jax.Array:
   return v_bksh.transpose(0, 2, 1, 3)
 
 
-def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend, kv_len: int | None = None):
+def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend, attend_cache=None, kv_len: int | None = None):
   """How the layer scan reads and writes `cache`: `(carry, layer, finish)`.
 
+  `attend_cache` (None, or `layers.attention_over_cache` with its block bound) reads a full layer's span from
+  the stack in blocks where the block divides it and the model has no ring layers (`Transformer.trunk`'s
+  `kv_block`).
   `carry` is the `_ScanCache` the scan starts from; `layer(carry, p, q, k, v) -> (attention [B, T, N, H],
   carry)` is one layer (`p` its scanned inputs: `ring`, `index` in its stack, `window`); `finish(carry)` is
   the updated `KVCache`.
@@ -368,7 +383,14 @@ def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend, kv_len: int | N
   write_k = lambda stack, i, at_bt, new: stack.at[i, rows_b1, :, :, at_bt].set(new, mode="drop")
   write_v = lambda stack, i, at_bt, new: stack.at[i, rows_b1, :, at_bt].set(new, mode="drop")
 
+  # Blocks only without rings: there a global layer attends inside the `lax.cond`, where XLA's CPU backend
+  # reads its slice without the copy, and blocks were slower at 256 positions (docs/benchmarks.md).
+  kv_block = 0 if attend_cache is None or cache.local_k is not None else attend_cache.keywords["block"]
+  blocked = 0 < kv_block < w and w % kv_block == 0
+
   def full(carry, i, window, q_btnh):
+    if blocked:  # Read in blocks from the stack: no copy of the layer's whole span.
+      return attend_cache(q_btnh, carry.k, carry.v, i, positions_bt, span=w, window=window)
     block = (_keys_bskh(carry.k[i][..., :w]), _values_bskh(carry.v[i][:, :, :w]), k_pos_bw)
     return attend(q_btnh, [block], positions_bt, window=window)
 

@@ -13,6 +13,7 @@ jitted, sharded, length-bucketed, callable from several threads; a reward model'
 
 from rlax_post.sampler._driver import Driver
 from rlax_post.sampler._engine import Block
+from rlax_post.sampler._engine import CPU_KV_BLOCK
 from rlax_post.sampler._engine import DecodeState
 from rlax_post.sampler._episodes import END_REASONS
 from rlax_post.sampler._episodes import EpisodeRunner
@@ -60,6 +61,7 @@ __all__ = [
     "prefill_buckets",
     "Prefix",
     "RlaxEngine",
+    "CPU_KV_BLOCK",
     "run_episodes",
     "draw_rows",
     "sample_rows",

@@ -119,6 +119,7 @@ class Cores:
   pad_id: int
   eos_id: int
   sampling: SamplingParams  # the engine's default law (the empty state's settings)
+  kv_block: int = 0  # decode attention reads the cache in blocks of this many positions (0: one slice)
 
   def constrain(self):
     """The activation constraints of the engine's mesh and rules (traced into each decode step)."""
@@ -205,7 +206,7 @@ class Cores:
     # Slots that produce nothing write at position S: out of the cache, dropped by the model's scatter.
     write_pos_s = jnp.where(live_s, state.positions, s)
     logits_s1v, cache = models.forward(self.graphdef, params, token_s[:, None], write_pos_s[:, None],
-                                       state.cache, kv_len)
+                                       state.cache, kv_len, kv_block=self.kv_block)
     positions_s, lengths_s = state.positions + live_s, state.lengths + live_s
     stopped_s = jnp.any(token_s[:, None] == st.stops, axis=-1)
     return state.replace(
@@ -296,10 +297,10 @@ class Programs(NamedTuple):
 # The fields each program reads (its cache key; the others are set to fixed values): a prefill reads the model
 # and the prefix layout; what moves the decode state reads its shape and layout too; a block also reads k.
 _MODEL = ("model_cfg", "graphdef", "mesh", "rules")
-_STATE = _MODEL + ("slots", "max_decode_length", "max_stop_tokens", "pad_id")
+_STATE = _MODEL + ("slots", "max_decode_length", "max_stop_tokens", "pad_id", "kv_block")
 _BLOCK = _STATE + ("steps_per_sync",)
 _INIT = _STATE + ("eos_id", "sampling")
-_UNREAD = dict(slots=0, max_decode_length=0, steps_per_sync=0, max_stop_tokens=0, pad_id=0, eos_id=0,
+_UNREAD = dict(slots=0, max_decode_length=0, steps_per_sync=0, max_stop_tokens=0, pad_id=0, eos_id=0, kv_block=0,
                sampling=SamplingParams(temperature=1.0, top_p=1.0, top_k=0))
 
 

@@ -73,6 +73,9 @@ engine_api = _tokenizer_api.jetstream_modules.engine_api
 # Most prompts of one `prefill_batch` call: enough to amortise a call, few enough that a call with one
 # prompt wastes little.
 MAX_PREFILL_ROWS = 16
+# Positions per block of a decode step's attention on a CPU mesh (`RlaxEngine(kv_block=None)`): 128 was fastest
+# of 64-512 at 256-1024 positions (docs/benchmarks.md).
+CPU_KV_BLOCK = 128
 tokenizer_pb2 = engine_api.tokenizer_pb2
 
 
@@ -128,6 +131,12 @@ class RlaxEngine(engine_api.Engine):
       a chunk, not the whole padded call; a full call costs its chunks, each less efficient than one pass of
       them all. None: one pass per call. RL loops, whose calls hold the groups that fit their slots (the
       runtime's default: `runtime.prefill_chunk_rows`), gain; sampling many prompts at once does not.
+    kv_block: decode steps read each global layer's cache span in blocks of this many positions with an
+      online softmax where it divides the span and is shorter (`models.forward`'s `kv_block`), rather than one
+      slice per layer, which XLA's CPU backend copies whole every step (models without sliding windows only:
+      `models.forward`). 0: one slice. None (default): `CPU_KV_BLOCK` on a CPU mesh (a decode step at 1024
+      positions 2.1× faster, at 256 3-6%, docs/benchmarks.md), 0 elsewhere (not measured on accelerators
+      yet). Outputs are the same up to float rounding.
   """
 
   def __init__(self, model_cfg: models.ModelConfig, graphdef: Any, *, tokenizer: models.ByteTokenizer,
@@ -136,7 +145,8 @@ class RlaxEngine(engine_api.Engine):
                max_prefill_length: int, max_decode_length: int, temperature: float = 1.0,
                top_p: float = 1.0, top_k: int = 0, seed: int = 0, min_prefill_bucket: int = 16,
                steps_per_sync: int = 8, max_stop_tokens: int = 8, prefill_batch_tokens: int = 2048,
-               min_kv_bucket: int = 64, refill_after: int | None = None, prefill_chunk: int | None = None):
+               min_kv_bucket: int = 64, refill_after: int | None = None, prefill_chunk: int | None = None,
+               kv_block: int | None = None):
     for name, value in (("max_concurrent_decodes", max_concurrent_decodes),
                         ("max_prefill_length", max_prefill_length),
                         ("max_decode_length", max_decode_length), ("min_prefill_bucket", min_prefill_bucket),
@@ -154,7 +164,6 @@ class RlaxEngine(engine_api.Engine):
     self.model_cfg = model_cfg
     self.graphdef = graphdef
     self.tokenizer = tokenizer
-    self._mesh = mesh if mesh is not None else sharding.make_mesh({}, devices=jax.devices()[:1])
     self._max_concurrent_decodes = max_concurrent_decodes
     self._max_prefill_length = max_prefill_length
     self.max_decode_length = max_decode_length
@@ -168,6 +177,13 @@ class RlaxEngine(engine_api.Engine):
       raise ValueError(f"prefill_chunk must be None (one pass per call) or a positive int (rows per pass); got "
                        f"{prefill_chunk!r}.")
     self.prefill_chunk = MAX_PREFILL_ROWS if prefill_chunk is None else prefill_chunk
+    self._mesh = mesh if mesh is not None else sharding.make_mesh({}, devices=jax.devices()[:1])
+    if kv_block is None:
+      kv_block = CPU_KV_BLOCK if self._mesh.devices.flat[0].platform == "cpu" else 0
+    if isinstance(kv_block, bool) or not isinstance(kv_block, int) or kv_block < 0:
+      raise ValueError(f"kv_block must be None (by platform), 0 (one slice) or a positive int (positions per "
+                       f"block); got {kv_block!r}.")
+    self.kv_block = kv_block
     self.prefill_buckets = _tokenizer_api.prefill_buckets(max_prefill_length,
                                                           min(min_prefill_bucket, max_prefill_length))
     # Cache lengths of prefixes: the prefill buckets, then powers of two up to S (for `existing_prefix`).
@@ -188,7 +204,7 @@ class RlaxEngine(engine_api.Engine):
     self._programs = _cores.programs(_cores.Cores(
         model_cfg=model_cfg, graphdef=graphdef, mesh=self._mesh, rules=self.rules, slots=max_concurrent_decodes,
         max_decode_length=max_decode_length, steps_per_sync=steps_per_sync, max_stop_tokens=max_stop_tokens,
-        pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id, sampling=self.sampling))
+        pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id, sampling=self.sampling, kv_block=kv_block))
     # NamedShardings of the decode state, a `generate_block` block and a prefix (the module docstring).
     self.state_shardings = self._programs.state_shardings
     self.block_shardings = self._programs.block_shardings
