@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +11,8 @@ import pytest
 from rlax_post import models
 from rlax_post import sampler
 from rlax_post.models import _layers
+
+import _hlo
 
 TOK = models.ByteTokenizer()
 
@@ -47,14 +47,9 @@ def test_blocks_equal_one_softmax(window, softcap, t):
 def _span_results(hlo: str, cache: models.KVCache) -> list[str]:
   """The instructions of `hlo`, parameters and bitcasts aside, whose result has one layer's span's
   dimensions (ignoring 1s) in any order."""
-  spans = {tuple(sorted(d for d in x.shape[1:] if d > 1)) for x in jax.tree.leaves(cache)}
-  found = []
-  for line in hlo.splitlines():
-    m = re.match(r"\s*(?:ROOT )?%(\S+) = \w+\[([\d,]*)\]\S* (\S+)\(", line)
-    if m and m.group(3) not in ("parameter", "bitcast"):
-      if tuple(sorted(int(d) for d in m.group(2).split(",") if d and int(d) > 1)) in spans:
-        found.append(line.strip()[:160])
-  return found
+  spans = [sorted(x) for x in _hlo.layer_spans(cache)]
+  return [line for _, dims, op, line in _hlo.instructions(hlo)
+          if op not in ("parameter", "bitcast") and sorted(dims) in spans]
 
 
 def _micro_engine(kv_block, **kwargs):

@@ -8,7 +8,6 @@ The full-length reference is the same code with `ModelConfig.ring_length` patche
 """
 
 import functools
-import re
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -22,6 +21,8 @@ from rlax_post import sampler
 from rlax_post import sharding
 from rlax_post.models import _transformer
 from rlax_post.sampler import _cores
+
+import _hlo
 
 TOK = models.ByteTokenizer()
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -342,15 +343,9 @@ def _engine_and_params(kind: str):
 def _reordered_layer_spans(hlo: str, cache: models.KVCache) -> list[str]:
   """The instructions (fusions included) of `hlo` whose result holds one layer's key or value span (its
   dimensions, ignoring 1s) in another order than the cache stores it: a transposing copy of the span."""
-  stored = {tuple(d for d in x.shape[1:] if d > 1) for x in jax.tree.leaves(cache)}
-  found = []
-  for line in hlo.splitlines():
-    m = re.match(r"\s*(?:ROOT )?%(\S+) = \w+\[([\d,]*)\]", line)
-    if m:
-      dims = tuple(int(d) for d in m.group(2).split(",") if d and int(d) > 1)
-      if sorted(dims) in [sorted(x) for x in stored] and (dims not in stored or "transpose" in m.group(1)):
-        found.append(line.strip()[:160])
-  return found
+  stored = _hlo.layer_spans(cache)
+  return [line for name, dims, _, line in _hlo.instructions(hlo)
+          if sorted(dims) in [sorted(x) for x in stored] and (dims not in stored or "transpose" in name)]
 
 
 @pytest.mark.parametrize("kind", ["gemma3", "plain"])

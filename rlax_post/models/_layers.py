@@ -79,13 +79,7 @@ def attention_over_blocks(q_btnh: jax.Array, blocks: Sequence[tuple[jax.Array, j
   """`attention` over the union of several key blocks `(k_bskh, v_bskh, k_pos_bs)` (S may differ), with one
   softmax over all of them: the attention over their concatenation, without copying the keys into one
   buffer (a sliding-window layer attends over its ring buffer and the chunk's own new keys this way)."""
-  b, t, n, h = q_btnh.shape
-  k = blocks[0][0].shape[2]
-  # Products in [B, K, G, T, ·] order (the queries and outputs transposed, never the keys and values): XLA's
-  # CPU backend then multiplies each (b, k)'s G·T query rows by the S keys; with [B, T, K, G, ·] operands and
-  # outputs it multiplied the keys by G·T columns (2 in a decode step of a GQA model), which its matrix
-  # kernels ran far slower (docs/benchmarks.md: a decode step 17-28% slower).
-  q_bkgth = q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
+  q_bkgth = _queries_bkgth(q_btnh, blocks[0][0].shape[2])
   logits = [_masked_logits(q_bkgth, k_bskh, q_pos_bt, k_pos_bs, window, scale, softcap)
             for k_bskh, _, k_pos_bs in blocks]
   logits_bkgts = logits[0] if len(logits) == 1 else jnp.concatenate(logits, axis=-1)
@@ -97,7 +91,7 @@ def attention_over_blocks(q_btnh: jax.Array, blocks: Sequence[tuple[jax.Array, j
     part_bkgth = jnp.einsum("bkgts,bskh->bkgth", probs, v_bskh)
     out_bkgth = part_bkgth if out_bkgth is None else out_bkgth + part_bkgth
     start += s
-  return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+  return _outputs_btnh(out_bkgth)
 
 
 def attention_over_cache(q_btnh: jax.Array, k_lbkhs: jax.Array, v_lbksh: jax.Array, layer: jax.Array,
@@ -110,7 +104,7 @@ def attention_over_cache(q_btnh: jax.Array, k_lbkhs: jax.Array, v_lbksh: jax.Arr
   the one-softmax attention up to float rounding."""
   b, t, n, h = q_btnh.shape
   k = k_lbkhs.shape[2]
-  q_bkgth = q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
+  q_bkgth = _queries_bkgth(q_btnh, k)
 
   def body(j, carry):
     max_bkgt, sum_bkgt, out_bkgth = carry
@@ -131,8 +125,23 @@ def attention_over_cache(q_btnh: jax.Array, k_lbkhs: jax.Array, v_lbksh: jax.Arr
   init = (jnp.full(shape, MASK_VALUE, jnp.float32), jnp.zeros(shape, jnp.float32),
           jnp.zeros(shape + (h,), jnp.float32))
   _, sum_bkgt, out_bkgth = jax.lax.fori_loop(0, span // block, body, init)
-  out_bkgth = (out_bkgth / sum_bkgt[..., None]).astype(v_lbksh.dtype)
-  return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h)
+  return _outputs_btnh((out_bkgth / sum_bkgt[..., None]).astype(v_lbksh.dtype))
+
+
+def _queries_bkgth(q_btnh: jax.Array, k: int) -> jax.Array:
+  """Queries [B, T, N, H] as [B, K, G, T, H] (N = K·G): attention's products run in [B, K, G, T, ·] order (the
+  queries and outputs transposed, never the keys and values). XLA's CPU backend then multiplies each (b, k)'s
+  G·T query rows by the S keys; with [B, T, K, G, ·] operands and outputs it multiplied the keys by G·T
+  columns (2 in a decode step of a GQA model), which its matrix kernels ran far slower (docs/benchmarks.md: a
+  decode step 17-28% slower)."""
+  b, t, n, h = q_btnh.shape
+  return q_btnh.reshape(b, t, k, n // k, h).transpose(0, 2, 3, 1, 4)
+
+
+def _outputs_btnh(out_bkgth: jax.Array) -> jax.Array:
+  """Attention outputs [B, K, G, T, H] back as [B, T, N, H]."""
+  b, k, g, t, h = out_bkgth.shape
+  return out_bkgth.transpose(0, 3, 1, 2, 4).reshape(b, t, k * g, h)
 
 
 def _masked_logits(q_bkgth, k_bskh, q_pos_bt, k_pos_bs, window, scale, softcap):

@@ -219,9 +219,9 @@ class Transformer(nnx.Module):
     must be below it (keys past it are not seen). None: all S. Sliding-window layers read their ring.
 
     `kv_block` (static, with a cache): when it divides the global layers' span (`kv_len` or S) and is shorter,
-    and no layer has a sliding window, they read the cache in blocks of that many positions with an online softmax (`layers.attention_over_cache`)
-    instead of one slice per layer, which XLA's CPU backend copies whole before its products; 0: one slice.
-    The same attention up to float rounding."""
+    and no layer has a sliding window, they read the cache in blocks of that many positions with an online
+    softmax (`layers.attention_over_cache`) instead of one slice per layer, which XLA's CPU backend copies
+    whole before its products; 0: one slice. The same attention up to float rounding."""
     if isinstance(kv_block, bool) or not isinstance(kv_block, int) or kv_block < 0:
       raise ValueError(f"kv_block must be an int >= 0 (positions per block; 0: one slice); got {kv_block!r}.")
     cfg = self.cfg
@@ -252,10 +252,9 @@ class Transformer(nnx.Module):
     q_scale = None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5
     attend = functools.partial(_layers.attention_over_blocks, scale=q_scale, softcap=cfg.attn_logit_softcap)
     if cache is not None:
-      attend_cache = functools.partial(_layers.attention_over_cache, block=kv_block, scale=q_scale,
+      attend_cache = functools.partial(_layers.attention_over_cache, scale=q_scale,
                                        softcap=cfg.attn_logit_softcap)
-      carry, cached_attention, finish = _cache_scan(cache, positions_bt, attend,
-                                                    attend_cache if kv_block else None, kv_len)
+      carry, cached_attention, finish = _cache_scan(cache, positions_bt, attend, kv_len, attend_cache, kv_block)
     # Per-layer scanned inputs: window (0 = global), RoPE inverse frequencies (base and scaling), and where
     # the layer's cache lives (the ring stack or the full one, and its index there).
     ring_l, index_l = cache_layout(cfg)
@@ -354,12 +353,13 @@ def _values_bskh(v_bksh: jax.Array) -> jax.Array:
   return v_bksh.transpose(0, 2, 1, 3)
 
 
-def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend, attend_cache=None, kv_len: int | None = None):
+def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend, kv_len: int | None = None, attend_cache=None,
+                kv_block: int = 0):
   """How the layer scan reads and writes `cache`: `(carry, layer, finish)`.
 
-  `attend_cache` (None, or `layers.attention_over_cache` with its block bound) reads a full layer's span from
-  the stack in blocks where the block divides it and the model has no ring layers (`Transformer.trunk`'s
-  `kv_block`).
+  `attend_cache` (`layers.attention_over_cache`, its scale and soft-cap bound) reads a full layer's span from
+  the stack in blocks of `kv_block` positions where that divides a longer span and the model has no ring
+  layers (`Transformer.trunk`).
   `carry` is the `_ScanCache` the scan starts from; `layer(carry, p, q, k, v) -> (attention [B, T, N, H],
   carry)` is one layer (`p` its scanned inputs: `ring`, `index` in its stack, `window`); `finish(carry)` is
   the updated `KVCache`.
@@ -385,12 +385,11 @@ def _cache_scan(cache: KVCache, positions_bt: jax.Array, attend, attend_cache=No
 
   # Blocks only without rings: there a global layer attends inside the `lax.cond`, where XLA's CPU backend
   # reads its slice without the copy, and blocks were slower at 256 positions (docs/benchmarks.md).
-  kv_block = 0 if attend_cache is None or cache.local_k is not None else attend_cache.keywords["block"]
-  blocked = 0 < kv_block < w and w % kv_block == 0
+  blocked = attend_cache is not None and cache.local_k is None and 0 < kv_block < w and w % kv_block == 0
 
   def full(carry, i, window, q_btnh):
     if blocked:  # Read in blocks from the stack: no copy of the layer's whole span.
-      return attend_cache(q_btnh, carry.k, carry.v, i, positions_bt, span=w, window=window)
+      return attend_cache(q_btnh, carry.k, carry.v, i, positions_bt, span=w, block=kv_block, window=window)
     block = (_keys_bskh(carry.k[i][..., :w]), _values_bskh(carry.v[i][:, :, :w]), k_pos_bw)
     return attend(q_btnh, [block], positions_bt, window=window)
 

@@ -36,14 +36,15 @@ cache length, insert count bucket); `generate` once, `generate_block` once per `
 
 Sharding (`rules`, logical axes → mesh axes, as the learner's): the decode state is sharded by slot, its
 slots ("batch": data × fsdp with `sharding.DEFAULT_RULES`) and the cache's KV heads ("kv_heads": tensor);
-the cache by `models.cache_axes` (keys [L, slots, K, H, S], values [L, slots, K, S, H]), every per-slot field [slots] / [slots, ·] by its slot only. The logits
-[slots, V] are split by slot only, not by vocab: sampling (top-k / top-p sorts, the cumulative sum) then
-reads whole rows on each device, and the model's vocab-split last matmul is gathered once per step into a
-buffer already divided by the slot axes. A prefix (keys [L, B, K, H, C]) splits its KV heads only: its B (1 to
-`MAX_PREFILL_ROWS`) rows go into slots on any device, so every device holds all of them (replicated over the
-slot axes; its length and logits are replicated). The jitted steps pin these layouts with explicit
-`in_shardings` / `out_shardings` and donate the state, so it stays put from step to step; a decode step
-traces the model under the rules' activation constraints. A slot count or KV-head count that does not
+the cache by `models.cache_axes` (keys [L, slots, K, H, S], values [L, slots, K, S, H]), every per-slot
+field [slots] / [slots, ·] by its slot only. The logits [slots, V] are split by slot only, not by vocab:
+sampling (top-k / top-p sorts, the cumulative sum) then reads whole rows on each device, and the model's
+vocab-split last matmul is gathered once per step into a buffer already divided by the slot axes. A prefix
+(keys [L, B, K, H, C]) splits its KV heads only: its B (1 to `MAX_PREFILL_ROWS`) rows go into slots on any
+device, so every device holds all of them (replicated over the slot axes; its length and logits are
+replicated). The jitted steps pin these layouts with explicit `in_shardings` / `out_shardings` and donate
+the state, so it stays put from step to step; a decode step traces the model under the rules' activation
+constraints. A slot count or KV-head count that does not
 divide its mesh axes is a ValueError (never a silent replication). Params may come sharded by the param
 rules (`load_params` restores them so; the runtime's `Parts.param_shardings`) or replicated: their layout
 is taken from the arrays (one compilation per layout).
