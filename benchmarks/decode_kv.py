@@ -7,11 +7,13 @@
 A decode step reads each slot's cache once (attention over S positions) and writes one position. If it also
 copied the cache (as a cache threaded through the layer scan as input and output does), its time grows like
 the cache's size times a copy, faster than attention's reads. The table reports ms per step at each KV length
-S, its growth against the shortest S, and the growth of the cache bytes themselves (S / S_min) for
-comparison: a step that only reads the cache grows at most like S / S_min once attention dominates. With
+S (each layer's weights held apart, `RlaxEngine(unstack_layers=True)`, and beside it, alternating, stacked as
+the learner holds them, which the layer scan slices per step), its growth against the shortest S, and the
+growth of the cache bytes themselves (S / S_min) for comparison: a step that only reads the cache grows at
+most like S / S_min once attention dominates. With
 --window W, layer 0 attends over a sliding window of W positions and keeps a ring buffer of W slots instead
 of S (`models.KVCache`): the cache then grows more slowly than S, and the step should too.
-Times are the best of --repeats timed blocks of --steps steps after a compiling warm-up.
+Times are the best of --repeats timed blocks of --steps steps after a compiling warm-up, the two arms in turn.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,12 +34,14 @@ from rlax_post import sampler  # pylint: disable=g-import-not-at-top,wrong-impor
 from rlax_post import sharding  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
-def step_ms(cfg, graphdef, params, *, kv_len: int, slots: int, steps: int, repeats: int) -> float:
-  """Best ms per `generate` step for an engine of `slots` slots and `kv_len` cache positions."""
+def stepper(cfg, graphdef, params, *, kv_len: int, slots: int, steps: int, apart: bool):
+  """A function running `steps` `generate` steps of an engine of `slots` slots and `kv_len` cache positions
+  (each layer's weights held apart or stacked: `RlaxEngine(unstack_layers=)`), waiting for the last."""
   mesh = sharding.make_mesh({"fsdp": -1}, devices=jax.devices()[:1])
   engine = sampler.RlaxEngine(cfg, graphdef, tokenizer=models.ByteTokenizer(), mesh=mesh,
                               max_concurrent_decodes=slots, max_prefill_length=16, max_decode_length=kv_len,
-                              temperature=1.0)
+                              temperature=1.0, unstack_layers=apart)
+  params = engine.prepare_params(params)
   state = [engine.init_decode_state()]
 
   def block():
@@ -44,7 +49,20 @@ def step_ms(cfg, graphdef, params, *, kv_len: int, slots: int, steps: int, repea
       state[0], _ = engine.generate(params, state[0])
     jax.block_until_ready(state[0].cache)
 
-  return _harness.best_time(block, warmup=1, repeats=repeats) / steps * 1e3
+  return block
+
+
+def best_ms_alternating(blocks: dict, *, steps: int, repeats: int) -> dict:
+  """Each block's best ms per step over `repeats` rounds that run every block once, in turn (after a warm-up
+  round that compiles)."""
+  best = {name: float("inf") for name in blocks}
+  for r in range(repeats + 1):
+    for name, block in blocks.items():
+      t0 = time.perf_counter()
+      block()
+      if r:
+        best[name] = min(best[name], (time.perf_counter() - t0) / steps * 1e3)
+  return best
 
 
 def main():
@@ -63,16 +81,21 @@ def main():
   graphdef, params = models.init_params(cfg, jax.random.key(0))
   rows = []
   for kv_len in lengths:
-    ms = step_ms(cfg, graphdef, params, kv_len=kv_len, slots=args.slots, steps=args.steps,
-                 repeats=args.repeats)
+    blocks = {apart: stepper(cfg, graphdef, params, kv_len=kv_len, slots=args.slots, steps=args.steps, apart=apart)
+              for apart in (True, False)}
+    ms = best_ms_alternating(blocks, steps=args.steps, repeats=args.repeats)
     cache_mib = cfg.kv_cache_bytes(args.slots, kv_len) / 2**20
-    rows.append({"kv_len": kv_len, "ms_per_step": ms, "cache_mib": cache_mib})
+    rows.append({"kv_len": kv_len, "ms_per_step": ms[True], "ms_per_step_stacked": ms[False],
+                 "stacked_over_apart": ms[False] / ms[True], "cache_mib": cache_mib})
   for r in rows:
     r["time_growth"] = r["ms_per_step"] / rows[0]["ms_per_step"]
     r["cache_growth"] = r["cache_mib"] / rows[0]["cache_mib"]
   print(f"decode step of {args.slots} slots, {jax.devices()[0].platform}, model {cfg.num_params():,} params, "
-        f"window {args.window or 'none'}")
+        f"window {args.window or 'none'}; each layer's weights apart (RlaxEngine(unstack_layers=True)) and, "
+        f"alternating, stacked")
   _harness.print_table(rows, [("kv_len", "KV length", "d"), ("ms_per_step", "ms/step", ".2f"),
+                              ("ms_per_step_stacked", "stacked ms/step", ".2f"),
+                              ("stacked_over_apart", "stacked / apart", ".2f"),
                               ("time_growth", "time growth", ".2f"), ("cache_mib", "cache MiB", ".2f"),
                               ("cache_growth", "cache growth", ".2f")])
   _harness.write_json(args.json, {"slots": args.slots, "window": args.window, "rows": rows})

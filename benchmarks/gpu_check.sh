@@ -6,14 +6,16 @@
 #   run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=600)
 #
 # It installs the carried wheels into /tmp/site, prints the machine and the versions, checks the imports, runs
-# `benchmarks/sampler.py --device gpu` twice under timeouts (its decode modes, then all; the first also dumps
-# the decode block's optimised HLO and lists its copies, transposes and dynamic slices), then
+# `benchmarks/sampler.py --device gpu` three times under timeouts (its decode modes with the layer weights
+# stacked, the same with them apart, then all modes; the first two also dump the decode block's optimised HLO,
+# whose copies, transposes and dynamic slices are listed), then
 # `benchmarks/advantages.py --device gpu` in what is left of the budget, each writing its JSON and log to $OUT,
 # and always exits 0 (what is under $OUT comes back even when a step fails or is killed). Knobs (environment
 # variables):
 #   BUDGET_S=560           seconds this script may take in all (keep it under the run's timeout_s, at most 600)
-#   CORE_TIMEOUT_S=240, CORE_ARGS="--repeats 3"   the first sampler.py run: modes fused_eq,eq_k only (the
-#                          decode tokens/s and HBM fraction of issue 15's item 8, and the driver's efficiency)
+#   CORE_TIMEOUT_S=200, CORE_ARGS="--repeats 3"   the first two sampler.py runs: modes fused_eq,eq_k only (the
+#                          decode tokens/s and HBM fraction of issue 15's item 8, and the driver's efficiency),
+#                          the layer weights stacked (the GPU default), then apart (--unstack-layers on)
 #   SAMPLER_ARGS="--repeats 1"   the second sampler.py run: every mode, until ADV_RESERVE_S=90 s are left
 #   ADV_ARGS="--repeats 10"      extra flags for advantages.py, in what is left
 #   SKIP_SAMPLER=1 / SKIP_ADV=1  skip a benchmark
@@ -25,7 +27,7 @@ START=$(date +%s)
 OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
 BUDGET_S=${BUDGET_S:-560}
-CORE_TIMEOUT_S=${CORE_TIMEOUT_S:-240}
+CORE_TIMEOUT_S=${CORE_TIMEOUT_S:-200}
 CORE_ARGS=${CORE_ARGS:---repeats 3}
 # The full run measures prefill passes of slots / 4 rows against one pass per call (keys
 # chunked_prefill_admission, chunked_prefill_full_calls).
@@ -94,10 +96,16 @@ if [ -z "${SKIP_SAMPLER:-}" ]; then
   BENCH_XLA_FLAGS="--xla_dump_to=$OUT/hlo --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit_block" \
     bench "sampler_${DEVICE}_decode" $(( $(left) < CORE_TIMEOUT_S ? $(left) : CORE_TIMEOUT_S )) \
     --modes fused_eq,eq_k $CORE_ARGS
+  # The same with each layer's weights apart (`RlaxEngine(unstack_layers=True)`; the GPU default stacks them): does
+  # this backend copy a layer's weights out of the stack for its GEMMs at every step, as the CPU does?
+  # shellcheck disable=SC2086
+  BENCH_XLA_FLAGS="--xla_dump_to=$OUT/hlo_apart --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit_block" \
+    bench "sampler_${DEVICE}_decode_apart" $(( $(left) < CORE_TIMEOUT_S ? $(left) : CORE_TIMEOUT_S )) \
+    --modes fused_eq,eq_k --unstack-layers on $CORE_ARGS
   step "decode block HLO: copies, transposes and dynamic slices (shapes), per optimised module"
-  for f in "$OUT"/hlo/*jit_block*after_optimizations.txt; do
-    [ -e "$f" ] || { echo "no jit_block HLO dumped"; break; }
-    echo "$(basename "$f"): $(wc -c < "$f") bytes"
+  for f in "$OUT"/hlo/*jit_block*after_optimizations.txt "$OUT"/hlo_apart/*jit_block*after_optimizations.txt; do
+    [ -e "$f" ] || { echo "no jit_block HLO dumped: $f"; continue; }
+    echo "$(basename "$(dirname "$f")")/$(basename "$f"): $(wc -c < "$f") bytes"
     # Ops of 2 or more dims named copy, transpose or dynamic-slice (fusions included; a fused computation's own
     # lines too): a transposed cache span, or a layer's cache span or weights copied out of its stack per step
     # (the CPU copies each layer's weights so, [128, 384] and the like in the tiny model).
@@ -107,7 +115,9 @@ if [ -z "${SKIP_SAMPLER:-}" ]; then
   # Keep the HLO of the largest decode block only (the others are the same program at other spans).
   largest=$(ls -S "$OUT"/hlo/*jit_block*after_optimizations.txt 2>/dev/null | head -1)
   if [ -n "$largest" ]; then mv "$largest" "$OUT/decode_block_hlo.txt"; fi
-  rm -rf "$OUT/hlo"
+  largest=$(ls -S "$OUT"/hlo_apart/*jit_block*after_optimizations.txt 2>/dev/null | head -1)
+  if [ -n "$largest" ]; then mv "$largest" "$OUT/decode_block_hlo_apart.txt"; fi
+  rm -rf "$OUT/hlo" "$OUT/hlo_apart"
   # shellcheck disable=SC2086
   bench "sampler_${DEVICE}" $(( $(left) - ADV_RESERVE_S )) $SAMPLER_ARGS
 fi

@@ -7,19 +7,22 @@ batching and shared vs separate prefills, side by side in one run.
                                                     # shared_prefix_over_separate, block_over_single_step,
                                                     # run_ahead_over_sync, run_ahead_admission,
                                                     # unfinished_over_groups, chunked_prefill_admission,
-                                                    # chunked_prefill_full_calls)
+                                                    # chunked_prefill_full_calls, layers_apart_over_stacked)
   python benchmarks/sampler.py --device gpu         # ~1B-parameter config in bf16, 128 slots: decode tokens/s and
                                                     # the achieved HBM bandwidth as a fraction of the chip's peak
   python benchmarks/sampler.py --modes fused_eq,eq_k --progress   # some modes only (ratios of the others: None),
                                                     # each mode's seconds and XLA compiles printed as it goes
+  python benchmarks/sampler.py --unstack-layers on  # every engine holds each layer's weights apart (off: stacked;
+                                                    # auto, the default: the engine's choice, on for a CPU mesh)
 
 The limit ("fused"): the same model decoding the same number of prompts, `slots` at a time, for the same
 number of new tokens per sample, inside one jitted function per round (one batched prefill, then a
-`fori_loop` of decode steps with the cache updated in place, sampling and logprobs included): no host
-round trip, no scheduling, every slot busy. Driver efficiency = driver tokens/s / fused tokens/s, on an
-equal-length workload (every sample exactly N tokens: EOS is an id the model never samples) and on a
-long-tailed one (most requests short, a few long; the fused loop runs the workload's mean length, so
-efficiency there also pays for the tail). Decode step time against the KV length: `benchmarks/decode_kv.py`.
+`fori_loop` of decode steps with the cache updated in place, sampling and logprobs included, the params in the
+engine's form: `prepare_params`): no host round trip, no scheduling, every slot busy. Driver efficiency =
+driver tokens/s / fused tokens/s, on an equal-length workload (every sample exactly N tokens: EOS is an id the
+model never samples) and on a long-tailed one (most requests short, a few long; the fused loop runs the
+workload's mean length, so efficiency there also pays for the tail). Decode step time against the KV length:
+`benchmarks/decode_kv.py`.
 Run-ahead (`Driver(run_ahead=)`): one wave of `slots` equal requests (all decoding from the first block, so
 every block after the first is dispatched before the host hands out the one before it), with and without; and
 RL groups of 4 admitted as their slots free (a loop of `step()`, as `envs.run_tickets`), with and without
@@ -169,7 +172,10 @@ class FusedMode:
     self.rounds = -(-num // slots)
     self.prompts = [jnp.asarray(rng.integers(97, 123, (slots, prompt_len)), jnp.int32)
                     for _ in range(self.rounds)]
-    self.round_, self.params, self.slots, self.new_tokens = round_, params, slots, new_tokens
+    # The params in the engine's form (`prepare_params`: each layer's weights apart where it holds them so), as
+    # the driver decodes with.
+    self.round_, self.params = round_, engine.prepare_params(params)
+    self.slots, self.new_tokens = slots, new_tokens
 
   def __call__(self) -> float:
     t0 = time.perf_counter()
@@ -236,6 +242,9 @@ def main(argv=None) -> dict:
   parser.add_argument("--prefill-chunk", type=int, default=None,
                       help="RlaxEngine.prefill_chunk (rows per prefill pass) of the RL modes and eq_chunked "
                            "(default: slots / 4, the groups of 4 a fill can start)")
+  parser.add_argument("--unstack-layers", choices=("auto", "on", "off"), default="auto",
+                      help="RlaxEngine.unstack_layers of every engine (and the fused limit's params): auto is the "
+                           "engine's default (on for a CPU mesh)")
   parser.add_argument("--progress", action="store_true",
                       help="print each mode's seconds and XLA compiles per round as it goes")
   parser.add_argument("--json", default=None)
@@ -263,17 +272,21 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
   mesh = jax.sharding.Mesh(np.array([device]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
   params = jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
 
-  def engine(k, tokenizer=None, chunk=None):
+  layers = dict(auto=None, on=True, off=False)[args.unstack_layers]
+
+  def engine(k, tokenizer=None, chunk=None, unstack_layers=layers):
     return sampler.RlaxEngine(cfg, graphdef, tokenizer=tokenizer or models.ByteTokenizer(), mesh=mesh,
                               max_concurrent_decodes=slots, max_prefill_length=min(2 * prompt_len, max_decode // 2),
                               max_decode_length=max_decode, temperature=1.0, seed=0, steps_per_sync=k,
-                              prefill_chunk=chunk)
+                              prefill_chunk=chunk, unstack_layers=unstack_layers)
 
   k, rng = args.steps_per_sync, np.random.default_rng(0)
   blocks, single = engine(k, _NoEosTokenizer()), engine(1, _NoEosTokenizer())  # prefill calls in one pass
   # The RL modes' engine, as the runtime's sampling engine: prefill passes of the groups (of 4) a fill starts,
   # slots / 4 rows, or --prefill-chunk.
   rl = engine(k, _NoEosTokenizer(), args.prefill_chunk or max(slots // 4, 1))
+  # The other way of holding the layer weights (`RlaxEngine.unstack_layers`), for eq_other.
+  other = engine(k, _NoEosTokenizer(), unstack_layers=not blocks.unstack_layers)
   equal = equal_requests(rng, num, prompt_len=prompt_len, new_tokens=equal_new)
   tail = long_tailed_requests(rng, num, prompt_len=prompt_len, short=short, long=long, long_frac=0.15, n=1)
   mean_new = round(sum(r.max_tokens for r in tail) / len(tail))
@@ -297,7 +310,7 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                admit_ahead=AdmissionMode(rl, params, groups, run_ahead=True),
                admit_samples=AdmissionMode(rl, params, groups, by_samples=True),
                admit_one_pass=AdmissionMode(blocks, params, groups, by_samples=True),
-               eq_chunked=DriverMode(rl, params, equal))
+               eq_chunked=DriverMode(rl, params, equal), eq_other=DriverMode(other, params, equal))
   labels = dict(fused_eq=f"equal {equal_new}: fused limit", eq_k=f"equal {equal_new}: driver, k={k}",
                 eq_1=f"equal {equal_new}: driver, k=1", wave=f"one wave of {slots}: driver, k={k}",
                 wave_sync=f"one wave of {slots}: driver, k={k}, no run-ahead",
@@ -306,7 +319,9 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                 admit="groups admitted as slots free", admit_ahead="groups admitted, run-ahead",
                 admit_samples="groups admitted, unfinished counted",
                 admit_one_pass="groups admitted, unfinished, prefill in one pass",
-                eq_chunked=f"equal {equal_new}: prefill in passes of {rl.prefill_chunk} rows")
+                eq_chunked=f"equal {equal_new}: prefill in passes of {rl.prefill_chunk} rows",
+                eq_other=f"equal {equal_new}: driver, k={k}, layer weights "
+                         f"{'apart' if other.unstack_layers else 'stacked'}")
   chosen = args.modes.split(",") if args.modes else list(modes)
   unknown = [name for name in chosen if name not in modes]
   if unknown:
@@ -322,7 +337,7 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
     return same_outputs(modes[a].completions, modes[b].completions) if a in modes and b in modes else True
 
   result = dict(device=str(device), model_params=cfg.num_params(), slots=slots, steps_per_sync=k, rows=rows,
-                prefill_chunk=rl.prefill_chunk,
+                prefill_chunk=rl.prefill_chunk, unstack_layers=blocks.unstack_layers,
                 modes=list(modes), efficiency_equal=ratio("eq_k", "fused_eq"),
                 efficiency_equal_k1=ratio("eq_1", "fused_eq"), efficiency_long_tail=ratio("cont", "fused_tail"),
                 block_over_single_step=ratio("eq_k", "eq_1"), run_ahead_over_sync=ratio("wave", "wave_sync"),
@@ -331,10 +346,12 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                 continuous_over_static=ratio("cont", "stat"), shared_prefix_over_separate=ratio("shared", "separate"),
                 chunked_prefill_admission=ratio("admit_samples", "admit_one_pass"),
                 chunked_prefill_full_calls=ratio("eq_chunked", "eq_k"),
+                layers_apart_over_stacked=(ratio("eq_k", "eq_other") if blocks.unstack_layers
+                                           else ratio("eq_other", "eq_k")),
                 identical_outputs=all(same(a, b) for a, b in [("cont", "stat"), ("shared", "separate"),
                                                               ("eq_k", "eq_1"), ("wave", "wave_sync"),
                                                               ("admit", "admit_ahead"), ("admit", "admit_samples"),
-                                                              ("eq_k", "eq_chunked")]))
+                                                              ("eq_k", "eq_chunked"), ("eq_k", "eq_other")]))
   if args.device == "gpu" and "eq_k" in best:
     eq_k = best["eq_k"]
     kind = device.device_kind
@@ -348,7 +365,8 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
 
 
 def _report(args, device, cfg, slots, result, rows):
-  print(f"RL sampling driver, {cfg.num_params() / 1e6:.1f}M-parameter model on {device}, {slots} slots")
+  print(f"RL sampling driver, {cfg.num_params() / 1e6:.1f}M-parameter model on {device}, {slots} slots, layer "
+        f"weights {'apart' if result['unstack_layers'] else 'stacked'}")
   _harness.print_table(rows, [("mode", "mode", "s"), ("tokens", "tokens", "d"),
                               ("seconds", "seconds", ".3f"), ("tokens_per_s", "tokens/s", ".0f"),
                               ("generate_steps", "decode steps", "d"), ("syncs", "host syncs", "d"),
@@ -363,7 +381,8 @@ def _report(args, device, cfg, slots, result, rows):
         f"shared prefix / separate: {x('shared_prefix_over_separate')}   "
         f"identical outputs: {result['identical_outputs']}")
   print(f"prefill in chunks ({result['prefill_chunk']} rows) / in one pass: groups admitted "
-        f"{x('chunked_prefill_admission')}, equal lengths (full calls) {x('chunked_prefill_full_calls')}")
+        f"{x('chunked_prefill_admission')}, equal lengths (full calls) {x('chunked_prefill_full_calls')}   "
+        f"layer weights apart / stacked (equal lengths): {x('layers_apart_over_stacked')}")
   if "decode_tokens_per_s" in result:
     frac = result["hbm_peak_fraction"]
     print(f"decode: {result['decode_tokens_per_s']:.0f} tokens/s, HBM {result['hbm_bytes_per_s'] / 1e9:.0f} GB/s"

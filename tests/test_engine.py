@@ -331,8 +331,11 @@ def test_load_params_restores_the_train_state_params(tmp_path):
   ckpt.save(5, state.replace(params=jax.tree.map(lambda x: x + 1, params)), params, {})
   ckpt.close()
   latest = engine.load_params(tmp_path / "checkpoints")
-  jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b + 1), latest, params)
-  jax.tree.map(np.testing.assert_array_equal, engine.load_params(tmp_path / "checkpoints", step=2), params)
+  # In the engine's form (a CPU engine holds each layer's weights apart: `prepare_params`).
+  assert engine.unstack_layers and len(latest["q"]) == engine.model_cfg.num_layers
+  apart = functools.partial(models.unstack_layers, engine.model_cfg)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b + 1), latest, apart(params))
+  jax.tree.map(np.testing.assert_array_equal, engine.load_params(tmp_path / "checkpoints", step=2), apart(params))
   other_cfg = models.preset("micro", vocab_size=272, max_seq_len=64)
   other = _engine.RlaxEngine(other_cfg, models.abstract_params(other_cfg)[0], tokenizer=TOK,
                              max_concurrent_decodes=1, max_prefill_length=16, max_decode_length=16)

@@ -155,9 +155,17 @@ def test_load_params_restores_params_sharded_by_the_rules(tmp_path):
   with ocp.PyTreeCheckpointer() as ckptr:
     ckptr.save(tmp_path / "3" / "state", {"params": _model()[1], "step": np.int32(3)})
   loaded = engine.load_params(tmp_path)
-  for leaf, want, sh in zip(jax.tree.leaves(loaded), jax.tree.leaves(_model()[1]),
-                            jax.tree.leaves(engine.param_shardings())):
-    assert leaf.sharding == sh
-    np.testing.assert_array_equal(leaf, want)
-  assert loaded["q"].sharding.spec == P(None, "fsdp", "tensor", None)
+  # In the engine's form (each layer's weights apart on a CPU mesh), each layer's slice laid out as its stack
+  # is by the rules, less the layers axis.
+  apart = models.unstack_layers(engine.model_cfg, _model()[1])
+  stacked_sh = engine.param_shardings()
+  for name, leaf in loaded.items():
+    layers = leaf if isinstance(leaf, tuple) else (leaf,)
+    assert len(layers) == (engine.model_cfg.num_layers if name in models.layer_param_names(engine.model_cfg)
+                           else 1)
+    for got, want in zip(layers, apart[name] if isinstance(leaf, tuple) else (apart[name],)):
+      spec = stacked_sh[name].spec[1:] if isinstance(leaf, tuple) else stacked_sh[name].spec
+      assert got.sharding.is_equivalent_to(jax.sharding.NamedSharding(engine.mesh, P(*spec)), got.ndim)
+      np.testing.assert_array_equal(got, want)
+  assert tuple(loaded["q"][1].sharding.spec)[:2] == ("fsdp", "tensor")
   del params

@@ -341,6 +341,11 @@ class RuntimeSection:
   # prompts. 0: the run's sampling engine takes the power of two >= its slots / samples per prompt (the groups
   # a fill can start: calls hold that many prompts at most, mostly fewer), other engines one pass per call.
   prefill_chunk_rows: int = bounded(0, low=0)
+  # How the sampling engines hold the layer weights (`RlaxEngine.unstack_layers`): "apart", one buffer per layer
+  # (a decode step reads them where they lie; one copy of the weights beside the learner's, shared by the
+  # run's engines), "stacked" as the learner holds them (the layer scan slices them out per step, which XLA's
+  # CPU backend copies), "auto" apart on a CPU mesh, stacked elsewhere (not measured on accelerators yet).
+  sampler_layers: str = choices("auto", "apart", "stacked")
   # --- mode="async" (docs/async.md) ---
   # η: the most policy versions a trained token may lag the learner. 0 reproduces the sync loop exactly.
   max_staleness: int = bounded(1, low=0)

@@ -20,6 +20,7 @@ from rlax_post.models._functional import token_logprobs
 from rlax_post.models._functional import token_logprobs_and_values
 from rlax_post.models._functional import token_values
 from rlax_post.models._functional import value_model_config
+from rlax_post.models._functional import unstack_layers
 from rlax_post.models._functional import value_model_params
 from rlax_post.models._gguf import ARCHITECTURES as GGUF_ARCHITECTURES
 from rlax_post.models._gguf import convert_gguf
@@ -42,6 +43,7 @@ from rlax_post.models._transformer import cache_axes
 from rlax_post.models._transformer import grow_cache
 from rlax_post.models._transformer import init_cache
 from rlax_post.models._transformer import KVCache
+from rlax_post.models._transformer import layer_param_names
 from rlax_post.models._transformer import position_axes
 from rlax_post.models._transformer import Transformer
 
@@ -68,7 +70,9 @@ __all__ = [
     "init_cache",
     "init_lora",
     "init_params",
+    "unstack_layers",
     "KVCache",
+    "layer_param_names",
     "position_axes",
     "load_hf",
     "logprobs_from_logits",

@@ -74,14 +74,21 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
 
 
 def param_logical_axes(params) -> dict:
-  """The logical axes of every leaf of a params tree (pure nested dict), as a tree of tuples."""
+  """The logical axes of every leaf of a params tree (pure nested dict), as a tree of tuples. A layer weight
+  held as a tuple of per-layer arrays (`models.unstack_layers`) has its stacked axes but "layers"."""
 
   def axes(path, leaf):
-    name = getattr(path[-1], "key", None)
+    one_layer = isinstance(path[-1], jax.tree_util.SequenceKey) and len(path) > 1
+    name = getattr(path[-2 if one_layer else -1], "key", None)
     if name not in PARAM_LOGICAL_AXES:
       raise ValueError(f"Parameter {jax.tree_util.keystr(path)} has no logical axes; known leaf names: "
                        f"{sorted(PARAM_LOGICAL_AXES)}.")
     result = PARAM_LOGICAL_AXES[name]
+    if one_layer:
+      if result[:1] != ("layers",):
+        raise ValueError(f"Parameter {jax.tree_util.keystr(path)}: only layer weights (first axis \"layers\") "
+                         f"are held one array per layer; {name!r} has axes {result}.")
+      result = result[1:]
     if len(result) != leaf.ndim:
       raise ValueError(f"Parameter {jax.tree_util.keystr(path)} has shape {leaf.shape} but logical axes "
                        f"{result}.")

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from rlax_post.models import _axes
 from rlax_post.models._config import ModelConfig
 from rlax_post.models._transformer import KVCache
+from rlax_post.models._transformer import layer_param_names
 from rlax_post.models._transformer import Transformer
 
 GraphDef = Any  # nnx.GraphDef of a Transformer: static, hashable.
@@ -41,6 +42,19 @@ def _abstract_params(cfg: ModelConfig) -> tuple[GraphDef, Params]:
   model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(params=0)))
   graphdef, state = nnx.split(model)
   return graphdef, nnx.to_pure_dict(state)
+
+
+def unstack_layers(cfg: ModelConfig, params: Params) -> Params:
+  """`params` with each per-layer weight (stacked `[L, ...]`, `layer_param_names`) as a tuple of its L layers'
+  arrays, each a buffer of its own: `forward` then runs the layers unrolled, reading each layer's weights
+  where they lie. The layer scan slices a layer's weights out of the stack, which XLA copies before the
+  products (on the CPU, measured; on a GPU unmeasured), at every decode step. The same
+  model and numbers; a copy of the layer weights (the stacked arrays are not changed). Params already held so
+  are returned as they are. Works under `jit` (`RlaxEngine.prepare_params` runs it so, sharded)."""
+  stacked = [name for name in layer_param_names(cfg) if name in params and not isinstance(params[name], tuple)]
+  if not stacked:
+    return params
+  return {**params, **{name: tuple(params[name][i] for i in range(cfg.num_layers)) for name in stacked}}
 
 
 def forward(graphdef: GraphDef, params: Params, tokens_bt: jax.Array,

@@ -130,6 +130,18 @@ def ring_slots(positions_bt: jax.Array, s: int, r: int) -> jax.Array:
   return jnp.where(kept_bt & (positions_bt > last_b1 - r), jnp.mod(positions_bt, r), r)
 
 
+def layer_param_names(cfg: ModelConfig) -> tuple[str, ...]:
+  """The names of the per-layer weights, stacked `[L, ...]` in a model's params (the layer scan's inputs)."""
+  names = ["attn_norm", "mlp_norm", "q", "k", "v", "o", "gate", "up", "down"]
+  if cfg.qkv_bias:
+    names += ["q_bias", "k_bias", "v_bias"]
+  if cfg.qk_norm:
+    names += ["q_norm", "k_norm"]
+  if cfg.post_norms:
+    names += ["attn_post_norm", "mlp_post_norm"]
+  return tuple(names)
+
+
 def _param(init, key, shape, dtype, name):
   return nnx.Param(init(key, shape, dtype), out_sharding=_axes.PARAM_LOGICAL_AXES[name],
                    eager_sharding=False)
@@ -191,16 +203,19 @@ class Transformer(nnx.Module):
       self.value_head = _param(zeros, rngs.params(), (d,), pdt, "value_head")
       self.value_bias = _param(zeros, rngs.params(), (), pdt, "value_bias")
 
-  def _layer_params(self) -> dict[str, jax.Array]:
-    names = ["attn_norm", "mlp_norm", "q", "k", "v", "o", "gate", "up", "down"]
-    if self.cfg.qkv_bias:
-      names += ["q_bias", "k_bias", "v_bias"]
-    if self.cfg.qk_norm:
-      names += ["q_norm", "k_norm"]
-    if self.cfg.post_norms:
-      names += ["attn_post_norm", "mlp_post_norm"]
+  def _layer_params(self) -> dict[str, jax.Array] | list[dict[str, jax.Array]]:
+    """Every layer's weights in the activation dtype: one dict of stacked `[L, ...]` arrays (for the layer
+    scan), or one dict per layer where the params hold each layer's weights apart (`unstack_layers`)."""
     dt = self.cfg.activation_dtype
-    return {name: getattr(self, name)[...].astype(dt) for name in names}
+    values = {name: getattr(self, name).get_value() for name in layer_param_names(self.cfg)}
+    apart = [name for name, value in values.items() if isinstance(value, tuple)]
+    if not apart:
+      return {name: value.astype(dt) for name, value in values.items()}
+    if len(apart) < len(values) or any(len(values[name]) != self.cfg.num_layers for name in apart):
+      raise ValueError(f"Either every layer weight is stacked [L, ...] or every one is a tuple of L = "
+                       f"{self.cfg.num_layers} arrays (models.unstack_layers); got tuples for {apart} of "
+                       f"{list(values)}.")
+    return [{name: value[i].astype(dt) for name, value in values.items()} for i in range(self.cfg.num_layers)]
 
   def __call__(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
                cache: KVCache | None = None, kv_len: int | None = None, *,
@@ -295,12 +310,14 @@ class Transformer(nnx.Module):
 
     if cfg.remat:
       block = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
-    layers = {**self._layer_params(), **per_layer}
-    if cache is None:
-      x_btd, _ = jax.lax.scan(block, x_btd, layers, unroll=cfg.scan_unroll)
-      return x_btd, None
-    (x_btd, carry), _ = jax.lax.scan(block, (x_btd, carry), layers, unroll=cfg.scan_unroll)
-    return x_btd, finish(carry)
+    weights = self._layer_params()
+    state = x_btd if cache is None else (x_btd, carry)
+    if isinstance(weights, list):  # Each layer's weights apart: the layers unrolled, none sliced from a stack.
+      for i, layer_weights in enumerate(weights):
+        state, _ = block(state, {**layer_weights, **{name: x[i] for name, x in per_layer.items()}})
+    else:
+      state, _ = jax.lax.scan(block, state, {**weights, **per_layer}, unroll=cfg.scan_unroll)
+    return (state, None) if cache is None else (state[0], finish(state[1]))
 
   def head(self, x_btd: jax.Array) -> jax.Array:
     """Final norm, vocabulary projection, soft-cap and padded-vocabulary mask: float32 logits `[B, T, V]` of

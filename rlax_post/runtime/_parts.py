@@ -171,7 +171,9 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   The learner's batch is one minibatch of `rl.prompts_per_step × rl.samples_per_prompt / rl.minibatches`
   rows of `model.max_seq_len` tokens (an upper bound: the runtime's rows are prompt + `rl.max_new_tokens`).
   Param copies: the reference policy, plus in async mode the published version the samplers decode with
-  and the next one while it is handed over. KV cache: the samplers' slots plus the greedy eval's batch
+  and the next one while it is handed over, plus with `runtime.sampler_layers = "apart"` the samplers' layer
+  weights held apart (one copy, each sampler thread's in async mode; "auto" counts as stacked, its
+  accelerators' default). KV cache: the samplers' slots plus the greedy eval's batch
   (async runs evaluate while the samplers decode), each row `model.max_seq_len` long, sharded as the engines
   shard it on the run's mesh (slots by the rules' "batch", KV heads by "kv_heads"). Critic: a separate one
   (`advantage.estimator = "gae"`, `critic.mode = "separate"`) adds its own params, grads, optimizer state and
@@ -186,9 +188,10 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   if -1 in mesh_shape.values():
     raise ValueError(f"run_memory needs an explicit mesh (no -1 axis); got {mesh_shape}.")
   critic_cfg = critic_model_config(cfg, model_cfg) if config_lib.separate_critic(cfg) else None
+  apart = (cfg.runtime.num_samplers if is_async else 1) if cfg.runtime.sampler_layers == "apart" else 0
   return learner.estimate_memory(
       model_cfg, mesh_shape, batch=rollouts // cfg.rl.minibatches, seq_len=cfg.model.max_seq_len,
-      micro_batches=cfg.loss.micro_batches, param_copies=3 if is_async else 1,
+      micro_batches=cfg.loss.micro_batches, param_copies=(3 if is_async else 1) + apart,
       kv_slots=kv_slots, kv_len=cfg.model.max_seq_len, rules=config_rules(cfg), critic_cfg=critic_cfg)
 
 
@@ -277,7 +280,8 @@ class Parts:
                               max_decode_length=decode_len, temperature=temperature, top_p=top_p, top_k=top_k,
                               steps_per_sync=self.cfg.runtime.decode_steps_per_sync,
                               refill_after=min(self.cfg.runtime.refill_after, slots) or None,
-                              prefill_chunk=self.cfg.runtime.prefill_chunk_rows or prefill_chunk)
+                              prefill_chunk=self.cfg.runtime.prefill_chunk_rows or prefill_chunk,
+                              unstack_layers=_UNSTACK_LAYERS[self.cfg.runtime.sampler_layers])
 
   def sampling_engine(self) -> sampler.RlaxEngine:
     """The engine of the run's rollouts: `runtime.sampler_slots` (default P · n) slots, `rl`'s sampling law."""
@@ -286,6 +290,10 @@ class Parts:
     groups = -(-slots // config_lib.group_rows(self.cfg))
     return self.engine(slots=slots, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
                        prefill_chunk=_pow2_at_least(groups, floor=1))
+
+
+# `runtime.sampler_layers` -> `RlaxEngine(unstack_layers=)`.
+_UNSTACK_LAYERS = {"auto": None, "apart": True, "stacked": False}
 
 
 def _pow2_at_least(n: int, floor: int = 16) -> int:

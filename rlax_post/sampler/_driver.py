@@ -195,7 +195,7 @@ class Driver:
                static_batching: bool = False, share_prefix: bool = True, recompute_on_swap: bool = True,
                seed: int = 0, park_wait_s: float = 0.05, refill_after: int | None = None,
                run_ahead: bool | None = None):
-    engine.check_params(params)
+    params = engine.prepare_params(params)  # Checked; each layer's weights apart where the engine wants them.
     self.refill_after = _engine.check_refill_after(engine.refill_after if refill_after is None else refill_after,
                                                    engine.max_concurrent_decodes)
     self.engine = engine
@@ -258,7 +258,7 @@ class Driver:
   def set_params(self, params: Any, version: int) -> None:
     """Uses `params` (tagged `version`) from the next decode block on (a block already run ahead is handed out
     first: its tokens keep the old version); see the module docstring."""
-    self.engine.check_params(params)
+    params = self.engine.prepare_params(params)  # Checked, in the engine's form (`RlaxEngine.prepare_params`).
     self._settle()  # A block run ahead computed its tokens under the old params.
     self.params, self.version = params, int(version)
     self._prefixes.clear()  # Stale: prefilled again under the new params when their samples get slots.
