@@ -53,6 +53,7 @@ is taken from the arrays (one compilation per layout).
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Sequence
 import weakref
 
@@ -143,10 +144,10 @@ class RlaxEngine(engine_api.Engine):
     unstack_layers: hold the params each layer's weights apart (`prepare_params`, `models.unstack_layers`),
       so that a decode step reads each layer's weights where they lie: the layer scan slices them out of the
       stacked params, and XLA's CPU backend copies that slice before its products at every step (a GPU's
-      backend may too: not measured). Costs a copy of the layer weights beside the stacked
-      ones a caller keeps (a colocated learner's), and compiles the layers unrolled. None (default): on a CPU
-      mesh (the driver 1.07-1.09x faster on equal lengths at 16 slots, neutral at 64, docs/benchmarks.md),
-      off elsewhere (not measured on accelerators yet). The same numbers to float rounding.
+      backend may too: not measured). Costs a copy of the layer weights beside the stacked ones a caller
+      keeps (a colocated learner's), and compiles the layers unrolled. None (default): on a CPU mesh (the
+      driver 1.07-1.09x faster on equal lengths at 16 slots, neutral at 64, docs/benchmarks.md), off
+      elsewhere (not measured on accelerators yet). The same numbers to float rounding.
   """
 
   def __init__(self, model_cfg: models.ModelConfig, graphdef: Any, *, tokenizer: models.ByteTokenizer,
@@ -256,16 +257,20 @@ class RlaxEngine(engine_api.Engine):
     if not names:
       return params
     leaves = jax.tree.leaves(params)
-    last = _LAST_APART.get(self.model_cfg)
+    with _LAST_APART_LOCK:  # sampler threads swap params at once
+      last = _LAST_APART.get(self.model_cfg)
     if last is not None and len(last[0]) == len(leaves) and all(r() is x for r, x in zip(last[0], leaves)):
       return last[1]
     apart = {**params, **_unstack_program(self.model_cfg)({name: params[name] for name in names})}
-    if len(_LAST_APART) >= _PROGRAM_SETS_APART:
-      _LAST_APART.pop(next(iter(_LAST_APART)))  # the oldest model's
     try:
-      _LAST_APART[self.model_cfg] = (tuple(weakref.ref(x) for x in leaves), apart)
-    except TypeError:  # leaves without weak references (none of jax's or numpy's arrays): not remembered
-      pass
+      refs = tuple(weakref.ref(x) for x in leaves)
+    except TypeError:  # leaves without weak references (jax's and numpy's arrays have them): not remembered
+      return apart
+    with _LAST_APART_LOCK:
+      _LAST_APART.pop(self.model_cfg, None)
+      if len(_LAST_APART) >= _APART_MODELS:
+        _LAST_APART.pop(next(iter(_LAST_APART)))  # the model prepared longest ago
+      _LAST_APART[self.model_cfg] = (refs, apart)
     return apart
 
   def _check_divides(self, what: str, size: int, logical: str, role: str) -> None:
@@ -576,10 +581,11 @@ def _pow2_at_least(n: int) -> int:
   return b
 
 
-# Per model config (the 16 latest): (weak references to the leaves of the params `prepare_params` last held
-# apart, the result).
-_PROGRAM_SETS_APART = 16
+# Per model config (of the `_APART_MODELS` prepared last): (weak references to the leaves of the params
+# `prepare_params` last held apart, the result).
+_APART_MODELS = 16
 _LAST_APART: dict[models.ModelConfig, tuple[tuple[weakref.ref, ...], Any]] = {}
+_LAST_APART_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=64)
