@@ -146,7 +146,7 @@ class RlaxEngine(engine_api.Engine):
       stacked params, and XLA's CPU backend copies that slice before its products at every step (a GPU's
       backend may too: not measured). Costs a copy of the layer weights beside the stacked ones a caller
       keeps (a colocated learner's), and compiles the layers unrolled. None (default): on a CPU mesh (the
-      driver 1.07-1.09x faster on equal lengths at 16 slots, neutral at 64, docs/benchmarks.md), off
+      driver 1.04-1.09x faster on equal lengths at 16 slots, neutral at 64, docs/benchmarks.md), off
       elsewhere (not measured on accelerators yet). The same numbers to float rounding.
   """
 
