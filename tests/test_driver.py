@@ -165,6 +165,38 @@ def test_set_params_mid_run_tags_tokens_with_their_version(sampling_engine, reco
   assert stats.inserts == 5 + stats.recompute_prefills
 
 
+def test_a_swap_prefills_in_flight_sequences_again_in_batches(sampling_engine, monkeypatch):
+  """In-flight sequences within the largest prefill bucket (16) are prefilled again in one `prefill_batch` call,
+  a longer one alone in chunks of 16; every token after the swap has version 1's logprob of its sequence."""
+  params0, params1 = refs.model(0)[1], refs.model(1)[1]
+  requests = [Request(refs.prompt(4, 40), n=2, max_tokens=14, request_id="short"),
+              Request(refs.prompt(13, 41), n=1, max_tokens=14, request_id="long")]
+  driver = _driver.Driver(sampling_engine, params0)
+  driver.submit(requests)
+  while driver.stats.generate_steps < 5:
+    driver.step()
+  busy = [s for s in driver._busy if s is not None]  # pylint: disable=protected-access
+  lengths = sorted(len(s.ids()) for s in busy)
+  assert len(busy) == SLOTS and lengths[0] <= 16 < lengths[-1], lengths  # both paths taken
+  calls = collections.Counter()
+  for name in ("prefill", "prefill_batch"):
+    real = getattr(sampling_engine, name)
+    monkeypatch.setattr(sampling_engine, name,
+                        lambda *a, _real=real, _name=name, **k: (calls.update([_name]), _real(*a, **k))[1])
+  driver.set_params(params1, version=1)
+  assert calls == {"prefill_batch": 1, "prefill": sum(-(-n // 16) for n in lengths if n > 16)}
+  assert driver.stats.recompute_prefills == SLOTS
+  monkeypatch.undo()
+  swapped = {(s.request.request_id, s.index): len(s.tokens) for s in busy}
+  while not driver.done:
+    driver.step()
+  for c in driver.collect():
+    n0 = swapped[(c.request_id, c.index)]
+    assert c.versions == (0,) * n0 + (1,) * (len(c.tokens) - n0)
+    ref1 = refs.reference_logprobs(params1, c.prompt, c.tokens, T)
+    np.testing.assert_allclose(c.logprobs[n0:], ref1[n0:], atol=1e-5, rtol=0)
+
+
 def test_step_level_api_and_finish_reasons(greedy_engine):
   prompt = refs.prompt(16, 40)
   greedy = refs.argmax_loop(prompt, MAX_DECODE - 16)

@@ -15,7 +15,8 @@ when greedy), of the law *before* top-p/top-k truncation -- what `models.token_l
 prompt + tokens, temperature=T)` gives at the generated positions, under the params of each token's version.
 
 On a swap, with `recompute_on_swap=True` (default) the driver re-prefills every in-flight sequence (prompt and
-tokens so far) under the new params and re-inserts it into its slot, continuing the slot's sampling stream;
+tokens so far; in batches by length bucket, `prefill_batch`) under the new params and re-inserts it into its
+slot, continuing the slot's sampling stream;
 so a token of version v has exactly the logprob that version v's params give the whole sequence before it.
 With `recompute_on_swap=False` (PipelineRL-style in-flight update, no extra prefill) the KV cache of the
 tokens before the swap stays that of the old params: the first token after the swap is still of the old
@@ -268,13 +269,36 @@ class Driver:
     if not busy:
       return
     rngs = np.asarray(self._state.rngs)  # Continue each slot's stream (insert resets it).
-    for slot in busy:
-      sample = self._busy[slot]
-      prefix = self._prefill(sample.ids(), counter="recompute_prefills")
-      self._insert(prefix, [(0, slot, sample)], rngs[slot][None])
-      self._logits_version[slot] = self.version
-      if sample.request.env is not None:
-        self._keep_prefix(sample, prefix)
+    for prefix, rows_slots in self._recompute(busy):
+      entries = [(row, slot, self._busy[slot]) for row, slot in rows_slots]
+      self._insert(prefix, entries, rngs[[slot for _, slot in rows_slots]])
+      for row, slot, sample in entries:
+        self._logits_version[slot] = self.version
+        if sample.request.env is not None:
+          self._keep_prefix(sample, prefix.row(row) if len(rows_slots) > 1 else prefix)
+
+  def _recompute(self, slots: list[int]) -> list[tuple[_engine.Prefix, list[tuple[int, int]]]]:
+    """The in-flight sequences of `slots` prefilled again under the current params: (prefix, [(row, slot)])
+    pairs. Sequences that fit a prefill bucket go in batches (`prefill_batch`, one call per bucket and
+    `prefill_rows` of them), longer ones one at a time in chunks of the largest bucket; `recompute_prefills`
+    counts the sequences."""
+    largest = self.engine.prefill_buckets[-1]
+    by_bucket: dict[int, list[int]] = collections.defaultdict(list)
+    out = []
+    for slot in slots:
+      ids = self._busy[slot].ids()
+      if len(ids) > largest:
+        out.append((self._prefill(ids, counter=None), [(0, slot)]))
+      else:
+        by_bucket[self._bucket(ids)].append(slot)
+    for bucket, group in sorted(by_bucket.items()):
+      size = self.engine.prefill_rows(bucket)
+      for i in range(0, len(group), size):
+        part = group[i:i + size]
+        prefix = self.engine.prefill_batch(self.params, [self._busy[slot].ids() for slot in part])
+        out.append((prefix, list(enumerate(part))))
+    self._counts["recompute_prefills"] += len(slots)
+    return out
 
   def submit(self, requests: Iterable[Request]) -> None:
     """Validates every request (ValueError naming the bad values) then queues their samples."""
@@ -692,15 +716,17 @@ class Driver:
   def _keep_prefix(self, sample: _Sample, prefix: _engine.Prefix) -> None:
     sample.prefix, sample.prefix_len, sample.prefix_version = prefix, len(sample.tokens), self.version
 
-  def _prefill(self, ids: list[int], *, counter: str,
+  def _prefill(self, ids: list[int], *, counter: str | None,
                prefix: _engine.Prefix | None = None) -> _engine.Prefix:
-    """Prefills `ids` after `prefix` (if any) under the current params, in chunks of the largest bucket."""
+    """Prefills `ids` after `prefix` (if any) under the current params, in chunks of the largest bucket (each
+    call counted under `counter`, if given)."""
     chunk = self.engine.prefill_buckets[-1]
     for start in range(0, len(ids), chunk):
       piece = np.asarray(ids[start:start + chunk], np.int32)
       prefix = self.engine.prefill(params=self.params, existing_prefix=prefix, padded_tokens=piece,
                                    true_length=len(piece))
-      self._counts[counter] += 1
+      if counter is not None:
+        self._counts[counter] += 1
     return prefix
 
   def _insert(self, prefix: _engine.Prefix, entries: list[tuple[int, int, _Sample]], rngs: np.ndarray,
