@@ -325,6 +325,21 @@ def test_multi_turn_sampling_matches_the_learner_across_a_weight_swap(sampling_e
   assert {v for c in completions for v in c.versions} >= {0, 1}
 
 
+def test_a_lone_multi_turn_sample_goes_on_after_a_swap(sampling_engine):
+  """The one sample in flight at a swap is prefilled again in a batched call (several rows); its next turn
+  extends one row of it, its conversation prefix (a prefix of several rows cannot be extended)."""
+  params0, params1 = refs.model(0)[1], refs.model(1)[1]
+  env = _Env(turns=3)
+  c, = _driver.Driver(sampling_engine, params0).sample(
+      [Request(refs.prompt(6, 60), n=1, max_tokens=5, request_id=0, env=env)],
+      on_step=lambda d, steps: d.set_params(params1, 1) if steps == 2 else None)
+  assert c.num_turns == 3 and {0, 1} <= set(c.versions)
+  mask, versions = np.array(c.mask, bool), np.array(c.versions)
+  sel = mask & (versions == 1)
+  ref = refs.reference_logprobs(params1, c.prompt, c.tokens, T)
+  np.testing.assert_allclose(np.array(c.logprobs)[sel], ref[sel], atol=1e-5, rtol=0)
+
+
 def test_an_observation_that_leaves_no_room_ends_the_sample(greedy_engine):
   prompt = refs.prompt(16, 40)  # Greedy emits no EOS in its first 24 tokens (see the finish-reason test).
   greedy = refs.argmax_loop(prompt, 9)

@@ -274,8 +274,8 @@ class Driver:
       self._insert(prefix, entries, rngs[[slot for _, slot in rows_slots]])
       for row, slot, sample in entries:
         self._logits_version[slot] = self.version
-        if sample.request.env is not None:
-          self._keep_prefix(sample, prefix.row(row) if len(rows_slots) > 1 else prefix)
+        if sample.request.env is not None:  # Its conversation prefix: one row (a batch holds several).
+          self._keep_prefix(sample, prefix.row(row) if prefix.length.shape[0] > 1 else prefix)
 
   def _recompute(self, slots: list[int]) -> list[tuple[_engine.Prefix, list[tuple[int, int]]]]:
     """The in-flight sequences of `slots` prefilled again under the current params: (prefix, [(row, slot)])
@@ -283,20 +283,16 @@ class Driver:
     `prefill_rows` of them), longer ones one at a time in chunks of the largest bucket; `recompute_prefills`
     counts the sequences."""
     largest = self.engine.prefill_buckets[-1]
-    by_bucket: dict[int, list[int]] = collections.defaultdict(list)
-    out = []
+    out, fitting = [], {}  # fitting: slot -> (ids, []), as `_prefill_groups` takes them
     for slot in slots:
       ids = self._busy[slot].ids()
       if len(ids) > largest:
         out.append((self._prefill(ids, counter=None), [(0, slot)]))
       else:
-        by_bucket[self._bucket(ids)].append(slot)
-    for bucket, group in sorted(by_bucket.items()):
-      size = self.engine.prefill_rows(bucket)
-      for i in range(0, len(group), size):
-        part = group[i:i + size]
-        prefix = self.engine.prefill_batch(self.params, [self._busy[slot].ids() for slot in part])
-        out.append((prefix, list(enumerate(part))))
+        fitting[slot] = (ids, [])
+    for group in self._prefill_groups(fitting):
+      prefix = self.engine.prefill_batch(self.params, [fitting[slot][0] for slot in group])
+      out.append((prefix, list(enumerate(group))))
     self._counts["recompute_prefills"] += len(slots)
     return out
 
