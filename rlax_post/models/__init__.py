@@ -19,8 +19,8 @@ from rlax_post.models._functional import sequence_values
 from rlax_post.models._functional import token_logprobs
 from rlax_post.models._functional import token_logprobs_and_values
 from rlax_post.models._functional import token_values
-from rlax_post.models._functional import value_model_config
 from rlax_post.models._functional import unstack_layers
+from rlax_post.models._functional import value_model_config
 from rlax_post.models._functional import value_model_params
 from rlax_post.models._gguf import ARCHITECTURES as GGUF_ARCHITECTURES
 from rlax_post.models._gguf import convert_gguf
@@ -70,7 +70,6 @@ __all__ = [
     "init_cache",
     "init_lora",
     "init_params",
-    "unstack_layers",
     "KVCache",
     "layer_param_names",
     "position_axes",
@@ -91,6 +90,7 @@ __all__ = [
     "token_logprobs",
     "token_logprobs_and_values",
     "token_values",
+    "unstack_layers",
     "value_model_config",
     "value_model_params",
     "Transformer",

@@ -48,9 +48,9 @@ def unstack_layers(cfg: ModelConfig, params: Params) -> Params:
   """`params` with each per-layer weight (stacked `[L, ...]`, `layer_param_names`) as a tuple of its L layers'
   arrays, each a buffer of its own: `forward` then runs the layers unrolled, reading each layer's weights
   where they lie. The layer scan slices a layer's weights out of the stack, which XLA copies before the
-  products (on the CPU, measured; on a GPU unmeasured), at every decode step. The same
-  model and numbers; a copy of the layer weights (the stacked arrays are not changed). Params already held so
-  are returned as they are. Works under `jit` (`RlaxEngine.prepare_params` runs it so, sharded)."""
+  products (on the CPU, measured; on a GPU unmeasured), at every decode step. The same model and numbers; a
+  copy of the layer weights (the stacked arrays are not changed). Params already held so are returned as they
+  are. Works under `jit` (`RlaxEngine.prepare_params` runs it so, sharded)."""
   stacked = [name for name in layer_param_names(cfg) if name in params and not isinstance(params[name], tuple)]
   if not stacked:
     return params
