@@ -455,6 +455,35 @@ def test_closing_a_runner_with_pending_groups_does_not_hang(engine):
   assert returned["again"][0].end_reason == "env_done"
 
 
+def test_waiting_for_envs_between_steps_fixes_the_schedule(engine):
+  """Stepping and `wait_for_envs` in turn: every step sees every observation, so the steps and what is left
+  after each are the same whether the envs answer at once or take 30 ms a call; the episodes too."""
+
+  def trace(sleep_s):
+    driver = _driver_for(engine)
+    with _runner(driver, lambda: ToyEnv(turns=3, sleep_s=sleep_s)) as runner:
+      runner.submit("ab", n=2, group_id=0)
+      runner.submit("xyz", n=1, group_id=1)
+      if sleep_s:
+        assert not runner.wait_for_envs(timeout_s=0)  # the resets are sleeping
+      steps, returned = [], {}
+      while runner.pending:
+        assert runner.wait_for_envs(timeout_s=30)
+        for group_id, episodes in runner.step():
+          returned[group_id] = [e.tokens for e in episodes]
+        steps.append((runner.unfinished, driver.num_parked, sorted(returned)))
+      assert driver.stats.park_waits == 0  # never an env to wait for inside a step
+    return steps, returned
+
+  fast, slow = trace(0.0), trace(0.03)
+  assert len(fast[0]) >= 4 and fast == slow
+  with _runner(_driver_for(engine), ToyEnv) as runner:
+    with pytest.raises(ValueError, match="timeout_s must be None or a number >= 0; got -1"):
+      runner.wait_for_envs(timeout_s=-1)
+  with pytest.raises(RuntimeError, match="closed"):
+    runner.wait_for_envs()
+
+
 def test_runner_errors_and_groups_ended_at_reset(engine):
   driver = _driver_for(engine)
   with _runner(driver, lambda: ToyEnv(fail_reset=True)) as runner:

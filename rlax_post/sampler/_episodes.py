@@ -181,6 +181,14 @@ class _Calls:
     self._pool.submit(work)
     return out
 
+  def wait(self, timeout_s: float | None) -> bool:
+    """Blocks until every call live now has resolved (returned, failed or timed out), or for timeout_s;
+    returns whether none of them is left."""
+    with self._lock:
+      live = list(self._live)
+    _, not_done = concurrent.futures.wait(live, timeout=timeout_s)
+    return not not_done
+
   def close(self) -> None:
     """Ends every live call (its late result is ignored) and every later one at once."""
     with self._lock:
@@ -463,6 +471,18 @@ class EpisodeRunner:
     finished.sort(key=lambda g: g.states[0].prompt_index)
     return [(g.group_id, [_episode(s, g.completions.get(s.index), self._tokenizer) for s in g.states])
             for g in finished]
+
+  def wait_for_envs(self, timeout_s: float | None = None) -> bool:
+    """Blocks until every env call in flight now (resets and steps) has returned, or for `timeout_s` (None:
+    no limit); returns whether none is left. The next `step` then sees every observation, so stepping and
+    waiting in turn gives one schedule whatever the env threads' timing: the episodes' tokens never depend
+    on it, but when each episode ends (so `unfinished`, and a producer's admission) does. A call that hangs
+    is ended by a `step` once `env_timeout_s` has passed, not here."""
+    self._check_open()
+    if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
+                                  or timeout_s < 0):
+      raise ValueError(f"timeout_s must be None or a number >= 0; got {timeout_s!r}.")
+    return self._calls.wait(timeout_s)
 
   def close(self) -> None:
     """Drops pending groups and shuts the env pool down without waiting for running env calls (their
