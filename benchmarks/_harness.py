@@ -22,6 +22,33 @@ def best_time(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 10) -
   return best
 
 
+def wall(fn: Callable[[], object]) -> Callable[[], float]:
+  """`fn` as a timer for `best_alternating`: calls it, returns its wall seconds (`fn` must block)."""
+
+  def timer() -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+  return timer
+
+
+def best_alternating(timers: dict[str, Callable[[], float]], repeats: int,
+                     on_run: Callable[[int, str, float], None] | None = None) -> dict[str, float]:
+  """Each timer's best seconds over `repeats` rounds that run every timer once, in turn, after a warm-up
+  round (round 0, which compiles): all arms see the same machine load. A timer runs its arm once and returns
+  the seconds it counts (`wall` times a whole call); `on_run(round, name, seconds)` follows every run."""
+  best = {name: float("inf") for name in timers}
+  for r in range(repeats + 1):
+    for name, timer in timers.items():
+      seconds = timer()
+      if r:
+        best[name] = min(best[name], seconds)
+      if on_run is not None:
+        on_run(r, name, seconds)
+  return best
+
+
 def print_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> None:
   """Prints rows as an aligned table; columns are (key, header, format)."""
   cells = [[header for _, header, _ in columns]]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,19 +51,6 @@ def stepper(cfg, graphdef, params, *, kv_len: int, slots: int, steps: int, apart
   return block
 
 
-def best_ms_alternating(blocks: dict, *, steps: int, repeats: int) -> dict:
-  """Each block's best ms per step over `repeats` rounds that run every block once, in turn (after a warm-up
-  round that compiles)."""
-  best = {name: float("inf") for name in blocks}
-  for r in range(repeats + 1):
-    for name, block in blocks.items():
-      t0 = time.perf_counter()
-      block()
-      if r:
-        best[name] = min(best[name], (time.perf_counter() - t0) / steps * 1e3)
-  return best
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--lengths", default="40,96,256,512", help="KV lengths, comma-separated.")
@@ -83,7 +69,8 @@ def main():
   for kv_len in lengths:
     blocks = {apart: stepper(cfg, graphdef, params, kv_len=kv_len, slots=args.slots, steps=args.steps, apart=apart)
               for apart in (True, False)}
-    ms = best_ms_alternating(blocks, steps=args.steps, repeats=args.repeats)
+    seconds = _harness.best_alternating({k: _harness.wall(block) for k, block in blocks.items()}, args.repeats)
+    ms = {k: s / args.steps * 1e3 for k, s in seconds.items()}
     cache_mib = cfg.kv_cache_bytes(args.slots, kv_len) / 2**20
     rows.append({"kv_len": kv_len, "ms_per_step": ms[True], "ms_per_step_stacked": ms[False],
                  "stacked_over_apart": ms[False] / ms[True], "cache_mib": cache_mib})

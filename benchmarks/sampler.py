@@ -210,19 +210,17 @@ class CompileClock:
 
 
 def best_alternating(modes: dict, repeats: int, progress: CompileClock | None = None) -> dict:
-  """Each mode's best seconds over `repeats` rounds that run every mode once, in turn (after a compiling
-  warm-up round, round 0), so all modes see the same machine load. With `progress`, prints each mode's
-  seconds and XLA compiles per round as it goes (a run cut off by a timeout still says how far it got)."""
-  best, t0 = {name: float("inf") for name in modes}, time.perf_counter()
-  for r in range(repeats + 1):
-    for name, mode in modes.items():
-      before = (progress.seconds, progress.count) if progress else None
-      seconds = mode()
-      if r:
-        best[name] = min(best[name], seconds)
-      if progress:
-        print(f"[progress] round {r} {name}: {seconds:.3f} s, {progress.count - before[1]} compiles "
-              f"{progress.seconds - before[0]:.1f} s; {time.perf_counter() - t0:.0f} s in", flush=True)
+  """Each mode's row at its best seconds (`_harness.best_alternating`: rounds that run every mode in turn,
+  after a compiling one). With `progress`, prints each mode's seconds and XLA compiles per round as it goes
+  (a run cut off by a timeout still says how far it got)."""
+  t0, before = time.perf_counter(), [0.0, 0]
+
+  def report(r, name, seconds):
+    print(f"[progress] round {r} {name}: {seconds:.3f} s, {progress.count - before[1]} compiles "
+          f"{progress.seconds - before[0]:.1f} s; {time.perf_counter() - t0:.0f} s in", flush=True)
+    before[:] = [progress.seconds, progress.count]
+
+  best = _harness.best_alternating(modes, repeats, report if progress else None)
   return {name: modes[name].row(seconds) for name, seconds in best.items()}
 
 

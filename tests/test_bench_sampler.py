@@ -1,6 +1,6 @@
 """benchmarks/sampler.py at a tiny size: the modes asked for run (the others' ratios are None), continuous and
 static batching give the same completions, `--progress` prints each mode's rounds, and an unknown mode is
-named. Timing ratios are not tested."""
+named; `_harness.best_alternating`'s rounds. Timing ratios are not tested."""
 
 import json
 import os
@@ -11,6 +11,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
+import _harness  # pylint: disable=g-import-not-at-top,wrong-import-position
 import sampler as bench  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -34,3 +35,18 @@ def test_a_tiny_run_of_some_modes(tmp_path, capsys):
 def test_an_unknown_mode_is_named():
   with pytest.raises(SystemExit, match=r"--modes: unknown mode\(s\) \['eq_2'\]; the modes are \['fused_eq'"):
     bench.main(["--slots", "4", "--requests", "8", "--repeats", "1", "--modes", "eq_k,eq_2"])
+
+
+def test_alternating_rounds_take_each_arms_best_after_the_warm_up():
+  """`_harness.best_alternating`: round 0 (warm-up) is not counted even when fastest; every round runs the
+  arms in turn; `wall` times a whole call."""
+  seconds = {"a": iter([0.1, 5.0, 3.0, 4.0]), "b": iter([0.1, 9.0, 2.0, 7.0])}
+  runs = []
+  best = _harness.best_alternating({k: (lambda k=k: next(seconds[k])) for k in seconds}, 3,
+                                   on_run=lambda r, name, s: runs.append((r, name, s)))
+  assert best == {"a": 3.0, "b": 2.0}
+  assert [(r, name) for r, name, _ in runs] == [(r, name) for r in range(4) for name in "ab"]
+  assert runs[2] == (1, "a", 5.0)
+  calls = []
+  timer = _harness.wall(lambda: calls.append(1))
+  assert 0 <= timer() < 1 and calls == [1]
