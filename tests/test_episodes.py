@@ -2,6 +2,7 @@
 inserted (mask, turn starts, logprobs), slow envs overlap with decoding, env errors/timeouts end only their
 episode, max_turns; and the driver's deferred (future) observations."""
 
+import math
 import concurrent.futures
 import functools
 import time
@@ -477,9 +478,13 @@ def test_waiting_for_envs_between_steps_fixes_the_schedule(engine):
 
   fast, slow = trace(0.0), trace(0.03)
   assert len(fast[0]) >= 4 and fast == slow
-  with _runner(_driver_for(engine), ToyEnv) as runner:
+  with _runner(_driver_for(engine), lambda: ToyEnv(sleep_s=0.05)) as runner:
     with pytest.raises(ValueError, match="timeout_s must be None or a number >= 0; got -1"):
       runner.wait_for_envs(timeout_s=-1)
+    with pytest.raises(ValueError, match="timeout_s must be None or a number >= 0; got nan"):
+      runner.wait_for_envs(timeout_s=math.nan)
+    runner.submit("ab", n=1, group_id=0)  # a reset in flight: math.inf waits for it (review: OverflowError)
+    assert runner.wait_for_envs(timeout_s=math.inf)
   with pytest.raises(RuntimeError, match="closed"):
     runner.wait_for_envs()
 

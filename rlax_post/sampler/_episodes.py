@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -477,12 +478,12 @@ class EpisodeRunner:
     no limit); returns whether none is left. The next `step` then sees every observation, so stepping and
     waiting in turn gives one schedule whatever the env threads' timing: the episodes' tokens never depend
     on it, but when each episode ends (so `unfinished`, and a producer's admission) does. A call that hangs
-    is ended by a `step` once `env_timeout_s` has passed, not here."""
+    is ended by a `step` once `env_timeout_s` has passed, not here; `math.inf` is no limit."""
     self._check_open()
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
-                                  or timeout_s < 0):
+                                  or not timeout_s >= 0):
       raise ValueError(f"timeout_s must be None or a number >= 0; got {timeout_s!r}.")
-    return self._calls.wait(timeout_s)
+    return self._calls.wait(None if timeout_s is None or math.isinf(timeout_s) else timeout_s)
 
   def close(self) -> None:
     """Drops pending groups and shuts the env pool down without waiting for running env calls (their
