@@ -3,6 +3,10 @@ the stacked params, and a decode step that slices no layer's weights out of a st
 
 from __future__ import annotations
 
+import gc
+import threading
+import weakref
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -164,16 +168,58 @@ def test_a_decode_block_with_apart_params_slices_no_layer_weights():
   assert _weight_slices(hlo(engine.prepare_params(params)), engine.model_cfg) == []
 
 
+def _same_arrays(a, b) -> bool:
+  return all(x is y for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
 def test_prepared_params_are_shared_by_the_engines_of_a_model_while_their_arrays_live():
-  """A run's sampler and eval engines given the same params hold one copy of the layer weights apart."""
+  """A run's sampler and eval engines given the same params hold one copy of the layer weights apart; nothing
+  else keeps that copy alive (review: a module-level cache held the last copy of every model)."""
   engine, params = _engine()
   other, _ = _engine(max_concurrent_decodes=2)  # another engine of the same model
   ready = engine.prepare_params(params)
-  assert other.prepare_params(params) is ready
+  assert _same_arrays(other.prepare_params(params), ready)
   fresh = jax.tree.map(lambda x: x + 0, params)  # equal values, other arrays: prepared afresh
   again = other.prepare_params(fresh)
-  assert again is not ready
+  assert again["up"][1] is not ready["up"][1]
   np.testing.assert_array_equal(again["up"][1], ready["up"][1])
+  copies = [weakref.ref(ready["up"][1]), weakref.ref(again["up"][1])]  # `again` was prepared last
+  del ready, again
+  gc.collect()
+  assert [r() for r in copies] == [None, None]
+  assert not _same_arrays(engine.prepare_params(params), other.prepare_params(fresh))
+
+
+def test_numpy_params_are_prepared_afresh_each_time():
+  """Host params change in place: preparing them again gives their new values (review: the copy of their old
+  values came back)."""
+  engine, params = _engine()
+  host = jax.tree.map(np.array, params)
+  first, before = engine.prepare_params(host), host["up"].copy()
+  host["up"] += 1.0  # in place
+  second = engine.prepare_params(host)
+  np.testing.assert_array_equal(second["up"][0], host["up"][0])
+  np.testing.assert_array_equal(first["up"][0], before[0])
+  assert not np.array_equal(first["up"][0], second["up"][0])
+
+
+def test_threads_preparing_the_same_params_at_once_share_one_copy():
+  """Sampler threads swapping to the same published params together (review: each made its own copy)."""
+  engine, params = _engine()
+  other, _ = _engine(max_concurrent_decodes=2)
+  engine.prepare_params(jax.tree.map(lambda x: x + 0, params))  # compiled: the threads race on the copy alone
+  barrier, out = threading.Barrier(4), {}
+
+  def prepare(k):
+    barrier.wait()
+    out[k] = (engine if k % 2 else other).prepare_params(params)
+
+  threads = [threading.Thread(target=prepare, args=(k,)) for k in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert all(_same_arrays(out[k], out[0]) for k in range(1, 4))
 
 
 def _run_config(**runtime_settings):

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 import weakref
 
 from etils import epath
@@ -247,31 +247,35 @@ class RlaxEngine(engine_api.Engine):
     """`params` (checked: `check_params`) in the form the engine decodes fastest with: each layer's weights
     apart with `unstack_layers` (one jitted copy of the layer weights, each slice keeping its array's layout;
     params already so are returned as they are), else as given. Every call accepts either form; a `Driver`
-    prepares its params once per `set_params`. The last params held apart per model are remembered by weak
-    reference: the drivers of every engine of the model given the same arrays (a run's sampler and eval) share
-    one copy."""
+    prepares its params once per `set_params`. While the copy lives, preparing the same `jax.Array`s again (an
+    engine of the same model: a run's sampler and eval, or sampler threads swapping at once) returns the same
+    copy; nothing here keeps it alive, and params holding numpy arrays (which change in place) are copied
+    afresh every time."""
     self.check_params(params)
-    if not self.unstack_layers:
-      return params
-    names = [name for name in models.layer_param_names(self.model_cfg) if not isinstance(params[name], tuple)]
-    if not names:
+    names = models.layer_param_names(self.model_cfg)
+    if not self.unstack_layers or isinstance(params[names[0]], tuple):  # `check_params`: all apart, or none
       return params
     leaves = jax.tree.leaves(params)
-    with _LAST_APART_LOCK:  # sampler threads swap params at once
-      last = _LAST_APART.get(self.model_cfg)
-    if last is not None and len(last[0]) == len(leaves) and all(r() is x for r, x in zip(last[0], leaves)):
-      return last[1]
-    apart = {**params, **_unstack_program(self.model_cfg)({name: params[name] for name in names})}
-    try:
-      refs = tuple(weakref.ref(x) for x in leaves)
-    except TypeError:  # leaves without weak references (jax's and numpy's arrays have them): not remembered
-      return apart
-    with _LAST_APART_LOCK:
+    if not all(isinstance(x, jax.Array) for x in leaves):
+      return self._unstack(params, names)
+    with _LAST_APART_LOCK:  # held over the copy: threads preparing the same params at once make one
+      found = _LAST_APART.get(self.model_cfg)
+      if found is not None and len(found.params) == len(leaves) and all(
+          r() is x for r, x in zip(found.params, leaves)):
+        apart = [r() for r in found.apart]
+        if all(x is not None for x in apart):
+          return jax.tree.unflatten(found.treedef, apart)
+      result = self._unstack(params, names)
+      apart, treedef = jax.tree.flatten(result)
       _LAST_APART.pop(self.model_cfg, None)
       if len(_LAST_APART) >= _APART_MODELS:
         _LAST_APART.pop(next(iter(_LAST_APART)))  # the model prepared longest ago
-      _LAST_APART[self.model_cfg] = (refs, apart)
-    return apart
+      _LAST_APART[self.model_cfg] = _Apart(tuple(map(weakref.ref, leaves)), tuple(map(weakref.ref, apart)),
+                                           treedef)
+    return result
+
+  def _unstack(self, params: Any, names: Sequence[str]) -> Any:
+    return {**params, **_unstack_program(self.model_cfg)({name: params[name] for name in names})}
 
   def _check_divides(self, what: str, size: int, logical: str, role: str) -> None:
     """Raises ValueError unless `size` divides the mesh axes the rules map `logical` to."""
@@ -581,10 +585,16 @@ def _pow2_at_least(n: int) -> int:
   return b
 
 
-# Per model config (of the `_APART_MODELS` prepared last): (weak references to the leaves of the params
-# `prepare_params` last held apart, the result).
+class _Apart(NamedTuple):
+  """What `prepare_params` made last for a model, all by weak reference: the params' leaves, the copy's."""
+  params: tuple[weakref.ref, ...]
+  apart: tuple[weakref.ref, ...]
+  treedef: Any
+
+
+# Per model config (of the `_APART_MODELS` prepared last).
 _APART_MODELS = 16
-_LAST_APART: dict[models.ModelConfig, tuple[tuple[weakref.ref, ...], Any]] = {}
+_LAST_APART: dict[models.ModelConfig, _Apart] = {}
 _LAST_APART_LOCK = threading.Lock()
 
 
