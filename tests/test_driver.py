@@ -167,7 +167,8 @@ def test_set_params_mid_run_tags_tokens_with_their_version(sampling_engine, reco
 
 def test_a_swap_prefills_in_flight_sequences_again_in_batches(sampling_engine, monkeypatch):
   """In-flight sequences within the largest prefill bucket (16) are prefilled again in one `prefill_batch` call,
-  a longer one alone in chunks of 16; every token after the swap has version 1's logprob of its sequence."""
+  a longer one alone in chunks of 16; each recomputed prefix is inserted before the next is made (one alive at a
+  time: a swap needs no second KV cache); every token after the swap has version 1's logprob of its sequence."""
   params0, params1 = refs.model(0)[1], refs.model(1)[1]
   requests = [Request(refs.prompt(4, 40), n=2, max_tokens=14, request_id="short"),
               Request(refs.prompt(13, 41), n=1, max_tokens=14, request_id="long")]
@@ -178,13 +179,18 @@ def test_a_swap_prefills_in_flight_sequences_again_in_batches(sampling_engine, m
   busy = [s for s in driver._busy if s is not None]  # pylint: disable=protected-access
   lengths = sorted(len(s.ids()) for s in busy)
   assert len(busy) == SLOTS and lengths[0] <= 16 < lengths[-1], lengths  # both paths taken
-  calls = collections.Counter()
-  for name in ("prefill", "prefill_batch"):
+  log = []
+  for name in ("prefill", "prefill_batch", "insert_batch"):
     real = getattr(sampling_engine, name)
     monkeypatch.setattr(sampling_engine, name,
-                        lambda *a, _real=real, _name=name, **k: (calls.update([_name]), _real(*a, **k))[1])
+                        lambda *a, _real=real, _name=name, **k: (log.append(_name), _real(*a, **k))[1])
   driver.set_params(params1, version=1)
-  assert calls == {"prefill_batch": 1, "prefill": sum(-(-n // 16) for n in lengths if n > 16)}
+  assert collections.Counter(log) == {"prefill_batch": 1, "prefill": sum(-(-n // 16) for n in lengths if n > 16),
+                                      "insert_batch": 1 + sum(n > 16 for n in lengths)}
+  # Each insert takes the prefix made just before it: one long sequence's chunks, or one batch.
+  segments = " ".join(log).split(" insert_batch")
+  assert segments[-1] == "" and all(set(seg.split()) in ({"prefill"}, {"prefill_batch"}) for seg in segments[:-1])
+  assert all(seg.split().count("prefill_batch") <= 1 for seg in segments)
   assert driver.stats.recompute_prefills == SLOTS
   monkeypatch.undo()
   swapped = {(s.request.request_id, s.index): len(s.tokens) for s in busy}

@@ -79,7 +79,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import itertools
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -277,24 +277,23 @@ class Driver:
         if sample.request.env is not None:  # Its conversation prefix: one row (a batch holds several).
           self._keep_prefix(sample, prefix.row(row) if prefix.length.shape[0] > 1 else prefix)
 
-  def _recompute(self, slots: list[int]) -> list[tuple[_engine.Prefix, list[tuple[int, int]]]]:
+  def _recompute(self, slots: list[int]) -> Iterator[tuple[_engine.Prefix, list[tuple[int, int]]]]:
     """The in-flight sequences of `slots` prefilled again under the current params: (prefix, [(row, slot)])
-    pairs. Sequences that fit a prefill bucket go in batches (`prefill_batch`, one call per bucket and
-    `prefill_rows` of them), longer ones one at a time in chunks of the largest bucket; `recompute_prefills`
-    counts the sequences."""
+    pairs, each made when the caller asks for the next one, so one recomputed prefix is alive at a time (the
+    caller inserts it first). Sequences that fit a prefill bucket go in batches (`prefill_batch`, one call per
+    bucket and `prefill_rows` of them), longer ones one at a time in chunks of the largest bucket;
+    `recompute_prefills` counts the sequences."""
+    self._counts["recompute_prefills"] += len(slots)
     largest = self.engine.prefill_buckets[-1]
-    out, fitting = [], {}  # fitting: slot -> (ids, []), as `_prefill_groups` takes them
+    fitting = {}  # slot -> (ids, []), as `_prefill_groups` takes them
     for slot in slots:
       ids = self._busy[slot].ids()
       if len(ids) > largest:
-        out.append((self._prefill(ids, counter=None), [(0, slot)]))
+        yield self._prefill(ids, counter=None), [(0, slot)]
       else:
         fitting[slot] = (ids, [])
     for group in self._prefill_groups(fitting):
-      prefix = self.engine.prefill_batch(self.params, [fitting[slot][0] for slot in group])
-      out.append((prefix, list(enumerate(group))))
-    self._counts["recompute_prefills"] += len(slots)
-    return out
+      yield self.engine.prefill_batch(self.params, [fitting[slot][0] for slot in group]), list(enumerate(group))
 
   def submit(self, requests: Iterable[Request]) -> None:
     """Validates every request (ValueError naming the bad values) then queues their samples."""
@@ -421,7 +420,8 @@ class Driver:
     needs)."""
     ids = parent.ids()[:len(parent.request.prompt) + at]
     if version != self.version or self.engine.model_cfg.window_sizes().max(initial=0) > 0:
-      return self._prefill(ids, counter="recompute_prefills"), len(ids)
+      self._counts["recompute_prefills"] += 1  # one sequence (in chunks: `_prefill`)
+      return self._prefill(ids, counter=None), len(ids)
     cut = _engine.Prefix(cache=kept.cache, length=np.asarray([len(ids) - 1], np.int32), logits=kept.logits)
     return self.engine.prefill(params=self.params, existing_prefix=cut, padded_tokens=np.asarray(ids[-1:], np.int32),
                                true_length=1), 1
@@ -751,7 +751,8 @@ class Driver:
     its conversation prefix when it runs an env."""
     prefix = sample.fork_prefix
     if sample.fork_version != self.version:
-      prefix = self._prefill(sample.ids(), counter="recompute_prefills")
+      self._counts["recompute_prefills"] += 1  # one sequence (in chunks: `_prefill`)
+      prefix = self._prefill(sample.ids(), counter=None)
       sample.fork_prefill += len(sample.ids())
       sample.first_version = None
     sample.fork_prefix = None

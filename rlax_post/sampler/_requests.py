@@ -115,7 +115,8 @@ class DriverStats:
   """Counters since the driver was built."""
   slots: int  # the engine's max_concurrent_decodes.
   prefills: int  # prefills of prompts (one per request with share_prefix, n without).
-  recompute_prefills: int  # in-flight sequences prefilled again after a swap (in batches: `prefill_batch`).
+  recompute_prefills: int  # sequences prefilled again under new params: in flight at a swap (in batches:
+  # `prefill_batch`), and forks or fork points whose state predates the swap (one each, however many chunks).
   turn_prefills: int  # prefill calls that extended a conversation with a turn and an observation.
   inserts: int  # engine.insert calls (including re-inserts after a swap).
   generate_steps: int  # decode steps run on the device.
