@@ -94,8 +94,20 @@ def test_mixed_forms_and_tuples_of_other_weights_are_errors():
   tokens = jnp.zeros((1, 4), jnp.int32)
   with pytest.raises(ValueError, match=r"Either every layer weight is stacked .* tuples for \['q'\]"):
     models.forward(graphdef, {**params, "q": apart["q"]}, tokens)
-  with pytest.raises(ValueError, match=r"tuples for .* 'q'"):
+  with pytest.raises(ValueError, match=r"tuples for .* 'q'.*lengths \[3, 3, 2, 3"):
     models.forward(graphdef, {**apart, "q": apart["q"][:2]}, tokens)  # 2 of 3 layers
+  as_lists = {name: list(value) if isinstance(value, tuple) else value for name, value in apart.items()}
+  with pytest.raises(ValueError, match=r"Layer weights \['attn_norm', .*'down'\] are lists; .* convert with "
+                                       r"tuple\(\)"):  # e.g. after a round trip through JSON-like storage
+    models.forward(graphdef, as_lists, tokens)
+  assert models.layers_apart(cfg, apart) and not models.layers_apart(cfg, params)
+  engine = sampler.RlaxEngine(cfg, graphdef, tokenizer=TOK, max_concurrent_decodes=2, max_prefill_length=16,
+                              max_decode_length=64)
+  for bad, match in ((as_lists, "are lists"), ({**params, "q": apart["q"]}, r"Either every layer weight")):
+    with pytest.raises(ValueError, match=match):
+      engine.check_params(bad)
+    with pytest.raises(ValueError, match=match):
+      engine.prepare_params(bad)
   axes = models.param_logical_axes(apart)
   assert axes["q"] == (("embed", "heads", "head_dim"),) * cfg.num_layers and axes["embedding"] == ("vocab", "embed")
   with pytest.raises(ValueError, match=r"only layer weights .* 'embedding'"):

@@ -44,6 +44,7 @@ from rlax_post.models._transformer import grow_cache
 from rlax_post.models._transformer import init_cache
 from rlax_post.models._transformer import KVCache
 from rlax_post.models._transformer import layer_param_names
+from rlax_post.models._transformer import layers_apart
 from rlax_post.models._transformer import position_axes
 from rlax_post.models._transformer import Transformer
 
@@ -72,6 +73,7 @@ __all__ = [
     "init_params",
     "KVCache",
     "layer_param_names",
+    "layers_apart",
     "position_axes",
     "load_hf",
     "logprobs_from_logits",

@@ -14,6 +14,7 @@ from rlax_post.models import _axes
 from rlax_post.models._config import ModelConfig
 from rlax_post.models._transformer import KVCache
 from rlax_post.models._transformer import layer_param_names
+from rlax_post.models._transformer import layers_apart
 from rlax_post.models._transformer import Transformer
 
 GraphDef = Any  # nnx.GraphDef of a Transformer: static, hashable.
@@ -51,9 +52,9 @@ def unstack_layers(cfg: ModelConfig, params: Params) -> Params:
   products (on the CPU, measured; on a GPU unmeasured), at every decode step. The same model and numbers; a
   copy of the layer weights (the stacked arrays are not changed). Params already held so are returned as they
   are. Works under `jit` (`RlaxEngine.prepare_params` runs it so, sharded)."""
-  stacked = [name for name in layer_param_names(cfg) if name in params and not isinstance(params[name], tuple)]
-  if not stacked:
+  if layers_apart(cfg, params):
     return params
+  stacked = [name for name in layer_param_names(cfg) if name in params]
   return {**params, **{name: tuple(params[name][i] for i in range(cfg.num_layers)) for name in stacked}}
 
 

@@ -14,7 +14,7 @@ which only reads: every write is outside it), and the rings are written once aft
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from flax import nnx
 import jax
@@ -142,6 +142,23 @@ def layer_param_names(cfg: ModelConfig) -> tuple[str, ...]:
   return tuple(names)
 
 
+def layers_apart(cfg: ModelConfig, params: Any) -> bool:
+  """Whether `params` (a mapping from names to weights; missing names are skipped) hold each layer's weights
+  apart, every layer weight a tuple of L per-layer arrays (`unstack_layers`), or stacked `[L, ...]` (False).
+  Raises ValueError for a mix of the two, a tuple of another length, or a list (a tuple is expected)."""
+  present = [name for name in layer_param_names(cfg) if name in params]
+  lists = [name for name in present if isinstance(params[name], list)]
+  if lists:
+    raise ValueError(f"Layer weights {lists} are lists; a layer weight is one stacked [L, ...] array or a tuple "
+                     f"of L = {cfg.num_layers} per-layer arrays (models.unstack_layers): convert with tuple().")
+  apart = [name for name in present if isinstance(params[name], tuple)]
+  if apart and (len(apart) < len(present) or any(len(params[name]) != cfg.num_layers for name in apart)):
+    raise ValueError(f"Either every layer weight is stacked [L, ...] or every one is a tuple of L = "
+                     f"{cfg.num_layers} arrays (models.unstack_layers); got tuples for {apart} of {present} "
+                     f"(lengths {[len(params[name]) for name in apart]}).")
+  return bool(apart)
+
+
 def _param(init, key, shape, dtype, name):
   return nnx.Param(init(key, shape, dtype), out_sharding=_axes.PARAM_LOGICAL_AXES[name],
                    eager_sharding=False)
@@ -208,13 +225,8 @@ class Transformer(nnx.Module):
     scan), or one dict per layer where the params hold each layer's weights apart (`unstack_layers`)."""
     dt = self.cfg.activation_dtype
     values = {name: getattr(self, name).get_value() for name in layer_param_names(self.cfg)}
-    apart = [name for name, value in values.items() if isinstance(value, tuple)]
-    if not apart:
+    if not layers_apart(self.cfg, values):
       return {name: value.astype(dt) for name, value in values.items()}
-    if len(apart) < len(values) or any(len(values[name]) != self.cfg.num_layers for name in apart):
-      raise ValueError(f"Either every layer weight is stacked [L, ...] or every one is a tuple of L = "
-                       f"{self.cfg.num_layers} arrays (models.unstack_layers); got tuples for {apart} of "
-                       f"{list(values)}.")
     return [{name: value[i].astype(dt) for name, value in values.items()} for i in range(self.cfg.num_layers)]
 
   def __call__(self, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,

@@ -237,8 +237,7 @@ class RlaxEngine(engine_api.Engine):
     """
     if params is self._checked_params:
       return
-    apart = isinstance(params, dict) and any(isinstance(params.get(name), tuple)
-                                              for name in models.layer_param_names(self.model_cfg))
+    apart = isinstance(params, dict) and models.layers_apart(self.model_cfg, params)
     check_params_like(params, self._abstract_apart if apart else self._abstract_params,
                       "the model" + (" (its layer weights held apart)" if apart else ""))
     self._checked_params = params
@@ -253,7 +252,7 @@ class RlaxEngine(engine_api.Engine):
     afresh every time."""
     self.check_params(params)
     names = models.layer_param_names(self.model_cfg)
-    if not self.unstack_layers or isinstance(params[names[0]], tuple):  # `check_params`: all apart, or none
+    if not self.unstack_layers or models.layers_apart(self.model_cfg, params):
       return params
     leaves = jax.tree.leaves(params)
     if not all(isinstance(x, jax.Array) for x in leaves):
