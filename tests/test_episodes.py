@@ -485,6 +485,22 @@ def test_waiting_for_envs_between_steps_fixes_the_schedule(engine):
       runner.wait_for_envs(timeout_s=math.nan)
     runner.submit("ab", n=1, group_id=0)  # a reset in flight: math.inf waits for it (review: OverflowError)
     assert runner.wait_for_envs(timeout_s=math.inf)
+  # A hung env call ends at env_timeout_s, in the wait as in a step: the wait returns then, not when it returns.
+  driver = _driver_for(engine)
+  with _runner(driver, lambda: ToyEnv(turns=3, hang_at=1, hang_s=3.0), env_timeout_s=0.3) as runner:
+    runner.submit("ab", n=1, group_id=0)
+    assert runner.wait_for_envs(timeout_s=5)
+    for _ in range(1000):  # until its first message went to the env (which hangs)
+      if driver.num_parked:
+        break
+      runner.step()
+    start = time.perf_counter()
+    assert not runner.wait_for_envs(timeout_s=0.05)  # the hung call is in flight
+    assert runner.wait_for_envs()
+    assert 0.2 < time.perf_counter() - start < 2.0
+    returned = {}
+    _drain(runner, returned)
+  assert returned[0][0].end_reason == "env_timeout" and returned[0][0].error == "env call exceeded 0.3 s"
   with pytest.raises(RuntimeError, match="closed"):
     runner.wait_for_envs()
 

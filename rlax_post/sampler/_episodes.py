@@ -183,12 +183,24 @@ class _Calls:
     return out
 
   def wait(self, timeout_s: float | None) -> bool:
-    """Blocks until every call live now has resolved (returned, failed or timed out), or for timeout_s;
-    returns whether none of them is left."""
-    with self._lock:
-      live = list(self._live)
-    _, not_done = concurrent.futures.wait(live, timeout=timeout_s)
-    return not not_done
+    """Blocks until every call live now or started meanwhile has resolved (returned, failed or timed out: a
+    call running past the timeout is ended here too, as `expire` would), or for timeout_s (None: no limit);
+    returns whether none is left."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+      self.expire()
+      with self._lock:
+        live = list(self._live)
+        ends = [started[0] + self._timeout_s for started, _ in self._live.values() if started[0] is not None]
+      now = time.monotonic()
+      if not live or (deadline is not None and now >= deadline):
+        return not live
+      # Wake when the first running call would time out, or at the deadline; every 50 ms while calls wait for a
+      # worker (their clocks start when one takes them).
+      wake = [t - now for t in ends] + ([deadline - now] if deadline is not None else [])
+      if len(ends) < len(live):
+        wake.append(0.05)
+      concurrent.futures.wait(live, timeout=max(min(wake), 0.0) if wake else None)
 
   def close(self) -> None:
     """Ends every live call (its late result is ignored) and every later one at once."""
@@ -475,10 +487,11 @@ class EpisodeRunner:
 
   def wait_for_envs(self, timeout_s: float | None = None) -> bool:
     """Blocks until every env call in flight now (resets and steps) has returned, or for `timeout_s` (None:
-    no limit); returns whether none is left. The next `step` then sees every observation, so stepping and
-    waiting in turn gives one schedule whatever the env threads' timing: the episodes' tokens never depend
-    on it, but when each episode ends (so `unfinished`, and a producer's admission) does. A call that hangs
-    is ended by a `step` once `env_timeout_s` has passed, not here; `math.inf` is no limit."""
+    no limit; `math.inf` too); returns whether none is left. The next `step` then sees every observation, so
+    stepping and waiting in turn gives one schedule whatever the env threads' timing: the episodes' tokens
+    never depend on it, but when each episode ends (so `unfinished`, and a producer's admission) does. A call
+    running longer than `env_timeout_s` is ended here as `step` would end it (its episode's 'env_timeout'),
+    so a hung env does not hold the wait past that."""
     self._check_open()
     if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float))
                                   or not timeout_s >= 0):
