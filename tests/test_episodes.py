@@ -2,9 +2,9 @@
 inserted (mask, turn starts, logprobs), slow envs overlap with decoding, env errors/timeouts end only their
 episode, max_turns; and the driver's deferred (future) observations."""
 
-import math
 import concurrent.futures
 import functools
+import math
 import time
 import types
 

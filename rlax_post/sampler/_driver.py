@@ -283,16 +283,16 @@ class Driver:
     caller inserts it first). Sequences that fit a prefill bucket go in batches (`prefill_batch`, one call per
     bucket and `prefill_rows` of them), longer ones one at a time in chunks of the largest bucket;
     `recompute_prefills` counts the sequences."""
-    self._counts["recompute_prefills"] += len(slots)
     largest = self.engine.prefill_buckets[-1]
     fitting = {}  # slot -> (ids, []), as `_prefill_groups` takes them
     for slot in slots:
       ids = self._busy[slot].ids()
       if len(ids) > largest:
-        yield self._prefill(ids, counter=None), [(0, slot)]
+        yield self._prefill_again(ids), [(0, slot)]
       else:
         fitting[slot] = (ids, [])
     for group in self._prefill_groups(fitting):
+      self._counts["recompute_prefills"] += len(group)
       yield self.engine.prefill_batch(self.params, [fitting[slot][0] for slot in group]), list(enumerate(group))
 
   def submit(self, requests: Iterable[Request]) -> None:
@@ -420,8 +420,7 @@ class Driver:
     needs)."""
     ids = parent.ids()[:len(parent.request.prompt) + at]
     if version != self.version or self.engine.model_cfg.window_sizes().max(initial=0) > 0:
-      self._counts["recompute_prefills"] += 1  # one sequence (in chunks: `_prefill`)
-      return self._prefill(ids, counter=None), len(ids)
+      return self._prefill_again(ids), len(ids)
     cut = _engine.Prefix(cache=kept.cache, length=np.asarray([len(ids) - 1], np.int32), logits=kept.logits)
     return self.engine.prefill(params=self.params, existing_prefix=cut, padded_tokens=np.asarray(ids[-1:], np.int32),
                                true_length=1), 1
@@ -725,6 +724,12 @@ class Driver:
         self._counts[counter] += 1
     return prefix
 
+  def _prefill_again(self, ids: list[int]) -> _engine.Prefix:
+    """One sequence prefilled again under the current params (after a swap: in flight, a fork, a fork point),
+    in chunks of the largest bucket; `recompute_prefills` counts it once."""
+    self._counts["recompute_prefills"] += 1
+    return self._prefill(ids, counter=None)
+
   def _insert(self, prefix: _engine.Prefix, entries: list[tuple[int, int, _Sample]], rngs: np.ndarray,
               streams: np.ndarray | None = None) -> None:
     """Inserts prefix row `row` into `slot` for each (row, slot, sample) of `entries`, in one call, with the
@@ -751,8 +756,7 @@ class Driver:
     its conversation prefix when it runs an env."""
     prefix = sample.fork_prefix
     if sample.fork_version != self.version:
-      self._counts["recompute_prefills"] += 1  # one sequence (in chunks: `_prefill`)
-      prefix = self._prefill(sample.ids(), counter=None)
+      prefix = self._prefill_again(sample.ids())
       sample.fork_prefill += len(sample.ids())
       sample.first_version = None
     sample.fork_prefix = None
