@@ -455,8 +455,12 @@ def test_stop_strings_end_a_turn_at_the_token_that_completes_them():
 
 
 def test_bad_laws_and_stops_raise_clear_errors():
-  with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+  with pytest.raises(ValueError, match=r"temperature must be a number in \[0, 100\] \(0 is greedy\); got -1.0"):
     _sampling.SamplingParams(temperature=-1.0)
+  # Far above it the padded vocabulary's finite mask (-1e9 / T) would stop masking.
+  with pytest.raises(ValueError, match=r"temperature must be a number in \[0, 100\] \(0 is greedy\); got 1000000000000.0"):
+    _sampling.SamplingParams(temperature=1e12)
+  assert _sampling.SamplingParams(temperature=_sampling.MAX_TEMPERATURE).temperature == 100.0
   with pytest.raises(ValueError, match=r"top_p must be a number in \(0, 1\]; got 0"):
     _sampling.SamplingParams(top_p=0)
   with pytest.raises(ValueError, match="top_k must be an int >= 0"):

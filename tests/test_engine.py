@@ -316,6 +316,21 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
                    true_length=4)
   with pytest.raises(FileNotFoundError, match="No finished checkpoint"):
     engine.load_params(tmp_path)
+  # Ids outside the vocabulary (an embedding lookup would give NaN logits past it, another row below 0), in
+  # every prefill entry point; and insert rows outside the prefix (a gather would clamp to another prompt).
+  v = CFG.vocab_size
+  with pytest.raises(ValueError, match=rf"prompt 0 holds id {v} at position 2; ids must be in \[0, {v}\)"):
+    engine.prefill(params=params, padded_tokens=np.array([1, 2, v, 3], np.int32), true_length=4)
+  with pytest.raises(ValueError, match=rf"prompt 1 holds id -5 at position 0; ids must be in \[0, {v}\)"):
+    engine.prefill_batch(params, [[1, 2], [-5, 3]])
+  with pytest.raises(ValueError, match=rf"prompt 0 holds id {v + 7} at position 1"):
+    engine.prefill(params=params, existing_prefix=prefix, padded_tokens=np.array([4, v + 7]), true_length=2)
+  two = engine.prefill_batch(params, [_prompt(3), _prompt(5, seed=1)])
+  settings = engine.slot_settings([None])
+  rngs = np.zeros((1, 2), np.uint32)
+  for row in (two.length.shape[0], -1, 1.0):
+    with pytest.raises(ValueError, match=rf"insert_batch rows must be ints in \[0, {two.length.shape[0]}\)"):
+      engine.insert_batch(two, engine.init_decode_state(), [row], [0], rngs, settings)
   del graphdef
   with pytest.raises(ValueError, match="max_decode_length"):
     _engine.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=1, max_prefill_length=32,

@@ -31,6 +31,7 @@ from rlax_post.sampler._tokenizer_api import prefill_buckets
 from rlax_post.sampler._sampling import draw_rows
 from rlax_post.sampler._sampling import sample_rows
 from rlax_post.sampler._sampling import sample_token
+from rlax_post.sampler._sampling import MAX_TEMPERATURE
 from rlax_post.sampler._sampling import SamplingParams
 from rlax_post.sampler._scoring import ScoreService
 from rlax_post.sampler._serve import check_request
@@ -66,6 +67,7 @@ __all__ = [
     "draw_rows",
     "sample_rows",
     "sample_token",
+    "MAX_TEMPERATURE",
     "SamplingParams",
     "ScoreService",
     "SlotSettings",

@@ -360,6 +360,12 @@ class RlaxEngine(engine_api.Engine):
     tokens_bt = np.full((rows, t_bucket), self.tokenizer.pad_id, np.int32)
     for i, prompt in enumerate(prompts):
       tokens_bt[i, :lengths[i]] = np.asarray(prompt, np.int32)
+    low, high = int(tokens_bt.min()), int(tokens_bt.max())
+    if low < 0 or high >= self.model_cfg.vocab_size:
+      bad = next((i, j, int(t)) for i, p in enumerate(prompts) for j, t in enumerate(np.asarray(p).reshape(-1))
+                 if not 0 <= t < self.model_cfg.vocab_size)
+      raise ValueError(f"prompt {bad[0]} holds id {bad[2]} at position {bad[1]}; ids must be in "
+                       f"[0, {self.model_cfg.vocab_size}) (the model's vocab_size).")
     true_b = np.ones((rows,), np.int32)
     true_b[:len(prompts)] = lengths
     cache_len = t_bucket if cache_len is None else cache_len
@@ -423,6 +429,10 @@ class RlaxEngine(engine_api.Engine):
     if prefix.cache.max_len > self.max_decode_length:
       raise ValueError(f"prefix cache length {prefix.cache.max_len} exceeds max_decode_length "
                        f"{self.max_decode_length}.")
+    b = prefix.length.shape[0]
+    bad = [r for r in rows if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < b]
+    if bad:  # (a gather past the end would clamp to another prompt's row and decode it silently)
+      raise ValueError(f"insert_batch rows must be ints in [0, {b}) (the prefix's rows); got {bad}.")
     padded = _pow2_at_least(n)
 
     def pad(x, fill):
