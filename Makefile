@@ -83,6 +83,7 @@ bench: install
 	$(PY) benchmarks/learner_step.py --json benchmarks/out/learner_step.json
 	$(PY) benchmarks/data_files.py --json benchmarks/out/data_files.json
 	$(PY) benchmarks/reward_overlap.py --json benchmarks/out/reward_overlap.json
+	$(PY) benchmarks/admission.py --json benchmarks/out/admission.json
 
 # Tunix 0.1.7 in its own venv, for the side-by-side benchmark only (benchmarks/vs_tunix.py); nothing else
 # needs it. requirements/tunix.txt pins every package (jax & co at requirements/lock.txt's versions).

@@ -21,8 +21,10 @@ file has exactly one writer, so it needs nothing but atomic whole-file writes (t
 object stores):
 
   <dir>/samplers/<id>.json   written by sampler <id>: heartbeat time, pid, params version, the tickets it
-                             started and has not committed, how many groups it can run at once
-  <dir>/grants/<id>.json     written by the learner: the tickets granted to sampler <id>
+                             started and has not committed, how many groups it can run at once, the tickets
+                             asked back that it releases and which write of its grants file it answers
+  <dir>/grants/<id>.json     written by the learner: the tickets granted to sampler <id>, those asked back
+                             (each with the write that asked), and the file's write count
   <dir>/learner.json         written by the learner: the next new ticket
 
 The learner (`grant`, called while it waits and after each step) tops up every live sampler's grants to its
@@ -33,16 +35,27 @@ new tickets below the bound at the learner's version; a sampler starts a granted
 the bound at its *own* version. When a sampler's heartbeat is older than the timeout its uncommitted grants
 are taken back and granted to live samplers (same ticket: same prompt, same seeds), so no prompt is skipped
 and the learner never waits on a dead sampler. `extra` is 0 in this protocol.
+
+Asking back (`rebalance`). A ticket ahead waits for its sampler's slots; if that sampler is slow (a smaller
+accelerator, long generations) while another has free slots and nothing is left to grant under the bound, the
+ticket would hold up the step. So the learner then asks the busy sampler back for tickets ahead (granted beyond
+its capacity and not started by its last heartbeat, the lowest first), as many as the idle samplers lack. The
+sampler answers with its next heartbeat (sooner than its usual beat): the asked tickets it has not started are
+released, and from that heartbeat on it never starts them while they are asked back; until then they are still
+its to start. The learner moves a ticket only on an answer that read the write which asked for it (so an older
+heartbeat never releases it), and withdraws the request for one the sampler has started. Each ticket so runs
+on exactly one sampler, and each file keeps its one writer.
 """
 
 from __future__ import annotations
 
 import abc
+import collections
 import json
 import os
 import threading
 import time
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple
 
 from etils import epath
 import numpy as np
@@ -104,6 +117,10 @@ class Admission(abc.ABC):
   def commit(self, ticket: int) -> None:  # pylint: disable=unused-argument
     """The ticket's group is in the queue (files: it no longer counts as held by the sampler)."""
 
+  def unanswered(self) -> bool:
+    """Whether the learner waits for this sampler's answer (files: tickets asked back); then it heartbeats."""
+    return False
+
 
 class MemoryAdmission(Admission):
   """Tickets from a counter under a lock (threads of one process)."""
@@ -162,20 +179,26 @@ class FileAdmission(Admission):
       updates it with each heartbeat (`heartbeat(capacity=)`).
     ahead: tickets it asks for beyond `capacity`, so that a group starts as soon as slots free, not a grant
       later (the learner grants every sampler its capacity first, then tickets ahead one per sampler in turn).
+    rebalance: learner side: once nothing is left to grant under the bound, ask samplers holding tickets ahead
+      for those that samplers with free capacity lack (module docstring); False keeps every grant where it is.
   """
 
   def __init__(self, directory, *, groups_per_step: int, max_staleness: int, sampler_id: str | None = None,
-               capacity: int = 1, ahead: int = 0):
+               capacity: int = 1, ahead: int = 0, rebalance: bool = True):
     super().__init__(groups_per_step=groups_per_step, max_staleness=max_staleness)
     self.directory = _dir(directory)
     self.sampler_id = sampler_id
     self.capacity = _check("capacity", capacity, 1)
     self.ahead = _check("ahead", ahead, 0)
+    if not isinstance(rebalance, bool):
+      raise ValueError(f"rebalance must be True or False; got {rebalance!r}.")
+    self.rebalance = rebalance
     for sub in ("samplers", "grants"):
       (self.directory / sub).mkdir(parents=True, exist_ok=True)
     self.held: set[int] = set()  # sampler: started, not committed
     self._done: set[int] = set()  # sampler: committed by this process
-    self._grants_cache: tuple[float, list[int]] = (0.0, [])
+    self._answered: set[int] = set()  # sampler: released by the last heartbeat (never started while asked back)
+    self._grants_cache: tuple[float, _Grants] = (0.0, _Grants([], {}, 0))
 
   # --- sampler side ---------------------------------------------------------------------------------------
 
@@ -185,23 +208,42 @@ class FileAdmission(Admission):
   def _grants_path(self, sampler_id: str) -> epath.Path:
     return self.directory / "grants" / f"{sampler_id}.json"
 
-  def granted(self, *, max_age_s: float = 0.0) -> list[int]:
-    """The tickets the learner has granted this sampler (re-read when the cached copy is older than
-    max_age_s)."""
+  def _grants(self, max_age_s: float, *, restart_clock: bool = True) -> _Grants:
+    """This sampler's grants file, re-read when the cached copy is older than max_age_s. Every read replaces
+    the one copy `claim` and `released` use (so a ticket reported released is never started after);
+    `restart_clock=False` (a heartbeat's read) leaves the time of the last read for `claim` as it was."""
     now = time.time()
     if now - self._grants_cache[0] > max_age_s:
-      self._grants_cache = (now, sorted(int(t) for t in _read_json(self._grants_path(self.sampler_id), {}).get(
-          "tickets", [])))
+      grants = _Grants.parse(_read_json(self._grants_path(self.sampler_id), {}))
+      self._grants_cache = (now if restart_clock else self._grants_cache[0], grants)
     return self._grants_cache[1]
+
+  def granted(self, *, max_age_s: float = 0.0) -> list[int]:
+    """The tickets the learner has granted this sampler, sorted (those it asks back included)."""
+    return self._grants(max_age_s).tickets
+
+  def released(self) -> list[int]:
+    """Tickets the learner asks back (in the grants file last read) that this sampler has not started; the
+    next heartbeat says so, and from then on it never starts them while they are asked back."""
+    return sorted(t for t in self._grants_cache[1].revoke if t not in self.held and t not in self._done)
+
+  def unanswered(self) -> bool:
+    """Whether the learner asks back tickets this sampler has not answered for yet (re-reads the grants at
+    most every 0.1 s): a sampler heartbeats soon when so, as the tickets wait for its answer."""
+    self._grants(max_age_s=0.1)
+    return not set(self.released()) <= self._answered
 
   def claim(self, version: int) -> int | None:
     if self.sampler_id is None:
       raise ValueError("Only a sampler (sampler_id set) claims tickets.")
     limit = self.limit(version)
-    for ticket in self.granted(max_age_s=0.1):
+    grants = self._grants(max_age_s=0.1)
+    for ticket in grants.tickets:
       if ticket >= limit:
         return None
-      if ticket not in self.held and ticket not in self._done:
+      # A ticket asked back is still this sampler's to start until a heartbeat has released it.
+      answered = ticket in grants.revoke and ticket in self._answered
+      if ticket not in self.held and ticket not in self._done and not answered:
         self.held.add(ticket)
         return ticket
     return None
@@ -222,9 +264,14 @@ class FileAdmission(Admission):
     (e.g. version, idle fraction)."""
     if capacity is not None:
       self.capacity = _check("capacity", capacity, 1)
+    # Re-read the grants (a busy sampler claims nothing, so it learns what is asked back here), then release
+    # those asked back, naming the grants file's write (`grants_seq`) the answer refers to.
+    seq, released = self._grants(max_age_s=0.0, restart_clock=False).seq, self.released()
     _write_json_atomic(self._beat_path(self.sampler_id),
                        {"time": time.time(), "pid": os.getpid(), "held": sorted(self.held),
-                        "capacity": self.capacity, "ahead": self.ahead, **stats})
+                        "capacity": self.capacity, "ahead": self.ahead, "released": released,
+                        "grants_seq": seq, **stats})
+    self._answered = set(released)
 
   # --- learner side ---------------------------------------------------------------------------------------
 
@@ -236,37 +283,36 @@ class FileAdmission(Admission):
         out[path.name[:-len(".json")]] = beat
     return out
 
+
   def grant(self, version: int, *, committed: set[int], timeout_s: float) -> dict[str, int]:
-    """Learner side: takes back the uncommitted grants of samplers silent for more than `timeout_s` and tops
-    every live sampler up to its capacity (reclaimed tickets first, then new ones below the bound at
-    `version`). `committed`: tickets whose groups are in the queue. Returns counters."""
+    """Learner side: takes back the uncommitted grants of samplers silent for more than `timeout_s`, tops every
+    live sampler up to its capacity and then its tickets ahead (tickets taken back or released first, then new
+    ones below the bound at `version`), and, with nothing left to grant, asks back tickets ahead for samplers
+    short of their capacity (`rebalance`). `committed`: tickets whose groups are in the queue. Returns
+    counters."""
     state = _read_json(self.directory / "learner.json", {"next_ticket": 0, "reclaimed": 0})
     next_ticket, reclaimed = int(state["next_ticket"]), int(state.get("reclaimed", 0))
     beats, now = self.heartbeats(), time.time()
-    grants = {p.name[:-len(".json")]: sorted(int(t) for t in _read_json(p, {}).get("tickets", []))
-              for p in (self.directory / "grants").glob("*.json")}
-    pool, changed = [], set()
-    for sid, tickets in grants.items():
-      outstanding = [t for t in tickets if t not in committed]
-      if outstanding != tickets:
-        grants[sid], _ = outstanding, changed.add(sid)
-      beat = beats.get(sid)
-      if outstanding and (beat is None or now - beat.get("time", 0.0) > timeout_s):
-        pool += outstanding
-        reclaimed += len(outstanding)
-        grants[sid], _ = [], changed.add(sid)
-    pool.sort()
-    limit = admission_limit(version, groups_per_step=self.groups_per_step, max_staleness=self.max_staleness)
     live = sorted(sid for sid, b in beats.items() if now - b.get("time", 0.0) <= timeout_s)
+    book = _GrantBook.read(self.directory / "grants", committed)
+    pool = book.take_all(_UNASSIGNED)
+    for sid in book.sampler_ids():
+      if sid not in live:
+        lost = book.take_all(sid)
+        pool, reclaimed = pool + lost, reclaimed + len(lost)
+    released = sum((book.settle(sid, beats[sid]) for sid in live), [])
+    pool = sorted(pool + released)
+    limit = admission_limit(version, groups_per_step=self.groups_per_step, max_staleness=self.max_staleness)
     granted_now = 0
 
     def give(sid: str) -> None:
       nonlocal next_ticket, granted_now
-      grants[sid].append(pool.pop(0) if pool else next_ticket)
-      if not grants[sid][-1] < next_ticket:
+      if pool:
+        book.give(sid, pool.pop(0))
+      else:
+        book.give(sid, next_ticket)
         next_ticket += 1
       granted_now += 1
-      changed.add(sid)
 
     left = lambda: bool(pool) or next_ticket < limit
     capacity = {sid: int(beats[sid].get("capacity", 1)) for sid in live}
@@ -274,23 +320,112 @@ class FileAdmission(Admission):
     # Every sampler's capacity first (work it can start now), in order; then tickets ahead, one per sampler per
     # round, so that under a tight bound the spares are shared rather than all held by the first sampler.
     for sid in live:
-      while len(grants.setdefault(sid, [])) < capacity[sid] and left():
+      while len(book.tickets[sid]) < capacity[sid] and left():
         give(sid)
     while left():
-      wanting = [sid for sid in live if len(grants[sid]) < with_ahead[sid]]
+      wanting = [sid for sid in live if len(book.tickets[sid]) < with_ahead[sid]]
       if not wanting:
         break
       for sid in wanting:
         if left():
           give(sid)
-    # Reclaimed tickets no live sampler could take yet stay with nobody until the next call.
-    for sid in changed:
-      _write_json_atomic(self._grants_path(sid), {"tickets": sorted(grants[sid])})
-    if pool:
-      next_pool = sorted(pool)
-      _write_json_atomic(self._grants_path("_unassigned"), {"tickets": next_pool})
-    elif "_unassigned" in grants and grants["_unassigned"]:
-      _write_json_atomic(self._grants_path("_unassigned"), {"tickets": []})
+    asked = book.ask_back(live, capacity, beats) if self.rebalance and not left() else 0
+    book.keep(_UNASSIGNED, pool)  # Reclaimed tickets no live sampler could take yet, until the next call.
+    book.write(self._grants_path)
     _write_json_atomic(self.directory / "learner.json", {"next_ticket": next_ticket, "reclaimed": reclaimed})
     return {"granted": granted_now, "reclaimed_total": reclaimed, "next_ticket": next_ticket,
-            "live_samplers": len(live)}
+            "live_samplers": len(live), "released": len(released), "asked_back": asked}
+
+
+_UNASSIGNED = "_unassigned"  # the grants file of tickets taken back that no live sampler could take yet
+
+
+class _Grants(NamedTuple):
+  """One sampler's grants file, written by the learner only."""
+  tickets: list[int]  # granted and not known to be committed, sorted
+  revoke: dict[int, int]  # ticket asked back -> `seq` of the write that first asked for it
+  seq: int  # how many times the learner has written this file
+
+  @classmethod
+  def parse(cls, raw: dict) -> "_Grants":
+    return cls(sorted(int(t) for t in raw.get("tickets", [])),
+               {int(t): int(s) for t, s in raw.get("revoke", [])}, int(raw.get("seq", 0)))
+
+
+class _GrantBook:
+  """Every sampler's grants as the learner edits them in one `grant` call; `write` saves the changed files."""
+
+  def __init__(self, files: dict[str, _Grants]):
+    self.tickets = collections.defaultdict(list, {sid: list(g.tickets) for sid, g in files.items()})
+    self.revoke = collections.defaultdict(dict, {sid: dict(g.revoke) for sid, g in files.items()})
+    self.seq = {sid: g.seq for sid, g in files.items()}
+    self.changed: set[str] = set()
+
+  @classmethod
+  def read(cls, directory: epath.Path, committed: set[int]) -> "_GrantBook":
+    """The grants files under `directory`, less the `committed` tickets."""
+    book = cls({p.name[:-len(".json")]: _Grants.parse(_read_json(p, {})) for p in directory.glob("*.json")})
+    for sid in list(book.tickets):
+      book.remove(sid, [t for t in book.tickets[sid] if t in committed])
+    return book
+
+  def sampler_ids(self) -> list[str]:
+    return [sid for sid in self.tickets if sid != _UNASSIGNED]
+
+  def remove(self, sid: str, tickets: Iterable[int]) -> list[int]:
+    tickets = [t for t in tickets if t in self.tickets[sid]]
+    if tickets:
+      self.tickets[sid] = [t for t in self.tickets[sid] if t not in tickets]
+      self.revoke[sid] = {t: s for t, s in self.revoke[sid].items() if t not in tickets}
+      self.changed.add(sid)
+    return tickets
+
+  def take_all(self, sid: str) -> list[int]:
+    return self.remove(sid, list(self.tickets[sid]))
+
+  def give(self, sid: str, ticket: int) -> None:
+    self.tickets[sid] = sorted(self.tickets[sid] + [ticket])
+    self.changed.add(sid)
+
+  def keep(self, sid: str, tickets: list[int]) -> None:
+    if tickets != self.tickets[sid]:
+      self.tickets[sid], self.revoke[sid] = sorted(tickets), {}
+      self.changed.add(sid)
+
+  def settle(self, sid: str, beat: dict) -> list[int]:
+    """Answers to tickets asked back from a live sampler: released ones (by a heartbeat that read the write
+    asking for them) leave its grants and are returned; started ones stay, no longer asked back."""
+    answered_seq, held = int(beat.get("grants_seq", -1)), {int(t) for t in beat.get("held", [])}
+    released = {int(t) for t in beat.get("released", [])}
+    out = self.remove(sid, [t for t, s in self.revoke[sid].items() if t in released and answered_seq >= s])
+    started = [t for t in self.revoke[sid] if t in held]
+    for t in started:
+      del self.revoke[sid][t]
+    self.changed.update([sid] if started else [])
+    return out
+
+  def ask_back(self, live: list[str], capacity: dict[str, int], beats: dict[str, dict]) -> int:
+    """Asks samplers holding tickets ahead (beyond their capacity, not started), the most first and the lowest
+    of each first, for as many as the live samplers short of their capacity lack, less those already asked
+    back. Returns how many it asked for now."""
+    short = sum(max(capacity[s] - len(self.tickets[s]), 0) for s in live) - sum(
+        len(self.revoke[s]) for s in live)
+    asked = 0
+    for sid in sorted(live, key=lambda s: capacity[s] - len(self.tickets[s])):
+      excess = len(self.tickets[sid]) - capacity[sid]
+      if short <= 0 or excess <= 0:
+        break
+      held = {int(t) for t in beats[sid].get("held", [])}
+      unstarted = [t for t in self.tickets[sid] if t not in held]
+      wanted = [t for t in unstarted[len(unstarted) - min(excess, len(unstarted)):] if t not in self.revoke[sid]]
+      for t in wanted[:short]:
+        self.revoke[sid][t] = self.seq.get(sid, 0) + 1  # the write below
+      asked, short = asked + len(wanted[:short]), short - len(wanted[:short])
+      self.changed.update([sid] if wanted else [])
+    return asked
+
+  def write(self, path_of) -> None:
+    for sid in sorted(self.changed):
+      seq = self.seq.get(sid, 0) + 1
+      _write_json_atomic(path_of(sid), {"tickets": sorted(self.tickets[sid]), "seq": seq,
+                                        "revoke": sorted([t, s] for t, s in self.revoke[sid].items())})

@@ -104,8 +104,10 @@ class SamplerWorker:
         producer.submit(ticket)
       if self.channels.heartbeat is not None:
         capacity, now = envs.group_capacity(producer, slots=self.slots, group_size=self.n), time.time()
-        # Every 0.5 s, and sooner (0.1 s) when the room to start groups changed: the learner grants by it.
-        if now - last_beat > 0.5 or (capacity != reported and now - last_beat > 0.1):
+        # Every 0.5 s, and sooner (0.1 s) when the room to start groups changed (the learner grants by it) or
+        # the learner asks tickets back (they wait for the answer).
+        soon = capacity != reported or self.channels.admission.unanswered()
+        if now - last_beat > 0.5 or (soon and now - last_beat > 0.1):
           self.channels.heartbeat(version=producer.version, idle_frac=self.stats()["idle_frac"], capacity=capacity)
           last_beat, reported = now, capacity
       if producer.in_flight_groups == 0:  # Nothing admitted: wait for newer params.
