@@ -169,7 +169,7 @@ def run_mode(work: Workload, eta: int, *, steps: int | None = None) -> dict:
     return producers[-1]
 
   worker = runtime.SamplerWorker("sampler-0", factory, runtime.Channels(source, queue, admission),
-                                 slots=work.args.inflight * p * n, group_size=n, should_stop=stop.is_set)
+                                 slots=work.args.inflight * p * n, should_stop=stop.is_set)
 
   def run():
     try:

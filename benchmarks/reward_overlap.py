@@ -59,10 +59,9 @@ def _produce(cfg: config_lib.Config, params) -> float:
   engine = parts.sampling_engine()
   producer = parts.task.producer(engine, params, 0)
   n = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
-  envs.run_tickets(producer, range(cfg.rl.prompts_per_step), slots=n, group_size=cfg.rl.samples_per_prompt)  # warm-up
+  envs.run_tickets(producer, range(cfg.rl.prompts_per_step), slots=n)  # warm-up
   t = time.perf_counter()
-  envs.run_tickets(producer, range(cfg.rl.prompts_per_step, 2 * cfg.rl.prompts_per_step), slots=n,
-                   group_size=cfg.rl.samples_per_prompt)
+  envs.run_tickets(producer, range(cfg.rl.prompts_per_step, 2 * cfg.rl.prompts_per_step), slots=n)
   elapsed = time.perf_counter() - t
   producer.close()
   return elapsed

@@ -41,13 +41,13 @@ def test_single_turn_groups_start_in_the_slots_of_finished_samples(admission, tm
   pending, out, most_open, most_capacity, lengths = list(range(8)), {}, 0, 0, set()
   while len(out) < 8:
     if files:
-      capacity = envs.group_capacity(producer, slots=8, group_size=4)
+      capacity = envs.group_capacity(producer, slots=8)
       most_capacity = max(most_capacity, capacity)
       sampler_side.heartbeat(capacity=capacity)
       learner_side.grant(0, committed=set(out), timeout_s=60)
       # Granted: the groups it runs, those it can start and two ahead (as `rlax-post sampler`), never more.
       assert len([t for t in sampler_side.granted() if t not in out]) <= capacity + 2
-    while envs.has_room(producer, slots=8, group_size=4):
+    while envs.has_room(producer, slots=8):
       ticket = sampler_side.claim(0) if files else (pending.pop(0) if pending else None)
       if ticket is None:
         break
@@ -64,7 +64,7 @@ def test_single_turn_groups_start_in_the_slots_of_finished_samples(admission, tm
   assert most_capacity >= 3 if files else most_capacity == 0  # (a fixed capacity was slots // n = 2)
   # The same rows as every group at once (each group's streams are its ticket's).
   everything = parts.task.producer(parts.engine(slots=32, temperature=1.0), params, 0)
-  want = envs.run_tickets(everything, range(8), slots=32, group_size=4)
+  want = envs.run_tickets(everything, range(8), slots=32)
   assert sorted(out) == sorted(want)
   for ticket, rows in out.items():
     for got, ref in zip(rows, want[ticket]):
@@ -109,13 +109,15 @@ def test_a_sampler_reports_the_groups_it_can_hold_and_is_granted_up_to_them(tmp_
   learner.grant(0, committed=set(), timeout_s=60)
   assert (a.granted(), b.granted()) == ([0, 1, 4], [2, 3, 5])
 
-  class Open:  # an envs.Producer's counts
+  class Open:  # an envs.Producer's counts, groups of 4 slots
+    group_slots = 4
+
     def __init__(self, groups, samples):
       self.in_flight_groups, self.in_flight_samples = groups, samples
 
-  assert [envs.group_capacity(Open(g, u), slots=8, group_size=4) for g, u in
+  assert [envs.group_capacity(Open(g, u), slots=8) for g, u in
           [(0, 0), (2, 8), (2, 5), (2, 3), (3, 7), (1, 12)]] == [2, 2, 2, 3, 3, 1]
-  assert [envs.has_room(Open(g, u), slots=8, group_size=4) for g, u in
+  assert [envs.has_room(Open(g, u), slots=8) for g, u in
           [(0, 0), (2, 8), (2, 4), (2, 5), (0, 12)]] == [True, False, True, False, True]
 
 
@@ -124,3 +126,26 @@ def test_groups_that_grow_after_their_submit_hold_all_their_slots():
   whole size until it ends; the single-turn producers count unfinished samples."""
   assert envs.DatasetProducer.submits_whole_groups
   assert not envs.TreeRolloutProducer.submits_whole_groups and not envs.TreeProducer.submits_whole_groups
+
+
+def test_a_tree_group_is_admitted_by_its_grown_leaves_not_its_kept_rows():
+  """With `tree.keep`, a tree keeps fewer rows (rl.samples_per_prompt) than it grows; it holds its grown leaves'
+  slots (`group_slots`), so admission never puts more samples in flight than the slots (it admitted by the
+  kept rows before: 16 samples in 12 slots here)."""
+  c = demo.get_config("tiny")
+  c.tree.expansion, c.tree.trees, c.tree.iterations, c.tree.forks, c.tree.continuations, c.tree.keep = (
+      "random", 1, 1, 1, 7, 1)
+  c.rl.samples_per_prompt, c.rl.prompts_per_step = 1, 16
+  parts = runtime.build_parts(config.load(c))
+  grown, slots = config.tree_grown(parts.cfg), 12  # admitted slots (the engine's 16 split over 8 devices)
+  producer = parts.task.producer(parts.engine(slots=16, temperature=1.0),
+                                 models.init_params(parts.model_cfg, jax.random.key(0))[1], 0)
+  assert (grown, producer.group_slots, envs.group_capacity(producer, slots=slots)) == (8, 8, 1)
+  pending, done, worst = list(range(5)), {}, 0
+  while len(done) < 5:  # envs.run_tickets' loop, watched
+    while pending and envs.has_room(producer, slots=slots):
+      producer.submit(pending.pop(0))
+    worst = max(worst, producer.in_flight_samples, producer.driver.num_unfinished)
+    done.update(producer.step())
+  producer.close()
+  assert worst == grown and sorted(done) == list(range(5)) and all(len(rows) == 1 for rows in done.values())

@@ -18,7 +18,7 @@ def test_text_groups_count_one_shared_prefill_and_every_decoded_token():
   parts = runtime.build_parts(config.load(demo.get_config("tiny")))
   params = models.init_params(parts.model_cfg, jax.random.key(0))[1]
   producer = parts.task.producer(parts.engine(slots=8, temperature=1.0), params, 0)
-  groups = envs.run_tickets(producer, [0, 1], slots=8, group_size=4)
+  groups = envs.run_tickets(producer, [0, 1], slots=8)
   producer.close()
   for rows in groups.values():
     assert [r["prefill_tokens"] for r in rows] == [len(rows[0]["prompt"]), 0, 0, 0]

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import logging
 
+import jax
 import numpy as np
 import pytest
 
@@ -251,3 +252,35 @@ def test_rows_naming_an_env_run_episodes_scored_by_that_env(tmp_path):
     assert float(row["reward"]) == pytest.approx(sum(per_turn), abs=1e-6)
   assert sorted(kinds) == [False] * 4 + [True] * 4  # ticket 0: the user's env, ticket 1: the tools env
   assert any(float(row["reward"]) > 0 for row in logged)
+
+
+@pytest.mark.parametrize("prompt, too_long", [("x" * 23, "error"), ("y" * 40, "truncate")])
+def test_env_rows_start_from_the_rendered_prompt_and_fit_the_engine(tmp_path, prompt, too_long):
+  """An env row's episodes start from the prompt ids the renderer made (cut by too_long = 'truncate', not the
+  row's whole text), and a prompt of the full budget plus the env's reset observation still runs (its first
+  message clipped to the room left): both used to raise in the sampler."""
+  (tmp_path / "my_env.py").write_text(_USER_ENV)
+  rows = [{"prompt": prompt, "env": {"name": f"{tmp_path}/my_env.py:Counter", "args": {"turns": 2}}}] * 2
+  train, held = tmp_path / "t.jsonl", tmp_path / "e.jsonl"
+  data.write_jsonl(str(train), rows)
+  data.write_jsonl(str(held), rows)
+  cfg = config.load({
+      "task": {"name": "dataset", "num_eval": 1},
+      "data": {"train": str(train), "eval": str(held), "answer_field": None, "env_field": "env",
+               "max_prompt_tokens": 24, "shuffle": False, "too_long": too_long},
+      "model": {"preset": "micro", "max_seq_len": 40}, "sft": {"steps": 0},
+      "rl": {"steps": 1, "prompts_per_step": 1, "samples_per_prompt": 8, "max_new_tokens": 16},
+      "runtime": {"progress": False, "tensorboard": False, "plot": False}})
+  parts = runtime.build_parts(cfg)  # (8 sampler slots: the tests' 8 fake devices split them)
+  engine = parts.sampling_engine()
+  producer = parts.task.producer(engine, models.init_params(parts.model_cfg, jax.random.key(0))[1], 0)
+  try:
+    [(ticket, group)] = envs.run_tickets(producer, [0], slots=8).items()
+  finally:
+    producer.close()
+  rendered = parts.task.train.get(0)[0]
+  assert ticket == 0 and len(rendered.ids) == 24 and rendered.truncated == (too_long == "truncate")
+  assert len(group) == 8
+  for row in group:
+    assert [int(t) for t in row["prompt"]][:24] == list(rendered.ids)  # then the reset's "\n"
+    assert len(row["prompt"]) == 25 and len(row["prompt"]) + len(row["tokens"]) <= engine.max_decode_length

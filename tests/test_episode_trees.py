@@ -44,7 +44,7 @@ def _trees(tickets, expansion="tree_grpo", iterations=1, slots=8):
   parts, params = _parts(expansion, iterations)
   producer = parts.task.producer(parts.engine(slots=slots, temperature=1.0), params, 0)
   assert isinstance(producer, envs.EpisodeTreeProducer)
-  out = envs.run_tickets(producer, tickets, slots=slots, group_size=parts.cfg.rl.samples_per_prompt)
+  out = envs.run_tickets(producer, tickets, slots=slots)
   assert producer.driver.num_kept == 0  # every kept state is released with its group
   producer.close()
   return out

@@ -221,6 +221,42 @@ def test_a_full_sequence_ends_with_max_decode_length(engine):
     assert TOK.decode(e.tokens[start - len(f"<{t}>"):start]) == f"<{t}>"
 
 
+class LongResetEnv(ToyEnv):
+  """ToyEnv whose reset observation is `reset_obs` (its steps as ToyEnv's)."""
+
+  def __init__(self, reset_obs, turns=100):
+    super().__init__(turns=turns)
+    self.reset_obs = reset_obs
+
+  def reset(self, prompt):
+    return self.reset_obs
+
+
+def test_the_first_message_is_clipped_and_an_overlong_context_ends_at_reset(engine):
+  """The first message, as every later one, is clipped to the room left in max_decode_length (it used to be
+  refused: the group failed); a reset observation that makes the context longer than the largest prefill
+  bucket (16 here) ends its episode at the prompt ('max_decode_length', no turn) and not its group."""
+  prompt, obs = "ab", ":" * 10  # context: BOS + 2 + 10 = 13 tokens, 35 left of 48
+  _, (e,) = _run(engine, lambda: LongResetEnv(obs), prompts=[prompt], n=1, max_turn_tokens=40, max_turns=50,
+                 stop_tokens=())
+  context = TOK.encode(prompt) + TOK.encode(obs, add_bos=False)
+  assert e.tokens[:len(context)] == tuple(context) and e.turn_starts[0] == len(context)
+  assert (e.end_reason, e.num_turns, len(e.tokens)) == ("max_decode_length", 1, MAX_DECODE)
+  assert sum(e.trained_mask) == MAX_DECODE - len(context)
+  driver = _driver_for(engine)
+  long_obs = ":" * 14  # 3 + 14 = 17 tokens > 16
+  with _runner(driver, lambda: LongResetEnv(long_obs), max_turn_tokens=TURN_TOKENS) as runner:
+    runner.submit("ab", n=2, group_id="too long")
+    runner.submit("q", n=1, group_id="fits", max_turn_tokens=2)
+    returned = {}
+    _drain(runner, returned)
+  assert [(x.end_reason, x.num_turns, x.tokens, x.error) for x in returned["too long"]] == [
+      ("max_decode_length", 0, tuple(TOK.encode("ab")), None)] * 2
+  [fits] = returned["fits"]
+  fits_context = TOK.encode("q") + TOK.encode(long_obs, add_bos=False)  # 16 tokens: the largest bucket
+  assert fits.num_turns >= 1 and fits.turn_starts[0] == 16 and fits.tokens[:16] == tuple(fits_context)
+
+
 def test_driver_parks_a_sample_on_a_future_without_blocking(engine):
   """A sync env returning a Future: the sample leaves its slot, others decode, and it resumes when resolved;
   the result equals the synchronous env's."""
@@ -322,6 +358,17 @@ def test_envs_and_step_results_are_duck_typed(engine):
   assert bad.error == "TypeError: env.step must return a StepResult; got dict."
   with pytest.raises(ValueError, match="env_factory must build Envs.*got SimpleNamespace"):
     _run(engine, lambda: types.SimpleNamespace(reset="not callable", step=print))
+
+
+def test_a_step_that_returns_a_bad_value_records_no_reward(engine):
+  """A message whose step failed has no reward: a bad observation or info ends the episode with env_error
+  before the step's reward (or info) is recorded, so it is never trained on."""
+  for result, error in [(types.SimpleNamespace(observation=None, reward=5.0, done=False, info={}), "ValueError"),
+                        (types.SimpleNamespace(observation="", reward=5.0, done=True, info=None), "TypeError"),
+                        (types.SimpleNamespace(observation="", reward="high", done=True, info={}), "ValueError")]:
+    _, (e,) = _run(engine, lambda result=result: PlainEnv(result), prompts=["ab"], n=1)
+    assert (e.end_reason, e.num_turns, e.rewards, e.infos, e.total_reward) == ("env_error", 1, (), (), 0.0)
+    assert e.error.startswith(error + ":")
 
 
 # --- EpisodeRunner: streaming groups --------------------------------------------------------------------
@@ -518,6 +565,9 @@ def test_runner_errors_and_groups_ended_at_reset(engine):
       runner.submit("ab", n=1, group_id="g", max_turn_tokens=0)
     with pytest.raises(ValueError, match="prompt must be a string"):
       runner.submit([1], n=1, group_id="g")
+    for ids in ([], "ab", [1, 2.0], [True]):
+      with pytest.raises(ValueError, match="prompt_ids must be a non-empty sequence of ints or None"):
+        runner.submit("ab", n=1, group_id="g", prompt_ids=ids)
     assert runner.pending == 0
     runner.submit("ab", n=2, group_id="no reset")
     returned = {}

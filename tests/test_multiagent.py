@@ -157,7 +157,7 @@ def _trees(tickets, *, replay=True, slots=None):
   parts, params = _parts(replay)
   engine = parts.engine(slots=slots or 16, temperature=1.0)
   producer = parts.task.producer(engine, params, 0)
-  out = envs.run_tickets(producer, tickets, slots=slots or 16, group_size=6)
+  out = envs.run_tickets(producer, tickets, slots=slots or 16)
   producer.close()
   return out
 
@@ -210,7 +210,7 @@ def test_the_eval_split_is_one_greedy_chain_per_held_out_problem():
   parts, params = _parts()
   engine = parts.engine(slots=8, temperature=1.0)
   producer = parts.task.producer(engine, params, 0, split="eval")
-  out = envs.run_tickets(producer, [0, 1], slots=8, group_size=1)
+  out = envs.run_tickets(producer, [0, 1], slots=8)
   assert [len(out[t]) for t in (0, 1)] == [2, 2]
   assert [int(r["node_parent"]) for r in out[0]] == [0, 1]
   assert out[0][0]["reward"] == out[0][1]["reward"]

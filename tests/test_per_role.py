@@ -173,7 +173,7 @@ def _rows(parts, params, tickets=(3, 6)):
   engine = parts.engine(slots=16, temperature=1.0)
   producer = parts.task.producer(engine, params, 0)
   try:
-    return envs.run_tickets(producer, tickets, slots=16, group_size=8)
+    return envs.run_tickets(producer, tickets, slots=16)
   finally:
     producer.close()
 

@@ -190,7 +190,7 @@ def test_a_sampler_worker_runs_the_producer_under_the_staleness_bound(engine):
   worker = runtime.SamplerWorker(
       "s", lambda p, v: producers.append(_producer(engine, p, v)) or producers[-1],
       runtime.Channels(source, queue, rollouts.MemoryAdmission(groups_per_step=P, max_staleness=1)),
-      slots=2 * P * N, group_size=N, should_stop=stop.is_set)
+      slots=2 * P * N, should_stop=stop.is_set)
   source.publish(params, 0)
   thread = threading.Thread(target=worker.run, daemon=True)
   thread.start()
@@ -205,8 +205,10 @@ def test_a_sampler_worker_runs_the_producer_under_the_staleness_bound(engine):
   finally:
     stop.set()
     thread.join(timeout=30)
-    for p in producers:
-      p.close()
+  # The worker closed its producer as it stopped (its env threads end with it).
+  assert len(producers) == 1 and not thread.is_alive()
+  with pytest.raises(RuntimeError, match="EpisodeRunner is closed"):
+    producers[0].submit(9)
   # Tickets 0..3 were all admitted under version 0 (η = 1): each step takes whichever P finished first.
   assert sorted(t for g in got for t, _ in g) == [0, 1, 2, 3]
   assert all([t for t, _ in g] == sorted(t for t, _ in g) for g in got)
@@ -234,7 +236,7 @@ def test_groups_start_in_the_slots_of_ended_episodes():
 
   crowd, pending, out, most_open, seen = producer(), list(range(6)), {}, 0, set()
   while len(out) < 6:
-    while pending and envs.has_room(crowd, slots=8, group_size=4):
+    while pending and envs.has_room(crowd, slots=8):
       crowd.submit(pending.pop(0))
     assert crowd.runner.wait_for_envs(timeout_s=60)  # resets and the last step's env calls
     assert crowd.in_flight_samples <= 8

@@ -45,7 +45,7 @@ def _trees(tickets, expansion="treerl", iterations=1, slots=16):
   parts, params = _parts(expansion, iterations)
   producer = parts.task.producer(parts.engine(slots=slots, temperature=1.0), params, 0)
   assert isinstance(producer, envs.TreeRolloutProducer)
-  out = envs.run_tickets(producer, tickets, slots=slots, group_size=parts.cfg.rl.samples_per_prompt)
+  out = envs.run_tickets(producer, tickets, slots=slots)
   assert producer.driver.num_kept == 0  # every kept state is released with its group
   return out
 
@@ -82,11 +82,10 @@ def test_a_group_is_trees_of_forked_leaves_with_shared_segments(expansion, itera
 
 def test_keep_k_trains_k_leaves_per_tree_and_keeps_the_groups_cost():
   parts, params = _parts("tree_grpo", 1)  # 2 trees of 3 leaves
-  full = envs.run_tickets(parts.task.producer(parts.engine(slots=16, temperature=1.0), params, 0), [4], slots=16,
-                          group_size=6)[4]
+  full = envs.run_tickets(parts.task.producer(parts.engine(slots=16, temperature=1.0), params, 0), [4], slots=16)[4]
   kept_parts = runtime.build_parts(_cfg(tree__expansion="tree_grpo", tree__keep=2, rl__samples_per_prompt=4))
   producer = kept_parts.task.producer(kept_parts.engine(slots=16, temperature=1.0), params, 0)
-  rows = envs.run_tickets(producer, [4], slots=16, group_size=4)[4]
+  rows = envs.run_tickets(producer, [4], slots=16)[4]
   assert len(rows) == 4 and [int(r["tree_id"]) for r in rows].count(0) == 2 and producer.driver.num_kept == 0
   full_tokens = [tuple(r["tokens"]) for r in full]
   assert all(tuple(r["tokens"]) in full_tokens for r in rows)  # the same trees, 2 leaves of each kept

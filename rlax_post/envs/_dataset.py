@@ -420,9 +420,12 @@ class DatasetTask:
       return make_row_env(prompt.row[field], episode, seed, prompt.where)
 
     tokenizer = _TemplateFramed(self.tokenizer) if self.renderer.chat else self.tokenizer
+    # The model sees the rendered ids (cut to data.max_prompt_tokens by too_long = 'truncate'); the env's reset
+    # gets the row's prompt text.
     return _episodes.EpisodeProducer(
         self.cfg, tokenizer, engine, params, version, prompt_of=lambda t: rows.get(t)[0].text, env_of=env_of,
-        turn_tokens_of=lambda t: budget, max_turns=budget, max_workers=8, samples=None if split == "train" else 1)
+        turn_tokens_of=lambda t: budget, max_turns=budget, max_workers=8, samples=None if split == "train" else 1,
+        prompt_ids_of=lambda t: rows.get(t)[0].ids)
 
 
 def make_dataset_task(cfg: config_lib.Config, tokenizer) -> DatasetTask:

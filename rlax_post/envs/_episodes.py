@@ -130,23 +130,27 @@ class EpisodeProducer:
     tokenizer: the engine's tokenizer.
     engine: the sampler's `RlaxEngine` (its slots, sampling law and max_decode_length).
     params, version: the params to start with.
-    prompt_of: ticket → prompt text.
+    prompt_of: ticket → prompt text (what the envs' `reset` gets).
     env_of: episode id (ticket · n + i) → a fresh `Env`.
     turn_tokens_of: ticket → the group's most tokens per message.
     max_turns: most messages per episode.
     stop_tokens: ids that end a message (EOS always does).
     max_workers: threads stepping envs (envs that sleep need about one per concurrent episode).
     env_timeout_s: longest an env call may run.
+    prompt_ids_of: ticket → the prompt's ids as the model sees them (a dataset row's rendered ids, cut to
+      `data.max_prompt_tokens`); None: the tokenizer encodes `prompt_of`'s text.
   """
 
   def __init__(self, cfg: config_lib.Config, tokenizer, engine: sampler.RlaxEngine, params, version: int, *,
                prompt_of: Callable[[int], str], env_of: Callable[[int], _protocol.Env],
                turn_tokens_of: Callable[[int], int], max_turns: int, stop_tokens: Sequence[int] = (),
-               max_workers: int = 32, env_timeout_s: float = 60.0, samples: int | None = None):
+               max_workers: int = 32, env_timeout_s: float = 60.0, samples: int | None = None,
+               prompt_ids_of: Callable[[int], Sequence[int]] | None = None):
     self.cfg, self.tokenizer = cfg, tokenizer
     self.n = cfg.rl.samples_per_prompt if samples is None else samples
     self.p = cfg.rl.prompts_per_step
     self.prompt_of, self.env_of, self.turn_tokens_of = prompt_of, env_of, turn_tokens_of
+    self.prompt_ids_of = prompt_ids_of
     self.driver = sampler.Driver(engine, params, version=version, seed=0, park_wait_s=0.005)
     self._episode_ids: list[int] = []  # The ids the runner's next env_factory calls take, in order.
     self.runner = sampler.EpisodeRunner(
@@ -165,6 +169,11 @@ class EpisodeProducer:
     return self.runner.pending
 
   @property
+  def group_slots(self) -> int:
+    """A group's episodes, all submitted at once (`in_flight_samples` counts the unfinished ones)."""
+    return self.n
+
+  @property
   def in_flight_samples(self) -> int:
     """The episodes of open groups that have not ended (`EpisodeRunner.unfinished`): a group submits all n at
     once, so the slots of its ended episodes serve the next group while its longest ones go on."""
@@ -178,7 +187,8 @@ class EpisodeProducer:
     self._episode_ids = list(range(ticket * self.n, (ticket + 1) * self.n))
     self.runner.submit(self.prompt_of(ticket), n=self.n, group_id=ticket,
                        seed=_rl.seed_of(self.cfg.seed, _rl.Stream.ROLLOUT, ticket // self.p),
-                       stream=ticket % self.p, max_turn_tokens=int(self.turn_tokens_of(ticket)))
+                       stream=ticket % self.p, max_turn_tokens=int(self.turn_tokens_of(ticket)),
+                       prompt_ids=None if self.prompt_ids_of is None else self.prompt_ids_of(ticket))
     if self._episode_ids:
       raise RuntimeError(f"EpisodeRunner built {self.n - len(self._episode_ids)} of {self.n} envs (bug).")
 

@@ -113,6 +113,8 @@ class Producer(Protocol):
   def in_flight_groups(self) -> int: ...
   @property
   def in_flight_samples(self) -> int: ...
+  @property
+  def group_slots(self) -> int: ...  # the most slots one group holds at once (its samples; a tree's leaves)
   def set_params(self, params: Any, version: int) -> None: ...
   def submit(self, ticket: int) -> None: ...
   def step(self) -> list[tuple[int, list[dict]]]: ...  # the groups that finished: (ticket, rows)
@@ -167,31 +169,30 @@ def check_split(split: str) -> None:
     raise ValueError(f"split must be one of {list(SPLITS)}; got {split!r}.")
 
 
-def has_room(producer: Producer, *, slots: int, group_size: int) -> bool:
-  """Whether `producer` may start another group: `group_size` of its `slots` free by its count
+def has_room(producer: Producer, *, slots: int) -> bool:
+  """Whether `producer` may start another group: its `group_slots` of its `slots` free by its count
   (`in_flight_samples`: unfinished samples where a group submits them all at once, so the slots of a group's
   finished samples serve the next group while its slowest ones decode), or no group open."""
-  return producer.in_flight_samples + group_size <= slots or not producer.in_flight_groups
+  return producer.in_flight_samples + producer.group_slots <= slots or not producer.in_flight_groups
 
 
-def group_capacity(producer: Producer, *, slots: int, group_size: int) -> int:
+def group_capacity(producer: Producer, *, slots: int) -> int:
   """The groups `producer` can hold now (what a sampler reports to a file admission, which grants it as many
   tickets): its open groups plus as many as its free slots could start, at least one."""
   free = max(slots - producer.in_flight_samples, 0)
-  return max(producer.in_flight_groups + free // group_size, 1)
+  return max(producer.in_flight_groups + free // producer.group_slots, 1)
 
 
-def run_tickets(producer: Producer, tickets: Iterable[int], *, slots: int, group_size: int
-                ) -> dict[int, list[dict]]:
+def run_tickets(producer: Producer, tickets: Iterable[int], *, slots: int) -> dict[int, list[dict]]:
   """Produces every ticket's group with at most `slots` samples in flight; {ticket: rows}.
 
-  Tickets are submitted in order as slots free up (continuous batching across groups): a group once
-  `group_size` slots are free by the producer's count (`has_room`)."""
+  Tickets are submitted in order as slots free up (continuous batching across groups): a group once its
+  `group_slots` are free by the producer's count (`has_room`)."""
   pending = list(tickets)
   out: dict[int, list[dict]] = {}
   want = len(pending)
   while len(out) < want:
-    while pending and has_room(producer, slots=slots, group_size=group_size):
+    while pending and has_room(producer, slots=slots):
       producer.submit(pending.pop(0))
     for ticket, rows in producer.step():
       out[ticket] = rows
@@ -204,12 +205,12 @@ class DriverProducer:
 
   # True where a group submits all its samples at once (single-turn groups): then only its unfinished samples
   # hold slots, and a finished sample's slot takes the next group's at once. False where a group grows after
-  # its submit (trees expand as messages come back): it holds `group_samples` slots until it ends.
+  # its submit (trees expand as messages come back): it holds `group_slots` slots until it ends.
   submits_whole_groups = False
 
-  def __init__(self, engine: sampler.RlaxEngine, params, version: int, group_samples: int):
+  def __init__(self, engine: sampler.RlaxEngine, params, version: int, group_slots: int):
     self.driver = sampler.Driver(engine, params, version=version, seed=0)
-    self.group_samples = group_samples
+    self.group_slots = group_slots
     self._open: dict[int, Any] = {}
 
   @property
@@ -225,7 +226,7 @@ class DriverProducer:
     """The slots the open groups hold (`submits_whole_groups`)."""
     if self.submits_whole_groups:
       return self.driver.num_unfinished
-    return len(self._open) * self.group_samples
+    return len(self._open) * self.group_slots
 
   def set_params(self, params, version: int) -> None:
     self.driver.set_params(params, version)

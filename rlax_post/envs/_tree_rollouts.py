@@ -260,8 +260,13 @@ class EpisodeTreeProducer(_TreeGrowth, _episodes.EpisodeProducer):
     return len(self._open)
 
   @property
+  def group_slots(self) -> int:
+    """A tree's grown leaves: it holds them until it ends (its forks start as its messages come back)."""
+    return config_lib.tree_grown(self.cfg)
+
+  @property
   def in_flight_samples(self) -> int:
-    return len(self._open) * config_lib.tree_grown(self.cfg)
+    return len(self._open) * self.group_slots
 
   def submit(self, ticket: int) -> None:
     ticket, m = int(ticket), self.tree.trees

@@ -27,7 +27,7 @@ class Evaluator:
   def __call__(self, params) -> float:
     producer = self.parts.task.producer(self.engine, params, 0, split="eval")
     try:
-      groups = envs.run_tickets(producer, self.examples, slots=self.slots, group_size=1)
+      groups = envs.run_tickets(producer, self.examples, slots=self.slots)
     finally:
       producer.close()
     return float(np.mean([float(groups[t][0]["reward"]) for t in self.examples]))

@@ -70,7 +70,7 @@ def credit_fidelity(workdir: str, *, extra: int = 32, batches: int = 1, step: in
     raise ValueError(f"batches = {batches} × rl.prompts_per_step = {cfg.rl.prompts_per_step} held-out problems "
                      f"must be between 1 and task.num_eval = {cfg.task.num_eval}.")
   p = cfg.rl.prompts_per_step
-  trees = envs.run_tickets(producer, range(batches * p), slots=slots, group_size=per_tree)
+  trees = envs.run_tickets(producer, range(batches * p), slots=slots)
   producer.close()
   credit, truth, values, role_metrics = [], [], [], []
   for b in range(batches):

@@ -336,7 +336,7 @@ class RoundSource:
     tickets = range(index * per_round, (index + 1) * per_round)  # the task's training tickets, each met once
     producer = self.parts.task.producer(self.collect_engine, params, self.version)
     try:
-      done = envs.run_tickets(producer, tickets, slots=self.cfg.sampler_slots, group_size=self.n)
+      done = envs.run_tickets(producer, tickets, slots=self.cfg.sampler_slots)
     finally:
       producer.close()
     rows = [row for t in tickets for row in done[t]]
@@ -358,7 +358,7 @@ class RoundSource:
     tickets = range(min(self.it.episodes, self.parts.task.num_eval))
     producer = self.parts.task.producer(self.collect_engine, params, self.version, split="eval")
     try:
-      done = envs.run_tickets(producer, tickets, slots=self.cfg.sampler_slots, group_size=1)
+      done = envs.run_tickets(producer, tickets, slots=self.cfg.sampler_slots)
     finally:
       producer.close()
     returns = [episode_return(r, self.it.gamma) for t in tickets for r in done[t]]

@@ -48,7 +48,7 @@ class SamplerWorker:
   into the base the sampler holds; default: they are the params)."""
 
   def __init__(self, name: str, producer_factory: Callable[[Any, int], Any], channels: Channels, *,
-               slots: int, group_size: int, should_stop: Callable[[], bool], device_lock=None,
+               slots: int, should_stop: Callable[[], bool], device_lock=None,
                receive: Callable[[Any], Any] | None = None):
     self.name, self.channels = name, channels
     self.source, self.queue = channels.params, channels.queue
@@ -56,7 +56,7 @@ class SamplerWorker:
     self.device_lock = device_lock if device_lock is not None else contextlib.nullcontext()
     self.producer_factory = producer_factory
     self.receive = receive if receive is not None else (lambda published: published)
-    self.slots, self.n = slots, group_size
+    self.slots = slots  # (a group's slots: its producer's `group_slots`)
     self.should_stop = should_stop
     self._lock = threading.Lock()
     self._stats = collections.Counter()
@@ -87,6 +87,13 @@ class SamplerWorker:
       producer = self.producer_factory(self.receive(params), version)
     with self._lock:
       self._stats["version"] = version
+    try:
+      self._serve(producer)
+    finally:
+      producer.close()  # its env threads and reward workers end with the sampler
+
+  def _serve(self, producer) -> None:
+    """Claims, samples and puts groups until `should_stop()`."""
     last_beat, reported = 0.0, None
     while not self.should_stop():
       newest = self.source.latest_version()
@@ -97,13 +104,13 @@ class SamplerWorker:
             producer.set_params(self.receive(got[1]), got[0])
           with self._lock:
             self._stats["version"], self._stats["swaps"] = got[0], self._stats["swaps"] + 1
-      while envs.has_room(producer, slots=self.slots, group_size=self.n):
+      while envs.has_room(producer, slots=self.slots):
         ticket = self.channels.admission.claim(producer.version)
         if ticket is None:
           break
         producer.submit(ticket)
       if self.channels.heartbeat is not None:
-        capacity, now = envs.group_capacity(producer, slots=self.slots, group_size=self.n), time.time()
+        capacity, now = envs.group_capacity(producer, slots=self.slots), time.time()
         # Every 0.5 s, and sooner (0.1 s) when the room to start groups changed (the learner grants by it) or
         # the learner asks tickets back (they wait for the answer).
         soon = capacity != reported or self.channels.admission.unanswered()
@@ -206,8 +213,7 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   engine = parts.sampling_engine()
   worker = SamplerWorker(name, lambda p, v: parts.task.producer(engine, p, v),
                          Channels(params, queue, admission, heartbeat=admission.heartbeat), slots=slots,
-                         group_size=n, should_stop=(epath.Path(workdir) / DONE_FILE).exists,
-                         receive=lambda published: parts.to_model(base, published))
+                         should_stop=(epath.Path(workdir) / DONE_FILE).exists, receive=lambda published: parts.to_model(base, published))
   if not quiet:
     print(f"[{name}] sampling for {workdir} ({slots} slots)", flush=True)
   t0 = time.time()

@@ -87,8 +87,7 @@ class InlineSource:
   def take(self, step: int) -> Taken:
     t0 = time.time()
     tickets = range(step * self.p, (step + 1) * self.p)
-    done = envs.run_tickets(self.producer, tickets, slots=self.parts.cfg.sampler_slots,
-                            group_size=self.n)
+    done = envs.run_tickets(self.producer, tickets, slots=self.parts.cfg.sampler_slots)
     groups = [(envs.group_id(t), done[t], staleness_of(done[t], step)) for t in tickets]
     return Taken(groups, [], {"wait_seconds": time.time() - t0})
 
@@ -207,8 +206,8 @@ class ThreadSource(_QueueSource):
     self.workers = [_samplers.SamplerWorker(
         f"sampler-{k}", lambda params, version: parts.task.producer(engine, params, version),
         _samplers.Channels(self.params, writer_queue(k), self.admission), slots=cfg.sampler_slots,
-        group_size=cfg.rl.samples_per_prompt, should_stop=self._stop.is_set, device_lock=self.device_lock,
-        receive=receive) for k in range(cfg.runtime.num_samplers)]
+        should_stop=self._stop.is_set, device_lock=self.device_lock, receive=receive)
+        for k in range(cfg.runtime.num_samplers)]
     self._threads = []
 
   def publish(self, state, version: int) -> None:

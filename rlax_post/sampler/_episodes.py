@@ -25,7 +25,9 @@ An episode ends with `end_reason`:
   'max_turns'          the env scored `max_turns` messages without ending the episode (its last observation
                        is dropped);
   'max_decode_length'  the sequence filled the engine's `max_decode_length` (the cut message is not shown to
-                       the env), or the observation would leave no room to generate (dropped);
+                       the env), or the observation would leave no room to generate (dropped; the reset's
+                       also when prompt and observation are longer than the engine's largest prefill
+                       bucket: the episode then ends at its prompt, with no turn);
   'env_error'          `reset` or `step` raised (or returned a bad value); `error` holds the text;
   'env_timeout'        `reset` or `step` ran longer than `env_timeout_s` (its late result is ignored).
 Other episodes are unaffected by one episode's error or timeout. A timed-out call's thread cannot be
@@ -232,7 +234,7 @@ class _FailedFork:
     raise RuntimeError(f"env.fork() raised {self.error}")
 
 
-def _end(state: _State, reason: str, error: str) -> None:
+def _end(state: _State, reason: str, error: str | None) -> None:
   state.end_reason, state.error = reason, error
 
 
@@ -311,11 +313,12 @@ class EpisodeRunner:
     return sum(g.remaining for g in groups.values())
 
   def submit(self, prompt: str, *, n: int, group_id: Any, seed: int | None = None, stream: int | None = None,
-             max_turn_tokens: int | None = None, keep: bool = False) -> None:
+             max_turn_tokens: int | None = None, keep: bool = False,
+             prompt_ids: Sequence[int] | None = None) -> None:
     """Starts n episodes of `prompt` as one group: builds n envs and resets them in the pool.
 
     Args:
-      prompt: the prompt text.
+      prompt: the prompt text (what each env's `reset` gets).
       n: episodes in the group.
       group_id: returned with the group's episodes by `step` (any value).
       seed, stream: pin the group's sampling streams (module docstring); None: the driver's.
@@ -323,10 +326,15 @@ class EpisodeRunner:
       keep: keep the group's episodes forkable once they end (`fork` with `at`), until `release(group_id)`:
         the driver keeps each sample's state (`Request.keep`) and each env is snapshotted (`env.fork()`) at
         every turn's start. Its envs must be able to fork.
+      prompt_ids: the prompt as the model sees it (e.g. a dataset row's rendered ids, cut to its budget);
+        None: the tokenizer's encoding of `prompt` with BOS.
     """
     self._check_open()
     if not isinstance(prompt, str):
       raise ValueError(f"prompt must be a string; got {prompt!r}.")
+    if prompt_ids is not None and (isinstance(prompt_ids, str) or not len(prompt_ids) or not all(
+        isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt_ids)):
+      raise ValueError(f"prompt_ids must be a non-empty sequence of ints or None; got {prompt_ids!r}.")
     _check_int("n", n, 1)
     max_turn_tokens = self._max_turn_tokens if max_turn_tokens is None else max_turn_tokens
     _check_int("max_turn_tokens", max_turn_tokens, 1)
@@ -342,7 +350,7 @@ class EpisodeRunner:
                        f"({type(states[0].env).__name__}) cannot fork (no fork() method; envs.can_fork).")
     self._num_groups += 1
     self._pending += 1
-    context = self._tokenizer.encode(prompt, add_bos=True)
+    context = self._tokenizer.encode(prompt, add_bos=True) if prompt_ids is None else [int(t) for t in prompt_ids]
     resets = []
     for state in states:
       state.context = list(context)
@@ -540,16 +548,26 @@ class EpisodeRunner:
   def _start(self, group: _Group) -> None:
     """Submits the group's requests: its episodes grouped by context (a request shares one prefill)."""
     contexts: dict[tuple[int, ...], list[int]] = {}
+    largest, limit = self._driver.engine.prefill_buckets[-1], self._driver.engine.max_decode_length
     for future, state in zip(group.resets, group.states):
       observation = future.result()
       if observation is None:  # reset failed: the episode ends with its context, no turn.
         group.remaining -= 1
         continue
-      state.context += self._tokenizer.encode(observation, add_bos=False)
+      context = state.context + self._tokenizer.encode(observation, add_bos=False)
+      if len(context) >= limit or len(context) > largest:
+        # No room to generate, or more than a prefill takes: the episode ends at its prompt, the observation
+        # dropped (as a later observation with no room is), instead of failing its group.
+        _end(state, "max_decode_length", None)
+        group.remaining -= 1
+        continue
+      state.context = context
       state.turn_starts.append(len(state.context))
       contexts.setdefault(tuple(state.context), []).append(state.index)
+    # The first message, as every later one (`Driver`), is clipped to the room left.
     requests = [_requests.Request(
-        list(context), n=len(members), max_tokens=group.max_turn_tokens, stop_tokens=self._stop_tokens,
+        list(context), n=len(members), max_tokens=min(group.max_turn_tokens, limit - len(context)),
+        stop_tokens=self._stop_tokens,
         request_id=self._num_requests + k,
         env=_callback([group.states[i] for i in members], self._calls, self._tokenizer, self._max_turns),
         seed=group.seed, stream=group.stream, sample_streams=None if group.seed is None else tuple(members),
@@ -642,15 +660,18 @@ def _callback(members: list[_State], calls: _Calls, tokenizer: Any, max_turns: i
     def on_result(result: Any) -> list[int] | None:
       if not all(hasattr(result, f) for f in _STEP_RESULT_FIELDS):
         raise TypeError(f"env.step must return a StepResult; got {type(result).__name__}.")
-      state.rewards.append(float(result.reward))
-      state.infos.append(dict(result.info))
+      # Every conversion first: a bad value raises (env_error) before the step's reward is recorded.
+      reward, info = float(result.reward), dict(result.info)
+      go_on = not result.done and len(state.messages) < max_turns
+      observation = tokenizer.encode(result.observation, add_bos=False) if go_on else None
+      state.rewards.append(reward)
+      state.infos.append(info)
       if result.done:
         state.done, state.end_reason = True, "env_done"
         return None
-      if len(state.messages) >= max_turns:
+      if not go_on:
         state.end_reason = "max_turns"
         return None
-      observation = tokenizer.encode(result.observation, add_bos=False)
       state.turn_starts.append(len(transcript) + len(observation))
       state.snapshot()
       return observation
