@@ -119,6 +119,11 @@ def test_a_sampler_reports_the_groups_it_can_hold_and_is_granted_up_to_them(tmp_
           [(0, 0), (2, 8), (2, 5), (2, 3), (3, 7), (1, 12)]] == [2, 2, 2, 3, 3, 1]
   assert [envs.has_room(Open(g, u), slots=8) for g, u in
           [(0, 0), (2, 8), (2, 4), (2, 5), (0, 12)]] == [True, False, True, False, True]
+  # The retired group_size argument: ignored (the producer's group_slots counts), with a warning naming it.
+  with pytest.warns(DeprecationWarning, match=r"group_size=1 is retired and ignored.*group_slots \(4;"):
+    assert not envs.has_room(Open(2, 5), slots=8, group_size=1)
+  with pytest.warns(DeprecationWarning, match="group_size=2 is retired"):
+    assert envs.group_capacity(Open(2, 3), slots=8, group_size=2) == 3
 
 
 def test_groups_that_grow_after_their_submit_hold_all_their_slots():

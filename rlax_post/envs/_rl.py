@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
+import warnings
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
 import numpy as np
@@ -169,25 +170,38 @@ def check_split(split: str) -> None:
     raise ValueError(f"split must be one of {list(SPLITS)}; got {split!r}.")
 
 
-def has_room(producer: Producer, *, slots: int) -> bool:
+def _retired_group_size(producer: Producer, group_size: int | None) -> None:
+  if group_size is not None:
+    warnings.warn(f"group_size={group_size!r} is retired and ignored: a group holds its producer's group_slots "
+                  f"({producer.group_slots}; a tree's grown leaves). Drop the argument.", DeprecationWarning,
+                  stacklevel=3)
+
+
+def has_room(producer: Producer, *, slots: int, group_size: int | None = None) -> bool:
   """Whether `producer` may start another group: its `group_slots` of its `slots` free by its count
   (`in_flight_samples`: unfinished samples where a group submits them all at once, so the slots of a group's
-  finished samples serve the next group while its slowest ones decode), or no group open."""
+  finished samples serve the next group while its slowest ones decode), or no group open. (`group_size`:
+  retired, ignored with a DeprecationWarning.)"""
+  _retired_group_size(producer, group_size)
   return producer.in_flight_samples + producer.group_slots <= slots or not producer.in_flight_groups
 
 
-def group_capacity(producer: Producer, *, slots: int) -> int:
+def group_capacity(producer: Producer, *, slots: int, group_size: int | None = None) -> int:
   """The groups `producer` can hold now (what a sampler reports to a file admission, which grants it as many
-  tickets): its open groups plus as many as its free slots could start, at least one."""
+  tickets): its open groups plus as many as its free slots could start, at least one. (`group_size`:
+  retired.)"""
+  _retired_group_size(producer, group_size)
   free = max(slots - producer.in_flight_samples, 0)
   return max(producer.in_flight_groups + free // producer.group_slots, 1)
 
 
-def run_tickets(producer: Producer, tickets: Iterable[int], *, slots: int) -> dict[int, list[dict]]:
+def run_tickets(producer: Producer, tickets: Iterable[int], *, slots: int, group_size: int | None = None
+                ) -> dict[int, list[dict]]:
   """Produces every ticket's group with at most `slots` samples in flight; {ticket: rows}.
 
   Tickets are submitted in order as slots free up (continuous batching across groups): a group once its
-  `group_slots` are free by the producer's count (`has_room`)."""
+  `group_slots` are free by the producer's count (`has_room`). (`group_size`: retired.)"""
+  _retired_group_size(producer, group_size)
   pending = list(tickets)
   out: dict[int, list[dict]] = {}
   want = len(pending)
