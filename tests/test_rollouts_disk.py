@@ -176,3 +176,34 @@ def test_compact_ids_round_trip():
 
 def _ids(groups):
   return [g.group_id for g in groups]
+
+
+def test_a_torn_last_line_is_cut_before_the_next_append(tmp_path):
+  """A learner killed mid-append leaves a log line with no newline. It is ignored on reopen (it consumed
+  nothing) and cut off before the next append: appended to, it joined the next line, which the reopen after
+  dropped as torn (its groups handed out again) and the one after that could not parse. Mid-file damage is
+  an error naming the file and line."""
+  w = rollouts.FileQueue(tmp_path, capacity=100, writer_id="sampler-0")
+  for j in range(4):
+    for i in range(2):
+      w.put(f"g{j}/{i}", {"x": np.int32(i)}, group_id=f"g{j}", group_size=2)
+  w.flush()
+  q = rollouts.FileQueue(tmp_path, capacity=100, writer_id="learner")
+  assert [g.group_id for g in q.get_groups("learner", 1, tag=1, timeout_s=5)] == ["g0"]
+  q.close()
+  log = tmp_path / "consumers" / "learner.jsonl"
+  with open(log, "a") as f:  # step 2's consumption, torn by a crash
+    f.write('{"tag": 2, "groups": [["g1", 2')
+  taken = []
+  for step in (2, 3):  # resume from the checkpoint of step - 1, take one step, crash
+    q = rollouts.FileQueue(tmp_path, capacity=100, writer_id="learner")
+    assert q.consumed_tags("learner") == {f"g{k}": k + 1 for k in range(step - 1)}
+    assert q.rollback("learner", step - 1) == 0
+    taken += [g.group_id for g in q.get_groups("learner", 1, tag=step, timeout_s=5)]
+    q.close()
+  assert taken == ["g1", "g2"] and log.read_text().endswith("\n") and len(log.read_text().splitlines()) == 3
+  lines = log.read_text().splitlines()
+  log.write_text("\n".join([lines[0], lines[1][:10], lines[2]]) + "\n")
+  q = rollouts.FileQueue(tmp_path, capacity=100, writer_id="learner")
+  with pytest.raises(ValueError, match=r"learner.jsonl, line 2: not a consumption record"):
+    q.consumed_tags("learner")

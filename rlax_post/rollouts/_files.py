@@ -42,13 +42,39 @@ def _atomic_write_text(path: epath.Path, text: str) -> None:
 
 
 def _append_text(path: epath.Path, text: str) -> None:
-  """Appends and fsyncs (local) or rewrites atomically (object stores cannot append)."""
+  """Appends a line and fsyncs (local) or rewrites atomically (object stores cannot append). A torn last line
+  (a crash mid-append: no newline) is cut off first: readers ignore a torn *last* line, and a line appended to
+  it would join it, so the next append's line would be lost and the one after it unreadable."""
   path.parent.mkdir(parents=True, exist_ok=True)
   if _disk.is_local(path):
+    _cut_torn_tail(path)
     _disk.write_synced(path, text, "a")
   else:
     old = path.read_text() if path.exists() else ""
+    if old and not old.endswith("\n"):
+      logging.warning("cutting a partial last line off %s before appending", path)
+      old = old[:old.rfind("\n") + 1]
     _atomic_write_text(path, old + text)
+
+
+def _cut_torn_tail(path: epath.Path) -> None:
+  """Truncates a local file after its last newline if it does not end with one."""
+  try:
+    with open(os.fspath(path), "rb+") as f:
+      size = f.seek(0, os.SEEK_END)
+      if not size:
+        return
+      f.seek(size - 1)
+      if f.read(1) == b"\n":
+        return
+      f.seek(0)
+      keep = f.read().rfind(b"\n") + 1
+      logging.warning("cutting a partial last line (%d bytes) off %s before appending", size - keep, path)
+      f.truncate(keep)
+      f.flush()
+      os.fsync(f.fileno())
+  except FileNotFoundError:
+    return
 
 
 def _read_shard(path: epath.Path) -> list[_records.PutRecord] | None:
@@ -216,11 +242,11 @@ class FileQueue(_queue.RolloutQueue):
           continue
         try:
           entry = json.loads(line)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as e:
           if i == len(lines) - 1:  # a torn final append (crash mid-write) consumed nothing
             logging.warning("ignoring a partial last line in %s", path)
             continue
-          raise
+          raise ValueError(f"{path}, line {i + 1}: not a consumption record ({e}); the log is damaged") from None
         for group_id, rows in entry["groups"]:
           consumed[group_id] = (entry["tag"], rows)
     self._consumed[consumer] = consumed
