@@ -138,6 +138,19 @@ def test_memory_admission_bound_and_eta_zero_is_lockstep():
     rollouts.MemoryAdmission(groups_per_step=2, max_staleness=-1)
 
 
+def test_a_resumed_memory_admission_hands_out_every_ticket_not_in_the_queue():
+  """A resumed thread run with a file queue (`ThreadSource.resume`) hands out every ticket whose group is not
+  in the queue, below its newest one too: groups finish out of order, so ticket 9 may still have been sampling
+  when tickets 8, 10 and 11 were put; skipped, step 3 at η = 0 (tickets 8-11) could never fill."""
+  adm = rollouts.MemoryAdmission(groups_per_step=4, max_staleness=0, first_ticket=0,
+                                 done=set(range(9)) | {10, 11, 13})
+  assert adm.next_ticket == 9
+  assert [adm.claim(2) for _ in range(2)] == [9, None]  # step 3's missing group, then the bound (12)
+  assert [adm.claim(3) for _ in range(3)] == [12, 14, 15]  # 13 is in the queue
+  adm = rollouts.MemoryAdmission(groups_per_step=2, max_staleness=1, first_ticket=5, done={1, 5, 6})
+  assert [adm.claim(5) for _ in range(2)] == [7, 8]  # tickets below first_ticket are not handed out
+
+
 def _age(directory, sampler_id, seconds):
   path = os.path.join(directory, "samplers", f"{sampler_id}.json")
   with open(path) as f:

@@ -123,12 +123,21 @@ class Admission(abc.ABC):
 
 
 class MemoryAdmission(Admission):
-  """Tickets from a counter under a lock (threads of one process)."""
+  """Tickets from a counter under a lock (threads of one process), from `first_ticket` on, never handing out
+  one in `done` (a resumed run's groups already in its queue)."""
 
-  def __init__(self, *, groups_per_step: int, max_staleness: int, first_ticket: int = 0):
+  def __init__(self, *, groups_per_step: int, max_staleness: int, first_ticket: int = 0,
+               done: Iterable[int] = ()):
     super().__init__(groups_per_step=groups_per_step, max_staleness=max_staleness)
     self._next = _check("first_ticket", first_ticket, 0)
+    self._done = {int(t) for t in done if int(t) >= self._next}
     self._lock = threading.Lock()
+    self._skip_done()
+
+  def _skip_done(self) -> None:
+    while self._next in self._done:
+      self._done.discard(self._next)
+      self._next += 1
 
   @property
   def next_ticket(self) -> int:
@@ -142,6 +151,7 @@ class MemoryAdmission(Admission):
       if self._next >= self.limit(version):
         return None
       ticket, self._next = self._next, self._next + 1
+      self._skip_done()
       return ticket
 
 

@@ -219,13 +219,16 @@ class ThreadSource(_QueueSource):
     self.params.publish(copy, version)
 
   def resume(self, step: int, meta: dict) -> None:
-    first = int(meta["next_ticket"])
+    first, done = int(meta["next_ticket"]), set()
     if self.cfg.runtime.queue == "files":
-      # Groups consumed after the checkpoint come back; groups already in the queue are not sampled again.
+      # Groups consumed after the checkpoint come back; groups already in the queue are not sampled again, and
+      # every other ticket is: groups finish out of order, so one still sampling when the run stopped may lie
+      # below the newest in the queue (skipped, it left a step at η = 0 one group short for ever).
       self.queue.rollback(_samplers.LEARNER, step)
-      first = max([first] + [int(g) + 1 for g in self.queue.seen_group_ids()])
+      done = {int(g) for g in self.queue.seen_group_ids()}
+      first = 0
     self.admission = rollouts.MemoryAdmission(groups_per_step=self.cfg.rl.prompts_per_step,
-                                              max_staleness=self.eta, first_ticket=first)
+                                              max_staleness=self.eta, first_ticket=first, done=done)
     for w in self.workers:
       w.channels.admission = self.admission
 
