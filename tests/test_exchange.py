@@ -205,6 +205,34 @@ def test_lease_blocks_gc_until_released_or_expired(tmp_path):
   pub.close()
 
 
+def test_a_reader_leasing_while_gc_runs_never_holds_a_deleted_version(tmp_path, monkeypatch):
+  """GC hides a version (its commit marker) before it reads the leases; a reader leases, then checks the
+  marker. A reader that leases after GC read the leases finds no marker (and does not use the version); one
+  that leased before is seen, and the version stays. (GC read the leases first: a reader could lease and
+  check in between and lose its version; a helper review forced that interleaving.)"""
+  pub = exchange.ParamPublisher(tmp_path, max_to_keep=1, lease_timeout_s=60.0)
+  pub.publish(_params(0), 0)
+  pub.wait()
+  step_dir, seen = pub.directory / "0", {}
+  real_live = _store.live_leases
+
+  def lease_in_between(directory, timeout_s):  # the reader leases and checks just before GC reads the leases
+    seen["lease"] = _store.acquire_lease(directory, 0, "reader")
+    seen["complete_when_checked"] = _store.is_complete(step_dir)
+    return real_live(directory, timeout_s)
+
+  monkeypatch.setattr(_store, "live_leases", lease_in_between)
+  assert not _store.delete_unless_leased(pub.directory, 0, 60.0)
+  monkeypatch.setattr(_store, "live_leases", real_live)
+  assert seen["complete_when_checked"] is False  # the reader saw it hidden: it would not have used it
+  assert _store.is_complete(step_dir)  # GC saw the lease: the marker is back, the version kept
+  _assert_is_version(exchange.ParamSubscriber(tmp_path, params_like=LIKE).restore(0), 0)
+  _store.release_lease(seen["lease"])
+  assert _store.delete_unless_leased(pub.directory, 0, 60.0) and not step_dir.exists()
+  assert not _store.delete_unless_leased(pub.directory, 0, 60.0)  # already gone
+  pub.close()
+
+
 def test_reader_survives_fast_writer_with_gc(tmp_path):
   """A writer outpaces a reader with max_to_keep=1: no reader ever fails, and values match versions."""
   pub = exchange.ParamPublisher(tmp_path, max_to_keep=1)

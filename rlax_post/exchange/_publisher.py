@@ -147,9 +147,7 @@ class ParamPublisher:
       old = versions[:-self._max_to_keep]
       if not old:
         return
-      leased = _store.live_leases(self.directory, self._lease_timeout_s)
       for v in old:
-        if v not in leased:
-          _store.delete_version(self.directory / str(v))
+        _store.delete_unless_leased(self.directory, v, self._lease_timeout_s)
     except OSError as e:  # GC is retried on the next publish; a transient error must not stop training.
       logging.warning("Parameter GC in %s failed: %s", self.directory, e)

@@ -83,6 +83,30 @@ def delete_version(step_dir: epath.Path) -> None:
     pass
 
 
+def delete_unless_leased(directory: epath.Path, version: int, timeout_s: float) -> bool:
+  """Deletes complete `version` unless a reader holds a live lease on it; returns whether it did.
+
+  The commit marker goes first, then the leases are read (a reader leases, then checks the marker): either GC
+  sees the reader's lease and puts the marker back, or the reader finds no marker and does not use the
+  version. Reading the leases first let a reader lease and check in between, then lose the version.
+  """
+  step_dir = directory / str(version)
+  marker = step_dir / COMMIT_FILE
+  try:
+    text = marker.read_text()
+    marker.unlink()
+  except FileNotFoundError:
+    return False
+  if version in live_leases(directory, timeout_s):
+    marker.write_text(text)
+    return False
+  try:
+    step_dir.rmtree()
+  except FileNotFoundError:
+    pass
+  return True
+
+
 def lease_dir(directory: epath.Path) -> epath.Path:
   return directory / LEASES
 
