@@ -102,6 +102,24 @@ def test_resume_with_nothing_to_resume_is_an_error_that_keeps_the_outputs(half):
   assert (half / "metrics.jsonl").read_text() == metrics  # Nothing was cleared.
 
 
+def test_a_fresh_run_clears_what_an_attempt_without_a_checkpoint_left(half):
+  """Without a complete checkpoint nothing can be continued: a fresh run in that workdir removes the old
+  attempt's run data too (queue, params, grants, rows, stop file), which it would otherwise read as its own
+  (a helper review: a thread run re-put groups the old consumption log held; a learner process skipped
+  publishing every version up to the old attempt's newest, so its samplers read the old params)."""
+  for step in ("0", "1", "2"):
+    os.remove(half / "checkpoints" / step / "commit_success.txt")
+  for name in ("queue/consumers", "params/7", "admission/grants", "replay/rows", "critic_params/3"):
+    (half / name).mkdir(parents=True, exist_ok=True)
+    (half / name / "stale.json").write_text("{}")
+  (half / "learner.done").write_text("")
+  summary = runtime.train(_cfg(), half, quiet=True)
+  assert summary["rl_steps_done"] == 4
+  assert not any((half / name).exists() for name in ("queue", "params", "admission", "critic_params",
+                                                         "learner.done"))
+  assert not (half / "replay" / "rows" / "stale.json").exists()
+
+
 def test_a_torn_last_metrics_line_is_dropped_and_a_corrupt_one_is_named(straight, half, capsys):
   path = half / "metrics.jsonl"
   with open(path, "a") as f:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -19,13 +20,16 @@ import numpy as np
 from rlax_post import config as config_lib
 from rlax_post import envs
 from rlax_post.runtime import _checkpoint
+from rlax_post.runtime import _critic
 from rlax_post.runtime import _distributed
 from rlax_post.runtime import _eval
 from rlax_post.runtime import _learn
 from rlax_post.runtime import _learners
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _rounds
 from rlax_post.runtime import _rowlog
+from rlax_post.runtime import _samplers
 from rlax_post.runtime import _warm
 
 _KEEP = ("initial_eval_reward", "warm_start_seconds", "config")  # carried from checkpoint to checkpoint
@@ -213,6 +217,27 @@ class Run:
     return summary
 
 
+# What a run keeps in its workdir besides checkpoints and metric outputs: the rollout queue and its consumption
+# log, published params (and LoRA's base, a separate critic's), ticket grants, the rows log, Iterative PPO's
+# rounds, and the learner's stop file for samplers.
+RUN_DATA = ("queue", "params", "admission", "replay", _samplers.BASE_DIR, _critic.CRITIC_PARAMS_DIR,
+            _rounds.ROUNDS_DIR, _samplers.DONE_FILE)
+
+
+def _clear_attempt(workdir: str) -> None:
+  """Removes what an attempt that never reached its first checkpoint left (nothing of it can be continued):
+  its metric outputs and its run data, which a fresh run would otherwise read as its own (the queue's groups
+  and consumption log, params versions newer than the fresh run's own: a helper review saw both). The old
+  config.json goes first, so that samplers of the new run wait for the new one."""
+  for name in ("config.json",) + RUN_DATA:
+    path = os.path.join(workdir, name)
+    if os.path.isdir(path):
+      shutil.rmtree(path)
+    elif os.path.exists(path):
+      os.remove(path)
+  _metrics.clear_outputs(workdir)
+
+
 def open_run(parts: _parts.Parts, workdir: str, *, resume: bool, quiet: bool) -> Run:
   """The run in `workdir`: refuses to overwrite a run without `resume`, and clears the outputs of an earlier
   attempt that never reached its first checkpoint (they describe no run we can continue)."""
@@ -230,7 +255,7 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool, quiet: bool) ->
     raise ValueError(f"--resume: {workdir} holds no complete checkpoint to continue{aside}. Run without "
                      "--resume to start a new run there.")
   if latest is None and primary:
-    _metrics.clear_outputs(workdir)
+    _clear_attempt(workdir)
   if primary:
     _metrics.write_json(os.path.join(workdir, "config.json"), config_lib.to_dict(cfg))
   # One progress bar per multi-host learner.
