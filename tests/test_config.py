@@ -58,6 +58,7 @@ def test_nested_section_keeps_its_own_defaults():
     ({"runtime": {"progress": "yes"}}, r"must be a bool"),
     ({"rl": {"minibatches": 3}}, r"must be divisible by rl.minibatches = 3"),
     ({"loss": {"dual_clip": 0.5}}, r"dual_clip` must be > 1"),
+    ({"loss": {"kind": "gspo", "dual_clip": 3.0}}, r"loss.dual_clip = 3.0 caps token-level PPO.*has no dual clip"),
     ({"rl": {"prompts_per_step": 2, "samples_per_prompt": 4}, "runtime": {"refill_after": 9}},
      r"runtime.refill_after = 9 exceeds the sampler's 8 slots"),
     ({"runtime": {"sampler_slots": 16, "refill_after": 17}}, r"runtime.refill_after = 17 exceeds the sampler's 16"),

@@ -403,6 +403,9 @@ class Config:
       raise ValueError(f"rl.stop must be a list of non-empty strings; got {list(self.rl.stop)}.")
     if any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in self.reward.weights):
       raise ValueError(f"reward.weights must be numbers; got {list(self.reward.weights)}.")
+    if self.loss.kind == "gspo" and self.loss.dual_clip is not None:
+      raise ValueError(f"loss.dual_clip = {self.loss.dual_clip} caps token-level PPO's negative-advantage loss; "
+                       "loss.kind = 'gspo' clips a sequence ratio and has no dual clip: set loss.dual_clip = None.")
     if self.advantage.estimator == "gae" and self.critic.mode == "shared" and self.model.lora.rank:
       raise ValueError("critic.mode = 'shared' puts a value head on the policy, which LoRA would freeze; use "
                        "critic.mode = 'separate' with model.lora.rank > 0.")
