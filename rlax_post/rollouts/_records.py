@@ -10,9 +10,12 @@ dtype, shape and the raw buffer, so field values round-trip with their exact dty
 are rejected at `put` time in both backends, so the memory and file backends accept exactly the same input.
 
 A shard (one file of the file queue) is `SHARD_MAGIC` followed by one frame per record: its byte length and
-its CRC-32 (two little-endian uint32), then the bytes. The file costs 8 bytes plus 8 per record over its
-payload. (Shards used to be ArrayRecord files, which pad their footer and postscript to 64 KiB riegeli blocks
-whatever the options, so every shard took at least 128 KiB; readers still read those.)
+its CRC-32 (two little-endian uint32), then the bytes; then a trailer: the record count (uint32) and
+`SHARD_END`. The file costs 20 bytes plus 8 per record over its payload. The trailer makes a shard whose tail
+frames a storage lost (cut at a frame boundary) an error rather than a shorter valid shard, whose groups
+would never complete. Shards of the first format (`SHARD_MAGIC_V1`, no trailer) are still read. (Shards used
+to be ArrayRecord files, which pad their footer and postscript to 64 KiB riegeli blocks whatever the options,
+so every shard took at least 128 KiB; readers still read those too.)
 """
 
 from collections.abc import Mapping, Sequence
@@ -25,8 +28,11 @@ from flax import serialization
 import numpy as np
 
 RECORD_VERSION = 1
-SHARD_MAGIC = b"RLAXQS01"
+SHARD_MAGIC = b"RLAXQS02"
+SHARD_MAGIC_V1 = b"RLAXQS01"  # frames only, no trailer (read, never written)
+SHARD_END = b"RLAXQEND"
 _FRAME = struct.Struct("<II")  # record length, CRC-32 of the record
+_TRAILER = struct.Struct("<I8s")  # record count, SHARD_END
 _PY_SCALARS = (bool, int, float, str, bytes, type(None))
 
 
@@ -99,21 +105,40 @@ def encode_shard(records: Sequence[bytes]) -> bytes:
   parts = [SHARD_MAGIC]
   for record in records:
     parts += [_FRAME.pack(len(record), zlib.crc32(record)), record]
+  parts.append(_TRAILER.pack(len(records), SHARD_END))
   return b"".join(parts)
 
 
 def decode_shard(data: bytes) -> list[bytes]:
   """Inverse of `encode_shard`; raises ValueError for a foreign, truncated or corrupt file (a published shard
   is written whole before its rename, so this means the storage damaged it)."""
-  if not data.startswith(SHARD_MAGIC):
-    raise ValueError(f"not a rollout shard: it starts with {data[:len(SHARD_MAGIC)]!r}, not {SHARD_MAGIC!r}")
+  magic = data[:len(SHARD_MAGIC)]
+  if magic == SHARD_MAGIC_V1:
+    return _frames(data, len(data))
+  if magic != SHARD_MAGIC:
+    raise ValueError(f"not a rollout shard: it starts with {magic!r}, not {SHARD_MAGIC!r}")
+  end = len(data) - _TRAILER.size
+  if end < len(SHARD_MAGIC):
+    raise ValueError(f"truncated shard: {len(data)} bytes, shorter than its magic and trailer")
+  count, marker = _TRAILER.unpack_from(data, end)
+  if marker != SHARD_END:
+    raise ValueError(f"truncated shard: it ends with {data[-8:]!r}, not its trailer {SHARD_END!r} (its last "
+                     f"frames were lost)")
+  records = _frames(data, end)
+  if len(records) != count:
+    raise ValueError(f"shard holds {len(records)} records; its trailer says {count}")
+  return records
+
+
+def _frames(data: bytes, end: int) -> list[bytes]:
+  """The records framed in data[len(magic):end]."""
   records, pos = [], len(SHARD_MAGIC)
-  while pos < len(data):
-    if pos + _FRAME.size > len(data):
-      raise ValueError(f"truncated frame header at byte {pos} of {len(data)}")
+  while pos < end:
+    if pos + _FRAME.size > end:
+      raise ValueError(f"truncated frame header at byte {pos} of {end}")
     size, crc = _FRAME.unpack_from(data, pos)
     pos += _FRAME.size
-    record = data[pos:pos + size]
+    record = data[pos:min(pos + size, end)]
     if len(record) != size or zlib.crc32(record) != crc:
       raise ValueError(f"record at byte {pos}: {len(record)} of {size} bytes, checksum "
                        f"{'ok' if zlib.crc32(record) == crc else 'mismatch'}")
