@@ -232,3 +232,14 @@ def test_a_torn_last_line_is_cut_before_the_next_append(tmp_path):
   q = rollouts.FileQueue(tmp_path, capacity=100, writer_id="learner")
   with pytest.raises(ValueError, match=r"learner.jsonl, line 2: not a consumption record"):
     q.consumed_tags("learner")
+
+
+def test_a_relative_queue_path_stays_where_it_was_opened(tmp_path, monkeypatch):
+  (tmp_path / "a").mkdir()
+  (tmp_path / "b").mkdir()
+  monkeypatch.chdir(tmp_path / "a")
+  w = rollouts.FileQueue("q", capacity=100, writer_id="w")
+  monkeypatch.chdir(tmp_path / "b")  # a later chdir (a launcher, a library) moves nothing
+  _put(w, "0")
+  assert [p.name for p in (tmp_path / "a" / "q" / "shards" / "w").iterdir()] == ["000000000000.rec"]
+  assert not (tmp_path / "b" / "q").exists()

@@ -218,6 +218,9 @@ def test_rollback(env):
   assert r.rollback("learner", after_tag=1) == 2
   assert r.consumed_tags("learner") == {"g0": 1}
   assert r.rollback("learner", after_tag=1) == 0
+  for bad in (None, 1.5, True):
+    with pytest.raises(ValueError, match=r"rollback\(after_tag=...\) takes the int tag .* got"):
+      r.rollback("learner", after_tag=bad)
   assert _ids(r.get_groups("learner", 5, tag=2, timeout_s=5)) == ["g1", "g2", "g3", "g4", "g5"]
   with pytest.raises(TimeoutError):
     r.get_groups("learner", 1, timeout_s=0.05)

@@ -165,7 +165,8 @@ class FileQueue(_queue.RolloutQueue):
       raise ValueError(f"flush_rows must be an int >= 0; got {flush_rows!r}")
     if not poll_s > 0:
       raise ValueError(f"poll_s must be > 0; got {poll_s!r}")
-    self._dir = epath.Path(directory)
+    text = os.fspath(directory)  # local paths absolute (a later chdir moves nothing), bucket URLs as given
+    self._dir = epath.Path(text if "://" in text else os.path.abspath(text))
     self._capacity = capacity
     self._writer_id = writer_id
     self._flush_rows = flush_rows

@@ -7,6 +7,8 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
 from rlax_post.rollouts import _records
 
 
@@ -144,6 +146,9 @@ def releasable(consumed: Mapping[str, Mapping[str, Any]], up_to_tag: int, tag_of
 
 
 def check_rollback(after_tag: int, released_tag: int | None) -> None:
+  if isinstance(after_tag, bool) or not isinstance(after_tag, (int, np.integer)):
+    raise ValueError(f"rollback(after_tag=...) takes the int tag (learner step) to roll back to; got "
+                     f"{after_tag!r}.")
   if released_tag is not None and after_tag < released_tag:
     raise ValueError(f"rollback(after_tag={after_tag}) would hand out groups released up to tag "
                      f"{released_tag}; roll back to a tag >= {released_tag}.")
