@@ -102,6 +102,21 @@ def test_resume_with_nothing_to_resume_is_an_error_that_keeps_the_outputs(half):
   assert (half / "metrics.jsonl").read_text() == metrics  # Nothing was cleared.
 
 
+def test_a_source_that_refuses_to_resume_leaves_the_history_whole(half, monkeypatch):
+  """The source resumes (a queue's rollback may refuse: groups released past the checkpoint) before the
+  metrics and rows log are cut back to the checkpoint, so a refused resume cuts nothing."""
+  os.remove(half / "checkpoints" / "2" / "commit_success.txt")  # resume from step 1, below the newest rows
+  metrics = (half / "metrics.jsonl").read_text()
+
+  def refuse(self, step, meta):
+    raise ValueError(f"rollback(after_tag={step}) would hand out groups released up to tag 2")
+
+  monkeypatch.setattr(runtime.InlineSource, "resume", refuse)
+  with pytest.raises(ValueError, match="would hand out groups released"):
+    runtime.train(_cfg(), half, resume=True, quiet=True)
+  assert (half / "metrics.jsonl").read_text() == metrics
+
+
 def test_a_fresh_run_clears_what_an_attempt_without_a_checkpoint_left(half):
   """Without a complete checkpoint nothing can be continued: a fresh run in that workdir removes the old
   attempt's run data too (queue, params, grants, rows, stop file), which it would otherwise read as its own

@@ -125,11 +125,11 @@ class Run:
     for path, reason in self.ckpt.aside:
       self.ui.warn(f"Set aside {path}: {reason}.")
     _checkpoint.check_resume_config(meta.get("config"), self.cfg)
+    source.resume(step, meta)  # first: it may refuse (a queue released past `step`), and then nothing is cut
     self.metrics.truncate_after(step, "rl")
     self.metrics.truncate_after(step, "eval")
     self.metrics.rebuild_tensorboard()
     self.log.truncate_after(step)
-    source.resume(step, meta)
     self.ui.say(f"Resumed {self.workdir} at RL step {step}.")
     return Start(state, ref_params, step, meta)
 
