@@ -102,6 +102,23 @@ def test_resume_with_nothing_to_resume_is_an_error_that_keeps_the_outputs(half):
   assert (half / "metrics.jsonl").read_text() == metrics  # Nothing was cleared.
 
 
+def test_a_storage_hiccup_does_not_set_the_newest_checkpoint_aside(half, monkeypatch, capsys):
+  """An OSError reading the newest step (a bucket's 503) is tried once more before the step counts as damaged
+  (it was set aside at once, and the run resumed from an older step)."""
+  real, calls = _checkpoint.RunCheckpointer.restore, []
+
+  def flaky(self, step, **templates):
+    calls.append(step)
+    if len(calls) == 1:
+      raise OSError("503 Service Unavailable")
+    return real(self, step, **templates)
+
+  monkeypatch.setattr(_checkpoint.RunCheckpointer, "restore", flaky)
+  summary = runtime.train(_cfg(), half, resume=True, quiet=True)
+  assert summary["resumed_from_step"] == 2 and calls[:2] == [2, 2]
+  assert not (half / _checkpoint.ASIDE_DIR).exists() and "could not be restored" not in capsys.readouterr().err
+
+
 def test_a_source_that_refuses_to_resume_leaves_the_history_whole(half, monkeypatch):
   """The source resumes (a queue's rollback may refuse: groups released past the checkpoint) before the
   metrics and rows log are cut back to the checkpoint, so a refused resume cuts nothing."""

@@ -146,7 +146,7 @@ class RunCheckpointer:
     failed = []
     for step in reversed(self.complete_steps()):
       try:
-        state, ref_params, meta = self.restore(step, **templates)
+        state, ref_params, meta = self._restore_retrying_io(step, templates)
       except Exception as e:  # pylint: disable=broad-except  (any failure to read a step: it is not intact)
         failed.append((step, _first_line(e)))
         continue
@@ -159,6 +159,15 @@ class RunCheckpointer:
       return step, state, ref_params, meta
     tried = "; ".join(f"step {s}: {why}" for s, why in failed) or "none"
     raise ValueError(f"No checkpoint in {self.directory} could be restored (tried {tried}).")
+
+  def _restore_retrying_io(self, step: int, templates: dict):
+    """`restore`, tried once more after an OSError (a bucket's 503, a timeout): a storage hiccup must not
+    set an intact newest step aside."""
+    try:
+      return self.restore(step, **templates)
+    except OSError:
+      time.sleep(1.0)
+      return self.restore(step, **templates)
 
   def wait(self) -> None:
     self._manager.wait_until_finished()
