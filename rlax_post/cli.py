@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import inspect
 import json
 import os
 import re
@@ -265,7 +266,10 @@ def _check_overrides(argv) -> None:
   module = sweep.load_module(path)
   if not callable(getattr(module, "get_config", None)):
     raise ValueError(f"--config {path!r} defines no get_config(); see docs/configuration.md, 'Writing a config'.")
-  raw = module.get_config(*spec.split(":", 1)[1:])
+  variant = spec.split(":", 1)[1:]
+  if variant and not inspect.signature(module.get_config).parameters:
+    raise ValueError(f"--config {spec!r}: {path}'s get_config() takes no variant; drop ':{variant[0]}'.")
+  raw = module.get_config(*variant)
   for key in keys:
     _check_key(raw, key)
 

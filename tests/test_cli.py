@@ -102,6 +102,20 @@ def test_check_config_prints_strict_json_for_relative_and_absolute_paths(config)
   assert cfg["rl"]["steps"] == 7 and cfg["model"]["preset"] == "micro"
 
 
+@pytest.mark.parametrize("text, spec, message", [
+    ("def get_config(:\n  pass\n", "bad.py",
+     "config file 'bad.py' cannot be imported (line 1): SyntaxError: invalid syntax (bad.py, line 1)"),
+    ("import ml_collections\nimport nonexistent_mod\n", "bad.py",
+     "config file 'bad.py' cannot be imported (line 2): ModuleNotFoundError: No module named 'nonexistent_mod'"),
+    ("import ml_collections\ndef get_config():\n  return ml_collections.ConfigDict()\n", "bad.py:tiny",
+     "--config 'bad.py:tiny': bad.py's get_config() takes no variant; drop ':tiny'."),
+])
+def test_a_config_file_that_cannot_load_is_one_line_naming_it(tmp_path, text, spec, message):
+  (tmp_path / "bad.py").write_text(text)
+  out = _cli("check-config", "--config", spec, cwd=tmp_path)
+  assert _error(out, "check-config") == f"rlax-post check-config: error: {message}"
+
+
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_non_finite_value_is_refused_with_key_value_and_range(value):
   out = _cli("check-config", "--config", "configs/demo.py", f"--config.rl.optimizer.learning_rate={value}")

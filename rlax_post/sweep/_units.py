@@ -17,6 +17,7 @@ import importlib.util
 import itertools
 import os
 import re
+import traceback
 from typing import Any
 
 import ml_collections
@@ -161,12 +162,25 @@ def apply(cfg: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> ml_co
 
 
 def load_module(path: str):
+  """The config file `path` imported; ValueError naming the file (and line) if importing it fails."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"config file {path!r} does not exist.")
   spec = importlib.util.spec_from_file_location(f"_rlax_post_sweep_config_{abs(hash(path))}", path)
   module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  try:
+    spec.loader.exec_module(module)
+  except Exception as e:  # pylint: disable=broad-except  (the user's file: any error is theirs to fix)
+    line = e.lineno if isinstance(e, SyntaxError) else _line_in(e, path)
+    raise ValueError(f"config file {path!r} cannot be imported{f' (line {line})' if line else ''}: "
+                     f"{type(e).__name__}: {e}") from None
   return module
+
+
+def _line_in(error: BaseException, path: str) -> int | None:
+  """The line of `path` in the traceback of `error` (the innermost), if any."""
+  lines = [f.lineno for f in traceback.extract_tb(error.__traceback__)
+           if os.path.abspath(f.filename) == os.path.abspath(path)]
+  return lines[-1] if lines else None
 
 
 def _check_key(cfg: ml_collections.ConfigDict, key: str, config: str) -> None:
