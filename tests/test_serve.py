@@ -254,3 +254,30 @@ def test_check_request_names_the_context_limit_when_it_is_tighter_than_the_bucke
   assert sampler.check_request(_serving.text_request("a" * 15, 1), engine) == (
       "prompt of 16 tokens leaves no position to generate into within max_decode_length 16 of this model; "
       "shorten it to at most 15 tokens")
+
+
+def test_streamed_text_of_a_checkpoint_tokenizer_keeps_characters_split_across_tokens(tmp_path):
+  """JetStream decodes each streamed token alone; a byte-level BPE token holding part of "é" or "日" came out
+  as U+FFFD (a helper review). The served text is the whole decode's new stable part: the chunks join to the
+  text of all the ids, whatever the tokens' boundaries, and an incomplete character waits (to the end)."""
+  import _tiny_hf  # pylint: disable=g-import-not-at-top
+  from rlax_post.runtime._parts import CheckpointTokenizer  # pylint: disable=g-import-not-at-top
+  tok = CheckpointTokenizer.from_dir(_tiny_hf.make_checkpoint(str(tmp_path / "hf")))
+  text = "ok é 日本 🤗"
+  ids = tok.encode(text, add_bos=False)
+  assert any("\ufffd" in tok.decode([i]) for i in ids)  # some token is part of a character
+  pb = sampler_serve._pb2  # pylint: disable=protected-access
+  for step in (1, 2, 3):  # tokens per streamed response
+    streams, chunks = sampler_serve._TextStreams(tok), []  # pylint: disable=protected-access
+    for start in range(0, len(ids), step):
+      response = pb.DecodeResponse(stream_content=pb.DecodeResponse.StreamContent(
+          samples=[pb.DecodeResponse.StreamContent.Sample(token_ids=ids[start:start + step])]))
+      chunks.append(streams.retext(response).stream_content.samples[0].text)
+    assert "\ufffd" not in "".join(chunks) and "".join(chunks) == text, (step, chunks)
+    assert streams.flush() is None
+  streams = sampler_serve._TextStreams(tok)  # pylint: disable=protected-access
+  cut = ids[:-1]  # the stream ends inside the emoji: its bytes come out at the end, as decode gives them
+  streams.retext(pb.DecodeResponse(stream_content=pb.DecodeResponse.StreamContent(
+      samples=[pb.DecodeResponse.StreamContent.Sample(token_ids=cut)])))
+  tail = streams.flush().stream_content.samples[0]
+  assert tail.text == tok.decode(cut)[len(tok.decode(cut).rstrip("\ufffd")):] and not tail.token_ids

@@ -287,11 +287,50 @@ class _CheckedOrchestrator(_js.orchestrator.LLMOrchestrator):
     if problem is not None:
       logging.info("Rejected a Decode request: %s", problem)
       await _abort(context, _INVALID, problem)
+    texts = _TextStreams(self._engine.tokenizer) if request.WhichOneof("content") == "text_content" else None
     try:
       async for response in super().Decode(request, context):
-        yield response
+        yield response if texts is None else texts.retext(response)
     except _RequestFailed as e:
       await _abort(context, e.code, str(e))
+    tail = None if texts is None else texts.flush()
+    if tail is not None:
+      yield tail
+
+
+class _TextStreams:
+  """The text of a text request's streamed samples, decoded from all the ids so far: JetStream 0.2.2 decodes
+  each token alone and holds back only pieces spelled `<0xAB>` (what the byte tokenizer's adapter writes), so
+  a checkpoint tokenizer's token holding part of a character streamed as U+FFFD. Each response's text is the
+  new stable part of the whole decode; trailing U+FFFD (a character still incomplete) waits for the next
+  token, or the end of the stream (`flush`)."""
+
+  def __init__(self, tokenizer):
+    self.tokenizer = tokenizer
+    self.ids: list[list[int]] = []
+    self.sent: list[int] = []  # characters of each sample's decoded text already streamed
+
+  def _decode(self, k: int) -> str:
+    return self.tokenizer.decode(self.ids[k], skip_special=True, stop_at_eos=False)
+
+  def retext(self, response):
+    samples = response.stream_content.samples
+    while len(self.ids) < len(samples):
+      self.ids.append([])
+      self.sent.append(0)
+    for k, sample in enumerate(samples):
+      self.ids[k] += list(sample.token_ids)
+      stable = self._decode(k).rstrip("\ufffd")
+      sample.text, self.sent[k] = stable[self.sent[k]:], max(self.sent[k], len(stable))
+    return response
+
+  def flush(self):
+    """A last response with each sample's text held back (no ids), or None when nothing was."""
+    rest = [self._decode(k)[self.sent[k]:] for k in range(len(self.ids))]
+    if not any(rest):
+      return None
+    return _pb2.DecodeResponse(stream_content=_pb2.DecodeResponse.StreamContent(
+        samples=[_pb2.DecodeResponse.StreamContent.Sample(text=t) for t in rest]))
 
 
 def _handlers(servicer: _CheckedOrchestrator) -> grpc.GenericRpcHandler:
