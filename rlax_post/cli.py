@@ -352,6 +352,7 @@ def _sweep(argv, command_line):
   del argv
   overrides = sweep.command_line_overrides(command_line)  # The units get the --config.key=value flags too.
   _required(_CONFIG, "a configs/*.py file, e.g. --config configs/tools_tiny.py")
+  _json_path()
   root = _writable_dir(_required(_WORKDIR, "the root under which each work unit gets its workdir"))
   spec = flags.FLAGS["config"].config_filename
   say = (lambda *a, **k: None) if _QUIET.value else (lambda msg: print(msg, flush=True))
@@ -407,6 +408,7 @@ def _fidelity(argv):
                           "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
   if _EXTRA.value < 1:
     raise ValueError(f"--extra must be >= 1; got {_EXTRA.value}.")
+  _json_path()
   _write_json(runtime.credit_fidelity(workdir, extra=_EXTRA.value, batches=_BATCHES.value))
 
 
@@ -414,13 +416,29 @@ def _value(argv):
   del argv
   workdir = _existing_dir(_required(_WORKDIR, "the workdir of a sales run"), "--workdir",
                           "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
+  _json_path()
   _write_json(runtime.run_policy_value(workdir, step=_STEP.value))
 
 
+def _json_path() -> str | None:
+  """--json, checked before any work: a file path (not a directory) in a directory that can be written."""
+  path = _JSON.value
+  if path is None:
+    return None
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"--json {path!r} is a directory; pass a file path, e.g. "
+                            f"{os.path.join(path, 'report.json')!r}.")
+  _writable_dir(os.path.dirname(os.path.abspath(path)), "--json")
+  return path
+
+
 def _write_json(report) -> None:
+  """Prints `report`; with --json also writes it there whole (a temporary file renamed into place)."""
   if _JSON.value:
-    with open(_JSON.value, "w") as f:
+    tmp = f"{_JSON.value}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
       json.dump(report, f, indent=2)
+    os.replace(tmp, _JSON.value)
   print(json.dumps(report, indent=2))
 
 
@@ -444,8 +462,7 @@ def _rescue_eval(argv):
   if (_WORKDIR.value is None) == (_CONFIG.value is None):
     raise ValueError("give --workdir (a run's policy) or --config (a config's starting weights, e.g. a "
                      "pretrained model.hf_path, zero-shot), not both or neither.")
-  if _JSON.value:
-    _writable_dir(os.path.dirname(os.path.abspath(_JSON.value)), "--json")
+  _json_path()
   options = runtime.HarnessOptions(tasks=tuple(_TASKS.value), judge=_JUDGE.value,
                                    max_context_rows=_context_rows())
   if _WORKDIR.value is not None:
@@ -461,6 +478,7 @@ def _rescue_eval(argv):
 
 def _rescue_audit(argv):
   del argv
+  _json_path()
   _write_json(runtime.rescue_audit(horizon=_HORIZON.value, sessions=_COUNT.value, seed=_SEED.value,
                                    max_context_rows=_context_rows()))
 

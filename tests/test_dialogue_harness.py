@@ -118,3 +118,9 @@ def test_rescue_audit_command(tmp_path):
   report = json.loads((tmp_path / "audit.json").read_text())
   assert report["returns"]["optimal"] == pytest.approx(dialogue.solve(dialogue.CoupleSim(horizon=3)).start_value)
   assert report["leakage"]["er"]["focal_row"] > 90  # 6 sessions: a few (stance, distress) pairs unseen
+  assert [p.name for p in tmp_path.iterdir()] == ["audit.json"]  # written whole, no temporary left
+  # A --json that is a directory is named before any work (it failed with a bare errno after the audit).
+  bad = _cli("rescue-audit", "--count", "6", "--horizon", "3", "--json", str(tmp_path))
+  assert bad.returncode == 2 and "Traceback" not in bad.stderr
+  assert bad.stderr.strip() == (f"rlax-post rescue-audit: error: --json {str(tmp_path)!r} is a directory; pass a "
+                                f"file path, e.g. {str(tmp_path / 'report.json')!r}.")
