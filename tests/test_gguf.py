@@ -100,8 +100,13 @@ def test_unsupported_inputs_name_themselves(tmp_path):
   with pytest.raises(ValueError, match=r"tokenizer model 'bert' is not supported"):
     models._gguf.build_tokenizer({"tokenizer.ggml.model": "bert", "tokenizer.ggml.tokens": ["a"]}, "f.gguf")  # pylint: disable=protected-access
   (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
-  with pytest.raises(ValueError, match=r"junk.gguf is not a readable GGUF file"):
+  with pytest.raises(ValueError, match=r"junk.gguf is not a readable GGUF file: it starts with b'not ', not b'GGUF'"):
     models.convert_gguf(str(tmp_path / "junk.gguf"), str(tmp_path / "out"))
+  with open(path, "rb") as f:
+    (tmp_path / "cut.gguf").write_bytes(f.read(os.path.getsize(path) // 2))  # a copy cut short
+  with pytest.raises(ValueError, match=r"cut.gguf is not a readable GGUF file: it is truncated or damaged \(\d+ "
+                                       r"bytes; copy it again\)"):
+    models.convert_gguf(str(tmp_path / "cut.gguf"), str(tmp_path / "out"))
   with pytest.raises(FileNotFoundError, match=r"GGUF file 'nope.gguf' does not exist"):
     models.convert_gguf("nope.gguf", str(tmp_path / "out"))
 

@@ -228,10 +228,15 @@ def convert_gguf(gguf_path: str, out_dir: str) -> dict:
   if os.path.isdir(out_dir) and os.listdir(out_dir):
     raise ValueError(f"{out_dir!r} already holds files ({sorted(os.listdir(out_dir))[:3]}); a checkpoint is "
                      "written into a new or empty directory, so that no other checkpoint's files mix with it.")
+  with open(gguf_path, "rb") as f:
+    magic = f.read(4)
+  if magic != b"GGUF":
+    raise ValueError(f"{gguf_path} is not a readable GGUF file: it starts with {magic!r}, not b'GGUF'.")
   try:
     reader = gguf.GGUFReader(gguf_path)
   except (ValueError, OSError) as e:
-    raise ValueError(f"{gguf_path} is not a readable GGUF file ({e}).") from None
+    raise ValueError(f"{gguf_path} is not a readable GGUF file: it is truncated or damaged "
+                     f"({os.path.getsize(gguf_path)} bytes; copy it again) ({e}).") from None
   meta = _fields(reader)
   names = {t.name for t in reader.tensors}
   config = hf_config(meta, gguf_path, tied="output.weight" not in names)
