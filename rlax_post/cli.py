@@ -11,12 +11,14 @@ where it can be checked that early; anything else is a bug and keeps its traceba
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import inspect
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -193,6 +195,19 @@ def _readable_file(path: str, flag: str, example: str) -> None:
                   f"pass a readable file, e.g. {flag} {example}.") from None
 
 
+@contextlib.contextmanager
+def _removed_if_left_empty(path: str):
+  """Removes `path` when the body fails, if this command made it and it holds no file (empty folders only):
+  a command refused for a bad flag or input leaves no directory behind, never a run's outputs."""
+  existed = os.path.exists(path)
+  try:
+    yield
+  except BaseException:
+    if not existed and os.path.isdir(path) and not any(files for _, _, files in os.walk(path)):
+      shutil.rmtree(path, ignore_errors=True)
+    raise
+
+
 def _writable_dir(path: str, flag: str = "--workdir") -> str:
   """Creates `path` and a probe file in it now, so a bad directory fails here, not at the first checkpoint."""
   if "://" in path:  # A bucket URL: nothing to create locally.
@@ -295,9 +310,12 @@ def _load_config():
 def _train(argv):
   del argv
   cfg = _load_config()
-  workdir = _writable_dir(_required(_WORKDIR, "the directory for checkpoints, metrics and summaries"))
-  _init_distributed("train")
-  _print_summary(runtime.train(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value))
+  path = _required(_WORKDIR, "the directory for checkpoints, metrics and summaries")
+  with _removed_if_left_empty(path):
+    workdir = _writable_dir(path)
+    _init_distributed("train")
+    summary = runtime.train(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value)
+  _print_summary(summary)
 
 
 def _print_summary(summary):
@@ -318,9 +336,11 @@ def _learner(argv):
                                                 "--config FILE to start one"))
   if cfg.runtime.mode != "async":
     raise ValueError("`rlax-post learner` runs the async learner: set --config.runtime.mode=async.")
-  _writable_dir(workdir)
-  _init_distributed("learner")
-  _print_summary(runtime.run_learner(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value))
+  with _removed_if_left_empty(workdir):
+    _writable_dir(workdir)
+    _init_distributed("learner")
+    summary = runtime.run_learner(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value)
+  _print_summary(summary)
 
 
 def _sampler(argv):
@@ -353,11 +373,13 @@ def _sweep(argv, command_line):
   overrides = sweep.command_line_overrides(command_line)  # The units get the --config.key=value flags too.
   _required(_CONFIG, "a configs/*.py file, e.g. --config configs/tools_tiny.py")
   _json_path()
-  root = _writable_dir(_required(_WORKDIR, "the root under which each work unit gets its workdir"))
+  path = _required(_WORKDIR, "the root under which each work unit gets its workdir")
   spec = flags.FLAGS["config"].config_filename
   say = (lambda *a, **k: None) if _QUIET.value else (lambda msg: print(msg, flush=True))
-  results = sweep.run_local(spec, root, parallel=_PARALLEL.value, extra_flags=overrides,
-                            pin_cpus=_PIN_CPUS.value, share_warm_start=_SHARE_WARM.value, say=say)
+  with _removed_if_left_empty(path):
+    root = _writable_dir(path)
+    results = sweep.run_local(spec, root, parallel=_PARALLEL.value, extra_flags=overrides,
+                              pin_cpus=_PIN_CPUS.value, share_warm_start=_SHARE_WARM.value, say=say)
   sweep.write_report(results, root, config=spec, json_path=_JSON.value)
   print(sweep.table(results))
   print(f"\nOutputs in {root}: sweep.json, sweep.png, and one workdir per unit.")
@@ -388,14 +410,9 @@ def _convert(argv):
   path = _required(_GGUF, "a GGUF model file, e.g. --gguf SmolLM2-135M-Instruct.Q4_1.gguf")
   _readable_file(path, "--gguf", "path/to/model.gguf")
   out = _required(_OUT, "the directory to write the Hugging Face checkpoint to")
-  existed = os.path.exists(out)
-  _writable_dir(out, "--out")
-  try:
+  with _removed_if_left_empty(out):
+    _writable_dir(out, "--out")
     config = models.convert_gguf(path, out)
-  except BaseException:
-    if not existed and os.path.isdir(out) and not os.listdir(out):
-      os.rmdir(out)  # the directory this command made: a failed conversion leaves nothing behind
-    raise
   if not _QUIET.value:
     print(f"Wrote {config['architectures'][0]} ({config['num_hidden_layers']} layers, width "
           f"{config['hidden_size']}, vocab {config['vocab_size']}) to {out}; train it with "
@@ -444,9 +461,11 @@ def _write_json(report) -> None:
 
 def _rescue_sim(argv):
   del argv
-  out = _writable_dir(_required(_SESSIONS, "the directory to write the sessions to"), "--sessions")
-  paths = runtime.simulate_sessions(out, _COUNT.value, seed=_SEED.value, variants=_VARIANTS.value,
-                                    horizon=_HORIZON.value)
+  out = _required(_SESSIONS, "the directory to write the sessions to")
+  with _removed_if_left_empty(out):
+    _writable_dir(out, "--sessions")
+    paths = runtime.simulate_sessions(out, _COUNT.value, seed=_SEED.value, variants=_VARIANTS.value,
+                                      horizon=_HORIZON.value)
   print(f"Wrote {len(paths)} RESCUE sessions to {out}.")
 
 

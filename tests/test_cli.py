@@ -201,14 +201,15 @@ def test_workdir_that_is_a_file(tmp_path, command, relative):
 @pytest.mark.parametrize("relative", [True, False])
 def test_workdir_is_created_relative_to_the_working_directory(tmp_path, command, relative):
   """A good --workdir passes the early check (it is created there) and the run goes on to build its parts,
-  here to stop at a `model.hf_path` that does not exist."""
+  here to stop at a `model.hf_path` that does not exist (named relative to the working directory); the run
+  wrote nothing, so the directory it made is removed again."""
   path = "runs/a" if relative else str(tmp_path / "runs" / "a")
   out = _cli(command, "--config", _DEMO + ":tiny", "--config.runtime.mode=async", "--workdir", path,
              "--config.model.hf_path=no/such/ckpt", cwd=tmp_path)
   assert _error(out, command) == (
       f"rlax-post {command}: error: `model.hf_path` = 'no/such/ckpt' (relative to {tmp_path}) does not exist; "
       "set it to a local Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json).")
-  assert (tmp_path / "runs" / "a").is_dir()
+  assert (tmp_path / "runs").is_dir() and not (tmp_path / "runs" / "a").exists()
 
 
 def test_workdir_below_a_file(tmp_path):
@@ -279,3 +280,22 @@ def test_bugs_keep_their_traceback():
     raise KeyError("a bug")
   with pytest.raises(KeyError):
     cli._run("train", bug, [])
+
+
+@pytest.mark.parametrize("args", [
+    ("rescue-sim", "--sessions", "{d}", "--count", "-1"),
+    ("train", "--config", "configs/demo.py:tiny", "--workdir", "{d}", "--resume"),
+    ("sweep", "--config", "configs/demo.py:tiny", "--workdir", "{d}", "--parallel", "0"),
+], ids=["rescue-sim", "train --resume", "sweep"])
+def test_a_refused_command_leaves_no_directory_it_made(tmp_path, args):
+  """A command refused for a bad flag or input removes the directory it made for its outputs (when that holds
+  no file): it was left behind, empty or with an empty checkpoints/."""
+  new = tmp_path / "new"
+  out = _cli(*[a.format(d=new) for a in args])
+  _error(out, args[0])
+  assert not new.exists()
+  kept = tmp_path / "kept"
+  kept.mkdir()
+  out = _cli(*[a.format(d=kept) for a in args])
+  _error(out, args[0])
+  assert kept.is_dir()  # a directory the user made is left alone
