@@ -196,12 +196,13 @@ def _readable_file(path: str, flag: str, example: str) -> None:
 
 
 @contextlib.contextmanager
-def _removed_if_left_empty(path: str):
-  """Removes `path` when the body fails, if this command made it and it holds no file (empty folders only):
-  a command refused for a bad flag or input leaves no directory behind, never a run's outputs."""
+def _output_dir(path: str, flag: str = "--workdir"):
+  """`_writable_dir(path, flag)` for the body; when the body fails, `path` is removed again if this command
+  made it and it holds no file (empty folders only): a command refused for a bad flag or input leaves no
+  directory behind, never a run's outputs."""
   existed = os.path.exists(path)
   try:
-    yield
+    yield _writable_dir(path, flag)
   except BaseException:
     if not existed and os.path.isdir(path) and not any(files for _, _, files in os.walk(path)):
       shutil.rmtree(path, ignore_errors=True)
@@ -311,8 +312,7 @@ def _train(argv):
   del argv
   cfg = _load_config()
   path = _required(_WORKDIR, "the directory for checkpoints, metrics and summaries")
-  with _removed_if_left_empty(path):
-    workdir = _writable_dir(path)
+  with _output_dir(path) as workdir:
     _init_distributed("train")
     summary = runtime.train(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value)
   _print_summary(summary)
@@ -336,8 +336,7 @@ def _learner(argv):
                                                 "--config FILE to start one"))
   if cfg.runtime.mode != "async":
     raise ValueError("`rlax-post learner` runs the async learner: set --config.runtime.mode=async.")
-  with _removed_if_left_empty(workdir):
-    _writable_dir(workdir)
+  with _output_dir(workdir):
     _init_distributed("learner")
     summary = runtime.run_learner(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value)
   _print_summary(summary)
@@ -376,8 +375,7 @@ def _sweep(argv, command_line):
   path = _required(_WORKDIR, "the root under which each work unit gets its workdir")
   spec = flags.FLAGS["config"].config_filename
   say = (lambda *a, **k: None) if _QUIET.value else (lambda msg: print(msg, flush=True))
-  with _removed_if_left_empty(path):
-    root = _writable_dir(path)
+  with _output_dir(path) as root:
     results = sweep.run_local(spec, root, parallel=_PARALLEL.value, extra_flags=overrides,
                               pin_cpus=_PIN_CPUS.value, share_warm_start=_SHARE_WARM.value, say=say)
   sweep.write_report(results, root, config=spec, json_path=_JSON.value)
@@ -410,8 +408,7 @@ def _convert(argv):
   path = _required(_GGUF, "a GGUF model file, e.g. --gguf SmolLM2-135M-Instruct.Q4_1.gguf")
   _readable_file(path, "--gguf", "path/to/model.gguf")
   out = _required(_OUT, "the directory to write the Hugging Face checkpoint to")
-  with _removed_if_left_empty(out):
-    _writable_dir(out, "--out")
+  with _output_dir(out, "--out"):
     config = models.convert_gguf(path, out)
   if not _QUIET.value:
     print(f"Wrote {config['architectures'][0]} ({config['num_hidden_layers']} layers, width "
@@ -452,18 +449,14 @@ def _json_path() -> str | None:
 def _write_json(report) -> None:
   """Prints `report`; with --json also writes it there whole (a temporary file renamed into place)."""
   if _JSON.value:
-    tmp = f"{_JSON.value}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-      json.dump(report, f, indent=2)
-    os.replace(tmp, _JSON.value)
+    runtime.write_json(_JSON.value, report)
   print(json.dumps(report, indent=2))
 
 
 def _rescue_sim(argv):
   del argv
   out = _required(_SESSIONS, "the directory to write the sessions to")
-  with _removed_if_left_empty(out):
-    _writable_dir(out, "--sessions")
+  with _output_dir(out, "--sessions"):
     paths = runtime.simulate_sessions(out, _COUNT.value, seed=_SEED.value, variants=_VARIANTS.value,
                                       horizon=_HORIZON.value)
   print(f"Wrote {len(paths)} RESCUE sessions to {out}.")

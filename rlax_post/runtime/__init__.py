@@ -29,6 +29,7 @@ from rlax_post.runtime._loop import run_learner
 from rlax_post.runtime._loop import train
 from rlax_post.runtime._metrics import MetricsWriter
 from rlax_post.runtime._metrics import plot_curves
+from rlax_post.runtime._metrics import write_json
 from rlax_post.runtime._parts import build_parts
 from rlax_post.runtime._parts import Parts
 from rlax_post.runtime._parts import run_memory
@@ -69,4 +70,4 @@ __all__ = ["build_parts", "Credit", "credit_fidelity", "spearman", "ModelPolicy"
            "Parts", "plot_curves", "ProcessSource", "replay", "RLUpdate", "RolloutBatch", "rows_to_batch",
            "run_learner", "run_memory", "run_sampler", "RunCheckpointer", "SamplerWorker", "serve", "Source",
            "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "warm_start_cache_entries",
-           "warm_start_cache_key"]
+           "warm_start_cache_key", "write_json"]
