@@ -293,7 +293,6 @@ class FileAdmission(Admission):
         out[path.name[:-len(".json")]] = beat
     return out
 
-
   def grant(self, version: int, *, committed: set[int], timeout_s: float) -> dict[str, int]:
     """Learner side: takes back the uncommitted grants of samplers silent for more than `timeout_s`, tops every
     live sampler up to its capacity and then its tickets ahead (tickets taken back or released first, then new
@@ -411,7 +410,8 @@ class _GrantBook:
     started = [t for t in self.revoke[sid] if t in held]
     for t in started:
       del self.revoke[sid][t]
-    self.changed.update([sid] if started else [])
+    if started:
+      self.changed.add(sid)
     return out
 
   def ask_back(self, live: list[str], capacity: dict[str, int], beats: dict[str, dict]) -> int:
@@ -428,10 +428,12 @@ class _GrantBook:
       held = {int(t) for t in beats[sid].get("held", [])}
       unstarted = [t for t in self.tickets[sid] if t not in held]
       wanted = [t for t in unstarted[len(unstarted) - min(excess, len(unstarted)):] if t not in self.revoke[sid]]
-      for t in wanted[:short]:
+      wanted = wanted[:short]
+      for t in wanted:
         self.revoke[sid][t] = self.seq.get(sid, 0) + 1  # the write below
-      asked, short = asked + len(wanted[:short]), short - len(wanted[:short])
-      self.changed.update([sid] if wanted else [])
+      asked, short = asked + len(wanted), short - len(wanted)
+      if wanted:
+        self.changed.add(sid)
     return asked
 
   def write(self, path_of) -> None:
