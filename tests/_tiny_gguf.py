@@ -45,8 +45,10 @@ def _spm_vocab():
 
 
 def write(path: str, *, arch: str = "llama", qtype=T.F32, vocab: str = "gpt2", d: int = 64, ff: int = 128,
-          layers: int = 2, heads: int = 4, kv_heads: int = 2, seed: int = 0, tied: bool = True) -> dict:
-  """Writes a tiny GGUF model; returns its Hugging Face float32 weights before quantisation."""
+          layers: int = 2, heads: int = 4, kv_heads: int = 2, seed: int = 0, tied: bool = True,
+          rope_dims: int | None = None, extra_tokens: int = 0, block_count: int | None = None) -> dict:
+  """Writes a tiny GGUF model; returns its Hugging Face float32 weights before quantisation. `rope_dims`,
+  `extra_tokens` (tokens beyond the embedding's rows) and `block_count` write inconsistent files."""
   tokens, types, merges, scores = _gpt2_vocab(seed) if vocab == "gpt2" else _spm_vocab()
   vocab_size, head_dim = len(tokens), d // heads
   rng = np.random.default_rng(seed)
@@ -68,7 +70,7 @@ def write(path: str, *, arch: str = "llama", qtype=T.F32, vocab: str = "gpt2", d
                  p + "self_attn.k_proj.bias": normal(kv_heads * head_dim),
                  p + "self_attn.v_proj.bias": normal(kv_heads * head_dim)})
   w = gguf.GGUFWriter(path, arch)
-  w.add_block_count(layers)
+  w.add_block_count(layers if block_count is None else block_count)
   w.add_context_length(256)
   w.add_embedding_length(d)
   w.add_feed_forward_length(ff)
@@ -76,7 +78,7 @@ def write(path: str, *, arch: str = "llama", qtype=T.F32, vocab: str = "gpt2", d
   w.add_head_count_kv(kv_heads)
   w.add_rope_freq_base(10000.0)
   w.add_layer_norm_rms_eps(1e-5)
-  w.add_rope_dimension_count(head_dim)
+  w.add_rope_dimension_count(head_dim if rope_dims is None else rope_dims)
   w.add_tokenizer_model(vocab)
   if vocab == "gpt2":
     w.add_tokenizer_pre("default")
@@ -92,8 +94,8 @@ def write(path: str, *, arch: str = "llama", qtype=T.F32, vocab: str = "gpt2", d
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
     w.add_add_space_prefix(True)
-  w.add_token_list(tokens)
-  w.add_token_types(types)
+  w.add_token_list(tokens + [f"extra{i}" for i in range(extra_tokens)])
+  w.add_token_types(types + [1] * extra_tokens)
   w.add_chat_template(CHAT)
   names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}

@@ -111,6 +111,34 @@ def test_unsupported_inputs_name_themselves(tmp_path):
     models.convert_gguf("nope.gguf", str(tmp_path / "out"))
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(rope_dims=8), r"RoPE rotates 8 of each head's 16 dimensions \(llama.rope.dimension_count\); only "
+                        r"rotary embeddings over the whole head"),
+    (dict(extra_tokens=3), r"tensor 'token_embd.weight' has shape \[\d+, 64\], but the file's metadata implies "
+                           r"\[\d+, 64\] \(vocab_size \d+, hidden 64"),
+    (dict(block_count=3), r"the file holds blocks \[0, 1\] but its metadata says 3 \(block_count\)"),
+])
+def test_a_file_whose_tensors_disagree_with_its_metadata_is_refused(tmp_path, kwargs, message):
+  path = str(tmp_path / "m.gguf")
+  _tiny_gguf.write(path, **kwargs)
+  with pytest.raises(ValueError, match=message):
+    models.convert_gguf(path, str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists()
+
+
+def test_head_width_comes_from_the_key_length(tmp_path):
+  meta = {"general.architecture": "qwen2", "qwen2.attention.head_count": 4, "qwen2.embedding_length": 64,
+          "qwen2.feed_forward_length": 128, "qwen2.block_count": 2, "qwen2.context_length": 32,
+          "qwen2.attention.layer_norm_rms_epsilon": 1e-6, "tokenizer.ggml.tokens": ["a", "b"]}
+  get = models._gguf.hf_config  # pylint: disable=protected-access
+  assert get(meta, "f.gguf", tied=True)["head_dim"] == 16  # 64 / 4 heads
+  assert get({**meta, "qwen2.attention.key_length": 32, "qwen2.rope.dimension_count": 32},
+             "f.gguf", tied=True)["head_dim"] == 32
+  with pytest.raises(ValueError, match=r"keys of length 32 and values of length 16"):
+    get({**meta, "qwen2.attention.key_length": 32, "qwen2.attention.value_length": 16}, "f.gguf", tied=True)
+  assert get(meta, "f.gguf", tied=True)["vocab_size"] == 2
+
+
 def test_a_conversion_writes_all_or_nothing_into_a_new_or_empty_directory(tmp_path, monkeypatch):
   """A checkpoint is built whole, then renamed into place: a failure leaves nothing (it left a weights file
   without config.json); a directory holding files is refused (a stale shard index there took priority over

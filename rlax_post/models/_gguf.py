@@ -72,12 +72,13 @@ def hf_config(meta: dict, path: str, *, tied: bool) -> dict:
   if meta.get(f"{arch}.rope.scaling.type", "none") not in ("none",):
     raise ValueError(f"{path}: RoPE scaling {meta[f'{arch}.rope.scaling.type']!r} is not supported.")
   heads, d = int(key("attention.head_count")), int(key("embedding_length"))
+  head_dim = _head_dim(meta, arch, heads, d, path)
   tokens = _need(meta, "tokenizer.ggml.tokens", path)
   config = {
       "architectures": [ARCHITECTURES[arch]], "model_type": arch, "hidden_size": d,
       "intermediate_size": int(key("feed_forward_length")), "num_hidden_layers": int(key("block_count")),
       "num_attention_heads": heads, "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", heads)),
-      "head_dim": int(meta.get(f"{arch}.rope.dimension_count", d // heads)),
+      "head_dim": head_dim,
       "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon")),
       "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
       "max_position_embeddings": int(key("context_length")),
@@ -90,6 +91,45 @@ def hf_config(meta: dict, path: str, *, tied: bool) -> dict:
     if f"tokenizer.ggml.{name}_token_id" in meta:
       config[f"{'pad' if name == 'padding' else name}_token_id"] = int(meta[f"tokenizer.ggml.{name}_token_id"])
   return config
+
+
+def _head_dim(meta: dict, arch: str, heads: int, d: int, path: str) -> int:
+  """A head's width: the keys' length where the file gives it, else the embedding over the heads. Partial
+  rotary embeddings (a RoPE dimension short of the head) are refused: our Llama / Qwen2 rotate whole heads."""
+  head_dim = int(meta.get(f"{arch}.attention.key_length", d // heads))
+  value = int(meta.get(f"{arch}.attention.value_length", head_dim))
+  if value != head_dim:
+    raise ValueError(f"{path}: keys of length {head_dim} and values of length {value} "
+                     f"({arch}.attention.key_length / value_length); heads of one width are supported.")
+  rope = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+  if rope != head_dim:
+    raise ValueError(f"{path}: RoPE rotates {rope} of each head's {head_dim} dimensions "
+                     f"({arch}.rope.dimension_count); only rotary embeddings over the whole head are supported.")
+  return head_dim
+
+
+def check_shapes(reader: gguf.GGUFReader, config: dict, path: str) -> None:
+  """Every tensor's shape is the one the config implies, so that no mismatch (a vocabulary longer than the
+  embedding, heads of another width) surfaces later as an index or reshape error, or not at all."""
+  d, ff, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+  q, kv = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
+  expected = {"token_embd.weight": (vocab, d), "output.weight": (vocab, d), "output_norm.weight": (d,),
+              "attn_norm.weight": (d,), "ffn_norm.weight": (d,), "attn_q.weight": (q, d), "attn_q.bias": (q,),
+              "attn_k.weight": (kv, d), "attn_k.bias": (kv,), "attn_v.weight": (kv, d), "attn_v.bias": (kv,),
+              "attn_output.weight": (d, q), "ffn_gate.weight": (ff, d), "ffn_up.weight": (ff, d),
+              "ffn_down.weight": (d, ff)}
+  for tensor in reader.tensors:
+    shape = tuple(int(n) for n in reversed(tensor.shape))
+    want = expected.get(tensor.name, expected.get(tensor.name.split(".", 2)[-1]))
+    if want is not None and shape != want:
+      raise ValueError(f"{path}: tensor {tensor.name!r} has shape {list(shape)}, but the file's metadata "
+                       f"implies {list(want)} (vocab_size {vocab}, hidden {d}, feed-forward {ff}, "
+                       f"{config['num_attention_heads']} heads / {config['num_key_value_heads']} KV heads of "
+                       f"{config['head_dim']}).")
+  blocks = {int(t.name.split(".")[1]) for t in reader.tensors if t.name.startswith("blk.")}
+  if blocks != set(range(config["num_hidden_layers"])):
+    raise ValueError(f"{path}: the file holds blocks {sorted(blocks)[:8]}{'...' if len(blocks) > 8 else ''} but "
+                     f"its metadata says {config['num_hidden_layers']} (block_count).")
 
 
 def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -240,6 +280,7 @@ def convert_gguf(gguf_path: str, out_dir: str) -> dict:
   meta = _fields(reader)
   names = {t.name for t in reader.tensors}
   config = hf_config(meta, gguf_path, tied="output.weight" not in names)
+  check_shapes(reader, config, gguf_path)
   try:
     tok = build_tokenizer(meta, gguf_path)  # Before the tensors: a bad vocabulary fails fast.
   except Exception as e:  # pylint: disable=broad-except  (tokenizers raises a bare Exception for bad merges)
