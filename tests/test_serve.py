@@ -142,8 +142,12 @@ def _answer(server, request):
     (_serving.text_request("rev a=", 0), "max_tokens must be at least 1; got 0"),
     (_serving.text_request("rev a=", -3), "max_tokens must be at least 1; got -3"),
     (_serving.text_request("rev a=", 33), "max_tokens 33 exceeds max_decode_length 32 of this model"),
+    (_serving.text_request("rev a=", 26), "prompt of 7 tokens and max_tokens 26 need 33 positions, more than "
+                                          "max_decode_length 32 of this model; ask for at most 25 tokens"),
+    (_serving.token_request(range(16), 17, session_cache="s"), "prompt of 16 tokens and max_tokens 17 need 33"),
 ], ids=["no content", "empty text", "empty ids", "empty ids, session", "40 ids", "16 ids, session",
-        "padded vocab id", "negative id", "max_tokens 0", "max_tokens < 0", "max_tokens > context"])
+        "padded vocab id", "negative id", "max_tokens 0", "max_tokens < 0", "max_tokens > context",
+        "prompt + max_tokens > context", "ids + max_tokens > context"])
 def test_malformed_requests_get_invalid_argument_naming_the_problem(server, request_, reason):
   if reason is None:
     assert len(server.decode(request_)) <= 4
@@ -254,6 +258,10 @@ def test_check_request_names_the_context_limit_when_it_is_tighter_than_the_bucke
   assert sampler.check_request(_serving.text_request("a" * 15, 1), engine) == (
       "prompt of 16 tokens leaves no position to generate into within max_decode_length 16 of this model; "
       "shorten it to at most 15 tokens")
+  assert sampler.check_request(_serving.text_request("a" * 10, 5), engine) is None  # 11 + 5 = 16 positions.
+  assert sampler.check_request(_serving.text_request("a" * 10, 6), engine) == (
+      "prompt of 11 tokens and max_tokens 6 need 17 positions, more than max_decode_length 16 of this model; "
+      "ask for at most 5 tokens or shorten the prompt")
 
 
 def test_streamed_text_of_a_checkpoint_tokenizer_keeps_characters_split_across_tokens(tmp_path):

@@ -134,14 +134,27 @@ def check_request(request: Any, engine: _engine.RlaxEngine) -> str | None:
   here: no content or an empty prompt; text the tokenizer cannot encode; token ids outside [0, tokenizer
   vocab); a prompt longer than the largest prefill bucket or leaving no position to generate into (counted
   as the driver frames it: BOS first unless the request names a `session_cache`); `max_tokens` outside
-  [1, max_decode_length].
+  [1, max_decode_length - prompt length] (a slot stops once its sequence holds max_decode_length tokens, so
+  more would end the completion early without saying so).
   """
   if isinstance(request, _Undecodable):
     return f"the request is not a valid DecodeRequest (text must be UTF-8): {request.error}"
   kind = request.WhichOneof("content")
   if kind is None:
     return "the request has no content: set text_content.text or token_content.token_ids"
-  return _check_max_tokens(request.max_tokens, engine.max_decode_length) or _check_prompt(request, kind, engine)
+  error = _check_max_tokens(request.max_tokens, engine.max_decode_length)
+  if error:
+    return error
+  prompt = _check_prompt(request, kind, engine)
+  if isinstance(prompt, str):
+    return prompt
+  what, length = prompt
+  room = engine.max_decode_length - length
+  if request.max_tokens > room:
+    return (f"{what} and max_tokens {request.max_tokens} need {length + request.max_tokens} positions, more "
+            f"than max_decode_length {engine.max_decode_length} of this model; ask for at most {room} tokens "
+            "or shorten the prompt")
+  return None
 
 
 def _check_max_tokens(max_tokens: int, max_decode_length: int) -> str | None:
@@ -153,7 +166,8 @@ def _check_max_tokens(max_tokens: int, max_decode_length: int) -> str | None:
   return None
 
 
-def _check_prompt(request: Any, kind: str, engine: _engine.RlaxEngine) -> str | None:
+def _check_prompt(request: Any, kind: str, engine: _engine.RlaxEngine) -> str | tuple[str, int]:
+  """Why the prompt cannot be served, or (how to name it, its length in tokens)."""
   with_bos = not request.session_cache  # JetStream 0.2.2 keeps no sessions: a session_cache only drops BOS.
   if kind == "text_content":
     if not request.text_content.text:
@@ -162,13 +176,17 @@ def _check_prompt(request: Any, kind: str, engine: _engine.RlaxEngine) -> str | 
       length = len(engine.tokenizer.encode(request.text_content.text, add_bos=with_bos))
     except Exception as e:  # pylint: disable=broad-exception-caught
       return f"text_content.text does not encode with this model's tokenizer: {e}"
-    return _check_length(length, f"prompt of {length} tokens", engine)
-  ids = np.asarray(request.token_content.token_ids, np.int64)
-  if ids.size == 0:
-    return _EMPTY
-  return _check_ids(ids, engine.tokenizer, with_bos) or _check_length(
-      ids.size + with_bos, f"prompt of {ids.size + with_bos} tokens" + (
-          f" ({ids.size} ids + BOS)" if with_bos else ""), engine)
+    what = f"prompt of {length} tokens"
+  else:
+    ids = np.asarray(request.token_content.token_ids, np.int64)
+    if ids.size == 0:
+      return _EMPTY
+    error = _check_ids(ids, engine.tokenizer, with_bos)
+    if error:
+      return error
+    length = ids.size + with_bos
+    what = f"prompt of {length} tokens" + (f" ({ids.size} ids + BOS)" if with_bos else "")
+  return _check_length(length, what, engine) or (what, length)
 
 
 def _check_ids(ids: np.ndarray, tokenizer: Any, with_bos: bool) -> str | None:
