@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import types
 
 import _serving
@@ -229,6 +230,49 @@ def test_a_prefill_error_fails_its_request_not_the_process(run, references):
   assert too_long_text[0] == _INVALID
   assert too_long_text[1].startswith(prefix + "A sequence of 22 tokens is longer than the largest prefill")
   assert device == (grpc.StatusCode.INTERNAL, prefix + "device lost")
+
+
+def test_a_cancelled_request_frees_its_slot_at_the_next_step(run):
+  """A client that goes away (gRPC cancels the call, which cancels the response channel) ends its request at
+  the next step: JetStream 0.2.2 kept generating into the slot up to `max_tokens` (a helper review). Each
+  decode step is slowed down so that the detokenize thread keeps up and the count of steps is exact enough."""
+  engine = _serve.engine_from_workdir(str(run))
+  driver = sampler_serve._GuardedDriver(engine, engine.load_params())  # pylint: disable=protected-access
+  generate, steps = engine.generate, []
+
+  def slow_generate(*args, **kwargs):
+    time.sleep(0.03)
+    steps.append(1)
+    return generate(*args, **kwargs)
+
+  engine.generate = slow_generate
+  slots = driver._generate_slots[0]  # pylint: disable=protected-access
+
+  async def scenario(cancel: bool):
+    orchestrator = _serving.JS.orchestrator
+    request = orchestrator.ActiveRequest(
+        max_tokens=20, return_channel=orchestrator.async_multifuture.AsyncMultifuture(),
+        prefill_content="rev abcdef=", is_client_side_tokenization=False)
+    driver.place_request_on_prefill_queue(request)
+    await request.return_channel.__anext__()  # its first token: the request holds a slot (greedy, this prompt
+    # runs to max_tokens without EOS)
+    at_first = len(steps)
+    if cancel:
+      request.return_channel.cancel()
+    deadline = time.monotonic() + 60
+    while slots.qsize() < engine.max_concurrent_decodes and time.monotonic() < deadline:
+      await asyncio.sleep(0.01)
+    return len(steps) - at_first
+
+  loop = asyncio.new_event_loop()
+  try:
+    kept = loop.run_until_complete(scenario(cancel=False))
+    cancelled = loop.run_until_complete(scenario(cancel=True))
+  finally:
+    driver.stop()
+    loop.close()
+  assert kept >= 18, kept  # the rest of its 20 tokens
+  assert cancelled <= 4, cancelled  # the step in flight, and the one that ends it
 
 
 def _raise(error):

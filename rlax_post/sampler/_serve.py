@@ -13,6 +13,8 @@ would end every open stream, and it ignores whether its port was bound. `serve` 
 * `_GuardedDriver` is JetStream's `Driver`, the backstop for what the checks miss: an exception while
   tokenizing or prefilling one request ends that request's stream (INVALID_ARGUMENT for a ValueError, else
   INTERNAL) and its slot gets `ServingEngine.idle_prefix()`, which produces nothing; the process lives on.
+  A request whose client goes away (a cancelled call) frees its slot at the next step: JetStream 0.2.2 only
+  cancels its response stream and kept generating into the slot up to `max_tokens`.
 """
 
 from __future__ import annotations
@@ -269,6 +271,22 @@ class _GuardedDriver(_js.orchestrator.Driver):
     self._guard = _PrefillGuard(engine)
     super().__init__(prefill_engines=[self._guard], generate_engines=[engine], prefill_params=[params],
                      generate_params=[params], interleaved_mode=True, jax_padding=False)
+
+  def place_request_on_prefill_queue(self, request: Any) -> None:
+    """Queues `request`, first making its cancellation end it: JetStream's detokenize thread frees a slot once
+    the request's tokens exceed its `max_tokens`, which it reads at every step, and a cancelled call only
+    cancels the response channel (`AsyncMultifuture.cancel` sets an exception on it). So that exception sets
+    `max_tokens` to 0 as it goes: the request completes at its next step, wherever it is by then."""
+    channel = request.return_channel
+    set_exception = channel.set_exception
+
+    def end_on_cancel(error: BaseException) -> None:
+      if isinstance(error, futures.CancelledError):
+        request.max_tokens = 0
+      set_exception(error)
+
+    channel.set_exception = end_on_cancel
+    super().place_request_on_prefill_queue(request)
 
   def _process_prefill_content(self, request, *args, **kwargs):
     """JetStream's tokenization of `request` (in the prefill thread, just before `prefill`).
