@@ -246,8 +246,9 @@ def test_bad_requests_raise_clear_errors(greedy_engine):
     driver.submit([Request(refs.prompt(3), n=0)])
   with pytest.raises(ValueError, match="max_tokens must be"):
     driver.submit([Request(refs.prompt(3), max_tokens=0)])
-  with pytest.raises(ValueError, match=r"prompt must be a non-empty list of ids in \[0, 264\)"):
-    driver.submit([Request([TOK.bos_id, 264])])
+  for bad in (264, 259):  # past the embedding; a padding row of it (valid_vocab_size 259 of 264 rows)
+    with pytest.raises(ValueError, match=r"prompt must be a non-empty list of ids in \[0, 259\)"):
+      driver.submit([Request([TOK.bos_id, bad])])
   with pytest.raises(ValueError, match="unique"):
     driver.submit([Request(refs.prompt(3), request_id=1), Request(refs.prompt(4), request_id=1)])
   with pytest.raises(ValueError, match="lack leaf"):

@@ -318,7 +318,7 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
     engine.load_params(tmp_path)
   # Ids outside the vocabulary (an embedding lookup would give NaN logits past it, another row below 0), in
   # every prefill entry point; and insert rows outside the prefix (a gather would clamp to another prompt).
-  v = CFG.vocab_size
+  v = CFG.valid_vocab_size  # rows from it to vocab_size are padding: no token
   with pytest.raises(ValueError, match=rf"prompt 0 holds id {v} at position 2; ids must be in \[0, {v}\)"):
     engine.prefill(params=params, padded_tokens=np.array([1, 2, v, 3], np.int32), true_length=4)
   with pytest.raises(ValueError, match=rf"prompt 1 holds id -5 at position 0; ids must be in \[0, {v}\)"):

@@ -191,6 +191,11 @@ class ModelConfig:
     return np.stack([local_f if w else global_f for w in windows]).astype(np.float32)
 
   @property
+  def usable_vocab_size(self) -> int:
+    """How many ids a token can be: `valid_vocab_size` where the embedding is padded, else `vocab_size`."""
+    return self.vocab_size if self.valid_vocab_size is None else self.valid_vocab_size
+
+  @property
   def activation_dtype(self):
     return jnp.dtype(self.dtype)
 

@@ -693,7 +693,7 @@ class Driver:
     if observation is None:
       return "done"
     observation = [int(t) for t in observation]
-    vocab = self.engine.model_cfg.vocab_size
+    vocab = self.engine.model_cfg.usable_vocab_size
     if any(not 0 <= t < vocab for t in observation):
       raise ValueError(f"Request {sample.request.request_id!r}: env observation ids must be in [0, {vocab}); "
                        f"got {observation}.")
