@@ -13,6 +13,7 @@ import pytest
 from rlax_post import config
 from rlax_post import models
 from rlax_post import runtime
+from rlax_post import sharding
 from rlax_post.runtime import _batch
 
 sys.path.insert(0, ".")
@@ -86,3 +87,17 @@ def test_one_update_without_old_logprobs_equals_one_with_them_scored():
   for key in ("loss", "pg_loss", "behaviour_gap", "entropy"):
     np.testing.assert_allclose(float(m_a[key]), float(m_b[key]), rtol=1e-5, atol=1e-7)
   assert float(m_a["clip_frac"]) == 0.0  # Ratios exactly 1.
+
+
+def test_a_rule_set_that_maps_batch_elsewhere_places_the_batch_where_the_update_takes_it():
+  """`mesh.rules` with 'batch' on the data axis alone (a valid rule set): the learner put its batch on a fixed
+  ('data', 'fsdp') sharding, and the jitted update refused it (a helper review). The step now runs, with the
+  loss of the default rules'."""
+  rules = tuple((name, "data" if name == "batch" else axes) for name, axes in sharding.DEFAULT_RULES)
+  losses = []
+  for settings in (dict(), dict(mesh__rules=rules)):
+    update, parts, params, state = _setup(mesh__data=2, mesh__fsdp=4, mesh__tensor=1, **settings)
+    assert update.batch_sh.spec == sharding.batch_sharding(parts.mesh, parts.rules, 1).spec
+    _, metrics = update(state, update.reference(state, params), update.batch(_groups(update, parts)), 0)
+    losses.append(float(metrics["loss"]))
+  np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=1e-7)

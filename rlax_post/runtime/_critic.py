@@ -98,7 +98,7 @@ class Critic:
           agg_mode=cfg.loss.agg_mode, max_len=window)
     else:
       graphdef, self.parts, self.learner = parts.graphdef, parts, None
-    self.batch_sh = _learners.batch_sharding(self.parts.mesh)  # the critic's minibatches on its mesh
+    self.batch_sh = _learners.batch_sharding(self.parts)  # the critic's minibatches on its mesh
     self._values = jax.jit(lambda params, tokens, needed: models.token_values(
         graphdef, params, tokens, needed != 0, window=window))
     # Values -> predictions -> GAE -> diagnostics in one jitted call (one dispatch per step on the host path).

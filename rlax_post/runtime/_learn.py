@@ -103,7 +103,7 @@ class RLUpdate:
     self.roles = parts.trainable.roles
     self.role_score = make_role_score(graphdef, self.roles, temperature=cfg.rl.temperature,
                                       window=max_new_tokens) if self.roles > 1 else None
-    self.batch_sh = _learners.batch_sharding(parts.mesh)
+    self.batch_sh = _learners.batch_sharding(parts)
     p = cfg.rl.prompts_per_step
     # Advantages of a batch: from the rewards alone, or (gae) with a learned critic's values.
     self.critic = _critic.Critic(parts, total_updates=total_updates) if config_lib.uses_critic(cfg) else None

@@ -65,12 +65,14 @@ def make_learner(parts: _parts.Parts, opt: optax.GradientTransformation, objecti
                                        frozen_logical_axes=frozen_axes)
   update = learner.make_update(opt, objective, micro_batches=parts.cfg.loss.micro_batches, agg_mode=agg_mode,
                                max_len=max_len, to_model=trainable.to_model)
-  step = learner.jit_update(update, shardings, sharding.batch_sharding(mesh, rules, 1), mesh, rules=rules)
+  step = learner.jit_update(update, shardings, batch_sharding(parts), mesh, rules=rules)
   init = jax.jit(init_state, out_shardings=shardings)
   return Learner(optimizer=opt, state_shardings=shardings, step=step, init=init,
                  abstract_state=abstract_state)
 
 
-def batch_sharding(mesh) -> jax.sharding.NamedSharding:
-  """Rows of a host batch over the mesh's data and fsdp axes."""
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp")))
+def batch_sharding(parts: _parts.Parts) -> jax.sharding.NamedSharding:
+  """Rows of a batch as the jitted update takes them: dim 0 by the rules' 'batch' (default: the data and fsdp
+  axes). Every caller that places a batch uses this one, so a rule set that maps 'batch' elsewhere places it
+  where the update expects it."""
+  return sharding.batch_sharding(parts.mesh, parts.rules, 1)

@@ -34,7 +34,7 @@ def _sft_steps(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui:
       learner.sft_objective(functools.partial(models.token_logprobs, graphdef)),
       agg_mode="token_mean", max_len=None)
   state = sft_learner.init(params, _learners.key(cfg.seed, envs.Stream.SFT_UPDATE, 0))
-  batch_sh = _learners.batch_sharding(parts.mesh)
+  batch_sh = _learners.batch_sharding(parts)
   index, count = _distributed.row_shard(batch_sh, cfg.sft.batch_size)
   batches = parts.task.sft_batches(index, count)
   progress = ui.bar(range(cfg.sft.steps), desc="warm-start SFT")
