@@ -63,6 +63,9 @@ def test_nested_section_keeps_its_own_defaults():
      r"runtime.refill_after = 9 exceeds the sampler's 8 slots"),
     ({"runtime": {"sampler_slots": 16, "refill_after": 17}}, r"runtime.refill_after = 17 exceeds the sampler's 16"),
     ({"runtime": {"refill_after": -1}}, r"`config.runtime.refill_after` must be >= 0; got -1"),
+    ({"model": {"overrides": {"param_dtype": "bfloat16"}}},
+     r"`model.overrides.param_dtype` = 'bfloat16': trained weights are kept in float32"),
+    ({"critic": {"overrides": {"param_dtype": "bfloat16"}}}, r"`critic.overrides.param_dtype` = 'bfloat16'"),
 ])
 def test_bad_config_errors(raw, message):
   with pytest.raises(ValueError, match=message):

@@ -436,3 +436,32 @@ def test_estimate_memory_raises_for_a_dim_that_does_not_divide_and_bad_arguments
 def test_format_bytes():
   assert learner.format_bytes(13.4 * 2**30) == "13.4 GiB"
   assert learner.format_bytes(0) == "0.0 GiB"
+
+
+def test_adamw_over_bfloat16_weights_takes_a_finite_first_step():
+  """In bfloat16, b2 = 0.999 rounded to 1, so Adam's bias correction 1 - b2 was 0 and the first update 0/0 =
+  NaN, while loss and gradient were finite (a helper review): hyperparameters stay float32, and a step whose
+  update is not finite is skipped like one whose gradient is not."""
+  v = 4
+  def logprob_fn(params, tokens, needed):
+    del needed
+    lsm = jax.nn.log_softmax(params['w'][tokens[:, :-1]].astype(jnp.float32), -1)
+    return jnp.take_along_axis(lsm, tokens[:, 1:, None], -1)[..., 0], jnp.zeros(tokens[:, 1:].shape)
+
+  batch = dict(tokens=jnp.array([[0, 1, 2, 3], [1, 2, 3, 0]], jnp.int32), loss_mask=jnp.ones((2, 3)))
+  params = {'w': (jnp.full((v, v), 0.5) + 0.25 * jnp.eye(v)).astype(jnp.bfloat16)}
+  optimizer = learner.make_optimizer(learning_rate=1e-2, warmup_steps=0, total_steps=10)
+  state = learner.init_train_state(params, optimizer, jax.random.key(0))
+  hyper = state.opt_state[1].hyperparams
+  assert hyper['b2'].dtype == jnp.float32 and float(hyper['b2']) == np.float32(0.999)
+  new, metrics = jax.jit(learner.make_update(optimizer, learner.sft_objective(logprob_fn)))(state, batch)
+  assert float(metrics['skipped']) == 0.0
+  w = np.asarray(new.params['w'].astype(jnp.float32))
+  assert np.isfinite(w).all() and not np.array_equal(w, np.asarray(params['w'].astype(jnp.float32)))
+
+  nan_steps = optax.scale(jnp.nan)  # finite loss and gradient, a non-finite update
+  state = learner.init_train_state(params, nan_steps, jax.random.key(0))
+  new, metrics = jax.jit(learner.make_update(nan_steps, learner.sft_objective(logprob_fn)))(state, batch)
+  assert np.isfinite(float(metrics['loss'])) and np.isfinite(float(metrics['grad_norm']))
+  assert float(metrics['skipped']) == 1.0
+  np.testing.assert_array_equal(np.asarray(new.params['w']), np.asarray(params['w']))

@@ -109,6 +109,20 @@ class ModelSection:
   hf_path: str | None = None
   lora: LoraSection = dataclasses.field(default_factory=LoraSection)
 
+  def __post_init__(self):
+    check_trained_dtype(self.overrides, "model.overrides")
+
+
+def check_trained_dtype(overrides: dict, where: str) -> None:
+  """Trained weights stay float32: AdamW over bfloat16 weights without a float32 master copy loses every update
+  below a bfloat16 step of the weight (most of an RL run's), and its moments round."""
+  dtype = dict(overrides).get("param_dtype", "float32")
+  if dtype != "float32":
+    raise ValueError(f"`{where}.param_dtype` = {dtype!r}: trained weights are kept in float32 (AdamW's small "
+                     "updates and moments are lost in bfloat16). Compute in bfloat16 with "
+                     f"`{where}.dtype = 'bfloat16'`; a LoRA run's frozen base can be stored in bfloat16 with "
+                     "`model.lora.base_dtype`.")
+
 
 @dataclasses.dataclass(frozen=True)
 class MeshSection:
@@ -383,6 +397,7 @@ class Config:
     return self.runtime.sampler_slots or self.rl.prompts_per_step * self.rl.samples_per_prompt
 
   def __post_init__(self):
+    check_trained_dtype(self.critic.overrides, "critic.overrides")
     self._check_multiagent()
     self._check_tree()
     self._check_rounds()

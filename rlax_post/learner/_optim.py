@@ -81,7 +81,9 @@ def make_optimizer(
     raise ValueError(f'max_grad_norm must be > 0 or None; got {max_grad_norm}')
   if weight_decay < 0:
     raise ValueError(f'weight_decay must be >= 0; got {weight_decay}')
-  adamw = optax.inject_hyperparams(optax.adamw)(
+  # Hyperparameters in float32 whatever the params' dtype: in bfloat16, b2 = 0.999 rounds to 1 and Adam's bias
+  # correction 1 - b2^t is 0 (the first step's update is 0/0).
+  adamw = optax.inject_hyperparams(optax.adamw, hyperparam_dtype=jnp.float32)(
       learning_rate=schedule, b1=b1, b2=b2, weight_decay=weight_decay)
   if max_grad_norm is None:
     return adamw

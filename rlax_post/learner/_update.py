@@ -165,6 +165,7 @@ def make_update(
 
     updates, new_opt_state = optimizer.update(
         grads, state.opt_state, state.params)
+    ok &= jnp.isfinite(optax.tree.norm(updates))  # finite gradients can still make a non-finite step
     new_params = optax.apply_updates(state.params, updates)
     keep_if_bad = lambda new, old: jnp.where(ok, new, old)
     num_skipped = state.num_skipped + (~ok).astype(jnp.int32)
