@@ -377,3 +377,24 @@ def test_a_separate_critic_on_its_own_mesh_computes_what_it_does_on_the_policys(
     _setup(critic__mesh={"data": 3})
   with pytest.raises(ValueError, match="critic.mesh"):
     _setup(critic__mesh={"pipeline": 2})
+
+
+def test_the_policys_schedule_spans_the_updates_it_takes_after_the_critics_warmup():
+  """40 RL steps, the first 30 the critic's alone: the policy takes 10 steps' updates, and its cosine ends at
+  the last of them (it was sized for 40 steps' and ended near 3x its end value; a helper review)."""
+  update, _, _, state = _setup(critic__warmup_steps=30)
+  cfg = update.cfg
+  opt, params = update.learner.optimizer, state.params
+  n = (40 - 30) * cfg.rl.minibatches * cfg.rl.epochs
+  step = jax.jit(lambda s: opt.update(jax.tree.map(jnp.zeros_like, params), s, params)[1])
+  opt_state, lrs = opt.init(params), []
+  for _ in range(n):  # the rate each update used (inject_hyperparams stores it with the update)
+    opt_state = step(opt_state)
+    lrs.append(float(learner.current_learning_rate(opt_state)))
+  peak, end = cfg.rl.optimizer.learning_rate, cfg.rl.optimizer.learning_rate * cfg.rl.optimizer.end_lr_ratio
+  schedule = learner.make_lr_schedule(learning_rate=peak, warmup_steps=min(cfg.rl.optimizer.warmup_steps, n - 1),
+                                      total_steps=n, end_lr_ratio=cfg.rl.optimizer.end_lr_ratio)
+  np.testing.assert_allclose(lrs, [float(schedule(i)) for i in range(n)], rtol=1e-6)
+  assert lrs[-1] == pytest.approx(end + (peak - end) * 0.5 * (1 + math.cos(math.pi * (n - 1 - min(
+      cfg.rl.optimizer.warmup_steps, n - 1)) / (n - min(cfg.rl.optimizer.warmup_steps, n - 1)))), rel=1e-5)
+  assert lrs[-1] < 1.1 * end + 0.1 * (peak - end)  # near its end value (it was ~3x it)

@@ -86,7 +86,11 @@ class RLUpdate:
     # Only the response is trained: the vocabulary head runs on each row's R = max_new_tokens positions.
     logprob_fn = functools.partial(models.token_logprobs, graphdef, temperature=cfg.rl.temperature,
                                    window=max_new_tokens)
-    total_updates = cfg.rl.steps * cfg.rl.minibatches * cfg.rl.epochs
+    updates_per_step = cfg.rl.minibatches * cfg.rl.epochs
+    total_updates = cfg.rl.steps * updates_per_step
+    # The policy's schedule spans the updates it takes: none in a separate critic's warm-up steps.
+    warmup = cfg.critic.warmup_steps if config_lib.uses_critic(cfg) else 0
+    policy_updates = max(cfg.rl.steps - warmup, 1) * updates_per_step
     objective = make_objective(cfg.loss, logprob_fn, kind=self.kind)
     if config_lib.policy_value_head(cfg):  # The value head's loss joins the policy's, from the same forward pass.
       objective = learner.with_value_loss(
@@ -94,7 +98,7 @@ class RLUpdate:
           functools.partial(models.token_logprobs_and_values, graphdef, temperature=cfg.rl.temperature,
                             window=max_new_tokens), _critic.value_loss(cfg.critic), cfg.critic.coef)
     self.learner = _learners.make_learner(
-        parts, _learners.optimizer(cfg.rl.optimizer, total_updates, parts.trainable.roles), objective,
+        parts, _learners.optimizer(cfg.rl.optimizer, policy_updates, parts.trainable.roles), objective,
         agg_mode=cfg.loss.agg_mode,
         max_len=max_new_tokens, trainable=parts.trainable)  # max_len: Dr.GRPO's normaliser, the longest response.
     self.to_model = parts.to_model
