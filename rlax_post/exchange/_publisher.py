@@ -53,6 +53,9 @@ class ParamPublisher:
           path.rmtree()
     self._checkpointer = ocp.AsyncCheckpointer(_handler())
     versions = _store.complete_versions(self.directory)
+    if self._primary and versions:  # Versions a dead writer's GC had begun deleting.
+      for path in _store.unfinished_below(self.directory, versions[-1]):
+        _store.delete_version(path)
     self._last: int | None = versions[-1] if versions else None
     # GC runs off the caller's thread; it only touches the filesystem, never the (non-thread-safe) checkpointer.
     self._gc_pool = futures.ThreadPoolExecutor(1, thread_name_prefix="param-publisher-gc")
@@ -78,6 +81,10 @@ class ParamPublisher:
       meta: JSON-serializable dict stored with the version (e.g. learner step, data position).
     """
     with self._lock:
+      done = [f for f in self._gc_pending if f.done()]
+      self._gc_pending = [f for f in self._gc_pending if not f.done()]
+      for future in done:  # A GC pass that failed other than by OSError (logged, retried) is a bug: say so.
+        future.result()
       version = _store.check_version(version, self._last)
       meta = {} if meta is None else meta
       if not isinstance(meta, dict):
@@ -93,7 +100,6 @@ class ParamPublisher:
           params=ocp.args.StandardSave(_store.pure(params)), meta=ocp.args.JsonSave(meta)))
       self._last = version
       # `save` waited for the previous version, so this pass sees every earlier version complete.
-      self._gc_pending = [f for f in self._gc_pending if not f.done()]
       self._gc_pending.append(self._gc_pool.submit(self._collect_garbage))
 
   def wait(self) -> None:
@@ -139,15 +145,15 @@ class ParamPublisher:
     self._gc_pending = []
 
   def _collect_garbage(self) -> None:
-    """Deletes complete versions older than the newest `max_to_keep`, except those with a live lease."""
+    """Deletes complete versions older than the newest `max_to_keep`, except those with a live lease, and
+    unfinished ones below the newest; an OSError is logged and the pass retried at the next publish."""
     if not self._primary:
       return
     try:
       versions = _store.complete_versions(self.directory)
-      old = versions[:-self._max_to_keep]
-      if not old:
-        return
-      for v in old:
+      for v in versions[:-self._max_to_keep]:
         _store.delete_unless_leased(self.directory, v, self._lease_timeout_s)
+      for path in _store.unfinished_below(self.directory, versions[-1]) if versions else []:
+        _store.delete_version(path)  # A deletion that stopped part way (an error after the marker went).
     except OSError as e:  # GC is retried on the next publish; a transient error must not stop training.
       logging.warning("Parameter GC in %s failed: %s", self.directory, e)

@@ -83,6 +83,17 @@ def delete_version(step_dir: epath.Path) -> None:
     pass
 
 
+def unfinished_below(directory: epath.Path, newest: int) -> list[epath.Path]:
+  """Version directories below the newest complete version `newest` that hold no commit marker: versions whose
+  deletion stopped after the marker (an error, a crash), or a dead writer's. Saves in flight are always newer
+  than `newest`, so these are never read again."""
+  try:
+    children = list(directory.iterdir())
+  except FileNotFoundError:
+    return []
+  return [p for p in children if p.name.isdigit() and int(p.name) < newest and not is_complete(p)]
+
+
 def delete_unless_leased(directory: epath.Path, version: int, timeout_s: float) -> bool:
   """Deletes complete `version` unless a reader holds a live lease on it; returns whether it did.
 
