@@ -224,6 +224,16 @@ def test_rounds_through_the_cli_resume_mid_round_and_replay_exactly(tmp_path):
                         "--workdir", str(broken), "--resume", "--config.rl.steps=4", _PATIENCE],
                        capture_output=True, text=True, timeout=600, env=_ENV)
   assert out.returncode != 0 and "round.json" in out.stderr and "missing" in out.stderr
+  # Killed after publishing π_1 and Q_1 but before round 1's record, resumed from the round's first step: the
+  # round is made again and republished (publishing version 1 again was refused, at every resume).
+  crashed = tmp_path / "crashed"
+  shutil.copytree(parted, crashed)
+  os.remove(os.path.join(runtime.round_dir(str(crashed), 1), "round.json"))
+  newest = max(int(n) for n in os.listdir(crashed / "checkpoints") if n.isdigit())
+  assert newest == s + 1
+  shutil.rmtree(crashed / "checkpoints" / str(newest))
+  _train(crashed, "--resume")
+  assert _rl_rows(str(crashed)) == logged
   _train(parted, "--resume")
   assert _rl_rows(str(parted)) == logged
   assert [r["metrics"] for r in runtime.read_rounds(str(parted))] == [r["metrics"] for r in records]

@@ -306,6 +306,9 @@ class RoundSource:
     metrics.update(self._q_error(q_params, oracle, heldout))
     os.makedirs(path, exist_ok=True)
     _write_lines(os.path.join(path, TRANSITIONS_FILE), transitions)
+    for publisher in (self.ref_publisher, self.q_publisher):  # a crash before the record left π_i or Q_i
+      if publisher is not None:
+        publisher.delete_newer_than(index - 1)
     self.ref_publisher.publish(reference, index)
     self.ref_publisher.wait()
     if self.q_publisher is not None:
