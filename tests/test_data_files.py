@@ -42,6 +42,14 @@ def test_bad_lines_name_file_and_line(tmp_path, line, message):
     rows[1]
 
 
+@pytest.mark.parametrize("end", [b"\n", b"\r\n", b""])
+def test_a_truncated_line_names_its_own_column(tmp_path, end):
+  """The error is at the end of the line itself, not at column 1 of a next line made of its newline."""
+  path = _write(tmp_path / "c.jsonl", b'{"q": 0}' + (end or b"\n") + b'{"q": 1' + end)
+  with pytest.raises(data.RowError, match=r"c.jsonl:2: not valid JSON \(Expecting ',' delimiter at column 8\)"):
+    data.open_rows(path)[1]
+
+
 def test_missing_empty_and_unknown_files(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   with pytest.raises(FileNotFoundError, match=r"nope.jsonl \(= .*nope.jsonl\) does not exist"):
