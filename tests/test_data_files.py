@@ -29,6 +29,32 @@ def test_jsonl_rows_and_line_numbers_skip_blank_lines(tmp_path):
     rows[3]
 
 
+@pytest.mark.parametrize("chunk", [3, 7, 4 << 20])
+def test_blank_lines_of_any_length_are_skipped_across_chunks(tmp_path, monkeypatch, chunk):
+  """Spaces, tabs and CRs make a blank line however long it is, and wherever the index's chunks cut it."""
+  monkeypatch.setattr(data._files, "_CHUNK", chunk)  # pylint: disable=protected-access
+  path = _write(tmp_path / "w.jsonl", '{"q": 1}\r\n' + " " * 20 + "\n" + "\t" * 17 + "\r\n\r\n \t\r \n"
+                + '  {"q": 2}  \n' + " " * 40)
+  rows = data.open_rows(path)
+  assert [(r["q"], w.line) for r, w in (rows[i] for i in range(len(rows)))] == [(1, 1), (2, 6)]
+  assert len(rows) == 2
+  other = _write(tmp_path / "f.jsonl", '{"q": 1}\n' + " " * 20 + "\f\n")  # A form feed is not JSON's blank.
+  with pytest.raises(data.RowError, match=r"f.jsonl:2: not valid JSON \(Expecting value at column 21\)"):
+    data.open_rows(other)[1]
+
+
+def test_blank_line_index_matches_a_line_by_line_reading(tmp_path, monkeypatch):
+  rng = np.random.default_rng(0)
+  blanks = [b"", b" ", b"\t", b"\r", b" " * 30, b"\t \r" * 9]
+  text = b"\n".join(rng.choice(blanks) + rng.choice([b"", b'{"q": 0}']) + rng.choice(blanks) for _ in range(300))
+  path = _write(tmp_path / "r.jsonl", text)
+  expected = [k + 1 for k, line in enumerate(text.split(b"\n")) if line.strip(b" \t\r")]
+  for chunk in (1, 5, 64, 4 << 20):
+    monkeypatch.setattr(data._files, "_CHUNK", chunk)  # pylint: disable=protected-access
+    rows = data.open_rows(path)
+    assert [rows[i][1].line for i in range(len(rows))] == expected, chunk
+
+
 @pytest.mark.parametrize("line, message", [
     (b'{"q": 1,}', r"b.jsonl:2: not valid JSON \(Expecting property name"),
     (b'[1, 2]', r"b.jsonl:2: a row must be a JSON object .* got a list"),

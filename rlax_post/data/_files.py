@@ -6,8 +6,9 @@
 messages name. Nothing is read into memory at start-up beyond an index:
 
   JSON Lines   one pass over each file at open, in 4 MiB chunks, records where each line starts (int64
-               offsets: 8 bytes a row; blank lines are skipped but keep their numbers); `rows[i]` reads
-               that one line (`os.pread`, safe from any thread) and decodes it.
+               offsets: 8 bytes a row; blank lines, of spaces, tabs and CRs of any length, are skipped but
+               keep their numbers); `rows[i]` reads that one line (`os.pread`, safe from any thread) and
+               decodes it without its line end.
   ArrayRecord  each record is one JSON object in UTF-8; `array_record`'s reader reads one record by index.
   Parquet      (the `parquet` extra: pyarrow) the file's metadata gives the rows per row group; `rows[i]`
                decodes i's row group and keeps the last one decoded (reads are in shuffled order, so a file
@@ -107,30 +108,45 @@ def decode_object(data: bytes, where: Where) -> dict:
   return row
 
 
+def _scan(chunk: bytes) -> tuple[np.ndarray, np.ndarray]:
+  """(offsets of the newlines in `chunk`, whether each stretch before, between and after them holds text:
+  a byte other than space, tab, LF and CR)."""
+  a = np.frombuffer(chunk, np.uint8)
+  newlines = np.flatnonzero(a == 10)  # b"\n"
+  # Stretch j runs from newline j - 1 (a blank byte) up to newline j; the last one to the chunk's end.
+  bounds = np.concatenate([np.zeros((1,), np.int64), newlines])
+  text = np.maximum.reduceat(a, bounds) > 32  # A byte above the space: most lines, at one cheap pass.
+  if not text.all():  # Only bytes <= 32 somewhere (a blank line, mostly): text if one is not tab, LF, CR.
+    text |= np.logical_or.reduceat((a < 32) & (a != 9) & (a != 10) & (a != 13), bounds)
+  return newlines, text
+
+
+def _index_lines(path: str) -> tuple[np.ndarray, np.ndarray]:
+  """(bounds, text): line k (1-based) of `path` is bytes [bounds[k - 1], bounds[k]), newline included, and
+  holds more than spaces, tabs and CRs when text[k - 1]; read in `_CHUNK`-byte chunks."""
+  starts, text, offset, tail = [np.zeros((1,), np.int64)], [], 0, False
+  with open(path, "rb") as f:
+    while chunk := f.read(_CHUNK):
+      newlines, has = _scan(chunk)
+      has[0] |= tail  # A line cut by the chunk's start holds text if either part does.
+      tail = bool(has[-1])
+      starts.append(newlines + offset + 1)
+      text.append(has[:-1])
+      offset += len(chunk)
+  # The last start is the end of the file when it ends in a newline; that empty "line" holds no text.
+  bounds = np.concatenate(starts + [np.array([offset])]).astype(np.int64)
+  return bounds, np.concatenate(text + [np.array([tail])])
+
+
 class _JsonLines:
   """Random access to the lines of one JSON Lines file (module docstring)."""
 
   def __init__(self, path: str):
     self.path = path
-    newlines, size = [], os.path.getsize(path)
-    with open(path, "rb") as f:
-      offset = 0
-      while chunk := f.read(_CHUNK):
-        newlines.append(np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10) + offset)  # b"\n"
-        offset += len(chunk)
-    all_starts = np.concatenate([np.zeros((1,), np.int64)] + [n + 1 for n in newlines]).astype(np.int64)
-    all_starts = all_starts[all_starts < size]
-    # Line k (1-based) starts at all_starts[k - 1]; drop runs of blank / whitespace-only lines.
-    bounds = np.append(all_starts, size)
-    lengths = np.diff(bounds)
-    keep = np.ones(len(all_starts), bool)
-    with open(path, "rb") as f:
-      for k in np.flatnonzero(lengths <= 16):  # Only short lines can be blank; read just those.
-        f.seek(int(all_starts[k]))
-        keep[k] = bool(f.read(int(lengths[k])).strip())
-    self.starts = all_starts[keep].astype(np.int64)
-    self.ends = bounds[1:][keep].astype(np.int64)
-    self.lines = (np.flatnonzero(keep) + 1).astype(np.int64)
+    bounds, text = _index_lines(path)
+    keep = np.flatnonzero(text)  # Blank lines are not rows, but keep their numbers.
+    self.starts, self.ends = bounds[keep], bounds[keep + 1]
+    self.lines = (keep + 1).astype(np.int64)
     self._fd = os.open(path, os.O_RDONLY)
 
   def __len__(self) -> int:
