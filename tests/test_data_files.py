@@ -105,6 +105,35 @@ def test_glob_and_directory_concatenate_files_in_name_order(tmp_path):
     assert rows[2][1].file.endswith("part-1.jsonl") and rows[2][1].line == 1
 
 
+def _shards(tmp_path):
+  d = tmp_path / "shards"
+  for sub, i in (("", 0), ("a", 1), ("a/b", 2)):
+    (d / sub).mkdir(parents=True, exist_ok=True)
+    _write(d / sub / "part.jsonl", f'{{"i": {i}}}\n')
+  return d
+
+
+def test_a_double_star_glob_recurses(tmp_path):
+  d = _shards(tmp_path)
+  rows = data.open_rows(str(d / "**" / "*.jsonl"))
+  assert [rows[i][0]["i"] for i in range(len(rows))] == [2, 1, 0]  # Paths in name order: a/b, a, top.
+  assert data.resolve_files(str(d / "*" / "*.jsonl")) == [str(d / "a" / "part.jsonl")]
+
+
+def test_a_directory_with_data_in_subdirectories_is_refused(tmp_path):
+  d = _shards(tmp_path)
+  with pytest.raises(ValueError, match=r"shards holds data files in its subdirectory .*shards/a "
+                                       r"\(e.g. .*shards/a/part.jsonl\).* '.*shards/\*\*/\*.jsonl' for every level"):
+    data.resolve_files(str(d))
+  (d / "a" / "part.jsonl").rename(d / "a" / "notes.txt")  # Not data; a/b's file is, at any depth.
+  with pytest.raises(ValueError, match=r"subdirectory .*shards/a \(e.g. .*shards/a/b/part.jsonl\)"):
+    data.resolve_files(str(d))
+  (d / "a" / "b" / "part.jsonl").unlink()
+  (d / ".cache").mkdir()
+  _write(d / ".cache" / "x.jsonl", "{}\n")  # Hidden: never data.
+  assert data.resolve_files(str(d)) == [str(d / "part.jsonl")]
+
+
 def test_jsonl_is_indexed_not_loaded(tmp_path):
   """A 40 MB file opens holding offsets only: the peak allocation is a fraction of the file."""
   path = tmp_path / "big.jsonl"

@@ -1,6 +1,7 @@
 """Rows of a user's data files, read by index without loading the files: JSON Lines, Parquet, ArrayRecord.
 
-`open_rows(spec)` takes one file, a glob, or a directory of shards (their files in name order) and returns
+`open_rows(spec)` takes one file, a glob (`**` matches any depth), or a directory of shards (its own files in
+name order; a directory whose subdirectories hold data files is refused, naming one: use a glob) and returns
 `Rows`, a grain `RandomAccessDataSource`: `len(rows)` rows over all files, `rows[i]` → `(row, where)` with
 `row` the i-th JSON object (a dict) and `where` a `Where` (file and line, or record / row number) that error
 messages name. Nothing is read into memory at start-up beyond an index:
@@ -57,19 +58,48 @@ def _display(path: str) -> str:
   return path if os.path.isabs(path) else f"{path} (= {os.path.abspath(path)})"
 
 
+def _is_data(directory: str, name: str, fmt: str) -> bool:
+  return (not name.startswith(".") and os.path.isfile(os.path.join(directory, name))
+          and (fmt != "auto" or os.path.splitext(name)[1].lower() in EXTENSIONS))
+
+
+def _data_file_below(path: str, fmt: str) -> str | None:
+  """The first data file at any depth below directory `path` (hidden ones aside), or None."""
+  for root, dirs, names in os.walk(path):
+    dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    for name in sorted(names):
+      if _is_data(root, name, fmt):
+        return os.path.join(root, name)
+  return None
+
+
+def _directory_files(spec: str, fmt: str) -> list[str]:
+  """The data files directly in directory `spec`; a directory spec does not recurse (a subdirectory may hold
+  another split), so one whose subdirectories hold data files is refused, naming them."""
+  for sub in sorted(os.listdir(spec)):
+    path = os.path.join(spec, sub)
+    found = _data_file_below(path, fmt) if not sub.startswith(".") and os.path.isdir(path) else None
+    if found is not None:
+      pattern = "*" + os.path.splitext(found)[1]
+      raise ValueError(f"Directory {_display(spec)} holds data files in its subdirectory {path} (e.g. {found}), "
+                       "which a directory of shards does not read; name the files with a glob: "
+                       f"{os.path.join(spec, '**', pattern)!r} for every level, or "
+                       f"{os.path.join(spec, pattern)!r} for the top one only.")
+  return sorted(os.path.join(spec, f) for f in os.listdir(spec) if _is_data(spec, f, fmt))
+
+
 def resolve_files(spec: str, fmt: str = "auto") -> list[str]:
-  """The files of `spec` (a file, a glob, or a directory of shards), sorted; errors name what is missing."""
+  """The files of `spec` (a file, a glob, `**` matching any depth, or a directory of shards, not recursed),
+  sorted; errors name what is missing."""
   if not isinstance(spec, str) or not spec:
     raise ValueError(f"A data path must be a non-empty string; got {spec!r}.")
   if fmt != "auto" and fmt not in FORMATS:
     raise ValueError(f"data format must be 'auto' or one of {list(FORMATS)}; got {fmt!r}.")
   if os.path.isdir(spec):
-    files = sorted(os.path.join(spec, f) for f in os.listdir(spec)
-                   if not f.startswith(".") and os.path.isfile(os.path.join(spec, f))
-                   and (fmt != "auto" or os.path.splitext(f)[1].lower() in EXTENSIONS))
+    files = _directory_files(spec, fmt)
     what = f"directory {_display(spec)}"
   elif glob_lib.has_magic(spec):
-    files = sorted(f for f in glob_lib.glob(spec) if os.path.isfile(f))
+    files = sorted(f for f in glob_lib.glob(spec, recursive=True) if os.path.isfile(f))
     what = f"glob {spec!r} (relative to {os.getcwd()})"
   elif os.path.isfile(spec):
     return [spec]
