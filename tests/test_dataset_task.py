@@ -160,6 +160,18 @@ def test_held_out_fraction_never_trains_across_epochs(tmp_path):
   assert len(set(trained)) == 30
 
 
+def test_a_train_glob_that_matches_the_eval_file_is_refused(tmp_path):
+  cfg = _cfg(tmp_path, _rows(6), _rows(2, 100))
+  glob = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=str(tmp_path / "*.jsonl")))
+  with pytest.raises(ValueError, match=r"data.train \('.*/\*.jsonl'\) and data.eval \('.*/eval.jsonl'\) share "
+                                       r"\['.*/eval.jsonl'\]"):
+    envs.make_rl_task(glob, models.ByteTokenizer())
+  (tmp_path / "link.jsonl").symlink_to(tmp_path / "train.jsonl")  # Another name of a train file.
+  link = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval=str(tmp_path / "link.jsonl")))
+  with pytest.raises(ValueError, match=r"share \['.*/link.jsonl'\] \(= .*/train.jsonl\)"):
+    envs.make_rl_task(link, models.ByteTokenizer())
+
+
 def test_config_mistakes_are_named(tmp_path):
   tok = models.ByteTokenizer()
   with pytest.raises(ValueError, match="needs held-out rows for its evaluation"):

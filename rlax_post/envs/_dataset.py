@@ -1,9 +1,9 @@
 """The user's prompts and reward as the run's task: `task.name = "dataset"` (docs/data.md).
 
 Rows come from the files of `data.train` (`data.open_rows`: JSON Lines, Parquet, ArrayRecord); the held-out
-rows from `data.eval`, or a seeded `data.eval_fraction` of `data.train` that training never sees. Each row
-is rendered to prompt ids (`Renderer`: the chat template, the system prompt and BOS as the tokenizer puts
-them) and checked against the prompt budget.
+rows from `data.eval` (files that `data.train` must not also name), or a seeded `data.eval_fraction` of
+`data.train` that training never sees. Each row is rendered to prompt ids (`Renderer`: the chat template, the
+system prompt and BOS as the tokenizer puts them) and checked against the prompt budget.
 
 Tickets. Training ticket t is the t-th accepted row of the train rows in their seeded order (reshuffled each
 epoch; `data.shuffle`); a row is skipped (and counted) when its prompt is too long (`data.too_long =
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 from typing import Any, Iterator
 
@@ -202,20 +203,33 @@ class Split:
     return prompt, skipped
 
 
+def _check_disjoint(s: config_lib.DataSection, train_files: list[str], eval_files: list[str]) -> None:
+  """Raises naming the files that are both train and held-out data (by real path: links, `..`, globs)."""
+  train_real = {os.path.realpath(f) for f in train_files}
+  both = [f for f in eval_files if os.path.realpath(f) in train_real]
+  if both:
+    real = [os.path.realpath(f) for f in both if os.path.realpath(f) != os.path.abspath(f)]
+    raise ValueError(f"data.train ({s.train!r}) and data.eval ({s.eval!r}) share {both}"
+                     f"{' (= ' + ', '.join(real) + ')' if real else ''}: the held-out rows would train. Name "
+                     "train files that leave them out (a narrower glob), or move the held-out file(s).")
+
+
 def _splits(cfg: config_lib.Config, renderer: Renderer) -> tuple[Split, Split]:
   s = cfg.data
   if s.train is None:
     raise ValueError("task.name = 'dataset' needs data.train: a JSON Lines / Parquet / ArrayRecord file, a glob "
                      "or a directory of shards.")
-  train_rows = data.open_rows(s.train, s.format)
+  train_files = data.resolve_files(s.train, s.format)
   seed = cfg.seed if s.shuffle else None
   if s.eval is not None:
     if s.eval_fraction:
       raise ValueError(f"Set data.eval ({s.eval!r}) or data.eval_fraction ({s.eval_fraction}), not both.")
-    eval_rows = data.open_rows(s.eval, s.format)
+    eval_files = data.resolve_files(s.eval, s.format)
+    _check_disjoint(s, train_files, eval_files)
+    train_rows, eval_rows = data.Rows(train_files, s.format), data.Rows(eval_files, s.format)
     train_idx, eval_idx = np.arange(len(train_rows)), np.arange(len(eval_rows))
   elif s.eval_fraction:
-    eval_rows = train_rows
+    train_rows = eval_rows = data.Rows(train_files, s.format)
     train_idx, eval_idx = data.split_indices(len(train_rows), fraction=s.eval_fraction, seed=cfg.seed)
   else:
     raise ValueError("The dataset task needs held-out rows for its evaluation: set data.eval to their file(s), "
