@@ -24,7 +24,7 @@ def test_jsonl_rows_and_line_numbers_skip_blank_lines(tmp_path):
   assert len(rows) == 3
   assert [rows[i][0]["q"] for i in range(3)] == [1, 2, "é"]
   assert [rows[i][1].line for i in range(3)] == [1, 4, 5]
-  assert str(rows[1][1]) == f"{path}:4"
+  assert str(rows[1][1]) == f"{path}:4" and rows.where(2) == rows[2][1]
   with pytest.raises(IndexError):
     rows[3]
 
@@ -161,6 +161,7 @@ def test_array_record_rows(tmp_path):
   assert rows[3][1].unit == "record" and rows[3][1].line == 3
   with pytest.raises(data.RowError, match=r"r.arrayrecord \(record 5\): not valid JSON"):
     rows[5]
+  assert str(rows.where(5)).endswith("r.arrayrecord (record 5)")  # Named without decoding it.
 
 
 def test_parquet_rows_across_row_groups(tmp_path):
@@ -173,7 +174,7 @@ def test_parquet_rows_across_row_groups(tmp_path):
   assert len(rows) == 10
   for i in (9, 0, 4, 3, 8):  # Out of order: row groups decoded as needed.
     assert rows[i][0] == {"prompt": f"q{i}", "answer": i}
-  assert str(rows[4][1]).endswith("p.parquet (row 4)")
+  assert str(rows[4][1]).endswith("p.parquet (row 4)") and rows.where(4) == rows[4][1]
 
 
 def test_split_indices_are_disjoint_seeded_and_exact():

@@ -131,6 +131,26 @@ def test_skipped_rows_are_counted_and_tickets_deterministic(tmp_path, caplog):
   assert [again.train.get(k)[0].index for k in (9, 3)] == [got[9][0].index, got[3][0].index]
 
 
+def test_skip_also_skips_lines_that_are_not_json_objects(tmp_path, caplog):
+  """A line that is not JSON, not UTF-8 or not an object is a malformed row like one missing a field."""
+  cfg = _cfg(tmp_path, _rows(2), _rows(2, 100), bad_rows="skip", shuffle=False)
+  lines = [json.dumps(r).encode() for r in _rows(7)]
+  lines[1], lines[3], lines[4] = b'{"prompt": "1+1=", "answer": 2', b'{"prompt": "\xff"}', b"[1, 2]"
+  lines[5] = json.dumps({"question": "3+1="}).encode()
+  (tmp_path / "train.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+  with caplog.at_level(logging.WARNING, logger="rlax_post.data"):
+    task = envs.make_rl_task(cfg, models.ByteTokenizer())
+  got = [task.train.get(k) for k in range(4)]
+  assert [(p.row["id"], skipped) for p, skipped in got] == [(0, 0), (2, 1), (6, 4), (0, 4)]
+  assert task.train.reasons == {"malformed row": 4 * 2}  # Building it found 7 usable rows: into epoch 3.
+  warned = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+  assert len(warned) == 1 and "train.jsonl:2 skipped: malformed row (" in warned[0]
+  assert "train.jsonl:2: not valid JSON (Expecting ',' delimiter at column 31)" in warned[0]
+  strict = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, bad_rows="error"))
+  with pytest.raises(data.RowError, match=r"train.jsonl:2: not valid JSON"):
+    envs.make_rl_task(strict, models.ByteTokenizer())
+
+
 def test_bad_rows_stop_the_run_by_default(tmp_path):
   rows = _rows(3)
   rows[1] = {"prompt": "q"}

@@ -182,8 +182,11 @@ class _JsonLines:
   def __len__(self) -> int:
     return len(self.starts)
 
+  def where(self, i: int) -> Where:
+    return Where(self.path, int(self.lines[i]))
+
   def __getitem__(self, i: int) -> tuple[dict, Where]:
-    where = Where(self.path, int(self.lines[i]))
+    where = self.where(i)
     data = os.pread(self._fd, int(self.ends[i] - self.starts[i]), int(self.starts[i]))
     # Without its line end, a JSON error at the end of a cut line names that line's column, not column 1.
     return decode_object(data.rstrip(b"\r\n"), where), where
@@ -207,8 +210,11 @@ class _ArrayRecords:
   def __len__(self) -> int:
     return self._reader.num_records()
 
+  def where(self, i: int) -> Where:
+    return Where(self.path, int(i), unit="record")
+
   def __getitem__(self, i: int) -> tuple[dict, Where]:
-    where = Where(self.path, int(i), unit="record")
+    where = self.where(i)
     with self._lock:
       data = self._reader.read([int(i)])[0]
     return decode_object(data, where), where
@@ -235,13 +241,16 @@ class _Parquet:
   def __len__(self) -> int:
     return int(self._bounds[-1])
 
+  def where(self, i: int) -> Where:
+    return Where(self.path, int(i), unit="row")
+
   def __getitem__(self, i: int) -> tuple[dict, Where]:
     group = int(np.searchsorted(self._bounds, i, side="right") - 1)
     with self._lock:
       if self._cached is None or self._cached[0] != group:
         self._cached = (group, self._file.read_row_group(group).to_pylist())
       rows = self._cached[1]
-    return dict(rows[i - int(self._bounds[group])]), Where(self.path, int(i), unit="row")
+    return dict(rows[i - int(self._bounds[group])]), self.where(i)
 
 
 _READERS = {"jsonl": _JsonLines, "arrayrecord": _ArrayRecords, "parquet": _Parquet}
@@ -261,12 +270,21 @@ class Rows(grain.sources.RandomAccessDataSource):
   def __len__(self) -> int:
     return int(self._bounds[-1])
 
-  def __getitem__(self, i: int) -> tuple[dict, Where]:
+  def _part(self, i: int) -> tuple[Any, int]:
     i = int(i)
     if not 0 <= i < len(self):
       raise IndexError(f"row {i} of {len(self)}")
     k = int(np.searchsorted(self._bounds, i, side="right") - 1)
-    return self._parts[k][i - int(self._bounds[k])]
+    return self._parts[k], i - int(self._bounds[k])
+
+  def __getitem__(self, i: int) -> tuple[dict, Where]:
+    part, j = self._part(i)
+    return part[j]
+
+  def where(self, i: int) -> Where:
+    """Row i's file and line (or record / row number), without reading it: for a row that fails to decode."""
+    part, j = self._part(i)
+    return part.where(j)
 
   def __repr__(self) -> str:
     return f"Rows({len(self.files)} files, {len(self)} rows)"

@@ -161,13 +161,14 @@ class Split:
     self._lock = threading.Lock()
 
   def _examine(self, position: int) -> Prompt | None:
-    index, row, where = data.read_position(self.rows, self.order, position)
-    try:
+    index = int(self.order[position])
+    try:  # A line that is not a JSON object fails as it is read: a malformed row too.
+      row, where = self.rows[index]
       out = self.renderer(index, row, where)
     except data.RowError as e:
       if self.bad_rows == "error":
         raise
-      out = f"malformed row ({e})"
+      where, out = self.rows.where(index), f"malformed row ({e})"
     if isinstance(out, str):
       reason = out.split(" (")[0] if out.startswith("malformed") else "prompt too long"
       if reason not in self.reasons:
