@@ -6,10 +6,10 @@ name order; a directory whose subdirectories hold data files is refused, naming 
 `row` the i-th JSON object (a dict) and `where` a `Where` (file and line, or record / row number) that error
 messages name. Nothing is read into memory at start-up beyond an index:
 
-  JSON Lines   one pass over each file at open, in 4 MiB chunks, records where each line starts (int64
-               offsets: 8 bytes a row; blank lines, of spaces, tabs and CRs of any length, are skipped but
-               keep their numbers); `rows[i]` reads that one line (`os.pread`, safe from any thread) and
-               decodes it without its line end.
+  JSON Lines   one pass over each file at open, in 4 MiB chunks, records where each line starts and ends
+               (int64 offsets and line numbers: 24 bytes a row; blank lines, of spaces, tabs and CRs of any
+               length, are skipped but keep their numbers); `rows[i]` reads that one line (`os.pread`, safe
+               from any thread) and decodes it without its line end.
   ArrayRecord  each record is one JSON object in UTF-8; `array_record`'s reader reads one record by index.
   Parquet      (the `parquet` extra: pyarrow) the file's metadata gives the rows per row group; `rows[i]`
                decodes i's row group and keeps the last one decoded (reads are in shuffled order, so a file
