@@ -66,6 +66,8 @@ def test_nested_section_keeps_its_own_defaults():
     ({"model": {"overrides": {"param_dtype": "bfloat16"}}},
      r"`model.overrides.param_dtype` = 'bfloat16': trained weights are kept in float32"),
     ({"critic": {"overrides": {"param_dtype": "bfloat16"}}}, r"`critic.overrides.param_dtype` = 'bfloat16'"),
+    ({"data": {"train": "my/train.jsonl"}, "reward": {"fn": "my_rewards.py:score"}},
+     r"\['data.train', 'reward.fn'\] configure the dataset task, but task.name = 'reverse' does not read them"),
 ])
 def test_bad_config_errors(raw, message):
   with pytest.raises(ValueError, match=message):

@@ -97,8 +97,12 @@ def user_module(tmp_path, monkeypatch):
         return float("nan")
       def boom(sample):
         raise KeyError("no such field")
+      def leave(sample):
+        raise SystemExit(2)
       CONSTANT = 3
   """))
+  (tmp_path / "broken_rewards.py").write_text("import os\n\nimport not_installed_pkg\n\ndef f(sample):\n  return 1.0\n")
+  (tmp_path / "typo_rewards.py").write_text("def f(sample):\n  return 1.0 +\n")
   monkeypatch.chdir(tmp_path)
   return "my_rewards.py"
 
@@ -124,8 +128,12 @@ def test_scorer_loads_by_import_path(user_module, monkeypatch):
     ("mth", ValueError, r"Unknown reward 'mth'; expected a built-in \(\['exact', 'length', 'math', 'regex'\]\)"),
     ("no_such_pkg.mod:f", ValueError, r"cannot import 'no_such_pkg.mod'.*'path/to/file.py:function'"),
     ("missing.py:f", FileNotFoundError, r"no file '.*missing.py' \(relative paths are read from"),
-    ("my_rewards.py:nope", ValueError, r"has no 'nope'; its callables: \['bad_type', 'boom', 'nan'"),
+    ("my_rewards.py:nope", ValueError, r"has no 'nope'; its callables: \['bad_type', 'boom', 'leave', 'nan'"),
     ("my_rewards.py:CONSTANT", ValueError, r"is a int, not a function"),
+    # A file that fails to import is one line naming it, the line and the error (it was a raw traceback).
+    ("broken_rewards.py:f", ValueError, r"Reward 'broken_rewards.py:f': importing .*broken_rewards.py failed: "
+                                        r"line 3: ModuleNotFoundError: No module named 'not_installed_pkg'"),
+    ("typo_rewards.py:f", ValueError, r"importing .*typo_rewards.py failed: line 2: SyntaxError"),
 ])
 def test_scorer_names_bad_functions(user_module, spec, error, message):
   with pytest.raises(error, match=message):
@@ -141,6 +149,18 @@ def test_scorer_checks_options_weights_and_names(user_module):
     rewards.Scorer(["exact"], [1.0, 2.0])
   with pytest.raises(ValueError, match="share a name"):
     rewards.Scorer(["exact", "exact"])
+  # A built-in's options that could score no sample (every call would fail to reward.default) or that are not
+  # a dict: named at start-up.
+  for name, options, message in [
+      ("regex", {"pattern": "<answer>(.*</answer>"}, r"`reward.options.regex` = .*: `pattern` '<answer>\(\.\*</answer>' is not a regular expression \(missing \)"),
+      ("length", {"max_tokens": 8, "buffer": 0}, r"`reward.options.length` = .*needs ints 1 <= buffer < max_tokens; got buffer=0"),
+      ("length", {"max_tokens": 8, "buffer": 8}, r"got buffer=8, max_tokens=8"),
+      ("math", {"rel_tol": -1e-3}, r"`reward.options.math` = .*`rel_tol` must be a finite number >= 0; got -0.001"),
+      ("regex", "<answer>.*</answer>", r"`reward.options.regex` must be a dict of keyword options for 'regex'; got"),
+  ]:
+    with pytest.raises(ValueError, match=message):
+      rewards.Scorer([name], options={name: options})
+  assert rewards.Scorer(["length"], options={"length": {"max_tokens": 8, "buffer": 2}}).names == ("length",)
 
 
 @pytest.mark.parametrize("fn, message", [
@@ -173,6 +193,18 @@ def test_runner_defaults_failures_logs_once_and_counts(user_module, caplog):
   assert all(r.error == "KeyError: 'no such field'" for r in got.values())
   logged = [r for r in caplog.records if "A reward call failed" in r.getMessage()]
   assert len(logged) == 1 and "Traceback" in logged[0].getMessage() and "f.jsonl:3" in logged[0].getMessage()
+
+
+def test_runner_defaults_a_reward_that_exits(user_module):
+  """sys.exit() in a reward ended its worker thread silently: the call stayed pending for ever, and with
+  timeout_s = 0 its group never completed (a helper review). It is a failed call like any other."""
+  runner = rewards.RewardRunner(rewards.Scorer([f"{user_module}:leave"]), workers=1, default=-1.0)
+  runner.submit("a", _sample("x"))
+  runner.submit("b", _sample("y"))  # the same worker goes on
+  got = _drain(runner, 2)
+  runner.close()
+  assert sorted(got) == ["a", "b"] and runner.pending == 0 and runner.errors == 2
+  assert got["a"].scored.total == -1.0 and got["a"].error == "SystemExit: 2"
 
 
 def test_runner_times_out_hung_calls_and_keeps_going():

@@ -398,6 +398,7 @@ class Config:
 
   def __post_init__(self):
     check_trained_dtype(self.critic.overrides, "critic.overrides")
+    self._check_dataset_sections()
     self._check_multiagent()
     self._check_tree()
     self._check_rounds()
@@ -448,6 +449,19 @@ class Config:
                        f"{self.sampler_slots} slots (runtime.sampler_slots, or rl.prompts_per_step × "
                        "rl.samples_per_prompt); use 0 (an eighth of the slots) or at most that.")
 
+
+  def _check_dataset_sections(self) -> None:
+    """`data` and `reward` configure the dataset task alone: set for another task, they were ignored (a run of
+    the demo's task with the user's files named and never read)."""
+    if self.task.name == "dataset":
+      return
+    changed = [f"{name}.{f.name}" for name, section, default in (("data", self.data, DataSection()),
+                                                                   ("reward", self.reward, RewardSection()))
+               for f in dataclasses.fields(section) if getattr(section, f.name) != getattr(default, f.name)]
+    if changed:
+      raise ValueError(f"{changed} configure the dataset task, but task.name = {self.task.name!r} does not read "
+                       "them; set task.name = 'dataset' to train on your own rows (docs/data.md), or leave "
+                       "them at their defaults.")
 
   def _check_multiagent(self):
     tree = self.advantage.estimator in TREE_ESTIMATORS

@@ -4,6 +4,7 @@ keyword options (`reward.options.<name>`)."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from rlax_post.rewards import _math
 
@@ -44,3 +45,39 @@ def length(sample, *, max_tokens: int, buffer: int) -> float:
 
 
 BUILTINS = {"math": _math.math_answer, "exact": exact, "regex": regex, "length": length}
+
+
+def _check_regex(pattern: Any = None, **unused) -> None:
+  del unused
+  try:
+    re.compile(pattern)
+  except (re.error, TypeError) as e:
+    raise ValueError(f"`pattern` {pattern!r} is not a regular expression ({e})") from None
+
+
+def _check_length(max_tokens: Any = None, buffer: Any = None, **unused) -> None:
+  del unused
+  if not all(isinstance(v, int) and not isinstance(v, bool) for v in (max_tokens, buffer)) or not (
+      1 <= buffer < max_tokens):
+    raise ValueError(f"needs ints 1 <= buffer < max_tokens; got buffer={buffer!r}, max_tokens={max_tokens!r}")
+
+
+def _check_math(rel_tol: Any = 1e-6, abs_tol: Any = 1e-9, **unused) -> None:
+  del unused
+  for name, value in (("rel_tol", rel_tol), ("abs_tol", abs_tol)):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+      raise ValueError(f"`{name}` must be a finite number >= 0; got {value!r}")
+
+
+_CHECKS = {"regex": _check_regex, "length": _check_length, "math": _check_math}
+
+
+def check_options(name: str, options: dict) -> None:
+  """Raises ValueError naming `reward.options.<name>` when a built-in's options could not score a sample (every
+  call would fail and each sample get `reward.default`); other functions are checked by their first call."""
+  check = _CHECKS.get(name)
+  if check is not None:
+    try:
+      check(**options)
+    except ValueError as e:
+      raise ValueError(f"`reward.options.{name}` = {options}: {e}.") from None

@@ -94,7 +94,8 @@ class RewardRunner:
       scored, failure = None, None
       try:
         scored = self.scorer(job.sample)
-      except Exception as e:  # pylint: disable=broad-exception-caught  # the user's function: defaulted
+      except BaseException as e:  # pylint: disable=broad-exception-caught  # the user's function: defaulted
+        # (SystemExit too: it ended this thread silently, the call stayed pending and the group never ended)
         failure = (f"{type(e).__name__}: {e}", traceback.format_exc())
       with self._cond:
         if job.closed:  # Timed out meanwhile: a fresh worker replaced this one.

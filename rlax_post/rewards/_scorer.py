@@ -19,6 +19,7 @@ import inspect
 import math
 import os
 import sys
+import traceback
 from typing import Any, Callable, Mapping, Sequence
 
 from rlax_post.rewards import _builtin
@@ -39,15 +40,28 @@ def _load_module(module: str, spec: str):
       sys.modules[name] = mod
       try:
         file_spec.loader.exec_module(mod)
-      except Exception:
+      except Exception as e:  # pylint: disable=broad-exception-caught  # the user's file: name it, one line
         del sys.modules[name]
-        raise
+        raise ValueError(f"Reward {spec!r}: importing {path} failed: {_where(e, path)}{type(e).__name__}: "
+                         f"{e}") from e
     return sys.modules[name]
   try:
     return importlib.import_module(module)
   except ModuleNotFoundError as e:
-    raise ValueError(f"Reward {spec!r}: cannot import {module!r} ({e}); install it, put it on "
-                              "PYTHONPATH, or name the file instead: 'path/to/file.py:function'.") from None
+    if e.name is not None and module.startswith(e.name):  # the module itself (or its package) is missing
+      raise ValueError(f"Reward {spec!r}: cannot import {module!r} ({e}); install it, put it on "
+                       "PYTHONPATH, or name the file instead: 'path/to/file.py:function'.") from None
+    raise ValueError(f"Reward {spec!r}: importing {module!r} failed: {type(e).__name__}: {e}") from e
+  except Exception as e:  # pylint: disable=broad-exception-caught  # an error inside the user's module
+    raise ValueError(f"Reward {spec!r}: importing {module!r} failed: {type(e).__name__}: {e}") from e
+
+
+def _where(error: BaseException, path: str) -> str:
+  """'line N: ' of the deepest frame of `error` in file `path` (or the SyntaxError's line), else ''."""
+  if isinstance(error, SyntaxError) and error.lineno:
+    return f"line {error.lineno}: "
+  lines = [frame.lineno for frame in traceback.extract_tb(error.__traceback__) if frame.filename == path]
+  return f"line {lines[-1]}: " if lines else ""
 
 
 def load_callable(spec: str, what: str = "reward") -> tuple[str, Callable[..., Any]]:
@@ -125,13 +139,18 @@ class Scorer:
       raise ValueError(f"reward options for {unknown}, which are not among the reward functions' names {names}.")
     fns = []
     for spec, (name, fn), weight in zip(specs, loaded, weights or [1.0] * len(specs)):
-      kwargs = dict(options.get(name, {}))
+      given = options.get(name, {})
+      if not isinstance(given, Mapping):
+        raise ValueError(f"`reward.options.{name}` must be a dict of keyword options for {spec!r}; got {given!r}.")
+      kwargs = dict(given)
       try:
         inspect.signature(fn).bind(_PROBE, **kwargs)
       except TypeError as e:
         raise ValueError(f"Reward {spec!r} cannot be called as fn(sample, **{kwargs}): {e}.") from None
       except ValueError:  # Builtins without a signature: found out at the first call.
         pass
+      if fn is _builtin.BUILTINS.get(name):
+        _builtin.check_options(name, kwargs)
       fns.append(_Fn(name, fn, float(weight), kwargs))
     self.fns = tuple(fns)
 
