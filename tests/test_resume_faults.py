@@ -1,6 +1,7 @@
 """Resume after damage: uncommitted steps set aside, a damaged newest checkpoint skipped for the one before
 it, `--resume` with nothing to resume refused, torn and corrupt JSON-lines files handled by name."""
 
+import json
 import os
 import shutil
 import struct
@@ -199,3 +200,31 @@ def test_tensorboard_has_no_duplicate_steps_after_a_resume(straight, tmp_path):
   assert rl_loss == [1, 2, 3, 4]  # Each step once: step 3's first logging is gone with its checkpoint.
   assert len(scalars) == len(set(scalars))
   assert _data_rows(workdir) == _data_rows(straight)
+
+
+def test_a_resume_over_changed_data_files_is_refused(tmp_path):
+  """Rows appended to data.train re-order the tickets and move the held-out split: a resumed run trained rows
+  twice, others never, and some held-out ones (a helper review). The run records its files' sizes and a resume
+  checks them; the same files elsewhere (a copied directory) still resume."""
+  rows = [json.dumps({"prompt": f"{i}+1=", "answer": str(i + 1)}) for i in range(6)]
+  first = tmp_path / "a"
+  first.mkdir()
+  (first / "train.jsonl").write_text("\n".join(rows) + "\n")
+  c = demo.get_config("tiny")
+  c.task.name, c.data.train, c.data.eval_fraction = "dataset", str(first / "train.jsonl"), 0.25
+  c.data.demo_field = None
+  cfg = config.load(c)
+  recorded = _checkpoint.data_files(cfg)
+  assert recorded == {"data.train": [os.path.getsize(first / "train.jsonl")]}
+  _checkpoint.check_resume_data(recorded, cfg)  # unchanged
+  _checkpoint.check_resume_data(None, cfg)  # a checkpoint from before the record
+  moved = tmp_path / "b"
+  shutil.copytree(first, moved)
+  c.data.train = str(moved / "train.jsonl")
+  _checkpoint.check_resume_data(recorded, config.load(c))
+  with open(moved / "train.jsonl", "a") as f:
+    f.write(json.dumps({"prompt": "9+1=", "answer": "10"}) + "\n")
+  with pytest.raises(ValueError, match=r"--resume needs the data files the run began with .*data.train: 1 files "
+                                       r"of \[\d+\] bytes then, 1 of \[\d+\] now"):
+    _checkpoint.check_resume_data(recorded, config.load(c))
+  assert _checkpoint.data_files(config.load(demo.get_config("tiny"))) is None  # other tasks: nothing to check

@@ -24,6 +24,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from rlax_post import config as config_lib
+from rlax_post import data
 from rlax_post import exchange
 from rlax_post.runtime import _distributed
 
@@ -208,3 +209,30 @@ def check_resume_config(saved: dict | None, cfg: config_lib.Config) -> None:
     changes = ", ".join(f"{k}: {old_flat.get(k)!r} -> {new_flat.get(k)!r}" for k in diff[:8])
     raise ValueError(f"--resume needs the configuration that wrote the checkpoint (it decides the schedule, "
                      f"data and random streams); these keys differ: {changes}.")
+
+
+def data_files(cfg: config_lib.Config) -> dict | None:
+  """The dataset task's files as a checkpoint records them: for `data.train` (and `data.eval`), the sizes of
+  its files in name order; None for the other tasks. Rows appended or removed change the tickets' order and
+  the held-out split, so a resume checks them (`check_resume_data`); sizes, not times, so that files copied
+  to another machine still resume."""
+  if cfg.task.name != "dataset" or cfg.data.train is None:
+    return None
+  specs = {"data.train": cfg.data.train, "data.eval": cfg.data.eval}
+  return {key: [os.path.getsize(f) for f in data.resolve_files(spec, cfg.data.format)]
+          for key, spec in specs.items() if spec is not None}
+
+
+def check_resume_data(saved: dict | None, cfg: config_lib.Config) -> None:
+  """Refuses to resume over data files that changed since the run began (`saved`: its `data_files`; None, a
+  checkpoint from before they were recorded, is not checked)."""
+  if saved is None:
+    return
+  now = data_files(cfg) or {}
+  changed = [f"{key}: {len(saved.get(key, []))} files of {saved.get(key, [])} bytes then, "
+             f"{len(now.get(key, []))} of {now.get(key, [])} now" for key in sorted(saved.keys() | now.keys())
+             if saved.get(key) != now.get(key)]
+  if changed:
+    raise ValueError("--resume needs the data files the run began with (their rows decide the tickets' order and "
+                     f"the held-out split); they changed: {'; '.join(changed)}. Restore them, or start a new "
+                     "run in a new workdir.")

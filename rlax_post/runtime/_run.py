@@ -32,7 +32,7 @@ from rlax_post.runtime import _rowlog
 from rlax_post.runtime import _samplers
 from rlax_post.runtime import _warm
 
-_KEEP = ("initial_eval_reward", "warm_start_seconds", "config")  # carried from checkpoint to checkpoint
+_KEEP = ("initial_eval_reward", "warm_start_seconds", "config", "data_files")  # carried to each checkpoint
 
 
 class Start(NamedTuple):
@@ -125,6 +125,7 @@ class Run:
     for path, reason in self.ckpt.aside:
       self.ui.warn(f"Set aside {path}: {reason}.")
     _checkpoint.check_resume_config(meta.get("config"), self.cfg)
+    _checkpoint.check_resume_data(meta.get("data_files"), self.cfg)
     source.resume(step, meta)  # first: it may refuse (a queue released past `step`), and then nothing is cut
     self.metrics.truncate_after(step, "rl")
     self.metrics.truncate_after(step, "eval")
@@ -143,7 +144,8 @@ class Run:
     self.metrics.write(0, {"eval_reward": initial}, phase="eval")
     self.ui.say(f"Warm-start greedy eval reward on {self.parts.task.num_eval} held-out prompts: {initial:.3f}")
     history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - self.t_start,
-               "config": config_lib.to_dict(self.cfg), "rl_step": 0, **self.tally.meta()}
+               "config": config_lib.to_dict(self.cfg), "data_files": _checkpoint.data_files(self.cfg), "rl_step": 0,
+               **self.tally.meta()}
     self.ckpt.save(0, state, ref_params, history)
     return Start(state, ref_params, 0, history)
 
@@ -171,7 +173,7 @@ class Run:
                             stale=f"{row['staleness_mean']:.2f}",
                             eval="-" if tally.last_eval is None else f"{tally.last_eval:.3f}")
     if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == tally.end_step:
-      meta = {**{k: start.history[k] for k in _KEEP}, "rl_step": step, **tally.meta()}
+      meta = {**{k: start.history[k] for k in _KEEP if k in start.history}, "rl_step": step, **tally.meta()}
       self.ckpt.save(step, state, start.ref_params, meta)
       source.checkpointed(step)
       kept = _checkpoint.complete_checkpoints(self.workdir)  # A listing: the manager's own view is untouched.
