@@ -11,12 +11,16 @@ import nothing of ours).
 
 Components (bytes per device):
 
-  params      the learner's params, in `param_dtype`.
-  grads       one gradient tree in `param_dtype`; with `micro_batches > 1` also the float32 accumulator
-              (the scan carry of `learner.make_update`).
-  optimizer   the optimizer state (AdamW: mu and nu, each like the params; injected hyper-parameters).
-  reference   `param_copies` more full copies of the params: the frozen reference policy of the KL term
-              (the runtime always holds it), and in async mode the version published to the samplers.
+  params      the learner's trained params, in `param_dtype` (`trainable`: every weight, R policies side by
+              side, or LoRA adapters; with LoRA also the frozen base, in `base_dtype`, and the merged model
+              the forward reads, one per policy).
+  grads       one gradient tree of the trained params; with `micro_batches > 1` also the float32
+              accumulator (the scan carry of `learner.make_update`).
+  optimizer   the optimizer state (AdamW: mu and nu, each like the trained params; hyper-parameters).
+  reference   `param_copies` more copies of the model's params (R each with R policies): the frozen
+              reference policy of the KL term (the runtime holds it; with LoRA it is the frozen base, no
+              copy: the runtime passes one copy fewer), and in async mode the version published to the
+              samplers.
   activations one micro-batch of `batch / micro_batches` rows of `seq_len` tokens, per device
               b = rows / (data · fsdp):
                 remat:    L · [b, T, D] (the block inputs the scan saves) + one block's working set;
@@ -61,6 +65,7 @@ from rlax_post import models
 from rlax_post import sharding
 from rlax_post.learner import _optim
 from rlax_post.learner import _state
+from rlax_post.learner import _trainable
 
 COMPONENTS = ("params", "grads", "optimizer", "reference", "activations", "critic", "kv_cache")
 
@@ -74,18 +79,38 @@ def _act_bytes(mesh, rules, logical_axes, shape, itemsize) -> int:
   return int(np.prod(sharding.activation_shard_shape(mesh, rules, logical_axes, shape))) * itemsize
 
 
-def _state_bytes(model_cfg, mesh, rules, optimizer, micro_batches) -> dict[str, int]:
-  """Per-device bytes of one learner's params, grads (+ the float32 accumulator) and optimizer state."""
+def _state_bytes(model_cfg, mesh, rules, optimizer, micro_batches,
+                 trainable: _trainable.Trainable = _trainable.Trainable()) -> dict[str, int]:
+  """Per-device bytes of one learner's params, grads (+ the float32 accumulator) and optimizer state, for
+  what `trainable` trains (as the learner builds its state: `Trainable.split`, the same shardings). With LoRA,
+  'params' also holds the frozen base and the merged model the forward reads (per role); with one policy per
+  role, the R stacked policies (or adapter sets)."""
   _, params = models.abstract_params(model_cfg)
-  state = jax.eval_shape(lambda p: _state.init_train_state(p, optimizer, jax.random.key(0)), params)
-  sh = sharding.state_shardings(state, models.param_logical_axes(params), optimizer, mesh, rules)
-  out = {'params': _tree_bytes(state.params, sh.params),
-         'optimizer': _tree_bytes(state.opt_state, sh.opt_state)}
-  out['grads'] = out['params']
+  frozen_axes, trained_axes = trainable.logical_axes(params)
+
+  def init(p):
+    frozen, trained = trainable.split(p, jax.random.key(0))
+    return _state.init_train_state(trained, optimizer, jax.random.key(0), frozen=frozen)
+
+  state = jax.eval_shape(init, params)
+  sh = sharding.state_shardings(state, trained_axes, optimizer, mesh, rules, frozen_logical_axes=frozen_axes)
+  trained = _tree_bytes(state.params, sh.params)
+  out = {'params': trained, 'optimizer': _tree_bytes(state.opt_state, sh.opt_state), 'grads': trained}
+  if state.frozen is not None:
+    model = _tree_bytes(params, sharding.named_shardings(models.param_logical_axes(params), mesh, rules,
+                                                         shapes=params))
+    out['params'] += _tree_bytes(state.frozen, sh.frozen) + trainable.roles * model
   if micro_batches > 1:
     f32 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32), state.params)
     out['grads'] += _tree_bytes(f32, sh.params)
   return out
+
+
+def _model_bytes(model_cfg, mesh, rules) -> int:
+  """Per-device bytes of one copy of the model's params (a reference or published version)."""
+  _, params = models.abstract_params(model_cfg)
+  return _tree_bytes(params, sharding.named_shardings(models.param_logical_axes(params), mesh, rules,
+                                                      shapes=params))
 
 
 def _trunk_activation_bytes(c, mesh, rules, b: int, t: int, remat: bool) -> int:
@@ -104,7 +129,8 @@ def _trunk_activation_bytes(c, mesh, rules, b: int, t: int, remat: bool) -> int:
 def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq_len: int,
                     micro_batches: int = 1, remat: bool | None = None, optimizer=None,
                     rules: sharding.Rules = sharding.DEFAULT_RULES, param_copies: int = 1, kv_slots: int = 0,
-                    kv_len: int | None = None, critic_cfg=None) -> dict[str, int]:
+                    kv_len: int | None = None, critic_cfg=None,
+                    trainable: _trainable.Trainable = _trainable.Trainable()) -> dict[str, int]:
   """Per-device bytes of a learner (and its in-process samplers) on a mesh of `mesh_shape`.
 
   Args:
@@ -125,6 +151,9 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
     critic_cfg: a separate critic's `models.ModelConfig` (`models.value_model_config` of its backbone),
       trained on the same micro-batches under the same rules and `optimizer`; None: no separate critic
       (the 'critic' component is 0).
+    trainable: what the learner trains (`Trainable`): every weight (default), LoRA adapters over a frozen
+      base (grads and optimizer state of the adapters only), or R policies side by side (R times the
+      trained state). Each of the `param_copies` is then one model's params, R of them with R policies.
 
   Returns:
     {component: bytes per device} for `COMPONENTS` (`learner.MEMORY_COMPONENTS`), plus 'total'.
@@ -141,8 +170,8 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
   if optimizer is None:
     optimizer = _optim.make_optimizer(learning_rate=1e-6, warmup_steps=1, total_steps=2)
 
-  out = _state_bytes(model_cfg, mesh, rules, optimizer, micro_batches)
-  out['reference'] = param_copies * out['params']
+  out = _state_bytes(model_cfg, mesh, rules, optimizer, micro_batches, trainable)
+  out['reference'] = param_copies * trainable.roles * _model_bytes(model_cfg, mesh, rules)
 
   c = model_cfg
   b, t = batch // micro_batches, seq_len

@@ -189,10 +189,13 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
     raise ValueError(f"run_memory needs an explicit mesh (no -1 axis); got {mesh_shape}.")
   critic_cfg = critic_model_config(cfg, model_cfg) if config_lib.separate_critic(cfg) else None
   apart = (cfg.runtime.num_samplers if is_async else 1) if cfg.runtime.sampler_layers == "apart" else 0
+  trainable = make_trainable(cfg)
+  reference = 0 if trainable.lora is not None else 1  # LoRA's reference is its frozen base
   return learner.estimate_memory(
       model_cfg, mesh_shape, batch=rollouts // cfg.rl.minibatches, seq_len=cfg.model.max_seq_len,
-      micro_batches=cfg.loss.micro_batches, param_copies=(3 if is_async else 1) + apart,
-      kv_slots=kv_slots, kv_len=cfg.model.max_seq_len, rules=config_rules(cfg), critic_cfg=critic_cfg)
+      micro_batches=cfg.loss.micro_batches, param_copies=reference + (2 if is_async else 0) + apart,
+      kv_slots=kv_slots, kv_len=cfg.model.max_seq_len, rules=config_rules(cfg), critic_cfg=critic_cfg,
+      trainable=trainable)
 
 
 def config_rules(cfg: config_lib.Config) -> sharding.Rules:
