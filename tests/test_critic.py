@@ -75,6 +75,13 @@ def test_explained_variance_and_calibration_by_hand():
   p, t = np.array([0.1, 0.2, 0.9, 0.8]), np.array([0.0, 1.0, 1.0, 1.0])
   assert float(losses.calibration_error(p, t, np.ones(4), bins=2)) == pytest.approx(0.5 * 0.35 + 0.5 * 0.15)
   assert float(losses.calibration_error(t, t, np.ones(4), bins=10)) == 0.0
+  # A mask that only broadcasts summed over the wrong count ([T] mask of [B, T] values: mean 5.0, not 2.5).
+  x = np.arange(6.0).reshape(2, 3)
+  for call in (lambda: losses.masked_mean_std(x, np.ones(3)), lambda: losses.explained_variance(x, x, np.ones((2, 1))),
+               lambda: losses.calibration_error(x / 6, np.ones(1), np.ones((2, 3))),
+               lambda: losses.value_clip_fraction(x, x, np.zeros(3), 0.2)):
+    with pytest.raises(ValueError, match=r"expected arrays of one shape; got \{"):
+      call()
 
 
 # --- GAE over the trained tokens ---

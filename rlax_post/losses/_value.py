@@ -67,6 +67,7 @@ def value_loss(pred, target, *, kind: str, old=None, clip_eps: float = 0.2,
 
 def value_clip_fraction(pred, target, old, clip_eps: float) -> jax.Array:
   """1.0 where `clipped`'s loss takes the clipped term (strictly larger), else 0.0: how often the clip binds."""
+  _same_shapes(pred=pred, target=target, old=old)
   v, r, o = (jnp.asarray(x, jnp.float32) for x in (pred, target, old))
   v_clip = o + jnp.clip(v - o, -clip_eps, clip_eps)
   return (jnp.square(v_clip - r) > jnp.square(v - r)).astype(jnp.float32)
@@ -86,7 +87,16 @@ def prior_logit(p: float) -> float:
   return math.log(p) - math.log1p(-p)
 
 
+def _same_shapes(**arrays) -> None:
+  """Raises ValueError unless the arrays share one shape: these statistics sum `x · mask`, which a mask that
+  only broadcasts (a [T] or [B, 1] mask of [B, T] values) would sum over the wrong count."""
+  shapes = {name: jnp.shape(a) for name, a in arrays.items()}
+  if len(set(shapes.values())) > 1:
+    raise ValueError(f'expected arrays of one shape; got {shapes}')
+
+
 def _masked(x, mask):
+  _same_shapes(x=x, mask=mask)
   m = jnp.asarray(mask, jnp.float32)
   n = jnp.maximum(jnp.sum(m), 1.0)
   mean = jnp.sum(jnp.asarray(x, jnp.float32) * m) / n
@@ -106,6 +116,7 @@ def explained_variance(pred, target, mask) -> jax.Array:
   1: perfect; 0: no better than predicting the targets' mean; negative: worse. NaN when the targets do not
   vary (nothing to explain), as in the PPO implementations that report it.
   """
+  _same_shapes(pred=pred, target=target, mask=mask)
   _, var_err = masked_mean_std(jnp.asarray(target, jnp.float32) - jnp.asarray(pred, jnp.float32), mask)
   _, std_t = masked_mean_std(target, mask)
   var_t = jnp.square(std_t)
@@ -118,6 +129,7 @@ def calibration_error(prob, target, mask, *, bins: int = 10) -> jax.Array:
   ([0, 1/bins), …, [1 − 1/bins, 1]). 0 for a calibrated predictor."""
   if bins < 1:
     raise ValueError(f'bins must be >= 1; got {bins}')
+  _same_shapes(prob=prob, target=target, mask=mask)
   p = jnp.asarray(prob, jnp.float32).ravel()
   t = jnp.asarray(target, jnp.float32).ravel()
   m = jnp.asarray(mask, jnp.float32).ravel()
