@@ -38,6 +38,19 @@ def test_extract_answer(text, expected):
   assert rewards.extract_answer(text) == expected
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("\\boxed{" * 20000, None),  # 140k characters, no box closes, no number
+    ("\\boxed{" * 20000 + "7", "7"),  # no box closes: the last number
+    ("\\boxed{" * 20000 + "7}", "7"),  # only the innermost box closes
+    ("\\boxed{5} " + "\\boxed{" * 20000, "5"),  # the last box that closes
+    ("\\boxed{" * 20000 + "\\boxed{}}", "\\boxed{}"),  # the innermost is empty: the box around it
+])
+def test_extract_answer_on_many_unclosed_boxes(text, expected):
+  # A model repeating "\boxed{" until its token budget: brace matching is one pass, so this takes
+  # milliseconds (scanning forward from each box took minutes at this length).
+  assert rewards.extract_answer(text) == expected
+
+
 @pytest.mark.parametrize("s, expected", [
     ("42", Fraction(42)), ("-0.50", Fraction(-1, 2)), ("1,234,567", Fraction(1234567)),
     ("$1,299.99", Fraction(129999, 100)), ("\\frac{3}{4}", Fraction(3, 4)), ("\\dfrac{-6}{8}", Fraction(-3, 4)),

@@ -19,6 +19,7 @@ import math
 import re
 
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE = re.compile(r"[{}]")
 _HASHES = re.compile(r"####\s*([^\n]*)")
 _ANSWER_IS = re.compile(r"(?:the\s+(?:final\s+)?answer\s+is|final\s+answer\s*:|answer\s*:)\s*:?\s*(.+?)"
                         r"(?:\.(?:\s|$)|\n|$)", re.IGNORECASE)
@@ -31,16 +32,28 @@ _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}")
 _PLAIN = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+(?:[eE][-+]?\d+)?")
 
 
-def _braced(text: str, start: int) -> str | None:
-  """The contents of the brace group opening just before `start`, or None if it never closes."""
-  depth = 1
-  for i in range(start, len(text)):
-    if text[i] == "{":
-      depth += 1
-    elif text[i] == "}":
-      depth -= 1
-      if depth == 0:
-        return text[start:i]
+def _last_boxed(text: str) -> str | None:
+  """The stripped contents of the last `\\boxed{` / `\\fbox{` (by where it opens) whose brace closes and
+  that is not blank, or None.
+
+  One pass with a stack of open braces: a box's closing brace depends only on the text after it, so this
+  pairs braces exactly as scanning forward from each box would, in linear rather than quadratic time (a
+  model repeating `\\boxed{` thousands of times made the scan-per-box take minutes). Spans, not copies, are
+  kept until one is chosen, so deeply nested boxes cost no more.
+  """
+  box_starts = {m.end() for m in _BOXED.finditer(text)}  # the index just after each box's "{"
+  spans, open_at = [], []
+  for brace in _BRACE.finditer(text):
+    if brace.group() == "{":
+      open_at.append(brace.end())
+    elif open_at:
+      start = open_at.pop()
+      if start in box_starts:
+        spans.append((start, brace.start()))
+  for start, end in sorted(spans, reverse=True):
+    content = text[start:end].strip()
+    if content:
+      return content
   return None
 
 
@@ -49,10 +62,9 @@ def extract_answer(text: str) -> str | None:
   if not isinstance(text, str):
     raise ValueError(f"text must be a str; got {type(text).__name__}.")
   text = text.replace("\u2212", "-")
-  boxed = [_braced(text, m.end()) for m in _BOXED.finditer(text)]
-  boxed = [b.strip() for b in boxed if b is not None and b.strip()]
-  if boxed:
-    return boxed[-1]
+  boxed = _last_boxed(text)
+  if boxed is not None:
+    return boxed
   hashes = [h.strip() for h in _HASHES.findall(text) if h.strip()]
   if hashes:
     return hashes[-1]
