@@ -72,11 +72,44 @@ def test_answers_match(a, b, same):
   assert rewards.answers_match(a, b) is same
 
 
+@pytest.mark.parametrize("a, b, same", [
+    # Integers and fractions are exact: any difference is a different answer.
+    ("1000001", "1000000", False), ("12345679", "12345678", False), ("10000001/10000000", "1", False),
+    ("\\frac{2}{4}", "1/2", True),
+    # So is a whole number written as a decimal or exponent (a float reference 1000000.0).
+    ("1000001", "1000000.0", False), ("1e6", "1000001", False), ("12", "12.0", True), ("1e6", "1,000,000", True),
+    # A decimal that is not whole is an approximation: it matches when the difference is below
+    # max(rel_tol * max(|a|, |b|), abs_tol), in exact arithmetic. 0.333333 is off from 1/3 by exactly
+    # one part in 10^6, which is not below rel_tol = 1e-6; 0.3333333 is off by one part in 10^7.
+    ("0.333333", "1/3", False), ("0.3333333", "1/3", True), ("0.6666666666666666", "2/3", True),
+    ("1000000.5", "1000000", True),  # off by 5e-7 of 1000000.5
+])
+def test_answers_match_exact_values_exactly_decimals_within_tolerance(a, b, same):
+  assert rewards.answers_match(a, b) is same
+  assert rewards.answers_match(b, a) is same
+
+
+def test_answers_match_tolerances():
+  assert rewards.answers_match("0.333333", "1/3", rel_tol=1.01e-6)  # now 10^-6 is below the tolerance
+  assert rewards.answers_match("0.1", "0.1000000001", abs_tol=0.0)  # relative 10^-9 < 10^-6 still
+  assert rewards.answers_match("0.1", "0.1000000001", rel_tol=0, abs_tol=1.01e-10)
+  assert not rewards.answers_match("0.1", "0.1000000001", rel_tol=0, abs_tol=1e-10)  # exactly 1e-10 apart
+  assert not rewards.answers_match("1000001", "1000000", rel_tol=0.1)  # no tolerance for integers
+  for bad in (-1e-6, float("nan"), float("inf"), "1e-6", True):
+    with pytest.raises(ValueError, match=r"rel_tol must be a finite number >= 0; got"):
+      rewards.answers_match("1", "1", rel_tol=bad)
+  with pytest.raises(ValueError, match=r"abs_tol must be a finite number >= 0; got -1"):
+    rewards.answers_match("1", "1", abs_tol=-1)
+
+
 def test_math_reward_reads_references_of_every_kind():
   assert rewards.math_answer(_sample("so it is 19", answer=19)) == 1.0
   assert rewards.math_answer(_sample("so it is 19", answer="Add them: 12+7=19\n#### 19")) == 1.0
   assert rewards.math_answer(_sample("\\boxed{0.25}", answer="\\boxed{\\frac{1}{4}}")) == 1.0
   assert rewards.math_answer(_sample("it is 20", answer=19.0)) == 0.0
+  assert rewards.math_answer(_sample("\\boxed{1000001}", answer=1000000)) == 0.0
+  assert rewards.math_answer(_sample("The answer is 12345679.", answer=12345678)) == 0.0
+  assert rewards.math_answer(_sample("\\boxed{1000001}", answer=1000000.0)) == 0.0
   with pytest.raises(ValueError, match=r"f.jsonl:3: the reward 'math' needs a reference answer"):
     rewards.math_answer(_sample("7", answer=None))
 

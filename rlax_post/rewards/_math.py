@@ -7,9 +7,15 @@
   4. the last number in the text.
 `parse_number(s)` reads integers, decimals, fractions (`3/4`, `\\frac{3}{4}`, `\\dfrac`, `\\tfrac`), signs (also
 the Unicode minus), thousands separators (`1,234,567`: groups of exactly three digits), a leading `$` or
-`\\$`, a trailing `%` or unit word, and LaTeX spacing and `\\text{}`; exact values become `Fraction`s. Two
-answers match when both read as numbers that are equal (exactly, or within the tolerances), or, when either
-does not read as a number, when their normalised texts are equal.
+`\\$`, a trailing `%` or unit word, and LaTeX spacing and `\\text{}`; the value written becomes a `Fraction`
+(decimals too; a float only with an exponent). Two answers match when both read as numbers that agree, or,
+when either does not read as a number, when their normalised texts are equal. Numbers agree when they are
+equal, or when either is an approximation and |a - b| < max(rel_tol * max(|a|, |b|), abs_tol), computed
+exactly (the tolerances read as the decimals they print as). Integers and fractions of them are exact, and
+so is any whole number however written (`12.0`, `1e6`, a float reference `1000000.0`): `1000001` never
+matches `1000000`. A decimal that is not whole (`0.1`, `3.14159`, a float reference `0.6666666666666666`)
+is an approximation: `0.3333333` matches `1/3`, while `0.333333` (off by exactly one part in 10^6) does not
+at the default rel_tol=1e-6.
 """
 
 from __future__ import annotations
@@ -83,25 +89,28 @@ def _clean(s: str) -> str:
   return s.strip().rstrip(".").strip()
 
 
-def parse_number(s: str) -> Fraction | float | None:
-  """The number `s` writes (module docstring): a `Fraction` when exact, a float for exponents; None if `s`
-  is not a number (a trailing unit word or `%` is allowed: "72 dollars" reads 72)."""
-  if not isinstance(s, str):
-    raise ValueError(f"s must be a str; got {type(s).__name__}.")
+def _ratio(num, den):
+  """`num / den` for two `_parse` results: exact when both parts are exact."""
+  if num is None or den is None or den[0] == 0:
+    return None
+  (a, a_exact), (b, b_exact) = num, den
+  if isinstance(a, Fraction) and isinstance(b, Fraction):
+    return a / b, a_exact and b_exact
+  value = float(a) / float(b)
+  return (value, False) if math.isfinite(value) else None
+
+
+def _parse(s: str) -> tuple[Fraction | float, bool] | None:
+  """`parse_number(s)` and whether it is written exactly: without a decimal point or exponent."""
   s = _clean(s)
   frac = _FRAC.fullmatch(s)
   if frac:
-    num, den = parse_number(frac.group(1)), parse_number(frac.group(2))
-    if num is None or den is None or den == 0:
-      return None
-    return Fraction(num) / Fraction(den) if isinstance(num, Fraction) and isinstance(den, Fraction) else (
-        float(num) / float(den))
+    return _ratio(_parse(frac.group(1)), _parse(frac.group(2)))
   if "/" in s:
     num, _, den = s.partition("/")
-    a, b = parse_number(num), parse_number(den)
-    if a is None or b is None or b == 0 or not num.strip() or not den.strip():
+    if not num.strip() or not den.strip():
       return None
-    return Fraction(a) / Fraction(b) if isinstance(a, Fraction) and isinstance(b, Fraction) else float(a) / float(b)
+    return _ratio(_parse(num), _parse(den))
   m = _PLAIN.match(s)
   if not m:
     return None
@@ -111,8 +120,17 @@ def parse_number(s: str) -> Fraction | float | None:
   token = m.group(0).replace(",", "")
   if "e" in token.lower():
     value = float(token)
-    return value if math.isfinite(value) else None
-  return Fraction(token)
+    return (value, False) if math.isfinite(value) else None
+  return Fraction(token), "." not in token
+
+
+def parse_number(s: str) -> Fraction | float | None:
+  """The number `s` writes (module docstring): a `Fraction` of it, a float with an exponent; None if `s`
+  is not a number (a trailing unit word or `%` is allowed: "72 dollars" reads 72)."""
+  if not isinstance(s, str):
+    raise ValueError(f"s must be a str; got {type(s).__name__}.")
+  parsed = _parse(s)
+  return None if parsed is None else parsed[0]
 
 
 def _normalise_text(s: str) -> str:
@@ -133,16 +151,34 @@ def reference_answer(answer) -> str | None:
   return None
 
 
+def _tolerance(name: str, value) -> Fraction:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+    raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")
+  return Fraction(repr(float(value)))  # the decimal it prints as: rel_tol=1e-6 is exactly 10^-6
+
+
+def _numbers_match(a, b, rel_tol: Fraction, abs_tol: Fraction) -> bool:
+  """Two `_parse` results agree (module docstring): exactly when both are exact, else within a tolerance."""
+  (x, x_exact), (y, y_exact) = (Fraction(a[0]), a[1]), (Fraction(b[0]), b[1])
+  if x == y:
+    return True
+  # A whole number is exact however it is written ("12.0", a float reference 1000000.0): a tolerance
+  # there would only let a different integer through.
+  if (x_exact or x.denominator == 1) and (y_exact or y.denominator == 1):
+    return False
+  diff = abs(x - y)  # exact arithmetic, so no float rounding decides a case near the boundary
+  return diff < rel_tol * max(abs(x), abs(y)) or diff < abs_tol
+
+
 def answers_match(predicted: str | None, reference: str | None, *, rel_tol: float = 1e-6,
                   abs_tol: float = 1e-9) -> bool:
-  """Whether two answers agree (module docstring)."""
+  """Whether two answers agree (module docstring); `rel_tol` and `abs_tol` must be finite and >= 0."""
+  rel, abs_ = _tolerance("rel_tol", rel_tol), _tolerance("abs_tol", abs_tol)
   if predicted is None or reference is None:
     return False
-  a, b = parse_number(predicted), parse_number(reference)
+  a, b = _parse(predicted), _parse(reference)
   if a is not None and b is not None:
-    if isinstance(a, Fraction) and isinstance(b, Fraction) and a == b:
-      return True
-    return math.isclose(float(a), float(b), rel_tol=rel_tol, abs_tol=abs_tol)
+    return _numbers_match(a, b, rel, abs_)
   return _normalise_text(predicted) == _normalise_text(reference)
 
 
