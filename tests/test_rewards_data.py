@@ -63,6 +63,23 @@ def test_parse_number(s, expected):
   assert got == expected and type(got) is type(expected)
 
 
+@pytest.mark.parametrize("s, expected", [
+    # Letters written against a number, one-letter words and words of arithmetic are not units.
+    ("2x", None), ("3i", None), ("2 x", None), ("5 m", None), ("5 squared", None), ("3 and 4", None),
+    ("2 pi", None), ("2x dollars", None),
+    # Unit words: whitespace, then words of two letters or more; `\\text{}` counts as apart.
+    ("72 dollars", Fraction(72)), ("5 km per hour", Fraction(5)), ("5\\text{cm}", Fraction(5)),
+    ("2 \\text{ cm}", Fraction(2)), ("3/4 cups", Fraction(3, 4)),
+    # A scale word first multiplies; anywhere else, or in the plural, it is no number.
+    ("5 million", Fraction(5_000_000)), ("2.5 billion", Fraction(2_500_000_000)), ("3 hundred", Fraction(300)),
+    ("2 thousand dollars", Fraction(2000)), ("1.5e3 Trillion", 1.5e15), ("5 millions", None),
+    ("5 dollars million", None), ("5 hundred thousand", None),
+])
+def test_parse_number_units_and_scale_words(s, expected):
+  got = rewards.parse_number(s)
+  assert got == expected and type(got) is type(expected)
+
+
 @pytest.mark.parametrize("a, b, same", [
     ("-0.50", "-1/2", True), ("\\frac{1}{2}", "0.5", True), ("1,234", "1234", True), ("72 dollars", "72", True),
     ("(A)", "(a)", True), ("3.14159", "3.1416", False), ("0.1", "0.1000000001", True), ("7", "-7", False),
@@ -110,6 +127,10 @@ def test_math_reward_reads_references_of_every_kind():
   assert rewards.math_answer(_sample("\\boxed{1000001}", answer=1000000)) == 0.0
   assert rewards.math_answer(_sample("The answer is 12345679.", answer=12345678)) == 0.0
   assert rewards.math_answer(_sample("\\boxed{1000001}", answer=1000000.0)) == 0.0
+  assert rewards.math_answer(_sample("\\boxed{2x}", answer=2)) == 0.0
+  assert rewards.math_answer(_sample("\\boxed{3i}", answer=3)) == 0.0
+  assert rewards.math_answer(_sample("\\boxed{5 million}", answer=5)) == 0.0
+  assert rewards.math_answer(_sample("\\boxed{5 million}", answer=5_000_000)) == 1.0
   with pytest.raises(ValueError, match=r"f.jsonl:3: the reward 'math' needs a reference answer"):
     rewards.math_answer(_sample("7", answer=None))
 

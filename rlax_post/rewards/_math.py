@@ -5,17 +5,19 @@
   2. `#### ...` (GSM8K), up to the end of its line;
   3. "the answer is ..." / "answer: ..." (any case), up to the end of the sentence or line;
   4. the last number in the text.
-`parse_number(s)` reads integers, decimals, fractions (`3/4`, `\\frac{3}{4}`, `\\dfrac`, `\\tfrac`), signs (also
-the Unicode minus), thousands separators (`1,234,567`: groups of exactly three digits), a leading `$` or
-`\\$`, a trailing `%` or unit word, and LaTeX spacing and `\\text{}`; the value written becomes a `Fraction`
-(decimals too; a float only with an exponent). Two answers match when both read as numbers that agree, or,
-when either does not read as a number, when their normalised texts are equal. Numbers agree when they are
-equal, or when either is an approximation and |a - b| < max(rel_tol * max(|a|, |b|), abs_tol), computed
-exactly (the tolerances read as the decimals they print as). Integers and fractions of them are exact, and
-so is any whole number however written (`12.0`, `1e6`, a float reference `1000000.0`): `1000001` never
-matches `1000000`. A decimal that is not whole (`0.1`, `3.14159`, a float reference `0.6666666666666666`)
-is an approximation: `0.3333333` matches `1/3`, while `0.333333` (off by exactly one part in 10^6) does not
-at the default rel_tol=1e-6.
+`parse_number(s)` reads integers, decimals, fractions (`3/4`, `\\frac{3}{4}`, `\\dfrac`, `\\tfrac`), signs
+(also the Unicode minus), thousands separators (`1,234,567`: groups of exactly three digits), a leading `$` or
+`\\$`, a trailing `%` or unit words (after whitespace, two letters or more: `72 dollars`, `5\\text{ cm}`; not
+`2x`, `3i`, `2 x`, nor words of arithmetic such as `squared` or `pi`), a scale word first among them, which
+multiplies (`5 million` reads 5000000; a scale word elsewhere or in the plural reads no number), and LaTeX
+spacing and `\\text{}`; the value written becomes a `Fraction` (decimals too; a float only with an exponent).
+Two answers match when both read as numbers that agree, or, when either does not read as a number, when their
+normalised texts are equal. Numbers agree when they are equal, or when either is an approximation and
+|a - b| < max(rel_tol * max(|a|, |b|), abs_tol), computed exactly (the tolerances read as the decimals they
+print as). Integers and fractions of them are exact, and so is any whole number however written (`12.0`,
+`1e6`, a float reference `1000000.0`): `1000001` never matches `1000000`. A decimal that is not whole (`0.1`,
+`3.14159`, a float reference `0.6666666666666666`) is an approximation: `0.3333333` matches `1/3`, while
+`0.333333` (off by exactly one part in 10^6) does not at the default rel_tol=1e-6.
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*
                      r"|(?<![\w.])[-+]?\.\d+")
 _FRAC = re.compile(r"\\[dt]?frac\s*\{\s*([^{}]+?)\s*\}\s*\{\s*([^{}]+?)\s*\}")
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}")
+# Words after a number: a scale word multiplies it; a word of arithmetic means the text is not a unit.
+_SCALES = {"hundred": 100, "thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
+_NOT_UNITS = frozenset({"and", "or", "plus", "minus", "times", "over", "divided", "squared", "cubed", "pi", "sqrt",
+                        "root"})
 _PLAIN = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+(?:[eE][-+]?\d+)?")
 
 
@@ -83,10 +89,27 @@ def extract_answer(text: str) -> str | None:
 
 def _clean(s: str) -> str:
   s = s.replace("\u2212", "-").strip()
-  s = _TEXT.sub(r"\1", s)
+  s = _TEXT.sub(r" \1", s)  # a space, so `5\\text{cm}` keeps its unit apart like `5 cm`
   for token in ("\\$", "$", "\\!", "\\,", "\\;", "\\ ", "\\left", "\\right", "\\%"):
     s = s.replace(token, "")
   return s.strip().rstrip(".").strip()
+
+
+def _unit_scale(rest: str) -> int | None:
+  """What the text after a number multiplies it by: 1 for nothing, `%` or unit words ("72 dollars"), the
+  scale word's value for a leading scale word ("5 million", "2 thousand dollars"); None when the text is not
+  a unit: letters written against the number ("2x", "3i"), a one-letter word ("2 x"), a word of arithmetic
+  ("5 squared", "3 and 4"), or a scale word elsewhere ("5 dollars million", "5 millions")."""
+  if not rest.strip() or rest.strip() == "%":
+    return 1
+  if not re.fullmatch(r"\s+[A-Za-z]{2,}(?:\s+[A-Za-z]{2,})*\s*", rest):
+    return None
+  words = rest.lower().split()
+  scale = _SCALES.get(words[0], 1)
+  later = words[1:] if scale != 1 else words
+  if any(w in _NOT_UNITS or w.rstrip("s") in _SCALES for w in later):
+    return None
+  return scale
 
 
 def _ratio(num, den):
@@ -114,19 +137,19 @@ def _parse(s: str) -> tuple[Fraction | float, bool] | None:
   m = _PLAIN.match(s)
   if not m:
     return None
-  rest = s[m.end():].strip()
-  if rest and not (rest == "%" or re.fullmatch(r"[A-Za-z][A-Za-z ]*\.?", rest)):
+  scale = _unit_scale(s[m.end():])
+  if scale is None:
     return None
   token = m.group(0).replace(",", "")
   if "e" in token.lower():
-    value = float(token)
+    value = float(token) * scale
     return (value, False) if math.isfinite(value) else None
-  return Fraction(token), "." not in token
+  return Fraction(token) * scale, "." not in token
 
 
 def parse_number(s: str) -> Fraction | float | None:
   """The number `s` writes (module docstring): a `Fraction` of it, a float with an exponent; None if `s`
-  is not a number (a trailing unit word or `%` is allowed: "72 dollars" reads 72)."""
+  is not a number (a trailing unit word or `%` is allowed: "72 dollars" reads 72, "5 million" 5000000)."""
   if not isinstance(s, str):
     raise ValueError(f"s must be a str; got {type(s).__name__}.")
   parsed = _parse(s)
