@@ -31,6 +31,8 @@ def _sample(completion, answer=None, ids=(), **kw):
     ("5-3 = 2", "2"),
     ("x2 y", None),  # a digit inside a word is no number
     ("\u22127", "-7"),
+    ("so it is 1{,}000", "1,000"),  # LaTeX's thousands separator: one number, not "000"
+    ("\\boxed{1{,}000}", "1,000"),
     ("no numbers at all", None),
     ("", None),
 ])
@@ -76,6 +78,18 @@ def test_parse_number(s, expected):
     ("5 dollars million", None), ("5 hundred thousand", None),
 ])
 def test_parse_number_units_and_scale_words(s, expected):
+  got = rewards.parse_number(s)
+  assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.parametrize("s, expected", [
+    ("-\\frac{1}{2}", Fraction(-1, 2)), ("- \\dfrac{3}{4}", Fraction(-3, 4)), ("+\\frac{1}{2}", Fraction(1, 2)),
+    ("-\\frac{-1}{2}", Fraction(1, 2)), ("\\frac12", Fraction(1, 2)), ("-\\frac12", Fraction(-1, 2)),
+    ("\\frac1{4}", Fraction(1, 4)), ("\\tfrac{3}4", Fraction(3, 4)), ("\\frac 3 4", Fraction(3, 4)),
+    ("\\frac123", None),  # \frac{1}{2}3: no number
+    ("1{,}000", Fraction(1000)), ("-1{,}234{,}567.5", Fraction(-2469135, 2)), ("12{,}34", None),
+])
+def test_parse_number_latex_forms(s, expected):
   got = rewards.parse_number(s)
   assert got == expected and type(got) is type(expected)
 
@@ -131,6 +145,9 @@ def test_math_reward_reads_references_of_every_kind():
   assert rewards.math_answer(_sample("\\boxed{3i}", answer=3)) == 0.0
   assert rewards.math_answer(_sample("\\boxed{5 million}", answer=5)) == 0.0
   assert rewards.math_answer(_sample("\\boxed{5 million}", answer=5_000_000)) == 1.0
+  assert rewards.math_answer(_sample("\\boxed{-\\frac{1}{2}}", answer=-0.5)) == 1.0
+  assert rewards.math_answer(_sample("\\boxed{\\frac12}", answer=0.5)) == 1.0
+  assert rewards.math_answer(_sample("\\boxed{1{,}000}", answer=1000)) == 1.0
   with pytest.raises(ValueError, match=r"f.jsonl:3: the reward 'math' needs a reference answer"):
     rewards.math_answer(_sample("7", answer=None))
 

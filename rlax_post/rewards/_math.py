@@ -5,19 +5,20 @@
   2. `#### ...` (GSM8K), up to the end of its line;
   3. "the answer is ..." / "answer: ..." (any case), up to the end of the sentence or line;
   4. the last number in the text.
-`parse_number(s)` reads integers, decimals, fractions (`3/4`, `\\frac{3}{4}`, `\\dfrac`, `\\tfrac`), signs
-(also the Unicode minus), thousands separators (`1,234,567`: groups of exactly three digits), a leading `$` or
-`\\$`, a trailing `%` or unit words (after whitespace, two letters or more: `72 dollars`, `5\\text{ cm}`; not
-`2x`, `3i`, `2 x`, nor words of arithmetic such as `squared` or `pi`), a scale word first among them, which
-multiplies (`5 million` reads 5000000; a scale word elsewhere or in the plural reads no number), and LaTeX
-spacing and `\\text{}`; the value written becomes a `Fraction` (decimals too; a float only with an exponent).
-Two answers match when both read as numbers that agree, or, when either does not read as a number, when their
-normalised texts are equal. Numbers agree when they are equal, or when either is an approximation and
-|a - b| < max(rel_tol * max(|a|, |b|), abs_tol), computed exactly (the tolerances read as the decimals they
-print as). Integers and fractions of them are exact, and so is any whole number however written (`12.0`,
-`1e6`, a float reference `1000000.0`): `1000001` never matches `1000000`. A decimal that is not whole (`0.1`,
-`3.14159`, a float reference `0.6666666666666666`) is an approximation: `0.3333333` matches `1/3`, while
-`0.333333` (off by exactly one part in 10^6) does not at the default rel_tol=1e-6.
+`parse_number(s)` reads integers, decimals, fractions (`3/4`, `\\frac{3}{4}`, `\\dfrac`, `\\tfrac`,
+`\\frac12`), signs (also the Unicode minus, and before `\\frac`), thousands separators (`1,234,567` or
+`1{,}234{,}567`: groups of exactly three digits), a leading `$` or `\\$`, a trailing `%` or unit words (after
+whitespace, two letters or more: `72 dollars`, `5\\text{ cm}`; not `2x`, `3i`, `2 x`, nor words of arithmetic
+such as `squared` or `pi`), a scale word first among them, which multiplies (`5 million` reads 5000000; a
+scale word elsewhere or in the plural reads no number), and LaTeX spacing and `\\text{}`; the value written
+becomes a `Fraction` (decimals too; a float only with an exponent). Two answers match when both read as
+numbers that agree, or, when either does not read as a number, when their normalised texts are equal. Numbers
+agree when they are equal, or when either is an approximation and |a - b| < max(rel_tol * max(|a|, |b|),
+abs_tol), computed exactly (the tolerances read as the decimals they print as). Integers and fractions of them
+are exact, and so is any whole number however written (`12.0`, `1e6`, a float reference `1000000.0`):
+`1000001` never matches `1000000`. A decimal that is not whole (`0.1`, `3.14159`, a float reference
+`0.6666666666666666`) is an approximation: `0.3333333` matches `1/3`, while `0.333333` (off by exactly one
+part in 10^6) does not at the default rel_tol=1e-6.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ _ANSWER_IS = re.compile(r"(?:the\s+(?:final\s+)?answer\s+is|final\s+answer\s*:|a
 # a letter, digit or dot (so "x2" or "5-3" give no "2" / "-3"). A leading ".5" also counts.
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?(?![\d])"
                      r"|(?<![\w.])[-+]?\.\d+")
-_FRAC = re.compile(r"\\[dt]?frac\s*\{\s*([^{}]+?)\s*\}\s*\{\s*([^{}]+?)\s*\}")
+# A LaTeX fraction with an optional sign before it; each part braced or a single digit (`\\frac12`).
+_FRAC = re.compile(r"([-+]?)\s*\\[dt]?frac\s*(?:\{\s*([^{}]+?)\s*\}|(\d))\s*(?:\{\s*([^{}]+?)\s*\}|(\d))")
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}")
 # Words after a number: a scale word multiplies it; a word of arithmetic means the text is not a unit.
 _SCALES = {"hundred": 100, "thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
@@ -73,7 +75,7 @@ def extract_answer(text: str) -> str | None:
   """The final answer written in `text` (module docstring), or None when it has none."""
   if not isinstance(text, str):
     raise ValueError(f"text must be a str; got {type(text).__name__}.")
-  text = text.replace("\u2212", "-")
+  text = _latex_plain(text)
   boxed = _last_boxed(text)
   if boxed is not None:
     return boxed
@@ -87,8 +89,13 @@ def extract_answer(text: str) -> str | None:
   return numbers[-1].strip() if numbers else None
 
 
+def _latex_plain(s: str) -> str:
+  """The Unicode minus as `-`, and LaTeX's thousands separator `{,}` (`1{,}000`) as a plain comma."""
+  return s.replace("\u2212", "-").replace("{,}", ",")
+
+
 def _clean(s: str) -> str:
-  s = s.replace("\u2212", "-").strip()
+  s = _latex_plain(s).strip()
   s = _TEXT.sub(r" \1", s)  # a space, so `5\\text{cm}` keeps its unit apart like `5 cm`
   for token in ("\\$", "$", "\\!", "\\,", "\\;", "\\ ", "\\left", "\\right", "\\%"):
     s = s.replace(token, "")
@@ -128,7 +135,9 @@ def _parse(s: str) -> tuple[Fraction | float, bool] | None:
   s = _clean(s)
   frac = _FRAC.fullmatch(s)
   if frac:
-    return _ratio(_parse(frac.group(1)), _parse(frac.group(2)))
+    sign, num, den = frac.group(1), frac.group(2) or frac.group(3), frac.group(4) or frac.group(5)
+    ratio = _ratio(_parse(num), _parse(den))
+    return (-ratio[0], ratio[1]) if ratio is not None and sign == "-" else ratio
   if "/" in s:
     num, _, den = s.partition("/")
     if not num.strip() or not den.strip():
