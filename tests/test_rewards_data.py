@@ -94,6 +94,17 @@ def test_parse_number_latex_forms(s, expected):
   assert got == expected and type(got) is type(expected)
 
 
+@pytest.mark.parametrize("s, expected", [
+    ("x = 5", Fraction(5)), ("x=\\frac{1}{2}", Fraction(1, 2)), ("y = -3.5", Fraction(-7, 2)),
+    ("n = 1,000 dollars", Fraction(1000)),
+    # Only one letter and "=", at the start, of the whole answer.
+    ("xy = 5", None), ("f(x) = 5", None), ("x == 5", None), ("x =", None), ("5/x = 3", None), ("2x = 10", None),
+])
+def test_parse_number_after_a_variable(s, expected):
+  got = rewards.parse_number(s)
+  assert got == expected and type(got) is type(expected)
+
+
 @pytest.mark.parametrize("a, b, same", [
     ("-0.50", "-1/2", True), ("\\frac{1}{2}", "0.5", True), ("1,234", "1234", True), ("72 dollars", "72", True),
     ("(A)", "(a)", True), ("3.14159", "3.1416", False), ("0.1", "0.1000000001", True), ("7", "-7", False),
@@ -148,6 +159,8 @@ def test_math_reward_reads_references_of_every_kind():
   assert rewards.math_answer(_sample("\\boxed{-\\frac{1}{2}}", answer=-0.5)) == 1.0
   assert rewards.math_answer(_sample("\\boxed{\\frac12}", answer=0.5)) == 1.0
   assert rewards.math_answer(_sample("\\boxed{1{,}000}", answer=1000)) == 1.0
+  assert rewards.math_answer(_sample("\\boxed{x = 5}", answer=5)) == 1.0
+  assert rewards.math_answer(_sample("\\boxed{5}", answer="x = 5")) == 1.0
   with pytest.raises(ValueError, match=r"f.jsonl:3: the reward 'math' needs a reference answer"):
     rewards.math_answer(_sample("7", answer=None))
 

@@ -7,18 +7,18 @@
   4. the last number in the text.
 `parse_number(s)` reads integers, decimals, fractions (`3/4`, `\\frac{3}{4}`, `\\dfrac`, `\\tfrac`,
 `\\frac12`), signs (also the Unicode minus, and before `\\frac`), thousands separators (`1,234,567` or
-`1{,}234{,}567`: groups of exactly three digits), a leading `$` or `\\$`, a trailing `%` or unit words (after
-whitespace, two letters or more: `72 dollars`, `5\\text{ cm}`; not `2x`, `3i`, `2 x`, nor words of arithmetic
-such as `squared` or `pi`), a scale word first among them, which multiplies (`5 million` reads 5000000; a
-scale word elsewhere or in the plural reads no number), and LaTeX spacing and `\\text{}`; the value written
-becomes a `Fraction` (decimals too; a float only with an exponent). Two answers match when both read as
-numbers that agree, or, when either does not read as a number, when their normalised texts are equal. Numbers
-agree when they are equal, or when either is an approximation and |a - b| < max(rel_tol * max(|a|, |b|),
-abs_tol), computed exactly (the tolerances read as the decimals they print as). Integers and fractions of them
-are exact, and so is any whole number however written (`12.0`, `1e6`, a float reference `1000000.0`):
-`1000001` never matches `1000000`. A decimal that is not whole (`0.1`, `3.14159`, a float reference
-`0.6666666666666666`) is an approximation: `0.3333333` matches `1/3`, while `0.333333` (off by exactly one
-part in 10^6) does not at the default rel_tol=1e-6.
+`1{,}234{,}567`: groups of exactly three digits), a leading `$` or `\\$` or single-letter variable and `=`
+(`x = 5`), a trailing `%` or unit words (after whitespace, two letters or more: `72 dollars`, `5\\text{ cm}`;
+not `2x`, `3i`, `2 x`, nor words of arithmetic such as `squared` or `pi`), a scale word first among them,
+which multiplies (`5 million` reads 5000000; a scale word elsewhere or in the plural reads no number), and
+LaTeX spacing and `\\text{}`; the value written becomes a `Fraction` (decimals too; a float only with an
+exponent). Two answers match when both read as numbers that agree, or, when either does not read as a number,
+when their normalised texts are equal. Numbers agree when they are equal, or when either is an approximation
+and |a - b| < max(rel_tol * max(|a|, |b|), abs_tol), computed exactly (the tolerances read as the decimals
+they print as). Integers and fractions of them are exact, and so is any whole number however written (`12.0`,
+`1e6`, a float reference `1000000.0`): `1000001` never matches `1000000`. A decimal that is not whole (`0.1`,
+`3.14159`, a float reference `0.6666666666666666`) is an approximation: `0.3333333` matches `1/3`, while
+`0.333333` (off by exactly one part in 10^6) does not at the default rel_tol=1e-6.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}")
 _SCALES = {"hundred": 100, "thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
 _NOT_UNITS = frozenset({"and", "or", "plus", "minus", "times", "over", "divided", "squared", "cubed", "pi", "sqrt",
                         "root"})
+_VARIABLE = re.compile(r"(?:[A-Za-z]\s*=(?!=)\s*)?")  # "x = 5": one letter, so not "f(x) = 5" or "xy = 5"
 _PLAIN = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+(?:[eE][-+]?\d+)?")
 
 
@@ -156,12 +157,18 @@ def _parse(s: str) -> tuple[Fraction | float, bool] | None:
   return Fraction(token) * scale, "." not in token
 
 
+def _read(s: str) -> tuple[Fraction | float, bool] | None:
+  """`_parse` of a whole answer, less a leading single-letter variable and `=` (`x = 5` reads 5)."""
+  s = _clean(s)
+  return _parse(s[_VARIABLE.match(s).end():])
+
+
 def parse_number(s: str) -> Fraction | float | None:
   """The number `s` writes (module docstring): a `Fraction` of it, a float with an exponent; None if `s`
   is not a number (a trailing unit word or `%` is allowed: "72 dollars" reads 72, "5 million" 5000000)."""
   if not isinstance(s, str):
     raise ValueError(f"s must be a str; got {type(s).__name__}.")
-  parsed = _parse(s)
+  parsed = _read(s)
   return None if parsed is None else parsed[0]
 
 
@@ -208,7 +215,7 @@ def answers_match(predicted: str | None, reference: str | None, *, rel_tol: floa
   rel, abs_ = _tolerance("rel_tol", rel_tol), _tolerance("abs_tol", abs_tol)
   if predicted is None or reference is None:
     return False
-  a, b = _parse(predicted), _parse(reference)
+  a, b = _read(predicted), _read(reference)
   if a is not None and b is not None:
     return _numbers_match(a, b, rel, abs_)
   return _normalise_text(predicted) == _normalise_text(reference)
