@@ -41,6 +41,27 @@ def test_extract_answer(text, expected):
 
 
 @pytest.mark.parametrize("text, expected", [
+    # A stated answer runs to the end of its sentence; when that is no number, its beginning that is one
+    # and ends before a clause.
+    ("So the answer is 42, which is even.", "42"),
+    ("The answer is 42 because 6*7=42.", "42"),
+    ("The answer is 12 apples because he had 12.", "12"),
+    ("The answer is 5 million, which is a lot.", "5 million"),  # a scale word is no place to stop
+    ("The answer is x = 5, since x + 1 = 6.", "x = 5"),
+    ("The answer is $\\frac{1}{2}$, as shown.", "$\\frac{1}{2}$"),
+    # Not before a word of arithmetic or of doubt, a one-letter word or a symbol: all of it, as before.
+    ("The answer is 5 and 7, respectively.", "5 and 7, respectively"),
+    ("The answer is 3, or maybe 4.", "3, or maybe 4"),
+    ("The answer is 3, but perhaps 4.", "3, but perhaps 4"),
+    ("The answer is 2 x + 1, clearly.", "2 x + 1, clearly"),
+    ("The answer is 2 + 3 = 5 apples.", "2 + 3 = 5 apples"),
+    ("The answer is " + "9" * 120 + " because it is.", "9" * 120 + " because it is"),  # no clause early on
+])
+def test_extract_answer_stated_then_more(text, expected):
+  assert rewards.extract_answer(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
     ("\\boxed{" * 20000, None),  # 140k characters, no box closes, no number
     ("\\boxed{" * 20000 + "7", "7"),  # no box closes: the last number
     ("\\boxed{" * 20000 + "7}", "7"),  # only the innermost box closes
@@ -161,6 +182,9 @@ def test_math_reward_reads_references_of_every_kind():
   assert rewards.math_answer(_sample("\\boxed{1{,}000}", answer=1000)) == 1.0
   assert rewards.math_answer(_sample("\\boxed{x = 5}", answer=5)) == 1.0
   assert rewards.math_answer(_sample("\\boxed{5}", answer="x = 5")) == 1.0
+  assert rewards.math_answer(_sample("So the answer is 42, which is even.", answer=42)) == 1.0
+  assert rewards.math_answer(_sample("The answer is 42 because 6*7=42.", answer=42)) == 1.0
+  assert rewards.math_answer(_sample("The answer is 3, or maybe 4.", answer=3)) == 0.0
   with pytest.raises(ValueError, match=r"f.jsonl:3: the reward 'math' needs a reference answer"):
     rewards.math_answer(_sample("7", answer=None))
 

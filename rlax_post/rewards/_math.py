@@ -3,7 +3,9 @@
 `extract_answer(text)` takes, in this order of preference, the last of:
   1. `\\boxed{...}` / `\\fbox{...}` (braces balanced: `\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`);
   2. `#### ...` (GSM8K), up to the end of its line;
-  3. "the answer is ..." / "answer: ..." (any case), up to the end of the sentence or line;
+  3. "the answer is ..." / "answer: ..." (any case), up to the end of the sentence or line, or, when that
+     is no number but starts with one, up to the end of that number and its units ("the answer is 42,
+     which is even" gives "42");
   4. the last number in the text.
 `parse_number(s)` reads integers, decimals, fractions (`3/4`, `\\frac{3}{4}`, `\\dfrac`, `\\tfrac`,
 `\\frac12`), signs (also the Unicode minus, and before `\\frac`), thousands separators (`1,234,567` or
@@ -39,10 +41,16 @@ _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*
 # A LaTeX fraction with an optional sign before it; each part braced or a single digit (`\\frac12`).
 _FRAC = re.compile(r"([-+]?)\s*\\[dt]?frac\s*(?:\{\s*([^{}]+?)\s*\}|(\d))\s*(?:\{\s*([^{}]+?)\s*\}|(\d))")
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}")
-# Words after a number: a scale word multiplies it; a word of arithmetic means the text is not a unit.
+# Words after a number: a scale word multiplies it; a word of arithmetic or of doubt is no unit, nor does a
+# stated answer end before it ("the answer is 5 and 7", "3, or maybe 4" are not 5 and 3).
 _SCALES = {"hundred": 100, "thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
 _NOT_UNITS = frozenset({"and", "or", "plus", "minus", "times", "over", "divided", "squared", "cubed", "pi", "sqrt",
-                        "root"})
+                        "root", "not", "but", "maybe", "perhaps", "possibly", "otherwise", "else"})
+# Where a stated answer may end before its sentence does: a space, or a comma, semicolon or colon and a space,
+# then a word ("42, which is even", "42 because 6*7=42"); looked for only in its first characters, since a
+# number and its units are short.
+_CLAUSE = re.compile(r"\s*[,;:]?\s+([A-Za-z]+)")
+_STATED_NUMBER_CHARS = 100
 _VARIABLE = re.compile(r"(?:[A-Za-z]\s*=(?!=)\s*)?")  # "x = 5": one letter, so not "f(x) = 5" or "xy = 5"
 _PLAIN = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+(?:[eE][-+]?\d+)?")
 
@@ -85,9 +93,27 @@ def extract_answer(text: str) -> str | None:
     return hashes[-1]
   stated = [s.strip() for s in _ANSWER_IS.findall(text) if s.strip()]
   if stated:
-    return stated[-1]
+    return _stated(stated[-1])
   numbers = _NUMBER.findall(text)
   return numbers[-1].strip() if numbers else None
+
+
+def _stated(s: str) -> str:
+  """A stated answer, which runs to the end of its sentence: all of it when it reads as a number or has no
+  number at its start, else its shortest beginning that reads as a number and ends before a clause ("42, which
+  is even" and "42 because 6*7=42" give "42"; "5 million, so" gives "5 million")."""
+  if _read(s) is not None:
+    return s
+  for clause in _CLAUSE.finditer(s):
+    if clause.start() > _STATED_NUMBER_CHARS:
+      break
+    word = clause.group(1).lower()
+    if len(word) < 2 or word in _NOT_UNITS or word.rstrip("s") in _SCALES:
+      continue
+    head = s[:clause.start()].strip()
+    if _read(head) is not None:
+      return head
+  return s
 
 
 def _latex_plain(s: str) -> str:
