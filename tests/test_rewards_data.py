@@ -79,7 +79,7 @@ def test_extract_answer_on_many_unclosed_boxes(text, expected):
     ("$1,299.99", Fraction(129999, 100)), ("\\frac{3}{4}", Fraction(3, 4)), ("\\dfrac{-6}{8}", Fraction(-3, 4)),
     ("3 / 4", Fraction(3, 4)), ("50%", Fraction(50)), ("72 dollars", Fraction(72)), (".5", Fraction(1, 2)),
     ("1e3", 1000.0), ("\\$ 5", Fraction(5)), ("1/0", None), ("12,34", None), ("abc", None), ("3 + 4", None),
-    ("\\text{7}", Fraction(7)),
+    ("\\text{7}", Fraction(7)), ("1/2/3", None), ("6 / 2 / 3", None), ("\\frac{1/2}{3}", Fraction(1, 6)),
 ])
 def test_parse_number(s, expected):
   got = rewards.parse_number(s)
@@ -185,6 +185,7 @@ def test_math_reward_reads_references_of_every_kind():
   assert rewards.math_answer(_sample("So the answer is 42, which is even.", answer=42)) == 1.0
   assert rewards.math_answer(_sample("The answer is 42 because 6*7=42.", answer=42)) == 1.0
   assert rewards.math_answer(_sample("The answer is 3, or maybe 4.", answer=3)) == 0.0
+  assert rewards.math_answer(_sample("\\boxed{1/2/3}", answer="3/2")) == 0.0
   with pytest.raises(ValueError, match=r"f.jsonl:3: the reward 'math' needs a reference answer"):
     rewards.math_answer(_sample("7", answer=None))
 

@@ -7,9 +7,9 @@
      is no number but starts with one, up to the end of that number and its units ("the answer is 42,
      which is even" gives "42");
   4. the last number in the text.
-`parse_number(s)` reads integers, decimals, fractions (`3/4`, `\\frac{3}{4}`, `\\dfrac`, `\\tfrac`,
-`\\frac12`), signs (also the Unicode minus, and before `\\frac`), thousands separators (`1,234,567` or
-`1{,}234{,}567`: groups of exactly three digits), a leading `$` or `\\$` or single-letter variable and `=`
+`parse_number(s)` reads integers, decimals, fractions (`3/4`, not `1/2/3`, `\\frac{3}{4}`, `\\dfrac`,
+`\\tfrac`, `\\frac12`), signs (also the Unicode minus, and before `\\frac`), thousands separators (`1,234,567`
+or `1{,}234{,}567`: groups of exactly three digits), a leading `$` or `\\$` or single-letter variable and `=`
 (`x = 5`), a trailing `%` or unit words (after whitespace, two letters or more: `72 dollars`, `5\\text{ cm}`;
 not `2x`, `3i`, `2 x`, nor words of arithmetic such as `squared` or `pi`), a scale word first among them,
 which multiplies (`5 million` reads 5000000; a scale word elsewhere or in the plural reads no number), and
@@ -167,7 +167,7 @@ def _parse(s: str) -> tuple[Fraction | float, bool] | None:
     return (-ratio[0], ratio[1]) if ratio is not None and sign == "-" else ratio
   if "/" in s:
     num, _, den = s.partition("/")
-    if not num.strip() or not den.strip():
+    if not num.strip() or not den.strip() or "/" in den:  # "1/2/3": neither (1/2)/3 nor 1/(2/3) is sure
       return None
     return _ratio(_parse(num), _parse(den))
   m = _PLAIN.match(s)
