@@ -56,6 +56,7 @@ def test_extract_answer(text, expected):
     ("The answer is 2 x + 1, clearly.", "2 x + 1, clearly"),
     ("The answer is 2 + 3 = 5 apples.", "2 + 3 = 5 apples"),
     ("The answer is " + "9" * 120 + " because it is.", "9" * 120 + " because it is"),  # no clause early on
+    ("The answer is x" + " " * 20000 + "+1", "x" + " " * 20000 + "+1"),  # clauses sought in 100 characters
 ])
 def test_extract_answer_stated_then_more(text, expected):
   assert rewards.extract_answer(text) == expected

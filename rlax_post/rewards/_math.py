@@ -48,8 +48,8 @@ _NOT_UNITS = frozenset({"and", "or", "plus", "minus", "times", "over", "divided"
                         "root", "not", "but", "maybe", "perhaps", "possibly", "otherwise", "else"})
 # Where a stated answer may end before its sentence does: a space, or a comma, semicolon or colon and a space,
 # then a word ("42, which is even", "42 because 6*7=42"); looked for only in its first characters, since a
-# number and its units are short.
-_CLAUSE = re.compile(r"\s*[,;:]?\s+([A-Za-z]+)")
+# number and its units are short (and so a long run of spaces costs nothing).
+_CLAUSE = re.compile(r"[,;:]?\s+([A-Za-z]+)")
 _STATED_NUMBER_CHARS = 100
 _VARIABLE = re.compile(r"(?:[A-Za-z]\s*=(?!=)\s*)?")  # "x = 5": one letter, so not "f(x) = 5" or "xy = 5"
 _PLAIN = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+(?:[eE][-+]?\d+)?")
@@ -104,9 +104,7 @@ def _stated(s: str) -> str:
   is even" and "42 because 6*7=42" give "42"; "5 million, so" gives "5 million")."""
   if _read(s) is not None:
     return s
-  for clause in _CLAUSE.finditer(s):
-    if clause.start() > _STATED_NUMBER_CHARS:
-      break
+  for clause in _CLAUSE.finditer(s, 0, _STATED_NUMBER_CHARS):
     word = clause.group(1).lower()
     if len(word) < 2 or word in _NOT_UNITS or word.rstrip("s") in _SCALES:
       continue
