@@ -153,6 +153,13 @@ def test_answers_match_exact_values_exactly_decimals_within_tolerance(a, b, same
   assert rewards.answers_match(b, a) is same
 
 
+def test_numbers_too_large_for_a_float():
+  assert rewards.parse_number("1e3/" + "9" * 400) is None  # a float over an integer beyond float range
+  # Compared in exact arithmetic: off by 0.5 in about 10^400, an approximation within rel_tol.
+  assert rewards.answers_match("9" * 400 + ".5", "9" * 400)
+  assert not rewards.answers_match("9" * 400 + "1", "9" * 400 + "0")
+
+
 def test_answers_match_tolerances():
   assert rewards.answers_match("0.333333", "1/3", rel_tol=1.01e-6)  # now 10^-6 is below the tolerance
   assert rewards.answers_match("0.1", "0.1000000001", abs_tol=0.0)  # relative 10^-9 < 10^-6 still

@@ -151,7 +151,10 @@ def _ratio(num, den):
   (a, a_exact), (b, b_exact) = num, den
   if isinstance(a, Fraction) and isinstance(b, Fraction):
     return a / b, a_exact and b_exact
-  value = float(a) / float(b)
+  try:
+    value = float(a) / float(b)
+  except OverflowError:  # a part too large for a float ("1e3/" and 400 nines)
+    return None
   return (value, False) if math.isfinite(value) else None
 
 
