@@ -181,7 +181,12 @@ def segment_advantages(
 
     A(s) = (V′(s) − V′(parent(s))) + V′(s),
 
-  with V′ = 0 above a path's first segment. `node_ids_ld` is the layout of
+  with V′ = 0 above a path's first segment. This is the reference code's computation (THUDM/TreeRL,
+  `tree_node.py`: leave-one-out centred leaves, `compute_weighted_update` with `weighted_value_style =
+  "sqrt"`, then `gather_paths` with `use_state_value_reward`: (V′(s) − V′(p)) + V′(s)), not the paper's
+  equation R(s) = (GA(s) + LA(s)) / sqrt(|L(s)|) with GA = V(s) − V(root), LA = V(s) − V(p), which divides
+  the parent's value by the segment's own leaf count: (2V(s) − V(root) − V(p)) / sqrt(|L(s)|). They agree on
+  a path's first segment (V(root) = 0 after centring) and differ below it. `node_ids_ld` is the layout of
   `prefix_advantages` (row l: leaf l's path, root segment first); a node's
   parent is the entry before it on any path through it.
 
