@@ -111,6 +111,16 @@ def test_learner_publishes_the_critic_for_scorers_in_other_processes(tmp_path):
           for r in rows]
   np.testing.assert_allclose(scores.score(rows), want, rtol=1e-5)
   assert float(np.abs(want).max()) == pytest.approx(0.5)  # the critic's bias, from its init
+  # A learner resumed from step 0 publishes version 1 again, with other values: the scorer takes them (it
+  # loaded only a higher number; a helper review).
+  from rlax_post import exchange  # pylint: disable=g-import-not-at-top
+  pub = exchange.ParamPublisher(os.path.join(str(tmp_path), "critic_params"))  # where the learner publishes it
+  pub.delete_newer_than(0)
+  other = dict(state.critic.params, value_bias=state.critic.params["value_bias"] + 1.0)
+  pub.publish(other, 1)
+  pub.close()
+  assert scores.refresh() == 1
+  np.testing.assert_allclose(scores.score(rows), np.asarray(want) + 1.0, rtol=1e-5)
 
 
 def test_a_shared_head_is_not_published_as_a_critic(tmp_path):

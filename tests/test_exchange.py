@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+import types
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,7 @@ import pytest
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import exchange
 from rlax_post import models
+from rlax_post import runtime
 from rlax_post import sharding
 from rlax_post.exchange import _store
 from rlax_post.runtime import _parts
@@ -124,6 +126,68 @@ def test_a_gc_pass_that_fails_other_than_by_oserror_fails_the_next_publish(tmp_p
   monkeypatch.undo()
   pub.close()
   assert sorted(p.name for p in tmp_path.iterdir()) == ["2", "leases"]  # 3 was not published
+
+
+def test_a_version_number_published_again_has_another_key(tmp_path):
+  """A learner resumed from step c deletes versions > c and publishes their numbers again with other params:
+  `latest_key` tells the two publishes of one number apart (the number alone did not; a helper review)."""
+  pub = exchange.ParamPublisher(tmp_path)
+  for v in range(3):
+    pub.publish(_params(v), v)
+  pub.wait()
+  sub = exchange.ParamSubscriber(tmp_path, params_like=LIKE)
+  before = sub.latest_key()
+  assert before[0] == 2 and before == sub.latest_key()  # stable while nothing is published
+  pub.delete_newer_than(0)
+  assert sub.latest_key()[0] == 0
+  for v in (1, 2):
+    pub.publish(_params(v + 10), v)
+  pub.wait()
+  after = sub.latest_key()
+  assert after[0] == 2 and after != before
+  local = exchange.LocalParams()
+  assert local.latest_key() is None
+  local.publish(_params(0), 0)
+  assert local.latest_key() == (0, 1)
+  pub.close()
+
+
+def test_a_sampler_that_missed_the_gap_takes_the_new_params_of_its_version_number(tmp_path):
+  """The reviewer's scenario: a sampler holding version 2 (blocked while the learner died, resumed from step 0
+  and published 1 and 2 again) saw newest == 2 == its own and kept the lost params."""
+  pub = exchange.ParamPublisher(tmp_path)
+  for v in range(3):
+    pub.publish(_params(v), v)
+  pub.wait()
+  sub = exchange.ParamSubscriber(tmp_path, params_like=LIKE)
+
+  class Held:  # the producer side of the loop: what the worker hands it
+    group_slots, in_flight_groups, in_flight_samples = 1, 1, 0
+
+    def __init__(self, params, version):
+      self.params, self.version = params, version
+
+    def set_params(self, params, version):
+      self.params, self.version = params, version
+
+    def step(self):
+      return []
+
+  version, params = sub.latest()
+  ticks = iter([False, True])
+  admission = types.SimpleNamespace(claim=lambda version: None, unanswered=lambda: False)
+  worker = runtime.SamplerWorker("s", None, runtime.Channels(sub, None, admission), slots=1,
+                                 should_stop=lambda: next(ticks))
+  worker._key = worker._key_of(version)  # pylint: disable=protected-access  # as run() sets it
+  held = Held(params, version)
+  pub.delete_newer_than(0)
+  for v in (1, 2):
+    pub.publish(_params(v + 10), v)
+  pub.wait()
+  worker._serve(held)  # pylint: disable=protected-access  # one pass of the loop
+  assert held.version == 2
+  _assert_is_version(held.params, 12)
+  pub.close()
 
 
 def test_partial_and_unfinalized_versions_are_invisible(tmp_path):

@@ -17,6 +17,11 @@ class ParamSource(Protocol):
   def latest_version(self) -> int | None:
     ...
 
+  def latest_key(self) -> tuple[int, Any] | None:
+    """(version, what tells apart two publishes of that number): a reader that holds a key equal to it holds
+    the newest params. A resumed learner deletes its lost versions and publishes their numbers again."""
+    ...
+
   def latest(self) -> tuple[int, Any] | None:
     ...
 
@@ -45,6 +50,7 @@ class LocalParams:
     self._max_to_keep = max_to_keep
     self._held: collections.OrderedDict[int, tuple[Any, dict]] = collections.OrderedDict()
     self._last: int | None = None
+    self._publishes = 0
     self._cond = threading.Condition()
 
   def publish(self, params: Any, version: int, meta: dict | None = None) -> None:
@@ -53,6 +59,7 @@ class LocalParams:
       version = _store.check_version(version, self._last)
       self._held[version] = (params, dict(meta or {}))
       self._last = version
+      self._publishes += 1
       while len(self._held) > self._max_to_keep:
         self._held.popitem(last=False)
       self._cond.notify_all()
@@ -65,6 +72,11 @@ class LocalParams:
   def latest_version(self) -> int | None:
     with self._cond:
       return self._last if self._held else None
+
+  def latest_key(self) -> tuple[int, int] | None:
+    """(newest version, publishes so far)."""
+    with self._cond:
+      return (self._last, self._publishes) if self._held else None
 
   def latest(self) -> tuple[int, Any] | None:
     with self._cond:

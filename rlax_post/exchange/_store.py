@@ -65,6 +65,18 @@ def is_complete(step_dir: epath.Path) -> bool:
     return False
 
 
+def commit_stamp(step_dir: epath.Path) -> int | None:
+  """When `step_dir`'s commit marker was written (ns since the epoch; a bucket's whole seconds), or None
+  without one: two publishes of one version number differ by it."""
+  marker = step_dir / COMMIT_FILE
+  try:
+    if "://" not in str(marker):
+      return os.stat(os.fspath(marker)).st_mtime_ns
+    return int(marker.stat().mtime) * 10**9
+  except (FileNotFoundError, NotADirectoryError):
+    return None
+
+
 def complete_versions(directory: epath.Path) -> list[int]:
   """The complete versions in `directory`, ascending; re-lists the directory on every call."""
   try:

@@ -62,6 +62,13 @@ class ParamSubscriber:
     versions = self.versions()
     return versions[-1] if versions else None
 
+  def latest_key(self) -> tuple[int, int | None] | None:
+    """(newest complete version, when its commit marker was written), or None: a learner resumed from an
+    earlier checkpoint deletes its lost versions and publishes their numbers again, with other params, and a
+    reader that missed the gap tells them apart by this (nanoseconds on a local disk, seconds on a bucket)."""
+    version = self.latest_version()
+    return None if version is None else (version, _store.commit_stamp(self.directory / str(version)))
+
   def latest(self) -> tuple[int, Any] | None:
     """`(version, params)` of the newest complete version, or None if there is none.
 

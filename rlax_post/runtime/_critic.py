@@ -233,13 +233,18 @@ class CriticScores:
                                         tokenizer=parts.tokenizer, max_len=parts.lengths.sequence,
                                         max_batch=max_batch)
     self.version: int | None = None
+    self._key = None  # the subscriber's `latest_key` of the loaded version
 
   def refresh(self) -> int | None:
-    """Loads the newest published version if it is newer than the loaded one; returns the loaded version."""
-    newest = self.subscriber.latest_version()
-    if newest is not None and (self.version is None or newest > self.version):
+    """Loads the newest published version if it is not the loaded one; returns the loaded version. A learner
+    resumed from an earlier checkpoint publishes lower numbers, then the same numbers again with other values:
+    the subscriber's `latest_key` tells them apart."""
+    newest = self.subscriber.latest_key()
+    if newest is not None and newest != self._key:
       got = self.subscriber.latest()
       if got is not None:
+        key = self.subscriber.latest_key()
+        self._key = key if key is not None and key[0] == got[0] else (got[0], None)
         self.version = got[0]
         self.service.set_params(got[1], got[0])
     return self.version

@@ -62,12 +62,19 @@ class SamplerWorker:
     self._stats = collections.Counter()
     self._t_start = time.time()
     self.first_version: int | None = None
+    self._key = None  # the source's `latest_key` of the params held
 
   def stats(self) -> dict:
     with self._lock:
       wall = max(time.time() - self._t_start, 1e-9)
       return {"groups": self._stats["groups"], "idle_frac": self._stats["idle_seconds"] / wall,
               "version": self._stats["version"], "swaps": self._stats["swaps"]}
+
+  def _key_of(self, version: int):
+    """The source's key of the `version` just loaded (`latest_key`); a newer publish in between gives a key
+    that differs from the next poll's, so that version is loaded again (rare, and only a reload)."""
+    key = self.source.latest_key()
+    return key if key is not None and key[0] == version else (version, None)
 
   def _wait_params(self):
     while not self.should_stop():
@@ -83,6 +90,7 @@ class SamplerWorker:
       return
     version, params = first
     self.first_version = version
+    self._key = self._key_of(version)
     with self.device_lock:
       producer = self.producer_factory(self.receive(params), version)
     with self._lock:
@@ -96,10 +104,11 @@ class SamplerWorker:
     """Claims, samples and puts groups until `should_stop()`."""
     last_beat, reported = 0.0, None
     while not self.should_stop():
-      newest = self.source.latest_version()
-      if newest is not None and newest != producer.version:
+      newest = self.source.latest_key()  # the number and its publish: a resumed learner reuses numbers
+      if newest is not None and newest != self._key:
         got = self.source.latest()
         if got is not None:
+          self._key = self._key_of(got[0])
           with self.device_lock:
             producer.set_params(self.receive(got[1]), got[0])
           with self._lock:
