@@ -12,6 +12,7 @@ where it can be checked that early; anything else is a bug and keeps its traceba
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import functools
 import inspect
@@ -22,6 +23,8 @@ import shutil
 import sys
 import tempfile
 import textwrap
+import types
+import typing
 
 from absl import app
 from absl import flags
@@ -290,10 +293,44 @@ def _check_overrides(argv) -> None:
     _check_key(raw, key)
 
 
+def _accepts_none(key: str) -> bool:
+  """Whether config key `key` (dotted) is a field of `config.Config` that may be None."""
+  tp = config_lib.Config
+  for part in key.split("."):
+    if not dataclasses.is_dataclass(tp):
+      return False
+    hints = typing.get_type_hints(tp)
+    if part not in hints:
+      return False
+    tp = hints[part]
+  return typing.get_origin(tp) in (types.UnionType, typing.Union) and type(None) in typing.get_args(tp)
+
+
+def _none_overrides(argv) -> tuple[list[str], list[str]]:
+  """(argv without them, keys) of `--config.KEY=None` for fields that may be None: ml_collections reads the
+  word as the string 'None' (a str field) or fails (a float), so they are set to None after parsing."""
+  rest, keys = [], []
+  for arg in argv:
+    m = re.fullmatch(r"--?config\.([^=]+)=None", arg)
+    if m and _accepts_none(m.group(1)):
+      keys.append(m.group(1))
+    else:
+      rest.append(arg)
+  return rest, keys
+
+
 def _parse_flags(command: str, argv):
   try:
     _check_overrides(argv)
-    return flags.FLAGS(argv)
+    argv, nones = _none_overrides(argv)
+    parsed = flags.FLAGS(argv)
+    for key in nones:
+      *sections, name = key.split(".")
+      node = _CONFIG.value
+      for section in sections:
+        node = node[section]
+      node[name] = None
+    return parsed
   except flags.Error as e:  # An unknown flag, a value of the wrong type.
     _fail(command, f"{e}; `rlax-post {command} --help` lists its flags.")
   except _USER_ERRORS as e:

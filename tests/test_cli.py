@@ -102,6 +102,18 @@ def test_check_config_prints_strict_json_for_relative_and_absolute_paths(config)
   assert cfg["rl"]["steps"] == 7 and cfg["model"]["preset"] == "micro"
 
 
+def test_none_on_the_command_line_sets_a_field_that_may_be_none():
+  """`--config.data.demo_field=None` was the string 'None' and `--config.critic.init_bias=None` a parse error
+  (a helper review); a field that may not be None keeps the word as its value (here a bad choice)."""
+  out = _cli("check-config", "--config", "configs/dataset.py:tiny", "--config.data.demo_field=None",
+             "--config.critic.init_bias=None", "--config.model.hf_path=None")
+  assert out.returncode == 0, out.stderr[-3000:]
+  cfg = json.loads(out.stdout)
+  assert cfg["data"]["demo_field"] is None and cfg["critic"]["init_bias"] is None and cfg["model"]["hf_path"] is None
+  out = _cli("check-config", "--config", "configs/dataset.py:tiny", "--config.data.bad_rows=None")
+  assert out.returncode == 2 and "`config.data.bad_rows` must be one of ['error', 'skip']; got 'None'" in out.stderr
+
+
 @pytest.mark.parametrize("text, spec, message", [
     ("def get_config(:\n  pass\n", "bad.py",
      "config file 'bad.py' cannot be imported (line 1): SyntaxError: invalid syntax (bad.py, line 1)"),
