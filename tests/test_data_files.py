@@ -27,6 +27,11 @@ def test_jsonl_rows_and_line_numbers_skip_blank_lines(tmp_path):
   assert str(rows[1][1]) == f"{path}:4" and rows.where(2) == rows[2][1]
   with pytest.raises(IndexError):
     rows[3]
+  # Python's json reads NaN and Infinity, which JSON has not: an answer of NaN scored 0 on every sample.
+  odd = data.open_rows(_write(tmp_path / "n.jsonl", '{"answer": NaN}\n{"answer": -Infinity}\n'))
+  for i, name in ((0, "NaN"), (1, "-Infinity")):
+    with pytest.raises(data.RowError, match=rf"n.jsonl:{i + 1}: not valid JSON \({name} is not a JSON number\)"):
+      odd[i]
 
 
 @pytest.mark.parametrize("chunk", [3, 7, 4 << 20])

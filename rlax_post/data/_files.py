@@ -122,6 +122,10 @@ def file_format(path: str, fmt: str = "auto") -> str:
   return EXTENSIONS[ext]
 
 
+def _no_constant(name: str):
+  raise ValueError(f"{name} is not a JSON number")
+
+
 def decode_object(data: bytes, where: Where) -> dict:
   """A JSON object from one line / record; `RowError` naming `where` if it is not one."""
   try:
@@ -129,9 +133,11 @@ def decode_object(data: bytes, where: Where) -> dict:
   except UnicodeDecodeError as e:
     raise RowError(f"{where}: not valid UTF-8 (byte {e.start}: {e.reason}).") from None
   try:
-    row = json.loads(text)
+    row = json.loads(text, parse_constant=_no_constant)
   except json.JSONDecodeError as e:
     raise RowError(f"{where}: not valid JSON ({e.msg} at column {e.colno}).") from None
+  except ValueError as e:  # NaN / Infinity (Python's json reads them; JSON has no such numbers)
+    raise RowError(f"{where}: not valid JSON ({e}).") from None
   if not isinstance(row, dict):
     raise RowError(f"{where}: a row must be a JSON object ({{\"field\": value, ...}}); got a "
                    f"{type(row).__name__}.")
