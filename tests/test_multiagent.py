@@ -13,6 +13,7 @@ import pytest
 
 from rlax_post import advantages
 from rlax_post import config
+from rlax_post import data
 from rlax_post import envs
 from rlax_post import models
 from rlax_post import runtime
@@ -140,6 +141,35 @@ def test_role_demonstrations_follow_each_roles_noise():
     else:  # the router's demonstrated (wrong) message, then the worker's right execution of it
       assert upstream == [pipe.collab.mistake(problem, 0, [])]
       assert demo == ex.answer == pipe.collab.gold(problem, 1, upstream)
+
+
+def test_warm_start_demonstrations_leave_the_held_out_problems_out():
+  """Demonstrations were excluded only by their own (problem, role, upstream) keys, so 228 of 20,000
+  sort_reverse demonstrations were on held-out problems (a helper review): keyed by problem, the warm start's
+  held-out split is the collaboration's, and training draws none of it."""
+  for collab in (envs.SortReverse(), envs.Relay()):
+    pipe = envs.Pipeline(collab, collab.roles, collab.prompts, "{system}:{view}{history}>", "|", None)
+    held_out = {ex.key for ex in data.eval_examples(collab.problems, seed=0, num_eval=256)}
+    demos = envs.RoleDemos(pipe)
+    assert {ex.key for ex in data.eval_examples(demos, seed=0, num_eval=256)} == held_out
+    train = data.prompt_dataset(demos, seed=0, num_eval=256)
+    assert not any(train[i].key in held_out for i in range(3000)), collab.name
+
+
+def test_earlier_roles_demonstrators_take_sft_noise_when_the_task_sets_none():
+  """Without `task.options.noise` the upstream messages used a mistake rate of 0.5 whatever `sft.noise` said."""
+  pipe = envs.make_pipeline(_cfg("default", task__options=dict(noise=None)))
+  for noise, expected in ((0.0, 0.0), (1.0, 1.0)):
+    demos = envs.RoleDemos(pipe, noise=noise)
+    wrong = []
+    for i in range(60):
+      ex = demos.make_example(np.random.default_rng(i))
+      n = int(ex.inputs[0])
+      problem = _problem(pipe.collab, *ex.inputs[1:1 + n])
+      upstream = list(ex.inputs[2 + n:])
+      if upstream:
+        wrong.append(upstream[0] != pipe.collab.gold(problem, 0, []))
+    assert wrong and np.mean(wrong) == expected
 
 
 # --- Fanout trees on the sampler --------------------------------------------------------------------------

@@ -43,6 +43,27 @@ def test_env_solves_a_task_with_full_reward():
     _env().reset("no tag here")
 
 
+def test_a_schedule_recovered_after_a_wrong_create_is_solved():
+  """Create the event at a wrong hour, cancel it, create the right one: the world is the expected one but for
+  the new event's id (evt_902, not evt_901), which failed the final-state check (a helper review)."""
+  i = next(i for i in range(200) if tools.synthesize_task(0, i, max_goals=1).calls[-1].name == "calendar.create")
+  find, create = tools.synthesize_task(0, i, max_goals=1).calls
+  env = _env()
+  env.reset(tools.make_task_prompt(0, i, max_goals=1))
+  env.step(tools.format_call(find.name, find.args))
+  wrong = dict(create.args, hour=9 if create.args["hour"] != 9 else 10)
+  assert "evt_901" in env.step(tools.format_call("calendar.create", wrong)).observation
+  env.step(tools.format_call("calendar.cancel", {"id": "evt_901"}))
+  assert "evt_902" in env.step(tools.format_call("calendar.create", create.args)).observation
+  last = env.step("<answer>done</answer>")
+  assert last.info["solved"] and last.info["components"]["state"] == 1.0
+  twice = tools.generate_world(0)  # the right event created twice is not the world with it once
+  tools.execute(twice, create.name, create.args)
+  once = twice.facts()
+  tools.execute(twice, create.name, create.args)
+  assert twice.facts() != once
+
+
 def test_delta_rewards_sum_to_the_final_reward():
   env = _env(reward_mode="delta", max_turns=6)
   env.reset(MOVE)

@@ -86,7 +86,7 @@ def test_a_32kb_message_is_refused_by_length_at_once():
   message = "<call>a" + "{}" * 16380 + "x</call>"  # Quadratic before: ~2 s (the regex backtracked).
   start = time.perf_counter()
   step = _env().step(message)
-  assert step.observation == _error("unparseable", "a message has at most 16384 characters; got 32775")
+  assert step.observation == _error("unparseable", "a message has at most 24576 characters; got 32775")
   unlimited = tools.parse_message(message, max_chars=None)
   assert time.perf_counter() - start < 1.0
   assert unlimited == tools.ParseError(f"tool names look like service.verb; got {'a' + '{}' * 29 + '{'!r}")
@@ -98,6 +98,11 @@ def test_longest_schema_valid_call_fits_the_length_limit():
   assert 12000 < len(message) <= tools.MAX_MESSAGE_CHARS
   step = _env().step(message)
   assert step.observation == '\n<result>{"created": "big.txt"}</result>\n'
+  # Outside the Basic Multilingual Plane each character is a surrogate pair of escapes, 12 characters: the
+  # longest name and content any schema accepts (16,384 refused it; a helper review).
+  astral = tools.format_call("files.create", {"name": "a" * 40 + ".txt", "content": "\U0001F600" * 2000})
+  assert 24000 < len(astral) <= tools.MAX_MESSAGE_CHARS
+  assert _env().step(astral).observation == f'\n<result>{{"created": "{"a" * 40}.txt"}}</result>\n'
 
 
 @pytest.mark.parametrize("args,reason", [
@@ -157,6 +162,10 @@ def test_negative_and_huge_seeds_are_value_errors_naming_the_range():
     tools.make_task_prompt(-3, 0)
   with pytest.raises(ValueError, match=re.escape(f"seed must be an int in {bound}; got 1.5.")):
     tools.generate_world(1.5)
+  tools.synthesize_task(1, 0)  # cached: True and 1.0 were the same cache key, so they skipped the checks
+  for bad in (dict(seed=True, index=0), dict(seed=1.0, index=0), dict(seed=1, index=0, max_goals=True)):
+    with pytest.raises(ValueError, match=r"must be an int"):
+      tools.synthesize_task(**bad)
   with pytest.raises(ValueError, match=re.escape("max_goals must be an int in [1, 6]; got 7.")):
     tools.task_of_prompt("[task seed=0 index=0 goals=7]")
   assert tools.task_of_prompt(tools.make_task_prompt(tools.MAX_SEED, 0, max_goals=1)).seed == tools.MAX_SEED

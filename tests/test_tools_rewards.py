@@ -46,6 +46,10 @@ def test_coverage_needs_observed_inputs(move):
   guessed, world = _run(move, [mv])  # The right id, never observed: the move executes but does not count.
   assert guessed[0].kind == "executed" and move.check(world)
   assert tools.coverage(guessed, move) == 0.0
+  # The move echoes its id back: guessed twice, the id is still one the agent never looked up (it counted
+  # the second time, rewarding a repeated write; a helper review).
+  twice, _ = _run(move, [mv, mv])
+  assert [r.kind for r in twice] == ["executed", "executed"] and tools.coverage(twice, move) == 0.0
   late, _ = _run(move, [mv, find])  # Observed only after it was used.
   assert tools.covered_calls(late, move) == [1, None]
   assert tools.coverage(late, move) == 0.5

@@ -281,8 +281,12 @@ def make_pipeline(cfg: config_lib.Config) -> Pipeline:
 @dataclasses.dataclass(frozen=True)
 class RoleDemos:
   """The warm start's demonstrations as an `envs.Task`: one role's prompt (after noisy demonstrations of the
-  earlier roles) and that role's noisy demonstration, roles drawn uniformly."""
+  earlier roles) and that role's noisy demonstration, roles drawn uniformly. An example's key is its
+  problem's: the held-out split is then the collaboration's own held-out problems (draw i of the eval stream
+  is the same problem in both), and no warm-start demonstration is on one of them. `noise` is the earlier
+  roles' demonstrators' mistake rate where the pipeline sets none per role (`sft.noise`)."""
   pipeline: Pipeline
+  noise: float = 0.5
 
   @property
   def name(self) -> str:
@@ -307,10 +311,10 @@ class RoleDemos:
     role = int(rng.integers(len(pipe.roles)))
     upstream = []
     for r in range(role):  # the earlier roles' messages, as their noisy demonstrators write them
-      wrong = rng.random() < self._noise(r, 0.5)
+      wrong = rng.random() < self._noise(r, self.noise)
       upstream.append((pipe.collab.mistake if wrong else pipe.collab.gold)(problem, r, upstream))
     return _base.Example(prompt=pipe.render(problem, role, upstream), answer=pipe.collab.gold(problem, role, upstream),
-                         key=f'{problem.key}/{role}/{"|".join(upstream)}', task=self.name,
+                         key=problem.key, task=self.name,
                          inputs=(str(len(problem.inputs)), *problem.inputs, str(role), *upstream))
 
   def _noise(self, role: int, default: float) -> float:

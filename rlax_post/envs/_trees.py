@@ -279,8 +279,8 @@ class RoleTask:
     return _rl.Lengths(prompt=prompt, response=rl.max_new_tokens, sequence=sequence, sft=sft)
 
   def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]:
-    demos = _collab.RoleDemos(self.pipeline)
     sft = self.cfg.sft
+    demos = _collab.RoleDemos(self.pipeline, noise=sft.noise)
     return data.sft_batches(demos, self.tokenizer, seed=self.cfg.seed, batch_size=sft.batch_size,
                             max_len=demos.max_prompt_len + demos.max_answer_len + 2, noise=sft.noise,
                             typo_rate=sft.typo_rate, num_eval=self.cfg.task.num_eval,

@@ -134,7 +134,9 @@ def covered_calls(records: Sequence[CallRecord], task: _tasks.Task) -> list[int 
           and all(canon(req.args[k]) in seen for k in req.inputs)):
         cover[j] = i
         break
-    seen |= observed_values(rec.result)
+    # What the result shows beyond what the call itself sent: a write echoes its own id back, which would
+    # ground a guessed id once the agent sent it twice.
+    seen |= observed_values(rec.result) - observed_values(rec.args)
   return cover
 
 

@@ -17,10 +17,12 @@ observation). Whether NAME is a known tool and ARGS fit its schema is the env's 
 Limits. A policy can write anything, so the parser bounds what it hands on (each breach is a `ParseError`
 naming the limit):
 
-  MAX_MESSAGE_CHARS  16384 characters per message. The longest demonstration message is about 120
+  MAX_MESSAGE_CHARS  24576 characters per message. The longest demonstration message is about 120
                      characters and the largest call any tool's schema accepts (a `files.create` with 2000
-                     characters of content, every one written as a \\uXXXX escape) about 12,000, so no call
-                     that could execute is refused; a policy babbling for longer learns it is unparseable.
+                     characters of content, every one outside the Basic Multilingual Plane, which
+                     `format_call` writes as a surrogate pair of \\uXXXX escapes: 12 characters) about
+                     24,100, so no call that could execute is refused; a policy babbling for longer learns it
+                     is unparseable.
   MAX_JSON_DEPTH     32 nested arrays/objects in ARGS (the tools need 2). Checked by an iterative scan
                      before `json` sees the text: deeper JSON would make the decoder, the validator and the
                      reward's canonical forms (all recursive) raise `RecursionError`.
@@ -41,7 +43,7 @@ import math
 import re
 from typing import Any, Union
 
-MAX_MESSAGE_CHARS = 16384
+MAX_MESSAGE_CHARS = 24576
 MAX_JSON_DEPTH = 32
 MAX_INT_DIGITS = 100
 

@@ -206,7 +206,7 @@ def _check_goals(max_goals: Any) -> int:
   return max_goals
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: True, 1 and 1.0 are cached apart (True is refused)
 def synthesize_task(seed: int, index: int, *, max_goals: int = 2) -> Task:
   """Task `index` of world `seed` (module docstring): 1..max_goals goals of distinct kinds."""
   seed, index = _world.check_seed("seed", seed), _world.check_seed("index", index)

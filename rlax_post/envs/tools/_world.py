@@ -70,13 +70,21 @@ class World:
   def facts(self) -> frozenset[tuple]:
     """The world's state as an order-free set of facts (what the final-state check and state keys compare).
 
-    ('file', name, content), ('event', id, title, day, hour, attendees tuple) and
-    ('account', id, owner, balance). The transfer log and id counters are left out: two worlds whose files,
-    events and balances agree are the same state, however they got there.
+    ('file', name, content), ('event', id, title, day, hour, attendees tuple) for the world's own events,
+    one ('new_events', sorted (title, day, hour, attendees) tuples) for those created in the episode (their ids
+    count creations, cancelled ones too), and ('account', id, owner, balance). The transfer log and id
+    counters are left out: two worlds whose files, events and balances agree are the same state, however
+    they got there (an event created, cancelled and created again is the same event).
     """
     out = {("file", name, content) for name, content in self.files.items()}
-    out |= {("event", eid, e["title"], e["day"], e["hour"], tuple(e["attendees"]))
-            for eid, e in self.events.items()}
+    created = []
+    for eid, e in self.events.items():
+      fact = (e["title"], e["day"], e["hour"], tuple(e["attendees"]))
+      if int(eid.rpartition("_")[2]) >= FIRST_NEW_EVENT:
+        created.append(fact)
+      else:
+        out.add(("event", eid, *fact))
+    out.add(("new_events", tuple(sorted(created))))
     out |= {("account", aid, a["owner"], a["balance"]) for aid, a in self.accounts.items()}
     return frozenset(out)
 
