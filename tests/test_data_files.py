@@ -27,6 +27,8 @@ def test_jsonl_rows_and_line_numbers_skip_blank_lines(tmp_path):
   assert str(rows[1][1]) == f"{path}:4" and rows.where(2) == rows[2][1]
   with pytest.raises(IndexError):
     rows[3]
+  bom = data.open_rows(_write(tmp_path / "b.jsonl", '\ufeff{"q": 1}\n{"q": 2}\n'))  # "UTF-8 with BOM"
+  assert [bom[i][0]["q"] for i in range(2)] == [1, 2]
   # Python's json reads NaN and Infinity, which JSON has not: an answer of NaN scored 0 on every sample.
   odd = data.open_rows(_write(tmp_path / "n.jsonl", '{"answer": NaN}\n{"answer": -Infinity}\n'))
   for i, name in ((0, "NaN"), (1, "-Infinity")):

@@ -110,6 +110,22 @@ def test_a_version_whose_deletion_stopped_part_way_is_removed_later(tmp_path):
   assert sorted(p.name for p in tmp_path.iterdir()) == ["2", "leases"]
 
 
+def test_an_unreadable_lease_keeps_its_version_and_gc_goes_on(tmp_path, monkeypatch):
+  """A directory among the leases (or a file without permission) raised out of every GC pass, so nothing was
+  deleted again (a helper review): its version is kept, the others are collected; `~` paths are expanded."""
+  pub = exchange.ParamPublisher(tmp_path, max_to_keep=1)
+  for v in range(2):
+    pub.publish(_params(v), v)
+  pub.wait()
+  (tmp_path / "leases" / "1.stuck").mkdir()  # a lease on version 1 that is not a file
+  for v in range(2, 4):
+    pub.publish(_params(v), v)
+  pub.close()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "3", "leases"]
+  monkeypatch.setenv("HOME", str(tmp_path))
+  assert str(exchange.as_path("~/params")) == str(tmp_path / "params")
+
+
 def test_a_gc_pass_that_fails_other_than_by_oserror_fails_the_next_publish(tmp_path, monkeypatch):
   """An OSError in GC is logged and retried; anything else is a bug, and it surfaced only at close() at the end
   of the run while versions piled up (a helper review): the next publish raises it, before it publishes."""

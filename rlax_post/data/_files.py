@@ -122,6 +122,9 @@ def file_format(path: str, fmt: str = "auto") -> str:
   return EXTENSIONS[ext]
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 def _no_constant(name: str):
   raise ValueError(f"{name} is not a JSON number")
 
@@ -194,6 +197,8 @@ class _JsonLines:
   def __getitem__(self, i: int) -> tuple[dict, Where]:
     where = self.where(i)
     data = os.pread(self._fd, int(self.ends[i] - self.starts[i]), int(self.starts[i]))
+    if self.starts[i] == 0 and data.startswith(_BOM):  # a file saved "UTF-8 with BOM" (Windows editors)
+      data = data[len(_BOM):]
     # Without its line end, a JSON error at the end of a cut line names that line's column, not column 1.
     return decode_object(data.rstrip(b"\r\n"), where), where
 

@@ -22,10 +22,11 @@ TMP_SUFFIX = ocp.path.atomicity.TMP_DIR_SUFFIX  # '.orbax-checkpoint-tmp'.
 
 
 def as_path(directory: str | os.PathLike | epath.Path) -> epath.Path:
-  """`directory` as an `epath.Path`: local paths made absolute (orbax needs it), URLs (`gs://`) kept as given."""
+  """`directory` as an `epath.Path`: local paths made absolute (orbax needs it; `~` expanded), URLs (`gs://`)
+  kept as given."""
   text = os.fspath(directory)
   if "://" not in text:
-    text = os.path.abspath(text)
+    text = os.path.abspath(os.path.expanduser(text))
   return epath.Path(text)
 
 
@@ -179,6 +180,10 @@ def live_leases(directory: epath.Path, timeout_s: float) -> set[int]:
     try:
       age = now - _lease_time(path)
     except FileNotFoundError:  # Released while we looked.
+      continue
+    except OSError as e:  # Not a lease file we can read (a directory, no permission): keep its version.
+      logging.warning("Cannot read lease %s (%s); version %s is kept while it is there.", path, e, version)
+      live.add(int(version))
       continue
     if age < timeout_s:
       live.add(int(version))
