@@ -352,3 +352,15 @@ def test_custom_judges(s, tmp_path):
     _metrics.score([er], ["anger 7"], judge=seven)
   with pytest.raises(ValueError, match=r"Judges given for \['itp'\]; expected keys from \['er', 'vp'\]"):
     _metrics.score([er], ["anger 7"], judge={"itp": seven})
+
+
+def test_a_couple_of_three_clients_and_negative_intensities_are_read_as_written():
+  """Two leniencies a helper review found: a 'couple' with three client speakers was accepted (its stp
+  candidates were all three), and 'hope -2' lost its sign and scored intensity 2 (clipped to 0 now)."""
+  obj = family()
+  with pytest.raises(ValueError, match=r"f.json field 'session_type': expected 'family' for more than 2 client "
+                                       r"speakers \['mom', 'kim', 'dad'\]; got 'couple'"):
+    _format.parse_session({**obj, "session_type": "couple"}, where="f.json")
+  assert _format.parse_session({**obj, "session_type": "family"}, where="f.json").kind == "family"
+  assert _bench.parse_emotions("hope -2; anger: -1, joy 4, fear-3") == (("hope", 0), ("anger", 0), ("joy", 4),
+                                                                      ("fear-", 3))

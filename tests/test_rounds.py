@@ -132,6 +132,8 @@ def _rounds_config(**overrides):
     (dict(advantage__estimator="gigpo"), "advantage.estimator must be one of"),
     (dict(critic__loss="clipped"), "critic.loss"),
     (dict(iterppo__q="bogus"), "iterppo.q"),
+    # The sales env's own γ^t scaling on top of the rounds' discount (a helper review: Q's targets at γ² = 0.81)
+    (dict(task__options=dict(discounted=True)), "task.options.discounted = False"),
 ])
 def test_the_config_refuses_what_rounds_cannot_run(overrides, message):
   config.load(_rounds_config())

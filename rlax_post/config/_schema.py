@@ -500,6 +500,10 @@ class Config:
       raise ValueError(f"runtime.mode = 'rounds' trains single-turn groups of responses to logged states: "
                        f"advantage.estimator must be one of {list(ROUND_ESTIMATORS)} (got "
                        f"{self.advantage.estimator!r}) and tree.expansion 'none' (got {self.tree.expansion!r}).")
+    if self.task.name == "sales" and dict(self.task.options).get("discounted", True):
+      raise ValueError("runtime.mode = 'rounds' discounts the turns' rewards itself (iterppo.gamma): set "
+                       "task.options.discounted = False (the sales env's own γ^t scaling would discount twice, "
+                       "an effective γ of 0.81 in Q's targets).")
     if it.q == "oracle" and self.task.name != "sales":
       raise ValueError(f"iterppo.q = 'oracle' needs a task with an exact oracle (task.name = 'sales'); got "
                        f"{self.task.name!r}.")

@@ -218,7 +218,9 @@ def parse_pattern(text: str) -> str | None:
   return first[0] if first else None
 
 
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+# A minus sign counts after a space, colon or the start ('hope -2' clips to 0; it read 2), not inside a word
+# ('fear-3' is fear 3).
+_NUMBER = re.compile(r"(?:(?<![^\s:])-)?\d+(?:\.\d+)?")
 _WORD = re.compile(r"[^\W\d_][\w'-]*")
 _ARROW = re.compile(r"->|→|=>")
 _MARKER = re.compile(r"^[\s*\-\d.)]*")  # a list marker: '- ', '1. ', '* '

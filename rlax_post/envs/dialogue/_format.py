@@ -262,7 +262,11 @@ def _clients(rows: list, where: str) -> tuple[str, ...]:
 def _kind(obj: dict, clients: tuple[str, ...], where: str) -> str:
   kind = obj.get("session_type")
   if kind is not None:
-    return _named(_At(where), "'session_type'", kind, KINDS, "session types")
+    kind = _named(_At(where), "'session_type'", kind, KINDS, "session types")
+    if kind == "couple" and len(clients) > 2:
+      raise _At(where).error("'session_type'", f"'family' for more than 2 client speakers {list(clients)}",
+                             kind)
+    return kind
   if len(clients) < 2:
     raise _At(where).error("'rows'", "at least 2 client speakers to tell a couple from a family (or a top-level "
                            "'session_type')", f"clients {list(clients)}")
