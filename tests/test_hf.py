@@ -145,6 +145,20 @@ def test_export_roundtrip(family, hf_model, tmp_path):
     np.testing.assert_array_equal(np.asarray(params2[name]), np.asarray(params[name]))
 
 
+def test_export_refuses_params_that_are_not_the_configs(tmp_path):
+  """An untied config exported without `lm_head` wrote a checkpoint transformers completed with a random head,
+  and layers beyond the config's were cut silently (a helper review)."""
+  cfg = models.preset("micro", vocab_size=64, tie_embeddings=False)
+  _, params = models.init_params(cfg, jax.random.key(0))
+  with pytest.raises(ValueError, match=r"missing \['lm_head'\], extra \[\], shapes"):
+    _hf.export_hf(str(tmp_path / "a"), cfg, {k: v for k, v in params.items() if k != "lm_head"},
+                  architecture="LlamaForCausalLM")
+  deeper = dict(params, q=np.concatenate([params["q"], params["q"]]))
+  with pytest.raises(ValueError, match=r"shapes \(got, expected\) \{'q': \(\(%d," % (2 * cfg.num_layers)):
+    _hf.export_hf(str(tmp_path / "b"), cfg, deeper, architecture="LlamaForCausalLM")
+  assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
 # Besides the default rules, one set that splits layers and head_dim (inside a merged HF dim N·H).
 _HEAD_DIM_RULES = (("batch", ("data", "fsdp")), ("embed", "fsdp"), ("vocab", "tensor"), ("heads", None),
                    ("kv_heads", None), ("mlp", "tensor"), ("length", None), ("head_dim", "tensor"),
@@ -303,6 +317,35 @@ def test_gemma3_hub_style_config():
         transformers.models.gemma3.modeling_gemma3.Gemma3RotaryEmbedding.compute_default_rope_parameters)
     inv_freq, _ = fn(want, layer_type=layer_type)
     np.testing.assert_allclose(cfg.rope_inv_freq()[layer], inv_freq.numpy(), rtol=1e-6)
+
+
+_SMALL = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=1, head_dim=16)
+
+
+def test_config_defaults_and_rope_keys_read_as_transformers_reads_them():
+  """Three readings a helper review compared with transformers: a Gemma 2 config.json without its soft-cap
+  keys has Gemma2Config's caps (ours were off: logits 3.1 apart); a nested Gemma 3 rope entry without a base
+  takes the top-level rope_theta (ours took 1e6); rope_scaling and rope_parameters that disagree are refused
+  (transformers takes rope_scaling whole; ours merged them, rope_parameters winning)."""
+  gemma2 = _hf.config_from_hf(dict(architectures=["Gemma2ForCausalLM"], **_SMALL))
+  want = transformers.Gemma2Config(**_SMALL)
+  assert (gemma2.attn_logit_softcap, gemma2.final_logit_softcap) == (
+      want.attn_logit_softcapping, want.final_logit_softcapping) == (50.0, 30.0)
+  off = _hf.config_from_hf(dict(architectures=["Gemma2ForCausalLM"], attn_logit_softcapping=None,
+                                final_logit_softcapping=None, **_SMALL))
+  assert (off.attn_logit_softcap, off.final_logit_softcap) == (None, None)
+  gemma3 = _hf.config_from_hf(dict(architectures=["Gemma3ForCausalLM"], rope_theta=50_000.0, rope_parameters={
+      "full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "default",
+                                                                        "rope_theta": 10_000.0}}, **_SMALL))
+  assert (gemma3.rope_theta, gemma3.rope_local_theta, gemma3.final_logit_softcap) == (50_000.0, 10_000.0, None)
+  with pytest.raises(ValueError, match=r"both rope_scaling .* and rope_parameters .* which disagree"):
+    _hf.config_from_hf(dict(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "linear", "factor": 4.0},
+                            rope_parameters={"rope_type": "default", "rope_theta": 5000.0}, **_SMALL))
+  same = _hf.config_from_hf(dict(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "linear",
+                                 "factor": 4.0}, rope_parameters={"rope_type": "linear", "factor": 4.0,
+                                                                  "rope_theta": 5000.0}, **_SMALL))
+  assert (same.rope_scaling_type, same.rope_scaling_factor, same.rope_theta) == ("linear", 4.0, 5000.0)
 
 
 @pytest.mark.parametrize("family, change", [

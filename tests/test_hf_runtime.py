@@ -114,6 +114,28 @@ def test_train_from_hf_checkpoint(checkpoint, hf_run):
   assert summary["model_params"] == model_cfg.num_params()
 
 
+def test_an_exported_run_keeps_its_checkpoints_tokenizer_and_special_ids(checkpoint, hf_run, tmp_path):
+  """The export wrote config.json and weights alone: transformers took its class's default special ids (a
+  Llama 3 export stopped at id 2) and `model.hf_path` refused the directory for want of tokenizer.json (a
+  helper review). It carries the source's tokenizer files and ids, and starts a run again."""
+  path, _, _ = checkpoint
+  cfg, workdir, _ = hf_run
+  out = tmp_path / "exported"
+  assert runtime.export_hf(workdir, out, architecture="Qwen2ForCausalLM") == 2
+  with open(os.path.join(path, "config.json")) as f:
+    source = json.load(f)
+  with open(out / "config.json") as f:
+    exported = json.load(f)
+  for key in ("bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings"):
+    assert exported.get(key) == source.get(key), key
+  assert exported["max_position_embeddings"] == 256 != cfg.model.max_seq_len
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    assert (out / name).read_bytes() == open(os.path.join(path, name), "rb").read()
+  again = runtime.build_parts(_hf_cfg(str(out)))
+  assert again.tokenizer.encode("12+34=", add_bos=False) == runtime.build_parts(cfg).tokenizer.encode(
+      "12+34=", add_bos=False)
+
+
 @pytest.mark.e2e
 def test_serve_answers_an_hf_run_with_its_own_tokenizer(checkpoint, hf_run):
   """`rlax-post serve` of a run made from an HF checkpoint encodes the request and decodes with the

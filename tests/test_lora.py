@@ -324,6 +324,10 @@ def test_the_process_exchange_carries_only_the_adapters(lora_run, tmp_path):
 def test_export_writes_the_merged_policy_as_an_hf_checkpoint(lora_run, tmp_path):
   workdir, cfg, _ = lora_run
   assert runtime.export_hf(workdir, tmp_path / "hf", architecture="LlamaForCausalLM") == 4
+  with open(tmp_path / "hf" / "config.json") as f:  # the byte tokenizer's ids, not Llama's defaults (1, 2)
+    ids = json.load(f)
+  tok = models.ByteTokenizer()
+  assert (ids["bos_token_id"], ids["eos_token_id"], ids["pad_token_id"]) == (tok.bos_id, tok.eos_id, tok.pad_id)
   state, _, _ = _runs.restore(workdir, cfg, 4)
   merged = models.merge_lora(state.frozen, state.params, runtime.build_parts(cfg).trainable.lora)
   hf_cfg, graphdef, loaded = models.load_hf(str(tmp_path / "hf"))

@@ -105,13 +105,32 @@ def _rope_fields(rope: dict, default_theta: float, *, allow_scaling: bool = True
   return fields
 
 
+def _check_one_rope(hf: dict) -> None:
+  """A config.json with both `rope_scaling` and `rope_parameters` that disagree on the scaling is refused:
+  transformers takes `rope_scaling` whole (and drops `rope_theta`), merging them took `rope_parameters`'."""
+  scaling, params = hf.get("rope_scaling"), hf.get("rope_parameters")
+  if not scaling or not params:
+    return
+  keys = ("rope_type", "type", "factor")
+  if any(k in scaling and k in params and scaling[k] != params[k] for k in keys) or (
+      scaling.get("rope_type", scaling.get("type")) not in (None, "default")
+      and params.get("rope_type", params.get("type")) in (None, "default")):
+    raise ValueError(f"config.json has both rope_scaling {scaling} and rope_parameters {params}, which disagree "
+                     "on the RoPE scaling; keep one of them.")
+
+
 def _rope_config(hf: dict, arch: str) -> dict[str, Any]:
   # transformers >= 5 nests RoPE in `rope_parameters` (Gemma 3: one dict per layer type); older checkpoints
   # use top-level `rope_theta` + `rope_scaling` (Gemma 3: + `rope_local_base_freq`; scaling is global-only).
+  _check_one_rope(hf)
   params = hf.get("rope_parameters") or {}
   if arch == "Gemma3ForCausalLM":
     if "full_attention" in params or "sliding_attention" in params:
       global_rope, local_rope = params.get("full_attention") or {}, params.get("sliding_attention") or {}
+      # An entry without its own base takes the top-level rope_theta, as transformers fills it.
+      global_rope = {"rope_theta": hf.get("rope_theta"), **global_rope}
+      if global_rope["rope_theta"] is None:
+        del global_rope["rope_theta"]
     else:
       global_rope = {**(hf.get("rope_scaling") or {}), **params}
       global_rope.setdefault("rope_theta", hf.get("rope_theta"))
@@ -143,10 +162,13 @@ def _gemma_config(hf: dict, arch: str) -> dict[str, Any]:
   sliding = "sliding_attention" in layer_types
   return dict(
       query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
-      # transformers' Gemma 3 attention ignores `attn_logit_softcapping`; so do we.
-      attn_logit_softcap=_float_or_none(hf.get("attn_logit_softcapping")) if arch == "Gemma2ForCausalLM"
+      # transformers' Gemma 3 attention ignores `attn_logit_softcapping`; so do we. A key absent from a Gemma 2
+      # config.json takes Gemma2Config's default (50 and 30; an explicit null turns a cap off): read as None,
+      # both caps were silently off.
+      attn_logit_softcap=_float_or_none(hf.get("attn_logit_softcapping", 50.0)) if arch == "Gemma2ForCausalLM"
       else None,
-      final_logit_softcap=_float_or_none(hf.get("final_logit_softcapping")),
+      final_logit_softcap=_float_or_none(
+          hf.get("final_logit_softcapping", 30.0 if arch == "Gemma2ForCausalLM" else None)),
       sliding_window=hf.get("sliding_window", 4096) if sliding else None,
       layer_types=tuple(layer_types))
 
@@ -349,6 +371,7 @@ def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str) -
     raise ValueError(f"{architecture} needs {flags}; cfg has {mismatched}.")
   if cfg.valid_vocab_size is not None and cfg.valid_vocab_size != cfg.vocab_size:
     raise ValueError("cfg.valid_vocab_size (padded vocab) has no HF equivalent; export the unpadded model.")
+  _check_export_params(cfg, params)
   hf = _hf_config(cfg, architecture, model_type)
   os.makedirs(path, exist_ok=True)
   layer_tensors = _layer_tensors(cfg)
@@ -369,6 +392,19 @@ def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str) -
   safetensors.numpy.save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(hf, f, indent=2)
+
+
+def _check_export_params(cfg: ModelConfig, params: dict) -> None:
+  """`params` must be `cfg`'s (a value head aside): an untied config without `lm_head` wrote a checkpoint
+  transformers filled with a random head (a warning only), and extra layers were cut silently."""
+  _, like = abstract_params(cfg)
+  want = {k: tuple(v.shape) for k, v in like.items() if k not in _SCALAR_HEAD}
+  got = {k: tuple(np.shape(v)) for k, v in params.items() if k not in _SCALAR_HEAD}
+  missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+  shapes = {k: (got[k], want[k]) for k in sorted(set(want) & set(got)) if got[k] != want[k]}
+  if missing or extra or shapes:
+    raise ValueError(f"params do not match the model config to export: missing {missing}, extra {extra}, "
+                     f"shapes (got, expected) {shapes}.")
 
 
 def _hf_rope(cfg: ModelConfig, *, scaled: bool = True, theta: float | None = None) -> dict[str, Any]:

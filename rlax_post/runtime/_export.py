@@ -1,10 +1,13 @@
 """A run's policy as a Hugging Face checkpoint: the newest (or a chosen) checkpoint's params, with LoRA's
-adapters merged into the frozen base, written as `config.json` + `model.safetensors` (`models.export_hf`)."""
+adapters merged into the frozen base, written as `config.json` + `model.safetensors` (`models.export_hf`),
+with the tokenizer and special token ids of the checkpoint the run started from."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import shutil
 
 from rlax_post import learner
 from rlax_post import models
@@ -34,10 +37,39 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str, step: int | None
                                              purpose=" to export")
   cfg = dataclasses.replace(parts.model_cfg, valid_vocab_size=None)  # HF has no masked vocabulary rows
   policy = update.policy(state)
-  if update.roles == 1:
-    models.export_hf(os.fspath(out_dir), cfg, policy, architecture=architecture)
-    return step
-  for r, name in enumerate(parts.task.pipeline.roles):
-    models.export_hf(os.path.join(os.fspath(out_dir), name), cfg, learner.role_params(policy, r),
+  outs = [os.fspath(out_dir)] if update.roles == 1 else [
+      os.path.join(os.fspath(out_dir), name) for name in parts.task.pipeline.roles]
+  for r, out in enumerate(outs):
+    models.export_hf(out, cfg, policy if update.roles == 1 else learner.role_params(policy, r),
                      architecture=architecture)
+    _carry_checkpoint_files(parts, out)
   return step
+
+
+# What an exported checkpoint takes from the one the run started from, besides its weights.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                    "chat_template.jinja")
+_CONFIG_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings")
+
+
+def _carry_checkpoint_files(parts: _parts.Parts, out: str) -> None:
+  """The tokenizer files and special token ids (and context length) of `model.hf_path` into the exported
+  checkpoint `out`, so that transformers' `generate` stops where the model does and `model.hf_path` can start
+  a run from it; a run from the byte tokenizer gets its ids."""
+  source = parts.cfg.model.hf_path
+  with open(os.path.join(out, "config.json")) as f:
+    config = json.load(f)
+  if source is None:
+    ids = {"bos_token_id": parts.tokenizer.bos_id, "eos_token_id": parts.tokenizer.eos_id,
+           "pad_token_id": parts.tokenizer.pad_id}
+  else:
+    for name in _TOKENIZER_FILES:
+      if os.path.isfile(os.path.join(source, name)):
+        shutil.copyfile(os.path.join(source, name), os.path.join(out, name))
+    with open(os.path.join(source, "config.json")) as f:
+      ids = {k: v for k, v in json.load(f).items() if k in _CONFIG_KEYS}
+  config.update(ids)
+  tmp = os.path.join(out, ".config.json.tmp")
+  with open(tmp, "w") as f:
+    json.dump(config, f, indent=2)
+  os.replace(tmp, os.path.join(out, "config.json"))
