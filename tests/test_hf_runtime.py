@@ -164,3 +164,37 @@ def test_hf_path_rejects_shape_overrides(checkpoint):
   cfg = config.load(raw)
   with pytest.raises(ValueError, match=r"`model.overrides` keys \['d_model'\] cannot change a checkpoint"):
     runtime.build_parts(cfg)
+
+
+def test_generation_stops_at_the_checkpoints_end_of_turn_ids(tmp_path):
+  """Gemma's instruct checkpoints end a turn with `<end_of_turn>`, which generation_config.json lists beside
+  EOS; the sampler stopped at EOS alone, so every rollout ran to max_new_tokens (a helper review). The
+  tokenizer reads them (`stop_ids`), and every slot stops at them as at EOS."""
+  import _tiny_hf  # pylint: disable=g-import-not-at-top
+  from rlax_post import sampler  # pylint: disable=g-import-not-at-top
+  from rlax_post.runtime._parts import CheckpointTokenizer  # pylint: disable=g-import-not-at-top
+  path = _tiny_hf.make_checkpoint(str(tmp_path / "ckpt"))
+  model_cfg, graphdef, params = models.load_hf(path)
+
+  def first_completion(tok):
+    engine = sampler.RlaxEngine(model_cfg, graphdef, tokenizer=tok, max_concurrent_decodes=2,
+                                max_prefill_length=16, max_decode_length=32, temperature=0.0)
+    prompt = tuple(tok.encode("<|user|>1+2=<|assistant|>", add_bos=True))
+    return engine, sampler.Driver(engine, params).sample([sampler.Request(prompt=prompt, max_tokens=8)])[0]
+
+  plain = CheckpointTokenizer.from_dir(path)
+  assert plain.stop_ids == (plain.eos_id,)
+  _, free = first_completion(plain)
+  first = free.tokens[0]
+  assert first != plain.eos_id and len(free.tokens) > 1
+  with open(os.path.join(path, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": [plain.eos_id, first]}, f)
+  tok = CheckpointTokenizer.from_dir(path)
+  assert tok.stop_ids == (tok.eos_id, first)
+  engine, stopped = first_completion(tok)
+  assert engine.stop_ids == (tok.eos_id, first)
+  assert stopped.tokens == (first,) and stopped.finish_reason == "stop"
+  with open(os.path.join(path, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": 100000}, f)
+  with pytest.raises(ValueError, match=r"end-of-turn ids must be ids of the vocabulary \[0, \d+\); got \[100000\]"):
+    CheckpointTokenizer.from_dir(path)

@@ -191,6 +191,7 @@ class HFTokenizer(_tokenizer.TokenizerBase):
       add_bos_token: bool | None = None,
       chat_templates: Mapping[str, str] | None = None,
       clean_up_tokenization_spaces: bool = False,
+      end_of_turn_ids: Sequence[int] = (),
   ):
     """Wraps `tokenizer`.
 
@@ -204,6 +205,9 @@ class HFTokenizer(_tokenizer.TokenizerBase):
         is 'default'.
       clean_up_tokenization_spaces: the `transformers` decode clean-up (only
         applied to non-BPE models, as `transformers` does).
+      end_of_turn_ids: ids besides EOS at which generation stops (a
+        checkpoint's `generation_config.json` `eos_token_id`: Gemma's
+        `<end_of_turn>`, Llama 3's `<|eot_id|>`).
     """
     self._tok = tokenizer
     self.special_tokens = dict(special_tokens)
@@ -221,6 +225,12 @@ class HFTokenizer(_tokenizer.TokenizerBase):
     self.add_bos_token = bool(add_bos_token)
     self._clean_up = bool(clean_up_tokenization_spaces) and (
         type(tokenizer.model).__name__ != 'BPE')
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    bad = [t for t in end_of_turn_ids
+           if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < size]
+    if bad:
+      raise ValueError(f'end-of-turn ids must be ids of the vocabulary [0, {size}); got {bad}.')
+    self.end_of_turn_ids = tuple(dict.fromkeys(int(t) for t in end_of_turn_ids))
 
   @classmethod
   def from_dir(cls, path: str, *, pad_token: str | None = None
@@ -256,6 +266,9 @@ class HFTokenizer(_tokenizer.TokenizerBase):
         special_tokens[name] = token
     if pad_token is not None:
       special_tokens['pad_token'] = pad_token
+    generation = _read_json(os.path.join(path, 'generation_config.json'))
+    ends = generation.get('eos_token_id')
+    ends = [] if ends is None else [ends] if isinstance(ends, int) else list(ends)
     return cls(
         tokenizer,
         special_tokens=special_tokens,
@@ -263,6 +276,7 @@ class HFTokenizer(_tokenizer.TokenizerBase):
         chat_templates=cls._read_chat_templates(path, config),
         clean_up_tokenization_spaces=config.get(
             'clean_up_tokenization_spaces', False),
+        end_of_turn_ids=ends,
     )
 
   @staticmethod
@@ -310,6 +324,12 @@ class HFTokenizer(_tokenizer.TokenizerBase):
   def eos_id(self) -> int:
     """The EOS id named by `eos_token` in the config."""
     return self._special_id('eos_token')
+
+  @property
+  def stop_ids(self) -> tuple[int, ...]:
+    """The ids at which generation stops: EOS (if the checkpoint names one), then the end-of-turn ids."""
+    eos = (self._special_ids['eos_token'],) if 'eos_token' in self._special_ids else ()
+    return tuple(dict.fromkeys(eos + self.end_of_turn_ids))
 
   @property
   def vocab_size(self) -> int:

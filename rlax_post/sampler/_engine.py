@@ -297,16 +297,24 @@ class RlaxEngine(engine_api.Engine):
 
   # --- Host-side settings and keys ------------------------------------------------------------------------
 
+  @property
+  def stop_ids(self) -> tuple[int, ...]:
+    """The ids every slot stops at: EOS, and a checkpoint tokenizer's end-of-turn ids (`stop_ids`: its
+    generation_config.json's `eos_token_id`, e.g. Gemma's `<end_of_turn>`)."""
+    eos = self.tokenizer.eos_id
+    return (eos,) + tuple(t for t in getattr(self.tokenizer, "stop_ids", ()) if t != eos)
+
   def slot_settings(self, limits: Sequence[int | None], stops: Sequence[Sequence[int]] | None = None,
                     sampling: Sequence[SamplingParams | None] | None = None) -> SlotSettings:
-    """The settings of n slots: limit (None: no limit but S), extra stop ids (EOS always stops), and law
+    """The settings of n slots: limit (None: no limit but S), extra stop ids (`stop_ids` always stop), and law
     (None: the engine's). Raises ValueError for more than `max_stop_tokens` stop ids in one slot."""
     n, m = len(limits), self.max_stop_tokens
     stops = [()] * n if stops is None else stops
     laws = [law or self.sampling for law in ([None] * n if sampling is None else sampling)]
     stop_nm = np.full((n, m), -1, np.int32)
+    always = self.stop_ids
     for i, ids in enumerate(stops):
-      ids = [self.tokenizer.eos_id] + sorted(set(int(t) for t in ids) - {self.tokenizer.eos_id})
+      ids = list(always) + sorted(set(int(t) for t in ids) - set(always))
       if len(ids) > m:
         raise ValueError(f"{len(ids)} stop ids (EOS included) exceed the engine's max_stop_tokens {m}: "
                          f"{ids}.")

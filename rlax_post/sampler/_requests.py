@@ -196,7 +196,7 @@ def validate_request(r: Request, engine: Any) -> frozenset[int]:
   if r.env is not None and not callable(r.env):
     raise ValueError(f"Request {r.request_id!r}: env must be callable or None; got {r.env!r}.")
   check_streams(f"Request {r.request_id!r}", r.seed, r.stream, r.sample_streams, r.n)
-  stops = frozenset(int(t) for t in r.stop_tokens) | {engine.tokenizer.eos_id}
+  stops = frozenset(int(t) for t in r.stop_tokens) | frozenset(engine.stop_ids)
   if len(stops) > engine.max_stop_tokens:
     raise ValueError(f"Request {r.request_id!r}: {len(stops)} stop ids (EOS included) exceed the engine's "
                      f"max_stop_tokens {engine.max_stop_tokens}.")

@@ -101,3 +101,8 @@ class ByteTokenizerAdapter(jetstream_modules.tokenizer_api.Tokenizer):
   @property
   def bos_id(self) -> int:
     return self.tokenizer.bos_id
+
+  @property
+  def stop_tokens(self) -> set[int]:
+    """JetStream's: EOS and pad; and a checkpoint's end-of-turn ids, where the engine's slots stop too."""
+    return {self.eos_id, self.pad_id, *getattr(self.tokenizer, "stop_ids", ())}
