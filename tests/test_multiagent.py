@@ -425,7 +425,10 @@ def test_credit_fidelity_of_a_short_run(c3_value_run):
   fid = runtime.credit_fidelity(c3_value_run, extra=4, batches=2)  # with the run's Q-critic
   assert fid["candidates"] == 2 * 4 * 2 and fid["step"] == 3  # 2 batches × P = 4 problems × f_1 = 2
   assert 0 <= fid["value_first_role"] <= 1
-  assert np.isnan(fid["credit_fidelity"]) or -1 <= fid["credit_fidelity"] <= 1
+  assert fid["credit_fidelity"] is None or -1 <= fid["credit_fidelity"] <= 1  # None: undefined (a constant side)
+  # Every figure is a finite number or None: the report is strict JSON (`rlax-post fidelity --json`).
+  assert all(v is None or math.isfinite(v) for v in fid.values()), fid
+  json.dumps(fid, allow_nan=False)
   with pytest.raises(ValueError, match="extra >= the second fanout"):
     runtime.credit_fidelity(c3_value_run, extra=2)
   with pytest.raises(ValueError, match="held-out problems must be between 1 and task.num_eval = 16"):

@@ -45,7 +45,8 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 def credit_fidelity(workdir: str, *, extra: int = 32, batches: int = 1, step: int | None = None) -> dict:
   """Fidelity of run `workdir`'s credit at checkpoint `step` (None: the newest), on its first
   `batches × rl.prompts_per_step` held-out problems (credited a step's batch at a time, as in training) with
-  `extra` continuations per first-role message (module docstring). Returns `credit_fidelity`, `candidates` (how many A_j), the estimator's metrics on the held-out
+  `extra` continuations per first-role message (module docstring). Returns `credit_fidelity` (None where undefined: either side
+  constant), `candidates` (how many A_j), the estimator's metrics on the held-out
   trees (`role{d}_adv_var`, `role{d}_influence`) and the held-out `value_first_role` (mean V*)."""
   parts = _parts.build_parts(_samplers.load_run_config(os.fspath(workdir)))
   cfg = parts.cfg
@@ -85,6 +86,19 @@ def credit_fidelity(workdir: str, *, extra: int = 32, batches: int = 1, step: in
       credit += list(adv_b[i * rows_per_tree:i * rows_per_tree + fanout[0]])
       truth += list(v - v.mean())
       values += list(v)
-  return {"credit_fidelity": spearman(np.asarray(credit), np.asarray(truth)), "candidates": len(credit),
-          "value_first_role": float(np.mean(values)), "step": step,
-          **{k: float(np.nanmean([m[k] for m in role_metrics])) for k in role_metrics[0]}}
+  return {"credit_fidelity": _finite(spearman(np.asarray(credit), np.asarray(truth))), "candidates": len(credit),
+          "value_first_role": _finite(np.mean(values)), "step": step,
+          **{k: _nanmean([m[k] for m in role_metrics]) for k in role_metrics[0]}}
+
+
+def _finite(value) -> float | None:
+  """`value` as a float, or None where it is undefined (NaN, inf): a report is strict JSON."""
+  value = float(value)
+  return value if math.isfinite(value) else None
+
+
+def _nanmean(values) -> float | None:
+  """The mean of the finite values (None when there are none: a metric undefined on every batch)."""
+  a = np.asarray(values, np.float64)
+  a = a[np.isfinite(a)]
+  return float(a.mean()) if a.size else None

@@ -202,11 +202,17 @@ def plot_curves(rows: list[dict], path: str) -> None:
 
 
 def write_json(path: str, payload: Any, **dump_kwargs) -> None:
-  """`payload` as indented JSON at `path`, written aside and renamed over it: a reader (a sampler process
-  reading the run's config.json as the learner starts) never sees a half-written file."""
+  """`payload` as indented strict JSON at `path`, written aside and renamed over it: a reader (a sampler
+  process reading the run's config.json as the learner starts) never sees a half-written file. A NaN or
+  infinity in `payload` is a ValueError here (Python's json would write `NaN`, which is not JSON), and the
+  file is left as it was."""
   tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    json.dump(payload, f, indent=2, **dump_kwargs)
+  try:
+    with open(tmp, "w") as f:
+      json.dump(payload, f, indent=2, allow_nan=False, **dump_kwargs)
+  except ValueError as e:
+    os.remove(tmp)
+    raise ValueError(f"{path}: not written: {e} (a result must be a finite number or null).") from None
   os.replace(tmp, path)
 
 
