@@ -75,6 +75,17 @@ def test_replay_of_an_inline_run_reproduces_it_exactly(sync_run):
   assert report["mismatches"] == []
 
 
+def test_replay_without_the_logged_rows_is_an_error(sync_run, tmp_path):
+  """A replay with nothing to compare (metrics.jsonl removed) names the steps it could not check; it passed
+  with 'the metrics of 0 logged steps match'."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  copy = tmp_path / "run"
+  shutil.copytree(sync_run, copy)
+  os.remove(copy / "metrics.jsonl")
+  with pytest.raises(ValueError, match=r"no rl row for replayed step\(s\) \[1, 2, 3, 4\]"):
+    runtime.replay(os.fspath(copy), quiet=True)
+
+
 @pytest.mark.slow  # `make test-all`: make test's 15-minute budget (measured 2026-12-02, cold cache: 14 s).
 def test_replay_rows_are_kept_from_the_oldest_kept_checkpoint_on(tmp_path):
   """With checkpoint.max_to_keep = 2 the rows of steps before the oldest kept checkpoint are pruned as the run

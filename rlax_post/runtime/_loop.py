@@ -79,6 +79,7 @@ class Comparison:
                    if r.get("phase") == "rl"}
     self.num_steps, self.tolerance, self.ui = steps, tolerance, ui
     self.mismatches, self.compared, self.bar = [], 0, None
+    self.unlogged = []  # Replayed steps with no rl row in metrics.jsonl.
 
   def steps(self, first: int):
     self.bar = self.ui.bar(range(first, self.num_steps), initial=first, total=self.num_steps, desc="replay")
@@ -87,6 +88,7 @@ class Comparison:
   def after_step(self, step: int, start, state, row: dict, taken, source) -> None:
     del start, state, taken, source
     if step not in self.logged:
+      self.unlogged.append(step)
       return
     self.compared += 1
     for k, v in row.items():
@@ -125,11 +127,24 @@ def replay(workdir: str, *, quiet: bool = False, tolerance: float = 0.0, return_
   ui = _metrics.Console(quiet=quiet or not _distributed.is_primary(), progress=True)
   out = Comparison(workdir, steps=kept[0] + len(source.schedule), tolerance=tolerance, ui=ui)
   state = learn(update, source, out, _run.Start(state, ref_params, kept[0], meta))
+  _check_compared(out, parts.cfg, workdir, kept[0])
   report = {"first_step": kept[0], "steps": len(source.schedule), "compared_steps": out.compared,
             "mismatches": out.mismatches}
   if return_state:
     report["state"] = state
   return report
+
+
+def _check_compared(out: Comparison, cfg: config_lib.Config, workdir: str, first: int) -> None:
+  """A replay that compared nothing, or missed a step the run logs (`runtime.log_every`), checked nothing:
+  a ValueError naming those steps, not a pass."""
+  missing = [s for s in out.unlogged if s % cfg.runtime.log_every == 0 or s == cfg.rl.steps]
+  if missing:
+    raise ValueError(f"{workdir}/metrics.jsonl has no rl row for replayed step(s) {missing}: nothing to "
+                     "compare them with (was it removed or cut short?); replay checks a run against its own log.")
+  if not out.compared:
+    raise ValueError(f"replay re-ran {len(out.unlogged)} step(s) from the checkpoint of step {first} and "
+                     f"compared none with {workdir}/metrics.jsonl: there is nothing after that checkpoint to check.")
 
 
 def _close(want: float | None, got: float | None, tolerance: float) -> bool:
