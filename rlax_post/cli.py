@@ -12,7 +12,6 @@ where it can be checked that early; anything else is a bug and keeps its traceba
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import difflib
 import functools
 import inspect
@@ -23,8 +22,6 @@ import shutil
 import sys
 import tempfile
 import textwrap
-import types
-import typing
 
 from absl import app
 from absl import flags
@@ -293,26 +290,13 @@ def _check_overrides(argv) -> None:
     _check_key(raw, key)
 
 
-def _accepts_none(key: str) -> bool:
-  """Whether config key `key` (dotted) is a field of `config.Config` that may be None."""
-  tp = config_lib.Config
-  for part in key.split("."):
-    if not dataclasses.is_dataclass(tp):
-      return False
-    hints = typing.get_type_hints(tp)
-    if part not in hints:
-      return False
-    tp = hints[part]
-  return typing.get_origin(tp) in (types.UnionType, typing.Union) and type(None) in typing.get_args(tp)
-
-
 def _none_overrides(argv) -> tuple[list[str], list[str]]:
   """(argv without them, keys) of `--config.KEY=None` for fields that may be None: ml_collections reads the
   word as the string 'None' (a str field) or fails (a float), so they are set to None after parsing."""
   rest, keys = [], []
   for arg in argv:
     m = re.fullmatch(r"--?config\.([^=]+)=None", arg)
-    if m and _accepts_none(m.group(1)):
+    if m and config_lib.accepts_none(m.group(1)):
       keys.append(m.group(1))
     else:
       rest.append(arg)
@@ -487,7 +471,7 @@ def _write_json(report) -> None:
   """Prints `report`; with --json also writes it there whole (a temporary file renamed into place)."""
   if _JSON.value:
     runtime.write_json(_JSON.value, report)
-  print(json.dumps(report, indent=2))
+  print(json.dumps(report, indent=2, allow_nan=False))  # Strict JSON, as written to --json.
 
 
 def _rescue_sim(argv):

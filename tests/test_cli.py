@@ -311,3 +311,15 @@ def test_a_refused_command_leaves_no_directory_it_made(tmp_path, args):
   out = _cli(*[a.format(d=kept) for a in args])
   _error(out, args[0])
   assert kept.is_dir()  # a directory the user made is left alone
+
+
+def test_sweep_validates_its_overrides_before_any_unit_starts(tmp_path):
+  """A bad --config override is one line naming the point and the key; no unit was started (each unit failed
+  in its own train.log)."""
+  root = tmp_path / "root"
+  line = _error(_cli("sweep", "--config", "configs/demo.py:tiny", "--workdir", root, "--config.rl.top_p=0.0"),
+                "sweep")
+  assert "sweep point 0" in line and "rl.top_p" in line, line
+  assert not root.exists()
+  line = _error(_cli("sweep", "--config", "configs/demo.py:tiny", "--workdir", root, "-config.seed=4"), "sweep")
+  assert "overrides of swept key(s) ['seed']" in line, line

@@ -5,13 +5,17 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 from absl import flags as absl_flags
 from ml_collections import config_flags
 import numpy as np
 import pytest
 
+from rlax_post import config as config_lib
+from rlax_post import runtime
 from rlax_post import sweep
+from rlax_post.sweep import _local
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.py")
@@ -98,7 +102,7 @@ def test_bad_sweeps_fail_before_launch(tmp_path):
   with pytest.raises(ValueError, match=r"sweep point 0 .*invalid config.*nope"):
     sweep.work_units(bad_value)
   dup = _write_config(tmp_path, "return [{'seed': 1}, {'seed': 1}]", "d.py")
-  with pytest.raises(ValueError, match=r"repeats work unit\(s\) \['seed=1'\]"):
+  with pytest.raises(ValueError, match=r"sweep points 0 \(\{'seed': 1\}\) and 1 \(\{'seed': 1\}\) give the same"):
     sweep.work_units(dup)
   wrong_type = _write_config(tmp_path, "return [{'seed': 'one'}]", "t.py")
   with pytest.raises(ValueError, match="seed='one'"):
@@ -111,7 +115,8 @@ def _fake_result(tmp_path, overrides, idx, evals, train):
   unit = sweep.WorkUnit(index=idx, config="c.py", overrides=overrides)
   r = sweep.UnitResult(unit=unit, workdir=str(tmp_path / unit.dirname), returncode=0)
   r.summary = {"initial_eval_reward": evals[0][1], "final_eval_reward": evals[-1][1],
-               "improvement": evals[-1][1] - evals[0][1], "wall_seconds": 10.0}
+               "improvement": evals[-1][1] - evals[0][1], "wall_seconds": 10.0, "rl_steps": 4,
+               "rl_steps_done": 4}
   r.eval_curve, r.train_curve = evals, train
   return r
 
@@ -125,13 +130,16 @@ def test_group_figures_and_report(tmp_path):
   assert mean == pytest.approx(0.45) and std == pytest.approx(np.std([0.5, 0.4], ddof=1))
   assert groups["e=a"]["improvement"][0] == pytest.approx(0.3)
   assert groups["e=a"]["train_reward_last_quarter"][0] == pytest.approx(0.4)  # last of 4 steps: 0.6, 0.2
-  assert groups["e=b"]["units"] == 1 and groups["e=b"]["final_eval_reward"] == (pytest.approx(0.3), 0.0)
+  # One seed: a mean, and no standard deviation (undefined, not 0).
+  assert groups["e=b"]["units"] == 1 and groups["e=b"]["final_eval_reward"] == (pytest.approx(0.3), None)
   text = sweep.table(rs)
   assert "| e=a,seed=1 | ok | 0.200 | 0.400 | 0.200 | 0.100 → 0.200 | 10 |" in text
   assert "| e=a | 2/2 | 0.150 ± 0.071 | 0.450 ± 0.071 | 0.300 ± 0.141 |" in text
+  assert "| e=b | 1/1 | 0.300 ± – | 0.300 ± – | 0.000 ± – |" in text
   payload = sweep.write_report(rs, str(tmp_path), config="c.py")
   on_disk = json.loads((tmp_path / "sweep.json").read_text())
   assert on_disk["groups"][0]["final_eval_reward"][0] == pytest.approx(0.45) == payload["groups"][0]["final_eval_reward"][0]
+  assert on_disk["groups"][1]["final_eval_reward"] == [pytest.approx(0.3), None]
   assert (tmp_path / "sweep.png").stat().st_size > 10_000
 
 
@@ -171,3 +179,165 @@ def test_sweep_cli_end_to_end(tmp_path):
   clash = subprocess.run(cmd[:-2] + ["--config.advantage.estimator=grpo"], capture_output=True, text=True,
                          timeout=300, cwd=REPO)
   assert clash.returncode == 2 and "which the sweep itself varies" in clash.stderr
+
+
+# --- Units: duplicates, command-line overrides, warm keys ---
+
+
+@pytest.mark.parametrize("points", [
+    "[{'advantage.estimator': 'rloo', 'seed': 1}, {'seed': 1, 'advantage.estimator': 'rloo'}]",
+    "[{'rl.optimizer.learning_rate': 1, 'seed': 0}, {'rl.optimizer.learning_rate': 1.0, 'seed': 0}]",
+], ids=["key order", "1 vs 1.0"])
+def test_points_that_give_one_config_are_refused(tmp_path, points):
+  """Duplicates are found on the loaded config, not on names printed from the overrides (which depend on
+  key order and on how a number is written): the same point ran twice and counted as two seeds."""
+  path = _write_config(tmp_path, f"return {points}")
+  with pytest.raises(ValueError, match=r"sweep points 0 \(.*\) and 1 \(.*\) give the same config"):
+    sweep.work_units(f"{path}:tiny")
+
+
+def test_group_ignores_key_order():
+  a = sweep.WorkUnit(index=0, config="c.py", overrides={"b": 1, "a": "x", "seed": 0})
+  b = sweep.WorkUnit(index=1, config="c.py", overrides={"seed": 1, "a": "x", "b": 1})
+  assert a.group == b.group == "a=x,b=1"
+
+
+def test_command_line_overrides_are_validated_and_keyed_per_unit():
+  """The command line's --config overrides are applied to every point before it is validated (a bad one
+  fails before any unit starts) and before its warm-start key is computed (the key the unit writes)."""
+  with pytest.raises(ValueError, match=r"sweep point 0 .*invalid config.*rl.top_p"):
+    sweep.work_units(f"{DEMO}:tiny", ["--config.rl.top_p=0.0"])
+  with pytest.raises(ValueError, match=r"command-line override 'rl.nope' does not exist"):
+    sweep.work_units(f"{DEMO}:tiny", ["--config.rl.nope=1"])
+  plain = sweep.work_units(f"{DEMO}:tiny")
+  units = sweep.work_units(f"{DEMO}:tiny", ["--config.sft.steps=3", "-config.rl.steps=1"])
+  module = sweep.load_module(DEMO)
+  for unit in units:
+    cfg = config_lib.load(sweep.apply(module.get_config("tiny"), {"sft.steps": 3, "rl.steps": 1, **unit.overrides}))
+    assert unit.warm_key == runtime.warm_start_cache_key(cfg) != plain[unit.index].warm_key
+
+
+def test_units_without_a_warm_start_wait_for_none():
+  """sft.steps = 0: no warm key, so --parallel runs such units together (they were run one at a time)."""
+  u0, u1 = sweep.work_units(f"{DEMO}:tiny", ["--config.sft.steps=0"])
+  assert u0.warm_key == u1.warm_key == ""
+  pending = [sweep.UnitResult(unit=u1, workdir="/nonexistent")]
+  assert _local._next_unit(pending, {u0.warm_key}, "/nonexistent/cache") is pending[0]
+  w0, w1 = sweep.work_units(f"{DEMO}:tiny")  # One warm start: the second waits for the first's.
+  assert w0.warm_key == w1.warm_key != ""
+  assert _local._next_unit([sweep.UnitResult(unit=w1, workdir="/x")], {w0.warm_key}, "/nonexistent/cache") is None
+
+
+def test_single_dash_and_negated_overrides_reach_the_units():
+  argv = ["--config", "configs/demo.py:tiny", "-config.rl.steps=1", "--noconfig.runtime.plot",
+          "--config.runtime.tensorboard", "--workdir", "/tmp/x"]
+  over = sweep.command_line_overrides(argv)
+  assert over == ["-config.rl.steps=1", "--noconfig.runtime.plot", "--config.runtime.tensorboard"]
+  (unit, _) = sweep.work_units(f"{DEMO}:tiny", over)  # Parsed as the unit's own flags parse them.
+  assert _local._command(unit, "/tmp/x", over, "python")[-6:-3] == over
+  with pytest.raises(ValueError, match=r"swept key\(s\) \['seed'\]"):
+    sweep.check_overrides([unit], ["-config.seed=3"])
+  with pytest.raises(ValueError, match="--config.key=value"):
+    sweep.command_line_overrides(["--config.rl.steps", "3"])
+
+
+@pytest.mark.parametrize("body, want", [
+    ("points = [{'seed': 0}]", r"cfg.py'.*get_sweep\(None\) \(line \d+\) returned NoneType; expected a list"),
+    ("return {'seed': 0}", r"returned dict; expected a list"),
+    ("raise KeyError('oops')", r"get_sweep\(None\) failed \(line \d+\): KeyError"),
+], ids=["no return", "a dict", "raises"])
+def test_a_broken_get_sweep_is_one_line(tmp_path, body, want):
+  with pytest.raises(ValueError, match=want):
+    sweep.work_units(_write_config(tmp_path, body))
+
+
+# --- run_local: what counts as a result ---
+
+
+def _summary(done, steps=2):
+  return {"initial_eval_reward": 0.1, "final_eval_reward": 0.5, "improvement": 0.4, "wall_seconds": 3.0,
+          "rl_steps": steps, "rl_steps_done": done}
+
+
+def test_a_torn_metrics_line_is_dropped_and_unreadable_outputs_fail_the_unit(tmp_path):
+  unit = sweep.WorkUnit(index=0, config="c.py", overrides={"seed": 0})
+  (tmp_path / "summary.json").write_text(json.dumps(_summary(2)))
+  (tmp_path / "metrics.jsonl").write_text('{"phase": "rl", "step": 1, "reward_mean": 0.2}\n{"phase": "rl", "st')
+  r = _local._collect(sweep.UnitResult(unit=unit, workdir=str(tmp_path), returncode=0))
+  assert r.ok and r.train_curve == [(1, 0.2)]
+  (tmp_path / "metrics.jsonl").write_text('{"phase": "rl", "st\n{"phase": "rl", "step": 2, "reward_mean": 0.3}\n')
+  r = _local._collect(sweep.UnitResult(unit=unit, workdir=str(tmp_path), returncode=0))
+  assert not r.ok and r.status == "unreadable" and "line 1: not a JSON row" in r.error
+
+
+def test_a_unit_stopped_early_is_not_a_result_and_runs_again(tmp_path):
+  """runtime.stop_after_steps writes a summary.json: the unit was counted as finished and never resumed."""
+  results = []
+  for i, done in enumerate((1, 2)):
+    u = sweep.WorkUnit(index=i, config="c.py", overrides={"seed": i})
+    os.makedirs(u.workdir(str(tmp_path)))
+    with open(os.path.join(u.workdir(str(tmp_path)), "summary.json"), "w") as f:
+      json.dump(_summary(done), f)
+    results.append(sweep.UnitResult(unit=u, workdir=u.workdir(str(tmp_path))))
+  pending = _local._unfinished(results, say=lambda msg: None)
+  assert [r.unit.index for r in pending] == [0] and results[1].ok
+  stopped = pending[0]
+  assert not stopped.ok and stopped.status == "stopped (1/2)" and "rl_steps_done=1 of rl_steps=2" in stopped.error
+  assert stopped.figures()["final_eval_reward"] is None  # not counted
+  assert sweep.group_figures(results)[0]["finished"] == 1
+
+
+_FAKE_PYTHON = """#!/bin/bash
+# Stands in for `python -m rlax_post.cli train ... --workdir W`: unit 0 dies mid-append of metrics.jsonl,
+# unit 1 finishes (or, with STALL set, records its pid and runs on).
+while [ $# -gt 0 ]; do [ "$1" = "--workdir" ] && W="$2"; shift; done
+case "$W" in
+  *00_*) printf '{"phase": "rl", "step": 1, "reward_mean": 0.2}\\n{"phase": "rl", "st' > "$W/metrics.jsonl"; kill -9 $$ ;;
+  *) [ -n "$STALL" ] && { echo $$ > "$STALL"; sleep 60; }
+     printf '{"phase": "rl", "step": 2, "reward_mean": 0.5}\\n' > "$W/metrics.jsonl"
+     echo '{"initial_eval_reward":0.0,"final_eval_reward":1.0,"improvement":1.0,"wall_seconds":1,"rl_steps":2,"rl_steps_done":2}' > "$W/summary.json" ;;
+esac
+"""
+
+
+def _fake_python(tmp_path):
+  path = tmp_path / "fake_python.sh"
+  path.write_text(_FAKE_PYTHON)
+  path.chmod(0o755)
+  return str(path)
+
+
+def test_run_local_reports_a_torn_unit_and_waits_for_the_others(tmp_path):
+  results = sweep.run_local(f"{DEMO}:tiny", str(tmp_path / "root"), parallel=2, pin_cpus=False,
+                            share_warm_start=False, python=_fake_python(tmp_path), say=lambda msg: None)
+  assert [(r.ok, r.returncode) for r in results] == [(False, -9), (True, 0)]
+  assert results[0].train_curve == [(1, 0.2)] and results[1].train_curve == [(2, 0.5)]
+
+
+def test_run_local_kills_its_units_when_it_stops(tmp_path, monkeypatch):
+  pid_file = tmp_path / "pid"
+  monkeypatch.setenv("STALL", str(pid_file))
+
+  def say(msg):
+    if "2/2" in msg and "started" in msg:
+      for _ in range(100):  # Until the unit has written its pid.
+        if pid_file.exists() and pid_file.read_text().strip():
+          break
+        time.sleep(0.1)
+      raise KeyboardInterrupt  # Ctrl-C while units run
+  with pytest.raises(KeyboardInterrupt):
+    sweep.run_local(f"{DEMO}:tiny", str(tmp_path / "root"), parallel=2, pin_cpus=False, share_warm_start=False,
+                    python=_fake_python(tmp_path), say=say)
+  pid = int(pid_file.read_text())
+  with pytest.raises(ProcessLookupError):
+    os.kill(pid, 0)  # Killed and reaped, not left running.
+
+
+def test_reports_are_strict_json(tmp_path):
+  with pytest.raises(ValueError, match="not written.*finite number or null"):
+    runtime.write_json(str(tmp_path / "r.json"), {"credit_fidelity": float("nan")})
+  assert not os.listdir(tmp_path)
+  r = _fake_result(tmp_path, {"e": "a", "seed": 0}, 0, [(0, 0.1), (4, 0.5)], [(1, 0.0)])
+  r.summary["wall_seconds"] = float("inf")
+  with pytest.raises(ValueError, match="sweep.json: not written"):
+    sweep.write_report([r], str(tmp_path), config="c.py")

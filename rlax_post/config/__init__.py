@@ -1,5 +1,6 @@
 """Run configuration: validated frozen dataclasses built from `configs/*.py` ConfigDicts."""
 
+from rlax_post.config._schema import accepts_none
 from rlax_post.config._schema import ADVANTAGE_ESTIMATORS
 from rlax_post.config._schema import AdvantageSection
 from rlax_post.config._schema import AGG_MODES
@@ -44,6 +45,7 @@ from rlax_post.config._schema import uses_critic
 from rlax_post.config._validate import to_dict
 
 __all__ = [
+    "accepts_none",
     "ADVANTAGE_ESTIMATORS",
     "AdvantageSection",
     "AGG_MODES",

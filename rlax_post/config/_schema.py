@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from typing import Any
 
 from rlax_post.config._validate import bounded
@@ -605,3 +607,16 @@ def separate_critic(cfg: Config) -> bool:
 def load(raw: Any) -> Config:
   """Validates a ConfigDict (or mapping) into a `Config`."""
   return build(Config, raw)
+
+
+def accepts_none(key: str) -> bool:
+  """Whether config key `key` (dotted, e.g. "model.hf_path") is a field of `Config` that may be None."""
+  tp = Config
+  for part in key.split("."):
+    if not dataclasses.is_dataclass(tp):
+      return False
+    hints = typing.get_type_hints(tp)
+    if part not in hints:
+      return False
+    tp = hints[part]
+  return typing.get_origin(tp) in (types.UnionType, typing.Union) and type(None) in typing.get_args(tp)

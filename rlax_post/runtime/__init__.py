@@ -29,6 +29,7 @@ from rlax_post.runtime._loop import run_learner
 from rlax_post.runtime._loop import train
 from rlax_post.runtime._metrics import MetricsWriter
 from rlax_post.runtime._metrics import plot_curves
+from rlax_post.runtime._metrics import read_jsonl
 from rlax_post.runtime._metrics import write_json
 from rlax_post.runtime._parts import build_parts
 from rlax_post.runtime._parts import Parts
@@ -67,7 +68,7 @@ __all__ = ["build_parts", "Credit", "credit_fidelity", "spearman", "ModelPolicy"
            "HarnessOptions", "run_rescue_eval", "simulate_sessions", "Channels", "complete_checkpoints", "CriticScores", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "Evaluator", "export_hf",
            "InlineSource", "initialize_distributed", "learn", "make_source", "discounted_returns", "pair_rows",
            "QFunction", "read_rounds", "round_dir", "RoundSource", "transitions_of", "load_run_config", "LoggedSource", "MetricsWriter",
-           "Parts", "plot_curves", "ProcessSource", "replay", "RLUpdate", "RolloutBatch", "rows_to_batch",
+           "Parts", "plot_curves", "read_jsonl", "ProcessSource", "replay", "RLUpdate", "RolloutBatch", "rows_to_batch",
            "run_learner", "run_memory", "run_sampler", "RunCheckpointer", "SamplerWorker", "serve", "Source",
            "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "warm_start_cache_entries",
            "warm_start_cache_key", "write_json"]

@@ -1,8 +1,10 @@
 """`rlax-post sweep`: run a config's work units as local processes, N at a time, and compare them.
 
 Every unit is a real `rlax-post train` process with its own workdir `<root>/<unit.dirname>` and its log in
-`<root>/<unit.dirname>/train.log`. A unit whose summary.json exists is not run again (so an interrupted sweep
-is continued by running the same command); one with a complete checkpoint but no summary is resumed (`--resume`).
+`<root>/<unit.dirname>/train.log`. A unit whose summary.json says it did all its RL steps is not run again (so
+an interrupted sweep is continued by running the same command); one with a complete checkpoint but no such
+summary (killed, or stopped early by runtime.stop_after_steps) is resumed (`--resume`). A failed or partial
+unit is never counted in the figures.
 When the sweep ends: a table of final metrics per unit and per group (units that differ only by `seed`),
 `<root>/sweep.json` with the same figures, and `<root>/sweep.png` with the reward curves.
 """
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,18 +37,31 @@ class UnitResult:
   eval_curve: list[tuple[int, float]] = dataclasses.field(default_factory=list)
   train_curve: list[tuple[int, float]] = dataclasses.field(default_factory=list)
   log_tail: str = ""
+  error: str = ""  # Why a unit that exited 0 is not a result (unreadable outputs, a run stopped early).
 
   @property
   def ok(self) -> bool:
-    return self.summary is not None
+    """The unit ran to its last RL step: a failed or partial run is never counted as a result."""
+    return self.returncode in (None, 0) and not self.error and finished(self.summary)
+
+  @property
+  def status(self) -> str:
+    if self.ok:
+      return "ok"
+    if self.returncode not in (None, 0):
+      return f"failed ({self.returncode})"
+    if self.summary is not None and not self.error.startswith("outputs"):
+      return f"stopped ({self.summary.get('rl_steps_done')}/{self.summary.get('rl_steps')})"
+    return "unreadable"
 
   def figures(self) -> dict[str, Any]:
-    s = self.summary or {}
-    train = [r for _, r in self.train_curve]
+    s = self.summary if self.ok else {}
+    train = [r for _, r in self.train_curve] if self.ok else []
     tail = train[-max(1, len(train) // 4):] if train else []
     return {
         "unit": self.unit.name, "group": self.unit.group, "dirname": self.unit.dirname,
-        "overrides": dict(self.unit.overrides), "ok": self.ok, "returncode": self.returncode,
+        "overrides": dict(self.unit.overrides), "ok": self.ok, "status": self.status,
+        "returncode": self.returncode, "error": self.error or None,
         "initial_eval_reward": s.get("initial_eval_reward"), "final_eval_reward": s.get("final_eval_reward"),
         "improvement": s.get("improvement"), "wall_seconds": s.get("wall_seconds"),
         # The mean sampled reward over the last quarter of the RL steps: less noisy than the last step.
@@ -55,27 +71,43 @@ class UnitResult:
     }
 
 
+def finished(summary: dict[str, Any] | None) -> bool:
+  """A summary.json of a run that did all its RL steps (not one stopped early by runtime.stop_after_steps)."""
+  if not isinstance(summary, dict):
+    return False
+  done, steps = summary.get("rl_steps_done"), summary.get("rl_steps")
+  return isinstance(done, int) and isinstance(steps, int) and done >= steps
+
+
 def _read_curves(workdir: str) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-  path = os.path.join(workdir, "metrics.jsonl")
   evals, train = [], []
-  if not os.path.exists(path):
-    return evals, train
-  with open(path) as f:
-    for line in f:
-      row = json.loads(line)
-      if row.get("phase") == "eval" and row.get("eval_reward") is not None:
-        evals.append((int(row["step"]), float(row["eval_reward"])))
-      elif row.get("phase") == "rl" and row.get("reward_mean") is not None:
-        train.append((int(row["step"]), float(row["reward_mean"])))
+  # The runtime's reader: a last row torn by a unit killed mid-append is dropped (with a warning).
+  for row in runtime.read_jsonl(os.path.join(workdir, "metrics.jsonl")):
+    if row.get("phase") == "eval" and row.get("eval_reward") is not None:
+      evals.append((int(row["step"]), float(row["eval_reward"])))
+    elif row.get("phase") == "rl" and row.get("reward_mean") is not None:
+      train.append((int(row["step"]), float(row["reward_mean"])))
   return evals, train
 
 
 def _collect(result: UnitResult) -> UnitResult:
+  """Reads the unit's summary.json and curves; a unit whose outputs cannot be read is not a result (its
+  `error` says why), nor is one whose summary says it stopped early."""
+  result.summary, result.error = None, ""
   path = os.path.join(result.workdir, "summary.json")
-  if os.path.exists(path):
-    with open(path) as f:
-      result.summary = json.load(f)
-  result.eval_curve, result.train_curve = _read_curves(result.workdir)
+  try:
+    if os.path.exists(path):
+      with open(path) as f:
+        result.summary = json.load(f)
+    result.eval_curve, result.train_curve = _read_curves(result.workdir)
+  except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+    result.error = f"outputs in {result.workdir} cannot be read: {type(e).__name__}: {e}"
+    return result
+  if result.summary is not None and not finished(result.summary):
+    s = result.summary
+    result.error = (f"its summary.json has rl_steps_done={s.get('rl_steps_done')!r} of rl_steps="
+                    f"{s.get('rl_steps')!r}: stopped early (runtime.stop_after_steps), not finished; run the "
+                    "sweep again to resume it")
   return result
 
 
@@ -99,10 +131,11 @@ def _command(unit: _units.WorkUnit, workdir: str, extra_flags: Sequence[str], py
 
 def _next_unit(pending: list[UnitResult], running_keys: set[str], cache_dir: str | None) -> UnitResult | None:
   """The first pending unit whose warm start is cached or not being computed by a running unit: two units
-  never compute one warm start at the same time (the second waits for the cache instead)."""
+  never compute one warm start at the same time (the second waits for the cache instead). A unit with no
+  warm start (warm_key "", sft.steps = 0) waits for nothing."""
   for r in pending:
     key = r.unit.warm_key
-    if not cache_dir or key not in running_keys or runtime.warm_start_cache_entries(cache_dir, key):
+    if not key or not cache_dir or key not in running_keys or runtime.warm_start_cache_entries(cache_dir, key):
       return r
   return None
 
@@ -110,78 +143,125 @@ def _next_unit(pending: list[UnitResult], running_keys: set[str], cache_dir: str
 WARM_CACHE = "warm_start_cache"
 
 
+def _shared_cache(units, root: str, extra_flags: Sequence[str], share: bool) -> tuple[str | None, list[str]]:
+  """(the warm-start cache the units share, the flags that set it): the command line's, else
+  <root>/warm_start_cache (unless the sweep sets sft.cache_dir per unit, or sharing is off)."""
+  given = [f.split("=", 1)[1] for f in extra_flags if _units.override_key(f) == "sft.cache_dir" and "=" in f]
+  if given:
+    return given[-1], list(extra_flags)
+  if share and not any("sft.cache_dir" in u.overrides for u in units):
+    cache_dir = os.path.abspath(os.path.join(root, WARM_CACHE))
+    return cache_dir, [*extra_flags, f"--config.sft.cache_dir={cache_dir}"]
+  return None, list(extra_flags)
+
+
+@dataclasses.dataclass
+class _Running:
+  proc: subprocess.Popen
+  result: UnitResult
+  t0: float
+  log: Any  # The open train.log.
+
+
+def _start(r: UnitResult, cpus: set[int] | None, extra_flags: Sequence[str], python: str) -> _Running:
+  os.makedirs(r.workdir, exist_ok=True)
+  log = open(os.path.join(r.workdir, "train.log"), "ab")  # pylint: disable=consider-using-with
+  proc = subprocess.Popen(  # pylint: disable=subprocess-popen-preexec-fn
+      _command(r.unit, r.workdir, extra_flags, python), stdout=log, stderr=subprocess.STDOUT,
+      start_new_session=True,  # Its own process group: stopped whole (with any children) if the sweep stops.
+      preexec_fn=(lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None)
+  return _Running(proc, r, time.time(), log)
+
+
+def _stop(run: _Running) -> None:
+  """Kills a unit's process group and waits for it."""
+  try:
+    os.killpg(run.proc.pid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    run.proc.kill()
+  run.proc.wait()
+  run.log.close()
+
+
+def _finish(run: _Running, say, total: int) -> None:
+  run.log.close()
+  r = run.result
+  r.returncode, r.seconds = run.proc.returncode, time.time() - run.t0
+  _collect(r)
+  where = f"[{r.unit.index + 1}/{total}] {r.unit.name}"
+  if r.ok:
+    s = r.summary
+    say(f"{where}: done in {r.seconds:.0f} s, eval reward {_fmt(s.get('initial_eval_reward'))} -> "
+        f"{_fmt(s.get('final_eval_reward'))}.")
+    return
+  with open(os.path.join(r.workdir, "train.log"), "rb") as f:
+    r.log_tail = f.read()[-2000:].decode(errors="replace")
+  why = f"exit {r.returncode}" + (f"; {r.error}" if r.error else "")
+  say(f"{where}: FAILED ({why}); log: {os.path.join(r.workdir, 'train.log')}\n{r.log_tail}")
+
+
+def _unfinished(results: list[UnitResult], say) -> list[UnitResult]:
+  """The units to run: all but those whose summary.json says they finished (a unit stopped early is run
+  again, with --resume)."""
+  pending = []
+  for r in results:
+    if os.path.exists(os.path.join(r.workdir, "summary.json")) and _collect(r).ok:
+      say(f"[{r.unit.index + 1}/{len(results)}] {r.unit.name}: finished earlier, not run again.")
+    else:
+      pending.append(r)
+  return pending
+
+
 def run_local(config: str, root: str, *, parallel: int = 1, extra_flags: Sequence[str] = (),
               pin_cpus: bool = True, share_warm_start: bool = True, python: str | None = None,
               say=print) -> list[UnitResult]:
   """Runs every work unit of `config` under `root`, `parallel` at a time; returns their results in order.
 
-  With `share_warm_start`, units pass `--config.sft.cache_dir=<root>/warm_start_cache`, so units whose warm
-  start is the same (same seed, task, model and sft settings) compute it once.
+  `extra_flags` (`--config.key=value`) go to every unit, and every unit's config is validated with them
+  before any starts. With `share_warm_start`, units pass `--config.sft.cache_dir=<root>/warm_start_cache`,
+  so units whose warm start is the same (same seed, task, model and sft settings) compute it once. If the
+  sweep stops (an error, Ctrl-C), the unit processes it started are killed.
   """
   if parallel < 1:
     raise ValueError(f"sweep: --parallel must be >= 1; got {parallel}.")
-  units = _units.work_units(config)
+  units = _units.work_units(config, extra_flags)
   _units.check_overrides(units, extra_flags)
-  # The warm-start cache the units share: the command line's, else <root>/warm_start_cache (unless the sweep
-  # sets sft.cache_dir per unit, or sharing is off).
-  given = [f.split("=", 1)[1] for f in extra_flags if f.startswith("--config.sft.cache_dir=")]
-  cache_dir = given[-1] if given else None
-  if share_warm_start and not given and not any("sft.cache_dir" in u.overrides for u in units):
-    cache_dir = os.path.abspath(os.path.join(root, WARM_CACHE))
-    extra_flags = [*extra_flags, f"--config.sft.cache_dir={cache_dir}"]
+  cache_dir, extra_flags = _shared_cache(units, root, extra_flags, share_warm_start)
   python = python or sys.executable
   os.makedirs(root, exist_ok=True)
   results = [UnitResult(unit=u, workdir=u.workdir(root)) for u in units]
-  pending = []
-  for r in results:
-    if os.path.exists(os.path.join(r.workdir, "summary.json")):
-      _collect(r)
-      say(f"[{r.unit.index + 1}/{len(units)}] {r.unit.name}: finished earlier, not run again.")
-    else:
-      pending.append(r)
+  pending = _unfinished(results, say)
   slots = _cpu_slots(parallel) if pin_cpus else [None] * parallel
   free = list(range(parallel))
-  running: dict[int, tuple[subprocess.Popen, UnitResult, float, Any]] = {}
-  while pending or running:
-    while pending and free:
-      r = _next_unit(pending, {rr.unit.warm_key for _, rr, _, _ in running.values()}, cache_dir)
-      if r is None:
-        break
-      pending.remove(r)
-      slot = free.pop(0)
-      os.makedirs(r.workdir, exist_ok=True)
-      log = open(os.path.join(r.workdir, "train.log"), "ab")  # pylint: disable=consider-using-with
-      cpus = slots[slot]
-      proc = subprocess.Popen(  # pylint: disable=subprocess-popen-preexec-fn
-          _command(r.unit, r.workdir, extra_flags, python), stdout=log, stderr=subprocess.STDOUT,
-          preexec_fn=(lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None)
-      running[slot] = (proc, r, time.time(), log)
-      where = f" on CPUs {sorted(cpus)}" if cpus else ""
-      say(f"[{r.unit.index + 1}/{len(units)}] {r.unit.name}: started{where}.")
-    time.sleep(0.2)
-    for slot, (proc, r, t0, log) in list(running.items()):
-      if proc.poll() is None:
-        continue
-      log.close()
-      del running[slot]
-      free.append(slot)
-      r.returncode, r.seconds = proc.returncode, time.time() - t0
-      _collect(r)
-      if r.ok:
-        s = r.summary
-        say(f"[{r.unit.index + 1}/{len(units)}] {r.unit.name}: done in {r.seconds:.0f} s, eval reward "
-            f"{s['initial_eval_reward']:.3f} -> {s['final_eval_reward']:.3f}.")
-      else:
-        with open(os.path.join(r.workdir, "train.log"), "rb") as f:
-          r.log_tail = f.read()[-2000:].decode(errors="replace")
-        say(f"[{r.unit.index + 1}/{len(units)}] {r.unit.name}: FAILED (exit {proc.returncode}); "
-            f"log: {os.path.join(r.workdir, 'train.log')}\n{r.log_tail}")
+  running: dict[int, _Running] = {}
+  try:
+    while pending or running:
+      while pending and free:
+        r = _next_unit(pending, {run.result.unit.warm_key for run in running.values()}, cache_dir)
+        if r is None:
+          break
+        pending.remove(r)
+        slot = free.pop(0)
+        running[slot] = _start(r, slots[slot], extra_flags, python)
+        where = f" on CPUs {sorted(slots[slot])}" if slots[slot] else ""
+        say(f"[{r.unit.index + 1}/{len(units)}] {r.unit.name}: started{where}.")
+      time.sleep(0.2)
+      for slot, run in list(running.items()):
+        if run.proc.poll() is None:
+          continue
+        del running[slot]
+        free.append(slot)
+        _finish(run, say, len(units))
+  finally:
+    for run in running.values():
+      _stop(run)
   return results
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
+def _mean_std(values: list[float]) -> tuple[float, float | None]:
+  """(mean, sample std); the std is None for one value (undefined, not 0)."""
   a = np.asarray(values, dtype=np.float64)
-  return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+  return float(a.mean()), (float(a.std(ddof=1)) if len(a) > 1 else None)
 
 
 def group_figures(results: Sequence[UnitResult]) -> list[dict[str, Any]]:
@@ -206,7 +286,9 @@ def _fmt(v, digits=3):
 
 
 def _fmt_ms(ms, digits=3):
-  return "-" if ms is None else f"{ms[0]:.{digits}f} ± {ms[1]:.{digits}f}"
+  if ms is None:
+    return "-"
+  return f"{ms[0]:.{digits}f} ± {'–' if ms[1] is None else f'{ms[1]:.{digits}f}'}"
 
 
 def table(results: Sequence[UnitResult]) -> str:
@@ -215,8 +297,7 @@ def table(results: Sequence[UnitResult]) -> str:
            "|---|---|---|---|---|---|---|"]
   for r in results:
     f = r.figures()
-    status = "ok" if r.ok else f"failed ({r.returncode})"
-    lines.append(f"| {f['unit']} | {status} | {_fmt(f['initial_eval_reward'])} | "
+    lines.append(f"| {f['unit']} | {r.status} | {_fmt(f['initial_eval_reward'])} | "
                  f"{_fmt(f['final_eval_reward'])} | {_fmt(f['improvement'])} | "
                  f"{_fmt(f['train_reward_first'])} → {_fmt(f['train_reward_last_quarter'])} | "
                  f"{_fmt(f['wall_seconds'], 0)} |")
@@ -232,7 +313,9 @@ def table(results: Sequence[UnitResult]) -> str:
 
 
 def plot(results: Sequence[UnitResult], path: str, *, title: str = "") -> None:
-  """Reward curves of every unit, coloured by group: greedy eval (left) and sampled train reward (right)."""
+  """Reward curves of every finished unit, coloured by group: greedy eval (left) and sampled train reward
+  (right)."""
+  results = [r for r in results if r.ok]  # A failed or partial run is not a result.
   import matplotlib  # pylint: disable=g-import-not-at-top  (only to plot; heavy import)
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (only to plot; heavy import)
@@ -268,9 +351,6 @@ def write_report(results: Sequence[UnitResult], root: str, *, config: str, json_
   payload = {"config": config, "root": os.path.abspath(root),
              "units": [r.figures() for r in results], "groups": group_figures(results)}
   for path in [os.path.join(root, "sweep.json")] + ([json_path] if json_path else []):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-      json.dump(payload, f, indent=2)
-    os.replace(tmp, path)
+    runtime.write_json(path, payload)  # Strict JSON: a NaN that slipped through is an error here.
   plot(results, os.path.join(root, "sweep.png"), title=config)
   return payload

@@ -15,12 +15,15 @@ from collections.abc import Iterable, Mapping, Sequence
 import dataclasses
 import importlib.util
 import itertools
+import json
 import os
 import re
 import traceback
 from typing import Any
 
+from absl import flags as absl_flags
 import ml_collections
+from ml_collections import config_flags
 
 from rlax_post import config as config_lib
 from rlax_post import runtime
@@ -83,7 +86,8 @@ class WorkUnit:
   index: int
   config: str  # "configs/x.py" or "configs/x.py:variant", as given.
   overrides: Mapping[str, Any]
-  # runtime.warm_start_cache_key of the unit's config: units with one key share their warm start.
+  # runtime.warm_start_cache_key of the unit's config (command-line overrides included): units with one key
+  # share their warm start. "" for a unit without one (sft.steps = 0), which waits for no other unit.
   warm_key: str = ""
 
   @property
@@ -93,7 +97,7 @@ class WorkUnit:
   @property
   def group(self) -> str:
     """The name without the seed: units of one group differ only by their seed."""
-    return ",".join(f"{k}={_short(v)}" for k, v in self.overrides.items() if k != "seed") or "base"
+    return ",".join(f"{k}={_short(v)}" for k, v in sorted(self.overrides.items()) if k != "seed") or "base"
 
   @property
   def dirname(self) -> str:
@@ -110,29 +114,65 @@ class WorkUnit:
     return os.path.join(root, self.dirname)
 
 
-def command_line_overrides(argv: Sequence[str]) -> list[str]:
-  """The `--config.key=value` flags of a command line, which a launcher passes on to every unit.
+_OVERRIDE = re.compile(r"--?(no)?config\.")
 
-  Raises ValueError for the `--config.key value` spelling (the launcher could not tell the value apart).
+
+def command_line_overrides(argv: Sequence[str]) -> list[str]:
+  """The config overrides of a command line (`--config.key=value`, `-config.key=value`, `--config.flag` and
+  `--noconfig.flag`, as absl reads them), which a launcher passes on to every unit.
+
+  Raises ValueError for the `--config.key value` spelling (the launcher could not tell the value apart from
+  a bool flag followed by a positional argument).
   """
-  bare = [a for a in argv if a.startswith("--config.") and "=" not in a]
-  if bare:
-    raise ValueError(f"write overrides as --config.key=value; got {bare}")
-  return [a for a in argv if a.startswith("--config.")]
+  over = [a for a in argv if _OVERRIDE.match(a)]
+  spaced = [a for a, b in zip(argv, [*argv[1:], None])
+            if _OVERRIDE.match(a) and "=" not in a and b is not None and not b.startswith("-")]
+  if spaced:
+    raise ValueError(f"write overrides as --config.key=value; got {spaced} followed by a value")
+  return over
+
+
+def override_key(flag: str) -> str:
+  """The dotted key of a command-line override, e.g. 'rl.steps' of '-config.rl.steps=1'."""
+  match = _OVERRIDE.match(flag)
+  if not match:
+    raise ValueError(f"sweep: extra flag {flag!r} is not a --config.key=value override.")
+  return flag[match.end():].split("=", 1)[0]
 
 
 def check_overrides(units: Sequence[WorkUnit], overrides: Sequence[str]) -> None:
-  """Refuses a flag that is not `--config.key=value`, and an override of a key the sweep varies per unit."""
-  keys = []
-  for flag in overrides:
-    if not flag.startswith("--config.") or "=" not in flag:
-      raise ValueError(f"sweep: extra flag {flag!r} is not a --config.key=value override.")
-    keys.append(flag[len("--config."):].split("=", 1)[0])
+  """Refuses a flag that is not a config override, and an override of a key the sweep varies per unit."""
+  keys = [override_key(flag) for flag in overrides]
   swept = {k for u in units for k in u.overrides}
   clash = sorted({k for k in keys if k in swept})
   if clash:
     raise ValueError(f"--config overrides of swept key(s) {clash}, which the sweep itself varies per unit; "
                      "drop them or take them out of the sweep.")
+
+
+def _with_flags(cfg: ml_collections.ConfigDict, overrides: Sequence[str], config: str) -> ml_collections.ConfigDict:
+  """`cfg` with the command-line overrides (`--config.key=value` flags) set as `rlax-post train` sets them
+  (ml_collections' parser; `KEY=None` for a key that may be None); ValueError naming a bad one."""
+  nones = [f for f in overrides if f.endswith("=None") and config_lib.accepts_none(override_key(f))]
+  rest = [f for f in overrides if f not in nones]
+  for flag in overrides:
+    _check_key(cfg, override_key(flag), config, what="command-line override")
+  if rest:
+    argv = ["sweep", *rest]
+    values = absl_flags.FlagValues()
+    try:
+      config_flags.DEFINE_config_dict("config", cfg, flag_values=values, sys_argv=argv)
+      values(argv)
+    except absl_flags.Error as e:
+      raise ValueError(f"{config}: command-line override: {e}") from None
+    cfg = values.config
+  for flag in nones:
+    *path, name = override_key(flag).split(".")
+    section = cfg
+    for part in path:
+      section = section[part]
+    section[name] = None
+  return cfg
 
 
 def _split(spec: str) -> tuple[str, str | None]:
@@ -183,47 +223,78 @@ def _line_in(error: BaseException, path: str) -> int | None:
   return lines[-1] if lines else None
 
 
-def _check_key(cfg: ml_collections.ConfigDict, key: str, config: str) -> None:
+def _check_key(cfg: ml_collections.ConfigDict, key: str, config: str, what: str = "sweep key") -> None:
   node: Any = cfg
   parts = key.split(".")
   for i, part in enumerate(parts):
     if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
       where = ".".join(parts[:i]) or "the config"
       options = sorted(node.keys()) if isinstance(node, (ml_collections.ConfigDict, dict)) else []
-      raise ValueError(f"{config}: sweep key {key!r} does not exist ({part!r} is not a key of {where}; "
+      raise ValueError(f"{config}: {what} {key!r} does not exist ({part!r} is not a key of {where}; "
                        f"valid: {options}).")
     node = node[part]
 
 
-def work_units(config: str) -> list[WorkUnit]:
+def _points(module, arg: str | None, path: str) -> list[Point]:
+  """The points of the module's get_sweep(arg) ([{}] without one); ValueError naming the file (and line)
+  when it raises or returns anything but a list."""
+  if not hasattr(module, "get_sweep"):
+    return [{}]
+  try:
+    points = module.get_sweep(arg)
+  except Exception as e:  # pylint: disable=broad-except  (the user's file: any error is theirs to fix)
+    line = _line_in(e, path)
+    raise ValueError(f"config file {path!r}: get_sweep({arg!r}) failed{f' (line {line})' if line else ''}: "
+                     f"{type(e).__name__}: {e}") from None
+  if not isinstance(points, (list, tuple)):
+    line = getattr(getattr(module.get_sweep, "__code__", None), "co_firstlineno", None)
+    raise ValueError(f"config file {path!r}: get_sweep({arg!r}){f' (line {line})' if line else ''} returned "
+                     f"{type(points).__name__}; expected a list of dicts of dotted config keys, e.g. "
+                     "[{'seed': 0}, {'seed': 1}] (does it end with `return`?).")
+  if not points:
+    raise ValueError(f"config file {path!r}: get_sweep({arg!r}) returned no work units.")
+  return list(points)
+
+
+def _load_point(base: ml_collections.ConfigDict, point: Any, i: int, config: str) -> config_lib.Config:
+  """The validated config of sweep point `i` (`base` with the point's overrides set)."""
+  if not isinstance(point, Mapping):
+    raise ValueError(f"{config}: sweep point {i} is {point!r}; expected a dict of dotted config keys.")
+  cfg = ml_collections.ConfigDict(base.to_dict())
+  for key, value in point.items():
+    _check_key(cfg, key, config)
+    _flag_value(value)
+    try:
+      cfg.update_from_flattened_dict({key: value})
+    except (TypeError, ValueError) as e:
+      raise ValueError(f"{config}: sweep point {i} sets {key}={value!r}: {e}") from e
+  try:
+    return config_lib.load(cfg)
+  except ValueError as e:
+    raise ValueError(f"{config}: sweep point {i} ({point}) gives an invalid config: {e}") from e
+
+
+def _warm_key(cfg: config_lib.Config) -> str:
+  return runtime.warm_start_cache_key(cfg) if cfg.sft.steps > 0 else ""
+
+
+def work_units(config: str, overrides: Sequence[str] = ()) -> list[WorkUnit]:
   """The work units of `config` ('path.py' or 'path.py:variant'), with every key checked against the config
-  and every unit's full config validated, so a bad sweep fails before anything is launched."""
+  and every unit's full config (with the command-line `overrides`, `--config.key=value` flags) validated, so
+  a bad sweep fails before anything is launched. Two points that give the same config are refused (the
+  sweep would run it twice and count it as two seeds)."""
   path, arg = _split(config)
   module = load_module(path)
-  base = module.get_config(arg)
-  points = module.get_sweep(arg) if hasattr(module, "get_sweep") else [{}]
-  points = list(points)
-  if not points:
-    raise ValueError(f"{config}: get_sweep returned no work units.")
-  units = []
+  base = _with_flags(module.get_config(arg), overrides, config)
+  points = _points(module, arg, path)
+  units, seen = [], {}
   for i, point in enumerate(points):
-    if not isinstance(point, Mapping):
-      raise ValueError(f"{config}: sweep point {i} is {point!r}; expected a dict of dotted config keys.")
-    cfg = ml_collections.ConfigDict(base.to_dict())
-    for key, value in point.items():
-      _check_key(cfg, key, config)
-      _flag_value(value)
-      try:
-        cfg.update_from_flattened_dict({key: value})
-      except (TypeError, ValueError) as e:
-        raise ValueError(f"{config}: sweep point {i} sets {key}={value!r}: {e}") from e
-    try:
-      loaded = config_lib.load(cfg)
-    except ValueError as e:
-      raise ValueError(f"{config}: sweep point {i} ({point}) gives an invalid config: {e}") from e
-    units.append(WorkUnit(index=i, config=config, overrides=dict(point), warm_key=runtime.warm_start_cache_key(loaded)))
-  names = [u.name for u in units]
-  dupes = sorted({n for n in names if names.count(n) > 1})
-  if dupes:
-    raise ValueError(f"{config}: the sweep repeats work unit(s) {dupes}.")
+    loaded = _load_point(base, point, i, config)
+    same = json.dumps(config_lib.to_dict(loaded), sort_keys=True, default=str)
+    if same in seen:
+      j = seen[same]
+      raise ValueError(f"{config}: sweep points {j} ({points[j]}) and {i} ({point}) give the same config; "
+                       "the sweep repeats a work unit: drop one of them.")
+    seen[same] = i
+    units.append(WorkUnit(index=i, config=config, overrides=dict(point), warm_key=_warm_key(loaded)))
   return units
