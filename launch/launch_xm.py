@@ -75,10 +75,32 @@ def _dns_label(*parts: str) -> str:
   return name[:63].rstrip("-")
 
 
+def _units(spec: str, overrides: list[str]) -> list[sweep.WorkUnit]:
+  """The sweep's units, each one's full config validated as its jobs will run it: with the command line's
+  overrides and, with samplers, as an async learner (`rlax-post learner` runs runtime.mode=async only)."""
+  samplers = _NUM_SAMPLERS.value
+  if samplers > 0:
+    modes = [f for f in overrides if re.fullmatch(r"--?config\.runtime\.mode=(?!async$).*", f)]
+    if modes:
+      raise ValueError(f"--num_samplers={samplers} runs each unit as an async learner with sampler jobs; "
+                       f"{modes[-1]} asks for another mode: drop it, or set --num_samplers=0.")
+    launcher = ["--config.runtime.mode=async", f"--config.runtime.num_samplers={samplers}"]
+  else:
+    launcher = []
+  units = sweep.work_units(spec, [*launcher, *overrides])
+  sweep.check_overrides(units, overrides)
+  for unit in units:
+    mode = unit.overrides.get("runtime.mode", "async")
+    if samplers > 0 and mode != "async":
+      raise ValueError(f"work unit {unit.index} ({unit.name}) sets runtime.mode={mode!r}, but --num_samplers="
+                       f"{samplers} runs every unit as an async learner with sampler jobs; launch the units "
+                       "of that mode with --num_samplers=0, or take runtime.mode out of the sweep.")
+  return units
+
+
 def _plan(spec: str, overrides: list[str], root: str):
   """[(unit, unit workdir, jobs)] for every work unit of the sweep."""
-  units = sweep.work_units(spec)
-  sweep.check_overrides(units, overrides)
+  units = _units(spec, overrides)
   config_lib.load(_CONFIG.value)  # The base config with the command line's overrides must validate.
   accelerator = accelerators.parse(_PLATFORM.value, _ACCELERATOR.value)
   sampler_acc = (accelerators.parse(_PLATFORM.value, _SAMPLER_ACCELERATOR.value)

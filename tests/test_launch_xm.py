@@ -23,12 +23,12 @@ _IMAGE = "us-docker.pkg.dev/proj/rlax/rlax-post:test"
 _BUCKET_ROOT = "gs://bkt/sweeps/demo"
 
 
-def _launch(*args, tmp_path, timeout=60):
+def _launch(*args, tmp_path, timeout=60, config=_CONFIG):
   env = _procs.env()  # One CPU device per process: the fastest setup on a small machine.
   db = tmp_path / "xm_db.yaml"  # xm_local's experiment database in the test's directory, not ~/.xmanager.
   db.write_text(f"sql_connector: sqlite\nsql_connection_settings:\n  backend: sqlite\n"
                 f"  db_name: {tmp_path / 'xm.sqlite3'}\n")
-  cmd = [sys.executable, "-m", "launch.launch_xm", "--config", _CONFIG, f"--xm_db_yaml_config_path={db}", *args]
+  cmd = [sys.executable, "-m", "launch.launch_xm", "--config", config, f"--xm_db_yaml_config_path={db}", *args]
   return subprocess.run(cmd, cwd=_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -246,10 +246,32 @@ def test_gke_multihost_gpu_learner(tmp_path):
     (["--executor", "gke", "--platform", "gpu", "--accelerator", "h100x8", "--learner_hosts", "2"],
      "set --num_samplers >= 1"),
     (["--executor", "gke", "--config.seed=3"], "overrides of swept key(s) ['seed']"),
+    # Each unit's full config is validated with the command line's overrides (it failed in its own job).
+    (["--executor", "gke", "--config.rl.top_p=0.0"], "sweep point 0"),
+    # With samplers every unit is an async learner: another mode on the command line is refused.
+    (["--executor", "gke", "--num_samplers", "1", "-config.runtime.mode=sync"], "asks for another mode"),
 ])
 def test_dry_run_rejects_bad_requests(tmp_path, args, message):
   proc = _launch("--dry_run", "--image", _IMAGE, "--workdir_root", _BUCKET_ROOT, *args, tmp_path=tmp_path)
   assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+
+
+def test_dry_run_refuses_units_of_another_mode_with_samplers(tmp_path):
+  """A unit that sets runtime.mode (here sync) ran as `rlax-post learner --config.runtime.mode=async ...` with
+  its own mode after it: refused when --num_samplers > 0, launched as a train job with --num_samplers=0."""
+  cfg = tmp_path / "modes.py"
+  cfg.write_text("import importlib.util\n"
+                 f"_s = importlib.util.spec_from_file_location('_d', {os.path.join(_ROOT, 'configs', 'demo.py')!r})\n"
+                 "_d = importlib.util.module_from_spec(_s); _s.loader.exec_module(_d)\n"
+                 "def get_config(arg=None):\n  return _d.get_config('tiny')\n"
+                 "def get_sweep(arg=None):\n"
+                 "  return [{'runtime.mode': 'sync', 'seed': 0}, {'runtime.mode': 'async', 'seed': 0}]\n")
+  base = ("--dry_run", "--image", _IMAGE, "--workdir_root", _BUCKET_ROOT, "--executor", "gke")
+  proc = _launch(*base, "--num_samplers", "1", tmp_path=tmp_path, config=str(cfg))
+  assert proc.returncode != 0 and "work unit 0 (runtime.mode=sync,seed=0) sets runtime.mode='sync'" in proc.stderr
+  proc = _launch(*base, tmp_path=tmp_path, config=str(cfg))
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  assert [u["jobs"][0]["role"] for u in json.loads(proc.stdout)["work_units"]] == ["train", "train"]
 
 
 def test_local_failed_units_exit_non_zero(tmp_path):
