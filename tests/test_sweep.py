@@ -341,3 +341,14 @@ def test_reports_are_strict_json(tmp_path):
   r.summary["wall_seconds"] = float("inf")
   with pytest.raises(ValueError, match="sweep.json: not written"):
     sweep.write_report([r], str(tmp_path), config="c.py")
+
+
+def test_a_summarys_undefined_figures_are_null_not_a_failed_run(tmp_path):
+  """write_json refuses NaN; a finished run's summary.json writes its undefined figures as null instead of
+  failing at the end of the run."""
+  path = str(tmp_path / "summary.json")
+  runtime._metrics.write_summary(path, {"final_eval_reward": float("nan"), "rl_steps": 3, "mode": "sync",  # pylint: disable=protected-access
+                                        "improvement": float("-inf"), "samples_per_s": 2.5})
+  with open(path) as f:
+    assert json.load(f) == {"final_eval_reward": None, "rl_steps": 3, "mode": "sync", "improvement": None,
+                            "samples_per_s": 2.5}

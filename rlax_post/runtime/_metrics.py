@@ -217,4 +217,7 @@ def write_json(path: str, payload: Any, **dump_kwargs) -> None:
 
 
 def write_summary(path: str, summary: Mapping[str, Any]) -> None:
-  write_json(path, summary, sort_keys=True, default=str)
+  """summary.json, its undefined figures (a NaN eval reward of a diverged run, say) as null: a run that
+  trained to its end must not fail writing its summary."""
+  plain = {k: finite_or_none(v) if isinstance(v, float) else v for k, v in summary.items()}
+  write_json(path, plain, sort_keys=True, default=str)
