@@ -403,6 +403,13 @@ def test_restrict_tree_keeps_the_first_children_and_recomputes_rewards():
   assert [r["tokens"][0] for r in small] == [wide[i]["tokens"][0] for i in (0, 1, 2, 3, 5, 6)]
   with pytest.raises(ValueError, match="one entry in"):
     envs.restrict_tree(wide, (2, 3), (2, 4))
+  # What the kept sub-tree leaves out: node 1's third leaf (0), node 2's third (1); the fidelity's truth.
+  np.testing.assert_array_equal(envs.unseen_values(wide, (2, 3), (2, 2)), [0.0, 1.0])
+  np.testing.assert_array_equal(envs.unseen_values(wide, (2, 3), (2, 1)), [0.0, 1.0])  # leaves 0, 0 and 1, 1
+  deep = _tree_batch_rows([1, 0, 0, 0, 1, 1, 1, 1], (2, 2, 2))  # depth-2 means: .5, 0 | 1, 1
+  np.testing.assert_array_equal(envs.unseen_values(deep, (2, 2, 2), (2, 1, 2)), [0.0, 1.0])
+  with pytest.raises(ValueError, match="second level wider than the one kept"):
+    envs.unseen_values(wide, (2, 3), (2, 3))
 
 
 def _tree_batch_rows(leaves, fanout):
@@ -422,17 +429,18 @@ def _tree_batch_rows(leaves, fanout):
 
 
 def test_credit_fidelity_of_a_short_run(c3_value_run):
-  fid = runtime.credit_fidelity(c3_value_run, extra=4, batches=2)  # with the run's Q-critic
+  fid = runtime.credit_fidelity(c3_value_run, extra=6, batches=2)  # with the run's Q-critic; truth from 2 unseen
   assert fid["candidates"] == 2 * 4 * 2 and fid["step"] == 3  # 2 batches × P = 4 problems × f_1 = 2
   assert 0 <= fid["value_first_role"] <= 1
   assert fid["credit_fidelity"] is None or -1 <= fid["credit_fidelity"] <= 1  # None: undefined (a constant side)
   # Every figure is a finite number or None: the report is strict JSON (`rlax-post fidelity --json`).
   assert all(v is None or math.isfinite(v) for v in fid.values()), fid
   json.dumps(fid, allow_nan=False)
-  with pytest.raises(ValueError, match="extra >= the second fanout"):
-    runtime.credit_fidelity(c3_value_run, extra=2)
+  for extra in (2, 4):  # the truth needs continuations the estimator (fanout (2, 4)) does not see
+    with pytest.raises(ValueError, match="extra > the second fanout"):
+      runtime.credit_fidelity(c3_value_run, extra=extra)
   with pytest.raises(ValueError, match="held-out problems must be between 1 and task.num_eval = 16"):
-    runtime.credit_fidelity(c3_value_run, extra=4, batches=5)
+    runtime.credit_fidelity(c3_value_run, extra=6, batches=5)
 
 
 def test_the_fidelity_command_names_a_bad_workdir(tmp_path):

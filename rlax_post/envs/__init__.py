@@ -43,6 +43,7 @@ from rlax_post.envs._collab import Relay
 from rlax_post.envs._collab import RELAY_OPS
 from rlax_post.envs._collab import relay_op
 from rlax_post.envs._trees import restrict_tree
+from rlax_post.envs._trees import unseen_values
 from rlax_post.envs._collab import RoleDemos
 from rlax_post.envs._trees import RoleTask
 from rlax_post.envs._collab import SortReverse
@@ -88,6 +89,7 @@ __all__ = [
     'RELAY_OPS',
     'relay_op',
     'restrict_tree',
+    'unseen_values',
     'RoleDemos',
     'RoleTask',
     'SortReverse',

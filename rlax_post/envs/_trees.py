@@ -235,6 +235,24 @@ def restrict_tree(rows: list[dict], fanout: Sequence[int], keep: Sequence[int]) 
   return out
 
 
+def unseen_values(rows: list[dict], fanout: Sequence[int], keep: Sequence[int]) -> np.ndarray:
+  """For each first-role message j (depth 1, in order), the mean reward of its continuations that
+  `restrict_tree(rows, fanout, keep)` leaves out (second-level children `keep[1]` .. `fanout[1] - 1`): a value
+  of j estimated from samples an estimator with fanout `keep` never saw, so its noise is not theirs."""
+  if len(fanout) < 2 or not 1 <= keep[1] < fanout[1]:
+    raise ValueError(f"unseen_values needs a second level wider than the one kept; got fanout {list(fanout)}, "
+                     f"keep {list(keep)}.")
+  wide = _level_offsets(fanout)
+  sums, counts = np.zeros(fanout[0]), np.zeros(fanout[0])
+  for row in rows:
+    if int(row["node_depth"]) == 2:
+      j, k = _radix(int(row["node_id"]) - wide[1], fanout[:2])
+      if k >= keep[1]:  # each second-level sub-tree holds as many leaves: the mean of means is the leaves'
+        sums[j] += float(row["reward"])
+        counts[j] += 1
+  return sums / np.maximum(counts, 1)
+
+
 def _message_ids(c, tokenizer) -> tuple[int, ...]:
   """A completion's ids as the next role sees them: without the trailing stop token."""
   ids = tuple(int(t) for t in c.tokens)

@@ -2,11 +2,14 @@
 role's messages ranks their true counterfactual value.
 
 On held-out problems, a tree is sampled with the run's fanout except that every first-role message j gets
-`extra` continuations (the rest of the fanout unchanged). The ground truth is Δ*_j = V*(j) − mean_k V*(k):
-the mean outcome of j's many continuations minus the parent's value, estimated by the mean over its
-siblings. The estimator sees the sub-tree its own fanout would have sampled (the first f_d children of every
-node, `envs.restrict_tree`) and assigns A_j as it does in training (with the run's Q-critic where it has
-one). Fidelity = Spearman(A_j, Δ*_j) pooled over the held-out problems (C3, arXiv 2603.06859).
+`extra` continuations (the rest of the fanout unchanged). The estimator sees the sub-tree its own fanout
+would have sampled (the first f_d children of every node, `envs.restrict_tree`) and assigns A_j as it does in
+training (with the run's Q-critic where it has one). The ground truth is Δ*_j = V*(j) − mean_k V*(k): the
+mean outcome of j's other `extra − f_1` continuations, the ones the estimator does not see
+(`envs.unseen_values`), minus the parent's value, estimated by the mean over its siblings. (Until
+2026-12-04 V*(j) averaged all `extra`, the estimator's own f_1 among them, which shared their noise with the
+estimate and raised every estimator's fidelity.) Fidelity = Spearman(A_j, Δ*_j) pooled over the held-out
+problems (C3, arXiv 2603.06859).
 """
 
 from __future__ import annotations
@@ -57,9 +60,10 @@ def credit_fidelity(workdir: str, *, extra: int = 32, batches: int = 1, step: in
   state, _, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
                                              max_to_keep=cfg.checkpoint.max_to_keep, step=step)
   fanout = parts.task.fanout
-  if len(fanout) < 2 or extra < fanout[1]:
-    raise ValueError(f"credit_fidelity needs two roles or more and extra >= the second fanout {fanout[1:2]}; "
-                     f"got fanout {list(fanout)}, extra {extra}.")
+  if len(fanout) < 2 or extra <= fanout[1]:
+    raise ValueError(f"credit_fidelity needs two roles or more and extra > the second fanout {fanout[1:2]} (the "
+                     f"truth is read from the continuations the estimator does not see); got fanout "
+                     f"{list(fanout)}, extra {extra}.")
   wide = (fanout[0], extra) + tuple(fanout[2:])
   per_tree = math.prod(wide)
   devices = parts.mesh.size
@@ -82,7 +86,8 @@ def credit_fidelity(workdir: str, *, extra: int = 32, batches: int = 1, step: in
     adv_b = adv_bt.sum(axis=1) / np.maximum(batch.loss_mask.sum(axis=1), 1.0)
     rows_per_tree = len(batch.rewards) // p
     for i, t in enumerate(tickets):
-      v = np.asarray([float(r["reward"]) for r in trees[t] if int(r["node_depth"]) == 1])  # V*(j), j-th message
+      v = envs.unseen_values(trees[t], wide, fanout)  # V*(j), j-th message: from continuations the estimator
+      # does not see (all of them shared the estimator's own fanout[1] samples' noise, and favoured it)
       credit += list(adv_b[i * rows_per_tree:i * rows_per_tree + fanout[0]])
       truth += list(v - v.mean())
       values += list(v)
