@@ -124,3 +124,19 @@ def test_rescue_audit_command(tmp_path):
   assert bad.returncode == 2 and "Traceback" not in bad.stderr
   assert bad.stderr.strip() == (f"rlax-post rescue-audit: error: --json {str(tmp_path)!r} is a directory; pass a "
                                 f"file path, e.g. {str(tmp_path / 'report.json')!r}.")
+
+
+def test_a_rescue_report_writes_undefined_figures_as_null(tmp_path):
+  """A metric with no instance (or a judge's NaN) was written and printed as NaN, which is not JSON."""
+  from rlax_post.runtime import _rescue  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  result = _rescue._strict({"metrics": {"itp/f1": float("nan"), "stp/mrr": np.float32(0.5), "n": np.int64(3)},  # pylint: disable=protected-access
+                            "rows": (1.0, float("inf"))})
+  assert result == {"metrics": {"itp/f1": None, "stp/mrr": 0.5, "n": 3}, "rows": [1.0, None]}
+  out = str(tmp_path / "report.json")
+  _rescue._write(out, result, [_rescue._strict({"score": float("nan")})])  # pylint: disable=protected-access
+  with open(out) as f:
+    assert json.load(f) == result
+  with open(tmp_path / "report.records.jsonl") as f:
+    assert [json.loads(line) for line in f] == [{"score": None}]
+  assert sorted(os.listdir(tmp_path)) == ["report.json", "report.records.jsonl"]

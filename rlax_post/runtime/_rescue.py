@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any, Callable, Sequence
 
@@ -21,6 +22,7 @@ import numpy as np
 from rlax_post import envs
 from rlax_post import sampler
 from rlax_post.envs import dialogue
+from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _policy
 
@@ -99,20 +101,35 @@ def run_rescue_eval(sessions_path: str, load_policy: Callable[[], _policy.RunPol
     raise ValueError(f"checkpoint {policy.step} holds no warm-start (reference) policy.")
   metrics, records = evaluate(policy.parts, policy.warm_start if warm_start else policy.params, sessions, options)
   which = "warm_start" if warm_start else ("final" if policy.source == "checkpoint" else "initial")
-  result = {"step": policy.step, "policy": which, "sessions": len(sessions),
-            "instances": len(records), "metrics": metrics}
+  result = _strict({"step": policy.step, "policy": which, "sessions": len(sessions),
+                    "instances": len(records), "metrics": metrics})
   if out:
-    _write(out, result, records)
+    _write(out, result, [_strict(r) for r in records])
   return result
 
 
 def _write(out: str, result: dict, records: list[dict]) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  with open(out, "w") as f:
-    json.dump(result, f, indent=1, default=_jsonable)
-  with open(os.path.splitext(out)[0] + ".records.jsonl", "w") as f:
+  _metrics.write_json(out, result, default=_jsonable)
+  tmp = os.path.splitext(out)[0] + ".records.jsonl.tmp"
+  with open(tmp, "w") as f:
     for r in records:
-      f.write(json.dumps(r, default=_jsonable) + "\n")
+      f.write(json.dumps(r, default=_jsonable, allow_nan=False) + "\n")
+  os.replace(tmp, os.path.splitext(out)[0] + ".records.jsonl")
+
+
+def _strict(x: Any):
+  """`x` with its numpy scalars as Python numbers and its undefined figures (NaN, inf: a metric of a task with
+  no instance, a judge's NaN) as None, so the report is strict JSON."""
+  if isinstance(x, dict):
+    return {k: _strict(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_strict(v) for v in x]
+  if isinstance(x, (np.integer, np.floating)):
+    x = x.item()
+  if isinstance(x, float) and not math.isfinite(x):
+    return None
+  return x
 
 
 def _jsonable(x: Any):
