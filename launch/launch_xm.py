@@ -22,10 +22,12 @@ local processes (local) or the request bodies (vertex: CustomJob; gke: Services 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import sys
+import time
 
 if __package__ in (None, ""):  # Run as a script: make the repository root importable.
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,6 +40,7 @@ from ml_collections import config_flags
 from xmanager import xm_flags  # pylint: disable=unused-import  (defines the --xm_* flags, e.g. the DB's)
 
 from rlax_post import config as config_lib
+from rlax_post import runtime
 from rlax_post import sweep
 
 from launch import accelerators
@@ -137,29 +140,61 @@ def _local_processes(job: jobs_lib.Job) -> list[tuple[str, list[str], dict[str, 
                                f"--process_id={i}"], env) for i in range(job.hosts)]
 
 
+def _summary(workdir: str) -> tuple[dict | None, float]:
+  """(summary.json of `workdir` or None, its modification time)."""
+  path = os.path.join(workdir, "summary.json")
+  try:
+    with open(path) as f:
+      return json.load(f), os.path.getmtime(path)
+  except (OSError, ValueError):
+    return None, 0.0
+
+
+def _resumed(job: jobs_lib.Job, workdir: str) -> jobs_lib.Job:
+  """A train / learner job over a workdir holding a complete checkpoint resumes it (it refused to start)."""
+  if job.role in ("train", "learner") and runtime.complete_checkpoints(workdir):
+    return dataclasses.replace(job, args=(*job.args, "--resume"))
+  return job
+
+
 def _run_local(title: str, plan) -> int:
-  """Runs every unit's jobs as local processes (one xm work unit each) and waits; returns failed units."""
+  """Runs every unit's jobs as local processes (one xm work unit each) and waits; returns failed units. A unit
+  whose run finished before is not run again; one with a checkpoint resumes; a unit counts as done only by a
+  summary.json of all its RL steps written by this launch (a stale one from before is no result)."""
   from xmanager import xm  # pylint: disable=g-import-not-at-top  (extra xm; only when launching)
   from xmanager import xm_local  # pylint: disable=g-import-not-at-top  (extra xm; only when launching)
   binary = os.path.join(os.path.dirname(sys.executable), "rlax-post")
+  earlier = {unit.name for unit, workdir, _ in plan if sweep.finished(_summary(workdir)[0])}
+  started = time.time()
   try:
     with xm_local.create_experiment(experiment_title=title) as experiment:
       [executable] = experiment.package([xm.binary(path=binary, executor_spec=xm_local.Local.Spec())])
       for unit, workdir, unit_jobs in plan:
+        if unit.name in earlier:
+          continue
         os.makedirs(workdir, exist_ok=True)
         group = {}
         for job in unit_jobs:
-          for name, args, env in _local_processes(job):
+          for name, args, env in _local_processes(_resumed(job, workdir)):
             group[f"u{unit.index:02d}-{name}"] = xm.Job(executable, executor=xm_local.Local(), args=args,
                                                         env_vars=env)
         experiment.add(xm.JobGroup(**group))
   except RuntimeError as e:  # xm_local waits for every unit, then raises the first job's failure.
     print(f"launch_xm: {e}", file=sys.stderr)
-  failed = [unit.name for unit, workdir, _ in plan if not os.path.exists(os.path.join(workdir, "summary.json"))]
+  failed = 0
   for unit, workdir, _ in plan:
-    print(f"work unit {unit.index} ({unit.name}): {workdir} "
-          f"{'FAILED: no summary.json' if unit.name in failed else 'done'}", flush=True)
-  return len(failed)
+    summary, written = _summary(workdir)
+    if unit.name in earlier:
+      status = "finished earlier, not run again"
+    elif summary is None or written < started:
+      status, failed = "FAILED: no summary.json", failed + 1
+    elif not sweep.finished(summary):
+      status, failed = (f"FAILED: stopped at RL step {summary.get('rl_steps_done')} of "
+                        f"{summary.get('rl_steps')}", failed + 1)
+    else:
+      status = "done"
+    print(f"work unit {unit.index} ({unit.name}): {workdir} {status}", flush=True)
+  return failed
 
 
 # -- Vertex AI and GKE: the requests --

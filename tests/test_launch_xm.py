@@ -284,3 +284,12 @@ def test_local_failed_units_exit_non_zero(tmp_path):
             in proc.stdout), proc.stdout[-3000:]
   for dirname in _UNITS:
     assert f"{root / dirname} FAILED: no summary.json" in proc.stdout
+  # Launched again over the same root: a unit whose run finished before is not run again; one holding a
+  # summary.json from before (here of a run stopped early) that fails now is no result (it counted as done).
+  (root / _UNITS[0] / "summary.json").write_text(json.dumps({"rl_steps": 2, "rl_steps_done": 2}))
+  (root / _UNITS[1] / "summary.json").write_text(json.dumps({"rl_steps": 2, "rl_steps_done": 1}))
+  proc = _launch("--workdir_root", str(root), "--config.model.hf_path=/nonexistent", tmp_path=tmp_path,
+                 timeout=240)
+  assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+  assert f"{root / _UNITS[0]} finished earlier, not run again" in proc.stdout and "[u00-train]" not in proc.stdout
+  assert f"{root / _UNITS[1]} FAILED: no summary.json" in proc.stdout

@@ -1,6 +1,7 @@
 """Sweeps defined next to `get_config` in `configs/*.py`, run locally (`rlax-post sweep`) or by XManager
 (`launch/launch_xm.py`); docs/launch.md."""
 
+from rlax_post.sweep._local import finished
 from rlax_post.sweep._local import group_figures
 from rlax_post.sweep._local import plot
 from rlax_post.sweep._local import run_local
@@ -23,6 +24,7 @@ __all__ = [
     "axis",
     "check_overrides",
     "command_line_overrides",
+    "finished",
     "group_figures",
     "load_module",
     "plot",
