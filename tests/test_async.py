@@ -86,6 +86,33 @@ def test_replay_without_the_logged_rows_is_an_error(sync_run, tmp_path):
     runtime.replay(os.fspath(copy), quiet=True)
 
 
+def test_a_learner_that_fails_before_its_loop_still_tells_its_samplers(sync_run, tmp_path):
+  """A learner invocation removes the learner.done an earlier one left before anything slow (samplers
+  launched beside a resumed learner read it and exited; the learner then waited for ever), and writes it when
+  it fails before its loop (a refused resume left its samplers running for ever; a helper review)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  copy = tmp_path / "run"
+  shutil.copytree(sync_run, copy)
+  done = copy / "learner.done"
+  done.write_text("done\n")  # the last invocation's
+  cfg = _cfg(mode="async", max_staleness=1)
+  seen = {}
+  real = runtime._parts.build_parts  # pylint: disable=protected-access
+
+  def build_parts(c, **kw):  # what a sampler starting beside the learner would see by now
+    seen["done while the learner builds"] = done.exists()
+    return real(c, **kw)
+
+  changed = dataclasses.replace(cfg, seed=cfg.seed + 1)  # refused by --resume
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(runtime._parts, "build_parts", build_parts)  # pylint: disable=protected-access
+    with pytest.raises(ValueError, match="--resume needs the configuration that wrote the checkpoint"):
+      runtime.run_learner(changed, os.fspath(copy), resume=True, quiet=True)
+  assert seen == {"done while the learner builds": False}
+  assert done.exists()  # written as the failed learner stopped: its samplers stop too
+
+
 @pytest.mark.slow  # `make test-all`: make test's 15-minute budget (measured 2026-12-02, cold cache: 14 s).
 def test_replay_rows_are_kept_from_the_oldest_kept_checkpoint_on(tmp_path):
   """With checkpoint.max_to_keep = 2 the rows of steps before the oldest kept checkpoint are pruned as the run

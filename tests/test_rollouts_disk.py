@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
+from rlax_post import envs
 from rlax_post import rollouts
+from rlax_post import runtime
 from rlax_post.rollouts import _records
 from rlax_post.rollouts import _released
 
@@ -243,3 +245,49 @@ def test_a_relative_queue_path_stays_where_it_was_opened(tmp_path, monkeypatch):
   _put(w, "0")
   assert [p.name for p in (tmp_path / "a" / "q" / "shards" / "w").iterdir()] == ["000000000000.rec"]
   assert not (tmp_path / "b" / "q").exists()
+
+
+def test_close_leaves_a_group_the_writer_did_not_finish_unpublished(tmp_path):
+  """A sampler stopped while a group's rows were blocked by backpressure: close() published the rows it had,
+  so the group was "written" (a restarted sampler never redid it) and "seen" (the learner never granted it
+  again) but never complete; its prompt was lost (a helper review). Only finished groups are published now."""
+  w = rollouts.FileQueue(tmp_path, capacity=100, writer_id="w")
+  _put(w, "done", size=2)
+  w.put("open/0", {"x": 0}, group_id="open", group_size=2)
+  assert w.stats()["buffered_records"] == 1.0
+  w.close()
+  assert w._abandoned == 1  # pylint: disable=protected-access  # (stats() needs an open queue)
+  reader = rollouts.FileQueue(tmp_path, capacity=100, writer_id="reader")
+  assert reader.seen_group_ids() == {"done"}
+  restarted = rollouts.FileQueue(tmp_path, capacity=100, writer_id="w")
+  assert restarted.written_group_ids() == {"done"}
+  restarted.put("open/0", {"x": 0}, group_id="open", group_size=2)  # the ticket redone, whole
+  restarted.put("open/1", {"x": 1}, group_id="open", group_size=2)
+  assert _ids(reader.get_groups("learner", 2, timeout_s=5, tag=1)) == ["done", "open"]
+
+
+def test_a_late_copy_of_a_released_group_is_dropped_by_the_sampler(tmp_path):
+  """A sampler whose ticket was re-granted (no heartbeat for sampler_timeout_s) finishes it after the other
+  copy was trained on and released: the put raised and `rlax-post sampler` died (a helper review). The
+  queue says `GroupReleased`; the sampler drops the group, commits the ticket and counts it."""
+  learner = rollouts.FileQueue(tmp_path, capacity=100, writer_id="learner")
+  other = rollouts.FileQueue(tmp_path, capacity=100, writer_id="other")
+  _put(other, envs.group_id(3), size=2)
+  assert _ids(learner.get_groups("learner", 1, timeout_s=5, tag=1)) == [envs.group_id(3)]
+  learner.release(1)
+  learner.release(1)
+  late = rollouts.FileQueue(tmp_path, capacity=100, writer_id="late")
+  class Recording(rollouts.MemoryAdmission):  # the threads' admission, recording what is committed
+
+    def commit(self, ticket):
+      self.committed.append(ticket)
+
+  admission = Recording(groups_per_step=1, max_staleness=1)
+  admission.committed = []
+  worker = runtime.SamplerWorker("late", None, runtime.Channels(None, late, admission), slots=2,
+                                 should_stop=lambda: False)
+  with pytest.raises(rollouts.GroupReleased):
+    late.put(envs.row_id(3, 0), {"x": 0}, group_id=envs.group_id(3), group_size=2)
+  worker._put_group(3, [{"x": 0}, {"x": 1}])  # pylint: disable=protected-access
+  assert worker.stats()["late_groups"] == 1 and worker.stats()["groups"] == 0
+  assert admission.committed == [3]

@@ -73,6 +73,7 @@ from rlax_post.rollouts._admission import is_stale
 from rlax_post.rollouts._admission import MemoryAdmission
 from rlax_post.rollouts._files import FileQueue
 from rlax_post.rollouts._queue import Group
+from rlax_post.rollouts._queue import GroupReleased
 from rlax_post.rollouts._queue import MemoryQueue
 from rlax_post.rollouts._queue import RolloutQueue
 from rlax_post.rollouts._queue import Row
@@ -86,6 +87,7 @@ __all__ = (
     'MemoryAdmission',
     'FileQueue',
     'Group',
+    'GroupReleased',
     'MemoryQueue',
     'RolloutQueue',
     'Row',

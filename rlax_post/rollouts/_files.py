@@ -143,7 +143,7 @@ class FileQueue(_queue.RolloutQueue):
   late: the runtime calls `release(t)` right after starting the asynchronous save of checkpoint t; a learner
   killed before that save commits resumes from t' (orbax's save of t waited for t') and must be able to roll
   back to t', rows included. Once on disk, readers skip puts to released groups, `put` to one raises
-  ValueError, `written_group_ids`, `seen_group_ids` and `consumed_tags` still include them, the counts
+  `GroupReleased` (a ValueError), `written_group_ids`, `seen_group_ids` and `consumed_tags` still include them, the counts
   (`rows_written`, `rows_consumed/<c>`, ...) go on unchanged, and every object refuses rollbacks below t'. A
   reader that already read a deleted shard keeps what it read; listings simply skip the missing seqs.
 
@@ -199,6 +199,7 @@ class FileQueue(_queue.RolloutQueue):
     self._seq = 0
     self._shards_read = 0
     self._dropped = 0
+    self._abandoned = 0  # buffered records of unfinished groups that close() did not publish
     # Consumer state (lazily loaded from <dir>/consumers/<c>.jsonl).
     self._consumed: dict[str, dict[str, tuple[int | None, int]]] = {}  # c -> group -> (tag, rows)
     self._consumed_stat: dict[str, object] = {}
@@ -343,8 +344,8 @@ class FileQueue(_queue.RolloutQueue):
       new = self._table.check(row_id, fields, group_id, group_size) and new
     self._load_released(max_age_s=self._poll_s)
     if group_id in self._released.groups:
-      raise ValueError(f"group {group_id!r} was released (every consumer consumed it and its rows may be "
-                       "deleted); it takes no more puts")
+      raise _queue.GroupReleased(f"group {group_id!r} was released (every consumer consumed it and its rows may "
+                                 "be deleted); it takes no more puts")
     return new
 
   def put(self, row_id, fields, *, group_id, group_size, timeout_s=None):
@@ -622,8 +623,18 @@ class FileQueue(_queue.RolloutQueue):
       return out
 
   def close(self):
+    """Flushes what is buffered, except the rows of groups this writer has not completed (a sampler stopped
+    while a group's rows were blocked by backpressure): published, such a group was "written" and "seen" for
+    ever but never complete, so its ticket was neither granted again nor redone (logged)."""
     with self._lock:
       if not self._closed:
+        groups = self._own.groups
+        kept = [rec for rec in self._buffer if len(groups[rec.group_id].row_ids) >= groups[rec.group_id].size]
+        if len(kept) < len(self._buffer):
+          self._abandoned += len(self._buffer) - len(kept)
+          logging.info("Queue writer %s closed with %d rows of unfinished groups unpublished (their tickets are "
+                       "sampled again).", self._writer_dir.name, self._abandoned)
+          self._buffer, self._buffer_new_rows = kept, len({rec.row_id for rec in kept})
         self._flush_locked()
         self._closed = True
 

@@ -145,6 +145,11 @@ def releasable(consumed: Mapping[str, Mapping[str, Any]], up_to_tag: int, tag_of
   return out
 
 
+class GroupReleased(ValueError):
+  """A put to a group every consumer has consumed and released: a late copy (the ticket was handed to another
+  writer, whose group was trained on first); the writer drops it."""
+
+
 def check_rollback(after_tag: int, released_tag: int | None) -> None:
   if isinstance(after_tag, bool) or not isinstance(after_tag, (int, np.integer)):
     raise ValueError(f"rollback(after_tag=...) takes the int tag (learner step) to roll back to; got "

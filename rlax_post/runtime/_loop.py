@@ -25,9 +25,9 @@ def learn(update: _learn.RLUpdate, source: _sources.Source, out, start: _run.Sta
   """Trains from `start` on the batches of `source`; `out` (`_run.Run` or `Comparison`) says which steps
   to run (`steps`) and records each one (`after_step`). Returns the final train state."""
   state = start.state
-  source.publish(state, start.step)
-  source.start()
   try:
+    source.publish(state, start.step)
+    source.start()
     for step in out.steps(start.step):
       taken = source.take(step)
       batch = update.batch([rows for _, rows, _ in taken.groups])
@@ -44,7 +44,11 @@ def learn(update: _learn.RLUpdate, source: _sources.Source, out, start: _run.Sta
 def _train_with(parts: _parts.Parts, workdir: str, make_source, *, resume: bool, quiet: bool) -> dict:
   run = _run.open_run(parts, workdir, resume=resume, quiet=quiet)
   source = make_source(parts, run.workdir, run.ui.say)
-  start = run.start(source)
+  try:
+    start = run.start(source)
+  except BaseException:  # (a refused resume, a failed warm start): the source stops, its samplers with it
+    source.stop()
+    raise
   return run.finish(learn(run.update, source, run, start), start)
 
 
@@ -67,7 +71,11 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
 
 
 def run_learner(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: bool = False) -> dict:
-  """`rlax-post learner`: the learner process; samplers are other processes (`run_sampler`)."""
+  """`rlax-post learner`: the learner process; samplers are other processes (`run_sampler`). A `learner.done`
+  left by the invocation before is removed first, before anything slow: samplers launched beside this learner
+  (a resumed unit) read it as "the learner has finished" and exited, and the learner then waited for ever."""
+  if _distributed.is_primary():
+    _samplers.clear_done(workdir)
   return _train_with(_parts.build_parts(cfg), workdir, _sources.ProcessSource, resume=resume, quiet=quiet)
 
 

@@ -28,6 +28,14 @@ from rlax_post.runtime import _parts
 
 LEARNER = "learner"  # the rollout queue's consumer
 DONE_FILE = "learner.done"  # written by the learner when it stops: samplers stop too
+
+
+def clear_done(workdir: str) -> None:
+  """Removes the `DONE_FILE` an earlier learner invocation left in `workdir` (if any)."""
+  try:
+    os.remove(os.path.join(os.fspath(workdir), DONE_FILE))
+  except FileNotFoundError:
+    pass
 BASE_DIR = "base"  # LoRA's frozen base, published once (version 0); `params/` then holds the adapters
 
 
@@ -67,7 +75,8 @@ class SamplerWorker:
   def stats(self) -> dict:
     with self._lock:
       wall = max(time.time() - self._t_start, 1e-9)
-      return {"groups": self._stats["groups"], "idle_frac": self._stats["idle_seconds"] / wall,
+      return {"groups": self._stats["groups"], "late_groups": self._stats["late_groups"],
+              "idle_frac": self._stats["idle_seconds"] / wall,
               "version": self._stats["version"], "swaps": self._stats["swaps"]}
 
   def _key_of(self, version: int):
@@ -151,7 +160,12 @@ class SamplerWorker:
           break
         except TimeoutError:  # Backpressure: the learner is behind.
           if self.should_stop():
-            return
+            return  # (the queue's close() leaves this unfinished group unpublished: its ticket is redone)
+        except rollouts.GroupReleased:  # A late copy: the ticket was re-granted and that group trained on.
+          self.channels.admission.commit(ticket)
+          with self._lock:
+            self._stats["late_groups"] += 1
+          return
     self.queue.flush()
     self.channels.admission.commit(ticket)
     with self._lock:
