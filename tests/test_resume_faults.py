@@ -228,3 +228,19 @@ def test_a_resume_over_changed_data_files_is_refused(tmp_path):
                                        r"of \[\d+\] bytes then, 1 of \[\d+\] now"):
     _checkpoint.check_resume_data(recorded, config.load(c))
   assert _checkpoint.data_files(config.load(demo.get_config("tiny"))) is None  # other tasks: nothing to check
+
+
+def test_a_resume_compares_the_critic_multiagent_tree_and_iterppo_sections():
+  """They change what a run computes but were not compared: a resume with another critic.coef or tree.trees
+  went on silently (a docs review). A checkpoint from before a section existed is compared with its defaults."""
+  cfg = config.load(demo.get_config("tiny"))
+  saved = json.loads(json.dumps(config.to_dict(cfg)))  # as a checkpoint's metadata holds it
+  _checkpoint.check_resume_config(saved, cfg)
+  for section, key, value in (("critic", "coef", 0.9), ("tree", "trees", 3), ("multiagent", "replay", False),
+                              ("iterppo", "gamma", 0.5)):
+    changed = json.loads(json.dumps(saved))
+    changed[section][key] = value
+    with pytest.raises(ValueError, match=rf"these keys differ: {section}.{key}: "):
+      _checkpoint.check_resume_config(changed, cfg)
+  old = {k: v for k, v in saved.items() if k != "tree"}  # written before `tree` existed: its defaults
+  _checkpoint.check_resume_config(old, cfg)

@@ -180,7 +180,8 @@ class RunCheckpointer:
 
 # Sections that decide what a run computes; a resumed run must match the run that wrote the checkpoint.
 # (mesh, eval, checkpoint and runtime may change: a run can resume on another mesh, for example.)
-_RESULT_SECTIONS = ("seed", "task", "data", "reward", "model", "sft", "rl", "loss", "advantage")
+_RESULT_SECTIONS = ("seed", "task", "data", "reward", "model", "sft", "rl", "loss", "advantage", "critic",
+                    "multiagent", "tree", "iterppo")
 _NOT_RESULTS = ("sft.cache_dir",)  # where a warm start may be found, not what it is
 
 

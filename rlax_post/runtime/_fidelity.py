@@ -5,9 +5,9 @@ On held-out problems, a tree is sampled with the run's fanout except that every 
 `extra` continuations (the rest of the fanout unchanged). The estimator sees the sub-tree its own fanout
 would have sampled (the first f_d children of every node, `envs.restrict_tree`) and assigns A_j as it does in
 training (with the run's Q-critic where it has one). The ground truth is Δ*_j = V*(j) − mean_k V*(k): the
-mean outcome of j's other `extra − f_1` continuations, the ones the estimator does not see
+mean outcome of j's other `extra − f_2` continuations, the ones the estimator does not see
 (`envs.unseen_values`), minus the parent's value, estimated by the mean over its siblings. (Until
-2026-12-04 V*(j) averaged all `extra`, the estimator's own f_1 among them, which shared their noise with the
+2026-12-04 V*(j) averaged all `extra`, the estimator's own f_2 among them, which shared their noise with the
 estimate and raised every estimator's fidelity.) Fidelity = Spearman(A_j, Δ*_j) pooled over the held-out
 problems (C3, arXiv 2603.06859).
 """
