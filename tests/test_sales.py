@@ -1,6 +1,8 @@
 """The sales conversation of Iterative PPO's experiments (envs._sales, docs/iterppo.md): its rules, the env,
 and the exact oracle (Q*, V*, Q^π) against hand-computed values, Monte Carlo returns and policy improvement."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -229,3 +231,17 @@ def test_the_model_policy_renders_conversations_as_episodes_and_scores_each_acti
   seq = context + task.tokenizer.encode("close", add_bos=False) + [task.tokenizer.eos_id]
   logp = models.token_logprobs(graphdef, params, np.asarray([seq], np.int32))[0][0]
   assert probs[CLOSE] == pytest.approx(float(np.exp(np.asarray(logp)[len(context) - 1:].sum())), rel=1e-4)
+
+
+def test_the_exact_oracle_refuses_a_run_that_samples_with_top_p_or_top_k():
+  """Its values are those of the law at rl.temperature alone: a top-p / top-k run samples another policy, whose
+  values it would have reported without a word (a helper review)."""
+  from rlax_post import config, runtime  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, ".")
+  from configs import sales as sales_config  # pylint: disable=g-import-not-at-top
+  for key, value in (("top_p", 0.9), ("top_k", 5)):
+    c = sales_config.get_config("tiny")
+    c.rl[key] = value
+    parts = runtime.build_parts(config.load(c))
+    with pytest.raises(ValueError, match=rf"samples with rl.top_p = .*rl.top_k = .*another policy"):
+      runtime.ExactOracle(parts, None)

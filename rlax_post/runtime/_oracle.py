@@ -81,6 +81,10 @@ class ExactOracle:
     cfg, task = parts.cfg, parts.task
     if cfg.task.name != sales.NAME:
       raise ValueError(f"the exact value needs a sales run (task.name = {sales.NAME!r}); got {cfg.task.name!r}.")
+    if cfg.rl.top_p < 1.0 or cfg.rl.top_k > 0:
+      raise ValueError(f"the exact values are those of the sampling law at rl.temperature alone; this run samples "
+                       f"with rl.top_p = {cfg.rl.top_p}, rl.top_k = {cfg.rl.top_k}, another policy (set them to "
+                       "1.0 and 0 to have its values).")
     self.game = task.game
     self.policy = ModelPolicy(parts.graphdef, params, task.tokenizer, task.game, temperature=cfg.rl.temperature,
                               seq_len=task.lengths(cfg.model.max_seq_len).sequence)
