@@ -89,8 +89,12 @@ def test_parse_number(s, expected):
 
 @pytest.mark.parametrize("s, expected", [
     # Letters written against a number, one-letter words and words of arithmetic are not units.
-    ("2x", None), ("3i", None), ("2 x", None), ("5 m", None), ("5 squared", None), ("3 and 4", None),
+    ("2x", None), ("3i", None), ("2 x", None), ("2 e", None), ("5 squared", None), ("3 and 4", None),
     ("2 pi", None), ("2x dollars", None),
+    # Unit symbols, spaced or not, are units (a review of the first version of this rule: "3 m", "5 g", "5cm"
+    # had turned from right to wrong).
+    ("5 m", Fraction(5)), ("5 g", Fraction(5)), ("12 s", Fraction(12)), ("10 L", Fraction(10)),
+    ("5cm", Fraction(5)), ("10kg", Fraction(10)),
     # Unit words: whitespace, then words of two letters or more; `\\text{}` counts as apart.
     ("72 dollars", Fraction(72)), ("5 km per hour", Fraction(5)), ("5\\text{cm}", Fraction(5)),
     ("2 \\text{ cm}", Fraction(2)), ("3/4 cups", Fraction(3, 4)),

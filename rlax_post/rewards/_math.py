@@ -127,12 +127,20 @@ def _clean(s: str) -> str:
   return s.strip().rstrip(".").strip()
 
 
+# Unit symbols read after a number, spaced or not ("3 m", "5g", "5cm", "12 s"); a letter outside them ("2x",
+# "3i", "2 e") is a variable, not a unit.
+_UNIT_SYMBOLS = frozenset({"m", "g", "s", "h", "l", "L", "V", "W", "J", "N", "K", "A", "C", "T", "Hz", "cm", "mm",
+                           "km", "kg", "mg", "ml", "mL", "min", "hr", "hrs", "ms", "ft", "lb", "lbs", "oz", "mi",
+                           "yd", "GB", "MB", "kB", "KB"})
+
+
 def _unit_scale(rest: str) -> int | None:
   """What the text after a number multiplies it by: 1 for nothing, `%` or unit words ("72 dollars"), the
-  scale word's value for a leading scale word ("5 million", "2 thousand dollars"); None when the text is not
-  a unit: letters written against the number ("2x", "3i"), a one-letter word ("2 x"), a word of arithmetic
+  scale word's value for a leading scale word ("5 million", "2 thousand dollars"), 1 for a unit symbol spaced
+  or not ("3 m", "5cm"); None when the text is not a unit: other letters written against the number ("2x",
+  "3i"), another one-letter word ("2 x"), a word of arithmetic
   ("5 squared", "3 and 4"), or a scale word elsewhere ("5 dollars million", "5 millions")."""
-  if not rest.strip() or rest.strip() == "%":
+  if not rest.strip() or rest.strip() == "%" or rest.strip() in _UNIT_SYMBOLS:
     return 1
   if not re.fullmatch(r"\s+[A-Za-z]{2,}(?:\s+[A-Za-z]{2,})*\s*", rest):
     return None
