@@ -194,6 +194,10 @@ def test_generation_stops_at_the_checkpoints_end_of_turn_ids(tmp_path):
   engine, stopped = first_completion(tok)
   assert engine.stop_ids == (tok.eos_id, first)
   assert stopped.tokens == (first,) and stopped.finish_reason == "stop"
+  # Room for them on top of max_stop_tokens (8): a request keeps its 7 own stop ids (a review of this change).
+  assert engine.max_stop_tokens == 9
+  settings = engine.slot_settings([None], [tuple(range(10, 17))])
+  assert {int(t) for t in settings.stops[0] if t >= 0} == {tok.eos_id, first, *range(10, 17)}
   with open(os.path.join(path, "generation_config.json"), "w") as f:
     json.dump({"eos_token_id": 100000}, f)
   with pytest.raises(ValueError, match=r"end-of-turn ids must be ids of the vocabulary \[0, \d+\); got \[100000\]"):

@@ -247,23 +247,26 @@ def test_a_relative_queue_path_stays_where_it_was_opened(tmp_path, monkeypatch):
   assert not (tmp_path / "b" / "q").exists()
 
 
-def test_close_leaves_a_group_the_writer_did_not_finish_unpublished(tmp_path):
+def test_a_sampler_stopped_mid_group_leaves_it_unpublished(tmp_path):
   """A sampler stopped while a group's rows were blocked by backpressure: close() published the rows it had,
   so the group was "written" (a restarted sampler never redid it) and "seen" (the learner never granted it
-  again) but never complete; its prompt was lost (a helper review). Only finished groups are published now."""
-  w = rollouts.FileQueue(tmp_path, capacity=100, writer_id="w")
-  _put(w, "done", size=2)
-  w.put("open/0", {"x": 0}, group_id="open", group_size=2)
-  assert w.stats()["buffered_records"] == 1.0
+  again) but never complete; its prompt was lost (a helper review). The sampler abandons it; close() still
+  flushes everything else (a stage adding fields to another writer's rows loses nothing)."""
+  w = rollouts.FileQueue(tmp_path, capacity=3, writer_id="w")
+  _put(w, "done", size=2)  # 2 rows nobody consumed: w's third new row fits, its fourth waits
+  worker = runtime.SamplerWorker("w", None, runtime.Channels(None, w, rollouts.MemoryAdmission(
+      groups_per_step=1, max_staleness=1)), slots=2, should_stop=lambda: True)
+  worker._put_group(7, [{"x": 0}, {"x": 1}])  # pylint: disable=protected-access  # row 0 buffered, row 1 waits
+  assert w.stats()["buffered_records"] == 0.0 and worker.stats()["groups"] == 0
   w.close()
-  assert w._abandoned == 1  # pylint: disable=protected-access  # (stats() needs an open queue)
-  reader = rollouts.FileQueue(tmp_path, capacity=100, writer_id="reader")
-  assert reader.seen_group_ids() == {"done"}
-  restarted = rollouts.FileQueue(tmp_path, capacity=100, writer_id="w")
-  assert restarted.written_group_ids() == {"done"}
-  restarted.put("open/0", {"x": 0}, group_id="open", group_size=2)  # the ticket redone, whole
-  restarted.put("open/1", {"x": 1}, group_id="open", group_size=2)
-  assert _ids(reader.get_groups("learner", 2, timeout_s=5, tag=1)) == ["done", "open"]
+  assert rollouts.FileQueue(tmp_path, capacity=3, writer_id="reader").seen_group_ids() == {"done"}
+  assert rollouts.FileQueue(tmp_path, capacity=3, writer_id="w").written_group_ids() == {"done"}
+  rewards = rollouts.FileQueue(tmp_path, capacity=3, writer_id="rewards")
+  rewards.put("done/0", {"reward2": 1.0}, group_id="done", group_size=2)  # group complete in w, not here
+  rewards.close()
+  reader = rollouts.FileQueue(tmp_path, capacity=3, writer_id="r2")
+  (group,) = reader.get_groups("learner", 1, timeout_s=5, tag=1)
+  assert group.group_id == "done" and group.rows[0].fields["reward2"] == 1.0
 
 
 def test_a_late_copy_of_a_released_group_is_dropped_by_the_sampler(tmp_path):

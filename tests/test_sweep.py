@@ -333,6 +333,34 @@ def test_run_local_kills_its_units_when_it_stops(tmp_path, monkeypatch):
     os.kill(pid, 0)  # Killed and reaped, not left running.
 
 
+def test_a_terminated_sweep_kills_its_units(tmp_path, monkeypatch):
+  """The units run in their own sessions, so a SIGTERM to the sweep's process group (timeout, a scheduler, a
+  closed terminal) no longer reached them, and they went on training alone (a review of that change): the
+  sweep turns SIGTERM into SystemExit, whose `finally` stops them."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers need the main thread")
+  pid_file = tmp_path / "pid"
+  monkeypatch.setenv("STALL", str(pid_file))
+  before = signal.getsignal(signal.SIGTERM)
+
+  def say(msg):
+    if "2/2" in msg and "started" in msg:
+      for _ in range(100):
+        if pid_file.exists() and pid_file.read_text().strip():
+          break
+        time.sleep(0.1)
+      os.kill(os.getpid(), signal.SIGTERM)
+  with pytest.raises(SystemExit) as info:
+    sweep.run_local(f"{DEMO}:tiny", str(tmp_path / "root"), parallel=2, pin_cpus=False, share_warm_start=False,
+                    python=_fake_python(tmp_path), say=say)
+  assert info.value.code == 128 + signal.SIGTERM
+  assert signal.getsignal(signal.SIGTERM) is before  # the handler is the caller's again
+  with pytest.raises(ProcessLookupError):
+    os.kill(int(pid_file.read_text()), 0)
+
+
 def test_reports_are_strict_json(tmp_path):
   with pytest.raises(ValueError, match="not written.*finite number or null"):
     runtime.write_json(str(tmp_path / "r.json"), {"credit_fidelity": float("nan")})

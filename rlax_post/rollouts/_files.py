@@ -117,7 +117,7 @@ class FileQueue(_queue.RolloutQueue):
   Visibility: a put is visible to readers (this object included) once its shard is published: on `flush()`,
   when a group becomes complete in this writer's buffer (it has `group_size` rows and all of them have the
   same field names in this writer's puts, e.g. all tokens or all tokens + rewards), or when `flush_rows > 0`
-  records are buffered. `close()` flushes.
+  records are buffered. `close()` flushes; `abandon(group_id)` drops a group's buffered puts instead.
 
   Validation of a put (duplicate field, `group_size`, group membership) is against this writer's own puts and
   the rows it has read; a conflicting record from another writer is dropped by readers (first committed in
@@ -622,19 +622,23 @@ class FileQueue(_queue.RolloutQueue):
       out["depth"] = max(out[f"depth/{c}"] for c in self._consumers)
       return out
 
+  def abandon(self, group_id: str) -> int:
+    """Drops this writer's buffered puts to `group_id` (unpublished; returns how many): a sampler that stops
+    while a group's rows wait on backpressure abandons it, so the half group is neither "written" nor "seen"
+    and its ticket is granted and sampled again (published, it never completed and its prompt was lost)."""
+    with self._lock:
+      kept = [rec for rec in self._buffer if rec.group_id != group_id]
+      dropped = len(self._buffer) - len(kept)
+      if dropped:
+        self._buffer, self._buffer_new_rows = kept, max(self._buffer_new_rows - dropped, 0)
+        self._abandoned += dropped
+        logging.info("Queue writer %s abandoned %d unpublished rows of group %s (its ticket is sampled again).",
+                     self._writer_dir.name, dropped, group_id)
+      return dropped
+
   def close(self):
-    """Flushes what is buffered, except the rows of groups this writer has not completed (a sampler stopped
-    while a group's rows were blocked by backpressure): published, such a group was "written" and "seen" for
-    ever but never complete, so its ticket was neither granted again nor redone (logged)."""
     with self._lock:
       if not self._closed:
-        groups = self._own.groups
-        kept = [rec for rec in self._buffer if len(groups[rec.group_id].row_ids) >= groups[rec.group_id].size]
-        if len(kept) < len(self._buffer):
-          self._abandoned += len(self._buffer) - len(kept)
-          logging.info("Queue writer %s closed with %d rows of unfinished groups unpublished (their tickets are "
-                       "sampled again).", self._writer_dir.name, self._abandoned)
-          self._buffer, self._buffer_new_rows = kept, len({rec.row_id for rec in kept})
         self._flush_locked()
         self._closed = True
 

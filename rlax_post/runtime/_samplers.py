@@ -117,7 +117,9 @@ class SamplerWorker:
       if newest is not None and newest != self._key:
         got = self.source.latest()
         if got is not None:
-          self._key = self._key_of(got[0])
+          # The key read before the restore, if it is that version's (a republish during the restore then
+          # shows as a new key at the next poll: a reload, never a missed version).
+          self._key = newest if newest[0] == got[0] else (got[0], None)
           with self.device_lock:
             producer.set_params(self.receive(got[1]), got[0])
           with self._lock:
@@ -160,7 +162,10 @@ class SamplerWorker:
           break
         except TimeoutError:  # Backpressure: the learner is behind.
           if self.should_stop():
-            return  # (the queue's close() leaves this unfinished group unpublished: its ticket is redone)
+            abandon = getattr(self.queue, "abandon", None)  # (files; threads' queues die with the process)
+            if abandon is not None:
+              abandon(gid)  # unpublished, so its ticket is granted and sampled again
+            return
         except rollouts.GroupReleased:  # A late copy: the ticket was re-granted and that group trained on.
           self.channels.admission.commit(ticket)
           with self._lock:

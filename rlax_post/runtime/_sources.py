@@ -321,12 +321,14 @@ class ProcessSource(_QueueSource):
       os.remove(done)
 
   def stop(self) -> None:
-    self.publisher.wait()
-    if self.critic_publisher is not None:
-      self.critic_publisher.close()
-    if self.primary:
-      with open(os.path.join(self.workdir, _samplers.DONE_FILE), "w") as f:
-        f.write("done\n")
+    try:
+      self.publisher.wait()
+      if self.critic_publisher is not None:
+        self.critic_publisher.close()
+    finally:  # the samplers stop however the learner's last saves end
+      if self.primary:
+        with open(os.path.join(self.workdir, _samplers.DONE_FILE), "w") as f:
+          f.write("done\n")
     self.publisher.close()
 
   def sampler_stats(self) -> list[dict]:

@@ -126,7 +126,8 @@ class RlaxEngine(engine_api.Engine):
     steps_per_sync: k, the most decode steps one `generate_block` runs.
     refill_after: the `stop_on_free` a `Driver` passes while samples wait for a slot: a block ends once this
       many slots stopped (None: max(1, slots // 8); in [1, slots]). Outputs do not depend on it.
-    max_stop_tokens: M, the most stop ids one slot holds (EOS included).
+    max_stop_tokens: M, the most stop ids one slot holds (EOS included), plus the tokenizer's end-of-turn ids
+      (`stop_ids`) when it has some: every slot stops at those, and a request keeps M - 1 of its own.
     min_kv_bucket: the shortest attention span W of a decode block (`kv_buckets`; each compiles once).
     prefill_batch_tokens: the most padded prompt tokens of one `prefill_batch` call (`prefill_rows`; this
       bounds its activations; its logits are only each prompt's last, [B, V]).
@@ -179,6 +180,9 @@ class RlaxEngine(engine_api.Engine):
     self._max_prefill_length = max_prefill_length
     self.max_decode_length = max_decode_length
     self.seed = seed
+    # A checkpoint's end-of-turn ids stop every slot (`stop_ids`): room for them on top of `max_stop_tokens`,
+    # so a request keeps its `max_stop_tokens - 1` stop ids of its own.
+    max_stop_tokens += len(self.stop_ids) - 1
     self.steps_per_sync, self.max_stop_tokens = steps_per_sync, max_stop_tokens
     self.refill_after = check_refill_after(
         max(1, max_concurrent_decodes // 8) if refill_after is None else refill_after, max_concurrent_decodes)

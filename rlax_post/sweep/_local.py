@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -234,6 +235,7 @@ def run_local(config: str, root: str, *, parallel: int = 1, extra_flags: Sequenc
   slots = _cpu_slots(parallel) if pin_cpus else [None] * parallel
   free = list(range(parallel))
   running: dict[int, _Running] = {}
+  restore = _exit_on_signals()  # a SIGTERM / SIGHUP ends the sweep through `finally`: its units stop with it
   try:
     while pending or running:
       while pending and free:
@@ -255,7 +257,23 @@ def run_local(config: str, root: str, *, parallel: int = 1, extra_flags: Sequenc
   finally:
     for run in running.values():
       _stop(run)
+    restore()
   return results
+
+
+def _exit_on_signals():
+  """Turns SIGTERM and SIGHUP into SystemExit while the sweep runs (its units run in their own sessions, so a
+  signal to the sweep's process group no longer reaches them: `finally` stops them); returns the undo. Only
+  the main thread can set handlers; elsewhere nothing changes."""
+  if threading.current_thread() is not threading.main_thread():
+    return lambda: None
+
+  def leave(signum, frame):
+    del frame
+    raise SystemExit(128 + signum)
+
+  before = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
+  return lambda: [signal.signal(sig, handler) for sig, handler in before.items()]
 
 
 def _mean_std(values: list[float]) -> tuple[float, float | None]:
