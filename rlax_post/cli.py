@@ -290,30 +290,13 @@ def _check_overrides(argv) -> None:
     _check_key(raw, key)
 
 
-def _none_overrides(argv) -> tuple[list[str], list[str]]:
-  """(argv without them, keys) of `--config.KEY=None` for fields that may be None: ml_collections reads the
-  word as the string 'None' (a str field) or fails (a float), so they are set to None after parsing."""
-  rest, keys = [], []
-  for arg in argv:
-    m = re.fullmatch(r"--?config\.([^=]+)=None", arg)
-    if m and config_lib.accepts_none(m.group(1)):
-      keys.append(m.group(1))
-    else:
-      rest.append(arg)
-  return rest, keys
-
-
 def _parse_flags(command: str, argv):
   try:
     _check_overrides(argv)
-    argv, nones = _none_overrides(argv)
+    argv, nones = sweep.none_overrides(argv)
     parsed = flags.FLAGS(argv)
-    for key in nones:
-      *sections, name = key.split(".")
-      node = _CONFIG.value
-      for section in sections:
-        node = node[section]
-      node[name] = None
+    if nones:
+      _CONFIG.value.update_from_flattened_dict(nones)
     return parsed
   except flags.Error as e:  # An unknown flag, a value of the wrong type.
     _fail(command, f"{e}; `rlax-post {command} --help` lists its flags.")

@@ -13,6 +13,7 @@ from rlax_post.sweep._units import axis
 from rlax_post.sweep._units import check_overrides
 from rlax_post.sweep._units import command_line_overrides
 from rlax_post.sweep._units import load_module
+from rlax_post.sweep._units import none_overrides
 from rlax_post.sweep._units import product
 from rlax_post.sweep._units import work_units
 from rlax_post.sweep._units import WorkUnit
@@ -27,6 +28,7 @@ __all__ = [
     "finished",
     "group_figures",
     "load_module",
+    "none_overrides",
     "plot",
     "product",
     "run_local",

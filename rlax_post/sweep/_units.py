@@ -150,11 +150,24 @@ def check_overrides(units: Sequence[WorkUnit], overrides: Sequence[str]) -> None
                      "drop them or take them out of the sweep.")
 
 
+def none_overrides(flags: Sequence[str]) -> tuple[list[str], dict[str, None]]:
+  """(the other flags, {key: None}) of the `--config.KEY=None` overrides of keys that may be None:
+  ml_collections' parser reads the word as the string 'None' (a str field) or fails (a number), so they are
+  set after it (`ConfigDict.update_from_flattened_dict`)."""
+  rest, nones = [], {}
+  for flag in flags:
+    match = _OVERRIDE.match(flag)
+    if match and not match.group(1) and flag.endswith("=None") and config_lib.accepts_none(override_key(flag)):
+      nones[override_key(flag)] = None
+    else:
+      rest.append(flag)
+  return rest, nones
+
+
 def _with_flags(cfg: ml_collections.ConfigDict, overrides: Sequence[str], config: str) -> ml_collections.ConfigDict:
   """`cfg` with the command-line overrides (`--config.key=value` flags) set as `rlax-post train` sets them
   (ml_collections' parser; `KEY=None` for a key that may be None); ValueError naming a bad one."""
-  nones = [f for f in overrides if f.endswith("=None") and config_lib.accepts_none(override_key(f))]
-  rest = [f for f in overrides if f not in nones]
+  rest, nones = none_overrides(overrides)
   for flag in overrides:
     _check_key(cfg, override_key(flag), config, what="command-line override")
   if rest:
@@ -166,12 +179,7 @@ def _with_flags(cfg: ml_collections.ConfigDict, overrides: Sequence[str], config
     except absl_flags.Error as e:
       raise ValueError(f"{config}: command-line override: {e}") from None
     cfg = values.config
-  for flag in nones:
-    *path, name = override_key(flag).split(".")
-    section = cfg
-    for part in path:
-      section = section[part]
-    section[name] = None
+  cfg.update_from_flattened_dict(nones)
   return cfg
 
 
