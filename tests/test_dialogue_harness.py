@@ -128,13 +128,13 @@ def test_rescue_audit_command(tmp_path):
 
 def test_a_rescue_report_writes_undefined_figures_as_null(tmp_path):
   """A metric with no instance (or a judge's NaN) was written and printed as NaN, which is not JSON."""
-  from rlax_post.runtime import _rescue  # pylint: disable=g-import-not-at-top
+  from rlax_post.runtime import _metrics, _rescue  # pylint: disable=g-import-not-at-top,g-multiple-import
   import numpy as np  # pylint: disable=g-import-not-at-top
-  result = _rescue._strict({"metrics": {"itp/f1": float("nan"), "stp/mrr": np.float32(0.5), "n": np.int64(3)},  # pylint: disable=protected-access
-                            "rows": (1.0, float("inf"))})
+  result = _metrics.strict_json({"metrics": {"itp/f1": float("nan"), "stp/mrr": np.float32(0.5), "n": np.int64(3)},
+                                 "rows": (1.0, float("inf"))})
   assert result == {"metrics": {"itp/f1": None, "stp/mrr": 0.5, "n": 3}, "rows": [1.0, None]}
   out = str(tmp_path / "report.json")
-  _rescue._write(out, result, [_rescue._strict({"score": float("nan")})])  # pylint: disable=protected-access
+  _rescue._write(out, result, [_metrics.strict_json({"score": float("nan")})])  # pylint: disable=protected-access
   with open(out) as f:
     assert json.load(f) == result
   with open(tmp_path / "report.records.jsonl") as f:

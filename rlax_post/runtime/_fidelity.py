@@ -23,6 +23,7 @@ from rlax_post import config as config_lib
 from rlax_post import envs
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _learn
+from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _samplers
 
@@ -91,15 +92,9 @@ def credit_fidelity(workdir: str, *, extra: int = 32, batches: int = 1, step: in
       credit += list(adv_b[i * rows_per_tree:i * rows_per_tree + fanout[0]])
       truth += list(v - v.mean())
       values += list(v)
-  return {"credit_fidelity": _finite(spearman(np.asarray(credit), np.asarray(truth))), "candidates": len(credit),
-          "value_first_role": _finite(np.mean(values)), "step": step,
+  return {"credit_fidelity": _metrics.finite_or_none(spearman(np.asarray(credit), np.asarray(truth))),
+          "candidates": len(credit), "value_first_role": _metrics.finite_or_none(np.mean(values)), "step": step,
           **{k: _nanmean([m[k] for m in role_metrics]) for k in role_metrics[0]}}
-
-
-def _finite(value) -> float | None:
-  """`value` as a float, or None where it is undefined (NaN, inf): a report is strict JSON."""
-  value = float(value)
-  return value if math.isfinite(value) else None
 
 
 def _nanmean(values) -> float | None:

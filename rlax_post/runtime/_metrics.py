@@ -86,6 +86,18 @@ def finite_or_none(v):
   return v if math.isfinite(v) else None
 
 
+def strict_json(x: Any):
+  """`x` with its numpy scalars as Python numbers, tuples as lists and its undefined figures (NaN, inf: a
+  metric with nothing to average, a diverged run's reward) as None, so that it writes as strict JSON."""
+  if isinstance(x, Mapping):
+    return {k: strict_json(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [strict_json(v) for v in x]
+  if isinstance(x, (np.integer, np.floating)):
+    x = x.item()
+  return finite_or_none(x) if isinstance(x, float) else x
+
+
 class MetricsWriter:
   """Appends one JSON line per logged step and mirrors scalars to TensorBoard.
 
@@ -219,5 +231,4 @@ def write_json(path: str, payload: Any, **dump_kwargs) -> None:
 def write_summary(path: str, summary: Mapping[str, Any]) -> None:
   """summary.json, its undefined figures (a NaN eval reward of a diverged run, say) as null: a run that
   trained to its end must not fail writing its summary."""
-  plain = {k: finite_or_none(v) if isinstance(v, float) else v for k, v in summary.items()}
-  write_json(path, plain, sort_keys=True, default=str)
+  write_json(path, strict_json(summary), sort_keys=True, default=str)

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -101,42 +100,21 @@ def run_rescue_eval(sessions_path: str, load_policy: Callable[[], _policy.RunPol
     raise ValueError(f"checkpoint {policy.step} holds no warm-start (reference) policy.")
   metrics, records = evaluate(policy.parts, policy.warm_start if warm_start else policy.params, sessions, options)
   which = "warm_start" if warm_start else ("final" if policy.source == "checkpoint" else "initial")
-  result = _strict({"step": policy.step, "policy": which, "sessions": len(sessions),
-                    "instances": len(records), "metrics": metrics})
+  result = _metrics.strict_json({"step": policy.step, "policy": which, "sessions": len(sessions),
+                                 "instances": len(records), "metrics": metrics})
   if out:
-    _write(out, result, [_strict(r) for r in records])
+    _write(out, result, [_metrics.strict_json(r) for r in records])
   return result
 
 
 def _write(out: str, result: dict, records: list[dict]) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  _metrics.write_json(out, result, default=_jsonable)
+  _metrics.write_json(out, result)
   tmp = os.path.splitext(out)[0] + ".records.jsonl.tmp"
   with open(tmp, "w") as f:
     for r in records:
-      f.write(json.dumps(r, default=_jsonable, allow_nan=False) + "\n")
+      f.write(json.dumps(r, allow_nan=False) + "\n")
   os.replace(tmp, os.path.splitext(out)[0] + ".records.jsonl")
-
-
-def _strict(x: Any):
-  """`x` with its numpy scalars as Python numbers and its undefined figures (NaN, inf: a metric of a task with
-  no instance, a judge's NaN) as None, so the report is strict JSON."""
-  if isinstance(x, dict):
-    return {k: _strict(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)):
-    return [_strict(v) for v in x]
-  if isinstance(x, (np.integer, np.floating)):
-    x = x.item()
-  if isinstance(x, float) and not math.isfinite(x):
-    return None
-  return x
-
-
-def _jsonable(x: Any):
-  """json's `default` for numpy scalars (a custom judge's score may be one); tuples are written as lists."""
-  if isinstance(x, (np.integer, np.floating)):
-    return x.item()
-  raise TypeError(f"not JSON-able: {type(x).__name__}")
 
 
 def simulate_sessions(out: str, count: int, *, seed: int = 0, variants: str = "heldout", horizon: int = 4
