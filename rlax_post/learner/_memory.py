@@ -97,8 +97,7 @@ def _state_bytes(model_cfg, mesh, rules, optimizer, micro_batches,
   trained = _tree_bytes(state.params, sh.params)
   out = {'params': trained, 'optimizer': _tree_bytes(state.opt_state, sh.opt_state), 'grads': trained}
   if state.frozen is not None:
-    model = _tree_bytes(params, sharding.named_shardings(models.param_logical_axes(params), mesh, rules,
-                                                         shapes=params))
+    model = _model_bytes(model_cfg, mesh, rules)
     out['params'] += _tree_bytes(state.frozen, sh.frozen) + trainable.roles * model
   if micro_batches > 1:
     f32 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32), state.params)

@@ -199,7 +199,6 @@ class FileQueue(_queue.RolloutQueue):
     self._seq = 0
     self._shards_read = 0
     self._dropped = 0
-    self._abandoned = 0  # buffered records of unfinished groups that close() did not publish
     # Consumer state (lazily loaded from <dir>/consumers/<c>.jsonl).
     self._consumed: dict[str, dict[str, tuple[int | None, int]]] = {}  # c -> group -> (tag, rows)
     self._consumed_stat: dict[str, object] = {}
@@ -631,7 +630,6 @@ class FileQueue(_queue.RolloutQueue):
       dropped = len(self._buffer) - len(kept)
       if dropped:
         self._buffer, self._buffer_new_rows = kept, max(self._buffer_new_rows - dropped, 0)
-        self._abandoned += dropped
         logging.info("Queue writer %s abandoned %d unpublished rows of group %s (its ticket is sampled again).",
                      self._writer_dir.name, dropped, group_id)
       return dropped
