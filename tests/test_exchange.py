@@ -194,7 +194,7 @@ def test_a_sampler_that_missed_the_gap_takes_the_new_params_of_its_version_numbe
   admission = types.SimpleNamespace(claim=lambda version: None, unanswered=lambda: False)
   worker = runtime.SamplerWorker("s", None, runtime.Channels(sub, None, admission), slots=1,
                                  should_stop=lambda: next(ticks))
-  worker._key = worker._key_of(version)  # pylint: disable=protected-access  # as run() sets it
+  worker._key = exchange.loaded_key(sub.latest_key(), version)  # pylint: disable=protected-access  # as run() sets it
   held = Held(params, version)
   pub.delete_newer_than(0)
   for v in (1, 2):

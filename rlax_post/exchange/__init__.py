@@ -40,6 +40,7 @@ Restores read only the shards each reader's own shardings need, so a reader may 
 different `PartitionSpec`s than the publisher (resharding on restore), and different dtypes (cast on read).
 """
 
+from rlax_post.exchange._local import loaded_key
 from rlax_post.exchange._local import LocalParams
 from rlax_post.exchange._local import ParamSource
 from rlax_post.exchange._publisher import ParamPublisher
@@ -47,4 +48,4 @@ from rlax_post.exchange._store import as_path
 from rlax_post.exchange._store import is_complete
 from rlax_post.exchange._subscriber import ParamSubscriber
 
-__all__ = ["LocalParams", "ParamPublisher", "ParamSource", "ParamSubscriber", "as_path", "is_complete"]
+__all__ = ["loaded_key", "LocalParams", "ParamPublisher", "ParamSource", "ParamSubscriber", "as_path", "is_complete"]

@@ -36,6 +36,13 @@ class ParamSource(Protocol):
     ...
 
 
+def loaded_key(newest: tuple[int, Any] | None, version: int) -> tuple[int, Any]:
+  """The key a reader holds after loading `version`, given `newest`, the source's `latest_key()` read before
+  the load: that key if it is the loaded version's, else one no real key equals (the next poll loads again: a
+  republish during the load costs a reload, never a missed version)."""
+  return newest if newest is not None and newest[0] == version else (version, None)
+
+
 class LocalParams:
   """Holds the newest `max_to_keep` published versions in memory; thread-safe.
 

@@ -242,8 +242,8 @@ class CriticScores:
     newest = self.subscriber.latest_key()
     if newest is not None and newest != self._key:
       got = self.subscriber.latest()
-      if got is not None:  # the key read before the restore, if it is that version's (else: reload next time)
-        self._key = newest if newest[0] == got[0] else (got[0], None)
+      if got is not None:
+        self._key = exchange.loaded_key(newest, got[0])
         self.version = got[0]
         self.service.set_params(got[1], got[0])
     return self.version

@@ -79,12 +79,6 @@ class SamplerWorker:
               "idle_frac": self._stats["idle_seconds"] / wall,
               "version": self._stats["version"], "swaps": self._stats["swaps"]}
 
-  def _key_of(self, version: int):
-    """The source's key of the `version` just loaded (`latest_key`); a newer publish in between gives a key
-    that differs from the next poll's, so that version is loaded again (rare, and only a reload)."""
-    key = self.source.latest_key()
-    return key if key is not None and key[0] == version else (version, None)
-
   def _wait_params(self):
     while not self.should_stop():
       try:
@@ -99,7 +93,8 @@ class SamplerWorker:
       return
     version, params = first
     self.first_version = version
-    self._key = self._key_of(version)
+    # (Read after this first load: reading it before would reload every sampler once at its start.)
+    self._key = exchange.loaded_key(self.source.latest_key(), version)
     with self.device_lock:
       producer = self.producer_factory(self.receive(params), version)
     with self._lock:
@@ -117,9 +112,7 @@ class SamplerWorker:
       if newest is not None and newest != self._key:
         got = self.source.latest()
         if got is not None:
-          # The key read before the restore, if it is that version's (a republish during the restore then
-          # shows as a new key at the next poll: a reload, never a missed version).
-          self._key = newest if newest[0] == got[0] else (got[0], None)
+          self._key = exchange.loaded_key(newest, got[0])
           with self.device_lock:
             producer.set_params(self.receive(got[1]), got[0])
           with self._lock:
