@@ -53,9 +53,8 @@ class ParamPublisher:
           path.rmtree()
     self._checkpointer = ocp.AsyncCheckpointer(_handler())
     versions = _store.complete_versions(self.directory)
-    if self._primary and versions:  # Versions a dead writer's GC had begun deleting.
-      for path in _store.unfinished_below(self.directory, versions[-1]):
-        _store.delete_version(path)
+    if self._primary:  # Versions a dead writer's GC had begun deleting.
+      _store.delete_unfinished(self.directory, versions)
     self._last: int | None = versions[-1] if versions else None
     # GC runs off the caller's thread; it only touches the filesystem, never the (non-thread-safe) checkpointer.
     self._gc_pool = futures.ThreadPoolExecutor(1, thread_name_prefix="param-publisher-gc")
@@ -153,7 +152,6 @@ class ParamPublisher:
       versions = _store.complete_versions(self.directory)
       for v in versions[:-self._max_to_keep]:
         _store.delete_unless_leased(self.directory, v, self._lease_timeout_s)
-      for path in _store.unfinished_below(self.directory, versions[-1]) if versions else []:
-        _store.delete_version(path)  # A deletion that stopped part way (an error after the marker went).
+      _store.delete_unfinished(self.directory, versions)  # a deletion that stopped after the marker went
     except OSError as e:  # GC is retried on the next publish; a transient error must not stop training.
       logging.warning("Parameter GC in %s failed: %s", self.directory, e)

@@ -96,15 +96,19 @@ def delete_version(step_dir: epath.Path) -> None:
     pass
 
 
-def unfinished_below(directory: epath.Path, newest: int) -> list[epath.Path]:
-  """Version directories below the newest complete version `newest` that hold no commit marker: versions whose
-  deletion stopped after the marker (an error, a crash), or a dead writer's. Saves in flight are always newer
-  than `newest`, so these are never read again."""
+def delete_unfinished(directory: epath.Path, versions: list[int]) -> None:
+  """Deletes the version directories below the newest of the complete `versions` that hold no commit marker:
+  versions whose deletion stopped after the marker (an error, a crash), or a dead writer's. Saves in flight
+  are always newer than the newest complete version, so these are never read again."""
+  if not versions:
+    return
   try:
     children = list(directory.iterdir())
   except FileNotFoundError:
-    return []
-  return [p for p in children if p.name.isdigit() and int(p.name) < newest and not is_complete(p)]
+    return
+  for path in children:
+    if path.name.isdigit() and int(path.name) < versions[-1] and not is_complete(path):
+      delete_version(path)
 
 
 def delete_unless_leased(directory: epath.Path, version: int, timeout_s: float) -> bool:

@@ -65,8 +65,7 @@ def _check_length(max_tokens: Any = None, buffer: Any = None, **unused) -> None:
 def _check_math(rel_tol: Any = 1e-6, abs_tol: Any = 1e-9, **unused) -> None:
   del unused
   for name, value in (("rel_tol", rel_tol), ("abs_tol", abs_tol)):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-      raise ValueError(f"`{name}` must be a finite number >= 0; got {value!r}")
+    _math._tolerance(f"`{name}`", value)  # pylint: disable=protected-access  # the check answers_match makes
 
 
 _CHECKS = {"regex": _check_regex, "length": _check_length, "math": _check_math}
@@ -80,4 +79,4 @@ def check_options(name: str, options: dict) -> None:
     try:
       check(**options)
     except ValueError as e:
-      raise ValueError(f"`reward.options.{name}` = {options}: {e}.") from None
+      raise ValueError(f"`reward.options.{name}` = {options}: {str(e).rstrip('.')}.") from None
