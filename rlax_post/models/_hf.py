@@ -11,7 +11,7 @@ import contextlib
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -352,7 +352,8 @@ def load_hf(path: str, *, mesh: jax.sharding.Mesh | None = None, rules=None,
 _SCALAR_HEAD = ("value_head", "value_bias")
 
 
-def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str) -> None:
+def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str,
+              config_extra: Mapping[str, Any] | None = None) -> None:
   """Writes `params` as an HF checkpoint (`config.json` + `model.safetensors`) loadable by transformers.
 
   Args:
@@ -360,6 +361,7 @@ def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str) -
     cfg: the model's config; its flags must match the architecture (e.g. Qwen2 needs `qkv_bias`).
     params: our params dict (any sharding; each tensor is gathered to the host in turn).
     architecture: one of `ARCHITECTURES`.
+    config_extra: keys to set in config.json besides the model's (e.g. the special token ids).
 
   A value head (`ModelConfig.value_head`) is left out: the checkpoint is the causal LM alone.
   """
@@ -372,7 +374,7 @@ def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str) -
   if cfg.valid_vocab_size is not None and cfg.valid_vocab_size != cfg.vocab_size:
     raise ValueError("cfg.valid_vocab_size (padded vocab) has no HF equivalent; export the unpadded model.")
   _check_export_params(cfg, params)
-  hf = _hf_config(cfg, architecture, model_type)
+  hf = {**_hf_config(cfg, architecture, model_type), **(config_extra or {})}
   os.makedirs(path, exist_ok=True)
   layer_tensors = _layer_tensors(cfg)
   tensors = {}

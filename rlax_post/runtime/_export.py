@@ -39,10 +39,11 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str, step: int | None
   policy = update.policy(state)
   outs = [os.fspath(out_dir)] if update.roles == 1 else [
       os.path.join(os.fspath(out_dir), name) for name in parts.task.pipeline.roles]
+  ids = _special_ids(parts)
   for r, out in enumerate(outs):
     models.export_hf(out, cfg, policy if update.roles == 1 else learner.role_params(policy, r),
-                     architecture=architecture)
-    _carry_checkpoint_files(parts, out)
+                     architecture=architecture, config_extra=ids)
+    _copy_tokenizer_files(parts, out)
   return step
 
 
@@ -52,24 +53,21 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_m
 _CONFIG_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id", "max_position_embeddings")
 
 
-def _carry_checkpoint_files(parts: _parts.Parts, out: str) -> None:
-  """The tokenizer files and special token ids (and context length) of `model.hf_path` into the exported
-  checkpoint `out`, so that transformers' `generate` stops where the model does and `model.hf_path` can start
-  a run from it; a run from the byte tokenizer gets its ids."""
+def _special_ids(parts: _parts.Parts) -> dict:
+  """config.json's special token ids (and context length) of the `model.hf_path` the run started from, so that
+  transformers' `generate` stops where the model does; a run from the byte tokenizer gets its ids."""
   source = parts.cfg.model.hf_path
-  with open(os.path.join(out, "config.json")) as f:
-    config = json.load(f)
   if source is None:
-    ids = {"bos_token_id": parts.tokenizer.bos_id, "eos_token_id": parts.tokenizer.eos_id,
-           "pad_token_id": parts.tokenizer.pad_id}
-  else:
-    for name in _TOKENIZER_FILES:
-      if os.path.isfile(os.path.join(source, name)):
-        shutil.copyfile(os.path.join(source, name), os.path.join(out, name))
-    with open(os.path.join(source, "config.json")) as f:
-      ids = {k: v for k, v in json.load(f).items() if k in _CONFIG_KEYS}
-  config.update(ids)
-  tmp = os.path.join(out, ".config.json.tmp")
-  with open(tmp, "w") as f:
-    json.dump(config, f, indent=2)
-  os.replace(tmp, os.path.join(out, "config.json"))
+    return {"bos_token_id": parts.tokenizer.bos_id, "eos_token_id": parts.tokenizer.eos_id,
+            "pad_token_id": parts.tokenizer.pad_id}
+  with open(os.path.join(source, "config.json")) as f:
+    return {k: v for k, v in json.load(f).items() if k in _CONFIG_KEYS}
+
+
+def _copy_tokenizer_files(parts: _parts.Parts, out: str) -> None:
+  """The tokenizer files of `model.hf_path` into the exported checkpoint `out`, so that `model.hf_path` can
+  start a run from it."""
+  source = parts.cfg.model.hf_path
+  for name in _TOKENIZER_FILES if source is not None else ():
+    if os.path.isfile(os.path.join(source, name)):
+      shutil.copyfile(os.path.join(source, name), os.path.join(out, name))
