@@ -16,7 +16,9 @@ from rlax_post import models
 from rlax_post import runtime
 from rlax_post.runtime import _batch
 from rlax_post.runtime import _credit
+from rlax_post.envs import _expansion
 from rlax_post.envs import _registry
+from rlax_post.envs import _tree_rollouts
 
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -92,11 +94,44 @@ def test_keep_k_trains_k_leaves_per_tree_and_keeps_the_groups_cost():
   for name in envs.BUDGET_FIELDS:  # the dropped leaves' cost stays in the group
     assert sum(r[name] for r in rows) == pytest.approx(sum(r[name] for r in full))
   for i, r in enumerate(rows):
-    parent = int(r["tree_parent"])
+    parent, at = int(r["tree_parent"]), int(r["forked_at"])
     assert parent < i and (parent < 0 or int(rows[parent]["tree_id"]) == int(r["tree_id"]))
     assert list(r["segment_ends"])[-1] == len(r["tokens"])
+    assert at == 0 if parent < 0 else np.array_equal(r["tokens"][:at], rows[parent]["tokens"][:at])
   with pytest.raises(ValueError, match=r"at most tree.keep\) = 4 leaves per prompt"):
     _cfg(tree__keep=2)
+
+
+def test_a_leaf_re_pointed_past_a_dropped_one_inherits_what_it_shares_with_its_new_parent():
+  # A chain A; B forked from A at 2; C forked from B at 5. Keep A and C: C's parent is A, sharing 2 tokens.
+  tokens = [(1, 2, 3, 4, 5, 6, 7), (1, 2, 9, 9, 9, 8, 8), (1, 2, 9, 9, 9, 7)]
+  growth = envs.TreeRolloutProducer.__new__(envs.TreeRolloutProducer)
+  growth.tree = _cfg(tree__keep=2, tree__iterations=2, rl__samples_per_prompt=4).tree
+  group = _tree_rollouts._Group(None, [_tree_rollouts._Leaf(0, -1, 0), _tree_rollouts._Leaf(0, 0, 1),
+                                       _tree_rollouts._Leaf(0, 1, 2)])
+  rows = [{"forked_at": np.int32(f), **{name: 0.0 for name in envs.BUDGET_FIELDS}} for f in (0, 2, 5)]
+  growth._group_rows = lambda ticket, group: (rows, tokens)
+  growth._kept = lambda ticket, group: [0, 2]
+  out = growth._rows(0, group)
+  assert [int(r["tree_parent"]) for r in out] == [-1, 0] and [int(r["forked_at"]) for r in out] == [0, 2]
+
+
+def test_the_kept_leaves_do_not_follow_the_fork_points():
+  # Iteration 1 of a tree forks leaf 0 or leaf 1 (its draw from `_fork_rng`); then K = 1 of the 3 leaves is
+  # kept. Drawn uniformly and apart, the newest leaf is kept a third of the time whichever leaf was forked (the
+  # keep draw once reused iteration K's generator: kept 0 % and 100 % of the time).
+  growth = envs.TreeRolloutProducer.__new__(envs.TreeRolloutProducer)
+  growth.cfg = _cfg(tree__keep=1, tree__trees=1, tree__iterations=2, rl__samples_per_prompt=1)
+  growth.tree = growth.cfg.tree
+  branches = [_expansion.Branch(tokens=tuple(range(8)), logprobs=(-1.0,) * 8),
+              _expansion.Branch(tokens=tuple(range(8)), logprobs=(-1.0,) * 8, forked_at=4)]
+  newest_kept = np.zeros((2, 2))  # [leaf forked at iteration 1, newest leaf kept or not]
+  for ticket in range(1500):
+    ((b, _),) = _expansion.random_forks(branches, 1, growth._fork_rng(ticket, 1, 0))
+    leaves = [_tree_rollouts._Leaf(0, -1, 0), _tree_rollouts._Leaf(0, 0, 1), _tree_rollouts._Leaf(0, b, 2)]
+    newest_kept[b, int(growth._kept(ticket, _tree_rollouts._Group(None, leaves)) == [2])] += 1
+  frequency = newest_kept[:, 1] / newest_kept.sum(axis=1)
+  assert np.all(np.abs(frequency - 1 / 3) < 0.06), frequency  # 5 standard errors at ~750 draws each
 
 
 def test_trees_do_not_depend_on_the_schedule():
@@ -188,6 +223,10 @@ def test_tree_config_errors_name_the_setting():
     _cfg(tree__expansion="none", advantage__estimator="tree_grpo", rl__samples_per_prompt=4)
   with pytest.raises(ValueError, match="tree rollouts are credited by one of"):
     _cfg(advantage__estimator="gigpo")
+  for estimator in ("grpo", "rloo"):  # a shared segment trained once is the tree estimators' (it was ignored)
+    with pytest.raises(ValueError, match=f"tree.prefix = 'mean' .* advantage.estimator = '{estimator}'"):
+      _cfg(advantage__estimator=estimator, tree__prefix="mean")
+  _cfg(advantage__estimator="tree_grpo", tree__prefix="mean")
   with pytest.raises(ValueError, match=r"tree.expansion` must be one of \[.none., .tree_grpo., .treerl., .arpo., .random.\]; got .beam."):
     _cfg(tree__expansion="beam")
   assert sorted(config.TEXT_TASKS) == sorted(_registry.TASKS)  # the config's text tasks are the registry's

@@ -538,6 +538,10 @@ class Config:
     if estimator not in TREE_ROLLOUT_ESTIMATORS + ("grpo", "drgrpo", "rloo"):
       raise ValueError(f"tree rollouts are credited by one of {list(TREE_ROLLOUT_ESTIMATORS + ('grpo', 'drgrpo', 'rloo'))}"
                        f"; got advantage.estimator = {estimator!r}.")
+    if self.tree.prefix != "sum" and estimator not in TREE_ROLLOUT_ESTIMATORS:
+      raise ValueError(f"tree.prefix = {self.tree.prefix!r} trains a shared segment once, which only the tree "
+                       f"estimators {list(TREE_ROLLOUT_ESTIMATORS)} do; advantage.estimator = {estimator!r} "
+                       "credits each leaf as a whole sequence (set tree.prefix = 'sum').")
 
 
 # Tasks that are role pipelines (`envs.COLLABORATIONS`; a test keeps the two equal) and the estimators that

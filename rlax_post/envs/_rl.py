@@ -72,6 +72,7 @@ class Stream(enum.IntEnum):
   CRITIC = 5  # the separate critic's init and updates
   Q_FIT = 6  # Iterative PPO's Q: each round's fit (order, updates) and its held-out episodes
   ROUNDS = 7  # Iterative PPO's rounds: the order of a round's logged states, the single-turn steps' samples
+  TREE_KEEP = 8  # `tree.keep`: the leaves kept of a grown tree (apart from the fork points' draws)
 
 
 def seed_of(*parts: int) -> int:

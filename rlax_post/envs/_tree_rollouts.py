@@ -135,13 +135,17 @@ class _TreeGrowth:
     for m in range(t.trees):
       rows = [i for i, leaf in enumerate(group.leaves) if leaf.tree == m]
       branches = [self._branch(group.leaves[i].result) for i in rows]
-      rng = np.random.default_rng([self.cfg.seed, ticket, it, m])
+      rng = self._fork_rng(ticket, it, m)
       for k, (b, at) in enumerate(self._picks(branches, rng)):
         specs.append(_ForkSpec(rows[b], at, t.continuations, (ticket, "fork", it, m, k), seed, m * t.forks + k,
                                keep=it + 1 < t.iterations))
     for spec, keys in zip(specs, self._fork_leaves(ticket, group, specs)):
       group.leaves += [_Leaf(tree=group.leaves[spec.parent].tree, parent=spec.parent, key=key) for key in keys]
     group.iteration = it + 1
+
+  def _fork_rng(self, ticket: int, iteration: int, tree: int) -> np.random.Generator:
+    """The generator of a tree's fork points at an iteration (the expansion policies' draws)."""
+    return np.random.default_rng([self.cfg.seed, ticket, iteration, tree])
 
   def _rows(self, ticket: int, group: _Group) -> list[dict]:
     """The group's rows with their tree fields (module docstring), in leaf order; with `tree.keep`, the kept
@@ -162,6 +166,8 @@ class _TreeGrowth:
       parent = leaf.parent
       while parent >= 0 and parent not in new_row:
         parent = group.leaves[parent].parent
+      if parent != leaf.parent:  # re-pointed past dropped leaves: it inherits what it shares with the kept one
+        row["forked_at"] = np.int32(_common(own, tokens[parent]) if parent >= 0 else 0)
       row.update({
           "tree_id": np.int32(leaf.tree), "tree_parent": np.int32(new_row.get(parent, -1)),
           "segment_ends": np.asarray(ends, np.int32),
@@ -176,7 +182,9 @@ class _TreeGrowth:
     for m in range(self.tree.trees):
       rows = [i for i, leaf in enumerate(group.leaves) if leaf.tree == m]
       if k and len(rows) > k:
-        rng = np.random.default_rng([self.cfg.seed, ticket, k, m])
+        # A stream of its own: [seed, ticket, k, m] was `_fork_rng` of iteration k (the kept leaves then
+        # followed that iteration's fork points).
+        rng = np.random.default_rng([self.cfg.seed, _rl.Stream.TREE_KEEP, ticket, m])
         rows = sorted(rows[j] for j in rng.choice(len(rows), size=k, replace=False))
       kept += rows
     return sorted(kept)
