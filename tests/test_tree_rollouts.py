@@ -256,3 +256,13 @@ def test_a_short_tree_run_trains_and_logs_the_budget(tmp_path):
   assert figures["decode_tokens_per_prompt"] == pytest.approx(np.mean([m["decode_tokens"] for m in rl]) / 4)
   assert figures["prefill_tokens_per_prompt"] == pytest.approx(np.mean([m["prefill_tokens"] for m in rl]) / 4)
   assert figures["success_end"] == summary["final_eval_reward"]
+
+
+def test_a_sampler_process_counts_a_trees_grown_leaves_as_its_groups_slots(tmp_path):
+  # 2 trees of 1 + 2 leaves grown, 2 kept each: a group holds 6 slots, not its 4 rows; 16 slots hold 2 groups.
+  cfg = _cfg(tree__expansion="tree_grpo", tree__keep=2, rl__samples_per_prompt=4)
+  admission = runtime._samplers.sampler_admission(cfg, str(tmp_path), "sampler-0")
+  assert cfg.sampler_slots == 16 and (admission.capacity, admission.ahead) == (16 // 6, 16 // 6)
+  plain = runtime._samplers.sampler_admission(_cfg(tree__expansion="none", advantage__estimator="grpo",
+                                                   rl__samples_per_prompt=4), str(tmp_path), "sampler-1")
+  assert (plain.capacity, plain.ahead) == (4, 4)

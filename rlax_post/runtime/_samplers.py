@@ -211,6 +211,17 @@ def _read_base(parts: _parts.Parts, workdir: str, name: str, timeout_s: float = 
   return reader.wait_for(0, timeout_s=timeout_s)[1]
 
 
+def sampler_admission(cfg: config_lib.Config, workdir: str, name: str) -> rollouts.FileAdmission:
+  """A sampler process's side of the file admission; its capacity until its first heartbeat, and the tickets it
+  asks ahead, are the groups its slots hold: `slots // ` a group's slots (its samples, or a tree's grown leaves,
+  more than the rows it keeps with `tree.keep`)."""
+  group_slots = config_lib.tree_grown(cfg) if cfg.tree.expansion != "none" else cfg.rl.samples_per_prompt
+  groups = max(cfg.sampler_slots // group_slots, 1)
+  return rollouts.FileAdmission(os.path.join(workdir, "admission"), groups_per_step=cfg.rl.prompts_per_step,
+                                max_staleness=config_lib.staleness(cfg), sampler_id=name, capacity=groups,
+                                ahead=groups)
+
+
 def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s: float = 600.0) -> dict:
   """`rlax-post sampler --index K`: samples for the learner of `workdir` until it writes learner.done."""
   if isinstance(index, bool) or not isinstance(index, int) or index < 0:
@@ -219,11 +230,9 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   cfg = load_run_config(workdir, timeout_s=wait_config_s)
   # The sampler's own mesh: every local device on the fsdp axis; params are resharded onto it on restore.
   parts = _parts.build_parts(cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}))
-  name, slots, n = f"sampler-{index}", cfg.sampler_slots, cfg.rl.samples_per_prompt
+  name, slots = f"sampler-{index}", cfg.sampler_slots
   queue = file_queue(cfg, workdir, name)
-  admission = rollouts.FileAdmission(os.path.join(workdir, "admission"), groups_per_step=cfg.rl.prompts_per_step,
-                                     max_staleness=config_lib.staleness(cfg), sampler_id=name,
-                                     capacity=max(slots // n, 1), ahead=max(slots // n, 1))
+  admission = sampler_admission(cfg, workdir, name)
   # A sampler restarted under the same index never redoes a group it already put in the queue; tickets
   # still granted to it that never reached the queue are started again (same prompt and seeds).
   admission.mark_done(int(g) for g in queue.written_group_ids())
