@@ -131,3 +131,25 @@ def test_a_shared_head_is_not_published_as_a_critic(tmp_path):
   source = runtime.ProcessSource(parts, str(tmp_path), lambda *a: None)
   assert source.critic_publisher is None
   source.stop()
+
+
+def test_a_published_q_critic_scores_q_in_0_1_as_the_learner_reads_it(tmp_path):
+  import jax  # pylint: disable=g-import-not-at-top
+  from rlax_post import models  # pylint: disable=g-import-not-at-top
+  from configs import multiagent  # pylint: disable=g-import-not-at-top
+  c = multiagent.get_config("tiny,c3_value")  # a bce Q-critic, its bias the prior 0.4
+  c.critic.publish = True
+  parts = runtime.build_parts(config.load(c))
+  update = runtime.RLUpdate(parts)
+  state = update.init(models.init_params(parts.model_cfg, jax.random.key(0))[1], 0)
+  source = runtime.ProcessSource(parts, str(tmp_path), lambda *a: None)
+  source.publish(state, 1)
+  source.stop()
+  row = [256, 82, 58, 97, 62, 115, 111, 114, 116, 257]
+  tokens = np.zeros((1, parts.lengths.sequence), np.int32)
+  tokens[0, :len(row)] = row
+  mask = np.zeros((1, parts.lengths.sequence - 1), np.float32)
+  mask[0, len(row) - 1] = 1
+  want = float(update.critic.values(state.critic.params, tokens, mask)[0, len(row) - 1])  # the learner's q
+  assert want == pytest.approx(0.4, abs=1e-5)
+  np.testing.assert_allclose(runtime.CriticScores(parts, str(tmp_path)).score([row]), [want], rtol=1e-5)

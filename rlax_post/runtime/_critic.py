@@ -232,6 +232,7 @@ class CriticScores:
     self.service = sampler.ScoreService(model_cfg, graphdef, mesh=parts.mesh, rules=parts.rules,
                                         tokenizer=parts.tokenizer, max_len=parts.lengths.sequence,
                                         max_batch=max_batch)
+    self.loss = parts.cfg.critic.loss  # `bce`: the head is a logit, its prediction σ(logit)
     self.version: int | None = None
     self._key = None  # the subscriber's `latest_key` of the loaded version
 
@@ -249,9 +250,10 @@ class CriticScores:
     return self.version
 
   def score(self, rows) -> np.ndarray:
-    """Values [N] of the rows under the loaded version (loading the newest first if none is loaded)."""
+    """What the critic predicts [N] for the rows under the loaded version (loading the newest first if none is
+    loaded): the value, or for a `bce` critic (C3's Q-critic) q = σ(logit) in [0, 1], as the learner reads it."""
     if self.version is None and self.refresh() is None:
       raise RuntimeError(f"No critic version in {self.subscriber.directory} yet: the learner publishes one per "
                          "step when critic.publish is set (with advantage.estimator = 'gae', critic.mode = "
                          "'separate', under `rlax-post learner`).")
-    return self.service.score(rows)
+    return np.asarray(losses.prediction(self.service.score(rows), self.loss))
