@@ -17,6 +17,7 @@ from rlax_post import data
 from rlax_post import envs
 from rlax_post import models
 from rlax_post import runtime
+from rlax_post.runtime import _batch
 
 sys.path.insert(0, ".")
 from configs import multiagent  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -234,6 +235,14 @@ def test_without_replay_the_first_subtree_is_reused_and_not_trained():
   message = list(rows[1]["tokens"][:-1] if rows[1]["finished"] else rows[1]["tokens"])
   assert list(rows[5]["prompt"][-len(message) - 1:-1]) == message
   assert float(rows[1]["reward"]) == pytest.approx(np.mean([float(r["reward"]) for r in rows[5:8]]))
+  # A copy's message was not written in its new context: it has no correctness there, so the logged
+  # reward/worker_correct averages the sampled worker rows only (it counted the copies too).
+  assert all("reward/worker_correct" not in r for r in rows[5:8])
+  assert all(r["reward/worker_correct"] in (0.0, 1.0) for r in rows[2:5])
+  parts, _ = _parts(False)
+  batch = _batch.rows_to_batch([rows], seq_len=parts.lengths.sequence, pad_id=parts.tokenizer.pad_id)
+  assert _batch.row_metric_values(batch.row_metrics)["reward/worker_correct"] == pytest.approx(
+      np.mean([r["reward/worker_correct"] for r in rows[2:5]]))
 
 
 def test_the_eval_split_is_one_greedy_chain_per_held_out_problem():

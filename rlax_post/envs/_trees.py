@@ -187,8 +187,9 @@ class TreeProducer(_rl.DriverProducer):
           "ticket": np.int64(ticket),
           "node_id": np.int32(n.id), "node_parent": np.int32(n.parent), "node_depth": np.int32(n.depth),
           **_rl.budget(mask, len(n.prompt) if n.first_sibling and not n.copied else 0, terminal=n.depth == depth),
-          f"{_rl.REWARD_PREFIX}{pipe.roles[role]}_correct": float(n.messages[-1] == gold),
       })
+      if not n.copied:  # a copy's message was written after another parent: not this context's correctness
+        rows[-1][f"{_rl.REWARD_PREFIX}{pipe.roles[role]}_correct"] = float(n.messages[-1] == gold)
     return rows
 
 
