@@ -193,6 +193,36 @@ def _trees(tickets, *, replay=True, slots=None):
   return out
 
 
+def test_a_message_ends_before_its_stop_string_for_the_next_role_and_the_reward():
+  # Stop strings the tiny random model writes often: most messages stop on one, mid-message. The driver keeps
+  # a stop string's tokens; the next role's prompt and the gold / reward read the message before it (the next
+  # role saw a partial stop string, the reward the whole string).
+  stops = tuple("abcdefghijklmnopqrstuvwxyz")
+  parts = runtime.build_parts(_cfg("tiny,c3", rl__samples_per_prompt=6, multiagent__fanout=(2, 3), rl__stop=stops))
+  params = models.init_params(parts.model_cfg, jax.random.key(0))[1]
+  producer = parts.task.producer(parts.engine(slots=16, temperature=1.0), params, 0)
+  rows = envs.run_tickets(producer, [3, 4], slots=16)
+  producer.close()
+  tok, pipe, cut = parts.tokenizer, parts.task.pipeline, 0
+  for ticket, group in rows.items():
+    problem = producer.examples[ticket]
+    for router in group[:2]:
+      text = tok.decode(np.asarray(router["tokens"]), skip_special=True, stop_at_eos=True)
+      first = min((text.index(x) for x in stops if x in text), default=len(text))
+      cut += first < len(text)
+      message = text[:first]
+      want_prompt = pipe.render_ids(tok, problem, 1, [tuple(tok.encode(message, add_bos=False))])
+      children = [r for r in group[2:] if int(r["node_parent"]) == int(router["node_id"])]
+      assert all(list(r["prompt"]) == list(want_prompt) for r in children)
+      for r in children:  # the worker's correctness: its message before a stop string against the cut gold
+        worker = tok.decode(np.asarray(r["tokens"]), skip_special=True, stop_at_eos=True)
+        worker = worker[:min((worker.index(x) for x in stops if x in worker), default=len(worker))]
+        gold = pipe.collab.gold(problem, 1, [message])
+        assert r["reward/worker_correct"] == float(worker == gold)
+        assert float(r["reward"]) == pipe.collab.problems.reward(problem, worker)
+  assert cut >= 2  # the test saw router messages cut at a stop string
+
+
 def test_a_tree_has_one_row_per_node_with_ids_rewards_and_budget():
   (rows,) = _trees([3]).values()
   assert len(rows) == 2 + 6

@@ -126,9 +126,9 @@ class TreeProducer(_rl.DriverProducer):
       for c in completions:
         d = parent.depth + 1
         flat = parent.flat * self.fanout[d - 1] + c.index
-        text = rewards.decode_completions(tok, np.asarray([list(c.tokens) or [tok.pad_id]], np.int32))[0]
+        text, ids = _message(c, tok, self.task.cfg.rl.stop)
         node = _Node(id=self.offsets[d - 1] + flat, parent=parent.id, depth=d, flat=flat,
-                     messages=parent.messages + (text,), ids=parent.ids + (_message_ids(c, tok),),
+                     messages=parent.messages + (text,), ids=parent.ids + (ids,),
                      prompt=tuple(c.prompt), completion=c,
                      first_sibling=c.index == 0)
         tree.nodes[node.id] = node
@@ -254,10 +254,17 @@ def unseen_values(rows: list[dict], fanout: Sequence[int], keep: Sequence[int]) 
   return sums / np.maximum(counts, 1)
 
 
-def _message_ids(c, tokenizer) -> tuple[int, ...]:
-  """A completion's ids as the next role sees them: without the trailing stop token."""
+def _message(c, tokenizer, stops: Sequence[str]) -> tuple[str, tuple[int, ...]]:
+  """A completion's message as the next role and the reward see it, (text, ids): without the trailing stop
+  token, and ending before the first `rl.stop` string it holds (the driver keeps that string's tokens; the
+  dataset task's text ends there too), its ids then the tokenizer's of the text before it."""
+  text = rewards.decode_completions(tokenizer, np.asarray([list(c.tokens) or [tokenizer.pad_id]], np.int32))[0]
+  cuts = [text.index(stop) for stop in stops if stop in text]
+  if cuts:
+    text = text[:min(cuts)]
+    return text, tuple(int(t) for t in tokenizer.encode(text, add_bos=False))
   ids = tuple(int(t) for t in c.tokens)
-  return ids[:-1] if c.finish_reason == "stop" and ids else ids
+  return text, ids[:-1] if c.finish_reason == "stop" and ids else ids
 
 
 @dataclasses.dataclass(frozen=True)
