@@ -1,6 +1,7 @@
 """`ToolEnv`: the Env protocol, error observations, isolation under threads, state keys, latency, docs."""
 
 import concurrent.futures
+import json
 import pathlib
 import re
 
@@ -165,6 +166,37 @@ def test_state_keys_merge_identical_observable_states_only():
   step = info.step(listing)
   assert step.info["prev_state_key"] == prev and step.info["state_key"] == k1[1]
   assert all(isinstance(k, int) and 0 <= k < 2**31 for k in k1)
+
+
+def _result(step):
+  return json.loads(step.observation.strip().removeprefix("<result>").removesuffix("</result>"))
+
+
+def test_state_key_counts_no_value_a_write_echoes_from_its_arguments():
+  """A move with a guessed id echoes the id, day and hour back. Coverage does not count them as observed, and
+  neither does the state key now (it did, so a blind move reached the key of having looked the id up; a
+  helper review)."""
+  env = _env()
+  env.reset(MOVE)
+  initial = env.world.facts()
+  find, move = env.task.calls
+  step = env.step(tools.format_call(move.name, move.args))
+  result = _result(step)
+  assert result["id"] == move.args["id"] and (result["day"], result["hour"]) == (move.args["day"],
+                                                                                move.args["hour"])
+  shown = {tools.canon(result), tools.canon(result["title"]), tools.canon(result["attendees"])}
+  shown |= {tools.canon(a) for a in result["attendees"]}
+  assert tools.revealed_values(result, move.args) == shown  # Not the id, the day or the hour.
+  assert step.info["state_key"] == tools.state_key(frozenset(shown), initial, env.world.facts())
+  echoed = frozenset(tools.observed_values(result))  # What the key counted before.
+  assert step.info["state_key"] != tools.state_key(echoed, initial, env.world.facts())
+  again = env.step(tools.format_call(move.name, move.args))  # Sent twice: still nothing new, a self-loop.
+  assert again.info["state_key"] == step.info["state_key"]
+  assert again.info["components"]["coverage"] == 0.0
+  looked_up = env.step(tools.format_call(find.name, find.args))  # The find shows the id: now it is observed.
+  assert looked_up.info["state_key"] != again.info["state_key"]
+  assert looked_up.info["state_key"] == tools.state_key(
+      frozenset(shown | tools.observed_values(_result(looked_up))), initial, env.world.facts())
 
 
 def test_latency_draws_are_deterministic():

@@ -26,6 +26,7 @@ from rlax_post.envs.tools._rewards import ERROR_KINDS
 from rlax_post.envs.tools._rewards import final_state
 from rlax_post.envs.tools._rewards import KINDS
 from rlax_post.envs.tools._rewards import observed_values
+from rlax_post.envs.tools._rewards import revealed_values
 from rlax_post.envs.tools._rewards import reward_components
 from rlax_post.envs.tools._rewards import RewardConfig
 from rlax_post.envs.tools._rewards import validity
@@ -109,6 +110,7 @@ __all__ = [
     'make_task_prompt',
     'observed_values',
     'parse_message',
+    'revealed_values',
     'reward_components',
     'signature',
     'state_key',

@@ -20,14 +20,16 @@ met, a turn that undoes them negative). Use 'delta' when the sampler may stop an
 (its `max_turns` below the env's): the turns taken then still carry their reward.
 
 State keys (for GiGPO / graph GAE step groups). The observable state is the pair (set of facts observed,
-world changes made): the facts observed are `observed_values` of every executed result (order-free), the
-changes are the facts removed from and added to the world since the reset (`World.facts`). Turn counts,
-errors and the wording of messages are not part of it: a message that reveals nothing new and changes
-nothing keeps the key (a self-loop in the trajectory graph). `state_key` is a 31-bit non-negative int of its
-SHA-256 (fits int32; process-independent); two different states collide with probability about 2^-31 per
-pair. Keys compare states of the same task (GiGPO merges only within a prompt's group). `info['prev_state_key']`
-is the key of the state step t was taken from (what `state_keys[b, t]` wants), `info['state_key']` the one
-after it; `env.state_key` is the current one (after `reset`: the initial state's).
+world changes made): the facts observed are `revealed_values` of every executed result (order-free: what a
+result shows beyond the call's own arguments, the values coverage counts, so a write echoing a guessed id
+back does not make the id observed), the changes are the facts removed from and added to the world since
+the reset (`World.facts`). Turn counts, errors and the wording of messages are not part of it: a message
+that reveals nothing new and changes nothing keeps the key (a self-loop in the trajectory graph).
+`state_key` is a 31-bit non-negative int of its SHA-256 (fits int32; process-independent); two different
+states collide with probability about 2^-31 per pair. Keys compare states of the same task (GiGPO merges
+only within a prompt's group). `info['prev_state_key']` is the key of the state step t was taken from (what
+`state_keys[b, t]` wants), `info['state_key']` the one after it; `env.state_key` is the current one (after
+`reset`: the initial state's).
 
 Latency. Every `reset` and `step` waits a lognormal(median, p99) draw seeded by (latency_seed, episode,
 turn) (`envs._latency.latency_draw`; turn 0 is the reset); `sleep=False` records it without sleeping.
@@ -162,7 +164,7 @@ class ToolEnv:
     record, error = self._record(message)
     self.records.append(record)
     if record.kind == "executed":
-      self._observed |= _rewards.observed_values(record.result)
+      self._observed |= _rewards.revealed_values(record.result, record.args)
       observation = f"\n<result>{json.dumps(record.result, sort_keys=True)}</result>\n"
     elif record.kind == "answer":
       observation = ""

@@ -10,8 +10,9 @@ that are call attempts (every kind but 'answer'), and canon(v) = v's JSON with k
   coverage    |covered R| / |R|. Record c covers required r if c executed, has r's tool and canon-equal
               arguments, every input of r (`RequiredCall.inputs`) has a value the agent observed in the
               result of an executed call *before* c (any sub-value of a result counts: an id in a list, a
-              list of attendees, a file's content), and c has not covered another r. An id the agent never
-              observed (guessed, or copied from nowhere) does not count.
+              list of attendees, a file's content; not one the call echoes from its own arguments,
+              `revealed_values`), and c has not covered another r. An id the agent never observed
+              (guessed, or copied from nowhere) does not count.
   match       mean over r in R of the best, over records with a parsed known tool, of
               [name = r.name] · (1 + |{k : canon(args[k]) = canon(r.args[k])}|) / (1 + |r.args|).
               Partial credit for the right tool with some right arguments, executed or not.
@@ -115,6 +116,13 @@ def observed_values(result: Any) -> set[str]:
   return out
 
 
+def revealed_values(result: Any, args: Mapping[str, Any]) -> set[str]:
+  """`observed_values(result)` less those of the call's own `args`: what a result shows beyond what the call
+  sent. A write echoes its own id back, which would otherwise ground a guessed id once the agent sent it twice
+  (coverage) or count it as observed (`ToolEnv`'s state key)."""
+  return observed_values(result) - observed_values(args)
+
+
 def validity(records: Sequence[CallRecord], kind_scores: Mapping[str, float] = DEFAULT_KIND_SCORES) -> float:
   """Mean validity score over the messages (0 for none)."""
   if not records:
@@ -134,9 +142,7 @@ def covered_calls(records: Sequence[CallRecord], task: _tasks.Task) -> list[int 
           and all(canon(req.args[k]) in seen for k in req.inputs)):
         cover[j] = i
         break
-    # What the result shows beyond what the call itself sent: a write echoes its own id back, which would
-    # ground a guessed id once the agent sent it twice.
-    seen |= observed_values(rec.result) - observed_values(rec.args)
+    seen |= revealed_values(rec.result, rec.args)
   return cover
 
 
