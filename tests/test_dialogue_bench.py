@@ -28,7 +28,7 @@ def couple():
   rows = [
       _row("alex", ["sam"], "You always come home late and never call.", cues=("raised", "leaning forward", ""),
            emotions=[("anger", 7), ("fear", 3)], views=[("alex", "sam", "he does not care about the family")],
-           state="pursue_withdraw", evidence=[0, 1]),
+           state="pursue_withdraw", evidence=[0]),
       _row("sam", ["alex"], "I just need some quiet after work.", cues=("flat", "turned away", "looking down"),
            emotions=[("shame", 4)], state="pursue_withdraw"),
       _row("therapist", ["alex", "sam"], "Alex, it sounds like you miss him when he is late.",
@@ -50,7 +50,7 @@ def couple():
 def family():
   rows = [
       _row("mom", ["kim"], "Kim, your father never backs me up.", state="cross_generational_coalition",
-           evidence=[0, 1]),
+           evidence=[0]),
       _row("kim", ["mom"], "I am on your side, mom.", emotions=[("anxiety", 5)], state="cross_generational_coalition"),
       _row("dad", ["mom"], "That is not fair.", emotions=[("hurt", 6)],
            views=[("dad", "mom", "she turns kim against me")]),
@@ -120,7 +120,17 @@ _CORRUPTIONS = {
     "client strategy": (("rows", 1, "support_strategy"), [{"target": "alex", "strategy": "track", "intention": ""}],
                         "row 1 field 'support_strategy'", "'sam'"),
     "evidence range": (("rows", 4, "relation_cycle_evidence_rows", 1), 8,
-                       "row 4 field 'relation_cycle_evidence_rows'[1]", "an int in 0..7; got 8"),
+                       "row 4 field 'relation_cycle_evidence_rows'[1]", "a row index in 0..4"),
+    "evidence from the future": (("rows", 1, "relation_cycle_evidence_rows"), [1, 6],
+                                 "row 1 field 'relation_cycle_evidence_rows'[1]", "in 0..1 (this row or an earlier"),
+    "evidence not an int": (("rows", 4, "relation_cycle_evidence_rows", 0), True,
+                            "row 4 field 'relation_cycle_evidence_rows'[0]", "got True"),
+    "target not a participant": (("rows", 2, "target", 1), "robin", "row 2 field 'target'[1]",
+                                 "['alex', 'sam'] or 'therapist'; got 'robin'"),
+    "strategy target not a client": (("rows", 5, "support_strategy", 0, "target"), "samm",
+                                     "row 5 field 'support_strategy'[0].target", "['alex', 'sam']; got 'samm'"),
+    "strategy targets the therapist": (("rows", 2, "support_strategy", 1, "target"), "therapist",
+                                       "row 2 field 'support_strategy'[1].target", "got 'therapist'"),
     "family strategy": (("rows", 5, "support_strategy", 0, "strategy"), "boundary",
                         "row 5 field 'support_strategy'[0].strategy", "couple strategies"),
     "end before start": (("rows", 2, "end_time"), -1.0, "row 2 field 'end_time'", ">= start_time"),
@@ -150,9 +160,40 @@ def test_error_message_exact():
   assert str(e.value) == "s1.json row 3 field 'internal_emotion'[0].intensity: expected an int in 0..10; got 12"
 
 
+def test_targets_and_evidence_must_stay_in_the_session_and_its_past():
+  """A target no one in the session answers to, and evidence cited from rows after the citing one, were read
+  without a word (a helper review): an stp question whose gold no candidate matches, a label from the future."""
+  obj = couple()
+  obj["rows"][5]["support_strategy"][0]["target"] = "samm"
+  with pytest.raises(ValueError) as e:
+    _format.parse_session(obj, where="s1.json")
+  assert str(e.value) == ("s1.json row 5 field 'support_strategy'[0].target: expected one of the client speakers "
+                          "['alex', 'sam']; got 'samm'")
+  obj = couple()
+  obj["rows"][3]["target"] = ["Sam"]  # Client names compare exactly (as speakers do).
+  with pytest.raises(ValueError) as e:
+    _format.parse_session(obj, where="s1.json")
+  assert str(e.value) == ("s1.json row 3 field 'target'[0]: expected a participant: one of the client speakers "
+                          "['alex', 'sam'] or 'therapist'; got 'Sam'")
+  obj = couple()
+  obj["rows"][0]["relation_cycle_evidence_rows"] = [0, 1]  # Row 0's pattern read off row 1.
+  with pytest.raises(ValueError) as e:
+    _format.parse_session(obj, where="s1.json")
+  assert str(e.value) == ("s1.json row 0 field 'relation_cycle_evidence_rows'[1]: expected a row index in 0..0 "
+                          "(this row or an earlier one: a later row would leak what comes after it); got 1")
+  obj = couple()  # What stays allowed: the therapist in any case, a row citing itself, no target at all.
+  obj["rows"][3]["target"], obj["rows"][7]["target"] = ["THERAPIST"], []
+  obj["rows"][7]["relation_cycle_evidence_rows"] = [7, 0]
+  s = _format.parse_session(obj, where="s1.json")
+  assert (s.rows[3].target, s.rows[7].target, s.rows[7].relation_cycle_evidence_rows) == (("THERAPIST",), (), (7, 0))
+
+
 def test_one_client_needs_a_session_type():
   obj = {"rows": couple()["rows"][:3]}
   obj["rows"][1]["primary_speaker"] = "alex"
+  # Targets name participants (speakers): sam, who never speaks here, is no one's target.
+  obj["rows"][0]["target"], obj["rows"][1]["target"], obj["rows"][2]["target"] = ["therapist"], ["therapist"], ["alex"]
+  del obj["rows"][2]["support_strategy"][1]
   with pytest.raises(ValueError, match=r"one\.json field 'rows': expected at least 2 client.*\['alex'\]"):
     _format.parse_session(obj, where="one.json")
   assert _format.parse_session({**obj, "session_type": "couple"}, where="one.json").clients == ("alex",)

@@ -157,6 +157,23 @@ def test_session_labels_come_from_the_hidden_state(tmp_path):
   assert dialogue.load_sessions(str(tmp_path)) == sorted(sessions, key=lambda s: s.session_id)
 
 
+def test_simulated_sessions_pass_the_validator():
+  """Every target a participant, every evidence row at or before its citing row (a client row cites itself):
+  what the validator checks, on sessions of the shortest and longest horizons, by the optimal and the baseline
+  therapist."""
+  for horizon in (1, 8):
+    sim = dialogue.CoupleSim(horizon=horizon)
+    best = dialogue.solve(sim)
+    for therapist in (best.best, lambda t, s, sim=sim: dialogue.baseline_action(sim, s)):
+      for seed in range(6):
+        session = dialogue.simulate_session(sim, seed, therapist=therapist)
+        assert dialogue.parse_session(dialogue.session_to_json(session), where="x.json") == session
+        for i, row in enumerate(session.rows):
+          assert set(row.target) <= set(session.clients) | {dialogue.THERAPIST}
+          assert {s.target for s in row.support_strategy} <= set(session.clients)
+          assert all(k <= i for k in row.relation_cycle_evidence_rows)
+
+
 def test_the_optimal_therapist_writes_the_stp_ssp_gold():
   best = dialogue.solve(SIM)
   session = dialogue.simulate_session(SIM, 5, therapist=lambda t, s: best.best(t, s))

@@ -6,21 +6,25 @@ A file holds an object with a `rows` list (and optionally `session_id`, a str, a
 
   start_time, end_time       numbers, seconds, start_time <= end_time
   primary_speaker            str; THERAPIST (any case) or a client
-  target                     list of str: whom the row addresses
+  target                     list of str: whom the row addresses, each a client or THERAPIST (any case)
   dialogue_cleaned, utterance_type, background_dialogue, tone_of_voice, body_posture, facial_expressions,
   self_directed_behavior     str each (may be "")
   interaction_behavior       list of str
   internal_emotion           list of {"emotion": str, "intensity": int in 0..10}
   viewpoints_attitudes       list of {"source": str, "target": str, "viewpoint": str}
   support_strategy           list of {"target": str, "strategy": str, "intention": str}; therapist rows only;
-                             strategies from `strategies_of(kind)`
+                             targets clients, strategies from `strategies_of(kind)`
   relation_cycle_state       one of `patterns_of(kind)`, or "" / null on a row that is not annotated
   relation_cycle_reason      str or null
-  relation_cycle_evidence_rows  list of int row indices into `rows`
+  relation_cycle_evidence_rows  list of int row indices into `rows`, each at most the row's own index
 
-Other row keys are kept in `Row.extra`; other keys of an emotion, viewpoint or strategy object are read past. A session's kind is its `session_type`, else "couple" with exactly 2
-client speakers and "family" with more. `parse_session` checks all of this; each error is a ValueError naming
-the file, the row, the field, the bad value and what was expected.
+Other row keys are kept in `Row.extra`; other keys of an emotion, viewpoint or strategy object are read past.
+A session's kind is its `session_type`, else "couple" with exactly 2 client speakers and "family" with more.
+The clients are the session's speakers other than the therapist (names compare exactly): a target no one in
+the session answers to would make an stp question that no candidate answers. Evidence rows point back, never
+forward: a label read off rows after its own would not be a question about the rows so far. `parse_session`
+checks all of this; each error is a ValueError naming the file (one per session), the row, the field, the bad
+value and what was expected.
 """
 
 from __future__ import annotations
@@ -198,12 +202,21 @@ def _viewpoints(at: _At, value: Any) -> tuple[Viewpoint, ...]:
                for f, v in _objects(at, "'viewpoints_attitudes'", value, ("source", "target", "viewpoint")))
 
 
-def _strategies(at: _At, value: Any, speaker: str, kind: str) -> tuple[Strategy, ...]:
+def _targets(at: _At, value: Any, clients: tuple[str, ...]) -> tuple[str, ...]:
+  targets = _texts(at, "'target'", value)
+  for k, target in enumerate(targets):
+    if target not in clients and not is_therapist(target):
+      raise at.error(f"'target'[{k}]", f"a participant: one of the client speakers {list(clients)} or "
+                     f"{THERAPIST!r}", target)
+  return targets
+
+
+def _strategies(at: _At, value: Any, speaker: str, kind: str, clients: tuple[str, ...]) -> tuple[Strategy, ...]:
   items = _objects(at, "'support_strategy'", value, ("target", "strategy", "intention"))
   if items and not is_therapist(speaker):
     raise at.error("'support_strategy'", f"[] on a client row (only the therapist's rows carry strategies; this "
                    f"row's speaker is {speaker!r})", value)
-  return tuple(Strategy(_text(at, f"{f}.target", s["target"], nonempty=True),
+  return tuple(Strategy(_named(at, f"{f}.target", s["target"], clients, "client speakers"),
                         _named(at, f"{f}.strategy", s["strategy"], strategies_of(kind), f"{kind} strategies"),
                         _text(at, f"{f}.intention", s["intention"])) for f, s in items)
 
@@ -217,28 +230,33 @@ def _state(at: _At, value: Any, kind: str) -> str:
   return value
 
 
-def _evidence(at: _At, value: Any, n_rows: int) -> tuple[int, ...]:
+def _evidence(at: _At, value: Any) -> tuple[int, ...]:
+  """Row indices up to the row's own (`at.row`): a later row would leak what comes after it."""
   if not isinstance(value, list):
     raise at.error("'relation_cycle_evidence_rows'", "a list of row indices", value)
-  return tuple(_int_in(at, f"'relation_cycle_evidence_rows'[{k}]", r, 0, n_rows - 1) for k, r in enumerate(value))
+  for k, r in enumerate(value):
+    if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= at.row:
+      raise at.error(f"'relation_cycle_evidence_rows'[{k}]", f"a row index in 0..{at.row} (this row or an "
+                     "earlier one: a later row would leak what comes after it)", r)
+  return tuple(value)
 
 
-def _parse_row(obj: dict, at: _At, kind: str, n_rows: int) -> Row:
-  """One row (already known by `_clients` to be an object with every key and a str speaker), checked."""
+def _parse_row(obj: dict, at: _At, kind: str, clients: tuple[str, ...]) -> Row:
+  """Row `at.row` (already known by `_clients` to be an object with every key and a str speaker), checked."""
   start = _seconds(at, "'start_time'", obj["start_time"], -math.inf)
   speaker = obj["primary_speaker"]
   reason = obj["relation_cycle_reason"]
   return Row(
       start_time=start, end_time=_seconds(at, "'end_time'", obj["end_time"], start), primary_speaker=speaker,
-      target=_texts(at, "'target'", obj["target"]),
+      target=_targets(at, obj["target"], clients),
       **{k: _text(at, f"'{k}'", obj[k]) for k in _TEXT_FIELDS},
       interaction_behavior=_texts(at, "'interaction_behavior'", obj["interaction_behavior"]),
       internal_emotion=_emotions(at, obj["internal_emotion"]),
       viewpoints_attitudes=_viewpoints(at, obj["viewpoints_attitudes"]),
-      support_strategy=_strategies(at, obj["support_strategy"], speaker, kind),
+      support_strategy=_strategies(at, obj["support_strategy"], speaker, kind, clients),
       relation_cycle_state=_state(at, obj["relation_cycle_state"], kind),
       relation_cycle_reason="" if reason is None else _text(at, "'relation_cycle_reason'", reason),
-      relation_cycle_evidence_rows=_evidence(at, obj["relation_cycle_evidence_rows"], n_rows),
+      relation_cycle_evidence_rows=_evidence(at, obj["relation_cycle_evidence_rows"]),
       extra={k: v for k, v in obj.items() if k not in ROW_FIELDS})
 
 
@@ -288,7 +306,7 @@ def parse_session(obj: Any, *, where: str) -> Session:
   session_id = pathlib.Path(where).stem if session_id is None else _text(at, "'session_id'", session_id, nonempty=True)
   clients = _clients(obj["rows"], where)
   kind = _kind(obj, clients, where)
-  rows = tuple(_parse_row(r, _At(where, i), kind, len(obj["rows"])) for i, r in enumerate(obj["rows"]))
+  rows = tuple(_parse_row(r, _At(where, i), kind, clients) for i, r in enumerate(obj["rows"]))
   return Session(session_id=session_id, kind=kind, clients=clients, rows=rows)
 
 
