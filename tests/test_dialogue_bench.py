@@ -1,5 +1,6 @@
 """The RESCUE session format, task instances, answer parsing and metrics on hand-written sessions."""
 
+import dataclasses
 import json
 import os
 
@@ -354,6 +355,74 @@ def test_score_classification_and_ranking(s):
   assert list(got) == ["itp", "rpp", "stp", "ssp"]
   with pytest.raises(ValueError, match="4 completions for 5 instances"):
     _metrics.score(by_task["itp"], ["yes"] * 4)
+
+
+def _tied():
+  obj = couple()
+  obj["rows"][5]["tied_support"] = [  # Therapist row 5 addresses sam with enact; these moves were as good.
+      {"target": ["alex"], "strategy": "counterbalance"}, {"target": ["sam"], "strategy": "join"},
+      {"target": ["sam"], "strategy": "repair", "why": "read past"},
+      {"target": ["alex", "sam"], "strategy": "goal_align"}]
+  return obj
+
+
+def test_tied_support_is_optional_read_and_written_back():
+  tied = _format.parse_session(_tied(), where="s1.json")
+  assert tied.rows[5].tied_support == (
+      _format.SupportMove(("alex",), "counterbalance"), _format.SupportMove(("sam",), "join"),
+      _format.SupportMove(("sam",), "repair"), _format.SupportMove(("alex", "sam"), "goal_align"))
+  assert tied.rows[5].extra == {} and all(r.tied_support == () for i, r in enumerate(tied.rows) if i != 5)
+  obj = json.loads(json.dumps(_format.session_to_json(tied)))
+  assert [("tied_support" in r) for r in obj["rows"]] == [False] * 5 + [True, False, False]
+  assert obj["rows"][5]["tied_support"][3] == {"target": ["alex", "sam"], "strategy": "goal_align"}
+  assert _format.parse_session(obj, where="x.json") == tied
+  plain = _format.parse_session(couple(), where="s1.json")  # A file without the key: as before.
+  assert _format.session_to_json(plain) == _format.session_to_json(dataclasses.replace(
+      tied, rows=tuple(dataclasses.replace(r, tied_support=()) for r in tied.rows)))
+
+
+_TIED_ERRORS = {
+    "on a client row": ((1, None), [{"target": ["alex"], "strategy": "track"}], "row 1 field 'tied_support'",
+                        "[] or no key on a client row"),
+    "not a client": ((5, 0), {"target": ["robin"], "strategy": "track"}, "row 5 field 'tied_support'[0].target[0]",
+                     "client speakers ['alex', 'sam']; got 'robin'"),
+    "no target": ((5, 0), {"target": [], "strategy": "track"}, "row 5 field 'tied_support'[0].target",
+                  "a non-empty list of distinct client speakers; got []"),
+    "a target twice": ((5, 0), {"target": ["sam", "sam"], "strategy": "track"},
+                       "row 5 field 'tied_support'[0].target", "distinct"),
+    "family strategy": ((5, 1), {"target": ["sam"], "strategy": "boundary"},
+                        "row 5 field 'tied_support'[1].strategy", "couple strategies"),
+    "no strategy": ((5, 1), {"target": ["sam"]}, "row 5 field 'tied_support'[1]", "keys ['target', 'strategy']"),
+    "not a list": ((5, None), "join", "row 5 field 'tied_support'", "a list of objects"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_TIED_ERRORS))
+def test_tied_support_errors_name_file_row_field_value(name):
+  (row, k), value, place, detail = _TIED_ERRORS[name]
+  obj = _tied()
+  if k is None:
+    obj["rows"][row]["tied_support"] = value
+  else:
+    obj["rows"][row]["tied_support"][k] = value
+  with pytest.raises(ValueError) as e:
+    _format.parse_session(obj, where="s1.json")
+  assert str(e.value).startswith("s1.json ") and place in str(e.value) and detail in str(e.value)
+
+
+def test_tied_moves_are_scored_as_the_gold():
+  by_task = _by_task(_bench.instances(_format.parse_session(_tied(), where="s1.json")))
+  stp, ssp = by_task["stp"][1], by_task["ssp"][2]
+  assert (stp.row, stp.gold, stp.also_correct, stp.answer) == (5, ("sam",), ("alex",), "sam")
+  # Only moves that address the same clients as the row (sam alone) give other strategies for sam.
+  assert (ssp.row, ssp.gold, ssp.also_correct, ssp.answer) == (5, "enact", ("join", "repair"), "enact")
+  assert by_task["stp"][0].also_correct == by_task["ssp"][0].also_correct == ()  # Row 2 has no tied moves.
+  got = _metrics.score([stp, ssp, ssp], ["alex", "repair, track", "goal_align, counterbalance, join"])
+  assert got["stp"] == pytest.approx({"r_at_1": 100.0, "mrr": 100.0, "n": 1, "parsed": 1.0})
+  assert got["ssp"] == pytest.approx({"r_at_1": 50.0, "mrr": (1 + 1 / 3) / 2 * 100, "n": 2, "parsed": 1.0})
+  untied = _metrics.score([dataclasses.replace(i, also_correct=()) for i in (stp, ssp, ssp)],
+                          ["alex", "repair, track", "goal_align, counterbalance, join"])
+  assert (untied["stp"]["r_at_1"], untied["ssp"]["r_at_1"], untied["ssp"]["mrr"]) == (0.0, 0.0, 0.0)
 
 
 def _judged(s):

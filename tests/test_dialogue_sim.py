@@ -1,5 +1,6 @@
 """The couple simulator (envs.dialogue): its dynamics by hand, exact values, text, sessions, task and audit."""
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -182,6 +183,50 @@ def test_the_optimal_therapist_writes_the_stp_ssp_gold():
   stp = [i for i in dialogue.instances(session, ["stp"])]
   assert len(stp) == sum(r.is_therapist for r in session.rows) >= 1
   assert all(set(i.gold) <= set(session.clients) for i in stp)
+
+
+def test_tied_optimal_actions_are_carried_and_scored_as_correct():
+  """Several actions are often optimal at once; the session carries the others beside the one taken, and stp /
+  ssp score them as the gold (they were scored wrong: simulated R@1 and MRR were lower bounds)."""
+  # By hand, horizon 1, both withdrawn at distress 2: evoke or join lowers the addressed client's distress by 1
+  # (1/8) and upsets no one; enact raises it, the rest change nothing, both together (enact) moves no distress.
+  one = dialogue.solve(dialogue.CoupleSim(horizon=1))
+  assert one.optimal(0, S(("withdraw", "withdraw"), (2, 2))) == (A(0, "evoke"), A(0, "join"), A(1, "evoke"),
+                                                                 A(1, "join"))
+  assert one.best(0, S(("withdraw", "withdraw"), (2, 2))) == A(0, "evoke")
+  best, seen = dialogue.solve(SIM), []
+  therapist = lambda t, s: seen.append((t, s)) or best.best(t, s)
+  sessions = [dialogue.simulate_session(SIM, seed, therapist=therapist) for seed in range(5000, 5030)]
+  rows = [(session, row) for session in sessions for row in session.rows if row.is_therapist]
+  assert len(rows) == len(seen) == 90
+  names = lambda session, a: session.clients if a.target == dialogue.BOTH else (session.clients[a.target],)
+  for (session, row), (t, state) in zip(rows, seen):
+    moves = {(names(session, a), a.strategy) for a in best.optimal(t, state)}
+    own = (row.target, row.support_strategy[0].strategy)
+    assert own in moves and {(m.target, m.strategy) for m in row.tied_support} == moves - {own}
+  assert sum(bool(row.tied_support) for _, row in rows) == 32
+  instances = [i for session in sessions for i in dialogue.instances(session, ["stp", "ssp"])]
+  stp = [i for i in instances if i.task == "stp" and i.also_correct]
+  ssp = [i for i in instances if i.task == "ssp" and i.also_correct]
+  assert (len(stp), len(ssp)) == (27, 17)  # docs/dialogue.md: 27 of 90 turns, 16 (one of them both: 2 ssp)
+  # An optimal therapist that took another tied action scores full marks now; on the gold alone, zero.
+  other = [i.also_correct[0] for i in stp + ssp]
+  assert dialogue.score(stp + ssp, other)["stp"]["r_at_1"] == dialogue.score(stp + ssp, other)["ssp"]["mrr"] == 100
+  gold_only = [dataclasses.replace(i, also_correct=()) for i in stp + ssp]
+  assert dialogue.score(gold_only, other)["stp"]["r_at_1"] == dialogue.score(gold_only, other)["ssp"]["r_at_1"] == 0
+  # Another therapist's row carries the tied moves only where its own action is optimal.
+  seen.clear()
+  base = lambda t, s: seen.append((t, s)) or dialogue.baseline_action(SIM, s)
+  rows = [(session, row) for seed in range(12) for session in [dialogue.simulate_session(SIM, seed, therapist=base)]
+          for row in session.rows if row.is_therapist]
+  kinds = set()
+  for (session, row), (t, state) in zip(rows, seen):
+    moves = {(names(session, a), a.strategy) for a in best.optimal(t, state)}
+    own = (row.target, row.support_strategy[0].strategy)
+    tied = {(m.target, m.strategy) for m in row.tied_support}
+    assert tied == (moves - {own} if own in moves else set())
+    kinds.add((own in moves, bool(tied)))
+  assert kinds == {(False, False), (True, False), (True, True)}
 
 
 def _cfg(**options):

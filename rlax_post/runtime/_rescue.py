@@ -75,14 +75,16 @@ def answer(parts: _parts.Parts, params, instances: Sequence[dialogue.Instance], 
 
 def evaluate(parts: _parts.Parts, params, sessions: Sequence[dialogue.Session], options: HarnessOptions
              ) -> tuple[dict, list[dict]]:
-  """(metrics per task, one record per instance: task, session, row, prompt, completion, gold, prediction)."""
+  """(metrics per task, one record per instance: task, session, row, prompt, completion, gold, the names also
+  scored as correct (stp / ssp: tied moves), prediction)."""
   instances = build_instances(sessions, options)
   if not instances:
     raise ValueError(f"the {len(sessions)} session(s) yield no instance of tasks {list(options.tasks)}.")
   completions = answer(parts, params, instances, options)
   metrics = dialogue.score(instances, completions, judge=options.judge)
   records = [{"task": i.task, "session_id": i.session_id, "row": i.row, "prompt": i.user, "completion": c,
-              "gold": i.gold, "prediction": dialogue.parse(i, c)} for i, c in zip(instances, completions)]
+              "gold": i.gold, "also_correct": i.also_correct, "prediction": dialogue.parse(i, c)}
+             for i, c in zip(instances, completions)]
   return metrics, records
 
 

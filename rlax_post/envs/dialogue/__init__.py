@@ -25,6 +25,7 @@ from rlax_post.envs.dialogue._format import Row
 from rlax_post.envs.dialogue._format import Session
 from rlax_post.envs.dialogue._format import session_to_json
 from rlax_post.envs.dialogue._format import Strategy
+from rlax_post.envs.dialogue._format import SupportMove
 from rlax_post.envs.dialogue._format import THERAPIST
 from rlax_post.envs.dialogue._format import Viewpoint
 from rlax_post.envs.dialogue._harness import demo_row
@@ -57,8 +58,8 @@ from rlax_post.envs.dialogue._world import TherapyEnv
 __all__ = [
     "leakage", "naive_bayes", "relation_check", "Instance", "instances", "parse", "render_row", "TASKS",
     "COUPLE_PATTERNS", "COUPLE_STRATEGIES", "dump_session", "Emotion", "FAMILY_PATTERNS", "FAMILY_STRATEGIES",
-    "load_session", "load_sessions", "parse_session", "Row", "Session", "session_to_json", "Strategy", "THERAPIST",
-    "Viewpoint", "demo_row", "prompt_ids", "prompt_text", "emotion_judge", "score", "viewpoint_judge",
+    "load_session", "load_sessions", "parse_session", "Row", "Session", "session_to_json", "Strategy", "SupportMove",
+    "THERAPIST", "Viewpoint", "demo_row", "prompt_ids", "prompt_text", "emotion_judge", "score", "viewpoint_judge",
     "parse_message", "therapist_message", "Action", "baseline_action", "BOTH", "CoupleSim", "pattern_of",
     "policy_return", "random_return", "solve", "State", "STRATEGIES", "DialogueTask", "make_dialogue_task", "NAME",
     "PROMPT", "NAME_PAIRS", "responders", "simulate_session", "TherapyEnv",

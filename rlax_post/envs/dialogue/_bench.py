@@ -9,9 +9,10 @@ the context). For a session with rows r_0 .. r_{n-1}:
        and differs from the last annotated state before it); context r_0..r_i; gold: the state.
   stp  support target: one per therapist row i with support strategies; context r_0..r_{i-1} (what was said
        before the therapist speaks); gold: the distinct targets of its strategies, in order; candidates: the
-       session's clients.
+       session's clients; also correct: the other clients its `tied_support` moves address.
   ssp  support strategy given the target: one per (therapist row i, strategy entry); context r_0..r_{i-1};
-       the question names the entry's target; gold: its strategy; candidates: the kind's strategies.
+       the question names the entry's target; gold: its strategy; candidates: the kind's strategies; also
+       correct: the strategies of its `tied_support` moves that address the same clients as the row.
   er   emotion recognition: one per client row i with internal emotions; context r_0..r_i; gold: the
        (emotion, intensity) pairs.
   vp   viewpoints: one per row i with viewpoints; context r_0..r_i; gold: the (source, target, viewpoint) triples.
@@ -64,6 +65,7 @@ class Instance:
   gold: Any  # bool (itp), str (rpp, ssp), tuple of names (stp), of (emotion, intensity) (er), of triples (vp)
   answer: str  # the gold in the answer format (a demonstration's answer)
   candidates: tuple[str, ...] = ()  # the names a ranked answer (stp, ssp) may use; () for other tasks
+  also_correct: tuple[str, ...] = ()  # names (stp, ssp) scored as the gold is: the row's tied moves' (module doc)
 
   @property
   def messages(self) -> list[dict[str, str]]:
@@ -78,6 +80,7 @@ class _Item:
   question: str
   gold: Any
   answer: str
+  also_correct: tuple[str, ...] = ()
 
 
 def render_row(i: int, row: _format.Row) -> str:
@@ -113,17 +116,24 @@ def _rpp(session: _format.Session) -> Iterator[_Item]:
     last = state or last
 
 
+def _others(names: Iterator[str], gold: Sequence[str]) -> tuple[str, ...]:
+  return tuple(n for n in dict.fromkeys(names) if n not in gold)
+
+
 def _stp(session: _format.Session) -> Iterator[_Item]:
   for i, row in enumerate(session.rows):
     if row.is_therapist and row.support_strategy:
       targets = tuple(dict.fromkeys(s.target for s in row.support_strategy))
-      yield _Item(i, i, "Whom should the therapist address next?", targets, ", ".join(targets))
+      also = _others((t for m in row.tied_support for t in m.target), targets)
+      yield _Item(i, i, "Whom should the therapist address next?", targets, ", ".join(targets), also)
 
 
 def _ssp(session: _format.Session) -> Iterator[_Item]:
   for i, row in enumerate(session.rows):
+    addressed = {s.target for s in row.support_strategy}
     for s in row.support_strategy if row.is_therapist else ():
-      yield _Item(i, i, f"The therapist addresses {s.target}. Which strategy?", s.strategy, s.strategy)
+      also = _others((m.strategy for m in row.tied_support if set(m.target) == addressed), (s.strategy,))
+      yield _Item(i, i, f"The therapist addresses {s.target}. Which strategy?", s.strategy, s.strategy, also)
 
 
 def _er(session: _format.Session) -> Iterator[_Item]:
@@ -158,7 +168,7 @@ def _instance(session: _format.Session, task: str, item: _Item, max_context_rows
       options=", ".join(options))
   return Instance(task=task, session_id=session.session_id, row=item.row, context=context, system=system,
                   user="\n".join(lines) + "\n\n" + item.question, gold=item.gold, answer=item.answer,
-                  candidates=options if task in RANKED else ())
+                  candidates=options if task in RANKED else (), also_correct=item.also_correct)
 
 
 def _checked_tasks(tasks: str | Sequence[str]) -> tuple[str, ...]:

@@ -18,6 +18,14 @@ A file holds an object with a `rows` list (and optionally `session_id`, a str, a
   relation_cycle_reason      str or null
   relation_cycle_evidence_rows  list of int row indices into `rows`, each at most the row's own index
 
+and optionally (`OPTIONAL_ROW_FIELDS`; written only when non-empty):
+
+  tied_support               list of {"target": list of str, "strategy": str}: other therapist moves exactly as
+                             good as the row's (the simulator's tied optimal actions: each addresses every
+                             client of its non-empty `target` with its strategy); therapist rows only; targets
+                             clients, strategies from `strategies_of(kind)`. The stp and ssp metrics accept them
+                             beside the gold (`_bench`).
+
 Other row keys are kept in `Row.extra`; other keys of an emotion, viewpoint or strategy object are read past.
 A session's kind is its `session_type`, else "couple" with exactly 2 client speakers and "family" with more.
 The clients are the session's speakers other than the therapist (names compare exactly): a target no one in
@@ -53,6 +61,7 @@ _TEXT_FIELDS = ("dialogue_cleaned", "utterance_type", "background_dialogue", "to
 ROW_FIELDS = ("start_time", "end_time", "primary_speaker", "target") + _TEXT_FIELDS + (
     "interaction_behavior", "internal_emotion", "viewpoints_attitudes", "support_strategy", "relation_cycle_state",
     "relation_cycle_reason", "relation_cycle_evidence_rows")
+OPTIONAL_ROW_FIELDS = ("tied_support",)
 
 
 def _checked_kind(kind: str) -> str:
@@ -96,6 +105,12 @@ class Strategy:
 
 
 @dataclasses.dataclass(frozen=True)
+class SupportMove:
+  target: tuple[str, ...]  # the clients addressed (non-empty, distinct)
+  strategy: str  # one of strategies_of(kind)
+
+
+@dataclasses.dataclass(frozen=True)
 class Row:
   """One row of a session (module docstring); lists are tuples, a null state or reason is ""."""
   start_time: float
@@ -116,6 +131,7 @@ class Row:
   relation_cycle_state: str
   relation_cycle_reason: str
   relation_cycle_evidence_rows: tuple[int, ...]
+  tied_support: tuple[SupportMove, ...] = ()  # optional (module docstring)
   extra: dict = dataclasses.field(default_factory=dict, hash=False)  # the row's other keys
 
   @property
@@ -221,6 +237,22 @@ def _strategies(at: _At, value: Any, speaker: str, kind: str, clients: tuple[str
                         _text(at, f"{f}.intention", s["intention"])) for f, s in items)
 
 
+def _tied(at: _At, value: Any, speaker: str, kind: str, clients: tuple[str, ...]) -> tuple[SupportMove, ...]:
+  items = _objects(at, "'tied_support'", value, ("target", "strategy"))
+  if items and not is_therapist(speaker):
+    raise at.error("'tied_support'", f"[] or no key on a client row (only the therapist's rows carry moves; this "
+                   f"row's speaker is {speaker!r})", value)
+  out = []
+  for f, m in items:
+    target = m["target"]
+    if not isinstance(target, list) or not target or len(set(map(repr, target))) < len(target):
+      raise at.error(f"{f}.target", "a non-empty list of distinct client speakers", target)
+    out.append(SupportMove(tuple(_named(at, f"{f}.target[{k}]", t, clients, "client speakers")
+                                 for k, t in enumerate(target)),
+                           _named(at, f"{f}.strategy", m["strategy"], strategies_of(kind), f"{kind} strategies")))
+  return tuple(out)
+
+
 def _state(at: _At, value: Any, kind: str) -> str:
   if value is None or value == "":
     return ""
@@ -257,7 +289,8 @@ def _parse_row(obj: dict, at: _At, kind: str, clients: tuple[str, ...]) -> Row:
       relation_cycle_state=_state(at, obj["relation_cycle_state"], kind),
       relation_cycle_reason="" if reason is None else _text(at, "'relation_cycle_reason'", reason),
       relation_cycle_evidence_rows=_evidence(at, obj["relation_cycle_evidence_rows"]),
-      extra={k: v for k, v in obj.items() if k not in ROW_FIELDS})
+      tied_support=_tied(at, obj.get("tied_support", []), speaker, kind, clients),
+      extra={k: v for k, v in obj.items() if k not in ROW_FIELDS + OPTIONAL_ROW_FIELDS})
 
 
 def _clients(rows: list, where: str) -> tuple[str, ...]:
@@ -318,6 +351,8 @@ def _row_to_json(row: Row) -> dict:
     out[k] = [dataclasses.asdict(item) for item in out[k]]
   out["relation_cycle_state"] = row.relation_cycle_state or None
   out["relation_cycle_reason"] = row.relation_cycle_reason or None
+  if row.tied_support:
+    out["tied_support"] = [{"target": list(m.target), "strategy": m.strategy} for m in row.tied_support]
   return {**out, **row.extra}
 
 

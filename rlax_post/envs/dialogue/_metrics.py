@@ -6,7 +6,8 @@ that parsed, in 0..1):
             counts as "no" for precision / recall and as wrong for accuracy; 0/0 reads as 0.
   rpp       accuracy.
   stp, ssp  r_at_1 (the top name is in the gold set) and mrr (1 / the rank of the first gold name among the
-            top 3, 0 if none); names compare case-insensitively.
+            top 3, 0 if none); names compare case-insensitively, and the instance's `also_correct` names (a
+            simulated session's tied optimal moves) count as gold.
   er, vp    judge: the mean judge score, on 1..5.
 f1, precision, recall, accuracy, r_at_1 and mrr are percentages (0..100), as the paper reports them.
 
@@ -155,14 +156,14 @@ def _rpp(instances, predictions, completions, judges) -> dict[str, float]:
   return {"accuracy": 100 * _mean([p == i.gold for p, i in zip(predictions, instances)])}
 
 
-def _rank(predicted: Sequence[str], gold: Any) -> int | None:
-  """The 1-based rank of the first gold name among the top TOP_K predicted; None if none is."""
-  golds = {g.casefold() for g in (gold if isinstance(gold, (list, tuple)) else (gold,))}
+def _rank(predicted: Sequence[str], gold: Any, also: Sequence[str] = ()) -> int | None:
+  """The 1-based rank of the first gold (or `also`) name among the top TOP_K predicted; None if none is."""
+  golds = {g.casefold() for g in (*(gold if isinstance(gold, (list, tuple)) else (gold,)), *also)}
   return next((r + 1 for r, name in enumerate(predicted[:_bench.TOP_K]) if name.casefold() in golds), None)
 
 
 def _ranked(instances, predictions, completions, judges) -> dict[str, float]:
-  ranks = [_rank(p, i.gold) for p, i in zip(predictions, instances)]
+  ranks = [_rank(p, i.gold, i.also_correct) for p, i in zip(predictions, instances)]
   return {"r_at_1": 100 * _mean([r == 1 for r in ranks]), "mrr": 100 * _mean([1 / r if r else 0.0 for r in ranks])}
 
 

@@ -188,8 +188,8 @@ def _single_effect(stance: str, partner: str, strategy: str) -> tuple[str, int]:
 @dataclasses.dataclass(frozen=True)
 class Solution:
   """Exact values over (turn, state): `value(turn, state)` and `q(turn, state, action)`; `start_value` the
-  expected return from the initial distribution; `best(turn, state)` the optimal action (ties: the first in
-  `ACTIONS`)."""
+  expected return from the initial distribution; `optimal(turn, state)` every optimal action, `best(turn,
+  state)` the first of them in `ACTIONS`' order."""
   sim: CoupleSim
   value: Callable[[int, State], float]
   q: Callable[[int, State, Action], float]
@@ -198,9 +198,14 @@ class Solution:
   def start_value(self) -> float:
     return float(np.mean([self.value(0, s) for s in self.sim.start_states()]))
 
+  def optimal(self, turn: int, state: State) -> tuple[Action, ...]:
+    """The actions whose value is the best, in `ACTIONS`' order (compared to 12 decimals: float sums of the
+    same value in another order are ties)."""
+    qs = np.round([self.q(turn, state, a) for a in ACTIONS], 12)
+    return tuple(a for a, q in zip(ACTIONS, qs) if q == qs.max())
+
   def best(self, turn: int, state: State) -> Action:
-    qs = [self.q(turn, state, a) for a in ACTIONS]
-    return ACTIONS[int(np.argmax(np.round(qs, 12)))]
+    return self.optimal(turn, state)[0]
 
 
 def _values(sim: CoupleSim, choose: Callable[[int, State, dict], float]) -> Solution:

@@ -11,7 +11,8 @@ hidden state too.
 the clients do not react to); the clients' lines come back as the observation; the turn's reward is
 the simulator's (the drop in total distress, scaled); a message that does not parse changes nothing and earns
 0. `simulate_session` plays a whole session with a therapist policy (the optimal one by default) and writes
-it as a RESCUE `Session`, every label read off the hidden state.
+it as a RESCUE `Session`, every label read off the hidden state; a therapist row whose action is optimal
+carries the other optimal actions of its turn as `tied_support`, which the stp / ssp metrics accept too.
 """
 
 from __future__ import annotations
@@ -148,22 +149,29 @@ class _SessionWriter:
         internal_emotion=(_format.Emotion(emotion, intensity),),
         viewpoints_attitudes=(_format.Viewpoint(self.names[i], partner, _sim.viewpoint_of(stance)),)))
 
-  def therapist(self, action: _sim.Action) -> None:
-    targets = self.names if action.target == _sim.BOTH else (self.names[action.target],)
+  def _names(self, action: _sim.Action) -> tuple[str, ...]:
+    return tuple(self.names) if action.target == _sim.BOTH else (self.names[action.target],)
+
+  def therapist(self, action: _sim.Action, tied: tuple[_sim.Action, ...] = ()) -> None:
+    """The therapist's row of `action`; `tied`: other actions exactly as good (the row's `tied_support`)."""
+    targets = self._names(action)
     text = ("" if action.target == _sim.BOTH else targets[0] + ", ") + _render.THERAPIST_SAYS[action.strategy]
     strategies = tuple(_format.Strategy(t, action.strategy, _render.INTENTIONS[action.strategy]) for t in targets)
-    self.rows.append(self._row(_format.THERAPIST, tuple(targets), text, utterance_type="intervention",
-                               support_strategy=strategies))
+    self.rows.append(self._row(_format.THERAPIST, targets, text, utterance_type="intervention",
+                               support_strategy=strategies,
+                               tied_support=tuple(_format.SupportMove(self._names(a), a.strategy) for a in tied)))
 
 
 def simulate_session(sim: _sim.CoupleSim, seed: int, *, variants: str = "heldout", session_id: str | None = None,
                      therapist: Callable[[int, _sim.State], _sim.Action] | None = None) -> _format.Session:
   """A whole session in RESCUE format (module docstring): the couple `NAME_PAIRS[seed mod 6]`, the start state,
   transitions and paraphrases drawn from `default_rng([seed, 1])`, the therapist `therapist(turn, state)` (the
-  optimal policy of `_sim.solve` by default)."""
+  optimal policy of `_sim.solve` by default); each therapist row whose action is optimal lists the turn's other
+  optimal actions in `tied_support`."""
   rng = np.random.default_rng([int(seed), 1])
   names = NAME_PAIRS[int(seed) % len(NAME_PAIRS)]
-  therapist = therapist or _sim.solve(sim).best
+  solution = _sim.solve(sim)
+  therapist = therapist or solution.best
   writer, state, turn, addressed = _SessionWriter(sim, names), sim.start_state(rng), 0, None
   while True:
     for i in responders(state, addressed):
@@ -171,7 +179,8 @@ def simulate_session(sim: _sim.CoupleSim, seed: int, *, variants: str = "heldout
     if sim.done(state, turn):
       break
     action = therapist(turn, state)
-    writer.therapist(action)
+    optimal = solution.optimal(turn, state)
+    writer.therapist(action, tuple(a for a in optimal if a != action) if action in optimal else ())
     state, turn, addressed = _sim.step(sim, state, action, rng), turn + 1, action.target
   return _format.Session(session_id=session_id or f"sim-{variants}-{seed:05d}", kind="couple", clients=names,
                          rows=tuple(writer.rows))
