@@ -292,6 +292,31 @@ def test_an_error_in_a_step_leaves_the_samples_finished_before_it_collectable():
   assert driver.done
 
 
+def test_an_env_raising_at_a_turns_end_drops_its_own_sample_only():
+  """Every slot of the block takes its tokens before an env is asked: the slots after a raising env's go on (they
+  were left untaken, and every later step raised "driver bug")."""
+  def broken(index, transcript, reason):
+    raise RuntimeError("env broke")
+
+  def ends(index, transcript, reason):
+    return None
+
+  requests = [Request(refs.prompt(5, 1), max_tokens=2, request_id="A", env=broken),
+              Request(refs.prompt(6, 2), max_tokens=20, request_id="B"),
+              Request(refs.prompt(7, 3), max_tokens=2, request_id="C")]
+  want = _driver.Driver(_engine_for(4), refs.model()[1], seed=3).sample(
+      [dataclasses.replace(requests[0], env=ends)] + requests[1:])
+  driver = _driver.Driver(_engine_for(4), refs.model()[1], seed=3)
+  driver.submit(requests)
+  with pytest.raises(RuntimeError, match="env broke"):
+    driver.step()
+  while not driver.done:
+    driver.step()
+  got = driver.collect()
+  assert [(c.request_id, c.tokens, c.finish_reason) for c in got] == [
+      (c.request_id, c.tokens, c.finish_reason) for c in want[1:]]
+
+
 def test_an_error_taking_the_empty_block_run_ahead_leaves_the_completions_of_the_block_before_it(monkeypatch):
   """A sample that samples a stop id in a block while the next block was dispatched ahead (the host saw budget
   left): the empty block run ahead is taken in the same step; if that take raises, the sample's completion

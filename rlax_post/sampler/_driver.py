@@ -599,29 +599,44 @@ class Driver:
     # One conversion per block, not per slot: [slots][steps] lists.
     tokens_sk, logprobs_sk = tokens_ks[:steps].T.tolist(), logprobs_ks[:steps].T.tolist()
     produced = produced_s.tolist()
-    finished, release = [], []
-    try:
-      for slot in busy:
-        sample = self._busy[slot]
-        self._logits_version[slot] = self.version
-        n = produced[slot]
-        reason, by_string = self._take(sample, tokens_sk[slot][:n], logprobs_sk[slot][:n], flight.versions[slot])
-        if reason is None:
-          if n < steps:
-            raise RuntimeError(f"slot {slot} stopped on the device with no stop the driver sees (driver bug).")
-          continue
-        if by_string:
-          release.append(slot)  # The device does not see stop strings: its slot is still live.
-        if sample.request.keep:  # Its slot is reused from the next fill on: copy its state now (kept once the
-          # sample finishes: a multi-turn one may go on after its env's observation).
-          sample.last_turn_state = (self.engine.snapshot(self._state, slot), self.version)
-        self._busy[slot] = None  # Free at once: the next fill may reuse it.
-        finished += self._end_turn(sample, reason)
-    except BaseException:  # e.g. an env raising at a turn's end: the samples finished before it stay collectable.
-      self._finished.extend(finished)
-      raise
+    ended, release = [], []
+    # Every slot takes its tokens before any env is asked for a turn's next observation: an env that raises
+    # must not leave the later slots' tokens untaken (the host's view of them would fall behind the device's).
+    for slot in busy:
+      sample = self._busy[slot]
+      self._logits_version[slot] = self.version
+      n = produced[slot]
+      reason, by_string = self._take(sample, tokens_sk[slot][:n], logprobs_sk[slot][:n], flight.versions[slot])
+      if reason is None:
+        if n < steps:
+          raise RuntimeError(f"slot {slot} stopped on the device with no stop the driver sees (driver bug).")
+        continue
+      if by_string:
+        release.append(slot)  # The device does not see stop strings: its slot is still live.
+      if sample.request.keep:  # Its slot is reused from the next fill on: copy its state now (kept once the
+        # sample finishes: a multi-turn one may go on after its env's observation).
+        sample.last_turn_state = (self.engine.snapshot(self._state, slot), self.version)
+      self._busy[slot] = None  # Free at once: the next fill may reuse it.
+      ended.append((sample, reason))
     if release:
       self._state = self.engine.release(self._state, release)
+    return self._end_turns(ended)
+
+  def _end_turns(self, ended: list[tuple[_Sample, str]]) -> list[tuple[int, int, Completion]]:
+    """`_end_turn` of each (sample, reason); an env that raises drops its own sample only: the others' turns
+    end too, then the first error is raised (the later ones noted on it) with the finished samples kept
+    collectable."""
+    finished, errors = [], []
+    for sample, reason in ended:
+      try:
+        finished += self._end_turn(sample, reason)
+      except Exception as e:  # pylint: disable=broad-exception-caught
+        errors.append(e)
+    if errors:
+      self._finished.extend(finished)
+      for later in errors[1:]:
+        errors[0].add_note(f"and a later sample's env in the same block: {later!r}")
+      raise errors[0]
     return finished
 
   def sample(self, requests: Iterable[Request], *,
