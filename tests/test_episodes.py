@@ -243,6 +243,7 @@ def test_the_first_message_is_clipped_and_an_overlong_context_ends_at_reset(engi
   assert e.tokens[:len(context)] == tuple(context) and e.turn_starts[0] == len(context)
   assert (e.end_reason, e.num_turns, len(e.tokens)) == ("max_decode_length", 1, MAX_DECODE)
   assert sum(e.trained_mask) == MAX_DECODE - len(context)
+  assert e.rewards == ()  # the cut message is not shown to the env (a later turn's cut never was)
   driver = _driver_for(engine)
   long_obs = ":" * 14  # 3 + 14 = 17 tokens > 16
   with _runner(driver, lambda: LongResetEnv(long_obs), max_turn_tokens=TURN_TOKENS) as runner:

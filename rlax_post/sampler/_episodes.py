@@ -564,9 +564,13 @@ class EpisodeRunner:
       state.context = context
       state.turn_starts.append(len(state.context))
       contexts.setdefault(tuple(state.context), []).append(state.index)
-    # The first message, as every later one (`Driver`), is clipped to the room left.
+    # The first message, as every later one (`Driver`), is clipped to the room left: by the driver (max_tokens
+    # None), so that a message cut there ends its episode as 'max_decode_length', not shown to the env (a
+    # max_tokens equal to the room ended it as 'length'). The room only shrinks, so no later turn's budget
+    # changes.
     requests = [_requests.Request(
-        list(context), n=len(members), max_tokens=min(group.max_turn_tokens, limit - len(context)),
+        list(context), n=len(members),
+        max_tokens=group.max_turn_tokens if group.max_turn_tokens < limit - len(context) else None,
         stop_tokens=self._stop_tokens,
         request_id=self._num_requests + k,
         env=_callback([group.states[i] for i in members], self._calls, self._tokenizer, self._max_turns),
