@@ -479,6 +479,17 @@ def test_stop_strings_end_a_turn_at_the_token_that_completes_them():
   assert driver.stats.tokens == want + 20  # Tokens decoded past the stop string are not kept.
 
 
+def test_a_stop_string_split_by_tokens_that_decode_to_nothing_still_ends_the_turn():
+  """Tokens that decode to no text (a sampled BOS or pad: inside the usable vocabulary) between a stop string's
+  characters: the window of the turn's text looked at holds enough characters, not a fixed count of tokens."""
+  driver = _driver.Driver(_engine_for(4), refs.model()[1])
+  request = Request(refs.prompt(3, 1), max_tokens=30, stop=("ab",), request_id="s")
+  sample = _driver._Sample(request, 0, 0, frozenset(driver.engine.stop_ids), 30, "length")  # pylint: disable=protected-access
+  assert driver._take(sample, [ord("a")] + [TOK.bos_id] * 5, [0.0] * 6, 0) == (None, False)  # pylint: disable=protected-access
+  assert driver._take(sample, [ord("b"), ord("c"), ord("d")], [0.0] * 3, 0) == ("stop", True)  # pylint: disable=protected-access
+  assert len(sample.tokens) == 7 and TOK.decode(sample.tokens) == "ab"
+
+
 def test_bad_laws_and_stops_raise_clear_errors():
   with pytest.raises(ValueError, match=r"temperature must be a number in \[0, 100\] \(0 is greedy\); got -1.0"):
     _sampling.SamplingParams(temperature=-1.0)

@@ -490,13 +490,17 @@ class Driver:
 
   def _stop_string_cut(self, sample: _Sample, tokens: list[int], used: int) -> tuple[int, bool]:
     """(tokens to keep, whether a stop string ends them): the first of `tokens[:used]` after which the turn's
-    text contains a stop string (one not there a token earlier ends at that token, so the last few tokens'
-    text is enough)."""
+    text contains a stop string (one not there a token earlier ends at that token, so the turn's last few
+    characters before these tokens are enough: as many tokens as it takes to hold the longest string's bytes
+    and two more, more where tokens decode to nothing, e.g. a sampled BOS or pad)."""
     width = max(len(x.encode()) for x in sample.request.stop) + 2
-    turn = sample.tokens[sample.turn_start:][-width:]
+    turn = sample.tokens[sample.turn_start:]
+    take = width
+    while take < len(turn) and len(self.engine.tokenizer.decode(turn[-take:]).encode()) < width:
+      take *= 2
+    turn = turn[-take:]
     for i in range(used):
-      tail = (turn + tokens[:i + 1])[-width:]
-      text = self.engine.tokenizer.decode(tail)
+      text = self.engine.tokenizer.decode(turn + tokens[:i + 1])
       if any(x in text for x in sample.request.stop):
         return i + 1, True
     return used, False
