@@ -18,6 +18,7 @@ from rlax_post import config
 from rlax_post import envs
 from rlax_post import models
 from rlax_post import runtime
+from rlax_post import sampler
 from rlax_post import sharding
 from rlax_post.envs import sales
 
@@ -54,7 +55,7 @@ def test_transitions_of_an_episode_row_by_hand():
   row = {"prompt": np.asarray([2] + enc("P:")), "tokens": np.asarray(response),
          "logprobs": np.arange(len(response), dtype=np.float32) / -10.0,
          "turn_starts": np.asarray([0, 6]), "turn_ends": np.asarray([4, 12]),
-         "turn_rewards": np.asarray([0.0, 1.0], np.float32)}
+         "turn_rewards": np.asarray([0.0, 1.0], np.float32), "end_reason": "env_done", "turns_scored": 2}
   out = runtime.transitions_of([row], [7], tok, gamma=0.5, index=3)
   assert [t["turn"] for t in out] == [0, 1] and all(t["episode"] == 7 and t["round"] == 3 for t in out)
   assert out[0]["state"] == [2] + enc("P:") and out[0]["action"] == enc("ask") + [1]
@@ -63,8 +64,56 @@ def test_transitions_of_an_episode_row_by_hand():
   np.testing.assert_allclose(out[1]["logprobs"], np.arange(6, 12) / -10.0, rtol=1e-6)
   assert [t["reward"] for t in out] == [0.0, 1.0] and [t["return"] for t in out] == [0.5, 1.0]
   assert out[0]["turns"] == [] and out[1]["turns"] == [["ask", "t\n"]]
+  assert [(t["done"], t["truncated"], t["scored"]) for t in out] == [(False, False, True), (True, False, True)]
   with pytest.raises(ValueError, match="multi-turn"):
     runtime.transitions_of([{"prompt": [2], "tokens": [3]}], [0], tok, gamma=0.9, index=0)
+
+
+class _OneEach:
+  """Reward 1 for every message heard; the episode ends (done) after `turns` messages."""
+
+  def __init__(self, turns=100):
+    self.turns, self.t = turns, 0
+
+  def reset(self, prompt):
+    return ":"
+
+  def step(self, message):
+    self.t += 1
+    return envs.StepResult(observation="<o>", reward=1.0, done=self.t >= self.turns, info={})
+
+
+@pytest.mark.parametrize("max_decode, turns, want", [
+    # context BOS "ab" ":" (4 tokens), messages of 6 tokens (max_turn_tokens, no stop token: each cut by it and
+    # still heard by the env), answers of 3. 35: the 4th message has 4 tokens of room, cut before the env saw it.
+    (35, 100, dict(reasons="max_decode_length", rewards=[1, 1, 1, 0], scored=[1, 1, 1, 0], lengths=[6, 6, 6, 4],
+                   returns=[1.75, 1.5, 1.0, 0.0], done=[0, 0, 0, 0], truncated=[0, 0, 0, 1])),
+    # 40: the 4th message is heard (reward 1), its answer has no room: the episode is stopped after it.
+    (40, 100, dict(reasons="max_decode_length", rewards=[1, 1, 1, 1], scored=[1, 1, 1, 1], lengths=[6] * 4,
+                   returns=[1.875, 1.75, 1.5, 1.0], done=[0, 0, 0, 0], truncated=[0, 0, 0, 1])),
+    # The env ends it after 2 messages: a natural end.
+    (40, 2, dict(reasons="env_done", rewards=[1, 1], scored=[1, 1], lengths=[6, 6], returns=[1.5, 1.0],
+                 done=[0, 1], truncated=[0, 0])),
+])
+def test_transitions_mark_a_token_budget_stop_apart_from_the_envs_end(max_decode, turns, want):
+  """Episodes of the real sampler: one stopped by the engine's max_decode_length is `truncated`, not `done`
+  (it used to look like the env's own end), and a message the budget cut before the env saw it is not
+  `scored`; the returns are those of the process as run, budget included (by hand, γ = 0.5)."""
+  tok = models.ByteTokenizer()
+  cfg = models.preset("micro", vocab_size=264, valid_vocab_size=259, max_seq_len=64)
+  graphdef, params = models.init_params(cfg, jax.random.key(0))
+  engine = sampler.RlaxEngine(cfg, graphdef, tokenizer=tok, max_concurrent_decodes=2, max_prefill_length=16,
+                              max_decode_length=max_decode, temperature=0.0)
+  episode, = sampler.run_episodes(sampler.Driver(engine, params, park_wait_s=0.01), tok,
+                                  lambda: _OneEach(turns), ["ab"], n=1, max_turn_tokens=6, max_turns=50)
+  row, = envs.episode_rows(0, [episode])
+  assert (row["end_reason"], int(row["turns_scored"])) == (want["reasons"], sum(want["scored"]))
+  out = runtime.transitions_of([row], [0], tok, gamma=0.5, index=0)
+  assert [len(t["action"]) for t in out] == want["lengths"]
+  assert [t["reward"] for t in out] == want["rewards"] and [t["scored"] for t in out] == want["scored"]
+  np.testing.assert_allclose([t["return"] for t in out], want["returns"])
+  assert [t["done"] for t in out] == want["done"] and [t["truncated"] for t in out] == want["truncated"]
+  assert {t["end_reason"] for t in out} == {want["reasons"]}
 
 
 def test_the_oracle_q_with_gamma_zero_is_the_expected_immediate_reward():

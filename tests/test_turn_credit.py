@@ -284,7 +284,7 @@ def test_episode_rows_from_a_tool_env_carry_its_turns_and_keys():
     groups.update(producer.step())
   producer.close()
   rows = groups[0] + groups[1]
-  assert set(rows[0]) == set(envs.ROW_FIELDS + envs.TURN_FIELDS + envs.BUDGET_FIELDS)
+  assert set(rows[0]) == set(envs.ROW_FIELDS + envs.TURN_FIELDS + envs.END_FIELDS + envs.BUDGET_FIELDS)
   for r, row in enumerate(rows):
     episode = log[r]  # Ticket t's episode i is env t·n + i.
     starts, ends = row["turn_starts"], row["turn_ends"]

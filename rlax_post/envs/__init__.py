@@ -50,6 +50,7 @@ from rlax_post.envs._collab import SortReverse
 from rlax_post.envs._trees import TreeProducer
 from rlax_post.envs._rl import budget
 from rlax_post.envs._rl import BUDGET_FIELDS
+from rlax_post.envs._rl import END_FIELDS
 from rlax_post.envs._rl import group_id
 from rlax_post.envs._rl import Lengths
 from rlax_post.envs._rl import Producer
@@ -96,6 +97,7 @@ __all__ = [
     'TreeProducer',
     'budget',
     'BUDGET_FIELDS',
+    'END_FIELDS',
     'DatasetProducer',
     'DatasetTask',
     'EpisodeProducer',

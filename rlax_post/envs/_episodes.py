@@ -2,7 +2,7 @@
 
 `EpisodeProducer` implements `envs.Producer` (`version`, `in_flight_groups`, `in_flight_samples`,
 `set_params`, `submit`, `step`, `close`) over a streaming `sampler.EpisodeRunner`: ticket g in, the group's
-n episodes out as rows of `ROW_FIELDS` and `TURN_FIELDS` (`envs._rl`). Per row:
+n episodes out as rows of `ROW_FIELDS`, `TURN_FIELDS` and `END_FIELDS` (`envs._rl`). Per row:
 
   prompt    the episode's context up to its first turn (BOS, the prompt, the env's reset observation)
   tokens    everything after it: the policy's messages and the env's observations
@@ -15,6 +15,10 @@ n episodes out as rows of `ROW_FIELDS` and `TURN_FIELDS` (`envs._rl`). Per row:
                 token prefix up to the turn (equal prefixes, equal keys: the prefix-state semantics of the
                 single-turn path, merging within a group)
   turn_rewards  [K] the env's reward of each turn (0 for a turn it did not score)
+  end_reason    the episode's `sampler.Episode.end_reason`: 'env_done' (the env ended it) or what stopped it
+                short ('max_decode_length': the row's token budget; 'max_turns', 'env_error', 'env_timeout')
+  turns_scored  the turns the env scored (`len(Episode.rewards)`), the first ones: one fewer than K when the
+                last message was cut by the token budget before the env saw it, or its step failed
 
 Seeding: group g samples with `seed_of(cfg.seed, ROLLOUT, g // P)` and stream g mod P (the synchronous loop's
 streams of step g // P, request g mod P), its prompt is `prompt_of(g)`, its episodes' envs are
@@ -88,7 +92,8 @@ def turn_keys(e: sampler.Episode) -> np.ndarray:
 
 
 def episode_rows(ticket: int, episodes: Sequence[sampler.Episode]) -> list[dict]:
-  """A group's episodes (in index order) → rows of `ROW_FIELDS` and `TURN_FIELDS` (module docstring)."""
+  """A group's episodes (in index order) → rows of `ROW_FIELDS`, `TURN_FIELDS` and `END_FIELDS` (module
+  docstring)."""
   rows = []
   for i, e in enumerate(episodes):
     start = e.turn_starts[0] if e.turn_starts else len(e.tokens)  # No turn: the reset failed.
@@ -115,6 +120,8 @@ def episode_rows(ticket: int, episodes: Sequence[sampler.Episode]) -> list[dict]
         "turn_ends": (ends - start).astype(np.int32),
         "turn_keys": turn_keys(e),
         "turn_rewards": rewards,
+        "end_reason": str(e.end_reason),
+        "turns_scored": np.int32(len(scored)),
         # Its own sampled tokens and env steps answered (a fork's after `forked_at`).
         **_rl.budget(e.trained_mask[own:], prefill, env_calls=len(e.rewards) - max(inherited, 0)),
     })

@@ -11,7 +11,8 @@ The runtime drives producers the same way for inline sampling, sampler threads, 
 greedy evaluation (`run_tickets`); adding a kind of task adds an entry to `make_rl_task`, not a branch in
 the runtime.
 
-Rows (one per sample; the rollout queue's records; `ROW_FIELDS`, multi-turn rows add `TURN_FIELDS`):
+Rows (one per sample; the rollout queue's records; `ROW_FIELDS`, multi-turn rows add `TURN_FIELDS` and
+`END_FIELDS`):
 
   prompt    int32 [Lp]  prompt ids (BOS included)
   tokens    int32 [L]   the response: generated ids (and, multi-turn, env observations)
@@ -24,6 +25,10 @@ Rows (one per sample; the rollout queue's records; `ROW_FIELDS`, multi-turn rows
   turn_starts, turn_ends  int32 [K]  each policy message's span in `tokens`
   turn_keys     int32 [K]    key of the state each turn is taken from
   turn_rewards  float32 [K]  the env's reward of each turn (0 for a turn it did not score)
+  end_reason    str          how the episode ended (`sampler.END_REASONS`): 'env_done' is the env's own end;
+                             the others stop it short ('max_decode_length': the row's token budget)
+  turns_scored  int32        the turns the env scored, the first ones: K − 1 when the last message was cut by
+                             the token budget or its step failed (no reward: its turn_rewards entry is 0)
   node_id, node_parent, node_depth  int  a role pipeline's tree node (`envs.NODE_FIELDS`, `_trees`)
 
 Seeding: training ticket g samples with `seed_of(seed, Stream.ROLLOUT, g // P)` and stream g mod P, which is what a
@@ -47,6 +52,7 @@ from rlax_post import sampler
 
 ROW_FIELDS = ("prompt", "tokens", "mask", "logprobs", "versions", "reward", "finished", "ticket")
 TURN_FIELDS = ("turn_starts", "turn_ends", "turn_keys", "turn_rewards")
+END_FIELDS = ("end_reason", "turns_scored")  # multi-turn episode rows (`envs.episode_rows`)
 SPLITS = ("train", "eval")
 # Optional per-row scalars a task may add (the dataset task does); the learner reports each step's aggregate
 # of them as a metric of the same name. Fields named `REWARD_PREFIX` + ... are reward components: their mean

@@ -5,8 +5,9 @@ Round i covers RL steps i·S … i·S + S − 1 (S = `iterppo.round_steps`). At 
   1. deploys π_i, the policy of that step, on E = `iterppo.episodes` episodes of the run's multi-turn task
      (its training producer on the task's training tickets i·E/n …, so no episode is met twice) and logs them as
      transitions: per policy message j of an episode, the state (the context and the conversation before
-     the message), the response, its behaviour logprobs, the turn's reward r_j and the Monte Carlo return
-     G_j = Σ_{k≥j} γ^{k−j} r_k (γ = `iterppo.gamma`);
+     the message), the response, its behaviour logprobs, the turn's reward r_j, the Monte Carlo return
+     G_j = Σ_{k≥j} γ^{k−j} r_k (γ = `iterppo.gamma`) and whether the episode ended there (`done`: the env
+     ended it) or was stopped short (`truncated`: the row's token budget, max_turns, an env failure);
   2. measures π_i's true value: exact V^π where the task has an oracle (`_oracle.exact_oracle`), else the mean
      γ-discounted return of E held-out episodes;
   3. fits Q_i(state, response) on G with the critic section's scalar model, read at the response's last
@@ -81,24 +82,39 @@ def episode_return(row: dict, gamma: float) -> float:
 
 
 def transitions_of(rows: list[dict], episodes: list[int], tokenizer, *, gamma: float, index: int) -> list[dict]:
-  """Each policy message of each episode row (`envs.TURN_FIELDS`) as a transition: `state` (ids: the prompt and
-  the conversation before the message), `action` (the message's ids), `logprobs` (the behaviour policy's),
-  `reward` (the turn's), `return` (G_j), `turns` (the earlier (message, observation) texts), `episode`,
-  `turn`, `round`."""
+  """Each policy message of each episode row (`envs.TURN_FIELDS`, `envs.END_FIELDS`) as a transition: `state`
+  (ids: the prompt and the conversation before the message), `action` (the message's ids), `logprobs` (the
+  behaviour policy's), `reward` (the turn's), `return` (G_j), `turns` (the earlier (message, observation)
+  texts), `episode`, `turn`, `round`, and how the episode goes on after it:
+
+    done       the env ended the episode with this message (its next state is terminal);
+    truncated  the episode was stopped after this message without the env ending it (`end_reason`: the row's
+               token budget, 'max_decode_length'; 'max_turns'; an env failure): its next state is not terminal;
+    scored     the env scored the message; False for a last message cut by the token budget before the env
+               saw it (or whose step failed): its reward 0 is the cut's, not the env's.
+
+  G_j sums the rewards to where the episode stopped, also a truncated one: the token budget binds wherever the
+  policy runs (the rounds' episodes, their held-out value, the single-turn phase's responses, clipped to the
+  same row), and the state shows how much of it is left, so a stop there is the end of the process Q values;
+  the rows hold no state past it to bootstrap from."""
   out = []
   for episode, row in zip(episodes, rows):
-    if "turn_starts" not in row:
+    if "turn_starts" not in row or "end_reason" not in row:
       raise ValueError("runtime.mode = 'rounds' logs the turns of multi-turn episodes; the task's rows have no "
-                       "turns (use a multi-turn task: 'sales', 'tools').")
+                       "turns and end (envs.TURN_FIELDS, envs.END_FIELDS: use a multi-turn task: 'sales', 'tools').")
     prompt, tokens = [int(t) for t in row["prompt"]], np.asarray(row["tokens"], np.int64)
     starts, ends = np.asarray(row["turn_starts"], np.int64), np.asarray(row["turn_ends"], np.int64)
     rewards = np.asarray(row["turn_rewards"], np.float64)
     returns = discounted_returns(rewards, gamma)
+    natural = row["end_reason"] == "env_done"
     texts = []
     for j, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+      last = j == len(starts) - 1
       out.append({"round": index, "episode": int(episode), "turn": j, "state": prompt + tokens[:s].tolist(),
                   "action": tokens[s:e].tolist(), "logprobs": np.asarray(row["logprobs"][s:e], float).tolist(),
-                  "reward": float(rewards[j]), "return": float(returns[j]), "turns": [list(t) for t in texts]})
+                  "reward": float(rewards[j]), "return": float(returns[j]), "turns": [list(t) for t in texts],
+                  "done": last and natural, "truncated": last and not natural,
+                  "scored": j < int(row["turns_scored"]), "end_reason": str(row["end_reason"])})
       next_start = int(starts[j + 1]) if j + 1 < len(starts) else len(tokens)
       texts.append((text_of(tokenizer, tokens[s:e]), text_of(tokenizer, tokens[e:next_start])))
   return out
