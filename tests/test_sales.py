@@ -233,15 +233,78 @@ def test_the_model_policy_renders_conversations_as_episodes_and_scores_each_acti
   assert probs[CLOSE] == pytest.approx(float(np.exp(np.asarray(logp)[len(context) - 1:].sum())), rel=1e-4)
 
 
-def test_the_exact_oracle_refuses_a_run_that_samples_with_top_p_or_top_k():
-  """Its values are those of the law at rl.temperature alone: a top-p / top-k run samples another policy, whose
-  values it would have reported without a word (a helper review)."""
+def _truncated_law(logits, temperature, top_p, top_k):
+  """The sampler's law by hand (numpy): softmax(logits / T); keep the tokens at or above the k-th largest
+  value, then, in decreasing order, those whose mass before them is below top_p, and every token tied with the
+  last kept; renormalise."""
+  scaled = np.asarray(logits, np.float64) / temperature
+  if 0 < top_k < len(scaled):
+    scaled = np.where(scaled < np.sort(scaled)[::-1][top_k - 1], -np.inf, scaled)
+  p = np.exp(scaled - scaled.max())
+  p /= p.sum()
+  if top_p < 1:
+    order = np.argsort(-scaled, kind="stable")
+    before = np.cumsum(p[order]) - p[order]
+    threshold = scaled[order][before < top_p].min()
+    p = np.where(scaled < threshold, 0.0, p)
+    p /= p.sum()
+  return p
+
+
+@pytest.mark.parametrize("top_p, top_k", [(1.0, 0), (0.9, 0), (1.0, 150), (0.8, 200), (1.0, 1)])
+def test_the_model_policy_is_the_law_of_a_run_that_samples_with_top_p_or_top_k(top_p, top_k):
+  """Each canonical message's probability is the product over its tokens of the truncated, renormalised law
+  (by hand, from the model's logits): 0 where a token is cut; the rest renormalised up (a helper review: the
+  policy and the oracle used rl.temperature alone, and the oracle refused such runs)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from rlax_post import models, runtime  # pylint: disable=g-import-not-at-top
+  task = _task()
+  cfg = models.ModelConfig(vocab_size=264, d_model=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                           mlp_dim=64, max_seq_len=352)
+  graphdef, params = models.init_params(cfg, jax.random.key(0))
+  temperature = 0.5  # truncation acts on the tempered law
+  policy = runtime.ModelPolicy(graphdef, params, task.tokenizer, G, temperature=temperature, seq_len=352,
+                               top_p=top_p, top_k=top_k)
+  plain = runtime.ModelPolicy(graphdef, params, task.tokenizer, G, temperature=temperature, seq_len=352)
+  history = ((ASK, "customer: I am a student."),)
+  context = policy.context(history)
+  probs, untruncated = policy(history), plain(history)
+  kept = 0
+  for action in (ASK, CLOSE, LITE, PLUS, PRO):
+    seq = context + task.tokenizer.encode(str(action), add_bos=False) + [task.tokenizer.eos_id]
+    logits = np.asarray(models.forward(graphdef, params, np.asarray([seq], np.int32))[0][0])
+    want = np.prod([_truncated_law(logits[t - 1], temperature, top_p, top_k)[seq[t]]
+                    for t in range(len(context), len(seq))])
+    assert probs[action] == pytest.approx(want, rel=1e-4, abs=0)
+    if want > 0:
+      kept += 1
+      assert probs[action] >= untruncated[action] * (1 - 1e-4)  # renormalised over less mass: never lower
+  assert probs[OTHER] == pytest.approx(1 - sum(p for a, p in probs.items() if a != OTHER))
+  if (top_p, top_k) == (1.0, 0):
+    assert probs == pytest.approx(untruncated) and kept == 5
+  elif top_k == 1:  # greedy: a message is kept only where each of its tokens is the argmax
+    assert kept == 0 and probs[OTHER] == 1.0
+  else:
+    assert 0 < kept < 5  # some messages cut, some kept
+
+
+def test_the_exact_oracle_values_a_run_that_samples_with_top_p_and_top_k():
+  """The oracle takes the run's top-p / top-k into its policy (it refused such runs): its first-message law is
+  the truncated one, and at patience 1 its value is the offer bonus times the probability of offering (by hand;
+  tiny for an untrained model, hence relative tolerances only)."""
   from rlax_post import config, runtime  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, ".")
   from configs import sales as sales_config  # pylint: disable=g-import-not-at-top
-  for key, value in (("top_p", 0.9), ("top_k", 5)):
-    c = sales_config.get_config("tiny")
-    c.rl[key] = value
-    parts = runtime.build_parts(config.load(c))
-    with pytest.raises(ValueError, match=rf"samples with rl.top_p = .*rl.top_k = .*another policy"):
-      runtime.ExactOracle(parts, None)
+  c = sales_config.get_config("tiny")
+  c.task.options.patience = 1
+  c.rl.top_p, c.rl.top_k = 0.95, 240
+  run = runtime.config_policy(config.load(c))
+  oracle = runtime.ExactOracle(run.parts, run.params)
+  first = oracle.policy(())
+  law = dict(graphdef=run.parts.graphdef, params=run.params, tokenizer=run.parts.tokenizer, game=oracle.game,
+             temperature=c.rl.temperature, seq_len=oracle.policy.seq_len)
+  assert first == runtime.ModelPolicy(**law, top_p=0.95, top_k=240)(())
+  plain = runtime.ModelPolicy(**law)(())
+  assert all(first[a] > 1.05 * plain[a] > 0 for a in (ASK, CLOSE, LITE, PLUS, PRO))  # renormalised, none cut
+  offer = first[LITE] + first[PLUS] + first[PRO]
+  assert oracle.value() == pytest.approx(oracle.game.offer_bonus * offer, rel=1e-6, abs=0)

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from rlax_post import sampler
 
@@ -42,3 +43,37 @@ def test_draw_rows_inverts_each_rows_cumulative_distribution():
   logits = jnp.log(jnp.array([[0.1, 0.0, 0.6, 0.3]]))
   draws = [int(sampler.draw_rows(logits, jnp.array([u]))[0]) for u in (np.arange(1000) + 0.5) / 1000]
   np.testing.assert_allclose(np.bincount(draws, minlength=4) / 1000, [0.1, 0.0, 0.6, 0.3], atol=1e-3)
+
+
+# Probabilities 0.4, 0.2, 0.2, 0.1, 0.1: tokens 1 and 2 tie, at the top-k boundary (k = 2) and at the top-p one.
+_TIED = np.log(np.array([0.4, 0.2, 0.2, 0.1, 0.1]))
+_S = np.sqrt([0.4, 0.2, 0.2])  # at temperature 2 the masses are p^(1/2)
+
+
+@pytest.mark.parametrize("temperature, top_p, top_k, want", [
+    (1.0, 1.0, 0, [0.4, 0.2, 0.2, 0.1, 0.1]),
+    (1.0, 1.0, 2, [0.5, 0.25, 0.25, 0, 0]),  # the 2nd largest value ties with the 3rd: both kept
+    (1.0, 0.5, 0, [0.5, 0.25, 0.25, 0, 0]),  # 0.4 < 0.5: token 1 crosses p; token 2 ties with it: kept
+    (1.0, 0.3, 0, [1, 0, 0, 0, 0]),  # 0.4 reaches 0.3 alone
+    (1.0, 1.0, 5, [0.4, 0.2, 0.2, 0.1, 0.1]),  # k = V keeps all
+    (2.0, 0.6, 3, list(_S / _S.sum()) + [0, 0]),  # top-k first (3 kept), then top-p over their law, the tie kept
+    (0.0, 1.0, 0, [1, 0, 0, 0, 0]),  # greedy
+])
+def test_sampling_logprobs_is_the_law_the_sampler_draws_from(temperature, top_p, top_k, want):
+  """The truncated, renormalised law (by hand, ties at the boundaries kept) equals `sampling_logprobs` and the
+  frequencies of `sample_token` and of `sample_rows` (the engine's per-slot draw) over 20000 draws."""
+  logits = jnp.asarray(np.stack([_TIED, _TIED[::-1]]), jnp.float32)  # row 1: the same law, ids reversed
+  want = np.stack([want, want[::-1]])
+  got = np.exp(np.asarray(sampler.sampling_logprobs(logits, temperature=temperature, top_p=top_p, top_k=top_k)))
+  np.testing.assert_allclose(got, want, atol=1e-6)
+  n = 20000
+  keys = jax.random.split(jax.random.key(3), n)
+  token = jax.vmap(lambda k: sampler.sample_token(logits, k, temperature=temperature, top_p=top_p, top_k=top_k))(keys)
+  rows = jax.vmap(lambda k: sampler.sample_rows(
+      logits, jax.random.split(k, 2), jnp.full((2,), temperature), jnp.full((2,), top_p),
+      jnp.full((2,), top_k, jnp.int32)))(keys)
+  for draws in (np.asarray(token), np.asarray(rows)):  # [n, 2]
+    for r in range(2):
+      freq = np.bincount(draws[:, r], minlength=5) / n
+      np.testing.assert_allclose(freq, want[r], atol=0.015)  # 5 standard errors at p = 1/2
+      assert np.all(freq[want[r] == 0] == 0)  # never a cut token

@@ -1,9 +1,10 @@
 """The exact value of a sales run's policy (`task.name = "sales"`, envs.sales; docs/iterppo.md).
 
 The policy's law over actions after a conversation is exact: the probability of each canonical message
-('ask', 'offer <plan>', 'close', each ended by EOS) under the model at the run's sampling temperature, and
-OTHER the rest (every other message acts as OTHER; spellings the parser also accepts, such as 'ASK', are
-counted as OTHER, a mass a policy trained on the canonical spellings leaves near 0). With that law,
+('ask', 'offer <plan>', 'close', each ended by EOS) under the model's sampling law (the run's temperature,
+top-p and top-k: `sampler.sampling_logprobs`), and OTHER the rest (every other message acts as OTHER;
+spellings the parser also accepts, such as 'ASK', are counted as OTHER, a mass a policy trained on the
+canonical spellings leaves near 0). With that law,
 `envs.sales.policy_values` gives V^π by recursion over the conversation tree: the true expected discounted
 return of the sampling policy, with no Monte Carlo error, to set against V* (`sales.optimal_values`).
 """
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rlax_post import models
+from rlax_post import sampler
 from rlax_post.envs import sales
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _policy
@@ -26,18 +28,35 @@ from rlax_post.runtime import _policy
 class ModelPolicy:
   """history → the model's action probabilities (module docstring); one batched forward per conversation.
 
+  A message's probability is the product over its tokens of the run's sampling law (`sampler.sampling_logprobs`:
+  softmax at `temperature`, renormalised over the top-k, then top-p, kept set, as the engine samples), so a
+  token outside the kept set gives its message probability 0.
+
   Args:
     graphdef, params: the policy model.
     tokenizer: the run's (it renders the conversation as the episode rows do).
-    game: the sales game; temperature: the sampling law's; seq_len: the padded length of a scored row.
+    game: the sales game; temperature, top_p, top_k: the sampling law's (`rl`); seq_len: the padded length of
+      a scored row.
   """
 
-  def __init__(self, graphdef, params, tokenizer, game: sales.SalesGame, *, temperature: float, seq_len: int):
+  def __init__(self, graphdef, params, tokenizer, game: sales.SalesGame, *, temperature: float, seq_len: int,
+               top_p: float = 1.0, top_k: int = 0):
     self.tokenizer, self.seq_len = tokenizer, seq_len
     self.params = params
     self.actions = [a for a in game.actions if a.kind != sales.OTHER]
     self._messages = [tokenizer.encode(str(a), add_bos=False) + [tokenizer.eos_id] for a in self.actions]
-    self._logprobs = jax.jit(lambda p, t: models.token_logprobs(graphdef, p, t, temperature=temperature)[0])
+    width = max(len(m) for m in self._messages)
+
+    def message_logprobs(p, rows_at, start):
+      # The law at the W positions that predict a message after the context: [A, W] log p of its tokens.
+      logits_atv = models.forward(graphdef, p, rows_at)[0]
+      window_awv = jax.lax.dynamic_slice_in_dim(logits_atv, start, width, axis=1)
+      targets_aw = jax.lax.dynamic_slice_in_dim(rows_at, start + 1, width, axis=1)
+      logp_xv = sampler.sampling_logprobs(window_awv.reshape(-1, window_awv.shape[-1]), temperature=temperature,
+                                          top_p=top_p, top_k=top_k)
+      return jnp.take_along_axis(logp_xv, targets_aw.reshape(-1, 1), axis=-1).reshape(targets_aw.shape)
+
+    self._logprobs = jax.jit(message_logprobs)
     self.calls = 0
 
   def context(self, history) -> list[int]:
@@ -55,14 +74,14 @@ class ModelPolicy:
     rows = np.full((len(self._messages), self.seq_len), self.tokenizer.pad_id, np.int32)
     for i, message in enumerate(self._messages):
       seq = context + message
-      if len(seq) > self.seq_len:
+      if len(seq) > self.seq_len:  # (so the longest message's window ends in the row: no clamped slice)
         raise ValueError(f"a scored conversation of {len(seq)} tokens exceeds seq_len {self.seq_len}.")
       rows[i, :len(seq)] = seq
-    logp = np.asarray(self._logprobs(self.params, jnp.asarray(rows)), np.float64)
+    logp = np.asarray(self._logprobs(self.params, jnp.asarray(rows), len(context) - 1), np.float64)
     self.calls += 1
     probs = {}
     for i, (action, message) in enumerate(zip(self.actions, self._messages)):
-      probs[action] = float(np.exp(logp[i, len(context) - 1:len(context) - 1 + len(message)].sum()))
+      probs[action] = float(np.exp(logp[i, :len(message)].sum()))
     total = sum(probs.values())
     if total > 1.0 + 1e-4:
       raise RuntimeError(f"canonical messages have probability {total} > 1 (a tokenisation clash: bug).")
@@ -72,21 +91,19 @@ class ModelPolicy:
 
 
 class ExactOracle:
-  """The exact values of a sales run's policy `params` (the sampling law at `rl.temperature`): `value()` is
-  V^π at the start under the game's γ; `q(turns, message)` is Q^π(history, the message's action) under
-  discount `gamma` (Iterative PPO's "oracle Q^{π_i}" reward and the yardstick of a learned Q's error; γ = 0:
-  the expected immediate reward), the history given as the (message, observation) texts of its turns."""
+  """The exact values of a sales run's policy `params` (its sampling law: `rl.temperature`, `rl.top_p`,
+  `rl.top_k`): `value()` is V^π at the start under the game's γ; `q(turns, message)` is Q^π(history, the
+  message's action) under discount `gamma` (Iterative PPO's "oracle Q^{π_i}" reward and the yardstick of a
+  learned Q's error; γ = 0: the expected immediate reward), the history given as the (message, observation)
+  texts of its turns."""
 
   def __init__(self, parts: _parts.Parts, params, *, gamma: float | None = None):
     cfg, task = parts.cfg, parts.task
     if cfg.task.name != sales.NAME:
       raise ValueError(f"the exact value needs a sales run (task.name = {sales.NAME!r}); got {cfg.task.name!r}.")
-    if cfg.rl.top_p < 1.0 or cfg.rl.top_k > 0:
-      raise ValueError(f"the exact values are those of the sampling law at rl.temperature alone; this run samples "
-                       f"with rl.top_p = {cfg.rl.top_p}, rl.top_k = {cfg.rl.top_k}, another policy (set them to "
-                       "1.0 and 0 to have its values).")
     self.game = task.game
     self.policy = ModelPolicy(parts.graphdef, params, task.tokenizer, task.game, temperature=cfg.rl.temperature,
+                              top_p=cfg.rl.top_p, top_k=cfg.rl.top_k,
                               seq_len=task.lengths(cfg.model.max_seq_len).sequence)
     self.values = sales.policy_values(task.game, self.policy)
     gamma = task.game.gamma if gamma is None else gamma
@@ -106,8 +123,8 @@ def exact_oracle(parts: _parts.Parts, params, *, gamma: float | None = None) -> 
 
 
 def policy_value(parts: _parts.Parts, params) -> dict:
-  """V^π at the start (the sampling policy at `rl.temperature`), the probabilities of the first message, V*
-  and the histories scored."""
+  """V^π at the start (the run's sampling policy), the probabilities of the first message, V* and the
+  histories scored."""
   oracle = ExactOracle(parts, params)
   value = oracle.value()
   return {"value": value, "optimal_value": oracle.game.optimal_return(), "histories": oracle.policy.calls,

@@ -371,7 +371,7 @@ class RoundSource:
 
   def _value(self, params, oracle) -> dict:
     """π's true value: exact where the task has an oracle, else the mean γ-discounted return of E held-out
-    episodes (sampled at `rl.temperature`)."""
+    episodes (sampled with the run's law)."""
     if oracle is not None:
       return {"round_value": oracle.value(), "round_value_exact": 1.0}
     tickets = range(min(self.it.episodes, self.parts.task.num_eval))

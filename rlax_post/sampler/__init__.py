@@ -31,6 +31,7 @@ from rlax_post.sampler._tokenizer_api import prefill_buckets
 from rlax_post.sampler._sampling import draw_rows
 from rlax_post.sampler._sampling import sample_rows
 from rlax_post.sampler._sampling import sample_token
+from rlax_post.sampler._sampling import sampling_logprobs
 from rlax_post.sampler._sampling import MAX_TEMPERATURE
 from rlax_post.sampler._sampling import SamplingParams
 from rlax_post.sampler._scoring import ScoreService
@@ -67,6 +68,7 @@ __all__ = [
     "draw_rows",
     "sample_rows",
     "sample_token",
+    "sampling_logprobs",
     "MAX_TEMPERATURE",
     "SamplingParams",
     "ScoreService",

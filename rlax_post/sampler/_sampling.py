@@ -1,11 +1,12 @@
 """The sampling law: one token per row from temperature-scaled logits truncated to top-k, then top-p.
 
 `sample_token` applies one law to every row with one key; `sample_rows` gives each row its own law and key
-(the engine's decode step, where each slot holds a request with its own `SamplingParams`). Both truncate
-through `truncate_rows`, so one law gives the same kept set either way, and both draw by `draw_rows`: the
-inverse of each row's cumulative distribution at one uniform number per row. A Gumbel-max draw
-(`jax.random.categorical`) needs V random numbers per row; on the CPU they took 13% of a tiny
-model's decode step at 64 slots (docs/benchmarks.md), where one number per row costs nothing.
+(the engine's decode step, where each slot holds a request with its own `SamplingParams`); `sampling_logprobs`
+gives that law's log-probabilities. All truncate through `truncate_rows`, so one law gives the same kept set
+every way, and both samplers draw by `draw_rows`: the inverse of each row's cumulative distribution at one
+uniform number per row. A Gumbel-max draw (`jax.random.categorical`) needs V random numbers per row; on the
+CPU they took 13% of a tiny model's decode step at 64 slots (docs/benchmarks.md), where one number per row
+costs nothing.
 """
 
 from __future__ import annotations
@@ -62,6 +63,26 @@ def truncate_rows(scaled_bv: jax.Array, top_p_b: jax.Array, top_k_b: jax.Array) 
   threshold_b1 = jnp.min(jnp.where(keep_bv, sorted_bv, jnp.inf), axis=-1, keepdims=True)
   threshold_b1 = jnp.where((top_p_b < 1.0)[:, None], threshold_b1, -jnp.inf)
   return jnp.where(scaled_bv < threshold_b1, -jnp.inf, scaled_bv)
+
+
+def sampling_logprobs(logits_bv: jax.Array, *, temperature: float, top_p: float = 1.0, top_k: int = 0
+                      ) -> jax.Array:
+  """log p [B, V] of every token under the law `sample_token` (and a slot of `sample_rows`) draws from with
+  these settings: log softmax(truncate_rows(logits / temperature)), the law renormalised over the same kept
+  set (ties at the top-k and top-p boundaries kept), -inf outside it; temperature 0: 0 at the argmax (the
+  first, as `jnp.argmax`), -inf elsewhere. The draw (`draw_rows`) takes token j with probability its mass
+  over the row's kept mass, which is this law (to float rounding). Unlike the logprobs the engine records
+  (before truncation), these are the probabilities of what it samples."""
+  if logits_bv.ndim != 2:
+    raise ValueError(f"logits_bv must be [B, V]; got shape {logits_bv.shape}.")
+  v = logits_bv.shape[-1]
+  if temperature == 0.0:
+    return jnp.where(jnp.arange(v) == jnp.argmax(logits_bv, axis=-1, keepdims=True), 0.0, -jnp.inf)
+  scaled_bv = logits_bv.astype(jnp.float32) / temperature
+  if (top_k and top_k < v) or top_p < 1.0:  # as `sample_token`: the sort only where something is cut
+    b = scaled_bv.shape[0]
+    scaled_bv = truncate_rows(scaled_bv, jnp.full((b,), top_p, jnp.float32), jnp.full((b,), top_k, jnp.int32))
+  return jax.nn.log_softmax(scaled_bv, axis=-1)
 
 
 def sample_token(logits_bv: jax.Array, rng: jax.Array, *, temperature: float, top_p: float = 1.0,
