@@ -409,6 +409,20 @@ def test_a_kept_finished_sample_forks_at_any_position_with_one_token_prefilled(e
     driver.submit([Request(prompt, max_tokens=4, request_id="k", keep=True)])
   with pytest.raises(ValueError, match="has kept samples already"):
     driver.fork([Fork(("k", 0), at=1, request_id="k", keep=True)])
+  # A keep request still running: a second one of its id would overwrite its kept state when both finish
+  # (it was accepted: one state kept for two samples).
+  driver.submit([Request(prompt, max_tokens=8, request_id="r", keep=True)])
+  driver.step()
+  assert driver.num_kept == 1 and not driver.done
+  with pytest.raises(ValueError, match=r"Requests \['r'\] keep .* still running"):
+    driver.submit([Request(refs.prompt(9, 3), max_tokens=4, request_id="r", keep=True)])
+  with pytest.raises(ValueError, match="or a running keep request"):
+    driver.fork([Fork(("k", 0), at=1, request_id="r", keep=True)])
+  with pytest.raises(ValueError, match="kept forks of one call need ids of their own"):
+    driver.fork([Fork(("k", 0), at=1, request_id="f", keep=True), Fork(("k", 0), at=2, request_id="f", keep=True)])
+  while not driver.done:
+    driver.step()
+  assert driver.num_kept == 2
 
 
 def test_a_fork_after_an_in_flight_swap_tags_its_first_token_with_the_logits_version(engine):

@@ -304,8 +304,9 @@ class Driver:
     queued = [validate_request(r, self.engine) for r in requests]
     kept = [r.request_id for r in requests if r.keep and self._has_kept(r.request_id)]
     if kept:
-      raise ValueError(f"Requests {kept} keep their samples, but samples of those request_ids are kept already; "
-                       "release_kept them first or use new ids.")
+      raise ValueError(f"Requests {kept} keep their samples, but samples of those request_ids are kept already "
+                       "(or will be: a keep request of that id is still running); release_kept them once "
+                       "finished, or use new ids.")
     for request, stops in zip(requests, queued):
       order = self._num_requests
       self._num_requests += 1
@@ -336,6 +337,9 @@ class Driver:
     unknown, if `at` does not fit, or if it has an env and the fork brings none.
     """
     forks = list(forks)
+    kept_ids = [f.request_id for f in forks if f.keep]
+    if len(set(kept_ids)) != len(kept_ids):
+      raise ValueError(f"Fork: kept forks of one call need ids of their own; got request_ids {kept_ids}.")
     for f in forks:
       if isinstance(f.n, bool) or not isinstance(f.n, int) or f.n < 1:
         raise ValueError(f"Fork of {f.parent!r}: n must be a positive int; got {f.n!r}.")
@@ -343,8 +347,8 @@ class Driver:
       if f.env is not None and not callable(f.env):
         raise ValueError(f"Fork of {f.parent!r}: env must be callable or None; got {f.env!r}.")
       if f.keep and self._has_kept(f.request_id):
-        raise ValueError(f"Fork of {f.parent!r}: request_id {f.request_id!r} has kept samples already; kept "
-                         "forks need an id of their own.")
+        raise ValueError(f"Fork of {f.parent!r}: request_id {f.request_id!r} has kept samples already (or a "
+                         "running keep request); kept forks need an id of their own.")
     self._settle()  # Parents as the device has them.
     points = [self._fork_point(f) for f in forks]  # all resolved (or one raises) before any is queued
     for f, point in zip(forks, points):
@@ -373,7 +377,11 @@ class Driver:
       del self._kept[key]
 
   def _has_kept(self, request_id: Any) -> bool:
-    return any(k[0] == request_id for k in self._kept)
+    """Whether samples of `request_id` are kept, or will be (samples of a keep request decoding, queued or
+    waiting on an env): a second keep request of that id would overwrite their states."""
+    live = itertools.chain(self._busy, self._pending, (s for _, s, _ in self._parked))
+    return any(k[0] == request_id for k in self._kept) or any(
+        s is not None and s.request.keep and s.request.request_id == request_id for s in live)
 
   @property
   def num_kept(self) -> int:
