@@ -3,6 +3,7 @@ prefix sharing and static batching change no output, weight swaps mid-run tag an
 finish reasons, and clear errors."""
 
 import collections
+import concurrent.futures
 import dataclasses
 
 import numpy as np
@@ -345,6 +346,35 @@ def test_a_lone_multi_turn_sample_goes_on_after_a_swap(sampling_engine):
   sel = mask & (versions == 1)
   ref = refs.reference_logprobs(params1, c.prompt, c.tokens, T)
   np.testing.assert_allclose(np.array(c.logprobs)[sel], ref[sel], atol=1e-5, rtol=0)
+
+
+def test_a_conversation_waiting_at_a_swap_is_rebuilt_under_new_params_of_the_number_held(sampling_engine):
+  """New params under the version number the driver holds (a resumed learner republishes its numbers): the
+  conversation prefix of a sample waiting on its env is prefilled again, not extended (its next turn's
+  logprobs were the old prefix's, 0.2 off either model's)."""
+  params0, params1 = refs.model(0)[1], refs.model(1)[1]
+  futures = []
+
+  def env(index, transcript, reason):
+    if futures:
+      return None
+    futures.append(concurrent.futures.Future())
+    return futures[0]
+
+  driver = _driver.Driver(sampling_engine, params0, seed=3)
+  driver.submit([Request(refs.prompt(6, 7), max_tokens=5, request_id="m", env=env)])
+  while not futures:
+    driver.step()
+  driver.set_params(params1, 0)
+  futures[0].set_result(list(OBS))
+  while not driver.done:
+    driver.step()
+  (c,) = driver.collect()
+  mask = np.array(c.mask, bool)
+  second = mask & (np.arange(len(c.tokens)) > np.flatnonzero(~mask).max())
+  assert c.num_turns == 2 and second.any()
+  ref = refs.reference_logprobs(params1, c.prompt, c.tokens, T)
+  np.testing.assert_allclose(np.array(c.logprobs)[second], ref[second], atol=1e-5, rtol=0)
 
 
 def test_an_observation_that_leaves_no_room_ends_the_sample(greedy_engine):

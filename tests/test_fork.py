@@ -444,14 +444,18 @@ def test_a_fork_after_an_in_flight_swap_tags_its_first_token_with_the_logits_ver
     assert c.versions[:at] == parent.versions[:at] and c.versions[at] == 0 and set(c.versions[at + 1:]) <= {5}
 
 
-def test_a_kept_sample_forked_after_a_swap_is_prefilled_again_once(engine):
+@pytest.mark.parametrize("version", [1, 0])
+def test_a_kept_sample_forked_after_a_swap_is_prefilled_again_once(engine, version):
   """Forked at `at` after the params changed, a kept sample's context (prompt and `at` tokens: 34, three
   prefill chunks of 16) is prefilled again under the new params: `recompute_prefills` counts it once (one
-  sequence, however many chunks), the fork keeps the parent's first `at` tokens and samples under version 1."""
+  sequence, however many chunks), the fork keeps the parent's first `at` tokens and samples under the new
+  params, also when they come under the number the driver held (a resumed learner republishes its numbers:
+  the kept cache of the old params was cut and reused then)."""
   driver = _driver.Driver(engine, refs.model()[1])
   (parent,) = driver.sample([Request(refs.prompt(14, 3), max_tokens=24, request_id="k", keep=True)])
   assert len(parent.tokens) > 20
-  driver.set_params(refs.model(seed=1)[1], 1)
+  params1 = refs.model(seed=1)[1]
+  driver.set_params(params1, version)
   before = driver.stats.recompute_prefills
   driver.fork([Fork(("k", 0), n=1, at=20, request_id="f")])
   assert driver.stats.recompute_prefills == before + 1
@@ -459,4 +463,6 @@ def test_a_kept_sample_forked_after_a_swap_is_prefilled_again_once(engine):
   (fork,) = driver.collect()
   assert fork.request_id == "f" and fork.fork_prefill == 14 + 20 and fork.forked_at == 20
   assert fork.tokens[:20] == parent.tokens[:20] and len(fork.tokens) > 20
-  assert set(fork.versions[:20]) == {0} and set(fork.versions[20:]) == {1}
+  assert set(fork.versions[:20]) == {0} and set(fork.versions[20:]) == {version}
+  want = refs.reference_logprobs(params1, fork.prompt, fork.tokens, T)[20:]
+  np.testing.assert_allclose(fork.logprobs[20:], want, atol=1e-5, rtol=0)

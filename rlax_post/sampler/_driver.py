@@ -112,19 +112,20 @@ class _Sample:
   versions: list[int] = dataclasses.field(default_factory=list)
   mask: list[int] = dataclasses.field(default_factory=list)
   turn_starts: list[int] = dataclasses.field(default_factory=lambda: [0])  # len(tokens) at each turn's start
-  # Multi-turn only: the prefix of prompt + tokens[:prefix_len], computed under params `prefix_version`.
+  # Multi-turn only: the prefix of prompt + tokens[:prefix_len], computed under the params `set_params` call
+  # `prefix_params` (`Driver._params_id`: a version number may come again with other params).
   prefix: _engine.Prefix | None = None
   prefix_len: int = 0
-  prefix_version: int = -1
+  prefix_params: int = -1
   base_key: Any = None  # [2] uint32: raw key(seed) of the driver or the request.
   streams: tuple[int, int] = (0, 0)  # (r, i): turn j draws from fold_in(base_key, r, i, j).
-  # A fork waiting for a slot: its parent's state as a one-row prefix, computed under params `fork_version`.
+  # A fork waiting for a slot: its parent's state as a one-row prefix, computed under params `fork_params`.
   fork_prefix: _engine.Prefix | None = None
-  fork_version: int = -1
+  fork_params: int = -1
   forked_at: int = 0
   fork_prefill: int = 0  # `Completion.fork_prefill`
   first_version: int | None = None  # a fork's first token's logits version, when not the current one
-  last_turn_state: Any = None  # keep + env: (state, version) after its latest turn, kept once it finishes
+  last_turn_state: Any = None  # keep + env: (state, params id) after its latest turn, kept once it finishes
 
   def ids(self) -> list[int]:
     return list(self.request.prompt) + self.tokens
@@ -201,6 +202,9 @@ class Driver:
                                                    engine.max_concurrent_decodes)
     self.engine = engine
     self.params, self.version = params, int(version)
+    # Which params computed a cached state: counts `set_params` calls, as a version number may come again with
+    # other params (a resumed learner republishes its numbers).
+    self._params_id = 0
     self.static_batching, self.share_prefix = bool(static_batching), bool(share_prefix)
     self.recompute_on_swap = bool(recompute_on_swap)
     self._base_keys: dict[int, np.ndarray] = {}  # seed -> raw key(seed).
@@ -262,6 +266,7 @@ class Driver:
     params = self.engine.prepare_params(params)  # Checked, in the engine's form (`RlaxEngine.prepare_params`).
     self._settle()  # A block run ahead computed its tokens under the old params.
     self.params, self.version = params, int(version)
+    self._params_id += 1
     self._prefixes.clear()  # Stale: prefilled again under the new params when their samples get slots.
     if not self.recompute_on_swap:
       return
@@ -365,7 +370,7 @@ class Driver:
                           tokens=parent.tokens[:at], logprobs=parent.logprobs[:at], versions=parent.versions[:at],
                           mask=parent.mask[:at], turn_starts=list(starts),
                           base_key=base_key, streams=(int(r), int(stream)), fork_prefix=point.prefix,
-                          fork_version=self.version, forked_at=at, fork_prefill=point.prefilled if i == 0 else 0,
+                          fork_params=self._params_id, forked_at=at, fork_prefill=point.prefilled if i == 0 else 0,
                           first_version=point.first_version)
                   for i, stream in enumerate(streams)]
       self._pending.extendleft(reversed(children))  # Ongoing work goes first, in index order.
@@ -396,7 +401,7 @@ class Driver:
                        "pass the continuations' env (Fork.env, e.g. EpisodeRunner.fork).")
     length = len(parent.tokens)
     if slot == "kept":
-      _, kept, version = self._kept[tuple(f.parent)]
+      _, kept, params_id = self._kept[tuple(f.parent)]
       at = f.at
       if isinstance(at, bool) or not isinstance(at, (int, np.integer)) or not 0 <= at < length:
         raise ValueError(f"Fork of {f.parent!r}: a finished sample of {length} tokens forks at an int Fork.at in "
@@ -406,19 +411,19 @@ class Driver:
       if turn is None:
         raise ValueError(f"Fork of {f.parent!r}: at={at} lies in an env observation (turns start at "
                          f"{parent.turn_starts}); a multi-turn sample forks inside one of its turns.")
-      prefix, prefilled = self._prefix_at(parent, kept, version, at)
+      prefix, prefilled = self._prefix_at(parent, kept, params_id, at)
       return _ForkPoint(parent, prefix, at, self.version, prefilled, turn)
     if f.at is not None and f.at != length:
       raise ValueError(f"Fork of {f.parent!r}: a running sample forks where it is (at = {length} tokens) or with "
                        f"at=None; got at={f.at!r} (keep the request to fork it anywhere once it has finished).")
     if slot is None:  # Queued for its next turn: extend its conversation prefix once, for all of them.
-      prefilled = (length - parent.prefix_len if parent.prefix_version == self.version
+      prefilled = (length - parent.prefix_len if parent.prefix_params == self._params_id
                    else len(parent.ids()))
       return _ForkPoint(parent, self._turn_prefix(parent), length, self.version, prefilled, parent.turn)
     return _ForkPoint(parent, self.engine.snapshot(self._state, slot), length, self._logits_version[slot], 0,
                       parent.turn)
 
-  def _prefix_at(self, parent: _Sample, kept: _engine.Prefix, version: int, at: int
+  def _prefix_at(self, parent: _Sample, kept: _engine.Prefix, params_id: int, at: int
                  ) -> tuple[_engine.Prefix, int]:
     """The state after the prompt and the parent's first `at` tokens: the kept cache cut there (later
     positions are masked: keys past a query's position are not attended to, and are overwritten as the fork
@@ -427,7 +432,7 @@ class Driver:
     sliding-window layers (their rings have overwritten positions a window before the end, which a cut
     needs)."""
     ids = parent.ids()[:len(parent.request.prompt) + at]
-    if version != self.version or self.engine.model_cfg.window_sizes().max(initial=0) > 0:
+    if params_id != self._params_id or self.engine.model_cfg.window_sizes().max(initial=0) > 0:
       return self._prefill_again(ids), len(ids)
     cut = _engine.Prefix(cache=kept.cache, length=np.asarray([len(ids) - 1], np.int32), logits=kept.logits)
     return self.engine.prefill(params=self.params, existing_prefix=cut, padded_tokens=np.asarray(ids[-1:], np.int32),
@@ -627,7 +632,7 @@ class Driver:
         release.append(slot)  # The device does not see stop strings: its slot is still live.
       if sample.request.keep:  # Its slot is reused from the next fill on: copy its state now (kept once the
         # sample finishes: a multi-turn one may go on after its env's observation).
-        sample.last_turn_state = (self.engine.snapshot(self._state, slot), self.version)
+        sample.last_turn_state = (self.engine.snapshot(self._state, slot), self._params_id)
       self._busy[slot] = None  # Free at once: the next fill may reuse it.
       ended.append((sample, reason))
     if release:
@@ -736,7 +741,7 @@ class Driver:
     return "queued"
 
   def _keep_prefix(self, sample: _Sample, prefix: _engine.Prefix) -> None:
-    sample.prefix, sample.prefix_len, sample.prefix_version = prefix, len(sample.tokens), self.version
+    sample.prefix, sample.prefix_len, sample.prefix_params = prefix, len(sample.tokens), self._params_id
 
   def _prefill(self, ids: list[int], *, counter: str | None,
                prefix: _engine.Prefix | None = None) -> _engine.Prefix:
@@ -771,7 +776,7 @@ class Driver:
 
   def _turn_prefix(self, sample: _Sample) -> _engine.Prefix:
     """Extends the conversation's prefix with the turn and observation (rebuilt if the params changed)."""
-    if sample.prefix_version == self.version:
+    if sample.prefix_params == self._params_id:
       prefix = self._prefill(sample.tokens[sample.prefix_len:], counter="turn_prefills", prefix=sample.prefix)
     else:
       prefix = self._prefill(sample.ids(), counter="turn_prefills")
@@ -782,7 +787,7 @@ class Driver:
     """A fork's prefix: its parent's state (rebuilt from its ids if the params changed since the fork); kept as
     its conversation prefix when it runs an env."""
     prefix = sample.fork_prefix
-    if sample.fork_version != self.version:
+    if sample.fork_params != self._params_id:
       prefix = self._prefill_again(sample.ids())
       sample.fork_prefill += len(sample.ids())
       sample.first_version = None
