@@ -26,6 +26,9 @@ def make_checkpoint(path: str, *, seed: int = 0) -> str:
   rng = np.random.default_rng(seed)
   text = [f"<|user|>{a}+{b}=<|assistant|>{a + b}" for a, b in rng.integers(0, 100, (300, 2))]
   tok.train_from_iterator(text, trainer=trainer)
+  bos = SPECIALS["bos_token"]  # Llama 3 style: tokenizer.json's post-processor prepends BOS.
+  tok.post_processor = tokenizers.processors.TemplateProcessing(
+      single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))])
   os.makedirs(path, exist_ok=True)
   tok.save(os.path.join(path, "tokenizer.json"))
   with open(os.path.join(path, "tokenizer_config.json"), "w") as f:

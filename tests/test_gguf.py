@@ -86,6 +86,24 @@ def test_sentencepiece_vocabulary_matches_transformers(tmp_path):
     assert ours.decode(ours.encode(text, add_bos=False)) == theirs.decode(theirs(text, add_special_tokens=False)["input_ids"])
 
 
+@pytest.mark.parametrize("vocab, bos", [("llama", True), ("gpt2", False)])
+def test_converted_tokenizer_frames_text_as_the_gguf_file_says(tmp_path, vocab, bos):
+  """The file's `add_bos_token` becomes tokenizer.json's post-processor, where transformers 5.x and ours read it
+  (both drop tokenizer_config.json's `add_bos_token` when tokenizer.json exists): written only there, the
+  converted Llama checkpoint lost its BOS under AutoTokenizer, and under ours once ours read the post-processor."""
+  path = str(tmp_path / "m.gguf")
+  _tiny_gguf.write(path, vocab=vocab)
+  models.convert_gguf(path, str(tmp_path / "hf"))
+  ours = _parts.CheckpointTokenizer.from_dir(str(tmp_path / "hf"))
+  converted = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+  _, theirs = _reference(path)
+  assert ours.add_bos_token == bos
+  for text in ["the cat", "abc hat"]:
+    want = theirs(text)["input_ids"]
+    assert (want[0] == ours.bos_id) == bos
+    assert ours.encode(text, add_bos=True) == converted.encode(text) == want, text
+
+
 def test_unsupported_inputs_name_themselves(tmp_path):
   path = str(tmp_path / "m.gguf")
   _tiny_gguf.write(path)

@@ -242,6 +242,44 @@ def test_special_ids_and_vocab_size(pair):
   assert 0 <= ours.padded_vocab_size(128) - ours.vocab_size < 128
 
 
+def _framing_dir(tmp_path, *, post_processor_bos: bool, add_bos_token: bool):
+  """A hand-built tokenizer.json (BOS 0, EOS 1, 'a' 3, 'b' 4) whose
+  post-processor's framing and tokenizer_config.json's `add_bos_token`
+  disagree."""
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+      {'<s>': 0, '</s>': 1, '<unk>': 2, 'a': 3, 'b': 4}, unk_token='<unk>'))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  tok.add_special_tokens(['<s>', '</s>'])
+  if post_processor_bos:
+    tok.post_processor = tokenizers.processors.TemplateProcessing(
+        single='<s> $A', pair='<s> $A <s> $B', special_tokens=[('<s>', 0)])
+  path = tmp_path / f'bos_{post_processor_bos}_{add_bos_token}'
+  path.mkdir()
+  tok.save(str(path / 'tokenizer.json'))
+  (path / 'tokenizer_config.json').write_text(json.dumps(
+      {'bos_token': '<s>', 'eos_token': '</s>',
+       'add_bos_token': add_bos_token}))
+  return str(path)
+
+
+@pytest.mark.parametrize('post_processor_bos', [True, False])
+def test_bos_framing_follows_the_post_processor_as_transformers_does(
+    tmp_path, post_processor_bos):
+  """tokenizer.json's post-processor prepends BOS and tokenizer_config.json's
+  `add_bos_token` says not (or the reverse): transformers 5.x drops
+  `add_bos_token` when tokenizer.json exists and encodes as the post-processor
+  says; ours followed `add_bos_token`, so a runtime prompt lost its BOS (or
+  gained one the checkpoint never saw)."""
+  path = _framing_dir(tmp_path, post_processor_bos=post_processor_bos,
+                      add_bos_token=not post_processor_bos)
+  ours = HFTokenizer.from_dir(path)
+  assert ours.add_bos_token == post_processor_bos
+  framed = ours.encode('a b', add_bos=ours.add_bos_token)
+  assert framed == ([0, 3, 4] if post_processor_bos else [3, 4])
+  hf = transformers.AutoTokenizer.from_pretrained(path)
+  assert framed == hf.encode('a b')
+
+
 @pytest.mark.parametrize('text', _STRINGS)
 def test_encode_decode_match_transformers(pair, text):
   name, hf, ours, _ = pair

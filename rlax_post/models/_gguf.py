@@ -1,7 +1,8 @@
 """GGUF (llama.cpp) files → Hugging Face checkpoint directories that `model.hf_path` loads.
 
 `convert_gguf(gguf_path, out_dir)` writes `config.json`, `model.safetensors` (float32),
-`tokenizer.json`, `tokenizer_config.json` (special tokens, `add_bos_token`, the chat template) and
+`tokenizer.json` (its post-processor frames text with BOS / EOS as the file's `add_bos_token` /
+`add_eos_token` say), `tokenizer_config.json` (special tokens, `add_bos_token`, the chat template) and
 `generation_config.json`. It reads the file with the `gguf` package (numpy only):
 
   architectures  `llama` → LlamaForCausalLM, `qwen2` → Qwen2ForCausalLM (`ARCHITECTURES`)
@@ -229,7 +230,31 @@ def build_tokenizer(meta: dict, path: str) -> tokenizers.Tokenizer:
   else:
     raise ValueError(f"{path}: tokenizer model {model!r} is not supported; supported: ['gpt2', 'llama'].")
   tok.add_tokens(_special(tokens, types))
+  tok.post_processor = _post_processor(meta, tokens, path)
   return tok
+
+
+def _framing(meta: dict) -> tuple[bool, bool]:
+  """Whether the file's tokenizer prepends BOS and appends EOS (llama.cpp prepends BOS to a SentencePiece
+  vocabulary whose file does not say)."""
+  return (bool(meta.get("tokenizer.ggml.add_bos_token", meta["tokenizer.ggml.model"] == "llama")),
+          bool(meta.get("tokenizer.ggml.add_eos_token", False)))
+
+
+def _post_processor(meta: dict, tokens: list, path: str) -> tokenizers.processors.TemplateProcessing:
+  """The framing as tokenizer.json's post-processor, built as transformers' `update_post_processor` builds it:
+  `transformers` 5.x and `HFTokenizer` read it there (tokenizer_config.json's `add_bos_token` is dropped
+  when tokenizer.json exists), so without it a converted Llama file's text would lose its BOS."""
+  specials = []  # (which, token, id) of BOS, then EOS, where framed (a file naming no such token frames none)
+  for key, wanted in zip(("bos", "eos"), _framing(meta)):
+    if wanted and f"tokenizer.ggml.{key}_token_id" in meta:
+      token_id = _token_id(meta, key, len(tokens), path)
+      specials.append((key, tokens[token_id], token_id))
+  def frame(seq: str, type_id: int) -> list[str]:
+    return ([f"{t}:{type_id}" for key, t, _ in specials if key == "bos"] + [f"${seq}:{type_id}"]
+            + [f"{t}:{type_id}" for key, t, _ in specials if key == "eos"])
+  return tokenizers.processors.TemplateProcessing(single=frame("A", 0), pair=frame("A", 0) + frame("B", 1),
+                                                  special_tokens=[(t, i) for _, t, i in specials])
 
 
 def _token_id(meta: dict, key: str, vocab: int, path: str) -> int:
@@ -243,8 +268,8 @@ def _token_id(meta: dict, key: str, vocab: int, path: str) -> int:
 
 def tokenizer_config(meta: dict, path: str) -> dict:
   tokens = _need(meta, "tokenizer.ggml.tokens", path)
-  out = {"add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", meta["tokenizer.ggml.model"] == "llama")),
-         "add_eos_token": bool(meta.get("tokenizer.ggml.add_eos_token", False)),
+  add_bos, add_eos = _framing(meta)
+  out = {"add_bos_token": add_bos, "add_eos_token": add_eos,
          "clean_up_tokenization_spaces": False,
          "model_max_length": int(meta.get(f"{meta['general.architecture']}.context_length", 2048))}
   for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("pad_token", "padding"), ("unk_token", "unknown")):

@@ -3,7 +3,7 @@
 `HFTokenizer.from_dir(path)` reads what `save_pretrained` writes:
 
   tokenizer.json              the `tokenizers` model (required)
-  tokenizer_config.json       bos/eos/pad/unk tokens, `add_bos_token`,
+  tokenizer_config.json       bos/eos/pad/unk tokens,
                               `clean_up_tokenization_spaces`, `chat_template`
   special_tokens_map.json     fills special tokens the config leaves out
   chat_template.jinja         the newer place for a single chat template
@@ -11,7 +11,10 @@
 
 `encode`/`decode`/`encode_batch` never go through the post-processor: BOS and
 EOS are framed explicitly by `add_bos`/`add_eos`, as in `ByteTokenizer`.
-`add_bos_token` tells the caller whether the checkpoint itself prepends BOS.
+`add_bos_token` tells the caller whether the checkpoint itself prepends BOS,
+read off tokenizer.json's post-processor as `transformers` 5.x reads it:
+tokenizer_config.json's `add_bos_token` is dropped there whenever
+tokenizer.json exists, so it is not read here either.
 
 `apply_chat_template` renders like `transformers` 5.x
 (`utils/chat_template_utils.py`): an `ImmutableSandboxedEnvironment` with
@@ -199,8 +202,8 @@ class HFTokenizer(_tokenizer.TokenizerBase):
       tokenizer: the `tokenizers.Tokenizer`.
       special_tokens: named special tokens, e.g. `{'bos_token': '<s>'}`.
         Each must be in the vocabulary.
-      add_bos_token: whether the checkpoint prepends BOS; None infers it from
-        the post-processor.
+      add_bos_token: whether the checkpoint prepends BOS; None reads it off
+        the post-processor (whether it puts BOS before the text).
       chat_templates: template name -> jinja source; the one used by default
         is 'default'.
       clean_up_tokenization_spaces: the `transformers` decode clean-up (only
@@ -220,8 +223,10 @@ class HFTokenizer(_tokenizer.TokenizerBase):
     self.chat_templates = dict(chat_templates or {})
     if add_bos_token is None:
       bos = self._special_ids.get('bos_token')
-      probe = tokenizer.encode('a', add_special_tokens=True).ids
-      add_bos_token = bos is not None and bool(probe) and probe[0] == bos
+      framed = tokenizer.encode('a', add_special_tokens=True).ids
+      plain = tokenizer.encode('a', add_special_tokens=False).ids
+      add_bos_token = (bos is not None and len(framed) > len(plain)
+                       and framed[0] == bos)
     self.add_bos_token = bool(add_bos_token)
     self._clean_up = bool(clean_up_tokenization_spaces) and (
         type(tokenizer.model).__name__ != 'BPE')
@@ -272,7 +277,6 @@ class HFTokenizer(_tokenizer.TokenizerBase):
     return cls(
         tokenizer,
         special_tokens=special_tokens,
-        add_bos_token=config.get('add_bos_token'),
         chat_templates=cls._read_chat_templates(path, config),
         clean_up_tokenization_spaces=config.get(
             'clean_up_tokenization_spaces', False),
