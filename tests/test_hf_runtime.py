@@ -202,3 +202,43 @@ def test_generation_stops_at_the_checkpoints_end_of_turn_ids(tmp_path):
     json.dump({"eos_token_id": 100000}, f)
   with pytest.raises(ValueError, match=r"end-of-turn ids must be ids of the vocabulary \[0, \d+\); got \[100000\]"):
     CheckpointTokenizer.from_dir(path)
+
+
+def test_ids_past_a_gap_in_the_vocabulary_are_tokens_and_the_gap_is_not(checkpoint, tmp_path):
+  """A tokenizer whose ids skip 100..119 (`<tool>` 120, `</tool>` 121): the run's model config masked every id
+  from the tokenizer's count (102) on, so the checkpoint's own tokens 120 and 121 were never sampled and a
+  prompt holding them was refused. Every id up to 121 is a token now; the skipped ones are masked and refused."""
+  from rlax_post import sampler  # pylint: disable=g-import-not-at-top
+  path, _, _ = checkpoint
+  os.makedirs(tmp_path / "gapped")
+  with open(os.path.join(path, "config.json")) as f:
+    (tmp_path / "gapped" / "config.json").write_text(f.read())
+  vocab = {"<|endoftext|>": 0, "<|im_end|>": 1, **{f"w{i}": i for i in range(2, 100)}, "<tool>": 120,
+           "</tool>": 121}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<|endoftext|>"))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  tok.add_special_tokens(["<|endoftext|>", "<|im_end|>", "<tool>", "</tool>"])
+  tok.save(str(tmp_path / "gapped" / "tokenizer.json"))
+  (tmp_path / "gapped" / "tokenizer_config.json").write_text(json.dumps(
+      {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
+  cfg = _hf_cfg(str(tmp_path / "gapped"))
+  tokenizer = _parts.make_tokenizer(cfg)
+  model_cfg = _parts.model_config(cfg, tokenizer)
+  assert (model_cfg.vocab_size, model_cfg.valid_vocab_size) == (384, 122)
+  assert model_cfg.vocab_gaps == ((100, 120),)
+  prompt = tokenizer.encode("w5 <tool> w7 </tool>")
+  assert prompt == [5, 120, 7, 121]
+  graphdef, params = models.init_params(model_cfg, jax.random.key(0))
+  logits_tv = np.asarray(models.forward(graphdef, params, jax.numpy.asarray([prompt]))[0][0])
+  masked_v = np.zeros(384, bool)
+  masked_v[100:120] = masked_v[122:] = True
+  assert (logits_tv[:, masked_v] == -1e9).all() and (np.abs(logits_tv[:, ~masked_v]) < 1e3).all()
+  engine = sampler.RlaxEngine(model_cfg, graphdef, tokenizer=tokenizer, max_concurrent_decodes=2,
+                              max_prefill_length=16, max_decode_length=32)
+  driver = sampler.Driver(engine, params)
+  done = driver.sample([sampler.Request(prompt=tuple(prompt), max_tokens=8)])[0]
+  assert done.tokens and not masked_v[list(done.tokens)].any()
+  with pytest.raises(ValueError, match=r"ids in \[0, 122\) except \[100, 120\); got \[5, 110\]"):
+    driver.sample([sampler.Request(prompt=(5, 110), max_tokens=4)])
+  with pytest.raises(ValueError, match=r"ids must lie in \[0, 122\) except \[100, 120\); got 110"):
+    tokenizer.decode([5, 110])

@@ -280,6 +280,47 @@ def test_bos_framing_follows_the_post_processor_as_transformers_does(
   assert framed == hf.encode('a b')
 
 
+def _gapped_dir(tmp_path):
+  """tokenizer.json whose ids skip 100..119: words w3..w99 at their numbers,
+  then `<tool>` 120 and `</tool>` 121 (in the model's vocabulary, so
+  `tokenizers` keeps their ids)."""
+  vocab = {'<s>': 0, '</s>': 1, '<unk>': 2,
+           **{f'w{i}': i for i in range(3, 100)}, '<tool>': 120, '</tool>': 121}
+  tok = tokenizers.Tokenizer(
+      tokenizers.models.WordLevel(vocab, unk_token='<unk>'))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  tok.add_special_tokens(['<s>', '</s>', '<tool>', '</tool>'])
+  path = tmp_path / 'gapped'
+  path.mkdir()
+  tok.save(str(path / 'tokenizer.json'))
+  (path / 'tokenizer_config.json').write_text(json.dumps(
+      {'bos_token': '<s>', 'eos_token': '</s>', 'pad_token': '</s>'}))
+  return str(path)
+
+
+def test_vocab_size_spans_ids_that_skip_some(tmp_path):
+  """`vocab_size` counted the ids (102, as `len()` of transformers' does),
+  so the real ids 120 and 121 fell outside [0, vocab_size): decode refused
+  them and the runtime masked their logits. It is the largest id + 1; the
+  skipped ids are `vocab_gaps`, refused as no token."""
+  path = _gapped_dir(tmp_path)
+  ours = HFTokenizer.from_dir(path)
+  hf = transformers.AutoTokenizer.from_pretrained(path)
+  assert (ours.vocab_size, ours.padded_vocab_size(8)) == (122, 128)
+  assert ours.vocab_gaps == ((100, 120),)
+  ids = ours.encode('w5 <tool> w7 </tool>', add_bos=False)
+  assert ids == [5, 120, 7, 121] == hf.encode('w5 <tool> w7 </tool>')
+  assert ours.decode(ids, skip_special=False) == 'w5 <tool> w7 </tool>' == (
+      hf.decode(ids))
+  assert ours.decode(ids) == 'w5 w7' == hf.decode(ids, skip_special_tokens=True)
+  assert list(ours.non_token_ids([0, 99, 100, 119, 120, 121, 122, -1])) == [
+      100, 119, 122, -1]
+  for bad in (100, 119, 122):
+    with pytest.raises(ValueError, match=r'\[0, 122\) except \[100, 120\); '
+                       f'got {bad}'):
+      ours.decode([5, bad])
+
+
 @pytest.mark.parametrize('text', _STRINGS)
 def test_encode_decode_match_transformers(pair, text):
   name, hf, ours, _ = pair

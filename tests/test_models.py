@@ -254,6 +254,10 @@ def test_unknown_parameter_name_is_an_error():
     ({"final_logit_softcap": 0.0}, "positive"),
     ({"scan_unroll": 0}, "scan_unroll must be a positive int"),
     ({"scan_unroll": True}, "scan_unroll must be a positive int; got True"),
+    ({"vocab_gaps": ((10, 20), (20, 30))}, r"vocab_gaps must be sorted, disjoint"),
+    ({"vocab_gaps": ((10, 10),)}, r"vocab_gaps must be sorted, disjoint"),
+    ({"valid_vocab_size": 60, "vocab_gaps": ((50, 61),)}, r"0 <= start < stop <= 60 \(usable_vocab_size\)"),
+    ({"vocab_gaps": (5, 6)}, r"vocab_gaps must be .* got \(5, 6\)"),
 ])
 def test_config_errors(kwargs, match):
   with pytest.raises(ValueError, match=match):

@@ -14,6 +14,20 @@ _MLP_ACTIVATIONS = ("silu", "gelu_tanh")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
+def non_token_ids(ids, size: int, gaps: tuple[tuple[int, int], ...] = ()) -> np.ndarray:
+  """The entries of `ids` (any shape, flattened) outside [0, size) or inside a gap [start, stop)."""
+  ids = np.asarray(ids).reshape(-1)
+  bad = (ids < 0) | (ids >= size)
+  for start, stop in gaps:
+    bad |= (ids >= start) & (ids < stop)
+  return ids[bad]
+
+
+def token_ids_text(size: int, gaps: tuple[tuple[int, int], ...] = ()) -> str:
+  """The ids that are tokens, for messages: "[0, 122) except [100, 120)"."""
+  return f"[0, {size})" + (" except " + ", ".join(f"[{a}, {b})" for a, b in gaps) if gaps else "")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """Shape and numerics of a decoder-only transformer (Llama / Qwen / Gemma 2 / Gemma 3 text).
@@ -42,6 +56,8 @@ class ModelConfig:
     init_std: standard deviation of the embedding (and untied output) initialiser.
     valid_vocab_size: ids at or above it are padding rows of the embedding (added so the table shards);
       their logits are masked to a large negative value, so the model never predicts them. None: all valid.
+    vocab_gaps: id ranges [start, stop) below `usable_vocab_size` that name no token (a tokenizer whose ids
+      skip some, `HFTokenizer.vocab_gaps`); masked like the padding rows. Sorted and disjoint.
     rope_scaling_type: None, "linear" (inv_freq / factor) or "llama3" (Llama 3.1+ wavelength-dependent
       scaling). Applies to full-attention layers only (sliding-window layers use `rope_local_theta` unscaled,
       as Gemma 3 does).
@@ -82,6 +98,7 @@ class ModelConfig:
   scan_unroll: int = 1
   init_std: float = 0.02
   valid_vocab_size: int | None = None
+  vocab_gaps: tuple[tuple[int, int], ...] = ()
   rope_scaling_type: str | None = None
   rope_scaling_factor: float = 1.0
   rope_low_freq_factor: float = 1.0
@@ -108,6 +125,7 @@ class ModelConfig:
     if self.valid_vocab_size is not None and not 0 < self.valid_vocab_size <= self.vocab_size:
       raise ValueError(f"ModelConfig.valid_vocab_size must be in [1, vocab_size={self.vocab_size}]; got "
                        f"{self.valid_vocab_size}.")
+    self._validate_vocab_gaps()
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"ModelConfig.num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads}).")
@@ -134,6 +152,19 @@ class ModelConfig:
           isinstance(self.sliding_window, int) and self.sliding_window > 0):
         raise ValueError(f"ModelConfig.sliding_window must be a positive int when layer_types has sliding "
                          f"layers; got {self.sliding_window!r}.")
+
+  def _validate_vocab_gaps(self):
+    try:  # From YAML / JSON lists; the dataclass is hashed, so store tuples.
+      gaps = tuple((start, stop) for start, stop in self.vocab_gaps)
+    except (TypeError, ValueError):
+      gaps = None
+    ends = [x for gap in gaps or () for x in gap]  # start_0 < stop_0 < start_1 < ...: sorted and disjoint
+    if gaps is None or any(isinstance(x, bool) or not isinstance(x, int) for x in ends) or any(
+        a >= b for a, b in zip(ends, ends[1:])) or (ends and (ends[0] < 0 or ends[-1] > self.usable_vocab_size)):
+      raise ValueError(f"ModelConfig.vocab_gaps must be sorted, disjoint (start, stop) int ranges with "
+                       f"0 <= start < stop <= {self.usable_vocab_size} (usable_vocab_size); got "
+                       f"{self.vocab_gaps!r}.")
+    object.__setattr__(self, "vocab_gaps", gaps)
 
   def _validate_rope(self):
     if self.rope_scaling_type not in _ROPE_SCALING_TYPES:
@@ -192,8 +223,18 @@ class ModelConfig:
 
   @property
   def usable_vocab_size(self) -> int:
-    """How many ids a token can be: `valid_vocab_size` where the embedding is padded, else `vocab_size`."""
+    """One past the largest id a token can be: `valid_vocab_size` where the embedding is padded, else
+    `vocab_size` (ids below it in `vocab_gaps` are no token either: `non_token_ids`)."""
     return self.vocab_size if self.valid_vocab_size is None else self.valid_vocab_size
+
+  def non_token_ids(self, ids) -> np.ndarray:
+    """The entries of `ids` (any shape, flattened) that are no token: outside [0, usable_vocab_size) or in a
+    `vocab_gaps` range."""
+    return non_token_ids(ids, self.usable_vocab_size, self.vocab_gaps)
+
+  def token_ids_text(self) -> str:
+    """The ids that are tokens, for messages: "[0, usable_vocab_size)" except the `vocab_gaps`."""
+    return token_ids_text(self.usable_vocab_size, self.vocab_gaps)
 
   @property
   def activation_dtype(self):

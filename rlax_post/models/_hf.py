@@ -371,8 +371,9 @@ def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str,
   mismatched = {k: getattr(cfg, k) for k, v in flags.items() if getattr(cfg, k) != v}
   if mismatched:
     raise ValueError(f"{architecture} needs {flags}; cfg has {mismatched}.")
-  if cfg.valid_vocab_size is not None and cfg.valid_vocab_size != cfg.vocab_size:
-    raise ValueError("cfg.valid_vocab_size (padded vocab) has no HF equivalent; export the unpadded model.")
+  if cfg.valid_vocab_size is not None and cfg.valid_vocab_size != cfg.vocab_size or cfg.vocab_gaps:
+    raise ValueError("cfg.valid_vocab_size (padded vocab) and cfg.vocab_gaps (masked ids) have no HF "
+                     "equivalent; export the unmasked model.")
   _check_export_params(cfg, params)
   hf = {**_hf_config(cfg, architecture, model_type), **(config_extra or {})}
   os.makedirs(path, exist_ok=True)

@@ -230,11 +230,21 @@ class HFTokenizer(_tokenizer.TokenizerBase):
     self.add_bos_token = bool(add_bos_token)
     self._clean_up = bool(clean_up_tokenization_spaces) and (
         type(tokenizer.model).__name__ != 'BPE')
-    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    # A vocabulary's ids may skip some (a model vocab with holes, added
+    # tokens placed past them): the id range is the largest id + 1, not
+    # the count, and the skipped ids are no token.
+    ids = np.unique(np.fromiter(
+        tokenizer.get_vocab(with_added_tokens=True).values(), np.int64))
+    self._vocab_size = int(ids[-1]) + 1 if ids.size else 0
+    skips = np.flatnonzero(np.diff(np.concatenate([[-1], ids])) > 1)
+    self.vocab_gaps = tuple(
+        (int(ids[i - 1]) + 1 if i else 0, int(ids[i])) for i in skips)
     bad = [t for t in end_of_turn_ids
-           if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < size]
+           if isinstance(t, bool) or not isinstance(t, int)
+           or self.non_token_ids([t]).size]
     if bad:
-      raise ValueError(f'end-of-turn ids must be ids of the vocabulary [0, {size}); got {bad}.')
+      raise ValueError(f'end-of-turn ids must be ids of the vocabulary '
+                       f'{self.token_ids_text()}; got {bad}.')
     self.end_of_turn_ids = tuple(dict.fromkeys(int(t) for t in end_of_turn_ids))
 
   @classmethod
@@ -337,9 +347,12 @@ class HFTokenizer(_tokenizer.TokenizerBase):
 
   @property
   def vocab_size(self) -> int:
-    """Number of ids, added tokens included (`len(transformers_tokenizer)`)."""
-    return self._tok.get_vocab_size(with_added_tokens=True)
+    """One past the largest id, added tokens included: ids lie in [0, vocab_size).
 
+    `len(transformers_tokenizer)` counts the ids instead, fewer where they
+    skip some (`vocab_gaps`).
+    """
+    return self._vocab_size
 
   # --- text <-> ids ---------------------------------------------------------
 
@@ -375,7 +388,7 @@ class HFTokenizer(_tokenizer.TokenizerBase):
     """Decodes ids back to text.
 
     Args:
-      ids: a 1-D sequence of ids in `[0, vocab_size)`.
+      ids: a 1-D sequence of ids in `[0, vocab_size)`, none in `vocab_gaps`.
       skip_special: drop special tokens; if False they are rendered as text.
       stop_at_eos: ignore everything from the first `eos_id` on.
     """
@@ -384,11 +397,12 @@ class HFTokenizer(_tokenizer.TokenizerBase):
       raise ValueError(f'`ids` must be 1-D; got shape {ids_t.shape}.')
     if ids_t.size and not np.issubdtype(ids_t.dtype, np.integer):
       raise ValueError(f'`ids` must be integers; got dtype {ids_t.dtype}.')
-    bad = ids_t[(ids_t < 0) | (ids_t >= self.vocab_size)]
+    bad = self.non_token_ids(ids_t)
     if bad.size:
       raise ValueError(
-          f'ids must lie in [0, {self.vocab_size}); got {int(bad[0])} '
-          '(ids in the padded part of the vocabulary are never valid).')
+          f'ids must lie in {self.token_ids_text()}; got {int(bad[0])} (ids '
+          'in the padded part of the vocabulary, or skipped by it, are never '
+          'valid).')
     ids_list = [int(i) for i in ids_t]
     if stop_at_eos and 'eos_token' in self._special_ids:
       eos = self._special_ids['eos_token']

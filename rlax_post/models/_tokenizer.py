@@ -16,11 +16,25 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rlax_post.models import _config
+
 _NUM_BYTES = 256
 
 
 class TokenizerBase:
-  """What every tokenizer derives from `encode`, `vocab_size` and `pad_id`: vocab padding, batch encoding."""
+  """What every tokenizer derives from `encode`, `vocab_size` and `pad_id`: vocab padding, batch encoding,
+  the check of ids."""
+
+  # Id ranges [start, stop) below `vocab_size` that name no token (`HFTokenizer`: ids that skip some).
+  vocab_gaps: tuple[tuple[int, int], ...] = ()
+
+  def non_token_ids(self, ids) -> np.ndarray:
+    """The entries of `ids` (flattened) that name no token: outside [0, vocab_size) or in `vocab_gaps`."""
+    return _config.non_token_ids(ids, self.vocab_size, self.vocab_gaps)
+
+  def token_ids_text(self) -> str:
+    """The ids that are tokens, for messages: "[0, vocab_size)" except the `vocab_gaps`."""
+    return _config.token_ids_text(self.vocab_size, self.vocab_gaps)
 
   def padded_vocab_size(self, multiple: int) -> int:
     """`vocab_size` rounded up to a multiple of `multiple` (e.g. 8 or 128)."""

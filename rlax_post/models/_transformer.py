@@ -345,8 +345,11 @@ class Transformer(nnx.Module):
                                             preferred_element_type=jnp.float32)
     if cfg.final_logit_softcap is not None:
       logits_btv = cfg.final_logit_softcap * jnp.tanh(logits_btv / cfg.final_logit_softcap)
-    if cfg.valid_vocab_size is not None and cfg.valid_vocab_size < cfg.vocab_size:
-      valid_v = jnp.arange(cfg.vocab_size) < cfg.valid_vocab_size
+    if cfg.usable_vocab_size < cfg.vocab_size or cfg.vocab_gaps:
+      ids_v = jnp.arange(cfg.vocab_size)
+      valid_v = ids_v < cfg.usable_vocab_size
+      for start, stop in cfg.vocab_gaps:  # ids no token names, inside the vocabulary
+        valid_v &= (ids_v < start) | (ids_v >= stop)
       logits_btv = jnp.where(valid_v, logits_btv, _PADDED_VOCAB_LOGIT)
     return _axes.constrain(logits_btv.astype(jnp.float32), _axes.ACT_BTV)
 

@@ -35,7 +35,7 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str, step: int | None
   state, _, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
                                              max_to_keep=parts.cfg.checkpoint.max_to_keep, step=step,
                                              purpose=" to export")
-  cfg = dataclasses.replace(parts.model_cfg, valid_vocab_size=None)  # HF has no masked vocabulary rows
+  cfg = dataclasses.replace(parts.model_cfg, valid_vocab_size=None, vocab_gaps=())  # HF masks no vocabulary rows
   policy = update.policy(state)
   outs = [os.fspath(out_dir)] if update.roles == 1 else [
       os.path.join(os.fspath(out_dir), name) for name in parts.task.pipeline.roles]

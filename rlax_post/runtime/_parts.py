@@ -74,12 +74,12 @@ def _hf_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
                      f"({path}); with hf_path only {list(HF_OVERRIDABLE)} may be overridden.")
   base = models.read_hf_config(path)
   if tokenizer.vocab_size > base.vocab_size:
-    raise ValueError(f"The tokenizer in {path} has {tokenizer.vocab_size} ids but the model's embedding only "
-                     f"{base.vocab_size} rows.")
-  # The embedding's extra rows (config.json pads the vocab, e.g. 151936 rows for 151665 Qwen ids) are
-  # masked so the sampler never draws an id the tokenizer cannot decode.
+    raise ValueError(f"The tokenizer in {path} has ids up to {tokenizer.vocab_size - 1} but the model's "
+                     f"embedding only {base.vocab_size} rows.")
+  # The embedding's extra rows (config.json pads the vocab, e.g. 151936 rows for 151665 Qwen ids) and the ids
+  # the tokenizer skips are masked, so the sampler never draws an id the tokenizer cannot decode.
   return dataclasses.replace(base, max_seq_len=cfg.model.max_seq_len, valid_vocab_size=tokenizer.vocab_size,
-                             **dict(cfg.model.overrides))
+                             vocab_gaps=tokenizer.vocab_gaps, **dict(cfg.model.overrides))
 
 
 def model_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
@@ -116,7 +116,7 @@ def critic_model_config(cfg: config_lib.Config, policy_cfg: models.ModelConfig) 
     # The policy's vocabulary and numerics (dtypes, remat) unless `critic.overrides` says otherwise; its layer
     # scan's unroll is its own (its depth may differ).
     overrides = {"vocab_size": policy_cfg.vocab_size, "valid_vocab_size": policy_cfg.valid_vocab_size,
-                 "max_seq_len": policy_cfg.max_seq_len, "dtype": policy_cfg.dtype,
+                 "vocab_gaps": policy_cfg.vocab_gaps, "max_seq_len": policy_cfg.max_seq_len, "dtype": policy_cfg.dtype,
                  "param_dtype": policy_cfg.param_dtype, "remat": policy_cfg.remat, **dict(c.overrides)}
     try:
       base = models.preset(c.preset, **overrides)
@@ -126,7 +126,7 @@ def critic_model_config(cfg: config_lib.Config, policy_cfg: models.ModelConfig) 
     if c.hf_path is None:
       raise ValueError("critic.init = 'hf' needs critic.hf_path, a local Hugging Face checkpoint directory.")
     base = dataclasses.replace(models.read_hf_config(c.hf_path), max_seq_len=policy_cfg.max_seq_len,
-                               valid_vocab_size=policy_cfg.valid_vocab_size)
+                               valid_vocab_size=policy_cfg.valid_vocab_size, vocab_gaps=policy_cfg.vocab_gaps)
   if base.vocab_size != policy_cfg.vocab_size:
     raise ValueError(f"The critic's vocabulary ({base.vocab_size} ids, critic.init = {c.init!r}) differs from "
                      f"the policy's ({policy_cfg.vocab_size}); the critic reads the policy's tokens, so it needs "

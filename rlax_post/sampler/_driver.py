@@ -725,10 +725,10 @@ class Driver:
     if observation is None:
       return "done"
     observation = [int(t) for t in observation]
-    vocab = self.engine.model_cfg.usable_vocab_size
-    if any(not 0 <= t < vocab for t in observation):
-      raise ValueError(f"Request {sample.request.request_id!r}: env observation ids must be in [0, {vocab}); "
-                       f"got {observation}.")
+    cfg = self.engine.model_cfg
+    if cfg.non_token_ids(observation).size:
+      raise ValueError(f"Request {sample.request.request_id!r}: env observation ids must be in "
+                       f"{cfg.token_ids_text()}; got {observation}.")
     if len(sample.request.prompt) + len(sample.tokens) + len(observation) >= self._room:
       return "no_room"  # Dropped: no room to generate after it.
     sample.tokens.extend(observation)

@@ -372,12 +372,13 @@ class RlaxEngine(engine_api.Engine):
     tokens_bt = np.full((rows, t_bucket), self.tokenizer.pad_id, np.int32)
     for i, prompt in enumerate(prompts):
       tokens_bt[i, :lengths[i]] = np.asarray(prompt, np.int32)
-    low, high, vocab = int(tokens_bt.min()), int(tokens_bt.max()), self.model_cfg.usable_vocab_size
-    if low < 0 or high >= vocab:
+    cfg = self.model_cfg
+    if cfg.non_token_ids(tokens_bt).size:
       bad = next((i, j, int(t)) for i, p in enumerate(prompts) for j, t in enumerate(np.asarray(p).reshape(-1))
-                 if not 0 <= t < vocab)
+                 if cfg.non_token_ids([t]).size)
       raise ValueError(f"prompt {bad[0]} holds id {bad[2]} at position {bad[1]}; ids must be in "
-                       f"[0, {vocab}) (the model's vocabulary; rows past valid_vocab_size are padding).")
+                       f"{cfg.token_ids_text()} (the model's vocabulary; rows past valid_vocab_size are "
+                       "padding, ids in vocab_gaps no token).")
     true_b = np.ones((rows,), np.int32)
     true_b[:len(prompts)] = lengths
     cache_len = t_bucket if cache_len is None else cache_len

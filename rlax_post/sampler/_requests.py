@@ -169,11 +169,11 @@ def validate_request(r: Request, engine: Any) -> frozenset[int]:
   """Raises ValueError naming the bad value of `r` for `engine` (an `RlaxEngine`); returns the request's stop
   ids (EOS included)."""
   prompt = list(r.prompt)
-  vocab = engine.model_cfg.usable_vocab_size  # padded embedding rows are no token
-  if not prompt or any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab
-                       for t in prompt):
-    raise ValueError(f"Request {r.request_id!r}: prompt must be a non-empty list of ids in [0, {vocab}); "
-                     f"got {prompt!r}.")
+  cfg = engine.model_cfg  # padded embedding rows and the ids the vocabulary skips are no token
+  if not prompt or any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in prompt) or (
+      cfg.non_token_ids(prompt).size):
+    raise ValueError(f"Request {r.request_id!r}: prompt must be a non-empty list of ids in "
+                     f"{cfg.token_ids_text()}; got {prompt!r}.")
   largest = engine.prefill_buckets[-1]
   if len(prompt) > largest:
     raise ValueError(f"Request {r.request_id!r}: prompt of {len(prompt)} tokens is longer than the "

@@ -192,10 +192,10 @@ def _check_prompt(request: Any, kind: str, engine: _engine.RlaxEngine) -> str | 
 
 
 def _check_ids(ids: np.ndarray, tokenizer: Any, with_bos: bool) -> str | None:
-  bad = np.flatnonzero((ids < 0) | (ids >= tokenizer.vocab_size))
+  bad = tokenizer.non_token_ids(ids)
   if bad.size:
-    return (f"token id {ids[bad[0]]} at position {bad[0]} is outside the vocabulary [0, "
-            f"{tokenizer.vocab_size}) of this model")
+    return (f"token id {bad[0]} at position {np.flatnonzero(ids == bad[0])[0]} is outside the vocabulary "
+            f"{tokenizer.token_ids_text()} of this model")
   if with_bos:
     try:
       tokenizer.bos_id  # pylint: disable=pointless-statement
