@@ -366,6 +366,32 @@ def test_gemma_features_change_the_logits(tmp_path, family, change):
   assert np.abs(ours - other).max() > 20 * 1e-4
 
 
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+def test_gemma_reads_hidden_activation_alone_as_transformers_does(family, tmp_path):
+  """Gemma2Config / Gemma3TextConfig read `hidden_activation` (default gelu_pytorch_tanh) and ignore
+  `hidden_act`, which old Gemma config.json files carry as "gelu": ours fell back to `hidden_act` and refused
+  such a file ("hidden_activation 'gelu'"), which transformers runs with the tanh GELU."""
+  hf_model = _hf_model(family)
+  path = _save(hf_model, tmp_path)
+  with open(os.path.join(path, "config.json")) as f:
+    config = json.load(f)
+  config.pop("hidden_activation")
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump({**config, "hidden_act": "gelu"}, f)
+  reference = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+  assert type(reference.model.layers[0].mlp.act_fn).__name__ == "GELUTanh"
+  cfg, graphdef, params = _hf.load_hf(path)
+  assert cfg.mlp_activation == "gelu_tanh"
+  tokens = _tokens()
+  ours, _ = models.forward(graphdef, params, jnp.asarray(tokens))
+  np.testing.assert_allclose(np.asarray(ours), _hf_logits(reference, tokens), atol=1e-4, rtol=1e-4)
+  # An explicit exact GELU is what transformers runs, whatever hidden_act says; ours refuses it, and null.
+  for activation in ("gelu", None):
+    _edit_config(path, hidden_act="gelu_pytorch_tanh", hidden_activation=activation)
+    with pytest.raises(NotImplementedError, match=f"hidden_activation {activation!r}: our Gemma MLP is GeGLU"):
+      _hf.load_hf(path)
+
+
 # Damaged or missing files: each error names the file (and for JSON the line and column), not a Rust or
 # json traceback that leaves the user guessing which file of the checkpoint is bad.
 

@@ -149,7 +149,10 @@ def _float_or_none(x):
 
 
 def _gemma_config(hf: dict, arch: str) -> dict[str, Any]:
-  act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+  # Gemma2Config and Gemma3TextConfig read `hidden_activation` alone (default gelu_pytorch_tanh; null is an
+  # error there) and ignore `hidden_act`, Gemma 1's key, which old configs carry as "gelu" (Gemma 1's legacy
+  # name for the tanh GELU): read as a fallback, it refused configs that transformers runs with the tanh GELU.
+  act = hf.get("hidden_activation", "gelu_pytorch_tanh")
   if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
     raise NotImplementedError(f"hidden_activation {act!r}: our Gemma MLP is GeGLU with tanh-approximate GELU.")
   if hf.get("use_bidirectional_attention"):
