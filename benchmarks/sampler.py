@@ -58,7 +58,9 @@ from rlax_post import models  # pylint: disable=g-import-not-at-top,wrong-import
 from rlax_post import sampler  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Peak HBM bandwidth (bytes/s) by device kind, for the --device gpu report.
-_PEAK_HBM = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "L4": 0.3e12, "V100": 0.9e12}
+# Matched by substring of `device_kind`, the longest name first; the SXM / 80 GB parts where a name has two.
+_PEAK_HBM = {"H200": 4.8e12, "H100": 3.35e12, "H100 PCIe": 2.0e12, "A100": 2.0e12, "L40S": 0.864e12,
+             "L4": 0.3e12, "V100": 0.9e12}
 
 
 class _NoEosTokenizer(models.ByteTokenizer):
@@ -101,7 +103,7 @@ class DriverMode:
     tokens, stats = sum(len(c.tokens) for c in self.completions), self.stats
     return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
                 generate_steps=stats.generate_steps, syncs=stats.syncs, prefills=stats.prefills,
-                occupancy=stats.occupancy)
+                occupancy=stats.occupancy, kv_span_steps=stats.kv_span_steps)
 
 
 class AdmissionMode(DriverMode):
@@ -331,8 +333,10 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
   def ratio(a, b):  # tokens/s of mode a over mode b; None unless both ran
     return best[a]["tokens_per_s"] / best[b]["tokens_per_s"] if a in best and b in best else None
 
-  def same(a, b):
-    return same_outputs(modes[a].completions, modes[b].completions) if a in modes and b in modes else True
+  pairs = [(a, b) for a, b in [("cont", "stat"), ("shared", "separate"), ("eq_k", "eq_1"), ("wave", "wave_sync"),
+                                ("admit", "admit_ahead"), ("admit", "admit_samples"), ("admit_samples", "admit_one_pass"),
+                                ("eq_k", "eq_chunked"), ("eq_k", "eq_other")] if a in modes and b in modes]
+  same = {f"{a}={b}": same_outputs(modes[a].completions, modes[b].completions) for a, b in pairs}
 
   result = dict(device=str(device), model_params=cfg.num_params(), slots=slots, steps_per_sync=k, rows=rows,
                 prefill_chunk=rl.prefill_chunk, unstack_layers=blocks.unstack_layers,
@@ -346,20 +350,30 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                 chunked_prefill_full_calls=ratio("eq_chunked", "eq_k"),
                 layers_apart_over_stacked=(ratio("eq_k", "eq_other") if blocks.unstack_layers
                                            else ratio("eq_other", "eq_k")),
-                identical_outputs=all(same(a, b) for a, b in [("cont", "stat"), ("shared", "separate"),
-                                                              ("eq_k", "eq_1"), ("wave", "wave_sync"),
-                                                              ("admit", "admit_ahead"), ("admit", "admit_samples"),
-                                                              ("eq_k", "eq_chunked"), ("eq_k", "eq_other")]))
+                # None when no pair of modes that must agree ran (nothing was compared).
+                identical_outputs=all(same.values()) if same else None, compared_outputs=same)
   if args.device == "gpu" and "eq_k" in best:
-    eq_k = best["eq_k"]
-    kind = device.device_kind
-    peak = next((v for name, v in _PEAK_HBM.items() if name in kind), None)
-    # Each decode step reads every weight once and, per busy slot, its KV cache (mean half-full).
-    kv_bytes = cfg.kv_cache_bytes(slots, max_decode) * eq_k["occupancy"] / 2
-    achieved = (cfg.num_params() * 2 + kv_bytes) * eq_k["generate_steps"] / eq_k["seconds"]
-    result.update(decode_tokens_per_s=eq_k["tokens_per_s"], hbm_bytes_per_s=achieved,
-                  hbm_peak_fraction=achieved / peak if peak else None, device_kind=kind)
+    # Per decode step: every weight once (the params' own bytes); per block, every slot's cache over its span.
+    result.update(_hbm(device, best["eq_k"], weight_bytes=sum(x.nbytes for x in jax.tree.leaves(params)),
+                       kv_bytes_per_position=cfg.kv_cache_bytes(slots, max_decode) / max_decode))
   return result, rows
+
+
+def _hbm(device, eq_k: dict, *, weight_bytes: int, kv_bytes_per_position: float) -> dict:
+  """Decode tokens/s and the HBM bandwidth the equal-lengths driver run achieved. Each decode step reads every
+  weight once (`weight_bytes`) and every slot's KV cache over the block's attention span W (idle slots too:
+  attention reads the span whole; `kv_bytes_per_position` of all slots), summed over the blocks run
+  (`DriverStats.kv_span_steps`). Until 2026-12-04 it counted a half-full cache of S positions per step, about
+  1.15x the span read in the GPU workload. The time is the whole run's, prefills included, so the fraction is
+  a lower bound on the decode steps' own."""
+  kind = device.device_kind
+  # The longest name first ('L40S' before 'L4'); a kind that is not listed reports no fraction.
+  peak = next((_PEAK_HBM[name] for name in sorted(_PEAK_HBM, key=len, reverse=True) if name in kind), None)
+  read = weight_bytes * eq_k["generate_steps"] + kv_bytes_per_position * eq_k["kv_span_steps"]
+  achieved = read / eq_k["seconds"]
+  return dict(decode_tokens_per_s=eq_k["tokens_per_s"], hbm_bytes_per_s=achieved,
+              hbm_peak_fraction=achieved / peak if peak else None, device_kind=kind, hbm_weight_bytes=weight_bytes,
+              hbm_mean_kv_span=eq_k["kv_span_steps"] / max(eq_k["generate_steps"], 1))
 
 
 def _report(args, device, cfg, slots, result, rows):

@@ -17,8 +17,9 @@ Workloads (`workloads()`):
            Tunix: `tunix.generate.sampler.Sampler.__call__` on the 64 prompt strings (one batched prefill,
            then its jitted `while_loop` decode), `return_logprobs=True`, `max_prompt_length=32`, cache 96.
   grpo     one step of 4 prompts x 4 samples x 32 new tokens (prompts of 32 tokens): rollout (sampling,
-           rewards, advantages: everything before the optimizer step) and update (the optimizer step and
-           handing the new params to the sampler) timed apart, and their total.
+           rewards, advantages: everything before the optimizer step; ours also hands the step's params to
+           the sampler first, `Driver.set_params`, a few MB here) and update (the optimizer step; Tunix's
+           sampler shares the trainer's weights, nothing to hand over) timed apart, and their total.
            Ours: `sampler.Driver` over the run's sampling engine (`Parts.sampling_engine`: 16 slots, prefill
            passes of the 4 groups a fill starts; one `set_params` per step) + `runtime.RLUpdate` built from
            `runtime.build_parts` of a config (loss.kind ppo, rl.epochs = rl.minibatches = 1).

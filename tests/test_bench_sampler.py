@@ -26,10 +26,28 @@ def test_a_tiny_run_of_some_modes(tmp_path, capsys):
   assert equal["tokens"] == driver["tokens"] == 8 * 64  # every request runs to its 64 tokens
   assert got["efficiency_equal"] == pytest.approx(driver["tokens_per_s"] / equal["tokens_per_s"])
   assert got["continuous_over_static"] > 0 and got["identical_outputs"] is True
+  assert got["compared_outputs"] == {"cont=stat": True}  # the one pair of modes that must agree that ran
   assert got["run_ahead_over_sync"] is None and got["shared_prefix_over_separate"] is None
   out = capsys.readouterr().out
   assert sum(line.startswith("[progress] round ") for line in out.splitlines()) == 2 * 4  # warm-up + 1 round
   assert "shared prefix / separate: -" in out
+
+
+def test_no_pair_compared_is_no_identical_outputs_claim():
+  result = bench.main(["--slots", "4", "--requests", "4", "--repeats", "1", "--modes", "eq_k"])
+  assert result["identical_outputs"] is None and result["compared_outputs"] == {}  # it said True
+
+
+def test_the_hbm_fraction_counts_the_weights_per_step_and_the_span_each_block_read():
+  class Device:
+    device_kind = "NVIDIA L40S"
+
+  eq_k = dict(tokens_per_s=1000.0, generate_steps=10, kv_span_steps=10 * 384, seconds=2.0)
+  got = bench._hbm(Device(), eq_k, weight_bytes=1e9, kv_bytes_per_position=4e6)  # pylint: disable=protected-access
+  # (10 steps x 1 GB + 3,840 positions x 4 MB) / 2 s = 12.68 GB/s; the L40S's 864 GB/s, not the L4's 300.
+  assert got["hbm_bytes_per_s"] == pytest.approx((10e9 + 3840 * 4e6) / 2)
+  assert got["hbm_peak_fraction"] == pytest.approx(got["hbm_bytes_per_s"] / 0.864e12)
+  assert got["hbm_mean_kv_span"] == 384 and got["decode_tokens_per_s"] == 1000.0
 
 
 def test_an_unknown_mode_is_named():

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlax_post import models
 from rlax_post.sampler import _driver
 from rlax_post.sampler import _requests
 from rlax_post.sampler import _engine
@@ -169,6 +170,22 @@ def test_a_block_attends_over_the_filled_span_and_stops_before_passing_it():
   _, want = engine.generate_block(params, _filled_state(engine, prompts))
   assert int(block.steps) == 3 and np.asarray(low.positions).tolist() == [8, 16, 6]
   np.testing.assert_array_equal(np.asarray(block.tokens)[:3], np.asarray(want.tokens)[:3])
+
+
+def test_the_driver_counts_the_attention_span_each_decode_step_read():
+  """`DriverStats.kv_span_steps`: per block, its steps times its span (what the GPU report counts as KV reads).
+  One sample, prompt 5, 20 tokens, 4 steps a block, buckets (16, 32, 40): blocks dispatched at lengths 5, 9,
+  13, 17, 21 read spans kv_span(length + 4) = 16, 16, 32, 32, 32."""
+  class NoEos(models.ByteTokenizer):  # EOS a padded id the model never samples: the sample runs 20 tokens
+    eos_id = 263
+
+  engine = _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=NoEos(), max_concurrent_decodes=3,
+                              max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=0.8, seed=1,
+                              steps_per_sync=4, min_kv_bucket=16)
+  driver = _driver.Driver(engine, refs.model()[1])
+  (c,) = driver.sample([Request(refs.prompt(5, 1), max_tokens=20)])
+  assert len(c.tokens) == 20 and driver.stats.generate_steps == 20
+  assert driver.stats.kv_span_steps == 4 * (16 + 16 + 32 + 32 + 32)
 
 
 def test_batched_prefill_and_insert_equal_one_at_a_time():

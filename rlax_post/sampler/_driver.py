@@ -154,11 +154,12 @@ class _ForkPoint(NamedTuple):
 
 
 class _Flight(NamedTuple):
-  """A dispatched decode block: its (device) outputs, the sample in each slot when it was dispatched, and the
-  params version of each slot's next-token logits then (its first token's version)."""
+  """A dispatched decode block: its (device) outputs, the sample in each slot when it was dispatched, the
+  params version of each slot's next-token logits then (its first token's version), and its attention span."""
   block: _engine.Block
   samples: list
   versions: list
+  span: int
 
 
 class Driver:
@@ -241,7 +242,7 @@ class Driver:
                        turn_prefills=c["turn_prefills"], inserts=c["inserts"], generate_steps=c["generate_steps"],
                        busy_slot_steps=c["busy_slot_steps"], tokens=c["tokens"], parked=c["parked"],
                        parked_steps=c["parked_steps"], park_waits=c["park_waits"], syncs=c["syncs"],
-                       forks=c["forks"], ahead=c["ahead"])
+                       forks=c["forks"], ahead=c["ahead"], kv_span_steps=c["kv_span_steps"])
 
   @property
   def done(self) -> bool:
@@ -574,7 +575,7 @@ class Driver:
     each slot's next-token logits version when the block starts."""
     self._state, block = self.engine.generate_block(self.params, self._state, stop_on_free=stop_on_free,
                                                     max_length=longest)
-    return _Flight(block, list(self._busy), versions)
+    return _Flight(block, list(self._busy), versions, self.engine.kv_span(longest + self.engine.steps_per_sync))
 
   def _can_run_ahead(self) -> bool:
     """Whether the next block can start before the host has seen the one in flight: nothing waits for a slot
@@ -605,7 +606,7 @@ class Driver:
     valid_ks = valid_ks[:steps]
     produced_s = valid_ks.sum(axis=0)
     self._counts.update(syncs=1, generate_steps=steps, busy_slot_steps=int(produced_s.sum()),
-                        parked_steps=steps * bool(self._parked))
+                        parked_steps=steps * bool(self._parked), kv_span_steps=steps * flight.span)
     busy = [slot for slot, sample in enumerate(flight.samples)
             if sample is not None and self._busy[slot] is sample]
     # Each busy slot's tokens are a run from the block's first step (the device stops a slot, never resumes it).
