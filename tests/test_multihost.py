@@ -257,3 +257,38 @@ def test_dcn_mesh_spans_processes(tmp_path):
     assert p.returncode == 0, err[-3000:]
     assert "TOTAL 120.0" in out
     assert "ERROR mesh axis 'data' of size 2 cannot span 4 granules" in out
+
+
+_TWO_PUBLISHERS_SCRIPT = r"""
+import os, sys
+import jax, numpy as np
+from rlax_post import exchange
+from rlax_post.runtime import _distributed
+_distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
+mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
+sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+params = lambda v: {"w": jax.make_array_from_callback((8,), sharded, lambda i: np.full(8, v, np.float32)[i])}
+# As a multi-host learner with critic.publish: the policy's and the critic's params published as one version.
+policy = exchange.ParamPublisher(os.path.join(sys.argv[3], "params"), max_to_keep=2)
+critic = exchange.ParamPublisher(os.path.join(sys.argv[3], "critic_params"), max_to_keep=2)
+for version in (1, 2, 3):
+  policy.publish(params(version), version)
+  critic.publish(params(-version), version)
+policy.close()
+critic.close()
+print("VERSIONS", policy.latest_version, critic.latest_version)
+"""
+
+
+@pytest.mark.e2e
+def test_two_publishers_of_one_version_commit_across_processes(tmp_path):
+  """Each publisher's orbax barriers have a prefix of its own: a run's params and its critic's, published as the
+  same version, joined one barrier named after the version ('already ongoing') and hung."""
+  port = portpicker.pick_unused_port()
+  procs = [subprocess.Popen([sys.executable, "-c", _TWO_PUBLISHERS_SCRIPT, f"127.0.0.1:{port}", str(k),
+                             str(tmp_path)], env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for k in range(2)]
+  for p in procs:
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err[-3000:]
+    assert "VERSIONS 3 3" in out

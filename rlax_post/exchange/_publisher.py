@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from concurrent import futures
+import hashlib
 import json
 import logging
 import os
@@ -51,7 +52,12 @@ class ParamPublisher:
       for path in self.directory.iterdir():  # Tmp dirs of a writer that died mid-save.
         if _store.TMP_SUFFIX in path.name:
           path.rmtree()
-    self._checkpointer = ocp.AsyncCheckpointer(_handler())
+    # Orbax names its commit barriers after the version directory only: two publishers saving version k at once
+    # (a run's params and its critic's) joined one barrier across processes and failed. A prefix of this
+    # directory's own (the same string on every process) keeps them apart.
+    prefix = f"rlax_post_params_{hashlib.sha256(str(self.directory).encode()).hexdigest()[:16]}"
+    self._checkpointer = ocp.AsyncCheckpointer(
+        _handler(), multiprocessing_options=ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=prefix))
     versions = _store.complete_versions(self.directory)
     if self._primary:  # Versions a dead writer's GC had begun deleting.
       _store.delete_unfinished(self.directory, versions)
