@@ -288,7 +288,11 @@ def test_two_publishers_of_one_version_commit_across_processes(tmp_path):
   procs = [subprocess.Popen([sys.executable, "-c", _TWO_PUBLISHERS_SCRIPT, f"127.0.0.1:{port}", str(k),
                              str(tmp_path)], env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for k in range(2)]
-  for p in procs:
-    out, err = p.communicate(timeout=120)
-    assert p.returncode == 0, err[-3000:]
-    assert "VERSIONS 3 3" in out
+  try:
+    for p in procs:
+      out, err = p.communicate(timeout=120)
+      assert p.returncode == 0, err[-3000:]
+      assert "VERSIONS 3 3" in out
+  finally:
+    for p in procs:  # a hung process (the bug) must not outlive the test
+      p.kill()
