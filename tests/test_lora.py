@@ -256,6 +256,11 @@ def test_a_lora_run_trains_the_adapters_and_leaves_the_base_alone(lora_run):
   jax.tree.map(np.testing.assert_array_equal, state.frozen, first_state.frozen)
   jax.tree.map(np.testing.assert_array_equal, ref, first_state.frozen)
   jax.tree.map(np.testing.assert_array_equal, first_ref, first_state.frozen)
+  # Written once (in the state) and restored as the same arrays: no second copy of the base, on disk or in
+  # memory (a resume held two).
+  assert ref is state.frozen
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints", "4"))) == [
+      "_CHECKPOINT_METADATA", "commit_success.txt", "meta", "state"]
   # Only the adapters train: they start with b = 0 and move; the optimizer state mirrors them alone.
   assert sorted(state.params) == ["o", "q", "up", "v"]
   for name, ab in first_state.params.items():

@@ -82,6 +82,11 @@ def restore_state(workdir: str, templates: dict, *, max_to_keep: int, step: int 
   return state, ref_params, step
 
 
+def _reference_is_frozen(state: Any) -> bool:
+  """Whether the run's reference policy is its state's frozen base (LoRA: the policy with zero adapters)."""
+  return getattr(state, "frozen", None) is not None
+
+
 class RunCheckpointer:
   """Saves and restores `(state, ref_params, meta)` under `workdir/checkpoints/<step>`.
 
@@ -121,11 +126,12 @@ class RunCheckpointer:
     return steps[-1] if steps else None
 
   def save(self, step: int, state: Any, ref_params: Any, meta: dict) -> None:
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        ref_params=ocp.args.StandardSave(ref_params),
-        meta=ocp.args.JsonSave(meta),
-    ))
+    """Saves step `step`; with LoRA the reference policy is the state's frozen base (`RLUpdate.reference`),
+    written once, in the state (it was written twice, and restored as a second copy)."""
+    items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+    if not _reference_is_frozen(state):
+      items["ref_params"] = ocp.args.StandardSave(ref_params)
+    self._manager.save(step, args=ocp.args.Composite(**items))
 
   def restore(self, step: int, *, state_like: Any, state_shardings: Any, ref_like: Any,
               ref_shardings: Any) -> tuple[Any, Any, dict]:
@@ -133,12 +139,12 @@ class RunCheckpointer:
     if step not in self.complete_steps():
       raise ValueError(f"Checkpoint step {step} in {self.directory} is not a complete checkpoint; complete "
                        f"steps: {self.complete_steps()}.")
-    out = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(_abstract(state_like, state_shardings)),
-        ref_params=ocp.args.StandardRestore(_abstract(ref_like, ref_shardings)),
-        meta=ocp.args.JsonRestore(),
-    ))
-    return out.state, out.ref_params, dict(out.meta)
+    items = dict(state=ocp.args.StandardRestore(_abstract(state_like, state_shardings)), meta=ocp.args.JsonRestore())
+    if not _reference_is_frozen(state_like):  # LoRA: the state's frozen base (an older checkpoint's copy unread)
+      items["ref_params"] = ocp.args.StandardRestore(_abstract(ref_like, ref_shardings))
+    out = self._manager.restore(step, args=ocp.args.Composite(**items))
+    ref_params = out.state.frozen if _reference_is_frozen(state_like) else out.ref_params
+    return out.state, ref_params, dict(out.meta)
 
   def restore_newest(self, **templates) -> tuple[int, Any, Any, dict]:
     """The newest checkpoint that restores (`restore(step, **templates)`), setting aside newer complete
