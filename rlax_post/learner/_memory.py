@@ -99,6 +99,11 @@ def _state_bytes(model_cfg, mesh, rules, optimizer, micro_batches,
   if state.frozen is not None:
     model = _model_bytes(model_cfg, mesh, rules)
     out['params'] += _tree_bytes(state.frozen, sh.frozen) + trainable.roles * model
+    # Backprop through W + s·a·b makes the merged target weights' own float32 gradient (full size, per role)
+    # on the way to a and b.
+    names = trainable.lora.targets
+    targets = {n: jax.ShapeDtypeStruct(state.frozen[n].shape, np.float32) for n in names}
+    out['grads'] += trainable.roles * _tree_bytes(targets, {n: sh.frozen[n] for n in names})
   if micro_batches > 1:
     f32 = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, np.float32), state.params)
     out['grads'] += _tree_bytes(f32, sh.params)
