@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -308,3 +309,62 @@ def test_auto_loss_is_decoupled_ppo_exactly_when_off_policy():
   assert config.loss_kind(_cfg(mode="async", max_staleness=2)) == "decoupled_ppo"
   with pytest.raises(ValueError, match="queue_capacity"):
     _cfg(mode="async", queue_capacity=3)
+
+
+# --- Sampler threads' errors ------------------------------------------------------------------------------
+
+
+class _StubWorker:
+  """A sampler thread's worker: fails with `error` at once, or runs until told to stop."""
+
+  def __init__(self, name, stop, error=None):
+    self.name, self.stop, self.error = name, stop, error
+
+  def run(self):
+    if self.error is not None:
+      raise self.error
+    self.stop.wait()
+
+
+def _thread_source(*errors):
+  """A `ThreadSource` with one stub sampler thread per entry of `errors` (None: one that runs until stopped)."""
+  # pylint: disable=protected-access
+  source = object.__new__(runtime.ThreadSource)
+  source._stop, source._errors, source._threads, source._raised = threading.Event(), [], [], False
+  source.workers = [_StubWorker(f"sampler-{k}", source._stop, e) for k, e in enumerate(errors)]
+  return source
+
+
+def _wait_for_errors(source, count):
+  for _ in range(500):
+    if len(source._errors) >= count:  # pylint: disable=protected-access
+      return
+    time.sleep(0.01)
+  raise AssertionError("the stub sampler did not fail")
+
+
+def test_thread_source_stop_raises_a_sampler_error_after_the_last_take():
+  """A sampler thread that fails after the learner's last `take` (no take checks any more) fails the run
+  when the source stops; `stop` joined the threads and returned, and the error was lost."""
+  boom = ValueError("sampler boom")
+  source = _thread_source(None, boom)
+  source.start()
+  _wait_for_errors(source, 1)
+  with pytest.raises(RuntimeError, match="A sampler thread failed: ValueError\\('sampler boom'\\)") as info:
+    source.stop()
+  assert info.value.__cause__ is boom
+  assert not any(t.is_alive() for t in source._threads)  # pylint: disable=protected-access
+
+
+def test_thread_source_stop_of_healthy_samplers_raises_nothing_and_an_error_is_raised_once():
+  source = _thread_source(None, None)
+  source.start()
+  source.stop()  # the normal end: threads stopped by the stop event
+  assert source._errors == [] and not any(t.is_alive() for t in source._threads)  # pylint: disable=protected-access
+  boom = ValueError("sampler boom")
+  source = _thread_source(boom)
+  source.start()
+  _wait_for_errors(source, 1)
+  with pytest.raises(RuntimeError, match="sampler boom"):
+    source.check()  # surfaced during a step: the loop unwinds with it ...
+  source.stop()  # ... and stopping does not raise it a second time

@@ -36,8 +36,10 @@ def learn(update: _learn.RLUpdate, source: _sources.Source, out, start: _run.Sta
       source.publish(state, step + 1)
       out.after_step(step + 1, start, state, row, taken, source)
   finally:
-    source.stop()
-    out.close_progress()
+    try:
+      source.stop()  # (raises a sampler's error that no step surfaced)
+    finally:
+      out.close_progress()
   return state
 
 

@@ -195,6 +195,7 @@ class ThreadSource(_QueueSource):
     self.admission = rollouts.MemoryAdmission(groups_per_step=cfg.rl.prompts_per_step, max_staleness=self.eta)
     self._stop = threading.Event()
     self._errors: list[BaseException] = []
+    self._raised = False  # `check` raised the first error: `stop` does not raise it again
     # Samplers and learner share the mesh's devices here. Two multi-device programs launched from different
     # threads can interleave their collectives differently on different devices and deadlock (seen on the
     # 8-device CPU mesh), so on a multi-device mesh each device program runs under one lock: device compute
@@ -245,12 +246,15 @@ class ThreadSource(_QueueSource):
 
   def check(self) -> None:
     if self._errors:
+      self._raised = True
       raise RuntimeError(f"A sampler thread failed: {self._errors[0]!r}") from self._errors[0]
 
   def stop(self) -> None:
     self._stop.set()
     for t in self._threads:
       t.join(timeout=60)
+    if not self._raised:  # A sampler that failed after the learner's last take fails the run: nothing is lost.
+      self.check()
 
   def sampler_stats(self) -> list[dict]:
     return [w.stats() for w in self.workers]
