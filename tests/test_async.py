@@ -291,6 +291,55 @@ def test_take_groups_drops_and_counts_stale_groups_and_sorts_by_ticket():
   assert q.depth("learner") == 2  # The dropped group was consumed (and counted), not left behind.
 
 
+
+def test_take_groups_drops_and_counts_groups_newer_than_the_learner():
+  """A group every sampled token of which is newer than the learner (negative staleness) comes from the lost
+  future of a learner resumed from an older checkpoint: dropped and counted like a group over η, with its
+  negative staleness; it was trained on (staleness −2 in the metrics)."""
+  q = rollouts.MemoryQueue(capacity=64, consumers=("learner",))
+  for ticket, version in ((3, 6), (1, 4), (2, 3)):
+    for i, row in enumerate(_group_rows(ticket, version)):
+      q.put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=2)
+  fresh, dropped = runtime.take_groups(q, num_groups=2, learner_version=4, max_staleness=1, poll_s=0.1)
+  assert dropped == [(envs.group_id(3), -2)]
+  assert [(int(rows[0]["ticket"]), st) for _, rows, st in fresh] == [(1, 0), (2, 1)]
+  assert rollouts.is_stale(-1, 2) and not rollouts.is_stale(0, 0)
+
+
+def test_a_resumed_learner_drops_the_groups_of_its_lost_future_from_a_reopened_file_queue(tmp_path):
+  """At η = 0 two samplers put step k's groups, sampled with version k; the learner took steps 0-2 and died with
+  its checkpoint of step 1. Its successor reopens the queue, which hands groups out by sampler and shard, not
+  in arrival order: at step 1 sampler-0's group of step 2 (version 2) came before sampler-1's of step 1, and
+  was trained on with staleness −1. Now it is dropped and counted, and step 1 trains on step 1's groups."""
+  queue = lambda writer: rollouts.FileQueue(tmp_path, capacity=64, consumers=("learner",), writer_id=writer)
+  samplers, learner = [queue("sampler-0"), queue("sampler-1")], queue("learner")
+  for step in range(3):
+    for ticket in (2 * step, 2 * step + 1):
+      for i, row in enumerate(_group_rows(ticket, step)):
+        samplers[ticket % 2].put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=2)
+      samplers[ticket % 2].flush()
+    fresh, dropped = runtime.take_groups(learner, num_groups=2, learner_version=step, max_staleness=0, poll_s=0.05)
+    assert [(int(rows[0]["ticket"]), st) for _, rows, st in fresh] == [(2 * step, 0), (2 * step + 1, 0)]
+    assert dropped == []
+  resumed = queue("learner")
+  assert resumed.rollback("learner", after_tag=1) == 4  # steps 1 and 2 (tags 2 and 3) come back
+  fresh, dropped = runtime.take_groups(resumed, num_groups=2, learner_version=1, max_staleness=0, poll_s=0.05)
+  assert [(int(rows[0]["ticket"]), st) for _, rows, st in fresh] == [(2, 0), (3, 0)]
+  assert dropped == [(envs.group_id(4), -1)]
+
+
+def test_metrics_count_groups_newer_than_the_learner_and_report_no_negative_staleness():
+  tally = runtime._run.Tally(eta=1)  # pylint: disable=protected-access
+  tally.begin({"dropped_stale_total": 3, "dropped_future_total": 1})  # a resumed run's counters
+  taken = runtime.Taken([(envs.group_id(t), _group_rows(t, 4), st) for t, st in ((5, 0), (6, 1))],
+                        [(envs.group_id(2), 2), (envs.group_id(9), -1), (envs.group_id(8), -2)], {})
+  row = tally.add(4, taken)
+  assert {k: row[k] for k in ("staleness_mean", "staleness_max", "staleness_0", "staleness_1", "dropped_stale",
+                              "dropped_stale_total", "dropped_future", "dropped_future_total")} == {
+      "staleness_mean": 0.5, "staleness_max": 1.0, "staleness_0": 1.0, "staleness_1": 1.0,
+      "dropped_stale": 3.0, "dropped_stale_total": 6.0, "dropped_future": 2.0, "dropped_future_total": 3.0}
+  assert tally.meta()["dropped_future_total"] == 3  # carried by the checkpoint to a resumed run
+
 def test_rows_to_batch_matches_the_sync_layout():
   rows = _group_rows(0, 0) + _group_rows(1, 0)
   batch = runtime.rows_to_batch([rows[:2], rows[2:]], seq_len=6, pad_id=0)

@@ -13,7 +13,9 @@ tickets abandoned by dead samplers (their groups will never arrive, so the budge
 
 Drop. A group's staleness when the learner at version k consumes it is k − (the oldest version among its
 trained tokens). Out-of-order completion can still exceed η (a straggler started long ago); such a group is
-dropped and counted (`is_stale`), never silently.
+dropped and counted (`is_stale`), never silently. So is a group newer than the learner (every sampled token:
+negative staleness): it can only come from the lost future of a learner resumed from an older checkpoint,
+sampled by params the resumed learner never had, at a distance from its own that no version number tells.
 
 Two implementations with one interface: `MemoryAdmission` (threads of one process: a counter) and
 `FileAdmission` (processes or hosts sharing a directory, local or a bucket URL). In the file protocol every
@@ -71,7 +73,8 @@ def admission_limit(version: int, *, groups_per_step: int, max_staleness: int, e
 def group_staleness(learner_version: int, token_versions: Iterable[np.ndarray],
                     masks: Iterable[np.ndarray] | None = None) -> int:
   """learner_version − the oldest version among the group's trained tokens (versions < 0 are not tokens
-  the policy sampled and are ignored). A group with no sampled token has staleness 0."""
+  the policy sampled and are ignored). A group with no sampled token has staleness 0. Negative when every
+  sampled token is newer than the learner (a resumed learner's lost future: `is_stale`)."""
   oldest = None
   masks = list(masks) if masks is not None else None
   for i, versions in enumerate(token_versions):
@@ -86,7 +89,9 @@ def group_staleness(learner_version: int, token_versions: Iterable[np.ndarray],
 
 
 def is_stale(staleness: int, max_staleness: int) -> bool:
-  return staleness > max_staleness
+  """Whether a group is dropped (and counted): staleness outside [0, max_staleness], older than the bound or
+  newer than the learner (module docstring)."""
+  return staleness > max_staleness or staleness < 0
 
 
 def _check(name: str, value, low: int) -> int:

@@ -54,6 +54,7 @@ class Tally:
 
   def begin(self, history: dict) -> None:
     self.dropped_total = int(history.get("dropped_stale_total", 0))
+    self.dropped_future_total = int(history.get("dropped_future_total", 0))
     self.max_ticket = int(history.get("max_ticket_consumed", -1))
     self.t_loop = self.t_last = time.time()
     self.rows = 0
@@ -70,6 +71,8 @@ class Tally:
     staleness = np.asarray([st for _, _, st in taken.groups])
     hist = np.bincount(np.clip(staleness, 0, self.eta), minlength=self.eta + 1)
     self.dropped_total += len(taken.dropped)
+    future = sum(st < 0 for _, st in taken.dropped)  # (of those: newer than the learner, `rollouts.is_stale`)
+    self.dropped_future_total += future
     self.max_ticket = max([self.max_ticket] + [int(rows_[0]["ticket"]) for _, rows_, _ in taken.groups])
     self.rows += rows
     self.wait += taken.metrics.get("wait_seconds", 0.0)
@@ -77,6 +80,7 @@ class Tally:
     out = {"policy_version": float(step), "staleness_mean": float(staleness.mean()),
            "staleness_max": float(staleness.max()), **{f"staleness_{s}": float(hist[s]) for s in range(self.eta + 1)},
            "dropped_stale": float(len(taken.dropped)), "dropped_stale_total": float(self.dropped_total),
+           "dropped_future": float(future), "dropped_future_total": float(self.dropped_future_total),
            **taken.metrics, "learner_idle_frac": self.wait / max(now - self.t_loop, 1e-9),
            "samples_per_s": self.rows / max(now - self.t_loop, 1e-9), "step_seconds": now - self.t_last}
     self.t_last = now
@@ -84,8 +88,8 @@ class Tally:
 
   def meta(self) -> dict:
     """What a checkpoint records: the counters, and the ticket a resumed source starts from."""
-    return {"dropped_stale_total": self.dropped_total, "max_ticket_consumed": self.max_ticket,
-            "next_ticket": self.max_ticket + 1}
+    return {"dropped_stale_total": self.dropped_total, "dropped_future_total": self.dropped_future_total,
+            "max_ticket_consumed": self.max_ticket, "next_ticket": self.max_ticket + 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +215,7 @@ class Run:
         "num_eval_prompts": self.parts.task.num_eval, "model_params": self.parts.model_cfg.num_params(),
         "devices": jax.device_count(), "workdir": os.path.abspath(self.workdir),
         "mode": self.cfg.runtime.mode, "max_staleness": tally.eta, "dropped_stale_total": tally.dropped_total,
+        "dropped_future_total": tally.dropped_future_total,
         "mean_staleness": float(np.mean(tally.staleness_means)) if tally.staleness_means else None,
         "samples_per_s": tally.rows / max(t_end - tally.t_loop, 1e-9),
     }

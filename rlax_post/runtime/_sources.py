@@ -40,7 +40,8 @@ from rlax_post.runtime import _samplers
 @dataclasses.dataclass(frozen=True)
 class Taken:
   """A step's groups: `groups` (group_id, rows in sample order, staleness) sorted by ticket; `dropped`
-  (group_id, staleness) of groups consumed but over η; `metrics` the source's own (waits, queue depth)."""
+  (group_id, staleness) of groups consumed but outside [0, η] (`rollouts.is_stale`); `metrics` the source's own
+  (waits, queue depth)."""
   groups: list[tuple[str, list[dict], int]]
   dropped: list[tuple[str, int]]
   metrics: dict
@@ -105,9 +106,10 @@ def take_groups(queue, *, num_groups: int, learner_version: int, max_staleness: 
   """Takes `num_groups` complete groups within `max_staleness` of `learner_version` from the queue.
 
   Groups are consumed with the tag `learner_version + 1` (the step that takes them). Groups older than
-  `max_staleness` are consumed too, dropped and returned in the second list as (group_id, staleness) --
-  counted by the caller, never silently lost. The fresh groups come back as (group_id, rows in sample order,
-  staleness), sorted by ticket (the row layout of inline sampling).
+  `max_staleness`, or newer than the learner (a resumed learner's lost future: negative staleness), are
+  consumed too, dropped and returned in the second list as (group_id, staleness) -- counted by the caller,
+  never silently lost. The fresh groups come back as (group_id, rows in sample order, staleness), sorted by
+  ticket (the row layout of inline sampling).
   """
   fresh, dropped = [], []
   while len(fresh) < num_groups:
