@@ -7,10 +7,17 @@ import os
 import random
 import threading
 import time
+import types
 
+import numpy as np
 import pytest
 
+from rlax_post import config
+from rlax_post import envs
 from rlax_post import rollouts
+from rlax_post import runtime
+
+import _tiny_runs  # pylint: disable=g-bad-import-order
 
 
 def _pair(tmp_path, *, rebalance=True, groups_per_step=8):
@@ -118,6 +125,65 @@ def test_without_rebalance_and_after_a_death_nothing_is_asked_back_or_lost(tmp_p
   out = learner.grant(0, committed=committed, timeout_s=60)
   assert out["reclaimed_total"] == 4 and b.granted() == [0, 1, 4, 6]  # counted once
 
+
+
+def _rows(ticket, n=2):
+  return [{"prompt": np.array([1, 5], np.int32), "tokens": np.array([7, 2], np.int32),
+           "mask": np.array([1, 1], np.int32), "logprobs": np.array([-0.5, -0.25], np.float32),
+           "versions": np.array([0, 0], np.int32), "reward": np.float32(i), "finished": True,
+           "ticket": np.int64(ticket)} for i in range(n)]
+
+
+def test_the_learner_writes_tickets_asked_back_and_released_to_its_metrics(tmp_path):
+  """`rlax-post learner`'s source puts `FileAdmission.grant`'s counters into each step's metrics: the tickets
+  asked back from a busy sampler and released by it during the step, and the run's totals (kept in
+  learner.json, so a restarted learner continues them). They were counted and thrown away."""
+  cfg = config.load(_tiny_runs.run_config("tiny", mode="async", max_staleness=1))  # P = 4: the bound at 0 is 8
+  workdir = os.fspath(tmp_path)
+  source = runtime.ProcessSource(types.SimpleNamespace(cfg=cfg), workdir, print)
+  a, b = (rollouts.FileAdmission(os.path.join(workdir, "admission"), groups_per_step=4, max_staleness=1,
+                                 sampler_id=f"sampler-{i}", capacity=2, ahead=2) for i in range(2))
+  queue_b = runtime._samplers.file_queue(cfg, workdir, "sampler-1")  # pylint: disable=protected-access
+  beat = {"version": 0, "idle_frac": 0.0}
+
+  def grant():  # what the learner does while it waits (at most every 0.1 s)
+    time.sleep(0.11)
+    source.on_wait()
+
+  a.heartbeat(**beat)
+  b.heartbeat(**beat)
+  grant()
+  assert (a.granted(), b.granted()) == ([0, 1, 4, 6], [2, 3, 5, 7])
+  assert [a.claim(0), a.claim(0)] == [0, 1]  # a's slots are busy: 4 and 6 wait for them
+  while (ticket := b.claim(0)) is not None:  # b runs all of its tickets and idles
+    for i, row in enumerate(_rows(ticket)):
+      queue_b.put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=2)
+    queue_b.flush()
+    b.commit(ticket)
+  a.heartbeat(**beat)
+  b.heartbeat(**beat)
+  grant()  # asks 4 and 6 back
+  a.heartbeat(**beat)  # releases them
+  grant()  # moves them to b
+  assert (a.granted(), b.granted()) == ([0, 1], [4, 6])
+  metrics = runtime.MetricsWriter(workdir, tensorboard=False)
+  tally = runtime._run.Tally(eta=1)  # pylint: disable=protected-access
+  metrics.write(1, tally.add(0, source.take(0)))
+  queue_a = runtime._samplers.file_queue(cfg, workdir, "sampler-0")  # pylint: disable=protected-access
+  for queue, ticket in ((queue_a, 0), (queue_a, 1), (queue_b, 4), (queue_b, 6)):  # step 1's groups
+    for i, row in enumerate(_rows(ticket)):
+      queue.put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=2)
+    queue.flush()
+  a.heartbeat(**beat)
+  b.heartbeat(**beat)
+  grant()  # nothing is asked back or released this step
+  metrics.write(2, tally.add(1, source.take(1)))
+  keys = ("tickets_asked_back", "tickets_released", "tickets_asked_back_total", "tickets_released_total",
+          "tickets_reclaimed_total")
+  assert [[r[k] for k in keys] for r in metrics.read()] == [[2, 2, 2, 2, 0], [0, 0, 2, 2, 0]]
+  restarted = rollouts.FileAdmission(os.path.join(workdir, "admission"), groups_per_step=4, max_staleness=1)
+  out = restarted.grant(1, committed=set(), timeout_s=60)
+  assert (out["asked_back_total"], out["released_total"]) == (2, 2)
 
 def test_every_ticket_runs_once_with_samplers_of_different_speeds(tmp_path):
   """Three samplers (one ten times slower) in threads, a learner granting and consuming steps in order: every

@@ -27,7 +27,8 @@ object stores):
                              asked back that it releases and which write of its grants file it answers
   <dir>/grants/<id>.json     written by the learner: the tickets granted to sampler <id>, those asked back
                              (each with the write that asked), and the file's write count
-  <dir>/learner.json         written by the learner: the next new ticket
+  <dir>/learner.json         written by the learner: the next new ticket, and how many tickets it has taken
+                             back from silent samplers, asked back and had released, over the run
 
 The learner (`grant`, called while it waits and after each step) tops up every live sampler's grants to its
 capacity (the groups it runs plus those its free slots could start), then, one ticket per sampler in turn, to
@@ -303,9 +304,11 @@ class FileAdmission(Admission):
     live sampler up to its capacity and then its tickets ahead (tickets taken back or released first, then new
     ones below the bound at `version`), and, with nothing left to grant, asks back tickets ahead for samplers
     short of their capacity (`rebalance`). `committed`: tickets whose groups are in the queue. Returns
-    counters."""
+    counters: this call's (`granted`, `asked_back`, `released`) and the run's (`*_total`, kept in learner.json
+    across learner restarts)."""
     state = _read_json(self.directory / "learner.json", {"next_ticket": 0, "reclaimed": 0})
     next_ticket, reclaimed = int(state["next_ticket"]), int(state.get("reclaimed", 0))
+    asked_total, released_total = int(state.get("asked_back", 0)), int(state.get("released", 0))
     beats, now = self.heartbeats(), time.time()
     live = sorted(sid for sid, b in beats.items() if now - b.get("time", 0.0) <= timeout_s)
     book = _GrantBook.read(self.directory / "grants", committed)
@@ -344,11 +347,14 @@ class FileAdmission(Admission):
         if left():
           give(sid)
     asked = book.ask_back(live, capacity, beats) if self.rebalance and not left() else 0
+    asked_total, released_total = asked_total + asked, released_total + len(released)
     book.keep(_UNASSIGNED, pool)  # Reclaimed tickets no live sampler could take yet, until the next call.
     book.write(self._grants_path)
-    _write_json_atomic(self.directory / "learner.json", {"next_ticket": next_ticket, "reclaimed": reclaimed})
+    _write_json_atomic(self.directory / "learner.json", {"next_ticket": next_ticket, "reclaimed": reclaimed,
+                                                         "asked_back": asked_total, "released": released_total})
     return {"granted": granted_now, "reclaimed_total": reclaimed, "next_ticket": next_ticket,
-            "live_samplers": len(live), "released": len(released), "asked_back": asked}
+            "live_samplers": len(live), "released": len(released), "asked_back": asked,
+            "released_total": released_total, "asked_back_total": asked_total}
 
 
 _UNASSIGNED = "_unassigned"  # the grants file of tickets taken back that no live sampler could take yet

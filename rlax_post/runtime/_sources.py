@@ -149,6 +149,9 @@ class _QueueSource:
   def sampler_stats(self) -> list[dict]:
     return []
 
+  def admission_metrics(self) -> dict:  # the ticket grants' counters, for the step's metrics
+    return {}
+
   def _take_local(self, step: int) -> tuple[list, list]:
     t0, warned = time.time(), [False]
 
@@ -172,7 +175,7 @@ class _QueueSource:
     return Taken(fresh, dropped, {
         "wait_seconds": time.time() - t0,
         "queue_depth": float(self.queue.depth(_samplers.LEARNER)) if self.queue is not None else 0.0,
-        "sampler_idle_frac": sum(idle) / len(idle) if idle else 0.0})
+        "sampler_idle_frac": sum(idle) / len(idle) if idle else 0.0, **self.admission_metrics()})
 
   def checkpointed(self, step: int) -> None:
     # A resume never rolls back below checkpoint `step`: the groups consumed up to it can be freed.
@@ -289,6 +292,10 @@ class ProcessSource(_QueueSource):
     ) if self.cfg.critic.publish and config_lib.separate_critic(self.cfg) else None
     self.version = 0
     self._last_grant = 0.0
+    # `FileAdmission.grant`'s counters: tickets asked back from busy samplers and released by them since the
+    # last step's metrics, and the run's totals (with the tickets taken back from silent samplers).
+    self._ticket_steps = {"tickets_asked_back": 0, "tickets_released": 0}
+    self._ticket_totals: dict[str, int] = {}
 
   def publish(self, state, version: int) -> None:
     self.version = version
@@ -308,7 +315,19 @@ class ProcessSource(_QueueSource):
       return
     self._last_grant = time.time()
     committed = {int(g) for g in self.queue.seen_group_ids()}
-    self.admission.grant(self.version, committed=committed, timeout_s=self.cfg.runtime.sampler_timeout_s)
+    out = self.admission.grant(self.version, committed=committed, timeout_s=self.cfg.runtime.sampler_timeout_s)
+    self._ticket_steps["tickets_asked_back"] += out["asked_back"]
+    self._ticket_steps["tickets_released"] += out["released"]
+    self._ticket_totals = {"tickets_asked_back_total": out["asked_back_total"],
+                           "tickets_released_total": out["released_total"],
+                           "tickets_reclaimed_total": out["reclaimed_total"]}
+
+  def admission_metrics(self) -> dict:
+    if not self.primary:
+      return {}
+    out = {k: float(v) for k, v in {**self._ticket_steps, **self._ticket_totals}.items()}
+    self._ticket_steps = dict.fromkeys(self._ticket_steps, 0)
+    return out
 
   def resume(self, step: int, meta: dict) -> None:
     del meta
