@@ -417,3 +417,62 @@ def test_thread_source_stop_of_healthy_samplers_raises_nothing_and_an_error_is_r
   with pytest.raises(RuntimeError, match="sampler boom"):
     source.check()  # surfaced during a step: the loop unwinds with it ...
   source.stop()  # ... and stopping does not raise it a second time
+
+
+# --- Drops admit their replacements ----------------------------------------------------------------------
+
+
+def test_each_dropped_group_admits_one_more_ticket_so_the_learner_never_starves():
+  """The learner's protocol with every 4th group slow (6 ticks; others 1), η = 1, P = 2, one sampler always
+  fresh: a slow group arrives too stale and is dropped (`rollouts.is_stale`). With each drop added to the bound
+  (`add_extra`, as the queue sources do) every step fills; without, the run stalled for good at step 4, after
+  η·P + 1 = 3 drops (no ticket under the bound left to start)."""
+  p, eta = 2, 1
+  admission = rollouts.MemoryAdmission(groups_per_step=p, max_staleness=eta)
+  due, arrived, taken, version, drops = {}, [], 0, 0, 0  # due: ticket -> (tick it arrives, version it started at)
+  for tick in range(100):
+    while (ticket := admission.claim(version)) is not None:
+      due[ticket] = (tick + (6 if ticket % 4 == 2 else 1), version)
+    arrived += [v for ticket, (at, v) in sorted(due.items()) if at == tick]
+    while arrived and taken < p:  # the learner consumes groups as they arrive
+      if rollouts.is_stale(version - arrived.pop(0), eta):
+        admission.add_extra(1)
+        drops += 1
+      else:
+        taken += 1
+    if taken == p:
+      version, taken = version + 1, 0
+    elif not any(at > tick for at, _ in due.values()):
+      raise AssertionError(f"stalled at step {version} after {drops} drops: nothing in flight")
+    if version == 12:
+      break
+  assert version == 12 and drops > eta * p and admission.extra() == drops
+
+
+def test_the_thread_source_adds_its_drops_to_the_admission_bound(tmp_path):
+  parts = runtime.build_parts(_cfg(mode="async", max_staleness=1))
+  source = runtime.ThreadSource(parts, str(tmp_path), lambda *a, **k: None)
+  p = parts.cfg.rl.prompts_per_step
+  for ticket, version in [(0, 0)] + [(t, 3) for t in range(1, p + 1)]:  # ticket 0: 3 versions old at step 3
+    for i, row in enumerate(_group_rows(ticket, version, parts.cfg.rl.samples_per_prompt)):
+      source.queue.put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket),
+                       group_size=parts.cfg.rl.samples_per_prompt)
+  taken = source.take(3)
+  assert taken.dropped == [(envs.group_id(0), 3)] and source.admission.extra() == 1
+  assert source.admission.limit(3) == (3 + 1 + 1) * p + 1
+  source.resume(2, {"next_ticket": 9, "dropped_stale_total": 4})  # a resumed learner: its checkpoint's drops
+  assert source.admission.extra() == 4
+
+
+def test_the_file_learner_grants_past_the_bound_by_its_drops_and_samplers_read_them(tmp_path):
+  learner = rollouts.FileAdmission(tmp_path, groups_per_step=2, max_staleness=0)
+  sampler = rollouts.FileAdmission(tmp_path, groups_per_step=2, max_staleness=0, sampler_id="s0", capacity=8)
+  sampler.heartbeat()
+  learner.grant(0, committed=set(), timeout_s=60)
+  assert sampler.granted() == [0, 1]  # (0 + 0 + 1) × 2
+  learner.add_extra(2)
+  learner.grant(0, committed=set(), timeout_s=60)
+  assert sampler.granted() == [0, 1, 2, 3] and sampler.extra() == 2
+  assert [sampler.claim(0) for _ in range(5)] == [0, 1, 2, 3, None]
+  with pytest.raises(ValueError, match="Only the learner"):
+    sampler.add_extra(1)

@@ -9,7 +9,10 @@ Admission (AReaL-style). A sampler whose params are version v may start group g 
 
 i.e. only work the learner will consume within η versions of v if it consumes groups in order. With η = 0 the
 groups of step k start only once version k is out: the synchronous, on-policy loop exactly. `extra` counts
-tickets abandoned by dead samplers (their groups will never arrive, so the budget grows by as many).
+the groups the learner consumed without training them (dropped, below): each leaves a step one group short,
+so the bound grows by one per drop and another ticket takes its place (with `extra` = 0, more than η·P drops
+in a run left the learner waiting for ever: no sampler could start the groups it needed). The learner adds
+them (`add_extra`) as it drops, and a resumed learner starts from its checkpoint's count.
 
 Drop. A group's staleness when the learner at version k consumes it is k − (the oldest version among its
 trained tokens). Out-of-order completion can still exceed η (a straggler started long ago); such a group is
@@ -27,8 +30,9 @@ object stores):
                              asked back that it releases and which write of its grants file it answers
   <dir>/grants/<id>.json     written by the learner: the tickets granted to sampler <id>, those asked back
                              (each with the write that asked), and the file's write count
-  <dir>/learner.json         written by the learner: the next new ticket, and how many tickets it has taken
-                             back from silent samplers, asked back and had released, over the run
+  <dir>/learner.json         written by the learner: the next new ticket, `extra` (the groups it dropped),
+                             and how many tickets it has taken back from silent samplers, asked back and had
+                             released, over the run
 
 The learner (`grant`, called while it waits and after each step) tops up every live sampler's grants to its
 capacity (the groups it runs plus those its free slots could start), then, one ticket per sampler in turn, to
@@ -37,7 +41,8 @@ later; in turn, so that under a tight bound one sampler does not hold every spar
 new tickets below the bound at the learner's version; a sampler starts a granted ticket only if it is below
 the bound at its *own* version. When a sampler's heartbeat is older than the timeout its uncommitted grants
 are taken back and granted to live samplers (same ticket: same prompt, same seeds), so no prompt is skipped
-and the learner never waits on a dead sampler. `extra` is 0 in this protocol.
+and the learner never waits on a dead sampler. The learner's `extra` (its drops) is in learner.json, which
+samplers read for their own bound.
 
 Asking back (`rebalance`). A ticket ahead waits for its sampler's slots; if that sampler is slow (a smaller
 accelerator, long generations) while another has free slots and nothing is left to grant under the bound, the
@@ -118,7 +123,11 @@ class Admission(abc.ABC):
 
   @abc.abstractmethod
   def extra(self) -> int:
-    """Tickets granted on top of the bound for abandoned work."""
+    """Tickets admitted on top of the bound: one per group the learner dropped (module docstring)."""
+
+  @abc.abstractmethod
+  def add_extra(self, dropped: int) -> None:
+    """Learner side: `dropped` more groups were consumed without training; as many more tickets may start."""
 
   def commit(self, ticket: int) -> None:  # pylint: disable=unused-argument
     """The ticket's group is in the queue (files: it no longer counts as held by the sampler)."""
@@ -133,9 +142,10 @@ class MemoryAdmission(Admission):
   one in `done` (a resumed run's groups already in its queue)."""
 
   def __init__(self, *, groups_per_step: int, max_staleness: int, first_ticket: int = 0,
-               done: Iterable[int] = ()):
+               done: Iterable[int] = (), extra: int = 0):
     super().__init__(groups_per_step=groups_per_step, max_staleness=max_staleness)
     self._next = _check("first_ticket", first_ticket, 0)
+    self._extra = _check("extra", extra, 0)
     self._done = {int(t) for t in done if int(t) >= self._next}
     self._lock = threading.Lock()
     self._skip_done()
@@ -150,7 +160,11 @@ class MemoryAdmission(Admission):
     return self._next
 
   def extra(self) -> int:
-    return 0
+    return self._extra
+
+  def add_extra(self, dropped: int) -> None:
+    with self._lock:
+      self._extra += _check("dropped", dropped, 0)
 
   def claim(self, version: int) -> int | None:
     with self._lock:
@@ -215,11 +229,24 @@ class FileAdmission(Admission):
     self._done: set[int] = set()  # sampler: committed by this process
     self._answered: set[int] = set()  # sampler: released by the last heartbeat (never started while asked back)
     self._grants_cache: tuple[float, _Grants] = (0.0, _Grants([], {}, 0))
-
-  # --- sampler side ---------------------------------------------------------------------------------------
+    self._extra = 0  # learner: the groups it dropped (`add_extra`; a resumed learner adds its checkpoint's)
+    self._extra_cache = (0.0, 0)  # sampler: (when read, learner.json's extra)
 
   def extra(self) -> int:
-    return 0
+    """The learner's own count; a sampler's read from learner.json (at most every 0.1 s)."""
+    if self.sampler_id is None:
+      return self._extra
+    now = time.time()
+    if now - self._extra_cache[0] > 0.1:
+      self._extra_cache = (now, int(_read_json(self.directory / "learner.json", {}).get("extra", 0)))
+    return self._extra_cache[1]
+
+  def add_extra(self, dropped: int) -> None:
+    if self.sampler_id is not None:
+      raise ValueError("Only the learner (sampler_id None) adds extra tickets: it drops groups.")
+    self._extra += _check("dropped", dropped, 0)
+
+  # --- sampler side ---------------------------------------------------------------------------------------
 
   def _grants_path(self, sampler_id: str) -> epath.Path:
     return self.directory / "grants" / f"{sampler_id}.json"
@@ -319,7 +346,7 @@ class FileAdmission(Admission):
         pool, reclaimed = pool + lost, reclaimed + len(lost)
     released = sum((book.settle(sid, beats[sid]) for sid in live), [])
     pool = sorted(pool + released)
-    limit = admission_limit(version, groups_per_step=self.groups_per_step, max_staleness=self.max_staleness)
+    limit = self.limit(version)
     granted_now = 0
 
     def give(sid: str) -> None:
@@ -350,8 +377,9 @@ class FileAdmission(Admission):
     asked_total, released_total = asked_total + asked, released_total + len(released)
     book.keep(_UNASSIGNED, pool)  # Reclaimed tickets no live sampler could take yet, until the next call.
     book.write(self._grants_path)
-    _write_json_atomic(self.directory / "learner.json", {"next_ticket": next_ticket, "reclaimed": reclaimed,
-                                                         "asked_back": asked_total, "released": released_total})
+    _write_json_atomic(self.directory / "learner.json", {"next_ticket": next_ticket, "extra": self._extra,
+                                                         "reclaimed": reclaimed, "asked_back": asked_total,
+                                                         "released": released_total})
     return {"granted": granted_now, "reclaimed_total": reclaimed, "next_ticket": next_ticket,
             "live_samplers": len(live), "released": len(released), "asked_back": asked,
             "released_total": released_total, "asked_back_total": asked_total}

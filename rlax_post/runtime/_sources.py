@@ -134,6 +134,7 @@ def take_groups(queue, *, num_groups: int, learner_version: int, max_staleness: 
 class _QueueSource:
   """What the thread and process sources share: a learner that takes groups from a rollout queue."""
   queue: Any
+  admission: Any  # `rollouts.Admission`, or None (a multi-host learner's other processes)
   poll_s = 1.0
   device_lock: ContextManager = contextlib.nullcontext()
 
@@ -170,6 +171,8 @@ class _QueueSource:
   def take(self, step: int) -> Taken:
     t0 = time.time()
     fresh, dropped = _rowlog.take_shared(lambda: self._take_local(step))
+    if self.admission is not None and dropped:  # each drop admits one more ticket in its place
+      self.admission.add_extra(len(dropped))
     samplers = self.sampler_stats()
     idle = [s["idle_frac"] for s in samplers]
     return Taken(fresh, dropped, {
@@ -234,7 +237,8 @@ class ThreadSource(_QueueSource):
       done = {int(g) for g in self.queue.seen_group_ids()}
       first = 0
     self.admission = rollouts.MemoryAdmission(groups_per_step=self.cfg.rl.prompts_per_step,
-                                              max_staleness=self.eta, first_ticket=first, done=done)
+                                              max_staleness=self.eta, first_ticket=first, done=done,
+                                              extra=int(meta.get("dropped_stale_total", 0)))
     for w in self.workers:
       w.channels.admission = self.admission
 
@@ -330,9 +334,9 @@ class ProcessSource(_QueueSource):
     return out
 
   def resume(self, step: int, meta: dict) -> None:
-    del meta
     if self.primary:
       self.queue.rollback(_samplers.LEARNER, step)
+      self.admission.add_extra(int(meta.get("dropped_stale_total", 0)))  # the drops up to the checkpoint
     publishers = [p for p in (self.publisher, self.critic_publisher) if p is not None]
     for publisher in publishers:
       publisher.delete_newer_than(step)
