@@ -1,0 +1,86 @@
+"""Every shipped config loads: each `configs/*.py` with each of its variants (alone, with `tiny`, and every
+combination its docstring shows), every (model, hardware[, critic]) pair of `configs/models.py`, and every work
+unit of each of their sweeps (`rlax-post sweep`). The config checks refuse settings a run would ignore, so a
+shipped config that sets one fails here: fix the config, not the check."""
+
+import glob
+import itertools
+import os
+import re
+
+import pytest
+
+from rlax_post import config
+from rlax_post import sweep
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_FILES = sorted(p for p in glob.glob(os.path.join(REPO, "configs", "*.py")) if not p.endswith("models.py"))
+# Combinations a file refuses by design (get_config raises, naming why).
+_REFUSED = {
+    ("trees.py", "arpo"): "runs on variant tools only",
+    ("trees.py", "arpo,tiny"): "runs on variant tools only",
+    ("trees.py", "random,tools"): "runs on the text tasks only",
+}
+
+
+def _module(path):
+  return sweep.load_module(path)
+
+
+def _specs():
+  """(file, variant) for every variant alone and with `tiny`, and each `file.py:variant` its docstring shows."""
+  specs = []
+  for path in _FILES:
+    module = _module(path)
+    valid = getattr(module, "_VARIANTS")
+    name = os.path.basename(path)
+    shown = re.findall(rf"configs/{re.escape(name)}:([\w.,-]+)", open(path).read())
+    variants = {None, *valid, *(f"{v},tiny" for v in valid if v not in ("default", "tiny")), *shown}
+    if name == "trees.py":  # the tool arms need the `tools` variant
+      variants |= {f"tools,{arm}" for arm in module.TOOL_ARMS} | {f"tools,{arm},tiny" for arm in module.TOOL_ARMS}
+    specs += [(path, v) for v in sorted(variants, key=str)]
+  return specs
+
+
+def _model_specs():
+  models_cfg = _module(os.path.join(REPO, "configs", "models.py"))
+  out = []
+  for model, hardware in itertools.product(models_cfg.MODELS, models_cfg.HARDWARE):
+    if (model, hardware) in models_cfg.UNSUPPORTED:
+      continue
+    out.append(f"{model},{hardware}")
+    if (model, hardware) not in models_cfg.UNSUPPORTED_CRITIC:
+      out.append(f"{model},{hardware},critic")
+  return out
+
+
+def _sweep_variants(path):
+  """The variants a sweep runs over: none, `tiny`, and each `rlax-post sweep --config file.py:variant` its
+  docstring shows (an arm's variant fixes the arm the sweep itself varies)."""
+  name = os.path.basename(path)
+  shown = re.findall(rf"rlax-post sweep --config configs/{re.escape(name)}:([\w.,-]+)", open(path).read())
+  return {None, "tiny", *shown}
+
+
+@pytest.mark.parametrize("path, variant", _specs(), ids=lambda x: os.path.basename(x) if isinstance(x, str) and
+                         x.endswith(".py") else str(x))
+def test_every_variant_and_sweep_unit_loads(path, variant):
+  module = _module(path)
+  refused = _REFUSED.get((os.path.basename(path), variant))
+  if refused:
+    with pytest.raises(ValueError, match=refused):
+      module.get_config(variant)
+    return
+  cfg = config.load(module.get_config(variant))
+  assert isinstance(cfg, config.Config)
+  if hasattr(module, "get_sweep") and variant in _sweep_variants(path):
+    spec = path if variant is None else f"{path}:{variant}"
+    units = sweep.work_units(spec)  # each unit's full config is validated
+    assert units and all(u.config == spec for u in units)
+
+
+@pytest.mark.parametrize("variant", _model_specs())
+def test_every_model_pair_loads(variant):
+  models_cfg = _module(os.path.join(REPO, "configs", "models.py"))
+  cfg = config.load(models_cfg.get_config(variant))
+  assert cfg.model.preset == variant.split(",")[0]
