@@ -111,6 +111,24 @@ def test_bad_sweeps_fail_before_launch(tmp_path):
     sweep.work_units(str(tmp_path / "missing.py"))
 
 
+def test_differences_turn_one_config_into_another_and_none_is_a_value(tmp_path):
+  from configs import demo  # pylint: disable=g-import-not-at-top
+  point = sweep.differences(demo.get_config("gae"), demo.get_config())
+  # GRPO from the `gae` variant: the estimator, and the normalisation GRPO does not read back to None.
+  assert point == {"advantage.estimator": "grpo", "advantage.normalize": None}
+  assert sweep.differences(demo.get_config(), demo.get_config()) == {}
+  with pytest.raises(ValueError, match=r"the configs' keys differ \(\['task.options.alphabet'\]\)"):
+    sweep.differences(demo.get_config("tiny"), demo.get_config("sort,tiny"))
+  # A None override travels as `--config.KEY=None`, which `rlax-post train` reads back for a key that may be None.
+  unit = sweep.WorkUnit(index=0, config=DEMO, overrides=point)
+  assert unit.flags() == ["--config.advantage.estimator=grpo", "--config.advantage.normalize=None"]
+  assert sweep.none_overrides(unit.flags())[1] == {"advantage.normalize": None}
+  (unit,) = sweep.work_units(_write_config(tmp_path, f"return [{point!r}]", "n.py") + ":gae")
+  assert unit.overrides == point
+  with pytest.raises(ValueError, match="sweep point 0 sets seed=None, which is not a key that may be None"):
+    sweep.work_units(_write_config(tmp_path, "return [{'seed': None}]", "s.py"))
+
+
 def _fake_result(tmp_path, overrides, idx, evals, train):
   unit = sweep.WorkUnit(index=idx, config="c.py", overrides=overrides)
   r = sweep.UnitResult(unit=unit, workdir=str(tmp_path / unit.dirname), returncode=0)

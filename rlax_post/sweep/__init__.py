@@ -12,6 +12,7 @@ from rlax_post.sweep._units import apply
 from rlax_post.sweep._units import axis
 from rlax_post.sweep._units import check_overrides
 from rlax_post.sweep._units import command_line_overrides
+from rlax_post.sweep._units import differences
 from rlax_post.sweep._units import load_module
 from rlax_post.sweep._units import none_overrides
 from rlax_post.sweep._units import product
@@ -25,6 +26,7 @@ __all__ = [
     "axis",
     "check_overrides",
     "command_line_overrides",
+    "differences",
     "finished",
     "group_figures",
     "load_module",

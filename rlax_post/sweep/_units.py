@@ -62,8 +62,30 @@ def zipped(*axes: Sequence[Point]) -> list[Point]:
   return [_merge(row, "zipped") for row in zip(*axes)]
 
 
+def differences(base: ml_collections.ConfigDict, other: ml_collections.ConfigDict) -> Point:
+  """The dotted keys where config `other` differs from `base`, with `other`'s values: the sweep point that turns
+  `base` into `other` (e.g. an arm's variant into a point over the sweep's base, resets of the settings only the
+  base's arm reads included). ValueError for a key only one of them has: a point sets keys the base has."""
+  def flat(tree, prefix=""):
+    out = {}
+    for key, value in tree.items():
+      if isinstance(value, dict) and value:
+        out.update(flat(value, f"{prefix}{key}."))
+      else:
+        out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
+    return out
+  a, b = flat(base.to_dict()), flat(other.to_dict())
+  if set(a) != set(b):
+    raise ValueError(f"sweep.differences: the configs' keys differ ({sorted(set(a) ^ set(b))}); a sweep point can "
+                     "only set keys its base has.")
+  return {key: b[key] for key in b if b[key] != a[key]}
+
+
 def _flag_value(value: Any) -> str:
-  """How `--config.key=value` spells a value so that ml_collections parses it back to the same value."""
+  """How `--config.key=value` spells a value so that ml_collections parses it back to the same value (None:
+  `none_overrides` reads 'None' back for a key that may be None)."""
+  if value is None:
+    return "None"
   if isinstance(value, bool):
     return "true" if value else "false"
   if isinstance(value, str):
@@ -73,7 +95,7 @@ def _flag_value(value: Any) -> str:
   if isinstance(value, (tuple, list)):
     return repr(tuple(value))
   raise ValueError(f"sweep value {value!r} of type {type(value).__name__} cannot be passed as a flag; use "
-                   "bool, int, float, str or a tuple of them.")
+                   "bool, int, float, str, None (a key that may be None) or a tuple of them.")
 
 
 def _short(value: Any) -> str:
@@ -272,6 +294,8 @@ def _load_point(base: ml_collections.ConfigDict, point: Any, i: int, config: str
   for key, value in point.items():
     _check_key(cfg, key, config)
     _flag_value(value)
+    if value is None and not config_lib.accepts_none(key):
+      raise ValueError(f"{config}: sweep point {i} sets {key}=None, which is not a key that may be None.")
     try:
       cfg.update_from_flattened_dict({key: value})
     except (TypeError, ValueError) as e:
