@@ -55,7 +55,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 seq_eps_high=4e-4, dual_clip=config_dict.placeholder(float), kl_coef=0.0,
                 track_kl=True, kl_kind="k3",
                 entropy_coef=0.0, agg_mode="token_mean", micro_batches=1)
-  # gamma .. num_iters are read by the step-level estimators (gigpo, graph_gae) only.
+  # Read by some estimators only (a value other than the default, set for another, is refused): gamma by gigpo,
+  # graph_gae and gae; lambda_ and normalize by graph_gae and gae; omega and episode_method by gigpo; max_nodes
+  # by gigpo and graph_gae; num_iters by graph_gae; c3_mode .. standardize by c3.
   c.advantage = dict(estimator="grpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
                      episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0,
                      c3_mode="value_assisted", alpha=1.0, baseline="loo", standardize=True)
@@ -76,8 +78,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                    q_holdout=0.2)
   c.eval = dict(every=10, batch_size=256)
   c.checkpoint = dict(every=20, max_to_keep=2)
-  # mode="async": samplers and learner overlap through the rollout queue (docs/async.md); the keys after
-  # stop_after_steps are read in async mode only.
+  # mode="async": samplers and learner overlap through the rollout queue (docs/async.md); max_staleness,
+  # num_samplers, queue, queue_capacity, param_versions_to_keep and sampler_timeout_s are read in async mode only.
   c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,
                    decode_steps_per_sync=8, refill_after=0, prefill_chunk_rows=0, sampler_layers="auto",
                    max_staleness=1, num_samplers=1, queue="memory", queue_capacity=0, sampler_slots=0,
@@ -118,7 +120,9 @@ def get_sweep(arg: str | None = None) -> list[dict]:
   """
   variants = (arg or "").split(",")
   if "gae" in variants:  # GRPO against PPO with a critic at equal samples, 3 seeds (docs/critic.md)
-    return sweep.product(sweep.axis("advantage.estimator", ["grpo", "gae"]), sweep.axis("seed", [0, 1, 2]))
+    # The GRPO arm: the config without `gae` (its critic and normalisation, which GRPO does not read, reset).
+    grpo = sweep.differences(get_config(arg), get_config(",".join(v for v in variants if v != "gae")))
+    return sweep.product([grpo, {"advantage.estimator": "gae"}], sweep.axis("seed", [0, 1, 2]))
   if "tiny" in variants:
     return sweep.product(sweep.axis("advantage.estimator", ["grpo", "rloo"]), sweep.axis("seed", [0]))
   return sweep.product(sweep.axis("advantage.estimator", ["grpo", "rloo", "drgrpo"]), sweep.axis("seed", [0, 1]))

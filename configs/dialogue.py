@@ -51,8 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.max_new_tokens = 448
   c.sft.noise = 0.5
   c.sft.steps = 2 if tiny else 200
-  c.advantage.estimator = "grpo"
-  c.advantage.num_iters = c.task.options.horizon + 1
+  c.advantage.estimator = "grpo"  # (graph_gae: with advantage.num_iters = horizon + 1 Bellman sweeps)
   if not tiny:
     c.rl.steps = 30
     c.eval.every = 10

@@ -42,29 +42,36 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = sweep.variants(arg, _VARIANTS, "configs/iterppo.py")
   tiny = "tiny" in variants
   c = _sales().get_config("tiny" if tiny else None)
-  # Q: the critic section's scalar model from the warm start's backbone, regressed on the returns (mse).
-  c.critic.loss = "mse"
-  c.critic.init_bias = 0.5  # the returns lie in [0, 1]
   # E episodes per round; S single-turn PPO steps of P states × n responses; Q's fit.
-  c.iterppo = dict(episodes=128, round_steps=8, gamma=0.9, q="learned", q_epochs=4, q_batch_size=32,
-                   q_holdout=0.2)
+  rounds = dict(episodes=128, round_steps=8, gamma=0.9, q="learned", q_epochs=4, q_batch_size=32, q_holdout=0.2)
   if tiny:
-    c.iterppo.episodes, c.iterppo.round_steps, c.iterppo.q_batch_size, c.iterppo.q_epochs = 8, 2, 8, 1
+    rounds.update(episodes=8, round_steps=2, q_batch_size=8, q_epochs=1)
   arm = next((v for v in variants if v in ARMS), "learned")
+  if arm != "grpo":  # (online GRPO has no rounds: the iterppo section keeps its defaults)
+    c.iterppo = rounds
   sweep.apply(c, ARMS[arm])
-  episodes = c.iterppo.episodes * ROUNDS
   if arm == "grpo":  # as many episodes as the rounds' arms
-    c.rl.steps = episodes // (c.rl.prompts_per_step * c.rl.samples_per_prompt)
+    c.rl.steps = rounds["episodes"] * ROUNDS // (c.rl.prompts_per_step * c.rl.samples_per_prompt)
   else:
     c.rl.steps = ROUNDS * c.iterppo.round_steps
+  if arm != "grpo" and c.iterppo.q != "oracle":
+    # Q: the critic section's scalar model from the warm start's backbone, regressed on the returns (mse).
+    c.critic.loss = "mse"
+    c.critic.init_bias = 0.5  # the returns lie in [0, 1]
   c.eval.every = 0  # the greedy evaluation at the start and the end (the rounds measure V^π exactly)
-  c.checkpoint.every = c.iterppo.round_steps
+  c.checkpoint.every = rounds["round_steps"]
   return c
 
 
 def get_sweep(arg: str | None = None) -> list[dict]:
-  """The five arms (each with its number of steps) × seeds 0, 1, 2 (seed 0 only with `tiny`)."""
-  variants = [v for v in (arg or "").split(",") if v]
+  """The five arms (each with its number of steps) × seeds 0, 1, 2 (seed 0 only with `tiny`); each arm's
+  overrides also reset what the base's arm (learned) sets and that arm does not read (the oracle's arms: Q's
+  critic settings; GRPO's: those and the iterppo section)."""
+  variants = [v for v in (arg or "").split(",") if v and v not in ARMS]
   seeds = [0] if "tiny" in variants else [0, 1, 2]
-  arms = [{**ARMS[a], "rl.steps": get_config(",".join(variants + [a])).rl.steps} for a in ARMS]
+  base = get_config(",".join(variants))
+  arms = []
+  for a in ARMS:
+    arm = get_config(",".join(variants + [a]))
+    arms.append({**ARMS[a], "rl.steps": arm.rl.steps, **sweep.differences(base, arm)})
   return sweep.product(arms, sweep.axis("seed", seeds))

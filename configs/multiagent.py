@@ -40,7 +40,10 @@ _VARIANTS = ("default", "tiny", "policies", *_TASKS, *_ARMS, *_POLICIES)
 ARMS = {  # each arm's overrides (also the sweep's units)
     "magrpo": {"advantage.estimator": "magrpo", "multiagent.fanout": (8, 1)},
     "c3": {"advantage.estimator": "c3", "advantage.c3_mode": "reward_only", "multiagent.fanout": (2, 4)},
-    "c3_value": {"advantage.estimator": "c3", "advantage.c3_mode": "value_assisted", "multiagent.fanout": (2, 4)},
+    # C3's Q-critic (the critic section; read by this arm only): a separate model from the warm start, bce on
+    # success, its head's bias at the base rate 0.4.
+    "c3_value": {"advantage.estimator": "c3", "advantage.c3_mode": "value_assisted", "multiagent.fanout": (2, 4),
+                 "critic.loss": "bce", "critic.init_bias": 0.4},
     "c3_noreplay": {"advantage.estimator": "c3", "advantage.c3_mode": "reward_only", "multiagent.fanout": (2, 4),
                     "multiagent.replay": False},
 }
@@ -79,10 +82,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.advantage = dict(estimator="magrpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
                      episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0,
                      c3_mode="value_assisted", alpha=1.0, baseline="loo", standardize=True)
-  # C3's Q-critic (c3_mode value_assisted / value_only): a separate model from the warm start, bce on success.
+  # C3's Q-critic (c3_mode value_assisted / value_only; the c3_value arm sets its loss and prior).
   c.critic = dict(mode="separate", init="policy", preset="tiny", overrides=dict(),
-                  hf_path=config_dict.placeholder(str), loss="bce", clip_eps=0.2, huber_delta=1.0, coef=0.5,
-                  init_bias=0.4, warmup_steps=0, mesh=dict(), publish=False,
+                  hf_path=config_dict.placeholder(str), loss="clipped", clip_eps=0.2, huber_delta=1.0, coef=0.5,
+                  init_bias=config_dict.placeholder(float), warmup_steps=0, mesh=dict(), publish=False,
                   optimizer=dict(learning_rate=1e-3, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
                                  b1=0.9, b2=0.99, max_grad_norm=1.0))
   c.multiagent = dict(roles=(), prompts=dict(), template="{system}:{view}{history}>", separator="|",
@@ -110,9 +113,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.task.name = variant
       c.task.options = _TASKS[variant]
     if variant in ARMS or variant in _POLICIES:
-      for key, value in {**ARMS, **_POLICIES}[variant].items():
-        section, name = key.split(".")
-        c[section][name] = value
+      sweep.apply(c, {**ARMS, **_POLICIES}[variant])
   if "tiny" in variants:  # A smoke-sized run: compiles and runs in well under a minute.
     c.model.preset = "micro"
     c.task.num_eval = 16

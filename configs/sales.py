@@ -37,7 +37,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.rl.max_new_tokens = 224
   if "tiny" not in variants:
     c.rl.steps = 30
-  # estimator: "grpo" on the episode's discounted return (also "gigpo" / "graph_gae" over the conversation keys).
+  # estimator: "grpo" on the episode's discounted return (also "gigpo" / "graph_gae" over the conversation keys;
+  # graph_gae: with --config.advantage.num_iters=5, patience + 1 Bellman sweeps).
   c.advantage.estimator = "grpo"
-  c.advantage.num_iters = c.task.options.patience + 1
   return c

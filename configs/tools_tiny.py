@@ -17,7 +17,14 @@ which fails the task. RL (multi-turn `EpisodeProducer` episodes through the asyn
 import ml_collections
 from ml_collections import config_dict
 
+from rlax_post import sweep
+
 _VARIANTS = ("default", "tiny")
+MAX_TURNS = 3
+# graph_gae's settings: num_iters = max_turns + 1 Bellman sweeps over the turn graph (exact on a DAG of at most
+# max_turns steps; a turn that changes nothing repeats its key, a cycle, which the cap bounds) and
+# normalize = "group", so its advantages have GRPO's scale. No other estimator reads them.
+GRAPH_GAE = {"advantage.normalize": "group", "advantage.num_iters": MAX_TURNS + 1}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -26,7 +33,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # options: see rlax_post.envs.tools.ToolTask.
   # At 448 tokens and 3 messages the fitting one-goal tasks are mostly cancels (of the first 300 tasks: 49
   # cancels, 8 deletes, 3 copies), the kind where the warm start mixes "look the id up" with "guess it".
-  c.task = dict(name="tools", options=dict(max_goals=1, max_turns=3, max_turn_tokens=128, slack=32,
+  c.task = dict(name="tools", options=dict(max_goals=1, max_turns=MAX_TURNS, max_turn_tokens=128, slack=32,
                                            reward_mode="final"), num_eval=32)
   # The dataset task's files and reward (task.name = "dataset", docs/data.md); unused by this config's task.
   c.data = dict(train=config_dict.placeholder(str), eval=config_dict.placeholder(str), eval_fraction=0.0,
@@ -53,13 +60,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 seq_eps_high=4e-4, dual_clip=config_dict.placeholder(float), kl_coef=0.02,
                 track_kl=False, kl_kind="k3",
                 entropy_coef=0.0, agg_mode="token_mean", micro_batches=1)
-  # estimator: "grpo" (episode level), "gigpo" or "graph_gae" (turn level over the env's state keys).
-  # graph_gae: num_iters = max_turns + 1 Bellman sweeps over the turn graph (exact on a DAG of at most
-  # max_turns steps; a turn that changes nothing repeats its key, a cycle, which the cap bounds) and
-  # normalize="group" so its advantages have GRPO's scale (normalize is read by graph_gae only).
+  # estimator: "grpo" (episode level), "gigpo" or "graph_gae" (turn level over the env's state keys). graph_gae
+  # reads `GRAPH_GAE` too (set with it on the command line, or as the sweep's graph_gae arm does).
   c.advantage = dict(estimator="gigpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
-                     episode_method="drgrpo", normalize="group", max_nodes=0,
-                     num_iters=c.task.options.max_turns + 1,
+                     episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0,
                      c3_mode="value_assisted", alpha=1.0, baseline="loo", standardize=True)
   # The learned critic of advantage.estimator = "gae" (PPO with a critic; docs/critic.md); unused otherwise.
   c.critic = dict(mode="separate", init="policy", preset="tiny", overrides=dict(),
@@ -104,4 +108,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def get_sweep(arg=None):
   del arg
-  return [{"advantage.estimator": est, "seed": seed} for est in ("grpo", "gigpo", "graph_gae") for seed in (0, 1, 2)]
+  arms = [{"advantage.estimator": "grpo"}, {"advantage.estimator": "gigpo"},
+          {"advantage.estimator": "graph_gae", **GRAPH_GAE}]
+  return sweep.product(arms, sweep.axis("seed", [0, 1, 2]))

@@ -28,7 +28,9 @@ import ml_collections
 
 from rlax_post import sweep
 
-_TREE = {"tree.trees": 4, "tree.forks": 1, "tree.iterations": 1, "tree.continuations": 1,
+# The tree arms' shape; segment_tokens: the text tasks' answers are a few characters and EOS (tool episodes:
+# turns).
+_TREE = {"tree.trees": 4, "tree.forks": 1, "tree.iterations": 1, "tree.continuations": 1, "tree.segment_tokens": 2,
          "rl.samples_per_prompt": 8}
 ARMS = {
     "chain": {"tree.expansion": "none", "advantage.estimator": "grpo", "rl.samples_per_prompt": 8},
@@ -55,7 +57,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     raise ValueError(f"configs/trees.py: variant 'tools' is its own task; drop {sorted(set(variants) & set(_TASKS))}.")
   base = _config_module("tools_tiny" if tools else "demo")
   c = base.get_config(",".join(v for v in variants if v in ("tiny",) + _TASKS) or None)
-  c.tree.segment_tokens = 2  # the text tasks' answers are a few characters and EOS (tool episodes: turns)
   arm = next((v for v in variants if v in ARMS), "treerl")
   if arm not in (TOOL_ARMS if tools else TEXT_ARMS):
     raise ValueError(f"configs/trees.py: arm {arm!r} runs on {'the text tasks' if tools else 'variant tools'} only.")
@@ -66,7 +67,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 def get_sweep(arg: str | None = None) -> list[dict]:
   """The four arms (text: chain, tree_grpo, treerl, random; `tools`: chain, tree_grpo, treerl, arpo) × seeds 0,
   1, 2 (seed 0 only with `tiny`)."""
-  variants = (arg or "").split(",")
+  variants = [v for v in (arg or "").split(",") if v]
   seeds = [0] if "tiny" in variants else [0, 1, 2]
   arms = TOOL_ARMS if "tools" in variants else TEXT_ARMS
-  return sweep.product([dict(ARMS[a]) for a in arms], sweep.axis("seed", seeds))
+  base = get_config(arg)
+  # Each arm's overrides, and the resets of what the base's arm sets and this one does not read (a chain has no
+  # tree: its tree settings go back to their defaults).
+  rest = [v for v in variants if v not in ARMS]
+  points = [{**ARMS[a], **sweep.differences(base, get_config(",".join([*rest, a])))} for a in arms]
+  return sweep.product(points, sweep.axis("seed", seeds))

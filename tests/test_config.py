@@ -58,7 +58,6 @@ def test_nested_section_keeps_its_own_defaults():
     ({"runtime": {"progress": "yes"}}, r"must be a bool"),
     ({"rl": {"minibatches": 3}}, r"must be divisible by rl.minibatches = 3"),
     ({"loss": {"dual_clip": 0.5}}, r"dual_clip` must be > 1"),
-    ({"loss": {"kind": "gspo", "dual_clip": 3.0}}, r"loss.dual_clip = 3.0 caps token-level PPO.*has no dual clip"),
     ({"rl": {"prompts_per_step": 2, "samples_per_prompt": 4}, "runtime": {"refill_after": 9}},
      r"runtime.refill_after = 9 exceeds the sampler's 8 slots"),
     ({"runtime": {"sampler_slots": 16, "refill_after": 17}}, r"runtime.refill_after = 17 exceeds the sampler's 16"),
@@ -66,12 +65,119 @@ def test_nested_section_keeps_its_own_defaults():
     ({"model": {"overrides": {"param_dtype": "bfloat16"}}},
      r"`model.overrides.param_dtype` = 'bfloat16': trained weights are kept in float32"),
     ({"critic": {"overrides": {"param_dtype": "bfloat16"}}}, r"`critic.overrides.param_dtype` = 'bfloat16'"),
-    ({"data": {"train": "my/train.jsonl"}, "reward": {"fn": "my_rewards.py:score"}},
-     r"\['data.train', 'reward.fn'\] configure the dataset task, but task.name = 'reverse' does not read them"),
 ])
 def test_bad_config_errors(raw, message):
   with pytest.raises(ValueError, match=message):
     config.load(raw)
+
+
+_A = "advantage.estimator"
+_PPO = "the objective 'ppo' (loss.kind = 'auto', runtime.mode = 'sync')"
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"data": {"train": "my/train.jsonl"}, "reward": {"fn": "my_rewards.py:score"}},
+     "`data.train` = 'my/train.jsonl' (default None), `reward.fn` = 'my_rewards.py:score' (default 'math'): read "
+     "only with task.name = 'dataset'; this run has task.name = 'reverse'"),
+    ({"advantage": {"normalize": "batch"}}, "`advantage.normalize` = 'batch' (default None): read only with "
+     f"{_A} in ['graph_gae', 'gae']; this run has {_A} = 'grpo'"),
+    ({"advantage": {"gamma": 0.9, "lambda_": 0.5}}, f"`advantage.gamma` = 0.9 (default 1.0): read only with {_A} in "
+     f"['gigpo', 'graph_gae', 'gae']; this run has {_A} = 'grpo'\n  `advantage.lambda_` = 0.5 (default 1.0): "
+     f"read only with {_A} in ['graph_gae', 'gae']; this run has {_A} = 'grpo'"),
+    ({"advantage": {"estimator": "graph_gae", "omega": 0.5}},
+     f"`advantage.omega` = 0.5 (default 1.0): read only with {_A} = 'gigpo'; this run has {_A} = 'graph_gae'"),
+    ({"advantage": {"estimator": "gigpo", "num_iters": 3}},
+     f"`advantage.num_iters` = 3 (default 0): read only with {_A} = 'graph_gae'; this run has {_A} = 'gigpo'"),
+    ({"advantage": {"estimator": "rloo", "max_nodes": 64, "alpha": 0.5}},
+     f"`advantage.max_nodes` = 64 (default 0): read only with {_A} in ['gigpo', 'graph_gae']; this run has "
+     f"{_A} = 'rloo'\n  `advantage.alpha` = 0.5 (default 1.0): read only with {_A} = 'c3'"),
+    ({"critic": {"loss": "mse", "optimizer": {"b2": 0.9}}},
+     "`critic.loss` = 'mse' (default 'clipped'), `critic.optimizer.b2` = 0.9 (default 0.99): read only with a "
+     "critic: advantage.estimator = 'gae', 'c3' with a value c3_mode, or runtime.mode = 'rounds' with iterppo.q != "
+     "'oracle'; this run has advantage.estimator = 'grpo', runtime.mode = 'sync'"),
+    ({"advantage": {"estimator": "gae"}, "critic": {"hf_path": "/ckpt", "preset": "small"}},
+     "`critic.preset` = 'small' (default 'tiny'): read only with critic.init = 'preset'; this run has critic.init = "
+     "'policy'\n  `critic.hf_path` = '/ckpt' (default None): read only with critic.init = 'hf'; this run has "
+     "critic.init = 'policy'"),
+    ({"advantage": {"estimator": "gae"}, "critic": {"mode": "shared", "warmup_steps": 2}},
+     "`critic.warmup_steps` = 2 (default 0): read only with critic.mode = 'separate'; this run has critic.mode = "
+     "'shared'"),
+    ({"advantage": {"estimator": "gae"}, "critic": {"coef": 1.0, "huber_delta": 2.0}},
+     "`critic.coef` = 1.0 (default 0.5): read only with critic.mode = 'shared'; this run has critic.mode = "
+     "'separate'\n  `critic.huber_delta` = 2.0 (default 1.0): read only with critic.loss = 'huber'"),
+    ({"loss": {"kind": "gspo", "eps_high": 0.3, "dual_clip": 3.0}},
+     "`loss.eps_high` = 0.3 (default 0.28), `loss.dual_clip` = 3.0 (default None): read only with loss.kind in "
+     "['ppo', 'decoupled_ppo'] (\"auto\": 'ppo', or 'decoupled_ppo' in async mode with max_staleness > 0); this run "
+     "has the objective 'gspo' (loss.kind = 'gspo', runtime.mode = 'sync')"),
+    ({"loss": {"seq_eps_low": 1e-3, "behaviour_cap": 4.0}},
+     f"`loss.seq_eps_low` = 0.001 (default 0.0003): read only with loss.kind in ['gspo'] (\"auto\": 'ppo', or "
+     f"'decoupled_ppo' in async mode with max_staleness > 0); this run has {_PPO}\n  `loss.behaviour_cap` = 4.0 "
+     "(default 2.0): read only with loss.kind in ['decoupled_ppo']"),
+    ({"runtime": {"mode": "async", "max_staleness": 0}, "loss": {"behaviour_cap": 4.0}},
+     "`loss.behaviour_cap` = 4.0 (default 2.0): read only with loss.kind in ['decoupled_ppo'] (\"auto\": 'ppo', or "
+     "'decoupled_ppo' in async mode with max_staleness > 0); this run has the objective 'ppo' (loss.kind = 'auto', "
+     "runtime.mode = 'async')"),
+    ({"loss": {"kl_kind": "k2"}}, "`loss.kl_kind` = 'k2' (default 'k3'): read only with loss.kl_coef > 0 or "
+     "loss.track_kl; this run has loss.kl_coef = 0.0, loss.track_kl = False"),
+    ({"runtime": {"num_samplers": 2, "queue": "files", "sampler_timeout_s": 5.0}},
+     "`runtime.num_samplers` = 2 (default 1), `runtime.queue` = 'files' (default 'memory'), "
+     "`runtime.sampler_timeout_s` = 5.0 (default 60.0): read only with runtime.mode = 'async'; this run has "
+     "runtime.mode = 'sync'"),
+    ({"runtime": {"max_staleness": 2, "param_versions_to_keep": 5, "queue_capacity": 4096}},
+     "`runtime.max_staleness` = 2 (default 1), `runtime.queue_capacity` = 4096 (default 0), "
+     "`runtime.param_versions_to_keep` = 5 (default 3): read only with runtime.mode = 'async'"),
+    ({"model": {"lora": {"alpha": 8.0, "targets": ["q"], "base_dtype": "bfloat16"}}},
+     "`model.lora.alpha` = 8.0 (default 16.0), `model.lora.targets` = ('q',) (default ('q', 'k', 'v', 'o', 'gate', "
+     "'up', 'down')), `model.lora.base_dtype` = 'bfloat16' (default None): read only with model.lora.rank > 0; this "
+     "run has model.lora.rank = 0"),
+    ({"multiagent": {"policies": "per_role", "separator": ";"}},
+     "`multiagent.separator` = ';' (default '|'), `multiagent.policies` = 'per_role' (default 'shared'): read only "
+     "with task.name in ['relay', 'sort_reverse']; this run has task.name = 'reverse'"),
+    ({"iterppo": {"episodes": 8}}, "`iterppo.episodes` = 8 (default 64): read only with runtime.mode = 'rounds'; "
+     "this run has runtime.mode = 'sync'"),
+    ({"tree": {"trees": 3, "prefix": "mean"}}, "`tree.trees` = 3 (default 2), `tree.prefix` = 'mean' (default "
+     "'sum'): read only with tree.expansion != 'none'; this run has tree.expansion = 'none'"),
+])
+def test_settings_the_run_does_not_read_are_refused(raw, message):
+  """Each setting that only some runs read, set for a run that does not, is named with its value, its default,
+  what reads it and what the run has instead (it was silently ignored)."""
+  with pytest.raises(ValueError) as err:
+    config.load(raw)
+  assert "This run does not read settings it was given" in str(err.value)
+  assert message in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("raw", [
+    {"advantage": {"estimator": "gae", "normalize": "batch", "gamma": 0.9, "lambda_": 0.95},
+     "critic": {"loss": "huber", "huber_delta": 2.0, "init": "preset", "preset": "small", "optimizer": {"b2": 0.9}}},
+    {"advantage": {"estimator": "gae"}, "critic": {"mode": "shared", "coef": 1.0, "init_bias": 0.5}},
+    {"advantage": {"estimator": "graph_gae", "num_iters": 3, "normalize": "group", "max_nodes": 64}},
+    {"advantage": {"estimator": "gigpo", "omega": 0.5, "episode_method": "rloo", "gamma": 0.9}},
+    {"loss": {"kind": "gspo", "seq_eps_low": 1e-3}},
+    {"loss": {"kind": "decoupled_ppo", "behaviour_cap": 3.0, "dual_clip": 3.0}},
+    {"loss": {"kl_coef": 0.1, "kl_kind": "k2"}},
+    {"loss": {"track_kl": True, "kl_kind": "k1"}},
+    {"runtime": {"mode": "async", "max_staleness": 2, "num_samplers": 2, "queue": "files"},
+     "loss": {"behaviour_cap": 4.0}},
+    {"model": {"lora": {"rank": 4, "alpha": 8.0, "targets": ["q"], "base_dtype": "bfloat16"}}},
+    {"task": {"name": "relay"}, "advantage": {"estimator": "magrpo"}, "multiagent": {"separator": ";"}},
+    {"tree": {"expansion": "treerl", "trees": 1, "forks": 1}, "advantage": {"estimator": "treerl"},
+     "rl": {"samples_per_prompt": 2}},
+])
+def test_settings_the_run_reads_are_kept(raw):
+  config.load(raw)
+
+
+def test_rounds_with_the_oracle_reads_no_critic():
+  rounds = {"task": {"name": "sales", "options": {"discounted": False}}, "runtime": {"mode": "rounds"},
+            "iterppo": {"q": "learned", "round_steps": 2, "episodes": 8}, "rl": {"steps": 4},
+            "critic": {"loss": "mse", "init_bias": 0.5}}
+  assert config.load(rounds).critic.loss == "mse"  # the learned Q is the critic section's model
+  rounds["iterppo"]["q"] = "oracle"
+  with pytest.raises(ValueError, match=r"`critic.loss` = 'mse' \(default 'clipped'\), `critic.init_bias` = 0.5 "
+                     r"\(default None\): read only with a critic.*this run has advantage.estimator = 'grpo', "
+                     r"runtime.mode = 'rounds', iterppo.q = 'oracle'"):
+    config.load(rounds)
 
 
 # One float field of each kind of range; NaN passes every comparison and inf an open-ended bound, so each
@@ -136,7 +242,7 @@ def test_cli_reports_unknown_key_and_bad_value():
   assert out.returncode == 0 and '"steps": 7' in out.stdout
   # Fields that default to None are typed placeholders, so they can still be set from the command line.
   out = _cli("check-config", "--config", "configs/demo.py", "--config.advantage.normalize=group",
-             "--config.loss.dual_clip=3.0")
+             "--config.advantage.estimator=graph_gae", "--config.loss.dual_clip=3.0")
   assert out.returncode == 0 and '"normalize": "group"' in out.stdout and '"dual_clip": 3.0' in out.stdout
   out = _cli("tran", "--config", "configs/demo.py")
   assert out.returncode == 2 and ("valid commands: ['train', 'check-config', 'serve', 'learner', 'sampler', "

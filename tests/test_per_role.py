@@ -160,7 +160,8 @@ def test_per_role_config_errors_name_the_setting():
   from configs import demo  # pylint: disable=g-import-not-at-top
   c = demo.get_config("tiny")
   c.multiagent.policies = "per_role"
-  with pytest.raises(ValueError, match="one policy per role of a role pipeline; task.name must be one of"):
+  with pytest.raises(ValueError, match="`multiagent.policies` = 'per_role' .*: read only with task.name in "
+                     r"\['relay', 'sort_reverse'\]; this run has task.name = 'reverse'"):
     config.load(c)
   with pytest.raises(ValueError, match="needs critic.mode = 'separate'"):
     _cfg("tiny,per_role", advantage__estimator="gae", critic__mode="shared", critic__loss="mse")
@@ -213,7 +214,7 @@ def per_role_run(tmp_path_factory):
   the warm start solves nothing, and the critic's values are what give the roles' rows non-zero advantages."""
   workdir = tmp_path_factory.mktemp("per_role")
   c = multiagent.get_config("tiny,per_role")
-  c.advantage.estimator, c.critic.loss = "gae", "mse"
+  c.advantage.estimator, c.critic.loss, c.critic.init_bias = "gae", "mse", 0.4
   c.runtime.progress = c.runtime.tensorboard = c.runtime.plot = False
   c.rl.optimizer.learning_rate = 1e-2
   c.checkpoint.max_to_keep = 3  # steps 0, 2 and 3

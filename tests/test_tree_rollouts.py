@@ -224,7 +224,8 @@ def test_tree_config_errors_name_the_setting():
   with pytest.raises(ValueError, match="tree rollouts are credited by one of"):
     _cfg(advantage__estimator="gigpo")
   for estimator in ("grpo", "rloo"):  # a shared segment trained once is the tree estimators' (it was ignored)
-    with pytest.raises(ValueError, match=f"tree.prefix = 'mean' .* advantage.estimator = '{estimator}'"):
+    with pytest.raises(ValueError, match=f"`tree.prefix` = 'mean' .*: read only with advantage.estimator in "
+                       f"\\['tree_grpo', 'treerl'\\]; this run has advantage.estimator = '{estimator}'"):
       _cfg(advantage__estimator=estimator, tree__prefix="mean")
   _cfg(advantage__estimator="tree_grpo", tree__prefix="mean")
   with pytest.raises(ValueError, match=r"tree.expansion` must be one of \[.none., .tree_grpo., .treerl., .arpo., .random.\]; got .beam."):

@@ -14,34 +14,35 @@ from rlax_post.config._schema import LOSS_KINDS
 from rlax_post.config._schema import LORA_TARGETS
 from rlax_post.config._schema import LoraSection
 from rlax_post.config._schema import LossSection
-from rlax_post.config._schema import loss_kind
+from rlax_post.config._reads import loss_kind
 from rlax_post.config._schema import MeshSection
 from rlax_post.config._schema import DataSection
 from rlax_post.config._schema import ModelSection
 from rlax_post.config._schema import OptimizerSection
-from rlax_post.config._schema import policy_value_head
+from rlax_post.config._reads import policy_value_head
 from rlax_post.config._schema import QUEUE_BACKENDS
 from rlax_post.config._schema import RewardSection
 from rlax_post.config._schema import RLSection
 from rlax_post.config._schema import RuntimeSection
-from rlax_post.config._schema import separate_critic
+from rlax_post.config._reads import separate_critic
 from rlax_post.config._schema import SFTSection
-from rlax_post.config._schema import staleness
+from rlax_post.config._reads import staleness
 from rlax_post.config._schema import TaskConfig
 from rlax_post.config._schema import C3_MODES
-from rlax_post.config._schema import COLLABORATION_TASKS
+from rlax_post.config._reads import COLLABORATION_TASKS
 from rlax_post.config._schema import fanout_of
 from rlax_post.config._schema import group_rows
 from rlax_post.config._schema import tree_grown
 from rlax_post.config._schema import tree_leaves
-from rlax_post.config._schema import TEXT_TASKS
-from rlax_post.config._schema import TREE_ROLLOUT_ESTIMATORS
+from rlax_post.config._reads import TEXT_TASKS
+from rlax_post.config._reads import TREE_ROLLOUT_ESTIMATORS
 from rlax_post.config._schema import IterPPOSection
 from rlax_post.config._schema import TreeSection
 from rlax_post.config._schema import num_policies
 from rlax_post.config._schema import MultiAgentSection
-from rlax_post.config._schema import TREE_ESTIMATORS
-from rlax_post.config._schema import uses_critic
+from rlax_post.config._reads import TREE_ESTIMATORS
+from rlax_post.config._reads import uses_critic
+from rlax_post.config._reads import reads_critic
 from rlax_post.config._validate import to_dict
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "OptimizerSection",
     "policy_value_head",
     "QUEUE_BACKENDS",
+    "reads_critic",
     "RewardSection",
     "RLSection",
     "RuntimeSection",

@@ -12,6 +12,13 @@ import types
 import typing
 from typing import Any
 
+from rlax_post.config._reads import check_reads
+from rlax_post.config._reads import COLLABORATION_TASKS
+from rlax_post.config._reads import ROUND_ESTIMATORS
+from rlax_post.config._reads import TEXT_TASKS
+from rlax_post.config._reads import TREE_ESTIMATORS
+from rlax_post.config._reads import TREE_ROLLOUT_ESTIMATORS
+from rlax_post.config._reads import TREE_TASKS
 from rlax_post.config._validate import bounded
 from rlax_post.config._validate import build
 from rlax_post.config._validate import choices
@@ -301,8 +308,10 @@ class CriticSection:
   # `rlax-post learner`: publish the separate critic's params as versions beside the policy's
   # (workdir/critic_params), for scorers in other processes (`runtime.CriticScores`).
   publish: bool = False
+  # b2 = 0.99 as every shipped config's critic has it: a config spells out the section whether or not its run
+  # has a critic, and a setting the run does not read must be its default (`check_reads`).
   optimizer: OptimizerSection = dataclasses.field(
-      default_factory=lambda: OptimizerSection(learning_rate=1e-3, warmup_steps=5))
+      default_factory=lambda: OptimizerSection(learning_rate=1e-3, warmup_steps=5, b2=0.99))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,7 +409,6 @@ class Config:
 
   def __post_init__(self):
     check_trained_dtype(self.critic.overrides, "critic.overrides")
-    self._check_dataset_sections()
     self._check_multiagent()
     self._check_tree()
     self._check_rounds()
@@ -421,9 +429,6 @@ class Config:
       raise ValueError(f"rl.stop must be a list of non-empty strings; got {list(self.rl.stop)}.")
     if any(isinstance(w, bool) or not isinstance(w, (int, float)) for w in self.reward.weights):
       raise ValueError(f"reward.weights must be numbers; got {list(self.reward.weights)}.")
-    if self.loss.kind == "gspo" and self.loss.dual_clip is not None:
-      raise ValueError(f"loss.dual_clip = {self.loss.dual_clip} caps token-level PPO's negative-advantage loss; "
-                       "loss.kind = 'gspo' clips a sequence ratio and has no dual clip: set loss.dual_clip = None.")
     if self.advantage.estimator == "gae" and self.critic.mode == "shared" and self.model.lora.rank:
       raise ValueError("critic.mode = 'shared' puts a value head on the policy, which LoRA would freeze; use "
                        "critic.mode = 'separate' with model.lora.rank > 0.")
@@ -432,9 +437,6 @@ class Config:
                        for v in self.critic.mesh.values()):
       raise ValueError(f"critic.mesh maps 'data', 'fsdp', 'tensor' to sizes (ints >= 1, or one -1); got "
                        f"{dict(self.critic.mesh)}.")
-    if self.critic.mode == "shared" and self.critic.warmup_steps:
-      raise ValueError("critic.warmup_steps trains a separate critic alone; with critic.mode = 'shared' the value "
-                       "head trains with the policy. Set critic.warmup_steps = 0 or critic.mode = 'separate'.")
     if self.critic.loss == "bce" and self.critic.init_bias is not None and not 0 < self.critic.init_bias < 1:
       raise ValueError(f"critic.init_bias with critic.loss = 'bce' is a base rate in (0, 1); got "
                        f"{self.critic.init_bias}.")
@@ -450,20 +452,8 @@ class Config:
       raise ValueError(f"runtime.refill_after = {self.runtime.refill_after} exceeds the sampler's "
                        f"{self.sampler_slots} slots (runtime.sampler_slots, or rl.prompts_per_step × "
                        "rl.samples_per_prompt); use 0 (an eighth of the slots) or at most that.")
+    check_reads(self)  # last: a setting's own checks above name it better than 'not read'
 
-
-  def _check_dataset_sections(self) -> None:
-    """`data` and `reward` configure the dataset task alone: set for another task, they were ignored (a run of
-    the demo's task with the user's files named and never read)."""
-    if self.task.name == "dataset":
-      return
-    changed = [f"{name}.{f.name}" for name, section, default in (("data", self.data, DataSection()),
-                                                                   ("reward", self.reward, RewardSection()))
-               for f in dataclasses.fields(section) if getattr(section, f.name) != getattr(default, f.name)]
-    if changed:
-      raise ValueError(f"{changed} configure the dataset task, but task.name = {self.task.name!r} does not read "
-                       "them; set task.name = 'dataset' to train on your own rows (docs/data.md), or leave "
-                       "them at their defaults.")
 
   def _check_multiagent(self):
     tree = self.advantage.estimator in TREE_ESTIMATORS
@@ -479,10 +469,7 @@ class Config:
     if self.task.name in COLLABORATION_TASKS and self.advantage.estimator not in TREE_ESTIMATORS + ("gae",):
       raise ValueError(f"task {self.task.name!r} is a role pipeline; advantage.estimator must be one of "
                        f"{list(TREE_ESTIMATORS + ('gae',))}, got {self.advantage.estimator!r}.")
-    if self.multiagent.policies == "per_role":
-      if self.task.name not in COLLABORATION_TASKS:
-        raise ValueError(f"multiagent.policies = 'per_role' trains one policy per role of a role pipeline; "
-                         f"task.name must be one of {list(COLLABORATION_TASKS)}, got {self.task.name!r}.")
+    if self.multiagent.policies == "per_role" and self.task.name in COLLABORATION_TASKS:
       if self.advantage.estimator == "gae" and self.critic.mode == "shared":
         raise ValueError("multiagent.policies = 'per_role' needs critic.mode = 'separate': a shared value head "
                          "would sit on one role's policy only.")
@@ -538,23 +525,6 @@ class Config:
     if estimator not in TREE_ROLLOUT_ESTIMATORS + ("grpo", "drgrpo", "rloo"):
       raise ValueError(f"tree rollouts are credited by one of {list(TREE_ROLLOUT_ESTIMATORS + ('grpo', 'drgrpo', 'rloo'))}"
                        f"; got advantage.estimator = {estimator!r}.")
-    if self.tree.prefix != "sum" and estimator not in TREE_ROLLOUT_ESTIMATORS:
-      raise ValueError(f"tree.prefix = {self.tree.prefix!r} trains a shared segment once, which only the tree "
-                       f"estimators {list(TREE_ROLLOUT_ESTIMATORS)} do; advantage.estimator = {estimator!r} "
-                       "credits each leaf as a whole sequence (set tree.prefix = 'sum').")
-
-
-# Tasks that are role pipelines (`envs.COLLABORATIONS`; a test keeps the two equal) and the estimators that
-# credit their tree nodes.
-COLLABORATION_TASKS = ("relay", "sort_reverse")
-TREE_ESTIMATORS = ("c3", "magrpo")
-# Single-turn text tasks; the tasks that grow tree rollouts (`tree.expansion`), and the estimators of their
-# leaves.
-TEXT_TASKS = ("reverse", "sort", "add")
-TREE_TASKS = TEXT_TASKS + ("tools",)
-TREE_ROLLOUT_ESTIMATORS = ("tree_grpo", "treerl")
-# The group estimators of Iterative PPO's single-turn phase (`runtime.mode = "rounds"`).
-ROUND_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp")
 
 
 def group_rows(cfg: Config) -> int:
@@ -578,34 +548,6 @@ def fanout_of(cfg: Config, num_roles: int | None = None) -> tuple[int, ...]:
 def num_policies(cfg: Config) -> int:
   """Policies the learner trains side by side: 1, or one per role (`multiagent.policies = "per_role"`)."""
   return len(fanout_of(cfg)) if cfg.multiagent.policies == "per_role" else 1
-
-
-def uses_critic(cfg: Config) -> bool:
-  """The run learns a value: PPO's critic (`gae`) or C3's Q-critic (`c3` with a value mode)."""
-  return cfg.advantage.estimator == "gae" or (cfg.advantage.estimator == "c3"
-                                              and cfg.advantage.c3_mode != "reward_only")
-
-
-def staleness(cfg: Config) -> int:
-  """η of the run: 0 in sync mode."""
-  return cfg.runtime.max_staleness if cfg.runtime.mode == "async" else 0
-
-
-def loss_kind(cfg: Config) -> str:
-  """`loss.kind` with "auto" resolved: off-policy correction (decoupled PPO) exactly when η > 0."""
-  if cfg.loss.kind != "auto":
-    return cfg.loss.kind
-  return "decoupled_ppo" if staleness(cfg) > 0 else "ppo"
-
-
-def policy_value_head(cfg: Config) -> bool:
-  """The policy carries a value head: a critic in use (`advantage.estimator = "gae"`) in `critic.mode = "shared"`."""
-  return cfg.advantage.estimator == "gae" and cfg.critic.mode == "shared"
-
-
-def separate_critic(cfg: Config) -> bool:
-  """The run trains a critic model of its own: a critic in use in `critic.mode = "separate"`."""
-  return uses_critic(cfg) and cfg.critic.mode == "separate"
 
 
 def load(raw: Any) -> Config:

@@ -1,0 +1,190 @@
+"""What a run reads of its config: the families of tasks and estimators, what the settings resolve to
+(`loss_kind`, `staleness`, `uses_critic`, ...), and the settings that only some runs read (`READS`).
+
+A setting that the chosen task, estimator, loss, critic or mode never reads would be ignored without a word (a
+`advantage.gamma` set for GRPO, a `critic.loss` for a run without a critic), so `check_reads` refuses one that
+differs from its default, naming it, its value, what reads it and what this run has instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, TYPE_CHECKING
+
+if TYPE_CHECKING:
+  from rlax_post.config._schema import Config
+
+# Tasks that are role pipelines (`envs.COLLABORATIONS`; a test keeps the two equal) and the estimators that
+# credit their tree nodes.
+COLLABORATION_TASKS = ("relay", "sort_reverse")
+TREE_ESTIMATORS = ("c3", "magrpo")
+# Single-turn text tasks; the tasks that grow tree rollouts (`tree.expansion`), and the estimators of their
+# leaves.
+TEXT_TASKS = ("reverse", "sort", "add")
+TREE_TASKS = TEXT_TASKS + ("tools",)
+TREE_ROLLOUT_ESTIMATORS = ("tree_grpo", "treerl")
+# The group estimators of Iterative PPO's single-turn phase (`runtime.mode = "rounds"`).
+ROUND_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp")
+
+
+def uses_critic(cfg: Config) -> bool:
+  """The run learns a value: PPO's critic (`gae`) or C3's Q-critic (`c3` with a value mode)."""
+  return cfg.advantage.estimator == "gae" or (cfg.advantage.estimator == "c3"
+                                              and cfg.advantage.c3_mode != "reward_only")
+
+
+def reads_critic(cfg: Config) -> bool:
+  """The run reads the `critic` section: a critic in use (`uses_critic`), or Iterative PPO's learned Q
+  (`runtime.mode = "rounds"` with `iterppo.q` other than "oracle"), a scalar model of that section."""
+  return uses_critic(cfg) or (cfg.runtime.mode == "rounds" and cfg.iterppo.q != "oracle")
+
+
+def staleness(cfg: Config) -> int:
+  """η of the run: 0 in sync mode."""
+  return cfg.runtime.max_staleness if cfg.runtime.mode == "async" else 0
+
+
+def loss_kind(cfg: Config) -> str:
+  """`loss.kind` with "auto" resolved: off-policy correction (decoupled PPO) exactly when η > 0."""
+  if cfg.loss.kind != "auto":
+    return cfg.loss.kind
+  return "decoupled_ppo" if staleness(cfg) > 0 else "ppo"
+
+
+def policy_value_head(cfg: Config) -> bool:
+  """The policy carries a value head: a critic in use (`advantage.estimator = "gae"`) in `critic.mode = "shared"`."""
+  return cfg.advantage.estimator == "gae" and cfg.critic.mode == "shared"
+
+
+def separate_critic(cfg: Config) -> bool:
+  """The run trains a critic model of its own: a critic in use in `critic.mode = "separate"`."""
+  return uses_critic(cfg) and cfg.critic.mode == "separate"
+
+
+def setting(cfg: Config, key: str) -> Any:
+  """The value of dotted config key `key`, e.g. setting(cfg, "critic.optimizer.b2")."""
+  value = cfg
+  for part in key.split("."):
+    value = getattr(value, part)
+  return value
+
+
+class When(NamedTuple):
+  """When a run reads a setting: `holds(cfg)`; `needs` says so in words, `now(cfg)` what the run has instead."""
+  needs: str
+  now: Callable[[Any], str]
+  holds: Callable[[Any], bool]
+
+
+def _is(key: str, *values) -> When:
+  """Read when setting `key` is one of `values`."""
+  needs = f"{key} = {values[0]!r}" if len(values) == 1 else f"{key} in {list(values)}"
+  return When(needs, lambda cfg: f"{key} = {setting(cfg, key)!r}", lambda cfg: setting(cfg, key) in values)
+
+
+def _is_not(key: str, value) -> When:
+  """Read unless setting `key` is `value`."""
+  return When(f"{key} != {value!r}", lambda cfg: f"{key} = {setting(cfg, key)!r}",
+              lambda cfg: setting(cfg, key) != value)
+
+
+def _loss_kind_is(*kinds: str) -> When:
+  """Read by the objectives `kinds` (`loss.kind`, "auto" resolved by `loss_kind`)."""
+  return When(f"loss.kind in {list(kinds)} (\"auto\": 'ppo', or 'decoupled_ppo' in async mode with "
+              "max_staleness > 0)", lambda cfg: f"the objective {loss_kind(cfg)!r} (loss.kind = "
+              f"{cfg.loss.kind!r}, runtime.mode = {cfg.runtime.mode!r})", lambda cfg: loss_kind(cfg) in kinds)
+
+
+_CRITIC = When("a critic: advantage.estimator = 'gae', 'c3' with a value c3_mode, or runtime.mode = 'rounds' "
+               "with iterppo.q != 'oracle'",
+               lambda cfg: (f"advantage.estimator = {cfg.advantage.estimator!r}, runtime.mode = "
+                            f"{cfg.runtime.mode!r}" + (f", advantage.c3_mode = {cfg.advantage.c3_mode!r}"
+                                                       if cfg.advantage.estimator == "c3" else "")
+                            + (f", iterppo.q = {cfg.iterppo.q!r}" if cfg.runtime.mode == "rounds" else "")),
+               reads_critic)
+_KL = When("loss.kl_coef > 0 or loss.track_kl", lambda cfg: f"loss.kl_coef = {cfg.loss.kl_coef}, loss.track_kl = "
+           f"{cfg.loss.track_kl}", lambda cfg: cfg.loss.kl_coef > 0 or cfg.loss.track_kl)
+_LORA = When("model.lora.rank > 0", lambda cfg: f"model.lora.rank = {cfg.model.lora.rank}",
+             lambda cfg: cfg.model.lora.rank > 0)
+_ASYNC_KEYS = ("max_staleness", "num_samplers", "queue", "queue_capacity", "param_versions_to_keep",
+               "sampler_timeout_s")
+
+# (settings, when a run reads them). A key names one field or a whole section; a field matched by several rows
+# is reported by the first whose condition fails (the section's before its fields').
+READS: tuple[tuple[tuple[str, ...], When], ...] = (
+    (("data", "reward"), _is("task.name", "dataset")),
+    (("multiagent",), _is("task.name", *COLLABORATION_TASKS)),
+    (("tree",), _is_not("tree.expansion", "none")),
+    (("tree.prefix",), _is("advantage.estimator", *TREE_ROLLOUT_ESTIMATORS)),
+    (("iterppo",), _is("runtime.mode", "rounds")),
+    (tuple(f"runtime.{k}" for k in _ASYNC_KEYS), _is("runtime.mode", "async")),
+    (("model.lora.alpha", "model.lora.targets", "model.lora.base_dtype"), _LORA),
+    (("advantage.gamma",), _is("advantage.estimator", "gigpo", "graph_gae", "gae")),
+    (("advantage.lambda_", "advantage.normalize"), _is("advantage.estimator", "graph_gae", "gae")),
+    (("advantage.omega", "advantage.episode_method"), _is("advantage.estimator", "gigpo")),
+    (("advantage.num_iters",), _is("advantage.estimator", "graph_gae")),
+    (("advantage.max_nodes",), _is("advantage.estimator", "gigpo", "graph_gae")),
+    (("advantage.c3_mode", "advantage.alpha", "advantage.baseline", "advantage.standardize"),
+     _is("advantage.estimator", "c3")),
+    (("loss.eps_low", "loss.eps_high", "loss.dual_clip"), _loss_kind_is("ppo", "decoupled_ppo")),
+    (("loss.seq_eps_low", "loss.seq_eps_high"), _loss_kind_is("gspo")),
+    (("loss.behaviour_cap",), _loss_kind_is("decoupled_ppo")),
+    (("loss.kl_kind",), _KL),
+    (("critic",), _CRITIC),
+    (("critic.init", "critic.mesh", "critic.publish", "critic.optimizer", "critic.warmup_steps"),
+     _is("critic.mode", "separate")),
+    (("critic.coef",), _is("critic.mode", "shared")),
+    (("critic.preset", "critic.overrides"), _is("critic.init", "preset")),
+    (("critic.hf_path",), _is("critic.init", "hf")),
+    (("critic.clip_eps",), _is("critic.loss", "clipped")),
+    (("critic.huber_delta",), _is("critic.loss", "huber")),
+)
+
+
+def _section_default(cfg: Config, key: str) -> Any:
+  """The default of dotted key `key`: the value a `Config` built from nothing has there."""
+  top, *rest = key.split(".")
+  field = next(f for f in dataclasses.fields(cfg) if f.name == top)
+  value = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+  for part in rest:
+    value = getattr(value, part)
+  return value
+
+
+def _leaves(cfg: Config, key: str):
+  """(dotted key, value, default) of every field under `key` (the key itself for a field)."""
+  value, default = setting(cfg, key), _section_default(cfg, key)
+  if not dataclasses.is_dataclass(value):
+    yield key, value, default
+    return
+  for f in dataclasses.fields(value):
+    yield from _leaves(cfg, f"{key}.{f.name}")
+
+
+def unread(cfg: Config) -> list[tuple[str, Any, Any, When]]:
+  """(key, value, default, when it is read) of each setting that differs from its default while this run does
+  not read it, in `READS` order."""
+  out, seen = [], set()
+  for keys, when in READS:
+    if when.holds(cfg):
+      continue
+    for key in keys:
+      for leaf, value, default in _leaves(cfg, key):
+        if leaf not in seen and value != default:
+          seen.add(leaf)
+          out.append((leaf, value, default, when))
+  return out
+
+
+def check_reads(cfg: Config) -> None:
+  """Refuses settings that differ from their defaults while this run does not read them (`unread`)."""
+  found = unread(cfg)
+  if not found:
+    return
+  lines = []
+  for when in dict.fromkeys(w for *_, w in found):
+    mine = [(k, v, d) for k, v, d, w in found if w is when]
+    values = ", ".join(f"`{k}` = {v!r} (default {d!r})" for k, v, d in mine)
+    lines.append(f"{values}: read only with {when.needs}; this run has {when.now(cfg)}")
+  raise ValueError("This run does not read settings it was given, so they would be ignored; set each back to "
+                   "its default, or choose what reads it.\n  " + "\n  ".join(lines))
