@@ -180,6 +180,43 @@ def test_rounds_with_the_oracle_reads_no_critic():
     config.load(rounds)
 
 
+def test_a_critic_warm_up_as_long_as_the_run_is_refused():
+  run = {"advantage": {"estimator": "gae"}, "rl": {"steps": 3}, "critic": {"warmup_steps": 3}}
+  with pytest.raises(ValueError, match=r"critic.warmup_steps = 3 trains the critic alone for the first 3 RL steps, "
+                     r"but rl.steps = 3: the policy would never train"):
+    config.load(run)
+  run["critic"]["warmup_steps"] = 2
+  assert config.load(run).critic.warmup_steps == 2
+  # Iterative PPO's Q does not take the policy's warm-up steps.
+  rounds = {"task": {"name": "sales", "options": {"discounted": False}}, "runtime": {"mode": "rounds"},
+            "iterppo": {"round_steps": 2, "episodes": 8}, "rl": {"steps": 4}, "critic": {"loss": "mse",
+                                                                                        "warmup_steps": 1}}
+  with pytest.raises(ValueError, match=r"`critic.warmup_steps` = 1 \(default 0\): read only with "
+                     r"advantage.estimator = 'gae', or 'c3' with a value c3_mode"):
+    config.load(rounds)
+
+
+@pytest.mark.parametrize("raw", [
+    {},
+    {"advantage": {"estimator": "rloo"}},
+    {"advantage": {"estimator": "gigpo"}},
+    {"advantage": {"estimator": "graph_gae"}},
+    {"task": {"name": "relay"}, "advantage": {"estimator": "magrpo"}, "multiagent": {"fanout": (1, 1)}},
+])
+def test_one_sample_per_prompt_with_a_group_baseline_is_refused(raw):
+  """A group of one has itself as its baseline (graph estimators merge states only inside a group): every
+  advantage is exactly 0."""
+  raw = {**raw, "rl": {"samples_per_prompt": 1}}
+  estimator = raw.get("advantage", {}).get("estimator", "grpo")
+  with pytest.raises(ValueError, match=f"rl.samples_per_prompt = 1 with advantage.estimator = '{estimator}'.*a "
+                     "group of one gets advantage 0 everywhere and the policy never trains"):
+    config.load(raw)
+
+
+def test_one_sample_per_prompt_with_a_critic_is_kept():
+  assert config.load({"rl": {"samples_per_prompt": 1}, "advantage": {"estimator": "gae"}}).rl.samples_per_prompt == 1
+
+
 # One float field of each kind of range; NaN passes every comparison and inf an open-ended bound, so each
 # must be refused by the finiteness check itself.
 _FINITE_FIELDS = [

@@ -248,10 +248,11 @@ def _setup(**settings):
   c = demo.get_config("tiny")
   c.advantage.estimator = "gae"
   c.rl.steps = 40  # the learning-rate schedules' length
-  c.critic.optimizer.warmup_steps = 0
   for key, value in settings.items():
     section, name = key.split("__")
     setattr(getattr(c, section), name, value)
+  if c.critic.mode == "separate":  # (a shared value head trains under the policy's optimizer)
+    c.critic.optimizer.warmup_steps = 0
   cfg = config.load(c)
   parts = runtime.build_parts(cfg)
   update = runtime.RLUpdate(parts)

@@ -20,7 +20,8 @@ def _cfg(critic_mode="separate", **runtime_overrides):
   c = _tiny_runs.run_config("tiny,gae", **runtime_overrides)
   c.critic.mode = critic_mode
   c.critic.init_bias = 0.5  # values start away from the returns, so the critic's updates are not trivial
-  c.critic.optimizer.warmup_steps = 0
+  if critic_mode == "separate":  # (a shared value head trains under the policy's optimizer)
+    c.critic.optimizer.warmup_steps = 0
   return config.load(c)
 
 

@@ -1,6 +1,7 @@
 """Tree rollouts of text tasks (docs/trees.md): the producer's trees (forks from kept samples, segments, budget,
 seeds), the batch's tree fields, Tree-GRPO and TreeRL credit by hand, config checks and a short run."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -121,8 +122,9 @@ def test_the_kept_leaves_do_not_follow_the_fork_points():
   # kept. Drawn uniformly and apart, the newest leaf is kept a third of the time whichever leaf was forked (the
   # keep draw once reused iteration K's generator: kept 0 % and 100 % of the time).
   growth = envs.TreeRolloutProducer.__new__(envs.TreeRolloutProducer)
-  growth.cfg = _cfg(tree__keep=1, tree__trees=1, tree__iterations=2, rl__samples_per_prompt=1)
-  growth.tree = growth.cfg.tree
+  # (A config keeping one leaf would train groups of one, advantage 0: refused; `_kept` reads `tree` alone.)
+  growth.cfg = _cfg(tree__keep=2, tree__trees=1, tree__iterations=2, rl__samples_per_prompt=2)
+  growth.tree = dataclasses.replace(growth.cfg.tree, keep=1)
   branches = [_expansion.Branch(tokens=tuple(range(8)), logprobs=(-1.0,) * 8),
               _expansion.Branch(tokens=tuple(range(8)), logprobs=(-1.0,) * 8, forked_at=4)]
   newest_kept = np.zeros((2, 2))  # [leaf forked at iteration 1, newest leaf kept or not]

@@ -102,6 +102,9 @@ _CRITIC = When("a critic: advantage.estimator = 'gae', 'c3' with a value c3_mode
                                                        if cfg.advantage.estimator == "c3" else "")
                             + (f", iterppo.q = {cfg.iterppo.q!r}" if cfg.runtime.mode == "rounds" else "")),
                reads_critic)
+_POLICY_CRITIC = When("advantage.estimator = 'gae', or 'c3' with a value c3_mode (the policy's own critic)",
+                      lambda cfg: f"advantage.estimator = {cfg.advantage.estimator!r}, runtime.mode = "
+                      f"{cfg.runtime.mode!r}", uses_critic)
 _KL = When("loss.kl_coef > 0 or loss.track_kl", lambda cfg: f"loss.kl_coef = {cfg.loss.kl_coef}, loss.track_kl = "
            f"{cfg.loss.track_kl}", lambda cfg: cfg.loss.kl_coef > 0 or cfg.loss.track_kl)
 _LORA = When("model.lora.rank > 0", lambda cfg: f"model.lora.rank = {cfg.model.lora.rank}",
@@ -131,6 +134,7 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("loss.behaviour_cap",), _loss_kind_is("decoupled_ppo")),
     (("loss.kl_kind",), _KL),
     (("critic",), _CRITIC),
+    (("critic.warmup_steps",), _POLICY_CRITIC),  # (Iterative PPO's Q fits apart from the policy's steps)
     (("critic.init", "critic.mesh", "critic.publish", "critic.optimizer", "critic.warmup_steps"),
      _is("critic.mode", "separate")),
     (("critic.coef",), _is("critic.mode", "shared")),

@@ -19,6 +19,7 @@ from rlax_post.config._reads import TEXT_TASKS
 from rlax_post.config._reads import TREE_ESTIMATORS
 from rlax_post.config._reads import TREE_ROLLOUT_ESTIMATORS
 from rlax_post.config._reads import TREE_TASKS
+from rlax_post.config._reads import uses_critic
 from rlax_post.config._validate import bounded
 from rlax_post.config._validate import build
 from rlax_post.config._validate import choices
@@ -445,6 +446,7 @@ class Config:
       raise ValueError(f"advantage.c3_mode = {self.advantage.c3_mode!r} scores nodes with a Q-critic of success "
                        "in [0, 1]: set critic.mode = 'separate' and critic.loss = 'bce' (got "
                        f"{self.critic.mode!r}, {self.critic.loss!r}), or use c3_mode = 'reward_only'.")
+    self._check_signal()
     if self.runtime.sampler_slots and self.runtime.sampler_slots < self.rl.samples_per_prompt:
       raise ValueError(f"runtime.sampler_slots = {self.runtime.sampler_slots} cannot hold one group of "
                        f"rl.samples_per_prompt = {self.rl.samples_per_prompt} samples; use 0 or >= that.")
@@ -454,6 +456,20 @@ class Config:
                        "rl.samples_per_prompt); use 0 (an eighth of the slots) or at most that.")
     check_reads(self)  # last: a setting's own checks above name it better than 'not read'
 
+
+  def _check_signal(self):
+    """Runs whose policy could never move: a critic that trains alone for every step, or a group of one sample
+    under an estimator whose baseline is the sample's own group (its advantage is exactly 0)."""
+    warmup = self.critic.warmup_steps
+    if uses_critic(self) and warmup and warmup >= self.rl.steps:
+      raise ValueError(f"critic.warmup_steps = {warmup} trains the critic alone for the first {warmup} RL steps, "
+                       f"but rl.steps = {self.rl.steps}: the policy would never train. Use fewer warm-up steps "
+                       "than rl.steps.")
+    if self.rl.samples_per_prompt == 1 and self.advantage.estimator != "gae":
+      raise ValueError(f"rl.samples_per_prompt = 1 with advantage.estimator = {self.advantage.estimator!r}, which "
+                       "compares a sample with the others of its prompt's group: a group of one gets advantage 0 "
+                       "everywhere and the policy never trains. Use rl.samples_per_prompt >= 2, or "
+                       "advantage.estimator = 'gae' (a learned critic's baseline).")
 
   def _check_multiagent(self):
     tree = self.advantage.estimator in TREE_ESTIMATORS
