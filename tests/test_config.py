@@ -217,6 +217,27 @@ def test_one_sample_per_prompt_with_a_critic_is_kept():
   assert config.load({"rl": {"samples_per_prompt": 1}, "advantage": {"estimator": "gae"}}).rl.samples_per_prompt == 1
 
 
+def test_a_warm_up_longer_than_its_schedule_is_named_where_it_is_cut():
+  from rlax_post.runtime import _learners  # pylint: disable=g-import-not-at-top
+  assert _learners.warmup_cuts(config.load(demo.get_config())) == []
+  tiny = config.load(demo.get_config("tiny"))  # 4 SFT steps, 3 RL steps
+  assert config.schedule_updates(tiny) == {"sft.optimizer": 4, "rl.optimizer": 3}
+  assert _learners.warmup_cuts(tiny) == [
+      "sft.optimizer.warmup_steps = 20 is not shorter than the 4 updates its schedule spans (sft.steps): the "
+      "learning rate warms up over 3 updates instead.",
+      "rl.optimizer.warmup_steps = 5 is not shorter than the 3 updates its schedule spans (rl.steps (less a "
+      "separate critic's critic.warmup_steps) × rl.minibatches × rl.epochs): the learning rate warms up over 2 "
+      "updates instead."]
+  c = demo.get_config("gae")
+  c.rl.steps, c.rl.minibatches, c.rl.epochs, c.critic.warmup_steps = 4, 2, 3, 2
+  c.critic.optimizer.warmup_steps = 24
+  cfg = config.load(c)
+  assert config.schedule_updates(cfg) == {"sft.optimizer": 600, "rl.optimizer": 12, "critic.optimizer": 24}
+  assert _learners.warmup_cuts(cfg) == [
+      "critic.optimizer.warmup_steps = 24 is not shorter than the 24 updates its schedule spans (rl.steps × "
+      "rl.minibatches × rl.epochs): the learning rate warms up over 23 updates instead."]
+
+
 # One float field of each kind of range; NaN passes every comparison and inf an open-ended bound, so each
 # must be refused by the finiteness check itself.
 _FINITE_FIELDS = [

@@ -25,6 +25,7 @@ from rlax_post.config._schema import RewardSection
 from rlax_post.config._schema import RLSection
 from rlax_post.config._schema import RuntimeSection
 from rlax_post.config._reads import separate_critic
+from rlax_post.config._schema import schedule_updates
 from rlax_post.config._schema import SFTSection
 from rlax_post.config._reads import staleness
 from rlax_post.config._schema import TaskConfig
@@ -72,6 +73,7 @@ __all__ = [
     "RLSection",
     "RuntimeSection",
     "separate_critic",
+    "schedule_updates",
     "SFTSection",
     "staleness",
     "TaskConfig",

@@ -19,6 +19,7 @@ from rlax_post.config._reads import TEXT_TASKS
 from rlax_post.config._reads import TREE_ESTIMATORS
 from rlax_post.config._reads import TREE_ROLLOUT_ESTIMATORS
 from rlax_post.config._reads import TREE_TASKS
+from rlax_post.config._reads import separate_critic
 from rlax_post.config._reads import uses_critic
 from rlax_post.config._validate import bounded
 from rlax_post.config._validate import build
@@ -564,6 +565,19 @@ def fanout_of(cfg: Config, num_roles: int | None = None) -> tuple[int, ...]:
 def num_policies(cfg: Config) -> int:
   """Policies the learner trains side by side: 1, or one per role (`multiagent.policies = "per_role"`)."""
   return len(fanout_of(cfg)) if cfg.multiagent.policies == "per_role" else 1
+
+
+def schedule_updates(cfg: Config) -> dict[str, int]:
+  """The optimizer updates each learning-rate schedule of the run spans, by its section: `sft.optimizer` sft.steps
+  (with a warm start), `rl.optimizer` the policy's (none in a separate critic's warm-up steps), `critic.optimizer`
+  the policy's separate critic's. Iterative PPO's Q keeps its rate after the warm-up, so it has no entry."""
+  per_step = cfg.rl.minibatches * cfg.rl.epochs
+  warmup = cfg.critic.warmup_steps if uses_critic(cfg) else 0
+  out = {"sft.optimizer": cfg.sft.steps} if cfg.sft.steps else {}
+  out["rl.optimizer"] = max(cfg.rl.steps - warmup, 1) * per_step
+  if separate_critic(cfg):
+    out["critic.optimizer"] = cfg.rl.steps * per_step
+  return out
 
 
 def load(raw: Any) -> Config:

@@ -89,8 +89,7 @@ class RLUpdate:
     updates_per_step = cfg.rl.minibatches * cfg.rl.epochs
     total_updates = cfg.rl.steps * updates_per_step
     # The policy's schedule spans the updates it takes: none in a separate critic's warm-up steps.
-    warmup = cfg.critic.warmup_steps if config_lib.uses_critic(cfg) else 0
-    policy_updates = max(cfg.rl.steps - warmup, 1) * updates_per_step
+    policy_updates = config_lib.schedule_updates(cfg)["rl.optimizer"]
     objective = make_objective(cfg.loss, logprob_fn, kind=self.kind)
     if config_lib.policy_value_head(cfg):  # The value head's loss joins the policy's, from the same forward pass.
       objective = learner.with_value_loss(

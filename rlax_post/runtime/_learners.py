@@ -5,6 +5,7 @@ keys: `make_learner` (an objective under an optimizer on the parts' mesh), `opti
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -33,6 +34,24 @@ def optimizer(section: config_lib.OptimizerSection, total_steps: int, roles: int
       total_steps=max(total_steps, 1), end_lr_ratio=section.end_lr_ratio,
       weight_decay=section.weight_decay, b1=section.b1, b2=section.b2, max_grad_norm=section.max_grad_norm,
       roles=roles)
+
+
+def warmup_cuts(cfg: config_lib.Config) -> list[str]:
+  """What `optimizer` cuts, in words: each schedule (`config.schedule_updates`) whose warm-up is not shorter than
+  the updates it spans warms up over one update fewer than those instead (a schedule must end after its
+  warm-up); the run says so (`Run`), since the config asked for another schedule."""
+  out = []
+  for key, updates in config_lib.schedule_updates(cfg).items():
+    warmup = functools.reduce(getattr, key.split("."), cfg).warmup_steps
+    if warmup >= updates:
+      out.append(f"{key}.warmup_steps = {warmup} is not shorter than the {updates} updates its schedule spans "
+                 f"({_SPANS[key]}): the learning rate warms up over {max(updates - 1, 0)} updates instead.")
+  return out
+
+
+_SPANS = {"sft.optimizer": "sft.steps",
+          "rl.optimizer": "rl.steps (less a separate critic's critic.warmup_steps) × rl.minibatches × rl.epochs",
+          "critic.optimizer": "rl.steps × rl.minibatches × rl.epochs"}
 
 
 @dataclasses.dataclass

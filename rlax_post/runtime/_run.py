@@ -267,6 +267,9 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool, quiet: bool) ->
     _metrics.write_json(os.path.join(workdir, "config.json"), config_lib.to_dict(cfg))
   # One progress bar per multi-host learner.
   ui = _metrics.Console(quiet=quiet or not primary, progress=cfg.runtime.progress)
+  if primary:
+    for cut in _learners.warmup_cuts(cfg):
+      ui.warn(cut)
   return Run(parts=parts, workdir=workdir, update=_learn.RLUpdate(parts), evaluate=_eval.make_evaluator(parts),
              ckpt=ckpt, metrics=_metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard,
                                                        active=primary),
