@@ -238,6 +238,60 @@ def test_a_warm_up_longer_than_its_schedule_is_named_where_it_is_cut():
       "rl.minibatches × rl.epochs): the learning rate warms up over 23 updates instead."]
 
 
+_PRESETS = ("['tiny', 'micro', 'small', 'qwen2.5-0.5b', 'qwen2.5-1.5b', 'qwen2.5-7b', 'qwen3-0.6b', 'qwen3-1.7b', "
+            "'qwen3-8b', 'llama3.2-1b', 'llama3.2-3b', 'llama3-8b', 'gemma2-2b', 'gemma3-1b']")
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"task": {"name": "tool"}}, "`config.task.name` must be one of ['reverse', 'sort', 'add', 'tools', 'sales', "
+     "'dialogue', 'dataset', 'relay', 'sort_reverse']; got 'tool'."),
+    ({"model": {"preset": "Tiny"}}, f"`config.model.preset` must be one of {_PRESETS}; got 'Tiny'."),
+    ({"critic": {"preset": "big"}}, f"`config.critic.preset` must be one of {_PRESETS}; got 'big'."),
+    ({"mesh": {"data": 0}}, "`mesh.data` must be a positive int or -1 (the devices the other axes leave); got 0 "
+     "(mesh {'data': 0, 'fsdp': -1, 'tensor': 1})."),
+    ({"mesh": {"tensor": -1}}, "At most one of mesh.data, mesh.fsdp, mesh.tensor may be -1; got {'data': 1, "
+     "'fsdp': -1, 'tensor': -1}."),
+    ({"mesh": {"dcn_data": 2}}, "mesh.data = 1 cannot span mesh.dcn_data = 2 granules: 1 is not divisible by 2."),
+    ({"runtime": {"mode": "rounds"}, "iterppo": {"round_steps": 1, "episodes": 8}, "critic": {"loss": "mse"}},
+     "runtime.mode = 'rounds' trains single messages of a multi-turn task (one with `max_turn_tokens`: ['sales', "
+     "'tools', 'dialogue']); task.name = 'reverse' has none."),
+    ({"model": {"overrides": {"dtype": "bf16"}}},
+     "`model.overrides.dtype` must be one of ['float32', 'bfloat16', 'float16']; got 'bf16'."),
+    ({"model": {"overrides": {"dmodel": 32}}}, "`model.overrides` keys ['dmodel'] are not among ['attn_logit_softcap', "
+     "'d_model', 'dtype', "),
+    ({"model": {"hf_path": "/ckpt", "overrides": {"num_layers": 2, "remat": True}}},
+     "`model.overrides` keys ['num_layers'] are not among ['dtype', 'param_dtype', 'remat', 'scan_unroll'] (with "
+     "model.hf_path only the checkpoint's numerics)."),
+    ({"advantage": {"estimator": "gae"}, "critic": {"init": "preset", "overrides": {"param_dtype": "float16"}}},
+     "`critic.overrides.param_dtype` = 'float16': trained weights are kept in float32"),
+])
+def test_names_meshes_and_model_overrides_are_checked_when_the_config_is_built(raw, message):
+  """Checked before at the run's start, or (the task) against three of the nine tasks only."""
+  with pytest.raises(ValueError) as err:
+    config.load(raw)
+  assert message in str(err.value), str(err.value)
+
+
+def test_the_configs_names_are_the_packages():
+  """config imports nothing, so it keeps its own lists of the names other packages define."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from rlax_post import envs  # pylint: disable=g-import-not-at-top
+  from rlax_post import models  # pylint: disable=g-import-not-at-top
+  from rlax_post.envs import _dataset  # pylint: disable=g-import-not-at-top
+  from rlax_post.envs.tools import _rl as tools_rl  # pylint: disable=g-import-not-at-top
+  assert sorted(config.MODEL_PRESETS) == sorted(models.PRESETS)
+  assert config.MODEL_CONFIG_FIELDS == tuple(f.name for f in dataclasses.fields(models.ModelConfig))
+  assert sorted(config.TASK_NAMES) == sorted([*envs.TASKS, *envs.COLLABORATIONS, _dataset.NAME, tools_rl.NAME,
+                                               envs.sales.NAME, envs.dialogue.NAME])
+  multi_turn = [envs.sales.SalesTask, envs.tools.ToolTask, envs.dialogue.DialogueTask]
+  assert all("max_turn_tokens" in {f.name for f in dataclasses.fields(t)} for t in multi_turn)
+  assert sorted(config.ROUND_TASKS) == sorted([envs.sales.NAME, tools_rl.NAME, envs.dialogue.NAME])
+  for dtype in config.MODEL_DTYPES:
+    assert models.preset("tiny", vocab_size=256, dtype=dtype).dtype == dtype
+  with pytest.raises(ValueError, match=r"dtype must be one of \['float32', 'bfloat16', 'float16'\]"):
+    models.preset("tiny", vocab_size=256, dtype="int8")
+
+
 # One float field of each kind of range; NaN passes every comparison and inf an open-ended bound, so each
 # must be refused by the finiteness check itself.
 _FINITE_FIELDS = [

@@ -124,13 +124,18 @@ def test_learner_publishes_the_critic_for_scorers_in_other_processes(tmp_path):
   np.testing.assert_allclose(scores.score(rows), np.asarray(want) + 1.0, rtol=1e-5)
 
 
-def test_a_shared_head_is_not_published_as_a_critic(tmp_path):
-  """`critic.publish` concerns a separate critic; with a shared value head there is no critic state to write."""
+def test_publishing_a_shared_head_is_refused(tmp_path):
+  """`critic.publish` concerns a separate critic; with a shared value head there is no critic state to write, so
+  the setting would be ignored: the config refuses it (the learner wrote nothing, silently)."""
   c = config.to_dict(_cfg(critic_mode="shared", mode="async"))
   c["critic"]["publish"] = True
+  with pytest.raises(ValueError, match=r"`critic.publish` = True \(default False\): read only with critic.mode = "
+                     r"'separate'; this run has critic.mode = 'shared'"):
+    config.load(c)
+  c["critic"]["mode"] = "separate"
   parts = runtime.build_parts(config.load(c))
   source = runtime.ProcessSource(parts, str(tmp_path), lambda *a: None)
-  assert source.critic_publisher is None
+  assert source.critic_publisher is not None
   source.stop()
 
 

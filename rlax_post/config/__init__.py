@@ -8,13 +8,17 @@ from rlax_post.config._schema import CheckpointSection
 from rlax_post.config._schema import Config
 from rlax_post.config._schema import CriticSection
 from rlax_post.config._schema import EvalSection
+from rlax_post.config._schema import HF_OVERRIDABLE
 from rlax_post.config._schema import KL_KINDS
+from rlax_post.config._schema import MODEL_CONFIG_FIELDS
+from rlax_post.config._schema import MODEL_DTYPES
 from rlax_post.config._schema import load
 from rlax_post.config._schema import LOSS_KINDS
 from rlax_post.config._schema import LORA_TARGETS
 from rlax_post.config._schema import LoraSection
 from rlax_post.config._schema import LossSection
 from rlax_post.config._reads import loss_kind
+from rlax_post.config._reads import MODEL_PRESETS
 from rlax_post.config._schema import MeshSection
 from rlax_post.config._schema import DataSection
 from rlax_post.config._schema import ModelSection
@@ -35,7 +39,9 @@ from rlax_post.config._schema import fanout_of
 from rlax_post.config._schema import group_rows
 from rlax_post.config._schema import tree_grown
 from rlax_post.config._schema import tree_leaves
+from rlax_post.config._reads import TASK_NAMES
 from rlax_post.config._reads import TEXT_TASKS
+from rlax_post.config._reads import ROUND_TASKS
 from rlax_post.config._reads import TREE_ROLLOUT_ESTIMATORS
 from rlax_post.config._schema import IterPPOSection
 from rlax_post.config._schema import TreeSection
@@ -55,13 +61,17 @@ __all__ = [
     "Config",
     "CriticSection",
     "EvalSection",
+    "HF_OVERRIDABLE",
     "KL_KINDS",
+    "MODEL_CONFIG_FIELDS",
+    "MODEL_DTYPES",
     "load",
     "LORA_TARGETS",
     "LoraSection",
     "LOSS_KINDS",
     "LossSection",
     "loss_kind",
+    "MODEL_PRESETS",
     "MeshSection",
     "DataSection",
     "ModelSection",
@@ -84,7 +94,9 @@ __all__ = [
     "group_rows",
     "tree_grown",
     "tree_leaves",
+    "TASK_NAMES",
     "TEXT_TASKS",
+    "ROUND_TASKS",
     "TREE_ROLLOUT_ESTIMATORS",
     "TreeSection",
     "IterPPOSection",

@@ -23,6 +23,14 @@ TREE_ESTIMATORS = ("c3", "magrpo")
 TEXT_TASKS = ("reverse", "sort", "add")
 TREE_TASKS = TEXT_TASKS + ("tools",)
 TREE_ROLLOUT_ESTIMATORS = ("tree_grpo", "treerl")
+# Every task `envs.make_rl_task` builds (a test keeps the two equal): the text tasks, the tool env, the sales
+# conversation, the couple-therapy simulator, the user's rows, the role pipelines.
+TASK_NAMES = TEXT_TASKS + ("tools", "sales", "dialogue", "dataset") + COLLABORATION_TASKS
+# The multi-turn tasks whose single messages Iterative PPO's rounds train (those with a `max_turn_tokens`).
+ROUND_TASKS = ("sales", "tools", "dialogue")
+# The keys of `rlax_post.models.PRESETS` (a test keeps the two equal).
+MODEL_PRESETS = ("tiny", "micro", "small", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-1.7b",
+                 "qwen3-8b", "llama3.2-1b", "llama3.2-3b", "llama3-8b", "gemma2-2b", "gemma3-1b")
 # The group estimators of Iterative PPO's single-turn phase (`runtime.mode = "rounds"`).
 ROUND_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp")
 

@@ -14,6 +14,9 @@ from typing import Any
 
 from rlax_post.config._reads import check_reads
 from rlax_post.config._reads import COLLABORATION_TASKS
+from rlax_post.config._reads import MODEL_PRESETS
+from rlax_post.config._reads import ROUND_TASKS
+from rlax_post.config._reads import TASK_NAMES
 from rlax_post.config._reads import ROUND_ESTIMATORS
 from rlax_post.config._reads import TEXT_TASKS
 from rlax_post.config._reads import TREE_ESTIMATORS
@@ -46,7 +49,7 @@ QUEUE_BACKENDS = ("memory", "files")
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
-  name: str = "reverse"  # checked by rlax_post.envs.make_task, which lists the valid names
+  name: str = choices(*TASK_NAMES, default="reverse")
   options: dict = dataclasses.field(default_factory=dict)  # the task's own options (make_task kwargs)
   num_eval: int = bounded(256, low=1)  # held-out prompts for the greedy eval
 
@@ -110,7 +113,7 @@ class LoraSection:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-  preset: str = "tiny"  # a key of rlax_post.models.PRESETS
+  preset: str = choices(*MODEL_PRESETS)  # a key of rlax_post.models.PRESETS; not read with `hf_path`
   overrides: dict = dataclasses.field(default_factory=dict)  # ModelConfig fields to override
   vocab_multiple: int = bounded(8, low=1)  # pad the tokenizer's vocab to a multiple of this (sharding)
   max_seq_len: int = bounded(64, low=2)
@@ -121,7 +124,34 @@ class ModelSection:
   lora: LoraSection = dataclasses.field(default_factory=LoraSection)
 
   def __post_init__(self):
-    check_trained_dtype(self.overrides, "model.overrides")
+    check_model_overrides(self.overrides, "model.overrides",
+                          HF_OVERRIDABLE if self.hf_path is not None else MODEL_CONFIG_FIELDS)
+
+
+# The fields of `rlax_post.models.ModelConfig` (a test keeps the two equal): what `overrides` may set; with a
+# checkpoint (`model.hf_path`) only its numerics, anything else would no longer match the weights.
+MODEL_CONFIG_FIELDS = (
+    "vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "mlp_dim", "max_seq_len",
+    "rope_theta", "norm_eps", "tie_embeddings", "qkv_bias", "qk_norm", "dtype", "param_dtype", "remat", "scan_unroll",
+    "init_std", "valid_vocab_size", "vocab_gaps", "rope_scaling_type", "rope_scaling_factor", "rope_low_freq_factor",
+    "rope_high_freq_factor", "rope_original_max_len", "rope_local_theta", "norm_plus_one", "post_norms",
+    "scale_embeddings", "mlp_activation", "query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap",
+    "sliding_window", "layer_types", "value_head")
+HF_OVERRIDABLE = ("dtype", "param_dtype", "remat", "scan_unroll")
+MODEL_DTYPES = ("float32", "bfloat16", "float16")  # `models.ModelConfig`'s dtypes (a test keeps them equal)
+
+
+def check_model_overrides(overrides: dict, where: str, allowed: tuple[str, ...]) -> None:
+  """`overrides` sets only keys among `allowed`, and dtypes the model has, its trained weights in float32; checked
+  when the config is built (before, a bad key or dtype stopped the run only once it built the model)."""
+  bad = sorted(set(overrides) - set(allowed))
+  if bad:
+    why = " (with model.hf_path only the checkpoint's numerics)" if allowed == HF_OVERRIDABLE else ""
+    raise ValueError(f"`{where}` keys {bad} are not among {sorted(allowed)}{why}.")
+  for key in ("dtype", "param_dtype"):
+    if key in overrides and overrides[key] not in MODEL_DTYPES:
+      raise ValueError(f"`{where}.{key}` must be one of {list(MODEL_DTYPES)}; got {overrides[key]!r}.")
+  check_trained_dtype(overrides, where)
 
 
 def check_trained_dtype(overrides: dict, where: str) -> None:
@@ -146,6 +176,20 @@ class MeshSection:
   dcn_fsdp: int = bounded(1, low=1)
   # (logical axis, mesh axis or list of mesh axes or None) pairs; empty = rlax_post.sharding.DEFAULT_RULES.
   rules: tuple = ()
+
+  def __post_init__(self):
+    # What `sharding.make_mesh` checks, here when the config is built (the device count is the run's to know).
+    sizes = {"data": self.data, "fsdp": self.fsdp, "tensor": self.tensor}
+    for name, size in sizes.items():
+      if size < 1 and size != -1:
+        raise ValueError(f"`mesh.{name}` must be a positive int or -1 (the devices the other axes leave); got "
+                         f"{size} (mesh {sizes}).")
+    if list(sizes.values()).count(-1) > 1:
+      raise ValueError(f"At most one of mesh.data, mesh.fsdp, mesh.tensor may be -1; got {sizes}.")
+    for name, granules in (("data", self.dcn_data), ("fsdp", self.dcn_fsdp)):
+      if sizes[name] != -1 and sizes[name] % granules:
+        raise ValueError(f"mesh.{name} = {sizes[name]} cannot span mesh.dcn_{name} = {granules} granules: "
+                         f"{sizes[name]} is not divisible by {granules}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,7 +336,7 @@ class CriticSection:
   # separate: the backbone's weights: the policy's warm start ("policy"), a random init of `preset` (with
   # `overrides`), or the checkpoint at `hf_path` (same tokenizer as the policy).
   init: str = choices("policy", "preset", "hf")
-  preset: str = "tiny"
+  preset: str = choices(*MODEL_PRESETS)
   overrides: dict = dataclasses.field(default_factory=dict)
   hf_path: str | None = None
   loss: str = choices("clipped", "mse", "huber", "bce")  # bce: targets in [0, 1], the head read as a logit
@@ -410,7 +454,7 @@ class Config:
     return self.runtime.sampler_slots or self.rl.prompts_per_step * self.rl.samples_per_prompt
 
   def __post_init__(self):
-    check_trained_dtype(self.critic.overrides, "critic.overrides")
+    check_model_overrides(self.critic.overrides, "critic.overrides", MODEL_CONFIG_FIELDS)
     self._check_multiagent()
     self._check_tree()
     self._check_rounds()
@@ -496,6 +540,9 @@ class Config:
     if self.runtime.mode != "rounds":
       return
     it = self.iterppo
+    if self.task.name not in ROUND_TASKS:
+      raise ValueError(f"runtime.mode = 'rounds' trains single messages of a multi-turn task (one with "
+                       f"`max_turn_tokens`: {list(ROUND_TASKS)}); task.name = {self.task.name!r} has none.")
     if self.rl.steps % it.round_steps:
       raise ValueError(f"runtime.mode = 'rounds' runs rl.steps / iterppo.round_steps rounds; rl.steps = "
                        f"{self.rl.steps} must be a multiple of iterppo.round_steps = {it.round_steps}.")

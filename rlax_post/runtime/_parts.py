@@ -22,10 +22,6 @@ from rlax_post import models
 from rlax_post import sampler
 from rlax_post import sharding
 
-# With `model.hf_path`, the checkpoint's config.json decides the shapes; only these numerics may be
-# overridden (anything else would no longer match the weights).
-HF_OVERRIDABLE = ("dtype", "param_dtype", "remat", "scan_unroll")
-
 
 class CheckpointTokenizer(models.HFTokenizer):
   """A checkpoint's tokenizer for the runtime: `add_bos=True` frames text as the checkpoint itself does.
@@ -67,11 +63,7 @@ def make_tokenizer(cfg: config_lib.Config):
 
 
 def _hf_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
-  path = cfg.model.hf_path
-  bad = sorted(set(cfg.model.overrides) - set(HF_OVERRIDABLE))
-  if bad:
-    raise ValueError(f"`model.overrides` keys {bad} cannot change a checkpoint loaded from `model.hf_path` "
-                     f"({path}); with hf_path only {list(HF_OVERRIDABLE)} may be overridden.")
+  path = cfg.model.hf_path  # (its `model.overrides` are among config.HF_OVERRIDABLE: checked by the config)
   base = models.read_hf_config(path)
   if tokenizer.vocab_size > base.vocab_size:
     raise ValueError(f"The tokenizer in {path} has ids up to {tokenizer.vocab_size - 1} but the model's "
