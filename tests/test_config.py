@@ -62,6 +62,10 @@ def test_nested_section_keeps_its_own_defaults():
      r"runtime.refill_after = 9 exceeds the sampler's 8 slots"),
     ({"runtime": {"sampler_slots": 16, "refill_after": 17}}, r"runtime.refill_after = 17 exceeds the sampler's 16"),
     ({"runtime": {"refill_after": -1}}, r"`config.runtime.refill_after` must be >= 0; got -1"),
+    # jax.random.key's range: 2**32 ran as seed 0, 2**63 overflowed in the first key.
+    ({"seed": 2**32}, r"`config.seed` must be >= 0 and <= 4294967295; got 4294967296\."),
+    ({"seed": 2**63}, r"`config.seed` must be >= 0 and <= 4294967295; got 9223372036854775808\."),
+    ({"seed": -1}, r"`config.seed` must be >= 0 and <= 4294967295; got -1\."),
     ({"model": {"overrides": {"param_dtype": "bfloat16"}}},
      r"`model.overrides.param_dtype` = 'bfloat16': trained weights are kept in float32"),
     ({"critic": {"overrides": {"param_dtype": "bfloat16"}}}, r"`critic.overrides.param_dtype` = 'bfloat16'"),
@@ -322,6 +326,7 @@ def test_non_finite_numbers_in_free_form_sections_are_rejected(value):
 
 
 def test_finite_extremes_still_validate():
+  assert config.load({"seed": 2**32 - 1}).seed == 2**32 - 1
   cfg = config.load({"rl": {"optimizer": {"learning_rate": 1e300, "b1": 0.0}}, "loss": {"dual_clip": 1e9}})
   assert cfg.rl.optimizer.learning_rate == 1e300 and cfg.rl.optimizer.b1 == 0.0 and cfg.loss.dual_clip == 1e9
 

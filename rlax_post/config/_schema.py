@@ -430,7 +430,7 @@ class RuntimeSection:
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  seed: int = bounded(0, low=0)
+  seed: int = bounded(0, low=0, high=2**32 - 1)  # jax.random.key's range: a larger seed wrapped (or overflowed)
   task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
   data: DataSection = dataclasses.field(default_factory=DataSection)
   reward: RewardSection = dataclasses.field(default_factory=RewardSection)
