@@ -231,6 +231,19 @@ def test_workdir_below_a_file(tmp_path):
                   "directory you can write to, or fix its permissions.")
 
 
+def test_a_cache_dir_it_cannot_write_is_one_line_before_any_work(tmp_path):
+  """`sft.cache_dir` below a file failed after the run had started (review: '[Errno 20] Not a directory: ...'
+  naming no key); now the command refuses it at once, and leaves no workdir behind."""
+  (tmp_path / "afile").write_text("x")
+  out = _cli("train", "--config", _DEMO + ":tiny", "--workdir", tmp_path / "run",
+             f"--config.sft.cache_dir={tmp_path / 'afile' / 'cache'}")
+  line = _error(out, "train")
+  assert line == (f"rlax-post train: error: `sft.cache_dir` = {str(tmp_path / 'afile' / 'cache')!r} cannot hold "
+                  "warm starts (Not a directory); set it to a directory this run can create and write, or to None "
+                  "for no cache.")
+  assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.skipif(_IS_ROOT, reason="root writes into any directory")
 def test_read_only_workdir(tmp_path):
   (tmp_path / "ro").mkdir(mode=0o500)

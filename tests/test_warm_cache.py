@@ -99,3 +99,15 @@ def test_cache_key_of_a_dataset_task_follows_its_files(tmp_path):
   assert _warm_cache.cache_key(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_prompt_tokens=9))) != key
   data.write_jsonl(str(train), [{"prompt": "a", "answer": 1}, {"prompt": "b", "answer": 2}])
   assert _warm_cache.cache_key(cfg) != key  # rewritten: another warm start
+
+
+def test_a_cache_dir_the_run_cannot_write_is_refused_before_any_work(tmp_path):
+  (tmp_path / "afile").write_text("x")
+  bad = tmp_path / "afile" / "cache"
+  with pytest.raises(ValueError, match=r"`sft.cache_dir` = '.*/afile/cache' cannot hold warm starts \(Not a "
+                     r"directory\); set it to a directory this run can create and write, or to None"):
+    runtime.train(_cfg(bad), str(tmp_path / "run"), quiet=True)
+  assert not (tmp_path / "run").exists()  # refused before the run made its outputs
+  _warm_cache.check_cache_dir(_cfg(bad, steps=0))  # no warm start: the cache is not read
+  _warm_cache.check_cache_dir(_cfg(tmp_path / "new" / "cache"))
+  assert (tmp_path / "new" / "cache").is_dir() and not os.listdir(tmp_path / "new" / "cache")

@@ -19,6 +19,7 @@ from rlax_post.runtime import _rounds
 from rlax_post.runtime import _run
 from rlax_post.runtime import _samplers
 from rlax_post.runtime import _sources
+from rlax_post.runtime import _warm_cache
 
 
 def learn(update: _learn.RLUpdate, source: _sources.Source, out, start: _run.Start):
@@ -69,6 +70,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
   PPO's rounds ("rounds"); returns the summary (also written to workdir/summary.json)."""
   # Sampling in the learner's process (inline or threads) is a host-driven decode loop on its own devices.
   _distributed.check_single_process("`rlax-post train` (sampling in the learner's process)")
+  _warm_cache.check_cache_dir(cfg)
   return _train_with(_parts.build_parts(cfg), workdir, make_source, resume=resume, quiet=quiet)
 
 
@@ -78,6 +80,7 @@ def run_learner(cfg: config_lib.Config, workdir: str, *, resume: bool = False, q
   (a resumed unit) read it as "the learner has finished" and exited, and the learner then waited for ever."""
   if _distributed.is_primary():
     _samplers.clear_done(workdir)
+  _warm_cache.check_cache_dir(cfg)
   return _train_with(_parts.build_parts(cfg), workdir, _sources.ProcessSource, resume=resume, quiet=quiet)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 from typing import Any, Callable
 import uuid
 
@@ -60,6 +61,23 @@ def entries(cache_dir: str, key: str) -> list:
     return sorted(p for p in (exchange.as_path(cache_dir) / key).iterdir() if exchange.is_complete(p / "0"))
   except FileNotFoundError:
     return []
+
+
+def check_cache_dir(cfg: config_lib.Config) -> None:
+  """Creates `sft.cache_dir` and a probe file in it now, when the run's warm start will use it: a directory it
+  cannot write fails before any work, naming the key (it failed at the first cache read with an OSError that
+  named neither the key nor what to do)."""
+  path = cfg.sft.cache_dir
+  # (A bucket: nothing to create here. Multi-process learners do not use the cache.)
+  if path is None or cfg.sft.steps == 0 or "://" in path or jax.process_count() > 1:
+    return
+  try:
+    os.makedirs(path, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path, prefix=".rlax-post-write-probe-"):
+      pass
+  except OSError as e:
+    raise ValueError(f"`sft.cache_dir` = {path!r} cannot hold warm starts ({e.strerror or e}); set it to a "
+                     "directory this run can create and write, or to None for no cache.") from None
 
 
 def warm_start(cfg: config_lib.Config, params: Any, run: Callable[[], Any], *, say=None) -> Any:
