@@ -393,7 +393,18 @@ def _sweep(argv, command_line):
 def _check_config(argv):
   del argv
   # allow_nan=False: the output is strict JSON (validation already refuses NaN and inf).
-  print(json.dumps(config_lib.to_dict(_load_config()), indent=2, allow_nan=False))
+  _print_out(json.dumps(config_lib.to_dict(_load_config()), indent=2, allow_nan=False))
+
+
+def _print_out(text: str) -> None:
+  """Prints `text` to stdout; a reader that stops early (`| head`, `| true`) ends the command quietly with
+  status 1, as Python's docs advise, not in a BrokenPipeError traceback."""
+  try:
+    print(text, flush=True)
+  except BrokenPipeError:
+    # Python flushes stdout again at exit and would report the closed pipe there: point it at /dev/null.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(1)
 
 
 def _serve(argv):
@@ -454,7 +465,7 @@ def _write_json(report) -> None:
   """Prints `report`; with --json also writes it there whole (a temporary file renamed into place)."""
   if _JSON.value:
     runtime.write_json(_JSON.value, report)
-  print(json.dumps(report, indent=2, allow_nan=False))  # Strict JSON, as written to --json.
+  _print_out(json.dumps(report, indent=2, allow_nan=False))  # Strict JSON, as written to --json.
 
 
 def _rescue_sim(argv):

@@ -244,6 +244,15 @@ def test_a_cache_dir_it_cannot_write_is_one_line_before_any_work(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+def test_check_config_into_a_closed_pipe_ends_quietly():
+  """`rlax-post check-config ... | head` whose reader stops early: no BrokenPipeError traceback."""
+  proc = subprocess.Popen([sys.executable, "-m", "rlax_post.cli", "check-config", "--config", _DEMO],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_ENV, cwd=_ROOT)
+  proc.stdout.close()  # the reader is gone before the command prints (it takes a second to start)
+  err = proc.stderr.read()
+  assert proc.wait(timeout=120) == 1 and err == "", err[-3000:]
+
+
 @pytest.mark.skipif(_IS_ROOT, reason="root writes into any directory")
 def test_read_only_workdir(tmp_path):
   (tmp_path / "ro").mkdir(mode=0o500)
