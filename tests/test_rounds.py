@@ -25,6 +25,7 @@ from rlax_post.envs import sales
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import iterppo  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import tools_tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import _tiny_runs  # pylint: disable=g-bad-import-order
 
@@ -188,12 +189,18 @@ def test_the_config_refuses_what_rounds_cannot_run(overrides, message):
   config.load(_rounds_config())
   with pytest.raises(ValueError, match=message):
     config.load(_rounds_config(**overrides))
-  oracle_elsewhere = demo.get_config("tiny")
+  oracle_elsewhere = tools_tiny.get_config("tiny")  # a multi-turn task without an oracle
   oracle_elsewhere.runtime.mode, oracle_elsewhere.iterppo.q = "rounds", "oracle"
+  oracle_elsewhere.advantage.estimator = "grpo"
   oracle_elsewhere.iterppo.round_steps = oracle_elsewhere.rl.steps
   oracle_elsewhere.iterppo.episodes = oracle_elsewhere.rl.samples_per_prompt
   with pytest.raises(ValueError, match="exact oracle"):
     config.load(oracle_elsewhere)
+  single_turn = demo.get_config("tiny")  # refused when the config is built (it was at the run's start)
+  single_turn.runtime.mode, single_turn.iterppo.q = "rounds", "oracle"
+  with pytest.raises(ValueError, match=r"runtime.mode = 'rounds' trains single messages of a multi-turn task \(one "
+                     r"with `max_turn_tokens`: \['sales', 'tools', 'dialogue'\]\); task.name = 'reverse' has none"):
+    config.load(single_turn)
 
 
 def test_q_reads_the_response_and_its_fit_lowers_the_error():
