@@ -139,8 +139,8 @@ def test_a_tree_group_is_admitted_by_its_grown_leaves_not_its_kept_rows():
   kept rows before: 16 samples in 12 slots here)."""
   c = demo.get_config("tiny")
   c.tree.expansion, c.tree.trees, c.tree.iterations, c.tree.forks, c.tree.continuations, c.tree.keep = (
-      "random", 1, 1, 1, 7, 1)
-  c.rl.samples_per_prompt, c.rl.prompts_per_step = 1, 16
+      "random", 1, 1, 1, 7, 2)
+  c.rl.samples_per_prompt, c.rl.prompts_per_step = 2, 16  # (keeping 1 would train groups of one: refused)
   parts = runtime.build_parts(config.load(c))
   grown, slots = config.tree_grown(parts.cfg), 12  # admitted slots (the engine's 16 split over 8 devices)
   producer = parts.task.producer(parts.engine(slots=16, temperature=1.0),
@@ -153,4 +153,4 @@ def test_a_tree_group_is_admitted_by_its_grown_leaves_not_its_kept_rows():
     worst = max(worst, producer.in_flight_samples, producer.driver.num_unfinished)
     done.update(producer.step())
   producer.close()
-  assert worst == grown and sorted(done) == list(range(5)) and all(len(rows) == 1 for rows in done.values())
+  assert worst == grown and sorted(done) == list(range(5)) and all(len(rows) == 2 for rows in done.values())
