@@ -1,7 +1,7 @@
 """What a run reads of its config: the families of tasks and estimators, what the settings resolve to
 (`loss_kind`, `staleness`, `uses_critic`, ...), and the settings that only some runs read (`READS`).
 
-A setting that the chosen task, estimator, loss, critic or mode never reads would be ignored without a word (a
+A setting that the chosen task, estimator, loss, critic or mode never reads would be ignored without a word (an
 `advantage.gamma` set for GRPO, a `critic.loss` for a run without a critic), so `check_reads` refuses one that
 differs from its default, naming it, its value, what reads it and what this run has instead.
 """
