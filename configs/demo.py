@@ -101,8 +101,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.preset = "micro"
     c.task.num_eval = 16
     c.sft.steps = 4
+    c.sft.optimizer.warmup_steps = 3  # a warm-up ends before its schedule: 1 update fewer than it spans
     c.sft.batch_size = 8
     c.rl.steps = 3
+    c.rl.optimizer.warmup_steps = 2
+    if "gae" in variants:
+      c.critic.optimizer.warmup_steps = 2
     c.rl.prompts_per_step = 4
     c.rl.samples_per_prompt = 4
     c.eval.every = 2
