@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import textwrap
 
 from absl import app
@@ -216,9 +215,7 @@ def _writable_dir(path: str, flag: str = "--workdir") -> str:
   if os.path.exists(path) and not os.path.isdir(path):
     raise NotADirectoryError(f"{flag} {path!r} is a file, not a directory; pass a directory.")
   try:
-    os.makedirs(path, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path, prefix=".rlax-post-write-probe-"):
-      pass
+    runtime.probe_writable(path)
   except OSError as e:
     raise PermissionError(f"{flag} {path!r} is not writable ({e.strerror}); pass a directory you can write "
                           "to, or fix its permissions.") from None

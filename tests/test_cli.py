@@ -14,6 +14,7 @@ import pytest
 
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import cli
+from rlax_post.runtime import _checkpoint
 
 _ENV = _procs.env()
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -264,7 +265,7 @@ def test_read_only_workdir_in_process(tmp_path, monkeypatch):
   """The probe file is what finds a read-only directory (as root, the subprocess test above is skipped)."""
   def refuse(**kwargs):
     raise PermissionError(13, "Permission denied")
-  monkeypatch.setattr(cli.tempfile, "NamedTemporaryFile", refuse)
+  monkeypatch.setattr(_checkpoint.tempfile, "NamedTemporaryFile", refuse)
   with pytest.raises(PermissionError, match=r"--workdir '.*ro' is not writable \(Permission denied\)"):
     cli._writable_dir(str(tmp_path / "ro"))
 

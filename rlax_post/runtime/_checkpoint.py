@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import time
 from typing import Any
 
@@ -59,6 +60,14 @@ def complete_checkpoints(workdir: str) -> list[int]:
   if not directory.exists():
     return []
   return sorted(int(p.name) for p in directory.iterdir() if exchange.is_complete(p))
+
+
+def probe_writable(path: str) -> None:
+  """Creates directory `path` and a probe file in it now, so that a directory this process cannot write
+  fails before any work (OSError), not at its first write."""
+  os.makedirs(path, exist_ok=True)
+  with tempfile.NamedTemporaryFile(dir=path, prefix=".rlax-post-write-probe-"):
+    pass
 
 
 def _first_line(e: BaseException) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from typing import Any, Callable
 import uuid
 
@@ -24,6 +23,7 @@ import jax
 from rlax_post import config as config_lib
 from rlax_post import data
 from rlax_post import exchange
+from rlax_post.runtime import _checkpoint
 
 # What decides the params after the warm start (the RL sections do not; sft.cache_dir itself does not).
 _KEY_SECTIONS = ("seed", "task", "model", "sft")
@@ -72,9 +72,7 @@ def check_cache_dir(cfg: config_lib.Config) -> None:
   if path is None or cfg.sft.steps == 0 or "://" in path or jax.process_count() > 1:
     return
   try:
-    os.makedirs(path, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path, prefix=".rlax-post-write-probe-"):
-      pass
+    _checkpoint.probe_writable(path)
   except OSError as e:
     raise ValueError(f"`sft.cache_dir` = {path!r} cannot hold warm starts ({e.strerror or e}); set it to a "
                      "directory this run can create and write, or to None for no cache.") from None
