@@ -105,8 +105,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sft.batch_size = 8
     c.rl.steps = 3
     c.rl.optimizer.warmup_steps = 2
-    if "gae" in variants:
-      c.critic.optimizer.warmup_steps = 2
     c.rl.prompts_per_step = 4
     c.rl.samples_per_prompt = 4
     c.eval.every = 2

@@ -224,7 +224,10 @@ def test_one_sample_per_prompt_with_a_critic_is_kept():
 def test_a_warm_up_longer_than_its_schedule_is_named_where_it_is_cut():
   from rlax_post.runtime import _learners  # pylint: disable=g-import-not-at-top
   assert _learners.warmup_cuts(config.load(demo.get_config())) == []
-  tiny = config.load(demo.get_config("tiny"))  # 4 SFT steps, 3 RL steps
+  raw = demo.get_config("tiny")  # 4 SFT steps, 3 RL steps; its own warm-ups (3, 2) fit
+  assert _learners.warmup_cuts(config.load(raw)) == []
+  raw.sft.optimizer.warmup_steps, raw.rl.optimizer.warmup_steps = 20, 5
+  tiny = config.load(raw)
   assert config.schedule_updates(tiny) == {"sft.optimizer": 4, "rl.optimizer": 3}
   assert _learners.warmup_cuts(tiny) == [
       "sft.optimizer.warmup_steps = 20 is not shorter than the 4 updates its schedule spans (sft.steps): the "
