@@ -9,10 +9,11 @@ differs from its default, naming it, its value, what reads it and what this run 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple, TYPE_CHECKING
+from typing import Any, Callable, NamedTuple
 
-if TYPE_CHECKING:
-  from rlax_post.config._schema import Config
+# The functions here read a `config.Config` (`_schema`, which imports this module's names; so `Config` is
+# written as `Any` here, keeping the import one way).
+Config = Any
 
 # Tasks that are role pipelines (`envs.COLLABORATIONS`; a test keeps the two equal) and the estimators that
 # credit their tree nodes.
