@@ -75,14 +75,20 @@ def sampling_logprobs(logits_bv: jax.Array, *, temperature: float, top_p: float 
   (before truncation), these are the probabilities of what it samples."""
   if logits_bv.ndim != 2:
     raise ValueError(f"logits_bv must be [B, V]; got shape {logits_bv.shape}.")
-  v = logits_bv.shape[-1]
   if temperature == 0.0:
-    return jnp.where(jnp.arange(v) == jnp.argmax(logits_bv, axis=-1, keepdims=True), 0.0, -jnp.inf)
+    return jnp.where(jnp.arange(logits_bv.shape[-1]) == jnp.argmax(logits_bv, axis=-1, keepdims=True), 0.0,
+                     -jnp.inf)
+  return jax.nn.log_softmax(_law(logits_bv, temperature, top_p, top_k), axis=-1)
+
+
+def _law(logits_bv: jax.Array, temperature: float, top_p: float, top_k: int) -> jax.Array:
+  """One law's scaled logits [B, V] for every row, -inf outside its kept set (`truncate_rows`, whose sort runs
+  only where something is cut); temperature > 0."""
   scaled_bv = logits_bv.astype(jnp.float32) / temperature
-  if (top_k and top_k < v) or top_p < 1.0:  # as `sample_token`: the sort only where something is cut
+  if (top_k and top_k < scaled_bv.shape[-1]) or top_p < 1.0:
     b = scaled_bv.shape[0]
     scaled_bv = truncate_rows(scaled_bv, jnp.full((b,), top_p, jnp.float32), jnp.full((b,), top_k, jnp.int32))
-  return jax.nn.log_softmax(scaled_bv, axis=-1)
+  return scaled_bv
 
 
 def sample_token(logits_bv: jax.Array, rng: jax.Array, *, temperature: float, top_p: float = 1.0,
@@ -91,11 +97,7 @@ def sample_token(logits_bv: jax.Array, rng: jax.Array, *, temperature: float, to
   for the whole batch. temperature == 0 means greedy (argmax)."""
   if temperature == 0.0:
     return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
-  scaled_bv = logits_bv.astype(jnp.float32) / temperature
-  if (top_k and top_k < scaled_bv.shape[-1]) or top_p < 1.0:
-    b = scaled_bv.shape[0]
-    scaled_bv = truncate_rows(scaled_bv, jnp.full((b,), top_p, jnp.float32), jnp.full((b,), top_k, jnp.int32))
-  return draw_rows(scaled_bv, jax.random.uniform(rng, scaled_bv.shape[:1]))
+  return draw_rows(_law(logits_bv, temperature, top_p, top_k), jax.random.uniform(rng, logits_bv.shape[:1]))
 
 
 def sample_rows(logits_bv: jax.Array, keys_b: jax.Array, temperature_b: jax.Array, top_p_b: jax.Array,
