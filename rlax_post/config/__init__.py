@@ -31,6 +31,7 @@ from rlax_post.config._schema import RuntimeSection
 from rlax_post.config._reads import separate_critic
 from rlax_post.config._schema import schedule_updates
 from rlax_post.config._schema import SFTSection
+from rlax_post.config._reads import setting
 from rlax_post.config._reads import staleness
 from rlax_post.config._schema import TaskConfig
 from rlax_post.config._schema import C3_MODES
@@ -85,6 +86,7 @@ __all__ = [
     "separate_critic",
     "schedule_updates",
     "SFTSection",
+    "setting",
     "staleness",
     "TaskConfig",
     "to_dict",

@@ -5,7 +5,6 @@ keys: `make_learner` (an objective under an optimizer on the parts' mesh), `opti
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Callable
 
 import jax
@@ -42,7 +41,7 @@ def warmup_cuts(cfg: config_lib.Config) -> list[str]:
   warm-up); the run says so (`Run`), since the config asked for another schedule."""
   out = []
   for key, updates in config_lib.schedule_updates(cfg).items():
-    warmup = functools.reduce(getattr, key.split("."), cfg).warmup_steps
+    warmup = config_lib.setting(cfg, f"{key}.warmup_steps")
     if warmup >= updates:
       out.append(f"{key}.warmup_steps = {warmup} is not shorter than the {updates} updates its schedule spans "
                  f"({_SPANS[key]}): the learning rate warms up over {max(updates - 1, 0)} updates instead.")
