@@ -575,7 +575,7 @@ class Driver:
     each slot's next-token logits version when the block starts."""
     self._state, block = self.engine.generate_block(self.params, self._state, stop_on_free=stop_on_free,
                                                     max_length=longest)
-    return _Flight(block, list(self._busy), versions, self.engine.kv_span(longest + self.engine.steps_per_sync))
+    return _Flight(block, list(self._busy), versions, self.engine.block_span(longest))
 
   def _can_run_ahead(self) -> bool:
     """Whether the next block can start before the host has seen the one in flight: nothing waits for a slot

@@ -514,8 +514,14 @@ class RlaxEngine(engine_api.Engine):
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
                                    or max_length < 0):
       raise ValueError(f"max_length must be None or an int >= 0 (the longest live sequence); got {max_length!r}.")
-    span = self.max_decode_length if max_length is None else self.kv_span(int(max_length) + steps)
-    return self._programs.block(params, decode_state, np.int32(steps), np.int32(stop_on_free), span)
+    return self._programs.block(params, decode_state, np.int32(steps), np.int32(stop_on_free),
+                                self.block_span(max_length, steps))
+
+  def block_span(self, max_length: int | None, steps: int | None = None) -> int:
+    """The attention span W of a `generate_block` of `steps` (default `steps_per_sync`) steps whose longest live
+    sequence is `max_length` (None: all S positions)."""
+    steps = self.steps_per_sync if steps is None else steps
+    return self.max_decode_length if max_length is None else self.kv_span(int(max_length) + steps)
 
   def kv_span(self, length: int) -> int:
     """The attention span of a block whose slots reach `length` positions: the smallest `kv_buckets`
