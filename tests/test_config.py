@@ -1,5 +1,6 @@
 """Config validation: unknown keys and bad values give errors that name them and list what is allowed."""
 
+import json
 import subprocess
 import sys
 
@@ -389,3 +390,13 @@ def test_config_files_spell_out_every_key():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert _keys(module.get_config().to_dict()) == schema, path
+
+
+def test_flat_settings_gives_leaves_by_dotted_key_and_tuples_for_lists():
+  tree = {"seed": 3, "task": {"options": {}, "name": "add"}, "model": {"lora": {"targets": ["q", "v"], "rank": 8}}}
+  assert config.flat_settings(tree) == {"seed": 3, "task.name": "add", "model.lora.targets": ("q", "v"),
+                                        "model.lora.rank": 8}
+  # A config's dict and its JSON read back flatten to the same settings (the resume check compares them).
+  as_dict = config.to_dict(config.Config())
+  assert config.flat_settings(json.loads(json.dumps(as_dict))) == config.flat_settings(as_dict)
+  assert config.flat_settings(as_dict)["model.lora.targets"] == ("q", "k", "v", "o", "gate", "up", "down")

@@ -31,6 +31,7 @@ from rlax_post.config._schema import RuntimeSection
 from rlax_post.config._reads import separate_critic
 from rlax_post.config._schema import schedule_updates
 from rlax_post.config._schema import SFTSection
+from rlax_post.config._reads import flat_settings
 from rlax_post.config._reads import setting
 from rlax_post.config._reads import staleness
 from rlax_post.config._schema import TaskConfig
@@ -86,6 +87,7 @@ __all__ = [
     "separate_critic",
     "schedule_updates",
     "SFTSection",
+    "flat_settings",
     "setting",
     "staleness",
     "TaskConfig",

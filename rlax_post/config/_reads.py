@@ -78,6 +78,19 @@ def setting(cfg: Config, key: str) -> Any:
   return value
 
 
+def flat_settings(tree: dict) -> dict[str, Any]:
+  """The leaves of nested dict `tree` (a `to_dict` of a config, or its JSON) by dotted key, e.g.
+  {"model.lora.rank": 8}. An empty section has no leaves; lists become tuples, so that a value read back from
+  JSON equals the config's own tuple."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update({f"{key}.{k}": v for k, v in flat_settings(value).items()})
+    else:
+      out[key] = tuple(value) if isinstance(value, list) else value
+  return out
+
+
 class When(NamedTuple):
   """When a run reads a setting: `holds(cfg)`; `needs` says so in words, `now(cfg)` what the run has instead."""
   needs: str

@@ -200,15 +200,6 @@ _RESULT_SECTIONS = ("seed", "task", "data", "reward", "model", "sft", "rl", "los
 _NOT_RESULTS = ("sft.cache_dir",)  # where a warm start may be found, not what it is
 
 
-def _flat(tree, prefix=""):
-  if not isinstance(tree, dict):
-    return {prefix[:-1]: tree}
-  out = {}
-  for k, v in tree.items():
-    out.update(_flat(v, f"{prefix}{k}."))
-  return out
-
-
 def check_resume_config(saved: dict | None, cfg: config_lib.Config) -> None:
   if saved is None:
     return
@@ -216,9 +207,10 @@ def check_resume_config(saved: dict | None, cfg: config_lib.Config) -> None:
   # JSON turns tuples into lists; compare through JSON on both sides.
   sections = [k for k in _RESULT_SECTIONS if k in saved]  # A checkpoint older than a section lacks it.
   # ...or a key added since (e.g. model.lora): it ran with that key's default.
-  defaults = _flat(json.loads(json.dumps({k: config_lib.to_dict(config_lib.Config())[k] for k in sections})))
-  old_flat = {**defaults, **_flat({k: saved.get(k) for k in sections})}
-  new_flat = _flat(json.loads(json.dumps({k: now[k] for k in sections})))
+  flat = config_lib.flat_settings
+  defaults = flat(json.loads(json.dumps({k: config_lib.to_dict(config_lib.Config())[k] for k in sections})))
+  old_flat = {**defaults, **flat({k: saved.get(k) for k in sections})}
+  new_flat = flat(json.loads(json.dumps({k: now[k] for k in sections})))
   diff = sorted(k for k in old_flat.keys() | new_flat.keys()
                 if old_flat.get(k) != new_flat.get(k) and k not in _NOT_RESULTS)
   if diff:

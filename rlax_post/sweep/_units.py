@@ -66,15 +66,7 @@ def differences(base: ml_collections.ConfigDict, other: ml_collections.ConfigDic
   """The dotted keys where config `other` differs from `base`, with `other`'s values: the sweep point that turns
   `base` into `other` (e.g. an arm's variant into a point over the sweep's base, resets of the settings only the
   base's arm reads included). ValueError for a key only one of them has: a point sets keys the base has."""
-  def flat(tree, prefix=""):
-    out = {}
-    for key, value in tree.items():
-      if isinstance(value, dict) and value:
-        out.update(flat(value, f"{prefix}{key}."))
-      else:
-        out[f"{prefix}{key}"] = tuple(value) if isinstance(value, list) else value
-    return out
-  a, b = flat(base.to_dict()), flat(other.to_dict())
+  a, b = config_lib.flat_settings(base.to_dict()), config_lib.flat_settings(other.to_dict())
   if set(a) != set(b):
     raise ValueError(f"sweep.differences: the configs' keys differ ({sorted(set(a) ^ set(b))}); a sweep point can "
                      "only set keys its base has.")
