@@ -117,6 +117,51 @@ def test_transitions_mark_a_token_budget_stop_apart_from_the_envs_end(max_decode
   assert {t["end_reason"] for t in out} == {want["reasons"]}
 
 
+class _Failing:
+  """Rewards 1, 0, 1 for its messages, the episode done after the third; with `fail`, step `fail` raises."""
+
+  def __init__(self, fail=None):
+    self.fail, self.t = fail, 0
+
+  def reset(self, prompt):
+    return ":"
+
+  def step(self, message):
+    if self.t == self.fail:
+      raise RuntimeError("backend down")
+    self.t += 1
+    return envs.StepResult(observation="<o>", reward=[1.0, 0.0, 1.0][self.t - 1], done=self.t == 3, info={})
+
+
+def test_an_env_failure_gives_no_q_targets():
+  """The same conversation twice, the second broken off by the env at its third step: that message is unscored
+  and its reward 0 is no return of π's; the earlier returns lack the last reward. None of that episode's
+  transitions is a Q target (they were targets of 0, 0 and 1.0 where the real ones are 1.0, 0.5 and 1.25),
+  nor counts in the mean return; the env's own end does (by hand, γ = 0.5)."""
+  tok = models.ByteTokenizer()
+  cfg = models.preset("micro", vocab_size=264, valid_vocab_size=259, max_seq_len=64)
+  graphdef, params = models.init_params(cfg, jax.random.key(0))
+  engine = sampler.RlaxEngine(cfg, graphdef, tokenizer=tok, max_concurrent_decodes=2, max_prefill_length=16,
+                              max_decode_length=60, temperature=0.0)
+  rows = []
+  for fail in (None, 2):
+    episode, = sampler.run_episodes(sampler.Driver(engine, params, park_wait_s=0.01), tok,
+                                    lambda fail=fail: _Failing(fail), ["ab"], n=1, max_turn_tokens=6, max_turns=50)
+    rows += envs.episode_rows(0, [episode])
+  assert [r["end_reason"] for r in rows] == ["env_done", "env_error"]
+  out = runtime.transitions_of(rows, [0, 1], tok, gamma=0.5, index=0)
+  assert [(t["episode"], t["scored"], t["q_target"]) for t in out] == [
+      (0, True, True), (0, True, True), (0, True, True), (1, True, False), (1, True, False), (1, False, False)]
+  assert [t["action"] for t in out[:3]] == [t["action"] for t in out[3:]]  # the same messages
+  np.testing.assert_allclose([t["return"] for t in out], [1.25, 0.5, 1.0, 1.0, 0.0, 0.0])
+  train, heldout = runtime.fit_sets(out, heldout_episodes=set())
+  assert [(t["episode"], t["turn"]) for t in train] == [(0, 0), (0, 1), (0, 2)] and heldout == []
+  train, heldout = runtime.fit_sets(out, heldout_episodes={1})  # held out: measured, on its targets only
+  assert [t["episode"] for t in train] == [0, 0, 0] and [t["turn"] for t in heldout] == [0, 1, 2]
+  assert runtime.mean_return(rows, 0.5) == pytest.approx(1.25)
+  assert np.isnan(runtime.mean_return(rows[1:], 0.5))
+
+
 def test_the_oracle_q_with_gamma_zero_is_the_expected_immediate_reward():
   game = sales.SalesGame(gamma=0.0)
   values = sales.policy_values(game, lambda h: {a: 1 / len(game.actions) for a in game.actions})

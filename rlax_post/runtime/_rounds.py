@@ -7,7 +7,8 @@ Round i covers RL steps i·S … i·S + S − 1 (S = `iterppo.round_steps`). At 
      transitions: per policy message j of an episode, the state (the context and the conversation before
      the message), the response, its behaviour logprobs, the turn's reward r_j, the Monte Carlo return
      G_j = Σ_{k≥j} γ^{k−j} r_k (γ = `iterppo.gamma`) and whether the episode ended there (`done`: the env
-     ended it) or was stopped short (`truncated`: the row's token budget, max_turns, an env failure);
+     ended it) or was stopped short (`truncated`: the row's token budget, max_turns, an env failure); the
+     transitions of an episode an env failure broke off are no Q targets (`q_target`);
   2. measures π_i's true value: exact V^π where the task has an oracle (`_oracle.exact_oracle`), else the mean
      γ-discounted return of E held-out episodes;
   3. fits Q_i(state, response) on G with the critic section's scalar model, read at the response's last
@@ -48,6 +49,9 @@ from rlax_post.runtime import _parts
 from rlax_post.runtime import _sources
 
 ROUNDS_DIR = "rounds"
+# End reasons (`sampler.END_REASONS`) where the env failed, not where the process π runs in ends: the returns
+# of such an episode's messages are not π's (`transitions_of`).
+ENV_FAILURES = ("env_error", "env_timeout")
 ROUND_FILE = "round.json"
 TRANSITIONS_FILE = "transitions.jsonl"
 
@@ -81,6 +85,20 @@ def episode_return(row: dict, gamma: float) -> float:
   return float(discounted_returns(row["turn_rewards"], gamma)[0]) if len(row["turn_rewards"]) else 0.0
 
 
+def mean_return(rows: list[dict], gamma: float) -> float:
+  """The mean γ-discounted return of the episode rows that no env failure broke off (`ENV_FAILURES`: theirs
+  is not π's); NaN when there is none."""
+  returns = [episode_return(r, gamma) for r in rows if r.get("end_reason") not in ENV_FAILURES]
+  return float(np.mean(returns)) if returns else float("nan")
+
+
+def fit_sets(transitions: list[dict], heldout_episodes: set[int]) -> tuple[list[dict], list[dict]]:
+  """A round's transitions → (Q's training set: the transitions of the episodes not held out whose return is
+  π's, `q_target`; the held-out episodes' transitions, whose targets measure Q's error)."""
+  train = [t for t in transitions if t["episode"] not in heldout_episodes and t["q_target"]]
+  return train, [t for t in transitions if t["episode"] in heldout_episodes]
+
+
 def transitions_of(rows: list[dict], episodes: list[int], tokenizer, *, gamma: float, index: int) -> list[dict]:
   """Each policy message of each episode row (`envs.TURN_FIELDS`, `envs.END_FIELDS`) as a transition: `state`
   (ids: the prompt and the conversation before the message), `action` (the message's ids), `logprobs` (the
@@ -92,11 +110,16 @@ def transitions_of(rows: list[dict], episodes: list[int], tokenizer, *, gamma: f
                token budget, 'max_decode_length'; 'max_turns'; an env failure): its next state is not terminal;
     scored     the env scored the message; False for a last message cut by the token budget before the env
                saw it (or whose step failed): its reward 0 is the cut's, not the env's.
+    q_target   `return` is the return of the process π runs in, a target for Q's fit and its held-out error:
+               False for every message of an episode an env failure ended (`ENV_FAILURES`: the failed message
+               has no reward and the earlier ones' returns lack the rest of the conversation).
 
-  G_j sums the rewards to where the episode stopped, also a truncated one: the token budget binds wherever the
-  policy runs (the rounds' episodes, their held-out value, the single-turn phase's responses, clipped to the
-  same row), and the state shows how much of it is left, so a stop there is the end of the process Q values;
-  the rows hold no state past it to bootstrap from."""
+  G_j sums the rewards to where the episode stopped, also one stopped by the token budget or max_turns: those
+  limits bind wherever the policy runs (the rounds' episodes, their held-out value, the single-turn phase's
+  responses, clipped to the same row), and the state shows how much of them is left, so a stop there is the
+  end of the process Q values (a message the budget cut is worth 0 in it: the single-turn phase's responses
+  to that state are cut the same way, and Q scores them); the rows hold no state past it to bootstrap from.
+  An env failure is not part of that process: its episode's returns are kept in the log but not fitted."""
   out = []
   for episode, row in zip(episodes, rows):
     if "turn_starts" not in row or "end_reason" not in row:
@@ -106,7 +129,7 @@ def transitions_of(rows: list[dict], episodes: list[int], tokenizer, *, gamma: f
     starts, ends = np.asarray(row["turn_starts"], np.int64), np.asarray(row["turn_ends"], np.int64)
     rewards = np.asarray(row["turn_rewards"], np.float64)
     returns = discounted_returns(rewards, gamma)
-    natural = row["end_reason"] == "env_done"
+    natural, failed = row["end_reason"] == "env_done", row["end_reason"] in ENV_FAILURES
     texts = []
     for j, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
       last = j == len(starts) - 1
@@ -114,7 +137,8 @@ def transitions_of(rows: list[dict], episodes: list[int], tokenizer, *, gamma: f
                   "action": tokens[s:e].tolist(), "logprobs": np.asarray(row["logprobs"][s:e], float).tolist(),
                   "reward": float(rewards[j]), "return": float(returns[j]), "turns": [list(t) for t in texts],
                   "done": last and natural, "truncated": last and not natural,
-                  "scored": j < int(row["turns_scored"]), "end_reason": str(row["end_reason"])})
+                  "scored": j < int(row["turns_scored"]), "q_target": not failed,
+                  "end_reason": str(row["end_reason"])})
       next_start = int(starts[j + 1]) if j + 1 < len(starts) else len(tokens)
       texts.append((text_of(tokenizer, tokens[s:e]), text_of(tokenizer, tokens[e:next_start])))
   return out
@@ -309,10 +333,9 @@ class RoundSource:
     transitions = transitions_of(rows, episodes, self.parts.tokenizer, gamma=self.it.gamma, index=index)
     oracle = _oracle.exact_oracle(self.parts, reference, gamma=self.it.gamma)
     heldout_episodes = self._heldout(episodes, index)
-    train = [t for t in transitions if t["episode"] not in heldout_episodes]
-    heldout = [t for t in transitions if t["episode"] in heldout_episodes]
+    train, heldout = fit_sets(transitions, heldout_episodes)
     metrics = {"round_episodes": float(len(rows)), "round_transitions": float(len(transitions)),
-               "round_return_mean": float(np.mean([episode_return(r, self.it.gamma) for r in rows])),
+               "round_return_mean": mean_return(rows, self.it.gamma),
                **{f"round_{k}": float(sum(float(r[k]) for r in rows)) for k in envs.BUDGET_FIELDS},
                **self._value(reference, oracle)}
     q_params = None
@@ -380,8 +403,8 @@ class RoundSource:
       done = envs.run_tickets(producer, tickets, slots=self.cfg.sampler_slots)
     finally:
       producer.close()
-    returns = [episode_return(r, self.it.gamma) for t in tickets for r in done[t]]
-    return {"round_value": float(np.mean(returns)), "round_value_exact": 0.0}
+    return {"round_value": mean_return([r for t in tickets for r in done[t]], self.it.gamma),
+            "round_value_exact": 0.0}
 
   def _fit_q(self, reference, train: list[dict], index: int) -> tuple[Any, dict]:
     """Q_i: fitted from Q_{i−1} (Q_0 from `critic.init`), or with "learned_once" Q_0 kept after round 0."""
@@ -393,16 +416,20 @@ class RoundSource:
     return self.q.fit(previous, train, index)
 
   def _q_error(self, q_params, oracle, heldout: list[dict]) -> dict:
-    """On the held-out transitions: the Q's squared error against their returns (`q_heldout_mse`, the return's
-    noise included) and, with an oracle, its RMS error against the exact Q^{π_i} (`q_exact_rmse`)."""
+    """On the held-out transitions: the Q's squared error against the returns of those that are targets
+    (`q_heldout_mse`, the return's noise included; `fit_sets`) and, with an oracle, its RMS error against the
+    exact Q^{π_i} on all of them (`q_exact_rmse`: no return read)."""
     if not heldout:
       return {}
     pairs = [(t["state"], t["action"]) for t in heldout]
     exact = None if oracle is None else np.asarray(
         [oracle.q(t["turns"], text_of(self.parts.tokenizer, t["action"])) for t in heldout])
     q = exact if q_params is None else self.q(q_params, pairs)  # (no Q params: the oracle's arm)
-    returns = np.asarray([t["return"] for t in heldout])
-    out = {"q_heldout_mse": float(np.mean((q - returns) ** 2))}
+    target = np.asarray([t["q_target"] for t in heldout], bool)
+    out = {}
+    if target.any():
+      returns = np.asarray([t["return"] for t in heldout])
+      out["q_heldout_mse"] = float(np.mean((q[target] - returns[target]) ** 2))
     if exact is not None:
       out["q_exact_rmse"] = float(np.sqrt(np.mean((q - exact) ** 2)))
     return out
