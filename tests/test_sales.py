@@ -129,13 +129,15 @@ def test_greedy_improvement_on_exact_q_improves_every_state():
 # --- The run's task (task.name = "sales") -----------------------------------------------------------------
 
 
-def _task(**options):
+def _task(max_new_tokens=None, **options):
   import sys  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, ".")
   from configs import sales as sales_config  # pylint: disable=g-import-not-at-top
   from rlax_post import config, models  # pylint: disable=g-import-not-at-top
   c = sales_config.get_config("tiny")
   c.task.options = dict(c.task.options, **options)
+  if max_new_tokens is not None:
+    c.rl.max_new_tokens = max_new_tokens
   return envs.make_rl_task(config.load(c), models.ByteTokenizer())
 
 
@@ -162,6 +164,26 @@ def test_the_task_discounts_rewards_and_demonstrates_both_scripts():
     _task(colour="red")
   with pytest.raises(ValueError, match="max_turn_tokens must be an int >= 12"):
     _task(max_turn_tokens=4)
+
+
+def test_the_task_refuses_a_row_that_can_cut_a_conversation_the_oracle_plays_out():
+  """The oracle values every conversation as played to its end; a row budget that cuts one made its values
+  wrong (rl.max_new_tokens = 60: the best script, ask 4 tokens + its answer 26 + offer lite 11 + 23 + close 6 =
+  70, is stopped after the offer, return γ·0.1 = 0.09, where the oracle says V* = 0.9) or ended the run when the
+  oracle's scoring met a conversation longer than the row. By hand (bytes): 4 messages of 16 tokens, 3 answers
+  of at most 27 ('customer: I am a business.' and a newline), one token more."""
+  task = _task()
+  assert task.conversation_tokens() == 4 * 16 + 3 * 27 + 1 == 146
+  assert _task(patience=2, max_turn_tokens=12).conversation_tokens() == 2 * 12 + 27 + 1
+  assert _task(patience=1).conversation_tokens() == 16 + 1  # no answer before another message
+  best = [("ask", "customer: I am a business.\n"), ("offer pro", "customer: sounds good.\n"), ("close", "")]
+  used = sum(len(m) + 1 + len(a) for m, a in best)  # (+1: EOS)
+  assert used == 70 <= task.conversation_tokens()
+  assert _task(max_new_tokens=146).conversation_tokens() == 146
+  for short in (145, 60):
+    with pytest.raises(ValueError, match=rf"rl.max_new_tokens = {short} can cut a conversation short, .* need "
+                       r"rl.max_new_tokens >= 146"):
+      _task(max_new_tokens=short)
 
 
 def test_customers_differ_between_splits_and_episodes():

@@ -57,6 +57,18 @@ class SalesTask:
   def context_len(self) -> int:
     return len(self.tokenizer.encode(PROMPT + _game.render_greeting(), add_bos=True))
 
+  def conversation_tokens(self) -> int:
+    """The fewest `rl.max_new_tokens` under which no conversation is cut: `patience` messages of up to
+    `max_turn_tokens` tokens (EOS included), the answers to all but the last (the longest one each time), and
+    one token more, so the last message's budget is its own, not the row's (the sampler cuts a message that
+    meets the row's end without showing it to the env). The oracle (`policy_values`) values every conversation
+    as played to its end: it is exact only where the row never binds."""
+    answers = [self.tokenizer.encode(answer + "\n", add_bos=False)
+               for c in range(len(self.game.types)) for a in self.game.actions
+               for answer, _, done in [self.game.outcome(c, (), a)] if not done]
+    longest = max([len(a) for a in answers] + [0])
+    return self.game.patience * self.max_turn_tokens + (self.game.patience - 1) * longest + 1
+
   def lengths(self, max_seq_len: int) -> _rl.Lengths:
     """The context (BOS, prompt, greeting), then up to `patience` turns of a message and an answer within
     `rl.max_new_tokens`; warm-start rows as wide as training rows."""
@@ -119,5 +131,12 @@ def make_sales_task(cfg: config_lib.Config, tokenizer) -> SalesTask:
   discounted = options.pop("discounted", True)
   if not isinstance(discounted, bool):
     raise ValueError(f"task.options.discounted must be a bool; got {discounted!r}.")
-  return SalesTask(cfg=cfg, tokenizer=tokenizer, game=_game.SalesGame(**options), max_turn_tokens=turn_tokens,
+  task = SalesTask(cfg=cfg, tokenizer=tokenizer, game=_game.SalesGame(**options), max_turn_tokens=turn_tokens,
                    discounted=discounted)
+  need = task.conversation_tokens()
+  if cfg.rl.max_new_tokens < need:
+    raise ValueError(f"task {NAME!r}: rl.max_new_tokens = {cfg.rl.max_new_tokens} can cut a conversation short, "
+                     f"which the exact oracle (V^π, Q^π) does not know of; patience {task.game.patience} × "
+                     f"max_turn_tokens {turn_tokens} and the answers between need rl.max_new_tokens >= {need} "
+                     "(or a lower patience / max_turn_tokens).")
+  return task
