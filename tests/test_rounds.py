@@ -21,6 +21,7 @@ from rlax_post import runtime
 from rlax_post import sampler
 from rlax_post import sharding
 from rlax_post.envs import sales
+from rlax_post.runtime import _rounds
 
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -277,6 +278,36 @@ def test_q_reads_the_response_and_its_fit_lowers_the_error():
   # A pair that fills a whole training row is read at its last token too.
   full = [(state, [97] * (parts.lengths.sequence - len(state)))]
   assert np.isfinite(q(params, full)).all()
+
+
+def test_the_single_turn_responses_end_where_the_episodes_messages_end(tmp_path):
+  """A message of the rounds' episodes ends at EOS or at max_turn_tokens (the task's producer takes no `rl.stop`
+  strings); the single-turn phase's responses to the logged states must be such messages too. With rl.stop set,
+  they also ended at its strings (here any lower-case letter: 4 of the 8 responses ended after 2, 3, 4 and 11
+  tokens, on a letter, where the task's messages run to EOS or 16 tokens)."""
+  c = iterppo.get_config("tiny,oracle")
+  c.task.options.patience = 2
+  c.rl.stop = tuple("abcdefghijklmnopqrstuvwxyz")
+  cfg = config.load(c)
+  parts = runtime.build_parts(cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]))
+  params = jax.device_put(models.init_params(parts.model_cfg, jax.random.key(0))[1], parts.param_shardings)
+  source = runtime.RoundSource(parts, str(tmp_path), say=lambda *a: None)
+  try:
+    source.params, source.version = params, 0
+    source.driver = sampler.Driver(source.turn_engine, params, version=0, seed=0)
+    context = parts.tokenizer.encode(sales.PROMPT + sales.render_greeting(), add_bos=True)
+    state = {"state": context, "turns": [], "episode": 0, "turn": 0}
+    source.round = _rounds.Round(0, [state], np.zeros(1, np.int64), params, None,
+                                 runtime.exact_oracle(parts, params, gamma=cfg.iterppo.gamma), {})
+    groups = source._sample(0)  # pylint: disable=protected-access
+  finally:
+    source.stop()
+  rows = [row for _, group in groups for row in group]
+  assert len(rows) == cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
+  turn_tokens = parts.task.max_turn_tokens
+  for row in rows:
+    tokens = list(row["tokens"])
+    assert len(tokens) == turn_tokens or tokens[-1] == parts.tokenizer.eos_id, tokens
 
 
 def _train(workdir, *flags):

@@ -14,8 +14,8 @@ Round i covers RL steps i·S … i·S + S − 1 (S = `iterppo.round_steps`). At 
   3. fits Q_i(state, response) on G with the critic section's scalar model, read at the response's last
      token, warm-started from Q_{i−1} (episodes held out for its error; `iterppo.q = "learned"`), or keeps
      Q_0 ("learned_once"), or takes the exact Q^{π_i} ("oracle").
-Each step then samples n = `rl.samples_per_prompt` responses (one message, at most the task's
-`max_turn_tokens`) to each of P = `rl.prompts_per_step` logged states with the current policy, rewards each
+Each step then samples n = `rl.samples_per_prompt` responses (one message, ended as the episodes' are: at EOS
+or the task's `max_turn_tokens`) to each of P = `rl.prompts_per_step` logged states with the current policy, rewards each
 by Q_i(s, a′), and gives each row π_i's logprobs of it as its reference (`ref_logprobs`): the learner's KL
 penalty `loss.kl_coef` (β) is to π_i. The final policy's value is measured the same way after the last step.
 
@@ -443,10 +443,12 @@ class RoundSource:
     local = step - r.index * self.it.round_steps
     tickets = list(range(step * self.p, (step + 1) * self.p))
     states = [r.transitions[int(r.order[(local * self.p + j) % len(r.order)])] for j in range(self.p)]
+    # A message as the task's episodes end one (`envs.EpisodeProducer`): at EOS or `max_turn_tokens`, no
+    # `rl.stop` string (a response cut at one is no message π_i's episodes, and Q's fit, have).
     self.driver.submit([sampler.Request(
         prompt=tuple(s["state"]), n=self.n, max_tokens=min(self.turn_tokens, self.seq_len - len(s["state"])),
-        request_id=t, seed=envs.seed_of(self.cfg.seed, envs.Stream.ROUNDS, step), stream=j,
-        stop=tuple(self.cfg.rl.stop)) for j, (t, s) in enumerate(zip(tickets, states))])
+        request_id=t, seed=envs.seed_of(self.cfg.seed, envs.Stream.ROUNDS, step), stream=j)
+        for j, (t, s) in enumerate(zip(tickets, states))])
     completions = []
     while len(completions) < self.p * self.n:
       completions.extend(self.driver.step())
