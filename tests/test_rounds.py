@@ -116,6 +116,8 @@ def test_transitions_mark_a_token_budget_stop_apart_from_the_envs_end(max_decode
   np.testing.assert_allclose([t["return"] for t in out], want["returns"])
   assert [t["done"] for t in out] == want["done"] and [t["truncated"] for t in out] == want["truncated"]
   assert {t["end_reason"] for t in out} == {want["reasons"]}
+  # The budget's stop is the process's end: every message, the cut one too (0: nothing follows it), is a Q target.
+  assert all(t["q_target"] for t in out)
 
 
 class _Failing:
