@@ -15,8 +15,8 @@ Round i covers RL steps i·S … i·S + S − 1 (S = `iterppo.round_steps`). At 
      token, warm-started from Q_{i−1} (episodes held out for its error; `iterppo.q = "learned"`), or keeps
      Q_0 ("learned_once"), or takes the exact Q^{π_i} ("oracle").
 Each step then samples n = `rl.samples_per_prompt` responses (one message, ended as the episodes' are: at EOS
-or the task's `max_turn_tokens`) to each of P = `rl.prompts_per_step` logged states with the current policy, rewards each
-by Q_i(s, a′), and gives each row π_i's logprobs of it as its reference (`ref_logprobs`): the learner's KL
+or the task's `max_turn_tokens`) to each of P = `rl.prompts_per_step` logged states with the current policy,
+rewards each by Q_i(s, a′), and gives each row π_i's logprobs of it as its reference (`ref_logprobs`): the learner's KL
 penalty `loss.kl_coef` (β) is to π_i. The final policy's value is measured the same way after the last step.
 
 A round's transitions, π_i's params, Q_i's params and its record are kept under `workdir/rounds/` (the
