@@ -4,6 +4,7 @@ episode, max_turns; and the driver's deferred (future) observations."""
 
 import concurrent.futures
 import functools
+import logging
 import math
 import time
 import types
@@ -13,7 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlax_post import envs
 from rlax_post import models
+from rlax_post import runtime
+from rlax_post.envs import _episodes as env_episodes
+from rlax_post.runtime import _batch as runtime_batch
 from rlax_post.envs import _protocol
 from rlax_post.sampler import _driver
 from rlax_post.sampler import _requests
@@ -199,6 +204,28 @@ def test_env_errors_and_timeouts_end_only_their_episode(engine):
   assert timed_out.tokens == tokens1[:starts1[1] - len("<1>")]
   assert no_reset.error == "ValueError: no reset today" and no_reset.num_turns == 0
   assert no_reset.tokens == tuple(TOK.encode(PROMPTS[2])) and no_reset.trained_mask == (0,) * len(no_reset.tokens)
+
+
+def test_env_failures_are_counted_per_row_and_the_first_is_logged(engine, caplog):
+  made = []
+
+  def factory():
+    k = len(made)
+    made.append(ToyEnv(turns=3, fail_at=2 if k == 1 else None, hang_at=1 if k == 2 else None, hang_s=1.0,
+                       fail_reset=k == 5))
+    return made[-1]
+
+  _, episodes = _run(engine, factory, prompts=PROMPTS[:3], env_timeout_s=0.3)
+  env_episodes._FAILURE_LOGGED.clear()  # pylint: disable=protected-access
+  with caplog.at_level(logging.WARNING, logger="rlax_post.envs"):
+    rows = envs.episode_rows(7, episodes)
+  # env_error, env_timeout and a failed reset fail; env_done does not.
+  assert [int(r["env_failures"]) for r in rows] == [0, 1, 1, 0, 0, 1]
+  assert runtime_batch.row_metric_values(runtime.rows_to_batch([rows], seq_len=MAX_DECODE + 16,
+                                                               pad_id=0).row_metrics)["env_failures"] == 3.0
+  # The first failure is logged, with its error; the later ones are only counted.
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert len(warnings) == 1 and "ticket 7 (env_error: RuntimeError: boom at step 2)" in warnings[0]
 
 
 def test_max_turns_ends_episodes(engine):

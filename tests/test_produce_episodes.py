@@ -128,6 +128,7 @@ def test_rows_to_batch_puts_the_loss_mask_exactly_over_the_sampled_tokens(engine
   assert sorted(groups) == [0, 1] and all(len(rows) == N for rows in groups.values())
   rows = groups[0] + groups[1]
   assert set(rows[0]) == set(envs.ROW_FIELDS + envs.TURN_FIELDS + envs.END_FIELDS + envs.BUDGET_FIELDS)
+  assert [int(r["env_failures"]) for r in rows] == [0] * len(rows)  # these envs never fail
   for ticket in (0, 1):  # budget: the prompt prefilled once per group, then each turn's extension
     for i, row in enumerate(groups[ticket]):
       starts = row["turn_starts"]

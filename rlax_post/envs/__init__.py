@@ -51,6 +51,7 @@ from rlax_post.envs._trees import TreeProducer
 from rlax_post.envs._rl import budget
 from rlax_post.envs._rl import BUDGET_FIELDS
 from rlax_post.envs._rl import END_FIELDS
+from rlax_post.envs._rl import ENV_FAILURES
 from rlax_post.envs._rl import group_id
 from rlax_post.envs._rl import Lengths
 from rlax_post.envs._rl import Producer
@@ -98,6 +99,7 @@ __all__ = [
     'budget',
     'BUDGET_FIELDS',
     'END_FIELDS',
+    'ENV_FAILURES',
     'DatasetProducer',
     'DatasetTask',
     'EpisodeProducer',

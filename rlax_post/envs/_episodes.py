@@ -19,6 +19,8 @@ n episodes out as rows of `ROW_FIELDS`, `TURN_FIELDS` and `END_FIELDS` (`envs._r
                 short ('max_decode_length': the row's token budget; 'max_turns', 'env_error', 'env_timeout')
   turns_scored  the turns the env scored (`len(Episode.rewards)`), the first ones: one fewer than K when the
                 last message was cut by the token budget before the env saw it, or its step failed
+  env_failures  1 when the env failed (`ENV_FAILURES`), else 0: the step's metric of that name counts them, and
+                the first failure's error is logged once per process (as a reward function's, `reward_errors`)
 
 Seeding: group g samples with `seed_of(cfg.seed, ROLLOUT, g // P)` and stream g mod P (the synchronous loop's
 streams of step g // P, request g mod P), its prompt is `prompt_of(g)`, its episodes' envs are
@@ -29,7 +31,9 @@ depend on what else the producer runs, or when (same engine slot count; `sampler
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
+import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -40,6 +44,8 @@ from rlax_post.envs import _latency
 from rlax_post.envs import _protocol
 from rlax_post.envs import _rl
 
+_LOG = logging.getLogger("rlax_post.envs")
+_FAILURE_LOGGED = threading.Event()  # the first env failure of the process is logged, the rest counted
 
 def turn_budget(seed: int, ticket: int, *, median: int = 6, p99: int = 32, low: int = 2,
                 high: int = 32) -> int:
@@ -122,10 +128,23 @@ def episode_rows(ticket: int, episodes: Sequence[sampler.Episode]) -> list[dict]
         "turn_rewards": rewards,
         "end_reason": str(e.end_reason),
         "turns_scored": np.int32(len(scored)),
+        "env_failures": np.int32(_failed(ticket, e)),
         # Its own sampled tokens and env steps answered (a fork's after `forked_at`).
         **_rl.budget(e.trained_mask[own:], prefill, env_calls=len(e.rewards) - max(inherited, 0)),
     })
   return rows
+
+
+def _failed(ticket: int, e: sampler.Episode) -> bool:
+  """Whether the env of episode `e` failed; the process's first failure is logged with its error."""
+  if e.end_reason not in _rl.ENV_FAILURES:
+    return False
+  if not _FAILURE_LOGGED.is_set():
+    _FAILURE_LOGGED.set()
+    _LOG.warning("An env failed in an episode of ticket %d (%s: %s). The episode ends there; its messages are "
+                 "trained with the rewards scored before it (the failed message's is 0), and every failure is "
+                 "counted in the metric `env_failures`.", ticket, e.end_reason, e.error)
+  return True
 
 
 class EpisodeProducer:

@@ -29,6 +29,7 @@ Rows (one per sample; the rollout queue's records; `ROW_FIELDS`, multi-turn rows
                              the others stop it short ('max_decode_length': the row's token budget)
   turns_scored  int32        the turns the env scored, the first ones: K − 1 when the last message was cut by
                              the token budget or its step failed (no reward: its turn_rewards entry is 0)
+  env_failures  int32        1 when the env failed (`ENV_FAILURES`): a row metric, the step's count
   node_id, node_parent, node_depth  int  a role pipeline's tree node (`envs.NODE_FIELDS`, `_trees`)
 
 Seeding: training ticket g samples with `seed_of(seed, Stream.ROLLOUT, g // P)` and stream g mod P, which is what a
@@ -52,7 +53,7 @@ from rlax_post import sampler
 
 ROW_FIELDS = ("prompt", "tokens", "mask", "logprobs", "versions", "reward", "finished", "ticket")
 TURN_FIELDS = ("turn_starts", "turn_ends", "turn_keys", "turn_rewards")
-END_FIELDS = ("end_reason", "turns_scored")  # multi-turn episode rows (`envs.episode_rows`)
+END_FIELDS = ("end_reason", "turns_scored", "env_failures")  # multi-turn episode rows (`envs.episode_rows`)
 SPLITS = ("train", "eval")
 # Optional per-row scalars a task may add (the dataset task does); the learner reports each step's aggregate
 # of them as a metric of the same name. Fields named `REWARD_PREFIX` + ... are reward components: their mean
@@ -62,7 +63,10 @@ SPLITS = ("train", "eval")
 # shared prompt once, on its first row; a multi-turn episode's turn extensions), env steps answered, and
 # terminal evaluations (scored complete episodes).
 BUDGET_FIELDS = ("decode_tokens", "prefill_tokens", "env_calls", "terminal_evals")
-ROW_METRICS = {"reward_errors": "sum", "data_skipped": "max", "data_truncated": "sum",
+# End reasons (`sampler.END_REASONS`) where the env failed (raised or ran past its time), not where the process the
+# policy runs in ends: counted per step as `env_failures`.
+ENV_FAILURES = ("env_error", "env_timeout")
+ROW_METRICS = {"reward_errors": "sum", "env_failures": "sum", "data_skipped": "max", "data_truncated": "sum",
                **{name: "sum" for name in BUDGET_FIELDS}}
 REWARD_PREFIX = "reward/"
 

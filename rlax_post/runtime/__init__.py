@@ -44,7 +44,6 @@ from rlax_post.runtime._rescue import HarnessOptions
 from rlax_post.runtime._rescue import run_rescue_eval
 from rlax_post.runtime._rescue import simulate_sessions
 from rlax_post.runtime._rounds import discounted_returns
-from rlax_post.runtime._rounds import ENV_FAILURES
 from rlax_post.runtime._rounds import fit_sets
 from rlax_post.runtime._rounds import mean_return
 from rlax_post.runtime._rounds import pair_rows
@@ -71,7 +70,7 @@ from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 __all__ = ["build_parts", "Credit", "credit_fidelity", "spearman", "ModelPolicy", "ExactOracle", "exact_oracle", "policy_value", "run_policy_value", "config_policy", "load_run_policy", "RunPolicy", "rescue_audit", "rescue_evaluate",
            "HarnessOptions", "run_rescue_eval", "simulate_sessions", "Channels", "complete_checkpoints", "probe_writable", "CriticScores", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "Evaluator", "export_hf",
            "InlineSource", "initialize_distributed", "learn", "make_source", "discounted_returns", "pair_rows",
-           "QFunction", "ENV_FAILURES", "fit_sets", "mean_return", "read_rounds", "round_dir", "RoundSource", "transitions_of", "load_run_config", "LoggedSource", "MetricsWriter",
+           "QFunction", "fit_sets", "mean_return", "read_rounds", "round_dir", "RoundSource", "transitions_of", "load_run_config", "LoggedSource", "MetricsWriter",
            "Parts", "plot_curves", "read_jsonl", "ProcessSource", "replay", "RLUpdate", "RolloutBatch", "rows_to_batch",
            "run_learner", "run_memory", "run_sampler", "RunCheckpointer", "SamplerWorker", "serve", "Source",
            "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "warm_start_cache_entries",

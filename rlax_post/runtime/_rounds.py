@@ -49,9 +49,6 @@ from rlax_post.runtime import _parts
 from rlax_post.runtime import _sources
 
 ROUNDS_DIR = "rounds"
-# End reasons (`sampler.END_REASONS`) where the env failed, not where the process π runs in ends: the returns
-# of such an episode's messages are not π's (`transitions_of`).
-ENV_FAILURES = ("env_error", "env_timeout")
 ROUND_FILE = "round.json"
 TRANSITIONS_FILE = "transitions.jsonl"
 
@@ -86,9 +83,9 @@ def episode_return(row: dict, gamma: float) -> float:
 
 
 def mean_return(rows: list[dict], gamma: float) -> float:
-  """The mean γ-discounted return of the episode rows that no env failure broke off (`ENV_FAILURES`: theirs
+  """The mean γ-discounted return of the episode rows that no env failure broke off (`envs.ENV_FAILURES`: theirs
   is not π's); NaN when there is none."""
-  returns = [episode_return(r, gamma) for r in rows if r.get("end_reason") not in ENV_FAILURES]
+  returns = [episode_return(r, gamma) for r in rows if r.get("end_reason") not in envs.ENV_FAILURES]
   return float(np.mean(returns)) if returns else float("nan")
 
 
@@ -111,7 +108,7 @@ def transitions_of(rows: list[dict], episodes: list[int], tokenizer, *, gamma: f
     scored     the env scored the message; False for a last message cut by the token budget before the env
                saw it (or whose step failed): its reward 0 is the cut's, not the env's.
     q_target   `return` is the return of the process π runs in, a target for Q's fit and its held-out error:
-               False for every message of an episode an env failure ended (`ENV_FAILURES`: the failed message
+               False for every message of an episode an env failure ended (`envs.ENV_FAILURES`: the failed message
                has no reward and the earlier ones' returns lack the rest of the conversation).
 
   G_j sums the rewards to where the episode stopped, also one stopped by the token budget or max_turns: those
@@ -129,7 +126,7 @@ def transitions_of(rows: list[dict], episodes: list[int], tokenizer, *, gamma: f
     starts, ends = np.asarray(row["turn_starts"], np.int64), np.asarray(row["turn_ends"], np.int64)
     rewards = np.asarray(row["turn_rewards"], np.float64)
     returns = discounted_returns(rewards, gamma)
-    natural, failed = row["end_reason"] == "env_done", row["end_reason"] in ENV_FAILURES
+    natural, failed = row["end_reason"] == "env_done", row["end_reason"] in envs.ENV_FAILURES
     texts = []
     for j, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
       last = j == len(starts) - 1
