@@ -2,11 +2,16 @@
 
 import functools
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import portpicker
+import pytest
 
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import learner
 from rlax_post import models
 from rlax_post import sharding
@@ -76,7 +81,68 @@ def test_stray_or_partially_copied_step_directory_is_never_loaded(tmp_path):
     f.write("not a checkpoint")
   reopened = _checkpoint.RunCheckpointer(tmp_path)
   assert reopened.complete_steps() == [3] and reopened.latest_step() == 3
-  import pytest  # pylint: disable=g-import-not-at-top
   with pytest.raises(ValueError, match="not a complete checkpoint"):
     reopened.restore(7, state_like=lrn.abstract_state, state_shardings=lrn.state_shardings, ref_like=params,
                      ref_shardings=jax.tree.map(lambda x: x.sharding, params))
+
+
+# --- Two processes resume one step ------------------------------------------------------------------------
+
+_TWO_PROCESS_SCRIPT = r"""
+import sys
+import jax, numpy as np
+from rlax_post.runtime import _checkpoint, _distributed
+_distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
+mesh = jax.sharding.Mesh(np.array(jax.devices()), ("x",))
+sharded = {"w": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))}
+# Random values, 2 x 128 KiB: each process's shard lands in a data file of its own (small or constant arrays
+# are inlined in, or compress into, the step's shared index).
+tree = lambda step: {"w": jax.make_array_from_callback(
+    (65536,), sharded["w"], lambda i: (step + np.random.default_rng(step).random(65536)).astype(np.float32)[i])}
+ckpt = _checkpoint.RunCheckpointer(sys.argv[4], max_to_keep=3)
+if sys.argv[3] == "save":
+  for step in (1, 2):
+    ckpt.save(step, tree(step), tree(step + 10), {"rl_step": step})
+else:
+  step, state, _, meta = ckpt.restore_newest(state_like=tree(0), state_shardings=sharded, ref_like=tree(0),
+                                             ref_shardings=sharded)
+  print("RESTORED", step, meta["rl_step"], int(np.asarray(state["w"].addressable_data(0))[0]), flush=True)
+ckpt.close()
+"""
+
+
+def _two_processes(tmp_path, phase):
+  port = portpicker.pick_unused_port()
+  procs = [subprocess.Popen([sys.executable, "-c", _TWO_PROCESS_SCRIPT, f"127.0.0.1:{port}", str(k), phase,
+                             str(tmp_path)], env=_procs.env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True) for k in range(2)]
+  outs = []
+  try:
+    for p in procs:
+      out, err = p.communicate(timeout=180)
+      assert p.returncode == 0, err[-3000:]
+      outs.append(out)
+  finally:
+    for p in procs:  # a hung process must not outlive the test
+      p.kill()
+  return outs
+
+
+@pytest.mark.e2e
+def test_two_processes_agree_on_the_step_they_resume(tmp_path):
+  """Each process chose its own step: with step 2's data file of process 1's shard torn, process 0 restored step
+  2 and process 1 step 1 (its shard of step 1 beside process 0's of step 2: a silent mix of two steps). Now a
+  step counts as restored only when every process restored it, so both fall back to step 1, and step 2 is set
+  aside."""
+  _two_processes(tmp_path, "save")
+  ours = [p for p in (tmp_path / "checkpoints" / "2" / "state").glob("ocdbt.process_1/d/*") if p.is_file()]
+  assert ours and max(p.stat().st_size for p in ours) > 100_000  # process 1's shard, in a file of its own
+  for path in ours:
+    with open(path, "r+b") as f:
+      f.truncate(path.stat().st_size // 2)
+  outs = _two_processes(tmp_path, "restore")
+  restored = [[line.split() for line in o.splitlines() if line.startswith("RESTORED")] for o in outs]
+  assert restored == [[["RESTORED", "1", "1", "1"]]] * 2  # (step, its metadata's step, the shard's values)
+  assert _checkpoint.complete_checkpoints(tmp_path) == [1]
+  (reason,) = [p for p in (tmp_path / _checkpoint.ASIDE_DIR).iterdir() if p.name.endswith(".reason.txt")]
+  assert reason.read_text().startswith("step 2 could not be restored") and "process 1" in reason.read_text()

@@ -6,7 +6,11 @@ checkpoint interrupted mid-write nor a stray or partially copied `<step>/` direc
 step overlaps with the write; `close()` waits for the last one.
 
 On a multi-host learner every process calls `save` and `restore` (collectives): orbax writes each process's
-shards and commits the step once; any process count can restore it onto its own mesh. Orbax names its
+shards and commits the step once; any process count can restore it onto its own mesh. Which step a run resumes
+from is agreed, never each process's own choice: `latest_step` and `restore_newest` go by process 0's listing,
+and a step counts as restored only when every process restored its shards of it (`restore_newest`), so the
+processes never hold shards of two steps (process 1 fell back to the step before when its shard of the newest
+was torn, while process 0 went on from the newest). Orbax names its
 cross-process barriers after the step (`async_write_complete.<step>`), so two checkpointers saving the same
 step number at once (the run's and replay's step 0, or step k while parameter version k is published) would
 join one barrier and fail; each checkpointer's `name` prefixes its barriers.
@@ -30,6 +34,7 @@ from rlax_post import exchange
 from rlax_post.runtime import _distributed
 
 ASIDE_DIR = "checkpoints.aside"  # where step directories that must not be read or counted are moved
+_ITEMS = ("state", "ref_params", "meta")
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -91,6 +96,15 @@ def restore_state(workdir: str, templates: dict, *, max_to_keep: int, step: int 
   return state, ref_params, step
 
 
+def _failure(why: str | None, unread: list[int]) -> str:
+  """Why a step did not restore: this process's error and, on a multi-host learner, the processes that could
+  not read it."""
+  if not _distributed.is_multiprocess():
+    return why
+  where = f"process {unread[0]}" if len(unread) == 1 else f"processes {unread}"
+  return f"{where} could not read it" if why is None else f"{why} (on {where})"
+
+
 def _reference_is_frozen(state: Any) -> bool:
   """Whether the run's reference policy is its state's frozen base (LoRA: the policy with zero adapters)."""
   return getattr(state, "frozen", None) is not None
@@ -122,16 +136,25 @@ class RunCheckpointer:
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=True,
             multiprocessing_options=ocp.options.MultiprocessingOptions(
                 barrier_sync_key_prefix=f"rlax_post_{name}_checkpoints")),
-        item_names=("state", "ref_params", "meta"),
+        item_names=_ITEMS,
     )
+    self._reader: ocp.CheckpointManager | None = None  # `_local_reader`, made at the first restore
 
   def complete_steps(self) -> list[int]:
-    """Finished steps, ascending (`complete_checkpoints`; the manager re-reads them too, to restore any)."""
+    """This process's listing of the finished steps, ascending (`complete_checkpoints`; the saving manager
+    re-reads them too, so that it counts what was set aside or added since)."""
     self._manager.reload()
     return complete_checkpoints(os.fspath(self.directory.parent))
 
+  def agreed_steps(self) -> list[int]:
+    """Process 0's `complete_steps` on every process (a collective on a multi-host learner: a listing may
+    lag on another host, e.g. an NFS client's cached directory)."""
+    steps = self.complete_steps() if _distributed.is_primary() else None
+    return json.loads(_distributed.broadcast_bytes(json.dumps(steps).encode() if steps is not None else None))
+
   def latest_step(self) -> int | None:
-    steps = self.complete_steps()
+    """The newest complete step, as process 0 lists it (`agreed_steps`: every process must call it)."""
+    steps = self.agreed_steps()
     return steps[-1] if steps else None
 
   def save(self, step: int, state: Any, ref_params: Any, meta: dict) -> None:
@@ -151,23 +174,43 @@ class RunCheckpointer:
     items = dict(state=ocp.args.StandardRestore(_abstract(state_like, state_shardings)), meta=ocp.args.JsonRestore())
     if not _reference_is_frozen(state_like):  # LoRA: the state's frozen base (an older checkpoint's copy unread)
       items["ref_params"] = ocp.args.StandardRestore(_abstract(ref_like, ref_shardings))
-    out = self._manager.restore(step, args=ocp.args.Composite(**items))
+    reader = self._local_reader()
+    reader.reload()
+    out = reader.restore(step, args=ocp.args.Composite(**items))
     ref_params = out.state.frozen if _reference_is_frozen(state_like) else out.ref_params
     return out.state, ref_params, dict(out.meta)
 
+  def _local_reader(self) -> ocp.CheckpointManager:
+    """A read-only manager whose restores read this process's shards with no cross-process barrier. Orbax's
+    own restore ends in a barrier named after the manager, not the step: a process whose read failed skipped
+    it and tried the step before, whose barrier then released the processes still waiting in the newer one,
+    so each went on from a step of its own. `restore_newest` agrees on every process's outcome instead."""
+    if self._reader is None:
+      me = jax.process_index()
+      self._reader = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
+          read_only=True, enable_async_checkpointing=False,
+          multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})),
+          item_names=_ITEMS)
+    return self._reader
+
   def restore_newest(self, **templates) -> tuple[int, Any, Any, dict]:
-    """The newest checkpoint that restores (`restore(step, **templates)`), setting aside newer complete
-    steps that fail to (a truncated array file, corrupt metadata) with the reason; ValueError naming every
-    step tried when none restores."""
+    """The newest checkpoint that restores (`restore(step, **templates)`) on every process, setting aside
+    newer complete steps that fail to (a truncated array file, corrupt metadata) with the reason; ValueError
+    naming every step tried when none restores. A collective on a multi-host learner: the steps are process
+    0's (`agreed_steps`), and one process that cannot read its shards of a step fails it for all."""
     failed = []
-    for step in reversed(self.complete_steps()):
+    for step in reversed(self.agreed_steps()):
       try:
         state, ref_params, meta = self._restore_retrying_io(step, templates)
+        why = None
       except Exception as e:  # pylint: disable=broad-except  (any failure to read a step: it is not intact)
-        failed.append((step, _first_line(e)))
+        why = _first_line(e)
+      unread = [k for k, ok in enumerate(_distributed.gather_flags(why is None)) if not ok]
+      if unread:
+        failed.append((step, _failure(why, unread)))
         continue
-      for bad, why in failed:
-        reason = f"step {bad} could not be restored ({why}); resumed from step {step}"
+      for bad, bad_why in failed:
+        reason = f"step {bad} could not be restored ({bad_why}); resumed from step {step}"
         if _distributed.is_primary():
           self.aside.append((set_aside(self.directory / str(bad), reason), reason))
       _distributed.barrier("rlax_post_checkpoints_restored")
@@ -191,6 +234,8 @@ class RunCheckpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+    if self._reader is not None:
+      self._reader.close()
 
 
 # Sections that decide what a run computes; a resumed run must match the run that wrote the checkpoint.

@@ -8,6 +8,7 @@ single process, so the same runtime code serves both (docs/launch.md, section 4)
   * `row_shard` / `to_global` put a batch on the mesh from the rows this process holds;
   * `to_host` reads a (possibly non-addressable) array back on every process;
   * `broadcast_bytes` / `broadcast_float` hand process 0's host data (rollout groups, an eval score) to all;
+  * `gather_flags` gives every process each one's yes or no (did its part of a checkpoint restore);
   * `PrimaryEval` runs the learner's greedy eval on process 0's devices only.
 """
 
@@ -225,6 +226,14 @@ def broadcast_float(value: float | None) -> float:
     return float(value)
   out = multihost_utils.broadcast_one_to_all(np.asarray([value if is_primary() else 0.0], np.float64))
   return float(np.asarray(out)[0])
+
+
+def gather_flags(flag: bool) -> list[bool]:
+  """Every process's `flag`, in process order, on every process (a collective: every process must call it)."""
+  if not is_multiprocess():
+    return [bool(flag)]
+  flags = multihost_utils.process_allgather(np.asarray([int(bool(flag))], np.int32))
+  return [bool(x) for x in np.asarray(flags).reshape(-1)]
 
 
 def barrier(name: str) -> None:
