@@ -42,6 +42,16 @@ def test_treerl_forks_at_the_highest_surprise_own_tokens():
   assert envs.treerl_forks([obs], 5) == [(0, 2)]
 
 
+def test_treerl_forks_again_where_an_earlier_iteration_forked():
+  """As TreeRL's code: the parent keeps its own tokens, the one it was forked at included, so a second
+  iteration whose new leaves hold nothing more surprising forks at the same token again (docs/trees.md)."""
+  chain = B(tokens=(1, 2, 3, 4, 5), logprobs=(-0.1, -0.2, -3.0, -0.4, -0.5))
+  assert envs.treerl_forks([chain], 1) == [(0, 2)]  # iteration 1: −log p 3.0 at position 2
+  child = B(tokens=(1, 2, 7, 8, 9), logprobs=(-0.1, -0.2, -4.0, -1.0, -0.3), forked_at=2)  # 4.0: its first own
+  assert envs.treerl_forks([chain, child], 1) == [(0, 2)]  # iteration 2: the same point
+  assert envs.treerl_forks([chain, child], 2) == [(0, 2), (1, 3)]
+
+
 def test_random_forks_are_uniform_over_own_positions():
   tree = _tree()
   own = [(0, t) for t in range(6)] + [(1, t) for t in range(2, 7)]

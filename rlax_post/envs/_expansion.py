@@ -12,7 +12,8 @@ afresh).
              (every step prefix that is not a whole sample) and start a new chain from each.
   treerl     TreeRL (arXiv 2506.11902): the N tokens with the highest −log p of the sampled token over the
              tree, excluding each branch's first own token (its fork point) and inherited tokens, and tokens at
-             or past `max_at`; T continuations each.
+             or past `max_at`; T continuations each. A token already forked at stays a candidate, so a later
+             iteration may fork there again, as the reference code does (docs/trees.md).
   arpo       ARPO (arXiv 2507.19849): after a tool call (at the start of each turn after the first), branch with
              probability clip(0.5 + 0.2·(H_t − H_0), 0, 1) where H is the mean entropy of the first ≤ 20 tokens
              of a step, normalised by log |V| (`arpo_branch_probability`), H_0 the episode's first turn's. Ours
