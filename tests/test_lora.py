@@ -1,6 +1,7 @@
 """LoRA: adapters over a frozen base (models.init_lora / merge_lora, learner.Trainable), in the update, on a
 sharded mesh, and through the runtime (8 fake CPU devices, see conftest.py)."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import safetensors.numpy
 
 from rlax_post import config
 from rlax_post import exchange
@@ -347,6 +349,37 @@ def test_export_writes_the_merged_policy_as_an_hf_checkpoint(lora_run, tmp_path)
                              models.forward(graphdef, merged, tokens)[0], atol=1e-5)
 
 
+def _written_dtypes(path):
+  """{dtype name: tensors} of an exported `model.safetensors` and its config.json's torch_dtype."""
+  tensors = safetensors.numpy.load_file(os.path.join(path, "model.safetensors"))
+  with open(os.path.join(path, "config.json")) as f:
+    hf = json.load(f)
+  counts = {}
+  for x in tensors.values():
+    counts[x.dtype.name] = counts.get(x.dtype.name, 0) + 1
+  return counts, hf["torch_dtype"]
+
+
+def test_an_export_over_a_bfloat16_base_writes_every_tensor_in_the_dtype_it_names(model, tmp_path):
+  """LoRA over a bfloat16 base merges its targets in float32 (the adapters' dtype) and leaves the rest of the
+  base in bfloat16: the export wrote 8 float32 and 12 bfloat16 tensors under torch_dtype "float32". Every
+  tensor is now written in config.json's dtype, widened exactly; a narrowing is refused."""
+  _, params = model
+  spec = models.LoRA(rank=4, alpha=8.0, targets=("q", "v", "o", "up"))
+  trainable = learner.Trainable(lora=spec, base_dtype="bfloat16")
+  frozen, adapters = trainable.split(params, jax.random.key(1))
+  merged = trainable.to_model(frozen, _with_random_b(adapters))
+  assert {k for k, v in merged.items() if v.dtype == jnp.float32} == {"q", "v", "o", "up"}  # the rest: bfloat16
+  models.export_hf(str(tmp_path / "hf"), CFG, merged, architecture="LlamaForCausalLM")
+  assert _written_dtypes(tmp_path / "hf") == ({"float32": 20}, "float32")  # 2 layers x 9 + embedding + norm
+  _, _, loaded = models.load_hf(str(tmp_path / "hf"))
+  for name in merged:  # exact: bfloat16 widens to float32 without rounding
+    np.testing.assert_array_equal(np.asarray(loaded[name]), np.asarray(merged[name], np.float32), err_msg=name)
+  bf16 = dataclasses.replace(CFG, dtype="bfloat16", param_dtype="bfloat16")
+  with pytest.raises(ValueError, match=r"float32 params \['o', 'q', 'up', 'v'\] would be narrowed to bfloat16"):
+    models.export_hf(str(tmp_path / "narrow"), bf16, merged, architecture="LlamaForCausalLM")
+
+
 def test_config_lora_section_validates_and_names_the_allowed_values():
   assert config.LORA_TARGETS == models.LORA_TARGETS  # the config's copy of the list (config imports nothing)
   cfg = config.load({"model": {"lora": {"rank": 8, "alpha": 16, "targets": ["q", "v"], "base_dtype": "bfloat16"}}})
@@ -384,3 +417,6 @@ def test_a_lora_run_with_a_bfloat16_base(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, ref, state.frozen)
   rows = _rl_rows(tmp_path)
   assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-7) and np.isfinite(rows[-1]["loss"])
+  # Its export: one dtype, the one config.json names (it was 8 float32 merged targets, 12 bfloat16 others).
+  runtime.export_hf(tmp_path, tmp_path / "hf", architecture="LlamaForCausalLM")
+  assert _written_dtypes(tmp_path / "hf") == ({"float32": 20}, "float32")

@@ -366,7 +366,10 @@ def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str,
     architecture: one of `ARCHITECTURES`.
     config_extra: keys to set in config.json besides the model's (e.g. the special token ids).
 
-  A value head (`ModelConfig.value_head`) is left out: the checkpoint is the causal LM alone.
+  A value head (`ModelConfig.value_head`) is left out: the checkpoint is the causal LM alone. Every floating
+  tensor is written in `cfg.param_dtype`, the dtype config.json names (`torch_dtype`), a narrower one widened
+  exactly (LoRA over a bfloat16 base merged into float32 targets: the rest of the base was written in
+  bfloat16 under "float32"); a wider one is an error, not a silent rounding.
   """
   if architecture not in ARCHITECTURES:
     raise ValueError(f"Unknown architecture {architecture!r}; supported: {sorted(ARCHITECTURES)}.")
@@ -378,12 +381,14 @@ def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str,
     raise ValueError("cfg.valid_vocab_size (padded vocab) and cfg.vocab_gaps (masked ids) have no HF "
                      "equivalent; export the unmasked model.")
   _check_export_params(cfg, params)
+  out_dtype = _export_dtype(cfg, params)
   hf = {**_hf_config(cfg, architecture, model_type), **(config_extra or {})}
   os.makedirs(path, exist_ok=True)
   layer_tensors = _layer_tensors(cfg)
   tensors = {}
   for ours_name, value in params.items():
     arr = np.asarray(jax.device_get(value))
+    arr = arr.astype(out_dtype) if jnp.issubdtype(arr.dtype, jnp.floating) else arr
     if ours_name in layer_tensors:
       suffix, groups = layer_tensors[ours_name]
       for l in range(cfg.num_layers):
@@ -411,6 +416,22 @@ def _check_export_params(cfg: ModelConfig, params: dict) -> None:
   if missing or extra or shapes:
     raise ValueError(f"params do not match the model config to export: missing {missing}, extra {extra}, "
                      f"shapes (got, expected) {shapes}.")
+
+
+def _export_dtype(cfg: ModelConfig, params: dict) -> np.dtype:
+  """`cfg.param_dtype`, into which every floating param widens exactly (ValueError naming those it would
+  narrow)."""
+  out = np.dtype(jnp.dtype(cfg.param_dtype))
+  wider = {}
+  for name, value in params.items():
+    dtype = np.dtype(value.dtype)
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.promote_types(dtype, out) != out:
+      wider.setdefault(dtype.name, []).append(name)
+  if wider:
+    found = "; ".join(f"{dtype} params {sorted(names)}" for dtype, names in sorted(wider.items()))
+    raise ValueError(f"Export writes every tensor in cfg.param_dtype = {out.name!r} (config.json's torch_dtype): "
+                     f"{found} would be narrowed to {out.name}; export with a param_dtype that holds them.")
+  return out
 
 
 def _hf_rope(cfg: ModelConfig, *, scaled: bool = True, theta: float | None = None) -> dict[str, Any]:

@@ -9,6 +9,9 @@ import json
 import os
 import shutil
 
+import jax
+import jax.numpy as jnp
+
 from rlax_post import learner
 from rlax_post import models
 from rlax_post.runtime import _checkpoint
@@ -23,7 +26,9 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str, step: int | None
 
   With `model.lora.rank > 0` the exported weights are the merged ones, W + (alpha / r)·a·b, in the wider of
   the base's and the adapters' dtypes: a plain checkpoint that any HF loader (or `model.hf_path`) reads
-  without knowing about LoRA. The embedding keeps every row, so its vocabulary is the model's padded one (a
+  without knowing about LoRA. Every tensor is written in that one dtype, the one config.json names: with
+  `model.lora.base_dtype = "bfloat16"` the untouched base weights are widened to float32 exactly (they were
+  written in bfloat16 under `torch_dtype` "float32", beside the float32 merged targets). The embedding keeps every row, so its vocabulary is the model's padded one (a
   checkpoint's own config.json size; the byte tokenizer's multiple of `model.vocab_multiple`).
 
   A run with one policy per role (`multiagent.policies = "per_role"`) writes one checkpoint per role, in
@@ -35,8 +40,9 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str, step: int | None
   state, _, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
                                              max_to_keep=parts.cfg.checkpoint.max_to_keep, step=step,
                                              purpose=" to export")
-  cfg = dataclasses.replace(parts.model_cfg, valid_vocab_size=None, vocab_gaps=())  # HF masks no vocabulary rows
   policy = update.policy(state)
+  # HF masks no vocabulary rows; one dtype for every tensor, the widest the policy holds.
+  cfg = dataclasses.replace(parts.model_cfg, valid_vocab_size=None, vocab_gaps=(), param_dtype=_widest(policy))
   outs = [os.fspath(out_dir)] if update.roles == 1 else [
       os.path.join(os.fspath(out_dir), name) for name in parts.task.pipeline.roles]
   ids = _special_ids(parts)
@@ -45,6 +51,12 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str, step: int | None
                      architecture=architecture, config_extra=ids)
     _copy_tokenizer_files(parts, out)
   return step
+
+
+def _widest(params) -> str:
+  """The widest floating dtype among `params`' leaves (LoRA over a bfloat16 base: float32, its merged targets')."""
+  return jnp.dtype(jnp.result_type(*[x.dtype for x in jax.tree.leaves(params)
+                                     if jnp.issubdtype(x.dtype, jnp.floating)])).name
 
 
 # What an exported checkpoint takes from the one the run started from, besides its weights.
