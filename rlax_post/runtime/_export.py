@@ -28,8 +28,9 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str, step: int | None
   the base's and the adapters' dtypes: a plain checkpoint that any HF loader (or `model.hf_path`) reads
   without knowing about LoRA. Every tensor is written in that one dtype, the one config.json names: with
   `model.lora.base_dtype = "bfloat16"` the untouched base weights are widened to float32 exactly (they were
-  written in bfloat16 under `torch_dtype` "float32", beside the float32 merged targets). The embedding keeps every row, so its vocabulary is the model's padded one (a
-  checkpoint's own config.json size; the byte tokenizer's multiple of `model.vocab_multiple`).
+  written in bfloat16 under `torch_dtype` "float32", beside the float32 merged targets). The embedding keeps
+  every row, so its vocabulary is the model's padded one (a checkpoint's own config.json size; the byte
+  tokenizer's multiple of `model.vocab_multiple`).
 
   A run with one policy per role (`multiagent.policies = "per_role"`) writes one checkpoint per role, in
   `out_dir/<role name>/`.
