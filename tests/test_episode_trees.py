@@ -4,6 +4,7 @@ the budget of forks, schedule independence, and a short run."""
 
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -87,6 +88,17 @@ def test_a_group_is_trees_of_forked_episodes(expansion, iterations):
   forks = 2 * iterations
   assert sum(1 for r in rows if r["tree_parent"] >= 0) == forks
   assert sum(r["terminal_evals"] for r in rows) == len(rows)
+
+
+def test_arpo_normalises_entropy_by_the_tokens_the_sampler_can_draw():
+  # The embedding is padded (264 rows for the byte tokenizer's 259 ids); the padding rows are masked, so ARPO's
+  # |V| is 259 and a uniform law over the tokens has normalised entropy 1 (log 259 / log 264 = 0.9966 before).
+  parts, params = _parts("arpo")
+  producer = parts.task.producer(parts.engine(slots=8, temperature=1.0), params, 0)
+  assert parts.model_cfg.vocab_size > parts.tokenizer.vocab_size == 259
+  assert producer.num_tokens == 259
+  assert envs.step_entropy([-math.log(259)] * 20, producer.num_tokens) == pytest.approx(1.0)
+  producer.close()
 
 
 def test_episode_trees_do_not_depend_on_the_schedule():

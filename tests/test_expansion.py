@@ -107,12 +107,23 @@ def test_arpo_forks_at_turn_starts_with_the_papers_probability():
   # Each candidate (turn starts 5 and 9; not 0, before any tool call) is accepted with its probability.
   rng, counts = np.random.default_rng(3), {5: 0, 9: 0}
   for _ in range(4000):
-    draws = envs.arpo_forks([br], 2, rng, vocab_size=v)
+    draws = envs.arpo_forks([br], 2, rng, num_tokens=v)
     assert sorted(t for _, t in draws) == [5, 9]  # n = 2: the rest tops the accepted up
-    counts[envs.arpo_forks([br], 1, np.random.default_rng(rng.integers(1 << 30)), vocab_size=v)[0][1]] += 1
+    counts[envs.arpo_forks([br], 1, np.random.default_rng(rng.integers(1 << 30)), num_tokens=v)[0][1]] += 1
   # n = 1: turn 5 is picked when accepted (prob p1), else turn 9 when accepted, else the more probable (5).
   expected5 = p1 + (1 - p1) * (1 - p2)
   assert counts[5] / 4000 == pytest.approx(expected5, abs=0.025)
   # A fork's own turns only: a branch forked at 5 offers turn 9 alone.
   forked = B(tokens=br.tokens, logprobs=br.logprobs, boundaries=br.boundaries, forked_at=5, mask=br.mask)
-  assert envs.arpo_forks([forked], 3, np.random.default_rng(0), vocab_size=v) == [(0, 9)]
+  assert envs.arpo_forks([forked], 3, np.random.default_rng(0), num_tokens=v) == [(0, 9)]
+
+
+def test_arpo_entropy_of_a_uniform_law_over_the_tokens_is_one():
+  # |V| counts the ids the sampler can draw: the byte tokenizer's 259 of an embedding padded to 384 rows, and
+  # a vocabulary that skips ids [100, 120) of [0, 130) has 110.
+  assert envs.token_count(259) == 259 and envs.token_count(130, ((100, 120),)) == 110
+  uniform = [-math.log(259)] * 20  # each sampled token's log p under the uniform law over 259 tokens
+  assert envs.step_entropy(uniform, envs.token_count(259)) == pytest.approx(1.0)
+  assert envs.step_entropy([-math.log(110)] * 3, envs.token_count(130, ((100, 120),))) == pytest.approx(1.0)
+  with pytest.raises(ValueError, match="num_tokens=384.0"):
+    envs.step_entropy(uniform, 384.0)

@@ -25,6 +25,7 @@ from rlax_post.envs._expansion import EXPANSION_POLICIES
 from rlax_post.envs._expansion import random_forks
 from rlax_post.envs._expansion import segment_boundaries
 from rlax_post.envs._expansion import step_entropy
+from rlax_post.envs._expansion import token_count
 from rlax_post.envs._expansion import tree_grpo_forks
 from rlax_post.envs._expansion import treerl_forks
 from rlax_post.envs._episodes import EpisodeProducer
@@ -80,6 +81,7 @@ __all__ = [
     'random_forks',
     'segment_boundaries',
     'step_entropy',
+    'token_count',
     'tree_grpo_forks',
     'treerl_forks',
     'Collaboration',

@@ -16,7 +16,9 @@ afresh).
              iteration may fork there again, as the reference code does (docs/trees.md).
   arpo       ARPO (arXiv 2507.19849): after a tool call (at the start of each turn after the first), branch with
              probability clip(0.5 + 0.2·(H_t − H_0), 0, 1) where H is the mean entropy of the first ≤ 20 tokens
-             of a step, normalised by log |V| (`arpo_branch_probability`), H_0 the episode's first turn's. Ours
+             of a step, normalised by log |V| (`arpo_branch_probability`; |V| the ids the sampler can draw,
+             `token_count`: not the embedding's padding rows or the ids a vocabulary skips, which are masked,
+             so a uniform law over the tokens has normalised entropy 1), H_0 the episode's first turn's. Ours
              estimates a step's entropy by the mean −log p of its sampled tokens (an unbiased estimate of the
              sampling law's entropy from one draw per position): the sampler returns the sampled token's
              logprob, not the top-10 the paper reads. ARPO decides while the rollout runs; the rule reads only
@@ -131,20 +133,20 @@ def _turn_logprobs(br: Branch, start: int) -> list[float]:
 
 
 def arpo_forks(branches: Sequence[Branch], n: int, rng: np.random.Generator, *,
-               vocab_size: int) -> list[tuple[int, int]]:
+               num_tokens: int) -> list[tuple[int, int]]:
   """ARPO: each own step start after the first (a tool call's answer came before it), accepted with
   probability `arpo_branch_probability(H_t, H_0)`, branch by branch in position order; the first n accepted,
-  topped up with the most probable of the rest (module docstring)."""
+  topped up with the most probable of the rest (module docstring); `num_tokens`: |V| of `step_entropy`."""
   if n < 1:
     raise ValueError(f"an expansion picks n >= 1 fork points; got {n}.")
   scored = []  # (probability, branch, at)
   for i, br in enumerate(branches):
     if not br.tokens:
       continue
-    h0 = step_entropy(_turn_logprobs(br, 0), vocab_size)
+    h0 = step_entropy(_turn_logprobs(br, 0), num_tokens)
     for b in br.boundaries:
       if b > br.forked_at and br.sampled(b):
-        p = arpo_branch_probability(step_entropy(_turn_logprobs(br, b), vocab_size), h0)
+        p = arpo_branch_probability(step_entropy(_turn_logprobs(br, b), num_tokens), h0)
         scored.append((p, i, b))
   draws = rng.random(len(scored))
   accepted = [(i, b) for (p, i, b), u in zip(scored, draws) if u < p]
@@ -152,13 +154,21 @@ def arpo_forks(branches: Sequence[Branch], n: int, rng: np.random.Generator, *,
   return (accepted + [(i, b) for _, i, b in rest])[:n]
 
 
-def step_entropy(logprobs: Sequence[float], vocab_size: int) -> float:
+def token_count(usable_vocab_size: int, vocab_gaps: Sequence[tuple[int, int]] = ()) -> int:
+  """The ids a sampler can draw: [0, usable_vocab_size) less the `vocab_gaps` ranges (`models.ModelConfig`:
+  the embedding's padding rows and the ids a vocabulary skips are masked, so they are no outcome)."""
+  return int(usable_vocab_size) - sum(int(stop) - int(start) for start, stop in vocab_gaps)
+
+
+def step_entropy(logprobs: Sequence[float], num_tokens: int) -> float:
   """A step's normalised entropy estimate: the mean −log p of its first ≤ `ARPO_TOKENS` sampled tokens, over
-  log |V| (module docstring)."""
+  log |V|, |V| = `num_tokens` the ids the sampler can draw (`token_count`; module docstring)."""
+  if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 2:
+    raise ValueError(f"entropy is normalised by log |V| of at least 2 tokens; got num_tokens={num_tokens!r}.")
   window = [-float(x) for x in list(logprobs)[:ARPO_TOKENS]]
   if not window:
     raise ValueError("a step's entropy needs at least one sampled token.")
-  return float(np.mean(window)) / math.log(vocab_size)
+  return float(np.mean(window)) / math.log(num_tokens)
 
 
 def arpo_branch_probability(h_step: float, h_initial: float, *, base: float = 0.5, scale: float = 0.2) -> float:

@@ -93,7 +93,7 @@ class _TreeGrowth:
   cfg: Any
   tree: Any
   p: int
-  vocab_size: int
+  num_tokens: int  # the ids the sampler can draw (ARPO's |V|: `_expansion.token_count`)
   _open: dict
 
   def _arrived(self, results: dict) -> list[tuple[int, list[dict]]]:
@@ -121,7 +121,7 @@ class _TreeGrowth:
     elif policy == "treerl":
       picks = _expansion.treerl_forks(branches, n)
     elif policy == "arpo":
-      picks = _expansion.arpo_forks(branches, n, rng, vocab_size=self.vocab_size)
+      picks = _expansion.arpo_forks(branches, n, rng, num_tokens=self.num_tokens)
     else:
       picks = _expansion.random_forks(branches, n, rng)
     picks = picks or [(0, 0)]
@@ -197,7 +197,7 @@ class TreeRolloutProducer(_TreeGrowth, _rl.DriverProducer):
     cfg = task.cfg
     self.task, self.cfg, self.tree = task, cfg, cfg.tree
     self.p = cfg.rl.prompts_per_step
-    self.vocab_size = engine.model_cfg.vocab_size
+    self.num_tokens = _expansion.token_count(engine.model_cfg.usable_vocab_size, engine.model_cfg.vocab_gaps)
     self.examples = task.examples("train")
     super().__init__(engine, params, version, config_lib.tree_grown(cfg))
 
@@ -259,7 +259,7 @@ class EpisodeTreeProducer(_TreeGrowth, _episodes.EpisodeProducer):
 
   def __init__(self, cfg: config_lib.Config, tokenizer, engine: sampler.RlaxEngine, params, version: int, **kw):
     self.tree = cfg.tree
-    self.vocab_size = engine.model_cfg.vocab_size
+    self.num_tokens = _expansion.token_count(engine.model_cfg.usable_vocab_size, engine.model_cfg.vocab_gaps)
     self._open = {}
     super().__init__(cfg, tokenizer, engine, params, version, **kw)
 
