@@ -127,3 +127,15 @@ def test_arpo_entropy_of_a_uniform_law_over_the_tokens_is_one():
   assert envs.step_entropy([-math.log(110)] * 3, envs.token_count(130, ((100, 120),))) == pytest.approx(1.0)
   with pytest.raises(ValueError, match="num_tokens=384.0"):
     envs.step_entropy(uniform, 384.0)
+
+
+def test_a_tree_with_no_candidate_forks_its_root_by_the_policys_own_rule():
+  # ARPO: an episode that called no tool has no turn after its first; TreeRL: a one-token chain has no own token
+  # past its fork point; random: a chain that ended at reset has no token. Each forks the root (0, 0): new
+  # chains from the prompt (before, they returned [] and the producer put (0, 0) in their place unsaid).
+  one_turn = B(tokens=(5, 6, 7), logprobs=(-1.0, -2.0, -0.5))
+  assert envs.arpo_forks([one_turn, one_turn], 2, np.random.default_rng(0), num_tokens=259) == [(0, 0)]
+  assert envs.treerl_forks([B(tokens=(5,), logprobs=(-1.0,))], 2) == [(0, 0)]
+  assert envs.random_forks([B(tokens=(), logprobs=())], 2, np.random.default_rng(0)) == [(0, 0)]
+  # With a candidate, the root is not added: ARPO offers the tool-answered turn start alone.
+  assert envs.arpo_forks([_episode_tree()], 1, np.random.default_rng(0), num_tokens=259)[0][1] in (5, 9)

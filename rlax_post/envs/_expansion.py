@@ -28,6 +28,12 @@ afresh).
              are the most probable of those not accepted (the run's leaf budget is fixed, where ARPO's
              budget is an upper bound).
   random     N fork points uniformly over the tree's own (not inherited) sampled token positions.
+
+A tree where a policy has no candidate forks its root, `ROOT` = (leaf 0, at 0): new chains from the prompt
+(ARPO: no episode of the tree called a tool, so none has a turn after the first: ARPO spends a budget its
+branches leave on trajectory-level samples; TreeRL: no own token past a fork point, e.g. one-token chains;
+random: no own sampled token, e.g. a chain that ended at reset). Each policy returns it itself, so no caller
+substitutes a fork point; the rows show it (a leaf with `tree_parent` >= 0 and `forked_at` 0).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ import numpy as np
 
 EXPANSION_POLICIES = ("tree_grpo", "treerl", "arpo", "random")  # `arpo` needs multi-turn samples
 ARPO_TOKENS = 20  # ARPO's entropy window: the first ≤ 20 tokens of a step
+ROOT = (0, 0)  # the fork point of a tree with no candidate: leaf 0 at 0 tokens, new chains from the prompt
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +110,7 @@ def tree_grpo_forks(branches: Sequence[Branch], n: int, rng: np.random.Generator
 
 def treerl_forks(branches: Sequence[Branch], n: int, *, max_at: int | None = None) -> list[tuple[int, int]]:
   """TreeRL: the n highest −log p sampled tokens over the branches' own tokens (module docstring); ties go to
-  the earlier branch, then the earlier position."""
+  the earlier branch, then the earlier position; `[ROOT]` where no own token qualifies (module docstring)."""
   if n < 1:
     raise ValueError(f"an expansion picks n >= 1 fork points; got {n}.")
   scored = []
@@ -113,13 +120,14 @@ def treerl_forks(branches: Sequence[Branch], n: int, *, max_at: int | None = Non
       if br.sampled(t) and br.logprobs[t] != 0.0:  # a sampled token (observations have logprob 0)
         scored.append((-float(br.logprobs[t]), i, t))
   scored.sort(key=lambda x: (-x[0], x[1], x[2]))
-  return [(i, t) for _, i, t in scored[:n]]
+  return [(i, t) for _, i, t in scored[:n]] or [ROOT]
 
 
 def random_forks(branches: Sequence[Branch], n: int, rng: np.random.Generator) -> list[tuple[int, int]]:
-  """n fork points uniformly over the branches' own token positions (module docstring)."""
+  """n fork points uniformly over the branches' own token positions; `[ROOT]` where there is none (module
+  docstring)."""
   return _pick([(i, t) for i, br in enumerate(branches) for t in range(br.forked_at, len(br.tokens))
-                if br.sampled(t)], n, rng)
+                if br.sampled(t)], n, rng) or [ROOT]
 
 
 def _turn_logprobs(br: Branch, start: int) -> list[float]:
@@ -136,7 +144,9 @@ def arpo_forks(branches: Sequence[Branch], n: int, rng: np.random.Generator, *,
                num_tokens: int) -> list[tuple[int, int]]:
   """ARPO: each own step start after the first (a tool call's answer came before it), accepted with
   probability `arpo_branch_probability(H_t, H_0)`, branch by branch in position order; the first n accepted,
-  topped up with the most probable of the rest (module docstring); `num_tokens`: |V| of `step_entropy`."""
+  topped up with the most probable of the rest (module docstring); `num_tokens`: |V| of `step_entropy`.
+  `[ROOT]` where no branch has an own turn start after its first (no tool was called: trajectory-level
+  samples, module docstring)."""
   if n < 1:
     raise ValueError(f"an expansion picks n >= 1 fork points; got {n}.")
   scored = []  # (probability, branch, at)
@@ -148,6 +158,8 @@ def arpo_forks(branches: Sequence[Branch], n: int, rng: np.random.Generator, *,
       if b > br.forked_at and br.sampled(b):
         p = arpo_branch_probability(step_entropy(_turn_logprobs(br, b), num_tokens), h0)
         scored.append((p, i, b))
+  if not scored:
+    return [ROOT]
   draws = rng.random(len(scored))
   accepted = [(i, b) for (p, i, b), u in zip(scored, draws) if u < p]
   rest = sorted((x for x, u in zip(scored, draws) if u >= x[0]), key=lambda x: (-x[0], x[1], x[2]))

@@ -10,7 +10,8 @@ of its env as it was at the start of the turn holding `at`: `sampler.EpisodeRunn
 M · (1 + L · N · T); with `tree.keep` = K > 0, each grown tree keeps K of its leaves, drawn uniformly
 (Tree-GRPO's "keep k"; `default_rng([seed, g, K, m])`), so M · min(K, 1 + L · N · T) rows =
 `rl.samples_per_prompt` (the config checks it). A policy with fewer candidates than N repeats its picks, so
-every group has the same number of rows. An episode's steps (Tree-GRPO's nodes, ARPO's
+every group has the same number of rows; a tree where it has none forks its root (`_expansion.ROOT`: new
+chains from the prompt), by the policy's own rule. An episode's steps (Tree-GRPO's nodes, ARPO's
 branch points) are its turns; a text sample's are segments of `tree.segment_tokens`.
 
 Rows (one per leaf, the whole trajectory; `envs.ROW_FIELDS` (episodes: and `TURN_FIELDS`) plus `TREE_FIELDS`),
@@ -124,7 +125,9 @@ class _TreeGrowth:
       picks = _expansion.arpo_forks(branches, n, rng, num_tokens=self.num_tokens)
     else:
       picks = _expansion.random_forks(branches, n, rng)
-    picks = picks or [(0, 0)]
+    if not picks:  # each policy falls back to the root itself (`_expansion.ROOT`); nothing is substituted here
+      raise RuntimeError(f"tree expansion {policy!r} returned no fork point for {len(branches)} leaves (a bug: "
+                         "every policy offers at least the root).")
     return [picks[k % len(picks)] for k in range(n)]  # fewer candidates than n: repeat them
 
   def _expand(self, ticket: int, group: _Group) -> None:
