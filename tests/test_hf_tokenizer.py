@@ -321,6 +321,57 @@ def test_vocab_size_spans_ids_that_skip_some(tmp_path):
       ours.decode([5, bad])
 
 
+def _added(content, token_id):
+  return {'id': token_id, 'content': content, 'single_word': False,
+          'lstrip': False, 'rstrip': False, 'normalized': False,
+          'special': True}
+
+
+def _tokenizer_dir(tmp_path, vocab, added):
+  """A tokenizer.json written by hand (WordLevel over `vocab`, the
+  `added_tokens` entries as given), as a checkpoint may hold one."""
+  path = tmp_path / 'hand_written'
+  path.mkdir()
+  (path / 'tokenizer.json').write_text(json.dumps({
+      'version': '1.0', 'truncation': None, 'padding': None,
+      'added_tokens': added, 'normalizer': None,
+      'pre_tokenizer': {'type': 'Whitespace'}, 'post_processor': None,
+      'decoder': None,
+      'model': {'type': 'WordLevel', 'vocab': vocab, 'unk_token': '<unk>'}}))
+  (path / 'tokenizer_config.json').write_text(json.dumps(
+      {'bos_token': '<s>', 'eos_token': '</s>', 'pad_token': '</s>'}))
+  return str(path)
+
+
+def test_an_added_token_the_library_renumbers_is_an_error(tmp_path):
+  """The file puts `<tool>` at 120, past a vocabulary of ids 0..99 (a model
+  whose embedding has no row 100..119 for it, or one trained with it at 120).
+  `tokenizers` (and transformers) number it 100, after the vocabulary, and say
+  nothing; HFTokenizer loaded it as id 100 with vocab_size 101. It names the
+  token and both ids instead."""
+  vocab = {'<s>': 0, '</s>': 1, '<unk>': 2, **{f'w{i}': i for i in range(3, 100)}}
+  path = _tokenizer_dir(tmp_path, vocab, [_added('<s>', 0), _added('</s>', 1), _added('<tool>', 120)])
+  assert transformers.AutoTokenizer.from_pretrained(path).convert_tokens_to_ids('<tool>') == 100
+  with pytest.raises(ValueError, match="added token '<tool>' has id 120 in the file, but the `tokenizers` "
+                     'library numbers it 100'):
+    HFTokenizer.from_dir(path)
+  # In id order right after the vocabulary, the same token loads at its id.
+  (tmp_path / 'ok').mkdir()
+  path = _tokenizer_dir(tmp_path / 'ok', vocab, [_added('<s>', 0), _added('</s>', 1), _added('<tool>', 100)])
+  assert HFTokenizer.from_dir(path).encode('w5 <tool>', add_bos=False) == [5, 100]
+
+
+def test_two_tokens_on_one_id_are_an_error(tmp_path):
+  """A vocabulary of 4 tokens that skips id 3 (w4 is 4), and an added token
+  the file also puts at 4: the library numbers it 4 (the vocabulary's size),
+  as the file says, and decodes 4 as either."""
+  vocab = {'<s>': 0, '</s>': 1, '<unk>': 2, 'w4': 4}
+  path = _tokenizer_dir(tmp_path, vocab, [_added('<x>', 4)])
+  assert tokenizers.Tokenizer.from_file(os.path.join(path, 'tokenizer.json')).token_to_id('<x>') == 4
+  with pytest.raises(ValueError, match="tokens '<x>', 'w4' all have id 4"):
+    HFTokenizer.from_dir(path)
+
+
 @pytest.mark.parametrize('text', _STRINGS)
 def test_encode_decode_match_transformers(pair, text):
   name, hf, ours, _ = pair

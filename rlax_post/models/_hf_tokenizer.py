@@ -65,13 +65,52 @@ def _read_json(path: str) -> dict:
 
 
 def _read_tokenizer(path: str) -> tokenizers.Tokenizer:
-  """`tokenizers` raises a bare `Exception` that names no file."""
+  """tokenizer.json as a `tokenizers.Tokenizer` whose ids are the file's
+  (`_check_ids`); `tokenizers` raises a bare `Exception` that names no file."""
+  with open(path, encoding='utf-8') as f:
+    text = f.read()
   try:
-    return tokenizers.Tokenizer.from_file(path)
+    tokenizer = tokenizers.Tokenizer.from_str(text)
   except Exception as e:  # pylint: disable=broad-exception-caught
     raise ValueError(
         f'{path} is not a valid `tokenizers` file ({e}); save the tokenizer '
         'again with save_pretrained.') from None
+  _check_ids(path, json.loads(text).get('added_tokens') or [], tokenizer)
+  return tokenizer
+
+
+def _check_ids(path: str, added: Sequence[Mapping],
+               tokenizer: tokenizers.Tokenizer) -> None:
+  """Refuses a tokenizer whose ids are not the ones its file gives.
+
+  `tokenizers` numbers an added token that is not in the model's vocabulary
+  after the tokens before it, in the file's order, whatever `id` the file
+  gives it, and says nothing (`transformers` loads it the same way): a token
+  the file puts at 120 past a vocabulary of 100 ids becomes 100, so the
+  model's embedding row 120 (or, where the embedding has no such row, none)
+  is never read for it. Likewise two tokens may end up sharing one id.
+  """
+  for entry in added:
+    given = tokenizer.token_to_id(entry['content'])
+    if given != entry['id']:
+      raise ValueError(
+          f'{path}: added token {entry["content"]!r} has id {entry["id"]} '
+          f'in the file, but the `tokenizers` library numbers it {given} '
+          '(it numbers added tokens that are not in the model\'s vocabulary '
+          'after it, in file order, whatever id the file says; transformers '
+          'does the same without a word), so its ids would not be the '
+          "model's embedding rows. Put the token into the model's vocabulary "
+          'at its id, or list the added tokens in id order right after it.')
+  vocab = tokenizer.get_vocab(with_added_tokens=True)
+  ids, counts = np.unique(np.fromiter(vocab.values(), np.int64, len(vocab)),
+                          return_counts=True)
+  if (counts > 1).any():
+    token_id = int(ids[counts > 1][0])
+    names = sorted(t for t, i in vocab.items() if i == token_id)
+    raise ValueError(
+        f'{path}: tokens {", ".join(map(repr, names))} all have id '
+        f'{token_id} (an added token numbered onto a model token); give each '
+        'token its own id.')
 
 
 class _GenerationTag(jinja2.ext.Extension):
