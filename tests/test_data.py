@@ -7,9 +7,11 @@ import sys
 
 import numpy as np
 import pytest
+import tokenizers
 
 from rlax_post import data
 from rlax_post import envs
+from rlax_post import models
 from rlax_post.data import _pipeline
 from rlax_post.models._tokenizer import ByteTokenizer
 
@@ -181,6 +183,34 @@ def test_sft_loss_mask_on_hand_made_example():
       b['tokens'], [[b_, ord('9'), ord('+'), ord('8'), ord('='), ord('1'),
                      ord('7'), e, p, p]])
   # Targets tokens[1:] = 9 + 8 = 1 7 EOS pad pad.
+  np.testing.assert_array_equal(b['loss_mask'], [[0, 0, 0, 0, 1, 1, 1, 0, 0]])
+  np.testing.assert_array_equal(b['lengths'], [8])
+  np.testing.assert_array_equal(b['prompt_lens'], [5])
+
+
+def test_sft_rows_start_with_the_prompt_ids_rl_feeds():
+  """A BPE tokenizer that merges "=" with the digit after it: RL feeds
+  encode("9+8=") and samples "1" after "="; the warm start encoded
+  "9+8=17" as one text, so its row held "=1" (id 16) where RL has "=" (14),
+  and "1" was never a target (targets: 7, EOS). The prompt is encoded on
+  its own now. Ids: <s> 0, </s> 1, <pad> 2, "+" 3, "0".."9" 4..13, "=" 14,
+  "=0".."=9" 15..24."""
+  chars = sorted('0123456789+=')
+  vocab = {'<s>': 0, '</s>': 1, '<pad>': 2,
+           **{c: i + 3 for i, c in enumerate(chars)}}
+  merges = [('=', d) for d in '0123456789']
+  vocab.update({a + b: 15 + i for i, (a, b) in enumerate(merges)})
+  bpe = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges))
+  bpe.add_special_tokens(['<s>', '</s>', '<pad>'])
+  tok = models.HFTokenizer(bpe, special_tokens={
+      'bos_token': '<s>', 'eos_token': '</s>', 'pad_token': '<pad>'})
+  assert tok.encode('9+8=17', add_bos=False) == [13, 3, 12, 16, 11]
+  ex = envs.Example('9+8=', '17', '9+8', 'add', ('9', '8'))
+  b = _pipeline._SftBatch(
+      task=envs.make_task('add'), tokenizer=tok, seed=0, max_len=10,
+      noise=0.0, typo_rate=0.0)([(0, ex)])
+  np.testing.assert_array_equal(b['tokens'], [[0, 13, 3, 12, 14, 5, 11, 1, 2, 2]])
+  np.testing.assert_array_equal(b['tokens'][0, :5], tok.encode('9+8=', add_bos=True))
   np.testing.assert_array_equal(b['loss_mask'], [[0, 0, 0, 0, 1, 1, 1, 0, 0]])
   np.testing.assert_array_equal(b['lengths'], [8])
   np.testing.assert_array_equal(b['prompt_lens'], [5])

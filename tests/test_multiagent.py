@@ -10,6 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
+import tokenizers
 
 from rlax_post import advantages
 from rlax_post import config
@@ -488,3 +489,49 @@ def test_the_fidelity_command_names_a_bad_workdir(tmp_path):
                        capture_output=True, text=True, check=False)
   assert out.returncode == 2 and "Traceback" not in out.stderr
   assert "rlax-post fidelity: error:" in out.stderr and "nope" in out.stderr
+
+
+def _bpe_merging_after(marks):
+  """A BPE tokenizer over printable ASCII whose only merges join each of `marks` with the character after it,
+  so encoding pieces on their own and encoding their concatenation differ at a join after a mark."""
+  chars = [chr(c) for c in range(32, 127)]
+  vocab = {"<s>": 0, "</s>": 1, "<pad>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+  merges = [(m, c) for m in marks for c in chars]
+  for a, b in merges:
+    vocab[a + b] = len(vocab)
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges))
+  tok.add_special_tokens(["<s>", "</s>", "<pad>"])
+  tok.decoder = tokenizers.decoders.Fuse()  # decode concatenates the tokens' text
+  return models.HFTokenizer(tok, special_tokens={"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"})
+
+
+def test_role_warm_start_rows_start_with_the_prompt_ids_the_trees_feed():
+  """The warm start encoded each role's prompt + demonstration as one text; with a BPE tokenizer that merges
+  "|" and "=" with the next character, "|" + an earlier role's message and "=" + the demonstration became one
+  token each, so the rows started with ids the role trees (`Pipeline.render_ids`: pieces and messages on their
+  own) never feed, and the demonstration's first character was never a target. Now the row is the trees' prompt
+  ids, then the demonstration's ids and EOS."""
+  cfg = _cfg("default", multiagent__template="<{system}>{view}{history}=")
+  pipe = envs.make_pipeline(cfg)
+  tok = _bpe_merging_after("|=")
+  task = envs.RoleTask(pipeline=pipe, cfg=cfg, tokenizer=tok)
+  batch = next(task.sft_batches())
+  roles = set()
+  for row, n, p, mask, ex in zip(batch["tokens"], batch["lengths"], batch["prompt_lens"], batch["loss_mask"],
+                                 batch["examples"]):
+    k = int(ex.inputs[0])
+    problem = _problem(pipe.collab, *ex.inputs[1:1 + k])
+    role, upstream = int(ex.inputs[1 + k]), list(ex.inputs[2 + k:])
+    roles.add(role)
+    fed = pipe.render_ids(tok, problem, role, [tok.encode(m, add_bos=False) for m in upstream])
+    assert list(row[:p]) == fed
+    demo = tok.decode(row[p:n - 1])
+    assert list(row[p:n]) == tok.encode(demo, add_bos=False) + [tok.eos_id] and demo
+    assert list(np.flatnonzero(mask)) == list(range(p - 1, n - 1))  # targets: the demonstration and EOS
+  assert roles == {0, 1}
+  # With the byte tokenizer the pieces' ids are the rendered text's: the same rows as before.
+  byte = models.ByteTokenizer()
+  demos = envs.RoleDemos(pipe)
+  for i in range(20):
+    ex = demos.make_example(np.random.default_rng(i))
+    assert demos.prompt_ids(byte, ex) == byte.encode(ex.prompt, add_bos=True)

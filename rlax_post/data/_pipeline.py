@@ -23,6 +23,7 @@ because data may not import envs (envs builds its RL tasks on these pipelines).
 
 import dataclasses
 import operator
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import grain
@@ -234,18 +235,35 @@ class _SftBatch:
   max_len: int
   noise: float
   typo_rate: float
+  prompt_ids: Callable[[Example], Sequence[int]] | None = None
+
+  def _prompt(self, ex: Example) -> list[int]:
+    if self.prompt_ids is not None:
+      return [int(t) for t in self.prompt_ids(ex)]
+    return list(self.tokenizer.encode(ex.prompt, add_bos=True))
 
   def __call__(self, items) -> dict[str, np.ndarray]:
     indices, examples = zip(*items)
-    texts, prompt_lens = [], []
-    for index, ex in items:
+    tokens = np.full((len(items), self.max_len), self.tokenizer.pad_id, np.int32)
+    lens, prompt_lens = [], []
+    for b, (index, ex) in enumerate(items):
       rng = np.random.default_rng([self.seed, _DEMO_STREAM, index])
       demo = self.task.demonstration(
           ex, rng, noise=self.noise, typo_rate=self.typo_rate)
-      texts.append(ex.prompt + demo)
-      prompt_lens.append(len(self.tokenizer.encode(ex.prompt, add_bos=True)))
-    tokens, lens = self.tokenizer.encode_batch(
-        texts, max_len=self.max_len, add_bos=True, add_eos=True)
+      # The prompt is encoded alone, as the RL producers feed it: a BPE
+      # tokenizer may merge across prompt + demonstration, and the row would
+      # then start with tokens RL never conditions on.
+      prompt = self._prompt(ex)
+      ids = prompt + self.tokenizer.encode(demo, add_bos=False, add_eos=True)
+      if len(ids) > self.max_len:
+        raise ValueError(
+            f'Example {index} encodes to {len(ids)} tokens (prompt, '
+            f'demonstration, EOS), longer than max_len={self.max_len}: '
+            f'{ex.prompt[:40]!r}.')
+      tokens[b, :len(ids)] = ids
+      lens.append(len(ids))
+      prompt_lens.append(len(prompt))
+    lens = np.asarray(lens, dtype=np.int32)
     # Target t + 1 is a demonstration token or its EOS iff
     # prompt_len <= t + 1 < len, i.e. prompt_len - 1 <= t < len - 1.
     t = np.arange(self.max_len - 1)[None, :]
@@ -273,6 +291,7 @@ def sft_batches(
     num_eval: int = 256,
     shard_index: int = 0,
     shard_count: int = 1,
+    prompt_ids: Callable[[Example], Sequence[int]] | None = None,
 ) -> grain.DatasetIterator:
   """Checkpointable, endless iterator over batches of noisy demonstrations.
 
@@ -282,13 +301,19 @@ def sft_batches(
 
   Each batch is a dict:
     tokens: int32 [B, max_len], BOS + prompt + demonstration + EOS,
-      right-padded with `tokenizer.pad_id`.
+      right-padded with `tokenizer.pad_id`. The prompt is encoded on its own
+      (`prompt_ids`), then the demonstration with its EOS: the ids RL feeds
+      and samples (a BPE tokenizer encoding prompt + demonstration as one
+      text may merge tokens across the join; until 2026-12-04 it did).
     loss_mask: float32 [B, max_len - 1]; `loss_mask[b, t] = 1` iff the target
       `tokens[b, t + 1]` is a demonstration token or its EOS (a next-token
       loss on `logits[:, :-1]` vs `tokens[:, 1:]`).
     lengths: int32 [B], non-pad length of each row (EOS included).
     prompt_lens: int32 [B], length of BOS + prompt.
     example_index: int64 [B]; examples: object [B] (as in `prompt_batches`).
+
+  `prompt_ids(example)`: the prompt's ids as the task's RL producer feeds them
+  (BOS first); None: `tokenizer.encode(example.prompt, add_bos=True)`.
 
   Sharding (multi-host learners). With `shard_count` K > 1 the iterator
   yields only block `shard_index` of each global batch: rows
@@ -316,7 +341,8 @@ def sft_batches(
   # Blocks of B/K consecutive rows; global batch s is blocks s·K .. s·K + K - 1.
   ds = ds.batch(
       batch_size // shard_count, drop_remainder=True,
-      batch_fn=_SftBatch(task, tokenizer, seed, max_len, noise, typo_rate))
+      batch_fn=_SftBatch(task, tokenizer, seed, max_len, noise, typo_rate,
+                         prompt_ids))
   if shard_count > 1:
     ds = ds[shard_index::shard_count]
   return iter(ds.to_iter_dataset())

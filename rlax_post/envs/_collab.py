@@ -320,6 +320,15 @@ class RoleDemos:
   def _noise(self, role: int, default: float) -> float:
     return self.pipeline.noise[role] if self.pipeline.noise is not None else default
 
+  def prompt_ids(self, tokenizer, example: _base.Example) -> list[int]:
+    """The example's prompt in ids as the role trees feed it (`Pipeline.render_ids`, BOS first): its pieces
+    and each earlier role's message encoded on their own (a message as a policy that learnt its
+    demonstration samples it), not the rendered text as one."""
+    problem = self._problem(example)
+    rest = example.inputs[1 + len(problem.inputs):]
+    role, upstream = int(rest[0]), list(rest[1:])
+    return self.pipeline.render_ids(tokenizer, problem, role, [tokenizer.encode(m, add_bos=False) for m in upstream])
+
   def demonstration(self, example, rng, *, noise, typo_rate=0.0) -> str:
     problem = self._problem(example)
     rest = example.inputs[1 + len(problem.inputs):]

@@ -26,6 +26,7 @@ Seeding: the request for the children of node p of ticket g draws from
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Iterator, Sequence
 
@@ -310,7 +311,8 @@ class RoleTask:
     return data.sft_batches(demos, self.tokenizer, seed=self.cfg.seed, batch_size=sft.batch_size,
                             max_len=demos.max_prompt_len + demos.max_answer_len + 2, noise=sft.noise,
                             typo_rate=sft.typo_rate, num_eval=self.cfg.task.num_eval,
-                            shard_index=shard_index, shard_count=shard_count)
+                            shard_index=shard_index, shard_count=shard_count,
+                            prompt_ids=functools.partial(demos.prompt_ids, self.tokenizer))
 
   def producer(self, engine: sampler.RlaxEngine, params, version: int, *, split: str = "train") -> TreeProducer:
     return TreeProducer(self, engine, params, version, split)
