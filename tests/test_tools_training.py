@@ -1,5 +1,6 @@
 """Training on the tool env from a config: demonstrations, the warm-start rows, and a tiny run end to end."""
 
+import dataclasses
 import json
 import math
 import os
@@ -8,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+import tokenizers
 
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
@@ -76,6 +78,21 @@ def test_demo_row_trains_only_the_policy_messages():
   assert len(trained) == len(tokens) - 1
   targets = [t for t, m in zip(tokens[1:], trained) if m]
   assert targets == [t for msg in demo.messages for t in tok.encode(msg, add_bos=False) + [tok.eos_id]]
+
+
+def test_demo_row_encodes_the_prompt_and_reset_observation_as_an_episode_does():
+  """An episode's context is encode(prompt, BOS) + encode(reset observation); the demonstration encoded the
+  two as one text, so a BPE tokenizer that merges ":" with the next character made ":o" (id 6) where the
+  episode feeds ":" (3) then "o" (5). Ids: <s> 0, </s> 1, <pad> 2, ":" 3, "k" 4, "o" 5, ":o" 6, ":k" 7."""
+  vocab = {"<s>": 0, "</s>": 1, "<pad>": 2, ":": 3, "k": 4, "o": 5, ":o": 6, ":k": 7}
+  bpe = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[(":", "o"), (":", "k")]))
+  bpe.add_special_tokens(["<s>", "</s>", "<pad>"])
+  tok = models.HFTokenizer(bpe, special_tokens={"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"})
+  demo = dataclasses.replace(_tool_task().demonstration(_tool_task().train_index(0)), prompt="k:",
+                             reset_observation="ok", messages=("ko", "o"), observations=(":k", ""))
+  tokens, trained = tools.demo_row(tok, demo)
+  assert tokens == [0, 4, 3, 5, 4, 4, 5, 1, 7, 5, 1]  # <s> k : | o k | k o </s> | :k | o </s>
+  assert trained == [0, 0, 0, 0, 1, 1, 1, 0, 1, 1]
 
 
 def test_unknown_tool_option_lists_the_valid_ones():

@@ -142,8 +142,10 @@ class ToolTask:
 
 def demo_row(tokenizer, demo: _demos.Demonstration) -> tuple[list[int], list[int]]:
   """A demonstration's tokens in the episode layout (BOS, prompt, reset observation, then per turn the
-  message + EOS and the observation) and its [len - 1] target mask: 1 where token t + 1 is the policy's."""
-  tokens = tokenizer.encode(demo.prompt + demo.reset_observation, add_bos=True)
+  message + EOS and the observation) and its [len - 1] target mask: 1 where token t + 1 is the policy's. Each
+  piece is encoded on its own, as an episode's context is (`sampler.EpisodeRunner`: the prompt, then the reset
+  observation): a BPE tokenizer may merge tokens across a join of one text."""
+  tokens = tokenizer.encode(demo.prompt, add_bos=True) + tokenizer.encode(demo.reset_observation, add_bos=False)
   trained = [0] * len(tokens)
   for message, observation in zip(demo.messages, demo.observations):
     m = tokenizer.encode(message, add_bos=False) + [tokenizer.eos_id]
