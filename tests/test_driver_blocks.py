@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import tokenizers
 
 from rlax_post import models
 from rlax_post.sampler import _driver
@@ -505,6 +506,40 @@ def test_a_stop_string_split_by_tokens_that_decode_to_nothing_still_ends_the_tur
   assert driver._take(sample, [ord("a")] + [TOK.bos_id] * 5, [0.0] * 6, 0) == (None, False)  # pylint: disable=protected-access
   assert driver._take(sample, [ord("b"), ord("c"), ord("d")], [0.0] * 3, 0) == ("stop", True)  # pylint: disable=protected-access
   assert len(sample.tokens) == 7 and TOK.decode(sample.tokens) == "ab"
+
+
+def _wordpiece_with_clean_up():
+  """A tiny BERT-style WordPiece tokenizer with transformers' clean-up of spaces (`clean_up_tokenization_spaces`).
+  Ids: <unk> 0, a 1, ' 2, s 3, . 4, ##s 5, [pad] 6, [eos] 7."""
+  vocab = {"<unk>": 0, "a": 1, "'": 2, "s": 3, ".": 4, "##s": 5}
+  tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(vocab, unk_token="<unk>"))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+  tok.decoder = tokenizers.decoders.WordPiece()
+  tok.add_special_tokens(["[pad]", "[eos]"])
+  return models.HFTokenizer(tok, special_tokens={"pad_token": "[pad]", "eos_token": "[eos]"},
+                            clean_up_tokenization_spaces=True)
+
+
+def test_a_stop_string_is_checked_in_the_text_the_reward_reads_when_the_decode_cleans_up_spaces():
+  """transformers' clean-up replaces " ' " by "'" over the whole text, so a run of tokens may clean up otherwise
+  alone: the turn ". ' ' s ##s" reads ".'' ss" (no "'s"), but its last four tokens alone read "''ss". The
+  driver looked at that window only and cut the turn at a stop string "'s" that the kept tokens' text (what the
+  env and the reward decode) does not hold. With such a tokenizer it reads the whole turn."""
+  tok = _wordpiece_with_clean_up()
+  assert not tok.decodes_locally and TOK.decodes_locally
+  assert tok.decode([4, 2, 2, 3, 5, 1]) == ".'' ss a" and tok.decode([2, 2, 3, 5, 1]) == "''ss a"
+  engine = _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=tok, max_concurrent_decodes=1, max_prefill_length=16,
+                              max_decode_length=MAX_DECODE, steps_per_sync=4, min_kv_bucket=64)
+  driver = _driver.Driver(engine, refs.model()[1])
+  request = Request((1,), max_tokens=30, stop=("'s",), request_id="s")
+  sample = _driver._Sample(request, 0, 0, frozenset(engine.stop_ids), 30, "length")  # pylint: disable=protected-access
+  assert driver._take(sample, [4, 2, 2, 3, 5], [0.0] * 5, 0) == (None, False)  # pylint: disable=protected-access
+  assert driver._take(sample, [1], [0.0], 0) == (None, False)  # pylint: disable=protected-access
+  assert tok.decode(sample.tokens) == ".'' ss a"
+  # A stop string the turn's text holds still ends it: "a ' s" cleans up to "a's".
+  sample = _driver._Sample(request, 0, 0, frozenset(engine.stop_ids), 30, "length")  # pylint: disable=protected-access
+  assert driver._take(sample, [1, 2, 3, 1], [0.0] * 4, 0) == ("stop", True)  # pylint: disable=protected-access
+  assert sample.tokens == [1, 2, 3] and tok.decode(sample.tokens) == "a's"
 
 
 def test_bad_laws_and_stops_raise_clear_errors():

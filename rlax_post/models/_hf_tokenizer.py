@@ -269,6 +269,10 @@ class HFTokenizer(_tokenizer.TokenizerBase):
     self.add_bos_token = bool(add_bos_token)
     self._clean_up = bool(clean_up_tokenization_spaces) and (
         type(tokenizer.model).__name__ != 'BPE')
+    # The clean-up's replacements run over the whole text and overlap
+    # (" ' " -> "'"), so a run of tokens can clean up otherwise alone than
+    # inside its text: ". ' ' s" cleans to ".'' s" but "' ' s" to "''s".
+    self.decodes_locally = not self._clean_up
     # A vocabulary's ids may skip some (a model vocab with holes, added
     # tokens placed past them): the id range is the largest id + 1, not
     # the count, and the skipped ids are no token.

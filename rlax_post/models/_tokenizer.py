@@ -27,6 +27,10 @@ class TokenizerBase:
 
   # Id ranges [start, stop) below `vocab_size` that name no token (`HFTokenizer`: ids that skip some).
   vocab_gaps: tuple[tuple[int, int], ...] = ()
+  # Whether the text of a run of a sequence's tokens is that run's part of the sequence's text, but for its
+  # first few characters (a byte cut in half, a stripped leading space): the sampler's stop-string check then
+  # decodes only a turn's last tokens. False where it is not (`HFTokenizer` with transformers' clean-up).
+  decodes_locally: bool = True
 
   def non_token_ids(self, ids) -> np.ndarray:
     """The entries of `ids` (flattened) that name no token: outside [0, vocab_size) or in `vocab_gaps`."""

@@ -506,15 +506,20 @@ class Driver:
     """(tokens to keep, whether a stop string ends them): the first of `tokens[:used]` after which the turn's
     text contains a stop string (one not there a token earlier ends at that token, so the turn's last few
     characters before these tokens are enough: as many tokens as it takes to hold the longest string's bytes
-    and two more, more where tokens decode to nothing, e.g. a sampled BOS or pad)."""
-    width = max(len(x.encode()) for x in sample.request.stop) + 2
+    and two more, more where tokens decode to nothing, e.g. a sampled BOS or pad). A tokenizer whose text of
+    a run of tokens depends on the tokens before it (`decodes_locally` False: transformers' clean-up of
+    spaces, whose replacements overlap) is given the whole turn, so the text checked is the one the env and
+    the reward decode."""
+    tokenizer = self.engine.tokenizer
     turn = sample.tokens[sample.turn_start:]
-    take = width
-    while take < len(turn) and len(self.engine.tokenizer.decode(turn[-take:]).encode()) < width:
-      take *= 2
-    turn = turn[-take:]
+    if tokenizer.decodes_locally:
+      width = max(len(x.encode()) for x in sample.request.stop) + 2
+      take = width
+      while take < len(turn) and len(tokenizer.decode(turn[-take:]).encode()) < width:
+        take *= 2
+      turn = turn[-take:]
     for i in range(used):
-      text = self.engine.tokenizer.decode(turn + tokens[:i + 1])
+      text = tokenizer.decode(turn + tokens[:i + 1])
       if any(x in text for x in sample.request.stop):
         return i + 1, True
     return used, False
