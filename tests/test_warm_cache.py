@@ -15,6 +15,7 @@ from rlax_post.runtime import _warm_cache
 
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import multiagent  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _SKIP = set(runtime.TIMING_METRICS) | {"time"}
 
@@ -53,6 +54,19 @@ def test_cache_key_depends_on_what_decides_the_warm_start(tmp_path):
   assert _warm_cache.cache_key(moved) == key
   assert _warm_cache.cache_key(dataclasses.replace(base, seed=1)) != key
   assert _warm_cache.cache_key(dataclasses.replace(base, sft=dataclasses.replace(base.sft, noise=0.1))) != key
+
+
+def test_cache_key_of_role_pipelines_holds_their_prompts_not_their_rl_settings():
+  relay = config.load(multiagent.get_config("tiny"))
+  key = _warm_cache.cache_key(relay)
+  ma = relay.multiagent
+  # The demonstrations are rendered with the template and separator: another template, another warm start.
+  for changed in (dataclasses.replace(ma, template="{system}#{view}{history}>"),
+                  dataclasses.replace(ma, separator=";")):
+    assert _warm_cache.cache_key(dataclasses.replace(relay, multiagent=changed)) != key
+  # Every arm of the sweep (fanout, replay, policies, the estimator) shares its seed's warm start.
+  arms = ("c3,tiny", "c3_value,tiny", "c3_noreplay,tiny", "per_role,tiny")
+  assert {_warm_cache.cache_key(config.load(multiagent.get_config(arm))) for arm in arms} == {key}
 
 
 @pytest.mark.slow  # A long end-to-end run: `make test-all` (make test's 15-minute budget).

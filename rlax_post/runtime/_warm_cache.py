@@ -1,5 +1,6 @@
-"""A cache of warm starts: identical SFT phases (same seed, task, model and `sft` section; for the dataset
-task also the `data` section and its files' sizes and times) run once.
+"""A cache of warm starts: identical SFT phases (same seed, task, model and `sft` section, and a role
+pipeline's roles and prompts; for the dataset task also the `data` section and its files' sizes and times)
+run once.
 
 With `sft.cache_dir` set, the params after the warm start are stored under `<cache_dir>/<key>/`, where key
 is a hash of everything that decides them. A later run with the same key restores them (onto its own mesh)
@@ -25,8 +26,16 @@ from rlax_post import data
 from rlax_post import exchange
 from rlax_post.runtime import _checkpoint
 
-# What decides the params after the warm start (the RL sections do not; sft.cache_dir itself does not).
-_KEY_SECTIONS = ("seed", "task", "model", "sft")
+# What decides the params after the warm start (the RL sections do not). The role pipelines' demonstrations
+# are rendered with the multiagent section's roles, prompts, template and separator.
+_KEY_SECTIONS = ("seed", "task", "model", "sft", "multiagent")
+_NOT_KEYED = {"sft": ("cache_dir",),  # where a warm start may be found, not what it is
+              "model": ("lora",),  # the warm start trains every weight whatever RL does after it
+              "multiagent": ("fanout", "replay", "policies")}  # RL's: a sweep's arms share their warm start
+# The version of the warm start's rows for one config, in the key: raised when the code makes other rows
+# (an entry of an older version is never restored). 2: the prompt encoded on its own, as RL feeds it
+# (2026-12-04; a BPE tokenizer merged tokens across the prompt's end).
+ROWS_VERSION = 2
 
 
 def _data_files(cfg: config_lib.Config) -> dict:
@@ -45,12 +54,11 @@ def _data_files(cfg: config_lib.Config) -> dict:
 def cache_key(cfg: config_lib.Config) -> str:
   """A hash of the sections that decide the warm-started params (and the micro-batching of the SFT step)."""
   d = config_lib.to_dict(cfg)
-  spec = {k: d[k] for k in _KEY_SECTIONS}
+  spec = {k: {f: v for f, v in d[k].items() if f not in _NOT_KEYED.get(k, ())} if isinstance(d[k], dict) else d[k]
+          for k in _KEY_SECTIONS}
   spec.update(_data_files(cfg))
-  spec["sft"] = {k: v for k, v in spec["sft"].items() if k != "cache_dir"}
-  # The warm start trains every weight whatever RL does after it (model.lora): not part of its key.
-  spec["model"] = {k: v for k, v in spec["model"].items() if k != "lora"}
   spec["micro_batches"] = d["loss"]["micro_batches"]
+  spec["rows_version"] = ROWS_VERSION
   text = json.dumps(spec, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:20]
 
