@@ -1,11 +1,20 @@
 """Tests for the built-in tasks and the text rewards."""
 
+import os
+import sys
+
 import numpy as np
 import pytest
 
+from rlax_post import config
 from rlax_post import envs
 from rlax_post import rewards
+from rlax_post import sampler
+from rlax_post.envs import _rl as envs_rl
 from rlax_post.models._tokenizer import ByteTokenizer
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 REV = envs.Example('rev abcd=', 'dcba', 'abcd', 'reverse', ('abcd',))
 SORT = envs.Example('sort 3142=', '1234', '3142', 'sort', ('3142',))
@@ -246,3 +255,17 @@ def test_decode_and_score_completions():
                               completions)
   with pytest.raises(ValueError, match=r'\[B, T\]'):
     rewards.decode_completions(tok, np.zeros((3,), np.int32))
+
+
+def test_text_task_rewards_read_the_message_before_its_stop_string():
+  c = demo.get_config('tiny')
+  c.rl.stop = ('|',)
+  task = envs.make_rl_task(config.load(c), ByteTokenizer())
+  texts = ['dcba|x', 'dc|ba', 'dcba']  # the sampler keeps the stop string and what its token carries after it
+  completions = [sampler.Completion(request_id=0, index=i, prompt=(256,), tokens=tuple(t.encode()),
+                                    logprobs=(0.0,) * len(t), versions=(0,) * len(t), mask=(1,) * len(t),
+                                    finish_reason='stop', num_turns=1) for i, t in enumerate(texts)]
+  # 'dcba|x' is the message 'dcba', right; 'dc|ba' the message 'dc'.
+  np.testing.assert_array_equal(envs_rl.score_group(task, REV, completions), [1.0, 0.0, 1.0])
+  assert rewards.cut_at_stop('ab|c;d', ('|', ';')) == 'ab' and rewards.cut_at_stop('ab;c|d', ('|', ';')) == 'ab'
+  assert rewards.cut_at_stop('abc', ('|',)) == 'abc' and rewards.cut_at_stop('abc', ()) == 'abc'

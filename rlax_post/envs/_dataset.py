@@ -302,9 +302,7 @@ class DatasetProducer(_rl.DriverProducer):
 
   def _sample(self, group: _Group, c: sampler.Completion) -> rewards.Sample:
     text = self.task.tokenizer.decode(np.asarray(c.tokens, np.int64), skip_special=True, stop_at_eos=True)
-    for stop in self.task.cfg.rl.stop:  # The text ends before the stop string, as other samplers return it.
-      if stop in text:
-        text = text[:text.index(stop)]
+    text = rewards.cut_at_stop(text, self.task.cfg.rl.stop)
     s = self.task.cfg.data
     row = group.prompt.row
     return rewards.Sample(prompt=row[s.prompt_field], prompt_text=group.prompt.text, completion=text,

@@ -302,13 +302,14 @@ class TextProducer(DriverProducer):
 
 
 def score_group(task: Any, example, completions) -> np.ndarray:
-  """The text task's rewards of one prompt's completions (decoded from their ids)."""
+  """The text task's rewards of one prompt's completions (decoded from their ids, each ending before the first
+  `rl.stop` string it holds, as the dataset task's and the role pipelines' messages do)."""
   tokenizer = task.tokenizer
   response = np.full((len(completions), task.cfg.rl.max_new_tokens), tokenizer.pad_id, np.int32)
   for i, c in enumerate(completions):
     response[i, :len(c.tokens)] = c.tokens
-  return rewards.score_completions(task.task, [example] * len(completions),
-                                   rewards.decode_completions(tokenizer, response))
+  texts = [rewards.cut_at_stop(t, task.cfg.rl.stop) for t in rewards.decode_completions(tokenizer, response)]
+  return rewards.score_completions(task.task, [example] * len(completions), texts)
 
 
 def completion_row(c: sampler.Completion, reward: float, ticket: int) -> dict:

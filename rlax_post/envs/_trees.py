@@ -259,10 +259,9 @@ def _message(c, tokenizer, stops: Sequence[str]) -> tuple[str, tuple[int, ...]]:
   """A completion's message as the next role and the reward see it, (text, ids): without the trailing stop
   token, and ending before the first `rl.stop` string it holds (the driver keeps that string's tokens; the
   dataset task's text ends there too), its ids then the tokenizer's of the text before it."""
-  text = rewards.decode_completions(tokenizer, np.asarray([list(c.tokens) or [tokenizer.pad_id]], np.int32))[0]
-  cuts = [text.index(stop) for stop in stops if stop in text]
-  if cuts:
-    text = text[:min(cuts)]
+  whole = rewards.decode_completions(tokenizer, np.asarray([list(c.tokens) or [tokenizer.pad_id]], np.int32))[0]
+  text = rewards.cut_at_stop(whole, stops)
+  if text != whole:
     return text, tuple(int(t) for t in tokenizer.encode(text, add_bos=False))
   ids = tuple(int(t) for t in c.tokens)
   return text, ids[:-1] if c.finish_reason == "stop" and ids else ids

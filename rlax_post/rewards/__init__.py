@@ -13,6 +13,7 @@ from rlax_post.rewards._sample import Sample
 from rlax_post.rewards._scorer import load_callable
 from rlax_post.rewards._scorer import Scored
 from rlax_post.rewards._scorer import Scorer
+from rlax_post.rewards._text import cut_at_stop
 from rlax_post.rewards._text import decode_completions
 from rlax_post.rewards._text import exact_match
 from rlax_post.rewards._text import score_completions
@@ -25,6 +26,7 @@ __all__ = [
     'Scored',
     'Scorer',
     'answers_match',
+    'cut_at_stop',
     'decode_completions',
     'exact_match',
     'extract_answer',

@@ -71,6 +71,14 @@ def decode_completions(
   ]
 
 
+def cut_at_stop(text: str, stops: Sequence[str]) -> str:
+  """`text` up to the first of the `stops` strings it holds (all of it when it holds none): the message a
+  reward or the next role reads. The sampler keeps a stop string's tokens, and the token that completes one
+  may carry more text after it."""
+  cuts = [text.index(stop) for stop in stops if stop in text]
+  return text[:min(cuts)] if cuts else text
+
+
 def score_completions(
     task: Any, examples: Sequence[Any], completions: Sequence[str]
 ) -> np.ndarray:
