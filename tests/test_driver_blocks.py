@@ -540,6 +540,10 @@ def test_a_stop_string_is_checked_in_the_text_the_reward_reads_when_the_decode_c
   sample = _driver._Sample(request, 0, 0, frozenset(engine.stop_ids), 30, "length")  # pylint: disable=protected-access
   assert driver._take(sample, [1, 2, 3, 1], [0.0] * 4, 0) == ("stop", True)  # pylint: disable=protected-access
   assert sample.tokens == [1, 2, 3] and tok.decode(sample.tokens) == "a's"
+  # A stop string holding a special token's text never matches (decoding drops it): refused at submit.
+  with pytest.raises(ValueError, match=r"Request 'e': stop string '\[eos\]' holds '\[eos\]', the text of special "
+                     r"token 7, which decoding drops"):
+    driver.submit([Request((1,), max_tokens=30, stop=("[eos]",), request_id="e")])
 
 
 def test_bad_laws_and_stops_raise_clear_errors():

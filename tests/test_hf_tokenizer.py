@@ -12,6 +12,7 @@ transformers = pytest.importorskip('transformers')
 tokenizers = pytest.importorskip('tokenizers')
 
 from rlax_post.models._hf_tokenizer import HFTokenizer  # pylint: disable=g-import-not-at-top
+from rlax_post.models._tokenizer import ByteTokenizer  # pylint: disable=g-import-not-at-top
 
 _SPECIALS = ['<|begin_of_text|>', '<|end_of_text|>', '<|eot_id|>',
              '<|start_header_id|>', '<|end_header_id|>', '<|pad|>',
@@ -536,3 +537,24 @@ def test_legacy_config_layout(tmp_path, pair):
   assert ours.apply_chat_template(msgs, tools=_TOOLS) == 'TOOLS'
   with pytest.raises(ValueError, match="No chat template named 'x'"):
     ours.apply_chat_template(msgs, template_name='x')
+
+
+def test_a_stop_string_holding_a_dropped_special_token_is_refused(tmp_path):
+  tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+      {'<s>': 0, '</s>': 1, '<unk>': 2, 'a': 3, 'b': 4}, unk_token='<unk>'))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+  tok.add_special_tokens(['<s>', '</s>', '<|im_end|>'])
+  tok.add_tokens(['<plain>'])  # an added token that is not special: decoded as text
+  tok.save(str(tmp_path / 'tokenizer.json'))
+  (tmp_path / 'tokenizer_config.json').write_text(json.dumps({'bos_token': '<s>', 'eos_token': '</s>'}))
+  ours = HFTokenizer.from_dir(str(tmp_path))
+  assert ours.dropped_tokens() == {'<s>': 0, '</s>': 1, '<|im_end|>': 5}
+  assert ours.decode([3, 5, 6, 4]) == 'a <plain> b'  # '<|im_end|>' (5) is dropped: no stop string can see it
+  with pytest.raises(ValueError, match=r"rl.stop: stop string '<\|im_end\|>' holds '<\|im_end\|>', the text of "
+                     r"special token 5, .*every sample stops at \[1\]; a Request takes others in stop_tokens"):
+    ours.check_stop_strings(('b', '<|im_end|>'), 'rl.stop')
+  with pytest.raises(ValueError, match=r"stop string 'x</s>' holds '</s>', the text of special token 1, .*"
+                     r"every sample stops at \[1\]\)"):
+    ours.check_stop_strings(('x</s>',), 'rl.stop')
+  ours.check_stop_strings(('b', '<plain>', 'END'), 'rl.stop')  # text decoding keeps: accepted
+  ByteTokenizer().check_stop_strings(('</s>', '<|im_end|>'), 'rl.stop')  # no special token has text

@@ -382,6 +382,10 @@ class HFTokenizer(_tokenizer.TokenizerBase):
     """The EOS id named by `eos_token` in the config."""
     return self._special_id('eos_token')
 
+  def dropped_tokens(self) -> dict[str, int]:
+    """The text of each special added token (`decode` drops them) → its id."""
+    return {t.content: i for i, t in self._tok.get_added_tokens_decoder().items() if t.special and t.content}
+
   @property
   def stop_ids(self) -> tuple[int, ...]:
     """The ids at which generation stops: EOS (if the checkpoint names one), then the end-of-turn ids."""

@@ -32,6 +32,24 @@ class TokenizerBase:
   # decodes only a turn's last tokens. False where it is not (`HFTokenizer` with transformers' clean-up).
   decodes_locally: bool = True
 
+  def dropped_tokens(self) -> dict[str, int]:
+    """The text of each token that `decode` drops (special tokens: a checkpoint's BOS, EOS, end-of-turn marks)
+    → its id; {} where special tokens have no text (`ByteTokenizer`)."""
+    return {}
+
+  def check_stop_strings(self, stops: Sequence[str], where: str) -> None:
+    """ValueError for a stop string holding the text of a token `decode` drops: decoded text never holds it,
+    so the string could never end a sample (the sampler matches stop strings in decoded text)."""
+    dropped = self.dropped_tokens()
+    for stop in stops:
+      for text, token_id in dropped.items():
+        if text in stop:
+          always = tuple(getattr(self, "stop_ids", ()))
+          raise ValueError(
+              f"{where}: stop string {stop!r} holds {text!r}, the text of special token {token_id}, which decoding "
+              f"drops, so it could never match; stop at the token's id instead (every sample stops at "
+              f"{list(always)}{'' if token_id in always else '; a Request takes others in stop_tokens'}).")
+
   def non_token_ids(self, ids) -> np.ndarray:
     """The entries of `ids` (flattened) that name no token: outside [0, vocab_size) or in `vocab_gaps`."""
     return _config.non_token_ids(ids, self.vocab_size, self.vocab_gaps)

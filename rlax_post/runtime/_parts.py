@@ -59,6 +59,7 @@ def make_tokenizer(cfg: config_lib.Config):
   tokenizer = CheckpointTokenizer.from_dir(cfg.model.hf_path)
   if "pad_token" not in tokenizer.special_tokens and "eos_token" in tokenizer.special_tokens:
     tokenizer = CheckpointTokenizer.from_dir(cfg.model.hf_path, pad_token=tokenizer.special_tokens["eos_token"])
+  tokenizer.check_stop_strings(cfg.rl.stop, "rl.stop")  # before any work, not at the first RL step
   return tokenizer
 
 

@@ -206,4 +206,5 @@ def validate_request(r: Request, engine: Any) -> frozenset[int]:
                      f"{r.sampling!r}.")
   if isinstance(r.stop, str) or not all(isinstance(x, str) and x for x in r.stop):
     raise ValueError(f"Request {r.request_id!r}: stop must be a tuple of non-empty strings; got {r.stop!r}.")
+  engine.tokenizer.check_stop_strings(r.stop, f"Request {r.request_id!r}")
   return stops
