@@ -35,9 +35,9 @@ def test_a_shard_is_its_payload_plus_a_few_bytes(tmp_path):
   (shard,) = (tmp_path / "shards" / "w").iterdir()
   payload = _payload("0")
   assert 3000 < payload < 4000  # 4 rows of 100 int32 tokens and 100 float32 logprobs, plus names
-  # Magic (8 bytes), a length + checksum per record (8 bytes each) and a trailer (the record count and an end
-  # marker, 12 bytes); ArrayRecord took 131072 bytes here.
-  assert shard.stat().st_size == payload + 8 + 4 * 8 + 12
+  # Magic and publish stamp (8 + 8 bytes), a length + checksum per record (8 bytes each) and a trailer (the
+  # record count and an end marker, 12 bytes); ArrayRecord took 131072 bytes here.
+  assert shard.stat().st_size == payload + 16 + 4 * 8 + 12
   _put(w, "1", size=1, tokens=1)
   small = tmp_path / "shards" / "w" / "000000000001.rec"
   assert small.stat().st_size < 4 * _payload("1", size=1, tokens=1) + 64
@@ -58,19 +58,21 @@ def test_a_damaged_shard_is_named(tmp_path):
 def test_a_shard_cut_at_a_frame_boundary_is_an_error_and_old_shards_still_read(tmp_path):
   """A storage that loses a shard's tail frames: the trailer (record count, end marker) makes it an error
   naming the shard, not a shorter valid shard whose groups never complete. Shards of the first format (no
-  trailer) still read."""
+  trailer) and of the second (no stamp) still read, with no stamp."""
   records = [_records.encode_put(_records.PutRecord(f"g/{i}", "g", 3, {"x": np.int32(i)})) for i in range(3)]
-  data = _records.encode_shard(records)
-  assert _records.decode_shard(data) == records
-  two = len(_records.SHARD_MAGIC) + sum(8 + len(r) for r in records[:2])
+  data = _records.encode_shard(records, stamp=1234)
+  assert _records.decode_shard(data) == records and _records.shard_stamp(data) == 1234
+  two = len(_records.SHARD_MAGIC) + 8 + sum(8 + len(r) for r in records[:2])
   for cut in (data[:two], data[:two] + data[-12:-4], data[:-1]):
     with pytest.raises(ValueError, match="truncated shard|trailer says"):
       _records.decode_shard(cut)
   forged = data[:two] + _records._TRAILER.pack(3, _records.SHARD_END)  # pylint: disable=protected-access
   with pytest.raises(ValueError, match="holds 2 records; its trailer says 3"):
     _records.decode_shard(forged)
-  old = _records.SHARD_MAGIC_V1 + data[len(_records.SHARD_MAGIC):-12]
-  assert _records.decode_shard(old) == records
+  v2 = _records.SHARD_MAGIC_V2 + data[len(_records.SHARD_MAGIC) + 8:]
+  assert _records.decode_shard(v2) == records and _records.shard_stamp(v2) is None
+  old = _records.SHARD_MAGIC_V1 + data[len(_records.SHARD_MAGIC) + 8:-12]
+  assert _records.decode_shard(old) == records and _records.shard_stamp(old) is None
   w = rollouts.FileQueue(tmp_path, capacity=100, writer_id="w")
   _put(w, "0")
   shard = tmp_path / "shards" / "w" / "000000000000.rec"

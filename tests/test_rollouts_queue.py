@@ -273,6 +273,35 @@ def test_rollback_across_reopen(tmp_path):
   assert w.stats()["depth/learner"] == 0
 
 
+def test_a_reopened_file_queue_hands_groups_out_in_publish_order(tmp_path):
+  """Groups of two writers, published interleaved (z, a, z, a): a reader opened afterwards (a resumed learner)
+  hands them out in that order. It merged shards by writer name, then shard number: g1, g3, g0, g2."""
+  writers = {w: rollouts.FileQueue(tmp_path, capacity=100, writer_id=w) for w in ("z-sampler", "a-sampler")}
+  for j, w in enumerate(["z-sampler", "a-sampler", "z-sampler", "a-sampler"]):
+    _put_group(writers[w], f"g{j}", 1)
+  reopened = rollouts.FileQueue(tmp_path, capacity=100, writer_id="learner")
+  assert _ids(reopened.get_groups("learner", 4, timeout_s=5)) == ["g0", "g1", "g2", "g3"]
+
+
+def test_a_writer_stamps_its_shards_above_every_stamp_it_wrote_or_read(tmp_path):
+  """The stamps readers order shards by increase per writer, also across a restart, and a writer that read a
+  shard stamps above it (a clock behind another writer's, or set back, never reorders what it saw)."""
+  future = 2**62  # a stamp far ahead of any clock
+  shard_dir = tmp_path / "shards" / "ahead"
+  shard_dir.mkdir(parents=True)
+  record = _records.encode_put(_records.PutRecord("g0/0", "g0", 1, {"x": np.int32(0)}))
+  (shard_dir / "000000000000.rec").write_bytes(_records.encode_shard([record], stamp=future))
+  w = rollouts.FileQueue(tmp_path, capacity=100, writer_id="w")
+  assert w.seen_group_ids() == {"g0"}  # read: its next stamp is above
+  _put_group(w, "g1", 1)
+  restarted = rollouts.FileQueue(tmp_path, capacity=100, writer_id="w")
+  _put_group(restarted, "g2", 1)
+  stamps = [_records.shard_stamp(p.read_bytes()) for p in sorted((tmp_path / "shards" / "w").iterdir())]
+  assert stamps == [future + 1, future + 2]
+  r = rollouts.FileQueue(tmp_path, capacity=100, writer_id="reader")
+  assert _ids(r.get_groups("learner", 3, timeout_s=5)) == ["g0", "g1", "g2"]
+
+
 def test_bad_input(env):
   q = env.make(capacity=4, consumers=("learner",))
   q.put("r0", {"x": 1}, group_id="g", group_size=2)

@@ -31,11 +31,14 @@ Backends. `MemoryQueue`: threads of one process, exact. `FileQueue`: processes o
     <dir>/shards/<writer_id>/<seq:012d>.rec             one shard per flush of one writer; one record per put,
                                                         flax-msgpack {"version", "row_id", "group_id",
                                                         "group_size", "fields"}, framed with its length and
-                                                        CRC-32 (see `_records.py`: the file is the payload +
-                                                        8 bytes + 8 per record); written under a temporary
-                                                        name, then renamed, so readers (which list only this
-                                                        name pattern) never see a partial shard; a restarted
-                                                        writer continues numbering after its existing shards.
+                                                        CRC-32, after the shard's publish stamp (see
+                                                        `_records.py`: the file is the payload + 28 bytes + 8
+                                                        per record); written under a temporary name, then
+                                                        renamed, so readers (which list only this name
+                                                        pattern) never see a partial shard; a restarted writer
+                                                        continues numbering after its existing shards. Readers
+                                                        merge shards by stamp, so a reopened queue hands groups
+                                                        out in the order they were published, not by writer.
                                                         (`.array_record` shards of older runs are still read.)
     <dir>/consumers/<consumer>.jsonl                    consumption log, one line per `get_groups`:
                                                         {"tag": t, "groups": [[group_id, rows], ...]},

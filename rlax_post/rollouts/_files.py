@@ -8,6 +8,7 @@ import re
 import socket
 import threading
 import time
+from typing import NamedTuple
 import uuid
 
 from etils import epath
@@ -77,21 +78,30 @@ def _cut_torn_tail(path: epath.Path) -> None:
     return
 
 
-def _read_shard(path: epath.Path) -> list[_records.PutRecord] | None:
-  """The puts in a published shard; None if it is gone (a release deleted it after it was listed)."""
+class _Shard(NamedTuple):
+  """A published shard as read: its publish stamp (-1 for a shard of an earlier format, which has none) and
+  its puts."""
+  stamp: int
+  puts: list[_records.PutRecord]
+
+
+def _read_shard(path: epath.Path) -> _Shard | None:
+  """The stamp and puts of a published shard; None if it is gone (a release deleted it after it was listed)."""
   try:
+    stamp = None
     if path.name.endswith(_LEGACY_SUFFIX):  # a shard written before shards had their own format
       source = grain.sources.ArrayRecordDataSource([str(path)])
       records = [source[i] for i in range(len(source))]
     else:
-      records = _records.decode_shard(path.read_bytes())
+      data = path.read_bytes()
+      records, stamp = _records.decode_shard(data), _records.shard_stamp(data)
   except Exception as e:  # pylint: disable=broad-except  (only a vanished file is not an error)
     if not path.exists():
       return None
     if isinstance(e, ValueError):
       raise ValueError(f"{path}: {e}") from None
     raise
-  return [_records.decode_put(r) for r in records]
+  return _Shard(-1 if stamp is None else stamp, [_records.decode_put(r) for r in records])
 
 
 def _list_shards(writer_dir: epath.Path) -> list[tuple[int, epath.Path]]:
@@ -110,8 +120,8 @@ class FileQueue(_queue.RolloutQueue):
   """A rollout queue shared by processes or hosts through `directory` (a local path or an epath bucket URL).
 
   One object is a writer (it buffers its puts and publishes them as atomic shards under its `writer_id`), a
-  reader (it discovers shards by listing and merges their puts into rows, in its own merge order, which
-  defines `Row.seq`), and the owner of every consumer it calls `get_groups` / `rollback` for. Each consumer
+  reader (it discovers shards by listing and merges their puts into rows in publish order: the shards read
+  at one refresh by their publish stamps, see `_records`; that merge order defines `Row.seq`), and the owner of every consumer it calls `get_groups` / `rollback` for. Each consumer
   name should be driven by one object at a time (e.g. the learner process).
 
   Visibility: a put is visible to readers (this object included) once its shard is published: on `flush()`,
@@ -182,9 +192,11 @@ class FileQueue(_queue.RolloutQueue):
     self._next_shard = 0
     self._puts = 0
     self._counts_cache: tuple[float, dict[str, dict]] | None = None
+    self._stamp = -1                          # the highest shard stamp this object wrote or read
     for seq, path in _list_shards(self._writer_dir):  # a restarted writer continues after its shards
-      created = 0
-      for rec in _read_shard(path) or ():
+      created, shard = 0, _read_shard(path)
+      self._stamp = max(self._stamp, shard.stamp if shard is not None else -1)
+      for rec in shard.puts if shard is not None else ():
         try:
           created += self._own.merge(rec.row_id, rec.fields, rec.group_id, rec.group_size, seq)
         except ValueError:
@@ -393,7 +405,10 @@ class FileQueue(_queue.RolloutQueue):
       seq += 1
     final = self._writer_dir / f"{seq:012d}{_SHARD_SUFFIX}"
     tmp = self._writer_dir / f".{seq:012d}.{uuid.uuid4().hex}.tmp"
-    data = _records.encode_shard([_records.encode_put(rec) for rec in self._buffer])
+    # Readers merge shards by stamp: above every stamp this object wrote or read, so a reopened queue hands
+    # groups out in publish order (across hosts, as far as their clocks agree), not by writer name.
+    self._stamp = max(time.time_ns(), self._stamp + 1)
+    data = _records.encode_shard([_records.encode_put(rec) for rec in self._buffer], stamp=self._stamp)
     if _disk.is_local(tmp):
       _disk.write_synced(tmp, data, "wb")
     else:
@@ -416,12 +431,15 @@ class FileQueue(_queue.RolloutQueue):
   # --- reader / consumer -----------------------------------------------------------------------------------
 
   def _refresh(self) -> None:
-    """Reads shards published since the last refresh (writers by name, then shards by seq)."""
+    """Reads the shards published since the last refresh and merges them in publish order (by stamp; then
+    writer and seq, which order the stampless shards of earlier formats as before)."""
     unread = self._unread_shards()
     # After the listing: a shard missing from it was deleted after its groups were recorded as released.
     self._load_released()
-    for writer, seq, path in unread:
-      self._read_new_shard(writer, seq, path)
+    read = [(writer, seq, path, _read_shard(path)) for writer, seq, path in unread]
+    read.sort(key=lambda r: (r[3].stamp if r[3] is not None else -1, r[0], r[1]))
+    for writer, seq, path, shard in read:
+      self._merge_shard(writer, seq, path, shard)
     if unread:
       for c in self._owned:
         self._write_count(c)
@@ -437,15 +455,15 @@ class FileQueue(_queue.RolloutQueue):
         out += [(writer_dir.name, seq, path) for seq, path in _list_shards(writer_dir) if path.name not in done]
     return out
 
-  def _read_new_shard(self, writer: str, seq: int, path: epath.Path) -> None:
+  def _merge_shard(self, writer: str, seq: int, path: epath.Path, shard: _Shard | None) -> None:
     """Merges a shard's puts, except those to released groups; notes which groups it holds (for deletion)."""
-    records = _read_shard(path)
-    if records is None:  # deleted by a release since the listing, which recorded its groups first
+    if shard is None:  # deleted by a release since the listing, which recorded its groups first
       self._load_released()
     else:
-      self._shard_groups.setdefault(writer, {})[seq] = (path, {rec.group_id for rec in records})
+      self._shard_groups.setdefault(writer, {})[seq] = (path, {rec.group_id for rec in shard.puts})
       self._shards_read += 1
-    for rec in records or ():
+      self._stamp = max(self._stamp, shard.stamp)
+    for rec in shard.puts if shard is not None else ():
       if rec.group_id in self._released.groups:
         continue
       try:

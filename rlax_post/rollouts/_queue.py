@@ -21,7 +21,8 @@ class Row:
     group_id: the group (prompt's n samples, or a rollout tree) the row belongs to.
     fields: name -> value (numpy array / numpy scalar / python scalar / str), merged over all puts.
     seq: commit order of the row's first write (memory: queue-wide put counter; files: the reader's merge
-      order, i.e. shard discovery order then position in the shard).
+      order, i.e. shard discovery order, the shards found at once by publish stamp, then position in the
+      shard).
   """
   row_id: str
   group_id: str

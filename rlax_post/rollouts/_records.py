@@ -9,11 +9,14 @@ dtype, shape and the raw buffer, so field values round-trip with their exact dty
 `bool`/`int`/`float`/`str`/`bytes`/`None` round-trip as themselves. Other values (lists, dicts, object arrays)
 are rejected at `put` time in both backends, so the memory and file backends accept exactly the same input.
 
-A shard (one file of the file queue) is `SHARD_MAGIC` followed by one frame per record: its byte length and
-its CRC-32 (two little-endian uint32), then the bytes; then a trailer: the record count (uint32) and
-`SHARD_END`. The file costs 20 bytes plus 8 per record over its payload. The trailer makes a shard whose tail
-frames a storage lost (cut at a frame boundary) an error rather than a shorter valid shard, whose groups
-would never complete. Shards of the first format (`SHARD_MAGIC_V1`, no trailer) are still read. (Shards used
+A shard (one file of the file queue) is `SHARD_MAGIC`, the shard's publish stamp (little-endian uint64: its
+writer's clock at publish, in ns, kept increasing per writer and above every stamp the writer has read; readers
+merge shards in stamp order, so a reopened queue hands groups out in the order they were published), then one
+frame per record: its byte length and its CRC-32 (two little-endian uint32), then the bytes; then a trailer: the
+record count (uint32) and `SHARD_END`. The file costs 28 bytes plus 8 per record over its payload. The trailer
+makes a shard whose tail frames a storage lost (cut at a frame boundary) an error rather than a shorter valid
+shard, whose groups would never complete. Shards of the earlier formats (`SHARD_MAGIC_V2`: no stamp;
+`SHARD_MAGIC_V1`: no stamp, no trailer) are still read, with no stamp. (Shards used
 to be ArrayRecord files, which pad their footer and postscript to 64 KiB riegeli blocks whatever the options,
 so every shard took at least 128 KiB; readers still read those too.)
 """
@@ -28,11 +31,13 @@ from flax import serialization
 import numpy as np
 
 RECORD_VERSION = 1
-SHARD_MAGIC = b"RLAXQS02"
-SHARD_MAGIC_V1 = b"RLAXQS01"  # frames only, no trailer (read, never written)
+SHARD_MAGIC = b"RLAXQS03"
+SHARD_MAGIC_V2 = b"RLAXQS02"  # no stamp (read, never written)
+SHARD_MAGIC_V1 = b"RLAXQS01"  # frames only, no stamp, no trailer (read, never written)
 SHARD_END = b"RLAXQEND"
 _FRAME = struct.Struct("<II")  # record length, CRC-32 of the record
 _TRAILER = struct.Struct("<I8s")  # record count, SHARD_END
+_STAMP = struct.Struct("<Q")  # the publish stamp, after SHARD_MAGIC
 _PY_SCALARS = (bool, int, float, str, bytes, type(None))
 
 
@@ -100,39 +105,50 @@ def decode_put(data: bytes) -> PutRecord:
                    fields=dict(obj["fields"]))
 
 
-def encode_shard(records: Sequence[bytes]) -> bytes:
-  """The bytes of a shard file holding `records` (see the module docs)."""
-  parts = [SHARD_MAGIC]
+def encode_shard(records: Sequence[bytes], *, stamp: int) -> bytes:
+  """The bytes of a shard file holding `records`, published at `stamp` (see the module docs)."""
+  if isinstance(stamp, bool) or not isinstance(stamp, int) or not 0 <= stamp < 2**64:
+    raise ValueError(f"stamp must be an int in [0, 2**64); got {stamp!r}")
+  parts = [SHARD_MAGIC, _STAMP.pack(stamp)]
   for record in records:
     parts += [_FRAME.pack(len(record), zlib.crc32(record)), record]
   parts.append(_TRAILER.pack(len(records), SHARD_END))
   return b"".join(parts)
 
 
+def shard_stamp(data: bytes) -> int | None:
+  """The publish stamp of a shard's bytes; None for a shard of an earlier format (no stamp)."""
+  if data[:len(SHARD_MAGIC)] != SHARD_MAGIC or len(data) < len(SHARD_MAGIC) + _STAMP.size:
+    return None
+  return _STAMP.unpack_from(data, len(SHARD_MAGIC))[0]
+
+
 def decode_shard(data: bytes) -> list[bytes]:
-  """Inverse of `encode_shard`; raises ValueError for a foreign, truncated or corrupt file (a published shard
-  is written whole before its rename, so this means the storage damaged it)."""
+  """The records of a shard (inverse of `encode_shard`; `shard_stamp` reads its stamp); raises ValueError for a
+  foreign, truncated or corrupt file (a published shard is written whole before its rename, so this means the
+  storage damaged it)."""
   magic = data[:len(SHARD_MAGIC)]
   if magic == SHARD_MAGIC_V1:
-    return _frames(data, len(data))
-  if magic != SHARD_MAGIC:
+    return _frames(data, len(SHARD_MAGIC), len(data))
+  if magic not in (SHARD_MAGIC, SHARD_MAGIC_V2):
     raise ValueError(f"not a rollout shard: it starts with {magic!r}, not {SHARD_MAGIC!r}")
+  start = len(SHARD_MAGIC) + (_STAMP.size if magic == SHARD_MAGIC else 0)
   end = len(data) - _TRAILER.size
-  if end < len(SHARD_MAGIC):
-    raise ValueError(f"truncated shard: {len(data)} bytes, shorter than its magic and trailer")
+  if end < start:
+    raise ValueError(f"truncated shard: {len(data)} bytes, shorter than its header and trailer")
   count, marker = _TRAILER.unpack_from(data, end)
   if marker != SHARD_END:
     raise ValueError(f"truncated shard: it ends with {data[-8:]!r}, not its trailer {SHARD_END!r} (its last "
                      f"frames were lost)")
-  records = _frames(data, end)
+  records = _frames(data, start, end)
   if len(records) != count:
     raise ValueError(f"shard holds {len(records)} records; its trailer says {count}")
   return records
 
 
-def _frames(data: bytes, end: int) -> list[bytes]:
-  """The records framed in data[len(magic):end]."""
-  records, pos = [], len(SHARD_MAGIC)
+def _frames(data: bytes, start: int, end: int) -> list[bytes]:
+  """The records framed in data[start:end]."""
+  records, pos = [], start
   while pos < end:
     if pos + _FRAME.size > end:
       raise ValueError(f"truncated frame header at byte {pos} of {end}")
