@@ -419,6 +419,33 @@ def test_thread_source_stop_of_healthy_samplers_raises_nothing_and_an_error_is_r
   source.stop()  # ... and stopping does not raise it a second time
 
 
+class _StuckWorker:
+  """A sampler thread's worker that ignores the stop event (stuck in an env call, say) until `release` is set."""
+
+  def __init__(self, name):
+    self.name, self.release = name, threading.Event()
+
+  def run(self):
+    self.release.wait(60)
+
+
+def test_thread_source_stop_names_the_threads_still_running_after_one_overall_deadline():
+  """Two sampler threads that do not stop: `stop` waits `stop_timeout_s` for both together and raises naming
+  them. It waited 60 s per thread (120 s here) and returned None, the threads forgotten."""
+  source = _thread_source(None)  # (one healthy thread, stopped by the event)
+  stuck = [_StuckWorker("sampler-1"), _StuckWorker("sampler-2")]
+  source.workers += stuck
+  source.stop_timeout_s = 0.5
+  source.start()
+  t0 = time.monotonic()
+  with pytest.raises(RuntimeError, match=r"sampler threads \['sampler-1', 'sampler-2'\] were still running 0.5 s"):
+    source.stop()
+  assert 0.5 <= time.monotonic() - t0 < 1.5  # one deadline for all threads, not 0.5 s each
+  assert [t.is_alive() for t in source._threads] == [False, True, True]  # pylint: disable=protected-access
+  for worker in stuck:
+    worker.release.set()
+
+
 # --- Drops admit their replacements ----------------------------------------------------------------------
 
 

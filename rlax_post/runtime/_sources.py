@@ -188,6 +188,7 @@ class _QueueSource:
 
 class ThreadSource(_QueueSource):
   """Sampler threads in the learner's process: `LocalParams`, `MemoryAdmission`, a memory or file queue."""
+  stop_timeout_s = 60.0  # how long `stop` waits for all sampler threads together
 
   def __init__(self, parts: _parts.Parts, workdir: str, say: Callable[..., None]):
     super().__init__(parts.cfg, say)
@@ -259,11 +260,20 @@ class ThreadSource(_QueueSource):
       raise RuntimeError(f"A sampler thread failed: {self._errors[0]!r}") from self._errors[0]
 
   def stop(self) -> None:
+    """Stops the sampler threads, waiting `stop_timeout_s` for all of them together; raises a sampler's error
+    no `take` raised (one that failed after the learner's last take fails the run: nothing is lost), or a
+    RuntimeError naming the threads still running at the deadline (a sampler stuck in an env call, a reward
+    or the device: the run did not end cleanly)."""
     self._stop.set()
+    deadline = time.monotonic() + self.stop_timeout_s
     for t in self._threads:
-      t.join(timeout=60)
-    if not self._raised:  # A sampler that failed after the learner's last take fails the run: nothing is lost.
+      t.join(timeout=max(0.0, deadline - time.monotonic()))
+    alive = [t.name for t in self._threads if t.is_alive()]
+    if not self._raised:
       self.check()
+    if alive:
+      raise RuntimeError(f"sampler threads {alive} were still running {self.stop_timeout_s} s after the learner "
+                         "asked them to stop (ThreadSource.stop_timeout_s); they are left running as daemons.")
 
   def sampler_stats(self) -> list[dict]:
     return [w.stats() for w in self.workers]
