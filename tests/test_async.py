@@ -476,6 +476,42 @@ def test_each_dropped_group_admits_one_more_ticket_so_the_learner_never_starves(
   assert version == 12 and drops > eta * p and admission.extra() == drops
 
 
+def _take_with_a_sampler(admit_drops):
+  """η = 0, P = 2, the learner at version 1; the queue holds only step 1's groups sampled by version 0 (both
+  dropped); a sampler starts, while the learner waits, whatever the bound admits (tickets 0-3 already ran)."""
+  q = rollouts.MemoryQueue(capacity=64, consumers=("learner",))
+  admission = rollouts.MemoryAdmission(groups_per_step=2, max_staleness=0, first_ticket=4)
+  for ticket in (2, 3):
+    for i, row in enumerate(_group_rows(ticket, 0)):
+      q.put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=2)
+  polls = []
+
+  def sampler(have):
+    del have
+    polls.append(admission.limit(1))
+    if len(polls) > 20:
+      raise TimeoutError(f"no ticket admitted in {len(polls) - 1} polls; bound {polls[-1]}")
+    while (ticket := admission.claim(1)) is not None:
+      for i, row in enumerate(_group_rows(ticket, 1)):
+        q.put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=2)
+
+  out = runtime.take_groups(q, num_groups=2, learner_version=1, max_staleness=0, poll_s=0.01, on_timeout=sampler,
+                            on_drop=admission.add_extra if admit_drops else None)
+  return out, admission
+
+
+def test_a_step_whose_groups_are_dropped_admits_their_replacements_while_it_waits():
+  """The drops were added to the bound after `take` returned: no sampler could start a ticket (4 >= the bound
+  4) and the learner waited for ever (seen after a resume in tests/test_async_processes.py, where the lost
+  future's groups are dropped). Added as they happen, tickets 4 and 5 start and fill the step."""
+  with pytest.raises(TimeoutError, match="no ticket admitted in 20 polls; bound 4"):
+    _take_with_a_sampler(admit_drops=False)
+  (fresh, dropped), admission = _take_with_a_sampler(admit_drops=True)
+  assert [(int(rows[0]["ticket"]), st) for _, rows, st in fresh] == [(4, 0), (5, 0)]
+  assert dropped == [(envs.group_id(2), 1), (envs.group_id(3), 1)]
+  assert admission.extra() == 2 and admission.limit(1) == 6
+
+
 def test_the_thread_source_adds_its_drops_to_the_admission_bound(tmp_path):
   parts = runtime.build_parts(_cfg(mode="async", max_staleness=1))
   source = runtime.ThreadSource(parts, str(tmp_path), lambda *a, **k: None)

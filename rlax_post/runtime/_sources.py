@@ -101,15 +101,17 @@ class InlineSource:
 
 
 def take_groups(queue, *, num_groups: int, learner_version: int, max_staleness: int, poll_s: float = 1.0,
-                on_timeout: Callable[[int], None] | None = None
+                on_timeout: Callable[[int], None] | None = None, on_drop: Callable[[int], None] | None = None
                 ) -> tuple[list[tuple[str, list[dict], int]], list[tuple[str, int]]]:
   """Takes `num_groups` complete groups within `max_staleness` of `learner_version` from the queue.
 
   Groups are consumed with the tag `learner_version + 1` (the step that takes them). Groups older than
   `max_staleness`, or newer than the learner (a resumed learner's lost future: negative staleness), are
   consumed too, dropped and returned in the second list as (group_id, staleness) -- counted by the caller,
-  never silently lost. The fresh groups come back as (group_id, rows in sample order, staleness), sorted by
-  ticket (the row layout of inline sampling).
+  never silently lost. `on_drop(k)` is called as soon as k groups are dropped (the admission's `add_extra`:
+  their replacements must be admitted while this call still waits for the step's groups). The fresh groups
+  come back as (group_id, rows in sample order, staleness), sorted by ticket (the row layout of inline
+  sampling).
   """
   fresh, dropped = [], []
   while len(fresh) < num_groups:
@@ -120,6 +122,7 @@ def take_groups(queue, *, num_groups: int, learner_version: int, max_staleness: 
       if on_timeout is not None:
         on_timeout(len(fresh))
       continue
+    dropped_before = len(dropped)
     for group in groups:
       rows = [dict(r.fields) for r in sorted(group.rows, key=lambda r: r.row_id)]
       st = staleness_of(rows, learner_version)
@@ -127,6 +130,8 @@ def take_groups(queue, *, num_groups: int, learner_version: int, max_staleness: 
         dropped.append((group.group_id, st))
       else:
         fresh.append((group.group_id, rows, st))
+    if on_drop is not None and len(dropped) > dropped_before:
+      on_drop(len(dropped) - dropped_before)
   fresh.sort(key=lambda g: int(g[1][0]["ticket"]))
   return fresh, dropped
 
@@ -166,13 +171,13 @@ class _QueueSource:
 
     self.check()
     return take_groups(self.queue, num_groups=self.cfg.rl.prompts_per_step, learner_version=step,
-                       max_staleness=self.eta, on_timeout=on_timeout, poll_s=self.poll_s)
+                       max_staleness=self.eta, on_timeout=on_timeout, poll_s=self.poll_s,
+                       # Each drop admits one more ticket in its place, at once: the step may need it.
+                       on_drop=None if self.admission is None else self.admission.add_extra)
 
   def take(self, step: int) -> Taken:
     t0 = time.time()
     fresh, dropped = _rowlog.take_shared(lambda: self._take_local(step))
-    if self.admission is not None and dropped:  # each drop admits one more ticket in its place
-      self.admission.add_extra(len(dropped))
     samplers = self.sampler_stats()
     idle = [s["idle_frac"] for s in samplers]
     return Taken(fresh, dropped, {
