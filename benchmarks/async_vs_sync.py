@@ -189,8 +189,8 @@ def run_mode(work: Workload, eta: int, *, steps: int | None = None) -> dict:
   train_rewards, staleness, dropped, learn_s = [], [], 0, 0.0
   try:
     for step in range(steps):
-      fresh, stale = runtime.take_groups(queue, num_groups=p, learner_version=step, max_staleness=eta,
-                                         poll_s=0.2, on_timeout=check)
+      fresh, stale, _ = runtime.take_groups(queue, num_groups=p, learner_version=step, max_staleness=eta,
+                                            poll_s=0.2, on_timeout=check)
       batch = runtime.rows_to_batch([rows for _, rows, _ in fresh], seq_len=SEQ_LEN, pad_id=work.tok.pad_id)
       t1 = time.perf_counter()
       state, metrics = update(state, ref_params, batch, step)

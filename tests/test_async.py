@@ -7,12 +7,14 @@ import json
 import os
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
 
 from rlax_post import config
 from rlax_post import envs
+from rlax_post import exchange
 from rlax_post import rollouts
 from rlax_post import runtime
 from rlax_post.runtime import _rowlog
@@ -284,7 +286,7 @@ def test_take_groups_drops_and_counts_stale_groups_and_sorts_by_ticket():
   for ticket, version in ((5, 9), (1, 2), (3, 9), (4, 8), (2, 10)):
     for i, row in enumerate(_group_rows(ticket, version)):
       q.put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=2)
-  fresh, dropped = runtime.take_groups(q, num_groups=3, learner_version=10, max_staleness=2, poll_s=0.1)
+  fresh, dropped, _ = runtime.take_groups(q, num_groups=3, learner_version=10, max_staleness=2, poll_s=0.1)
   assert dropped == [(envs.group_id(1), 8)]
   assert [int(rows[0]["ticket"]) for _, rows, _ in fresh] == [3, 4, 5]
   assert [st for _, _, st in fresh] == [1, 2, 1]
@@ -300,8 +302,8 @@ def test_take_groups_drops_and_counts_groups_newer_than_the_learner():
   for ticket, version in ((3, 6), (1, 4), (2, 3)):
     for i, row in enumerate(_group_rows(ticket, version)):
       q.put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=2)
-  fresh, dropped = runtime.take_groups(q, num_groups=2, learner_version=4, max_staleness=1, poll_s=0.1)
-  assert dropped == [(envs.group_id(3), -2)]
+  fresh, dropped, future = runtime.take_groups(q, num_groups=2, learner_version=4, max_staleness=1, poll_s=0.1)
+  assert dropped == [(envs.group_id(3), -2)] and future == [envs.group_id(3)]
   assert [(int(rows[0]["ticket"]), st) for _, rows, st in fresh] == [(1, 0), (2, 1)]
   assert rollouts.is_stale(-1, 2) and not rollouts.is_stale(0, 0)
 
@@ -318,14 +320,99 @@ def test_a_resumed_learner_meets_the_groups_of_a_reopened_file_queue_in_publish_
       for i, row in enumerate(_group_rows(ticket, step)):
         samplers[ticket % 2].put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=2)
       samplers[ticket % 2].flush()
-    fresh, dropped = runtime.take_groups(learner, num_groups=2, learner_version=step, max_staleness=0, poll_s=0.05)
+    fresh, dropped, _ = runtime.take_groups(learner, num_groups=2, learner_version=step, max_staleness=0, poll_s=0.05)
     assert [(int(rows[0]["ticket"]), st) for _, rows, st in fresh] == [(2 * step, 0), (2 * step + 1, 0)]
     assert dropped == []
   resumed = queue("learner")
   assert resumed.rollback("learner", after_tag=1) == 4  # steps 1 and 2 (tags 2 and 3) come back
-  fresh, dropped = runtime.take_groups(resumed, num_groups=2, learner_version=1, max_staleness=0, poll_s=0.05)
+  fresh, dropped, _ = runtime.take_groups(resumed, num_groups=2, learner_version=1, max_staleness=0, poll_s=0.05)
   assert [(int(rows[0]["ticket"]), st) for _, rows, st in fresh] == [(2, 0), (3, 0)]
   assert dropped == []
+
+
+def test_a_lineage_keeps_the_publishes_up_to_the_checkpoint_and_gives_each_life_a_new_id():
+  life1 = exchange.Lineage().fresh()
+  for v in range(5):  # life 1 publishes versions 0-4, then dies; its checkpoint of step 2 resumes
+    life1, pid = life1.published(v)
+    assert pid == 1
+  life2 = exchange.loads_lineage(life1.dumps(), "x").resumed(2)
+  assert (life2.life, life2.last, life2.segments) == (2, 2, ((0, 1),))
+  assert [life2.id_of(v) for v in range(5)] == [1, 1, 1, None, None]  # 3 and 4: the lost future
+  for v in (2, 3):  # the checkpoint's version goes out again with its own id; 3 is life 2's
+    life2, pid = life2.published(v)
+    assert pid == {2: 1, 3: 2}[v]
+  assert [life2.id_of(v) for v in range(5)] == [1, 1, 1, 2, None]
+  life3 = life2.resumed(2)  # died again before a newer checkpoint: a third id, never life 2's again
+  assert (life3.life, life3.segments, life3.id_of(3)) == (3, ((0, 1),), None)
+  assert exchange.Lineage().resumed(4).id_of(3) == exchange.UNKNOWN  # a run from before publish ids
+  with pytest.raises(ValueError, match="not a publish lineage"):
+    exchange.loads_lineage("{}", "lineage.json")
+
+
+def _tagged(ticket, version, publish_id, n):
+  return [{**row, "publish_ids": np.full(2, publish_id, np.int64)} for row in _group_rows(ticket, version, n)]
+
+
+def test_a_resumed_learner_drops_and_counts_the_rows_of_its_lost_future_at_versions_it_reached(tmp_path):
+  """Life A published versions 0-3 and died; its checkpoint of step 1 resumes as life B, which publishes
+  version 2 again with other params. A group sampled by A's version 2 has a version number B has reached
+  (staleness 0 at step 2): it was trained on, by weights that no longer exist in the run's history. Each
+  publish now has an id, carried on every row next to its versions: that group is dropped and counted
+  (`dropped_future`); B's own group of version 2 and A's groups of version 1 (the checkpoint's) are trained."""
+  parts = runtime.build_parts(_cfg(mode="async", max_staleness=1, queue="files"))
+  p, n = parts.cfg.rl.prompts_per_step, parts.cfg.rl.samples_per_prompt
+  state = lambda: types.SimpleNamespace(params={"w": np.zeros(2, np.float32)}, frozen=None)
+  life_a = runtime.ThreadSource(parts, str(tmp_path), lambda *a, **k: None)
+  ids_a = {}
+  for v in range(4):
+    life_a.publish(state(), v)
+    ids_a[v] = life_a.params.restored_meta(v)["publish_id"]  # what a sampler reads with the params
+  sampler = rollouts.FileQueue(tmp_path / "queue", capacity=1000, writer_id="sampler-0")
+
+  def put(ticket, version, publish_id):
+    for i, row in enumerate(_tagged(ticket, version, publish_id, n)):
+      sampler.put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=n)
+
+  put(0, 2, ids_a[2])  # A's lost future, at a version B reaches
+  for ticket in range(1, p):
+    put(ticket, 1, ids_a[1])  # sampled by the checkpoint's version
+  life_b = runtime.ThreadSource(parts, str(tmp_path), lambda *a, **k: None)
+  life_b.resume(1, {"next_ticket": 0})
+  for v in (1, 2):
+    life_b.publish(state(), v)
+  id_b = life_b.params.restored_meta(2)["publish_id"]
+  assert ids_a == {0: 1, 1: 1, 2: 1, 3: 1} and id_b == 2 and life_b.params.restored_meta(1)["publish_id"] == 1
+  put(p, 2, id_b)
+  taken = life_b.take(2)
+  assert [(int(rows[0]["ticket"]), st) for _, rows, st in taken.groups] == [(t, 1) for t in range(1, p)] + [(p, 0)]
+  assert taken.dropped == [(envs.group_id(0), 0)] and taken.future == (envs.group_id(0),)
+  row = runtime._run.Tally(eta=1).add(2, taken)  # pylint: disable=protected-access
+  assert (row["dropped_stale"], row["dropped_future"], row["dropped_future_total"]) == (1.0, 1.0, 1.0)
+
+
+def test_a_sampler_tags_each_token_with_the_publish_of_its_params():
+  """`publish_ids` next to `versions`: each token's version mapped to the publish id of the params the sampler
+  held for it while the group was in flight; a number met with two ids in one group (a resume during it) is
+  UNKNOWN there, so the learner drops it."""
+  params = exchange.LocalParams(max_to_keep=4)
+  worker = runtime.SamplerWorker("s", None, runtime.Channels(params, None, None), slots=1,
+                                 should_stop=lambda: True)
+  # pylint: disable=protected-access
+  params.publish({}, 3, meta={"publish_id": 1})
+  worker._loaded(3)
+  worker._ids[7] = dict([worker._held])  # as `_serve` does when it submits ticket 7
+  params.publish({}, 4, meta={"publish_id": 1})
+  worker._loaded(4)
+  worker._ids[8] = dict([worker._held])
+  rows = [{"versions": np.array([3, 4, -1], np.int32)}]
+  assert worker._with_publish_ids(7, rows)[0]["publish_ids"].tolist() == [1, 1, exchange.UNKNOWN]
+  republished = exchange.LocalParams(max_to_keep=4)  # a resumed learner's republish of 4, as another source
+  republished.publish({}, 4, meta={"publish_id": 2})
+  worker.source = republished
+  worker._loaded(4)
+  assert worker._with_publish_ids(8, rows)[0]["publish_ids"].tolist() == [
+      exchange.UNKNOWN, exchange.UNKNOWN, exchange.UNKNOWN]
+  assert worker._held == (4, 2) and worker._ids == {}
 
 
 def test_metrics_count_groups_newer_than_the_learner_and_report_no_negative_staleness():
@@ -506,9 +593,9 @@ def test_a_step_whose_groups_are_dropped_admits_their_replacements_while_it_wait
   future's groups are dropped). Added as they happen, tickets 4 and 5 start and fill the step."""
   with pytest.raises(TimeoutError, match="no ticket admitted in 20 polls; bound 4"):
     _take_with_a_sampler(admit_drops=False)
-  (fresh, dropped), admission = _take_with_a_sampler(admit_drops=True)
+  (fresh, dropped, future), admission = _take_with_a_sampler(admit_drops=True)
   assert [(int(rows[0]["ticket"]), st) for _, rows, st in fresh] == [(4, 0), (5, 0)]
-  assert dropped == [(envs.group_id(2), 1), (envs.group_id(3), 1)]
+  assert dropped == [(envs.group_id(2), 1), (envs.group_id(3), 1)] and future == []
   assert admission.extra() == 2 and admission.limit(1) == 6
 
 

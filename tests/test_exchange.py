@@ -168,6 +168,30 @@ def test_a_version_number_published_again_has_another_key(tmp_path):
   pub.close()
 
 
+def test_restored_meta_is_the_meta_of_the_params_restored_not_of_a_later_republish(tmp_path):
+  """A sampler tags its rows with the `publish_id` of the params it holds: read with them, in one restore, so
+  a resumed learner's republish of the number afterwards (other params, another id) does not relabel them."""
+  pub = exchange.ParamPublisher(tmp_path)
+  pub.publish(_params(1), 1, meta={"publish_id": 1})
+  pub.wait()
+  sub = exchange.ParamSubscriber(tmp_path, params_like=LIKE)
+  with pytest.raises(ValueError, match=r"version 1 was not restored by this reader; its last restores: \[\]"):
+    sub.restored_meta(1)
+  version, params = sub.latest()
+  pub.delete_newer_than(0)
+  pub.publish(_params(11), 1, meta={"publish_id": 2})
+  pub.wait()
+  assert (version, sub.restored_meta(1), sub.meta(1)) == (1, {"publish_id": 1}, {"publish_id": 2})
+  _assert_is_version(params, 1)
+  _, again = sub.latest()
+  _assert_is_version(again, 11)
+  assert sub.restored_meta(1) == {"publish_id": 2}
+  local = exchange.LocalParams()
+  local.publish(_params(0), 0, meta={"publish_id": 5})
+  assert local.restored_meta(0) == {"publish_id": 5}
+  pub.close()
+
+
 def test_a_sampler_that_missed_the_gap_takes_the_new_params_of_its_version_number(tmp_path):
   """The reviewer's scenario: a sampler holding version 2 (blocked while the learner died, resumed from step 0
   and published 1 and 2 again) saw newest == 2 == its own and kept the lost params."""

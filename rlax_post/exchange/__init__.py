@@ -13,6 +13,12 @@ Layout on disk::
   <dir>/<version>.orbax-checkpoint-tmp a version being written (never read)
   <dir>/leases/<version>.<reader_id>.<nonce>   a reader's lease: the wall-clock time it was taken
 
+Publish ids. A learner resumed from an older checkpoint publishes the numbers of its lost versions again,
+with other params. `Lineage` (`_lineage.py`) gives each learner life a publish id and keeps which publish of
+each number is in the run's history; the learner publishes each version with its id in `meta["publish_id"]`,
+and `restored_meta(version)` gives a reader the meta of the params it restored (read with them), so samplers
+can put the id on their rows and the learner can drop rows of a publish that is not in its history.
+
 Atomicity. A version is either complete or invisible (`is_complete(step_dir)`, also for other orbax step
 directories such as the runtime's checkpoints). Orbax writes into a tmp directory and renames it when
 done (local disks) or writes in place and adds `commit_success.txt` last (buckets); in both modes the marker
@@ -40,6 +46,9 @@ Restores read only the shards each reader's own shardings need, so a reader may 
 different `PartitionSpec`s than the publisher (resharding on restore), and different dtypes (cast on read).
 """
 
+from rlax_post.exchange._lineage import Lineage
+from rlax_post.exchange._lineage import loads_lineage
+from rlax_post.exchange._lineage import UNKNOWN
 from rlax_post.exchange._local import loaded_key
 from rlax_post.exchange._local import LocalParams
 from rlax_post.exchange._local import ParamSource
@@ -48,4 +57,4 @@ from rlax_post.exchange._store import as_path
 from rlax_post.exchange._store import is_complete
 from rlax_post.exchange._subscriber import ParamSubscriber
 
-__all__ = ["loaded_key", "LocalParams", "ParamPublisher", "ParamSource", "ParamSubscriber", "as_path", "is_complete"]
+__all__ = ["Lineage", "loads_lineage", "UNKNOWN", "loaded_key", "LocalParams", "ParamPublisher", "ParamSource", "ParamSubscriber", "as_path", "is_complete"]

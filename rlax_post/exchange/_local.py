@@ -9,6 +9,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from rlax_post.exchange import _store
 
+_METAS_KEPT = 8  # `LocalParams.restored_meta` answers for the newest published versions
+
 
 @runtime_checkable
 class ParamSource(Protocol):
@@ -35,6 +37,11 @@ class ParamSource(Protocol):
   def meta(self, version: int) -> dict:
     ...
 
+  def restored_meta(self, version: int) -> dict:
+    """The meta published with the params this reader last restored as `version` (its `publish_id`: which
+    publish of the number they are)."""
+    ...
+
 
 def loaded_key(newest: tuple[int, Any] | None, version: int) -> tuple[int, Any]:
   """The key a reader holds after loading `version`, given `newest`, the source's `latest_key()` read before
@@ -56,6 +63,7 @@ class LocalParams:
       raise ValueError(f"max_to_keep must be an int >= 1; got {max_to_keep!r}.")
     self._max_to_keep = max_to_keep
     self._held: collections.OrderedDict[int, tuple[Any, dict]] = collections.OrderedDict()
+    self._metas: collections.OrderedDict[int, dict] = collections.OrderedDict()  # newest versions' meta
     self._last: int | None = None
     self._publishes = 0
     self._cond = threading.Condition()
@@ -65,6 +73,9 @@ class LocalParams:
     with self._cond:
       version = _store.check_version(version, self._last)
       self._held[version] = (params, dict(meta or {}))
+      self._metas[version] = dict(meta or {})
+      while len(self._metas) > _METAS_KEPT:
+        self._metas.popitem(last=False)
       self._last = version
       self._publishes += 1
       while len(self._held) > self._max_to_keep:
@@ -98,6 +109,16 @@ class LocalParams:
 
   def meta(self, version: int) -> dict:
     return dict(self._get(version)[1])
+
+  def restored_meta(self, version: int) -> dict:
+    """The meta `version` was published with: a number is published once here (versions increase), so it is
+    that of the params any reader got for it; answered for the newest `_METAS_KEPT` versions, also those no
+    longer held (a reader asks right after its load, which newer publishes may have evicted)."""
+    version = _store.check_version(version, None)
+    with self._cond:
+      if version not in self._metas:
+        raise ValueError(f"version {version} is not among the newest published; they are {list(self._metas)}.")
+      return dict(self._metas[version])
 
   def wait_for(self, min_version: int, *, timeout_s: float | None = None,
                poll_s: float = 0.05) -> tuple[int, Any]:

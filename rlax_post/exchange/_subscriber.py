@@ -17,6 +17,7 @@ from rlax_post.exchange import _store
 
 _VANISHED = object()  # `_try_restore`'s answer when the version is no longer complete.
 _MAX_FAILOVERS = 1000  # `latest`/`wait_for` give up after this many vanished versions in one call.
+_RESTORED_META_KEPT = 8  # `restored_meta` answers for this reader's newest restored versions
 
 
 class ParamSubscriber:
@@ -52,6 +53,7 @@ class ParamSubscriber:
     self.lease_timeout_s = float(lease_timeout_s)
     self._checkpointer = ocp.Checkpointer(_publisher._handler())  # pylint: disable=protected-access
     self._lock = threading.Lock()
+    self._restored_meta: dict[int, dict] = {}  # version -> the meta read with its last restore (newest few)
 
   def versions(self) -> list[int]:
     """The complete versions visible now, ascending."""
@@ -141,6 +143,19 @@ class ParamSubscriber:
     raise ValueError(f"version {version} is not available in {self.directory}; available versions: "
                      f"{self.versions()}.")
 
+  def restored_meta(self, version: int) -> dict:
+    """The `meta` published with the params this reader last restored as `version` (read in the same restore,
+    so a resumed learner's republish of the number since then does not change it; e.g. its `publish_id`).
+
+    Raises:
+      ValueError: this reader restored no `version` (among its newest few restores).
+    """
+    with self._lock:
+      if version not in self._restored_meta:
+        raise ValueError(f"version {version} was not restored by this reader; its last restores: "
+                         f"{sorted(self._restored_meta)}.")
+      return dict(self._restored_meta[version])
+
   def _try_restore(self, version: int) -> Any:
     """Restores `version` under a lease, or returns `_VANISHED` if it is not (any longer) complete."""
     step_dir = self.directory / str(version)
@@ -157,8 +172,13 @@ class ParamSubscriber:
           return _VANISHED
         try:
           self._check_structure(step_dir)
-          params = self._checkpointer.restore(step_dir, args=ocp.args.Composite(
-              params=ocp.args.StandardRestore(self._abstract))).params
+          # The meta with the params, under the lease: `restored_meta` says which publish these params are.
+          out = self._checkpointer.restore(step_dir, args=ocp.args.Composite(
+              params=ocp.args.StandardRestore(self._abstract), meta=ocp.args.JsonRestore()))
+          params = out.params
+          self._restored_meta[version] = dict(out.meta or {})
+          while len(self._restored_meta) > _RESTORED_META_KEPT:
+            del self._restored_meta[min(self._restored_meta)]
         except _Mismatch:
           raise
         except Exception as e:  # pylint: disable=broad-exception-caught

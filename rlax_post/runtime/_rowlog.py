@@ -40,12 +40,14 @@ def load_rows(path: str) -> list[tuple[str, list[dict]]]:
   return out
 
 
-def groups_payload(fresh, dropped) -> bytes:
-  """A step's taken groups as bytes: (group_id, rows, staleness) and dropped (group_id, staleness), in order."""
+def groups_payload(fresh, dropped, future) -> bytes:
+  """A step's taken groups as bytes: (group_id, rows, staleness), dropped (group_id, staleness) and the
+  dropped group ids from a lost future, in order."""
   return flax.serialization.msgpack_serialize({
       "fresh": {str(j): {"group_id": gid, "staleness": int(st), "rows": {str(i): r for i, r in enumerate(rows)}}
                 for j, (gid, rows, st) in enumerate(fresh)},
-      "dropped": {str(j): {"group_id": gid, "staleness": int(st)} for j, (gid, st) in enumerate(dropped)}})
+      "dropped": {str(j): {"group_id": gid, "staleness": int(st)} for j, (gid, st) in enumerate(dropped)},
+      "future": {str(j): gid for j, gid in enumerate(future)}})
 
 
 def groups_from_payload(payload: bytes):
@@ -53,10 +55,11 @@ def groups_from_payload(payload: bytes):
   fresh = [tree["fresh"][str(j)] for j in range(len(tree["fresh"]))]
   dropped = [tree["dropped"][str(j)] for j in range(len(tree["dropped"]))]
   return ([(g["group_id"], [g["rows"][str(i)] for i in range(len(g["rows"]))], g["staleness"]) for g in fresh],
-          [(g["group_id"], g["staleness"]) for g in dropped])
+          [(g["group_id"], g["staleness"]) for g in dropped],
+          [tree["future"][str(j)] for j in range(len(tree["future"]))])
 
 
-def take_shared(take: Callable[[], tuple[list, list]]) -> tuple[list, list]:
+def take_shared(take: Callable[[], tuple[list, list, list]]) -> tuple[list, list, list]:
   """`take()`'s groups on every process of the learner: process 0 alone reads the queue (`take`) and
   broadcasts what it took, so every process trains on the same whole batch (a collective on a multi-host
   learner: the other processes wait in it while process 0 waits for rollouts)."""
@@ -90,7 +93,8 @@ class RolloutLog:
       f.write(json.dumps({"step": step, "groups": [gid for gid, _, _ in taken.groups],
                           "staleness": [int(st) for _, _, st in taken.groups],
                           "dropped": [g for g, _ in taken.dropped],
-                          "dropped_staleness": [int(s) for _, s in taken.dropped]}) + "\n")
+                          "dropped_staleness": [int(s) for _, s in taken.dropped],
+                          "dropped_future": list(taken.future)}) + "\n")
 
   def prune(self, up_to_step: int) -> None:
     """Deletes the rows of steps ≤ `up_to_step` (no replay starts before the oldest kept checkpoint)."""

@@ -71,7 +71,8 @@ class Tally:
     staleness = np.asarray([st for _, _, st in taken.groups])
     hist = np.bincount(np.clip(staleness, 0, self.eta), minlength=self.eta + 1)
     self.dropped_total += len(taken.dropped)
-    future = sum(st < 0 for _, st in taken.dropped)  # (of those: newer than the learner, `rollouts.is_stale`)
+    # (of those: from a lost future, newer than the learner or sampled by a publish not in its history)
+    future = sum(st < 0 or g in taken.future for g, st in taken.dropped)
     self.dropped_future_total += future
     self.max_ticket = max([self.max_ticket] + [int(rows_[0]["ticket"]) for _, rows_, _ in taken.groups])
     self.rows += rows

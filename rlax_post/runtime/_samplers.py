@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable
 
 from etils import epath
+import numpy as np
 
 from rlax_post import config as config_lib
 from rlax_post import envs
@@ -71,6 +72,8 @@ class SamplerWorker:
     self._t_start = time.time()
     self.first_version: int | None = None
     self._key = None  # the source's `latest_key` of the params held
+    self._held: tuple[int, int] | None = None  # (version, publish id) of the params held
+    self._ids: dict[int, dict[int, int]] = {}  # ticket in flight -> {version: publish id} of params it met
 
   def stats(self) -> dict:
     with self._lock:
@@ -95,6 +98,7 @@ class SamplerWorker:
     self.first_version = version
     # (Read after this first load: reading it before would reload every sampler once at its start.)
     self._key = exchange.loaded_key(self.source.latest_key(), version)
+    self._loaded(version)
     with self.device_lock:
       producer = self.producer_factory(self.receive(params), version)
     with self._lock:
@@ -113,6 +117,7 @@ class SamplerWorker:
         got = self.source.latest()
         if got is not None:
           self._key = exchange.loaded_key(newest, got[0])
+          self._loaded(got[0])
           with self.device_lock:
             producer.set_params(self.receive(got[1]), got[0])
           with self._lock:
@@ -121,6 +126,7 @@ class SamplerWorker:
         ticket = self.channels.admission.claim(producer.version)
         if ticket is None:
           break
+        self._ids[ticket] = dict([self._held]) if self._held is not None else {}
         producer.submit(ticket)
       if self.channels.heartbeat is not None:
         capacity, now = envs.group_capacity(producer, slots=self.slots), time.time()
@@ -146,8 +152,25 @@ class SamplerWorker:
         if self.should_stop():
           return
 
+  def _loaded(self, version: int) -> None:
+    """Notes the publish id of the params just loaded as `version` for every group in flight (a number met
+    with two ids in one group, across a learner's resume, is `exchange.UNKNOWN` there: its rows are dropped)."""
+    pid = int(self.source.restored_meta(version).get("publish_id", exchange.UNKNOWN))
+    self._held = (version, pid)
+    for ids in self._ids.values():
+      ids[version] = pid if ids.get(version, pid) == pid else exchange.UNKNOWN
+
+  def _with_publish_ids(self, ticket: int, rows: list[dict]) -> list[dict]:
+    """`rows` with `publish_ids` next to their token `versions`: the publish id of each token's params
+    (`exchange.UNKNOWN` where not known), so the learner can tell a resumed learner's lost future."""
+    ids = self._ids.pop(ticket, {})
+    lookup = np.vectorize(lambda v: ids.get(int(v), exchange.UNKNOWN), otypes=[np.int64])
+    return [{**row, "publish_ids": lookup(np.asarray(row["versions"]))} if "versions" in row else row
+            for row in rows]
+
   def _put_group(self, ticket: int, rows: list[dict]) -> None:
     gid = envs.group_id(ticket)
+    rows = self._with_publish_ids(ticket, rows)
     for i, row in enumerate(rows):
       while True:
         try:

@@ -26,6 +26,7 @@ from typing import Any, Callable, ContextManager, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from rlax_post import config as config_lib
 from rlax_post import envs
@@ -37,14 +38,20 @@ from rlax_post.runtime import _parts
 from rlax_post.runtime import _rowlog
 from rlax_post.runtime import _samplers
 
+LINEAGE_FILE = "params_lineage.json"  # the learner's `exchange.Lineage`, under its workdir
+
+
 @dataclasses.dataclass(frozen=True)
 class Taken:
   """A step's groups: `groups` (group_id, rows in sample order, staleness) sorted by ticket; `dropped`
-  (group_id, staleness) of groups consumed but outside [0, η] (`rollouts.is_stale`); `metrics` the source's own
-  (waits, queue depth)."""
+  (group_id, staleness) of groups consumed but not trained: outside [0, η] (`rollouts.is_stale`) or sampled by a
+  publish not in the learner's history; `metrics` the source's own (waits, queue depth); `future` the ids of
+  the dropped groups that came from a lost future (newer than the learner, or sampled by a publish its resume
+  discarded: `take_groups`)."""
   groups: list[tuple[str, list[dict], int]]
   dropped: list[tuple[str, int]]
   metrics: dict
+  future: tuple[str, ...] = ()
 
 
 class Source(Protocol):
@@ -100,20 +107,40 @@ class InlineSource:
       self.producer.close()
 
 
+def outside_history(rows: list[dict], publish_id: Callable[[int], int | None]) -> bool:
+  """Whether a sampled token of `rows` (mask 1, version >= 0) comes from a publish not in the learner's
+  history: its row's `publish_ids` (next to `versions`, put there by the sampler) differs from
+  `publish_id(version)` (None: a version the learner has not published). Rows without `publish_ids` (made
+  before samplers carried them) are taken as in the history."""
+  for row in rows:
+    if "publish_ids" not in row:
+      continue
+    versions, ids = np.asarray(row["versions"]), np.asarray(row["publish_ids"])
+    keep = (versions >= 0) & np.asarray(row["mask"]).astype(bool)
+    for version, pid in set(zip(versions[keep].tolist(), ids[keep].tolist())):
+      if publish_id(version) != pid:
+        return True
+  return False
+
+
 def take_groups(queue, *, num_groups: int, learner_version: int, max_staleness: int, poll_s: float = 1.0,
-                on_timeout: Callable[[int], None] | None = None, on_drop: Callable[[int], None] | None = None
-                ) -> tuple[list[tuple[str, list[dict], int]], list[tuple[str, int]]]:
+                on_timeout: Callable[[int], None] | None = None,
+                publish_id: Callable[[int], int | None] | None = None,
+                on_drop: Callable[[int], None] | None = None
+                ) -> tuple[list[tuple[str, list[dict], int]], list[tuple[str, int]], list[str]]:
   """Takes `num_groups` complete groups within `max_staleness` of `learner_version` from the queue.
 
   Groups are consumed with the tag `learner_version + 1` (the step that takes them). Groups older than
-  `max_staleness`, or newer than the learner (a resumed learner's lost future: negative staleness), are
-  consumed too, dropped and returned in the second list as (group_id, staleness) -- counted by the caller,
-  never silently lost. `on_drop(k)` is called as soon as k groups are dropped (the admission's `add_extra`:
-  their replacements must be admitted while this call still waits for the step's groups). The fresh groups
-  come back as (group_id, rows in sample order, staleness), sorted by ticket (the row layout of inline
-  sampling).
+  `max_staleness`, newer than the learner (negative staleness), or with a token sampled by a publish that is
+  not in the learner's history (`outside_history` with `publish_id`, the learner's `exchange.Lineage.id_of`:
+  a resumed learner's lost future, whatever its version numbers) are consumed too, dropped and returned in the
+  second list as (group_id, staleness) -- counted by the caller, never silently lost; the third list names
+  those of them from a lost future (the last two kinds). `on_drop(k)` is called as soon as k groups are
+  dropped (the admission's `add_extra`: their replacements must be admitted while this call still waits for
+  the step's groups). The fresh groups come back as (group_id, rows in sample order, staleness), sorted by
+  ticket (the row layout of inline sampling).
   """
-  fresh, dropped = [], []
+  fresh, dropped, future = [], [], []
   while len(fresh) < num_groups:
     try:
       groups = queue.get_groups(_samplers.LEARNER, num_groups - len(fresh), required=envs.ROW_FIELDS,
@@ -126,25 +153,62 @@ def take_groups(queue, *, num_groups: int, learner_version: int, max_staleness: 
     for group in groups:
       rows = [dict(r.fields) for r in sorted(group.rows, key=lambda r: r.row_id)]
       st = staleness_of(rows, learner_version)
-      if rollouts.is_stale(st, max_staleness):
+      lost = st < 0 or (publish_id is not None and outside_history(rows, publish_id))
+      if lost or rollouts.is_stale(st, max_staleness):
         dropped.append((group.group_id, st))
+        future += [group.group_id] if lost else []
       else:
         fresh.append((group.group_id, rows, st))
     if on_drop is not None and len(dropped) > dropped_before:
       on_drop(len(dropped) - dropped_before)
   fresh.sort(key=lambda g: int(g[1][0]["ticket"]))
-  return fresh, dropped
+  return fresh, dropped, future
 
 
 class _QueueSource:
-  """What the thread and process sources share: a learner that takes groups from a rollout queue."""
+  """What the thread and process sources share: a learner that takes groups from a rollout queue, and the
+  history of its publishes (`exchange.Lineage` in `workdir/LINEAGE_FILE`, written by the primary process):
+  each version goes out with its `publish_id`, and a group sampled by a publish not in the history (a resumed
+  learner's lost future) is dropped and counted."""
   queue: Any
   admission: Any  # `rollouts.Admission`, or None (a multi-host learner's other processes)
+  workdir: str
+  primary = True  # writes the lineage file
   poll_s = 1.0
   device_lock: ContextManager = contextlib.nullcontext()
 
   def __init__(self, cfg: config_lib.Config, say: Callable[..., None]):
     self.cfg, self.say, self.eta = cfg, say, config_lib.staleness(cfg)
+    self.lineage: exchange.Lineage | None = None  # set by `resume`, or at the first publish of a fresh run
+
+  def _load_lineage(self) -> exchange.Lineage:
+    path = os.path.join(self.workdir, LINEAGE_FILE)
+    if not os.path.exists(path):
+      return exchange.Lineage()
+    with open(path) as f:
+      return exchange.loads_lineage(f.read(), path)
+
+  def _set_lineage(self, lineage: exchange.Lineage) -> None:
+    """Keeps `lineage`, on disk first (a crash after the write loses nothing: the file is cut back to the
+    checkpoint at resume, and a new life never reuses an id)."""
+    if self.primary and lineage != self.lineage:
+      path = os.path.join(self.workdir, LINEAGE_FILE)
+      os.makedirs(self.workdir, exist_ok=True)
+      with open(path + ".tmp", "w") as f:
+        f.write(lineage.dumps())
+      os.replace(path + ".tmp", path)
+    self.lineage = lineage
+
+  def _resume_lineage(self, step: int) -> None:
+    self._set_lineage(self._load_lineage().resumed(step))
+
+  def _publish_id(self, version: int) -> int:
+    """The publish id `version` goes out with (a fresh run's first publish starts a new life)."""
+    if self.lineage is None:
+      self._set_lineage(self._load_lineage().fresh())
+    lineage, pid = self.lineage.published(version)
+    self._set_lineage(lineage)
+    return pid
 
   def check(self) -> None:  # raises a sampler's error
     pass
@@ -172,18 +236,19 @@ class _QueueSource:
     self.check()
     return take_groups(self.queue, num_groups=self.cfg.rl.prompts_per_step, learner_version=step,
                        max_staleness=self.eta, on_timeout=on_timeout, poll_s=self.poll_s,
+                       publish_id=None if self.lineage is None else self.lineage.id_of,  # (None: nothing published)
                        # Each drop admits one more ticket in its place, at once: the step may need it.
                        on_drop=None if self.admission is None else self.admission.add_extra)
 
   def take(self, step: int) -> Taken:
     t0 = time.time()
-    fresh, dropped = _rowlog.take_shared(lambda: self._take_local(step))
+    fresh, dropped, future = _rowlog.take_shared(lambda: self._take_local(step))
     samplers = self.sampler_stats()
     idle = [s["idle_frac"] for s in samplers]
     return Taken(fresh, dropped, {
         "wait_seconds": time.time() - t0,
         "queue_depth": float(self.queue.depth(_samplers.LEARNER)) if self.queue is not None else 0.0,
-        "sampler_idle_frac": sum(idle) / len(idle) if idle else 0.0, **self.admission_metrics()})
+        "sampler_idle_frac": sum(idle) / len(idle) if idle else 0.0, **self.admission_metrics()}, tuple(future))
 
   def checkpointed(self, step: int) -> None:
     # A resume never rolls back below checkpoint `step`: the groups consumed up to it can be freed.
@@ -231,9 +296,10 @@ class ThreadSource(_QueueSource):
     self.base = state.frozen
     with self.device_lock:
       copy = jax.block_until_ready(jax.tree.map(jnp.copy, state.params))
-    self.params.publish(copy, version)
+    self.params.publish(copy, version, meta={"publish_id": self._publish_id(version)})
 
   def resume(self, step: int, meta: dict) -> None:
+    self._resume_lineage(step)
     first, done = int(meta["next_ticket"]), set()
     if self.cfg.runtime.queue == "files":
       # Groups consumed after the checkpoint come back; groups already in the queue are not sampled again, and
@@ -321,9 +387,10 @@ class ProcessSource(_QueueSource):
     if state.frozen is not None and not self._base_out:
       _publish_base(self.base_dir, state.frozen)
       self._base_out = True
+    pid = self._publish_id(version)
     if self.publisher.latest_version is None or version > self.publisher.latest_version:
       # (else already out: a resumed learner's checkpoint version). With LoRA: the adapters only.
-      self.publisher.publish(state.params, version)
+      self.publisher.publish(state.params, version, meta={"publish_id": pid})
     if self.critic_publisher is not None and (self.critic_publisher.latest_version is None
                                               or version > self.critic_publisher.latest_version):
       self.critic_publisher.publish(state.critic.params, version)
@@ -349,6 +416,7 @@ class ProcessSource(_QueueSource):
     return out
 
   def resume(self, step: int, meta: dict) -> None:
+    self._resume_lineage(step)
     if self.primary:
       self.queue.rollback(_samplers.LEARNER, step)
       self.admission.add_extra(int(meta.get("dropped_stale_total", 0)))  # the drops up to the checkpoint
@@ -424,7 +492,7 @@ class LoggedSource:
     if list(entry["groups"]) != sorted(groups, key=lambda g: int(groups[g][0]["ticket"])):
       raise ValueError(f"replay: step {step + 1}'s logged rows do not match its schedule entry.")
     return Taken([(g, groups[g], st) for g, st in zip(entry["groups"], entry["staleness"])],
-                 list(zip(entry["dropped"], entry["dropped_staleness"])), {})
+                 list(zip(entry["dropped"], entry["dropped_staleness"])), {}, tuple(entry.get("dropped_future", ())))
 
   def checkpointed(self, step: int) -> None:
     del step
