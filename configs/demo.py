@@ -110,6 +110,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.every = 2
     c.eval.batch_size = 16
     c.checkpoint.every = 2
+    if "gae" in variants:  # the critic's schedule spans 3 updates too
+      c.critic.optimizer.warmup_steps = 2
   return c
 
 

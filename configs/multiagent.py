@@ -47,6 +47,8 @@ ARMS = {  # each arm's overrides (also the sweep's units)
     "c3_noreplay": {"advantage.estimator": "c3", "advantage.c3_mode": "reward_only", "multiagent.fanout": (2, 4),
                     "multiagent.replay": False},
 }
+# The tiny runs' Q-critic (arm c3_value) spans 3 updates: a warm-up that ends before its schedule.
+TINY_CRITIC = {"critic.optimizer.warmup_steps": 2}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -118,12 +120,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.preset = "micro"
     c.task.num_eval = 16
     c.sft.steps = 4
+    c.sft.optimizer.warmup_steps = 3  # a warm-up ends before its schedule (4 updates)
     c.sft.batch_size = 8
     c.rl.steps = 3
+    c.rl.optimizer.warmup_steps = 2  # (3 updates)
     c.rl.prompts_per_step = 4
     c.eval.every = 2
     c.eval.batch_size = 16
     c.checkpoint.every = 2
+    if "c3_value" in variants:
+      sweep.apply(c, TINY_CRITIC)
   return c
 
 
@@ -134,4 +140,6 @@ def get_sweep(arg: str | None = None) -> list[dict]:
   seeds = [0] if "tiny" in variants else [0, 1, 2]
   if "policies" in variants:
     return sweep.product(sweep.axis("multiagent.policies", ["shared", "per_role"]), sweep.axis("seed", seeds))
-  return sweep.product([dict(ARMS[a]) for a in _ARMS], sweep.axis("seed", seeds))
+  tiny = TINY_CRITIC if "tiny" in variants else {}
+  return sweep.product([{**ARMS[a], **(tiny if a == "c3_value" else {})} for a in _ARMS],
+                       sweep.axis("seed", seeds))

@@ -88,6 +88,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if "tiny" in variants:  # The tests' size: two RL steps, a small held-out set.
     c.task.num_eval = 8
     c.rl.steps = 2
+    c.rl.optimizer.warmup_steps = 1  # a warm-up ends before its schedule (2 updates)
     c.rl.prompts_per_step = 2
     c.rl.samples_per_prompt = 4
     c.rl.max_new_tokens = 16

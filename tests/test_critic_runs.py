@@ -20,8 +20,8 @@ def _cfg(critic_mode="separate", **runtime_overrides):
   c = _tiny_runs.run_config("tiny,gae", **runtime_overrides)
   c.critic.mode = critic_mode
   c.critic.init_bias = 0.5  # values start away from the returns, so the critic's updates are not trivial
-  if critic_mode == "separate":  # (a shared value head trains under the policy's optimizer)
-    c.critic.optimizer.warmup_steps = 0
+  # (a shared value head trains under the policy's optimizer: the critic's, which `tiny,gae` sets, is not read)
+  c.critic.optimizer.warmup_steps = 0 if critic_mode == "separate" else config.CriticSection().optimizer.warmup_steps
   return config.load(c)
 
 

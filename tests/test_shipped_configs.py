@@ -1,7 +1,8 @@
 """Every shipped config loads: each `configs/*.py` with each of its variants (alone, with `tiny`, and every
 combination its docstring shows), every (model, hardware[, critic]) pair of `configs/models.py`, and every work
 unit of each of their sweeps (`rlax-post sweep`). The config checks refuse settings a run would ignore, so a
-shipped config that sets one fails here: fix the config, not the check."""
+shipped config that sets one fails here: fix the config, not the check. No shipped config has a warm-up that
+the run would cut (`runtime.warmup_cuts`, a warning at its start)."""
 
 import glob
 import itertools
@@ -12,6 +13,7 @@ import pytest
 
 from rlax_post import config
 from rlax_post import sweep
+from rlax_post.runtime import _learners
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FILES = sorted(p for p in glob.glob(os.path.join(REPO, "configs", "*.py")) if not p.endswith("models.py"))
@@ -73,10 +75,13 @@ def test_every_variant_and_sweep_unit_loads(path, variant):
     return
   cfg = config.load(module.get_config(variant))
   assert isinstance(cfg, config.Config)
+  assert _learners.warmup_cuts(cfg) == []
   if hasattr(module, "get_sweep") and variant in _sweep_variants(path):
     spec = path if variant is None else f"{path}:{variant}"
     units = sweep.work_units(spec)  # each unit's full config is validated
     assert units and all(u.config == spec for u in units)
+    for unit in units:
+      assert _learners.warmup_cuts(config.load(sweep.apply(module.get_config(variant), unit.overrides))) == [], unit
 
 
 @pytest.mark.parametrize("variant", _model_specs())
@@ -84,3 +89,4 @@ def test_every_model_pair_loads(variant):
   models_cfg = _module(os.path.join(REPO, "configs", "models.py"))
   cfg = config.load(models_cfg.get_config(variant))
   assert cfg.model.preset == variant.split(",")[0]
+  assert _learners.warmup_cuts(cfg) == []

@@ -38,7 +38,9 @@ def optimizer(section: config_lib.OptimizerSection, total_steps: int, roles: int
 def warmup_cuts(cfg: config_lib.Config) -> list[str]:
   """What `optimizer` cuts, in words: each schedule (`config.schedule_updates`) whose warm-up is not shorter than
   the updates it spans warms up over one update fewer than those instead (a schedule must end after its
-  warm-up); the run says so (`Run`), since the config asked for another schedule."""
+  warm-up); the run says so (`Run`), since the config asked for another schedule. A warning, not a refusal: a
+  run shortened by one override (`--config.rl.steps=1`, a smoke test of a full config) wants its warm-up cut,
+  not a second override per schedule."""
   out = []
   for key, updates in config_lib.schedule_updates(cfg).items():
     warmup = config_lib.setting(cfg, f"{key}.warmup_steps")
