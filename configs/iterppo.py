@@ -19,6 +19,7 @@ import os
 
 import ml_collections
 
+from rlax_post import config
 from rlax_post import sweep
 
 ROUNDS = 3
@@ -50,6 +51,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if arm != "grpo":  # (online GRPO has no rounds: the iterppo section keeps its defaults)
     c.iterppo = rounds
   sweep.apply(c, ARMS[arm])
+  if c.iterppo.q == "oracle":  # no Q to fit: its fit's settings at their defaults
+    sweep.apply(c, {f"iterppo.{k}": getattr(config.IterPPOSection(), k) for k in ("q_epochs", "q_batch_size")})
   if arm == "grpo":  # as many episodes as the rounds' arms
     c.rl.steps = rounds["episodes"] * ROUNDS // (c.rl.prompts_per_step * c.rl.samples_per_prompt)
   else:

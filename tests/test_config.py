@@ -78,6 +78,9 @@ def test_bad_config_errors(raw, message):
 
 _A = "advantage.estimator"
 _PPO = "the objective 'ppo' (loss.kind = 'auto', runtime.mode = 'sync')"
+# Iterative PPO's rounds on the sales game (Q learned: the critic section's separate model).
+_ROUNDS = {"task": {"name": "sales", "options": {"discounted": False}}, "runtime": {"mode": "rounds"},
+           "iterppo": {"round_steps": 2, "episodes": 8}, "rl": {"steps": 4}}
 
 
 @pytest.mark.parametrize("raw, message", [
@@ -142,6 +145,21 @@ _PPO = "the objective 'ppo' (loss.kind = 'auto', runtime.mode = 'sync')"
      "this run has runtime.mode = 'sync'"),
     ({"tree": {"trees": 3, "prefix": "mean"}}, "`tree.trees` = 3 (default 2), `tree.prefix` = 'mean' (default "
      "'sum'): read only with tree.expansion != 'none'; this run has tree.expansion = 'none'"),
+    ({**_ROUNDS, "iterppo": {"q": "oracle", "round_steps": 2, "episodes": 8, "q_epochs": 2, "q_batch_size": 8}},
+     "`iterppo.q_epochs` = 2 (default 4), `iterppo.q_batch_size` = 8 (default 32): read only with iterppo.q != "
+     "'oracle'; this run has iterppo.q = 'oracle'"),
+    ({"advantage": {"estimator": "rloo", "std": "population", "eps": 1e-4}},
+     "`advantage.std` = 'population' (default 'sample'): read only with advantage.estimator in ['grpo', 'magrpo', "
+     "'tree_grpo']; this run has advantage.estimator = 'rloo'\n  `advantage.eps` = 0.0001 (default 1e-06): read "
+     "only with advantage.estimator in ['grpo', 'reinforce_pp', 'magrpo', 'tree_grpo']; this run has "
+     "advantage.estimator = 'rloo'"),
+    ({"advantage": {"estimator": "reinforce_pp", "std": "population"}},  # (always the population std)
+     "`advantage.std` = 'population' (default 'sample'): read only with advantage.estimator in ['grpo', 'magrpo', "
+     "'tree_grpo']; this run has advantage.estimator = 'reinforce_pp'"),
+    ({**_ROUNDS, "critic": {"loss": "mse", "publish": True}},
+     "`critic.publish` = True (default False): read only with a separate critic of the policy: advantage.estimator "
+     "= 'gae', or 'c3' with a value c3_mode, and critic.mode = 'separate' (Iterative PPO's Q is never published); "
+     "this run has advantage.estimator = 'grpo', critic.mode = 'separate'"),
 ])
 def test_settings_the_run_does_not_read_are_refused(raw, message):
   """Each setting that only some runs read, set for a run that does not, is named with its value, its default,
@@ -168,6 +186,18 @@ def test_settings_the_run_does_not_read_are_refused(raw, message):
     {"task": {"name": "relay"}, "advantage": {"estimator": "magrpo"}, "multiagent": {"separator": ";"}},
     {"tree": {"expansion": "treerl", "trees": 1, "forks": 1}, "advantage": {"estimator": "treerl"},
      "rl": {"samples_per_prompt": 2}},
+    # A config's warm start turned off by one override (`--config.sft.steps=0`, docs/data.md) keeps its settings;
+    # its batch then needs no micro-batches (sft.batch_size = 64 with loss.micro_batches = 128 was refused).
+    {"sft": {"steps": 0, "batch_size": 8, "noise": 0.0, "optimizer": {"learning_rate": 1e-5}, "cache_dir": "/w"}},
+    {"sft": {"steps": 0}, "loss": {"micro_batches": 128}},
+    # The oracle's arm reports Q^π's held-out error too; it fits no Q (its batch needs no micro-batches).
+    {**_ROUNDS, "iterppo": {"q": "oracle", "round_steps": 2, "episodes": 8, "q_holdout": 0.5},
+     "rl": {"steps": 4, "prompts_per_step": 6, "samples_per_prompt": 2}, "loss": {"micro_batches": 3},
+     "sft": {"steps": 0}},
+    {"advantage": {"estimator": "grpo", "std": "population", "eps": 1e-4}},
+    {"advantage": {"estimator": "reinforce_pp", "eps": 1e-4}},
+    {"task": {"name": "relay"}, "advantage": {"estimator": "magrpo", "std": "population", "eps": 1e-4}},
+    {"advantage": {"estimator": "gae"}, "critic": {"publish": True}},
 ])
 def test_settings_the_run_reads_are_kept(raw):
   config.load(raw)

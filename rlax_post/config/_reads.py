@@ -131,6 +131,10 @@ _KL = When("loss.kl_coef > 0 or loss.track_kl", lambda cfg: f"loss.kl_coef = {cf
            f"{cfg.loss.track_kl}", lambda cfg: cfg.loss.kl_coef > 0 or cfg.loss.track_kl)
 _LORA = When("model.lora.rank > 0", lambda cfg: f"model.lora.rank = {cfg.model.lora.rank}",
              lambda cfg: cfg.model.lora.rank > 0)
+_SEPARATE_CRITIC = When("a separate critic of the policy: advantage.estimator = 'gae', or 'c3' with a value c3_mode, "
+                        "and critic.mode = 'separate' (Iterative PPO's Q is never published)",
+                        lambda cfg: f"advantage.estimator = {cfg.advantage.estimator!r}, critic.mode = "
+                        f"{cfg.critic.mode!r}", separate_critic)
 _ASYNC_KEYS = ("max_staleness", "num_samplers", "queue", "queue_capacity", "param_versions_to_keep",
                "sampler_timeout_s")
 
@@ -142,8 +146,13 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("tree",), _is_not("tree.expansion", "none")),
     (("tree.prefix",), _is("advantage.estimator", *TREE_ROLLOUT_ESTIMATORS)),
     (("iterppo",), _is("runtime.mode", "rounds")),
+    (("iterppo.q_epochs", "iterppo.q_batch_size"), _is_not("iterppo.q", "oracle")),  # Q's fit (the oracle has none)
+    # (Not the `sft` section with sft.steps = 0: `--config.sft.steps=0` is how a config's warm start is turned
+    # off, docs/data.md; every shipped config prepares one, which would be refused.)
     (tuple(f"runtime.{k}" for k in _ASYNC_KEYS), _is("runtime.mode", "async")),
     (("model.lora.alpha", "model.lora.targets", "model.lora.base_dtype"), _LORA),
+    (("advantage.std",), _is("advantage.estimator", "grpo", "magrpo", "tree_grpo")),  # GRPO's group std
+    (("advantage.eps",), _is("advantage.estimator", "grpo", "reinforce_pp", "magrpo", "tree_grpo")),
     (("advantage.gamma",), _is("advantage.estimator", "gigpo", "graph_gae", "gae")),
     (("advantage.lambda_", "advantage.normalize"), _is("advantage.estimator", "graph_gae", "gae")),
     (("advantage.omega", "advantage.episode_method"), _is("advantage.estimator", "gigpo")),
@@ -159,6 +168,7 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("critic.warmup_steps",), _POLICY_CRITIC),  # (Iterative PPO's Q fits apart from the policy's steps)
     (("critic.init", "critic.mesh", "critic.publish", "critic.optimizer", "critic.warmup_steps"),
      _is("critic.mode", "separate")),
+    (("critic.publish",), _SEPARATE_CRITIC),
     (("critic.coef",), _is("critic.mode", "shared")),
     (("critic.preset", "critic.overrides"), _is("critic.init", "preset")),
     (("critic.hf_path",), _is("critic.init", "hf")),

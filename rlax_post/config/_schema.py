@@ -465,7 +465,7 @@ class Config:
     if (rollouts // self.rl.minibatches) % self.loss.micro_batches:
       raise ValueError(f"A minibatch of {rollouts // self.rl.minibatches} rollouts must be divisible by "
                        f"loss.micro_batches = {self.loss.micro_batches}.")
-    if self.sft.batch_size % self.loss.micro_batches:
+    if self.sft.steps and self.sft.batch_size % self.loss.micro_batches:
       raise ValueError(f"sft.batch_size = {self.sft.batch_size} must be divisible by loss.micro_batches = "
                        f"{self.loss.micro_batches}.")
     if self.runtime.queue_capacity and self.runtime.queue_capacity < rollouts:
@@ -564,7 +564,7 @@ class Config:
       raise ValueError(f"iterppo.q = {it.q!r} fits Q as a separate scalar model by regression on the returns: set "
                        f"critic.mode = 'separate' (got {self.critic.mode!r}) and critic.loss to 'mse', 'huber' or "
                        f"'bce' (got {self.critic.loss!r}; 'clipped' needs the values a target was scored at).")
-    if it.q_batch_size % self.loss.micro_batches:
+    if it.q != "oracle" and it.q_batch_size % self.loss.micro_batches:
       raise ValueError(f"iterppo.q_batch_size = {it.q_batch_size} must be divisible by loss.micro_batches = "
                        f"{self.loss.micro_batches}.")
 
