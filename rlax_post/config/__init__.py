@@ -36,6 +36,8 @@ from rlax_post.config._reads import setting
 from rlax_post.config._reads import staleness
 from rlax_post.config._schema import TaskConfig
 from rlax_post.config._schema import C3_MODES
+from rlax_post.config._schema import check_batches
+from rlax_post.config._batches import BATCH_AXES
 from rlax_post.config._reads import COLLABORATION_TASKS
 from rlax_post.config._schema import fanout_of
 from rlax_post.config._schema import group_rows
@@ -108,4 +110,6 @@ __all__ = [
     "fanout_of",
     "COLLABORATION_TASKS",
     "C3_MODES",
+    "check_batches",
+    "BATCH_AXES",
 ]

@@ -12,6 +12,7 @@ import types
 import typing
 from typing import Any
 
+from rlax_post.config import _batches
 from rlax_post.config._reads import check_reads
 from rlax_post.config._reads import COLLABORATION_TASKS
 from rlax_post.config._reads import MODEL_PRESETS
@@ -499,6 +500,9 @@ class Config:
       raise ValueError(f"runtime.refill_after = {self.runtime.refill_after} exceeds the sampler's "
                        f"{self.sampler_slots} slots (runtime.sampler_slots, or rl.prompts_per_step × "
                        "rl.samples_per_prompt); use 0 (an eighth of the slots) or at most that.")
+    sizes = {"data": self.mesh.data, "fsdp": self.mesh.fsdp, "tensor": self.mesh.tensor}
+    if -1 not in sizes.values():  # the device count is the mesh's: the learner's batches must divide it
+      check_batches(self, sizes, sampling=False, evaluating=False)
     check_reads(self)  # last: a setting's own checks above name it better than 'not read'
 
 
@@ -625,6 +629,15 @@ def schedule_updates(cfg: Config) -> dict[str, int]:
   if separate_critic(cfg):
     out["critic.optimizer"] = cfg.rl.steps * per_step
   return out
+
+
+def check_batches(cfg: Config, mesh_shape: dict[str, int], axes: tuple[str, ...] | None = None, *, sampling: bool,
+                  evaluating: bool) -> None:
+  """Refuses batch sizes of the run that the devices they are split over do not divide (`_batches.check`): on a
+  mesh of `mesh_shape`, rows split over its `axes` (default: what the config's rules map "batch" to). Checked
+  when the config is built if its mesh has no -1 axis, and by the learner once it has its mesh."""
+  _batches.check(cfg, group_rows(cfg), dict(mesh_shape), _batches.batch_axes(cfg) if axes is None else tuple(axes),
+                 sampling=sampling, evaluating=evaluating)
 
 
 def load(raw: Any) -> Config:

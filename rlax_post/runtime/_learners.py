@@ -50,6 +50,16 @@ def warmup_cuts(cfg: config_lib.Config) -> list[str]:
   return out
 
 
+def check_batches(parts: _parts.Parts, *, sampling: bool) -> None:
+  """Refuses the run's batch sizes that its mesh's "batch" axes do not divide (`config.check_batches`), before
+  anything is compiled; `sampling`: this process samples its rollouts too (`rlax-post train`). A multi-host
+  learner evaluates on process 0's own devices, so its evaluation is not checked against the run's mesh."""
+  entry = sharding.logical_to_spec(("batch",), parts.rules)[0]
+  axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+  config_lib.check_batches(parts.cfg, dict(parts.mesh.shape), axes, sampling=sampling,
+                           evaluating=not _distributed.is_multiprocess())
+
+
 _SPANS = {"sft.optimizer": "sft.steps",
           "rl.optimizer": "rl.steps (less a separate critic's critic.warmup_steps) × rl.minibatches × rl.epochs",
           "critic.optimizer": "rl.steps × rl.minibatches × rl.epochs"}

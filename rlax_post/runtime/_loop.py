@@ -13,6 +13,7 @@ from rlax_post import config as config_lib
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _distributed
 from rlax_post.runtime import _learn
+from rlax_post.runtime import _learners
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _rounds
@@ -71,7 +72,9 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
   # Sampling in the learner's process (inline or threads) is a host-driven decode loop on its own devices.
   _distributed.check_single_process("`rlax-post train` (sampling in the learner's process)")
   _warm_cache.check_cache_dir(cfg)
-  return _train_with(_parts.build_parts(cfg), workdir, make_source, resume=resume, quiet=quiet)
+  parts = _parts.build_parts(cfg)
+  _learners.check_batches(parts, sampling=True)
+  return _train_with(parts, workdir, make_source, resume=resume, quiet=quiet)
 
 
 def run_learner(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: bool = False) -> dict:
@@ -81,7 +84,9 @@ def run_learner(cfg: config_lib.Config, workdir: str, *, resume: bool = False, q
   if _distributed.is_primary():
     _samplers.clear_done(workdir)
   _warm_cache.check_cache_dir(cfg)
-  return _train_with(_parts.build_parts(cfg), workdir, _sources.ProcessSource, resume=resume, quiet=quiet)
+  parts = _parts.build_parts(cfg)
+  _learners.check_batches(parts, sampling=False)  # (its samplers are other processes, on meshes of their own)
+  return _train_with(parts, workdir, _sources.ProcessSource, resume=resume, quiet=quiet)
 
 
 class Comparison:

@@ -1,0 +1,145 @@
+"""Batch sizes that the devices they are split over do not divide are refused naming the setting, its value, the
+axes' size and the nearest value that divides them: when the config is built (a mesh without -1) and when the
+learner has its mesh, before anything is built; before, the run stopped after its warm start in JAX's words
+("axis 0 is partitioned 8 times, but the dimension size is 4")."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import _procs  # pylint: disable=g-bad-import-order
+from rlax_post import config
+from rlax_post import runtime
+from rlax_post import sharding
+from rlax_post.runtime import _learners
+
+sys.path.insert(0, ".")
+from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_EIGHT = {"data": 1, "fsdp": 8, "tensor": 1}
+_AXES = ("data", "fsdp")
+_WHERE = ("which do not split over the 8 devices of the mesh's axes ['data', 'fsdp'] that the rules map 'batch' "
+          "to (the mesh {'data': 1, 'fsdp': 8, 'tensor': 1})")
+
+
+def _tiny(**settings):
+  """demo.py:tiny (4 prompts × 4 samples, sft.batch_size 8, eval.batch_size 16) with `section__key` settings."""
+  c = demo.get_config("tiny")
+  for key, value in settings.items():
+    section, name = key.split("__")
+    setattr(getattr(c, section), name, value)
+  return config.load(c)
+
+
+def _refusal(cfg, shape=None, axes=_AXES, **kw):
+  with pytest.raises(ValueError, match="Batch sizes that do not divide the devices they are split over") as err:
+    config.check_batches(cfg, shape or _EIGHT, axes, **{"sampling": True, "evaluating": True, **kw})
+  return str(err.value)
+
+
+def test_batch_axes_are_the_default_rules():
+  assert dict(sharding.DEFAULT_RULES)["batch"] == config.BATCH_AXES
+
+
+def test_the_tiny_run_divides_eight_devices():
+  config.check_batches(_tiny(), _EIGHT, _AXES, sampling=True, evaluating=True)
+
+
+def test_minibatches_of_four_rows_on_eight_devices():
+  message = _refusal(_tiny(rl__minibatches=4))  # 4 × 4 rows / 4 minibatches = 4 rows
+  assert ("`rl.prompts_per_step` = 4 makes an RL update's minibatch 4 rows (rl.prompts_per_step × 4 rows per "
+          f"group / rl.minibatches = 4 / loss.micro_batches = 1), {_WHERE}; use e.g. rl.prompts_per_step = 8 (8 "
+          "rows), or a mesh whose 'batch' axes divide it.") in message
+  assert message.count("\n  ") == 1  # one refusal: the sampler's 16 slots divide 8
+
+
+def test_every_batch_that_does_not_divide_is_named():
+  message = _refusal(_tiny(rl__prompts_per_step=3, loss__micro_batches=2, sft__batch_size=12, eval__batch_size=12))
+  lines = message.split("\n  ")[1:]
+  assert [line.split(" makes ")[0] for line in lines] == [
+      "`rl.prompts_per_step` = 3", "`sft.batch_size` = 12", "`eval.batch_size` = 12", "`rl.prompts_per_step` = 3"]
+  # 3 × 4 / 2 = 6 rows: 4 prompts make micro-batches of 8; 12 / 2 = 6 rows: 16 make 8; 12 slots: 16 (8: as near).
+  assert "micro-batch 6 rows" in lines[0] and "use e.g. rl.prompts_per_step = 4 (8 rows)" in lines[0]
+  assert "warm-start micro-batch 6 rows (sft.batch_size / loss.micro_batches = 2)" in lines[1]
+  assert "use e.g. sft.batch_size = 16 (8 rows)" in lines[1]
+  assert "the greedy evaluation's slots 12 rows" in lines[2] and "eval.batch_size = 16 (16 rows)" in lines[2]
+  assert "the sampler's slots 12 rows (rl.prompts_per_step × rl.samples_per_prompt = 4)" in lines[3]
+
+
+def test_what_a_process_does_not_hold_is_not_checked():
+  cfg = _tiny(eval__batch_size=12, runtime__sampler_slots=12)
+  config.check_batches(cfg, _EIGHT, _AXES, sampling=False, evaluating=False)
+  assert "`runtime.sampler_slots` = 12 makes the sampler's slots 12 rows" in _refusal(cfg, evaluating=False)
+  assert "`eval.batch_size` = 12" in _refusal(cfg, sampling=False)
+
+
+def test_rows_split_over_the_axes_the_rules_name():
+  cfg = _tiny(rl__minibatches=4)
+  shape = {"data": 2, "fsdp": 2, "tensor": 2}
+  config.check_batches(cfg, shape, ("data", "fsdp"), sampling=True, evaluating=True)  # 4 rows over 4
+  assert "over the 8 devices of the mesh's axes ['data', 'fsdp', 'tensor']" in _refusal(cfg, shape,
+                                                                                     ("data", "fsdp", "tensor"))
+
+
+def test_a_separate_critic_splits_over_its_own_mesh():
+  cfg = _tiny(advantage__estimator="gae", critic__mesh={"data": 1, "fsdp": 2, "tensor": 4}, rl__minibatches=8)
+  # 16 rows / 8 minibatches = 2: the critic's 2 devices of 'batch' divide them, the policy's 8 do not.
+  message = _refusal(cfg)
+  assert "an RL update's minibatch 2 rows" in message and "a separate critic's" not in message
+  config.check_batches(cfg, {"data": 1, "fsdp": 2, "tensor": 4}, _AXES, sampling=True, evaluating=False)
+  cfg = _tiny(advantage__estimator="gae", critic__mesh={"data": -1, "fsdp": 1, "tensor": 1}, rl__minibatches=4)
+  policy = {"data": 1, "fsdp": 1, "tensor": 8}  # the policy's rows on one device; the critic's over 8
+  assert ("`rl.prompts_per_step` = 4 makes a separate critic's minibatch 4 rows (rl.prompts_per_step × 4 rows "
+          "per group / rl.minibatches = 4 / loss.micro_batches = 1), which do not split over the 8 devices of the "
+          "critic's mesh's axes ['data', 'fsdp'] that the rules map 'batch' to (the critic's mesh {'data': 8, "
+          "'fsdp': 1, 'tensor': 1}); use e.g. rl.prompts_per_step = 8 (8 rows)") in _refusal(
+              cfg, policy, sampling=False, evaluating=False)
+
+
+def test_q_fit_batches_split_over_the_critic_mesh():
+  c = demo.get_config("tiny")
+  c.task.name, c.task.options = "sales", {"discounted": False}
+  c.runtime.mode, c.rl.steps, c.rl.prompts_per_step = "rounds", 4, 2
+  c.iterppo.round_steps, c.iterppo.episodes, c.iterppo.q_batch_size = 2, 8, 12
+  c.critic.loss = "mse"
+  message = _refusal(config.load(c), sampling=False, evaluating=False)
+  assert ("`iterppo.q_batch_size` = 12 makes a batch of Q's fit 12 rows (iterppo.q_batch_size / "
+          "loss.micro_batches = 1)") in message and "use e.g. iterppo.q_batch_size = 16 (16 rows)" in message
+
+
+def test_a_config_with_an_explicit_mesh_is_checked_when_built():
+  with pytest.raises(ValueError, match=r"`rl.prompts_per_step` = 3 makes an RL update's minibatch 12 rows .*8 "
+                     r"devices of the mesh's axes \['data', 'fsdp'\].*use e.g. rl.prompts_per_step = 4 \(16 rows\)"):
+    _tiny(mesh__data=8, mesh__fsdp=1, rl__prompts_per_step=3)
+  assert _tiny(mesh__data=-1, mesh__fsdp=1, rl__prompts_per_step=3).rl.prompts_per_step == 3  # devices unknown
+  assert _tiny(mesh__data=4, mesh__fsdp=1, rl__prompts_per_step=3).mesh.data == 4  # 12 rows over 4
+
+
+def test_nearest_value():
+  from rlax_post.config import _batches  # pylint: disable=g-import-not-at-top
+  assert _batches.nearest(12, lambda v: v % 8 == 0) == 16  # 8 and 16 are as near: the larger
+  assert _batches.nearest(9, lambda v: v % 8 == 0) == 8
+  assert _batches.nearest(1, lambda v: v % 5 == 0) == 5
+
+
+def test_the_learner_checks_its_mesh_before_building_anything():
+  """In this process (8 CPU devices, conftest): the run's own mesh, fsdp = -1 over all 8."""
+  parts = runtime.build_parts(_tiny(rl__minibatches=4))
+  assert dict(parts.mesh.shape) == _EIGHT
+  with pytest.raises(ValueError, match="`rl.prompts_per_step` = 4 makes an RL update's minibatch 4 rows"):
+    _learners.check_batches(parts, sampling=True)
+  _learners.check_batches(runtime.build_parts(_tiny()), sampling=True)
+
+
+def test_train_on_eight_devices_refuses_before_it_writes(tmp_path):
+  env = _procs.env(8)
+  cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/demo.py:tiny", "--workdir",
+         str(tmp_path / "run"), "--quiet", "--config.rl.minibatches=4"]
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert ("rlax-post train: error: Batch sizes that do not divide the devices they are split over: "
+          "`rl.prompts_per_step` = 4 makes an RL update's minibatch 4 rows") in out.stderr
+  assert "use e.g. rl.prompts_per_step = 8 (8 rows)" in out.stderr
+  assert not os.path.exists(tmp_path / "run" / "checkpoints")  # nothing of a run was written
