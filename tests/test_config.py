@@ -160,6 +160,9 @@ _ROUNDS = {"task": {"name": "sales", "options": {"discounted": False}}, "runtime
      "`critic.publish` = True (default False): read only with a separate critic of the policy: advantage.estimator "
      "= 'gae', or 'c3' with a value c3_mode, and critic.mode = 'separate' (Iterative PPO's Q is never published); "
      "this run has advantage.estimator = 'grpo', critic.mode = 'separate'"),
+    ({"task": {"name": "tools"}, "rl": {"stop": ["."]}},
+     "`rl.stop` = ('.',) (default ()): read only with task.name in ['reverse', 'sort', 'add', 'dataset', 'relay', "
+     "'sort_reverse'] or tree.expansion != 'none'; this run has task.name = 'tools', tree.expansion = 'none'"),
 ])
 def test_settings_the_run_does_not_read_are_refused(raw, message):
   """Each setting that only some runs read, set for a run that does not, is named with its value, its default,
@@ -198,6 +201,9 @@ def test_settings_the_run_does_not_read_are_refused(raw, message):
     {"advantage": {"estimator": "reinforce_pp", "eps": 1e-4}},
     {"task": {"name": "relay"}, "advantage": {"estimator": "magrpo", "std": "population", "eps": 1e-4}},
     {"advantage": {"estimator": "gae"}, "critic": {"publish": True}},
+    {"rl": {"stop": ["."]}},
+    {"task": {"name": "relay"}, "advantage": {"estimator": "magrpo"}, "rl": {"stop": ["|"]}},
+    {"task": {"name": "tools"}, "tree": {"expansion": "arpo"}, "rl": {"stop": ["</call>"], "samples_per_prompt": 6}},
 ])
 def test_settings_the_run_reads_are_kept(raw):
   config.load(raw)

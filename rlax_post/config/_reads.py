@@ -135,6 +135,12 @@ _SEPARATE_CRITIC = When("a separate critic of the policy: advantage.estimator = 
                         "and critic.mode = 'separate' (Iterative PPO's Q is never published)",
                         lambda cfg: f"advantage.estimator = {cfg.advantage.estimator!r}, critic.mode = "
                         f"{cfg.critic.mode!r}", separate_critic)
+# The multi-turn tasks' messages end at EOS or their turn budget (the env reads each whole message); stop
+# strings end the samples of single-message tasks and of tree rollouts.
+_STOP = When(f"task.name in {list(TEXT_TASKS + ('dataset',) + COLLABORATION_TASKS)} or tree.expansion != 'none'",
+             lambda cfg: f"task.name = {cfg.task.name!r}, tree.expansion = {cfg.tree.expansion!r}",
+             lambda cfg: cfg.task.name in TEXT_TASKS + ("dataset",) + COLLABORATION_TASKS
+             or cfg.tree.expansion != "none")
 _ASYNC_KEYS = ("max_staleness", "num_samplers", "queue", "queue_capacity", "param_versions_to_keep",
                "sampler_timeout_s")
 
@@ -144,6 +150,7 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("data", "reward"), _is("task.name", "dataset")),
     (("multiagent",), _is("task.name", *COLLABORATION_TASKS)),
     (("tree",), _is_not("tree.expansion", "none")),
+    (("rl.stop",), _STOP),
     (("tree.prefix",), _is("advantage.estimator", *TREE_ROLLOUT_ESTIMATORS)),
     (("iterppo",), _is("runtime.mode", "rounds")),
     (("iterppo.q_epochs", "iterppo.q_batch_size"), _is_not("iterppo.q", "oracle")),  # Q's fit (the oracle has none)
