@@ -287,11 +287,23 @@ def _check_overrides(argv) -> None:
     _check_key(raw, key)
 
 
+def _check_own_flags(command: str) -> None:
+  """A flag of another command (`fidelity --step 2`, `check-config --workdir x`) would be read by no one: the
+  command would run as if it were not given. It is refused, naming the commands that read it."""
+  own = _COMMANDS[command][2]
+  for name in sorted({n for _, _, names in _COMMANDS.values() for n in names} - set(own)):
+    if flags.FLAGS[name].present:
+      readers = [c for c, (_, _, names) in _COMMANDS.items() if name in names]
+      raise ValueError(f"--{name} is not a flag of `rlax-post {command}` (it is read by {', '.join(readers)}); "
+                       f"the flags of {command}: {['--' + n for n in own]}.")
+
+
 def _parse_flags(command: str, argv):
   try:
     _check_overrides(argv)
     argv, nones = sweep.none_overrides(argv)
     parsed = flags.FLAGS(argv)
+    _check_own_flags(command)
     if nones:
       _CONFIG.value.update_from_flattened_dict(nones)
     return parsed

@@ -159,6 +159,24 @@ def test_bad_flag_and_bad_flag_value():
   assert "--config.rl.steps=abc: invalid literal for int() with base 10: 'abc'" in line
 
 
+@pytest.mark.parametrize("args, message", [
+    (("fidelity", "--workdir", "nowhere", "--step", "2"),
+     "--step is not a flag of `rlax-post fidelity` (it is read by value, rescue-eval); the flags of fidelity: "
+     "['--workdir', '--extra', '--batches', '--json']."),
+    (("check-config", "--config", "configs/demo.py:tiny", "--workdir", "x", "--resume"),
+     "--resume is not a flag of `rlax-post check-config` (it is read by train, learner); the flags of "
+     "check-config: ['--config']."),
+    (("serve", "--checkpoint", "nowhere", "--config", "configs/demo.py:sort"),
+     "--config is not a flag of `rlax-post serve` (it is read by train, check-config, learner, sweep, "
+     "rescue-eval); the flags of serve: ['--checkpoint', '--port', '--host', '--temperature', '--slots']."),
+], ids=["fidelity --step", "check-config --workdir --resume", "serve --config"])
+def test_a_flag_of_another_command_is_refused(args, message):
+  """A flag the command does not read ran as if it were not given: `fidelity --step 2` reported step 3 (the
+  newest), `check-config --workdir x --resume` printed the config (a CLI walk-through)."""
+  line = _error(_cli(*args), args[0])
+  assert line == f"rlax-post {args[0]}: error: {message}"
+
+
 def test_unknown_variant_is_one_line():
   line = _error(_cli("check-config", "--config", "configs/demo.py:huge"), "check-config")
   assert "unknown variant(s) ['huge']; valid: ['default', 'tiny', 'gae', 'reverse', 'sort', 'add']" in line
