@@ -230,6 +230,32 @@ def _existing_dir(path: str, flag: str, what: str) -> str:
   raise error(f"{flag} {path!r} {state}{_relative_note(path)}; pass {what}.")
 
 
+def _run_dir(path: str, flag: str, what: str) -> str:
+  """`_existing_dir`, holding a run's config.json. A directory without one, or with another program's (a
+  Hugging Face checkpoint's, from `rlax-post convert`), is no run: the first was told to start a learner
+  there, the second got 20 unknown config keys (a CLI walk-through)."""
+  _existing_dir(path, flag, what)
+  if "://" in path:
+    return path
+  file = os.path.join(path, "config.json")
+  if not os.path.isfile(file):
+    raise FileNotFoundError(f"{flag} {path!r} holds no config.json, so it is no run's workdir; pass {what}.")
+  try:
+    with open(file) as f:
+      raw = json.load(f)
+  except (OSError, ValueError):
+    return path  # Unreadable or not JSON: runtime.load_run_config names the file and what to do.
+  if isinstance(raw, dict) and "model_type" in raw:
+    raise ValueError(f"{flag} {path!r} holds a Hugging Face checkpoint (its config.json is a {raw['model_type']!r} "
+                     f"model's), not a run; pass {what}. To train from that checkpoint, set "
+                     f"--config.model.hf_path={path}.")
+  if not isinstance(raw, dict) or not {"task", "rl"} <= raw.keys():
+    keys = sorted(raw)[:8] if isinstance(raw, dict) else f"a {type(raw).__name__}"
+    raise ValueError(f"{flag} {path!r}: its config.json is not a run's config (no 'task' and 'rl' sections; it "
+                     f"holds {keys}); pass {what}.")
+  return path
+
+
 # --- Config overrides, checked against the config file before ml_collections parses them. ---
 
 
@@ -345,7 +371,7 @@ def _learner(argv):
   if _CONFIG.value is not None:
     cfg = _load_config()
   else:  # A restarted learner may take the run's own config.
-    cfg = runtime.load_run_config(_existing_dir(workdir, "--workdir", "the workdir of a learner run, or "
+    cfg = runtime.load_run_config(_run_dir(workdir, "--workdir", "the workdir of a learner run, or "
                                                 "--config FILE to start one"))
   if cfg.runtime.mode != "async":
     raise ValueError("`rlax-post learner` runs the async learner: set --config.runtime.mode=async.")
@@ -366,7 +392,7 @@ def _sampler(argv):
 
 def _replay(argv):
   del argv
-  workdir = _existing_dir(_required(_WORKDIR, "the workdir of the run to replay"), "--workdir",
+  workdir = _run_dir(_required(_WORKDIR, "the workdir of the run to replay"), "--workdir",
                           "the workdir of a run of `rlax-post train` or `rlax-post learner`")
   _init_distributed("replay")
   report = runtime.replay(workdir, quiet=_QUIET.value)
@@ -418,7 +444,7 @@ def _print_out(text: str) -> None:
 
 def _serve(argv):
   del argv
-  workdir = _existing_dir(_required(_CHECKPOINT, "the workdir of a training run"), "--checkpoint",
+  workdir = _run_dir(_required(_CHECKPOINT, "the workdir of a training run"), "--checkpoint",
                           "the workdir of a training run (it holds config.json and checkpoints/)")
   options = sampler.ServeOptions(port=_PORT.value, host=_HOST.value, max_concurrent_decodes=_SLOTS.value,
                                  temperature=_TEMPERATURE.value)
@@ -442,7 +468,7 @@ def _convert(argv):
 
 def _fidelity(argv):
   del argv
-  workdir = _existing_dir(_required(_WORKDIR, "the workdir of a role-pipeline run"), "--workdir",
+  workdir = _run_dir(_required(_WORKDIR, "the workdir of a role-pipeline run"), "--workdir",
                           "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
   if _EXTRA.value < 1:
     raise ValueError(f"--extra must be >= 1; got {_EXTRA.value}.")
@@ -452,7 +478,7 @@ def _fidelity(argv):
 
 def _value(argv):
   del argv
-  workdir = _existing_dir(_required(_WORKDIR, "the workdir of a sales run"), "--workdir",
+  workdir = _run_dir(_required(_WORKDIR, "the workdir of a sales run"), "--workdir",
                           "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
   _json_path()
   _write_json(runtime.run_policy_value(workdir, step=_STEP.value))
@@ -502,7 +528,7 @@ def _rescue_eval(argv):
   options = runtime.HarnessOptions(tasks=tuple(_TASKS.value), judge=_JUDGE.value,
                                    max_context_rows=_context_rows())
   if _WORKDIR.value is not None:
-    workdir = _existing_dir(_WORKDIR.value, "--workdir",
+    workdir = _run_dir(_WORKDIR.value, "--workdir",
                             "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
     load = functools.partial(runtime.load_run_policy, workdir, step=_STEP.value)
   else:

@@ -309,13 +309,40 @@ def test_run_directory_that_does_not_exist(tmp_path, command, flag, what, relati
   assert line == f"rlax-post {command}: error: {flag} {path!r} does not exist{where}; pass {what}."
 
 
-@pytest.mark.parametrize("relative", [True, False])
-def test_replay_of_a_directory_without_a_run(tmp_path, relative):
-  """An existing relative or absolute directory passes the check; what it lacks is named next."""
+_RUN_DIRS = [
+    ("replay", "--workdir", "the workdir of a run of `rlax-post train` or `rlax-post learner`"),
+    ("learner", "--workdir", "the workdir of a learner run, or --config FILE to start one"),
+    ("serve", "--checkpoint", "the workdir of a training run (it holds config.json and checkpoints/)"),
+    ("fidelity", "--workdir", "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)"),
+    ("value", "--workdir", "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)"),
+]
+
+
+@pytest.mark.parametrize("command, flag, what", _RUN_DIRS)
+def test_a_directory_without_a_run_config(tmp_path, command, flag, what):
+  """An existing directory without config.json was answered 'DIR/config.json does not exist: start `rlax-post
+  learner --workdir DIR` first' by every command (a CLI walk-through): it names the flag and what to pass."""
   (tmp_path / "empty").mkdir()
-  path = "empty" if relative else str(tmp_path / "empty")
-  line = _error(_cli("replay", "--workdir", path, cwd=tmp_path), "replay")
-  assert f"{os.path.join(path, 'config.json')} does not exist" in line
+  path = str(tmp_path / "empty")
+  line = _error(_cli(command, flag, path), command)
+  assert line == f"rlax-post {command}: error: {flag} {path!r} holds no config.json, so it is no run's workdir; pass {what}."
+
+
+@pytest.mark.parametrize("command, flag, what", _RUN_DIRS)
+def test_a_hugging_face_checkpoint_is_no_run(tmp_path, command, flag, what):
+  """`rlax-post convert`'s output (an HF checkpoint: config.json with model_type) passed where a run's workdir
+  goes listed its 20 keys as unknown config keys (a CLI walk-through); it is named, with the flag it fits."""
+  (tmp_path / "ckpt").mkdir()
+  (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"],
+                                                            "model_type": "llama", "hidden_size": 64}))
+  line = _error(_cli(command, flag, "ckpt", cwd=tmp_path), command)
+  assert line == (f"rlax-post {command}: error: {flag} 'ckpt' holds a Hugging Face checkpoint (its config.json is "
+                  f"a 'llama' model's), not a run; pass {what}. To train from that checkpoint, set "
+                  "--config.model.hf_path=ckpt.")
+  (tmp_path / "ckpt" / "config.json").write_text(json.dumps({"steps": 3}))
+  line = _error(_cli(command, flag, "ckpt", cwd=tmp_path), command)
+  assert line == (f"rlax-post {command}: error: {flag} 'ckpt': its config.json is not a run's config (no 'task' "
+                  f"and 'rl' sections; it holds ['steps']); pass {what}.")
 
 
 def test_missing_required_flags():
