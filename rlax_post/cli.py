@@ -308,7 +308,7 @@ def _check_overrides(argv) -> None:
   variant = spec.split(":", 1)[1:]
   if variant and not inspect.signature(module.get_config).parameters:
     raise ValueError(f"--config {spec!r}: {path}'s get_config() takes no variant; drop ':{variant[0]}'.")
-  raw = module.get_config(*variant)
+  raw = sweep.config_of(module, variant[0] if variant else None, path)
   for key in keys:
     _check_key(raw, key)
 

@@ -122,9 +122,19 @@ def test_none_on_the_command_line_sets_a_field_that_may_be_none():
      "config file 'bad.py' cannot be imported (line 2): ModuleNotFoundError: No module named 'nonexistent_mod'"),
     ("import ml_collections\ndef get_config():\n  return ml_collections.ConfigDict()\n", "bad.py:tiny",
      "--config 'bad.py:tiny': bad.py's get_config() takes no variant; drop ':tiny'."),
+    # A CLI walk-through: these three gave a traceback (AttributeError in importlib, the KeyError) or a lie
+    # ("--config is required", for a get_config without `return`).
+    ("x: 1\n", "bad.yaml",
+     "config file 'bad.yaml' is not a Python file: a config is a .py file that defines get_config() "
+     "(docs/configuration.md, 'Writing a config')."),
+    ("def get_config(arg=None):\n  return {}[arg]\n", "bad.py:tiny",
+     "config file 'bad.py': get_config('tiny') failed (line 2): KeyError: 'tiny'"),
+    ("import ml_collections\ndef get_config():\n  ml_collections.ConfigDict()\n", "bad.py",
+     "config file 'bad.py': get_config (line 2) returned NoneType; expected an ml_collections.ConfigDict (does "
+     "it end with `return`?)."),
 ])
 def test_a_config_file_that_cannot_load_is_one_line_naming_it(tmp_path, text, spec, message):
-  (tmp_path / "bad.py").write_text(text)
+  (tmp_path / spec.split(":")[0]).write_text(text)
   out = _cli("check-config", "--config", spec, cwd=tmp_path)
   assert _error(out, "check-config") == f"rlax-post check-config: error: {message}"
 

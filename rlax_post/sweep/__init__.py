@@ -12,6 +12,7 @@ from rlax_post.sweep._units import apply
 from rlax_post.sweep._units import axis
 from rlax_post.sweep._units import check_overrides
 from rlax_post.sweep._units import command_line_overrides
+from rlax_post.sweep._units import config_of
 from rlax_post.sweep._units import differences
 from rlax_post.sweep._units import load_module
 from rlax_post.sweep._units import none_overrides
@@ -26,6 +27,7 @@ __all__ = [
     "axis",
     "check_overrides",
     "command_line_overrides",
+    "config_of",
     "differences",
     "finished",
     "group_figures",

@@ -228,6 +228,9 @@ def load_module(path: str):
   if not os.path.isfile(path):
     raise FileNotFoundError(f"config file {path!r} does not exist.")
   spec = importlib.util.spec_from_file_location(f"_rlax_post_sweep_config_{abs(hash(path))}", path)
+  if spec is None:  # Not a .py file: importlib has no loader for it.
+    raise ValueError(f"config file {path!r} is not a Python file: a config is a .py file that defines "
+                     "get_config() (docs/configuration.md, 'Writing a config').")
   module = importlib.util.module_from_spec(spec)
   try:
     spec.loader.exec_module(module)
@@ -236,6 +239,25 @@ def load_module(path: str):
     raise ValueError(f"config file {path!r} cannot be imported{f' (line {line})' if line else ''}: "
                      f"{type(e).__name__}: {e}") from None
   return module
+
+
+def config_of(module, arg: str | None, path: str) -> ml_collections.ConfigDict:
+  """The module's get_config(arg) (get_config() without a variant); ValueError naming the file (and line)
+  when it raises or returns no config. Its own ValueErrors (an unknown variant) are its message to the user
+  and pass as they are."""
+  try:
+    cfg = module.get_config(*([] if arg is None else [arg]))
+  except ValueError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (the user's file: any error is theirs to fix)
+    line = _line_in(e, path)
+    raise ValueError(f"config file {path!r}: get_config({'' if arg is None else repr(arg)}) failed"
+                     f"{f' (line {line})' if line else ''}: {type(e).__name__}: {e}") from None
+  if not isinstance(cfg, (ml_collections.ConfigDict, Mapping)):
+    line = getattr(getattr(module.get_config, "__code__", None), "co_firstlineno", None)
+    raise ValueError(f"config file {path!r}: get_config{f' (line {line})' if line else ''} returned "
+                     f"{type(cfg).__name__}; expected an ml_collections.ConfigDict (does it end with `return`?).")
+  return cfg
 
 
 def _line_in(error: BaseException, path: str) -> int | None:
@@ -309,7 +331,7 @@ def work_units(config: str, overrides: Sequence[str] = ()) -> list[WorkUnit]:
   sweep would run it twice and count it as two seeds)."""
   path, arg = _split(config)
   module = load_module(path)
-  base = _with_flags(module.get_config(arg), overrides, config)
+  base = _with_flags(config_of(module, arg, path), overrides, config)
   points = _points(module, arg, path)
   units, seen = [], {}
   for i, point in enumerate(points):
