@@ -372,7 +372,7 @@ def _learner(argv):
     cfg = _load_config()
   else:  # A restarted learner may take the run's own config.
     cfg = runtime.load_run_config(_run_dir(workdir, "--workdir", "the workdir of a learner run, or "
-                                                "--config FILE to start one"))
+                                           "--config FILE to start one"))
   if cfg.runtime.mode != "async":
     raise ValueError("`rlax-post learner` runs the async learner: set --config.runtime.mode=async.")
   with _output_dir(workdir):
@@ -393,7 +393,7 @@ def _sampler(argv):
 def _replay(argv):
   del argv
   workdir = _run_dir(_required(_WORKDIR, "the workdir of the run to replay"), "--workdir",
-                          "the workdir of a run of `rlax-post train` or `rlax-post learner`")
+                     "the workdir of a run of `rlax-post train` or `rlax-post learner`")
   _init_distributed("replay")
   report = runtime.replay(workdir, quiet=_QUIET.value)
   if report["mismatches"]:
@@ -445,7 +445,7 @@ def _print_out(text: str) -> None:
 def _serve(argv):
   del argv
   workdir = _run_dir(_required(_CHECKPOINT, "the workdir of a training run"), "--checkpoint",
-                          "the workdir of a training run (it holds config.json and checkpoints/)")
+                     "the workdir of a training run (it holds config.json and checkpoints/)")
   options = sampler.ServeOptions(port=_PORT.value, host=_HOST.value, max_concurrent_decodes=_SLOTS.value,
                                  temperature=_TEMPERATURE.value)
   server = runtime.serve(workdir, options)
@@ -469,7 +469,7 @@ def _convert(argv):
 def _fidelity(argv):
   del argv
   workdir = _run_dir(_required(_WORKDIR, "the workdir of a role-pipeline run"), "--workdir",
-                          "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
+                     "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
   if _EXTRA.value < 1:
     raise ValueError(f"--extra must be >= 1; got {_EXTRA.value}.")
   _json_path()
@@ -479,7 +479,7 @@ def _fidelity(argv):
 def _value(argv):
   del argv
   workdir = _run_dir(_required(_WORKDIR, "the workdir of a sales run"), "--workdir",
-                          "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
+                     "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
   _json_path()
   _write_json(runtime.run_policy_value(workdir, step=_STEP.value))
 
@@ -529,8 +529,12 @@ def _rescue_eval(argv):
                                    max_context_rows=_context_rows())
   if _WORKDIR.value is not None:
     workdir = _run_dir(_WORKDIR.value, "--workdir",
-                            "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
+                       "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
     load = functools.partial(runtime.load_run_policy, workdir, step=_STEP.value)
+  elif _STEP.value is not None or _WARM_START.value:  # --step was ignored (the report said step 0).
+    flag = f"--step {_STEP.value}" if _STEP.value is not None else "--warm_start"
+    raise ValueError(f"{flag} picks a policy of a run: give it with --workdir (--config evaluates the config's "
+                     "starting weights, step 0).")
   else:
     load = functools.partial(runtime.config_policy, _load_config())
   report = runtime.run_rescue_eval(sessions, load, warm_start=_WARM_START.value, options=options,

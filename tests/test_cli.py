@@ -187,6 +187,16 @@ def test_a_flag_of_another_command_is_refused(args, message):
   assert line == f"rlax-post {args[0]}: error: {message}"
 
 
+@pytest.mark.parametrize("flag, shown", [(("--step", "3"), "--step 3"), (("--warm_start",), "--warm_start")])
+def test_rescue_eval_of_a_config_refuses_a_run_s_policy_flags(flag, shown):
+  """`rescue-eval --config C --step 3` evaluated the config's starting weights and reported step 0;
+  `--warm_start` there said 'checkpoint 0 holds no warm-start (reference) policy' (a CLI walk-through)."""
+  line = _error(_cli("rescue-eval", "--config", "configs/dialogue.py:tiny", "--sessions", "nowhere", *flag),
+                "rescue-eval")
+  assert line == (f"rlax-post rescue-eval: error: {shown} picks a policy of a run: give it with --workdir "
+                  "(--config evaluates the config's starting weights, step 0).")
+
+
 def test_unknown_variant_is_one_line():
   line = _error(_cli("check-config", "--config", "configs/demo.py:huge"), "check-config")
   assert "unknown variant(s) ['huge']; valid: ['default', 'tiny', 'gae', 'reverse', 'sort', 'add']" in line
