@@ -387,7 +387,23 @@ def _sampler(argv):
   _required(_INDEX, "this sampler's index (0, 1, ...; unique per sampler)")
   if os.path.exists(workdir):  # Else it waits for the learner to create it.
     _writable_dir(workdir)
+  _check_sampled_run(workdir)
   runtime.run_sampler(workdir, index=_INDEX.value, quiet=_QUIET.value)
+
+
+def _check_sampled_run(workdir: str) -> None:
+  """A run already in `workdir` must be an async learner's: a sampler of a sync run waited for tickets no one
+  grants, silently and for ever (a CLI walk-through). Without one yet, it says what it waits for."""
+  if "://" not in workdir and not os.path.isfile(os.path.join(workdir, "config.json")):
+    if not _QUIET.value:
+      print(f"[sampler-{_INDEX.value}] waiting for a learner to start in {workdir} (its config.json): "
+            f"`rlax-post learner --config FILE --config.runtime.mode=async --workdir {workdir}`", flush=True)
+    return
+  cfg = runtime.load_run_config(_run_dir(workdir, "--workdir", "the workdir of an async learner"))
+  if cfg.runtime.mode != "async":
+    raise ValueError(f"--workdir {workdir!r} holds a run of runtime.mode = {cfg.runtime.mode!r}, which samples "
+                     "by itself; samplers serve an async learner (`rlax-post learner --config.runtime.mode=async`, "
+                     "docs/async.md).")
 
 
 def _replay(argv):

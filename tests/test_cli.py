@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -314,6 +315,27 @@ def test_sampler_workdir_that_is_a_file(tmp_path, relative):
   path = "afile" if relative else str(tmp_path / "afile")
   line = _error(_cli("sampler", "--workdir", path, "--index", "0", cwd=tmp_path), "sampler")
   assert line == f"rlax-post sampler: error: --workdir {path!r} is a file, not a directory; pass a directory."
+
+
+def test_a_sampler_of_a_run_that_is_not_async_is_refused(tmp_path):
+  """`rlax-post sampler` on a sync run's workdir waited for tickets for ever, printing nothing past its start
+  line (a CLI walk-through: still running after 300 s); a workdir with no run yet says what it waits for."""
+  out = _cli("check-config", "--config", "configs/demo.py:tiny")
+  (tmp_path / "run").mkdir()
+  (tmp_path / "run" / "config.json").write_text(out.stdout)
+  line = _error(_cli("sampler", "--workdir", "run", "--index", "0", cwd=tmp_path), "sampler")
+  assert line == ("rlax-post sampler: error: --workdir 'run' holds a run of runtime.mode = 'sync', which samples by "
+                  "itself; samplers serve an async learner (`rlax-post learner --config.runtime.mode=async`, "
+                  "docs/async.md).")
+  with subprocess.Popen([sys.executable, "-m", "rlax_post.cli", "sampler", "--workdir", "later", "--index", "1"],
+                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_ENV, cwd=tmp_path) as proc:
+    guard = threading.Timer(120, proc.kill)  # a sampler that prints nothing must not hang the test
+    guard.start()
+    first = proc.stdout.readline()
+    guard.cancel()
+    proc.kill()
+  assert first == ("[sampler-1] waiting for a learner to start in later (its config.json): `rlax-post learner "
+                   "--config FILE --config.runtime.mode=async --workdir later`\n")
 
 
 @pytest.mark.parametrize("command, flag, what", [
