@@ -361,8 +361,16 @@ def _print_summary(summary):
   initial, final = summary["initial_eval_reward"], summary["final_eval_reward"]
   print(f"\nGreedy eval reward on {summary['num_eval_prompts']} held-out prompts: warm start {initial:.3f} "
         f"-> after RL {final:.3f} ({final - initial:+.3f}) in {summary['wall_seconds']:.0f} s.")
-  print(f"Outputs in {summary['workdir']}: summary.json, metrics.jsonl, curves.png, tensorboard/, "
-        "checkpoints/")
+  print(f"Outputs in {summary['workdir']}: {', '.join(_outputs(summary['workdir']))}")
+
+
+def _outputs(workdir: str) -> list[str]:
+  """The run's outputs that `workdir` holds: curves.png and tensorboard/ are off with runtime.plot /
+  runtime.tensorboard = False (the line named them anyway)."""
+  names = ("summary.json", "metrics.jsonl", "curves.png", "tensorboard/", "checkpoints/")
+  if "://" in workdir:
+    return list(names)
+  return [name for name in names if os.path.exists(os.path.join(workdir, name.rstrip("/")))]
 
 
 def _learner(argv):

@@ -433,3 +433,25 @@ def test_sweep_validates_its_overrides_before_any_unit_starts(tmp_path):
   assert not root.exists()
   line = _error(_cli("sweep", "--config", "configs/demo.py:tiny", "--workdir", root, "-config.seed=4"), "sweep")
   assert "overrides of swept key(s) ['seed']" in line, line
+
+
+# --- What a finished run prints ---
+
+
+def test_the_outputs_line_names_only_the_outputs_the_run_wrote(tmp_path, capsys):
+  """With runtime.plot = False and runtime.tensorboard = False the line still listed curves.png and
+  tensorboard/ (a CLI walk-through: `train --config configs/demo.py:tiny --config.runtime.plot=False ...`)."""
+  for name in ("summary.json", "metrics.jsonl"):
+    (tmp_path / name).write_text("{}")
+  (tmp_path / "checkpoints").mkdir()
+  cli._print_summary({"initial_eval_reward": 0.25, "final_eval_reward": 0.75, "num_eval_prompts": 16,
+                      "wall_seconds": 12.4, "workdir": str(tmp_path)})
+  assert capsys.readouterr().out == (
+      "\nGreedy eval reward on 16 held-out prompts: warm start 0.250 -> after RL 0.750 (+0.500) in 12 s.\n"
+      f"Outputs in {tmp_path}: summary.json, metrics.jsonl, checkpoints/\n")
+  (tmp_path / "curves.png").write_bytes(b"")
+  (tmp_path / "tensorboard").mkdir()
+  cli._print_summary({"initial_eval_reward": 0.0, "final_eval_reward": 0.0, "num_eval_prompts": 1,
+                      "wall_seconds": 1.0, "workdir": str(tmp_path)})
+  assert capsys.readouterr().out.endswith(
+      f"Outputs in {tmp_path}: summary.json, metrics.jsonl, curves.png, tensorboard/, checkpoints/\n")
