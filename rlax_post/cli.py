@@ -237,22 +237,37 @@ def _run_dir(path: str, flag: str, what: str) -> str:
   _existing_dir(path, flag, what)
   if "://" in path:
     return path
-  file = os.path.join(path, "config.json")
-  if not os.path.isfile(file):
+  if not os.path.isfile(os.path.join(path, "config.json")):
     raise FileNotFoundError(f"{flag} {path!r} holds no config.json, so it is no run's workdir; pass {what}.")
+  _refuse_foreign_config(path, flag, f"pass {what}")
+  return path
+
+
+def _refuse_foreign_config(path: str, flag: str, fix: str) -> None:
+  """ValueError when `path/config.json` is another program's (not a run's config): a Hugging Face checkpoint's
+  (config.json with model_type) or any JSON without a run's 'task' and 'rl' sections."""
   try:
-    with open(file) as f:
+    with open(os.path.join(path, "config.json")) as f:
       raw = json.load(f)
   except (OSError, ValueError):
-    return path  # Unreadable or not JSON: runtime.load_run_config names the file and what to do.
+    return  # None there, unreadable or not JSON: runtime.load_run_config names the file and what to do.
   if isinstance(raw, dict) and "model_type" in raw:
     raise ValueError(f"{flag} {path!r} holds a Hugging Face checkpoint (its config.json is a {raw['model_type']!r} "
-                     f"model's), not a run; pass {what}. To train from that checkpoint, set "
+                     f"model's), not a run; {fix}. To train from that checkpoint, set "
                      f"--config.model.hf_path={path}.")
   if not isinstance(raw, dict) or not {"task", "rl"} <= raw.keys():
     keys = sorted(raw)[:8] if isinstance(raw, dict) else f"a {type(raw).__name__}"
     raise ValueError(f"{flag} {path!r}: its config.json is not a run's config (no 'task' and 'rl' sections; it "
-                     f"holds {keys}); pass {what}.")
+                     f"holds {keys}); {fix}.")
+
+
+def _new_run_dir(path: str) -> str:
+  """--workdir of train / learner: a directory holding another program's config.json is refused, since a run
+  writes its own there (`rlax-post train --workdir CKPT` replaced a converted checkpoint's config.json with
+  the run's, and the checkpoint no longer loaded: a CLI walk-through)."""
+  if "://" not in path and os.path.isdir(path):
+    _refuse_foreign_config(path, "--workdir", "a run writes its own config.json there: pass a new directory, "
+                           "or the workdir of a run")
   return path
 
 
@@ -350,7 +365,7 @@ def _load_config():
 def _train(argv):
   del argv
   cfg = _load_config()
-  path = _required(_WORKDIR, "the directory for checkpoints, metrics and summaries")
+  path = _new_run_dir(_required(_WORKDIR, "the directory for checkpoints, metrics and summaries"))
   with _output_dir(path) as workdir:
     _init_distributed("train")
     summary = runtime.train(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value)
@@ -383,7 +398,7 @@ def _learner(argv):
                                            "--config FILE to start one"))
   if cfg.runtime.mode != "async":
     raise ValueError("`rlax-post learner` runs the async learner: set --config.runtime.mode=async.")
-  with _output_dir(workdir):
+  with _output_dir(_new_run_dir(workdir)):
     _init_distributed("learner")
     summary = runtime.run_learner(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value)
   _print_summary(summary)

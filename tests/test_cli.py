@@ -264,6 +264,24 @@ def test_workdir_is_created_relative_to_the_working_directory(tmp_path, command,
   assert (tmp_path / "runs").is_dir() and not (tmp_path / "runs" / "a").exists()
 
 
+@pytest.mark.parametrize("command", ["train", "learner"])
+def test_a_run_into_a_hugging_face_checkpoint_leaves_it_alone(tmp_path, command):
+  """`rlax-post train --workdir CKPT` (a checkpoint `rlax-post convert` wrote) ran, replacing the checkpoint's
+  config.json with the run's: it no longer loaded (a CLI walk-through). Now refused, the files as they were."""
+  ckpt = tmp_path / "ckpt"
+  ckpt.mkdir()
+  hf_config = json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64})
+  (ckpt / "config.json").write_text(hf_config)
+  (ckpt / "model.safetensors").write_bytes(b"weights")
+  out = _cli(command, "--config", _DEMO + ":tiny", "--config.runtime.mode=async", "--workdir", "ckpt", cwd=tmp_path)
+  assert _error(out, command) == (
+      f"rlax-post {command}: error: --workdir 'ckpt' holds a Hugging Face checkpoint (its config.json is a 'llama' "
+      "model's), not a run; a run writes its own config.json there: pass a new directory, or the workdir of a "
+      "run. To train from that checkpoint, set --config.model.hf_path=ckpt.")
+  assert sorted(os.listdir(ckpt)) == ["config.json", "model.safetensors"]
+  assert (ckpt / "config.json").read_text() == hf_config
+
+
 def test_workdir_below_a_file(tmp_path):
   (tmp_path / "afile").write_text("x")
   line = _error(_cli("train", "--config", _DEMO + ":tiny", "--workdir", "afile/run", cwd=tmp_path), "train")
