@@ -546,9 +546,29 @@ def _rescue_sim(argv):
   del argv
   out = _required(_SESSIONS, "the directory to write the sessions to")
   with _output_dir(out, "--sessions"):
+    before = _session_files(out)
     paths = runtime.simulate_sessions(out, _COUNT.value, seed=_SEED.value, variants=_VARIANTS.value,
                                       horizon=_HORIZON.value)
-  print(f"Wrote {len(paths)} RESCUE sessions to {out}.")
+  print(f"Wrote {len(paths)} RESCUE sessions to {out}.{_earlier_sessions(out, before, paths)}")
+
+
+def _session_files(directory: str) -> set[str]:
+  if "://" in directory or not os.path.isdir(directory):
+    return set()
+  return {os.path.join(directory, name) for name in os.listdir(directory) if name.endswith(".json")}
+
+
+def _earlier_sessions(out: str, before: set[str], paths: list[str]) -> str:
+  """What `out` held before: `rescue-eval --sessions DIR` reads every session file there, so sessions of an
+  earlier call (other seeds, the other paraphrase split, another horizon) count with these; the line said
+  only 'Wrote 2 RESCUE sessions' (a CLI walk-through: a held-out directory then held 5)."""
+  kept, replaced = sorted(before - set(paths)), len(before & set(paths))
+  note = f" {replaced} of them replaced files of the same name." if replaced else ""
+  if kept:
+    names = ", ".join(os.path.basename(p) for p in kept[:3]) + (", ..." if len(kept) > 3 else "")
+    note += (f" {out} also holds {len(kept)} session file(s) written before ({names}), which "
+             f"`rlax-post rescue-eval --sessions {out}` reads too.")
+  return note
 
 
 def _context_rows():

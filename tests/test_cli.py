@@ -473,3 +473,19 @@ def test_the_outputs_line_names_only_the_outputs_the_run_wrote(tmp_path, capsys)
                       "wall_seconds": 1.0, "workdir": str(tmp_path)})
   assert capsys.readouterr().out.endswith(
       f"Outputs in {tmp_path}: summary.json, metrics.jsonl, curves.png, tensorboard/, checkpoints/\n")
+
+
+def test_rescue_sim_names_the_session_files_a_directory_held_before(tmp_path):
+  """rescue-eval reads a directory's session files whole; a second rescue-sim into it (other seeds, the train
+  paraphrases) said only 'Wrote 2 RESCUE sessions', and the held-out directory then held 4."""
+  def sim(*args):
+    out = _cli("rescue-sim", "--sessions", "s", "--count", "2", "--horizon", "2", *args, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+  assert sim() == "Wrote 2 RESCUE sessions to s.\n"
+  assert sim("--seed", "1", "--variants", "train") == (
+      "Wrote 2 RESCUE sessions to s. s also holds 2 session file(s) written before (sim-heldout-00000.json, "
+      "sim-heldout-00001.json), which `rlax-post rescue-eval --sessions s` reads too.\n")
+  assert sim() == ("Wrote 2 RESCUE sessions to s. 2 of them replaced files of the same name. s also holds 2 "
+                   "session file(s) written before (sim-train-00001.json, sim-train-00002.json), which "
+                   "`rlax-post rescue-eval --sessions s` reads too.\n")
