@@ -385,7 +385,8 @@ def test_a_directory_without_a_run_config(tmp_path, command, flag, what):
   (tmp_path / "empty").mkdir()
   path = str(tmp_path / "empty")
   line = _error(_cli(command, flag, path), command)
-  assert line == f"rlax-post {command}: error: {flag} {path!r} holds no config.json, so it is no run's workdir; pass {what}."
+  assert line == (f"rlax-post {command}: error: {flag} {path!r} holds no config.json, so it is no run's workdir; "
+                  f"pass {what}.")
 
 
 @pytest.mark.parametrize("command, flag, what", _RUN_DIRS)
