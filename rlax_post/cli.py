@@ -25,6 +25,7 @@ import textwrap
 from absl import app
 from absl import flags
 from absl import logging
+from etils import epath
 from ml_collections import config_dict
 from ml_collections import config_flags
 
@@ -208,10 +209,21 @@ def _output_dir(path: str, flag: str = "--workdir"):
     raise
 
 
+def _bucket(path: str, flag: str) -> str:
+  """Bucket URL `path`, once this process can open it: etils needs gcsfs for gs:// (an ImportError traceback
+  from deep in a sampler's first read, without it)."""
+  try:
+    epath.Path(path).exists()
+  except ImportError as e:
+    raise ValueError(f"{flag} {path!r} is a bucket URL, which this process cannot open ({e}: `pip install "
+                     "gcsfs`); or pass the bucket's mount path (gcsfuse; Vertex AI: /gcs/BUCKET/...).") from None
+  return path
+
+
 def _writable_dir(path: str, flag: str = "--workdir") -> str:
   """Creates `path` and a probe file in it now, so a bad directory fails here, not at the first checkpoint."""
   if "://" in path:  # A bucket URL: nothing to create locally.
-    return path
+    return _bucket(path, flag)
   if os.path.exists(path) and not os.path.isdir(path):
     raise NotADirectoryError(f"{flag} {path!r} is a file, not a directory; pass a directory.")
   try:
@@ -223,7 +235,9 @@ def _writable_dir(path: str, flag: str = "--workdir") -> str:
 
 
 def _existing_dir(path: str, flag: str, what: str) -> str:
-  if "://" in path or os.path.isdir(path):
+  if "://" in path:
+    return _bucket(path, flag)
+  if os.path.isdir(path):
     return path
   error, state = (NotADirectoryError, "is a file") if os.path.exists(path) else (FileNotFoundError,
                                                                                  "does not exist")
@@ -264,8 +278,13 @@ def _refuse_foreign_config(path: str, flag: str, fix: str) -> None:
 def _new_run_dir(path: str) -> str:
   """--workdir of train / learner: a directory holding another program's config.json is refused, since a run
   writes its own there (`rlax-post train --workdir CKPT` replaced a converted checkpoint's config.json with
-  the run's, and the checkpoint no longer loaded: a CLI walk-through)."""
-  if "://" not in path and os.path.isdir(path):
+  the run's, and the checkpoint no longer loaded: a CLI walk-through). A bucket URL is refused: a run writes
+  its workdir's files (config.json, metrics) with local file calls, which made a local `gs:/` directory of one."""
+  if "://" in path:
+    raise ValueError(f"--workdir {path!r}: a learner's workdir must be a local path (a run writes its config, "
+                     "metrics and summaries with local file calls); pass the bucket's mount path (gcsfuse; "
+                     "Vertex AI: /gcs/BUCKET/...). Sampler processes may read the bucket URL itself.")
+  if os.path.isdir(path):
     _refuse_foreign_config(path, "--workdir", "a run writes its own config.json there: pass a new directory, "
                            "or the workdir of a run")
   return path

@@ -335,6 +335,21 @@ def test_sampler_workdir_that_is_a_file(tmp_path, relative):
   assert line == f"rlax-post sampler: error: --workdir {path!r} is a file, not a directory; pass a directory."
 
 
+def test_bucket_workdirs_are_refused_where_they_cannot_work(tmp_path):
+  """A learner's workdir is written with local file calls (`train --workdir gs://b/r` made a local `gs:/b/r`);
+  a sampler's bucket URL needs gcsfs (without it: an ImportError traceback from the sampler's first read)."""
+  line = _error(_cli("train", "--config", "configs/demo.py:tiny", "--workdir", "gs://b/r", cwd=_ROOT), "train")
+  assert line.startswith("rlax-post train: error: --workdir 'gs://b/r': a learner's workdir must be a local path")
+  assert "pass the bucket's mount path" in line and not os.path.exists(os.path.join(_ROOT, "gs:"))
+  try:
+    import gcsfs  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    line = _error(_cli("sampler", "--workdir", "gs://b/r", "--index", "0", cwd=tmp_path), "sampler")
+    assert line == ("rlax-post sampler: error: --workdir 'gs://b/r' is a bucket URL, which this process cannot "
+                    "open (Please install gcsfs to access Google Storage: `pip install gcsfs`); or pass the "
+                    "bucket's mount path (gcsfuse; Vertex AI: /gcs/BUCKET/...).")
+
+
 def test_a_sampler_of_a_run_that_is_not_async_is_refused(tmp_path):
   """`rlax-post sampler` on a sync run's workdir waited for tickets for ever, printing nothing past its start
   line (a CLI walk-through: still running after 300 s); a workdir with no run yet says what it waits for."""
