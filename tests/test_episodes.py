@@ -176,7 +176,9 @@ def test_slow_envs_overlap_with_decoding(engine):
     _check_against_reference(e, turns)
 
 
-def test_env_errors_and_timeouts_end_only_their_episode(engine):
+def _failing_episodes(engine):
+  """Two episodes of each of 3 prompts: the 2nd env raises at step 2, the 3rd hangs at step 1, the 6th's reset
+  raises."""
   made = []
 
   def factory():
@@ -185,7 +187,11 @@ def test_env_errors_and_timeouts_end_only_their_episode(engine):
                        fail_reset=k == 5))
     return made[-1]
 
-  _, episodes = _run(engine, factory, prompts=PROMPTS[:3], env_timeout_s=0.3)
+  return _run(engine, factory, prompts=PROMPTS[:3], env_timeout_s=0.3)[1]
+
+
+def test_env_errors_and_timeouts_end_only_their_episode(engine):
+  episodes = _failing_episodes(engine)
   reasons = [(e.prompt_index, e.index, e.end_reason) for e in episodes]
   assert reasons == [(0, 0, "env_done"), (0, 1, "env_error"), (1, 0, "env_timeout"), (1, 1, "env_done"),
                      (2, 0, "env_done"), (2, 1, "env_error")]
@@ -207,15 +213,7 @@ def test_env_errors_and_timeouts_end_only_their_episode(engine):
 
 
 def test_env_failures_are_counted_per_row_and_the_first_is_logged(engine, caplog):
-  made = []
-
-  def factory():
-    k = len(made)
-    made.append(ToyEnv(turns=3, fail_at=2 if k == 1 else None, hang_at=1 if k == 2 else None, hang_s=1.0,
-                       fail_reset=k == 5))
-    return made[-1]
-
-  _, episodes = _run(engine, factory, prompts=PROMPTS[:3], env_timeout_s=0.3)
+  episodes = _failing_episodes(engine)
   env_episodes._FAILURE_LOGGED.clear()  # pylint: disable=protected-access
   with caplog.at_level(logging.WARNING, logger="rlax_post.envs"):
     rows = envs.episode_rows(7, episodes)
