@@ -10,6 +10,7 @@ import time
 import pytest
 
 from rlax_post import rewards
+from rlax_post.rewards import _runner
 
 
 def _sample(completion, answer=None, ids=(), **kw):
@@ -314,7 +315,15 @@ def _drain(runner, n, timeout=10.0):
   return {r.key: r for r in out}
 
 
-def test_runner_defaults_failures_logs_once_and_counts(user_module, caplog):
+@pytest.fixture(name="fresh_process")
+def _fresh_process(monkeypatch):
+  """The state of a process in which no reward call has failed yet (the traceback is logged once per process,
+  and an earlier test of this one may have logged it)."""
+  monkeypatch.setattr(_runner, "_TRACEBACK_LOGGED", threading.Lock())
+
+
+def test_runner_defaults_failures_logs_once_and_counts(user_module, caplog, fresh_process):
+  del fresh_process
   scorer = rewards.Scorer([f"{user_module}:boom"])
   runner = rewards.RewardRunner(scorer, workers=2, default=-1.0)
   with caplog.at_level(logging.WARNING, logger="rlax_post.rewards"):
@@ -327,6 +336,22 @@ def test_runner_defaults_failures_logs_once_and_counts(user_module, caplog):
   assert all(r.error == "KeyError: 'no such field'" for r in got.values())
   logged = [r for r in caplog.records if "A reward call failed" in r.getMessage()]
   assert len(logged) == 1 and "Traceback" in logged[0].getMessage() and "f.jsonl:3" in logged[0].getMessage()
+
+
+def test_runner_logs_one_traceback_per_process_not_per_runner(user_module, caplog, fresh_process):
+  """A run builds a runner per producer: a sync run whose reward always raised logged the traceback 4 times
+  (docs/data.md: once per process). Each runner still counts its own failures."""
+  del fresh_process
+  scorer = rewards.Scorer([f"{user_module}:boom"])
+  runners = [rewards.RewardRunner(scorer, workers=2, default=-1.0) for _ in range(3)]
+  with caplog.at_level(logging.WARNING, logger="rlax_post.rewards"):
+    for i, runner in enumerate(runners):
+      for k in range(i + 1):
+        runner.submit(k, _sample("x"))
+      assert len(_drain(runner, i + 1)) == i + 1
+      runner.close()
+  assert [r.errors for r in runners] == [1, 2, 3]
+  assert len([r for r in caplog.records if "A reward call failed" in r.getMessage()]) == 1
 
 
 def test_runner_defaults_a_reward_that_exits(user_module):

@@ -2,9 +2,10 @@
 
 `submit(key, sample)` queues a call of the scorer; `poll()` returns the finished ones as `Result`s. A call
 that raises, returns something that is not a reward, or runs longer than `timeout_s` gives its sample the
-`default` reward with `error` set; the first such error's traceback is logged once per runner, and `errors`
-counts them. A timed-out call cannot be stopped (Python threads cannot be killed): its thread is left to
-finish and a fresh worker takes its place, so hung calls never starve the others.
+`default` reward with `error` set; the first such error's traceback is logged once per process (a run
+builds several runners, one per producer), and each runner's `errors` counts its own. A timed-out call cannot
+be stopped (Python threads cannot be killed): its thread is left to finish and a fresh worker takes its
+place, so hung calls never starve the others.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from rlax_post.rewards._sample import Sample
 from rlax_post.rewards._scorer import Scored
 
 _LOG = logging.getLogger("rlax_post.rewards")
+# Taken (never released) by the first failed call of the process, whose traceback is logged: one per process,
+# not per runner (a run with a reward that always raised logged it 4 times, once per producer's runner).
+_TRACEBACK_LOGGED = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +59,6 @@ class RewardRunner:
       raise ValueError(f"Need workers >= 1 and timeout_s >= 0; got {workers}, {timeout_s}.")
     self.scorer, self.timeout_s, self.default = scorer, float(timeout_s), float(default)
     self.errors = 0
-    self._logged = False
     self._cond = threading.Condition()
     self._queue: collections.deque[_Job] = collections.deque()
     self._running: list[_Job] = []
@@ -108,8 +111,7 @@ class RewardRunner:
   def _failed(self, job: _Job, error: str, trace: str) -> Result:
     """The default result of a failed call (lock held)."""
     self.errors += 1
-    if not self._logged:
-      self._logged = True
+    if _TRACEBACK_LOGGED.acquire(blocking=False):  # (atomic: runners in two threads log one traceback)
       _LOG.warning("A reward call failed for %s (it and every later failure get reward %s; counted as "
                    "`reward_errors`):\n%s", job.sample.where or job.key, self.default, trace)
     return Result(job.key, Scored(total=self.default, components={}), error=error)
