@@ -8,6 +8,7 @@ sampling still finds the right answer often; GRPO then raises the greedy reward 
   rlax-post train --config configs/demo.py:tiny --workdir /tmp/tiny     # seconds; used by the tests
   rlax-post train --config configs/demo.py:sort --workdir runs/sort     # another built-in task
   rlax-post train --config configs/demo.py:add,tiny --workdir /tmp/add  # variants combine with commas
+                                                                       # (one task: sort,add is an error)
   rlax-post train --config configs/demo.py:gae --workdir runs/ppo        # PPO with a learned critic
 """
 
@@ -90,10 +91,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if unknown:
     raise ValueError(f"configs/demo.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)} "
                      "(combine with commas, e.g. 'sort,tiny').")
-  for variant in variants:
-    if variant in _TASK_OPTIONS:
-      c.task.name = variant
-      c.task.options = _TASK_OPTIONS[variant]
+  task = sweep.one_of(variants, _TASK_OPTIONS, "configs/demo.py", "task")
+  if task:
+    c.task.name = task
+    c.task.options = _TASK_OPTIONS[task]
   if "gae" in variants:  # PPO with a separate critic (docs/critic.md): token-level GAE, whitened over the batch.
     c.advantage.estimator = "gae"
     c.advantage.normalize = "batch"

@@ -47,7 +47,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   rounds = dict(episodes=128, round_steps=8, gamma=0.9, q="learned", q_epochs=4, q_batch_size=32, q_holdout=0.2)
   if tiny:
     rounds.update(episodes=8, round_steps=2, q_batch_size=8, q_epochs=1)
-  arm = next((v for v in variants if v in ARMS), "learned")
+  arm = sweep.one_of(variants, ARMS, "configs/iterppo.py", "arm") or "learned"
   if arm != "grpo":  # (online GRPO has no rounds: the iterppo section keeps its defaults)
     c.iterppo = rounds
   sweep.apply(c, ARMS[arm])

@@ -110,12 +110,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if unknown:
     raise ValueError(f"configs/multiagent.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)} "
                      "(combine with commas, e.g. 'sort_reverse,magrpo').")
+  task = sweep.one_of(variants, _TASKS, "configs/multiagent.py", "task")
+  if task:
+    c.task.name = task
+    c.task.options = _TASKS[task]
+  arm = sweep.one_of(variants, ARMS, "configs/multiagent.py", "arm")
+  if arm:
+    sweep.apply(c, ARMS[arm])
   for variant in variants:
-    if variant in _TASKS:
-      c.task.name = variant
-      c.task.options = _TASKS[variant]
-    if variant in ARMS or variant in _POLICIES:
-      sweep.apply(c, {**ARMS, **_POLICIES}[variant])
+    if variant in _POLICIES:  # (its key is no arm's: it combines with any)
+      sweep.apply(c, _POLICIES[variant])
   if "tiny" in variants:  # A smoke-sized run: compiles and runs in well under a minute.
     c.model.preset = "micro"
     c.task.num_eval = 16

@@ -17,6 +17,8 @@ included); the reward is 1 when the completion's final number equals the answer 
 import ml_collections
 from ml_collections import config_dict
 
+from rlax_post import sweep
+
 _VARIANTS = ("default", "quick", "lora", "tiny")
 CHECKPOINT = "checkpoints/smollm2-135m-instruct"
 
@@ -77,6 +79,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   unknown = [v for v in variants if v not in _VARIANTS]
   if unknown:
     raise ValueError(f"configs/smollm2_math.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)}.")
+  # quick and tiny both set rl.steps, task.num_eval and eval.every: together, tiny's would replace quick's.
+  sweep.one_of(variants, ("quick", "tiny"), "configs/smollm2_math.py", "run size")
   if "lora" in variants:  # Adapters of rank 16 over a frozen base (a higher learning rate suits them).
     c.model.lora.rank = 16
     c.model.lora.alpha = 32.0

@@ -55,9 +55,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   tools = "tools" in variants
   if tools and set(variants) & set(_TASKS):
     raise ValueError(f"configs/trees.py: variant 'tools' is its own task; drop {sorted(set(variants) & set(_TASKS))}.")
+  sweep.one_of(variants, _TASKS, "configs/trees.py", "task")
   base = _config_module("tools_tiny" if tools else "demo")
   c = base.get_config(",".join(v for v in variants if v in ("tiny",) + _TASKS) or None)
-  arm = next((v for v in variants if v in ARMS), "treerl")
+  arm = sweep.one_of(variants, ARMS, "configs/trees.py", "arm") or "treerl"
   if arm not in (TOOL_ARMS if tools else TEXT_ARMS):
     raise ValueError(f"configs/trees.py: arm {arm!r} runs on {'the text tasks' if tools else 'variant tools'} only.")
   sweep.apply(c, ARMS[arm])

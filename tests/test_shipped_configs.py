@@ -22,6 +22,7 @@ _REFUSED = {
     ("trees.py", "arpo"): "runs on variant tools only",
     ("trees.py", "arpo,tiny"): "runs on variant tools only",
     ("trees.py", "random,tools"): "runs on the text tasks only",
+    ("smollm2_math.py", "quick,tiny"): r"variants \['quick', 'tiny'\] each choose the run size",
 }
 
 
@@ -82,6 +83,34 @@ def test_every_variant_and_sweep_unit_loads(path, variant):
     assert units and all(u.config == spec for u in units)
     for unit in units:
       assert _learners.warmup_cuts(config.load(sweep.apply(module.get_config(variant), unit.overrides))) == [], unit
+
+
+@pytest.mark.parametrize("name, variant, both, kind", [
+    ("demo.py", "sort,add", ["sort", "add"], "task"),
+    ("demo.py", "add,tiny,reverse", ["add", "reverse"], "task"),
+    ("multiagent.py", "relay,sort_reverse", ["relay", "sort_reverse"], "task"),
+    ("multiagent.py", "c3_value,c3", ["c3_value", "c3"], "arm"),
+    ("iterppo.py", "oracle,myopic", ["oracle", "myopic"], "arm"),
+    ("trees.py", "chain,treerl", ["chain", "treerl"], "arm"),
+    ("trees.py", "sort,add", ["sort", "add"], "task"),
+    ("smollm2_math.py", "quick,tiny", ["quick", "tiny"], "run size"),
+])
+def test_variants_that_overwrite_each_other_are_refused(name, variant, both, kind):
+  """Two variants of one kind (a task, an arm) set the same keys: combined, one silently replaced the other
+  (`demo.py:sort,add` trained on add; `multiagent.py:c3_value,c3` ran neither arm: c3's reward_only mode with
+  c3_value's bce critic; `iterppo.py:oracle,myopic` and `trees.py:chain,treerl` ran the first arm)."""
+  with pytest.raises(ValueError, match=re.escape(f"configs/{name}: variants {both} each choose the {kind}")):
+    _module(os.path.join(REPO, "configs", name)).get_config(variant)
+
+
+@pytest.mark.parametrize("name, variant, task, estimator", [
+    ("demo.py", "tiny,add", "add", "grpo"), ("demo.py", "sort,gae", "sort", "gae"),
+    ("multiagent.py", "sort_reverse,c3_value,per_role", "sort_reverse", "c3"),
+    ("trees.py", "sort,chain,tiny", "sort", "grpo"), ("iterppo.py", "tiny,myopic", "sales", "grpo"),
+])
+def test_one_variant_of_each_kind_still_combines(name, variant, task, estimator):
+  cfg = config.load(_module(os.path.join(REPO, "configs", name)).get_config(variant))
+  assert (cfg.task.name, cfg.advantage.estimator) == (task, estimator)
 
 
 @pytest.mark.parametrize("variant", _model_specs())

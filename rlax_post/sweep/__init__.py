@@ -16,6 +16,7 @@ from rlax_post.sweep._units import config_of
 from rlax_post.sweep._units import differences
 from rlax_post.sweep._units import load_module
 from rlax_post.sweep._units import none_overrides
+from rlax_post.sweep._units import one_of
 from rlax_post.sweep._units import product
 from rlax_post.sweep._units import work_units
 from rlax_post.sweep._units import WorkUnit
@@ -33,6 +34,7 @@ __all__ = [
     "group_figures",
     "load_module",
     "none_overrides",
+    "one_of",
     "plot",
     "product",
     "run_local",

@@ -212,6 +212,18 @@ def variants(arg: str | None, valid: Sequence[str], config: str) -> list[str]:
   return chosen
 
 
+def one_of(chosen: Sequence[str], kind: Iterable[str], config: str, what: str) -> str | None:
+  """The variant of `chosen` that is of `kind` (a config's tasks, or its arms), None when none is; a ValueError
+  naming them when `chosen` holds two. Variants of one kind set the same keys: combined, one's settings
+  silently replaced the other's (`demo.py:sort,add` trained on `add`; `trees.py:chain,treerl` ran `chain`)."""
+  kind = set(kind)
+  picked = list(dict.fromkeys(v for v in chosen if v in kind))
+  if len(picked) > 1:
+    raise ValueError(f"{config}: variants {picked} each choose the {what}, and a run has one: pass one of them "
+                     "(combined, one's settings would silently replace the other's).")
+  return picked[0] if picked else None
+
+
 def apply(cfg: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
   """Sets each dotted key of `overrides` (a sweep point, e.g. {"tree.keep": 2}) on `cfg`; returns it."""
   for key, value in overrides.items():
