@@ -165,7 +165,7 @@ def test_group_figures_and_report(tmp_path):
 @pytest.mark.e2e
 def test_sweep_cli_end_to_end(tmp_path):
   """Two real `rlax-post train` units, two at a time; the report matches each unit's own outputs; a second
-  invocation runs nothing again."""
+  invocation runs nothing again; one with more rl.steps is refused, naming the units."""
   root = tmp_path / "sweep"
   cmd = [sys.executable, "-m", "rlax_post.cli", "sweep", "--config", f"{DEMO}:tiny", "--workdir", str(root),
          "--parallel", "2", "--config.rl.steps=2", "--json", str(tmp_path / "out.json")]
@@ -194,6 +194,10 @@ def test_sweep_cli_end_to_end(tmp_path):
   assert sft_steps[0] and sft_steps[1] == []
   again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
   assert again.returncode == 0 and again.stdout.count("finished earlier, not run again") == 2
+  more = subprocess.run([a if a != "--config.rl.steps=2" else "--config.rl.steps=3" for a in cmd],
+                        capture_output=True, text=True, timeout=300, cwd=REPO)
+  assert more.returncode == 2 and "| ok |" not in more.stdout, more.stdout  # not the old results as current
+  assert more.stderr.count("(rl.steps: 2 -> 3)") == 2, more.stderr
   clash = subprocess.run(cmd[:-2] + ["--config.advantage.estimator=grpo"], capture_output=True, text=True,
                          timeout=300, cwd=REPO)
   assert clash.returncode == 2 and "which the sweep itself varies" in clash.stderr
@@ -303,6 +307,69 @@ def test_a_unit_stopped_early_is_not_a_result_and_runs_again(tmp_path):
   assert not stopped.ok and stopped.status == "stopped (1/2)" and "rl_steps_done=1 of rl_steps=2" in stopped.error
   assert stopped.figures()["final_eval_reward"] is None  # not counted
   assert sweep.group_figures(results)[0]["finished"] == 1
+
+
+def _finished_units(root, flags, done=3, steps=3):
+  """The demo:tiny units under `flags`, with workdirs as a run of them left them: config.json (as `rlax-post
+  train` writes it) and a summary.json of `done` of `steps` RL steps."""
+  units = sweep.work_units(f"{DEMO}:tiny", flags)
+  for u in units:
+    os.makedirs(u.workdir(root))
+    runtime.write_json(os.path.join(u.workdir(root), "config.json"), config_lib.to_dict(u.cfg))
+    runtime.write_json(os.path.join(u.workdir(root), "summary.json"), _summary(done, steps))
+  return units
+
+
+def test_a_sweep_rerun_with_other_settings_is_refused_not_shown_as_ok(tmp_path):
+  """Units that finished at rl.steps = 3, run again with --config.rl.steps=4: the sweep printed their old table,
+  every unit "ok", and ran nothing. Now it refuses, naming each unit and the keys that differ, and runs
+  nothing."""
+  root = str(tmp_path / "root")
+  units = _finished_units(root, ["--config.rl.steps=3"])
+  said, fake = [], _fake_python(tmp_path)
+  with pytest.raises(ValueError) as info:
+    sweep.run_local(f"{DEMO}:tiny", root, pin_cpus=False, share_warm_start=False,
+                    extra_flags=["--config.rl.steps=4"], python=fake, say=said.append)
+  message = str(info.value)
+  assert message.startswith(f"2 of 2 work units under {root} hold a run with other settings")
+  assert [f"{u.dirname} (rl.steps: 3 -> 4)" in message for u in units] == [True, True]
+  assert said == [] and not any(os.path.exists(os.path.join(u.workdir(root), "train.log")) for u in units)
+  # With the settings they ran with, they are finished results, not run again.
+  results = sweep.run_local(f"{DEMO}:tiny", root, pin_cpus=False, share_warm_start=False,
+                            extra_flags=["--config.rl.steps=3"], python=fake, say=said.append)
+  assert [(r.status, r.returncode) for r in results] == [("ok", None), ("ok", None)]
+  assert [m.endswith("finished earlier, not run again.") for m in said] == [True, True]
+
+
+def test_what_makes_a_units_workdir_stale(tmp_path):
+  """Only the settings `--resume` compares count (not sft.cache_dir, eval or runtime); a workdir with nothing
+  the sweep reuses (no summary, no checkpoint: the unit starts afresh) and a unit without a config are not
+  checked."""
+  root = str(tmp_path / "root")
+  workdir = _finished_units(root, ["--config.rl.temperature=0.5"])[0].workdir(root)
+
+  def stale(*flags):
+    return _local._stale(sweep.UnitResult(unit=sweep.work_units(f"{DEMO}:tiny", flags)[0], workdir=workdir))
+
+  assert stale("--config.rl.temperature=0.5") is None
+  assert stale("--config.rl.temperature=0.5", "--config.eval.every=1", "--config.sft.cache_dir=/c") is None
+  assert stale("--config.rl.temperature=0.7", "--config.loss.kl_coef=0.1") == (
+      "loss.kl_coef: 0.0 -> 0.1, rl.temperature: 0.5 -> 0.7")
+  by_hand = sweep.WorkUnit(index=0, config="c.py", overrides={"advantage.estimator": "grpo", "seed": 0})
+  assert _local._stale(sweep.UnitResult(unit=by_hand, workdir=workdir)) is None
+  os.remove(os.path.join(workdir, "summary.json"))  # as if killed before its first checkpoint
+  assert stale("--config.rl.temperature=0.7") is None
+
+
+def test_a_unit_finished_at_fewer_steps_than_it_has_now_is_run_again(tmp_path):
+  """A summary of 3 of 3 RL steps is not a finished unit of 4 (where the run's settings allow it to resume)."""
+  def unfinished(root, done):
+    results = [sweep.UnitResult(unit=u, workdir=u.workdir(root))
+               for u in _finished_units(root, ["--config.rl.steps=4"], done=done, steps=done)]
+    return [r.unit.index for r in _local._unfinished(results, say=lambda msg: None)]
+
+  assert unfinished(str(tmp_path / "at_3"), done=3) == [0, 1]
+  assert unfinished(str(tmp_path / "at_4"), done=4) == []
 
 
 _FAKE_PYTHON = """#!/bin/bash

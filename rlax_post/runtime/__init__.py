@@ -2,6 +2,7 @@
 
 from rlax_post.runtime._batch import RolloutBatch
 from rlax_post.runtime._batch import rows_to_batch
+from rlax_post.runtime._checkpoint import check_resume_config
 from rlax_post.runtime._checkpoint import complete_checkpoints
 from rlax_post.runtime._checkpoint import probe_writable
 from rlax_post.runtime._checkpoint import RunCheckpointer
@@ -68,7 +69,7 @@ from rlax_post.runtime._warm_cache import cache_key as warm_start_cache_key
 from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
 __all__ = ["build_parts", "Credit", "credit_fidelity", "spearman", "ModelPolicy", "ExactOracle", "exact_oracle", "policy_value", "run_policy_value", "config_policy", "load_run_policy", "RunPolicy", "rescue_audit", "rescue_evaluate",
-           "HarnessOptions", "run_rescue_eval", "simulate_sessions", "Channels", "complete_checkpoints", "probe_writable", "CriticScores", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "Evaluator", "export_hf",
+           "HarnessOptions", "run_rescue_eval", "simulate_sessions", "Channels", "check_resume_config", "complete_checkpoints", "probe_writable", "CriticScores", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "Evaluator", "export_hf",
            "InlineSource", "initialize_distributed", "learn", "make_source", "discounted_returns", "pair_rows",
            "QFunction", "fit_sets", "mean_return", "read_rounds", "round_dir", "RoundSource", "transitions_of", "load_run_config", "LoggedSource", "MetricsWriter",
            "Parts", "plot_curves", "read_jsonl", "ProcessSource", "replay", "RLUpdate", "RolloutBatch", "rows_to_batch",

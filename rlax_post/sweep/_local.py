@@ -3,8 +3,10 @@
 Every unit is a real `rlax-post train` process with its own workdir `<root>/<unit.dirname>` and its log in
 `<root>/<unit.dirname>/train.log`. A unit whose summary.json says it did all its RL steps is not run again (so
 an interrupted sweep is continued by running the same command); one with a complete checkpoint but no such
-summary (killed, or stopped early by runtime.stop_after_steps) is resumed (`--resume`). A failed or partial
-unit is never counted in the figures.
+summary (killed, or stopped early by runtime.stop_after_steps) is resumed (`--resume`). A sweep whose units'
+workdirs hold runs of other settings (config.json differs on what decides results, as `--resume` compares
+them) is refused before anything starts, naming the units and keys: their results are not the sweep's. A
+failed or partial unit is never counted in the figures.
 When the sweep ends: a table of final metrics per unit and per group (units that differ only by `seed`),
 `<root>/sweep.json` with the same figures, and `<root>/sweep.png` with the reward curves.
 """
@@ -201,16 +203,53 @@ def _finish(run: _Running, say, total: int) -> None:
   say(f"{where}: FAILED ({why}); log: {os.path.join(r.workdir, 'train.log')}\n{r.log_tail}")
 
 
+def _stale(r: UnitResult) -> str | None:
+  """The settings that decide results (`runtime.check_resume_config`: seed, task, data, reward, model, sft, rl,
+  ...) on which the run in the unit's workdir differs from the unit, e.g. 'rl.steps: 3 -> 4'; None when they
+  agree, or when the workdir holds nothing the sweep would reuse (no summary.json, no complete checkpoint: the
+  unit starts afresh) or no config.json, or the unit carries no config (`WorkUnit.cfg`)."""
+  path = os.path.join(r.workdir, "config.json")
+  if r.unit.cfg is None or not os.path.isfile(path):
+    return None
+  if not os.path.exists(os.path.join(r.workdir, "summary.json")) and not runtime.complete_checkpoints(r.workdir):
+    return None
+  try:
+    with open(path) as f:
+      runtime.check_resume_config(json.load(f), r.unit.cfg)
+  except (OSError, ValueError) as e:  # (an unreadable config.json cannot show the results are the unit's)
+    _, found, keys = str(e).partition("these keys differ: ")
+    return keys.rstrip(".") if found else f"{path}: {type(e).__name__}: {e}"
+  return None
+
+
+def _refuse_stale(results: Sequence[UnitResult], root: str) -> None:
+  """ValueError naming every unit whose workdir holds a run of other settings: the sweep would have shown its
+  results as this sweep's ("ok"), or resumed it (which `--resume` refuses); nothing is run or deleted."""
+  found = [(r, why) for r in results if (why := _stale(r))]
+  if found:
+    units = "; ".join(f"{r.unit.dirname} ({why})" for r, why in found)
+    raise ValueError(f"{len(found)} of {len(results)} work units under {root} hold a run with other settings "
+                     "than the sweep gives them (their config.json differs on settings that decide results; "
+                     f"then -> now), so their results are not this sweep's: {units}. Pass a new --workdir, or "
+                     "delete those units' directories to run them again.")
+
+
 def _unfinished(results: list[UnitResult], say) -> list[UnitResult]:
-  """The units to run: all but those whose summary.json says they finished (a unit stopped early is run
-  again, with --resume)."""
+  """The units to run: all but those whose summary.json says they finished all the RL steps the unit has now
+  (a unit stopped early is run again, with --resume)."""
   pending = []
   for r in results:
-    if os.path.exists(os.path.join(r.workdir, "summary.json")) and _collect(r).ok:
+    if os.path.exists(os.path.join(r.workdir, "summary.json")) and _collect(r).ok and _all_steps(r):
       say(f"[{r.unit.index + 1}/{len(results)}] {r.unit.name}: finished earlier, not run again.")
     else:
       pending.append(r)
   return pending
+
+
+def _all_steps(r: UnitResult) -> bool:
+  """The unit's summary counts the RL steps of its config (a unit of more steps is resumed where the runtime
+  allows it; True for a unit that carries no config)."""
+  return r.unit.cfg is None or r.summary.get("rl_steps") == r.unit.cfg.rl.steps
 
 
 def run_local(config: str, root: str, *, parallel: int = 1, extra_flags: Sequence[str] = (),
@@ -231,6 +270,7 @@ def run_local(config: str, root: str, *, parallel: int = 1, extra_flags: Sequenc
   python = python or sys.executable
   os.makedirs(root, exist_ok=True)
   results = [UnitResult(unit=u, workdir=u.workdir(root)) for u in units]
+  _refuse_stale(results, root)
   pending = _unfinished(results, say)
   slots = _cpu_slots(parallel) if pin_cpus else [None] * parallel
   free = list(range(parallel))

@@ -103,6 +103,9 @@ class WorkUnit:
   # runtime.warm_start_cache_key of the unit's config (command-line overrides included): units with one key
   # share their warm start. "" for a unit without one (sft.steps = 0), which waits for no other unit.
   warm_key: str = ""
+  # The unit's validated config (command-line overrides included), which its workdir's config.json must match
+  # for the sweep to count the results there (`_local._stale`); None for a unit built by hand (not checked).
+  cfg: config_lib.Config | None = dataclasses.field(default=None, compare=False, repr=False)
 
   @property
   def name(self) -> str:
@@ -354,5 +357,5 @@ def work_units(config: str, overrides: Sequence[str] = ()) -> list[WorkUnit]:
       raise ValueError(f"{config}: sweep points {j} ({points[j]}) and {i} ({point}) give the same config; "
                        "the sweep repeats a work unit: drop one of them.")
     seen[same] = i
-    units.append(WorkUnit(index=i, config=config, overrides=dict(point), warm_key=_warm_key(loaded)))
+    units.append(WorkUnit(index=i, config=config, overrides=dict(point), warm_key=_warm_key(loaded), cfg=loaded))
   return units
