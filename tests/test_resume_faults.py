@@ -1,8 +1,10 @@
 """Resume after damage: uncommitted steps set aside, a damaged newest checkpoint skipped for the one before
-it, `--resume` with nothing to resume refused, torn and corrupt JSON-lines files handled by name."""
+it, `--resume` with nothing to resume refused, a refused resume leaving the run as it was, torn and corrupt
+JSON-lines files handled by name."""
 
 import json
 import os
+import re
 import shutil
 import struct
 import sys
@@ -21,7 +23,8 @@ from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-pos
 _SKIP = set(runtime.TIMING_METRICS) | {"time"}
 
 
-def _cfg(**runtime_overrides):
+def _cfg(changes=(), **runtime_overrides):
+  """The tests' run config; `changes`: (dotted key, value) pairs set last."""
   c = demo.get_config("tiny")
   c.task.options = dict(c.task.options, partial_credit=True)  # Non-zero, varied rewards at this size.
   c.sft.steps = 4
@@ -30,6 +33,9 @@ def _cfg(**runtime_overrides):
   c.checkpoint.every = 1
   c.checkpoint.max_to_keep = 3
   c.runtime.update({"progress": False, "tensorboard": False, "plot": False, **runtime_overrides})
+  for key, value in changes:
+    section, name = key.split(".")
+    c[section][name] = value
   return config.load(c)
 
 
@@ -133,6 +139,23 @@ def test_a_source_that_refuses_to_resume_leaves_the_history_whole(half, monkeypa
   with pytest.raises(ValueError, match="would hand out groups released"):
     runtime.train(_cfg(), half, resume=True, quiet=True)
   assert (half / "metrics.jsonl").read_text() == metrics
+
+
+@pytest.mark.parametrize("key, value, change", [("model.vocab_multiple", 64, "8 -> 64"), ("rl.steps", 6, "4 -> 6")])
+def test_a_refused_resume_names_the_key_and_leaves_the_run_as_it_was(half, key, value, change):
+  """The config is checked against the checkpoint's before config.json is written and before any array is read.
+  A refused resume had replaced config.json with the refused config (`rlax-post serve` and `replay` then failed
+  on the run with shape errors), and a key that changes an array's shape (model.vocab_multiple: the
+  embedding's 264 rows -> 320) was refused by orbax's restore of every step, naming shapes, not the key (a CLI
+  review)."""
+  files = {name: (half / name).read_bytes() for name in ("config.json", "metrics.jsonl")}
+  with pytest.raises(ValueError, match=rf"these keys differ: {re.escape(key)}: {change}\.$"):
+    runtime.train(_cfg([(key, value)]), half, resume=True, quiet=True)
+  assert {name: (half / name).read_bytes() for name in files} == files
+  assert runtime.RunCheckpointer(half).complete_steps() == [0, 1, 2]
+  assert not (half / _checkpoint.ASIDE_DIR).exists()
+  summary = runtime.train(_cfg(), half, resume=True, quiet=True)  # The run, still whole, continues.
+  assert summary["resumed_from_step"] == 2 and summary["rl_steps_done"] == 4
 
 
 def test_a_fresh_run_clears_what_an_attempt_without_a_checkpoint_left(half):

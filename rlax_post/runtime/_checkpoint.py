@@ -180,6 +180,24 @@ class RunCheckpointer:
     ref_params = out.state.frozen if _reference_is_frozen(state_like) else out.ref_params
     return out.state, ref_params, dict(out.meta)
 
+  def read_meta(self, step: int) -> dict:
+    """Step `step`'s metadata alone (JSON: no array is read)."""
+    reader = self._local_reader()
+    reader.reload()
+    return dict(reader.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+
+  def newest_meta(self) -> dict | None:
+    """`read_meta` of the newest complete step whose metadata reads (process 0's steps, `agreed_steps`: a
+    collective), so that a resume checks its config before restoring any array (a key that changes an array's
+    shape failed in orbax's restore, naming a shape, not the key); None when none reads (`restore_newest`
+    then names each step's error)."""
+    for step in reversed(self.agreed_steps()):
+      try:
+        return self.read_meta(step)
+      except Exception:  # pylint: disable=broad-except  (a damaged step: `restore_newest` sets it aside)
+        continue
+    return None
+
   def _local_reader(self) -> ocp.CheckpointManager:
     """A read-only manager whose restores read this process's shards with no cross-process barrier. Orbax's
     own restore ends in a barrier named after the manager, not the step: a process whose read failed skipped

@@ -126,11 +126,16 @@ class Run:
     return start
 
   def _resume(self, source) -> Start:
+    # The config is checked against the newest step's metadata before config.json is replaced and before any
+    # array is read: a refused resume had rewritten config.json (serve and replay then failed on the run), and
+    # a key that reshapes an array failed in orbax's restore, naming no key. (Here, not in `open_run`: a
+    # learner's source is built by now, and stopping it tells its samplers.)
+    _check_resume(self.ckpt.newest_meta() or {}, self.cfg)
+    _write_config(self.workdir, self.cfg)
     step, state, ref_params, meta = self.ckpt.restore_newest(**self.update.checkpoint_templates)
     for path, reason in self.ckpt.aside:
       self.ui.warn(f"Set aside {path}: {reason}.")
-    _checkpoint.check_resume_config(meta.get("config"), self.cfg)
-    _checkpoint.check_resume_data(meta.get("data_files"), self.cfg)
+    _check_resume(meta, self.cfg)  # the step restored (an older one, where the newest is damaged)
     source.resume(step, meta)  # first: it may refuse (a queue released past `step`), and then nothing is cut
     self.metrics.truncate_after(step, "rl")
     self.metrics.truncate_after(step, "eval")
@@ -232,6 +237,18 @@ RUN_DATA = ("queue", "params", "admission", "replay", _samplers.BASE_DIR, _criti
             _rounds.ROUNDS_DIR, _samplers.DONE_FILE)
 
 
+def _check_resume(meta: dict, cfg: config_lib.Config) -> None:
+  """Refuses to resume with `cfg` the run whose checkpoint metadata is `meta` (its config and data files:
+  `_checkpoint.check_resume_config`, `check_resume_data`)."""
+  _checkpoint.check_resume_config(meta.get("config"), cfg)
+  _checkpoint.check_resume_data(meta.get("data_files"), cfg)
+
+
+def _write_config(workdir: str, cfg: config_lib.Config) -> None:
+  if _distributed.is_primary():
+    _metrics.write_json(os.path.join(workdir, "config.json"), config_lib.to_dict(cfg))
+
+
 def _clear_attempt(workdir: str) -> None:
   """Removes what an attempt that never reached its first checkpoint left (nothing of it can be continued):
   its metric outputs and its run data, which a fresh run would otherwise read as its own (the queue's groups
@@ -264,8 +281,7 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool, quiet: bool) ->
                      "--resume to start a new run there.")
   if latest is None and primary:
     _clear_attempt(workdir)
-  if primary:
-    _metrics.write_json(os.path.join(workdir, "config.json"), config_lib.to_dict(cfg))
+    _write_config(workdir, cfg)  # (a resume writes it once `start` accepts it)
   # One progress bar per multi-host learner.
   ui = _metrics.Console(quiet=quiet or not primary, progress=cfg.runtime.progress)
   if primary:
