@@ -7,11 +7,14 @@ import os
 import re
 import shutil
 import struct
+import subprocess
 import sys
+import time
 
 import pytest
 from tensorboardX.proto import event_pb2
 
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
 from rlax_post import runtime
 from rlax_post.runtime import _checkpoint
@@ -39,9 +42,9 @@ def _cfg(changes=(), **runtime_overrides):
   return config.load(c)
 
 
-def _data_rows(workdir):
+def _data_rows(workdir, phases=("rl",)):
   rows = _metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-  return [{k: v for k, v in r.items() if k not in _SKIP} for r in rows if r["phase"] == "rl"]
+  return [{k: v for k, v in r.items() if k not in _SKIP} for r in rows if r["phase"] in phases]
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +177,53 @@ def test_a_fresh_run_clears_what_an_attempt_without_a_checkpoint_left(half):
   assert not any((half / name).exists() for name in ("queue", "params", "admission", "critic_params",
                                                          "learner.done"))
   assert not (half / "replay" / "rows" / "stale.json").exists()
+
+
+def test_a_fresh_run_refuses_a_folder_it_did_not_write_and_removes_nothing(tmp_path):
+  """A fresh run clears what an attempt without a checkpoint left (above), but only where a run's config.json
+  says an attempt was there: a user's folder holding params/ (and metrics.jsonl) was wiped (a CLI review)."""
+  folder = tmp_path / "project"
+  (folder / "params").mkdir(parents=True)
+  (folder / "params" / "weights.txt").write_text("mine\n")
+  (folder / "metrics.jsonl").write_text("{}\n")
+  (folder / "notes.md").write_text("notes\n")
+  before = sorted(p.relative_to(folder) for p in folder.rglob("*"))
+  with pytest.raises(ValueError, match=r"project holds params/, metrics.jsonl but no run's config.json: .* "
+                                       r"Pass an empty or new --workdir\.$"):
+    runtime.train(_cfg(), folder, quiet=True)
+  assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before  # (no checkpoints/ either)
+  with pytest.raises(ValueError, match=r"project holds params/, metrics.jsonl but no run's config.json"):
+    runtime.train(_cfg(), folder, resume=True, quiet=True)  # (nor does --resume create checkpoints/ there)
+  assert sorted(p.relative_to(folder) for p in folder.rglob("*")) == before
+  assert (folder / "params" / "weights.txt").read_text() == "mine\n"
+  (folder / "config.json").write_text('{"model_type": "llama"}')  # another program's config.json
+  with pytest.raises(ValueError, match=r"holds config.json, params/, metrics.jsonl but no run's config.json"):
+    runtime.train(_cfg(), folder, quiet=True)
+
+
+def test_an_attempt_killed_before_its_first_checkpoint_is_cleared_by_a_fresh_run(straight, tmp_path):
+  """A real attempt (`rlax-post train`, SIGKILLed in its warm start) leaves a run's config.json with its
+  outputs, so a fresh run there still clears them: its metrics are the straight run's alone."""
+  workdir = tmp_path / "run"
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  attempt = subprocess.Popen(  # pylint: disable=consider-using-with
+      [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/demo.py:tiny", "--workdir",
+       str(workdir), "--quiet", "--config.sft.steps=100000"], cwd=root, env=_procs.env(),
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.time() + 120
+    while not (workdir / "metrics.jsonl").exists() and attempt.poll() is None and time.time() < deadline:
+      time.sleep(0.1)
+  finally:
+    attempt.kill()
+    attempt.wait()
+  left = _metrics.read_jsonl(os.fspath(workdir / "metrics.jsonl"))
+  assert {r["phase"] for r in left} == {"sft"} and left[0]["step"] == 10  # its SFT rows, every 10 steps
+  assert _checkpoint.complete_checkpoints(os.fspath(workdir)) == []
+  summary = runtime.train(_cfg(), workdir, quiet=True)
+  assert summary["rl_steps_done"] == 4 and summary["resumed_from_step"] is None
+  phases = ("sft", "eval", "rl")
+  assert _data_rows(workdir, phases) == _data_rows(straight, phases)
 
 
 def test_a_torn_last_metrics_line_is_dropped_and_a_corrupt_one_is_named(straight, half, capsys):

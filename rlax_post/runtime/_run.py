@@ -9,6 +9,7 @@ On a multi-host learner process 0 writes the files; every process writes its sha
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import time
@@ -249,11 +250,43 @@ def _write_config(workdir: str, cfg: config_lib.Config) -> None:
     _metrics.write_json(os.path.join(workdir, "config.json"), config_lib.to_dict(cfg))
 
 
+# What `_clear_attempt` removes: config.json, the run data and the metric outputs (`_metrics.clear_outputs`).
+_ATTEMPT = ("config.json",) + RUN_DATA + _metrics.OUTPUT_FILES + ("tensorboard",)
+
+
+def _holds_run_config(workdir: str) -> bool:
+  """Whether `workdir/config.json` is a run's: JSON with a run's 'task' and 'rl' sections (the test of
+  `cli._refuse_foreign_config`). A fresh run writes it before anything else, so every attempt leaves one."""
+  try:
+    with open(os.path.join(workdir, "config.json")) as f:
+      raw = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return isinstance(raw, dict) and {"task", "rl"} <= raw.keys()
+
+
+def _refuse_foreign_files(workdir: str) -> None:
+  """ValueError when `workdir` holds no complete checkpoint, no run's config.json and any of what
+  `_clear_attempt` removes: no attempt of a run wrote them (a user's project folder with a params/ directory
+  was wiped). Process 0 looks; every process raises (a collective on a multi-host learner)."""
+  found = None
+  if (_distributed.is_primary() and not _checkpoint.complete_checkpoints(workdir)
+      and not _holds_run_config(workdir)):
+    paths = [os.path.join(workdir, name) for name in _ATTEMPT]
+    found = [os.path.basename(p) + ("/" if os.path.isdir(p) else "") for p in paths if os.path.exists(p)]
+  found = json.loads(_distributed.broadcast_bytes(json.dumps(found).encode() if _distributed.is_primary() else None))
+  if found:
+    raise ValueError(f"{workdir} holds {', '.join(found)} but no run's config.json: no earlier attempt of a "
+                     "run left them, and a fresh run there would remove them (it clears what an attempt that "
+                     "never reached its first checkpoint left). Pass an empty or new --workdir.")
+
+
 def _clear_attempt(workdir: str) -> None:
   """Removes what an attempt that never reached its first checkpoint left (nothing of it can be continued):
   its metric outputs and its run data, which a fresh run would otherwise read as its own (the queue's groups
-  and consumption log, params versions newer than the fresh run's own: a helper review saw both). The old
-  config.json goes first, so that samplers of the new run wait for the new one."""
+  and consumption log, params versions newer than the fresh run's own: a helper review saw both). Only a
+  run's workdir is cleared (`_refuse_foreign_files` first). The old config.json goes first, so that samplers
+  of the new run wait for the new one."""
   for name in ("config.json",) + RUN_DATA:
     path = os.path.join(workdir, name)
     if os.path.isdir(path):
@@ -270,6 +303,7 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool, quiet: bool) ->
   workdir = os.fspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   primary = _distributed.is_primary()
+  _refuse_foreign_files(workdir)  # (before the checkpointer creates checkpoints/ in what may be a user's folder)
   ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep)
   latest = ckpt.latest_step()
   if latest is not None and not resume:
