@@ -3,6 +3,7 @@ axes' size and the nearest value that divides them: when the config is built (a 
 learner has its mesh, before anything is built; before, the run stopped after its warm start in JAX's words
 ("axis 0 is partitioned 8 times, but the dimension size is 4")."""
 
+import json
 import os
 import subprocess
 import sys
@@ -143,3 +144,15 @@ def test_train_on_eight_devices_refuses_before_it_writes(tmp_path):
           "`rl.prompts_per_step` = 4 makes an RL update's minibatch 4 rows") in out.stderr
   assert "use e.g. rl.prompts_per_step = 8 (8 rows)" in out.stderr
   assert not os.path.exists(tmp_path / "run" / "checkpoints")  # nothing of a run was written
+
+
+def test_a_sampler_process_checks_its_slots_on_its_own_mesh(tmp_path):
+  """An async run's sampler process splits its slots over its own devices (all 8 here, on fsdp), whatever the
+  learner's mesh; 12 slots stopped it in JetStream's words ('max_concurrent_decodes = 12 ...')."""
+  cfg = _tiny(runtime__mode="async", runtime__sampler_slots=12)
+  (tmp_path / "config.json").write_text(json.dumps(config.to_dict(cfg)))
+  with pytest.raises(ValueError, match=r"`runtime.sampler_slots` = 12 makes the sampler's slots 12 rows "
+                                       r"\(runtime.sampler_slots\), which do not split over the 8 devices .*; use "
+                                       r"e.g. runtime.sampler_slots = 16 \(16 rows\)"):
+    runtime.run_sampler(str(tmp_path), index=0, quiet=True, wait_config_s=1)
+  assert os.listdir(tmp_path) == ["config.json"]  # refused before it wrote anything

@@ -7,6 +7,7 @@ an error raised before any JAX work), so each takes about the time of an import.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ import pytest
 
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import cli
+from rlax_post import sweep
 from rlax_post.runtime import _checkpoint
 
 _ENV = _procs.env()
@@ -201,6 +203,18 @@ def test_rescue_eval_of_a_config_refuses_a_run_s_policy_flags(flag, shown):
 def test_unknown_variant_is_one_line():
   line = _error(_cli("check-config", "--config", "configs/demo.py:huge"), "check-config")
   assert "unknown variant(s) ['huge']; valid: ['default', 'tiny', 'gae', 'reverse', 'sort', 'add']" in line
+
+
+@pytest.mark.parametrize("spec", ["configs/demo.py:", "configs/demo.py:tiny,"])
+def test_an_empty_variant_is_refused(spec):
+  """`--config configs/demo.py:$VARIANT` with VARIANT unset ran the default config (600 SFT + 100 RL steps)
+  without a word: the configs read an empty variant as none."""
+  line = _error(_cli("check-config", "--config", spec), "check-config")
+  assert line == (f"rlax-post check-config: error: config {spec}: an empty variant (a ':' or ',' with no name "
+                  "after or before it); pass configs/demo.py for the default config, or configs/demo.py:V1,V2 "
+                  "naming each variant.")
+  with pytest.raises(ValueError, match=re.escape(f"config {spec}: an empty variant")):
+    sweep.work_units(spec)
 
 
 # --- Paths: relative (from the working directory) and absolute ---

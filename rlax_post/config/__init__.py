@@ -37,6 +37,7 @@ from rlax_post.config._reads import staleness
 from rlax_post.config._schema import TaskConfig
 from rlax_post.config._schema import C3_MODES
 from rlax_post.config._schema import check_batches
+from rlax_post.config._schema import check_sampler_slots
 from rlax_post.config._batches import BATCH_AXES
 from rlax_post.config._reads import COLLABORATION_TASKS
 from rlax_post.config._schema import fanout_of
@@ -111,5 +112,6 @@ __all__ = [
     "COLLABORATION_TASKS",
     "C3_MODES",
     "check_batches",
+    "check_sampler_slots",
     "BATCH_AXES",
 ]

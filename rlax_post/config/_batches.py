@@ -59,11 +59,18 @@ def splits(cfg: Config, rows_per_group: int, *, sampling: bool, evaluating: bool
                      f"iterppo.q_batch_size / loss.micro_batches = {k}", critic=True))
   if evaluating:
     out.append(Split("the greedy evaluation's slots", "eval.batch_size", lambda b: b, "eval.batch_size"))
-  if sampling and cfg.runtime.sampler_slots:
+  return out + (sampler_splits(cfg) if sampling else [])
+
+
+def sampler_splits(cfg: Config) -> list[Split]:
+  """The batches of a process that samples rollouts: its sampling engine's slots (and the rounds' single-turn
+  ones). An async run's sampler processes check these alone, on their own meshes."""
+  n, out = cfg.rl.samples_per_prompt, []
+  if cfg.runtime.sampler_slots:
     # (fewer slots than a group's samples is no size at all: read as a fraction, never a valid one)
     out.append(Split("the sampler's slots", "runtime.sampler_slots", lambda s: s if s >= n else 0.5,
                      "runtime.sampler_slots"))
-  if sampling and (not cfg.runtime.sampler_slots or cfg.runtime.mode == "rounds"):
+  if not cfg.runtime.sampler_slots or cfg.runtime.mode == "rounds":
     out.append(Split("the sampler's slots" if not cfg.runtime.sampler_slots else "the rounds' single-turn slots",
                      "rl.prompts_per_step", lambda p: p * n, f"rl.prompts_per_step × rl.samples_per_prompt = {n}"))
   return out
@@ -91,12 +98,12 @@ def _divides(rows: float, shards: int) -> bool:
   return rows == int(rows) and int(rows) % shards == 0
 
 
-def check(cfg: Config, rows_per_group: int, mesh_shape: dict[str, int], axes: tuple[str, ...], *, sampling: bool,
-          evaluating: bool) -> None:
-  """Refuses each batch (`splits`) whose rows the mesh axes `axes` of `mesh_shape` (the critic's: `critic_shape`)
-  do not divide, naming its setting, value, the axes' size and the nearest value that divides them."""
+def check(cfg: Config, batches: list[Split], mesh_shape: dict[str, int], axes: tuple[str, ...]) -> None:
+  """Refuses each of `batches` (`splits`, `sampler_splits`) whose rows the mesh axes `axes` of `mesh_shape` (the
+  critic's: `critic_shape`) do not divide, naming its setting, value, the axes' size and the nearest value that
+  divides them."""
   lines = []
-  for s in splits(cfg, rows_per_group, sampling=sampling, evaluating=evaluating):
+  for s in batches:
     shape = critic_shape(cfg, mesh_shape) if s.critic else mesh_shape
     shards = math.prod(shape.get(a, 1) for a in axes)
     value = setting(cfg, s.key)

@@ -636,8 +636,13 @@ def check_batches(cfg: Config, mesh_shape: dict[str, int], axes: tuple[str, ...]
   """Refuses batch sizes of the run that the devices they are split over do not divide (`_batches.check`): on a
   mesh of `mesh_shape`, rows split over its `axes` (default: what the config's rules map "batch" to). Checked
   when the config is built if its mesh has no -1 axis, and by the learner once it has its mesh."""
-  _batches.check(cfg, group_rows(cfg), dict(mesh_shape), _batches.batch_axes(cfg) if axes is None else tuple(axes),
-                 sampling=sampling, evaluating=evaluating)
+  _batches.check(cfg, _batches.splits(cfg, group_rows(cfg), sampling=sampling, evaluating=evaluating),
+                 dict(mesh_shape), _batches.batch_axes(cfg) if axes is None else tuple(axes))
+
+
+def check_sampler_slots(cfg: Config, mesh_shape: dict[str, int], axes: tuple[str, ...]) -> None:
+  """`check_batches` of a sampler process's own mesh: its engine's slots alone (`_batches.sampler_splits`)."""
+  _batches.check(cfg, _batches.sampler_splits(cfg), dict(mesh_shape), tuple(axes))
 
 
 def load(raw: Any) -> Config:

@@ -54,10 +54,19 @@ def check_batches(parts: _parts.Parts, *, sampling: bool) -> None:
   """Refuses the run's batch sizes that its mesh's "batch" axes do not divide (`config.check_batches`), before
   anything is compiled; `sampling`: this process samples its rollouts too (`rlax-post train`). A multi-host
   learner evaluates on process 0's own devices, so its evaluation is not checked against the run's mesh."""
-  entry = sharding.logical_to_spec(("batch",), parts.rules)[0]
-  axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-  config_lib.check_batches(parts.cfg, dict(parts.mesh.shape), axes, sampling=sampling,
+  config_lib.check_batches(parts.cfg, dict(parts.mesh.shape), _batch_axes(parts), sampling=sampling,
                            evaluating=not _distributed.is_multiprocess())
+
+
+def check_sampler_slots(parts: _parts.Parts) -> None:
+  """`check_batches` of an async run's sampler process, on its own mesh: its engine's slots. A sampler whose
+  devices did not divide them stopped in JetStream's words ('max_concurrent_decodes = 12 ...')."""
+  config_lib.check_sampler_slots(parts.cfg, dict(parts.mesh.shape), _batch_axes(parts))
+
+
+def _batch_axes(parts: _parts.Parts) -> tuple[str, ...]:
+  entry = sharding.logical_to_spec(("batch",), parts.rules)[0]
+  return () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 _SPANS = {"sft.optimizer": "sft.steps",

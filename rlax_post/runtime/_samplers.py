@@ -25,6 +25,7 @@ from rlax_post import envs
 from rlax_post import exchange
 from rlax_post import rollouts
 from rlax_post import sharding
+from rlax_post.runtime import _learners
 from rlax_post.runtime import _parts
 
 LEARNER = "learner"  # the rollout queue's consumer
@@ -253,6 +254,7 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   cfg = load_run_config(workdir, timeout_s=wait_config_s)
   # The sampler's own mesh: every local device on the fsdp axis; params are resharded onto it on restore.
   parts = _parts.build_parts(cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}))
+  _learners.check_sampler_slots(parts)
   name, slots = f"sampler-{index}", cfg.sampler_slots
   queue = file_queue(cfg, workdir, name)
   admission = sampler_admission(cfg, workdir, name)

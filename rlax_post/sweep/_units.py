@@ -259,7 +259,11 @@ def load_module(path: str):
 def config_of(module, arg: str | None, path: str) -> ml_collections.ConfigDict:
   """The module's get_config(arg) (get_config() without a variant); ValueError naming the file (and line)
   when it raises or returns no config. Its own ValueErrors (an unknown variant) are its message to the user
-  and pass as they are."""
+  and pass as they are. An empty variant (`path.py:`, `path.py:tiny,`) is refused: the configs read it as
+  none, so `demo.py:$VARIANT` with VARIANT unset ran the default config."""
+  if arg is not None and "" in arg.split(","):
+    raise ValueError(f"config {path}:{arg}: an empty variant (a ':' or ',' with no name after or before it); "
+                     f"pass {path} for the default config, or {path}:V1,V2 naming each variant.")
   try:
     cfg = module.get_config(*([] if arg is None else [arg]))
   except ValueError:
