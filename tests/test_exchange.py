@@ -1,6 +1,7 @@
 """Tests of the versioned parameter exchange, with real orbax checkpoints on a tmp dir."""
 
 from concurrent import futures
+import logging
 import os
 import pathlib
 import shutil
@@ -558,3 +559,29 @@ def test_paths():
   assert str(exchange.as_path("gs://bucket/run/params")) == "gs://bucket/run/params"
   assert str(exchange.as_path("relative/dir")) == os.path.abspath("relative/dir")
   assert str(exchange.as_path(pathlib.Path("/abs/dir"))) == "/abs/dir"
+
+
+def test_the_abandoned_reads_of_a_failed_restore_are_quiet(monkeypatch):
+  """After a failed restore, the 'Event loop is closed' errors of its abandoned reads are dropped; every other
+  unraisable exception still reaches the hook (tests/test_resume_faults.py: a real torn checkpoint)."""
+  seen = []
+  monkeypatch.setattr(sys, "unraisablehook", seen.append)
+  monkeypatch.setattr(_store, "_QUIETED", threading.Event())
+  closed, other = (types.SimpleNamespace(exc_type=RuntimeError, exc_value=RuntimeError(text), exc_traceback=None,
+                                         err_msg=None, object=None)
+                   for text in ("Event loop is closed", "something else"))
+  exchange.quiet_abandoned_reads()
+  exchange.quiet_abandoned_reads()  # (once per process: not wrapped twice)
+  sys.unraisablehook(closed)
+  sys.unraisablehook(other)
+  assert seen == [other]
+  task = "future: <Task finished name='Task-9' coro=<{}() done, defined at {}> exception=ValueError('torn')>"
+  reports = [("Task exception was never retrieved\n" + task.format(coro, where))
+             for coro, where in (("async_deserialize", "/site-packages/orbax/checkpoint/_src/serialization.py:394"),
+                                 ("fetch", "/home/me/my_server.py:12"))]
+  logger = logging.getLogger("asyncio")
+  try:
+    assert [logger.filter(logging.LogRecord("asyncio", logging.ERROR, "", 0, r, (), None)) for r in reports] == [
+        False, True]  # (orbax's abandoned read dropped; any other task's error reported)
+  finally:
+    logger.removeFilter(_store._not_an_abandoned_read)  # pylint: disable=protected-access

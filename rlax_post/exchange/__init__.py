@@ -55,6 +55,8 @@ from rlax_post.exchange._local import ParamSource
 from rlax_post.exchange._publisher import ParamPublisher
 from rlax_post.exchange._store import as_path
 from rlax_post.exchange._store import is_complete
+from rlax_post.exchange._store import quiet_abandoned_reads
 from rlax_post.exchange._subscriber import ParamSubscriber
 
-__all__ = ["Lineage", "loads_lineage", "UNKNOWN", "loaded_key", "LocalParams", "ParamPublisher", "ParamSource", "ParamSubscriber", "as_path", "is_complete"]
+__all__ = ["Lineage", "loads_lineage", "UNKNOWN", "loaded_key", "LocalParams", "ParamPublisher", "ParamSource",
+           "ParamSubscriber", "as_path", "is_complete", "quiet_abandoned_reads"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import threading
 import time
 from typing import Any
 import uuid
@@ -19,6 +21,36 @@ import orbax.checkpoint as ocp
 LEASES = "leases"
 COMMIT_FILE = ocp.path.atomicity.COMMIT_SUCCESS_FILE  # 'commit_success.txt', written by orbax on finalize.
 TMP_SUFFIX = ocp.path.atomicity.TMP_DIR_SUFFIX  # '.orbax-checkpoint-tmp'.
+
+
+_QUIETED = threading.Event()
+
+
+def quiet_abandoned_reads() -> None:
+  """From now on in this process, drops the reports of array reads that a failed orbax restore abandoned:
+  its event loop closes with the first error, and each read still in flight then prints a traceback, either
+  a 'RuntimeError: Event loop is closed' (the unraisable-exception hook) or, for an orbax read task whose
+  error no one awaited, asyncio's 'Task exception was never retrieved' (a resume over a torn checkpoint
+  printed 43 of one or the other, 15 to 100 KB, around its one-line warning). Every other unraisable
+  exception and asyncio report goes out as before. Called on the first restore that fails (a damaged
+  checkpoint or params version)."""
+  if _QUIETED.is_set():
+    return
+  _QUIETED.set()
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    error = unraisable.exc_value
+    if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+  logging.getLogger("asyncio").addFilter(_not_an_abandoned_read)
+
+
+def _not_an_abandoned_read(record: logging.LogRecord) -> bool:
+  text = record.getMessage()
+  return not (text.startswith("Task exception was never retrieved") and "/orbax/checkpoint/" in text)
 
 
 def as_path(directory: str | os.PathLike | epath.Path) -> epath.Path:

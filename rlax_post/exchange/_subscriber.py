@@ -182,6 +182,7 @@ class ParamSubscriber:
         except _Mismatch:
           raise
         except Exception as e:  # pylint: disable=broad-exception-caught
+          _store.quiet_abandoned_reads()
           if not _store.is_complete(step_dir):
             return _VANISHED
           raise ValueError(f"version {version} in {self.directory} is marked complete but could not be "

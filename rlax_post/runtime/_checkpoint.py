@@ -206,7 +206,7 @@ class RunCheckpointer:
     if self._reader is None:
       me = jax.process_index()
       self._reader = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
-          read_only=True, enable_async_checkpointing=False,
+          read_only=True, save_interval_steps=0, create=False, enable_async_checkpointing=False,  # (no warning)
           multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})),
           item_names=_ITEMS)
     return self._reader
@@ -222,6 +222,7 @@ class RunCheckpointer:
         state, ref_params, meta = self._restore_retrying_io(step, templates)
         why = None
       except Exception as e:  # pylint: disable=broad-except  (any failure to read a step: it is not intact)
+        exchange.quiet_abandoned_reads()
         why = _first_line(e)
       unread = [k for k, ok in enumerate(_distributed.gather_flags(why is None)) if not ok]
       if unread:
