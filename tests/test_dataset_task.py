@@ -209,6 +209,22 @@ def test_config_mistakes_are_named(tmp_path):
     envs.make_rl_task(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train="nowhere.jsonl")), tok)
 
 
+@pytest.mark.parametrize("bad_rows", ["error", "skip"])
+def test_rows_without_the_demo_field_train_when_no_warm_start_reads_it(tmp_path, bad_rows):
+  """docs/data.md's own-data command (configs/dataset.py, demo_field 'demo', sft.steps = 0) on rows with no
+  'demo' stopped at the first row (bad_rows 'error') or skipped every row (No train row is usable)."""
+  tok = models.ByteTokenizer()
+  raw_cfg = _cfg(tmp_path, _rows(6), _rows(2, 100), demo_field="demo", bad_rows=bad_rows)
+  cfg = dataclasses.replace(raw_cfg, sft=dataclasses.replace(raw_cfg.sft, steps=0))
+  task = envs.make_rl_task(cfg, tok)
+  assert [task.train.get(k)[1] for k in range(6)] == [0] * 6 and task.train.reasons == {}
+  assert task.held_out.get(0)[0].text == "100+1=" and task.num_eval == 2
+  with pytest.raises(data.RowError, match=r"train.jsonl:\d: no field 'demo' \(the demonstration, "
+                     r"`data.demo_field`, which the warm start reads; set sft.steps = 0 if the rows have none\)"):
+    envs.make_rl_task(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, bad_rows="error"),
+                                          sft=raw_cfg.sft), tok)
+
+
 def test_sft_rows_are_prompt_demo_eos_with_the_demo_trained(tmp_path):
   tok = models.ByteTokenizer()
   rows = [{"prompt": f"{i}+1=", "answer": i + 1, "demo": str(i + 1)} for i in range(6)]

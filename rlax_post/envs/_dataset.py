@@ -59,10 +59,13 @@ class Prompt:
 
 
 class Renderer:
-  """Row → `Prompt`, or the reason to skip it (a str); `data.RowError` for a malformed row."""
+  """Row → `Prompt`, or the reason to skip it (a str); `data.RowError` for a malformed row.
 
-  def __init__(self, section: config_lib.DataSection, tokenizer):
-    self.section, self.tokenizer = section, tokenizer
+  `demos`: whether the run reads `data.demo_field` (a warm start, `sft.steps > 0`); without one, a row
+  need not hold it (the field would be read by nothing, and `bad_rows = "skip"` skipped every row)."""
+
+  def __init__(self, section: config_lib.DataSection, tokenizer, *, demos: bool = True):
+    self.section, self.tokenizer, self.demos = section, tokenizer, demos
     own = getattr(tokenizer, "chat_templates", {}) or {}
     self.template = section.chat_template or own.get("default")
     if section.chat == "always" and self.template is None:
@@ -96,8 +99,9 @@ class Renderer:
     if s.answer_field is not None:
       self._field(row, where, s.answer_field, "the reference answer, `data.answer_field`; set it to None if "
                   "the rows have none")
-    if s.demo_field is not None and not isinstance(
-        self._field(row, where, s.demo_field, "the demonstration, `data.demo_field`"), str):
+    if self.demos and s.demo_field is not None and not isinstance(
+        self._field(row, where, s.demo_field, "the demonstration, `data.demo_field`, which the warm start reads; "
+                    "set sft.steps = 0 if the rows have none"), str):
       raise data.RowError(f"{where}: field {s.demo_field!r} must be a string; got {_short(row[s.demo_field])}.")
     if s.env_field is not None:
       env = self._field(row, where, s.env_field, "the row's environment, `data.env_field`")
@@ -446,7 +450,7 @@ def make_dataset_task(cfg: config_lib.Config, tokenizer) -> DatasetTask:
   if cfg.task.options:
     raise ValueError(f"task.options {dict(cfg.task.options)} are not read by task 'dataset'; its settings are "
                      "the `data` and `reward` sections.")
-  renderer = Renderer(cfg.data, tokenizer)
+  renderer = Renderer(cfg.data, tokenizer, demos=cfg.sft.steps > 0)
   scorer = rewards.Scorer([f for f in cfg.reward.fn.split(",") if f.strip()], cfg.reward.weights,
                           cfg.reward.options)
   train, held = _splits(cfg, renderer)
