@@ -278,6 +278,10 @@ def test_scorer_names_bad_functions(user_module, spec, error, message):
 def test_scorer_checks_options_weights_and_names(user_module):
   with pytest.raises(ValueError, match=r"cannot be called as fn\(sample, \*\*\{'bonsu': 1\}\)"):
     rewards.Scorer([f"{user_module}:parts"], options={"parts": {"bonsu": 1}})
+  # A user's `score` under configs/dataset.py, whose options for `score` are the example's: the error names the key.
+  with pytest.raises(ValueError, match=r"fn\(sample, \*\*\{'format_weight': 0.1\}\) \(its options: "
+                     r"`reward.options.parts`\): got an unexpected keyword argument 'format_weight'\.$"):
+    rewards.Scorer([f"{user_module}:parts"], options={"parts": {"format_weight": 0.1}})
   with pytest.raises(ValueError, match=r"reward options for \['math'\], which are not among the reward functions' names \['exact'\]"):
     rewards.Scorer(["exact"], options={"math": {}})
   with pytest.raises(ValueError, match=r"2 reward weights \[1.0, 2.0\] for 1 functions"):

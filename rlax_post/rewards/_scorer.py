@@ -146,7 +146,8 @@ class Scorer:
       try:
         inspect.signature(fn).bind(_PROBE, **kwargs)
       except TypeError as e:
-        raise ValueError(f"Reward {spec!r} cannot be called as fn(sample, **{kwargs}): {e}.") from None
+        source = f" (its options: `reward.options.{name}`)" if kwargs else ""
+        raise ValueError(f"Reward {spec!r} cannot be called as fn(sample, **{kwargs}){source}: {e}.") from None
       except ValueError:  # Builtins without a signature: found out at the first call.
         pass
       if fn is _builtin.BUILTINS.get(name):
