@@ -312,6 +312,38 @@ def test_scorer_bad_returns_raise(user_module, fn, message):
     rewards.Scorer([f"{user_module}:{fn}"])(_sample("x"))
 
 
+_RETURNS = """
+import decimal, fractions
+import numpy as np
+VALUES = {"fraction": fractions.Fraction(1, 3), "decimal": decimal.Decimal("0.5"), "float32": np.float32(0.25),
+          "array0": np.array(2.0), "np_bool": np.bool_(True), "int": 7, "array1": np.array([0.5]),
+          "huge": 10 ** 400, "decimal_nan": decimal.Decimal("NaN"), "complex": 1j}
+def f(sample, *, which):
+  return VALUES[which]
+"""
+
+
+def test_scorer_takes_every_real_number_and_names_what_is_none(tmp_path, monkeypatch):
+  """A Fraction or Decimal (a maths grader's exact answer) was refused as 'expected a number', defaulting every
+  sample; an array of one value or an int past float's range failed with numpy's / Python's own message,
+  naming no reward."""
+  (tmp_path / "returns.py").write_text(_RETURNS)
+  monkeypatch.chdir(tmp_path)
+  scored = lambda which: rewards.Scorer(["returns.py:f"], options={"f": {"which": which}})(_sample("x")).total
+  got = [scored(w) for w in ("fraction", "decimal", "float32", "array0", "np_bool", "int")]
+  assert got == [pytest.approx(1 / 3), 0.5, 0.25, 2.0, 1.0, 7.0]
+  for which, error, message in [
+      ("array1", TypeError, r"^reward 'f' returned an array of shape \(1,\); expected a number \(one per sample\) "
+                            r"or a dict of numbers\.$"),
+      ("huge", ValueError, r"^reward 'f' returned 10000000000000000000\.\.\.00000000 \(int\), which is no float "
+                           r"\(int too large to convert to float\)\.$"),
+      ("decimal_nan", ValueError, r"^reward 'f' returned Decimal\('NaN'\); rewards must be finite\.$"),
+      ("complex", TypeError, r"^reward 'f' returned 1j \(complex\); expected a number"),
+  ]:
+    with pytest.raises(error, match=message):
+      scored(which)
+
+
 def _drain(runner, n, timeout=10.0):
   out, deadline = [], time.monotonic() + timeout
   while len(out) < n and time.monotonic() < deadline:

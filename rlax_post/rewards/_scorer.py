@@ -12,11 +12,13 @@ dict's entries); `<name>` is the built-in name or the function's own name.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import hashlib
 import importlib
 import importlib.util
 import inspect
 import math
+import numbers
 import os
 import sys
 import traceback
@@ -87,15 +89,27 @@ def load_callable(spec: str, what: str = "reward") -> tuple[str, Callable[..., A
 
 
 def _number(value, name: str) -> float:
-  if isinstance(value, bool):
-    return float(value)
-  if not isinstance(value, (int, float)) and not (hasattr(value, "item") and hasattr(value, "dtype")):
+  """`value` as a finite float: any real number (int, float, bool, Fraction, Decimal, a numpy or jax scalar or
+  0-d array); anything else is a TypeError naming the reward, an infinite or NaN value a ValueError."""
+  shape = getattr(value, "shape", None) if hasattr(value, "dtype") else None
+  if shape is not None and shape != ():
+    raise TypeError(f"reward {name!r} returned an array of shape {tuple(shape)}; expected a number (one per "
+                    "sample) or a dict of numbers.")
+  if not isinstance(value, (numbers.Real, decimal.Decimal)) and shape is None:
     raise TypeError(f"reward {name!r} returned {value!r} ({type(value).__name__}); expected a number or a dict "
                     "of numbers.")
-  value = float(value)
-  if not math.isfinite(value):
-    raise ValueError(f"reward {name!r} returned {value}; rewards must be finite.")
-  return value
+  try:
+    number = float(value)
+  except (TypeError, ValueError, OverflowError) as e:  # an int past float's range; a 0-d array of strings
+    raise ValueError(f"reward {name!r} returned {_shown(value)}, which is no float ({e}).") from None
+  if not math.isfinite(number):
+    raise ValueError(f"reward {name!r} returned {_shown(value)}; rewards must be finite.")
+  return number
+
+
+def _shown(value) -> str:
+  text = repr(value)
+  return text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({type(value).__name__})"
 
 
 @dataclasses.dataclass(frozen=True)
