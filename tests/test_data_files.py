@@ -75,6 +75,25 @@ def test_bad_lines_name_file_and_line(tmp_path, line, message):
     rows[1]
 
 
+@pytest.mark.parametrize("text", [
+    '[\n  {"q": 1},\n  {"q": 2}\n]\n',  # json.dump(rows, f, indent=2): was "rows.json:3: not valid JSON"
+    '[{"q": 1}, {"q": 2}]',  # json.dump(rows, f): was "a row must be a JSON object ...; got a list"
+    '\ufeff  [{"q": 1},\n{"q": 2}]\n',
+])
+def test_a_json_array_file_is_refused_as_a_whole(tmp_path, text):
+  """A `.json` export of a list of rows is one error naming the file and what to write instead; with
+  `bad_rows = "skip"` each of its lines was skipped as a malformed row (all rows, for an indented file)."""
+  path = _write(tmp_path / "rows.json", text)
+  with pytest.raises(ValueError, match=r"^/.*/rows.json holds one JSON array of rows \(\[\{...\}, ...\]\), "
+                                       r"not JSON Lines .*e.g. jq -c '.\[\]' .*rows.json > rows.jsonl.$"):
+    data.open_rows(path)
+  # A list on the first line of JSON Lines is a malformed row like any other.
+  rows = data.open_rows(_write(tmp_path / "l.jsonl", '[1, 2]\n{"q": 2}\n'))
+  assert rows[1][0] == {"q": 2}
+  with pytest.raises(data.RowError, match=r"l.jsonl:1: a row must be a JSON object .* got a list"):
+    rows[0]
+
+
 @pytest.mark.parametrize("end", [b"\n", b"\r\n", b""])
 def test_a_truncated_line_names_its_own_column(tmp_path, end):
   """The error is at the end of the line itself, not at column 1 of a next line made of its newline."""

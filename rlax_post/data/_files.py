@@ -187,6 +187,29 @@ class _JsonLines:
     self.starts, self.ends = bounds[keep], bounds[keep + 1]
     self.lines = (keep + 1).astype(np.int64)
     self._fd = os.open(path, os.O_RDONLY)
+    if len(self) and self._is_json_array():
+      raise ValueError(f"{_display(path)} holds one JSON array of rows ([{{...}}, ...]), not JSON Lines (one JSON "
+                       "object per line, as .jsonl, .json and .ndjson files are read); write one row per line, "
+                       f"e.g. jq -c '.[]' {path} > rows.jsonl.")
+
+  def _read(self, i: int) -> bytes:
+    data = os.pread(self._fd, int(self.ends[i] - self.starts[i]), int(self.starts[i]))
+    if self.starts[i] == 0 and data.startswith(_BOM):  # a file saved "UTF-8 with BOM" (Windows editors)
+      data = data[len(_BOM):]
+    return data.rstrip(b"\r\n")
+
+  def _is_json_array(self) -> bool:
+    """Whether the file is a JSON array (a common `.json` export), refused as a whole rather than each line
+    as a malformed row: its first row starts with '[' and is its only row or no JSON by itself (a line
+    `[...]` among objects is a malformed row like any other)."""
+    first = self._read(0).lstrip()
+    if not first.startswith(b"["):
+      return False
+    try:
+      json.loads(first)
+    except ValueError:
+      return True
+    return len(self) == 1
 
   def __len__(self) -> int:
     return len(self.starts)
@@ -196,11 +219,8 @@ class _JsonLines:
 
   def __getitem__(self, i: int) -> tuple[dict, Where]:
     where = self.where(i)
-    data = os.pread(self._fd, int(self.ends[i] - self.starts[i]), int(self.starts[i]))
-    if self.starts[i] == 0 and data.startswith(_BOM):  # a file saved "UTF-8 with BOM" (Windows editors)
-      data = data[len(_BOM):]
     # Without its line end, a JSON error at the end of a cut line names that line's column, not column 1.
-    return decode_object(data.rstrip(b"\r\n"), where), where
+    return decode_object(self._read(i), where), where
 
   def __del__(self):
     if getattr(self, "_fd", None) is not None:
