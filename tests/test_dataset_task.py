@@ -4,6 +4,7 @@ errors naming file, line and field, held-out rows that never train, and determin
 import dataclasses
 import json
 import logging
+import os
 
 import jax
 import numpy as np
@@ -332,3 +333,35 @@ def test_env_rows_start_from_the_rendered_prompt_and_fit_the_engine(tmp_path, pr
   for row in group:
     assert [int(t) for t in row["prompt"]][:24] == list(rendered.ids)  # then the reset's "\n"
     assert len(row["prompt"]) == 25 and len(row["prompt"]) + len(row["tokens"]) <= engine.max_decode_length
+
+
+def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_path):
+  """A reward that raised or timed out on held-out rows pulled `eval_reward` down with nothing counting it
+  (`reward_errors` was a train metric only); the evaluation's scores now carry `eval_reward_errors`."""
+  (tmp_path / "picky.py").write_text("def score(sample):\n"
+                                     "  if sample.answer % 2:\n"
+                                     "    raise ValueError(f'odd answer {sample.answer}')\n"
+                                     "  return 1.0\n")
+  train, held = tmp_path / "t.jsonl", tmp_path / "e.jsonl"
+  data.write_jsonl(str(train), _rows(4))
+  data.write_jsonl(str(held), _rows(5, 100))  # answers 101..105: three odd ones fail
+  cfg = config.load({
+      "task": {"name": "dataset", "num_eval": 5},
+      "data": {"train": str(train), "eval": str(held), "max_prompt_tokens": 16, "shuffle": False},
+      "reward": {"fn": f"{tmp_path}/picky.py:score", "default": -1.0},
+      "model": {"preset": "micro", "max_seq_len": 24}, "sft": {"steps": 0}, "eval": {"batch_size": 8},
+      "rl": {"steps": 1, "prompts_per_step": 1, "samples_per_prompt": 8, "max_new_tokens": 4},
+      "runtime": {"progress": False, "tensorboard": False, "plot": False}})
+  parts = runtime.build_parts(cfg)
+  evaluate = runtime.Evaluator(parts)
+  params = models.init_params(parts.model_cfg, jax.random.key(0))[1]
+  assert evaluate.scores(params) == {"eval_reward": pytest.approx((2 * 1.0 + 3 * -1.0) / 5),
+                                     "eval_reward_errors": 3.0}
+  assert evaluate(params) == pytest.approx(-0.2)
+  # A run writes them to its eval rows (metrics.jsonl, TensorBoard); a random policy's answers do not matter.
+  workdir = str(tmp_path / "run")
+  summary = runtime.train(cfg, workdir, quiet=True)
+  evals = [r for r in runtime.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["phase"] == "eval"]
+  assert [(r["step"], r["eval_reward_errors"], r["eval_reward"]) for r in evals] == [
+      (0, 3.0, pytest.approx(-0.2)), (1, 3.0, pytest.approx(-0.2))]
+  assert summary["final_eval_reward"] == pytest.approx(-0.2)

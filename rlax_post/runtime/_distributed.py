@@ -7,7 +7,7 @@ single process, so the same runtime code serves both (docs/launch.md, section 4)
   * `initialize` joins the job from flags, from `RLAX_*` variables, or from a cluster JAX detects;
   * `row_shard` / `to_global` put a batch on the mesh from the rows this process holds;
   * `to_host` reads a (possibly non-addressable) array back on every process;
-  * `broadcast_bytes` / `broadcast_float` hand process 0's host data (rollout groups, an eval score) to all;
+  * `broadcast_bytes` / `broadcast_float` hand process 0's host data (rollout groups, eval scores) to all;
   * `gather_flags` gives every process each one's yes or no (did its part of a checkpoint restore);
   * `PrimaryEval` runs the learner's greedy eval on process 0's devices only.
 """
@@ -15,6 +15,7 @@ single process, so the same runtime code serves both (docs/launch.md, section 4)
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any, Callable, Mapping
 
@@ -248,17 +249,20 @@ class PrimaryEval:
   Decoding is a host-driven loop of small programs; running it as one multi-process program would make every
   step a cross-host collective. Instead every process takes part in gathering the params to host memory (a
   collective), process 0 decodes on its own devices (`local_eval`, built on a mesh of `jax.local_devices()`
-  with `local_shardings`), and its score is broadcast, so all processes return the same summary. The others
+  with `local_shardings`), and its scores are broadcast, so all processes return the same summary. The others
   wait meanwhile; the params must fit in process 0's host memory.
   """
 
-  def __init__(self, local_eval: Callable[[Any], float] | None, local_shardings: Any, *, num_examples: int):
+  def __init__(self, local_eval: Any, local_shardings: Any, *, num_examples: int):
     self.local_eval, self.local_shardings = local_eval, local_shardings
     self.examples = range(num_examples)
 
   def __call__(self, params) -> float:
+    return self.scores(params)["eval_reward"]
+
+  def scores(self, params) -> dict[str, float]:
     host_params = to_host(params)
-    score = None
+    payload = None
     if is_primary():
-      score = self.local_eval(jax.device_put(host_params, self.local_shardings))
-    return broadcast_float(score)
+      payload = json.dumps(self.local_eval.scores(jax.device_put(host_params, self.local_shardings))).encode()
+    return json.loads(broadcast_bytes(payload))

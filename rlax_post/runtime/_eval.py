@@ -17,7 +17,9 @@ from rlax_post.runtime import _parts
 
 
 class Evaluator:
-  """`evaluate(params) -> mean reward` over the task's `num_eval` held-out tickets, `eval.batch_size` at once."""
+  """`evaluate(params) -> mean reward` over the task's `num_eval` held-out tickets, `eval.batch_size` at once;
+  `scores(params)` adds, where the task's rows count them (the dataset task), `eval_reward_errors`: the samples
+  whose reward call failed and got `reward.default` (in the mean at that value)."""
 
   def __init__(self, parts: _parts.Parts):
     self.parts, self.slots = parts, parts.cfg.eval.batch_size
@@ -25,12 +27,20 @@ class Evaluator:
     self.examples = range(parts.task.num_eval)
 
   def __call__(self, params) -> float:
+    return self.scores(params)["eval_reward"]
+
+  def scores(self, params) -> dict[str, float]:
+    """{"eval_reward": the mean reward, and "eval_reward_errors" where the rows count failed reward calls}."""
     producer = self.parts.task.producer(self.engine, params, 0, split="eval")
     try:
       groups = envs.run_tickets(producer, self.examples, slots=self.slots)
     finally:
       producer.close()
-    return float(np.mean([float(groups[t][0]["reward"]) for t in self.examples]))
+    rows = [groups[t][0] for t in self.examples]
+    out = {"eval_reward": float(np.mean([float(r["reward"]) for r in rows]))}
+    if all("reward_errors" in r for r in rows):
+      out["eval_reward_errors"] = float(sum(int(r["reward_errors"]) for r in rows))
+    return out
 
 
 def make_evaluator(parts: _parts.Parts):

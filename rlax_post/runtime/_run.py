@@ -100,7 +100,7 @@ class Run:
   parts: _parts.Parts
   workdir: str
   update: _learn.RLUpdate
-  evaluate: Callable[[Any], float]
+  evaluate: Callable[[Any], dict[str, float]]  # params -> {'eval_reward': ..., ...} (`_eval.Evaluator.scores`)
   ckpt: _checkpoint.RunCheckpointer
   metrics: _metrics.MetricsWriter
   log: _rowlog.RolloutLog
@@ -151,14 +151,21 @@ class Run:
     state = self.update.init(params, self.cfg.seed)
     ref_params = self.update.reference(state, params)
     with source.device_lock:
-      initial = self.evaluate(self.update.policy(state))
-    self.metrics.write(0, {"eval_reward": initial}, phase="eval")
+      initial = self.evaluate_logged(0, state)
     self.ui.say(f"Warm-start greedy eval reward on {self.parts.task.num_eval} held-out prompts: {initial:.3f}")
     history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - self.t_start,
                "config": config_lib.to_dict(self.cfg), "data_files": _checkpoint.data_files(self.cfg), "rl_step": 0,
                **self.tally.meta()}
     self.ckpt.save(0, state, ref_params, history)
     return Start(state, ref_params, 0, history)
+
+  def evaluate_logged(self, step: int | None, state) -> float:
+    """The held-out evaluation of `state`'s policy, its scores written as step `step`'s eval row (None: not
+    written); its mean reward."""
+    scores = self.evaluate(self.update.policy(state))
+    if step is not None:
+      self.metrics.write(step, scores, phase="eval")
+    return scores["eval_reward"]
 
   def steps(self, first: int):
     """The RL steps (0-based) left to this invocation, behind a progress bar."""
@@ -177,8 +184,7 @@ class Run:
       self.metrics.write(step, row)
     if (cfg.eval.every and step % cfg.eval.every == 0) or step == tally.end_step:
       with source.device_lock:
-        tally.last_eval = self.evaluate(self.update.policy(state))
-      self.metrics.write(step, {"eval_reward": tally.last_eval}, phase="eval")
+        tally.last_eval = self.evaluate_logged(step, state)
     if hasattr(tally.bar, "set_postfix"):
       tally.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0.0):.4f}",
                             stale=f"{row['staleness_mean']:.2f}",
@@ -200,7 +206,7 @@ class Run:
     of a multi-host learner returns the summary; process 0 alone writes it and the curves."""
     # The loop evaluates at its last step; a resumed run with no step left to do evaluates here.
     tally = self.tally
-    final = tally.last_eval if tally.last_eval is not None else self.evaluate(self.update.policy(state))
+    final = tally.last_eval if tally.last_eval is not None else self.evaluate_logged(None, state)
     t_end = time.time()
     self.ckpt.close()
     self.metrics.close()
@@ -321,7 +327,7 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool, quiet: bool) ->
   if primary:
     for cut in _learners.warmup_cuts(cfg):
       ui.warn(cut)
-  return Run(parts=parts, workdir=workdir, update=_learn.RLUpdate(parts), evaluate=_eval.make_evaluator(parts),
+  return Run(parts=parts, workdir=workdir, update=_learn.RLUpdate(parts), evaluate=_eval.make_evaluator(parts).scores,
              ckpt=ckpt, metrics=_metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard,
                                                        active=primary),
              log=_rowlog.RolloutLog(workdir, active=primary), ui=ui, latest=latest, t_start=t_start,
