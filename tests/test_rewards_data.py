@@ -3,6 +3,7 @@ in a config (`Scorer`) and their threaded runner (errors, timeouts)."""
 
 from fractions import Fraction
 import logging
+import sys
 import textwrap
 import threading
 import time
@@ -257,6 +258,27 @@ def test_scorer_combines_functions_with_weights_and_components(user_module):
 def test_scorer_loads_by_import_path(user_module, monkeypatch):
   monkeypatch.syspath_prepend(".")
   assert rewards.Scorer(["my_rewards:plain"])(_sample("abc")).total == 3.0
+
+
+def test_a_reward_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
+  """`from my_grading import grade` in a reward file named by path failed at start-up (ModuleNotFoundError)
+  unless the run was started from the file's folder with `python -m`: the console script's sys.path has no
+  working directory. The file's folder is on sys.path as for a script, also for an import inside a call."""
+  monkeypatch.setattr(sys, "path", list(sys.path))
+  folder = tmp_path / "rewards_dir"
+  folder.mkdir()
+  (folder / "beside_grading_7f3.py").write_text("def grade(text):\n  return 0.25 * len(text)\n")
+  (folder / "beside_late_7f3.py").write_text("BONUS = 1.5\n")
+  (folder / "main.py").write_text("from beside_grading_7f3 import grade\n\n"
+                                  "def score(sample):\n"
+                                  "  import beside_late_7f3\n"
+                                  "  return grade(sample.completion) + beside_late_7f3.BONUS\n")
+  monkeypatch.chdir(tmp_path)
+  for module in ("beside_grading_7f3", "beside_late_7f3"):
+    monkeypatch.delitem(sys.modules, module, raising=False)
+  scorer = rewards.Scorer(["rewards_dir/main.py:score"])
+  assert scorer(_sample("abcd")).total == 2.5
+  assert sys.path[0] == str(folder)
 
 
 @pytest.mark.parametrize("spec, error, message", [

@@ -2,11 +2,11 @@
 
 A function is named by a built-in name (`BUILTINS`: "math", "exact", "regex", "length"), by an import path
 `"package.module:function"`, or by a file path `"path/to/file.py:function"` (relative to the working
-directory; the file is imported as a module of its own). It is called as `fn(sample, **options)` with a
-`rewards.Sample` and returns a number, or a dict of named numbers: its components, whose total is the
-"total" entry if there is one, else their sum. The sample's reward is the weighted sum of the functions'
-totals. Components are reported as `reward/<name>` (each function's total) and `reward/<name>/<key>` (a
-dict's entries); `<name>` is the built-in name or the function's own name.
+directory; the file is imported as a module of its own, its folder first on `sys.path` as for a script). It is
+called as `fn(sample, **options)` with a `rewards.Sample` and returns a number, or a dict of named numbers:
+its components, whose total is the "total" entry if there is one, else their sum. The sample's reward is the
+weighted sum of the functions' totals. Components are reported as `reward/<name>` (each function's total) and
+`reward/<name>/<key>` (a dict's entries); `<name>` is the built-in name or the function's own name.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def _load_module(module: str, spec: str):
       raise FileNotFoundError(f"Reward {spec!r}: no file {path!r} (relative paths are read from {os.getcwd()}).")
     name = "rlax_post_user_" + hashlib.blake2b(path.encode(), digest_size=6).hexdigest()
     if name not in sys.modules:
+      _import_beside(os.path.dirname(path))
       file_spec = importlib.util.spec_from_file_location(name, path)
       mod = importlib.util.module_from_spec(file_spec)
       sys.modules[name] = mod
@@ -56,6 +57,13 @@ def _load_module(module: str, spec: str):
     raise ValueError(f"Reward {spec!r}: importing {module!r} failed: {type(e).__name__}: {e}") from e
   except Exception as e:  # pylint: disable=broad-exception-caught  # an error inside the user's module
     raise ValueError(f"Reward {spec!r}: importing {module!r} failed: {type(e).__name__}: {e}") from e
+
+
+def _import_beside(directory: str) -> None:
+  """Puts a reward file's folder first on `sys.path`, as Python does for a script it runs, so the file's own
+  imports of modules beside it (`from my_helpers import grade`) resolve, at load time and in calls later."""
+  if directory not in sys.path:
+    sys.path.insert(0, directory)
 
 
 def _where(error: BaseException, path: str) -> str:
