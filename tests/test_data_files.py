@@ -190,6 +190,24 @@ def test_array_record_rows(tmp_path):
   assert str(rows.where(5)).endswith("r.arrayrecord (record 5)")  # Named without decoding it.
 
 
+@pytest.mark.parametrize("spec", ["out", "out/*", "out/**"])
+def test_spark_markers_and_metadata_are_not_shards(tmp_path, monkeypatch, spec):
+  """A Spark job's output folder: `data.format = "parquet"` read its _SUCCESS marker as a shard and stopped
+  ('_SUCCESS ... is not a readable Parquet file'); files named '_...' or '.' are no data, as for Spark and pyarrow."""
+  pa = pytest.importorskip("pyarrow")
+  pq = pytest.importorskip("pyarrow.parquet")
+  out = tmp_path / "out"
+  out.mkdir()
+  for i in (1, 0):
+    pq.write_table(pa.table({"prompt": [f"q{i}"], "answer": [i]}), str(out / f"part-{i:05d}.snappy.parquet"))
+  for name in ("_SUCCESS", "._SUCCESS.crc", "_committed_123", ".part-00000.snappy.parquet.crc"):
+    _write(out / name, "")
+  monkeypatch.chdir(tmp_path)
+  assert data.resolve_files(spec, "parquet") == [os.path.join("out", f"part-{i:05d}.snappy.parquet") for i in (0, 1)]
+  rows = data.open_rows(spec, "parquet")
+  assert [rows[i][0] for i in range(len(rows))] == [{"prompt": "q0", "answer": 0}, {"prompt": "q1", "answer": 1}]
+
+
 def test_parquet_rows_across_row_groups(tmp_path):
   pa = pytest.importorskip("pyarrow")
   pq = pytest.importorskip("pyarrow.parquet")

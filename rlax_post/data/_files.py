@@ -58,8 +58,13 @@ def _display(path: str) -> str:
   return path if os.path.isabs(path) else f"{path} (= {os.path.abspath(path)})"
 
 
+# Names no data file has, as Spark, Hadoop and pyarrow's datasets read a folder: hidden files and the writers'
+# markers and metadata (`_SUCCESS`, `_committed_*`, `_metadata`), which `data.format = "parquet"` read as shards.
+_NOT_DATA_PREFIXES = (".", "_")
+
+
 def _is_data(directory: str, name: str, fmt: str) -> bool:
-  return (not name.startswith(".") and os.path.isfile(os.path.join(directory, name))
+  return (not name.startswith(_NOT_DATA_PREFIXES) and os.path.isfile(os.path.join(directory, name))
           and (fmt != "auto" or os.path.splitext(name)[1].lower() in EXTENSIONS))
 
 
@@ -99,7 +104,8 @@ def resolve_files(spec: str, fmt: str = "auto") -> list[str]:
     files = _directory_files(spec, fmt)
     what = f"directory {_display(spec)}"
   elif glob_lib.has_magic(spec):
-    files = sorted(f for f in glob_lib.glob(spec, recursive=True) if os.path.isfile(f))
+    files = sorted(f for f in glob_lib.glob(spec, recursive=True)
+                   if os.path.isfile(f) and not os.path.basename(f).startswith(_NOT_DATA_PREFIXES))
     what = f"glob {spec!r} (relative to {os.getcwd()})"
   elif os.path.isfile(spec):
     return [spec]
