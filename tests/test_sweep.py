@@ -465,3 +465,42 @@ def test_a_summarys_undefined_figures_are_null_not_a_failed_run(tmp_path):
   with open(path) as f:
     assert json.load(f) == {"final_eval_reward": None, "rl_steps": 3, "mode": "sync", "improvement": None,
                             "samples_per_s": 2.5}
+
+
+def _unit_on_disk(root, seed, summary, rows):
+  """A finished unit (seed `seed`) whose workdir holds `summary` and the metrics.jsonl `rows`, collected."""
+  unit = sweep.WorkUnit(index=seed, config="c.py", overrides={"e": "a", "seed": seed})
+  os.makedirs(unit.workdir(root))
+  runtime.write_json(os.path.join(unit.workdir(root), "summary.json"), summary)
+  with open(os.path.join(unit.workdir(root), "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  return _local._collect(sweep.UnitResult(unit=unit, workdir=unit.workdir(root), returncode=0))
+
+
+def test_a_seeds_undefined_figure_makes_its_groups_figure_undefined_not_a_mean_of_the_rest(tmp_path):
+  """A seed whose final eval reward diverged to NaN (summary.json: null) or whose sampled reward did over the
+  last quarter (metrics.jsonl: null) was dropped from the group's mean: 'e=a | 2/2 | ... 0.500 ± –' showed the
+  other seed's figure as the mean of 2 seeds, and the diverged seed's last-quarter train reward was that of
+  steps before it diverged. Now such a figure is undefined for the unit and its group, and the table says so."""
+  root = str(tmp_path)
+  rows = lambda last: [{"phase": "eval", "step": 0, "eval_reward": 0.1},
+                       *({"phase": "rl", "step": s, "reward_mean": 0.2 * s} for s in (1, 2, 3)),
+                       {"phase": "rl", "step": 4, "reward_mean": last},
+                       {"phase": "eval", "step": 4, "eval_reward": 0.5}]
+  good = _unit_on_disk(root, 0, _summary(4, 4), rows(0.9))
+  bad = _unit_on_disk(root, 1, {**_summary(4, 4), "final_eval_reward": None, "improvement": None}, rows(None))
+  assert good.ok and bad.ok  # finished runs: their figures are results, undefined ones included
+  assert bad.train_curve == [(1, 0.2), (2, 0.4), (3, pytest.approx(0.6)), (4, None)]  # the row is kept, as null
+  f = bad.figures()
+  assert f["train_reward_last_quarter"] is None and f["train_reward_first"] == 0.2
+  assert good.figures()["train_reward_last_quarter"] == 0.9
+  g = sweep.group_figures([good, bad])[0]
+  assert g["finished"] == 2 and g["final_eval_reward"] is None and g["improvement"] is None
+  assert g["train_reward_last_quarter"] is None
+  assert g["initial_eval_reward"] == (pytest.approx(0.1), pytest.approx(0.0))  # defined for both: a mean of 2
+  assert g["undefined"] == {"final_eval_reward": ["e=a,seed=1"], "improvement": ["e=a,seed=1"],
+                            "train_reward_last_quarter": ["e=a,seed=1"]}
+  assert "| e=a | 2/2 | 0.100 ± 0.000 | undefined in 1 | undefined in 1 | undefined in 1 |" in sweep.table([good, bad])
+  payload = sweep.write_report([good, bad], root, config="c.py")  # strict JSON, the null point kept
+  assert payload["units"][1]["train_curve"][-1] == (4, None)
+  assert json.loads((tmp_path / "sweep.json").read_text())["groups"][0]["final_eval_reward"] is None

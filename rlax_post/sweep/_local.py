@@ -37,8 +37,9 @@ class UnitResult:
   returncode: int | None = None  # None: not run (already finished earlier).
   seconds: float = 0.0
   summary: dict[str, Any] | None = None
-  eval_curve: list[tuple[int, float]] = dataclasses.field(default_factory=list)
-  train_curve: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+  # (step, value) of each logged row; value None where the run logged null (a NaN: a diverged run).
+  eval_curve: list[tuple[int, float | None]] = dataclasses.field(default_factory=list)
+  train_curve: list[tuple[int, float | None]] = dataclasses.field(default_factory=list)
   log_tail: str = ""
   error: str = ""  # Why a unit that exited 0 is not a result (unreadable outputs, a run stopped early).
 
@@ -61,6 +62,8 @@ class UnitResult:
     s = self.summary if self.ok else {}
     train = [r for _, r in self.train_curve] if self.ok else []
     tail = train[-max(1, len(train) // 4):] if train else []
+    # A null reward (NaN in the run: a diverged seed) leaves the last quarter undefined, not a mean of the rest.
+    last_quarter = float(np.mean(tail)) if tail and None not in tail else None
     return {
         "unit": self.unit.name, "group": self.unit.group, "dirname": self.unit.dirname,
         "overrides": dict(self.unit.overrides), "ok": self.ok, "status": self.status,
@@ -69,7 +72,7 @@ class UnitResult:
         "improvement": s.get("improvement"), "wall_seconds": s.get("wall_seconds"),
         # The mean sampled reward over the last quarter of the RL steps: less noisy than the last step.
         "train_reward_first": train[0] if train else None,
-        "train_reward_last_quarter": float(np.mean(tail)) if tail else None,
+        "train_reward_last_quarter": last_quarter,
         "eval_curve": self.eval_curve, "train_curve": self.train_curve,
     }
 
@@ -82,14 +85,21 @@ def finished(summary: dict[str, Any] | None) -> bool:
   return isinstance(done, int) and isinstance(steps, int) and done >= steps
 
 
-def _read_curves(workdir: str) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+def _point(row: dict, key: str) -> tuple[int, float | None]:
+  value = row[key]
+  return int(row["step"]), None if value is None else float(value)
+
+
+def _read_curves(workdir: str) -> tuple[list[tuple[int, float | None]], list[tuple[int, float | None]]]:
+  """The greedy eval and sampled train reward curves of metrics.jsonl. A row whose reward is null (the metrics
+  writer's NaN) stays, as None: dropped, a seed that diverged at its end showed its reward from before."""
   evals, train = [], []
   # The runtime's reader: a last row torn by a unit killed mid-append is dropped (with a warning).
   for row in runtime.read_jsonl(os.path.join(workdir, "metrics.jsonl")):
-    if row.get("phase") == "eval" and row.get("eval_reward") is not None:
-      evals.append((int(row["step"]), float(row["eval_reward"])))
-    elif row.get("phase") == "rl" and row.get("reward_mean") is not None:
-      train.append((int(row["step"]), float(row["reward_mean"])))
+    if row.get("phase") == "eval" and "eval_reward" in row:
+      evals.append(_point(row, "eval_reward"))
+    elif row.get("phase") == "rl" and "reward_mean" in row:
+      train.append(_point(row, "reward_mean"))
   return evals, train
 
 
@@ -322,8 +332,14 @@ def _mean_std(values: list[float]) -> tuple[float, float | None]:
   return float(a.mean()), (float(a.std(ddof=1)) if len(a) > 1 else None)
 
 
+_GROUP_KEYS = ("initial_eval_reward", "final_eval_reward", "improvement", "train_reward_first",
+               "train_reward_last_quarter", "wall_seconds")
+
+
 def group_figures(results: Sequence[UnitResult]) -> list[dict[str, Any]]:
-  """Per group (units that differ only by seed): mean and sample std of the final figures."""
+  """Per group (units that differ only by seed): mean and sample std of the final figures of its finished
+  units. A figure that is undefined (null) for a finished unit is undefined for the group, and `undefined`
+  names those units per figure: a mean over the other seeds hid a diverged seed."""
   groups: dict[str, list[UnitResult]] = {}
   for r in results:
     groups.setdefault(r.unit.group, []).append(r)
@@ -331,16 +347,27 @@ def group_figures(results: Sequence[UnitResult]) -> list[dict[str, Any]]:
   for name, members in groups.items():
     done = [m.figures() for m in members if m.ok]
     row = {"group": name, "units": len(members), "finished": len(done)}
-    for key in ("initial_eval_reward", "final_eval_reward", "improvement", "train_reward_first",
-                "train_reward_last_quarter", "wall_seconds"):
-      vals = [d[key] for d in done if d[key] is not None]
-      row[key] = _mean_std(vals) if vals else None
+    undefined = {}
+    for key in _GROUP_KEYS:
+      vals = [d[key] for d in done]
+      if None in vals:
+        undefined[key] = [d["unit"] for d in done if d[key] is None]
+      row[key] = _mean_std(vals) if vals and None not in vals else None
+    if undefined:
+      row["undefined"] = undefined
     out.append(row)
   return out
 
 
 def _fmt(v, digits=3):
   return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _fmt_group(g: dict[str, Any], key: str, digits=3) -> str:
+  """A group's `mean ± std` of `key`; 'undefined in N' when N of its finished units have no value."""
+  if key in g.get("undefined", {}):
+    return f"undefined in {len(g['undefined'][key])}"
+  return _fmt_ms(g[key], digits)
 
 
 def _fmt_ms(ms, digits=3):
@@ -364,10 +391,14 @@ def table(results: Sequence[UnitResult]) -> str:
     lines += ["", "| group | seeds | eval before RL | eval after RL | Δ | train reward, last ¼ |",
               "|---|---|---|---|---|---|"]
     for g in groups:
-      lines.append(f"| {g['group']} | {g['finished']}/{g['units']} | {_fmt_ms(g['initial_eval_reward'])} | "
-                   f"{_fmt_ms(g['final_eval_reward'])} | {_fmt_ms(g['improvement'])} | "
-                   f"{_fmt_ms(g['train_reward_last_quarter'])} |")
+      cells = [_fmt_group(g, k) for k in ("initial_eval_reward", "final_eval_reward", "improvement",
+                                            "train_reward_last_quarter")]
+      lines.append(f"| {g['group']} | {g['finished']}/{g['units']} | {' | '.join(cells)} |")
   return "\n".join(lines)
+
+
+def _nan(value: float | None) -> float:
+  return np.nan if value is None else value
 
 
 def plot(results: Sequence[UnitResult], path: str, *, title: str = "") -> None:
@@ -385,11 +416,11 @@ def plot(results: Sequence[UnitResult], path: str, *, title: str = "") -> None:
     members = [r for r in results if r.unit.group == group]
     for ax, attr in ((axes[0], "eval_curve"), (axes[1], "train_curve")):
       curves = [getattr(m, attr) for m in members if getattr(m, attr)]
-      for c in curves:
-        ax.plot([p[0] for p in c], [p[1] for p in c], color=colour, alpha=0.3, lw=1)
+      for c in curves:  # (a null point, NaN in the run, is a gap in its line and in the mean)
+        ax.plot([p[0] for p in c], [_nan(p[1]) for p in c], color=colour, alpha=0.3, lw=1)
       steps = sorted(set.intersection(*[{p[0] for p in c} for c in curves])) if curves else []
       if steps:
-        mean = [np.mean([dict(c)[s] for c in curves]) for s in steps]
+        mean = [np.mean([_nan(dict(c)[s]) for c in curves]) for s in steps]
         ax.plot(steps, mean, color=colour, lw=2.2, marker="o" if attr == "eval_curve" else None, ms=4,
                 label=f"{group} (mean of {len(curves)})")
   axes[0].set(title="Greedy eval reward (held out)", xlabel="RL step", ylabel="mean reward")
