@@ -86,6 +86,22 @@ def test_an_uncommitted_step_is_set_aside_and_resume_matches_a_straight_run(stra
   assert runtime.RunCheckpointer(half).complete_steps() == [2, 3, 4]  # Step 3 saved anew, nothing lost.
 
 
+def test_a_resumed_runs_wall_seconds_count_its_earlier_attempt(half):
+  """summary.json's wall_seconds was the last attempt's alone: a sweep unit interrupted and resumed showed 10 s
+  next to its seeds' 56 s (the table's `s` column and the group's mean). Now it adds the earlier attempts' time
+  up to the checkpoint the run resumed from, recorded in that checkpoint's metadata."""
+  stopped = json.loads((half / "summary.json").read_text())
+  ckpt = runtime.RunCheckpointer(half)
+  at_step_2 = ckpt.newest_meta()["wall_seconds"]
+  ckpt.close()
+  # Step 2's checkpoint was saved at the end of the stopped attempt, before its closing and summary.
+  assert 0.5 * stopped["wall_seconds"] < at_step_2 <= stopped["wall_seconds"]
+  resumed = runtime.train(_cfg(), half, resume=True, quiet=True)
+  assert resumed["resumed_from_step"] == 2 and 0 < resumed["attempt_wall_seconds"] < resumed["wall_seconds"]
+  assert resumed["wall_seconds"] == pytest.approx(at_step_2 + resumed["attempt_wall_seconds"], abs=1e-6)
+  assert json.loads((half / "summary.json").read_text())["wall_seconds"] == resumed["wall_seconds"]
+
+
 def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(straight, half):
   state_dir = half / "checkpoints" / "2" / "state"
   # Truncate every array data file (ocdbt's `d/` chunks): a torn copy. (Only the largest, as before, was not

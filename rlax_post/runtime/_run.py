@@ -54,6 +54,8 @@ class Tally:
     self.begin({})
 
   def begin(self, history: dict) -> None:
+    # The wall time earlier attempts spent up to the checkpoint a resumed run starts from (0 for a fresh run).
+    self.wall_before = float(history.get("wall_seconds", 0.0))
     self.dropped_total = int(history.get("dropped_stale_total", 0))
     self.dropped_future_total = int(history.get("dropped_future_total", 0))
     self.max_ticket = int(history.get("max_ticket_consumed", -1))
@@ -156,7 +158,7 @@ class Run:
     history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - self.t_start,
                "config": config_lib.to_dict(self.cfg), "data_files": _checkpoint.data_files(self.cfg), "rl_step": 0,
                **self.tally.meta()}
-    self.ckpt.save(0, state, ref_params, history)
+    self.ckpt.save(0, state, ref_params, {**history, "wall_seconds": time.time() - self.t_start})
     return Start(state, ref_params, 0, history)
 
   def evaluate_logged(self, step: int | None, state) -> float:
@@ -190,12 +192,17 @@ class Run:
                             stale=f"{row['staleness_mean']:.2f}",
                             eval="-" if tally.last_eval is None else f"{tally.last_eval:.3f}")
     if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == tally.end_step:
-      meta = {**{k: start.history[k] for k in _KEEP if k in start.history}, "rl_step": step, **tally.meta()}
+      meta = {**{k: start.history[k] for k in _KEEP if k in start.history}, "rl_step": step, **tally.meta(),
+              "wall_seconds": self.wall_seconds()}
       self.ckpt.save(step, state, start.ref_params, meta)
       source.checkpointed(step)
       kept = _checkpoint.complete_checkpoints(self.workdir)  # A listing: the manager's own view is untouched.
       if kept:
         self.log.prune(kept[0])  # Replay starts at the oldest kept checkpoint.
+
+  def wall_seconds(self, now: float | None = None) -> float:
+    """The run's wall time: its earlier attempts' up to the checkpoint this one resumed from, and this one's."""
+    return self.tally.wall_before + (time.time() if now is None else now) - self.t_start
 
   def close_progress(self) -> None:
     if hasattr(self.tally.bar, "close"):
@@ -219,7 +226,10 @@ class Run:
     initial = start.history["initial_eval_reward"]
     summary = {
         "initial_eval_reward": initial, "final_eval_reward": final, "improvement": final - initial,
-        "wall_seconds": t_end - self.t_start, "rl_wall_seconds": t_end - tally.t_loop,
+        # Over the run's attempts (a resumed unit of a sweep showed only its last attempt's seconds); the
+        # time lost after an attempt's last checkpoint is not counted (its steps were done again).
+        "wall_seconds": self.wall_seconds(t_end), "attempt_wall_seconds": t_end - self.t_start,
+        "rl_wall_seconds": t_end - tally.t_loop,
         "rl_steps": self.cfg.rl.steps, "rl_steps_done": max(tally.end_step, start.step),
         "resumed_from_step": None if self.latest is None else start.step,
         "final_train_reward": rl_rows[-1]["reward_mean"] if rl_rows else None,
