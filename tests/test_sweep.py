@@ -185,13 +185,15 @@ def test_sweep_cli_end_to_end(tmp_path):
     assert f"| {u['unit']} | ok | {summary['initial_eval_reward']:.3f} |" in out.stdout
   assert (root / "sweep.png").exists()
   # Both units have one warm start (same seed, task, model, sft): the first computed it, the second (which
-  # waited for it rather than computing it at the same time) restored it from the sweep's cache.
-  assert len(os.listdir(root / "warm_start_cache")) == 1
-  sft_steps = []
+  # waited for it rather than computing it at the same time) restored it from the sweep's cache (one entry: a
+  # second computation would have stored its own), and logs the SFT rows stored with it.
+  (key,) = os.listdir(root / "warm_start_cache")
+  assert len(os.listdir(root / "warm_start_cache" / key)) == 1
+  sft_rows = []
   for u in payload["units"]:
     with open(root / u["dirname"] / "metrics.jsonl") as f:
-      sft_steps.append([json.loads(line)["step"] for line in f if '"phase": "sft"' in line])
-  assert sft_steps[0] and sft_steps[1] == []
+      sft_rows.append([json.loads(line) for line in f if '"phase": "sft"' in line])
+  assert sft_rows[0] and sft_rows[1] == sft_rows[0]
   again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
   assert again.returncode == 0 and again.stdout.count("finished earlier, not run again") == 2
   more = subprocess.run([a if a != "--config.rl.steps=2" else "--config.rl.steps=3" for a in cmd],

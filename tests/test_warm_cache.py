@@ -4,9 +4,11 @@ SFT steps, and trains exactly as if it had computed it; the key changes with wha
 import dataclasses
 import json
 import os
+import struct
 import sys
 
 import pytest
+from tensorboardX.proto import event_pb2
 
 from rlax_post import config
 from rlax_post import data
@@ -69,15 +71,37 @@ def test_cache_key_of_role_pipelines_holds_their_prompts_not_their_rl_settings()
   assert {_warm_cache.cache_key(config.load(multiagent.get_config(arm))) for arm in arms} == {key}
 
 
+def _tb_scalars(directory) -> list[tuple[str, int, float]]:
+  """(tag, step, value) of every scalar in the TensorBoard event files under `directory`."""
+  out = []
+  for name in sorted(os.listdir(directory)):
+    with open(os.path.join(directory, name), "rb") as f:
+      data = f.read()
+    i = 0
+    while i < len(data):  # TFRecord: length (8 bytes), its CRC (4), the Event, its CRC (4).
+      (length,) = struct.unpack("<Q", data[i:i + 8])
+      event = event_pb2.Event.FromString(data[i + 12:i + 12 + length])
+      out += [(v.tag, event.step, v.simple_value) for v in event.summary.value]
+      i += 12 + length + 4
+  return out
+
+
 @pytest.mark.slow  # A long end-to-end run: `make test-all` (make test's 15-minute budget).
 def test_second_run_restores_the_warm_start_and_trains_identically(tmp_path):
+  """...and logs the SFT rows of the warm start it restored: it logged none, so in a sweep the units that
+  restored their seed's warm start had no SFT loss in metrics.jsonl, TensorBoard or curves.png."""
   cache = tmp_path / "cache"
   first = runtime.train(_cfg(cache), tmp_path / "a", quiet=True)
   (key_dir,) = list(cache.iterdir())
   assert key_dir.name == _warm_cache.cache_key(_cfg(cache)) and len(list(key_dir.iterdir())) == 1
-  second = runtime.train(_cfg(cache), tmp_path / "b", quiet=True)
-  assert [r["step"] for r in _rows(tmp_path / "a", "sft")] == [10, 12]
-  assert _rows(tmp_path / "b", "sft") == []  # restored, not recomputed
+  with_tb = _cfg(cache)
+  with_tb = dataclasses.replace(with_tb, runtime=dataclasses.replace(with_tb.runtime, tensorboard=True))
+  second = runtime.train(with_tb, tmp_path / "b", quiet=True)
+  assert len(list(key_dir.iterdir())) == 1  # restored, not recomputed (a recompute stores an entry of its own)
+  sft_rows = _rows(tmp_path / "a", "sft")
+  assert [r["step"] for r in sft_rows] == [10, 12] and _rows(tmp_path / "b", "sft") == sft_rows
+  tb_loss = [(step, value) for tag, step, value in _tb_scalars(tmp_path / "b" / "tensorboard") if tag == "sft/loss"]
+  assert tb_loss == [(10, pytest.approx(sft_rows[0]["loss"])), (12, pytest.approx(sft_rows[1]["loss"]))]
   assert second["initial_eval_reward"] == first["initial_eval_reward"]
   rl_a, rl_b = _data(_rows(tmp_path / "a", "rl")), _data(_rows(tmp_path / "b", "rl"))
   assert len(rl_a) == 2 and rl_a == rl_b
@@ -86,7 +110,7 @@ def test_second_run_restores_the_warm_start_and_trains_identically(tmp_path):
   cfg = _cfg(cache)
   cfg = dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, mode="async", max_staleness=0))
   runtime.train(cfg, tmp_path / "c", quiet=True)
-  assert _rows(tmp_path / "c", "sft") == []
+  assert _rows(tmp_path / "c", "sft") == sft_rows and len(list(key_dir.iterdir())) == 1
   rl_c = _data(_rows(tmp_path / "c", "rl"))
   assert [{k: r[k] for k in a} for r, a in zip(rl_c, rl_a)] == rl_a
   # Another warm start gets its own entry.

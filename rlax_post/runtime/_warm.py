@@ -8,6 +8,7 @@ process loads only the rows its devices hold (`_distributed.row_shard`).
 from __future__ import annotations
 
 import functools
+import math
 
 from rlax_post import envs
 from rlax_post import learner
@@ -21,13 +22,21 @@ from rlax_post.runtime import _warm_cache
 
 
 def warm_start(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui: _metrics.Console):
-  """The warm-started params from `params` (the initial params on the parts' mesh)."""
+  """The warm-started params from `params` (the initial params on the parts' mesh). Restored from the cache,
+  the SFT rows the entry's run logged are logged again (metrics.jsonl, TensorBoard, curves.png): without
+  them, the units of a sweep that restored their seed's warm start showed no SFT loss."""
   if parts.cfg.sft.steps == 0:
     return params
-  return _warm_cache.warm_start(parts.cfg, params, lambda: _sft_steps(parts, params, metrics, ui), say=ui.say)
+  out, restored = _warm_cache.warm_start(parts.cfg, params, lambda: _sft_steps(parts, params, metrics, ui),
+                                         say=ui.say)
+  for row in restored or ():
+    metrics.write(row["step"], {k: math.nan if v is None else v for k, v in row.items() if k != "step"},
+                  phase="sft")
+  return out
 
 
 def _sft_steps(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui: _metrics.Console):
+  """(the params after `sft.steps` supervised steps, the metric rows it logged: {"step": k, metric: value})."""
   cfg, graphdef = parts.cfg, parts.graphdef
   sft_learner = _learners.make_learner(
       parts, _learners.optimizer(cfg.sft.optimizer, cfg.sft.steps),
@@ -38,6 +47,7 @@ def _sft_steps(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui:
   index, count = _distributed.row_shard(batch_sh, cfg.sft.batch_size)
   batches = parts.task.sft_batches(index, count)
   progress = ui.bar(range(cfg.sft.steps), desc="warm-start SFT")
+  rows = []
   for step in progress:
     batch = next(batches)
     device_batch = _batch.to_device_batch({"tokens": batch["tokens"], "loss_mask": batch["loss_mask"]},
@@ -46,6 +56,7 @@ def _sft_steps(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui:
     if (step + 1) % 10 == 0 or step + 1 == cfg.sft.steps:
       host = _learners.host(m)
       metrics.write(step + 1, host, phase="sft")
+      rows.append({"step": step + 1, **_metrics.strict_json(host)})  # (NaN as None: the entry's meta is JSON)
       if hasattr(progress, "set_postfix"):
         progress.set_postfix(loss=f"{host['loss']:.3f}")
-  return state.params
+  return state.params, rows

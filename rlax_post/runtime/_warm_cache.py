@@ -86,14 +86,17 @@ def check_cache_dir(cfg: config_lib.Config) -> None:
                      "directory this run can create and write, or to None for no cache.") from None
 
 
-def warm_start(cfg: config_lib.Config, params: Any, run: Callable[[], Any], *, say=None) -> Any:
-  """The warm-started params: from the cache when an entry for this config exists, else `run()` (and stored).
+def warm_start(cfg: config_lib.Config, params: Any, run: Callable[[], tuple[Any, list[dict]]], *,
+               say=None) -> tuple[Any, list[dict] | None]:
+  """(the warm-started params, the SFT metric rows stored with them when they were restored, else None).
 
-  `params` (the initial params, placed on the run's mesh) gives the tree, shapes and shardings to restore
-  onto. Multi-process learners do not use the cache.
+  From the cache when an entry for this config exists, else `run()` (params, the metric rows it logged: stored
+  with them, so that a run that restores the entry logs the SFT curve it stands for; an entry written before
+  2026-12-04 has none). `params` (the initial params, placed on the run's mesh) gives the tree, shapes and
+  shardings to restore onto. Multi-process learners do not use the cache.
   """
   if cfg.sft.cache_dir is None or cfg.sft.steps == 0 or jax.process_count() > 1:
-    return run()
+    return run()[0], None
   key = cache_key(cfg)
   stored = entries(cfg.sft.cache_dir, key)
   if stored:
@@ -102,10 +105,10 @@ def warm_start(cfg: config_lib.Config, params: Any, run: Callable[[], Any], *, s
     out = jax.tree.unflatten(jax.tree.structure(params), jax.tree.leaves(sub.restore(0)))
     if say:
       say(f"warm start: {cfg.sft.steps} SFT steps restored from the cache ({stored[0]})")
-    return out
-  out = run()
+    return out, list(sub.meta(0).get("sft_rows", []))
+  out, rows = run()
   d = config_lib.to_dict(cfg)
   pub = exchange.ParamPublisher(exchange.as_path(cfg.sft.cache_dir) / key / uuid.uuid4().hex[:12], max_to_keep=1)
-  pub.publish(out, 0, meta={"key": key, "config": {k: d[k] for k in _KEY_SECTIONS}})
+  pub.publish(out, 0, meta={"key": key, "config": {k: d[k] for k in _KEY_SECTIONS}, "sft_rows": rows})
   pub.close()
-  return out
+  return out, None
