@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 
 from absl import flags as absl_flags
 from ml_collections import config_flags
@@ -506,3 +507,14 @@ def test_a_seeds_undefined_figure_makes_its_groups_figure_undefined_not_a_mean_o
   payload = sweep.write_report([good, bad], root, config="c.py")  # strict JSON, the null point kept
   assert payload["units"][1]["train_curve"][-1] == (4, None)
   assert json.loads((tmp_path / "sweep.json").read_text())["groups"][0]["final_eval_reward"] is None
+
+
+def test_a_sweep_with_no_finished_unit_plots_without_a_warning(tmp_path):
+  """Every unit failed or stopped early: sweep.png's legend of no line printed matplotlib's 'UserWarning: No
+  artists with labels found to put in legend' into the sweep's output, between the units' lines and the table."""
+  unit = sweep.WorkUnit(index=0, config="c.py", overrides={"seed": 0})
+  failed = sweep.UnitResult(unit=unit, workdir=str(tmp_path), returncode=1)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    sweep.plot([failed], str(tmp_path / "sweep.png"))
+  assert (tmp_path / "sweep.png").stat().st_size > 1000

@@ -427,7 +427,10 @@ def plot(results: Sequence[UnitResult], path: str, *, title: str = "") -> None:
   axes[1].set(title="Sampled train reward", xlabel="RL step")
   for ax in axes:
     ax.grid(alpha=0.3)
-  axes[0].legend(fontsize=8)
+    if not results:  # (a legend of no line printed matplotlib's "No artists with labels" into the sweep's output)
+      ax.text(0.5, 0.5, "no finished unit", ha="center", va="center", transform=ax.transAxes)
+  if results:
+    axes[0].legend(fontsize=8)
   if title:
     fig.suptitle(title)
   fig.tight_layout()
