@@ -393,8 +393,14 @@ def _train(argv):
 
 def _print_summary(summary):
   initial, final = summary["initial_eval_reward"], summary["final_eval_reward"]
+  done, steps = summary.get("rl_steps_done"), summary.get("rl_steps")
+  stopped = done is not None and steps is not None and done < steps  # runtime.stop_after_steps
+  after = f"after RL step {done} of {steps}:" if stopped else "after RL"
   print(f"\nGreedy eval reward on {summary['num_eval_prompts']} held-out prompts: warm start {initial:.3f} "
-        f"-> after RL {final:.3f} ({final - initial:+.3f}) in {summary['wall_seconds']:.0f} s.")
+        f"-> {after} {final:.3f} ({final - initial:+.3f}) in {summary['wall_seconds']:.0f} s.")
+  if stopped:  # (it read as a finished run's result)
+    print(f"Stopped early by runtime.stop_after_steps: the same command with --resume continues it to step "
+          f"{steps}.")
   print(f"Outputs in {summary['workdir']}: {', '.join(_outputs(summary['workdir']))}")
 
 

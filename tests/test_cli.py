@@ -505,6 +505,20 @@ def test_the_outputs_line_names_only_the_outputs_the_run_wrote(tmp_path, capsys)
       f"Outputs in {tmp_path}: summary.json, metrics.jsonl, curves.png, tensorboard/, checkpoints/\n")
 
 
+def test_a_run_stopped_early_says_so_and_how_to_continue(tmp_path, capsys):
+  """`train --config.runtime.stop_after_steps=2` of a 3-step run printed 'warm start 0.000 -> after RL 0.000
+  (+0.000) in 45 s.', the line of a finished run."""
+  base = {"initial_eval_reward": 0.25, "final_eval_reward": 0.5, "num_eval_prompts": 16, "wall_seconds": 45.2,
+          "workdir": str(tmp_path), "rl_steps": 3}
+  cli._print_summary({**base, "rl_steps_done": 2})
+  assert capsys.readouterr().out == (
+      "\nGreedy eval reward on 16 held-out prompts: warm start 0.250 -> after RL step 2 of 3: 0.500 (+0.250) in "
+      "45 s.\nStopped early by runtime.stop_after_steps: the same command with --resume continues it to step 3.\n"
+      f"Outputs in {tmp_path}: \n")
+  cli._print_summary({**base, "rl_steps_done": 3})
+  assert "-> after RL 0.500 (+0.250) in 45 s.\nOutputs" in capsys.readouterr().out
+
+
 def test_rescue_sim_names_the_session_files_a_directory_held_before(tmp_path):
   """rescue-eval reads a directory's session files whole; a second rescue-sim into it (other seeds, the train
   paraphrases) said only 'Wrote 2 RESCUE sessions', and the held-out directory then held 4."""
