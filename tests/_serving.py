@@ -104,8 +104,12 @@ def serve_and_decode(workdir, text: str, max_tokens: int) -> list[int]:
 def greedy_references(workdir, texts, max_tokens: int, tokenizer) -> list[list[int]]:
   """A plain full-forward argmax loop per text over the params the server loads, prompting with `tokenizer`."""
   engine = _serve.engine_from_workdir(str(workdir))
-  params = engine.load_params()
-  forward = jax.jit(lambda p, t: models.forward(engine.graphdef, p, t)[0])
+  return greedy_loop(engine.graphdef, engine.load_params(), texts, max_tokens, tokenizer)
+
+
+def greedy_loop(graphdef, params, texts, max_tokens: int, tokenizer) -> list[list[int]]:
+  """A plain full-forward argmax loop per text over `params`, prompting with `tokenizer`."""
+  forward = jax.jit(lambda p, t: models.forward(graphdef, p, t)[0])
   out = []
   for text in texts:
     seq, completion = tokenizer.encode(text, add_bos=True), []

@@ -7,6 +7,7 @@ server keeps answering everyone else; bad ports fail before anything says "Servi
 
 import asyncio
 from concurrent import futures
+import json
 import os
 import shutil
 import socket
@@ -18,6 +19,7 @@ import types
 import _serving
 import grpc
 import jax
+import numpy as np
 import pytest
 
 from rlax_post import models
@@ -333,3 +335,49 @@ def test_streamed_text_of_a_checkpoint_tokenizer_keeps_characters_split_across_t
       samples=[pb.DecodeResponse.StreamContent.Sample(token_ids=cut)])))
   tail = streams.flush().stream_content.samples[0]
   assert tail.text == tok.decode(cut)[len(tok.decode(cut).rstrip("\ufffd")):] and not tail.token_ids
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+  """A tiny LoRA run (rank 4 on q, v, o, up; 2 RL steps that move the adapters)."""
+  workdir = tmp_path_factory.mktemp("serve_lora") / "run"
+  train = subprocess.run(
+      [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir", str(workdir),
+       "--quiet", "--config.rl.steps=2", "--config.eval.every=0", "--config.model.lora.rank=4",
+       "--config.model.lora.alpha=8", "--config.model.lora.targets=('q', 'v', 'o', 'up')",
+       "--config.rl.optimizer.learning_rate=0.05", "--config.rl.optimizer.warmup_steps=0",
+       "--config.loss.entropy_coef=0.1"],  # a gradient even where every reward is 0
+      capture_output=True, text=True, timeout=300, env=_serving.ENV)
+  assert train.returncode == 0, train.stderr[-3000:]
+  return workdir
+
+
+def test_a_lora_run_is_served_with_its_adapters_merged(lora_run):
+  """`serve` of a LoRA run serves its adapters merged into its frozen base, the policy its samplers ran and
+  `runtime.export_hf` writes (it refused the run: 'trains LoRA adapters; serve loads one whole model's params',
+  sending the user to export it and train a second run from the export)."""
+  from rlax_post import runtime  # pylint: disable=g-import-not-at-top
+  policy = runtime.load_run_policy(lora_run)  # the learner's merge (runtime.RLUpdate.policy)
+  merged, base = jax.device_get(policy.params), jax.device_get(policy.warm_start)
+  engine = _serve.engine_from_workdir(str(lora_run))
+  tokens = jax.numpy.asarray([models.ByteTokenizer().encode(p, add_bos=True)[:8] for p in _GOOD[:4]])
+  logits = lambda params: np.asarray(models.forward(engine.graphdef, params, tokens)[0])
+  np.testing.assert_allclose(logits(engine.load_params()), logits(merged), atol=1e-5)
+  assert np.max(np.abs(logits(merged) - logits(base))) > 1e-3  # the adapters moved it: served, not the base
+  want = _serving.greedy_loop(engine.graphdef, merged, _GOOD, 6, models.ByteTokenizer())
+  assert sum(map(len, want)) >= 6
+  with _serving.ServerProcess(lora_run) as server:
+    assert [server.decode(_serving.text_request(p, 6)) for p in _GOOD] == want
+
+
+def test_a_lora_config_over_a_full_checkpoint_is_one_line_naming_it(run, tmp_path):
+  """A run's config.json asking for LoRA over checkpoints that hold a whole model's params (another run's)."""
+  workdir = tmp_path / "run"
+  shutil.copytree(run, workdir)
+  with open(workdir / "config.json") as f:
+    cfg = json.load(f)
+  cfg["model"]["lora"]["rank"] = 4
+  with open(workdir / "config.json", "w") as f:
+    json.dump(cfg, f)
+  with pytest.raises(ValueError, match=r"holds no LoRA adapters over a frozen base .* model.lora.rank = 0"):
+    _serve.engine_from_workdir(str(workdir)).load_params()

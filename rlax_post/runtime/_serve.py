@@ -1,7 +1,8 @@
 """`rlax-post serve`: a training run's newest committed checkpoint behind JetStream's gRPC server.
 
 The workdir of a run holds `config.json` (it rebuilds the model and the run's own tokenizer: the byte
-tokenizer of the presets, or the checkpoint's with `model.hf_path`) and `checkpoints/<step>` (orbax).
+tokenizer of the presets, or the checkpoint's with `model.hf_path`) and `checkpoints/<step>` (orbax). A LoRA
+run (`model.lora.rank > 0`) is served merged: its adapters over its frozen base.
 """
 
 from __future__ import annotations
@@ -49,16 +50,16 @@ def engine_from_workdir(workdir: str, options: sampler.ServeOptions = sampler.Se
   graphdef, _ = models.abstract_params(model_cfg)
   options = dataclasses.replace(options, step=served_step(workdir, options.step))
   return sampler.serving_engine(model_cfg, graphdef, tokenizer, os.path.join(workdir, "checkpoints"), options,
-                                jax.devices()[:1] if devices is None else devices)
+                                jax.devices()[:1] if devices is None else devices,
+                                lora=_parts.make_trainable(cfg).lora)
 
 
 def _check_servable(cfg, workdir: str) -> None:
-  """ValueError unless the run's checkpoints hold one whole model's params (what the engine loads)."""
-  what = ("one policy per role (multiagent.policies = 'per_role')" if cfg.multiagent.policies == "per_role"
-          else "LoRA adapters (model.lora.rank > 0)" if cfg.model.lora.rank else None)
-  if what:
-    raise ValueError(f"{workdir} trains {what}; `serve` loads one whole model's params. Write its policy as a "
-                     "Hugging Face checkpoint with `runtime.export_hf` and train from it with model.hf_path.")
+  """ValueError unless the run's checkpoints hold one policy (a whole model's params, or LoRA adapters over a
+  frozen base, which the engine merges)."""
+  if cfg.multiagent.policies == "per_role":
+    raise ValueError(f"{workdir} trains one policy per role (multiagent.policies = 'per_role'); `serve` serves "
+                     "one policy. Write each role's as a Hugging Face checkpoint with `runtime.export_hf`.")
 
 
 def serve(workdir: str, options: sampler.ServeOptions) -> sampler.Server:

@@ -542,28 +542,15 @@ class RlaxEngine(engine_api.Engine):
     FileNotFoundError if there is no such checkpoint and ValueError if its params do not match the model or
     do not divide the mesh axes their rules name.
     """
-    directory = epath.Path(checkpoint_dir)
-    if step is None:
-      steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if (
-          directory.exists()) else []
-      if not steps:
-        raise FileNotFoundError(f"No finished checkpoint steps under {directory} (expected "
-                                f"{directory}/<step>/state; pass a run's workdir/checkpoints).")
-      step = steps[-1]
-    path = directory / str(step) / "state"
-    if not path.exists():
-      raise FileNotFoundError(f"No checkpoint item at {path}.")
+    path = checkpoint_item(checkpoint_dir, step)
     with ocp.PyTreeCheckpointer() as ckptr:
       saved = ckptr.metadata(path).item_metadata
       if "params" not in saved:
         raise ValueError(f"Checkpoint {path} has no 'params' entry; it has {sorted(saved)}.")
-      self.check_params(jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype),
-                                     saved["params"]))
-      target = {"params": jax.tree.map(lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                                       self._abstract_params, self.param_shardings())}
-      out = ckptr.restore(path, args=ocp.args.PyTreeRestore(
-          item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-          partial_restore=True))
+      self.check_params(saved_like(saved["params"]))
+      out = restore_partial(ckptr, path, {"params": jax.tree.map(
+          lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), self._abstract_params,
+          self.param_shardings())})
     return self.prepare_params(out["params"])
 
   def param_shardings(self) -> Any:
@@ -636,6 +623,32 @@ def _apart_like(cfg: models.ModelConfig) -> Any:
 def _unstack_program(cfg: models.ModelConfig):
   """Jitted `models.unstack_layers` of the layer weights alone (`prepare_params`)."""
   return jax.jit(lambda weights: models.unstack_layers(cfg, weights))
+
+
+def checkpoint_item(checkpoint_dir: str | epath.Path, step: int | None) -> epath.Path:
+  """`checkpoint_dir/<step>/state` (`step` None: the largest step there). FileNotFoundError if there is none."""
+  directory = epath.Path(checkpoint_dir)
+  if step is None:
+    steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.exists() else []
+    if not steps:
+      raise FileNotFoundError(f"No finished checkpoint steps under {directory} (expected "
+                              f"{directory}/<step>/state; pass a run's workdir/checkpoints).")
+    step = steps[-1]
+  path = directory / str(step) / "state"
+  if not path.exists():
+    raise FileNotFoundError(f"No checkpoint item at {path}.")
+  return path
+
+
+def saved_like(metadata: Any) -> Any:
+  """ShapeDtypeStructs of a saved tree's orbax metadata (shapes and dtypes as written)."""
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), metadata)
+
+
+def restore_partial(ckptr: ocp.PyTreeCheckpointer, path: epath.Path, target: Any) -> Any:
+  """The entries of `target` (ShapeDtypeStructs with shardings) restored from the checkpoint item `path`."""
+  return ckptr.restore(path, args=ocp.args.PyTreeRestore(
+      item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True))
 
 
 def check_params_like(params: Any, params_like: Any, model: str, hint: str = "") -> None:

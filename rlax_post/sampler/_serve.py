@@ -33,6 +33,7 @@ import grpc
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 
 from rlax_post import models
 from rlax_post import sharding
@@ -46,16 +47,47 @@ _EMPTY = "the prompt is empty: send at least one character or token id"
 
 
 class ServingEngine(_engine.RlaxEngine):
-  """`RlaxEngine` whose `load_params()` takes no arguments, as JetStream's server calls it."""
+  """`RlaxEngine` whose `load_params()` takes no arguments, as JetStream's server calls it.
 
-  def __init__(self, *args, checkpoint_dir: str, step: int | None = None, **kwargs):
+  With `lora` (the run's `model.lora`), the checkpoint's state holds LoRA adapters (`params`) over a frozen
+  base (`frozen`): `load_params()` restores both and serves them merged (`models.merge_lora`), the policy the
+  run's samplers ran and `runtime.export_hf` writes.
+  """
+
+  def __init__(self, *args, checkpoint_dir: str, step: int | None = None, lora: models.LoRA | None = None,
+               **kwargs):
     super().__init__(*args, **kwargs)
-    self._checkpoint_dir, self._step = checkpoint_dir, step
+    self._checkpoint_dir, self._step, self._lora = checkpoint_dir, step, lora
 
   def load_params(self, *args, **kwargs) -> Any:
     if args or kwargs:
       return super().load_params(*args, **kwargs)
+    if self._lora is not None:
+      return self._load_merged(self._lora)
     return super().load_params(self._checkpoint_dir, self._step)
+
+  def _load_merged(self, lora: models.LoRA) -> Any:
+    """The base and adapters of the checkpoint, merged. ValueError naming the leaf or entry that does not fit
+    this model and `lora`."""
+    path = _engine.checkpoint_item(self._checkpoint_dir, self._step)
+    adapters_like = jax.eval_shape(lambda: models.init_lora(self._abstract_params, lora, jax.random.key(0)))
+    with ocp.PyTreeCheckpointer() as ckptr:
+      saved = ckptr.metadata(path).item_metadata
+      if "params" not in saved or "frozen" not in saved or saved["frozen"] is None:
+        raise ValueError(f"Checkpoint {path} holds no LoRA adapters over a frozen base (entries 'params' and "
+                         f"'frozen'); it has {sorted(saved)}: is it a run of model.lora.rank = 0?")
+      self.check_params(_engine.saved_like(saved["frozen"]))
+      _engine.check_params_like(_engine.saved_like(saved["params"]), adapters_like,
+                                f"LoRA adapters of rank {lora.rank} on {list(lora.targets)}")
+      adapter_shardings = sharding.named_shardings(models.lora_logical_axes(adapters_like), self._mesh,
+                                                   self.rules, shapes=adapters_like)
+      placed = lambda saved_tree, shardings: jax.tree.map(
+          lambda m, sh: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype, sharding=sh), saved_tree, shardings)
+      out = _engine.restore_partial(ckptr, path, {
+          "frozen": placed(saved["frozen"], self.param_shardings()),
+          "params": placed(saved["params"], adapter_shardings)})
+    merged = jax.jit(models.merge_lora, static_argnums=2)(out["frozen"], out["params"], lora)
+    return self.prepare_params(merged)
 
   def idle_prefix(self) -> _engine.Prefix:
     """A prefix whose slot produces no token (it starts at `max_decode_length`, where a slot stops).
@@ -95,8 +127,9 @@ class ServeOptions:
 
 
 def serving_engine(model_cfg: models.ModelConfig, graphdef: Any, tokenizer: Any, checkpoint_dir: str,
-                   options: ServeOptions, devices) -> ServingEngine:
-  """A `ServingEngine` of the model on `devices` (one fsdp axis) that loads `checkpoint_dir`'s params."""
+                   options: ServeOptions, devices, lora: models.LoRA | None = None) -> ServingEngine:
+  """A `ServingEngine` of the model on `devices` (one fsdp axis) that loads `checkpoint_dir`'s params (with
+  `lora`: its LoRA adapters merged into its frozen base)."""
   mesh = sharding.make_mesh({"fsdp": -1}, devices=list(devices))
   max_decode = model_cfg.max_seq_len
   if "://" not in checkpoint_dir:  # Orbax wants absolute paths; bucket URLs already are.
@@ -105,7 +138,7 @@ def serving_engine(model_cfg: models.ModelConfig, graphdef: Any, tokenizer: Any,
                        max_concurrent_decodes=options.max_concurrent_decodes,
                        max_prefill_length=_prefill_cap(max_decode), max_decode_length=max_decode,
                        temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
-                       seed=options.seed, checkpoint_dir=checkpoint_dir, step=options.step)
+                       seed=options.seed, checkpoint_dir=checkpoint_dir, step=options.step, lora=lora)
 
 
 # --- Request checks ---------------------------------------------------------------------------------------
