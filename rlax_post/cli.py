@@ -60,11 +60,14 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "learner, replay
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "learner, replay: processes of the learner.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "learner, replay: this process's index (0 .. N-1).")
 _GGUF = flags.DEFINE_string("gguf", None, "convert: a GGUF model file (llama.cpp).")
-_OUT = flags.DEFINE_string("out", None, "convert: the Hugging Face checkpoint directory to write.")
+_OUT = flags.DEFINE_string("out", None, "convert, export: the Hugging Face checkpoint directory to write (new or "
+                           "empty).")
+_ARCHITECTURE = flags.DEFINE_string("architecture", None, "export: the Hugging Face architecture to write (default: "
+                                    "the model.hf_path's, else the one the model's features name).")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
 _BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
-_STEP = flags.DEFINE_integer("step", None, "value, rescue-eval: the checkpoint step to evaluate (default: the "
-                             "newest).")
+_STEP = flags.DEFINE_integer("step", None, "value, rescue-eval, export: the checkpoint step to evaluate or export "
+                             "(default: the newest).")
 # RESCUE (docs/dialogue.md).
 _SESSIONS = flags.DEFINE_string("sessions", None, "rescue-eval: RESCUE session files (a .json file, a directory "
                                 "of them or a glob); rescue-sim: the directory to write them to.")
@@ -109,6 +112,9 @@ _COMMANDS = {
     "convert": ("--gguf FILE --out DIR",
                 "Write a GGUF model (llama.cpp) as a Hugging Face checkpoint directory for model.hf_path.",
                 ("gguf", "out", "quiet")),
+    "export": ("--workdir RUN_WORKDIR --out DIR [--step K] [--architecture LlamaForCausalLM]",
+               "Write a run's policy (LoRA adapters merged) as a Hugging Face checkpoint directory.",
+               ("workdir", "out", "step", "architecture", "quiet")),
     "fidelity": ("--workdir DIR [--extra 32] [--batches 1] [--json PATH]",
                  "A role-pipeline run's credit fidelity: Spearman of its credit against sampled ground truth.",
                  ("workdir", "extra", "batches", "json")),
@@ -530,6 +536,36 @@ def _convert(argv):
           f"--config.model.hf_path={out}")
 
 
+def _export(argv):
+  del argv
+  workdir = _run_dir(_required(_WORKDIR, "the workdir of the run to export"), "--workdir",
+                     "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
+  out = _new_or_empty(_required(_OUT, "the directory to write the Hugging Face checkpoint to"), "--out")
+  architecture = _ARCHITECTURE.value
+  if architecture is not None and architecture not in models.HF_ARCHITECTURES:
+    raise ValueError(f"--architecture {architecture!r} is not one export writes; pass one of "
+                     f"{sorted(models.HF_ARCHITECTURES)} (or leave it out: the run's own).")
+  with _output_dir(out, "--out"):
+    step = runtime.export_hf(workdir, out, architecture=architecture, step=_STEP.value)
+  if not _QUIET.value:
+    with open(os.path.join(out, "config.json")) as f:
+      written = json.load(f)["architectures"][0]
+    tokenizer = ("" if os.path.isfile(os.path.join(out, "tokenizer.json")) else
+                 " (no tokenizer files: the run used the byte tokenizer, whose ids config.json names)")
+    print(f"Wrote step {step} of {workdir} as {written} to {out}{tokenizer}; transformers' "
+          f"AutoModelForCausalLM.from_pretrained({out!r}) loads it.")
+
+
+def _new_or_empty(path: str, flag: str) -> str:
+  """`path`, unless it is a directory holding files: an export there would mix with them (another checkpoint's
+  shard index, which loaders read first, or the run's own files)."""
+  if "://" not in path and os.path.isdir(path) and os.listdir(path):
+    held = sorted(os.listdir(path))
+    raise ValueError(f"{flag} {path!r} is not empty (it holds {', '.join(held[:4])}{', ...' if len(held) > 4 else ''}"
+                     "); pass a new or empty directory.")
+  return path
+
+
 def _fidelity(argv):
   del argv
   workdir = _run_dir(_required(_WORKDIR, "the workdir of a role-pipeline run"), "--workdir",
@@ -634,7 +670,7 @@ def _rescue_audit(argv):
 
 
 _HANDLERS = {"train": _train, "check-config": _check_config, "serve": _serve, "learner": _learner,
-             "sampler": _sampler, "replay": _replay, "sweep": _sweep, "convert": _convert,
+             "sampler": _sampler, "replay": _replay, "sweep": _sweep, "convert": _convert, "export": _export,
              "fidelity": _fidelity, "value": _value, "rescue-sim": _rescue_sim, "rescue-eval": _rescue_eval,
              "rescue-audit": _rescue_audit}
 

@@ -22,7 +22,7 @@ from rlax_post.runtime import _checkpoint
 _ENV = _procs.env()
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEMO = os.path.join(_ROOT, "configs", "demo.py")
-_COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay", "sweep", "convert")
+_COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay", "sweep", "convert", "export")
 _IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
@@ -67,10 +67,11 @@ _OWN_FLAGS = {
     "serve": ("--checkpoint", "--port", "--host", "--temperature", "--slots"),
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
     "replay": ("--workdir",), "sweep": ("--config", "--workdir", "--parallel", "--json"),
-    "convert": ("--gguf", "--out"),
+    "convert": ("--gguf", "--out"), "export": ("--workdir", "--out", "--step", "--architecture"),
 }
 _OTHER_FLAGS = {"train": "--port", "check-config": "--workdir", "serve": "--workdir", "learner": "--index",
-                "sampler": "--config", "replay": "--parallel", "sweep": "--checkpoint", "convert": "--workdir"}
+                "sampler": "--config", "replay": "--parallel", "sweep": "--checkpoint", "convert": "--workdir",
+                "export": "--gguf"}
 
 
 @pytest.mark.parametrize("command", _COMMANDS)
@@ -91,7 +92,7 @@ def test_unknown_command_lists_the_valid_ones():
   assert out.returncode == 2 and "Traceback" not in out.stderr
   assert out.stderr.strip() == (
       "rlax-post: error: unknown command 'tran' (did you mean 'train'?); valid commands: ['train', "
-      "'check-config', 'serve', 'learner', 'sampler', 'replay', 'sweep', 'convert', 'fidelity', 'value', "
+      "'check-config', 'serve', 'learner', 'sampler', 'replay', 'sweep', 'convert', 'export', 'fidelity', 'value', "
       "'rescue-sim', 'rescue-eval', 'rescue-audit']; `rlax-post --help` describes them.")
 
 
@@ -174,8 +175,8 @@ def test_bad_flag_and_bad_flag_value():
 
 @pytest.mark.parametrize("args, message", [
     (("fidelity", "--workdir", "nowhere", "--step", "2"),
-     "--step is not a flag of `rlax-post fidelity` (it is read by value, rescue-eval); the flags of fidelity: "
-     "['--workdir', '--extra', '--batches', '--json']."),
+     "--step is not a flag of `rlax-post fidelity` (it is read by export, value, rescue-eval); the flags of "
+     "fidelity: ['--workdir', '--extra', '--batches', '--json']."),
     (("check-config", "--config", "configs/demo.py:tiny", "--workdir", "x", "--resume"),
      "--resume is not a flag of `rlax-post check-config` (it is read by train, learner); the flags of "
      "check-config: ['--config']."),
@@ -404,6 +405,7 @@ _RUN_DIRS = [
     ("serve", "--checkpoint", "the workdir of a training run (it holds config.json and checkpoints/)"),
     ("fidelity", "--workdir", "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)"),
     ("value", "--workdir", "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)"),
+    ("export", "--workdir", "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)"),
 ]
 
 
@@ -533,3 +535,26 @@ def test_rescue_sim_names_the_session_files_a_directory_held_before(tmp_path):
   assert sim() == ("Wrote 2 RESCUE sessions to s. 2 of them replaced files of the same name. s also holds 2 "
                    "session file(s) written before (sim-train-00001.json, sim-train-00002.json), which "
                    "`rlax-post rescue-eval --sessions s` reads too.\n")
+
+
+def test_export_refuses_a_used_out_directory_and_an_unknown_architecture(tmp_path):
+  """`rlax-post export` writes into a new or empty --out (another checkpoint's shard index there would be read
+  before its model.safetensors), and names the architectures it writes; both before any JAX work."""
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text(json.dumps({"task": {}, "rl": {}}))
+  used = tmp_path / "used"
+  used.mkdir()
+  for name in ("config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json"):
+    (used / name).write_text("{}")
+  line = _error(_cli("export", "--workdir", run, "--out", used), "export")
+  assert line == (f"rlax-post export: error: --out {str(used)!r} is not empty (it holds config.json, "
+                  "model-00001-of-00002.safetensors, model.safetensors.index.json); pass a new or empty directory.")
+  line = _error(_cli("export", "--workdir", run, "--out", tmp_path / "new", "--architecture", "GPT2LMHeadModel"),
+                "export")
+  assert line == ("rlax-post export: error: --architecture 'GPT2LMHeadModel' is not one export writes; pass one "
+                  "of ['Gemma2ForCausalLM', 'Gemma3ForCausalLM', 'LlamaForCausalLM', 'Qwen2ForCausalLM', "
+                  "'Qwen3ForCausalLM'] (or leave it out: the run's own).")
+  assert not (tmp_path / "new").exists()
+  line = _error(_cli("export", "--workdir", run), "export")
+  assert line == "rlax-post export: error: --out is required: the directory to write the Hugging Face checkpoint to."

@@ -512,3 +512,19 @@ def test_hf_path_missing_a_file(llama_dir, tmp_path, missing):
   with pytest.raises(FileNotFoundError) as err:
     _parts.make_tokenizer(config.load({"model": {"hf_path": path}}))
   assert str(err.value).startswith(f"`model.hf_path` = {path!r} has no {missing}; a checkpoint directory needs")
+
+
+@pytest.mark.parametrize("preset, architecture", [
+    ("tiny", "LlamaForCausalLM"), ("llama3.2-1b", "LlamaForCausalLM"), ("qwen2.5-0.5b", "Qwen2ForCausalLM"),
+    ("qwen3-0.6b", "Qwen3ForCausalLM"), ("gemma2-2b", "Gemma2ForCausalLM"), ("gemma3-1b", "Gemma3ForCausalLM")])
+def test_hf_architecture_names_the_one_whose_features_a_config_has(preset, architecture):
+  """What `rlax-post export` writes by default for a run from a preset (`runtime.export_hf(architecture=None)`)."""
+  cfg = models.preset(preset, vocab_size=264) if preset == "tiny" else models.preset(preset)
+  assert models.hf_architecture(cfg) == architecture
+
+
+def test_hf_architecture_refuses_features_no_architecture_has():
+  cfg = dataclasses.replace(models.preset("tiny", vocab_size=264), qkv_bias=True, qk_norm=True)
+  with pytest.raises(ValueError, match=r"No Hugging Face architecture has this model's features \{'qkv_bias': True, "
+                     r"'qk_norm': True"):
+    models.hf_architecture(cfg)

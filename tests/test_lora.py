@@ -6,6 +6,8 @@ import functools
 import json
 import os
 import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +24,7 @@ from rlax_post import runtime
 from rlax_post import sharding
 from rlax_post.runtime import _samplers
 
+import _procs
 import _runs
 
 CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -347,6 +350,32 @@ def test_export_writes_the_merged_policy_as_an_hf_checkpoint(lora_run, tmp_path)
   tokens = _batch()["tokens"] % hf_cfg.vocab_size
   np.testing.assert_allclose(models.forward(graphdef, loaded, tokens)[0],
                              models.forward(graphdef, merged, tokens)[0], atol=1e-5)
+
+
+def test_rlax_post_export_of_a_lora_run_gives_transformers_our_merged_logits(lora_run, tmp_path):
+  """`rlax-post export` (no command existed) of a LoRA run from a preset: the architecture its features name
+  (Llama), the adapters merged, and transformers' model of the export gives the merged policy's logits."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  workdir, cfg, _ = lora_run
+  out = tmp_path / "hf"
+  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "export", "--workdir", str(workdir), "--out",
+                         str(out), "--step", "2"], capture_output=True, text=True, timeout=300, env=_procs.env())
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.startswith(f"Wrote step 2 of {workdir} as LlamaForCausalLM to {out} (no tokenizer files"), (
+      done.stdout)
+  state, _, _ = _runs.restore(workdir, cfg, 2)
+  merged = jax.device_get(models.merge_lora(state.frozen, state.params, runtime.build_parts(cfg).trainable.lora))
+  model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+  tokens = np.asarray(_batch()["tokens"][:2])
+  with torch.no_grad():
+    theirs = model(torch.tensor(tokens, dtype=torch.long)).logits.numpy()
+  graphdef, _ = models.abstract_params(runtime.build_parts(cfg).model_cfg)
+  ours = np.asarray(models.forward(graphdef, merged, tokens)[0])
+  valid = models.ByteTokenizer().vocab_size  # ours masks the padded rows; the export keeps them all
+  np.testing.assert_allclose(theirs[..., :valid], ours[..., :valid], atol=2e-5)
+  base = np.asarray(models.forward(graphdef, jax.device_get(state.frozen), tokens)[0])
+  assert np.max(np.abs(theirs[..., :valid] - base[..., :valid])) > 1e-4  # the adapters are in it
 
 
 def _written_dtypes(path):

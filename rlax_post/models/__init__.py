@@ -28,6 +28,7 @@ from rlax_post.models._gguf import TENSOR_TYPES as GGUF_TENSOR_TYPES
 from rlax_post.models._hf import ARCHITECTURES as HF_ARCHITECTURES
 from rlax_post.models._hf import config_from_hf
 from rlax_post.models._hf import export_hf
+from rlax_post.models._hf import hf_architecture
 from rlax_post.models._hf import load_hf
 from rlax_post.models._hf import read_hf_config
 from rlax_post.models._hf_tokenizer import HFTokenizer
@@ -60,6 +61,7 @@ __all__ = [
     "config_from_hf",
     "convert_gguf",
     "export_hf",
+    "hf_architecture",
     "entropy_from_logits",
     "forward",
     "forward_at",

@@ -355,6 +355,17 @@ def load_hf(path: str, *, mesh: jax.sharding.Mesh | None = None, rules=None,
 _SCALAR_HEAD = ("value_head", "value_bias")
 
 
+def hf_architecture(cfg: ModelConfig) -> str:
+  """The key of `ARCHITECTURES` whose features (q/k/v biases, q/k norms, Gemma's norms and activation) are
+  `cfg`'s; ValueError naming `cfg`'s when no architecture has them."""
+  for name, (_, flags) in ARCHITECTURES.items():
+    if all(getattr(cfg, k) == v for k, v in flags.items()):
+      return name
+  have = {k: getattr(cfg, k) for k in ARCHITECTURES["LlamaForCausalLM"][1]}
+  needs = {name: flags for name, (_, flags) in ARCHITECTURES.items()}
+  raise ValueError(f"No Hugging Face architecture has this model's features {have}; each needs: {needs}.")
+
+
 def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str,
               config_extra: Mapping[str, Any] | None = None) -> None:
   """Writes `params` as an HF checkpoint (`config.json` + `model.safetensors`) loadable by transformers.

@@ -20,9 +20,11 @@ from rlax_post.runtime import _parts
 from rlax_post.runtime import _samplers
 
 
-def export_hf(workdir: str, out_dir: str, *, architecture: str, step: int | None = None) -> int:
+def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, step: int | None = None) -> int:
   """Writes the policy of run `workdir` at checkpoint `step` (None: the newest) to `out_dir` as an HF
-  checkpoint of `architecture` (a key of `models.HF_ARCHITECTURES`); returns the step exported.
+  checkpoint of `architecture` (a key of `models.HF_ARCHITECTURES`; None: `export_architecture`, the one of
+  the `model.hf_path` the run started from, else the one the model's features name); returns the step
+  exported. `rlax-post export` calls it.
 
   With `model.lora.rank > 0` the exported weights are the merged ones, W + (alpha / r)·a·b, in the wider of
   the base's and the adapters' dtypes: a plain checkpoint that any HF loader (or `model.hf_path`) reads
@@ -37,6 +39,7 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str, step: int | None
   """
   workdir = os.fspath(workdir)
   parts = _parts.build_parts(_samplers.load_run_config(workdir))
+  architecture = architecture or export_architecture(parts.cfg, parts.model_cfg)
   update = _learn.RLUpdate(parts)
   state, _, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
                                              max_to_keep=parts.cfg.checkpoint.max_to_keep, step=step,
@@ -52,6 +55,18 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str, step: int | None
                      architecture=architecture, config_extra=ids)
     _copy_tokenizer_files(parts, out)
   return step
+
+
+def export_architecture(cfg, model_cfg: models.ModelConfig) -> str:
+  """The architecture a run's export takes by default: its `model.hf_path`'s (config.json `architectures`,
+  where it is one `models.export_hf` writes), else the one whose features are the model's
+  (`models.hf_architecture`: Llama for the presets without Qwen's or Gemma's)."""
+  if cfg.model.hf_path is not None:
+    with open(os.path.join(cfg.model.hf_path, "config.json")) as f:
+      named = json.load(f).get("architectures") or []
+    if len(named) == 1 and named[0] in models.HF_ARCHITECTURES:
+      return named[0]
+  return models.hf_architecture(model_cfg)
 
 
 def _widest(params) -> str:

@@ -59,7 +59,7 @@ def _check_servable(cfg, workdir: str) -> None:
   frozen base, which the engine merges)."""
   if cfg.multiagent.policies == "per_role":
     raise ValueError(f"{workdir} trains one policy per role (multiagent.policies = 'per_role'); `serve` serves "
-                     "one policy. Write each role's as a Hugging Face checkpoint with `runtime.export_hf`.")
+                     "one policy. Write each role's as a Hugging Face checkpoint with `rlax-post export`.")
 
 
 def serve(workdir: str, options: sampler.ServeOptions) -> sampler.Server:
