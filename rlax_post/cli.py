@@ -550,10 +550,8 @@ def _export(argv):
   if not _QUIET.value:
     with open(os.path.join(out, "config.json")) as f:
       written = json.load(f)["architectures"][0]
-    tokenizer = ("" if os.path.isfile(os.path.join(out, "tokenizer.json")) else
-                 " (no tokenizer files: the run used the byte tokenizer, whose ids config.json names)")
-    print(f"Wrote step {step} of {workdir} as {written} to {out}{tokenizer}; transformers' "
-          f"AutoModelForCausalLM.from_pretrained({out!r}) loads it.")
+    print(f"Wrote step {step} of {workdir} as {written} to {out}; transformers' AutoModelForCausalLM and "
+          f"AutoTokenizer .from_pretrained({out!r}) load it, --config.model.hf_path={out} trains it.")
 
 
 def _new_or_empty(path: str, flag: str) -> str:

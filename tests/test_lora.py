@@ -362,8 +362,7 @@ def test_rlax_post_export_of_a_lora_run_gives_transformers_our_merged_logits(lor
   done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "export", "--workdir", str(workdir), "--out",
                          str(out), "--step", "2"], capture_output=True, text=True, timeout=300, env=_procs.env())
   assert done.returncode == 0, done.stderr[-3000:]
-  assert done.stdout.startswith(f"Wrote step 2 of {workdir} as LlamaForCausalLM to {out} (no tokenizer files"), (
-      done.stdout)
+  assert done.stdout.startswith(f"Wrote step 2 of {workdir} as LlamaForCausalLM to {out};"), done.stdout
   state, _, _ = _runs.restore(workdir, cfg, 2)
   merged = jax.device_get(models.merge_lora(state.frozen, state.params, runtime.build_parts(cfg).trainable.lora))
   model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
@@ -376,6 +375,27 @@ def test_rlax_post_export_of_a_lora_run_gives_transformers_our_merged_logits(lor
   np.testing.assert_allclose(theirs[..., :valid], ours[..., :valid], atol=2e-5)
   base = np.asarray(models.forward(graphdef, jax.device_get(state.frozen), tokens)[0])
   assert np.max(np.abs(theirs[..., :valid] - base[..., :valid])) > 1e-4  # the adapters are in it
+
+
+def test_the_export_of_a_byte_tokenizer_run_carries_the_byte_tokenizer(lora_run, tmp_path):
+  """A run from a preset (the byte tokenizer) exported no tokenizer files: transformers' AutoTokenizer could not
+  load the export and `model.hf_path` refused it ('has no tokenizer.json'), though docs/learner.md said it
+  reads it. The export now holds the byte tokenizer as an HF tokenizer: the same ids, and a run starts from it."""
+  transformers = pytest.importorskip("transformers")
+  workdir, cfg, _ = lora_run
+  out = tmp_path / "hf"
+  runtime.export_hf(workdir, out)
+  byte = models.ByteTokenizer()
+  hf, auto = models.HFTokenizer.from_dir(str(out)), transformers.AutoTokenizer.from_pretrained(str(out))
+  assert (hf.vocab_size, hf.pad_id, hf.bos_id, hf.eos_id, hf.add_bos_token) == (259, 256, 257, 258, True)
+  for text in ["rev abc=", "héllo 日本 🤗", "  a\n\tb", "\x00\x7f", ""]:
+    ids = byte.encode(text, add_bos=True)
+    assert hf.encode(text, add_bos=True) == ids == auto(text).input_ids, text
+    assert hf.decode(ids) == byte.decode(ids) == auto.decode(ids, skip_special_tokens=True) == text
+  raw = config.to_dict(cfg)
+  again = runtime.build_parts(config.load(dict(raw, model=dict(raw["model"], hf_path=str(out)))))
+  assert again.tokenizer.encode("rev abc=", add_bos=True) == byte.encode("rev abc=", add_bos=True)
+  assert again.model_cfg.vocab_size == runtime.build_parts(cfg).model_cfg.vocab_size
 
 
 def _written_dtypes(path):

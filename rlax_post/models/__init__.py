@@ -33,6 +33,7 @@ from rlax_post.models._hf import load_hf
 from rlax_post.models._hf import read_hf_config
 from rlax_post.models._hf_tokenizer import HFTokenizer
 from rlax_post.models._hf_tokenizer import render_chat
+from rlax_post.models._hf_tokenizer import write_byte_tokenizer
 from rlax_post.models._lora import check_lora
 from rlax_post.models._lora import init_lora
 from rlax_post.models._lora import LoRA
@@ -78,6 +79,7 @@ __all__ = [
     "layers_apart",
     "position_axes",
     "load_hf",
+    "write_byte_tokenizer",
     "logprobs_from_logits",
     "LoRA",
     "LORA_TARGETS",

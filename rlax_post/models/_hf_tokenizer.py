@@ -520,3 +520,34 @@ class HFTokenizer(_tokenizer.TokenizerBase):
     if not tokenize:
       return text
     return self._tok.encode(text, add_special_tokens=False).ids
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+  """GPT-2's printable character for each byte, the alphabet of `tokenizers`' ByteLevel pre-tokenizer."""
+  printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+  rest = [b for b in range(256) if b not in printable]
+  return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(rest)}}
+
+
+def write_byte_tokenizer(path: str) -> None:
+  """Writes `ByteTokenizer` as a Hugging Face tokenizer into directory `path` (`tokenizer.json`,
+  `tokenizer_config.json`): a byte-level BPE without merges whose id for each byte is the byte, `<pad>`,
+  `<bos>`, `<eos>` at 256-258 and BOS prepended, so `HFTokenizer.from_dir(path)` and transformers'
+  `AutoTokenizer` give `ByteTokenizer`'s ids (text holding a special token's name, e.g. "<eos>", excepted:
+  HF tokenizers read it as that token)."""
+  byte_tok = _tokenizer.ByteTokenizer()
+  chars = _bytes_to_unicode()
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={chars[b]: b for b in range(256)}, merges=[]))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  tok.decoder = tokenizers.decoders.ByteLevel()
+  names = {i: byte_tok.decode([i], skip_special=False, stop_at_eos=False)
+           for i in (byte_tok.pad_id, byte_tok.bos_id, byte_tok.eos_id)}
+  tok.add_special_tokens([tokenizers.AddedToken(names[i], special=True) for i in sorted(names)])
+  bos = names[byte_tok.bos_id]
+  tok.post_processor = tokenizers.processors.TemplateProcessing(
+      single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, byte_tok.bos_id)])
+  os.makedirs(path, exist_ok=True)
+  tok.save(os.path.join(path, "tokenizer.json"))
+  with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+    json.dump({"bos_token": bos, "eos_token": names[byte_tok.eos_id], "pad_token": names[byte_tok.pad_id],
+               "add_bos_token": True, "tokenizer_class": "PreTrainedTokenizerFast"}, f, indent=2)

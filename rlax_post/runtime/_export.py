@@ -93,9 +93,11 @@ def _special_ids(parts: _parts.Parts) -> dict:
 
 
 def _copy_tokenizer_files(parts: _parts.Parts, out: str) -> None:
-  """The tokenizer files of `model.hf_path` into the exported checkpoint `out`, so that `model.hf_path` can
-  start a run from it."""
+  """The tokenizer files of `model.hf_path` into the exported checkpoint `out` (a byte-tokenizer run: the byte
+  tokenizer's, `models.write_byte_tokenizer`), so that `model.hf_path` can start a run from it."""
   source = parts.cfg.model.hf_path
+  if source is None:  # `model.hf_path` refused the export for want of tokenizer.json.
+    models.write_byte_tokenizer(out)
   for name in _TOKENIZER_FILES if source is not None else ():
     if os.path.isfile(os.path.join(source, name)):
       shutil.copyfile(os.path.join(source, name), os.path.join(out, name))
