@@ -66,8 +66,8 @@ _ARCHITECTURE = flags.DEFINE_string("architecture", None, "export: the Hugging F
                                     "the model.hf_path's, else the one the model's features name).")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
 _BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
-_STEP = flags.DEFINE_integer("step", None, "value, rescue-eval, export: the checkpoint step to evaluate or export "
-                             "(default: the newest).")
+_STEP = flags.DEFINE_integer("step", None, "value, rescue-eval, export, serve: the checkpoint step to evaluate, "
+                             "export or serve (default: the newest).")
 # RESCUE (docs/dialogue.md).
 _SESSIONS = flags.DEFINE_string("sessions", None, "rescue-eval: RESCUE session files (a .json file, a directory "
                                 "of them or a glob); rescue-sim: the directory to write them to.")
@@ -94,9 +94,9 @@ _COMMANDS = {
               ("config", "workdir", "resume", "quiet", *_MULTIHOST)),
     "check-config": ("--config FILE[:variant] [--config.a.b=value ...]",
                      "Print the validated config as JSON: every key with its value.", ("config",)),
-    "serve": ("--checkpoint RUN_WORKDIR [--port 9000] [--host 127.0.0.1] [--temperature 0] [--slots 8]",
-              "Serve a run's newest checkpoint with JetStream's gRPC server.",
-              ("checkpoint", "port", "host", "temperature", "slots")),
+    "serve": ("--checkpoint RUN_WORKDIR [--step K] [--port 9000] [--host 127.0.0.1] [--temperature 0] [--slots 8]",
+              "Serve a run's newest (or step K's) checkpoint with JetStream's gRPC server.",
+              ("checkpoint", "step", "port", "host", "temperature", "slots")),
     "learner": ("--config FILE[:variant] [--config.a.b=value ...] --workdir DIR [--resume]",
                 "The async learner as its own process; samplers join it through DIR (docs/async.md).",
                 ("config", "workdir", "resume", "quiet", *_MULTIHOST)),
@@ -517,9 +517,10 @@ def _serve(argv):
   workdir = _run_dir(_required(_CHECKPOINT, "the workdir of a training run"), "--checkpoint",
                      "the workdir of a training run (it holds config.json and checkpoints/)")
   options = sampler.ServeOptions(port=_PORT.value, host=_HOST.value, max_concurrent_decodes=_SLOTS.value,
-                                 temperature=_TEMPERATURE.value)
+                                 temperature=_TEMPERATURE.value, step=_STEP.value)
   server = runtime.serve(workdir, options)
-  print(f"Serving {workdir} with JetStream on {_HOST.value}:{_PORT.value}", flush=True)
+  step = runtime.served_step(workdir, _STEP.value)
+  print(f"Serving step {step} of {workdir} with JetStream on {_HOST.value}:{_PORT.value}", flush=True)
   server.wait_for_termination()
 
 

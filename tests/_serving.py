@@ -21,9 +21,9 @@ JS = jetstream_compat.import_jetstream()
 PB = JS.jetstream_pb2
 
 
-def serve_command(workdir, port) -> list[str]:
+def serve_command(workdir, port, *flags) -> list[str]:
   return [sys.executable, "-m", "rlax_post.cli", "serve", "--checkpoint", str(workdir), "--port", str(port),
-          "--host", "127.0.0.1"]
+          "--host", "127.0.0.1", *flags]
 
 
 def text_request(text: str, max_tokens: int, **kwargs):
@@ -36,11 +36,12 @@ def token_request(ids, max_tokens: int, **kwargs):
 
 
 class ServerProcess:
-  """`rlax-post serve --checkpoint workdir` on a free port in a subprocess, up and healthy; `with` stops it."""
+  """`rlax-post serve --checkpoint workdir [flags]` on a free port in a subprocess, up and healthy; `with`
+  stops it."""
 
-  def __init__(self, workdir, timeout_s: float = 120):
+  def __init__(self, workdir, timeout_s: float = 120, flags: tuple[str, ...] = ()):
     self.port = portpicker.pick_unused_port()
-    self.process = subprocess.Popen(serve_command(workdir, self.port), stdout=subprocess.PIPE,
+    self.process = subprocess.Popen(serve_command(workdir, self.port, *flags), stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, env=ENV)
     self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
     self.stub = JS.jetstream_pb2_grpc.OrchestratorStub(self.channel)

@@ -64,7 +64,7 @@ def test_no_command_prints_the_listing_to_stderr_and_exits_2():
 
 _OWN_FLAGS = {
     "train": ("--config", "--workdir", "--[no]resume"), "check-config": ("--config",),
-    "serve": ("--checkpoint", "--port", "--host", "--temperature", "--slots"),
+    "serve": ("--checkpoint", "--step", "--port", "--host", "--temperature", "--slots"),
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
     "replay": ("--workdir",), "sweep": ("--config", "--workdir", "--parallel", "--json"),
     "convert": ("--gguf", "--out"), "export": ("--workdir", "--out", "--step", "--architecture"),
@@ -175,14 +175,14 @@ def test_bad_flag_and_bad_flag_value():
 
 @pytest.mark.parametrize("args, message", [
     (("fidelity", "--workdir", "nowhere", "--step", "2"),
-     "--step is not a flag of `rlax-post fidelity` (it is read by export, value, rescue-eval); the flags of "
+     "--step is not a flag of `rlax-post fidelity` (it is read by serve, export, value, rescue-eval); the flags of "
      "fidelity: ['--workdir', '--extra', '--batches', '--json']."),
     (("check-config", "--config", "configs/demo.py:tiny", "--workdir", "x", "--resume"),
      "--resume is not a flag of `rlax-post check-config` (it is read by train, learner); the flags of "
      "check-config: ['--config']."),
     (("serve", "--checkpoint", "nowhere", "--config", "configs/demo.py:sort"),
      "--config is not a flag of `rlax-post serve` (it is read by train, check-config, learner, sweep, "
-     "rescue-eval); the flags of serve: ['--checkpoint', '--port', '--host', '--temperature', '--slots']."),
+     "rescue-eval); the flags of serve: ['--checkpoint', '--step', '--port', '--host', '--temperature', '--slots']."),
 ], ids=["fidelity --step", "check-config --workdir --resume", "serve --config"])
 def test_a_flag_of_another_command_is_refused(args, message):
   """A flag the command does not read ran as if it were not given: `fidelity --step 2` reported step 3 (the

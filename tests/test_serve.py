@@ -199,6 +199,24 @@ def test_the_cli_exits_2_without_serving_on_a_bad_or_taken_port(run, server):
   assert server.healthy()
 
 
+def test_the_cli_serves_the_step_it_is_given_and_names_a_missing_one(run):
+  """`serve --step K` serves checkpoint K (the command had no --step: only the newest could be served, though
+  a run keeps several); a step that is not committed is one line listing those that are."""
+  options = sampler.ServeOptions(step=0)
+  engine = _serve.engine_from_workdir(str(run), options)
+  want = _serving.greedy_loop(engine.graphdef, engine.load_params(), _GOOD[:3], 6, models.ByteTokenizer())
+  with _serving.ServerProcess(run, flags=("--step", "0")) as server:
+    got = [server.decode(_serving.text_request(p, 6)) for p in _GOOD[:3]]
+    out = server.close()
+  assert got == want and f"Serving step 0 of {run} with JetStream" in out, out[-2000:]
+  for step in (_UNCOMMITTED, 7):
+    done = subprocess.run(_serving.serve_command(run, 9, "--step", str(step)), capture_output=True, text=True,
+                          timeout=120, env=_serving.ENV)
+    assert done.returncode == 2 and "Serving" not in done.stdout, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"rlax-post serve: error: Step {step} is not a committed checkpoint of {run}; committed steps: [0, 1].")
+
+
 def test_a_prefill_error_fails_its_request_not_the_process(run, references):
   """The driver's backstop, fed requests the servicer would have rejected: each fails alone, with its error."""
   engine = _serve.engine_from_workdir(str(run))

@@ -58,6 +58,7 @@ from rlax_post.runtime._samplers import load_run_config
 from rlax_post.runtime._samplers import run_sampler
 from rlax_post.runtime._samplers import SamplerWorker
 from rlax_post.runtime._serve import serve
+from rlax_post.runtime._serve import served_step
 from rlax_post.runtime._sources import InlineSource
 from rlax_post.runtime._sources import LoggedSource
 from rlax_post.runtime._sources import ProcessSource
@@ -74,5 +75,5 @@ __all__ = ["build_parts", "Credit", "credit_fidelity", "spearman", "ModelPolicy"
            "QFunction", "fit_sets", "mean_return", "read_rounds", "round_dir", "RoundSource", "transitions_of", "load_run_config", "LoggedSource", "MetricsWriter",
            "Parts", "plot_curves", "read_jsonl", "ProcessSource", "replay", "RLUpdate", "RolloutBatch", "rows_to_batch",
            "run_learner", "run_memory", "run_sampler", "RunCheckpointer", "SamplerWorker", "serve", "Source",
-           "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "warm_start_cache_entries",
+           "served_step", "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "warm_start_cache_entries",
            "warm_start_cache_key", "write_json"]
