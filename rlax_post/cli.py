@@ -46,6 +46,9 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "serve: the workdir of a t
 _PORT = flags.DEFINE_integer("port", 9000, "serve: gRPC port.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "serve: address to listen on.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "serve: sampling temperature (0: greedy).")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "serve: nucleus sampling: keep the smallest set of tokens holding this "
+                            "much probability, in (0, 1] (1: all).")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "serve: keep the k most probable tokens (0: all).")
 _SLOTS = flags.DEFINE_integer("slots", 8, "serve: concurrent decodes (engine slots).")
 _INDEX = flags.DEFINE_integer("index", None, "sampler: this sampler's index (0, 1, ...; unique per sampler).")
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "sweep: work units run at the same time.")
@@ -94,9 +97,10 @@ _COMMANDS = {
               ("config", "workdir", "resume", "quiet", *_MULTIHOST)),
     "check-config": ("--config FILE[:variant] [--config.a.b=value ...]",
                      "Print the validated config as JSON: every key with its value.", ("config",)),
-    "serve": ("--checkpoint RUN_WORKDIR [--step K] [--port 9000] [--host 127.0.0.1] [--temperature 0] [--slots 8]",
+    "serve": ("--checkpoint RUN_WORKDIR [--step K] [--port 9000] [--host 127.0.0.1] [--temperature 0] "
+              "[--top_p 1] [--top_k 0] [--slots 8]",
               "Serve a run's newest (or step K's) checkpoint with JetStream's gRPC server.",
-              ("checkpoint", "step", "port", "host", "temperature", "slots")),
+              ("checkpoint", "step", "port", "host", "temperature", "top_p", "top_k", "slots")),
     "learner": ("--config FILE[:variant] [--config.a.b=value ...] --workdir DIR [--resume]",
                 "The async learner as its own process; samplers join it through DIR (docs/async.md).",
                 ("config", "workdir", "resume", "quiet", *_MULTIHOST)),
@@ -517,7 +521,8 @@ def _serve(argv):
   workdir = _run_dir(_required(_CHECKPOINT, "the workdir of a training run"), "--checkpoint",
                      "the workdir of a training run (it holds config.json and checkpoints/)")
   options = sampler.ServeOptions(port=_PORT.value, host=_HOST.value, max_concurrent_decodes=_SLOTS.value,
-                                 temperature=_TEMPERATURE.value, step=_STEP.value)
+                                 temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value,
+                                 step=_STEP.value)
   server = runtime.serve(workdir, options)
   step = runtime.served_step(workdir, _STEP.value)
   print(f"Serving step {step} of {workdir} with JetStream on {_HOST.value}:{_PORT.value}", flush=True)

@@ -64,7 +64,7 @@ def test_no_command_prints_the_listing_to_stderr_and_exits_2():
 
 _OWN_FLAGS = {
     "train": ("--config", "--workdir", "--[no]resume"), "check-config": ("--config",),
-    "serve": ("--checkpoint", "--step", "--port", "--host", "--temperature", "--slots"),
+    "serve": ("--checkpoint", "--step", "--port", "--host", "--temperature", "--top_p", "--top_k", "--slots"),
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
     "replay": ("--workdir",), "sweep": ("--config", "--workdir", "--parallel", "--json"),
     "convert": ("--gguf", "--out"), "export": ("--workdir", "--out", "--step", "--architecture"),
@@ -182,7 +182,8 @@ def test_bad_flag_and_bad_flag_value():
      "check-config: ['--config']."),
     (("serve", "--checkpoint", "nowhere", "--config", "configs/demo.py:sort"),
      "--config is not a flag of `rlax-post serve` (it is read by train, check-config, learner, sweep, "
-     "rescue-eval); the flags of serve: ['--checkpoint', '--step', '--port', '--host', '--temperature', '--slots']."),
+     "rescue-eval); the flags of serve: ['--checkpoint', '--step', '--port', '--host', '--temperature', '--top_p', "
+     "'--top_k', '--slots']."),
 ], ids=["fidelity --step", "check-config --workdir --resume", "serve --config"])
 def test_a_flag_of_another_command_is_refused(args, message):
   """A flag the command does not read ran as if it were not given: `fidelity --step 2` reported step 3 (the

@@ -20,6 +20,7 @@ import _serving
 import grpc
 import jax
 import numpy as np
+import portpicker
 import pytest
 
 from rlax_post import models
@@ -215,6 +216,25 @@ def test_the_cli_serves_the_step_it_is_given_and_names_a_missing_one(run):
     assert done.returncode == 2 and "Serving" not in done.stdout, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (
         f"rlax-post serve: error: Step {step} is not a committed checkpoint of {run}; committed steps: [0, 1].")
+
+
+def test_the_cli_sampling_flags_reach_the_engine(run, references):
+  """`serve --top_k/--top_p` (the command took --temperature only, though ServeOptions had both): at
+  temperature 1, top_k 1 (and a top_p that keeps only the top token) is the greedy completion, which
+  temperature 1 alone is not; bad values are one line before anything says "Serving"."""
+  def completions(*flags):
+    with _serving.ServerProcess(run, flags=flags) as server:
+      return [server.decode(_serving.text_request(p, 6)) for p in _GOOD]
+  greedy = [references[p] for p in _GOOD]
+  assert completions("--temperature", "1", "--top_k", "1") == greedy
+  assert completions("--temperature", "1", "--top_p", "1e-6") == greedy
+  assert completions("--temperature", "1") != greedy
+  for flags, line in [(("--top_p", "0"), "top_p must be a number in (0, 1]; got 0.0."),
+                      (("--top_k", "-1"), "top_k must be an int >= 0 (0 keeps every token); got -1.")]:
+    done = subprocess.run(_serving.serve_command(run, portpicker.pick_unused_port(), *flags), capture_output=True,
+                          text=True, timeout=120, env=_serving.ENV)
+    assert done.returncode == 2 and "Serving" not in done.stdout, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == f"rlax-post serve: error: {line}"
 
 
 def test_a_prefill_error_fails_its_request_not_the_process(run, references):
