@@ -9,6 +9,7 @@ import asyncio
 from concurrent import futures
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -419,3 +420,34 @@ def test_a_lora_config_over_a_full_checkpoint_is_one_line_naming_it(run, tmp_pat
     json.dump(cfg, f)
   with pytest.raises(ValueError, match=r"holds no LoRA adapters over a frozen base .* model.lora.rank = 0"):
     _serve.engine_from_workdir(str(workdir)).load_params()
+
+
+def test_a_checkpoint_of_another_model_is_one_line_naming_it(run, tmp_path):
+  """A run whose config.json no longer describes its checkpoints' model (here model.preset micro -> tiny):
+  `serve` said only 'params leaf ['attn_norm'] has shape (2, 32); the model wants (4, 128)', `export` gave
+  orbax's error with its advice to pass `partial_restore=True` or `strict=False`, and a traceback of the reads
+  orbax abandoned. Each is now one line naming the checkpoint and the likely cause, nothing else."""
+  workdir = tmp_path / "run"
+  shutil.copytree(run, workdir)
+  with open(workdir / "config.json") as f:
+    cfg = json.load(f)
+  cfg["model"]["preset"] = "tiny"
+  with open(workdir / "config.json", "w") as f:
+    json.dump(cfg, f)
+  serve = subprocess.run(_serving.serve_command(workdir, portpicker.pick_unused_port()), capture_output=True,
+                         text=True, timeout=120, env=_serving.ENV)
+  export = subprocess.run([sys.executable, "-m", "rlax_post.cli", "export", "--workdir", str(workdir), "--out",
+                           str(tmp_path / "hf")], capture_output=True, text=True, timeout=120, env=_serving.ENV)
+  for done in (serve, export):
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "partial_restore" not in done.stderr and "strict=False" not in done.stderr, done.stderr[-3000:]
+  assert serve.stderr.strip().splitlines()[-1] == (
+      f"rlax-post serve: error: Checkpoint {workdir}/checkpoints/1/state holds another model's params than this "
+      "engine's (was the run's config.json changed, or its checkpoints copied from another run?): params leaf "
+      "['attn_norm'] has shape (2, 32); the model wants (4, 128).")
+  assert re.fullmatch(
+      rf"rlax-post export: error: Checkpoint step 1 of {workdir} does not hold the arrays of the model its "
+      r"config.json describes \(was config.json changed, or checkpoints/ copied from another run\?\): "
+      r"Requested shape: \(\d+(, \d+)*\) is not compatible with the stored shape: \(\d+(, \d+)*\)\.",
+      export.stderr.strip().splitlines()[-1]), export.stderr[-3000:]
+  assert not (tmp_path / "hf").exists()

@@ -90,10 +90,28 @@ def restore_state(workdir: str, templates: dict, *, max_to_keep: int, step: int 
     step = ckpt.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"{workdir}/checkpoints holds no complete checkpoint{purpose}.")
-    state, ref_params, _ = ckpt.restore(step, **templates)
+    if step not in ckpt.complete_steps():
+      raise ValueError(f"Checkpoint step {step} in {ckpt.directory} is not a complete checkpoint; complete "
+                       f"steps: {ckpt.complete_steps()}.")
+    try:
+      state, ref_params, _ = ckpt.restore(step, **templates)
+    except ValueError as e:  # Orbax's tree or shape mismatch, which advised `partial_restore=True`.
+      exchange.quiet_abandoned_reads()  # the reads it abandoned printed a traceback each
+      raise ValueError(f"Checkpoint step {step} of {workdir} does not hold the arrays of the model its config.json "
+                       f"describes (was config.json changed, or checkpoints/ copied from another run?): "
+                       f"{_mismatch(e)}") from None
   finally:
     ckpt.close()
   return state, ref_params, step
+
+
+def _mismatch(e: ValueError) -> str:
+  """Orbax's restore error without its advice to restore part of the tree or pad / truncate the arrays (no fix
+  for reading a run)."""
+  text = str(e)
+  for advice in ("If this mismatch is intentional", "Truncating/padding is disabled"):
+    text = text.split(advice)[0]
+  return " ".join(text.split())
 
 
 def _failure(why: str | None, unread: list[int]) -> str:

@@ -547,11 +547,19 @@ class RlaxEngine(engine_api.Engine):
       saved = ckptr.metadata(path).item_metadata
       if "params" not in saved:
         raise ValueError(f"Checkpoint {path} has no 'params' entry; it has {sorted(saved)}.")
-      self.check_params(saved_like(saved["params"]))
+      self.check_saved(path, saved_like(saved["params"]))
       out = restore_partial(ckptr, path, {"params": jax.tree.map(
           lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), self._abstract_params,
           self.param_shardings())})
     return self.prepare_params(out["params"])
+
+  def check_saved(self, path: epath.Path, params_like: Any) -> None:
+    """`check_params` of the params saved at checkpoint item `path`, whose error names the checkpoint."""
+    try:
+      self.check_params(params_like)
+    except ValueError as e:
+      raise ValueError(f"Checkpoint {path} holds another model's params than this engine's (was the run's "
+                       f"config.json changed, or its checkpoints copied from another run?): {e}") from None
 
   def param_shardings(self) -> Any:
     """NamedShardings of the model's params on the engine's mesh by its rules (the learner's layout). Raises

@@ -76,7 +76,7 @@ class ServingEngine(_engine.RlaxEngine):
       if "params" not in saved or "frozen" not in saved or saved["frozen"] is None:
         raise ValueError(f"Checkpoint {path} holds no LoRA adapters over a frozen base (entries 'params' and "
                          f"'frozen'); it has {sorted(saved)}: is it a run of model.lora.rank = 0?")
-      self.check_params(_engine.saved_like(saved["frozen"]))
+      self.check_saved(path, _engine.saved_like(saved["frozen"]))
       _engine.check_params_like(_engine.saved_like(saved["params"]), adapters_like,
                                 f"LoRA adapters of rank {lora.rank} on {list(lora.targets)}")
       adapter_shardings = sharding.named_shardings(models.lora_logical_axes(adapters_like), self._mesh,
