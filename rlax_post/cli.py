@@ -520,6 +520,8 @@ def _serve(argv):
   del argv
   workdir = _run_dir(_required(_CHECKPOINT, "the workdir of a training run"), "--checkpoint",
                      "the workdir of a training run (it holds config.json and checkpoints/)")
+  if _SLOTS.value < 1:  # (the engine's words name its option, max_concurrent_decodes)
+    raise ValueError(f"--slots must be an int >= 1 (the server's concurrent decodes); got {_SLOTS.value}.")
   options = sampler.ServeOptions(port=_PORT.value, host=_HOST.value, max_concurrent_decodes=_SLOTS.value,
                                  temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value,
                                  step=_STEP.value)

@@ -231,7 +231,8 @@ def test_the_cli_sampling_flags_reach_the_engine(run, references):
   assert completions("--temperature", "1", "--top_p", "1e-6") == greedy
   assert completions("--temperature", "1") != greedy
   for flags, line in [(("--top_p", "0"), "top_p must be a number in (0, 1]; got 0.0."),
-                      (("--top_k", "-1"), "top_k must be an int >= 0 (0 keeps every token); got -1.")]:
+                      (("--top_k", "-1"), "top_k must be an int >= 0 (0 keeps every token); got -1."),
+                      (("--slots", "0"), "--slots must be an int >= 1 (the server's concurrent decodes); got 0.")]:
     done = subprocess.run(_serving.serve_command(run, portpicker.pick_unused_port(), *flags), capture_output=True,
                           text=True, timeout=120, env=_serving.ENV)
     assert done.returncode == 2 and "Serving" not in done.stdout, done.stderr[-2000:]
