@@ -241,7 +241,7 @@ def test_a_per_role_run_trains_two_policies_from_one_warm_start(per_role_run, tm
   for r, role in enumerate(("router", "worker")):
     _, _, loaded = models.load_hf(str(tmp_path / "hf" / role))
     np.testing.assert_array_equal(np.asarray(loaded["q"]), np.asarray(end.params["q"][r]))
-  with pytest.raises(ValueError, match="one policy per role .*export_hf"):
+  with pytest.raises(ValueError, match="one policy per role .*Write each role.s as a Hugging Face checkpoint with `rlax-post export`"):
     runtime.serve(workdir, sampler.ServeOptions())
 
 
