@@ -9,7 +9,11 @@ import numpy as np
 import pytest
 
 import _procs  # pylint: disable=g-bad-import-order
+from rlax_post import config
 from rlax_post import runtime
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 pytestmark = pytest.mark.e2e
 
@@ -59,6 +63,9 @@ def test_tiny_grpo_run_writes_finite_summary_and_outputs(tmp_path):
 def test_fresh_run_replaces_outputs_of_an_attempt_that_never_checkpointed(tmp_path):
   workdir = tmp_path / "run"
   workdir.mkdir()
+  # What such an attempt leaves: its config.json (written first; without one the folder is not a run's and a
+  # fresh run refuses to clear it, tests/test_resume_faults.py) and a metrics row.
+  (workdir / "config.json").write_text(json.dumps(config.to_dict(config.load(demo.get_config("tiny")))))
   (workdir / "metrics.jsonl").write_text(json.dumps({"phase": "rl", "step": 99, "reward_mean": 0.5}) + "\n")
   _train(workdir)
   assert all(r["step"] != 99 for r in _rows(workdir, "rl"))
