@@ -32,8 +32,9 @@ def quiet_abandoned_reads() -> None:
   a 'RuntimeError: Event loop is closed' (the unraisable-exception hook) or, for an orbax read task whose
   error no one awaited, asyncio's 'Task exception was never retrieved' (a resume over a torn checkpoint
   printed 43 of one or the other, 15 to 100 KB, around its one-line warning). Every other unraisable
-  exception and asyncio report goes out as before. Called on the first restore that fails (a damaged
-  checkpoint or params version)."""
+  exception and asyncio report goes out as before. Called before each restore of a checkpoint or params
+  version (once installed, a no-op): after a failure would be too late, as a read that ends before the
+  caller's `except` runs reports at once."""
   if _QUIETED.is_set():
     return
   _QUIETED.set()

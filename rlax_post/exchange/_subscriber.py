@@ -173,6 +173,7 @@ class ParamSubscriber:
         try:
           self._check_structure(step_dir)
           # The meta with the params, under the lease: `restored_meta` says which publish these params are.
+          _store.quiet_abandoned_reads()  # (before: a failing restore's abandoned reads report as they end)
           out = self._checkpointer.restore(step_dir, args=ocp.args.Composite(
               params=ocp.args.StandardRestore(self._abstract), meta=ocp.args.JsonRestore()))
           params = out.params
@@ -182,7 +183,6 @@ class ParamSubscriber:
         except _Mismatch:
           raise
         except Exception as e:  # pylint: disable=broad-exception-caught
-          _store.quiet_abandoned_reads()
           if not _store.is_complete(step_dir):
             return _VANISHED
           raise ValueError(f"version {version} in {self.directory} is marked complete but could not be "

@@ -96,7 +96,6 @@ def restore_state(workdir: str, templates: dict, *, max_to_keep: int, step: int 
     try:
       state, ref_params, _ = ckpt.restore(step, **templates)
     except ValueError as e:  # Orbax's tree or shape mismatch, which advised `partial_restore=True`.
-      exchange.quiet_abandoned_reads()  # the reads it abandoned printed a traceback each
       raise ValueError(f"Checkpoint step {step} of {workdir} does not hold the arrays of the model its config.json "
                        f"describes (was config.json changed, or checkpoints/ copied from another run?): "
                        f"{_mismatch(e)}") from None
@@ -194,6 +193,7 @@ class RunCheckpointer:
       items["ref_params"] = ocp.args.StandardRestore(_abstract(ref_like, ref_shardings))
     reader = self._local_reader()
     reader.reload()
+    exchange.quiet_abandoned_reads()  # (before: a failing restore's abandoned reads report as soon as they end)
     out = reader.restore(step, args=ocp.args.Composite(**items))
     ref_params = out.state.frozen if _reference_is_frozen(state_like) else out.ref_params
     return out.state, ref_params, dict(out.meta)
@@ -240,7 +240,6 @@ class RunCheckpointer:
         state, ref_params, meta = self._restore_retrying_io(step, templates)
         why = None
       except Exception as e:  # pylint: disable=broad-except  (any failure to read a step: it is not intact)
-        exchange.quiet_abandoned_reads()
         why = _first_line(e)
       unread = [k for k, ok in enumerate(_distributed.gather_flags(why is None)) if not ok]
       if unread:
