@@ -143,7 +143,18 @@ def test_engines_prepare_apart_params_by_platform_and_take_either_form():
     _engine(unstack_layers="yes")
 
 
+@pytest.fixture()
+def _no_cache_writes():
+  """This test's programs are not written to the persistent compilation cache: serializing one of them (the
+  batched insert after a weight swap, 'options') segfaulted inside XLA (jaxlib 0.10.2, CPU) in 2 of 5 fresh-clone
+  runs on 2026-12-05, killing the test worker."""
+  jax.config.update("jax_enable_compilation_cache", False)
+  yield
+  jax.config.update("jax_enable_compilation_cache", True)
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.usefixtures("_no_cache_writes")
 def test_drivers_sample_alike_with_apart_and_stacked_layers(kind):
   """The same tokens, logprobs to 1e-5, across a weight swap (`set_params` prepares the new params too)."""
   requests = [sampler.Request(prompt=[TOK.bos_id] + [97 + i] * (3 + 5 * i), n=2, max_tokens=30, request_id=i)
