@@ -148,9 +148,10 @@ def _no_cache_writes():
   """This test's programs are not written to the persistent compilation cache: serializing one of them (the
   batched insert after a weight swap, 'options') segfaulted inside XLA (jaxlib 0.10.2, CPU) in 2 of 5 fresh-clone
   runs on 2026-12-05, killing the test worker."""
+  before = jax.config.jax_enable_compilation_cache
   jax.config.update("jax_enable_compilation_cache", False)
   yield
-  jax.config.update("jax_enable_compilation_cache", True)
+  jax.config.update("jax_enable_compilation_cache", before)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
