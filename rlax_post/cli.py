@@ -279,7 +279,7 @@ def _refuse_foreign_config(path: str, flag: str, fix: str) -> None:
     raise ValueError(f"{flag} {path!r} holds a Hugging Face checkpoint (its config.json is a {raw['model_type']!r} "
                      f"model's), not a run; {fix}. To train from that checkpoint, set "
                      f"--config.model.hf_path={path}.")
-  if not isinstance(raw, dict) or not {"task", "rl"} <= raw.keys():
+  if not runtime.is_run_config(raw):
     keys = sorted(raw)[:8] if isinstance(raw, dict) else f"a {type(raw).__name__}"
     raise ValueError(f"{flag} {path!r}: its config.json is not a run's config (no 'task' and 'rl' sections; it "
                      f"holds {keys}); {fix}.")

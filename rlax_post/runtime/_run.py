@@ -270,15 +270,21 @@ def _write_config(workdir: str, cfg: config_lib.Config) -> None:
 _ATTEMPT = ("config.json",) + RUN_DATA + _metrics.OUTPUT_FILES + ("tensorboard",)
 
 
+def is_run_config(raw) -> bool:
+  """Whether `raw`, a config.json's parsed JSON, is a run's config: a dict with a run's 'task' and 'rl'
+  sections (a Hugging Face checkpoint's or another program's is not)."""
+  return isinstance(raw, dict) and {"task", "rl"} <= raw.keys()
+
+
 def _holds_run_config(workdir: str) -> bool:
-  """Whether `workdir/config.json` is a run's: JSON with a run's 'task' and 'rl' sections (the test of
-  `cli._refuse_foreign_config`). A fresh run writes it before anything else, so every attempt leaves one."""
+  """Whether `workdir/config.json` is a run's (`is_run_config`). A fresh run writes it before anything else,
+  so every attempt leaves one."""
   try:
     with open(os.path.join(workdir, "config.json")) as f:
       raw = json.load(f)
   except (OSError, ValueError):
     return False
-  return isinstance(raw, dict) and {"task", "rl"} <= raw.keys()
+  return is_run_config(raw)
 
 
 def _refuse_foreign_files(workdir: str) -> None:
