@@ -135,13 +135,17 @@ def test_set_params_mid_run_tags_tokens_with_their_version(sampling_engine, reco
   params0, params1 = refs.model(0)[1], refs.model(1)[1]
   requests = [Request(refs.prompt(6, 30), n=4, max_tokens=8, request_id="p"),
               Request(refs.prompt(10, 31), n=1, max_tokens=8, request_id="q")]
-  driver = _driver.Driver(sampling_engine, params0, recompute_on_swap=recompute)
-  swapped_at = []  # Decode steps run before the swap (the first step() boundary at or after 3 steps).
+  # Without run-ahead the swap lands while p's first samples decode (a block run ahead would finish them
+  # first; swaps with a block ahead: tests/test_driver_blocks.py).
+  driver = _driver.Driver(sampling_engine, params0, recompute_on_swap=recompute, run_ahead=False)
+  # Decode steps run under params0: those before the first step() boundary at or after 3 steps, and those of
+  # a block run ahead of it, which `set_params` hands out first (its tokens were computed before the swap).
+  swapped_at = []
 
   def swap(d, _):
     if not swapped_at and d.stats.generate_steps >= 3:
-      swapped_at.append(d.stats.generate_steps)
       d.set_params(params1, version=1)
+      swapped_at.append(d.stats.generate_steps)
 
   completions = driver.sample(requests, on_step=swap)
   assert len(completions) == 5

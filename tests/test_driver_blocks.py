@@ -123,12 +123,12 @@ def test_refill_after_changes_round_trips_not_completions():
 
 
 def test_prefill_calls_are_topped_up_with_the_next_prompts_of_their_bucket():
-  # Buckets 16 and 32; prefill_batch_tokens 64: calls of 4 prompts of bucket 16, 2 of bucket 32.
+  # Buckets 16, 24 and 32; prefill_batch_tokens 64: calls of 4 prompts of bucket 16, 2 of 24 or 32.
   engine = _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=3, max_prefill_length=32,
                               max_decode_length=MAX_DECODE, temperature=0.8, seed=1, steps_per_sync=4,
                               prefill_batch_tokens=64)
-  assert engine.prefill_buckets == (16, 32) and [engine.prefill_rows(b) for b in (16, 32)] == [4, 2]
-  lengths = [5, 20, 6, 7, 18, 3, 9, 30, 4, 11, 12]  # 8 prompts of bucket 16, 3 of bucket 32.
+  assert engine.prefill_buckets == (16, 24, 32) and [engine.prefill_rows(b) for b in (16, 24, 32)] == [4, 2, 2]
+  lengths = [5, 20, 6, 7, 18, 3, 9, 30, 4, 11, 12, 29, 31]  # 8 prompts of bucket 16, 2 of 24, 3 of 32.
   requests = [Request(refs.prompt(n, 40 + i), n=2, max_tokens=3, request_id=i) for i, n in enumerate(lengths)]
   calls = []
   prefill_batch = engine.prefill_batch
@@ -141,11 +141,12 @@ def test_prefill_calls_are_topped_up_with_the_next_prompts_of_their_bucket():
   driver = _driver.Driver(engine, refs.model()[1], seed=3)
   completions = driver.sample(requests)
   # Every prompt prefilled once (its 2 samples share it), in full calls but the last of each bucket:
-  # ceil(8 / 4) + ceil(3 / 2) = 4 calls.
+  # ceil(8 / 4) + ceil(2 / 2) + ceil(3 / 2) = 5 calls.
   assert sorted(sum(calls, [])) == sorted(lengths) and driver.stats.prefills == len(lengths)
-  assert sorted(len(c) for c in calls) == [1, 2, 4, 4], calls
-  assert all(max(c) <= 16 or min(c) > 16 for c in calls)  # One bucket per call.
-  assert len(completions) == 22
+  assert sorted(len(c) for c in calls) == [1, 2, 2, 4, 4], calls
+  bucket = lambda n: next(b for b in engine.prefill_buckets if n <= b)
+  assert all(len({bucket(n) for n in c}) == 1 for c in calls)  # One bucket per call.
+  assert len(completions) == 26
   assert all(len(c.tokens) == 3 or c.finish_reason == "stop" and 1 <= len(c.tokens) < 3 for c in completions)
 
 
@@ -291,6 +292,57 @@ def test_run_ahead_changes_when_the_host_looks_not_completions():
   with pytest.raises(ValueError, match=r"finished in the decode block run ahead \(its completion comes with the "):
     driver.fork([_requests.Fork(("p", 0))])
   assert [(c.request_id, len(c.tokens)) for c in driver.step()] == [("p", 4)]
+
+
+def test_a_block_runs_no_step_when_fewer_than_min_live_slots_are_live():
+  """`generate_block(min_live=m)`: with fewer than m live slots as it starts, no step (the state as it was);
+  with m or more, the block it would be without min_live."""
+  engine = _engine_for(4)
+  prompts = [refs.prompt(5, 1), refs.prompt(9, 2)]  # 2 of 3 slots live
+  idle_state, idle = engine.generate_block(refs.model()[1], _filled_state(engine, prompts), min_live=3)
+  assert int(idle.steps) == 0 and not np.asarray(idle.valid).any()
+  before = _filled_state(engine, prompts)
+  np.testing.assert_array_equal(idle_state.positions, before.positions)
+  np.testing.assert_array_equal(idle_state.cache.k, before.cache.k)
+  np.testing.assert_array_equal(idle_state.rngs, before.rngs)
+  _, plain = engine.generate_block(refs.model()[1], _filled_state(engine, prompts))
+  _, live = engine.generate_block(refs.model()[1], _filled_state(engine, prompts), min_live=2)
+  assert int(live.steps) == int(plain.steps) == 4
+  np.testing.assert_array_equal(live.tokens, plain.tokens)
+  np.testing.assert_array_equal(live.logprobs, plain.logprobs)
+  for bad in (-1, 1.5, True):
+    with pytest.raises(ValueError, match=rf"min_live must be an int >= 0 .*got {bad!r}"):
+      engine.generate_block(refs.model()[1], engine.init_decode_state(), min_live=bad)
+
+
+def test_run_ahead_while_samples_wait_keeps_the_schedule_of_the_host():
+  """With samples waiting for a slot, `sample()` still runs the next block ahead; it runs no step if a slot
+  stopped in the block before it (the host refills that slot first, `DriverStats.idle_ahead`). The schedule is
+  the host's own: the same decode steps, blocks and tokens as without run-ahead."""
+  # 7 single samples on 3 slots, budgets 9-14 tokens (all outlive a first block of 4 steps) or 3 (not); stop
+  # ids (found by a search over runs of 7 ids) end some early, two in a block the next was run ahead of.
+  stops = tuple(range(119, 126))
+  requests = [Request(refs.prompt(4 + i % 3, 70 + i), max_tokens=m, request_id=i, stop_tokens=stops)
+              for i, m in enumerate([9, 13, 11, 14, 3, 10, 12])]
+  runs = {}
+  for ahead in (True, False):
+    driver = _driver.Driver(_engine_for(4), refs.model()[1], seed=5, run_ahead=ahead)
+    runs[ahead] = (driver.sample(requests), driver.stats)
+  (got, stats), (want, base) = runs[True], runs[False]
+  assert [(c.request_id, c.tokens, c.versions, c.finish_reason) for c in got] == [
+      (c.request_id, c.tokens, c.versions, c.finish_reason) for c in want]
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-6, rtol=0)
+  assert base.ahead == base.idle_ahead == 0
+  # Blocks that decoded: the host's own, step for step; the idle ones are extra round trips.
+  assert (stats.generate_steps, stats.busy_slot_steps) == (base.generate_steps, base.busy_slot_steps)
+  assert stats.syncs - stats.idle_ahead == base.syncs
+  assert (stats.ahead, stats.idle_ahead) == (6, 2)  # ahead while samples wait (before: only once none did)
+  # Budgets of at most k tokens: a slot surely frees in the block in flight, so nothing runs ahead of it.
+  short = [dataclasses.replace(r, max_tokens=4) for r in requests]
+  driver = _driver.Driver(_engine_for(4), refs.model()[1], seed=5)
+  driver.sample(short)
+  assert driver.stats.ahead == 0
 
 
 def test_an_error_in_a_step_leaves_the_samples_finished_before_it_collectable():

@@ -101,7 +101,7 @@ def test_engine_is_a_concrete_jetstream_engine():
   assert not _engine.RlaxEngine.__abstractmethods__
   assert (engine.max_concurrent_decodes, engine.samples_per_slot, engine.max_prefill_length) == (SLOTS, 1, 32)
   assert engine.colocated_cpus is None and engine.mesh.devices.size == 1
-  assert engine.prefill_buckets == (16, 32) and engine.cache_buckets == (16, 32, 48)
+  assert engine.prefill_buckets == (16, 24, 32) and engine.cache_buckets == (16, 24, 32, 48)
   tokenizer = engine.build_tokenizer(engine.get_tokenizer())
   assert isinstance(tokenizer, _js.tokenizer_api.Tokenizer)
   tokens, true_length = tokenizer.encode("hé", max_prefill_length=32, jax_padding=False)
@@ -212,18 +212,32 @@ def test_existing_prefix_extension_equals_prefilling_the_concatenation():
   np.testing.assert_allclose(b.out["x"][1], _reference_logprobs(head + tail, b.out["x"][0], T), atol=1e-5)
 
 
+def test_prefill_buckets_are_powers_of_two_and_half_way_between():
+  assert _tokenizer_api.prefill_buckets(64) == (16, 32, 64)
+  assert _tokenizer_api.prefill_buckets(64, halves=True) == (16, 24, 32, 48, 64)
+  assert _tokenizer_api.prefill_buckets(48, halves=True) == (16, 24, 32, 48)  # 48 once, as the cap
+  assert _tokenizer_api.prefill_buckets(40, halves=True) == (16, 24, 32, 40)
+  assert _tokenizer_api.prefill_buckets(200, 8, halves=True) == (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 200)
+  assert _tokenizer_api.prefill_buckets(8, 3, halves=True) == (3, 6, 8)  # 3 is odd: no 4.5
+  assert _tokenizer_api.prefill_buckets(16, halves=True) == (16,)
+  # Past the smallest bucket a prompt pads by less than half its length (powers of two alone: up to 1023/1025).
+  ratio = lambda buckets: max(_tokenizer_api.bucket_for(n, buckets) / n for n in range(17, 2049))
+  assert ratio(_tokenizer_api.prefill_buckets(2048, halves=True)) == 1536 / 1025 < 1.5
+  assert ratio(_tokenizer_api.prefill_buckets(2048)) == 2048 / 1025
+
+
 def test_prefill_compiles_once_per_bucket():
   graphdef, params = _model()
   _cores.clear_programs()  # Programs are shared by equal engines: count this engine's compilations alone.
   engine = _engine.RlaxEngine(CFG, graphdef, tokenizer=TOK, max_concurrent_decodes=2, max_prefill_length=32,
                               max_decode_length=32)
-  for n in (3, 9, 17, 16, 32):
+  for n in (3, 9, 17, 16, 32, 24, 25):
     ids = _prompt(n, n)
     prefix = engine.prefill(params=params, padded_tokens=np.array(ids), true_length=n)
-    assert prefix.cache.max_len == prefix.cache.k.shape[4] == (16 if n <= 16 else 32)
-  assert engine.prefill_shapes == {(1, 0, 16, 16), (1, 0, 32, 32)}
-  assert len(engine.prefill_shapes) <= len(engine.prefill_buckets) == 2
-  assert engine._programs.prefill._cache_size() == 2  # pylint: disable=protected-access
+    assert prefix.cache.max_len == prefix.cache.k.shape[4] == (16 if n <= 16 else 24 if n <= 24 else 32)
+  assert engine.prefill_shapes == {(1, 0, 16, 16), (1, 0, 24, 24), (1, 0, 32, 32)}
+  assert len(engine.prefill_shapes) <= len(engine.prefill_buckets) == 3
+  assert engine._programs.prefill._cache_size() == 3  # pylint: disable=protected-access
 
 
 def test_engines_share_each_program_whose_inputs_they_share():  # pylint: disable=protected-access
@@ -297,7 +311,7 @@ def test_a_slot_stops_after_emitting_eos():
 def test_bad_inputs_raise_clear_errors(tmp_path):
   engine = _engine_for(T)
   graphdef, params = _model()
-  with pytest.raises(ValueError, match=r"40 tokens.*\[16, 32\]"):
+  with pytest.raises(ValueError, match=r"40 tokens.*\[16, 24, 32\]"):
     engine.prefill(params=params, padded_tokens=np.zeros(40, np.int32), true_length=40)
   with pytest.raises(ValueError, match="true_length"):
     engine.prefill(params=params, padded_tokens=np.zeros(8, np.int32), true_length=9)

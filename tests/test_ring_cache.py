@@ -358,7 +358,7 @@ def test_a_decode_step_never_transposes_a_layer_span(kind):
   state = engine.init_decode_state()
   programs = engine._programs  # pylint: disable=protected-access
   step = programs.generate.lower(params, state).compile().as_text()
-  block = programs.block.lower(params, state, np.int32(2), np.int32(0), MAX_DECODE).compile().as_text()
+  block = programs.block.lower(params, state, np.int32(2), np.int32(0), np.int32(0), MAX_DECODE).compile().as_text()
   assert _reordered_layer_spans(step, state.cache) == [] and _reordered_layer_spans(block, state.cache) == []
   # The check sees such a copy: one of a layer's keys brought to [B, S, K, H].
   keys = jax.jit(lambda c: c.k[0].transpose(0, 3, 1, 2) * 2).lower(state.cache).compile().as_text()

@@ -187,7 +187,7 @@ def test_a_decode_block_with_apart_params_slices_no_layer_weights():
   engine, params = _engine()
   state = engine.init_decode_state()
   block = engine._programs.block  # pylint: disable=protected-access
-  hlo = lambda p: block.lower(p, state, np.int32(2), np.int32(0), 32).compile().as_text()
+  hlo = lambda p: block.lower(p, state, np.int32(2), np.int32(0), np.int32(0), 32).compile().as_text()
   assert _weight_slices(hlo(params), engine.model_cfg)
   assert _weight_slices(hlo(engine.prepare_params(params)), engine.model_cfg) == []
 

@@ -229,11 +229,13 @@ class Cores:
                                      samples_per_slot=1)
     return new, result
 
-  def block(self, params, state: DecodeState, steps, stop_on_free, kv_len: int):
+  def block(self, params, state: DecodeState, steps, stop_on_free, min_live, kv_len: int):
     """Up to `steps` (<= k) decode steps attending over the cache's first `kv_len` positions; stops early
     once no slot is live, before a live slot's position reaches `kv_len`, or, with `stop_on_free` = n > 0,
-    after the step in which the block's n-th slot stopped (so the caller can refill them)."""
+    after the step in which the block's n-th slot stopped (so the caller can refill them); no step at all
+    when fewer than `min_live` slots are live as it starts (a slot freed before it is to be refilled first)."""
     k, n = self.steps_per_sync, self.slots
+    steps = jnp.where(jnp.sum(state.active, dtype=jnp.int32) >= min_live, steps, 0)
     empty = Block(tokens=jnp.full((k, n), self.pad_id, jnp.int32),
                   logprobs=jnp.zeros((k, n), jnp.float32), valid=jnp.zeros((k, n), bool),
                   steps=jnp.zeros((), jnp.int32))
@@ -365,7 +367,7 @@ def _state_programs(cores: Cores):
 def _block_program(cores: Cores):
   state_sh = _state_shardings(_only(cores, _STATE))
   block_sh = sharding.named_shardings(_slot_axes(cores.model_cfg)[1], cores.mesh, cores.rules)
-  return block_sh, jax.jit(cores.block, static_argnums=(4,), in_shardings=(None, state_sh, None, None),
+  return block_sh, jax.jit(cores.block, static_argnums=(5,), in_shardings=(None, state_sh, None, None, None),
                            out_shardings=(state_sh, block_sh), donate_argnums=(1,))
 
 

@@ -35,10 +35,12 @@ batches (`prefill_batch`, one call per length bucket, topped up with the next pe
 and inserted in batches (`insert_batch`, one call per prefix batch), each inserted sample's PRNG key folded in
 that insert call. A block attends over the filled span of the cache (the driver passes the longest busy
 sequence: `RlaxEngine.generate_block`'s `max_length`). Run-ahead (`run_ahead`; by default inside `sample()`,
-which holds the whole workload): while nothing waits for a slot and no busy sample needs the host at a turn's
-end (env, stop strings, `keep`), the next block is dispatched before the host fetches and hands out the one in
-flight, so the host's bookkeeping overlaps the device's decoding; `set_params` and `fork` hand out the block in
-flight first (its tokens keep the version that computed them).
+which holds the whole workload): while no busy sample needs the host at a turn's end (env, stop strings,
+`keep`) and none is parked, the next block is dispatched before the host fetches and hands out the one in
+flight, so the host's bookkeeping overlaps the device's decoding; while samples wait for a slot, that block
+runs no step if a slot stopped in the one before it (the host refills the slot first), so the schedule is the
+host's own (`_ahead_plan`); `set_params` and `fork` hand out the block in flight first (its tokens keep the
+version that computed them).
 
 Per-request sampling: `Request.sampling` (`SamplingParams`) replaces the engine's law for that request's
 samples (all in one compiled step); each token's logprob then refers to the request's own temperature.
@@ -155,11 +157,13 @@ class _ForkPoint(NamedTuple):
 
 class _Flight(NamedTuple):
   """A dispatched decode block: its (device) outputs, the sample in each slot when it was dispatched, the
-  params version of each slot's next-token logits then (its first token's version), and its attention span."""
+  params version of each slot's next-token logits then (its first token's version), its attention span, and
+  the slots that had to be live for it to run (`generate_block`'s min_live; 0: it runs)."""
   block: _engine.Block
   samples: list
   versions: list
   span: int
+  min_live: int = 0
 
 
 class Driver:
@@ -183,9 +187,10 @@ class Driver:
       block ends (at most `steps_per_sync` steps; for work submitted between steps while a block runs ahead,
       until that block ends too).
     run_ahead: dispatch the next decode block before handing out the one in flight when nothing the host
-      learns from it could change the next (no sample waits for a slot or is parked, no busy sample has an
-      env, stop strings or `keep`, one has more than k tokens of budget left), so the host's work on a block
-      (fetching, bookkeeping, stop checks) overlaps the device's on the next. The outputs do not depend on it
+      learns from it could change the next (no sample is parked, no busy sample has an env, stop strings or
+      `keep`; while samples wait for a slot, the block runs no step if a slot stopped in the one in flight:
+      `_ahead_plan`), so the host's work on a block (fetching, bookkeeping, stop checks) overlaps the
+      device's on the next. The outputs do not depend on it
       (to float rounding where a block's attention span differs: it attends over the span of the longest
       sequence plus k). `set_params` and `fork` hand out a block run ahead first (so a running sample forks
       up to k tokens past what `step()` has returned); work submitted meanwhile starts one block later. None
@@ -242,7 +247,8 @@ class Driver:
                        turn_prefills=c["turn_prefills"], inserts=c["inserts"], generate_steps=c["generate_steps"],
                        busy_slot_steps=c["busy_slot_steps"], tokens=c["tokens"], parked=c["parked"],
                        parked_steps=c["parked_steps"], park_waits=c["park_waits"], syncs=c["syncs"],
-                       forks=c["forks"], ahead=c["ahead"], kv_span_steps=c["kv_span_steps"])
+                       forks=c["forks"], ahead=c["ahead"], idle_ahead=c["idle_ahead"],
+                       kv_span_steps=c["kv_span_steps"])
 
   @property
   def done(self) -> bool:
@@ -541,7 +547,7 @@ class Driver:
 
   def _decode_block(self) -> list[tuple[int, int, Completion]]:
     """Runs one decode block (or takes the one dispatched ahead), dispatches the next ahead where nothing the
-    host learns from this one could change it (`_can_run_ahead`), then hands out this one's tokens: the host's
+    host learns from this one could change it (`_ahead_plan`), then hands out this one's tokens: the host's
     work on a block overlaps the device's on the next."""
     longest = self._longest()
     if self._ahead is not None:
@@ -554,12 +560,13 @@ class Driver:
       if any(s is not None and s.request.env is not None for s in self._busy):
         stop_on_free = 1
       flight = self._dispatch(stop_on_free, longest, list(self._logits_version))
-    if self._can_run_ahead():
+    plan = self._ahead_plan()
+    if plan is not None:
       # Each busy sequence grows by at most k in the block before it, whose last logits are of this version
       # (a slot filled since that block was dispatched starts from its own).
       versions = [self.version if s is not None and s is flight.samples[slot] else self._logits_version[slot]
                   for slot, s in enumerate(self._busy)]
-      self._ahead = self._dispatch(0, longest + self.engine.steps_per_sync, versions)
+      self._ahead = self._dispatch(plan[0], longest + self.engine.steps_per_sync, versions, min_live=plan[1])
       self._counts["ahead"] += 1
     finished = self._take_block(flight)
     if self._ahead is not None and not any(self._busy):  # All stopped in `flight`: the block run ahead has
@@ -575,24 +582,35 @@ class Driver:
     """The longest busy sequence as the host sees it (prompt and tokens)."""
     return max(len(s.request.prompt) + len(s.tokens) for s in self._busy if s is not None)
 
-  def _dispatch(self, stop_on_free: int, longest: int, versions: list[int]) -> _Flight:
+  def _dispatch(self, stop_on_free: int, longest: int, versions: list[int], min_live: int = 0) -> _Flight:
     """Starts a `generate_block` on the current state (the device runs it while the host goes on); `versions`:
-    each slot's next-token logits version when the block starts."""
+    each slot's next-token logits version when the block starts; `min_live`: `generate_block`'s."""
     self._state, block = self.engine.generate_block(self.params, self._state, stop_on_free=stop_on_free,
-                                                    max_length=longest)
-    return _Flight(block, list(self._busy), versions, self.engine.block_span(longest))
+                                                    max_length=longest, min_live=min_live)
+    return _Flight(block, list(self._busy), versions, self.engine.block_span(longest), min_live)
 
-  def _can_run_ahead(self) -> bool:
-    """Whether the next block can start before the host has seen the one in flight: nothing waits for a slot
-    (so no refill is due), no busy sample needs the host at a turn's end (an env, stop strings, a kept state),
-    and some busy sample has more than k tokens of budget left (it outlives the block in flight unless it
-    samples a stop id)."""
-    if not (self._sampling if self.run_ahead is None else self.run_ahead) or self._pending or self._parked:
-      return False
+  def _ahead_plan(self) -> tuple[int, int] | None:
+    """(stop_on_free, min_live) of a next block that can start before the host has seen the one in flight, or
+    None: run-ahead is off, a sample is parked on an env future, or a busy sample needs the host at its turn's
+    end (an env, stop strings, a kept state).
+
+    Nothing waiting for a slot: it runs on whatever stays live, once some busy sample has more than k tokens of
+    budget left (it outlives the block in flight unless it samples a stop id). Samples waiting (continuous
+    batching): it ends as the host's own block would (`refill_after`) and runs no step if a slot stopped in the
+    block in flight (`min_live`: the host refills that slot first), once every busy sample has budget for more
+    than k tokens (else one surely stops there and the block would be empty). Either way it is the block the
+    host would dispatch next, so the schedule (and every token) is the one without run-ahead."""
+    if not (self._sampling if self.run_ahead is None else self.run_ahead) or self._parked:
+      return None
     busy = [s for s in self._busy if s is not None]
+    if any(s.request.env is not None or s.request.stop or s.request.keep for s in busy):
+      return None
     k = self.engine.steps_per_sync
-    return (not any(s.request.env is not None or s.request.stop or s.request.keep for s in busy)
-            and any(s.limit - (len(s.tokens) - s.turn_start) > k for s in busy))
+    outlives = [s.limit - (len(s.tokens) - s.turn_start) > k for s in busy]
+    waiting = 0 if self.static_batching else len(self._pending)
+    if not waiting:
+      return (0, 0) if any(outlives) else None
+    return (min(self.refill_after, waiting), len(busy)) if all(outlives) else None
 
   def _settle(self) -> None:
     """Hands out the block dispatched ahead, if any (its completions come with the next `step()`), so that
@@ -608,6 +626,9 @@ class Driver:
     tokens_ks, logprobs_ks, valid_ks, steps = jax.device_get((block.tokens, block.logprobs, block.valid,
                                                               block.steps))
     steps = int(steps)
+    if not steps and flight.min_live:  # Run ahead, but a slot stopped before it (`_ahead_plan`): no step.
+      self._counts.update(syncs=1, idle_ahead=1)
+      return []
     valid_ks = valid_ks[:steps]
     produced_s = valid_ks.sum(axis=0)
     self._counts.update(syncs=1, generate_steps=steps, busy_slot_steps=int(produced_s.sum()),

@@ -27,8 +27,9 @@ draw their first tokens independently.
 
 A slot stops (it produces nothing from then on) after emitting one of its stop ids (EOS always, plus those
 `insert` was given), after `limit` tokens since its insert, or once its sequence holds `max_decode_length`
-tokens. Prefill pads prompts to `prefill_buckets` (powers of two from `min_prefill_bucket`, ending at
-`max_prefill_length`) and batches of prompts to powers of two, so a fresh prefill compiles once per
+tokens. Prefill pads prompts to `prefill_buckets` (powers of two from `min_prefill_bucket` and half-way
+between them, 16, 24, 32, 48, ..., ending at `max_prefill_length`: a prompt pads by less than half) and
+batches of prompts to powers of two, so a fresh prefill compiles once per
 (batch bucket, length bucket); an `existing_prefix` extension compiles once per (prefix cache length,
 bucket, output cache length) triple, all drawn from `cache_buckets`; insert once per (prefix batch, prefix
 cache length, insert count bucket); `generate` once, `generate_block` once per `kv_buckets` entry used.
@@ -204,7 +205,7 @@ class RlaxEngine(engine_api.Engine):
     self.unstack_layers = (self._mesh.devices.flat[0].platform == "cpu" if unstack_layers is None
                            else unstack_layers)
     self.prefill_buckets = _tokenizer_api.prefill_buckets(max_prefill_length,
-                                                          min(min_prefill_bucket, max_prefill_length))
+                                                          min(min_prefill_bucket, max_prefill_length), halves=True)
     # Cache lengths of prefixes: the prefill buckets, then powers of two up to S (for `existing_prefix`).
     longer = [b for b in _tokenizer_api.prefill_buckets(max_decode_length, self.prefill_buckets[0])
               if b > max_prefill_length]
@@ -493,11 +494,14 @@ class RlaxEngine(engine_api.Engine):
     return self._programs.generate(params, decode_state)
 
   def generate_block(self, params: Any, decode_state: DecodeState, *, steps: int | None = None,
-                     stop_on_free: bool | int = False, max_length: int | None = None) -> tuple[DecodeState, Block]:
+                     stop_on_free: bool | int = False, max_length: int | None = None,
+                     min_live: int = 0) -> tuple[DecodeState, Block]:
     """Up to `steps` (default and at most `steps_per_sync`) decode steps in one device call; `decode_state`
     is donated. The block ends early once no slot is live, and with `stop_on_free` = n >= 1 (True: 1) right
     after the step in which the n-th of its slots stopped. Step i of the block equals the i-th of as many
-    `generate` calls.
+    `generate` calls. With `min_live` = m, it runs no step unless at least m slots are live as it starts: a
+    block dispatched before the caller has seen the one before it (`Driver`'s run-ahead) then decodes only if
+    no slot stopped there (one that did is to be refilled first).
 
     `max_length`: the longest live slot's sequence (prompt and tokens so far, its next position), at least
     every live slot's position; the block attends over the smallest `kv_buckets` span W >= max_length + steps
@@ -514,7 +518,9 @@ class RlaxEngine(engine_api.Engine):
     if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
                                    or max_length < 0):
       raise ValueError(f"max_length must be None or an int >= 0 (the longest live sequence); got {max_length!r}.")
-    return self._programs.block(params, decode_state, np.int32(steps), np.int32(stop_on_free),
+    if isinstance(min_live, bool) or not isinstance(min_live, (int, np.integer)) or min_live < 0:
+      raise ValueError(f"min_live must be an int >= 0 (the slots live when the block starts); got {min_live!r}.")
+    return self._programs.block(params, decode_state, np.int32(steps), np.int32(stop_on_free), np.int32(min_live),
                                 self.block_span(max_length, steps))
 
   def block_span(self, max_length: int | None, steps: int | None = None) -> int:

@@ -128,6 +128,7 @@ class DriverStats:
   syncs: int = 0  # decode blocks (`generate_block` calls): one host round trip each.
   forks: int = 0  # continuations started by `fork` (each from a copy of its parent's KV cache).
   ahead: int = 0  # decode blocks dispatched before the host handed out the one before (`run_ahead`).
+  idle_ahead: int = 0  # of those, blocks that ran no step: a slot stopped before them, to be refilled first.
   kv_span_steps: int = 0  # sum over decode steps of the attention span W each read (per slot, of every slot).
 
   @property

@@ -22,11 +22,13 @@ jetstream_modules = jetstream_compat.import_jetstream()
 BYTE_TOKENIZER_PATH = "rlax_post:byte"
 
 
-def prefill_buckets(max_prefill_length: int, min_bucket: int = 16) -> tuple[int, ...]:
+def prefill_buckets(max_prefill_length: int, min_bucket: int = 16, *, halves: bool = False) -> tuple[int, ...]:
   """Padded prompt lengths: powers of two from `min_bucket`, capped by (and ending at) `max_prefill_length`.
 
   There are `ceil(log2(max_prefill_length / min_bucket)) + 1` of them (1 if `max_prefill_length <=
-  min_bucket`): e.g. (16, 32, 64) for 64, (16, 32, 48) for 48.
+  min_bucket`): e.g. (16, 32, 64) for 64, (16, 32, 48) for 48. With `halves`, also each power of two's
+  1.5× (half-way to the next): (16, 24, 32, 48, 64) for 64, so a prompt longer than the smallest bucket pads
+  by less than half its length rather than almost doubling (17 tokens pad to 24, not 32; 33 to 48, not 64).
   """
   if not isinstance(max_prefill_length, int) or max_prefill_length < 1:
     raise ValueError(f"max_prefill_length must be a positive int; got {max_prefill_length!r}.")
@@ -36,6 +38,8 @@ def prefill_buckets(max_prefill_length: int, min_bucket: int = 16) -> tuple[int,
   b = min_bucket
   while b < max_prefill_length:
     buckets.append(b)
+    if halves and b % 2 == 0 and b * 3 // 2 < max_prefill_length:
+      buckets.append(b * 3 // 2)
     b *= 2
   buckets.append(max_prefill_length)
   return tuple(buckets)
@@ -73,7 +77,7 @@ class ByteTokenizerAdapter(jetstream_modules.tokenizer_api.Tokenizer):
     ids = self.tokenizer.encode(s, add_bos=is_bos)
     if buckets is None:
       cap = max_prefill_length if max_prefill_length is not None else max(len(ids), self.min_bucket)
-      buckets = prefill_buckets(cap, min(self.min_bucket, cap))
+      buckets = prefill_buckets(cap, min(self.min_bucket, cap), halves=True)
     padded = bucket_for(len(ids), tuple(buckets))
     tokens = np.full((padded,), self.pad_id, np.int32)
     tokens[:len(ids)] = ids
