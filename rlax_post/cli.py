@@ -96,7 +96,8 @@ _COMMANDS = {
               "Warm start, then RL; sampling inline (runtime.mode=sync) or in sampler threads (async).",
               ("config", "workdir", "resume", "quiet", *_MULTIHOST)),
     "check-config": ("--config FILE[:variant] [--config.a.b=value ...]",
-                     "Print the validated config as JSON: every key with its value.", ("config",)),
+                     "Print the validated config as JSON (every key; reward functions and options checked too).",
+                     ("config",)),
     "serve": ("--checkpoint RUN_WORKDIR [--step K] [--port 9000] [--host 127.0.0.1] [--temperature 0] "
               "[--top_p 1] [--top_k 0] [--slots 8]",
               "Serve a run's newest (or step K's) checkpoint with JetStream's gRPC server.",
@@ -500,9 +501,13 @@ def _sweep(argv, command_line):
 
 
 def _check_config(argv):
+  """Prints the validated config as JSON, after the checks `train` makes at start-up that need no model: the
+  reward functions loaded and their weights and options checked (`runtime.check_config`)."""
   del argv
+  cfg = _load_config()
+  runtime.check_config(cfg)
   # allow_nan=False: the output is strict JSON (validation already refuses NaN and inf).
-  _print_out(json.dumps(config_lib.to_dict(_load_config()), indent=2, allow_nan=False))
+  _print_out(json.dumps(config_lib.to_dict(cfg), indent=2, allow_nan=False))
 
 
 def _print_out(text: str) -> None:

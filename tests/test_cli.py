@@ -151,6 +151,46 @@ def test_non_finite_value_is_refused_with_key_value_and_range(value):
   assert out.stdout == ""
 
 
+_NO_OPTIONS_REWARD = "def score(sample):\n  return 1.0\n"  # takes none of configs/dataset.py's options for `score`
+
+
+def test_check_config_refuses_a_reward_option_the_function_does_not_take_as_train_does(tmp_path):
+  """check-config printed a config whose reward function could not take its options (`reward.options.score`
+  = {'format_weight': 0.1} for a `score(sample)`); `train` refused it at start-up. Both now say the same line."""
+  (tmp_path / "my_reward.py").write_text(_NO_OPTIONS_REWARD)
+  args = ("--config", _ROOT + "/configs/dataset.py:tiny", "--config.reward.fn=my_reward.py:score")
+  message = ("Reward 'my_reward.py:score' cannot be called as fn(sample, **{'format_weight': 0.1}) (its options: "
+             "`reward.options.score`): got an unexpected keyword argument 'format_weight'.")
+  out = _cli("check-config", *args, cwd=tmp_path)
+  assert _error(out, "check-config") == f"rlax-post check-config: error: {message}"
+  assert out.stdout == ""
+  line = _error(_cli("train", *args, "--workdir", tmp_path / "run", cwd=tmp_path), "train")
+  assert line == f"rlax-post train: error: {message}"
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("fn, message", [
+    ("nope.py:score", "Reward 'nope.py:score': no file '{cwd}/nope.py' (relative paths are read from {cwd})."),
+    ("my_reward.py:scor", "Reward 'my_reward.py:scor': 'my_reward.py' has no 'scor'; its callables: ['score']."),
+    ("math", "reward options for ['score'], which are not among the reward functions' names ['math']."),
+], ids=["missing file", "missing function", "options for no function"])
+def test_check_config_names_a_missing_reward_file_or_function(tmp_path, fn, message):
+  (tmp_path / "my_reward.py").write_text(_NO_OPTIONS_REWARD)
+  out = _cli("check-config", "--config", _ROOT + "/configs/dataset.py:tiny", f"--config.reward.fn={fn}",
+             cwd=tmp_path)
+  line = _error(out, "check-config")
+  assert line == "rlax-post check-config: error: " + message.format(cwd=os.path.realpath(tmp_path))
+
+
+def test_check_config_passes_reward_options_the_function_takes(tmp_path):
+  (tmp_path / "my_reward.py").write_text("def score(sample, *, format_weight):\n  return format_weight\n")
+  out = _cli("check-config", "--config", _ROOT + "/configs/dataset.py:tiny", "--config.reward.fn=my_reward.py:score",
+             "--config.reward.options.score.format_weight=0.5", cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  reward = json.loads(out.stdout)["reward"]
+  assert reward["fn"] == "my_reward.py:score" and reward["options"] == {"score": {"format_weight": 0.5}}
+
+
 def test_unknown_key_names_close_matches_and_the_section_keys():
   line = _error(_cli("check-config", "--config", "configs/demo.py", "--config.rl.stepz=3"), "check-config")
   assert line == ("rlax-post check-config: error: unknown config key --config.rl.stepz; did you mean "

@@ -1,6 +1,6 @@
-"""The run's task interface (`RLTask`, `Producer`, `make_rl_task`), verifiable text tasks with noisy demonstrators,
-the multi-turn `Env` protocol and its `EpisodeProducer`, the tool-use env (`envs.tools`), and role pipelines
-sampled as fanout trees (`RoleTask`, `TreeProducer`)."""
+"""The run's task interface (`RLTask`, `Producer`, `make_rl_task`, `check_reward`), verifiable text tasks with
+noisy demonstrators, the multi-turn `Env` protocol and its `EpisodeProducer`, the tool-use env (`envs.tools`), and
+role pipelines sampled as fanout trees (`RoleTask`, `TreeProducer`)."""
 
 from rlax_post.envs._base import Example
 from rlax_post.envs._protocol import can_fork
@@ -34,6 +34,7 @@ from rlax_post.envs._episodes import turn_budget
 from rlax_post.envs._dataset import DatasetProducer
 from rlax_post.envs._dataset import DatasetTask
 from rlax_post.envs._dataset import Renderer
+from rlax_post.envs._make import check_reward
 from rlax_post.envs._make import make_rl_task
 from rlax_post.envs._collab import Collaboration
 from rlax_post.envs._collab import COLLABORATIONS
@@ -120,6 +121,7 @@ __all__ = [
     'EpisodeTreeProducer',
     'episode_rows',
     'group_id',
+    'check_reward',
     'make_rl_task',
     'prefix_key',
     'row_id',

@@ -445,14 +445,22 @@ class DatasetTask:
         prompt_ids_of=lambda t: rows.get(t)[0].ids)
 
 
+def make_scorer(cfg: config_lib.Config) -> rewards.Scorer:
+  """The run's reward functions (`reward.fn`, comma-separated), loaded and checked against `reward.weights` and
+  `reward.options`: a missing file or function, a weight per function too many or too few, or an option a
+  function does not take is a ValueError (or FileNotFoundError) naming it. `make_dataset_task` and
+  `rlax-post check-config` (`check_reward`) both call this, so the two say the same."""
+  return rewards.Scorer([f for f in cfg.reward.fn.split(",") if f.strip()], cfg.reward.weights,
+                        cfg.reward.options)
+
+
 def make_dataset_task(cfg: config_lib.Config, tokenizer) -> DatasetTask:
   """The run's `DatasetTask`: opens the files, loads the reward functions, finds the held-out rows."""
   if cfg.task.options:
     raise ValueError(f"task.options {dict(cfg.task.options)} are not read by task 'dataset'; its settings are "
                      "the `data` and `reward` sections.")
   renderer = Renderer(cfg.data, tokenizer, demos=cfg.sft.steps > 0)
-  scorer = rewards.Scorer([f for f in cfg.reward.fn.split(",") if f.strip()], cfg.reward.weights,
-                          cfg.reward.options)
+  scorer = make_scorer(cfg)
   train, held = _splits(cfg, renderer)
   for k in range(min(CHECK_ROWS, len(train.order))):  # Mistakes in the file show at start-up, not hours in.
     train.get(k)

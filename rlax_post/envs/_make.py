@@ -1,4 +1,5 @@
-"""`make_rl_task`: the run's config → its task (the one place that dispatches on `task.name`)."""
+"""`make_rl_task`: the run's config → its task, and `check_reward`: the task's reward settings checked without
+building it (the one place that dispatches on `task.name`)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,12 @@ def make_rl_task(cfg: config_lib.Config, tokenizer) -> _rl.RLTask:
   if cfg.task.name == dialogue_task.NAME:
     return dialogue_task.make_dialogue_task(cfg, tokenizer)
   return _text.make_text_task(cfg, tokenizer)
+
+
+def check_reward(cfg: config_lib.Config) -> None:
+  """Raises what `make_rl_task` would raise for the `reward` section (the same `make_scorer`): the dataset task's
+  reward functions loaded, their weights and options checked. It needs no tokenizer, data file or model, so
+  `rlax-post check-config` names a bad reward option before a job is launched. The other tasks read no `reward`
+  section (the config refuses one set there)."""
+  if cfg.task.name == _dataset.NAME:
+    _dataset.make_scorer(cfg)

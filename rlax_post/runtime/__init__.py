@@ -34,6 +34,7 @@ from rlax_post.runtime._metrics import plot_curves
 from rlax_post.runtime._metrics import read_jsonl
 from rlax_post.runtime._metrics import write_json
 from rlax_post.runtime._parts import build_parts
+from rlax_post.runtime._parts import check_config
 from rlax_post.runtime._parts import Parts
 from rlax_post.runtime._parts import run_memory
 from rlax_post.runtime._policy import config_policy
@@ -70,7 +71,7 @@ from rlax_post.runtime._sources import ThreadSource
 from rlax_post.runtime._warm_cache import cache_key as warm_start_cache_key
 from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
-__all__ = ["build_parts", "Credit", "credit_fidelity", "spearman", "ModelPolicy", "ExactOracle", "exact_oracle", "policy_value", "run_policy_value", "config_policy", "load_run_policy", "RunPolicy", "rescue_audit", "rescue_evaluate",
+__all__ = ["build_parts", "check_config", "Credit", "credit_fidelity", "spearman", "ModelPolicy", "ExactOracle", "exact_oracle", "policy_value", "run_policy_value", "config_policy", "load_run_policy", "RunPolicy", "rescue_audit", "rescue_evaluate",
            "HarnessOptions", "run_rescue_eval", "simulate_sessions", "Channels", "check_resume_config", "complete_checkpoints", "probe_writable", "CriticScores", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "Evaluator", "export_hf",
            "InlineSource", "initialize_distributed", "learn", "make_source", "discounted_returns", "pair_rows",
            "QFunction", "fit_sets", "mean_return", "read_rounds", "round_dir", "RoundSource", "transitions_of", "is_run_config", "load_run_config", "LoggedSource", "MetricsWriter",

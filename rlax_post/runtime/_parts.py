@@ -299,6 +299,14 @@ def _pow2_at_least(n: int, floor: int = 16) -> int:
   return b
 
 
+def check_config(cfg: config_lib.Config) -> None:
+  """The checks of `build_parts` that need no tokenizer, data file, mesh or model, alone: the task's reward
+  functions loaded and `reward.weights` / `reward.options` checked against them (`envs.check_reward`, the very
+  check `make_rl_task` makes). `rlax-post check-config` runs it, so a bad reward option is named before a job
+  is launched, in the words `train` uses."""
+  envs.check_reward(cfg)
+
+
 def build_parts(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None) -> Parts:
   """The run's parts on `mesh` (default: the config's mesh, `mesh_and_rules`); the rules are the config's."""
   config_mesh, rules = mesh_and_rules(cfg) if mesh is None else (None, config_rules(cfg))
