@@ -166,8 +166,11 @@ def clear_outputs(workdir: str) -> None:
 
 
 def plot_curves(rows: list[dict], path: str) -> None:
-  """Saves a PNG of the RL reward (train and greedy eval, and each reward component a task reports), KL and
-  the SFT loss, and with a learned critic (`value_loss` rows) its explained variance and value loss."""
+  """Saves a PNG of the run's curves, one panel each, side by side: the RL reward (train and greedy eval, and
+  each reward component a task reports); the KL to the reference (rows with `kl`: `loss.kl_coef > 0` or
+  `loss.track_kl`); the warm-start SFT loss (`sft` rows: `sft.steps > 0`); with a learned critic (`value_loss`
+  rows) its explained variance and value loss. A panel whose rows the run did not log is left out, not drawn
+  as empty axes; the reward panel is always there (it says so when no reward was logged either)."""
   import matplotlib  # pylint: disable=g-import-not-at-top  (optional outputs; heavy imports)
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (optional outputs; heavy imports)
@@ -176,38 +179,45 @@ def plot_curves(rows: list[dict], path: str) -> None:
     pts = [(r["step"], r[key]) for r in rows if r.get("phase") == phase and r.get(key) is not None]
     return (np.array([p[0] for p in pts]), np.array([p[1] for p in pts])) if pts else (None, None)
 
-  critic = any(r.get("phase") == "rl" and "value_loss" in r for r in rows)
-  fig, axes = plt.subplots(1, 4 if critic else 3, figsize=(20 if critic else 15, 4))
-  x, y = series("rl", "reward_mean")
-  if x is not None:
-    axes[0].plot(x, y, label="train reward (sampled)", alpha=0.8)
-  x, y = series("eval", "eval_reward")
-  if x is not None:
-    axes[0].plot(x, y, "o-", label="eval reward (greedy, held out)")
-  components = sorted({k for r in rows if r.get("phase") == "rl" for k in r if k.startswith("reward/")})
-  for key in components:  # A task's named reward components (the dataset task's `reward/<name>...`).
-    x, y = series("rl", key)
+  def reward(ax):
+    x, y = series("rl", "reward_mean")
     if x is not None:
-      axes[0].plot(x, y, "--", label=key, alpha=0.7)
-  axes[0].set(title="Reward", xlabel="RL step")
-  axes[0].legend()
-  x, y = series("rl", "kl")
-  if x is not None:
-    axes[1].plot(x, y, color="tab:red")
-  axes[1].set(title="KL to reference (k3, per token)", xlabel="RL step")
-  x, y = series("sft", "loss")
-  if x is not None:
-    axes[2].plot(x, y, color="tab:green")
-  axes[2].set(title="Warm-start SFT loss", xlabel="SFT step")
-  if critic:
+      ax.plot(x, y, label="train reward (sampled)", alpha=0.8)
+    x, y = series("eval", "eval_reward")
+    if x is not None:
+      ax.plot(x, y, "o-", label="eval reward (greedy, held out)")
+    components = sorted({k for r in rows if r.get("phase") == "rl" for k in r if k.startswith("reward/")})
+    for key in components:  # A task's named reward components (the dataset task's `reward/<name>...`).
+      x, y = series("rl", key)
+      if x is not None:
+        ax.plot(x, y, "--", label=key, alpha=0.7)
+    ax.set(title="Reward", xlabel="RL step")
+    if ax.lines:
+      ax.legend()
+    else:
+      ax.text(0.5, 0.5, "no reward logged", ha="center", va="center", transform=ax.transAxes)
+
+  def kl(ax):
+    ax.plot(*series("rl", "kl"), color="tab:red")
+    ax.set(title="KL to reference (k3, per token)", xlabel="RL step")
+
+  def sft(ax):
+    ax.plot(*series("sft", "loss"), color="tab:green")
+    ax.set(title="Warm-start SFT loss", xlabel="SFT step")
+
+  def critic(ax):
     x, y = series("rl", "explained_variance")
     if x is not None:
-      axes[3].plot(x, y, color="tab:purple", label="explained variance")
-    twin = axes[3].twinx()
-    x, y = series("rl", "value_loss")
-    if x is not None:
-      twin.plot(x, y, color="tab:gray", alpha=0.7, label="value loss")
-    axes[3].set(title="Critic: explained variance (left), value loss (right)", xlabel="RL step")
+      ax.plot(x, y, color="tab:purple", label="explained variance")
+    ax.twinx().plot(*series("rl", "value_loss"), color="tab:gray", alpha=0.7, label="value loss")
+    ax.set(title="Critic: explained variance (left), value loss (right)", xlabel="RL step")
+
+  panels = [reward] + [draw for draw, (phase, key) in ((kl, ("rl", "kl")), (sft, ("sft", "loss")),
+                                                       (critic, ("rl", "value_loss")))
+                       if series(phase, key)[0] is not None]
+  fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
+  for draw, ax in zip(panels, axes[0]):
+    draw(ax)
   fig.tight_layout()
   fig.savefig(path, dpi=90)
   plt.close(fig)
