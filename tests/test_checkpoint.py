@@ -1,6 +1,7 @@
 """Checkpoints: a restored train state gives a bit-identical next step; unfinished saves are invisible."""
 
 import functools
+import logging
 import os
 import subprocess
 import sys
@@ -8,6 +9,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import portpicker
 import pytest
 
@@ -56,6 +58,39 @@ def test_restored_state_gives_bit_identical_next_step(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, next_a, next_b)
   assert jax.device_get(metrics_a) == jax.device_get(metrics_b)
   assert int(next_b.step) == 2
+
+
+def test_reading_a_run_logs_no_read_only_notice_and_other_orbax_warnings_still_show(tmp_path, caplog):
+  """The run's reader is read-only on purpose, and orbax logged 'Given directory is read only=...' (a W line)
+  on every export, serve and --resume, each of which reads through it. That one notice, for that directory
+  and while the reader is made, is dropped; orbax's other warnings, and the notice for another directory or
+  after the reader is made, still show."""
+  arrays = {"w": jnp.arange(4.0)}
+  ckpt = _checkpoint.RunCheckpointer(tmp_path, max_to_keep=2)
+  ckpt.save(1, arrays, arrays, {"data": {"next_index": 3}})
+  ckpt.close()
+  notice = "Given directory is read only="
+  with caplog.at_level(logging.WARNING):
+    reader = _checkpoint.RunCheckpointer(tmp_path, tidy=False)
+    assert reader.newest_meta() == {"data": {"next_index": 3}}  # what --resume reads first
+    restored, _, _ = reader.restore(1, state_like=arrays, state_shardings=jax.tree.map(lambda x: x.sharding, arrays),
+                                    ref_like=arrays, ref_shardings=jax.tree.map(lambda x: x.sharding, arrays))
+    reader.close()
+  np.testing.assert_array_equal(restored["w"], arrays["w"])
+  assert notice not in caplog.text, caplog.text
+  directory, other = reader.directory, tmp_path / "other"
+  other.mkdir()
+  caplog.clear()
+  read_only = functools.partial(ocp.CheckpointManagerOptions, read_only=True, save_interval_steps=0, create=False)
+  with caplog.at_level(logging.WARNING):
+    with _checkpoint._without_read_only_notice(directory):  # pylint: disable=protected-access
+      # max_to_keep with read_only: orbax's own, different warning, logged inside the filtered window.
+      ocp.CheckpointManager(directory, options=read_only(max_to_keep=2)).close()
+      ocp.CheckpointManager(other, options=read_only()).close()
+    ocp.CheckpointManager(directory, options=read_only()).close()
+  shown = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert shown == ["CheckpointManagerOptions.read_only=True, setting max_to_keep=None.", f"{notice}{other}",
+                   f"{notice}{directory}"], shown
 
 
 def test_unfinished_checkpoint_is_never_listed(tmp_path):

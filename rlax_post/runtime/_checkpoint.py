@@ -18,7 +18,9 @@ join one barrier and fail; each checkpointer's `name` prefixes its barriers.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import tempfile
 import time
@@ -35,6 +37,9 @@ from rlax_post.runtime import _distributed
 
 ASIDE_DIR = "checkpoints.aside"  # where step directories that must not be read or counted are moved
 _ITEMS = ("state", "ref_params", "meta")
+# What orbax logs (a W line through absl's logger) whenever a CheckpointManager is made with read_only=True,
+# whether or not anything would try to write through it.
+_READ_ONLY_NOTICE = "Given directory is read only="
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -73,6 +78,26 @@ def probe_writable(path: str) -> None:
   os.makedirs(path, exist_ok=True)
   with tempfile.NamedTemporaryFile(dir=path, prefix=".rlax-post-write-probe-"):
     pass
+
+
+@contextlib.contextmanager
+def _without_read_only_notice(directory: epath.Path):
+  """While the body runs, drops orbax's notice that the checkpoints in `directory` are opened read-only
+  (`_READ_ONLY_NOTICE`): `RunCheckpointer`'s reader is read-only on purpose, so that no read can write, and
+  the notice was a `W ... Given directory is read only=...` line on every `rlax-post export`, `serve` and
+  `--resume`, which users took for a problem. Every other record, orbax's other warnings and this notice for
+  any other directory included, goes out as before; the filter is gone after the body."""
+  notice = f"{_READ_ONLY_NOTICE}{directory}"
+
+  def keep(record: logging.LogRecord) -> bool:
+    return record.getMessage() != notice
+
+  logger = logging.getLogger("absl")  # (absl.logging's records go through this logger's filters)
+  logger.addFilter(keep)
+  try:
+    yield
+  finally:
+    logger.removeFilter(keep)
 
 
 def _first_line(e: BaseException) -> str:
@@ -223,10 +248,11 @@ class RunCheckpointer:
     so each went on from a step of its own. `restore_newest` agrees on every process's outcome instead."""
     if self._reader is None:
       me = jax.process_index()
-      self._reader = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
-          read_only=True, save_interval_steps=0, create=False, enable_async_checkpointing=False,  # (no warning)
-          multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})),
-          item_names=_ITEMS)
+      with _without_read_only_notice(self.directory):
+        self._reader = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
+            read_only=True, save_interval_steps=0, create=False, enable_async_checkpointing=False,  # (no warning)
+            multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})),
+            item_names=_ITEMS)
     return self._reader
 
   def restore_newest(self, **templates) -> tuple[int, Any, Any, dict]:
