@@ -67,6 +67,9 @@ _OUT = flags.DEFINE_string("out", None, "convert, export: the Hugging Face check
                            "empty).")
 _ARCHITECTURE = flags.DEFINE_string("architecture", None, "export: the Hugging Face architecture to write (default: "
                                     "the model.hf_path's, else the one the model's features name).")
+_DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor written and of config.json's "
+                             f"torch_dtype, one of {', '.join(runtime.EXPORT_DTYPES)} (bfloat16: half a float32 "
+                             "checkpoint's size; default: the widest the policy holds, float32 for a float32 run).")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
 _BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
 _STEP = flags.DEFINE_integer("step", None, "value, rescue-eval, export, serve: the checkpoint step to evaluate, "
@@ -117,9 +120,9 @@ _COMMANDS = {
     "convert": ("--gguf FILE --out DIR",
                 "Write a GGUF model (llama.cpp) as a Hugging Face checkpoint directory for model.hf_path.",
                 ("gguf", "out", "quiet")),
-    "export": ("--workdir RUN_WORKDIR --out DIR [--step K] [--architecture LlamaForCausalLM]",
+    "export": ("--workdir RUN_WORKDIR --out DIR [--step K] [--architecture LlamaForCausalLM] [--dtype bfloat16]",
                "Write a run's policy (LoRA adapters merged) as a Hugging Face checkpoint directory.",
-               ("workdir", "out", "step", "architecture", "quiet")),
+               ("workdir", "out", "step", "architecture", "dtype", "quiet")),
     "fidelity": ("--workdir DIR [--extra 32] [--batches 1] [--json PATH]",
                  "A role-pipeline run's credit fidelity: Spearman of its credit against sampled ground truth.",
                  ("workdir", "extra", "batches", "json")),
@@ -558,13 +561,23 @@ def _export(argv):
   if architecture is not None and architecture not in models.HF_ARCHITECTURES:
     raise ValueError(f"--architecture {architecture!r} is not one export writes; pass one of "
                      f"{sorted(models.HF_ARCHITECTURES)} (or leave it out: the run's own).")
+  dtype = _DTYPE.value
+  if dtype is not None and dtype not in runtime.EXPORT_DTYPES:
+    raise ValueError(f"--dtype {dtype!r} is not one export writes; pass one of {list(runtime.EXPORT_DTYPES)} (or "
+                     "leave it out: the widest the policy holds, float32 for a float32 run).")
   with _output_dir(out, "--out"):
-    step = runtime.export_hf(workdir, out, architecture=architecture, step=_STEP.value)
+    step = runtime.export_hf(workdir, out, architecture=architecture, step=_STEP.value, dtype=dtype)
   if not _QUIET.value:
-    with open(os.path.join(out, "config.json")) as f:
-      written = json.load(f)["architectures"][0]
-    print(f"Wrote step {step} of {workdir} as {written} to {out}; transformers' AutoModelForCausalLM and "
-          f"AutoTokenizer .from_pretrained({out!r}) load it, --config.model.hf_path={out} trains it.")
+    # One checkpoint in --out, or one per role in its subdirectories (a per-role run: this line failed on the
+    # missing OUT/config.json, exit status 2 after a complete export).
+    dirs = [out] if os.path.isfile(os.path.join(out, "config.json")) else sorted(
+        os.path.join(out, name) for name in os.listdir(out) if os.path.isfile(os.path.join(out, name, "config.json")))
+    with open(os.path.join(dirs[0], "config.json")) as f:
+      written = json.load(f)
+    where = out if dirs == [out] else f"{', '.join(dirs)} (one checkpoint per role)"
+    print(f"Wrote step {step} of {workdir} as {written['architectures'][0]} in {written['torch_dtype']} to {where}; "
+          f"transformers' AutoModelForCausalLM and AutoTokenizer .from_pretrained({dirs[0]!r}) load it, "
+          f"--config.model.hf_path={dirs[0]} trains it.")
 
 
 def _new_or_empty(path: str, flag: str) -> str:

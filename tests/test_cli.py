@@ -67,7 +67,7 @@ _OWN_FLAGS = {
     "serve": ("--checkpoint", "--step", "--port", "--host", "--temperature", "--top_p", "--top_k", "--slots"),
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
     "replay": ("--workdir",), "sweep": ("--config", "--workdir", "--parallel", "--json"),
-    "convert": ("--gguf", "--out"), "export": ("--workdir", "--out", "--step", "--architecture"),
+    "convert": ("--gguf", "--out"), "export": ("--workdir", "--out", "--step", "--architecture", "--dtype"),
 }
 _OTHER_FLAGS = {"train": "--port", "check-config": "--workdir", "serve": "--workdir", "learner": "--index",
                 "sampler": "--config", "replay": "--parallel", "sweep": "--checkpoint", "convert": "--workdir",
@@ -578,9 +578,10 @@ def test_rescue_sim_names_the_session_files_a_directory_held_before(tmp_path):
                    "`rlax-post rescue-eval --sessions s` reads too.\n")
 
 
-def test_export_refuses_a_used_out_directory_and_an_unknown_architecture(tmp_path):
+def test_export_refuses_a_used_out_directory_and_an_unknown_architecture_or_dtype(tmp_path):
   """`rlax-post export` writes into a new or empty --out (another checkpoint's shard index there would be read
-  before its model.safetensors), and names the architectures it writes; both before any JAX work."""
+  before its model.safetensors), and names the architectures and dtypes it writes; all before any JAX work.
+  --dtype is export's alone."""
   run = tmp_path / "run"
   run.mkdir()
   (run / "config.json").write_text(json.dumps({"task": {}, "rl": {}}))
@@ -597,5 +598,11 @@ def test_export_refuses_a_used_out_directory_and_an_unknown_architecture(tmp_pat
                   "of ['Gemma2ForCausalLM', 'Gemma3ForCausalLM', 'LlamaForCausalLM', 'Qwen2ForCausalLM', "
                   "'Qwen3ForCausalLM'] (or leave it out: the run's own).")
   assert not (tmp_path / "new").exists()
+  line = _error(_cli("export", "--workdir", run, "--out", tmp_path / "new", "--dtype", "fp16"), "export")
+  assert line == ("rlax-post export: error: --dtype 'fp16' is not one export writes; pass one of ['float32', "
+                  "'bfloat16', 'float16'] (or leave it out: the widest the policy holds, float32 for a float32 run).")
+  assert not (tmp_path / "new").exists()
+  line = _error(_cli("serve", "--checkpoint", run, "--dtype", "bfloat16"), "serve")
+  assert line.startswith("rlax-post serve: error: --dtype is not a flag of `rlax-post serve` (it is read by export);")
   line = _error(_cli("export", "--workdir", run), "export")
   assert line == "rlax-post export: error: --out is required: the directory to write the Hugging Face checkpoint to."

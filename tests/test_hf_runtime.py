@@ -149,7 +149,7 @@ def test_rlax_post_export_writes_a_checkpoint_transformers_runs_with_our_logits(
   done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "export", "--workdir", workdir, "--out", str(out)],
                         capture_output=True, text=True, timeout=300, env=_procs.env())
   assert done.returncode == 0, done.stderr[-3000:]
-  assert done.stdout.startswith(f"Wrote step 2 of {workdir} as Qwen2ForCausalLM to {out};"), done.stdout
+  assert done.stdout.startswith(f"Wrote step 2 of {workdir} as Qwen2ForCausalLM in float32 to {out};"), done.stdout
   # (transformers 5's AutoTokenizer rebuilds a qwen2 checkpoint's tokenizer with Qwen's own split of digits,
   # which this fixture's BPE was not trained with, for the source as for the export: the file's ids here.)
   ids = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json")).encode("12+34=567").ids

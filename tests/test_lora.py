@@ -362,7 +362,7 @@ def test_rlax_post_export_of_a_lora_run_gives_transformers_our_merged_logits(lor
   done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "export", "--workdir", str(workdir), "--out",
                          str(out), "--step", "2"], capture_output=True, text=True, timeout=300, env=_procs.env())
   assert done.returncode == 0, done.stderr[-3000:]
-  assert done.stdout.startswith(f"Wrote step 2 of {workdir} as LlamaForCausalLM to {out};"), done.stdout
+  assert done.stdout.startswith(f"Wrote step 2 of {workdir} as LlamaForCausalLM in float32 to {out};"), done.stdout
   state, _, _ = _runs.restore(workdir, cfg, 2)
   merged = jax.device_get(models.merge_lora(state.frozen, state.params, runtime.build_parts(cfg).trainable.lora))
   model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
@@ -375,6 +375,63 @@ def test_rlax_post_export_of_a_lora_run_gives_transformers_our_merged_logits(lor
   np.testing.assert_allclose(theirs[..., :valid], ours[..., :valid], atol=2e-5)
   base = np.asarray(models.forward(graphdef, jax.device_get(state.frozen), tokens)[0])
   assert np.max(np.abs(theirs[..., :valid] - base[..., :valid])) > 1e-4  # the adapters are in it
+
+
+def test_rlax_post_export_dtype_bfloat16_writes_the_policy_rounded_to_bfloat16(lora_run, tmp_path):
+  """`rlax-post export --dtype bfloat16` (the export wrote the widest dtype the policy holds, float32 here, and
+  had no choice): every tensor in bfloat16, named by config.json, each weight the merged float32 one rounded to
+  the nearest bfloat16; orbax's read-only notice is not printed (the run's reader is read-only on purpose)."""
+  workdir, cfg, _ = lora_run
+  out = tmp_path / "hf"
+  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "export", "--workdir", str(workdir), "--out",
+                         str(out), "--dtype", "bfloat16"], capture_output=True, text=True, timeout=300,
+                        env=_procs.env())
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.startswith(f"Wrote step 4 of {workdir} as LlamaForCausalLM in bfloat16 to {out};"), done.stdout
+  assert "Given directory is read only" not in done.stderr, done.stderr[-3000:]
+  assert _written_dtypes(out) == ({"bfloat16": 20}, "bfloat16")  # 2 layers x 9 + embedding + norm
+  with open(out / "config.json") as f:
+    assert json.load(f)["dtype"] == "bfloat16"
+  state, _, _ = _runs.restore(workdir, cfg, 4)
+  merged = jax.device_get(models.merge_lora(state.frozen, state.params, runtime.build_parts(cfg).trainable.lora))
+  rounded = {k: np.asarray(v).astype(jnp.bfloat16).astype(np.float32) for k, v in merged.items()}
+  hf_cfg, graphdef, loaded = models.load_hf(str(out))  # float32: the bfloat16 weights widened exactly
+  assert hf_cfg.param_dtype == "float32" and sorted(loaded) == sorted(merged)
+  for name in merged:  # exact: round to nearest (ties to even), as jax's and ml_dtypes' casts do
+    np.testing.assert_array_equal(np.asarray(loaded[name]), rounded[name], err_msg=name)
+  tokens = np.asarray(_batch()["tokens"][:2])
+  valid = models.ByteTokenizer().vocab_size  # ours masks the padded rows; the export keeps them all
+  theirs = np.asarray(models.forward(graphdef, loaded, tokens)[0])[..., :valid]
+  # The run's model with its weights rounded to bfloat16: the same logits (float32 compute on both sides).
+  np.testing.assert_allclose(theirs, np.asarray(models.forward(graphdef, rounded, tokens)[0])[..., :valid],
+                             atol=1e-5)
+  # Against the run's own float32 logits: within bfloat16 rounding. Each weight moves by at most u = 2^-9 of
+  # itself (half a bfloat16 ulp: 8 significant bits); to first order each rounded matrix on the path (7 per
+  # layer, the embedding, the head when untied) moves its output by at most about u of its scale, and these
+  # add up: |delta logit| <= u * matrices * max |logit| (measured: 0.08 of it here, 0.4 on a full fine-tuning
+  # run of the demo). Above 0: the weights were rounded (a float32 export gives exactly the run's logits).
+  ours = np.asarray(models.forward(graphdef, merged, tokens)[0])[..., :valid]
+  matrices = 7 * hf_cfg.num_layers + (1 if hf_cfg.tie_embeddings else 2)
+  diff, bound = np.max(np.abs(theirs - ours)), 2.0 ** -9 * matrices * np.max(np.abs(ours))
+  assert 0 < diff <= bound, (diff, bound)
+
+
+def test_export_dtype_refuses_an_unknown_dtype_and_weights_it_cannot_hold(lora_run, tmp_path):
+  """`runtime.export_hf(dtype=...)` names the bad dtype and the ones it writes, before reading the run; a
+  weight past float16's range (65504) is an error naming it, not an inf in the checkpoint."""
+  from rlax_post.runtime import _export  # pylint: disable=g-import-not-at-top
+  workdir, _, _ = lora_run
+  with pytest.raises(ValueError, match=r"Export dtype 'int8' is not one export writes; pass one of \['float32', "
+                     r"'bfloat16', 'float16'\]"):
+    runtime.export_hf(workdir, tmp_path / "hf", dtype="int8")
+  assert not (tmp_path / "hf").exists()
+  params = {"q": jnp.asarray([1e5, 1.0]), "v": jnp.asarray([3.0, -7e4]), "norm": jnp.asarray([1.0, 2.0])}
+  with pytest.raises(ValueError, match=r"'float16' cannot hold these weights, which would become inf: q \(largest "
+                     r"\|value\| 100000\), v \(largest \|value\| 70000\) \(largest float16: 65504\)"):
+    _export._cast(params, "float16")  # pylint: disable=protected-access
+  cast = _export._cast(params, "bfloat16")  # pylint: disable=protected-access
+  assert {k: v.dtype for k, v in cast.items()} == {k: jnp.dtype(jnp.bfloat16) for k in params}
+  np.testing.assert_array_equal(np.asarray(cast["q"], np.float32), [99840.0, 1.0])  # 1e5 to nearest bfloat16
 
 
 def test_the_export_of_a_byte_tokenizer_run_carries_the_byte_tokenizer(lora_run, tmp_path):

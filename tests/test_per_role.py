@@ -3,6 +3,8 @@
 per-role drivers, and a short run with its checkpoint and export (8 fake CPU devices, see conftest.py)."""
 
 import functools
+import json
+import subprocess
 import sys
 
 import jax
@@ -10,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import safetensors.numpy
 
 from rlax_post import config
 from rlax_post import envs
@@ -22,6 +25,7 @@ from rlax_post.runtime import _learn
 sys.path.insert(0, ".")
 from configs import multiagent  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+import _procs
 import _runs
 
 CFG = models.ModelConfig(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
@@ -243,6 +247,29 @@ def test_a_per_role_run_trains_two_policies_from_one_warm_start(per_role_run, tm
     np.testing.assert_array_equal(np.asarray(loaded["q"]), np.asarray(end.params["q"][r]))
   with pytest.raises(ValueError, match="one policy per role .*Write each role.s as a Hugging Face checkpoint with `rlax-post export`"):
     runtime.serve(workdir, sampler.ServeOptions())
+
+
+def test_rlax_post_export_of_a_per_role_run_writes_each_roles_checkpoint_in_the_asked_dtype(per_role_run, tmp_path):
+  """`rlax-post export` of a per-role run wrote both roles' checkpoints, then failed (exit status 2) reading
+  OUT/config.json for its closing line; with --dtype bfloat16 each role's tensors are that role's weights
+  rounded to the nearest bfloat16, under torch_dtype "bfloat16"."""
+  workdir, cfg, _ = per_role_run
+  out = tmp_path / "hf"
+  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "export", "--workdir", workdir, "--out", str(out),
+                         "--dtype", "bfloat16"], capture_output=True, text=True, timeout=300, env=_procs.env())
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stdout.startswith(f"Wrote step 3 of {workdir} as LlamaForCausalLM in bfloat16 to {out}/router, "
+                                f"{out}/worker (one checkpoint per role); transformers' AutoModelForCausalLM and "
+                                f"AutoTokenizer .from_pretrained('{out}/router') load it"), done.stdout
+  end, _, _ = _runs.restore(workdir, cfg, 3)
+  for r, role in enumerate(("router", "worker")):
+    with open(out / role / "config.json") as f:
+      assert json.load(f)["torch_dtype"] == "bfloat16"
+    tensors = safetensors.numpy.load_file(str(out / role / "model.safetensors"))
+    assert {x.dtype.name for x in tensors.values()} == {"bfloat16"}, role
+    _, _, loaded = models.load_hf(str(out / role))
+    np.testing.assert_array_equal(np.asarray(loaded["q"]),
+                                  np.asarray(end.params["q"][r]).astype(jnp.bfloat16).astype(np.float32))
 
 
 def test_each_roles_gradient_is_clipped_on_its_own():

@@ -20,7 +20,12 @@ from rlax_post.runtime import _parts
 from rlax_post.runtime import _samplers
 
 
-def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, step: int | None = None) -> int:
+# The dtypes an export writes its tensors in (`export_hf(dtype=...)`, `rlax-post export --dtype`).
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, step: int | None = None,
+              dtype: str | None = None) -> int:
   """Writes the policy of run `workdir` at checkpoint `step` (None: the newest) to `out_dir` as an HF
   checkpoint of `architecture` (a key of `models.HF_ARCHITECTURES`; None: `export_architecture`, the one of
   the `model.hf_path` the run started from, else the one the model's features name); returns the step
@@ -34,9 +39,18 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, st
   every row, so its vocabulary is the model's padded one (a checkpoint's own config.json size; the byte
   tokenizer's multiple of `model.vocab_multiple`).
 
+  `dtype` (one of `EXPORT_DTYPES`) replaces that one dtype (None: the widest the policy holds, as above;
+  float32 for a float32 run): every tensor is written in it and config.json's `torch_dtype` names it.
+  "bfloat16" ships a float32 run's checkpoint at half the size, each weight (LoRA: merged in the policy's
+  dtype first) rounded to the nearest bfloat16, ties to even. A weight the dtype cannot hold (float16's
+  largest is 65504) is an error naming it, not a silent inf.
+
   A run with one policy per role (`multiagent.policies = "per_role"`) writes one checkpoint per role, in
   `out_dir/<role name>/`.
   """
+  if dtype is not None and dtype not in EXPORT_DTYPES:
+    raise ValueError(f"Export dtype {dtype!r} is not one export writes; pass one of {list(EXPORT_DTYPES)} (or "
+                     "None: the widest the policy holds).")
   workdir = os.fspath(workdir)
   parts = _parts.build_parts(_samplers.load_run_config(workdir))
   architecture = architecture or export_architecture(parts.cfg, parts.model_cfg)
@@ -45,7 +59,9 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, st
                                              max_to_keep=parts.cfg.checkpoint.max_to_keep, step=step,
                                              purpose=" to export")
   policy = update.policy(state)
-  # HF masks no vocabulary rows; one dtype for every tensor, the widest the policy holds.
+  if dtype is not None:
+    policy = _cast(policy, dtype)
+  # HF masks no vocabulary rows; one dtype for every tensor: the asked one, else the widest the policy holds.
   cfg = dataclasses.replace(parts.model_cfg, valid_vocab_size=None, vocab_gaps=(), param_dtype=_widest(policy))
   outs = [os.fspath(out_dir)] if update.roles == 1 else [
       os.path.join(os.fspath(out_dir), name) for name in parts.task.pipeline.roles]
@@ -73,6 +89,21 @@ def _widest(params) -> str:
   """The widest floating dtype among `params`' leaves (LoRA over a bfloat16 base: float32, its merged targets')."""
   return jnp.dtype(jnp.result_type(*[x.dtype for x in jax.tree.leaves(params)
                                      if jnp.issubdtype(x.dtype, jnp.floating)])).name
+
+
+def _cast(params, dtype: str):
+  """`params`' floating leaves in `dtype` (rounded to nearest where it is narrower); ValueError naming the
+  leaves with finite values that overflow it."""
+  cast = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+  overflow = [(jax.tree_util.keystr(path, simple=True, separator="/"), float(jnp.max(jnp.abs(x))))
+              for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(cast))
+              if jnp.issubdtype(x.dtype, jnp.floating) and bool(jnp.any(jnp.isfinite(x) & ~jnp.isfinite(y)))]
+  if overflow:
+    found = ", ".join(f"{name} (largest |value| {value:.6g})" for name, value in overflow)
+    raise ValueError(f"Export dtype {dtype!r} cannot hold these weights, which would become inf: {found} "
+                     f"(largest {dtype}: {float(jnp.finfo(dtype).max):.6g}); export in a wider dtype, e.g. "
+                     "bfloat16 or float32.")
+  return cast
 
 
 # What an exported checkpoint takes from the one the run started from, besides its weights.
