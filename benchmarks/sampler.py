@@ -103,7 +103,8 @@ class DriverMode:
     tokens, stats = sum(len(c.tokens) for c in self.completions), self.stats
     return dict(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds,
                 generate_steps=stats.generate_steps, syncs=stats.syncs, prefills=stats.prefills,
-                occupancy=stats.occupancy, kv_span_steps=stats.kv_span_steps)
+                occupancy=stats.occupancy, kv_span_steps=stats.kv_span_steps, ahead=stats.ahead,
+                idle_ahead=stats.idle_ahead)
 
 
 class AdmissionMode(DriverMode):
@@ -379,9 +380,13 @@ def _hbm(device, eq_k: dict, *, weight_bytes: int, kv_bytes_per_position: float)
 def _report(args, device, cfg, slots, result, rows):
   print(f"RL sampling driver, {cfg.num_params() / 1e6:.1f}M-parameter model on {device}, {slots} slots, layer "
         f"weights {'apart' if result['unstack_layers'] else 'stacked'}")
-  _harness.print_table(rows, [("mode", "mode", "s"), ("tokens", "tokens", "d"),
+  # "run ahead (idle)": blocks dispatched before the host handed out the one before, and those of them that
+  # ran no step (a slot had stopped before them); the fused limit has none.
+  shown = [dict(r, ahead_idle=f"{r['ahead']} ({r['idle_ahead']})" if "ahead" in r else None) for r in rows]
+  _harness.print_table(shown, [("mode", "mode", "s"), ("tokens", "tokens", "d"),
                               ("seconds", "seconds", ".3f"), ("tokens_per_s", "tokens/s", ".0f"),
                               ("generate_steps", "decode steps", "d"), ("syncs", "host syncs", "d"),
+                              ("ahead_idle", "run ahead (idle)", "s"),
                               ("prefills", "prefills", "d"), ("occupancy", "slot occupancy", ".2f")])
   x = lambda key, unit="x": "-" if result[key] is None else f"{result[key]:.2f}{unit}"
   print(f"driver efficiency (driver / fused tokens/s): equal lengths {x('efficiency_equal', '')} "

@@ -22,6 +22,7 @@ def test_a_tiny_run_of_some_modes(tmp_path, capsys):
   got = json.loads(path.read_text())
   assert got == json.loads(json.dumps(result))
   assert got["modes"] == ["fused_eq", "eq_k", "cont", "stat"] and len(got["rows"]) == 4
+  assert "ahead" not in got["rows"][0] and got["rows"][1]["ahead"] >= got["rows"][1]["idle_ahead"] >= 0
   equal, driver = got["rows"][0], got["rows"][1]
   assert equal["tokens"] == driver["tokens"] == 8 * 64  # every request runs to its 64 tokens
   assert got["efficiency_equal"] == pytest.approx(driver["tokens_per_s"] / equal["tokens_per_s"])
