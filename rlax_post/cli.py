@@ -54,14 +54,14 @@ _INDEX = flags.DEFINE_integer("index", None, "sampler: this sampler's index (0, 
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "sweep: work units run at the same time.")
 _PIN_CPUS = flags.DEFINE_bool("pin_cpus", True, "sweep: give each concurrent unit its own share of the CPUs.")
 _JSON = flags.DEFINE_string("json", None, "sweep: also write the figures of sweep.json to this path; fidelity, "
-                            "value: write the report there.")
+                            "value, rescue-eval, rescue-audit: also write the printed report to this path.")
 _SHARE_WARM = flags.DEFINE_bool("share_warm_start", True, "sweep: units with the same warm start (seed, task, "
                                 "model, sft) compute it once (--config.sft.cache_dir=ROOT/warm_start_cache).")
 # Multi-host learner (docs/launch.md, section 4); else RLAX_COORDINATOR_ADDRESS / _NUM_PROCESSES / _PROCESS_ID.
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "learner, replay: HOST:PORT of process 0 of a "
-                                   "multi-process learner.")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "learner, replay: processes of the learner.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "learner, replay: this process's index (0 .. N-1).")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "train, learner, replay: HOST:PORT of process 0 "
+                                   "of a multi-process learner.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "train, learner, replay: processes of the learner.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "train, learner, replay: this process's index (0 .. N-1).")
 _GGUF = flags.DEFINE_string("gguf", None, "convert: a GGUF model file (llama.cpp).")
 _OUT = flags.DEFINE_string("out", None, "convert, export: the Hugging Face checkpoint directory to write (new or "
                            "empty).")
@@ -76,9 +76,9 @@ _STEP = flags.DEFINE_integer("step", None, "value, rescue-eval, export, serve: t
                              "export or serve (default: the newest).")
 # RESCUE (docs/dialogue.md).
 _SESSIONS = flags.DEFINE_string("sessions", None, "rescue-eval: RESCUE session files (a .json file, a directory "
-                                "of them or a glob); rescue-sim: the directory to write them to.")
-_COUNT = flags.DEFINE_integer("count", 100, "rescue-sim, rescue-audit: sessions to simulate (per paraphrase "
-                              "split for the audit).")
+                                "of them or a glob); rescue-sim: the directory to write the session files to.")
+_COUNT = flags.DEFINE_integer("count", 100, "rescue-sim: sessions to simulate; rescue-audit: sessions to "
+                              "simulate per paraphrase split.")
 _SEED = flags.DEFINE_integer("seed", 0, "rescue-sim, rescue-audit: the first session's seed.")
 _VARIANTS = flags.DEFINE_enum("variants", "heldout", ["train", "heldout"], "rescue-sim: which paraphrases the "
                               "clients use.")
@@ -156,19 +156,47 @@ def _overview() -> str:
           f"`rlax-post COMMAND --help` lists the flags of a command. {_KEYS_NOTE}")
 
 
-def _flag_line(name: str) -> str:
+# The commands a flag's help is about: "serve: gRPC port.", "learner, replay: HOST:PORT of ...", and one such
+# clause per group of commands after "; " ("rescue-eval: session files ...; rescue-sim: the directory ...").
+_NAMES = "|".join(re.escape(name) for name in sorted(_COMMANDS, key=len, reverse=True))
+_HELP_FOR = re.compile(rf"(?:^|; )((?:{_NAMES})(?:, (?:{_NAMES}))*): ")
+_ENUM = re.compile(r"^<([^>]*)>: ")  # absl's DEFINE_enum starts the help with "<train|heldout>: ".
+
+
+def _flag_help(help_text: str, command: str) -> str:
+  """The part of a flag's help that is about `command`, without its command list ("value, rescue-eval, export,
+  serve: the checkpoint step ..." in export's help is "The checkpoint step ..."); help naming no command is
+  shown whole. Command names are matched whole, hyphens included: a pattern of letters, commas and spaces
+  stopped at "rescue-eval", left "value, rescue-eval, export, serve:" in the text and capitalised it "Value".
+  An enum's values, which absl puts first, come last ("One of: train, heldout.")."""
+  values = ""
+  if enum := _ENUM.match(help_text):
+    values, help_text = f" One of: {enum.group(1).replace('|', ', ')}.", help_text[enum.end():]
+  clauses = list(_HELP_FOR.finditer(help_text))
+  text = help_text
+  for i, clause in enumerate(clauses):
+    if command in clause.group(1).split(", "):
+      end = clauses[i + 1].start() if i + 1 < len(clauses) else len(help_text)
+      text = help_text[clause.end():end].rstrip()
+      text += "" if text.endswith(".") else "."
+      break
+  if not text[1:2].isupper():  # "gRPC port." stays as it is.
+    text = text[:1].upper() + text[1:]
+  return text + values
+
+
+def _flag_line(name: str, command: str) -> str:
   flag = flags.FLAGS[name]
   label = f"--[no]{name}" if flag.boolean else f"--{name}"
   default = "" if flag.default is None or flag.default is False else f" (default: {flag.default})"
-  text = re.sub(r"^[a-z, ]+: ", "", flag.help)  # "serve: gRPC port." -> "gRPC port."
-  text = text[:1].upper() + text[1:]
+  text = _flag_help(flag.help, command)
   return textwrap.fill(f"{text}{default}", width=110, initial_indent=f"  {label:<24} ",
                        subsequent_indent=" " * 27)
 
 
 def _command_help(command: str) -> str:
   usage, line, names = _COMMANDS[command]
-  rows = [_flag_line(name) for name in names]
+  rows = [_flag_line(name, command) for name in names]
   if "config" in names:
     rows.insert(1, f"  {'--config.SECTION.KEY=V':<24} Override one key of the config (repeatable).")
   return (f"usage: rlax-post {command} {usage}\n\n{line}\n\nflags:\n" + "\n".join(rows) +
@@ -245,6 +273,16 @@ def _writable_dir(path: str, flag: str = "--workdir") -> str:
   except OSError as e:
     raise PermissionError(f"{flag} {path!r} is not writable ({e.strerror}); pass a directory you can write "
                           "to, or fix its permissions.") from None
+  return path
+
+
+def _local_out(path: str, flag: str, what: str) -> str:
+  """`path`, unless it is a URL (gs://...): `what` is written with local file calls, which failed on a bucket URL
+  (asking for gcsfs, which would not help) or made a local `gs:` directory of it; a mounted bucket is a local
+  path."""
+  if "://" in path:
+    raise ValueError(f"{flag} {path!r} is a URL, but {what} is written with local file calls; pass a local path, "
+                     "or the bucket's mount path (gcsfuse; Vertex AI: /gcs/BUCKET/...).")
   return path
 
 
@@ -489,7 +527,8 @@ def _sweep(argv, command_line):
   overrides = sweep.command_line_overrides(command_line)  # The units get the --config.key=value flags too.
   _required(_CONFIG, "a configs/*.py file, e.g. --config configs/tools_tiny.py")
   _json_path()
-  path = _required(_WORKDIR, "the root under which each work unit gets its workdir")
+  path = _local_out(_required(_WORKDIR, "the root under which each work unit gets its workdir"), "--workdir",
+                    "the sweep's root (sweep.json and each unit's workdir)")
   spec = flags.FLAGS["config"].config_filename
   say = (lambda *a, **k: None) if _QUIET.value else (lambda msg: print(msg, flush=True))
   with _output_dir(path) as root:
@@ -543,7 +582,8 @@ def _convert(argv):
   del argv
   path = _required(_GGUF, "a GGUF model file, e.g. --gguf SmolLM2-135M-Instruct.Q4_1.gguf")
   _readable_file(path, "--gguf", "path/to/model.gguf")
-  out = _required(_OUT, "the directory to write the Hugging Face checkpoint to")
+  out = _local_out(_required(_OUT, "the directory to write the Hugging Face checkpoint to"), "--out",
+                   "the Hugging Face checkpoint")
   with _output_dir(out, "--out"):
     config = models.convert_gguf(path, out)
   if not _QUIET.value:
@@ -556,7 +596,8 @@ def _export(argv):
   del argv
   workdir = _run_dir(_required(_WORKDIR, "the workdir of the run to export"), "--workdir",
                      "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
-  out = _new_or_empty(_required(_OUT, "the directory to write the Hugging Face checkpoint to"), "--out")
+  out = _new_or_empty(_local_out(_required(_OUT, "the directory to write the Hugging Face checkpoint to"), "--out",
+                                 "the Hugging Face checkpoint"), "--out")
   architecture = _ARCHITECTURE.value
   if architecture is not None and architecture not in models.HF_ARCHITECTURES:
     raise ValueError(f"--architecture {architecture!r} is not one export writes; pass one of "
@@ -583,7 +624,7 @@ def _export(argv):
 def _new_or_empty(path: str, flag: str) -> str:
   """`path`, unless it is a directory holding files: an export there would mix with them (another checkpoint's
   shard index, which loaders read first, or the run's own files)."""
-  if "://" not in path and os.path.isdir(path) and os.listdir(path):
+  if os.path.isdir(path) and os.listdir(path):
     held = sorted(os.listdir(path))
     raise ValueError(f"{flag} {path!r} is not empty (it holds {', '.join(held[:4])}{', ...' if len(held) > 4 else ''}"
                      "); pass a new or empty directory.")
@@ -613,6 +654,7 @@ def _json_path() -> str | None:
   path = _JSON.value
   if path is None:
     return None
+  _local_out(path, "--json", "the report")
   if os.path.isdir(path):
     raise IsADirectoryError(f"--json {path!r} is a directory; pass a file path, e.g. "
                             f"{os.path.join(path, 'report.json')!r}.")
@@ -629,7 +671,7 @@ def _write_json(report) -> None:
 
 def _rescue_sim(argv):
   del argv
-  out = _required(_SESSIONS, "the directory to write the sessions to")
+  out = _local_out(_required(_SESSIONS, "the directory to write the sessions to"), "--sessions", "each session file")
   with _output_dir(out, "--sessions"):
     before = _session_files(out)
     paths = runtime.simulate_sessions(out, _COUNT.value, seed=_SEED.value, variants=_VARIANTS.value,
@@ -638,7 +680,7 @@ def _rescue_sim(argv):
 
 
 def _session_files(directory: str) -> set[str]:
-  if "://" in directory or not os.path.isdir(directory):
+  if not os.path.isdir(directory):
     return set()
   return {os.path.join(directory, name) for name in os.listdir(directory) if name.endswith(".json")}
 
@@ -712,7 +754,7 @@ def _command(argv) -> str:
   """The command of `argv`; answers `--help`, a missing and an unknown command itself (and exits)."""
   got = argv[1] if len(argv) > 1 else None
   if got in _HELP:
-    print(_overview())
+    _print_out(_overview())
     sys.exit(0)
   if got is None:
     print(f"{_overview()}\n\nrlax-post: error: missing command.", file=sys.stderr)
@@ -730,7 +772,7 @@ def main(argv=None):
   argv = list(sys.argv if argv is None else argv)
   command = _command(argv)
   if any(arg in _HELP for arg in argv[2:]):
-    print(_command_help(command))
+    _print_out(_command_help(command))
     sys.exit(0)
   command_line = argv[2:]
   del argv[1]

@@ -87,6 +87,64 @@ def test_command_help_shows_usage_and_only_its_own_flags(command):
   assert "rlax-post check-config --config FILE" in out.stdout and "docs/configuration.md" in out.stdout
 
 
+def _flag_rows(help_text: str) -> dict[str, str]:
+  """Flag -> its help, continuation lines joined, from the flags section of a command's --help."""
+  rows, flag = {}, None
+  for line in help_text.split("\nflags:\n")[1].split("\n\n")[0].splitlines():
+    if line.startswith("  --"):
+      flag, text = line.split(None, 1)
+      rows[flag] = text
+    else:
+      rows[flag] += " " + line.strip()
+  return rows
+
+
+def test_command_help_shows_a_flag_s_help_for_that_command_without_its_command_list():
+  """A flag's help names the commands it is for ("value, rescue-eval, export, serve: the checkpoint step ...");
+  each command's --help shows the part for it without that list. The pattern that stripped it allowed no
+  hyphen, so --step read "Value, rescue-eval, export, serve: the checkpoint step ..."."""
+  step = "The checkpoint step to evaluate, export or serve (default: the newest)."
+  for command in ("rescue-eval", "export", "serve"):
+    out = _cli(command, "--help")
+    assert out.returncode == 0 and out.stderr == ""
+    assert _flag_rows(out.stdout)["--step"] == step, command
+  rows = _flag_rows(_cli("rescue-sim", "--help").stdout)
+  assert rows["--sessions"] == "The directory to write the session files to."
+  assert rows["--count"] == "Sessions to simulate. (default: 100)"
+  assert rows["--variants"] == "Which paraphrases the clients use. One of: train, heldout. (default: heldout)"
+  rows = _flag_rows(_cli("rescue-eval", "--help").stdout)
+  assert rows["--sessions"] == "RESCUE session files (a .json file, a directory of them or a glob)."
+  assert rows["--json"] == "Also write the printed report to this path."
+  assert rows["--max_context_rows"] == "Dialogue rows shown before each question (0: all). (default: 8)"
+  assert _flag_rows(_cli("serve", "--help").stdout)["--port"] == "gRPC port. (default: 9000)"
+  assert _flag_rows(_cli("train", "--help").stdout)["--num_processes"] == "Processes of the learner."
+
+
+def test_every_flag_s_command_list_names_each_command_that_reads_it():
+  """A flag whose help names commands names every command listing it (train's --num_processes said only
+  "learner, replay: ..."); no command's help keeps a command list, at the start or after a "; "."""
+  command_list = re.compile(rf"(^|; )({'|'.join(cli.COMMANDS)})(, [a-z-]+)*: ")
+  for command, (_, _, names) in cli._COMMANDS.items():
+    for name in names:
+      help_text = cli.flags.FLAGS[name].help
+      said = [c for m in cli._HELP_FOR.finditer(help_text) for c in m.group(1).split(", ")]
+      assert not said or command in said, (command, name, help_text)
+      shown = cli._flag_help(help_text, command)
+      assert not command_list.search(shown), (command, name, shown)
+      assert shown[:1].isupper() or shown.startswith("gRPC"), (command, name, shown)
+
+
+@pytest.mark.parametrize("args", [("--help",), ("export", "--help"), ("rescue-eval", "-h")])
+def test_help_into_a_closed_pipe_ends_quietly(args):
+  """`rlax-post --help | head -3` whose reader stops early: exit status 1 and nothing on stderr, as for
+  check-config's output (help printed with a plain print: a BrokenPipeError traceback)."""
+  proc = subprocess.Popen([sys.executable, "-m", "rlax_post.cli", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, env=_ENV, cwd=_ROOT)
+  proc.stdout.close()  # the reader is gone before the command prints (it takes a second to start)
+  err = proc.stderr.read()
+  assert proc.wait(timeout=120) == 1 and "Traceback" not in err and err == "", err[-3000:]
+
+
 def test_unknown_command_lists_the_valid_ones():
   out = _cli("tran", "--config", "configs/demo.py")
   assert out.returncode == 2 and "Traceback" not in out.stderr
@@ -606,3 +664,29 @@ def test_export_refuses_a_used_out_directory_and_an_unknown_architecture_or_dtyp
   assert line.startswith("rlax-post serve: error: --dtype is not a flag of `rlax-post serve` (it is read by export);")
   line = _error(_cli("export", "--workdir", run), "export")
   assert line == "rlax-post export: error: --out is required: the directory to write the Hugging Face checkpoint to."
+
+
+def test_outputs_written_with_local_file_calls_refuse_a_url(tmp_path):
+  """export / convert --out, rescue-sim --sessions, --json and sweep --workdir are written with local file calls:
+  `export --out gs://b/hf` passed the directory check, then failed (or made a local `gs:` folder)."""
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text(json.dumps({"task": {}, "rl": {}}))
+  (tmp_path / "m.gguf").write_text("x")
+  fix = "pass a local path, or the bucket's mount path (gcsfuse; Vertex AI: /gcs/BUCKET/...)."
+  cases = [
+      (("export", "--workdir", run, "--out", "gs://b/hf"),
+       f"--out 'gs://b/hf' is a URL, but the Hugging Face checkpoint is written with local file calls; {fix}"),
+      (("convert", "--gguf", "m.gguf", "--out", "gs://b/hf"),
+       f"--out 'gs://b/hf' is a URL, but the Hugging Face checkpoint is written with local file calls; {fix}"),
+      (("rescue-sim", "--sessions", "gs://b/s", "--count", "1"),
+       f"--sessions 'gs://b/s' is a URL, but each session file is written with local file calls; {fix}"),
+      (("rescue-audit", "--json", "gs://b/r.json"),
+       f"--json 'gs://b/r.json' is a URL, but the report is written with local file calls; {fix}"),
+      (("sweep", "--config", _DEMO, "--workdir", "gs://b/sw"),
+       f"--workdir 'gs://b/sw' is a URL, but the sweep's root (sweep.json and each unit's workdir) is written with "
+       f"local file calls; {fix}"),
+  ]
+  for args, message in cases:
+    assert _error(_cli(*args, cwd=tmp_path), args[0]) == f"rlax-post {args[0]}: error: {message}"
+  assert sorted(os.listdir(tmp_path)) == ["m.gguf", "run"]  # no local gs: folder
