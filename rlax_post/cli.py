@@ -532,14 +532,27 @@ def _sweep(argv, command_line):
   spec = flags.FLAGS["config"].config_filename
   say = (lambda *a, **k: None) if _QUIET.value else (lambda msg: print(msg, flush=True))
   with _output_dir(path) as root:
-    results = sweep.run_local(spec, root, parallel=_PARALLEL.value, extra_flags=overrides,
-                              pin_cpus=_PIN_CPUS.value, share_warm_start=_SHARE_WARM.value, say=say)
-  sweep.write_report(results, root, config=spec, json_path=_JSON.value)
-  print(sweep.table(results))
-  print(f"\nOutputs in {root}: sweep.json, sweep.png, and one workdir per unit.")
+    plan = sweep.plan_local(spec, root, extra_flags=overrides, share_warm_start=_SHARE_WARM.value, say=say)
+    try:
+      results = sweep.run_plan(plan, parallel=_PARALLEL.value, pin_cpus=_PIN_CPUS.value, say=say)
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM: the units that finished are still reported.
+      _sweep_report(plan.results, root, spec)
+      done = sum(r.ok for r in plan.results)
+      print(f"Sweep interrupted: {done} of {len(plan.results)} work units finished (the table above). Run the "
+            "same command to run the others; finished units are not run again, stopped ones resume from their "
+            "last checkpoint.", file=sys.stderr)
+      raise
+  _sweep_report(results, root, spec)
   failed = [r.unit.name for r in results if not r.ok]
   if failed:
     raise ValueError(f"{len(failed)} of {len(results)} work units failed: {failed}; see their train.log.")
+
+
+def _sweep_report(results, root: str, spec: str) -> None:
+  """sweep.json (and --json), sweep.png and the table of the sweep's units."""
+  sweep.write_report(results, root, config=spec, json_path=_JSON.value)
+  print(sweep.table(results))
+  print(f"\nOutputs in {root}: sweep.json, sweep.png, and one workdir per unit.")
 
 
 def _check_config(argv):

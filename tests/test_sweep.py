@@ -449,6 +449,82 @@ def test_a_terminated_sweep_kills_its_units(tmp_path, monkeypatch):
     os.kill(int(pid_file.read_text()), 0)
 
 
+_FAKE_PYTHON_OK_THEN_STALL = """#!/bin/sh
+# A stand-in for `python -m rlax_post.cli train ...`: unit 00 finishes; any other unit records its pid in
+# $STALL and runs on (until the sweep is stopped).
+while [ $# -gt 0 ]; do [ "$1" = "--workdir" ] && W="$2"; shift; done
+case "$W" in
+  *00_*) printf '{"phase": "rl", "step": 2, "reward_mean": 0.5}\\n' > "$W/metrics.jsonl"
+         echo '{"initial_eval_reward":0.0,"final_eval_reward":1.0,"improvement":1.0,"wall_seconds":1,"rl_steps":2,"rl_steps_done":2}' > "$W/summary.json" ;;
+  *) echo $$ > "$STALL"; sleep 60 ;;
+esac
+"""
+
+
+def _stop_when_the_second_unit_runs(pid_file, stop):
+  """A `say` that calls `stop()` once unit 2/2 has started and written its pid."""
+  def say(msg):
+    if "2/2" in msg and "started" in msg:
+      for _ in range(100):
+        if pid_file.exists() and pid_file.read_text().strip():
+          break
+        time.sleep(0.1)
+      stop()
+  return say
+
+
+def test_an_interrupted_sweep_says_which_units_finished(tmp_path, monkeypatch):
+  """`run_plan` stopped by Ctrl-C: `plan.results` hold the unit that finished (ok, its figures) and the one it
+  stopped ("interrupted", never "failed"); units it never started are "not run"."""
+  fake = tmp_path / "fake_python.sh"
+  fake.write_text(_FAKE_PYTHON_OK_THEN_STALL)
+  fake.chmod(0o755)
+  pid_file = tmp_path / "pid"
+  monkeypatch.setenv("STALL", str(pid_file))
+
+  def interrupt():
+    raise KeyboardInterrupt
+
+  plan = sweep.plan_local(f"{DEMO}:tiny", str(tmp_path / "root"), share_warm_start=False, say=lambda msg: None)
+  assert [r.unit.index for r in plan.pending] == [0, 1]
+  with pytest.raises(KeyboardInterrupt):
+    sweep.run_plan(plan, pin_cpus=False, python=str(fake), say=_stop_when_the_second_unit_runs(pid_file, interrupt))
+  assert [(r.ok, r.status) for r in plan.results] == [(True, "ok"), (False, "interrupted")]
+  assert plan.results[0].figures()["final_eval_reward"] == 1.0 and plan.results[1].returncode == -9
+  assert sweep.table(plan.results).splitlines()[3].startswith("| advantage.estimator=rloo,seed=0 | interrupted |")
+  never = _local.UnitResult(unit=plan.results[1].unit, workdir=str(tmp_path / "x"), interrupted=True)
+  assert never.status == "not run" and not never.ok
+
+
+def test_a_terminated_sweep_command_reports_the_units_that_finished(tmp_path):
+  """`rlax-post sweep` stopped by SIGTERM (a scheduler's timeout): sweep.json, sweep.png and the table say
+  which units finished, and how to go on; the exit says it was terminated."""
+  import signal  # pylint: disable=g-import-not-at-top
+  fake = tmp_path / "fake_python.sh"
+  fake.write_text(_FAKE_PYTHON_OK_THEN_STALL)
+  fake.chmod(0o755)
+  pid_file, root = tmp_path / "pid", tmp_path / "root"
+  # The sweep runs its units with sys.executable: the fake one here.
+  code = (f"import sys; sys.executable = {str(fake)!r}; from rlax_post import cli; "
+          f"cli.main(['rlax-post', 'sweep', '--config', {DEMO + ':tiny'!r}, '--workdir', {str(root)!r}, "
+          "'--nopin_cpus'])")
+  proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          cwd=REPO, env={**os.environ, "STALL": str(pid_file)})
+  for _ in range(600):
+    if pid_file.exists() and pid_file.read_text().strip():
+      break
+    time.sleep(0.1)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=60)
+  assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+  report = json.loads((root / "sweep.json").read_text())
+  assert [(u["status"], u["final_eval_reward"]) for u in report["units"]] == [("ok", 1.0), ("interrupted", None)]
+  assert "| advantage.estimator=grpo,seed=0 | ok |" in out and (root / "sweep.png").exists()
+  assert "Sweep interrupted: 1 of 2 work units finished" in err
+  with pytest.raises(ProcessLookupError):
+    os.kill(int(pid_file.read_text()), 0)  # the stalled unit was stopped with the sweep
+
+
 def test_reports_are_strict_json(tmp_path):
   with pytest.raises(ValueError, match="not written.*finite number or null"):
     runtime.write_json(str(tmp_path / "r.json"), {"credit_fidelity": float("nan")})

@@ -3,8 +3,11 @@
 
 from rlax_post.sweep._local import finished
 from rlax_post.sweep._local import group_figures
+from rlax_post.sweep._local import LocalSweep
+from rlax_post.sweep._local import plan_local
 from rlax_post.sweep._local import plot
 from rlax_post.sweep._local import run_local
+from rlax_post.sweep._local import run_plan
 from rlax_post.sweep._local import table
 from rlax_post.sweep._local import UnitResult
 from rlax_post.sweep._local import write_report
@@ -33,11 +36,14 @@ __all__ = [
     "finished",
     "group_figures",
     "load_module",
+    "LocalSweep",
     "none_overrides",
     "one_of",
+    "plan_local",
     "plot",
     "product",
     "run_local",
+    "run_plan",
     "table",
     "UnitResult",
     "work_units",

@@ -42,6 +42,7 @@ class UnitResult:
   train_curve: list[tuple[int, float | None]] = dataclasses.field(default_factory=list)
   log_tail: str = ""
   error: str = ""  # Why a unit that exited 0 is not a result (unreadable outputs, a run stopped early).
+  interrupted: bool = False  # The sweep stopped (Ctrl-C, SIGTERM) while the unit ran or before it started.
 
   @property
   def ok(self) -> bool:
@@ -52,6 +53,8 @@ class UnitResult:
   def status(self) -> str:
     if self.ok:
       return "ok"
+    if self.interrupted:  # stopped by the sweep's stop, mid-run or before it started
+      return "interrupted" if self.returncode is not None else "not run"
     if self.returncode not in (None, 0):
       return f"failed ({self.returncode})"
     if self.summary is not None and not self.error.startswith("outputs"):
@@ -262,26 +265,56 @@ def _all_steps(r: UnitResult) -> bool:
   return r.unit.cfg is None or r.summary.get("rl_steps") == r.unit.cfg.rl.steps
 
 
-def run_local(config: str, root: str, *, parallel: int = 1, extra_flags: Sequence[str] = (),
-              pin_cpus: bool = True, share_warm_start: bool = True, python: str | None = None,
-              say=print) -> list[UnitResult]:
-  """Runs every work unit of `config` under `root`, `parallel` at a time; returns their results in order.
+@dataclasses.dataclass
+class LocalSweep:
+  """A sweep's work units under `root`, checked (`plan_local`): `results` holds one `UnitResult` per unit, in
+  order, filled in as `run_plan` runs them, so a caller whose sweep is interrupted still has the finished
+  ones (`rlax-post sweep` reports them); `pending` are those still to run."""
+  results: list[UnitResult]
+  pending: list[UnitResult]
+  extra_flags: list[str]  # every unit's extra flags, the shared warm-start cache's included
+  cache_dir: str | None  # the warm-start cache the units share
 
-  `extra_flags` (`--config.key=value`) go to every unit, and every unit's config is validated with them
-  before any starts. With `share_warm_start`, units pass `--config.sft.cache_dir=<root>/warm_start_cache`,
-  so units whose warm start is the same (same seed, task, model and sft settings) compute it once. If the
-  sweep stops (an error, Ctrl-C), the unit processes it started are killed.
-  """
-  if parallel < 1:
-    raise ValueError(f"sweep: --parallel must be >= 1; got {parallel}.")
+
+def plan_local(config: str, root: str, *, extra_flags: Sequence[str] = (), share_warm_start: bool = True,
+               say=print) -> LocalSweep:
+  """The work units of `config` under `root`, before any runs: every unit's config is validated with
+  `extra_flags` (`--config.key=value`, given to every unit), a unit whose workdir holds a run of other settings
+  is refused, and those that finished earlier are not run again. With `share_warm_start`, units pass
+  `--config.sft.cache_dir=<root>/warm_start_cache`, so units whose warm start is the same (same seed, task,
+  model and sft settings) compute it once."""
   units = _units.work_units(config, extra_flags)
   _units.check_overrides(units, extra_flags)
   cache_dir, extra_flags = _shared_cache(units, root, extra_flags, share_warm_start)
-  python = python or sys.executable
   os.makedirs(root, exist_ok=True)
   results = [UnitResult(unit=u, workdir=u.workdir(root)) for u in units]
   _refuse_stale(results, root)
-  pending = _unfinished(results, say)
+  return LocalSweep(results=results, pending=_unfinished(results, say), extra_flags=extra_flags,
+                    cache_dir=cache_dir)
+
+
+def run_local(config: str, root: str, *, parallel: int = 1, extra_flags: Sequence[str] = (),
+              pin_cpus: bool = True, share_warm_start: bool = True, python: str | None = None,
+              say=print) -> list[UnitResult]:
+  """Runs every work unit of `config` under `root`, `parallel` at a time (`plan_local`, then `run_plan`);
+  returns their results in order."""
+  if parallel < 1:
+    raise ValueError(f"sweep: --parallel must be >= 1; got {parallel}.")
+  plan = plan_local(config, root, extra_flags=extra_flags, share_warm_start=share_warm_start, say=say)
+  return run_plan(plan, parallel=parallel, pin_cpus=pin_cpus, python=python, say=say)
+
+
+def run_plan(plan: LocalSweep, *, parallel: int = 1, pin_cpus: bool = True, python: str | None = None,
+             say=print) -> list[UnitResult]:
+  """Runs the plan's pending units as local `rlax-post train` processes, `parallel` at a time (each on its own
+  CPUs with `pin_cpus`); returns `plan.results`. If the sweep stops (an error, Ctrl-C, SIGTERM), the unit
+  processes it started are killed, and they and the units it had not started are marked `interrupted`
+  (status "interrupted", "not run"): `plan.results` then says what finished."""
+  if parallel < 1:
+    raise ValueError(f"sweep: --parallel must be >= 1; got {parallel}.")
+  results, pending, extra_flags, cache_dir = plan.results, plan.pending, plan.extra_flags, plan.cache_dir
+  units = [r.unit for r in results]
+  python = python or sys.executable
   slots = _cpu_slots(parallel) if pin_cpus else [None] * parallel
   free = list(range(parallel))
   running: dict[int, _Running] = {}
@@ -307,6 +340,10 @@ def run_local(config: str, root: str, *, parallel: int = 1, extra_flags: Sequenc
   finally:
     for run in running.values():
       _stop(run)
+      run.result.returncode, run.result.seconds = run.proc.returncode, time.time() - run.t0
+      run.result.interrupted = True
+    for r in pending:  # (empty once every unit has run)
+      r.interrupted = True
     restore()
   return results
 
