@@ -738,7 +738,7 @@ def _rescue_eval(argv):
     load = functools.partial(runtime.config_policy, _load_config())
   report = runtime.run_rescue_eval(sessions, load, warm_start=_WARM_START.value, options=options,
                                    out=_JSON.value)
-  print(json.dumps(report, indent=2, allow_nan=False))  # strict JSON: undefined figures are null
+  _print_out(json.dumps(report, indent=2, allow_nan=False))  # strict JSON: undefined figures are null
 
 
 def _rescue_audit(argv):
