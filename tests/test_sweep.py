@@ -402,20 +402,28 @@ def test_run_local_reports_a_torn_unit_and_waits_for_the_others(tmp_path):
   assert results[0].train_curve == [(1, 0.2)] and results[1].train_curve == [(2, 0.5)]
 
 
+def _stop_when_the_second_unit_runs(pid_file, stop):
+  """A `say` that calls `stop()` once unit 2/2 has started and written its pid."""
+  def say(msg):
+    if "2/2" in msg and "started" in msg:
+      for _ in range(100):
+        if pid_file.exists() and pid_file.read_text().strip():
+          break
+        time.sleep(0.1)
+      stop()
+  return say
+
+
 def test_run_local_kills_its_units_when_it_stops(tmp_path, monkeypatch):
   pid_file = tmp_path / "pid"
   monkeypatch.setenv("STALL", str(pid_file))
 
-  def say(msg):
-    if "2/2" in msg and "started" in msg:
-      for _ in range(100):  # Until the unit has written its pid.
-        if pid_file.exists() and pid_file.read_text().strip():
-          break
-        time.sleep(0.1)
-      raise KeyboardInterrupt  # Ctrl-C while units run
+  def interrupt():
+    raise KeyboardInterrupt  # Ctrl-C while units run
+
   with pytest.raises(KeyboardInterrupt):
     sweep.run_local(f"{DEMO}:tiny", str(tmp_path / "root"), parallel=2, pin_cpus=False, share_warm_start=False,
-                    python=_fake_python(tmp_path), say=say)
+                    python=_fake_python(tmp_path), say=_stop_when_the_second_unit_runs(pid_file, interrupt))
   pid = int(pid_file.read_text())
   with pytest.raises(ProcessLookupError):
     os.kill(pid, 0)  # Killed and reaped, not left running.
@@ -433,16 +441,10 @@ def test_a_terminated_sweep_kills_its_units(tmp_path, monkeypatch):
   monkeypatch.setenv("STALL", str(pid_file))
   before = signal.getsignal(signal.SIGTERM)
 
-  def say(msg):
-    if "2/2" in msg and "started" in msg:
-      for _ in range(100):
-        if pid_file.exists() and pid_file.read_text().strip():
-          break
-        time.sleep(0.1)
-      os.kill(os.getpid(), signal.SIGTERM)
+  terminate = lambda: os.kill(os.getpid(), signal.SIGTERM)
   with pytest.raises(SystemExit) as info:
     sweep.run_local(f"{DEMO}:tiny", str(tmp_path / "root"), parallel=2, pin_cpus=False, share_warm_start=False,
-                    python=_fake_python(tmp_path), say=say)
+                    python=_fake_python(tmp_path), say=_stop_when_the_second_unit_runs(pid_file, terminate))
   assert info.value.code == 128 + signal.SIGTERM
   assert signal.getsignal(signal.SIGTERM) is before  # the handler is the caller's again
   with pytest.raises(ProcessLookupError):
@@ -459,18 +461,6 @@ case "$W" in
   *) echo $$ > "$STALL"; sleep 60 ;;
 esac
 """
-
-
-def _stop_when_the_second_unit_runs(pid_file, stop):
-  """A `say` that calls `stop()` once unit 2/2 has started and written its pid."""
-  def say(msg):
-    if "2/2" in msg and "started" in msg:
-      for _ in range(100):
-        if pid_file.exists() and pid_file.read_text().strip():
-          break
-        time.sleep(0.1)
-      stop()
-  return say
 
 
 def test_an_interrupted_sweep_says_which_units_finished(tmp_path, monkeypatch):
