@@ -15,12 +15,14 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 import _procs  # noqa: E402
+import _runs  # noqa: E402
 import _serving  # noqa: E402
 import jax  # noqa: E402
 
 from rlax_post import config  # noqa: E402
 from rlax_post import models  # noqa: E402
 from rlax_post import runtime  # noqa: E402
+from rlax_post import sampler  # noqa: E402
 from rlax_post.runtime import _parts  # noqa: E402
 from rlax_post.runtime import _rowlog  # noqa: E402
 from rlax_post.runtime import _serve  # noqa: E402
@@ -61,12 +63,13 @@ def checkpoint(tmp_path_factory):
   return path, body.embed_tokens.weight.detach().numpy(), body.layers[1].mlp.down_proj.weight.detach().numpy()
 
 
-def _hf_cfg(path, **rl):
+def _hf_cfg(path, loss=None, **rl):
   raw = demo.get_config("add,tiny")
   raw.model.hf_path = path
   raw.sft.steps = 0  # The warm start runs as configured; off here, as for a pretrained model.
   raw.rl.steps = 2
   raw.rl.update(rl)
+  raw.loss.update(loss or {})
   raw.eval.every = 0
   raw.runtime.update(progress=False, tensorboard=False, plot=False)
   return config.load(raw)
@@ -74,10 +77,17 @@ def _hf_cfg(path, **rl):
 
 @pytest.fixture(scope="module")
 def hf_run(checkpoint, tmp_path_factory):
+  """A 2-step run from the checkpoint (checkpoints 0 and 2). The random checkpoint earns reward 0 on every
+  sample (no advantage, no gradient), so its steps held the same params and loading the wrong one passed; an
+  entropy bonus and a larger learning rate move them (by about 1e-2), which the tests reading the newest step
+  rely on."""
   path, _, _ = checkpoint
-  cfg = _hf_cfg(path)
+  cfg = _hf_cfg(path, loss=dict(entropy_coef=0.01), optimizer=dict(learning_rate=1e-2))
   workdir = str(tmp_path_factory.mktemp("hf_run"))
-  return cfg, workdir, runtime.train(cfg, workdir, quiet=True)
+  summary = runtime.train(cfg, workdir, quiet=True)
+  assert sorted(map(int, os.listdir(os.path.join(workdir, "checkpoints")))) == [0, 2]
+  assert _runs.max_param_change(workdir, cfg, 0, 2) > 1e-3
+  return cfg, workdir, summary
 
 
 def test_train_from_hf_checkpoint(checkpoint, hf_run):
@@ -182,6 +192,8 @@ def test_serve_answers_an_hf_run_with_its_own_tokenizer(checkpoint, hf_run):
   assert list(ids[:length]) == want
   expected = _serving.greedy_reference(workdir, "12+34=", 5, tokenizer)
   assert expected
+  first = _serve.engine_from_workdir(workdir, sampler.ServeOptions(step=0))  # a server of step 0 would fail
+  assert _serving.greedy_loop(first.graphdef, first.load_params(), ["12+34="], 5, tokenizer)[0] != expected
   assert _serving.serve_and_decode(workdir, "12+34=", 5) == expected
 
 
@@ -200,7 +212,6 @@ def test_generation_stops_at_the_checkpoints_end_of_turn_ids(tmp_path):
   EOS; the sampler stopped at EOS alone, so every rollout ran to max_new_tokens (a helper review). The
   tokenizer reads them (`stop_ids`), and every slot stops at them as at EOS."""
   import _tiny_hf  # pylint: disable=g-import-not-at-top
-  from rlax_post import sampler  # pylint: disable=g-import-not-at-top
   from rlax_post.runtime._parts import CheckpointTokenizer  # pylint: disable=g-import-not-at-top
   path = _tiny_hf.make_checkpoint(str(tmp_path / "ckpt"))
   model_cfg, graphdef, params = models.load_hf(path)
@@ -237,7 +248,6 @@ def test_ids_past_a_gap_in_the_vocabulary_are_tokens_and_the_gap_is_not(checkpoi
   """A tokenizer whose ids skip 100..119 (`<tool>` 120, `</tool>` 121): the run's model config masked every id
   from the tokenizer's count (102) on, so the checkpoint's own tokens 120 and 121 were never sampled and a
   prompt holding them was refused. Every id up to 121 is a token now; the skipped ones are masked and refused."""
-  from rlax_post import sampler  # pylint: disable=g-import-not-at-top
   path, _, _ = checkpoint
   os.makedirs(tmp_path / "gapped")
   with open(os.path.join(path, "config.json")) as f:

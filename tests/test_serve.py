@@ -17,6 +17,7 @@ import sys
 import time
 import types
 
+import _runs
 import _serving
 import grpc
 import jax
@@ -25,6 +26,7 @@ import portpicker
 import pytest
 
 from rlax_post import models
+from rlax_post import runtime
 from rlax_post import sampler
 from rlax_post.runtime import _serve
 from rlax_post.sampler import _serve as sampler_serve
@@ -42,13 +44,18 @@ _COMMITTED, _UNCOMMITTED = 1, 2
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
   """A tiny run (`--config.rl.steps=1`: checkpoints 0 and 1) plus an uncommitted step 2: a copy of step 1
-  without orbax's commit marker and with its state half gone, as a save cut short would leave it."""
+  without orbax's commit marker and with its state half gone, as a save cut short would leave it.
+
+  Every reward of the tiny run is 0 (no advantage, no gradient), so steps 0 and 1 held the same params and a
+  server of the wrong step passed; an entropy bonus and a larger learning rate move them (by about 1e-2)."""
   workdir = tmp_path_factory.mktemp("serve") / "run"
   train = subprocess.run(
       [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir", str(workdir),
-       "--quiet", "--config.rl.steps=1"],
+       "--quiet", "--config.rl.steps=1", "--config.loss.entropy_coef=0.01",
+       "--config.rl.optimizer.learning_rate=0.01"],
       capture_output=True, text=True, timeout=300, env=_serving.ENV)
   assert train.returncode == 0, train.stderr[-3000:]
+  assert _runs.max_param_change(str(workdir), runtime.load_run_config(str(workdir)), 0, _COMMITTED) > 1e-3
   checkpoints = workdir / "checkpoints"
   shutil.copytree(checkpoints / str(_COMMITTED), checkpoints / str(_UNCOMMITTED))
   (checkpoints / str(_UNCOMMITTED) / "commit_success.txt").unlink()
@@ -201,12 +208,13 @@ def test_the_cli_exits_2_without_serving_on_a_bad_or_taken_port(run, server):
   assert server.healthy()
 
 
-def test_the_cli_serves_the_step_it_is_given_and_names_a_missing_one(run):
+def test_the_cli_serves_the_step_it_is_given_and_names_a_missing_one(run, references):
   """`serve --step K` serves checkpoint K (the command had no --step: only the newest could be served, though
   a run keeps several); a step that is not committed is one line listing those that are."""
   options = sampler.ServeOptions(step=0)
   engine = _serve.engine_from_workdir(str(run), options)
   want = _serving.greedy_loop(engine.graphdef, engine.load_params(), _GOOD[:3], 6, models.ByteTokenizer())
+  assert want != [references[p] for p in _GOOD[:3]]  # step 0's completions are not the newest step's
   with _serving.ServerProcess(run, flags=("--step", "0")) as server:
     got = [server.decode(_serving.text_request(p, 6)) for p in _GOOD[:3]]
     out = server.close()
