@@ -219,12 +219,13 @@ def _prefill(engine, params, ids, existing_prefix=None):
                         true_length=len(ids))
 
 
-_PROMPTS = {"long": _prompt(20, 1), "head": _prompt(13, 2), "tail": _prompt(12, 3)[1:],
+_PROMPTS = {"long": _prompt(28, 1), "head": _prompt(13, 2), "tail": _prompt(12, 3)[1:],
             "batch": [_prompt(5, 4), _prompt(12, 5), _prompt(30, 6)]}
 
 
 def _run_engine(engine, params, steps=14):
-  """Prefix kinds into slots: a prompt longer than the window, an extended prefix (13 + 11 tokens) and rows 1
+  """Prefix kinds into slots: a prompt longer than the window (28 tokens, bucket 32), an extended prefix (13 + 11
+  tokens: buckets 16, then 24) and rows 1
   and 2 of a batched prefill; then `steps` decode steps. Returns {name: (prompt, tokens, logprobs)} and the
   three prefixes."""
   long = _prefill(engine, params, _PROMPTS["long"])
@@ -257,13 +258,13 @@ def _learner_logprobs(graphdef, params, prompt, tokens, temperature):
 
 @pytest.mark.parametrize("window", [pytest.param(8, marks=pytest.mark.slow), pytest.param(24, marks=pytest.mark.slow)])  # 27 s each
 def test_engine_through_rings_matches_the_learner_and_the_full_cache(window, monkeypatch):
-  """Window 8: every prefix (buckets 16 and 32) is already a ring of 8. Window 24: a 16-position prefix is
+  """Window 8: every prefix (buckets 16, 24 and 32) is already a ring of 8. Window 24: a 16-position prefix is
   shorter than the window (its ring is the whole prefix) and goes into the slots' rings of 24 at p mod 24."""
   graphdef, params = _model("gemma2", window)
   ring_out, (long, extended, batch) = _run_engine(_engine(window=window), params)
   ring = min(window, 16)
   assert long.cache.max_len == 32 and long.cache.local_k.shape[4] == long.cache.local_v.shape[3] == window
-  assert extended.cache.max_len == 32 and int(extended.length[0]) == 24
+  assert extended.cache.max_len == 24 and int(extended.length[0]) == 24
   assert batch.cache.local_k.shape[4] == window and batch.cache.k.shape[1] == batch.cache.local_k.shape[1]
   assert _prefill(_engine(window=window), params, _prompt(5)).cache.local_k.shape[4] == ring
   for prompt, tokens, logps in ring_out:
