@@ -3,6 +3,7 @@ prefix reuse and extension, bucketing, stopping, checkpoint loading, and clear e
 
 import dataclasses
 import functools
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -349,6 +350,23 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
   with pytest.raises(ValueError, match="max_decode_length"):
     _engine.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=1, max_prefill_length=32,
                        max_decode_length=128)
+
+
+def test_load_params_logs_no_missing_step_metadata_warning(tmp_path, caplog):
+  """`serve` printed orbax's `Metadata file does not exist: .../<step>/state/_CHECKPOINT_METADATA` on every
+  start: the step's metadata file is in `<step>/`, and a `PyTreeCheckpointer` asked for the `state` item's
+  metadata looked for one in the item too. The item's handler reads its tree's metadata alone."""
+  engine = _engine_for(T)
+  _, params = _model()
+  ckpt = _checkpoint.RunCheckpointer(tmp_path, max_to_keep=2)
+  ckpt.save(3, learner.init_train_state(jax.tree.map(lambda x: x * 2, params), optax.adam(1e-3),
+                                        jax.random.key(1)), params, {})
+  ckpt.close()
+  with caplog.at_level(logging.DEBUG):
+    restored = engine.load_params(tmp_path / "checkpoints")
+  assert "_CHECKPOINT_METADATA" not in caplog.text and "Metadata file does not exist" not in caplog.text, caplog.text
+  apart = functools.partial(models.unstack_layers, engine.model_cfg)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(a, b * 2), restored, apart(params))
 
 
 def test_load_params_restores_the_train_state_params(tmp_path):

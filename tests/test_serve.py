@@ -8,6 +8,7 @@ server keeps answering everyone else; bad ports fail before anything says "Servi
 import asyncio
 from concurrent import futures
 import json
+import logging
 import os
 import re
 import shutil
@@ -416,6 +417,21 @@ def test_a_lora_run_is_served_with_its_adapters_merged(lora_run):
   assert sum(map(len, want)) >= 6
   with _serving.ServerProcess(lora_run) as server:
     assert [server.decode(_serving.text_request(p, 6)) for p in _GOOD] == want
+
+
+def test_a_lora_run_loads_without_a_missing_step_metadata_warning(lora_run, caplog):
+  """The merged load reads the `state` item's tree metadata with the item's handler, so orbax logs no
+  `Metadata file does not exist: .../<step>/state/_CHECKPOINT_METADATA` (the file is in `<step>/`); the
+  adapters and base it restores are the checkpoint's (merged, the learner's policy)."""
+  from rlax_post import runtime  # pylint: disable=g-import-not-at-top
+  merged = jax.device_get(runtime.load_run_policy(lora_run).params)
+  engine = _serve.engine_from_workdir(str(lora_run))
+  with caplog.at_level(logging.DEBUG):
+    served = engine.load_params()
+  assert "Metadata file does not exist" not in caplog.text, caplog.text
+  tokens = jax.numpy.asarray([models.ByteTokenizer().encode(p, add_bos=True)[:8] for p in _GOOD[:4]])
+  logits = lambda params: np.asarray(models.forward(engine.graphdef, params, tokens)[0])
+  np.testing.assert_allclose(logits(served), logits(merged), atol=1e-5)
 
 
 def test_a_lora_config_over_a_full_checkpoint_is_one_line_naming_it(run, tmp_path):

@@ -550,7 +550,7 @@ class RlaxEngine(engine_api.Engine):
     """
     path = checkpoint_item(checkpoint_dir, step)
     with ocp.PyTreeCheckpointer() as ckptr:
-      saved = ckptr.metadata(path).item_metadata
+      saved = saved_tree(path)
       if "params" not in saved:
         raise ValueError(f"Checkpoint {path} has no 'params' entry; it has {sorted(saved)}.")
       self.check_saved(path, saved_like(saved["params"]))
@@ -652,6 +652,18 @@ def checkpoint_item(checkpoint_dir: str | epath.Path, step: int | None) -> epath
   if not path.exists():
     raise FileNotFoundError(f"No checkpoint item at {path}.")
   return path
+
+
+def saved_tree(path: epath.Path) -> Any:
+  """The orbax metadata (shapes, dtypes) of the tree saved at checkpoint item `path` (`checkpoint_item`), read
+  by the item's own handler. `PyTreeCheckpointer.metadata` would also read a step's `_CHECKPOINT_METADATA`,
+  which orbax writes in the step directory above the item (`<step>/`, not `<step>/state/`), and log a
+  `Metadata file does not exist: .../state/_CHECKPOINT_METADATA` warning on every `serve` of a run."""
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    return handler.metadata(path)
+  finally:
+    handler.close()
 
 
 def saved_like(metadata: Any) -> Any:

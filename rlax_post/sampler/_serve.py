@@ -72,7 +72,7 @@ class ServingEngine(_engine.RlaxEngine):
     path = _engine.checkpoint_item(self._checkpoint_dir, self._step)
     adapters_like = jax.eval_shape(lambda: models.init_lora(self._abstract_params, lora, jax.random.key(0)))
     with ocp.PyTreeCheckpointer() as ckptr:
-      saved = ckptr.metadata(path).item_metadata
+      saved = _engine.saved_tree(path)
       if "params" not in saved or "frozen" not in saved or saved["frozen"] is None:
         raise ValueError(f"Checkpoint {path} holds no LoRA adapters over a frozen base (entries 'params' and "
                          f"'frozen'); it has {sorted(saved)}: is it a run of model.lora.rank = 0?")
