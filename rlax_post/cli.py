@@ -556,8 +556,9 @@ def _sweep_report(results, root: str, spec: str) -> None:
 
 
 def _check_config(argv):
-  """Prints the validated config as JSON, after the checks `train` makes at start-up that need no model: the
-  reward functions loaded and their weights and options checked (`runtime.check_config`)."""
+  """Prints the validated config as JSON, after the checks `train` makes at start-up that need no model:
+  `task.options`, and the reward functions loaded and their weights and options checked
+  (`runtime.check_config`)."""
   del argv
   cfg = _load_config()
   runtime.check_config(cfg)

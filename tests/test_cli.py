@@ -249,6 +249,47 @@ def test_check_config_passes_reward_options_the_function_takes(tmp_path):
   assert reward["fn"] == "my_reward.py:score" and reward["options"] == {"score": {"format_weight": 0.5}}
 
 
+# A dataset config with a task option (the file's `task.options` is empty, and the command line can add no key).
+_DATASET_WITH_OPTIONS = f"""import runpy
+
+
+def get_config(arg=None):
+  c = runpy.run_path({os.path.join(_ROOT, "configs", "dataset.py")!r})["get_config"](arg)
+  c.task.options = dict(shuffle=True)
+  return c
+"""
+
+
+@pytest.mark.parametrize("config, override, message", [
+    ("tools_tiny.py", "--config.task.options.reward_mode=sparse",
+     "task.options.reward_mode must be one of ['final', 'delta']; got 'sparse'."),
+    ("tools_tiny.py", "--config.task.options.max_turns=0", "task.options.max_turns must be an int >= 1; got 0."),
+    ("sales.py:tiny", "--config.task.options.max_turn_tokens=8",
+     "task.options.max_turn_tokens must be an int >= 12 (the longest action and EOS); got 8."),
+    ("dialogue.py:tiny", "--config.task.options.couples=99", "task.options.couples must be an int in [1, 6]; got 99."),
+    ("multiagent.py:tiny", "--config.multiagent.template=x",
+     "multiagent.template must hold {history} exactly once; got 'x'."),
+    ("demo.py:tiny", "--config.task.options.max_len=0", "`max_len` must be an int >= 3; got 0."),
+    (None, None, "task.options {'shuffle': True} are not read by task 'dataset'; its settings are the `data` and "
+     "`reward` sections."),
+], ids=["tools reward_mode", "tools max_turns", "sales", "dialogue", "role pipeline", "text", "dataset"])
+def test_check_config_refuses_a_bad_task_option_as_train_does(tmp_path, config, override, message):
+  """check-config printed configs that `train` refused when it built the task (the dataset task given a task
+  option, the tools task's reward_mode, ...): the builders' option checks need no tokenizer, data file or model,
+  and check-config now makes them too (`envs.check_task`), in the same words."""
+  if config is None:
+    (tmp_path / "with_options.py").write_text(_DATASET_WITH_OPTIONS)
+    args = ("--config", "with_options.py:tiny")
+  else:
+    args = ("--config", os.path.join(_ROOT, "configs", config), override)
+  out = _cli("check-config", *args, cwd=tmp_path)
+  assert _error(out, "check-config") == f"rlax-post check-config: error: {message}"
+  assert out.stdout == ""
+  line = _error(_cli("train", *args, "--workdir", tmp_path / "run", cwd=tmp_path), "train")
+  assert line == f"rlax-post train: error: {message}"
+  assert not (tmp_path / "run").exists()
+
+
 def test_unknown_key_names_close_matches_and_the_section_keys():
   line = _error(_cli("check-config", "--config", "configs/demo.py", "--config.rl.stepz=3"), "check-config")
   assert line == ("rlax-post check-config: error: unknown config key --config.rl.stepz; did you mean "

@@ -1,7 +1,9 @@
 """Every shipped config loads: each `configs/*.py` with each of its variants (alone, with `tiny`, and every
 combination its docstring shows), every (model, hardware[, critic]) pair of `configs/models.py`, and every work
 unit of each of their sweeps (`rlax-post sweep`). The config checks refuse settings a run would ignore, so a
-shipped config that sets one fails here: fix the config, not the check. No shipped config has a warm-up that
+shipped config that sets one fails here: fix the config, not the check. Each also passes `rlax-post
+check-config`'s task checks (`runtime.check_config`: `task.options`, the reward functions), run from the repo
+root as the configs' relative paths expect. No shipped config has a warm-up that
 the run would cut (`runtime.warmup_cuts`, a warning at its start)."""
 
 import glob
@@ -12,6 +14,7 @@ import re
 import pytest
 
 from rlax_post import config
+from rlax_post import runtime
 from rlax_post import sweep
 from rlax_post.runtime import _learners
 
@@ -67,7 +70,8 @@ def _sweep_variants(path):
 
 @pytest.mark.parametrize("path, variant", _specs(), ids=lambda x: os.path.basename(x) if isinstance(x, str) and
                          x.endswith(".py") else str(x))
-def test_every_variant_and_sweep_unit_loads(path, variant):
+def test_every_variant_and_sweep_unit_loads(path, variant, monkeypatch):
+  monkeypatch.chdir(REPO)  # (the dataset configs' reward files are relative paths)
   module = _module(path)
   refused = _REFUSED.get((os.path.basename(path), variant))
   if refused:
@@ -77,12 +81,15 @@ def test_every_variant_and_sweep_unit_loads(path, variant):
   cfg = config.load(module.get_config(variant))
   assert isinstance(cfg, config.Config)
   assert _learners.warmup_cuts(cfg) == []
+  runtime.check_config(cfg)
   if hasattr(module, "get_sweep") and variant in _sweep_variants(path):
     spec = path if variant is None else f"{path}:{variant}"
     units = sweep.work_units(spec)  # each unit's full config is validated
     assert units and all(u.config == spec for u in units)
     for unit in units:
-      assert _learners.warmup_cuts(config.load(sweep.apply(module.get_config(variant), unit.overrides))) == [], unit
+      unit_cfg = config.load(sweep.apply(module.get_config(variant), unit.overrides))
+      assert _learners.warmup_cuts(unit_cfg) == [], unit
+      runtime.check_config(unit_cfg)
 
 
 @pytest.mark.parametrize("name, variant, both, kind", [
@@ -119,3 +126,4 @@ def test_every_model_pair_loads(variant):
   cfg = config.load(models_cfg.get_config(variant))
   assert cfg.model.preset == variant.split(",")[0]
   assert _learners.warmup_cuts(cfg) == []
+  runtime.check_config(cfg)

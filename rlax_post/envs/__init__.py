@@ -1,4 +1,4 @@
-"""The run's task interface (`RLTask`, `Producer`, `make_rl_task`, `check_reward`), verifiable text tasks with
+"""The run's task interface (`RLTask`, `Producer`, `make_rl_task`, `check_task`), verifiable text tasks with
 noisy demonstrators, the multi-turn `Env` protocol and its `EpisodeProducer`, the tool-use env (`envs.tools`), and
 role pipelines sampled as fanout trees (`RoleTask`, `TreeProducer`)."""
 
@@ -34,7 +34,7 @@ from rlax_post.envs._episodes import turn_budget
 from rlax_post.envs._dataset import DatasetProducer
 from rlax_post.envs._dataset import DatasetTask
 from rlax_post.envs._dataset import Renderer
-from rlax_post.envs._make import check_reward
+from rlax_post.envs._make import check_task
 from rlax_post.envs._make import make_rl_task
 from rlax_post.envs._collab import Collaboration
 from rlax_post.envs._collab import COLLABORATIONS
@@ -121,7 +121,7 @@ __all__ = [
     'EpisodeTreeProducer',
     'episode_rows',
     'group_id',
-    'check_reward',
+    'check_task',
     'make_rl_task',
     'prefix_key',
     'row_id',

@@ -449,16 +449,28 @@ def make_scorer(cfg: config_lib.Config) -> rewards.Scorer:
   """The run's reward functions (`reward.fn`, comma-separated), loaded and checked against `reward.weights` and
   `reward.options`: a missing file or function, a weight per function too many or too few, or an option a
   function does not take is a ValueError (or FileNotFoundError) naming it. `make_dataset_task` and
-  `rlax-post check-config` (`check_reward`) both call this, so the two say the same."""
+  `rlax-post check-config` (`check_settings`) both call this, so the two say the same."""
   return rewards.Scorer([f for f in cfg.reward.fn.split(",") if f.strip()], cfg.reward.weights,
                         cfg.reward.options)
 
 
-def make_dataset_task(cfg: config_lib.Config, tokenizer) -> DatasetTask:
-  """The run's `DatasetTask`: opens the files, loads the reward functions, finds the held-out rows."""
+def check_options(cfg: config_lib.Config) -> None:
+  """Refuses a non-empty `task.options`: the dataset task reads none (its settings are `data` and `reward`)."""
   if cfg.task.options:
     raise ValueError(f"task.options {dict(cfg.task.options)} are not read by task 'dataset'; its settings are "
                      "the `data` and `reward` sections.")
+
+
+def check_settings(cfg: config_lib.Config) -> None:
+  """The checks of `make_dataset_task` that need no tokenizer or data file (`check_options`, `make_scorer`),
+  in its order: what `rlax-post check-config` runs for this task (`envs.check_task`)."""
+  check_options(cfg)
+  make_scorer(cfg)
+
+
+def make_dataset_task(cfg: config_lib.Config, tokenizer) -> DatasetTask:
+  """The run's `DatasetTask`: opens the files, loads the reward functions, finds the held-out rows."""
+  check_options(cfg)
   renderer = Renderer(cfg.data, tokenizer, demos=cfg.sft.steps > 0)
   scorer = make_scorer(cfg)
   train, held = _splits(cfg, renderer)

@@ -1,7 +1,9 @@
-"""`make_rl_task`: the run's config → its task, and `check_reward`: the task's reward settings checked without
-building it (the one place that dispatches on `task.name`)."""
+"""`make_rl_task`: the run's config → its task, and `check_task`: the task's settings checked without building it
+(the one place that dispatches on `task.name`)."""
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 from rlax_post import config as config_lib
 from rlax_post.envs import _dataset
@@ -18,23 +20,30 @@ def make_rl_task(cfg: config_lib.Config, tokenizer) -> _rl.RLTask:
   """The `envs.RLTask` named by `task.name`: the user's files ("dataset"), the tool-use env ("tools"), the
   sales conversation ("sales"), the couple-therapy simulator ("dialogue"), a role pipeline ("relay",
   "sort_reverse") or a built-in text task."""
+  return _check_and_make(cfg)[1](cfg, tokenizer)
+
+
+def check_task(cfg: config_lib.Config) -> None:
+  """Raises what `make_rl_task` would raise for the settings its task reads without a tokenizer, data file or
+  model, in the same words (the builder calls the same function): `task.options` (an unknown key, a bad
+  value), a role pipeline's `multiagent` section, and the dataset task's `reward` section (its functions
+  loaded, their weights and options checked). `rlax-post check-config` runs it, so such a mistake is named
+  before a job is launched. Checks that need the tokenizer or the files (the data rows, the sales task's
+  `rl.max_new_tokens` against its answers' tokens) and the model's lengths are made by `train` alone."""
+  _check_and_make(cfg)[0](cfg)
+
+
+def _check_and_make(cfg: config_lib.Config) -> tuple[Callable[[config_lib.Config], Any],
+                                                     Callable[[config_lib.Config, Any], _rl.RLTask]]:
+  """(check, make) of `task.name`'s task: `make(cfg, tokenizer)` builds it, calling `check(cfg)`'s checks."""
   if cfg.task.name == _dataset.NAME:
-    return _dataset.make_dataset_task(cfg, tokenizer)
+    return _dataset.check_settings, _dataset.make_dataset_task
   if cfg.task.name in _collab.COLLABORATIONS:
-    return _trees.make_role_task(cfg, tokenizer)
+    return _trees.role_pipeline, _trees.make_role_task
   if cfg.task.name == tools_rl.NAME:
-    return tools_rl.make_tool_task(cfg, tokenizer)
+    return tools_rl.tool_options, tools_rl.make_tool_task
   if cfg.task.name == sales_task.NAME:
-    return sales_task.make_sales_task(cfg, tokenizer)
+    return sales_task.sales_options, sales_task.make_sales_task
   if cfg.task.name == dialogue_task.NAME:
-    return dialogue_task.make_dialogue_task(cfg, tokenizer)
-  return _text.make_text_task(cfg, tokenizer)
-
-
-def check_reward(cfg: config_lib.Config) -> None:
-  """Raises what `make_rl_task` would raise for the `reward` section (the same `make_scorer`): the dataset task's
-  reward functions loaded, their weights and options checked. It needs no tokenizer, data file or model, so
-  `rlax-post check-config` names a bad reward option before a job is launched. The other tasks read no `reward`
-  section (the config refuses one set there)."""
-  if cfg.task.name == _dataset.NAME:
-    _dataset.make_scorer(cfg)
+    return dialogue_task.dialogue_options, dialogue_task.make_dialogue_task
+  return _text.text_task_of, _text.make_text_task

@@ -72,6 +72,13 @@ class TextTask:
     return _rl.TextProducer(self, engine, params, version, split)
 
 
+def text_task_of(cfg: config_lib.Config) -> _base.Task:
+  """The built-in task `task.name` with `task.options` (`make_task`: an unknown name or option, or a bad value,
+  is a ValueError naming it): `make_text_task` wraps it, and `rlax-post check-config` runs it
+  (`envs.check_task`; it needs no tokenizer)."""
+  return _registry.make_task(cfg.task.name, **dict(cfg.task.options))
+
+
 def make_text_task(cfg: config_lib.Config, tokenizer) -> TextTask:
-  return TextTask(task=_registry.make_task(cfg.task.name, **dict(cfg.task.options)), cfg=cfg,
-                  tokenizer=tokenizer)
+  """The run's `TextTask` over `text_task_of`."""
+  return TextTask(task=text_task_of(cfg), cfg=cfg, tokenizer=tokenizer)

@@ -317,10 +317,17 @@ class RoleTask:
     return TreeProducer(self, engine, params, version, split)
 
 
-def make_role_task(cfg: config_lib.Config, tokenizer) -> RoleTask:
+def role_pipeline(cfg: config_lib.Config) -> _collab.Pipeline:
+  """The run's pipeline (`make_pipeline`), checked against `multiagent.policies`: `make_role_task` builds from
+  it, and `rlax-post check-config` runs it (`envs.check_task`; it needs no tokenizer)."""
   pipeline = _collab.make_pipeline(cfg)
   policies = config_lib.num_policies(cfg)
   if policies > 1 and policies != len(pipeline.roles):
     raise ValueError(f"multiagent.policies = 'per_role' makes {policies} policies (one per multiagent.fanout "
                      f"entry) but task {cfg.task.name!r} has roles {list(pipeline.roles)}.")
-  return RoleTask(pipeline=pipeline, cfg=cfg, tokenizer=tokenizer)
+  return pipeline
+
+
+def make_role_task(cfg: config_lib.Config, tokenizer) -> RoleTask:
+  """The run's `RoleTask` over `role_pipeline`."""
+  return RoleTask(pipeline=role_pipeline(cfg), cfg=cfg, tokenizer=tokenizer)

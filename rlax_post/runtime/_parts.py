@@ -300,11 +300,12 @@ def _pow2_at_least(n: int, floor: int = 16) -> int:
 
 
 def check_config(cfg: config_lib.Config) -> None:
-  """The checks of `build_parts` that need no tokenizer, data file, mesh or model, alone: the task's reward
-  functions loaded and `reward.weights` / `reward.options` checked against them (`envs.check_reward`, the very
-  check `make_rl_task` makes). `rlax-post check-config` runs it, so a bad reward option is named before a job
-  is launched, in the words `train` uses."""
-  envs.check_reward(cfg)
+  """The checks of `build_parts` that need no tokenizer, data file, mesh or model, alone: `task.options`, a
+  role pipeline's `multiagent` section, and the dataset task's reward functions loaded and `reward.weights` /
+  `reward.options` checked against them (`envs.check_task`, the very checks `make_rl_task` makes).
+  `rlax-post check-config` runs it, so a bad task or reward option is named before a job is launched, in the
+  words `train` uses."""
+  envs.check_task(cfg)
 
 
 def build_parts(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None) -> Parts:

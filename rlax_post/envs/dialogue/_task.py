@@ -134,8 +134,9 @@ def _number(options: dict, name: str, default, kind, low, high):
   return value
 
 
-def make_dialogue_task(cfg: config_lib.Config, tokenizer) -> DialogueTask:
-  """The run's `DialogueTask` from `task.options` (keys: `OPTIONS`)."""
+def dialogue_options(cfg: config_lib.Config) -> dict[str, Any]:
+  """`DialogueTask`'s settings (all but cfg and tokenizer) from `task.options` (keys: `OPTIONS`), checked:
+  `make_dialogue_task` builds from them, and `rlax-post check-config` runs it (`envs.check_task`)."""
   options = dict(cfg.task.options)
   unknown = sorted(set(options) - set(OPTIONS))
   if unknown:
@@ -147,6 +148,10 @@ def make_dialogue_task(cfg: config_lib.Config, tokenizer) -> DialogueTask:
   paraphrases = options.pop("eval_paraphrases", "heldout")
   if paraphrases not in _render.VARIANTS:
     raise ValueError(f"task.options.eval_paraphrases must be one of {sorted(_render.VARIANTS)}; got {paraphrases!r}.")
-  return DialogueTask(cfg=cfg, tokenizer=tokenizer, sim=_sim.CoupleSim(**options), max_turn_tokens=turn_tokens,
-                      couples=couples, harness_fraction=float(harness), max_context_rows=context_rows,
-                      eval_paraphrases=paraphrases)
+  return dict(sim=_sim.CoupleSim(**options), max_turn_tokens=turn_tokens, couples=couples,
+              harness_fraction=float(harness), max_context_rows=context_rows, eval_paraphrases=paraphrases)
+
+
+def make_dialogue_task(cfg: config_lib.Config, tokenizer) -> DialogueTask:
+  """The run's `DialogueTask` from `task.options` (`dialogue_options`)."""
+  return DialogueTask(cfg=cfg, tokenizer=tokenizer, **dialogue_options(cfg))

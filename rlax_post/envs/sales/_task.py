@@ -118,8 +118,9 @@ class SalesTask:
         max_turns=self.game.patience, max_workers=8, samples=None if split == "train" else 1)
 
 
-def make_sales_task(cfg: config_lib.Config, tokenizer) -> SalesTask:
-  """The run's `SalesTask` from `task.options` (keys: `OPTIONS`)."""
+def sales_options(cfg: config_lib.Config) -> tuple[_game.SalesGame, int, bool]:
+  """(game, max_turn_tokens, discounted) of `task.options` (keys: `OPTIONS`), checked: `make_sales_task`
+  builds from it, and `rlax-post check-config` runs it (`envs.check_task`; it needs no tokenizer)."""
   options = dict(cfg.task.options)
   unknown = sorted(set(options) - set(OPTIONS))
   if unknown:
@@ -131,8 +132,14 @@ def make_sales_task(cfg: config_lib.Config, tokenizer) -> SalesTask:
   discounted = options.pop("discounted", True)
   if not isinstance(discounted, bool):
     raise ValueError(f"task.options.discounted must be a bool; got {discounted!r}.")
-  task = SalesTask(cfg=cfg, tokenizer=tokenizer, game=_game.SalesGame(**options), max_turn_tokens=turn_tokens,
-                   discounted=discounted)
+  return _game.SalesGame(**options), turn_tokens, discounted
+
+
+def make_sales_task(cfg: config_lib.Config, tokenizer) -> SalesTask:
+  """The run's `SalesTask` from `task.options` (`sales_options`); refuses an `rl.max_new_tokens` that can cut
+  a conversation short (it counts the answers' tokens)."""
+  game, turn_tokens, discounted = sales_options(cfg)
+  task = SalesTask(cfg=cfg, tokenizer=tokenizer, game=game, max_turn_tokens=turn_tokens, discounted=discounted)
   need = task.conversation_tokens()
   if cfg.rl.max_new_tokens < need:
     raise ValueError(f"task {NAME!r}: rl.max_new_tokens = {cfg.rl.max_new_tokens} can cut a conversation short, "

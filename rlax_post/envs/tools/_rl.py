@@ -155,16 +155,23 @@ def demo_row(tokenizer, demo: _demos.Demonstration) -> tuple[list[int], list[int
   return tokens, trained[1:]
 
 
-def make_tool_task(cfg: config_lib.Config, tokenizer) -> ToolTask:
-  """The run's `ToolTask` from `task.options` (keys: `OPTIONS`)."""
+def tool_options(cfg: config_lib.Config) -> dict[str, Any]:
+  """`task.options` checked (keys: `OPTIONS`), with `ToolTask`'s defaults for those not set: `make_tool_task`
+  builds from it, and `rlax-post check-config` runs it (`envs.check_task`; it needs no tokenizer)."""
   unknown = sorted(set(cfg.task.options) - set(OPTIONS))
   if unknown:
     raise ValueError(f"Unknown option(s) {unknown} for task {NAME!r}; valid options are {list(OPTIONS)}.")
-  task = ToolTask(cfg=cfg, tokenizer=tokenizer, max_seq_len=cfg.model.max_seq_len, **dict(cfg.task.options))
+  options = {f.name: f.default for f in dataclasses.fields(ToolTask) if f.name in OPTIONS}
+  options.update(cfg.task.options)
   for name in ("max_goals", "max_turns", "max_turn_tokens"):
-    if getattr(task, name) < 1:
-      raise ValueError(f"task.options.{name} must be >= 1; got {getattr(task, name)}.")
-  if task.reward_mode not in _env.REWARD_MODES:
+    if isinstance(options[name], bool) or not isinstance(options[name], int) or options[name] < 1:
+      raise ValueError(f"task.options.{name} must be an int >= 1; got {options[name]!r}.")
+  if options["reward_mode"] not in _env.REWARD_MODES:
     raise ValueError(f"task.options.reward_mode must be one of {list(_env.REWARD_MODES)}; "
-                     f"got {task.reward_mode!r}.")
-  return task
+                     f"got {options['reward_mode']!r}.")
+  return options
+
+
+def make_tool_task(cfg: config_lib.Config, tokenizer) -> ToolTask:
+  """The run's `ToolTask` from `task.options` (`tool_options`)."""
+  return ToolTask(cfg=cfg, tokenizer=tokenizer, max_seq_len=cfg.model.max_seq_len, **tool_options(cfg))
