@@ -209,6 +209,17 @@ def test_non_finite_value_is_refused_with_key_value_and_range(value):
   assert out.stdout == ""
 
 
+def _check_config_and_train_refuse(args, message, cwd):
+  """`check-config` and `train` with `args` (run in `cwd`) both end in the one line `message`; train makes no
+  workdir."""
+  out = _cli("check-config", *args, cwd=cwd)
+  assert _error(out, "check-config") == f"rlax-post check-config: error: {message}"
+  assert out.stdout == ""
+  line = _error(_cli("train", *args, "--workdir", cwd / "run", cwd=cwd), "train")
+  assert line == f"rlax-post train: error: {message}"
+  assert not (cwd / "run").exists()
+
+
 _NO_OPTIONS_REWARD = "def score(sample):\n  return 1.0\n"  # takes none of configs/dataset.py's options for `score`
 
 
@@ -219,12 +230,7 @@ def test_check_config_refuses_a_reward_option_the_function_does_not_take_as_trai
   args = ("--config", _ROOT + "/configs/dataset.py:tiny", "--config.reward.fn=my_reward.py:score")
   message = ("Reward 'my_reward.py:score' cannot be called as fn(sample, **{'format_weight': 0.1}) (its options: "
              "`reward.options.score`): got an unexpected keyword argument 'format_weight'.")
-  out = _cli("check-config", *args, cwd=tmp_path)
-  assert _error(out, "check-config") == f"rlax-post check-config: error: {message}"
-  assert out.stdout == ""
-  line = _error(_cli("train", *args, "--workdir", tmp_path / "run", cwd=tmp_path), "train")
-  assert line == f"rlax-post train: error: {message}"
-  assert not (tmp_path / "run").exists()
+  _check_config_and_train_refuse(args, message, tmp_path)
 
 
 @pytest.mark.parametrize("fn, message", [
@@ -282,12 +288,7 @@ def test_check_config_refuses_a_bad_task_option_as_train_does(tmp_path, config, 
     args = ("--config", "with_options.py:tiny")
   else:
     args = ("--config", os.path.join(_ROOT, "configs", config), override)
-  out = _cli("check-config", *args, cwd=tmp_path)
-  assert _error(out, "check-config") == f"rlax-post check-config: error: {message}"
-  assert out.stdout == ""
-  line = _error(_cli("train", *args, "--workdir", tmp_path / "run", cwd=tmp_path), "train")
-  assert line == f"rlax-post train: error: {message}"
-  assert not (tmp_path / "run").exists()
+  _check_config_and_train_refuse(args, message, tmp_path)
 
 
 def test_unknown_key_names_close_matches_and_the_section_keys():
