@@ -270,15 +270,21 @@ def get_config(arg=None):
     ("tools_tiny.py", "--config.task.options.reward_mode=sparse",
      "task.options.reward_mode must be one of ['final', 'delta']; got 'sparse'."),
     ("tools_tiny.py", "--config.task.options.max_turns=0", "task.options.max_turns must be an int >= 1; got 0."),
+    ("tools_tiny.py", "--config.task.options.slack=-1",
+     "task.options.slack must be an int in [0, model.max_seq_len = 448) (the tokens a demonstration leaves free "
+     "for mistakes); got -1."),
     ("sales.py:tiny", "--config.task.options.max_turn_tokens=8",
      "task.options.max_turn_tokens must be an int >= 12 (the longest action and EOS); got 8."),
     ("dialogue.py:tiny", "--config.task.options.couples=99", "task.options.couples must be an int in [1, 6]; got 99."),
     ("multiagent.py:tiny", "--config.multiagent.template=x",
      "multiagent.template must hold {history} exactly once; got 'x'."),
     ("demo.py:tiny", "--config.task.options.max_len=0", "`max_len` must be an int >= 3; got 0."),
+    ("demo.py:tiny", "--config.rl.max_new_tokens=1",
+     "`rl.max_new_tokens` = 1 cannot hold the longest answer of task 'reverse' plus EOS (7 tokens)."),
     (None, None, "task.options {'shuffle': True} are not read by task 'dataset'; its settings are the `data` and "
      "`reward` sections."),
-], ids=["tools reward_mode", "tools max_turns", "sales", "dialogue", "role pipeline", "text", "dataset"])
+], ids=["tools reward_mode", "tools max_turns", "tools slack", "sales", "dialogue", "role pipeline", "text",
+        "text max_new_tokens", "dataset"])
 def test_check_config_refuses_a_bad_task_option_as_train_does(tmp_path, config, override, message):
   """check-config printed configs that `train` refused when it built the task (the dataset task given a task
   option, the tools task's reward_mode, ...): the builders' option checks need no tokenizer, data file or model,

@@ -28,8 +28,9 @@ def check_task(cfg: config_lib.Config) -> None:
   model, in the same words (the builder calls the same function): `task.options` (an unknown key, a bad
   value), a role pipeline's `multiagent` section, and the dataset task's `reward` section (its functions
   loaded, their weights and options checked). `rlax-post check-config` runs it, so such a mistake is named
-  before a job is launched. Checks that need the tokenizer or the files (the data rows, the sales task's
-  `rl.max_new_tokens` against its answers' tokens) and the model's lengths are made by `train` alone."""
+  before a job is launched; and a built-in text task's `rl.max_new_tokens` against its longest answer. Checks
+  that need the tokenizer or the files (the data rows, the sales task's `rl.max_new_tokens` against its
+  answers' tokens) and the model's lengths are made by `train` alone."""
   _check_and_make(cfg)[0](cfg)
 
 

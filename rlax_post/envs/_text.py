@@ -36,12 +36,10 @@ class TextTask:
     return self.cfg.task.num_eval
 
   def lengths(self, max_seq_len: int) -> _rl.Lengths:
-    """BOS + the longest prompt; responses of `rl.max_new_tokens`, which must hold the longest answer + EOS."""
+    """BOS + the longest prompt; responses of `rl.max_new_tokens` (which hold the longest answer + EOS:
+    `text_task_of`)."""
     rl, task = self.cfg.rl, self.task
     prompt = task.max_prompt_len + 1
-    if rl.max_new_tokens < task.max_answer_len + 1:
-      raise ValueError(f"`rl.max_new_tokens` = {rl.max_new_tokens} cannot hold the longest answer of task "
-                       f"{task.name!r} plus EOS ({task.max_answer_len + 1} tokens).")
     sft = prompt + task.max_answer_len + 1
     need = max(prompt + rl.max_new_tokens, sft)
     if max_seq_len < need:
@@ -74,9 +72,13 @@ class TextTask:
 
 def text_task_of(cfg: config_lib.Config) -> _base.Task:
   """The built-in task `task.name` with `task.options` (`make_task`: an unknown name or option, or a bad value,
-  is a ValueError naming it): `make_text_task` wraps it, and `rlax-post check-config` runs it
-  (`envs.check_task`; it needs no tokenizer)."""
-  return _registry.make_task(cfg.task.name, **dict(cfg.task.options))
+  is a ValueError naming it), whose longest answer and EOS `rl.max_new_tokens` must hold: `make_text_task`
+  wraps it, and `rlax-post check-config` runs it (`envs.check_task`; it needs no tokenizer)."""
+  task = _registry.make_task(cfg.task.name, **dict(cfg.task.options))
+  if cfg.rl.max_new_tokens < task.max_answer_len + 1:
+    raise ValueError(f"`rl.max_new_tokens` = {cfg.rl.max_new_tokens} cannot hold the longest answer of task "
+                     f"{task.name!r} plus EOS ({task.max_answer_len + 1} tokens).")
+  return task
 
 
 def make_text_task(cfg: config_lib.Config, tokenizer) -> TextTask:

@@ -166,6 +166,10 @@ def tool_options(cfg: config_lib.Config) -> dict[str, Any]:
   for name in ("max_goals", "max_turns", "max_turn_tokens"):
     if isinstance(options[name], bool) or not isinstance(options[name], int) or options[name] < 1:
       raise ValueError(f"task.options.{name} must be an int >= 1; got {options[name]!r}.")
+  slack, max_len = options["slack"], cfg.model.max_seq_len
+  if isinstance(slack, bool) or not isinstance(slack, int) or not 0 <= slack < max_len:
+    raise ValueError(f"task.options.slack must be an int in [0, model.max_seq_len = {max_len}) (the tokens a "
+                     f"demonstration leaves free for mistakes); got {slack!r}.")
   if options["reward_mode"] not in _env.REWARD_MODES:
     raise ValueError(f"task.options.reward_mode must be one of {list(_env.REWARD_MODES)}; "
                      f"got {options['reward_mode']!r}.")
