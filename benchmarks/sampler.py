@@ -12,6 +12,7 @@ batching and shared vs separate prefills, side by side in one run.
                                                     # the achieved HBM bandwidth as a fraction of the chip's peak
   python benchmarks/sampler.py --modes fused_eq,eq_k --progress   # some modes only (ratios of the others: None),
                                                     # each mode's seconds and XLA compiles printed as it goes
+  python benchmarks/sampler.py --preset small        # a 4.8M-parameter model (6 layers of width 256) on the CPU
   python benchmarks/sampler.py --unstack-layers on  # every engine holds each layer's weights apart (off: stacked;
                                                     # auto, the default: the engine's choice, on for a CPU mesh)
 
@@ -231,6 +232,9 @@ def same_outputs(a, b) -> bool:
   return all(x.tokens == y.tokens for x, y in zip(a, b)) and len(a) == len(b)
 
 
+_CPU_PRESETS = ("tiny", "small")
+
+
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
@@ -248,8 +252,13 @@ def main(argv=None) -> dict:
                            "engine's default (on for a CPU mesh)")
   parser.add_argument("--progress", action="store_true",
                       help="print each mode's seconds and XLA compiles per round as it goes")
+  parser.add_argument("--preset", choices=_CPU_PRESETS, default="tiny",
+                      help="the CPU model's shape (`models.preset`, byte vocabulary, random init): tiny (0.8M "
+                           "parameters, the default), small (4.9M); --device gpu runs its own 1B shape")
   parser.add_argument("--json", default=None)
   args = parser.parse_args(argv)
+  if args.device == "gpu" and args.preset != "tiny":
+    parser.error(f"--preset {args.preset} is for --device cpu; --device gpu runs a Llama-3.2-1B shape.")
   device = jax.devices(args.device)[0]
   if args.device == "gpu":
     cfg = models.preset("llama3.2-1b", vocab_size=264, valid_vocab_size=259, max_seq_len=1024,
@@ -257,7 +266,7 @@ def main(argv=None) -> dict:
     slots, num, prompt_len, max_decode = args.slots or 128, args.requests or 512, 128, 1024
     short, long, equal_new = (16, 64), (256, 768), 256
   else:
-    cfg = models.preset("tiny", vocab_size=264, valid_vocab_size=259, max_seq_len=128)
+    cfg = models.preset(args.preset, vocab_size=264, valid_vocab_size=259, max_seq_len=128)
     slots, num, prompt_len, max_decode = args.slots or 16, args.requests or 64, 24, 128
     short, long, equal_new = (4, 12), (48, 96), 64
   with jax.default_device(device):
@@ -339,7 +348,7 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                                 ("eq_k", "eq_chunked"), ("eq_k", "eq_other")] if a in modes and b in modes]
   same = {f"{a}={b}": same_outputs(modes[a].completions, modes[b].completions) for a, b in pairs}
 
-  result = dict(device=str(device), model_params=cfg.num_params(), slots=slots, steps_per_sync=k, rows=rows,
+  result = dict(device=str(device), preset=None if args.device == "gpu" else args.preset, model_params=cfg.num_params(), slots=slots, steps_per_sync=k, rows=rows,
                 prefill_chunk=rl.prefill_chunk, unstack_layers=blocks.unstack_layers,
                 modes=list(modes), efficiency_equal=ratio("eq_k", "fused_eq"),
                 efficiency_equal_k1=ratio("eq_1", "fused_eq"), efficiency_long_tail=ratio("cont", "fused_tail"),
