@@ -12,7 +12,7 @@ batching and shared vs separate prefills, side by side in one run.
                                                     # the achieved HBM bandwidth as a fraction of the chip's peak
   python benchmarks/sampler.py --modes fused_eq,eq_k --progress   # some modes only (ratios of the others: None),
                                                     # each mode's seconds and XLA compiles printed as it goes
-  python benchmarks/sampler.py --preset small        # a 4.8M-parameter model (6 layers of width 256) on the CPU
+  python benchmarks/sampler.py --preset small       # a 4.8M-parameter model (6 layers of width 256) on the CPU
   python benchmarks/sampler.py --unstack-layers on  # every engine holds each layer's weights apart (off: stacked;
                                                     # auto, the default: the engine's choice, on for a CPU mesh)
 
