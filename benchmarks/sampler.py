@@ -4,6 +4,7 @@ batching and shared vs separate prefills, side by side in one run.
   python benchmarks/sampler.py                      # tiny model on the CPU
   python benchmarks/sampler.py --json out.json      # also write the figures (keys efficiency_equal,
                                                     # efficiency_long_tail, continuous_over_static,
+                                                    # static_over_continuous_steps,
                                                     # shared_prefix_over_separate, block_over_single_step,
                                                     # run_ahead_over_sync, run_ahead_admission,
                                                     # unfinished_over_groups, chunked_prefill_admission,
@@ -348,14 +349,20 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                                 ("eq_k", "eq_chunked"), ("eq_k", "eq_other")] if a in modes and b in modes]
   same = {f"{a}={b}": same_outputs(modes[a].completions, modes[b].completions) for a, b in pairs}
 
-  result = dict(device=str(device), preset=None if args.device == "gpu" else args.preset, model_params=cfg.num_params(), slots=slots, steps_per_sync=k, rows=rows,
+  # The most continuous batching can gain on this schedule if a decode step cost the same whatever its live
+  # slots and nothing else took time (prefills, inserts and the host's work are the same or more in it).
+  steps_ratio = (best["stat"]["generate_steps"] / best["cont"]["generate_steps"]
+                 if "cont" in best and "stat" in best else None)
+  result = dict(device=str(device), preset=None if args.device == "gpu" else args.preset,
+                model_params=cfg.num_params(), slots=slots, steps_per_sync=k, rows=rows,
                 prefill_chunk=rl.prefill_chunk, unstack_layers=blocks.unstack_layers,
                 modes=list(modes), efficiency_equal=ratio("eq_k", "fused_eq"),
                 efficiency_equal_k1=ratio("eq_1", "fused_eq"), efficiency_long_tail=ratio("cont", "fused_tail"),
                 block_over_single_step=ratio("eq_k", "eq_1"), run_ahead_over_sync=ratio("wave", "wave_sync"),
                 run_ahead_admission=ratio("admit_ahead", "admit"),
                 unfinished_over_groups=ratio("admit_samples", "admit"),
-                continuous_over_static=ratio("cont", "stat"), shared_prefix_over_separate=ratio("shared", "separate"),
+                continuous_over_static=ratio("cont", "stat"), static_over_continuous_steps=steps_ratio,
+                shared_prefix_over_separate=ratio("shared", "separate"),
                 chunked_prefill_admission=ratio("admit_samples", "admit_one_pass"),
                 chunked_prefill_full_calls=ratio("eq_chunked", "eq_k"),
                 layers_apart_over_stacked=(ratio("eq_k", "eq_other") if blocks.unstack_layers
@@ -403,7 +410,8 @@ def _report(args, device, cfg, slots, result, rows):
   print(f"k={result['steps_per_sync']} / k=1: {x('block_over_single_step')}   "
         f"run-ahead / not: {x('run_ahead_over_sync')} (groups admitted as slots free: "
         f"{x('run_ahead_admission')})   admission by unfinished samples / by groups: "
-        f"{x('unfinished_over_groups')}   continuous / static: {x('continuous_over_static')}   "
+        f"{x('unfinished_over_groups')}   continuous / static: {x('continuous_over_static')} (decode steps "
+        f"{x('static_over_continuous_steps')})   "
         f"shared prefix / separate: {x('shared_prefix_over_separate')}   "
         f"identical outputs: {result['identical_outputs']}")
   print(f"prefill in chunks ({result['prefill_chunk']} rows) / in one pass: groups admitted "

@@ -27,6 +27,7 @@ def test_a_tiny_run_of_some_modes(tmp_path, capsys):
   assert equal["tokens"] == driver["tokens"] == 8 * 64  # every request runs to its 64 tokens
   assert got["efficiency_equal"] == pytest.approx(driver["tokens_per_s"] / equal["tokens_per_s"])
   assert got["continuous_over_static"] > 0 and got["identical_outputs"] is True
+  assert got["static_over_continuous_steps"] == got["rows"][3]["generate_steps"] / got["rows"][2]["generate_steps"]
   assert got["compared_outputs"] == {"cont=stat": True}  # the one pair of modes that must agree that ran
   assert got["run_ahead_over_sync"] is None and got["shared_prefix_over_separate"] is None
   out = capsys.readouterr().out
