@@ -1,9 +1,12 @@
 """curves.png (`runtime.plot_curves`): one panel per curve the run logged, side by side, and no empty axes.
 
 A run with no SFT warm start (`sft.steps = 0`, no `sft` rows) drew an empty "Warm-start SFT loss" panel, and one
-with no KL (`loss.kl_coef = 0` without `loss.track_kl`, the schema's defaults) an empty KL panel.
+with no KL (`loss.kl_coef = 0` without `loss.track_kl`, the schema's defaults) an empty KL panel. A critic's
+explained variance logged as null on every step (returns that never vary) left the critic panel's left axis
+empty under a title naming it; a lone known point was an invisible one-point line.
 """
 
+import json
 import struct
 import warnings
 
@@ -82,3 +85,76 @@ def test_curves_of_a_run_with_no_reward_row_say_so(tmp_path, monkeypatch):
   fig = _plot([{"phase": "sft", "step": 0, "loss": 2.0}], tmp_path / "curves.png", monkeypatch)
   assert [ax.get_title() for ax in fig.axes] == [_REWARD, _SFT]
   assert [t.get_text() for t in fig.axes[0].texts] == ["no reward logged"]
+
+
+_CRITIC_LOSS, _CRITIC_EV = "Critic: value loss", "Critic: explained variance"
+
+
+def _critic_metrics(path, explained_variance, kl=None) -> list[dict]:
+  """metrics.jsonl as a run writes it (one JSON row a line, an undefined figure as null) for RL steps 1..5 with
+  a critic, read back as the run's plot reads it."""
+  with open(path, "w") as f:
+    f.write(json.dumps({"phase": "eval", "step": 0, "eval_reward": 0.1}) + "\n")
+    for s, ev in enumerate(explained_variance, 1):
+      row = {"phase": "rl", "step": s, "reward_mean": 0.1 * s, "value_loss": 1.0 / s, "explained_variance": ev}
+      if kl is not None:
+        row["kl"] = kl[s - 1]
+      f.write(json.dumps(row) + "\n")
+  return runtime.read_jsonl(str(path))
+
+
+def test_a_run_writes_an_undefined_explained_variance_as_null(tmp_path):
+  """The format the next test builds by hand: the critic's explained variance is NaN when the returns do not
+  vary (`runtime/_critic.value_metrics`), and metrics.jsonl holds it as null."""
+  writer = runtime.MetricsWriter(str(tmp_path), tensorboard=False)
+  writer.write(1, {"reward_mean": 0.5, "value_loss": 0.25, "explained_variance": float("nan")})
+  assert (tmp_path / "metrics.jsonl").read_text() == (
+      '{"phase": "rl", "step": 1, "reward_mean": 0.5, "value_loss": 0.25, "explained_variance": null}\n')
+
+
+@pytest.mark.parametrize("explained_variance, kl, titles, ev_steps", [
+    ([None, 0.2, None, 0.4, 0.5], None, [_REWARD, _CRITIC], [2, 4, 5]),
+    ([None, None, 0.3, None, None], None, [_REWARD, _CRITIC], [3]),
+    ([None] * 5, None, [_REWARD, _CRITIC_LOSS], None),
+    ([None] * 5, [None] * 5, [_REWARD, _CRITIC_LOSS], None),
+    ([None, 0.2, None, 0.4, 0.5], [0.01, None, 0.03, 0.04, None], [_REWARD, _KL, _CRITIC], [2, 4, 5]),
+], ids=["some null", "one known", "all null", "all null, kl too", "some null, kl some null"])
+def test_curves_skip_null_points_and_leave_out_a_curve_with_none_known(tmp_path, monkeypatch, explained_variance,
+                                                                        kl, titles, ev_steps):
+  """A critic's explained variance is null on the steps whose returns do not vary. Those points are skipped and
+  the known ones joined (a lone known point drawn as a marker); a curve with no known point is left out like
+  one never logged: the critic's panel then shows its value loss alone, with no empty explained-variance axis
+  under a title that named it (as it did), and a KL logged only as null draws no KL panel."""
+  rows = _critic_metrics(tmp_path / "metrics.jsonl", explained_variance, kl)
+  path = tmp_path / "curves.png"
+  fig = _plot(rows, path, monkeypatch)
+  panels = [ax for ax in fig.axes if ax.get_title()]
+  assert [ax.get_title() for ax in panels] == titles
+  assert all(ax.lines for ax in fig.axes), [ax.get_title() for ax in fig.axes if not ax.lines]
+  assert _png_width(path) == _DPI_WIDTH * len(titles)
+  critic = panels[-1]
+  value_loss = [line for ax in fig.axes for line in ax.lines if line.get_label() == "value loss"]
+  assert len(value_loss) == 1 and list(value_loss[0].get_xdata()) == [1, 2, 3, 4, 5]
+  assert list(value_loss[0].get_ydata()) == pytest.approx([1.0, 1 / 2, 1 / 3, 1 / 4, 1 / 5])
+  if ev_steps is None:
+    assert len(fig.axes) == len(titles)  # no twin axis: the value loss is the panel's own curve
+    assert list(critic.lines) == value_loss
+  else:
+    assert len(fig.axes) == len(titles) + 1  # the value loss on the critic panel's right-hand twin
+    (ev,) = critic.lines
+    assert ev.get_label() == "explained variance" and list(ev.get_xdata()) == ev_steps
+    assert list(ev.get_ydata()) == pytest.approx([explained_variance[s - 1] for s in ev_steps])
+    assert ev.get_marker() == ("o" if len(ev_steps) == 1 else "None")  # one point: a marker, not an invisible line
+  if _KL in titles:
+    assert list(panels[1].lines[0].get_xdata()) == [1, 3, 4]
+
+
+def test_a_nan_in_a_metrics_file_is_skipped_like_null(tmp_path, monkeypatch):
+  """A file holding NaN (Python's json writes it; the run writes null) draws the same curve: a NaN point left in
+  broke the line, so that a known point between two NaN ones was drawn as nothing."""
+  rows = _critic_metrics(tmp_path / "metrics.jsonl", [float("nan"), 0.2, float("nan"), 0.4, 0.5])
+  assert "NaN" in (tmp_path / "metrics.jsonl").read_text()
+  fig = _plot(rows, tmp_path / "curves.png", monkeypatch)
+  (ev,) = [line for ax in fig.axes for line in ax.lines if line.get_label() == "explained variance"]
+  assert list(ev.get_xdata()) == [2, 4, 5] and list(ev.get_ydata()) == pytest.approx([0.2, 0.4, 0.5])
+  assert fig.axes[1].get_title() == _CRITIC

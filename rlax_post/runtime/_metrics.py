@@ -169,28 +169,32 @@ def plot_curves(rows: list[dict], path: str) -> None:
   """Saves a PNG of the run's curves, one panel each, side by side: the RL reward (train and greedy eval, and
   each reward component a task reports); the KL to the reference (rows with `kl`: `loss.kl_coef > 0` or
   `loss.track_kl`); the warm-start SFT loss (`sft` rows: `sft.steps > 0`); with a learned critic (`value_loss`
-  rows) its explained variance and value loss. A panel whose rows the run did not log is left out, not drawn
-  as empty axes; the reward panel is always there (it says so when no reward was logged either)."""
+  rows) its explained variance and value loss. A curve is drawn through its known points: a null (or NaN,
+  inf) value, e.g. the explained variance of a batch whose returns do not vary, is skipped, and a lone point
+  gets a marker. A panel with no known point is left out, not drawn as empty axes (the critic's panel holds
+  whichever of its two curves has one); the reward panel is always there (it says so when no reward was
+  logged either)."""
   import matplotlib  # pylint: disable=g-import-not-at-top  (optional outputs; heavy imports)
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (optional outputs; heavy imports)
 
   def series(phase, key):
-    pts = [(r["step"], r[key]) for r in rows if r.get("phase") == phase and r.get(key) is not None]
+    pts = [(r["step"], r[key]) for r in rows
+           if r.get("phase") == phase and r.get(key) is not None and math.isfinite(r[key])]
     return (np.array([p[0] for p in pts]), np.array([p[1] for p in pts])) if pts else (None, None)
 
+  def line(ax, phase, key, *fmt, **kwargs):
+    """`key`'s known points joined; a lone point (one known step) is a marker, not an invisible line."""
+    x, y = series(phase, key)
+    if x is not None:
+      ax.plot(x, y, *fmt, **({"marker": "o"} if len(x) == 1 and not fmt else {}), **kwargs)
+
   def reward(ax):
-    x, y = series("rl", "reward_mean")
-    if x is not None:
-      ax.plot(x, y, label="train reward (sampled)", alpha=0.8)
-    x, y = series("eval", "eval_reward")
-    if x is not None:
-      ax.plot(x, y, "o-", label="eval reward (greedy, held out)")
+    line(ax, "rl", "reward_mean", label="train reward (sampled)", alpha=0.8)
+    line(ax, "eval", "eval_reward", "o-", label="eval reward (greedy, held out)")
     components = sorted({k for r in rows if r.get("phase") == "rl" for k in r if k.startswith("reward/")})
     for key in components:  # A task's named reward components (the dataset task's `reward/<name>...`).
-      x, y = series("rl", key)
-      if x is not None:
-        ax.plot(x, y, "--", label=key, alpha=0.7)
+      line(ax, "rl", key, "--", label=key, alpha=0.7)
     ax.set(title="Reward", xlabel="RL step")
     if ax.lines:
       ax.legend()
@@ -198,23 +202,30 @@ def plot_curves(rows: list[dict], path: str) -> None:
       ax.text(0.5, 0.5, "no reward logged", ha="center", va="center", transform=ax.transAxes)
 
   def kl(ax):
-    ax.plot(*series("rl", "kl"), color="tab:red")
+    line(ax, "rl", "kl", color="tab:red")
     ax.set(title="KL to reference (k3, per token)", xlabel="RL step")
 
   def sft(ax):
-    ax.plot(*series("sft", "loss"), color="tab:green")
+    line(ax, "sft", "loss", color="tab:green")
     ax.set(title="Warm-start SFT loss", xlabel="SFT step")
 
-  def critic(ax):
-    x, y = series("rl", "explained_variance")
-    if x is not None:
-      ax.plot(x, y, color="tab:purple", label="explained variance")
-    ax.twinx().plot(*series("rl", "value_loss"), color="tab:gray", alpha=0.7, label="value loss")
-    ax.set(title="Critic: explained variance (left), value loss (right)", xlabel="RL step")
+  def has(phase, *keys):
+    return any(series(phase, key)[0] is not None for key in keys)
 
-  panels = [reward] + [draw for draw, (phase, key) in ((kl, ("rl", "kl")), (sft, ("sft", "loss")),
-                                                       (critic, ("rl", "value_loss")))
-                       if series(phase, key)[0] is not None]
+  def critic(ax):
+    # Explained variance (left) and value loss (right), or the one of them with a known point (explained
+    # variance is null on every step whose returns do not vary).
+    ev, vl = has("rl", "explained_variance"), has("rl", "value_loss")
+    line(ax, "rl", "explained_variance", color="tab:purple", label="explained variance")
+    if vl:
+      line(ax.twinx() if ev else ax, "rl", "value_loss", color="tab:gray", alpha=0.7, label="value loss")
+    what = {(True, True): "explained variance (left), value loss (right)", (True, False): "explained variance",
+            (False, True): "value loss"}[ev, vl]
+    ax.set(title=f"Critic: {what}", xlabel="RL step")
+
+  panels = [reward] + [draw for draw, known in ((kl, has("rl", "kl")), (sft, has("sft", "loss")),
+                                                (critic, has("rl", "explained_variance", "value_loss")))
+                       if known]
   fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
   for draw, ax in zip(panels, axes[0]):
     draw(ax)
