@@ -6,6 +6,7 @@ through our sampler, token ids of hard strings, and the chat template."""
 import importlib.util
 import json
 import os
+import stat
 import subprocess
 import sys
 
@@ -204,6 +205,23 @@ def test_a_conversion_writes_all_or_nothing_into_a_new_or_empty_directory(tmp_pa
                         env=_procs.env())
   assert done.returncode == 2 and "is not a readable GGUF file" in done.stderr
   assert not (tmp_path / "new").exists()  # the directory the failed command made is gone
+
+
+@pytest.mark.parametrize("umask, folder, file", [(0o022, 0o755, 0o644), (0o027, 0o750, 0o640)])
+def test_a_converted_checkpoint_has_the_modes_of_the_umask(tmp_path, umask, folder, file):
+  """The folder was 0700 (`mkdtemp`) and model.safetensors 0600: others on a cluster could not read it."""
+  path = str(tmp_path / "m.gguf")
+  _tiny_gguf.write(path)
+  old = os.umask(umask)
+  try:
+    models.convert_gguf(path, str(tmp_path / "out"))
+  finally:
+    os.umask(old)
+  out = tmp_path / "out"
+  assert stat.S_IMODE(out.stat().st_mode) == folder
+  assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {
+      name: file for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                              "tokenizer_config.json")}
 
 
 def _bf16_bits(x_f32: np.ndarray) -> np.ndarray:

@@ -355,9 +355,20 @@ def _write_checkpoint(out_dir: str, tensors: dict, tok: tokenizers.Tokenizer, fi
     for name, content in files.items():
       with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
         json.dump(content, f, indent=2, ensure_ascii=False)
+    _umask_modes(tmp)
     if os.path.isdir(out_dir):
       os.rmdir(out_dir)  # empty (checked before): the rename takes its place
     os.replace(tmp, out_dir)
   except BaseException:
     shutil.rmtree(tmp, ignore_errors=True)
     raise
+
+
+def _umask_modes(folder: str) -> None:
+  """Gives `folder` and its files the modes the process's umask gives a new folder and file: `mkdtemp` makes
+  the folder 0700 and safetensors its file 0600, so a checkpoint shared on a cluster was unreadable to others."""
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(folder, 0o777 & ~umask)
+  for name in os.listdir(folder):
+    os.chmod(os.path.join(folder, name), 0o666 & ~umask)
