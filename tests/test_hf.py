@@ -7,6 +7,7 @@ windows matter; "llama31" carries Llama 3.1-style `llama3` RoPE scaling.
 import dataclasses
 import json
 import os
+import stat
 
 import pytest
 
@@ -143,6 +144,19 @@ def test_export_roundtrip(family, hf_model, tmp_path):
   assert cfg2 == cfg
   for name in params:
     np.testing.assert_array_equal(np.asarray(params2[name]), np.asarray(params[name]))
+
+
+def test_exported_files_have_the_modes_of_the_umask(tmp_path):
+  """safetensors wrote model.safetensors 0600: others on a shared cluster could not read an export."""
+  cfg = models.preset("micro", vocab_size=64)
+  _, params = models.init_params(cfg, jax.random.key(0))
+  old = os.umask(0o027)
+  try:
+    _hf.export_hf(str(tmp_path / "out"), cfg, params, architecture="LlamaForCausalLM")
+  finally:
+    os.umask(old)
+  modes = {p: stat.S_IMODE(os.stat(tmp_path / "out" / p).st_mode) for p in os.listdir(tmp_path / "out")}
+  assert modes == {"config.json": 0o640, "model.safetensors": 0o640}
 
 
 def test_export_refuses_params_that_are_not_the_configs(tmp_path):

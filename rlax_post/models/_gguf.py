@@ -30,8 +30,9 @@ from typing import Any
 import gguf
 import ml_dtypes
 import numpy as np
-import safetensors.numpy
 import tokenizers
+
+from rlax_post.models import _hf
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _T = gguf.GGMLQuantizationType
@@ -350,12 +351,12 @@ def _write_checkpoint(out_dir: str, tensors: dict, tok: tokenizers.Tokenizer, fi
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out_dir)}.converting-")
   try:
-    safetensors.numpy.save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+    _hf.save_safetensors(tensors, os.path.join(tmp, "model.safetensors"))
     tok.save(os.path.join(tmp, "tokenizer.json"))
     for name, content in files.items():
       with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
         json.dump(content, f, indent=2, ensure_ascii=False)
-    _umask_modes(tmp)
+    os.chmod(tmp, 0o777 & ~_hf.current_umask())  # mkdtemp makes it 0700: others could not read it.
     if os.path.isdir(out_dir):
       os.rmdir(out_dir)  # empty (checked before): the rename takes its place
     os.replace(tmp, out_dir)
@@ -363,12 +364,3 @@ def _write_checkpoint(out_dir: str, tensors: dict, tok: tokenizers.Tokenizer, fi
     shutil.rmtree(tmp, ignore_errors=True)
     raise
 
-
-def _umask_modes(folder: str) -> None:
-  """Gives `folder` and its files the modes the process's umask gives a new folder and file: `mkdtemp` makes
-  the folder 0700 and safetensors its file 0600, so a checkpoint shared on a cluster was unreadable to others."""
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(folder, 0o777 & ~umask)
-  for name in os.listdir(folder):
-    os.chmod(os.path.join(folder, name), 0o666 & ~umask)

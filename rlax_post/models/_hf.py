@@ -411,9 +411,22 @@ def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str,
       continue
     else:
       raise ValueError(f"Param {ours_name!r} has no HF name.")
-  safetensors.numpy.save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  save_safetensors(tensors, os.path.join(path, "model.safetensors"))
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(hf, f, indent=2)
+
+
+def current_umask() -> int:
+  umask = os.umask(0)
+  os.umask(umask)
+  return umask
+
+
+def save_safetensors(tensors: Mapping[str, np.ndarray], path: str) -> None:
+  """`tensors` as a safetensors file (the format transformers reads) with the mode a new file gets under the
+  umask: safetensors writes 0600, which others on a shared cluster cannot read."""
+  safetensors.numpy.save_file(dict(tensors), path, metadata={"format": "pt"})
+  os.chmod(path, 0o666 & ~current_umask())
 
 
 def _check_export_params(cfg: ModelConfig, params: dict) -> None:
