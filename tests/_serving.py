@@ -96,12 +96,6 @@ class ServerProcess:
     self.close()
 
 
-def serve_and_decode(workdir, text: str, max_tokens: int) -> list[int]:
-  """The token ids `rlax-post serve --checkpoint workdir` streams for a text request, over gRPC."""
-  with ServerProcess(workdir) as server:
-    return server.decode(text_request(text, max_tokens))
-
-
 def greedy_references(workdir, texts, max_tokens: int, tokenizer) -> list[list[int]]:
   """A plain full-forward argmax loop per text over the params the server loads, prompting with `tokenizer`."""
   engine = _serve.engine_from_workdir(str(workdir))
@@ -125,7 +119,3 @@ def greedy_loop(graphdef, params, texts, max_tokens: int, tokenizer) -> list[lis
     out.append(completion)
   return out
 
-
-def greedy_reference(workdir, text: str, max_tokens: int, tokenizer) -> list[int]:
-  """`greedy_references` of one text."""
-  return greedy_references(workdir, [text], max_tokens, tokenizer)[0]

@@ -129,11 +129,13 @@ def test_train_from_hf_checkpoint(checkpoint, hf_run):
 def test_an_exported_run_keeps_its_checkpoints_tokenizer_and_special_ids(checkpoint, hf_run, tmp_path):
   """The export wrote config.json and weights alone: transformers took its class's default special ids (a
   Llama 3 export stopped at id 2) and `model.hf_path` refused the directory for want of tokenizer.json (a
-  helper review). It carries the source's tokenizer files and ids, and starts a run again."""
+  helper review). It carries the source's tokenizer files and ids, and starts a run again; its weights are
+  checkpoint 2's (step 0's differ: `hf_run`)."""
   path, _, _ = checkpoint
   cfg, workdir, _ = hf_run
   out = tmp_path / "exported"
   assert runtime.export_hf(workdir, out, architecture="Qwen2ForCausalLM") == 2
+  _runs.assert_export_holds(out, _runs.restore(workdir, cfg, 2)[0].params)
   with open(os.path.join(path, "config.json")) as f:
     source = json.load(f)
   with open(out / "config.json") as f:
@@ -154,12 +156,13 @@ def test_rlax_post_export_writes_a_checkpoint_transformers_runs_with_our_logits(
   full fine-tuning run from a Qwen2 checkpoint: the source's architecture by default, and transformers' model
   and tokenizer of the export give the run's policy's logits (fp32)."""
   path, _, _ = checkpoint
-  _, workdir, _ = hf_run
+  cfg, workdir, _ = hf_run
   out = tmp_path / "exported"
   done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "export", "--workdir", workdir, "--out", str(out)],
                         capture_output=True, text=True, timeout=300, env=_procs.env())
   assert done.returncode == 0, done.stderr[-3000:]
   assert done.stdout.startswith(f"Wrote step 2 of {workdir} as Qwen2ForCausalLM in float32 to {out};"), done.stdout
+  _runs.assert_export_holds(out, _runs.restore(workdir, cfg, 2)[0].params)  # checkpoint 2's tensors, exactly
   # (transformers 5's AutoTokenizer rebuilds a qwen2 checkpoint's tokenizer with Qwen's own split of digits,
   # which this fixture's BPE was not trained with, for the source as for the export: the file's ids here.)
   ids = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json")).encode("12+34=567").ids
@@ -179,9 +182,14 @@ def test_rlax_post_export_writes_a_checkpoint_transformers_runs_with_our_logits(
 def test_serve_answers_an_hf_run_with_its_own_tokenizer(checkpoint, hf_run):
   """`rlax-post serve` of a run made from an HF checkpoint encodes the request and decodes with the
   checkpoint's BPE tokenizer, not the byte tokenizer: the streamed ids are the greedy continuation of the
-  HF encoding of the text."""
+  HF encoding of the text, under the newest checkpoint's params.
+
+  At this size greedy decoding repeats one token (step 2: id 1 after "12+34=", 179 after "7+8="; step 0: 31
+  after both), so a completion carries one choice and the reference was the server's own loader's: the
+  reference is now checkpoint 2's params restored on their own, which the engine loads exactly, over two
+  prompts whose completions differ from each other and from step 0's."""
   path, _, _ = checkpoint
-  _, workdir, _ = hf_run
+  cfg, workdir, _ = hf_run
   tokenizer = runtime.build_parts(runtime.load_run_config(workdir)).tokenizer
   assert tokenizer.encode("12+34=", add_bos=True) != models.ByteTokenizer().encode("12+34=", add_bos=True)
   want = models.HFTokenizer.from_dir(path).encode("12+34=", add_bos=False)  # Qwen-like: no BOS.
@@ -190,11 +198,18 @@ def test_serve_answers_an_hf_run_with_its_own_tokenizer(checkpoint, hf_run):
   engine = _serve.engine_from_workdir(workdir)
   ids, length = engine.build_tokenizer(engine.get_tokenizer()).encode("12+34=", jax_padding=False)
   assert list(ids[:length]) == want
-  expected = _serving.greedy_reference(workdir, "12+34=", 5, tokenizer)
-  assert expected
+  # ...and loads checkpoint 2's params, exactly (each layer's apart, as the engine holds them).
+  newest = jax.device_get(_runs.restore(workdir, cfg, 2)[0].params)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(engine.load_params()),
+               models.unstack_layers(engine.model_cfg, newest))
+  texts = ["12+34=", "7+8="]
+  expected = _serving.greedy_loop(engine.graphdef, newest, texts, 5, tokenizer)
+  assert all(expected) and expected[0] != expected[1]  # the prompt decides the completion
   first = _serve.engine_from_workdir(workdir, sampler.ServeOptions(step=0))  # a server of step 0 would fail
-  assert _serving.greedy_loop(first.graphdef, first.load_params(), ["12+34="], 5, tokenizer)[0] != expected
-  assert _serving.serve_and_decode(workdir, "12+34=", 5) == expected
+  assert not set(map(tuple, _serving.greedy_loop(first.graphdef, first.load_params(), texts, 5, tokenizer))) & set(
+      map(tuple, expected))
+  with _serving.ServerProcess(workdir) as server:
+    assert [server.decode(_serving.text_request(text, 5)) for text in texts] == expected
 
 
 def test_hf_path_rejects_shape_overrides(checkpoint):
