@@ -331,15 +331,23 @@ def test_the_process_exchange_carries_only_the_adapters(lora_run, tmp_path):
   assert size(tmp_path / "params" / "5") * 2 < size(tmp_path / "base" / "0")
 
 
-def test_export_writes_the_merged_policy_as_an_hf_checkpoint(lora_run, tmp_path):
+@pytest.fixture(scope="module")
+def newest(lora_run):
+  """(state, the policy: its adapters merged into its base) of the LoRA run's newest checkpoint, 4, restored at
+  that step on their own (not through the export's reader)."""
   workdir, cfg, _ = lora_run
+  state, _, _ = _runs.restore(workdir, cfg, 4)
+  return state, models.merge_lora(state.frozen, state.params, runtime.build_parts(cfg).trainable.lora)
+
+
+def test_export_writes_the_merged_policy_as_an_hf_checkpoint(lora_run, newest, tmp_path):
+  workdir, _, _ = lora_run
   assert runtime.export_hf(workdir, tmp_path / "hf", architecture="LlamaForCausalLM") == 4
   with open(tmp_path / "hf" / "config.json") as f:  # the byte tokenizer's ids, not Llama's defaults (1, 2)
     ids = json.load(f)
   tok = models.ByteTokenizer()
   assert (ids["bos_token_id"], ids["eos_token_id"], ids["pad_token_id"]) == (tok.bos_id, tok.eos_id, tok.pad_id)
-  state, _, _ = _runs.restore(workdir, cfg, 4)
-  merged = models.merge_lora(state.frozen, state.params, runtime.build_parts(cfg).trainable.lora)
+  state, merged = newest
   hf_cfg, graphdef, loaded = models.load_hf(str(tmp_path / "hf"))
   assert sorted(loaded) == sorted(merged)
   for name in merged:
@@ -365,6 +373,10 @@ def test_rlax_post_export_of_a_lora_run_gives_transformers_our_merged_logits(lor
   assert done.stdout.startswith(f"Wrote step 2 of {workdir} as LlamaForCausalLM in float32 to {out};"), done.stdout
   state, _, _ = _runs.restore(workdir, cfg, 2)
   merged = jax.device_get(models.merge_lora(state.frozen, state.params, runtime.build_parts(cfg).trainable.lora))
+  # Step 2's merged weights (step 4's differ in every weight of the adapted targets, by up to 0.02). The export
+  # merged them on one device, this test on 8: XLA's CPU products rounded o's merge in the last bit there (1.5e-8,
+  # 28 of layer 0's 1024 weights).
+  _runs.assert_export_holds(out, merged, atol=1e-7)
   model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
   tokens = np.asarray(_batch()["tokens"][:2])
   with torch.no_grad():
@@ -377,11 +389,11 @@ def test_rlax_post_export_of_a_lora_run_gives_transformers_our_merged_logits(lor
   assert np.max(np.abs(theirs[..., :valid] - base[..., :valid])) > 1e-4  # the adapters are in it
 
 
-def test_rlax_post_export_dtype_bfloat16_writes_the_policy_rounded_to_bfloat16(lora_run, tmp_path):
+def test_rlax_post_export_dtype_bfloat16_writes_the_policy_rounded_to_bfloat16(lora_run, newest, tmp_path):
   """`rlax-post export --dtype bfloat16` (the export wrote the widest dtype the policy holds, float32 here, and
   had no choice): every tensor in bfloat16, named by config.json, each weight the merged float32 one rounded to
   the nearest bfloat16; orbax's read-only notice is not printed (the run's reader is read-only on purpose)."""
-  workdir, cfg, _ = lora_run
+  workdir, _, _ = lora_run
   out = tmp_path / "hf"
   done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "export", "--workdir", str(workdir), "--out",
                          str(out), "--dtype", "bfloat16"], capture_output=True, text=True, timeout=300,
@@ -392,8 +404,7 @@ def test_rlax_post_export_dtype_bfloat16_writes_the_policy_rounded_to_bfloat16(l
   assert _written_dtypes(out) == ({"bfloat16": 20}, "bfloat16")  # 2 layers x 9 + embedding + norm
   with open(out / "config.json") as f:
     assert json.load(f)["dtype"] == "bfloat16"
-  state, _, _ = _runs.restore(workdir, cfg, 4)
-  merged = jax.device_get(models.merge_lora(state.frozen, state.params, runtime.build_parts(cfg).trainable.lora))
+  merged = jax.device_get(newest[1])
   rounded = {k: np.asarray(v).astype(jnp.bfloat16).astype(np.float32) for k, v in merged.items()}
   hf_cfg, graphdef, loaded = models.load_hf(str(out))  # float32: the bfloat16 weights widened exactly
   assert hf_cfg.param_dtype == "float32" and sorted(loaded) == sorted(merged)
@@ -434,14 +445,16 @@ def test_export_dtype_refuses_an_unknown_dtype_and_weights_it_cannot_hold(lora_r
   np.testing.assert_array_equal(np.asarray(cast["q"], np.float32), [99840.0, 1.0])  # 1e5 to nearest bfloat16
 
 
-def test_the_export_of_a_byte_tokenizer_run_carries_the_byte_tokenizer(lora_run, tmp_path):
+def test_the_export_of_a_byte_tokenizer_run_carries_the_byte_tokenizer(lora_run, newest, tmp_path):
   """A run from a preset (the byte tokenizer) exported no tokenizer files: transformers' AutoTokenizer could not
   load the export and `model.hf_path` refused it ('has no tokenizer.json'), though docs/learner.md said it
-  reads it. The export now holds the byte tokenizer as an HF tokenizer: the same ids, and a run starts from it."""
+  reads it. The export now holds the byte tokenizer as an HF tokenizer: the same ids, and a run starts from it;
+  beside the newest step's merged weights."""
   transformers = pytest.importorskip("transformers")
   workdir, cfg, _ = lora_run
   out = tmp_path / "hf"
-  runtime.export_hf(workdir, out)
+  assert runtime.export_hf(workdir, out) == 4
+  _runs.assert_export_holds(out, newest[1])
   byte = models.ByteTokenizer()
   hf, auto = models.HFTokenizer.from_dir(str(out)), transformers.AutoTokenizer.from_pretrained(str(out))
   assert (hf.vocab_size, hf.pad_id, hf.bos_id, hf.eos_id, hf.add_bos_token) == (259, 256, 257, 258, True)
@@ -523,6 +536,9 @@ def test_a_lora_run_with_a_bfloat16_base(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, ref, state.frozen)
   rows = _rl_rows(tmp_path)
   assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-7) and np.isfinite(rows[-1]["loss"])
-  # Its export: one dtype, the one config.json names (it was 8 float32 merged targets, 12 bfloat16 others).
-  runtime.export_hf(tmp_path, tmp_path / "hf", architecture="LlamaForCausalLM")
+  # Its export: one dtype, the one config.json names (it was 8 float32 merged targets, 12 bfloat16 others), the
+  # merged targets as they are and the rest of the base widened exactly.
+  assert runtime.export_hf(tmp_path, tmp_path / "hf", architecture="LlamaForCausalLM") == 2
   assert _written_dtypes(tmp_path / "hf") == ({"float32": 20}, "float32")
+  _runs.assert_export_holds(tmp_path / "hf", models.merge_lora(state.frozen, state.params,
+                                                               runtime.build_parts(cfg).trainable.lora))

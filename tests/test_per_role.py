@@ -245,6 +245,7 @@ def test_a_per_role_run_trains_two_policies_from_one_warm_start(per_role_run, tm
   for r, role in enumerate(("router", "worker")):
     _, _, loaded = models.load_hf(str(tmp_path / "hf" / role))
     np.testing.assert_array_equal(np.asarray(loaded["q"]), np.asarray(end.params["q"][r]))
+    _runs.assert_export_holds(tmp_path / "hf" / role, {k: v[r] for k, v in end.params.items()})  # every tensor
   with pytest.raises(ValueError, match="one policy per role .*Write each role.s as a Hugging Face checkpoint with `rlax-post export`"):
     runtime.serve(workdir, sampler.ServeOptions())
 
@@ -270,6 +271,7 @@ def test_rlax_post_export_of_a_per_role_run_writes_each_roles_checkpoint_in_the_
     _, _, loaded = models.load_hf(str(out / role))
     np.testing.assert_array_equal(np.asarray(loaded["q"]),
                                   np.asarray(end.params["q"][r]).astype(jnp.bfloat16).astype(np.float32))
+    _runs.assert_export_holds(out / role, {k: v[r] for k, v in end.params.items()}, "bfloat16")  # every tensor
 
 
 def test_each_roles_gradient_is_clipped_on_its_own():
