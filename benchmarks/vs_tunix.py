@@ -52,7 +52,10 @@ Fairness choices:
     old policy is the current one, read off the update's own forward pass (ours: no scoring pass; Tunix:
     stop_gradient of the current logprobs when num_iterations = 1), and with no KL term neither scores a
     reference model (ours: kl_coef = 0 and `loss.track_kl` off; Tunix: beta = 0). Ours returns per-token
-    logprobs from the sampler; Tunix's GRPO rollout does not.
+    logprobs from the sampler; Tunix's GRPO rollout does not. Each side compiles with its own options: ours
+    compiles the update on a CPU mesh with XLA's memory-optimised scheduler (`learner.jit_update`, since
+    2026-12-05: its temporaries then stay under glibc's mmap threshold and take no page faults), Tunix with
+    XLA's defaults, as it ships.
   * Rounds: each call is timed whole (host work included: Tunix tokenises and detokenises strings, ours
     builds requests and rows). The sampler's `seed` changes per round on both sides.
 """
