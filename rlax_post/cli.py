@@ -414,11 +414,21 @@ def _check_own_flags(command: str) -> None:
                        f"the flags of {command}: {['--' + n for n in own]}.")
 
 
+def _check_no_arguments(command: str, rest) -> None:
+  """Every command takes flags only: a word that is not a flag (`[--step K]` pasted from a usage line, the
+  `false` of `--resume false`) was dropped, and the command ran as if it were not there. It is refused."""
+  if rest:
+    raise ValueError(f"unexpected argument(s) {list(rest)}: `rlax-post {command}` takes flags only (`--name value` "
+                     f"or `--name=value`; a boolean flag is `--name` or `--noname`); `rlax-post {command} --help` "
+                     "lists them.")
+
+
 def _parse_flags(command: str, argv):
   try:
     _check_overrides(argv)
     argv, nones = sweep.none_overrides(argv)
     parsed = flags.FLAGS(argv)
+    _check_no_arguments(command, parsed[1:])
     _check_own_flags(command)
     if nones:
       _CONFIG.value.update_from_flattened_dict(nones)

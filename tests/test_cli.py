@@ -345,6 +345,23 @@ def test_a_flag_of_another_command_is_refused(args, message):
   assert line == f"rlax-post {args[0]}: error: {message}"
 
 
+@pytest.mark.parametrize("args, rest", [
+    (("serve", "--checkpoint", "nowhere", "[--step", "K]", "--port", "9000", "[--slots", "8]"),
+     "['[--step', 'K]', '[--slots', '8]']"),
+    (("train", "--config", "configs/demo.py:tiny", "--workdir", "{tmp}/x", "--resume", "false"), "['false']"),
+    (("check-config", "--config", "configs/demo.py", "tiny"), "['tiny']"),
+], ids=["serve usage brackets", "train --resume false", "check-config word"])
+def test_a_word_that_is_not_a_flag_is_refused(tmp_path, args, rest):
+  """Words that are not flags were dropped: docs/sampler.md's usage line pasted as written (`serve --checkpoint
+  runs/demo [--step K] --port 9000 ...`) served the newest step, and `--resume false` resumed. Refused now,
+  before anything is read or made (the workdir `x` is not created)."""
+  line = _error(_cli(*(a.format(tmp=tmp_path) for a in args)), args[0])
+  assert line == (f"rlax-post {args[0]}: error: unexpected argument(s) {rest}: `rlax-post {args[0]}` takes flags "
+                  f"only (`--name value` or `--name=value`; a boolean flag is `--name` or `--noname`); "
+                  f"`rlax-post {args[0]} --help` lists them.")
+  assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("flag, shown", [(("--step", "3"), "--step 3"), (("--warm_start",), "--warm_start")])
 def test_rescue_eval_of_a_config_refuses_a_run_s_policy_flags(flag, shown):
   """`rescue-eval --config C --step 3` evaluated the config's starting weights and reported step 0;
