@@ -1,4 +1,5 @@
-"""Every ```python block of the capability docs runs, in order, as one script per page."""
+"""Every ```python block of the capability docs runs, in order, as one script per page (or per section, where
+the page's other blocks need what a test cannot start here: a server)."""
 
 import pathlib
 import re
@@ -8,11 +9,41 @@ import pytest
 _DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 
 
-@pytest.mark.parametrize("page", ["credit_assignment.md"])
-def test_code_blocks_run(page):
+def _blocks(page: str, section: str | None = None) -> list[str]:
+  """The page's python blocks; with `section`, only those under that `## ` heading."""
   text = (_DOCS / page).read_text()
-  blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+  if section is not None:
+    start = text.index(f"\n## {section}\n")
+    end = text.find("\n## ", start + 1)
+    text = text[start:end if end >= 0 else len(text)]
+  return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def _run(page: str, blocks: list[str]) -> dict:
   assert blocks, page
   namespace = {}
   for block in blocks:
     exec(compile(block, f"{page}", "exec"), namespace)  # pylint: disable=exec-used
+  return namespace
+
+
+@pytest.mark.parametrize("page", ["credit_assignment.md"])
+def test_code_blocks_run(page):
+  _run(page, _blocks(page))
+
+
+def test_sampler_driver_blocks_run_and_do_what_they_say():
+  """docs/sampler.md's driver example (its blocks of the gRPC client and of `EpisodeRunner`'s loop need a server
+  and an env): 8 samples of the request, each at most 64 tokens, ended by EOS or the limit, all of version 0,
+  and the swap after it sets version 1."""
+  ns = _run("sampler.md", _blocks("sampler.md", "The RL driver (`rlax_post.sampler.Driver`)"))
+  completions, eos = ns["completions"], ns["eos"]
+  assert [(c.request_id, c.index) for c in completions] == [(0, i) for i in range(8)]
+  for c in completions:
+    assert 1 <= len(c.tokens) <= 64 and c.num_turns == 1 and c.prompt == tuple(ns["ids"])
+    assert c.versions == (0,) * len(c.tokens) and c.mask == (1,) * len(c.tokens)
+    assert len(c.logprobs) == len(c.tokens) and all(lp <= 0 for lp in c.logprobs)
+    assert c.finish_reason == ("stop" if c.tokens[-1] == eos else "length")
+    assert c.finish_reason == "stop" or len(c.tokens) == 64
+  assert len({c.tokens for c in completions}) > 1  # each sample its own stream
+  assert ns["driver"].version == 1
