@@ -68,10 +68,10 @@ _OUT = flags.DEFINE_string("out", None, "convert, export: the Hugging Face check
 _ARCHITECTURE = flags.DEFINE_string("architecture", None, "export: the Hugging Face architecture to write (default: "
                                     "the model.hf_path's, else the one the model's features name).")
 _DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor written and of config.json's "
-                             f"torch_dtype, one of {', '.join(runtime.EXPORT_DTYPES)} (bfloat16: half a float32 "
+                             f"torch_dtype, one of {', '.join(models.HF_DTYPES)} (bfloat16: half a float32 "
                              "checkpoint's size; default: the widest the policy holds, float32 for a float32 run); "
                              "convert: the dtype of every tensor written and of config.json's torch_dtype, one of "
-                             f"{', '.join(models.GGUF_DTYPES)}: each weight is dequantised to float32, then "
+                             f"{', '.join(models.HF_DTYPES)}: each weight is dequantised to float32, then "
                              "rounded to the nearest (bfloat16: half a float32 checkpoint's size; a run loads the "
                              "weights in its own param_dtype, float32, either way; default: float32).")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
@@ -612,10 +612,7 @@ def _convert(argv):
   _readable_file(path, "--gguf", "path/to/model.gguf")
   out = _local_out(_required(_OUT, "the directory to write the Hugging Face checkpoint to"), "--out",
                    "the Hugging Face checkpoint")
-  dtype = _DTYPE.value or "float32"
-  if dtype not in models.GGUF_DTYPES:
-    raise ValueError(f"--dtype {dtype!r} is not one convert writes; pass one of {list(models.GGUF_DTYPES)} (or "
-                     "leave it out: float32).")
+  dtype = _dtype("convert", "float32") or "float32"
   with _output_dir(out, "--out"):
     config = models.convert_gguf(path, out, dtype=dtype)
   if not _QUIET.value:
@@ -634,10 +631,7 @@ def _export(argv):
   if architecture is not None and architecture not in models.HF_ARCHITECTURES:
     raise ValueError(f"--architecture {architecture!r} is not one export writes; pass one of "
                      f"{sorted(models.HF_ARCHITECTURES)} (or leave it out: the run's own).")
-  dtype = _DTYPE.value
-  if dtype is not None and dtype not in runtime.EXPORT_DTYPES:
-    raise ValueError(f"--dtype {dtype!r} is not one export writes; pass one of {list(runtime.EXPORT_DTYPES)} (or "
-                     "leave it out: the widest the policy holds, float32 for a float32 run).")
+  dtype = _dtype("export", "the widest the policy holds, float32 for a float32 run")
   with _output_dir(out, "--out"):
     step = runtime.export_hf(workdir, out, architecture=architecture, step=_STEP.value, dtype=dtype)
   if not _QUIET.value:
@@ -651,6 +645,15 @@ def _export(argv):
     print(f"Wrote step {step} of {workdir} as {written['architectures'][0]} in {written['torch_dtype']} to {where}; "
           f"transformers' AutoModelForCausalLM and AutoTokenizer .from_pretrained({dirs[0]!r}) load it, "
           f"--config.model.hf_path={dirs[0]} trains it.")
+
+
+def _dtype(command: str, default: str) -> str | None:
+  """--dtype if given (None if not), one of `models.HF_DTYPES`; `default` says what `command` writes without it."""
+  dtype = _DTYPE.value
+  if dtype is not None and dtype not in models.HF_DTYPES:
+    raise ValueError(f"--dtype {dtype!r} is not one {command} writes; pass one of {list(models.HF_DTYPES)} (or "
+                     f"leave it out: {default}).")
+  return dtype
 
 
 def _new_or_empty(path: str, flag: str) -> str:

@@ -286,7 +286,7 @@ def test_a_float16_conversion_and_a_bad_dtype(tmp_path):
   """float16 holds each weight rounded to the nearest; a weight beyond its largest (65504) is an error naming
   the tensors, not a silent inf, and nothing is written; a dtype convert does not write is named with the
   ones it does: those `rlax-post export --dtype` writes."""
-  assert models.GGUF_DTYPES == runtime.EXPORT_DTYPES == ("float32", "bfloat16", "float16")
+  assert models.HF_DTYPES == ("float32", "bfloat16", "float16")
   path = str(tmp_path / "m.gguf")
   _tiny_gguf.write(path, qtype=T.Q8_0)
   models.convert_gguf(path, str(tmp_path / "f32"))

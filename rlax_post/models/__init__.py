@@ -24,9 +24,9 @@ from rlax_post.models._functional import value_model_config
 from rlax_post.models._functional import value_model_params
 from rlax_post.models._gguf import ARCHITECTURES as GGUF_ARCHITECTURES
 from rlax_post.models._gguf import convert_gguf
-from rlax_post.models._gguf import DTYPES as GGUF_DTYPES
 from rlax_post.models._gguf import TENSOR_TYPES as GGUF_TENSOR_TYPES
 from rlax_post.models._hf import ARCHITECTURES as HF_ARCHITECTURES
+from rlax_post.models._hf import HF_DTYPES
 from rlax_post.models._hf import config_from_hf
 from rlax_post.models._hf import export_hf
 from rlax_post.models._hf import hf_architecture
@@ -68,9 +68,9 @@ __all__ = [
     "forward",
     "forward_at",
     "GGUF_ARCHITECTURES",
-    "GGUF_DTYPES",
     "GGUF_TENSOR_TYPES",
     "HF_ARCHITECTURES",
+    "HF_DTYPES",
     "HFTokenizer",
     "grow_cache",
     "init_cache",

@@ -1,8 +1,8 @@
 """GGUF (llama.cpp) files → Hugging Face checkpoint directories that `model.hf_path` loads.
 
 `convert_gguf(gguf_path, out_dir, dtype=...)` writes `config.json`, `model.safetensors` (every tensor in
-`dtype`, one of `DTYPES`: float32 by default, or bfloat16 / float16, each weight dequantised to float32 and
-rounded to the nearest, ties to even; config.json's `torch_dtype` names it),
+`dtype`, one of `models.HF_DTYPES`: float32 by default, or bfloat16 / float16, each weight dequantised to
+float32 and rounded to the nearest, ties to even; config.json's `torch_dtype` names it),
 `tokenizer.json` (its post-processor frames text with BOS / EOS as the file's `add_bos_token` /
 `add_eos_token` say), `tokenizer_config.json` (special tokens, `add_bos_token`, the chat template) and
 `generation_config.json`. It reads the file with the `gguf` package (numpy only):
@@ -38,10 +38,6 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 _T = gguf.GGMLQuantizationType
 TENSOR_TYPES = tuple(_T[n] for n in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K",
                                      "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
-# The dtypes a conversion writes its tensors in (`rlax-post convert --dtype`), as an export's
-# (`runtime.EXPORT_DTYPES`): float32 first, the default.
-_NUMPY_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-DTYPES = tuple(_NUMPY_DTYPES)
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
 _LAYER = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -170,7 +166,7 @@ def dequantize(tensor, path: str) -> np.ndarray:
 
 def convert_tensors(reader: gguf.GGUFReader, meta: dict, path: str,
                     dtype: str = "float32") -> dict[str, np.ndarray]:
-  """The file's tensors by their Hugging Face names, in `dtype` (a key of `_NUMPY_DTYPES`): dequantised to
+  """The file's tensors by their Hugging Face names, in `dtype` (one of `models.HF_DTYPES`): dequantised to
   float32, then rounded to nearest, ties to even. ValueError naming the tensors with finite values the dtype
   cannot hold (float16's largest is 65504), not a silent inf."""
   arch = meta["general.architecture"]
@@ -185,12 +181,12 @@ def convert_tensors(reader: gguf.GGUFReader, meta: dict, path: str,
     elif arch == "llama" and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
       w = _unpermute(w, kv_heads)
     with np.errstate(over="ignore"):  # an overflow is the error below, naming the tensors
-      out[name] = w.astype(_NUMPY_DTYPES[dtype], copy=False)
+      out[name] = w.astype(dtype, copy=False)  # ml_dtypes names bfloat16 for numpy
     if np.any(np.isfinite(w) & ~np.isfinite(out[name])):
       overflow.append(f"{tensor.name} (largest |value| {float(np.max(np.abs(w[np.isfinite(w)]))):.6g})")
   if overflow:
     raise ValueError(f"{path}: dtype {dtype!r} cannot hold these weights, which would become inf: "
-                     f"{', '.join(overflow)} (largest {dtype}: {float(np.finfo(_NUMPY_DTYPES[dtype]).max):.6g}); "
+                     f"{', '.join(overflow)} (largest {dtype}: {float(ml_dtypes.finfo(dtype).max):.6g}); "
                      "convert in a wider dtype, e.g. bfloat16 or float32.")
   return out
 
@@ -301,17 +297,17 @@ def tokenizer_config(meta: dict, path: str) -> dict:
 
 def convert_gguf(gguf_path: str, out_dir: str, *, dtype: str = "float32") -> dict:
   """Writes the HF checkpoint directory of a GGUF file (module docstring), every tensor in `dtype` (one of
-  `DTYPES`; bfloat16: half a float32 checkpoint's size); returns its config.json. Whatever it is written in, a
-  run loads it in its `model.overrides.param_dtype` (float32 for trained weights), a bfloat16 or float16
-  weight widened exactly.
+  `models.HF_DTYPES`; bfloat16: half a float32 checkpoint's size); returns its config.json. Whatever it is
+  written in, a run loads it in its `model.overrides.param_dtype` (float32 for trained weights), a bfloat16 or
+  float16 weight widened exactly.
 
   `out_dir` must be new or empty (another checkpoint's files, e.g. a shard index, would mix with this one's).
   Everything is built before anything is written, into a hidden sibling directory renamed into place at the
   end: a failure leaves no partial checkpoint.
   """
-  if dtype not in DTYPES:
-    raise ValueError(f"Convert dtype {dtype!r} is not one convert writes; pass one of {list(DTYPES)} (default: "
-                     "float32).")
+  if dtype not in _hf.HF_DTYPES:
+    raise ValueError(f"Convert dtype {dtype!r} is not one convert writes; pass one of {list(_hf.HF_DTYPES)} "
+                     "(default: float32).")
   if not os.path.isfile(gguf_path):
     raise FileNotFoundError(f"GGUF file {gguf_path!r} does not exist (relative paths start at {os.getcwd()}).")
   if os.path.isdir(out_dir) and os.listdir(out_dir):

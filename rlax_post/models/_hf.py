@@ -416,6 +416,11 @@ def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str,
     json.dump(hf, f, indent=2)
 
 
+# The dtypes a Hugging Face checkpoint is written in (`rlax-post export --dtype`, `rlax-post convert --dtype`):
+# float32 first, convert's default.
+HF_DTYPES = ("float32", "bfloat16", "float16")
+
+
 def current_umask() -> int:
   umask = os.umask(0)
   os.umask(umask)

@@ -20,10 +20,6 @@ from rlax_post.runtime import _parts
 from rlax_post.runtime import _samplers
 
 
-# The dtypes an export writes its tensors in (`export_hf(dtype=...)`, `rlax-post export --dtype`).
-EXPORT_DTYPES = ("float32", "bfloat16", "float16")
-
-
 def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, step: int | None = None,
               dtype: str | None = None) -> int:
   """Writes the policy of run `workdir` at checkpoint `step` (None: the newest) to `out_dir` as an HF
@@ -39,7 +35,7 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, st
   every row, so its vocabulary is the model's padded one (a checkpoint's own config.json size; the byte
   tokenizer's multiple of `model.vocab_multiple`).
 
-  `dtype` (one of `EXPORT_DTYPES`) replaces that one dtype (None: the widest the policy holds, as above;
+  `dtype` (one of `models.HF_DTYPES`) replaces that one dtype (None: the widest the policy holds, as above;
   float32 for a float32 run): every tensor is written in it and config.json's `torch_dtype` names it.
   "bfloat16" ships a float32 run's checkpoint at half the size, each weight (LoRA: merged in the policy's
   dtype first) rounded to the nearest bfloat16, ties to even. A weight the dtype cannot hold (float16's
@@ -48,8 +44,8 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, st
   A run with one policy per role (`multiagent.policies = "per_role"`) writes one checkpoint per role, in
   `out_dir/<role name>/`.
   """
-  if dtype is not None and dtype not in EXPORT_DTYPES:
-    raise ValueError(f"Export dtype {dtype!r} is not one export writes; pass one of {list(EXPORT_DTYPES)} (or "
+  if dtype is not None and dtype not in models.HF_DTYPES:
+    raise ValueError(f"Export dtype {dtype!r} is not one export writes; pass one of {list(models.HF_DTYPES)} (or "
                      "None: the widest the policy holds).")
   workdir = os.fspath(workdir)
   parts = _parts.build_parts(_samplers.load_run_config(workdir))
