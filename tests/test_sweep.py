@@ -486,6 +486,47 @@ def test_an_interrupted_sweep_says_which_units_finished(tmp_path, monkeypatch):
   assert never.status == "not run" and not never.ok
 
 
+def test_a_signal_as_a_unit_starts_stops_that_unit_too(tmp_path, monkeypatch):
+  """CI caught a SIGTERM that struck after a unit's process had started but before the sweep recorded it as
+  running: the unit was reported "unreadable" and its process ran on, unknown to the sweep. Signals are now
+  noted and acted on between the loop's steps: here each arrives inside `_start`, right after the process
+  starts; the unit is still stopped and reported "interrupted", and the caller's handlers are restored."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers need the main thread")
+  fake = tmp_path / "fake_python.sh"
+  fake.write_text(_FAKE_PYTHON_OK_THEN_STALL)
+  fake.chmod(0o755)
+  start = _local._start  # pylint: disable=protected-access
+  for sig, raised in ((signal.SIGTERM, SystemExit), (signal.SIGINT, KeyboardInterrupt)):
+    pid_file = tmp_path / f"pid{sig}"
+    monkeypatch.setenv("STALL", str(pid_file))
+
+    def start_then_signal(r, *args, sig=sig, pid_file=pid_file):
+      run = start(r, *args)
+      if r.unit.index == 1:
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+          time.sleep(0.05)
+        os.kill(os.getpid(), sig)
+        time.sleep(0.1)  # the handler has run before `_start` returns
+      return run
+
+    monkeypatch.setattr(_local, "_start", start_then_signal)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    plan = sweep.plan_local(f"{DEMO}:tiny", str(tmp_path / f"root{sig}"), share_warm_start=False,
+                            say=lambda msg: None)
+    with pytest.raises(raised) as info:
+      sweep.run_plan(plan, pin_cpus=False, python=str(fake), say=lambda msg: None)
+    if raised is SystemExit:
+      assert info.value.code == 128 + signal.SIGTERM
+    assert [r.status for r in plan.results] == ["ok", "interrupted"]
+    assert plan.results[1].returncode == -9
+    with pytest.raises(ProcessLookupError):
+      os.kill(int(pid_file.read_text()), 0)  # killed and reaped, not left running
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
 def test_a_terminated_sweep_command_reports_the_units_that_finished(tmp_path):
   """`rlax-post sweep` stopped by SIGTERM (a scheduler's timeout): sweep.json, sweep.png and the table say
   which units finished, and how to go on; the exit says it was terminated."""

@@ -318,9 +318,10 @@ def run_plan(plan: LocalSweep, *, parallel: int = 1, pin_cpus: bool = True, pyth
   slots = _cpu_slots(parallel) if pin_cpus else [None] * parallel
   free = list(range(parallel))
   running: dict[int, _Running] = {}
-  restore = _exit_on_signals()  # a SIGTERM / SIGHUP ends the sweep through `finally`: its units stop with it
+  signals, restore = _deferred_signals()  # Ctrl-C, SIGTERM, SIGHUP end the sweep through `finally`
   try:
     while pending or running:
+      _leave_if_signalled(signals)
       while pending and free:
         r = _next_unit(pending, {run.result.unit.warm_key for run in running.values()}, cache_dir)
         if r is None:
@@ -331,6 +332,7 @@ def run_plan(plan: LocalSweep, *, parallel: int = 1, pin_cpus: bool = True, pyth
         where = f" on CPUs {sorted(slots[slot])}" if slots[slot] else ""
         say(f"[{r.unit.index + 1}/{len(units)}] {r.unit.name}: started{where}.")
       time.sleep(0.2)
+      _leave_if_signalled(signals)
       for slot, run in list(running.items()):
         if run.proc.poll() is None:
           continue
@@ -348,19 +350,26 @@ def run_plan(plan: LocalSweep, *, parallel: int = 1, pin_cpus: bool = True, pyth
   return results
 
 
-def _exit_on_signals():
-  """Turns SIGTERM and SIGHUP into SystemExit while the sweep runs (its units run in their own sessions, so a
-  signal to the sweep's process group no longer reaches them: `finally` stops them); returns the undo. Only
-  the main thread can set handlers; elsewhere nothing changes."""
+def _deferred_signals() -> tuple[list[int], Any]:
+  """Notes SIGINT, SIGTERM and SIGHUP while the sweep runs, for `_leave_if_signalled` to act on between the
+  loop's steps: a signal that struck anywhere (between starting a unit's process and recording it as running)
+  left that process running, unknown to the `finally` that stops the sweep's units. Their units run in their
+  own sessions, so a signal to the sweep's process group does not reach them. Returns (the signals noted, the
+  undo). Only the main thread can set handlers; elsewhere nothing changes."""
+  noted: list[int] = []
   if threading.current_thread() is not threading.main_thread():
-    return lambda: None
+    return noted, lambda: None
+  sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+  before = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum)) for sig in sigs}
+  return noted, lambda: [signal.signal(sig, handler) for sig, handler in before.items()]
 
-  def leave(signum, frame):
-    del frame
-    raise SystemExit(128 + signum)
 
-  before = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
-  return lambda: [signal.signal(sig, handler) for sig, handler in before.items()]
+def _leave_if_signalled(noted: list[int]) -> None:
+  """Ends the sweep for the first signal noted: KeyboardInterrupt for Ctrl-C, else SystemExit(128 + signal)."""
+  if noted:
+    if noted[0] == signal.SIGINT:
+      raise KeyboardInterrupt
+    raise SystemExit(128 + noted[0])
 
 
 def _mean_std(values: list[float]) -> tuple[float, float | None]:
