@@ -27,6 +27,7 @@ from rlax_post.models._gguf import convert_gguf
 from rlax_post.models._gguf import TENSOR_TYPES as GGUF_TENSOR_TYPES
 from rlax_post.models._hf import ARCHITECTURES as HF_ARCHITECTURES
 from rlax_post.models._hf import HF_DTYPES
+from rlax_post.models._hf import cast_tensors
 from rlax_post.models._hf import config_from_hf
 from rlax_post.models._hf import export_hf
 from rlax_post.models._hf import hf_architecture
@@ -58,6 +59,7 @@ __all__ = [
     "CACHE_V_LBKSH",
     "abstract_params",
     "cache_axes",
+    "cast_tensors",
     "ByteTokenizer",
     "check_lora",
     "config_from_hf",

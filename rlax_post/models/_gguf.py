@@ -28,7 +28,6 @@ import tempfile
 from typing import Any
 
 import gguf
-import ml_dtypes
 import numpy as np
 import tokenizers
 
@@ -167,28 +166,24 @@ def dequantize(tensor, path: str) -> np.ndarray:
 def convert_tensors(reader: gguf.GGUFReader, meta: dict, path: str,
                     dtype: str = "float32") -> dict[str, np.ndarray]:
   """The file's tensors by their Hugging Face names, in `dtype` (one of `models.HF_DTYPES`): dequantised to
-  float32, then rounded to nearest, ties to even. ValueError naming the tensors with finite values the dtype
-  cannot hold (float16's largest is 65504), not a silent inf."""
+  float32, then rounded to nearest, ties to even (`models.cast_tensors`). ValueError naming the tensors with
+  finite values the dtype cannot hold (float16's largest is 65504), not a silent inf."""
+  names = {tensor.name: _hf_name(tensor.name, path) for tensor in reader.tensors}  # an unknown one before any work
+  cast = _hf.cast_tensors(((tensor.name, _hf_tensor(tensor, meta, path)) for tensor in reader.tensors), dtype,
+                          label=f"{path}: dtype", command="convert")
+  return {names[name]: w for name, w in cast.items()}
+
+
+def _hf_tensor(tensor, meta: dict, path: str) -> np.ndarray:
+  """`tensor` dequantised to float32, in Hugging Face's layout (Llama's Q and K rows unpermuted)."""
   arch = meta["general.architecture"]
   heads = int(meta[f"{arch}.attention.head_count"])
-  kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
-  out, overflow = {}, []
-  for tensor in reader.tensors:
-    name = _hf_name(tensor.name, path)
-    w = dequantize(tensor, path)
-    if arch == "llama" and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
-      w = _unpermute(w, heads)
-    elif arch == "llama" and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
-      w = _unpermute(w, kv_heads)
-    with np.errstate(over="ignore"):  # an overflow is the error below, naming the tensors
-      out[name] = w.astype(dtype, copy=False)  # ml_dtypes names bfloat16 for numpy
-    if np.any(np.isfinite(w) & ~np.isfinite(out[name])):
-      overflow.append(f"{tensor.name} (largest |value| {float(np.max(np.abs(w[np.isfinite(w)]))):.6g})")
-  if overflow:
-    raise ValueError(f"{path}: dtype {dtype!r} cannot hold these weights, which would become inf: "
-                     f"{', '.join(overflow)} (largest {dtype}: {float(ml_dtypes.finfo(dtype).max):.6g}); "
-                     "convert in a wider dtype, e.g. bfloat16 or float32.")
-  return out
+  w = dequantize(tensor, path)
+  if arch == "llama" and tensor.name.endswith(("attn_q.weight", "attn_q.bias")):
+    return _unpermute(w, heads)
+  if arch == "llama" and tensor.name.endswith(("attn_k.weight", "attn_k.bias")):
+    return _unpermute(w, int(meta.get(f"{arch}.attention.head_count_kv", heads)))
+  return w
 
 
 def _bpe_merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:

@@ -11,11 +11,11 @@ import contextlib
 import json
 import math
 import os
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes  # noqa: F401  (registers numpy's bfloat16, which safetensors' numpy reader needs)
+import ml_dtypes  # also registers numpy's bfloat16, which safetensors' numpy reader needs
 import numpy as np
 from safetensors import safe_open
 from safetensors import SafetensorError
@@ -419,6 +419,36 @@ def export_hf(path: str, cfg: ModelConfig, params: dict, *, architecture: str,
 # The dtypes a Hugging Face checkpoint is written in (`rlax-post export --dtype`, `rlax-post convert --dtype`):
 # float32 first, convert's default.
 HF_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def cast_tensors(tensors: Iterable[tuple[str, Any]], dtype: str, *, label: str,
+                 command: str) -> dict[str, np.ndarray]:
+  """`tensors`' (name, array) pairs as numpy arrays by name, the floating ones in `dtype` (one of `HF_DTYPES`),
+  each value rounded to the nearest, ties to even; other arrays as they are. The pairs are read one at a time,
+  so a lazy iterable holds one wide array at once.
+
+  ValueError naming every tensor with a finite value that `dtype` cannot hold (float16's largest is 65504,
+  bfloat16's about 3.39e38), its largest finite |value| and the dtype's largest, not a silent inf: the message
+  begins with `label` (who asked for the dtype, e.g. "Export dtype") and advises `command` (e.g. "export") in
+  a wider dtype. `rlax-post export --dtype` and `rlax-post convert --dtype` cast through it."""
+  out, overflow = {}, []
+  for name, value in tensors:
+    if name in out:
+      raise ValueError(f"Tensor name {name!r} is given twice; each tensor needs its own name.")
+    wide = np.asarray(value)
+    if not np.issubdtype(wide.dtype, np.floating):
+      out[name] = wide
+      continue
+    with np.errstate(over="ignore"):  # an overflow is the error below, naming the tensors
+      out[name] = wide.astype(dtype, copy=False)  # ml_dtypes names bfloat16 for numpy
+    finite = np.isfinite(wide)
+    if np.any(finite & ~np.isfinite(out[name])):
+      overflow.append(f"{name} (largest |value| {float(np.max(np.abs(wide[finite]))):.6g})")
+  if overflow:
+    raise ValueError(f"{label} {dtype!r} cannot hold these weights, which would become inf: {', '.join(overflow)} "
+                     f"(largest {dtype}: {float(ml_dtypes.finfo(dtype).max):.6g}); {command} in a wider dtype, "
+                     "e.g. bfloat16 or float32.")
+  return out
 
 
 def current_umask() -> int:

@@ -88,18 +88,12 @@ def _widest(params) -> str:
 
 
 def _cast(params, dtype: str):
-  """`params`' floating leaves in `dtype` (rounded to nearest where it is narrower); ValueError naming the
-  leaves with finite values that overflow it."""
-  cast = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
-  overflow = [(jax.tree_util.keystr(path, simple=True, separator="/"), float(jnp.max(jnp.abs(x))))
-              for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(cast))
-              if jnp.issubdtype(x.dtype, jnp.floating) and bool(jnp.any(jnp.isfinite(x) & ~jnp.isfinite(y)))]
-  if overflow:
-    found = ", ".join(f"{name} (largest |value| {value:.6g})" for name, value in overflow)
-    raise ValueError(f"Export dtype {dtype!r} cannot hold these weights, which would become inf: {found} "
-                     f"(largest {dtype}: {float(jnp.finfo(dtype).max):.6g}); export in a wider dtype, e.g. "
-                     "bfloat16 or float32.")
-  return cast
+  """`params`' floating leaves in `dtype` (rounded to nearest where it is narrower), as numpy arrays;
+  ValueError naming the leaves with finite values that overflow it (`models.cast_tensors`)."""
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  names = [jax.tree_util.keystr(path, simple=True, separator="/") for path, _ in leaves]
+  cast = models.cast_tensors(zip(names, (x for _, x in leaves)), dtype, label="Export dtype", command="export")
+  return jax.tree.unflatten(treedef, [cast[name] for name in names])
 
 
 # What an exported checkpoint takes from the one the run started from, besides its weights.
