@@ -633,12 +633,10 @@ def _export(argv):
                      f"{sorted(models.HF_ARCHITECTURES)} (or leave it out: the run's own).")
   dtype = _dtype("export", "the widest the policy holds, float32 for a float32 run")
   with _output_dir(out, "--out"):
-    step = runtime.export_hf(workdir, out, architecture=architecture, step=_STEP.value, dtype=dtype)
+    step, dirs = runtime.export_hf(workdir, out, architecture=architecture, step=_STEP.value, dtype=dtype)
   if not _QUIET.value:
-    # One checkpoint in --out, or one per role in its subdirectories (a per-role run: this line failed on the
-    # missing OUT/config.json, exit status 2 after a complete export).
-    dirs = [out] if os.path.isfile(os.path.join(out, "config.json")) else sorted(
-        os.path.join(out, name) for name in os.listdir(out) if os.path.isfile(os.path.join(out, name, "config.json")))
+    # One checkpoint in --out, or one per role in its subdirectories, sorted by role name as they were listed.
+    dirs = sorted(dirs)
     with open(os.path.join(dirs[0], "config.json")) as f:
       written = json.load(f)
     where = out if dirs == [out] else f"{', '.join(dirs)} (one checkpoint per role)"

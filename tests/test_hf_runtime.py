@@ -134,7 +134,7 @@ def test_an_exported_run_keeps_its_checkpoints_tokenizer_and_special_ids(checkpo
   path, _, _ = checkpoint
   cfg, workdir, _ = hf_run
   out = tmp_path / "exported"
-  assert runtime.export_hf(workdir, out, architecture="Qwen2ForCausalLM") == 2
+  assert runtime.export_hf(workdir, out, architecture="Qwen2ForCausalLM") == (2, (str(out),))
   _runs.assert_export_holds(out, _runs.restore(workdir, cfg, 2)[0].params)
   with open(os.path.join(path, "config.json")) as f:
     source = json.load(f)

@@ -342,7 +342,8 @@ def newest(lora_run):
 
 def test_export_writes_the_merged_policy_as_an_hf_checkpoint(lora_run, newest, tmp_path):
   workdir, _, _ = lora_run
-  assert runtime.export_hf(workdir, tmp_path / "hf", architecture="LlamaForCausalLM") == 4
+  assert runtime.export_hf(workdir, tmp_path / "hf", architecture="LlamaForCausalLM") == runtime.Exported(
+      step=4, dirs=(str(tmp_path / "hf"),))
   with open(tmp_path / "hf" / "config.json") as f:  # the byte tokenizer's ids, not Llama's defaults (1, 2)
     ids = json.load(f)
   tok = models.ByteTokenizer()
@@ -453,7 +454,7 @@ def test_the_export_of_a_byte_tokenizer_run_carries_the_byte_tokenizer(lora_run,
   transformers = pytest.importorskip("transformers")
   workdir, cfg, _ = lora_run
   out = tmp_path / "hf"
-  assert runtime.export_hf(workdir, out) == 4
+  assert runtime.export_hf(workdir, out) == (4, (str(out),))
   _runs.assert_export_holds(out, newest[1])
   byte = models.ByteTokenizer()
   hf, auto = models.HFTokenizer.from_dir(str(out)), transformers.AutoTokenizer.from_pretrained(str(out))
@@ -538,7 +539,7 @@ def test_a_lora_run_with_a_bfloat16_base(tmp_path):
   assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-7) and np.isfinite(rows[-1]["loss"])
   # Its export: one dtype, the one config.json names (it was 8 float32 merged targets, 12 bfloat16 others), the
   # merged targets as they are and the rest of the base widened exactly.
-  assert runtime.export_hf(tmp_path, tmp_path / "hf", architecture="LlamaForCausalLM") == 2
+  assert runtime.export_hf(tmp_path, tmp_path / "hf", architecture="LlamaForCausalLM").step == 2
   assert _written_dtypes(tmp_path / "hf") == ({"float32": 20}, "float32")
   _runs.assert_export_holds(tmp_path / "hf", models.merge_lora(state.frozen, state.params,
                                                                runtime.build_parts(cfg).trainable.lora))

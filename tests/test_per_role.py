@@ -240,8 +240,9 @@ def test_a_per_role_run_trains_two_policies_from_one_warm_start(per_role_run, tm
   moved = [float(np.max(np.abs(np.asarray(end.params["q"][r]) - np.asarray(ref["q"])))) for r in range(2)]
   assert min(moved) > 1e-4  # both policies trained...
   assert float(np.max(np.abs(np.asarray(end.params["q"][0]) - np.asarray(end.params["q"][1])))) > 1e-4  # apart
-  # Export: one HF checkpoint per role, each that role's weights.
-  assert runtime.export_hf(workdir, tmp_path / "hf", architecture="LlamaForCausalLM") == 3
+  # Export: one HF checkpoint per role, each that role's weights, returned in the pipeline's role order.
+  assert runtime.export_hf(workdir, tmp_path / "hf", architecture="LlamaForCausalLM") == (
+      3, (str(tmp_path / "hf" / "router"), str(tmp_path / "hf" / "worker")))
   for r, role in enumerate(("router", "worker")):
     _, _, loaded = models.load_hf(str(tmp_path / "hf" / role))
     np.testing.assert_array_equal(np.asarray(loaded["q"]), np.asarray(end.params["q"][r]))

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import shutil
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,12 +21,18 @@ from rlax_post.runtime import _parts
 from rlax_post.runtime import _samplers
 
 
+class Exported(NamedTuple):
+  """What `export_hf` wrote."""
+  step: int  # the checkpoint's step
+  dirs: tuple[str, ...]  # the checkpoint directories: out_dir, or out_dir/<role name> per role in role order
+
+
 def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, step: int | None = None,
-              dtype: str | None = None) -> int:
+              dtype: str | None = None) -> Exported:
   """Writes the policy of run `workdir` at checkpoint `step` (None: the newest) to `out_dir` as an HF
   checkpoint of `architecture` (a key of `models.HF_ARCHITECTURES`; None: `export_architecture`, the one of
   the `model.hf_path` the run started from, else the one the model's features name); returns the step
-  exported. `rlax-post export` calls it.
+  exported and the directories written (`Exported`). `rlax-post export` calls it.
 
   With `model.lora.rank > 0` the exported weights are the merged ones, W + (alpha / r)·a·b, in the wider of
   the base's and the adapters' dtypes: a plain checkpoint that any HF loader (or `model.hf_path`) reads
@@ -42,7 +49,7 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, st
   largest is 65504) is an error naming it, not a silent inf.
 
   A run with one policy per role (`multiagent.policies = "per_role"`) writes one checkpoint per role, in
-  `out_dir/<role name>/`.
+  `out_dir/<role name>/`, and returns them in the pipeline's role order.
   """
   if dtype is not None and dtype not in models.HF_DTYPES:
     raise ValueError(f"Export dtype {dtype!r} is not one export writes; pass one of {list(models.HF_DTYPES)} (or "
@@ -66,7 +73,7 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, st
     models.export_hf(out, cfg, policy if update.roles == 1 else learner.role_params(policy, r),
                      architecture=architecture, config_extra=ids)
     _copy_tokenizer_files(parts, out)
-  return step
+  return Exported(step, tuple(outs))
 
 
 def export_architecture(cfg, model_cfg: models.ModelConfig) -> str:
