@@ -635,8 +635,8 @@ def _export(argv):
   with _output_dir(out, "--out"):
     step, dirs = runtime.export_hf(workdir, out, architecture=architecture, step=_STEP.value, dtype=dtype)
   if not _QUIET.value:
-    # One checkpoint in --out, or one per role in its subdirectories, sorted by role name as they were listed.
-    dirs = sorted(dirs)
+    # One checkpoint in --out, or one per role in its subdirectories, in the pipeline's role order.
+    dirs = list(dirs)
     with open(os.path.join(dirs[0], "config.json")) as f:
       written = json.load(f)
     where = out if dirs == [out] else f"{', '.join(dirs)} (one checkpoint per role)"
