@@ -234,9 +234,14 @@ def test_an_attempt_killed_before_its_first_checkpoint_is_cleared_by_a_fresh_run
       [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/demo.py:tiny", "--workdir",
        str(workdir), "--quiet", "--config.sft.steps=100000"], cwd=root, env=_procs.env(),
       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  # Until its first SFT row is written whole: the file exists from the open that appends the row, so killing
+  # it once metrics.jsonl existed could land before the row was written and leave an empty file (a loaded
+  # machine can preempt the writer right there). The deadline covers a process start and a cold compile.
   try:
-    deadline = time.time() + 120
-    while not (workdir / "metrics.jsonl").exists() and attempt.poll() is None and time.time() < deadline:
+    deadline = time.time() + 300
+    while not _metrics.read_jsonl(os.fspath(workdir / "metrics.jsonl")):
+      assert attempt.poll() is None, f"the attempt exited ({attempt.returncode}) before its first SFT row"
+      assert time.time() < deadline, "the attempt wrote no SFT row in 300 s"
       time.sleep(0.1)
   finally:
     attempt.kill()
