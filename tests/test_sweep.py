@@ -513,18 +513,56 @@ def test_a_signal_as_a_unit_starts_stops_that_unit_too(tmp_path, monkeypatch):
       return run
 
     monkeypatch.setattr(_local, "_start", start_then_signal)
+    # Python's own handlers, whatever this process inherited (a signal ignored by the caller is left ignored)
+    inherited = signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     plan = sweep.plan_local(f"{DEMO}:tiny", str(tmp_path / f"root{sig}"), share_warm_start=False,
                             say=lambda msg: None)
-    with pytest.raises(raised) as info:
-      sweep.run_plan(plan, pin_cpus=False, python=str(fake), say=lambda msg: None)
+    try:
+      with pytest.raises(raised) as info:
+        sweep.run_plan(plan, pin_cpus=False, python=str(fake), say=lambda msg: None)
+    finally:
+      after = {s: signal.getsignal(s) for s in before}
+      if inherited is not None:  # (None: not set from Python, cannot be put back)
+        signal.signal(sig, inherited)
     if raised is SystemExit:
       assert info.value.code == 128 + signal.SIGTERM
     assert [r.status for r in plan.results] == ["ok", "interrupted"]
     assert plan.results[1].returncode == -9
     with pytest.raises(ProcessLookupError):
       os.kill(int(pid_file.read_text()), 0)  # killed and reaped, not left running
-    assert {s: signal.getsignal(s) for s in before} == before
+    assert after == before
+
+
+@pytest.mark.parametrize("name", ["SIGHUP", "SIGINT", "SIGTERM"])
+def test_a_signal_the_caller_ignores_stays_ignored(tmp_path, monkeypatch, name):
+  """`nohup rlax-post sweep ...` ignores SIGHUP (a shell's background job, SIGINT): the sweep put its own handler
+  over the ignored one, so a closed terminal stopped the sweep and killed its units. A signal ignored when the
+  sweep starts stays ignored: here it arrives inside `_start` as each unit starts, and the sweep runs on."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers need the main thread")
+  sig = getattr(signal, name)
+  monkeypatch.delenv("STALL", raising=False)
+  start = _local._start  # pylint: disable=protected-access
+
+  def start_then_signal(r, *args):
+    run = start(r, *args)
+    os.kill(os.getpid(), sig)
+    time.sleep(0.1)  # a handler would have run before `_start` returns
+    return run
+
+  monkeypatch.setattr(_local, "_start", start_then_signal)
+  before = signal.signal(sig, signal.SIG_IGN)
+  try:
+    results = sweep.run_local(f"{DEMO}:tiny", str(tmp_path / "root"), parallel=2, pin_cpus=False,
+                              share_warm_start=False, python=_fake_python(tmp_path), say=lambda msg: None)
+    assert signal.getsignal(sig) is signal.SIG_IGN
+  finally:
+    if before is not None:  # (None: not set from Python, cannot be put back)
+      signal.signal(sig, before)
+  assert [(r.ok, r.returncode, r.status) for r in results] == [(False, -9, "failed (-9)"), (True, 0, "ok")]
 
 
 def test_a_terminated_sweep_command_reports_the_units_that_finished(tmp_path):
