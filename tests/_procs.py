@@ -29,6 +29,11 @@ def _jaxlib_before(major: int, minor: int) -> bool:
 # jaxlib 0.11's XLA no longer has the fusion-emitter flag and aborts on it (seen with jax 0.11.2, 2026-12-03).
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0",) + (
     ("--xla_cpu_use_fusion_emitters=false",) if _jaxlib_before(0, 11) else ())
+# The test processes share one persistent compilation cache, and JAX writes an entry in place: a process that
+# reads an entry another is writing warns "Error reading persistent compilation cache entry ..." (two lines on
+# stderr) and compiles the program afresh, same result. Tests that assert a command's whole stderr (one error
+# line) would fail on it now and then; the processes tests start ignore that warning alone.
+CACHE_READ_WARNING = "ignore:Error reading persistent compilation cache entry:UserWarning"
 _DEVICE_COUNT = re.compile(r"--xla_force_host_platform_device_count=\S*")
 
 
@@ -47,4 +52,6 @@ def env(devices: int = 1, **extra: str) -> dict[str, str]:
   flags = _DEVICE_COUNT.sub("", suite_flags(os.environ.get("XLA_FLAGS", "")))
   if devices > 1:
     flags += f" --xla_force_host_platform_device_count={devices}"
-  return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(flags.split()), **extra}
+  warnings = ",".join(w for w in (os.environ.get("PYTHONWARNINGS", ""), CACHE_READ_WARNING) if w)
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(flags.split()), "PYTHONWARNINGS": warnings,
+          **extra}
