@@ -402,6 +402,14 @@ def test_run_local_reports_a_torn_unit_and_waits_for_the_others(tmp_path):
   assert results[0].train_curve == [(1, 0.2)] and results[1].train_curve == [(2, 0.5)]
 
 
+def _wait_for_pid(pid_file, seconds: float) -> None:
+  """Waits until the stalled unit has written its pid to `pid_file`; fails saying so after `seconds`."""
+  deadline = time.monotonic() + seconds
+  while not (pid_file.exists() and pid_file.read_text().strip()):
+    assert time.monotonic() < deadline, f"the second unit wrote no pid to {pid_file} in {seconds} s"
+    time.sleep(0.05)
+
+
 def _stop_when_the_second_unit_runs(pid_file, stop):
   """A `say` that calls `stop()` once unit 2/2 has started and written its pid."""
   def say(msg):
@@ -506,8 +514,7 @@ def test_a_signal_as_a_unit_starts_stops_that_unit_too(tmp_path, monkeypatch):
     def start_then_signal(r, *args, sig=sig, pid_file=pid_file):
       run = start(r, *args)
       if r.unit.index == 1:
-        while not (pid_file.exists() and pid_file.read_text().strip()):
-          time.sleep(0.05)
+        _wait_for_pid(pid_file, 60)
         os.kill(os.getpid(), sig)
         time.sleep(0.1)  # the handler has run before `_start` returns
       return run
@@ -579,11 +586,10 @@ def test_a_terminated_sweep_command_reports_the_units_that_finished(tmp_path):
           "'--nopin_cpus'])")
   proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           cwd=REPO, env={**os.environ, "STALL": str(pid_file)})
-  for _ in range(600):
-    if pid_file.exists() and pid_file.read_text().strip():
-      break
-    time.sleep(0.1)
-  proc.send_signal(signal.SIGTERM)
+  try:
+    _wait_for_pid(pid_file, 120)
+  finally:
+    proc.send_signal(signal.SIGTERM)
   out, err = proc.communicate(timeout=60)
   assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
   report = json.loads((root / "sweep.json").read_text())
