@@ -47,3 +47,16 @@ def test_sampler_driver_blocks_run_and_do_what_they_say():
     assert c.finish_reason == "stop" or len(c.tokens) == 64
   assert len({c.tokens for c in completions}) > 1  # each sample its own stream
   assert ns["driver"].version == 1
+
+
+def test_agentic_blocks_run_and_do_what_they_say():
+  """docs/agentic.md: every block, its sampler example included (a random `micro` model): 2 prompts x 4
+  episodes in prompt order, every message unparseable (reward 0, the state key of the start unchanged), each
+  episode ended by the full context."""
+  ns = _run("agentic.md", _blocks("agentic.md"))
+  episodes = ns["episodes"]
+  assert [ep.prompt_index for ep in episodes] == [0] * 4 + [1] * 4
+  for ep in episodes:
+    assert ep.end_reason == "max_decode_length" and ep.total_reward == 0.0 and ep.infos
+    assert all(info["error_kind"] == "unparseable" for info in ep.infos)
+    assert len({info["prev_state_key"] for info in ep.infos}) == 1
