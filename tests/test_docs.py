@@ -27,7 +27,7 @@ def _run(page: str, blocks: list[str]) -> dict:
   return namespace
 
 
-@pytest.mark.parametrize("page", ["credit_assignment.md"])
+@pytest.mark.parametrize("page", ["credit_assignment.md", "models.md"])
 def test_code_blocks_run(page):
   _run(page, _blocks(page))
 
