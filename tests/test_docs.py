@@ -3,6 +3,7 @@ the page's other blocks need what a test cannot start here: a server)."""
 
 import pathlib
 import re
+import runpy
 
 import pytest
 
@@ -60,3 +61,18 @@ def test_agentic_blocks_run_and_do_what_they_say():
     assert ep.end_reason == "max_decode_length" and ep.total_reward == 0.0 and ep.infos
     assert all(info["error_kind"] == "unparseable" for info in ep.infos)
     assert len({info["prev_state_key"] for info in ep.infos}) == 1
+
+
+def test_data_reward_blocks_run_and_are_the_example():
+  """docs/data.md: the worked example's `score` is `examples/arith/reward.py:score` (the same components on
+  a right digits-only answer, a carry-less one and a right answer in words) and the reward is correct + 0.1 ·
+  format, so 1.1 is perfect."""
+  ns = _run("data.md", _blocks("data.md"))
+  example = runpy.run_path(str(_DOCS.parent / "examples" / "arith" / "reward.py"))["score"]
+  cases = {"12": (1.0, 1.0), "2": (0.0, 1.0), "it is 12": (1.0, 0.0)}
+  for completion, (correct, well_formed) in cases.items():
+    sample = ns["rewards"].Sample(prompt="7+5=", prompt_text="7+5=", completion=completion, answer=12)
+    got = ns["score"](sample)
+    assert got == example(sample)
+    assert got["correct"] == correct and got["format"] == well_formed
+    assert abs(got["total"] - (correct + 0.1 * well_formed)) < 1e-12
