@@ -19,8 +19,9 @@ def unit_dirs(root: str) -> list[str]:
 
 
 def ms(values) -> str:
-  """Mean ± sample std of `values` (NaN entries, undefined for their unit, left out; "n/a" if none is left)."""
-  values = [v for v in values if v == v]
+  """Mean ± sample std of `values` (NaN or None entries, undefined for their unit, left out; "n/a" if none is
+  left)."""
+  values = [v for v in values if v is not None and v == v]
   if not values:
     return "n/a"
   return f"{np.mean(values):.3f} ± {np.std(values, ddof=1) if len(values) > 1 else 0:.3f}"

@@ -422,6 +422,18 @@ def test_short_runs_train_both_roles_and_log_the_budget(request, tmp_path, varia
   assert figures["role1_correct_end"] == pytest.approx(np.mean([m["reward/router_correct"] for m in rl]))
 
 
+
+def test_report_leaves_undefined_figures_out(c3_value_run):
+  """A figure undefined for a unit (credit fidelity None: no spread to rank) is left out of the mean, not a
+  TypeError that lost the whole report (a tiny sweep's report crashed so)."""
+  assert report.sweep_report.ms([0.5, None, float("nan"), 0.7]) == "0.600 ± 0.141"
+  assert report.sweep_report.ms([None, float("nan")]) == "n/a"
+  unit = report.unit_figures(c3_value_run, extra=0)
+  other = {**unit, "seed": 1, "credit_fidelity": 0.25}
+  row = [line for line in report.table([{**unit, "credit_fidelity": None}, other]).splitlines()
+         if "| c3_value |" in line][0]
+  assert "| 0.250 ± 0.000 |" in row
+
 # --- Diagnostics -------------------------------------------------------------------------------------------
 
 

@@ -63,7 +63,9 @@ def unit_figures(workdir: str, extra: int, batches: int = 4) -> dict:
     out[f"role{k}_correct_end"] = float(np.mean([r[role] for r in rl[-5:]]))
   if extra:
     fid = runtime.credit_fidelity(workdir, extra=extra, batches=batches)
-    out["credit_fidelity"] = fid["credit_fidelity"]
+    # None where it is undefined (no spread in the credit or the outcomes, e.g. a run that never succeeds): NaN,
+    # as role1_influence, so the table and the plot leave the unit out.
+    out["credit_fidelity"] = float("nan") if fid["credit_fidelity"] is None else fid["credit_fidelity"]
   return out
 
 
