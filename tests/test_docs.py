@@ -76,3 +76,15 @@ def test_data_reward_blocks_run_and_are_the_example():
     assert got == example(sample)
     assert got["correct"] == correct and got["format"] == well_formed
     assert abs(got["total"] - (correct + 0.1 * well_formed)) < 1e-12
+
+
+def test_learner_blocks_run_and_do_what_they_say():
+  """docs/learner.md: one PPO step on the tiny model of a batch its policy sampled (ratio 1, so no clipping,
+  and KL 0, to rounding, to a reference equal to it), 32 rows of 32 trained tokens, at the warmup's first
+  learning rate (0); then the LoRA block's state holds the adapters, the base frozen beside them."""
+  ns = _run("learner.md", _blocks("learner.md"))
+  metrics = {k: float(v) for k, v in ns["metrics"].items()}
+  assert abs(metrics["kl"]) < 1e-6 and metrics["clip_frac"] == 0.0 and metrics["num_tokens"] == 32 * 32
+  assert metrics["skipped"] == 0.0 and metrics["learning_rate"] == 0.0
+  assert abs(metrics["loss"] - metrics["pg_loss"]) < 1e-6
+  assert ns["state"].frozen is ns["frozen"] and ns["state"].params is ns["adapters"]
