@@ -88,3 +88,14 @@ def test_learner_blocks_run_and_do_what_they_say():
   assert metrics["skipped"] == 0.0 and metrics["learning_rate"] == 0.0
   assert abs(metrics["loss"] - metrics["pg_loss"]) < 1e-6
   assert ns["state"].frozen is ns["frozen"] and ns["state"].params is ns["adapters"]
+
+
+def test_launch_sweep_block_is_the_demo_configs_sweep():
+  """docs/launch.md's `get_sweep` example gives configs/demo.py's units, default (3 estimators × 2 seeds) and
+  `tiny` (2 estimators × seed 0)."""
+  ns = _run("launch.md", _blocks("launch.md"))
+  demo = runpy.run_path(str(_DOCS.parent / "configs" / "demo.py"))["get_sweep"]
+  for arg in (None, "tiny"):
+    assert ns["get_sweep"](arg) == demo(arg)
+  assert len(ns["get_sweep"]()) == 6 and ns["get_sweep"]("tiny") == [
+      {"advantage.estimator": "grpo", "seed": 0}, {"advantage.estimator": "rloo", "seed": 0}]
