@@ -367,6 +367,9 @@ def test_smollm2_config_tokens_and_template_match_transformers(smollm2):
           chat, add_generation_prompt=gen, tokenize=False)
 
 
+@pytest.mark.slow  # About 60 s (2026-12-05: the longest test of make test, whose 15 minutes it neared); in make
+# test, the tiny GGUF files' logits equal transformers' (test_converted_model_logits_equal_transformers) and
+# SmolLM2's config, tokens and chat template do (the test above).
 def test_smollm2_logits_and_greedy_tokens_match_transformers(smollm2, tmp_path):
   out, reference, theirs = smollm2
   # Ours in a process with XLA's default flags (`_smollm2_ours`): the model as a user runs it.
@@ -401,7 +404,7 @@ def test_convert_command_names_a_missing_file(tmp_path):
   assert done.stderr.strip().startswith("rlax-post convert: error: --gguf 'missing.gguf': cannot read it")
 
 
-@pytest.mark.slow  # About 75 s; the real model's parity tests and the tiny-HF dataset CLI run are in make test.
+@pytest.mark.slow  # About 75 s; the real model's config / token parity and the tiny-HF dataset CLI run are in make test.
 def test_smollm2_trains_with_grpo_through_the_cli(smollm2, tmp_path):
   """The real path end to end at a tiny size: the converted checkpoint, chat-rendered word problems, the
   built-in maths reward, GRPO through `rlax-post train`."""
