@@ -388,9 +388,10 @@ esac
 """
 
 
-def _fake_python(tmp_path):
+def _fake_python(tmp_path, script=_FAKE_PYTHON):
+  """`script` as an executable stand-in for the units' python; returns its path."""
   path = tmp_path / "fake_python.sh"
-  path.write_text(_FAKE_PYTHON)
+  path.write_text(script)
   path.chmod(0o755)
   return str(path)
 
@@ -414,10 +415,7 @@ def _stop_when_the_second_unit_runs(pid_file, stop):
   """A `say` that calls `stop()` once unit 2/2 has started and written its pid."""
   def say(msg):
     if "2/2" in msg and "started" in msg:
-      for _ in range(100):
-        if pid_file.exists() and pid_file.read_text().strip():
-          break
-        time.sleep(0.1)
+      _wait_for_pid(pid_file, 10)
       stop()
   return say
 
@@ -474,9 +472,7 @@ esac
 def test_an_interrupted_sweep_says_which_units_finished(tmp_path, monkeypatch):
   """`run_plan` stopped by Ctrl-C: `plan.results` hold the unit that finished (ok, its figures) and the one it
   stopped ("interrupted", never "failed"); units it never started are "not run"."""
-  fake = tmp_path / "fake_python.sh"
-  fake.write_text(_FAKE_PYTHON_OK_THEN_STALL)
-  fake.chmod(0o755)
+  fake = _fake_python(tmp_path, _FAKE_PYTHON_OK_THEN_STALL)
   pid_file = tmp_path / "pid"
   monkeypatch.setenv("STALL", str(pid_file))
 
@@ -486,7 +482,7 @@ def test_an_interrupted_sweep_says_which_units_finished(tmp_path, monkeypatch):
   plan = sweep.plan_local(f"{DEMO}:tiny", str(tmp_path / "root"), share_warm_start=False, say=lambda msg: None)
   assert [r.unit.index for r in plan.pending] == [0, 1]
   with pytest.raises(KeyboardInterrupt):
-    sweep.run_plan(plan, pin_cpus=False, python=str(fake), say=_stop_when_the_second_unit_runs(pid_file, interrupt))
+    sweep.run_plan(plan, pin_cpus=False, python=fake, say=_stop_when_the_second_unit_runs(pid_file, interrupt))
   assert [(r.ok, r.status) for r in plan.results] == [(True, "ok"), (False, "interrupted")]
   assert plan.results[0].figures()["final_eval_reward"] == 1.0 and plan.results[1].returncode == -9
   assert sweep.table(plan.results).splitlines()[3].startswith("| advantage.estimator=rloo,seed=0 | interrupted |")
@@ -503,9 +499,7 @@ def test_a_signal_as_a_unit_starts_stops_that_unit_too(tmp_path, monkeypatch):
   import threading  # pylint: disable=g-import-not-at-top
   if threading.current_thread() is not threading.main_thread():
     pytest.skip("signal handlers need the main thread")
-  fake = tmp_path / "fake_python.sh"
-  fake.write_text(_FAKE_PYTHON_OK_THEN_STALL)
-  fake.chmod(0o755)
+  fake = _fake_python(tmp_path, _FAKE_PYTHON_OK_THEN_STALL)
   start = _local._start  # pylint: disable=protected-access
   for sig, raised in ((signal.SIGTERM, SystemExit), (signal.SIGINT, KeyboardInterrupt)):
     pid_file = tmp_path / f"pid{sig}"
@@ -527,7 +521,7 @@ def test_a_signal_as_a_unit_starts_stops_that_unit_too(tmp_path, monkeypatch):
                             say=lambda msg: None)
     try:
       with pytest.raises(raised) as info:
-        sweep.run_plan(plan, pin_cpus=False, python=str(fake), say=lambda msg: None)
+        sweep.run_plan(plan, pin_cpus=False, python=fake, say=lambda msg: None)
     finally:
       after = {s: signal.getsignal(s) for s in before}
       if inherited is not None:  # (None: not set from Python, cannot be put back)
@@ -576,12 +570,10 @@ def test_a_terminated_sweep_command_reports_the_units_that_finished(tmp_path):
   """`rlax-post sweep` stopped by SIGTERM (a scheduler's timeout): sweep.json, sweep.png and the table say
   which units finished, and how to go on; the exit says it was terminated."""
   import signal  # pylint: disable=g-import-not-at-top
-  fake = tmp_path / "fake_python.sh"
-  fake.write_text(_FAKE_PYTHON_OK_THEN_STALL)
-  fake.chmod(0o755)
+  fake = _fake_python(tmp_path, _FAKE_PYTHON_OK_THEN_STALL)
   pid_file, root = tmp_path / "pid", tmp_path / "root"
   # The sweep runs its units with sys.executable: the fake one here.
-  code = (f"import sys; sys.executable = {str(fake)!r}; from rlax_post import cli; "
+  code = (f"import sys; sys.executable = {fake!r}; from rlax_post import cli; "
           f"cli.main(['rlax-post', 'sweep', '--config', {DEMO + ':tiny'!r}, '--workdir', {str(root)!r}, "
           "'--nopin_cpus'])")
   proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
