@@ -43,14 +43,11 @@ def _problems(case: ET.Element) -> list[ET.Element]:
 def rerun_targets(junit: pathlib.Path, test_files: list[str]) -> list[str] | None:
   """The test files to run again: those with a test that crashed its worker, and those no test of which
   reported (queued on the dead worker); None if any failure or error was not a crash (nothing is rerun)."""
-  cases, crashed, reported = _cases(junit), set(), set()
-  for case in cases:
-    reported.add(_file_of(case))
-    for problem in _problems(case):
-      text = (problem.get("message") or "") + (problem.text or "")
-      if _CRASH not in text:
-        return None
-      crashed.add(_file_of(case))
+  cases = _cases(junit)
+  texts = [(case, (p.get("message") or "") + (p.text or "")) for case in cases for p in _problems(case)]
+  if any(_CRASH not in text for _, text in texts):  # (before any case is mapped: a collection error has no file)
+    return None
+  crashed, reported = {_file_of(case) for case, _ in texts}, {_file_of(case) for case in cases}
   return sorted(crashed | {f for f in test_files if f not in reported})
 
 
