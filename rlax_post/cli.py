@@ -636,10 +636,9 @@ def _export(argv):
     step, dirs = runtime.export_hf(workdir, out, architecture=architecture, step=_STEP.value, dtype=dtype)
   if not _QUIET.value:
     # One checkpoint in --out, or one per role in its subdirectories, in the pipeline's role order.
-    dirs = list(dirs)
     with open(os.path.join(dirs[0], "config.json")) as f:
       written = json.load(f)
-    where = out if dirs == [out] else f"{', '.join(dirs)} (one checkpoint per role)"
+    where = out if dirs == (out,) else f"{', '.join(dirs)} (one checkpoint per role)"
     print(f"Wrote step {step} of {workdir} as {written['architectures'][0]} in {written['torch_dtype']} to {where}; "
           f"transformers' AutoModelForCausalLM and AutoTokenizer .from_pretrained({dirs[0]!r}) load it, "
           f"--config.model.hf_path={dirs[0]} trains it.")
