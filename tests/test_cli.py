@@ -312,6 +312,19 @@ def test_unknown_key_names_close_matches_and_the_section_keys():
                   "'temperature', 'top_k', 'top_p'] (`rlax-post check-config --config FILE` prints them all).")
 
 
+def test_settings_the_run_does_not_read_are_one_line_with_each_reader_s_keys_apart():
+  """Two settings of two different readers, neither read by the demo's GRPO run: the one line separates the two
+  readers' groups with '; ' (each group ends in what this run has instead)."""
+  line = _error(_cli("check-config", "--config", "configs/demo.py", "--config.advantage.gamma=0.9",
+                     "--config.advantage.lambda_=0.5"), "check-config")
+  assert line == ("rlax-post check-config: error: In `config`: This run does not read settings it was given, so "
+                  "they would be ignored; set each back to its default, or choose what reads it. "
+                  "`advantage.gamma` = 0.9 (default 1.0): read only with advantage.estimator in ['gigpo', "
+                  "'graph_gae', 'gae']; this run has advantage.estimator = 'grpo'; `advantage.lambda_` = 0.5 "
+                  "(default 1.0): read only with advantage.estimator in ['graph_gae', 'gae']; this run has "
+                  "advantage.estimator = 'grpo'")
+
+
 def test_key_of_another_section_is_suggested():
   line = _error(_cli("train", "--config", "configs/demo.py", "--config.rl.kl_coef=0.1", "--workdir", "x"),
                 "train")

@@ -90,7 +90,7 @@ _ROUNDS = {"task": {"name": "sales", "options": {"discounted": False}}, "runtime
     ({"advantage": {"normalize": "batch"}}, "`advantage.normalize` = 'batch' (default None): read only with "
      f"{_A} in ['graph_gae', 'gae']; this run has {_A} = 'grpo'"),
     ({"advantage": {"gamma": 0.9, "lambda_": 0.5}}, f"`advantage.gamma` = 0.9 (default 1.0): read only with {_A} in "
-     f"['gigpo', 'graph_gae', 'gae']; this run has {_A} = 'grpo'\n  `advantage.lambda_` = 0.5 (default 1.0): "
+     f"['gigpo', 'graph_gae', 'gae']; this run has {_A} = 'grpo';\n  `advantage.lambda_` = 0.5 (default 1.0): "
      f"read only with {_A} in ['graph_gae', 'gae']; this run has {_A} = 'grpo'"),
     ({"advantage": {"estimator": "graph_gae", "omega": 0.5}},
      f"`advantage.omega` = 0.5 (default 1.0): read only with {_A} = 'gigpo'; this run has {_A} = 'graph_gae'"),
@@ -98,28 +98,28 @@ _ROUNDS = {"task": {"name": "sales", "options": {"discounted": False}}, "runtime
      f"`advantage.num_iters` = 3 (default 0): read only with {_A} = 'graph_gae'; this run has {_A} = 'gigpo'"),
     ({"advantage": {"estimator": "rloo", "max_nodes": 64, "alpha": 0.5}},
      f"`advantage.max_nodes` = 64 (default 0): read only with {_A} in ['gigpo', 'graph_gae']; this run has "
-     f"{_A} = 'rloo'\n  `advantage.alpha` = 0.5 (default 1.0): read only with {_A} = 'c3'"),
+     f"{_A} = 'rloo';\n  `advantage.alpha` = 0.5 (default 1.0): read only with {_A} = 'c3'"),
     ({"critic": {"loss": "mse", "optimizer": {"b2": 0.9}}},
      "`critic.loss` = 'mse' (default 'clipped'), `critic.optimizer.b2` = 0.9 (default 0.99): read only with a "
      "critic: advantage.estimator = 'gae', 'c3' with a value c3_mode, or runtime.mode = 'rounds' with iterppo.q != "
      "'oracle'; this run has advantage.estimator = 'grpo', runtime.mode = 'sync'"),
     ({"advantage": {"estimator": "gae"}, "critic": {"hf_path": "/ckpt", "preset": "small"}},
      "`critic.preset` = 'small' (default 'tiny'): read only with critic.init = 'preset'; this run has critic.init = "
-     "'policy'\n  `critic.hf_path` = '/ckpt' (default None): read only with critic.init = 'hf'; this run has "
+     "'policy';\n  `critic.hf_path` = '/ckpt' (default None): read only with critic.init = 'hf'; this run has "
      "critic.init = 'policy'"),
     ({"advantage": {"estimator": "gae"}, "critic": {"mode": "shared", "warmup_steps": 2}},
      "`critic.warmup_steps` = 2 (default 0): read only with critic.mode = 'separate'; this run has critic.mode = "
      "'shared'"),
     ({"advantage": {"estimator": "gae"}, "critic": {"coef": 1.0, "huber_delta": 2.0}},
      "`critic.coef` = 1.0 (default 0.5): read only with critic.mode = 'shared'; this run has critic.mode = "
-     "'separate'\n  `critic.huber_delta` = 2.0 (default 1.0): read only with critic.loss = 'huber'"),
+     "'separate';\n  `critic.huber_delta` = 2.0 (default 1.0): read only with critic.loss = 'huber'"),
     ({"loss": {"kind": "gspo", "eps_high": 0.3, "dual_clip": 3.0}},
      "`loss.eps_high` = 0.3 (default 0.28), `loss.dual_clip` = 3.0 (default None): read only with loss.kind in "
      "['ppo', 'decoupled_ppo'] (\"auto\": 'ppo', or 'decoupled_ppo' in async mode with max_staleness > 0); this run "
      "has the objective 'gspo' (loss.kind = 'gspo', runtime.mode = 'sync')"),
     ({"loss": {"seq_eps_low": 1e-3, "behaviour_cap": 4.0}},
      f"`loss.seq_eps_low` = 0.001 (default 0.0003): read only with loss.kind in ['gspo'] (\"auto\": 'ppo', or "
-     f"'decoupled_ppo' in async mode with max_staleness > 0); this run has {_PPO}\n  `loss.behaviour_cap` = 4.0 "
+     f"'decoupled_ppo' in async mode with max_staleness > 0); this run has {_PPO};\n  `loss.behaviour_cap` = 4.0 "
      "(default 2.0): read only with loss.kind in ['decoupled_ppo']"),
     ({"runtime": {"mode": "async", "max_staleness": 0}, "loss": {"behaviour_cap": 4.0}},
      "`loss.behaviour_cap` = 4.0 (default 2.0): read only with loss.kind in ['decoupled_ppo'] (\"auto\": 'ppo', or "
@@ -150,7 +150,7 @@ _ROUNDS = {"task": {"name": "sales", "options": {"discounted": False}}, "runtime
      "'oracle'; this run has iterppo.q = 'oracle'"),
     ({"advantage": {"estimator": "rloo", "std": "population", "eps": 1e-4}},
      "`advantage.std` = 'population' (default 'sample'): read only with advantage.estimator in ['grpo', 'magrpo', "
-     "'tree_grpo']; this run has advantage.estimator = 'rloo'\n  `advantage.eps` = 0.0001 (default 1e-06): read "
+     "'tree_grpo']; this run has advantage.estimator = 'rloo';\n  `advantage.eps` = 0.0001 (default 1e-06): read "
      "only with advantage.estimator in ['grpo', 'reinforce_pp', 'magrpo', 'tree_grpo']; this run has "
      "advantage.estimator = 'rloo'"),
     ({"advantage": {"estimator": "reinforce_pp", "std": "population"}},  # (always the population std)

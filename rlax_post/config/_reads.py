@@ -230,4 +230,4 @@ def check_reads(cfg: Config) -> None:
     values = ", ".join(f"`{k}` = {v!r} (default {d!r})" for k, v, d in mine)
     lines.append(f"{values}: read only with {when.needs}; this run has {when.now(cfg)}")
   raise ValueError("This run does not read settings it was given, so they would be ignored; set each back to "
-                   "its default, or choose what reads it.\n  " + "\n  ".join(lines))
+                   "its default, or choose what reads it.\n  " + ";\n  ".join(lines))
