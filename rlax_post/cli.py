@@ -467,7 +467,8 @@ def _print_summary(summary):
   if stopped:  # (it read as a finished run's result)
     print(f"Stopped early by runtime.stop_after_steps: the same command with --resume continues it to step "
           f"{steps}.")
-  print(f"Outputs in {summary['workdir']}: {', '.join(_outputs(summary['workdir']))}")
+  if runtime.is_primary():  # (a multi-host learner's other processes share its summary, not its outputs)
+    print(f"Outputs in {summary['workdir']}: {', '.join(_outputs(summary['workdir']))}")
 
 
 def _outputs(workdir: str) -> list[str]:

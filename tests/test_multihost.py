@@ -186,6 +186,14 @@ def test_two_process_learner_matches_one_process(tmp_path):
     summary = json.load(f)
   assert summary["devices"] == 8 and summary["rl_steps_done"] == 3
   assert os.path.exists(os.path.join(workdir, "learner.done"))
+  # Both processes print the run's (shared) eval line; only process 0, which wrote them, names the outputs.
+  logs = [(tmp_path / f"learner{k}.log").read_text() for k in range(2)]
+  eval_lines = [[l for l in log.splitlines() if l.startswith("Greedy eval reward on ")] for log in logs]
+  assert len(eval_lines[0]) == 1 and [l.rsplit(" in ", 1)[0] for l in eval_lines[1]] == [
+      eval_lines[0][0].rsplit(" in ", 1)[0]]  # (the same figures; each process its own seconds)
+  outputs = "summary.json, metrics.jsonl, tensorboard/, checkpoints/"  # (runtime.plot = False: no curves.png)
+  assert f"Outputs in {os.path.abspath(workdir)}: {outputs}\n" in logs[0], logs[0][-2000:]
+  assert "Outputs in" not in logs[1], logs[1][-2000:]
 
   # One process, 8 devices: the same warm start from the same init ...
   cfg = runtime.load_run_config(workdir)

@@ -12,6 +12,7 @@ from rlax_post.runtime._distributed import ENV_COORDINATOR
 from rlax_post.runtime._distributed import ENV_NUM_PROCESSES
 from rlax_post.runtime._distributed import ENV_PROCESS_ID
 from rlax_post.runtime._distributed import initialize as initialize_distributed
+from rlax_post.runtime._distributed import is_primary
 from rlax_post.runtime._eval import Evaluator
 from rlax_post.runtime._export import export_hf
 from rlax_post.runtime._export import Exported
@@ -74,7 +75,7 @@ from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
 __all__ = ["build_parts", "check_config", "Credit", "credit_fidelity", "spearman", "ModelPolicy", "ExactOracle", "exact_oracle", "policy_value", "run_policy_value", "config_policy", "load_run_policy", "RunPolicy", "rescue_audit", "rescue_evaluate",
            "HarnessOptions", "run_rescue_eval", "simulate_sessions", "Channels", "check_resume_config", "complete_checkpoints", "probe_writable", "CriticScores", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "Evaluator", "export_hf", "Exported",
-           "InlineSource", "initialize_distributed", "learn", "make_source", "discounted_returns", "pair_rows",
+           "InlineSource", "initialize_distributed", "is_primary", "learn", "make_source", "discounted_returns", "pair_rows",
            "QFunction", "fit_sets", "mean_return", "read_rounds", "round_dir", "RoundSource", "transitions_of", "is_run_config", "load_run_config", "LoggedSource", "MetricsWriter",
            "Parts", "plot_curves", "read_jsonl", "ProcessSource", "replay", "RLUpdate", "RolloutBatch", "rows_to_batch",
            "run_learner", "run_memory", "run_sampler", "RunCheckpointer", "SamplerWorker", "serve", "Source",
