@@ -4,7 +4,7 @@ batching and shared vs separate prefills, side by side in one run.
   python benchmarks/sampler.py                      # tiny model on the CPU
   python benchmarks/sampler.py --json out.json      # also write the figures (keys efficiency_equal,
                                                     # efficiency_long_tail, continuous_over_static,
-                                                    # static_over_continuous_steps,
+                                                    # static_over_continuous_steps, refill_queue_over_host,
                                                     # shared_prefix_over_separate, block_over_single_step,
                                                     # run_ahead_over_sync, run_ahead_admission,
                                                     # unfinished_over_groups, chunked_prefill_admission,
@@ -25,6 +25,9 @@ driver tokens/s / fused tokens/s, on an equal-length workload (every sample exac
 model never samples) and on a long-tailed one (most requests short, a few long; the fused loop runs the
 workload's mean length, so efficiency there also pays for the tail). Decode step time against the KV length:
 `benchmarks/decode_kv.py`.
+Continuous batching on the long tail runs with a refill queue of 2 x `slots` samples on the device (`cont`:
+`RlaxEngine(refill_queue=2 * slots)`, a block moves queued samples into slots as they free) and with the host's
+refills (`cont_host`: `refill_queue=0`, a block ends for each refill); static batching is the baseline.
 Run-ahead (`Driver(run_ahead=)`): one wave of `slots` equal requests (all decoding from the first block, so
 every block after the first is dispatched before the host hands out the one before it), with and without; and
 RL groups of 4 admitted as their slots free (a loop of `step()`, as `envs.run_tickets`), with and without
@@ -285,11 +288,11 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
 
   layers = dict(auto=None, on=True, off=False)[args.unstack_layers]
 
-  def engine(k, tokenizer=None, chunk=None, unstack_layers=layers):
+  def engine(k, tokenizer=None, chunk=None, unstack_layers=layers, queue=None):
     return sampler.RlaxEngine(cfg, graphdef, tokenizer=tokenizer or models.ByteTokenizer(), mesh=mesh,
                               max_concurrent_decodes=slots, max_prefill_length=min(2 * prompt_len, max_decode // 2),
                               max_decode_length=max_decode, temperature=1.0, seed=0, steps_per_sync=k,
-                              prefill_chunk=chunk, unstack_layers=unstack_layers)
+                              prefill_chunk=chunk, unstack_layers=unstack_layers, refill_queue=queue)
 
   k, rng = args.steps_per_sync, np.random.default_rng(0)
   blocks, single = engine(k, _NoEosTokenizer()), engine(1, _NoEosTokenizer())  # prefill calls in one pass
@@ -314,7 +317,9 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                wave=DriverMode(blocks, params, equal[:slots]),
                wave_sync=DriverMode(blocks, params, equal[:slots], run_ahead=False),
                fused_tail=FusedMode(blocks, params, num=num, prompt_len=mean_prompt, new_tokens=mean_new),
-               cont=DriverMode(blocks, params, tail), stat=DriverMode(blocks, params, tail, static_batching=True),
+               cont=DriverMode(engine(k, _NoEosTokenizer(), queue=2 * slots), params, tail),
+               cont_host=DriverMode(engine(k, _NoEosTokenizer(), queue=0), params, tail),
+               stat=DriverMode(blocks, params, tail, static_batching=True),
                shared=DriverMode(blocks, params, grouped),
                separate=DriverMode(blocks, params, grouped, share_prefix=False),
                admit=AdmissionMode(rl, params, groups, run_ahead=False),
@@ -326,7 +331,7 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                 eq_1=f"equal {equal_new}: driver, k=1", wave=f"one wave of {slots}: driver, k={k}",
                 wave_sync=f"one wave of {slots}: driver, k={k}, no run-ahead",
                 fused_tail=f"long tail: fused limit (mean {mean_new})", cont=f"long tail: continuous, k={k}",
-                stat=f"long tail: static, k={k}", shared="shared prefix (n=8)", separate="separate prefills (n=8)",
+                cont_host=f"long tail: continuous, k={k}, host refills", stat=f"long tail: static, k={k}", shared="shared prefix (n=8)", separate="separate prefills (n=8)",
                 admit="groups admitted as slots free", admit_ahead="groups admitted, run-ahead",
                 admit_samples="groups admitted, unfinished counted",
                 admit_one_pass="groups admitted, unfinished, prefill in one pass",
@@ -344,7 +349,7 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
   def ratio(a, b):  # tokens/s of mode a over mode b; None unless both ran
     return best[a]["tokens_per_s"] / best[b]["tokens_per_s"] if a in best and b in best else None
 
-  pairs = [(a, b) for a, b in [("cont", "stat"), ("shared", "separate"), ("eq_k", "eq_1"), ("wave", "wave_sync"),
+  pairs = [(a, b) for a, b in [("cont", "stat"), ("cont", "cont_host"), ("shared", "separate"), ("eq_k", "eq_1"), ("wave", "wave_sync"),
                                 ("admit", "admit_ahead"), ("admit", "admit_samples"), ("admit_samples", "admit_one_pass"),
                                 ("eq_k", "eq_chunked"), ("eq_k", "eq_other")] if a in modes and b in modes]
   same = {f"{a}={b}": same_outputs(modes[a].completions, modes[b].completions) for a, b in pairs}
@@ -362,6 +367,7 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                 run_ahead_admission=ratio("admit_ahead", "admit"),
                 unfinished_over_groups=ratio("admit_samples", "admit"),
                 continuous_over_static=ratio("cont", "stat"), static_over_continuous_steps=steps_ratio,
+                refill_queue_over_host=ratio("cont", "cont_host"),
                 shared_prefix_over_separate=ratio("shared", "separate"),
                 chunked_prefill_admission=ratio("admit_samples", "admit_one_pass"),
                 chunked_prefill_full_calls=ratio("eq_chunked", "eq_k"),
@@ -411,7 +417,7 @@ def _report(args, device, cfg, slots, result, rows):
         f"run-ahead / not: {x('run_ahead_over_sync')} (groups admitted as slots free: "
         f"{x('run_ahead_admission')})   admission by unfinished samples / by groups: "
         f"{x('unfinished_over_groups')}   continuous / static: {x('continuous_over_static')} (decode steps "
-        f"{x('static_over_continuous_steps')})   "
+        f"{x('static_over_continuous_steps')})   refill queue / host refills: {x('refill_queue_over_host')}   "
         f"shared prefix / separate: {x('shared_prefix_over_separate')}   "
         f"identical outputs: {result['identical_outputs']}")
   print(f"prefill in chunks ({result['prefill_chunk']} rows) / in one pass: groups admitted "

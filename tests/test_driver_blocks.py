@@ -28,10 +28,11 @@ Request = _requests.Request
 @functools.lru_cache(maxsize=None)
 def _engine_for(steps_per_sync, slots=3, temperature=0.8, top_p=0.9, top_k=40, min_kv_bucket=64,
                 refill_after=None):
+  # No refill queue: these tests pin the host's refills (the queue's: tests/test_refill_queue.py).
   return _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=slots,
                             max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=temperature,
                             top_p=top_p, top_k=top_k, seed=1, steps_per_sync=steps_per_sync,
-                            min_kv_bucket=min_kv_bucket, refill_after=refill_after)
+                            min_kv_bucket=min_kv_bucket, refill_after=refill_after, refill_queue=0)
 
 
 def _filled_state(engine, prompts):

@@ -67,7 +67,10 @@ def test_sharded_engine_gives_the_one_device_completions(temperature):
   assert eight.mesh.devices.size == 8
   assert params_8["embedding"].sharding.spec == P("tensor", "fsdp")  # Sharded by the param rules.
   expected = sampler.Driver(one, params_1).sample(_requests())
-  got = sampler.Driver(eight, params_8).sample(_requests())
+  driver = sampler.Driver(eight, params_8)
+  got = driver.sample(_requests())
+  # 8 samples on 4 slots: the last 4 wait on the refill queue (CPU meshes hold one) and the blocks take them.
+  assert eight.refill_queue == 2 * SLOTS and driver.stats.device_refills == 4
   assert [(c.request_id, c.index, c.finish_reason) for c in got] == [
       (c.request_id, c.index, c.finish_reason) for c in expected]
   for a, b in zip(expected, got):
@@ -91,6 +94,10 @@ def _check_state_layout(state):
                            "rngs": P(SLOT_AXES, None)}
   assert state.settings.stops.sharding.spec == P(SLOT_AXES, None)
   assert state.num_inserts.sharding.is_fully_replicated
+  # The refill queue's entries go into slots on any device: its rows replicated, its KV heads split.
+  assert state.owner.sharding.spec == P(SLOT_AXES)
+  assert state.queue.prefix.cache.k.sharding.spec == P(None, None, "tensor", None, None)
+  assert state.queue.rngs.sharding.is_fully_replicated and state.queue.tail.sharding.is_fully_replicated
 
 
 def test_decode_state_keeps_the_rules_layout_through_every_step():
@@ -121,6 +128,12 @@ def test_decode_state_keeps_the_rules_layout_through_every_step():
   _check_state_layout(state)
   assert np.asarray(state.active).tolist() == [True, True, True, False]
   assert np.asarray(state.positions).tolist() == [9, 11, 9, 13]
+  state = engine.stage_batch(prefix, state, [1], rngs[:1], engine.slot_settings([2]), tickets=[5])
+  _check_state_layout(state)
+  state, block = engine.generate_block(params, state, steps=1)  # slot 3 (free) takes it before the step
+  _check_state_layout(state)
+  assert int(block.pops) == 1 and np.asarray(block.owner)[0, 3] == 5 and np.asarray(block.slot_owner)[3] == 5
+  assert int(np.asarray(state.positions)[3]) == 10
 
 
 def test_other_rules_and_meshes():

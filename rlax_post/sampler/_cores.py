@@ -55,6 +55,19 @@ class SlotSettings:
 
 
 @struct.dataclass(frozen=True)
+class RefillQueue:
+  """Prefilled samples waiting on the device for a slot (`RlaxEngine(refill_queue=Q)`): a decode block moves
+  the next of them into each slot that frees (`Cores.pop`), so a refill ends no block and needs no insert call.
+  A ring of Q entries: `tail` entries were staged (`Cores.stage`), `head` of them taken; entry i at i mod Q."""
+  prefix: Prefix  # Q rows of the engine's longest prefill bucket Cq (rows replicated over the slot axes).
+  rngs: jax.Array  # [Q, 2] uint32: each entry's sampling stream (folded when staged).
+  settings: SlotSettings  # [Q, ...]: each entry's stop rule and law.
+  tickets: jax.Array  # [Q] int32: each entry's ticket (the caller's name for the sample; `DecodeState.owner`).
+  head: jax.Array  # [] int32
+  tail: jax.Array  # [] int32
+
+
+@struct.dataclass(frozen=True)
 class DecodeState:
   """Every slot's sequence; a decode step maps it to the next one."""
   cache: models.KVCache  # keys [L, slots, K, H, S], values [L, slots, K, S, H]: slot s's position p at
@@ -69,6 +82,8 @@ class DecodeState:
   rngs: jax.Array  # [slots, 2] uint32: raw key of each slot's sampling stream.
   num_inserts: jax.Array  # [] int32: inserts so far (seeds the next slot's stream).
   settings: SlotSettings  # [slots, ...]: each slot's stop rule and sampling law.
+  owner: jax.Array  # [slots] int32: the ticket of each slot's sample (given by `insert` or the queue; -1: none).
+  queue: RefillQueue  # samples waiting for a slot (Q = 0 rows without `refill_queue`).
 
 
 @struct.dataclass(frozen=True)
@@ -78,6 +93,9 @@ class Block:
   logprobs: jax.Array  # [k, slots] float32: its log π_T (0 where not valid).
   valid: jax.Array  # [k, slots] bool: the slot produced a token at step i.
   steps: jax.Array  # [] int32: steps run (rows past it are not valid).
+  owner: jax.Array  # [k, slots] int32: the ticket of the sample that produced step i's token (-1 where none).
+  slot_owner: jax.Array  # [slots] int32: the ticket of each live slot's sample after the block (-1: free).
+  pops: jax.Array  # [] int32: queue entries the block moved into slots.
 
 
 def _snapshot(state: DecodeState, slot: jax.Array) -> Prefix:
@@ -93,10 +111,15 @@ def _slot_axes(cfg: models.ModelConfig) -> tuple[DecodeState, Block]:
   slot, slot_row = ("batch",), ("batch", None)
   cache = models.cache_axes(cfg)
   settings = SlotSettings(limit=slot, stops=slot_row, temperature=slot, top_p=slot, top_k=slot)
+  row, row2 = (None,), (None, None)  # the queue's entries go into slots on any device: replicated
+  queue = RefillQueue(prefix=_prefix_axes(cfg), rngs=row2, tickets=row, head=(), tail=(),
+                      settings=SlotSettings(limit=row, stops=row2, temperature=row, top_p=row, top_k=row))
   state = DecodeState(cache=cache, logits=slot_row, positions=slot, lengths=slot, active=slot, tokens=slot,
-                      logprobs=slot, valid=slot, rngs=slot_row, num_inserts=(), settings=settings)
+                      logprobs=slot, valid=slot, rngs=slot_row, num_inserts=(), settings=settings, owner=slot,
+                      queue=queue)
   step_slot = (None, "batch")
-  return state, Block(tokens=step_slot, logprobs=step_slot, valid=step_slot, steps=())
+  return state, Block(tokens=step_slot, logprobs=step_slot, valid=step_slot, steps=(), owner=step_slot,
+                      slot_owner=slot, pops=())
 
 
 def _prefix_axes(cfg: models.ModelConfig) -> Prefix:
@@ -120,6 +143,8 @@ class Cores:
   eos_id: int
   sampling: SamplingParams  # the engine's default law (the empty state's settings)
   kv_block: int = 0  # decode attention reads the cache in blocks of this many positions (0: one slice)
+  queue_rows: int = 0  # Q, entries of the refill queue (0: none)
+  queue_len: int = 1  # Cq, positions of each queue entry's cache (the longest prefill bucket)
 
   def constrain(self):
     """The activation constraints of the engine's mesh and rules (traced into each decode step)."""
@@ -161,25 +186,18 @@ class Cores:
     return Prefix(cache=cache, length=start_b + true_length_b, logits=logits_bv)
 
   def insert(self, prefix: Prefix, state: DecodeState, rows_n, slots_n, rngs_n2,
-                   settings: SlotSettings, streams_nj):
+                   settings: SlotSettings, streams_nj, tickets_n):
     """Prefix row rows_n[i] into slot slots_n[i] with the raw key rngs_n2[i] folded in by streams_nj[i] (j = 0:
-    the key itself); slots out of range (padding) are dropped.
+    the key itself) and ticket tickets_n[i]; slots out of range (padding) are dropped.
 
     Each of the prefix's C positions (R' ring slots of a sliding-window layer) goes to the same slot of the
     state's S (R ≥ R'): a ring as long as the state's has the same modulus, and a shorter one holds its
     positions p < R' at slot p (its window is longer than C), which is slot p mod R in the state's ring.
     """
-
-    def put(big, value):
-      return big.at[slots_n].set(value.astype(big.dtype), mode="drop")
-
-    def put_cache(big, rows, axis):  # The prefix's C (R') positions at the first of the slot's S (R).
-      at = (slice(None), slots_n) + (slice(None),) * (axis - 2) + (slice(0, rows.shape[axis]),)
-      return big.at[at].set(rows[:, rows_n].astype(big.dtype), mode="drop")
-
+    put = lambda big, value: big.at[slots_n].set(value.astype(big.dtype), mode="drop")
     length_n = prefix.length[rows_n]
     return state.replace(
-        cache=jax.tree.map(put_cache, state.cache, prefix.cache, models.position_axes(state.cache)),
+        cache=_put_rows(state.cache, prefix.cache, rows_n, slots_n),
         logits=put(state.logits, prefix.logits[rows_n]),
         positions=put(state.positions, length_n),
         lengths=put(state.lengths, jnp.zeros_like(length_n)),
@@ -190,7 +208,42 @@ class Cores:
         rngs=put(state.rngs, jax.vmap(_stream_key)(rngs_n2, streams_nj)),
         num_inserts=state.num_inserts + jnp.sum(slots_n < self.slots),
         settings=jax.tree.map(put, state.settings, settings),
+        owner=put(state.owner, tickets_n),
     )
+
+  def stage(self, prefix: Prefix, state: DecodeState, rows_n, count, rngs_n2, settings: SlotSettings,
+            streams_nj, tickets_n):
+    """The first `count` of prefix rows rows_n (the rest is padding) put at the refill queue's tail, in order,
+    each with its stream (`insert`'s fold), settings row and ticket. The caller keeps the queue within its Q
+    entries (rows past them overwrite the oldest)."""
+    q, rows = state.queue, self.queue_rows
+    n = rows_n.shape[0]
+    dest_n = jnp.where(jnp.arange(n) < count, (q.tail + jnp.arange(n)) % rows, rows)  # rows: dropped
+    put = lambda big, value: big.at[dest_n].set(value.astype(big.dtype), mode="drop")
+    staged = Prefix(cache=_put_rows(q.prefix.cache, prefix.cache, rows_n, dest_n),
+                    length=put(q.prefix.length, prefix.length[rows_n]),
+                    logits=put(q.prefix.logits, prefix.logits[rows_n]))
+    return state.replace(queue=q.replace(
+        prefix=staged, rngs=put(q.rngs, jax.vmap(_stream_key)(rngs_n2, streams_nj)),
+        settings=jax.tree.map(put, q.settings, settings), tickets=put(q.tickets, tickets_n), tail=q.tail + count))
+
+  def pop(self, state: DecodeState, allowed) -> tuple[DecodeState, jax.Array]:
+    """Moves the queue's next entries into the free slots, lowest slot first, while both last (none unless
+    `allowed`); returns the state and how many moved. Each is `insert`ed as it was staged (its stream
+    folded then)."""
+    q = state.queue
+    count = jnp.where(allowed, jnp.minimum(jnp.sum(~state.active, dtype=jnp.int32), q.tail - q.head), 0)
+    no_streams = jnp.zeros((1, 0), jnp.uint32)
+
+    def one(i, st):
+      queue = st.queue  # (read from the carry: a closed-over copy would be a second buffer of the queue)
+      e = ((queue.head + i) % self.queue_rows)[None]
+      slot = jnp.argmax(~st.active)[None].astype(jnp.int32)
+      return self.insert(queue.prefix, st, e, slot, queue.rngs[e], jax.tree.map(lambda x: x[e], queue.settings),
+                         no_streams, queue.tickets[e])
+
+    state = jax.lax.fori_loop(0, count, one, state)
+    return state.replace(queue=state.queue.replace(head=q.head + count)), count
 
   def decode_step(self, params, state: DecodeState, kv_len: int | None = None) -> DecodeState:
     """One decode step of every slot (the module docstring); attention over the cache's first `kv_len`
@@ -232,13 +285,17 @@ class Cores:
   def block(self, params, state: DecodeState, steps, stop_on_free, min_live, kv_len: int):
     """Up to `steps` (<= k) decode steps attending over the cache's first `kv_len` positions; stops early
     once no slot is live, before a live slot's position reaches `kv_len`, or, with `stop_on_free` = n > 0,
-    after the step in which the block's n-th slot stopped (so the caller can refill them); no step at all
-    when fewer than `min_live` slots are live as it starts (a slot freed before it is to be refilled first)."""
+    after the step in which the block's n-th slot stopped with no queued sample to take it (so the caller can
+    refill them); no step at all when fewer than `min_live` slots are live as it starts (a slot freed before
+    it is to be refilled first). With a refill queue, queued samples move into free slots before the first
+    step and after each (`pop`), only in a block that runs a step."""
     k, n = self.steps_per_sync, self.slots
     steps = jnp.where(jnp.sum(state.active, dtype=jnp.int32) >= min_live, steps, 0)
     empty = Block(tokens=jnp.full((k, n), self.pad_id, jnp.int32),
                   logprobs=jnp.zeros((k, n), jnp.float32), valid=jnp.zeros((k, n), bool),
-                  steps=jnp.zeros((), jnp.int32))
+                  steps=jnp.zeros((), jnp.int32), owner=jnp.full((k, n), -1, jnp.int32),
+                  slot_owner=jnp.full((n,), -1, jnp.int32), pops=jnp.zeros((), jnp.int32))
+    pop = self.pop if self.queue_rows else lambda state, allowed: (state, jnp.zeros((), jnp.int32))
 
     def go_on(carry):
       state, block, freed = carry
@@ -249,17 +306,21 @@ class Cores:
       state, block, freed = carry
       new = self.decode_step(params, state, kv_len)
       i = block.steps
-      block = Block(tokens=block.tokens.at[i].set(new.tokens), logprobs=block.logprobs.at[i].set(new.logprobs),
-                    valid=block.valid.at[i].set(new.valid), steps=i + 1)
-      return new, block, freed + jnp.sum(state.active & ~new.active, dtype=jnp.int32)
+      stopped = jnp.sum(state.active & ~new.active, dtype=jnp.int32)
+      block = block.replace(tokens=block.tokens.at[i].set(new.tokens), logprobs=block.logprobs.at[i].set(new.logprobs),
+                            valid=block.valid.at[i].set(new.valid), steps=i + 1,
+                            owner=block.owner.at[i].set(jnp.where(new.valid, state.owner, -1)))
+      new, popped = pop(new, True)  # (after the step's outputs are recorded: a pop resets its slot's)
+      return new, block.replace(pops=block.pops + popped), freed + stopped - popped
 
     with models.activation_constraints(self.constrain()):
-      state, block, _ = jax.lax.while_loop(go_on, body, (state, empty, jnp.zeros((), jnp.int32)))
-    return state, block
+      state, popped = pop(state, steps > 0)
+      state, block, _ = jax.lax.while_loop(go_on, body, (state, empty.replace(pops=popped), jnp.zeros((), jnp.int32)))
+    return state, block.replace(slot_owner=jnp.where(state.active, state.owner, -1))
 
   def empty_state(self) -> DecodeState:
     """Every slot empty (inactive), with the default law and no limit (as `RlaxEngine.slot_settings([0] * n)`)."""
-    n, cfg, law = self.slots, self.model_cfg, self.sampling
+    n, q, cfg, law = self.slots, self.queue_rows, self.model_cfg, self.sampling
     key_shape = jax.random.key_data(jax.random.key(0)).shape
     stops_nm = jnp.full((n, self.max_stop_tokens), -1, jnp.int32).at[:, 0].set(self.eos_id)
     return DecodeState(
@@ -275,10 +336,13 @@ class Cores:
         valid=jnp.zeros((n,), bool),
         rngs=jnp.zeros((n,) + key_shape, jnp.uint32),
         num_inserts=jnp.zeros((), jnp.int32),
-        settings=SlotSettings(limit=jnp.zeros((n,), jnp.int32), stops=stops_nm,
-                              temperature=jnp.full((n,), law.temperature, jnp.float32),
-                              top_p=jnp.full((n,), law.top_p, jnp.float32),
-                              top_k=jnp.full((n,), law.top_k, jnp.int32)),
+        settings=_settings(n, stops_nm, law),
+        owner=jnp.full((n,), -1, jnp.int32),
+        queue=RefillQueue(
+            prefix=Prefix(cache=models.init_cache(cfg, q, self.queue_len), length=jnp.zeros((q,), jnp.int32),
+                          logits=jnp.zeros((q, cfg.vocab_size), jnp.float32)),
+            rngs=jnp.zeros((q,) + key_shape, jnp.uint32), settings=_settings(q, stops_nm[:1].repeat(q, 0), law),
+            tickets=jnp.full((q,), -1, jnp.int32), head=jnp.zeros((), jnp.int32), tail=jnp.zeros((), jnp.int32)),
     )
 
 
@@ -290,6 +354,8 @@ class Programs(NamedTuple):
   init: Any  # () -> DecodeState
   prefill: Any  # Cores.prefill (static cache_len and chunk)
   insert: Any  # Cores.insert; the state donated
+  stage: Any  # Cores.stage; the state donated
+  drop_queue: Any  # (state) -> state with its refill queue emptied; the state donated
   generate: Any  # Cores.generate; the state donated
   block: Any  # Cores.block (static kv_len); the state donated
   release: Any  # (state, slots) -> state with those slots stopped; the state donated
@@ -299,10 +365,11 @@ class Programs(NamedTuple):
 # The fields each program reads (its cache key; the others are set to fixed values): a prefill reads the model
 # and the prefix layout; what moves the decode state reads its shape and layout too; a block also reads k.
 _MODEL = ("model_cfg", "graphdef", "mesh", "rules")
-_STATE = _MODEL + ("slots", "max_decode_length", "max_stop_tokens", "pad_id", "kv_block")
+_STATE = _MODEL + ("slots", "max_decode_length", "max_stop_tokens", "pad_id", "kv_block", "queue_rows", "queue_len")
 _BLOCK = _STATE + ("steps_per_sync",)
 _INIT = _STATE + ("eos_id", "sampling")
 _UNREAD = dict(slots=0, max_decode_length=0, steps_per_sync=0, max_stop_tokens=0, pad_id=0, eos_id=0, kv_block=0,
+               queue_rows=0, queue_len=1,
                sampling=SamplingParams(temperature=1.0, top_p=1.0, top_k=0))
 
 
@@ -315,12 +382,12 @@ def programs(cores: Cores) -> Programs:
   `_PROGRAM_SETS` most recent kept): engines that differ only in their default law share all but `init`, and
   every engine of one model and mesh shares its prefill. Params, prefixes and host inputs keep the layout they
   come with (None); the state's is pinned."""
-  insert, generate, release, snapshot = _state_programs(_only(cores, _STATE))
+  insert, stage, drop_queue, generate, release, snapshot = _state_programs(_only(cores, _STATE))
   block_sh, block = _block_program(_only(cores, _BLOCK))
   return Programs(state_shardings=_state_shardings(_only(cores, _STATE)), block_shardings=block_sh,
                   prefix_shardings=_prefix_shardings(_only(cores, _MODEL)), init=_init_program(_only(cores, _INIT)),
-                  prefill=_prefill_program(_only(cores, _MODEL)), insert=insert, generate=generate, block=block,
-                  release=release, snapshot=snapshot)
+                  prefill=_prefill_program(_only(cores, _MODEL)), insert=insert, stage=stage, drop_queue=drop_queue,
+                  generate=generate, block=block, release=release, snapshot=snapshot)
 
 
 # Every cache of this module, by name (tests that change what a trace reads swap them for empty ones).
@@ -355,8 +422,11 @@ def _prefill_program(cores: Cores):
 @functools.lru_cache(maxsize=_PROGRAM_SETS)
 def _state_programs(cores: Cores):
   state_sh = _state_shardings(cores)
-  return (jax.jit(cores.insert, in_shardings=(None, state_sh, None, None, None, None, None),
+  return (jax.jit(cores.insert, in_shardings=(None, state_sh, None, None, None, None, None, None),
                   out_shardings=state_sh, donate_argnums=(1,)),
+          jax.jit(cores.stage, in_shardings=(None, state_sh, None, None, None, None, None, None),
+                  out_shardings=state_sh, donate_argnums=(1,)),
+          jax.jit(_drop_queue, in_shardings=(state_sh,), out_shardings=state_sh, donate_argnums=(0,)),
           jax.jit(cores.generate, in_shardings=(None, state_sh), out_shardings=(state_sh, None),
                   donate_argnums=(1,)),
           jax.jit(_release, in_shardings=(state_sh, None), out_shardings=state_sh, donate_argnums=(0,)),
@@ -374,6 +444,28 @@ def _block_program(cores: Cores):
 @functools.lru_cache(maxsize=_PROGRAM_SETS)
 def _init_program(cores: Cores):
   return jax.jit(cores.empty_state, out_shardings=_state_shardings(_only(cores, _STATE)))
+
+
+def _settings(n: int, stops_nm: jax.Array, law: SamplingParams) -> SlotSettings:
+  """n rows of the law `law` with no limit left and the stop ids `stops_nm`."""
+  return SlotSettings(limit=jnp.zeros((n,), jnp.int32), stops=stops_nm,
+                      temperature=jnp.full((n,), law.temperature, jnp.float32),
+                      top_p=jnp.full((n,), law.top_p, jnp.float32), top_k=jnp.full((n,), law.top_k, jnp.int32))
+
+
+def _put_rows(big: models.KVCache, rows: models.KVCache, rows_n, dest_n) -> models.KVCache:
+  """`big` with rows rows_n of the cache `rows` at rows dest_n (out of range: dropped), each row's C positions
+  (R' of a ring) at the first of its own (`Cores.insert`)."""
+
+  def put(big, rows, axis):
+    at = (slice(None), dest_n) + (slice(None),) * (axis - 2) + (slice(0, rows.shape[axis]),)
+    return big.at[at].set(rows[:, rows_n].astype(big.dtype), mode="drop")
+
+  return jax.tree.map(put, big, rows, models.position_axes(big))
+
+
+def _drop_queue(state: DecodeState) -> DecodeState:
+  return state.replace(queue=state.queue.replace(head=state.queue.tail))
 
 
 def _release(state: DecodeState, slots: jax.Array) -> DecodeState:

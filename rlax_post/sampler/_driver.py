@@ -87,6 +87,7 @@ import jax
 import numpy as np
 
 from rlax_post.sampler import _engine
+from rlax_post.sampler import _tickets
 from rlax_post.sampler import _tokenizer_api
 from rlax_post.sampler._requests import check_streams
 from rlax_post.sampler._requests import Completion
@@ -128,6 +129,12 @@ class _Sample:
   fork_prefill: int = 0  # `Completion.fork_prefill`
   first_version: int | None = None  # a fork's first token's logits version, when not the current one
   last_turn_state: Any = None  # keep + env: (state, params id) after its latest turn, kept once it finishes
+  ticket: int = -1  # its name on the device (`DecodeState.owner`) while it holds a slot or is queued there
+
+  @property
+  def plain(self) -> bool:
+    """Needs the host at no turn's end: no env, stop strings or kept state."""
+    return self.request.env is None and not self.request.stop and not self.request.keep
 
   def ids(self) -> list[int]:
     return list(self.request.prompt) + self.tokens
@@ -236,6 +243,10 @@ class Driver:
     self.run_ahead = run_ahead if run_ahead is None else bool(run_ahead)
     self._sampling = False  # Inside `sample()` (run-ahead's default scope).
     self._ahead: _Flight | None = None  # The block dispatched ahead of the host (`_decode_block`).
+    # The engine's refill queue (`RlaxEngine.stage_batch`): samples staged there, in its order, until a block
+    # reports them taken into slots (`Block.pops`); and every sample the device holds, by ticket.
+    self._tickets = _tickets.Tickets(0 if self.static_batching else engine.refill_queue)
+    self._staged = self._tickets.staged
     self._early: list[tuple[int, int, Completion]] = []  # Finished in it when `_settle` handed it out.
 
   # --- Public API -----------------------------------------------------------------------------------------
@@ -248,19 +259,20 @@ class Driver:
                        busy_slot_steps=c["busy_slot_steps"], tokens=c["tokens"], parked=c["parked"],
                        parked_steps=c["parked_steps"], park_waits=c["park_waits"], syncs=c["syncs"],
                        forks=c["forks"], ahead=c["ahead"], idle_ahead=c["idle_ahead"],
-                       kv_span_steps=c["kv_span_steps"])
+                       kv_span_steps=c["kv_span_steps"], device_refills=c["device_refills"])
 
   @property
   def done(self) -> bool:
     """No sample pending, in flight or parked on an env future, and no completion waiting for `step()` to
     return it."""
-    return not self._pending and not self._parked and not self._early and all(s is None for s in self._busy)
+    return (not self._pending and not self._staged and not self._parked and not self._early
+            and all(s is None for s in self._busy))
 
   @property
   def num_unfinished(self) -> int:
     """Samples submitted and not finished: queued (for a first or a later turn), decoding, or parked on an env
     future; the slots they need."""
-    return len(self._pending) + len(self._parked) + sum(s is not None for s in self._busy)
+    return len(self._pending) + len(self._staged) + len(self._parked) + sum(s is not None for s in self._busy)
 
   @property
   def num_parked(self) -> int:
@@ -272,6 +284,7 @@ class Driver:
     first: its tokens keep the old version); see the module docstring."""
     params = self.engine.prepare_params(params)  # Checked, in the engine's form (`RlaxEngine.prepare_params`).
     self._settle()  # A block run ahead computed its tokens under the old params.
+    self._unstage()  # Queued prefixes are the old params': prefilled again when their samples get slots.
     self.params, self.version = params, int(version)
     self._params_id += 1
     self._prefixes.clear()  # Stale: prefilled again under the new params when their samples get slots.
@@ -391,7 +404,7 @@ class Driver:
   def _has_kept(self, request_id: Any) -> bool:
     """Whether samples of `request_id` are kept, or will be (samples of a keep request decoding, queued or
     waiting on an env): a second keep request of that id would overwrite their states."""
-    live = itertools.chain(self._busy, self._pending, (s for _, s, _ in self._parked))
+    live = itertools.chain(self._busy, self._pending, self._staged, (s for _, s, _ in self._parked))
     return any(k[0] == request_id for k in self._kept) or any(
         s is not None and s.request.keep and s.request.request_id == request_id for s in live)
 
@@ -461,7 +474,7 @@ class Driver:
              if any(match(s) for _, s, _ in self._parked) else
              "finished in the decode block run ahead (its completion comes with the next step())"
              if any((c.request_id, c.index) == tuple(parent) for _, _, c in self._early) else
-             "has not started decoding" if any(match(s) for s in self._pending) else
+             "has not started decoding" if any(match(s) for s in itertools.chain(self._pending, self._staged)) else
              "is not running (finished, or never submitted)")
     raise ValueError(f"Fork: sample {parent!r} {where}; a fork continues a sample that is decoding, queued "
                      "for its next turn, or finished and kept (Request.keep).")
@@ -473,13 +486,13 @@ class Driver:
     try:
       finished, self._early = self._early + self._unpark(), []
       self._fill()
-      if not any(self._busy) and self._parked and not self._pending:  # Nothing to decode: wait for an env.
+      if not any(self._busy) and self._parked and not self._pending and not self._staged:  # Wait for an env.
         self._counts["park_waits"] += 1
         concurrent.futures.wait([f for f, _, _ in self._parked], timeout=self.park_wait_s,
                                 return_when=concurrent.futures.FIRST_COMPLETED)
         finished += self._unpark()
         self._fill()
-      if any(self._busy):
+      if any(self._busy) or self._staged:
         finished += self._decode_block()
     except BaseException:
       self._finished.extend(finished)  # Those finished before the error stay collectable.
@@ -579,8 +592,9 @@ class Driver:
     return finished
 
   def _longest(self) -> int:
-    """The longest busy sequence as the host sees it (prompt and tokens)."""
-    return max(len(s.request.prompt) + len(s.tokens) for s in self._busy if s is not None)
+    """The longest busy or queued sequence as the host sees it (prompt and tokens)."""
+    return max(len(s.request.prompt) + len(s.tokens) for s in itertools.chain(self._busy, self._staged)
+               if s is not None)
 
   def _dispatch(self, stop_on_free: int, longest: int, versions: list[int], min_live: int = 0) -> _Flight:
     """Starts a `generate_block` on the current state (the device runs it while the host goes on); `versions`:
@@ -620,48 +634,60 @@ class Driver:
       self._early.extend(self._take_block(flight))
 
   def _take_block(self, flight: _Flight) -> list[tuple[int, int, Completion]]:
-    """Fetches a dispatched block (one transfer), hands each of its slots' samples their tokens and finishes
-    the samples that stopped. Slots whose sample finished before the block (a block run ahead) are skipped."""
+    """Fetches a dispatched block (one transfer), hands each sample its run of the block's tokens (named by
+    ticket: `Block.owner`; a slot may hold several samples' runs when the refill queue refills it inside the
+    block), finishes the samples that stopped and takes each slot's sample after the block from the device
+    (`Block.slot_owner`). Runs of samples that finished before the block (a block run ahead) are skipped."""
     block = flight.block
-    tokens_ks, logprobs_ks, valid_ks, steps = jax.device_get((block.tokens, block.logprobs, block.valid,
-                                                              block.steps))
+    tokens_ks, logprobs_ks, valid_ks, owner_ks, slot_owner, steps, pops = jax.device_get(
+        (block.tokens, block.logprobs, block.valid, block.owner, block.slot_owner, block.steps, block.pops))
     steps = int(steps)
     if not steps and flight.min_live:  # Run ahead, but a slot stopped before it (`_ahead_plan`): no step.
       self._counts.update(syncs=1, idle_ahead=1)
       return []
     valid_ks = valid_ks[:steps]
-    produced_s = valid_ks.sum(axis=0)
-    self._counts.update(syncs=1, generate_steps=steps, busy_slot_steps=int(produced_s.sum()),
-                        parked_steps=steps * bool(self._parked), kv_span_steps=steps * flight.span)
-    busy = [slot for slot, sample in enumerate(flight.samples)
-            if sample is not None and self._busy[slot] is sample]
-    # Each busy slot's tokens are a run from the block's first step (the device stops a slot, never resumes it).
-    runs_s = (valid_ks == (np.arange(steps)[:, None] < produced_s)).all(axis=0) & (produced_s > 0)
-    broken = [slot for slot in busy if not runs_s[slot]]
-    if broken:
-      raise RuntimeError(f"slots {broken} hold unfinished samples but produced no run of tokens (driver bug).")
+    self._counts.update(syncs=1, generate_steps=steps, busy_slot_steps=int(valid_ks.sum()),
+                        parked_steps=steps * bool(self._parked), kv_span_steps=steps * flight.span,
+                        inserts=int(pops), device_refills=int(pops))
+    self._tickets.taken(int(pops))
+    slot_owner = slot_owner.tolist()
     # One conversion per block, not per slot: [slots][steps] lists.
     tokens_sk, logprobs_sk = tokens_ks[:steps].T.tolist(), logprobs_ks[:steps].T.tolist()
-    produced = produced_s.tolist()
+    owner_sk = np.where(valid_ks, owner_ks[:steps], -1).T.tolist()
     ended, release = [], []
-    # Every slot takes its tokens before any env is asked for a turn's next observation: an env that raises
-    # must not leave the later slots' tokens untaken (the host's view of them would fall behind the device's).
-    for slot in busy:
-      sample = self._busy[slot]
-      self._logits_version[slot] = self.version
-      n = produced[slot]
-      reason, by_string = self._take(sample, tokens_sk[slot][:n], logprobs_sk[slot][:n], flight.versions[slot])
-      if reason is None:
-        if n < steps:
-          raise RuntimeError(f"slot {slot} stopped on the device with no stop the driver sees (driver bug).")
-        continue
-      if by_string:
-        release.append(slot)  # The device does not see stop strings: its slot is still live.
-      if sample.request.keep:  # Its slot is reused from the next fill on: copy its state now (kept once the
-        # sample finishes: a multi-turn one may go on after its env's observation).
-        sample.last_turn_state = (self.engine.snapshot(self._state, slot), self._params_id)
-      self._busy[slot] = None  # Free at once: the next fill may reuse it.
-      ended.append((sample, reason))
+    # Every sample takes its tokens before any env is asked for a turn's next observation: an env that raises
+    # must not leave the later samples' tokens untaken (the host's view of them would fall behind the device's).
+    for slot in range(self._slots):
+      for ticket, start, end in _tickets.runs(owner_sk[slot]):
+        sample = self._tickets.sample(ticket)
+        if sample is None:
+          continue  # Finished before this block (a block run ahead).
+        first_version = flight.versions[slot] if flight.samples[slot] is sample else self.version
+        reason, by_string = self._take(sample, tokens_sk[slot][start:end], logprobs_sk[slot][start:end],
+                                       first_version)
+        if reason is None:
+          if end < steps or slot_owner[slot] != ticket:
+            raise RuntimeError(f"slot {slot} stopped on the device with no stop the driver sees (driver bug).")
+          continue
+        if by_string and slot_owner[slot] == ticket:
+          release.append(slot)  # The device does not see stop strings: its slot is still live.
+        if sample.request.keep:  # Its slot is reused from the next fill on: copy its state now (kept once the
+          # sample finishes: a multi-turn one may go on after its env's observation).
+          sample.last_turn_state = (self.engine.snapshot(self._state, slot), self._params_id)
+        self._tickets.retire(sample)
+        ended.append((sample, reason))
+    lost = [slot for slot, sample in enumerate(flight.samples)
+            if sample is not None and slot_owner[slot] != sample.ticket and self._tickets.holds(sample)]
+    if lost:
+      raise RuntimeError(f"slots {lost} hold unfinished samples the device no longer decodes (driver bug).")
+    for slot, ticket in enumerate(slot_owner):
+      sample = self._tickets.sample(ticket)
+      if sample is not None:  # Live after the block (taken from the queue in it, or on since before it).
+        self._busy[slot] = sample
+        self._logits_version[slot] = self.version
+      elif self._busy[slot] is not None and not self._tickets.holds(self._busy[slot]):
+        self._busy[slot] = None  # Its sample ended: free at once, the next fill may reuse it. (A sample the
+        # host put there after this block was dispatched, before a block run ahead was taken, stays.)
     if release:
       self._state = self.engine.release(self._state, release)
     return self._end_turns(ended)
@@ -794,12 +820,16 @@ class Driver:
     """Inserts prefix row `row` into `slot` for each (row, slot, sample) of `entries`, in one call, with the
     raw keys `rngs` (folded in by `streams` on the device: `RlaxEngine.insert_batch`)."""
     samples = [sample for _, _, sample in entries]
-    settings = self.engine.slot_settings(
+    self._state = self.engine.insert_batch(prefix, self._state, [row for row, _, _ in entries],
+                                           [slot for _, slot, _ in entries], rngs, self._settings(samples),
+                                           streams, self._tickets.issue(samples))
+    self._counts["inserts"] += len(entries)
+
+  def _settings(self, samples: list[_Sample]) -> Any:
+    """The slot settings of `samples`' turns: what is left of each turn's budget, its stop ids and law."""
+    return self.engine.slot_settings(
         [sample.limit - (len(sample.tokens) - sample.turn_start) for sample in samples],
         [sample.stops for sample in samples], [sample.request.sampling for sample in samples])
-    self._state = self.engine.insert_batch(prefix, self._state, [row for row, _, _ in entries],
-                                           [slot for _, slot, _ in entries], rngs, settings, streams)
-    self._counts["inserts"] += len(entries)
 
   def _turn_prefix(self, sample: _Sample) -> _engine.Prefix:
     """Extends the conversation's prefix with the turn and observation (rebuilt if the params changed)."""
@@ -898,24 +928,65 @@ class Driver:
     return groups
 
   def _fill(self) -> None:
-    """Takes a pending sample into every free slot: one batched prefill per bucket, one insert per prefix."""
-    free = [slot for slot, s in enumerate(self._busy) if s is None]
+    """Takes a pending sample into every free slot (one batched prefill per bucket, one insert per prefix),
+    then queues the next ones on the device where the engine has a refill queue (`_stage`). While samples
+    are queued there, free slots are left to them: a block moves them in, in order."""
+    free = [] if self._staged else [slot for slot, s in enumerate(self._busy) if s is None]
     if self.static_batching and len(free) < self._slots:
       return
     placed = [(slot, self._pending.popleft()) for slot in free[:len(self._pending)]]
-    if not placed:
+    if placed:
+      where = self._prefixes_for([sample for _, sample in placed])
+      for prefix, positions in _tickets.by_prefix(where):
+        self._insert(prefix, [(where[j][1], *placed[j]) for j in positions],
+                     *self._streams([placed[j][1] for j in positions]))
+      for slot, sample in placed:
+        self._busy[slot] = sample
+        self._logits_version[slot] = self.version if sample.first_version is None else sample.first_version
+        sample.first_version = None
+    self._stage()
+
+  def _streams(self, samples: list[_Sample]) -> tuple[np.ndarray, np.ndarray]:
+    """Each sample's base key and (request, sample, turn) streams, folded in on the device."""
+    return (np.stack([sample.base_key for sample in samples]),
+            np.asarray([(*sample.streams, sample.turn) for sample in samples], np.uint32))
+
+  def _stage(self) -> None:
+    """Queues the leading pending samples that need the host at no turn's end (first turns of plain requests,
+    not forks) on the device, up to the refill queue's room, while every busy sample is plain too (a slot the
+    queue refills is one the host does not look at between its sample's end and the next's start). It waits
+    for room for half the queue (or for all that is pending) while samples are queued: one call queues many."""
+    room = self._tickets.room
+    enough = min(len(self._pending), -(-self._tickets.queue_rows // 2)) if self._staged else 1
+    if room < max(enough, 1) or not self._pending or any(s is not None and not s.plain for s in self._busy):
       return
-    # Each sample's stream: its base key folded in by (request, sample, turn) streams, inside the insert.
-    keys = np.stack([sample.base_key for _, sample in placed])
-    streams = np.asarray([(*sample.streams, sample.turn) for _, sample in placed], np.uint32)
-    where = self._prefixes_for([sample for _, sample in placed])
-    by_prefix: dict[int, list[int]] = collections.defaultdict(list)
-    for j, (prefix, _) in enumerate(where):
-      by_prefix[id(prefix)].append(j)
-    for positions in by_prefix.values():
-      self._insert(where[positions[0]][0], [(where[j][1], *placed[j]) for j in positions], keys[positions],
-                   streams[positions])
-    for slot, sample in placed:
-      self._busy[slot] = sample
-      self._logits_version[slot] = self.version if sample.first_version is None else sample.first_version
-      sample.first_version = None
+    take = []
+    while self._pending and len(take) < room and self._stageable(self._pending[0]):
+      take.append(self._pending.popleft())
+    if not take:
+      return
+    where = self._prefixes_for(take)
+    for prefix, positions in _tickets.by_prefix(where):
+      samples = [take[j] for j in positions]
+      keys, streams = self._streams(samples)
+      self._state = self.engine.stage_batch(prefix, self._state, [where[j][1] for j in positions], keys,
+                                            self._settings(samples), streams, self._tickets.issue(samples))
+      self._staged.extend(samples)
+
+  @staticmethod
+  def _stageable(sample: _Sample) -> bool:
+    return sample.plain and sample.turn == 0 and sample.fork_prefix is None and sample.limit >= 1
+
+  def _unstage(self) -> None:
+    """Empties the refill queue (after the block run ahead is handed out): its samples go back to the front of
+    the pending queue, behind ongoing work (later turns, forks), in their order."""
+    self._settle()
+    if not self._staged:
+      return
+    self._state = self.engine.drop_queue(self._state)
+    lead = next((i for i, s in enumerate(self._pending) if s.turn == 0 and s.fork_prefix is None),
+                len(self._pending))
+    self._pending.rotate(-lead)
+    self._pending.extendleft(reversed(self._tickets.unstage()))
+    self._pending.rotate(lead)
+

@@ -159,7 +159,7 @@ class RlaxEngine(engine_api.Engine):
                top_p: float = 1.0, top_k: int = 0, seed: int = 0, min_prefill_bucket: int = 16,
                steps_per_sync: int = 8, max_stop_tokens: int = 8, prefill_batch_tokens: int = 2048,
                min_kv_bucket: int = 64, refill_after: int | None = None, prefill_chunk: int | None = None,
-               kv_block: int | None = None, unstack_layers: bool | None = None):
+               kv_block: int | None = None, unstack_layers: bool | None = None, refill_queue: int | None = None):
     for name, value in (("max_concurrent_decodes", max_concurrent_decodes),
                         ("max_prefill_length", max_prefill_length),
                         ("max_decode_length", max_decode_length), ("min_prefill_bucket", min_prefill_bucket),
@@ -204,6 +204,12 @@ class RlaxEngine(engine_api.Engine):
       raise ValueError(f"unstack_layers must be None (by platform) or a bool; got {unstack_layers!r}.")
     self.unstack_layers = (self._mesh.devices.flat[0].platform == "cpu" if unstack_layers is None
                            else unstack_layers)
+    if refill_queue is None:
+      refill_queue = 2 * max_concurrent_decodes if self._mesh.devices.flat[0].platform == "cpu" else 0
+    if isinstance(refill_queue, bool) or not isinstance(refill_queue, int) or refill_queue < 0:
+      raise ValueError(f"refill_queue must be None (by platform) or an int >= 0 (samples the decode state queues; "
+                       f"0: none); got {refill_queue!r}.")
+    self.refill_queue = refill_queue
     self.prefill_buckets = _tokenizer_api.prefill_buckets(max_prefill_length,
                                                           min(min_prefill_bucket, max_prefill_length), halves=True)
     # Cache lengths of prefixes: the prefill buckets, then powers of two up to S (for `existing_prefix`).
@@ -225,7 +231,8 @@ class RlaxEngine(engine_api.Engine):
     self._programs = _cores.programs(_cores.Cores(
         model_cfg=model_cfg, graphdef=graphdef, mesh=self._mesh, rules=self.rules, slots=max_concurrent_decodes,
         max_decode_length=max_decode_length, steps_per_sync=steps_per_sync, max_stop_tokens=max_stop_tokens,
-        pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id, sampling=self.sampling, kv_block=kv_block))
+        pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id, sampling=self.sampling, kv_block=kv_block,
+        queue_rows=refill_queue, queue_len=self.prefill_buckets[-1]))
     # NamedShardings of the decode state, a `generate_block` block and a prefix (the module docstring).
     self.state_shardings = self._programs.state_shardings
     self.block_shardings = self._programs.block_shardings
@@ -428,38 +435,78 @@ class RlaxEngine(engine_api.Engine):
 
   def insert_batch(self, prefix: Prefix, decode_state: DecodeState, rows: Sequence[int],
                    slots: Sequence[int], rngs: np.ndarray, settings: SlotSettings,
-                   streams: np.ndarray | None = None) -> DecodeState:
+                   streams: np.ndarray | None = None, tickets: Sequence[int] | None = None) -> DecodeState:
     """Copies prefix row rows[i] into slot slots[i] with settings row i (`slot_settings`) and the sampling
     stream `fold_in(...fold_in(rngs[i], streams[i, 0])..., streams[i, -1])` (raw keys [n, 2] uint32, streams
-    [n, j]; None: rngs[i] itself), folded on the device in the same call; `decode_state` is donated. The n
+    [n, j]; None: rngs[i] itself), folded on the device in the same call; `decode_state` is donated. tickets[i]
+    (an int32; None: -1) names the sample in the slot's `owner` and in the blocks' `Block.owner`. The n
     inserts pad to a power of two (one compilation per bucket and j)."""
     n = len(slots)
     for slot in slots:
       self._check_slot(slot)
-    if len(set(slots)) != n or len(rows) != n or np.shape(rngs)[0] != n or settings.limit.shape != (n,):
-      raise ValueError(f"insert_batch needs distinct slots and one row, key and settings row per slot; got "
-                       f"{n} slots {list(slots)}, {len(rows)} rows, {np.shape(rngs)[0]} keys, settings for "
-                       f"{settings.limit.shape[0]}.")
+    if len(set(slots)) != n:
+      raise ValueError(f"insert_batch needs distinct slots; got {list(slots)}.")
+    args = self._rows_args("insert_batch", prefix, rows, rngs, settings, streams, tickets, n)
+    padded = _pow2_at_least(n)
+    slots_n = np.concatenate([np.asarray(slots, np.int32), np.full((padded - n,), self._max_concurrent_decodes,
+                                                                   np.int32)])
+    rows_n, rngs_n, settings, streams_n, tickets_n = args
+    return self._programs.insert(prefix, decode_state, rows_n, slots_n, rngs_n, settings, streams_n, tickets_n)
+
+  def stage_batch(self, prefix: Prefix, decode_state: DecodeState, rows: Sequence[int], rngs: np.ndarray,
+                  settings: SlotSettings, streams: np.ndarray | None = None,
+                  tickets: Sequence[int] | None = None) -> DecodeState:
+    """Queues prefix rows `rows` on the device (`refill_queue`), in order, as `insert_batch` would insert them
+    (stream, settings, ticket); the next decode blocks move them into slots as slots free (lowest slot
+    first). `decode_state` is donated. The caller keeps at most `refill_queue` samples queued: it knows how
+    many each block took (`Block.pops`); more overwrite the oldest. Raises ValueError for an engine without a
+    queue, more rows than it holds, a prefix longer than its entries, or a limit below 1 (a sample that would
+    not decode: the next would take its slot)."""
+    n, rows_q = len(rows), self.refill_queue
+    if not 1 <= n <= rows_q:
+      raise ValueError(f"stage_batch takes 1 to refill_queue = {rows_q} rows (the engine's queued samples); "
+                       f"got {n}." + (" Build the engine with refill_queue > 0." if not rows_q else ""))
+    if prefix.cache.max_len > self.prefill_buckets[-1]:
+      raise ValueError(f"stage_batch queues prefixes of at most {self.prefill_buckets[-1]} positions (the longest "
+                       f"prefill bucket); this one has {prefix.cache.max_len}.")
+    if np.any(np.asarray(settings.limit) < 1):
+      raise ValueError(f"stage_batch needs limits >= 1 (a queued sample decodes at least one token); got "
+                       f"{np.asarray(settings.limit).tolist()}.")
+    rows_n, rngs_n, settings, streams_n, tickets_n = self._rows_args("stage_batch", prefix, rows, rngs, settings,
+                                                                      streams, tickets, n)
+    return self._programs.stage(prefix, decode_state, rows_n, np.int32(n), rngs_n, settings, streams_n, tickets_n)
+
+  def drop_queue(self, decode_state: DecodeState) -> DecodeState:
+    """Empties the refill queue (its samples will not decode); `decode_state` is donated."""
+    return self._programs.drop_queue(decode_state)
+
+  def _rows_args(self, what: str, prefix: Prefix, rows, rngs, settings: SlotSettings, streams, tickets, n: int):
+    """The per-row inputs of n rows of `prefix` going into slots or the queue (checked, and padded to a power
+    of two): rows, raw keys, settings, streams and tickets."""
+    if len(rows) != n or np.shape(rngs)[0] != n or settings.limit.shape != (n,):
+      raise ValueError(f"{what} needs one row, key and settings row per sample; got {n} samples, {len(rows)} "
+                       f"rows, {np.shape(rngs)[0]} keys, settings for {settings.limit.shape[0]}.")
     if prefix.cache.max_len > self.max_decode_length:
       raise ValueError(f"prefix cache length {prefix.cache.max_len} exceeds max_decode_length "
                        f"{self.max_decode_length}.")
     b = prefix.length.shape[0]
     bad = [r for r in rows if isinstance(r, bool) or not isinstance(r, (int, np.integer)) or not 0 <= r < b]
     if bad:  # (a gather past the end would clamp to another prompt's row and decode it silently)
-      raise ValueError(f"insert_batch rows must be ints in [0, {b}) (the prefix's rows); got {bad}.")
+      raise ValueError(f"{what} rows must be ints in [0, {b}) (the prefix's rows); got {bad}.")
+    streams = np.zeros((n, 0), np.uint32) if streams is None else np.asarray(streams, np.uint32)
+    if streams.ndim != 2 or streams.shape[0] != n:
+      raise ValueError(f"{what} needs streams [n = {n}, j]; got shape {streams.shape}.")
+    tickets = np.full((n,), -1, np.int32) if tickets is None else np.asarray(tickets, np.int32)
+    if tickets.shape != (n,):
+      raise ValueError(f"{what} needs one ticket per sample ([{n}]); got shape {tickets.shape}.")
     padded = _pow2_at_least(n)
 
-    def pad(x, fill):
+    def pad(x, fill=0):
       x = np.asarray(x)
       return np.concatenate([x, np.full((padded - n,) + x.shape[1:], fill, x.dtype)]) if padded > n else x
 
-    streams = np.zeros((n, 0), np.uint32) if streams is None else np.asarray(streams, np.uint32)
-    if streams.ndim != 2 or streams.shape[0] != n:
-      raise ValueError(f"insert_batch needs streams [n = {n}, j]; got shape {streams.shape}.")
-    return self._programs.insert(prefix, decode_state, pad(np.asarray(rows, np.int32), 0),
-                           pad(np.asarray(slots, np.int32), self._max_concurrent_decodes),
-                           pad(np.asarray(rngs, np.uint32), 0), jax.tree.map(lambda x: pad(x, 0), settings),
-                           pad(streams, 0))
+    return (pad(np.asarray(rows, np.int32)), pad(np.asarray(rngs, np.uint32)), jax.tree.map(pad, settings),
+            pad(streams), pad(tickets, -1))
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int, *,
              rng: jax.Array | None = None, settings: SlotSettings | None = None) -> DecodeState:

@@ -118,7 +118,8 @@ class DriverStats:
   recompute_prefills: int  # sequences prefilled again under new params: in flight at a swap (in batches:
   # `prefill_batch`), and forks or fork points whose state predates the swap (one each, however many chunks).
   turn_prefills: int  # prefill calls that extended a conversation with a turn and an observation.
-  inserts: int  # engine.insert calls (including re-inserts after a swap).
+  inserts: int  # samples put into slots: by the host (`insert_batch`, re-inserts after a swap included) or by a
+  # decode block from the refill queue (`device_refills` of them).
   generate_steps: int  # decode steps run on the device.
   busy_slot_steps: int  # sum over decode steps of slots that produced a token.
   tokens: int  # tokens generated into completions (observations not counted).
@@ -130,6 +131,7 @@ class DriverStats:
   ahead: int = 0  # decode blocks dispatched before the host handed out the one before (`run_ahead`).
   idle_ahead: int = 0  # of those, blocks that ran no step: a slot stopped before them, to be refilled first.
   kv_span_steps: int = 0  # sum over decode steps of the attention span W each read (per slot, of every slot).
+  device_refills: int = 0  # samples a decode block took from the engine's refill queue into a slot.
 
   @property
   def occupancy(self) -> float:
