@@ -30,6 +30,10 @@ if os.environ["JAX_COMPILATION_CACHE_DIR"]:
 else:
   del os.environ["JAX_COMPILATION_CACHE_DIR"]
 
+# Only now, with the flags and the cache set: jax reads them when it starts.
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 
 # The long files first. `make test` runs files whole on 2 workers (`--dist loadfile`) in collection order
 # (`--no-loadscope-reorder`: xdist's default order, most tests first, puts the few-but-long end-to-end files
@@ -46,3 +50,30 @@ _LONG_FILES = (
 def pytest_collection_modifyitems(items):
   rank = {name: i for i, name in enumerate(_LONG_FILES)}
   items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(_LONG_FILES)))  # stable
+
+
+# XLA's CPU client maps about three memory regions for each executable it compiles or loads, and jax keeps every
+# executable its jitted functions built. A worker that runs half the suite builds tens of thousands: past Linux's
+# vm.max_map_count (65530 by default) an mmap fails and XLA aborts the process ("LLVM compilation error: Cannot
+# allocate memory", or a crash while it serialises or loads an executable for the compilation cache: the worker
+# crashes `tests/_crash_rerun.py` reran). So once a test file leaves the process past half the limit, jax's
+# caches are dropped (`jax.clear_caches()` unmaps them; later files load their programs from the persistent
+# cache). Measured 2026-12-05: a worker at 95% of the suite held 34,500 maps, and one that crashed more.
+_MAPS = "/proc/self/maps"
+_MAX_MAPS = "/proc/sys/vm/max_map_count"
+
+
+def _too_many_maps() -> bool:
+  if not (os.path.exists(_MAPS) and os.path.exists(_MAX_MAPS)):
+    return False  # not Linux: no such limit to watch
+  with open(_MAX_MAPS) as f:
+    limit = int(f.read())
+  with open(_MAPS) as f:
+    return sum(1 for _ in f) > limit // 2
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _bounded_executables():
+  yield
+  if _too_many_maps():
+    jax.clear_caches()
