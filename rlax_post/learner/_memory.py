@@ -51,7 +51,9 @@ Components (bytes per device):
               per-slot vectors and the prefill's per-request cache are left out: small beside these.)
 
 What it leaves out: XLA's temporary buffers and fragmentation (keep a margin; the tests ask for < 90% of
-HBM), the prefill's per-request cache, the host-side rollout queue, and the compiled programs themselves.
+HBM), the prefill's per-request cache, an engine's refill queue (`RlaxEngine(refill_queue=)`: none on an
+accelerator unless asked for; 2 × its slots rows of the longest prefill bucket on a CPU mesh), the host-side
+rollout queue, and the compiled programs themselves.
 """
 
 from __future__ import annotations
