@@ -42,6 +42,13 @@ runs no step if a slot stopped in the one before it (the host refills the slot f
 host's own (`_ahead_plan`); `set_params` and `fork` hand out the block in flight first (its tokens keep the
 version that computed them).
 
+Refills on the device: on an engine with a refill queue (`RlaxEngine(refill_queue=Q)`), once the free slots are
+filled the driver queues the next pending samples there (`_stage`: first turns of requests without an env,
+stop strings or `keep`, not forks, while every busy sample is such too) and the blocks move them into slots as
+slots free, so a refill ends no block; every sample on the device has a ticket (`_tickets.Tickets`) and each
+run of a block's tokens goes to the sample its ticket names. While samples are queued, free slots are left to
+them; a swap sends them back to the pending queue (`_unstage`). The outputs do not depend on it.
+
 Per-request sampling: `Request.sampling` (`SamplingParams`) replaces the engine's law for that request's
 samples (all in one compiled step); each token's logprob then refers to the request's own temperature.
 `Request.stop` strings end a turn once the turn's decoded text contains one of them (checked on the host after
