@@ -254,3 +254,19 @@ def test_a_queued_sample_is_not_started_and_a_fork_says_so():
   got = {(c.request_id, c.index): c for c in driver.sample([])}
   assert len(got) == 7 and got[("f", 0)].tokens[:got[("f", 0)].forked_at] == got[("r", 0)].tokens[
       :got[("f", 0)].forked_at]
+
+
+def test_stage_batch_refuses_a_prompt_that_fills_every_position():
+  """A prefix of S tokens would not decode (as a limit of 0): queued, it would count as a refill while the next
+  entry took its slot, so stage_batch refuses it (an engine whose longest prompt is S long)."""
+  params = refs.model()[1]
+  engine = _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=2, max_prefill_length=16,
+                              max_decode_length=16, steps_per_sync=4, refill_queue=2)
+  prefix = engine.prefill_batch(params, [refs.prompt(5, 1), refs.prompt(16, 2)])
+  state = engine.init_decode_state()
+  with pytest.raises(ValueError, match=r"stage_batch needs prompts shorter than max_decode_length = 16 .*; got "
+                                       r"lengths \[5, 16\]"):
+    engine.stage_batch(prefix, state, [0, 1], _keys(2), engine.slot_settings([2, 2]))
+  state = engine.stage_batch(prefix, state, [0], _keys(1), engine.slot_settings([2]), tickets=[3])
+  state, block = engine.generate_block(params, state)
+  assert int(block.pops) == 1 and np.asarray(block.owner)[:2, 0].tolist() == [3, 3]

@@ -460,8 +460,8 @@ class RlaxEngine(engine_api.Engine):
     (stream, settings, ticket); the next decode blocks move them into slots as slots free (lowest slot
     first). `decode_state` is donated. The caller keeps at most `refill_queue` samples queued: it knows how
     many each block took (`Block.pops`); more overwrite the oldest. Raises ValueError for an engine without a
-    queue, more rows than it holds, a prefix longer than its entries, or a limit below 1 (a sample that would
-    not decode: the next would take its slot)."""
+    queue, more rows than it holds, a prefix longer than its entries, a limit below 1 or a prompt of S tokens
+    (a sample that would not decode: the next would take its slot while it counted as a refill)."""
     n, rows_q = len(rows), self.refill_queue
     if not 1 <= n <= rows_q:
       raise ValueError(f"stage_batch takes 1 to refill_queue = {rows_q} rows (the engine's queued samples); "
@@ -474,6 +474,11 @@ class RlaxEngine(engine_api.Engine):
                        f"{np.asarray(settings.limit).tolist()}.")
     rows_n, rngs_n, settings, streams_n, tickets_n = self._rows_args("stage_batch", prefix, rows, rngs, settings,
                                                                       streams, tickets, n)
+    if prefix.cache.max_len >= self.max_decode_length:  # (only then can a prompt hold every position: a fetch)
+      lengths = np.asarray(prefix.length)[np.asarray(rows, np.int64)]
+      if np.any(lengths >= self.max_decode_length):
+        raise ValueError(f"stage_batch needs prompts shorter than max_decode_length = {self.max_decode_length} "
+                         f"(a queued sample decodes at least one token); got lengths {lengths.tolist()}.")
     return self._programs.stage(prefix, decode_state, rows_n, np.int32(n), rngs_n, settings, streams_n, tickets_n)
 
   def drop_queue(self, decode_state: DecodeState) -> DecodeState:
