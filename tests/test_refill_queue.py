@@ -9,6 +9,7 @@ import jax
 import numpy as np
 import pytest
 
+from rlax_post import models
 from rlax_post.sampler import _driver
 from rlax_post.sampler import _engine
 from rlax_post.sampler import _requests
@@ -270,3 +271,36 @@ def test_stage_batch_refuses_a_prompt_that_fills_every_position():
   state = engine.stage_batch(prefix, state, [0], _keys(1), engine.slot_settings([2]), tickets=[3])
   state, block = engine.generate_block(params, state)
   assert int(block.pops) == 1 and np.asarray(block.owner)[:2, 0].tolist() == [3, 3]
+
+
+def test_a_shorter_prefix_in_an_entry_a_longer_one_used_decodes_as_if_inserted_alone():
+  """A queue entry holds the longest bucket: a prompt of a shorter bucket staged where a longer one was leaves
+  that one's later positions (ring slots of a sliding-window layer too) behind it, which no query sees."""
+  cfg = models.preset("micro", vocab_size=264, valid_vocab_size=259, max_seq_len=64, num_layers=2,
+                      layer_types=("sliding_attention", "full_attention"), sliding_window=12)
+  graphdef, params = models.init_params(cfg, jax.random.key(0))
+  engine = _engine.RlaxEngine(cfg, graphdef, tokenizer=TOK, max_concurrent_decodes=1, max_prefill_length=32,
+                              max_decode_length=48, temperature=0.8, seed=1, steps_per_sync=4, min_prefill_bucket=8,
+                              min_kv_bucket=48, refill_queue=1)
+  long, short = engine.prefill_batch(params, [refs.prompt(25, 1)]), engine.prefill_batch(params, [refs.prompt(5, 2)])
+  assert (long.cache.max_len, short.cache.max_len, cfg.ring_length(32), cfg.ring_length(8)) == (32, 8, 12, 8)
+
+  def drain(state):
+    tokens, logprobs = [], []
+    while True:
+      state, block = engine.generate_block(params, state)
+      block = jax.device_get(block)
+      if not int(block.steps):
+        return state, tokens, logprobs
+      tokens += block.tokens[block.valid[:, 0], 0].tolist()
+      logprobs += block.logprobs[block.valid[:, 0], 0].tolist()
+
+  state = engine.stage_batch(long, engine.init_decode_state(), [0], _keys(1), engine.slot_settings([3]))
+  state, tokens, _ = drain(state)
+  assert len(tokens) == 3
+  state = engine.stage_batch(short, state, [0], _keys(2)[1:], engine.slot_settings([12]))
+  _, tokens, logprobs = drain(state)
+  alone = engine.insert_batch(short, engine.init_decode_state(), [0], [0], _keys(2)[1:], engine.slot_settings([12]))
+  _, want_tokens, want_logprobs = drain(alone)
+  assert tokens == want_tokens and len(tokens) == 12
+  np.testing.assert_array_equal(logprobs, want_logprobs)
