@@ -617,6 +617,9 @@ def test_bad_laws_and_stops_raise_clear_errors():
     driver.submit([Request(refs.prompt(3), sampling={"temperature": 0.5})])
   with pytest.raises(ValueError, match="stop must be a tuple of non-empty strings"):
     driver.submit([Request(refs.prompt(3), stop="ab")])
+  for bad in (None, 3, ("ab", None)):
+    with pytest.raises(ValueError, match="stop must be a tuple of non-empty strings; got"):
+      driver.submit([Request(refs.prompt(3), stop=bad)])
   with pytest.raises(ValueError, match="steps_per_sync must be a positive int; got 0"):
     _engine_for(0)
   assert driver.done

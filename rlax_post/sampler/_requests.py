@@ -207,7 +207,7 @@ def validate_request(r: Request, engine: Any) -> frozenset[int]:
   if r.sampling is not None and not isinstance(r.sampling, SamplingParams):
     raise ValueError(f"Request {r.request_id!r}: sampling must be a SamplingParams or None; got "
                      f"{r.sampling!r}.")
-  if isinstance(r.stop, str) or not all(isinstance(x, str) and x for x in r.stop):
+  if not isinstance(r.stop, (tuple, list)) or not all(isinstance(x, str) and x for x in r.stop):
     raise ValueError(f"Request {r.request_id!r}: stop must be a tuple of non-empty strings; got {r.stop!r}.")
   engine.tokenizer.check_stop_strings(r.stop, f"Request {r.request_id!r}")
   return stops
