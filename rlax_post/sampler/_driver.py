@@ -649,7 +649,7 @@ class Driver:
     tokens_ks, logprobs_ks, valid_ks, owner_ks, slot_owner, steps, pops = jax.device_get(
         (block.tokens, block.logprobs, block.valid, block.owner, block.slot_owner, block.steps, block.pops))
     steps = int(steps)
-    if not steps and flight.min_live:  # Run ahead, but a slot stopped before it (`_ahead_plan`): no step.
+    if not steps and flight.min_live and not int(pops):  # Run ahead, but a slot stopped before it: no step.
       self._counts.update(syncs=1, idle_ahead=1)
       return []
     valid_ks = valid_ks[:steps]
