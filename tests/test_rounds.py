@@ -354,6 +354,20 @@ def test_rounds_through_the_cli_resume_mid_round_and_replay_exactly(tmp_path):
   # Stopped inside round 1, then resumed: the same rounds, the same metrics.
   _train(parted, f"--config.runtime.stop_after_steps={s + 1}")
   assert [r["round"] for r in runtime.read_rounds(str(parted))] == [0, 1]
+  _train(parted, "--resume")
+  assert _rl_rows(str(parted)) == logged
+  assert [r["metrics"] for r in runtime.read_rounds(str(parted))] == [r["metrics"] for r in records]
+  replay = subprocess.run([sys.executable, "-m", "rlax_post.cli", "replay", "--workdir", str(whole)],
+                          capture_output=True, text=True, timeout=600, env=_ENV)  # on the run's own mesh
+  assert replay.returncode == 0 and "replay:" in replay.stdout, replay.stderr[-3000:]
+
+
+@pytest.mark.slow  # `make test-all`: two more CLI runs than the test above (make test's 15-minute budget).
+def test_a_mid_round_resume_needs_its_round_record_and_makes_a_crashed_round_again(tmp_path):
+  whole, parted = tmp_path / "whole", tmp_path / "parted"
+  _train(whole)
+  s = config.load(iterppo.get_config("tiny")).iterppo.round_steps
+  _train(parted, f"--config.runtime.stop_after_steps={s + 1}")
   broken = tmp_path / "broken"  # a mid-round resume needs the round's record
   shutil.copytree(parted, broken)
   os.remove(os.path.join(runtime.round_dir(str(broken), 1), "round.json"))
@@ -370,13 +384,7 @@ def test_rounds_through_the_cli_resume_mid_round_and_replay_exactly(tmp_path):
   assert newest == s + 1
   shutil.rmtree(crashed / "checkpoints" / str(newest))
   _train(crashed, "--resume")
-  assert _rl_rows(str(crashed)) == logged
-  _train(parted, "--resume")
-  assert _rl_rows(str(parted)) == logged
-  assert [r["metrics"] for r in runtime.read_rounds(str(parted))] == [r["metrics"] for r in records]
-  replay = subprocess.run([sys.executable, "-m", "rlax_post.cli", "replay", "--workdir", str(whole)],
-                          capture_output=True, text=True, timeout=600, env=_ENV)  # on the run's own mesh
-  assert replay.returncode == 0 and "replay:" in replay.stdout, replay.stderr[-3000:]
+  assert _rl_rows(str(crashed)) == _rl_rows(str(whole))
 
 
 @pytest.mark.slow  # `make test-all`: make test's 15-minute budget (measured 2026-12-02, cold cache: 36 s).
