@@ -104,25 +104,28 @@ def test_command_help_shows_a_flag_s_help_for_that_command_without_its_command_l
   each command's --help shows the part for it without that list. The pattern that stripped it allowed no
   hyphen, so --step read "Value, rescue-eval, export, serve: the checkpoint step ..."."""
   step = "The checkpoint step to evaluate, export or serve (default: the newest)."
-  for command in ("rescue-eval", "export", "serve"):
+  helps = {}
+  for command in ("rescue-eval", "export", "serve", "rescue-sim", "train", "convert"):  # one process each
     out = _cli(command, "--help")
-    assert out.returncode == 0 and out.stderr == ""
-    assert _flag_rows(out.stdout)["--step"] == step, command
-  rows = _flag_rows(_cli("rescue-sim", "--help").stdout)
+    assert out.returncode == 0 and out.stderr == "", command
+    helps[command] = _flag_rows(out.stdout)
+  for command in ("rescue-eval", "export", "serve"):
+    assert helps[command]["--step"] == step, command
+  rows = helps["rescue-sim"]
   assert rows["--sessions"] == "The directory to write the session files to."
   assert rows["--count"] == "Sessions to simulate. (default: 100)"
   assert rows["--variants"] == "Which paraphrases the clients use. One of: train, heldout. (default: heldout)"
-  rows = _flag_rows(_cli("rescue-eval", "--help").stdout)
+  rows = helps["rescue-eval"]
   assert rows["--sessions"] == "RESCUE session files (a .json file, a directory of them or a glob)."
   assert rows["--json"] == "Also write the printed report to this path."
   assert rows["--max_context_rows"] == "Dialogue rows shown before each question (0: all). (default: 8)"
-  assert _flag_rows(_cli("serve", "--help").stdout)["--port"] == "gRPC port. (default: 9000)"
-  assert _flag_rows(_cli("train", "--help").stdout)["--num_processes"] == "Processes of the learner."
+  assert helps["serve"]["--port"] == "gRPC port. (default: 9000)"
+  assert helps["train"]["--num_processes"] == "Processes of the learner."
   written = "The dtype of every tensor written and of config.json's torch_dtype, one of float32, bfloat16, float16"
-  assert _flag_rows(_cli("export", "--help").stdout)["--dtype"] == (
+  assert helps["export"]["--dtype"] == (
       f"{written} (bfloat16: half a float32 checkpoint's size; default: the widest the policy holds, float32 for a "
       "float32 run).")
-  assert _flag_rows(_cli("convert", "--help").stdout)["--dtype"] == (
+  assert helps["convert"]["--dtype"] == (
       f"{written}: each weight is dequantised to float32, then rounded to the nearest (bfloat16: half a float32 "
       "checkpoint's size; a run loads the weights in its own param_dtype, float32, either way; default: float32).")
 
