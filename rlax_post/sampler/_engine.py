@@ -446,11 +446,9 @@ class RlaxEngine(engine_api.Engine):
       self._check_slot(slot)
     if len(set(slots)) != n:
       raise ValueError(f"insert_batch needs distinct slots; got {list(slots)}.")
-    args = self._rows_args("insert_batch", prefix, rows, rngs, settings, streams, tickets, n)
-    padded = _pow2_at_least(n)
-    slots_n = np.concatenate([np.asarray(slots, np.int32), np.full((padded - n,), self._max_concurrent_decodes,
-                                                                   np.int32)])
-    rows_n, rngs_n, settings, streams_n, tickets_n = args
+    rows_n, rngs_n, settings, streams_n, tickets_n = self._rows_args("insert_batch", prefix, rows, rngs, settings,
+                                                                      streams, tickets, n)
+    slots_n = _pad_rows(np.asarray(slots, np.int32), rows_n.shape[0], self._max_concurrent_decodes)  # (dropped)
     return self._programs.insert(prefix, decode_state, rows_n, slots_n, rngs_n, settings, streams_n, tickets_n)
 
   def stage_batch(self, prefix: Prefix, decode_state: DecodeState, rows: Sequence[int], rngs: np.ndarray,
@@ -505,11 +503,7 @@ class RlaxEngine(engine_api.Engine):
     if tickets.shape != (n,):
       raise ValueError(f"{what} needs one ticket per sample ([{n}]); got shape {tickets.shape}.")
     padded = _pow2_at_least(n)
-
-    def pad(x, fill=0):
-      x = np.asarray(x)
-      return np.concatenate([x, np.full((padded - n,) + x.shape[1:], fill, x.dtype)]) if padded > n else x
-
+    pad = lambda x, fill=0: _pad_rows(np.asarray(x), padded, fill)
     return (pad(np.asarray(rows, np.int32)), pad(np.asarray(rngs, np.uint32)), jax.tree.map(pad, settings),
             pad(streams), pad(tickets, -1))
 
@@ -657,6 +651,11 @@ class RlaxEngine(engine_api.Engine):
   @property
   def colocated_cpus(self) -> None:
     return None
+
+
+def _pad_rows(x: np.ndarray, rows: int, fill) -> np.ndarray:
+  """`x` with rows of `fill` after its own up to `rows` (one compilation per padded count)."""
+  return np.concatenate([x, np.full((rows - x.shape[0],) + x.shape[1:], fill, x.dtype)]) if rows > x.shape[0] else x
 
 
 def _pow2_at_least(n: int) -> int:
