@@ -206,7 +206,8 @@ def test_samples_that_need_the_host_wait_for_the_queue_to_empty_and_give_the_hos
   assert [c.num_turns for c in got if c.request_id == "env"] == [2, 2]
   assert 0 < stats.device_refills < stats.inserts - 3
   queued = _driver.Driver(_driver_engine(8), params, seed=3)
-  assert not any(queued._stageable(s) for s in _samples(queued, mixed[4:5] + mixed[6:8]))  # pylint: disable=protected-access
+  needs_host = _samples(queued, mixed[4:5] + mixed[6:8])  # the env, stop-string and kept requests
+  assert not any(queued._stageable(s) for s in needs_host)  # pylint: disable=protected-access
 
 
 def _samples(driver, requests):
@@ -222,9 +223,9 @@ def test_a_swap_sends_queued_samples_back_to_be_prefilled_under_the_new_params()
 
   def swap(d, steps):
     if steps == 2:
-      at_swap.append((d.num_unfinished, len(d._staged), d.stats.device_refills))  # pylint: disable=protected-access
+      at_swap.append((d.num_unfinished, len(d._tickets.staged), d.stats.device_refills))  # pylint: disable=protected-access
       d.set_params(params1, version=1)
-      at_swap.append(len(d._staged))  # pylint: disable=protected-access
+      at_swap.append(len(d._tickets.staged))  # pylint: disable=protected-access
 
   completions = driver.sample(requests, on_step=swap)
   unfinished, staged, refills = at_swap[0]
@@ -246,7 +247,7 @@ def test_a_queued_sample_is_not_started_and_a_fork_says_so():
   driver = _driver.Driver(_driver_engine(8), params, seed=3, run_ahead=False)
   driver.submit([Request(refs.prompt(5, 1), n=5, max_tokens=6, request_id="r")])
   driver._fill()  # pylint: disable=protected-access
-  assert len(driver._staged) == 2 and driver.num_unfinished == 5  # pylint: disable=protected-access
+  assert len(driver._tickets.staged) == 2 and driver.num_unfinished == 5  # pylint: disable=protected-access
   with pytest.raises(ValueError, match=r"sample \('r', 4\) has not started decoding"):
     driver.fork([_requests.Fork(("r", 4))])
   driver.step()

@@ -253,7 +253,6 @@ class Driver:
     # The engine's refill queue (`RlaxEngine.stage_batch`): samples staged there, in its order, until a block
     # reports them taken into slots (`Block.pops`); and every sample the device holds, by ticket.
     self._tickets = _tickets.Tickets(0 if self.static_batching else engine.refill_queue)
-    self._staged = self._tickets.staged
     self._early: list[tuple[int, int, Completion]] = []  # Finished in it when `_settle` handed it out.
 
   # --- Public API -----------------------------------------------------------------------------------------
@@ -272,14 +271,14 @@ class Driver:
   def done(self) -> bool:
     """No sample pending, in flight or parked on an env future, and no completion waiting for `step()` to
     return it."""
-    return (not self._pending and not self._staged and not self._parked and not self._early
+    return (not self._pending and not self._tickets.staged and not self._parked and not self._early
             and all(s is None for s in self._busy))
 
   @property
   def num_unfinished(self) -> int:
     """Samples submitted and not finished: queued (for a first or a later turn), decoding, or parked on an env
     future; the slots they need."""
-    return len(self._pending) + len(self._staged) + len(self._parked) + sum(s is not None for s in self._busy)
+    return len(self._pending) + len(self._tickets.staged) + len(self._parked) + sum(s is not None for s in self._busy)
 
   @property
   def num_parked(self) -> int:
@@ -411,7 +410,7 @@ class Driver:
   def _has_kept(self, request_id: Any) -> bool:
     """Whether samples of `request_id` are kept, or will be (samples of a keep request decoding, queued or
     waiting on an env): a second keep request of that id would overwrite their states."""
-    live = itertools.chain(self._busy, self._pending, self._staged, (s for _, s, _ in self._parked))
+    live = itertools.chain(self._busy, self._pending, self._tickets.staged, (s for _, s, _ in self._parked))
     return any(k[0] == request_id for k in self._kept) or any(
         s is not None and s.request.keep and s.request.request_id == request_id for s in live)
 
@@ -481,7 +480,8 @@ class Driver:
              if any(match(s) for _, s, _ in self._parked) else
              "finished in the decode block run ahead (its completion comes with the next step())"
              if any((c.request_id, c.index) == tuple(parent) for _, _, c in self._early) else
-             "has not started decoding" if any(match(s) for s in itertools.chain(self._pending, self._staged)) else
+             "has not started decoding"
+             if any(match(s) for s in itertools.chain(self._pending, self._tickets.staged)) else
              "is not running (finished, or never submitted)")
     raise ValueError(f"Fork: sample {parent!r} {where}; a fork continues a sample that is decoding, queued "
                      "for its next turn, or finished and kept (Request.keep).")
@@ -493,13 +493,13 @@ class Driver:
     try:
       finished, self._early = self._early + self._unpark(), []
       self._fill()
-      if not any(self._busy) and self._parked and not self._pending and not self._staged:  # Wait for an env.
+      if not any(self._busy) and self._parked and not self._pending and not self._tickets.staged:  # Wait for an env.
         self._counts["park_waits"] += 1
         concurrent.futures.wait([f for f, _, _ in self._parked], timeout=self.park_wait_s,
                                 return_when=concurrent.futures.FIRST_COMPLETED)
         finished += self._unpark()
         self._fill()
-      if any(self._busy) or self._staged:
+      if any(self._busy) or self._tickets.staged:
         finished += self._decode_block()
     except BaseException:
       self._finished.extend(finished)  # Those finished before the error stay collectable.
@@ -600,7 +600,7 @@ class Driver:
 
   def _longest(self) -> int:
     """The longest busy or queued sequence as the host sees it (prompt and tokens)."""
-    return max(len(s.request.prompt) + len(s.tokens) for s in itertools.chain(self._busy, self._staged)
+    return max(len(s.request.prompt) + len(s.tokens) for s in itertools.chain(self._busy, self._tickets.staged)
                if s is not None)
 
   def _dispatch(self, stop_on_free: int, longest: int, versions: list[int], min_live: int = 0) -> _Flight:
@@ -938,7 +938,7 @@ class Driver:
     """Takes a pending sample into every free slot (one batched prefill per bucket, one insert per prefix),
     then queues the next ones on the device where the engine has a refill queue (`_stage`). While samples
     are queued there, free slots are left to them: a block moves them in, in order."""
-    free = [] if self._staged else [slot for slot, s in enumerate(self._busy) if s is None]
+    free = [] if self._tickets.staged else [slot for slot, s in enumerate(self._busy) if s is None]
     if self.static_batching and len(free) < self._slots:
       return
     placed = [(slot, self._pending.popleft()) for slot in free[:len(self._pending)]]
@@ -963,9 +963,10 @@ class Driver:
     not forks) on the device, up to the refill queue's room, while every busy sample is plain too (a slot the
     queue refills is one the host does not look at between its sample's end and the next's start). It waits
     for room for half the queue (or for all that is pending) while samples are queued: one call queues many."""
+    if not self._pending or any(s is not None and not s.plain for s in self._busy):
+      return
     room = self._tickets.room
-    enough = min(len(self._pending), -(-self._tickets.queue_rows // 2)) if self._staged else 1
-    if room < max(enough, 1) or not self._pending or any(s is not None and not s.plain for s in self._busy):
+    if room < (min(len(self._pending), -(-self._tickets.queue_rows // 2)) if self._tickets.staged else 1):
       return
     take = []
     while self._pending and len(take) < room and self._stageable(self._pending[0]):
@@ -978,17 +979,16 @@ class Driver:
       keys, streams = self._streams(samples)
       self._state = self.engine.stage_batch(prefix, self._state, [where[j][1] for j in positions], keys,
                                             self._settings(samples), streams, self._tickets.issue(samples))
-      self._staged.extend(samples)
+      self._tickets.staged.extend(samples)
 
   @staticmethod
   def _stageable(sample: _Sample) -> bool:
     return sample.plain and sample.turn == 0 and sample.fork_prefix is None and sample.limit >= 1
 
   def _unstage(self) -> None:
-    """Empties the refill queue (after the block run ahead is handed out): its samples go back to the front of
-    the pending queue, behind ongoing work (later turns, forks), in their order."""
-    self._settle()
-    if not self._staged:
+    """Empties the refill queue (the caller hands out the block run ahead first: `_settle`): its samples go back
+    to the front of the pending queue, behind ongoing work (later turns, forks), in their order."""
+    if not self._tickets.staged:
       return
     self._state = self.engine.drop_queue(self._state)
     lead = next((i for i, s in enumerate(self._pending) if s.turn == 0 and s.fork_prefix is None),
