@@ -7,7 +7,8 @@ batching and shared vs separate prefills, side by side in one run.
                                                     # static_over_continuous_steps, refill_queue_over_host,
                                                     # shared_prefix_over_separate, block_over_single_step,
                                                     # run_ahead_over_sync, run_ahead_admission,
-                                                    # unfinished_over_groups, chunked_prefill_admission,
+                                                    # unfinished_over_groups, queue_room_admission,
+                                                    # chunked_prefill_admission,
                                                     # chunked_prefill_full_calls, layers_apart_over_stacked)
   python benchmarks/sampler.py --device gpu         # ~1B-parameter config in bf16, 128 slots: decode tokens/s and
                                                     # the achieved HBM bandwidth as a fraction of the chip's peak
@@ -31,7 +32,10 @@ refills (`cont_host`: `refill_queue=0`, a block ends for each refill); static ba
 Run-ahead (`Driver(run_ahead=)`): one wave of `slots` equal requests (all decoding from the first block, so
 every block after the first is dispatched before the host hands out the one before it), with and without; and
 RL groups of 4 admitted as their slots free (a loop of `step()`, as `envs.run_tickets`), with and without
-(there a freed slot waits for the block run ahead before its next group can start).
+(there a freed slot waits for the block run ahead before its next group can start). Admission counting the
+engine's refill queue as room (`admit_queue`, what `envs.has_room` does for a single-turn producer whose
+requests the queue takes) against counting the slots only (`admit_samples`): groups admitted ahead wait on the
+device and take slots one by one as they free, where the slots-only loop waits for a group's n slots.
 The RL modes (groups admitted as slots free) run on an engine as the runtime's sampling engine: prefill passes
 of the groups a fill starts (`RlaxEngine(prefill_chunk=slots / 4)`); the others run every prefill call in one
 pass (the engine's default). Chunked prefill: the equal workload (full calls) and groups admitted by
@@ -116,11 +120,12 @@ class AdmissionMode(DriverMode):
   """Groups admitted as their slots free (`envs.run_tickets`' loop: a group of n samples is submitted, between
   `step()` calls, once n slots are free by the count), counting an open group's n slots until it ends
   (`by_samples=False`, what trees need) or only its unfinished samples (`Driver.num_unfinished`, what a
-  single-turn producer counts); driver keyword arguments (`run_ahead`) as given."""
+  single-turn producer counts), against the slots plus `room` more (`envs.has_room` counts a single-turn
+  producer's refill queue rows so); driver keyword arguments (`run_ahead`) as given."""
 
-  def __init__(self, engine, params, requests, by_samples=False, **driver_kwargs):
+  def __init__(self, engine, params, requests, by_samples=False, room=0, **driver_kwargs):
     super().__init__(engine, params, requests, **driver_kwargs)
-    self.by_samples = by_samples
+    self.by_samples, self.room = by_samples, room
 
   def __call__(self) -> float:
     driver = sampler.Driver(self.engine, self.params, **self.kwargs)
@@ -128,7 +133,7 @@ class AdmissionMode(DriverMode):
     held = lambda: driver.num_unfinished if self.by_samples else len(open_groups) * pending[0].n
     t0 = time.perf_counter()
     while done < len(self.requests):
-      while pending and held() + pending[0].n <= slots:
+      while pending and held() + pending[0].n <= slots + self.room:
         request = pending.pop(0)
         driver.submit([request])
         open_groups[request.request_id] = request.n
@@ -326,6 +331,7 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                admit_ahead=AdmissionMode(rl, params, groups, run_ahead=True),
                admit_samples=AdmissionMode(rl, params, groups, by_samples=True),
                admit_one_pass=AdmissionMode(blocks, params, groups, by_samples=True),
+               admit_queue=AdmissionMode(rl, params, groups, by_samples=True, room=rl.refill_queue),
                eq_chunked=DriverMode(rl, params, equal), eq_other=DriverMode(other, params, equal))
   labels = dict(fused_eq=f"equal {equal_new}: fused limit", eq_k=f"equal {equal_new}: driver, k={k}",
                 eq_1=f"equal {equal_new}: driver, k=1", wave=f"one wave of {slots}: driver, k={k}",
@@ -334,6 +340,7 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                 cont_host=f"long tail: continuous, k={k}, host refills", stat=f"long tail: static, k={k}", shared="shared prefix (n=8)", separate="separate prefills (n=8)",
                 admit="groups admitted as slots free", admit_ahead="groups admitted, run-ahead",
                 admit_samples="groups admitted, unfinished counted",
+                admit_queue="groups admitted, unfinished counted, queue counted as room",
                 admit_one_pass="groups admitted, unfinished, prefill in one pass",
                 eq_chunked=f"equal {equal_new}: prefill in passes of {rl.prefill_chunk} rows",
                 eq_other=f"equal {equal_new}: driver, k={k}, layer weights "
@@ -351,6 +358,7 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
 
   pairs = [(a, b) for a, b in [("cont", "stat"), ("cont", "cont_host"), ("shared", "separate"), ("eq_k", "eq_1"), ("wave", "wave_sync"),
                                 ("admit", "admit_ahead"), ("admit", "admit_samples"), ("admit_samples", "admit_one_pass"),
+                                ("admit_samples", "admit_queue"),
                                 ("eq_k", "eq_chunked"), ("eq_k", "eq_other")] if a in modes and b in modes]
   same = {f"{a}={b}": same_outputs(modes[a].completions, modes[b].completions) for a, b in pairs}
 
@@ -366,6 +374,7 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                 block_over_single_step=ratio("eq_k", "eq_1"), run_ahead_over_sync=ratio("wave", "wave_sync"),
                 run_ahead_admission=ratio("admit_ahead", "admit"),
                 unfinished_over_groups=ratio("admit_samples", "admit"),
+                queue_room_admission=ratio("admit_queue", "admit_samples"),
                 continuous_over_static=ratio("cont", "stat"), static_over_continuous_steps=steps_ratio,
                 refill_queue_over_host=ratio("cont", "cont_host"),
                 shared_prefix_over_separate=ratio("shared", "separate"),
@@ -416,7 +425,7 @@ def _report(args, device, cfg, slots, result, rows):
   print(f"k={result['steps_per_sync']} / k=1: {x('block_over_single_step')}   "
         f"run-ahead / not: {x('run_ahead_over_sync')} (groups admitted as slots free: "
         f"{x('run_ahead_admission')})   admission by unfinished samples / by groups: "
-        f"{x('unfinished_over_groups')}   continuous / static: {x('continuous_over_static')} (decode steps "
+        f"{x('unfinished_over_groups')} (refill queue counted as room / not: {x('queue_room_admission')})   continuous / static: {x('continuous_over_static')} (decode steps "
         f"{x('static_over_continuous_steps')})   refill queue / host refills: {x('refill_queue_over_host')}   "
         f"shared prefix / separate: {x('shared_prefix_over_separate')}   "
         f"identical outputs: {result['identical_outputs']}")

@@ -18,10 +18,10 @@ sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
-def _parts():
+def _parts(stop=("a", "e", "i", "o", "u")):
   cfg = demo.get_config("tiny")
   cfg.rl.samples_per_prompt, cfg.rl.max_new_tokens = 4, 12  # groups of 4 in 8 slots
-  cfg.rl.stop = ["a", "e", "i", "o", "u"]  # responses end apart: each sampled vowel ends one
+  cfg.rl.stop = list(stop)  # responses end apart: each sampled vowel ends one
   return runtime.build_parts(config.load(cfg))
 
 
@@ -109,7 +109,7 @@ def test_a_sampler_reports_the_groups_it_can_hold_and_is_granted_up_to_them(tmp_
   learner.grant(0, committed=set(), timeout_s=60)
   assert (a.granted(), b.granted()) == ([0, 1, 4], [2, 3, 5])
 
-  class Open:  # an envs.Producer's counts, groups of 4 slots
+  class Open:  # an envs.Producer's counts, groups of 4 slots (no queue_rows: none)
     group_slots = 4
 
     def __init__(self, groups, samples):
@@ -119,11 +119,51 @@ def test_a_sampler_reports_the_groups_it_can_hold_and_is_granted_up_to_them(tmp_
           [(0, 0), (2, 8), (2, 5), (2, 3), (3, 7), (1, 12)]] == [2, 2, 2, 3, 3, 1]
   assert [envs.has_room(Open(g, u), slots=8) for g, u in
           [(0, 0), (2, 8), (2, 4), (2, 5), (0, 12)]] == [True, False, True, False, True]
+
+  class Queued(Open):  # and 6 samples more may wait on its engine's refill queue
+    queue_rows = 6
+
+  # Room for 14: 14 - 5 = 9 free start two more groups; 14 - 11 = 3 none.
+  assert [envs.group_capacity(Queued(g, u), slots=8) for g, u in
+          [(0, 0), (2, 5), (3, 11), (4, 14)]] == [3, 4, 3, 4]
+  assert [envs.has_room(Queued(g, u), slots=8) for g, u in
+          [(2, 8), (3, 10), (3, 11), (0, 20)]] == [True, True, False, True]
   # The retired group_size argument: ignored (the producer's group_slots counts), with a warning naming it.
   with pytest.warns(DeprecationWarning, match=r"group_size=1 is retired and ignored.*group_slots \(4;"):
     assert not envs.has_room(Open(2, 5), slots=8, group_size=1)
   with pytest.warns(DeprecationWarning, match="group_size=2 is retired"):
     assert envs.group_capacity(Open(2, 3), slots=8, group_size=2) == 3
+
+
+def test_groups_admitted_ahead_wait_on_the_refill_queue_and_give_the_same_rows():
+  """A single-turn producer whose requests need the host at no turn's end (no `rl.stop` strings) counts its
+  engine's refill queue as room (`queue_rows`, 2 x slots on a CPU mesh): groups are admitted ahead, wait on the
+  device, and take slots one by one inside decode blocks as they free. The rows are those of every group at
+  once; with stop strings its samples never wait there, and it counts its slots only."""
+  parts = _parts(stop=())  # plain requests (their lengths still differ: 12 tokens or an early EOS)
+  params = models.init_params(parts.model_cfg, jax.random.key(0))[1]
+  producer = parts.task.producer(parts.engine(slots=8, temperature=1.0), params, 0)
+  assert producer.queue_rows == producer.driver.engine.refill_queue == 16 and producer.queueable
+  pending, out, most = list(range(12)), {}, 0
+  while len(out) < 12:  # envs.run_tickets' loop, watched
+    while pending and envs.has_room(producer, slots=8):
+      producer.submit(pending.pop(0))
+    most = max(most, producer.in_flight_samples)
+    out.update(producer.step())
+  stats = producer.driver.stats
+  assert 8 < most <= 8 + 16  # held beyond the slots, never beyond the queue
+  assert stats.device_refills > 0 and stats.inserts == 48  # some of the 48 samples came from the queue
+  everything = parts.task.producer(parts.engine(slots=64, temperature=1.0), params, 0)
+  want = envs.run_tickets(everything, range(12), slots=64)
+  assert sorted(out) == sorted(want)
+  for ticket, rows in out.items():
+    for got, ref in zip(rows, want[ticket]):
+      np.testing.assert_array_equal(got["tokens"], ref["tokens"])
+      np.testing.assert_allclose(got["logprobs"], ref["logprobs"], atol=1e-6, rtol=0)
+  stopping = _parts().task.producer(parts.engine(slots=8, temperature=1.0), params, 0)  # rl.stop set
+  assert not stopping.queueable and stopping.queue_rows == 0
+  assert not envs.DatasetProducer.queueable and not envs.TreeProducer.queueable  # (until one says so)
+  assert not envs.TreeProducer.submits_whole_groups and envs.EpisodeProducer.queue_rows == 0
 
 
 def test_groups_that_grow_after_their_submit_hold_all_their_slots():

@@ -35,6 +35,14 @@ def test_a_tiny_run_of_some_modes(tmp_path, capsys):
   assert "shared prefix / separate: -" in out
 
 
+def test_admission_counting_the_refill_queue_gives_the_same_completions():
+  result = bench.main(["--slots", "4", "--requests", "8", "--repeats", "1", "--modes", "admit_samples,admit_queue"])
+  assert result["compared_outputs"] == {"admit_samples=admit_queue": True}
+  samples, queue = result["rows"]
+  assert samples["tokens"] == queue["tokens"] > 0 and result["queue_room_admission"] == pytest.approx(
+      queue["tokens_per_s"] / samples["tokens_per_s"])
+
+
 def test_no_pair_compared_is_no_identical_outputs_claim():
   result = bench.main(["--slots", "4", "--requests", "4", "--repeats", "1", "--modes", "eq_k"])
   assert result["identical_outputs"] is None and result["compared_outputs"] == {}  # it said True

@@ -288,6 +288,7 @@ class DatasetProducer(_rl.DriverProducer):
     self.n = cfg.rl.samples_per_prompt if split == "train" else 1
     self.p = cfg.rl.prompts_per_step
     super().__init__(engine, params, version, self.n)  # _open: ticket -> _Group
+    self.queueable = not cfg.rl.stop  # (its requests: a prompt, n samples, `rl.stop`)
     self.runner = rewards.RewardRunner(task.scorer, workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s,
                                        default=cfg.reward.default)
 

@@ -194,6 +194,9 @@ class EpisodeProducer:
   def in_flight_groups(self) -> int:
     return self.runner.pending
 
+  # Its episodes need the host at each message's end (their envs): none waits on a refill queue.
+  queue_rows = 0
+
   @property
   def group_slots(self) -> int:
     """A group's episodes, all submitted at once (`in_flight_samples` counts the unfinished ones)."""

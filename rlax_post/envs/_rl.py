@@ -127,6 +127,9 @@ class Producer(Protocol):
   def in_flight_samples(self) -> int: ...
   @property
   def group_slots(self) -> int: ...  # the most slots one group holds at once (its samples; a tree's leaves)
+  # Optional (0 where absent): the samples it may hold in flight beyond the slots, waiting on its engine's
+  # refill queue (`DriverProducer.queue_rows`); admission counts them as room.
+  queue_rows: int
   def set_params(self, params: Any, version: int) -> None: ...
   def submit(self, ticket: int) -> None: ...
   def step(self) -> list[tuple[int, list[dict]]]: ...  # the groups that finished: (ticket, rows)
@@ -188,21 +191,29 @@ def _retired_group_size(producer: Producer, group_size: int | None) -> None:
                   stacklevel=3)
 
 
+def _room(producer: Producer, slots: int) -> int:
+  """The samples `producer` may hold in flight: its `slots` and the rows of its engine's refill queue that its
+  samples can wait in (`queue_rows`; 0 where it has none)."""
+  return slots + getattr(producer, "queue_rows", 0)
+
+
 def has_room(producer: Producer, *, slots: int, group_size: int | None = None) -> bool:
-  """Whether `producer` may start another group: its `group_slots` of its `slots` free by its count
+  """Whether `producer` may start another group: its `group_slots` of its room free by its count
   (`in_flight_samples`: unfinished samples where a group submits them all at once, so the slots of a group's
-  finished samples serve the next group while its slowest ones decode), or no group open. (`group_size`:
-  retired, ignored with a DeprecationWarning.)"""
+  finished samples serve the next group while its slowest ones decode), or no group open. Its room is its
+  `slots` plus its `queue_rows`: samples that wait on the device's refill queue take a slot as one frees
+  inside a decode block, so a group admitted ahead keeps the slots busy. (`group_size`: retired, ignored
+  with a DeprecationWarning.)"""
   _retired_group_size(producer, group_size)
-  return producer.in_flight_samples + producer.group_slots <= slots or not producer.in_flight_groups
+  return producer.in_flight_samples + producer.group_slots <= _room(producer, slots) or not producer.in_flight_groups
 
 
 def group_capacity(producer: Producer, *, slots: int, group_size: int | None = None) -> int:
   """The groups `producer` can hold now (what a sampler reports to a file admission, which grants it as many
-  tickets): its open groups plus as many as its free slots could start, at least one. (`group_size`:
-  retired.)"""
+  tickets): its open groups plus as many as its free room (`has_room`) could start, at least one.
+  (`group_size`: retired.)"""
   _retired_group_size(producer, group_size)
-  free = max(slots - producer.in_flight_samples, 0)
+  free = max(_room(producer, slots) - producer.in_flight_samples, 0)
   return max(producer.in_flight_groups + free // producer.group_slots, 1)
 
 
@@ -211,7 +222,8 @@ def run_tickets(producer: Producer, tickets: Iterable[int], *, slots: int, group
   """Produces every ticket's group with at most `slots` samples in flight; {ticket: rows}.
 
   Tickets are submitted in order as slots free up (continuous batching across groups): a group once its
-  `group_slots` are free by the producer's count (`has_room`). (`group_size`: retired.)"""
+  `group_slots` are free by the producer's count, its refill queue's rows counted as room (`has_room`).
+  (`group_size`: retired.)"""
   _retired_group_size(producer, group_size)
   pending = list(tickets)
   out: dict[int, list[dict]] = {}
@@ -232,11 +244,22 @@ class DriverProducer:
   # hold slots, and a finished sample's slot takes the next group's at once. False where a group grows after
   # its submit (trees expand as messages come back): it holds `group_slots` slots until it ends.
   submits_whole_groups = False
+  # True where its requests need the host at no turn's end (`sampler.Request.plain`: single-turn, no stop
+  # strings, no kept state) and a group submits them all at once: then they may wait on the engine's refill
+  # queue (`queue_rows`). Set by the producers whose requests are such.
+  queueable = False
 
   def __init__(self, engine: sampler.RlaxEngine, params, version: int, group_slots: int):
     self.driver = sampler.Driver(engine, params, version=version, seed=0)
     self.group_slots = group_slots
     self._open: dict[int, Any] = {}
+
+  @property
+  def queue_rows(self) -> int:
+    """The samples it may hold beyond the engine's slots (`envs.has_room`): the engine's refill queue
+    (`RlaxEngine(refill_queue=)`), where the driver queues first turns of plain requests until a decode block
+    moves them into slots as they free, when it is `queueable`; else 0."""
+    return self.driver.engine.refill_queue if self.queueable and self.submits_whole_groups else 0
 
   @property
   def version(self) -> int:
@@ -273,6 +296,7 @@ class TextProducer(DriverProducer):
     self.p = cfg.rl.prompts_per_step
     self.examples = task.examples(split)
     super().__init__(engine, params, version, self.n)  # _open: ticket -> (example, completions so far)
+    self.queueable = not cfg.rl.stop  # (its requests: a prompt, n samples, `rl.stop`)
 
   def submit(self, ticket: int) -> None:
     ticket = int(ticket)

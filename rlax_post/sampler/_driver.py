@@ -140,8 +140,8 @@ class _Sample:
 
   @property
   def plain(self) -> bool:
-    """Needs the host at no turn's end: no env, stop strings or kept state."""
-    return self.request.env is None and not self.request.stop and not self.request.keep
+    """Needs the host at no turn's end (`Request.plain`)."""
+    return self.request.plain
 
   def ids(self) -> list[int]:
     return list(self.request.prompt) + self.tokens

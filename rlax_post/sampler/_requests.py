@@ -51,6 +51,12 @@ class Request:
   stop: tuple[str, ...] = ()
   keep: bool = False
 
+  @property
+  def plain(self) -> bool:
+    """Needs the host at no turn's end (no env, stop strings or kept state): the first turns of its samples
+    may wait on the engine's refill queue (`RlaxEngine(refill_queue=)`) for a slot."""
+    return self.env is None and not self.stop and not self.keep
+
 
 @dataclasses.dataclass(frozen=True)
 class Fork:
