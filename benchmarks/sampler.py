@@ -304,6 +304,8 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
   # The RL modes' engine, as the runtime's sampling engine: prefill passes of the groups (of 4) a fill starts,
   # slots / 4 rows, or --prefill-chunk.
   rl = engine(k, _NoEosTokenizer(), args.prefill_chunk or max(slots // 4, 1))
+  # The same with a refill queue of 2 x slots (the CPU default; none elsewhere unless asked for), for admit_queue.
+  rl_queue = rl if rl.refill_queue else engine(k, _NoEosTokenizer(), rl.prefill_chunk, queue=2 * slots)
   # The other way of holding the layer weights (`RlaxEngine.unstack_layers`), for eq_other.
   other = engine(k, _NoEosTokenizer(), unstack_layers=not blocks.unstack_layers)
   equal = equal_requests(rng, num, prompt_len=prompt_len, new_tokens=equal_new)
@@ -331,7 +333,7 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                admit_ahead=AdmissionMode(rl, params, groups, run_ahead=True),
                admit_samples=AdmissionMode(rl, params, groups, by_samples=True),
                admit_one_pass=AdmissionMode(blocks, params, groups, by_samples=True),
-               admit_queue=AdmissionMode(rl, params, groups, by_samples=True, room=rl.refill_queue),
+               admit_queue=AdmissionMode(rl_queue, params, groups, by_samples=True, room=rl_queue.refill_queue),
                eq_chunked=DriverMode(rl, params, equal), eq_other=DriverMode(other, params, equal))
   labels = dict(fused_eq=f"equal {equal_new}: fused limit", eq_k=f"equal {equal_new}: driver, k={k}",
                 eq_1=f"equal {equal_new}: driver, k=1", wave=f"one wave of {slots}: driver, k={k}",
