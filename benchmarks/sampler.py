@@ -339,7 +339,8 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
                 eq_1=f"equal {equal_new}: driver, k=1", wave=f"one wave of {slots}: driver, k={k}",
                 wave_sync=f"one wave of {slots}: driver, k={k}, no run-ahead",
                 fused_tail=f"long tail: fused limit (mean {mean_new})", cont=f"long tail: continuous, k={k}",
-                cont_host=f"long tail: continuous, k={k}, host refills", stat=f"long tail: static, k={k}", shared="shared prefix (n=8)", separate="separate prefills (n=8)",
+                cont_host=f"long tail: continuous, k={k}, host refills", stat=f"long tail: static, k={k}",
+                shared="shared prefix (n=8)", separate="separate prefills (n=8)",
                 admit="groups admitted as slots free", admit_ahead="groups admitted, run-ahead",
                 admit_samples="groups admitted, unfinished counted",
                 admit_queue="groups admitted, unfinished counted, queue counted as room",
@@ -358,9 +359,9 @@ def _measure(args, device, cfg, *, slots, num, prompt_len, max_decode, short, lo
   def ratio(a, b):  # tokens/s of mode a over mode b; None unless both ran
     return best[a]["tokens_per_s"] / best[b]["tokens_per_s"] if a in best and b in best else None
 
-  pairs = [(a, b) for a, b in [("cont", "stat"), ("cont", "cont_host"), ("shared", "separate"), ("eq_k", "eq_1"), ("wave", "wave_sync"),
-                                ("admit", "admit_ahead"), ("admit", "admit_samples"), ("admit_samples", "admit_one_pass"),
-                                ("admit_samples", "admit_queue"),
+  pairs = [(a, b) for a, b in [("cont", "stat"), ("cont", "cont_host"), ("shared", "separate"), ("eq_k", "eq_1"),
+                                ("wave", "wave_sync"), ("admit", "admit_ahead"), ("admit", "admit_samples"),
+                                ("admit_samples", "admit_one_pass"), ("admit_samples", "admit_queue"),
                                 ("eq_k", "eq_chunked"), ("eq_k", "eq_other")] if a in modes and b in modes]
   same = {f"{a}={b}": same_outputs(modes[a].completions, modes[b].completions) for a, b in pairs}
 
@@ -427,7 +428,8 @@ def _report(args, device, cfg, slots, result, rows):
   print(f"k={result['steps_per_sync']} / k=1: {x('block_over_single_step')}   "
         f"run-ahead / not: {x('run_ahead_over_sync')} (groups admitted as slots free: "
         f"{x('run_ahead_admission')})   admission by unfinished samples / by groups: "
-        f"{x('unfinished_over_groups')} (refill queue counted as room / not: {x('queue_room_admission')})   continuous / static: {x('continuous_over_static')} (decode steps "
+        f"{x('unfinished_over_groups')} (refill queue counted as room / not: {x('queue_room_admission')})   "
+        f"continuous / static: {x('continuous_over_static')} (decode steps "
         f"{x('static_over_continuous_steps')})   refill queue / host refills: {x('refill_queue_over_host')}   "
         f"shared prefix / separate: {x('shared_prefix_over_separate')}   "
         f"identical outputs: {result['identical_outputs']}")
