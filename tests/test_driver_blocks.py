@@ -15,6 +15,7 @@ from rlax_post import models
 from rlax_post.sampler import _driver
 from rlax_post.sampler import _requests
 from rlax_post.sampler import _engine
+from rlax_post.sampler import _samples
 from rlax_post.sampler import _sampling
 
 import _driver_refs as refs
@@ -555,7 +556,7 @@ def test_a_stop_string_split_by_tokens_that_decode_to_nothing_still_ends_the_tur
   characters: the window of the turn's text looked at holds enough characters, not a fixed count of tokens."""
   driver = _driver.Driver(_engine_for(4), refs.model()[1])
   request = Request(refs.prompt(3, 1), max_tokens=30, stop=("ab",), request_id="s")
-  sample = _driver._Sample(request, 0, 0, frozenset(driver.engine.stop_ids), 30, "length")  # pylint: disable=protected-access
+  sample = _samples.Sample(request, 0, 0, frozenset(driver.engine.stop_ids), 30, "length")
   assert driver._take(sample, [ord("a")] + [TOK.bos_id] * 5, [0.0] * 6, 0) == (None, False)  # pylint: disable=protected-access
   assert driver._take(sample, [ord("b"), ord("c"), ord("d")], [0.0] * 3, 0) == ("stop", True)  # pylint: disable=protected-access
   assert len(sample.tokens) == 7 and TOK.decode(sample.tokens) == "ab"
@@ -585,12 +586,12 @@ def test_a_stop_string_is_checked_in_the_text_the_reward_reads_when_the_decode_c
                               max_decode_length=MAX_DECODE, steps_per_sync=4, min_kv_bucket=64)
   driver = _driver.Driver(engine, refs.model()[1])
   request = Request((1,), max_tokens=30, stop=("'s",), request_id="s")
-  sample = _driver._Sample(request, 0, 0, frozenset(engine.stop_ids), 30, "length")  # pylint: disable=protected-access
+  sample = _samples.Sample(request, 0, 0, frozenset(engine.stop_ids), 30, "length")
   assert driver._take(sample, [4, 2, 2, 3, 5], [0.0] * 5, 0) == (None, False)  # pylint: disable=protected-access
   assert driver._take(sample, [1], [0.0], 0) == (None, False)  # pylint: disable=protected-access
   assert tok.decode(sample.tokens) == ".'' ss a"
   # A stop string the turn's text holds still ends it: "a ' s" cleans up to "a's".
-  sample = _driver._Sample(request, 0, 0, frozenset(engine.stop_ids), 30, "length")  # pylint: disable=protected-access
+  sample = _samples.Sample(request, 0, 0, frozenset(engine.stop_ids), 30, "length")
   assert driver._take(sample, [1, 2, 3, 1], [0.0] * 4, 0) == ("stop", True)  # pylint: disable=protected-access
   assert sample.tokens == [1, 2, 3] and tok.decode(sample.tokens) == "a's"
   # A stop string holding a special token's text never matches (decoding drops it): refused at submit.

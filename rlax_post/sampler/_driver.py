@@ -88,14 +88,15 @@ import collections
 import concurrent.futures
 import dataclasses
 import itertools
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import jax
 import numpy as np
 
 from rlax_post.sampler import _engine
+from rlax_post.sampler import _prefills
+from rlax_post.sampler import _samples
 from rlax_post.sampler import _tickets
-from rlax_post.sampler import _tokenizer_api
 from rlax_post.sampler._requests import check_streams
 from rlax_post.sampler._requests import Completion
 from rlax_post.sampler._requests import DriverStats
@@ -104,64 +105,12 @@ from rlax_post.sampler._requests import Request
 from rlax_post.sampler._requests import turn_at
 from rlax_post.sampler._requests import validate_request
 
-# How far down the queue a fill looks for prompts to top its prefill calls up with (bounds its host work).
-_PREFETCH_HORIZON = 512
-
-
-@dataclasses.dataclass
-class _Sample:
-  """A sample in flight (host-side bookkeeping)."""
-  request: Request
-  order: int  # the request's submission index (sorts results; keys shared prefixes).
-  index: int
-  stops: frozenset[int]
-  limit: int  # most tokens it may generate this turn.
-  limit_reason: str
-  tokens: list[int] = dataclasses.field(default_factory=list)
-  logprobs: list[float] = dataclasses.field(default_factory=list)
-  versions: list[int] = dataclasses.field(default_factory=list)
-  mask: list[int] = dataclasses.field(default_factory=list)
-  turn_starts: list[int] = dataclasses.field(default_factory=lambda: [0])  # len(tokens) at each turn's start
-  # Multi-turn only: the prefix of prompt + tokens[:prefix_len], computed under the params `set_params` call
-  # `prefix_params` (`Driver._params_id`: a version number may come again with other params).
-  prefix: _engine.Prefix | None = None
-  prefix_len: int = 0
-  prefix_params: int = -1
-  base_key: Any = None  # [2] uint32: raw key(seed) of the driver or the request.
-  streams: tuple[int, int] = (0, 0)  # (r, i): turn j draws from fold_in(base_key, r, i, j).
-  # A fork waiting for a slot: its parent's state as a one-row prefix, computed under params `fork_params`.
-  fork_prefix: _engine.Prefix | None = None
-  fork_params: int = -1
-  forked_at: int = 0
-  fork_prefill: int = 0  # `Completion.fork_prefill`
-  first_version: int | None = None  # a fork's first token's logits version, when not the current one
-  last_turn_state: Any = None  # keep + env: (state, params id) after its latest turn, kept once it finishes
-  ticket: int = -1  # its name on the device (`DecodeState.owner`) while it holds a slot or is queued there
-
-  @property
-  def plain(self) -> bool:
-    """Needs the host at no turn's end (`Request.plain`)."""
-    return self.request.plain
-
-  def ids(self) -> list[int]:
-    return list(self.request.prompt) + self.tokens
-
-  @property
-  def turn(self) -> int:
-    """The turn it is in (0: the first)."""
-    return len(self.turn_starts) - 1
-
-  @property
-  def turn_start(self) -> int:
-    """len(tokens) when the turn began."""
-    return self.turn_starts[-1]
-
 
 class _ForkPoint(NamedTuple):
   """Where a fork starts: its parent, the prefix after its first `at` tokens (computed under the current
   params), the version of that prefix's next-token logits, the context tokens prefilled for it, and the turn
   `at` lies in (its index)."""
-  parent: _Sample
+  parent: _samples.Sample
   prefix: _engine.Prefix
   at: int
   first_version: int
@@ -221,31 +170,28 @@ class Driver:
     self.refill_after = _engine.check_refill_after(engine.refill_after if refill_after is None else refill_after,
                                                    engine.max_concurrent_decodes)
     self.engine = engine
-    self.params, self.version = params, int(version)
-    # Which params computed a cached state: counts `set_params` calls, as a version number may come again with
-    # other params (a resumed learner republishes its numbers).
-    self._params_id = 0
-    self.static_batching, self.share_prefix = bool(static_batching), bool(share_prefix)
+    self.version = int(version)
+    self._counts = collections.Counter()
+    # The params, the id of the `set_params` call that brought them (a version number may come again with other
+    # params: a resumed learner republishes its numbers), and the prefixes computed under them.
+    self._prefills = _prefills.Prefills(engine, params, self._counts, share_prefix=bool(share_prefix))
+    self.static_batching = bool(static_batching)
     self.recompute_on_swap = bool(recompute_on_swap)
     self._base_keys: dict[int, np.ndarray] = {}  # seed -> raw key(seed).
     self._seed = seed
     self._slots = engine.max_concurrent_decodes
     self._state = engine.init_decode_state()
-    self._busy: list[_Sample | None] = [None] * self._slots
+    self._busy: list[_samples.Sample | None] = [None] * self._slots
     self._logits_version = [self.version] * self._slots  # version of each slot's next-token logits.
-    self._pending: collections.deque[_Sample] = collections.deque()
-    # First-turn prefixes waiting for slots (shared by a request's samples, or prefetched), all under the
-    # current params (`set_params` drops them): prompt key (`_prompt_key`) -> (batched prefix, row).
-    self._prefixes: dict[Any, tuple[_engine.Prefix, int]] = {}
+    self._pending: collections.deque[_samples.Sample] = collections.deque()
     self._finished: list[tuple[int, int, Completion]] = []  # (request order, index, completion).
     self._num_requests = 0
-    self._counts = collections.Counter()
     self._room = engine.max_decode_length
     # Samples waiting on an env future, in parking order: (future, sample, the turn's finish reason).
-    self._parked: list[tuple[concurrent.futures.Future, _Sample, str]] = []
+    self._parked: list[tuple[concurrent.futures.Future, _samples.Sample, str]] = []
     # Finished samples of `Request.keep` requests: (request_id, index) -> (sample, its state as a prefix, the
-    # params version it was computed under).
-    self._kept: dict[tuple[Any, int], tuple[_Sample, _engine.Prefix, int]] = {}
+    # id of the params it was computed under, `Prefills.params_id`).
+    self._kept: dict[tuple[Any, int], tuple[_samples.Sample, _engine.Prefix, int]] = {}
     self.park_wait_s = float(park_wait_s)
     self.run_ahead = run_ahead if run_ahead is None else bool(run_ahead)
     self._sampling = False  # Inside `sample()` (run-ahead's default scope).
@@ -266,6 +212,11 @@ class Driver:
                        parked_steps=c["parked_steps"], park_waits=c["park_waits"], syncs=c["syncs"],
                        forks=c["forks"], ahead=c["ahead"], idle_ahead=c["idle_ahead"],
                        kv_span_steps=c["kv_span_steps"], device_refills=c["device_refills"])
+
+  @property
+  def params(self) -> Any:
+    """The params decoding uses (`set_params`), in the engine's form (`RlaxEngine.prepare_params`)."""
+    return self._prefills.params
 
   @property
   def done(self) -> bool:
@@ -291,40 +242,21 @@ class Driver:
     params = self.engine.prepare_params(params)  # Checked, in the engine's form (`RlaxEngine.prepare_params`).
     self._settle()  # A block run ahead computed its tokens under the old params.
     self._unstage()  # Queued prefixes are the old params': prefilled again when their samples get slots.
-    self.params, self.version = params, int(version)
-    self._params_id += 1
-    self._prefixes.clear()  # Stale: prefilled again under the new params when their samples get slots.
+    self.version = int(version)
+    self._prefills.swap(params)  # Waiting prefixes are stale: prefilled again when their samples get slots.
     if not self.recompute_on_swap:
       return
     busy = [slot for slot, s in enumerate(self._busy) if s is not None]
     if not busy:
       return
     rngs = np.asarray(self._state.rngs)  # Continue each slot's stream (insert resets it).
-    for prefix, rows_slots in self._recompute(busy):
+    for prefix, rows_slots in self._prefills.recompute({slot: self._busy[slot].ids() for slot in busy}):
       entries = [(row, slot, self._busy[slot]) for row, slot in rows_slots]
       self._insert(prefix, entries, rngs[[slot for _, slot in rows_slots]])
       for row, slot, sample in entries:
         self._logits_version[slot] = self.version
         if sample.request.env is not None:  # Its conversation prefix: one row (a batch holds several).
-          self._keep_prefix(sample, prefix.row(row) if prefix.length.shape[0] > 1 else prefix)
-
-  def _recompute(self, slots: list[int]) -> Iterator[tuple[_engine.Prefix, list[tuple[int, int]]]]:
-    """The in-flight sequences of `slots` prefilled again under the current params: (prefix, [(row, slot)])
-    pairs, each made when the caller asks for the next one, so one recomputed prefix is alive at a time (the
-    caller inserts it first). Sequences that fit a prefill bucket go in batches (`prefill_batch`, one call per
-    bucket and `prefill_rows` of them), longer ones one at a time in chunks of the largest bucket;
-    `recompute_prefills` counts the sequences."""
-    largest = self.engine.prefill_buckets[-1]
-    fitting = {}  # slot -> (ids, []), as `_prefill_groups` takes them
-    for slot in slots:
-      ids = self._busy[slot].ids()
-      if len(ids) > largest:
-        yield self._prefill_again(ids), [(0, slot)]
-      else:
-        fitting[slot] = (ids, [])
-    for group in self._prefill_groups(fitting):
-      self._counts["recompute_prefills"] += len(group)
-      yield self.engine.prefill_batch(self.params, [fitting[slot][0] for slot in group]), list(enumerate(group))
+          self._prefills.keep(sample, prefix.row(row) if prefix.length.shape[0] > 1 else prefix)
 
   def submit(self, requests: Iterable[Request]) -> None:
     """Validates every request (ValueError naming the bad values) then queues their samples."""
@@ -344,7 +276,7 @@ class Driver:
       base_key, r = self._base_key(request.seed, request.stream, order)
       streams = range(request.n) if request.sample_streams is None else request.sample_streams
       for i, stream in enumerate(streams):
-        sample = _Sample(request, order, i, stops, 0, "", base_key=base_key, streams=(int(r), int(stream)))
+        sample = _samples.Sample(request, order, i, stops, 0, "", base_key=base_key, streams=(int(r), int(stream)))
         self._set_turn_limit(sample)
         self._pending.append(sample)
 
@@ -392,12 +324,12 @@ class Driver:
       streams = range(f.n) if f.sample_streams is None else f.sample_streams
       starts = parent.turn_starts[:point.turn + 1]
       limit, limit_reason = self._turn_limit(request, starts[-1])
-      children = [_Sample(request, order, i, parent.stops, limit, limit_reason,
-                          tokens=parent.tokens[:at], logprobs=parent.logprobs[:at], versions=parent.versions[:at],
-                          mask=parent.mask[:at], turn_starts=list(starts),
-                          base_key=base_key, streams=(int(r), int(stream)), fork_prefix=point.prefix,
-                          fork_params=self._params_id, forked_at=at, fork_prefill=point.prefilled if i == 0 else 0,
-                          first_version=point.first_version)
+      children = [_samples.Sample(request, order, i, parent.stops, limit, limit_reason,
+                                  tokens=parent.tokens[:at], logprobs=parent.logprobs[:at],
+                                  versions=parent.versions[:at], mask=parent.mask[:at], turn_starts=list(starts),
+                                  base_key=base_key, streams=(int(r), int(stream)), fork_prefix=point.prefix,
+                                  fork_params=self._prefills.params_id, forked_at=at,
+                                  fork_prefill=point.prefilled if i == 0 else 0, first_version=point.first_version)
                   for i, stream in enumerate(streams)]
       self._pending.extendleft(reversed(children))  # Ongoing work goes first, in index order.
       self._counts["forks"] += f.n
@@ -437,34 +369,19 @@ class Driver:
       if turn is None:
         raise ValueError(f"Fork of {f.parent!r}: at={at} lies in an env observation (turns start at "
                          f"{parent.turn_starts}); a multi-turn sample forks inside one of its turns.")
-      prefix, prefilled = self._prefix_at(parent, kept, params_id, at)
+      prefix, prefilled = self._prefills.cut(parent, kept, params_id, at)
       return _ForkPoint(parent, prefix, at, self.version, prefilled, turn)
     if f.at is not None and f.at != length:
       raise ValueError(f"Fork of {f.parent!r}: a running sample forks where it is (at = {length} tokens) or with "
                        f"at=None; got at={f.at!r} (keep the request to fork it anywhere once it has finished).")
     if slot is None:  # Queued for its next turn: extend its conversation prefix once, for all of them.
-      prefilled = (length - parent.prefix_len if parent.prefix_params == self._params_id
+      prefilled = (length - parent.prefix_len if parent.prefix_params == self._prefills.params_id
                    else len(parent.ids()))
-      return _ForkPoint(parent, self._turn_prefix(parent), length, self.version, prefilled, parent.turn)
+      return _ForkPoint(parent, self._prefills.turn(parent), length, self.version, prefilled, parent.turn)
     return _ForkPoint(parent, self.engine.snapshot(self._state, slot), length, self._logits_version[slot], 0,
                       parent.turn)
 
-  def _prefix_at(self, parent: _Sample, kept: _engine.Prefix, params_id: int, at: int
-                 ) -> tuple[_engine.Prefix, int]:
-    """The state after the prompt and the parent's first `at` tokens: the kept cache cut there (later
-    positions are masked: keys past a query's position are not attended to, and are overwritten as the fork
-    decodes), with the last of them prefilled again for its next-token logits (one token). The whole context
-    is prefilled again instead when the params changed since the sample finished, or when the model has
-    sliding-window layers (their rings have overwritten positions a window before the end, which a cut
-    needs)."""
-    ids = parent.ids()[:len(parent.request.prompt) + at]
-    if params_id != self._params_id or self.engine.model_cfg.window_sizes().max(initial=0) > 0:
-      return self._prefill_again(ids), len(ids)
-    cut = _engine.Prefix(cache=kept.cache, length=np.asarray([len(ids) - 1], np.int32), logits=kept.logits)
-    return self.engine.prefill(params=self.params, existing_prefix=cut, padded_tokens=np.asarray(ids[-1:], np.int32),
-                               true_length=1), 1
-
-  def _find_parent(self, parent: tuple[Any, int]) -> tuple[_Sample, Any]:
+  def _find_parent(self, parent: tuple[Any, int]) -> tuple[_samples.Sample, Any]:
     """The sample `parent` = (request_id, index) and where it is: its slot, None (queued for its next turn) or
     "kept" (finished, `Request.keep`)."""
     match = lambda s: s is not None and (s.request.request_id, s.index) == tuple(parent)
@@ -507,7 +424,7 @@ class Driver:
     self._finished.extend(finished)
     return [c for _, _, c in finished]
 
-  def _take(self, sample: _Sample, tokens: list[int], logprobs: list[float],
+  def _take(self, sample: _samples.Sample, tokens: list[int], logprobs: list[float],
             first_version: int) -> tuple[str | None, bool]:
     """Adds a slot's tokens of one block, up to the first that ends the turn; returns the turn's finish
     reason (None: it goes on) and whether a stop string ended it (tokens after the end are dropped)."""
@@ -528,7 +445,7 @@ class Driver:
       return "stop", by_string
     return (sample.limit_reason if used == left else None), False
 
-  def _stop_string_cut(self, sample: _Sample, tokens: list[int], used: int) -> tuple[int, bool]:
+  def _stop_string_cut(self, sample: _samples.Sample, tokens: list[int], used: int) -> tuple[int, bool]:
     """(tokens to keep, whether a stop string ends them): the first of `tokens[:used]` after which the turn's
     text contains a stop string (one not there a token earlier ends at that token, so the turn's last few
     characters before these tokens are enough: as many tokens as it takes to hold the longest string's bytes
@@ -550,7 +467,7 @@ class Driver:
         return i + 1, True
     return used, False
 
-  def _end_turn(self, sample: _Sample, reason: str) -> list[tuple[int, int, Completion]]:
+  def _end_turn(self, sample: _samples.Sample, reason: str) -> list[tuple[int, int, Completion]]:
     """A turn ended: ask the env for the next one (queued or parked), or finish the sample."""
     if reason != "max_decode_length" and sample.request.env is not None:
       observation = sample.request.env(sample.index, tuple(sample.ids()), reason)
@@ -680,7 +597,7 @@ class Driver:
           release.append(slot)  # The device does not see stop strings: its slot is still live.
         if sample.request.keep:  # Its slot is reused from the next fill on: copy its state now (kept once the
           # sample finishes: a multi-turn one may go on after its env's observation).
-          sample.last_turn_state = (self.engine.snapshot(self._state, slot), self._params_id)
+          sample.last_turn_state = (self.engine.snapshot(self._state, slot), self._prefills.params_id)
         self._tickets.retire(sample)
         ended.append((sample, reason))
     lost = [slot for slot, sample in enumerate(flight.samples)
@@ -699,7 +616,7 @@ class Driver:
       self._state = self.engine.release(self._state, release)
     return self._end_turns(ended)
 
-  def _end_turns(self, ended: list[tuple[_Sample, str]]) -> list[tuple[int, int, Completion]]:
+  def _end_turns(self, ended: list[tuple[_samples.Sample, str]]) -> list[tuple[int, int, Completion]]:
     """`_end_turn` of each (sample, reason); an env that raises drops its own sample only: the others' turns
     end too, then the first error is raised (the later ones noted on it) with the finished samples kept
     collectable."""
@@ -742,7 +659,7 @@ class Driver:
 
   # --- Internals ------------------------------------------------------------------------------------------
 
-  def _set_turn_limit(self, sample: _Sample) -> None:
+  def _set_turn_limit(self, sample: _samples.Sample) -> None:
     """This turn's token budget (`_turn_limit`)."""
     sample.limit, sample.limit_reason = self._turn_limit(sample.request, len(sample.tokens))
 
@@ -754,7 +671,7 @@ class Driver:
       return room, "max_decode_length"
     return request.max_tokens, "length"
 
-  def _completion(self, sample: _Sample, reason: str) -> tuple[int, int, Completion]:
+  def _completion(self, sample: _samples.Sample, reason: str) -> tuple[int, int, Completion]:
     """The finished sample's completion (sorted by request order, index); keeps its state if asked."""
     if sample.last_turn_state is not None:
       self._kept[(sample.request.request_id, sample.index)] = (sample, *sample.last_turn_state)
@@ -780,7 +697,7 @@ class Driver:
         finished.append(self._completion(sample, "max_decode_length" if outcome == "no_room" else reason))
     return finished
 
-  def _next_turn(self, sample: _Sample, observation: Sequence[int] | None) -> str:
+  def _next_turn(self, sample: _samples.Sample, observation: Sequence[int] | None) -> str:
     """Appends the env's observation: 'queued' (next turn queued), 'done' (env ended it) or 'no_room'."""
     if observation is None:
       return "done"
@@ -800,29 +717,7 @@ class Driver:
     self._pending.appendleft(sample)  # Ongoing conversations go first.
     return "queued"
 
-  def _keep_prefix(self, sample: _Sample, prefix: _engine.Prefix) -> None:
-    sample.prefix, sample.prefix_len, sample.prefix_params = prefix, len(sample.tokens), self._params_id
-
-  def _prefill(self, ids: list[int], *, counter: str | None,
-               prefix: _engine.Prefix | None = None) -> _engine.Prefix:
-    """Prefills `ids` after `prefix` (if any) under the current params, in chunks of the largest bucket (each
-    call counted under `counter`, if given)."""
-    chunk = self.engine.prefill_buckets[-1]
-    for start in range(0, len(ids), chunk):
-      piece = np.asarray(ids[start:start + chunk], np.int32)
-      prefix = self.engine.prefill(params=self.params, existing_prefix=prefix, padded_tokens=piece,
-                                   true_length=len(piece))
-      if counter is not None:
-        self._counts[counter] += 1
-    return prefix
-
-  def _prefill_again(self, ids: list[int]) -> _engine.Prefix:
-    """One sequence prefilled again under the current params (after a swap: in flight, a fork, a fork point),
-    in chunks of the largest bucket; `recompute_prefills` counts it once."""
-    self._counts["recompute_prefills"] += 1
-    return self._prefill(ids, counter=None)
-
-  def _insert(self, prefix: _engine.Prefix, entries: list[tuple[int, int, _Sample]], rngs: np.ndarray,
+  def _insert(self, prefix: _engine.Prefix, entries: list[tuple[int, int, _samples.Sample]], rngs: np.ndarray,
               streams: np.ndarray | None = None) -> None:
     """Inserts prefix row `row` into `slot` for each (row, slot, sample) of `entries`, in one call, with the
     raw keys `rngs` (folded in by `streams` on the device: `RlaxEngine.insert_batch`)."""
@@ -832,107 +727,11 @@ class Driver:
                                            streams, self._tickets.issue(samples))
     self._counts["inserts"] += len(entries)
 
-  def _settings(self, samples: list[_Sample]) -> Any:
+  def _settings(self, samples: list[_samples.Sample]) -> Any:
     """The slot settings of `samples`' turns: what is left of each turn's budget, its stop ids and law."""
     return self.engine.slot_settings(
         [sample.limit - (len(sample.tokens) - sample.turn_start) for sample in samples],
         [sample.stops for sample in samples], [sample.request.sampling for sample in samples])
-
-  def _turn_prefix(self, sample: _Sample) -> _engine.Prefix:
-    """Extends the conversation's prefix with the turn and observation (rebuilt if the params changed)."""
-    if sample.prefix_params == self._params_id:
-      prefix = self._prefill(sample.tokens[sample.prefix_len:], counter="turn_prefills", prefix=sample.prefix)
-    else:
-      prefix = self._prefill(sample.ids(), counter="turn_prefills")
-    self._keep_prefix(sample, prefix)
-    return prefix
-
-  def _fork_prefix(self, sample: _Sample) -> _engine.Prefix:
-    """A fork's prefix: its parent's state (rebuilt from its ids if the params changed since the fork); kept as
-    its conversation prefix when it runs an env."""
-    prefix = sample.fork_prefix
-    if sample.fork_params != self._params_id:
-      prefix = self._prefill_again(sample.ids())
-      sample.fork_prefill += len(sample.ids())
-      sample.first_version = None
-    sample.fork_prefix = None
-    if sample.request.env is not None:
-      self._keep_prefix(sample, prefix)
-    return prefix
-
-  def _prompt_key(self, sample: _Sample) -> Any:
-    return sample.order if self.share_prefix else (sample.order, sample.index)
-
-  def _prefixes_for(self, samples: list[_Sample]) -> list[tuple[_engine.Prefix, int]]:
-    """(prefix, row) of each sample: reused, extended (later turns) or prefilled in batches by bucket.
-
-    Fresh prompts are prefilled together with those of the next pending samples of their length bucket
-    (`_prefetch`: each call topped up to its `prefill_rows`), whose prefixes wait in `_prefixes` for a slot:
-    continuous batching frees slots a few at a time, and a chunk of a `prefill_batch` call costs the same
-    whatever the number of its prompts (one chunk shape per bucket). The top-up bounds the prefixes held
-    beyond those of the samples being placed (fewer than `prefill_rows` per bucket).
-    """
-    out: list[Any] = [None] * len(samples)
-    fresh: dict[Any, tuple[Sequence[int], list[int]]] = {}  # prompt key -> (prompt, positions in samples).
-    for j, sample in enumerate(samples):
-      if sample.fork_prefix is not None:
-        out[j] = (self._fork_prefix(sample), 0)
-        continue
-      if sample.turn > 0:
-        out[j] = (self._turn_prefix(sample), 0)
-        continue
-      cached = self._prefixes.get(self._prompt_key(sample))
-      if cached is not None:
-        out[j] = cached
-      else:
-        fresh.setdefault(self._prompt_key(sample), (sample.request.prompt, []))[1].append(j)
-    if fresh:
-      self._prefetch(fresh)
-    for keys in self._prefill_groups(fresh):
-      prefix = self.engine.prefill_batch(self.params, [fresh[key][0] for key in keys])
-      self._counts["prefills"] += len(keys)
-      for row, key in enumerate(keys):
-        for j in fresh[key][1]:
-          out[j] = (prefix, row)
-        self._prefixes[key] = (prefix, row)
-    for j, sample in enumerate(samples):
-      if sample.turn == 0 and (not self.share_prefix or sample.index == sample.request.n - 1):
-        self._prefixes.pop(self._prompt_key(sample), None)  # Samples queue in index order: the last frees it.
-      if sample.turn == 0 and sample.request.env is not None:
-        self._keep_prefix(sample, out[j][0].row(out[j][1]))
-    return out
-
-  def _prefetch(self, fresh: dict[Any, tuple[Sequence[int], list[int]]]) -> None:
-    """Adds to `fresh` the prompts of the next pending first turns without a current prefix (among the next
-    `_PREFETCH_HORIZON` pending samples) whose length bucket `fresh` prefills already, until each of those
-    buckets' last call is full: one call of several chunks costs less than as many calls (measured against
-    topping up the last chunk only: long-tail sampling 3% against 8% slower than calls in one pass)."""
-    counts = collections.Counter(self._bucket(prompt) for prompt, _ in fresh.values())
-    room = {bucket: -n % self.engine.prefill_rows(bucket) for bucket, n in counts.items()}  # Free rows.
-    for sample in itertools.islice(self._pending, _PREFETCH_HORIZON):
-      if not any(room.values()):
-        return
-      key = self._prompt_key(sample)
-      if sample.turn or sample.fork_prefix is not None or key in fresh or key in self._prefixes:
-        continue
-      bucket = self._bucket(sample.request.prompt)
-      if room.get(bucket, 0) > 0:
-        fresh[key] = (sample.request.prompt, [])
-        room[bucket] -= 1
-
-  def _bucket(self, prompt: Sequence[int]) -> int:
-    return _tokenizer_api.bucket_for(len(prompt), self.engine.prefill_buckets)
-
-  def _prefill_groups(self, fresh: dict[Any, tuple[Sequence[int], list[int]]]) -> list[list[Any]]:
-    """The fresh prompts' keys in groups of one length bucket, each at most `prefill_rows(bucket)` long."""
-    buckets: dict[int, list[Any]] = collections.defaultdict(list)
-    for key, (prompt, _) in fresh.items():
-      buckets[self._bucket(prompt)].append(key)
-    groups = []
-    for bucket, keys in sorted(buckets.items()):
-      size = self.engine.prefill_rows(bucket)
-      groups += [keys[i:i + size] for i in range(0, len(keys), size)]
-    return groups
 
   def _fill(self) -> None:
     """Takes a pending sample into every free slot (one batched prefill per bucket, one insert per prefix),
@@ -943,7 +742,7 @@ class Driver:
       return
     placed = [(slot, self._pending.popleft()) for slot in free[:len(self._pending)]]
     if placed:
-      where = self._prefixes_for([sample for _, sample in placed])
+      where = self._prefills.for_samples([sample for _, sample in placed], self._pending)
       for prefix, positions in _tickets.by_prefix(where):
         self._insert(prefix, [(where[j][1], *placed[j]) for j in positions],
                      *self._streams([placed[j][1] for j in positions]))
@@ -953,7 +752,7 @@ class Driver:
         sample.first_version = None
     self._stage()
 
-  def _streams(self, samples: list[_Sample]) -> tuple[np.ndarray, np.ndarray]:
+  def _streams(self, samples: list[_samples.Sample]) -> tuple[np.ndarray, np.ndarray]:
     """Each sample's base key and (request, sample, turn) streams, folded in on the device."""
     return (np.stack([sample.base_key for sample in samples]),
             np.asarray([(*sample.streams, sample.turn) for sample in samples], np.uint32))
@@ -973,7 +772,7 @@ class Driver:
       take.append(self._pending.popleft())
     if not take:
       return
-    where = self._prefixes_for(take)
+    where = self._prefills.for_samples(take, self._pending)
     for prefix, positions in _tickets.by_prefix(where):
       samples = [take[j] for j in positions]
       keys, streams = self._streams(samples)
@@ -982,7 +781,7 @@ class Driver:
       self._tickets.staged.extend(samples)
 
   @staticmethod
-  def _stageable(sample: _Sample) -> bool:
+  def _stageable(sample: _samples.Sample) -> bool:
     return sample.plain and sample.turn == 0 and sample.fork_prefix is None and sample.limit >= 1
 
   def _unstage(self) -> None:
