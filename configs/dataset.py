@@ -78,6 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint = dict(every=20, max_to_keep=2)
   c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,
                    decode_steps_per_sync=8, refill_after=0, prefill_chunk_rows=0, sampler_layers="auto",
+                   refill_queue="auto",
                    max_staleness=1, num_samplers=1, queue="memory", queue_capacity=0, sampler_slots=0,
                    param_versions_to_keep=3, sampler_timeout_s=60.0)
 

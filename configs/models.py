@@ -265,6 +265,7 @@ def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_co
   c.checkpoint = dict(every=50, max_to_keep=2)
   c.runtime = dict(mode="async", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,
                    decode_steps_per_sync=8, refill_after=0, prefill_chunk_rows=0, sampler_layers="auto",
+                   refill_queue="auto",
                    max_staleness=1, num_samplers=1, queue="memory", queue_capacity=0, sampler_slots=sampler_slots,
                    param_versions_to_keep=3, sampler_timeout_s=600.0)
   return c

@@ -418,6 +418,11 @@ class RuntimeSection:
   # run's engines), "stacked" as the learner holds them (the layer scan slices them out per step, which XLA's
   # CPU backend copies), "auto" apart on a CPU mesh, stacked elsewhere (not measured on accelerators yet).
   sampler_layers: str = choices("auto", "apart", "stacked")
+  # The sampling engines' refill queue (`RlaxEngine(refill_queue=)`, docs/sampler.md): "on" queues up to 2 x an
+  # engine's slots prefilled samples in its decode state, which decode blocks move into slots as they free
+  # (no round trip per refill; admission counts them as room); "off" none; "auto" on a CPU mesh only (not
+  # measured on accelerators yet). Outputs do not depend on it.
+  refill_queue: str = choices("auto", "on", "off")
   # --- mode="async" (docs/async.md) ---
   # η: the most policy versions a trained token may lag the learner. 0 reproduces the sync loop exactly.
   max_staleness: int = bounded(1, low=0)

@@ -49,9 +49,13 @@ Components (bytes per device):
               data × fsdp and tensor with the default rules), the logits by slot only. Slots or KV heads
               that do not divide their mesh axes raise ValueError, as the engine would. (The engine's
               per-slot vectors and the prefill's per-request cache are left out: small beside these.)
+              With `kv_queue_rows` also the engines' refill queues (`RlaxEngine(refill_queue=)`): as many
+              cache rows of `kv_len` positions (an upper bound: an entry holds the engine's longest prefill
+              bucket) and float32 logits [rows, V], the rows replicated over the slot axes (any entry may go
+              into any slot), KV heads split as the slots'.
 
 What it leaves out: XLA's temporary buffers and fragmentation (keep a margin; the tests ask for < 90% of
-HBM), the prefill's per-request cache, an engine's refill queue (`RlaxEngine(refill_queue=)`: none on an
+HBM), the prefill's per-request cache, an engine's refill queue unless `kv_queue_rows` counts it (none on an
 accelerator unless asked for; 2 × its slots rows of the longest prefill bucket on a CPU mesh), the host-side
 rollout queue, and the compiled programs themselves.
 """
@@ -136,7 +140,8 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
                     micro_batches: int = 1, remat: bool | None = None, optimizer=None,
                     rules: sharding.Rules = sharding.DEFAULT_RULES, param_copies: int = 1, kv_slots: int = 0,
                     kv_len: int | None = None, critic_cfg=None,
-                    trainable: _trainable.Trainable = _trainable.Trainable()) -> dict[str, int]:
+                    trainable: _trainable.Trainable = _trainable.Trainable(), kv_queue_rows: int = 0
+                    ) -> dict[str, int]:
   """Per-device bytes of a learner (and its in-process samplers) on a mesh of `mesh_shape`.
 
   Args:
@@ -154,6 +159,8 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
     kv_slots: concurrent decodes whose KV cache is live (sampler slots + eval slots); 0: no sampler. Each
       engine's slot count must divide the mesh axes of 'batch'; this checks their sum.
     kv_len: positions per KV-cache row; None: `seq_len`.
+    kv_queue_rows: prefilled samples the samplers' refill queues hold (`RlaxEngine(refill_queue=)`, summed over
+      the engines), each counted at `kv_len` positions; 0: none.
     critic_cfg: a separate critic's `models.ModelConfig` (`models.value_model_config` of its backbone),
       trained on the same micro-batches under the same rules and `optimizer`; None: no separate critic
       (the 'critic' component is 0).
@@ -169,6 +176,8 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
       raise ValueError(f'{name} must be a positive int; got {value!r}')
   if batch % micro_batches:
     raise ValueError(f'batch={batch} must be divisible by micro_batches={micro_batches}')
+  if isinstance(kv_queue_rows, bool) or not isinstance(kv_queue_rows, int) or kv_queue_rows < 0:
+    raise ValueError(f'kv_queue_rows must be an int >= 0 (refill queue rows; 0: none); got {kv_queue_rows!r}')
   if critic_cfg is not None and not critic_cfg.value_head:
     raise ValueError('critic_cfg must have a value head (models.value_model_config); got value_head=False.')
   kv_len = seq_len if kv_len is None else kv_len
@@ -191,17 +200,22 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
     out['critic'] = (sum(critic.values()) + values + _trunk_activation_bytes(
         critic_cfg, mesh, rules, b, t, critic_cfg.remat if remat is None else remat))
 
-  kv = 0
-  if kv_slots:
-    decode_like = {'cache': jax.eval_shape(lambda: models.init_cache(c, kv_slots, kv_len)),
-                   'logits': jax.ShapeDtypeStruct((kv_slots, c.vocab_size), np.float32)}
-    decode_axes = {'cache': models.cache_axes(c), 'logits': ('batch', None)}
-    decode_sh = sharding.named_shardings(decode_axes, mesh, rules, shapes=decode_like)
-    kv = _tree_bytes(decode_like, decode_sh)
-  out['kv_cache'] = kv
+  out['kv_cache'] = _decode_bytes(c, mesh, rules, kv_slots, kv_len, 'batch') + _decode_bytes(
+      c, mesh, rules, kv_queue_rows, kv_len, None)
   out = {k: int(out[k]) for k in COMPONENTS}
   out['total'] = sum(out.values())
   return out
+
+
+def _decode_bytes(c, mesh, rules, rows: int, kv_len: int, row_axis: str | None) -> int:
+  """Per-device bytes of `rows` decode rows (KV cache of `kv_len` positions and float32 logits), the rows split
+  over the mesh axes of `row_axis` (None: replicated, as a refill queue's), KV heads as the rules say."""
+  if not rows:
+    return 0
+  like = {'cache': jax.eval_shape(lambda: models.init_cache(c, rows, kv_len)),
+          'logits': jax.ShapeDtypeStruct((rows, c.vocab_size), np.float32)}
+  axes = {'cache': models.cache_axes(c, batch=row_axis), 'logits': (row_axis, None)}
+  return _tree_bytes(like, sharding.named_shardings(axes, mesh, rules, shapes=like))
 
 
 def format_bytes(n: float) -> str:

@@ -168,7 +168,10 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   weights held apart (one copy, each sampler thread's in async mode; "auto" counts as stacked, its
   accelerators' default). KV cache: the samplers' slots plus the greedy eval's batch
   (async runs evaluate while the samplers decode), each row `model.max_seq_len` long, sharded as the engines
-  shard it on the run's mesh (slots by the rules' "batch", KV heads by "kv_heads"). Critic: a separate one
+  shard it on the run's mesh (slots by the rules' "batch", KV heads by "kv_heads"); with
+  `runtime.refill_queue = "on"` also their refill queues, 2 x those slots rows, each counted at
+  `model.max_seq_len` positions (an upper bound: an entry holds the longest prompt bucket), replicated over
+  the slot axes ("auto" counts as none, its accelerators' default). Critic: a separate one
   (`advantage.estimator = "gae"`, `critic.mode = "separate"`) adds its own params, grads, optimizer state and
   one micro-batch's activations (`critic_model_config(cfg, model_cfg)`); a shared one is the value head in
   `model_cfg` (`model_config` adds it), counted in its params.
@@ -188,7 +191,7 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
       model_cfg, mesh_shape, batch=rollouts // cfg.rl.minibatches, seq_len=cfg.model.max_seq_len,
       micro_batches=cfg.loss.micro_batches, param_copies=reference + (2 if is_async else 0) + apart,
       kv_slots=kv_slots, kv_len=cfg.model.max_seq_len, rules=config_rules(cfg), critic_cfg=critic_cfg,
-      trainable=trainable)
+      trainable=trainable, kv_queue_rows=_refill_queue(cfg, kv_slots) or 0)  # ("auto": accelerators' none)
 
 
 def config_rules(cfg: config_lib.Config) -> sharding.Rules:
@@ -277,7 +280,8 @@ class Parts:
                               steps_per_sync=self.cfg.runtime.decode_steps_per_sync,
                               refill_after=min(self.cfg.runtime.refill_after, slots) or None,
                               prefill_chunk=self.cfg.runtime.prefill_chunk_rows or prefill_chunk,
-                              unstack_layers=_UNSTACK_LAYERS[self.cfg.runtime.sampler_layers])
+                              unstack_layers=_UNSTACK_LAYERS[self.cfg.runtime.sampler_layers],
+                              refill_queue=_refill_queue(self.cfg, slots))
 
   def sampling_engine(self) -> sampler.RlaxEngine:
     """The engine of the run's rollouts: `runtime.sampler_slots` (default P · n) slots, `rl`'s sampling law."""
@@ -290,6 +294,12 @@ class Parts:
 
 # `runtime.sampler_layers` -> `RlaxEngine(unstack_layers=)`.
 _UNSTACK_LAYERS = {"auto": None, "apart": True, "stacked": False}
+
+
+def _refill_queue(cfg: config_lib.Config, slots: int) -> int | None:
+  """`runtime.refill_queue` -> an engine of `slots` slots' `RlaxEngine(refill_queue=)`: 2 x slots ("on"), 0
+  ("off"), or None ("auto": the engine's platform default, 2 x slots on a CPU mesh, none elsewhere)."""
+  return {"auto": None, "on": 2 * slots, "off": 0}[cfg.runtime.refill_queue]
 
 
 def _pow2_at_least(n: int, floor: int = 16) -> int:
