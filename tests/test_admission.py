@@ -18,10 +18,14 @@ sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
-def _parts(stop=("a", "e", "i", "o", "u")):
+_VOWELS = ("a", "e", "i", "o", "u")
+
+
+def _parts(refill_queue="off", stop=_VOWELS):
   cfg = demo.get_config("tiny")
   cfg.rl.samples_per_prompt, cfg.rl.max_new_tokens = 4, 12  # groups of 4 in 8 slots
   cfg.rl.stop = list(stop)  # responses end apart: each sampled vowel ends one
+  cfg.runtime.refill_queue = refill_queue  # "off": the slots alone are room
   return runtime.build_parts(config.load(cfg))
 
 
@@ -135,12 +139,13 @@ def test_a_sampler_reports_the_groups_it_can_hold_and_is_granted_up_to_them(tmp_
     assert envs.group_capacity(Open(2, 3), slots=8, group_size=2) == 3
 
 
-def test_groups_admitted_ahead_wait_on_the_refill_queue_and_give_the_same_rows():
-  """A single-turn producer whose requests need the host at no turn's end (no `rl.stop` strings) counts its
+@pytest.mark.parametrize("stop", [_VOWELS, ()], ids=["stop strings", "none"])
+def test_groups_admitted_ahead_wait_on_the_refill_queue_and_give_the_same_rows(stop):
+  """A single-turn producer (its requests have no env or kept state: `sampler.Request.queueable`) counts its
   engine's refill queue as room (`queue_rows`, 2 x slots on a CPU mesh): groups are admitted ahead, wait on the
   device, and take slots one by one inside decode blocks as they free. The rows are those of every group at
-  once; with stop strings its samples never wait there, and it counts its slots only."""
-  parts = _parts(stop=())  # plain requests (their lengths still differ: 12 tokens or an early EOS)
+  once, with and without `rl.stop` strings (the host ends those samples after the block)."""
+  parts = _parts(refill_queue="on", stop=stop)
   params = models.init_params(parts.model_cfg, jax.random.key(0))[1]
   producer = parts.task.producer(parts.engine(slots=8, temperature=1.0), params, 0)
   assert producer.queue_rows == producer.driver.engine.refill_queue == 16 and producer.queueable
@@ -160,9 +165,7 @@ def test_groups_admitted_ahead_wait_on_the_refill_queue_and_give_the_same_rows()
     for got, ref in zip(rows, want[ticket]):
       np.testing.assert_array_equal(got["tokens"], ref["tokens"])
       np.testing.assert_allclose(got["logprobs"], ref["logprobs"], atol=1e-6, rtol=0)
-  stopping = _parts().task.producer(parts.engine(slots=8, temperature=1.0), params, 0)  # rl.stop set
-  assert not stopping.queueable and stopping.queue_rows == 0
-  assert not envs.DatasetProducer.queueable and not envs.TreeProducer.queueable  # (until one says so)
+  assert envs.DatasetProducer.queueable and not envs.TreeProducer.queueable
   assert not envs.TreeProducer.submits_whole_groups and envs.EpisodeProducer.queue_rows == 0
 
 

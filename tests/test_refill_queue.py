@@ -190,8 +190,9 @@ def test_the_driver_on_a_queue_gives_the_hosts_completions_in_fewer_round_trips(
 
 
 def test_samples_that_need_the_host_wait_for_the_queue_to_empty_and_give_the_hosts_completions():
-  """An env's turns, stop strings and kept states need the host at a turn's end: such samples are never
-  queued, and nothing is queued while one holds a slot; the completions are the host's."""
+  """An env's turns and kept states need the host at a turn's end: such samples are never queued, and
+  nothing is queued while one holds a slot; stop strings may be (the host releases their slots after the
+  block); the completions are the host's."""
   params = refs.model()[1]
   seen = []
 
@@ -214,13 +215,34 @@ def test_samples_that_need_the_host_wait_for_the_queue_to_empty_and_give_the_hos
   assert [c.num_turns for c in got if c.request_id == "env"] == [2, 2]
   assert 0 < stats.device_refills < stats.inserts - 3
   queued = _driver.Driver(_driver_engine(8), params, seed=3)
-  needs_host = _samples(queued, mixed[4:5] + mixed[6:8])  # the env, stop-string and kept requests
-  assert not any(queued._stageable(s) for s in needs_host)  # pylint: disable=protected-access
+  env, strings, kept = _samples(queued, mixed[4:5] + mixed[6:8])[1:]  # (the env request's second sample)
+  assert [queued._stageable(s) for s in (env, strings, kept)] == [False, True, False]  # pylint: disable=protected-access
 
 
 def _samples(driver, requests):
   driver.submit(requests)
   return list(driver._pending)  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_stop_strings_on_the_queue_give_the_hosts_completions(k):
+  """Samples with stop strings wait on the queue too: a string the device does not see ends a sample on the
+  host after the block (the tokens after it dropped) and frees its slot then, unless the device had already
+  moved a queued sample into it. The completions are the host refills', with and without run-ahead."""
+  params = refs.model()[1]
+  # The random model samples bytes, many of them invalid UTF-8 alone: runs of U+FFFD end most samples early.
+  strings = [["\ufffd\ufffd\ufffd"], ["\ufffd\ufffd", "zz"], []]
+  requests = [Request(refs.prompt(4 + i % 5, 60 + i), n=1 + i % 2, max_tokens=4 + (3 * i) % 11, request_id=i,
+                      stop=strings[i % 3], stop_tokens=STOPS[:3] if i % 4 else ()) for i in range(12)]
+  for run_ahead in (False, True):
+    host = _driver.Driver(_driver_engine(0, k), params, seed=5, run_ahead=run_ahead)
+    want = host.sample(requests)
+    driver = _driver.Driver(_driver_engine(8, k), params, seed=5, run_ahead=run_ahead)
+    got = driver.sample(requests)
+    _same(got, want)
+    by_string = [c for c in got if c.finish_reason == "stop" and c.tokens[-1] not in STOPS]
+    assert len(by_string) >= 4 and all("\ufffd\ufffd" in TOK.decode(list(c.tokens)) for c in by_string)
+    assert driver.stats.device_refills > 0 and driver.done and driver.num_unfinished == 0
 
 
 def test_a_swap_sends_queued_samples_back_to_be_prefilled_under_the_new_params():

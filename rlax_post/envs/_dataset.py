@@ -280,6 +280,7 @@ class DatasetProducer(_rl.DriverProducer):
   """Single-turn groups of dataset rows (`envs.Producer`), scored in threads while decoding goes on."""
 
   submits_whole_groups = True
+  queueable = True  # (its requests: a prompt, n samples, `rl.stop` strings)
 
   def __init__(self, task: "DatasetTask", engine: sampler.RlaxEngine, params, version: int, split: str):
     _rl.check_split(split)
@@ -288,7 +289,6 @@ class DatasetProducer(_rl.DriverProducer):
     self.n = cfg.rl.samples_per_prompt if split == "train" else 1
     self.p = cfg.rl.prompts_per_step
     super().__init__(engine, params, version, self.n)  # _open: ticket -> _Group
-    self.queueable = not cfg.rl.stop  # (its requests: a prompt, n samples, `rl.stop`)
     self.runner = rewards.RewardRunner(task.scorer, workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s,
                                        default=cfg.reward.default)
 

@@ -244,9 +244,8 @@ class DriverProducer:
   # hold slots, and a finished sample's slot takes the next group's at once. False where a group grows after
   # its submit (trees expand as messages come back): it holds `group_slots` slots until it ends.
   submits_whole_groups = False
-  # True where its requests need the host at no turn's end (`sampler.Request.plain`: single-turn, no stop
-  # strings, no kept state) and a group submits them all at once: then they may wait on the engine's refill
-  # queue (`queue_rows`). Set by the producers whose requests are such.
+  # True where its requests may wait on the engine's refill queue (`sampler.Request.queueable`: single-turn,
+  # no kept state) and a group submits them all at once: admission counts the queue as room (`queue_rows`).
   queueable = False
 
   def __init__(self, engine: sampler.RlaxEngine, params, version: int, group_slots: int):
@@ -258,7 +257,7 @@ class DriverProducer:
   def queue_rows(self) -> int:
     """The samples it may hold beyond the engine's slots (`envs.has_room`): the engine's refill queue
     (`RlaxEngine(refill_queue=)`), where the driver queues first turns of plain requests until a decode block
-    moves them into slots as they free, when it is `queueable`; else 0."""
+    moves them into slots as they free, where it is `queueable`; else 0."""
     return self.driver.engine.refill_queue if self.queueable and self.submits_whole_groups else 0
 
   @property
@@ -287,6 +286,7 @@ class TextProducer(DriverProducer):
   """Single-turn groups of a text task (`envs.TextTask`): ticket g is example g of the split."""
 
   submits_whole_groups = True
+  queueable = True  # (its requests: a prompt, n samples, `rl.stop` strings)
 
   def __init__(self, task: Any, engine: sampler.RlaxEngine, params, version: int, split: str):
     check_split(split)
@@ -296,7 +296,6 @@ class TextProducer(DriverProducer):
     self.p = cfg.rl.prompts_per_step
     self.examples = task.examples(split)
     super().__init__(engine, params, version, self.n)  # _open: ticket -> (example, completions so far)
-    self.queueable = not cfg.rl.stop  # (its requests: a prompt, n samples, `rl.stop`)
 
   def submit(self, ticket: int) -> None:
     ticket = int(ticket)

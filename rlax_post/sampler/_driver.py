@@ -43,9 +43,9 @@ host's own (`_ahead_plan`); `set_params` and `fork` hand out the block in flight
 version that computed them).
 
 Refills on the device: on an engine with a refill queue (`RlaxEngine(refill_queue=Q)`), once the free slots are
-filled the driver queues the next pending samples there (`_stage`: first turns of requests without an env,
-stop strings or `keep`, not forks, while every busy sample is such too) and the blocks move them into slots as
-slots free, so a refill ends no block; every sample on the device has a ticket (`_tickets.Tickets`) and each
+filled the driver queues the next pending samples there (`_stage`: first turns of requests without an env or
+`keep`, not forks, while every busy sample is such too; stop strings may, their slots released after the block)
+and the blocks move them into slots as slots free, so a refill ends no block; every sample on the device has a ticket (`_tickets.Tickets`) and each
 run of a block's tokens goes to the sample its ticket names. While samples are queued, free slots are left to
 them; a swap sends them back to the pending queue (`_unstage`). The outputs do not depend on it.
 
@@ -758,11 +758,12 @@ class Driver:
             np.asarray([(*sample.streams, sample.turn) for sample in samples], np.uint32))
 
   def _stage(self) -> None:
-    """Queues the leading pending samples that need the host at no turn's end (first turns of plain requests,
-    not forks) on the device, up to the refill queue's room, while every busy sample is plain too (a slot the
-    queue refills is one the host does not look at between its sample's end and the next's start). It waits
-    for room for half the queue (or for all that is pending) while samples are queued: one call queues many."""
-    if not self._pending or any(s is not None and not s.plain for s in self._busy):
+    """Queues the leading pending samples that may wait on the device (first turns of `Request.queueable`
+    requests, not forks) there, up to the refill queue's room, while every busy sample is queueable too (a
+    slot the queue refills is one the host does not look at between its sample's end and the next's start:
+    no env turn's end, no kept state to copy). It waits for room for half the queue (or for all that is
+    pending) while samples are queued: one call queues many."""
+    if not self._pending or any(s is not None and not s.queueable for s in self._busy):
       return
     room = self._tickets.room
     if room < (min(len(self._pending), -(-self._tickets.queue_rows // 2)) if self._tickets.staged else 1):
@@ -782,7 +783,7 @@ class Driver:
 
   @staticmethod
   def _stageable(sample: _samples.Sample) -> bool:
-    return sample.plain and sample.turn == 0 and sample.fork_prefix is None and sample.limit >= 1
+    return sample.queueable and sample.turn == 0 and sample.fork_prefix is None and sample.limit >= 1
 
   def _unstage(self) -> None:
     """Empties the refill queue (the caller hands out the block run ahead first: `_settle`): its samples go back

@@ -52,10 +52,12 @@ class Request:
   keep: bool = False
 
   @property
-  def plain(self) -> bool:
-    """Needs the host at no turn's end (no env, stop strings or kept state): the first turns of its samples
-    may wait on the engine's refill queue (`RlaxEngine(refill_queue=)`) for a slot."""
-    return self.env is None and not self.stop and not self.keep
+  def queueable(self) -> bool:
+    """Whether its samples' first turns may wait on the engine's refill queue (`RlaxEngine(refill_queue=)`),
+    where a decode block moves them into slots as slots free, unseen by the host: no env (the host must see a
+    turn's end at once, to ask the env) and no kept state (copied from its slot before the slot is reused).
+    Stop strings may: the host finds them after the block and releases the slot if its sample still holds it."""
+    return self.env is None and not self.keep
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,9 +42,9 @@ class Sample:
   ticket: int = -1  # its name on the device (`DecodeState.owner`) while it holds a slot or is queued there
 
   @property
-  def plain(self) -> bool:
-    """Needs the host at no turn's end (`Request.plain`)."""
-    return self.request.plain
+  def queueable(self) -> bool:
+    """`Request.queueable`."""
+    return self.request.queueable
 
   def ids(self) -> list[int]:
     return list(self.request.prompt) + self.tokens
