@@ -69,6 +69,10 @@ def test_single_turn_groups_start_in_the_slots_of_finished_samples(admission, tm
   # The same rows as every group at once (each group's streams are its ticket's).
   everything = parts.task.producer(parts.engine(slots=32, temperature=1.0), params, 0)
   want = envs.run_tickets(everything, range(8), slots=32)
+  _same_rows(out, want)
+
+
+def _same_rows(out, want):
   assert sorted(out) == sorted(want)
   for ticket, rows in out.items():
     for got, ref in zip(rows, want[ticket]):
@@ -160,11 +164,7 @@ def test_groups_admitted_ahead_wait_on_the_refill_queue_and_give_the_same_rows(s
   assert stats.device_refills > 0 and stats.inserts == 48  # some of the 48 samples came from the queue
   everything = parts.task.producer(parts.engine(slots=64, temperature=1.0), params, 0)
   want = envs.run_tickets(everything, range(12), slots=64)
-  assert sorted(out) == sorted(want)
-  for ticket, rows in out.items():
-    for got, ref in zip(rows, want[ticket]):
-      np.testing.assert_array_equal(got["tokens"], ref["tokens"])
-      np.testing.assert_allclose(got["logprobs"], ref["logprobs"], atol=1e-6, rtol=0)
+  _same_rows(out, want)
   assert envs.DatasetProducer.queueable and not envs.TreeProducer.queueable
   assert not envs.TreeProducer.submits_whole_groups and envs.EpisodeProducer.queue_rows == 0
 

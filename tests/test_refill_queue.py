@@ -4,28 +4,22 @@ the blocks name every token's sample (`Block.owner`) and what each slot holds af
 block ends for a refill only once the queue is empty."""
 
 import functools
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-from rlax_post import config
 from rlax_post import learner
 from rlax_post import models
-from rlax_post import runtime
-from rlax_post import sharding
 from rlax_post.sampler import _driver
 from rlax_post.sampler import _engine
 from rlax_post.sampler import _requests
 
+import _demo_runs
 import _driver_refs as refs
 from _driver_refs import CFG
 from _driver_refs import MAX_DECODE
 from _driver_refs import TOK
-
-sys.path.insert(0, ".")
-from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 @functools.lru_cache(maxsize=None)
@@ -337,23 +331,13 @@ def test_a_shorter_prefix_in_an_entry_a_longer_one_used_decodes_as_if_inserted_a
   np.testing.assert_array_equal(logprobs, want_logprobs)
 
 
-def _run_config(**runtime_settings):
-  c = demo.get_config("tiny")
-  c.mesh.fsdp = 1
-  for name, value in runtime_settings.items():
-    setattr(c.runtime, name, value)
-  cfg = config.load(c)
-  parts = runtime.build_parts(cfg, sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]))
-  return cfg, parts, runtime.run_memory(cfg, parts.model_cfg)
-
-
 def test_runtime_refill_queue_sets_the_engines_and_the_memory_estimate_counts_it():
   """`runtime.refill_queue`: "on" queues 2 x each engine's slots, "off" none, "auto" the platform's default (a
   CPU mesh: on). `run_memory` counts "on"'s rows in `kv_cache` (2 x its KV slots, each of `model.max_seq_len`
   positions with its float32 logits; one device here) and "auto" as none (accelerators' default)."""
   got = {}
   for setting in ("auto", "on", "off"):
-    cfg, parts, memory = _run_config(refill_queue=setting)
+    cfg, parts, memory = _demo_runs.run_config(refill_queue=setting)
     engines = (parts.sampling_engine(), parts.engine(slots=2, temperature=0.0))  # rollouts', eval's
     got[setting] = ([e.refill_queue for e in engines], memory["kv_cache"])
   slots = cfg.sampler_slots
@@ -366,6 +350,6 @@ def test_runtime_refill_queue_sets_the_engines_and_the_memory_estimate_counts_it
                + 4 * m.vocab_size)
   assert got["on"][1] - got["off"][1] == rows * row_bytes
   with pytest.raises(ValueError, match="refill_queue"):
-    _run_config(refill_queue="sometimes")
+    _demo_runs.run_config(refill_queue="sometimes")
   with pytest.raises(ValueError, match=r"kv_queue_rows must be an int >= 0 .*got -1"):
     learner.estimate_memory(m, {"data": 1, "fsdp": 1, "tensor": 1}, batch=2, seq_len=16, kv_queue_rows=-1)

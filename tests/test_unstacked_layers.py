@@ -15,6 +15,7 @@ import pytest
 from rlax_post import models
 from rlax_post import sampler
 
+import _demo_runs
 import _hlo
 
 TOK = models.ByteTokenizer()
@@ -246,28 +247,14 @@ def test_threads_preparing_the_same_params_at_once_share_one_copy():
   assert all(_same_arrays(out[k], out[0]) for k in range(1, 4))
 
 
-def _run_config(**runtime_settings):
-  from configs import demo  # pylint: disable=g-import-not-at-top
-  from rlax_post import config  # pylint: disable=g-import-not-at-top
-  from rlax_post import runtime  # pylint: disable=g-import-not-at-top
-  from rlax_post import sharding  # pylint: disable=g-import-not-at-top
-  c = demo.get_config("tiny")
-  c.mesh.fsdp = 1
-  for name, value in runtime_settings.items():
-    setattr(c.runtime, name, value)
-  cfg = config.load(c)
-  parts = runtime.build_parts(cfg, sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]))
-  return cfg, parts, runtime.run_memory(cfg, parts.model_cfg)
-
-
 def test_runtime_sampler_layers_sets_the_engines_and_counts_the_copy():
   for layers, apart in (("auto", True), ("apart", True), ("stacked", False)):  # auto: apart on this CPU mesh
-    cfg, parts, memory = _run_config(sampler_layers=layers)
+    cfg, parts, memory = _demo_runs.run_config(sampler_layers=layers)
     engines = (parts.sampling_engine(), parts.engine(slots=2, temperature=0.0))  # rollouts', eval's
     assert [e.unstack_layers for e in engines] == [apart, apart]
     copies = memory["reference"] // memory["params"]
     assert memory["reference"] % memory["params"] == 0 and copies == (2 if layers == "apart" else 1)
-  _, _, memory = _run_config(sampler_layers="apart", mode="async", num_samplers=2)
+  _, _, memory = _demo_runs.run_config(sampler_layers="apart", mode="async", num_samplers=2)
   assert memory["reference"] == (3 + 2) * memory["params"]  # reference, two published versions, one per sampler
   with pytest.raises(ValueError, match="sampler_layers"):
-    _run_config(sampler_layers="unrolled")
+    _demo_runs.run_config(sampler_layers="unrolled")
