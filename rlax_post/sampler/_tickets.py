@@ -14,7 +14,7 @@ _TICKETS = 2**31
 class Tickets:
   """The live tickets of a driver's samples and its refill queue (`queue_rows` entries; 0: none).
 
-  Samples are the driver's `_Sample`s: each carries its current ticket (`ticket`, -1 when it has none)."""
+  Samples are the driver's `_samples.Sample`s: each carries its current ticket (`ticket`, -1 when it has none)."""
 
   def __init__(self, queue_rows: int):
     self.queue_rows = queue_rows
