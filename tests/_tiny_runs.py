@@ -3,7 +3,12 @@ synthetic rollout groups for `runtime.RLUpdate`."""
 
 import sys
 
+import jax
 import numpy as np
+
+from rlax_post import config
+from rlax_post import runtime
+from rlax_post import sharding
 
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -25,6 +30,16 @@ def run_config(variants: str = "tiny", **runtime_overrides):
   for k, v in runtime_overrides.items():
     setattr(c.runtime, k, v)
   return c
+
+
+def built(**runtime_overrides):
+  """`run_config("tiny", ...)` built on one CPU device: (its config, `runtime.build_parts`, `runtime.run_memory`),
+  for tests of what `runtime` settings build."""
+  c = run_config("tiny", **runtime_overrides)
+  c.mesh.fsdp = 1
+  cfg = config.load(c)
+  parts = runtime.build_parts(cfg, sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]))
+  return cfg, parts, runtime.run_memory(cfg, parts.model_cfg)
 
 
 def synthetic_groups(parts, rewards, *, random_lengths: bool = False) -> list[list[dict]]:

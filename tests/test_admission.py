@@ -136,6 +136,11 @@ def test_a_sampler_reports_the_groups_it_can_hold_and_is_granted_up_to_them(tmp_
           [(0, 0), (2, 5), (3, 11), (4, 14)]] == [3, 4, 3, 4]
   assert [envs.has_room(Queued(g, u), slots=8) for g, u in
           [(2, 8), (3, 10), (3, 11), (0, 20)]] == [True, True, False, True]
+  # queue=False (a sampler among several): the slots alone, as for a producer without a queue.
+  assert [envs.group_capacity(Queued(g, u), slots=8, queue=False) for g, u in
+          [(0, 0), (2, 5), (3, 11), (4, 14)]] == [2, 2, 3, 4]
+  assert [envs.has_room(Queued(g, u), slots=8, queue=False) for g, u in
+          [(2, 4), (2, 5), (0, 20)]] == [True, False, True]
   # The retired group_size argument: ignored (the producer's group_slots counts), with a warning naming it.
   with pytest.warns(DeprecationWarning, match=r"group_size=1 is retired and ignored.*group_slots \(4;"):
     assert not envs.has_room(Open(2, 5), slots=8, group_size=1)

@@ -599,6 +599,15 @@ def test_a_step_whose_groups_are_dropped_admits_their_replacements_while_it_wait
   assert admission.extra() == 2 and admission.limit(1) == 6
 
 
+def test_a_lone_sampler_thread_admits_into_its_refill_queue_and_several_do_not(tmp_path):
+  """Groups waiting on one sampler's refill queue count as started: a ticket there cannot go to another
+  sampler that idles. So only a lone sampler thread counts its queue as room (`SamplerWorker.queue_room`)."""
+  for num, counted in ((1, True), (2, False)):
+    source = runtime.ThreadSource(runtime.build_parts(_cfg(mode="async", num_samplers=num)), str(tmp_path / str(num)),
+                                  lambda *a, **k: None)
+    assert [w.queue_room for w in source.workers] == [counted] * num
+
+
 def test_the_thread_source_adds_its_drops_to_the_admission_bound(tmp_path):
   parts = runtime.build_parts(_cfg(mode="async", max_staleness=1))
   source = runtime.ThreadSource(parts, str(tmp_path), lambda *a, **k: None)

@@ -15,8 +15,8 @@ from rlax_post.sampler import _driver
 from rlax_post.sampler import _engine
 from rlax_post.sampler import _requests
 
-import _demo_runs
 import _driver_refs as refs
+import _tiny_runs
 from _driver_refs import CFG
 from _driver_refs import MAX_DECODE
 from _driver_refs import TOK
@@ -337,7 +337,7 @@ def test_runtime_refill_queue_sets_the_engines_and_the_memory_estimate_counts_it
   positions with its float32 logits; one device here) and "auto" as none (accelerators' default)."""
   got = {}
   for setting in ("auto", "on", "off"):
-    cfg, parts, memory = _demo_runs.run_config(refill_queue=setting)
+    cfg, parts, memory = _tiny_runs.built(refill_queue=setting)
     engines = (parts.sampling_engine(), parts.engine(slots=2, temperature=0.0))  # rollouts', eval's
     got[setting] = ([e.refill_queue for e in engines], memory["kv_cache"])
   slots = cfg.sampler_slots
@@ -350,6 +350,6 @@ def test_runtime_refill_queue_sets_the_engines_and_the_memory_estimate_counts_it
                + 4 * m.vocab_size)
   assert got["on"][1] - got["off"][1] == rows * row_bytes
   with pytest.raises(ValueError, match="refill_queue"):
-    _demo_runs.run_config(refill_queue="sometimes")
+    _tiny_runs.built(refill_queue="sometimes")
   with pytest.raises(ValueError, match=r"kv_queue_rows must be an int >= 0 .*got -1"):
     learner.estimate_memory(m, {"data": 1, "fsdp": 1, "tensor": 1}, batch=2, seq_len=16, kv_queue_rows=-1)

@@ -15,8 +15,8 @@ import pytest
 from rlax_post import models
 from rlax_post import sampler
 
-import _demo_runs
 import _hlo
+import _tiny_runs
 
 TOK = models.ByteTokenizer()
 # mlp_dim 80 and width 48 make a layer's MLP weights [48, 80] / [80, 48], shapes nothing else in the step has.
@@ -249,12 +249,12 @@ def test_threads_preparing_the_same_params_at_once_share_one_copy():
 
 def test_runtime_sampler_layers_sets_the_engines_and_counts_the_copy():
   for layers, apart in (("auto", True), ("apart", True), ("stacked", False)):  # auto: apart on this CPU mesh
-    cfg, parts, memory = _demo_runs.run_config(sampler_layers=layers)
+    cfg, parts, memory = _tiny_runs.built(sampler_layers=layers)
     engines = (parts.sampling_engine(), parts.engine(slots=2, temperature=0.0))  # rollouts', eval's
     assert [e.unstack_layers for e in engines] == [apart, apart]
     copies = memory["reference"] // memory["params"]
     assert memory["reference"] % memory["params"] == 0 and copies == (2 if layers == "apart" else 1)
-  _, _, memory = _demo_runs.run_config(sampler_layers="apart", mode="async", num_samplers=2)
+  _, _, memory = _tiny_runs.built(sampler_layers="apart", mode="async", num_samplers=2)
   assert memory["reference"] == (3 + 2) * memory["params"]  # reference, two published versions, one per sampler
   with pytest.raises(ValueError, match="sampler_layers"):
-    _demo_runs.run_config(sampler_layers="unrolled")
+    _tiny_runs.built(sampler_layers="unrolled")

@@ -191,29 +191,31 @@ def _retired_group_size(producer: Producer, group_size: int | None) -> None:
                   stacklevel=3)
 
 
-def _room(producer: Producer, slots: int) -> int:
-  """The samples `producer` may hold in flight: its `slots` and the rows of its engine's refill queue that its
-  samples can wait in (`queue_rows`; 0 where it has none)."""
-  return slots + getattr(producer, "queue_rows", 0)
+def _room(producer: Producer, slots: int, queue: bool) -> int:
+  """The samples `producer` may hold in flight: its `slots`, and with `queue` the rows of its engine's refill
+  queue that its samples can wait in (`queue_rows`; 0 where it has none)."""
+  return slots + (getattr(producer, "queue_rows", 0) if queue else 0)
 
 
-def has_room(producer: Producer, *, slots: int, group_size: int | None = None) -> bool:
+def has_room(producer: Producer, *, slots: int, group_size: int | None = None, queue: bool = True) -> bool:
   """Whether `producer` may start another group: its `group_slots` of its room free by its count
   (`in_flight_samples`: unfinished samples where a group submits them all at once, so the slots of a group's
   finished samples serve the next group while its slowest ones decode), or no group open. Its room is its
-  `slots` plus its `queue_rows`: samples that wait on the device's refill queue take a slot as one frees
-  inside a decode block, so a group admitted ahead keeps the slots busy. (`group_size`: retired, ignored
-  with a DeprecationWarning.)"""
+  `slots` plus, with `queue`, its `queue_rows`: samples that wait on the device's refill queue take a slot as
+  one frees inside a decode block, so a group admitted ahead keeps the slots busy. (A sampler among several
+  passes `queue=False`: a queued group counts as started, which a file admission cannot ask back for an idle
+  sampler, as it can a ticket granted ahead.) (`group_size`: retired, ignored with a DeprecationWarning.)"""
   _retired_group_size(producer, group_size)
-  return producer.in_flight_samples + producer.group_slots <= _room(producer, slots) or not producer.in_flight_groups
+  return (producer.in_flight_samples + producer.group_slots <= _room(producer, slots, queue)
+          or not producer.in_flight_groups)
 
 
-def group_capacity(producer: Producer, *, slots: int, group_size: int | None = None) -> int:
+def group_capacity(producer: Producer, *, slots: int, group_size: int | None = None, queue: bool = True) -> int:
   """The groups `producer` can hold now (what a sampler reports to a file admission, which grants it as many
-  tickets): its open groups plus as many as its free room (`has_room`) could start, at least one.
-  (`group_size`: retired.)"""
+  tickets): its open groups plus as many as its free room (`has_room`, `queue` as there) could start, at
+  least one. (`group_size`: retired.)"""
   _retired_group_size(producer, group_size)
-  free = max(_room(producer, slots) - producer.in_flight_samples, 0)
+  free = max(_room(producer, slots, queue) - producer.in_flight_samples, 0)
   return max(producer.in_flight_groups + free // producer.group_slots, 1)
 
 

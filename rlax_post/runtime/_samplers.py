@@ -55,11 +55,13 @@ class SamplerWorker:
   """One sampler: tickets → groups → queue, with params from `channels.params`. `run()` returns when
   `should_stop()`; counters in `stats()`. `producer_factory(params, version)` makes its `envs.Producer`;
   `receive(published)` turns what the exchange carries into the model's params (LoRA: merges the adapters
-  into the base the sampler holds; default: they are the params)."""
+  into the base the sampler holds; default: they are the params). `queue_room`: whether it admits groups into
+  its engine's refill queue too (`envs.has_room(queue=)`): a lone sampler does; one of several does not, so
+  that its tickets beyond its slots stay granted ahead, which the learner can ask back for an idle sampler."""
 
   def __init__(self, name: str, producer_factory: Callable[[Any, int], Any], channels: Channels, *,
                slots: int, should_stop: Callable[[], bool], device_lock=None,
-               receive: Callable[[Any], Any] | None = None):
+               receive: Callable[[Any], Any] | None = None, queue_room: bool = True):
     self.name, self.channels = name, channels
     self.source, self.queue = channels.params, channels.queue
     # Held around every device program (see _sources.ThreadSource): None when the sampler owns its devices.
@@ -67,6 +69,7 @@ class SamplerWorker:
     self.producer_factory = producer_factory
     self.receive = receive if receive is not None else (lambda published: published)
     self.slots = slots  # (a group's slots: its producer's `group_slots`)
+    self.queue_room = bool(queue_room)
     self.should_stop = should_stop
     self._lock = threading.Lock()
     self._stats = collections.Counter()
@@ -123,14 +126,14 @@ class SamplerWorker:
             producer.set_params(self.receive(got[1]), got[0])
           with self._lock:
             self._stats["version"], self._stats["swaps"] = got[0], self._stats["swaps"] + 1
-      while envs.has_room(producer, slots=self.slots):
+      while envs.has_room(producer, slots=self.slots, queue=self.queue_room):
         ticket = self.channels.admission.claim(producer.version)
         if ticket is None:
           break
         self._ids[ticket] = dict([self._held]) if self._held is not None else {}
         producer.submit(ticket)
       if self.channels.heartbeat is not None:
-        capacity, now = envs.group_capacity(producer, slots=self.slots), time.time()
+        capacity, now = envs.group_capacity(producer, slots=self.slots, queue=self.queue_room), time.time()
         # Every 0.5 s, and sooner (0.1 s) when the room to start groups changed (the learner grants by it) or
         # the learner asks tickets back (they wait for the answer).
         soon = capacity != reported or self.channels.admission.unanswered()
@@ -268,7 +271,9 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   engine = parts.sampling_engine()
   worker = SamplerWorker(name, lambda p, v: parts.task.producer(engine, p, v),
                          Channels(params, queue, admission, heartbeat=admission.heartbeat), slots=slots,
-                         should_stop=(epath.Path(workdir) / DONE_FILE).exists, receive=lambda published: parts.to_model(base, published))
+                         should_stop=(epath.Path(workdir) / DONE_FILE).exists,
+                         receive=lambda published: parts.to_model(base, published),
+                         queue_room=False)  # one of any number: its tickets ahead stay movable
   if not quiet:
     print(f"[{name}] sampling for {workdir} ({slots} slots)", flush=True)
   t0 = time.time()

@@ -286,7 +286,8 @@ class ThreadSource(_QueueSource):
     self.workers = [_samplers.SamplerWorker(
         f"sampler-{k}", lambda params, version: parts.task.producer(engine, params, version),
         _samplers.Channels(self.params, writer_queue(k), self.admission), slots=cfg.sampler_slots,
-        should_stop=self._stop.is_set, device_lock=self.device_lock, receive=receive)
+        should_stop=self._stop.is_set, device_lock=self.device_lock, receive=receive,
+        queue_room=cfg.runtime.num_samplers == 1)
         for k in range(cfg.runtime.num_samplers)]
     self._threads = []
 
