@@ -6,17 +6,22 @@
 #   run(command="bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=600)
 #
 # It installs the carried wheels into /tmp/site, prints the machine and the versions, checks the imports, runs
-# `benchmarks/sampler.py --device gpu` three times under timeouts (its decode modes with the layer weights
-# stacked, the same with them apart, then all modes; the first two also dump the decode block's optimised HLO,
-# whose copies, transposes and dynamic slices are listed), then
+# `benchmarks/sampler.py --device gpu` four times under timeouts (its decode modes with the layer weights
+# stacked; the refill queue's modes; the decode modes with the layer weights apart; then all modes in what is
+# left; the decode runs also dump the decode block's optimised HLO, whose copies, transposes and dynamic slices
+# are listed), then
 # `benchmarks/advantages.py --device gpu` in what is left of the budget, each writing its JSON and log to $OUT,
 # and always exits 0 (what is under $OUT comes back even when a step fails or is killed). Knobs (environment
 # variables):
 #   BUDGET_S=560           seconds this script may take in all (keep it under the run's timeout_s, at most 600)
-#   CORE_TIMEOUT_S=200, CORE_ARGS="--repeats 3"   the first two sampler.py runs: modes fused_eq,eq_k only (the
+#   CORE_TIMEOUT_S=200, CORE_ARGS="--repeats 3"   the two decode sampler.py runs: modes fused_eq,eq_k only (the
 #                          decode tokens/s and HBM fraction of issue 15's item 8, and the driver's efficiency),
 #                          the layer weights stacked (the GPU default), then apart (--unstack-layers on)
-#   SAMPLER_ARGS="--repeats 1"   the second sampler.py run: every mode, until ADV_RESERVE_S=90 s are left
+#   QUEUE_TIMEOUT_S=150, QUEUE_ARGS="--repeats 2"   the second run: the refill queue's modes (continuous batching
+#                          with the queue and with host refills, static; groups admitted counting the queue as room
+#                          or the slots only): whether accelerators should default to a queue (`RlaxEngine`'s
+#                          refill_queue, `runtime.refill_queue`), as the CPU does
+#   SAMPLER_ARGS="--repeats 1"   the last sampler.py run: every mode, until ADV_RESERVE_S=90 s are left
 #   ADV_ARGS="--repeats 10"      extra flags for advantages.py, in what is left
 #   SKIP_SAMPLER=1 / SKIP_ADV=1  skip a benchmark
 #   SITE=/tmp/site         where the wheels go (first on PYTHONPATH, then the repo root)
@@ -29,6 +34,8 @@ mkdir -p "$OUT"
 BUDGET_S=${BUDGET_S:-560}
 CORE_TIMEOUT_S=${CORE_TIMEOUT_S:-200}
 CORE_ARGS=${CORE_ARGS:---repeats 3}
+QUEUE_TIMEOUT_S=${QUEUE_TIMEOUT_S:-150}
+QUEUE_ARGS=${QUEUE_ARGS:---repeats 2}
 # The full run measures prefill passes of slots / 4 rows against one pass per call (keys
 # chunked_prefill_admission, chunked_prefill_full_calls).
 SAMPLER_ARGS=${SAMPLER_ARGS:---repeats 1}
@@ -96,6 +103,10 @@ if [ -z "${SKIP_SAMPLER:-}" ]; then
   BENCH_XLA_FLAGS="--xla_dump_to=$OUT/hlo --xla_dump_hlo_as_text --xla_dump_hlo_module_re=jit_block" \
     bench "sampler_${DEVICE}_decode" $(( $(left) < CORE_TIMEOUT_S ? $(left) : CORE_TIMEOUT_S )) \
     --modes fused_eq,eq_k $CORE_ARGS
+  # The refill queue on this backend, before the layer-weights question (the every-mode run rarely has time left).
+  # shellcheck disable=SC2086
+  bench "sampler_${DEVICE}_queue" $(( $(left) < QUEUE_TIMEOUT_S ? $(left) : QUEUE_TIMEOUT_S )) \
+    --modes cont,cont_host,stat,admit_samples,admit_queue $QUEUE_ARGS
   # The same with each layer's weights apart (`RlaxEngine(unstack_layers=True)`; the GPU default stacks them): does
   # this backend copy a layer's weights out of the stack for its GEMMs at every step, as the CPU does?
   # shellcheck disable=SC2086
@@ -118,8 +129,13 @@ if [ -z "${SKIP_SAMPLER:-}" ]; then
   largest=$(ls -S "$OUT"/hlo_apart/*jit_block*after_optimizations.txt 2>/dev/null | head -1)
   if [ -n "$largest" ]; then mv "$largest" "$OUT/decode_block_hlo_apart.txt"; fi
   rm -rf "$OUT/hlo" "$OUT/hlo_apart"
-  # shellcheck disable=SC2086
-  bench "sampler_${DEVICE}" $(( $(left) - ADV_RESERVE_S )) $SAMPLER_ARGS
+  t=$(( $(left) - ADV_RESERVE_S ))
+  if [ "$t" -ge 60 ]; then
+    # shellcheck disable=SC2086
+    bench "sampler_${DEVICE}" "$t" $SAMPLER_ARGS
+  else
+    step "sampler.py every mode skipped: ${t}s left before the advantages' reserve"
+  fi
 fi
 
 if [ -z "${SKIP_ADV:-}" ]; then
