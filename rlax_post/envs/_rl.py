@@ -221,7 +221,8 @@ def group_capacity(producer: Producer, *, slots: int, group_size: int | None = N
 
 def run_tickets(producer: Producer, tickets: Iterable[int], *, slots: int, group_size: int | None = None
                 ) -> dict[int, list[dict]]:
-  """Produces every ticket's group with at most `slots` samples in flight; {ticket: rows}.
+  """Produces every ticket's group with at most `slots` samples in flight, and the rows of the producer's refill
+  queue (`has_room`); {ticket: rows}.
 
   Tickets are submitted in order as slots free up (continuous batching across groups): a group once its
   `group_slots` are free by the producer's count, its refill queue's rows counted as room (`has_room`).
@@ -258,7 +259,7 @@ class DriverProducer:
   @property
   def queue_rows(self) -> int:
     """The samples it may hold beyond the engine's slots (`envs.has_room`): the engine's refill queue
-    (`RlaxEngine(refill_queue=)`), where the driver queues first turns of plain requests until a decode block
+    (`RlaxEngine(refill_queue=)`), where the driver queues first turns of queueable requests until a decode block
     moves them into slots as they free, where it is `queueable`; else 0."""
     return self.driver.engine.refill_queue if self.queueable and self.submits_whole_groups else 0
 
