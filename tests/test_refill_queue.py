@@ -210,7 +210,8 @@ def test_samples_that_need_the_host_wait_for_the_queue_to_empty_and_give_the_hos
   assert 0 < stats.device_refills < stats.inserts - 3
   queued = _driver.Driver(_driver_engine(8), params, seed=3)
   env, strings, kept = _samples(queued, mixed[4:5] + mixed[6:8])[1:]  # (the env request's second sample)
-  assert [queued._stageable(s) for s in (env, strings, kept)] == [False, True, False]  # pylint: disable=protected-access
+  stageable = queued._stageable  # pylint: disable=protected-access
+  assert [stageable(s) for s in (env, strings, kept)] == [False, True, False]
 
 
 def _samples(driver, requests):
@@ -247,7 +248,8 @@ def test_a_swap_sends_queued_samples_back_to_be_prefilled_under_the_new_params()
 
   def swap(d, steps):
     if steps == 2:
-      at_swap.append((d.num_unfinished, len(d._tickets.staged), d.stats.device_refills))  # pylint: disable=protected-access
+      staged = len(d._tickets.staged)  # pylint: disable=protected-access
+      at_swap.append((d.num_unfinished, staged, d.stats.device_refills))
       d.set_params(params1, version=1)
       at_swap.append(len(d._tickets.staged))  # pylint: disable=protected-access
 

@@ -45,9 +45,10 @@ version that computed them).
 Refills on the device: on an engine with a refill queue (`RlaxEngine(refill_queue=Q)`), once the free slots are
 filled the driver queues the next pending samples there (`_stage`: first turns of requests without an env or
 `keep`, not forks, while every busy sample is such too; stop strings may, their slots released after the block)
-and the blocks move them into slots as slots free, so a refill ends no block; every sample on the device has a ticket (`_tickets.Tickets`) and each
-run of a block's tokens goes to the sample its ticket names. While samples are queued, free slots are left to
-them; a swap sends them back to the pending queue (`_unstage`). The outputs do not depend on it.
+and the blocks move them into slots as slots free, so a refill ends no block; every sample on the device has a
+ticket (`_tickets.Tickets`) and each run of a block's tokens goes to the sample its ticket names. While samples
+are queued, free slots are left to them; a swap sends them back to the pending queue (`_unstage`). The outputs
+do not depend on it.
 
 Per-request sampling: `Request.sampling` (`SamplingParams`) replaces the engine's law for that request's
 samples (all in one compiled step); each token's logprob then refers to the request's own temperature.
@@ -778,8 +779,7 @@ class Driver:
       samples = [take[j] for j in positions]
       keys, streams = self._streams(samples)
       self._state = self.engine.stage_batch(prefix, self._state, [where[j][1] for j in positions], keys,
-                                            self._settings(samples), streams, self._tickets.issue(samples))
-      self._tickets.staged.extend(samples)
+                                            self._settings(samples), streams, self._tickets.stage(samples))
 
   @staticmethod
   def _stageable(sample: _samples.Sample) -> bool:

@@ -35,6 +35,12 @@ class Tickets:
       self._live[sample.ticket] = sample
     return [sample.ticket for sample in samples]
 
+  def stage(self, samples: list[Any]) -> list[int]:
+    """`samples` queued on the device, after those queued already: their fresh tickets (`issue`)."""
+    tickets = self.issue(samples)
+    self.staged.extend(samples)
+    return tickets
+
   def sample(self, ticket: int) -> Any:
     """The live sample of `ticket`, or None (none, or its turn ended)."""
     return self._live.get(ticket)
