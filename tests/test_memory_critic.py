@@ -103,6 +103,29 @@ def test_the_critic_is_sharded_like_the_learner_state():
   assert data["critic"] == state(1) + _trunk(4, 6) + 2 * 4 * 6 * 4
 
 
+def test_a_critic_on_its_own_mesh_is_counted_there():
+  """`critic_mesh_shape` (the runtime's `critic.mesh`): the critic's state and rows are sharded on its own mesh,
+  the policy's components on the policy's (the critic was counted on the policy's mesh: a data-parallel critic
+  beside an fsdp policy holds its whole state on every device, 4x the count here; a helper review)."""
+  critic_cfg = models.value_model_config(CFG)
+  kw = dict(batch=16, seq_len=6, micro_batches=1, remat=True, optimizer=ADAM, critic_cfg=critic_cfg)
+  on_policy_mesh = learner.estimate_memory(CFG, {"fsdp": 4}, **kw)
+  data = learner.estimate_memory(CFG, {"fsdp": 4}, critic_mesh_shape={"data": 4}, **kw)
+  mixed = learner.estimate_memory(CFG, {"fsdp": 4}, critic_mesh_shape={"data": 2, "fsdp": 2}, **kw)
+  state = lambda fsdp: 4 * _hand_params(fsdp, value_head=True) + 4
+  assert on_policy_mesh["critic"] == state(4) + _trunk(4, 6) + 2 * 4 * 6 * 4
+  # data = 4: the critic's state whole on every device, its 16 rows split 4 ways.
+  assert data["critic"] == state(1) + _trunk(4, 6) + 2 * 4 * 6 * 4
+  assert state(1) - state(4) == 4 * 4 * (1280 - 1280 // 4 + 8 - 8 // 4) == 15456
+  # data 2 x fsdp 2: the state halved (fsdp), the rows split 4 ways (data x fsdp).
+  assert mixed["critic"] == state(2) + _trunk(4, 6) + 2 * 4 * 6 * 4
+  for got in (data, mixed):  # the policy's components stay on its own mesh
+    assert {k: v for k, v in got.items() if k not in ("critic", "total")} == {
+        k: v for k, v in on_policy_mesh.items() if k not in ("critic", "total")}
+  # The default: the policy's mesh.
+  assert learner.estimate_memory(CFG, {"fsdp": 4}, critic_mesh_shape={"fsdp": 4}, **kw) == on_policy_mesh
+
+
 def test_critic_cfg_without_a_value_head_is_refused():
   with pytest.raises(ValueError, match="critic_cfg must have a value head"):
     learner.estimate_memory(CFG, {"fsdp": 2}, batch=8, seq_len=6, critic_cfg=CFG)
@@ -170,3 +193,43 @@ def test_run_memory_reads_an_hf_critic_from_its_config(tmp_path):
   want = learner.estimate_memory(model_cfg, {"fsdp": 1}, batch=rows, seq_len=cfg.model.max_seq_len,
                                  critic_cfg=critic_cfg)["critic"]
   assert got["critic"] == want
+
+
+def _held(tree) -> int:
+  """Bytes one device holds of the arrays of `tree` (its first shard of each)."""
+  return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
+
+
+def test_run_memory_counts_the_critic_on_critic_mesh_as_its_learner_shards_it():
+  """`critic.mesh` gives a separate critic a mesh of its own over the run's devices: `run_memory` counts its
+  params and AdamW state as the critic's learner shards them there (it counted them on the policy's mesh,
+  8x too little for a data-parallel critic beside an 8-way fsdp policy; a helper review)."""
+  if len(jax.devices()) < 8:
+    pytest.skip("needs the 8 fake CPU devices of tests/conftest.py")
+  policy = {"data": 1, "fsdp": 8, "tensor": 1}
+  for mesh, shape in (({}, policy), ({"data": 8}, {"data": 8, "fsdp": 1, "tensor": 1}),
+                      ({"data": 2, "fsdp": -1}, {"data": 2, "fsdp": 4, "tensor": 1})):
+    c = demo.get_config("tiny")
+    c.mesh.fsdp = 8
+    c.advantage.estimator, c.critic.mode, c.critic.mesh = "gae", "separate", mesh
+    cfg = config.load(c)
+    parts = runtime.build_parts(cfg)
+    update = runtime.RLUpdate(parts)
+    params = jax.device_put(models.init_params(parts.model_cfg, jax.random.key(0))[1], parts.param_shardings)
+    critic = update.init(params, cfg.seed).critic
+    assert dict(critic.params["embedding"].sharding.mesh.shape) == shape
+    critic_cfg = models.value_model_config(parts.model_cfg)
+    alone = learner.estimate_memory(critic_cfg, shape, batch=16, seq_len=cfg.model.max_seq_len)
+    assert (alone["params"], alone["optimizer"]) == (_held(critic.params), _held(critic.opt_state))
+    if mesh == {"data": 8}:  # replicated: every device holds the whole critic
+      assert _held(critic.params) == sum(x.nbytes for x in jax.tree.leaves(critic.params))
+    got = runtime.run_memory(cfg, parts.model_cfg)
+    # float32 params, grads (one micro-batch: no accumulator), the optimizer, one micro-batch's activations
+    rows = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt
+    activations = learner.estimate_memory(parts.model_cfg, shape, batch=rows, seq_len=cfg.model.max_seq_len,
+                                          critic_cfg=critic_cfg)["critic"] - 2 * alone["params"] - alone["optimizer"]
+    assert cfg.loss.micro_batches == 1 and activations > 0
+    assert got["critic"] == 2 * _held(critic.params) + _held(critic.opt_state) + activations
+  c.critic.mesh = {"data": 4}  # 4 of the run's 8 devices: the critic's learner refuses it, and so does the count
+  with pytest.raises(ValueError, match=r"critic.mesh \{'data': 4\} makes a mesh of 4 devices"):
+    runtime.run_memory(config.load(c), parts.model_cfg)

@@ -39,6 +39,7 @@ from rlax_post.config._schema import C3_MODES
 from rlax_post.config._schema import check_batches
 from rlax_post.config._schema import check_sampler_slots
 from rlax_post.config._batches import BATCH_AXES
+from rlax_post.config._batches import critic_shape
 from rlax_post.config._reads import COLLABORATION_TASKS
 from rlax_post.config._schema import fanout_of
 from rlax_post.config._schema import group_rows
@@ -114,4 +115,5 @@ __all__ = [
     "check_batches",
     "check_sampler_slots",
     "BATCH_AXES",
+    "critic_shape",
 ]

@@ -35,6 +35,8 @@ Components (bytes per device):
               (`optimizer`'s, as the runtime gives the critic the same AdamW), and the activations of one
               critic micro-batch: the block terms above for its own shapes, but no vocabulary logits: its
               head reads a scalar, so [b, T] float32 values × 2 (the values and their gradient) instead.
+              All of it sharded on the critic's own mesh (`critic_mesh_shape`, the runtime's `critic.mesh`:
+              e.g. data-parallel, its state replicated) or, by default, the policy's.
               The critic's update runs before the policy's, as its own jitted call, so its gradients and
               activations are never live together with the policy's; summing them is an upper bound (by
               the smaller of the two updates' gradients + activations). A critic that shares the policy
@@ -140,8 +142,8 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
                     micro_batches: int = 1, remat: bool | None = None, optimizer=None,
                     rules: sharding.Rules = sharding.DEFAULT_RULES, param_copies: int = 1, kv_slots: int = 0,
                     kv_len: int | None = None, critic_cfg=None,
-                    trainable: _trainable.Trainable = _trainable.Trainable(), kv_queue_rows: int = 0
-                    ) -> dict[str, int]:
+                    trainable: _trainable.Trainable = _trainable.Trainable(), kv_queue_rows: int = 0,
+                    critic_mesh_shape: Mapping[str, int] | None = None) -> dict[str, int]:
   """Per-device bytes of a learner (and its in-process samplers) on a mesh of `mesh_shape`.
 
   Args:
@@ -164,6 +166,8 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
     critic_cfg: a separate critic's `models.ModelConfig` (`models.value_model_config` of its backbone),
       trained on the same micro-batches under the same rules and `optimizer`; None: no separate critic
       (the 'critic' component is 0).
+    critic_mesh_shape: the separate critic's own mesh over the same devices (`critic.mesh`; missing axes 1,
+      no -1): its state and its micro-batch's rows are sharded on it; None: `mesh_shape`.
     trainable: what the learner trains (`Trainable`): every weight (default), LoRA adapters over a frozen
       base (grads and optimizer state of the adapters only), or R policies side by side (R times the
       trained state). Each of the `param_copies` is then one model's params, R of them with R policies.
@@ -195,10 +199,11 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
 
   out['critic'] = 0
   if critic_cfg is not None:
-    critic = _state_bytes(critic_cfg, mesh, rules, optimizer, micro_batches)
-    values = 2 * _act_bytes(mesh, rules, ('batch', 'length'), (b, t), 4)
+    critic_mesh = mesh if critic_mesh_shape is None else sharding.abstract_mesh(critic_mesh_shape)
+    critic = _state_bytes(critic_cfg, critic_mesh, rules, optimizer, micro_batches)
+    values = 2 * _act_bytes(critic_mesh, rules, ('batch', 'length'), (b, t), 4)
     out['critic'] = (sum(critic.values()) + values + _trunk_activation_bytes(
-        critic_cfg, mesh, rules, b, t, critic_cfg.remat if remat is None else remat))
+        critic_cfg, critic_mesh, rules, b, t, critic_cfg.remat if remat is None else remat))
 
   out['kv_cache'] = _decode_bytes(c, mesh, rules, kv_slots, kv_len, 'batch') + _decode_bytes(
       c, mesh, rules, kv_queue_rows, kv_len, None)

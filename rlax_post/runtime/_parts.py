@@ -8,6 +8,7 @@ tokenizer → model config → task → lengths → mesh → abstract params →
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, Callable
 
@@ -173,8 +174,9 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   `model.max_seq_len` positions (an upper bound: an entry holds the longest prompt bucket), replicated over
   the slot axes ("auto" counts as none, its accelerators' default). Critic: a separate one
   (`advantage.estimator = "gae"`, `critic.mode = "separate"`) adds its own params, grads, optimizer state and
-  one micro-batch's activations (`critic_model_config(cfg, model_cfg)`); a shared one is the value head in
-  `model_cfg` (`model_config` adds it), counted in its params.
+  one micro-batch's activations (`critic_model_config(cfg, model_cfg)`), sharded on its mesh (`critic.mesh`
+  over the run's devices, or the run's); a shared one is the value head in `model_cfg` (`model_config` adds
+  it), counted in its params.
   """
   rollouts = cfg.rl.prompts_per_step * config_lib.group_rows(cfg)
   is_async = cfg.runtime.mode == "async"
@@ -184,6 +186,7 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   if -1 in mesh_shape.values():
     raise ValueError(f"run_memory needs an explicit mesh (no -1 axis); got {mesh_shape}.")
   critic_cfg = critic_model_config(cfg, model_cfg) if config_lib.separate_critic(cfg) else None
+  critic_mesh = _critic_mesh_shape(cfg, mesh_shape) if critic_cfg is not None else None
   apart = (cfg.runtime.num_samplers if is_async else 1) if cfg.runtime.sampler_layers == "apart" else 0
   trainable = make_trainable(cfg)
   reference = 0 if trainable.lora is not None else 1  # LoRA's reference is its frozen base
@@ -191,7 +194,18 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
       model_cfg, mesh_shape, batch=rollouts // cfg.rl.minibatches, seq_len=cfg.model.max_seq_len,
       micro_batches=cfg.loss.micro_batches, param_copies=reference + (2 if is_async else 0) + apart,
       kv_slots=kv_slots, kv_len=cfg.model.max_seq_len, rules=config_rules(cfg), critic_cfg=critic_cfg,
-      trainable=trainable, kv_queue_rows=_refill_queue(cfg, kv_slots) or 0)  # ("auto": accelerators' none)
+      trainable=trainable, kv_queue_rows=_refill_queue(cfg, kv_slots) or 0,  # ("auto": accelerators' none)
+      critic_mesh_shape=critic_mesh)
+
+
+def _critic_mesh_shape(cfg: config_lib.Config, mesh_shape: dict[str, int]) -> dict[str, int]:
+  """The separate critic's mesh shape (`config.critic_shape`: `critic.mesh`, its -1 resolved, or the run's),
+  refused unless it spans the run's devices, as the critic's learner refuses it."""
+  shape, devices = config_lib.critic_shape(cfg, mesh_shape), math.prod(mesh_shape.values())
+  if math.prod(shape.values()) != devices:
+    raise ValueError(f"critic.mesh {dict(cfg.critic.mesh)} makes a mesh of {math.prod(shape.values())} devices "
+                     f"({shape}); the run has {devices} ({mesh_shape}).")
+  return shape
 
 
 def config_rules(cfg: config_lib.Config) -> sharding.Rules:
