@@ -562,6 +562,23 @@ def test_a_stop_string_split_by_tokens_that_decode_to_nothing_still_ends_the_tur
   assert len(sample.tokens) == 7 and TOK.decode(sample.tokens) == "ab"
 
 
+def test_a_window_that_starts_inside_a_character_matches_no_stop_string_the_turn_does_not_hold():
+  """The window of the turn's text looked at may start inside a multi-byte character: its last bytes alone
+  decode to U+FFFD each, text the turn does not hold. A stop string holding U+FFFD matched there and ended a
+  turn whose text ("袛abcdefg") holds none; one the turn does hold still ends it."""
+  driver = _driver.Driver(_engine_for(4), refs.model()[1])
+  request = Request(refs.prompt(3, 1), max_tokens=30, stop=("\ufffd\ufffd",), request_id="s")
+  sample = _samples.Sample(request, 0, 0, frozenset(driver.engine.stop_ids), 30, "length")
+  word = [232, 162, 155] + [ord(c) for c in "abcdef"]  # "袛abcdef": 9 tokens, the window 8 (6 bytes + 2)
+  assert TOK.decode(word[1:]) == "\ufffd\ufffdabcdef"
+  assert driver._take(sample, word, [0.0] * 9, 0) == (None, False)  # pylint: disable=protected-access
+  assert driver._take(sample, [ord("g")], [0.0], 0) == (None, False)  # pylint: disable=protected-access
+  assert TOK.decode(sample.tokens) == "袛abcdefg"
+  # Two lone lead bytes read "\ufffd\ufffd" in the turn's text: that ends the turn, at the second.
+  assert driver._take(sample, [200, 201, ord("h")], [0.0] * 3, 0) == ("stop", True)  # pylint: disable=protected-access
+  assert sample.tokens[-2:] == [200, 201] and TOK.decode(sample.tokens).endswith("\ufffd\ufffd")
+
+
 def _wordpiece_with_clean_up():
   """A tiny BERT-style WordPiece tokenizer with transformers' clean-up of spaces (`clean_up_tokenization_spaces`).
   Ids: <unk> 0, a 1, ' 2, s 3, . 4, ##s 5, [pad] 6, [eos] 7."""

@@ -89,6 +89,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import itertools
+import os
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import jax
@@ -453,7 +454,12 @@ class Driver:
     and two more, more where tokens decode to nothing, e.g. a sampled BOS or pad). A tokenizer whose text of
     a run of tokens depends on the tokens before it (`decodes_locally` False: transformers' clean-up of
     spaces, whose replacements overlap) is given the whole turn, so the text checked is the one the env and
-    the reward decode."""
+    the reward decode.
+
+    Only a string that ends past the text one token earlier counts (where the two texts first differ): a window
+    that starts inside a character decodes that character's last bytes to U+FFFD each, text the turn does not
+    hold, so a stop string holding U+FFFD could match there (and did, ending turns whose text holds no such
+    string)."""
     tokenizer = self.engine.tokenizer
     turn = sample.tokens[sample.turn_start:]
     if tokenizer.decodes_locally:
@@ -462,10 +468,13 @@ class Driver:
       while take < len(turn) and len(tokenizer.decode(turn[-take:]).encode()) < width:
         take *= 2
       turn = turn[-take:]
+    before = tokenizer.decode(turn)
     for i in range(used):
       text = tokenizer.decode(turn + tokens[:i + 1])
-      if any(x in text for x in sample.request.stop):
+      new = len(os.path.commonprefix([before, text]))  # Text before it is the same one token earlier.
+      if any(text.find(x, max(0, new - len(x) + 1)) >= 0 for x in sample.request.stop):
         return i + 1, True
+      before = text
     return used, False
 
   def _end_turn(self, sample: _samples.Sample, reason: str) -> list[tuple[int, int, Completion]]:
