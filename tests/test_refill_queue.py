@@ -240,6 +240,25 @@ def test_stop_strings_on_the_queue_give_the_hosts_completions(k):
     assert driver.stats.device_refills > 0 and driver.done and driver.num_unfinished == 0
 
 
+
+def test_a_queued_sample_with_stop_strings_holds_the_block_run_ahead_back():
+  """No block runs ahead while a queued sample has stop strings: it may take a slot in the block in flight, find
+  its string there, and the host releases its slot after that block, when the block run ahead may already have
+  moved the next queued sample into the slot (that sample was lost: "driver bug" raised). Plain samples fill
+  the slots (budgets past k), samples ended by a lone byte's U+FFFD and more plain ones are queued behind."""
+  params = refs.model()[1]
+  requests = ([Request(refs.prompt(5, 50 + i), max_tokens=m, request_id=f"p{i}") for i, m in enumerate([11, 13, 13])]
+              + [Request(refs.prompt(4, 60 + i), max_tokens=m, request_id=f"s{i}", stop=["\ufffd"])
+                 for i, m in enumerate([4, 5, 5])]
+              + [Request(refs.prompt(6, 70 + i), max_tokens=5, request_id=f"q{i}") for i in range(3)])
+  want = _driver.Driver(_driver_engine(0), params, seed=4, run_ahead=False).sample(requests)
+  driver = _driver.Driver(_driver_engine(8), params, seed=4, run_ahead=True)
+  got = driver.sample(requests)
+  _same(got, want)
+  assert [c.finish_reason for c in got if c.request_id[0] == "s"] == ["stop"] * 3
+  assert all(TOK.decode(list(c.tokens)).endswith("\ufffd") for c in got if c.request_id[0] == "s")
+  assert driver.stats.device_refills == 6 and driver.done and driver.num_unfinished == 0
+
 def test_a_swap_sends_queued_samples_back_to_be_prefilled_under_the_new_params():
   params0, params1 = refs.model(0)[1], refs.model(1)[1]
   requests = [Request(refs.prompt(5 + i % 4, 40 + i), n=2, max_tokens=6 + i % 3, request_id=i) for i in range(5)]

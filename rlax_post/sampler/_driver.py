@@ -540,7 +540,9 @@ class Driver:
   def _ahead_plan(self) -> tuple[int, int] | None:
     """(stop_on_free, min_live) of a next block that can start before the host has seen the one in flight, or
     None: run-ahead is off, a sample is parked on an env future, or a busy sample needs the host at its turn's
-    end (an env, stop strings, a kept state).
+    end (an env, stop strings, a kept state), or a queued one does (stop strings: it may take a slot in the
+    block in flight; until 2026-12-05 the host then released its slot after the block run ahead had moved the
+    next queued sample into it, and that sample was lost).
 
     Nothing waiting for a slot: it runs on whatever stays live, once some busy sample has more than k tokens of
     budget left (it outlives the block in flight unless it samples a stop id). Samples waiting (continuous
@@ -551,7 +553,9 @@ class Driver:
     if not (self._sampling if self.run_ahead is None else self.run_ahead) or self._parked:
       return None
     busy = [s for s in self._busy if s is not None]
-    if any(s.request.env is not None or s.request.stop or s.request.keep for s in busy):
+    # A queued sample may take a slot in the block in flight and decode in the next: it counts as busy here.
+    if any(s.request.env is not None or s.request.stop or s.request.keep
+           for s in itertools.chain(busy, self._tickets.staged)):
       return None
     k = self.engine.steps_per_sync
     outlives = [s.limit - (len(s.tokens) - s.turn_start) > k for s in busy]
