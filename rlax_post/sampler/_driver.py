@@ -456,16 +456,18 @@ class Driver:
     spaces, whose replacements overlap) is given the whole turn, so the text checked is the one the env and
     the reward decode.
 
-    Only a string that ends past the text one token earlier counts (where the two texts first differ): a window
-    that starts inside a character decodes that character's last bytes to U+FFFD each, text the turn does not
-    hold, so a stop string holding U+FFFD could match there (and did, ending turns whose text holds no such
-    string)."""
+    A window that starts inside a character decodes that character's last bytes to U+FFFD each, text the turn
+    does not hold: so only a string that ends past the text one token earlier counts (where the two texts first
+    differ; a stop string holding U+FFFD matched there, ending turns whose text holds no such string), and
+    those U+FFFDs do not count as the window's characters (they made a window of the last bytes of "袛" and
+    empty tokens look long enough, and the turn "袛x" went on past its stop string "袛x")."""
     tokenizer = self.engine.tokenizer
     turn = sample.tokens[sample.turn_start:]
     if tokenizer.decodes_locally:
       width = max(len(x.encode()) for x in sample.request.stop) + 2
       take = width
-      while take < len(turn) and len(tokenizer.decode(turn[-take:]).encode()) < width:
+      # (its leading U+FFFDs, a character the window starts inside of, do not count: they hold none of its text)
+      while take < len(turn) and len(tokenizer.decode(turn[-take:]).lstrip("\ufffd").encode()) < width:
         take *= 2
       turn = turn[-take:]
     before = tokenizer.decode(turn)
