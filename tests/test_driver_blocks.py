@@ -568,22 +568,23 @@ def test_a_window_that_starts_inside_a_character_matches_no_stop_string_the_turn
   turn whose text ("袛abcdefg") holds none; one the turn does hold still ends it. And those U+FFFDs made a
   window look long enough that held too little of the turn's text: "袛x" went on past its stop string."""
   driver = _driver.Driver(_engine_for(4), refs.model()[1])
+  take = driver._take  # pylint: disable=protected-access
   request = Request(refs.prompt(3, 1), max_tokens=30, stop=("\ufffd\ufffd",), request_id="s")
   sample = _samples.Sample(request, 0, 0, frozenset(driver.engine.stop_ids), 30, "length")
   word = [232, 162, 155] + [ord(c) for c in "abcdef"]  # "袛abcdef": 9 tokens, the window 8 (6 bytes + 2)
   assert TOK.decode(word[1:]) == "\ufffd\ufffdabcdef"
-  assert driver._take(sample, word, [0.0] * 9, 0) == (None, False)  # pylint: disable=protected-access
-  assert driver._take(sample, [ord("g")], [0.0], 0) == (None, False)  # pylint: disable=protected-access
+  assert take(sample, word, [0.0] * 9, 0) == (None, False)
+  assert take(sample, [ord("g")], [0.0], 0) == (None, False)
   assert TOK.decode(sample.tokens) == "袛abcdefg"
   # Two lone lead bytes read "\ufffd\ufffd" in the turn's text: that ends the turn, at the second.
-  assert driver._take(sample, [200, 201, ord("h")], [0.0] * 3, 0) == ("stop", True)  # pylint: disable=protected-access
+  assert take(sample, [200, 201, ord("h")], [0.0] * 3, 0) == ("stop", True)
   assert sample.tokens[-2:] == [200, 201] and TOK.decode(sample.tokens).endswith("\ufffd\ufffd")
   # The window's leading U+FFFDs are no text of the turn: the last bytes of "袛" and four empty tokens (6 of
   # them for the window of "袛x", 4 bytes + 2) read "\ufffd\ufffd", 6 bytes, but hold none of "袛x".
   request = Request(refs.prompt(3, 1), max_tokens=30, stop=("袛x",), request_id="s")
   sample = _samples.Sample(request, 0, 0, frozenset(driver.engine.stop_ids), 30, "length")
-  assert driver._take(sample, [232, 162, 155] + [TOK.bos_id] * 4, [0.0] * 7, 0) == (None, False)  # pylint: disable=protected-access
-  assert driver._take(sample, [ord("x"), ord("y")], [0.0] * 2, 0) == ("stop", True)  # pylint: disable=protected-access
+  assert take(sample, [232, 162, 155] + [TOK.bos_id] * 4, [0.0] * 7, 0) == (None, False)
+  assert take(sample, [ord("x"), ord("y")], [0.0] * 2, 0) == ("stop", True)
   assert TOK.decode(sample.tokens) == "袛x" and len(sample.tokens) == 8
 
 

@@ -35,9 +35,9 @@ batches (`prefill_batch`, one call per length bucket, topped up with the next pe
 and inserted in batches (`insert_batch`, one call per prefix batch), each inserted sample's PRNG key folded in
 that insert call. A block attends over the filled span of the cache (the driver passes the longest busy
 sequence: `RlaxEngine.generate_block`'s `max_length`). Run-ahead (`run_ahead`; by default inside `sample()`,
-which holds the whole workload): while no busy sample needs the host at a turn's end (env, stop strings,
-`keep`) and none is parked, the next block is dispatched before the host fetches and hands out the one in
-flight, so the host's bookkeeping overlaps the device's decoding; while samples wait for a slot, that block
+which holds the whole workload): while no busy or queued sample needs the host at a turn's end (env, stop
+strings, `keep`) and none is parked, the next block is dispatched before the host fetches and hands out the one
+in flight, so the host's bookkeeping overlaps the device's decoding; while samples wait for a slot, that block
 runs no step if a slot stopped in the one before it (the host refills the slot first), so the schedule is the
 host's own (`_ahead_plan`); `set_params` and `fork` hand out the block in flight first (its tokens keep the
 version that computed them).
@@ -152,9 +152,9 @@ class Driver:
       block ends (at most `steps_per_sync` steps; for work submitted between steps while a block runs ahead,
       until that block ends too).
     run_ahead: dispatch the next decode block before handing out the one in flight when nothing the host
-      learns from it could change the next (no sample is parked, no busy sample has an env, stop strings or
-      `keep`; while samples wait for a slot, the block runs no step if a slot stopped in the one in flight:
-      `_ahead_plan`), so the host's work on a block (fetching, bookkeeping, stop checks) overlaps the
+      learns from it could change the next (no sample is parked, no busy or queued sample has an env, stop
+      strings or `keep`; while samples wait for a slot, the block runs no step if a slot stopped in the one in
+      flight: `_ahead_plan`), so the host's work on a block (fetching, bookkeeping, stop checks) overlaps the
       device's on the next. The outputs do not depend on it
       (to float rounding where a block's attention span differs: it attends over the span of the longest
       sequence plus k). `set_params` and `fork` hand out a block run ahead first (so a running sample forks
