@@ -17,6 +17,8 @@ from rlax_post import models
 from rlax_post import runtime
 from rlax_post.runtime import _rowlog
 
+import _runs  # pylint: disable=g-bad-import-order
+
 TEMPLATE = ("{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")
 
@@ -365,3 +367,13 @@ def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_pa
   assert [(r["step"], r["eval_reward_errors"], r["eval_reward"]) for r in evals] == [
       (0, 3.0, pytest.approx(-0.2)), (1, 3.0, pytest.approx(-0.2))]
   assert summary["final_eval_reward"] == pytest.approx(-0.2)
+  # `rlax-post export` reads the checkpoint alone: with the reward module and the data files gone (or relative
+  # to another directory) it writes the run's policy; it failed on the missing reward file until 2026-12-05.
+  state, _, _ = _runs.restore(workdir, cfg, 1)
+  for path in (tmp_path / "picky.py", train, held):
+    path.unlink()
+  assert runtime.export_hf(workdir, tmp_path / "hf") == runtime.Exported(step=1, dirs=(str(tmp_path / "hf"),))
+  _, _, loaded = models.load_hf(str(tmp_path / "hf"))
+  assert sorted(loaded) == sorted(state.params)
+  for name, value in state.params.items():
+    np.testing.assert_array_equal(np.asarray(loaded[name]), np.asarray(value), err_msg=name)

@@ -36,6 +36,7 @@ from rlax_post.envs._dataset import DatasetTask
 from rlax_post.envs._dataset import Renderer
 from rlax_post.envs._make import check_task
 from rlax_post.envs._make import make_rl_task
+from rlax_post.envs._make import task_lengths
 from rlax_post.envs._collab import Collaboration
 from rlax_post.envs._collab import COLLABORATIONS
 from rlax_post.envs._collab import make_pipeline
@@ -123,6 +124,7 @@ __all__ = [
     'group_id',
     'check_task',
     'make_rl_task',
+    'task_lengths',
     'prefix_key',
     'row_id',
     'completion_row',

@@ -387,15 +387,7 @@ class DatasetTask:
   name: str = NAME
 
   def lengths(self, max_seq_len: int) -> _rl.Lengths:
-    """Prompts of `data.max_prompt_tokens`, responses of `rl.max_new_tokens`; warm-start rows as wide. An
-    episode (`data.env_field`) may use a short prompt's unused budget too: everything after its context
-    fits the sequence, so its response window is the sequence less one token."""
-    prompt, response = self.cfg.data.max_prompt_tokens, self.cfg.rl.max_new_tokens
-    if max_seq_len < prompt + response:
-      raise ValueError(f"`model.max_seq_len` = {max_seq_len} cannot hold data.max_prompt_tokens = {prompt} plus "
-                       f"rl.max_new_tokens = {response}.")
-    window = response if self.cfg.data.env_field is None else prompt + response - 1
-    return _rl.Lengths(prompt=prompt, response=window, sequence=prompt + response, sft=prompt + response)
+    return dataset_lengths(self.cfg, max_seq_len)
 
   def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]:
     """Warm-start rows: the train rows in ticket order, each its prompt, its `data.demo_field` text and EOS
@@ -444,6 +436,19 @@ class DatasetTask:
         self.cfg, tokenizer, engine, params, version, prompt_of=lambda t: rows.get(t)[0].text, env_of=env_of,
         turn_tokens_of=lambda t: budget, max_turns=budget, max_workers=8, samples=None if split == "train" else 1,
         prompt_ids_of=lambda t: rows.get(t)[0].ids)
+
+
+def dataset_lengths(cfg: config_lib.Config, max_seq_len: int) -> _rl.Lengths:
+  """The dataset task's lengths, from the config alone (no file is opened): prompts of
+  `data.max_prompt_tokens`, responses of `rl.max_new_tokens`; warm-start rows as wide. An episode
+  (`data.env_field`) may use a short prompt's unused budget too: everything after its context fits the
+  sequence, so its response window is the sequence less one token."""
+  prompt, response = cfg.data.max_prompt_tokens, cfg.rl.max_new_tokens
+  if max_seq_len < prompt + response:
+    raise ValueError(f"`model.max_seq_len` = {max_seq_len} cannot hold data.max_prompt_tokens = {prompt} plus "
+                     f"rl.max_new_tokens = {response}.")
+  window = response if cfg.data.env_field is None else prompt + response - 1
+  return _rl.Lengths(prompt=prompt, response=window, sequence=prompt + response, sft=prompt + response)
 
 
 def make_scorer(cfg: config_lib.Config) -> rewards.Scorer:

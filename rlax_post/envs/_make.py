@@ -1,4 +1,4 @@
-"""`make_rl_task`: the run's config → its task, and `check_task`: the task's settings checked without building it
+"""`make_rl_task`: the run's config → its task, `task_lengths`: its lengths alone, and `check_task`: the task's settings checked without building it
 (the one place that dispatches on `task.name`)."""
 
 from __future__ import annotations
@@ -21,6 +21,15 @@ def make_rl_task(cfg: config_lib.Config, tokenizer) -> _rl.RLTask:
   sales conversation ("sales"), the couple-therapy simulator ("dialogue"), a role pipeline ("relay",
   "sort_reverse") or a built-in text task."""
   return _check_and_make(cfg)[1](cfg, tokenizer)
+
+
+def task_lengths(cfg: config_lib.Config, tokenizer, max_seq_len: int) -> _rl.Lengths:
+  """`make_rl_task(cfg, tokenizer).lengths(max_seq_len)`, without opening the dataset task's files or loading
+  its reward functions (its lengths are the config's): what reads a run's checkpoints alone (`rlax-post
+  export`) needs neither, and they may be gone or relative to another directory."""
+  if cfg.task.name == _dataset.NAME:
+    return _dataset.dataset_lengths(cfg, max_seq_len)
+  return make_rl_task(cfg, tokenizer).lengths(max_seq_len)
 
 
 def check_task(cfg: config_lib.Config) -> None:

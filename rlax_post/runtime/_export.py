@@ -13,6 +13,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from rlax_post import envs
 from rlax_post import learner
 from rlax_post import models
 from rlax_post.runtime import _checkpoint
@@ -55,7 +56,9 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, st
     raise ValueError(f"Export dtype {dtype!r} is not one export writes; pass one of {list(models.HF_DTYPES)} (or "
                      "None: the widest the policy holds).")
   workdir = os.fspath(workdir)
-  parts = _parts.build_parts(_samplers.load_run_config(workdir))
+  # No task: the dataset task's data files and reward functions are not read (they may be gone, or relative
+  # to the directory the run started in).
+  parts = _parts.build_parts(_samplers.load_run_config(workdir), task=False)
   architecture = architecture or export_architecture(parts.cfg, parts.model_cfg)
   update = _learn.RLUpdate(parts)
   state, _, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
@@ -66,8 +69,9 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, st
     policy = _cast(policy, dtype)
   # HF masks no vocabulary rows; one dtype for every tensor: the asked one, else the widest the policy holds.
   cfg = dataclasses.replace(parts.model_cfg, valid_vocab_size=None, vocab_gaps=(), param_dtype=_widest(policy))
-  outs = [os.fspath(out_dir)] if update.roles == 1 else [
-      os.path.join(os.fspath(out_dir), name) for name in parts.task.pipeline.roles]
+  # One policy per role: a role pipeline's, which reads no files; its roles name the directories.
+  roles = () if update.roles == 1 else envs.make_rl_task(parts.cfg, parts.tokenizer).pipeline.roles
+  outs = [os.fspath(out_dir)] if update.roles == 1 else [os.path.join(os.fspath(out_dir), name) for name in roles]
   ids = _special_ids(parts)
   for r, out in enumerate(outs):
     models.export_hf(out, cfg, policy if update.roles == 1 else learner.role_params(policy, r),

@@ -248,7 +248,7 @@ class Parts:
   cfg: config_lib.Config
   tokenizer: Any  # models.ByteTokenizer, or the checkpoint's (`CheckpointTokenizer`)
   model_cfg: models.ModelConfig
-  task: envs.RLTask
+  task: envs.RLTask | None  # None: built without it (`build_parts(..., task=False)`)
   lengths: envs.Lengths
   mesh: jax.sharding.Mesh
   rules: sharding.Rules
@@ -333,18 +333,21 @@ def check_config(cfg: config_lib.Config) -> None:
   envs.check_task(cfg)
 
 
-def build_parts(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None) -> Parts:
-  """The run's parts on `mesh` (default: the config's mesh, `mesh_and_rules`); the rules are the config's."""
+def build_parts(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None, *, task: bool = True) -> Parts:
+  """The run's parts on `mesh` (default: the config's mesh, `mesh_and_rules`); the rules are the config's.
+  `task=False`: no task (`Parts.task` None; its lengths from the config, `envs.task_lengths`), so the dataset
+  task's files and reward functions are not opened: what reads a run's checkpoints alone (`export_hf`)."""
   config_mesh, rules = mesh_and_rules(cfg) if mesh is None else (None, config_rules(cfg))
   mesh = config_mesh if mesh is None else mesh
   tokenizer = make_tokenizer(cfg)
   model_cfg = model_config(cfg, tokenizer)
-  task = envs.make_rl_task(cfg, tokenizer)
+  built = envs.make_rl_task(cfg, tokenizer) if task else None
+  lengths = (built.lengths(model_cfg.max_seq_len) if task else
+             envs.task_lengths(cfg, tokenizer, model_cfg.max_seq_len))
   graphdef, params_like = models.abstract_params(model_cfg)
   shardings, trainable = param_shardings(params_like, mesh, rules), make_trainable(cfg)
   policy_like = jax.eval_shape(trainable.to_model, *trainable.like(params_like))
   policy_sh = sharding.named_shardings(trainable.model_logical_axes(params_like), mesh, rules, shapes=policy_like)
-  return Parts(cfg=cfg, tokenizer=tokenizer, model_cfg=model_cfg, task=task,
-               lengths=task.lengths(model_cfg.max_seq_len), mesh=mesh, rules=rules, graphdef=graphdef,
-               params_like=params_like, param_shardings=shardings, trainable=trainable,
+  return Parts(cfg=cfg, tokenizer=tokenizer, model_cfg=model_cfg, task=built, lengths=lengths, mesh=mesh,
+               rules=rules, graphdef=graphdef, params_like=params_like, param_shardings=shardings, trainable=trainable,
                to_model=_to_model_fn(trainable, policy_sh), policy_shardings=policy_sh)
