@@ -352,8 +352,8 @@ def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_pa
       "data": {"train": str(train), "eval": str(held), "max_prompt_tokens": 16, "shuffle": False},
       "reward": {"fn": f"{tmp_path}/picky.py:score", "default": -1.0},
       "model": {"preset": "micro", "max_seq_len": 24}, "sft": {"steps": 0}, "eval": {"batch_size": 8},
-      "rl": {"steps": 1, "prompts_per_step": 1, "samples_per_prompt": 8, "max_new_tokens": 4},
-      "runtime": {"progress": False, "tensorboard": False, "plot": False}})
+      "rl": {"steps": 2, "prompts_per_step": 1, "samples_per_prompt": 8, "max_new_tokens": 4},
+      "checkpoint": {"every": 1}, "runtime": {"progress": False, "tensorboard": False, "plot": False}})
   parts = runtime.build_parts(cfg)
   evaluate = runtime.Evaluator(parts)
   params = models.init_params(parts.model_cfg, jax.random.key(0))[1]
@@ -365,14 +365,17 @@ def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_pa
   summary = runtime.train(cfg, workdir, quiet=True)
   evals = [r for r in runtime.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["phase"] == "eval"]
   assert [(r["step"], r["eval_reward_errors"], r["eval_reward"]) for r in evals] == [
-      (0, 3.0, pytest.approx(-0.2)), (1, 3.0, pytest.approx(-0.2))]
+      (0, 3.0, pytest.approx(-0.2)), (2, 3.0, pytest.approx(-0.2))]
   assert summary["final_eval_reward"] == pytest.approx(-0.2)
-  # `rlax-post export` reads the checkpoint alone: with the reward module and the data files gone (or relative
-  # to another directory) it writes the run's policy; it failed on the missing reward file until 2026-12-05.
-  state, _, _ = _runs.restore(workdir, cfg, 1)
+  # `rlax-post export` and `replay` read the checkpoints (and logged rows) alone: with the reward module and the
+  # data files gone (or relative to another directory) export writes the run's policy and replay matches the
+  # log; both failed on the missing reward file until 2026-12-05.
+  state, _, _ = _runs.restore(workdir, cfg, 2)
   for path in (tmp_path / "picky.py", train, held):
     path.unlink()
-  assert runtime.export_hf(workdir, tmp_path / "hf") == runtime.Exported(step=1, dirs=(str(tmp_path / "hf"),))
+  replayed = runtime.replay(workdir, quiet=True)
+  assert (replayed["first_step"], replayed["compared_steps"], replayed["mismatches"]) == (1, 1, [])
+  assert runtime.export_hf(workdir, tmp_path / "hf") == runtime.Exported(step=2, dirs=(str(tmp_path / "hf"),))
   _, _, loaded = models.load_hf(str(tmp_path / "hf"))
   assert sorted(loaded) == sorted(state.params)
   for name, value in state.params.items():

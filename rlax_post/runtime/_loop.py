@@ -132,7 +132,9 @@ def replay(workdir: str, *, quiet: bool = False, tolerance: float = 0.0, return_
   mesh or process count sums in another order). Runs on a multi-host learner too (every process replays).
   """
   workdir = os.fspath(workdir)
-  parts = _parts.build_parts(_samplers.load_run_config(workdir))
+  # No task: the rows are logged, so a dataset run's files and reward functions are not read (they may be
+  # gone, or relative to the directory the run started in).
+  parts = _parts.build_parts(_samplers.load_run_config(workdir), task=False)
   update = _learn.RLUpdate(parts)
   ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=parts.cfg.checkpoint.max_to_keep, tidy=False)
   kept = ckpt.complete_steps()
