@@ -12,6 +12,7 @@ where it can be checked that early; anything else is a bug and keeps its traceba
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import functools
 import inspect
@@ -21,6 +22,7 @@ import re
 import shutil
 import sys
 import textwrap
+import typing
 
 from absl import app
 from absl import flags
@@ -365,9 +367,37 @@ def _flat_keys(node, prefix: str = "") -> list[str]:
   return out
 
 
+def _dict_settings(cls=config_lib.Config, prefix: str = "") -> list[str]:
+  """The settings that are free-form dicts (`reward.options`, `model.overrides`, ...): the schema's `dict`
+  fields, whose keys are whatever the config file put there."""
+  hints, out = typing.get_type_hints(cls), []
+  for field in dataclasses.fields(cls):
+    kind = hints[field.name]
+    if kind is dict:
+      out.append(prefix + field.name)
+    elif dataclasses.is_dataclass(kind):
+      out += _dict_settings(kind, f"{prefix}{field.name}.")
+  return out
+
+
+def _whole_dict_hint(key: str) -> str:
+  """For a key inside a free-form dict setting: how to set one the file does not hold (ml_collections cannot add
+  a key from the command line; the whole dict can be passed)."""
+  parts = key.split(".")
+  for setting in _dict_settings():
+    depth = setting.count(".") + 1
+    if parts[:depth] == setting.split(".") and len(parts) > depth:
+      example = "VALUE"
+      for part in reversed(parts[depth:]):
+        example = f"{{{part!r}: {example}}}"
+      return (f" `{setting}` is a dict: a key the config file does not put in it is set by passing the whole "
+              f"dict, which replaces the file's, e.g. --config.{setting}=\"{example}\".")
+  return ""
+
+
 def _check_key(raw, key: str) -> None:
   """An unknown `--config.a.b` names its close matches and the section's keys (ml_collections would print a
-  56-line traceback)."""
+  56-line traceback); inside a dict setting (`reward.options`), how to pass the whole dict."""
   node, section = raw, []
   for part in key.split("."):
     if not isinstance(node, (dict, config_dict.ConfigDict)):
@@ -377,7 +407,7 @@ def _check_key(raw, key: str) -> None:
       hint = f"did you mean {' or '.join(f'--config.{c}' for c in close)}? " if close else ""
       where = ".".join(section) or "the config"
       raise ValueError(f"unknown config key --config.{key}; {hint}valid keys of `{where}`: {sorted(node)} "
-                       "(`rlax-post check-config --config FILE` prints them all).")
+                       f"(`rlax-post check-config --config FILE` prints them all).{_whole_dict_hint(key)}")
     node, section = node[part], section + [part]
 
 

@@ -315,6 +315,26 @@ def test_unknown_key_names_close_matches_and_the_section_keys():
                   "'temperature', 'top_k', 'top_p'] (`rlax-post check-config --config FILE` prints them all).")
 
 
+def test_a_key_inside_a_dict_setting_says_how_to_pass_the_whole_dict():
+  """`reward.options`, `model.overrides`, ... are dicts whose keys the file sets; ml_collections cannot add one
+  from the command line, and the error only listed the file's keys (a new reward function's options could not
+  be set, as far as it said). In process: `_check_key` against configs/dataset.py's raw config."""
+  raw = sweep.config_of(sweep.load_module(os.path.join(_ROOT, "configs", "dataset.py")), None, "dataset.py")
+  with pytest.raises(ValueError) as e:
+    cli._check_key(raw, "reward.options.other.k")
+  assert str(e.value) == (
+      "unknown config key --config.reward.options.other.k; did you mean --config.reward.options.score or "
+      "--config.reward.options? valid keys of `reward.options`: "
+      "['score'] (`rlax-post check-config --config FILE` prints them all). `reward.options` is a dict: a key the "
+      "config file does not put in it is set by passing the whole dict, which replaces the file's, e.g. "
+      "--config.reward.options=\"{'other': {'k': VALUE}}\".")
+  with pytest.raises(ValueError, match=r"\. `model.overrides` is a dict: .* --config.model.overrides=\"\{'d_model': "
+                     r"VALUE\}\"\.$"):
+    cli._check_key(raw, "model.overrides.d_model")
+  assert cli._dict_settings() == ["task.options", "reward.options", "model.overrides", "critic.overrides",
+                                  "critic.mesh", "multiagent.prompts"]
+
+
 def test_settings_the_run_does_not_read_are_one_line_with_each_reader_s_keys_apart():
   """Two settings of two different readers, neither read by the demo's GRPO run: the one line separates the two
   readers' groups with '; ' (each group ends in what this run has instead)."""
