@@ -21,6 +21,7 @@ from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _metrics
 
 sys.path.insert(0, ".")
+from configs import dataset  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _SKIP = set(runtime.TIMING_METRICS) | {"time"}
@@ -346,3 +347,16 @@ def test_a_resume_compares_the_critic_multiagent_tree_and_iterppo_sections():
       _checkpoint.check_resume_config(changed, cfg)
   old = {k: v for k, v in saved.items() if k != "tree"}  # written before `tree` existed: its defaults
   _checkpoint.check_resume_config(old, cfg)
+
+
+def test_a_resume_may_change_the_reward_threads_but_not_the_reward():
+  """`reward.workers` is how many threads score samples, not what they score: a resume with more of them was
+  refused with the other `reward` keys (a user who raised it to keep up with a slow reward had to start over)."""
+  c = dataset.get_config("tiny")
+  cfg = config.load(c)
+  saved = json.loads(json.dumps(config.to_dict(cfg)))
+  c.reward.workers = 32
+  _checkpoint.check_resume_config(saved, config.load(c))
+  c.reward.timeout_s = 1.0
+  with pytest.raises(ValueError, match=r"these keys differ: reward.timeout_s: 10.0 -> 1.0\.$"):
+    _checkpoint.check_resume_config(saved, config.load(c))

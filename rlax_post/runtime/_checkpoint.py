@@ -304,7 +304,8 @@ class RunCheckpointer:
 # (mesh, eval, checkpoint and runtime may change: a run can resume on another mesh, for example.)
 _RESULT_SECTIONS = ("seed", "task", "data", "reward", "model", "sft", "rl", "loss", "advantage", "critic",
                     "multiagent", "tree", "iterppo")
-_NOT_RESULTS = ("sft.cache_dir",)  # where a warm start may be found, not what it is
+# Where a warm start may be found, not what it is; how many threads score the samples, not their rewards.
+_NOT_RESULTS = ("sft.cache_dir", "reward.workers")
 
 
 def check_resume_config(saved: dict | None, cfg: config_lib.Config) -> None:
