@@ -210,6 +210,20 @@ def test_config_mistakes_are_named(tmp_path):
     envs.make_rl_task(dataclasses.replace(cfg, reward=dataclasses.replace(cfg.reward, fn="maths")), tok)
   with pytest.raises(FileNotFoundError, match=r"Data file nowhere.jsonl \(= /.*nowhere.jsonl\) does not exist"):
     envs.make_rl_task(dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train="nowhere.jsonl")), tok)
+  # A built-in that compares with the answer, on rows read without one: every sample got reward.default (each
+  # call raised), the run went on (until 2026-12-05). Refused when the task is built and by check-config.
+  no_answer = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, answer_field=None),
+                                  reward=dataclasses.replace(cfg.reward, fn="math,regex,exact",
+                                                             options={"regex": {"pattern": "x"}}))
+  message = ("reward.fn 'math,regex,exact': the built-in rewards 'math' and 'exact' compare each completion with "
+             "the row's answer, but data.answer_field = None reads none (every sample would get reward.default); "
+             "set data.answer_field to the rows' answer field, or use rewards that need no answer.")
+  for check in (lambda c: envs.make_rl_task(c, tok), envs.check_task):
+    with pytest.raises(ValueError) as e:
+      check(no_answer)
+    assert str(e.value) == message
+  regex_only = dataclasses.replace(no_answer, reward=dataclasses.replace(no_answer.reward, fn="regex"))
+  assert envs.make_rl_task(regex_only, tok).scorer.names == ("regex",)
 
 
 @pytest.mark.parametrize("bad_rows", ["error", "skip"])

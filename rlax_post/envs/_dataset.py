@@ -456,8 +456,26 @@ def make_scorer(cfg: config_lib.Config) -> rewards.Scorer:
   `reward.options`: a missing file or function, a weight per function too many or too few, or an option a
   function does not take is a ValueError (or FileNotFoundError) naming it. `make_dataset_task` and
   `rlax-post check-config` (`check_settings`) both call this, so the two say the same."""
-  return rewards.Scorer([f for f in cfg.reward.fn.split(",") if f.strip()], cfg.reward.weights,
-                        cfg.reward.options)
+  scorer = rewards.Scorer([f for f in cfg.reward.fn.split(",") if f.strip()], cfg.reward.weights,
+                          cfg.reward.options)
+  _check_answers(cfg, scorer)
+  return scorer
+
+
+def _check_answers(cfg: config_lib.Config, scorer: rewards.Scorer) -> None:
+  """A built-in that compares with the row's answer (`math`, `exact`) and rows read without one
+  (`data.answer_field = None`) would give every sample `reward.default`: a ValueError naming both. Rows that
+  run episodes (`data.env_field`) are scored by their env, not by `reward.fn`."""
+  if cfg.data.answer_field is not None or cfg.data.env_field is not None:
+    return
+  readers = [f.name for f in scorer.fns if f.name in rewards.ANSWER_BUILTINS and f.fn is rewards.BUILTINS[f.name]]
+  if readers:
+    many = len(readers) > 1
+    raise ValueError(f"reward.fn {cfg.reward.fn!r}: the built-in reward{'s' * many} "
+                     f"{' and '.join(map(repr, readers))} compare{'s' * (not many)} each completion with the row's "
+                     "answer, but data.answer_field = None reads none (every sample "
+                     "would get reward.default); set data.answer_field to the rows' answer field, or use "
+                     "rewards that need no answer.")
 
 
 def check_options(cfg: config_lib.Config) -> None:

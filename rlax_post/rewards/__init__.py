@@ -1,6 +1,7 @@
 """Reward functions: text matching for the built-in tasks; the dataset task's rewards (`Sample`, built-ins,
 functions named in a config combined by `Scorer`, run in threads by `RewardRunner`); maths answer matching."""
 
+from rlax_post.rewards._builtin import ANSWER_BUILTINS
 from rlax_post.rewards._builtin import BUILTINS
 from rlax_post.rewards._math import answers_match
 from rlax_post.rewards._math import extract_answer
@@ -19,6 +20,7 @@ from rlax_post.rewards._text import exact_match
 from rlax_post.rewards._text import score_completions
 
 __all__ = [
+    'ANSWER_BUILTINS',
     'BUILTINS',
     'Result',
     'RewardRunner',

@@ -45,6 +45,9 @@ def length(sample, *, max_tokens: int, buffer: int) -> float:
 
 
 BUILTINS = {"math": _math.math_answer, "exact": exact, "regex": regex, "length": length}
+# The built-ins that compare a completion with the row's reference answer (`Sample.answer`): without one every
+# call raises, and every sample would get `reward.default`.
+ANSWER_BUILTINS = ("math", "exact")
 
 
 def _check_regex(pattern: Any = None, **unused) -> None:
