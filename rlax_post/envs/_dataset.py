@@ -152,6 +152,14 @@ def _short(value: Any) -> str:
   return f"{type(value).__name__} {text[:80] + '...' if len(text) > 80 else text}"
 
 
+def _skip_hint(reasons: dict[str, int]) -> str:
+  """What to change when every row of a split was skipped for its length (`data.too_long = "skip"`)."""
+  if "prompt too long" not in reasons:
+    return ""
+  return ("; raise data.max_prompt_tokens (model.max_seq_len must hold it plus rl.max_new_tokens), or set "
+          "data.too_long = 'truncate'")
+
+
 class Split:
   """One split's accepted rows in order, found once and remembered (module docstring); thread-safe."""
 
@@ -194,7 +202,8 @@ class Split:
         if self.size is not None and self._next >= self.size:
           return None
         if since >= len(self.order) and not self._positions:
-          raise ValueError(f"No {self.name} row is usable: {self.reasons} of {len(self.order)} rows skipped.")
+          raise ValueError(f"No {self.name} row is usable: {self.reasons} of {len(self.order)} rows skipped"
+                           f"{_skip_hint(self.reasons)}.")
         prompt = self._examine(self._next)
         if prompt is None:
           self._skipped += 1
@@ -504,7 +513,7 @@ def make_dataset_task(cfg: config_lib.Config, tokenizer) -> DatasetTask:
   while n_eval < cfg.task.num_eval and held.get(n_eval) is not None:
     n_eval += 1
   if not n_eval:
-    raise ValueError(f"No usable held-out row (skipped: {held.reasons}).")
+    raise ValueError(f"No usable held-out row (skipped: {held.reasons}){_skip_hint(held.reasons)}.")
   if n_eval < cfg.task.num_eval:
     _LOG.warning("The evaluation runs the %d usable held-out rows (task.num_eval = %d).", n_eval,
                  cfg.task.num_eval)
