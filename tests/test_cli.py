@@ -179,7 +179,7 @@ def test_none_on_the_command_line_sets_a_field_that_may_be_none():
   """`--config.data.demo_field=None` was the string 'None' and `--config.critic.init_bias=None` a parse error
   (a helper review); a field that may not be None keeps the word as its value (here a bad choice)."""
   out = _cli("check-config", "--config", "configs/dataset.py:tiny", "--config.data.demo_field=None",
-             "--config.critic.init_bias=None", "--config.model.hf_path=None")
+             "--config.critic.init_bias=None", "--config.model.hf_path=None", "--config.sft.steps=0")
   assert out.returncode == 0, out.stderr[-3000:]
   cfg = json.loads(out.stdout)
   assert cfg["data"]["demo_field"] is None and cfg["critic"]["init_bias"] is None and cfg["model"]["hf_path"] is None

@@ -26,8 +26,10 @@ TEMPLATE = ("{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['conten
 def _cfg(tmp_path, rows, eval_rows=None, **data_kw):
   train = tmp_path / "train.jsonl"
   data.write_jsonl(str(train), rows)
+  # A warm start needs demonstrations (`data.demo_field`): rows without them start from the model as it is.
   raw = {"task": {"name": "dataset", "num_eval": 4}, "data": {"train": str(train), **data_kw},
-         "reward": {"fn": "math"}, "model": {"max_seq_len": 160}, "rl": {"max_new_tokens": 8}}
+         "reward": {"fn": "math"}, "model": {"max_seq_len": 160}, "rl": {"max_new_tokens": 8},
+         "sft": {"steps": 300 if data_kw.get("demo_field") else 0}}
   if eval_rows is not None:
     data.write_jsonl(str(tmp_path / "eval.jsonl"), eval_rows)
     raw["data"]["eval"] = str(tmp_path / "eval.jsonl")
@@ -211,8 +213,14 @@ def test_config_mistakes_are_named(tmp_path):
   with pytest.raises(ValueError, match=r"data.chat = 'always' but the tokenizer has no chat template"):
     envs.make_rl_task(_cfg(tmp_path, _rows(4), _rows(2), chat="always"), tok)
   cfg = _cfg(tmp_path, _rows(4), _rows(2))
-  with pytest.raises(ValueError, match=r"sft.steps = 300 needs demonstrations: set data.demo_field"):
-    next(envs.make_rl_task(cfg, tok).sft_batches())
+  # A warm start without demonstrations: refused when the task is built and by check-config (it was found out
+  # when the warm start began, after the model was built and the workdir written, until 2026-12-05).
+  no_demos = dataclasses.replace(cfg, sft=dataclasses.replace(cfg.sft, steps=300))
+  for check in (lambda c: envs.make_rl_task(c, tok), envs.check_task):
+    with pytest.raises(ValueError) as e:
+      check(no_demos)
+    assert str(e.value) == ("sft.steps = 300 needs demonstrations: set data.demo_field to the rows' reference "
+                            "completions, or sft.steps = 0.")
   with pytest.raises(ValueError, match=r"task.options \{'x': 1\} are not read by task 'dataset'"):
     envs.make_rl_task(dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, options={"x": 1})), tok)
   with pytest.raises(ValueError, match=r"Unknown reward 'maths'"):

@@ -402,9 +402,7 @@ class DatasetTask:
     """Warm-start rows: the train rows in ticket order, each its prompt, its `data.demo_field` text and EOS
     (a demonstration longer than `rl.max_new_tokens` is cut); block `shard_index` of each global batch."""
     s, sft = self.cfg.data, self.cfg.sft
-    if s.demo_field is None:
-      raise ValueError(f"sft.steps = {sft.steps} needs demonstrations: set data.demo_field to the rows' reference "
-                       "completions, or sft.steps = 0.")
+    check_demos(self.cfg)
     if sft.batch_size % shard_count or not 0 <= shard_index < shard_count:
       raise ValueError(f"shard_index={shard_index} must be in [0, {shard_count}) and shard_count must divide "
                        f"sft.batch_size={sft.batch_size}.")
@@ -494,16 +492,26 @@ def check_options(cfg: config_lib.Config) -> None:
                      "the `data` and `reward` sections.")
 
 
+def check_demos(cfg: config_lib.Config) -> None:
+  """A warm start (`sft.steps > 0`) trains on the rows' demonstrations: it needs `data.demo_field` (found out
+  only when the warm start began, after the model was built, until 2026-12-05)."""
+  if cfg.sft.steps > 0 and cfg.data.demo_field is None:
+    raise ValueError(f"sft.steps = {cfg.sft.steps} needs demonstrations: set data.demo_field to the rows' "
+                     "reference completions, or sft.steps = 0.")
+
+
 def check_settings(cfg: config_lib.Config) -> None:
-  """The checks of `make_dataset_task` that need no tokenizer or data file (`check_options`, `make_scorer`),
-  in its order: what `rlax-post check-config` runs for this task (`envs.check_task`)."""
+  """The checks of `make_dataset_task` that need no tokenizer or data file (`check_options`, `check_demos`,
+  `make_scorer`), in its order: what `rlax-post check-config` runs for this task (`envs.check_task`)."""
   check_options(cfg)
+  check_demos(cfg)
   make_scorer(cfg)
 
 
 def make_dataset_task(cfg: config_lib.Config, tokenizer) -> DatasetTask:
   """The run's `DatasetTask`: opens the files, loads the reward functions, finds the held-out rows."""
   check_options(cfg)
+  check_demos(cfg)
   renderer = Renderer(cfg.data, tokenizer, demos=cfg.sft.steps > 0)
   scorer = make_scorer(cfg)
   train, held = _splits(cfg, renderer)
