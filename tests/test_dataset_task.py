@@ -208,8 +208,20 @@ def test_a_train_glob_that_matches_the_eval_file_is_refused(tmp_path):
 
 def test_config_mistakes_are_named(tmp_path):
   tok = models.ByteTokenizer()
-  with pytest.raises(ValueError, match="needs held-out rows for its evaluation"):
-    envs.make_rl_task(_cfg(tmp_path, _rows(4)), tok)
+  # The files' settings that need no file are refused by check-config too (it passed them until 2026-12-05).
+  no_eval = _cfg(tmp_path, _rows(4))
+  for bad, message in (
+      (no_eval, "The dataset task needs held-out rows for its evaluation: set data.eval to their file(s), or "
+                "data.eval_fraction to hold out a seeded fraction of data.train."),
+      (dataclasses.replace(no_eval, data=dataclasses.replace(no_eval.data, train=None, eval_fraction=0.5)),
+       "task.name = 'dataset' needs data.train: a JSON Lines / Parquet / ArrayRecord file, a glob or a directory "
+       "of shards."),
+      (dataclasses.replace(no_eval, data=dataclasses.replace(no_eval.data, eval="e.jsonl", eval_fraction=0.5)),
+       "Set data.eval ('e.jsonl') or data.eval_fraction (0.5), not both.")):
+    for check in (lambda c: envs.make_rl_task(c, tok), envs.check_task):
+      with pytest.raises(ValueError) as e:
+        check(bad)
+      assert str(e.value) == message
   with pytest.raises(ValueError, match=r"data.chat = 'always' but the tokenizer has no chat template"):
     envs.make_rl_task(_cfg(tmp_path, _rows(4), _rows(2), chat="always"), tok)
   cfg = _cfg(tmp_path, _rows(4), _rows(2))

@@ -228,26 +228,33 @@ def _check_disjoint(s: config_lib.DataSection, train_files: list[str], eval_file
                      "train files that leave them out (a narrower glob), or move the held-out file(s).")
 
 
-def _splits(cfg: config_lib.Config, renderer: Renderer) -> tuple[Split, Split]:
+def check_splits(cfg: config_lib.Config) -> None:
+  """The files' settings that need no file: `data.train` set, and held-out rows from exactly one of `data.eval`
+  and `data.eval_fraction` (check-config passed a config without them until 2026-12-05)."""
   s = cfg.data
   if s.train is None:
     raise ValueError("task.name = 'dataset' needs data.train: a JSON Lines / Parquet / ArrayRecord file, a glob "
                      "or a directory of shards.")
+  if s.eval is not None and s.eval_fraction:
+    raise ValueError(f"Set data.eval ({s.eval!r}) or data.eval_fraction ({s.eval_fraction}), not both.")
+  if s.eval is None and not s.eval_fraction:
+    raise ValueError("The dataset task needs held-out rows for its evaluation: set data.eval to their file(s), "
+                     "or data.eval_fraction to hold out a seeded fraction of data.train.")
+
+
+def _splits(cfg: config_lib.Config, renderer: Renderer) -> tuple[Split, Split]:
+  s = cfg.data
+  check_splits(cfg)
   train_files = data.resolve_files(s.train, s.format)
   seed = cfg.seed if s.shuffle else None
   if s.eval is not None:
-    if s.eval_fraction:
-      raise ValueError(f"Set data.eval ({s.eval!r}) or data.eval_fraction ({s.eval_fraction}), not both.")
     eval_files = data.resolve_files(s.eval, s.format)
     _check_disjoint(s, train_files, eval_files)
     train_rows, eval_rows = data.Rows(train_files, s.format), data.Rows(eval_files, s.format)
     train_idx, eval_idx = np.arange(len(train_rows)), np.arange(len(eval_rows))
-  elif s.eval_fraction:
+  else:  # data.eval_fraction (check_splits)
     train_rows = eval_rows = data.Rows(train_files, s.format)
     train_idx, eval_idx = data.split_indices(len(train_rows), fraction=s.eval_fraction, seed=cfg.seed)
-  else:
-    raise ValueError("The dataset task needs held-out rows for its evaluation: set data.eval to their file(s), "
-                     "or data.eval_fraction to hold out a seeded fraction of data.train.")
   train = Split("train", train_rows, data.ordered(train_idx, seed=seed), None, renderer, s.bad_rows)
   held = Split("eval", eval_rows, data.ordered(eval_idx, seed=None), len(eval_idx), renderer, s.bad_rows)
   return train, held
@@ -502,10 +509,12 @@ def check_demos(cfg: config_lib.Config) -> None:
 
 def check_settings(cfg: config_lib.Config) -> None:
   """The checks of `make_dataset_task` that need no tokenizer or data file (`check_options`, `check_demos`,
-  `make_scorer`), in its order: what `rlax-post check-config` runs for this task (`envs.check_task`)."""
+  `make_scorer`, `check_splits`), in its order: what `rlax-post check-config` runs for this task
+  (`envs.check_task`)."""
   check_options(cfg)
   check_demos(cfg)
   make_scorer(cfg)
+  check_splits(cfg)
 
 
 def make_dataset_task(cfg: config_lib.Config, tokenizer) -> DatasetTask:
