@@ -85,7 +85,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = [v for v in (arg or "default").split(",") if v]
   unknown = [v for v in variants if v not in _VARIANTS]
   if unknown:
-    raise ValueError(f"configs/dataset.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)} "
+    raise ValueError(f"{__file__}: unknown variant(s) {unknown}; valid: {list(_VARIANTS)} "
                      "(combine with commas, e.g. 'chat,tiny').")
   if "chat" in variants:  # Prompts as chat messages, rendered with a template (a checkpoint's, or this one).
     c.data.train, c.data.eval = "data/arith_chat/train.jsonl", "data/arith_chat/eval.jsonl"

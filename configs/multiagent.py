@@ -109,7 +109,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = [v for v in (arg or "default").split(",") if v]
   unknown = [v for v in variants if v not in _VARIANTS]
   if unknown:
-    raise ValueError(f"configs/multiagent.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)} "
+    raise ValueError(f"{__file__}: unknown variant(s) {unknown}; valid: {list(_VARIANTS)} "
                      "(combine with commas, e.g. 'sort_reverse,magrpo').")
   task = sweep.one_of(variants, _TASKS, "configs/multiagent.py", "task")
   if task:

@@ -80,7 +80,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = [v for v in (arg or "default").split(",") if v]
   unknown = [v for v in variants if v not in _VARIANTS]
   if unknown:
-    raise ValueError(f"configs/smollm2_math.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)}.")
+    raise ValueError(f"{__file__}: unknown variant(s) {unknown}; valid: {list(_VARIANTS)}.")
   # quick and tiny both set rl.steps, task.num_eval and eval.every: together, tiny's would replace quick's.
   sweep.one_of(variants, ("quick", "tiny"), "configs/smollm2_math.py", "run size")
   if "lora" in variants:  # Adapters of rank 16 over a frozen base (a higher learning rate suits them).

@@ -91,7 +91,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   variants = [v for v in (arg or "default").split(",") if v]
   unknown = [v for v in variants if v not in _VARIANTS]
   if unknown:
-    raise ValueError(f"configs/tools_tiny.py: unknown variant(s) {unknown}; valid: {list(_VARIANTS)}.")
+    raise ValueError(f"{__file__}: unknown variant(s) {unknown}; valid: {list(_VARIANTS)}.")
   if "tiny" in variants:  # A smoke-sized run: compiles and runs in well under a minute.
     c.model.preset = "micro"
     c.task.num_eval = 4

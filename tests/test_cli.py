@@ -8,6 +8,7 @@ an error raised before any JAX work), so each takes about the time of an import.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -411,6 +412,16 @@ def test_rescue_eval_of_a_config_refuses_a_run_s_policy_flags(flag, shown):
 def test_unknown_variant_is_one_line():
   line = _error(_cli("check-config", "--config", "configs/demo.py:huge"), "check-config")
   assert "unknown variant(s) ['huge']; valid: ['default', 'tiny', 'gae', 'reverse', 'sort', 'add']" in line
+
+
+@pytest.mark.parametrize("name", ["dataset", "demo", "multiagent", "smollm2_math", "tools_tiny"])
+def test_a_copied_config_names_itself_in_its_unknown_variant_error(tmp_path, name):
+  """The docs say to copy a shipped config; the copy's unknown-variant error named the original
+  ('configs/dataset.py: unknown variant(s) ...' for my.py:tny). In process."""
+  path = str(tmp_path / "my.py")
+  shutil.copyfile(os.path.join(_ROOT, "configs", f"{name}.py"), path)
+  with pytest.raises(ValueError, match=rf"^{re.escape(path)}: unknown variant\(s\) \['tny'\]; valid: \['default'"):
+    sweep.config_of(sweep.load_module(path), "tny", path)
 
 
 @pytest.mark.parametrize("spec", ["configs/demo.py:", "configs/demo.py:tiny,"])
