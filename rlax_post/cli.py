@@ -588,9 +588,22 @@ def _sweep(argv, command_line):
             "last checkpoint.", file=sys.stderr)
       raise
   _sweep_report(results, root, spec)
-  failed = [r.unit.name for r in results if not r.ok]
+  _check_sweep_results(results)
+
+
+def _check_sweep_results(results) -> None:
+  """ValueError naming the failed units, each with why: its `error` (unreadable outputs, stopped early), else
+  its log's last line (a unit's own error line; `--quiet` printed no log tail, and the line said only 'see
+  their train.log' until 2026-12-05)."""
+  failed = [r for r in results if not r.ok]
   if failed:
-    raise ValueError(f"{len(failed)} of {len(results)} work units failed: {failed}; see their train.log.")
+    named = "; ".join(f"{r.unit.name}: {r.error or _last_line(r.log_tail) or r.status}" for r in failed)
+    raise ValueError(f"{len(failed)} of {len(results)} work units failed ({named}); see their train.log.")
+
+
+def _last_line(text: str) -> str:
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  return lines[-1] if lines else ""
 
 
 def _sweep_report(results, root: str, spec: str) -> None:

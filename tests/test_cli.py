@@ -336,6 +336,24 @@ def test_a_key_inside_a_dict_setting_says_how_to_pass_the_whole_dict():
                                   "critic.mesh", "multiagent.prompts"]
 
 
+def test_a_failed_sweep_names_each_failed_unit_with_its_error_line():
+  """The sweep's error line said only '1 of 2 work units failed: [...]; see their train.log' (and `--quiet`
+  printed no log tail): it now carries each failed unit's own error line, or its `error`. In process."""
+  units = [sweep.WorkUnit(index=i, config="c.py", overrides={"data.max_prompt_tokens": n})
+           for i, n in enumerate((2, 16, 4))]
+  failed = sweep.UnitResult(unit=units[0], workdir="/w0", returncode=2,
+                            log_tail="W1205 skipped\nrlax-post train: error: No train row is usable.\n\n")
+  done = sweep.UnitResult(unit=units[1], workdir="/w1", returncode=0)
+  done.summary = {"rl_steps": 3, "rl_steps_done": 3}
+  unread = sweep.UnitResult(unit=units[2], workdir="/w2", returncode=0, log_tail="Outputs in /w2\n",
+                            error="outputs cannot be read")
+  cli._check_sweep_results([done])
+  with pytest.raises(ValueError) as e:
+    cli._check_sweep_results([failed, done, unread])
+  assert str(e.value) == ("2 of 3 work units failed (data.max_prompt_tokens=2: rlax-post train: error: No train row "
+                          "is usable.; data.max_prompt_tokens=4: outputs cannot be read); see their train.log.")
+
+
 def test_settings_the_run_does_not_read_are_one_line_with_each_reader_s_keys_apart():
   """Two settings of two different readers, neither read by the demo's GRPO run: the one line separates the two
   readers' groups with '; ' (each group ends in what this run has instead)."""
