@@ -235,6 +235,10 @@ def user_module(tmp_path, monkeypatch):
         raise KeyError("no such field")
       def leave(sample):
         raise SystemExit(2)
+      async def waits(sample):
+        return 1.0
+      def yields(sample):
+        yield 1.0
       CONSTANT = 3
   """))
   (tmp_path / "broken_rewards.py").write_text("import os\n\nimport not_installed_pkg\n\ndef f(sample):\n  return 1.0\n")
@@ -291,6 +295,10 @@ def test_a_reward_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
     ("broken_rewards.py:f", ValueError, r"Reward 'broken_rewards.py:f': importing .*broken_rewards.py failed: "
                                         r"line 3: ModuleNotFoundError: No module named 'not_installed_pkg'"),
     ("typo_rewards.py:f", ValueError, r"importing .*typo_rewards.py failed: line 2: SyntaxError"),
+    # They return no number: every sample got reward.default, found out in the logs (until 2026-12-05).
+    ("my_rewards.py:waits", ValueError, r"^Reward 'my_rewards.py:waits' is an async function \(async def\): a "
+                                        r"reward is a plain function called in worker threads .*asyncio.run"),
+    ("my_rewards.py:yields", ValueError, r"^Reward 'my_rewards.py:yields' is a generator function \(it yields\)"),
 ])
 def test_scorer_names_bad_functions(user_module, spec, error, message):
   with pytest.raises(error, match=message):

@@ -96,6 +96,19 @@ def load_callable(spec: str, what: str = "reward") -> tuple[str, Callable[..., A
   return attr, fn
 
 
+def _check_not_async(spec: str, fn: Callable[..., Any]) -> None:
+  """A coroutine or generator function returns no number when called: every sample would get `reward.default`
+  (the call 'returned <coroutine object ...>'), found out only in the logs. ValueError naming it."""
+  kinds = ((inspect.iscoroutinefunction, "an async function (async def)"),
+           (inspect.isasyncgenfunction, "an async generator function"),
+           (inspect.isgeneratorfunction, "a generator function (it yields)"))
+  for test, what in kinds:
+    if test(fn):
+      raise ValueError(f"Reward {spec!r} is {what}: a reward is a plain function called in worker threads that "
+                       "returns a number or a dict of numbers; define it with def and return (run async code "
+                       "inside it with asyncio.run(...)).")
+
+
 def _number(value, name: str) -> float:
   """`value` as a finite float: any real number (int, float, bool, Fraction, Decimal, a numpy or jax scalar or
   0-d array); anything else is a TypeError naming the reward, an infinite or NaN value a ValueError."""
@@ -161,6 +174,7 @@ class Scorer:
       raise ValueError(f"reward options for {unknown}, which are not among the reward functions' names {names}.")
     fns = []
     for spec, (name, fn), weight in zip(specs, loaded, weights or [1.0] * len(specs)):
+      _check_not_async(spec, fn)
       given = options.get(name, {})
       if not isinstance(given, Mapping):
         raise ValueError(f"`reward.options.{name}` must be a dict of keyword options for {spec!r}; got {given!r}.")
