@@ -239,6 +239,10 @@ def user_module(tmp_path, monkeypatch):
         return 1.0
       def yields(sample):
         yield 1.0
+      class zreward_class:
+        def __call__(self, sample):
+          return 1.0
+      xscore = zreward_class()
       CONSTANT = 3
   """))
   (tmp_path / "broken_rewards.py").write_text("import os\n\nimport not_installed_pkg\n\ndef f(sample):\n  return 1.0\n")
@@ -257,6 +261,10 @@ def test_scorer_combines_functions_with_weights_and_components(user_module):
                             "reward/plain": 2.0, "reward/exact": 1.0}
   summed = rewards.Scorer([f"{user_module}:summed"])(_sample("x"))
   assert summed.total == 2.0 and summed.components["reward/summed/b"] == 1.0
+
+
+def test_scorer_takes_an_instance_with_call(user_module):
+  assert rewards.Scorer([f"{user_module}:xscore"])(_sample("x")).total == 1.0
 
 
 def test_scorer_loads_by_import_path(user_module, monkeypatch):
@@ -299,6 +307,8 @@ def test_a_reward_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
     ("my_rewards.py:waits", ValueError, r"^Reward 'my_rewards.py:waits' is an async function \(async def\): a "
                                         r"reward is a plain function called in worker threads .*asyncio.run"),
     ("my_rewards.py:yields", ValueError, r"^Reward 'my_rewards.py:yields' is a generator function \(it yields\)"),
+    ("my_rewards.py:zreward_class", ValueError, r"^Reward 'my_rewards.py:zreward_class' is a class: calling it makes an "
+                                          r"instance, not a reward; name a function, or an instance"),
 ])
 def test_scorer_names_bad_functions(user_module, spec, error, message):
   with pytest.raises(error, match=message):

@@ -97,11 +97,15 @@ def load_callable(spec: str, what: str = "reward") -> tuple[str, Callable[..., A
 
 
 def _check_not_async(spec: str, fn: Callable[..., Any]) -> None:
-  """A coroutine or generator function returns no number when called: every sample would get `reward.default`
-  (the call 'returned <coroutine object ...>'), found out only in the logs. ValueError naming it."""
+  """A class, a coroutine or a generator function returns no number when called: every sample would get
+  `reward.default` (the call 'returned <coroutine object ...>'), found out only in the logs. ValueError
+  naming it."""
   kinds = ((inspect.iscoroutinefunction, "an async function (async def)"),
            (inspect.isasyncgenfunction, "an async generator function"),
            (inspect.isgeneratorfunction, "a generator function (it yields)"))
+  if inspect.isclass(fn) and not issubclass(fn, numbers.Real):
+    raise ValueError(f"Reward {spec!r} is a class: calling it makes an instance, not a reward; name a function, or "
+                     "an instance of the class made at module level (score = MyReward(...); 'file.py:score').")
   for test, what in kinds:
     if test(fn):
       raise ValueError(f"Reward {spec!r} is {what}: a reward is a plain function called in worker threads that "
