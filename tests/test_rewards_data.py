@@ -231,6 +231,8 @@ def user_module(tmp_path, monkeypatch):
         return "1.0"
       def nan(sample):
         return float("nan")
+      def trl_batched(completions, **kwargs):
+        return [1.0 for _ in range(40)]
       def boom(sample):
         raise KeyError("no such field")
       def leave(sample):
@@ -345,6 +347,10 @@ def test_scorer_checks_options_weights_and_names(user_module):
 @pytest.mark.parametrize("fn, message", [
     ("bad_type", r"reward 'bad_type' returned '1.0' \(str\); expected a number"),
     ("nan", r"reward 'nan' returned nan; rewards must be finite"),
+    # A batch reward (TRL's signature) binds to fn(sample) and returns a list: the line says what a reward is.
+    ("trl_batched", r"^reward 'trl_batched' returned \[1.0, 1.0, 1.0, 1.0,\.\.\.\.0, 1.0\] \(list\); expected a "
+                    r"number or a dict of numbers \(a reward scores one sample, fn\(sample\) -> number, not a batch of "
+                    r"completions\)\.$"),
     ("boom", r"no such field"),
 ])
 def test_scorer_bad_returns_raise(user_module, fn, message):

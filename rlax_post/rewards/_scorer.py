@@ -121,8 +121,11 @@ def _number(value, name: str) -> float:
     raise TypeError(f"reward {name!r} returned an array of shape {tuple(shape)}; expected a number (one per "
                     "sample) or a dict of numbers.")
   if not isinstance(value, (numbers.Real, decimal.Decimal)) and shape is None:
-    raise TypeError(f"reward {name!r} returned {value!r} ({type(value).__name__}); expected a number or a dict "
-                    "of numbers.")
+    batch = (" (a reward scores one sample, fn(sample) -> number, not a batch of completions)"
+             if isinstance(value, (list, tuple)) else "")
+    shown = _shown(value)  # (a long value's shows its type)
+    kind = f" ({type(value).__name__})" if shown == repr(value) else ""
+    raise TypeError(f"reward {name!r} returned {shown}{kind}; expected a number or a dict of numbers{batch}.")
   try:
     number = float(value)
   except (TypeError, ValueError, OverflowError) as e:  # an int past float's range; a 0-d array of strings
