@@ -484,15 +484,18 @@ def _train(argv):
   with _output_dir(path) as workdir:
     _init_distributed("train")
     summary = runtime.train(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value)
-  _print_summary(summary)
+  _print_summary(summary, warm_start=cfg.sft.steps > 0)
 
 
-def _print_summary(summary):
+def _print_summary(summary, *, warm_start: bool = True):
+  """The run's result line; `warm_start` False (`sft.steps = 0`): the first figure is the starting model's (it
+  was called the warm start's)."""
   initial, final = summary["initial_eval_reward"], summary["final_eval_reward"]
   done, steps = summary.get("rl_steps_done"), summary.get("rl_steps")
   stopped = done is not None and steps is not None and done < steps  # runtime.stop_after_steps
   after = f"after RL step {done} of {steps}:" if stopped else "after RL"
-  print(f"\nGreedy eval reward on {summary['num_eval_prompts']} held-out prompts: warm start {initial:.3f} "
+  start = "warm start" if warm_start else "start (no warm start)"
+  print(f"\nGreedy eval reward on {summary['num_eval_prompts']} held-out prompts: {start} {initial:.3f} "
         f"-> {after} {final:.3f} ({final - initial:+.3f}) in {summary['wall_seconds']:.0f} s.")
   if stopped:  # (it read as a finished run's result)
     print(f"Stopped early by runtime.stop_after_steps: the same command with --resume continues it to step "
@@ -523,7 +526,7 @@ def _learner(argv):
   with _output_dir(_new_run_dir(workdir)):
     _init_distributed("learner")
     summary = runtime.run_learner(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value)
-  _print_summary(summary)
+  _print_summary(summary, warm_start=cfg.sft.steps > 0)
 
 
 def _sampler(argv):

@@ -755,6 +755,10 @@ def test_a_run_stopped_early_says_so_and_how_to_continue(tmp_path, capsys):
       f"Outputs in {tmp_path}: \n")
   cli._print_summary({**base, "rl_steps_done": 3})
   assert "-> after RL 0.500 (+0.250) in 45 s.\nOutputs" in capsys.readouterr().out
+  # sft.steps = 0 (an HF checkpoint trained from itself): the first figure was called the warm start's.
+  cli._print_summary({**base, "rl_steps_done": 3}, warm_start=False)
+  assert capsys.readouterr().out.startswith("\nGreedy eval reward on 16 held-out prompts: start (no warm start) "
+                                            "0.250 -> after RL 0.500 (+0.250) in 45 s.\n")
 
 
 def test_rescue_sim_names_the_session_files_a_directory_held_before(tmp_path):

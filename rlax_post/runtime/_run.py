@@ -154,7 +154,8 @@ class Run:
     ref_params = self.update.reference(state, params)
     with source.device_lock:
       initial = self.evaluate_logged(0, state)
-    self.ui.say(f"Warm-start greedy eval reward on {self.parts.task.num_eval} held-out prompts: {initial:.3f}")
+    start = "Warm-start" if self.cfg.sft.steps > 0 else "Starting (no warm start: sft.steps = 0)"
+    self.ui.say(f"{start} greedy eval reward on {self.parts.task.num_eval} held-out prompts: {initial:.3f}")
     history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - self.t_start,
                "config": config_lib.to_dict(self.cfg), "data_files": _checkpoint.data_files(self.cfg), "rl_step": 0,
                **self.tally.meta()}
