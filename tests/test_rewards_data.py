@@ -309,8 +309,9 @@ def test_a_reward_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
     ("my_rewards.py:waits", ValueError, r"^Reward 'my_rewards.py:waits' is an async function \(async def\): a "
                                         r"reward is a plain function called in worker threads .*asyncio.run"),
     ("my_rewards.py:yields", ValueError, r"^Reward 'my_rewards.py:yields' is a generator function \(it yields\)"),
-    ("my_rewards.py:zreward_class", ValueError, r"^Reward 'my_rewards.py:zreward_class' is a class: calling it makes an "
-                                          r"instance, not a reward; name a function, or an instance"),
+    ("my_rewards.py:zreward_class", ValueError,
+     r"^Reward 'my_rewards.py:zreward_class' is a class: calling it makes an instance, not a reward; name a "
+     r"function, or an instance"),
 ])
 def test_scorer_names_bad_functions(user_module, spec, error, message):
   with pytest.raises(error, match=message):

@@ -1,5 +1,5 @@
-"""`make_rl_task`: the run's config → its task, `task_lengths`: its lengths alone, and `check_task`: the task's settings checked without building it
-(the one place that dispatches on `task.name`)."""
+"""`make_rl_task`: the run's config → its task, `task_lengths`: its lengths alone, and `check_task`: the task's
+settings checked without building it (the one place that dispatches on `task.name`)."""
 
 from __future__ import annotations
 
