@@ -50,6 +50,12 @@ ticket (`_tickets.Tickets`) and each run of a block's tokens goes to the sample 
 are queued, free slots are left to them; a swap sends them back to the pending queue (`_unstage`). The outputs
 do not depend on it.
 
+Decode state: the engine's (every slot's KV cache, the refill queue) is built when a sample first needs it and
+dropped at the end of the `step()` after which the driver is `done`, so an idle driver holds no KV cache (a
+sync run's evaluation decodes without the inline sampler's beside it); the next insert builds it again with the
+same program. Nothing a later sample reads is lost: an insert writes what its slot reads, and kept states and
+waiting prefixes are arrays of their own (`DriverStats.state_builds` counts the builds).
+
 Per-request sampling: `Request.sampling` (`SamplingParams`) replaces the engine's law for that request's
 samples (all in one compiled step); each token's logprob then refers to the request's own temperature.
 `Request.stop` strings end a turn once the turn's decoded text contains one of them (checked on the host after
@@ -182,7 +188,9 @@ class Driver:
     self._base_keys: dict[int, np.ndarray] = {}  # seed -> raw key(seed).
     self._seed = seed
     self._slots = engine.max_concurrent_decodes
-    self._state = engine.init_decode_state()
+    # The engine's decode state (every slot's KV cache, the refill queue): built when a sample first needs it
+    # (`_device_state`), dropped once the driver is `done` (`_drop_idle_state`).
+    self._state: _engine.DecodeState | None = None
     self._busy: list[_samples.Sample | None] = [None] * self._slots
     self._logits_version = [self.version] * self._slots  # version of each slot's next-token logits.
     self._pending: collections.deque[_samples.Sample] = collections.deque()
@@ -213,7 +221,8 @@ class Driver:
                        busy_slot_steps=c["busy_slot_steps"], tokens=c["tokens"], parked=c["parked"],
                        parked_steps=c["parked_steps"], park_waits=c["park_waits"], syncs=c["syncs"],
                        forks=c["forks"], ahead=c["ahead"], idle_ahead=c["idle_ahead"],
-                       kv_span_steps=c["kv_span_steps"], device_refills=c["device_refills"])
+                       kv_span_steps=c["kv_span_steps"], device_refills=c["device_refills"],
+                       state_builds=c["state_builds"])
 
   @property
   def params(self) -> Any:
@@ -251,7 +260,7 @@ class Driver:
     busy = [slot for slot, s in enumerate(self._busy) if s is not None]
     if not busy:
       return
-    rngs = np.asarray(self._state.rngs)  # Continue each slot's stream (insert resets it).
+    rngs = np.asarray(self._device_state().rngs)  # Continue each slot's stream (insert resets it).
     for prefix, rows_slots in self._prefills.recompute({slot: self._busy[slot].ids() for slot in busy}):
       entries = [(row, slot, self._busy[slot]) for row, slot in rows_slots]
       self._insert(prefix, entries, rngs[[slot for _, slot in rows_slots]])
@@ -380,8 +389,8 @@ class Driver:
       prefilled = (length - parent.prefix_len if parent.prefix_params == self._prefills.params_id
                    else len(parent.ids()))
       return _ForkPoint(parent, self._prefills.turn(parent), length, self.version, prefilled, parent.turn)
-    return _ForkPoint(parent, self.engine.snapshot(self._state, slot), length, self._logits_version[slot], 0,
-                      parent.turn)
+    return _ForkPoint(parent, self.engine.snapshot(self._device_state(), slot), length, self._logits_version[slot],
+                      0, parent.turn)
 
   def _find_parent(self, parent: tuple[Any, int]) -> tuple[_samples.Sample, Any]:
     """The sample `parent` = (request_id, index) and where it is: its slot, None (queued for its next turn) or
@@ -424,7 +433,24 @@ class Driver:
       self._finished.extend(finished)  # Those finished before the error stay collectable.
       raise
     self._finished.extend(finished)
+    self._drop_idle_state()
     return [c for _, _, c in finished]
+
+  def _device_state(self) -> _engine.DecodeState:
+    """The engine's decode state, built (all slots empty) if the driver dropped it or has not needed it yet."""
+    if self._state is None:
+      self._state = self.engine.init_decode_state()
+      self._counts["state_builds"] += 1
+    return self._state
+
+  def _drop_idle_state(self) -> None:
+    """Drops the decode state once no sample is submitted and unfinished (`done`: none in a slot, queued on the
+    device, pending or parked): its KV cache and refill queue hold nothing a later sample reads (an insert writes
+    what its slot reads; kept states and waiting prefixes are arrays of their own), so the memory is free while
+    the driver idles (a sync run's evaluation and update, between its steps' sampling), and the next insert
+    builds it again with the same program: no compile, the same tokens."""
+    if self.done and self._ahead is None:
+      self._state = None
 
   def _take(self, sample: _samples.Sample, tokens: list[int], logprobs: list[float],
             first_version: int) -> tuple[str | None, bool]:
@@ -535,7 +561,7 @@ class Driver:
   def _dispatch(self, stop_on_free: int, longest: int, versions: list[int], min_live: int = 0) -> _Flight:
     """Starts a `generate_block` on the current state (the device runs it while the host goes on); `versions`:
     each slot's next-token logits version when the block starts; `min_live`: `generate_block`'s."""
-    self._state, block = self.engine.generate_block(self.params, self._state, stop_on_free=stop_on_free,
+    self._state, block = self.engine.generate_block(self.params, self._device_state(), stop_on_free=stop_on_free,
                                                     max_length=longest, min_live=min_live)
     return _Flight(block, list(self._busy), versions, self.engine.block_span(longest), min_live)
 
@@ -613,7 +639,7 @@ class Driver:
           release.append(slot)  # The device does not see stop strings: its slot is still live.
         if sample.request.keep:  # Its slot is reused from the next fill on: copy its state now (kept once the
           # sample finishes: a multi-turn one may go on after its env's observation).
-          sample.last_turn_state = (self.engine.snapshot(self._state, slot), self._prefills.params_id)
+          sample.last_turn_state = (self.engine.snapshot(self._device_state(), slot), self._prefills.params_id)
         self._tickets.retire(sample)
         ended.append((sample, reason))
     lost = [slot for slot, sample in enumerate(flight.samples)
@@ -629,7 +655,7 @@ class Driver:
         self._busy[slot] = None  # Its sample ended: free at once, the next fill may reuse it. (A sample the
         # host put there after this block was dispatched, before a block run ahead was taken, stays.)
     if release:
-      self._state = self.engine.release(self._state, release)
+      self._state = self.engine.release(self._device_state(), release)
     return self._end_turns(ended)
 
   def _end_turns(self, ended: list[tuple[_samples.Sample, str]]) -> list[tuple[int, int, Completion]]:
@@ -738,7 +764,7 @@ class Driver:
     """Inserts prefix row `row` into `slot` for each (row, slot, sample) of `entries`, in one call, with the
     raw keys `rngs` (folded in by `streams` on the device: `RlaxEngine.insert_batch`)."""
     samples = [sample for _, _, sample in entries]
-    self._state = self.engine.insert_batch(prefix, self._state, [row for row, _, _ in entries],
+    self._state = self.engine.insert_batch(prefix, self._device_state(), [row for row, _, _ in entries],
                                            [slot for _, slot, _ in entries], rngs, self._settings(samples),
                                            streams, self._tickets.issue(samples))
     self._counts["inserts"] += len(entries)
@@ -793,7 +819,7 @@ class Driver:
     for prefix, positions in _tickets.by_prefix(where):
       samples = [take[j] for j in positions]
       keys, streams = self._streams(samples)
-      self._state = self.engine.stage_batch(prefix, self._state, [where[j][1] for j in positions], keys,
+      self._state = self.engine.stage_batch(prefix, self._device_state(), [where[j][1] for j in positions], keys,
                                             self._settings(samples), streams, self._tickets.stage(samples))
 
   @staticmethod
@@ -805,7 +831,7 @@ class Driver:
     to the front of the pending queue, behind ongoing work (later turns, forks), in their order."""
     if not self._tickets.staged:
       return
-    self._state = self.engine.drop_queue(self._state)
+    self._state = self.engine.drop_queue(self._device_state())
     lead = next((i for i, s in enumerate(self._pending) if s.turn == 0 and s.fork_prefix is None),
                 len(self._pending))
     self._pending.rotate(-lead)

@@ -140,6 +140,7 @@ class DriverStats:
   idle_ahead: int = 0  # of those, blocks that ran no step: a slot stopped before them, to be refilled first.
   kv_span_steps: int = 0  # sum over decode steps of the attention span W each read (per slot, of every slot).
   device_refills: int = 0  # samples a decode block took from the engine's refill queue into a slot.
+  state_builds: int = 0  # decode states built: the first sample's, and again after each idle time (`done`).
 
   @property
   def occupancy(self) -> float:
