@@ -167,9 +167,11 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   Param copies: the reference policy, plus in async mode the published version the samplers decode with
   and the next one while it is handed over, plus with `runtime.sampler_layers = "apart"` the samplers' layer
   weights held apart (one copy, each sampler thread's in async mode; "auto" counts as stacked, its
-  accelerators' default). KV cache: the samplers' slots plus the greedy eval's batch in every mode (async
-  runs evaluate while the samplers decode; a sync run's inline sampler keeps its decode state through the
-  evaluation), each row `model.max_seq_len` long, sharded as the engines
+  accelerators' default). KV cache: in async mode the samplers' slots plus the greedy eval's batch (the
+  run evaluates while the samplers decode), else the larger of the two: a sync (or rounds) run samples each
+  step to the end before it evaluates, and a `sampler.Driver` with nothing left to decode has dropped its
+  decode state, so the two engines' states are never live together; each row `model.max_seq_len` long,
+  sharded as the engines
   shard it on the run's mesh (slots by the rules' "batch", KV heads by "kv_heads"); with
   `runtime.refill_queue = "on"` also their refill queues, 2 x those slots rows, each counted at
   `model.max_seq_len` positions (an upper bound: an entry holds the longest prompt bucket), replicated over
@@ -182,7 +184,7 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   rollouts = cfg.rl.prompts_per_step * config_lib.group_rows(cfg)
   is_async = cfg.runtime.mode == "async"
   slots = cfg.sampler_slots * (cfg.runtime.num_samplers if is_async else 1)
-  kv_slots = slots + cfg.eval.batch_size
+  kv_slots = slots + cfg.eval.batch_size if is_async else max(slots, cfg.eval.batch_size)
   mesh_shape = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
   if -1 in mesh_shape.values():
     raise ValueError(f"run_memory needs an explicit mesh (no -1 axis); got {mesh_shape}.")
