@@ -245,6 +245,14 @@ def user_module(tmp_path, monkeypatch):
         def __call__(self, sample):
           return 1.0
       xscore = zreward_class()
+      class zasync_grader:
+        async def __call__(self, sample):
+          return 1.0
+      xwaits = zasync_grader()
+      class zyield_grader:
+        def __call__(self, sample):
+          yield 1.0
+      xyields = zyield_grader()
       CONSTANT = 3
   """))
   (tmp_path / "broken_rewards.py").write_text("import os\n\nimport not_installed_pkg\n\ndef f(sample):\n  return 1.0\n")
@@ -312,6 +320,11 @@ def test_a_reward_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
     ("my_rewards.py:zreward_class", ValueError,
      r"^Reward 'my_rewards.py:zreward_class' is a class: calling it makes an instance, not a reward; name a "
      r"function, or an instance"),
+    # An instance whose __call__ is async def (or yields) returns no number either (it was accepted).
+    ("my_rewards.py:xwaits", ValueError, r"^Reward 'my_rewards.py:xwaits' is an instance whose __call__ is an async "
+                                         r"function \(async def\): a reward is a plain function"),
+    ("my_rewards.py:xyields", ValueError, r"^Reward 'my_rewards.py:xyields' is an instance whose __call__ is a "
+                                          r"generator function \(it yields\)"),
 ])
 def test_scorer_names_bad_functions(user_module, spec, error, message):
   with pytest.raises(error, match=message):

@@ -97,17 +97,19 @@ def load_callable(spec: str, what: str = "reward") -> tuple[str, Callable[..., A
 
 
 def _check_not_async(spec: str, fn: Callable[..., Any]) -> None:
-  """A class, a coroutine or a generator function returns no number when called: every sample would get
-  `reward.default` (the call 'returned <coroutine object ...>'), found out only in the logs. ValueError
-  naming it."""
+  """A class, a coroutine or a generator function, or an instance whose `__call__` is either function, returns no
+  number when called: every sample would get `reward.default` (the call 'returned <coroutine object ...>'),
+  found out only in the logs. ValueError naming it."""
   kinds = ((inspect.iscoroutinefunction, "an async function (async def)"),
            (inspect.isasyncgenfunction, "an async generator function"),
            (inspect.isgeneratorfunction, "a generator function (it yields)"))
   if inspect.isclass(fn) and not issubclass(fn, numbers.Real):
     raise ValueError(f"Reward {spec!r} is a class: calling it makes an instance, not a reward; name a function, or "
                      "an instance of the class made at module level (score = MyReward(...); 'file.py:score').")
+  call = getattr(type(fn), "__call__", None)  # an instance's: `async def __call__` returns a coroutine too
   for test, what in kinds:
-    if test(fn):
+    if test(fn) or test(call):
+      what = what if test(fn) else f"an instance whose __call__ is {what}"
       raise ValueError(f"Reward {spec!r} is {what}: a reward is a plain function called in worker threads that "
                        "returns a number or a dict of numbers; define it with def and return (run async code "
                        "inside it with asyncio.run(...)).")
