@@ -362,6 +362,7 @@ def test_an_error_in_a_step_leaves_the_samples_finished_before_it_collectable():
     driver.step()
   assert [(c.request_id, c.versions) for c in driver.collect()] == [("x", (0,) * 5)]
   assert driver.done
+  assert driver._state is None  # pylint: disable=protected-access  # done: its decode state dropped on the error too
 
 
 def test_an_env_raising_at_a_turns_end_drops_its_own_sample_only():

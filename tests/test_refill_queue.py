@@ -240,7 +240,6 @@ def test_stop_strings_on_the_queue_give_the_hosts_completions(k):
     assert driver.stats.device_refills > 0 and driver.done and driver.num_unfinished == 0
 
 
-
 def test_a_queued_sample_with_stop_strings_holds_the_block_run_ahead_back():
   """No block runs ahead while a queued sample has stop strings: it may take a slot in the block in flight, find
   its string there, and the host releases its slot after that block, when the block run ahead may already have

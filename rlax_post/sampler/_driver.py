@@ -431,6 +431,7 @@ class Driver:
         finished += self._decode_block()
     except BaseException:
       self._finished.extend(finished)  # Those finished before the error stay collectable.
+      self._drop_idle_state()
       raise
     self._finished.extend(finished)
     self._drop_idle_state()
