@@ -251,6 +251,24 @@ def test_the_config_refuses_what_rounds_cannot_run(overrides, message):
     config.load(single_turn)
 
 
+def test_run_memory_counts_the_single_turn_phases_slots_of_a_rounds_run():
+  """A rounds run decodes P · n messages at once in its single-turn phase (`RoundSource.turn_engine`), beside
+  neither the episodes' engine nor the evaluation's (each `sampler.Driver` drops its decode state once done):
+  the KV cache counts the largest of the three, here P · n = 8 rows over 4 sampler slots and an eval of 4
+  (it counted the larger of the other two, by hand below)."""
+  c = _rounds_config(runtime__sampler_slots=4, eval__batch_size=4, mesh__fsdp=1)
+  cfg = config.load(c)
+  assert (cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt, cfg.runtime.refill_queue) == (8, "auto")
+  model_cfg = runtime.build_parts(cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1},
+                                                               jax.devices()[:1])).model_cfg
+  m = model_cfg
+  row = (2 * m.num_layers * m.num_kv_heads * m.head_dim * cfg.model.max_seq_len * np.dtype(m.dtype).itemsize
+         + 4 * m.vocab_size)  # one slot's keys and values, and its logits row
+  assert runtime.run_memory(cfg, model_cfg)["kv_cache"] == 8 * row
+  c.eval.batch_size = 16  # now the evaluation's engine is the largest
+  assert runtime.run_memory(config.load(c), model_cfg)["kv_cache"] == 16 * row
+
+
 def test_q_reads_the_response_and_its_fit_lowers_the_error():
   # 15 updates (about a second each here) take the error to 8% of the start's (measured; 30: 0.2%).
   cfg = config.load(_rounds_config(iterppo__q_epochs=15))

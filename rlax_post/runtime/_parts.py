@@ -168,9 +168,10 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   and the next one while it is handed over, plus with `runtime.sampler_layers = "apart"` the samplers' layer
   weights held apart (one copy, each sampler thread's in async mode; "auto" counts as stacked, its
   accelerators' default). KV cache: in async mode the samplers' slots plus the greedy eval's batch (the
-  run evaluates while the samplers decode), else the larger of the two: a sync (or rounds) run samples each
-  step to the end before it evaluates, and a `sampler.Driver` with nothing left to decode has dropped its
-  decode state, so the two engines' states are never live together; each row `model.max_seq_len` long,
+  run evaluates while the samplers decode), else the larger of the two (and of a rounds run's P · n slots
+  of its single-turn phase): a sync or rounds run samples each step to the end before it evaluates, and a
+  `sampler.Driver` with nothing left to decode has dropped its decode state, so the engines' states are never
+  live together; each row `model.max_seq_len` long,
   sharded as the engines
   shard it on the run's mesh (slots by the rules' "batch", KV heads by "kv_heads"); with
   `runtime.refill_queue = "on"` also their refill queues, 2 x those slots rows, each counted at
@@ -184,7 +185,9 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   rollouts = cfg.rl.prompts_per_step * config_lib.group_rows(cfg)
   is_async = cfg.runtime.mode == "async"
   slots = cfg.sampler_slots * (cfg.runtime.num_samplers if is_async else 1)
-  kv_slots = slots + cfg.eval.batch_size if is_async else max(slots, cfg.eval.batch_size)
+  # A rounds run's single-turn phase decodes P · n messages at once (`_rounds.RoundSource.turn_engine`).
+  turns = cfg.rl.prompts_per_step * cfg.rl.samples_per_prompt if cfg.runtime.mode == "rounds" else 0
+  kv_slots = slots + cfg.eval.batch_size if is_async else max(slots, cfg.eval.batch_size, turns)
   mesh_shape = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
   if -1 in mesh_shape.values():
     raise ValueError(f"run_memory needs an explicit mesh (no -1 axis); got {mesh_shape}.")
