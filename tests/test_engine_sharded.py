@@ -1,7 +1,9 @@
 """The engine with its decode state sharded over a data × fsdp × tensor mesh of 8 fake CPU devices (conftest.py):
 the driver's completions equal the one-device engine's, the state keeps the rules' layout through every
-jitted step, params restore sharded, and slot / KV-head counts that do not divide their mesh axes are errors."""
+jitted step (a driver's state rebuilt after idling too, with no compile), params restore sharded, and slot /
+KV-head counts that do not divide their mesh axes are errors."""
 
+import dataclasses
 import functools
 
 import jax
@@ -135,6 +137,40 @@ def test_decode_state_keeps_the_rules_layout_through_every_step():
   assert int(block.pops) == 1 and np.asarray(block.owner)[0, 3] == 5 and np.asarray(block.slot_owner)[3] == 5
   assert int(np.asarray(state.positions)[3]) == 10
 
+
+
+def _program_compiles(engine) -> int:
+  """Executables the engine's jitted programs hold (one per compilation)."""
+  progs = engine._programs  # pylint: disable=protected-access
+  return sum(getattr(progs, name)._cache_size() for name in  # pylint: disable=protected-access
+             ("init", "prefill", "insert", "stage", "drop_queue", "generate", "block", "release", "snapshot"))
+
+
+def test_a_driver_rebuilds_its_dropped_state_in_the_rules_layout_with_no_compile():
+  """A `Driver` drops its decode state once done and builds it again at the next insert: on the mesh the new
+  state has the rules' layout at every step (as the first), runs the programs the first batch compiled (none
+  compiled again), and the same requests with the same streams give the same completions, bit for bit."""
+  _, (engine, params) = _engines(0.7)
+  requests = [dataclasses.replace(r, seed=7, stream=i) for i, r in enumerate(_requests())]
+  driver = sampler.Driver(engine, params)
+  states = []  # After each step: None once dropped, else checked (a later step donates it).
+
+  def record(d, _):
+    state = d._state  # pylint: disable=protected-access
+    if state is not None:
+      _check_state_layout(state)
+    states.append(state is not None)
+
+  first = driver.sample(requests, on_step=record)
+  assert driver._state is None and driver.stats.state_builds == 1  # pylint: disable=protected-access
+  compiled = _program_compiles(engine)
+  again = driver.sample(requests, on_step=record)
+  assert driver._state is None and driver.stats.state_builds == 2  # pylint: disable=protected-access
+  assert _program_compiles(engine) == compiled
+  assert states[-1] is False and states.count(False) == 2 and states.count(True) >= 4
+  assert [(c.request_id, c.index, c.tokens, c.logprobs, c.finish_reason) for c in again] == [
+      (c.request_id, c.index, c.tokens, c.logprobs, c.finish_reason) for c in first]
+  assert driver.stats.device_refills == 8  # (the queue refilled 4 slots in each batch)
 
 def test_other_rules_and_meshes():
   # Slots over data only (fsdp left to the params); a data 4 × tensor 2 mesh.
