@@ -434,6 +434,14 @@ def test_estimate_memory_matches_a_hand_count():
   assert got == want
   assert tuple(got)[:-1] == learner.MEMORY_COMPONENTS
   assert want["activations"] == 9216 and want["kv_cache"] == 1408 and want["total"] == 26948
+  # kv_apart (a sync run: no KV cache beside the update's gradients and activations): the larger of the two.
+  kw = dict(batch=8, seq_len=6, micro_batches=2, remat=True, optimizer=optax.adam(1e-3), param_copies=1,
+            kv_len=10, kv_apart=True)
+  apart = learner.estimate_memory(cfg, {"fsdp": 2}, kv_slots=4, **kw)
+  assert {k: v for k, v in apart.items() if k != "total"} == {k: v for k, v in want.items() if k != "total"}
+  assert apart["total"] == 26948 - 1408  # the cache (1408) is the smaller: it is not counted
+  big = learner.estimate_memory(cfg, {"fsdp": 2}, kv_slots=64, **kw)  # 16x the slots: 22528 > 5440 + 9216
+  assert big["kv_cache"] == 16 * 1408 and big["total"] == 26948 - 1408 + 16 * 1408 - (2 * params + 9216)
   no_remat = learner.estimate_memory(cfg, {"fsdp": 2}, batch=8, seq_len=6, micro_batches=2, remat=False,
                                      optimizer=optax.adam(1e-3))
   assert no_remat["activations"] == 2 * block + logits

@@ -1,6 +1,7 @@
-"""A sync run's evaluation decodes with the inline sampler's decode state dropped: measured with
-`jax.live_arrays()` at every decode block of a tiny sync run, the KV cache (and refill queue) live beside the
-evaluation's is none, so `runtime.run_memory` counts the larger engine's rows, not both."""
+"""A sync run's evaluation decodes, and its update runs, with the inline sampler's decode state dropped:
+measured with `jax.live_arrays()` at every decode block and every update of a tiny sync run, the KV cache (and
+refill queue) live beside the evaluation's, or beside the update, is none, so `runtime.run_memory` counts the
+larger engine's rows, not both, and the larger of the KV cache and the update's gradients and activations."""
 
 import gc
 
@@ -10,6 +11,7 @@ import numpy as np
 from rlax_post import config
 from rlax_post import runtime
 from rlax_post import sampler
+from rlax_post.runtime import _learn
 
 import _tiny_runs
 
@@ -48,9 +50,19 @@ def test_a_sync_run_evaluates_with_the_samplers_decode_state_dropped(tmp_path, m
     blocks.append((engine.max_concurrent_decodes, sizes, rows))
     return real(engine, params, decode_state, **kw)
 
+  updates = []  # the live K/V bytes of the sampler's and the eval's slots as each update starts
+  real_update, model_cfg = _learn.RLUpdate.__call__, runtime.build_parts(cfg).model_cfg
+
+  def update_measured(update, *args, **kw):
+    updates.append({r: _live_kv(model_cfg, r) for r in (SAMPLER_SLOTS, EVAL_SLOTS)})
+    return real_update(update, *args, **kw)
+
   monkeypatch.setattr(sampler.RlaxEngine, "generate_block", measured)
+  monkeypatch.setattr(_learn.RLUpdate, "__call__", update_measured)
   runtime.train(cfg, str(tmp_path / "run"), quiet=True)
-  model_cfg = runtime.build_parts(cfg).model_cfg
+  # No KV cache beside the update (`estimate_memory(kv_apart=True)`): the sampler's was dropped once the step's
+  # samples were in, the evaluation's with its driver.
+  assert updates == [{SAMPLER_SLOTS: 0, EVAL_SLOTS: 0}] * cfg.rl.steps
   evals = [i for i, (slots, _, _) in enumerate(blocks) if slots == EVAL_SLOTS]
   trains = [i for i, (slots, _, _) in enumerate(blocks) if slots == SAMPLER_SLOTS]
   assert len(evals) + len(trains) == len(blocks) and trains

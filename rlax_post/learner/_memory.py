@@ -143,7 +143,7 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
                     rules: sharding.Rules = sharding.DEFAULT_RULES, param_copies: int = 1, kv_slots: int = 0,
                     kv_len: int | None = None, critic_cfg=None,
                     trainable: _trainable.Trainable = _trainable.Trainable(), kv_queue_rows: int = 0,
-                    critic_mesh_shape: Mapping[str, int] | None = None) -> dict[str, int]:
+                    critic_mesh_shape: Mapping[str, int] | None = None, kv_apart: bool = False) -> dict[str, int]:
   """Per-device bytes of a learner (and its in-process samplers) on a mesh of `mesh_shape`.
 
   Args:
@@ -171,9 +171,13 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
     trainable: what the learner trains (`Trainable`): every weight (default), LoRA adapters over a frozen
       base (grads and optimizer state of the adapters only), or R policies side by side (R times the
       trained state). Each of the `param_copies` is then one model's params, R of them with R policies.
+    kv_apart: the KV cache is never live while the update holds its gradients and activations (a sync run:
+      the sampler's `Driver` drops its decode state once a step's samples are in, before the update): the
+      total counts the larger of the two instead of their sum (the components are unchanged).
 
   Returns:
-    {component: bytes per device} for `COMPONENTS` (`learner.MEMORY_COMPONENTS`), plus 'total'.
+    {component: bytes per device} for `COMPONENTS` (`learner.MEMORY_COMPONENTS`), plus 'total': their sum, or
+    with `kv_apart` their sum less the smaller of the KV cache and the policy's gradients + activations.
   """
   for name, value in (('batch', batch), ('seq_len', seq_len), ('micro_batches', micro_batches)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -208,7 +212,8 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
   out['kv_cache'] = _decode_bytes(c, mesh, rules, kv_slots, kv_len, 'batch') + _decode_bytes(
       c, mesh, rules, kv_queue_rows, kv_len, None)
   out = {k: int(out[k]) for k in COMPONENTS}
-  out['total'] = sum(out.values())
+  overlap = min(out['kv_cache'], out['grads'] + out['activations']) if kv_apart else 0
+  out['total'] = sum(out.values()) - overlap
   return out
 
 

@@ -171,9 +171,9 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   run evaluates while the samplers decode), else the larger of the two (and of a rounds run's P · n slots
   of its single-turn phase): a sync or rounds run samples each step to the end before it evaluates, and a
   `sampler.Driver` with nothing left to decode has dropped its decode state, so the engines' states are never
-  live together; each row `model.max_seq_len` long,
-  sharded as the engines
-  shard it on the run's mesh (slots by the rules' "batch", KV heads by "kv_heads"); with
+  live together, nor beside the update's gradients and activations: the total counts the larger of those
+  and the KV cache (`estimate_memory(kv_apart=True)`); each row `model.max_seq_len` long, sharded as the
+  engines shard it on the run's mesh (slots by the rules' "batch", KV heads by "kv_heads"); with
   `runtime.refill_queue = "on"` also their refill queues, 2 x those slots rows, each counted at
   `model.max_seq_len` positions (an upper bound: an entry holds the longest prompt bucket), replicated over
   the slot axes ("auto" counts as none, its accelerators' default). Critic: a separate one
@@ -201,7 +201,7 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
       micro_batches=cfg.loss.micro_batches, param_copies=reference + (2 if is_async else 0) + apart,
       kv_slots=kv_slots, kv_len=cfg.model.max_seq_len, rules=config_rules(cfg), critic_cfg=critic_cfg,
       trainable=trainable, kv_queue_rows=_refill_queue(cfg, kv_slots) or 0,  # ("auto": accelerators' none)
-      critic_mesh_shape=critic_mesh)
+      critic_mesh_shape=critic_mesh, kv_apart=not is_async)
 
 
 def _critic_mesh_shape(cfg: config_lib.Config, mesh_shape: dict[str, int]) -> dict[str, int]:
