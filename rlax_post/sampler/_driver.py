@@ -260,7 +260,7 @@ class Driver:
     busy = [slot for slot, s in enumerate(self._busy) if s is not None]
     if not busy:
       return
-    rngs = np.asarray(self._device_state().rngs)  # Continue each slot's stream (insert resets it).
+    rngs = np.asarray(self._state.rngs)  # Continue each slot's stream (insert resets it).
     for prefix, rows_slots in self._prefills.recompute({slot: self._busy[slot].ids() for slot in busy}):
       entries = [(row, slot, self._busy[slot]) for row, slot in rows_slots]
       self._insert(prefix, entries, rngs[[slot for _, slot in rows_slots]])
@@ -389,8 +389,8 @@ class Driver:
       prefilled = (length - parent.prefix_len if parent.prefix_params == self._prefills.params_id
                    else len(parent.ids()))
       return _ForkPoint(parent, self._prefills.turn(parent), length, self.version, prefilled, parent.turn)
-    return _ForkPoint(parent, self.engine.snapshot(self._device_state(), slot), length, self._logits_version[slot],
-                      0, parent.turn)
+    return _ForkPoint(parent, self.engine.snapshot(self._state, slot), length, self._logits_version[slot], 0,
+                      parent.turn)
 
   def _find_parent(self, parent: tuple[Any, int]) -> tuple[_samples.Sample, Any]:
     """The sample `parent` = (request_id, index) and where it is: its slot, None (queued for its next turn) or
@@ -431,14 +431,15 @@ class Driver:
         finished += self._decode_block()
     except BaseException:
       self._finished.extend(finished)  # Those finished before the error stay collectable.
-      self._drop_idle_state()
       raise
+    finally:
+      self._drop_idle_state()
     self._finished.extend(finished)
-    self._drop_idle_state()
     return [c for _, _, c in finished]
 
   def _device_state(self) -> _engine.DecodeState:
-    """The engine's decode state, built (all slots empty) if the driver dropped it or has not needed it yet."""
+    """The engine's decode state, built (all slots empty) if the driver dropped it or has not needed it yet:
+    what an insert or a queueing writes into (every other use reads a state that holds a sample, so it exists)."""
     if self._state is None:
       self._state = self.engine.init_decode_state()
       self._counts["state_builds"] += 1
@@ -562,7 +563,7 @@ class Driver:
   def _dispatch(self, stop_on_free: int, longest: int, versions: list[int], min_live: int = 0) -> _Flight:
     """Starts a `generate_block` on the current state (the device runs it while the host goes on); `versions`:
     each slot's next-token logits version when the block starts; `min_live`: `generate_block`'s."""
-    self._state, block = self.engine.generate_block(self.params, self._device_state(), stop_on_free=stop_on_free,
+    self._state, block = self.engine.generate_block(self.params, self._state, stop_on_free=stop_on_free,
                                                     max_length=longest, min_live=min_live)
     return _Flight(block, list(self._busy), versions, self.engine.block_span(longest), min_live)
 
@@ -640,7 +641,7 @@ class Driver:
           release.append(slot)  # The device does not see stop strings: its slot is still live.
         if sample.request.keep:  # Its slot is reused from the next fill on: copy its state now (kept once the
           # sample finishes: a multi-turn one may go on after its env's observation).
-          sample.last_turn_state = (self.engine.snapshot(self._device_state(), slot), self._prefills.params_id)
+          sample.last_turn_state = (self.engine.snapshot(self._state, slot), self._prefills.params_id)
         self._tickets.retire(sample)
         ended.append((sample, reason))
     lost = [slot for slot, sample in enumerate(flight.samples)
@@ -656,7 +657,7 @@ class Driver:
         self._busy[slot] = None  # Its sample ended: free at once, the next fill may reuse it. (A sample the
         # host put there after this block was dispatched, before a block run ahead was taken, stays.)
     if release:
-      self._state = self.engine.release(self._device_state(), release)
+      self._state = self.engine.release(self._state, release)
     return self._end_turns(ended)
 
   def _end_turns(self, ended: list[tuple[_samples.Sample, str]]) -> list[tuple[int, int, Completion]]:
@@ -832,7 +833,7 @@ class Driver:
     to the front of the pending queue, behind ongoing work (later turns, forks), in their order."""
     if not self._tickets.staged:
       return
-    self._state = self.engine.drop_queue(self._device_state())
+    self._state = self.engine.drop_queue(self._state)
     lead = next((i for i, s in enumerate(self._pending) if s.turn == 0 and s.fork_prefix is None),
                 len(self._pending))
     self._pending.rotate(-lead)
