@@ -233,3 +233,5 @@ def test_run_memory_counts_the_critic_on_critic_mesh_as_its_learner_shards_it():
   c.critic.mesh = {"data": 4}  # 4 of the run's 8 devices: the critic's learner refuses it, and so does the count
   with pytest.raises(ValueError, match=r"critic.mesh \{'data': 4\} makes a mesh of 4 devices"):
     runtime.run_memory(config.load(c), parts.model_cfg)
+  with pytest.raises(ValueError, match=r"critic.mesh \{'data': 4\} makes a mesh of 4 devices"):  # the same check
+    runtime.RLUpdate(dataclasses.replace(parts, cfg=config.load(c)))

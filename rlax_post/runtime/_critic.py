@@ -59,16 +59,13 @@ def value_loss(section: config_lib.CriticSection) -> learner.ValueLoss:
   return learner.ValueLoss(kind=section.loss, clip_eps=section.clip_eps, huber_delta=section.huber_delta)
 
 
-def critic_mesh(section: config_lib.CriticSection, policy_mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
-  """The separate critic's mesh: the policy's, or `critic.mesh`'s axes over the same devices."""
-  if not section.mesh:
+def critic_mesh(cfg: config_lib.Config, policy_mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+  """The separate critic's mesh: the policy's, or `critic.mesh`'s axes over the same devices (its shape
+  `_parts.critic_mesh_shape`, which `run_memory` counts it on)."""
+  if not cfg.critic.mesh:
     return policy_mesh
-  devices = list(policy_mesh.devices.flat)
-  shape = {**{a: 1 for a in ("data", "fsdp", "tensor")}, **dict(section.mesh)}
-  if -1 not in shape.values() and np.prod(list(shape.values())) != len(devices):
-    raise ValueError(f"critic.mesh {dict(section.mesh)} has {int(np.prod(list(shape.values())))} devices; the "
-                     f"run has {len(devices)} (use -1 for one axis to take the rest).")
-  return sharding.make_mesh(shape, sorted(devices, key=lambda d: d.id))
+  shape = _parts.critic_mesh_shape(cfg, dict(policy_mesh.shape))
+  return sharding.make_mesh(shape, sorted(policy_mesh.devices.flat, key=lambda d: d.id))
 
 
 class Critic:
@@ -85,7 +82,7 @@ class Critic:
     if self.separate:
       model_cfg = _parts.critic_model_config(cfg, parts.model_cfg)
       graphdef, params_like = models.abstract_params(model_cfg)
-      mesh = critic_mesh(cfg.critic, parts.mesh)
+      mesh = critic_mesh(cfg, parts.mesh)
       critic_sh = _parts.param_shardings(params_like, mesh, parts.rules)
       self.parts = dataclasses.replace(
           parts, model_cfg=model_cfg, graphdef=graphdef, params_like=params_like, mesh=mesh,

@@ -192,7 +192,7 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   if -1 in mesh_shape.values():
     raise ValueError(f"run_memory needs an explicit mesh (no -1 axis); got {mesh_shape}.")
   critic_cfg = critic_model_config(cfg, model_cfg) if config_lib.separate_critic(cfg) else None
-  critic_mesh = _critic_mesh_shape(cfg, mesh_shape) if critic_cfg is not None else None
+  critic_mesh = critic_mesh_shape(cfg, mesh_shape) if critic_cfg is not None else None
   apart = (cfg.runtime.num_samplers if is_async else 1) if cfg.runtime.sampler_layers == "apart" else 0
   trainable = make_trainable(cfg)
   reference = 0 if trainable.lora is not None else 1  # LoRA's reference is its frozen base
@@ -204,13 +204,14 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
       critic_mesh_shape=critic_mesh, kv_apart=not is_async)
 
 
-def _critic_mesh_shape(cfg: config_lib.Config, mesh_shape: dict[str, int]) -> dict[str, int]:
+def critic_mesh_shape(cfg: config_lib.Config, mesh_shape: dict[str, int]) -> dict[str, int]:
   """The separate critic's mesh shape (`config.critic_shape`: `critic.mesh`, its -1 resolved, or the run's),
-  refused unless it spans the run's devices, as the critic's learner refuses it."""
+  refused unless it spans the run's devices: what the critic's learner builds its mesh with
+  (`_critic.critic_mesh`) and `run_memory` counts it on."""
   shape, devices = config_lib.critic_shape(cfg, mesh_shape), math.prod(mesh_shape.values())
   if math.prod(shape.values()) != devices:
     raise ValueError(f"critic.mesh {dict(cfg.critic.mesh)} makes a mesh of {math.prod(shape.values())} devices "
-                     f"({shape}); the run has {devices} ({mesh_shape}).")
+                     f"({shape}); the run has {devices} ({mesh_shape}; use -1 for one axis to take the rest).")
   return shape
 
 
