@@ -619,3 +619,25 @@ def test_segment_advantages_match_docstring_on_unbalanced_tree():
         shrunk[n] - (shrunk[parent[n]] if parent[n] is not None else 0.0) + shrunk[n])
     np.testing.assert_allclose(got[n], ref, **TOL)
 
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# State keys wider than int32
+
+
+def test_wide_keys_are_refused_rather_than_merged():
+  # Without jax_enable_x64 JAX cuts 64-bit integers to int32: 5 and 2**32 + 5 would become one state.
+  keys = np.array([[5, 2**32 + 5], [7, 2**40 + 7]], np.int64)
+  rewards, mask = np.ones((2, 2), np.float32), np.ones((2, 2), bool)
+  kw = dict(gamma=1.0, lambda_=1.0, max_nodes=8, num_iters=3)
+  if jax.config.jax_enable_x64:
+    assert int(advantages.graph_gae(keys, rewards, mask, np.zeros(2, np.int64), **kw).num_nodes) == 4
+    return
+  with pytest.raises(ValueError, match=r'state_keys must fit int32.*1099511627783'):
+    advantages.graph_gae(keys, rewards, mask, np.zeros(2, np.int64), **kw)
+  with pytest.raises(ValueError, match='group_ids'):
+    advantages.gigpo(np.ones(2, np.float32), rewards, keys.astype(np.int32) % 9, mask,
+                     np.array([0, 2**33], np.int64), num_groups=1, gamma=1.0, max_nodes=8)
+  # 64-bit arrays whose values fit are fine.
+  out = advantages.graph_gae(keys % 9, rewards, mask, np.zeros(2, np.int64), **kw)
+  assert int(out.num_nodes) == 3

@@ -58,7 +58,8 @@ def gigpo(
   Args:
     episode_rewards: [B] scalar outcome reward per trajectory.
     step_rewards: [B, T] per-step rewards, times [0, T).
-    state_keys: [B, T] integer key of the state step t is taken from.
+    state_keys: [B, T] integer key of the state step t is taken from; must
+      fit 32 bits unless jax_enable_x64 (a wider host array is refused).
     mask: [B, T] 1/True on valid steps (left-aligned).
     group_ids: [B] int group (prompt) id in [0, num_groups).
     num_groups: static number of groups G.

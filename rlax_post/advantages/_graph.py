@@ -236,7 +236,8 @@ def graph_gae(
   the flag cannot train on a wrong answer.
 
   Args:
-    state_keys: [B, T] integer key of the state step t is taken from.
+    state_keys: [B, T] integer key of the state step t is taken from; must
+      fit 32 bits unless jax_enable_x64 (a wider host array is refused).
     rewards: [B, T] r(b, t), reward of step t, times [0, T).
     mask: [B, T] 1/True on valid steps.
     group_ids: [B] integer group (prompt) id of each trajectory (any values).

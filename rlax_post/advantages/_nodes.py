@@ -61,6 +61,27 @@ def check_keys(state_keys_bt, mask_bt, group_ids_b) -> None:
     if not jnp.issubdtype(jnp.asarray(x).dtype, jnp.integer):
       raise ValueError(
           f'{name} must be integers; got dtype {jnp.asarray(x).dtype}')
+    _check_fits_jax_ints(name, x)
+
+
+def _check_fits_jax_ints(name, x) -> None:
+  """ValueError if JAX would cut these integers to fewer bits.
+
+  Without jax_enable_x64, JAX turns a 64-bit integer array into a 32-bit one
+  (keeping the low bits), so 5 and 2**32 + 5 would silently become one state.
+  Only a concrete host array can be checked: under jit the arguments are cut
+  before this code sees them (JAX warns), so callers with wide keys must fold
+  them to 32 bits themselves or enable x64.
+  """
+  if isinstance(x, jax.Array) or not hasattr(x, 'dtype') or x.size == 0:
+    return  # a jax.Array (tracers included) already has a dtype JAX holds
+  info = jnp.iinfo(jax.dtypes.canonicalize_dtype(x.dtype))
+  low, high = int(x.min()), int(x.max())
+  if low < info.min or high > info.max:
+    raise ValueError(
+        f'{name} must fit {info.dtype} (JAX cuts wider integers unless '
+        f'jax_enable_x64 is set, which would merge distinct keys); got values '
+        f'in [{low}, {high}]')
 
 
 def inclusive_cumsum_bt(x_bt: jax.Array) -> jax.Array:
