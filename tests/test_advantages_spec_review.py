@@ -211,6 +211,7 @@ def test_gae_over_mask_matches_loop():
   mask[0] = False
   rewards = rng.normal(size=(5, 9)).astype(np.float32)
   values = rng.normal(size=(5, 9)).astype(np.float32)
+  rewards[~mask], values[~mask] = np.nan, np.nan  # observation tokens: never read
   adv, ret = _jit(advantages.gae_over_mask, gamma=0.9, lambda_=0.7)(rewards, values, mask)
   for b in range(5):
     steps = list(np.flatnonzero(mask[b]))
@@ -397,6 +398,20 @@ def test_graph_gae_only_root_shared_identity():
   np.testing.assert_allclose(out.advantages[:, 1:], 0.0, atol=1e-5)
 
 
+def test_graph_gae_extreme_keys_and_group_ids():
+  # Keys at the ends of int32 and negative or large group ids are ordinary values (no sentinel).
+  _, rewards, keys, mask, lengths, _ = _steps_case(np.random.default_rng(9))
+  extremes = np.array([-2**31, 2**31 - 1, -1, 0], np.int32)
+  keys = extremes[keys % 4]
+  group_ids = np.array([-7, 2**31 - 1, -7, 0, 2**31 - 1, -7, -2**31, -2**31], np.int32)
+  out = _jit(advantages.graph_gae, gamma=0.9, lambda_=0.8, max_nodes=48, num_iters=30,
+             normalize='group')(keys, rewards, mask, group_ids)
+  adv, values, num_nodes = _ref_graph(keys, rewards, lengths, group_ids, 0.9, 0.8, 30, 'group')
+  assert int(out.num_nodes) == num_nodes
+  np.testing.assert_allclose(out.values, values, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(out.advantages, adv, rtol=1e-4, atol=1e-4)
+
+
 def test_graph_gae_padded_batch_equals_unpadded():
   _, rewards, keys, mask, _, group_ids = _steps_case(np.random.default_rng(2))
   for normalize in (None, 'group', 'batch'):
@@ -563,6 +578,25 @@ def test_depth_one_tree_is_twice_grpo():
   ids = np.array([0, 0, 0, 1, 1, 1], np.int32)
   got = advantages.tree_advantages(rewards, ids, ids, num_trees=2, num_prompts=2)
   np.testing.assert_allclose(got, 2 * _ref_group(rewards, ids, 'grpo'), **TOL)
+
+
+def test_tree_padded_batch_equals_unpadded():
+  rewards, tree_ids, prompt_ids = _tree_case(np.random.default_rng(1))
+  paths, valid = _paths_case()
+  paths, valid = np.concatenate([paths] * 2)[:10], np.concatenate([valid] * 2)[:10]
+  leaf = advantages.tree_advantages(rewards, tree_ids, prompt_ids, num_trees=4, num_prompts=2)
+  node, owner = advantages.prefix_advantages(leaf, paths, num_nodes=11, valid_ld=valid)
+  # Two padding leaves in a tree and prompt of their own, with no valid path entry, and more node slots.
+  leaf_p = _jit(advantages.tree_advantages, num_trees=6, num_prompts=3)(
+      np.append(rewards, [5.0, -1.0]), np.append(tree_ids, [5, 5]).astype(np.int32),
+      np.append(prompt_ids, [2, 2]).astype(np.int32))
+  node_p, owner_p = _jit(advantages.prefix_advantages, num_nodes=16)(
+      leaf_p, np.pad(paths, ((0, 2), (0, 0)), constant_values=3), valid_ld=np.pad(valid, ((0, 2), (0, 0))))
+  np.testing.assert_allclose(np.asarray(leaf_p)[:10], leaf, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(node_p)[:11], node, rtol=1e-6, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(node_p)[11:], 0.0)
+  np.testing.assert_array_equal(np.asarray(owner_p)[:10], owner)
+  np.testing.assert_array_equal(np.asarray(owner_p)[10:], 0.0)
 
 
 def _paths_case():
