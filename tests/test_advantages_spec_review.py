@@ -382,6 +382,19 @@ def test_graph_gae_several_parents_and_children():
   np.testing.assert_allclose(out.advantages, np.where(mask, rtg - np.asarray(out.values), 0.0), **TOL)
 
 
+def test_graph_gae_longest_path_can_exceed_the_episode_length():
+  # No state repeats inside an episode, K = 3, but c is the last state of τ1 and the first of τ2: the graph's
+  # longest path a → b → c → d → e → end has 5 edges, so K + 1 = 4 sweeps are not exact (spec: exact once
+  # num_iters ≥ the longest path).
+  keys = np.array([[0, 1, 2], [2, 3, 4]], np.int32)
+  rewards = np.array([[0, 0, 0], [0, 0, 1]], np.float32)
+  run = lambda n: advantages.graph_gae(keys, rewards, np.ones((2, 3)), np.zeros(2, np.int32), gamma=1.0,
+                                       lambda_=1.0, max_nodes=8, num_iters=n).values[0]
+  np.testing.assert_allclose(run(5), [0.5, 0.5, 0.5])   # V(c) = (0 + (0 + 0 + 1)) / 2
+  np.testing.assert_allclose(run(4), [0.0, 0.5, 0.5])
+  np.testing.assert_allclose(run(100), run(5))
+
+
 def test_graph_gae_only_root_shared_identity():
   rng = np.random.default_rng(5)
   group_ids = np.array([0, 1, 0, 0, 1, 2], np.int32)
