@@ -75,7 +75,10 @@ def _check_fits_jax_ints(name, x) -> None:
   """
   if isinstance(x, jax.Array) or not hasattr(x, 'dtype') or x.size == 0:
     return  # a jax.Array (tracers included) already has a dtype JAX holds
-  info = jnp.iinfo(jax.dtypes.canonicalize_dtype(x.dtype))
+  dtype = jax.dtypes.canonicalize_dtype(x.dtype)
+  if dtype == x.dtype:
+    return
+  info = jnp.iinfo(dtype)
   low, high = int(x.min()), int(x.max())
   if low < info.min or high > info.max:
     raise ValueError(
