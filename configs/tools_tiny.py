@@ -21,9 +21,11 @@ from rlax_post import sweep
 
 _VARIANTS = ("default", "tiny")
 MAX_TURNS = 3
-# graph_gae's settings: num_iters = max_turns + 1 Bellman sweeps over the turn graph (exact on a DAG of at most
-# max_turns steps; a turn that changes nothing repeats its key, a cycle, which the cap bounds) and
-# normalize = "group", so its advantages have GRPO's scale. No other estimator reads them.
+# graph_gae's settings: num_iters = max_turns + 1 Bellman sweeps over the turn graph (exact when no path of the
+# merged graph is longer: a state reached at different turns in different episodes chains them, and a turn that
+# changes nothing repeats its key, a cycle; the default, 0, sweeps to the fixed point, docs/credit_assignment.md;
+# docs/agentic.md's runs used this cap) and normalize = "group", so its advantages have GRPO's scale. No other
+# estimator reads them.
 GRAPH_GAE = {"advantage.normalize": "group", "advantage.num_iters": MAX_TURNS + 1}
 
 

@@ -2,6 +2,7 @@
 `rows_to_batch` lays them out; `Credit` runs GiGPO / graph GAE over turns and maps each turn's advantage onto
 the tokens the policy sampled in that turn."""
 
+import dataclasses
 import functools
 import sys
 
@@ -199,6 +200,23 @@ def test_group_estimators_ignore_turns():
   np.testing.assert_array_equal(with_turns, credit(*args)[0])
   adv_b = np.asarray(advantages.group_advantages(batch.rewards, batch.group_ids, num_groups=2, method="rloo"))
   np.testing.assert_allclose(with_turns, adv_b[:, None] * batch.loss_mask)
+
+
+def test_graph_gae_turn_default_sweeps_reach_a_chained_path():
+  """No state repeats inside an episode, but τ1 = a → b → c ends where τ2 = c → d → e starts: the merged
+  graph's longest path has 5 edges, K = 3. The default sweeps (max_nodes + 1) give V(a) = V(c) = 0.5 (c's two
+  steps: 0 then end, 0 + 0 + 1 via d, e), so τ1's first turn, whose return is 0, gets 0 − 0.5 at γ = λ = 1;
+  K + 1 = 4 sweeps, the old default, left V(a) = 0 and that turn an advantage of 0."""
+  rows = [[_row(2, "mmomom", [0, 1, 2], [0.0, 0.0, 0.0]), _row(2, "mmomom", [2, 3, 4], [0.0, 0.0, 1.0])]]
+  batch = runtime.rows_to_batch(rows, seq_len=SEQ_LEN, pad_id=0)
+  args = (batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths, batch.loss_mask)
+  section = config.AdvantageSection(estimator="graph_gae", gamma=1.0, lambda_=1.0)
+  adv_bt, _ = _credit.Credit(section, num_groups=1, batch=2, max_new_tokens=6)(*args, turns=_turns(batch))
+  np.testing.assert_allclose(adv_bt[0, [1, 2, 4, 6]], [-0.5, -0.5, -0.5, -0.5], atol=1e-6)
+  np.testing.assert_allclose(adv_bt[1, [1, 2, 4, 6]], [0.5, 0.5, 0.0, 0.0], atol=1e-6)
+  capped = dataclasses.replace(section, num_iters=4)
+  adv_bt, _ = _credit.Credit(capped, num_groups=1, batch=2, max_new_tokens=6)(*args, turns=_turns(batch))
+  np.testing.assert_allclose(adv_bt[0, [1, 2]], [0.0, 0.0], atol=1e-6)
 
 
 def test_turn_overflow_and_bad_shapes_raise():

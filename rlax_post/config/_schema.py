@@ -266,7 +266,9 @@ class AdvantageSection:
   normalize: str | None = choices(None, "group", "batch")
   # gigpo, graph_gae: static node budget; 0 = B × steps (steps: max_new_tokens single-turn, K turns multi-turn)
   max_nodes: int = bounded(0, low=0)
-  num_iters: int = bounded(0, low=0)  # graph_gae: Bellman iterations; 0 = steps + 1 (exact on acyclic graphs)
+  # graph_gae: most Bellman sweeps (they stop at the exact fixed point); 0 = max_new_tokens + 1 over tokens (the
+  # prefix tree's depth), max_nodes + 1 over turns (exact on every acyclic turn graph)
+  num_iters: int = bounded(0, low=0)
   # c3: the baseline of a node against its siblings: reward_only r − LOO(r); value_only q − LOO(q);
   # value_assisted r − [(1 − α)·LOO(r) + α·LOO(q)] with q the Q-critic's score (the `critic` section).
   c3_mode: str = choices(*C3_MODES)

@@ -174,17 +174,20 @@ class Credit:
                        f"{list(GROUP_ESTIMATORS + STEP_ESTIMATORS + TREE_ESTIMATORS + TREE_ROLLOUT_ESTIMATORS)}.")
 
   def _turn_fn(self, b: int, k: int):
-    """The step estimator over [B, K] turns; max_nodes defaults to B × K, num_iters to K + 1 (exact on a
-    DAG of turns; keys that repeat within an episode, e.g. a turn that changes nothing, make cycles)."""
+    """The step estimator over [B, K] turns; max_nodes defaults to B × K and num_iters to max_nodes + 1: a
+    graph of at most max_nodes nodes has no longer path, so the values are exact on every DAG of turns (a
+    state reached at different turns chains episodes: paths longer than K), and sweeps stop early at the
+    exact fixed point, so a DAG costs its longest path. Keys that repeat (a turn that changes nothing) make
+    cycles; every episode ends, so each cycle has an exit and the sweeps converge, γ = 1 included."""
     if (b, k) not in self._turn_fns:
       s = self.section
       if s.estimator == "gigpo":
         fn = functools.partial(adv_lib.gigpo, num_groups=self.num_groups, gamma=s.gamma, omega=s.omega,
                                max_nodes=s.max_nodes or b * k, episode_method=s.episode_method)
       else:
-        fn = functools.partial(adv_lib.graph_gae, gamma=s.gamma, lambda_=s.lambda_,
-                               max_nodes=s.max_nodes or b * k, num_iters=s.num_iters or k + 1,
-                               normalize=s.normalize)
+        max_nodes = s.max_nodes or b * k
+        fn = functools.partial(adv_lib.graph_gae, gamma=s.gamma, lambda_=s.lambda_, max_nodes=max_nodes,
+                               num_iters=s.num_iters or max_nodes + 1, normalize=s.normalize)
       self._turn_fns[(b, k)] = jax.jit(fn)
     return self._turn_fns[(b, k)]
 
