@@ -176,6 +176,21 @@ def test_dual_clip_caps_negative_advantages_at_c_times_abs_a_with_no_gradient():
   np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(fn(x)[0]))(logp), [[0.0, 5.8, 0.0, 0.0]], rtol=1e-6)
 
 
+@pytest.mark.parametrize('dual', [None, 3.0], ids=['plain', 'dual_clip'])
+def test_a_ratio_past_float32_range_on_a_clipped_token_gives_zero_gradient_not_nan(dual):
+  # log ρ = 100: ρ overflows float32. The clip (A > 0) or the dual clip (A < 0) takes a term that does not
+  # depend on ρ, so the loss is finite and its gradient 0; a NaN there would skip the whole update.
+  old = _j([[-100.0, -100.0, -1.0]])
+  logp = _j([[0.0, 0.0, -1.0]])
+  adv = _j([[1.0, -1.0 if dual else 0.0, 0.5]])
+  loss_fn = lambda x: losses.ppo_clip(x, old, adv, eps_low=0.2, eps_high=0.28, dual_clip=dual)[0]
+  want = [[-1.28, 3.0 if dual else 0.0, -0.5]]
+  np.testing.assert_allclose(loss_fn(logp), want, rtol=1e-6)
+  np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(loss_fn(x)))(logp), [[0.0, 0.0, -0.5]], rtol=1e-6)
+  np.testing.assert_allclose(jax.jit(jax.grad(lambda x: jnp.sum(loss_fn(x))))(logp), [[0.0, 0.0, -0.5]],
+                             rtol=1e-6)
+
+
 # ----------------------------------------------------------------------------- GSPO
 
 @VARIANTS
@@ -198,6 +213,15 @@ def test_gspo_at_ratio_one_is_the_length_normalised_policy_gradient():
                                                 eps_high=4e-4)[0]))(_j(logp))
   n_b = np.maximum(mask.sum(1, keepdims=True), 1)
   np.testing.assert_allclose(grad, -adv_b[:, None] * mask / n_b, rtol=1e-6)
+
+
+def test_gspo_sequence_ratio_past_float32_range_gives_zero_gradient_not_nan():
+  old = _j([[-100.0, -100.0], [-1.0, -1.0]])
+  logp = _j([[0.0, 0.0], [-1.0, -1.0]])
+  loss_fn = lambda x: losses.gspo(x, old, _j([1.0, 2.0]), jnp.ones((2, 2)), eps_low=3e-4, eps_high=4e-4)[0]
+  np.testing.assert_allclose(loss_fn(logp), [-1.0004, -2.0], rtol=1e-6)
+  np.testing.assert_allclose(jax.grad(lambda x: jnp.sum(loss_fn(x)))(logp), [[0.0, 0.0], [-1.0, -1.0]],
+                             rtol=1e-6)
 
 
 # ----------------------------------------------------------------------------- decoupled PPO (async)

@@ -71,11 +71,16 @@ def gspo(
   len_b = jnp.sum(valid_bt, axis=1).astype(jnp.float32)
   # where, not a product with the mask: padding may hold −inf or NaN.
   log_ratio_bt = jnp.where(valid_bt, logp_bt - old_logp_bt, 0.0)
-  ratio_b = jnp.exp(jnp.sum(log_ratio_bt, axis=1) / jnp.maximum(len_b, 1.0))
-  clipped_ratio_b = jnp.clip(ratio_b, 1.0 - eps_low, 1.0 + eps_high)
-  loss_b = -jnp.minimum(ratio_b * adv_b, clipped_ratio_b * adv_b)
+  log_ratio_b = jnp.sum(log_ratio_bt, axis=1) / jnp.maximum(len_b, 1.0)
+  # As in `ppo_clip`: s's values choose the branch, and s stays out of the gradient where the loss is flat
+  # in it (clipped, or A = 0), so an s past float32's range cannot make the gradient NaN.
+  ratio_b = jnp.exp(jax.lax.stop_gradient(log_ratio_b))
   clipped_b = ((adv_b > 0) & (ratio_b > 1.0 + eps_high)) | (
       (adv_b < 0) & (ratio_b < 1.0 - eps_low))
+  flat_b = clipped_b | (adv_b == 0)
+  live_ratio_b = jnp.exp(jnp.where(flat_b, 0.0, log_ratio_b))
+  loss_b = jnp.where(flat_b, -jnp.clip(ratio_b, 1.0 - eps_low, 1.0 + eps_high) * adv_b,
+                     -live_ratio_b * adv_b)
   non_empty_b = len_b > 0
   return (jnp.where(non_empty_b, loss_b, 0.0),
           (clipped_b & non_empty_b).astype(jnp.float32))

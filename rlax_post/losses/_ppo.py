@@ -63,17 +63,25 @@ def ppo_clip(
   old_logp_bt = jax.lax.stop_gradient(jnp.asarray(old_logp_bt, jnp.float32))
   adv_bt = jax.lax.stop_gradient(jnp.asarray(adv_bt, jnp.float32))
 
-  ratio_bt = jnp.exp(logp_bt - old_logp_bt)
+  log_ratio_bt = logp_bt - old_logp_bt
+  # ρ's values choose the branch. Where the chosen term is flat in ρ (a clip binds, or A = 0), ρ is kept out
+  # of the gradient: past float32's range (log ρ > 88) it is inf, and 0·inf would make the gradient NaN.
+  ratio_bt = jnp.exp(jax.lax.stop_gradient(log_ratio_bt))
   clipped_ratio_bt = jnp.clip(ratio_bt, 1.0 - eps_low, 1.0 + eps_high)
-  loss_bt = -jnp.minimum(ratio_bt * adv_bt, clipped_ratio_bt * adv_bt)
+  flat_loss_bt = -clipped_ratio_bt * adv_bt
   # The clip branch is the chosen one (and flat in ρ) exactly in these cases.
   clipped_bt = ((adv_bt > 0) & (ratio_bt > 1.0 + eps_high)) | (
       (adv_bt < 0) & (ratio_bt < 1.0 - eps_low))
 
   if dual_clip is not None:
     cap_bt = -dual_clip * adv_bt
-    dual_bt = (adv_bt < 0) & (loss_bt > cap_bt)
-    loss_bt = jnp.where(dual_bt, cap_bt, loss_bt)
+    value_bt = -jnp.minimum(ratio_bt * adv_bt, clipped_ratio_bt * adv_bt)
+    dual_bt = (adv_bt < 0) & (value_bt > cap_bt)
+    flat_loss_bt = jnp.where(dual_bt, cap_bt, flat_loss_bt)
     clipped_bt = clipped_bt | dual_bt
 
+  # Elsewhere the unclipped term −ρ·A is the loss (the minimum of the two surrogates).
+  flat_bt = clipped_bt | (adv_bt == 0)
+  live_ratio_bt = jnp.exp(jnp.where(flat_bt, 0.0, log_ratio_bt))
+  loss_bt = jnp.where(flat_bt, flat_loss_bt, -live_ratio_bt * adv_bt)
   return loss_bt, clipped_bt.astype(jnp.float32)
