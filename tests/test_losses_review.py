@@ -11,6 +11,7 @@ far outside the clip range and advantages of both signs.
 """
 
 import functools
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,9 +19,17 @@ import numpy as np
 import optax
 import pytest
 
+from rlax_post import config
 from rlax_post import learner
 from rlax_post import losses
 from rlax_post import models
+from rlax_post import runtime
+from rlax_post.runtime import _sources as runtime_sources
+
+sys.path.insert(0, '.')
+from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+import _tiny_runs  # pylint: disable=g-bad-import-order
 
 VARIANTS = pytest.mark.parametrize('variant', [lambda f: f, jax.jit], ids=['nojit', 'jit'])
 EPS_LOW, EPS_HIGH = 0.2, 0.28
@@ -334,3 +343,206 @@ def test_value_losses_and_gradients_match_numpy():
   fn = lambda v_: losses.value_loss(v_, _j(target), kind='bce')
   np.testing.assert_allclose(fn(_j(v)), -(target * np.log(p) + (1 - target) * np.log(1 - p)), rtol=2e-5)
   np.testing.assert_allclose(jax.grad(lambda v_: jnp.sum(fn(v_)))(_j(v)), p - target, rtol=2e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the learner's objectives
+
+def _toy_logprob_fn(params, tokens_bt, needed_bt):
+  """A policy whose parameters are its logprobs: row b (named by tokens[b, 0]) reads params['logp'][b] and
+  params['ent'][b], so a gradient w.r.t. params is one w.r.t. the new logprobs (and entropies)."""
+  del needed_bt
+  rows_b = tokens_bt[:, 0]
+  return params['logp'][rows_b], params['ent'][rows_b]
+
+
+def _toy_batch(with_old=True):
+  """The `_inputs` arrays as a learner batch, with non-finite garbage wherever loss_mask is 0."""
+  logp, old, adv, mask = _inputs()
+  rng = np.random.default_rng(3)
+  behav = old + rng.normal(0.0, 0.7, old.shape)
+  behav[0, :2] = old[0, :2] - 3.0   # a weight past the cap
+  ref = logp + rng.normal(0.0, 0.5, old.shape)
+  ent = rng.uniform(0.1, 2.0, old.shape)
+  pad = mask == 0
+  batch = {'tokens': np.concatenate([np.arange(B)[:, None], np.ones((B, T))], 1).astype(np.int32),
+           'loss_mask': mask.astype(np.float32),
+           'advantages': np.where(pad, np.nan, adv), 'old_logprobs': np.where(pad, -np.inf, old),
+           'behaviour_logprobs': np.where(pad, np.nan, behav), 'ref_logprobs': np.where(pad, np.inf, ref)}
+  if not with_old:
+    del batch['old_logprobs']
+  batch = {k: (v if v.dtype == np.int32 else v.astype(np.float32)) for k, v in batch.items()}
+  return {'logp': logp, 'ent': ent}, batch
+
+
+def np_objective(kind, params, batch, w, *, kl_coef, kl_kind, entropy_coef, dual=None, cap=2.0):
+  """(loss, aux, d loss / d logp, d loss / d entropy) of Σ w·[pg + kl_coef·k − entropy_coef·H], from the
+  formulas; off the mask every input is ignored (w = 0 there)."""
+  logp, ent = params['logp'], params['ent']
+  m = w != 0
+  adv = np.where(m, batch['advantages'], 0.0)
+  old = np.where(m, batch.get('old_logprobs', logp), logp)   # absent: the current policy (ratio 1)
+  aux = {}
+  if kind == 'gspo':
+    adv_b = adv.sum(1) / np.maximum(m.sum(1), 1)
+    loss_b, grad = np_gspo(logp, old, adv_b, m, 3e-4, 4e-4)
+    rho_b = np.exp(np.where(m, logp - old, 0).sum(1) / np.maximum(m.sum(1), 1))
+    flat_b = ((adv_b > 0) & (rho_b > 1 + 4e-4)) | ((adv_b < 0) & (rho_b < 1 - 3e-4))
+    pg, pg_grad = loss_b[:, None] * m, grad * w.sum(1, keepdims=True)
+    aux['clip_frac'] = np.sum(w * flat_b[:, None])
+  else:
+    pg, g, flat = np_ppo(logp, old, adv, EPS_LOW, EPS_HIGH, dual)
+    aux['clip_frac'] = np.sum(w * flat)
+    if kind == 'decoupled_ppo':
+      weight = np.minimum(np.exp(old - np.where(m, batch['behaviour_logprobs'], old)), cap)
+      pg, g = weight * pg, weight * g
+      aux['behaviour_weight'] = np.sum(w * weight)
+      aux['behaviour_capped_frac'] = np.sum(w * (weight >= cap))
+    pg_grad = w * g
+  kl, kl_grad = np_kl(logp, np.where(m, batch['ref_logprobs'], logp), kl_kind)
+  aux.update(pg_loss=np.sum(w * pg), entropy=np.sum(w * ent), kl=np.sum(w * kl),
+             behaviour_gap=np.sum(w * np.abs(logp - np.where(m, batch['behaviour_logprobs'], logp))))
+  loss = aux['pg_loss'] + kl_coef * aux['kl'] - entropy_coef * aux['entropy']
+  return loss, aux, pg_grad + kl_coef * w * kl_grad, -entropy_coef * w
+
+
+def _objective(kind, **kwargs):
+  if kind == 'ppo':
+    return learner.ppo_objective(_toy_logprob_fn, eps_low=EPS_LOW, eps_high=EPS_HIGH, **kwargs)
+  if kind == 'gspo':
+    kwargs.pop('dual_clip', None)
+    return learner.gspo_objective(_toy_logprob_fn, eps_low=3e-4, eps_high=4e-4, **kwargs)
+  return learner.decoupled_ppo_objective(_toy_logprob_fn, eps_low=EPS_LOW, eps_high=EPS_HIGH, behaviour_cap=2.0,
+                                         **kwargs)
+
+
+@pytest.mark.parametrize('with_old', [True, False], ids=['old_logprobs', 'one_update'])
+@pytest.mark.parametrize('mode', losses.AGG_MODES)
+@pytest.mark.parametrize('kind', ['ppo', 'gspo', 'decoupled_ppo'])
+def test_objectives_match_numpy(kind, mode, with_old):
+  params, batch = _toy_batch(with_old)
+  kl_kind = {'token_mean': 'k3', 'seq_mean_token_mean': 'k2', 'seq_mean_token_sum_norm': 'k1'}[mode]
+  settings = dict(kl_coef=0.1, kl_kind=kl_kind, entropy_coef=0.01,
+                  dual_clip=3.0 if mode == 'seq_mean_token_mean' else None)
+  w = np_weights(batch['loss_mask'], mode, max_len=T + 2)
+  fn = _objective(kind, **settings)
+  (loss, aux), grads = jax.value_and_grad(fn, has_aux=True)(
+      jax.tree.map(_j, params), {k: jnp.asarray(v) for k, v in batch.items()}, _j(w), jax.random.key(0))
+  want, want_aux, want_glogp, want_gent = np_objective(kind, params, batch, w, dual=settings.pop('dual_clip'),
+                                                       **settings)
+  np.testing.assert_allclose(loss, want, rtol=2e-5, atol=1e-6)
+  assert set(want_aux) == set(aux)
+  for key, value in want_aux.items():
+    np.testing.assert_allclose(aux[key], value, rtol=2e-5, atol=1e-6, err_msg=key)
+  np.testing.assert_allclose(grads['logp'], want_glogp, rtol=2e-5, atol=1e-6)
+  np.testing.assert_allclose(grads['ent'], want_gent, rtol=2e-5, atol=1e-7)
+
+
+def test_ppo_ignores_the_behaviour_policy_and_the_kl_reads_the_current_policy():
+  """Plain PPO clips around `old_logprobs` (the learner's recomputation) and has no behaviour weight: the
+  sampler's logprobs only feed `behaviour_gap`. The KL penalty compares the current policy, not the old one,
+  with the reference."""
+  params, batch = _toy_batch()
+  w = _j(np_weights(batch['loss_mask'], 'token_mean'))
+  fn = _objective('ppo', kl_coef=0.1, kl_kind='k3')
+  run = lambda b: jax.value_and_grad(fn, has_aux=True)(jax.tree.map(_j, params), b, w, jax.random.key(0))
+  (loss_a, aux_a), g_a = run(batch)
+  (loss_b, aux_b), g_b = run(dict(batch, behaviour_logprobs=batch['behaviour_logprobs'] - 1.0))
+  np.testing.assert_array_equal([loss_a, aux_a['pg_loss'], aux_a['kl']], [loss_b, aux_b['pg_loss'], aux_b['kl']])
+  np.testing.assert_array_equal(g_a['logp'], g_b['logp'])
+  assert aux_b['behaviour_gap'] != aux_a['behaviour_gap']
+  (_, aux_c), _ = run(dict(batch, old_logprobs=batch['old_logprobs'] - 1.0))
+  np.testing.assert_array_equal(aux_c['kl'], aux_a['kl'])
+
+
+# ----------------------------------------------------------------------------- the update (make_update)
+
+@pytest.mark.parametrize('micro_batches', [1, 2, 4])
+@pytest.mark.parametrize('mode', losses.AGG_MODES)
+def test_update_takes_the_numpy_gradient_step(mode, micro_batches):
+  """SGD at rate 1 through `make_update`: the new params are params − ∇loss with the loss weights of the
+  whole batch, however it is split into micro-batches."""
+  params, batch = _toy_batch()
+  opt = optax.inject_hyperparams(optax.sgd)(learning_rate=1.0)
+  objective = _objective('decoupled_ppo', kl_coef=0.1, kl_kind='k3', entropy_coef=0.01)
+  update = learner.make_update(opt, objective, micro_batches=micro_batches, agg_mode=mode, max_len=T + 2)
+  state = learner.init_train_state(jax.tree.map(_j, params), opt, jax.random.key(0))
+  new_state, metrics = update(state, {k: jnp.asarray(v) for k, v in batch.items()})
+  w = np_weights(batch['loss_mask'], mode, max_len=T + 2)
+  loss, _, g_logp, g_ent = np_objective('decoupled_ppo', params, batch, w, kl_coef=0.1, kl_kind='k3',
+                                        entropy_coef=0.01)
+  np.testing.assert_allclose(metrics['loss'], loss, rtol=2e-5, atol=1e-6)
+  np.testing.assert_allclose(metrics['num_tokens'], batch['loss_mask'].sum())
+  assert float(metrics['skipped']) == 0.0
+  np.testing.assert_allclose(new_state.params['logp'], params['logp'] - g_logp, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(new_state.params['ent'], params['ent'] - g_ent, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the run's logprobs (RLUpdate)
+
+def _rl_update(**settings):
+  c = demo.get_config('tiny')
+  for key, value in settings.items():
+    section, name = key.split('__')
+    setattr(getattr(c, section), name, value)
+  cfg = config.load(c)
+  parts = runtime.build_parts(cfg)
+  update = runtime.RLUpdate(parts)
+  params = jax.device_put(models.init_params(parts.model_cfg, jax.random.key(0))[1], parts.param_shardings)
+  return update, parts, params, update.init(params, cfg.seed)
+
+
+def test_learner_scores_and_trains_at_the_sampling_temperature():
+  """The sampler's engine, the learner's scoring pass (old and reference logprobs) and the update's own
+  forward pass all use `rl.temperature`: log softmax(logits / T), checked against the model's logits."""
+  update, parts, params, state = _rl_update(rl__temperature=0.7, loss__kl_coef=0.05)
+  assert parts.sampling_engine().sampling.temperature == 0.7
+  batch = update.batch(_tiny_runs.synthetic_groups(parts, [1.0, 0.0] * 4 * update.cfg.rl.prompts_per_step))
+  logits = np.asarray(models.forward(parts.graphdef, params, batch.tokens)[0], np.float64)[:, :-1] / 0.7
+  logits -= logits.max(-1, keepdims=True)
+  want = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  want = np.take_along_axis(want, batch.tokens[:, 1:, None], -1)[..., 0]
+  scored = np.asarray(update.score(update.policy(state), batch.tokens, batch.loss_mask))
+  m = batch.loss_mask != 0
+  np.testing.assert_allclose(scored[m], want[m], atol=2e-5)
+  # The sampler reported exactly these logprobs and the reference is the policy: the update's forward pass
+  # at the same temperature finds no behaviour gap and no KL.
+  _, metrics = update(state, update.reference(state, params),
+                      batch._replace(behaviour_logprobs=np.where(m, scored, 0.0)), 0)
+  assert metrics['behaviour_gap'] < 1e-5 and abs(metrics['kl']) < 1e-6
+
+
+def test_sampled_rollouts_logprobs_are_the_learners_at_the_temperature_with_top_p():
+  """Rollouts of the run's own sampler (inline, `rl.temperature` 0.7, top-p 0.9): the logprobs it recorded
+  are the learner's scored old logprobs of the same tokens (untruncated law at the temperature, both sides),
+  position for position, so π_behav = π_prox on-policy and the behaviour weight is 1."""
+  update, parts, params, state = _rl_update(rl__temperature=0.7, rl__top_p=0.9, rl__epochs=2)
+  source = runtime_sources.InlineSource(parts)
+  source.publish(state, 0)
+  try:
+    batch = update.batch([rows for _, rows, _ in source.take(0).groups])
+  finally:
+    source.stop()
+  assert batch.loss_mask.sum() > 0
+  _, metrics = update(state, update.reference(state, params), batch, 0)
+  assert metrics['logprob_mismatch_max'] < 1e-4
+
+
+@pytest.mark.parametrize('updates', [1, 2], ids=['one_update', 'two_epochs'])
+def test_async_run_weighs_stale_tokens_by_the_truncated_behaviour_ratio(updates):
+  """η > 0: `auto` is decoupled PPO; π_prox is the learner's policy at the start of the step (the update's own
+  forward pass, or the scored `old_logprobs` with more updates) and π_behav the sampler's logprobs, so a
+  sampler that gave every token 0.3 nats less than the learner gets the weight min(e^0.3, cap) on each, and one
+  that gave 1 nat less the cap."""
+  for gap, weight in ((0.3, np.exp(0.3)), (1.0, 2.0)):
+    update, parts, params, state = _rl_update(runtime__mode='async', runtime__max_staleness=2, rl__epochs=updates)
+    assert update.kind == 'decoupled_ppo'
+    batch = update.batch(_tiny_runs.synthetic_groups(parts, [1.0, 0.0] * 4 * update.cfg.rl.prompts_per_step))
+    scored = np.asarray(update.score(update.policy(state), batch.tokens, batch.loss_mask))
+    stale = np.where(batch.loss_mask != 0, scored - gap, 0.0)
+    _, metrics = update(state, update.reference(state, params),
+                        batch._replace(behaviour_logprobs=stale), 0)
+    # Every update's weight is π_prox/π_behav: the first update's; the second's prox is the same old policy.
+    np.testing.assert_allclose(metrics['behaviour_weight'], weight, rtol=1e-4)
+    np.testing.assert_allclose(metrics['behaviour_capped_frac'], float(weight == 2.0))
+  sync, *_ = _rl_update()
+  assert sync.kind == 'ppo'
