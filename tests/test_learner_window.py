@@ -148,7 +148,10 @@ def test_update_equals_full_and_skips_a_missed_token(model, batch):
   init = lambda: learner.init_train_state(params, optimizer, jax.random.key(1))
   (full, m), (windowed, m_w) = [u(init(), batch, jax.random.key(2)) for u in updates]
   _tree_allclose(m_w, m)
-  _tree_allclose(windowed.params, full.params)
+  # Adam's first step is lr·g/(|g| + ε) per element: on the smallest gradient element (1.7e-7 in `down`, where
+  # the two paths' sums differ by 0.1%) float rounding moves it by up to ~3e-6 = lr·3e-4; any change to how XLA
+  # fuses the update shifts which side of a 1e-6 bound it falls.
+  _tree_allclose(windowed.params, full.params, atol=1e-5)
   assert m['skipped'] == 0 and not np.array_equal(full.params['lm_head'], params['lm_head'])
   # A trained token outside its row's window (a response longer than R) is never silently dropped.
   long_mask = batch['loss_mask'].at[0, 7].set(1.0)

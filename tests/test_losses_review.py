@@ -200,6 +200,17 @@ def test_a_ratio_past_float32_range_on_a_clipped_token_gives_zero_gradient_not_n
                              rtol=1e-6)
 
 
+def test_a_nan_logprob_at_a_trained_token_still_makes_the_loss_nan_whatever_its_advantage():
+  # The learner's window marks a trained position it missed with NaN so that the update is skipped; a token
+  # whose loss is flat in ρ (A = 0, or clipped) must not hide it.
+  logp = _j([[np.nan, np.nan, np.nan]])
+  adv = _j([[0.0, 1.0, -1.0]])
+  loss, _ = losses.ppo_clip(logp, jnp.zeros((1, 3)), adv, eps_low=0.2, eps_high=0.2, dual_clip=3.0)
+  assert np.all(np.isnan(loss))
+  loss_b, _ = losses.gspo(logp, jnp.zeros((1, 3)), _j([0.0]), jnp.ones((1, 3)), eps_low=0.2, eps_high=0.2)
+  assert np.all(np.isnan(loss_b))
+
+
 # ----------------------------------------------------------------------------- GSPO
 
 @VARIANTS

@@ -79,8 +79,12 @@ def gspo(
       (adv_b < 0) & (ratio_b < 1.0 - eps_low))
   flat_b = clipped_b | (adv_b == 0)
   live_ratio_b = jnp.exp(jnp.where(flat_b, 0.0, log_ratio_b))
-  loss_b = jnp.where(flat_b, -jnp.clip(ratio_b, 1.0 - eps_low, 1.0 + eps_high) * adv_b,
-                     -live_ratio_b * adv_b)
+  live_loss_b = -jnp.minimum(
+      live_ratio_b * adv_b,
+      jnp.clip(live_ratio_b, 1.0 - eps_low, 1.0 + eps_high) * adv_b)
+  loss_b = jnp.where(
+      flat_b, -jnp.clip(ratio_b, 1.0 - eps_low, 1.0 + eps_high) * adv_b,
+      live_loss_b)
   non_empty_b = len_b > 0
   return (jnp.where(non_empty_b, loss_b, 0.0),
           (clipped_b & non_empty_b).astype(jnp.float32))

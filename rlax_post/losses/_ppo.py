@@ -80,8 +80,11 @@ def ppo_clip(
     flat_loss_bt = jnp.where(dual_bt, cap_bt, flat_loss_bt)
     clipped_bt = clipped_bt | dual_bt
 
-  # Elsewhere the unclipped term −ρ·A is the loss (the minimum of the two surrogates).
+  # Elsewhere the formula itself, on a ρ that is 1 (and stopped) at the flat tokens.
   flat_bt = clipped_bt | (adv_bt == 0)
   live_ratio_bt = jnp.exp(jnp.where(flat_bt, 0.0, log_ratio_bt))
-  loss_bt = jnp.where(flat_bt, flat_loss_bt, -live_ratio_bt * adv_bt)
+  live_loss_bt = -jnp.minimum(
+      live_ratio_bt * adv_bt,
+      jnp.clip(live_ratio_bt, 1.0 - eps_low, 1.0 + eps_high) * adv_bt)
+  loss_bt = jnp.where(flat_bt, flat_loss_bt, live_loss_bt)
   return loss_bt, clipped_bt.astype(jnp.float32)
