@@ -131,6 +131,16 @@ def tree_metrics(adv_b: np.ndarray, batch) -> dict:
   return out
 
 
+def tree_rollout_metrics(batch, loss_mask_bt: np.ndarray) -> dict:
+  """A step's tree shape, whichever estimator credits its tree-rollout leaves: `tree_nodes` (distinct segment
+  nodes of the batch's trees), `tree_segments_per_leaf` (mean segments on a leaf's path) and
+  `trained_token_frac` (the share of the leaves' own tokens that `loss_mask_bt` [B, T-1] trains)."""
+  real_bd = np.asarray(batch.segment_mask) > 0
+  return {"tree_nodes": float(len(np.unique(np.asarray(batch.segment_nodes)[real_bd]))),
+          "tree_segments_per_leaf": float(real_bd.sum()) / len(batch.rewards),
+          "trained_token_frac": float(np.sum(loss_mask_bt)) / max(float(batch.loss_mask.sum()), 1.0)}
+
+
 class Credit:
   """Jitted advantage functions for one run's configuration; `__call__` gives `[B, T-1]` advantages."""
 
@@ -205,6 +215,8 @@ class Credit:
         mask=batch.turn_mask)
     adv_bt, metrics = self(batch.rewards, batch.group_ids, batch.tokens, batch.prompt_lens, batch.lengths,
                            batch.loss_mask, turns=turns)
+    if batch.tree_ids is not None:  # tree leaves credited as whole sequences (grpo, drgrpo, rloo: ARPO's arm)
+      metrics = {**metrics, **tree_rollout_metrics(batch, batch.loss_mask)}
     return adv_bt, {}, metrics
 
   def tree(self, batch, q_b: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
@@ -264,11 +276,7 @@ class Credit:
     train_bt = turns_to_tokens(train_bd, starts_bd, ends_abs_bd, valid_bd, seq_len)
     loss_mask = batch.loss_mask * train_bt
     fields = {"loss_mask": loss_mask} if mean else {}
-    real = valid_bd > 0
-    metrics = {"tree_nodes": float(len(np.unique(nodes_bd[real]))),
-               "tree_segments_per_leaf": float(real.sum()) / len(batch.rewards),
-               "trained_token_frac": float(loss_mask.sum()) / max(float(batch.loss_mask.sum()), 1.0)}
-    return adv_bt * loss_mask, fields, metrics
+    return adv_bt * loss_mask, fields, tree_rollout_metrics(batch, loss_mask)
 
   def __call__(self, rewards_b: np.ndarray, group_ids_b: np.ndarray, tokens_bt: np.ndarray,
                prompt_lens_b: np.ndarray, lengths_b: np.ndarray, loss_mask_bt: np.ndarray, *,

@@ -1,0 +1,43 @@
+"""What a user reproducing the seed methods (docs/multiagent.md, trees.md, iterppo.md, dialogue.md, agentic.md)
+runs into: each test is a defect found by running the pages' commands, fixed."""
+
+import sys
+
+import numpy as np
+
+from rlax_post import config
+from rlax_post.runtime import _batch
+from rlax_post.runtime import _credit
+
+sys.path.insert(0, ".")
+from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _leaf(tokens, tree, nodes, ends, reward):
+  n = len(tokens)
+  return {"prompt": np.asarray([256, 1], np.int32), "tokens": np.asarray(tokens, np.int32),
+          "mask": np.ones(n, np.int32), "logprobs": np.zeros(n, np.float32), "versions": np.zeros(n, np.int32),
+          "reward": np.float32(reward), "finished": True, "ticket": np.int64(0), "tree_id": tree,
+          "tree_parent": -1, "forked_at": 0, "segment_ends": np.asarray(ends, np.int32),
+          "segment_nodes": np.asarray(nodes, np.int32)}
+
+
+def _credit_of(estimator):
+  section = config.load(demo.get_config("tiny")).advantage
+  section = type(section)(**{**section.__dict__, "estimator": estimator})
+  tree = config.TreeSection(expansion="random", trees=2, forks=1, iterations=1, continuations=1)
+  return _credit.Credit(section, num_groups=1, batch=3, max_new_tokens=6, tree=tree)
+
+
+def test_tree_leaves_credited_by_a_group_estimator_log_the_tree_shape():
+  # docs/trees.md lists tree_nodes, tree_segments_per_leaf and trained_token_frac per step; the ARPO arm
+  # (configs/trees.py:tools,arpo: grpo on tree leaves) logged none of them, so its trees' shape was not visible.
+  # One prompt, two trees: a = [s0 (2) | s1 (2)], b = [s0 | s2 (1)] (b forked a at 2), c = [s3 (3)].
+  rows = [_leaf([5, 6, 7, 8], 0, [0, 1], [2, 4], 1.0), _leaf([5, 6, 9], 0, [0, 2], [2, 3], 0.0),
+          _leaf([4, 4, 4], 1, [3], [3], 1.0)]
+  batch = _batch.rows_to_batch([rows], seq_len=8, pad_id=0)
+  for estimator in ("grpo", "rloo", "tree_grpo"):
+    _, _, metrics = _credit_of(estimator).assign(None, batch)
+    assert metrics["tree_nodes"] == 4, estimator  # s0, s1, s2, s3
+    assert metrics["tree_segments_per_leaf"] == (2 + 2 + 1) / 3, estimator
+    assert metrics["trained_token_frac"] == 1.0, estimator  # every leaf's row trains whole ("sum")
