@@ -30,8 +30,12 @@ def ms(values) -> str:
 def publish(units: list[dict], text: str, json_path: str | None, plot: Callable[[list[dict], str], None],
             plot_path: str | None) -> None:
   """Prints `text` (the tables) and writes the per-unit figures to `json_path` and the figure to `plot_path`
-  when given."""
+  when given, making their directories (a report may have read its units for minutes: a missing directory
+  must not lose them)."""
   print(text)
+  for path in (json_path, plot_path):
+    if path:
+      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   if json_path:
     with open(json_path, "w") as f:
       json.dump(units, f, indent=2)

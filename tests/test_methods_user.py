@@ -1,6 +1,8 @@
 """What a user reproducing the seed methods (docs/multiagent.md, trees.md, iterppo.md, dialogue.md, agentic.md)
 runs into: each test is a defect found by running the pages' commands, fixed."""
 
+import json
+import os
 import sys
 
 import numpy as np
@@ -11,6 +13,8 @@ from rlax_post.runtime import _credit
 
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+from examples import sweep_report  # pylint: disable=g-import-not-at-top,wrong-import-position
+from examples.trees import report as trees_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _leaf(tokens, tree, nodes, ends, reward):
@@ -41,3 +45,15 @@ def test_tree_leaves_credited_by_a_group_estimator_log_the_tree_shape():
     assert metrics["tree_nodes"] == 4, estimator  # s0, s1, s2, s3
     assert metrics["tree_segments_per_leaf"] == (2 + 2 + 1) / 3, estimator
     assert metrics["trained_token_frac"] == 1.0, estimator  # every leaf's row trains whole ("sum")
+
+
+def test_a_report_makes_the_directories_of_its_json_and_plot(tmp_path, capsys):
+  # `examples/multiagent/report.py --sweep ... --json out/ma.json --plot out/ma.png` from a scratch directory
+  # computed every unit's figures (credit fidelity: minutes) and then died on the missing out/ (FileNotFoundError).
+  units = [{"arm": arm, "seed": 0, "eval_steps": [0, 2], "eval_success": [0.25, 0.5], "success_end": 0.5,
+            "cumulative_decode_tokens": [100.0, 200.0]} for arm in ("chain", "treerl")]
+  json_path, plot_path = tmp_path / "out" / "units.json", tmp_path / "images" / "deep" / "plot.png"
+  sweep_report.publish(units, "the table", str(json_path), trees_report.plot, str(plot_path))
+  assert capsys.readouterr().out == "the table\n"
+  assert json.load(open(json_path)) == units
+  assert os.path.getsize(plot_path) > 0
