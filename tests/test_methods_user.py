@@ -6,8 +6,10 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 from rlax_post import config
+from rlax_post import sweep
 from rlax_post.runtime import _batch
 from rlax_post.runtime import _credit
 
@@ -57,3 +59,13 @@ def test_a_report_makes_the_directories_of_its_json_and_plot(tmp_path, capsys):
   assert capsys.readouterr().out == "the table\n"
   assert json.load(open(json_path)) == units
   assert os.path.getsize(plot_path) > 0
+
+
+@pytest.mark.parametrize("name, arms", [("multiagent", 4), ("trees", 4), ("iterppo", 5), ("dialogue", 1),
+                                        ("tools_tiny", 3)])
+def test_a_tiny_sweep_of_every_seed_method_is_one_seed_per_arm(name, arms):
+  # `rlax-post sweep --config configs/tools_tiny.py:tiny` ran all 9 units of the full ablation (3 seeds: about
+  # 9 minutes of tiny runs on one core), where every other config's tiny sweep runs seed 0 only.
+  units = sweep.work_units(os.path.join("configs", f"{name}.py:tiny"))
+  assert len(units) == arms and {u.overrides["seed"] for u in units} == {0}
+  assert len(sweep.work_units(os.path.join("configs", f"{name}.py"))) == 3 * arms  # the full sweeps: 3 seeds
