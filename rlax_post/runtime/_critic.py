@@ -157,6 +157,10 @@ class Critic:
     adv_bt, returns_bt, metrics = self._credit(raw_bt, batch.rewards, mask_bt, batch.group_ids)
     adv_bt, returns_bt = np.asarray(adv_bt), np.asarray(returns_bt)
     metrics = {k: float(v) for k, v in metrics.items()}
+    if batch.node_parents is not None:  # a role pipeline's nodes (MAPPO-style GAE): its per-role diagnostics,
+      # a node's advantage the mean of its trained tokens'
+      node_adv_b = (adv_bt * mask_bt).sum(axis=1) / np.maximum(mask_bt.sum(axis=1), 1.0)
+      metrics.update(_credit.tree_metrics(node_adv_b, batch))
     return adv_bt * mask_bt, {"value_mask": mask_bt, "returns": returns_bt, "old_values": raw_bt * mask_bt}, metrics
 
   def _assign_q(self, params, batch) -> tuple[np.ndarray, dict, dict]:
