@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Callable, Sequence
 
@@ -62,7 +63,9 @@ def print_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -
 
 
 def write_json(path: str | None, payload: dict) -> None:
+  """Writes `payload` to `path` (its directory made: a benchmark's minutes of timings are not lost to it)."""
   if path:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
       json.dump(payload, f, indent=2, sort_keys=True)
     print(f"wrote {path}")

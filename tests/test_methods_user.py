@@ -15,6 +15,8 @@ from rlax_post.runtime import _batch
 from rlax_post.runtime import _credit
 
 sys.path.insert(0, ".")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import _harness  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import multiagent  # pylint: disable=g-import-not-at-top,wrong-import-position
 from examples import sweep_report  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -86,3 +88,12 @@ def test_mappo_style_gae_on_a_role_pipeline_logs_the_per_role_diagnostics(tmp_pa
     assert np.isfinite(m[f"role{d}_adv_var"]) and m[f"role{d}_adv_var"] >= 0
     # None (NaN) when no leaf reward varies (the tiny warm start's usual case), else a share of the spread
     assert m[f"role{d}_influence"] is None or 0 <= m[f"role{d}_influence"] <= 1
+
+
+def test_a_benchmarks_json_goes_into_a_new_directory(tmp_path, capsys):
+  # `python benchmarks/fork.py --json out/fork/fork.json` (docs/trees.md's prefix-reuse benchmark) timed its
+  # arms, then died on the missing out/fork/ (FileNotFoundError).
+  path = tmp_path / "out" / "fork" / "fork.json"
+  _harness.write_json(str(path), {"rows": [{"arm": "fork", "seconds": 0.5}]})
+  assert json.load(open(path)) == {"rows": [{"arm": "fork", "seconds": 0.5}]}
+  assert capsys.readouterr().out == f"wrote {path}\n"
