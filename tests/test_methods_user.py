@@ -97,3 +97,20 @@ def test_a_benchmarks_json_goes_into_a_new_directory(tmp_path, capsys):
   _harness.write_json(str(path), {"rows": [{"arm": "fork", "seconds": 0.5}]})
   assert json.load(open(path)) == {"rows": [{"arm": "fork", "seconds": 0.5}]}
   assert capsys.readouterr().out == f"wrote {path}\n"
+
+
+def test_a_sweep_into_a_root_holding_another_sweep_is_refused(tmp_path):
+  # `rlax-post sweep --config configs/dialogue.py:tiny --workdir runs/ma_relay` (a multiagent sweep's root) ran
+  # its unit beside the multiagent units and rewrote sweep.json; examples/multiagent/report.py on that root then
+  # died with KeyError: 'role1_correct_start' on the dialogue run.
+  root = str(tmp_path / "root")
+  for u in sweep.work_units("configs/dialogue.py:tiny"):  # a finished run of another sweep, as train leaves it
+    os.makedirs(u.workdir(root))
+    runtime.write_json(os.path.join(u.workdir(root), "config.json"), config.to_dict(u.cfg))
+  with pytest.raises(ValueError, match=r"holds 1 run\(s\) that are no work unit of this sweep, e.g. another "
+                     r"config's or variant's sweep: 00_seed=0\. .* pass a new --workdir"):
+    sweep.plan_local("configs/multiagent.py:tiny", root, share_warm_start=False, say=lambda msg: None)
+  assert sorted(os.listdir(root)) == ["00_seed=0"]  # nothing run or written
+  # The root's own sweep again: its run is its unit (finished earlier or not), not a foreign one.
+  plan = sweep.plan_local("configs/dialogue.py:tiny", root, share_warm_start=True, say=lambda msg: None)
+  assert [os.path.basename(r.workdir) for r in plan.results] == ["00_seed=0"]

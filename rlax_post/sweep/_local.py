@@ -247,6 +247,20 @@ def _refuse_stale(results: Sequence[UnitResult], root: str) -> None:
                      "delete those units' directories to run them again.")
 
 
+def _refuse_foreign(results: Sequence[UnitResult], root: str) -> None:
+  """ValueError naming the runs under `root` (a directory with a config.json) that are no work unit of this
+  sweep: another config's or variant's sweep, or units this one no longer has. The reports
+  (`examples/*/report.py`) read every run under a root, and sweep.json would be rewritten without them."""
+  ours = {os.path.basename(r.workdir) for r in results}
+  foreign = sorted(name for name in os.listdir(root)
+                   if name not in ours and os.path.exists(os.path.join(root, name, "config.json")))
+  if foreign:
+    raise ValueError(f"{root} holds {len(foreign)} run(s) that are no work unit of this sweep, e.g. another "
+                     f"config's or variant's sweep: {', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}. "
+                     "A report reads every run under its root, and sweep.json would no longer list them: pass a "
+                     "new --workdir, or move those runs away.")
+
+
 def _unfinished(results: list[UnitResult], say) -> list[UnitResult]:
   """The units to run: all but those whose summary.json says they finished all the RL steps the unit has now
   (a unit stopped early is run again, with --resume)."""
@@ -280,7 +294,8 @@ def plan_local(config: str, root: str, *, extra_flags: Sequence[str] = (), share
                say=print) -> LocalSweep:
   """The work units of `config` under `root`, before any runs: every unit's config is validated with
   `extra_flags` (`--config.key=value`, given to every unit), a unit whose workdir holds a run of other settings
-  is refused, and those that finished earlier are not run again. With `share_warm_start`, units pass
+  is refused, as is a root that holds runs which are no unit of this sweep, and those that finished earlier are
+  not run again. With `share_warm_start`, units pass
   `--config.sft.cache_dir=<root>/warm_start_cache`, so units whose warm start is the same (same seed, task,
   model and sft settings) compute it once."""
   units = _units.work_units(config, extra_flags)
@@ -289,6 +304,7 @@ def plan_local(config: str, root: str, *, extra_flags: Sequence[str] = (), share
   os.makedirs(root, exist_ok=True)
   results = [UnitResult(unit=u, workdir=u.workdir(root)) for u in units]
   _refuse_stale(results, root)
+  _refuse_foreign(results, root)
   return LocalSweep(results=results, pending=_unfinished(results, say), extra_flags=extra_flags,
                     cache_dir=cache_dir)
 
