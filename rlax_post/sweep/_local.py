@@ -256,7 +256,8 @@ def _refuse_foreign(results: Sequence[UnitResult], root: str) -> None:
                    if name not in ours and os.path.exists(os.path.join(root, name, "config.json")))
   if foreign:
     raise ValueError(f"{root} holds {len(foreign)} run(s) that are no work unit of this sweep, e.g. another "
-                     f"config's or variant's sweep: {', '.join(foreign[:4])}{', ...' if len(foreign) > 4 else ''}. "
+                     f"config's or variant's sweep: {', '.join(foreign[:4])}"
+                     f"{f' (and {len(foreign) - 4} more)' if len(foreign) > 4 else ''}. "
                      "A report reads every run under its root, and sweep.json would no longer list them: pass a "
                      "new --workdir, or move those runs away.")
 
