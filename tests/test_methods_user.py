@@ -20,6 +20,7 @@ import _harness  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import multiagent  # pylint: disable=g-import-not-at-top,wrong-import-position
 from examples import sweep_report  # pylint: disable=g-import-not-at-top,wrong-import-position
+from examples.iterppo import report as iterppo_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 from examples.trees import report as trees_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -114,3 +115,19 @@ def test_a_sweep_into_a_root_holding_another_sweep_is_refused(tmp_path):
   # The root's own sweep again: its run is its unit (finished earlier or not), not a foreign one.
   plan = sweep.plan_local("configs/dialogue.py:tiny", root, share_warm_start=True, say=lambda msg: None)
   assert [os.path.basename(r.workdir) for r in plan.results] == ["00_seed=0"]
+
+
+def test_the_iterppo_report_counts_a_drop_of_value_not_its_rounding():
+  # examples/iterppo/report.py on a tiny run of configs/iterppo.py:grpo reported "rounds with V down: 1 of 2" for
+  # exact values 9.62658e-25 -> 9.62643e-25 -> 9.64890e-25 (rounding of a policy worth nothing).
+  def unit(values):
+    return {"arm": "grpo", "seed": 0, "episodes": [0, 16, 24][:len(values)], "values": values,
+            "value_start": values[0], "value_end": values[-1], "q_exact_rmse": [], "policy_updates": 3,
+            "decode_tokens": 1500.0, "wall_seconds": 58.0}
+
+  def down(values):
+    (row,) = [line for line in iterppo_report.table([unit(values)]).splitlines() if line.startswith("| grpo |")]
+    return row.split(" | ")[6]
+
+  assert down([9.626582697525067e-25, 9.62643103680451e-25, 9.648904107730326e-25]) == "0 of 2"
+  assert down([0.6, 0.59, 0.65]) == "1 of 2" and down([0.6, 0.5, 0.4]) == "2 of 2"

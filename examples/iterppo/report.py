@@ -52,6 +52,11 @@ def _grpo_values(workdir: str, cfg: dict) -> tuple[list[float], list[float]]:
   return sorted(points), [points[e] for e in sorted(points)]
 
 
+# A drop of V^π smaller than this is the exact computation's rounding, not a round that lowered the value (a
+# tiny run's policies are worth about 1e-24, and differ by about 1e-27).
+V_TOLERANCE = 1e-9
+
+
 def unit_figures(workdir: str) -> dict:
   with open(os.path.join(workdir, "config.json")) as f:
     cfg = json.load(f)
@@ -87,7 +92,7 @@ def table(units: list[dict]) -> str:
       continue
     points = " → ".join(f"{e}: {sweep_report.ms([u['values'][i] for u in us])}"
                         for i, e in enumerate(us[0]["episodes"]))
-    down = sum(int(b < a) for u in us for a, b in zip(u["values"], u["values"][1:]))
+    down = sum(int(b < a - V_TOLERANCE) for u in us for a, b in zip(u["values"], u["values"][1:]))
     moves = sum(len(u["values"]) - 1 for u in us)
     q_err = " / ".join(sweep_report.ms([u["q_exact_rmse"][i] for u in us]) for i in
                        range(len(us[0]["q_exact_rmse"]))) or "—"
