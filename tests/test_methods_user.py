@@ -18,6 +18,7 @@ sys.path.insert(0, ".")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import _harness  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
+from configs import iterppo  # pylint: disable=g-import-not-at-top,wrong-import-position
 from configs import multiagent  # pylint: disable=g-import-not-at-top,wrong-import-position
 from examples import sweep_report  # pylint: disable=g-import-not-at-top,wrong-import-position
 from examples.iterppo import report as iterppo_report  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -131,3 +132,15 @@ def test_the_iterppo_report_counts_a_drop_of_value_not_its_rounding():
 
   assert down([9.626582697525067e-25, 9.62643103680451e-25, 9.648904107730326e-25]) == "0 of 2"
   assert down([0.6, 0.59, 0.65]) == "1 of 2" and down([0.6, 0.5, 0.4]) == "2 of 2"
+
+
+def test_a_rounds_run_names_only_the_wrong_setting():
+  # `--config.advantage.estimator=gigpo` on configs/iterppo.py said "... (got 'gigpo') and tree.expansion 'none'
+  # (got 'none')": the right tree.expansion named beside the wrong estimator.
+  c = iterppo.get_config("tiny")
+  c.advantage.estimator = "gigpo"
+  with pytest.raises(ValueError) as info:
+    config.load(c)
+  assert str(info.value).endswith("advantage.estimator must be one of ['grpo', 'drgrpo', 'rloo', 'reinforce_pp'], "
+                                  "got 'gigpo'.")
+  assert "tree.expansion" not in str(info.value)

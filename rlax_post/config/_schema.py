@@ -560,10 +560,12 @@ class Config:
     if it.episodes % self.rl.samples_per_prompt:
       raise ValueError(f"iterppo.episodes = {it.episodes} is collected in groups of rl.samples_per_prompt = "
                        f"{self.rl.samples_per_prompt}; make it a multiple.")
-    if self.advantage.estimator not in ROUND_ESTIMATORS or self.tree.expansion != "none":
+    wrong = ([f"advantage.estimator must be one of {list(ROUND_ESTIMATORS)}, got {self.advantage.estimator!r}"]
+             if self.advantage.estimator not in ROUND_ESTIMATORS else []) + (
+                 [f"tree.expansion must be 'none', got {self.tree.expansion!r}"] if self.tree.expansion != "none" else [])
+    if wrong:  # (only the settings that are wrong: naming a right one as if it were was misleading)
       raise ValueError(f"runtime.mode = 'rounds' trains single-turn groups of responses to logged states: "
-                       f"advantage.estimator must be one of {list(ROUND_ESTIMATORS)} (got "
-                       f"{self.advantage.estimator!r}) and tree.expansion 'none' (got {self.tree.expansion!r}).")
+                       f"{'; '.join(wrong)}.")
     if self.task.name == "sales" and dict(self.task.options).get("discounted", True):
       raise ValueError("runtime.mode = 'rounds' discounts the turns' rewards itself (iterppo.gamma): set "
                        "task.options.discounted = False (the sales env's own γ^t scaling would discount twice, "
