@@ -648,9 +648,11 @@ def _serve(argv):
                                  temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value,
                                  step=_STEP.value)
   server = runtime.serve(workdir, options)
+  server.stop_on_signals()
   step = runtime.served_step(workdir, _STEP.value)
   print(f"Serving step {step} of {workdir} with JetStream on {_HOST.value}:{_PORT.value}", flush=True)
   server.wait_for_termination()
+  print(f"Stopped serving on {_HOST.value}:{_PORT.value} ({server.signalled}).", flush=True)
 
 
 def _convert(argv):

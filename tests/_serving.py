@@ -35,6 +35,12 @@ def token_request(ids, max_tokens: int, **kwargs):
   return PB.DecodeRequest(token_content=content, max_tokens=max_tokens, **kwargs)
 
 
+def _default_sigint() -> None:
+  """The server's SIGINT as a terminal's Ctrl-C would find it, also where the tests run as a shell script's
+  background job (which ignores SIGINT, and so would the server)."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class ServerProcess:
   """`rlax-post serve --checkpoint workdir [flags]` on a free port in a subprocess, up and healthy; `with`
   stops it."""
@@ -42,7 +48,7 @@ class ServerProcess:
   def __init__(self, workdir, timeout_s: float = 120, flags: tuple[str, ...] = ()):
     self.port = portpicker.pick_unused_port()
     self.process = subprocess.Popen(serve_command(workdir, self.port, *flags), stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, env=ENV)
+                                    stderr=subprocess.STDOUT, text=True, env=ENV, preexec_fn=_default_sigint)
     self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
     self.stub = JS.jetstream_pb2_grpc.OrchestratorStub(self.channel)
     try:

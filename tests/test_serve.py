@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -476,3 +477,29 @@ def test_a_checkpoint_of_another_model_is_one_line_naming_it(run, tmp_path):
       r"Requested shape: \(\d+(, \d+)*\) is not compatible with the stored shape: \(\d+(, \d+)*\)\.",
       export.stderr.strip().splitlines()[-1]), export.stderr[-3000:]
   assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_lets_the_open_streams_finish_then_the_server_exits_0(run, signum):
+  """SIGTERM (kill, Docker, Kubernetes) killed the server in the middle of its streams (status -15, clients
+  got UNAVAILABLE after some of their tokens) and Ctrl-C ended in a KeyboardInterrupt traceback (a helper
+  review). Now either refuses new calls, lets the open ones finish, exits 0 with one line, and frees the port.
+  24 calls over 8 slots: once the last one streams, every call is in the server and the last wave decodes."""
+  request = _serving.text_request("rev ab=", 24)
+  with _serving.ServerProcess(run) as server:
+    want = server.decode(request)
+    assert len(want) >= 2, want  # (a completion of one token would end before the signal)
+    calls = [server.stub.Decode(request, timeout=120) for _ in range(24)]
+    first = next(calls[-1])
+    server.process.send_signal(signum)
+    got = [_tokens(call) for call in calls[:-1]] + [list(first.stream_content.samples[0].token_ids) +
+                                                     _tokens(calls[-1])]
+    out, _ = server.process.communicate(timeout=60)
+  assert got == [want] * 24
+  assert server.process.returncode == 0 and "Traceback" not in out, out[-3000:]
+  assert out.strip().splitlines()[-1] == f"Stopped serving on 127.0.0.1:{server.port} ({signum.name}).", out
+  sampler_serve._check_port("127.0.0.1", server.port)  # pylint: disable=protected-access
+
+
+def _tokens(call) -> list[int]:
+  return [i for response in call for sample in response.stream_content.samples for i in sample.token_ids]

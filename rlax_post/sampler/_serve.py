@@ -15,6 +15,8 @@ would end every open stream, and it ignores whether its port was bound. `serve` 
   INTERNAL) and its slot gets `ServingEngine.idle_prefix()`, which produces nothing; the process lives on.
   A request whose client goes away (a cancelled call) frees its slot at the next step: JetStream 0.2.2 only
   cancels its response stream and kept generating into the slot up to `max_tokens`.
+* `Server.stop_on_signals` (what `rlax-post serve` calls) makes SIGTERM and SIGINT stop the server
+  gracefully: the calls already in it finish, then `wait_for_termination` returns.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import dataclasses
 import errno
 import logging
 import os
+import signal
 import socket
 import threading
 from typing import Any, Callable
@@ -459,6 +462,7 @@ class Server:
   def __init__(self, host: str, port: int, threads: int):
     self.address, self.port = f"{host}:{port}", port
     self._driver, self._stopped = None, False
+    self.signalled: str | None = None  # the name of the signal that stopped it (`stop_on_signals`)
     self._executor = futures.ThreadPoolExecutor(max_workers=threads)
     self._loop = asyncio.new_event_loop()
     self._loop.set_default_executor(self._executor)
@@ -497,6 +501,26 @@ class Server:
     self._loop.call_soon_threadsafe(self._loop.stop)
     self._thread.join()
     self._executor.shutdown(wait=False)
+
+  def stop_on_signals(self, signums=(signal.SIGTERM, signal.SIGINT), grace: float = 5.0) -> None:
+    """From now on the first of `signums` stops the server as `stop(grace)` does (new calls get UNAVAILABLE,
+    open streams have `grace` seconds to finish) and `wait_for_termination` then returns; a second one ends
+    the process at once (each signal's default action). A signal the process ignores (SIGINT of a shell
+    script's background job) stays ignored. Main thread only (Python's `signal.signal`).
+
+    Without it SIGTERM (what `kill`, Docker and Kubernetes send) killed the process in the middle of its open
+    streams, and Ctrl-C ended in a KeyboardInterrupt traceback.
+    """
+    def on_signal(signum, frame) -> None:
+      del frame
+      for s in signums:
+        signal.signal(s, signal.SIG_DFL)
+      self.signalled = signal.Signals(signum).name
+      asyncio.run_coroutine_threadsafe(self._grpc.stop(grace), self._loop)
+
+    signums = [s for s in signums if signal.getsignal(s) is not signal.SIG_IGN]
+    for s in signums:
+      signal.signal(s, on_signal)
 
   def wait_for_termination(self) -> None:
     try:
