@@ -503,3 +503,24 @@ def test_a_signal_lets_the_open_streams_finish_then_the_server_exits_0(run, sign
 
 def _tokens(call) -> list[int]:
   return [i for response in call for sample in response.stream_content.samples for i in sample.token_ids]
+
+
+def test_a_run_trained_from_a_relative_hf_path_names_it_when_served_from_elsewhere(run, tmp_path):
+  """config.json keeps `model.hf_path` as given, relative to where `train` ran (the CLI itself suggests
+  `--config.model.hf_path=ckpt`). Served from another directory, the error told the user to "set it" (a helper
+  review): `serve` has no config flags. Now it names the run, the path and both ways out."""
+  workdir = tmp_path / "run"
+  shutil.copytree(run, workdir, ignore=shutil.ignore_patterns("tensorboard", "replay"))
+  with open(workdir / "config.json") as f:
+    cfg = json.load(f)
+  cfg["model"]["hf_path"] = "ckpt"
+  with open(workdir / "config.json", "w") as f:
+    json.dump(cfg, f)
+  (tmp_path / "elsewhere").mkdir()
+  done = subprocess.run(_serving.serve_command("../run", portpicker.pick_unused_port()), capture_output=True,
+                        text=True, timeout=120, env=_serving.ENV, cwd=tmp_path / "elsewhere")
+  assert done.returncode == 2 and "Serving" not in done.stdout, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines()[-1] == (
+      "rlax-post serve: error: ../run was trained from model.hf_path = 'ckpt', a path relative to the directory "
+      f"`train` ran in, and {tmp_path}/elsewhere/ckpt does not exist: serve it from that directory, or set "
+      "model.hf_path in ../run/config.json to the checkpoint's absolute path.")
