@@ -650,9 +650,9 @@ def _serve(argv):
   server = runtime.serve(workdir, options)
   server.stop_on_signals()
   step = runtime.served_step(workdir, _STEP.value)
-  print(f"Serving step {step} of {workdir} with JetStream on {_HOST.value}:{_PORT.value}", flush=True)
+  print(f"Serving step {step} of {workdir} with JetStream on {server.address}", flush=True)
   server.wait_for_termination()
-  print(f"Stopped serving on {_HOST.value}:{_PORT.value} ({server.signalled}).", flush=True)
+  print(f"Stopped serving on {server.address} ({server.signalled}).", flush=True)
 
 
 def _convert(argv):

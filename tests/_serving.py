@@ -21,9 +21,9 @@ JS = jetstream_compat.import_jetstream()
 PB = JS.jetstream_pb2
 
 
-def serve_command(workdir, port, *flags) -> list[str]:
+def serve_command(workdir, port, *flags, host: str = "127.0.0.1") -> list[str]:
   return [sys.executable, "-m", "rlax_post.cli", "serve", "--checkpoint", str(workdir), "--port", str(port),
-          "--host", "127.0.0.1", *flags]
+          "--host", host, *flags]
 
 
 def text_request(text: str, max_tokens: int, **kwargs):
@@ -45,11 +45,12 @@ class ServerProcess:
   """`rlax-post serve --checkpoint workdir [flags]` on a free port in a subprocess, up and healthy; `with`
   stops it."""
 
-  def __init__(self, workdir, timeout_s: float = 120, flags: tuple[str, ...] = ()):
+  def __init__(self, workdir, timeout_s: float = 120, flags: tuple[str, ...] = (), host: str = "127.0.0.1"):
     self.port = portpicker.pick_unused_port()
-    self.process = subprocess.Popen(serve_command(workdir, self.port, *flags), stdout=subprocess.PIPE,
+    self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+    self.process = subprocess.Popen(serve_command(workdir, self.port, *flags, host=host), stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, env=ENV, preexec_fn=_default_sigint)
-    self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+    self.channel = grpc.insecure_channel(self.address)
     self.stub = JS.jetstream_pb2_grpc.OrchestratorStub(self.channel)
     try:
       self._wait_healthy(time.time() + timeout_s)

@@ -479,14 +479,15 @@ def test_a_checkpoint_of_another_model_is_one_line_naming_it(run, tmp_path):
   assert not (tmp_path / "hf").exists()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_lets_the_open_streams_finish_then_the_server_exits_0(run, signum):
+@pytest.mark.parametrize("signum, host", [(signal.SIGTERM, "127.0.0.1"), (signal.SIGINT, "::1")])
+def test_a_signal_lets_the_open_streams_finish_then_the_server_exits_0(run, signum, host):
   """SIGTERM (kill, Docker, Kubernetes) killed the server in the middle of its streams (status -15, clients
   got UNAVAILABLE after some of their tokens) and Ctrl-C ended in a KeyboardInterrupt traceback (a helper
   review). Now either refuses new calls, lets the open ones finish, exits 0 with one line, and frees the port.
-  24 calls over 8 slots: once the last one streams, every call is in the server and the last wave decodes."""
+  24 calls over 8 slots: once the last one streams, every call is in the server and the last wave decodes.
+  An IPv6 host is written [::1]:port (the lines said ::1:port)."""
   request = _serving.text_request("rev ab=", 24)
-  with _serving.ServerProcess(run) as server:
+  with _serving.ServerProcess(run, host=host) as server:
     want = server.decode(request)
     assert len(want) >= 2, want  # (a completion of one token would end before the signal)
     calls = [server.stub.Decode(request, timeout=120) for _ in range(24)]
@@ -497,8 +498,10 @@ def test_a_signal_lets_the_open_streams_finish_then_the_server_exits_0(run, sign
     out, _ = server.process.communicate(timeout=60)
   assert got == [want] * 24
   assert server.process.returncode == 0 and "Traceback" not in out, out[-3000:]
-  assert out.strip().splitlines()[-1] == f"Stopped serving on 127.0.0.1:{server.port} ({signum.name}).", out
-  sampler_serve._check_port("127.0.0.1", server.port)  # pylint: disable=protected-access
+  lines = out.strip().splitlines()
+  assert f"Serving step {_COMMITTED} of {run} with JetStream on {server.address}" in lines, out
+  assert lines[-1] == f"Stopped serving on {server.address} ({signum.name}).", out
+  sampler_serve._check_port(host, server.port)  # pylint: disable=protected-access
 
 
 def _tokens(call) -> list[int]:

@@ -460,7 +460,7 @@ class Server:
   """
 
   def __init__(self, host: str, port: int, threads: int):
-    self.address, self.port = f"{host}:{port}", port
+    self.address, self.port = _grpc_address(host, port), port  # host:port, [v6 host]:port
     self._driver, self._stopped = None, False
     self.signalled: str | None = None  # the name of the signal that stopped it (`stop_on_signals`)
     self._executor = futures.ThreadPoolExecutor(max_workers=threads)
