@@ -35,10 +35,16 @@ def token_request(ids, max_tokens: int, **kwargs):
   return PB.DecodeRequest(token_content=content, max_tokens=max_tokens, **kwargs)
 
 
-def _default_sigint() -> None:
-  """The server's SIGINT as a terminal's Ctrl-C would find it, also where the tests run as a shell script's
-  background job (which ignores SIGINT, and so would the server)."""
-  signal.signal(signal.SIGINT, signal.SIG_DFL)
+def _popen_with_default_sigint(command) -> subprocess.Popen:
+  """`command` started with SIGINT at its default, as a terminal's Ctrl-C would find it, also where the tests
+  run as a shell script's background job (which ignores SIGINT, and so would the server): a handled signal
+  is reset on exec, an ignored one stays ignored. (A `preexec_fn` would run Python in a fork of this
+  multithreaded process, which can deadlock.)"""
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+  finally:
+    signal.signal(signal.SIGINT, previous)
 
 
 class ServerProcess:
@@ -48,8 +54,7 @@ class ServerProcess:
   def __init__(self, workdir, timeout_s: float = 120, flags: tuple[str, ...] = (), host: str = "127.0.0.1"):
     self.port = portpicker.pick_unused_port()
     self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
-    self.process = subprocess.Popen(serve_command(workdir, self.port, *flags, host=host), stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, env=ENV, preexec_fn=_default_sigint)
+    self.process = _popen_with_default_sigint(serve_command(workdir, self.port, *flags, host=host))
     self.channel = grpc.insecure_channel(self.address)
     self.stub = JS.jetstream_pb2_grpc.OrchestratorStub(self.channel)
     try:
