@@ -39,7 +39,9 @@ _CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 _PB = _serving.PB
 _INVALID = grpc.StatusCode.INVALID_ARGUMENT
 _GOOD = ["rev abc=", "rev bad=", "rev hgfe=", "rev cab=", "rev dd=", "rev abcdef="]
-_TOO_LONG = "rev abcdefghabcdefgh="  # BOS + 21 bytes = 22 tokens; the tiny model's largest bucket is 16.
+_TOO_LONG = "rev " + "abcdefgh" * 4 + "="  # BOS + 37 bytes = 38 tokens; the tiny model's context is 32.
+_LIMIT = ("leaves no position to generate into within max_decode_length 32 of this model; shorten it to at most "
+          "31 tokens")
 _COMMITTED, _UNCOMMITTED = 1, 2
 
 
@@ -115,11 +117,26 @@ def test_serve_streams_the_greedy_completion_over_grpc(server, references):
   assert server.decode(_serving.token_request(ids, 6)) == references["rev abc="]
 
 
+def test_prompts_up_to_the_context_are_served_as_the_greedy_loop_decodes_them(run, server):
+  """The server's largest prefill bucket was the largest power of two up to half the context (16 of the tiny
+  model's 32), so it refused prompts its run trains on (configs/smollm2_math.py: 96-token prompts, 160-token
+  context, bucket 64; a helper review). Now a prompt may take all but the context's last position: 22 tokens
+  (+ 10 = the whole context) and 31 tokens, as text, as ids and as ids with BOS under a session_cache."""
+  tok = models.ByteTokenizer()
+  for text, max_tokens in [("rev abcdefghabcdefgh=", 10), ("rev " + "abcdefgh" * 3 + "a=", 1)]:
+    want = _serving.greedy_references(run, [text], max_tokens, tok)[0]
+    assert len(want) == max_tokens, want  # (a completion ended by EOS would not reach the context's end)
+    ids = tok.encode(text, add_bos=False)
+    assert len(ids) + 1 + max_tokens == 32
+    assert server.decode(_serving.text_request(text, max_tokens)) == want, text
+    assert server.decode(_serving.token_request(ids, max_tokens)) == want, text
+    assert server.decode(_serving.token_request([tok.bos_id] + ids, max_tokens, session_cache="s")) == want, text
+
+
 def test_a_burst_with_bad_requests_leaves_every_good_one_served(server, references):
   """8 concurrent clients; two send bad requests, and the server keeps serving the other six and after."""
   bad = {
-      "too long": (_serving.text_request(_TOO_LONG, 6),
-                   "prompt of 22 tokens exceeds the largest prefill bucket 16 of this model; shorten it"),
+      "too long": (_serving.text_request(_TOO_LONG, 6), f"prompt of 38 tokens {_LIMIT}"),
       "out of vocab": (_serving.token_request([ord(c) for c in "rev ab="] + [1000], 6),
                        "token id 1000 at position 7 is outside the vocabulary [0, 259) of this model"),
   }
@@ -148,9 +165,9 @@ def _answer(server, request):
     (_serving.text_request("", 4), "the prompt is empty"),
     (_serving.token_request([], 4), "the prompt is empty"),
     (_serving.token_request([], 4, session_cache="s"), "the prompt is empty"),
-    (_serving.token_request(range(40), 4),
-     "prompt of 41 tokens (40 ids + BOS) exceeds the largest prefill bucket 16 of this model; shorten it"),
-    (_serving.token_request(range(16), 4, session_cache="s"), None),  # Without BOS 16 ids fit.
+    (_serving.token_request(range(40), 4), f"prompt of 41 tokens (40 ids + BOS) {_LIMIT}"),
+    (_serving.token_request(range(31), 1), f"prompt of 32 tokens (31 ids + BOS) {_LIMIT}"),
+    (_serving.token_request(range(31), 1, session_cache="s"), None),  # Without BOS 31 ids fit.
     (_serving.token_request([97, 260], 4), "token id 260 at position 1 is outside the vocabulary [0, 259)"),
     (_serving.token_request([-1, 97], 4), "token id -1 at position 0 is outside the vocabulary [0, 259)"),
     (_serving.text_request("rev a=", 0), "max_tokens must be at least 1; got 0"),
@@ -159,7 +176,7 @@ def _answer(server, request):
     (_serving.text_request("rev a=", 26), "prompt of 7 tokens and max_tokens 26 need 33 positions, more than "
                                           "max_decode_length 32 of this model; ask for at most 25 tokens"),
     (_serving.token_request(range(16), 17, session_cache="s"), "prompt of 16 tokens and max_tokens 17 need 33"),
-], ids=["no content", "empty text", "empty ids", "empty ids, session", "40 ids", "16 ids, session",
+], ids=["no content", "empty text", "empty ids", "empty ids, session", "40 ids", "31 ids", "31 ids, session",
         "padded vocab id", "negative id", "max_tokens 0", "max_tokens < 0", "max_tokens > context",
         "prompt + max_tokens > context", "ids + max_tokens > context"])
 def test_malformed_requests_get_invalid_argument_naming_the_problem(server, request_, reason):
@@ -278,9 +295,10 @@ def test_a_prefill_error_fails_its_request_not_the_process(run, references):
     loop.close()
   assert good == references["rev abc="] and after == references["rev bad="]
   prefix = "the engine could not prefill this request: "
-  assert too_many_ids == (_INVALID, prefix + "true_length must be in [1, 16] (len(padded_tokens)); got 41.")
+  assert too_many_ids == (_INVALID, prefix + "A sequence of 41 tokens is longer than the largest prefill bucket; "
+                          "buckets: [16, 24, 32].")
   assert too_long_text[0] == _INVALID
-  assert too_long_text[1].startswith(prefix + "A sequence of 22 tokens is longer than the largest prefill")
+  assert too_long_text[1].startswith(prefix + "A sequence of 38 tokens is longer than the largest prefill")
   assert device == (grpc.StatusCode.INTERNAL, prefix + "device lost")
 
 

@@ -105,15 +105,6 @@ class ServingEngine(_engine.RlaxEngine):
     return jax.device_put(prefix, self.get_prefix_destination_sharding())
 
 
-def _prefill_cap(max_decode_length: int) -> int:
-  """The largest power of two ≥ 16 that leaves room to decode (JetStream's orchestrator pads token
-  requests to its own power-of-two buckets, so the cap must be one of them)."""
-  cap = 16
-  while cap * 2 <= max_decode_length // 2:
-    cap *= 2
-  return min(cap, max_decode_length)
-
-
 @dataclasses.dataclass(frozen=True)
 class ServeOptions:
   """How `serve` runs: where it listens, which checkpoint step (None: the newest committed one), the engine's
@@ -132,14 +123,16 @@ class ServeOptions:
 def serving_engine(model_cfg: models.ModelConfig, graphdef: Any, tokenizer: Any, checkpoint_dir: str,
                    options: ServeOptions, devices, lora: models.LoRA | None = None) -> ServingEngine:
   """A `ServingEngine` of the model on `devices` (one fsdp axis) that loads `checkpoint_dir`'s params (with
-  `lora`: its LoRA adapters merged into its frozen base)."""
+  `lora`: its LoRA adapters merged into its frozen base). Prompts may fill the context but its last position:
+  the prefill buckets go up to `max_seq_len` (they stopped at the largest power of two up to half of it, so a
+  run's own prompts could be refused, e.g. 65-96 tokens of configs/smollm2_math.py's 160)."""
   mesh = sharding.make_mesh({"fsdp": -1}, devices=list(devices))
   max_decode = model_cfg.max_seq_len
   if "://" not in checkpoint_dir:  # Orbax wants absolute paths; bucket URLs already are.
     checkpoint_dir = os.path.abspath(checkpoint_dir)
   return ServingEngine(model_cfg, graphdef, tokenizer=tokenizer, mesh=mesh,
                        max_concurrent_decodes=options.max_concurrent_decodes,
-                       max_prefill_length=_prefill_cap(max_decode), max_decode_length=max_decode,
+                       max_prefill_length=max_decode, max_decode_length=max_decode,
                        temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
                        seed=options.seed, checkpoint_dir=checkpoint_dir, step=options.step, lora=lora)
 
@@ -324,17 +317,20 @@ class _GuardedDriver(_js.orchestrator.Driver):
     channel.set_exception = end_on_cancel
     super().place_request_on_prefill_queue(request)
 
-  def _process_prefill_content(self, request, *args, **kwargs):
+  def _process_prefill_content(self, request, tokenizer, is_bos: bool, *args, **kwargs):
     """JetStream's tokenization of `request` (in the prefill thread, just before `prefill`).
 
-    Token ids go in as an array: JetStream 0.2.2's `pad_tokens` takes the length of the list it is given
-    with `.shape`, which only works once it has prepended BOS (so ids with a session_cache always failed).
+    Token ids are framed here (BOS first if `is_bos`), unpadded: `prefill` pads them to the engine's bucket.
+    JetStream 0.2.2's `pad_tokens` wants its largest bucket to be a power of two (the engine's need not be),
+    cuts longer prompts to it, and takes the length of a list with `.shape` (ids with a session_cache failed).
     """
     self._guard.begin(request)
-    if isinstance(request.prefill_content, list):
-      request.prefill_content = np.asarray(request.prefill_content, np.int32)
     try:
-      return super()._process_prefill_content(request, *args, **kwargs)
+      if not isinstance(request.prefill_content, str):
+        ids = np.asarray(request.prefill_content, np.int32)
+        ids = np.concatenate([np.asarray([tokenizer.bos_id], np.int32), ids]) if is_bos else ids
+        return ids, ids.size
+      return super()._process_prefill_content(request, tokenizer, is_bos, *args, **kwargs)
     except Exception as e:  # pylint: disable=broad-exception-caught
       self._guard.fail(e)
       return np.zeros((1,), np.int32), 1  # Never prefilled: the guard answers with the idle prefix.
