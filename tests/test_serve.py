@@ -545,3 +545,44 @@ def test_a_run_trained_from_a_relative_hf_path_names_it_when_served_from_elsewhe
       "rlax-post serve: error: ../run was trained from model.hf_path = 'ckpt', a path relative to the directory "
       f"`train` ran in, and {tmp_path}/elsewhere/ckpt does not exist: serve it from that directory, or set "
       "model.hf_path in ../run/config.json to the checkpoint's absolute path.")
+
+
+@pytest.fixture(scope="module")
+def unframed_run(tmp_path_factory):
+  """A tiny run (no SFT, one RL step) from a Hugging Face checkpoint whose tokenizer.json does not prepend its
+  BOS token (as GPT-2's does not; Qwen has none): the run's prompts start without BOS."""
+  import _tiny_hf  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp("serve_unframed")
+  checkpoint = _tiny_hf.make_checkpoint(str(root / "hf"))
+  with open(os.path.join(checkpoint, "tokenizer.json")) as f:
+    spec = json.load(f)
+  spec["post_processor"] = None
+  with open(os.path.join(checkpoint, "tokenizer.json"), "w") as f:
+    json.dump(spec, f)
+  train = subprocess.run(
+      [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir",
+       str(root / "run"), "--quiet", "--config.rl.steps=1", "--config.sft.steps=0", "--config.eval.every=0",
+       f"--config.model.hf_path={checkpoint}"], capture_output=True, text=True, timeout=300, env=_serving.ENV)
+  assert train.returncode == 0, train.stderr[-3000:]
+  return root / "run"
+
+
+def test_token_ids_are_framed_as_the_checkpoint_frames_text(unframed_run):
+  """JetStream prepends BOS to token ids whatever the tokenizer does with text, so where the checkpoint's
+  tokenizer does not (the run's prompts had none) a prompt's ids got another completion than its text, and a
+  Qwen checkpoint's ids (no BOS at all) were refused without a session_cache (a helper review). Ids now get
+  BOS exactly where text does: text, ids, and ids under a session_cache all get the greedy completion."""
+  engine = _serve.engine_from_workdir(str(unframed_run))
+  tok = engine.tokenizer
+  texts = ["12+34=", "<|user|>5+6=<|assistant|>"]
+  assert not tok.add_bos_token and tok.encode(texts[0], add_bos=True) == tok.encode(texts[0], add_bos=False)
+  want = _serving.greedy_loop(engine.graphdef, engine.load_params(), texts, 8, tok)
+  assert all(want), want
+  with _serving.ServerProcess(unframed_run) as server:
+    for text, completion in zip(texts, want):
+      ids = tok.encode(text, add_bos=False)
+      assert server.decode(_serving.text_request(text, 8)) == completion, text
+      assert server.decode(_serving.token_request(ids, 8)) == completion, text
+      assert server.decode(_serving.token_request(ids, 8, session_cache="s")) == completion, text
+      assert sampler.check_request(_serving.token_request(ids, 33 - len(ids)), engine).startswith(
+          f"prompt of {len(ids)} tokens and max_tokens {33 - len(ids)} need 33 positions")  # (no BOS counted)

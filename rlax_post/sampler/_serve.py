@@ -164,7 +164,8 @@ def check_request(request: Any, engine: _engine.RlaxEngine) -> str | None:
   The driver's prefill thread takes down the process on any error, so everything it would trip on is caught
   here: no content or an empty prompt; text the tokenizer cannot encode; token ids outside [0, tokenizer
   vocab); a prompt longer than the largest prefill bucket or leaving no position to generate into (counted
-  as the driver frames it: BOS first unless the request names a `session_cache`); `max_tokens` outside
+  as the driver frames it: BOS first where the tokenizer frames text so, unless the request names a
+  `session_cache`); `max_tokens` outside
   [1, max_decode_length - prompt length] (a slot stops once its sequence holds max_decode_length tokens, so
   more would end the completion early without saying so).
   """
@@ -212,26 +213,29 @@ def _check_prompt(request: Any, kind: str, engine: _engine.RlaxEngine) -> str | 
     ids = np.asarray(request.token_content.token_ids, np.int64)
     if ids.size == 0:
       return _EMPTY
-    error = _check_ids(ids, engine.tokenizer, with_bos)
+    error = _check_ids(ids, engine.tokenizer)
     if error:
       return error
+    with_bos = with_bos and _frames_bos(engine.tokenizer)
     length = ids.size + with_bos
     what = f"prompt of {length} tokens" + (f" ({ids.size} ids + BOS)" if with_bos else "")
   return _check_length(length, what, engine) or (what, length)
 
 
-def _check_ids(ids: np.ndarray, tokenizer: Any, with_bos: bool) -> str | None:
+def _check_ids(ids: np.ndarray, tokenizer: Any) -> str | None:
   bad = tokenizer.non_token_ids(ids)
   if bad.size:
     return (f"token id {bad[0]} at position {np.flatnonzero(ids == bad[0])[0]} is outside the vocabulary "
             f"{tokenizer.token_ids_text()} of this model")
-  if with_bos:
-    try:
-      tokenizer.bos_id  # pylint: disable=pointless-statement
-    except ValueError as e:  # A checkpoint tokenizer without BOS (Qwen): JetStream would prepend one.
-      return (f"token_content gets a BOS prepended, but {e} Set session_cache to send the ids as they are, or "
-              "send text_content")
   return None
+
+
+def _frames_bos(tokenizer: Any) -> bool:
+  """Whether `tokenizer` starts a prompt's text with BOS (`encode(text, add_bos=True)`, as JetStream asks for
+  text without a session_cache): the byte tokenizer does; a checkpoint's as the checkpoint does (Llama 3
+  yes; Qwen, which has no BOS, and one whose tokenizer.json does not prepend it, no). Token ids are framed
+  alike, so that ids and their text get the same completion."""
+  return len(tokenizer.encode("", add_bos=True)) == 1
 
 
 def _check_length(length: int, what: str, engine: _engine.RlaxEngine) -> str | None:
@@ -298,6 +302,7 @@ class _GuardedDriver(_js.orchestrator.Driver):
 
   def __init__(self, engine: ServingEngine, params: Any):
     self._guard = _PrefillGuard(engine)
+    self._ids_bos = _frames_bos(engine.tokenizer)
     super().__init__(prefill_engines=[self._guard], generate_engines=[engine], prefill_params=[params],
                      generate_params=[params], interleaved_mode=True, jax_padding=False)
 
@@ -320,15 +325,17 @@ class _GuardedDriver(_js.orchestrator.Driver):
   def _process_prefill_content(self, request, tokenizer, is_bos: bool, *args, **kwargs):
     """JetStream's tokenization of `request` (in the prefill thread, just before `prefill`).
 
-    Token ids are framed here (BOS first if `is_bos`), unpadded: `prefill` pads them to the engine's bucket.
-    JetStream 0.2.2's `pad_tokens` wants its largest bucket to be a power of two (the engine's need not be),
-    cuts longer prompts to it, and takes the length of a list with `.shape` (ids with a session_cache failed).
+    Token ids are framed here as text is (BOS first if `is_bos` and `_frames_bos`), unpadded: `prefill` pads
+    them to the engine's bucket. JetStream 0.2.2's `pad_tokens` always prepends BOS (where the checkpoint's
+    tokenizer does not, ids and their text got different completions; Qwen's ids were refused), wants its
+    largest bucket to be a power of two (the engine's need not be), cuts longer prompts to it, and takes the
+    length of a list with `.shape` (ids with a session_cache failed).
     """
     self._guard.begin(request)
     try:
       if not isinstance(request.prefill_content, str):
         ids = np.asarray(request.prefill_content, np.int32)
-        ids = np.concatenate([np.asarray([tokenizer.bos_id], np.int32), ids]) if is_bos else ids
+        ids = np.concatenate([np.asarray([tokenizer.bos_id], np.int32), ids]) if is_bos and self._ids_bos else ids
         return ids, ids.size
       return super()._process_prefill_content(request, tokenizer, is_bos, *args, **kwargs)
     except Exception as e:  # pylint: disable=broad-exception-caught
