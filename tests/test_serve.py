@@ -586,3 +586,23 @@ def test_token_ids_are_framed_as_the_checkpoint_frames_text(unframed_run):
       assert server.decode(_serving.token_request(ids, 8, session_cache="s")) == completion, text
       assert sampler.check_request(_serving.token_request(ids, 33 - len(ids)), engine).startswith(
           f"prompt of {len(ids)} tokens and max_tokens {33 - len(ids)} need 33 positions")  # (no BOS counted)
+
+
+def test_a_sampled_pad_token_is_streamed_as_the_runs_driver_samples_it(run, server):
+  """JetStream's stop tokens held the pad id, so a completion in which the model samples pad (a token of the
+  byte vocabulary: the run's samplers keep it and go on) ended there on the server, without it (a helper
+  review: 11 of 400 random prompts of a tiny run, 5 of these 600; one got [] for [256, 104, 104, ...]).
+  600 prompts of random ids, greedy, through `sampler.Driver` over the served params and through the server:
+  the same ids."""
+  engine = _serve.engine_from_workdir(str(run))
+  tok = engine.tokenizer
+  rng = np.random.default_rng(0)
+  prompts = [[int(i) for i in rng.integers(0, tok.vocab_size, rng.integers(1, 13))] for _ in range(600)]
+  requests = [sampler.Request(prompt=[tok.bos_id] + p, max_tokens=31 - len(p), request_id=k)
+              for k, p in enumerate(prompts)]
+  completions = sampler.Driver(engine, engine.load_params(), version=0).sample(requests)
+  want = [[int(t) for t in c.tokens if int(t) != tok.eos_id] for c in completions]
+  assert sum(tok.pad_id in w for w in want) >= 1, "no completion samples pad: the test would be vacuous"
+  with futures.ThreadPoolExecutor(8) as pool:
+    got = list(pool.map(lambda r: server.decode(_serving.token_request(r.prompt[1:], r.max_tokens)), requests))
+  assert [k for k in range(len(want)) if got[k] != want[k]] == []

@@ -108,5 +108,8 @@ class ByteTokenizerAdapter(jetstream_modules.tokenizer_api.Tokenizer):
 
   @property
   def stop_tokens(self) -> set[int]:
-    """JetStream's: EOS and pad; and a checkpoint's end-of-turn ids, where the engine's slots stop too."""
-    return {self.eos_id, self.pad_id, *getattr(self.tokenizer, "stop_ids", ())}
+    """The ids that end a JetStream stream: EOS and a checkpoint's end-of-turn ids, where the engine's slots
+    stop. Not pad (JetStream's tokenizers add it): a slot that produces nothing says so with `valid`, and a
+    pad the model samples is a token like any other to the run's samplers, which JetStream ended the stream
+    at, without it."""
+    return {self.eos_id, *getattr(self.tokenizer, "stop_ids", ())}
