@@ -165,9 +165,8 @@ def check_request(request: Any, engine: _engine.RlaxEngine) -> str | None:
   here: no content or an empty prompt; text the tokenizer cannot encode; token ids outside [0, tokenizer
   vocab); a prompt longer than the largest prefill bucket or leaving no position to generate into (counted
   as the driver frames it: BOS first where the tokenizer frames text so, unless the request names a
-  `session_cache`); `max_tokens` outside
-  [1, max_decode_length - prompt length] (a slot stops once its sequence holds max_decode_length tokens, so
-  more would end the completion early without saying so).
+  `session_cache`); `max_tokens` outside [1, max_decode_length - prompt length] (a slot stops once its
+  sequence holds max_decode_length tokens, so more would end the completion early without saying so).
   """
   if isinstance(request, _Undecodable):
     return f"the request is not a valid DecodeRequest (text must be UTF-8): {request.error}"
@@ -234,8 +233,12 @@ def _frames_bos(tokenizer: Any) -> bool:
   """Whether `tokenizer` starts a prompt's text with BOS (`encode(text, add_bos=True)`, as JetStream asks for
   text without a session_cache): the byte tokenizer does; a checkpoint's as the checkpoint does (Llama 3
   yes; Qwen, which has no BOS, and one whose tokenizer.json does not prepend it, no). Token ids are framed
-  alike, so that ids and their text get the same completion."""
-  return len(tokenizer.encode("", add_bos=True)) == 1
+  alike, so that ids and their text get the same completion. A tokenizer that cannot prepend BOS (raises)
+  does not."""
+  try:
+    return len(tokenizer.encode("", add_bos=True)) == 1
+  except ValueError:
+    return False
 
 
 def _check_length(length: int, what: str, engine: _engine.RlaxEngine) -> str | None:
