@@ -423,3 +423,43 @@ def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_pa
   assert sorted(loaded) == sorted(state.params)
   for name, value in state.params.items():
     np.testing.assert_array_equal(np.asarray(loaded[name]), np.asarray(value), err_msg=name)
+
+
+def test_a_run_saves_its_paths_absolute_and_resumes_from_where_it_ran(tmp_path, monkeypatch):
+  """A run's config.json named `data.train`, `reward.fn`'s file and `sft.cache_dir` as typed: `serve`, `export`,
+  sampler processes and `rescue-eval` read them against their own directory. They are saved absolute now; a
+  resume compares paths absolute, so the same relative config resumes from the directory the run began in (a
+  run saved with relative paths too), and from another directory it names the files that differ."""
+  (tmp_path / "proj").mkdir()
+  monkeypatch.chdir(tmp_path / "proj")
+  data.write_jsonl("t.jsonl", _rows(4))
+  data.write_jsonl("e.jsonl", _rows(2, 100))
+  os.makedirs("rw")
+  with open("rw/one.py", "w") as f:
+    f.write("def score(sample):\n  return 1.0\n")
+  raw = {"task": {"name": "dataset", "num_eval": 2},
+         "data": {"train": "t.jsonl", "eval": "e.jsonl", "max_prompt_tokens": 16, "shuffle": False},
+         "reward": {"fn": "math, rw/one.py:score", "weights": (1.0, 1.0)}, "sft": {"steps": 0, "cache_dir": "c"},
+         "model": {"preset": "micro", "max_seq_len": 24}, "eval": {"batch_size": 8},
+         "rl": {"steps": 2, "prompts_per_step": 1, "samples_per_prompt": 8, "max_new_tokens": 4},
+         "checkpoint": {"every": 1}, "runtime": {"progress": False, "tensorboard": False, "plot": False}}
+  cfg = config.load({**raw, "runtime": {**raw["runtime"], "stop_after_steps": 1}})
+  runtime.train(cfg, "run", quiet=True)
+  here = str(tmp_path / "proj")
+  with open("run/config.json") as f:
+    saved = json.load(f)
+  assert (saved["data"]["train"], saved["data"]["eval"], saved["sft"]["cache_dir"]) == (
+      f"{here}/t.jsonl", f"{here}/e.jsonl", f"{here}/c")
+  assert saved["reward"]["fn"] == f"math,{here}/rw/one.py:score"
+  # The relative config resumes here, as does a checkpoint whose config holds the paths as typed.
+  relative = json.loads(json.dumps(config.to_dict(cfg)))
+  runtime.check_resume_config(relative, cfg)
+  runtime.check_resume_config(saved, cfg)
+  more = config.load(raw)
+  assert runtime.train(more, "run", resume=True, quiet=True)["rl_steps_done"] == 2
+  (tmp_path / "other").mkdir()
+  monkeypatch.chdir(tmp_path / "other")
+  with pytest.raises(ValueError, match=rf"data.train: '{here}/t.jsonl' -> '{tmp_path}/other/t.jsonl'"):
+    runtime.check_resume_config(saved, more)
+  # From there every path the run reads is still found.
+  assert runtime.export_hf(f"{here}/run", "hf").step == 2

@@ -527,9 +527,9 @@ def _tokens(call) -> list[int]:
 
 
 def test_a_run_trained_from_a_relative_hf_path_names_it_when_served_from_elsewhere(run, tmp_path):
-  """config.json keeps `model.hf_path` as given, relative to where `train` ran (the CLI itself suggests
-  `--config.model.hf_path=ckpt`). Served from another directory, the error told the user to "set it" (a helper
-  review): `serve` has no config flags. Now it names the run, the path and both ways out."""
+  """A run begun before 2026-12-05 kept `model.hf_path` as given in config.json, relative to where `train` ran
+  (runs save it absolute now: tests/test_dataset_task.py). Served from another directory, the error told the user
+  to "set it" (a helper review): `serve` has no config flags. Now it names the run, the path and both ways out."""
   workdir = tmp_path / "run"
   shutil.copytree(run, workdir, ignore=shutil.ignore_patterns("tensorboard", "replay"))
   with open(workdir / "config.json") as f:

@@ -11,6 +11,7 @@ from rlax_post.rewards._math import reference_answer
 from rlax_post.rewards._runner import Result
 from rlax_post.rewards._runner import RewardRunner
 from rlax_post.rewards._sample import Sample
+from rlax_post.rewards._scorer import absolute_spec
 from rlax_post.rewards._scorer import load_callable
 from rlax_post.rewards._scorer import Scored
 from rlax_post.rewards._scorer import Scorer
@@ -27,6 +28,7 @@ __all__ = [
     'Sample',
     'Scored',
     'Scorer',
+    'absolute_spec',
     'answers_match',
     'cut_at_stop',
     'decode_completions',

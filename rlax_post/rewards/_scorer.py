@@ -30,8 +30,22 @@ from rlax_post.rewards._sample import Sample
 _PROBE = Sample(prompt="", prompt_text="", completion="")
 
 
+def _names_file(module: str) -> bool:
+  """Whether the part before a spec's ':' is a file's path (else a module's dotted name)."""
+  return module.endswith(".py") or os.sep in module or "/" in module
+
+
+def absolute_spec(spec: str) -> str:
+  """`spec` with a relative file's path made absolute ("rewards.py:score" -> "/work/rewards.py:score"), so it
+  names the same function from any working directory; built-in names and modules are returned unchanged."""
+  module, sep, attr = spec.strip().rpartition(":")
+  if not sep or not module or not _names_file(module) or os.path.isabs(module):
+    return spec
+  return f"{os.path.abspath(module)}:{attr}"
+
+
 def _load_module(module: str, spec: str):
-  if module.endswith(".py") or os.sep in module or "/" in module:
+  if _names_file(module):
     path = os.path.abspath(module)
     if not os.path.isfile(path):
       raise FileNotFoundError(f"Reward {spec!r}: no file {path!r} (relative paths are read from {os.getcwd()}).")

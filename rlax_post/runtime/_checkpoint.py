@@ -34,6 +34,7 @@ from rlax_post import config as config_lib
 from rlax_post import data
 from rlax_post import exchange
 from rlax_post.runtime import _distributed
+from rlax_post.runtime import _paths
 
 ASIDE_DIR = "checkpoints.aside"  # where step directories that must not be read or counted are moved
 _ITEMS = ("state", "ref_params", "meta")
@@ -317,8 +318,9 @@ def check_resume_config(saved: dict | None, cfg: config_lib.Config) -> None:
   # ...or a key added since (e.g. model.lora): it ran with that key's default.
   flat = config_lib.flat_settings
   defaults = flat(json.loads(json.dumps({k: config_lib.to_dict(config_lib.Config())[k] for k in sections})))
-  old_flat = {**defaults, **flat({k: saved.get(k) for k in sections})}
-  new_flat = flat(json.loads(json.dumps({k: now[k] for k in sections})))
+  # Paths compare absolute: a run started before they were saved so resumes from the directory it ran in.
+  old_flat = _paths.absolute_settings({**defaults, **flat({k: saved.get(k) for k in sections})})
+  new_flat = _paths.absolute_settings(flat(json.loads(json.dumps({k: now[k] for k in sections}))))
   diff = sorted(k for k in old_flat.keys() | new_flat.keys()
                 if old_flat.get(k) != new_flat.get(k) and k not in _NOT_RESULTS)
   if diff:
