@@ -66,11 +66,16 @@ def value_loss(pred, target, *, kind: str, old=None, clip_eps: float = 0.2,
 
 
 def value_clip_fraction(pred, target, old, clip_eps: float) -> jax.Array:
-  """1.0 where `clipped`'s loss takes the clipped term (strictly larger), else 0.0: how often the clip binds."""
+  """1.0 where `clipped`'s loss takes the clipped term (strictly larger), else 0.0: how often the clip binds.
+
+  Within ε of `old` the clip leaves v as it is, so it never binds there, however o + (v − o) rounds: until
+  2026-12-05 that rounding decided a tie, and the same values on another mesh (another summation order)
+  reported another fraction."""
   _same_shapes(pred=pred, target=target, old=old)
   v, r, o = (jnp.asarray(x, jnp.float32) for x in (pred, target, old))
   v_clip = o + jnp.clip(v - o, -clip_eps, clip_eps)
-  return (jnp.square(v_clip - r) > jnp.square(v - r)).astype(jnp.float32)
+  moved = jnp.abs(v - o) > clip_eps
+  return (moved & (jnp.square(v_clip - r) > jnp.square(v - r))).astype(jnp.float32)
 
 
 def prediction(pred, kind: str) -> jax.Array:
