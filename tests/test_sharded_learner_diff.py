@@ -23,6 +23,7 @@ import numpy as np
 import optax
 import pytest
 
+import _hlo  # pylint: disable=g-bad-import-order
 from rlax_post import learner
 from rlax_post import losses
 from rlax_post import models
@@ -125,6 +126,35 @@ def test_one_sharded_update_matches_one_device(mesh_shape, cfg, kind, micro_batc
       x = new.params[name]
       assert x.addressable_shards[0].data.size < x.size, (name, x.sharding)
   assert all(m.sharding.is_fully_replicated for m in metrics.values())
+
+
+def test_the_embedding_lookup_is_split_by_batch_rows_not_replicated():
+  # With the table split over fsdp by its embed axis, XLA's partitioner looked every row of the global batch up
+  # on every device (its embed columns; [B, T-1, D/fsdp]) and moved the result to the batch split: data times
+  # the lookup's activation memory, and on a 2×2×2 mesh an "Involuntary full rematerialization" (the whole
+  # [B, T-1, D] on each device). The lookup now reads the table gathered over fsdp (as FSDP gathers every
+  # weight), so no instruction of the compiled update holds all B rows of an activation.
+  cfg = dataclasses.replace(BASE, num_layers=1)
+  graphdef, params = models.init_params(cfg, jax.random.key(0))
+  optimizer = learner.make_optimizer(learning_rate=LR, warmup_steps=0, total_steps=10)
+  update = learner.make_update(optimizer, learner.sft_objective(functools.partial(models.token_logprobs,
+                                                                                  graphdef)))
+  state = learner.init_train_state(params, optimizer, jax.random.key(1))
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
+  state_sh = sharding.state_shardings(state, models.param_logical_axes(params), optimizer, mesh, RULES)
+  constrain = sharding.activation_constraint_fn(mesh, RULES)
+
+  def constrained(s, b, r):
+    with models.activation_constraints(constrain):
+      return update(s, b, r)
+
+  batch = {"tokens": jnp.ones((B, T), jnp.int32), "loss_mask": jnp.ones((B, T - 1))}
+  compiled = jax.jit(constrained, in_shardings=(state_sh, sharding.batch_sharding(mesh, RULES, 1),
+                                                sharding.replicated(mesh))).lower(
+                                                    state, batch, jax.random.key(2)).compile()
+  whole_batch = [line for _, dims, _, line in _hlo.instructions(compiled.as_text())
+                 if len(dims) == 3 and dims[:2] == (B, T - 1)]
+  assert not whole_batch, whole_batch[:3]
 
 
 def test_value_clip_fraction_does_not_count_rounding_inside_the_clip_range():

@@ -44,6 +44,8 @@ ACT_BTNH = ("batch", "length", "heads", "head_dim")
 ACT_BTKH = ("batch", "length", "kv_heads", "head_dim")
 ACT_BTF = ("batch", "length", "mlp")
 ACT_BTV = ("batch", "length", "vocab")
+# The embedding table as the lookup reads it: split by vocabulary rows only (`Transformer.trunk`).
+TABLE_VD = ("vocab", None)
 # The KV cache (`KVCache`): keys [L, B, K, H, S] and values [L, B, K, S, H]. The sampler shards its decode
 # state by them (`cache_axes`) and `learner.estimate_memory` counts it by them.
 CACHE_K_LBKHS = ("layers", "batch", "kv_heads", "head_dim", "length")

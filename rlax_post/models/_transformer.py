@@ -270,6 +270,13 @@ class Transformer(nnx.Module):
     c = _axes.constrain
 
     embedding_vd = self.embedding[...]
+    if tokens_bt.size >= cfg.vocab_size:
+      # A lookup of at least as many positions as the table has rows (a training batch) reads the table whole
+      # along embed (gathered over fsdp, as FSDP gathers every weight), so its rows come out split like the
+      # batch: from the fsdp-split table XLA looked every row of the global batch up on each device and then
+      # moved them (data× the lookup's memory; on 2×2×2 the whole [B, T, D] per device). A decode step's few
+      # positions read the split table, with no gather of the table per token.
+      embedding_vd = c(embedding_vd, _axes.TABLE_VD)
     x_btd = jnp.take(embedding_vd, tokens_bt, axis=0).astype(dt)
     if cfg.scale_embeddings:  # Gemma: sqrt(d) rounded to the activation dtype, as transformers does.
       x_btd = x_btd * jnp.asarray(cfg.d_model ** 0.5, dt)
