@@ -169,3 +169,32 @@ def test_value_clip_fraction_does_not_count_rounding_inside_the_clip_range():
                                  np.zeros(2, np.float32), 0.2), [1.0, 0.0])
 
 
+def test_batch_rows_that_do_not_split_over_the_mesh_are_refused_naming_the_sizes():
+  cfg = dataclasses.replace(BASE, num_layers=1)
+  graphdef, params = models.init_params(cfg, jax.random.key(0))
+  optimizer = optax.sgd(0.1)
+  objective = learner.sft_objective(functools.partial(models.token_logprobs, graphdef))
+  state = learner.init_train_state(params, optimizer, jax.random.key(1))
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  state_sh = sharding.state_shardings(state, models.param_logical_axes(params), optimizer, mesh, RULES)
+  rows = lambda b: {"tokens": jnp.ones((b, T), jnp.int32), "loss_mask": jnp.ones((b, T - 1))}
+  batch_sh = sharding.batch_sharding(mesh, RULES, 1)
+  step = lambda m, rules=RULES: learner.jit_update(learner.make_update(optimizer, objective, micro_batches=m),
+                                                   state_sh, batch_sh, mesh, rules=rules)
+  # Before: JAX's IndivisibleError ("axis 0 is partitioned 4 times, but the dimension size is 6").
+  with pytest.raises(ValueError, match=r"batch\['loss_mask'\] of shape \(6, 11\): its dim 0 of size 6 does "
+                                       r"not split over the 4 devices of mesh axes \('data', 'fsdp'\)"):
+    step(1)(state, rows(6), jax.random.key(2))
+  # Before: the activation constraint's error, which named no micro-batch; without rules none at all.
+  for rules in (RULES, None):
+    with pytest.raises(ValueError, match=r"its micro-batches of 2 rows \(micro_batches=4\) do not split over "
+                                         r"the 4 devices.*use a multiple of 16 rows"):
+      step(4, rules)(state, rows(8), jax.random.key(2))
+  with pytest.raises(ValueError, match=r"batch size 8 .* not divisible by micro_batches=3"):  # update's own
+    step(3)(state, rows(8), jax.random.key(2))
+  # A sharding per batch array: the one that names a mesh axis its dim does not divide is refused by name.
+  per_key = {"tokens": batch_sh, "loss_mask": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
+      None, "tensor"))}
+  with pytest.raises(ValueError, match=r"batch\['loss_mask'\] of shape \(8, 11\): its dim 1 of size 11"):
+    learner.jit_update(learner.make_update(optimizer, objective), state_sh, per_key, mesh)(
+        state, rows(8), jax.random.key(2))

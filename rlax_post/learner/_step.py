@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from rlax_post import models
 from rlax_post import sharding
@@ -56,7 +58,10 @@ def jit_update(
     `step(state, batch, rng) -> (state, metrics)`; the input state's buffers
     are donated, so do not use it after the call. rng is a typed or raw key
     (pass it: the jitted function has no default). On a mesh of CPU devices it
-    is compiled with `CPU_COMPILER_OPTIONS`.
+    is compiled with `CPU_COMPILER_OPTIONS`. A batch whose rows (or each
+    micro-batch's rows: `update.micro_batches`, set by `make_update`) do not
+    split over the mesh axes their sharding names is refused before anything
+    is traced (`check_batch_rows`).
   """
   fn = update
   if rules is not None:
@@ -82,8 +87,11 @@ def jit_update(
       compiler_options=compiler_options(mesh),
   )
 
+  micro_batches = getattr(update, 'micro_batches', 1)
+
   @functools.wraps(update)
   def step(state, batch, rng):
+    check_batch_rows(batch, batch_shardings, micro_batches)
     new_state, metrics = jitted(
         state.replace(frozen=None), state.frozen, batch, rng)
     return new_state.replace(frozen=state.frozen), metrics
@@ -96,3 +104,29 @@ def compiler_options(mesh: jax.sharding.Mesh) -> dict[str, str] | None:
   if all(d.platform == 'cpu' for d in mesh.devices.flat):
     return dict(CPU_COMPILER_OPTIONS)
   return None
+
+
+def check_batch_rows(batch: Any, batch_shardings: Any, micro_batches: int = 1) -> None:
+  """Raises ValueError, naming the array, its size and the mesh axes, for a batch array whose dimension does not
+  split over the mesh axes its sharding names; dim 0's rows are checked per micro-batch (B / micro_batches rows,
+  each sharded like the batch). JAX's own refusal names neither the setting nor the micro-batches, and without
+  activation constraints a micro-batch that does not split ran anyway."""
+
+  def check(prefix, sh, arrays):
+    if not isinstance(sh, jax.sharding.NamedSharding):  # None (unspecified) or a sharding without mesh axes
+      return
+    for path, x in jax.tree_util.tree_leaves_with_path(arrays):
+      shape = jnp.shape(x)
+      for dim, entry in enumerate(tuple(sh.spec)[:len(shape)]):
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        parts = math.prod(sh.mesh.shape[a] for a in axes)
+        per = micro_batches if dim == 0 and shape[0] % micro_batches == 0 else 1
+        if (shape[dim] // per) % parts:
+          what = (f'its micro-batches of {shape[0] // per} rows (micro_batches={per}) do' if per > 1 else
+                  f'its dim {dim} of size {shape[dim]} does')
+          raise ValueError(
+              f'batch{jax.tree_util.keystr(prefix + path)} of shape {shape}: {what} not split over the '
+              f'{parts} devices of mesh axes {axes} (mesh {dict(sh.mesh.shape)}) that its sharding names; '
+              f'use a multiple of {parts * per} rows')
+
+  jax.tree_util.tree_map_with_path(check, batch_shardings, batch, is_leaf=lambda x: x is None)

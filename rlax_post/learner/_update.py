@@ -97,7 +97,9 @@ def make_update(
     objective reads, each with leading dim B. metrics: float32 scalars `loss`,
     the objective's aux entries, `grad_norm` (before clipping),
     `learning_rate` (the rate this update used), `num_tokens` (Σ loss_mask),
-    `skipped` (0 or 1) and `num_skipped` (after this update).
+    `skipped` (0 or 1) and `num_skipped` (after this update). Its
+    `micro_batches` attribute is `micro_batches` (`jit_update` checks that
+    each micro-batch's rows split over the mesh).
   """
   if not isinstance(micro_batches, int) or micro_batches < 1:
     raise ValueError(
@@ -188,4 +190,5 @@ def make_update(
     metrics = {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
     return new_state, metrics
 
+  update.micro_batches = micro_batches  # `jit_update` checks each micro-batch's rows against the mesh
   return update
