@@ -198,3 +198,29 @@ def test_batch_rows_that_do_not_split_over_the_mesh_are_refused_naming_the_sizes
   with pytest.raises(ValueError, match=r"batch\['loss_mask'\] of shape \(8, 11\): its dim 1 of size 11"):
     learner.jit_update(learner.make_update(optimizer, objective), state_sh, per_key, mesh)(
         state, rows(8), jax.random.key(2))
+
+
+def test_a_state_with_a_critic_is_sharded_by_the_critics_own_shardings_never_replicated():
+  cfg = dataclasses.replace(BASE, num_layers=1)
+  graphdef, params = models.init_params(cfg, jax.random.key(0))
+  critic_cfg = models.value_model_config(cfg)
+  critic_params = models.value_model_params(params, critic_cfg)
+  optimizer = learner.make_optimizer(learning_rate=LR, warmup_steps=0, total_steps=10)
+  critic = learner.init_train_state(critic_params, optimizer, jax.random.key(5))
+  state = learner.init_train_state(params, optimizer, jax.random.key(1)).replace(critic=critic)
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  # Before: every critic leaf came back replicated (P()), its weights and Adam moments whole on each device.
+  with pytest.raises(ValueError, match=r"state.critic holds a train state.*critic's own state_shardings"):
+    sharding.state_shardings(state, models.param_logical_axes(params), optimizer, mesh, RULES)
+  critic_sh = sharding.state_shardings(critic, models.param_logical_axes(critic_params), optimizer, mesh, RULES)
+  state_sh = sharding.state_shardings(state.replace(critic=None), models.param_logical_axes(params), optimizer,
+                                      mesh, RULES).replace(critic=critic_sh)
+  update = learner.make_update(optimizer, learner.sft_objective(functools.partial(models.token_logprobs,
+                                                                                  graphdef)))
+  step = learner.jit_update(update, state_sh, sharding.batch_sharding(mesh, RULES, 1), mesh, rules=RULES)
+  batch = {"tokens": jnp.ones((8, T), jnp.int32), "loss_mask": jnp.ones((8, T - 1))}
+  new, _ = step(jax.jit(lambda s: s, out_shardings=state_sh)(state), batch, jax.random.key(2))
+  assert new.critic.params["q"].sharding.spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor", None)
+  for x, s, before in zip(jax.tree.leaves(new.critic), jax.tree.leaves(critic_sh), jax.tree.leaves(critic)):
+    assert x.sharding.is_equivalent_to(s, x.ndim)
+    np.testing.assert_array_equal(x, before)  # the policy's update neither reads nor changes it

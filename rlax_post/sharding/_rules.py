@@ -221,7 +221,9 @@ def state_shardings(
   Parameters are sharded by their logical axes; optimizer-state leaves that
   mirror the parameters (Adam moments) get the matching parameter's sharding
   (found with `optax.tree_map_params`); every other leaf (counts, injected
-  hyper-parameters, step, rng, num_skipped) is replicated.
+  hyper-parameters, step, rng, num_skipped) is replicated. A state that holds
+  a critic (`TrainState.critic`) is refused: its weights are another model's,
+  sharded by that model's own `state_shardings`.
 
   Args:
     state: a `TrainState`, concrete or abstract (`jax.eval_shape` output).
@@ -235,6 +237,13 @@ def state_shardings(
   Returns:
     A pytree with the structure of `state` and a `NamedSharding` per leaf.
   """
+  if getattr(state, 'critic', None) is not None:
+    # Every leaf but the params', the moments' and the frozen base's is replicated here: so would the
+    # critic's weights and moments be, silently.
+    raise ValueError(
+        'state.critic holds a train state of its own, whose weights these shardings would replicate: shard '
+        'state.replace(critic=None) and set .replace(critic=...) to the critic\'s own state_shardings (its '
+        "model's logical axes and optimizer)")
   param_sh = named_shardings(
       param_logical_axes, mesh, rules, shapes=state.params)
   repl = replicated(mesh)
