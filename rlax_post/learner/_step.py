@@ -20,7 +20,7 @@ from rlax_post.learner._update import UpdateFn
 # glibc serves a block above its mmap threshold (32 MiB at most) from a new mapping whose every page faults on
 # first touch: 8.3k page faults per call, a quarter of that GRPO update's time, gone at 28.7 MiB; above the
 # threshold, fewer by the memory saved. Same ops in another order: the same results, bit for bit with XLA's
-# default CPU flags (tests/test_learner.py).
+# default CPU flags (tests/test_learner.py). One CPU device only: `compiler_options`.
 CPU_COMPILER_OPTIONS = {'xla_cpu_scheduler_type': 'CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED'}
 
 
@@ -57,8 +57,8 @@ def jit_update(
   Returns:
     `step(state, batch, rng) -> (state, metrics)`; the input state's buffers
     are donated, so do not use it after the call. rng is a typed or raw key
-    (pass it: the jitted function has no default). On a mesh of CPU devices it
-    is compiled with `CPU_COMPILER_OPTIONS`. A batch whose rows (or each
+    (pass it: the jitted function has no default). On a mesh of one CPU
+    device it is compiled with `CPU_COMPILER_OPTIONS` (`compiler_options`). A batch whose rows (or each
     micro-batch's rows: `update.micro_batches`, set by `make_update`) do not
     split over the mesh axes their sharding names is refused before anything
     is traced (`check_batch_rows`).
@@ -100,8 +100,13 @@ def jit_update(
 
 
 def compiler_options(mesh: jax.sharding.Mesh) -> dict[str, str] | None:
-  """XLA options of an update jitted on `mesh`: `CPU_COMPILER_OPTIONS` when every device is a CPU, else None."""
-  if all(d.platform == 'cpu' for d in mesh.devices.flat):
+  """XLA options of an update jitted on `mesh`: `CPU_COMPILER_OPTIONS` on one CPU device, else None.
+
+  Not on a mesh of several CPU devices (the tests' fake devices): there the memory-optimised schedule made the
+  sharded update abort in XLA's CPU rendezvous now and then ("Expected 2 threads to join the rendezvous, but
+  only 1 of them arrived"; devices waiting in different collectives), e.g. 5 runs of 5 of a 1×2×4 update on
+  2026-12-05, none of 4 with XLA's default schedule."""
+  if mesh.devices.size == 1 and all(d.platform == 'cpu' for d in mesh.devices.flat):
     return dict(CPU_COMPILER_OPTIONS)
   return None
 
