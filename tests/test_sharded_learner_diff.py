@@ -4,7 +4,7 @@ test_learner.py and test_lora.py do not reach (sliding-window layers, Gemma's no
 embeddings, a value head, a separate critic, the response window, micro-batches) on meshes with one axis
 carrying everything; where the rules put each output; how the embedding lookup is partitioned; the refusal
 of batches whose rows do not split over the mesh; and a state holding a critic, sharded by the critic's own
-shardings. The wider grid these come from (107 cases, 2026-12-05: meshes 8×1×1, 1×8×1, 1×1×8, 2×2×2, 1×2×4,
+shardings. The wider grid these come from (117 cases, 2026-12-05: meshes 8×1×1, 1×8×1, 1×1×8, 2×2×2, 1×2×4,
 4×1×2, 2×4×1, 1×4×2, 2×1×4; five model configurations; eleven objectives; three aggregations; LoRA with a
 float32 and a bfloat16 base; two policies per role; sequence-parallel, batch-over-every-axis and data-only
 rules) found no other difference; bfloat16 activations differ by bfloat16 rounding, as far from float32 on
