@@ -552,6 +552,21 @@ def _check_sampled_run(workdir: str) -> None:
     raise ValueError(f"--workdir {workdir!r} holds a run of runtime.mode = {cfg.runtime.mode!r}, which samples "
                      "by itself; samplers serve an async learner (`rlax-post learner --config.runtime.mode=async`, "
                      "docs/async.md).")
+  summary = _summary_of(workdir)
+  if sweep.finished(summary):  # No learner grants it tickets: the sampler waited for ever (a `train` run's).
+    raise ValueError(f"--workdir {workdir!r} holds a finished run ({summary['rl_steps_done']} of "
+                     f"{summary['rl_steps']} RL steps, summary.json): no learner will grant it tickets; start "
+                     "`rlax-post learner --config FILE --config.runtime.mode=async` in a new --workdir and the "
+                     "samplers there.")
+
+
+def _summary_of(workdir: str) -> dict | None:
+  """`workdir/summary.json`, or None where there is none or it cannot be read."""
+  try:
+    with open(os.path.join(workdir, "summary.json")) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
 
 
 def _replay(argv):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import threading
@@ -249,6 +250,29 @@ def sampler_admission(cfg: config_lib.Config, workdir: str, name: str) -> rollou
                                 ahead=groups)
 
 
+def hold_index(workdir: str, name: str):
+  """An open file holding an exclusive lock on `workdir/admission/samplers/<name>.lock`, so that a second
+  `rlax-post sampler` with the same --index is refused (ValueError) instead of writing the first one's queue
+  shards and heartbeat (it died of a FileExistsError on a shard, or both sampled the same tickets). The OS
+  drops the lock when its process ends, SIGKILL too, so a restarted sampler takes it at once. None (nothing
+  checked) on a bucket URL or a filesystem without locks."""
+  if "://" in workdir:
+    return None
+  path = os.path.join(workdir, "admission", "samplers", f"{name}.lock")
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  f = open(path, "a")  # pylint: disable=consider-using-with  (held for the process's life)
+  try:
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    f.close()
+    raise ValueError(f"--index {name.split('-')[-1]}: {name} is already running for {workdir} (another "
+                     f"process holds {path}); give each sampler its own --index.") from None
+  except OSError:  # no locks here (some FUSE mounts): unchecked
+    f.close()
+    return None
+  return f
+
+
 def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s: float = 600.0) -> dict:
   """`rlax-post sampler --index K`: samples for the learner of `workdir` until it writes learner.done."""
   if isinstance(index, bool) or not isinstance(index, int) or index < 0:
@@ -259,6 +283,7 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   parts = _parts.build_parts(cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}))
   _learners.check_sampler_slots(parts)
   name, slots = f"sampler-{index}", cfg.sampler_slots
+  lock = hold_index(workdir, name)  # held until this process ends; before it writes anything of the run
   queue = file_queue(cfg, workdir, name)
   admission = sampler_admission(cfg, workdir, name)
   # A sampler restarted under the same index never redoes a group it already put in the queue; tickets
@@ -292,4 +317,6 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   stats = {**worker.stats(), "first_version": worker.first_version, "seconds": time.time() - t0}
   if not quiet:
     print(f"[{name}] done: {stats}", flush=True)
+  if lock is not None:
+    lock.close()
   return stats

@@ -1,0 +1,112 @@
+"""The async mode through the CLI as a user runs it (`rlax-post train` / `learner` / `sampler` in a workdir
+outside the repository): the mistakes found by walking through docs/async.md, each answered by one error line
+that names the bad value and what to do.
+
+One short run of the tiny demo config (`train` in async mode, stopped after its first RL step) serves every
+test here; the samplers are real `rlax-post sampler` processes.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import _procs  # pylint: disable=g-bad-import-order
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The commands run outside the repository, as a user's do: this checkout's package on the path.
+_ENV = _procs.env(PYTHONPATH=os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p))
+_DEMO = os.path.join(_ROOT, "configs", "demo.py")
+_RUN = ["--config", f"{_DEMO}:tiny", "--config.runtime.mode=async", "--config.rl.steps=2", "--config.eval.every=0",
+        "--config.runtime.tensorboard=False", "--config.runtime.plot=False", "--quiet"]
+
+
+def _cli(*args, cwd, timeout_s=300):
+  return subprocess.run([sys.executable, "-m", "rlax_post.cli", *map(str, args)], capture_output=True,
+                        text=True, timeout=timeout_s, env=_ENV, cwd=cwd)
+
+
+def _sampler(workdir, index: int, log):
+  return subprocess.Popen([sys.executable, "-m", "rlax_post.cli", "sampler", "--workdir", workdir, "--index",
+                           str(index)], stdout=log, stderr=subprocess.STDOUT, env=_ENV, cwd=os.path.dirname(workdir))
+
+
+def _error(out, command: str) -> str:
+  """The one error line of a failed command (asserting there is exactly one, and no traceback)."""
+  assert out.returncode == 2, (out.returncode, out.stdout[-2000:], out.stderr[-3000:])
+  assert "Traceback" not in out.stderr, out.stderr[-3000:]
+  lines = out.stderr.strip().splitlines()
+  assert len(lines) == 1, out.stderr[-3000:]
+  assert lines[0].startswith(f"rlax-post {command}: error: "), lines[0]
+  return lines[0]
+
+
+def _wait(predicate, what, proc, timeout_s=120):
+  deadline = time.time() + timeout_s
+  while not predicate():
+    assert proc.poll() is None, f"the sampler exited with {proc.returncode} while waiting for {what}"
+    assert time.time() < deadline, f"timed out waiting for {what}"
+    time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def stopped_run(tmp_path_factory):
+  """The workdir of an async `train` run stopped after RL step 1 of 2 (`runtime.stop_after_steps`): its
+  config.json is an async run's, its summary.json not a finished run's."""
+  root = tmp_path_factory.mktemp("user")
+  out = _cli("train", *_RUN, "--config.runtime.stop_after_steps=1", "--workdir", "run", cwd=root)
+  assert out.returncode == 0, out.stderr[-3000:]
+  with open(root / "run" / "summary.json") as f:
+    assert json.load(f)["rl_steps_done"] == 1
+  return root / "run"
+
+
+def test_a_sampler_of_a_finished_run_is_refused(stopped_run, tmp_path):
+  """A sampler started on a finished run (here an async `train` run's, whose samplers were threads) said
+  'sampling for run (16 slots)' and waited for tickets for ever; one on a finished learner's run printed
+  'done: {'groups': 0, ...}' and exited 0. Now: one line naming the run's steps and what to do."""
+  workdir = tmp_path / "run"
+  shutil.copytree(stopped_run, workdir)
+  out = _cli("train", *_RUN, "--workdir", "run", "--resume", cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  for where in ("run", str(workdir)):  # relative to the sampler's directory, and absolute
+    line = _error(_cli("sampler", "--workdir", where, "--index", "0", cwd=tmp_path, timeout_s=60), "sampler")
+    assert f"--workdir {where!r} holds a finished run (2 of 2 RL steps, summary.json)" in line, line
+    assert "in a new --workdir" in line, line
+  assert not os.path.exists(workdir / "admission" / "samplers" / "sampler-0.lock")  # refused before anything
+
+
+def test_a_second_sampler_with_the_same_index_is_refused(stopped_run, tmp_path):
+  """Two `rlax-post sampler --index 0` of one run wrote the same queue shards and heartbeat: the second died
+  with a FileExistsError traceback on a shard (or both sampled the same tickets). Now the second is refused with
+  one line; the first samples on, and a sampler restarted after its predecessor's SIGKILL starts at once."""
+  workdir = os.fspath(tmp_path / "run")
+  shutil.copytree(stopped_run, workdir)
+  logs = [tmp_path / "first.log", tmp_path / "again.log"]
+  started = lambda k: "[sampler-0] sampling for" in logs[k].read_text()  # (it holds the index by then)
+  with open(logs[0], "w") as log:
+    first = _sampler(workdir, 0, log)
+  try:
+    _wait(lambda: started(0), "the first sampler", first)
+    line = _error(_cli("sampler", "--workdir", "run", "--index", "0", cwd=tmp_path, timeout_s=60), "sampler")
+    lock = os.path.join("run", "admission", "samplers", "sampler-0.lock")
+    assert line.endswith(f"--index 0: sampler-0 is already running for run (another process holds {lock}); "
+                         "give each sampler its own --index."), line
+    assert first.poll() is None  # the first one goes on
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    with open(logs[1], "w") as log:
+      again = _sampler(workdir, 0, log)  # the lock went with the killed one
+    try:
+      _wait(lambda: started(1), "the restarted sampler", again)
+    finally:
+      again.kill()
+      again.wait()
+  finally:
+    first.kill()
+    first.wait()
