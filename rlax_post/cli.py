@@ -252,7 +252,8 @@ def _output_dir(path: str, flag: str = "--workdir"):
   try:
     yield _writable_dir(path, flag)
   except BaseException:
-    if not existed and os.path.isdir(path) and not any(files for _, _, files in os.walk(path)):
+    if not existed and os.path.isdir(path) and not any(set(files) - {runtime.RUN_LOCK}
+                                                       for _, _, files in os.walk(path)):
       shutil.rmtree(path, ignore_errors=True)
     raise
 
@@ -483,7 +484,9 @@ def _train(argv):
   path = _new_run_dir(_required(_WORKDIR, "the directory for checkpoints, metrics and summaries"))
   with _output_dir(path) as workdir:
     _init_distributed("train")
+    lock = runtime.hold_run(workdir)  # (held until this process ends)
     summary = runtime.train(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value)
+  del lock
   _print_summary(summary, warm_start=cfg.sft.steps > 0)
 
 
@@ -525,7 +528,9 @@ def _learner(argv):
     raise ValueError("`rlax-post learner` runs the async learner: set --config.runtime.mode=async.")
   with _output_dir(_new_run_dir(workdir)):
     _init_distributed("learner")
+    lock = runtime.hold_run(workdir)  # (held until this process ends)
     summary = runtime.run_learner(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value)
+  del lock
   _print_summary(summary, warm_start=cfg.sft.steps > 0)
 
 

@@ -110,3 +110,45 @@ def test_a_second_sampler_with_the_same_index_is_refused(stopped_run, tmp_path):
   finally:
     first.kill()
     first.wait()
+
+
+def test_a_second_run_in_a_running_learners_workdir_is_refused(stopped_run, tmp_path):
+  """`rlax-post learner --workdir W --resume` beside W's running learner (a user who forgot it, a launcher
+  that relaunched) truncated the running one's schedule and metrics, rolled the queue back and deleted its
+  parameter versions, and the two learners then wrote their steps into one schedule (steps missing, measured
+  with the demo's tiny config). Now the second is refused with one line, and so is a `train` there."""
+  workdir = os.fspath(tmp_path / "run")
+  shutil.copytree(stopped_run, workdir)
+  log_path = tmp_path / "learner.log"
+  with open(log_path, "w") as log:  # no sampler: it waits for rollouts of step 2
+    first = subprocess.Popen([sys.executable, "-m", "rlax_post.cli", "learner", "--workdir", "run", "--resume"],
+                             stdout=log, stderr=subprocess.STDOUT, env=_ENV, cwd=tmp_path)
+  try:
+    _wait(lambda: "Resumed run at RL step 1." in log_path.read_text(), "the learner's resume", first)
+    with open(os.path.join(workdir, "schedule.jsonl")) as f:
+      schedule = f.read()
+    lock = os.path.join("run", "run.lock")
+    for command, args in (("learner", ()), ("train", _RUN)):
+      line = _error(_cli(command, *args, "--workdir", "run", "--resume", cwd=tmp_path, timeout_s=120), command)
+      assert line.endswith(f"--workdir 'run' is in use by a running `rlax-post train` or `learner` (another "
+                           f"process holds {lock}); two runs in one workdir overwrite each other's checkpoints, "
+                           "queue and metrics: wait for it to end or stop it, then --resume, or pass another "
+                           "--workdir."), line
+    assert first.poll() is None
+    with open(os.path.join(workdir, "schedule.jsonl")) as f:
+      assert f.read() == schedule  # untouched by the refused ones
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    # Its lock went with it: --resume continues the run (here to its end, with a sampler).
+    with open(tmp_path / "sampler.log", "w") as log:
+      sampler = _sampler(workdir, 0, log)
+    try:
+      out = _cli("learner", "--workdir", "run", "--resume", "--quiet", cwd=tmp_path)
+      assert out.returncode == 0, out.stderr[-3000:]
+    finally:
+      sampler.wait(timeout=60)  # it ends with the learner (learner.done)
+    with open(os.path.join(workdir, "summary.json")) as f:
+      assert json.load(f)["rl_steps_done"] == 2
+  finally:
+    first.kill()
+    first.wait()

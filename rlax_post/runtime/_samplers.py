@@ -250,27 +250,32 @@ def sampler_admission(cfg: config_lib.Config, workdir: str, name: str) -> rollou
                                 ahead=groups)
 
 
-def hold_index(workdir: str, name: str):
-  """An open file holding an exclusive lock on `workdir/admission/samplers/<name>.lock`, so that a second
-  `rlax-post sampler` with the same --index is refused (ValueError) instead of writing the first one's queue
-  shards and heartbeat (it died of a FileExistsError on a shard, or both sampled the same tickets). The OS
-  drops the lock when its process ends, SIGKILL too, so a restarted sampler takes it at once. None (nothing
+def hold_lock(path: str, refusal: str):
+  """An open file holding an exclusive lock on `path` (created) for as long as it stays open; the OS drops the
+  lock when its process ends, SIGKILL too. ValueError(`refusal`) when another process holds it; None (nothing
   checked) on a bucket URL or a filesystem without locks."""
-  if "://" in workdir:
+  if "://" in path:
     return None
-  path = os.path.join(workdir, "admission", "samplers", f"{name}.lock")
   os.makedirs(os.path.dirname(path), exist_ok=True)
   f = open(path, "a")  # pylint: disable=consider-using-with  (held for the process's life)
   try:
     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except BlockingIOError:
     f.close()
-    raise ValueError(f"--index {name.split('-')[-1]}: {name} is already running for {workdir} (another "
-                     f"process holds {path}); give each sampler its own --index.") from None
+    raise ValueError(refusal) from None
   except OSError:  # no locks here (some FUSE mounts): unchecked
     f.close()
     return None
   return f
+
+
+def hold_index(workdir: str, name: str):
+  """`hold_lock` on `workdir/admission/samplers/<name>.lock`, so that a second `rlax-post sampler` with the same
+  --index is refused instead of writing the first one's queue shards and heartbeat (it died of a
+  FileExistsError on a shard, or both sampled the same tickets); a restarted one takes it at once."""
+  path = os.path.join(workdir, "admission", "samplers", f"{name}.lock")
+  return hold_lock(path, f"--index {name.split('-')[-1]}: {name} is already running for {workdir} (another "
+                         f"process holds {path}); give each sampler its own --index.")
 
 
 def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s: float = 600.0) -> dict:
