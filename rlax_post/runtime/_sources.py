@@ -219,6 +219,9 @@ class _QueueSource:
   def sampler_stats(self) -> list[dict]:
     return []
 
+  def no_sampler_hint(self) -> str:  # what to do when no sampler is live
+    return ""
+
   def admission_metrics(self) -> dict:  # the ticket grants' counters, for the step's metrics
     return {}
 
@@ -230,8 +233,9 @@ class _QueueSource:
       self.on_wait()
       if time.time() - t0 > 30 and not warned[0]:
         warned[0] = True
+        live = len(self.sampler_stats())
         self.say(f"\n[learner] step {step + 1}: waiting for rollouts ({have}/{self.cfg.rl.prompts_per_step} "
-                 f"groups; live samplers: {len(self.sampler_stats())}).")
+                 f"groups; live samplers: {live}).{'' if live else self.no_sampler_hint()}")
 
     self.check()
     return take_groups(self.queue, num_groups=self.cfg.rl.prompts_per_step, learner_version=step,
@@ -453,6 +457,11 @@ class ProcessSource(_QueueSource):
 
   def on_wait(self) -> None:
     self._grant()
+
+  def no_sampler_hint(self) -> str:  # (a learner started alone waited with no word on what it waits for)
+    return (f" No sampler has joined (none heartbeat in runtime.sampler_timeout_s = "
+            f"{self.cfg.runtime.sampler_timeout_s:g} s): start `rlax-post sampler --workdir {self.workdir} --index 0`,"
+            " any number, each with its own --index.")
 
 
 def _publish_base(directory: str, base) -> None:
