@@ -540,29 +540,35 @@ def _sampler(argv):
   _required(_INDEX, "this sampler's index (0, 1, ...; unique per sampler)")
   if os.path.exists(workdir):  # Else it waits for the learner to create it.
     _writable_dir(workdir)
-  _check_sampled_run(workdir)
-  runtime.run_sampler(workdir, index=_INDEX.value, quiet=_QUIET.value)
+  if _check_sampled_run(workdir):
+    runtime.run_sampler(workdir, index=_INDEX.value, quiet=_QUIET.value)
 
 
-def _check_sampled_run(workdir: str) -> None:
+def _check_sampled_run(workdir: str) -> bool:
   """A run already in `workdir` must be an async learner's: a sampler of a sync run waited for tickets no one
-  grants, silently and for ever (a CLI walk-through). Without one yet, it says what it waits for."""
+  grants, silently and for ever (a CLI walk-through). Without one yet, it says what it waits for. False (said
+  why) for a finished learner's run: nothing to sample (a sampler restarted after the end exits 0)."""
   if "://" not in workdir and not os.path.isfile(os.path.join(workdir, "config.json")):
     if not _QUIET.value:
       print(f"[sampler-{_INDEX.value}] waiting for a learner to start in {workdir} (its config.json): "
             f"`rlax-post learner --config FILE --config.runtime.mode=async --workdir {workdir}`", flush=True)
-    return
+    return True
   cfg = runtime.load_run_config(_run_dir(workdir, "--workdir", "the workdir of an async learner"))
   if cfg.runtime.mode != "async":
     raise ValueError(f"--workdir {workdir!r} holds a run of runtime.mode = {cfg.runtime.mode!r}, which samples "
                      "by itself; samplers serve an async learner (`rlax-post learner --config.runtime.mode=async`, "
                      "docs/async.md).")
   summary = _summary_of(workdir)
-  if sweep.finished(summary):  # No learner grants it tickets: the sampler waited for ever (a `train` run's).
-    raise ValueError(f"--workdir {workdir!r} holds a finished run ({summary['rl_steps_done']} of "
-                     f"{summary['rl_steps']} RL steps, summary.json): no learner will grant it tickets; start "
-                     "`rlax-post learner --config FILE --config.runtime.mode=async` in a new --workdir and the "
-                     "samplers there.")
+  if not sweep.finished(summary):
+    return True
+  steps = f"{summary['rl_steps_done']} of {summary['rl_steps']} RL steps, summary.json"
+  if os.path.exists(os.path.join(workdir, runtime.DONE_FILE)):  # a learner's: it printed "done: {'groups': 0...}"
+    print(f"[sampler-{_INDEX.value}] the learner of {workdir} has finished ({steps}): nothing to sample.")
+    return False
+  # An async `train` run's (its samplers were threads): no learner grants tickets or ends it; it waited for ever.
+  raise ValueError(f"--workdir {workdir!r} holds a finished run of `rlax-post train` ({steps}), whose samplers "
+                   "were threads: no learner will grant tickets there; start `rlax-post learner --config FILE "
+                   "--config.runtime.mode=async` in a new --workdir and the samplers there.")
 
 
 def _summary_of(workdir: str) -> dict | None:

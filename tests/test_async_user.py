@@ -67,16 +67,17 @@ def stopped_run(tmp_path_factory):
 
 
 def test_a_sampler_of_a_finished_run_is_refused(stopped_run, tmp_path):
-  """A sampler started on a finished run (here an async `train` run's, whose samplers were threads) said
-  'sampling for run (16 slots)' and waited for tickets for ever; one on a finished learner's run printed
-  'done: {'groups': 0, ...}' and exited 0. Now: one line naming the run's steps and what to do."""
+  """A sampler started on a finished async `train` run (whose samplers were threads) said 'sampling for run
+  (16 slots)' and waited for tickets for ever. Now: one error line naming the run's steps and what to do. (On a
+  finished learner's run it exits 0 saying so: the end of the second-run test below.)"""
   workdir = tmp_path / "run"
   shutil.copytree(stopped_run, workdir)
   out = _cli("train", *_RUN, "--workdir", "run", "--resume", cwd=tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]
   for where in ("run", str(workdir)):  # relative to the sampler's directory, and absolute
     line = _error(_cli("sampler", "--workdir", where, "--index", "0", cwd=tmp_path, timeout_s=60), "sampler")
-    assert f"--workdir {where!r} holds a finished run (2 of 2 RL steps, summary.json)" in line, line
+    assert (f"--workdir {where!r} holds a finished run of `rlax-post train` (2 of 2 RL steps, summary.json), "
+            "whose samplers were threads") in line, line
     assert "in a new --workdir" in line, line
   assert not os.path.exists(workdir / "admission" / "samplers" / "sampler-0.lock")  # refused before anything
 
@@ -154,6 +155,10 @@ def test_a_second_run_in_a_running_learners_workdir_is_refused(stopped_run, tmp_
       sampler.wait(timeout=60)  # it ends with the learner (learner.done)
     with open(os.path.join(workdir, "summary.json")) as f:
       assert json.load(f)["rl_steps_done"] == 2
+    # A sampler (re)started after the learner's end exits 0 saying so (it printed "done: {'groups': 0, ...}").
+    out = _cli("sampler", "--workdir", "run", "--index", "1", cwd=tmp_path, timeout_s=60)
+    assert out.returncode == 0 and out.stdout == ("[sampler-1] the learner of run has finished (2 of 2 RL steps, "
+                                                  "summary.json): nothing to sample.\n"), (out.stdout, out.stderr)
   finally:
     first.kill()
     first.wait()

@@ -60,6 +60,7 @@ from rlax_post.runtime._run import hold_run
 from rlax_post.runtime._run import RUN_LOCK
 from rlax_post.runtime._run import is_run_config
 from rlax_post.runtime._samplers import Channels
+from rlax_post.runtime._samplers import DONE_FILE
 from rlax_post.runtime._samplers import load_run_config
 from rlax_post.runtime._samplers import run_sampler
 from rlax_post.runtime._samplers import SamplerWorker
@@ -78,7 +79,7 @@ from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 __all__ = ["build_parts", "check_config", "Credit", "credit_fidelity", "spearman", "ModelPolicy", "ExactOracle", "exact_oracle", "policy_value", "run_policy_value", "config_policy", "load_run_policy", "RunPolicy", "rescue_audit", "rescue_evaluate",
            "HarnessOptions", "run_rescue_eval", "simulate_sessions", "Channels", "check_resume_config", "complete_checkpoints", "probe_writable", "CriticScores", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "Evaluator", "export_hf", "Exported",
            "InlineSource", "initialize_distributed", "is_primary", "learn", "make_source", "discounted_returns", "pair_rows",
-           "QFunction", "fit_sets", "mean_return", "read_rounds", "round_dir", "RoundSource", "transitions_of", "hold_run", "RUN_LOCK", "is_run_config", "load_run_config", "LoggedSource", "MetricsWriter",
+           "QFunction", "fit_sets", "mean_return", "read_rounds", "round_dir", "RoundSource", "transitions_of", "hold_run", "RUN_LOCK", "DONE_FILE", "is_run_config", "load_run_config", "LoggedSource", "MetricsWriter",
            "Parts", "plot_curves", "read_jsonl", "ProcessSource", "replay", "RLUpdate", "RolloutBatch", "rows_to_batch",
            "run_learner", "run_memory", "run_sampler", "RunCheckpointer", "SamplerWorker", "serve", "Source",
            "served_step", "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "warm_start_cache_entries",
