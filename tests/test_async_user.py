@@ -162,3 +162,15 @@ def test_a_second_run_in_a_running_learners_workdir_is_refused(stopped_run, tmp_
   finally:
     first.kill()
     first.wait()
+
+
+def test_a_sampler_timeout_below_a_heartbeat_gap_is_refused(tmp_path):
+  """`runtime.sampler_timeout_s = 0.05` was accepted, and a learner with two samplers made no step in 2
+  minutes: samplers beat every 0.5 s, so at every grant each looked dead and the learner took its tickets back
+  (888 reclaims, nothing sampled, nothing said). At 1 s the same run finishes (tickets reclaimed only while
+  the samplers compile)."""
+  base = ("check-config", "--config", f"{_DEMO}:tiny", "--config.runtime.mode=async")
+  line = _error(_cli(*base, "--config.runtime.sampler_timeout_s=0.05", cwd=tmp_path, timeout_s=60), "check-config")
+  assert line == "rlax-post check-config: error: `config.runtime.sampler_timeout_s` must be >= 1.0; got 0.05."
+  out = _cli(*base, "--config.runtime.sampler_timeout_s=1", cwd=tmp_path, timeout_s=60)
+  assert out.returncode == 0 and json.loads(out.stdout)["runtime"]["sampler_timeout_s"] == 1.0, out.stderr

@@ -343,7 +343,7 @@ _FINITE_FIELDS = [
     ("sft", "optimizer", "weight_decay", ">= 0.0"),  # closed lower bound only
     ("sft", "noise", None, ">= 0.0 and <= 1.0"),  # closed interval
     ("rl", "optimizer", "b1", ">= 0.0 and < 1.0"),  # half-open interval
-    ("runtime", "sampler_timeout_s", None, "> 0.0"),
+    ("runtime", "sampler_timeout_s", None, ">= 1.0"),
     ("loss", "dual_clip", None, "> 1.0"),  # optional (None by default)
 ]
 
