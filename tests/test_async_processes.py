@@ -73,7 +73,13 @@ def test_sampler_and_learner_faults(tmp_path):
     version_at_restart = len(_schedule(workdir))
     s1b = _cli("sampler", "--workdir", workdir, "--index", "1", log=logs["s1b"])
     procs["s1b"] = s1b
-    _wait(lambda: _heartbeat(workdir, "sampler-1").get("pid") == s1b.pid, "the restarted sampler", procs)
+    # The learner waits (SIGSTOP) while the new sampler starts: on a loaded machine its start (imports, compiles)
+    # outlasted the learner's remaining steps, which then finished before it could be killed.
+    learner.send_signal(signal.SIGSTOP)
+    try:
+      _wait(lambda: _heartbeat(workdir, "sampler-1").get("pid") == s1b.pid, "the restarted sampler", procs)
+    finally:
+      learner.send_signal(signal.SIGCONT)
     restarted_version = _heartbeat(workdir, "sampler-1")["version"]
     assert restarted_version >= version_at_restart
 
