@@ -1,8 +1,10 @@
 """`rlax-post` explains itself (`--help`) and answers a careless user's mistakes with one line that names the
 bad flag, key, value, file or directory and the fix, exit status 2, and no traceback.
 
-Each case runs `python -m rlax_post.cli` in a subprocess and stops before training starts (check-config, or
-an error raised before any JAX work), so each takes about the time of an import.
+Each case runs `rlax-post` in a process of its own and stops before training starts (check-config, or an error
+raised before any JAX work): forked from a process that imported the CLI once (`_cli_forks`), so each takes a
+fraction of a second instead of the time of that import; the cases about the process itself (a closed pipe, a
+sampler that runs on) start `python -m rlax_post.cli`.
 """
 
 import json
@@ -15,6 +17,7 @@ import threading
 
 import pytest
 
+import _cli_forks  # pylint: disable=g-bad-import-order
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import cli
 from rlax_post import sweep
@@ -28,8 +31,7 @@ _IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def _cli(*args, cwd=_ROOT):
-  return subprocess.run([sys.executable, "-m", "rlax_post.cli", *map(str, args)], capture_output=True,
-                        text=True, timeout=120, env=_ENV, cwd=cwd)
+  return _cli_forks.run(*args, cwd=cwd, env=_ENV)
 
 
 def _error(out, command: str) -> str:

@@ -1,0 +1,63 @@
+"""`rlax-post ARGS` in a process of its own, forked from a server that imported the CLI once (`_cli_forkserver.py`):
+the exit status, stdout and stderr of `python -m rlax_post.cli ARGS`, without paying the ~2 s import per command
+(test_cli.py runs about a hundred commands that stop before any JAX work, each the time of that import).
+
+A test that needs the process itself (a pipe it closes, a signal, a process that runs on) starts
+`python -m rlax_post.cli` with subprocess instead.
+"""
+
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import tempfile
+
+import _procs
+
+_SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cli_forkserver.py")
+_servers: dict[tuple, subprocess.Popen] = {}
+_VOLATILE = ("PYTEST_CURRENT_TEST",)  # set by pytest for each test; a child gets the request's own
+
+
+def _server(env: dict[str, str]) -> subprocess.Popen:
+  """The server for `env` (started on first use; each lives until this process ends)."""
+  key = tuple(sorted((k, v) for k, v in env.items() if k not in _VOLATILE))
+  proc = _servers.get(key)
+  if proc is None or proc.poll() is not None:
+    proc = subprocess.Popen([sys.executable, _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env, cwd=os.path.dirname(_SERVER))
+    atexit.register(_stop, proc)
+    _servers[key] = proc
+  return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+  proc.stdin.close()
+  try:
+    proc.wait(timeout=30)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+
+
+def run(*args, cwd: str, env: dict[str, str] | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+  """`rlax-post *args` in `cwd`, as subprocess.run(..., capture_output=True, text=True) reports it; a command
+  still running after `timeout` seconds is ended by SIGALRM (its return code -14)."""
+  env = _procs.env() if env is None else env
+  argv = [str(a) for a in args]
+  proc = _server(env)
+  with tempfile.TemporaryDirectory() as tmp:
+    out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+    request = {"argv": argv, "cwd": str(cwd), "env": env, "stdout": out, "stderr": err, "timeout": timeout}
+    proc.stdin.write(json.dumps(request) + "\n")
+    proc.stdin.flush()
+    if not select.select([proc.stdout], [], [], timeout + 60)[0]:
+      proc.kill()
+      raise subprocess.TimeoutExpired(["rlax-post", *argv], timeout)
+    answer = proc.stdout.readline()
+    if not answer:
+      raise RuntimeError(f"the CLI fork server ended (exit status {proc.wait()}) while running rlax-post {argv}")
+    with open(out, encoding="utf-8") as f_out, open(err, encoding="utf-8") as f_err:
+      return subprocess.CompletedProcess(["rlax-post", *argv], json.loads(answer)["returncode"], f_out.read(),
+                                         f_err.read())
