@@ -1,11 +1,13 @@
 """Config validation: unknown keys and bad values give errors that name them and list what is allowed."""
 
 import json
-import subprocess
+import os
 import sys
 
 import pytest
 
+import _cli_forks  # pylint: disable=g-bad-import-order
+import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
 from rlax_post import runtime
 
@@ -385,8 +387,7 @@ def test_task_variants_carry_their_own_options_and_combine():
 
 
 def _cli(*args):
-  return subprocess.run([sys.executable, "-m", "rlax_post.cli", *args], capture_output=True, text=True,
-                        timeout=120)
+  return _cli_forks.run(*args, cwd=os.getcwd(), env=_procs.env())
 
 
 def test_cli_reports_unknown_key_and_bad_value():

@@ -2,12 +2,11 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import pytest
 
+import _cli_forks  # pylint: disable=g-bad-import-order
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config as config_lib
 from rlax_post import models
@@ -73,9 +72,7 @@ def test_a_prompt_too_long_for_the_model_is_an_error_naming_it(policy):
 
 
 def _cli(*args, cwd=None):
-  env = _procs.env()
-  return subprocess.run([sys.executable, "-m", "rlax_post.cli", *args], capture_output=True, text=True,
-                        timeout=300, env=env, cwd=cwd)
+  return _cli_forks.run(*args, cwd=os.getcwd() if cwd is None else cwd, env=_procs.env(), timeout=300)
 
 
 def test_rescue_commands(tmp_path):
