@@ -17,23 +17,29 @@ import tempfile
 import _procs
 
 _SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_cli_forkserver.py")
-_servers: dict[tuple, subprocess.Popen] = {}
 _VOLATILE = ("PYTEST_CURRENT_TEST",)  # set by pytest for each test; a child gets the request's own
+_server_of: dict[tuple, subprocess.Popen] = {}  # at most one: (its environment) -> the server
 
 
 def _server(env: dict[str, str]) -> subprocess.Popen:
-  """The server for `env` (started on first use; each lives until this process ends)."""
+  """The server for `env`: the running one if it has that environment, else a new one (the old one ends, so
+  a worker holds one idle server at most; the last ends with this process)."""
   key = tuple(sorted((k, v) for k, v in env.items() if k not in _VOLATILE))
-  proc = _servers.get(key)
+  proc = _server_of.get(key)
   if proc is None or proc.poll() is not None:
+    for old in _server_of.values():
+      _stop(old)
+    _server_of.clear()
     proc = subprocess.Popen([sys.executable, _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env=env, cwd=os.path.dirname(_SERVER))
     atexit.register(_stop, proc)
-    _servers[key] = proc
+    _server_of[key] = proc
   return proc
 
 
 def _stop(proc: subprocess.Popen) -> None:
+  if proc.poll() is not None:
+    return
   proc.stdin.close()
   try:
     proc.wait(timeout=30)

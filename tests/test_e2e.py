@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 
+import _cli_forks  # pylint: disable=g-bad-import-order
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
 from rlax_post import runtime
@@ -53,9 +54,8 @@ def test_tiny_grpo_run_writes_finite_summary_and_outputs(tmp_path):
     assert (tmp_path / "run" / name).exists(), name
   assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["2", "3"]  # max_to_keep = 2
   # A second run into the same workdir without --resume is refused (nothing is overwritten).
-  cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir",
-         str(tmp_path / "run"), "--quiet"]
-  again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_ENV)
+  again = _cli_forks.run("train", "--config", _CONFIG + ":tiny", "--workdir", tmp_path / "run", "--quiet",
+                         cwd=os.getcwd(), env=_ENV)
   assert again.returncode == 2 and "pass --resume" in again.stderr
 
 

@@ -6,13 +6,12 @@ import functools
 import json
 import math
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
+import _cli_forks  # pylint: disable=g-bad-import-order
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
 from rlax_post import envs
@@ -120,13 +119,13 @@ def test_tree_config_on_tools_and_arpo_on_text_are_checked():
 
 
 def test_a_short_tool_tree_run_trains_and_logs_the_budget(tmp_path):
-  # A CLI subprocess on one CPU device, as tests/test_tools_training.py: the episode envs' threads and the
+  # A CLI process on one CPU device, as tests/test_tools_training.py: the episode envs' threads and the
   # learner's sharded programs over 8 fake CPU devices can deadlock in a collective.
   env = _procs.env()
-  cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir", str(tmp_path),
-         "--quiet", "--config.tree.expansion=treerl", "--config.tree.forks=1", "--config.rl.samples_per_prompt=4",
-         "--config.advantage.estimator=treerl", "--config.tree.prefix=mean"]
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+  out = _cli_forks.run("train", "--config", _CONFIG + ":tiny", "--workdir", tmp_path, "--quiet",
+                       "--config.tree.expansion=treerl", "--config.tree.forks=1", "--config.rl.samples_per_prompt=4",
+                       "--config.advantage.estimator=treerl", "--config.tree.prefix=mean", cwd=os.getcwd(), env=env,
+                       timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert summary["rl_steps_done"] == 2 and summary["num_skipped_updates"] == 0

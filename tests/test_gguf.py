@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 
+import _cli_forks  # pylint: disable=g-bad-import-order
 import _procs  # pylint: disable=g-bad-import-order
 import _smollm2_ours
 import _tiny_gguf
@@ -195,13 +196,10 @@ def test_a_conversion_writes_all_or_nothing_into_a_new_or_empty_directory(tmp_pa
   with pytest.raises(ValueError, match=r"f.gguf: tokenizer.ggml.eos_token_id = 99999 is not a token of its "
                                        r"vocabulary of 2"):
     models._gguf.tokenizer_config(meta, "f.gguf")  # pylint: disable=protected-access
-  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "convert", "--gguf", path, "--out",
-                         str(tmp_path / "stale")], capture_output=True, text=True, timeout=120, cwd=_ROOT,
-                        env=_procs.env())
+  done = _cli_forks.run("convert", "--gguf", path, "--out", tmp_path / "stale", cwd=_ROOT, env=_procs.env())
   assert done.returncode == 2 and "Traceback" not in done.stderr and "already holds files" in done.stderr
   (tmp_path / "junk.gguf").write_bytes(b"not a gguf file at all")
-  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "convert", "--gguf", str(tmp_path / "junk.gguf"),
-                         "--out", str(tmp_path / "new")], capture_output=True, text=True, timeout=120, cwd=_ROOT,
+  done = _cli_forks.run("convert", "--gguf", tmp_path / "junk.gguf", "--out", tmp_path / "new", cwd=_ROOT,
                         env=_procs.env())
   assert done.returncode == 2 and "is not a readable GGUF file" in done.stderr
   assert not (tmp_path / "new").exists()  # the directory the failed command made is gone
@@ -309,9 +307,8 @@ def test_a_float16_conversion_and_a_bad_dtype(tmp_path):
                                        r"'bfloat16', 'float16'\] \(default: float32\).$"):
     models.convert_gguf(path, str(tmp_path / "bad"), dtype="fp16")
   assert not (tmp_path / "bad").exists()
-  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "convert", "--gguf", path, "--out",
-                         str(tmp_path / "cli"), "--dtype", "bfloat16"], capture_output=True, text=True, timeout=120,
-                        cwd=_ROOT, env=_procs.env())
+  done = _cli_forks.run("convert", "--gguf", path, "--out", tmp_path / "cli", "--dtype", "bfloat16", cwd=_ROOT,
+                        env=_procs.env())
   assert done.returncode == 0, done.stderr[-3000:]
   assert f"in bfloat16 to {tmp_path / 'cli'}; train it with" in done.stdout
   with open(tmp_path / "cli" / "config.json") as f:
@@ -397,9 +394,7 @@ def test_smollm2_logits_and_greedy_tokens_match_transformers(smollm2, tmp_path):
 
 
 def test_convert_command_names_a_missing_file(tmp_path):
-  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "convert", "--gguf", "missing.gguf", "--out",
-                         str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=_ROOT,
-                        env=_procs.env())
+  done = _cli_forks.run("convert", "--gguf", "missing.gguf", "--out", tmp_path, cwd=_ROOT, env=_procs.env())
   assert done.returncode == 2 and "Traceback" not in done.stderr
   assert done.stderr.strip().startswith("rlax-post convert: error: --gguf 'missing.gguf': cannot read it")
 

@@ -4,7 +4,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -14,6 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
+import _cli_forks  # noqa: E402
 import _procs  # noqa: E402
 import _runs  # noqa: E402
 import _serving  # noqa: E402
@@ -158,8 +158,8 @@ def test_rlax_post_export_writes_a_checkpoint_transformers_runs_with_our_logits(
   path, _, _ = checkpoint
   cfg, workdir, _ = hf_run
   out = tmp_path / "exported"
-  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "export", "--workdir", workdir, "--out", str(out)],
-                        capture_output=True, text=True, timeout=300, env=_procs.env())
+  done = _cli_forks.run("export", "--workdir", workdir, "--out", out, cwd=os.getcwd(), env=_procs.env(),
+                        timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   assert done.stdout.startswith(f"Wrote step 2 of {workdir} as Qwen2ForCausalLM in float32 to {out};"), done.stdout
   _runs.assert_export_holds(out, _runs.restore(workdir, cfg, 2)[0].params)  # checkpoint 2's tensors, exactly

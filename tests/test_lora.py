@@ -6,7 +6,6 @@ import functools
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import jax
@@ -24,6 +23,7 @@ from rlax_post import runtime
 from rlax_post import sharding
 from rlax_post.runtime import _samplers
 
+import _cli_forks
 import _procs
 import _runs
 
@@ -368,8 +368,8 @@ def test_rlax_post_export_of_a_lora_run_gives_transformers_our_merged_logits(lor
   transformers = pytest.importorskip("transformers")
   workdir, cfg, _ = lora_run
   out = tmp_path / "hf"
-  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "export", "--workdir", str(workdir), "--out",
-                         str(out), "--step", "2"], capture_output=True, text=True, timeout=300, env=_procs.env())
+  done = _cli_forks.run("export", "--workdir", workdir, "--out", out, "--step", "2", cwd=os.getcwd(),
+                        env=_procs.env(), timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   assert done.stdout.startswith(f"Wrote step 2 of {workdir} as LlamaForCausalLM in float32 to {out};"), done.stdout
   state, _, _ = _runs.restore(workdir, cfg, 2)
@@ -396,9 +396,8 @@ def test_rlax_post_export_dtype_bfloat16_writes_the_policy_rounded_to_bfloat16(l
   the nearest bfloat16; orbax's read-only notice is not printed (the run's reader is read-only on purpose)."""
   workdir, _, _ = lora_run
   out = tmp_path / "hf"
-  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "export", "--workdir", str(workdir), "--out",
-                         str(out), "--dtype", "bfloat16"], capture_output=True, text=True, timeout=300,
-                        env=_procs.env())
+  done = _cli_forks.run("export", "--workdir", workdir, "--out", out, "--dtype", "bfloat16", cwd=os.getcwd(),
+                        env=_procs.env(), timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   assert done.stdout.startswith(f"Wrote step 4 of {workdir} as LlamaForCausalLM in bfloat16 to {out};"), done.stdout
   assert "Given directory is read only" not in done.stderr, done.stderr[-3000:]

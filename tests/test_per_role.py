@@ -4,7 +4,7 @@ per-role drivers, and a short run with its checkpoint and export (8 fake CPU dev
 
 import functools
 import json
-import subprocess
+import os
 import sys
 
 import jax
@@ -25,6 +25,7 @@ from rlax_post.runtime import _learn
 sys.path.insert(0, ".")
 from configs import multiagent  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+import _cli_forks
 import _procs
 import _runs
 
@@ -257,8 +258,8 @@ def test_rlax_post_export_of_a_per_role_run_writes_each_roles_checkpoint_in_the_
   rounded to the nearest bfloat16, under torch_dtype "bfloat16"."""
   workdir, cfg, _ = per_role_run
   out = tmp_path / "hf"
-  done = subprocess.run([sys.executable, "-m", "rlax_post.cli", "export", "--workdir", workdir, "--out", str(out),
-                         "--dtype", "bfloat16"], capture_output=True, text=True, timeout=300, env=_procs.env())
+  done = _cli_forks.run("export", "--workdir", workdir, "--out", out, "--dtype", "bfloat16", cwd=os.getcwd(),
+                        env=_procs.env(), timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   assert done.stdout.startswith(f"Wrote step 3 of {workdir} as LlamaForCausalLM in bfloat16 to {out}/router, "
                                 f"{out}/worker (one checkpoint per role); transformers' AutoModelForCausalLM and "

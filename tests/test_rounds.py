@@ -6,13 +6,13 @@ and replays exactly."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import jax
 import numpy as np
 import pytest
 
+import _cli_forks  # pylint: disable=g-bad-import-order
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
 from rlax_post import envs
@@ -332,10 +332,9 @@ def test_the_single_turn_responses_end_where_the_episodes_messages_end(tmp_path)
 
 
 def _train(workdir, *flags):
-  cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/iterppo.py:tiny", "--workdir",
-         str(workdir), "--config.runtime.progress=false", "--config.rl.steps=4", _PATIENCE,
-         *flags]  # 2 rounds of 2 steps
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_ENV)
+  out = _cli_forks.run("train", "--config", "configs/iterppo.py:tiny", "--workdir", workdir,
+                       "--config.runtime.progress=false", "--config.rl.steps=4", _PATIENCE,  # 2 rounds of 2 steps
+                       *flags, cwd=os.getcwd(), env=_ENV, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   return out
 
@@ -375,8 +374,7 @@ def test_rounds_through_the_cli_resume_mid_round_and_replay_exactly(tmp_path):
   _train(parted, "--resume")
   assert _rl_rows(str(parted)) == logged
   assert [r["metrics"] for r in runtime.read_rounds(str(parted))] == [r["metrics"] for r in records]
-  replay = subprocess.run([sys.executable, "-m", "rlax_post.cli", "replay", "--workdir", str(whole)],
-                          capture_output=True, text=True, timeout=600, env=_ENV)  # on the run's own mesh
+  replay = _cli_forks.run("replay", "--workdir", whole, cwd=os.getcwd(), env=_ENV, timeout=600)  # on the run's own mesh
   assert replay.returncode == 0 and "replay:" in replay.stdout, replay.stderr[-3000:]
 
 
@@ -389,9 +387,8 @@ def test_a_mid_round_resume_needs_its_round_record_and_makes_a_crashed_round_aga
   broken = tmp_path / "broken"  # a mid-round resume needs the round's record
   shutil.copytree(parted, broken)
   os.remove(os.path.join(runtime.round_dir(str(broken), 1), "round.json"))
-  out = subprocess.run([sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/iterppo.py:tiny",
-                        "--workdir", str(broken), "--resume", "--config.rl.steps=4", _PATIENCE],
-                       capture_output=True, text=True, timeout=600, env=_ENV)
+  out = _cli_forks.run("train", "--config", "configs/iterppo.py:tiny", "--workdir", broken, "--resume",
+                       "--config.rl.steps=4", _PATIENCE, cwd=os.getcwd(), env=_ENV, timeout=600)
   assert out.returncode != 0 and "round.json" in out.stderr and "missing" in out.stderr
   # Killed after publishing π_1 and Q_1 but before round 1's record, resumed from the round's first step: the
   # round is made again and republished (publishing version 1 again was refused, at every resume).
@@ -412,9 +409,8 @@ def test_rounds_run_on_the_tool_task_with_a_monte_carlo_value(tmp_path):
            "--config.rl.steps=1",
            "--config.iterppo.q_batch_size=4", "--config.iterppo.q_epochs=1", "--config.critic.loss=mse",
            "--config.advantage.estimator=grpo", "--config.runtime.progress=false"]
-  cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/tools_tiny.py:tiny", "--workdir",
-         str(tmp_path), *flags]
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_ENV)
+  out = _cli_forks.run("train", "--config", "configs/tools_tiny.py:tiny", "--workdir", tmp_path, *flags,
+                       cwd=os.getcwd(), env=_ENV, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
   records = runtime.read_rounds(str(tmp_path))
   assert [r["round"] for r in records] == [0, 1] and records[-1]["final"]
@@ -422,9 +418,8 @@ def test_rounds_run_on_the_tool_task_with_a_monte_carlo_value(tmp_path):
     m = r["metrics"]
     assert m["round_value_exact"] == 0.0 and "q_exact_rmse" not in m and np.isfinite(m["q_heldout_mse"])
     assert m["round_episodes"] == 8 and m["round_transitions"] >= 8 and m["round_env_calls"] >= 8
-  bad = subprocess.run([sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/demo.py:tiny",
-                        "--workdir", str(tmp_path / "text"), "--config.runtime.mode=rounds",
-                        "--config.iterppo.round_steps=1", "--config.iterppo.episodes=4", "--config.critic.loss=mse",
-                        "--config.critic.mode=separate"],
-                       capture_output=True, text=True, timeout=600, env=_ENV)
+  bad = _cli_forks.run("train", "--config", "configs/demo.py:tiny", "--workdir", tmp_path / "text",
+                       "--config.runtime.mode=rounds", "--config.iterppo.round_steps=1", "--config.iterppo.episodes=4",
+                       "--config.critic.loss=mse", "--config.critic.mode=separate", cwd=os.getcwd(), env=_ENV,
+                       timeout=600)
   assert bad.returncode != 0 and "max_turn_tokens" in bad.stderr

@@ -6,6 +6,7 @@ import sys
 import numpy as np
 import pytest
 
+import _cli_forks  # pylint: disable=g-bad-import-order
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post.envs import sales
 from rlax_post import envs
@@ -195,14 +196,14 @@ def test_customers_differ_between_splits_and_episodes():
 
 
 def test_a_short_sales_run_through_the_cli(tmp_path):
-  import json, os, subprocess, sys  # pylint: disable=g-import-not-at-top,multiple-imports
+  import json, os  # pylint: disable=g-import-not-at-top,multiple-imports
   # One CPU device, as the tool task's run (tests/test_tools_training.py). A customer of patience 3 (the
   # config's: 4) keeps V* = 0.9 and shrinks the exact oracle's conversation tree six-fold: `rlax-post value`
   # scores every history in it (measured 2026-12-03, cold cache: 26 s at patience 4).
   env, game = _procs.env(), sales.SalesGame(patience=3)
-  cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", "configs/sales.py:tiny", "--workdir",
-         str(tmp_path), "--quiet", f"--config.task.options.patience={game.patience}"]
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+  cwd = os.getcwd()
+  out = _cli_forks.run("train", "--config", "configs/sales.py:tiny", "--workdir", tmp_path, "--quiet",
+                       f"--config.task.options.patience={game.patience}", cwd=cwd, env=env, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert summary["rl_steps_done"] == 2 and 0.0 <= summary["final_eval_reward"] <= game.optimal_return()
@@ -210,8 +211,8 @@ def test_a_short_sales_run_through_the_cli(tmp_path):
   for m in rl:  # 2 prompts × 4 episodes, each answered at least once and at most `patience` times
     assert 8 <= m["env_calls"] <= 8 * game.patience and m["terminal_evals"] == 8
   # The exact value of the run's policy and of its warm start (`rlax-post value`).
-  out = subprocess.run([sys.executable, "-m", "rlax_post.cli", "value", "--workdir", str(tmp_path), "--json",
-                        str(tmp_path / "value.json")], capture_output=True, text=True, timeout=300, env=env)
+  out = _cli_forks.run("value", "--workdir", tmp_path, "--json", tmp_path / "value.json", cwd=cwd, env=env,
+                       timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   report = json.loads((tmp_path / "value.json").read_text())
   assert report["step"] == 2 and report["optimal_value"] == pytest.approx(0.9) and report["histories"] >= 1
@@ -223,15 +224,13 @@ def test_a_short_sales_run_through_the_cli(tmp_path):
   sessions.mkdir()
   session = envs.dialogue.simulate_session(envs.dialogue.CoupleSim(horizon=2), 0)
   envs.dialogue.dump_session(session, sessions / "s.json")
-  out = subprocess.run([sys.executable, "-m", "rlax_post.cli", "rescue-eval", "--workdir", str(tmp_path),
-                        "--warm_start", "--sessions", str(sessions), "--tasks", "stp", "--max_context_rows", "1",
-                        "--json", str(tmp_path / "rescue.json")], capture_output=True, text=True, timeout=300, env=env)
+  out = _cli_forks.run("rescue-eval", "--workdir", tmp_path, "--warm_start", "--sessions", sessions, "--tasks", "stp",
+                       "--max_context_rows", "1", "--json", tmp_path / "rescue.json", cwd=cwd, env=env, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   rescue = json.loads((tmp_path / "rescue.json").read_text())
   assert (rescue["step"], rescue["policy"], rescue["sessions"]) == (2, "warm_start", 1)
   assert rescue["metrics"]["stp"]["n"] == len(envs.dialogue.instances(session, ["stp"]))
-  bad = subprocess.run([sys.executable, "-m", "rlax_post.cli", "value", "--workdir", str(tmp_path / "nope")],
-                       capture_output=True, text=True, timeout=120, env=env)
+  bad = _cli_forks.run("value", "--workdir", tmp_path / "nope", cwd=cwd, env=env)
   assert bad.returncode != 0 and "--workdir" in bad.stderr and "Traceback" not in bad.stderr
 
 
