@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import _cli_forks  # pylint: disable=g-bad-import-order
 import _procs  # pylint: disable=g-bad-import-order
 import _tiny_hf
 import numpy as np
@@ -34,9 +35,9 @@ def _make_data(out, *extra):
 
 
 def _train(variant, data_dir, workdir, *extra):
-  return _run("-m", "rlax_post.cli", "train", "--config", f"configs/dataset.py:{variant}", "--workdir", workdir,
-              f"--config.data.train={data_dir}/train.jsonl", f"--config.data.eval={data_dir}/eval.jsonl",
-              *_QUIET, *extra)
+  return _cli_forks.run("train", "--config", f"configs/dataset.py:{variant}", "--workdir", workdir,
+                        f"--config.data.train={data_dir}/train.jsonl", f"--config.data.eval={data_dir}/eval.jsonl",
+                        *_QUIET, *extra, cwd=_ROOT, env=_ENV, timeout=300)
 
 
 def _metrics(workdir):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tokenizers
 
+import _cli_forks  # pylint: disable=g-bad-import-order
 from rlax_post import advantages
 from rlax_post import config
 from rlax_post import data
@@ -496,9 +497,7 @@ def test_credit_fidelity_of_a_short_run(c3_value_run):
 
 
 def test_the_fidelity_command_names_a_bad_workdir(tmp_path):
-  import subprocess  # pylint: disable=g-import-not-at-top
-  out = subprocess.run([sys.executable, "-m", "rlax_post.cli", "fidelity", "--workdir", str(tmp_path / "nope")],
-                       capture_output=True, text=True, check=False)
+  out = _cli_forks.run("fidelity", "--workdir", tmp_path / "nope", cwd=os.getcwd())  # the one-device environment
   assert out.returncode == 2 and "Traceback" not in out.stderr
   assert "rlax-post fidelity: error:" in out.stderr and "nope" in out.stderr
 
