@@ -7,6 +7,7 @@ import jax
 import numpy as np
 
 from rlax_post import config
+from rlax_post import models
 from rlax_post import runtime
 from rlax_post import sharding
 
@@ -60,3 +61,17 @@ def synthetic_groups(parts, rewards, *, random_lengths: bool = False) -> list[li
                    "finished": True})
     groups.append(rows)
   return groups
+
+
+def rl_update(**settings):
+  """The demo's tiny config with `section__key=value` settings, built: (`runtime.RLUpdate`, its parts, the
+  initial params on the policy's shardings, the update's initial state)."""
+  c = demo.get_config("tiny")
+  for key, value in settings.items():
+    section, name = key.split("__")
+    setattr(getattr(c, section), name, value)
+  cfg = config.load(c)
+  parts = runtime.build_parts(cfg)
+  update = runtime.RLUpdate(parts)
+  params = jax.device_put(models.init_params(parts.model_cfg, jax.random.key(0))[1], parts.param_shardings)
+  return update, parts, params, update.init(params, cfg.seed)

@@ -10,6 +10,7 @@ import sys
 import time
 
 import _procs  # pylint: disable=g-bad-import-order
+from rlax_post import exchange
 from rlax_post import rollouts
 
 _STEPS = 30  # killed at >= 10 learner steps; a fast machine (or a late poll) may run 20 before the kill lands
@@ -43,6 +44,13 @@ def _wait(predicate, what, procs, timeout_s=180):
     time.sleep(0.1)
 
 
+def _newest_version(workdir):
+  """The newest params version the learner has committed (`exchange`'s layout: <workdir>/params/<version>)."""
+  params = os.path.join(workdir, "params")
+  return max(int(name) for name in os.listdir(params)
+             if name.isdigit() and exchange.is_complete(exchange.as_path(os.path.join(params, name))))
+
+
 def _heartbeat(workdir, name):
   try:
     with open(os.path.join(workdir, "admission", "samplers", f"{name}.json")) as f:
@@ -70,13 +78,14 @@ def test_sampler_and_learner_faults(tmp_path):
     at_kill = len(_schedule(workdir))
     # The learner goes on with sampler 0 alone (the learner grants sampler 1's uncommitted tickets to sampler 0 after its timeout).
     _wait(lambda: len(_schedule(workdir)) >= at_kill + 3, "progress without sampler 1", procs)
-    version_at_restart = len(_schedule(workdir))
-    s1b = _cli("sampler", "--workdir", workdir, "--index", "1", log=logs["s1b"])
-    procs["s1b"] = s1b
     # The learner waits (SIGSTOP) while the new sampler starts: on a loaded machine its start (imports, compiles)
-    # outlasted the learner's remaining steps, which then finished before it could be killed.
+    # outlasted the learner's remaining steps, which then finished before it could be killed. The sampler must
+    # start from the newest params version the learner had committed.
     learner.send_signal(signal.SIGSTOP)
     try:
+      version_at_restart = _newest_version(workdir)
+      s1b = _cli("sampler", "--workdir", workdir, "--index", "1", log=logs["s1b"])
+      procs["s1b"] = s1b
       _wait(lambda: _heartbeat(workdir, "sampler-1").get("pid") == s1b.pid, "the restarted sampler", procs)
     finally:
       learner.send_signal(signal.SIGCONT)

@@ -11,7 +11,6 @@ far outside the clip range and advantages of both signs.
 """
 
 import functools
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -19,15 +18,10 @@ import numpy as np
 import optax
 import pytest
 
-from rlax_post import config
 from rlax_post import learner
 from rlax_post import losses
 from rlax_post import models
-from rlax_post import runtime
 from rlax_post.runtime import _sources as runtime_sources
-
-sys.path.insert(0, '.')
-from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import _tiny_runs  # pylint: disable=g-bad-import-order
 
@@ -490,16 +484,7 @@ def test_update_takes_the_numpy_gradient_step(mode, micro_batches):
 
 # ----------------------------------------------------------------------------- the run's logprobs (RLUpdate)
 
-def _rl_update(**settings):
-  c = demo.get_config('tiny')
-  for key, value in settings.items():
-    section, name = key.split('__')
-    setattr(getattr(c, section), name, value)
-  cfg = config.load(c)
-  parts = runtime.build_parts(cfg)
-  update = runtime.RLUpdate(parts)
-  params = jax.device_put(models.init_params(parts.model_cfg, jax.random.key(0))[1], parts.param_shardings)
-  return update, parts, params, update.init(params, cfg.seed)
+_rl_update = _tiny_runs.rl_update
 
 
 def test_learner_scores_and_trains_at_the_sampling_temperature():

@@ -3,21 +3,14 @@ or the `kl` metric (`loss.track_kl`), the old policy when a batch takes more tha
 minibatches > 1). With one update the old policy is the current one, read off the update's own forward pass:
 the update equals the one fed a separately scored `old_logprobs`."""
 
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rlax_post import config
-from rlax_post import models
-from rlax_post import runtime
 from rlax_post import sharding
 from rlax_post.runtime import _batch
-
-sys.path.insert(0, ".")
-from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import _tiny_runs  # pylint: disable=g-bad-import-order
 
@@ -38,16 +31,7 @@ def _groups(update, parts):
   return _tiny_runs.synthetic_groups(parts, [(g + i) % 2 for g in range(p) for i in range(n)])
 
 
-def _setup(**loss_and_rl):
-  c = demo.get_config("tiny")
-  for key, value in loss_and_rl.items():
-    section, name = key.split("__")
-    setattr(getattr(c, section), name, value)
-  cfg = config.load(c)
-  parts = runtime.build_parts(cfg)
-  update = runtime.RLUpdate(parts)
-  params = jax.device_put(models.init_params(parts.model_cfg, jax.random.key(0))[1], parts.param_shardings)
-  return update, parts, params, update.init(params, cfg.seed)
+_setup = _tiny_runs.rl_update
 
 
 @pytest.mark.parametrize("settings, scores", [

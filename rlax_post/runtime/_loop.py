@@ -16,7 +16,6 @@ from rlax_post.runtime import _learn
 from rlax_post.runtime import _learners
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
-from rlax_post.runtime import _paths
 from rlax_post.runtime import _rounds
 from rlax_post.runtime import _run
 from rlax_post.runtime import _samplers
@@ -72,7 +71,6 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
   PPO's rounds ("rounds"); returns the summary (also written to workdir/summary.json)."""
   # Sampling in the learner's process (inline or threads) is a host-driven decode loop on its own devices.
   _distributed.check_single_process("`rlax-post train` (sampling in the learner's process)")
-  cfg = _paths.absolute_paths(cfg)  # (its config.json then names the same files from any directory)
   _warm_cache.check_cache_dir(cfg)
   parts = _parts.build_parts(cfg)
   _learners.check_batches(parts, sampling=True)
@@ -85,7 +83,6 @@ def run_learner(cfg: config_lib.Config, workdir: str, *, resume: bool = False, q
   (a resumed unit) read it as "the learner has finished" and exited, and the learner then waited for ever."""
   if _distributed.is_primary():
     _samplers.clear_done(workdir)
-  cfg = _paths.absolute_paths(cfg)
   _warm_cache.check_cache_dir(cfg)
   parts = _parts.build_parts(cfg)
   _learners.check_batches(parts, sampling=False)  # (its samplers are other processes, on meshes of their own)

@@ -1,6 +1,7 @@
-"""A run's local paths made absolute when it starts, so that its `config.json` names the same files from any
-directory: `serve`, `export`, `replay`, `sampler` processes and `rescue-eval` read a run's config wherever they
-run, and a relative `model.hf_path`, data file or reward file was read against their own working directory.
+"""A run's local paths made absolute in its `config.json` (`_run._write_config`), so that it names the same files
+from any directory: `serve`, `export`, `replay`, `sampler` processes and `rescue-eval` read a run's config wherever
+they run, and a relative `model.hf_path`, data file or reward file was read against their own working directory.
+The run itself reads its paths as given (relative to where it started), so its errors name them as typed.
 
 The settings that name files: `PATH_KEYS` and the file parts of `reward.fn` ("rewards.py:score"); URLs
 (`gs://...`) and absolute paths are kept as they are. A resume compares a checkpoint's settings through

@@ -28,6 +28,7 @@ from rlax_post.runtime import _learn
 from rlax_post.runtime import _learners
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _paths
 from rlax_post.runtime import _rounds
 from rlax_post.runtime import _rowlog
 from rlax_post.runtime import _samplers
@@ -263,8 +264,11 @@ def _check_resume(meta: dict, cfg: config_lib.Config) -> None:
 
 
 def _write_config(workdir: str, cfg: config_lib.Config) -> None:
+  """workdir/config.json: `cfg` with its local paths absolute (`_paths`), so that the commands that read it
+  (serve, export, replay, sampler processes) find its files from any directory; the run itself reads them as
+  given, and its errors name them so."""
   if _distributed.is_primary():
-    _metrics.write_json(os.path.join(workdir, "config.json"), config_lib.to_dict(cfg))
+    _metrics.write_json(os.path.join(workdir, "config.json"), config_lib.to_dict(_paths.absolute_paths(cfg)))
 
 
 RUN_LOCK = "run.lock"  # held by the running `train` / `learner` (process 0) of a workdir
