@@ -17,39 +17,33 @@ import os
 from rlax_post import config as config_lib
 from rlax_post import rewards
 
-# Config keys (section.field) whose value is a local path, a glob or a directory.
+# Config keys (section.field) whose value is a local path, a glob or a directory; `reward.fn` names files too.
 PATH_KEYS = ("model.hf_path", "critic.hf_path", "data.train", "data.eval", "sft.cache_dir")
+_KEYS = PATH_KEYS + ("reward.fn",)
 
 
-def _absolute(path):
-  if not isinstance(path, str) or not path or "://" in path or os.path.isabs(path):
-    return path
-  return os.path.abspath(path)
-
-
-def _absolute_fns(fns):
-  if not isinstance(fns, str):
-    return fns
-  return ",".join(rewards.absolute_spec(f) if f.strip() else f for f in fns.split(","))
+def _absolute(key: str, value):
+  """`value` of config key `key` (one of `_KEYS`) with its local paths absolute."""
+  if not isinstance(value, str) or not value:
+    return value
+  if key == "reward.fn":
+    return ",".join(rewards.absolute_spec(f) if f.strip() else f for f in value.split(","))
+  return value if "://" in value or os.path.isabs(value) else os.path.abspath(value)
 
 
 def absolute_settings(flat: dict) -> dict:
   """`flat` (dotted key -> value, `config.flat_settings`) with the paths of `PATH_KEYS` and `reward.fn`
   absolute, read against the working directory."""
-  out = {k: _absolute(v) if k in PATH_KEYS else v for k, v in flat.items()}
-  if "reward.fn" in out:
-    out["reward.fn"] = _absolute_fns(out["reward.fn"])
-  return out
+  return {k: _absolute(k, v) if k in _KEYS else v for k, v in flat.items()}
 
 
 def absolute_paths(cfg: config_lib.Config) -> config_lib.Config:
   """`cfg` with its local paths absolute (module docstring)."""
   sections = {}
-  for key in PATH_KEYS + ("reward.fn",):
+  for key in _KEYS:
     section, field = key.split(".")
     old = getattr(getattr(cfg, section), field)
-    new = _absolute_fns(old) if key == "reward.fn" else _absolute(old)
-    if new != old:
+    if (new := _absolute(key, old)) != old:
       sections.setdefault(section, {})[field] = new
   return dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **fields)
                                      for name, fields in sections.items()})
