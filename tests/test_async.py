@@ -18,6 +18,7 @@ from rlax_post import exchange
 from rlax_post import rollouts
 from rlax_post import runtime
 from rlax_post.runtime import _rowlog
+from rlax_post.runtime import _samplers
 
 import _tiny_runs  # pylint: disable=g-bad-import-order
 
@@ -635,3 +636,14 @@ def test_the_file_learner_grants_past_the_bound_by_its_drops_and_samplers_read_t
   assert [sampler.claim(0) for _ in range(5)] == [0, 1, 2, 3, None]
   with pytest.raises(ValueError, match="Only the learner"):
     sampler.add_extra(1)
+
+
+def test_a_sampler_ends_with_a_line_in_words():
+  """`rlax-post sampler`'s last line (it printed the raw stats dict); no params received: versions '-'."""
+  stats = dict(groups=37, late_groups=2, idle_frac=0.125, version=20, swaps=11, first_version=3, seconds=61.6)
+  assert _samplers._done_line(stats) == (  # pylint: disable=protected-access
+      "37 groups queued (2 late copies of re-granted tickets) in 62 s, params versions 3 -> 20 (11 swaps), "
+      "idle 12%")
+  none = dict(stats, groups=0, late_groups=0, first_version=None, version=0, swaps=0, idle_frac=1.0)
+  assert _samplers._done_line(none) == (  # pylint: disable=protected-access
+      "0 groups queued (0 late copies of re-granted tickets) in 62 s, params versions - -> 0 (0 swaps), idle 100%")

@@ -278,6 +278,14 @@ def hold_index(workdir: str, name: str):
                          f"process holds {path}); give each sampler its own --index.")
 
 
+def _done_line(stats: dict) -> str:
+  """A sampler's last line: what it put in the queue, over which params versions, and how busy it was."""
+  first = "-" if stats["first_version"] is None else stats["first_version"]
+  return (f"{stats['groups']} groups queued ({stats['late_groups']} late copies of re-granted tickets) in "
+          f"{stats['seconds']:.0f} s, params versions {first} -> {stats['version']} ({stats['swaps']} swaps), "
+          f"idle {stats['idle_frac']:.0%}")
+
+
 def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s: float = 600.0) -> dict:
   """`rlax-post sampler --index K`: samples for the learner of `workdir` until it writes learner.done."""
   if isinstance(index, bool) or not isinstance(index, int) or index < 0:
@@ -321,7 +329,7 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   queue.close()
   stats = {**worker.stats(), "first_version": worker.first_version, "seconds": time.time() - t0}
   if not quiet:
-    print(f"[{name}] done: {stats}", flush=True)
+    print(f"[{name}] done: {_done_line(stats)}", flush=True)
   if lock is not None:
     lock.close()
   return stats
