@@ -420,12 +420,13 @@ def test_estimate_memory_matches_a_hand_count():
   block = (4 * btd + 2 * b * t * 2 * 4 * 4 + 2 * b * t * 1 * 4 * 4 + 3 * b * t * 16 * 4
            + b * 2 * t * t * (4 + 4))
   logits = 3 * b * t * 16 * 4
+  table = 16 * 8 * 4  # the lookup's 4 × 5 = 20 >= 16 positions read the [V, D] table gathered over fsdp
   want = {
       "params": params,
       "grads": 2 * params,  # the float32 grads and the float32 micro-batch accumulator
       "optimizer": 2 * params + 4,  # mu, nu and Adam's int32 count
       "reference": params,
-      "activations": 2 * btd + block + logits,
+      "activations": 2 * btd + block + logits + table,
       "critic": 0,  # no separate critic (tests/test_memory_critic.py counts one)
       # K and V [L, slots, S, K, H] with the 4 slots split over fsdp; + float32 logits [slots, V], the same.
       "kv_cache": 2 * 2 * (4 // 2) * 10 * 1 * 4 * 4 + (4 // 2) * 16 * 4,
@@ -433,18 +434,45 @@ def test_estimate_memory_matches_a_hand_count():
   want["total"] = sum(want.values())
   assert got == want
   assert tuple(got)[:-1] == learner.MEMORY_COMPONENTS
-  assert want["activations"] == 9216 and want["kv_cache"] == 1408 and want["total"] == 26948
+  assert want["activations"] == 9216 + 512 and want["kv_cache"] == 1408 and want["total"] == 26948 + 512
   # kv_apart (a sync run: no KV cache beside the update's gradients and activations): the larger of the two.
   kw = dict(batch=8, seq_len=6, micro_batches=2, remat=True, optimizer=optax.adam(1e-3), param_copies=1,
             kv_len=10, kv_apart=True)
   apart = learner.estimate_memory(cfg, {"fsdp": 2}, kv_slots=4, **kw)
   assert {k: v for k, v in apart.items() if k != "total"} == {k: v for k, v in want.items() if k != "total"}
-  assert apart["total"] == 26948 - 1408  # the cache (1408) is the smaller: it is not counted
-  big = learner.estimate_memory(cfg, {"fsdp": 2}, kv_slots=64, **kw)  # 16x the slots: 22528 > 5440 + 9216
-  assert big["kv_cache"] == 16 * 1408 and big["total"] == 26948 - 1408 + 16 * 1408 - (2 * params + 9216)
+  assert apart["total"] == 27460 - 1408  # the cache (1408) is the smaller: it is not counted
+  big = learner.estimate_memory(cfg, {"fsdp": 2}, kv_slots=64, **kw)  # 16x the slots: 22528 > 5440 + 9728
+  assert big["kv_cache"] == 16 * 1408 and big["total"] == 27460 - 1408 + 16 * 1408 - (2 * params + 9728)
   no_remat = learner.estimate_memory(cfg, {"fsdp": 2}, batch=8, seq_len=6, micro_batches=2, remat=False,
                                      optimizer=optax.adam(1e-3))
-  assert no_remat["activations"] == 2 * block + logits
+  assert no_remat["activations"] == 2 * block + logits + table
+
+
+@pytest.mark.parametrize("mesh_shape, param_dtype, table", [
+    ({"fsdp": 2}, "float32", 16 * 8 * 4),  # [V, D] whole on each device: gathered over fsdp
+    ({"tensor": 2}, "float32", 16 // 2 * 8 * 4),  # split by vocab rows over tensor, as TABLE_VD says
+    ({"data": 2}, "bfloat16", 16 * 8 * 2),  # in the params' dtype (the gather comes before the cast)
+])
+def test_estimate_memory_counts_the_gathered_embedding_table_exactly_when_the_lookup_reads_it(
+    mesh_shape, param_dtype, table):
+  cfg = models.ModelConfig(vocab_size=16, d_model=8, num_layers=2, num_heads=2, num_kv_heads=2, head_dim=4,
+                           mlp_dim=16, param_dtype=param_dtype)
+  act = lambda batch, seq_len, micro_batches=1: learner.estimate_memory(
+      cfg, mesh_shape, batch=batch, seq_len=seq_len, micro_batches=micro_batches)["activations"]
+  # Every other activation term is linear in a micro-batch's rows (2 devices split the batch at most): the
+  # estimate's added bytes are act(b) - b/2 · act(2) where 2 rows look up 2 × (T - 1) < 16 positions.
+  # (4, 4, 1): 4 × 4 = 16 tokens, but the lookup's 4 × 3 = 12 positions read the split table.
+  for rows, seq_len, micro_batches in [(4, 5, 1), (8, 5, 2), (6, 4, 1), (8, 6, 2), (4, 4, 1), (8, 3, 2),
+                                       (8, 8, 4)]:
+    positions = rows // micro_batches * (seq_len - 1)  # the trunk reads each row but its last token
+    added = act(rows, seq_len, micro_batches) - rows // micro_batches // 2 * act(2, seq_len)
+    assert added == (table if positions >= 16 else 0), (rows, seq_len, micro_batches, added)
+    assert models.gathers_table(positions, cfg.vocab_size) == (positions >= 16)  # the model's own condition
+  # A separate critic's lookup too (its own table, its micro-batch): 2 rows × 4 positions read the split
+  # table, 4 and 6 rows the gathered one; the critic's state and per-row terms cancel in the differences.
+  critic = lambda rows: learner.estimate_memory(cfg, mesh_shape, batch=rows, seq_len=5,
+                                                critic_cfg=models.value_model_config(cfg))["critic"]
+  assert (critic(4) - critic(2)) - (critic(6) - critic(4)) == table
 
 
 def test_estimate_memory_splits_the_kv_cache_over_slots_and_kv_heads():

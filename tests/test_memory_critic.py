@@ -45,6 +45,11 @@ def _trunk(b, t):
   return 2 * btd + block
 
 
+# The critic's lookup reads its [V, D] table gathered over fsdp (whole on each device: tensor = 1): every
+# micro-batch here looks up at least V = 16 positions (rows × (T − 1); `models.gathers_table`).
+TABLE = 16 * 8 * 4
+
+
 def test_the_hand_count_of_the_params():
   got = learner.estimate_memory(CFG, {"fsdp": 2}, batch=8, seq_len=6, optimizer=ADAM)
   assert got["params"] == _hand_params(2) == 4 * (1280 // 2 + 40) == 2720  # test_learner's hand count
@@ -61,14 +66,14 @@ def test_a_tied_critic_costs_the_policy_state_plus_its_head_and_its_activations(
   b, t = 8 // 2 // 2, 6  # one micro-batch of 4 rows, 2 per fsdp device
   values = 2 * b * t * 4  # the float32 values [b, T] and their gradient; no [b, T, V] logits
   # params + float32 grads + the float32 accumulator (micro_batches = 2) + Adam's mu and nu + its count.
-  want = params + 2 * params + 2 * params + 4 + _trunk(b, t) + values
-  assert got["critic"] == want == 5 * 2740 + 4 + 6912 + 96
+  want = params + 2 * params + 2 * params + 4 + _trunk(b, t) + values + TABLE
+  assert got["critic"] == want == 5 * 2740 + 4 + 6912 + 96 + 512
   # The policy's own components are untouched, and the critic's state is exactly the policy's plus the head.
   assert {k: v for k, v in got.items() if k not in ("critic", "total")} == {
       k: v for k, v in without.items() if k not in ("critic", "total")}
   assert without["critic"] == 0 and got["total"] == without["total"] + want
   policy_state = without["params"] + without["grads"] + without["optimizer"]
-  assert got["critic"] - _trunk(b, t) - values == policy_state + 5 * 4 * (4 + 1)
+  assert got["critic"] - _trunk(b, t) - values - TABLE == policy_state + 5 * 4 * (4 + 1)
 
 
 def test_an_untied_policy_critic_drops_the_lm_head():
@@ -83,9 +88,9 @@ def test_an_untied_policy_critic_drops_the_lm_head():
   policy_state = got["params"] + got["grads"] + got["optimizer"]
   assert policy_state == 4 * got["params"] + 4
   values = 2 * 4 * 6 * 4  # one micro-batch of 8 rows, 4 per device
-  want = 4 * (got["params"] - lm_head + 4 * (4 + 1)) + 4 + _trunk(4, 6) + values
-  assert got["critic"] == want == policy_state - 4 * lm_head + 4 * 20 + _trunk(4, 6) + values
-  assert _trunk(4, 6) == 13824 and values == 192 and want == 4 * 2740 + 4 + 13824 + 192
+  want = 4 * (got["params"] - lm_head + 4 * (4 + 1)) + 4 + _trunk(4, 6) + values + TABLE
+  assert got["critic"] == want == policy_state - 4 * lm_head + 4 * 20 + _trunk(4, 6) + values + TABLE
+  assert _trunk(4, 6) == 13824 and values == 192 and want == 4 * 2740 + 4 + 13824 + 192 + 512
 
 
 def test_the_critic_is_sharded_like_the_learner_state():
@@ -95,12 +100,12 @@ def test_the_critic_is_sharded_like_the_learner_state():
   four = learner.estimate_memory(CFG, {"fsdp": 4}, **kw)
   data = learner.estimate_memory(CFG, {"data": 4}, **kw)
   state = lambda fsdp: 4 * _hand_params(fsdp, value_head=True) + 4
-  assert one["critic"] == state(1) + _trunk(16, 6) + 2 * 16 * 6 * 4
+  assert one["critic"] == state(1) + _trunk(16, 6) + 2 * 16 * 6 * 4 + TABLE
   # fsdp splits the critic's state (the value bias and Adam's count stay whole) and its rows.
-  assert four["critic"] == state(4) + _trunk(4, 6) + 2 * 4 * 6 * 4
+  assert four["critic"] == state(4) + _trunk(4, 6) + 2 * 4 * 6 * 4 + TABLE
   assert state(4) == 4 * 4 * (1280 // 4 + 40 + 2 + 1) + 4
   # data splits only the rows: the state is replicated.
-  assert data["critic"] == state(1) + _trunk(4, 6) + 2 * 4 * 6 * 4
+  assert data["critic"] == state(1) + _trunk(4, 6) + 2 * 4 * 6 * 4 + TABLE
 
 
 def test_a_critic_on_its_own_mesh_is_counted_there():
@@ -113,12 +118,12 @@ def test_a_critic_on_its_own_mesh_is_counted_there():
   data = learner.estimate_memory(CFG, {"fsdp": 4}, critic_mesh_shape={"data": 4}, **kw)
   mixed = learner.estimate_memory(CFG, {"fsdp": 4}, critic_mesh_shape={"data": 2, "fsdp": 2}, **kw)
   state = lambda fsdp: 4 * _hand_params(fsdp, value_head=True) + 4
-  assert on_policy_mesh["critic"] == state(4) + _trunk(4, 6) + 2 * 4 * 6 * 4
+  assert on_policy_mesh["critic"] == state(4) + _trunk(4, 6) + 2 * 4 * 6 * 4 + TABLE
   # data = 4: the critic's state whole on every device, its 16 rows split 4 ways.
-  assert data["critic"] == state(1) + _trunk(4, 6) + 2 * 4 * 6 * 4
+  assert data["critic"] == state(1) + _trunk(4, 6) + 2 * 4 * 6 * 4 + TABLE
   assert state(1) - state(4) == 4 * 4 * (1280 - 1280 // 4 + 8 - 8 // 4) == 15456
   # data 2 x fsdp 2: the state halved (fsdp), the rows split 4 ways (data x fsdp).
-  assert mixed["critic"] == state(2) + _trunk(4, 6) + 2 * 4 * 6 * 4
+  assert mixed["critic"] == state(2) + _trunk(4, 6) + 2 * 4 * 6 * 4 + TABLE
   for got in (data, mixed):  # the policy's components stay on its own mesh
     assert {k: v for k, v in got.items() if k not in ("critic", "total")} == {
         k: v for k, v in on_policy_mesh.items() if k not in ("critic", "total")}

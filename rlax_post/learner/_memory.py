@@ -29,11 +29,16 @@ Components (bytes per device):
               projection), q/k/v/attention output ([b, T, N|K, H]), gate/up/act ([b, T, F] × 3), the
               attention scores [b, N, T, T] twice (float32 logits and probabilities in the activation dtype;
               our attention materialises them). Plus the float32 logits [b, T, V] × 3 (logits, log-softmax,
-              their gradient), which no remat policy frees.
+              their gradient), which no remat policy frees. And the embedding table as the micro-batch's
+              lookup reads it, gathered along embed (FSDP's gather of the table; `models.TABLE_VD`: [V, D]
+              split by vocab only, in the params' dtype, LoRA's `base_dtype` if set) when its b_global ·
+              (T − 1) looked-up positions are at least its V rows (`models.gathers_table`, the condition
+              the model itself asks; a training batch), else nothing beyond 'params' (`_lookup_table_bytes`).
   critic      a separate critic (`critic_cfg`: PPO's learned value model, its own weights): its params,
               one gradient tree (and the float32 accumulator with `micro_batches > 1`), its optimizer state
               (`optimizer`'s, as the runtime gives the critic the same AdamW), and the activations of one
-              critic micro-batch: the block terms above for its own shapes, but no vocabulary logits: its
+              critic micro-batch: the block terms above for its own shapes (its gathered embedding table
+              too, under the same condition), but no vocabulary logits: its
               head reads a scalar, so [b, T] float32 values × 2 (the values and their gradient) instead.
               All of it sharded on the critic's own mesh (`critic_mesh_shape`, the runtime's `critic.mesh`:
               e.g. data-parallel, its state replicated) or, by default, the policy's.
@@ -138,6 +143,18 @@ def _trunk_activation_bytes(c, mesh, rules, b: int, t: int, remat: bool) -> int:
   return c.num_layers * btd + block if remat else c.num_layers * block
 
 
+def _lookup_table_bytes(c, mesh, rules, b: int, t: int, base_dtype: str | None = None) -> int:
+  """Per-device bytes of the embedding table as one micro-batch's lookup reads it: gathered along embed
+  (`models.TABLE_VD`: V/|vocab axes| × D, in the dtype of the embedding the forward reads, `base_dtype` under
+  LoRA) when its b × (t − 1) positions (the trunk reads every token of a row but the last) are at least the
+  table's V rows, the condition the model asks (`models.gathers_table`); else 0 (the lookup reads the split
+  table that 'params' counts)."""
+  if not models.gathers_table(b * (t - 1), c.vocab_size):
+    return 0
+  itemsize = np.dtype(base_dtype or c.param_dtype).itemsize
+  return _act_bytes(mesh, rules, models.TABLE_VD, (c.vocab_size, c.d_model), itemsize)
+
+
 def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq_len: int,
                     micro_batches: int = 1, remat: bool | None = None, optimizer=None,
                     rules: sharding.Rules = sharding.DEFAULT_RULES, param_copies: int = 1, kv_slots: int = 0,
@@ -199,7 +216,8 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
   c = model_cfg
   b, t = batch // micro_batches, seq_len
   logits = 3 * _act_bytes(mesh, rules, ('batch', 'length', 'vocab'), (b, t, c.vocab_size), 4)
-  out['activations'] = _trunk_activation_bytes(c, mesh, rules, b, t, c.remat if remat is None else remat) + logits
+  out['activations'] = (_trunk_activation_bytes(c, mesh, rules, b, t, c.remat if remat is None else remat) + logits
+                        + _lookup_table_bytes(c, mesh, rules, b, t, trainable.base_dtype))
 
   out['critic'] = 0
   if critic_cfg is not None:
@@ -207,7 +225,8 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
     critic = _state_bytes(critic_cfg, critic_mesh, rules, optimizer, micro_batches)
     values = 2 * _act_bytes(critic_mesh, rules, ('batch', 'length'), (b, t), 4)
     out['critic'] = (sum(critic.values()) + values + _trunk_activation_bytes(
-        critic_cfg, critic_mesh, rules, b, t, critic_cfg.remat if remat is None else remat))
+        critic_cfg, critic_mesh, rules, b, t, critic_cfg.remat if remat is None else remat)
+                     + _lookup_table_bytes(critic_cfg, critic_mesh, rules, b, t))
 
   out['kv_cache'] = _decode_bytes(c, mesh, rules, kv_slots, kv_len, 'batch') + _decode_bytes(
       c, mesh, rules, kv_queue_rows, kv_len, None)

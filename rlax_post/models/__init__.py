@@ -3,8 +3,10 @@
 from rlax_post.models._axes import activation_constraints
 from rlax_post.models._axes import CACHE_K_LBKHS
 from rlax_post.models._axes import CACHE_V_LBKSH
+from rlax_post.models._axes import gathers_table
 from rlax_post.models._axes import PARAM_LOGICAL_AXES
 from rlax_post.models._axes import param_logical_axes
+from rlax_post.models._axes import TABLE_VD
 from rlax_post.models._config import ModelConfig
 from rlax_post.models._config import preset
 from rlax_post.models._config import PRESETS
@@ -57,6 +59,8 @@ __all__ = [
     "activation_constraints",
     "CACHE_K_LBKHS",
     "CACHE_V_LBKSH",
+    "gathers_table",
+    "TABLE_VD",
     "abstract_params",
     "cache_axes",
     "cast_tensors",

@@ -44,7 +44,8 @@ ACT_BTNH = ("batch", "length", "heads", "head_dim")
 ACT_BTKH = ("batch", "length", "kv_heads", "head_dim")
 ACT_BTF = ("batch", "length", "mlp")
 ACT_BTV = ("batch", "length", "vocab")
-# The embedding table as the lookup reads it: split by vocabulary rows only (`Transformer.trunk`).
+# The embedding table as a lookup of many positions reads it (`gathers_table`): split by vocabulary rows only,
+# gathered over the mesh axes of "embed" (`Transformer.trunk`).
 TABLE_VD = ("vocab", None)
 # The KV cache (`KVCache`): keys [L, B, K, H, S] and values [L, B, K, S, H]. The sampler shards its decode
 # state by them (`cache_axes`) and `learner.estimate_memory` counts it by them.
@@ -68,6 +69,14 @@ def activation_constraints(fn: ConstrainFn | None):
     yield
   finally:
     _CONSTRAIN.reset(token)
+
+
+def gathers_table(positions: int, vocab_size: int) -> bool:
+  """Whether an embedding lookup of `positions` tokens (B·T of its [B, T] tokens) reads the table gathered
+  along embed, laid out as `TABLE_VD`: when it looks up at least as many positions as the table has rows
+  (`vocab_size`), e.g. a training batch; a decode step's few positions read the split table. The model
+  (`Transformer.trunk`) and `learner.estimate_memory` (which counts the gathered table) both ask this."""
+  return positions >= vocab_size
 
 
 def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:

@@ -270,7 +270,7 @@ class Transformer(nnx.Module):
     c = _axes.constrain
 
     embedding_vd = self.embedding[...]
-    if tokens_bt.size >= cfg.vocab_size:
+    if _axes.gathers_table(tokens_bt.size, cfg.vocab_size):
       # A lookup of at least as many positions as the table has rows (a training batch) reads the table whole
       # along embed (gathered over fsdp, as FSDP gathers every weight), so its rows come out split like the
       # batch: from the fsdp-split table XLA looked every row of the global batch up on each device and then
