@@ -156,3 +156,31 @@ def test_a_sampler_process_checks_its_slots_on_its_own_mesh(tmp_path):
                                        r"e.g. runtime.sampler_slots = 16 \(16 rows\)"):
     runtime.run_sampler(str(tmp_path), index=0, quiet=True, wait_config_s=1)
   assert os.listdir(tmp_path) == ["config.json"]  # refused before it wrote anything
+
+
+def test_sequence_parallel_rules_are_refused_naming_the_widths_before_anything_is_built(tmp_path):
+  """Rules that split 'length' over tensor: the update's 19 positions (and its response window's 8, the
+  prompt's 12 - 1) and the sampler's one-position decode steps do not split over 2 devices. Before, the
+  update failed at trace time in the activation constraint's words ("activation: dim 1 ('length') of size 19
+  is not divisible ...") and the engine in its cache sharding's ("mesh axis 'tensor' is used twice")."""
+  rules = [[name, "tensor" if name == "length" else axes] for name, axes in sharding.DEFAULT_RULES]
+  cfg = _tiny(mesh__data=2, mesh__fsdp=2, mesh__tensor=2, mesh__rules=rules)
+  parts = runtime.build_parts(cfg)
+  assert parts.lengths.prompt == 12 and parts.lengths.response == 8 and parts.lengths.sequence == 20
+  head = ("`mesh.rules` map 'length' to the mesh axes ['tensor'] of 2 devices (mesh {'data': 2, 'fsdp': 2, "
+          "'tensor': 2}), which split every activation's positions:\n  ")
+  update = ("an RL update's rows of 20 tokens (prompt 12 + response 8) hold T - 1 = 19 positions and its "
+            "vocabulary head a response window of 8, which needs the response width (`rl.max_new_tokens` on a "
+            "single-turn task) and the prompt width less one (here 11) multiples of 2.")
+  decode = ("the sampler's decode steps hold one position per row, which no sequence split divides: sampling "
+            "needs rules that map 'length' to None.")
+  tail = "\nOr map 'length' to None in `mesh.rules`."
+  with pytest.raises(ValueError) as err:  # `rlax-post learner`: its samplers are other processes
+    _learners.check_batches(parts, sampling=False)
+  assert str(err.value) == head + update + tail
+  with pytest.raises(ValueError) as err:
+    runtime.train(cfg, str(tmp_path / "run"), quiet=True)
+  assert str(err.value) == head + update + "\n  " + decode + tail
+  assert not os.path.exists(tmp_path / "run")  # refused before it wrote (or compiled) anything
+  # One tensor device: nothing is split (the engine's cache sharding still refuses 'length' beside 'kv_heads').
+  _learners.check_lengths(runtime.build_parts(_tiny(mesh__fsdp=8, mesh__rules=rules)), sampling=True)

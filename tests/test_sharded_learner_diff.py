@@ -3,9 +3,11 @@ devices (conftest.py) and on one device, with the model features and objectives 
 test_learner.py and test_lora.py do not reach (sliding-window layers, Gemma's norms and soft-caps, untied
 embeddings, a value head, a separate critic, the response window, micro-batches) on meshes with one axis
 carrying everything; where the rules put each output; how the embedding lookup is partitioned; the refusal
-of batches whose rows do not split over the mesh; and a state holding a critic, sharded by the critic's own
-shardings. The wider grid these come from (117 cases, 2026-12-05: meshes 8×1×1, 1×8×1, 1×1×8, 2×2×2, 1×2×4,
-4×1×2, 2×4×1, 1×4×2, 2×1×4; five model configurations; eleven objectives; three aggregations; LoRA with a
+of batches whose rows do not split over the mesh; under sequence-parallel rules ('length' over tensor), the
+refusal of rows whose T - 1 positions do not split, naming the width, and an update whose positions split,
+against one device; and a state holding a critic, sharded by the critic's own shardings. The wider grid
+these come from (117 cases, 2026-12-05: meshes 8×1×1, 1×8×1, 1×1×8, 2×2×2, 1×2×4, 4×1×2, 2×4×1, 1×4×2,
+2×1×4; five model configurations; eleven objectives; three aggregations; LoRA with a
 float32 and a bfloat16 base; two policies per role; sequence-parallel, batch-over-every-axis and data-only
 rules) found no other difference; bfloat16 activations differ by bfloat16 rounding, as far from float32 on
 the mesh as on one device.
@@ -204,6 +206,55 @@ def test_batch_rows_that_do_not_split_over_the_mesh_are_refused_naming_the_sizes
   with pytest.raises(ValueError, match=r"batch\['loss_mask'\] of shape \(8, 11\): its dim 1 of size 11"):
     learner.jit_update(learner.make_update(optimizer, objective), state_sh, per_key, mesh)(
         state, rows(8), jax.random.key(2))
+
+
+SEQUENCE_PARALLEL = tuple((name, "tensor" if name == "length" else axes) for name, axes in RULES)
+
+
+def _sequence_parallel_step(mesh, rules=SEQUENCE_PARALLEL):
+  cfg = dataclasses.replace(BASE, num_layers=1)
+  graphdef, params = models.init_params(cfg, jax.random.key(0))
+  optimizer = learner.make_optimizer(learning_rate=LR, warmup_steps=0, total_steps=10)
+  update = learner.make_update(optimizer, learner.sft_objective(functools.partial(models.token_logprobs,
+                                                                                  graphdef)))
+  state = learner.init_train_state(params, optimizer, jax.random.key(1))
+  state_sh = sharding.state_shardings(state, models.param_logical_axes(params), optimizer, mesh, rules)
+  step = learner.jit_update(update, state_sh, sharding.batch_sharding(mesh, rules, 1), mesh, rules=rules)
+  return lambda batch: step(jax.jit(lambda s: s, out_shardings=state_sh)(state), batch, jax.random.key(2))
+
+
+def _rows(t):
+  tokens = jax.random.randint(jax.random.key(4), (8, t), 1, BASE.vocab_size).astype(jnp.int32)
+  return {"tokens": tokens, "loss_mask": (jnp.arange(t - 1)[None] >= 2) * jnp.ones((8, 1))}
+
+
+def test_sequence_parallel_rules_refuse_positions_that_do_not_split_naming_the_width():
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+  # Before: the activation constraint's error at trace time, naming no batch and no setting ("activation: dim 1
+  # ('length') of size 11 is not divisible by mesh axes ('tensor',) of total size 2 (shape (8, 11, 32), ...").
+  with pytest.raises(ValueError, match=re.escape(
+      "batch['tokens'] of shape (8, 12): the model reads T - 1 = 11 positions of each row (every token but the "
+      "last), which do not split over the 2 devices of mesh axes ('tensor',) that the rules map 'length' to "
+      "(mesh {'data': 2, 'fsdp': 2, 'tensor': 2}): use rows of T tokens with T - 1 a multiple of 2, or rules "
+      "that map 'length' to None.")):
+    _sequence_parallel_step(mesh)(_rows(12))
+  # 'length' keeps only the axes 'batch' leaves it: rules that also split rows over tensor split no positions.
+  every = tuple((name, ("data", "fsdp", "tensor") if name == "batch" else axes)
+                for name, axes in SEQUENCE_PARALLEL)
+  assert learner.sequence_axes(mesh, every) == ((), 1) and learner.sequence_axes(mesh, RULES) == ((), 1)
+  assert learner.sequence_axes(mesh, SEQUENCE_PARALLEL) == (("tensor",), 2)
+
+
+def test_sequence_parallel_positions_that_split_match_one_device():
+  one = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
+  mesh = sharding.make_mesh({"data": 2, "fsdp": 1, "tensor": 4})
+  batch = _rows(9)  # 8 positions over tensor = 4
+  ref, ref_metrics = _sequence_parallel_step(one, RULES)(batch)
+  new, metrics = _sequence_parallel_step(mesh)(batch)
+  assert float(ref_metrics["skipped"]) == 0 and float(ref_metrics["num_tokens"]) == 8 * 6
+  for key in ref_metrics:
+    np.testing.assert_allclose(metrics[key], ref_metrics[key], rtol=2e-5, atol=1e-6, err_msg=key)
+  _assert_params_close(new.params, ref.params, optax.tree_utils.tree_get(ref.opt_state, "mu"))
 
 
 def test_a_state_with_a_critic_is_sharded_by_the_critics_own_shardings_never_replicated():

@@ -18,6 +18,7 @@ from rlax_post.learner._optim import make_optimizer
 from rlax_post.learner._state import TrainState
 from rlax_post.learner._state import init_train_state
 from rlax_post.learner._step import jit_update
+from rlax_post.learner._step import sequence_axes
 from rlax_post.learner._trainable import BASE_DTYPES
 from rlax_post.learner._trainable import Trainable
 from rlax_post.learner._trainable import role_params
@@ -36,6 +37,7 @@ __all__ = (
     'gspo_objective',
     'init_train_state',
     'jit_update',
+    'sequence_axes',
     'make_lr_schedule',
     'make_optimizer',
     'make_update',

@@ -61,7 +61,9 @@ def jit_update(
     device it is compiled with `CPU_COMPILER_OPTIONS` (`compiler_options`). A batch whose rows (or each
     micro-batch's rows: `update.micro_batches`, set by `make_update`) do not
     split over the mesh axes their sharding names is refused before anything
-    is traced (`check_batch_rows`).
+    is traced (`check_batch_rows`), and with `rules`, rows whose T - 1
+    positions do not split over the mesh axes of 'length' (sequence-parallel
+    rules; `check_sequence_split`).
   """
   fn = update
   if rules is not None:
@@ -92,6 +94,8 @@ def jit_update(
   @functools.wraps(update)
   def step(state, batch, rng):
     check_batch_rows(batch, batch_shardings, micro_batches)
+    if rules is not None and isinstance(batch, dict) and jnp.ndim(batch.get('tokens')) == 2:
+      check_sequence_split(jnp.shape(batch['tokens']), mesh, rules)
     new_state, metrics = jitted(
         state.replace(frozen=None), state.frozen, batch, rng)
     return new_state.replace(frozen=state.frozen), metrics
@@ -109,6 +113,27 @@ def compiler_options(mesh: jax.sharding.Mesh) -> dict[str, str] | None:
   if mesh.devices.size == 1 and all(d.platform == 'cpu' for d in mesh.devices.flat):
     return dict(CPU_COMPILER_OPTIONS)
   return None
+
+
+def sequence_axes(mesh: jax.sharding.Mesh, rules: sharding.Rules) -> tuple[tuple[str, ...], int]:
+  """The mesh axes an activation's 'length' dim splits over under `rules` (those of a [batch, length, ...]
+  activation: 'length' loses the axes 'batch' took) and the number of devices they make (1: not split)."""
+  axes = sharding.activation_axes(('batch', 'length'), rules)[1]
+  return axes, math.prod(mesh.shape[a] for a in axes)
+
+
+def check_sequence_split(tokens_shape: tuple[int, int], mesh: jax.sharding.Mesh, rules: sharding.Rules) -> None:
+  """Raises ValueError, naming the batch's tokens, T - 1 and the mesh axes, when the T - 1 positions the model
+  reads of rows of `tokens_shape` [B, T] (every token but the last) do not split over the mesh axes `rules`
+  map 'length' to (`sequence_axes`). The activation constraint's own error named neither the batch nor the
+  width ("activation: dim 1 ('length') of size 11 is not divisible ...")."""
+  axes, parts = sequence_axes(mesh, rules)
+  positions = tokens_shape[1] - 1
+  if positions % parts:
+    raise ValueError(f"batch['tokens'] of shape {tuple(tokens_shape)}: the model reads T - 1 = {positions} "
+                     f"positions of each row (every token but the last), which do not split over the {parts} "
+                     f"devices of mesh axes {axes} that the rules map 'length' to (mesh {dict(mesh.shape)}): use "
+                     f"rows of T tokens with T - 1 a multiple of {parts}, or rules that map 'length' to None.")
 
 
 def check_batch_rows(batch: Any, batch_shardings: Any, micro_batches: int = 1) -> None:

@@ -56,12 +56,53 @@ def check_batches(parts: _parts.Parts, *, sampling: bool) -> None:
   learner evaluates on process 0's own devices, so its evaluation is not checked against the run's mesh."""
   config_lib.check_batches(parts.cfg, dict(parts.mesh.shape), _batch_axes(parts), sampling=sampling,
                            evaluating=not _distributed.is_multiprocess())
+  check_lengths(parts, sampling=sampling)
+
+
+def check_lengths(parts: _parts.Parts, *, sampling: bool, training: bool = True) -> None:
+  """Refuses sequence-parallel `mesh.rules` ('length' over mesh axes that 'batch' leaves) whose devices do not
+  divide the positions the run's activations hold, before anything is compiled, naming each width and the
+  setting: an RL update's rows (T - 1 positions: every token but the last), its vocabulary head's response
+  window and a warm-start row (`training`); and any sampling on them (`sampling`: a decode step holds one
+  position per row, and the engine's KV cache cannot put 'length' and 'kv_heads' on one axis). The update
+  failed at trace time in the activation constraint's words ("activation: dim 1 ('length') of size 11 is not
+  divisible ..."), the engine in the cache sharding's ("mesh axis 'tensor' is used twice ...")."""
+  axes, shards = learner.sequence_axes(parts.mesh, parts.rules)
+  if shards == 1:
+    return
+  lines = _length_lines(parts, shards) if training else []
+  if sampling:
+    lines.append("the sampler's decode steps hold one position per row, which no sequence split divides: "
+                 "sampling needs rules that map 'length' to None.")
+  if lines:
+    raise ValueError(f"`mesh.rules` map 'length' to the mesh axes {list(axes)} of {shards} devices (mesh "
+                     f"{dict(parts.mesh.shape)}), which split every activation's positions:\n  "
+                     + "\n  ".join(lines) + "\nOr map 'length' to None in `mesh.rules`.")
+
+
+def _length_lines(parts: _parts.Parts, shards: int) -> list[str]:
+  """What `check_lengths` says of the learner's widths that `shards` devices do not divide."""
+  n, lines = parts.lengths, []
+  windowed = n.response < n.sequence - 1  # (`models.token_logprobs(window=)`: none when it spans every position)
+  if (n.sequence - 1) % shards or (windowed and n.response % shards):
+    need = (f"the response width (`rl.max_new_tokens` on a single-turn task) and the prompt width less one "
+            f"(here {n.prompt - 1}) multiples of {shards}" if windowed else
+            f"prompt + response - 1 a multiple of {shards} (the response: `rl.max_new_tokens` on a single-turn "
+            "task)")
+    window = f" and its vocabulary head a response window of {n.response}" if windowed else ""
+    lines.append(f"an RL update's rows of {n.sequence} tokens (prompt {n.prompt} + response {n.response}) hold "
+                 f"T - 1 = {n.sequence - 1} positions{window}, which needs {need}.")
+  if parts.cfg.sft.steps and (n.sft - 1) % shards:
+    lines.append(f"a warm-start row of {n.sft} tokens holds {n.sft - 1} positions, not a multiple of {shards} "
+                 "(the task's longest demonstration sets it; `sft.steps` = 0 skips the warm start).")
+  return lines
 
 
 def check_sampler_slots(parts: _parts.Parts) -> None:
   """`check_batches` of an async run's sampler process, on its own mesh: its engine's slots. A sampler whose
   devices did not divide them stopped in JetStream's words ('max_concurrent_decodes = 12 ...')."""
   config_lib.check_sampler_slots(parts.cfg, dict(parts.mesh.shape), _batch_axes(parts))
+  check_lengths(parts, sampling=True, training=False)
 
 
 def _batch_axes(parts: _parts.Parts) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ from rlax_post.sharding._mesh import make_mesh
 from rlax_post.sharding._rules import DEFAULT_RULES
 from rlax_post.sharding._rules import LogicalAxes
 from rlax_post.sharding._rules import Rules
+from rlax_post.sharding._rules import activation_axes
 from rlax_post.sharding._rules import activation_constraint_fn
 from rlax_post.sharding._rules import as_rules
 from rlax_post.sharding._rules import activation_shard_shape
@@ -25,6 +26,7 @@ __all__ = (
     'LogicalAxes',
     'MESH_AXES',
     'Rules',
+    'activation_axes',
     'activation_constraint_fn',
     'activation_shard_shape',
     'as_rules',

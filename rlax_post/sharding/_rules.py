@@ -282,6 +282,13 @@ def _activation_spec(logical_axes: LogicalAxes, rules: Rules) -> PartitionSpec:
   return PartitionSpec(*entries)
 
 
+def activation_axes(logical_axes: Sequence[str | None], rules: Rules) -> tuple[tuple[str, ...], ...]:
+  """The mesh axes each dimension of an activation with these logical axes splits over, as the constraints of
+  `activation_constraint_fn` place it (left to right: a mesh axis an earlier dim took is dropped), e.g.
+  (('data', 'fsdp'), ('tensor',)) for ('batch', 'length') under rules mapping 'length' to 'tensor'."""
+  return tuple(_spec_axes(entry) for entry in _activation_spec(tuple(logical_axes), rules))
+
+
 def activation_shard_shape(mesh: jax.sharding.Mesh | jax.sharding.AbstractMesh, rules: Rules,
                            logical_axes: Sequence[str | None], shape: Sequence[int]) -> tuple[int, ...]:
   """The per-device shape of an activation of `shape` with these logical axes, as the constraints of
