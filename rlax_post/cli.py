@@ -485,9 +485,20 @@ def _train(argv):
   with _output_dir(path) as workdir:
     _init_distributed("train")
     lock = runtime.hold_run(workdir)  # (held until this process ends)
-    summary = runtime.train(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value)
+    summary = _stoppable(runtime.train, cfg, workdir)
   del lock
   _print_summary(summary, warm_start=cfg.sft.steps > 0)
+
+
+def _stoppable(command, cfg, workdir: str) -> dict:
+  """`command(cfg, workdir, ...)` (`runtime.train` or `runtime.run_learner`); a stop signal that ended its loop
+  (`runtime.Stopped`: the last finished step is checkpointed) prints its one line and exits 128 + the signal:
+  143 for SIGTERM (a preemption, as a scheduler expects), 130 for Ctrl-C."""
+  try:
+    return command(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value)
+  except runtime.Stopped as e:
+    print(f"\n{e}", flush=True)
+    sys.exit(e.exit_status)
 
 
 def _print_summary(summary, *, warm_start: bool = True):
@@ -529,7 +540,7 @@ def _learner(argv):
   with _output_dir(_new_run_dir(workdir)):
     _init_distributed("learner")
     lock = runtime.hold_run(workdir)  # (held until this process ends)
-    summary = runtime.run_learner(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value)
+    summary = _stoppable(runtime.run_learner, cfg, workdir)
   del lock
   _print_summary(summary, warm_start=cfg.sft.steps > 0)
 

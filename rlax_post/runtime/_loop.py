@@ -8,6 +8,8 @@ logged rows (`LoggedSource`) with a comparison of metrics in place of the run's 
 from __future__ import annotations
 
 import os
+import signal
+from typing import Callable
 
 from rlax_post import config as config_lib
 from rlax_post.runtime import _checkpoint
@@ -19,30 +21,53 @@ from rlax_post.runtime import _parts
 from rlax_post.runtime import _rounds
 from rlax_post.runtime import _run
 from rlax_post.runtime import _samplers
+from rlax_post.runtime import _signals
 from rlax_post.runtime import _sources
 from rlax_post.runtime import _warm_cache
 
 
-def learn(update: _learn.RLUpdate, source: _sources.Source, out, start: _run.Start):
+def learn(update: _learn.RLUpdate, source: _sources.Source, out, start: _run.Start,
+          stop: Callable[[], int | None] = _signals.never):
   """Trains from `start` on the batches of `source`; `out` (`_run.Run` or `Comparison`) says which steps
-  to run (`steps`) and records each one (`after_step`). Returns the final train state."""
-  state = start.state
+  to run (`steps`) and records each one (`after_step`). Returns the final train state.
+
+  `stop()` (a stop signal's number, or None) is read before each step, on every process together
+  (`_stop_asked`), and by the source while it waits for rollouts: once set, the step in flight finishes, `out`
+  checkpoints the last finished step (`Run.stopped`) and `_signals.Stopped` is raised with that step. Its
+  source's samplers in other processes are told to stop (learner.done) unless SIGTERM stopped it (a
+  preemption: the learner will be resumed, and they follow it)."""
+  state, done, signum = start.state, start.step, None
   try:
     source.publish(state, start.step)
     source.start()
     for step in out.steps(start.step):
-      taken = source.take(step)
+      _stop_asked(stop)
+      taken = source.take(step, stop)
       batch = update.batch([rows for _, rows, _ in taken.groups])
       with source.device_lock:
         state, row = update(state, start.ref_params, batch, step)
       source.publish(state, step + 1)
       out.after_step(step + 1, start, state, row, taken, source)
+      done = step + 1
+  except _signals.Stopped as e:
+    signum = e.signum
+    out.stopped(done, start, state, source)
+    raise _signals.Stopped(signum, done) from None
   finally:
     try:
-      source.stop()  # (raises a sampler's error that no step surfaced)
+      source.stop(samplers_too=signum != signal.SIGTERM)  # (raises a sampler's error that no step surfaced)
     finally:
       out.close_progress()
   return state
+
+
+def _stop_asked(stop: Callable[[], int | None]) -> None:
+  """Raises `_signals.Stopped` when a process of the learner was signalled: all of a multi-host learner's
+  processes stop before the same step (a collective there). A process stopped by another's signal stops as
+  if preempted (SIGTERM)."""
+  signum = stop()
+  if stop is not _signals.never and any(_distributed.gather_flags(signum is not None)):
+    raise _signals.Stopped(signal.SIGTERM if signum is None else signum)
 
 
 def _train_with(parts: _parts.Parts, workdir: str, make_source, *, resume: bool, quiet: bool) -> dict:
@@ -53,7 +78,16 @@ def _train_with(parts: _parts.Parts, workdir: str, make_source, *, resume: bool,
   except BaseException:  # (a refused resume, a failed warm start): the source stops, its samplers with it
     source.stop()
     raise
-  return run.finish(learn(run.update, source, run, start), start)
+  # From here to the loop's end, Ctrl-C and SIGTERM only ask it to stop between steps; a second one acts at
+  # once, as it did before (the checkpoint being saved stays invisible: orbax's atomic save).
+  noted, restore = _signals.deferred_signals(_signals.STOP_SIGNALS, second_acts=True)
+  try:
+    state = learn(run.update, source, run, start, lambda: noted[0] if noted else None)
+  except _signals.Stopped as e:
+    raise run.close_stopped(e) from None
+  finally:
+    restore()
+  return run.finish(state, start)
 
 
 def make_source(parts: _parts.Parts, workdir: str, say) -> _sources.Source:

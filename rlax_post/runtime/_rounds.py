@@ -46,6 +46,7 @@ from rlax_post.runtime import _learn
 from rlax_post.runtime import _learners
 from rlax_post.runtime import _oracle
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _signals
 from rlax_post.runtime import _sources
 
 ROUNDS_DIR = "rounds"
@@ -297,7 +298,8 @@ class RoundSource:
   def start(self) -> None:
     pass
 
-  def take(self, step: int) -> _sources.Taken:
+  def take(self, step: int, stop: Callable[[], int | None] = _signals.never) -> _sources.Taken:
+    del stop  # (a round's collection and the step's sampling finish)
     index = step // self.it.round_steps
     metrics = {"round": float(index)}
     if self.round is None or self.round.index != index:
@@ -311,7 +313,8 @@ class RoundSource:
   def checkpointed(self, step: int) -> None:
     del step
 
-  def stop(self) -> None:
+  def stop(self, samplers_too: bool = True) -> None:
+    del samplers_too
     for publisher in (self.ref_publisher, self.q_publisher):
       if publisher is not None:
         publisher.close()

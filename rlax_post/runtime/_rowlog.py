@@ -18,6 +18,7 @@ import flax.serialization
 
 from rlax_post.runtime import _distributed
 from rlax_post.runtime import _metrics
+from rlax_post.runtime import _signals
 
 SCHEDULE = "schedule.jsonl"
 
@@ -59,15 +60,26 @@ def groups_from_payload(payload: bytes):
           [tree["future"][str(j)] for j in range(len(tree["future"]))])
 
 
+_STOP = b"stop:"  # take_shared's payload for "process 0 stopped while it waited" (never a msgpack dict's start)
+
+
 def take_shared(take: Callable[[], tuple[list, list, list]]) -> tuple[list, list, list]:
   """`take()`'s groups on every process of the learner: process 0 alone reads the queue (`take`) and
   broadcasts what it took, so every process trains on the same whole batch (a collective on a multi-host
-  learner: the other processes wait in it while process 0 waits for rollouts)."""
+  learner: the other processes wait in it while process 0 waits for rollouts). A stop signal that ends
+  process 0's wait (`_signals.Stopped`) is broadcast too: every process raises it, at the same step."""
   if not _distributed.is_multiprocess():
     return take()
-  payload = groups_payload(*take()) if _distributed.is_primary() else None
-  return groups_from_payload(_distributed.broadcast_bytes(payload))
-
+  payload = None
+  if _distributed.is_primary():
+    try:
+      payload = groups_payload(*take())
+    except _signals.Stopped as e:
+      payload = _STOP + str(e.signum).encode()
+  payload = _distributed.broadcast_bytes(payload)
+  if payload.startswith(_STOP):
+    raise _signals.Stopped(int(payload[len(_STOP):]))
+  return groups_from_payload(payload)
 
 
 class RolloutLog:

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -32,6 +33,7 @@ from rlax_post.runtime import _paths
 from rlax_post.runtime import _rounds
 from rlax_post.runtime import _rowlog
 from rlax_post.runtime import _samplers
+from rlax_post.runtime import _signals
 from rlax_post.runtime import _warm
 
 _KEEP = ("initial_eval_reward", "warm_start_seconds", "config", "data_files")  # carried to each checkpoint
@@ -193,14 +195,42 @@ class Run:
       tally.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0.0):.4f}",
                             stale=f"{row['staleness_mean']:.2f}",
                             eval="-" if tally.last_eval is None else f"{tally.last_eval:.3f}")
-    if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == tally.end_step:
-      meta = {**{k: start.history[k] for k in _KEEP if k in start.history}, "rl_step": step, **tally.meta(),
-              "wall_seconds": self.wall_seconds()}
-      self.ckpt.save(step, state, start.ref_params, meta)
-      source.checkpointed(step)
-      kept = _checkpoint.complete_checkpoints(self.workdir)  # A listing: the manager's own view is untouched.
-      if kept:
-        self.log.prune(kept[0])  # Replay starts at the oldest kept checkpoint.
+    if self._checkpoints_at(step):
+      self._checkpoint(step, start, state, source)
+
+  def _checkpoints_at(self, step: int) -> bool:
+    """Whether `after_step` checkpoints step `step`: every `checkpoint.every` steps and at the last one."""
+    every = self.cfg.checkpoint.every
+    return bool(every and step % every == 0) or step == self.tally.end_step
+
+  def _checkpoint(self, step: int, start: Start, state, source) -> None:
+    meta = {**{k: start.history[k] for k in _KEEP if k in start.history}, "rl_step": step, **self.tally.meta(),
+            "wall_seconds": self.wall_seconds()}
+    self.ckpt.save(step, state, start.ref_params, meta)
+    source.checkpointed(step)
+    kept = _checkpoint.complete_checkpoints(self.workdir)  # A listing: the manager's own view is untouched.
+    if kept:
+      self.log.prune(kept[0])  # Replay starts at the oldest kept checkpoint.
+
+  def stopped(self, step: int, start: Start, state, source) -> None:
+    """A stop signal ended the loop after RL step `step`: checkpoints it as `checkpoint.every` would have (the
+    same metadata: a resume continues exactly from it), unless it is saved already (the step the loop began
+    at, or one `after_step` saved). No evaluation: a preemption's grace period is short."""
+    if step != start.step and not self._checkpoints_at(step):
+      self._checkpoint(step, start, state, source)
+
+  def close_stopped(self, stopped) -> Exception:
+    """Waits for the last checkpoint to commit and closes the metrics (no summary.json: the run is not over);
+    returns `stopped` (`_signals.Stopped`) with the line to print: what was saved, how to continue."""
+    self.ckpt.close()
+    self.metrics.close()
+    name = signal.Signals(stopped.signum).name
+    done = os.path.exists(os.path.join(self.workdir, _samplers.DONE_FILE)) and _distributed.is_primary()
+    samplers = " Its samplers were told to stop (learner.done)." if done else ""
+    return _signals.Stopped(stopped.signum, stopped.step, (
+        f"Stopped by {name} after RL step {stopped.step} of {self.cfg.rl.steps}: checkpoint {stopped.step} is "
+        f"saved in {os.path.join(self.workdir, 'checkpoints')}; the same command with --resume continues the run "
+        f"from it.{samplers}"))
 
   def wall_seconds(self, now: float | None = None) -> float:
     """The run's wall time: its earlier attempts' up to the checkpoint this one resumed from, and this one's."""

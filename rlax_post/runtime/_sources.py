@@ -37,6 +37,7 @@ from rlax_post.runtime import _critic
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _rowlog
 from rlax_post.runtime import _samplers
+from rlax_post.runtime import _signals
 
 LINEAGE_FILE = "params_lineage.json"  # the learner's `exchange.Lineage`, under its workdir
 
@@ -61,9 +62,13 @@ class Source(Protocol):
   def resume(self, step: int, meta: dict) -> None: ...  # continue after checkpoint `step` (its metadata)
   def publish(self, state: Any, version: int) -> None: ...  # the learner's TrainState as version `version`
   def start(self) -> None: ...
-  def take(self, step: int) -> Taken: ...  # the groups of RL step `step` (0-based)
+  # The groups of RL step `step` (0-based); `stop()` (a stop signal's number, or None) is read while it waits
+  # for rollouts, and a signal then raises `_signals.Stopped` (sampling in the learner's thread finishes).
+  def take(self, step: int, stop: Callable[[], int | None] = _signals.never) -> Taken: ...
   def checkpointed(self, step: int) -> None: ...  # checkpoint `step` is saved: no resume goes below it
-  def stop(self) -> None: ...
+  # Stops its samplers (threads); those of other processes are told to stop (learner.done) unless not
+  # `samplers_too` (a preempted learner: it will be resumed, and they follow it).
+  def stop(self, samplers_too: bool = True) -> None: ...
 
 
 def staleness_of(rows: list[dict], learner_version: int) -> int:
@@ -92,7 +97,8 @@ class InlineSource:
   def start(self) -> None:
     pass
 
-  def take(self, step: int) -> Taken:
+  def take(self, step: int, stop: Callable[[], int | None] = _signals.never) -> Taken:
+    del stop  # (the step's sampling is the step: it finishes)
     t0 = time.time()
     tickets = range(step * self.p, (step + 1) * self.p)
     done = envs.run_tickets(self.producer, tickets, slots=self.parts.cfg.sampler_slots)
@@ -102,7 +108,8 @@ class InlineSource:
   def checkpointed(self, step: int) -> None:
     del step
 
-  def stop(self) -> None:
+  def stop(self, samplers_too: bool = True) -> None:
+    del samplers_too
     if self.producer is not None:
       self.producer.close()
 
@@ -225,10 +232,13 @@ class _QueueSource:
   def admission_metrics(self) -> dict:  # the ticket grants' counters, for the step's metrics
     return {}
 
-  def _take_local(self, step: int) -> tuple[list, list]:
+  def _take_local(self, step: int, stop: Callable[[], int | None]) -> tuple[list, list]:
     t0, warned = time.time(), [False]
 
     def on_timeout(have: int) -> None:
+      signum = stop()
+      if signum is not None:  # (the groups consumed so far come back at resume: the queue's rollback)
+        raise _signals.Stopped(signum)
       self.check()
       self.on_wait()
       if time.time() - t0 > 30 and not warned[0]:
@@ -244,9 +254,9 @@ class _QueueSource:
                        # Each drop admits one more ticket in its place, at once: the step may need it.
                        on_drop=None if self.admission is None else self.admission.add_extra)
 
-  def take(self, step: int) -> Taken:
+  def take(self, step: int, stop: Callable[[], int | None] = _signals.never) -> Taken:
     t0 = time.time()
-    fresh, dropped, future = _rowlog.take_shared(lambda: self._take_local(step))
+    fresh, dropped, future = _rowlog.take_shared(lambda: self._take_local(step, stop))
     samplers = self.sampler_stats()
     idle = [s["idle_frac"] for s in samplers]
     return Taken(fresh, dropped, {
@@ -335,8 +345,8 @@ class ThreadSource(_QueueSource):
       self._raised = True
       raise RuntimeError(f"A sampler thread failed: {self._errors[0]!r}") from self._errors[0]
 
-  def stop(self) -> None:
-    """Stops the sampler threads, waiting `stop_timeout_s` for all of them together; raises a sampler's error
+  def stop(self, samplers_too: bool = True) -> None:
+    """Stops the sampler threads (whatever `samplers_too` says: they live in this process), waiting `stop_timeout_s` for all of them together; raises a sampler's error
     no `take` raised (one that failed after the learner's last take fails the run: nothing is lost), or a
     RuntimeError naming the threads still running at the deadline (a sampler stuck in an env call, a reward
     or the device: the run did not end cleanly)."""
@@ -437,13 +447,13 @@ class ProcessSource(_QueueSource):
     if self.primary and os.path.exists(done):
       os.remove(done)
 
-  def stop(self) -> None:
+  def stop(self, samplers_too: bool = True) -> None:
     try:
       self.publisher.wait()
       if self.critic_publisher is not None:
         self.critic_publisher.close()
-    finally:  # the samplers stop however the learner's last saves end
-      if self.primary:
+    finally:  # the samplers stop however the learner's last saves end (a preempted learner's follow it)
+      if self.primary and samplers_too:
         with open(os.path.join(self.workdir, _samplers.DONE_FILE), "w") as f:
           f.write("done\n")
     self.publisher.close()
@@ -496,7 +506,8 @@ class LoggedSource:
   def start(self) -> None:
     pass
 
-  def take(self, step: int) -> Taken:
+  def take(self, step: int, stop: Callable[[], int | None] = _signals.never) -> Taken:
+    del stop  # (replay sets no signal handler)
     entry = self.schedule[step + 1]
     groups = dict(self.log.rows(step + 1))
     if list(entry["groups"]) != sorted(groups, key=lambda g: int(groups[g][0]["ticket"])):
@@ -507,5 +518,5 @@ class LoggedSource:
   def checkpointed(self, step: int) -> None:
     del step
 
-  def stop(self) -> None:
-    pass
+  def stop(self, samplers_too: bool = True) -> None:
+    del samplers_too

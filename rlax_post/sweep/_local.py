@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
@@ -369,19 +368,12 @@ def run_plan(plan: LocalSweep, *, parallel: int = 1, pin_cpus: bool = True, pyth
 
 def _deferred_signals() -> tuple[list[int], Any]:
   """Notes SIGINT, SIGTERM and SIGHUP while the sweep runs, for `_leave_if_signalled` to act on between the
-  loop's steps: a signal that struck anywhere (between starting a unit's process and recording it as running)
-  left that process running, unknown to the `finally` that stops the sweep's units. Their units run in their
-  own sessions, so a signal to the sweep's process group does not reach them. A signal the caller ignores
-  (SIGHUP under `nohup`, SIGINT in a shell's background job) stays ignored, and one whose handler was not set
-  from Python (`getsignal` is None: it could not be put back) is left alone. Returns (the signals noted, the
-  undo). Only the main thread can set handlers; elsewhere nothing changes."""
-  noted: list[int] = []
-  if threading.current_thread() is not threading.main_thread():
-    return noted, lambda: None
-  sigs = [sig for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-          if signal.getsignal(sig) not in (signal.SIG_IGN, None)]
-  before = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum)) for sig in sigs}
-  return noted, lambda: [signal.signal(sig, handler) for sig, handler in before.items()]
+  loop's steps (`runtime.deferred_signals`): a signal that struck anywhere (between starting a unit's process
+  and recording it as running) left that process running, unknown to the `finally` that stops the sweep's
+  units. Their units run in their own sessions, so a signal to the sweep's process group does not reach them.
+  A second signal is noted too (the `finally` that stops the units is not cut short). Returns (the signals
+  noted, the undo)."""
+  return runtime.deferred_signals((signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
 
 
 def _leave_if_signalled(noted: list[int]) -> None:

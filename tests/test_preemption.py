@@ -1,0 +1,135 @@
+"""A stop signal to `rlax-post train` / `learner` (docs/async.md, "SIGTERM against Ctrl-C"): the step in flight
+finishes, the last finished step is checkpointed, one line says so, and the exit status is 128 + the signal;
+`--resume` then continues exactly (the same metrics and final eval as a run never stopped)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import _procs  # pylint: disable=g-bad-import-order
+from rlax_post import runtime
+
+_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.py")
+# The demo's tiny config, short: 24 RL steps, no eval but the last, a periodic checkpoint at step 20 only.
+_SHORT = ("--config.rl.steps=24", "--config.checkpoint.every=20", "--config.checkpoint.max_to_keep=5",
+          "--config.eval.every=0", "--config.sft.steps=20", "--config.runtime.plot=False",
+          "--config.runtime.tensorboard=False")
+
+
+def _cli(command, workdir, *flags, log):
+  return subprocess.Popen([sys.executable, "-m", "rlax_post.cli", command, "--workdir", str(workdir), "--quiet",
+                           *flags], env=_procs.env(), stdout=log, stderr=subprocess.STDOUT)
+
+
+def _lines(path):
+  try:
+    with open(path) as f:
+      return [json.loads(line) for line in f if line.strip()]
+  except FileNotFoundError:
+    return []
+
+
+def _wait(predicate, what, proc, timeout_s=240):
+  deadline = time.time() + timeout_s
+  while not predicate():
+    assert proc.poll() is None, f"the run exited with {proc.returncode} while waiting for {what}"
+    assert time.time() < deadline, f"timed out waiting for {what}"
+    time.sleep(0.02)
+
+
+def _rl_rows(workdir):
+  timing = set(runtime.TIMING_METRICS)
+  return [{k: v for k, v in r.items() if k not in timing} for r in _lines(os.path.join(workdir, "metrics.jsonl"))
+          if r["phase"] == "rl"]
+
+
+def _run(command, workdir, *flags, log_path):
+  with open(log_path, "a") as log:
+    proc = _cli(command, workdir, *flags, log=log)
+    return proc.wait(timeout=300)
+
+
+@pytest.mark.slow  # three CLI runs of the tiny config (measured 2026-12-05 on 2 busy cores: see the commit)
+def test_sigterm_checkpoints_the_last_finished_step_and_resume_continues_exactly(tmp_path):
+  straight, split = tmp_path / "straight", tmp_path / "split"
+  assert _run("train", straight, "--config", _CONFIG + ":tiny", *_SHORT, log_path=tmp_path / "straight.log") == 0
+  with open(tmp_path / "split.log", "w") as log:
+    proc = _cli("train", split, "--config", _CONFIG + ":tiny", *_SHORT, log=log)
+    _wait(lambda: len(_lines(split / "schedule.jsonl")) >= 2, "2 RL steps", proc)
+    proc.send_signal(signal.SIGTERM)
+    status = proc.wait(timeout=120)
+  out = (tmp_path / "split.log").read_text()
+  assert status == 128 + signal.SIGTERM, out[-3000:]
+  stopped = len(_lines(split / "schedule.jsonl"))  # the last finished step
+  assert 2 <= stopped < 20, f"stopped after step {stopped}: the signal must land before the periodic checkpoint"
+  assert sorted(runtime.complete_checkpoints(str(split))) == [0, stopped]
+  assert (f"Stopped by SIGTERM after RL step {stopped} of 24: checkpoint {stopped} is saved in "
+          f"{split / 'checkpoints'}; the same command with --resume continues the run from it.") in out
+  assert not (split / "summary.json").exists() and not (split / runtime.DONE_FILE).exists()
+
+  assert _run("train", split, "--config", _CONFIG + ":tiny", *_SHORT, "--resume", log_path=tmp_path / "split.log") == 0
+  summary_a = json.loads((straight / "summary.json").read_text())
+  summary_b = json.loads((split / "summary.json").read_text())
+  assert summary_b["resumed_from_step"] == stopped
+  assert [r["step"] for r in _rl_rows(split)] == list(range(1, 25))
+  assert _rl_rows(split) == _rl_rows(straight)
+  for key in ("initial_eval_reward", "final_eval_reward", "final_kl", "rl_steps_done"):
+    assert summary_a[key] == summary_b[key], key
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_learner_waiting_for_rollouts_stops_at_once(tmp_path, sig):
+  """No sampler: the learner waits for step 1's groups. A signal ends the wait at once; checkpoint 0 (the warm
+  start's) is the run's; SIGTERM leaves its samplers running (no learner.done), Ctrl-C tells them to stop."""
+  workdir = tmp_path / "run"
+  with open(tmp_path / "learner.log", "w") as log:
+    proc = _cli("learner", workdir, "--config", _CONFIG + ":tiny", *_SHORT, "--config.runtime.mode=async",
+                "--config.sft.steps=0", log=log)
+    _wait(lambda: runtime.complete_checkpoints(str(workdir)) == [0] and (workdir / "params" / "0").exists(),
+          "the learner's checkpoint 0 and params version 0", proc)
+    time.sleep(1.0)  # (in its wait for rollouts)
+    t0 = time.time()
+    proc.send_signal(sig)
+    status = proc.wait(timeout=60)
+    seconds = time.time() - t0
+  out = (tmp_path / "learner.log").read_text()
+  assert status == 128 + sig, out[-3000:]
+  assert seconds < 15, f"the learner took {seconds:.1f} s to stop while it waited"
+  assert runtime.complete_checkpoints(str(workdir)) == [0] and _lines(workdir / "schedule.jsonl") == []
+  name = signal.Signals(sig).name
+  assert f"Stopped by {name} after RL step 0 of 24: checkpoint 0 is saved" in out
+  assert (workdir / runtime.DONE_FILE).exists() == (sig == signal.SIGINT)
+  assert ("Its samplers were told to stop (learner.done)." in out) == (sig == signal.SIGINT)
+
+
+def test_deferred_signals_notes_the_first_and_lets_a_second_act():
+  if threading.current_thread() is not threading.main_thread():
+    pytest.skip("signal handlers need the main thread")
+  before = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    noted, restore = runtime.deferred_signals((signal.SIGINT,), second_acts=True)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.01)
+    assert noted == [signal.SIGINT]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the second one acts
+    with pytest.raises(KeyboardInterrupt):
+      os.kill(os.getpid(), signal.SIGINT)
+      time.sleep(0.5)
+    restore()
+    noted, restore = runtime.deferred_signals((signal.SIGINT,))
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.01)
+    assert noted == [signal.SIGINT, signal.SIGINT]  # (without second_acts: both noted, none acts)
+    restore()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  finally:
+    signal.signal(signal.SIGINT, before)
+  assert runtime.Stopped(signal.SIGTERM, 3).exit_status == 143
+  assert runtime.Stopped(signal.SIGINT, 3).exit_status == 130
