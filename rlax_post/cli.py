@@ -102,7 +102,8 @@ _MULTIHOST = ("coordinator_address", "num_processes", "process_id")
 # absl's hundreds).
 _COMMANDS = {
     "train": ("--config FILE[:variant] [--config.a.b=value ...] --workdir DIR [--resume]",
-              "Warm start, then RL; sampling inline (runtime.mode=sync) or in sampler threads (async).",
+              "Warm start, then RL; sampling inline (runtime.mode=sync) or in sampler threads (async). SIGTERM, "
+              "Ctrl-C: checkpoint, exit 143 / 130.",
               ("config", "workdir", "resume", "quiet", *_MULTIHOST)),
     "check-config": ("--config FILE[:variant] [--config.a.b=value ...]",
                      "Print the validated config as JSON (every key; reward functions and options checked too).",
@@ -112,7 +113,8 @@ _COMMANDS = {
               "Serve a run's newest (or step K's) checkpoint with JetStream's gRPC server.",
               ("checkpoint", "step", "port", "host", "temperature", "top_p", "top_k", "slots")),
     "learner": ("--config FILE[:variant] [--config.a.b=value ...] --workdir DIR [--resume]",
-                "The async learner as its own process; samplers join it through DIR (docs/async.md).",
+                "The async learner as its own process; samplers join it through DIR (docs/async.md). SIGTERM, "
+                "Ctrl-C: checkpoint, exit 143 / 130.",
                 ("config", "workdir", "resume", "quiet", *_MULTIHOST)),
     "sampler": ("--workdir DIR --index K",
                 "One async sampler for the learner of DIR (start any number, each with its own K).",

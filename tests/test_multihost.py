@@ -7,8 +7,10 @@ disjoint per-process rows, the broadcast payload of rollout groups."""
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -162,6 +164,45 @@ def test_cli_rejects_bad_flags_and_multiprocess_train(tmp_path):
     _, err = p.communicate(timeout=120)
     assert p.returncode == 2, err[-2000:]
     assert f"runs in a single process; this is process {k} of 2" in err and "rlax-post learner" in err
+
+
+@pytest.mark.e2e
+def test_a_signal_to_process_0_stops_every_learner_process_at_one_step(tmp_path):
+  """Two learner processes, no sampler: process 0 waits for rollouts, process 1 in the broadcast of its groups.
+  SIGTERM to process 0 alone ends both at the same step (process 0 broadcasts the stop): each exits 143 with
+  the stop line, checkpoint 0 stays the run's, and no learner.done tells samplers to quit (a preemption)."""
+  workdir = tmp_path / "run"
+  grants = workdir / "admission" / "learner.json"
+  port = portpicker.pick_unused_port()
+  logs, procs = [], []
+  try:
+    for k in range(2):
+      logs.append(open(tmp_path / f"learner{k}.log", "w"))
+      procs.append(subprocess.Popen(
+          [sys.executable, "-m", "rlax_post.cli", "learner", "--workdir", os.fspath(workdir), *_OVERRIDES,
+           "--config.sft.steps=0", "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
+           "--process_id", str(k)], env=_env(4), stdout=logs[-1], stderr=subprocess.STDOUT))
+    mtime = lambda: os.stat(grants).st_mtime if grants.exists() else 0.0
+    for _ in range(2):  # Its grant at the first publish, then one in its wait for rollouts.
+      before, deadline = mtime(), time.time() + 240
+      while mtime() <= before:
+        assert all(p.poll() is None for p in procs) and time.time() < deadline, "the learners did not start"
+        time.sleep(0.05)
+    procs[0].send_signal(signal.SIGTERM)
+    statuses = [p.wait(timeout=60) for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+    for f in logs:
+      f.close()
+  outs = [(tmp_path / f"learner{k}.log").read_text() for k in range(2)]
+  assert statuses == [143, 143], [out[-2000:] for out in outs]
+  line = (f"Stopped by SIGTERM after RL step 0 of 3: checkpoint 0 is saved in {workdir / 'checkpoints'}; "
+          "the same command with --resume continues the run from it.\n")
+  assert all(line in out for out in outs), [out[-2000:] for out in outs]
+  assert runtime.complete_checkpoints(os.fspath(workdir)) == [0]
+  assert not (workdir / "learner.done").exists() and not (workdir / "summary.json").exists()
 
 
 def _close(a, b):

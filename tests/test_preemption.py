@@ -83,29 +83,54 @@ def test_sigterm_checkpoints_the_last_finished_step_and_resume_continues_exactly
     assert summary_a[key] == summary_b[key], key
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_a_learner_waiting_for_rollouts_stops_at_once(tmp_path, sig):
-  """No sampler: the learner waits for step 1's groups. A signal ends the wait at once; checkpoint 0 (the warm
-  start's) is the run's; SIGTERM leaves its samplers running (no learner.done), Ctrl-C tells them to stop."""
-  workdir = tmp_path / "run"
+def _mtime(path):
+  try:
+    return os.stat(path).st_mtime
+  except FileNotFoundError:
+    return 0.0
+
+
+def _signal_waiting_learner(tmp_path, workdir, sig, *flags):
+  """Starts `rlax-post learner` with no sampler, signals it once it waits for step 1's groups (it grants
+  tickets while it waits: admission/learner.json is rewritten twice after its start); (its exit status, the
+  seconds it took to stop, its output)."""
+  grants = workdir / "admission" / "learner.json"
   with open(tmp_path / "learner.log", "w") as log:
-    proc = _cli("learner", workdir, "--config", _CONFIG + ":tiny", *_SHORT, "--config.runtime.mode=async",
-                "--config.sft.steps=0", log=log)
-    _wait(lambda: runtime.complete_checkpoints(str(workdir)) == [0] and (workdir / "params" / "0").exists(),
-          "the learner's checkpoint 0 and params version 0", proc)
-    time.sleep(1.0)  # (in its wait for rollouts)
+    t0 = time.time()
+    proc = _cli("learner", workdir, *flags, log=log)
+    _wait(lambda: _mtime(grants) > t0, "the learner's first ticket grant", proc)
+    first = _mtime(grants)
+    _wait(lambda: _mtime(grants) > first, "a ticket grant in the learner's wait for rollouts", proc)
     t0 = time.time()
     proc.send_signal(sig)
     status = proc.wait(timeout=60)
-    seconds = time.time() - t0
-  out = (tmp_path / "learner.log").read_text()
-  assert status == 128 + sig, out[-3000:]
+  return status, time.time() - t0, (tmp_path / "learner.log").read_text()
+
+
+def test_a_learner_waiting_for_rollouts_stops_at_once(tmp_path):
+  """No sampler: the learner waits for step 1's groups. A signal ends the wait at once and checkpoint 0 (the
+  warm start's) is the run's. SIGTERM leaves its samplers running (no learner.done: a preemption, the learner
+  will be resumed); the resumed learner stopped by Ctrl-C tells them to stop."""
+  workdir = tmp_path / "run"
+  status, seconds, out = _signal_waiting_learner(
+      tmp_path, workdir, signal.SIGTERM, "--config", _CONFIG + ":tiny", *_SHORT, "--config.runtime.mode=async",
+      "--config.sft.steps=0")
+  assert status == 143, out[-3000:]
   assert seconds < 15, f"the learner took {seconds:.1f} s to stop while it waited"
   assert runtime.complete_checkpoints(str(workdir)) == [0] and _lines(workdir / "schedule.jsonl") == []
-  name = signal.Signals(sig).name
-  assert f"Stopped by {name} after RL step 0 of 24: checkpoint 0 is saved" in out
-  assert (workdir / runtime.DONE_FILE).exists() == (sig == signal.SIGINT)
-  assert ("Its samplers were told to stop (learner.done)." in out) == (sig == signal.SIGINT)
+  assert ("Stopped by SIGTERM after RL step 0 of 24: checkpoint 0 is saved in "
+          f"{workdir / 'checkpoints'}; the same command with --resume continues the run from it.\n") in out
+  assert not (workdir / runtime.DONE_FILE).exists() and not (workdir / "summary.json").exists()
+
+  status, seconds, out = _signal_waiting_learner(tmp_path, workdir, signal.SIGINT, "--resume")
+  assert status == 130, out[-3000:]
+  assert seconds < 15, f"the learner took {seconds:.1f} s to stop while it waited"
+  assert json.loads((workdir / "params_lineage.json").read_text())["life"] == 2  # (resumed: its second life)
+  assert runtime.complete_checkpoints(str(workdir)) == [0]
+  assert ("Stopped by SIGINT after RL step 0 of 24: checkpoint 0 is saved in "
+          f"{workdir / 'checkpoints'}; the same command with --resume continues the run from it. Its samplers "
+          "were told to stop (learner.done).\n") in out
+  assert (workdir / runtime.DONE_FILE).exists() and not (workdir / "summary.json").exists()
 
 
 def test_deferred_signals_notes_the_first_and_lets_a_second_act():
