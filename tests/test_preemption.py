@@ -55,7 +55,7 @@ def _run(command, workdir, *flags, log_path):
     return proc.wait(timeout=300)
 
 
-@pytest.mark.slow  # three CLI runs of the tiny config (measured 2026-12-05 on 2 busy cores: see the commit)
+@pytest.mark.slow  # three CLI runs of the tiny config: 32 to 44 s on 2 busy cores, warm cache (`make test-all`)
 def test_sigterm_checkpoints_the_last_finished_step_and_resume_continues_exactly(tmp_path):
   straight, split = tmp_path / "straight", tmp_path / "split"
   assert _run("train", straight, "--config", _CONFIG + ":tiny", *_SHORT, log_path=tmp_path / "straight.log") == 0
@@ -158,3 +158,48 @@ def test_deferred_signals_notes_the_first_and_lets_a_second_act():
     signal.signal(signal.SIGINT, before)
   assert runtime.Stopped(signal.SIGTERM, 3).exit_status == 143
   assert runtime.Stopped(signal.SIGINT, 3).exit_status == 130
+
+
+@pytest.mark.slow  # a learner, its sampler and the resumed learner as processes: 30 s (`make test-all`)
+def test_a_preempted_learner_keeps_its_sampler_and_resumes_from_the_step_it_finished(tmp_path):
+  """SIGTERM to a learner mid-interval: it checkpoints its last finished step, exits 143 and writes no
+  learner.done, so its sampler keeps running; `learner --resume` continues from that step with it: every step
+  1..N is in the schedule once, and no group is trained on twice."""
+  workdir = tmp_path / "run"
+  steps = 30
+  flags = ("--config", _CONFIG + ":tiny", "--config.runtime.mode=async", f"--config.rl.steps={steps}",
+           "--config.checkpoint.every=25", "--config.eval.every=0", "--config.sft.steps=20",
+           "--config.runtime.plot=False", "--config.runtime.tensorboard=False")
+  logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("learner", "learner2", "s0")}
+  procs = []
+  try:
+    learner = _cli("learner", workdir, *flags, log=logs["learner"])
+    sampler = subprocess.Popen([sys.executable, "-m", "rlax_post.cli", "sampler", "--workdir", str(workdir),
+                                "--index", "0", "--quiet"], env=_procs.env(), stdout=logs["s0"],
+                               stderr=subprocess.STDOUT)
+    procs += [learner, sampler]
+    _wait(lambda: len(_lines(workdir / "schedule.jsonl")) >= 3, "3 learner steps", learner)
+    learner.send_signal(signal.SIGTERM)
+    assert learner.wait(timeout=120) == 143, (tmp_path / "learner.log").read_text()[-3000:]
+    stopped = len(_lines(workdir / "schedule.jsonl"))
+    assert 3 <= stopped < 25, f"stopped after step {stopped}: the signal must land before the periodic checkpoint"
+    assert sorted(runtime.complete_checkpoints(str(workdir)))[-1] == stopped
+    assert not (workdir / runtime.DONE_FILE).exists()
+    time.sleep(1.0)
+    assert sampler.poll() is None, "the sampler of a preempted learner exited"
+    learner2 = _cli("learner", workdir, "--resume", log=logs["learner2"])
+    procs.append(learner2)
+    assert learner2.wait(timeout=240) == 0, (tmp_path / "learner2.log").read_text()[-3000:]
+    assert sampler.wait(timeout=60) == 0, (tmp_path / "s0.log").read_text()[-3000:]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+    for f in logs.values():
+      f.close()
+  summary = json.loads((workdir / "summary.json").read_text())
+  assert summary["resumed_from_step"] == stopped and summary["rl_steps_done"] == steps
+  schedule = _lines(workdir / "schedule.jsonl")
+  assert [e["step"] for e in schedule] == list(range(1, steps + 1))
+  trained = [g for e in schedule for g in e["groups"] + e["dropped"]]
+  assert len(trained) == len(set(trained)), "a group was consumed twice"
