@@ -65,9 +65,9 @@ from rlax_post.runtime._samplers import load_run_config
 from rlax_post.runtime._samplers import run_sampler
 from rlax_post.runtime._samplers import SamplerWorker
 from rlax_post.runtime._serve import serve
+from rlax_post.runtime._serve import served_step
 from rlax_post.runtime._signals import deferred_signals
 from rlax_post.runtime._signals import Stopped
-from rlax_post.runtime._serve import served_step
 from rlax_post.runtime._sources import InlineSource
 from rlax_post.runtime._sources import LoggedSource
 from rlax_post.runtime._sources import ProcessSource

@@ -33,9 +33,9 @@ def learn(update: _learn.RLUpdate, source: _sources.Source, out, start: _run.Sta
 
   `stop()` (a stop signal's number, or None) is read before each step, on every process together
   (`_stop_asked`), and by the source while it waits for rollouts: once set, the step in flight finishes, `out`
-  checkpoints the last finished step (`Run.stopped`) and `_signals.Stopped` is raised with that step. Its
-  source's samplers in other processes are told to stop (learner.done) unless SIGTERM stopped it (a
-  preemption: the learner will be resumed, and they follow it)."""
+  checkpoints the last finished step (`Run.stopped`; replay's `Comparison` gets no `stop`) and
+  `_signals.Stopped` is raised with that step. The source's samplers in other processes are told to stop
+  (learner.done) unless SIGTERM stopped it (a preemption: the learner will be resumed, and they follow it)."""
   state, done, signum = start.state, start.step, None
   try:
     source.publish(state, start.step)

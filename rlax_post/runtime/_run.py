@@ -219,7 +219,7 @@ class Run:
     if step != start.step and not self._checkpoints_at(step):
       self._checkpoint(step, start, state, source)
 
-  def close_stopped(self, stopped) -> Exception:
+  def close_stopped(self, stopped: _signals.Stopped) -> _signals.Stopped:
     """Waits for the last checkpoint to commit and closes the metrics (no summary.json: the run is not over);
     returns `stopped` (`_signals.Stopped`) with the line to print: what was saved, how to continue."""
     self.ckpt.close()
