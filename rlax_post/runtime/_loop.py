@@ -102,7 +102,8 @@ def make_source(parts: _parts.Parts, workdir: str, say) -> _sources.Source:
 
 def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: bool = False) -> dict:
   """`rlax-post train`: sampling inline (`runtime.mode = "sync"`), in sampler threads ("async"), or Iterative
-  PPO's rounds ("rounds"); returns the summary (also written to workdir/summary.json)."""
+  PPO's rounds ("rounds"); returns the summary (also written to workdir/summary.json). SIGTERM or Ctrl-C
+  (main thread) stops it after the step in flight, checkpointed: `_signals.Stopped` (`_train_with`)."""
   # Sampling in the learner's process (inline or threads) is a host-driven decode loop on its own devices.
   _distributed.check_single_process("`rlax-post train` (sampling in the learner's process)")
   _warm_cache.check_cache_dir(cfg)
@@ -114,7 +115,8 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
 def run_learner(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: bool = False) -> dict:
   """`rlax-post learner`: the learner process; samplers are other processes (`run_sampler`). A `learner.done`
   left by the invocation before is removed first, before anything slow: samplers launched beside this learner
-  (a resumed unit) read it as "the learner has finished" and exited, and the learner then waited for ever."""
+  (a resumed unit) read it as "the learner has finished" and exited, and the learner then waited for ever.
+  SIGTERM or Ctrl-C stops it as it stops `train` (`_signals.Stopped`)."""
   if _distributed.is_primary():
     _samplers.clear_done(workdir)
   _warm_cache.check_cache_dir(cfg)
