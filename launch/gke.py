@@ -14,6 +14,8 @@ from __future__ import annotations
 from launch import jobs as jobs_lib
 
 _COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+# Kubernetes' default grace period is 30 s: too short for an RL step of a large model and its checkpoint.
+GRACE_S = 300
 
 
 def _env(job: jobs_lib.Job, name: str, service: str):
@@ -28,8 +30,10 @@ def _env(job: jobs_lib.Job, name: str, service: str):
 
 
 def k8s_job(name: str, image: str, job: jobs_lib.Job, *, service: str, workdir_root: str,
-            namespace: str = "default", annotations: dict[str, str] | None = None):
-  """The `V1Job` of one job (`name`: a DNS-1123 label, at most 63 characters)."""
+            namespace: str = "default", annotations: dict[str, str] | None = None, grace_s: int = GRACE_S):
+  """The `V1Job` of one job (`name`: a DNS-1123 label, at most 63 characters). `grace_s`: the pod's
+  terminationGracePeriodSeconds, the time between SIGTERM (a preemption, a deleted job) and SIGKILL, in which
+  `rlax-post train` / `learner` finish the step in flight and checkpoint it (docs/async.md)."""
   from kubernetes import client  # pylint: disable=g-import-not-at-top  (GKE requests only; extra xm)
   volumes, mounts, pod_annotations = [], [], {}
   bucket = jobs_lib.bucket(workdir_root)
@@ -48,6 +52,7 @@ def k8s_job(name: str, image: str, job: jobs_lib.Job, *, service: str, workdir_r
       volume_mounts=mounts or None)
   pod = client.V1PodSpec(
       containers=[container], restart_policy="Never", volumes=volumes or None,
+      termination_grace_period_seconds=grace_s,
       node_selector=job.accelerator.gke_node_selector() or None,
       subdomain=service if job.multihost == "coordinator" else None)
   labels = {"app": "rlax-post", "rlax-post/job": name}

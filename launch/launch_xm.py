@@ -70,6 +70,9 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the jobs (and the Vertex A
 _GCP_PROJECT = flags.DEFINE_string("gcp_project", None, "vertex: the Google Cloud project.")
 _GCP_REGION = flags.DEFINE_string("gcp_region", "us-central1", "vertex: the region.")
 _NAMESPACE = flags.DEFINE_string("k8s_namespace", "default", "gke: the namespace of the jobs.")
+_GRACE = flags.DEFINE_integer("grace_s", gke.GRACE_S, "gke: seconds from SIGTERM to SIGKILL for a pod "
+                              "(terminationGracePeriodSeconds): the learner finishes its step and checkpoints it "
+                              "in them.", lower_bound=1)
 
 
 def _dns_label(*parts: str) -> str:
@@ -217,7 +220,7 @@ def _cloud_requests(title: str, plan, root: str):
         if job.multihost == "coordinator":
           objects.append(gke.headless_service(service, name, _NAMESPACE.value))
         objects.append(gke.k8s_job(name, _IMAGE.value, job, service=service, workdir_root=root,
-                                   namespace=_NAMESPACE.value,
+                                   namespace=_NAMESPACE.value, grace_s=_GRACE.value,
                                    annotations={"rlax-post/work-unit": unit.name, "rlax-post/workdir": workdir}))
     to_json = vertex.to_json if _EXECUTOR.value == "vertex" else gke.to_json
     out.append((objects, [to_json(o) for o in objects]))

@@ -191,6 +191,8 @@ def test_gke_tpu_slice_indexed_job(tmp_path):
   spec = learner["spec"]
   assert (spec["completionMode"], spec["completions"], spec["parallelism"]) == ("Indexed", 4, 4)
   pod = spec["template"]["spec"]
+  # SIGTERM to SIGKILL: the learner's step and checkpoint (Kubernetes' own default is 30 s).
+  assert pod["terminationGracePeriodSeconds"] == 300
   assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
                                  "cloud.google.com/gke-tpu-topology": "2x2x4"}
   [container] = pod["containers"]
@@ -214,13 +216,15 @@ def test_gke_tpu_slice_indexed_job(tmp_path):
 
 def test_gke_multihost_gpu_learner(tmp_path):
   doc = _dry_run(tmp_path, "--executor", "gke", "--platform", "gpu", "--accelerator", "h100x8",
-                 "--learner_hosts", "2", "--num_samplers", "2")
+                 "--learner_hosts", "2", "--num_samplers", "2", "--grace_s", "900")
   service, learner, s0, s1 = doc["work_units"][1]["requests"]
   assert service["kind"] == "Service" and service["metadata"]["name"] == "demo-01-learner-hosts"
   assert service["spec"]["clusterIP"] == "None"
   assert service["spec"]["selector"] == {"rlax-post/job": "demo-01-learner"}
   assert learner["spec"]["completions"] == 2 and learner["spec"]["parallelism"] == 2
   pod = learner["spec"]["template"]["spec"]
+  assert pod["terminationGracePeriodSeconds"] == 900 and s0["spec"]["template"]["spec"][
+      "terminationGracePeriodSeconds"] == 900
   assert pod["subdomain"] == "demo-01-learner-hosts"  # Pods resolve as demo-01-learner-<i>.<subdomain>.
   assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
   [container] = pod["containers"]
@@ -246,6 +250,7 @@ def test_gke_multihost_gpu_learner(tmp_path):
     (["--executor", "gke", "--platform", "gpu", "--accelerator", "h100x8", "--learner_hosts", "2"],
      "set --num_samplers >= 1"),
     (["--executor", "gke", "--config.seed=3"], "overrides of swept key(s) ['seed']"),
+    (["--executor", "gke", "--grace_s", "0"], "flag --grace_s=0: 0 is not a positive integer"),
     # Each unit's full config is validated with the command line's overrides (it failed in its own job).
     (["--executor", "gke", "--config.rl.top_p=0.0"], "sweep point 0"),
     # With samplers every unit is an async learner: another mode on the command line is refused.
