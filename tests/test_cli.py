@@ -840,3 +840,22 @@ def test_outputs_written_with_local_file_calls_refuse_a_url(tmp_path):
   for args, message in cases:
     assert _error(_cli(*args, cwd=tmp_path), args[0]) == f"rlax-post {args[0]}: error: {message}"
   assert sorted(os.listdir(tmp_path)) == ["m.gguf", "run"]  # no local gs: folder
+
+
+@pytest.mark.parametrize("command, flag", [("export", "--workdir"), ("serve", "--checkpoint"),
+                                           ("replay", "--workdir")])
+def test_a_run_whose_hf_checkpoint_is_gone_names_the_run_and_the_ways_out(tmp_path, command, flag):
+  """A run trained from a checkpoint that was moved or deleted since (config.json saves `model.hf_path`
+  absolute): `export` and `serve` said "`model.hf_path` = '/.../smol' does not exist; set it to a local Hugging
+  Face checkpoint directory" (a real-model walk-through), which these commands have no flag to do. The line names
+  the run, the path and the ways out."""
+  gone = str(tmp_path / "ckpt" / "smol")
+  out = _cli("check-config", "--config", "configs/dataset.py:tiny,hf", f"--config.model.hf_path={gone}")
+  (tmp_path / "run").mkdir()
+  (tmp_path / "run" / "config.json").write_text(out.stdout)
+  extra = ("--out", str(tmp_path / "out")) if command == "export" else ()
+  line = _error(_cli(command, flag, "run", *extra, cwd=tmp_path), command)
+  assert line == (f"rlax-post {command}: error: run was trained from model.hf_path = {gone!r}, which does not "
+                  "exist (moved or deleted since): put the checkpoint back there, or set model.hf_path in "
+                  "run/config.json to where it is now.")
+  assert not (tmp_path / "out").exists()

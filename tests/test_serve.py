@@ -543,7 +543,7 @@ def test_a_run_trained_from_a_relative_hf_path_names_it_when_served_from_elsewhe
   assert done.returncode == 2 and "Serving" not in done.stdout, done.stderr[-2000:]
   assert done.stderr.strip().splitlines()[-1] == (
       "rlax-post serve: error: ../run was trained from model.hf_path = 'ckpt', a path relative to the directory "
-      f"`train` ran in, and {tmp_path}/elsewhere/ckpt does not exist: serve it from that directory, or set "
+      f"`train` ran in, and {tmp_path}/elsewhere/ckpt does not exist: run this command from that directory, or set "
       "model.hf_path in ../run/config.json to the checkpoint's absolute path.")
 
 

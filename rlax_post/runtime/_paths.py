@@ -47,3 +47,22 @@ def absolute_paths(cfg: config_lib.Config) -> config_lib.Config:
       sections.setdefault(section, {})[field] = new
   return dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **fields)
                                      for name, fields in sections.items()})
+
+
+def check_run_checkpoint(cfg: config_lib.Config, workdir: str) -> None:
+  """FileNotFoundError naming run `workdir`, its `model.hf_path` and the ways out when that checkpoint is not
+  there any more (moved or deleted since the run, or, for a run begun before 2026-12-05, a path relative to the
+  directory `train` ran in): the commands that read a run (`serve`, `export`, `replay`, samplers) have no
+  config flags, so "set model.hf_path" alone was no way out."""
+  path = cfg.model.hf_path
+  if path is None or "://" in path or os.path.exists(path):
+    return
+  config_json = os.path.join(workdir, "config.json")
+  if not os.path.isabs(path):
+    raise FileNotFoundError(
+        f"{workdir} was trained from model.hf_path = {path!r}, a path relative to the directory `train` ran in, "
+        f"and {os.path.abspath(path)} does not exist: run this command from that directory, or set model.hf_path "
+        f"in {config_json} to the checkpoint's absolute path.")
+  raise FileNotFoundError(
+      f"{workdir} was trained from model.hf_path = {path!r}, which does not exist (moved or deleted since): put "
+      f"the checkpoint back there, or set model.hf_path in {config_json} to where it is now.")

@@ -28,6 +28,7 @@ from rlax_post import rollouts
 from rlax_post import sharding
 from rlax_post.runtime import _learners
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _paths
 
 LEARNER = "learner"  # the rollout queue's consumer
 DONE_FILE = "learner.done"  # written by the learner when it stops: samplers stop too
@@ -212,7 +213,8 @@ def file_queue(cfg: config_lib.Config, workdir: str, writer_id: str) -> rollouts
 
 def load_run_config(workdir: str, *, timeout_s: float = 0.0) -> config_lib.Config:
   """The config a learner wrote to `workdir/config.json` (waits up to timeout_s for it to appear); `workdir`
-  may be a local path or a bucket URL."""
+  may be a local path or a bucket URL. FileNotFoundError naming the run when its `model.hf_path` is gone
+  (`_paths.check_run_checkpoint`)."""
   path = epath.Path(os.fspath(workdir)) / "config.json"
   deadline = time.time() + timeout_s
   while not path.exists():
@@ -225,7 +227,9 @@ def load_run_config(workdir: str, *, timeout_s: float = 0.0) -> config_lib.Confi
   except json.JSONDecodeError as e:
     raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); it is the "
                      "config a learner wrote: restore it from the run's checkpoint metadata or rerun.") from None
-  return config_lib.load(raw)
+  cfg = config_lib.load(raw)
+  _paths.check_run_checkpoint(cfg, os.fspath(workdir))
+  return cfg
 
 
 def _read_base(parts: _parts.Parts, workdir: str, name: str, timeout_s: float = 600.0):

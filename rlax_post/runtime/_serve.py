@@ -56,17 +56,10 @@ def engine_from_workdir(workdir: str, options: sampler.ServeOptions = sampler.Se
 
 def _check_servable(cfg, workdir: str) -> None:
   """ValueError unless the run's checkpoints hold one policy (a whole model's params, or LoRA adapters over a
-  frozen base, which the engine merges); FileNotFoundError if its `model.hf_path` is relative (to the
-  directory `train` ran in, which config.json does not record) and names nothing from here."""
+  frozen base, which the engine merges). (A `model.hf_path` gone since the run is named by `load_run_config`.)"""
   if cfg.multiagent.policies == "per_role":
     raise ValueError(f"{workdir} trains one policy per role (multiagent.policies = 'per_role'); `serve` serves "
                      "one policy. Write each role's as a Hugging Face checkpoint with `rlax-post export`.")
-  hf_path = cfg.model.hf_path
-  if hf_path is not None and not os.path.isabs(hf_path) and not os.path.exists(hf_path):
-    raise FileNotFoundError(
-        f"{workdir} was trained from model.hf_path = {hf_path!r}, a path relative to the directory `train` ran "
-        f"in, and {os.path.abspath(hf_path)} does not exist: serve it from that directory, or set model.hf_path "
-        f"in {os.path.join(workdir, 'config.json')} to the checkpoint's absolute path.")
 
 
 def serve(workdir: str, options: sampler.ServeOptions) -> sampler.Server:
