@@ -445,6 +445,32 @@ def test_export_dtype_refuses_an_unknown_dtype_and_weights_it_cannot_hold(lora_r
   np.testing.assert_array_equal(np.asarray(cast["q"], np.float32), [99840.0, 1.0])  # 1e5 to nearest bfloat16
 
 
+@pytest.mark.parametrize("existed", [False, True])
+def test_an_export_that_fails_part_way_leaves_no_partial_checkpoint(lora_run, newest, tmp_path, monkeypatch,
+                                                                     existed):
+  """An export whose disk filled after the weights (a 538 MB model.safetensors for SmolLM2-135M) left --out with
+  model.safetensors and no config.json: not a checkpoint, and the next export refused it as not empty. It now
+  takes away what it wrote (--out itself where it made it), so the same command works once there is room."""
+  workdir, _, _ = lora_run
+  out = tmp_path / "hf"
+  if existed:
+    out.mkdir()
+  real_save = safetensors.numpy.save_file
+
+  def save_then_fill_the_disk(*args, **kwargs):
+    real_save(*args, **kwargs)
+    raise OSError(28, "No space left on device")
+
+  monkeypatch.setattr(safetensors.numpy, "save_file", save_then_fill_the_disk)
+  with pytest.raises(OSError, match="No space left on device"):
+    runtime.export_hf(workdir, out)
+  assert (sorted(os.listdir(out)) if existed else out.exists()) == ([] if existed else False)
+  assert sorted(os.listdir(tmp_path)) == (["hf"] if existed else [])
+  monkeypatch.setattr(safetensors.numpy, "save_file", real_save)
+  assert runtime.export_hf(workdir, out) == (4, (str(out),))
+  _runs.assert_export_holds(out, newest[1])
+
+
 def test_the_export_of_a_byte_tokenizer_run_carries_the_byte_tokenizer(lora_run, newest, tmp_path):
   """A run from a preset (the byte tokenizer) exported no tokenizer files: transformers' AutoTokenizer could not
   load the export and `model.hf_path` refused it ('has no tokenizer.json'), though docs/learner.md said it

@@ -71,13 +71,35 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, st
   cfg = dataclasses.replace(parts.model_cfg, valid_vocab_size=None, vocab_gaps=(), param_dtype=_widest(policy))
   # One policy per role: a role pipeline's, which reads no files; its roles name the directories.
   roles = () if update.roles == 1 else envs.make_rl_task(parts.cfg, parts.tokenizer).pipeline.roles
-  outs = [os.fspath(out_dir)] if update.roles == 1 else [os.path.join(os.fspath(out_dir), name) for name in roles]
+  out_dir = os.fspath(out_dir)
+  outs = [out_dir] if update.roles == 1 else [os.path.join(out_dir, name) for name in roles]
   ids = _special_ids(parts)
-  for r, out in enumerate(outs):
-    models.export_hf(out, cfg, policy if update.roles == 1 else learner.role_params(policy, r),
-                     architecture=architecture, config_extra=ids)
-    _copy_tokenizer_files(parts, out)
+  before = set(os.listdir(out_dir)) if os.path.isdir(out_dir) else None  # (None: the export makes it)
+  try:
+    for r, out in enumerate(outs):
+      models.export_hf(out, cfg, policy if update.roles == 1 else learner.role_params(policy, r),
+                       architecture=architecture, config_extra=ids)
+      _copy_tokenizer_files(parts, out)
+  except BaseException:  # A full disk, an error, Ctrl-C: no half-written checkpoint stays behind.
+    _remove_written(out_dir, before)
+    raise
   return Exported(step, tuple(outs))
+
+
+def _remove_written(out_dir: str, before: set[str] | None) -> None:
+  """Takes away what a failed export wrote into `out_dir`: the directory itself where the export made it
+  (`before` None), else the entries it added to the ones `before` names (none, from `rlax-post export`, which
+  wants --out new or empty). Files, not a staging directory renamed into place: on a gcsfuse mount, where the
+  docs send bucket exports, gcsfuse renames no directory past its --rename-dir-limit (0 by default)."""
+  if before is None:
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return
+  for name in sorted(set(os.listdir(out_dir)) - before) if os.path.isdir(out_dir) else ():
+    path = os.path.join(out_dir, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      os.remove(path)
 
 
 def export_architecture(cfg, model_cfg: models.ModelConfig) -> str:
