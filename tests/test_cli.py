@@ -859,3 +859,18 @@ def test_a_run_whose_hf_checkpoint_is_gone_names_the_run_and_the_ways_out(tmp_pa
                   "exist (moved or deleted since): put the checkpoint back there, or set model.hf_path in "
                   "run/config.json to where it is now.")
   assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["SmolLM2-135M-Instruct.Q4_1.gguf", "weights.bin"])
+def test_a_gguf_file_as_model_hf_path_says_to_convert_it(tmp_path, name):
+  """`--config.model.hf_path=model.gguf`, the first thing a llama.cpp user tries, said "is a file, not a directory;
+  set it to a local Hugging Face checkpoint directory" (a real-model walk-through) without naming the command
+  that makes one. A GGUF file (its magic, whatever its name) is named, with the `convert` line to run."""
+  gguf = tmp_path / name
+  gguf.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))
+  line = _error(_cli("train", "--config", "configs/dataset.py:tiny,hf", f"--config.model.hf_path={gguf}",
+                     "--workdir", str(tmp_path / "run")), "train")
+  assert line == (f"rlax-post train: error: `model.hf_path` = {str(gguf)!r} is a GGUF file (llama.cpp), not a "
+                  "Hugging Face checkpoint directory; convert it first: `rlax-post convert --gguf "
+                  f"{gguf} --out DIR`, then set model.hf_path to DIR.")
+  assert not (tmp_path / "run").exists()

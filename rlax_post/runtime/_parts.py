@@ -39,6 +39,10 @@ class CheckpointTokenizer(models.HFTokenizer):
 def _check_hf_path(path: str) -> None:
   """Names what `model.hf_path` lacks before any of its files is parsed (a missing directory would otherwise
   read as a tokenizer without tokenizer.json)."""
+  if os.path.isfile(path) and _is_gguf(path):
+    raise ValueError(f"`model.hf_path` = {path!r} is a GGUF file (llama.cpp), not a Hugging Face checkpoint "
+                     f"directory; convert it first: `rlax-post convert --gguf {path} --out DIR`, then set "
+                     "model.hf_path to DIR.")
   if not os.path.isdir(path):
     state = "is a file, not a directory" if os.path.exists(path) else "does not exist"
     where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
@@ -50,6 +54,15 @@ def _check_hf_path(path: str) -> None:
                             "directory needs config.json and *.safetensors (model.save_pretrained) and the fast "
                             "tokenizer's tokenizer.json (tokenizer.save_pretrained; sentencepiece-only "
                             "tokenizers: load them with transformers' AutoTokenizer and save them again).")
+
+
+def _is_gguf(path: str) -> bool:
+  """Whether the file `path` starts with GGUF's magic (what `rlax-post convert` reads)."""
+  try:
+    with open(path, "rb") as f:
+      return f.read(4) == b"GGUF"
+  except OSError:
+    return False
 
 
 def make_tokenizer(cfg: config_lib.Config):
