@@ -874,3 +874,20 @@ def test_a_gguf_file_as_model_hf_path_says_to_convert_it(tmp_path, name):
                   "Hugging Face checkpoint directory; convert it first: `rlax-post convert --gguf "
                   f"{gguf} --out DIR`, then set model.hf_path to DIR.")
   assert not (tmp_path / "run").exists()
+
+
+def test_a_run_workdir_as_model_hf_path_says_to_export_it(tmp_path):
+  """Training on from an earlier run, `--config.model.hf_path=runs/lora2` (a run's workdir) said it "has no
+  tokenizer.json" and how to save a tokenizer (a real-model walk-through): the run is named as one, with the
+  `export` line that makes a checkpoint of its policy."""
+  out = _cli("check-config", "--config", "configs/demo.py:tiny")
+  (tmp_path / "old" / "checkpoints").mkdir(parents=True)
+  (tmp_path / "old" / "config.json").write_text(out.stdout)
+  old = tmp_path / "old"
+  line = _error(_cli("train", "--config", "configs/dataset.py:tiny,hf", f"--config.model.hf_path={old}",
+                     "--workdir", str(tmp_path / "run")), "train")
+  assert line == (f"rlax-post train: error: `model.hf_path` = {str(old)!r} is the workdir of a training run "
+                  "(config.json and checkpoints/), not a Hugging Face checkpoint; export its policy first: "
+                  f"`rlax-post export --workdir {old} --out DIR`, then set model.hf_path to DIR (or continue that "
+                  f"run: `rlax-post train --resume --workdir {old}` with its config).")
+  assert not (tmp_path / "run").exists()

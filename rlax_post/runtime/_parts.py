@@ -49,6 +49,11 @@ def _check_hf_path(path: str) -> None:
     raise FileNotFoundError(f"`model.hf_path` = {path!r}{where} {state}; set it to a local Hugging Face "
                             "checkpoint directory (config.json, *.safetensors, tokenizer.json).")
   missing = [f for f in ("config.json", "tokenizer.json") if not os.path.isfile(os.path.join(path, f))]
+  if missing == ["tokenizer.json"] and os.path.isdir(os.path.join(path, "checkpoints")):
+    raise FileNotFoundError(f"`model.hf_path` = {path!r} is the workdir of a training run (config.json and "
+                            "checkpoints/), not a Hugging Face checkpoint; export its policy first: `rlax-post "
+                            f"export --workdir {path} --out DIR`, then set model.hf_path to DIR (or continue that "
+                            f"run: `rlax-post train --resume --workdir {path}` with its config).")
   if missing:
     raise FileNotFoundError(f"`model.hf_path` = {path!r} has no {' and no '.join(missing)}; a checkpoint "
                             "directory needs config.json and *.safetensors (model.save_pretrained) and the fast "
