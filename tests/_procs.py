@@ -15,6 +15,7 @@ Every process of a test gets the same flags, so runs that must replay each other
 import importlib.metadata
 import os
 import re
+import time
 
 
 def _jaxlib_before(major: int, minor: int) -> bool:
@@ -55,3 +56,13 @@ def env(devices: int = 1, **extra: str) -> dict[str, str]:
   warnings = ",".join(w for w in (os.environ.get("PYTHONWARNINGS", ""), CACHE_READ_WARNING) if w)
   return {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(flags.split()), "PYTHONWARNINGS": warnings,
           **extra}
+
+
+def wait_until(predicate, what: str, proc, timeout_s: float = 240.0, poll_s: float = 0.05) -> None:
+  """Polls `predicate()` until it holds; AssertionError naming `what` if the child process `proc` exits first
+  or `timeout_s` passes."""
+  deadline = time.time() + timeout_s
+  while not predicate():
+    assert proc.poll() is None, f"the process exited with {proc.returncode} while waiting for {what}"
+    assert time.time() < deadline, f"timed out waiting for {what}"
+    time.sleep(poll_s)

@@ -46,14 +46,6 @@ def _error(out, command: str) -> str:
   return lines[0]
 
 
-def _wait(predicate, what, proc, timeout_s=120):
-  deadline = time.time() + timeout_s
-  while not predicate():
-    assert proc.poll() is None, f"the sampler exited with {proc.returncode} while waiting for {what}"
-    assert time.time() < deadline, f"timed out waiting for {what}"
-    time.sleep(0.1)
-
-
 @pytest.fixture(scope="module")
 def stopped_run(tmp_path_factory):
   """The workdir of an async `train` run stopped after RL step 1 of 2 (`runtime.stop_after_steps`): its
@@ -93,7 +85,7 @@ def test_a_second_sampler_with_the_same_index_is_refused(stopped_run, tmp_path):
   with open(logs[0], "w") as log:
     first = _sampler(workdir, 0, log)
   try:
-    _wait(lambda: started(0), "the first sampler", first)
+    _procs.wait_until(lambda: started(0), "the first sampler", first)
     line = _error(_cli("sampler", "--workdir", "run", "--index", "0", cwd=tmp_path, timeout_s=60), "sampler")
     lock = os.path.join("run", "admission", "samplers", "sampler-0.lock")
     assert line.endswith(f"--index 0: sampler-0 is already running for run (another process holds {lock}); "
@@ -104,7 +96,7 @@ def test_a_second_sampler_with_the_same_index_is_refused(stopped_run, tmp_path):
     with open(logs[1], "w") as log:
       again = _sampler(workdir, 0, log)  # the lock went with the killed one
     try:
-      _wait(lambda: started(1), "the restarted sampler", again)
+      _procs.wait_until(lambda: started(1), "the restarted sampler", again)
     finally:
       again.kill()
       again.wait()
@@ -125,7 +117,7 @@ def test_a_second_run_in_a_running_learners_workdir_is_refused(stopped_run, tmp_
     first = subprocess.Popen([sys.executable, "-m", "rlax_post.cli", "learner", "--workdir", "run", "--resume"],
                              stdout=log, stderr=subprocess.STDOUT, env=_ENV, cwd=tmp_path)
   try:
-    _wait(lambda: "Resumed run at RL step 1." in log_path.read_text(), "the learner's resume", first)
+    _procs.wait_until(lambda: "Resumed run at RL step 1." in log_path.read_text(), "the learner's resume", first)
     with open(os.path.join(workdir, "schedule.jsonl")) as f:
       schedule = f.read()
     lock = os.path.join("run", "run.lock")
@@ -139,7 +131,7 @@ def test_a_second_run_in_a_running_learners_workdir_is_refused(stopped_run, tmp_
     with open(os.path.join(workdir, "schedule.jsonl")) as f:
       assert f.read() == schedule  # untouched by the refused ones
     # Alone, after 30 s of waiting, it says what it waits for and how to start a sampler.
-    _wait(lambda: "waiting for rollouts" in log_path.read_text(), "the learner's waiting line", first)
+    _procs.wait_until(lambda: "waiting for rollouts" in log_path.read_text(), "the learner's waiting line", first)
     assert ("[learner] step 2: waiting for rollouts (0/4 groups; live samplers: 0). No sampler has joined (none "
             "heartbeat in runtime.sampler_timeout_s = 60 s): start `rlax-post sampler --workdir run --index 0`, any "
             "number, each with its own --index.") in log_path.read_text()

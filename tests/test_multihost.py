@@ -123,16 +123,31 @@ def _env(devices: int | None):
   return _procs.env(devices or 1)
 
 
-def _run_two_process_learner(workdir, tmp_path):
+def _start_learners(workdir, tmp_path, *flags):
+  """Two learner processes of one run (4 devices each) on a free port, logging to learner<k>.log; returns
+  (processes, open logs)."""
   port = portpicker.pick_unused_port()
   logs, procs = [], []
+  for k in range(2):
+    logs.append(open(tmp_path / f"learner{k}.log", "w"))
+    procs.append(subprocess.Popen(
+        [sys.executable, "-m", "rlax_post.cli", "learner", "--workdir", os.fspath(workdir), *_OVERRIDES, *flags,
+         "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2", "--process_id", str(k)],
+        env=_env(4), stdout=logs[-1], stderr=subprocess.STDOUT))
+  return procs, logs
+
+
+def _end(procs, logs):
+  for p in procs:
+    if p.poll() is None:
+      p.kill()
+  for f in logs:
+    f.close()
+
+
+def _run_two_process_learner(workdir, tmp_path):
+  procs, logs = _start_learners(workdir, tmp_path)
   try:
-    for k in range(2):
-      logs.append(open(tmp_path / f"learner{k}.log", "w"))
-      procs.append(subprocess.Popen(
-          [sys.executable, "-m", "rlax_post.cli", "learner", "--workdir", workdir, *_OVERRIDES,
-           "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2", "--process_id", str(k)],
-          env=_env(4), stdout=logs[-1], stderr=subprocess.STDOUT))
     logs.append(open(tmp_path / "sampler.log", "w"))
     procs.append(subprocess.Popen([sys.executable, "-m", "rlax_post.cli", "sampler", "--workdir", workdir,
                                    "--index", "0", "--quiet"], env=_env(None), stdout=logs[-1],
@@ -140,11 +155,7 @@ def _run_two_process_learner(workdir, tmp_path):
     for name, p in zip(("learner0.log", "learner1.log", "sampler.log"), procs):
       assert p.wait(timeout=240) == 0, (tmp_path / name).read_text()[-4000:]
   finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-    for f in logs:
-      f.close()
+    _end(procs, logs)
 
 
 def test_cli_rejects_bad_flags_and_multiprocess_train(tmp_path):
@@ -173,15 +184,8 @@ def test_a_signal_to_process_0_stops_every_learner_process_at_one_step(tmp_path)
   the stop line, checkpoint 0 stays the run's, and no learner.done tells samplers to quit (a preemption)."""
   workdir = tmp_path / "run"
   grants = workdir / "admission" / "learner.json"
-  port = portpicker.pick_unused_port()
-  logs, procs = [], []
+  procs, logs = _start_learners(workdir, tmp_path, "--config.sft.steps=0")
   try:
-    for k in range(2):
-      logs.append(open(tmp_path / f"learner{k}.log", "w"))
-      procs.append(subprocess.Popen(
-          [sys.executable, "-m", "rlax_post.cli", "learner", "--workdir", os.fspath(workdir), *_OVERRIDES,
-           "--config.sft.steps=0", "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2",
-           "--process_id", str(k)], env=_env(4), stdout=logs[-1], stderr=subprocess.STDOUT))
     mtime = lambda: os.stat(grants).st_mtime if grants.exists() else 0.0
     for _ in range(2):  # Its grant at the first publish, then one in its wait for rollouts.
       before, deadline = mtime(), time.time() + 240
@@ -191,11 +195,7 @@ def test_a_signal_to_process_0_stops_every_learner_process_at_one_step(tmp_path)
     procs[0].send_signal(signal.SIGTERM)
     statuses = [p.wait(timeout=60) for p in procs]
   finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-    for f in logs:
-      f.close()
+    _end(procs, logs)
   outs = [(tmp_path / f"learner{k}.log").read_text() for k in range(2)]
   assert statuses == [143, 143], [out[-2000:] for out in outs]
   line = (f"Stopped by SIGTERM after RL step 0 of 3: checkpoint 0 is saved in {workdir / 'checkpoints'}; "

@@ -35,14 +35,6 @@ def _lines(path):
     return []
 
 
-def _wait(predicate, what, proc, timeout_s=240):
-  deadline = time.time() + timeout_s
-  while not predicate():
-    assert proc.poll() is None, f"the run exited with {proc.returncode} while waiting for {what}"
-    assert time.time() < deadline, f"timed out waiting for {what}"
-    time.sleep(0.02)
-
-
 def _rl_rows(workdir):
   timing = set(runtime.TIMING_METRICS)
   return [{k: v for k, v in r.items() if k not in timing} for r in _lines(os.path.join(workdir, "metrics.jsonl"))
@@ -61,7 +53,7 @@ def test_sigterm_checkpoints_the_last_finished_step_and_resume_continues_exactly
   assert _run("train", straight, "--config", _CONFIG + ":tiny", *_SHORT, log_path=tmp_path / "straight.log") == 0
   with open(tmp_path / "split.log", "w") as log:
     proc = _cli("train", split, "--config", _CONFIG + ":tiny", *_SHORT, log=log)
-    _wait(lambda: len(_lines(split / "schedule.jsonl")) >= 2, "2 RL steps", proc)
+    _procs.wait_until(lambda: len(_lines(split / "schedule.jsonl")) >= 2, "2 RL steps", proc)
     proc.send_signal(signal.SIGTERM)
     status = proc.wait(timeout=120)
   out = (tmp_path / "split.log").read_text()
@@ -98,9 +90,9 @@ def _signal_waiting_learner(tmp_path, workdir, sig, *flags):
   with open(tmp_path / "learner.log", "w") as log:
     t0 = time.time()
     proc = _cli("learner", workdir, *flags, log=log)
-    _wait(lambda: _mtime(grants) > t0, "the learner's first ticket grant", proc)
+    _procs.wait_until(lambda: _mtime(grants) > t0, "the learner's first ticket grant", proc)
     first = _mtime(grants)
-    _wait(lambda: _mtime(grants) > first, "a ticket grant in the learner's wait for rollouts", proc)
+    _procs.wait_until(lambda: _mtime(grants) > first, "a ticket grant in the learner's wait for rollouts", proc)
     t0 = time.time()
     proc.send_signal(sig)
     status = proc.wait(timeout=60)
@@ -178,7 +170,7 @@ def test_a_preempted_learner_keeps_its_sampler_and_resumes_from_the_step_it_fini
                                 "--index", "0", "--quiet"], env=_procs.env(), stdout=logs["s0"],
                                stderr=subprocess.STDOUT)
     procs += [learner, sampler]
-    _wait(lambda: len(_lines(workdir / "schedule.jsonl")) >= 3, "3 learner steps", learner)
+    _procs.wait_until(lambda: len(_lines(workdir / "schedule.jsonl")) >= 3, "3 learner steps", learner)
     learner.send_signal(signal.SIGTERM)
     assert learner.wait(timeout=120) == 143, (tmp_path / "learner.log").read_text()[-3000:]
     stopped = len(_lines(workdir / "schedule.jsonl"))
