@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import textwrap
 import typing
@@ -622,13 +623,14 @@ def _sweep(argv, command_line):
     plan = sweep.plan_local(spec, root, extra_flags=overrides, share_warm_start=_SHARE_WARM.value, say=say)
     try:
       results = sweep.run_plan(plan, parallel=_PARALLEL.value, pin_cpus=_PIN_CPUS.value, say=say)
-    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM: the units that finished are still reported.
+    except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, SIGTERM: the units that finished are reported.
       _sweep_report(plan.results, root, spec)
       done = sum(r.ok for r in plan.results)
       print(f"Sweep interrupted: {done} of {len(plan.results)} work units finished (the table above). Run the "
             "same command to run the others; finished units are not run again, stopped ones resume from their "
             "last checkpoint.", file=sys.stderr)
-      raise
+      # Ctrl-C exits as a shell reports SIGINT (130), without KeyboardInterrupt's traceback after that line.
+      raise SystemExit(128 + signal.SIGINT if isinstance(stop, KeyboardInterrupt) else stop.code) from None
   _sweep_report(results, root, spec)
   _check_sweep_results(results)
 

@@ -566,10 +566,13 @@ def test_a_signal_the_caller_ignores_stays_ignored(tmp_path, monkeypatch, name):
   assert [(r.ok, r.returncode, r.status) for r in results] == [(False, -9, "failed (-9)"), (True, 0, "ok")]
 
 
-def test_a_terminated_sweep_command_reports_the_units_that_finished(tmp_path):
-  """`rlax-post sweep` stopped by SIGTERM (a scheduler's timeout): sweep.json, sweep.png and the table say
-  which units finished, and how to go on; the exit says it was terminated."""
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_terminated_sweep_command_reports_the_units_that_finished(tmp_path, signame):
+  """`rlax-post sweep` stopped by SIGTERM (a scheduler's timeout) or Ctrl-C: sweep.json, sweep.png and the table
+  say which units finished, and how to go on; the exit status says which signal (130 for Ctrl-C), and no
+  traceback follows the line (Ctrl-C printed KeyboardInterrupt's until 2026-12-05)."""
   import signal  # pylint: disable=g-import-not-at-top
+  sig = getattr(signal, signame)
   fake = _fake_python(tmp_path, _FAKE_PYTHON_OK_THEN_STALL)
   pid_file, root = tmp_path / "pid", tmp_path / "root"
   # The sweep runs its units with sys.executable: the fake one here.
@@ -581,9 +584,10 @@ def test_a_terminated_sweep_command_reports_the_units_that_finished(tmp_path):
   try:
     _wait_for_pid(pid_file, 120)
   finally:
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
   out, err = proc.communicate(timeout=60)
-  assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+  assert proc.returncode == 128 + sig, err[-2000:]
+  assert "Traceback" not in err, err[-2000:]
   report = json.loads((root / "sweep.json").read_text())
   assert [(u["status"], u["final_eval_reward"]) for u in report["units"]] == [("ok", 1.0), ("interrupted", None)]
   assert "| advantage.estimator=grpo,seed=0 | ok |" in out and (root / "sweep.png").exists()
