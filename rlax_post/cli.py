@@ -218,6 +218,19 @@ def _fail(command: str, error) -> None:
   sys.exit(2)
 
 
+_RESUMABLE = ("train", "learner")
+
+
+def _interrupted(command: str) -> None:
+  """Ctrl-C: one line and exit status 130 (128 + SIGINT, as a shell reports it), not KeyboardInterrupt's
+  traceback from wherever the command was (a JAX compilation, a sampler's wait); the command's own cleanup has
+  run by then (its `finally` blocks)."""
+  hint = (" The same command with --resume continues from the run's last checkpoint (if it wrote none: without "
+          "--resume)." if command in _RESUMABLE else "")
+  print(f"rlax-post {command}: interrupted (Ctrl-C).{hint}", file=sys.stderr)
+  sys.exit(128 + signal.SIGINT)
+
+
 def _required(holder, what: str):
   if holder.value is None or holder.value == "":
     raise ValueError(f"--{holder.name} is required: {what}.")
@@ -870,6 +883,8 @@ def _run(command: str, handler, args):
     handler(args)
   except _USER_ERRORS as e:
     _fail(command, e)
+  except KeyboardInterrupt:
+    _interrupted(command)
 
 
 def _command(argv) -> str:

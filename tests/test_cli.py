@@ -624,6 +624,28 @@ def test_a_sampler_of_a_run_that_is_not_async_is_refused(tmp_path):
                    "--config FILE --config.runtime.mode=async --workdir later`\n")
 
 
+def test_ctrl_c_is_one_line_and_status_130_not_a_traceback(tmp_path, capsys):
+  """Ctrl-C ended every command in KeyboardInterrupt's traceback from wherever it was (a JAX compilation in
+  `train`, a sampler's wait); now one line, exit status 130 (128 + SIGINT), and `train` / `learner` say how to
+  go on."""
+  import signal  # pylint: disable=g-import-not-at-top
+  with subprocess.Popen([sys.executable, "-m", "rlax_post.cli", "sampler", "--workdir", "later", "--index", "0"],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_ENV, cwd=tmp_path) as proc:
+    guard = threading.Timer(120, proc.kill)  # a sampler that prints nothing must not hang the test
+    guard.start()
+    assert proc.stdout.readline().startswith("[sampler-0] waiting for a learner")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    guard.cancel()
+  assert (proc.returncode, err) == (130, "rlax-post sampler: interrupted (Ctrl-C).\n")
+  with pytest.raises(SystemExit) as stop:
+    cli._interrupted("train")  # pylint: disable=protected-access
+  assert stop.value.code == 130
+  assert capsys.readouterr().err == (
+      "rlax-post train: interrupted (Ctrl-C). The same command with --resume continues from the run's last "
+      "checkpoint (if it wrote none: without --resume).\n")
+
+
 @pytest.mark.parametrize("command, flag, what", [
     ("replay", "--workdir", "the workdir of a run of `rlax-post train` or `rlax-post learner`"),
     ("learner", "--workdir", "the workdir of a learner run, or --config FILE to start one"),
