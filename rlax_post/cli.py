@@ -428,6 +428,33 @@ def _check_key(raw, key: str) -> None:
     node, section = node[part], section + [part]
 
 
+_TYPE_WORDS = {bool: "a boolean (true or false, 1 or 0)", int: "an int", float: "a number"}
+_BOOL_WORDS = ("true", "t", "1", "false", "f", "0")  # what absl's boolean parser takes (any case)
+
+
+def _parses(kind: type, text: str) -> bool:
+  if kind is bool:
+    return text.lower() in _BOOL_WORDS
+  try:
+    kind(text)
+  except ValueError:
+    return False
+  return True
+
+
+def _check_value(raw, key: str, text: str) -> None:
+  """`--config.a.b=TEXT` for a bool, int or float key: TEXT must read as one, else an error naming the key, its
+  type and TEXT (absl said `invalid literal for int() with base 10` and `('Non-boolean argument to boolean
+  flag', 'maybe')`). `None` is left to `sweep.none_overrides`."""
+  section, _, leaf = key.rpartition(".")
+  node = raw
+  for part in section.split(".") if section else ():
+    node = node[part]
+  kind = node.get_type(leaf) if isinstance(node, config_dict.ConfigDict) else None
+  if kind in _TYPE_WORDS and text != "None" and not _parses(kind, text):
+    raise ValueError(f"--config.{key}={text}: `{key}` takes {_TYPE_WORDS[kind]}; got {text!r}.")
+
+
 def _check_overrides(argv) -> None:
   """Reads --config FILE and checks every --config.a.b key against it; the file's own errors (a missing
   file, an unknown variant) surface here as one line."""
@@ -448,6 +475,9 @@ def _check_overrides(argv) -> None:
   raw = sweep.config_of(module, variant[0] if variant else None, path)
   for key in keys:
     _check_key(raw, key)
+  for arg in argv:
+    if m := re.match(r"--?config\.([^=]+)=(.*)", arg, re.S):
+      _check_value(raw, m.group(1), m.group(2))
 
 
 def _check_own_flags(command: str) -> None:

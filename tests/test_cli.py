@@ -379,8 +379,33 @@ def test_key_of_another_section_is_suggested():
 def test_bad_flag_and_bad_flag_value():
   line = _error(_cli("check-config", "--config", "configs/demo.py", "--wrkdir=x"), "check-config")
   assert "Unknown command line flag 'wrkdir'. Did you mean: workdir ?" in line
-  line = _error(_cli("check-config", "--config", "configs/demo.py", "--config.rl.steps=abc"), "check-config")
-  assert "--config.rl.steps=abc: invalid literal for int() with base 10: 'abc'" in line
+
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--config.rl.steps=abc", "--config.rl.steps=abc: `rl.steps` takes an int; got 'abc'."),
+    ("--config.rl.steps=2.5", "--config.rl.steps=2.5: `rl.steps` takes an int; got '2.5'."),
+    ("--config.loss.track_kl=maybe",
+     "--config.loss.track_kl=maybe: `loss.track_kl` takes a boolean (true or false, 1 or 0); got 'maybe'."),
+    ("--config.rl.optimizer.learning_rate=1e-3x",
+     "--config.rl.optimizer.learning_rate=1e-3x: `rl.optimizer.learning_rate` takes a number; got '1e-3x'."),
+    ("--config.loss.dual_clip=x", "--config.loss.dual_clip=x: `loss.dual_clip` takes a number; got 'x'."),
+    ("--config.task.options.max_len=abc",
+     "--config.task.options.max_len=abc: `task.options.max_len` takes an int; got 'abc'."),
+])
+def test_a_value_of_the_wrong_type_names_the_key_its_type_and_the_value(flag, message):
+  """absl's own words were `invalid literal for int() with base 10: 'abc'` and `('Non-boolean argument to
+  boolean flag', 'maybe')`."""
+  line = _error(_cli("check-config", "--config", "configs/demo.py:tiny", flag), "check-config")
+  assert line == f"rlax-post check-config: error: {message}"
+
+
+def test_values_of_the_right_type_pass():
+  out = _cli("check-config", "--config", "configs/demo.py:tiny", "--config.loss.track_kl=F", "--config.rl.steps=7",
+             "--config.rl.optimizer.learning_rate=1e-3", "--config.loss.dual_clip=3", "--config.rl.stop=ab")
+  cfg = json.loads(out.stdout)
+  assert (cfg["loss"]["track_kl"], cfg["rl"]["steps"], cfg["rl"]["optimizer"]["learning_rate"],
+          cfg["loss"]["dual_clip"], cfg["rl"]["stop"]) == (False, 7, 1e-3, 3.0, ["ab"])
 
 
 @pytest.mark.parametrize("args, message", [
