@@ -332,6 +332,9 @@ def test_the_configs_names_are_the_packages():
   multi_turn = [envs.sales.SalesTask, envs.tools.ToolTask, envs.dialogue.DialogueTask]
   assert all("max_turn_tokens" in {f.name for f in dataclasses.fields(t)} for t in multi_turn)
   assert sorted(config.ROUND_TASKS) == sorted([envs.sales.NAME, tools_rl.NAME, envs.dialogue.NAME])
+  from rlax_post import sharding  # pylint: disable=g-import-not-at-top
+  assert config.MESH_AXES == sharding.MESH_AXES
+  assert config.LOGICAL_AXES == tuple(name for name, _ in sharding.DEFAULT_RULES)
   for dtype in config.MODEL_DTYPES:
     assert models.preset("tiny", vocab_size=256, dtype=dtype).dtype == dtype
   with pytest.raises(ValueError, match=r"dtype must be one of \['float32', 'bfloat16', 'float16'\]"):
@@ -437,3 +440,34 @@ def test_flat_settings_gives_leaves_by_dotted_key_and_tuples_for_lists():
   as_dict = config.to_dict(config.Config())
   assert config.flat_settings(json.loads(json.dumps(as_dict))) == config.flat_settings(as_dict)
   assert config.flat_settings(as_dict)["model.lora.targets"] == ("q", "k", "v", "o", "gate", "up", "down")
+
+
+_FULL_RULES = [["batch", "data"], ["embed", "fsdp"], ["vocab", "tensor"], ["heads", "tensor"],
+               ["kv_heads", "tensor"], ["mlp", "tensor"], ["length", None], ["head_dim", None], ["layers", None],
+               ["norm", None]]
+
+
+@pytest.mark.parametrize("rules, message", [
+    ([["batch", "nonexistent"]], "`mesh.rules`' rule for 'batch' must map it to a mesh axis among ['data', 'fsdp', "
+     "'tensor'], a list of distinct ones, or None; got 'nonexistent'."),
+    ([["batch", ["data", "data"]]], "rule for 'batch' must map it to a mesh axis among ['data', 'fsdp', 'tensor'], "
+     "a list of distinct ones, or None; got ['data', 'data']."),
+    ([["batch", "data"]], "`mesh.rules` replaces the default rules (rlax_post.sharding.DEFAULT_RULES) whole, so it "
+     "needs a rule for every logical axis; missing ['embed', 'vocab', 'heads', 'kv_heads', 'mlp', 'length', "
+     "'head_dim', 'layers', 'norm']"),
+    ([["foo", "data"]], "`mesh.rules` has a rule for 'foo', which is not a logical axis; it takes one rule for "
+     "each of ['batch', 'embed', "),
+    (_FULL_RULES + [["batch", None]], "`mesh.rules` has two rules for 'batch'"),
+    ([1], "`mesh.rules` must be [logical_axis, mesh_axes] pairs; got 1."),
+])
+def test_mesh_rules_are_checked_when_the_config_is_built(rules, message):
+  """check-config passed rules that the run's sharding refused when it started, naming no setting (`unknown
+  logical axis 'layers' ...; known logical axes are ['batch']` for a one-rule set): a set replaces the defaults
+  whole."""
+  c = demo.get_config("tiny")
+  c.mesh.rules = rules
+  with pytest.raises(ValueError) as e:
+    config.load(c)
+  assert message in str(e.value)
+  c.mesh.rules = _FULL_RULES  # a whole set, lists as config.json holds them, is a config
+  assert config.load(c).mesh.rules

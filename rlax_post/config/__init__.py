@@ -11,6 +11,8 @@ from rlax_post.config._schema import EvalSection
 from rlax_post.config._schema import HF_OVERRIDABLE
 from rlax_post.config._schema import KL_KINDS
 from rlax_post.config._schema import MODEL_CONFIG_FIELDS
+from rlax_post.config._schema import LOGICAL_AXES
+from rlax_post.config._schema import MESH_AXES
 from rlax_post.config._schema import MODEL_DTYPES
 from rlax_post.config._schema import load
 from rlax_post.config._schema import LOSS_KINDS
@@ -71,6 +73,8 @@ __all__ = [
     "KL_KINDS",
     "MODEL_CONFIG_FIELDS",
     "MODEL_DTYPES",
+    "LOGICAL_AXES",
+    "MESH_AXES",
     "load",
     "LORA_TARGETS",
     "LoraSection",

@@ -166,6 +166,46 @@ def check_trained_dtype(overrides: dict, where: str) -> None:
                      "`model.lora.base_dtype`.")
 
 
+# `sharding.MESH_AXES` and the logical axes `sharding.DEFAULT_RULES` maps (the model's, the batch's, the KV
+# cache's); a test keeps them equal.
+MESH_AXES = ("data", "fsdp", "tensor")
+LOGICAL_AXES = ("batch", "embed", "vocab", "heads", "kv_heads", "mlp", "length", "head_dim", "layers", "norm")
+
+
+def _rule_axes(axes) -> list | None:
+  """A rule's mesh axes as a list (None: none, replicated), or None when they are not a mesh axis name, a list
+  of distinct ones, or None."""
+  listed = [] if axes is None else [axes] if isinstance(axes, str) else axes
+  if not isinstance(listed, (list, tuple)) or any(a not in MESH_AXES for a in listed):
+    return None
+  return list(listed) if len(set(listed)) == len(listed) else None
+
+
+def check_rules(rules) -> None:
+  """`mesh.rules`, when given, replaces `sharding.DEFAULT_RULES` whole: one well-formed rule for each logical
+  axis. What the run's sharding refused when it started (a rule naming a mesh axis the mesh lacks; one rule,
+  the others missing: `unknown logical axis 'layers'`), naming no setting, check-config passed."""
+  if not rules:
+    return
+  seen = []
+  for pair in rules:
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2 and isinstance(pair[0], str)):
+      raise ValueError(f"`mesh.rules` must be [logical_axis, mesh_axes] pairs; got {pair!r}.")
+    name, axes = pair
+    if name not in LOGICAL_AXES or name in seen:
+      what = f"two rules for {name!r}" if name in seen else f"a rule for {name!r}, which is not a logical axis"
+      raise ValueError(f"`mesh.rules` has {what}; it takes one rule for each of {list(LOGICAL_AXES)}.")
+    if _rule_axes(axes) is None:
+      raise ValueError(f"`mesh.rules`' rule for {name!r} must map it to a mesh axis among {list(MESH_AXES)}, a "
+                       f"list of distinct ones, or None; got {axes!r}.")
+    seen.append(name)
+  missing = [n for n in LOGICAL_AXES if n not in seen]
+  if missing:
+    raise ValueError(f"`mesh.rules` replaces the default rules (rlax_post.sharding.DEFAULT_RULES) whole, so it "
+                     f"needs a rule for every logical axis; missing {missing} (e.g. ['layers', None]; `()` keeps "
+                     "the defaults).")
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshSection:
   data: int = 1
@@ -187,6 +227,7 @@ class MeshSection:
                          f"{size} (mesh {sizes}).")
     if list(sizes.values()).count(-1) > 1:
       raise ValueError(f"At most one of mesh.data, mesh.fsdp, mesh.tensor may be -1; got {sizes}.")
+    check_rules(self.rules)
     for name, granules in (("data", self.dcn_data), ("fsdp", self.dcn_fsdp)):
       if sizes[name] != -1 and sizes[name] % granules:
         raise ValueError(f"mesh.{name} = {sizes[name]} cannot span mesh.dcn_{name} = {granules} granules: "
