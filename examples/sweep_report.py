@@ -4,18 +4,35 @@ cells, and writing the table, the per-unit JSON and the plot."""
 import argparse
 import json
 import os
+import sys
 from typing import Callable
 
 import numpy as np
 
+from rlax_post import sweep
+
+
+def _finished(workdir: str) -> bool:
+  path = os.path.join(workdir, "summary.json")
+  if not os.path.exists(path):
+    return False
+  with open(path) as f:
+    return sweep.finished(json.load(f))
+
 
 def unit_dirs(root: str) -> list[str]:
-  """The finished units (a `summary.json`) of sweep root `root`, in name order; SystemExit naming a root that
-  is not a directory."""
+  """The finished units of sweep root `root` (a `summary.json` of all their RL steps, as `rlax-post sweep`
+  counts them), in name order; those that stopped early (`runtime.stop_after_steps`) are named on stderr and
+  left out (they were counted as seeds until 2026-12-05). SystemExit naming a root that is not a directory."""
   if not os.path.isdir(root):
     raise SystemExit(f"--sweep {root!r}: {os.path.abspath(root)} is not a directory.")
-  return [os.path.join(root, name) for name in sorted(os.listdir(root))
+  dirs = [os.path.join(root, name) for name in sorted(os.listdir(root))
           if os.path.exists(os.path.join(root, name, "summary.json"))]
+  partial = [os.path.basename(d) for d in dirs if not _finished(d)]
+  if partial:
+    print(f"left out {len(partial)} unit(s) that stopped before their last RL step (run the sweep again to "
+          f"resume them): {', '.join(partial)}", file=sys.stderr)
+  return [d for d in dirs if _finished(d)]
 
 
 def ms(values) -> str:

@@ -144,3 +144,16 @@ def test_a_rounds_run_names_only_the_wrong_setting():
   assert str(info.value).endswith("advantage.estimator must be one of ['grpo', 'drgrpo', 'rloo', 'reinforce_pp'], "
                                   "got 'gigpo'.")
   assert "tree.expansion" not in str(info.value)
+
+
+def test_a_report_leaves_out_a_unit_that_stopped_early(tmp_path, capsys):
+  # `examples/trees/report.py --sweep ROOT` on a root whose unit stopped at RL step 1 of 3
+  # (runtime.stop_after_steps, or an interrupted resume) counted it as a seed ("chain | 4 |"), where
+  # `rlax-post sweep` counts only finished units.
+  for name, done in (("00_seed=0", 3), ("01_seed=1", 1), ("02_seed=2", 3)):
+    os.makedirs(tmp_path / name)
+    runtime.write_json(str(tmp_path / name / "summary.json"), {"rl_steps_done": done, "rl_steps": 3})
+  os.makedirs(tmp_path / "03_seed=3")  # killed before its summary: no result either
+  assert sweep_report.unit_dirs(str(tmp_path)) == [str(tmp_path / "00_seed=0"), str(tmp_path / "02_seed=2")]
+  assert capsys.readouterr().err == ("left out 1 unit(s) that stopped before their last RL step (run the sweep "
+                                     "again to resume them): 01_seed=1\n")
