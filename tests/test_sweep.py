@@ -112,6 +112,18 @@ def test_bad_sweeps_fail_before_launch(tmp_path):
     sweep.work_units(str(tmp_path / "missing.py"))
 
 
+def test_the_last_override_of_a_key_wins_none_or_not():
+  """`--config.loss.dual_clip=None --config.loss.dual_clip=3` gave None: the None overrides were set after
+  absl's, whatever their order. Now the last flag of a key wins, as absl's own do."""
+  later_value = ["--workdir", "w", "--config.loss.dual_clip=None", "--config.rl.steps=2", "--config.loss.dual_clip=3"]
+  assert sweep.none_overrides(later_value) == (["--workdir", "w", "--config.rl.steps=2",
+                                                "--config.loss.dual_clip=3"], {})
+  later_none = ["--config.loss.dual_clip=3", "-config.loss.dual_clip=2", "--config.loss.dual_clip=None"]
+  assert sweep.none_overrides(later_none) == ([], {"loss.dual_clip": None})
+  cfg = sweep.work_units(f"{DEMO}:tiny", ["--config.loss.dual_clip=None", "--config.loss.dual_clip=3"])[0].cfg
+  assert cfg.loss.dual_clip == 3.0
+
+
 def test_differences_turn_one_config_into_another_and_none_is_a_value(tmp_path):
   from configs import demo  # pylint: disable=g-import-not-at-top
   point = sweep.differences(demo.get_config("gae"), demo.get_config())

@@ -170,13 +170,18 @@ def check_overrides(units: Sequence[WorkUnit], overrides: Sequence[str]) -> None
 def none_overrides(flags: Sequence[str]) -> tuple[list[str], dict[str, None]]:
   """(the other flags, {key: None}) of the `--config.KEY=None` overrides of keys that may be None:
   ml_collections' parser reads the word as the string 'None' (a str field) or fails (a number), so they are
-  set after it (`ConfigDict.update_from_flattened_dict`)."""
+  set after it (`ConfigDict.update_from_flattened_dict`). The last flag of a key wins, as absl's do: a None
+  drops the key's earlier flags, a value its earlier None (the None won whatever came after it until
+  2026-12-05)."""
   rest, nones = [], {}
   for flag in flags:
     match = _OVERRIDE.match(flag)
-    if match and not match.group(1) and flag.endswith("=None") and config_lib.accepts_none(override_key(flag)):
-      nones[override_key(flag)] = None
+    key = override_key(flag) if match else None
+    if match and not match.group(1) and flag.endswith("=None") and config_lib.accepts_none(key):
+      nones[key] = None
+      rest = [f for f in rest if not (_OVERRIDE.match(f) and override_key(f) == key)]
     else:
+      nones.pop(key, None)
       rest.append(flag)
   return rest, nones
 
