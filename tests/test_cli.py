@@ -291,7 +291,8 @@ def get_config(arg=None):
     ("dialogue.py:tiny", "--config.task.options.couples=99", "task.options.couples must be an int in [1, 6]; got 99."),
     ("multiagent.py:tiny", "--config.multiagent.template=x",
      "multiagent.template must hold {history} exactly once; got 'x'."),
-    ("demo.py:tiny", "--config.task.options.max_len=0", "`max_len` must be an int >= 3; got 0."),
+    ("demo.py:tiny", "--config.task.options.max_len=0",
+     "In `task.options` of task 'reverse': `max_len` must be an int >= 3; got 0."),
     ("demo.py:tiny", "--config.rl.max_new_tokens=1",
      "`rl.max_new_tokens` = 1 cannot hold the longest answer of task 'reverse' plus EOS (7 tokens)."),
     (None, None, "task.options {'shuffle': True} are not read by task 'dataset'; its settings are the `data` and "

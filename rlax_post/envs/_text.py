@@ -74,7 +74,10 @@ def text_task_of(cfg: config_lib.Config) -> _base.Task:
   """The built-in task `task.name` with `task.options` (`make_task`: an unknown name or option, or a bad value,
   is a ValueError naming it), whose longest answer and EOS `rl.max_new_tokens` must hold: `make_text_task`
   wraps it, and `rlax-post check-config` runs it (`envs.check_task`; it needs no tokenizer)."""
-  task = _registry.make_task(cfg.task.name, **dict(cfg.task.options))
+  try:
+    task = _registry.make_task(cfg.task.name, **dict(cfg.task.options))
+  except ValueError as e:  # (its words name the option alone, `max_len`, as the other tasks' do not)
+    raise ValueError(f"In `task.options` of task {cfg.task.name!r}: {e}") from None
   if cfg.rl.max_new_tokens < task.max_answer_len + 1:
     raise ValueError(f"`rl.max_new_tokens` = {cfg.rl.max_new_tokens} cannot hold the longest answer of task "
                      f"{task.name!r} plus EOS ({task.max_answer_len + 1} tokens).")
