@@ -591,8 +591,14 @@ def test_a_terminated_sweep_command_reports_the_units_that_finished(tmp_path, si
   code = (f"import sys; sys.executable = {fake!r}; from rlax_post import cli; "
           f"cli.main(['rlax-post', 'sweep', '--config', {DEMO + ':tiny'!r}, '--workdir', {str(root)!r}, "
           "'--nopin_cpus'])")
-  proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          cwd=REPO, env={**os.environ, "STALL": str(pid_file)})
+  # SIGINT at its default in the child, also where the tests run as a shell script's background job, which
+  # ignores it (an ignored signal stays ignored across exec, and the sweep leaves it so).
+  previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO, env={**os.environ, "STALL": str(pid_file)})
+  finally:
+    signal.signal(signal.SIGINT, previous)
   try:
     _wait_for_pid(pid_file, 120)
   finally:
