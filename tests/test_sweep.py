@@ -496,7 +496,8 @@ def test_an_interrupted_sweep_says_which_units_finished(tmp_path, monkeypatch):
   with pytest.raises(KeyboardInterrupt):
     sweep.run_plan(plan, pin_cpus=False, python=fake, say=_stop_when_the_second_unit_runs(pid_file, interrupt))
   assert [(r.ok, r.status) for r in plan.results] == [(True, "ok"), (False, "interrupted")]
-  assert plan.results[0].figures()["final_eval_reward"] == 1.0 and plan.results[1].returncode == -9
+  # (Stopped by the sweep's SIGTERM, its default action here: a real `train` checkpoints first and exits 143.)
+  assert plan.results[0].figures()["final_eval_reward"] == 1.0 and plan.results[1].returncode == -15
   assert sweep.table(plan.results).splitlines()[3].startswith("| advantage.estimator=rloo,seed=0 | interrupted |")
   never = _local.UnitResult(unit=plan.results[1].unit, workdir=str(tmp_path / "x"), interrupted=True)
   assert never.status == "not run" and not never.ok
@@ -541,10 +542,51 @@ def test_a_signal_as_a_unit_starts_stops_that_unit_too(tmp_path, monkeypatch):
     if raised is SystemExit:
       assert info.value.code == 128 + signal.SIGTERM
     assert [r.status for r in plan.results] == ["ok", "interrupted"]
-    assert plan.results[1].returncode == -9
+    assert plan.results[1].returncode == -15
     with pytest.raises(ProcessLookupError):
       os.kill(int(pid_file.read_text()), 0)  # killed and reaped, not left running
     assert after == before
+
+
+# Unit 00 finishes; the other unit checkpoints on SIGTERM (as `rlax-post train` does: its last finished step) and
+# exits 143, or, with $DEAF set, ignores SIGTERM. `sleep & wait`: sh runs a trap only between commands.
+_FAKE_PYTHON_OK_THEN_CHECKPOINT = """#!/bin/sh
+while [ $# -gt 0 ]; do [ "$1" = "--workdir" ] && W="$2"; shift; done
+case "$W" in
+  *00_*) printf '{"phase": "rl", "step": 2, "reward_mean": 0.5}\\n' > "$W/metrics.jsonl"
+         echo '{"initial_eval_reward":0.0,"final_eval_reward":1.0,"improvement":1.0,"wall_seconds":1,"rl_steps":2,"rl_steps_done":2}' > "$W/summary.json" ;;
+  *) if [ -n "$DEAF" ]; then trap '' TERM; else trap 'echo 1 > "$W/checkpointed"; exit 143' TERM; fi
+     echo $$ > "$STALL"; sleep 60 & wait $!; sleep 60 & wait $! ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("deaf", [False, True])
+def test_a_stopped_sweep_lets_its_units_checkpoint_then_kills(tmp_path, monkeypatch, deaf):
+  """The sweep stops its running units with SIGTERM, which `rlax-post train` answers by checkpointing its last
+  finished RL step (exit 143), so the rerun resumes from there; it SIGKILLed them, losing the steps since their
+  last periodic checkpoint. A unit still running after `GRACE_S` (here one that ignores SIGTERM) is killed."""
+  fake = _fake_python(tmp_path, _FAKE_PYTHON_OK_THEN_CHECKPOINT)
+  pid_file = tmp_path / "pid"
+  monkeypatch.setenv("STALL", str(pid_file))
+  if deaf:
+    monkeypatch.setenv("DEAF", "1")
+  monkeypatch.setattr(_local, "GRACE_S", 1.0)
+
+  def interrupt():
+    raise KeyboardInterrupt
+
+  plan = sweep.plan_local(f"{DEMO}:tiny", str(tmp_path / "root"), share_warm_start=False, say=lambda msg: None)
+  t0 = time.monotonic()
+  with pytest.raises(KeyboardInterrupt):
+    sweep.run_plan(plan, pin_cpus=False, python=fake, say=_stop_when_the_second_unit_runs(pid_file, interrupt))
+  stopped = plan.results[1]
+  assert [r.status for r in plan.results] == ["ok", "interrupted"]
+  assert (stopped.returncode, os.path.exists(os.path.join(stopped.workdir, "checkpointed"))) == (
+      (-9, False) if deaf else (143, True))
+  assert time.monotonic() - t0 < 30  # the grace (1 s), not the unit's sleep
+  with pytest.raises(ProcessLookupError):
+    os.kill(int(pid_file.read_text()), 0)  # reaped, not left running
 
 
 @pytest.mark.parametrize("name", ["SIGHUP", "SIGINT", "SIGTERM"])

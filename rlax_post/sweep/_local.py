@@ -188,14 +188,34 @@ def _start(r: UnitResult, cpus: set[int] | None, extra_flags: Sequence[str], pyt
   return _Running(proc, r, time.time(), log)
 
 
-def _stop(run: _Running) -> None:
-  """Kills a unit's process group and waits for it."""
+# Seconds a unit has after the sweep's SIGTERM before its SIGKILL: `rlax-post train` finishes the RL step in
+# flight and checkpoints it in them (docs/async.md), so a stopped unit resumes from that step.
+GRACE_S = 60.0
+
+
+def _signal_group(run: _Running, sig: int) -> None:
   try:
-    os.killpg(run.proc.pid, signal.SIGKILL)
+    os.killpg(run.proc.pid, sig)
   except (ProcessLookupError, PermissionError):
-    run.proc.kill()
-  run.proc.wait()
-  run.log.close()
+    run.proc.send_signal(sig)
+
+
+def _stop(runs: Sequence[_Running], noted: list[int]) -> None:
+  """Stops the units' process groups: SIGTERM (each `train` checkpoints its last finished step and exits 143),
+  then SIGKILL to what still runs after `GRACE_S` or as soon as a further signal reaches the sweep (a second
+  Ctrl-C: stop now); waits for them."""
+  signals_before = len(noted)
+  for run in runs:
+    _signal_group(run, signal.SIGTERM)
+  deadline = time.time() + GRACE_S
+  while (any(run.proc.poll() is None for run in runs) and time.time() < deadline
+         and len(noted) == signals_before):
+    time.sleep(0.05)
+  for run in runs:
+    if run.proc.poll() is None:
+      _signal_group(run, signal.SIGKILL)
+    run.proc.wait()
+    run.log.close()
 
 
 def _finish(run: _Running, say, total: int) -> None:
@@ -324,7 +344,8 @@ def run_plan(plan: LocalSweep, *, parallel: int = 1, pin_cpus: bool = True, pyth
              say=print) -> list[UnitResult]:
   """Runs the plan's pending units as local `rlax-post train` processes, `parallel` at a time (each on its own
   CPUs with `pin_cpus`); returns `plan.results`. If the sweep stops (an error, Ctrl-C, SIGTERM), the unit
-  processes it started are killed, and they and the units it had not started are marked `interrupted`
+  processes it started are stopped (SIGTERM: each checkpoints its last finished step; SIGKILL after `GRACE_S`
+  or a further signal), and they and the units it had not started are marked `interrupted`
   (status "interrupted", "not run"): `plan.results` then says what finished."""
   if parallel < 1:
     raise ValueError(f"sweep: --parallel must be >= 1; got {parallel}.")
@@ -356,8 +377,11 @@ def run_plan(plan: LocalSweep, *, parallel: int = 1, pin_cpus: bool = True, pyth
         free.append(slot)
         _finish(run, say, len(units))
   finally:
+    if running:
+      say(f"Stopping {len(running)} running unit(s): each checkpoints its RL step in flight (up to {GRACE_S:.0f} s; "
+          "a second Ctrl-C kills them now).")
+    _stop(list(running.values()), signals)
     for run in running.values():
-      _stop(run)
       run.result.returncode, run.result.seconds = run.proc.returncode, time.time() - run.t0
       run.result.interrupted = True
     for r in pending:  # (empty once every unit has run)
