@@ -36,26 +36,30 @@ class CheckpointTokenizer(models.HFTokenizer):
     return super().encode(text, add_bos=add_bos and self.add_bos_token, add_eos=add_eos)
 
 
-def _check_hf_path(path: str) -> None:
-  """Names what `model.hf_path` lacks before any of its files is parsed (a missing directory would otherwise
-  read as a tokenizer without tokenizer.json)."""
+def check_hf_path(path: str, name: str = "`model.hf_path`", run_hint: str | None = None) -> None:
+  """Names what the Hugging Face checkpoint directory `path` lacks before any of its files is parsed (a
+  missing directory would otherwise read as a tokenizer without tokenizer.json). `name` is how the message
+  names it (`model.hf_path`, or `rlax-post serve`'s `--hf_path`); `run_hint`, what else to do with a run's
+  workdir given instead (default: continue that run)."""
   if os.path.isfile(path) and _is_gguf(path):
-    raise ValueError(f"`model.hf_path` = {path!r} is a GGUF file (llama.cpp), not a Hugging Face checkpoint "
+    raise ValueError(f"{name} = {path!r} is a GGUF file (llama.cpp), not a Hugging Face checkpoint "
                      f"directory; convert it first: `rlax-post convert --gguf {path} --out DIR`, then set "
-                     "model.hf_path to DIR.")
+                     f"{name.strip('`')} to DIR.")
   if not os.path.isdir(path):
     state = "is a file, not a directory" if os.path.exists(path) else "does not exist"
     where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
-    raise FileNotFoundError(f"`model.hf_path` = {path!r}{where} {state}; set it to a local Hugging Face "
+    raise FileNotFoundError(f"{name} = {path!r}{where} {state}; set it to a local Hugging Face "
                             "checkpoint directory (config.json, *.safetensors, tokenizer.json).")
   missing = [f for f in ("config.json", "tokenizer.json") if not os.path.isfile(os.path.join(path, f))]
   if missing == ["tokenizer.json"] and os.path.isdir(os.path.join(path, "checkpoints")):
-    raise FileNotFoundError(f"`model.hf_path` = {path!r} is the workdir of a training run (config.json and "
+    if run_hint is None:
+      run_hint = f"continue that run: `rlax-post train --resume --workdir {path}` with its config"
+    raise FileNotFoundError(f"{name} = {path!r} is the workdir of a training run (config.json and "
                             "checkpoints/), not a Hugging Face checkpoint; export its policy first: `rlax-post "
-                            f"export --workdir {path} --out DIR`, then set model.hf_path to DIR (or continue that "
-                            f"run: `rlax-post train --resume --workdir {path}` with its config).")
+                            f"export --workdir {path} --out DIR`, then set {name.strip('`')} to DIR (or "
+                            f"{run_hint}).")
   if missing:
-    raise FileNotFoundError(f"`model.hf_path` = {path!r} has no {' and no '.join(missing)}; a checkpoint "
+    raise FileNotFoundError(f"{name} = {path!r} has no {' and no '.join(missing)}; a checkpoint "
                             "directory needs config.json and *.safetensors (model.save_pretrained) and the fast "
                             "tokenizer's tokenizer.json (tokenizer.save_pretrained; sentencepiece-only "
                             "tokenizers: load them with transformers' AutoTokenizer and save them again).")
@@ -74,24 +78,38 @@ def make_tokenizer(cfg: config_lib.Config):
   """`ByteTokenizer` for the built-in presets; the checkpoint's own tokenizer with `model.hf_path`."""
   if cfg.model.hf_path is None:
     return models.ByteTokenizer()
-  _check_hf_path(cfg.model.hf_path)
-  tokenizer = CheckpointTokenizer.from_dir(cfg.model.hf_path)
-  if "pad_token" not in tokenizer.special_tokens and "eos_token" in tokenizer.special_tokens:
-    tokenizer = CheckpointTokenizer.from_dir(cfg.model.hf_path, pad_token=tokenizer.special_tokens["eos_token"])
+  check_hf_path(cfg.model.hf_path)
+  tokenizer = checkpoint_tokenizer(cfg.model.hf_path)
   tokenizer.check_stop_strings(cfg.rl.stop, "rl.stop")  # before any work, not at the first RL step
   return tokenizer
 
 
+def checkpoint_tokenizer(path: str) -> CheckpointTokenizer:
+  """The tokenizer of the (checked: `check_hf_path`) checkpoint directory `path`, padding with its EOS token
+  where it names no pad token."""
+  tokenizer = CheckpointTokenizer.from_dir(path)
+  if "pad_token" not in tokenizer.special_tokens and "eos_token" in tokenizer.special_tokens:
+    tokenizer = CheckpointTokenizer.from_dir(path, pad_token=tokenizer.special_tokens["eos_token"])
+  return tokenizer
+
+
 def _hf_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
-  path = cfg.model.hf_path  # (its `model.overrides` are among config.HF_OVERRIDABLE: checked by the config)
+  # (`model.overrides` are among config.HF_OVERRIDABLE: checked by the config)
+  return hf_model_config(cfg.model.hf_path, tokenizer, cfg.model.max_seq_len, **dict(cfg.model.overrides))
+
+
+def hf_model_config(path: str, tokenizer, max_seq_len: int | None = None, **overrides) -> models.ModelConfig:
+  """The `ModelConfig` of the checkpoint directory `path` read with `tokenizer`: its config.json's shapes,
+  `max_seq_len` positions (None: its max_position_embeddings) and `overrides`, the ids `tokenizer` cannot
+  decode masked."""
   base = models.read_hf_config(path)
   if tokenizer.vocab_size > base.vocab_size:
     raise ValueError(f"The tokenizer in {path} has ids up to {tokenizer.vocab_size - 1} but the model's "
                      f"embedding only {base.vocab_size} rows.")
   # The embedding's extra rows (config.json pads the vocab, e.g. 151936 rows for 151665 Qwen ids) and the ids
   # the tokenizer skips are masked, so the sampler never draws an id the tokenizer cannot decode.
-  return dataclasses.replace(base, max_seq_len=cfg.model.max_seq_len, valid_vocab_size=tokenizer.vocab_size,
-                             vocab_gaps=tokenizer.vocab_gaps, **dict(cfg.model.overrides))
+  return dataclasses.replace(base, max_seq_len=base.max_seq_len if max_seq_len is None else max_seq_len,
+                             valid_vocab_size=tokenizer.vocab_size, vocab_gaps=tokenizer.vocab_gaps, **overrides)
 
 
 def model_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
