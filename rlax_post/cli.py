@@ -46,6 +46,11 @@ _QUIET = flags.DEFINE_bool("quiet", False, "No progress bars or status lines.")
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "serve: the workdir of a training run (config.json and "
                                   "checkpoints/); its newest checkpoint is served.")
+_HF_PATH = flags.DEFINE_string("hf_path", None, "serve: a Hugging Face checkpoint directory (config.json, "
+                               "*.safetensors, tokenizer.json: `export`'s or `convert`'s output, or a base model); "
+                               "served as a run with model.hf_path set to it samples.")
+_MAX_SEQ_LEN = flags.DEFINE_integer("max_seq_len", None, "serve: with --hf_path, the served context in tokens, "
+                                    "prompt and completion (default: config.json's max_position_embeddings).")
 _PORT = flags.DEFINE_integer("port", 9000, "serve: gRPC port.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "serve: address to listen on.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "serve: sampling temperature (0: greedy).")
@@ -109,10 +114,12 @@ _COMMANDS = {
     "check-config": ("--config FILE[:variant] [--config.a.b=value ...]",
                      "Print the validated config as JSON (every key; reward functions and options checked too).",
                      ("config",)),
-    "serve": ("--checkpoint RUN_WORKDIR [--step K] [--port 9000] [--host 127.0.0.1] [--temperature 0] "
-              "[--top_p 1] [--top_k 0] [--slots 8]",
-              "Serve a run's newest (or step K's) checkpoint with JetStream's gRPC server.",
-              ("checkpoint", "step", "port", "host", "temperature", "top_p", "top_k", "slots")),
+    "serve": ("(--checkpoint RUN_WORKDIR [--step K] | --hf_path DIR [--max_seq_len N]) [--port 9000] "
+              "[--host 127.0.0.1] [--temperature 0] [--top_p 1] [--top_k 0] [--slots 8]",
+              "Serve a run's newest (or step K's) checkpoint, or a Hugging Face checkpoint directory, with "
+              "JetStream's gRPC server.",
+              ("checkpoint", "step", "hf_path", "max_seq_len", "port", "host", "temperature", "top_p", "top_k",
+               "slots")),
     "learner": ("--config FILE[:variant] [--config.a.b=value ...] --workdir DIR [--resume]",
                 "The async learner as its own process; samplers join it through DIR (docs/async.md). SIGTERM, "
                 "Ctrl-C: checkpoint, exit 143 / 130.",
@@ -722,19 +729,34 @@ def _print_out(text: str) -> None:
     sys.exit(1)
 
 
+_SERVE_SOURCES = ("--checkpoint RUN_WORKDIR (a training run's workdir) or --hf_path DIR (a Hugging Face "
+                  "checkpoint directory: config.json, *.safetensors, tokenizer.json)")
+
+
 def _serve(argv):
   del argv
-  workdir = _run_dir(_required(_CHECKPOINT, "the workdir of a training run"), "--checkpoint",
-                     "the workdir of a training run (it holds config.json and checkpoints/)")
+  given = [f"--{h.name} {h.value!r}" for h in (_CHECKPOINT, _HF_PATH) if h.value not in (None, "")]
+  if len(given) != 1:
+    raise ValueError(f"serve needs exactly one of {_SERVE_SOURCES}; got "
+                     f"{' and '.join(given) if given else 'neither'}.")
   if _SLOTS.value < 1:  # (the engine's words name its option, max_concurrent_decodes)
     raise ValueError(f"--slots must be an int >= 1 (the server's concurrent decodes); got {_SLOTS.value}.")
   options = sampler.ServeOptions(port=_PORT.value, host=_HOST.value, max_concurrent_decodes=_SLOTS.value,
                                  temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value,
                                  step=_STEP.value)
-  server = runtime.serve(workdir, options)
+  if _HF_PATH.value:
+    server = runtime.serve_hf(_HF_PATH.value, options, _MAX_SEQ_LEN.value)
+    what = f"the Hugging Face checkpoint {_HF_PATH.value}"
+  else:
+    if _MAX_SEQ_LEN.value is not None:
+      raise ValueError(f"--max_seq_len {_MAX_SEQ_LEN.value} goes with --hf_path; a run's workdir is served with "
+                       "its own model.max_seq_len.")
+    workdir = _run_dir(_CHECKPOINT.value, "--checkpoint",
+                       "the workdir of a training run (it holds config.json and checkpoints/)")
+    server = runtime.serve(workdir, options)
+    what = f"step {runtime.served_step(workdir, _STEP.value)} of {workdir}"
   server.stop_on_signals()
-  step = runtime.served_step(workdir, _STEP.value)
-  print(f"Serving step {step} of {workdir} with JetStream on {server.address}", flush=True)
+  print(f"Serving {what} with JetStream on {server.address}", flush=True)
   server.wait_for_termination()
   print(f"Stopped serving on {server.address} ({server.signalled}).", flush=True)
 

@@ -21,8 +21,10 @@ JS = jetstream_compat.import_jetstream()
 PB = JS.jetstream_pb2
 
 
-def serve_command(workdir, port, *flags, host: str = "127.0.0.1") -> list[str]:
-  return [sys.executable, "-m", "rlax_post.cli", "serve", "--checkpoint", str(workdir), "--port", str(port),
+def serve_command(workdir, port, *flags, host: str = "127.0.0.1", source: str = "--checkpoint") -> list[str]:
+  """`rlax-post serve` of `workdir` given as `source` (--checkpoint: a run's workdir; --hf_path: a Hugging Face
+  checkpoint directory)."""
+  return [sys.executable, "-m", "rlax_post.cli", "serve", source, str(workdir), "--port", str(port),
           "--host", host, *flags]
 
 
@@ -48,13 +50,14 @@ def _popen_with_default_sigint(command) -> subprocess.Popen:
 
 
 class ServerProcess:
-  """`rlax-post serve --checkpoint workdir [flags]` on a free port in a subprocess, up and healthy; `with`
-  stops it."""
+  """`rlax-post serve --checkpoint workdir [flags]` (`source="--hf_path"`: `--hf_path workdir`) on a free port
+  in a subprocess, up and healthy; `with` stops it."""
 
-  def __init__(self, workdir, timeout_s: float = 120, flags: tuple[str, ...] = (), host: str = "127.0.0.1"):
+  def __init__(self, workdir, timeout_s: float = 120, flags: tuple[str, ...] = (), host: str = "127.0.0.1",
+               source: str = "--checkpoint"):
     self.port = portpicker.pick_unused_port()
     self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
-    self.process = _popen_with_default_sigint(serve_command(workdir, self.port, *flags, host=host))
+    self.process = _popen_with_default_sigint(serve_command(workdir, self.port, *flags, host=host, source=source))
     self.channel = grpc.insecure_channel(self.address)
     self.stub = JS.jetstream_pb2_grpc.OrchestratorStub(self.channel)
     try:

@@ -67,7 +67,8 @@ def test_no_command_prints_the_listing_to_stderr_and_exits_2():
 
 _OWN_FLAGS = {
     "train": ("--config", "--workdir", "--[no]resume"), "check-config": ("--config",),
-    "serve": ("--checkpoint", "--step", "--port", "--host", "--temperature", "--top_p", "--top_k", "--slots"),
+    "serve": ("--checkpoint", "--step", "--hf_path", "--max_seq_len", "--port", "--host", "--temperature", "--top_p",
+              "--top_k", "--slots"),
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
     "replay": ("--workdir",), "sweep": ("--config", "--workdir", "--parallel", "--json"),
     "convert": ("--gguf", "--out", "--dtype"), "export": ("--workdir", "--out", "--step", "--architecture", "--dtype"),
@@ -418,8 +419,8 @@ def test_values_of_the_right_type_pass():
      "check-config: ['--config']."),
     (("serve", "--checkpoint", "nowhere", "--config", "configs/demo.py:sort"),
      "--config is not a flag of `rlax-post serve` (it is read by train, check-config, learner, sweep, "
-     "rescue-eval); the flags of serve: ['--checkpoint', '--step', '--port', '--host', '--temperature', '--top_p', "
-     "'--top_k', '--slots']."),
+     "rescue-eval); the flags of serve: ['--checkpoint', '--step', '--hf_path', '--max_seq_len', '--port', '--host', "
+     "'--temperature', '--top_p', '--top_k', '--slots']."),
 ], ids=["fidelity --step", "check-config --workdir --resume", "serve --config"])
 def test_a_flag_of_another_command_is_refused(args, message):
   """A flag the command does not read ran as if it were not given: `fidelity --step 2` reported step 3 (the
@@ -946,3 +947,60 @@ def test_a_run_workdir_as_model_hf_path_says_to_export_it(tmp_path):
                   f"`rlax-post export --workdir {old} --out DIR`, then set model.hf_path to DIR (or continue that "
                   f"run: `rlax-post train --resume --workdir {old}` with its config).")
   assert not (tmp_path / "run").exists()
+
+
+_SERVE_SOURCES = ("--checkpoint RUN_WORKDIR (a training run's workdir) or --hf_path DIR (a Hugging Face checkpoint "
+                  "directory: config.json, *.safetensors, tokenizer.json)")
+
+
+def test_serve_takes_exactly_one_of_checkpoint_and_hf_path(tmp_path):
+  """`serve --hf_path DIR` serves a Hugging Face checkpoint directory; with --checkpoint too, or with neither, the
+  line names both flags, before anything is read."""
+  line = _error(_cli("serve", "--checkpoint", "runs/a", "--hf_path", "hf/b", cwd=tmp_path), "serve")
+  assert line == (f"rlax-post serve: error: serve needs exactly one of {_SERVE_SOURCES}; got --checkpoint 'runs/a' "
+                  "and --hf_path 'hf/b'.")
+  line = _error(_cli("serve", "--port", "9000", cwd=tmp_path), "serve")
+  assert line == f"rlax-post serve: error: serve needs exactly one of {_SERVE_SOURCES}; got neither."
+
+
+@pytest.mark.parametrize("relative", [True, False])
+def test_serve_hf_path_that_is_no_checkpoint_directory_is_named_with_model_hf_paths_checks(tmp_path, relative):
+  """A missing directory, a GGUF file (`convert`'s input) and a run's workdir (`--checkpoint`'s) given as
+  --hf_path get `model.hf_path`'s lines, naming --hf_path."""
+  missing = "hf/nope" if relative else str(tmp_path / "hf" / "nope")
+  where = f" (relative to {tmp_path})" if relative else ""
+  line = _error(_cli("serve", "--hf_path", missing, cwd=tmp_path), "serve")
+  assert line == (f"rlax-post serve: error: `--hf_path` = {missing!r}{where} does not exist; set it to a local Hugging "
+                  "Face checkpoint directory (config.json, *.safetensors, tokenizer.json).")
+  gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+  gguf.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))
+  line = _error(_cli("serve", "--hf_path", gguf, cwd=tmp_path), "serve")
+  assert line == (f"rlax-post serve: error: `--hf_path` = {str(gguf)!r} is a GGUF file (llama.cpp), not a Hugging "
+                  f"Face checkpoint directory; convert it first: `rlax-post convert --gguf {gguf} --out DIR`, then "
+                  "set --hf_path to DIR.")
+  (tmp_path / "old" / "checkpoints").mkdir(parents=True)
+  (tmp_path / "old" / "config.json").write_text(_cli("check-config", "--config", "configs/demo.py:tiny").stdout)
+  old = tmp_path / "old"
+  line = _error(_cli("serve", "--hf_path", old, cwd=tmp_path), "serve")
+  assert line == (f"rlax-post serve: error: `--hf_path` = {str(old)!r} is the workdir of a training run "
+                  "(config.json and checkpoints/), not a Hugging Face checkpoint; export its policy first: "
+                  f"`rlax-post export --workdir {old} --out DIR`, then set --hf_path to DIR (or serve that run as "
+                  f"it is: `rlax-post serve --checkpoint {old}`).")
+
+
+def test_serve_step_and_max_seq_len_go_with_their_own_source(tmp_path):
+  """--step picks a run's checkpoint and --max_seq_len sizes a checkpoint directory's context: each with the
+  other source is a line naming it."""
+  (tmp_path / "hf").mkdir()
+  for name in ("config.json", "tokenizer.json"):
+    (tmp_path / "hf" / name).write_text("{}")
+  hf = str(tmp_path / "hf")
+  line = _error(_cli("serve", "--hf_path", hf, "--step", "3"), "serve")
+  assert line == (f"rlax-post serve: error: --step 3 picks a checkpoint of a run's workdir (--checkpoint); the "
+                  f"Hugging Face checkpoint directory {hf!r} holds one model: serve it without --step.")
+  line = _error(_cli("serve", "--hf_path", hf, "--max_seq_len", "1"), "serve")
+  assert line == ("rlax-post serve: error: --max_seq_len must be an int >= 2 (the served context: prompt and "
+                  "completion); got 1.")
+  line = _error(_cli("serve", "--checkpoint", "runs/a", "--max_seq_len", "64", cwd=tmp_path), "serve")
+  assert line == ("rlax-post serve: error: --max_seq_len 64 goes with --hf_path; a run's workdir is served with its "
+                  "own model.max_seq_len.")

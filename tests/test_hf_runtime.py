@@ -1,5 +1,6 @@
 """`model.hf_path`: the runtime trains a Hugging Face checkpoint with its own weights and tokenizer."""
 
+import dataclasses
 import json
 import math
 import os
@@ -210,6 +211,43 @@ def test_serve_answers_an_hf_run_with_its_own_tokenizer(checkpoint, hf_run):
       map(tuple, expected))
   with _serving.ServerProcess(workdir) as server:
     assert [server.decode(_serving.text_request(text, 5)) for text in texts] == expected
+
+
+def test_serve_hf_path_of_an_export_answers_as_serving_the_run(hf_run, tmp_path):
+  """`rlax-post serve --hf_path DIR` of `rlax-post export`'s DIR (there was no way to serve one) streams, token
+  for token, what `serve --checkpoint` of the run streams at the exported step: the same weights, tokenizer and
+  model, though the export's context is its source's 256 positions, not the run's model.max_seq_len."""
+  cfg, workdir, _ = hf_run
+  out = tmp_path / "exported"
+  assert runtime.export_hf(workdir, out, step=2) == (2, (str(out),))
+  texts = ["12+34=", "7+8="]
+  requests = [_serving.text_request(text, 5) for text in texts]
+  requests.append(_serving.token_request(models.HFTokenizer.from_dir(str(out)).encode("12+34=", add_bos=False), 5))
+  with _serving.ServerProcess(workdir) as server:
+    want = [server.decode(request) for request in requests]
+  assert all(want) and want[0] != want[1] and want[0] == want[2]  # the prompt decides the completion
+  with _serving.ServerProcess(out, source="--hf_path") as server:
+    got = [server.decode(request) for request in requests]
+    log = server.close()
+  assert got == want
+  assert f"Serving the Hugging Face checkpoint {out} with JetStream on {server.address}" in log, log[-2000:]
+  engine = _serve.engine_from_hf(str(out))
+  assert engine.model_cfg.max_seq_len == 256 != cfg.model.max_seq_len
+  assert _serve.engine_from_hf(str(out), max_seq_len=cfg.model.max_seq_len).max_decode_length == cfg.model.max_seq_len
+
+
+def test_serve_hf_path_of_a_base_model_loads_what_its_run_started_from(checkpoint, hf_run):
+  """The checkpoint a run started from, served as a base model to compare with: the engine of `--hf_path`
+  holds the run's step 0 (no warm start: the checkpoint's weights), its model and its tokenizer."""
+  path, _, _ = checkpoint
+  cfg, workdir, _ = hf_run
+  options = sampler.ServeOptions(max_concurrent_decodes=4)
+  base = _serve.engine_from_hf(path, options, max_seq_len=cfg.model.max_seq_len)
+  run = _serve.engine_from_workdir(workdir, dataclasses.replace(options, step=0))
+  assert base.model_cfg == run.model_cfg
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(base.load_params()), jax.device_get(run.load_params()))
+  assert base.tokenizer.encode("12+34=", add_bos=True) == run.tokenizer.encode("12+34=", add_bos=True)
+  assert base.tokenizer.pad_id == run.tokenizer.pad_id and base.stop_ids == run.stop_ids
 
 
 def test_hf_path_rejects_shape_overrides(checkpoint):

@@ -606,3 +606,23 @@ def test_a_sampled_pad_token_is_streamed_as_the_runs_driver_samples_it(run, serv
   with futures.ThreadPoolExecutor(8) as pool:
     got = list(pool.map(lambda r: server.decode(_serving.token_request(r.prompt[1:], r.max_tokens)), requests))
   assert [k for k in range(len(want)) if got[k] != want[k]] == []
+
+
+def test_an_exported_byte_tokenizer_run_is_served_with_hf_path_as_its_workdir_is(run, server, references, tmp_path):
+  """`rlax-post export` of a run from the byte tokenizer (its tokenizer.json written by
+  `models.write_byte_tokenizer`), served with `--hf_path`: the engine equals the workdir's (model, params,
+  text framed with BOS alike), and over gRPC the greedy completions equal the workdir server's."""
+  out = tmp_path / "hf"
+  assert runtime.export_hf(str(run), out) == (_COMMITTED, (str(out),))
+  from_hf, from_run = _serve.engine_from_hf(str(out)), _serve.engine_from_workdir(str(run))
+  assert from_hf.model_cfg == from_run.model_cfg
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(from_hf.load_params()),
+               jax.device_get(from_run.load_params()))
+  for text in _GOOD[:2] + ["h\u00e9llo"]:
+    assert from_hf.tokenizer.encode(text, add_bos=True) == models.ByteTokenizer().encode(text, add_bos=True)
+  want = [server.decode(_serving.text_request(p, 6)) for p in _GOOD[:3]]
+  assert want == [references[p] for p in _GOOD[:3]]
+  with _serving.ServerProcess(out, source="--hf_path") as hf_server:
+    assert [hf_server.decode(_serving.text_request(p, 6)) for p in _GOOD[:3]] == want
+    ids = models.ByteTokenizer().encode(_GOOD[0], add_bos=False)
+    assert hf_server.decode(_serving.token_request(ids, 6)) == want[0]

@@ -65,6 +65,7 @@ from rlax_post.runtime._samplers import load_run_config
 from rlax_post.runtime._samplers import run_sampler
 from rlax_post.runtime._samplers import SamplerWorker
 from rlax_post.runtime._serve import serve
+from rlax_post.runtime._serve import serve_hf
 from rlax_post.runtime._serve import served_step
 from rlax_post.runtime._signals import deferred_signals
 from rlax_post.runtime._signals import Stopped
@@ -83,6 +84,6 @@ __all__ = ["build_parts", "check_config", "Credit", "credit_fidelity", "spearman
            "InlineSource", "initialize_distributed", "is_primary", "learn", "make_source", "discounted_returns", "pair_rows",
            "QFunction", "fit_sets", "mean_return", "read_rounds", "round_dir", "RoundSource", "transitions_of", "hold_run", "RUN_LOCK", "DONE_FILE", "is_run_config", "load_run_config", "LoggedSource", "MetricsWriter",
            "Parts", "plot_curves", "read_jsonl", "ProcessSource", "replay", "RLUpdate", "RolloutBatch", "rows_to_batch",
-           "run_learner", "run_memory", "run_sampler", "RunCheckpointer", "SamplerWorker", "serve", "Source",
+           "run_learner", "run_memory", "run_sampler", "RunCheckpointer", "SamplerWorker", "serve", "serve_hf", "Source",
            "served_step", "deferred_signals", "Stopped", "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "warm_start_cache_entries",
            "warm_start_cache_key", "write_json"]

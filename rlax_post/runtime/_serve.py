@@ -1,8 +1,13 @@
-"""`rlax-post serve`: a training run's newest committed checkpoint behind JetStream's gRPC server.
+"""`rlax-post serve`: a training run's newest committed checkpoint, or a Hugging Face checkpoint directory,
+behind JetStream's gRPC server.
 
 The workdir of a run holds `config.json` (it rebuilds the model and the run's own tokenizer: the byte
 tokenizer of the presets, or the checkpoint's with `model.hf_path`) and `checkpoints/<step>` (orbax). A LoRA
 run (`model.lora.rank > 0`) is served merged: its adapters over its frozen base.
+
+A Hugging Face checkpoint directory (`rlax-post export`'s or `convert`'s output, or a base model's) is served
+as a run with `model.hf_path` set to it samples: its config.json's model, its tokenizer, its weights
+(`serve_hf`). Both go through the same server (`sampler.serve`) with the same options.
 """
 
 from __future__ import annotations
@@ -54,6 +59,33 @@ def engine_from_workdir(workdir: str, options: sampler.ServeOptions = sampler.Se
                                 lora=_parts.make_trainable(cfg).lora)
 
 
+def engine_from_hf(path: str, options: sampler.ServeOptions = sampler.ServeOptions(), *, devices=None,
+                   max_seq_len: int | None = None) -> sampler.ServingEngine:
+  """The serving engine of the Hugging Face checkpoint directory `path` (default devices: the first one), as a
+  run with `model.hf_path = path` and `model.max_seq_len = max_seq_len` builds its model, tokenizer and params
+  (None: the checkpoint's max_position_embeddings). Errors as `serve_hf`'s."""
+  _check_hf_source(path, options, max_seq_len)
+  tokenizer = _parts.checkpoint_tokenizer(path)
+  model_cfg = _parts.hf_model_config(path, tokenizer, max_seq_len)
+  graphdef, _ = models.abstract_params(model_cfg)
+  return sampler.serving_engine(model_cfg, graphdef, tokenizer, None, options,
+                                jax.devices()[:1] if devices is None else devices, hf_path=path)
+
+
+def _check_hf_source(path: str, options: sampler.ServeOptions, max_seq_len: int | None) -> None:
+  """`model.hf_path`'s checks of `path` (naming `--hf_path`); ValueError for a step (a run's checkpoints have
+  steps, a checkpoint directory one model) or a `max_seq_len` that is not an int >= 2."""
+  _parts.check_hf_path(path, "`--hf_path`",
+                        run_hint=f"serve that run as it is: `rlax-post serve --checkpoint {path}`")
+  if options.step is not None:
+    raise ValueError(f"--step {options.step} picks a checkpoint of a run's workdir (--checkpoint); the Hugging "
+                     f"Face checkpoint directory {path!r} holds one model: serve it without --step.")
+  if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
+                                  or max_seq_len < 2):
+    raise ValueError(f"--max_seq_len must be an int >= 2 (the served context: prompt and completion); got "
+                     f"{max_seq_len!r}.")
+
+
 def _check_servable(cfg, workdir: str) -> None:
   """ValueError unless the run's checkpoints hold one policy (a whole model's params, or LoRA adapters over a
   frozen base, which the engine merges). (A `model.hf_path` gone since the run is named by `load_run_config`.)"""
@@ -71,3 +103,13 @@ def serve(workdir: str, options: sampler.ServeOptions) -> sampler.Server:
   _check_servable(_samplers.load_run_config(workdir), workdir)
   options = dataclasses.replace(options, step=served_step(workdir, options.step))
   return sampler.serve(lambda devices: engine_from_workdir(workdir, options, devices=devices), options)
+
+
+def serve_hf(path: str, options: sampler.ServeOptions, max_seq_len: int | None = None) -> sampler.Server:
+  """Starts JetStream's gRPC server over the Hugging Face checkpoint directory `path` (`engine_from_hf`);
+  returns the server. A path that is no checkpoint directory (missing, a file, a GGUF file, a run's workdir,
+  no tokenizer.json), a step, a bad `max_seq_len`, or a bad or busy port raise here, before the server
+  answers anything."""
+  _check_hf_source(path, options, max_seq_len)
+  return sampler.serve(lambda devices: engine_from_hf(path, options, devices=devices, max_seq_len=max_seq_len),
+                       options)

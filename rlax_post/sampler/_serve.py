@@ -1,6 +1,7 @@
 """`rlax-post serve`: JetStream's orchestrator over `ServingEngine`, behind a gRPC server that checks requests.
 
-`runtime.serve` builds the engine of a run's workdir (its model and tokenizer, a committed checkpoint step) and
+`runtime.serve` builds the engine of a run's workdir (its model and tokenizer, a committed checkpoint step), and
+`runtime.serve_hf` that of a Hugging Face checkpoint directory (its config.json, weights and tokenizer), and
 calls `serve` here. JetStream's own `server_lib.run` is not used as is: its driver tokenizes and prefills in
 threads that SIGKILL the whole process on any exception (`orchestrator.JetThread`), so one malformed request
 would end every open stream, and it ignores whether its port was bound. `serve` assembles the same parts:
@@ -52,22 +53,43 @@ _EMPTY = "the prompt is empty: send at least one character or token id"
 class ServingEngine(_engine.RlaxEngine):
   """`RlaxEngine` whose `load_params()` takes no arguments, as JetStream's server calls it.
 
+  It loads a run's orbax checkpoint (`checkpoint_dir`, `step`) or a Hugging Face checkpoint directory
+  (`hf_path`: its safetensors through `models.load_hf`, as a run with `model.hf_path` starts), exactly one.
   With `lora` (the run's `model.lora`), the checkpoint's state holds LoRA adapters (`params`) over a frozen
   base (`frozen`): `load_params()` restores both and serves them merged (`models.merge_lora`), the policy the
   run's samplers ran and `runtime.export_hf` writes.
   """
 
-  def __init__(self, *args, checkpoint_dir: str, step: int | None = None, lora: models.LoRA | None = None,
-               **kwargs):
+  def __init__(self, *args, checkpoint_dir: str | None = None, step: int | None = None,
+               lora: models.LoRA | None = None, hf_path: str | None = None, **kwargs):
+    if (checkpoint_dir is None) == (hf_path is None):
+      raise ValueError(f"A ServingEngine loads one of checkpoint_dir (a run's orbax checkpoints) and hf_path (a "
+                       f"Hugging Face checkpoint directory); got checkpoint_dir={checkpoint_dir!r}, "
+                       f"hf_path={hf_path!r}.")
+    if hf_path is not None and (step is not None or lora is not None):
+      raise ValueError(f"hf_path {hf_path!r} holds one model's whole weights: no step or lora to give with it; "
+                       f"got step={step!r}, lora={lora!r}.")
     super().__init__(*args, **kwargs)
-    self._checkpoint_dir, self._step, self._lora = checkpoint_dir, step, lora
+    self._checkpoint_dir, self._step, self._lora, self._hf_path = checkpoint_dir, step, lora, hf_path
 
   def load_params(self, *args, **kwargs) -> Any:
     if args or kwargs:
       return super().load_params(*args, **kwargs)
+    if self._hf_path is not None:
+      return self._load_hf(self._hf_path)
     if self._lora is not None:
       return self._load_merged(self._lora)
     return super().load_params(self._checkpoint_dir, self._step)
+
+  def _load_hf(self, path: str) -> Any:
+    """The weights of the checkpoint directory `path` on the engine's mesh (in the model's `param_dtype`), in
+    the engine's form; ValueError naming the directory if they are not this model's."""
+    _, _, params = models.load_hf(path, mesh=self._mesh, rules=self.rules, dtype=self.model_cfg.param_dtype)
+    try:
+      self.check_params(params)
+    except ValueError as e:
+      raise ValueError(f"The checkpoint at {path} holds another model's params than this engine's: {e}") from None
+    return self.prepare_params(params)
 
   def _load_merged(self, lora: models.LoRA) -> Any:
     """The base and adapters of the checkpoint, merged. ValueError naming the leaf or entry that does not fit
@@ -120,21 +142,24 @@ class ServeOptions:
   threads: int = 16
 
 
-def serving_engine(model_cfg: models.ModelConfig, graphdef: Any, tokenizer: Any, checkpoint_dir: str,
-                   options: ServeOptions, devices, lora: models.LoRA | None = None) -> ServingEngine:
-  """A `ServingEngine` of the model on `devices` (one fsdp axis) that loads `checkpoint_dir`'s params (with
-  `lora`: its LoRA adapters merged into its frozen base). Prompts may fill the context but its last position:
+def serving_engine(model_cfg: models.ModelConfig, graphdef: Any, tokenizer: Any, checkpoint_dir: str | None,
+                   options: ServeOptions, devices, lora: models.LoRA | None = None,
+                   hf_path: str | None = None) -> ServingEngine:
+  """A `ServingEngine` of the model on `devices` (one fsdp axis) that loads `checkpoint_dir`'s params at
+  `options.step` (with `lora`: its LoRA adapters merged into its frozen base), or, with `checkpoint_dir` None,
+  the Hugging Face checkpoint directory `hf_path`'s. Prompts may fill the context but its last position:
   the prefill buckets go up to `max_seq_len` (they stopped at the largest power of two up to half of it, so a
   run's own prompts could be refused, e.g. 65-96 tokens of configs/smollm2_math.py's 160)."""
   mesh = sharding.make_mesh({"fsdp": -1}, devices=list(devices))
   max_decode = model_cfg.max_seq_len
-  if "://" not in checkpoint_dir:  # Orbax wants absolute paths; bucket URLs already are.
+  if checkpoint_dir is not None and "://" not in checkpoint_dir:  # Orbax wants absolute paths; bucket URLs are.
     checkpoint_dir = os.path.abspath(checkpoint_dir)
   return ServingEngine(model_cfg, graphdef, tokenizer=tokenizer, mesh=mesh,
                        max_concurrent_decodes=options.max_concurrent_decodes,
                        max_prefill_length=max_decode, max_decode_length=max_decode,
                        temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
-                       seed=options.seed, checkpoint_dir=checkpoint_dir, step=options.step, lora=lora)
+                       seed=options.seed, checkpoint_dir=checkpoint_dir, step=options.step, lora=lora,
+                       hf_path=hf_path)
 
 
 # --- Request checks ---------------------------------------------------------------------------------------
