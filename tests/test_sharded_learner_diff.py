@@ -136,18 +136,22 @@ def test_one_sharded_update_matches_one_device(mesh_shape, cfg, kind, micro_batc
   assert all(m.sharding.is_fully_replicated for m in metrics.values())
 
 
+def _one_layer_sft():
+  """A one-layer model's params, optimizer, SFT update and initial train state."""
+  graphdef, params = models.init_params(dataclasses.replace(BASE, num_layers=1), jax.random.key(0))
+  optimizer = learner.make_optimizer(learning_rate=LR, warmup_steps=0, total_steps=10)
+  update = learner.make_update(optimizer, learner.sft_objective(functools.partial(models.token_logprobs,
+                                                                                  graphdef)))
+  return params, optimizer, update, learner.init_train_state(params, optimizer, jax.random.key(1))
+
+
 def test_the_embedding_lookup_is_split_by_batch_rows_not_replicated():
   # With the table split over fsdp by its embed axis, XLA's partitioner looked every row of the global batch up
   # on every device (its embed columns; [B, T-1, D/fsdp]) and moved the result to the batch split: data times
   # the lookup's activation memory, and on a 2×2×2 mesh an "Involuntary full rematerialization" (the whole
   # [B, T-1, D] on each device). The lookup now reads the table gathered over fsdp (as FSDP gathers every
   # weight), so no instruction of the compiled update holds all B rows of an activation.
-  cfg = dataclasses.replace(BASE, num_layers=1)
-  graphdef, params = models.init_params(cfg, jax.random.key(0))
-  optimizer = learner.make_optimizer(learning_rate=LR, warmup_steps=0, total_steps=10)
-  update = learner.make_update(optimizer, learner.sft_objective(functools.partial(models.token_logprobs,
-                                                                                  graphdef)))
-  state = learner.init_train_state(params, optimizer, jax.random.key(1))
+  params, optimizer, update, state = _one_layer_sft()
   mesh = sharding.make_mesh({"data": 2, "fsdp": 4, "tensor": 1})
   state_sh = sharding.state_shardings(state, models.param_logical_axes(params), optimizer, mesh, RULES)
   constrain = sharding.activation_constraint_fn(mesh, RULES)
@@ -212,12 +216,7 @@ SEQUENCE_PARALLEL = tuple((name, "tensor" if name == "length" else axes) for nam
 
 
 def _sequence_parallel_step(mesh, rules=SEQUENCE_PARALLEL):
-  cfg = dataclasses.replace(BASE, num_layers=1)
-  graphdef, params = models.init_params(cfg, jax.random.key(0))
-  optimizer = learner.make_optimizer(learning_rate=LR, warmup_steps=0, total_steps=10)
-  update = learner.make_update(optimizer, learner.sft_objective(functools.partial(models.token_logprobs,
-                                                                                  graphdef)))
-  state = learner.init_train_state(params, optimizer, jax.random.key(1))
+  params, optimizer, update, state = _one_layer_sft()
   state_sh = sharding.state_shardings(state, models.param_logical_axes(params), optimizer, mesh, rules)
   step = learner.jit_update(update, state_sh, sharding.batch_sharding(mesh, rules, 1), mesh, rules=rules)
   return lambda batch: step(jax.jit(lambda s: s, out_shardings=state_sh)(state), batch, jax.random.key(2))
