@@ -79,11 +79,17 @@ from rlax_post.runtime._sources import ThreadSource
 from rlax_post.runtime._warm_cache import cache_key as warm_start_cache_key
 from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
-__all__ = ["build_parts", "check_config", "Credit", "credit_fidelity", "spearman", "ModelPolicy", "ExactOracle", "exact_oracle", "policy_value", "run_policy_value", "config_policy", "load_run_policy", "RunPolicy", "rescue_audit", "rescue_evaluate",
-           "HarnessOptions", "run_rescue_eval", "simulate_sessions", "Channels", "check_resume_config", "complete_checkpoints", "probe_writable", "CriticScores", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "Evaluator", "export_hf", "Exported",
-           "InlineSource", "initialize_distributed", "is_primary", "learn", "make_source", "discounted_returns", "pair_rows",
-           "QFunction", "fit_sets", "mean_return", "read_rounds", "round_dir", "RoundSource", "transitions_of", "hold_run", "RUN_LOCK", "DONE_FILE", "is_run_config", "load_run_config", "LoggedSource", "MetricsWriter",
-           "Parts", "plot_curves", "read_jsonl", "ProcessSource", "replay", "RLUpdate", "RolloutBatch", "rows_to_batch",
-           "run_learner", "run_memory", "run_sampler", "RunCheckpointer", "SamplerWorker", "serve", "serve_hf", "Source",
-           "served_step", "deferred_signals", "Stopped", "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "warm_start_cache_entries",
-           "warm_start_cache_key", "write_json"]
+__all__ = [
+    "build_parts", "Channels", "check_config", "check_resume_config", "complete_checkpoints", "config_policy", "Credit",
+    "credit_fidelity", "CriticScores", "deferred_signals", "discounted_returns", "DONE_FILE", "ENV_AUTO",
+    "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "Evaluator", "exact_oracle", "ExactOracle", "export_hf",
+    "Exported", "fit_sets", "HarnessOptions", "hold_run", "initialize_distributed", "InlineSource", "is_primary",
+    "is_run_config", "learn", "load_run_config", "load_run_policy", "LoggedSource", "make_source", "mean_return",
+    "MetricsWriter", "ModelPolicy", "pair_rows", "Parts", "plot_curves", "policy_value", "probe_writable",
+    "ProcessSource", "QFunction", "read_jsonl", "read_rounds", "replay", "rescue_audit", "rescue_evaluate", "RLUpdate",
+    "RolloutBatch", "round_dir", "RoundSource", "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory",
+    "run_policy_value", "run_rescue_eval", "run_sampler", "RunCheckpointer", "RunPolicy", "SamplerWorker", "serve",
+    "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "Stopped", "take_groups", "Taken",
+    "ThreadSource", "TIMING_METRICS", "train", "transitions_of", "warm_start_cache_entries", "warm_start_cache_key",
+    "write_json"
+]
