@@ -67,8 +67,8 @@ def test_no_command_prints_the_listing_to_stderr_and_exits_2():
 
 _OWN_FLAGS = {
     "train": ("--config", "--workdir", "--[no]resume"), "check-config": ("--config",),
-    "serve": ("--checkpoint", "--step", "--hf_path", "--max_seq_len", "--port", "--host", "--temperature", "--top_p",
-              "--top_k", "--slots"),
+    "serve": ("--checkpoint", "--step", "--hf_path", "--max_seq_len", "--dtype", "--port", "--host", "--temperature",
+              "--top_p", "--top_k", "--slots"),
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
     "replay": ("--workdir",), "sweep": ("--config", "--workdir", "--parallel", "--json"),
     "convert": ("--gguf", "--out", "--dtype"), "export": ("--workdir", "--out", "--step", "--architecture", "--dtype"),
@@ -419,8 +419,8 @@ def test_values_of_the_right_type_pass():
      "check-config: ['--config']."),
     (("serve", "--checkpoint", "nowhere", "--config", "configs/demo.py:sort"),
      "--config is not a flag of `rlax-post serve` (it is read by train, check-config, learner, sweep, "
-     "rescue-eval); the flags of serve: ['--checkpoint', '--step', '--hf_path', '--max_seq_len', '--port', '--host', "
-     "'--temperature', '--top_p', '--top_k', '--slots']."),
+     "rescue-eval); the flags of serve: ['--checkpoint', '--step', '--hf_path', '--max_seq_len', '--dtype', '--port', "
+     "'--host', '--temperature', '--top_p', '--top_k', '--slots']."),
 ], ids=["fidelity --step", "check-config --workdir --resume", "serve --config"])
 def test_a_flag_of_another_command_is_refused(args, message):
   """A flag the command does not read ran as if it were not given: `fidelity --step 2` reported step 3 (the
@@ -1004,3 +1004,9 @@ def test_serve_step_and_max_seq_len_go_with_their_own_source(tmp_path):
   line = _error(_cli("serve", "--checkpoint", "runs/a", "--max_seq_len", "64", cwd=tmp_path), "serve")
   assert line == ("rlax-post serve: error: --max_seq_len 64 goes with --hf_path; a run's workdir is served with its "
                   "own model.max_seq_len.")
+  line = _error(_cli("serve", "--hf_path", hf, "--dtype", "fp16"), "serve")
+  assert line == ("rlax-post serve: error: --dtype 'fp16' is not a dtype the served model computes in; pass one of "
+                  "['float32', 'bfloat16', 'float16'] (or leave it out: float32).")
+  line = _error(_cli("serve", "--checkpoint", "runs/a", "--dtype", "bfloat16", cwd=tmp_path), "serve")
+  assert line == ("rlax-post serve: error: --dtype bfloat16 goes with --hf_path; a run's workdir is served with its "
+                  "own model.dtype.")

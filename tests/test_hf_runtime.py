@@ -19,6 +19,7 @@ import _procs  # noqa: E402
 import _runs  # noqa: E402
 import _serving  # noqa: E402
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 
 from rlax_post import config  # noqa: E402
 from rlax_post import models  # noqa: E402
@@ -248,6 +249,11 @@ def test_serve_hf_path_of_a_base_model_loads_what_its_run_started_from(checkpoin
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(base.load_params()), jax.device_get(run.load_params()))
   assert base.tokenizer.encode("12+34=", add_bos=True) == run.tokenizer.encode("12+34=", add_bos=True)
   assert base.tokenizer.pad_id == run.tokenizer.pad_id and base.stop_ids == run.stop_ids
+  # --dtype bfloat16: the same model computing in bfloat16, its weights the float32 ones rounded to nearest.
+  half = _serve.engine_from_hf(path, options, max_seq_len=cfg.model.max_seq_len, dtype="bfloat16")
+  assert half.model_cfg == dataclasses.replace(base.model_cfg, dtype="bfloat16", param_dtype="bfloat16")
+  full, rounded = jax.device_get(base.load_params()), jax.device_get(half.load_params())
+  jax.tree.map(lambda f, r: np.testing.assert_array_equal(r, f.astype(jnp.bfloat16)), full, rounded)
 
 
 def test_hf_path_rejects_shape_overrides(checkpoint):

@@ -60,21 +60,25 @@ def engine_from_workdir(workdir: str, options: sampler.ServeOptions = sampler.Se
 
 
 def engine_from_hf(path: str, options: sampler.ServeOptions = sampler.ServeOptions(), *, devices=None,
-                   max_seq_len: int | None = None) -> sampler.ServingEngine:
+                   max_seq_len: int | None = None, dtype: str | None = None) -> sampler.ServingEngine:
   """The serving engine of the Hugging Face checkpoint directory `path` (default devices: the first one), as a
   run with `model.hf_path = path` and `model.max_seq_len = max_seq_len` builds its model, tokenizer and params
-  (None: the checkpoint's max_position_embeddings). Errors as `serve_hf`'s."""
-  _check_hf_source(path, options, max_seq_len)
+  (None: the checkpoint's max_position_embeddings), its weights and activations in `dtype` (None: float32, as
+  such a run's; bfloat16 halves the weights' memory). Errors as `serve_hf`'s."""
+  _check_hf_source(path, options, max_seq_len, dtype)
   tokenizer = _parts.checkpoint_tokenizer(path)
-  model_cfg = _parts.hf_model_config(path, tokenizer, max_seq_len)
+  model_cfg = _parts.hf_model_config(path, tokenizer, max_seq_len,
+                                     **({} if dtype is None else dict(dtype=dtype, param_dtype=dtype)))
   graphdef, _ = models.abstract_params(model_cfg)
   return sampler.serving_engine(model_cfg, graphdef, tokenizer, None, options,
                                 jax.devices()[:1] if devices is None else devices, hf_path=path)
 
 
-def _check_hf_source(path: str, options: sampler.ServeOptions, max_seq_len: int | None) -> None:
+def _check_hf_source(path: str, options: sampler.ServeOptions, max_seq_len: int | None,
+                     dtype: str | None = None) -> None:
   """`model.hf_path`'s checks of `path` (naming `--hf_path`); ValueError for a step (a run's checkpoints have
-  steps, a checkpoint directory one model) or a `max_seq_len` that is not an int >= 2."""
+  steps, a checkpoint directory one model), a `max_seq_len` that is not an int >= 2, or a `dtype` the model
+  does not compute in."""
   _parts.check_hf_path(path, "`--hf_path`",
                         run_hint=f"serve that run as it is: `rlax-post serve --checkpoint {path}`")
   if options.step is not None:
@@ -84,6 +88,9 @@ def _check_hf_source(path: str, options: sampler.ServeOptions, max_seq_len: int 
                                   or max_seq_len < 2):
     raise ValueError(f"--max_seq_len must be an int >= 2 (the served context: prompt and completion); got "
                      f"{max_seq_len!r}.")
+  if dtype is not None and dtype not in models.HF_DTYPES:
+    raise ValueError(f"--dtype {dtype!r} is not a dtype the served model computes in; pass one of "
+                     f"{list(models.HF_DTYPES)} (or leave it out: float32).")
 
 
 def _check_servable(cfg, workdir: str) -> None:
@@ -105,11 +112,12 @@ def serve(workdir: str, options: sampler.ServeOptions) -> sampler.Server:
   return sampler.serve(lambda devices: engine_from_workdir(workdir, options, devices=devices), options)
 
 
-def serve_hf(path: str, options: sampler.ServeOptions, max_seq_len: int | None = None) -> sampler.Server:
+def serve_hf(path: str, options: sampler.ServeOptions, max_seq_len: int | None = None,
+             dtype: str | None = None) -> sampler.Server:
   """Starts JetStream's gRPC server over the Hugging Face checkpoint directory `path` (`engine_from_hf`);
   returns the server. A path that is no checkpoint directory (missing, a file, a GGUF file, a run's workdir,
-  no tokenizer.json), a step, a bad `max_seq_len`, or a bad or busy port raise here, before the server
-  answers anything."""
-  _check_hf_source(path, options, max_seq_len)
-  return sampler.serve(lambda devices: engine_from_hf(path, options, devices=devices, max_seq_len=max_seq_len),
-                       options)
+  no tokenizer.json), a step, a bad `max_seq_len` or `dtype`, or a bad or busy port raise here, before the
+  server answers anything."""
+  _check_hf_source(path, options, max_seq_len, dtype)
+  return sampler.serve(lambda devices: engine_from_hf(path, options, devices=devices, max_seq_len=max_seq_len,
+                                                      dtype=dtype), options)
