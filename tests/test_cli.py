@@ -859,9 +859,9 @@ def test_export_refuses_a_used_out_directory_and_an_unknown_architecture_or_dtyp
   assert line == ("rlax-post export: error: --dtype 'fp16' is not one export writes; pass one of ['float32', "
                   "'bfloat16', 'float16'] (or leave it out: the widest the policy holds, float32 for a float32 run).")
   assert not (tmp_path / "new").exists()
-  line = _error(_cli("serve", "--checkpoint", run, "--dtype", "bfloat16"), "serve")
-  assert line.startswith("rlax-post serve: error: --dtype is not a flag of `rlax-post serve` (it is read by convert, "
-                         "export);")
+  line = _error(_cli("replay", "--workdir", run, "--dtype", "bfloat16"), "replay")
+  assert line.startswith("rlax-post replay: error: --dtype is not a flag of `rlax-post replay` (it is read by "
+                         "serve, convert, export);")
   (tmp_path / "m.gguf").write_bytes(b"GGUF")
   line = _error(_cli("convert", "--gguf", tmp_path / "m.gguf", "--out", tmp_path / "new", "--dtype", "fp16"),
                 "convert")
