@@ -989,24 +989,23 @@ def test_serve_hf_path_that_is_no_checkpoint_directory_is_named_with_model_hf_pa
 
 
 def test_serve_step_and_max_seq_len_go_with_their_own_source(tmp_path):
-  """--step picks a run's checkpoint and --max_seq_len sizes a checkpoint directory's context: each with the
-  other source is a line naming it."""
+  """--step picks a run's checkpoint, --max_seq_len and --dtype shape a checkpoint directory's model: each with
+  the other source is a line naming it, as is a bad value."""
   (tmp_path / "hf").mkdir()
   for name in ("config.json", "tokenizer.json"):
     (tmp_path / "hf" / name).write_text("{}")
   hf = str(tmp_path / "hf")
-  line = _error(_cli("serve", "--hf_path", hf, "--step", "3"), "serve")
-  assert line == (f"rlax-post serve: error: --step 3 picks a checkpoint of a run's workdir (--checkpoint); the "
-                  f"Hugging Face checkpoint directory {hf!r} holds one model: serve it without --step.")
-  line = _error(_cli("serve", "--hf_path", hf, "--max_seq_len", "1"), "serve")
-  assert line == ("rlax-post serve: error: --max_seq_len must be an int >= 2 (the served context: prompt and "
-                  "completion); got 1.")
-  line = _error(_cli("serve", "--checkpoint", "runs/a", "--max_seq_len", "64", cwd=tmp_path), "serve")
-  assert line == ("rlax-post serve: error: --max_seq_len 64 goes with --hf_path; a run's workdir is served with its "
-                  "own model.max_seq_len.")
-  line = _error(_cli("serve", "--hf_path", hf, "--dtype", "fp16"), "serve")
-  assert line == ("rlax-post serve: error: --dtype 'fp16' is not a dtype the served model computes in; pass one of "
-                  "['float32', 'bfloat16', 'float16'] (or leave it out: float32).")
-  line = _error(_cli("serve", "--checkpoint", "runs/a", "--dtype", "bfloat16", cwd=tmp_path), "serve")
-  assert line == ("rlax-post serve: error: --dtype bfloat16 goes with --hf_path; a run's workdir is served with its "
-                  "own model.dtype.")
+  cases = [
+      (("--hf_path", hf, "--step", "3"), f"--step 3 picks a checkpoint of a run's workdir (--checkpoint); the Hugging "
+       f"Face checkpoint directory {hf!r} holds one model: serve it without --step."),
+      (("--hf_path", hf, "--max_seq_len", "1"),
+       "--max_seq_len must be an int >= 2 (the served context: prompt and completion); got 1."),
+      (("--checkpoint", "runs/a", "--max_seq_len", "64"),
+       "--max_seq_len 64 goes with --hf_path; a run's workdir is served with its own model.max_seq_len."),
+      (("--hf_path", hf, "--dtype", "fp16"), "--dtype 'fp16' is not a dtype the served model computes in; pass one "
+       "of ['float32', 'bfloat16', 'float16'] (or leave it out: float32)."),
+      (("--checkpoint", "runs/a", "--dtype", "bfloat16"),
+       "--dtype bfloat16 goes with --hf_path; a run's workdir is served with its own model.dtype."),
+  ]
+  for args, message in cases:
+    assert _error(_cli("serve", *args, cwd=tmp_path), "serve") == f"rlax-post serve: error: {message}", args
