@@ -421,10 +421,11 @@ def _whole_dict_hint(key: str) -> str:
   return ""
 
 
-def _check_key(raw, key: str) -> None:
+def _check_key(raw, key: str) -> typing.Any:
   """An unknown `--config.a.b` names its close matches and the section's keys (ml_collections would print a
-  56-line traceback); inside a dict setting (`reward.options`), how to pass the whole dict."""
-  node, section = raw, []
+  56-line traceback); inside a dict setting (`reward.options`), how to pass the whole dict. Returns the section
+  that holds the key's last part (`_check_value` reads its type there)."""
+  node, section, parent = raw, [], raw
   for part in key.split("."):
     if not isinstance(node, (dict, config_dict.ConfigDict)):
       raise ValueError(f"unknown config key --config.{key}: `{'.'.join(section)}` is a value, not a section.")
@@ -434,7 +435,8 @@ def _check_key(raw, key: str) -> None:
       where = ".".join(section) or "the config"
       raise ValueError(f"unknown config key --config.{key}; {hint}valid keys of `{where}`: {sorted(node)} "
                        f"(`rlax-post check-config --config FILE` prints them all).{_whole_dict_hint(key)}")
-    node, section = node[part], section + [part]
+    parent, node, section = node, node[part], section + [part]
+  return parent
 
 
 _TYPE_WORDS = {bool: "a boolean (true or false, 1 or 0)", int: "an int", float: "a number"}
@@ -451,15 +453,12 @@ def _parses(kind: type, text: str) -> bool:
   return True
 
 
-def _check_value(raw, key: str, text: str) -> None:
-  """`--config.a.b=TEXT` for a bool, int or float key: TEXT must read as one, else an error naming the key, its
-  type and TEXT (absl said `invalid literal for int() with base 10` and `('Non-boolean argument to boolean
-  flag', 'maybe')`). `None` is left to `sweep.none_overrides`."""
-  section, _, leaf = key.rpartition(".")
-  node = raw
-  for part in section.split(".") if section else ():
-    node = node[part]
-  kind = node.get_type(leaf) if isinstance(node, config_dict.ConfigDict) else None
+def _check_value(section, key: str, text: str) -> None:
+  """`--config.a.b=TEXT` for a bool, int or float key (`section`: the one holding it, `_check_key`'s): TEXT must
+  read as one, else an error naming the key, its type and TEXT (absl said `invalid literal for int() with base
+  10` and `('Non-boolean argument to boolean flag', 'maybe')`). `None` is left to `sweep.none_overrides`."""
+  leaf = key.rpartition(".")[2]
+  kind = section.get_type(leaf) if isinstance(section, config_dict.ConfigDict) else None
   if kind in _TYPE_WORDS and text != "None" and not _parses(kind, text):
     raise ValueError(f"--config.{key}={text}: `{key}` takes {_TYPE_WORDS[kind]}; got {text!r}.")
 
@@ -467,7 +466,10 @@ def _check_value(raw, key: str, text: str) -> None:
 def _check_overrides(argv) -> None:
   """Reads --config FILE and checks every --config.a.b key against it; the file's own errors (a missing
   file, an unknown variant) surface here as one line."""
-  keys = [m.group(2) for arg in argv if (m := re.match(r"--?(no)?config\.([^=]+)", arg))]
+  # (key, the text after '=' of a --config.KEY=TEXT, else None)
+  overrides = [(m.group(2), None if m.group(1) else m.group(3))
+               for arg in argv if (m := re.match(r"--?(no)?config\.([^=]+)(?:=(.*))?", arg, re.S))]
+  keys = [key for key, _ in overrides]
   spec = _config_spec(argv)
   if spec is None:
     if keys:
@@ -482,11 +484,10 @@ def _check_overrides(argv) -> None:
   if variant and not inspect.signature(module.get_config).parameters:
     raise ValueError(f"--config {spec!r}: {path}'s get_config() takes no variant; drop ':{variant[0]}'.")
   raw = sweep.config_of(module, variant[0] if variant else None, path)
-  for key in keys:
-    _check_key(raw, key)
-  for arg in argv:
-    if m := re.match(r"--?config\.([^=]+)=(.*)", arg, re.S):
-      _check_value(raw, m.group(1), m.group(2))
+  sections = [_check_key(raw, key) for key in keys]  # (every key before any value, as the errors come)
+  for (key, text), section in zip(overrides, sections):
+    if text is not None:
+      _check_value(section, key, text)
 
 
 def _check_own_flags(command: str) -> None:
