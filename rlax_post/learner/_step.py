@@ -91,11 +91,14 @@ def jit_update(
 
   micro_batches = getattr(update, 'micro_batches', 1)
 
+  # The mesh axes 'length' splits over, read once (not at every step); none without rules.
+  split = sequence_axes(mesh, rules) if rules is not None else ((), 1)
+
   @functools.wraps(update)
   def step(state, batch, rng):
     check_batch_rows(batch, batch_shardings, micro_batches)
-    if rules is not None and isinstance(batch, dict) and jnp.ndim(batch.get('tokens')) == 2:
-      check_sequence_split(jnp.shape(batch['tokens']), mesh, rules)
+    if split[1] > 1 and isinstance(batch, dict) and jnp.ndim(batch.get('tokens')) == 2:
+      check_sequence_split(jnp.shape(batch['tokens']), mesh, split)
     new_state, metrics = jitted(
         state.replace(frozen=None), state.frozen, batch, rng)
     return new_state.replace(frozen=state.frozen), metrics
@@ -122,12 +125,13 @@ def sequence_axes(mesh: jax.sharding.Mesh, rules: sharding.Rules) -> tuple[tuple
   return axes, math.prod(mesh.shape[a] for a in axes)
 
 
-def check_sequence_split(tokens_shape: tuple[int, int], mesh: jax.sharding.Mesh, rules: sharding.Rules) -> None:
+def check_sequence_split(tokens_shape: tuple[int, int], mesh: jax.sharding.Mesh,
+                         split: tuple[tuple[str, ...], int]) -> None:
   """Raises ValueError, naming the batch's tokens, T - 1 and the mesh axes, when the T - 1 positions the model
-  reads of rows of `tokens_shape` [B, T] (every token but the last) do not split over the mesh axes `rules`
-  map 'length' to (`sequence_axes`). The activation constraint's own error named neither the batch nor the
-  width ("activation: dim 1 ('length') of size 11 is not divisible ...")."""
-  axes, parts = sequence_axes(mesh, rules)
+  reads of rows of `tokens_shape` [B, T] (every token but the last) do not split over the mesh axes the rules
+  map 'length' to (`split`: `sequence_axes`, the axes and their devices). The activation constraint's own
+  error named neither the batch nor the width ("activation: dim 1 ('length') of size 11 is not divisible ...")."""
+  axes, parts = split
   positions = tokens_shape[1] - 1
   if positions % parts:
     raise ValueError(f"batch['tokens'] of shape {tuple(tokens_shape)}: the model reads T - 1 = {positions} "
