@@ -13,10 +13,8 @@ from rlax_post import sweep
 
 
 def _finished(workdir: str) -> bool:
-  path = os.path.join(workdir, "summary.json")
-  if not os.path.exists(path):
-    return False
-  with open(path) as f:
+  """Whether the unit's summary.json (there: `unit_dirs` lists no unit without one) says it did all its steps."""
+  with open(os.path.join(workdir, "summary.json")) as f:
     return sweep.finished(json.load(f))
 
 
@@ -28,11 +26,12 @@ def unit_dirs(root: str) -> list[str]:
     raise SystemExit(f"--sweep {root!r}: {os.path.abspath(root)} is not a directory.")
   dirs = [os.path.join(root, name) for name in sorted(os.listdir(root))
           if os.path.exists(os.path.join(root, name, "summary.json"))]
-  partial = [os.path.basename(d) for d in dirs if not _finished(d)]
+  finished = [d for d in dirs if _finished(d)]  # (each summary.json read once)
+  partial = [os.path.basename(d) for d in dirs if d not in finished]
   if partial:
     print(f"left out {len(partial)} unit(s) that stopped before their last RL step (run the sweep again to "
           f"resume them): {', '.join(partial)}", file=sys.stderr)
-  return [d for d in dirs if _finished(d)]
+  return finished
 
 
 def ms(values) -> str:
