@@ -57,7 +57,8 @@ def _outputs(completions) -> list:
   return [(c.request_id, c.index, c.tokens, c.logprobs, c.versions, c.finish_reason) for c in completions]
 
 
-def test_the_decode_state_lives_while_samples_do_and_is_freed_when_the_driver_is_done(engine):
+def test_the_decode_state_lives_while_samples_do_and_is_freed_when_the_driver_is_done(engine,
+                                                                                      own_garbage_only):
   base = _state_kv_bytes(engine)
   driver = _driver.Driver(engine, refs.model()[1])
   assert _state_kv_bytes(engine) == base and driver.stats.state_builds == 0  # Nothing built before a sample.

@@ -34,7 +34,8 @@ def _live_kv(model_cfg, rows: int) -> int:
              if a.ndim == 5 and a.shape[:3] == (m.num_layers, rows, m.num_kv_heads) and m.head_dim in a.shape[3:])
 
 
-def test_a_sync_run_evaluates_with_the_samplers_decode_state_dropped(tmp_path, monkeypatch):
+def test_a_sync_run_evaluates_with_the_samplers_decode_state_dropped(tmp_path, monkeypatch,
+                                                                     own_garbage_only):
   c = _tiny_runs.run_config("tiny")
   c.rl.steps, c.eval.every = 2, 1
   c.runtime.sampler_slots, c.eval.batch_size = SAMPLER_SLOTS, EVAL_SLOTS
