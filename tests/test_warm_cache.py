@@ -12,7 +12,12 @@ from tensorboardX.proto import event_pb2
 
 from rlax_post import config
 from rlax_post import data
+from rlax_post import envs
 from rlax_post import runtime
+from rlax_post.runtime import _learners
+from rlax_post.runtime import _metrics
+from rlax_post.runtime import _parts
+from rlax_post.runtime import _warm
 from rlax_post.runtime import _warm_cache
 
 sys.path.insert(0, ".")
@@ -98,10 +103,10 @@ def test_second_run_restores_the_warm_start_and_trains_identically(tmp_path):
   with_tb = dataclasses.replace(with_tb, runtime=dataclasses.replace(with_tb.runtime, tensorboard=True))
   second = runtime.train(with_tb, tmp_path / "b", quiet=True)
   assert len(list(key_dir.iterdir())) == 1  # restored, not recomputed (a recompute stores an entry of its own)
-  sft_rows = _rows(tmp_path / "a", "sft")
-  assert [r["step"] for r in sft_rows] == [10, 12] and _rows(tmp_path / "b", "sft") == sft_rows
+  sft_rows = _rows(tmp_path / "a", "sft")  # every step: runtime.log_every = 1
+  assert [r["step"] for r in sft_rows] == list(range(1, 13)) and _rows(tmp_path / "b", "sft") == sft_rows
   tb_loss = [(step, value) for tag, step, value in _tb_scalars(tmp_path / "b" / "tensorboard") if tag == "sft/loss"]
-  assert tb_loss == [(10, pytest.approx(sft_rows[0]["loss"])), (12, pytest.approx(sft_rows[1]["loss"]))]
+  assert tb_loss == [(r["step"], pytest.approx(r["loss"])) for r in sft_rows]
   assert second["initial_eval_reward"] == first["initial_eval_reward"]
   rl_a, rl_b = _data(_rows(tmp_path / "a", "rl")), _data(_rows(tmp_path / "b", "rl"))
   assert len(rl_a) == 2 and rl_a == rl_b
@@ -115,7 +120,20 @@ def test_second_run_restores_the_warm_start_and_trains_identically(tmp_path):
   assert [{k: r[k] for k in a} for r, a in zip(rl_c, rl_a)] == rl_a
   # Another warm start gets its own entry.
   runtime.train(_cfg(cache, noise=0.1), tmp_path / "d", quiet=True)
-  assert len(list(cache.iterdir())) == 2 and [r["step"] for r in _rows(tmp_path / "d", "sft")] == [10, 12]
+  assert len(list(cache.iterdir())) == 2 and [r["step"] for r in _rows(tmp_path / "d", "sft")] == list(range(1, 13))
+  # A run that logs every 5 steps logs the stored rows on its own cadence: steps 5, 10 and the last, 12.
+  every_5 = _with_log_every(_cfg(cache), 5)
+  parts = runtime.build_parts(every_5)
+  (tmp_path / "e").mkdir()
+  written = _metrics.MetricsWriter(os.fspath(tmp_path / "e"), tensorboard=False)
+  init = _parts.initial_params(parts, _learners.key(every_5.seed, envs.Stream.INIT, 0))
+  _warm.warm_start(parts, init, written, _metrics.Console(quiet=True))
+  assert _data(written.read()) == [r for r in _data(sft_rows) if r["step"] in (5, 10, 12)]
+  assert len(list(key_dir.iterdir())) == 1
+
+
+def _with_log_every(cfg, every):
+  return dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, log_every=every))
 
 
 def test_half_written_entries_are_ignored(tmp_path):
@@ -123,8 +141,11 @@ def test_half_written_entries_are_ignored(tmp_path):
   key = _warm_cache.cache_key(_cfg(cache))
   (cache / key / "deadbeef" / "0.orbax-checkpoint-tmp").mkdir(parents=True)  # a writer that died
   (cache / key / "cafe" / "0").mkdir(parents=True)  # no commit marker
-  runtime.train(_cfg(cache), tmp_path / "a", quiet=True)
-  assert [r["step"] for r in _rows(tmp_path / "a", "sft")] == [10, 12]  # computed, not read
+  runtime.train(_with_log_every(_cfg(cache), 5), tmp_path / "a", quiet=True)
+  # Computed, not read; logged every `runtime.log_every` = 5 steps and at each phase's last step (the SFT
+  # warm start logged every 10 steps whatever it said, until 2026-12-05).
+  assert [r["step"] for r in _rows(tmp_path / "a", "sft")] == [5, 10, 12]
+  assert [r["step"] for r in _rows(tmp_path / "a", "rl")] == [2]
   assert len(list((cache / key).iterdir())) == 3
 
 

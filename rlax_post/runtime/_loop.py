@@ -194,7 +194,7 @@ def replay(workdir: str, *, quiet: bool = False, tolerance: float = 0.0, return_
 def _check_compared(out: Comparison, cfg: config_lib.Config, workdir: str, first: int) -> None:
   """A replay that compared nothing, or missed a step the run logs (`runtime.log_every`), checked nothing:
   a ValueError naming those steps, not a pass."""
-  missing = [s for s in out.unlogged if s % cfg.runtime.log_every == 0 or s == cfg.rl.steps]
+  missing = [s for s in out.unlogged if _metrics.logged_at(s, cfg.runtime.log_every, cfg.rl.steps)]
   if missing:
     raise ValueError(f"{workdir}/metrics.jsonl has no rl row for replayed step(s) {missing}: nothing to "
                      "compare them with (was it removed or cut short?); replay checks a run against its own log.")

@@ -86,6 +86,12 @@ def finite_or_none(v):
   return v if math.isfinite(v) else None
 
 
+def logged_at(step: int, every: int, last: int) -> bool:
+  """Whether a phase of `last` steps that logs every `every` steps (`runtime.log_every`) logs its step `step`
+  (1-based): every `every`-th step, and its last one whatever `every` is (RL, and the SFT warm-up)."""
+  return step % every == 0 or step == last
+
+
 def strict_json(x: Any):
   """`x` with its numpy scalars as Python numbers, tuples as lists and its undefined figures (NaN, inf: a
   metric with nothing to average, a diverged run's reward) as None, so that it writes as strict JSON."""

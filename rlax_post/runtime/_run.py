@@ -186,7 +186,7 @@ class Run:
     cfg, tally = self.cfg, self.tally
     row.update(tally.add(step - 1, taken))
     self.log.write(step, taken)
-    if step % cfg.runtime.log_every == 0 or step == cfg.rl.steps:
+    if _metrics.logged_at(step, cfg.runtime.log_every, cfg.rl.steps):
       self.metrics.write(step, row)
     if (cfg.eval.every and step % cfg.eval.every == 0) or step == tally.end_step:
       with source.device_lock:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import math
 
+from rlax_post import config as config_lib
 from rlax_post import envs
 from rlax_post import learner
 from rlax_post import models
@@ -24,15 +25,24 @@ from rlax_post.runtime import _warm_cache
 def warm_start(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui: _metrics.Console):
   """The warm-started params from `params` (the initial params on the parts' mesh). Restored from the cache,
   the SFT rows the entry's run logged are logged again (metrics.jsonl, TensorBoard, curves.png): without
-  them, the units of a sweep that restored their seed's warm start showed no SFT loss."""
+  them, the units of a sweep that restored their seed's warm start showed no SFT loss. Of those rows, the ones
+  at this run's `runtime.log_every` (`_logs_sft_step`): an entry logged at another cadence gives the steps
+  both cadences log."""
   if parts.cfg.sft.steps == 0:
     return params
   out, restored = _warm_cache.warm_start(parts.cfg, params, lambda: _sft_steps(parts, params, metrics, ui),
                                          say=ui.say)
   for row in restored or ():
-    metrics.write(row["step"], {k: math.nan if v is None else v for k, v in row.items() if k != "step"},
-                  phase="sft")
+    if _logs_sft_step(parts.cfg, row["step"]):
+      metrics.write(row["step"], {k: math.nan if v is None else v for k, v in row.items() if k != "step"},
+                    phase="sft")
   return out
+
+
+def _logs_sft_step(cfg: config_lib.Config, step: int) -> bool:
+  """Whether the warm start logs its step `step` (1-based): every `runtime.log_every` steps and its last, as
+  the RL steps (until 2026-12-05 every 10 steps, whatever `runtime.log_every` said)."""
+  return _metrics.logged_at(step, cfg.runtime.log_every, cfg.sft.steps)
 
 
 def _sft_steps(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui: _metrics.Console):
@@ -53,7 +63,7 @@ def _sft_steps(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui:
     device_batch = _batch.to_device_batch({"tokens": batch["tokens"], "loss_mask": batch["loss_mask"]},
                                           batch_sh, rows=cfg.sft.batch_size)
     state, m = sft_learner.step(state, device_batch, _learners.key(cfg.seed, envs.Stream.SFT_UPDATE, step))
-    if (step + 1) % 10 == 0 or step + 1 == cfg.sft.steps:
+    if _logs_sft_step(cfg, step + 1):
       host = _learners.host(m)
       metrics.write(step + 1, host, phase="sft")
       rows.append({"step": step + 1, **_metrics.strict_json(host)})  # (NaN as None: the entry's meta is JSON)
