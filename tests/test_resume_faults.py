@@ -103,6 +103,33 @@ def test_a_resumed_runs_wall_seconds_count_its_earlier_attempt(half):
   assert json.loads((half / "summary.json").read_text())["wall_seconds"] == resumed["wall_seconds"]
 
 
+def test_resuming_a_finished_run_keeps_its_wall_seconds_and_final_eval(straight, tmp_path):
+  """`train --resume` of a finished run evaluated its last step again and counted that attempt's whole time
+  (restore, compiles, evaluation) in the run's wall_seconds. Now it reports the evaluation its last checkpoint
+  records and the run's seconds at that checkpoint, at every resume; a checkpoint that records no evaluation
+  (written before 2026-12-05) adds the seconds of the one evaluation done again, not the attempt's."""
+  workdir = tmp_path / "run"
+  shutil.copytree(straight, workdir)
+  first = json.loads((workdir / "summary.json").read_text())
+  ckpt = runtime.RunCheckpointer(workdir)
+  meta = ckpt.newest_meta()
+  ckpt.close()
+  assert (meta["rl_step"], meta["eval_step"], meta["eval_reward"]) == (4, 4, first["final_eval_reward"])
+  assert meta["wall_seconds"] <= first["wall_seconds"]  # (the checkpoint is saved before the run closes)
+  for _ in range(2):
+    again = runtime.train(_cfg(), workdir, resume=True, quiet=True)
+    assert (again["resumed_from_step"], again["rl_steps_done"]) == (4, 4) and again["attempt_wall_seconds"] > 0
+    assert again["wall_seconds"] == pytest.approx(meta["wall_seconds"], abs=1e-3)
+    assert again["final_eval_reward"] == first["final_eval_reward"]
+  meta_file = workdir / "checkpoints" / "4" / "meta" / "metadata"
+  old_meta = {k: v for k, v in json.loads(meta_file.read_text()).items() if k not in ("eval_reward", "eval_step")}
+  meta_file.write_text(json.dumps(old_meta))
+  again = runtime.train(_cfg(), workdir, resume=True, quiet=True)
+  assert 0 < again["wall_seconds"] - meta["wall_seconds"] < again["attempt_wall_seconds"]
+  assert again["final_eval_reward"] == first["final_eval_reward"]
+  assert _data_rows(workdir, ("rl", "eval")) == _data_rows(straight, ("rl", "eval"))
+
+
 def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(straight, half):
   state_dir = half / "checkpoints" / "2" / "state"
   # Truncate every array data file (ocdbt's `d/` chunks): a torn copy. (Only the largest, as before, was not

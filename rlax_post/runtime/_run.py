@@ -66,7 +66,10 @@ class Tally:
     self.rows = 0
     self.wait = 0.0
     self.staleness_means: list[float] = []
-    self.last_eval: float | None = None
+    # The checkpoint's own evaluation (a finished run's last step has one): a resume with no step left reports
+    # it rather than evaluating again.
+    self.eval_step: int | None = history.get("eval_step")
+    self.last_eval: float | None = history.get("eval_reward") if self.eval_step == history.get("rl_step") else None
     self.bar = None
     self.end_step = 0
 
@@ -96,7 +99,8 @@ class Tally:
   def meta(self) -> dict:
     """What a checkpoint records: the counters, and the ticket a resumed source starts from."""
     return {"dropped_stale_total": self.dropped_total, "dropped_future_total": self.dropped_future_total,
-            "max_ticket_consumed": self.max_ticket, "next_ticket": self.max_ticket + 1}
+            "max_ticket_consumed": self.max_ticket, "next_ticket": self.max_ticket + 1,
+            "eval_reward": self.last_eval, "eval_step": self.eval_step}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +194,7 @@ class Run:
       self.metrics.write(step, row)
     if (cfg.eval.every and step % cfg.eval.every == 0) or step == tally.end_step:
       with source.device_lock:
-        tally.last_eval = self.evaluate_logged(step, state)
+        tally.last_eval, tally.eval_step = self.evaluate_logged(step, state), step
     if hasattr(tally.bar, "set_postfix"):
       tally.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0.0):.4f}",
                             stale=f"{row['staleness_mean']:.2f}",
@@ -236,6 +240,17 @@ class Run:
     """The run's wall time: its earlier attempts' up to the checkpoint this one resumed from, and this one's."""
     return self.tally.wall_before + (time.time() if now is None else now) - self.t_start
 
+  def _run_seconds(self, start: Start, t_final: float, t_end: float) -> float:
+    """summary.json's `wall_seconds`: over the run's attempts (a resumed unit of a sweep showed only its last
+    attempt's seconds), the time lost after an attempt's last checkpoint not counted (its steps were done
+    again). An attempt that resumed a finished run (no RL step left) did none of the run's work: the run's
+    seconds at its last checkpoint, plus the final evaluation's (from `t_final`) where it did one again (a
+    checkpoint written before 2026-12-05 records no evaluation); until then such an attempt's whole time
+    (restore, compiles, evaluation) was added to the run's at each resume."""
+    if self.latest is None or self.tally.end_step > start.step:
+      return self.wall_seconds(t_end)
+    return self.tally.wall_before + t_end - t_final
+
   def close_progress(self) -> None:
     if hasattr(self.tally.bar, "close"):
       self.tally.bar.close()
@@ -243,8 +258,10 @@ class Run:
   def finish(self, state, start: Start) -> dict:
     """Closes checkpoints and metrics, plots the curves, writes and returns summary.json. Every process
     of a multi-host learner returns the summary; process 0 alone writes it and the curves."""
-    # The loop evaluates at its last step; a resumed run with no step left to do evaluates here.
+    # The loop evaluates at its last step; a resumed run with no step left to do evaluates here, unless its
+    # checkpoint records that step's evaluation.
     tally = self.tally
+    t_final = time.time()
     final = tally.last_eval if tally.last_eval is not None else self.evaluate_logged(None, state)
     t_end = time.time()
     self.ckpt.close()
@@ -258,9 +275,7 @@ class Run:
     initial = start.history["initial_eval_reward"]
     summary = {
         "initial_eval_reward": initial, "final_eval_reward": final, "improvement": final - initial,
-        # Over the run's attempts (a resumed unit of a sweep showed only its last attempt's seconds); the
-        # time lost after an attempt's last checkpoint is not counted (its steps were done again).
-        "wall_seconds": self.wall_seconds(t_end), "attempt_wall_seconds": t_end - self.t_start,
+        "wall_seconds": self._run_seconds(start, t_final, t_end), "attempt_wall_seconds": t_end - self.t_start,
         "rl_wall_seconds": t_end - tally.t_loop,
         "rl_steps": self.cfg.rl.steps, "rl_steps_done": max(tally.end_step, start.step),
         "resumed_from_step": None if self.latest is None else start.step,
