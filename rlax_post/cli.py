@@ -713,12 +713,13 @@ def _sweep_report(results, root: str, spec: str) -> None:
 def _check_config(argv):
   """Prints the validated config as JSON, after the checks `train` makes at start-up that need no model:
   `task.options`, and the reward functions loaded and their weights and options checked
-  (`runtime.check_config`)."""
+  (`runtime.check_config`). Its local paths are printed absolute, as the run's config.json records them
+  (`runtime.saved_config`)."""
   del argv
   cfg = _load_config()
   runtime.check_config(cfg)
   # allow_nan=False: the output is strict JSON (validation already refuses NaN and inf).
-  _print_out(json.dumps(config_lib.to_dict(cfg), indent=2, allow_nan=False))
+  _print_out(json.dumps(runtime.saved_config(cfg), indent=2, allow_nan=False))
 
 
 def _print_out(text: str) -> None:

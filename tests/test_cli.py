@@ -179,6 +179,21 @@ def test_check_config_prints_strict_json_for_relative_and_absolute_paths(config)
   assert cfg["rl"]["steps"] == 7 and cfg["model"]["preset"] == "micro"
 
 
+def test_check_config_prints_the_absolute_paths_the_runs_config_json_records(tmp_path):
+  """check-config printed data and reward files as typed (relative) while the run's config.json records them
+  absolute: from another directory, what it prints is what the run started there saves."""
+  (tmp_path / "d").mkdir()
+  (tmp_path / "rw.py").write_text("def score(sample, format_weight=0.0):\n  return 1.0\n")
+  out = _cli("check-config", "--config", os.path.join(_ROOT, "configs", "dataset.py:tiny"),
+             "--config.data.train=d/train.jsonl", "--config.data.eval=d/eval.jsonl", "--config.reward.fn=rw.py:score",
+             "--config.sft.cache_dir=cache", cwd=tmp_path)
+  assert out.returncode == 0, out.stderr[-3000:]
+  cfg, here = json.loads(out.stdout), os.path.realpath(tmp_path)  # (the process's working directory)
+  assert (cfg["data"]["train"], cfg["data"]["eval"]) == (f"{here}/d/train.jsonl", f"{here}/d/eval.jsonl")
+  assert (cfg["reward"]["fn"], cfg["sft"]["cache_dir"]) == (f"{here}/rw.py:score", f"{here}/cache")
+  assert cfg["model"]["hf_path"] is None  # (unset: nothing to resolve)
+
+
 def test_none_on_the_command_line_sets_a_field_that_may_be_none():
   """`--config.data.demo_field=None` was the string 'None' and `--config.critic.init_bias=None` a parse error
   (a helper review); a field that may not be None keeps the word as its value (here a bad choice)."""
@@ -266,7 +281,9 @@ def test_check_config_passes_reward_options_the_function_takes(tmp_path):
              "--config.reward.options.score.format_weight=0.5", cwd=tmp_path)
   assert out.returncode == 0, out.stderr[-3000:]
   reward = json.loads(out.stdout)["reward"]
-  assert reward["fn"] == "my_reward.py:score" and reward["options"] == {"score": {"format_weight": 0.5}}
+  # (the file printed absolute, as config.json records it: `runtime.saved_config`)
+  assert reward["fn"] == f"{os.path.realpath(tmp_path)}/my_reward.py:score"
+  assert reward["options"] == {"score": {"format_weight": 0.5}}
 
 
 # A dataset config with a task option (the file's `task.options` is empty, and the command line can add no key).

@@ -39,6 +39,7 @@ from rlax_post.runtime._parts import build_parts
 from rlax_post.runtime._parts import check_config
 from rlax_post.runtime._parts import Parts
 from rlax_post.runtime._parts import run_memory
+from rlax_post.runtime._paths import saved_config
 from rlax_post.runtime._policy import config_policy
 from rlax_post.runtime._policy import load_run_policy
 from rlax_post.runtime._policy import RunPolicy
@@ -88,8 +89,8 @@ __all__ = [
     "MetricsWriter", "ModelPolicy", "pair_rows", "Parts", "plot_curves", "policy_value", "probe_writable",
     "ProcessSource", "QFunction", "read_jsonl", "read_rounds", "replay", "rescue_audit", "rescue_evaluate", "RLUpdate",
     "RolloutBatch", "round_dir", "RoundSource", "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory",
-    "run_policy_value", "run_rescue_eval", "run_sampler", "RunCheckpointer", "RunPolicy", "SamplerWorker", "serve",
-    "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "Stopped", "take_groups", "Taken",
-    "ThreadSource", "TIMING_METRICS", "train", "transitions_of", "warm_start_cache_entries", "warm_start_cache_key",
-    "write_json"
+    "run_policy_value", "run_rescue_eval", "run_sampler", "RunCheckpointer", "RunPolicy", "saved_config",
+    "SamplerWorker", "serve", "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "Stopped",
+    "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "transitions_of", "warm_start_cache_entries",
+    "warm_start_cache_key", "write_json"
 ]

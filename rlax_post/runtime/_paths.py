@@ -2,6 +2,8 @@
 from any directory: `serve`, `export`, `replay`, `sampler` processes and `rescue-eval` read a run's config wherever
 they run, and a relative `model.hf_path`, data file or reward file was read against their own working directory.
 The run itself reads its paths as given (relative to where it started), so its errors name them as typed.
+`rlax-post check-config` prints the config as config.json will record it (`saved_config`; until 2026-12-05 with
+the paths as typed).
 
 The settings that name files: `PATH_KEYS` and the file parts of `reward.fn` ("rewards.py:score"); URLs
 (`gs://...`) and absolute paths are kept as they are. A resume compares a checkpoint's settings through
@@ -47,6 +49,12 @@ def absolute_paths(cfg: config_lib.Config) -> config_lib.Config:
       sections.setdefault(section, {})[field] = new
   return dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **fields)
                                      for name, fields in sections.items()})
+
+
+def saved_config(cfg: config_lib.Config) -> dict:
+  """What a run of `cfg` records in its config.json and `rlax-post check-config` prints: `cfg` as a dict with
+  its local paths absolute (`absolute_paths`), read against the working directory, as the run resolves them."""
+  return config_lib.to_dict(absolute_paths(cfg))
 
 
 def check_run_checkpoint(cfg: config_lib.Config, workdir: str) -> None:

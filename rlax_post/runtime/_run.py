@@ -313,7 +313,7 @@ def _write_config(workdir: str, cfg: config_lib.Config) -> None:
   (serve, export, replay, sampler processes) find its files from any directory; the run itself reads them as
   given, and its errors name them so."""
   if _distributed.is_primary():
-    _metrics.write_json(os.path.join(workdir, "config.json"), config_lib.to_dict(_paths.absolute_paths(cfg)))
+    _metrics.write_json(os.path.join(workdir, "config.json"), _paths.saved_config(cfg))
 
 
 RUN_LOCK = "run.lock"  # held by the running `train` / `learner` (process 0) of a workdir
