@@ -81,9 +81,10 @@ _DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor w
                              "convert: the dtype of every tensor written and of config.json's torch_dtype, one of "
                              f"{', '.join(models.HF_DTYPES)}: each weight is dequantised to float32, then "
                              "rounded to the nearest (bfloat16: half a float32 checkpoint's size; a run loads the "
-                             "weights in its own param_dtype, float32, either way; default: float32); serve: with "
-                             "--hf_path, the dtype of the served weights and activations (default: float32, as a run "
-                             "with model.hf_path computes; bfloat16 halves the weights' memory).")
+                             "weights in its own param_dtype, float32, either way; default: float32); serve: the "
+                             "dtype of the served weights and activations (default: a run's own model.dtype and "
+                             "float32 weights; float32 with --hf_path, as a run with model.hf_path computes; "
+                             "bfloat16 halves the weights' memory).")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
 _BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
 _STEP = flags.DEFINE_integer("step", None, "value, rescue-eval, export, serve: the checkpoint step to evaluate, "
@@ -116,7 +117,7 @@ _COMMANDS = {
     "check-config": ("--config FILE[:variant] [--config.a.b=value ...]",
                      "Print the validated config as JSON (every key; reward functions and options checked too).",
                      ("config",)),
-    "serve": ("(--checkpoint RUN_WORKDIR [--step K] | --hf_path DIR [--max_seq_len N] [--dtype D]) [--port 9000] "
+    "serve": ("(--checkpoint RUN_WORKDIR [--step K] | --hf_path DIR [--max_seq_len N]) [--dtype D] [--port 9000] "
               "[--host 127.0.0.1] [--temperature 0] [--top_p 1] [--top_k 0] [--slots 8]",
               "Serve a run's newest (or step K's) checkpoint, or a Hugging Face checkpoint directory, with "
               "JetStream's gRPC server.",
@@ -752,13 +753,12 @@ def _serve(argv):
     server = runtime.serve_hf(_HF_PATH.value, options, _MAX_SEQ_LEN.value, _DTYPE.value)
     what = f"the Hugging Face checkpoint {_HF_PATH.value}"
   else:
-    for flag, own in ((_MAX_SEQ_LEN, "model.max_seq_len"), (_DTYPE, "model.dtype")):
-      if flag.value is not None:
-        raise ValueError(f"--{flag.name} {flag.value} goes with --hf_path; a run's workdir is served with its own "
-                         f"{own}.")
+    if _MAX_SEQ_LEN.value is not None:
+      raise ValueError(f"--max_seq_len {_MAX_SEQ_LEN.value} goes with --hf_path; a run's workdir is served with its "
+                       "own model.max_seq_len.")
     workdir = _run_dir(_CHECKPOINT.value, "--checkpoint",
                        "the workdir of a training run (it holds config.json and checkpoints/)")
-    server = runtime.serve(workdir, options)
+    server = runtime.serve(workdir, options, _DTYPE.value)
     what = f"step {runtime.served_step(workdir, _STEP.value)} of {workdir}"
   server.stop_on_signals()
   print(f"Serving {what} with JetStream on {server.address}", flush=True)

@@ -1006,12 +1006,16 @@ def test_serve_hf_path_that_is_no_checkpoint_directory_is_named_with_model_hf_pa
 
 
 def test_serve_step_and_max_seq_len_go_with_their_own_source(tmp_path):
-  """--step picks a run's checkpoint, --max_seq_len and --dtype shape a checkpoint directory's model: each with
-  the other source is a line naming it, as is a bad value."""
+  """--step picks a run's checkpoint, --max_seq_len shapes a checkpoint directory's model: each with the other
+  source is a line naming it, as is a bad value; --dtype goes with either (until 2026-12-05 with --hf_path only),
+  a bad one named before anything is loaded."""
   (tmp_path / "hf").mkdir()
   for name in ("config.json", "tokenizer.json"):
     (tmp_path / "hf" / name).write_text("{}")
   hf = str(tmp_path / "hf")
+  (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+  (tmp_path / "run" / "config.json").write_text(_cli("check-config", "--config", "configs/demo.py:tiny").stdout)
+  run = str(tmp_path / "run")
   cases = [
       (("--hf_path", hf, "--step", "3"), f"--step 3 picks a checkpoint of a run's workdir (--checkpoint); the Hugging "
        f"Face checkpoint directory {hf!r} holds one model: serve it without --step."),
@@ -1020,9 +1024,9 @@ def test_serve_step_and_max_seq_len_go_with_their_own_source(tmp_path):
       (("--checkpoint", "runs/a", "--max_seq_len", "64"),
        "--max_seq_len 64 goes with --hf_path; a run's workdir is served with its own model.max_seq_len."),
       (("--hf_path", hf, "--dtype", "fp16"), "--dtype 'fp16' is not a dtype the served model computes in; pass one "
-       "of ['float32', 'bfloat16', 'float16'] (or leave it out: float32)."),
-      (("--checkpoint", "runs/a", "--dtype", "bfloat16"),
-       "--dtype bfloat16 goes with --hf_path; a run's workdir is served with its own model.dtype."),
+       "of ['float32', 'bfloat16', 'float16'] (or leave it out: a run's own model.dtype, float32 for --hf_path)."),
+      (("--checkpoint", run, "--dtype", "fp16"), "--dtype 'fp16' is not a dtype the served model computes in; pass "
+       "one of ['float32', 'bfloat16', 'float16'] (or leave it out: a run's own model.dtype, float32 for --hf_path)."),
   ]
   for args, message in cases:
     assert _error(_cli("serve", *args, cwd=tmp_path), "serve") == f"rlax-post serve: error: {message}", args

@@ -7,6 +7,7 @@ server keeps answering everyone else; bad ports fail before anything says "Servi
 
 import asyncio
 from concurrent import futures
+import dataclasses
 import json
 import logging
 import os
@@ -432,6 +433,11 @@ def test_a_lora_run_is_served_with_its_adapters_merged(lora_run):
   logits = lambda params: np.asarray(models.forward(engine.graphdef, params, tokens)[0])
   np.testing.assert_allclose(logits(engine.load_params()), logits(merged), atol=1e-5)
   assert np.max(np.abs(logits(merged) - logits(base))) > 1e-3  # the adapters moved it: served, not the base
+  # --dtype bfloat16: the merged weights rounded to nearest (the merge in float32 first), every leaf bfloat16.
+  half = jax.device_get(_serve.engine_from_workdir(str(lora_run), dtype="bfloat16").load_params())
+  assert {x.dtype for x in jax.tree.leaves(half)} == {np.dtype(jax.numpy.bfloat16)}
+  jax.tree.map(lambda m, h: np.testing.assert_array_equal(h, m.astype(jax.numpy.bfloat16)),
+               jax.device_get(engine.load_params()), half)
   want = _serving.greedy_loop(engine.graphdef, merged, _GOOD, 6, models.ByteTokenizer())
   assert sum(map(len, want)) >= 6
   with _serving.ServerProcess(lora_run) as server:
@@ -626,3 +632,27 @@ def test_an_exported_byte_tokenizer_run_is_served_with_hf_path_as_its_workdir_is
     assert [hf_server.decode(_serving.text_request(p, 6)) for p in _GOOD[:3]] == want
     ids = models.ByteTokenizer().encode(_GOOD[0], add_bos=False)
     assert hf_server.decode(_serving.token_request(ids, 6)) == want[0]
+
+
+def test_serve_dtype_serves_a_float32_runs_checkpoint_as_its_export_is_served_in_it(run, tmp_path):
+  """`serve --checkpoint RUN --dtype bfloat16` (until 2026-12-05 --dtype went with --hf_path only): the run's
+  model computing in bfloat16 over its float32 weights rounded to nearest, the engine `--hf_path` builds of
+  the run's export with the same --dtype: equal model, equal params, equal greedy tokens."""
+  out = tmp_path / "hf"
+  runtime.export_hf(str(run), out)
+  options = sampler.ServeOptions(max_concurrent_decodes=4)
+  full = _serve.engine_from_workdir(str(run), options)
+  half = _serve.engine_from_workdir(str(run), options, dtype="bfloat16")
+  from_hf = _serve.engine_from_hf(str(out), options, dtype="bfloat16")
+  assert full.model_cfg.param_dtype == "float32"
+  assert half.model_cfg == from_hf.model_cfg == dataclasses.replace(full.model_cfg, dtype="bfloat16",
+                                                                     param_dtype="bfloat16")
+  weights, rounded = jax.device_get(full.load_params()), jax.device_get(half.load_params())
+  assert {x.dtype for x in jax.tree.leaves(rounded)} == {np.dtype(jax.numpy.bfloat16)}
+  jax.tree.map(lambda f, r: np.testing.assert_array_equal(r, f.astype(jax.numpy.bfloat16)), weights, rounded)
+  tok = models.ByteTokenizer()
+  requests = [sampler.Request(prompt=tuple(tok.encode(p, add_bos=True)), max_tokens=6, request_id=k)
+              for k, p in enumerate(_GOOD[:4])]
+  greedy = lambda engine: [c.tokens for c in sampler.Driver(engine, engine.load_params(), version=0).sample(requests)]
+  got = greedy(half)
+  assert got == greedy(from_hf) and all(len(tokens) >= 1 for tokens in got)

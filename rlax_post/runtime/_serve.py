@@ -7,7 +7,8 @@ run (`model.lora.rank > 0`) is served merged: its adapters over its frozen base.
 
 A Hugging Face checkpoint directory (`rlax-post export`'s or `convert`'s output, or a base model's) is served
 as a run with `model.hf_path` set to it samples: its config.json's model, its tokenizer, its weights
-(`serve_hf`). Both go through the same server (`sampler.serve`) with the same options.
+(`serve_hf`). Both go through the same server (`sampler.serve`) with the same options, and either is served in
+another dtype the same way (`--dtype`: `_served_dtype`, e.g. a float32 run in bfloat16, half the memory).
 """
 
 from __future__ import annotations
@@ -46,12 +47,14 @@ def served_step(workdir: str, step: int | None = None) -> int:
 
 
 def engine_from_workdir(workdir: str, options: sampler.ServeOptions = sampler.ServeOptions(), *,
-                        devices=None) -> sampler.ServingEngine:
-  """The serving engine of a run's workdir (default devices: the first one), loading `served_step`."""
+                        devices=None, dtype: str | None = None) -> sampler.ServingEngine:
+  """The serving engine of a run's workdir (default devices: the first one), loading `served_step`, its
+  weights and activations in `dtype` (None: the run's own `model.dtype` and float32 weights; `_served_dtype`)."""
   cfg = _samplers.load_run_config(workdir)
   _check_servable(cfg, workdir)
+  _check_dtype(dtype)
   tokenizer = _parts.make_tokenizer(cfg)
-  model_cfg = _parts.model_config(cfg, tokenizer)
+  model_cfg = _served_dtype(_parts.model_config(cfg, tokenizer), dtype)
   graphdef, _ = models.abstract_params(model_cfg)
   options = dataclasses.replace(options, step=served_step(workdir, options.step))
   return sampler.serving_engine(model_cfg, graphdef, tokenizer, os.path.join(workdir, "checkpoints"), options,
@@ -67,8 +70,7 @@ def engine_from_hf(path: str, options: sampler.ServeOptions = sampler.ServeOptio
   such a run's; bfloat16 halves the weights' memory). Errors as `serve_hf`'s."""
   _check_hf_source(path, options, max_seq_len, dtype)
   tokenizer = _parts.checkpoint_tokenizer(path)
-  model_cfg = _parts.hf_model_config(path, tokenizer, max_seq_len,
-                                     **({} if dtype is None else dict(dtype=dtype, param_dtype=dtype)))
+  model_cfg = _served_dtype(_parts.hf_model_config(path, tokenizer, max_seq_len), dtype)
   graphdef, _ = models.abstract_params(model_cfg)
   return sampler.serving_engine(model_cfg, graphdef, tokenizer, None, options,
                                 jax.devices()[:1] if devices is None else devices, hf_path=path)
@@ -88,9 +90,20 @@ def _check_hf_source(path: str, options: sampler.ServeOptions, max_seq_len: int 
                                   or max_seq_len < 2):
     raise ValueError(f"--max_seq_len must be an int >= 2 (the served context: prompt and completion); got "
                      f"{max_seq_len!r}.")
+  _check_dtype(dtype)
+
+
+def _check_dtype(dtype: str | None) -> None:
+  """ValueError unless `dtype` (`--dtype`) is None or a dtype the served model computes in."""
   if dtype is not None and dtype not in models.HF_DTYPES:
     raise ValueError(f"--dtype {dtype!r} is not a dtype the served model computes in; pass one of "
-                     f"{list(models.HF_DTYPES)} (or leave it out: float32).")
+                     f"{list(models.HF_DTYPES)} (or leave it out: a run's own model.dtype, float32 for --hf_path).")
+
+
+def _served_dtype(model_cfg: models.ModelConfig, dtype: str | None) -> models.ModelConfig:
+  """`model_cfg` with its weights and activations in `dtype` (`--dtype`; None: as it is): the engine restores
+  the weights in that dtype, rounded to nearest (bfloat16 halves a float32 run's or checkpoint's memory)."""
+  return model_cfg if dtype is None else dataclasses.replace(model_cfg, dtype=dtype, param_dtype=dtype)
 
 
 def _check_servable(cfg, workdir: str) -> None:
@@ -101,15 +114,18 @@ def _check_servable(cfg, workdir: str) -> None:
                      "one policy. Write each role's as a Hugging Face checkpoint with `rlax-post export`.")
 
 
-def serve(workdir: str, options: sampler.ServeOptions) -> sampler.Server:
-  """Starts JetStream's gRPC server over the run in `workdir`; returns the server.
+def serve(workdir: str, options: sampler.ServeOptions, dtype: str | None = None) -> sampler.Server:
+  """Starts JetStream's gRPC server over the run in `workdir`, in `dtype` (`engine_from_workdir`); returns the
+  server.
 
-  A bad workdir, no committed checkpoint, or a bad or busy port raise ValueError here, before the server
-  answers anything.
+  A bad workdir, no committed checkpoint, a bad `dtype`, or a bad or busy port raise ValueError here, before
+  the server answers anything.
   """
+  _check_dtype(dtype)
   _check_servable(_samplers.load_run_config(workdir), workdir)
   options = dataclasses.replace(options, step=served_step(workdir, options.step))
-  return sampler.serve(lambda devices: engine_from_workdir(workdir, options, devices=devices), options)
+  return sampler.serve(lambda devices: engine_from_workdir(workdir, options, devices=devices, dtype=dtype),
+                       options)
 
 
 def serve_hf(path: str, options: sampler.ServeOptions, max_seq_len: int | None = None,

@@ -92,8 +92,9 @@ class ServingEngine(_engine.RlaxEngine):
     return self.prepare_params(params)
 
   def _load_merged(self, lora: models.LoRA) -> Any:
-    """The base and adapters of the checkpoint, merged. ValueError naming the leaf or entry that does not fit
-    this model and `lora`."""
+    """The base and adapters of the checkpoint, merged, each leaf wider than the model's `param_dtype` rounded
+    to it (`serve --dtype bfloat16`; a float32 model keeps a bfloat16 base's leaves as they are). ValueError
+    naming the leaf or entry that does not fit this model and `lora`."""
     path = _engine.checkpoint_item(self._checkpoint_dir, self._step)
     adapters_like = jax.eval_shape(lambda: models.init_lora(self._abstract_params, lora, jax.random.key(0)))
     with ocp.PyTreeCheckpointer() as ckptr:
@@ -111,7 +112,8 @@ class ServingEngine(_engine.RlaxEngine):
       out = _engine.restore_partial(ckptr, path, {
           "frozen": placed(saved["frozen"], self.param_shardings()),
           "params": placed(saved["params"], adapter_shardings)})
-    merged = jax.jit(models.merge_lora, static_argnums=2)(out["frozen"], out["params"], lora)
+    merged = jax.jit(_merged_in, static_argnums=(2, 3))(out["frozen"], out["params"], lora,
+                                                        self.model_cfg.param_dtype)
     return self.prepare_params(merged)
 
   def idle_prefix(self) -> _engine.Prefix:
@@ -125,6 +127,12 @@ class ServingEngine(_engine.RlaxEngine):
     prefix = _engine.Prefix(cache=cache, length=jnp.full((1,), self.max_decode_length, jnp.int32),
                             logits=jnp.zeros((1, cfg.vocab_size), jnp.float32))
     return jax.device_put(prefix, self.get_prefix_destination_sharding())
+
+
+def _merged_in(base: Any, adapters: Any, lora: models.LoRA, dtype: str) -> Any:
+  """`models.merge_lora(base, adapters, lora)`, each leaf wider than `dtype` rounded to it."""
+  narrow = lambda x: x.astype(dtype) if x.dtype.itemsize > jnp.dtype(dtype).itemsize else x
+  return jax.tree.map(narrow, models.merge_lora(base, adapters, lora))
 
 
 @dataclasses.dataclass(frozen=True)
