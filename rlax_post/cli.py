@@ -425,7 +425,7 @@ def _whole_dict_hint(key: str) -> str:
 def _check_key(raw, key: str) -> typing.Any:
   """An unknown `--config.a.b` names its close matches and the section's keys (ml_collections would print a
   56-line traceback); inside a dict setting (`reward.options`), how to pass the whole dict. Returns the section
-  that holds the key's last part (`_check_value` reads its type there)."""
+  that holds the key's last part (`sweep.check_value` reads its type there)."""
   node, section, parent = raw, [], raw
   for part in key.split("."):
     if not isinstance(node, (dict, config_dict.ConfigDict)):
@@ -438,30 +438,6 @@ def _check_key(raw, key: str) -> typing.Any:
                        f"(`rlax-post check-config --config FILE` prints them all).{_whole_dict_hint(key)}")
     parent, node, section = node, node[part], section + [part]
   return parent
-
-
-_TYPE_WORDS = {bool: "a boolean (true or false, 1 or 0)", int: "an int", float: "a number"}
-_BOOL_WORDS = ("true", "t", "1", "false", "f", "0")  # what absl's boolean parser takes (any case)
-
-
-def _parses(kind: type, text: str) -> bool:
-  if kind is bool:
-    return text.lower() in _BOOL_WORDS
-  try:
-    kind(text)
-  except ValueError:
-    return False
-  return True
-
-
-def _check_value(section, key: str, text: str) -> None:
-  """`--config.a.b=TEXT` for a bool, int or float key (`section`: the one holding it, `_check_key`'s): TEXT must
-  read as one, else an error naming the key, its type and TEXT (absl said `invalid literal for int() with base
-  10` and `('Non-boolean argument to boolean flag', 'maybe')`). `None` is left to `sweep.none_overrides`."""
-  leaf = key.rpartition(".")[2]
-  kind = section.get_type(leaf) if isinstance(section, config_dict.ConfigDict) else None
-  if kind in _TYPE_WORDS and text != "None" and not _parses(kind, text):
-    raise ValueError(f"--config.{key}={text}: `{key}` takes {_TYPE_WORDS[kind]}; got {text!r}.")
 
 
 def _check_overrides(argv) -> None:
@@ -488,7 +464,8 @@ def _check_overrides(argv) -> None:
   sections = [_check_key(raw, key) for key in keys]  # (every key before any value, as the errors come)
   for (key, text), section in zip(overrides, sections):
     if text is not None:
-      _check_value(section, key, text)
+      # A bool, int or float key's TEXT must read as one (absl said `invalid literal for int() with base 10`).
+      sweep.check_value(section, key, text, f"--config.{key}={text}", text=True)
 
 
 def _check_own_flags(command: str) -> None:

@@ -796,6 +796,27 @@ def test_sweep_validates_its_overrides_before_any_unit_starts(tmp_path):
   assert "overrides of swept key(s) ['seed']" in line, line
 
 
+@pytest.mark.parametrize("point, message", [
+    ("{'rl.optimizer.learning_rate': '3e-4'}",
+     "sweep point 1 sets rl.optimizer.learning_rate='3e-4': `rl.optimizer.learning_rate` takes a number; got '3e-4'."),
+    ("{'rl.steps': 'abc'}", "sweep point 1 sets rl.steps='abc': `rl.steps` takes an int; got 'abc'."),
+], ids=["string learning rate", "int key given abc"])
+def test_a_sweep_point_of_the_wrong_type_is_named_as_a_wrong_type_override_is(tmp_path, point, message):
+  """A sweep point of the wrong type got ml_collections' "Could not override field 'steps' (reference). abc is
+  of original type <class 'str'> and cannot be casted to type <class 'int'>"; it gets `--config.KEY=TEXT`'s
+  line (`sweep.check_value`, the one check of both): the point, the key, its type and the value, before any
+  unit starts."""
+  config = tmp_path / "cfg.py"
+  config.write_text(f"import importlib.util\n_spec = importlib.util.spec_from_file_location('_demo', {_DEMO!r})\n"
+                    "_demo = importlib.util.module_from_spec(_spec)\n_spec.loader.exec_module(_demo)\n"
+                    "get_config = _demo.get_config\n"
+                    f"def get_sweep(arg=None):\n  return [{{'seed': 0}}, {point}]\n")
+  root = tmp_path / "root"
+  line = _error(_cli("sweep", "--config", f"{config}:tiny", "--workdir", root), "sweep")
+  assert line == f"rlax-post sweep: error: {config}:tiny: {message}"
+  assert not root.exists()
+
+
 # --- What a finished run prints ---
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -106,8 +107,16 @@ def test_bad_sweeps_fail_before_launch(tmp_path):
   with pytest.raises(ValueError, match=r"sweep points 0 \(\{'seed': 1\}\) and 1 \(\{'seed': 1\}\) give the same"):
     sweep.work_units(dup)
   wrong_type = _write_config(tmp_path, "return [{'seed': 'one'}]", "t.py")
-  with pytest.raises(ValueError, match="seed='one'"):
+  with pytest.raises(ValueError, match=re.escape("sweep point 0 sets seed='one': `seed` takes an int; got 'one'.")):
     sweep.work_units(wrong_type)
+  for key, value, words in (("loss.track_kl", 1, "a boolean"), ("seed", True, "an int"),
+                            ("advantage.estimator", 2, "a string")):
+    wrong_type = _write_config(tmp_path, f"return [{{{key!r}: {value!r}}}]", "t.py")
+    with pytest.raises(ValueError, match=re.escape(f"sets {key}={value!r}: `{key}` takes {words}; got {value!r}.")):
+      sweep.work_units(wrong_type)
+  # An int is a number: a float key swept over ints is no wrong type.
+  number = _write_config(tmp_path, "return [{'rl.optimizer.learning_rate': 1}]", "n.py")
+  assert sweep.work_units(number)[0].cfg.rl.optimizer.learning_rate == 1.0
   with pytest.raises(FileNotFoundError, match="does not exist"):
     sweep.work_units(str(tmp_path / "missing.py"))
 

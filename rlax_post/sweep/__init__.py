@@ -14,6 +14,7 @@ from rlax_post.sweep._local import write_report
 from rlax_post.sweep._units import apply
 from rlax_post.sweep._units import axis
 from rlax_post.sweep._units import check_overrides
+from rlax_post.sweep._units import check_value
 from rlax_post.sweep._units import command_line_overrides
 from rlax_post.sweep._units import config_of
 from rlax_post.sweep._units import differences
@@ -30,6 +31,7 @@ __all__ = [
     "apply",
     "axis",
     "check_overrides",
+    "check_value",
     "command_line_overrides",
     "config_of",
     "differences",

@@ -291,16 +291,58 @@ def _line_in(error: BaseException, path: str) -> int | None:
   return lines[-1] if lines else None
 
 
-def _check_key(cfg: ml_collections.ConfigDict, key: str, config: str, what: str = "sweep key") -> None:
+def _check_key(cfg: ml_collections.ConfigDict, key: str, config: str, what: str = "sweep key") -> Any:
+  """ValueError naming `key` if `cfg` has no such dotted key; else the section holding its last part (where
+  `check_value` reads its type)."""
   node: Any = cfg
   parts = key.split(".")
+  section = node
   for i, part in enumerate(parts):
     if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
       where = ".".join(parts[:i]) or "the config"
       options = sorted(node.keys()) if isinstance(node, (ml_collections.ConfigDict, dict)) else []
       raise ValueError(f"{config}: {what} {key!r} does not exist ({part!r} is not a key of {where}; "
                        f"valid: {options}).")
-    node = node[part]
+    section, node = node, node[part]
+  return section
+
+
+_TYPE_WORDS = {bool: "a boolean", int: "an int", float: "a number", str: "a string"}
+_BOOL_WORDS = ("true", "t", "1", "false", "f", "0")  # what absl's boolean parser takes (any case)
+
+
+def _parses(kind: type, text: str) -> bool:
+  """Whether a flag's text reads as a `kind` (as absl's and ml_collections' flag parsers read it)."""
+  if kind is bool:
+    return text.lower() in _BOOL_WORDS
+  try:
+    kind(text)
+  except ValueError:
+    return False
+  return True
+
+
+def _holds(kind: type, value: Any) -> bool:
+  """Whether a Python value is a `kind` as a setting takes it: an int is a number too, a bool no int."""
+  if isinstance(value, bool):
+    return kind is bool
+  return isinstance(value, (int, float) if kind is float else kind)
+
+
+def check_value(section: Any, key: str, value: Any, where: str, *, text: bool = False) -> None:
+  """ValueError unless `value` fits the bool, int, float or str setting `key` of `section` (the section holding
+  it): a `--config.a.b=TEXT` flag's text (`text`) must read as one, a sweep point's value be one. The error
+  names `where`, the key, its type and the value (ml_collections said "Could not override field 'steps'
+  (reference). abc is of original type <class 'str'> and cannot be casted to type <class 'int'>", absl
+  "invalid literal for int() with base 10"). None (the text 'None') is left to `none_overrides` and
+  `config.accepts_none`."""
+  leaf = key.rpartition(".")[2]
+  kind = section.get_type(leaf) if isinstance(section, ml_collections.ConfigDict) else None
+  if kind not in _TYPE_WORDS or value is None or (text and value == "None"):
+    return
+  if not (_parses(kind, value) if text else _holds(kind, value)):
+    spelled = " (true or false, 1 or 0)" if text and kind is bool else ""
+    raise ValueError(f"{where}: `{key}` takes {_TYPE_WORDS[kind]}{spelled}; got {value!r}.")
 
 
 def _points(module, arg: str | None, path: str) -> list[Point]:
@@ -330,7 +372,7 @@ def _load_point(base: ml_collections.ConfigDict, point: Any, i: int, config: str
     raise ValueError(f"{config}: sweep point {i} is {point!r}; expected a dict of dotted config keys.")
   cfg = ml_collections.ConfigDict(base.to_dict())
   for key, value in point.items():
-    _check_key(cfg, key, config)
+    check_value(_check_key(cfg, key, config), key, value, f"{config}: sweep point {i} sets {key}={value!r}")
     _flag_value(value)
     if value is None and not config_lib.accepts_none(key):
       raise ValueError(f"{config}: sweep point {i} sets {key}=None, which is not a key that may be None.")
