@@ -517,6 +517,47 @@ class _StuckWorker:
     self.release.wait(60)
 
 
+def _wait_for_the_notice(source):
+  """What `source.take(1)` says while no group comes, and after how many seconds: a SIGTERM is noted 0.5 s
+  after its first line (the wait goes on meanwhile), and the take raises `Stopped`."""
+  said, t0, noted = [], time.monotonic(), []
+  source.say = said.append
+
+  def stop():
+    if said and not noted:
+      noted.append(time.monotonic())
+    return 15 if noted and time.monotonic() - noted[0] > 0.5 else None
+
+  with pytest.raises(runtime.Stopped):
+    source.take(1, stop)
+  return said, noted[0] - t0
+
+
+def test_a_learner_left_waiting_for_rollouts_says_once_what_it_waits_for(tmp_path, monkeypatch):
+  """`rlax-post learner`'s source, after waiting `wait_notice_s` (30 s) for a step's rollouts, says so once:
+  with no live sampler, how to start one (in its --workdir as given: here relative, as a user types it); with
+  a sampler's heartbeat, how many are live. A learner started alone waited with no word on what it waited
+  for. (The CLI checks of a learner left alone, tests/test_async_user.py, do not wait the 30 s.)"""
+  monkeypatch.chdir(tmp_path)
+  cfg = config.load(_tiny_runs.run_config("tiny", mode="async"))  # P = 4, sampler_timeout_s = 60
+  assert runtime.ProcessSource.wait_notice_s == 30.0
+  source = runtime.ProcessSource(types.SimpleNamespace(cfg=cfg), "run", print)
+  source.wait_notice_s = 0.3
+  said, seconds = _wait_for_the_notice(source)
+  assert said == ["\n[learner] step 2: waiting for rollouts (0/4 groups; live samplers: 0). No sampler has joined "
+                  "(none heartbeat in runtime.sampler_timeout_s = 60 s): start `rlax-post sampler --workdir run "
+                  "--index 0`, any number, each with its own --index."]
+  assert 0.3 <= seconds < 5.0, seconds
+  source = runtime.ProcessSource(types.SimpleNamespace(cfg=cfg), "run2", print)
+  source.wait_notice_s = 0.3
+  sampler = rollouts.FileAdmission(os.path.join("run2", "admission"), groups_per_step=4, max_staleness=1,
+                                   sampler_id="sampler-0", capacity=2, ahead=2)
+  sampler.heartbeat(version=0, idle_frac=0.0)  # live, but it sends nothing
+  said, seconds = _wait_for_the_notice(source)
+  assert said == ["\n[learner] step 2: waiting for rollouts (0/4 groups; live samplers: 1)."]
+  assert 0.3 <= seconds < 5.0, seconds
+
+
 def test_thread_source_stop_names_the_threads_still_running_after_one_overall_deadline():
   """Two sampler threads that do not stop: `stop` waits `stop_timeout_s` for both together and raises naming
   them. It waited 60 s per thread (120 s here) and returned None, the threads forgotten."""

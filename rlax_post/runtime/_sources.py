@@ -182,6 +182,9 @@ class _QueueSource:
   workdir: str
   primary = True  # writes the lineage file
   poll_s = 1.0
+  # How long a step waits for its rollouts before the learner says what it waits for (once per step): long
+  # enough for samplers started beside it to compile and send their first groups.
+  wait_notice_s = 30.0
   device_lock: ContextManager = contextlib.nullcontext()
 
   def __init__(self, cfg: config_lib.Config, say: Callable[..., None]):
@@ -241,7 +244,7 @@ class _QueueSource:
         raise _signals.Stopped(signum)
       self.check()
       self.on_wait()
-      if time.time() - t0 > 30 and not warned[0]:
+      if time.time() - t0 > self.wait_notice_s and not warned[0]:
         warned[0] = True
         live = len(self.sampler_stats())
         self.say(f"\n[learner] step {step + 1}: waiting for rollouts ({have}/{self.cfg.rl.prompts_per_step} "
