@@ -4,20 +4,31 @@ process that runs `rlax-post ARGS` from its own working directory, with its own 
 client). No JAX backend is started here, so a child's JAX work starts from nothing, as in a new process.
 
     python tests/_cli_forkserver.py   (started with the environment of the commands)
+    python tests/_cli_forkserver.py MODULE [PRELOAD ...]
+
+With MODULE (e.g. launch.launch_xm), a child runs `python -m MODULE ARGS` instead (runpy, as `python -m`
+does), after the server imported each PRELOAD module once (the heavy ones MODULE imports: rlax_post.runtime,
+xmanager, ...; not MODULE itself, whose run as __main__ would define its absl flags a second time).
 
 Requests come on stdin, one JSON line each: {"argv": [...], "cwd": DIR, "env": {...}, "stdout": FILE,
 "stderr": FILE, "timeout": SECONDS}; each is answered on stdout with {"returncode": N}, N < 0 for a child that
 a signal ended (as subprocess reports it).
 """
 
+import importlib
 import json
 import os
+import runpy
 import signal
 import sys
 
 sys.path.pop(0)  # this script's folder (tests/); a child puts its working directory first, as `python -m` does
 
-from rlax_post import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
+_MODULE = sys.argv[1] if len(sys.argv) > 1 else None  # what a child runs as `python -m`; None: the CLI
+# (The CLI only without MODULE: its absl flags, --config among them, would clash with MODULE's.)
+cli = importlib.import_module("rlax_post.cli") if _MODULE is None else None
+for _name in sys.argv[2:]:
+  importlib.import_module(_name)
 
 _PROTOCOL = os.fdopen(os.dup(1), "w")  # the answers; fd 1 itself becomes each child's stdout
 
@@ -33,8 +44,12 @@ def _child(request: dict) -> None:
   os.dup2(null, 0)
   for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
     os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
-  sys.argv = [cli.__file__, *request["argv"]]
-  cli.main(sys.argv)
+  if _MODULE is None:
+    sys.argv = [cli.__file__, *request["argv"]]
+    cli.main(sys.argv)
+  else:
+    sys.argv = [_MODULE, *request["argv"]]  # (runpy puts the module's file first, as `python -m` does)
+    runpy.run_module(_MODULE, run_name="__main__", alter_sys=True)
   sys.exit(0)
 
 

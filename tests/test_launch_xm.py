@@ -1,7 +1,9 @@
 """launch/launch_xm.py: a tiny sweep run end to end by xm_local (real local processes on the CPU), and the
 Vertex AI / GKE requests its --dry_run prints for TPU and GPU learners (single- and multi-host) and samplers.
 
-The launcher runs in a subprocess each time, as a user runs it (absl parses its own flags there)."""
+The launcher runs in a process of its own each time, as a user runs it (absl parses its own flags there):
+forked from a server that imported its heavy dependencies once (`_cli_forks`, ~2 s a run less), checked
+against a new `python -m launch.launch_xm` process by the first test; the end-to-end run starts one too."""
 
 import json
 import os
@@ -10,6 +12,7 @@ import sys
 
 import pytest
 
+import _cli_forks  # pylint: disable=g-bad-import-order
 import _procs  # pylint: disable=g-bad-import-order
 
 pytest.importorskip("xmanager")
@@ -23,13 +26,29 @@ _IMAGE = "us-docker.pkg.dev/proj/rlax/rlax-post:test"
 _BUCKET_ROOT = "gs://bkt/sweeps/demo"
 
 
-def _launch(*args, tmp_path, timeout=60, config=_CONFIG):
-  env = _procs.env()  # One CPU device per process: the fastest setup on a small machine.
+# `python -m launch.launch_xm`, forked from a server that imported these once (not the launcher itself).
+_LAUNCHER = ("launch.launch_xm", "ml_collections.config_flags", "xmanager.xm_flags", "rlax_post.runtime",
+             "rlax_post.sweep", "google.cloud.aiplatform_v1", "portpicker", "kubernetes.client",
+             "kubernetes.client.models.v1_job", "kubernetes.client.models.v1_service")  # (loaded lazily, 0.4 s)
+
+
+def _launch_argv(*args, tmp_path, config=_CONFIG):
   db = tmp_path / "xm_db.yaml"  # xm_local's experiment database in the test's directory, not ~/.xmanager.
   db.write_text(f"sql_connector: sqlite\nsql_connection_settings:\n  backend: sqlite\n"
                 f"  db_name: {tmp_path / 'xm.sqlite3'}\n")
-  cmd = [sys.executable, "-m", "launch.launch_xm", "--config", config, f"--xm_db_yaml_config_path={db}", *args]
-  return subprocess.run(cmd, cwd=_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+  return ["--config", config, f"--xm_db_yaml_config_path={db}", *args]
+
+
+def _launch(*args, tmp_path, timeout=60, config=_CONFIG):
+  # One CPU device per process (`_procs.env()`): the fastest setup on a small machine.
+  return _cli_forks.run(*_launch_argv(*args, tmp_path=tmp_path, config=config), cwd=_ROOT, timeout=timeout,
+                        module=_LAUNCHER)
+
+
+def _launch_process(*args, tmp_path, timeout=60):
+  """`_launch` in a new `python -m launch.launch_xm` process."""
+  cmd = [sys.executable, "-m", "launch.launch_xm", *_launch_argv(*args, tmp_path=tmp_path)]
+  return subprocess.run(cmd, cwd=_ROOT, env=_procs.env(), capture_output=True, text=True, timeout=timeout)
 
 
 def _dry_run(tmp_path, *args):
@@ -42,13 +61,29 @@ def _env(container_env):
   return {e["name"]: e.get("value", e.get("valueFrom")) for e in container_env or []}
 
 
+def test_a_forked_launch_reports_what_a_new_launcher_process_reports(tmp_path):
+  """The exit status, stdout and stderr of `python -m launch.launch_xm` are those of `_launch`'s fork: for a
+  dry run, and for a rejected request (absl's usage error: the launcher's flags, then the message)."""
+  base = ("--dry_run", "--image", _IMAGE, "--workdir_root", _BUCKET_ROOT, "--executor", "gke")
+  reals = []
+  for args in (base + ("--num_samplers", "1"), base + ("--config.seed=3",)):
+    real, forked = _launch_process(*args, tmp_path=tmp_path), _launch(*args, tmp_path=tmp_path)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr), args
+    reals.append(real)
+  dry, real = reals
+  assert dry.returncode == 0 and json.loads(dry.stdout)["num_samplers"] == 1, dry.stderr[-2000:]
+  assert real.returncode == 1 and "--workdir_root: Each unit's workdir" in real.stderr, real.stderr[-2000:]
+  assert real.stderr.endswith("overrides of swept key(s) ['seed'], which the sweep itself varies per unit; drop "
+                              "them or take them out of the sweep.\n"), real.stderr[-2000:]
+
+
 @pytest.mark.slow  # A long end-to-end run: `make test-all` (make test's 15-minute budget).
 @pytest.mark.e2e
 def test_local_sweep_learner_and_sampler_processes(tmp_path):
   root = tmp_path / "runs"
-  proc = _launch("--workdir_root", str(root), "--num_samplers", "1", "--config.rl.steps=2",
-                 "--config.runtime.tensorboard=false", "--config.runtime.plot=false", tmp_path=tmp_path,
-                 timeout=420)
+  proc = _launch_process("--workdir_root", str(root), "--num_samplers", "1", "--config.rl.steps=2",
+                         "--config.runtime.tensorboard=false", "--config.runtime.plot=false", tmp_path=tmp_path,
+                         timeout=420)
   assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
   # xm_local streamed each job's output with its job name: one learner and one sampler per work unit.
   for unit in ("u00", "u01"):
