@@ -15,6 +15,7 @@ Requests come on stdin, one JSON line each: {"argv": [...], "cwd": DIR, "env": {
 a signal ended (as subprocess reports it).
 """
 
+import gc
 import importlib
 import json
 import os
@@ -29,6 +30,11 @@ _MODULE = sys.argv[1] if len(sys.argv) > 1 else None  # what a child runs as `py
 cli = importlib.import_module("rlax_post.cli") if _MODULE is None else None
 for _name in sys.argv[2:]:
   importlib.import_module(_name)
+# The objects imported so far outlive every child: frozen, a child's garbage collections and its exit skip them
+# instead of touching each one's header, which copied most of the server's pages into every child (an exit
+# took 0.5 s, 0.1 s now; measured with rlax_post.runtime imported). Collected first: no garbage is frozen.
+gc.collect()
+gc.freeze()
 
 _PROTOCOL = os.fdopen(os.dup(1), "w")  # the answers; fd 1 itself becomes each child's stdout
 
