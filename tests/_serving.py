@@ -1,5 +1,6 @@
 """Helpers of the serving tests: `rlax-post serve` in a subprocess, and a plain greedy reference."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import portpicker
 
+import _cli_forks  # pylint: disable=g-bad-import-order
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import models
 from rlax_post.runtime import _serve
@@ -21,11 +23,22 @@ JS = jetstream_compat.import_jetstream()
 PB = JS.jetstream_pb2
 
 
+def serve_args(workdir, port, *flags, host: str = "127.0.0.1", source: str = "--checkpoint") -> list[str]:
+  """The arguments of `rlax-post serve` of `workdir` given as `source` (--checkpoint: a run's workdir;
+  --hf_path: a Hugging Face checkpoint directory)."""
+  return ["serve", source, str(workdir), "--port", str(port), "--host", host, *flags]
+
+
 def serve_command(workdir, port, *flags, host: str = "127.0.0.1", source: str = "--checkpoint") -> list[str]:
-  """`rlax-post serve` of `workdir` given as `source` (--checkpoint: a run's workdir; --hf_path: a Hugging Face
-  checkpoint directory)."""
-  return [sys.executable, "-m", "rlax_post.cli", "serve", source, str(workdir), "--port", str(port),
-          "--host", host, *flags]
+  """`rlax-post serve` (`serve_args`) as a new process's command line."""
+  return [sys.executable, "-m", "rlax_post.cli", *serve_args(workdir, port, *flags, host=host, source=source)]
+
+
+def serve_error(workdir, *flags, cwd=None):
+  """`rlax-post serve` of `workdir` expected to stop before serving (a bad flag, checkpoint or config), as
+  subprocess.run reports it: forked from the CLI server (`_cli_forks`), which spares each the CLI's import."""
+  return _cli_forks.run(*serve_args(workdir, portpicker.pick_unused_port(), *flags), cwd=cwd or os.getcwd(),
+                        env=ENV)
 
 
 def text_request(text: str, max_tokens: int, **kwargs):

@@ -16,16 +16,15 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 import types
 
+import _cli_forks
 import _runs
 import _serving
 import grpc
 import jax
 import numpy as np
-import portpicker
 import pytest
 
 from rlax_post import models
@@ -54,11 +53,10 @@ def run(tmp_path_factory):
   Every reward of the tiny run is 0 (no advantage, no gradient), so steps 0 and 1 held the same params and a
   server of the wrong step passed; an entropy bonus and a larger learning rate move them (by about 1e-2)."""
   workdir = tmp_path_factory.mktemp("serve") / "run"
-  train = subprocess.run(
-      [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir", str(workdir),
-       "--quiet", "--config.rl.steps=1", "--config.loss.entropy_coef=0.01",
-       "--config.rl.optimizer.learning_rate=0.01"],
-      capture_output=True, text=True, timeout=300, env=_serving.ENV)
+  train = _cli_forks.run(
+      "train", "--config", _CONFIG + ":tiny", "--workdir", workdir, "--quiet", "--config.rl.steps=1",
+      "--config.loss.entropy_coef=0.01", "--config.rl.optimizer.learning_rate=0.01", cwd=os.getcwd(), timeout=300,
+      env=_serving.ENV)
   assert train.returncode == 0, train.stderr[-3000:]
   assert _runs.max_param_change(str(workdir), runtime.load_run_config(str(workdir)), 0, _COMMITTED) > 1e-3
   checkpoints = workdir / "checkpoints"
@@ -240,8 +238,7 @@ def test_the_cli_serves_the_step_it_is_given_and_names_a_missing_one(run, refere
     out = server.close()
   assert got == want and f"Serving step 0 of {run} with JetStream" in out, out[-2000:]
   for step in (_UNCOMMITTED, 7):
-    done = subprocess.run(_serving.serve_command(run, 9, "--step", str(step)), capture_output=True, text=True,
-                          timeout=120, env=_serving.ENV)
+    done = _serving.serve_error(run, "--step", str(step))
     assert done.returncode == 2 and "Serving" not in done.stdout, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (
         f"rlax-post serve: error: Step {step} is not a committed checkpoint of {run}; committed steps: [0, 1].")
@@ -261,8 +258,7 @@ def test_the_cli_sampling_flags_reach_the_engine(run, references):
   for flags, line in [(("--top_p", "0"), "top_p must be a number in (0, 1]; got 0.0."),
                       (("--top_k", "-1"), "top_k must be an int >= 0 (0 keeps every token); got -1."),
                       (("--slots", "0"), "--slots must be an int >= 1 (the server's concurrent decodes); got 0.")]:
-    done = subprocess.run(_serving.serve_command(run, portpicker.pick_unused_port(), *flags), capture_output=True,
-                          text=True, timeout=120, env=_serving.ENV)
+    done = _serving.serve_error(run, *flags)
     assert done.returncode == 2 and "Serving" not in done.stdout, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == f"rlax-post serve: error: {line}"
 
@@ -410,13 +406,13 @@ def test_streamed_text_of_a_checkpoint_tokenizer_keeps_characters_split_across_t
 def lora_run(tmp_path_factory):
   """A tiny LoRA run (rank 4 on q, v, o, up; 2 RL steps that move the adapters)."""
   workdir = tmp_path_factory.mktemp("serve_lora") / "run"
-  train = subprocess.run(
-      [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir", str(workdir),
-       "--quiet", "--config.rl.steps=2", "--config.eval.every=0", "--config.model.lora.rank=4",
-       "--config.model.lora.alpha=8", "--config.model.lora.targets=('q', 'v', 'o', 'up')",
-       "--config.rl.optimizer.learning_rate=0.05", "--config.rl.optimizer.warmup_steps=0",
-       "--config.loss.entropy_coef=0.1"],  # a gradient even where every reward is 0
-      capture_output=True, text=True, timeout=300, env=_serving.ENV)
+  train = _cli_forks.run(
+      "train", "--config", _CONFIG + ":tiny", "--workdir", workdir, "--quiet", "--config.rl.steps=2",
+      "--config.eval.every=0", "--config.model.lora.rank=4", "--config.model.lora.alpha=8",
+      "--config.model.lora.targets=('q', 'v', 'o', 'up')", "--config.rl.optimizer.learning_rate=0.05",
+      "--config.rl.optimizer.warmup_steps=0",
+      "--config.loss.entropy_coef=0.1",  # a gradient even where every reward is 0
+      cwd=os.getcwd(), timeout=300, env=_serving.ENV)
   assert train.returncode == 0, train.stderr[-3000:]
   return workdir
 
@@ -484,10 +480,8 @@ def test_a_checkpoint_of_another_model_is_one_line_naming_it(run, tmp_path):
   cfg["model"]["preset"] = "tiny"
   with open(workdir / "config.json", "w") as f:
     json.dump(cfg, f)
-  serve = subprocess.run(_serving.serve_command(workdir, portpicker.pick_unused_port()), capture_output=True,
-                         text=True, timeout=120, env=_serving.ENV)
-  export = subprocess.run([sys.executable, "-m", "rlax_post.cli", "export", "--workdir", str(workdir), "--out",
-                           str(tmp_path / "hf")], capture_output=True, text=True, timeout=120, env=_serving.ENV)
+  serve = _serving.serve_error(workdir)
+  export = _cli_forks.run("export", "--workdir", workdir, "--out", tmp_path / "hf", cwd=os.getcwd(), env=_serving.ENV)
   for done in (serve, export):
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     assert "partial_restore" not in done.stderr and "strict=False" not in done.stderr, done.stderr[-3000:]
@@ -544,8 +538,7 @@ def test_a_run_trained_from_a_relative_hf_path_names_it_when_served_from_elsewhe
   with open(workdir / "config.json", "w") as f:
     json.dump(cfg, f)
   (tmp_path / "elsewhere").mkdir()
-  done = subprocess.run(_serving.serve_command("../run", portpicker.pick_unused_port()), capture_output=True,
-                        text=True, timeout=120, env=_serving.ENV, cwd=tmp_path / "elsewhere")
+  done = _serving.serve_error("../run", cwd=tmp_path / "elsewhere")
   assert done.returncode == 2 and "Serving" not in done.stdout, done.stderr[-2000:]
   assert done.stderr.strip().splitlines()[-1] == (
       "rlax-post serve: error: ../run was trained from model.hf_path = 'ckpt', a path relative to the directory "
@@ -565,10 +558,10 @@ def unframed_run(tmp_path_factory):
   spec["post_processor"] = None
   with open(os.path.join(checkpoint, "tokenizer.json"), "w") as f:
     json.dump(spec, f)
-  train = subprocess.run(
-      [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir",
-       str(root / "run"), "--quiet", "--config.rl.steps=1", "--config.sft.steps=0", "--config.eval.every=0",
-       f"--config.model.hf_path={checkpoint}"], capture_output=True, text=True, timeout=300, env=_serving.ENV)
+  train = _cli_forks.run(
+      "train", "--config", _CONFIG + ":tiny", "--workdir", root / "run", "--quiet", "--config.rl.steps=1",
+      "--config.sft.steps=0", "--config.eval.every=0", f"--config.model.hf_path={checkpoint}", cwd=os.getcwd(),
+      timeout=300, env=_serving.ENV)
   assert train.returncode == 0, train.stderr[-3000:]
   return root / "run"
 
