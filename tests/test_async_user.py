@@ -3,7 +3,8 @@ outside the repository): the mistakes found by walking through docs/async.md, ea
 that names the bad value and what to do.
 
 One short run of the tiny demo config (`train` in async mode, stopped after its first RL step) serves every
-test here; the samplers are real `rlax-post sampler` processes.
+test here; the samplers and the learner left running are real `rlax-post` processes, the other commands fork from
+the CLI server (`_cli_forks`).
 """
 
 import json
@@ -16,6 +17,7 @@ import time
 
 import pytest
 
+import _cli_forks  # pylint: disable=g-bad-import-order
 import _procs  # pylint: disable=g-bad-import-order
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,8 +29,8 @@ _RUN = ["--config", f"{_DEMO}:tiny", "--config.runtime.mode=async", "--config.rl
 
 
 def _cli(*args, cwd, timeout_s=300):
-  return subprocess.run([sys.executable, "-m", "rlax_post.cli", *map(str, args)], capture_output=True,
-                        text=True, timeout=timeout_s, env=_ENV, cwd=cwd)
+  """`rlax-post *args` in a process of its own, forked from the CLI server (`_cli_forks`: no import each)."""
+  return _cli_forks.run(*args, cwd=cwd, env=_ENV, timeout=timeout_s)
 
 
 def _sampler(workdir, index: int, log):
