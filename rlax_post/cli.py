@@ -94,7 +94,10 @@ _SESSIONS = flags.DEFINE_string("sessions", None, "rescue-eval: RESCUE session f
                                 "of them or a glob); rescue-sim: the directory to write the session files to.")
 _COUNT = flags.DEFINE_integer("count", 100, "rescue-sim: sessions to simulate; rescue-audit: sessions to "
                               "simulate per paraphrase split.")
-_SEED = flags.DEFINE_integer("seed", 0, "rescue-sim, rescue-audit: the first session's seed.")
+_SEED = flags.DEFINE_integer("seed", 0, "rescue-sim, rescue-audit: the first session's seed; serve: the sampling "
+                             "seed (with --temperature > 0: the n-th request since the server started draws from "
+                             "stream n of it, so a restarted server sent the same requests in the same order "
+                             "samples the same tokens).")
 _VARIANTS = flags.DEFINE_enum("variants", "heldout", ["train", "heldout"], "rescue-sim: which paraphrases the "
                               "clients use.")
 _HORIZON = flags.DEFINE_integer("horizon", 4, "rescue-sim, rescue-audit: therapist turns per session.")
@@ -118,11 +121,11 @@ _COMMANDS = {
                      "Print the validated config as JSON (every key; reward functions and options checked too).",
                      ("config",)),
     "serve": ("(--checkpoint RUN_WORKDIR [--step K] | --hf_path DIR [--max_seq_len N]) [--dtype D] [--port 9000] "
-              "[--host 127.0.0.1] [--temperature 0] [--top_p 1] [--top_k 0] [--slots 8]",
+              "[--host 127.0.0.1] [--temperature 0] [--top_p 1] [--top_k 0] [--seed 0] [--slots 8]",
               "Serve a run's newest (or step K's) checkpoint, or a Hugging Face checkpoint directory, with "
               "JetStream's gRPC server.",
               ("checkpoint", "step", "hf_path", "max_seq_len", "dtype", "port", "host", "temperature", "top_p",
-               "top_k", "slots")),
+               "top_k", "seed", "slots")),
     "learner": ("--config FILE[:variant] [--config.a.b=value ...] --workdir DIR [--resume]",
                 "The async learner as its own process; samplers join it through DIR (docs/async.md). SIGTERM, "
                 "Ctrl-C: checkpoint, exit 143 / 130.",
@@ -725,7 +728,7 @@ def _serve(argv):
     raise ValueError(f"--slots must be an int >= 1 (the server's concurrent decodes); got {_SLOTS.value}.")
   options = sampler.ServeOptions(port=_PORT.value, host=_HOST.value, max_concurrent_decodes=_SLOTS.value,
                                  temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value,
-                                 step=_STEP.value)
+                                 seed=_SEED.value, step=_STEP.value)
   if _HF_PATH.value:
     server = runtime.serve_hf(_HF_PATH.value, options, _MAX_SEQ_LEN.value, _DTYPE.value)
     what = f"the Hugging Face checkpoint {_HF_PATH.value}"

@@ -437,7 +437,7 @@ def test_values_of_the_right_type_pass():
     (("serve", "--checkpoint", "nowhere", "--config", "configs/demo.py:sort"),
      "--config is not a flag of `rlax-post serve` (it is read by train, check-config, learner, sweep, "
      "rescue-eval); the flags of serve: ['--checkpoint', '--step', '--hf_path', '--max_seq_len', '--dtype', '--port', "
-     "'--host', '--temperature', '--top_p', '--top_k', '--slots']."),
+     "'--host', '--temperature', '--top_p', '--top_k', '--seed', '--slots']."),
 ], ids=["fidelity --step", "check-config --workdir --resume", "serve --config"])
 def test_a_flag_of_another_command_is_refused(args, message):
   """A flag the command does not read ran as if it were not given: `fidelity --step 2` reported step 3 (the

@@ -247,14 +247,19 @@ def test_the_cli_serves_the_step_it_is_given_and_names_a_missing_one(run, refere
 def test_the_cli_sampling_flags_reach_the_engine(run, references):
   """`serve --top_k/--top_p` (the command took --temperature only, though ServeOptions had both): at
   temperature 1, top_k 1 (and a top_p that keeps only the top token) is the greedy completion, which
-  temperature 1 alone is not; bad values are one line before anything says "Serving"."""
+  temperature 1 alone is not; `--seed` (the default 0) fixes the samples; bad values are one line before
+  anything says "Serving"."""
   def completions(*flags):
     with _serving.ServerProcess(run, flags=flags) as server:
       return [server.decode(_serving.text_request(p, 6)) for p in _GOOD]
   greedy = [references[p] for p in _GOOD]
   assert completions("--temperature", "1", "--top_k", "1") == greedy
   assert completions("--temperature", "1", "--top_p", "1e-6") == greedy
-  assert completions("--temperature", "1") != greedy
+  sampled = completions("--temperature", "1")
+  assert sampled != greedy
+  # --seed: a server started again draws the same samples for the same requests; another seed, others.
+  assert completions("--temperature", "1", "--seed", "0") == sampled
+  assert completions("--temperature", "1", "--seed", "7") != sampled
   for flags, line in [(("--top_p", "0"), "top_p must be a number in (0, 1]; got 0.0."),
                       (("--top_k", "-1"), "top_k must be an int >= 0 (0 keeps every token); got -1."),
                       (("--slots", "0"), "--slots must be an int >= 1 (the server's concurrent decodes); got 0.")]:
