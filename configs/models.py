@@ -261,7 +261,7 @@ def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_co
   # Iterative PPO's rounds (runtime.mode = "rounds"; docs/iterppo.md).
   c.iterppo = dict(episodes=64, round_steps=10, gamma=0.9, q="learned", q_epochs=4, q_batch_size=32,
                    q_holdout=0.2)
-  c.eval = dict(every=20, batch_size=eval_batch)
+  c.eval = dict(every=20, batch_size=eval_batch, samples=4)
   c.checkpoint = dict(every=50, max_to_keep=2)
   c.runtime = dict(mode="async", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,
                    decode_steps_per_sync=8, refill_after=0, prefill_chunk_rows=0, sampler_layers="auto",

@@ -83,7 +83,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Iterative PPO's rounds (runtime.mode = "rounds"; docs/iterppo.md).
   c.iterppo = dict(episodes=64, round_steps=10, gamma=0.9, q="learned", q_epochs=4, q_batch_size=32,
                    q_holdout=0.2)
-  c.eval = dict(every=10, batch_size=32)
+  c.eval = dict(every=10, batch_size=32, samples=4)
   c.checkpoint = dict(every=20, max_to_keep=2)
   c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=False, plot=True, stop_after_steps=0,
                    decode_steps_per_sync=8, refill_after=0, prefill_chunk_rows=0, sampler_layers="auto",

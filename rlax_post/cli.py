@@ -72,7 +72,8 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "train, learner, re
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "train, learner, replay: this process's index (0 .. N-1).")
 _GGUF = flags.DEFINE_string("gguf", None, "convert: a GGUF model file (llama.cpp).")
 _OUT = flags.DEFINE_string("out", None, "convert, export: the Hugging Face checkpoint directory to write (new or "
-                           "empty).")
+                           "empty); evaluate: the JSON Lines file to write, one line per held-out example (a new "
+                           "file; default: RUN_WORKDIR/evaluate/step_K.jsonl).")
 _ARCHITECTURE = flags.DEFINE_string("architecture", None, "export: the Hugging Face architecture to write (default: "
                                     "the model.hf_path's, else the one the model's features name).")
 _DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor written and of config.json's "
@@ -87,8 +88,8 @@ _DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor w
                              "bfloat16 halves the weights' memory).")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
 _BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
-_STEP = flags.DEFINE_integer("step", None, "value, rescue-eval, export, serve: the checkpoint step to evaluate, "
-                             "export or serve (default: the newest).")
+_STEP = flags.DEFINE_integer("step", None, "value, rescue-eval, evaluate, export, serve: the checkpoint step to "
+                             "evaluate, export or serve (default: the newest).")
 # RESCUE (docs/dialogue.md).
 _SESSIONS = flags.DEFINE_string("sessions", None, "rescue-eval: RESCUE session files (a .json file, a directory "
                                 "of them or a glob); rescue-sim: the directory to write the session files to.")
@@ -145,6 +146,10 @@ _COMMANDS = {
     "export": ("--workdir RUN_WORKDIR --out DIR [--step K] [--architecture LlamaForCausalLM] [--dtype bfloat16]",
                "Write a run's policy (LoRA adapters merged) as a Hugging Face checkpoint directory.",
                ("workdir", "out", "step", "architecture", "dtype", "quiet")),
+    "evaluate": ("--workdir RUN_WORKDIR [--step K] [--out FILE.jsonl]",
+                 "Score a run's checkpoint on its held-out set as training does; write each example's prompt, "
+                 "completion and reward.",
+                 ("workdir", "step", "out")),
     "fidelity": ("--workdir DIR [--extra 32] [--batches 1] [--json PATH]",
                  "A role-pipeline run's credit fidelity: Spearman of its credit against sampled ground truth.",
                  ("workdir", "extra", "batches", "json")),
@@ -784,6 +789,33 @@ def _export(argv):
           f"--config.model.hf_path={dirs[0]} trains it.")
 
 
+def _evaluate(argv):
+  del argv
+  workdir = _run_dir(_required(_WORKDIR, "the workdir of the run to evaluate"), "--workdir",
+                     "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
+  step = runtime.checkpoint_step(workdir, _STEP.value)
+  out = _new_file(_local_out(_OUT.value or runtime.samples_path(workdir, step), "--out", "the samples file"), "--out")
+  with _output_dir(os.path.dirname(os.path.abspath(out)), "--out"):
+    result = runtime.evaluate_run(workdir, step=step, out=out)
+  errors = result.get("eval_reward_errors")
+  errors = f" ({errors:.0f} of them scored reward.default: their reward call failed)" if errors else ""
+  logged = result["logged_eval_reward"]
+  logged = "" if logged is None else f"; the run logged {logged:.4f} at this step"
+  print(f"Step {step} of {workdir}: greedy eval reward {result['eval_reward']:.4f} on {result['num_eval']} held-out "
+        f"examples{errors}{logged}. Each example's prompt, completion and reward: {out}")
+
+
+def _new_file(path: str, flag: str) -> str:
+  """`path`, a file to create: refused when something is there already (an earlier output is never replaced)."""
+  if os.path.isdir(path):
+    raise IsADirectoryError(f"{flag} {path!r} is a directory; pass a file path, e.g. "
+                            f"{os.path.join(path, 'samples.jsonl')!r}.")
+  if os.path.exists(path):
+    raise ValueError(f"{flag} {path!r} exists; pass a new file path (an earlier output is not replaced), or remove "
+                     "it.")
+  return path
+
+
 def _dtype(command: str, default: str) -> str | None:
   """--dtype if given (None if not), one of `models.HF_DTYPES`; `default` says what `command` writes without it."""
   dtype = _DTYPE.value
@@ -909,8 +941,8 @@ def _rescue_audit(argv):
 
 _HANDLERS = {"train": _train, "check-config": _check_config, "serve": _serve, "learner": _learner,
              "sampler": _sampler, "replay": _replay, "sweep": _sweep, "convert": _convert, "export": _export,
-             "fidelity": _fidelity, "value": _value, "rescue-sim": _rescue_sim, "rescue-eval": _rescue_eval,
-             "rescue-audit": _rescue_audit}
+             "evaluate": _evaluate, "fidelity": _fidelity, "value": _value, "rescue-sim": _rescue_sim,
+             "rescue-eval": _rescue_eval, "rescue-audit": _rescue_audit}
 
 
 def _run(command: str, handler, args):

@@ -71,6 +71,42 @@ def test_sampler_threads_at_eta_zero_reproduce_inline_sampling_exactly(sync_run,
   assert all(r["staleness_max"] == 0 and r["dropped_stale"] == 0 for r in _rows(tmp_path, "rl"))
   assert all(r["staleness_max"] == 0 and r["dropped_stale"] == 0 for r in _rows(sync_run, "rl"))
   assert _schedule(tmp_path) == _schedule(sync_run)  # The same groups, in the same order, at every step.
+  # What the policy wrote at each evaluation: the same examples, texts and rewards.
+  assert _samples(tmp_path) == _samples(sync_run)
+
+
+def _samples(workdir):
+  return runtime.read_jsonl(os.path.join(workdir, runtime.SAMPLES_FILE))
+
+
+def test_evaluate_scores_a_checkpoint_as_the_run_logged_it_and_writes_every_example(sync_run, tmp_path):
+  """`rlax-post evaluate` (`runtime.evaluate_run`) of the newest checkpoint: the run's own evaluation, so its
+  mean reward is the eval_reward the run logged at that step, exactly; one record per held-out example, whose
+  rewards average to it, the first `eval.samples` of them the ones the run wrote to eval_samples.jsonl then."""
+  workdir = os.fspath(sync_run)
+  step = runtime.checkpoint_step(workdir, None)
+  logged = {r["step"]: r["eval_reward"] for r in _rows(workdir, "eval")}
+  assert step == 4 and sorted(logged) == [0, 4]
+  out = os.fspath(tmp_path / "samples.jsonl")
+  result = runtime.evaluate_run(workdir, step=step, out=out)
+  assert result == {"step": 4, "eval_reward": logged[4], "num_eval": 16, "out": out, "logged_eval_reward": logged[4]}
+  records = runtime.read_jsonl(out)
+  assert [(r["step"], r["example"]) for r in records] == [(4, j) for j in range(16)]
+  assert np.mean([r["reward"] for r in records]) == pytest.approx(logged[4], abs=1e-6)
+  assert any(r["reward"] > 0 for r in records)  # (varied rewards: a wrong policy would not match by chance)
+  written = _samples(workdir)
+  assert [(r["step"], r["example"]) for r in written] == [(s, j) for s in (0, 4) for j in range(4)]
+  assert records[:4] == written[4:]
+  # The text is the rows' ids decoded: the byte tokenizer's prompt (BOS written out) of the task's held-out
+  # prompt, and the completion the reward read (cut at EOS).
+  cfg = runtime.load_run_config(workdir)
+  for r in records[:4]:
+    assert r["prompt"].startswith("<bos>rev ") and r["prompt"].endswith("=")
+    assert set(r) == {"step", "example", "prompt", "completion", "reward", "finished"}
+    assert "<eos>" not in r["completion"] and len(r["completion"].encode()) <= cfg.rl.max_new_tokens
+  with pytest.raises(ValueError, match=r"--step 3: run .* holds no complete checkpoint of that step; its "
+                                       r"complete steps: \[0, 2, 4\]"):
+    runtime.checkpoint_step(workdir, 3)
 
 
 def test_replay_of_an_inline_run_reproduces_it_exactly(sync_run):

@@ -26,7 +26,8 @@ from rlax_post.runtime import _checkpoint
 _ENV = _procs.env()
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEMO = os.path.join(_ROOT, "configs", "demo.py")
-_COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay", "sweep", "convert", "export")
+_COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay", "sweep", "convert", "export",
+             "evaluate")
 _IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
@@ -72,10 +73,11 @@ _OWN_FLAGS = {
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
     "replay": ("--workdir",), "sweep": ("--config", "--workdir", "--parallel", "--json"),
     "convert": ("--gguf", "--out", "--dtype"), "export": ("--workdir", "--out", "--step", "--architecture", "--dtype"),
+    "evaluate": ("--workdir", "--step", "--out"),
 }
 _OTHER_FLAGS = {"train": "--port", "check-config": "--workdir", "serve": "--workdir", "learner": "--index",
                 "sampler": "--config", "replay": "--parallel", "sweep": "--checkpoint", "convert": "--workdir",
-                "export": "--gguf"}
+                "export": "--gguf", "evaluate": "--dtype"}
 
 
 @pytest.mark.parametrize("command", _COMMANDS)
@@ -109,12 +111,15 @@ def test_command_help_shows_a_flag_s_help_for_that_command_without_its_command_l
   hyphen, so --step read "Value, rescue-eval, export, serve: the checkpoint step ..."."""
   step = "The checkpoint step to evaluate, export or serve (default: the newest)."
   helps = {}
-  for command in ("rescue-eval", "export", "serve", "rescue-sim", "train", "convert"):  # one process each
+  for command in ("rescue-eval", "export", "serve", "rescue-sim", "train", "convert", "evaluate"):  # one process each
     out = _cli(command, "--help")
     assert out.returncode == 0 and out.stderr == "", command
     helps[command] = _flag_rows(out.stdout)
-  for command in ("rescue-eval", "export", "serve"):
+  for command in ("rescue-eval", "export", "serve", "evaluate"):
     assert helps[command]["--step"] == step, command
+  assert helps["evaluate"]["--out"] == ("The JSON Lines file to write, one line per held-out example (a new file; "
+                                        "default: RUN_WORKDIR/evaluate/step_K.jsonl).")
+  assert helps["export"]["--out"] == "The Hugging Face checkpoint directory to write (new or empty)."
   rows = helps["rescue-sim"]
   assert rows["--sessions"] == "The directory to write the session files to."
   assert rows["--count"] == "Sessions to simulate. (default: 100)"
@@ -164,8 +169,8 @@ def test_unknown_command_lists_the_valid_ones():
   assert out.returncode == 2 and "Traceback" not in out.stderr
   assert out.stderr.strip() == (
       "rlax-post: error: unknown command 'tran' (did you mean 'train'?); valid commands: ['train', "
-      "'check-config', 'serve', 'learner', 'sampler', 'replay', 'sweep', 'convert', 'export', 'fidelity', 'value', "
-      "'rescue-sim', 'rescue-eval', 'rescue-audit']; `rlax-post --help` describes them.")
+      "'check-config', 'serve', 'learner', 'sampler', 'replay', 'sweep', 'convert', 'export', 'evaluate', 'fidelity', "
+      "'value', 'rescue-sim', 'rescue-eval', 'rescue-audit']; `rlax-post --help` describes them.")
 
 
 # --- Config values and keys ---
@@ -429,7 +434,8 @@ def test_values_of_the_right_type_pass():
 
 @pytest.mark.parametrize("args, message", [
     (("fidelity", "--workdir", "nowhere", "--step", "2"),
-     "--step is not a flag of `rlax-post fidelity` (it is read by serve, export, value, rescue-eval); the flags of "
+     "--step is not a flag of `rlax-post fidelity` (it is read by serve, export, evaluate, value, "
+     "rescue-eval); the flags of "
      "fidelity: ['--workdir', '--extra', '--batches', '--json']."),
     (("check-config", "--config", "configs/demo.py:tiny", "--workdir", "x", "--resume"),
      "--resume is not a flag of `rlax-post check-config` (it is read by train, learner); the flags of "
@@ -717,6 +723,7 @@ _RUN_DIRS = [
     ("fidelity", "--workdir", "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)"),
     ("value", "--workdir", "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)"),
     ("export", "--workdir", "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)"),
+    ("evaluate", "--workdir", "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)"),
 ]
 
 
@@ -908,6 +915,37 @@ def test_export_refuses_a_used_out_directory_and_an_unknown_architecture_or_dtyp
   assert not (tmp_path / "new").exists()
   line = _error(_cli("export", "--workdir", run), "export")
   assert line == "rlax-post export: error: --out is required: the directory to write the Hugging Face checkpoint to."
+
+
+def test_evaluate_names_a_run_without_checkpoints_a_missing_step_and_a_used_out_before_any_jax_work(tmp_path):
+  """`rlax-post evaluate` of a run with no complete checkpoint, of a step it does not hold, or into an --out that
+  exists (an earlier output, or the default of a step evaluated before) or is a directory: one line each, before
+  the run's model is built, and no evaluate/ directory left behind."""
+  run = tmp_path / "run"
+  (run / "checkpoints" / "2").mkdir(parents=True)  # a step without orbax's commit marker: not complete
+  (run / "config.json").write_text(json.dumps({"task": {}, "rl": {}}))
+  line = _error(_cli("evaluate", "--workdir", run), "evaluate")
+  assert line == (f"rlax-post evaluate: error: --workdir {str(run)!r}: {run}/checkpoints holds no complete "
+                  "checkpoint to evaluate; train the run first (its warm start saves step 0).")
+  for step in (0, 4):
+    (run / "checkpoints" / str(step)).mkdir()
+    (run / "checkpoints" / str(step) / "commit_success.txt").write_text("")
+  line = _error(_cli("evaluate", "--workdir", run, "--step", "2"), "evaluate")
+  assert line == (f"rlax-post evaluate: error: --step 2: run {str(run)!r} holds no complete checkpoint of that step; "
+                  "its complete steps: [0, 4].")
+  (run / "evaluate").mkdir()
+  (run / "evaluate" / "step_4.jsonl").write_text("")
+  line = _error(_cli("evaluate", "--workdir", run), "evaluate")  # the newest step's default
+  assert line == (f"rlax-post evaluate: error: --out '{run}/evaluate/step_4.jsonl' exists; pass a new file path (an "
+                  "earlier output is not replaced), or remove it.")
+  line = _error(_cli("evaluate", "--workdir", run, "--step", "0", "--out", tmp_path), "evaluate")
+  assert line == (f"rlax-post evaluate: error: --out {str(tmp_path)!r} is a directory; pass a file path, e.g. "
+                  f"'{tmp_path}/samples.jsonl'.")
+  line = _error(_cli("evaluate", "--workdir", run, "--out", "gs://b/s.jsonl"), "evaluate")
+  assert line == ("rlax-post evaluate: error: --out 'gs://b/s.jsonl' is a URL, but the samples file is written with "
+                  "local file calls; pass a local path, or the bucket's mount path (gcsfuse; Vertex AI: "
+                  "/gcs/BUCKET/...).")
+  assert sorted(os.listdir(run / "evaluate")) == ["step_4.jsonl"]
 
 
 def test_outputs_written_with_local_file_calls_refuse_a_url(tmp_path):

@@ -427,6 +427,9 @@ class IterPPOSection:
 class EvalSection:
   every: int = bounded(20, low=0)  # RL steps between greedy evals (0: only at the start and the end)
   batch_size: int = bounded(256, low=1)
+  # held-out examples whose prompt, completion and reward each evaluation appends to eval_samples.jsonl (and
+  # TensorBoard's text tab): the first ones, the same every time, so a reader follows them through the run
+  samples: int = bounded(4, low=0)
 
 
 @dataclasses.dataclass(frozen=True)

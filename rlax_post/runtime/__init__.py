@@ -13,7 +13,12 @@ from rlax_post.runtime._distributed import ENV_NUM_PROCESSES
 from rlax_post.runtime._distributed import ENV_PROCESS_ID
 from rlax_post.runtime._distributed import initialize as initialize_distributed
 from rlax_post.runtime._distributed import is_primary
+from rlax_post.runtime._eval import checkpoint_step
+from rlax_post.runtime._eval import eval_record
+from rlax_post.runtime._eval import evaluate_run
+from rlax_post.runtime._eval import Evaluation
 from rlax_post.runtime._eval import Evaluator
+from rlax_post.runtime._eval import samples_path
 from rlax_post.runtime._export import export_hf
 from rlax_post.runtime._export import Exported
 from rlax_post.runtime._learn import RLUpdate
@@ -34,6 +39,7 @@ from rlax_post.runtime._loop import train
 from rlax_post.runtime._metrics import MetricsWriter
 from rlax_post.runtime._metrics import plot_curves
 from rlax_post.runtime._metrics import read_jsonl
+from rlax_post.runtime._metrics import SAMPLES_FILE
 from rlax_post.runtime._metrics import write_json
 from rlax_post.runtime._parts import build_parts
 from rlax_post.runtime._parts import check_config
@@ -81,16 +87,17 @@ from rlax_post.runtime._warm_cache import cache_key as warm_start_cache_key
 from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
 __all__ = [
-    "build_parts", "Channels", "check_config", "check_resume_config", "complete_checkpoints", "config_policy", "Credit",
-    "credit_fidelity", "CriticScores", "deferred_signals", "discounted_returns", "DONE_FILE", "ENV_AUTO",
-    "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "Evaluator", "exact_oracle", "ExactOracle", "export_hf",
-    "Exported", "fit_sets", "HarnessOptions", "hold_run", "initialize_distributed", "InlineSource", "is_primary",
-    "is_run_config", "learn", "load_run_config", "load_run_policy", "LoggedSource", "make_source", "mean_return",
-    "MetricsWriter", "ModelPolicy", "pair_rows", "Parts", "plot_curves", "policy_value", "probe_writable",
-    "ProcessSource", "QFunction", "read_jsonl", "read_rounds", "replay", "rescue_audit", "rescue_evaluate", "RLUpdate",
-    "RolloutBatch", "round_dir", "RoundSource", "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory",
-    "run_policy_value", "run_rescue_eval", "run_sampler", "RunCheckpointer", "RunPolicy", "saved_config",
-    "SamplerWorker", "serve", "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "Stopped",
-    "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "transitions_of", "warm_start_cache_entries",
-    "warm_start_cache_key", "write_json"
+    "build_parts", "Channels", "check_config", "check_resume_config", "checkpoint_step", "complete_checkpoints",
+    "config_policy", "Credit", "credit_fidelity", "CriticScores", "deferred_signals", "discounted_returns",
+    "DONE_FILE", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "eval_record", "evaluate_run",
+    "Evaluation", "Evaluator", "exact_oracle", "ExactOracle", "export_hf", "Exported", "fit_sets", "HarnessOptions",
+    "hold_run", "initialize_distributed", "InlineSource", "is_primary", "is_run_config", "learn", "load_run_config",
+    "load_run_policy", "LoggedSource", "make_source", "mean_return", "MetricsWriter", "ModelPolicy", "pair_rows",
+    "Parts", "plot_curves", "policy_value", "probe_writable", "ProcessSource", "QFunction", "read_jsonl",
+    "read_rounds", "replay", "rescue_audit", "rescue_evaluate", "RLUpdate", "RolloutBatch", "round_dir",
+    "RoundSource", "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory", "run_policy_value", "run_rescue_eval",
+    "run_sampler", "RunCheckpointer", "RunPolicy", "SamplerWorker", "SAMPLES_FILE", "samples_path", "saved_config",
+    "serve", "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "Stopped", "take_groups", "Taken",
+    "ThreadSource", "TIMING_METRICS", "train", "transitions_of", "warm_start_cache_entries", "warm_start_cache_key",
+    "write_json"
 ]

@@ -261,8 +261,14 @@ class PrimaryEval:
     return self.scores(params)["eval_reward"]
 
   def scores(self, params) -> dict[str, float]:
+    return self.evaluate(params)[0]
+
+  def evaluate(self, params, samples: int = 0) -> tuple[dict[str, float], list[dict]]:
+    """(scores, records of the first `samples` examples): the local evaluator's `evaluate`, broadcast."""
     host_params = to_host(params)
     payload = None
     if is_primary():
-      payload = json.dumps(self.local_eval.scores(jax.device_put(host_params, self.local_shardings))).encode()
-    return json.loads(broadcast_bytes(payload))
+      scores, records = self.local_eval.evaluate(jax.device_put(host_params, self.local_shardings), samples)
+      payload = json.dumps([scores, records]).encode()
+    scores, records = json.loads(broadcast_bytes(payload))
+    return scores, records

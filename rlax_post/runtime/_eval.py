@@ -1,25 +1,45 @@
-"""The learner's held-out evaluation: greedy (temperature 0) rollouts of the task's held-out tickets.
+"""The learner's held-out evaluation: greedy (temperature 0) rollouts of the task's held-out tickets, and what
+the policy wrote there as records a person reads (`eval_record`).
 
 The same engine, driver and producer as training (`RLTask.producer(split="eval")`, one sample per ticket);
 the score is the mean reward. On a multi-host learner process 0 evaluates on its own devices
-(`_distributed.PrimaryEval`).
+(`_distributed.PrimaryEval`). The records of the first `eval.samples` held-out examples of each evaluation go
+to the run's eval_samples.jsonl (`_metrics.MetricsWriter.write_samples`), and `rlax-post evaluate`
+(`evaluate_run`) writes one per held-out example of a checkpoint: one function builds both.
 """
 
 from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
 from rlax_post import envs
+from rlax_post import rewards
 from rlax_post import sharding
+from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _distributed
+from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _policy
+
+EVALUATE_DIR = "evaluate"  # `rlax-post evaluate`'s default outputs in a run's workdir: step_K.jsonl
+
+
+class Evaluation(NamedTuple):
+  """scores: {"eval_reward", and "eval_reward_errors" where the rows count failed reward calls}; samples: the
+  `eval_record`s of the first held-out examples asked for, in example order."""
+  scores: dict[str, float]
+  samples: list[dict]
 
 
 class Evaluator:
-  """`evaluate(params) -> mean reward` over the task's `num_eval` held-out tickets, `eval.batch_size` at once;
-  `scores(params)` adds, where the task's rows count them (the dataset task), `eval_reward_errors`: the samples
-  whose reward call failed and got `reward.default` (in the mean at that value)."""
+  """`evaluate(params, samples) -> Evaluation` over the task's `num_eval` held-out tickets, `eval.batch_size`
+  at once; `scores(params)` its scores alone: the mean reward and, where the task's rows count them (the dataset
+  task), `eval_reward_errors`: the samples whose reward call failed and got `reward.default` (in the mean at
+  that value)."""
 
   def __init__(self, parts: _parts.Parts):
     self.parts, self.slots = parts, parts.cfg.eval.batch_size
@@ -30,7 +50,10 @@ class Evaluator:
     return self.scores(params)["eval_reward"]
 
   def scores(self, params) -> dict[str, float]:
-    """{"eval_reward": the mean reward, and "eval_reward_errors" where the rows count failed reward calls}."""
+    return self.evaluate(params).scores
+
+  def evaluate(self, params, samples: int = 0) -> Evaluation:
+    """The scores, and the records of the first `samples` held-out examples (all of them when fewer)."""
     producer = self.parts.task.producer(self.engine, params, 0, split="eval")
     try:
       groups = envs.run_tickets(producer, self.examples, slots=self.slots)
@@ -40,7 +63,8 @@ class Evaluator:
     out = {"eval_reward": float(np.mean([float(r["reward"]) for r in rows]))}
     if all("reward_errors" in r for r in rows):
       out["eval_reward_errors"] = float(sum(int(r["reward_errors"]) for r in rows))
-    return out
+    tokenizer, stops = self.parts.tokenizer, self.parts.cfg.rl.stop
+    return Evaluation(out, [eval_record(tokenizer, stops, t, groups[t]) for t in self.examples[:samples]])
 
 
 def make_evaluator(parts: _parts.Parts):
@@ -51,3 +75,88 @@ def make_evaluator(parts: _parts.Parts):
   local = _parts.build_parts(parts.cfg, mesh=local_mesh)
   return _distributed.PrimaryEval(Evaluator(local) if _distributed.is_primary() else None,
                                   local.policy_shardings, num_examples=parts.task.num_eval)
+
+
+def eval_record(tokenizer: Any, stops: tuple[str, ...], example: int, group: list[dict]) -> dict:
+  """What the policy wrote for held-out example `example` (its group's rows; the first is the one scored), as
+  strict JSON: `example`; `data_row` (the dataset task's row index in its files) where the row has it; `prompt`
+  (its ids decoded as the model saw them, special tokens written out); `completion`: a single-turn row's text as
+  the reward read it (decoded to its EOS, special tokens dropped, cut before the first `rl.stop` string), a
+  multi-turn row's whole transcript after the prompt (the policy's messages and the env's observations, special
+  tokens written out); `reward`, `finished`; `reward_error` where the row counts failed reward calls;
+  `components` {name: value or null} where it has reward components (`reward/<name>`); a multi-turn row's
+  `turns` (each policy message as the env read it) and `end_reason`; a group of several rows (a role pipeline's
+  chain: the later roles) `chain`, each later row's `prompt`, `completion` and `reward`."""
+  row = group[0]
+  record: dict[str, Any] = {"example": int(example)}
+  if "data_row" in row:
+    record["data_row"] = int(row["data_row"])
+  record.update(_texts(tokenizer, stops, row, example))
+  record.update(reward=float(row["reward"]), finished=bool(row["finished"]))
+  if "reward_errors" in row:
+    record["reward_error"] = bool(int(row["reward_errors"]))
+  components = {k[len(envs.REWARD_PREFIX):]: float(v) for k, v in row.items() if k.startswith(envs.REWARD_PREFIX)}
+  if components:
+    record["components"] = dict(sorted(components.items()))
+  if "turn_starts" in row:
+    ids = np.asarray(row["tokens"])
+    record["turns"] = [tokenizer.decode(ids[int(s):int(e)], skip_special=True, stop_at_eos=True)
+                       for s, e in zip(row["turn_starts"], row["turn_ends"])]
+    record["end_reason"] = str(row["end_reason"])
+  if len(group) > 1:
+    record["chain"] = [{**_texts(tokenizer, stops, r, example), "reward": float(r["reward"])} for r in group[1:]]
+  return _metrics.strict_json(record)
+
+
+def _texts(tokenizer: Any, stops: tuple[str, ...], row: dict, example: int) -> dict[str, str]:
+  """{"prompt", "completion"} of `row` (`eval_record`); a row without integer `prompt` and `tokens` ids is refused:
+  its text would be made up."""
+  ids = {}
+  for field in ("prompt", "tokens"):
+    value = np.asarray(row.get(field, ()))
+    if field not in row or value.ndim != 1 or (value.size and not np.issubdtype(value.dtype, np.integer)):
+      raise ValueError(f"held-out example {example}: its row holds no token ids in {field!r} (got "
+                       f"{row.get(field)!r:.60}), so it cannot be written as a prompt and a completion; this "
+                       "task's held-out rows are not text samples.")
+    ids[field] = value
+  prompt = tokenizer.decode(ids["prompt"], skip_special=False, stop_at_eos=False)
+  if "turn_starts" in row:
+    completion = tokenizer.decode(ids["tokens"], skip_special=False, stop_at_eos=False)
+  else:
+    completion = rewards.cut_at_stop(tokenizer.decode(ids["tokens"], skip_special=True, stop_at_eos=True), stops)
+  return {"prompt": prompt, "completion": completion}
+
+
+def checkpoint_step(workdir: str, step: int | None) -> int:
+  """`step`, or the newest complete checkpoint of run `workdir` when None; a ValueError naming the complete
+  steps when it is none of them (a listing: nothing is read or created)."""
+  steps = _checkpoint.complete_checkpoints(workdir)
+  if not steps:
+    raise FileNotFoundError(f"--workdir {workdir!r}: {os.path.join(workdir, 'checkpoints')} holds no complete "
+                            "checkpoint to evaluate; train the run first (its warm start saves step 0).")
+  if step is None:
+    return steps[-1]
+  if step not in steps:
+    raise ValueError(f"--step {step}: run {workdir!r} holds no complete checkpoint of that step; its complete "
+                     f"steps: {steps}.")
+  return step
+
+
+def samples_path(workdir: str, step: int) -> str:
+  """`rlax-post evaluate`'s default output for step `step` of run `workdir`: WORKDIR/evaluate/step_K.jsonl."""
+  return os.path.join(workdir, EVALUATE_DIR, f"step_{step}.jsonl")
+
+
+def evaluate_run(workdir: str, *, step: int, out: str) -> dict:
+  """`rlax-post evaluate`: the held-out evaluation the run itself runs (`Evaluator`, its config as saved) of its
+  policy at checkpoint `step`, with one `eval_record` per held-out example (stamped with `step`) written to `out`
+  (a new file, written aside and renamed). Returns {"step", "eval_reward", "eval_reward_errors" where counted,
+  "num_eval", "out", "logged_eval_reward": what the run's metrics.jsonl logged at that step, or None}."""
+  run = _policy.load_run_policy(workdir, step=step)
+  evaluator = Evaluator(run.parts)
+  scores, records = evaluator.evaluate(run.params, samples=len(evaluator.examples))
+  _metrics.write_jsonl(out, _metrics.stamped(run.step, records))
+  logged = [r.get("eval_reward") for r in _metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+            if r.get("phase") == "eval" and r.get("step") == run.step]
+  return {"step": run.step, **scores, "num_eval": len(records), "out": out,
+          "logged_eval_reward": logged[-1] if logged else None}

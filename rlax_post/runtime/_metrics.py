@@ -76,6 +76,16 @@ def truncate_jsonl(path: str, keep) -> None:
   os.replace(tmp, path)
 
 
+def write_jsonl(path: str, rows: Iterable[Mapping[str, Any]]) -> None:
+  """`rows` as a JSON-lines file at `path` (strict JSON; written aside, then renamed over it: never half a
+  file)."""
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    for r in rows:
+      f.write(json.dumps(strict_json(r), allow_nan=False) + "\n")
+  os.replace(tmp, path)
+
+
 def _summary_writer(directory: str):
   from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (optional output; heavy import)
   return SummaryWriter(directory)
@@ -105,7 +115,9 @@ def strict_json(x: Any):
 
 
 class MetricsWriter:
-  """Appends one JSON line per logged step and mirrors scalars to TensorBoard.
+  """Appends one JSON line per logged step and mirrors scalars to TensorBoard; `write_samples` appends an
+  evaluation's records of what the policy wrote (`_eval.eval_record`) to eval_samples.jsonl, one line each, and
+  shows them as one TensorBoard text summary per evaluation (tag `eval/samples`).
 
   On resume, `truncate_after(step)` drops lines logged after the restored checkpoint, so the file describes
   exactly one history, and `rebuild_tensorboard()` rewrites the event files from it (they are append-only:
@@ -116,6 +128,7 @@ class MetricsWriter:
   def __init__(self, workdir: str, *, tensorboard: bool = True, active: bool = True):
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.tb_dir = os.path.join(workdir, "tensorboard")
+    self.samples_path = os.path.join(workdir, SAMPLES_FILE)
     self.active = active
     self._tb = None
     if tensorboard and active:
@@ -130,11 +143,18 @@ class MetricsWriter:
     self._tb = _summary_writer(self.tb_dir)
     for row in self.read():
       self._mirror(row)
+    by_step: dict[int, list[dict]] = {}
+    for record in read_jsonl(self.samples_path):
+      by_step.setdefault(int(record["step"]), []).append(record)
+    for step, records in by_step.items():
+      self._tb.add_text("eval/samples", samples_markdown(records), step)
 
   def truncate_after(self, step: int, phase: str = "rl") -> None:
     if not self.active:
       return
     truncate_jsonl(self.path, lambda r: not (r.get("phase") == phase and r["step"] > step))
+    if phase == "eval":  # The records of the evaluations dropped with their rows.
+      truncate_jsonl(self.samples_path, lambda r: r["step"] <= step)
 
   def write(self, step: int, metrics: Mapping[str, Any], *, phase: str = "rl") -> None:
     if not self.active:
@@ -144,6 +164,18 @@ class MetricsWriter:
     with open(self.path, "a") as f:
       f.write(json.dumps(row) + "\n")
     self._mirror(row)
+
+  def write_samples(self, step: int, records: list[dict]) -> None:
+    """Appends `records` (an evaluation's `_eval.eval_record`s, each stamped with `step` first) to
+    eval_samples.jsonl and shows them in TensorBoard; nothing for no records."""
+    if not self.active or not records:
+      return
+    lines = stamped(step, records)
+    with open(self.samples_path, "a") as f:
+      for r in lines:
+        f.write(json.dumps(strict_json(r), allow_nan=False) + "\n")
+    if self._tb is not None:
+      self._tb.add_text("eval/samples", samples_markdown(lines), int(step))
 
   def _mirror(self, row: Mapping[str, Any]) -> None:
     if self._tb is not None:
@@ -159,7 +191,28 @@ class MetricsWriter:
       self._tb.close()
 
 
-OUTPUT_FILES = ("metrics.jsonl", "summary.json", "curves.png", "schedule.jsonl")  # schedule: async runs
+SAMPLES_FILE = "eval_samples.jsonl"  # the records of each evaluation's first `eval.samples` examples
+# schedule: async runs
+OUTPUT_FILES = ("metrics.jsonl", "summary.json", "curves.png", "schedule.jsonl", SAMPLES_FILE)
+
+
+def stamped(step: int, records: list[dict]) -> list[dict]:
+  """`records` with the RL step of the policy that wrote them first: the lines of eval_samples.jsonl and of
+  `rlax-post evaluate`'s output."""
+  return [{"step": int(step), **r} for r in records]
+
+
+def samples_markdown(records: list[dict]) -> str:
+  """An evaluation's records as TensorBoard's Markdown: per example its reward and whether it finished, then
+  its prompt and completion as code blocks (their text shown as written)."""
+  def block(text: str) -> str:
+    return "\n".join("    " + line for line in str(text).split("\n"))
+  parts = []
+  for r in records:
+    reward = "null" if r.get("reward") is None else f"{r['reward']:.4g}"
+    head = f"**example {r['example']}**: reward {reward}, {'finished' if r.get('finished') else 'not finished'}"
+    parts.append(f"{head}\n\nprompt:\n\n{block(r['prompt'])}\n\ncompletion:\n\n{block(r['completion'])}")
+  return "\n\n---\n\n".join(parts)
 
 
 def clear_outputs(workdir: str) -> None:

@@ -1,6 +1,7 @@
 """A learner run's parts and outputs, built once (`open_run`): what the loop does around each RL step.
 
-Outputs under `workdir`: config.json, metrics.jsonl, tensorboard/, checkpoints/, schedule.jsonl and
+Outputs under `workdir`: config.json, metrics.jsonl, eval_samples.jsonl (what the policy wrote on the first
+`eval.samples` held-out examples at each evaluation), tensorboard/, checkpoints/, schedule.jsonl and
 replay/rows/ (the rows of the steps since the oldest kept checkpoint, for `rlax-post replay`), curves.png,
 summary.json.
 On a multi-host learner process 0 writes the files; every process writes its shards of checkpoints.
@@ -109,7 +110,8 @@ class Run:
   parts: _parts.Parts
   workdir: str
   update: _learn.RLUpdate
-  evaluate: Callable[[Any], dict[str, float]]  # params -> {'eval_reward': ..., ...} (`_eval.Evaluator.scores`)
+  # (params, samples) -> ({'eval_reward': ..., ...}, the first `samples` examples' records): `Evaluator.evaluate`
+  evaluate: Callable[[Any, int], tuple[dict[str, float], list[dict]]]
   ckpt: _checkpoint.RunCheckpointer
   metrics: _metrics.MetricsWriter
   log: _rowlog.RolloutLog
@@ -170,11 +172,12 @@ class Run:
     return Start(state, ref_params, 0, history)
 
   def evaluate_logged(self, step: int | None, state) -> float:
-    """The held-out evaluation of `state`'s policy, its scores written as step `step`'s eval row (None: not
-    written); its mean reward."""
-    scores = self.evaluate(self.update.policy(state))
+    """The held-out evaluation of `state`'s policy, its scores written as step `step`'s eval row and the records
+    of its first `eval.samples` examples to eval_samples.jsonl (None: neither written); its mean reward."""
+    scores, samples = self.evaluate(self.update.policy(state), 0 if step is None else self.cfg.eval.samples)
     if step is not None:
       self.metrics.write(step, scores, phase="eval")
+      self.metrics.write_samples(step, samples)
     return scores["eval_reward"]
 
   def steps(self, first: int):
@@ -411,7 +414,7 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool, quiet: bool) ->
   if primary:
     for cut in _learners.warmup_cuts(cfg):
       ui.warn(cut)
-  return Run(parts=parts, workdir=workdir, update=_learn.RLUpdate(parts), evaluate=_eval.make_evaluator(parts).scores,
+  return Run(parts=parts, workdir=workdir, update=_learn.RLUpdate(parts), evaluate=_eval.make_evaluator(parts).evaluate,
              ckpt=ckpt, metrics=_metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard,
                                                        active=primary),
              log=_rowlog.RolloutLog(workdir, active=primary), ui=ui, latest=latest, t_start=t_start,
