@@ -562,8 +562,8 @@ def _print_summary(summary, *, warm_start: bool = True):
 
 def _outputs(workdir: str) -> list[str]:
   """The run's outputs that `workdir` holds: curves.png and tensorboard/ are off with runtime.plot /
-  runtime.tensorboard = False (the line named them anyway)."""
-  names = ("summary.json", "metrics.jsonl", "curves.png", "tensorboard/", "checkpoints/")
+  runtime.tensorboard = False (the line named them anyway), eval_samples.jsonl with eval.samples = 0."""
+  names = ("summary.json", "metrics.jsonl", runtime.SAMPLES_FILE, "curves.png", "tensorboard/", "checkpoints/")
   if "://" in workdir:
     return list(names)
   return [name for name in names if os.path.exists(os.path.join(workdir, name.rstrip("/")))]

@@ -840,10 +840,11 @@ def test_the_outputs_line_names_only_the_outputs_the_run_wrote(tmp_path, capsys)
       f"Outputs in {tmp_path}: summary.json, metrics.jsonl, checkpoints/\n")
   (tmp_path / "curves.png").write_bytes(b"")
   (tmp_path / "tensorboard").mkdir()
+  (tmp_path / "eval_samples.jsonl").write_text("")
   cli._print_summary({"initial_eval_reward": 0.0, "final_eval_reward": 0.0, "num_eval_prompts": 1,
                       "wall_seconds": 1.0, "workdir": str(tmp_path)})
-  assert capsys.readouterr().out.endswith(
-      f"Outputs in {tmp_path}: summary.json, metrics.jsonl, curves.png, tensorboard/, checkpoints/\n")
+  assert capsys.readouterr().out.endswith(f"Outputs in {tmp_path}: summary.json, metrics.jsonl, eval_samples.jsonl, "
+                                          "curves.png, tensorboard/, checkpoints/\n")
 
 
 def test_a_run_stopped_early_says_so_and_how_to_continue(tmp_path, capsys):

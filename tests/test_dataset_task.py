@@ -410,6 +410,16 @@ def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_pa
   assert [(r["step"], r["eval_reward_errors"], r["eval_reward"]) for r in evals] == [
       (0, 3.0, pytest.approx(-0.2)), (2, 3.0, pytest.approx(-0.2))]
   assert summary["final_eval_reward"] == pytest.approx(-0.2)
+  # `rlax-post evaluate` of step 2: the logged scores, and per held-out row its index in its file, whether its
+  # reward call failed and the reward it got (the run's eval_samples.jsonl holds the first 4 of the same).
+  result = runtime.evaluate_run(workdir, step=2, out=str(tmp_path / "s.jsonl"))
+  assert (result["eval_reward"], result["eval_reward_errors"], result["logged_eval_reward"]) == (
+      evals[1]["eval_reward"], 3.0, evals[1]["eval_reward"])
+  records = runtime.read_jsonl(str(tmp_path / "s.jsonl"))
+  assert [(r["data_row"], r["reward_error"], r["reward"]) for r in records] == [
+      (j, j % 2 == 0, -1.0 if j % 2 == 0 else 1.0) for j in range(5)]
+  assert [r["prompt"] for r in records] == [f"<bos>{100 + j}+1=" for j in range(5)]
+  assert runtime.read_jsonl(os.path.join(workdir, runtime.SAMPLES_FILE))[4:] == records[:4]
   # `rlax-post export` and `replay` read the checkpoints (and logged rows) alone: with the reward module and the
   # data files gone (or relative to another directory) export writes the run's policy and replay matches the
   # log; both failed on the missing reward file until 2026-12-05.
