@@ -52,7 +52,8 @@ def test_a_role_pipeline_s_chain_follows_its_first_role():
   record = runtime.eval_record(_TOK, (), 5, rows)
   assert record == {"example": 5, "prompt": "<bos>A: abc\n", "completion": "cba", "reward": 1.0, "finished": True,
                     "components": {"writer_correct": 1.0},
-                    "chain": [{"prompt": "<bos>B: cba\n", "completion": "CBA", "reward": 1.0}]}
+                    "chain": [{"prompt": "<bos>B: cba\n", "completion": "CBA", "reward": 1.0,
+                               "components": {"reader_correct": 1.0}}]}
 
 
 def test_a_row_without_token_ids_is_refused_not_made_up():

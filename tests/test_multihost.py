@@ -221,6 +221,10 @@ def test_two_process_learner_matches_one_process(tmp_path):
   by_phase = {ph: [r["step"] for r in rows if r["phase"] == ph] for ph in ("sft", "rl", "eval")}
   assert by_phase == {"sft": [1, 2, 3, 4], "rl": [1, 2, 3], "eval": [0, 3]}  # (runtime.log_every = 1)
   assert len(glob.glob(os.path.join(workdir, "tensorboard", "events.*"))) == 1
+  # Each evaluation's records once (process 0 evaluated and wrote them; the others got them broadcast).
+  samples = runtime.read_jsonl(os.path.join(workdir, runtime.SAMPLES_FILE))
+  examples = min(runtime.load_run_config(workdir).eval.samples, runtime.load_run_config(workdir).task.num_eval)
+  assert [(r["step"], r["example"]) for r in samples] == [(s, j) for s in (0, 3) for j in range(examples)]
   with open(os.path.join(workdir, "schedule.jsonl")) as f:
     assert [json.loads(line)["step"] for line in f] == [1, 2, 3]
   with open(os.path.join(workdir, "summary.json")) as f:
@@ -232,7 +236,7 @@ def test_two_process_learner_matches_one_process(tmp_path):
   eval_lines = [[l for l in log.splitlines() if l.startswith("Greedy eval reward on ")] for log in logs]
   assert len(eval_lines[0]) == 1 and [l.rsplit(" in ", 1)[0] for l in eval_lines[1]] == [
       eval_lines[0][0].rsplit(" in ", 1)[0]]  # (the same figures; each process its own seconds)
-  outputs = "summary.json, metrics.jsonl, tensorboard/, checkpoints/"  # (runtime.plot = False: no curves.png)
+  outputs = "summary.json, metrics.jsonl, eval_samples.jsonl, tensorboard/, checkpoints/"  # (no curves.png: plot off)
   assert f"Outputs in {os.path.abspath(workdir)}: {outputs}\n" in logs[0], logs[0][-2000:]
   assert "Outputs in" not in logs[1], logs[1][-2000:]
 

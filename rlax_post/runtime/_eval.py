@@ -86,7 +86,7 @@ def eval_record(tokenizer: Any, stops: tuple[str, ...], example: int, group: lis
   tokens written out); `reward`, `finished`; `reward_error` where the row counts failed reward calls;
   `components` {name: value or null} where it has reward components (`reward/<name>`); a multi-turn row's
   `turns` (each policy message as the env read it) and `end_reason`; a group of several rows (a role pipeline's
-  chain: the later roles) `chain`, each later row's `prompt`, `completion` and `reward`."""
+  chain: the later roles) `chain`, each later row's `prompt`, `completion`, `reward` and `components`."""
   row = group[0]
   record: dict[str, Any] = {"example": int(example)}
   if "data_row" in row:
@@ -95,17 +95,22 @@ def eval_record(tokenizer: Any, stops: tuple[str, ...], example: int, group: lis
   record.update(reward=float(row["reward"]), finished=bool(row["finished"]))
   if "reward_errors" in row:
     record["reward_error"] = bool(int(row["reward_errors"]))
-  components = {k[len(envs.REWARD_PREFIX):]: float(v) for k, v in row.items() if k.startswith(envs.REWARD_PREFIX)}
-  if components:
-    record["components"] = dict(sorted(components.items()))
+  record.update(_components(row))
   if "turn_starts" in row:
     ids = np.asarray(row["tokens"])
     record["turns"] = [tokenizer.decode(ids[int(s):int(e)], skip_special=True, stop_at_eos=True)
                        for s, e in zip(row["turn_starts"], row["turn_ends"])]
     record["end_reason"] = str(row["end_reason"])
   if len(group) > 1:
-    record["chain"] = [{**_texts(tokenizer, stops, r, example), "reward": float(r["reward"])} for r in group[1:]]
+    record["chain"] = [{**_texts(tokenizer, stops, r, example), "reward": float(r["reward"]), **_components(r)}
+                       for r in group[1:]]
   return _metrics.strict_json(record)
+
+
+def _components(row: dict) -> dict[str, dict[str, float]]:
+  """{"components": the row's reward components by name} where it has any (`reward/<name>` fields), else {}."""
+  found = {k[len(envs.REWARD_PREFIX):]: float(v) for k, v in row.items() if k.startswith(envs.REWARD_PREFIX)}
+  return {"components": dict(sorted(found.items()))} if found else {}
 
 
 def _texts(tokenizer: Any, stops: tuple[str, ...], row: dict, example: int) -> dict[str, str]:
