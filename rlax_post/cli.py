@@ -798,7 +798,7 @@ def _evaluate(argv):
   with _output_dir(os.path.dirname(os.path.abspath(out)), "--out"):
     result = runtime.evaluate_run(workdir, step=step, out=out)
   errors = result.get("eval_reward_errors")
-  errors = f" ({errors:.0f} of them scored reward.default: their reward call failed)" if errors else ""
+  errors = "" if errors is None else f" ({errors:.0f} of them scored reward.default: their reward call failed)"
   logged = result["logged_eval_reward"]
   logged = "" if logged is None else f"; the run logged {logged:.4f} at this step"
   print(f"Step {step} of {workdir}: greedy eval reward {result['eval_reward']:.4f} on {result['num_eval']} held-out "
