@@ -789,6 +789,9 @@ def _export(argv):
           f"--config.model.hf_path={dirs[0]} trains it.")
 
 
+_EVAL_COMPONENT = "eval_reward/"  # `runtime.evaluate_run`'s reward component means: eval_reward/<name>
+
+
 def _evaluate(argv):
   del argv
   workdir = _run_dir(_required(_WORKDIR, "the workdir of the run to evaluate"), "--workdir",
@@ -797,12 +800,21 @@ def _evaluate(argv):
   out = _new_file(_local_out(_OUT.value or runtime.samples_path(workdir, step), "--out", "the samples file"), "--out")
   with _output_dir(os.path.dirname(os.path.abspath(out)), "--out"):
     result = runtime.evaluate_run(workdir, step=step, out=out)
+  print(evaluate_line(workdir, result))
+
+
+def evaluate_line(workdir: str, result: dict) -> str:
+  """`rlax-post evaluate`'s one line of `runtime.evaluate_run`'s `result`: the step, the mean reward, the failed
+  reward calls where counted, each reward component's mean (over the calls that succeeded), what the run logged."""
   errors = result.get("eval_reward_errors")
   errors = "" if errors is None else f" ({errors:.0f} of them scored reward.default: their reward call failed)"
+  parts = ", ".join(f"{k[len(_EVAL_COMPONENT):]} {v:.4f}" for k, v in result.items() if k.startswith(_EVAL_COMPONENT))
+  parts = parts and f"; component means {parts}" + (" (over the others)" if result.get("eval_reward_errors") else "")
   logged = result["logged_eval_reward"]
   logged = "" if logged is None else f"; the run logged {logged:.4f} at this step"
-  print(f"Step {step} of {workdir}: greedy eval reward {result['eval_reward']:.4f} on {result['num_eval']} held-out "
-        f"examples{errors}{logged}. Each example's prompt, completion and reward: {out}")
+  return (f"Step {result['step']} of {workdir}: greedy eval reward {result['eval_reward']:.4f} on "
+          f"{result['num_eval']} held-out examples{errors}{parts}{logged}. Each example's prompt, completion and "
+          f"reward: {result['out']}")
 
 
 def _new_file(path: str, flag: str) -> str:

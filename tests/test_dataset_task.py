@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from rlax_post import cli
 from rlax_post import config
 from rlax_post import data
 from rlax_post import envs
@@ -382,42 +383,63 @@ def test_env_rows_start_from_the_rendered_prompt_and_fit_the_engine(tmp_path, pr
 
 def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_path):
   """A reward that raised or timed out on held-out rows pulled `eval_reward` down with nothing counting it
-  (`reward_errors` was a train metric only); the evaluation's scores now carry `eval_reward_errors`."""
+  (`reward_errors` was a train metric only); the evaluation's scores now carry `eval_reward_errors`, and the
+  mean of each reward component (`eval_reward/<name>`) over the rows whose call succeeded (the run logged
+  only the total until 2026-12-05)."""
   (tmp_path / "picky.py").write_text("def score(sample):\n"
                                      "  if sample.answer % 2:\n"
                                      "    raise ValueError(f'odd answer {sample.answer}')\n"
-                                     "  return 1.0\n")
+                                     "  return {'total': 1.0, 'digit': sample.answer % 10 / 10}\n"
+                                     "def bonus(sample):\n"
+                                     "  return float(sample.answer == 104)\n")
   train, held = tmp_path / "t.jsonl", tmp_path / "e.jsonl"
   data.write_jsonl(str(train), _rows(4))
   data.write_jsonl(str(held), _rows(5, 100))  # answers 101..105: three odd ones fail
   cfg = config.load({
       "task": {"name": "dataset", "num_eval": 5},
       "data": {"train": str(train), "eval": str(held), "max_prompt_tokens": 16, "shuffle": False},
-      "reward": {"fn": f"{tmp_path}/picky.py:score", "default": -1.0},
+      "reward": {"fn": f"{tmp_path}/picky.py:score,{tmp_path}/picky.py:bonus", "weights": [1.0, 0.5],
+                 "default": -1.0},
       "model": {"preset": "micro", "max_seq_len": 24}, "sft": {"steps": 0}, "eval": {"batch_size": 8},
       "rl": {"steps": 2, "prompts_per_step": 1, "samples_per_prompt": 8, "max_new_tokens": 4},
       "checkpoint": {"every": 1}, "runtime": {"progress": False, "tensorboard": False, "plot": False}})
   parts = runtime.build_parts(cfg)
   evaluate = runtime.Evaluator(parts)
   params = models.init_params(parts.model_cfg, jax.random.key(0))[1]
-  assert evaluate.scores(params) == {"eval_reward": pytest.approx((2 * 1.0 + 3 * -1.0) / 5),
-                                     "eval_reward_errors": 3.0}
-  assert evaluate(params) == pytest.approx(-0.2)
-  # A run writes them to its eval rows (metrics.jsonl, TensorBoard); a random policy's answers do not matter.
+  # 102: 1.0 (digit 0.2, bonus 0); 104: 1.0 + 0.5 * 1 (digit 0.4, bonus 1); 101, 103, 105: the default -1.0,
+  # out of the component means. (A random policy's answers do not matter: the reward reads the row's answer.)
+  scores = {"eval_reward": pytest.approx((1.0 + 1.5 + 3 * -1.0) / 5), "eval_reward_errors": 3.0,
+            "eval_reward/bonus": 0.5, "eval_reward/score": 1.0, "eval_reward/score/digit": pytest.approx(0.3)}
+  assert evaluate.scores(params) == scores
+  assert evaluate(params) == pytest.approx(-0.1)
+  # A run writes them to its eval rows (metrics.jsonl, TensorBoard).
   workdir = str(tmp_path / "run")
   summary = runtime.train(cfg, workdir, quiet=True)
   evals = [r for r in runtime.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["phase"] == "eval"]
-  assert [(r["step"], r["eval_reward_errors"], r["eval_reward"]) for r in evals] == [
-      (0, 3.0, pytest.approx(-0.2)), (2, 3.0, pytest.approx(-0.2))]
-  assert summary["final_eval_reward"] == pytest.approx(-0.2)
+  assert [r["step"] for r in evals] == [0, 2]
+  assert [{k: v for k, v in r.items() if k.startswith("eval_")} for r in evals] == [scores, scores]
+  assert summary["final_eval_reward"] == pytest.approx(-0.1)
   # `rlax-post evaluate` of step 2: the logged scores, and per held-out row its index in its file, whether its
-  # reward call failed and the reward it got (the run's eval_samples.jsonl holds the first 4 of the same).
-  result = runtime.evaluate_run(workdir, step=2, out=str(tmp_path / "s.jsonl"))
-  assert (result["eval_reward"], result["eval_reward_errors"], result["logged_eval_reward"]) == (
-      evals[1]["eval_reward"], 3.0, evals[1]["eval_reward"])
-  records = runtime.read_jsonl(str(tmp_path / "s.jsonl"))
+  # reward call failed, the reward it got and its components (null where it failed), whose means over the rows
+  # with a value are the logged ones (the run's eval_samples.jsonl holds the first 4 of the same).
+  out = str(tmp_path / "s.jsonl")
+  result = runtime.evaluate_run(workdir, step=2, out=out)
+  assert result == {"step": 2, **scores, "num_eval": 5, "out": out, "logged_eval_reward": evals[1]["eval_reward"]}
+  assert result["eval_reward"] == evals[1]["eval_reward"]
+  records = runtime.read_jsonl(out)
   assert [(r["data_row"], r["reward_error"], r["reward"]) for r in records] == [
-      (j, j % 2 == 0, -1.0 if j % 2 == 0 else 1.0) for j in range(5)]
+      (j, j % 2 == 0, -1.0 if j % 2 == 0 else 1.0 + 0.5 * (j == 3)) for j in range(5)]
+  # (A failed call has no components: a held-out example is a group of one, so no name is known for its row.)
+  assert [r.get("components") for r in records] == [
+      None, {"bonus": 0.0, "score": 1.0, "score/digit": pytest.approx(0.2)}, None,
+      {"bonus": 1.0, "score": 1.0, "score/digit": pytest.approx(0.4)}, None]
+  for name in ("bonus", "score", "score/digit"):
+    known = [r["components"][name] for r in records if r["reward_error"] is False]
+    assert evals[1][f"eval_reward/{name}"] == pytest.approx(np.mean(known), abs=1e-6)
+  assert cli.evaluate_line(workdir, result) == (
+      f"Step 2 of {workdir}: greedy eval reward -0.1000 on 5 held-out examples (3 of them scored reward.default: "
+      "their reward call failed); component means bonus 0.5000, score 1.0000, score/digit 0.3000 (over the "
+      f"others); the run logged -0.1000 at this step. Each example's prompt, completion and reward: {out}")
   assert [r["prompt"] for r in records] == [f"<bos>{100 + j}+1=" for j in range(5)]
   assert runtime.read_jsonl(os.path.join(workdir, runtime.SAMPLES_FILE))[4:] == records[:4]
   # `rlax-post export` and `replay` read the checkpoints (and logged rows) alone: with the reward module and the

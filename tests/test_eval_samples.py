@@ -32,6 +32,18 @@ def test_a_single_turn_row_s_completion_is_the_text_its_reward_read():
   assert runtime.eval_record(_TOK, (), 3, [row])["completion"] == "5 ## more"
 
 
+def test_eval_component_means_leave_out_the_rows_without_a_value():
+  """Each reward component's mean over the held-out rows with a value, as `eval_reward/<name>`: a failed call's
+  NaN and a row without the field (a tree's inner node) are left out, as the training rows' `reward/<name>`;
+  a component no row has a value of is left out; rows without components give none."""
+  rows = [{"reward": 1.0, "reward/format": 0.5, "reward/answer": 1.0, "reward/none": np.nan},
+          {"reward": -1.0, "reward/format": np.float32(np.nan), "reward/answer": np.nan, "reward/none": np.nan},
+          {"reward": 0.0, "reward/format": 0.25},
+          {"reward": 0.2, "reward/format": 0.0, "reward/answer": 0.0}]
+  assert runtime.eval_component_means(rows) == {"eval_reward/answer": 0.5, "eval_reward/format": 0.25}
+  assert runtime.eval_component_means([{"reward": 1.0}]) == {}
+
+
 def test_a_multi_turn_row_shows_its_transcript_and_each_message_as_the_env_read_it():
   first, obs, second = _ids("look", eos=True), _ids("\nfound 3\n"), _ids("answer 3", eos=True)
   tokens = np.concatenate([first, obs, second])

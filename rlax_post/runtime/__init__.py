@@ -14,6 +14,7 @@ from rlax_post.runtime._distributed import ENV_PROCESS_ID
 from rlax_post.runtime._distributed import initialize as initialize_distributed
 from rlax_post.runtime._distributed import is_primary
 from rlax_post.runtime._eval import checkpoint_step
+from rlax_post.runtime._eval import eval_component_means
 from rlax_post.runtime._eval import eval_record
 from rlax_post.runtime._eval import evaluate_run
 from rlax_post.runtime._eval import Evaluation
@@ -89,7 +90,8 @@ from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 __all__ = [
     "build_parts", "Channels", "check_config", "check_resume_config", "checkpoint_step", "complete_checkpoints",
     "config_policy", "Credit", "credit_fidelity", "CriticScores", "deferred_signals", "discounted_returns",
-    "DONE_FILE", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "eval_record", "evaluate_run",
+    "DONE_FILE", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "eval_component_means",
+    "eval_record", "evaluate_run",
     "Evaluation", "Evaluator", "exact_oracle", "ExactOracle", "export_hf", "Exported", "fit_sets", "HarnessOptions",
     "hold_run", "initialize_distributed", "InlineSource", "is_primary", "is_run_config", "learn", "load_run_config",
     "load_run_policy", "LoggedSource", "make_source", "mean_return", "MetricsWriter", "ModelPolicy", "pair_rows",

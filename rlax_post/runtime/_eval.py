@@ -2,7 +2,8 @@
 the policy wrote there as records a person reads (`eval_record`).
 
 The same engine, driver and producer as training (`RLTask.producer(split="eval")`, one sample per ticket);
-the score is the mean reward. On a multi-host learner process 0 evaluates on its own devices
+the score is the mean reward, and where the rows have reward components (`reward/<name>`) the mean of each as
+`eval_reward/<name>` (`eval_component_means`). On a multi-host learner process 0 evaluates on its own devices
 (`_distributed.PrimaryEval`). The records of the first `eval.samples` held-out examples of each evaluation go
 to the run's eval_samples.jsonl (`_metrics.MetricsWriter.write_samples`), and `rlax-post evaluate`
 (`evaluate_run`) writes one per held-out example of a checkpoint: one function builds both.
@@ -29,8 +30,9 @@ EVALUATE_DIR = "evaluate"  # `rlax-post evaluate`'s default outputs in a run's w
 
 
 class Evaluation(NamedTuple):
-  """scores: {"eval_reward", and "eval_reward_errors" where the rows count failed reward calls}; samples: the
-  `eval_record`s of the first held-out examples asked for, in example order."""
+  """scores: {"eval_reward", "eval_reward_errors" where the rows count failed reward calls, and
+  "eval_reward/<name>" per reward component (`eval_component_means`)}; samples: the `eval_record`s of the first
+  held-out examples asked for, in example order."""
   scores: dict[str, float]
   samples: list[dict]
 
@@ -39,7 +41,7 @@ class Evaluator:
   """`evaluate(params, samples) -> Evaluation` over the task's `num_eval` held-out tickets, `eval.batch_size`
   at once; `scores(params)` its scores alone: the mean reward and, where the task's rows count them (the dataset
   task), `eval_reward_errors`: the samples whose reward call failed and got `reward.default` (in the mean at
-  that value)."""
+  that value); where they have reward components, each one's mean (`eval_component_means`)."""
 
   def __init__(self, parts: _parts.Parts):
     self.parts, self.slots = parts, parts.cfg.eval.batch_size
@@ -63,8 +65,23 @@ class Evaluator:
     out = {"eval_reward": float(np.mean([float(r["reward"]) for r in rows]))}
     if all("reward_errors" in r for r in rows):
       out["eval_reward_errors"] = float(sum(int(r["reward_errors"]) for r in rows))
+    out.update(eval_component_means(rows))
     tokenizer, stops = self.parts.tokenizer, self.parts.cfg.rl.stop
     return Evaluation(out, [eval_record(tokenizer, stops, t, groups[t]) for t in self.examples[:samples]])
+
+
+def eval_component_means(rows: list[dict]) -> dict[str, float]:
+  """{"eval_reward/<name>": the mean of reward component `reward/<name>` over the `rows` that have a value}, by
+  name: as the training rows' `reward/<name>` metrics (`_batch.row_metric_values`), a row whose reward call
+  failed (NaN: it got `reward.default`, which has no components) or that lacks the field is left out of that
+  component's mean, and a component no row has a value of is left out. So where calls failed the weighted sum of
+  the means is not `eval_reward`, which counts those rows at `reward.default`."""
+  out = {}
+  for name in sorted({k for row in rows for k in row if k.startswith(envs.REWARD_PREFIX)}):
+    values = np.asarray([float(row.get(name, np.nan)) for row in rows], np.float64)
+    if not np.all(np.isnan(values)):
+      out[f"eval_{name}"] = float(np.nanmean(values))
+  return out
 
 
 def make_evaluator(parts: _parts.Parts):
@@ -156,7 +173,8 @@ def evaluate_run(workdir: str, *, step: int, out: str) -> dict:
   """`rlax-post evaluate`: the held-out evaluation the run itself runs (`Evaluator`, its config as saved) of its
   policy at checkpoint `step`, with one `eval_record` per held-out example (stamped with `step`) written to `out`
   (a new file, written aside and renamed). Returns {"step", "eval_reward", "eval_reward_errors" where counted,
-  "num_eval", "out", "logged_eval_reward": what the run's metrics.jsonl logged at that step, or None}."""
+  "eval_reward/<name>" per reward component, "num_eval", "out", "logged_eval_reward": what the run's
+  metrics.jsonl logged at that step, or None}."""
   run = _policy.load_run_policy(workdir, step=step)
   evaluator = Evaluator(run.parts)
   scores, records = evaluator.evaluate(run.params, samples=len(evaluator.examples))
