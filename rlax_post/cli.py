@@ -121,6 +121,10 @@ _COMMANDS = {
     "check-config": ("--config FILE[:variant] [--config.a.b=value ...]",
                      "Print the validated config as JSON (every key; reward functions and options checked too).",
                      ("config",)),
+    "check-data": ("--config FILE[:variant] [--config.a.b=value ...]",
+                   "Read every row of the dataset task's train and held-out files as the run would; count the "
+                   "usable, truncated and malformed ones (exit 1 if the run would stop on one).",
+                   ("config",)),
     "serve": ("(--checkpoint RUN_WORKDIR [--step K] | --hf_path DIR [--max_seq_len N]) [--dtype D] [--port 9000] "
               "[--host 127.0.0.1] [--temperature 0] [--top_p 1] [--top_k 0] [--seed 0] [--slots 8]",
               "Serve a run's newest (or step K's) checkpoint, or a Hugging Face checkpoint directory, with "
@@ -708,6 +712,16 @@ def _check_config(argv):
   _print_out(json.dumps(runtime.saved_config(cfg), indent=2, allow_nan=False))
 
 
+def _check_data(argv):
+  """Reads every row of the dataset task's files through the run's checks and rendering (`runtime.check_data`)
+  and prints the counts; exits 1 when a malformed row would stop the run or a split has no usable row."""
+  del argv
+  checked = runtime.check_data(_load_config())
+  _print_out("\n".join(checked.lines()))
+  if not checked.ok:
+    sys.exit(1)
+
+
 def _print_out(text: str) -> None:
   """Prints `text` to stdout; a reader that stops early (`| head`, `| true`) ends the command quietly with
   status 1, as Python's docs advise, not in a BrokenPipeError traceback."""
@@ -951,10 +965,10 @@ def _rescue_audit(argv):
                                    max_context_rows=_context_rows()))
 
 
-_HANDLERS = {"train": _train, "check-config": _check_config, "serve": _serve, "learner": _learner,
-             "sampler": _sampler, "replay": _replay, "sweep": _sweep, "convert": _convert, "export": _export,
-             "evaluate": _evaluate, "fidelity": _fidelity, "value": _value, "rescue-sim": _rescue_sim,
-             "rescue-eval": _rescue_eval, "rescue-audit": _rescue_audit}
+_HANDLERS = {"train": _train, "check-config": _check_config, "check-data": _check_data, "serve": _serve,
+             "learner": _learner, "sampler": _sampler, "replay": _replay, "sweep": _sweep, "convert": _convert,
+             "export": _export, "evaluate": _evaluate, "fidelity": _fidelity, "value": _value,
+             "rescue-sim": _rescue_sim, "rescue-eval": _rescue_eval, "rescue-audit": _rescue_audit}
 
 
 def _run(command: str, handler, args):

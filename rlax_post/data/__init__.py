@@ -6,6 +6,7 @@ from rlax_post.data._files import ordered
 from rlax_post.data._files import read_position
 from rlax_post.data._files import resolve_files
 from rlax_post.data._files import RowError
+from rlax_post.data._files import row_error_reason
 from rlax_post.data._files import Rows
 from rlax_post.data._files import split_indices
 from rlax_post.data._files import Where
@@ -20,6 +21,7 @@ from rlax_post.data._pipeline import TRAIN_LENGTH
 __all__ = [
     'FORMATS',
     'RowError',
+    'row_error_reason',
     'Rows',
     'Where',
     'open_rows',

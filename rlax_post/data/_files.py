@@ -40,7 +40,26 @@ _CHUNK = 4 << 20
 
 
 class RowError(ValueError):
-  """A row of a data file is malformed; the message names the file and line (and the field, if any)."""
+  """A row of a data file is malformed; the message names the file and line (and the field, if any).
+
+  `reason`: what is wrong, without the row's place or values, for counting rows by reason (`rlax-post
+  check-data`); None: the message's first clause after its place (`row_error_reason`)."""
+
+  def __init__(self, message: str, *, reason: str | None = None):
+    super().__init__(message)
+    self.reason = reason
+
+
+def row_error_reason(error: RowError, where: Where) -> str:
+  """`error.reason`, or what its message says is wrong, without the place `where` it names nor its details:
+  "data/train.jsonl:3: not valid JSON (Expecting ...)." -> "not valid JSON"; "...: no field 'answer' (the
+  reference answer, ...); the row has [...]" -> "no field 'answer'"."""
+  if error.reason is not None:
+    return error.reason
+  text = str(error).removeprefix(f"{where}: ")
+  for cut in (" (", "; "):
+    text = text.split(cut)[0]
+  return text.rstrip(".")
 
 
 @dataclasses.dataclass(frozen=True)

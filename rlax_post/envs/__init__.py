@@ -34,6 +34,9 @@ from rlax_post.envs._episodes import turn_budget
 from rlax_post.envs._dataset import DatasetProducer
 from rlax_post.envs._dataset import DatasetTask
 from rlax_post.envs._dataset import Renderer
+from rlax_post.envs._dataset import dataset_renderer
+from rlax_post.envs._dataset import dataset_rows
+from rlax_post.envs._dataset import render_row
 from rlax_post.envs._make import check_task
 from rlax_post.envs._make import make_rl_task
 from rlax_post.envs._make import task_lengths
@@ -112,6 +115,9 @@ __all__ = [
     'RLTask',
     'REWARD_PREFIX',
     'Renderer',
+    'dataset_renderer',
+    'dataset_rows',
+    'render_row',
     'ROW_METRICS',
     'ROW_FIELDS',
     'Stream',

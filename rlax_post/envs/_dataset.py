@@ -44,6 +44,7 @@ from rlax_post.envs import tools
 
 NAME = "dataset"
 CHECK_ROWS = 256  # train rows read (and checked) when the task is built
+TOO_LONG_ERROR = "prompt longer than data.max_prompt_tokens"  # the `RowError.reason` of too_long = "error"
 _LOG = logging.getLogger("rlax_post.data")
 
 
@@ -134,10 +135,20 @@ class Renderer:
       return f"prompt of {len(ids)} tokens > data.max_prompt_tokens = {budget}"
     if self.section.too_long == "error":
       raise data.RowError(f"{where}: the prompt has {len(ids)} tokens, more than data.max_prompt_tokens = "
-                          f"{budget} (data.too_long = 'error'; 'skip' or 'truncate' instead).")
+                          f"{budget} (data.too_long = 'error'; 'skip' or 'truncate' instead).",
+                          reason=TOO_LONG_ERROR)
     head = ids[:1] if ids[0] == _bos(self.tokenizer) else []  # Keep BOS; cut from the left.
     ids = head + ids[len(ids) - (budget - len(head)):]
     return Prompt(tuple(ids), text, row, where, index, truncated=True)
+
+
+def render_row(rows: data.Rows, index: int, renderer: Renderer) -> Prompt | str:
+  """Row `index` of `rows` read and rendered as the run takes it: its `Prompt`, or the reason the run skips it
+  (a str: a prompt too long, `data.too_long = "skip"`); `data.RowError` naming the file and line for a malformed
+  row (a line that is not a JSON object fails as it is read), or a prompt too long under `too_long = "error"`.
+  The one path of a split's rows and of `rlax-post check-data`."""
+  row, where = rows[index]
+  return renderer(index, row, where)
 
 
 def _bos(tokenizer) -> int | None:
@@ -174,17 +185,17 @@ class Split:
 
   def _examine(self, position: int) -> Prompt | None:
     index = int(self.order[position])
-    try:  # A line that is not a JSON object fails as it is read: a malformed row too.
-      row, where = self.rows[index]
-      out = self.renderer(index, row, where)
+    try:
+      out = render_row(self.rows, index, self.renderer)
     except data.RowError as e:
       if self.bad_rows == "error":
         raise
-      where, out = self.rows.where(index), f"malformed row ({e})"
+      out = f"malformed row ({e})"
     if isinstance(out, str):
       reason = out.split(" (")[0] if out.startswith("malformed") else "prompt too long"
       if reason not in self.reasons:
-        _LOG.warning("%s row %s skipped: %s (later skips are counted: data_skipped).", self.name, where, out)
+        _LOG.warning("%s row %s skipped: %s (later skips are counted: data_skipped).", self.name,
+                     self.rows.where(index), out)
       self.reasons[reason] = self.reasons.get(reason, 0) + 1
       return None
     return out
@@ -242,19 +253,33 @@ def check_splits(cfg: config_lib.Config) -> None:
                      "or data.eval_fraction to hold out a seeded fraction of data.train.")
 
 
-def _splits(cfg: config_lib.Config, renderer: Renderer) -> tuple[Split, Split]:
+def dataset_rows(cfg: config_lib.Config) -> tuple[tuple[data.Rows, np.ndarray], tuple[data.Rows, np.ndarray]]:
+  """The train and held-out rows of the dataset task's files, each `(rows, indices)`: the files opened and the
+  indices of `rows` in the split, in file order (`data.eval`'s files, or the seeded `data.eval_fraction` of
+  `data.train`'s rows and the rest)."""
   s = cfg.data
   check_splits(cfg)
   train_files = data.resolve_files(s.train, s.format)
-  seed = cfg.seed if s.shuffle else None
   if s.eval is not None:
     eval_files = data.resolve_files(s.eval, s.format)
     _check_disjoint(s, train_files, eval_files)
     train_rows, eval_rows = data.Rows(train_files, s.format), data.Rows(eval_files, s.format)
-    train_idx, eval_idx = np.arange(len(train_rows)), np.arange(len(eval_rows))
-  else:  # data.eval_fraction (check_splits)
-    train_rows = eval_rows = data.Rows(train_files, s.format)
-    train_idx, eval_idx = data.split_indices(len(train_rows), fraction=s.eval_fraction, seed=cfg.seed)
+    return (train_rows, np.arange(len(train_rows))), (eval_rows, np.arange(len(eval_rows)))
+  # data.eval_fraction (check_splits)
+  rows = data.Rows(train_files, s.format)
+  train_idx, eval_idx = data.split_indices(len(rows), fraction=s.eval_fraction, seed=cfg.seed)
+  return (rows, train_idx), (rows, eval_idx)
+
+
+def dataset_renderer(cfg: config_lib.Config, tokenizer) -> Renderer:
+  """The run's `Renderer`: demonstrations read only with a warm start (`sft.steps > 0`)."""
+  return Renderer(cfg.data, tokenizer, demos=cfg.sft.steps > 0)
+
+
+def _splits(cfg: config_lib.Config, renderer: Renderer) -> tuple[Split, Split]:
+  s = cfg.data
+  (train_rows, train_idx), (eval_rows, eval_idx) = dataset_rows(cfg)
+  seed = cfg.seed if s.shuffle else None
   train = Split("train", train_rows, data.ordered(train_idx, seed=seed), None, renderer, s.bad_rows)
   held = Split("eval", eval_rows, data.ordered(eval_idx, seed=None), len(eval_idx), renderer, s.bad_rows)
   return train, held
@@ -521,7 +546,7 @@ def make_dataset_task(cfg: config_lib.Config, tokenizer) -> DatasetTask:
   """The run's `DatasetTask`: opens the files, loads the reward functions, finds the held-out rows."""
   check_options(cfg)
   check_demos(cfg)
-  renderer = Renderer(cfg.data, tokenizer, demos=cfg.sft.steps > 0)
+  renderer = dataset_renderer(cfg, tokenizer)
   scorer = make_scorer(cfg)
   train, held = _splits(cfg, renderer)
   for k in range(min(CHECK_ROWS, len(train.order))):  # Mistakes in the file show at start-up, not hours in.

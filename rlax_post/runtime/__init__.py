@@ -2,6 +2,9 @@
 
 from rlax_post.runtime._batch import RolloutBatch
 from rlax_post.runtime._batch import rows_to_batch
+from rlax_post.runtime._check_data import check_data
+from rlax_post.runtime._check_data import DataCheck
+from rlax_post.runtime._check_data import SplitCheck
 from rlax_post.runtime._checkpoint import check_resume_config
 from rlax_post.runtime._checkpoint import complete_checkpoints
 from rlax_post.runtime._checkpoint import probe_writable
@@ -88,17 +91,17 @@ from rlax_post.runtime._warm_cache import cache_key as warm_start_cache_key
 from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
 __all__ = [
-    "build_parts", "Channels", "check_config", "check_resume_config", "checkpoint_step", "complete_checkpoints",
-    "config_policy", "Credit", "credit_fidelity", "CriticScores", "deferred_signals", "discounted_returns", "DONE_FILE",
-    "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "eval_component_means", "eval_record",
-    "evaluate_run", "Evaluation", "Evaluator", "exact_oracle", "ExactOracle", "export_hf", "Exported", "fit_sets",
-    "HarnessOptions", "hold_run", "initialize_distributed", "InlineSource", "is_primary", "is_run_config", "learn",
-    "load_run_config", "load_run_policy", "LoggedSource", "make_source", "mean_return", "MetricsWriter", "ModelPolicy",
-    "pair_rows", "Parts", "plot_curves", "policy_value", "probe_writable", "ProcessSource", "QFunction", "read_jsonl",
-    "read_rounds", "replay", "rescue_audit", "rescue_evaluate", "RLUpdate", "RolloutBatch", "round_dir", "RoundSource",
-    "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory", "run_policy_value", "run_rescue_eval", "run_sampler",
-    "RunCheckpointer", "RunPolicy", "SamplerWorker", "SAMPLES_FILE", "samples_path", "saved_config", "serve",
-    "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "Stopped", "take_groups", "Taken",
-    "ThreadSource", "TIMING_METRICS", "train", "transitions_of", "warm_start_cache_entries", "warm_start_cache_key",
-    "write_json"
+    "build_parts", "Channels", "check_config", "check_data", "check_resume_config", "checkpoint_step",
+    "complete_checkpoints", "config_policy", "Credit", "credit_fidelity", "CriticScores", "DataCheck",
+    "deferred_signals", "discounted_returns", "DONE_FILE", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES",
+    "ENV_PROCESS_ID", "eval_component_means", "eval_record", "evaluate_run", "Evaluation", "Evaluator", "exact_oracle",
+    "ExactOracle", "export_hf", "Exported", "fit_sets", "HarnessOptions", "hold_run", "initialize_distributed",
+    "InlineSource", "is_primary", "is_run_config", "learn", "load_run_config", "load_run_policy", "LoggedSource",
+    "make_source", "mean_return", "MetricsWriter", "ModelPolicy", "pair_rows", "Parts", "plot_curves", "policy_value",
+    "probe_writable", "ProcessSource", "QFunction", "read_jsonl", "read_rounds", "replay", "rescue_audit",
+    "rescue_evaluate", "RLUpdate", "RolloutBatch", "round_dir", "RoundSource", "rows_to_batch", "run_learner",
+    "RUN_LOCK", "run_memory", "run_policy_value", "run_rescue_eval", "run_sampler", "RunCheckpointer", "RunPolicy",
+    "SamplerWorker", "SAMPLES_FILE", "samples_path", "saved_config", "serve", "serve_hf", "served_step",
+    "simulate_sessions", "Source", "spearman", "SplitCheck", "Stopped", "take_groups", "Taken", "ThreadSource",
+    "TIMING_METRICS", "train", "transitions_of", "warm_start_cache_entries", "warm_start_cache_key", "write_json"
 ]

@@ -1,0 +1,122 @@
+"""`rlax-post check-data`: every row of the dataset task's files read before a run, through the run's own path.
+
+A run reads the first `CHECK_ROWS` (256) train rows at start-up; a malformed row further on stops it when its
+ticket comes (or is skipped and counted, `data.bad_rows = "skip"`), maybe hours in. `check_data` reads every
+train and held-out row in file order with the run's split (`envs.dataset_rows`), renderer and tokenizer
+(`envs.render_row`: the same checks, chat template and prompt budget), and counts per split the usable rows,
+the prompts cut to `data.max_prompt_tokens` (`data.too_long = "truncate"`), the rows skipped for their length
+(`"skip"`) and the malformed ones by reason (`data.row_error_reason`), keeping the first few messages (file and
+line, or record / row number, and the reason). `DataCheck.ok` is whether the run would go through them: no
+malformed row under `data.bad_rows = "error"` (a prompt too long under `data.too_long = "error"` is one), and
+a usable row in each split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rlax_post import config as config_lib
+from rlax_post import data
+from rlax_post import envs
+from rlax_post.runtime import _parts
+
+FIRST_BAD = 5  # malformed rows whose message a split's count keeps
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitCheck:
+  """One split's rows, every one read and rendered as the run would."""
+  name: str  # "train" or "held-out"
+  files: tuple[str, ...]
+  rows: int  # rows in the split
+  usable: int  # rows the run takes (cut ones included)
+  truncated: int  # usable rows whose prompt is cut to data.max_prompt_tokens (too_long = "truncate")
+  too_long: int  # rows skipped for their prompt's length (too_long = "skip")
+  bad: dict[str, int]  # malformed rows by reason
+  first_bad: tuple[str, ...]  # the first `FIRST_BAD` malformed rows' messages, in file order
+
+  @property
+  def num_bad(self) -> int:
+    return sum(self.bad.values())
+
+  def lines(self) -> list[str]:
+    """"train: 400 rows in data/train.jsonl: 398 usable, 0 truncated, 0 skipped as too long, 2 malformed", then
+    a line per reason ("  1 malformed: not valid JSON", most first) and the first malformed rows' messages."""
+    files = ", ".join(self.files[:3]) + (f", ... ({len(self.files)} files)" if len(self.files) > 3 else "")
+    out = [f"{self.name}: {self.rows} rows in {files}: {self.usable} usable, {self.truncated} truncated, "
+           f"{self.too_long} skipped as too long, {self.num_bad} malformed"]
+    out += [f"  {n} malformed: {reason}" for reason, n in sorted(self.bad.items(), key=lambda kv: (-kv[1], kv[0]))]
+    if self.first_bad:
+      more = f" ({len(self.first_bad)} of {self.num_bad})" if self.num_bad > len(self.first_bad) else ""
+      out.append(f"  first malformed rows{more}:")
+      out += [f"    {message}" for message in self.first_bad]
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class DataCheck:
+  """Both splits' counts under the config's policies (`data.bad_rows`, `data.too_long`)."""
+  splits: tuple[SplitCheck, ...]
+  bad_rows: str
+  too_long: str
+  max_prompt_tokens: int
+
+  @property
+  def ok(self) -> bool:
+    """Whether the run would read every row: no malformed row stops it, and each split has a usable row."""
+    bad = sum(s.num_bad for s in self.splits)
+    return (self.bad_rows != "error" or not bad) and all(s.usable for s in self.splits)
+
+  def lines(self) -> list[str]:
+    """The summary: a line per split, its first malformed rows indented below it, and a verdict."""
+    return [line for s in self.splits for line in s.lines()] + [self._verdict()]
+
+  def _verdict(self) -> str:
+    empty = [s.name for s in self.splits if not s.usable]
+    bad = sum(s.num_bad for s in self.splits)
+    policies = f"data.bad_rows = {self.bad_rows!r}, data.too_long = {self.too_long!r}"
+    if empty:
+      return (f"FAILED: no usable {' or '.join(empty)} row ({policies}, data.max_prompt_tokens = "
+              f"{self.max_prompt_tokens}): the run would stop.")
+    if bad and self.bad_rows == "error":
+      return (f"FAILED: {bad} malformed rows would stop the run ({policies}); fix them, or set "
+              "data.bad_rows = 'skip' to skip and count them.")
+    return f"OK: the run reads every row ({policies}; skipped rows are counted in data_skipped)."
+
+
+def _check_split(name: str, rows: data.Rows, indices, renderer: envs.Renderer) -> SplitCheck:
+  usable = truncated = too_long = 0
+  bad: dict[str, int] = {}
+  first_bad: list[str] = []
+  for index in indices:
+    try:
+      out = envs.render_row(rows, int(index), renderer)
+    except data.RowError as e:
+      reason = data.row_error_reason(e, rows.where(int(index)))
+      bad[reason] = bad.get(reason, 0) + 1
+      if len(first_bad) < FIRST_BAD:
+        first_bad.append(str(e))
+      continue
+    if isinstance(out, str):
+      too_long += 1
+    else:
+      usable += 1
+      truncated += out.truncated
+  return SplitCheck(name=name, files=tuple(rows.files), rows=len(indices), usable=usable, truncated=truncated,
+                    too_long=too_long, bad=bad, first_bad=tuple(first_bad))
+
+
+def check_data(cfg: config_lib.Config, tokenizer=None) -> DataCheck:
+  """Every train and held-out row of the dataset task's files read and rendered as the run would (module
+  docstring); `tokenizer` None: the run's (`model.hf_path`'s, or the byte tokenizer). Another task is a
+  ValueError naming it; the config's own mistakes (`check_config`) and unreadable files are ValueErrors too."""
+  if cfg.task.name != envs.DatasetTask.name:
+    raise ValueError(f"check-data reads the dataset task's files (task.name = {envs.DatasetTask.name!r}); this "
+                     f"config's task is {cfg.task.name!r}, which reads no data files.")
+  _parts.check_config(cfg)
+  renderer = envs.dataset_renderer(cfg, _parts.make_tokenizer(cfg) if tokenizer is None else tokenizer)
+  (train_rows, train_idx), (eval_rows, eval_idx) = envs.dataset_rows(cfg)
+  splits = (_check_split("train", train_rows, train_idx, renderer),
+            _check_split("held-out", eval_rows, eval_idx, renderer))
+  return DataCheck(splits=splits, bad_rows=cfg.data.bad_rows, too_long=cfg.data.too_long,
+                   max_prompt_tokens=cfg.data.max_prompt_tokens)

@@ -1,0 +1,138 @@
+"""`rlax-post check-data` (`runtime.check_data`): every row of the dataset task's files read through the run's
+own reading, checks and rendering, counted by what the run would do with it; malformed rows past the 256 the
+run reads at start-up are found, named by file and line, and fail the command under `data.bad_rows = "error"`."""
+
+import json
+import os
+
+from array_record.python import array_record_module
+
+import _cli_forks  # pylint: disable=g-bad-import-order
+import _procs  # pylint: disable=g-bad-import-order
+from rlax_post import config
+from rlax_post import data
+from rlax_post import envs
+from rlax_post import models
+from rlax_post import runtime
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ENV = _procs.env()
+_NO_ANSWER = "no field 'answer'"
+_TOO_LONG = "prompt longer than data.max_prompt_tokens"
+
+
+def _rows(n, start=0):
+  return [{"prompt": f"{i}+1=", "answer": i + 1, "demo": str(i + 1)} for i in range(start, start + n)]
+
+
+def _bad_file(path, n=400):
+  """`n` rows whose lines 300 and 301 (rows 299 and 300, past the run's first 256) are malformed."""
+  lines = [json.dumps(r) for r in _rows(n)]
+  lines[299] = '{"prompt": "1+1=", "answer": 2'  # not valid JSON
+  lines[300] = json.dumps({"prompt": "1+1=", "demo": "2"})  # no answer
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+  return str(path)
+
+
+def _cfg(train, eval_=None, **data_kw):
+  raw = {"task": {"name": "dataset", "num_eval": 4}, "data": {"train": str(train), **data_kw},
+         "reward": {"fn": "math"}, "model": {"max_seq_len": 64}, "rl": {"max_new_tokens": 8}, "sft": {"steps": 0}}
+  if eval_ is not None:
+    raw["data"]["eval"] = str(eval_)
+  return config.load(raw)
+
+
+def _eval_file(tmp_path, n=20):
+  path = str(tmp_path / "eval.jsonl")
+  data.write_jsonl(path, _rows(n, 1000))
+  return path
+
+
+def test_malformed_rows_past_the_startup_check_are_counted_and_named(tmp_path):
+  train = _bad_file(tmp_path / "train.jsonl")
+  cfg = _cfg(train, _eval_file(tmp_path), shuffle=False)
+  envs.make_rl_task(cfg, models.ByteTokenizer())  # The run's start-up reads rows 0..255 and passes.
+  checked = runtime.check_data(cfg, models.ByteTokenizer())
+  got = checked.splits[0]
+  assert (got.name, got.files, got.rows, got.usable, got.truncated, got.too_long) == ("train", (train,), 400, 398,
+                                                                                        0, 0)
+  assert got.bad == {"not valid JSON": 1, _NO_ANSWER: 1} and got.num_bad == 2
+  assert got.first_bad[0] == f"{train}:300: not valid JSON (Expecting ',' delimiter at column 31)."
+  assert got.first_bad[1].startswith(f"{train}:301: {_NO_ANSWER} (the reference answer")
+  held = checked.splits[1]
+  assert (held.name, held.rows, held.usable, held.num_bad, held.first_bad) == ("held-out", 20, 20, 0, ())
+  assert not checked.ok and checked.lines()[-1].startswith("FAILED: 2 malformed rows would stop the run")
+  skipping = runtime.check_data(_cfg(train, _eval_file(tmp_path), bad_rows="skip"), models.ByteTokenizer())
+  assert skipping.ok and skipping.splits == checked.splits  # Same counts; the run skips them and goes on.
+  assert skipping.lines()[-1].startswith("OK: ")
+
+
+def test_prompt_budget_counts_follow_data_too_long(tmp_path):
+  """Prompts "i+1=" are BOS + 4 bytes for i < 10 and longer after: with a budget of 5 tokens, 10 of 200 fit."""
+  train = str(tmp_path / "train.jsonl")
+  data.write_jsonl(train, _rows(200))
+  eval_ = _eval_file(tmp_path, 4)  # "1000+1=": 8 tokens, all too long
+  counts = {}
+  for too_long in ("truncate", "skip", "error"):
+    checked = runtime.check_data(_cfg(train, eval_, too_long=too_long, max_prompt_tokens=5), models.ByteTokenizer())
+    counts[too_long] = [(s.usable, s.truncated, s.too_long, s.bad) for s in checked.splits], checked.ok
+  assert counts["truncate"] == ([(200, 190, 0, {}), (4, 4, 0, {})], True)
+  assert counts["skip"] == ([(10, 0, 190, {}), (0, 0, 4, {})], False)  # no usable held-out row: the run stops
+  assert counts["error"] == ([(10, 0, 0, {_TOO_LONG: 190}), (0, 0, 0, {_TOO_LONG: 4})], False)
+
+
+def test_a_held_out_fraction_splits_the_rows_as_the_run_does(tmp_path):
+  train = _bad_file(tmp_path / "train.jsonl")
+  cfg = _cfg(train, eval_fraction=0.25)
+  checked = runtime.check_data(cfg, models.ByteTokenizer())
+  (_, train_idx), (_, eval_idx) = envs.dataset_rows(cfg)
+  assert [s.rows for s in checked.splits] == [300, 100] == [len(train_idx), len(eval_idx)]
+  assert sum(s.num_bad for s in checked.splits) == 2 and sum(s.usable for s in checked.splits) == 398
+  in_eval = [i for i in (299, 300) if i in set(eval_idx.tolist())]
+  assert checked.splits[1].num_bad == len(in_eval)
+
+
+def test_array_record_rows_are_named_by_record(tmp_path):
+  path = str(tmp_path / "rows.arrayrecord")
+  writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
+  for i, row in enumerate(_rows(8)):
+    writer.write(b"[1]" if i == 5 else json.dumps(row).encode())
+  writer.close()
+  got = runtime.check_data(_cfg(path, _eval_file(tmp_path)), models.ByteTokenizer()).splits[0]
+  assert (got.rows, got.usable, got.bad) == (8, 7, {"a row must be a JSON object": 1})
+  assert got.first_bad == (f"{path} (record 5): a row must be a JSON object ({{\"field\": value, ...}}); got a "
+                           "list.",)
+
+
+def _check_data(*args, cwd=_ROOT):
+  return _cli_forks.run("check-data", "--config", "configs/dataset.py:tiny", *args, cwd=cwd, env=_ENV)
+
+
+def test_cli_prints_the_summary_and_exits_1_on_a_row_that_stops_the_run(tmp_path):
+  train, eval_ = _bad_file(tmp_path / "train.jsonl"), _eval_file(tmp_path)
+  out = _check_data(f"--config.data.train={train}", f"--config.data.eval={eval_}")
+  assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+  lines = out.stdout.splitlines()
+  assert lines[:5] == [
+      f"train: 400 rows in {train}: 398 usable, 0 truncated, 0 skipped as too long, 2 malformed",
+      f"  1 malformed: {_NO_ANSWER}", "  1 malformed: not valid JSON", "  first malformed rows:",
+      f"    {train}:300: not valid JSON (Expecting ',' delimiter at column 31)."]
+  assert lines[-2] == f"held-out: 20 rows in {eval_}: 20 usable, 0 truncated, 0 skipped as too long, 0 malformed"
+  assert lines[-1] == ("FAILED: 2 malformed rows would stop the run (data.bad_rows = 'error', data.too_long = "
+                       "'skip'); fix them, or set data.bad_rows = 'skip' to skip and count them.")
+  clean = str(tmp_path / "clean.jsonl")
+  data.write_jsonl(clean, _rows(300))
+  out = _check_data(f"--config.data.train={clean}", f"--config.data.eval={eval_}")
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.splitlines()[0] == f"train: 300 rows in {clean}: 300 usable, 0 truncated, 0 skipped as too " \
+                                       "long, 0 malformed"
+  assert out.stdout.splitlines()[-1].startswith("OK: the run reads every row")
+
+
+def test_cli_refuses_another_task_in_one_line():
+  out = _cli_forks.run("check-data", "--config", "configs/demo.py", cwd=_ROOT, env=_ENV)
+  assert out.returncode == 2 and out.stdout == ""
+  assert out.stderr.strip().splitlines() == [
+      "rlax-post check-data: error: check-data reads the dataset task's files (task.name = 'dataset'); this "
+      "config's task is 'reverse', which reads no data files."]
