@@ -26,8 +26,8 @@ from rlax_post.runtime import _checkpoint
 _ENV = _procs.env()
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEMO = os.path.join(_ROOT, "configs", "demo.py")
-_COMMANDS = ("train", "check-config", "serve", "learner", "sampler", "replay", "sweep", "convert", "export",
-             "evaluate")
+_COMMANDS = ("train", "check-config", "check-data", "serve", "learner", "sampler", "replay", "sweep", "convert",
+             "export", "evaluate")
 _IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
@@ -67,7 +67,7 @@ def test_no_command_prints_the_listing_to_stderr_and_exits_2():
 
 
 _OWN_FLAGS = {
-    "train": ("--config", "--workdir", "--[no]resume"), "check-config": ("--config",),
+    "train": ("--config", "--workdir", "--[no]resume"), "check-config": ("--config",), "check-data": ("--config",),
     "serve": ("--checkpoint", "--step", "--hf_path", "--max_seq_len", "--dtype", "--port", "--host", "--temperature",
               "--top_p", "--top_k", "--slots"),
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
@@ -75,9 +75,9 @@ _OWN_FLAGS = {
     "convert": ("--gguf", "--out", "--dtype"), "export": ("--workdir", "--out", "--step", "--architecture", "--dtype"),
     "evaluate": ("--workdir", "--step", "--out"),
 }
-_OTHER_FLAGS = {"train": "--port", "check-config": "--workdir", "serve": "--workdir", "learner": "--index",
-                "sampler": "--config", "replay": "--parallel", "sweep": "--checkpoint", "convert": "--workdir",
-                "export": "--gguf", "evaluate": "--dtype"}
+_OTHER_FLAGS = {"train": "--port", "check-config": "--workdir", "check-data": "--workdir", "serve": "--workdir",
+                "learner": "--index", "sampler": "--config", "replay": "--parallel", "sweep": "--checkpoint",
+                "convert": "--workdir", "export": "--gguf", "evaluate": "--dtype"}
 
 
 @pytest.mark.parametrize("command", _COMMANDS)
@@ -169,7 +169,8 @@ def test_unknown_command_lists_the_valid_ones():
   assert out.returncode == 2 and "Traceback" not in out.stderr
   assert out.stderr.strip() == (
       "rlax-post: error: unknown command 'tran' (did you mean 'train'?); valid commands: ['train', "
-      "'check-config', 'serve', 'learner', 'sampler', 'replay', 'sweep', 'convert', 'export', 'evaluate', 'fidelity', "
+      "'check-config', 'check-data', 'serve', 'learner', 'sampler', 'replay', 'sweep', 'convert', 'export', "
+      "'evaluate', 'fidelity', "
       "'value', 'rescue-sim', 'rescue-eval', 'rescue-audit']; `rlax-post --help` describes them.")
 
 
@@ -441,9 +442,9 @@ def test_values_of_the_right_type_pass():
      "--resume is not a flag of `rlax-post check-config` (it is read by train, learner); the flags of "
      "check-config: ['--config']."),
     (("serve", "--checkpoint", "nowhere", "--config", "configs/demo.py:sort"),
-     "--config is not a flag of `rlax-post serve` (it is read by train, check-config, learner, sweep, "
-     "rescue-eval); the flags of serve: ['--checkpoint', '--step', '--hf_path', '--max_seq_len', '--dtype', '--port', "
-     "'--host', '--temperature', '--top_p', '--top_k', '--seed', '--slots']."),
+     "--config is not a flag of `rlax-post serve` (it is read by train, check-config, check-data, learner, "
+     "sweep, rescue-eval); the flags of serve: ['--checkpoint', '--step', '--hf_path', '--max_seq_len', '--dtype', "
+     "'--port', '--host', '--temperature', '--top_p', '--top_k', '--seed', '--slots']."),
 ], ids=["fidelity --step", "check-config --workdir --resume", "serve --config"])
 def test_a_flag_of_another_command_is_refused(args, message):
   """A flag the command does not read ran as if it were not given: `fidelity --step 2` reported step 3 (the
