@@ -35,8 +35,8 @@ def _bad_file(path, n=400):
   return str(path)
 
 
-def _cfg(train, eval_=None, **data_kw):
-  raw = {"task": {"name": "dataset", "num_eval": 4}, "data": {"train": str(train), **data_kw},
+def _cfg(train, eval_=None, num_eval=4, **data_kw):
+  raw = {"task": {"name": "dataset", "num_eval": num_eval}, "data": {"train": str(train), **data_kw},
          "reward": {"fn": "math"}, "model": {"max_seq_len": 64}, "rl": {"max_new_tokens": 8}, "sft": {"steps": 0}}
   if eval_ is not None:
     raw["data"]["eval"] = str(eval_)
@@ -60,9 +60,11 @@ def test_malformed_rows_past_the_startup_check_are_counted_and_named(tmp_path):
   assert got.bad == {"not valid JSON": 1, _NO_ANSWER: 1} and got.num_bad == 2
   assert got.first_bad[0] == f"{train}:300: not valid JSON (Expecting ',' delimiter at column 31)."
   assert got.first_bad[1].startswith(f"{train}:301: {_NO_ANSWER} (the reference answer")
-  held = checked.splits[1]
-  assert (held.name, held.rows, held.usable, held.num_bad, held.first_bad) == ("held-out", 20, 20, 0, ())
-  assert not checked.ok and checked.lines()[-1].startswith("FAILED: 2 malformed rows would stop the run")
+  held = checked.splits[1]  # read up to its task.num_eval = 4th usable row, as the run reads it
+  assert (held.name, held.rows, held.usable, held.num_bad, held.first_bad, held.unread) == ("held-out", 20, 4, 0,
+                                                                                            (), 16)
+  assert not checked.ok
+  assert checked.lines()[-1].startswith("FAILED: 2 malformed rows would stop the run when it reaches them")
   skipping = runtime.check_data(_cfg(train, _eval_file(tmp_path), bad_rows="skip"), models.ByteTokenizer())
   assert skipping.ok and skipping.splits == checked.splits  # Same counts; the run skips them and goes on.
   assert skipping.lines()[-1].startswith("OK: ")
@@ -82,9 +84,21 @@ def test_prompt_budget_counts_follow_data_too_long(tmp_path):
   assert counts["error"] == ([(10, 0, 0, {_TOO_LONG: 190}), (0, 0, 0, {_TOO_LONG: 4})], False)
 
 
+def test_a_malformed_held_out_row_the_run_never_reads_stops_nothing(tmp_path):
+  """Review: a malformed held-out row after the run's task.num_eval usable ones failed the check, though the
+  run (which reads held-out rows up to its num_eval-th usable one) went through; one before them fails both."""
+  train, eval_ = str(tmp_path / "train.jsonl"), _bad_file(tmp_path / "eval.jsonl")  # bad lines 300 and 301
+  data.write_jsonl(train, _rows(30))
+  for num_eval, read, bad, ok in ((299, 299, 0, True), (300, 302, 2, False)):
+    checked = runtime.check_data(_cfg(train, eval_, num_eval=num_eval), models.ByteTokenizer())
+    held = checked.splits[1]
+    assert (held.usable, held.num_bad, held.unread, held.usable + held.num_bad) == (num_eval, bad, 400 - read, read)
+    assert checked.ok == ok
+
+
 def test_a_held_out_fraction_splits_the_rows_as_the_run_does(tmp_path):
   train = _bad_file(tmp_path / "train.jsonl")
-  cfg = _cfg(train, eval_fraction=0.25)
+  cfg = _cfg(train, num_eval=256, eval_fraction=0.25)  # (more than the 100 held out: every one read)
   checked = runtime.check_data(cfg, models.ByteTokenizer())
   (_, train_idx), (_, eval_idx) = envs.dataset_rows(cfg)
   assert [s.rows for s in checked.splits] == [300, 100] == [len(train_idx), len(eval_idx)]
@@ -118,9 +132,10 @@ def test_cli_prints_the_summary_and_exits_1_on_a_row_that_stops_the_run(tmp_path
       f"train: 400 rows in {train}: 398 usable, 0 truncated, 0 skipped as too long, 2 malformed",
       f"  1 malformed: {_NO_ANSWER}", "  1 malformed: not valid JSON", "  first malformed rows:",
       f"    {train}:300: not valid JSON (Expecting ',' delimiter at column 31)."]
-  assert lines[-2] == f"held-out: 20 rows in {eval_}: 20 usable, 0 truncated, 0 skipped as too long, 0 malformed"
-  assert lines[-1] == ("FAILED: 2 malformed rows would stop the run (data.bad_rows = 'error', data.too_long = "
-                       "'skip'); fix them, or set data.bad_rows = 'skip' to skip and count them.")
+  assert lines[-2] == (f"held-out: 20 rows in {eval_}: 8 usable, 0 truncated, 0 skipped as too long, 0 malformed, "
+                       "12 after the task.num_eval usable ones (not read by the run)")  # (tiny: num_eval 8)
+  assert lines[-1] == ("FAILED: 2 malformed rows would stop the run when it reaches them (data.bad_rows = 'error', "
+                       "data.too_long = 'skip'); fix them, or set data.bad_rows = 'skip' to skip and count them.")
   clean = str(tmp_path / "clean.jsonl")
   data.write_jsonl(clean, _rows(300))
   out = _check_data(f"--config.data.train={clean}", f"--config.data.eval={eval_}")

@@ -6,9 +6,10 @@ train and held-out row in file order with the run's split (`envs.dataset_rows`),
 (`envs.render_row`: the same checks, chat template and prompt budget), and counts per split the usable rows,
 the prompts cut to `data.max_prompt_tokens` (`data.too_long = "truncate"`), the rows skipped for their length
 (`"skip"`) and the malformed ones by reason (`data.row_error_reason`), keeping the first few messages (file and
-line, or record / row number, and the reason). `DataCheck.ok` is whether the run would go through them: no
-malformed row under `data.bad_rows = "error"` (a prompt too long under `data.too_long = "error"` is one), and
-a usable row in each split.
+line, or record / row number, and the reason). The held-out rows are read as the run reads them: up to its
+`task.num_eval`-th usable one (the rows after it are counted as not read: a malformed one there stops no run).
+`DataCheck.ok` is whether the run would go through them: no malformed row under `data.bad_rows = "error"` (a
+prompt too long under `data.too_long = "error"` is one), and a usable row in each split.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class SplitCheck:
   too_long: int  # rows skipped for their prompt's length (too_long = "skip")
   bad: dict[str, int]  # malformed rows by reason
   first_bad: tuple[str, ...]  # the first `FIRST_BAD` malformed rows' messages, in file order
+  unread: int = 0  # held-out rows after the run's `task.num_eval` usable ones: the run reads none of them
 
   @property
   def num_bad(self) -> int:
@@ -43,8 +45,9 @@ class SplitCheck:
     """"train: 400 rows in data/train.jsonl: 398 usable, 0 truncated, 0 skipped as too long, 2 malformed", then
     a line per reason ("  1 malformed: not valid JSON", most first) and the first malformed rows' messages."""
     files = ", ".join(self.files[:3]) + (f", ... ({len(self.files)} files)" if len(self.files) > 3 else "")
+    unread = f", {self.unread} after the task.num_eval usable ones (not read by the run)" if self.unread else ""
     out = [f"{self.name}: {self.rows} rows in {files}: {self.usable} usable, {self.truncated} truncated, "
-           f"{self.too_long} skipped as too long, {self.num_bad} malformed"]
+           f"{self.too_long} skipped as too long, {self.num_bad} malformed{unread}"]
     out += [f"  {n} malformed: {reason}" for reason, n in sorted(self.bad.items(), key=lambda kv: (-kv[1], kv[0]))]
     if self.first_bad:
       more = f" ({len(self.first_bad)} of {self.num_bad})" if self.num_bad > len(self.first_bad) else ""
@@ -79,16 +82,22 @@ class DataCheck:
       return (f"FAILED: no usable {' or '.join(empty)} row ({policies}, data.max_prompt_tokens = "
               f"{self.max_prompt_tokens}): the run would stop.")
     if bad and self.bad_rows == "error":
-      return (f"FAILED: {bad} malformed rows would stop the run ({policies}); fix them, or set "
-              "data.bad_rows = 'skip' to skip and count them.")
+      return (f"FAILED: {bad} malformed rows would stop the run when it reaches them ({policies}); fix them, "
+              "or set data.bad_rows = 'skip' to skip and count them.")
     return f"OK: the run reads every row ({policies}; skipped rows are counted in data_skipped)."
 
 
-def _check_split(name: str, rows: data.Rows, indices, renderer: envs.Renderer) -> SplitCheck:
-  usable = truncated = too_long = 0
+def _check_split(name: str, rows: data.Rows, indices, renderer: envs.Renderer, wanted: int | None = None
+                 ) -> SplitCheck:
+  """The split's rows read in order; with `wanted` (the held-out split's `task.num_eval`), only up to the
+  `wanted`-th usable one, as the run reads them."""
+  usable = truncated = too_long = unread = 0
   bad: dict[str, int] = {}
   first_bad: list[str] = []
-  for index in indices:
+  for position, index in enumerate(indices):
+    if usable == wanted:
+      unread = len(indices) - position
+      break
     try:
       out = envs.render_row(rows, int(index), renderer)
     except data.RowError as e:
@@ -103,7 +112,7 @@ def _check_split(name: str, rows: data.Rows, indices, renderer: envs.Renderer) -
       usable += 1
       truncated += out.truncated
   return SplitCheck(name=name, files=tuple(rows.files), rows=len(indices), usable=usable, truncated=truncated,
-                    too_long=too_long, bad=bad, first_bad=tuple(first_bad))
+                    too_long=too_long, bad=bad, first_bad=tuple(first_bad), unread=unread)
 
 
 def check_data(cfg: config_lib.Config, tokenizer=None) -> DataCheck:
@@ -117,6 +126,6 @@ def check_data(cfg: config_lib.Config, tokenizer=None) -> DataCheck:
   renderer = envs.dataset_renderer(cfg, _parts.make_tokenizer(cfg) if tokenizer is None else tokenizer)
   (train_rows, train_idx), (eval_rows, eval_idx) = envs.dataset_rows(cfg)
   splits = (_check_split("train", train_rows, train_idx, renderer),
-            _check_split("held-out", eval_rows, eval_idx, renderer))
+            _check_split("held-out", eval_rows, eval_idx, renderer, wanted=cfg.task.num_eval))
   return DataCheck(splits=splits, bad_rows=cfg.data.bad_rows, too_long=cfg.data.too_long,
                    max_prompt_tokens=cfg.data.max_prompt_tokens)
