@@ -745,6 +745,8 @@ def _serve(argv):
                      f"{' and '.join(given) if given else 'neither'}.")
   if _SLOTS.value < 1:  # (the engine's words name its option, max_concurrent_decodes)
     raise ValueError(f"--slots must be an int >= 1 (the server's concurrent decodes); got {_SLOTS.value}.")
+  if not 0 <= _SEED.value < 2**32:  # (jax's 32-bit keys: 2**32 would sample as 0, 2**63 fail at the first request)
+    raise ValueError(f"--seed must be an int in [0, 2**32) (the sampling seed); got {_SEED.value}.")
   options = sampler.ServeOptions(port=_PORT.value, host=_HOST.value, max_concurrent_decodes=_SLOTS.value,
                                  temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value,
                                  seed=_SEED.value, step=_STEP.value)
@@ -803,9 +805,6 @@ def _export(argv):
           f"--config.model.hf_path={dirs[0]} trains it.")
 
 
-_EVAL_COMPONENT = "eval_reward/"  # `runtime.evaluate_run`'s reward component means: eval_reward/<name>
-
-
 def _evaluate(argv):
   del argv
   workdir = _run_dir(_required(_WORKDIR, "the workdir of the run to evaluate"), "--workdir",
@@ -822,7 +821,8 @@ def evaluate_line(workdir: str, result: dict) -> str:
   reward calls where counted, each reward component's mean (over the calls that succeeded), what the run logged."""
   errors = result.get("eval_reward_errors")
   errors = "" if errors is None else f" ({errors:.0f} of them scored reward.default: their reward call failed)"
-  parts = ", ".join(f"{k[len(_EVAL_COMPONENT):]} {v:.4f}" for k, v in result.items() if k.startswith(_EVAL_COMPONENT))
+  prefix = runtime.EVAL_COMPONENT_PREFIX  # each reward component's mean: eval_reward/<name>
+  parts = ", ".join(f"{k[len(prefix):]} {v:.4f}" for k, v in result.items() if k.startswith(prefix))
   parts = parts and f"; component means {parts}" + (" (over the others)" if result.get("eval_reward_errors") else "")
   logged = result["logged_eval_reward"]
   logged = "" if logged is None else f"; the run logged {logged:.4f} at this step"

@@ -262,7 +262,9 @@ def test_the_cli_sampling_flags_reach_the_engine(run, references):
   assert completions("--temperature", "1", "--seed", "7") != sampled
   for flags, line in [(("--top_p", "0"), "top_p must be a number in (0, 1]; got 0.0."),
                       (("--top_k", "-1"), "top_k must be an int >= 0 (0 keeps every token); got -1."),
-                      (("--slots", "0"), "--slots must be an int >= 1 (the server's concurrent decodes); got 0.")]:
+                      (("--slots", "0"), "--slots must be an int >= 1 (the server's concurrent decodes); got 0."),
+                      (("--seed", "4294967296"), "--seed must be an int in [0, 2**32) (the sampling seed); got "
+                                                 "4294967296.")]:
     done = _serving.serve_error(run, *flags)
     assert done.returncode == 2 and "Serving" not in done.stdout, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == f"rlax-post serve: error: {line}"

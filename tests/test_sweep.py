@@ -114,6 +114,11 @@ def test_bad_sweeps_fail_before_launch(tmp_path):
     wrong_type = _write_config(tmp_path, f"return [{{{key!r}: {value!r}}}]", "t.py")
     with pytest.raises(ValueError, match=re.escape(f"sets {key}={value!r}: `{key}` takes {words}; got {value!r}.")):
       sweep.work_units(wrong_type)
+  # A numpy scalar (np.arange's) is named with the conversion to make.
+  numpy_int = _write_config(tmp_path, "import numpy as np\nreturn [{'seed': np.int64(3)}]", "np.py")
+  with pytest.raises(ValueError, match=re.escape("`seed` takes an int; got np.int64(3) (numpy's int64: convert it "
+                                                 "with int()).")):
+    sweep.work_units(numpy_int)
   # An int is a number: a float key swept over ints is no wrong type.
   number = _write_config(tmp_path, "return [{'rl.optimizer.learning_rate': 1}]", "n.py")
   assert sweep.work_units(number)[0].cfg.rl.optimizer.learning_rate == 1.0

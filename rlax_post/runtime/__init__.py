@@ -18,6 +18,7 @@ from rlax_post.runtime._distributed import initialize as initialize_distributed
 from rlax_post.runtime._distributed import is_primary
 from rlax_post.runtime._eval import checkpoint_step
 from rlax_post.runtime._eval import eval_component_means
+from rlax_post.runtime._eval import EVAL_COMPONENT_PREFIX
 from rlax_post.runtime._eval import eval_record
 from rlax_post.runtime._eval import evaluate_run
 from rlax_post.runtime._eval import Evaluation
@@ -94,14 +95,15 @@ __all__ = [
     "build_parts", "Channels", "check_config", "check_data", "check_resume_config", "checkpoint_step",
     "complete_checkpoints", "config_policy", "Credit", "credit_fidelity", "CriticScores", "DataCheck",
     "deferred_signals", "discounted_returns", "DONE_FILE", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES",
-    "ENV_PROCESS_ID", "eval_component_means", "eval_record", "evaluate_run", "Evaluation", "Evaluator", "exact_oracle",
-    "ExactOracle", "export_hf", "Exported", "fit_sets", "HarnessOptions", "hold_run", "initialize_distributed",
-    "InlineSource", "is_primary", "is_run_config", "learn", "load_run_config", "load_run_policy", "LoggedSource",
-    "make_source", "mean_return", "MetricsWriter", "ModelPolicy", "pair_rows", "Parts", "plot_curves", "policy_value",
-    "probe_writable", "ProcessSource", "QFunction", "read_jsonl", "read_rounds", "replay", "rescue_audit",
-    "rescue_evaluate", "RLUpdate", "RolloutBatch", "round_dir", "RoundSource", "rows_to_batch", "run_learner",
-    "RUN_LOCK", "run_memory", "run_policy_value", "run_rescue_eval", "run_sampler", "RunCheckpointer", "RunPolicy",
-    "SamplerWorker", "SAMPLES_FILE", "samples_path", "saved_config", "serve", "serve_hf", "served_step",
-    "simulate_sessions", "Source", "spearman", "SplitCheck", "Stopped", "take_groups", "Taken", "ThreadSource",
-    "TIMING_METRICS", "train", "transitions_of", "warm_start_cache_entries", "warm_start_cache_key", "write_json"
+    "ENV_PROCESS_ID", "eval_component_means", "EVAL_COMPONENT_PREFIX", "eval_record", "evaluate_run", "Evaluation",
+    "Evaluator", "exact_oracle", "ExactOracle", "export_hf", "Exported", "fit_sets", "HarnessOptions", "hold_run",
+    "initialize_distributed", "InlineSource", "is_primary", "is_run_config", "learn", "load_run_config",
+    "load_run_policy", "LoggedSource", "make_source", "mean_return", "MetricsWriter", "ModelPolicy", "pair_rows",
+    "Parts", "plot_curves", "policy_value", "probe_writable", "ProcessSource", "QFunction", "read_jsonl", "read_rounds",
+    "replay", "rescue_audit", "rescue_evaluate", "RLUpdate", "RolloutBatch", "round_dir", "RoundSource",
+    "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory", "run_policy_value", "run_rescue_eval", "run_sampler",
+    "RunCheckpointer", "RunPolicy", "SamplerWorker", "SAMPLES_FILE", "samples_path", "saved_config", "serve",
+    "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "SplitCheck", "Stopped", "take_groups",
+    "Taken", "ThreadSource", "TIMING_METRICS", "train", "transitions_of", "warm_start_cache_entries",
+    "warm_start_cache_key", "write_json"
 ]

@@ -342,7 +342,10 @@ def check_value(section: Any, key: str, value: Any, where: str, *, text: bool = 
     return
   if not (_parses(kind, value) if text else _holds(kind, value)):
     spelled = " (true or false, 1 or 0)" if text and kind is bool else ""
-    raise ValueError(f"{where}: `{key}` takes {_TYPE_WORDS[kind]}{spelled}; got {value!r}.")
+    # np.int64(3) from np.arange reads as an int to a person; the config takes Python's own types.
+    numpy = type(value).__module__ == "numpy"
+    hint = f" (numpy's {type(value).__name__}: convert it with {kind.__name__}())" if numpy else ""
+    raise ValueError(f"{where}: `{key}` takes {_TYPE_WORDS[kind]}{spelled}; got {value!r}{hint}.")
 
 
 def _points(module, arg: str | None, path: str) -> list[Point]:
