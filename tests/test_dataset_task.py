@@ -442,6 +442,14 @@ def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_pa
       f"others); the run logged -0.1000 at this step. Each example's prompt, completion and reward: {out}")
   assert [r["prompt"] for r in records] == [f"<bos>{100 + j}+1=" for j in range(5)]
   assert runtime.read_jsonl(os.path.join(workdir, runtime.SAMPLES_FILE))[4:] == records[:4]
+  # Held-out rows changed since the run (review: evaluate scored the new rows, and compared them with the run's
+  # log): refused as --resume refuses, naming the file sizes.
+  with open(held, "a") as f:
+    f.write(json.dumps({"prompt": "7+1=", "answer": 8}) + "\n")
+  with pytest.raises(ValueError, match=r"^evaluate needs the data files the run began with .* data.eval: 1 files of "
+                                       r"\[\d+\] bytes then, 1 of \[\d+\] now\. Restore them, or evaluate a run"):
+    runtime.evaluate_run(workdir, step=2, out=str(tmp_path / "s2.jsonl"))
+  assert not os.path.exists(tmp_path / "s2.jsonl")
   # `rlax-post export` and `replay` read the checkpoints (and logged rows) alone: with the reward module and the
   # data files gone (or relative to another directory) export writes the run's policy and replay matches the
   # log; both failed on the missing reward file until 2026-12-05.

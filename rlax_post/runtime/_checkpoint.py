@@ -341,9 +341,11 @@ def data_files(cfg: config_lib.Config) -> dict | None:
           for key, spec in specs.items() if spec is not None}
 
 
-def check_resume_data(saved: dict | None, cfg: config_lib.Config) -> None:
-  """Refuses to resume over data files that changed since the run began (`saved`: its `data_files`; None, a
-  checkpoint from before they were recorded, is not checked)."""
+def check_resume_data(saved: dict | None, cfg: config_lib.Config, doing: str = "--resume",
+                      instead: str = "start a new run in a new workdir") -> None:
+  """Refuses to resume (or, `doing`, to evaluate a checkpoint) over data files that changed since the run began
+  (`saved`: its `data_files`; None, a checkpoint from before they were recorded, is not checked); the error
+  names `instead`, the way out besides restoring them."""
   if saved is None:
     return
   now = data_files(cfg) or {}
@@ -351,6 +353,5 @@ def check_resume_data(saved: dict | None, cfg: config_lib.Config) -> None:
              f"{len(now.get(key, []))} of {now.get(key, [])} now" for key in sorted(saved.keys() | now.keys())
              if saved.get(key) != now.get(key)]
   if changed:
-    raise ValueError("--resume needs the data files the run began with (their rows decide the tickets' order and "
-                     f"the held-out split); they changed: {'; '.join(changed)}. Restore them, or start a new "
-                     "run in a new workdir.")
+    raise ValueError(f"{doing} needs the data files the run began with (their rows decide the tickets' order and "
+                     f"the held-out split); they changed: {'; '.join(changed)}. Restore them, or {instead}.")

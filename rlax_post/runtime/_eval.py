@@ -177,6 +177,7 @@ def evaluate_run(workdir: str, *, step: int, out: str) -> dict:
   "eval_reward/<name>" per reward component, "num_eval", "out", "logged_eval_reward": what the run's
   metrics.jsonl logged at that step, or None}."""
   run = _policy.load_run_policy(workdir, step=step)
+  _check_data_unchanged(workdir, run)
   evaluator = Evaluator(run.parts)
   scores, records = evaluator.evaluate(run.params, samples=len(evaluator.examples))
   _metrics.write_jsonl(out, _metrics.stamped(run.step, records))
@@ -184,3 +185,15 @@ def evaluate_run(workdir: str, *, step: int, out: str) -> dict:
             if r.get("phase") == "eval" and r.get("step") == run.step]
   return {"step": run.step, **scores, "num_eval": len(records), "out": out,
           "logged_eval_reward": logged[-1] if logged else None}
+
+
+def _check_data_unchanged(workdir: str, run: _policy.RunPolicy) -> None:
+  """A ValueError when the dataset task's files changed since the run began (as `--resume` refuses): the
+  held-out rows would be others than those the run logged its `eval_reward` on."""
+  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=run.parts.cfg.checkpoint.max_to_keep, tidy=False)
+  try:
+    saved = ckpt.read_meta(run.step).get("data_files")
+  finally:
+    ckpt.close()
+  _checkpoint.check_resume_data(saved, run.parts.cfg, doing="evaluate",
+                                instead="evaluate a run that trained on the files as they are now")
