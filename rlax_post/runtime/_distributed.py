@@ -253,15 +253,8 @@ class PrimaryEval:
   wait meanwhile; the params must fit in process 0's host memory.
   """
 
-  def __init__(self, local_eval: Any, local_shardings: Any, *, num_examples: int):
+  def __init__(self, local_eval: Any, local_shardings: Any):
     self.local_eval, self.local_shardings = local_eval, local_shardings
-    self.examples = range(num_examples)
-
-  def __call__(self, params) -> float:
-    return self.scores(params)["eval_reward"]
-
-  def scores(self, params) -> dict[str, float]:
-    return self.evaluate(params)[0]
 
   def evaluate(self, params, samples: int = 0) -> tuple[dict[str, float], list[dict]]:
     """(scores, records of the first `samples` examples): the local evaluator's `evaluate`, broadcast."""

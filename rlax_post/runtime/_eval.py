@@ -91,8 +91,7 @@ def make_evaluator(parts: _parts.Parts):
     return Evaluator(parts)
   local_mesh = sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}, devices=jax.local_devices())
   local = _parts.build_parts(parts.cfg, mesh=local_mesh)
-  return _distributed.PrimaryEval(Evaluator(local) if _distributed.is_primary() else None,
-                                  local.policy_shardings, num_examples=parts.task.num_eval)
+  return _distributed.PrimaryEval(Evaluator(local) if _distributed.is_primary() else None, local.policy_shardings)
 
 
 def eval_record(tokenizer: Any, stops: tuple[str, ...], example: int, group: list[dict]) -> dict:
