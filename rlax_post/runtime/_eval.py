@@ -25,6 +25,7 @@ from rlax_post.runtime import _distributed
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _policy
+from rlax_post.runtime import _samplers
 
 EVALUATE_DIR = "evaluate"  # `rlax-post evaluate`'s default outputs in a run's workdir: step_K.jsonl
 EVAL_COMPONENT_PREFIX = "eval_" + envs.REWARD_PREFIX  # eval_reward/<name>: a component's held-out mean
@@ -175,8 +176,8 @@ def evaluate_run(workdir: str, *, step: int, out: str) -> dict:
   (a new file, written aside and renamed). Returns {"step", "eval_reward", "eval_reward_errors" where counted,
   "eval_reward/<name>" per reward component, "num_eval", "out", "logged_eval_reward": what the run's
   metrics.jsonl logged at that step, or None}."""
+  _check_data_unchanged(workdir, step)  # (before the checkpoint's arrays are read)
   run = _policy.load_run_policy(workdir, step=step)
-  _check_data_unchanged(workdir, run)
   evaluator = Evaluator(run.parts)
   scores, records = evaluator.evaluate(run.params, samples=len(evaluator.examples))
   _metrics.write_jsonl(out, _metrics.stamped(run.step, records))
@@ -186,13 +187,15 @@ def evaluate_run(workdir: str, *, step: int, out: str) -> dict:
           "logged_eval_reward": logged[-1] if logged else None}
 
 
-def _check_data_unchanged(workdir: str, run: _policy.RunPolicy) -> None:
+def _check_data_unchanged(workdir: str, step: int) -> None:
   """A ValueError when the dataset task's files changed since the run began (as `--resume` refuses): the
-  held-out rows would be others than those the run logged its `eval_reward` on."""
-  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=run.parts.cfg.checkpoint.max_to_keep, tidy=False)
+  held-out rows would be others than those the run logged its `eval_reward` on. Reads config.json and step
+  `step`'s metadata alone."""
+  cfg = _samplers.load_run_config(workdir)
+  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep, tidy=False)
   try:
-    saved = ckpt.read_meta(run.step).get("data_files")
+    saved = ckpt.read_meta(step).get("data_files")
   finally:
     ckpt.close()
-  _checkpoint.check_resume_data(saved, run.parts.cfg, doing="evaluate",
+  _checkpoint.check_resume_data(saved, cfg, doing="evaluate",
                                 instead="evaluate a run that trained on the files as they are now")
