@@ -81,9 +81,13 @@ def write_jsonl(path: str, rows: Iterable[Mapping[str, Any]]) -> None:
   file)."""
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
-    for r in rows:
-      f.write(json.dumps(strict_json(r), allow_nan=False) + "\n")
+    f.writelines(map(_strict_line, rows))
   os.replace(tmp, path)
+
+
+def _strict_line(row: Mapping[str, Any]) -> str:
+  """`row` as one line of strict JSON (its NaN and inf as null: `strict_json`)."""
+  return json.dumps(strict_json(row), allow_nan=False) + "\n"
 
 
 def _summary_writer(directory: str):
@@ -121,8 +125,8 @@ class MetricsWriter:
 
   On resume, `truncate_after(step)` drops lines logged after the restored checkpoint, so the file describes
   exactly one history, and `rebuild_tensorboard()` rewrites the event files from it (they are append-only:
-  the rows of a killed learner's last steps would otherwise show twice). An inactive writer (`active=False`: processes other than 0 of a multi-host learner)
-  writes nothing and only reads.
+  the rows of a killed learner's last steps would otherwise show twice). An inactive writer (`active=False`:
+  processes other than 0 of a multi-host learner) writes nothing and only reads.
   """
 
   def __init__(self, workdir: str, *, tensorboard: bool = True, active: bool = True):
@@ -172,8 +176,7 @@ class MetricsWriter:
       return
     lines = stamped(step, records)
     with open(self.samples_path, "a") as f:
-      for r in lines:
-        f.write(json.dumps(strict_json(r), allow_nan=False) + "\n")
+      f.writelines(map(_strict_line, lines))
     if self._tb is not None:
       self._tb.add_text("eval/samples", samples_markdown(lines), int(step))
 

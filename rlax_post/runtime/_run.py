@@ -414,7 +414,8 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool, quiet: bool) ->
   if primary:
     for cut in _learners.warmup_cuts(cfg):
       ui.warn(cut)
-  return Run(parts=parts, workdir=workdir, update=_learn.RLUpdate(parts), evaluate=_eval.make_evaluator(parts).evaluate,
+  return Run(parts=parts, workdir=workdir, update=_learn.RLUpdate(parts),
+             evaluate=_eval.make_evaluator(parts).evaluate,
              ckpt=ckpt, metrics=_metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard,
                                                        active=primary),
              log=_rowlog.RolloutLog(workdir, active=primary), ui=ui, latest=latest, t_start=t_start,

@@ -350,9 +350,9 @@ class ThreadSource(_QueueSource):
 
   def stop(self, samplers_too: bool = True) -> None:
     """Stops the sampler threads (whatever `samplers_too` says: they live in this process), waiting
-    `stop_timeout_s` for all of them together; raises a sampler's error no `take` raised (one that failed after the learner's last take fails the run: nothing is lost), or a
-    RuntimeError naming the threads still running at the deadline (a sampler stuck in an env call, a reward
-    or the device: the run did not end cleanly)."""
+    `stop_timeout_s` for all of them together; raises a sampler's error no `take` raised (one that failed after
+    the learner's last take fails the run: nothing is lost), or a RuntimeError naming the threads still running
+    at the deadline (a sampler stuck in an env call, a reward or the device: the run did not end cleanly)."""
     self._stop.set()
     deadline = time.monotonic() + self.stop_timeout_s
     for t in self._threads:
