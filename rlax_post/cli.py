@@ -760,7 +760,7 @@ def _serve(argv):
     workdir = _run_dir(_CHECKPOINT.value, "--checkpoint",
                        "the workdir of a training run (it holds config.json and checkpoints/)")
     server = runtime.serve(workdir, options, _DTYPE.value)
-    what = f"step {runtime.served_step(workdir, _STEP.value)} of {workdir}"
+    what = f"step {server.options.step} of {workdir}"  # (the step it loaded: a newer one may be committed since)
   server.stop_on_signals()
   print(f"Serving {what} with JetStream on {server.address}", flush=True)
   server.wait_for_termination()

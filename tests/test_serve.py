@@ -25,6 +25,7 @@ import _serving
 import grpc
 import jax
 import numpy as np
+import portpicker
 import pytest
 
 from rlax_post import models
@@ -93,6 +94,26 @@ def test_serving_reads_the_newest_committed_step_and_leaves_the_run_alone(run, s
     _serve.served_step(str(run), _UNCOMMITTED)
   # The server came up (reading step 2's missing state would have failed) and serves step 1's params.
   assert server.decode(_serving.text_request(_GOOD[0], 6)) == references[_GOOD[0]]
+
+
+def test_the_server_names_the_step_it_loaded_after_a_newer_one_is_committed(tmp_path, run, references):
+  """`rlax-post serve` printed "Serving step K" from a second listing after the server came up: a run still
+  training that committed step K+1 in between had the line name a step it did not serve. The server keeps
+  the options it served with, the step resolved (the CLI prints that one)."""
+  workdir = tmp_path / "run"
+  shutil.copytree(run, workdir, ignore=shutil.ignore_patterns("tensorboard", "replay"))
+  server = _serve.serve(str(workdir), sampler.ServeOptions(port=portpicker.pick_unused_port()))
+  try:
+    shutil.copytree(workdir / "checkpoints" / "0", workdir / "checkpoints" / "5")  # committed after it started
+    assert _serve.served_step(str(workdir)) == 5
+    assert server.options.step == _COMMITTED
+    with grpc.insecure_channel(server.address) as channel:
+      stub = _serving.JS.jetstream_pb2_grpc.OrchestratorStub(channel)
+      got = [i for r in stub.Decode(_serving.text_request(_GOOD[0], 6), timeout=120)
+             for sample in r.stream_content.samples for i in sample.token_ids]
+    assert got == references[_GOOD[0]]  # step 1's params, not step 5's (step 0's)
+  finally:
+    server.stop()
 
 
 def test_no_committed_checkpoint_is_an_error_naming_the_workdir(tmp_path, run):

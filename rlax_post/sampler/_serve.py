@@ -496,13 +496,17 @@ class Server:
 
   Like JetStream's `server_lib.JetStreamServer` (`wait_for_termination`, `stop`), but the port is bound
   first, without SO_REUSEPORT, and checked, and the servicer is attached once the engine is ready (`start`).
+  `options`: what it serves with (`serve`'s, the served step resolved: a run's newest committed step when
+  it started, which a run still training may have passed since).
   """
 
-  def __init__(self, host: str, port: int, threads: int):
+  def __init__(self, options: ServeOptions):
+    self.options = options
+    host, port = options.host, options.port
     self.address, self.port = _grpc_address(host, port), port  # host:port, [v6 host]:port
     self._driver, self._stopped = None, False
     self.signalled: str | None = None  # the name of the signal that stopped it (`stop_on_signals`)
-    self._executor = futures.ThreadPoolExecutor(max_workers=threads)
+    self._executor = futures.ThreadPoolExecutor(max_workers=options.threads)
     self._loop = asyncio.new_event_loop()
     self._loop.set_default_executor(self._executor)
     self._thread = threading.Thread(target=self._loop.run_forever, name="grpc-server-loop", daemon=True)
@@ -574,7 +578,7 @@ def serve(create_engine: Callable[[list], ServingEngine], options: ServeOptions)
   A bad or busy port raises ValueError naming host:port before the engine is built.
   """
   _check_port(options.host, options.port)
-  server = Server(options.host, options.port, options.threads)
+  server = Server(options)
   try:
     engine = create_engine(jax.devices()[:1])
     driver = _GuardedDriver(engine, engine.load_params())
