@@ -809,7 +809,7 @@ def _evaluate(argv):
   del argv
   workdir = _run_dir(_required(_WORKDIR, "the workdir of the run to evaluate"), "--workdir",
                      "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
-  step = runtime.checkpoint_step(workdir, _STEP.value)
+  step = runtime.checkpoint_step(workdir, _STEP.value, "evaluate")
   out = _new_file(_local_out(_OUT.value or runtime.samples_path(workdir, step), "--out", "the samples file"), "--out")
   with _output_dir(os.path.dirname(os.path.abspath(out)), "--out"):
     result = runtime.evaluate_run(workdir, step=step, out=out)

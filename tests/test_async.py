@@ -84,7 +84,7 @@ def test_evaluate_scores_a_checkpoint_as_the_run_logged_it_and_writes_every_exam
   mean reward is the eval_reward the run logged at that step, exactly; one record per held-out example, whose
   rewards average to it, the first `eval.samples` of them the ones the run wrote to eval_samples.jsonl then."""
   workdir = os.fspath(sync_run)
-  step = runtime.checkpoint_step(workdir, None)
+  step = runtime.checkpoint_step(workdir, None, "evaluate")
   logged = {r["step"]: r["eval_reward"] for r in _rows(workdir, "eval")}
   assert step == 4 and sorted(logged) == [0, 4]
   out = os.fspath(tmp_path / "samples.jsonl")
@@ -106,7 +106,7 @@ def test_evaluate_scores_a_checkpoint_as_the_run_logged_it_and_writes_every_exam
     assert "<eos>" not in r["completion"] and len(r["completion"].encode()) <= cfg.rl.max_new_tokens
   with pytest.raises(ValueError, match=r"--step 3: run .* holds no complete checkpoint of that step; its "
                                        r"complete steps: \[0, 2, 4\]"):
-    runtime.checkpoint_step(workdir, 3)
+    runtime.checkpoint_step(workdir, 3, "evaluate")
 
 
 def test_replay_of_an_inline_run_reproduces_it_exactly(sync_run):

@@ -927,14 +927,14 @@ def test_evaluate_names_a_run_without_checkpoints_a_missing_step_and_a_used_out_
   (run / "checkpoints" / "2").mkdir(parents=True)  # a step without orbax's commit marker: not complete
   (run / "config.json").write_text(json.dumps({"task": {}, "rl": {}}))
   line = _error(_cli("evaluate", "--workdir", run), "evaluate")
-  assert line == (f"rlax-post evaluate: error: --workdir {str(run)!r}: {run}/checkpoints holds no complete "
-                  "checkpoint to evaluate; train the run first (its warm start saves step 0).")
+  assert line == (f"rlax-post evaluate: error: {run}/checkpoints holds no complete checkpoint to evaluate (a <step>/ "
+                  "directory with orbax's commit marker); train the run first (its warm start saves step 0).")
   for step in (0, 4):
     (run / "checkpoints" / str(step)).mkdir()
     (run / "checkpoints" / str(step) / "commit_success.txt").write_text("")
   line = _error(_cli("evaluate", "--workdir", run, "--step", "2"), "evaluate")
-  assert line == (f"rlax-post evaluate: error: --step 2: run {str(run)!r} holds no complete checkpoint of that step; "
-                  "its complete steps: [0, 4].")
+  assert line == (f"rlax-post evaluate: error: --step 2: run {run} holds no complete checkpoint of that step; its "
+                  "complete steps: [0, 4].")
   (run / "evaluate").mkdir()
   (run / "evaluate" / "step_4.jsonl").write_text("")
   line = _error(_cli("evaluate", "--workdir", run), "evaluate")  # the newest step's default

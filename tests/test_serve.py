@@ -90,7 +90,7 @@ def test_serving_reads_the_newest_committed_step_and_leaves_the_run_alone(run, s
   assert _serve.served_step(str(run)) == _COMMITTED  # Step 2 has no commit marker.
   assert (run / "checkpoints" / str(_UNCOMMITTED)).is_dir()  # Listed, not moved aside.
   assert not (run / "checkpoints.aside").exists()
-  with pytest.raises(ValueError, match=f"Step {_UNCOMMITTED} is not a committed checkpoint"):
+  with pytest.raises(ValueError, match=f"--step {_UNCOMMITTED}: run {run} holds no complete checkpoint of that step"):
     _serve.served_step(str(run), _UNCOMMITTED)
   # The server came up (reading step 2's missing state would have failed) and serves step 1's params.
   assert server.decode(_serving.text_request(_GOOD[0], 6)) == references[_GOOD[0]]
@@ -119,7 +119,7 @@ def test_the_server_names_the_step_it_loaded_after_a_newer_one_is_committed(tmp_
 def test_no_committed_checkpoint_is_an_error_naming_the_workdir(tmp_path, run):
   workdir = tmp_path / "run"  # The run with every commit marker gone.
   shutil.copytree(run, workdir, ignore=shutil.ignore_patterns("commit_success.txt", "tensorboard", "replay"))
-  with pytest.raises(ValueError, match=f"No committed checkpoint in {workdir}/checkpoints"):
+  with pytest.raises(FileNotFoundError, match=f"{workdir}/checkpoints holds no complete checkpoint to serve"):
     _serve.serve(str(workdir), sampler.ServeOptions())
 
 
@@ -262,7 +262,8 @@ def test_the_cli_serves_the_step_it_is_given_and_names_a_missing_one(run, refere
     done = _serving.serve_error(run, "--step", str(step))
     assert done.returncode == 2 and "Serving" not in done.stdout, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == (
-        f"rlax-post serve: error: Step {step} is not a committed checkpoint of {run}; committed steps: [0, 1].")
+        f"rlax-post serve: error: --step {step}: run {run} holds no complete checkpoint of that step; its complete "
+        "steps: [0, 1].")
 
 
 def test_the_cli_sampling_flags_reach_the_engine(run, references):

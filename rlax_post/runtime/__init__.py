@@ -6,6 +6,7 @@ from rlax_post.runtime._check_data import check_data
 from rlax_post.runtime._check_data import DataCheck
 from rlax_post.runtime._check_data import SplitCheck
 from rlax_post.runtime._checkpoint import check_resume_config
+from rlax_post.runtime._checkpoint import checkpoint_step
 from rlax_post.runtime._checkpoint import complete_checkpoints
 from rlax_post.runtime._checkpoint import probe_writable
 from rlax_post.runtime._checkpoint import RunCheckpointer
@@ -16,7 +17,6 @@ from rlax_post.runtime._distributed import ENV_NUM_PROCESSES
 from rlax_post.runtime._distributed import ENV_PROCESS_ID
 from rlax_post.runtime._distributed import initialize as initialize_distributed
 from rlax_post.runtime._distributed import is_primary
-from rlax_post.runtime._eval import checkpoint_step
 from rlax_post.runtime._eval import eval_component_means
 from rlax_post.runtime._eval import EVAL_COMPONENT_PREFIX
 from rlax_post.runtime._eval import eval_record

@@ -106,19 +106,36 @@ def _first_line(e: BaseException) -> str:
   return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 
+def pick_step(steps: list[int], workdir: str, step: int | None, doing: str) -> int:
+  """`step`, or the newest of `steps` (run `workdir`'s complete checkpoints, ascending) when None; the one
+  wording of every command that reads a run's checkpoint (`doing`: "serve", "evaluate", "export", ...):
+  FileNotFoundError when there is none, ValueError naming the complete steps when `step` is none of them."""
+  if not steps:
+    raise FileNotFoundError(f"{os.path.join(workdir, 'checkpoints')} holds no complete checkpoint to {doing} (a "
+                            "<step>/ directory with orbax's commit marker); train the run first (its warm start "
+                            "saves step 0).")
+  if step is None:
+    return steps[-1]
+  if step not in steps:
+    raise ValueError(f"--step {step}: run {workdir} holds no complete checkpoint of that step; its complete "
+                     f"steps: {steps}.")
+  return step
+
+
+def checkpoint_step(workdir: str, step: int | None, doing: str) -> int:
+  """`pick_step` over this process's listing of run `workdir` (`complete_checkpoints`: nothing is read, created
+  or moved aside, so a run still training is left as it is)."""
+  return pick_step(complete_checkpoints(workdir), workdir, step, doing)
+
+
 def restore_state(workdir: str, templates: dict, *, max_to_keep: int, step: int | None = None,
-                  purpose: str = "") -> tuple[Any, Any, int]:
+                  doing: str = "read") -> tuple[Any, Any, int]:
   """(train state, reference params or None, step) of run `workdir` at checkpoint `step` (None: the newest
-  complete one), read without tidying the run; `templates`: `RLUpdate.checkpoint_templates`; `purpose` ends
-  the no-checkpoint error."""
+  complete one, as process 0 lists them), read without tidying the run; `templates`:
+  `RLUpdate.checkpoint_templates`; `doing` names the command in `pick_step`'s errors."""
   ckpt = RunCheckpointer(workdir, max_to_keep=max_to_keep, tidy=False)
   try:
-    step = ckpt.latest_step() if step is None else step
-    if step is None:
-      raise FileNotFoundError(f"{workdir}/checkpoints holds no complete checkpoint{purpose}.")
-    if step not in ckpt.complete_steps():
-      raise ValueError(f"Checkpoint step {step} in {ckpt.directory} is not a complete checkpoint; complete "
-                       f"steps: {ckpt.complete_steps()}.")
+    step = pick_step(ckpt.agreed_steps(), workdir, step, doing)
     try:
       state, ref_params, _ = ckpt.restore(step, **templates)
     except ValueError as e:  # Orbax's tree or shape mismatch, which advised `partial_restore=True`.

@@ -150,21 +150,6 @@ def _texts(tokenizer: Any, stops: tuple[str, ...], row: dict, example: int) -> d
   return {"prompt": prompt, "completion": completion}
 
 
-def checkpoint_step(workdir: str, step: int | None) -> int:
-  """`step`, or the newest complete checkpoint of run `workdir` when None; a ValueError naming the complete
-  steps when it is none of them (a listing: nothing is read or created)."""
-  steps = _checkpoint.complete_checkpoints(workdir)
-  if not steps:
-    raise FileNotFoundError(f"--workdir {workdir!r}: {os.path.join(workdir, 'checkpoints')} holds no complete "
-                            "checkpoint to evaluate; train the run first (its warm start saves step 0).")
-  if step is None:
-    return steps[-1]
-  if step not in steps:
-    raise ValueError(f"--step {step}: run {workdir!r} holds no complete checkpoint of that step; its complete "
-                     f"steps: {steps}.")
-  return step
-
-
 def samples_path(workdir: str, step: int) -> str:
   """`rlax-post evaluate`'s default output for step `step` of run `workdir`: WORKDIR/evaluate/step_K.jsonl."""
   return os.path.join(workdir, EVALUATE_DIR, f"step_{step}.jsonl")

@@ -63,7 +63,7 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, st
   update = _learn.RLUpdate(parts)
   state, _, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
                                              max_to_keep=parts.cfg.checkpoint.max_to_keep, step=step,
-                                             purpose=" to export")
+                                             doing="export")
   policy = update.policy(state)
   if dtype is not None:
     policy = _cast(policy, dtype)

@@ -34,7 +34,7 @@ def load_run_policy(workdir: str, *, step: int | None = None) -> RunPolicy:
   update = _learn.RLUpdate(parts)
   state, ref_params, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
                                                       max_to_keep=parts.cfg.checkpoint.max_to_keep, step=step,
-                                                      purpose=" to read")
+                                                      doing="read")
   return RunPolicy(parts=parts, step=step, params=update.policy(state), warm_start=ref_params)
 
 

@@ -18,7 +18,6 @@ import os
 
 import jax
 
-from rlax_post import exchange
 from rlax_post import models
 from rlax_post import sampler
 from rlax_post.runtime import _checkpoint
@@ -27,23 +26,10 @@ from rlax_post.runtime import _samplers
 
 
 def served_step(workdir: str, step: int | None = None) -> int:
-  """The checkpoint step to serve: `step` (which must be committed), else the newest committed one.
-
-  Committed = `<step>/` holding orbax's commit marker (`runtime.complete_checkpoints`), so a step still being
-  written, or left by a save that never finished, is never read. Only lists: opening a `RunCheckpointer` would move such directories aside, and
-  serving must not change a run's outputs (the run may still be training). ValueError naming the workdir if
-  there is no such step.
-  """
-  steps = _checkpoint.complete_checkpoints(workdir)
-  directory = exchange.as_path(workdir) / "checkpoints"
-  if not steps:
-    raise ValueError(f"No committed checkpoint in {directory} (a <step>/ directory holding orbax's commit "
-                     f"marker); is {workdir} the workdir of a run that has saved one?")
-  if step is None:
-    return steps[-1]
-  if step not in steps:
-    raise ValueError(f"Step {step} is not a committed checkpoint of {workdir}; committed steps: {steps}.")
-  return step
+  """The checkpoint step to serve: `step` (which must be complete), else the newest complete one
+  (`runtime.checkpoint_step`: a listing, so a step still being written, or left by a save that never finished,
+  is never read, and serving leaves the run's directory as it is: the run may still be training)."""
+  return _checkpoint.checkpoint_step(workdir, step, "serve")
 
 
 def engine_from_workdir(workdir: str, options: sampler.ServeOptions = sampler.ServeOptions(), *,
