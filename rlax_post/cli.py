@@ -61,7 +61,8 @@ _SLOTS = flags.DEFINE_integer("slots", 8, "serve: concurrent decodes (engine slo
 _INDEX = flags.DEFINE_integer("index", None, "sampler: this sampler's index (0, 1, ...; unique per sampler).")
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "sweep: work units run at the same time.")
 _PIN_CPUS = flags.DEFINE_bool("pin_cpus", True, "sweep: give each concurrent unit its own share of the CPUs.")
-_JSON = flags.DEFINE_string("json", None, "sweep: also write the figures of sweep.json to this path; fidelity, "
+_JSON = flags.DEFINE_string("json", None, "sweep: also write the figures of sweep.json to this path; compare: write "
+                            "the figures of the table (per run, per group, contrasts) to this path; fidelity, "
                             "value, rescue-eval, rescue-audit: also write the printed report to this path.")
 _SHARE_WARM = flags.DEFINE_bool("share_warm_start", True, "sweep: units with the same warm start (seed, task, "
                                 "model, sft) compute it once (--config.sft.cache_dir=ROOT/warm_start_cache).")
@@ -73,7 +74,8 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "train, learner, replay: 
 _GGUF = flags.DEFINE_string("gguf", None, "convert: a GGUF model file (llama.cpp).")
 _OUT = flags.DEFINE_string("out", None, "convert, export: the Hugging Face checkpoint directory to write (new or "
                            "empty); evaluate: the JSON Lines file to write, one line per held-out example (a new "
-                           "file; default: RUN_WORKDIR/evaluate/step_K.jsonl).")
+                           "file; default: RUN_WORKDIR/evaluate/step_K.jsonl); compare: the PNG of the runs' reward "
+                           "curves to write (a new file).")
 _ARCHITECTURE = flags.DEFINE_string("architecture", None, "export: the Hugging Face architecture to write (default: "
                                     "the model.hf_path's, else the one the model's features name).")
 _DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor written and of config.json's "
@@ -144,6 +146,10 @@ _COMMANDS = {
     "sweep": ("--config FILE[:variant] [--config.a.b=value ...] --workdir ROOT [--parallel N]",
               "Run a config's work units (get_sweep) as local `train` processes; print their table.",
               ("config", "workdir", "parallel", "pin_cpus", "share_warm_start", "json", "quiet")),
+    "compare": ("RUN_WORKDIR [RUN_WORKDIR ...] [--out FILE.png] [--json PATH]",
+                "Finished runs side by side: per run, per group of seeds, each group against the first with "
+                "Welch's 95% interval.",
+                ("out", "json")),
     "convert": ("--gguf FILE --out DIR [--dtype bfloat16]",
                 "Write a GGUF model (llama.cpp) as a Hugging Face checkpoint directory for model.hf_path.",
                 ("gguf", "out", "dtype", "quiet")),
@@ -491,6 +497,9 @@ def _check_own_flags(command: str) -> None:
                        f"the flags of {command}: {['--' + n for n in own]}.")
 
 
+_POSITIONAL = ("compare",)  # the commands whose arguments are not all flags: compare's run directories
+
+
 def _check_no_arguments(command: str, rest) -> None:
   """Every command takes flags only: a word that is not a flag (`[--step K]` pasted from a usage line, the
   `false` of `--resume false`) was dropped, and the command ran as if it were not there. It is refused."""
@@ -505,7 +514,8 @@ def _parse_flags(command: str, argv):
     _check_overrides(argv)
     argv, nones = sweep.none_overrides(argv)
     parsed = flags.FLAGS(argv)
-    _check_no_arguments(command, parsed[1:])
+    if command not in _POSITIONAL:
+      _check_no_arguments(command, parsed[1:])
     _check_own_flags(command)
     if nones:
       _CONFIG.value.update_from_flattened_dict(nones)
@@ -700,6 +710,30 @@ def _sweep_report(results, root: str, spec: str) -> None:
   print(f"\nOutputs in {root}: sweep.json, sweep.png, and one workdir per unit.")
 
 
+def _compare(argv):
+  """Prints the table of the runs given (`sweep.compare_runs`): per run, per group, and the contrasts; with
+  --out the reward curves' PNG, with --json the figures."""
+  workdirs = argv[1:]
+  if not workdirs:
+    raise ValueError("compare needs the workdirs of the runs to compare, e.g. `rlax-post compare runs/a runs/b` "
+                     "(a sweep's units: `rlax-post compare ROOT/*/`).")
+  for w in workdirs:
+    _local_out(w, "run", "compare's figures")
+    _run_dir(w, "run", "the workdir of a run of `rlax-post train` (it holds config.json and metrics.jsonl)")
+  out = _OUT.value and _new_file(_local_out(_OUT.value, "--out", "the plot"), "--out", "compare.png")
+  json_path = _json_path()
+  results = sweep.compare_runs(workdirs)
+  if json_path:
+    runtime.write_json(json_path, sweep.compare_report(results))
+  if out:
+    sweep.plot(results, out, title=f"{len(workdirs)} runs")
+  _print_out(sweep.table(results))
+  counted = sum(r.ok for r in results)
+  if counted < len(results):
+    print(f"{len(results) - counted} of {len(results)} runs are not counted (status above): only runs that did all "
+          "their RL steps are results.", file=sys.stderr)
+
+
 def _check_config(argv):
   """Prints the validated config as JSON, after the checks `train` makes at start-up that need no model:
   `task.options`, and the reward functions loaded and their weights and options checked
@@ -831,11 +865,11 @@ def evaluate_line(workdir: str, result: dict) -> str:
           f"reward: {result['out']}")
 
 
-def _new_file(path: str, flag: str) -> str:
+def _new_file(path: str, flag: str, example: str = "samples.jsonl") -> str:
   """`path`, a file to create: refused when something is there already (an earlier output is never replaced)."""
   if os.path.isdir(path):
     raise IsADirectoryError(f"{flag} {path!r} is a directory; pass a file path, e.g. "
-                            f"{os.path.join(path, 'samples.jsonl')!r}.")
+                            f"{os.path.join(path, example)!r}.")
   if os.path.exists(path):
     raise ValueError(f"{flag} {path!r} exists; pass a new file path (an earlier output is not replaced), or remove "
                      "it.")
@@ -966,8 +1000,8 @@ def _rescue_audit(argv):
 
 
 _HANDLERS = {"train": _train, "check-config": _check_config, "check-data": _check_data, "serve": _serve,
-             "learner": _learner, "sampler": _sampler, "replay": _replay, "sweep": _sweep, "convert": _convert,
-             "export": _export, "evaluate": _evaluate, "fidelity": _fidelity, "value": _value,
+             "learner": _learner, "sampler": _sampler, "replay": _replay, "sweep": _sweep, "compare": _compare,
+             "convert": _convert, "export": _export, "evaluate": _evaluate, "fidelity": _fidelity, "value": _value,
              "rescue-sim": _rescue_sim, "rescue-eval": _rescue_eval, "rescue-audit": _rescue_audit}
 
 

@@ -26,8 +26,8 @@ from rlax_post.runtime import _checkpoint
 _ENV = _procs.env()
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEMO = os.path.join(_ROOT, "configs", "demo.py")
-_COMMANDS = ("train", "check-config", "check-data", "serve", "learner", "sampler", "replay", "sweep", "convert",
-             "export", "evaluate")
+_COMMANDS = ("train", "check-config", "check-data", "serve", "learner", "sampler", "replay", "sweep", "compare",
+             "convert", "export", "evaluate")
 _IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
 
@@ -73,11 +73,12 @@ _OWN_FLAGS = {
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
     "replay": ("--workdir",), "sweep": ("--config", "--workdir", "--parallel", "--json"),
     "convert": ("--gguf", "--out", "--dtype"), "export": ("--workdir", "--out", "--step", "--architecture", "--dtype"),
-    "evaluate": ("--workdir", "--step", "--out"),
+    "evaluate": ("--workdir", "--step", "--out"), "compare": ("--out", "--json"),
 }
 _OTHER_FLAGS = {"train": "--port", "check-config": "--workdir", "check-data": "--workdir", "serve": "--workdir",
                 "learner": "--index", "sampler": "--config", "replay": "--parallel", "sweep": "--checkpoint",
-                "convert": "--workdir", "export": "--gguf", "evaluate": "--dtype"}
+                "convert": "--workdir", "export": "--gguf", "evaluate": "--dtype",
+                "compare": "--workdir"}
 
 
 @pytest.mark.parametrize("command", _COMMANDS)
@@ -169,8 +170,8 @@ def test_unknown_command_lists_the_valid_ones():
   assert out.returncode == 2 and "Traceback" not in out.stderr
   assert out.stderr.strip() == (
       "rlax-post: error: unknown command 'tran' (did you mean 'train'?); valid commands: ['train', "
-      "'check-config', 'check-data', 'serve', 'learner', 'sampler', 'replay', 'sweep', 'convert', 'export', "
-      "'evaluate', 'fidelity', "
+      "'check-config', 'check-data', 'serve', 'learner', 'sampler', 'replay', 'sweep', 'compare', 'convert', "
+      "'export', 'evaluate', 'fidelity', "
       "'value', 'rescue-sim', 'rescue-eval', 'rescue-audit']; `rlax-post --help` describes them.")
 
 

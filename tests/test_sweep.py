@@ -314,10 +314,10 @@ def test_a_torn_metrics_line_is_dropped_and_unreadable_outputs_fail_the_unit(tmp
   unit = sweep.WorkUnit(index=0, config="c.py", overrides={"seed": 0})
   (tmp_path / "summary.json").write_text(json.dumps(_summary(2)))
   (tmp_path / "metrics.jsonl").write_text('{"phase": "rl", "step": 1, "reward_mean": 0.2}\n{"phase": "rl", "st')
-  r = _local._collect(sweep.UnitResult(unit=unit, workdir=str(tmp_path), returncode=0))
+  r = _local.collect(sweep.UnitResult(unit=unit, workdir=str(tmp_path), returncode=0))
   assert r.ok and r.train_curve == [(1, 0.2)]
   (tmp_path / "metrics.jsonl").write_text('{"phase": "rl", "st\n{"phase": "rl", "step": 2, "reward_mean": 0.3}\n')
-  r = _local._collect(sweep.UnitResult(unit=unit, workdir=str(tmp_path), returncode=0))
+  r = _local.collect(sweep.UnitResult(unit=unit, workdir=str(tmp_path), returncode=0))
   assert not r.ok and r.status == "unreadable" and "line 1: not a JSON row" in r.error
 
 
@@ -698,7 +698,7 @@ def _unit_on_disk(root, seed, summary, rows):
   runtime.write_json(os.path.join(unit.workdir(root), "summary.json"), summary)
   with open(os.path.join(unit.workdir(root), "metrics.jsonl"), "w") as f:
     f.writelines(json.dumps(r) + "\n" for r in rows)
-  return _local._collect(sweep.UnitResult(unit=unit, workdir=unit.workdir(root), returncode=0))
+  return _local.collect(sweep.UnitResult(unit=unit, workdir=unit.workdir(root), returncode=0))
 
 
 def test_a_seeds_undefined_figure_makes_its_groups_figure_undefined_not_a_mean_of_the_rest(tmp_path):

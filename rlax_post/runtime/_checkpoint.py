@@ -320,26 +320,31 @@ class RunCheckpointer:
 
 # Sections that decide what a run computes; a resumed run must match the run that wrote the checkpoint.
 # (mesh, eval, checkpoint and runtime may change: a run can resume on another mesh, for example.)
-_RESULT_SECTIONS = ("seed", "task", "data", "reward", "model", "sft", "rl", "loss", "advantage", "critic",
+RESULT_SECTIONS = ("seed", "task", "data", "reward", "model", "sft", "rl", "loss", "advantage", "critic",
                     "multiagent", "tree", "iterppo")
 # Where a warm start may be found, not what it is; how many threads score the samples, not their rewards.
 _NOT_RESULTS = ("sft.cache_dir", "reward.workers")
 
 
+def result_settings(saved: dict, sections: list[str] | None = None) -> dict:
+  """The flat settings (`config.flat_settings`) of `saved`, a run's config as config.json holds it, that decide
+  its results: `sections` (default: those of `RESULT_SECTIONS` it holds), a key added since the run at its
+  default (the run ran with it), local paths absolute (a run from before they were saved ran in the directory
+  it is read from), and `_NOT_RESULTS` left out. Lists compare as tuples (JSON turns tuples into lists)."""
+  sections = [k for k in RESULT_SECTIONS if k in saved] if sections is None else sections
+  flat = config_lib.flat_settings
+  defaults = flat(json.loads(json.dumps({k: config_lib.to_dict(config_lib.Config())[k] for k in sections})))
+  settings = _paths.absolute_settings({**defaults, **flat({k: saved.get(k) for k in sections})})
+  return {k: v for k, v in settings.items() if k not in _NOT_RESULTS}
+
+
 def check_resume_config(saved: dict | None, cfg: config_lib.Config) -> None:
   if saved is None:
     return
-  now = config_lib.to_dict(cfg)
-  # JSON turns tuples into lists; compare through JSON on both sides.
-  sections = [k for k in _RESULT_SECTIONS if k in saved]  # A checkpoint older than a section lacks it.
-  # ...or a key added since (e.g. model.lora): it ran with that key's default.
-  flat = config_lib.flat_settings
-  defaults = flat(json.loads(json.dumps({k: config_lib.to_dict(config_lib.Config())[k] for k in sections})))
-  # Paths compare absolute: a run started before they were saved so resumes from the directory it ran in.
-  old_flat = _paths.absolute_settings({**defaults, **flat({k: saved.get(k) for k in sections})})
-  new_flat = _paths.absolute_settings(flat(json.loads(json.dumps({k: now[k] for k in sections}))))
-  diff = sorted(k for k in old_flat.keys() | new_flat.keys()
-                if old_flat.get(k) != new_flat.get(k) and k not in _NOT_RESULTS)
+  sections = [k for k in RESULT_SECTIONS if k in saved]  # A checkpoint older than a section lacks it.
+  old_flat = result_settings(saved, sections)
+  new_flat = result_settings(json.loads(json.dumps(config_lib.to_dict(cfg))), sections)
+  diff = sorted(k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k))
   if diff:
     changes = ", ".join(f"{k}: {old_flat.get(k)!r} -> {new_flat.get(k)!r}" for k in diff[:8])
     raise ValueError(f"--resume needs the configuration that wrote the checkpoint (it decides the schedule, "

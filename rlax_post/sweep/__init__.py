@@ -1,6 +1,10 @@
 """Sweeps defined next to `get_config` in `configs/*.py`, run locally (`rlax-post sweep`) or by XManager
 (`launch/launch_xm.py`); docs/launch.md."""
 
+from rlax_post.sweep._compare import compare_report
+from rlax_post.sweep._compare import compare_runs
+from rlax_post.sweep._compare import differing_settings
+from rlax_post.sweep._local import contrasts
 from rlax_post.sweep._local import finished
 from rlax_post.sweep._local import group_figures
 from rlax_post.sweep._local import LocalSweep
@@ -33,8 +37,12 @@ __all__ = [
     "check_overrides",
     "check_value",
     "command_line_overrides",
+    "compare_report",
+    "compare_runs",
     "config_of",
+    "contrasts",
     "differences",
+    "differing_settings",
     "finished",
     "group_figures",
     "load_module",

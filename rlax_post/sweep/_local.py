@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from rlax_post import runtime
 from rlax_post.sweep import _units
@@ -56,6 +57,8 @@ class UnitResult:
       return "interrupted" if self.returncode is not None else "not run"
     if self.returncode not in (None, 0):
       return f"failed ({self.returncode})"
+    if self.returncode is None and self.summary is None and not self.error.startswith("outputs"):
+      return "unfinished"  # (`compare`: a run still going, or stopped before its summary)
     if self.summary is not None and not self.error.startswith("outputs"):
       return f"stopped ({self.summary.get('rl_steps_done')}/{self.summary.get('rl_steps')})"
     return "unreadable"
@@ -105,7 +108,7 @@ def _read_curves(workdir: str) -> tuple[list[tuple[int, float | None]], list[tup
   return evals, train
 
 
-def _collect(result: UnitResult) -> UnitResult:
+def collect(result: UnitResult) -> UnitResult:
   """Reads the unit's summary.json and curves; a unit whose outputs cannot be read is not a result (its
   `error` says why), nor is one whose summary says it stopped early."""
   result.summary, result.error = None, ""
@@ -222,7 +225,7 @@ def _finish(run: _Running, say, total: int) -> None:
   run.log.close()
   r = run.result
   r.returncode, r.seconds = run.proc.returncode, time.time() - run.t0
-  _collect(r)
+  collect(r)
   where = f"[{r.unit.index + 1}/{total}] {r.unit.name}"
   if r.ok:
     s = r.summary
@@ -286,7 +289,7 @@ def _unfinished(results: list[UnitResult], say) -> list[UnitResult]:
   (a unit stopped early is run again, with --resume)."""
   pending = []
   for r in results:
-    if os.path.exists(os.path.join(r.workdir, "summary.json")) and _collect(r).ok and _all_steps(r):
+    if os.path.exists(os.path.join(r.workdir, "summary.json")) and collect(r).ok and _all_steps(r):
       say(f"[{r.unit.index + 1}/{len(results)}] {r.unit.name}: finished earlier, not run again.")
     else:
       pending.append(r)
@@ -441,6 +444,46 @@ def group_figures(results: Sequence[UnitResult]) -> list[dict[str, Any]]:
   return out
 
 
+def contrasts(groups: Sequence[dict[str, Any]], key: str = "final_eval_reward") -> list[dict[str, Any]]:
+  """Each group after the first (the baseline: the sweep's first unit's, `compare`'s first run's) against it on
+  `key` (`group_figures` rows): the difference of the means, Welch's 95% confidence interval of it, and the
+  smallest difference these seeds detect at 80% power (a two-sided 5% test; `mde80`): an interval that holds 0
+  with a wide `mde80` says the runs cannot tell, not that the arms are equal. The interval needs two finished
+  seeds with a defined figure per group (else None, with `why`)."""
+  if len(groups) < 2:
+    return []
+  base, out = groups[0], []
+  for g in groups[1:]:
+    row = {"group": g["group"], "baseline": base["group"], "key": key, "difference": None, "ci95": None,
+           "mde80": None, "df": None, "why": None}
+    a, b = base.get(key), g.get(key)
+    if a is None or b is None:
+      row["why"] = "undefined in a group"
+    else:
+      row["difference"] = b[0] - a[0]
+      if a[1] is None or b[1] is None:
+        row["why"] = "one seed in a group: no spread to test against"
+      else:
+        row.update(_welch(a, b, base["finished"], g["finished"]))
+    out.append(row)
+  return out
+
+
+def _welch(a: tuple[float, float], b: tuple[float, float], na: int, nb: int) -> dict[str, Any]:
+  """Welch's interval of mean(b) - mean(a) from (mean, sample std) and counts, with the Welch-Satterthwaite
+  degrees of freedom; `mde80` = (t_0.975 + t_0.8) * its standard error."""
+  va, vb = a[1] ** 2 / na, b[1] ** 2 / nb
+  se = float(np.sqrt(va + vb))
+  if se == 0.0:  # identical figures in every seed of both groups: no spread, the interval is the difference
+    diff = b[0] - a[0]
+    return {"ci95": (diff, diff), "mde80": 0.0, "df": None}
+  df = (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1))
+  half = float(stats.t.ppf(0.975, df)) * se
+  diff = b[0] - a[0]
+  return {"ci95": (diff - half, diff + half), "mde80": float(stats.t.ppf(0.975, df) + stats.t.ppf(0.8, df)) * se,
+          "df": float(df)}
+
+
 def _fmt(v, digits=3):
   return "-" if v is None else f"{v:.{digits}f}"
 
@@ -476,6 +519,15 @@ def table(results: Sequence[UnitResult]) -> str:
       cells = [_fmt_group(g, k) for k in ("initial_eval_reward", "final_eval_reward", "improvement",
                                             "train_reward_last_quarter")]
       lines.append(f"| {g['group']} | {g['finished']}/{g['units']} | {' | '.join(cells)} |")
+  rows = contrasts(groups)
+  if rows:
+    lines += ["", f"| group − {rows[0]['baseline']} | Δ eval after RL | 95% CI (Welch) | detectable at 80% power |",
+              "|---|---|---|---|"]
+    for c in rows:
+      diff = "-" if c["difference"] is None else f"{c['difference']:+.3f}"
+      ci = "-" if c["ci95"] is None else f"[{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]"
+      detect = c["why"] or f"±{c['mde80']:.3f}"
+      lines.append(f"| {c['group']} | {diff} | {ci} | {detect} |")
   return "\n".join(lines)
 
 
@@ -522,8 +574,9 @@ def plot(results: Sequence[UnitResult], path: str, *, title: str = "") -> None:
 
 def write_report(results: Sequence[UnitResult], root: str, *, config: str, json_path: str | None = None) -> dict:
   """sweep.json (+ a copy at json_path) and sweep.png under root; returns the JSON payload."""
+  groups = group_figures(results)
   payload = {"config": config, "root": os.path.abspath(root),
-             "units": [r.figures() for r in results], "groups": group_figures(results)}
+             "units": [r.figures() for r in results], "groups": groups, "contrasts": contrasts(groups)}
   for path in [os.path.join(root, "sweep.json")] + ([json_path] if json_path else []):
     runtime.write_json(path, payload)  # Strict JSON: a NaN that slipped through is an error here.
   plot(results, os.path.join(root, "sweep.png"), title=config)

@@ -106,10 +106,12 @@ class WorkUnit:
   # The unit's validated config (command-line overrides included), which its workdir's config.json must match
   # for the sweep to count the results there (`_local._stale`); None for a unit built by hand (not checked).
   cfg: config_lib.Config | None = dataclasses.field(default=None, compare=False, repr=False)
+  # What tables call the unit instead of its overrides (`rlax-post compare`: the run's directory as given).
+  label: str = ""
 
   @property
   def name(self) -> str:
-    return ",".join(f"{k}={_short(v)}" for k, v in self.overrides.items()) or "base"
+    return self.label or ",".join(f"{k}={_short(v)}" for k, v in self.overrides.items()) or "base"
 
   @property
   def group(self) -> str:

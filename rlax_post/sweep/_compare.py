@@ -1,0 +1,79 @@
+"""`rlax-post compare`: finished runs side by side, however they were started (`train`, `sweep`, a launcher).
+
+Each run directory's config.json says what it ran; the settings that decide results (`runtime.result_settings`:
+seed, task, data, reward, model, sft, rl, loss, advantage, ...) that differ between the runs name the groups,
+and runs that differ only by `seed` are one group's seeds: the table, figures and plot are the sweep's
+(`table`, `group_figures`, `contrasts`, `plot`), the first run's group the baseline of the contrasts. A run
+that did not do all its RL steps (no summary.json yet, or one that says it stopped early) is listed, never
+counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import json
+import os
+from typing import Any
+
+from rlax_post import runtime
+from rlax_post.sweep import _local
+from rlax_post.sweep import _units
+
+
+def _saved_config(workdir: str) -> dict:
+  """Run `workdir`'s config.json; ValueError naming the path when it is not a run's."""
+  path = os.path.join(workdir, "config.json")
+  if not os.path.isdir(workdir):
+    raise NotADirectoryError(f"{workdir!r} is not a directory; pass the workdirs of runs of `rlax-post train` "
+                             "(each holds config.json and metrics.jsonl).")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{workdir!r} holds no config.json: it is not the workdir of a run of `rlax-post "
+                            "train` (a sweep's root holds one workdir per unit: pass those, e.g. ROOT/*/).")
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{path} cannot be read as a run's config: {type(e).__name__}: {e}") from None
+  if not isinstance(saved, dict):
+    raise ValueError(f"{path} holds {type(saved).__name__}, not a run's config (a JSON object).")
+  return saved
+
+
+def differing_settings(configs: Sequence[dict]) -> list[str]:
+  """The result-deciding keys (`runtime.result_settings`, over the sections every config holds) on which the
+  configs do not all agree, sorted; `seed` among them when the seeds differ."""
+  sections = [k for k in runtime.RESULT_SECTIONS if all(k in c for c in configs)]
+  flats = [runtime.result_settings(c, sections) for c in configs]
+  keys = set().union(*flats)
+  return sorted(k for k in keys if len({json.dumps(f.get(k), sort_keys=True, default=str) for f in flats}) > 1)
+
+
+def compare_runs(workdirs: Sequence[str]) -> list[_local.UnitResult]:
+  """One `UnitResult` per run directory (in the order given), its unit's overrides the keys on which the runs
+  differ (`differing_settings`; its group: those but the seed) and its name the directory as given. ValueError
+  for no directory, one given twice, or one that is not a run's."""
+  if not workdirs:
+    raise ValueError("compare needs the workdirs of one run or more, e.g. `rlax-post compare runs/a runs/b`.")
+  seen = {}
+  for w in workdirs:
+    if (real := os.path.realpath(w)) in seen:
+      raise ValueError(f"{w!r} is given twice ({seen[real]!r} is the same directory); each run counts once.")
+    seen[real] = w
+  configs = [_saved_config(w) for w in workdirs]
+  keys = differing_settings(configs)
+  results = []
+  for index, (workdir, saved) in enumerate(zip(workdirs, configs)):
+    settings = runtime.result_settings(saved)
+    overrides = {k: settings.get(k) for k in keys}
+    unit = _units.WorkUnit(index=index, config=workdir, overrides=overrides, label=workdir)
+    result = _local.collect(_local.UnitResult(unit=unit, workdir=workdir))
+    if result.summary is None and not result.error:
+      result.error = "no summary.json: still running, or stopped before it wrote one"
+    results.append(result)
+  return results
+
+
+def compare_report(results: Sequence[_local.UnitResult]) -> dict[str, Any]:
+  """The figures `compare` prints and writes (`--json`): per run, per group, and the contrasts."""
+  groups = _local.group_figures(results)
+  return {"runs": [r.figures() for r in results], "groups": groups, "contrasts": _local.contrasts(groups)}

@@ -1,0 +1,120 @@
+"""`rlax-post compare`: runs grouped by the settings they differ on, and each group against the first (Welch).
+
+The runs' config.json files are real configs (configs/demo.py as `train` saves it); their summary.json and
+metrics.jsonl hold chosen figures, so that every number of the table is computed by hand here."""
+
+import json
+import os
+
+import _cli_forks  # pylint: disable=g-bad-import-order
+import _procs  # pylint: disable=g-bad-import-order
+import numpy as np
+import pytest
+from scipy import stats
+
+from rlax_post import config as config_lib
+from rlax_post import runtime
+from rlax_post import sweep
+
+_DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.py")
+_LR = "rl.optimizer.learning_rate"
+
+
+def _run_on_disk(root, name, *, seed, lr, final, done=4):
+  """A run's workdir: `train`'s config.json of configs/demo.py:tiny with `seed` and rl learning rate `lr`, a
+  summary.json whose final eval reward is `final` (None: no summary.json, a run still going), and its curves."""
+  workdir = os.path.join(root, name)
+  os.makedirs(workdir)
+  raw = sweep.apply(sweep.config_of(sweep.load_module(_DEMO), "tiny", _DEMO), {"seed": seed, _LR: lr})
+  cfg = config_lib.load(raw)
+  runtime.write_json(os.path.join(workdir, "config.json"), runtime.saved_config(cfg))
+  rows = [{"phase": "eval", "step": 0, "eval_reward": 0.1}, {"phase": "rl", "step": 1, "reward_mean": 0.2},
+          {"phase": "eval", "step": 4, "eval_reward": final}]
+  with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+    f.writelines(json.dumps(r) + "\n" for r in rows)
+  if final is not None:
+    runtime.write_json(os.path.join(workdir, "summary.json"), {
+        "initial_eval_reward": 0.1, "final_eval_reward": final, "improvement": final - 0.1, "wall_seconds": 5.0,
+        "rl_steps": 4, "rl_steps_done": done})
+  return workdir
+
+
+@pytest.fixture
+def runs(tmp_path):
+  """Two learning rates, three seeds each: final eval rewards 0.2, 0.3, 0.4 (lr 5e-4) and 0.5, 0.7, 0.6."""
+  finals = {5e-4: (0.2, 0.3, 0.4), 5e-3: (0.5, 0.7, 0.6)}
+  return [_run_on_disk(str(tmp_path), f"lr{lr}_s{seed}", seed=seed, lr=lr, final=finals[lr][seed])
+          for lr in finals for seed in range(3)]
+
+
+def test_runs_are_grouped_by_the_settings_they_differ_on_and_contrasted_with_welch(runs):
+  assert sweep.differing_settings([json.load(open(os.path.join(w, "config.json"))) for w in runs]) == [_LR, "seed"]
+  results = sweep.compare_runs(runs)
+  assert [r.unit.name for r in results] == runs and all(r.ok for r in results)
+  assert [r.unit.group for r in results] == [f"{_LR}=0.0005"] * 3 + [f"{_LR}=0.005"] * 3
+  report = sweep.compare_report(results)
+  base, other = report["groups"]
+  assert base["final_eval_reward"] == (pytest.approx(0.3), pytest.approx(0.1))
+  assert other["final_eval_reward"] == (pytest.approx(0.6), pytest.approx(0.1))
+  (c,) = report["contrasts"]
+  # By hand: se = sqrt(0.1²/3 + 0.1²/3) = 0.08165; Welch df = (2 · 0.01/3)² / (2 · (0.01/3)² / 2) = 4.
+  se, df = np.sqrt(2 * 0.01 / 3), 4.0
+  assert c["difference"] == pytest.approx(0.3) and c["df"] == pytest.approx(df)
+  half = stats.t.ppf(0.975, df) * se  # 2.776 · 0.08165 = 0.2267
+  assert c["ci95"] == (pytest.approx(0.3 - half), pytest.approx(0.3 + half)) and half == pytest.approx(0.2267, abs=1e-4)
+  assert c["mde80"] == pytest.approx((stats.t.ppf(0.975, df) + stats.t.ppf(0.8, df)) * se)
+  text = sweep.table(results)
+  assert f"| {runs[4]} | ok | 0.100 | 0.700 | 0.600 | 0.200 → 0.200 | 5 |" in text
+  assert f"| {_LR}=0.005 | 3/3 | 0.100 ± 0.000 | 0.600 ± 0.100 | 0.500 ± 0.100 | 0.200 ± 0.000 |" in text
+  assert f"| {_LR}=0.005 | +0.300 | [+0.073, +0.527] | ±{c['mde80']:.3f} |" in text
+
+
+def test_one_seed_per_group_gives_the_difference_and_says_why_there_is_no_interval(tmp_path):
+  runs = [_run_on_disk(str(tmp_path), "a", seed=0, lr=5e-4, final=0.2),
+          _run_on_disk(str(tmp_path), "b", seed=0, lr=5e-3, final=0.5)]
+  (c,) = sweep.compare_report(sweep.compare_runs(runs))["contrasts"]
+  assert c["difference"] == pytest.approx(0.3) and c["ci95"] is None
+  assert c["why"] == "one seed in a group: no spread to test against"
+
+
+def test_unfinished_and_stopped_runs_are_listed_not_counted(runs, tmp_path):
+  going = _run_on_disk(str(tmp_path), "going", seed=3, lr=5e-3, final=None)
+  stopped = _run_on_disk(str(tmp_path), "stopped", seed=4, lr=5e-3, final=0.9, done=2)
+  results = sweep.compare_runs([*runs, going, stopped])
+  assert [r.status for r in results[-2:]] == ["unfinished", "stopped (2/4)"]
+  groups = sweep.compare_report(results)["groups"]
+  assert groups[1]["units"] == 5 and groups[1]["finished"] == 3
+  assert groups[1]["final_eval_reward"][0] == pytest.approx(0.6)  # 0.9 of the stopped run is not in it
+
+
+def test_runs_that_differ_in_nothing_but_the_seed_are_one_group(tmp_path):
+  runs = [_run_on_disk(str(tmp_path), f"s{s}", seed=s, lr=5e-4, final=0.1 * s) for s in range(3)]
+  results = sweep.compare_runs(runs)
+  assert {r.unit.group for r in results} == {"base"} and sweep.compare_report(results)["contrasts"] == []
+
+
+def test_bad_run_directories_are_named(tmp_path, runs):
+  with pytest.raises(ValueError, match="compare needs the workdirs of one run or more"):
+    sweep.compare_runs([])
+  with pytest.raises(FileNotFoundError, match=f"{str(tmp_path)!r} holds no config.json: it is not the workdir"):
+    sweep.compare_runs([str(tmp_path)])
+  with pytest.raises(ValueError, match=f"{runs[0] + '/'!r} is given twice"):
+    sweep.compare_runs([runs[0], runs[0] + "/"])
+
+
+def test_the_cli_prints_the_table_and_writes_the_plot_and_figures(runs, tmp_path):
+  env = _procs.env()
+  png, figures = tmp_path / "c.png", tmp_path / "c.json"
+  done = _cli_forks.run("compare", *runs[:3], runs[4], "--out", png, "--json", figures, cwd=tmp_path, env=env)
+  assert done.returncode == 0 and done.stderr == "", done.stderr[-3000:]
+  assert f"| {_LR}=0.005 | +0.400 | - | one seed in a group: no spread to test against |" in done.stdout
+  assert png.stat().st_size > 10_000
+  assert json.loads(figures.read_text())["contrasts"][0]["difference"] == pytest.approx(0.4)
+  bad = {(): "compare needs the workdirs of the runs to compare",
+         ("nope",): f"run 'nope' does not exist; relative paths start at {tmp_path}",
+         (runs[0], "--out", png): f"--out {str(png)!r} exists; pass a new file path",
+         (runs[0], "--out", tmp_path): f"--out {str(tmp_path)!r} is a directory; pass a file path, e.g. "
+                                       f"'{tmp_path}/compare.png'."}
+  for args, want in bad.items():
+    out = _cli_forks.run("compare", *args, cwd=tmp_path, env=env)
+    assert out.returncode == 2 and out.stderr.startswith(f"rlax-post compare: error: {want}"), out.stderr[-2000:]
