@@ -10,6 +10,7 @@ import json
 import struct
 import warnings
 
+import matplotlib.colors
 import matplotlib.figure
 import pytest
 
@@ -158,3 +159,38 @@ def test_a_nan_in_a_metrics_file_is_skipped_like_null(tmp_path, monkeypatch):
   (ev,) = [line for ax in fig.axes for line in ax.lines if line.get_label() == "explained variance"]
   assert list(ev.get_xdata()) == [2, 4, 5] and list(ev.get_ydata()) == pytest.approx([0.2, 0.4, 0.5])
   assert fig.axes[1].get_title() == _CRITIC
+
+
+def test_the_reward_panel_draws_each_component_s_held_out_mean_beside_its_train_mean(tmp_path, monkeypatch):
+  """The eval rows' `eval_reward/<name>` (the held-out greedy means, `runtime.EVAL_COMPONENT_PREFIX`) were not
+  drawn, though the train `reward/<name>` were: each component now has its train curve dashed and its held-out
+  one dotted with markers, in one colour of its own (C0 and C1 are the train and eval rewards). A component
+  logged in one phase only is drawn in that one."""
+  rows = [{"phase": "eval", "step": 0, "eval_reward": 0.1, "eval_reward/math": 0.0, "eval_reward/style": 0.5}]
+  rows += [{"phase": "rl", "step": s, "reward_mean": 0.1 * s, "reward/math": 0.2 * s, "reward/style": 0.5,
+            "reward/length": -0.1 * s} for s in (1, 2, 3)]
+  rows.append({"phase": "eval", "step": 3, "eval_reward": 0.4, "eval_reward/math": 0.6, "eval_reward/style": None,
+               "eval_reward_errors": 1.0})
+  fig = _plot(rows, tmp_path / "curves.png", monkeypatch)
+  assert [ax.get_title() for ax in fig.axes] == [_REWARD]
+  got = {line.get_label(): line for line in fig.axes[0].lines}
+  assert list(got) == ["train reward (sampled)", "eval reward (greedy, held out)", "reward/length", "reward/math",
+                       "eval_reward/math", "reward/style", "eval_reward/style"]
+  assert runtime.EVAL_COMPONENT_PREFIX == "eval_reward/"
+  expected = {"reward/length": ([1, 2, 3], [-0.1, -0.2, -0.3]), "reward/math": ([1, 2, 3], [0.2, 0.4, 0.6]),
+              "eval_reward/math": ([0, 3], [0.0, 0.6]), "reward/style": ([1, 2, 3], [0.5, 0.5, 0.5]),
+              "eval_reward/style": ([0], [0.5])}  # (its null at step 3 skipped: a lone marker)
+  for label, (x, y) in expected.items():
+    assert list(got[label].get_xdata()) == x and list(got[label].get_ydata()) == pytest.approx(y), label
+  colours = {label: matplotlib.colors.to_hex(line.get_color()) for label, line in got.items()}
+  cycle = [matplotlib.colors.to_hex(f"C{i}") for i in range(5)]
+  assert [colours[k] for k in ("train reward (sampled)", "eval reward (greedy, held out)", "reward/length",
+                               "reward/math", "reward/style")] == cycle
+  assert colours["eval_reward/math"] == colours["reward/math"] and colours["eval_reward/style"] == colours[
+      "reward/style"]
+  for name in ("length", "math", "style"):
+    assert (got[f"reward/{name}"].get_linestyle(), got[f"reward/{name}"].get_marker()) == ("--", "None")
+  for name in ("math", "style"):
+    assert (got[f"eval_reward/{name}"].get_linestyle(), got[f"eval_reward/{name}"].get_marker()) == (":", "o")
+  legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+  assert legend == list(got)

@@ -20,7 +20,6 @@ from rlax_post.runtime._distributed import ENV_PROCESS_ID
 from rlax_post.runtime._distributed import initialize as initialize_distributed
 from rlax_post.runtime._distributed import is_primary
 from rlax_post.runtime._eval import eval_component_means
-from rlax_post.runtime._eval import EVAL_COMPONENT_PREFIX
 from rlax_post.runtime._eval import eval_record
 from rlax_post.runtime._eval import evaluate_run
 from rlax_post.runtime._eval import Evaluation
@@ -43,6 +42,7 @@ from rlax_post.runtime._loop import make_source
 from rlax_post.runtime._loop import replay
 from rlax_post.runtime._loop import run_learner
 from rlax_post.runtime._loop import train
+from rlax_post.runtime._metrics import EVAL_COMPONENT_PREFIX
 from rlax_post.runtime._metrics import MetricsWriter
 from rlax_post.runtime._metrics import plot_curves
 from rlax_post.runtime._metrics import read_jsonl

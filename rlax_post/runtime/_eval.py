@@ -28,7 +28,6 @@ from rlax_post.runtime import _policy
 from rlax_post.runtime import _samplers
 
 EVALUATE_DIR = "evaluate"  # `rlax-post evaluate`'s default outputs in a run's workdir: step_K.jsonl
-EVAL_COMPONENT_PREFIX = "eval_" + envs.REWARD_PREFIX  # eval_reward/<name>: a component's held-out mean
 
 
 class Evaluation(NamedTuple):
@@ -82,7 +81,7 @@ def eval_component_means(rows: list[dict]) -> dict[str, float]:
   for name in sorted({k for row in rows for k in row if k.startswith(envs.REWARD_PREFIX)}):
     values = np.asarray([float(row.get(name, np.nan)) for row in rows], np.float64)
     if not np.all(np.isnan(values)):
-      out[EVAL_COMPONENT_PREFIX + name[len(envs.REWARD_PREFIX):]] = float(np.nanmean(values))
+      out[_metrics.EVAL_COMPONENT_PREFIX + name[len(envs.REWARD_PREFIX):]] = float(np.nanmean(values))
   return out
 
 

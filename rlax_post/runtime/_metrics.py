@@ -13,6 +13,10 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import tqdm
 
+from rlax_post import envs
+
+EVAL_COMPONENT_PREFIX = "eval_" + envs.REWARD_PREFIX  # eval_reward/<name>: a component's held-out mean
+
 
 @dataclasses.dataclass(frozen=True)
 class Console:
@@ -227,9 +231,17 @@ def clear_outputs(workdir: str) -> None:
   shutil.rmtree(os.path.join(workdir, "tensorboard"), ignore_errors=True)
 
 
+def reward_components(rows: list[dict]) -> list[str]:
+  """The names of the reward components `rows` log, sorted: `<name>` of each `reward/<name>` of the `rl` rows (a
+  step's sampled mean) and of each `eval_reward/<name>` of the `eval` rows (the held-out greedy mean)."""
+  prefixes = {"rl": envs.REWARD_PREFIX, "eval": EVAL_COMPONENT_PREFIX}
+  return sorted({k[len(p):] for r in rows if (p := prefixes.get(r.get("phase"))) for k in r if k.startswith(p)})
+
+
 def plot_curves(rows: list[dict], path: str) -> None:
   """Saves a PNG of the run's curves, one panel each, side by side: the RL reward (train and greedy eval, and
-  each reward component a task reports); the KL to the reference (rows with `kl`: `loss.kl_coef > 0` or
+  each reward component a task reports, `reward_components`: its train curve dashed, its held-out one dotted
+  with markers, in one colour per component); the KL to the reference (rows with `kl`: `loss.kl_coef > 0` or
   `loss.track_kl`); the warm-start SFT loss (`sft` rows: `sft.steps > 0`); with a learned critic (`value_loss`
   rows) its explained variance and value loss. A curve is drawn through its known points: a null (or NaN,
   inf) value, e.g. the explained variance of a batch whose returns do not vary, is skipped, and a lone point
@@ -252,11 +264,15 @@ def plot_curves(rows: list[dict], path: str) -> None:
       ax.plot(x, y, *fmt, **({"marker": "o"} if len(x) == 1 and not fmt else {}), **kwargs)
 
   def reward(ax):
-    line(ax, "rl", "reward_mean", label="train reward (sampled)", alpha=0.8)
-    line(ax, "eval", "eval_reward", "o-", label="eval reward (greedy, held out)")
-    components = sorted({k for r in rows if r.get("phase") == "rl" for k in r if k.startswith("reward/")})
-    for key in components:  # A task's named reward components (the dataset task's `reward/<name>...`).
-      line(ax, "rl", key, "--", label=key, alpha=0.7)
+    line(ax, "rl", "reward_mean", color="C0", label="train reward (sampled)", alpha=0.8)
+    line(ax, "eval", "eval_reward", "o-", color="C1", label="eval reward (greedy, held out)")
+    # A task's named reward components (the dataset task's `reward/<name>...`), after C0 and C1; a component's
+    # train and held-out curves share its colour.
+    for i, name in enumerate(reward_components(rows)):
+      colour = f"C{(i + 2) % 10}"
+      line(ax, "rl", envs.REWARD_PREFIX + name, "--", color=colour, label=envs.REWARD_PREFIX + name, alpha=0.7)
+      line(ax, "eval", EVAL_COMPONENT_PREFIX + name, "o:", color=colour, label=EVAL_COMPONENT_PREFIX + name,
+           alpha=0.7)
     ax.set(title="Reward", xlabel="RL step")
     if ax.lines:
       ax.legend()
