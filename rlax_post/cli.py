@@ -126,7 +126,7 @@ _COMMANDS = {
     "check-data": ("--config FILE[:variant] [--config.a.b=value ...]",
                    "Read every row of the dataset task's train and held-out files as the run would; count the "
                    "usable, truncated and malformed ones (exit 1 if the run would stop on one).",
-                   ("config",)),
+                   ("config", "quiet")),
     "serve": ("(--checkpoint RUN_WORKDIR [--step K] | --hf_path DIR [--max_seq_len N]) [--dtype D] [--port 9000] "
               "[--host 127.0.0.1] [--temperature 0] [--top_p 1] [--top_k 0] [--seed 0] [--slots 8]",
               "Serve a run's newest (or step K's) checkpoint, or a Hugging Face checkpoint directory, with "
@@ -747,10 +747,11 @@ def _check_config(argv):
 
 
 def _check_data(argv):
-  """Reads every row of the dataset task's files through the run's checks and rendering (`runtime.check_data`)
-  and prints the counts; exits 1 when a malformed row would stop the run or a split has no usable row."""
+  """Reads every row of the dataset task's files through the run's checks and rendering (`runtime.check_data`;
+  a progress bar per split on stderr, none with --quiet) and prints the counts; exits 1 when a malformed row
+  would stop the run or a split has no usable row."""
   del argv
-  checked = runtime.check_data(_load_config())
+  checked = runtime.check_data(_load_config(), quiet=_QUIET.value)
   _print_out("\n".join(checked.lines()))
   if not checked.ok:
     sys.exit(1)

@@ -35,9 +35,10 @@ def _bad_file(path, n=400):
   return str(path)
 
 
-def _cfg(train, eval_=None, num_eval=4, **data_kw):
+def _cfg(train, eval_=None, num_eval=4, progress=True, **data_kw):
   raw = {"task": {"name": "dataset", "num_eval": num_eval}, "data": {"train": str(train), **data_kw},
-         "reward": {"fn": "math"}, "model": {"max_seq_len": 64}, "rl": {"max_new_tokens": 8}, "sft": {"steps": 0}}
+         "reward": {"fn": "math"}, "model": {"max_seq_len": 64}, "rl": {"max_new_tokens": 8}, "sft": {"steps": 0},
+         "runtime": {"progress": progress}}
   if eval_ is not None:
     raw["data"]["eval"] = str(eval_)
   return config.load(raw)
@@ -119,6 +120,22 @@ def test_array_record_rows_are_named_by_record(tmp_path):
                            "list.",)
 
 
+def test_the_progress_bars_follow_quiet_and_runtime_progress(tmp_path, capsys):
+  train = str(tmp_path / "train.jsonl")
+  data.write_jsonl(train, _rows(30))
+  eval_ = _eval_file(tmp_path)
+  shown = {}
+  for quiet, progress in ((False, True), (True, True), (False, False)):
+    checked = runtime.check_data(_cfg(train, eval_, progress=progress), models.ByteTokenizer(), quiet=quiet)
+    assert [(s.rows, s.usable, s.unread) for s in checked.splits] == [(30, 30, 0), (20, 4, 16)]
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    shown[quiet, progress] = [u.strip() for u in captured.err.replace("\r", "\n").splitlines() if u.strip()]
+  assert shown[True, True] == shown[False, False] == []
+  assert shown[False, True][-1].startswith("check-data: held-out rows:  20%|") and " 4/20 [" in shown[False, True][-1]
+  assert any(u.startswith("check-data: train rows: 100%|") and " 30/30 [" in u for u in shown[False, True])
+
+
 def _check_data(*args, cwd=_ROOT):
   return _cli_forks.run("check-data", "--config", "configs/dataset.py:tiny", *args, cwd=cwd, env=_ENV)
 
@@ -143,6 +160,31 @@ def test_cli_prints_the_summary_and_exits_1_on_a_row_that_stops_the_run(tmp_path
   assert out.stdout.splitlines()[0] == f"train: 300 rows in {clean}: 300 usable, 0 truncated, 0 skipped as too " \
                                        "long, 0 malformed"
   assert out.stdout.splitlines()[-1].startswith("OK: the run reads every row")
+
+
+def test_cli_shows_a_progress_bar_per_split_on_stderr_and_none_with_quiet(tmp_path):
+  """A large file was read with nothing on the screen (200,000 rows: seconds); each split now has a tqdm bar on
+  stderr, as train's steps do, and --quiet leaves stdout as it was and stderr empty. The held-out bar stops at
+  the run's task.num_eval = 8th usable row of 20 (configs/dataset.py:tiny)."""
+  train, eval_ = str(tmp_path / "train.jsonl"), _eval_file(tmp_path)
+  data.write_jsonl(train, _rows(300))
+  loud = _check_data(f"--config.data.train={train}", f"--config.data.eval={eval_}")
+  quiet = _check_data(f"--config.data.train={train}", f"--config.data.eval={eval_}", "--quiet")
+  assert loud.returncode == quiet.returncode == 0, loud.stderr[-2000:] + quiet.stderr[-2000:]
+  assert loud.stdout == quiet.stdout and quiet.stderr == ""
+  assert loud.stdout.splitlines() == [
+      f"train: 300 rows in {train}: 300 usable, 0 truncated, 0 skipped as too long, 0 malformed",
+      f"held-out: 20 rows in {eval_}: 8 usable, 0 truncated, 0 skipped as too long, 0 malformed, 12 after the "
+      "task.num_eval usable ones (not read by the run)",
+      "OK: the run reads every row (data.bad_rows = 'error', data.too_long = 'skip'; skipped rows are counted in "
+      "data_skipped)."]
+  last = [update.strip() for update in loud.stderr.replace("\r", "\n").splitlines() if update.strip()]
+  train_bar = [u for u in last if u.startswith("check-data: train rows:")]
+  held_bar = [u for u in last if u.startswith("check-data: held-out rows:")]
+  assert train_bar[-1].startswith("check-data: train rows: 100%|") and " 300/300 [" in train_bar[-1], last
+  assert held_bar[-1].startswith("check-data: held-out rows:  40%|") and " 8/20 [" in held_bar[-1], last
+  assert loud.stderr.index("check-data: train rows:") < loud.stderr.index("check-data: held-out rows:")
+  assert set(last) == set(train_bar) | set(held_bar)  # nothing else on stderr
 
 
 def test_cli_refuses_another_task_in_one_line():

@@ -67,7 +67,8 @@ def test_no_command_prints_the_listing_to_stderr_and_exits_2():
 
 
 _OWN_FLAGS = {
-    "train": ("--config", "--workdir", "--[no]resume"), "check-config": ("--config",), "check-data": ("--config",),
+    "train": ("--config", "--workdir", "--[no]resume"), "check-config": ("--config",),
+    "check-data": ("--config", "--[no]quiet"),
     "serve": ("--checkpoint", "--step", "--hf_path", "--max_seq_len", "--dtype", "--port", "--host", "--temperature",
               "--top_p", "--top_k", "--slots"),
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),

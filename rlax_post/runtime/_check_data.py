@@ -10,6 +10,8 @@ line, or record / row number, and the reason). The held-out rows are read as the
 `task.num_eval`-th usable one (the rows after it are counted as not read: a malformed one there stops no run).
 `DataCheck.ok` is whether the run would go through them: no malformed row under `data.bad_rows = "error"` (a
 prompt too long under `data.too_long = "error"` is one), and a usable row in each split.
+A progress bar per split counts its rows read, on stderr as the run's steps' bar (none with `quiet` or
+`runtime.progress = False`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import dataclasses
 from rlax_post import config as config_lib
 from rlax_post import data
 from rlax_post import envs
+from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
 
 FIRST_BAD = 5  # malformed rows whose message a split's count keeps
@@ -87,14 +90,15 @@ class DataCheck:
     return f"OK: the run reads every row ({policies}; skipped rows are counted in data_skipped)."
 
 
-def _check_split(name: str, rows: data.Rows, indices, renderer: envs.Renderer, wanted: int | None = None
-                 ) -> SplitCheck:
-  """The split's rows read in order; with `wanted` (the held-out split's `task.num_eval`), only up to the
-  `wanted`-th usable one, as the run reads them."""
+def _check_split(name: str, rows: data.Rows, indices, renderer: envs.Renderer, ui: _metrics.Console,
+                 wanted: int | None = None) -> SplitCheck:
+  """The split's rows read in order, under a progress bar of `ui`'s; with `wanted` (the held-out split's
+  `task.num_eval`), only up to the `wanted`-th usable one, as the run reads them."""
   usable = truncated = too_long = unread = 0
   bad: dict[str, int] = {}
   first_bad: list[str] = []
-  for position, index in enumerate(indices):
+  progress = ui.bar(indices, desc=f"check-data: {name} rows", unit=" rows")
+  for position, index in enumerate(progress):
     if usable == wanted:
       unread = len(indices) - position
       break
@@ -111,21 +115,25 @@ def _check_split(name: str, rows: data.Rows, indices, renderer: envs.Renderer, w
     else:
       usable += 1
       truncated += out.truncated
+  if progress is not indices:  # a bar: its line ended here, also when the held-out split stops early
+    progress.close()
   return SplitCheck(name=name, files=tuple(rows.files), rows=len(indices), usable=usable, truncated=truncated,
                     too_long=too_long, bad=bad, first_bad=tuple(first_bad), unread=unread)
 
 
-def check_data(cfg: config_lib.Config, tokenizer=None) -> DataCheck:
+def check_data(cfg: config_lib.Config, tokenizer=None, *, quiet: bool = False) -> DataCheck:
   """Every train and held-out row of the dataset task's files read and rendered as the run would (module
-  docstring); `tokenizer` None: the run's (`model.hf_path`'s, or the byte tokenizer). Another task is a
-  ValueError naming it; the config's own mistakes (`check_config`) and unreadable files are ValueErrors too."""
+  docstring); `tokenizer` None: the run's (`model.hf_path`'s, or the byte tokenizer); `quiet`: no progress bars.
+  Another task is a ValueError naming it; the config's own mistakes (`check_config`) and unreadable files are
+  ValueErrors too."""
   if cfg.task.name != envs.DatasetTask.name:
     raise ValueError(f"check-data reads the dataset task's files (task.name = {envs.DatasetTask.name!r}); this "
                      f"config's task is {cfg.task.name!r}, which reads no data files.")
   _parts.check_config(cfg)
   renderer = envs.dataset_renderer(cfg, _parts.make_tokenizer(cfg) if tokenizer is None else tokenizer)
   (train_rows, train_idx), (eval_rows, eval_idx) = envs.dataset_rows(cfg)
-  splits = (_check_split("train", train_rows, train_idx, renderer),
-            _check_split("held-out", eval_rows, eval_idx, renderer, wanted=cfg.task.num_eval))
+  ui = _metrics.Console(quiet=quiet, progress=cfg.runtime.progress)
+  splits = (_check_split("train", train_rows, train_idx, renderer, ui),
+            _check_split("held-out", eval_rows, eval_idx, renderer, ui, wanted=cfg.task.num_eval))
   return DataCheck(splits=splits, bad_rows=cfg.data.bad_rows, too_long=cfg.data.too_long,
                    max_prompt_tokens=cfg.data.max_prompt_tokens)
