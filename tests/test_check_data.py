@@ -5,6 +5,7 @@ run reads at start-up are found, named by file and line, and fail the command un
 import json
 import os
 
+import pytest
 from array_record.python import array_record_module
 
 import _cli_forks  # pylint: disable=g-bad-import-order
@@ -118,6 +119,34 @@ def test_array_record_rows_are_named_by_record(tmp_path):
   assert (got.rows, got.usable, got.bad) == (8, 7, {"a row must be a JSON object": 1})
   assert got.first_bad == (f"{path} (record 5): a row must be a JSON object ({{\"field\": value, ...}}); got a "
                            "list.",)
+
+
+def test_parquet_rows_are_named_by_row_across_row_groups(tmp_path):
+  """`data.format = "parquet"` goes through the same reading (`data.Rows`, a row group decoded at a time): a null
+  prompt in row 260 (past the run's first 256, in the third row group of 128) and an empty one in row 130 (the
+  second group) are counted and named by row number; a null answer is a value (any JSON value, null too)."""
+  pa = pytest.importorskip("pyarrow")
+  pq = pytest.importorskip("pyarrow.parquet")
+  rows = _rows(300)
+  rows[130]["prompt"], rows[260]["prompt"], rows[270]["answer"] = "", None, None
+  train, eval_ = str(tmp_path / "train.parquet"), str(tmp_path / "eval.parquet")
+  pq.write_table(pa.Table.from_pylist(rows), train, row_group_size=128)
+  pq.write_table(pa.Table.from_pylist(_rows(20, 1000)), eval_)
+  assert pq.ParquetFile(train).metadata.num_row_groups == 3
+  checked = runtime.check_data(_cfg(train, eval_, format="parquet"), models.ByteTokenizer(), quiet=True)
+  got = checked.splits[0]
+  prompt_type = ("field 'prompt' must be a string or a non-empty list of {\"role\": str, \"content\": str} "
+                 "messages")
+  assert (got.files, got.rows, got.usable, got.truncated, got.too_long) == ((train,), 300, 298, 0, 0)
+  assert got.bad == {"field 'prompt' is an empty string": 1, prompt_type: 1}
+  assert got.first_bad == (f"{train} (row 130): field 'prompt' is an empty string.",
+                           f"{train} (row 260): {prompt_type}; got NoneType None.")
+  held = checked.splits[1]
+  assert (held.files, held.rows, held.usable, held.num_bad, held.unread) == ((eval_,), 20, 4, 0, 16)
+  assert not checked.ok and checked.lines()[-1].startswith("FAILED: 2 malformed rows would stop the run")
+  skipping = runtime.check_data(_cfg(train, eval_, format="parquet", bad_rows="skip"), models.ByteTokenizer(),
+                                quiet=True)
+  assert skipping.ok and skipping.splits == checked.splits
 
 
 def test_the_progress_bars_follow_quiet_and_runtime_progress(tmp_path, capsys):
