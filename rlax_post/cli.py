@@ -44,19 +44,19 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metr
 _RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --workdir from its latest checkpoint.")
 _QUIET = flags.DEFINE_bool("quiet", False, "No progress bars or status lines.")
 
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "serve: the workdir of a training run (config.json and "
-                                  "checkpoints/); its newest checkpoint is served.")
-_HF_PATH = flags.DEFINE_string("hf_path", None, "serve: a Hugging Face checkpoint directory (config.json, "
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "serve, generate: the workdir of a training run (config.json "
+                                  "and checkpoints/); its newest committed checkpoint is read (--step: another).")
+_HF_PATH = flags.DEFINE_string("hf_path", None, "serve, generate: a Hugging Face checkpoint directory (config.json, "
                                "*.safetensors, tokenizer.json: `export`'s or `convert`'s output, or a base model); "
                                "served as a run with model.hf_path set to it samples.")
-_MAX_SEQ_LEN = flags.DEFINE_integer("max_seq_len", None, "serve: with --hf_path, the served context in tokens, "
-                                    "prompt and completion (default: config.json's max_position_embeddings).")
+_MAX_SEQ_LEN = flags.DEFINE_integer("max_seq_len", None, "serve, generate: with --hf_path, the served context in "
+                                    "tokens, prompt and completion (default: config.json's max_position_embeddings).")
 _PORT = flags.DEFINE_integer("port", 9000, "serve: gRPC port.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "serve: address to listen on.")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "serve: sampling temperature (0: greedy).")
-_TOP_P = flags.DEFINE_float("top_p", 1.0, "serve: nucleus sampling: keep the smallest set of tokens holding this "
-                            "much probability, in (0, 1] (1: all).")
-_TOP_K = flags.DEFINE_integer("top_k", 0, "serve: keep the k most probable tokens (0: all).")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "serve, generate: sampling temperature (0: greedy).")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "serve, generate: nucleus sampling: keep the smallest set of tokens holding "
+                            "this much probability, in (0, 1] (1: all).")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "serve, generate: keep the k most probable tokens (0: all).")
 _SLOTS = flags.DEFINE_integer("slots", 8, "serve: concurrent decodes (engine slots).")
 _INDEX = flags.DEFINE_integer("index", None, "sampler: this sampler's index (0, 1, ...; unique per sampler).")
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "sweep: work units run at the same time.")
@@ -74,8 +74,10 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "train, learner, replay: 
 _GGUF = flags.DEFINE_string("gguf", None, "convert: a GGUF model file (llama.cpp).")
 _OUT = flags.DEFINE_string("out", None, "convert, export: the Hugging Face checkpoint directory to write (new or "
                            "empty); evaluate: the JSON Lines file to write, one line per held-out example (a new "
-                           "file; default: RUN_WORKDIR/evaluate/step_K.jsonl); compare: the PNG of the runs' reward "
-                           "curves to write (a new file).")
+                           "file; default: RUN_WORKDIR/evaluate/step_K.jsonl); generate: also write a JSON Lines "
+                           "file, one line per (prompt, sample): prompt, rendered prompt, completion, token ids, "
+                           "finish reason, sum logprob (a new file); compare: the PNG of the runs' reward curves to "
+                           "write (a new file).")
 _ARCHITECTURE = flags.DEFINE_string("architecture", None, "export: the Hugging Face architecture to write (default: "
                                     "the model.hf_path's, else the one the model's features name).")
 _DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor written and of config.json's "
@@ -87,11 +89,13 @@ _DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor w
                              "weights in its own param_dtype, float32, either way; default: float32); serve: the "
                              "dtype of the served weights and activations (default: a run's own model.dtype and "
                              "float32 weights; float32 with --hf_path, as a run with model.hf_path computes; "
-                             "bfloat16 halves the weights' memory).")
+                             "bfloat16 halves the weights' memory); generate: as serve's, the dtype of the weights and activations that "
+                             "sample (default: a run's own model.dtype and float32 weights; float32 with --hf_path).")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
 _BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
 _STEP = flags.DEFINE_integer("step", None, "value, rescue-eval, evaluate, export, serve: the checkpoint step to "
-                             "evaluate, export or serve (default: the newest).")
+                             "evaluate, export or serve (default: the newest); generate: the checkpoint step to "
+                             "sample (default: the newest committed one).")
 # RESCUE (docs/dialogue.md).
 _SESSIONS = flags.DEFINE_string("sessions", None, "rescue-eval: RESCUE session files (a .json file, a directory "
                                 "of them or a glob); rescue-sim: the directory to write the session files to.")
@@ -100,7 +104,19 @@ _COUNT = flags.DEFINE_integer("count", 100, "rescue-sim: sessions to simulate; r
 _SEED = flags.DEFINE_integer("seed", 0, "rescue-sim, rescue-audit: the first session's seed; serve: the sampling "
                              "seed (with --temperature > 0: the n-th request since the server started draws from "
                              "stream n of it, so a restarted server sent the same requests in the same order "
-                             "samples the same tokens).")
+                             "samples the same tokens); generate: the sampling seed (sample j of the i-th prompt draws from stream (i, j) "
+                             "of it, whatever else is sampled).")
+# generate (docs/sampler.md, "Generating from the command line").
+_PROMPT = flags.DEFINE_multi_string("prompt", None, "generate: a prompt, rendered as the source renders its prompts "
+                                    "unless --raw")
+_PROMPTS = flags.DEFINE_string("prompts", None, "generate: a file of prompts: .txt, one per line; .jsonl, one "
+                               "{\"prompt\": TEXT} or {\"messages\": [{\"role\": ..., \"content\": ...}]} "
+                               "object per line (blank lines skipped).")
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", None, "generate: the most tokens per completion (default: a run's "
+                                   "rl.max_new_tokens; 128 with --hf_path).")
+_SAMPLES = flags.DEFINE_integer("samples", 1, "generate: completions per prompt (several need --temperature > 0).")
+_RAW = flags.DEFINE_bool("raw", False, "generate: send each prompt's text as it is (BOS first where the tokenizer "
+                         "has one): no chat template or system prompt.")
 _VARIANTS = flags.DEFINE_enum("variants", "heldout", ["train", "heldout"], "rescue-sim: which paraphrases the "
                               "clients use.")
 _HORIZON = flags.DEFINE_integer("horizon", 4, "rescue-sim, rescue-audit: therapist turns per session.")
@@ -133,6 +149,13 @@ _COMMANDS = {
               "JetStream's gRPC server.",
               ("checkpoint", "step", "hf_path", "max_seq_len", "dtype", "port", "host", "temperature", "top_p",
                "top_k", "seed", "slots")),
+    "generate": ("(--checkpoint RUN_WORKDIR [--step K] | --hf_path DIR [--max_seq_len N]) [--dtype D] "
+                 "(--prompt TEXT [--prompt TEXT ...] | --prompts FILE) [--max_tokens N] [--samples N] "
+                 "[--temperature 0] [--top_p 1] [--top_k 0] [--seed 0] [--raw] [--out FILE.jsonl]",
+                 "Sample a run's checkpoint, or a Hugging Face checkpoint directory, on your prompts in this "
+                 "process (no server); print each completion.",
+                 ("checkpoint", "step", "hf_path", "max_seq_len", "dtype", "prompt", "prompts", "max_tokens",
+                  "samples", "temperature", "top_p", "top_k", "seed", "raw", "out")),
     "learner": ("--config FILE[:variant] [--config.a.b=value ...] --workdir DIR [--resume]",
                 "The async learner as its own process; samplers join it through DIR (docs/async.md). SIGTERM, "
                 "Ctrl-C: checkpoint, exit 143 / 130.",
@@ -226,7 +249,7 @@ def _flag_line(name: str, command: str) -> str:
   flag = flags.FLAGS[name]
   label = f"--[no]{name}" if flag.boolean else f"--{name}"
   default = "" if flag.default is None or flag.default is False else f" (default: {flag.default})"
-  text = _flag_help(flag.help, command)
+  text = " ".join(_flag_help(flag.help, command).split())  # (absl appends a multi flag's note after a line break)
   return textwrap.fill(f"{text}{default}", width=110, initial_indent=f"  {label:<24} ",
                        subsequent_indent=" " * 27)
 
@@ -772,12 +795,26 @@ _SERVE_SOURCES = ("--checkpoint RUN_WORKDIR (a training run's workdir) or --hf_p
                   "checkpoint directory: config.json, *.safetensors, tokenizer.json)")
 
 
-def _serve(argv):
-  del argv
+def _source(command: str) -> str | None:
+  """The run workdir of --checkpoint (checked: a run's), or None for --hf_path; exactly one of them must be
+  given, and --max_seq_len only with --hf_path (a run has its own model.max_seq_len)."""
   given = [f"--{h.name} {h.value!r}" for h in (_CHECKPOINT, _HF_PATH) if h.value not in (None, "")]
   if len(given) != 1:
-    raise ValueError(f"serve needs exactly one of {_SERVE_SOURCES}; got "
+    raise ValueError(f"{command} needs exactly one of {_SERVE_SOURCES}; got "
                      f"{' and '.join(given) if given else 'neither'}.")
+  if _HF_PATH.value:
+    return None
+  if _MAX_SEQ_LEN.value is not None:
+    verb = {"serve": "served", "generate": "sampled"}[command]
+    raise ValueError(f"--max_seq_len {_MAX_SEQ_LEN.value} goes with --hf_path; a run's workdir is {verb} with its own "
+                     "model.max_seq_len.")
+  return _run_dir(_CHECKPOINT.value, "--checkpoint",
+                  "the workdir of a training run (it holds config.json and checkpoints/)")
+
+
+def _serve(argv):
+  del argv
+  workdir = _source("serve")
   if _SLOTS.value < 1:  # (the engine's words name its option, max_concurrent_decodes)
     raise ValueError(f"--slots must be an int >= 1 (the server's concurrent decodes); got {_SLOTS.value}.")
   if not 0 <= _SEED.value < 2**32:  # (jax's 32-bit keys: 2**32 would sample as 0, 2**63 fail at the first request)
@@ -785,21 +822,66 @@ def _serve(argv):
   options = sampler.ServeOptions(port=_PORT.value, host=_HOST.value, max_concurrent_decodes=_SLOTS.value,
                                  temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value,
                                  seed=_SEED.value, step=_STEP.value)
-  if _HF_PATH.value:
+  if workdir is None:
     server = runtime.serve_hf(_HF_PATH.value, options, _MAX_SEQ_LEN.value, _DTYPE.value)
     what = f"the Hugging Face checkpoint {_HF_PATH.value}"
   else:
-    if _MAX_SEQ_LEN.value is not None:
-      raise ValueError(f"--max_seq_len {_MAX_SEQ_LEN.value} goes with --hf_path; a run's workdir is served with its "
-                       "own model.max_seq_len.")
-    workdir = _run_dir(_CHECKPOINT.value, "--checkpoint",
-                       "the workdir of a training run (it holds config.json and checkpoints/)")
     server = runtime.serve(workdir, options, _DTYPE.value)
     what = f"step {server.options.step} of {workdir}"  # (the step it loaded: a newer one may be committed since)
   server.stop_on_signals()
   print(f"Serving {what} with JetStream on {server.address}", flush=True)
   server.wait_for_termination()
   print(f"Stopped serving on {server.address} ({server.signalled}).", flush=True)
+
+
+def _generate(argv):
+  """Samples the source's completions of the prompts in this process (`runtime.generate_run`, `generate_hf`) and
+  prints them; with --out also writes them as JSON Lines (`runtime.write_generation`)."""
+  del argv
+  workdir = _source("generate")
+  prompts = _user_prompts()
+  out = _OUT.value and _new_file(_local_out(_OUT.value, "--out", "the samples file"), "--out")
+  options = runtime.GenerateOptions(step=_STEP.value, max_tokens=_MAX_TOKENS.value, samples=_SAMPLES.value,
+                                    temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value,
+                                    seed=_SEED.value, raw=_RAW.value)
+  with contextlib.ExitStack() as stack:
+    if out:  # (checked writable before the model loads; a directory this made is removed if sampling fails)
+      stack.enter_context(_output_dir(os.path.dirname(os.path.abspath(out)), "--out"))
+    if workdir is None:
+      result = runtime.generate_hf(_HF_PATH.value, prompts, options, _MAX_SEQ_LEN.value, _DTYPE.value)
+    else:
+      result = runtime.generate_run(workdir, prompts, options, _DTYPE.value)
+    if out:
+      runtime.write_generation(out, result)
+  _print_out(generation_text(result) + (f"\n\nWrote {len(result.samples)} samples to {out}." if out else ""))
+
+
+def _user_prompts() -> list:
+  """The prompts of --prompt (each, in order) or --prompts FILE (`runtime.read_prompts`): exactly one of them."""
+  texts, path = _PROMPT.value or [], _PROMPTS.value
+  if bool(texts) == (path is not None):
+    got = f"--prompt {texts[0]!r} and --prompts {path!r}" if texts else "neither"
+    raise ValueError(f"generate needs --prompt TEXT (repeatable) or --prompts FILE (.txt: one prompt per line; "
+                     f".jsonl: one {{\"prompt\": ...}} or {{\"messages\": [...]}} per line), one of them; got {got}.")
+  if texts:
+    return [runtime.UserPrompt(f"--prompt {i}" if len(texts) > 1 else "--prompt", text)
+            for i, text in enumerate(texts, 1)]
+  _readable_file(path, "--prompts", "prompts.txt")
+  return runtime.read_prompts(path)
+
+
+def generation_text(result) -> str:
+  """`rlax-post generate`'s report of `runtime.generate_*`'s `result`: per prompt, the prompt as the model saw
+  it (rendered, special tokens written out), then each sample's finish reason, length, sum logprob and text."""
+  per_prompt = max(g.sample for g in result.samples) + 1
+  prompts = result.samples[-1].prompt_index + 1
+  lines = [f"{result.source}: {prompts} prompt(s) x {per_prompt} sample(s)."]
+  for g in result.samples:
+    if g.sample == 0:
+      lines += ["", f"=== prompt {g.prompt_index + 1} of {prompts}, as the model sees it:", g.rendered]
+    lines += [f"--- sample {g.sample + 1} of {per_prompt}: {g.finish_reason}, {len(g.tokens)} tokens, sum logprob "
+              f"{g.sum_logprob:.4f}", g.completion]
+  return "\n".join(lines)
 
 
 def _convert(argv):
@@ -1001,7 +1083,8 @@ def _rescue_audit(argv):
 
 
 _HANDLERS = {"train": _train, "check-config": _check_config, "check-data": _check_data, "serve": _serve,
-             "learner": _learner, "sampler": _sampler, "replay": _replay, "sweep": _sweep, "compare": _compare,
+             "generate": _generate, "learner": _learner, "sampler": _sampler, "replay": _replay, "sweep": _sweep,
+             "compare": _compare,
              "convert": _convert, "export": _export, "evaluate": _evaluate, "fidelity": _fidelity, "value": _value,
              "rescue-sim": _rescue_sim, "rescue-eval": _rescue_eval, "rescue-audit": _rescue_audit}
 

@@ -26,7 +26,8 @@ from rlax_post.runtime import _checkpoint
 _ENV = _procs.env()
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEMO = os.path.join(_ROOT, "configs", "demo.py")
-_COMMANDS = ("train", "check-config", "check-data", "serve", "learner", "sampler", "replay", "sweep", "compare",
+_COMMANDS = ("train", "check-config", "check-data", "serve", "generate", "learner", "sampler", "replay", "sweep",
+             "compare",
              "convert", "export", "evaluate")
 _IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
 
@@ -71,14 +72,16 @@ _OWN_FLAGS = {
     "check-data": ("--config", "--[no]quiet"),
     "serve": ("--checkpoint", "--step", "--hf_path", "--max_seq_len", "--dtype", "--port", "--host", "--temperature",
               "--top_p", "--top_k", "--slots"),
+    "generate": ("--checkpoint", "--step", "--hf_path", "--max_seq_len", "--dtype", "--prompt", "--prompts",
+                 "--max_tokens", "--samples", "--temperature", "--top_p", "--top_k", "--seed", "--[no]raw", "--out"),
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
     "replay": ("--workdir",), "sweep": ("--config", "--workdir", "--parallel", "--json"),
     "convert": ("--gguf", "--out", "--dtype"), "export": ("--workdir", "--out", "--step", "--architecture", "--dtype"),
     "evaluate": ("--workdir", "--step", "--out"), "compare": ("--out", "--json"),
 }
 _OTHER_FLAGS = {"train": "--port", "check-config": "--workdir", "check-data": "--workdir", "serve": "--workdir",
-                "learner": "--index", "sampler": "--config", "replay": "--parallel", "sweep": "--checkpoint",
-                "convert": "--workdir", "export": "--gguf", "evaluate": "--dtype",
+                "generate": "--port", "learner": "--index", "sampler": "--config", "replay": "--parallel",
+                "sweep": "--checkpoint", "convert": "--workdir", "export": "--gguf", "evaluate": "--dtype",
                 "compare": "--workdir"}
 
 
@@ -171,7 +174,8 @@ def test_unknown_command_lists_the_valid_ones():
   assert out.returncode == 2 and "Traceback" not in out.stderr
   assert out.stderr.strip() == (
       "rlax-post: error: unknown command 'tran' (did you mean 'train'?); valid commands: ['train', "
-      "'check-config', 'check-data', 'serve', 'learner', 'sampler', 'replay', 'sweep', 'compare', 'convert', "
+      "'check-config', 'check-data', 'serve', 'generate', 'learner', 'sampler', 'replay', 'sweep', 'compare', "
+      "'convert', "
       "'export', 'evaluate', 'fidelity', "
       "'value', 'rescue-sim', 'rescue-eval', 'rescue-audit']; `rlax-post --help` describes them.")
 
@@ -437,8 +441,8 @@ def test_values_of_the_right_type_pass():
 
 @pytest.mark.parametrize("args, message", [
     (("fidelity", "--workdir", "nowhere", "--step", "2"),
-     "--step is not a flag of `rlax-post fidelity` (it is read by serve, export, evaluate, value, "
-     "rescue-eval); the flags of "
+     "--step is not a flag of `rlax-post fidelity` (it is read by serve, generate, export, evaluate, "
+     "value, rescue-eval); the flags of "
      "fidelity: ['--workdir', '--extra', '--batches', '--json']."),
     (("check-config", "--config", "configs/demo.py:tiny", "--workdir", "x", "--resume"),
      "--resume is not a flag of `rlax-post check-config` (it is read by train, learner); the flags of "

@@ -406,8 +406,9 @@ def test_cli_reports_unknown_key_and_bad_value():
              "--config.advantage.estimator=graph_gae", "--config.loss.dual_clip=3.0")
   assert out.returncode == 0 and '"normalize": "group"' in out.stdout and '"dual_clip": 3.0' in out.stdout
   out = _cli("tran", "--config", "configs/demo.py")
-  assert out.returncode == 2 and ("valid commands: ['train', 'check-config', 'check-data', 'serve', 'learner', "
-                                 "'sampler', 'replay', 'sweep', 'compare', 'convert', 'export', 'evaluate', 'fidelity', "
+  assert out.returncode == 2 and ("valid commands: ['train', 'check-config', 'check-data', 'serve', 'generate', "
+                                 "'learner', 'sampler', 'replay', 'sweep', 'compare', 'convert', 'export', 'evaluate', "
+                                 "'fidelity', "
                                  "'value', 'rescue-sim', 'rescue-eval', 'rescue-audit']") in out.stderr
 
 

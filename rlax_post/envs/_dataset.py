@@ -121,11 +121,15 @@ class Renderer:
       messages = [{"role": "system", "content": s.system_prompt}] + messages
     return models.render_chat(self.template, messages, add_generation_prompt=True, **self.specials)
 
+  def encode(self, text: str) -> list[int]:
+    """The ids of a prompt's rendered `text` (`text(row)`): BOS first unless a chat template wrote it."""
+    # A chat template writes BOS itself (as transformers encodes its output: no special tokens added).
+    return self.tokenizer.encode(text, add_bos=not self.chat)
+
   def __call__(self, index: int, row: dict, where: data.Where) -> Prompt | str:
     self.check(row, where)
     text = self.text(row)
-    # A chat template writes BOS itself (as transformers encodes its output: no special tokens added).
-    ids = self.tokenizer.encode(text, add_bos=not self.chat)
+    ids = self.encode(text)
     budget = self.section.max_prompt_tokens
     if not ids:
       raise data.RowError(f"{where}: the prompt renders to no tokens.")

@@ -27,6 +27,14 @@ from rlax_post.runtime._eval import Evaluator
 from rlax_post.runtime._eval import samples_path
 from rlax_post.runtime._export import export_hf
 from rlax_post.runtime._export import Exported
+from rlax_post.runtime._generate import generate_hf
+from rlax_post.runtime._generate import generate_run
+from rlax_post.runtime._generate import Generated
+from rlax_post.runtime._generate import GenerateOptions
+from rlax_post.runtime._generate import Generation
+from rlax_post.runtime._generate import read_prompts
+from rlax_post.runtime._generate import UserPrompt
+from rlax_post.runtime._generate import write_generation
 from rlax_post.runtime._learn import RLUpdate
 from rlax_post.runtime._credit import Credit
 from rlax_post.runtime._fidelity import credit_fidelity
@@ -98,14 +106,15 @@ __all__ = [
     "complete_checkpoints", "config_policy", "Credit", "credit_fidelity", "CriticScores", "DataCheck",
     "deferred_signals", "discounted_returns", "DONE_FILE", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES",
     "ENV_PROCESS_ID", "eval_component_means", "EVAL_COMPONENT_PREFIX", "eval_record", "evaluate_run", "Evaluation",
-    "Evaluator", "exact_oracle", "ExactOracle", "export_hf", "Exported", "fit_sets", "HarnessOptions", "hold_run",
-    "initialize_distributed", "InlineSource", "is_primary", "is_run_config", "learn", "load_run_config",
-    "load_run_policy", "LoggedSource", "make_source", "mean_return", "MetricsWriter", "ModelPolicy", "pair_rows",
-    "Parts", "plot_curves", "policy_value", "probe_writable", "ProcessSource", "QFunction", "read_jsonl", "read_rounds",
-    "replay", "rescue_audit", "rescue_evaluate", "RESULT_SECTIONS", "result_settings", "RLUpdate", "RolloutBatch",
-    "round_dir", "RoundSource", "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory", "run_policy_value",
-    "run_rescue_eval", "run_sampler", "RunCheckpointer", "RunPolicy", "SamplerWorker", "SAMPLES_FILE", "samples_path",
-    "saved_config", "serve", "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "SplitCheck",
-    "Stopped", "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "transitions_of",
-    "warm_start_cache_entries", "warm_start_cache_key", "write_json"
+    "Evaluator", "exact_oracle", "ExactOracle", "export_hf", "Exported", "fit_sets", "generate_hf", "generate_run",
+    "Generated", "GenerateOptions", "Generation", "HarnessOptions", "hold_run", "initialize_distributed",
+    "InlineSource", "is_primary", "is_run_config", "learn", "load_run_config", "load_run_policy", "LoggedSource",
+    "make_source", "mean_return", "MetricsWriter", "ModelPolicy", "pair_rows", "Parts", "plot_curves", "policy_value",
+    "probe_writable", "ProcessSource", "QFunction", "read_jsonl", "read_prompts", "read_rounds", "replay",
+    "rescue_audit", "rescue_evaluate", "RESULT_SECTIONS", "result_settings", "RLUpdate", "RolloutBatch", "round_dir",
+    "RoundSource", "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory", "run_policy_value", "run_rescue_eval",
+    "run_sampler", "RunCheckpointer", "RunPolicy", "SamplerWorker", "SAMPLES_FILE", "samples_path", "saved_config",
+    "serve", "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "SplitCheck", "Stopped",
+    "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "transitions_of", "UserPrompt",
+    "warm_start_cache_entries", "warm_start_cache_key", "write_generation", "write_json"
 ]

@@ -145,8 +145,14 @@ def _texts(tokenizer: Any, stops: tuple[str, ...], row: dict, example: int) -> d
   if "turn_starts" in row:
     completion = tokenizer.decode(ids["tokens"], skip_special=False, stop_at_eos=False)
   else:
-    completion = rewards.cut_at_stop(tokenizer.decode(ids["tokens"], skip_special=True, stop_at_eos=True), stops)
+    completion = completion_text(tokenizer, stops, ids["tokens"])
   return {"prompt": prompt, "completion": completion}
+
+
+def completion_text(tokenizer: Any, stops: tuple[str, ...], tokens) -> str:
+  """A single-turn completion's text as the reward reads it: `tokens` decoded to their EOS, special tokens
+  dropped, cut before the first of the `stops` strings it holds (`rl.stop`)."""
+  return rewards.cut_at_stop(tokenizer.decode(tokens, skip_special=True, stop_at_eos=True), stops)
 
 
 def samples_path(workdir: str, step: int) -> str:

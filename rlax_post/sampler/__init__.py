@@ -36,6 +36,7 @@ from rlax_post.sampler._sampling import MAX_TEMPERATURE
 from rlax_post.sampler._sampling import SamplingParams
 from rlax_post.sampler._scoring import ScoreService
 from rlax_post.sampler._serve import check_request
+from rlax_post.sampler._serve import frames_bos
 from rlax_post.sampler._serve import serve
 from rlax_post.sampler._serve import ServeOptions
 from rlax_post.sampler._serve import Server
@@ -44,6 +45,7 @@ from rlax_post.sampler._serve import ServingEngine
 
 __all__ = [
     'check_request',
+    'frames_bos',
     'ServeOptions',
     'Server',
     'ServingEngine',

@@ -248,7 +248,7 @@ def _check_prompt(request: Any, kind: str, engine: _engine.RlaxEngine) -> str | 
     error = _check_ids(ids, engine.tokenizer)
     if error:
       return error
-    with_bos = with_bos and _frames_bos(engine.tokenizer)
+    with_bos = with_bos and frames_bos(engine.tokenizer)
     length = ids.size + with_bos
     what = f"prompt of {length} tokens" + (f" ({ids.size} ids + BOS)" if with_bos else "")
   return _check_length(length, what, engine) or (what, length)
@@ -262,7 +262,7 @@ def _check_ids(ids: np.ndarray, tokenizer: Any) -> str | None:
   return None
 
 
-def _frames_bos(tokenizer: Any) -> bool:
+def frames_bos(tokenizer: Any) -> bool:
   """Whether `tokenizer` starts a prompt's text with BOS (`encode(text, add_bos=True)`, as JetStream asks for
   text without a session_cache): the byte tokenizer does; a checkpoint's as the checkpoint does (Llama 3
   yes; Qwen, which has no BOS, and one whose tokenizer.json does not prepend it, no). Token ids are framed
@@ -338,7 +338,7 @@ class _GuardedDriver(_js.orchestrator.Driver):
 
   def __init__(self, engine: ServingEngine, params: Any):
     self._guard = _PrefillGuard(engine)
-    self._ids_bos = _frames_bos(engine.tokenizer)
+    self._ids_bos = frames_bos(engine.tokenizer)
     super().__init__(prefill_engines=[self._guard], generate_engines=[engine], prefill_params=[params],
                      generate_params=[params], interleaved_mode=True, jax_padding=False)
 
@@ -361,7 +361,7 @@ class _GuardedDriver(_js.orchestrator.Driver):
   def _process_prefill_content(self, request, tokenizer, is_bos: bool, *args, **kwargs):
     """JetStream's tokenization of `request` (in the prefill thread, just before `prefill`).
 
-    Token ids are framed here as text is (BOS first if `is_bos` and `_frames_bos`), unpadded: `prefill` pads
+    Token ids are framed here as text is (BOS first if `is_bos` and `frames_bos`), unpadded: `prefill` pads
     them to the engine's bucket. JetStream 0.2.2's `pad_tokens` always prepends BOS (where the checkpoint's
     tokenizer does not, ids and their text got different completions; Qwen's ids were refused), wants its
     largest bucket to be a power of two (the engine's need not be), cuts longer prompts to it, and takes the
