@@ -914,7 +914,7 @@ def test_export_refuses_a_used_out_directory_and_an_unknown_architecture_or_dtyp
   assert not (tmp_path / "new").exists()
   line = _error(_cli("replay", "--workdir", run, "--dtype", "bfloat16"), "replay")
   assert line.startswith("rlax-post replay: error: --dtype is not a flag of `rlax-post replay` (it is read by "
-                         "serve, convert, export);")
+                         "serve, generate, convert, export);")
   (tmp_path / "m.gguf").write_bytes(b"GGUF")
   line = _error(_cli("convert", "--gguf", tmp_path / "m.gguf", "--out", tmp_path / "new", "--dtype", "fp16"),
                 "convert")

@@ -11,6 +11,7 @@ import os
 import _cli_forks
 import _procs
 import _serving
+import _tiny_hf
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,6 +65,7 @@ def test_greedy_completions_equal_the_full_forward_argmax_loop_with_their_logpro
   engine = _serve.engine_from_workdir(run)
   params = engine.load_params()
   want = _serving.greedy_loop(engine.graphdef, params, _GOOD, 6, _BYTES)
+  assert all(want), "a reference decodes EOS at once: the comparison would be vacuous"
   got = runtime.generate_run(run, _prompts(*_GOOD), runtime.GenerateOptions(max_tokens=6))
   assert got.step == 1 and got.source == f"step 1 of {run}"
   assert [(g.prompt_index, g.sample) for g in got.samples] == [(i, 0) for i in range(len(_GOOD))]
@@ -90,6 +92,7 @@ def test_the_cli_s_greedy_completions_equal_evaluate_s_and_its_out_records_them(
                        timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   records = [json.loads(line) for line in evaluated.read_text().splitlines()]
+  assert len(records) == 16 and all(r["completion"] for r in records)  # (the tiny run's held-out set)
   prompts = tmp_path / "prompts.txt"
   prompts.write_text("".join(r["prompt"].removeprefix("<bos>") + "\n" for r in records))
   generated = tmp_path / "sub" / "generated.jsonl"
@@ -220,3 +223,24 @@ def test_prompts_that_do_not_fit_the_context_are_named(run):
 def test_bad_flags_are_one_line_naming_the_value(run, flags, error):
   line = _error(_cli(*(f.format(run=run) for f in flags)))
   assert line.startswith(error), line
+
+
+def test_a_hugging_face_checkpoint_renders_with_its_chat_template_and_raw_sends_the_text(tmp_path):
+  """`--hf_path`: the checkpoint's chat template (it writes BOS), messages too; `--raw`: the text with BOS, whose
+  greedy completion is the full-forward argmax loop's."""
+  path = _tiny_hf.make_checkpoint(str(tmp_path / "hf"))
+  engine = _serve.engine_from_hf(path, max_seq_len=32)
+  tok = engine.tokenizer
+  options = runtime.GenerateOptions(max_tokens=4)
+  chat = ({"role": "user", "content": "3+4="}, {"role": "assistant", "content": "7"}, {"role": "user", "content": "1+2="})
+  got = runtime.generate_hf(path, [runtime.UserPrompt("--prompt", "3+4="), runtime.UserPrompt("f:1", chat)],
+                            options, max_seq_len=32)
+  assert got.step is None and got.source == f"the Hugging Face checkpoint {path}"
+  assert [g.rendered for g in got.samples] == [
+      "<|begin|><|user|>3+4=<|eot|><|assistant|>",
+      "<|begin|><|user|>3+4=<|eot|><|assistant|>7<|eot|><|user|>1+2=<|eot|><|assistant|>"]
+  raw = runtime.generate_hf(path, [runtime.UserPrompt("--prompt", "3+4=")],
+                            runtime.GenerateOptions(max_tokens=4, raw=True), max_seq_len=32).samples[0]
+  assert raw.rendered == "<|begin|>3+4="
+  want = _serving.greedy_loop(engine.graphdef, engine.load_params(), ["3+4="], 4, tok)[0]
+  assert raw.tokens == tuple(want) + ((tok.eos_id,) if len(want) < 4 else ())
