@@ -30,6 +30,7 @@ from typing import Any, NamedTuple, Sequence
 from rlax_post import config as config_lib
 from rlax_post import envs
 from rlax_post import sampler
+from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _eval
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _samplers
@@ -49,7 +50,7 @@ class UserPrompt(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class GenerateOptions:
-  """What to sample: the run's checkpoint `step` (None: the newest committed one; `_serve.served_step`),
+  """What to sample: the run's checkpoint `step` (None: the newest committed one; `runtime.checkpoint_step`),
   `max_tokens` per completion (None: a run's `rl.max_new_tokens`, `DEFAULT_MAX_TOKENS` for a Hugging Face
   checkpoint), `samples` per prompt, the sampling law (temperature 0: greedy), the `seed` of the streams, and
   `raw`: prompts sent as text, not rendered as the source renders its own (module docstring)."""
@@ -175,7 +176,7 @@ def generate_run(workdir: str, prompts: Sequence[UserPrompt], options: GenerateO
   check_prompts(prompts)
   check_options(options)
   cfg = _samplers.load_run_config(workdir)
-  step = _serve.served_step(workdir, options.step)
+  step = _checkpoint.checkpoint_step(workdir, options.step, "generate from")
   engine = _serve.engine_from_workdir(workdir, _engine_options(options, len(prompts), step), dtype=dtype)
   renderer = None if options.raw or cfg.task.name != "dataset" else envs.dataset_renderer(cfg, engine.tokenizer)
   max_tokens = cfg.rl.max_new_tokens if options.max_tokens is None else options.max_tokens
