@@ -96,8 +96,9 @@ def _check_servable(cfg, workdir: str) -> None:
   """ValueError unless the run's checkpoints hold one policy (a whole model's params, or LoRA adapters over a
   frozen base, which the engine merges). (A `model.hf_path` gone since the run is named by `load_run_config`.)"""
   if cfg.multiagent.policies == "per_role":
-    raise ValueError(f"{workdir} trains one policy per role (multiagent.policies = 'per_role'); `serve` serves "
-                     "one policy. Write each role's as a Hugging Face checkpoint with `rlax-post export`.")
+    raise ValueError(f"{workdir} trains one policy per role (multiagent.policies = 'per_role'); `serve` and "
+                     "`generate` load one policy. Write each role's as a Hugging Face checkpoint with `rlax-post "
+                     "export`, then pass it as --hf_path.")
 
 
 def serve(workdir: str, options: sampler.ServeOptions, dtype: str | None = None) -> sampler.Server:
