@@ -481,7 +481,17 @@ def _check_key(raw, key: str) -> typing.Any:
   return parent
 
 
-def _check_overrides(argv) -> None:
+def _override_without_config(command: str, key: str) -> str:
+  """Why `--config.KEY` without `--config FILE` is refused: a command that reads a config file needs the file
+  too; one that takes none (evaluate, serve, export: they read a run's config.json) takes no overrides (it was
+  told to pass --config, which it then refused as not one of its flags)."""
+  if "config" not in _COMMANDS[command][2]:
+    return (f"--config.{key}: `rlax-post {command}` takes no config overrides; it reads the run's own "
+            "config.json (the settings it trained with). `rlax-post " + command + " --help` lists its flags.")
+  return f"--config.{key} overrides a config file: pass --config FILE too."
+
+
+def _check_overrides(command: str, argv) -> None:
   """Reads --config FILE and checks every --config.a.b key against it; the file's own errors (a missing
   file, an unknown variant) surface here as one line."""
   # (key, the text after '=' of a --config.KEY=TEXT, else None)
@@ -491,7 +501,7 @@ def _check_overrides(argv) -> None:
   spec = _config_spec(argv)
   if spec is None:
     if keys:
-      raise ValueError(f"--config.{keys[0]} overrides a config file: pass --config FILE too.")
+      raise ValueError(_override_without_config(command, keys[0]))
     return
   path, _, _ = spec.partition(":")
   _readable_file(path, "--config", "configs/demo.py")
@@ -534,7 +544,7 @@ def _check_no_arguments(command: str, rest) -> None:
 
 def _parse_flags(command: str, argv):
   try:
-    _check_overrides(argv)
+    _check_overrides(command, argv)
     argv, nones = sweep.none_overrides(argv)
     parsed = flags.FLAGS(argv)
     if command not in _POSITIONAL:
@@ -588,8 +598,12 @@ def _print_summary(summary, *, warm_start: bool = True):
   stopped = done is not None and steps is not None and done < steps  # runtime.stop_after_steps
   after = f"after RL step {done} of {steps}:" if stopped else "after RL"
   start = "warm start" if warm_start else "start (no warm start)"
-  print(f"\nGreedy eval reward on {summary['num_eval_prompts']} held-out prompts: {start} {initial:.3f} "
-        f"-> {after} {final:.3f} ({final - initial:+.3f}) in {summary['wall_seconds']:.0f} s.")
+  if steps == 0:  # (no RL: "-> after RL 0.105 (+0.000)" reported a step that never ran)
+    print(f"\nGreedy eval reward on {summary['num_eval_prompts']} held-out prompts: {start} {initial:.3f}; no RL "
+          f"step (rl.steps = 0) in {summary['wall_seconds']:.0f} s.")
+  else:
+    print(f"\nGreedy eval reward on {summary['num_eval_prompts']} held-out prompts: {start} {initial:.3f} "
+          f"-> {after} {final:.3f} ({final - initial:+.3f}) in {summary['wall_seconds']:.0f} s.")
   if stopped:  # (it read as a finished run's result)
     print(f"Stopped early by runtime.stop_after_steps: the same command with --resume continues it to step "
           f"{steps}.")
@@ -680,9 +694,13 @@ def _replay(argv):
     for step, key, want, got in report["mismatches"][:20]:
       print(f"step {step}: {key} logged {want!r} replayed {got!r}")
     raise ValueError(f"replay differs from the logged run in {len(report['mismatches'])} values.")
-  print(f"replay: {report['steps']} steps re-run from the checkpoint of step {report['first_step']} over the "
-        f"logged rollouts; the metrics of "
-        f"{report['compared_steps']} logged steps match exactly.")
+  print(f"replay: {_count(report['steps'], 'step')} re-run from the checkpoint of step {report['first_step']} over "
+        f"the logged rollouts; the metrics of {_count(report['compared_steps'], 'logged step')} match exactly.")
+
+
+def _count(n: int, noun: str) -> str:
+  """'1 step', '3 steps'."""
+  return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _sweep(argv, command_line):
@@ -937,7 +955,7 @@ def evaluate_line(workdir: str, result: dict) -> str:
   """`rlax-post evaluate`'s one line of `runtime.evaluate_run`'s `result`: the step, the mean reward, the failed
   reward calls where counted, each reward component's mean (over the calls that succeeded), what the run logged."""
   errors = result.get("eval_reward_errors")
-  errors = "" if errors is None else f" ({errors:.0f} of them scored reward.default: their reward call failed)"
+  errors = "" if not errors else f" ({errors:.0f} of them scored reward.default: their reward call failed)"
   prefix = runtime.EVAL_COMPONENT_PREFIX  # each reward component's mean: eval_reward/<name>
   parts = ", ".join(f"{k[len(prefix):]} {v:.4f}" for k, v in result.items() if k.startswith(prefix))
   parts = parts and f"; component means {parts}" + (" (over the others)" if result.get("eval_reward_errors") else "")

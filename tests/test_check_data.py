@@ -77,13 +77,24 @@ def test_prompt_budget_counts_follow_data_too_long(tmp_path):
   train = str(tmp_path / "train.jsonl")
   data.write_jsonl(train, _rows(200))
   eval_ = _eval_file(tmp_path, 4)  # "1000+1=": 8 tokens, all too long
-  counts = {}
+  counts, verdicts = {}, {}
   for too_long in ("truncate", "skip", "error"):
     checked = runtime.check_data(_cfg(train, eval_, too_long=too_long, max_prompt_tokens=5), models.ByteTokenizer())
     counts[too_long] = [(s.usable, s.truncated, s.too_long, s.bad) for s in checked.splits], checked.ok
+    verdicts[too_long] = checked.lines()[-1]
   assert counts["truncate"] == ([(200, 190, 0, {}), (4, 4, 0, {})], True)
   assert counts["skip"] == ([(10, 0, 190, {}), (0, 0, 4, {})], False)  # no usable held-out row: the run stops
   assert counts["error"] == ([(10, 0, 0, {_TOO_LONG: 190}), (0, 0, 0, {_TOO_LONG: 4})], False)
+  # The verdict says why a split is empty, with the length to raise the budget to (until 2026-12-06 it listed
+  # data.bad_rows and data.too_long, which were not the cause). "1000+1=" .. "1003+1=" are BOS + 7 bytes.
+  assert verdicts["skip"] == (
+      "FAILED: no usable held-out row, so the run would stop: held-out: 4 of its 4 rows skipped as too long for "
+      "data.max_prompt_tokens = 5; raise data.max_prompt_tokens to 8 to keep every one of them (the longest skipped "
+      "prompt has 8 tokens; model.max_seq_len must hold it plus rl.max_new_tokens), or set data.too_long = "
+      "'truncate'.")
+  assert verdicts["error"].startswith(
+      f"FAILED: no usable held-out row, so the run would stop: held-out: 4 of its 4 rows malformed (most: 4 "
+      f"{_TOO_LONG}; the first are named above).")
 
 
 def test_a_malformed_held_out_row_the_run_never_reads_stops_nothing(tmp_path):

@@ -870,6 +870,20 @@ def test_a_run_stopped_early_says_so_and_how_to_continue(tmp_path, capsys):
   cli._print_summary({**base, "rl_steps_done": 3}, warm_start=False)
   assert capsys.readouterr().out.startswith("\nGreedy eval reward on 16 held-out prompts: start (no warm start) "
                                             "0.250 -> after RL 0.500 (+0.250) in 45 s.\n")
+  # rl.steps = 0 (a warm start alone) said "-> after RL 0.250 (+0.000)", a step that never ran.
+  cli._print_summary({**base, "rl_steps": 0, "rl_steps_done": 0, "final_eval_reward": 0.25})
+  assert capsys.readouterr().out.startswith("\nGreedy eval reward on 16 held-out prompts: warm start 0.250; no RL "
+                                            "step (rl.steps = 0) in 45 s.\nOutputs")
+
+
+def test_config_overrides_of_a_command_that_reads_a_runs_config_say_it_takes_none():
+  """`evaluate --workdir RUN --config.data.eval=F` was told to pass --config FILE too, then refused --config
+  as not one of its flags (a user walk-through)."""
+  for command, flag in (("evaluate", "--workdir"), ("serve", "--checkpoint"), ("export", "--workdir")):
+    line = _error(_cli(command, flag, "runs/x", "--config.data.eval=f.jsonl"), command)
+    assert line == (f"rlax-post {command}: error: --config.data.eval: `rlax-post {command}` takes no config "
+                    f"overrides; it reads the run's own config.json (the settings it trained with). `rlax-post "
+                    f"{command} --help` lists its flags.")
 
 
 def test_rescue_sim_names_the_session_files_a_directory_held_before(tmp_path):

@@ -110,18 +110,20 @@ def test_too_long_prompts_skip_truncate_or_error(tmp_path):
       continue
     out = renderer(0, long_row, data.Where("t", 1))
     if expect is str:
-      assert out == "prompt of 21 tokens > data.max_prompt_tokens = 8"
+      assert out == "prompt of 21 tokens > data.max_prompt_tokens = 8" and out.tokens == 21
     else:  # BOS kept, the end of the prompt kept.
       assert out.truncated and out.ids == (tok.bos_id, *tok.encode("3456789", add_bos=False))
   # Every row skipped for its length: the error says what to change (it named only the count until 2026-12-05).
-  hint = ("; raise data.max_prompt_tokens (model.max_seq_len must hold it plus rl.max_new_tokens), or set "
-          "data.too_long = 'truncate'.")
+  # The hint names the longest skipped prompt's length (the value to raise data.max_prompt_tokens to; until
+  # 2026-12-06 it said only to raise it).
+  hint = ("; raise data.max_prompt_tokens to {n} to keep every one of them (the longest skipped prompt has {n} "
+          "tokens; model.max_seq_len must hold it plus rl.max_new_tokens), or set data.too_long = 'truncate'.")
   with pytest.raises(ValueError) as e:  # BOS + "0+1=" is 5 tokens
     envs.make_rl_task(_cfg(tmp_path, _rows(4), _rows(2), max_prompt_tokens=4), tok)
-  assert str(e.value) == "No train row is usable: {'prompt too long': 4} of 4 rows skipped" + hint
+  assert str(e.value) == "No train row is usable: {'prompt too long': 4} of 4 rows skipped" + hint.format(n=5)
   with pytest.raises(ValueError) as e:
     envs.make_rl_task(_cfg(tmp_path, _rows(4), _rows(2, 100), max_prompt_tokens=5), tok)  # "100+1=": 7
-  assert str(e.value) == "No usable held-out row (skipped: {'prompt too long': 2})" + hint
+  assert str(e.value) == "No usable held-out row (skipped: {'prompt too long': 2})" + hint.format(n=7)
 
 
 def test_skipped_rows_are_counted_and_tickets_deterministic(tmp_path, caplog):

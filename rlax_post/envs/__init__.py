@@ -37,6 +37,8 @@ from rlax_post.envs._dataset import Renderer
 from rlax_post.envs._dataset import dataset_renderer
 from rlax_post.envs._dataset import dataset_rows
 from rlax_post.envs._dataset import render_row
+from rlax_post.envs._dataset import skip_hint
+from rlax_post.envs._dataset import TooLong
 from rlax_post.envs._make import check_task
 from rlax_post.envs._make import make_rl_task
 from rlax_post.envs._make import task_lengths
@@ -118,6 +120,8 @@ __all__ = [
     'dataset_renderer',
     'dataset_rows',
     'render_row',
+    'skip_hint',
+    'TooLong',
     'ROW_METRICS',
     'ROW_FIELDS',
     'Stream',

@@ -136,7 +136,7 @@ class Renderer:
     if len(ids) <= budget:
       return Prompt(tuple(ids), text, row, where, index)
     if self.section.too_long == "skip":
-      return f"prompt of {len(ids)} tokens > data.max_prompt_tokens = {budget}"
+      return TooLong(f"prompt of {len(ids)} tokens > data.max_prompt_tokens = {budget}", tokens=len(ids))
     if self.section.too_long == "error":
       raise data.RowError(f"{where}: the prompt has {len(ids)} tokens, more than data.max_prompt_tokens = "
                           f"{budget} (data.too_long = 'error'; 'skip' or 'truncate' instead).",
@@ -144,6 +144,15 @@ class Renderer:
     head = ids[:1] if ids[0] == _bos(self.tokenizer) else []  # Keep BOS; cut from the left.
     ids = head + ids[len(ids) - (budget - len(head)):]
     return Prompt(tuple(ids), text, row, where, index, truncated=True)
+
+
+class TooLong(str):
+  """Why a row is skipped for its prompt's length (`data.too_long = "skip"`), with the prompt's `tokens`."""
+
+  def __new__(cls, text: str, *, tokens: int):
+    out = super().__new__(cls, text)
+    out.tokens = tokens
+    return out
 
 
 def render_row(rows: data.Rows, index: int, renderer: Renderer) -> Prompt | str:
@@ -167,11 +176,13 @@ def _short(value: Any) -> str:
   return f"{type(value).__name__} {text[:80] + '...' if len(text) > 80 else text}"
 
 
-def _skip_hint(reasons: dict[str, int]) -> str:
-  """What to change when every row of a split was skipped for its length (`data.too_long = "skip"`)."""
-  if "prompt too long" not in reasons:
+def skip_hint(longest: int) -> str:
+  """What to change when every row of a split was skipped for its length (`data.too_long = "skip"`), `longest`
+  the longest skipped prompt's tokens (0: none was skipped for its length)."""
+  if not longest:
     return ""
-  return ("; raise data.max_prompt_tokens (model.max_seq_len must hold it plus rl.max_new_tokens), or set "
+  return (f"; raise data.max_prompt_tokens to {longest} to keep every one of them (the longest skipped prompt "
+          f"has {longest} tokens; model.max_seq_len must hold it plus rl.max_new_tokens), or set "
           "data.too_long = 'truncate'")
 
 
@@ -185,6 +196,7 @@ class Split:
     self._skipped_before: list[int] = []
     self._next, self._skipped = 0, 0
     self.reasons: dict[str, int] = {}
+    self.longest = 0  # the longest prompt skipped for its length, in tokens
     self._lock = threading.Lock()
 
   def _examine(self, position: int) -> Prompt | None:
@@ -197,6 +209,7 @@ class Split:
       out = f"malformed row ({e})"
     if isinstance(out, str):
       reason = out.split(" (")[0] if out.startswith("malformed") else "prompt too long"
+      self.longest = max(self.longest, getattr(out, "tokens", 0))
       if reason not in self.reasons:
         _LOG.warning("%s row %s skipped: %s (later skips are counted: data_skipped).", self.name,
                      self.rows.where(index), out)
@@ -218,7 +231,7 @@ class Split:
           return None
         if since >= len(self.order) and not self._positions:
           raise ValueError(f"No {self.name} row is usable: {self.reasons} of {len(self.order)} rows skipped"
-                           f"{_skip_hint(self.reasons)}.")
+                           f"{skip_hint(self.longest)}.")
         prompt = self._examine(self._next)
         if prompt is None:
           self._skipped += 1
@@ -559,7 +572,7 @@ def make_dataset_task(cfg: config_lib.Config, tokenizer) -> DatasetTask:
   while n_eval < cfg.task.num_eval and held.get(n_eval) is not None:
     n_eval += 1
   if not n_eval:
-    raise ValueError(f"No usable held-out row (skipped: {held.reasons}){_skip_hint(held.reasons)}.")
+    raise ValueError(f"No usable held-out row (skipped: {held.reasons}){skip_hint(held.longest)}.")
   if n_eval < cfg.task.num_eval:
     _LOG.warning("The evaluation runs the %d usable held-out rows (task.num_eval = %d).", n_eval,
                  cfg.task.num_eval)

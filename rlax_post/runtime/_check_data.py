@@ -39,6 +39,7 @@ class SplitCheck:
   bad: dict[str, int]  # malformed rows by reason
   first_bad: tuple[str, ...]  # the first `FIRST_BAD` malformed rows' messages, in file order
   unread: int = 0  # held-out rows after the run's `task.num_eval` usable ones: the run reads none of them
+  longest_skipped: int = 0  # the longest prompt skipped for its length, in tokens (0: none)
 
   @property
   def num_bad(self) -> int:
@@ -78,23 +79,40 @@ class DataCheck:
     return [line for s in self.splits for line in s.lines()] + [self._verdict()]
 
   def _verdict(self) -> str:
-    empty = [s.name for s in self.splits if not s.usable]
+    empty = [s for s in self.splits if not s.usable]
     bad = sum(s.num_bad for s in self.splits)
     policies = f"data.bad_rows = {self.bad_rows!r}, data.too_long = {self.too_long!r}"
     if empty:
-      return (f"FAILED: no usable {' or '.join(empty)} row ({policies}, data.max_prompt_tokens = "
-              f"{self.max_prompt_tokens}): the run would stop.")
+      why = "; ".join(_why_empty(s, self.max_prompt_tokens) for s in empty)
+      return f"FAILED: no usable {' or '.join(s.name for s in empty)} row, so the run would stop: {why}."
     if bad and self.bad_rows == "error":
       return (f"FAILED: {bad} malformed rows would stop the run when it reaches them ({policies}); fix them, "
               "or set data.bad_rows = 'skip' to skip and count them.")
     return f"OK: the run reads every row ({policies}; skipped rows are counted in data_skipped)."
 
 
+def _why_empty(split: SplitCheck, budget: int) -> str:
+  """Why `split` has no usable row: its most common malformed reason (the settings named until 2026-12-06
+  were not the cause), and the length to raise `data.max_prompt_tokens` to where rows were skipped as too
+  long."""
+  parts = []
+  if split.bad:
+    reason, n = max(split.bad.items(), key=lambda kv: (kv[1], kv[0]))
+    parts.append(f"{split.num_bad} of its {split.rows} rows malformed (most: {n} {reason}; the first are named "
+                 "above)")
+  if split.too_long:
+    parts.append(f"{split.too_long} of its {split.rows} rows skipped as too long for data.max_prompt_tokens = "
+                 f"{budget}{envs.skip_hint(split.longest_skipped)}")
+  if not parts:
+    parts.append("it holds no row")
+  return f"{split.name}: {'; '.join(parts)}"
+
+
 def _check_split(name: str, rows: data.Rows, indices, renderer: envs.Renderer, ui: _metrics.Console,
                  wanted: int | None = None) -> SplitCheck:
   """The split's rows read in order, under a progress bar of `ui`'s; with `wanted` (the held-out split's
   `task.num_eval`), only up to the `wanted`-th usable one, as the run reads them."""
-  usable = truncated = too_long = unread = 0
+  usable = truncated = too_long = unread = longest = 0
   bad: dict[str, int] = {}
   first_bad: list[str] = []
   progress = ui.bar(indices, desc=f"check-data: {name} rows", unit=" rows")
@@ -112,13 +130,14 @@ def _check_split(name: str, rows: data.Rows, indices, renderer: envs.Renderer, u
       continue
     if isinstance(out, str):
       too_long += 1
+      longest = max(longest, getattr(out, "tokens", 0))
     else:
       usable += 1
       truncated += out.truncated
   if progress is not indices:  # a bar: its line ended here, also when the held-out split stops early
     progress.close()
   return SplitCheck(name=name, files=tuple(rows.files), rows=len(indices), usable=usable, truncated=truncated,
-                    too_long=too_long, bad=bad, first_bad=tuple(first_bad), unread=unread)
+                    too_long=too_long, bad=bad, first_bad=tuple(first_bad), unread=unread, longest_skipped=longest)
 
 
 def check_data(cfg: config_lib.Config, tokenizer=None, *, quiet: bool = False) -> DataCheck:

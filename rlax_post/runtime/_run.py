@@ -182,7 +182,8 @@ class Run:
 
   def steps(self, first: int):
     """The RL steps (0-based) left to this invocation, behind a progress bar."""
-    desc = f"{self.cfg.runtime.mode} RL η={self.tally.eta}"
+    sync = self.cfg.runtime.mode == "sync"  # (its staleness is 0 by construction: no η, no stale= figure)
+    desc = "sync RL" if sync else f"{self.cfg.runtime.mode} RL η={self.tally.eta}"
     self.tally.end_step = self.end_step(first)
     self.tally.bar = self.ui.bar(range(first, self.tally.end_step), initial=first, total=self.cfg.rl.steps,
                                  desc=desc)
@@ -199,8 +200,8 @@ class Run:
       with source.device_lock:
         tally.last_eval, tally.eval_step = self.evaluate_logged(step, state), step
     if hasattr(tally.bar, "set_postfix"):
-      tally.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0.0):.4f}",
-                            stale=f"{row['staleness_mean']:.2f}",
+      stale = {} if cfg.runtime.mode == "sync" else {"stale": f"{row['staleness_mean']:.2f}"}
+      tally.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0.0):.4f}", **stale,
                             eval="-" if tally.last_eval is None else f"{tally.last_eval:.3f}")
     if self._checkpoints_at(step):
       self._checkpoint(step, start, state, source)
