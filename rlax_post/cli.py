@@ -6,7 +6,8 @@ the flags of one).
 
 Every mistake a user can make on the command line (a bad flag, config key or value, a missing file, an
 unusable directory) ends in one line, `rlax-post CMD: error: ...`, and exit status 2, before any JAX work
-where it can be checked that early; anything else is a bug and keeps its traceback.
+where it can be checked that early, and so does a full disk (ENOSPC: a checkpoint that does not fit says its
+size, the free space and the way out); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import errno
 import functools
 import inspect
 import json
@@ -1114,6 +1116,10 @@ def _run(command: str, handler, args):
     handler(args)
   except _USER_ERRORS as e:
     _fail(command, e)
+  except OSError as e:
+    if e.errno != errno.ENOSPC:
+      raise
+    _fail(command, e.strerror if e.filename is None else e)  # (a checkpoint's own line, or the file's)
   except KeyboardInterrupt:
     _interrupted(command)
 

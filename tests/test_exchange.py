@@ -570,8 +570,8 @@ def test_the_abandoned_reads_of_a_failed_restore_are_quiet(monkeypatch):
   closed, other = (types.SimpleNamespace(exc_type=RuntimeError, exc_value=RuntimeError(text), exc_traceback=None,
                                          err_msg=None, object=None)
                    for text in ("Event loop is closed", "something else"))
-  exchange.quiet_abandoned_reads()
-  exchange.quiet_abandoned_reads()  # (once per process: not wrapped twice)
+  exchange.quiet_abandoned_io()
+  exchange.quiet_abandoned_io()  # (once per process: not wrapped twice)
   sys.unraisablehook(closed)
   sys.unraisablehook(other)
   assert seen == [other]

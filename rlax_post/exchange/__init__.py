@@ -26,6 +26,12 @@ exists only in a finished version. Readers list only directories named `<int>` h
 commit-file finalization check), so tmp dirs, stray numeric dirs and half-written versions are never read.
 A directory with the marker that cannot be read raises `ValueError` ("corrupt") instead of returning data.
 
+Free space. Before writing version v to a local directory, `publish` (every process) checks that the
+directory's filesystem has room for it, predicted from the newest complete version's bytes on disk (or, for
+the first, a quarter of the params' raw bytes: `_space.py` says why), and raises `OSError` (ENOSPC) naming
+the bytes needed and free before orbax writes a byte; a write that runs out of space anyway is reported the
+same way when it is waited for (the next `publish`, `wait`, `close`). Bucket URLs are not checked.
+
 Asynchrony. `publish` returns once the params are copied to host memory; orbax writes them in a background
 thread. `wait()` (or `close()`) blocks until all publishes are visible.
 
@@ -53,10 +59,17 @@ from rlax_post.exchange._local import loaded_key
 from rlax_post.exchange._local import LocalParams
 from rlax_post.exchange._local import ParamSource
 from rlax_post.exchange._publisher import ParamPublisher
+from rlax_post.exchange._space import check_space
+from rlax_post.exchange._space import FIRST_SAVE_FRACTION
+from rlax_post.exchange._space import is_out_of_space
+from rlax_post.exchange._space import out_of_space_error
+from rlax_post.exchange._space import predict
+from rlax_post.exchange._space import Prediction
 from rlax_post.exchange._store import as_path
 from rlax_post.exchange._store import is_complete
-from rlax_post.exchange._store import quiet_abandoned_reads
+from rlax_post.exchange._store import quiet_abandoned_io
 from rlax_post.exchange._subscriber import ParamSubscriber
 
 __all__ = ["Lineage", "loads_lineage", "UNKNOWN", "loaded_key", "LocalParams", "ParamPublisher", "ParamSource",
-           "ParamSubscriber", "as_path", "is_complete", "quiet_abandoned_reads"]
+           "ParamSubscriber", "as_path", "is_complete", "quiet_abandoned_io", "check_space", "FIRST_SAVE_FRACTION",
+           "is_out_of_space", "out_of_space_error", "predict", "Prediction"]

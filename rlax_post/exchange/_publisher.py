@@ -14,12 +14,24 @@ from etils import epath
 import jax
 import orbax.checkpoint as ocp
 
+from rlax_post.exchange import _space
 from rlax_post.exchange import _store
+
+# What a publish that does not fit tells its reader to do (a training run's publisher is in its workdir).
+_WAY_OUT = ("free space on that disk or move the directory to a larger one (a training run continues from its "
+            "last checkpoint with --resume).")
 
 
 def _handler() -> ocp.CompositeCheckpointHandler:
   return ocp.CompositeCheckpointHandler(params=ocp.StandardCheckpointHandler(),
                                         meta=ocp.JsonCheckpointHandler())
+
+
+def _then(versions: list[int]) -> str:
+  """What a publish that did not fit ends with: the newest complete version of `versions`, intact, and the way out."""
+  if not versions:
+    return f"No complete version was published before it: {_WAY_OUT}"
+  return f"Version {versions[-1]}, the newest complete one, is intact: {_WAY_OUT}"
 
 
 class ParamPublisher:
@@ -66,6 +78,8 @@ class ParamPublisher:
     self._gc_pool = futures.ThreadPoolExecutor(1, thread_name_prefix="param-publisher-gc")
     self._gc_pending: list[futures.Future] = []
     self._lock = threading.Lock()
+    # (version, its prediction) of the publish orbax may be writing
+    self._writing: tuple[int, _space.Prediction] | None = None
 
   @property
   def latest_version(self) -> int | None:
@@ -76,9 +90,12 @@ class ParamPublisher:
   def publish(self, params: Any, version: int, meta: dict | None = None) -> None:
     """Starts writing `params` as `version`; returns after the device->host copy.
 
-    Orbax first waits for the previous publish to finish, copies `params` to host memory, and writes it to
-    `<dir>/<version>.orbax-checkpoint-tmp` in a background thread, renaming it to `<dir>/<version>` when done.
-    The caller may donate or overwrite `params` as soon as this returns. Call `wait()` for visibility.
+    Waits for the previous publish to finish, checks that a local directory has room for this one (module
+    doc of `_space.py`: `OSError` ENOSPC, before a byte is written; a bucket is not checked); then orbax copies
+    `params` to host memory and writes it to `<dir>/<version>.orbax-checkpoint-tmp` in a background thread,
+    renaming it to `<dir>/<version>` when done. The caller may donate or overwrite `params` as soon as this
+    returns. Call `wait()` for visibility. A previous publish that ran out of space while it was written
+    raises the same `OSError` here (or in `wait` / `close`).
 
     Args:
       params: pytree of `jax.Array`s (an `nnx.State` is stored as its nested dict).
@@ -101,16 +118,20 @@ class ParamPublisher:
       step_dir = self.directory / str(version)
       if self._primary and step_dir.exists():  # Incomplete (else check_version failed): a dead writer's.
         step_dir.rmtree()
+      params = _store.pure(params)
+      self._wait_for_write()  # (orbax's save waits for it too: measuring free space first must)
+      needed = self._check_space(version, params)
+      _store.quiet_abandoned_io()  # (before: a write that fails reports its abandoned writes as they end)
       self._checkpointer.save(step_dir, args=ocp.args.Composite(
-          params=ocp.args.StandardSave(_store.pure(params)), meta=ocp.args.JsonSave(meta)))
-      self._last = version
+          params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(meta)))
+      self._last, self._writing = version, (version, needed)
       # `save` waited for the previous version, so this pass sees every earlier version complete.
       self._gc_pending.append(self._gc_pool.submit(self._collect_garbage))
 
   def wait(self) -> None:
     """Blocks until every pending publish is complete and visible, then garbage-collects."""
     with self._lock:
-      self._checkpointer.wait_until_finished()
+      self._wait_for_write()
       self._drain_gc()
       self._collect_garbage()
 
@@ -143,6 +164,29 @@ class ParamPublisher:
       remaining = [v for v in _store.complete_versions(self.directory) if v <= version]
       self._last = remaining[-1] if remaining else None
       return removed
+
+  def _check_space(self, version: int, params: Any) -> _space.Prediction:
+    """What version `version` of `params` is predicted to take (`_space.predict`: the newest complete
+    version's size, if any); `OSError` (ENOSPC) on every process when a local directory lacks it."""
+    if not _space.is_local(self.directory):
+      return _space.predict(params, None)
+    self._drain_gc()  # (versions it deletes free their space first)
+    versions = _store.complete_versions(self.directory)
+    needed = _space.predict(params, [self.directory / str(versions[-1])] if versions else None)
+    _space.check_space(self.directory, needed, f"Parameter version {version}", _then(versions))
+    return needed
+
+  def _wait_for_write(self) -> None:
+    """Waits for the publish orbax is writing; one that ran out of space is an `OSError` (ENOSPC) saying so."""
+    writing, self._writing = self._writing, None
+    try:
+      self._checkpointer.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except  (orbax's error, whatever its type)
+      if writing is None or not _space.is_out_of_space(e):
+        raise
+      version, needed = writing
+      older = [v for v in _store.complete_versions(self.directory) if v < version]
+      raise _space.out_of_space_error(f"Parameter version {version}", self.directory, needed, _then(older)) from None
 
   def _drain_gc(self) -> None:
     for future in self._gc_pending:

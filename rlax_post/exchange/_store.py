@@ -18,6 +18,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from rlax_post.exchange import _space
+
 LEASES = "leases"
 COMMIT_FILE = ocp.path.atomicity.COMMIT_SUCCESS_FILE  # 'commit_success.txt', written by orbax on finalize.
 TMP_SUFFIX = ocp.path.atomicity.TMP_DIR_SUFFIX  # '.orbax-checkpoint-tmp'.
@@ -26,15 +28,18 @@ TMP_SUFFIX = ocp.path.atomicity.TMP_DIR_SUFFIX  # '.orbax-checkpoint-tmp'.
 _QUIETED = threading.Event()
 
 
-def quiet_abandoned_reads() -> None:
-  """From now on in this process, drops the reports of array reads that a failed orbax restore abandoned:
-  its event loop closes with the first error, and each read still in flight then prints a traceback, either
-  a 'RuntimeError: Event loop is closed' (the unraisable-exception hook) or, for an orbax read task whose
-  error no one awaited, asyncio's 'Task exception was never retrieved' (a resume over a torn checkpoint
-  printed 43 of one or the other, 15 to 100 KB, around its one-line warning). Every other unraisable
-  exception and asyncio report goes out as before. Called before each restore of a checkpoint or params
-  version (once installed, a no-op): after a failure would be too late, as a read that ends before the
-  caller's `except` runs reports at once."""
+def quiet_abandoned_io() -> None:
+  """From now on in this process, drops the reports of array reads and writes that a failed orbax restore or
+  save abandoned: its event loop closes with the first error, and each read or write still in flight then
+  prints a traceback, either a 'RuntimeError: Event loop is closed' (tensorstore's callback, through the
+  unraisable-exception hook) or, for an orbax task whose error no one awaited, asyncio's 'Task exception was
+  never retrieved' (a resume over a torn checkpoint printed 43 of one or the other, 15 to 100 KB, around its
+  one-line warning; a checkpoint that filled the disk, 15 to 60); and orbax's own error log lines, with
+  tracebacks, about a write that found no space left (`_space.not_a_failed_write_report`: the saver reports
+  it in one line when it waits for the write). Every other unraisable exception, asyncio report and log
+  record goes out as before. Called before each restore and save of a checkpoint or params version (once
+  installed, a no-op): after a failure would be too late, as a read or write that ends before the caller's
+  `except` runs reports at once."""
   if _QUIETED.is_set():
     return
   _QUIETED.set()
@@ -47,6 +52,7 @@ def quiet_abandoned_reads() -> None:
 
   sys.unraisablehook = hook
   logging.getLogger("asyncio").addFilter(_not_an_abandoned_read)
+  logging.getLogger("absl").addFilter(_space.not_a_failed_write_report)
 
 
 def _not_an_abandoned_read(record: logging.LogRecord) -> bool:

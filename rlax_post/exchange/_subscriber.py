@@ -173,7 +173,7 @@ class ParamSubscriber:
         try:
           self._check_structure(step_dir)
           # The meta with the params, under the lease: `restored_meta` says which publish these params are.
-          _store.quiet_abandoned_reads()  # (before: a failing restore's abandoned reads report as they end)
+          _store.quiet_abandoned_io()  # (before: a failing restore's abandoned reads report as they end)
           out = self._checkpointer.restore(step_dir, args=ocp.args.Composite(
               params=ocp.args.StandardRestore(self._abstract), meta=ocp.args.JsonRestore()))
           params = out.params

@@ -170,6 +170,15 @@ def _reference_is_frozen(state: Any) -> bool:
   return getattr(state, "frozen", None) is not None
 
 
+def _then(steps: list[int]) -> str:
+  """What a checkpoint that did not fit ends with: the run's last complete one of `steps`, intact, and the way on."""
+  if not steps:
+    return ("The run has no complete checkpoint yet: free space on that disk, or pass a --workdir on a larger one, "
+            "and run the command again (without --resume: there is nothing to continue).")
+  return (f"Checkpoint step {steps[-1]}, the run's last complete one, is intact: free space on that disk, or move "
+          "the run's directory to a larger one, then run the same command with --resume.")
+
+
 class RunCheckpointer:
   """Saves and restores `(state, ref_params, meta)` under `workdir/checkpoints/<step>`.
 
@@ -199,6 +208,8 @@ class RunCheckpointer:
         item_names=_ITEMS,
     )
     self._reader: ocp.CheckpointManager | None = None  # `_local_reader`, made at the first restore
+    # (step, its prediction) of the save orbax may be writing
+    self._writing: tuple[int, exchange.Prediction] | None = None
 
   def complete_steps(self) -> list[int]:
     """This process's listing of the finished steps, ascending (`complete_checkpoints`; the saving manager
@@ -219,11 +230,45 @@ class RunCheckpointer:
 
   def save(self, step: int, state: Any, ref_params: Any, meta: dict) -> None:
     """Saves step `step`; with LoRA the reference policy is the state's frozen base (`RLUpdate.reference`),
-    written once, in the state (it was written twice, and restored as a second copy)."""
+    written once, in the state (it was written twice, and restored as a second copy).
+
+    Waits for the previous save first (orbax's own save would), then refuses, before a byte is written, a
+    step that a local disk has no room for: `OSError` (ENOSPC) on every process (`exchange.check_space`, with
+    the size predicted from the newest complete step's same items on disk, or for the first save a quarter
+    of the raw array bytes: `exchange.predict`), naming the bytes needed and free and the last
+    complete step, which stays intact. A previous save that ran out of space while it was written raises
+    the same error here (or in `wait` / `close`)."""
     items = dict(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta))
+    trees = dict(state=state, meta=None)
     if not _reference_is_frozen(state):
       items["ref_params"] = ocp.args.StandardSave(ref_params)
+      trees["ref_params"] = ref_params
+    self._wait_for_write()
+    needed = self._check_space(step, trees)
+    exchange.quiet_abandoned_io()  # (before: a save that fails reports its abandoned writes as they end)
     self._manager.save(step, args=ocp.args.Composite(**items))
+    self._writing = (step, needed)
+
+  def _check_space(self, step: int, trees: dict) -> exchange.Prediction:
+    """What step `step`'s items `trees` are predicted to take; `OSError` (ENOSPC) on every process when the
+    checkpoints' local disk lacks it (agreed: process 0's newest complete step is measured)."""
+    steps = self.agreed_steps()
+    previous = [self.directory / str(steps[-1]) / name for name in trees] if steps else None
+    needed = exchange.predict(trees, previous)
+    exchange.check_space(self.directory, needed, f"Checkpoint step {step}", _then(steps))
+    return needed
+
+  def _wait_for_write(self) -> None:
+    """Waits for the save orbax is writing; one that ran out of space is an `OSError` (ENOSPC) saying so."""
+    writing, self._writing = self._writing, None
+    try:
+      self._manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except  (orbax's error, whatever its type)
+      if writing is None or not exchange.is_out_of_space(e):
+        raise
+      step, needed = writing
+      older = [s for s in complete_checkpoints(os.fspath(self.directory.parent)) if s < step]
+      raise exchange.out_of_space_error(f"Checkpoint step {step}", self.directory, needed, _then(older)) from None
 
   def restore(self, step: int, *, state_like: Any, state_shardings: Any, ref_like: Any,
               ref_shardings: Any) -> tuple[Any, Any, dict]:
@@ -236,7 +281,7 @@ class RunCheckpointer:
       items["ref_params"] = ocp.args.StandardRestore(_abstract(ref_like, ref_shardings))
     reader = self._local_reader()
     reader.reload()
-    exchange.quiet_abandoned_reads()  # (before: a failing restore's abandoned reads report as soon as they end)
+    exchange.quiet_abandoned_io()  # (before: a failing restore's abandoned reads report as soon as they end)
     out = reader.restore(step, args=ocp.args.Composite(**items))
     ref_params = out.state.frozen if _reference_is_frozen(state_like) else out.ref_params
     return out.state, ref_params, dict(out.meta)
@@ -309,10 +354,10 @@ class RunCheckpointer:
       return self.restore(step, **templates)
 
   def wait(self) -> None:
-    self._manager.wait_until_finished()
+    self._wait_for_write()
 
   def close(self) -> None:
-    self._manager.wait_until_finished()
+    self._wait_for_write()
     self._manager.close()
     if self._reader is not None:
       self._reader.close()

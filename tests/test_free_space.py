@@ -1,0 +1,174 @@
+"""A checkpoint or params version that a local disk has no room for is refused before orbax writes a byte, as
+one OSError (ENOSPC) naming the bytes needed and free and what is intact; the last complete step still restores.
+
+The free space is `shutil.disk_usage` patched to a small figure (no tmpfs: the tests may not run as root). A
+real full disk (a 3 MB tmpfs) is measured in docs/learner.md#checkpoints.
+"""
+
+import collections
+import errno
+import logging
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rlax_post import exchange
+from rlax_post.runtime import _checkpoint
+
+_Usage = collections.namedtuple("_Usage", "total used free")
+_TORN = ("RESOURCE_EXHAUSTED: Error writing \"w/0\" in OCDBT database at local file \"/x/ocdbt.process_0/\": Failed "
+         "writing: \"/x/d/c2c9\": Failed to write 2289664 bytes to file 11: No space left on device "
+         "[os_error_code='28']")
+
+
+def _free(monkeypatch, free: int) -> list[str]:
+  """`shutil.disk_usage` reports `free` bytes free; returns the paths it was asked about."""
+  asked = []
+
+  def usage(path):
+    asked.append(os.fspath(path))
+    return _Usage(10**12, 10**12 - free, free)
+
+  monkeypatch.setattr(shutil, "disk_usage", usage)
+  return asked
+
+
+def _files(directory) -> int:
+  return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(directory) for f in files)
+
+
+def _shardings(tree):
+  return jax.tree.map(lambda x: x.sharding, tree)
+
+
+def test_the_first_save_is_predicted_at_a_quarter_of_the_raw_bytes_and_later_ones_by_the_newest_step(tmp_path):
+  tree = {"w": jnp.zeros((1000,), jnp.float32), "b": jnp.ones((10,), jnp.bfloat16), "n": None}
+  assert exchange.FIRST_SAVE_FRACTION == 0.25
+  assert exchange.predict(tree, None) == (1005, 4020)  # ceil((4000 + 20) / 4), of 4020 raw bytes
+  assert str(exchange.predict(tree, None)) == "at least 1005 bytes (a quarter of its 4020 bytes of arrays: orbax " \
+                                              "compresses them)"
+  (tmp_path / "3" / "state" / "d").mkdir(parents=True)
+  (tmp_path / "3" / "state" / "d" / "a").write_bytes(b"abc")
+  (tmp_path / "3" / "state" / "b").write_bytes(b"hello")
+  (tmp_path / "3" / "ref_params").mkdir()
+  (tmp_path / "3" / "ref_params" / "c").write_bytes(b"x" * 11)
+  (tmp_path / "3" / "meta").write_bytes(b"{}")
+  # The items written again count (3 + 5 + 2 bytes); ref_params, not written this time, does not; a missing
+  # item counts 0.
+  assert exchange.predict(tree, [tmp_path / "3" / n for n in ("state", "meta", "critic")]) == (10, None)
+  assert str(exchange.Prediction(12_345_678, None)) == "about 12.3 MB (the newest complete one's size)"
+
+
+def test_a_refused_checkpoint_names_its_numbers_writes_nothing_and_the_last_one_still_restores(tmp_path,
+                                                                                                monkeypatch):
+  state, ref = {"w": jnp.arange(4096.0)}, {"r": jnp.arange(4096.0) * 2}
+  run = tmp_path / "run"
+  ckpt = _checkpoint.RunCheckpointer(run, max_to_keep=2)
+  real = shutil.disk_usage
+  asked = _free(monkeypatch, 8191)  # the first save: (16384 + 16384) / 4 = 8192 bytes
+  with pytest.raises(OSError) as refused:
+    ckpt.save(0, state, ref, {"rl_step": 0})
+  assert refused.value.errno == errno.ENOSPC
+  assert refused.value.strerror == (
+      f"Checkpoint step 0 does not fit in {run}/checkpoints: it needs at least 8192 bytes (a quarter of its 32.8 kB "
+      "of arrays: orbax compresses them) and 8191 bytes are free (nothing was written). The run has no complete checkpoint yet: free space on that disk, or pass a "
+      "--workdir on a larger one, and run the command again (without --resume: there is nothing to continue).")
+  assert asked == [f"{run}/checkpoints"]
+  assert sorted(os.listdir(run / "checkpoints")) == []
+  monkeypatch.setattr(shutil, "disk_usage", real)
+  ckpt.save(0, state, ref, {"rl_step": 0})
+  ckpt.wait()
+  step0 = sum(_files(run / "checkpoints" / "0" / item) for item in ("state", "ref_params", "meta"))
+  _free(monkeypatch, step0 - 1)
+  with pytest.raises(OSError, match=r"^\[Errno 28\] Checkpoint step 2 does not fit in .*/run/checkpoints: it needs "
+                                    rf"about {step0 / 1e3:.1f} kB \(the newest complete one's size\) and "
+                                    rf"{(step0 - 1) / 1e3:.1f} kB are free \(nothing "
+                                    r"was written\)\. Checkpoint step 0, the run's last complete one, is intact: "
+                                    r"free space on that disk, or move the run's directory to a larger one, then "
+                                    r"run the same command with --resume\.$"):
+    ckpt.save(2, {"w": state["w"] + 1}, ref, {"rl_step": 2})
+  assert sorted(os.listdir(run / "checkpoints")) == ["0"]
+  _free(monkeypatch, step0)  # exactly the prediction: written
+  ckpt.save(3, {"w": state["w"] + 3}, ref, {"rl_step": 3})
+  ckpt.close()
+  assert _checkpoint.complete_checkpoints(str(run)) == [0, 3]
+  reader = _checkpoint.RunCheckpointer(run, tidy=False)
+  restored, restored_ref, meta = reader.restore(0, state_like=state, state_shardings=_shardings(state),
+                                                ref_like=ref, ref_shardings=_shardings(ref))
+  reader.close()
+  assert meta == {"rl_step": 0}
+  np.testing.assert_array_equal(restored["w"], np.arange(4096.0))
+  np.testing.assert_array_equal(restored_ref["r"], np.arange(4096.0) * 2)
+
+
+def test_a_refused_publish_names_its_numbers_and_the_newest_version_stays(tmp_path, monkeypatch):
+  params = {"w": jnp.arange(1000.0)}
+  real = shutil.disk_usage
+  _free(monkeypatch, 999)
+  pub = exchange.ParamPublisher(tmp_path / "params", max_to_keep=2)
+  with pytest.raises(OSError) as refused:
+    pub.publish(params, 0)
+  assert refused.value.errno == errno.ENOSPC
+  assert refused.value.strerror == (
+      f"Parameter version 0 does not fit in {tmp_path}/params: it needs at least 1000 bytes (a quarter of its 4000 "
+      "bytes of arrays: orbax compresses them) and 999 bytes are free (nothing was written). No complete version was published before it: free space on that disk or move the "
+      "directory to a larger one (a training run continues from its last checkpoint with --resume).")
+  monkeypatch.setattr(shutil, "disk_usage", real)
+  pub.publish(params, 0)
+  pub.wait()
+  _free(monkeypatch, 10)
+  with pytest.raises(OSError, match=r"Parameter version 1 does not fit in .*: it needs about .* and 10 bytes are "
+                                    r"free \(nothing was written\)\. Version 0, the newest complete one, is intact"):
+    pub.publish(params, 1)
+  monkeypatch.setattr(shutil, "disk_usage", real)
+  pub.close()
+  assert pub.latest_version == 0
+  assert sorted(p for p in os.listdir(tmp_path / "params") if p != "leases") == ["0"]
+
+
+def test_a_bucket_is_not_checked_and_a_missing_directory_is_measured_at_its_nearest_ancestor(tmp_path, monkeypatch):
+  asked = _free(monkeypatch, 0)
+  exchange.check_space("gs://bucket/run/checkpoints", exchange.Prediction(10**15, None), "Checkpoint step 1", "")
+  assert not asked
+  with pytest.raises(OSError, match=r"Checkpoint step 1 does not fit in .*/a/b: it needs about 1.0 MB \(the newest "
+                                    r"complete one's size\) and 0 bytes"):
+    exchange.check_space(tmp_path / "a" / "b", exchange.Prediction(10**6, None), "Checkpoint step 1", "")
+  assert asked == [str(tmp_path)]
+
+
+def test_a_write_that_ran_out_of_space_is_told_from_other_failures():
+  assert exchange.is_out_of_space(ValueError(_TORN))
+  assert exchange.is_out_of_space(OSError(errno.ENOSPC, "No space"))
+  try:
+    try:
+      raise ValueError(_TORN)
+    except ValueError as e:
+      raise RuntimeError("Save Finalize thread failed") from e
+  except RuntimeError as wrapped:
+    assert exchange.is_out_of_space(wrapped)
+  assert not exchange.is_out_of_space(ValueError("RESOURCE_EXHAUSTED: out of memory"))
+  assert not exchange.is_out_of_space(OSError(errno.EACCES, "Permission denied"))
+  error = exchange.out_of_space_error("Checkpoint step 4", "gs://b/c", exchange.Prediction(2_500_000, None),
+                                      "Step 2 is intact.")
+  assert (error.errno, error.strerror) == (errno.ENOSPC, "Checkpoint step 4 did not fit in gs://b/c: the disk "
+                                                          "filled while it was written; it needs about 2.5 MB (the "
+                                                          "newest complete one's size). Step 2 is intact.")
+
+
+def test_orbax_s_error_lines_about_a_write_with_no_space_are_dropped_and_others_kept():
+  exchange.quiet_abandoned_io()
+  logger = logging.getLogger("absl")
+
+  def record(path, message, exc=None):
+    return logging.LogRecord("absl", logging.ERROR, path, 1, message, (),
+                             None if exc is None else (type(exc), exc, None))
+
+  orbax = "/venv/site-packages/orbax/checkpoint/_src/futures/future.py"
+  assert not logger.filter(record(orbax, "_SignalingThread.run() raised an exception: " + _TORN))
+  assert not logger.filter(record(orbax, "Save Finalize thread (save_finalize) failed.", ValueError(_TORN)))
+  assert logger.filter(record(orbax, "Save Finalize thread (save_finalize) failed.", ValueError("bad shape")))
+  assert logger.filter(record("/home/me/mine.py", "No space left on device"))
