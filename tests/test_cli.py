@@ -1111,3 +1111,39 @@ def test_serve_step_and_max_seq_len_go_with_their_own_source(tmp_path):
   ]
   for args, message in cases:
     assert _error(_cli("serve", *args, cwd=tmp_path), "serve") == f"rlax-post serve: error: {message}", args
+
+
+# `rlax-post train` with a filesystem that reports 1000 bytes free once checkpoint step 0 is complete (the
+# stdlib's shutil.disk_usage replaced in the child process: the tests may not be root, so no tmpfs).
+_FULL_AFTER_STEP_0 = """
+import collections, os, shutil, sys
+real, usage = shutil.disk_usage, collections.namedtuple("usage", "total used free")
+def disk_usage(path):
+  full = os.path.isfile(os.path.join(sys.argv[-1], "checkpoints", "0", "commit_success.txt"))
+  return usage(10**9, 10**9 - 1000, 1000) if full else real(path)
+shutil.disk_usage = disk_usage
+from rlax_post import cli
+cli.main(["rlax-post", "train", "--config", "configs/demo.py:tiny", "--quiet", "--workdir", sys.argv[-1]])
+"""
+
+
+def test_a_checkpoint_the_disk_has_no_room_for_is_one_line_and_resume_continues_from_the_last(tmp_path):
+  """The tiny run checkpoints steps 0, 2 and 3; with 1000 bytes free after step 0, step 2 is refused in one line
+  naming its size, the free bytes and step 0, which is intact: the way out it names, --resume, continues from it."""
+  workdir = tmp_path / "run"
+  out = subprocess.run([sys.executable, "-c", _FULL_AFTER_STEP_0, str(workdir)], capture_output=True, text=True,
+                       env=_ENV, cwd=_ROOT, check=False)
+  step0 = sum(os.path.getsize(os.path.join(root, f)) for item in ("state", "ref_params", "meta")
+              for root, _, files in os.walk(workdir / "checkpoints" / "0" / item) for f in files)
+  assert 10_000 <= step0 < 10**6  # (the micro model's step: shown in kB)
+  assert _error(out, "train") == (
+      f"rlax-post train: error: Checkpoint step 2 does not fit in {workdir}/checkpoints: it needs about "
+      f"{step0 / 1e3:.1f} kB (the newest complete one's size) and 1000 bytes are free (nothing was written). "
+      "Checkpoint step 0, the run's last complete one, is intact: free space on that disk, or move the run's "
+      "directory to a larger one, then run the same command with --resume.")
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["0"]
+  out = _cli("train", "--config", "configs/demo.py:tiny", "--quiet", "--workdir", workdir, "--resume")
+  assert out.returncode == 0, out.stderr[-3000:]
+  with open(workdir / "summary.json") as f:
+    assert json.load(f)["resumed_from_step"] == 0
+  assert _checkpoint.complete_checkpoints(str(workdir)) == [2, 3]
