@@ -10,6 +10,8 @@ import errno
 import logging
 import os
 import shutil
+import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +19,8 @@ import numpy as np
 import pytest
 
 from rlax_post import exchange
+from rlax_post.exchange import _space
+from rlax_post.exchange import _store
 from rlax_post.runtime import _checkpoint
 
 _Usage = collections.namedtuple("_Usage", "total used free")
@@ -75,8 +79,9 @@ def test_a_refused_checkpoint_names_its_numbers_writes_nothing_and_the_last_one_
   assert refused.value.errno == errno.ENOSPC
   assert refused.value.strerror == (
       f"Checkpoint step 0 does not fit in {run}/checkpoints: it needs at least 8192 bytes (a quarter of its 32.8 kB "
-      "of arrays: orbax compresses them) and 8191 bytes are free (nothing was written). The run has no complete checkpoint yet: free space on that disk, or pass a "
-      "--workdir on a larger one, and run the command again (without --resume: there is nothing to continue).")
+      "of arrays: orbax compresses them) and 8191 bytes are free (nothing was written). The run has no complete "
+      "checkpoint yet: free space on that disk, or pass a --workdir on a larger one, and run the command again "
+      "(without --resume: there is nothing to continue).")
   assert asked == [f"{run}/checkpoints"]
   assert sorted(os.listdir(run / "checkpoints")) == []
   monkeypatch.setattr(shutil, "disk_usage", real)
@@ -115,8 +120,9 @@ def test_a_refused_publish_names_its_numbers_and_the_newest_version_stays(tmp_pa
   assert refused.value.errno == errno.ENOSPC
   assert refused.value.strerror == (
       f"Parameter version 0 does not fit in {tmp_path}/params: it needs at least 1000 bytes (a quarter of its 4000 "
-      "bytes of arrays: orbax compresses them) and 999 bytes are free (nothing was written). No complete version was published before it: free space on that disk or move the "
-      "directory to a larger one (a training run continues from its last checkpoint with --resume).")
+      "bytes of arrays: orbax compresses them) and 999 bytes are free (nothing was written). No complete version "
+      "was published before it: free space on that disk or move the directory to a larger one (a training run "
+      "continues from its last checkpoint with --resume).")
   monkeypatch.setattr(shutil, "disk_usage", real)
   pub.publish(params, 0)
   pub.wait()
@@ -152,23 +158,41 @@ def test_a_write_that_ran_out_of_space_is_told_from_other_failures():
     assert exchange.is_out_of_space(wrapped)
   assert not exchange.is_out_of_space(ValueError("RESOURCE_EXHAUSTED: out of memory"))
   assert not exchange.is_out_of_space(OSError(errno.EACCES, "Permission denied"))
-  error = exchange.out_of_space_error("Checkpoint step 4", "gs://b/c", exchange.Prediction(2_500_000, None),
+  error = exchange.out_of_space_error("Checkpoint step 4", "gs://b/c", 4, exchange.Prediction(2_500_000, None),
                                       "Step 2 is intact.")
-  assert (error.errno, error.strerror) == (errno.ENOSPC, "Checkpoint step 4 did not fit in gs://b/c: the disk "
-                                                          "filled while it was written; it needs about 2.5 MB (the "
-                                                          "newest complete one's size). Step 2 is intact.")
+  assert (error.errno, error.strerror) == (errno.ENOSPC, "Checkpoint step 4 did not fit in gs://b/c: the bucket "
+                                                          "refused it; it needs about 2.5 MB (the newest complete "
+                                                          "one's size). Step 2 is intact.")
 
 
-def test_orbax_s_error_lines_about_a_write_with_no_space_are_dropped_and_others_kept():
+def test_a_write_that_filled_the_disk_names_its_partial_write(tmp_path, monkeypatch):
+  _free(monkeypatch, 3_100_000)
+  (tmp_path / "4.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
+  (tmp_path / "4.orbax-checkpoint-tmp" / "state" / "a").write_bytes(b"x" * 12_000)
+  error = exchange.out_of_space_error("Checkpoint step 4", tmp_path, 4, exchange.Prediction(35_500_000, None),
+                                      "Step 2 is intact.")
+  assert error.strerror == (
+      f"Checkpoint step 4 did not fit in {tmp_path}: the disk filled while it was written; it needs about 35.5 MB "
+      f"(the newest complete one's size) and 3.1 MB are free now. Its partial write, {tmp_path}/4.orbax-checkpoint-"
+      "tmp (12.0 kB), is never read: deleting it frees that space. Step 2 is intact.")
+  error = exchange.out_of_space_error("Checkpoint step 5", tmp_path, 5, exchange.Prediction(35_500_000, None), "")
+  assert "partial" not in error.strerror
+
+
+def test_orbax_s_error_lines_about_a_write_with_no_space_are_dropped_and_others_kept(monkeypatch):
+  monkeypatch.setattr(_store, "_QUIETED", threading.Event())
+  monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+  for name in ("absl", "asyncio"):  # (the filters installed before this test stay, and this test's go)
+    monkeypatch.setattr(logging.getLogger(name), "filters", [])
   exchange.quiet_abandoned_io()
-  logger = logging.getLogger("absl")
+  assert logging.getLogger("absl").filters == [_space.not_a_failed_write_report]
 
-  def record(path, message, exc=None):
-    return logging.LogRecord("absl", logging.ERROR, path, 1, message, (),
-                             None if exc is None else (type(exc), exc, None))
+  def kept(path, message, exc=None):
+    return _space.not_a_failed_write_report(logging.LogRecord(
+        "absl", logging.ERROR, path, 1, message, (), None if exc is None else (type(exc), exc, None)))
 
   orbax = "/venv/site-packages/orbax/checkpoint/_src/futures/future.py"
-  assert not logger.filter(record(orbax, "_SignalingThread.run() raised an exception: " + _TORN))
-  assert not logger.filter(record(orbax, "Save Finalize thread (save_finalize) failed.", ValueError(_TORN)))
-  assert logger.filter(record(orbax, "Save Finalize thread (save_finalize) failed.", ValueError("bad shape")))
-  assert logger.filter(record("/home/me/mine.py", "No space left on device"))
+  assert not kept(orbax, "_SignalingThread.run() raised an exception: " + _TORN)
+  assert not kept(orbax, "Save Finalize thread (save_finalize) failed.", ValueError(_TORN))
+  assert kept(orbax, "Save Finalize thread (save_finalize) failed.", ValueError("bad shape"))
+  assert kept("/home/me/mine.py", "No space left on device")

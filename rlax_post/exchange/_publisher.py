@@ -186,7 +186,8 @@ class ParamPublisher:
         raise
       version, needed = writing
       older = [v for v in _store.complete_versions(self.directory) if v < version]
-      raise _space.out_of_space_error(f"Parameter version {version}", self.directory, needed, _then(older)) from None
+      raise _space.out_of_space_error(f"Parameter version {version}", self.directory, version, needed,
+                                      _then(older)) from None
 
   def _drain_gc(self) -> None:
     for future in self._gc_pending:

@@ -32,6 +32,7 @@ from etils import epath
 import jax
 from jax.experimental import multihost_utils
 import numpy as np
+import orbax.checkpoint as ocp
 
 FIRST_SAVE_FRACTION = 0.25  # of the raw array bytes, for a save with no complete step beside it (module doc)
 # How tensorstore and orbax say that a write ran out of space (a ValueError: "RESOURCE_EXHAUSTED: ... No
@@ -65,9 +66,9 @@ def on_disk_bytes(paths: Iterable[epath.Path]) -> int:
 
 
 def raw_bytes(tree: Any) -> int:
-  """The bytes of the arrays in `tree` (a `jax.Array`'s global size, not one process's shards)."""
-  return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)
-             if hasattr(x, "shape") and hasattr(x, "dtype"))
+  """The bytes of the arrays in `tree` (a `jax.Array`'s global size, not one process's shards; a typed PRNG
+  key's too; a leaf that is no array counts 0)."""
+  return sum(int(getattr(x, "nbytes", 0)) for x in jax.tree.leaves(tree))
 
 
 class Prediction(NamedTuple):
@@ -115,12 +116,18 @@ def check_space(directory: epath.Path, needed: Prediction, what: str, then: str)
   raise OSError(errno.ENOSPC, f"{what} does not fit in {directory}: {found} (nothing was written). {then}")
 
 
-def out_of_space_error(what: str, directory: epath.Path, needed: Prediction, then: str) -> OSError:
-  """The `OSError` (ENOSPC) for a write of `what` that ran out of space while it was written (`is_out_of_space`):
-  what it needed (about), what is free now, and `then` (what is intact, the way out)."""
-  free = f" and {_size(free_bytes(directory))} are free now" if is_local(directory) else ""
+def out_of_space_error(what: str, directory: epath.Path, step: int, needed: Prediction, then: str) -> OSError:
+  """The `OSError` (ENOSPC) for a write of `what` (step `step` of `directory`) that ran out of space while it was
+  written (`is_out_of_space`): what it needed, what is free now, the partial write it left (orbax's tmp
+  directory, never read: orbax removes it only when it saves that step again), and `then` (what is intact, the
+  way out)."""
+  if not is_local(directory):
+    return OSError(errno.ENOSPC, f"{what} did not fit in {directory}: the bucket refused it; it needs {needed}. {then}")
+  partial = os.path.join(os.fspath(directory), f"{step}{ocp.path.atomicity.TMP_DIR_SUFFIX}")
+  left = (f" Its partial write, {partial} ({_size(on_disk_bytes([partial]))}), is never read: deleting it frees "
+          "that space." if os.path.isdir(partial) else "")
   return OSError(errno.ENOSPC, f"{what} did not fit in {directory}: the disk filled while it was written; it needs "
-                               f"{needed}{free}. {then}")
+                               f"{needed} and {_size(free_bytes(directory))} are free now.{left} {then}")
 
 
 def not_a_failed_write_report(record: logging.LogRecord) -> bool:

@@ -46,13 +46,24 @@ def quiet_abandoned_io() -> None:
   previous = sys.unraisablehook
 
   def hook(unraisable):
-    error = unraisable.exc_value
-    if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+    if not _a_closed_loop_s_callback(unraisable):
       previous(unraisable)
 
   sys.unraisablehook = hook
   logging.getLogger("asyncio").addFilter(_not_an_abandoned_read)
   logging.getLogger("absl").addFilter(_space.not_a_failed_write_report)
+
+
+def _a_closed_loop_s_callback(unraisable) -> bool:
+  """Whether an unraisable exception is asyncio's 'Event loop is closed' raised where a callback was handed to a
+  closed loop (`call_soon_threadsafe` -> `_check_closed`, the last frame): what tensorstore reports when an
+  orbax read or write ends after orbax's loop closed."""
+  error, frame = unraisable.exc_value, unraisable.exc_traceback
+  if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed") or frame is None:
+    return False
+  while frame.tb_next is not None:
+    frame = frame.tb_next
+  return frame.tb_frame.f_code.co_name == "_check_closed"
 
 
 def _not_an_abandoned_read(record: logging.LogRecord) -> bool:

@@ -268,7 +268,8 @@ class RunCheckpointer:
         raise
       step, needed = writing
       older = [s for s in complete_checkpoints(os.fspath(self.directory.parent)) if s < step]
-      raise exchange.out_of_space_error(f"Checkpoint step {step}", self.directory, needed, _then(older)) from None
+      raise exchange.out_of_space_error(f"Checkpoint step {step}", self.directory, step, needed,
+                                        _then(older)) from None
 
   def restore(self, step: int, *, state_like: Any, state_shardings: Any, ref_like: Any,
               ref_shardings: Any) -> tuple[Any, Any, dict]:
