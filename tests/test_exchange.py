@@ -594,6 +594,11 @@ def test_the_abandoned_reads_of_a_failed_restore_are_quiet(monkeypatch):
   reports = [("Task exception was never retrieved\n" + task.format(coro, where))
              for coro, where in (("async_deserialize", "/site-packages/orbax/checkpoint/_src/serialization.py:394"),
                                  ("fetch", "/home/me/my_server.py:12"))]
+  full = ValueError("RESOURCE_EXHAUSTED: Error writing \"w/0\": No space left on device [os_error_code='28']")
+  gathers = [(f"_GatheringFuture exception was never retrieved\nfuture: <_GatheringFuture finished exception="
+              f"{e!r}>", e) for e in (full, ValueError("bad"))]
   logger = logging.getLogger("asyncio")
   assert [logger.filter(logging.LogRecord("asyncio", logging.ERROR, "", 0, r, (), None)) for r in reports] == [
       False, True]  # (orbax's abandoned read dropped; any other task's error reported)
+  assert [logger.filter(logging.LogRecord("asyncio", logging.ERROR, "", 0, r, (), (type(e), e, None)))
+          for r, e in gathers] == [False, True]  # (a gather of writes with no space left dropped; others reported)

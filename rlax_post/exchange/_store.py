@@ -31,15 +31,16 @@ _QUIETED = threading.Event()
 def quiet_abandoned_io() -> None:
   """From now on in this process, drops the reports of array reads and writes that a failed orbax restore or
   save abandoned: its event loop closes with the first error, and each read or write still in flight then
-  prints a traceback, either a 'RuntimeError: Event loop is closed' (tensorstore's callback, through the
-  unraisable-exception hook) or, for an orbax task whose error no one awaited, asyncio's 'Task exception was
-  never retrieved' (a resume over a torn checkpoint printed 43 of one or the other, 15 to 100 KB, around its
-  one-line warning; a checkpoint that filled the disk, 15 to 60); and orbax's own error log lines, with
-  tracebacks, about a write that found no space left (`_space.not_a_failed_write_report`: the saver reports
-  it in one line when it waits for the write). Every other unraisable exception, asyncio report and log
-  record goes out as before. Called before each restore and save of a checkpoint or params version (once
-  installed, a no-op): after a failure would be too late, as a read or write that ends before the caller's
-  `except` runs reports at once."""
+  prints a traceback: a 'RuntimeError: Event loop is closed' (tensorstore's callback, through the
+  unraisable-exception hook); for an orbax task whose error no one awaited, asyncio's 'Task exception was
+  never retrieved', and for a gather of writes that found no space left its '_GatheringFuture exception was
+  never retrieved'; and orbax's own error log lines, with tracebacks, about a write that found no space left
+  (`_space.not_a_failed_write_report`). A resume over a torn checkpoint printed 43 of them, 15 to 100 KB,
+  around its one-line warning; a checkpoint that filled the disk 15 to 60 (~500 lines) before its error line.
+  The saver reports a write that found no space in one line when it waits for it. Every other unraisable
+  exception, asyncio report and log record goes out as before. Called before each restore and save of a
+  checkpoint or params version (once installed, a no-op): after a failure would be too late, as a read or
+  write that ends before the caller's `except` runs reports at once."""
   if _QUIETED.is_set():
     return
   _QUIETED.set()
@@ -50,7 +51,7 @@ def quiet_abandoned_io() -> None:
       previous(unraisable)
 
   sys.unraisablehook = hook
-  logging.getLogger("asyncio").addFilter(_not_an_abandoned_read)
+  logging.getLogger("asyncio").addFilter(_not_an_abandoned_io)
   logging.getLogger("absl").addFilter(_space.not_a_failed_write_report)
 
 
@@ -66,9 +67,14 @@ def _a_closed_loop_s_callback(unraisable) -> bool:
   return frame.tb_frame.f_code.co_name == "_check_closed"
 
 
-def _not_an_abandoned_read(record: logging.LogRecord) -> bool:
+def _not_an_abandoned_io(record: logging.LogRecord) -> bool:
+  """asyncio's report of an error no one awaited passes unless it is an orbax read's or write's (its task defined
+  in orbax, or a gather of writes that found no space left)."""
   text = record.getMessage()
-  return not (text.startswith("Task exception was never retrieved") and "/orbax/checkpoint/" in text)
+  if not text.partition("\n")[0].endswith("exception was never retrieved"):
+    return True
+  error = None if record.exc_info is None else record.exc_info[1]
+  return not ("/orbax/checkpoint/" in text or _space.is_out_of_space(error))
 
 
 def as_path(directory: str | os.PathLike | epath.Path) -> epath.Path:
