@@ -36,7 +36,7 @@ def quiet_abandoned_io() -> None:
   never retrieved', and for a gather of writes that found no space left its '_GatheringFuture exception was
   never retrieved'; and orbax's own error log lines, with tracebacks, about a write that found no space left
   (`_space.not_a_failed_write_report`). A resume over a torn checkpoint printed 43 of them, 15 to 100 KB,
-  around its one-line warning; a checkpoint that filled the disk 15 to 60 (~500 lines) before its error line.
+  around its one-line warning; a checkpoint that filled the disk 4 to 49 (325 to 700 lines) before its error line.
   The saver reports a write that found no space in one line when it waits for it. Every other unraisable
   exception, asyncio report and log record goes out as before. Called before each restore and save of a
   checkpoint or params version (once installed, a no-op): after a failure would be too late, as a read or
