@@ -578,7 +578,7 @@ def _train(argv):
     lock = runtime.hold_run(workdir)  # (held until this process ends)
     summary = _stoppable(runtime.train, cfg, workdir)
   del lock
-  _print_summary(summary, warm_start=cfg.sft.steps > 0)
+  _print_summary(summary, warm_start=cfg.sft.steps > 0, random_start=_random_start(cfg))
 
 
 def _stoppable(command, cfg, workdir: str) -> dict:
@@ -592,9 +592,15 @@ def _stoppable(command, cfg, workdir: str) -> dict:
     sys.exit(e.exit_status)
 
 
-def _print_summary(summary, *, warm_start: bool = True):
-  """The run's result line; `warm_start` False (`sft.steps = 0`): the first figure is the starting model's (it
-  was called the warm start's)."""
+def _random_start(cfg: config_lib.Config) -> bool:
+  """Whether the run's policy starts from random weights: no warm start and no checkpoint to start from."""
+  return cfg.sft.steps == 0 and not cfg.model.hf_path
+
+
+def _print_summary(summary, *, warm_start: bool = True, random_start: bool = False):
+  """The run's result line (with its failed reward calls, `reward_failures`), and a line when no RL step had a
+  learning signal (`no_signal_line`); `warm_start` False (`sft.steps = 0`): the first figure is the starting
+  model's (it was called the warm start's)."""
   initial, final = summary["initial_eval_reward"], summary["final_eval_reward"]
   done, steps = summary.get("rl_steps_done"), summary.get("rl_steps")
   stopped = done is not None and steps is not None and done < steps  # runtime.stop_after_steps
@@ -602,15 +608,46 @@ def _print_summary(summary, *, warm_start: bool = True):
   start = "warm start" if warm_start else "start (no warm start)"
   if steps == 0:  # (no RL: "-> after RL 0.105 (+0.000)" reported a step that never ran)
     print(f"\nGreedy eval reward on {summary['num_eval_prompts']} held-out prompts: {start} {initial:.3f}; no RL "
-          f"step (rl.steps = 0) in {summary['wall_seconds']:.0f} s.")
+          f"step (rl.steps = 0) in {summary['wall_seconds']:.0f} s{reward_failures(summary)}.")
   else:
     print(f"\nGreedy eval reward on {summary['num_eval_prompts']} held-out prompts: {start} {initial:.3f} "
-          f"-> {after} {final:.3f} ({final - initial:+.3f}) in {summary['wall_seconds']:.0f} s.")
+          f"-> {after} {final:.3f} ({final - initial:+.3f}) in {summary['wall_seconds']:.0f} s"
+          f"{reward_failures(summary)}.")
+  no_signal = no_signal_line(summary, random_start=random_start)
+  if no_signal:
+    print(no_signal)
   if stopped:  # (it read as a finished run's result)
     print(f"Stopped early by runtime.stop_after_steps: the same command with --resume continues it to step "
           f"{steps}.")
   if runtime.is_primary():  # (a multi-host learner's other processes share its summary, not its outputs)
     print(f"Outputs in {summary['workdir']}: {', '.join(_outputs(summary['workdir']))}")
+
+
+def reward_failures(summary: dict) -> str:
+  """'; N of M reward calls failed (scored reward.default): ...' where any of the run's did (summary.json's
+  `reward_errors_total` / `reward_calls_total`, RL steps', and `eval_...`, the logged evaluations'), else ''."""
+  counts = [(summary.get(f"{key}reward_errors_total") or 0, summary.get(f"{key}reward_calls_total") or 0, where)
+            for key, where in (("", "RL steps"), ("eval_", "evaluations"))]
+  failed, calls = sum(c[0] for c in counts), sum(c[1] for c in counts)
+  if not failed:
+    return ""
+  parts = ", ".join(f"{f} of {c} in {where}" for f, c, where in counts if c)
+  return f"; {failed} of {calls} reward calls failed (scored reward.default): {parts}"
+
+
+def no_signal_line(summary: dict, *, random_start: bool) -> str | None:
+  """The line for a run in which no RL step had a learning signal (summary.json's `steps_without_signal` is
+  every step it did): no group's rewards varied, so the rewards gave no policy gradient; with `random_start`
+  the likely cause, a policy of random weights, and the fix. None for any other run."""
+  done, without = summary.get("rl_steps_done") or 0, summary.get("steps_without_signal")
+  if not done or without != done:
+    return None
+  line = (f"No learning signal: in all {done} RL steps every group's rewards were equal (frac_zero_signal = 1), "
+          "so the rewards gave the policy no gradient: RL could not learn from them.")
+  if random_start:
+    line += (" The policy started from random weights (sft.steps = 0 and no model.hf_path): keep a warm start "
+             "(sft.steps > 0) or set model.hf_path to a pretrained checkpoint.")
+  return line
 
 
 def _outputs(workdir: str) -> list[str]:
@@ -637,7 +674,7 @@ def _learner(argv):
     lock = runtime.hold_run(workdir)  # (held until this process ends)
     summary = _stoppable(runtime.run_learner, cfg, workdir)
   del lock
-  _print_summary(summary, warm_start=cfg.sft.steps > 0)
+  _print_summary(summary, warm_start=cfg.sft.steps > 0, random_start=_random_start(cfg))
 
 
 def _sampler(argv):

@@ -395,7 +395,8 @@ def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_pa
                                      "def bonus(sample):\n"
                                      "  return float(sample.answer == 104)\n")
   train, held = tmp_path / "t.jsonl", tmp_path / "e.jsonl"
-  data.write_jsonl(str(train), _rows(4))
+  # Answers 2..5: RL step 1 trains on the first (even: scored; a run whose first step's calls all fail stops).
+  data.write_jsonl(str(train), _rows(4, 1))
   data.write_jsonl(str(held), _rows(5, 100))  # answers 101..105: three odd ones fail
   cfg = config.load({
       "task": {"name": "dataset", "num_eval": 5},

@@ -418,7 +418,7 @@ def _fresh_process(monkeypatch):
   monkeypatch.setattr(_runner, "_TRACEBACK_LOGGED", threading.Lock())
 
 
-def test_runner_defaults_failures_logs_once_and_counts(user_module, caplog, fresh_process):
+def test_runner_defaults_failures_logs_once_and_counts(user_module, caplog, fresh_process, tmp_path):
   del fresh_process
   scorer = rewards.Scorer([f"{user_module}:boom"])
   runner = rewards.RewardRunner(scorer, workers=2, default=-1.0)
@@ -429,7 +429,8 @@ def test_runner_defaults_failures_logs_once_and_counts(user_module, caplog, fres
   runner.close()
   assert sorted(got) == [0, 1, 2, 3] and runner.errors == 4 and runner.pending == 0
   assert all(r.scored.total == -1.0 and r.scored.components == {} for r in got.values())
-  assert all(r.error == "KeyError: 'no such field'" for r in got.values())
+  # The error names where the user's function raised (a run's one-line stop quotes it: tests/test_run_health.py).
+  assert all(r.error == f"KeyError: 'no such field', raised at {tmp_path}/my_rewards.py:15" for r in got.values())
   logged = [r for r in caplog.records if "A reward call failed" in r.getMessage()]
   assert len(logged) == 1 and "Traceback" in logged[0].getMessage() and "f.jsonl:3" in logged[0].getMessage()
 
@@ -450,7 +451,7 @@ def test_runner_logs_one_traceback_per_process_not_per_runner(user_module, caplo
   assert len([r for r in caplog.records if "A reward call failed" in r.getMessage()]) == 1
 
 
-def test_runner_defaults_a_reward_that_exits(user_module):
+def test_runner_defaults_a_reward_that_exits(user_module, tmp_path):
   """sys.exit() in a reward ended its worker thread silently: the call stayed pending for ever, and with
   timeout_s = 0 its group never completed (a helper review). It is a failed call like any other."""
   runner = rewards.RewardRunner(rewards.Scorer([f"{user_module}:leave"]), workers=1, default=-1.0)
@@ -459,7 +460,24 @@ def test_runner_defaults_a_reward_that_exits(user_module):
   got = _drain(runner, 2)
   runner.close()
   assert sorted(got) == ["a", "b"] and runner.pending == 0 and runner.errors == 2
-  assert got["a"].scored.total == -1.0 and got["a"].error == "SystemExit: 2"
+  assert got["a"].scored.total == -1.0 and got["a"].error == f"SystemExit: 2, raised at {tmp_path}/my_rewards.py:17"
+
+
+def test_runner_names_the_users_line_not_the_library_that_raised(user_module, tmp_path):
+  """A reward whose library call raised (json's decoder) is named at its own line; a return value that is no
+  reward raised in this package, and its message names the function, with no place."""
+  (tmp_path / "parsing.py").write_text("import json\n\ndef parse(sample):\n  return json.loads(sample.completion)\n")
+  for spec, error in (("parsing.py:parse", "JSONDecodeError: Expecting value: line 1 column 1 (char 0), raised at "
+                                           f"{tmp_path}/parsing.py:4"),
+                      (f"{user_module}:trl_batched", "TypeError: reward 'trl_batched' returned [1.0, 1.0, 1.0, 1."
+                                                     "0,....0, 1.0] (list); expected a number or a dict of numbers "
+                                                     "(a reward scores one sample, fn(sample) -> number, not a batch "
+                                                     "of completions).")):
+    runner = rewards.RewardRunner(rewards.Scorer([spec]), workers=1)
+    runner.submit("a", _sample("x"))
+    got = _drain(runner, 1)
+    runner.close()
+    assert got["a"].error == error
 
 
 def test_runner_times_out_hung_calls_and_keeps_going():

@@ -66,6 +66,7 @@ from rlax_post.envs._rl import Producer
 from rlax_post.envs._rl import REWARD_PREFIX
 from rlax_post.envs._rl import ROW_METRICS
 from rlax_post.envs._rl import RLTask
+from rlax_post.envs._rl import REWARD_FAILURE
 from rlax_post.envs._rl import ROW_FIELDS
 from rlax_post.envs._rl import row_id
 from rlax_post.envs._rl import completion_row
@@ -123,6 +124,7 @@ __all__ = [
     'skip_hint',
     'TooLong',
     'ROW_METRICS',
+    'REWARD_FAILURE',
     'ROW_FIELDS',
     'Stream',
     'TURN_FIELDS',

@@ -19,7 +19,9 @@ and the env's rewards score them (`reward.fn` is not used).
 
 Rewards: `rewards.Scorer` of `reward.fn` run by a `rewards.RewardRunner` while the group decodes. Rows add
 to `ROW_FIELDS`: `reward/<name>...` (float32 components; NaN when the call failed), `reward_errors` (int32:
-1 when the sample got `reward.default`), `data_row` (int64: the row's index in its files), `data_skipped`
+1 when the sample got `reward.default`), on those rows alone `reward_failure` (str: the call's error, its type,
+message and place, `rewards.Result.error`, so that a learner can name it whichever process scored the row),
+`data_row` (int64: the row's index in its files), `data_skipped`
 (int64: rows skipped before it in its split's order) and `data_truncated` (bool).
 """
 
@@ -322,6 +324,8 @@ def _rows_of_group(ticket: int, prompt: Prompt, skipped: int, completions, resul
         **_rl.budget(c.mask, len(c.prompt) if i == 0 else 0),  # the group's samples share one prefill
     }
     row.update({k: np.float32(r.scored.components.get(k, np.nan)) for k in names})
+    if r.error is not None:
+      row[_rl.REWARD_FAILURE] = r.error
     out.append(row)
   return out
 

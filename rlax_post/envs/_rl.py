@@ -69,6 +69,8 @@ ENV_FAILURES = ("env_error", "env_timeout")
 ROW_METRICS = {"reward_errors": "sum", "env_failures": "sum", "data_skipped": "max", "data_truncated": "sum",
                **{name: "sum" for name in BUDGET_FIELDS}}
 REWARD_PREFIX = "reward/"
+# The str field of a row whose reward call failed (`reward_errors` 1): the error's type, message and place.
+REWARD_FAILURE = "reward_failure"
 
 
 class Stream(enum.IntEnum):

@@ -2,8 +2,9 @@
 
 `submit(key, sample)` queues a call of the scorer; `poll()` returns the finished ones as `Result`s. A call
 that raises, returns something that is not a reward, or runs longer than `timeout_s` gives its sample the
-`default` reward with `error` set; the first such error's traceback is logged once per process (a run
-builds several runners, one per producer), and each runner's `errors` counts its own. A timed-out call cannot
+`default` reward with `error` set: the exception's type and message, and where in the user's code it was raised
+(`raised_at`); the first such error's traceback is logged once per process (a run builds several runners, one
+per producer), and each runner's `errors` counts its own. A timed-out call cannot
 be stopped (Python threads cannot be killed): its thread is left to finish and a fresh worker takes its
 place, so hung calls never starve the others.
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import os
+import sysconfig
 import threading
 import time
 import traceback
@@ -25,11 +28,28 @@ _LOG = logging.getLogger("rlax_post.rewards")
 # Taken (never released) by the first failed call of the process, whose traceback is logged: one per process,
 # not per runner (a run with a reward that always raised logged it 4 times, once per producer's runner).
 _TRACEBACK_LOGGED = threading.Lock()
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # rlax_post/
+# Where Python and the installed libraries live: a frame there is not the user's reward.
+_INSTALLED = tuple(sorted({os.path.abspath(sysconfig.get_paths()[k]) + os.sep
+                           for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
+
+
+def raised_at(error: BaseException) -> str:
+  """'file:line' where `error` was raised in the user's code: the innermost frame of its traceback outside this
+  package and outside Python's and the libraries' folders (a reward that called a library that raised is named
+  at its own call), else the innermost frame outside this package; '' when every frame is this package's (a
+  return value that is not a reward: the message names the function)."""
+  frames = [f for f in traceback.extract_tb(error.__traceback__)
+            if not os.path.abspath(f.filename).startswith(_PACKAGE)]
+  own = [f for f in frames if not os.path.abspath(f.filename).startswith(_INSTALLED)]
+  frame = (own or frames or [None])[-1]
+  return "" if frame is None else f"{frame.filename}:{frame.lineno}"
 
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-  """A finished call: the key it was submitted with, its reward, and the error that defaulted it (or None)."""
+  """A finished call: the key it was submitted with, its reward, and the error that defaulted it (or None):
+  "Type: message, raised at file:line" (`raised_at`; the place left out where no frame is the user's)."""
   key: Any
   scored: Scored
   error: str | None = None
@@ -99,7 +119,8 @@ class RewardRunner:
         scored = self.scorer(job.sample)
       except BaseException as e:  # pylint: disable=broad-exception-caught  # the user's function: defaulted
         # (SystemExit too: it ended this thread silently, the call stayed pending and the group never ended)
-        failure = (f"{type(e).__name__}: {e}", traceback.format_exc())
+        where = raised_at(e)
+        failure = (f"{type(e).__name__}: {e}" + (f", raised at {where}" if where else ""), traceback.format_exc())
       with self._cond:
         if job.closed:  # Timed out meanwhile: a fresh worker replaced this one.
           return

@@ -256,12 +256,13 @@ class PrimaryEval:
   def __init__(self, local_eval: Any, local_shardings: Any):
     self.local_eval, self.local_shardings = local_eval, local_shardings
 
-  def evaluate(self, params, samples: int = 0) -> tuple[dict[str, float], list[dict]]:
-    """(scores, records of the first `samples` examples): the local evaluator's `evaluate`, broadcast."""
+  def evaluate(self, params, samples: int = 0) -> tuple[dict[str, float], list[dict], str | None]:
+    """(scores, records of the first `samples` examples, the first failed reward call's error): the local
+    evaluator's `evaluate`, broadcast."""
     host_params = to_host(params)
     payload = None
     if is_primary():
-      scores, records = self.local_eval.evaluate(jax.device_put(host_params, self.local_shardings), samples)
-      payload = json.dumps([scores, records]).encode()
-    scores, records = json.loads(broadcast_bytes(payload))
-    return scores, records
+      evaluation = self.local_eval.evaluate(jax.device_put(host_params, self.local_shardings), samples)
+      payload = json.dumps(list(evaluation)).encode()
+    scores, records, failure = json.loads(broadcast_bytes(payload))
+    return scores, records, failure

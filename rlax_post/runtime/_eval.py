@@ -33,9 +33,11 @@ EVALUATE_DIR = "evaluate"  # `rlax-post evaluate`'s default outputs in a run's w
 class Evaluation(NamedTuple):
   """scores: {"eval_reward", "eval_reward_errors" where the rows count failed reward calls, and
   "eval_reward/<name>" per reward component (`eval_component_means`)}; samples: the `eval_record`s of the first
-  held-out examples asked for, in example order."""
+  held-out examples asked for, in example order; reward_failure: the error of the first example whose reward
+  call failed (`envs.REWARD_FAILURE`), None when none did."""
   scores: dict[str, float]
   samples: list[dict]
+  reward_failure: str | None = None
 
 
 class Evaluator:
@@ -68,7 +70,8 @@ class Evaluator:
       out["eval_reward_errors"] = float(sum(int(r["reward_errors"]) for r in rows))
     out.update(eval_component_means(rows))
     tokenizer, stops = self.parts.tokenizer, self.parts.cfg.rl.stop
-    return Evaluation(out, [eval_record(tokenizer, stops, t, groups[t]) for t in self.examples[:samples]])
+    failure = next((str(r[envs.REWARD_FAILURE]) for r in rows if envs.REWARD_FAILURE in r), None)
+    return Evaluation(out, [eval_record(tokenizer, stops, t, groups[t]) for t in self.examples[:samples]], failure)
 
 
 def eval_component_means(rows: list[dict]) -> dict[str, float]:
@@ -169,7 +172,7 @@ def evaluate_run(workdir: str, *, step: int, out: str) -> dict:
   _check_data_unchanged(workdir, step)  # (before the checkpoint's arrays are read)
   run = _policy.load_run_policy(workdir, step=step)
   evaluator = Evaluator(run.parts)
-  scores, records = evaluator.evaluate(run.params, samples=len(evaluator.examples))
+  scores, records, _ = evaluator.evaluate(run.params, samples=len(evaluator.examples))
   _metrics.write_jsonl(out, _metrics.stamped(run.step, records))
   logged = [r.get("eval_reward") for r in _metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
             if r.get("phase") == "eval" and r.get("step") == run.step]

@@ -26,6 +26,7 @@ from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _critic
 from rlax_post.runtime import _distributed
 from rlax_post.runtime import _eval
+from rlax_post.runtime import _health
 from rlax_post.runtime import _learn
 from rlax_post.runtime import _learners
 from rlax_post.runtime import _metrics
@@ -50,8 +51,9 @@ class Start(NamedTuple):
 
 
 class Tally:
-  """What the loop counts as it goes (mutable): staleness, drops, waits, throughput, the newest eval score
-  and the progress bar; `begin(history)` continues the counters of a resumed run."""
+  """What the loop counts as it goes (mutable): staleness, drops, waits, throughput, reward calls and the ones
+  that failed (RL steps', evaluations'), steps without a learning signal, the newest eval score and the progress
+  bar; `begin(history)` continues the counters of a resumed run."""
 
   def __init__(self, eta: int):
     self.eta = eta
@@ -63,6 +65,12 @@ class Tally:
     self.dropped_total = int(history.get("dropped_stale_total", 0))
     self.dropped_future_total = int(history.get("dropped_future_total", 0))
     self.max_ticket = int(history.get("max_ticket_consumed", -1))
+    # (a checkpoint written before 2026-12-06 holds none of these: they count from the resume on)
+    self.train_calls = _health.RewardCalls(int(history.get("reward_errors_total", 0)),
+                                           int(history.get("reward_calls_total", 0)))
+    self.eval_calls = _health.RewardCalls(int(history.get("eval_reward_errors_total", 0)),
+                                          int(history.get("eval_reward_calls_total", 0)))
+    self.steps_without_signal = int(history.get("steps_without_signal", 0))
     self.t_loop = self.t_last = time.time()
     self.rows = 0
     self.wait = 0.0
@@ -97,11 +105,32 @@ class Tally:
     self.t_last = now
     return out
 
+  def count(self, row: dict, calls: _health.RewardCalls) -> None:
+    """Counts an RL step's reward calls and whether it had no learning signal: no group's rewards varied
+    (`frac_zero_signal` 1), so its rewards gave no policy gradient."""
+    self.train_calls = _health.add_calls(self.train_calls, calls)
+    self.steps_without_signal += int(row.get("frac_zero_signal") == 1.0)
+
+  def count_eval(self, calls: _health.RewardCalls) -> None:
+    self.eval_calls = _health.add_calls(self.eval_calls, calls)
+
   def meta(self) -> dict:
     """What a checkpoint records: the counters, and the ticket a resumed source starts from."""
     return {"dropped_stale_total": self.dropped_total, "dropped_future_total": self.dropped_future_total,
             "max_ticket_consumed": self.max_ticket, "next_ticket": self.max_ticket + 1,
-            "eval_reward": self.last_eval, "eval_step": self.eval_step}
+            "eval_reward": self.last_eval, "eval_step": self.eval_step,
+            "reward_errors_total": self.train_calls.failed, "reward_calls_total": self.train_calls.calls,
+            "eval_reward_errors_total": self.eval_calls.failed, "eval_reward_calls_total": self.eval_calls.calls,
+            "steps_without_signal": self.steps_without_signal}
+
+  def summary(self) -> dict:
+    """summary.json's counts of reward calls (None where the task's rows count none: the built-in tasks score
+    inline) and of steps without a learning signal."""
+    def total(calls: _health.RewardCalls, key: str) -> dict:
+      return {f"{key}reward_errors_total": calls.failed if calls.calls else None,
+              f"{key}reward_calls_total": calls.calls if calls.calls else None}
+    return {**total(self.train_calls, ""), **total(self.eval_calls, "eval_"),
+            "steps_without_signal": self.steps_without_signal}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +192,8 @@ class Run:
     ref_params = self.update.reference(state, params)
     with source.device_lock:
       initial = self.evaluate_logged(0, state)
+    # (before the step-0 checkpoint: a run that cannot learn leaves nothing to resume)
+    _health.check_reward_calls(self.tally.eval_calls, "the start evaluation (the held-out evaluation before RL)")
     start = "Warm-start" if self.cfg.sft.steps > 0 else "Starting (no warm start: sft.steps = 0)"
     self.ui.say(f"{start} greedy eval reward on {self.parts.task.num_eval} held-out prompts: {initial:.3f}")
     history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - self.t_start,
@@ -172,12 +203,15 @@ class Run:
     return Start(state, ref_params, 0, history)
 
   def evaluate_logged(self, step: int | None, state) -> float:
-    """The held-out evaluation of `state`'s policy, its scores written as step `step`'s eval row and the records
-    of its first `eval.samples` examples to eval_samples.jsonl (None: neither written); its mean reward."""
-    scores, samples = self.evaluate(self.update.policy(state), 0 if step is None else self.cfg.eval.samples)
+    """The held-out evaluation of `state`'s policy, its scores written as step `step`'s eval row, the records
+    of its first `eval.samples` examples to eval_samples.jsonl and its reward calls counted (`Tally.eval_calls`;
+    None: none of them); its mean reward."""
+    scores, samples, failure = self.evaluate(self.update.policy(state),
+                                             0 if step is None else self.cfg.eval.samples)
     if step is not None:
       self.metrics.write(step, scores, phase="eval")
       self.metrics.write_samples(step, samples)
+      self.tally.count_eval(_health.eval_reward_calls(scores, self.parts.task.num_eval, failure))
     return scores["eval_reward"]
 
   def steps(self, first: int):
@@ -192,6 +226,10 @@ class Run:
   def after_step(self, step: int, start: Start, state, row: dict, taken, source) -> None:
     """Logs, evaluates and checkpoints after RL step `step` (1-based) as the config says."""
     cfg, tally = self.cfg, self.tally
+    calls = _health.reward_calls(r for _, group, _ in taken.groups for r in group)
+    if step == 1:  # (the learner's view: rows sampled inline, in threads or in processes alike)
+      _health.check_reward_calls(calls, "RL step 1")
+    tally.count(row, calls)
     row.update(tally.add(step - 1, taken))
     self.log.write(step, taken)
     if _metrics.logged_at(step, cfg.runtime.log_every, cfg.rl.steps):
@@ -291,7 +329,7 @@ class Run:
         "mode": self.cfg.runtime.mode, "max_staleness": tally.eta, "dropped_stale_total": tally.dropped_total,
         "dropped_future_total": tally.dropped_future_total,
         "mean_staleness": float(np.mean(tally.staleness_means)) if tally.staleness_means else None,
-        "samples_per_s": tally.rows / max(t_end - tally.t_loop, 1e-9),
+        "samples_per_s": tally.rows / max(t_end - tally.t_loop, 1e-9), **tally.summary(),
     }
     if primary:
       _metrics.write_summary(os.path.join(self.workdir, "summary.json"), summary)
