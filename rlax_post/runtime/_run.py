@@ -227,7 +227,9 @@ class Run:
     """Logs, evaluates and checkpoints after RL step `step` (1-based) as the config says."""
     cfg, tally = self.cfg, self.tally
     calls = _health.reward_calls(r for _, group, _ in taken.groups for r in group)
-    if step == 1:  # (the learner's view: rows sampled inline, in threads or in processes alike)
+    # (the learner's view: rows sampled inline, in threads or in processes alike; two prompts at least, so that
+    # one row the reward cannot score, e.g. rl.prompts_per_step = 1, does not stop a working reward's run)
+    if step == 1 and len(taken.groups) >= 2:
       _health.check_reward_calls(calls, "RL step 1")
     tally.count(row, calls)
     row.update(tally.add(step - 1, taken))
