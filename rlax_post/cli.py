@@ -992,7 +992,8 @@ def _evaluate(argv):
 
 def evaluate_line(workdir: str, result: dict) -> str:
   """`rlax-post evaluate`'s one line of `runtime.evaluate_run`'s `result`: the step, the mean reward, the failed
-  reward calls where counted, each reward component's mean (over the calls that succeeded), what the run logged."""
+  reward calls where counted, each reward component's mean (over the calls that succeeded), what the run logged
+  (and that its reward code changed since, where it did)."""
   errors = result.get("eval_reward_errors")
   errors = "" if not errors else f" ({errors:.0f} of them scored reward.default: their reward call failed)"
   prefix = runtime.EVAL_COMPONENT_PREFIX  # each reward component's mean: eval_reward/<name>
@@ -1000,6 +1001,8 @@ def evaluate_line(workdir: str, result: dict) -> str:
   parts = parts and f"; component means {parts}" + (" (over the others)" if result.get("eval_reward_errors") else "")
   logged = result["logged_eval_reward"]
   logged = "" if logged is None else f"; the run logged {logged:.4f} at this step"
+  if logged and result.get("reward_changed"):  # (the two figures come from different reward code)
+    logged += f" with the reward code as it was (changed since: {', '.join(result['reward_changed'])})"
   return (f"Step {result['step']} of {workdir}: greedy eval reward {result['eval_reward']:.4f} on "
           f"{result['num_eval']} held-out examples{errors}{parts}{logged}. Each example's prompt, completion and "
           f"reward: {result['out']}")

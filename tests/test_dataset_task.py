@@ -427,7 +427,8 @@ def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_pa
   # with a value are the logged ones (the run's eval_samples.jsonl holds the first 4 of the same).
   out = str(tmp_path / "s.jsonl")
   result = runtime.evaluate_run(workdir, step=2, out=out)
-  assert result == {"step": 2, **scores, "num_eval": 5, "out": out, "logged_eval_reward": evals[1]["eval_reward"]}
+  assert result == {"step": 2, **scores, "num_eval": 5, "out": out, "logged_eval_reward": evals[1]["eval_reward"],
+                    "reward_changed": []}
   assert result["eval_reward"] == evals[1]["eval_reward"]
   records = runtime.read_jsonl(out)
   assert [(r["data_row"], r["reward_error"], r["reward"]) for r in records] == [
@@ -444,6 +445,15 @@ def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_pa
       "their reward call failed); component means bonus 0.5000, score 1.0000, score/digit 0.3000 (over the "
       f"others); the run logged -0.1000 at this step. Each example's prompt, completion and reward: {out}")
   assert [r["prompt"] for r in records] == [f"<bos>{100 + j}+1=" for j in range(5)]
+  # The reward file edited since the run (a user walk-through: evaluate printed the new code's 1.0 beside the
+  # run's logged 0.0 and said nothing): the line says the logged figure is the old code's.
+  with open(tmp_path / "picky.py", "a") as f:
+    f.write("# edited after the run\n")
+  again = runtime.evaluate_run(workdir, step=2, out=str(tmp_path / "s3.jsonl"))
+  assert again["reward_changed"] == [str(tmp_path / "picky.py")]
+  assert cli.evaluate_line(workdir, again).endswith(
+      f"the run logged -0.1000 at this step with the reward code as it was (changed since: {tmp_path}/picky.py). "
+      f"Each example's prompt, completion and reward: {tmp_path}/s3.jsonl")
   assert runtime.read_jsonl(os.path.join(workdir, runtime.SAMPLES_FILE))[4:] == records[:4]
   # Held-out rows changed since the run (review: evaluate scored the new rows, and compared them with the run's
   # log): refused as --resume refuses, naming the file sizes.

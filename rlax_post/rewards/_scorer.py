@@ -44,6 +44,30 @@ def absolute_spec(spec: str) -> str:
   return f"{os.path.abspath(module)}:{attr}"
 
 
+def source_digests(specs: Sequence[str]) -> dict[str, str]:
+  """The sha256 of the source file of each reward function named by `specs` that is the user's ("file.py:fn",
+  or a module's "pkg.mod:fn" whose source is a .py file), keyed by that file's absolute path; built-ins have
+  none. A run records them, so that a checkpoint read back later (`--resume`, `rlax-post evaluate`) can say
+  the reward's code changed since (only the named file: the modules it imports are not followed)."""
+  out = {}
+  for spec in specs:
+    module, sep, _ = spec.strip().rpartition(":")
+    if not sep or not module:
+      continue
+    if _names_file(module):
+      path = os.path.abspath(module)
+    else:
+      try:
+        found = importlib.util.find_spec(module)
+      except (ImportError, ValueError):
+        continue
+      path = getattr(found, "origin", None)
+    if path and path.endswith(".py") and os.path.isfile(path):
+      with open(path, "rb") as f:
+        out[path] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
 def _load_module(module: str, spec: str):
   if _names_file(module):
     path = os.path.abspath(module)

@@ -2,8 +2,8 @@
 
 Orbax writes each step into a temporary directory and renames it when complete (on buckets: a commit file), and
 `latest_step` only lists finished steps -- named `<step>` *and* holding orbax's commit marker, so neither a
-checkpoint interrupted mid-write nor a stray or partially copied `<step>/` directory is ever read. Saves are asynchronous: the caller's next
-step overlaps with the write; `close()` waits for the last one.
+checkpoint interrupted mid-write nor a stray or partially copied `<step>/` directory is ever read. Saves are
+asynchronous: the caller's next step overlaps with the write; `close()` waits for the last one.
 
 On a multi-host learner every process calls `save` and `restore` (collectives): orbax writes each process's
 shards and commits the step once; any process count can restore it onto its own mesh. Which step a run resumes
@@ -33,6 +33,7 @@ import orbax.checkpoint as ocp
 from rlax_post import config as config_lib
 from rlax_post import data
 from rlax_post import exchange
+from rlax_post import rewards
 from rlax_post.runtime import _distributed
 from rlax_post.runtime import _paths
 
@@ -407,6 +408,23 @@ def data_files(cfg: config_lib.Config) -> dict | None:
   specs = {"data.train": cfg.data.train, "data.eval": cfg.data.eval}
   return {key: [os.path.getsize(f) for f in data.resolve_files(spec, cfg.data.format)]
           for key, spec in specs.items() if spec is not None}
+
+
+def reward_sources(cfg: config_lib.Config) -> dict | None:
+  """The dataset task's reward code as a checkpoint records it: the sha256 of each user file `reward.fn` names
+  (`rewards.source_digests`), by path; None for the other tasks."""
+  if cfg.task.name != "dataset":
+    return None
+  return rewards.source_digests([f for f in cfg.reward.fn.split(",") if f.strip()])
+
+
+def changed_reward_sources(saved: dict | None, cfg: config_lib.Config) -> list[str]:
+  """The reward files (`reward_sources`) whose code differs from what the checkpoint's run recorded, or that are
+  gone; [] when none did, or the checkpoint recorded none (one from before 2026-12-06)."""
+  if saved is None:
+    return []
+  now = reward_sources(cfg) or {}
+  return sorted(path for path in saved.keys() | now.keys() if saved.get(path) != now.get(path))
 
 
 def check_resume_data(saved: dict | None, cfg: config_lib.Config, doing: str = "--resume",

@@ -169,7 +169,7 @@ def evaluate_run(workdir: str, *, step: int, out: str) -> dict:
   (a new file, written aside and renamed). Returns {"step", "eval_reward", "eval_reward_errors" where counted,
   "eval_reward/<name>" per reward component, "num_eval", "out", "logged_eval_reward": what the run's
   metrics.jsonl logged at that step, or None}."""
-  _check_data_unchanged(workdir, step)  # (before the checkpoint's arrays are read)
+  reward_changed = _check_data_unchanged(workdir, step)  # (before the checkpoint's arrays are read)
   run = _policy.load_run_policy(workdir, step=step)
   evaluator = Evaluator(run.parts)
   scores, records, _ = evaluator.evaluate(run.params, samples=len(evaluator.examples))
@@ -177,18 +177,20 @@ def evaluate_run(workdir: str, *, step: int, out: str) -> dict:
   logged = [r.get("eval_reward") for r in _metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
             if r.get("phase") == "eval" and r.get("step") == run.step]
   return {"step": run.step, **scores, "num_eval": len(records), "out": out,
-          "logged_eval_reward": logged[-1] if logged else None}
+          "logged_eval_reward": logged[-1] if logged else None, "reward_changed": reward_changed}
 
 
-def _check_data_unchanged(workdir: str, step: int) -> None:
+def _check_data_unchanged(workdir: str, step: int) -> list[str]:
   """A ValueError when the dataset task's files changed since the run began (as `--resume` refuses): the
-  held-out rows would be others than those the run logged its `eval_reward` on. Reads config.json and step
-  `step`'s metadata alone."""
+  held-out rows would be others than those the run logged its `eval_reward` on. Returns the reward files whose
+  code changed since (`_checkpoint.changed_reward_sources`: allowed, and said: the scores are the new code's).
+  Reads config.json and step `step`'s metadata alone."""
   cfg = _samplers.load_run_config(workdir)
   ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep, tidy=False)
   try:
-    saved = ckpt.read_meta(step).get("data_files")
+    meta = ckpt.read_meta(step)
   finally:
     ckpt.close()
-  _checkpoint.check_resume_data(saved, cfg, doing="evaluate",
+  _checkpoint.check_resume_data(meta.get("data_files"), cfg, doing="evaluate",
                                 instead="evaluate a run that trained on the files as they are now")
+  return _checkpoint.changed_reward_sources(meta.get("reward_sources"), cfg)

@@ -38,7 +38,8 @@ from rlax_post.runtime import _samplers
 from rlax_post.runtime import _signals
 from rlax_post.runtime import _warm
 
-_KEEP = ("initial_eval_reward", "warm_start_seconds", "config", "data_files")  # carried to each checkpoint
+# carried to each checkpoint
+_KEEP = ("initial_eval_reward", "warm_start_seconds", "config", "data_files", "reward_sources")
 
 
 class Start(NamedTuple):
@@ -177,6 +178,10 @@ class Run:
     for path, reason in self.ckpt.aside:
       self.ui.warn(f"Set aside {path}: {reason}.")
     _check_resume(meta, self.cfg)  # the step restored (an older one, where the newest is damaged)
+    changed = _checkpoint.changed_reward_sources(meta.get("reward_sources"), self.cfg)
+    if changed:  # (allowed: a reward fixed mid-run is a reason to resume; the steps from here score with it)
+      self.ui.warn(f"the reward code changed since the run began ({', '.join(changed)}): the RL steps from "
+                   f"{step} on score with the new code, the ones logged before with the old.")
     source.resume(step, meta)  # first: it may refuse (a queue released past `step`), and then nothing is cut
     self.metrics.truncate_after(step, "rl")
     self.metrics.truncate_after(step, "eval")
@@ -197,7 +202,8 @@ class Run:
     start = "Warm-start" if self.cfg.sft.steps > 0 else "Starting (no warm start: sft.steps = 0)"
     self.ui.say(f"{start} greedy eval reward on {self.parts.task.num_eval} held-out prompts: {initial:.3f}")
     history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - self.t_start,
-               "config": config_lib.to_dict(self.cfg), "data_files": _checkpoint.data_files(self.cfg), "rl_step": 0,
+               "config": config_lib.to_dict(self.cfg), "data_files": _checkpoint.data_files(self.cfg),
+               "reward_sources": _checkpoint.reward_sources(self.cfg), "rl_step": 0,
                **self.tally.meta()}
     self.ckpt.save(0, state, ref_params, {**history, "wall_seconds": time.time() - self.t_start})
     return Start(state, ref_params, 0, history)
