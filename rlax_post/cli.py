@@ -55,10 +55,13 @@ _MAX_SEQ_LEN = flags.DEFINE_integer("max_seq_len", None, "serve, generate: with 
                                     "tokens, prompt and completion (default: config.json's max_position_embeddings).")
 _PORT = flags.DEFINE_integer("port", 9000, "serve: gRPC port.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "serve: address to listen on.")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "serve, generate: sampling temperature (0: greedy).")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "serve, generate: sampling temperature (0: greedy); evaluate: "
+                                   "with --samples, the sampling temperature (> 0 for several samples).")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "serve, generate: nucleus sampling: keep the smallest set of tokens holding "
-                            "this much probability, in (0, 1] (1: all).")
-_TOP_K = flags.DEFINE_integer("top_k", 0, "serve, generate: keep the k most probable tokens (0: all).")
+                            "this much probability, in (0, 1] (1: all); evaluate: with --samples, nucleus sampling, "
+                            "in (0, 1] (1: all).")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "serve, generate: keep the k most probable tokens (0: all); evaluate: with "
+                              "--samples, keep the k most probable tokens (0: all).")
 _SLOTS = flags.DEFINE_integer("slots", 8, "serve: concurrent decodes (engine slots).")
 _INDEX = flags.DEFINE_integer("index", None, "sampler: this sampler's index (0, 1, ...; unique per sampler).")
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "sweep: work units run at the same time.")
@@ -75,9 +78,10 @@ _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "train, learner, re
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "train, learner, replay: this process's index (0 .. N-1).")
 _GGUF = flags.DEFINE_string("gguf", None, "convert: a GGUF model file (llama.cpp).")
 _OUT = flags.DEFINE_string("out", None, "convert, export: the Hugging Face checkpoint directory to write (new or "
-                           "empty); evaluate: the JSON Lines file to write, one line per held-out example (a new "
-                           "file; default: RUN_WORKDIR/evaluate/step_K.jsonl); generate: also write a JSON Lines "
-                           "file, one line per (prompt, sample): prompt, rendered prompt, completion, token ids, "
+                           "empty); evaluate: the JSON Lines file to write, one line per held-out example (per "
+                           "sample with --samples; a new file; default: RUN_WORKDIR/evaluate/step_K.jsonl, "
+                           "named by --data, --num and --samples where given: step_K.test.jsonl); generate: "
+                           "also write a JSON Lines file, one line per (prompt, sample): prompt, rendered prompt, completion, token ids, "
                            "finish reason, sum logprob (a new file); compare: the PNG of the runs' reward curves to "
                            "write (a new file).")
 _ARCHITECTURE = flags.DEFINE_string("architecture", None, "export: the Hugging Face architecture to write (default: "
@@ -91,8 +95,8 @@ _DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor w
                              "weights in its own param_dtype, float32, either way; default: float32); serve: the "
                              "dtype of the served weights and activations (default: a run's own model.dtype and "
                              "float32 weights; float32 with --hf_path, as a run with model.hf_path computes; "
-                             "bfloat16 halves the weights' memory); generate: as serve's, the dtype of the weights and activations that "
-                             "sample (default: a run's own model.dtype and float32 weights; float32 with --hf_path).")
+                             "bfloat16 halves the weights' memory); generate: as serve's, the dtype of the "
+                             "weights and activations that sample (default: a run's own model.dtype and float32 weights; float32 with --hf_path).")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
 _BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
 _STEP = flags.DEFINE_integer("step", None, "value, rescue-eval, evaluate, export, serve: the checkpoint step to "
@@ -106,8 +110,10 @@ _COUNT = flags.DEFINE_integer("count", 100, "rescue-sim: sessions to simulate; r
 _SEED = flags.DEFINE_integer("seed", 0, "rescue-sim, rescue-audit: the first session's seed; serve: the sampling "
                              "seed (with --temperature > 0: the n-th request since the server started draws from "
                              "stream n of it, so a restarted server sent the same requests in the same order "
-                             "samples the same tokens); generate: the sampling seed (sample j of the i-th prompt draws from stream (i, j) "
-                             "of it, whatever else is sampled).")
+                             "samples the same tokens); generate: the sampling seed (sample j of the i-th prompt "
+                             "draws from stream (i, j) of it, whatever else is sampled); evaluate: with --samples, "
+                             "the sampling seed (sample j of held-out example i draws from the stream the run's training samples of ticket i "
+                             "would with this seed).")
 # generate (docs/sampler.md, "Generating from the command line").
 _PROMPT = flags.DEFINE_multi_string("prompt", None, "generate: a prompt, rendered as the source renders its prompts "
                                     "unless --raw")
@@ -116,7 +122,17 @@ _PROMPTS = flags.DEFINE_string("prompts", None, "generate: a file of prompts: .t
                                "object per line (blank lines skipped).")
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", None, "generate: the most tokens per completion (default: a run's "
                                    "rl.max_new_tokens; 128 with --hf_path).")
-_SAMPLES = flags.DEFINE_integer("samples", 1, "generate: completions per prompt (several need --temperature > 0).")
+_SAMPLES = flags.DEFINE_integer("samples", 1, "generate: completions per prompt (several need --temperature > 0); "
+                                "evaluate: sampled completions per example, scored as the mean reward and pass@k "
+                                "(several need --temperature > 0; without --samples: the run's greedy evaluation).")
+# evaluate beyond the run's own held-out set (docs/data.md, "What the policy writes").
+_DATA = flags.DEFINE_string("data", None, "evaluate: a file of rows (a file, glob or directory, as data.eval) read as "
+                            "the run reads its held-out file and scored by its reward (a dataset run's; default: "
+                            "the run's held-out set).")
+_NUM = flags.DEFINE_integer("num", None, "evaluate: the first N usable rows of --data, or the first N held-out "
+                            "examples of the run (default: all).")
+_PASS_THRESHOLD = flags.DEFINE_float("pass_threshold", 1.0, "evaluate: with --samples, a sample passes (for pass@k) "
+                                     "when its reward is at least this (1: a verifiable reward's full score).")
 _RAW = flags.DEFINE_bool("raw", False, "generate: send each prompt's text as it is (BOS first where the tokenizer "
                          "has one): no chat template or system prompt.")
 _VARIANTS = flags.DEFINE_enum("variants", "heldout", ["train", "heldout"], "rescue-sim: which paraphrases the "
@@ -181,10 +197,12 @@ _COMMANDS = {
     "export": ("--workdir RUN_WORKDIR --out DIR [--step K] [--architecture LlamaForCausalLM] [--dtype bfloat16]",
                "Write a run's policy (LoRA adapters merged) as a Hugging Face checkpoint directory.",
                ("workdir", "out", "step", "architecture", "dtype", "quiet")),
-    "evaluate": ("--workdir RUN_WORKDIR [--step K] [--out FILE.jsonl]",
-                 "Score a run's checkpoint on its held-out set as training does; write each example's prompt, "
-                 "completion and reward.",
-                 ("workdir", "step", "out")),
+    "evaluate": ("--workdir RUN_WORKDIR [--step K] [--data FILE] [--num N] [--samples K --temperature T [--top_p 1] "
+                 "[--top_k 0] [--seed 0] [--pass_threshold 1]] [--out FILE.jsonl]",
+                 "Score a run's checkpoint on its held-out set as training does, or on --data FILE, greedily or "
+                 "sampled (pass@k); write each example's prompt, completion and reward.",
+                 ("workdir", "step", "data", "num", "samples", "temperature", "top_p", "top_k", "seed",
+                  "pass_threshold", "out")),
     "fidelity": ("--workdir DIR [--extra 32] [--batches 1] [--json PATH]",
                  "A role-pipeline run's credit fidelity: Spearman of its credit against sampled ground truth.",
                  ("workdir", "extra", "batches", "json")),
@@ -980,32 +998,53 @@ def _export(argv):
 
 
 def _evaluate(argv):
+  """Scores a run's checkpoint (`runtime.evaluate_run`): its options checked against the run's config before
+  any model is built, the default output named by them (`runtime.samples_path`)."""
   del argv
   workdir = _run_dir(_required(_WORKDIR, "the workdir of the run to evaluate"), "--workdir",
                      "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
+  options = runtime.EvaluateOptions(
+      data=_DATA.value, num=_NUM.value, samples=_SAMPLES.value if flags.FLAGS["samples"].present else None,
+      temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value, seed=_SEED.value,
+      pass_threshold=_PASS_THRESHOLD.value)
+  runtime.check_evaluate_options(runtime.load_run_config(workdir), options)
   step = runtime.checkpoint_step(workdir, _STEP.value, "evaluate")
-  out = _new_file(_local_out(_OUT.value or runtime.samples_path(workdir, step), "--out", "the samples file"), "--out")
+  out = _new_file(_local_out(_OUT.value or runtime.samples_path(workdir, step, options), "--out",
+                             "the samples file"), "--out")
   with _output_dir(os.path.dirname(os.path.abspath(out)), "--out"):
-    result = runtime.evaluate_run(workdir, step=step, out=out)
+    result = runtime.evaluate_run(workdir, step=step, out=out, options=options)
   print(evaluate_line(workdir, result))
 
 
 def evaluate_line(workdir: str, result: dict) -> str:
-  """`rlax-post evaluate`'s one line of `runtime.evaluate_run`'s `result`: the step, the mean reward, the failed
-  reward calls where counted, each reward component's mean (over the calls that succeeded), what the run logged
-  (and that its reward code changed since, where it did)."""
+  """`rlax-post evaluate`'s one line of `runtime.evaluate_run`'s `result`: the step, how it was scored (greedy,
+  or K samples at a temperature and seed, with pass@k), the mean reward, on what, the failed reward calls where
+  counted, each reward component's mean (over the calls that succeeded), what the run logged (greedy, on the
+  run's whole held-out set, and that its reward code changed since, where it did)."""
   errors = result.get("eval_reward_errors")
-  errors = "" if not errors else f" ({errors:.0f} of them scored reward.default: their reward call failed)"
+  if "samples" in result:
+    errors = f" ({errors:.0f} samples scored reward.default: their reward call failed)" if errors else ""
+  else:
+    errors = "" if not errors else f" ({errors:.0f} of them scored reward.default: their reward call failed)"
   prefix = runtime.EVAL_COMPONENT_PREFIX  # each reward component's mean: eval_reward/<name>
   parts = ", ".join(f"{k[len(prefix):]} {v:.4f}" for k, v in result.items() if k.startswith(prefix))
   parts = parts and f"; component means {parts}" + (" (over the others)" if result.get("eval_reward_errors") else "")
-  logged = result["logged_eval_reward"]
-  logged = "" if logged is None else f"; the run logged {logged:.4f} at this step"
-  if logged and result.get("reward_changed"):  # (the two figures come from different reward code)
-    logged += f" with the reward code as it was (changed since: {', '.join(result['reward_changed'])})"
-  return (f"Step {result['step']} of {workdir}: greedy eval reward {result['eval_reward']:.4f} on "
-          f"{result['num_eval']} held-out examples{errors}{parts}{logged}. Each example's prompt, completion and "
-          f"reward: {result['out']}")
+  where = (f"{result['num_eval']} held-out examples" if "data" not in result else
+           f"{result['num_eval']} rows of {result['data']}")
+  if "samples" not in result:
+    logged = result["logged_eval_reward"]
+    logged = "" if logged is None else f"; the run logged {logged:.4f} at this step"
+    if logged and result.get("reward_changed"):  # (the two figures come from different reward code)
+      logged += f" with the reward code as it was (changed since: {', '.join(result['reward_changed'])})"
+    return (f"Step {result['step']} of {workdir}: greedy eval reward {result['eval_reward']:.4f} on "
+            f"{where}{errors}{parts}{logged}. Each example's prompt, completion and reward: {result['out']}")
+  law = "".join(f", {name} {result[name]:g}" for name, default in (("top_p", 1.0), ("top_k", 0))
+                if result[name] != default)
+  passes = ", ".join(f"{k} {v:.4f}" for k, v in result.items() if k.startswith("pass@"))
+  return (f"Step {result['step']} of {workdir}: {result['samples']} samples per example at temperature "
+          f"{result['temperature']:g}{law} (seed {result['seed']}) on {where}: mean reward "
+          f"{result['eval_reward']:.4f}{errors}; {passes} (a sample passes at reward >= "
+          f"{result['pass_threshold']:g}){parts}. Each sample's prompt, completion and reward: {result['out']}")
 
 
 def _new_file(path: str, flag: str, example: str = "samples.jsonl") -> str:

@@ -77,7 +77,9 @@ _OWN_FLAGS = {
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
     "replay": ("--workdir",), "sweep": ("--config", "--workdir", "--parallel", "--json"),
     "convert": ("--gguf", "--out", "--dtype"), "export": ("--workdir", "--out", "--step", "--architecture", "--dtype"),
-    "evaluate": ("--workdir", "--step", "--out"), "compare": ("--out", "--json"),
+    "evaluate": ("--workdir", "--step", "--data", "--num", "--samples", "--temperature", "--top_p", "--top_k", "--seed",
+                 "--pass_threshold", "--out"),
+    "compare": ("--out", "--json"),
 }
 _OTHER_FLAGS = {"train": "--port", "check-config": "--workdir", "check-data": "--workdir", "serve": "--workdir",
                 "generate": "--port", "learner": "--index", "sampler": "--config", "replay": "--parallel",
@@ -122,8 +124,12 @@ def test_command_help_shows_a_flag_s_help_for_that_command_without_its_command_l
     helps[command] = _flag_rows(out.stdout)
   for command in ("rescue-eval", "export", "serve", "evaluate"):
     assert helps[command]["--step"] == step, command
-  assert helps["evaluate"]["--out"] == ("The JSON Lines file to write, one line per held-out example (a new file; "
-                                        "default: RUN_WORKDIR/evaluate/step_K.jsonl).")
+  assert helps["evaluate"]["--out"] == ("The JSON Lines file to write, one line per held-out example (per sample "
+                                        "with --samples; a new file; default: RUN_WORKDIR/evaluate/step_K.jsonl, "
+                                        "named by --data, --num and --samples where given: step_K.test.jsonl).")
+  assert helps["evaluate"]["--temperature"] == ("With --samples, the sampling temperature (> 0 for several samples). "
+                                                "(default: 0.0)")
+  assert helps["serve"]["--temperature"] == "Sampling temperature (0: greedy). (default: 0.0)"
   assert helps["export"]["--out"] == "The Hugging Face checkpoint directory to write (new or empty)."
   rows = helps["rescue-sim"]
   assert rows["--sessions"] == "The directory to write the session files to."
@@ -967,6 +973,19 @@ def test_evaluate_names_a_run_without_checkpoints_a_missing_step_and_a_used_out_
   assert line == ("rlax-post evaluate: error: --out 'gs://b/s.jsonl' is a URL, but the samples file is written with "
                   "local file calls; pass a local path, or the bucket's mount path (gcsfuse; Vertex AI: "
                   "/gcs/BUCKET/...).")
+  assert sorted(os.listdir(run / "evaluate")) == ["step_4.jsonl"]
+  # Its options, each named in one line before any model is built (the run's task: the default, 'reverse').
+  for args, error in (
+      (("--num", "0"), "--num must be an int >= 1 (the examples to evaluate); got 0."),
+      (("--samples", "4"), "--samples 4 with --temperature 0: greedy sampling gives every sample the same tokens; "
+                           "pass --temperature > 0 (e.g. 1) to draw different samples, or --samples 1."),
+      (("--temperature", "0.5"), "--temperature 0.5 goes with --samples K (a sampled evaluation); without --samples "
+                                 "the run's greedy evaluation runs, which reads no --temperature."),
+      (("--data", "test.jsonl"), "--data 'test.jsonl': a file of rows is read by a dataset run (task.name = "
+                                 "'dataset') alone; this run's task is 'reverse' (leave --data out: the run's greedy "
+                                 "evaluation on its held-out set).")):
+    line = _error(_cli("evaluate", "--workdir", run, "--step", "0", *args), "evaluate")
+    assert line == f"rlax-post evaluate: error: {error}", args
   assert sorted(os.listdir(run / "evaluate")) == ["step_4.jsonl"]
 
 

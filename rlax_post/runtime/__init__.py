@@ -21,10 +21,15 @@ from rlax_post.runtime._distributed import initialize as initialize_distributed
 from rlax_post.runtime._distributed import is_primary
 from rlax_post.runtime._eval import eval_component_means
 from rlax_post.runtime._eval import eval_record
-from rlax_post.runtime._eval import evaluate_run
+from rlax_post.runtime._eval import eval_scores
 from rlax_post.runtime._eval import Evaluation
 from rlax_post.runtime._eval import Evaluator
-from rlax_post.runtime._eval import samples_path
+from rlax_post.runtime._evaluate import check_options as check_evaluate_options
+from rlax_post.runtime._evaluate import EvaluateOptions
+from rlax_post.runtime._evaluate import evaluate_run
+from rlax_post.runtime._evaluate import pass_at_k
+from rlax_post.runtime._evaluate import pass_ks
+from rlax_post.runtime._evaluate import samples_path
 from rlax_post.runtime._export import export_hf
 from rlax_post.runtime._export import Exported
 from rlax_post.runtime._generate import generate_hf
@@ -102,14 +107,14 @@ from rlax_post.runtime._warm_cache import cache_key as warm_start_cache_key
 from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
 __all__ = [
-    "build_parts", "Channels", "check_config", "check_data", "check_resume_config", "checkpoint_step",
+    "build_parts", "Channels", "check_config", "check_data", "check_evaluate_options", "check_resume_config", "checkpoint_step",
     "complete_checkpoints", "config_policy", "Credit", "credit_fidelity", "CriticScores", "DataCheck",
     "deferred_signals", "discounted_returns", "DONE_FILE", "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES",
-    "ENV_PROCESS_ID", "eval_component_means", "EVAL_COMPONENT_PREFIX", "eval_record", "evaluate_run", "Evaluation",
+    "ENV_PROCESS_ID", "eval_component_means", "EVAL_COMPONENT_PREFIX", "eval_record", "eval_scores", "evaluate_run", "EvaluateOptions", "Evaluation",
     "Evaluator", "exact_oracle", "ExactOracle", "export_hf", "Exported", "fit_sets", "generate_hf", "generate_run",
     "Generated", "GenerateOptions", "Generation", "HarnessOptions", "hold_run", "initialize_distributed",
     "InlineSource", "is_primary", "is_run_config", "learn", "load_run_config", "load_run_policy", "LoggedSource",
-    "make_source", "mean_return", "MetricsWriter", "ModelPolicy", "pair_rows", "Parts", "plot_curves", "policy_value",
+    "make_source", "mean_return", "MetricsWriter", "ModelPolicy", "pair_rows", "Parts", "pass_at_k", "pass_ks", "plot_curves", "policy_value",
     "probe_writable", "ProcessSource", "QFunction", "read_jsonl", "read_prompts", "read_rounds", "replay",
     "rescue_audit", "rescue_evaluate", "RESULT_SECTIONS", "result_settings", "RLUpdate", "RolloutBatch", "round_dir",
     "RoundSource", "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory", "run_policy_value", "run_rescue_eval",

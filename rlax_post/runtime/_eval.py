@@ -6,12 +6,11 @@ the score is the mean reward, and where the rows have reward components (`reward
 `eval_reward/<name>` (`eval_component_means`). On a multi-host learner process 0 evaluates on its own devices
 (`_distributed.PrimaryEval`). The records of the first `eval.samples` held-out examples of each evaluation go
 to the run's eval_samples.jsonl (`_metrics.MetricsWriter.write_samples`), and `rlax-post evaluate`
-(`evaluate_run`) writes one per held-out example of a checkpoint: one function builds both.
+(`_evaluate.evaluate_run`) writes one per held-out example of a checkpoint: one function builds both.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any, NamedTuple
 
 import jax
@@ -20,14 +19,9 @@ import numpy as np
 from rlax_post import envs
 from rlax_post import rewards
 from rlax_post import sharding
-from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _distributed
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
-from rlax_post.runtime import _policy
-from rlax_post.runtime import _samplers
-
-EVALUATE_DIR = "evaluate"  # `rlax-post evaluate`'s default outputs in a run's workdir: step_K.jsonl
 
 
 class Evaluation(NamedTuple):
@@ -46,10 +40,11 @@ class Evaluator:
   task), `eval_reward_errors`: the samples whose reward call failed and got `reward.default` (in the mean at
   that value); where they have reward components, each one's mean (`eval_component_means`)."""
 
-  def __init__(self, parts: _parts.Parts):
+  def __init__(self, parts: _parts.Parts, num: int | None = None):
+    """`num`: the first `num` held-out tickets alone (`rlax-post evaluate --num`; None: all `num_eval`)."""
     self.parts, self.slots = parts, parts.cfg.eval.batch_size
     self.engine = parts.engine(slots=self.slots, temperature=0.0)
-    self.examples = range(parts.task.num_eval)
+    self.examples = range(parts.task.num_eval if num is None else num)
 
   def __call__(self, params) -> float:
     return self.scores(params)["eval_reward"]
@@ -65,13 +60,20 @@ class Evaluator:
     finally:
       producer.close()
     rows = [groups[t][0] for t in self.examples]
-    out = {"eval_reward": float(np.mean([float(r["reward"]) for r in rows]))}
-    if all("reward_errors" in r for r in rows):
-      out["eval_reward_errors"] = float(sum(int(r["reward_errors"]) for r in rows))
-    out.update(eval_component_means(rows))
+    scores = eval_scores(rows)
     tokenizer, stops = self.parts.tokenizer, self.parts.cfg.rl.stop
     failure = next((str(r[envs.REWARD_FAILURE]) for r in rows if envs.REWARD_FAILURE in r), None)
-    return Evaluation(out, [eval_record(tokenizer, stops, t, groups[t]) for t in self.examples[:samples]], failure)
+    return Evaluation(scores, [eval_record(tokenizer, stops, t, groups[t]) for t in self.examples[:samples]], failure)
+
+
+def eval_scores(rows: list[dict]) -> dict[str, float]:
+  """The scores of the scored `rows`: "eval_reward", their mean reward; "eval_reward_errors", the rows whose
+  reward call failed, where every row counts them; and each reward component's mean (`eval_component_means`)."""
+  out = {"eval_reward": float(np.mean([float(r["reward"]) for r in rows]))}
+  if all("reward_errors" in r for r in rows):
+    out["eval_reward_errors"] = float(sum(int(r["reward_errors"]) for r in rows))
+  out.update(eval_component_means(rows))
+  return out
 
 
 def eval_component_means(rows: list[dict]) -> dict[str, float]:
@@ -156,41 +158,3 @@ def completion_text(tokenizer: Any, stops: tuple[str, ...], tokens) -> str:
   """A single-turn completion's text as the reward reads it: `tokens` decoded to their EOS, special tokens
   dropped, cut before the first of the `stops` strings it holds (`rl.stop`)."""
   return rewards.cut_at_stop(tokenizer.decode(tokens, skip_special=True, stop_at_eos=True), stops)
-
-
-def samples_path(workdir: str, step: int) -> str:
-  """`rlax-post evaluate`'s default output for step `step` of run `workdir`: WORKDIR/evaluate/step_K.jsonl."""
-  return os.path.join(workdir, EVALUATE_DIR, f"step_{step}.jsonl")
-
-
-def evaluate_run(workdir: str, *, step: int, out: str) -> dict:
-  """`rlax-post evaluate`: the held-out evaluation the run itself runs (`Evaluator`, its config as saved) of its
-  policy at checkpoint `step`, with one `eval_record` per held-out example (stamped with `step`) written to `out`
-  (a new file, written aside and renamed). Returns {"step", "eval_reward", "eval_reward_errors" where counted,
-  "eval_reward/<name>" per reward component, "num_eval", "out", "logged_eval_reward": what the run's
-  metrics.jsonl logged at that step, or None}."""
-  reward_changed = _check_data_unchanged(workdir, step)  # (before the checkpoint's arrays are read)
-  run = _policy.load_run_policy(workdir, step=step)
-  evaluator = Evaluator(run.parts)
-  scores, records, _ = evaluator.evaluate(run.params, samples=len(evaluator.examples))
-  _metrics.write_jsonl(out, _metrics.stamped(run.step, records))
-  logged = [r.get("eval_reward") for r in _metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
-            if r.get("phase") == "eval" and r.get("step") == run.step]
-  return {"step": run.step, **scores, "num_eval": len(records), "out": out,
-          "logged_eval_reward": logged[-1] if logged else None, "reward_changed": reward_changed}
-
-
-def _check_data_unchanged(workdir: str, step: int) -> list[str]:
-  """A ValueError when the dataset task's files changed since the run began (as `--resume` refuses): the
-  held-out rows would be others than those the run logged its `eval_reward` on. Returns the reward files whose
-  code changed since (`_checkpoint.changed_reward_sources`: allowed, and said: the scores are the new code's).
-  Reads config.json and step `step`'s metadata alone."""
-  cfg = _samplers.load_run_config(workdir)
-  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep, tidy=False)
-  try:
-    meta = ckpt.read_meta(step)
-  finally:
-    ckpt.close()
-  _checkpoint.check_resume_data(meta.get("data_files"), cfg, doing="evaluate",
-                                instead="evaluate a run that trained on the files as they are now")
-  return _checkpoint.changed_reward_sources(meta.get("reward_sources"), cfg)
