@@ -81,9 +81,9 @@ _OUT = flags.DEFINE_string("out", None, "convert, export: the Hugging Face check
                            "empty); evaluate: the JSON Lines file to write, one line per held-out example (per "
                            "sample with --samples; a new file; default: RUN_WORKDIR/evaluate/step_K.jsonl, "
                            "named by --data, --num and --samples where given: step_K.test.jsonl); generate: "
-                           "also write a JSON Lines file, one line per (prompt, sample): prompt, rendered prompt, completion, token ids, "
-                           "finish reason, sum logprob (a new file); compare: the PNG of the runs' reward curves to "
-                           "write (a new file).")
+                           "also write a JSON Lines file, one line per (prompt, sample): prompt, rendered prompt, "
+                           "completion, token ids, finish reason, sum logprob (a new file); compare: the PNG of the "
+                           "runs' reward curves to write (a new file).")
 _ARCHITECTURE = flags.DEFINE_string("architecture", None, "export: the Hugging Face architecture to write (default: "
                                     "the model.hf_path's, else the one the model's features name).")
 _DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor written and of config.json's "
@@ -96,7 +96,8 @@ _DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor w
                              "dtype of the served weights and activations (default: a run's own model.dtype and "
                              "float32 weights; float32 with --hf_path, as a run with model.hf_path computes; "
                              "bfloat16 halves the weights' memory); generate: as serve's, the dtype of the "
-                             "weights and activations that sample (default: a run's own model.dtype and float32 weights; float32 with --hf_path).")
+                             "weights and activations that sample (default: a run's own model.dtype and float32 "
+                             "weights; float32 with --hf_path).")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
 _BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
 _STEP = flags.DEFINE_integer("step", None, "value, rescue-eval, evaluate, export, serve: the checkpoint step to "
@@ -112,8 +113,8 @@ _SEED = flags.DEFINE_integer("seed", 0, "rescue-sim, rescue-audit: the first ses
                              "stream n of it, so a restarted server sent the same requests in the same order "
                              "samples the same tokens); generate: the sampling seed (sample j of the i-th prompt "
                              "draws from stream (i, j) of it, whatever else is sampled); evaluate: with --samples, "
-                             "the sampling seed (sample j of held-out example i draws from the stream the run's training samples of ticket i "
-                             "would with this seed).")
+                             "the sampling seed (sample j of example i draws what the run's evaluation of it draws "
+                             "with its seed replaced by one derived from (this seed, j)).")
 # generate (docs/sampler.md, "Generating from the command line").
 _PROMPT = flags.DEFINE_multi_string("prompt", None, "generate: a prompt, rendered as the source renders its prompts "
                                     "unless --raw")

@@ -107,8 +107,8 @@ def test_every_bad_option_is_named_before_any_model_is_built(run, tmp_path):
     with pytest.raises((ValueError, FileNotFoundError), match=error):
       check(cfg, options)
   other = config.load({"task": {"name": "reverse"}})
-  with pytest.raises(ValueError, match=r"^--data '.*test.jsonl': a file of rows is read by a dataset run "
-                                       r"\(task.name = 'dataset'\) alone; this run's task is 'reverse' \(leave --data out"):
+  with pytest.raises(ValueError, match=r"^--data '.*test.jsonl': a file of rows is read by a dataset run \(task.name "
+                                       r"= 'dataset'\) alone; this run's task is 'reverse' \(leave --data out"):
     check(other, runtime.EvaluateOptions(data=test))
   with pytest.raises(ValueError, match=r"^--samples 2: sampled evaluation runs over a dataset run's rows .* this "
                                        r"run's task is 'reverse'"):
@@ -173,7 +173,8 @@ def test_data_file_scores_exactly_its_usable_rows_by_the_run_s_reward(run, tmp_p
   data.write_jsonl(str(long), [{"prompt": "9" * 40, "answer": 1}])
   with pytest.raises(ValueError, match=rf"^--data '{long}': No usable held-out row \(skipped: "
                                        r"\{'prompt too long': 1\}\)"):
-    runtime.evaluate_run(workdir, step=1, out=str(tmp_path / "x.jsonl"), options=runtime.EvaluateOptions(data=str(long)))
+    runtime.evaluate_run(workdir, step=1, out=str(tmp_path / "x.jsonl"),
+                         options=runtime.EvaluateOptions(data=str(long)))
   assert not os.path.exists(tmp_path / "x.jsonl")
 
 
@@ -195,7 +196,8 @@ def test_sampled_evaluation_is_reproducible_by_seed_and_scores_pass_at_k(run, tm
   # The scores from the records: the mean over all 20 samples, pass@k per example averaged.
   passed = np.asarray([r["passed"] for r in ra]).reshape(5, 4).sum(axis=1)
   mean = pytest.approx(np.mean([r["reward"] for r in ra]))
-  assert a == {"step": 1, "eval_reward": mean, "eval_reward_errors": 0.0, "eval_reward/score": mean, "num_eval": 5, "out": a["out"], "data": test, "samples": 4,
+  assert a == {"step": 1, "eval_reward": mean, "eval_reward_errors": 0.0, "eval_reward/score": mean,
+               "num_eval": 5, "out": a["out"], "data": test, "samples": 4,
                "temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 3, "pass_threshold": 1.0,
                **{f"pass@{k}": pytest.approx(np.mean([runtime.pass_at_k(4, int(p), k) for p in passed]))
                   for k in (1, 2, 4)}}
@@ -204,7 +206,8 @@ def test_sampled_evaluation_is_reproducible_by_seed_and_scores_pass_at_k(run, tm
   assert cli.evaluate_line(workdir, a) == (
       f"Step 1 of {workdir}: 4 samples per example at temperature 1 (seed 3) on 5 rows of {test}: mean reward "
       f"{a['eval_reward']:.4f}; pass@1 {a['pass@1']:.4f}, pass@2 {a['pass@2']:.4f}, pass@4 {a['pass@4']:.4f} (a "
-      f"sample passes at reward >= 1); component means score {a['eval_reward']:.4f}. Each sample's prompt, completion and reward: {a['out']}")
+      f"sample passes at reward >= 1); component means score {a['eval_reward']:.4f}. Each sample's prompt, "
+      f"completion and reward: {a['out']}")
 
 
 def test_one_sample_at_temperature_0_is_the_greedy_evaluation(run, tmp_path):
