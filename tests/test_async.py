@@ -89,7 +89,8 @@ def test_evaluate_scores_a_checkpoint_as_the_run_logged_it_and_writes_every_exam
   assert step == 4 and sorted(logged) == [0, 4]
   out = os.fspath(tmp_path / "samples.jsonl")
   result = runtime.evaluate_run(workdir, step=step, out=out)
-  assert result == {"step": 4, "eval_reward": logged[4], "num_eval": 16, "out": out, "logged_eval_reward": logged[4]}
+  assert result == {"step": 4, "eval_reward": logged[4], "num_eval": 16, "out": out, "logged_eval_reward": logged[4],
+                    "reward_changed": []}
   records = runtime.read_jsonl(out)
   assert [(r["step"], r["example"]) for r in records] == [(4, j) for j in range(16)]
   assert np.mean([r["reward"] for r in records]) == pytest.approx(logged[4], abs=1e-6)

@@ -135,7 +135,7 @@ def test_greedy_default_is_the_run_s_own_evaluation(run, tmp_path):
   logged = [r for r in runtime.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r.get("phase") == "eval"]
   assert result == {"step": 1, "eval_reward": logged[-1]["eval_reward"], "eval_reward_errors": 0.0,
                     "eval_reward/score": logged[-1]["eval_reward/score"], "num_eval": 4, "out": out,
-                    "logged_eval_reward": logged[-1]["eval_reward"]}
+                    "logged_eval_reward": logged[-1]["eval_reward"], "reward_changed": []}
   records = runtime.read_jsonl(out)
   assert [(r["step"], r["example"], r["data_row"]) for r in records] == [(1, j, j) for j in range(4)]
   assert "sample" not in records[0]
@@ -160,9 +160,8 @@ def test_data_file_scores_exactly_its_usable_rows_by_the_run_s_reward(run, tmp_p
   assert result == {"step": 1, "eval_reward": mean, "eval_reward_errors": 0.0, "eval_reward/score": mean,
                     "num_eval": 5, "out": out, "data": test, "logged_eval_reward": None}
   assert cli.evaluate_line(workdir, result) == (
-      f"Step 1 of {workdir}: greedy eval reward {result['eval_reward']:.4f} on 5 rows of {test} (0 of them scored "
-      f"reward.default: their reward call failed); component means score {result['eval_reward']:.4f}. Each "
-      f"example's prompt, completion and reward: {out}")
+      f"Step 1 of {workdir}: greedy eval reward {result['eval_reward']:.4f} on 5 rows of {test}; component means "
+      f"score {result['eval_reward']:.4f}. Each example's prompt, completion and reward: {out}")
   assert len({r["reward"] for r in records}) > 1  # (rewards that tell the rows apart)
   # --num 3: the first three usable rows.
   three = runtime.evaluate_run(workdir, step=1, out=str(tmp_path / "d3.jsonl"),
