@@ -507,8 +507,9 @@ def _override_without_config(command: str, key: str) -> str:
   too; one that takes none (evaluate, serve, export: they read a run's config.json) takes no overrides (it was
   told to pass --config, which it then refused as not one of its flags)."""
   if "config" not in _COMMANDS[command][2]:
+    other = " (rows of another file: --data FILE)" if command == "evaluate" else ""
     return (f"--config.{key}: `rlax-post {command}` takes no config overrides; it reads the run's own "
-            "config.json (the settings it trained with). `rlax-post " + command + " --help` lists its flags.")
+            f"config.json (the settings it trained with){other}. `rlax-post {command} --help` lists its flags.")
   return f"--config.{key} overrides a config file: pass --config FILE too."
 
 

@@ -887,9 +887,10 @@ def test_config_overrides_of_a_command_that_reads_a_runs_config_say_it_takes_non
   as not one of its flags (a user walk-through)."""
   for command, flag in (("evaluate", "--workdir"), ("serve", "--checkpoint"), ("export", "--workdir")):
     line = _error(_cli(command, flag, "runs/x", "--config.data.eval=f.jsonl"), command)
+    other = " (rows of another file: --data FILE)" if command == "evaluate" else ""
     assert line == (f"rlax-post {command}: error: --config.data.eval: `rlax-post {command}` takes no config "
-                    f"overrides; it reads the run's own config.json (the settings it trained with). `rlax-post "
-                    f"{command} --help` lists its flags.")
+                    f"overrides; it reads the run's own config.json (the settings it trained with){other}. "
+                    f"`rlax-post {command} --help` lists its flags.")
 
 
 def test_rescue_sim_names_the_session_files_a_directory_held_before(tmp_path):
