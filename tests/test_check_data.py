@@ -37,8 +37,9 @@ def _bad_file(path, n=400):
 
 
 def _cfg(train, eval_=None, num_eval=4, progress=True, **data_kw):
+  # (model.max_seq_len holds the default 128 prompt tokens plus 8: check_data refuses the config else, as train)
   raw = {"task": {"name": "dataset", "num_eval": num_eval}, "data": {"train": str(train), **data_kw},
-         "reward": {"fn": "math"}, "model": {"max_seq_len": 64}, "rl": {"max_new_tokens": 8}, "sft": {"steps": 0},
+         "reward": {"fn": "math"}, "model": {"max_seq_len": 136}, "rl": {"max_new_tokens": 8}, "sft": {"steps": 0},
          "runtime": {"progress": progress}}
   if eval_ is not None:
     raw["data"]["eval"] = str(eval_)

@@ -7,6 +7,7 @@ fraction of a second instead of the time of that import; the cases about the pro
 sampler that runs on) start `python -m rlax_post.cli`.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -20,6 +21,8 @@ import pytest
 import _cli_forks  # pylint: disable=g-bad-import-order
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import cli
+from rlax_post import config
+from rlax_post import runtime
 from rlax_post import sweep
 from rlax_post.runtime import _checkpoint
 
@@ -345,6 +348,50 @@ def test_check_config_refuses_a_bad_task_option_as_train_does(tmp_path, config, 
   else:
     args = ("--config", os.path.join(_ROOT, "configs", config), override)
   _check_config_and_train_refuse(args, message, tmp_path)
+
+
+def _arith_rows(tmp_path, n: int = 8) -> tuple[str, ...]:
+  """A few rows of configs/dataset.py's kind in `tmp_path`/d, and its flags reading them (its reward file by its
+  absolute path), so `train` run in `tmp_path` gets as far as the task's lengths."""
+  (tmp_path / "d").mkdir()
+  for split in ("train", "eval"):
+    rows = [json.dumps({"prompt": f"{i}+1=", "answer": i + 1, "demo": str(i + 1)}) for i in range(n)]
+    (tmp_path / "d" / f"{split}.jsonl").write_text("\n".join(rows) + "\n")
+  return ("--config.data.train=d/train.jsonl", "--config.data.eval=d/eval.jsonl",
+          f"--config.reward.fn={_ROOT}/examples/arith/reward.py:score")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.data.max_prompt_tokens=48", "`model.max_seq_len` = 32 cannot hold data.max_prompt_tokens = 48 plus "
+     "rl.max_new_tokens = 6 (54 tokens); set model.max_seq_len >= 54, or data.max_prompt_tokens <= 26."),
+    ("--config.rl.max_new_tokens=20", "`model.max_seq_len` = 32 cannot hold data.max_prompt_tokens = 16 plus "
+     "rl.max_new_tokens = 20 (36 tokens); set model.max_seq_len >= 36, or data.max_prompt_tokens <= 12, or "
+     "rl.max_new_tokens <= 16."),
+    ("--config.rl.max_new_tokens=40", "`model.max_seq_len` = 32 cannot hold data.max_prompt_tokens = 16 plus "
+     "rl.max_new_tokens = 40 (56 tokens); set model.max_seq_len >= 56, or rl.max_new_tokens <= 16."),
+], ids=["prompt", "both", "response"])
+def test_check_config_and_check_data_refuse_a_context_the_model_cannot_hold_as_train_does(tmp_path, override,
+                                                                                          message):
+  """configs/dataset.py:tiny (model.max_seq_len 32) with 48 prompt tokens passed check-config and check-data;
+  `train` refused it once the task was built. All three now say the same line, with the values that fit."""
+  args = ("--config", _ROOT + "/configs/dataset.py:tiny", *_arith_rows(tmp_path), override)
+  _check_config_and_train_refuse(args, message, tmp_path)
+  out = _cli("check-data", *args, cwd=tmp_path)
+  assert _error(out, "check-data") == f"rlax-post check-data: error: {message}"
+  assert out.stdout == ""
+
+
+def test_check_config_reads_the_context_of_model_overrides(monkeypatch):
+  """A preset's `model.overrides.max_seq_len` is the model's context (`config.max_seq_len`), and the check reads
+  it: 48 prompt tokens fit a context of 64 set there."""
+  cfg = config.load(sweep.apply(sweep.config_of(sweep.load_module(os.path.join(_ROOT, "configs", "dataset.py")),
+                                                "tiny", "dataset.py"),
+                                {"data.max_prompt_tokens": 48, "model.overrides": {"max_seq_len": 64}}))
+  assert config.max_seq_len(cfg) == 64 and cfg.model.max_seq_len == 32
+  monkeypatch.chdir(_ROOT)  # (the config's reward file is a relative path)
+  runtime.check_config(cfg)
+  with pytest.raises(ValueError, match=r"^`model.max_seq_len` = 50 cannot hold data.max_prompt_tokens = 48 plus "):
+    runtime.check_config(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, overrides={"max_seq_len": 50})))
 
 
 def test_unknown_key_names_close_matches_and_the_section_keys():

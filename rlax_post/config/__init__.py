@@ -20,6 +20,7 @@ from rlax_post.config._schema import LORA_TARGETS
 from rlax_post.config._schema import LoraSection
 from rlax_post.config._schema import LossSection
 from rlax_post.config._reads import loss_kind
+from rlax_post.config._reads import max_seq_len
 from rlax_post.config._reads import MODEL_PRESETS
 from rlax_post.config._schema import MeshSection
 from rlax_post.config._schema import DataSection
@@ -81,6 +82,7 @@ __all__ = [
     "LOSS_KINDS",
     "LossSection",
     "loss_kind",
+    "max_seq_len",
     "MODEL_PRESETS",
     "MeshSection",
     "DataSection",

@@ -48,6 +48,12 @@ def reads_critic(cfg: Config) -> bool:
   return uses_critic(cfg) or (cfg.runtime.mode == "rounds" and cfg.iterppo.q != "oracle")
 
 
+def max_seq_len(cfg: Config) -> int:
+  """The policy's context in tokens, as `runtime.model_config` builds it: `model.max_seq_len`, unless a preset's
+  `model.overrides` sets `max_seq_len` (with `model.hf_path` they cannot)."""
+  return dict(cfg.model.overrides).get("max_seq_len", cfg.model.max_seq_len)
+
+
 def staleness(cfg: Config) -> int:
   """η of the run: 0 in sync mode."""
   return cfg.runtime.max_staleness if cfg.runtime.mode == "async" else 0

@@ -505,8 +505,11 @@ def dataset_lengths(cfg: config_lib.Config, max_seq_len: int) -> _rl.Lengths:
   sequence, so its response window is the sequence less one token."""
   prompt, response = cfg.data.max_prompt_tokens, cfg.rl.max_new_tokens
   if max_seq_len < prompt + response:
+    fits = [f"model.max_seq_len >= {prompt + response}"]
+    fits += [f"{key} <= {room}" for key, room in (("data.max_prompt_tokens", max_seq_len - response),
+                                                  ("rl.max_new_tokens", max_seq_len - prompt)) if room >= 1]
     raise ValueError(f"`model.max_seq_len` = {max_seq_len} cannot hold data.max_prompt_tokens = {prompt} plus "
-                     f"rl.max_new_tokens = {response}.")
+                     f"rl.max_new_tokens = {response} ({prompt + response} tokens); set {', or '.join(fits)}.")
   window = response if cfg.data.env_field is None else prompt + response - 1
   return _rl.Lengths(prompt=prompt, response=window, sequence=prompt + response, sft=prompt + response)
 
@@ -555,12 +558,14 @@ def check_demos(cfg: config_lib.Config) -> None:
 
 def check_settings(cfg: config_lib.Config) -> None:
   """The checks of `make_dataset_task` that need no tokenizer or data file (`check_options`, `check_demos`,
-  `make_scorer`, `check_splits`), in its order: what `rlax-post check-config` runs for this task
-  (`envs.check_task`)."""
+  `make_scorer`, `check_splits`), in its order, then the task's lengths against the model's context
+  (`dataset_lengths`, which `train` makes once the task is built): what `rlax-post check-config` and
+  `check-data` run for this task (`envs.check_task`)."""
   check_options(cfg)
   check_demos(cfg)
   make_scorer(cfg)
   check_splits(cfg)
+  dataset_lengths(cfg, config_lib.max_seq_len(cfg))  # (what `DatasetTask.lengths` refuses when `train` starts)
 
 
 def make_dataset_task(cfg: config_lib.Config, tokenizer) -> DatasetTask:

@@ -126,7 +126,7 @@ def _policy_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
   overrides = dict(cfg.model.overrides)
   overrides.setdefault("vocab_size", tokenizer.padded_vocab_size(cfg.model.vocab_multiple))
   overrides.setdefault("valid_vocab_size", tokenizer.vocab_size)
-  overrides.setdefault("max_seq_len", cfg.model.max_seq_len)
+  overrides["max_seq_len"] = config_lib.max_seq_len(cfg)
   try:
     return models.preset(cfg.model.preset, **overrides)
   except (TypeError, ValueError) as e:
