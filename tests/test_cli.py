@@ -1071,7 +1071,12 @@ def test_a_run_whose_hf_checkpoint_is_gone_names_the_run_and_the_ways_out(tmp_pa
   Face checkpoint directory" (a real-model walk-through), which these commands have no flag to do. The line names
   the run, the path and the ways out."""
   gone = str(tmp_path / "ckpt" / "smol")
+  os.makedirs(gone)
+  for name in ("config.json", "tokenizer.json"):  # (check-config checks them there; the run's config is the aim)
+    (tmp_path / "ckpt" / "smol" / name).write_text("{}")
   out = _cli("check-config", "--config", "configs/dataset.py:tiny,hf", f"--config.model.hf_path={gone}")
+  assert out.returncode == 0, out.stderr[-3000:]
+  shutil.rmtree(tmp_path / "ckpt")
   (tmp_path / "run").mkdir()
   (tmp_path / "run" / "config.json").write_text(out.stdout)
   extra = ("--out", str(tmp_path / "out")) if command == "export" else ()
@@ -1080,6 +1085,41 @@ def test_a_run_whose_hf_checkpoint_is_gone_names_the_run_and_the_ways_out(tmp_pa
                   "exist (moved or deleted since): put the checkpoint back there, or set model.hf_path in "
                   "run/config.json to where it is now.")
   assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kind", ["missing", "file", "gguf", "run", "no tokenizer"])
+def test_check_config_refuses_a_bad_model_hf_path_as_train_does(tmp_path, kind):
+  """`--config.model.hf_path=/path/to/checkpoint` (configs/dataset.py's docstring line, pasted) passed
+  check-config and failed only in `train`; check-config now checks the directory first, as `train` does, in its
+  words."""
+  path = {"missing": "/path/to/checkpoint", "file": str(tmp_path / "weights.bin"), "gguf": str(tmp_path / "m.gguf"),
+          "run": str(tmp_path / "run"), "no tokenizer": str(tmp_path / "ckpt")}[kind]
+  (tmp_path / "weights.bin").write_bytes(bytes(8))
+  (tmp_path / "m.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))
+  for name in ("run/checkpoints", "ckpt"):
+    os.makedirs(tmp_path / name)
+  (tmp_path / "run" / "config.json").write_text("{}")
+  (tmp_path / "ckpt" / "config.json").write_text("{}")
+  message = {
+      "missing": f"`model.hf_path` = {path!r} does not exist; set it to a local Hugging Face checkpoint directory "
+                 "(config.json, *.safetensors, tokenizer.json).",
+      "file": f"`model.hf_path` = {path!r} is a file, not a directory; set it to a local Hugging Face checkpoint "
+              "directory (config.json, *.safetensors, tokenizer.json).",
+      "gguf": f"`model.hf_path` = {path!r} is a GGUF file (llama.cpp), not a Hugging Face checkpoint directory; "
+              f"convert it first: `rlax-post convert --gguf {path} --out DIR`, then set model.hf_path to DIR.",
+      "run": f"`model.hf_path` = {path!r} is the workdir of a training run (config.json and checkpoints/), not a "
+             f"Hugging Face checkpoint; export its policy first: `rlax-post export --workdir {path} --out DIR`, then "
+             f"set model.hf_path to DIR (or continue that run: `rlax-post train --resume --workdir {path}` with its "
+             "config).",
+      "no tokenizer": f"`model.hf_path` = {path!r} has no tokenizer.json; a checkpoint directory needs config.json and "
+                      "*.safetensors (model.save_pretrained) and the fast tokenizer's tokenizer.json "
+                      "(tokenizer.save_pretrained; sentencepiece-only tokenizers: load them with transformers' "
+                      "AutoTokenizer and save them again).",
+  }[kind]
+  args = ("--config", _ROOT + "/configs/dataset.py:tiny,hf", f"--config.model.hf_path={path}")
+  work = tmp_path / "work"
+  work.mkdir()
+  _check_config_and_train_refuse(args, message, work)
 
 
 @pytest.mark.parametrize("name", ["SmolLM2-135M-Instruct.Q4_1.gguf", "weights.bin"])

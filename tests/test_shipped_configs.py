@@ -2,10 +2,11 @@
 combination its docstring shows), every (model, hardware[, critic]) pair of `configs/models.py`, and every work
 unit of each of their sweeps (`rlax-post sweep`). The config checks refuse settings a run would ignore, so a
 shipped config that sets one fails here: fix the config, not the check. Each also passes `rlax-post
-check-config`'s task checks (`runtime.check_config`: `task.options`, the reward functions), run from the repo
-root as the configs' relative paths expect. No shipped config has a warm-up that
+check-config`'s checks (`runtime.check_config`: `model.hf_path`, `task.options`, the reward functions), run from
+the repo root as the configs' relative paths expect. No shipped config has a warm-up that
 the run would cut (`runtime.warmup_cuts`, a warning at its start)."""
 
+import dataclasses
 import glob
 import itertools
 import os
@@ -31,6 +32,21 @@ _REFUSED = {
 
 def _module(path):
   return sweep.load_module(path)
+
+
+def _check_config(cfg):
+  """`runtime.check_config(cfg)`. A shipped config's `model.hf_path` is a checkpoint its docstring has the user
+  fetch first (checkpoints/smollm2-135m-instruct); where this checkout has none, check-config refuses the path in
+  train's words, and the config's other checks are made without it."""
+  path = cfg.model.hf_path
+  if path is None or os.path.isdir(path):
+    runtime.check_config(cfg)
+    return
+  where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
+  with pytest.raises(FileNotFoundError, match=re.escape(f"`model.hf_path` = {path!r}{where} does not exist; set it to "
+                                                        "a local Hugging Face checkpoint directory")):
+    runtime.check_config(cfg)
+  runtime.check_config(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf_path=None)))
 
 
 def _specs():
@@ -81,7 +97,7 @@ def test_every_variant_and_sweep_unit_loads(path, variant, monkeypatch):
   cfg = config.load(module.get_config(variant))
   assert isinstance(cfg, config.Config)
   assert _learners.warmup_cuts(cfg) == []
-  runtime.check_config(cfg)
+  _check_config(cfg)
   if hasattr(module, "get_sweep") and variant in _sweep_variants(path):
     spec = path if variant is None else f"{path}:{variant}"
     units = sweep.work_units(spec)  # each unit's full config is validated
@@ -89,7 +105,7 @@ def test_every_variant_and_sweep_unit_loads(path, variant, monkeypatch):
     for unit in units:
       unit_cfg = config.load(sweep.apply(module.get_config(variant), unit.overrides))
       assert _learners.warmup_cuts(unit_cfg) == [], unit
-      runtime.check_config(unit_cfg)
+      _check_config(unit_cfg)
 
 
 @pytest.mark.parametrize("name, variant, both, kind", [
@@ -126,4 +142,4 @@ def test_every_model_pair_loads(variant):
   cfg = config.load(models_cfg.get_config(variant))
   assert cfg.model.preset == variant.split(",")[0]
   assert _learners.warmup_cuts(cfg) == []
-  runtime.check_config(cfg)
+  _check_config(cfg)

@@ -367,11 +367,14 @@ def _pow2_at_least(n: int, floor: int = 16) -> int:
 
 
 def check_config(cfg: config_lib.Config) -> None:
-  """The checks of `build_parts` that need no tokenizer, data file, mesh or model, alone: `task.options`, a
+  """The checks of `build_parts` that need no tokenizer, data file, mesh or model, alone, in its order:
+  `model.hf_path` a checkpoint directory (`check_hf_path`, before its tokenizer is read), then `task.options`, a
   role pipeline's `multiagent` section, and the dataset task's reward functions loaded and `reward.weights` /
   `reward.options` checked against them (`envs.check_task`, the very checks `make_rl_task` makes).
   `rlax-post check-config` runs it, so a bad task or reward option is named before a job is launched, in the
   words `train` uses."""
+  if cfg.model.hf_path is not None:
+    check_hf_path(cfg.model.hf_path)
   envs.check_task(cfg)
 
 
