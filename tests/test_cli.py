@@ -279,14 +279,16 @@ def test_check_config_refuses_a_reward_option_the_function_does_not_take_as_trai
   (tmp_path / "my_reward.py").write_text(_NO_OPTIONS_REWARD)
   args = ("--config", _ROOT + "/configs/dataset.py:tiny", "--config.reward.fn=my_reward.py:score")
   message = ("Reward 'my_reward.py:score' cannot be called as fn(sample, **{'format_weight': 0.1}) (its options: "
-             "`reward.options.score`): got an unexpected keyword argument 'format_weight'.")
+             "`reward.options.score`): got an unexpected keyword argument 'format_weight'; set `reward.options` to "
+             "{}; on the command line: --config.reward.options={}.")
   _check_config_and_train_refuse(args, message, tmp_path)
 
 
 @pytest.mark.parametrize("fn, message", [
     ("nope.py:score", "Reward 'nope.py:score': no file '{cwd}/nope.py' (relative paths are read from {cwd})."),
     ("my_reward.py:scor", "Reward 'my_reward.py:scor': 'my_reward.py' has no 'scor'; its callables: ['score']."),
-    ("math", "reward options for ['score'], which are not among the reward functions' names ['math']."),
+    ("math", "reward options for ['score'], which are not among the reward functions' names ['math']; set "
+     "`reward.options` to {{}}; on the command line: --config.reward.options={{}}."),
 ], ids=["missing file", "missing function", "options for no function"])
 def test_check_config_names_a_missing_reward_file_or_function(tmp_path, fn, message):
   (tmp_path / "my_reward.py").write_text(_NO_OPTIONS_REWARD)
@@ -294,6 +296,52 @@ def test_check_config_names_a_missing_reward_file_or_function(tmp_path, fn, mess
              cwd=tmp_path)
   line = _error(out, "check-config")
   assert line == "rlax-post check-config: error: " + message.format(cwd=os.path.realpath(tmp_path))
+
+
+_SCORE = f"{_ROOT}/examples/arith/reward.py:score"  # configs/dataset.py's reward (options {'score': {...}})
+
+
+@pytest.mark.parametrize("fn, options, message, fixed", [
+    ("math", None, "reward options for ['score'], which are not among the reward functions' names ['math']; set "
+     "`reward.options` to {}; on the command line: --config.reward.options={}.", {}),
+    ("math,regex", "{}", "Reward 'regex' cannot be called as fn(sample, **{}): missing a required argument: "
+     "'pattern'; set `reward.options` to {'regex': {'pattern': '...'}} (your value for each '...'); on the "
+     "command line: --config.reward.options=\"{'regex': {'pattern': '...'}}\".", {"regex": {"pattern": "..."}}),
+    ("math,regex", None, "reward options for ['score'], which are not among the reward functions' names ['math', "
+     "'regex']; set `reward.options` to {'regex': {'pattern': '...'}} (your value for each '...'); on the command "
+     "line: --config.reward.options=\"{'regex': {'pattern': '...'}}\".", {"regex": {"pattern": "..."}}),
+    (f"{_SCORE},length", None, f"Reward 'length' cannot be called as fn(sample, **{{}}): missing a required "
+     "argument: 'max_tokens'; set `reward.options` to {'score': {'format_weight': 0.1}, 'length': {'max_tokens': "
+     "'...', 'buffer': '...'}} (your value for each '...'); on the command line: --config.reward.options=\"{'score': "
+     "{'format_weight': 0.1}, 'length': {'max_tokens': '...', 'buffer': '...'}}\".",
+     {"score": {"format_weight": 0.1}, "length": {"max_tokens": 6, "buffer": 2}}),
+], ids=["options for no function", "a required option", "both", "another function's options kept"])
+def test_a_reward_switched_to_built_ins_says_how_to_set_its_options(fn, options, message, fixed):
+  """Switching configs/dataset.py's reward to built-ins on the command line (`--config.reward.fn=math`) left the
+  file's options for `score`, and `regex` needs a pattern: the errors named the problem but not how to fix it
+  from the command line, where a dict setting takes no new key. Each names the options that would do and the
+  flag that sets them; that flag (its '...' filled in) passes check-config."""
+  args = ("--config", "configs/dataset.py:tiny", f"--config.reward.fn={fn}",
+          *(() if options is None else (f"--config.reward.options={options}",)))
+  assert _error(_cli("check-config", *args), "check-config") == f"rlax-post check-config: error: {message}"
+  flag = re.search(r"on the command line: (--config\.reward\.options=\S.*)\.$", message).group(1)
+  typed = flag.replace("'max_tokens': '...'", "'max_tokens': 6").replace("'buffer': '...'", "'buffer': 2")
+  typed = typed.replace('"', "")  # (what the shell passes of the quoted flag)
+  out = _cli("check-config", "--config", "configs/dataset.py:tiny", f"--config.reward.fn={fn}", typed)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert json.loads(out.stdout)["reward"]["options"] == fixed
+
+
+def test_the_reward_options_flag_of_an_error_passes_through_a_shell():
+  """The hint's flag, pasted into bash as printed (double quotes around the dict), reaches the CLI as one word
+  that ml_collections reads as the dict."""
+  flag = "--config.reward.options=\"{'regex': {'pattern': 'a+'}}\""
+  words = subprocess.run(["bash", "-c", f"printf '%s\\n' {flag}"], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+  assert words == ["--config.reward.options={'regex': {'pattern': 'a+'}}"]
+  out = _cli("check-config", "--config", "configs/dataset.py:tiny", "--config.reward.fn=math,regex", words[0])
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert json.loads(out.stdout)["reward"]["options"] == {"regex": {"pattern": "a+"}}
 
 
 def test_check_config_passes_reward_options_the_function_takes(tmp_path):

@@ -336,7 +336,8 @@ def test_scorer_checks_options_weights_and_names(user_module):
     rewards.Scorer([f"{user_module}:parts"], options={"parts": {"bonsu": 1}})
   # A user's `score` under configs/dataset.py, whose options for `score` are the example's: the error names the key.
   with pytest.raises(ValueError, match=r"fn\(sample, \*\*\{'format_weight': 0.1\}\) \(its options: "
-                     r"`reward.options.parts`\): got an unexpected keyword argument 'format_weight'\.$"):
+                     r"`reward.options.parts`\): got an unexpected keyword argument 'format_weight'; set "
+                     r"`reward.options` to \{\}; on the command line: --config.reward.options=\{\}\.$"):
     rewards.Scorer([f"{user_module}:parts"], options={"parts": {"format_weight": 0.1}})
   with pytest.raises(ValueError, match=r"reward options for \['math'\], which are not among the reward functions' names \['exact'\]"):
     rewards.Scorer(["exact"], options={"math": {}})

@@ -180,6 +180,43 @@ def _shown(value) -> str:
   return text if len(text) <= 40 else f"{text[:20]}...{text[-8:]} ({type(value).__name__})"
 
 
+def _options_hint(loaded: Sequence[tuple[str, Callable[..., Any]]], options: Mapping[str, Any]) -> str:
+  """How to set the config's `reward.options` so that each function of `loaded` ((name, fn) pairs) can be called:
+  each one's options cut to those it takes, its missing required ones added ('...'), options for no function
+  dropped; on the command line the whole dict is passed (a dict setting takes no key its config file does not
+  hold), quoted for the shell. '' where no options would do (a function that takes no keywords at all)."""
+  fixed = {}
+  for name, fn in loaded:
+    given = options.get(name, {})
+    taken = _taken_options(fn, dict(given) if isinstance(given, Mapping) else {})
+    if taken is None:
+      return ""
+    if taken:
+      fixed[name] = taken
+  flag = "{}" if not fixed else f'"{fixed!r}"'
+  unknown = " (your value for each '...')" if "'...'" in flag else ""
+  return f"; set `reward.options` to {fixed!r}{unknown}; on the command line: --config.reward.options={flag}"
+
+
+def _taken_options(fn: Callable[..., Any], given: dict) -> dict | None:
+  """`given` cut to the keywords `fn` takes after the sample, with each required one it lacks as '...'; None when
+  no keywords make `fn(sample, **options)` callable. A function without a signature keeps `given`."""
+  try:
+    params = list(inspect.signature(fn).parameters.values())
+  except ValueError:
+    return given
+  named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+  takes_any = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
+  taken = {k: v for k, v in given.items() if takes_any or k in {p.name for p in params[1:] if p.kind in named}}
+  taken.update({p.name: "..." for p in params[1:] if p.kind in named and p.default is inspect.Parameter.empty
+                and p.name not in taken})  # (the first parameter takes the sample)
+  try:
+    inspect.signature(fn).bind(_PROBE, **taken)
+  except TypeError:
+    return None
+  return taken
+
+
 @dataclasses.dataclass(frozen=True)
 class Scored:
   """A sample's reward: the weighted total and its components (`reward/<name>...`: value)."""
@@ -218,7 +255,8 @@ class Scorer:
       raise ValueError(f"Reward functions {specs} share a name ({names}); each needs its own.")
     unknown = sorted(set(options) - set(names))
     if unknown:
-      raise ValueError(f"reward options for {unknown}, which are not among the reward functions' names {names}.")
+      raise ValueError(f"reward options for {unknown}, which are not among the reward functions' names {names}"
+                       f"{_options_hint(loaded, options)}.")
     fns = []
     for spec, (name, fn), weight in zip(specs, loaded, weights or [1.0] * len(specs)):
       _check_not_async(spec, fn)
@@ -230,7 +268,8 @@ class Scorer:
         inspect.signature(fn).bind(_PROBE, **kwargs)
       except TypeError as e:
         source = f" (its options: `reward.options.{name}`)" if kwargs else ""
-        raise ValueError(f"Reward {spec!r} cannot be called as fn(sample, **{kwargs}){source}: {e}.") from None
+        raise ValueError(f"Reward {spec!r} cannot be called as fn(sample, **{kwargs}){source}: {e}"
+                         f"{_options_hint(loaded, options)}.") from None
       except ValueError:  # Builtins without a signature: found out at the first call.
         pass
       if fn is _builtin.BUILTINS.get(name):
