@@ -485,16 +485,17 @@ def _whole_dict_hint(key: str) -> str:
 
 
 def _check_key(raw, key: str) -> typing.Any:
-  """An unknown `--config.a.b` names its close matches and the section's keys (ml_collections would print a
-  56-line traceback); inside a dict setting (`reward.options`), how to pass the whole dict. Returns the section
-  that holds the key's last part (`sweep.check_value` reads its type there)."""
+  """An unknown `--config.a.b` names the keys it may mean (`config.did_you_mean`: another framework's name for
+  one of ours, e.g. TRL's `beta`, a key of ours with its last part, a close spelling) and the section's keys
+  (ml_collections would print a 56-line traceback); inside a dict setting (`reward.options`), how to pass the
+  whole dict. Returns the section that holds the key's last part (`sweep.check_value` reads its type there)."""
   node, section, parent = raw, [], raw
   for part in key.split("."):
     if not isinstance(node, (dict, config_dict.ConfigDict)):
       raise ValueError(f"unknown config key --config.{key}: `{'.'.join(section)}` is a value, not a section.")
     if part not in node:
-      close = difflib.get_close_matches(key, _flat_keys(raw), n=3, cutoff=0.75)
-      hint = f"did you mean {' or '.join(f'--config.{c}' for c in close)}? " if close else ""
+      hint = config_lib.did_you_mean(key, _flat_keys(raw), lambda k: f"--config.{k}")
+      hint = f"{hint} " if hint else ""
       where = ".".join(section) or "the config"
       raise ValueError(f"unknown config key --config.{key}; {hint}valid keys of `{where}`: {sorted(node)} "
                        f"(`rlax-post check-config --config FILE` prints them all).{_whole_dict_hint(key)}")

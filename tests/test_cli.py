@@ -450,6 +450,22 @@ def test_unknown_key_names_close_matches_and_the_section_keys():
                   "'temperature', 'top_k', 'top_p'] (`rlax-post check-config --config FILE` prints them all).")
 
 
+@pytest.mark.parametrize("key, hint", [
+    ("loss.beta", "did you mean --config.loss.kl_coef (TRL's beta: its KL estimator is k3, ours with loss.kl_kind = "
+     "'k3' (the default))?"),
+    ("rl.num_generations", "did you mean --config.rl.samples_per_prompt (TRL's num_generations)?"),
+    ("rl.lr", "did you mean --config.rl.optimizer.learning_rate (verl's actor_rollout_ref.actor.optim.lr)?"),
+])
+def test_an_unknown_key_of_trl_or_verl_names_ours(key, hint):
+  """A TRL or verl user's first keys (`--config.loss.beta`, ...) got the section's keys and no suggestion: the line
+  names our key, whose name it is, and how the two differ (`config.FOREIGN_KEYS`)."""
+  section = key.split(".")[0]
+  raw = sweep.config_of(sweep.load_module(_DEMO), None, "demo.py")
+  line = _error(_cli("check-config", "--config", "configs/demo.py", f"--config.{key}=1"), "check-config")
+  assert line == (f"rlax-post check-config: error: unknown config key --config.{key}; {hint} valid keys of "
+                  f"`{section}`: {sorted(raw[section])} (`rlax-post check-config --config FILE` prints them all).")
+
+
 def test_a_key_inside_a_dict_setting_says_how_to_pass_the_whole_dict():
   """`reward.options`, `model.overrides`, ... are dicts whose keys the file sets; ml_collections cannot add one
   from the command line, and the error only listed the file's keys (a new reward function's options could not

@@ -472,3 +472,65 @@ def test_mesh_rules_are_checked_when_the_config_is_built(rules, message):
   assert message in str(e.value)
   c.mesh.rules = _FULL_RULES  # a whole set, lists as config.json holds them, is a config
   assert config.load(c).mesh.rules
+
+
+# --- Other frameworks' names (`config.FOREIGN_KEYS`) ---
+
+_OUR_KEYS = sorted(config.flat_settings(config.to_dict(config.load({}))))  # every leaf key of the schema
+
+
+def test_every_foreign_name_points_at_one_of_our_keys_and_is_suggested():
+  """Each row's key is ours (a leaf of the schema), its name is not ours, and an unknown key of that name is
+  answered with our key first, naming the row's framework and name."""
+  names = [row.name for row in config.FOREIGN_KEYS]
+  assert len(names) == len(set((r.framework, r.name) for r in config.FOREIGN_KEYS))
+  for row in config.FOREIGN_KEYS:
+    assert row.ours in _OUR_KEYS, row
+    assert row.name not in _OUR_KEYS and row.framework in ("TRL", "verl", "OpenRLHF"), row
+    hint = config.did_you_mean(row.name, _OUR_KEYS, lambda k: f"<{k}>")
+    assert hint.startswith(f"did you mean <{row.ours}>"), (row, hint)
+    if row.name != row.ours.rsplit(".", 1)[-1]:  # (else ours by name: no why)
+      assert hint.startswith(f"did you mean <{row.ours}> ({row.framework}'s {row.name}"), (row, hint)
+
+
+@pytest.mark.parametrize("key, hint", [
+    ("learning_rate", "did you mean <rl.optimizer.learning_rate>, <critic.optimizer.learning_rate> or "
+     "<sft.optimizer.learning_rate>?"),  # (ours by name, the policy's first: TRL's)
+    ("rl.lr", "did you mean <rl.optimizer.learning_rate> (verl's actor_rollout_ref.actor.optim.lr)?"),
+    ("lr", "did you mean <rl.optimizer.learning_rate> (verl's actor_rollout_ref.actor.optim.lr) or "
+     "<critic.optimizer.learning_rate> (verl's critic.optim.lr)?"),
+    ("rl.num_generations", "did you mean <rl.samples_per_prompt> (TRL's num_generations)?"),
+    ("loss.beta", "did you mean <loss.kl_coef> (TRL's beta: its KL estimator is k3, ours with loss.kl_kind = 'k3' "
+     "(the default))?"),
+    ("max_completion_length", "did you mean <rl.max_new_tokens> (TRL's max_completion_length)?"),
+    ("per_device_train_batch_size", "did you mean <rl.prompts_per_step> (TRL's per_device_train_batch_size: counts "
+     "completions per device; ours counts prompts per step over all devices, each sampled rl.samples_per_prompt "
+     "times)?"),
+    ("epsilon", "did you mean <loss.eps_low> (TRL's epsilon: clips both sides unless epsilon_high is set; ours are "
+     "loss.eps_low and loss.eps_high)?"),
+    ("epsilon_high", "did you mean <loss.eps_high> (TRL's epsilon_high)?"),
+    ("kl_coef", "did you mean <loss.kl_coef>?"),  # (ours by name: not verl's algorithm.kl_ctrl.kl_coef's note)
+    ("rl.kl_coef", "did you mean <loss.kl_coef>?"),
+    ("algorithm.kl_ctrl.kl_coef", "did you mean <loss.kl_coef> (verl's algorithm.kl_ctrl.kl_coef: a KL penalty in "
+     "the reward (with algorithm.use_kl_in_reward); ours is a loss term, the KL to the reference policy)?"),
+    ("actor_rollout_ref.actor.kl_loss_coef", "did you mean <loss.kl_coef> (verl's "
+     "actor_rollout_ref.actor.kl_loss_coef)?"),
+    ("data.max_response_length", "did you mean <rl.max_new_tokens> (verl's data.max_response_length)?"),
+    ("actor_rollout_ref.rollout.n", "did you mean <rl.samples_per_prompt> (verl's actor_rollout_ref.rollout.n)?"),
+    ("rollout.n", "did you mean <rl.samples_per_prompt> (verl's actor_rollout_ref.rollout.n)?"),
+    ("n_samples_per_prompt", "did you mean <rl.samples_per_prompt> (OpenRLHF's n_samples_per_prompt)?"),
+    ("temperature", "did you mean <rl.temperature>?"),  # (ours: the last-part rule)
+    ("rl.stepz", "did you mean <rl.steps> or <rl.stop>?"),  # (a close spelling, as before)
+    ("rl.frobnicate", ""),
+])
+def test_an_unknown_key_is_answered_with_the_key_it_may_mean(key, hint):
+  assert config.did_you_mean(key, _OUR_KEYS, lambda k: f"<{k}>") == hint
+
+
+def test_the_docs_table_is_the_foreign_keys_table():
+  """docs/configuration.md ("Coming from TRL / verl") holds `config.foreign_keys_markdown()` as it is."""
+  with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                         "configuration.md")) as f:
+    page = f.read()
+  assert "\n## Coming from TRL / verl\n" in page
+  assert f"\n{config.foreign_keys_markdown()}\n" in page

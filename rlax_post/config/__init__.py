@@ -60,6 +60,10 @@ from rlax_post.config._reads import TREE_ESTIMATORS
 from rlax_post.config._reads import uses_critic
 from rlax_post.config._reads import reads_critic
 from rlax_post.config._validate import to_dict
+from rlax_post.config._foreign import did_you_mean
+from rlax_post.config._foreign import FOREIGN_KEYS
+from rlax_post.config._foreign import foreign_keys_markdown
+from rlax_post.config._foreign import ForeignKey
 
 __all__ = [
     "accepts_none",
@@ -122,4 +126,8 @@ __all__ = [
     "check_sampler_slots",
     "BATCH_AXES",
     "critic_shape",
+    "did_you_mean",
+    "FOREIGN_KEYS",
+    "foreign_keys_markdown",
+    "ForeignKey",
 ]

@@ -1,0 +1,189 @@
+"""Other frameworks' names for our config keys (TRL, verl, OpenRLHF), and the "did you mean" of an unknown key.
+
+One table, `FOREIGN_KEYS`: the error of an unknown key (`--config.loss.beta`, or `beta` in a config file) names
+our key with the other framework's name and, where the meaning differs, how (`suggestions`); and
+docs/configuration.md ("Coming from TRL / verl") renders the same table (`foreign_keys_markdown`, a test keeps
+the two equal). Names that are ours already as a key's last part (`temperature`, `top_p`, `seed`, `gamma`,
+`weight_decay`, `dual_clip`) need no row: an unknown key whose last part is one of ours is pointed at it.
+Only names read from the frameworks' own configs are listed (TRL: `GRPOConfig` and `TrainingArguments`;
+verl: `ppo_trainer.yaml`; OpenRLHF: `train_ppo_ray`'s flags).
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Callable, Iterable, NamedTuple
+
+
+class ForeignKey(NamedTuple):
+  """Another framework's setting and ours."""
+  name: str  # its key, dotted as in its config (verl's full path)
+  framework: str  # "TRL", "verl" or "OpenRLHF"
+  ours: str  # our dotted key
+  note: str = ""  # where the meaning differs: how
+
+
+_BOTH_SIDES = "one value for both sides of the clip; ours are loss.eps_low and loss.eps_high"
+_KL_IN_REWARD = "a KL penalty in the reward{}; ours is a loss term, the KL to the reference policy"
+_AGG = ("'grpo' is 'seq_mean_token_mean', 'dr_grpo' is 'seq_mean_token_sum_norm', 'dapo' and 'bnpo' are "
+        "'token_mean'")
+_ACTOR = "actor_rollout_ref.actor."
+
+FOREIGN_KEYS: tuple[ForeignKey, ...] = (
+    # TRL: GRPOConfig (and transformers' TrainingArguments, ModelConfig).
+    ForeignKey("learning_rate", "TRL", "rl.optimizer.learning_rate"),
+    ForeignKey("num_generations", "TRL", "rl.samples_per_prompt"),
+    ForeignKey("max_completion_length", "TRL", "rl.max_new_tokens"),
+    ForeignKey("max_prompt_length", "TRL", "data.max_prompt_tokens",
+               "ours counts the template and BOS too; data.too_long says what a longer prompt does"),
+    ForeignKey("per_device_train_batch_size", "TRL", "rl.prompts_per_step",
+               "counts completions per device; ours counts prompts per step over all devices, each sampled "
+               "rl.samples_per_prompt times"),
+    ForeignKey("gradient_accumulation_steps", "TRL", "loss.micro_batches",
+               "multiplies the batch; ours splits each minibatch into this many micro-batches"),
+    ForeignKey("num_iterations", "TRL", "rl.epochs"),
+    ForeignKey("beta", "TRL", "loss.kl_coef", "its KL estimator is k3, ours with loss.kl_kind = 'k3' (the default)"),
+    ForeignKey("epsilon", "TRL", "loss.eps_low",
+               "clips both sides unless epsilon_high is set; ours are loss.eps_low and loss.eps_high"),
+    ForeignKey("epsilon_high", "TRL", "loss.eps_high"),
+    ForeignKey("loss_type", "TRL", "loss.agg_mode", _AGG),
+    ForeignKey("scale_rewards", "TRL", "advantage.estimator", "True / 'group' is 'grpo', False / 'none' is 'drgrpo'"),
+    ForeignKey("importance_sampling_level", "TRL", "loss.kind", "'sequence' is 'gspo'"),
+    ForeignKey("reward_funcs", "TRL", "reward.fn", "a GRPOTrainer argument; here a config key, names comma-separated"),
+    ForeignKey("reward_weights", "TRL", "reward.weights"),
+    ForeignKey("max_steps", "TRL", "rl.steps"),
+    ForeignKey("warmup_steps", "TRL", "rl.optimizer.warmup_steps"),
+    ForeignKey("adam_beta1", "TRL", "rl.optimizer.b1"),
+    ForeignKey("adam_beta2", "TRL", "rl.optimizer.b2"),
+    ForeignKey("logging_steps", "TRL", "runtime.log_every"),
+    ForeignKey("eval_steps", "TRL", "eval.every"),
+    ForeignKey("save_steps", "TRL", "checkpoint.every"),
+    ForeignKey("save_total_limit", "TRL", "checkpoint.max_to_keep"),
+    ForeignKey("model_name_or_path", "TRL", "model.hf_path", "a local checkpoint directory here"),
+    # verl: ppo_trainer.yaml.
+    ForeignKey("data.train_files", "verl", "data.train"),
+    ForeignKey("data.val_files", "verl", "data.eval"),
+    ForeignKey("data.prompt_key", "verl", "data.prompt_field"),
+    ForeignKey("data.max_prompt_length", "verl", "data.max_prompt_tokens"),
+    ForeignKey("data.max_response_length", "verl", "rl.max_new_tokens"),
+    ForeignKey("data.train_batch_size", "verl", "rl.prompts_per_step"),
+    ForeignKey("actor_rollout_ref.model.path", "verl", "model.hf_path", "a local checkpoint directory here"),
+    ForeignKey("actor_rollout_ref.model.lora_rank", "verl", "model.lora.rank"),
+    ForeignKey("actor_rollout_ref.model.lora_alpha", "verl", "model.lora.alpha"),
+    ForeignKey("actor_rollout_ref.rollout.n", "verl", "rl.samples_per_prompt"),
+    ForeignKey("actor_rollout_ref.rollout.top_k", "verl", "rl.top_k", "-1 (off) is our 0"),
+    ForeignKey(_ACTOR + "optim.lr", "verl", "rl.optimizer.learning_rate"),
+    ForeignKey(_ACTOR + "optim.lr_warmup_steps", "verl", "rl.optimizer.warmup_steps"),
+    ForeignKey(_ACTOR + "ppo_mini_batch_size", "verl", "rl.minibatches",
+               "a minibatch's size in prompts; ours is the number of minibatches (data.train_batch_size / "
+               "ppo_mini_batch_size)"),
+    ForeignKey(_ACTOR + "ppo_micro_batch_size_per_gpu", "verl", "loss.micro_batches",
+               "a micro-batch's size per GPU; ours is the number of micro-batches per minibatch"),
+    ForeignKey(_ACTOR + "ppo_epochs", "verl", "rl.epochs"),
+    ForeignKey(_ACTOR + "clip_ratio", "verl", "loss.eps_low", _BOTH_SIDES),
+    ForeignKey(_ACTOR + "clip_ratio_low", "verl", "loss.eps_low"),
+    ForeignKey(_ACTOR + "clip_ratio_high", "verl", "loss.eps_high"),
+    ForeignKey(_ACTOR + "clip_ratio_c", "verl", "loss.dual_clip", "on (3.0) by default; ours only when set"),
+    ForeignKey(_ACTOR + "use_kl_loss", "verl", "loss.kl_coef", "no switch here: loss.kl_coef > 0 adds the KL loss"),
+    ForeignKey(_ACTOR + "kl_loss_coef", "verl", "loss.kl_coef"),
+    ForeignKey(_ACTOR + "kl_loss_type", "verl", "loss.kl_kind", "'low_var_kl' is 'k3', 'kl' is 'k1', 'mse' is 'k2'"),
+    ForeignKey(_ACTOR + "entropy_coeff", "verl", "loss.entropy_coef"),
+    ForeignKey(_ACTOR + "loss_agg_mode", "verl", "loss.agg_mode", "the same modes with '_' for '-'"),
+    ForeignKey(_ACTOR + "grad_clip", "verl", "rl.optimizer.max_grad_norm"),
+    ForeignKey("critic.optim.lr", "verl", "critic.optimizer.learning_rate"),
+    ForeignKey("critic.cliprange_value", "verl", "critic.clip_eps"),
+    ForeignKey("algorithm.adv_estimator", "verl", "advantage.estimator", "'reinforce_plus_plus' is 'reinforce_pp'"),
+    ForeignKey("algorithm.lam", "verl", "advantage.lambda_"),
+    ForeignKey("algorithm.norm_adv_by_std_in_grpo", "verl", "advantage.estimator", "False is 'drgrpo'"),
+    ForeignKey("algorithm.kl_ctrl.kl_coef", "verl", "loss.kl_coef", _KL_IN_REWARD.format(" (with algorithm.use_kl_in_reward)")),
+    ForeignKey("trainer.total_training_steps", "verl", "rl.steps"),
+    ForeignKey("trainer.test_freq", "verl", "eval.every"),
+    ForeignKey("trainer.save_freq", "verl", "checkpoint.every"),
+    ForeignKey("trainer.critic_warmup", "verl", "critic.warmup_steps"),
+    # OpenRLHF: train_ppo_ray's flags.
+    ForeignKey("n_samples_per_prompt", "OpenRLHF", "rl.samples_per_prompt"),
+    ForeignKey("rollout_batch_size", "OpenRLHF", "rl.prompts_per_step"),
+    ForeignKey("actor_learning_rate", "OpenRLHF", "rl.optimizer.learning_rate"),
+    ForeignKey("critic_learning_rate", "OpenRLHF", "critic.optimizer.learning_rate"),
+    ForeignKey("prompt_max_len", "OpenRLHF", "data.max_prompt_tokens"),
+    ForeignKey("generate_max_len", "OpenRLHF", "rl.max_new_tokens"),
+    ForeignKey("max_epochs", "OpenRLHF", "rl.epochs"),
+    ForeignKey("micro_train_batch_size", "OpenRLHF", "loss.micro_batches",
+               "a micro-batch's size per GPU; ours is the number of micro-batches per minibatch"),
+    ForeignKey("init_kl_coef", "OpenRLHF", "loss.kl_coef", _KL_IN_REWARD.format(" (without --use_kl_loss)")),
+    ForeignKey("kl_estimator", "OpenRLHF", "loss.kl_kind"),
+    ForeignKey("eps_clip", "OpenRLHF", "loss.eps_low", _BOTH_SIDES),
+    ForeignKey("value_clip", "OpenRLHF", "critic.clip_eps"),
+    ForeignKey("lambd", "OpenRLHF", "advantage.lambda_"),
+    ForeignKey("advantage_estimator", "OpenRLHF", "advantage.estimator", "'group_norm' is 'grpo', 'dr_grpo' is "
+               "'drgrpo'"),
+    ForeignKey("entropy_loss_coef", "OpenRLHF", "loss.entropy_coef"),
+    ForeignKey("pretrain", "OpenRLHF", "model.hf_path", "a local checkpoint directory here"),
+    ForeignKey("max_norm", "OpenRLHF", "rl.optimizer.max_grad_norm"),
+    ForeignKey("l2", "OpenRLHF", "rl.optimizer.weight_decay"),
+)
+
+
+def _tails(key: str) -> list[str]:
+  """`key` and its shorter dotted tails, longest first: "a.b.c" -> ["a.b.c", "b.c", "c"]."""
+  parts = key.split(".")
+  return [".".join(parts[i:]) for i in range(len(parts))]
+
+
+def _by_tail() -> dict[str, list[ForeignKey]]:
+  out: dict[str, list[ForeignKey]] = {}
+  for row in FOREIGN_KEYS:
+    for tail in _tails(row.name):
+      out.setdefault(tail, []).append(row)
+  return out
+
+
+_BY_TAIL = _by_tail()
+
+
+def _foreign(key: str, keys: set[str]) -> list[tuple[str, str]]:
+  """(our key, why) of the table's rows whose name, or a dotted tail of it, is the longest tail of `key` that
+  names one: `rl.lr` finds verl's `...optim.lr` (both policy's and critic's). Where that tail is our key's own
+  last part (`rl.kl_coef`, `learning_rate`), the key is ours by name: its why is '' (not verl's KL in the
+  reward), and the row only puts it first."""
+  for tail in _tails(key):
+    rows = [r for r in _BY_TAIL.get(tail, ()) if r.ours in keys]
+    if rows:
+      return [(r.ours, "" if tail == r.ours.rsplit(".", 1)[-1] else
+               f"{r.framework}'s {r.name}" + (f": {r.note}" if r.note else "")) for r in rows]
+  return []
+
+
+def suggestions(key: str, keys: Iterable[str], limit: int = 3) -> list[tuple[str, str]]:
+  """Up to `limit` (our key, why) for the unknown dotted `key` among our `keys`, best first: other frameworks'
+  names for it (`FOREIGN_KEYS`; why: "TRL's beta: ..."), our keys with its last part, then its close spellings
+  (difflib; why: ""). A key typed in a section (`rl.lr`) keeps the table's and the last part's keys of that
+  section where there are any (`rl.optimizer.learning_rate`, not `critic.optimizer.learning_rate`)."""
+  keys = list(keys)
+  found = _foreign(key, set(keys))
+  last = key.rsplit(".", 1)[-1]
+  found += [(k, "") for k in keys if k != key and k.rsplit(".", 1)[-1] == last]
+  section = key.split(".")[0] + "."
+  if "." in key and any(k.startswith(section) for k, _ in found):
+    found = [(k, why) for k, why in found if k.startswith(section)]
+  found += [(k, "") for k in difflib.get_close_matches(key, keys, n=limit, cutoff=0.75)]
+  out: dict[str, str] = {}
+  for ours, why in found:
+    out.setdefault(ours, why)
+  return list(out.items())[:limit]
+
+
+def did_you_mean(key: str, keys: Iterable[str], spell: Callable[[str], str]) -> str:
+  """'did you mean A (TRL's beta: ...) or B?' for `suggestions(key, keys)`, each key written by `spell`
+  ("--config.loss.kl_coef"); '' when there are none."""
+  found = [spell(k) + (f" ({why})" if why else "") for k, why in suggestions(key, keys)]
+  if not found:
+    return ""
+  return "did you mean " + (f"{', '.join(found[:-1])} or {found[-1]}" if len(found) > 1 else found[0]) + "?"
+
+
+def foreign_keys_markdown() -> str:
+  """`FOREIGN_KEYS` as docs/configuration.md's table: one row per name, in the table's order."""
+  rows = ["| framework | their key | our key | differences |", "|---|---|---|---|"]
+  rows += [f"| {r.framework} | `{r.name}` | `{r.ours}` | {r.note} |" for r in FOREIGN_KEYS]
+  return "\n".join(rows)
