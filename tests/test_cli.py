@@ -466,6 +466,24 @@ def test_an_unknown_key_of_trl_or_verl_names_ours(key, hint):
                   f"`{section}`: {sorted(raw[section])} (`rlax-post check-config --config FILE` prints them all).")
 
 
+def test_an_unknown_key_in_a_config_file_names_ours_as_the_command_line_does(tmp_path):
+  """A config file setting `c.rl.learning_rate` (TRL's name) ended in `Unknown key(s) ['config.rl.learning_rate']`
+  and the section's keys, where the same key on the command line got a suggestion; now both name ours."""
+  (tmp_path / "mine.py").write_text(f"""import runpy
+
+
+def get_config(arg=None):
+  c = runpy.run_path({_DEMO!r})["get_config"](arg)
+  c.rl.learning_rate = 1e-5
+  return c
+""")
+  line = _error(_cli("check-config", "--config", "mine.py:tiny", cwd=tmp_path), "check-config")
+  assert line == ("rlax-post check-config: error: Unknown key(s) ['config.rl.learning_rate']; did you mean "
+                  "`config.rl.optimizer.learning_rate`? valid keys of `config.rl` are ['epochs', "
+                  "'max_new_tokens', 'minibatches', 'optimizer', 'prompts_per_step', 'samples_per_prompt', 'steps', "
+                  "'stop', 'temperature', 'top_k', 'top_p'].")
+
+
 def test_a_key_inside_a_dict_setting_says_how_to_pass_the_whole_dict():
   """`reward.options`, `model.overrides`, ... are dicts whose keys the file sets; ml_collections cannot add one
   from the command line, and the error only listed the file's keys (a new reward function's options could not

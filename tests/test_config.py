@@ -51,7 +51,8 @@ def test_nested_section_keeps_its_own_defaults():
 
 
 @pytest.mark.parametrize("raw, message", [
-    ({"rl": {"stepz": 3}}, r"Unknown key\(s\) \['config.rl.stepz'\]; valid keys of `config.rl` are \['epochs'"),
+    ({"rl": {"stepz": 3}}, r"Unknown key\(s\) \['config.rl.stepz'\]; did you mean `config.rl.steps` or `config.rl.stop`\? "
+                           r"valid keys of `config.rl` are \['epochs'"),
     ({"advantage": {"estimator": "gpro"}},
      r"`config.advantage.estimator` must be one of \['grpo', 'drgrpo', 'rloo', 'reinforce_pp', 'gigpo', 'graph_gae', 'gae', 'c3', 'magrpo', 'tree_grpo', 'treerl'\]; got 'gpro'"),
     ({"loss": {"kl_kind": "k4"}}, r"must be one of \['k3', 'k1', 'k2'\]"),
@@ -534,3 +535,33 @@ def test_the_docs_table_is_the_foreign_keys_table():
     page = f.read()
   assert "\n## Coming from TRL / verl\n" in page
   assert f"\n{config.foreign_keys_markdown()}\n" in page
+
+
+_RL_KEYS = ("['epochs', 'max_new_tokens', 'minibatches', 'optimizer', 'prompts_per_step', 'samples_per_prompt', 'steps', "
+            "'stop', 'temperature', 'top_k', 'top_p']")
+_TOP_KEYS = ("['advantage', 'checkpoint', 'critic', 'data', 'eval', 'iterppo', 'loss', 'mesh', 'model', 'multiagent', "
+             "'reward', 'rl', 'runtime', 'seed', 'sft', 'task', 'tree']")
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"rl": {"learning_rate": 1e-5}}, "Unknown key(s) ['config.rl.learning_rate']; did you mean "
+     f"`config.rl.optimizer.learning_rate`? valid keys of `config.rl` are {_RL_KEYS}."),
+    ({"rl": {"lr": 1e-5, "stepz": 3, "zzz": 1}}, "Unknown key(s) ['config.rl.lr', 'config.rl.stepz', "
+     "'config.rl.zzz']; for `config.rl.lr`, did you mean `config.rl.optimizer.learning_rate` (verl's "
+     "actor_rollout_ref.actor.optim.lr)? for `config.rl.stepz`, did you mean `config.rl.steps` or `config.rl.stop`? "
+     f"valid keys of `config.rl` are {_RL_KEYS}."),
+    ({"actor_rollout_ref": {"rollout": {"n": 8}, "actor": {"kl_loss_coef": 0.001}}},
+     "Unknown key(s) ['config.actor_rollout_ref']; for `config.actor_rollout_ref.rollout.n`, did you mean "
+     "`config.rl.samples_per_prompt` (verl's actor_rollout_ref.rollout.n)? for "
+     "`config.actor_rollout_ref.actor.kl_loss_coef`, did you mean `config.loss.kl_coef` (verl's "
+     f"actor_rollout_ref.actor.kl_loss_coef)? valid keys of `config` are {_TOP_KEYS}."),
+    ({"num_generations": 8}, "Unknown key(s) ['config.num_generations']; did you mean `config.rl.samples_per_prompt` "
+     f"(TRL's num_generations)? valid keys of `config` are {_TOP_KEYS}."),
+    ({"frobnicate": 1}, f"Unknown key(s) ['config.frobnicate']; valid keys of `config` are {_TOP_KEYS}."),
+], ids=["TRL name in a section", "several", "a verl section", "TRL name at the top", "nothing close"])
+def test_an_unknown_key_in_a_config_file_names_the_keys_it_may_mean(raw, message):
+  """`Unknown key(s) ['config.rl.learning_rate']` of a config file named no key, unlike the command line's error:
+  it gets the same suggestions (`config.did_you_mean`), each unknown section's leaves too."""
+  with pytest.raises(ValueError) as e:
+    config.load(raw)
+  assert str(e.value) == message

@@ -13,6 +13,7 @@ import typing
 from typing import Any
 
 from rlax_post.config import _batches
+from rlax_post.config._foreign import did_you_mean
 from rlax_post.config._reads import check_reads
 from rlax_post.config._reads import COLLABORATION_TASKS
 from rlax_post.config._reads import MODEL_PRESETS
@@ -27,6 +28,7 @@ from rlax_post.config._reads import separate_critic
 from rlax_post.config._reads import uses_critic
 from rlax_post.config._validate import bounded
 from rlax_post.config._validate import build
+from rlax_post.config._validate import field_keys
 from rlax_post.config._validate import choices
 
 # Group methods: one advantage per trajectory. Step methods: per generated token, with the token prefix as
@@ -701,8 +703,12 @@ def check_sampler_slots(cfg: Config, mesh_shape: dict[str, int], axes: tuple[str
 
 
 def load(raw: Any) -> Config:
-  """Validates a ConfigDict (or mapping) into a `Config`."""
-  return build(Config, raw)
+  """Validates a ConfigDict (or mapping) into a `Config`; an unknown key's error names the keys it may mean,
+  as the command line's does (`did_you_mean`: another framework's name for ours, our key with its last part, a
+  close spelling)."""
+  keys = field_keys(Config)
+  return build(Config, raw, suggest=lambda key: did_you_mean(key.removeprefix("config."), keys,
+                                                             lambda k: f"`config.{k}`"))
 
 
 def accepts_none(key: str) -> bool:

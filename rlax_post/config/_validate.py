@@ -6,7 +6,7 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 
 def choices(*values, default=None):
@@ -104,26 +104,59 @@ def _default_of(field: dataclasses.Field):
   return dataclasses.MISSING
 
 
-def build(cls, raw: Mapping[str, Any] | None, path: str = "config", base=None):
+def field_keys(cls, prefix: str = "") -> list[str]:
+  """The dotted keys of dataclass `cls`, sections and their fields, recursively ("rl", "rl.optimizer",
+  "rl.optimizer.b1", ...)."""
+  hints, out = typing.get_type_hints(cls), []
+  for field in dataclasses.fields(cls):
+    out.append(prefix + field.name)
+    if dataclasses.is_dataclass(hints[field.name]):
+      out += field_keys(hints[field.name], f"{prefix}{field.name}.")
+  return out
+
+
+def _leaf_keys(key: str, value) -> list[str]:
+  """`key`, or where `value` is a non-empty mapping (a section of another framework's config, e.g. verl's
+  `actor_rollout_ref`), the dotted keys of its leaves."""
+  if not isinstance(value, Mapping) or not value:
+    return [key]
+  return [leaf for k, v in value.items() for leaf in _leaf_keys(f"{key}.{k}", v)]
+
+
+def _unknown_keys(path: str, raw: Mapping[str, Any], unknown: list[str], fields,
+                  suggest: Callable[[str], str] | None) -> str:
+  """The error of keys `unknown` of `raw`, section `path`: what each may mean (`suggest(dotted key)`, 'did you
+  mean ...?' or ''; an unknown section's leaves each), then the section's keys."""
+  named = [f"{path}.{k}" for k in unknown]
+  asked = [leaf for k in unknown for leaf in _leaf_keys(f"{path}.{k}", raw[k])]
+  hints = [(key, suggest(key)) for key in asked] if suggest else []
+  hints = [(key, hint) for key, hint in hints if hint]
+  said = " ".join(hint if asked == named == [key] else f"for `{key}`, {hint}" for key, hint in hints)
+  return f"Unknown key(s) {named}; {said + ' ' if said else ''}valid keys of `{path}` are {sorted(fields)}."
+
+
+def build(cls, raw: Mapping[str, Any] | None, path: str = "config", base=None, *,
+          suggest: Callable[[str], str] | None = None):
   """Builds dataclass `cls` from a mapping, recursively; unknown keys and bad values raise ValueError.
 
   Keys missing from `raw` take their value from `base` (an instance of `cls`) if given, else the field's
-  default; so a nested section's own defaults (a dataclass default_factory) are kept.
+  default; so a nested section's own defaults (a dataclass default_factory) are kept. `suggest(key)` says
+  what an unknown dotted key (`path` first) may mean, in its error ("did you mean ...?"; '' for nothing).
   """
   raw = dict(_to_plain(raw) or {})
   hints = typing.get_type_hints(cls)
   fields = {f.name: f for f in dataclasses.fields(cls)}
   unknown = sorted(set(raw) - set(fields))
   if unknown:
-    raise ValueError(f"Unknown key(s) {[f'{path}.{k}' for k in unknown]}; valid keys of `{path}` are "
-                     f"{sorted(fields)}.")
+    raise ValueError(_unknown_keys(path, raw, unknown, fields, suggest))
   kwargs = {}
   for name, field in fields.items():
     sub = f"{path}.{name}"
     tp = hints[name]
     default = getattr(base, name) if base is not None else _default_of(field)
     if dataclasses.is_dataclass(tp):
-      kwargs[name] = build(tp, raw.get(name), sub, None if default is dataclasses.MISSING else default)
+      kwargs[name] = build(tp, raw.get(name), sub, None if default is dataclasses.MISSING else default,
+                           suggest=suggest)
       continue
     if name not in raw:
       if default is not dataclasses.MISSING:
