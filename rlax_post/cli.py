@@ -895,8 +895,7 @@ def _serve(argv):
   workdir = _source("serve")
   if _SLOTS.value < 1:  # (the engine's words name its option, max_concurrent_decodes)
     raise ValueError(f"--slots must be an int >= 1 (the server's concurrent decodes); got {_SLOTS.value}.")
-  if not 0 <= _SEED.value < 2**32:  # (jax's 32-bit keys: 2**32 would sample as 0, 2**63 fail at the first request)
-    raise ValueError(f"--seed must be an int in [0, 2**32) (the sampling seed); got {_SEED.value}.")
+  runtime.check_seed(_SEED.value)
   options = sampler.ServeOptions(port=_PORT.value, host=_HOST.value, max_concurrent_decodes=_SLOTS.value,
                                  temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value,
                                  seed=_SEED.value, step=_STEP.value)

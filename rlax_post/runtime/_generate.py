@@ -165,8 +165,7 @@ def check_options(options: GenerateOptions) -> None:
   if options.samples > 1 and options.temperature == 0:
     raise ValueError(f"--samples {options.samples} with --temperature 0: greedy sampling gives every sample the "
                      "same tokens; pass --temperature > 0 (e.g. 1) to draw different samples, or --samples 1.")
-  if not 0 <= options.seed < 2**32:  # (jax's 32-bit keys)
-    raise ValueError(f"--seed must be an int in [0, 2**32) (the sampling seed); got {options.seed}.")
+  _serve.check_seed(options.seed)
 
 
 def generate_run(workdir: str, prompts: Sequence[UserPrompt], options: GenerateOptions = GenerateOptions(),
