@@ -65,6 +65,10 @@ _TOP_K = flags.DEFINE_integer("top_k", 0, "serve, generate: keep the k most prob
 _SLOTS = flags.DEFINE_integer("slots", 8, "serve: concurrent decodes (engine slots).")
 _INDEX = flags.DEFINE_integer("index", None, "sampler: this sampler's index (0, 1, ...; unique per sampler).")
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "sweep: work units run at the same time.")
+_AXIS = flags.DEFINE_multi_string("axis", None, "sweep: KEY=V1,V2,...: a swept config key and its values, each "
+                                  "read as --config.KEY=V reads it (a tuple key's values as Python tuples: "
+                                  "\"KEY=('a','b'),('a',)\"); the units are the product of the axes "
+                                  "in place of the file's get_sweep")
 _PIN_CPUS = flags.DEFINE_bool("pin_cpus", True, "sweep: give each concurrent unit its own share of the CPUs.")
 _JSON = flags.DEFINE_string("json", None, "sweep: also write the figures of sweep.json to this path; compare: write "
                             "the figures of the table (per run, per group, contrasts) to this path; fidelity, "
@@ -185,9 +189,11 @@ _COMMANDS = {
     "replay": ("--workdir DIR",
                "Re-run a run's learner from its logged rollouts and check its metrics match.",
                ("workdir", "quiet", *_MULTIHOST)),
-    "sweep": ("--config FILE[:variant] [--config.a.b=value ...] --workdir ROOT [--parallel N]",
-              "Run a config's work units (get_sweep) as local `train` processes; print their table.",
-              ("config", "workdir", "parallel", "pin_cpus", "share_warm_start", "json", "quiet")),
+    "sweep": ("--config FILE[:variant] [--config.a.b=value ...] [--axis KEY=V1,V2,... ...] --workdir ROOT "
+              "[--parallel N]",
+              "Run a config's work units (its get_sweep, or the product of the --axis values) as local `train` "
+              "processes; print their table.",
+              ("config", "axis", "workdir", "parallel", "pin_cpus", "share_warm_start", "json", "quiet")),
     "compare": ("RUN_WORKDIR [RUN_WORKDIR ...] [--out FILE.png] [--json PATH]",
                 "Finished runs side by side: per run, per group of seeds, each group against the first with "
                 "Welch's 95% interval.",
@@ -774,7 +780,8 @@ def _sweep(argv, command_line):
   spec = flags.FLAGS["config"].config_filename
   say = (lambda *a, **k: None) if _QUIET.value else (lambda msg: print(msg, flush=True))
   with _output_dir(path) as root:
-    plan = sweep.plan_local(spec, root, extra_flags=overrides, share_warm_start=_SHARE_WARM.value, say=say)
+    plan = sweep.plan_local(spec, root, extra_flags=overrides, axes=_AXIS.value or (),
+                            share_warm_start=_SHARE_WARM.value, say=say)
     try:
       results = sweep.run_plan(plan, parallel=_PARALLEL.value, pin_cpus=_PIN_CPUS.value, say=say)
     except (KeyboardInterrupt, SystemExit) as stop:  # Ctrl-C, SIGTERM: the units that finished are reported.

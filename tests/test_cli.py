@@ -78,7 +78,7 @@ _OWN_FLAGS = {
     "generate": ("--checkpoint", "--step", "--hf_path", "--max_seq_len", "--dtype", "--prompt", "--prompts",
                  "--max_tokens", "--samples", "--temperature", "--top_p", "--top_k", "--seed", "--[no]raw", "--out"),
     "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
-    "replay": ("--workdir",), "sweep": ("--config", "--workdir", "--parallel", "--json"),
+    "replay": ("--workdir",), "sweep": ("--config", "--axis", "--workdir", "--parallel", "--json"),
     "convert": ("--gguf", "--out", "--dtype"), "export": ("--workdir", "--out", "--step", "--architecture", "--dtype"),
     "evaluate": ("--workdir", "--step", "--data", "--num", "--samples", "--temperature", "--top_p", "--top_k", "--seed",
                  "--pass_threshold", "--out"),
@@ -943,6 +943,20 @@ def test_sweep_validates_its_overrides_before_any_unit_starts(tmp_path):
   assert not root.exists()
   line = _error(_cli("sweep", "--config", "configs/demo.py:tiny", "--workdir", root, "-config.seed=4"), "sweep")
   assert "overrides of swept key(s) ['seed']" in line, line
+
+
+def test_sweep_axes_are_checked_before_any_unit_starts(tmp_path):
+  """`--axis KEY=V1,V2,...`: an unknown key names its close matches, a value of the wrong type its key's type,
+  each in one line before any unit starts (no root made)."""
+  root = tmp_path / "root"
+  sweep_ = ("sweep", "--config", "configs/demo.py:tiny", "--workdir", root)
+  line = _error(_cli(*sweep_, "--axis", "seed=0,1", "--axis", "rl.optimizer.learnin_rate=1e-6,3e-6"), "sweep")
+  assert line.startswith("rlax-post sweep: error: configs/demo.py:tiny: --axis key 'rl.optimizer.learnin_rate' "
+                         "does not exist ('learnin_rate' is not a key of rl.optimizer; did you mean "
+                         "'rl.optimizer.learning_rate' or "), line
+  line = _error(_cli(*sweep_, "--axis", "rl.steps=2,three"), "sweep")
+  assert line == "rlax-post sweep: error: configs/demo.py:tiny: --axis rl.steps=three: `rl.steps` takes an int; got 'three'."
+  assert not root.exists()
 
 
 @pytest.mark.parametrize("point, message", [

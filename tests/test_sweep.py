@@ -18,6 +18,7 @@ from rlax_post import config as config_lib
 from rlax_post import runtime
 from rlax_post import sweep
 from rlax_post.sweep import _local
+from rlax_post.sweep import _units
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO, "configs", "demo.py")
@@ -194,10 +195,14 @@ def test_sweep_cli_end_to_end(tmp_path):
   """Two real `rlax-post train` units, two at a time; the report matches each unit's own outputs; a second
   invocation runs nothing again; one with more rl.steps is refused, naming the units."""
   root = tmp_path / "sweep"
-  cmd = [sys.executable, "-m", "rlax_post.cli", "sweep", "--config", f"{DEMO}:tiny", "--workdir", str(root),
-         "--parallel", "2", "--config.rl.steps=2", "--json", str(tmp_path / "out.json")]
+  # The units as --axis gives them: those of demo.py:tiny's get_sweep, which the second invocation runs.
+  axes = ["--axis", "advantage.estimator=grpo,rloo", "--axis", "seed=0"]
+  plain = [sys.executable, "-m", "rlax_post.cli", "sweep", "--config", f"{DEMO}:tiny", "--workdir", str(root),
+           "--parallel", "2", "--config.rl.steps=2", "--json", str(tmp_path / "out.json")]
+  cmd = plain[:-2] + axes + plain[-2:]
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  assert f"--axis: 2 work unit(s), the product of the axes; {DEMO}:tiny's own get_sweep is not run." in out.stdout
   payload = json.loads((tmp_path / "out.json").read_text())
   assert [u["unit"] for u in payload["units"]] == ["advantage.estimator=grpo,seed=0",
                                                     "advantage.estimator=rloo,seed=0"]
@@ -221,7 +226,7 @@ def test_sweep_cli_end_to_end(tmp_path):
     with open(root / u["dirname"] / "metrics.jsonl") as f:
       sft_rows.append([json.loads(line) for line in f if '"phase": "sft"' in line])
   assert sft_rows[0] and sft_rows[1] == sft_rows[0]
-  again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+  again = subprocess.run(plain, capture_output=True, text=True, timeout=300, cwd=REPO)
   assert again.returncode == 0 and again.stdout.count("finished earlier, not run again") == 2
   more = subprocess.run([a if a != "--config.rl.steps=2" else "--config.rl.steps=3" for a in cmd],
                         capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -233,6 +238,71 @@ def test_sweep_cli_end_to_end(tmp_path):
 
 
 # --- Units: duplicates, command-line overrides, warm keys ---
+
+
+def test_axes_are_the_product_of_their_values_read_as_the_command_line_reads_them():
+  """`--axis KEY=V1,V2,...`: the units are the product of the axes (the last fastest) over the config with the
+  command line's overrides, in place of the file's get_sweep (demo.py:tiny's sweeps advantage.estimator);
+  each value is what `--config.KEY=V` sets: an int an int, a float key's '1e-6' a float, 'None' None."""
+  units = sweep.work_units(f"{DEMO}:tiny", ["--config.rl.steps=1"],
+                           ["rl.optimizer.learning_rate=1e-6,3e-6", "seed=0,1"])
+  assert [u.overrides for u in units] == [
+      {"rl.optimizer.learning_rate": 1e-6, "seed": 0}, {"rl.optimizer.learning_rate": 1e-6, "seed": 1},
+      {"rl.optimizer.learning_rate": 3e-6, "seed": 0}, {"rl.optimizer.learning_rate": 3e-6, "seed": 1}]
+  assert all(type(u.overrides["seed"]) is int for u in units)  # (1e-6 == 1e-06: a float, not the text)
+  assert [u.cfg.rl.optimizer.learning_rate for u in units] == [1e-6, 1e-6, 3e-6, 3e-6]
+  assert {u.cfg.rl.steps for u in units} == {1}  # the command line's override under every unit
+  assert {u.cfg.advantage.estimator for u in units} == {"grpo"}  # get_sweep's rloo arm is not run
+  # `seed` makes groups of seeds, as a get_sweep's does: two groups of two.
+  assert [u.group for u in units] == ["rl.optimizer.learning_rate=1e-06"] * 2 + ["rl.optimizer.learning_rate=3e-06"] * 2
+  assert units[3].flags() == ["--config.rl.optimizer.learning_rate=3e-06", "--config.seed=1"]
+  assert units[3].dirname == "03_rl.optimizer.learning_rate=3e-06_seed=1"
+  # A key that may be None takes 'None' as the command line does (and the unit passes it back so).
+  none, three = sweep.work_units(f"{DEMO}:tiny", (), ["loss.dual_clip=None,3"])
+  assert (none.overrides, three.overrides) == ({"loss.dual_clip": None}, {"loss.dual_clip": 3.0})
+  assert (none.cfg.loss.dual_clip, three.cfg.loss.dual_clip) == (None, 3.0)
+  assert none.flags() == ["--config.loss.dual_clip=None"]
+
+
+def test_a_tuple_keys_axis_takes_python_tuples_and_their_commas_stay_inside():
+  """The values' comma separator does not split a value in brackets or quotes, so a tuple key's values are
+  the Python tuples `--config.KEY=V` takes; each unit's flag passes its tuple back whole."""
+  assert _units.split_values("('q','v'),('q',),[1, 2],'a,b',c") == ["('q','v')", "('q',)", "[1, 2]", "'a,b'", "c"]
+  units = sweep.work_units(f"{DEMO}:tiny", ["--config.model.lora.rank=2"], ["model.lora.targets=('q','v'),('q',)"])
+  assert [u.overrides for u in units] == [{"model.lora.targets": ("q", "v")}, {"model.lora.targets": ("q",)}]
+  assert [u.cfg.model.lora.targets for u in units] == [("q", "v"), ("q",)]
+  assert units[0].flags() == ["--config.model.lora.targets=('q', 'v')"]
+  base = sweep.load_module(DEMO).get_config("tiny")
+  assert _units._with_flags(base, units[0].flags(), "x").model.lora.targets == ("q", "v")
+
+
+@pytest.mark.parametrize("axes, want", [
+    (["rl.optimizer.learnin_rate=1e-6"], "tiny: --axis key 'rl.optimizer.learnin_rate' does not exist "
+     "('learnin_rate' is not a key of rl.optimizer; did you mean 'rl.optimizer.learning_rate' or "),
+    (["seed=0,one"], "tiny: --axis seed=one: `seed` takes an int; got 'one'."),
+    (["rl.optimizer.learning_rate=1e-6,fast"], "--axis rl.optimizer.learning_rate=fast: "
+     "`rl.optimizer.learning_rate` takes a number; got 'fast'."),
+    (["loss.track_kl=true,maybe"], "--axis loss.track_kl=maybe: `loss.track_kl` takes a boolean (true or false, "
+     "1 or 0); got 'maybe'."),
+    (["seed"], "tiny: --axis 'seed': write --axis KEY=V1,V2,... (e.g. --axis"),
+    (["seed=0,,1"], "tiny: --axis 'seed=0,,1' has an empty value"),
+    (["seed=0", "seed=1"], "tiny: --axis seed is given twice; put all of its values in one --axis seed=..."),
+    (["seed=0,0"], "sweep points 0 ({'seed': 0}) and 1 ({'seed': 0}) give the same config"),
+    (["rl.top_p=0.0"], "sweep point 0 ({'rl.top_p': 0.0}) gives an invalid config"),
+], ids=["unknown key", "int", "float", "bool", "no =", "empty value", "twice", "repeated value", "invalid"])
+def test_a_bad_axis_is_refused_before_any_unit_starts(tmp_path, axes, want):
+  """Every --axis key and value is checked before anything runs (`plan_local` makes no root), by the checks of
+  the command line's overrides: an unknown key names its close matches, a value of the wrong type its key's."""
+  root = tmp_path / "root"
+  with pytest.raises(ValueError) as error:
+    sweep.plan_local(f"{DEMO}:tiny", str(root), axes=axes, say=lambda msg: None)
+  assert want in str(error.value)
+  assert not root.exists()
+
+
+def test_an_axis_key_the_command_line_also_overrides_is_refused(tmp_path):
+  with pytest.raises(ValueError, match=r"--config overrides of swept key\(s\) \['seed'\]"):
+    sweep.plan_local(f"{DEMO}:tiny", str(tmp_path / "r"), extra_flags=["--config.seed=3"], axes=["seed=0,1"])
 
 
 @pytest.mark.parametrize("points", [

@@ -313,15 +313,18 @@ class LocalSweep:
   cache_dir: str | None  # the warm-start cache the units share
 
 
-def plan_local(config: str, root: str, *, extra_flags: Sequence[str] = (), share_warm_start: bool = True,
-               say=print) -> LocalSweep:
+def plan_local(config: str, root: str, *, extra_flags: Sequence[str] = (), axes: Sequence[str] = (),
+               share_warm_start: bool = True, say=print) -> LocalSweep:
   """The work units of `config` under `root`, before any runs: every unit's config is validated with
   `extra_flags` (`--config.key=value`, given to every unit), a unit whose workdir holds a run of other settings
   is refused, as is a root that holds runs which are no unit of this sweep, and those that finished earlier are
-  not run again. With `share_warm_start`, units pass
+  not run again. `axes` (`--axis KEY=V1,V2,...`): the units are their product, in place of the file's
+  get_sweep (`_units.work_units`). With `share_warm_start`, units pass
   `--config.sft.cache_dir=<root>/warm_start_cache`, so units whose warm start is the same (same seed, task,
   model and sft settings) compute it once."""
-  units = _units.work_units(config, extra_flags)
+  units = _units.work_units(config, extra_flags, axes)
+  if axes and _units.defines_sweep(config):
+    say(f"--axis: {len(units)} work unit(s), the product of the axes; {config}'s own get_sweep is not run.")
   _units.check_overrides(units, extra_flags)
   cache_dir, extra_flags = _shared_cache(units, root, extra_flags, share_warm_start)
   os.makedirs(root, exist_ok=True)
@@ -333,13 +336,13 @@ def plan_local(config: str, root: str, *, extra_flags: Sequence[str] = (), share
 
 
 def run_local(config: str, root: str, *, parallel: int = 1, extra_flags: Sequence[str] = (),
-              pin_cpus: bool = True, share_warm_start: bool = True, python: str | None = None,
-              say=print) -> list[UnitResult]:
+              axes: Sequence[str] = (), pin_cpus: bool = True, share_warm_start: bool = True,
+              python: str | None = None, say=print) -> list[UnitResult]:
   """Runs every work unit of `config` under `root`, `parallel` at a time (`plan_local`, then `run_plan`);
   returns their results in order."""
   if parallel < 1:
     raise ValueError(f"sweep: --parallel must be >= 1; got {parallel}.")
-  plan = plan_local(config, root, extra_flags=extra_flags, share_warm_start=share_warm_start, say=say)
+  plan = plan_local(config, root, extra_flags=extra_flags, axes=axes, share_warm_start=share_warm_start, say=say)
   return run_plan(plan, parallel=parallel, pin_cpus=pin_cpus, python=python, say=say)
 
 

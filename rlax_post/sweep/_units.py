@@ -12,7 +12,9 @@ narrow or widen its sweep. A module without `get_sweep` is a sweep of one unit w
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+import copy
 import dataclasses
+import difflib
 import importlib.util
 import itertools
 import json
@@ -303,8 +305,10 @@ def _check_key(cfg: ml_collections.ConfigDict, key: str, config: str, what: str 
     if not isinstance(node, (ml_collections.ConfigDict, dict)) or part not in node:
       where = ".".join(parts[:i]) or "the config"
       options = sorted(node.keys()) if isinstance(node, (ml_collections.ConfigDict, dict)) else []
+      close = difflib.get_close_matches(key, config_lib.flat_settings(cfg.to_dict()), n=3, cutoff=0.75)
+      hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
       raise ValueError(f"{config}: {what} {key!r} does not exist ({part!r} is not a key of {where}; "
-                       f"valid: {options}).")
+                       f"{hint}valid: {options}).")
     section, node = node, node[part]
   return section
 
@@ -371,6 +375,11 @@ def _points(module, arg: str | None, path: str) -> list[Point]:
   return list(points)
 
 
+def defines_sweep(config: str) -> bool:
+  """Whether the config file of `config` ('path.py' or 'path.py:variant') defines a get_sweep."""
+  return hasattr(load_module(_split(config)[0]), "get_sweep")
+
+
 def _load_point(base: ml_collections.ConfigDict, point: Any, i: int, config: str) -> config_lib.Config:
   """The validated config of sweep point `i` (`base` with the point's overrides set)."""
   if not isinstance(point, Mapping):
@@ -391,19 +400,77 @@ def _load_point(base: ml_collections.ConfigDict, point: Any, i: int, config: str
     raise ValueError(f"{config}: sweep point {i} ({point}) gives an invalid config: {e}") from e
 
 
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def split_values(text: str) -> list[str]:
+  """The comma-separated values of an `--axis KEY=V1,V2,...` spec's right side; a comma inside brackets or
+  quotes belongs to its value, so a tuple key's values are written as the command line takes one, a Python
+  tuple literal: "('q', 'v'),('q', 'k', 'v')" is two values."""
+  values, depth, quote, start = [], 0, "", 0
+  for i, char in enumerate(text):
+    if quote:
+      quote = "" if char == quote else quote
+    elif char in "'\"":
+      quote = char
+    elif char in _OPEN:
+      depth += 1
+    elif char in _CLOSE:
+      depth -= 1
+    elif char == "," and depth == 0:
+      values.append(text[start:i])
+      start = i + 1
+  return [*values, text[start:]]
+
+
+def _axis_value(base: ml_collections.ConfigDict, key: str, text: str, config: str) -> Any:
+  """The value `--config.KEY=TEXT` sets on `base` (ml_collections' parser, `KEY=None` for a key that may be
+  None), its text first checked as that override's is (`check_value`)."""
+  where = f"{config}: --axis {key}={text}"
+  check_value(_check_key(base, key, config, what="--axis key"), key, text, where, text=True)
+  try:
+    parsed = _with_flags(copy.deepcopy(base), [f"--config.{key}={text}"], config)  # (placeholders kept)
+  except ValueError as e:
+    raise ValueError(f"{where}: {str(e).partition('command-line override: ')[2] or e}") from None
+  for part in key.split("."):
+    parsed = parsed[part]
+  return parsed
+
+
+def parse_axes(base: ml_collections.ConfigDict, specs: Sequence[str], config: str) -> list[list[Point]]:
+  """The axes of `--axis KEY=V1,V2,...` specs over `base` (the config with the command line's overrides): each
+  key checked against it, each value parsed as `--config.KEY=V` is for that key's type (`split_values`:
+  commas inside brackets or quotes stay in their value), in the order given; ValueError naming the spec."""
+  axes, keys = [], []
+  for spec in specs:
+    key, sep, text = spec.partition("=")
+    if not sep or not key or not text:
+      raise ValueError(f"{config}: --axis {spec!r}: write --axis KEY=V1,V2,... (e.g. --axis "
+                       "rl.optimizer.learning_rate=1e-6,3e-6 --axis seed=0,1,2).")
+    if key in keys:
+      raise ValueError(f"{config}: --axis {key} is given twice; put all of its values in one --axis {key}=...")
+    texts = split_values(text)
+    if "" in texts:
+      raise ValueError(f"{config}: --axis {spec!r} has an empty value (a ',' with no value before or after it).")
+    keys.append(key)
+    axes.append(axis(key, [_axis_value(base, key, t, config) for t in texts]))
+  return axes
+
+
 def _warm_key(cfg: config_lib.Config) -> str:
   return runtime.warm_start_cache_key(cfg) if cfg.sft.steps > 0 else ""
 
 
-def work_units(config: str, overrides: Sequence[str] = ()) -> list[WorkUnit]:
+def work_units(config: str, overrides: Sequence[str] = (), axes: Sequence[str] = ()) -> list[WorkUnit]:
   """The work units of `config` ('path.py' or 'path.py:variant'), with every key checked against the config
   and every unit's full config (with the command-line `overrides`, `--config.key=value` flags) validated, so
   a bad sweep fails before anything is launched. Two points that give the same config are refused (the
-  sweep would run it twice and count it as two seeds)."""
+  sweep would run it twice and count it as two seeds). With `axes` (`--axis KEY=V1,V2,...` specs,
+  `parse_axes`) the units are their product over the config, and the file's `get_sweep` is not read."""
   path, arg = _split(config)
   module = load_module(path)
   base = _with_flags(config_of(module, arg, path), overrides, config)
-  points = _points(module, arg, path)
+  points = product(*parse_axes(base, axes, config)) if axes else _points(module, arg, path)
   units, seen = [], {}
   for i, point in enumerate(points):
     loaded = _load_point(base, point, i, config)
