@@ -102,10 +102,10 @@ def unit_jobs(config: str, unit_flags: Sequence[str], extra_flags: Sequence[str]
     if hosts > 1:  # The sync loop samples inside the learner, which runs on one process (docs/launch.md §4).
       raise ValueError(f"a {hosts}-host learner runs as `rlax-post learner` with sampler jobs: set "
                        "--num_samplers >= 1 (--num_samplers=0 is one single-host `rlax-post train` job).")
-    args = ["train", "--config", config, *overrides, *tail]
+    args = ["train", "--config", config, *overrides, "--auto_resume", *tail]
     return [Job("train", "train", tuple(args), hosts, accelerator, multihost, env)]
   args = ["learner", "--config", config, "--config.runtime.mode=async",
-          f"--config.runtime.num_samplers={num_samplers}", *overrides, *tail]
+          f"--config.runtime.num_samplers={num_samplers}", *overrides, "--auto_resume", *tail]
   jobs = [Job("learner", "learner", tuple(args), hosts, accelerator, multihost, env)]
   sampler_acc = sampler_accelerator or accelerator.single_host()
   for k in range(num_samplers):

@@ -22,7 +22,6 @@ local processes (local) or the request bodies (vertex: CustomJob; gke: Services 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -40,7 +39,6 @@ from ml_collections import config_flags
 from xmanager import xm_flags  # pylint: disable=unused-import  (defines the --xm_* flags, e.g. the DB's)
 
 from rlax_post import config as config_lib
-from rlax_post import runtime
 from rlax_post import sweep
 
 from launch import accelerators
@@ -153,13 +151,6 @@ def _summary(workdir: str) -> tuple[dict | None, float]:
     return None, 0.0
 
 
-def _resumed(job: jobs_lib.Job, workdir: str) -> jobs_lib.Job:
-  """A train / learner job over a workdir holding a complete checkpoint resumes it (it refused to start)."""
-  if job.role in ("train", "learner") and runtime.complete_checkpoints(workdir):
-    return dataclasses.replace(job, args=(*job.args, "--resume"))
-  return job
-
-
 def _run_local(title: str, plan) -> int:
   """Runs every unit's jobs as local processes (one xm work unit each) and waits; returns failed units. A unit
   whose run finished before is not run again; one with a checkpoint resumes; a unit counts as done only by a
@@ -178,7 +169,7 @@ def _run_local(title: str, plan) -> int:
         os.makedirs(workdir, exist_ok=True)
         group = {}
         for job in unit_jobs:
-          for name, args, env in _local_processes(_resumed(job, workdir)):
+          for name, args, env in _local_processes(job):
             group[f"u{unit.index:02d}-{name}"] = xm.Job(executable, executor=xm_local.Local(), args=args,
                                                         env_vars=env)
         experiment.add(xm.JobGroup(**group))

@@ -44,6 +44,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/*.p
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and summaries.")
 _RESUME = flags.DEFINE_bool("resume", False, "Continue the run in --workdir from its latest checkpoint.")
+_AUTO_RESUME = flags.DEFINE_bool("auto_resume", False, "Continue the run in --workdir where it holds a complete "
+                                 "checkpoint, else start one: the same command for a first launch and a "
+                                 "scheduler's relaunch (refused for a run of other settings; docs/launch.md).")
 _QUIET = flags.DEFINE_bool("quiet", False, "No progress bars or status lines.")
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "serve, generate: the workdir of a training run (config.json "
@@ -155,10 +158,10 @@ _MULTIHOST = ("coordinator_address", "num_processes", "process_id")
 # Per command: its usage, one line on what it does, and the flags it reads (`--help` shows only those, not
 # absl's hundreds).
 _COMMANDS = {
-    "train": ("--config FILE[:variant] [--config.a.b=value ...] --workdir DIR [--resume]",
+    "train": ("--config FILE[:variant] [--config.a.b=value ...] --workdir DIR [--resume | --auto_resume]",
               "Warm start, then RL; sampling inline (runtime.mode=sync) or in sampler threads (async). SIGTERM, "
               "Ctrl-C: checkpoint, exit 143 / 130.",
-              ("config", "workdir", "resume", "quiet", *_MULTIHOST)),
+              ("config", "workdir", "resume", "auto_resume", "quiet", *_MULTIHOST)),
     "check-config": ("--config FILE[:variant] [--config.a.b=value ...]",
                      "Print the validated config as JSON (every key; reward functions and options checked too).",
                      ("config",)),
@@ -179,10 +182,10 @@ _COMMANDS = {
                  "process (no server); print each completion.",
                  ("checkpoint", "step", "hf_path", "max_seq_len", "dtype", "prompt", "prompts", "max_tokens",
                   "samples", "temperature", "top_p", "top_k", "seed", "raw", "out")),
-    "learner": ("--config FILE[:variant] [--config.a.b=value ...] --workdir DIR [--resume]",
+    "learner": ("--config FILE[:variant] [--config.a.b=value ...] --workdir DIR [--resume | --auto_resume]",
                 "The async learner as its own process; samplers join it through DIR (docs/async.md). SIGTERM, "
                 "Ctrl-C: checkpoint, exit 143 / 130.",
-                ("config", "workdir", "resume", "quiet", *_MULTIHOST)),
+                ("config", "workdir", "resume", "auto_resume", "quiet", *_MULTIHOST)),
     "sampler": ("--workdir DIR --index K",
                 "One async sampler for the learner of DIR (start any number, each with its own K).",
                 ("workdir", "index", "quiet")),
@@ -305,6 +308,8 @@ def _interrupted(command: str) -> None:
   run by then (its `finally` blocks)."""
   hint = (" The same command with --resume continues from the run's last checkpoint (if it wrote none: without "
           "--resume)." if command in _RESUMABLE else "")
+  if command in _RESUMABLE and flags.FLAGS.is_parsed() and _AUTO_RESUME.value:
+    hint = " The same command continues from the run's last checkpoint, if it wrote one (--auto_resume)."
   print(f"rlax-post {command}: interrupted (Ctrl-C).{hint}", file=sys.stderr)
   sys.exit(128 + signal.SIGINT)
 
@@ -596,24 +601,38 @@ def _load_config():
   return config_lib.load(_CONFIG.value)
 
 
+def _resume_mode(workdir: str, cfg) -> bool | str:
+  """`runtime.train`'s `resume` for --resume / --auto_resume ("auto": a workdir holding a run of other settings
+  is refused here, before any JAX work: `runtime.check_auto_resume`)."""
+  if _RESUME.value and _AUTO_RESUME.value:
+    raise ValueError("--resume and --auto_resume: pass one (--auto_resume resumes where --workdir holds a "
+                     "checkpoint and starts the run where it does not; --resume always resumes).")
+  if not _AUTO_RESUME.value:
+    return _RESUME.value
+  if os.path.isdir(workdir):
+    runtime.check_auto_resume(workdir, cfg)
+  return "auto"
+
+
 def _train(argv):
   del argv
   cfg = _load_config()
   path = _new_run_dir(_required(_WORKDIR, "the directory for checkpoints, metrics and summaries"))
+  resume = _resume_mode(path, cfg)
   with _output_dir(path) as workdir:
     _init_distributed("train")
     lock = runtime.hold_run(workdir)  # (held until this process ends)
-    summary = _stoppable(runtime.train, cfg, workdir)
+    summary = _stoppable(runtime.train, cfg, workdir, resume)
   del lock
   _print_summary(summary, warm_start=cfg.sft.steps > 0, random_start=_random_start(cfg))
 
 
-def _stoppable(command, cfg, workdir: str) -> dict:
+def _stoppable(command, cfg, workdir: str, resume: bool | str) -> dict:
   """`command(cfg, workdir, ...)` (`runtime.train` or `runtime.run_learner`); a stop signal that ended its loop
   (`runtime.Stopped`: the last finished step is checkpointed) prints its one line and exits 128 + the signal:
   143 for SIGTERM (a preemption, as a scheduler expects), 130 for Ctrl-C."""
   try:
-    return command(cfg, workdir, resume=_RESUME.value, quiet=_QUIET.value)
+    return command(cfg, workdir, resume=resume, quiet=_QUIET.value)
   except runtime.Stopped as e:
     print(f"\n{e}", flush=True)
     sys.exit(e.exit_status)
@@ -696,10 +715,11 @@ def _learner(argv):
                                            "--config FILE to start one"))
   if cfg.runtime.mode != "async":
     raise ValueError("`rlax-post learner` runs the async learner: set --config.runtime.mode=async.")
-  with _output_dir(_new_run_dir(workdir)):
+  resume = _resume_mode(_new_run_dir(workdir), cfg)
+  with _output_dir(workdir):
     _init_distributed("learner")
     lock = runtime.hold_run(workdir)  # (held until this process ends)
-    summary = _stoppable(runtime.run_learner, cfg, workdir)
+    summary = _stoppable(runtime.run_learner, cfg, workdir, resume)
   del lock
   _print_summary(summary, warm_start=cfg.sft.steps > 0, random_start=_random_start(cfg))
 

@@ -71,13 +71,14 @@ def test_no_command_prints_the_listing_to_stderr_and_exits_2():
 
 
 _OWN_FLAGS = {
-    "train": ("--config", "--workdir", "--[no]resume"), "check-config": ("--config",),
+    "train": ("--config", "--workdir", "--[no]resume", "--[no]auto_resume"), "check-config": ("--config",),
     "check-data": ("--config", "--[no]quiet"),
     "serve": ("--checkpoint", "--step", "--hf_path", "--max_seq_len", "--dtype", "--port", "--host", "--temperature",
               "--top_p", "--top_k", "--slots"),
     "generate": ("--checkpoint", "--step", "--hf_path", "--max_seq_len", "--dtype", "--prompt", "--prompts",
                  "--max_tokens", "--samples", "--temperature", "--top_p", "--top_k", "--seed", "--[no]raw", "--out"),
-    "learner": ("--config", "--workdir", "--coordinator_address"), "sampler": ("--workdir", "--index"),
+    "learner": ("--config", "--workdir", "--[no]auto_resume", "--coordinator_address"),
+    "sampler": ("--workdir", "--index"),
     "replay": ("--workdir",), "sweep": ("--config", "--axis", "--workdir", "--parallel", "--json"),
     "convert": ("--gguf", "--out", "--dtype"), "export": ("--workdir", "--out", "--step", "--architecture", "--dtype"),
     "evaluate": ("--workdir", "--step", "--data", "--num", "--samples", "--temperature", "--top_p", "--top_k", "--seed",
@@ -931,6 +932,28 @@ def test_a_refused_command_leaves_no_directory_it_made(tmp_path, args):
   out = _cli(*[a.format(d=kept) for a in args])
   _error(out, args[0])
   assert kept.is_dir()  # a directory the user made is left alone
+
+
+@pytest.mark.parametrize("command", ["train", "learner"])
+def test_auto_resume_refuses_a_workdir_of_another_runs_settings_before_any_jax_work(tmp_path, command):
+  """`--auto_resume` over a workdir whose config.json is a run of other settings (those `--resume` compares) is
+  one line naming the keys, then -> now, before any JAX work: the run is neither continued nor replaced (no
+  checkpoints/ made, its config.json kept). With --resume too, it is refused as a contradiction."""
+  run = tmp_path / "run"
+  run.mkdir()
+  raw = config.to_dict(config.load(sweep.load_module(_DEMO).get_config("tiny")))
+  raw["seed"] = 7
+  (run / "config.json").write_text(json.dumps(raw))
+  before = (run / "config.json").read_bytes()
+  args = (command, "--config", "configs/demo.py:tiny", "--config.runtime.mode=async", "--workdir", run)
+  line = _error(_cli(*args, "--auto_resume"), command)
+  assert line == (f"rlax-post {command}: error: --auto_resume: {run} holds a run of other settings (its config.json; "
+                  "then -> now: seed: 7 -> 0), which this command would neither continue nor replace: pass another "
+                  "--workdir for this config, or the run's own config to continue it.")
+  assert sorted(os.listdir(run)) == ["config.json"] and (run / "config.json").read_bytes() == before
+  line = _error(_cli(*args, "--auto_resume", "--resume"), command)
+  assert line == (f"rlax-post {command}: error: --resume and --auto_resume: pass one (--auto_resume resumes where "
+                  "--workdir holds a checkpoint and starts the run where it does not; --resume always resumes).")
 
 
 def test_sweep_validates_its_overrides_before_any_unit_starts(tmp_path):

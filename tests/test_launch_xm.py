@@ -119,8 +119,9 @@ def test_local_dry_run_sync(tmp_path):
   assert [u["dirname"] for u in doc["work_units"]] == _UNITS
   for unit, estimator in zip(doc["work_units"], ["grpo", "rloo"]):
     [job] = unit["jobs"]  # --num_samplers=0: one sync train job.
+    # --auto_resume: launched again over the root, a unit with a checkpoint resumes and a new one starts.
     args = ["train", "--config", _CONFIG, f"--config.advantage.estimator={estimator}", "--config.seed=0",
-            "--workdir", os.path.join(root, unit["dirname"])]
+            "--auto_resume", "--workdir", os.path.join(root, unit["dirname"])]
     assert job["role"] == "train" and job["hosts"] == 1 and job["args"] == args
     assert unit["requests"] == [{"name": "train", "args": args, "env": {"JAX_PLATFORMS": "cpu"}}]
 
@@ -160,7 +161,7 @@ def test_vertex_tpu_slice_learner_and_samplers(tmp_path):
     assert container["imageUri"] == _IMAGE and container["command"] == ["rlax-post"]
     assert container["args"] == ["learner", "--config", _CONFIG, "--config.runtime.mode=async",
                                  "--config.runtime.num_samplers=2", f"--config.advantage.estimator={estimator}",
-                                 "--config.seed=0", "--quiet", "--workdir", workdir]
+                                 "--config.seed=0", "--auto_resume", "--quiet", "--workdir", workdir]
     assert _env(container.get("env")) == {"RLAX_AUTO_DISTRIBUTED": "1"}  # JAX finds the slice's hosts.
     assert learner["jobSpec"]["baseOutputDirectory"] == {"outputUriPrefix": unit["workdir"]}
     for k, sampler in enumerate([s0, s1]):
@@ -234,7 +235,8 @@ def test_gke_tpu_slice_indexed_job(tmp_path):
   assert container["image"] == _IMAGE and container["command"] == ["rlax-post"]
   assert container["args"] == ["learner", "--config", _CONFIG, "--config.runtime.mode=async",
                                "--config.runtime.num_samplers=1", "--config.advantage.estimator=grpo",
-                               "--config.seed=0", "--quiet", "--workdir", f"/gcs/bkt/sweeps/demo/{_UNITS[0]}"]
+                               "--config.seed=0", "--auto_resume", "--quiet", "--workdir",
+                               f"/gcs/bkt/sweeps/demo/{_UNITS[0]}"]
   assert container["resources"]["limits"] == {"google.com/tpu": "4"}
   assert _env(container["env"]) == {"RLAX_AUTO_DISTRIBUTED": "1"}
   # The shared workdir: the bucket through the Cloud Storage FUSE CSI driver, in every pod of the unit.

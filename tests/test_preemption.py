@@ -51,8 +51,10 @@ def _run(command, workdir, *flags, log_path):
 def test_sigterm_checkpoints_the_last_finished_step_and_resume_continues_exactly(tmp_path):
   straight, split = tmp_path / "straight", tmp_path / "split"
   assert _run("train", straight, "--config", _CONFIG + ":tiny", *_SHORT, log_path=tmp_path / "straight.log") == 0
+  # The split run is launched as a scheduler would, the same command each time: --auto_resume starts it in the
+  # new workdir, and resumes it after the SIGTERM.
   with open(tmp_path / "split.log", "w") as log:
-    proc = _cli("train", split, "--config", _CONFIG + ":tiny", *_SHORT, log=log)
+    proc = _cli("train", split, "--config", _CONFIG + ":tiny", *_SHORT, "--auto_resume", log=log)
     _procs.wait_until(lambda: len(_lines(split / "schedule.jsonl")) >= 2, "2 RL steps", proc)
     proc.send_signal(signal.SIGTERM)
     status = proc.wait(timeout=120)
@@ -65,7 +67,8 @@ def test_sigterm_checkpoints_the_last_finished_step_and_resume_continues_exactly
           f"{split / 'checkpoints'}; the same command with --resume continues the run from it.") in out
   assert not (split / "summary.json").exists() and not (split / runtime.DONE_FILE).exists()
 
-  assert _run("train", split, "--config", _CONFIG + ":tiny", *_SHORT, "--resume", log_path=tmp_path / "split.log") == 0
+  assert _run("train", split, "--config", _CONFIG + ":tiny", *_SHORT, "--auto_resume",
+              log_path=tmp_path / "split.log") == 0
   summary_a = json.loads((straight / "summary.json").read_text())
   summary_b = json.loads((split / "summary.json").read_text())
   assert summary_b["resumed_from_step"] == stopped

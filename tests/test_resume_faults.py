@@ -19,6 +19,7 @@ from rlax_post import config
 from rlax_post import runtime
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _metrics
+from rlax_post.runtime import _resume
 
 sys.path.insert(0, ".")
 from configs import dataset  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -57,9 +58,10 @@ def straight(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def _half_run(tmp_path_factory):
-  """A run stopped after 2 of its 4 steps (checkpoints 0, 1, 2), run once for the module."""
+  """A run stopped after 2 of its 4 steps (checkpoints 0, 1, 2), run once for the module; a first launch under
+  `--auto_resume` (`resume="auto"`: a new workdir starts the run)."""
   workdir = tmp_path_factory.mktemp("half") / "run"
-  runtime.train(_cfg(stop_after_steps=2), workdir, quiet=True)
+  runtime.train(_cfg(stop_after_steps=2), workdir, resume="auto", quiet=True)
   return workdir
 
 
@@ -211,6 +213,62 @@ def test_a_refused_resume_names_the_key_and_leaves_the_run_as_it_was(half, key, 
   assert not (half / _checkpoint.ASIDE_DIR).exists()
   summary = runtime.train(_cfg(), half, resume=True, quiet=True)  # The run, still whole, continues.
   assert summary["resumed_from_step"] == 2 and summary["rl_steps_done"] == 4
+
+
+def test_auto_resume_decides_from_what_the_workdir_holds(half, tmp_path):
+  """`--auto_resume` (`_resume.auto_resume`, given the newest complete checkpoint): a new or empty workdir, or
+  an attempt of these settings that never reached a checkpoint, starts the run; a checkpoint of these
+  settings (those `--resume` compares: `eval` may change) is resumed; a run of other settings is refused, with
+  or without a checkpoint, and so is a run's summary.json without a checkpoint."""
+  cfg = _cfg()
+  assert _resume.auto_resume(str(tmp_path / "new"), cfg, None) is False
+  (tmp_path / "empty").mkdir()
+  assert _resume.auto_resume(str(tmp_path / "empty"), cfg, None) is False
+  assert _resume.auto_resume(str(half), cfg, 2) is True
+  assert _resume.auto_resume(str(half), _cfg([("eval.every", 1)]), 2) is True
+  for latest in (2, None):
+    with pytest.raises(ValueError, match=re.escape(
+        f"--auto_resume: {half} holds a run of other settings (its config.json; then -> now: rl.steps: 4 -> 6), "
+        "which this command would neither continue nor replace: pass another --workdir for this config, or the "
+        "run's own config to continue it.")):
+      _resume.auto_resume(str(half), _cfg([("rl.steps", 6)]), latest)
+  attempt = tmp_path / "attempt"
+  attempt.mkdir()
+  shutil.copy(half / "config.json", attempt / "config.json")
+  assert _resume.auto_resume(str(attempt), cfg, None) is False
+  with pytest.raises(ValueError, match=re.escape(
+      f"--auto_resume: {half} holds a run's summary.json (RL step 2 of 4) but no complete checkpoint to continue "
+      "from, so its results would be replaced by a fresh start")):
+    _resume.auto_resume(str(half), cfg, None)
+
+
+def test_auto_resume_continues_a_stopped_run_exactly_and_a_finished_one_does_no_step(straight, half):
+  """A relaunch under `--auto_resume` of the run stopped after step 2 (a SIGTERM or runtime.stop_after_steps,
+  first launched under it too) continues it as `--resume` does: the straight run's metrics; relaunched once
+  more, the finished run does no step and reports its final evaluation. A relaunch with other settings is
+  refused and changes nothing; so is one over a run whose checkpoints are gone."""
+  assert json.loads((half / "summary.json").read_text())["resumed_from_step"] is None  # (its first launch)
+  files = {name: (half / name).read_bytes() for name in ("config.json", "metrics.jsonl", "summary.json")}
+  with pytest.raises(ValueError, match=r"holds a run of other settings .*rl.steps: 4 -> 6"):
+    runtime.train(_cfg([("rl.steps", 6)]), half, resume="auto", quiet=True)
+  assert {name: (half / name).read_bytes() for name in files} == files
+  resumed = runtime.train(_cfg(), half, resume="auto", quiet=True)
+  assert (resumed["resumed_from_step"], resumed["rl_steps_done"]) == (2, 4)
+  assert _data_rows(half) == _data_rows(straight)
+  evals = _data_rows(half, ("eval",))
+  again = runtime.train(_cfg(), half, resume="auto", quiet=True)
+  assert (again["resumed_from_step"], again["rl_steps_done"]) == (4, 4)
+  final = json.loads((straight / "summary.json").read_text())["final_eval_reward"]
+  assert again["final_eval_reward"] == resumed["final_eval_reward"] == final
+  assert _data_rows(half) == _data_rows(straight) and _data_rows(half, ("eval",)) == evals  # nothing done again
+  for step in _checkpoint.complete_checkpoints(str(half)):
+    os.remove(half / "checkpoints" / str(step) / "commit_success.txt")
+  summary = (half / "summary.json").read_bytes()
+  with pytest.raises(ValueError, match=r"summary.json \(RL step 4 of 4\) but no complete checkpoint"):
+    runtime.train(_cfg(), half, resume="auto", quiet=True)
+  assert (half / "summary.json").read_bytes() == summary
+  with pytest.raises(ValueError, match=r"resume must be True, False or 'auto'; got 'yes'"):
+    runtime.train(_cfg(), half, resume="yes", quiet=True)
 
 
 def test_a_fresh_run_clears_what_an_attempt_without_a_checkpoint_left(half):

@@ -355,7 +355,8 @@ def test_single_dash_and_negated_overrides_reach_the_units():
   over = sweep.command_line_overrides(argv)
   assert over == ["-config.rl.steps=1", "--noconfig.runtime.plot", "--config.runtime.tensorboard"]
   (unit, _) = sweep.work_units(f"{DEMO}:tiny", over)  # Parsed as the unit's own flags parse them.
-  assert _local._command(unit, "/tmp/x", over, "python")[-6:-3] == over
+  assert _local._command(unit, "/tmp/x", over, "python")[-7:] == [*over, "--workdir", "/tmp/x", "--quiet",
+                                                                 "--auto_resume"]
   with pytest.raises(ValueError, match=r"swept key\(s\) \['seed'\]"):
     sweep.check_overrides([unit], ["-config.seed=3"])
   with pytest.raises(ValueError, match="--config.key=value"):

@@ -74,6 +74,8 @@ from rlax_post.runtime._rescue import evaluate as rescue_evaluate
 from rlax_post.runtime._rescue import HarnessOptions
 from rlax_post.runtime._rescue import run_rescue_eval
 from rlax_post.runtime._rescue import simulate_sessions
+from rlax_post.runtime._resume import check_auto_resume
+from rlax_post.runtime._resume import is_run_config
 from rlax_post.runtime._rounds import discounted_returns
 from rlax_post.runtime._rounds import fit_sets
 from rlax_post.runtime._rounds import mean_return
@@ -85,7 +87,6 @@ from rlax_post.runtime._rounds import RoundSource
 from rlax_post.runtime._rounds import transitions_of
 from rlax_post.runtime._run import hold_run
 from rlax_post.runtime._run import RUN_LOCK
-from rlax_post.runtime._run import is_run_config
 from rlax_post.runtime._samplers import Channels
 from rlax_post.runtime._samplers import DONE_FILE
 from rlax_post.runtime._samplers import load_run_config
@@ -108,20 +109,20 @@ from rlax_post.runtime._warm_cache import cache_key as warm_start_cache_key
 from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
 __all__ = [
-    "build_parts", "Channels", "check_config", "check_data", "check_evaluate_options", "check_resume_config",
-    "check_seed", "checkpoint_step", "complete_checkpoints", "config_policy", "Credit", "credit_fidelity",
-    "CriticScores", "DataCheck", "deferred_signals", "discounted_returns", "DONE_FILE", "ENV_AUTO", "ENV_COORDINATOR",
-    "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "eval_component_means", "EVAL_COMPONENT_PREFIX", "eval_record",
-    "eval_scores", "evaluate_run", "EvaluateOptions", "Evaluation", "Evaluator", "exact_oracle", "ExactOracle",
-    "export_hf", "Exported", "fit_sets", "generate_hf", "generate_run", "Generated", "GenerateOptions", "Generation",
-    "HarnessOptions", "hold_run", "initialize_distributed", "InlineSource", "is_primary", "is_run_config", "learn",
-    "load_run_config", "load_run_policy", "LoggedSource", "make_source", "mean_return", "MetricsWriter", "ModelPolicy",
-    "pair_rows", "Parts", "pass_at_k", "pass_ks", "plot_curves", "policy_value", "probe_writable", "ProcessSource",
-    "QFunction", "read_jsonl", "read_prompts", "read_rounds", "replay", "rescue_audit", "rescue_evaluate",
-    "RESULT_SECTIONS", "result_settings", "RLUpdate", "RolloutBatch", "round_dir", "RoundSource", "rows_to_batch",
-    "run_learner", "RUN_LOCK", "run_memory", "run_policy_value", "run_rescue_eval", "run_sampler", "RunCheckpointer",
-    "RunPolicy", "SamplerWorker", "SAMPLES_FILE", "samples_path", "saved_config", "serve", "serve_hf", "served_step",
-    "simulate_sessions", "Source", "spearman", "SplitCheck", "Stopped", "take_groups", "Taken", "ThreadSource",
-    "TIMING_METRICS", "train", "transitions_of", "UserPrompt", "warm_start_cache_entries", "warm_start_cache_key",
-    "write_generation", "write_json"
+    "build_parts", "Channels", "check_auto_resume", "check_config", "check_data", "check_evaluate_options",
+    "check_resume_config", "check_seed", "checkpoint_step", "complete_checkpoints", "config_policy", "Credit",
+    "credit_fidelity", "CriticScores", "DataCheck", "deferred_signals", "discounted_returns", "DONE_FILE", "ENV_AUTO",
+    "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "eval_component_means", "EVAL_COMPONENT_PREFIX",
+    "eval_record", "eval_scores", "evaluate_run", "EvaluateOptions", "Evaluation", "Evaluator", "exact_oracle",
+    "ExactOracle", "export_hf", "Exported", "fit_sets", "generate_hf", "generate_run", "Generated", "GenerateOptions",
+    "Generation", "HarnessOptions", "hold_run", "initialize_distributed", "InlineSource", "is_primary", "is_run_config",
+    "learn", "load_run_config", "load_run_policy", "LoggedSource", "make_source", "mean_return", "MetricsWriter",
+    "ModelPolicy", "pair_rows", "Parts", "pass_at_k", "pass_ks", "plot_curves", "policy_value", "probe_writable",
+    "ProcessSource", "QFunction", "read_jsonl", "read_prompts", "read_rounds", "replay", "rescue_audit",
+    "rescue_evaluate", "RESULT_SECTIONS", "result_settings", "RLUpdate", "RolloutBatch", "round_dir", "RoundSource",
+    "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory", "run_policy_value", "run_rescue_eval", "run_sampler",
+    "RunCheckpointer", "RunPolicy", "SamplerWorker", "SAMPLES_FILE", "samples_path", "saved_config", "serve",
+    "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "SplitCheck", "Stopped", "take_groups",
+    "Taken", "ThreadSource", "TIMING_METRICS", "train", "transitions_of", "UserPrompt", "warm_start_cache_entries",
+    "warm_start_cache_key", "write_generation", "write_json"
 ]

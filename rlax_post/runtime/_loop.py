@@ -18,6 +18,7 @@ from rlax_post.runtime import _learn
 from rlax_post.runtime import _learners
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _resume
 from rlax_post.runtime import _rounds
 from rlax_post.runtime import _run
 from rlax_post.runtime import _samplers
@@ -70,7 +71,7 @@ def _stop_asked(stop: Callable[[], int | None]) -> None:
     raise _signals.Stopped(signal.SIGTERM if signum is None else signum)
 
 
-def _train_with(parts: _parts.Parts, workdir: str, make_source, *, resume: bool, quiet: bool) -> dict:
+def _train_with(parts: _parts.Parts, workdir: str, make_source, *, resume: bool | str, quiet: bool) -> dict:
   run = _run.open_run(parts, workdir, resume=resume, quiet=quiet)
   source = make_source(parts, run.workdir, run.ui.say)
   try:
@@ -100,10 +101,13 @@ def make_source(parts: _parts.Parts, workdir: str, say) -> _sources.Source:
   return _sources.ThreadSource(parts, workdir, say)
 
 
-def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: bool = False) -> dict:
+def train(cfg: config_lib.Config, workdir: str, *, resume: bool | str = False,
+          quiet: bool = False) -> dict:
   """`rlax-post train`: sampling inline (`runtime.mode = "sync"`), in sampler threads ("async"), or Iterative
   PPO's rounds ("rounds"); returns the summary (also written to workdir/summary.json). SIGTERM or Ctrl-C
-  (main thread) stops it after the step in flight, checkpointed: `_signals.Stopped` (`_train_with`)."""
+  (main thread) stops it after the step in flight, checkpointed: `_signals.Stopped` (`_train_with`).
+  `resume`: True continues the run in `workdir` (`--resume`), False starts one, "auto" decides from what the
+  workdir holds (`--auto_resume`, `_resume.auto_resume`)."""
   # Sampling in the learner's process (inline or threads) is a host-driven decode loop on its own devices.
   _distributed.check_single_process("`rlax-post train` (sampling in the learner's process)")
   _warm_cache.check_cache_dir(cfg)
@@ -112,11 +116,14 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: 
   return _train_with(parts, workdir, make_source, resume=resume, quiet=quiet)
 
 
-def run_learner(cfg: config_lib.Config, workdir: str, *, resume: bool = False, quiet: bool = False) -> dict:
+def run_learner(cfg: config_lib.Config, workdir: str, *, resume: bool | str = False,
+                quiet: bool = False) -> dict:
   """`rlax-post learner`: the learner process; samplers are other processes (`run_sampler`). A `learner.done`
   left by the invocation before is removed first, before anything slow: samplers launched beside this learner
   (a resumed unit) read it as "the learner has finished" and exited, and the learner then waited for ever.
-  SIGTERM or Ctrl-C stops it as it stops `train` (`_signals.Stopped`)."""
+  SIGTERM or Ctrl-C stops it as it stops `train` (`_signals.Stopped`); `resume` as `train` takes it."""
+  if resume == "auto":  # (a workdir of another run keeps its learner.done)
+    _resume.check_auto_resume(workdir, cfg)
   if _distributed.is_primary():
     _samplers.clear_done(workdir)
   _warm_cache.check_cache_dir(cfg)

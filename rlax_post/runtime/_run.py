@@ -32,6 +32,7 @@ from rlax_post.runtime import _learners
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _paths
+from rlax_post.runtime import _resume
 from rlax_post.runtime import _rounds
 from rlax_post.runtime import _rowlog
 from rlax_post.runtime import _samplers
@@ -388,30 +389,13 @@ def hold_run(workdir: str):
 _ATTEMPT = ("config.json",) + RUN_DATA + _metrics.OUTPUT_FILES + ("tensorboard",)
 
 
-def is_run_config(raw) -> bool:
-  """Whether `raw`, a config.json's parsed JSON, is a run's config: a dict with a run's 'task' and 'rl'
-  sections (a Hugging Face checkpoint's or another program's is not)."""
-  return isinstance(raw, dict) and {"task", "rl"} <= raw.keys()
-
-
-def _holds_run_config(workdir: str) -> bool:
-  """Whether `workdir/config.json` is a run's (`is_run_config`). A fresh run writes it before anything else,
-  so every attempt leaves one."""
-  try:
-    with open(os.path.join(workdir, "config.json")) as f:
-      raw = json.load(f)
-  except (OSError, ValueError):
-    return False
-  return is_run_config(raw)
-
-
 def _refuse_foreign_files(workdir: str) -> None:
   """ValueError when `workdir` holds no complete checkpoint, no run's config.json and any of what
   `_clear_attempt` removes: no attempt of a run wrote them (a user's project folder with a params/ directory
   was wiped). Process 0 looks; every process raises (a collective on a multi-host learner)."""
   found = None
   if (_distributed.is_primary() and not _checkpoint.complete_checkpoints(workdir)
-      and not _holds_run_config(workdir)):
+      and not _resume.holds_run_config(workdir)):
     paths = [os.path.join(workdir, name) for name in _ATTEMPT]
     found = [os.path.basename(p) + ("/" if os.path.isdir(p) else "") for p in paths if os.path.exists(p)]
   found = json.loads(_distributed.broadcast_bytes(json.dumps(found).encode() if _distributed.is_primary() else None))
@@ -436,9 +420,28 @@ def _clear_attempt(workdir: str) -> None:
   _metrics.clear_outputs(workdir)
 
 
-def open_run(parts: _parts.Parts, workdir: str, *, resume: bool, quiet: bool) -> Run:
+def _auto_resume(workdir: str, cfg: config_lib.Config, latest: int | None) -> bool:
+  """`_resume.auto_resume` as process 0 decides it, on every process (a collective on a multi-host learner:
+  another host's listing of the workdir may lag); its refusal raised on every process."""
+  said = None
+  if _distributed.is_primary():
+    try:
+      said = {"resume": _resume.auto_resume(workdir, cfg, latest)}
+    except ValueError as e:
+      said = {"error": str(e)}
+  said = json.loads(_distributed.broadcast_bytes(json.dumps(said).encode() if said is not None else None))
+  if "error" in said:
+    raise ValueError(said["error"])
+  return said["resume"]
+
+
+def open_run(parts: _parts.Parts, workdir: str, *, resume: bool | str, quiet: bool) -> Run:
   """The run in `workdir`: refuses to overwrite a run without `resume`, and clears the outputs of an earlier
-  attempt that never reached its first checkpoint (they describe no run we can continue)."""
+  attempt that never reached its first checkpoint (they describe no run we can continue). `resume="auto"`
+  (`--auto_resume`): resume where the workdir holds a complete checkpoint, else start afresh
+  (`_resume.auto_resume`: refused for a run of other settings, or results without a checkpoint)."""
+  if resume not in (True, False, "auto"):
+    raise ValueError(f"resume must be True, False or 'auto'; got {resume!r}.")
   t_start, cfg = time.time(), parts.cfg
   workdir = os.fspath(workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -446,6 +449,8 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool, quiet: bool) ->
   _refuse_foreign_files(workdir)  # (before the checkpointer creates checkpoints/ in what may be a user's folder)
   ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep)
   latest = ckpt.latest_step()
+  if resume == "auto":
+    resume = _auto_resume(workdir, cfg, latest)
   if latest is not None and not resume:
     raise ValueError(f"{workdir} already holds checkpoints (latest RL step {latest}); pass --resume to "
                      "continue that run, or choose a new --workdir.")

@@ -3,10 +3,10 @@
 Every unit is a real `rlax-post train` process with its own workdir `<root>/<unit.dirname>` and its log in
 `<root>/<unit.dirname>/train.log`. A unit whose summary.json says it did all its RL steps is not run again (so
 an interrupted sweep is continued by running the same command); one with a complete checkpoint but no such
-summary (killed, or stopped early by runtime.stop_after_steps) is resumed (`--resume`). A sweep whose units'
-workdirs hold runs of other settings (config.json differs on what decides results, as `--resume` compares
-them) is refused before anything starts, naming the units and keys: their results are not the sweep's. A
-failed or partial unit is never counted in the figures.
+summary (killed, or stopped early by runtime.stop_after_steps) is resumed (each unit runs `train
+--auto_resume`). A sweep whose units' workdirs hold runs of other settings (config.json differs on what decides
+results, as `--resume` compares them) is refused before anything starts, naming the units and keys: their
+results are not the sweep's. A failed or partial unit is never counted in the figures.
 When the sweep ends: a table of final metrics per unit and per group (units that differ only by `seed`),
 `<root>/sweep.json` with the same figures, and `<root>/sweep.png` with the reward curves.
 """
@@ -140,11 +140,10 @@ def _cpu_slots(parallel: int) -> list[set[int] | None]:
 
 
 def _command(unit: _units.WorkUnit, workdir: str, extra_flags: Sequence[str], python: str) -> list[str]:
-  cmd = [python, "-m", "rlax_post.cli", "train", "--config", unit.config, *unit.flags(), *extra_flags,
-         "--workdir", workdir, "--quiet"]
-  if runtime.complete_checkpoints(workdir):  # (A unit stopped before its first checkpoint starts afresh.)
-    cmd.append("--resume")
-  return cmd
+  """The unit's `rlax-post train`: --auto_resume continues a unit with a checkpoint (killed, stopped early) and
+  starts one without (a unit stopped before its first checkpoint starts afresh)."""
+  return [python, "-m", "rlax_post.cli", "train", "--config", unit.config, *unit.flags(), *extra_flags,
+          "--workdir", workdir, "--quiet", "--auto_resume"]
 
 
 def _next_unit(pending: list[UnitResult], running_keys: set[str], cache_dir: str | None) -> UnitResult | None:
