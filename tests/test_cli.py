@@ -978,7 +978,8 @@ def test_sweep_axes_are_checked_before_any_unit_starts(tmp_path):
                          "does not exist ('learnin_rate' is not a key of rl.optimizer; did you mean "
                          "'rl.optimizer.learning_rate' or "), line
   line = _error(_cli(*sweep_, "--axis", "rl.steps=2,three"), "sweep")
-  assert line == "rlax-post sweep: error: configs/demo.py:tiny: --axis rl.steps=three: `rl.steps` takes an int; got 'three'."
+  assert line == ("rlax-post sweep: error: configs/demo.py:tiny: --axis rl.steps=three: `rl.steps` takes an int; "
+                  "got 'three'.")
   assert not root.exists()
 
 

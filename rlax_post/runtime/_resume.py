@@ -2,14 +2,14 @@
 scheduler that relaunches the same command after a preemption (docs/launch.md, "Relaunching").
 
 The rule, from what the workdir holds (nothing is removed to decide it):
-
-| the workdir holds | `--auto_resume` |
-|---|---|
-| nothing (new, empty, or files no run wrote) | starts the run, as without `--resume` |
-| a complete checkpoint, config.json of these settings | resumes it, as `--resume` (a finished run: no step left) |
-| config.json of these settings, no complete checkpoint, no summary.json | starts afresh: an attempt stopped before its first checkpoint left nothing to continue (a fresh run clears it) |
-| config.json of other settings (those `--resume` compares) | refused: another run's workdir, whose results a relaunch must neither continue nor replace |
-| summary.json but no complete checkpoint | refused: a run's results whose checkpoints are gone; starting afresh would replace them |
+* nothing (new, empty, or files no run wrote): start the run, as without `--resume`;
+* a complete checkpoint, config.json of these settings: resume it, as `--resume` (a finished run: no step left);
+* config.json of these settings, no complete checkpoint, no summary.json: start afresh (an attempt stopped
+  before its first checkpoint left nothing to continue; a fresh run clears it);
+* config.json of other settings (those `--resume` compares): refused; another run's workdir, whose results a
+  relaunch must neither continue nor replace;
+* summary.json but no complete checkpoint: refused; a run's results whose checkpoints are gone, which a fresh
+  start would replace.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def check_auto_resume(workdir: str, cfg: config_lib.Config) -> None:
 def auto_resume(workdir: str, cfg: config_lib.Config, latest: int | None) -> bool:
   """`--auto_resume`'s choice for `workdir`, whose newest complete checkpoint is `latest` (None: none): True
   to resume, False to start afresh; ValueError for a run of other settings (`check_auto_resume`) and for a
-  summary.json without a complete checkpoint (the table in this module's docstring)."""
+  summary.json without a complete checkpoint (the rule in this module's docstring)."""
   check_auto_resume(workdir, cfg)
   if latest is not None:
     return True
