@@ -453,7 +453,8 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool | str, quiet: bo
     resume = _auto_resume(workdir, cfg, latest)
   if latest is not None and not resume:
     raise ValueError(f"{workdir} already holds checkpoints (latest RL step {latest}); pass --resume to "
-                     "continue that run, or choose a new --workdir.")
+                     "continue that run (--auto_resume in a job a scheduler relaunches: it also starts a run where "
+                     "there is none), or choose a new --workdir.")
   if latest is None and resume:  # Never a fresh start that would clear the outputs of the run meant.
     aside = "".join(f"; set aside {path}: {reason}" for path, reason in ckpt.aside)
     raise ValueError(f"--resume: {workdir} holds no complete checkpoint to continue{aside}. Run without "
