@@ -65,6 +65,7 @@ from rlax_post.exchange._space import is_out_of_space
 from rlax_post.exchange._space import out_of_space_error
 from rlax_post.exchange._space import predict
 from rlax_post.exchange._space import Prediction
+from rlax_post.exchange._space import wait_for_write
 from rlax_post.exchange._store import as_path
 from rlax_post.exchange._store import is_complete
 from rlax_post.exchange._store import quiet_abandoned_io
@@ -72,4 +73,4 @@ from rlax_post.exchange._subscriber import ParamSubscriber
 
 __all__ = ["Lineage", "loads_lineage", "UNKNOWN", "loaded_key", "LocalParams", "ParamPublisher", "ParamSource",
            "ParamSubscriber", "as_path", "is_complete", "quiet_abandoned_io", "check_space", "FIRST_SAVE_FRACTION",
-           "is_out_of_space", "out_of_space_error", "predict", "Prediction"]
+           "is_out_of_space", "out_of_space_error", "predict", "Prediction", "wait_for_write"]

@@ -179,15 +179,8 @@ class ParamPublisher:
   def _wait_for_write(self) -> None:
     """Waits for the publish orbax is writing; one that ran out of space is an `OSError` (ENOSPC) saying so."""
     writing, self._writing = self._writing, None
-    try:
-      self._checkpointer.wait_until_finished()
-    except Exception as e:  # pylint: disable=broad-except  (orbax's error, whatever its type)
-      if writing is None or not _space.is_out_of_space(e):
-        raise
-      version, needed = writing
-      older = [v for v in _store.complete_versions(self.directory) if v < version]
-      raise _space.out_of_space_error(f"Parameter version {version}", self.directory, version, needed,
-                                      _then(older)) from None
+    _space.wait_for_write(self._checkpointer.wait_until_finished, writing, "Parameter version", self.directory,
+                          lambda version: _then([v for v in _store.complete_versions(self.directory) if v < version]))
 
   def _drain_gc(self) -> None:
     for future in self._gc_pending:

@@ -26,7 +26,7 @@ import logging
 import math
 import os
 import shutil
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 from etils import epath
 import jax
@@ -128,6 +128,20 @@ def out_of_space_error(what: str, directory: epath.Path, step: int, needed: Pred
           "that space." if os.path.isdir(partial) else "")
   return OSError(errno.ENOSPC, f"{what} did not fit in {directory}: the disk filled while it was written; it needs "
                                f"{needed} and {_size(free_bytes(directory))} are free now.{left} {then}")
+
+
+def wait_for_write(wait: Callable[[], None], writing: tuple[int, Prediction] | None, what: str,
+                   directory: epath.Path, intact: Callable[[int], str]) -> None:
+  """`wait()` for orbax's write in flight, `writing` = (its step, its `predict`ion), or None when none of this
+  caller's is; one that ran out of space is `out_of_space_error` naming `what` and its step, ending with
+  `intact(step)` (what is intact below it, and the way out). Any other failure is raised as it is."""
+  try:
+    wait()
+  except Exception as e:  # pylint: disable=broad-except  (orbax's error, whatever its type)
+    if writing is None or not is_out_of_space(e):
+      raise
+    step, needed = writing
+    raise out_of_space_error(f"{what} {step}", directory, step, needed, intact(step)) from None
 
 
 def not_a_failed_write_report(record: logging.LogRecord) -> bool:

@@ -262,15 +262,9 @@ class RunCheckpointer:
   def _wait_for_write(self) -> None:
     """Waits for the save orbax is writing; one that ran out of space is an `OSError` (ENOSPC) saying so."""
     writing, self._writing = self._writing, None
-    try:
-      self._manager.wait_until_finished()
-    except Exception as e:  # pylint: disable=broad-except  (orbax's error, whatever its type)
-      if writing is None or not exchange.is_out_of_space(e):
-        raise
-      step, needed = writing
-      older = [s for s in complete_checkpoints(os.fspath(self.directory.parent)) if s < step]
-      raise exchange.out_of_space_error(f"Checkpoint step {step}", self.directory, step, needed,
-                                        _then(older)) from None
+    def intact(step: int) -> str:  # (listed only when the write ran out of space)
+      return _then([s for s in complete_checkpoints(os.fspath(self.directory.parent)) if s < step])
+    exchange.wait_for_write(self._manager.wait_until_finished, writing, "Checkpoint step", self.directory, intact)
 
   def restore(self, step: int, *, state_like: Any, state_shardings: Any, ref_like: Any,
               ref_shardings: Any) -> tuple[Any, Any, dict]:
