@@ -77,6 +77,17 @@ def test_one_seed_per_group_gives_the_difference_and_says_why_there_is_no_interv
   assert c["why"] == "one seed in a group: no spread to test against"
 
 
+def test_groups_whose_seeds_all_agree_get_no_interval(tmp_path):
+  """Every seed of both groups at the same figure (tiny runs that never earn a reward: 0.000 each) printed
+  "[+0.000, +0.000] | ±0.000", certainty the seeds do not give (a review)."""
+  runs = [_run_on_disk(str(tmp_path), f"{lr}_{s}", seed=s, lr=lr, final=0.0) for lr in (5e-4, 5e-3) for s in (0, 1)]
+  results = sweep.compare_runs(runs)
+  (c,) = sweep.compare_report(results)["contrasts"]
+  assert (c["difference"], c["ci95"], c["mde80"]) == (0.0, None, None)
+  assert c["why"] == "no spread in either group: no interval"
+  assert f"| {_LR}=0.005 | +0.000 | - | no spread in either group: no interval |" in sweep.table(results)
+
+
 def test_unfinished_and_stopped_runs_are_listed_not_counted(runs, tmp_path):
   going = _run_on_disk(str(tmp_path), "going", seed=3, lr=5e-3, final=None)
   stopped = _run_on_disk(str(tmp_path), "stopped", seed=4, lr=5e-3, final=0.9, done=2)

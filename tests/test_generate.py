@@ -143,7 +143,8 @@ def test_a_dataset_run_s_renderer_writes_its_system_prompt_and_chat_template():
   want = "[system] Be brief.\n[user] hi\n[assistant] yo\n[user] rev ab=\n[assistant] "
   assert _generate.prompt_ids(renderer, _BYTES, chat) == _BYTES.encode(want, add_bos=False)
   assert _generate.prompt_ids(None, _BYTES, text) == _BYTES.encode("rev abc=", add_bos=True)
-  with pytest.raises(ValueError, match=r"^f.jsonl:1: chat messages need a chat template to be rendered, and --raw"):
+  with pytest.raises(ValueError, match=r"^f.jsonl:1: chat messages need a chat template to be rendered, and the "
+                                       r"text is sent as it is \(--raw, or a run of a built-in task"):
     _generate.prompt_ids(None, _BYTES, chat)
   plain = envs.Renderer(config_lib.DataSection(system_prompt="Be brief."), _BYTES, demos=False)  # no template
   assert _generate.prompt_ids(plain, _BYTES, text) == _BYTES.encode("Be brief.\n\nrev abc=", add_bos=True)
@@ -233,7 +234,8 @@ def test_a_hugging_face_checkpoint_renders_with_its_chat_template_and_raw_sends_
   engine = _serve.engine_from_hf(path, max_seq_len=32)
   tok = engine.tokenizer
   options = runtime.GenerateOptions(max_tokens=4)
-  chat = ({"role": "user", "content": "3+4="}, {"role": "assistant", "content": "7"}, {"role": "user", "content": "1+2="})
+  chat = ({"role": "user", "content": "3+4="}, {"role": "assistant", "content": "7"},
+          {"role": "user", "content": "1+2="})
   got = runtime.generate_hf(path, [runtime.UserPrompt("--prompt", "3+4="), runtime.UserPrompt("f:1", chat)],
                             options, max_seq_len=32)
   assert got.step is None and got.source == f"the Hugging Face checkpoint {path}"

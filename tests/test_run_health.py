@@ -117,8 +117,8 @@ def test_some_failed_calls_and_steps_without_signal_are_counted_and_said(tmp_pat
     f.write("# fixed\n")
   capsys.readouterr()
   assert {k: runtime.train(cfg, workdir, resume=True, quiet=True)[k] for k in counts} == counts
-  assert (f"warning: the reward code changed since the run began ({tmp_path}/r.py): the RL steps from 3 on score "
-          "with the new code, the ones logged before with the old.") in capsys.readouterr().err.splitlines()
+  assert (f"warning: the reward code changed since checkpoint 3 was written ({tmp_path}/r.py): the RL steps from 3 "
+          "on score with the new code, the ones logged before with the old.") in capsys.readouterr().err.splitlines()
   cli._print_summary(summary, warm_start=False, random_start=cli._random_start(cfg))  # pylint: disable=protected-access
   assert capsys.readouterr().out.splitlines()[1:3] == [
       f"Greedy eval reward on 5 held-out prompts: start (no warm start) 0.800 -> after RL 0.800 (+0.000) in "

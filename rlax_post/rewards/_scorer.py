@@ -59,7 +59,7 @@ def source_digests(specs: Sequence[str]) -> dict[str, str]:
     else:
       try:
         found = importlib.util.find_spec(module)
-      except (ImportError, ValueError):
+      except Exception:  # pylint: disable=broad-exception-caught  (its package's import failed: the loader says so)
         continue
       path = getattr(found, "origin", None)
     if path and path.endswith(".py") and os.path.isfile(path):

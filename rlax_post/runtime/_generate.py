@@ -218,7 +218,8 @@ def prompt_ids(renderer: envs.Renderer | None, tokenizer: Any, item: UserPrompt)
   has one (`sampler.frames_bos`). Messages need a renderer with a chat template (ValueError naming the prompt)."""
   if renderer is None or not renderer.chat:
     if not isinstance(item.prompt, str):
-      why = "--raw sends text as it is" if renderer is None else "this source renders no chat template"
+      why = ("the text is sent as it is (--raw, or a run of a built-in task, whose prompts are text)"
+             if renderer is None else "this source renders no chat template")
       raise ValueError(f"{item.where}: chat messages need a chat template to be rendered, and {why}; give the "
                        "prompt as text.")
     if renderer is None:

@@ -181,8 +181,11 @@ class Run:
     _check_resume(meta, self.cfg)  # the step restored (an older one, where the newest is damaged)
     changed = _checkpoint.changed_reward_sources(meta.get("reward_sources"), self.cfg)
     if changed:  # (allowed: a reward fixed mid-run is a reason to resume; the steps from here score with it)
-      self.ui.warn(f"the reward code changed since the run began ({', '.join(changed)}): the RL steps from "
-                   f"{step} on score with the new code, the ones logged before with the old.")
+      self.ui.warn(f"the reward code changed since checkpoint {step} was written ({', '.join(changed)}): the RL "
+                   f"steps from {step} on score with the new code, the ones logged before with the old.")
+      # The checkpoints from here record the code their steps score with (a later evaluate or resume compares
+      # against it, not against the code the run began with).
+      meta = {**meta, "reward_sources": _checkpoint.reward_sources(self.cfg)}
     source.resume(step, meta)  # first: it may refuse (a queue released past `step`), and then nothing is cut
     self.metrics.truncate_after(step, "rl")
     self.metrics.truncate_after(step, "eval")
@@ -199,7 +202,8 @@ class Run:
     with source.device_lock:
       initial = self.evaluate_logged(0, state)
     # (before the step-0 checkpoint: a run that cannot learn leaves nothing to resume)
-    _health.check_reward_calls(self.tally.eval_calls, "the start evaluation (the held-out evaluation before RL)")
+    if self.tally.eval_calls.calls >= 2:  # (one held-out row the reward cannot score stops no working reward)
+      _health.check_reward_calls(self.tally.eval_calls, "the start evaluation (the held-out evaluation before RL)")
     start = "Warm-start" if self.cfg.sft.steps > 0 else "Starting (no warm start: sft.steps = 0)"
     self.ui.say(f"{start} greedy eval reward on {self.parts.task.num_eval} held-out prompts: {initial:.3f}")
     history = {"initial_eval_reward": initial, "warm_start_seconds": time.time() - self.t_start,

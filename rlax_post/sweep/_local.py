@@ -476,9 +476,9 @@ def _welch(a: tuple[float, float], b: tuple[float, float], na: int, nb: int) -> 
   degrees of freedom; `mde80` = (t_0.975 + t_0.8) * its standard error."""
   va, vb = a[1] ** 2 / na, b[1] ** 2 / nb
   se = float(np.sqrt(va + vb))
-  if se == 0.0:  # identical figures in every seed of both groups: no spread, the interval is the difference
-    diff = b[0] - a[0]
-    return {"ci95": (diff, diff), "mde80": 0.0, "df": None}
+  if se == 0.0:  # every seed of both groups gave the same figure: no spread to build an interval from (an
+    # interval [d, d] and a detectable difference of 0 read as certainty the seeds do not give)
+    return {"why": "no spread in either group: no interval"}
   df = (va + vb) ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1))
   half = float(stats.t.ppf(0.975, df)) * se
   diff = b[0] - a[0]
