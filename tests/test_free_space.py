@@ -134,6 +134,15 @@ def test_a_refused_publish_names_its_numbers_and_the_newest_version_stays(tmp_pa
   pub.close()
   assert pub.latest_version == 0
   assert sorted(p for p in os.listdir(tmp_path / "params") if p != "leases") == ["0"]
+  # A publisher that is no training run's says its own way out (the warm-start cache's: it writes before the
+  # run's first checkpoint, so "--resume" was no way out; a review).
+  cache = exchange.ParamPublisher(tmp_path / "cache", max_to_keep=1, way_out="unset sft.cache_dir.")
+  _free(monkeypatch, 999)
+  with pytest.raises(OSError) as refused:
+    cache.publish(params, 0)
+  assert refused.value.strerror.endswith("No complete version was published before it: unset sft.cache_dir.")
+  monkeypatch.setattr(shutil, "disk_usage", real)
+  cache.close()
 
 
 def test_a_bucket_is_not_checked_and_a_missing_directory_is_measured_at_its_nearest_ancestor(tmp_path, monkeypatch):

@@ -27,11 +27,12 @@ def _handler() -> ocp.CompositeCheckpointHandler:
                                         meta=ocp.JsonCheckpointHandler())
 
 
-def _then(versions: list[int]) -> str:
-  """What a publish that did not fit ends with: the newest complete version of `versions`, intact, and the way out."""
+def _then(versions: list[int], way_out: str) -> str:
+  """What a publish that did not fit ends with: the newest complete version of `versions`, intact, and
+  `way_out`."""
   if not versions:
-    return f"No complete version was published before it: {_WAY_OUT}"
-  return f"Version {versions[-1]}, the newest complete one, is intact: {_WAY_OUT}"
+    return f"No complete version was published before it: {way_out}"
+  return f"Version {versions[-1]}, the newest complete one, is intact: {way_out}"
 
 
 class ParamPublisher:
@@ -42,19 +43,21 @@ class ParamPublisher:
   """
 
   def __init__(self, directory: str | os.PathLike | epath.Path, *, max_to_keep: int = 3,
-               lease_timeout_s: float = 300.0):
+               lease_timeout_s: float = 300.0, way_out: str = _WAY_OUT):
     """Opens (creating if needed) `directory`.
 
     Args:
       directory: local path or bucket URL (`gs://...`).
       max_to_keep: complete versions kept after GC (leased versions are kept in addition), >= 1.
       lease_timeout_s: a reader's lease older than this is considered dead and ignored by GC.
+      way_out: what a publish that does not fit tells its reader to do (default: a training run's).
     """
     if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int) or max_to_keep < 1:
       raise ValueError(f"max_to_keep must be an int >= 1; got {max_to_keep!r}.")
     if not lease_timeout_s > 0:
       raise ValueError(f"lease_timeout_s must be > 0; got {lease_timeout_s!r}.")
     self.directory = _store.as_path(directory)
+    self._way_out = way_out
     self._max_to_keep = max_to_keep
     self._lease_timeout_s = float(lease_timeout_s)
     self._primary = jax.process_index() == 0
@@ -173,14 +176,15 @@ class ParamPublisher:
     self._drain_gc()  # (versions it deletes free their space first)
     versions = _store.complete_versions(self.directory)
     needed = _space.predict(params, [self.directory / str(versions[-1])] if versions else None)
-    _space.check_space(self.directory, needed, f"Parameter version {version}", _then(versions))
+    _space.check_space(self.directory, needed, f"Parameter version {version}", _then(versions, self._way_out))
     return needed
 
   def _wait_for_write(self) -> None:
     """Waits for the publish orbax is writing; one that ran out of space is an `OSError` (ENOSPC) saying so."""
     writing, self._writing = self._writing, None
     _space.wait_for_write(self._checkpointer.wait_until_finished, writing, "Parameter version", self.directory,
-                          lambda version: _then([v for v in _store.complete_versions(self.directory) if v < version]))
+                          lambda version: _then([v for v in _store.complete_versions(self.directory) if v < version],
+                                                self._way_out))
 
   def _drain_gc(self) -> None:
     for future in self._gc_pending:

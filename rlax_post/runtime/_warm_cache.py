@@ -38,6 +38,11 @@ _NOT_KEYED = {"sft": ("cache_dir",),  # where a warm start may be found, not wha
 ROWS_VERSION = 2
 
 
+# What a warm start the cache has no room for tells the user (it is written before the run's first checkpoint).
+_CACHE_WAY_OUT = ("free space on that disk, or set sft.cache_dir to a directory on a larger one (or leave it unset: "
+                  "no cache), then run the command again.")
+
+
 def _data_files(cfg: config_lib.Config) -> dict:
   """The dataset task's `data` section and its files' sizes and modification times (a rewritten file is a
   new warm start); {} for the other tasks."""
@@ -108,7 +113,8 @@ def warm_start(cfg: config_lib.Config, params: Any, run: Callable[[], tuple[Any,
     return out, list(sub.meta(0).get("sft_rows", []))
   out, rows = run()
   d = config_lib.to_dict(cfg)
-  pub = exchange.ParamPublisher(exchange.as_path(cfg.sft.cache_dir) / key / uuid.uuid4().hex[:12], max_to_keep=1)
+  pub = exchange.ParamPublisher(exchange.as_path(cfg.sft.cache_dir) / key / uuid.uuid4().hex[:12], max_to_keep=1,
+                                way_out=_CACHE_WAY_OUT)
   pub.publish(out, 0, meta={"key": key, "config": {k: d[k] for k in _KEY_SECTIONS}, "sft_rows": rows})
   pub.close()
   return out, None
