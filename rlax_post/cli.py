@@ -849,6 +849,8 @@ def _compare(argv):
     _local_out(w, "run", "compare's figures")
     _run_dir(w, "run", "the workdir of a run of `rlax-post train` (it holds config.json and metrics.jsonl)")
   out = _OUT.value and _new_file(_local_out(_OUT.value, "--out", "the plot"), "--out", "compare.png")
+  if out:  # (its directory made now, as --json's: a missing one was a bare "[Errno 2]" after the work)
+    _writable_dir(os.path.dirname(os.path.abspath(out)), "--out")
   json_path = _json_path()
   results = sweep.compare_runs(workdirs)
   if json_path:

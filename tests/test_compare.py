@@ -115,7 +115,7 @@ def test_bad_run_directories_are_named(tmp_path, runs):
 
 def test_the_cli_prints_the_table_and_writes_the_plot_and_figures(runs, tmp_path):
   env = _procs.env()
-  png, figures = tmp_path / "c.png", tmp_path / "c.json"
+  png, figures = tmp_path / "new" / "c.png", tmp_path / "c.json"  # (--out's directory is made)
   done = _cli_forks.run("compare", *runs[:3], runs[4], "--out", png, "--json", figures, cwd=tmp_path, env=env)
   assert done.returncode == 0 and done.stderr == "", done.stderr[-3000:]
   assert f"| {_LR}=0.005 | +0.400 | - | one seed in a group: no spread to test against |" in done.stdout
@@ -124,6 +124,7 @@ def test_the_cli_prints_the_table_and_writes_the_plot_and_figures(runs, tmp_path
   bad = {(): "compare needs the workdirs of the runs to compare",
          ("nope",): f"run 'nope' does not exist; relative paths start at {tmp_path}",
          (runs[0], "--out", png): f"--out {str(png)!r} exists; pass a new file path",
+         (runs[0], "--out", figures / "x.png"): f"--out {str(figures)!r} is a file, not a directory; pass a directory",
          (runs[0], "--out", tmp_path): f"--out {str(tmp_path)!r} is a directory; pass a file path, e.g. "
                                        f"'{tmp_path}/compare.png'."}
   for args, want in bad.items():
