@@ -4,8 +4,10 @@ the fix; a run where only some calls fail counts them in its summary and its res
 step had a learning signal (every group's rewards equal) says so after its result, and why when its policy
 started from random weights."""
 
+import hashlib
 import json
 import os
+import shutil
 
 import pytest
 
@@ -119,6 +121,16 @@ def test_some_failed_calls_and_steps_without_signal_are_counted_and_said(tmp_pat
   assert {k: runtime.train(cfg, workdir, resume=True, quiet=True)[k] for k in counts} == counts
   assert (f"warning: the reward code changed since checkpoint 3 was written ({tmp_path}/r.py): the RL steps from 3 "
           "on score with the new code, the ones logged before with the old.") in capsys.readouterr().err.splitlines()
+  # The checkpoints written after such a resume record the new code (a later evaluate or resume compared with the
+  # run's first until a review): checkpoint 3 removed, the resume from step 2 re-runs step 3 and writes it anew.
+  shutil.rmtree(os.path.join(workdir, "checkpoints", "3"))
+  runtime.train(cfg, workdir, resume=True, quiet=True)
+  assert "from 2 on score with the new code" in capsys.readouterr().err
+  ckpt = runtime.RunCheckpointer(workdir)
+  recorded = ckpt.read_meta(3)["reward_sources"]
+  ckpt.close()
+  with open(tmp_path / "r.py", "rb") as f:
+    assert recorded == {str(tmp_path / "r.py"): hashlib.sha256(f.read()).hexdigest()}
   cli._print_summary(summary, warm_start=False, random_start=cli._random_start(cfg))  # pylint: disable=protected-access
   assert capsys.readouterr().out.splitlines()[1:3] == [
       f"Greedy eval reward on 5 held-out prompts: start (no warm start) 0.800 -> after RL 0.800 (+0.000) in "
