@@ -11,6 +11,7 @@ from rlax_post.runtime._checkpoint import complete_checkpoints
 from rlax_post.runtime._checkpoint import probe_writable
 from rlax_post.runtime._checkpoint import RESULT_SECTIONS
 from rlax_post.runtime._checkpoint import result_settings
+from rlax_post.runtime._checkpoint import resume_config_changes
 from rlax_post.runtime._checkpoint import RunCheckpointer
 from rlax_post.runtime._critic import CriticScores
 from rlax_post.runtime._distributed import ENV_AUTO
@@ -119,10 +120,10 @@ __all__ = [
     "learn", "load_run_config", "load_run_policy", "LoggedSource", "make_source", "mean_return", "MetricsWriter",
     "ModelPolicy", "pair_rows", "Parts", "pass_at_k", "pass_ks", "plot_curves", "policy_value", "probe_writable",
     "ProcessSource", "QFunction", "read_jsonl", "read_prompts", "read_rounds", "replay", "rescue_audit",
-    "rescue_evaluate", "RESULT_SECTIONS", "result_settings", "RLUpdate", "RolloutBatch", "round_dir", "RoundSource",
-    "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory", "run_policy_value", "run_rescue_eval", "run_sampler",
-    "RunCheckpointer", "RunPolicy", "SamplerWorker", "SAMPLES_FILE", "samples_path", "saved_config", "serve",
-    "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "SplitCheck", "Stopped", "take_groups",
-    "Taken", "ThreadSource", "TIMING_METRICS", "train", "transitions_of", "UserPrompt", "warm_start_cache_entries",
-    "warm_start_cache_key", "write_generation", "write_json"
+    "rescue_evaluate", "RESULT_SECTIONS", "result_settings", "resume_config_changes", "RLUpdate", "RolloutBatch",
+    "round_dir", "RoundSource", "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory", "run_policy_value",
+    "run_rescue_eval", "run_sampler", "RunCheckpointer", "RunPolicy", "SamplerWorker", "SAMPLES_FILE", "samples_path",
+    "saved_config", "serve", "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "SplitCheck",
+    "Stopped", "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "transitions_of", "UserPrompt",
+    "warm_start_cache_entries", "warm_start_cache_key", "write_generation", "write_json"
 ]

@@ -379,15 +379,22 @@ def result_settings(saved: dict, sections: list[str] | None = None) -> dict:
   return {k: v for k, v in settings.items() if k not in _NOT_RESULTS}
 
 
-def check_resume_config(saved: dict | None, cfg: config_lib.Config) -> None:
+def resume_config_changes(saved: dict | None, cfg: config_lib.Config) -> str | None:
+  """The settings that decide results (`result_settings`) on which `cfg` differs from `saved`, a run's config
+  as config.json or a checkpoint holds it, as "key: then -> now, ..." (the first 8); None when they agree or
+  there is no `saved`. The one comparison of `--resume`, `--auto_resume` and the sweep's stale units."""
   if saved is None:
-    return
+    return None
   sections = [k for k in RESULT_SECTIONS if k in saved]  # A checkpoint older than a section lacks it.
   old_flat = result_settings(saved, sections)
   new_flat = result_settings(json.loads(json.dumps(config_lib.to_dict(cfg))), sections)
   diff = sorted(k for k in old_flat.keys() | new_flat.keys() if old_flat.get(k) != new_flat.get(k))
-  if diff:
-    changes = ", ".join(f"{k}: {old_flat.get(k)!r} -> {new_flat.get(k)!r}" for k in diff[:8])
+  return ", ".join(f"{k}: {old_flat.get(k)!r} -> {new_flat.get(k)!r}" for k in diff[:8]) or None
+
+
+def check_resume_config(saved: dict | None, cfg: config_lib.Config) -> None:
+  changes = resume_config_changes(saved, cfg)
+  if changes:
     raise ValueError(f"--resume needs the configuration that wrote the checkpoint (it decides the schedule, "
                      f"data and random streams); these keys differ: {changes}.")
 

@@ -44,18 +44,16 @@ def holds_run_config(workdir: str) -> bool:
 
 def check_auto_resume(workdir: str, cfg: config_lib.Config) -> None:
   """ValueError when `workdir/config.json` is a run's whose settings that decide results (`--resume`'s,
-  `_checkpoint.check_resume_config`) differ from `cfg`'s, naming the keys. Reads one file and lists nothing,
+  `_checkpoint.resume_config_changes`) differ from `cfg`'s, naming the keys. Reads one file and lists nothing,
   so every process of a multi-host learner, and the CLI before any JAX work, come to the same answer."""
   saved = _read_json(os.path.join(workdir, "config.json"))
   if not is_run_config(saved):
     return  # no run's config: nothing of another run to keep (a fresh run refuses files no run wrote)
-  try:
-    _checkpoint.check_resume_config(saved, cfg)
-  except ValueError as e:
-    keys = str(e).partition("these keys differ: ")[2].rstrip(".")
+  keys = _checkpoint.resume_config_changes(saved, cfg)
+  if keys:
     raise ValueError(f"--auto_resume: {workdir} holds a run of other settings (its config.json; then -> now: "
                      f"{keys}), which this command would neither continue nor replace: pass another --workdir "
-                     "for this config, or the run's own config to continue it.") from None
+                     "for this config, or the run's own config to continue it.")
 
 
 def auto_resume(workdir: str, cfg: config_lib.Config, latest: int | None) -> bool:

@@ -238,7 +238,7 @@ def _finish(run: _Running, say, total: int) -> None:
 
 
 def _stale(r: UnitResult) -> str | None:
-  """The settings that decide results (`runtime.check_resume_config`: seed, task, data, reward, model, sft, rl,
+  """The settings that decide results (`runtime.resume_config_changes`: seed, task, data, reward, model, sft, rl,
   ...) on which the run in the unit's workdir differs from the unit, e.g. 'rl.steps: 3 -> 4'; None when they
   agree, or when the workdir holds nothing the sweep would reuse (no summary.json, no complete checkpoint: the
   unit starts afresh) or no config.json, or the unit carries no config (`WorkUnit.cfg`)."""
@@ -249,11 +249,9 @@ def _stale(r: UnitResult) -> str | None:
     return None
   try:
     with open(path) as f:
-      runtime.check_resume_config(json.load(f), r.unit.cfg)
+      return runtime.resume_config_changes(json.load(f), r.unit.cfg)
   except (OSError, ValueError) as e:  # (an unreadable config.json cannot show the results are the unit's)
-    _, found, keys = str(e).partition("these keys differ: ")
-    return keys.rstrip(".") if found else f"{path}: {type(e).__name__}: {e}"
-  return None
+    return f"{path}: {type(e).__name__}: {e}"
 
 
 def _refuse_stale(results: Sequence[UnitResult], root: str) -> None:
