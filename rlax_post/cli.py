@@ -132,7 +132,8 @@ _MAX_TOKENS = flags.DEFINE_integer("max_tokens", None, "generate: the most token
                                    "rl.max_new_tokens; 128 with --hf_path).")
 _SAMPLES = flags.DEFINE_integer("samples", 1, "generate: completions per prompt (several need --temperature > 0); "
                                 "evaluate: sampled completions per example, scored as the mean reward and pass@k "
-                                "(several need --temperature > 0; without --samples: the run's greedy evaluation).")
+                                "(several need --temperature > 0; a dataset run's or a built-in text task's; "
+                                "without --samples: the run's greedy evaluation).")
 # evaluate beyond the run's own held-out set (docs/data.md, "What the policy writes").
 _DATA = flags.DEFINE_string("data", None, "evaluate: a file of rows (a file, glob or directory, as data.eval) read as "
                             "the run reads its held-out file and scored by its reward (a dataset run's; default: "

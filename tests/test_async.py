@@ -15,6 +15,7 @@ import pytest
 from rlax_post import config
 from rlax_post import envs
 from rlax_post import exchange
+from rlax_post import rewards
 from rlax_post import rollouts
 from rlax_post import runtime
 from rlax_post.runtime import _rowlog
@@ -725,3 +726,43 @@ def test_a_sampler_ends_with_a_line_in_words():
   none = dict(stats, groups=0, late_groups=0, first_version=None, version=0, swaps=0, idle_frac=1.0)
   assert _samplers._done_line(none) == (  # pylint: disable=protected-access
       "0 groups queued (0 late copies of re-granted tickets) in 62 s, params versions - -> 0 (0 swaps), idle 100%")
+
+
+
+def test_sampled_evaluation_of_a_text_task_samples_the_greedy_evaluation_s_examples(sync_run, tmp_path):
+  """`rlax-post evaluate --samples` of a built-in text task's run: each of the K passes samples with its own seed
+  over the held-out examples the greedy evaluation runs (their seed stays the run's, whatever --seed), each
+  sample scored by the task's reward, the mean and pass@k from them as for a dataset run."""
+  workdir = os.fspath(sync_run)
+  greedy = runtime.read_jsonl(runtime.evaluate_run(workdir, step=4, out=os.fspath(tmp_path / "g.jsonl"),
+                                                   options=runtime.EvaluateOptions(num=4))["out"])
+  sampled = lambda name, **law: runtime.evaluate_run(workdir, step=4, out=os.fspath(tmp_path / name),
+                                                     options=runtime.EvaluateOptions(num=4, **law))
+  law = dict(samples=4, temperature=0.5, pass_threshold=0.1)
+  a, b, c = sampled("a.jsonl", seed=3, **law), sampled("b.jsonl", seed=3, **law), sampled("c.jsonl", seed=4, **law)
+  ra, rb, rc = (runtime.read_jsonl(r["out"]) for r in (a, b, c))
+  # The same 4 examples (prompts) as the greedy evaluation, 4 samples each, for either seed.
+  for records in (ra, rc):
+    assert [(r["example"], r["sample"], r["prompt"]) for r in records] == [
+        (e, s, greedy[e]["prompt"]) for e in range(4) for s in range(4)]
+  assert len({r["prompt"] for r in greedy}) == 4
+  # A seed gives the same samples again; the samples of one example differ, and another seed draws others.
+  assert ra == rb and {k: v for k, v in a.items() if k != "out"} == {k: v for k, v in b.items() if k != "out"}
+  assert all(len({r["completion"] for r in ra[4 * e:4 * e + 4]}) > 1 for e in range(4))
+  assert [r["completion"] for r in ra] != [r["completion"] for r in rc]
+  # Each sample's reward is the task's (partial-credit reversal) of its completion; it passes at 0.1 or more.
+  answer = lambda r: r["prompt"][len("<bos>rev "):-1][::-1]
+  assert [r["reward"] for r in ra] == [pytest.approx(rewards.exact_match(r["completion"], answer(r),
+                                                                         partial_credit=True)) for r in ra]
+  assert [r["passed"] for r in ra] == [r["reward"] >= 0.1 for r in ra]
+  passed = np.asarray([r["passed"] for r in ra]).reshape(4, 4).sum(axis=1)
+  assert a == {"step": 4, "eval_reward": pytest.approx(np.mean([r["reward"] for r in ra])), "num_eval": 4,
+               "out": a["out"], "reward_changed": [], "samples": 4, "temperature": 0.5, "top_p": 1.0, "top_k": 0,
+               "seed": 3, "pass_threshold": 0.1,
+               **{f"pass@{k}": pytest.approx(np.mean([runtime.pass_at_k(4, int(p), k) for p in passed]))
+                  for k in (1, 2, 4)}}
+  assert 0 < a["pass@1"] < a["pass@2"] < a["pass@4"]
+  # One sample at temperature 0: the greedy evaluation's completions, whatever the seed.
+  one = runtime.read_jsonl(sampled("one.jsonl", samples=1, seed=5)["out"])
+  keys = ("example", "prompt", "completion", "reward", "finished")
+  assert [{k: r[k] for k in keys} for r in one] == [{k: r[k] for k in keys} for r in greedy]

@@ -474,6 +474,11 @@ class DatasetTask:
       rows = slice(shard_index * block, (shard_index + 1) * block)
       yield {"tokens": tokens[rows], "loss_mask": mask[rows]}
 
+  def reseeded(self, seed: int) -> "DatasetTask":
+    """This task sampling with `seed` (its `cfg.seed`: the rollouts' streams, a row env's seed) over the same rows
+    (its splits are built already): `rlax-post evaluate --samples`' passes over the held-out rows."""
+    return dataclasses.replace(self, cfg=dataclasses.replace(self.cfg, seed=seed))
+
   def producer(self, engine: sampler.RlaxEngine, params, version: int, *, split: str = "train"):
     """Single-turn groups scored by `reward.fn` (`DatasetProducer`), or, with `data.env_field`, episodes of
     the env each row names, scored by that env (`EpisodeProducer`; a message may use the whole response

@@ -12,11 +12,13 @@ held-out set, so its mean reward is the `eval_reward` the run logged at that ste
   run's evaluation producer (`sampled_groups`), scored as the run scores its held-out samples; sample i of
   example t draws what the run's evaluation of ticket t draws with `seed` = `seed_of(seed, i)` (stream t mod P
   of `seed_of(seed_of(seed, i), ROLLOUT, t // P)`, P: `rl.prompts_per_step`), so a `seed` gives the same
-  samples again on the same engine. A dataset run's alone (a built-in text task draws its held-out examples
-  from the run's seed too). Scored as the mean reward over every sample and
-  pass@k for k = 1, 2, 4, ... below K, and K (`pass_at_k`): a sample passes when its reward is at least
-  `pass_threshold`, default 1.0, the full score of a verifiable reward (the built-in `math`, `exact`); a
-  weighted sum of rewards or a partial-credit reward wants its own threshold.
+  samples again on the same engine; the examples are the greedy evaluation's, whatever the `seed` (the task
+  `reseeded`: a built-in text task keeps the run's seed for its held-out examples). A dataset run's or a
+  built-in text task's (reverse, sort, add) alone: the other tasks draw their held-out episodes from the run's
+  seed as they draw their samples, and keep no seed of their own for them. Scored as the mean reward over every
+  sample and pass@k for k = 1, 2, 4, ... below K, and K (`pass_at_k`): a sample passes when its reward is at
+  least `pass_threshold`, default 1.0, the full score of a verifiable reward (the built-in `math`, `exact`, a
+  text task's exact match); a weighted sum of rewards or a partial-credit reward wants its own threshold.
 """
 
 from __future__ import annotations
@@ -87,17 +89,24 @@ def pass_scores(rewards_es: np.ndarray, threshold: float) -> dict[str, float]:
 def check_options(cfg: config_lib.Config, options: EvaluateOptions) -> None:
   """ValueError (FileNotFoundError for a missing --data) naming the first bad value of `options` for a run of
   `cfg`, before any model is built: `num` or `samples` below 1, a sampling law without `samples` or one
-  `rlax-post generate` refuses (`_generate.check_options`: several samples at temperature 0, ...), `data` or
-  `samples` on a run of another task than the dataset task, a `data` that holds no file or one the run trains
-  on, or a `num` above the held-out examples the run's config asks for."""
+  `rlax-post generate` refuses (`_generate.check_options`: several samples at temperature 0, ...), `data` on a
+  run of another task than the dataset task, `samples` on one of another task than it and the built-in text
+  tasks, a `data` that holds no file or one the run trains on, or a `num` above the held-out examples the run's
+  config asks for."""
   if options.num is not None and (isinstance(options.num, bool) or not isinstance(options.num, int)
                                   or options.num < 1):
     raise ValueError(f"--num must be an int >= 1 (the examples to evaluate); got {options.num!r}.")
   _check_law(options)
-  for flag, given in (("--data", options.data), ("--samples", options.samples)):
-    if given is not None and cfg.task.name != _DATASET:
-      raise ValueError(f"{flag} {given!r}: {_ONLY_DATASET[flag]}; this run's task is {cfg.task.name!r} (leave "
-                       f"{flag} out: the run's greedy evaluation on its held-out set).")
+  if options.data is not None and cfg.task.name != _DATASET:
+    raise ValueError(f"--data {options.data!r}: a file of rows is read by a dataset run (task.name = 'dataset') "
+                     f"alone; this run's task is {cfg.task.name!r} (leave --data out: the run's greedy evaluation "
+                     "on its held-out set).")
+  if options.samples is not None and cfg.task.name not in _SAMPLED_TASKS:
+    raise ValueError(f"--samples {options.samples!r}: sampled evaluation runs over a dataset run's rows or a "
+                     f"built-in text task's ({', '.join(_SAMPLED_TASKS[1:])}) held-out examples alone; this run's "
+                     f"task is {cfg.task.name!r}, whose held-out examples are drawn from the run's seed as its "
+                     "samples are, with no seed of their own to keep them fixed while the samples are reseeded "
+                     "(leave --samples out: the run's greedy evaluation on its held-out set).")
   if options.data is not None:
     data_files(cfg, options.data)
   elif options.num is not None and options.num > cfg.task.num_eval:
@@ -106,9 +115,9 @@ def check_options(cfg: config_lib.Config, options: EvaluateOptions) -> None:
                      f"{', or --data FILE for other rows' if cfg.task.name == _DATASET else ''}.")
 
 
-_ONLY_DATASET = {
-    "--data": "a file of rows is read by a dataset run (task.name = 'dataset') alone",
-    "--samples": "sampled evaluation runs over a dataset run's rows (task.name = 'dataset') alone"}
+# The tasks `sampled_groups` reseeds over fixed held-out examples (`reseeded`): the dataset task, the built-in text
+# tasks.
+_SAMPLED_TASKS = (_DATASET, *sorted(envs.TASKS))
 _LAW = ("temperature", "top_p", "top_k", "seed", "pass_threshold")
 
 
@@ -160,16 +169,17 @@ def data_parts(parts: _parts.Parts, path: str, num: int | None) -> _parts.Parts:
 
 
 def sampled_groups(parts: _parts.Parts, params: Any, options: EvaluateOptions, num: int) -> list[list[dict]]:
-  """`options.samples` rows of each of the first `num` held-out tickets of `parts.task` (a dataset task), in
-  sample order: sample i is held-out pass i, the task's own evaluation producer (one sample per ticket) on an
-  engine of `options`' law, over a copy of the task whose `seed` is `seed_of(options.seed, i)` (the run's config
-  is otherwise kept: its splits and reward are built already, and its training settings stay as validated)."""
+  """`options.samples` rows of each of the first `num` held-out tickets of `parts.task` (a dataset task or a
+  built-in text task), in sample order: sample i is held-out pass i, the task's own evaluation producer (one
+  sample per ticket) on an engine of `options`' law, over the task `reseeded` with `seed_of(options.seed, i)`: its
+  rollouts draw from that seed, its held-out examples stay the run's (a dataset task's splits are built already;
+  a text task keeps its examples' seed), and the run's config is otherwise kept (its training settings stay as
+  validated)."""
   engine = parts.engine(slots=parts.cfg.eval.batch_size, temperature=options.temperature, top_p=options.top_p,
                         top_k=options.top_k)
   passes = []
   for sample in range(options.samples):
-    cfg = dataclasses.replace(parts.cfg, seed=envs.seed_of(options.seed, sample))
-    producer = dataclasses.replace(parts.task, cfg=cfg).producer(engine, params, 0, split="eval")
+    producer = parts.task.reseeded(envs.seed_of(options.seed, sample)).producer(engine, params, 0, split="eval")
     try:
       passes.append(envs.run_tickets(producer, range(num), slots=parts.cfg.eval.batch_size))
     finally:
