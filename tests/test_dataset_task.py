@@ -126,6 +126,22 @@ def test_too_long_prompts_skip_truncate_or_error(tmp_path):
   assert str(e.value) == "No usable held-out row (skipped: {'prompt too long': 2})" + hint.format(n=7)
 
 
+def test_a_short_held_out_set_is_named_as_the_run_s_or_as_another_file_s(tmp_path, caplog):
+  """Fewer usable held-out rows than task.num_eval: the run's own set is named by task.num_eval; rows of another
+  file (`rlax-post evaluate --data`, which sets task.num_eval to the file's rows) by the file and its rows."""
+  held = _rows(2, 100) + [{"prompt": "9" * 40, "answer": 0}]
+  cfg = _cfg(tmp_path, _rows(4), held, max_prompt_tokens=10)
+  notes = lambda: [r.getMessage() for r in caplog.records if "the evaluation runs" in r.getMessage().lower()]
+  with caplog.at_level(logging.WARNING, logger="rlax_post.data"):
+    assert envs.make_rl_task(cfg, models.ByteTokenizer()).num_eval == 2
+    assert notes() == ["The evaluation runs the 2 usable held-out rows (task.num_eval = 4)."]
+    caplog.clear()
+    task = envs.make_dataset_task(cfg, models.ByteTokenizer(), eval_source="--data 'eval.jsonl'")
+  assert task.num_eval == 2
+  assert notes() == ["--data 'eval.jsonl': the evaluation runs its 2 usable rows of 3 (skipped: "
+                     "{'prompt too long': 1})."]
+
+
 def test_skipped_rows_are_counted_and_tickets_deterministic(tmp_path, caplog):
   rows = _rows(12)
   for i in (2, 5, 6):

@@ -2,6 +2,7 @@
 another file of rows (--data), its first N (--num), K sampled completions per example scored as the mean reward
 and pass@k (--samples), and every bad option named before any model is built."""
 
+import logging
 import math
 import os
 
@@ -149,10 +150,14 @@ def test_greedy_default_is_the_run_s_own_evaluation(run, tmp_path):
   assert two["eval_reward"] == pytest.approx(np.mean([r["reward"] for r in records[:2]]))
 
 
-def test_data_file_scores_exactly_its_usable_rows_by_the_run_s_reward(run, tmp_path):
+def test_data_file_scores_exactly_its_usable_rows_by_the_run_s_reward(run, tmp_path, caplog):
   workdir, test, _ = run
   out = str(tmp_path / "d.jsonl")
-  result = runtime.evaluate_run(workdir, step=1, out=out, options=runtime.EvaluateOptions(data=test))
+  with caplog.at_level(logging.WARNING, logger="rlax_post.data"):
+    result = runtime.evaluate_run(workdir, step=1, out=out, options=runtime.EvaluateOptions(data=test))
+  # The note on the rows that run names the file and its rows (task.num_eval is no setting of the user's here).
+  assert [r.getMessage() for r in caplog.records if "evaluation runs" in r.getMessage()] == [
+      f"--data {test!r}: the evaluation runs its 5 usable rows of 6 (skipped: {{'prompt too long': 1}})."]
   records = runtime.read_jsonl(out)
   rows = runtime.read_jsonl(test)
   usable = [0, 1, 3, 4, 5]  # row 2's prompt is longer than data.max_prompt_tokens (too_long = "skip")

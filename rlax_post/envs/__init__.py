@@ -36,6 +36,7 @@ from rlax_post.envs._dataset import DatasetTask
 from rlax_post.envs._dataset import Renderer
 from rlax_post.envs._dataset import dataset_renderer
 from rlax_post.envs._dataset import dataset_rows
+from rlax_post.envs._dataset import make_dataset_task
 from rlax_post.envs._dataset import render_row
 from rlax_post.envs._dataset import skip_hint
 from rlax_post.envs._dataset import TooLong
@@ -135,6 +136,7 @@ __all__ = [
     'episode_rows',
     'group_id',
     'check_task',
+    'make_dataset_task',
     'make_rl_task',
     'task_lengths',
     'prefix_key',

@@ -573,8 +573,20 @@ def check_settings(cfg: config_lib.Config) -> None:
   dataset_lengths(cfg, config_lib.max_seq_len(cfg))  # (what `DatasetTask.lengths` refuses when `train` starts)
 
 
-def make_dataset_task(cfg: config_lib.Config, tokenizer) -> DatasetTask:
-  """The run's `DatasetTask`: opens the files, loads the reward functions, finds the held-out rows."""
+def _short_note(eval_source: str | None, held: Split, usable: int, num_eval: int) -> str:
+  """The note on a held-out set with fewer usable rows than asked: the run's own (`eval_source` None) against
+  `task.num_eval`; another file's (all of its rows were read) against its rows, with the reasons rows were
+  skipped."""
+  if eval_source is None:
+    return f"The evaluation runs the {usable} usable held-out rows (task.num_eval = {num_eval})."
+  return (f"{eval_source}: the evaluation runs its {usable} usable rows of {len(held.order)} (skipped: "
+          f"{held.reasons}).")
+
+
+def make_dataset_task(cfg: config_lib.Config, tokenizer, *, eval_source: str | None = None) -> DatasetTask:
+  """The run's `DatasetTask`: opens the files, loads the reward functions, finds the held-out rows. Where fewer
+  are usable than `task.num_eval` a note says how many run (`_short_note`); `eval_source` names held-out rows
+  that are no run's own set (`rlax-post evaluate --data`'s "--data 'FILE'"), and the note their file's rows."""
   check_options(cfg)
   check_demos(cfg)
   renderer = dataset_renderer(cfg, tokenizer)
@@ -588,7 +600,6 @@ def make_dataset_task(cfg: config_lib.Config, tokenizer) -> DatasetTask:
   if not n_eval:
     raise ValueError(f"No usable held-out row (skipped: {held.reasons}){skip_hint(held.longest)}.")
   if n_eval < cfg.task.num_eval:
-    _LOG.warning("The evaluation runs the %d usable held-out rows (task.num_eval = %d).", n_eval,
-                 cfg.task.num_eval)
+    _LOG.warning("%s", _short_note(eval_source, held, n_eval, cfg.task.num_eval))
   return DatasetTask(cfg=cfg, tokenizer=tokenizer, renderer=renderer, train=train, held_out=held,
                      scorer=scorer, num_eval=n_eval)

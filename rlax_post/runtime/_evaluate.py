@@ -162,7 +162,7 @@ def data_parts(parts: _parts.Parts, path: str, num: int | None) -> _parts.Parts:
   cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, eval=path, eval_fraction=0.0),
                             task=dataclasses.replace(cfg.task, num_eval=max(1, min(rows, num or rows))))
   try:
-    task = envs.make_rl_task(cfg, parts.tokenizer)
+    task = envs.make_dataset_task(cfg, parts.tokenizer, eval_source=f"--data {path!r}")
   except ValueError as e:  # a malformed row (data.bad_rows = "error"), no usable row
     raise ValueError(f"--data {path!r}: {e}") from None
   return dataclasses.replace(parts, cfg=cfg, task=task)
