@@ -1052,7 +1052,8 @@ def evaluate_line(workdir: str, result: dict) -> str:
   """`rlax-post evaluate`'s one line of `runtime.evaluate_run`'s `result`: the step, how it was scored (greedy,
   or K samples at a temperature and seed, with pass@k), the mean reward, on what, the failed reward calls where
   counted, each reward component's mean (over the calls that succeeded), what the run logged (greedy, on the
-  run's whole held-out set, and that its reward code changed since, where it did)."""
+  run's whole held-out set), and that the reward code changed since the checkpoint, where it did: beside the
+  logged figure, its code as it was; else the scores are the code's as it is now (`_reward_note`)."""
   errors = result.get("eval_reward_errors")
   if "samples" in result:
     errors = f" ({errors:.0f} samples scored reward.default: their reward call failed)" if errors else ""
@@ -1068,15 +1069,24 @@ def evaluate_line(workdir: str, result: dict) -> str:
     logged = "" if logged is None else f"; the run logged {logged:.4f} at this step"
     if logged and result.get("reward_changed"):  # (the two figures come from different reward code)
       logged += f" with the reward code as it was (changed since: {', '.join(result['reward_changed'])})"
+    note = "" if logged else _reward_note(result)
     return (f"Step {result['step']} of {workdir}: greedy eval reward {result['eval_reward']:.4f} on "
-            f"{where}{errors}{parts}{logged}. Each example's prompt, completion and reward: {result['out']}")
+            f"{where}{errors}{parts}{logged}{note}. Each example's prompt, completion and reward: {result['out']}")
   law = "".join(f", {name} {result[name]:g}" for name, default in (("top_p", 1.0), ("top_k", 0))
                 if result[name] != default)
   passes = ", ".join(f"{k} {v:.4f}" for k, v in result.items() if k.startswith("pass@"))
   return (f"Step {result['step']} of {workdir}: {result['samples']} samples per example at temperature "
           f"{result['temperature']:g}{law} (seed {result['seed']}) on {where}: mean reward "
           f"{result['eval_reward']:.4f}{errors}; {passes} (a sample passes at reward >= "
-          f"{result['pass_threshold']:g}){parts}. Each sample's prompt, completion and reward: {result['out']}")
+          f"{result['pass_threshold']:g}){parts}{_reward_note(result)}. Each sample's prompt, completion and reward: "
+          f"{result['out']}")
+
+
+def _reward_note(result: dict) -> str:
+  """"; the reward code changed since the checkpoint (FILES): ..." where `result["reward_changed"]` names files."""
+  changed = result.get("reward_changed")
+  return f"; the reward code changed since the checkpoint ({', '.join(changed)}): these are the new code's scores" \
+      if changed else ""
 
 
 def _new_file(path: str, flag: str, example: str = "samples.jsonl") -> str:

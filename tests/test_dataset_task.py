@@ -470,6 +470,20 @@ def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_pa
   assert cli.evaluate_line(workdir, again).endswith(
       f"the run logged -0.1000 at this step with the reward code as it was (changed since: {tmp_path}/picky.py). "
       f"Each example's prompt, completion and reward: {tmp_path}/s3.jsonl")
+  # The sampled evaluation, and the greedy one with no logged figure beside it (--num), say it too: their scores
+  # are the new code's.
+  note = f"; the reward code changed since the checkpoint ({tmp_path}/picky.py): these are the new code's scores. "
+  sampled = runtime.evaluate_run(workdir, step=2, out=str(tmp_path / "s4.jsonl"),
+                                 options=runtime.EvaluateOptions(samples=1))
+  assert sampled["reward_changed"] == [str(tmp_path / "picky.py")] and sampled["eval_reward"] == pytest.approx(-0.1)
+  assert cli.evaluate_line(workdir, sampled).endswith(
+      f"(a sample passes at reward >= 1); component means bonus 0.5000, score 1.0000, score/digit 0.3000 (over the "
+      f"others){note}Each sample's prompt, completion and reward: {tmp_path}/s4.jsonl")
+  two = runtime.evaluate_run(workdir, step=2, out=str(tmp_path / "s5.jsonl"), options=runtime.EvaluateOptions(num=2))
+  assert cli.evaluate_line(workdir, two) == (
+      f"Step 2 of {workdir}: greedy eval reward 0.0000 on 2 held-out examples (1 of them scored reward.default: "
+      f"their reward call failed); component means bonus 0.0000, score 1.0000, score/digit 0.2000 (over the "
+      f"others){note}Each example's prompt, completion and reward: {tmp_path}/s5.jsonl")
   assert runtime.read_jsonl(os.path.join(workdir, runtime.SAMPLES_FILE))[4:] == records[:4]
   # Held-out rows changed since the run (review: evaluate scored the new rows, and compared them with the run's
   # log): refused as --resume refuses, naming the file sizes.
