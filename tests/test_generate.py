@@ -161,6 +161,12 @@ def test_a_dataset_run_s_renderer_writes_its_system_prompt_and_chat_template():
     ("p.jsonl", '{"text": "a"}\n', "{path}:1: an object needs exactly one of the fields \"prompt\" (a string) and "
      "\"messages\" (a list of chat messages); it has neither (its fields: ['text'])."),
     ("p.jsonl", '{"prompt": "a", "messages": []}\n', "{path}:1: an object needs exactly one of the fields"),
+    # (Messages as a string were read as a text prompt until 2026-12-06.)
+    ("p.jsonl", '{"prompt": "a"}\n{"messages": "some text"}\n', "{path}:2: \"messages\" must be a list of "
+     "{{\"role\": ..., \"content\": ...}} objects (chat messages); got a JSON string ('some text'); a text prompt "
+     "goes in \"prompt\"."),
+    ("p.jsonl", '{"messages": {"role": "user", "content": "x"}}\n', "{path}:1: \"messages\" must be a list of "
+     "{{\"role\": ..., \"content\": ...}} objects (chat messages); got a JSON object ({{'role': 'user', "),
 ])
 def test_a_bad_prompts_file_is_named_with_its_line(tmp_path, name, text, error):
   path = tmp_path / name

@@ -120,7 +120,9 @@ def read_prompts(path: str) -> list[UserPrompt]:
 
 
 def _json_prompt(line: str, where: str) -> Any:
-  """The prompt of one .jsonl line: its "prompt" string or its "messages" (as a tuple)."""
+  """The prompt of one .jsonl line: its "prompt" string or its "messages" (as a tuple); "messages" that are no
+  list (a string, ...) are refused naming the line: a text meant as a prompt belongs in "prompt". ("prompt" may
+  hold a list of messages too, as a dataset row's prompt field does.)"""
   try:
     record = json.loads(line)
   except ValueError as e:
@@ -135,7 +137,16 @@ def _json_prompt(line: str, where: str) -> Any:
     raise ValueError(f"{where}: an object needs exactly one of the fields \"prompt\" (a string) and \"messages\" "
                      f"(a list of chat messages); it has {got}.")
   value = record[fields[0]]
+  if fields[0] == "messages" and not isinstance(value, list):
+    raise ValueError(f"{where}: \"messages\" must be a list of {{\"role\": ..., \"content\": ...}} objects (chat "
+                     f"messages); got a JSON {_json_type(value)} ({value!r:.60}); a text prompt goes in \"prompt\".")
   return tuple(value) if isinstance(value, list) else value
+
+
+def _json_type(value: Any) -> str:
+  """The JSON name of a decoded value's type: string, number, object, ..."""
+  names = {str: "string", bool: "boolean", int: "number", float: "number", dict: "object", type(None): "null"}
+  return names.get(type(value), type(value).__name__)
 
 
 def check_prompts(prompts: Sequence[UserPrompt]) -> None:
