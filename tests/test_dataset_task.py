@@ -449,6 +449,10 @@ def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_pa
   records = runtime.read_jsonl(out)
   assert [(r["data_row"], r["reward_error"], r["reward"]) for r in records] == [
       (j, j % 2 == 0, -1.0 if j % 2 == 0 else 1.0 + 0.5 * (j == 3)) for j in range(5)]
+  # A failed call's error rides along (`reward_error_message`, on those rows alone): its type, message and place.
+  assert [r.get("reward_error_message", "").split(", raised at ")[0] for r in records] == [
+      f"ValueError: odd answer {101 + j}" if j % 2 == 0 else "" for j in range(5)]
+  assert all(r["reward_error_message"].endswith("picky.py:3") for r in records if r["reward_error"])
   # (A failed call has no components: a held-out example is a group of one, so no name is known for its row.)
   assert [r.get("components") for r in records] == [
       None, {"bonus": 0.0, "score": 1.0, "score/digit": pytest.approx(0.2)}, None,

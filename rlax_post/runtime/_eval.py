@@ -105,10 +105,12 @@ def eval_record(tokenizer: Any, stops: tuple[str, ...], example: int, group: lis
   (its ids decoded as the model saw them, special tokens written out); `completion`: a single-turn row's text as
   the reward read it (decoded to its EOS, special tokens dropped, cut before the first `rl.stop` string), a
   multi-turn row's whole transcript after the prompt (the policy's messages and the env's observations, special
-  tokens written out); `reward`, `finished`; `reward_error` where the row counts failed reward calls;
-  `components` {name: value or null} where it has reward components (`reward/<name>`); a multi-turn row's
-  `turns` (each policy message as the env read it) and `end_reason`; a group of several rows (a role pipeline's
-  chain: the later roles) `chain`, each later row's `prompt`, `completion`, `reward` and `components`."""
+  tokens written out); `reward`, `finished`; `reward_error` where the row counts failed reward calls, and on a
+  row whose call failed `reward_error_message` (its error: type, message, where it was raised;
+  `envs.REWARD_FAILURE`); `components` {name: value or null} where it has reward components (`reward/<name>`);
+  a multi-turn row's `turns` (each policy message as the env read it) and `end_reason`; a group of several rows
+  (a role pipeline's chain: the later roles) `chain`, each later row's `prompt`, `completion`, `reward` and
+  `components`."""
   row = group[0]
   record: dict[str, Any] = {"example": int(example)}
   if "data_row" in row:
@@ -117,6 +119,8 @@ def eval_record(tokenizer: Any, stops: tuple[str, ...], example: int, group: lis
   record.update(reward=float(row["reward"]), finished=bool(row["finished"]))
   if "reward_errors" in row:
     record["reward_error"] = bool(int(row["reward_errors"]))
+  if envs.REWARD_FAILURE in row:
+    record["reward_error_message"] = str(row[envs.REWARD_FAILURE])
   record.update(_components(row))
   if "turn_starts" in row:
     ids = np.asarray(row["tokens"])
