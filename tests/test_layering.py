@@ -27,9 +27,9 @@ DOC = "docs/architecture.md"
 TREES = ("rlax_post", "configs", "launch", "benchmarks")
 
 # Imported inside the one function that needs them: each is large or an optional extra that most runs never
-# touch (plots, TensorBoard, the XManager launcher, HF parity and export, Arrow). Anything else belongs at the
-# top of its module, where the import graph (and this test) can see it.
-HEAVY_OPTIONAL = ("matplotlib", "tensorboardX", "xmanager", "torch", "transformers", "pyarrow",
+# touch (plots, TensorBoard, W&B, the XManager launcher, HF parity and export, Arrow). Anything else belongs at
+# the top of its module, where the import graph (and this test) can see it.
+HEAVY_OPTIONAL = ("matplotlib", "tensorboardX", "wandb", "xmanager", "torch", "transformers", "pyarrow",
                   "safetensors.torch", "kubernetes", "google.cloud", "portpicker")
 
 ANY = None  # A row whose package may import any package (public names only).

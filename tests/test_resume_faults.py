@@ -1,7 +1,9 @@
 """Resume after damage: uncommitted steps set aside, a damaged newest checkpoint skipped for the one before
 it, `--resume` with nothing to resume refused, a refused resume leaving the run as it was, torn and corrupt
-JSON-lines files handled by name."""
+JSON-lines files handled by name; and a resumed run's Weights & Biases run (`runtime.wandb`, offline), which the
+stopped run of this module's resumes logs to (where wandb is installed: the `wandb` extra)."""
 
+import importlib.util
 import json
 import os
 import re
@@ -56,12 +58,25 @@ def straight(tmp_path_factory):
   return workdir
 
 
+_WANDB = importlib.util.find_spec("wandb") is not None
+
+
 @pytest.fixture(scope="module")
-def _half_run(tmp_path_factory):
+def _wandb_offline():
+  """wandb, where installed, offline (no network, no login), quiet, its console capture off (pytest's own)."""
+  with pytest.MonkeyPatch.context() as mp:
+    for name, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"), ("WANDB_CONSOLE", "off")):
+      mp.setenv(name, value)
+    yield
+
+
+@pytest.fixture(scope="module")
+def _half_run(tmp_path_factory, _wandb_offline):
   """A run stopped after 2 of its 4 steps (checkpoints 0, 1, 2), run once for the module; a first launch under
-  `--auto_resume` (`resume="auto"`: a new workdir starts the run)."""
+  `--auto_resume` (`resume="auto"`: a new workdir starts the run); logging to an offline W&B run in
+  workdir/wandb/ where wandb is installed (about 3 s more: its import and its service process)."""
   workdir = tmp_path_factory.mktemp("half") / "run"
-  runtime.train(_cfg(stop_after_steps=2), workdir, resume="auto", quiet=True)
+  runtime.train(_cfg(stop_after_steps=2, wandb=_WANDB), workdir, resume="auto", quiet=True)
   return workdir
 
 
@@ -287,6 +302,7 @@ def test_a_fresh_run_clears_what_an_attempt_without_a_checkpoint_left(half):
   assert not any((half / name).exists() for name in ("queue", "params", "admission", "critic_params",
                                                          "learner.done"))
   assert not (half / "replay" / "rows" / "stale.json").exists()
+  assert not (half / _metrics.WANDB_FILE).exists()  # (the old attempt's W&B run is not continued)
 
 
 def test_a_fresh_run_refuses_a_folder_it_did_not_write_and_removes_nothing(tmp_path):
@@ -375,6 +391,92 @@ def _tb_scalars(directory) -> list[tuple[str, int]]:
       out += [(v.tag, event.step) for v in event.summary.value]
       i += 12 + length + 4
   return out
+
+
+def _wandb_records(run_dir):
+  """The records (`wandb_internal_pb2.Record`) of an offline W&B run's `run-<id>.wandb` log: a 7-byte header
+  (":W&B", a key, a version), then blocks of 32 KiB holding records in pieces of a 7-byte header (CRC, length,
+  kind: 1 whole, 2 first, 3 middle, 4 last) and their bytes (wandb 0.31 writes no files/wandb-summary.json
+  offline: the summary is in this log)."""
+  from wandb.proto import wandb_internal_pb2  # pylint: disable=g-import-not-at-top  (optional extra)
+  (path,) = run_dir.glob("run-*.wandb")
+  data, pos, piece, out = path.read_bytes(), 7, b"", []
+  assert data[:4] == b":W&B"
+  while pos + 7 <= len(data):
+    room = 32768 - pos % 32768
+    _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+    if room < 7 or kind == 0:  # (a block's zero-filled tail)
+      pos += room
+      continue
+    piece += data[pos + 7:pos + 7 + length]
+    pos += 7 + length
+    if kind in (1, 4):
+      out.append(wandb_internal_pb2.Record.FromString(piece))
+      piece = b""
+  return out
+
+
+def _wandb_logged(run_dir) -> tuple[dict, list[dict], dict]:
+  """An offline W&B run's summary (`phase/name`: value), history rows and config, from its log."""
+  summary, history, config_ = {}, [], {}
+  for r in _wandb_records(run_dir):
+    kind = r.WhichOneof("record_type")
+    if kind == "summary":
+      summary.update({"/".join(u.nested_key) or u.key: json.loads(u.value_json) for u in r.summary.update})
+    elif kind == "history":
+      history.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in r.history.item})
+    elif kind == "run":
+      config_ = {u.key: json.loads(u.value_json) for u in r.run.config.update}
+  return summary, history, config_
+
+
+def _last_rows(workdir, phases) -> dict:
+  """The last row of each of `phases` in metrics.jsonl, as W&B names its values (`phase/name`; nulls left out:
+  not logged)."""
+  last = {r["phase"]: r for r in _metrics.read_jsonl(os.path.join(workdir, "metrics.jsonl"))}
+  return {f"{p}/{k}": v for p in phases for k, v in last[p].items() if k != "phase" and v is not None}
+
+
+@pytest.mark.skipif(not _WANDB, reason="wandb is not installed (the `wandb` extra)")
+def test_a_resumed_run_continues_its_wandb_run(_half_run, half):
+  """`runtime.wandb`: the stopped run's W&B run (offline here, in workdir/wandb/) holds its config, each phase's
+  rows on that phase's own step axis and, as its summary, the last row of each phase as metrics.jsonl has it;
+  the resume continues the same W&B run id (wandb offline keeps one directory per attempt) and logs the steps
+  it trains, whose last values are metrics.jsonl's."""
+  run_id = json.loads((half / _metrics.WANDB_FILE).read_text())["id"]
+  (first,) = (_half_run / "wandb").glob(f"offline-run-*-{run_id}")
+  summary, history, logged_config = _wandb_logged(first)
+  assert logged_config["rl"]["steps"] == 4 and logged_config["runtime"]["wandb"] is True
+  rows = _metrics.read_jsonl(os.fspath(half / "metrics.jsonl"))
+  for phase in ("sft", "rl", "eval"):  # (an evaluation's records are a call of their own: `eval/samples`)
+    steps = [h[f"{phase}/step"] for h in history if f"{phase}/step" in h and "eval/samples/_type" not in h]
+    assert steps == [r["step"] for r in rows if r["phase"] == phase], phase
+  expected = _last_rows(half, ("sft", "rl", "eval"))
+  assert {k: summary[k] for k in expected} == expected and expected["rl/step"] == 2
+  # Each evaluation's records as a wandb.Table beside the run's files (the summary's: the last one's).
+  table = json.loads((first / "files" / summary["eval/samples/path"]).read_text())
+  records = [r for r in _metrics.read_jsonl(os.fspath(half / _metrics.SAMPLES_FILE)) if r["step"] == 2]
+  assert table["columns"] == ["step", "example", "reward", "finished", "prompt", "completion"]
+  assert table["data"] == [[r[c] for c in table["columns"]] for r in records] and len(records) == 4
+
+  resumed = runtime.train(_cfg(wandb=True), half, resume=True, quiet=True)
+  assert resumed["rl_steps_done"] == 4
+  assert json.loads((half / _metrics.WANDB_FILE).read_text())["id"] == run_id
+  attempts = sorted((half / "wandb").glob(f"offline-run-*-{run_id}"))
+  assert len(attempts) == 2 and sorted((half / "wandb").glob("offline-run-*")) == attempts
+  summary, history, _ = _wandb_logged(attempts[-1])
+  assert [h["rl/step"] for h in history if "rl/step" in h] == [3, 4]  # (its SFT rows are not logged again)
+  expected = _last_rows(half, ("rl", "eval"))
+  assert {k: summary[k] for k in expected} == expected and expected["rl/step"] == 4
+
+
+def test_runtime_wandb_without_wandb_is_one_line_before_any_work(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails, as where it is not installed
+  with pytest.raises(ValueError) as e:
+    runtime.train(_cfg(wandb=True), tmp_path / "run", quiet=True)
+  assert str(e.value) == _metrics.WANDB_MISSING and "\n" not in str(e.value)
+  assert "pip install 'rlax-post[wandb]'" in str(e.value)
+  assert not (tmp_path / "run").exists()  # (before the run's workdir, its model and its warm start)
 
 
 @pytest.mark.slow  # `make test-all`: make test's 15-minute budget (measured 2026-12-02, cold cache: 13 s).

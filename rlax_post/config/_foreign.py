@@ -56,6 +56,10 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("adam_beta1", "TRL", "rl.optimizer.b1"),
     ForeignKey("adam_beta2", "TRL", "rl.optimizer.b2"),
     ForeignKey("logging_steps", "TRL", "runtime.log_every"),
+    ForeignKey("report_to", "TRL", "runtime.wandb",
+               "a list of integrations: 'wandb' in it is runtime.wandb = True, 'tensorboard' runtime.tensorboard "
+               "(on by default)"),
+    ForeignKey("run_name", "TRL", "runtime.wandb_name", "None: the workdir's name"),
     ForeignKey("eval_steps", "TRL", "eval.every"),
     ForeignKey("save_steps", "TRL", "checkpoint.every"),
     ForeignKey("save_total_limit", "TRL", "checkpoint.max_to_keep"),
@@ -100,6 +104,11 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("trainer.test_freq", "verl", "eval.every"),
     ForeignKey("trainer.save_freq", "verl", "checkpoint.every"),
     ForeignKey("trainer.critic_warmup", "verl", "critic.warmup_steps"),
+    ForeignKey("trainer.logger", "verl", "runtime.wandb",
+               "a list of backends: 'wandb' in it is runtime.wandb = True, 'tensorboard' runtime.tensorboard (on by "
+               "default); the console is always on"),
+    ForeignKey("trainer.project_name", "verl", "runtime.wandb_project"),
+    ForeignKey("trainer.experiment_name", "verl", "runtime.wandb_name"),
     # OpenRLHF: train_ppo_ray's flags.
     ForeignKey("n_samples_per_prompt", "OpenRLHF", "rl.samples_per_prompt"),
     ForeignKey("rollout_batch_size", "OpenRLHF", "rl.prompts_per_step"),

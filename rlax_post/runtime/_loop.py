@@ -111,6 +111,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool | str = False,
   # Sampling in the learner's process (inline or threads) is a host-driven decode loop on its own devices.
   _distributed.check_single_process("`rlax-post train` (sampling in the learner's process)")
   _warm_cache.check_cache_dir(cfg)
+  _metrics.check_wandb(cfg.runtime.wandb)
   parts = _parts.build_parts(cfg)
   _learners.check_batches(parts, sampling=True)
   return _train_with(parts, workdir, make_source, resume=resume, quiet=quiet)
@@ -127,6 +128,7 @@ def run_learner(cfg: config_lib.Config, workdir: str, *, resume: bool | str = Fa
   if _distributed.is_primary():
     _samplers.clear_done(workdir)
   _warm_cache.check_cache_dir(cfg)
+  _metrics.check_wandb(cfg.runtime.wandb and _distributed.is_primary())  # (process 0 alone logs)
   parts = _parts.build_parts(cfg)
   _learners.check_batches(parts, sampling=False)  # (its samplers are other processes, on meshes of their own)
   return _train_with(parts, workdir, _sources.ProcessSource, resume=resume, quiet=quiet)

@@ -1,14 +1,16 @@
-"""Run outputs: metrics.jsonl, TensorBoard event files, a PNG of the curves, and summary.json."""
+"""Run outputs: metrics.jsonl, a PNG of the curves, summary.json, and the mirrors of the logged rows: TensorBoard
+event files and a Weights & Biases run (`runtime.wandb`), each a `Sink`."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
 import shutil
 import sys
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Protocol
 
 import numpy as np
 import tqdm
@@ -94,11 +96,6 @@ def _strict_line(row: Mapping[str, Any]) -> str:
   return json.dumps(strict_json(row), allow_nan=False) + "\n"
 
 
-def _summary_writer(directory: str):
-  from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (optional output; heavy import)
-  return SummaryWriter(directory)
-
-
 def finite_or_none(v):
   v = float(v)
   return v if math.isfinite(v) else None
@@ -122,40 +119,172 @@ def strict_json(x: Any):
   return finite_or_none(x) if isinstance(x, float) else x
 
 
+class Sink(Protocol):
+  """A mirror of the logged rows (TensorBoard, W&B): fed each row and each evaluation's records as they are
+  written, and the kept history after a resume cut the rows past the restored checkpoint."""
+
+  def scalars(self, row: Mapping[str, Any]) -> None:
+    """One row of metrics.jsonl ({"phase", "step", name: value or None})."""
+
+  def samples(self, step: int, records: list[dict]) -> None:
+    """An evaluation's records (`stamped`), as eval_samples.jsonl holds them."""
+
+  def rebuild(self, rows: list[dict], samples: list[dict]) -> None:
+    """After a resume: the rows and records kept (the ones logged past the checkpoint are gone from both)."""
+
+  def close(self) -> None:
+    ...
+
+
+def _scalars(row: Mapping[str, Any]) -> dict[str, float]:
+  """A row's values as the mirrors name them, `phase/name`, its unknown (None) ones left out."""
+  return {f"{row['phase']}/{k}": v for k, v in row.items() if k not in ("phase", "step") and v is not None}
+
+
+class TensorBoardSink:
+  """TensorBoard event files under `directory`: scalars `phase/name` at the row's step, an evaluation's records
+  as one text summary (tag `eval/samples`). Event files are append-only, so a resume rewrites them from the
+  kept history (the rows of a killed learner's last steps would otherwise show twice)."""
+
+  def __init__(self, directory: str):
+    self.directory = directory
+    self._writer = self._open()
+
+  def _open(self):
+    from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top  (optional output; heavy import)
+    return SummaryWriter(self.directory)
+
+  def scalars(self, row: Mapping[str, Any]) -> None:
+    for tag, v in _scalars(row).items():
+      self._writer.add_scalar(tag, v, int(row["step"]))
+
+  def samples(self, step: int, records: list[dict]) -> None:
+    self._writer.add_text("eval/samples", samples_markdown(records), int(step))
+
+  def rebuild(self, rows: list[dict], samples: list[dict]) -> None:
+    self._writer.close()
+    shutil.rmtree(self.directory, ignore_errors=True)  # Derived from metrics.jsonl, which is kept.
+    self._writer = self._open()
+    for row in rows:
+      self.scalars(row)
+    by_step: dict[int, list[dict]] = {}
+    for record in samples:
+      by_step.setdefault(int(record["step"]), []).append(record)
+    for step, records in by_step.items():
+      self.samples(step, records)
+
+  def close(self) -> None:
+    self._writer.close()
+
+
+WANDB_FILE = "wandb_run.json"  # the W&B run's id, so that a resumed run continues the same W&B run
+WANDB_MISSING = ("runtime.wandb = True needs the wandb package, which is not installed: pip install "
+                 "'rlax-post[wandb]' (in a clone: pip install -e '.[wandb]'), or set runtime.wandb = False.")
+_SAMPLE_COLUMNS = ("step", "example", "reward", "finished", "prompt", "completion")
+
+
+def check_wandb(wanted: bool) -> None:
+  """A ValueError (`WANDB_MISSING`, one line) when `wanted` (`runtime.wandb`) but wandb is not installed:
+  asked before any work (the sink imports it only when the run logs its first row)."""
+  if wanted and importlib.util.find_spec("wandb") is None:
+    raise ValueError(WANDB_MISSING)
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbRun:
+  """The Weights & Biases run a learner logs to (`runtime.wandb`): None means wandb's own choice (its
+  environment variables: WANDB_ENTITY, WANDB_MODE, else the account's entity and online)."""
+  project: str
+  name: str
+  entity: str | None = None
+  mode: str | None = None  # "online", "offline", "disabled"
+  config: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the run's config, shown by W&B
+
+
+class WandbSink:
+  """A Weights & Biases run mirroring the rows: each phase's values `phase/name` on its own step axis
+  (`phase/step`, by `define_metric`: the SFT warm-start's steps and the RL steps do not share one, and wandb's
+  own step only counts calls, so it never goes back), an evaluation's records as a `wandb.Table`
+  (`eval/samples`). The run opens at the first row (a run refused before it logs anything leaves no W&B run),
+  in `workdir/wandb/` (WANDB_DIR moves it), and its id is kept in `workdir/wandb_run.json`: a resumed run
+  continues the same W&B run (`resume="allow"`). W&B's history is append-only: the steps trained again after
+  a resume are logged again, beside the ones the killed attempt logged (`rebuild` does nothing)."""
+
+  def __init__(self, workdir: str, spec: WandbRun):
+    self.workdir, self.spec = workdir, spec
+    self._wandb = self._run = None
+
+  def _open(self):
+    if self._run is None:
+      try:
+        import wandb  # pylint: disable=g-import-not-at-top  (optional extra; heavy import)
+      except ImportError:
+        raise ValueError(WANDB_MISSING) from None
+      self._wandb = wandb
+      self._run = wandb.init(**self._init_args())
+      write_json(os.path.join(self.workdir, WANDB_FILE), {"id": self._run.id})
+      for phase in ("sft", "rl", "eval"):
+        self._run.define_metric(f"{phase}/step")
+        self._run.define_metric(f"{phase}/*", step_metric=f"{phase}/step")
+    return self._run
+
+  def _init_args(self) -> dict:
+    spec, path = self.spec, os.path.join(self.workdir, WANDB_FILE)
+    kept = {}
+    if os.path.exists(path):
+      with open(path) as f:
+        kept = {"id": json.load(f)["id"], "resume": "allow"}
+    where = {} if os.environ.get("WANDB_DIR") else {"dir": self.workdir}
+    return dict(project=spec.project, entity=spec.entity, name=spec.name, mode=spec.mode,
+                config=dict(spec.config), **where, **kept)
+
+  def scalars(self, row: Mapping[str, Any]) -> None:
+    self._open().log({f"{row['phase']}/step": int(row["step"]), **_scalars(row)})
+
+  def samples(self, step: int, records: list[dict]) -> None:
+    run = self._open()
+    table = self._wandb.Table(columns=list(_SAMPLE_COLUMNS),
+                              data=[[r.get(c) for c in _SAMPLE_COLUMNS] for r in records])
+    run.log({"eval/step": int(step), "eval/samples": table})
+
+  def rebuild(self, rows: list[dict], samples: list[dict]) -> None:
+    del rows, samples  # W&B's history is append-only (the class docstring).
+
+  def close(self) -> None:
+    if self._run is not None:
+      self._run.finish()
+      self._run = None
+
+
 class MetricsWriter:
-  """Appends one JSON line per logged step and mirrors scalars to TensorBoard; `write_samples` appends an
-  evaluation's records of what the policy wrote (`_eval.eval_record`) to eval_samples.jsonl, one line each, and
-  shows them as one TensorBoard text summary per evaluation (tag `eval/samples`).
+  """Appends one JSON line per logged step to metrics.jsonl and mirrors it to its sinks (`TensorBoardSink`
+  with `tensorboard`, `WandbSink` with a `wandb` run); `write_samples` appends an evaluation's records of what
+  the policy wrote (`_eval.eval_record`) to eval_samples.jsonl, one line each, and shows them in the sinks.
 
   On resume, `truncate_after(step)` drops lines logged after the restored checkpoint, so the file describes
-  exactly one history, and `rebuild_tensorboard()` rewrites the event files from it (they are append-only:
-  the rows of a killed learner's last steps would otherwise show twice). An inactive writer (`active=False`:
-  processes other than 0 of a multi-host learner) writes nothing and only reads.
+  exactly one history, and `rebuild_tensorboard()` hands the kept history to the sinks (TensorBoard rewrites
+  its event files from it). An inactive writer (`active=False`: processes other than 0 of a multi-host
+  learner) writes nothing, opens no sink and only reads.
   """
 
-  def __init__(self, workdir: str, *, tensorboard: bool = True, active: bool = True):
+  def __init__(self, workdir: str, *, tensorboard: bool = True, wandb: WandbRun | None = None,
+               active: bool = True):
     self.path = os.path.join(workdir, "metrics.jsonl")
     self.tb_dir = os.path.join(workdir, "tensorboard")
     self.samples_path = os.path.join(workdir, SAMPLES_FILE)
     self.active = active
-    self._tb = None
-    if tensorboard and active:
-      self._tb = _summary_writer(self.tb_dir)
+    self._sinks: list[Sink] = []
+    if active and tensorboard:
+      self._sinks.append(TensorBoardSink(self.tb_dir))
+    if active and wandb is not None:
+      self._sinks.append(WandbSink(workdir, wandb))
 
   def rebuild_tensorboard(self) -> None:
-    """Replaces the TensorBoard event files with the rows of metrics.jsonl (after `truncate_after`)."""
-    if self._tb is None:
-      return
-    self._tb.close()
-    shutil.rmtree(self.tb_dir, ignore_errors=True)  # Derived from metrics.jsonl, which is kept.
-    self._tb = _summary_writer(self.tb_dir)
-    for row in self.read():
-      self._mirror(row)
-    by_step: dict[int, list[dict]] = {}
-    for record in read_jsonl(self.samples_path):
-      by_step.setdefault(int(record["step"]), []).append(record)
-    for step, records in by_step.items():
-      self._tb.add_text("eval/samples", samples_markdown(records), step)
+    """Hands the rows of metrics.jsonl and eval_samples.jsonl (after `truncate_after`) to the sinks."""
+    if self._sinks:
+      rows, samples = self.read(), read_jsonl(self.samples_path)
+      for sink in self._sinks:
+        sink.rebuild(rows, samples)
 
   def truncate_after(self, step: int, phase: str = "rl") -> None:
     if not self.active:
@@ -171,36 +300,31 @@ class MetricsWriter:
     row.update({k: finite_or_none(v) for k, v in metrics.items()})
     with open(self.path, "a") as f:
       f.write(json.dumps(row) + "\n")
-    self._mirror(row)
+    for sink in self._sinks:
+      sink.scalars(row)
 
   def write_samples(self, step: int, records: list[dict]) -> None:
     """Appends `records` (an evaluation's `_eval.eval_record`s, each stamped with `step` first) to
-    eval_samples.jsonl and shows them in TensorBoard; nothing for no records."""
+    eval_samples.jsonl and shows them in the sinks; nothing for no records."""
     if not self.active or not records:
       return
     lines = stamped(step, records)
     with open(self.samples_path, "a") as f:
       f.writelines(map(_strict_line, lines))
-    if self._tb is not None:
-      self._tb.add_text("eval/samples", samples_markdown(lines), int(step))
-
-  def _mirror(self, row: Mapping[str, Any]) -> None:
-    if self._tb is not None:
-      for k, v in row.items():
-        if k not in ("phase", "step") and v is not None:
-          self._tb.add_scalar(f"{row['phase']}/{k}", v, int(row["step"]))
+    for sink in self._sinks:
+      sink.samples(int(step), lines)
 
   def read(self) -> list[dict]:
     return read_jsonl(self.path)
 
   def close(self) -> None:
-    if self._tb is not None:
-      self._tb.close()
+    for sink in self._sinks:
+      sink.close()
 
 
 SAMPLES_FILE = "eval_samples.jsonl"  # the records of each evaluation's first `eval.samples` examples
 # schedule: async runs
-OUTPUT_FILES = ("metrics.jsonl", "summary.json", "curves.png", "schedule.jsonl", SAMPLES_FILE)
+OUTPUT_FILES = ("metrics.jsonl", "summary.json", "curves.png", "schedule.jsonl", SAMPLES_FILE, WANDB_FILE)
 
 
 def stamped(step: int, records: list[dict]) -> list[dict]:
@@ -223,7 +347,9 @@ def samples_markdown(records: list[dict]) -> str:
 
 
 def clear_outputs(workdir: str) -> None:
-  """Removes the metric outputs of a run (used when a fresh run starts in a workdir with no checkpoint)."""
+  """Removes the metric outputs of a run (used when a fresh run starts in a workdir with no checkpoint): a new
+  W&B run starts too (its id file goes; W&B's local files under workdir/wandb/ stay, as an offline run's
+  may not be synced yet)."""
   for name in OUTPUT_FILES:
     path = os.path.join(workdir, name)
     if os.path.exists(path):

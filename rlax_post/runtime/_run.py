@@ -439,6 +439,17 @@ def _auto_resume(workdir: str, cfg: config_lib.Config, latest: int | None) -> bo
   return said["resume"]
 
 
+def _wandb_run(cfg: config_lib.Config, workdir: str) -> _metrics.WandbRun | None:
+  """The W&B run of `runtime.wandb` (None when off): its unset names as wandb and TRL take them (the project
+  from WANDB_PROJECT, else "rlax-post"; the name: the workdir's), the run's config as config.json holds it."""
+  rt = cfg.runtime
+  if not rt.wandb:
+    return None
+  return _metrics.WandbRun(project=rt.wandb_project or os.environ.get("WANDB_PROJECT") or "rlax-post",
+                           name=rt.wandb_name or os.path.basename(os.path.abspath(workdir)),
+                           entity=rt.wandb_entity, mode=rt.wandb_mode, config=_paths.saved_config(cfg))
+
+
 def open_run(parts: _parts.Parts, workdir: str, *, resume: bool | str, quiet: bool) -> Run:
   """The run in `workdir`: refuses to overwrite a run without `resume`, and clears the outputs of an earlier
   attempt that never reached its first checkpoint (they describe no run we can continue). `resume="auto"`
@@ -474,6 +485,6 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool | str, quiet: bo
   return Run(parts=parts, workdir=workdir, update=_learn.RLUpdate(parts),
              evaluate=_eval.make_evaluator(parts).evaluate,
              ckpt=ckpt, metrics=_metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard,
-                                                       active=primary),
+                                                       wandb=_wandb_run(cfg, workdir), active=primary),
              log=_rowlog.RolloutLog(workdir, active=primary), ui=ui, latest=latest, t_start=t_start,
              tally=Tally(config_lib.staleness(cfg)))
