@@ -520,6 +520,9 @@ def test_every_foreign_name_points_at_one_of_our_keys_and_is_suggested():
     ("actor_rollout_ref.rollout.n", "did you mean <rl.samples_per_prompt> (verl's actor_rollout_ref.rollout.n)?"),
     ("rollout.n", "did you mean <rl.samples_per_prompt> (verl's actor_rollout_ref.rollout.n)?"),
     ("n_samples_per_prompt", "did you mean <rl.samples_per_prompt> (OpenRLHF's n_samples_per_prompt)?"),
+    ("report_to", "did you mean <runtime.wandb> (TRL's report_to: a list of integrations: 'wandb' in it is "
+     "runtime.wandb = True, 'tensorboard' runtime.tensorboard (on by default))?"),
+    ("trainer.experiment_name", "did you mean <runtime.wandb_name> (verl's trainer.experiment_name)?"),
     ("temperature", "did you mean <rl.temperature>?"),  # (ours: the last-part rule)
     ("rl.stepz", "did you mean <rl.steps> or <rl.stop>?"),  # (a close spelling, as before)
     ("rl.frobnicate", ""),

@@ -59,7 +59,7 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("report_to", "TRL", "runtime.wandb",
                "a list of integrations: 'wandb' in it is runtime.wandb = True, 'tensorboard' runtime.tensorboard "
                "(on by default)"),
-    ForeignKey("run_name", "TRL", "runtime.wandb_name", "None: the workdir's name"),
+    ForeignKey("run_name", "TRL", "runtime.wandb_name", "None: WANDB_NAME, else the workdir's name"),
     ForeignKey("eval_steps", "TRL", "eval.every"),
     ForeignKey("save_steps", "TRL", "checkpoint.every"),
     ForeignKey("save_total_limit", "TRL", "checkpoint.max_to_keep"),

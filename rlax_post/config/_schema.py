@@ -449,7 +449,8 @@ class RuntimeSection:
   plot: bool = True
   # Mirror the logged rows, the eval samples and the config to a Weights & Biases run (the `wandb` extra;
   # docs/configuration.md). The W&B run's project (None: WANDB_PROJECT, else "rlax-post"), entity (None: wandb's,
-  # WANDB_ENTITY or the account's), name (None: the workdir's name) and mode (None: WANDB_MODE, else online).
+  # WANDB_ENTITY or the account's), name (None: WANDB_NAME, else the workdir's) and mode (None: WANDB_MODE, else
+  # online).
   wandb: bool = False
   wandb_project: str | None = None
   wandb_entity: str | None = None

@@ -190,6 +190,15 @@ def check_wandb(wanted: bool) -> None:
     raise ValueError(WANDB_MISSING)
 
 
+def _import_wandb():
+  """wandb, imported when a run logs its first row (an optional extra); `WANDB_MISSING` without it."""
+  try:
+    import wandb  # pylint: disable=g-import-not-at-top  (optional extra; heavy import)
+  except ImportError:
+    raise ValueError(WANDB_MISSING) from None
+  return wandb
+
+
 @dataclasses.dataclass(frozen=True)
 class WandbRun:
   """The Weights & Biases run a learner logs to (`runtime.wandb`): None means wandb's own choice (its
@@ -216,12 +225,12 @@ class WandbSink:
 
   def _open(self):
     if self._run is None:
+      self._wandb = wandb = _import_wandb()
       try:
-        import wandb  # pylint: disable=g-import-not-at-top  (optional extra; heavy import)
-      except ImportError:
-        raise ValueError(WANDB_MISSING) from None
-      self._wandb = wandb
-      self._run = wandb.init(**self._init_args())
+        self._run = wandb.init(**self._init_args())
+      except wandb.Error as e:  # (no API key without a terminal, an entity the key cannot write to, ...)
+        raise ValueError(f"runtime.wandb: wandb.init failed: {e} (to log in: `wandb login` or WANDB_API_KEY; or set "
+                         "runtime.wandb_mode = 'offline' and `wandb sync` the run later).") from None
       write_json(os.path.join(self.workdir, WANDB_FILE), {"id": self._run.id})
       for phase in ("sft", "rl", "eval"):
         self._run.define_metric(f"{phase}/step")
