@@ -36,11 +36,13 @@ class CheckpointTokenizer(models.HFTokenizer):
     return super().encode(text, add_bos=add_bos and self.add_bos_token, add_eos=add_eos)
 
 
-def check_hf_path(path: str, name: str = "`model.hf_path`", run_hint: str | None = None) -> None:
+def check_hf_path(path: str, name: str = "`model.hf_path`", run_hint: str | None = None,
+                  needs: tuple[str, ...] = ("config.json", "tokenizer.json")) -> None:
   """Names what the Hugging Face checkpoint directory `path` lacks before any of its files is parsed (a
   missing directory would otherwise read as a tokenizer without tokenizer.json). `name` is how the message
-  names it (`model.hf_path`, or `rlax-post serve`'s `--hf_path`); `run_hint`, what else to do with a run's
-  workdir given instead (default: continue that run)."""
+  names it (`model.hf_path`, `critic.hf_path`, or `rlax-post serve`'s `--hf_path`); `run_hint`, what else to do
+  with a run's workdir given instead (default: continue that run); `needs`, the files it must hold (a separate
+  critic's checkpoint reads no tokenizer: config.json alone)."""
   if os.path.isfile(path) and _is_gguf(path):
     raise ValueError(f"{name} = {path!r} is a GGUF file (llama.cpp), not a Hugging Face checkpoint "
                      f"directory; convert it first: `rlax-post convert --gguf {path} --out DIR`, then set "
@@ -48,21 +50,30 @@ def check_hf_path(path: str, name: str = "`model.hf_path`", run_hint: str | None
   if not os.path.isdir(path):
     state = "is a file, not a directory" if os.path.exists(path) else "does not exist"
     where = "" if os.path.isabs(path) else f" (relative to {os.getcwd()})"
+    files = ", ".join(dict.fromkeys(("config.json", "*.safetensors", *needs)))
     raise FileNotFoundError(f"{name} = {path!r}{where} {state}; set it to a local Hugging Face "
-                            "checkpoint directory (config.json, *.safetensors, tokenizer.json).")
-  missing = [f for f in ("config.json", "tokenizer.json") if not os.path.isfile(os.path.join(path, f))]
-  if missing == ["tokenizer.json"] and os.path.isdir(os.path.join(path, "checkpoints")):
+                            f"checkpoint directory ({files}).")
+  if _is_run_workdir(path):
     if run_hint is None:
       run_hint = f"continue that run: `rlax-post train --resume --workdir {path}` with its config"
     raise FileNotFoundError(f"{name} = {path!r} is the workdir of a training run (config.json and "
                             "checkpoints/), not a Hugging Face checkpoint; export its policy first: `rlax-post "
                             f"export --workdir {path} --out DIR`, then set {name.strip('`')} to DIR (or "
                             f"{run_hint}).")
+  missing = [f for f in needs if not os.path.isfile(os.path.join(path, f))]
   if missing:
+    tokenizer = (" and the fast tokenizer's tokenizer.json (tokenizer.save_pretrained; sentencepiece-only "
+                 "tokenizers: load them with transformers' AutoTokenizer and save them again)"
+                 if "tokenizer.json" in needs else "")
     raise FileNotFoundError(f"{name} = {path!r} has no {' and no '.join(missing)}; a checkpoint "
-                            "directory needs config.json and *.safetensors (model.save_pretrained) and the fast "
-                            "tokenizer's tokenizer.json (tokenizer.save_pretrained; sentencepiece-only "
-                            "tokenizers: load them with transformers' AutoTokenizer and save them again).")
+                            "directory needs config.json and *.safetensors (model.save_pretrained)"
+                            f"{tokenizer}.")
+
+
+def _is_run_workdir(path: str) -> bool:
+  """Whether directory `path` is a training run's workdir (its config.json and checkpoints/, no tokenizer)."""
+  return (os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(os.path.join(path, "checkpoints"))
+          and not os.path.isfile(os.path.join(path, "tokenizer.json")))
 
 
 def _is_gguf(path: str) -> bool:
@@ -153,8 +164,7 @@ def critic_model_config(cfg: config_lib.Config, policy_cfg: models.ModelConfig) 
     except (TypeError, ValueError) as e:
       raise ValueError(f"Bad critic model (`critic.preset` = {c.preset!r}, `critic.overrides`): {e}") from None
   else:
-    if c.hf_path is None:
-      raise ValueError("critic.init = 'hf' needs critic.hf_path, a local Hugging Face checkpoint directory.")
+    check_critic_hf_path(c)
     base = dataclasses.replace(models.read_hf_config(c.hf_path), max_seq_len=policy_cfg.max_seq_len,
                                valid_vocab_size=policy_cfg.valid_vocab_size, vocab_gaps=policy_cfg.vocab_gaps)
   if base.vocab_size != policy_cfg.vocab_size:
@@ -162,6 +172,19 @@ def critic_model_config(cfg: config_lib.Config, policy_cfg: models.ModelConfig) 
                      f"the policy's ({policy_cfg.vocab_size}); the critic reads the policy's tokens, so it needs "
                      "the same tokenizer.")
   return models.value_model_config(base)
+
+
+def check_critic_hf_path(section: config_lib.CriticSection) -> None:
+  """A separate critic started from a checkpoint (`critic.init = "hf"`): `critic.hf_path` set, to a Hugging Face
+  checkpoint directory with a config.json (`check_hf_path`; the critic reads the policy's tokens, so no
+  tokenizer of its own). `critic_model_config` checks it before reading the checkpoint, and so does
+  `check_config`."""
+  if section.hf_path is None:
+    raise ValueError("critic.init = 'hf' needs critic.hf_path, a local Hugging Face checkpoint directory "
+                     "(config.json, *.safetensors); set it, or start the critic from the policy "
+                     "(critic.init = 'policy') or a preset (critic.init = 'preset').")
+  check_hf_path(section.hf_path, "`critic.hf_path`", needs=("config.json",),
+                run_hint="start the critic from the policy's weights: `critic.init = 'policy'`")
 
 
 def value_head_bias(section: config_lib.CriticSection) -> float:
@@ -368,14 +391,24 @@ def _pow2_at_least(n: int, floor: int = 16) -> int:
 
 def check_config(cfg: config_lib.Config) -> None:
   """The checks of `build_parts` that need no tokenizer, data file, mesh or model, alone, in its order:
-  `model.hf_path` a checkpoint directory (`check_hf_path`, before its tokenizer is read), then `task.options`, a
+  `model.hf_path` a checkpoint directory (`check_hf_path`, before its tokenizer is read), a critic model's
+  `critic.hf_path` likewise (`check_critic_hf_path`, as `critic_model_config` checks it), then `task.options`, a
   role pipeline's `multiagent` section, and the dataset task's reward functions loaded and `reward.weights` /
   `reward.options` checked against them (`envs.check_task`, the very checks `make_rl_task` makes).
   `rlax-post check-config` runs it, so a bad task or reward option is named before a job is launched, in the
   words `train` uses."""
   if cfg.model.hf_path is not None:
     check_hf_path(cfg.model.hf_path)
+  if _critic_model(cfg) and cfg.critic.init == "hf":
+    check_critic_hf_path(cfg.critic)
   envs.check_task(cfg)
+
+
+def _critic_model(cfg: config_lib.Config) -> bool:
+  """Whether the run builds a critic model of its own (`critic_model_config`): a separate critic
+  (`config.separate_critic`), or Iterative PPO's learned Q (`runtime.mode = "rounds"`, `iterppo.q` not
+  "oracle"), a separate model whatever `critic.mode` says."""
+  return config_lib.separate_critic(cfg) or (cfg.runtime.mode == "rounds" and cfg.iterppo.q != "oracle")
 
 
 def build_parts(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None, *, task: bool = True) -> Parts:
