@@ -86,3 +86,43 @@ def test_check_config_leaves_critic_hf_path_alone_without_a_critic_model(tmp_pat
   cfg = _cfg(**{"advantage.estimator": "gae", "critic.mode": "shared"})
   assert cfg.critic.init == "policy" and cfg.critic.hf_path is None
   runtime.check_config(cfg)
+
+
+def test_a_model_overrides_max_seq_len_unlike_model_max_seq_len_is_refused():
+  """`model.overrides.max_seq_len` = 128 beside `model.max_seq_len` = 32 built a model of 128 positions while the
+  rest of the run read 32 (`run_memory` counted 32-token rows, 6x too little; the tools task's slack and the warm
+  start's rows were sized by it): the two now must agree, and the error says which line to keep."""
+  with pytest.raises(ValueError) as refused:
+    _cfg(**{"model.overrides": {"max_seq_len": 128}})
+  assert str(refused.value) == (
+      "In `config.model`: `model.overrides.max_seq_len` = 128 and `model.max_seq_len` = 32 both set the model's "
+      "context and differ (the override built the model, the rest of the run reads model.max_seq_len); set it once: "
+      "model.max_seq_len = 128, and drop max_seq_len from model.overrides.")
+  same = _cfg(**{"model.overrides": {"max_seq_len": 32}})  # (repeating it changes nothing)
+  assert config.max_seq_len(same) == same.model.max_seq_len == _policy_config(same).max_seq_len == 32
+  longer = _cfg(**{"model.max_seq_len": 128})
+  assert config.max_seq_len(longer) == _policy_config(longer).max_seq_len == 128
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_a_model_overrides_value_head_is_refused(value):
+  """The policy's value head follows the critic's settings (`config.policy_value_head`): an override of it was
+  a head nothing trains (True) or silently replaced (False beside a shared critic)."""
+  with pytest.raises(ValueError) as refused:
+    _cfg(**{"model.overrides": {"value_head": value}})
+  assert str(refused.value) == (
+      f"In `config.model`: `model.overrides.value_head` = {value}: the policy's value head follows the critic's "
+      "settings (one exactly when advantage.estimator = 'gae' and critic.mode = 'shared'; a head without them is one "
+      "nothing trains, and False beside them was replaced); drop value_head from model.overrides and set those.")
+
+
+def test_model_vocab_multiple_beside_a_model_overrides_vocab_size_is_refused_as_unread():
+  """`model.overrides.vocab_size` is the vocabulary as given, so `model.vocab_multiple` (which pads the
+  tokenizer's) was silently not read: a value other than its default is refused like any unread setting."""
+  with pytest.raises(ValueError) as refused:
+    _cfg(**{"model.overrides": {"vocab_size": 320}, "model.vocab_multiple": 64})
+  assert str(refused.value).endswith(
+      "`model.vocab_multiple` = 64 (default 8): read only with no vocab_size in model.overrides; this run has "
+      "model.overrides.vocab_size = 320")
+  assert _policy_config(_cfg(**{"model.overrides": {"vocab_size": 320}})).vocab_size == 320
+  assert _policy_config(_cfg(**{"model.vocab_multiple": 64})).vocab_size == 320  # 259 byte ids, padded to 64s

@@ -430,19 +430,6 @@ def test_check_config_and_check_data_refuse_a_context_the_model_cannot_hold_as_t
   assert out.stdout == ""
 
 
-def test_check_config_reads_the_context_of_model_overrides(monkeypatch):
-  """A preset's `model.overrides.max_seq_len` is the model's context (`config.max_seq_len`), and the check reads
-  it: 48 prompt tokens fit a context of 64 set there."""
-  cfg = config.load(sweep.apply(sweep.config_of(sweep.load_module(os.path.join(_ROOT, "configs", "dataset.py")),
-                                                "tiny", "dataset.py"),
-                                {"data.max_prompt_tokens": 48, "model.overrides": {"max_seq_len": 64}}))
-  assert config.max_seq_len(cfg) == 64 and cfg.model.max_seq_len == 32
-  monkeypatch.chdir(_ROOT)  # (the config's reward file is a relative path)
-  runtime.check_config(cfg)
-  with pytest.raises(ValueError, match=r"^`model.max_seq_len` = 50 cannot hold data.max_prompt_tokens = 48 plus "):
-    runtime.check_config(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, overrides={"max_seq_len": 50})))
-
-
 def test_unknown_key_names_close_matches_and_the_section_keys():
   line = _error(_cli("check-config", "--config", "configs/demo.py", "--config.rl.stepz=3"), "check-config")
   assert line == ("rlax-post check-config: error: unknown config key --config.rl.stepz; did you mean "

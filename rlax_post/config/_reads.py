@@ -49,8 +49,8 @@ def reads_critic(cfg: Config) -> bool:
 
 
 def max_seq_len(cfg: Config) -> int:
-  """The policy's context in tokens, as `runtime.model_config` builds it: `model.max_seq_len`, unless a preset's
-  `model.overrides` sets `max_seq_len` (with `model.hf_path` they cannot)."""
+  """The policy's context in tokens, as `runtime.model_config` builds it: `model.max_seq_len` (a preset's
+  `model.overrides` may repeat it, not change it: `check_own_settings`; with `model.hf_path` they cannot)."""
   return dict(cfg.model.overrides).get("max_seq_len", cfg.model.max_seq_len)
 
 
@@ -141,6 +141,10 @@ _SEPARATE_CRITIC = When("a separate critic of the policy: advantage.estimator = 
                         "and critic.mode = 'separate' (Iterative PPO's Q is never published)",
                         lambda cfg: f"advantage.estimator = {cfg.advantage.estimator!r}, critic.mode = "
                         f"{cfg.critic.mode!r}", separate_critic)
+# `model.overrides.vocab_size` is the model's vocabulary as given: the tokenizer's is not padded to a multiple.
+_VOCAB_MULTIPLE = When("no vocab_size in model.overrides", lambda cfg: "model.overrides.vocab_size = "
+                       f"{dict(cfg.model.overrides).get('vocab_size')!r}",
+                       lambda cfg: "vocab_size" not in cfg.model.overrides)
 # The multi-turn tasks' messages end at EOS or their turn budget (the env reads each whole message); stop
 # strings end the samples of single-message tasks and of tree rollouts.
 _STOP = When(f"task.name in {list(TEXT_TASKS + ('dataset',) + COLLABORATION_TASKS)} or tree.expansion != 'none'",
@@ -185,6 +189,7 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("critic.coef",), _is("critic.mode", "shared")),
     (("critic.preset", "critic.overrides"), _is("critic.init", "preset")),
     (("critic.hf_path",), _is("critic.init", "hf")),
+    (("model.vocab_multiple",), _VOCAB_MULTIPLE),
     (("critic.clip_eps",), _is("critic.loss", "clipped")),
     (("critic.huber_delta",), _is("critic.loss", "huber")),
 )

@@ -129,6 +129,7 @@ class ModelSection:
   def __post_init__(self):
     check_model_overrides(self.overrides, "model.overrides",
                           HF_OVERRIDABLE if self.hf_path is not None else MODEL_CONFIG_FIELDS)
+    check_own_settings(self)
 
 
 # The fields of `rlax_post.models.ModelConfig` (a test keeps the two equal): what `overrides` may set; with a
@@ -155,6 +156,25 @@ def check_model_overrides(overrides: dict, where: str, allowed: tuple[str, ...])
     if key in overrides and overrides[key] not in MODEL_DTYPES:
       raise ValueError(f"`{where}.{key}` must be one of {list(MODEL_DTYPES)}; got {overrides[key]!r}.")
   check_trained_dtype(overrides, where)
+
+
+def check_own_settings(model: "ModelSection") -> None:
+  """`model.overrides` keys that a setting of its own makes: `max_seq_len` (`model.max_seq_len`) and
+  `value_head` (the critic's settings). The override built the model while the rest of the run read the
+  setting (a context of 128 from the override, tasks, warm-start rows and `run_memory` sized by
+  `model.max_seq_len` = 64), or the setting silently replaced it (`value_head`): refused unless they agree
+  (`max_seq_len` may repeat `model.max_seq_len`)."""
+  own = dict(model.overrides).get("max_seq_len", model.max_seq_len)
+  if own != model.max_seq_len:
+    raise ValueError(f"`model.overrides.max_seq_len` = {own!r} and `model.max_seq_len` = {model.max_seq_len} both "
+                     "set the model's context and differ (the override built the model, the rest of the run reads "
+                     f"model.max_seq_len); set it once: model.max_seq_len = {own!r}, and drop max_seq_len from "
+                     "model.overrides.")
+  if "value_head" in model.overrides:
+    raise ValueError(f"`model.overrides.value_head` = {model.overrides['value_head']!r}: the policy's value head "
+                     "follows the critic's settings (one exactly when advantage.estimator = 'gae' and critic.mode = "
+                     "'shared'; a head without them is one nothing trains, and False beside them was replaced); "
+                     "drop value_head from model.overrides and set those.")
 
 
 def check_trained_dtype(overrides: dict, where: str) -> None:
