@@ -164,7 +164,8 @@ _COMMANDS = {
               "Ctrl-C: checkpoint, exit 143 / 130.",
               ("config", "workdir", "resume", "auto_resume", "quiet", *_MULTIHOST)),
     "check-config": ("--config FILE[:variant] [--config.a.b=value ...]",
-                     "Print the validated config as JSON (every key; reward functions and options checked too).",
+                     "Print the validated config as JSON (every key), after train's start-up checks short of "
+                     "loading the model.",
                      ("config",)),
     "check-data": ("--config FILE[:variant] [--config.a.b=value ...]",
                    "Read every row of the dataset task's train and held-out files as the run would; count the "
@@ -866,10 +867,10 @@ def _compare(argv):
 
 
 def _check_config(argv):
-  """Prints the validated config as JSON, after the checks `train` makes at start-up that need no model:
-  `task.options`, and the reward functions loaded and their weights and options checked
-  (`runtime.check_config`). Its local paths are printed absolute, as the run's config.json records them
-  (`runtime.saved_config`)."""
+  """Prints the validated config as JSON, after the checks `train` makes at start-up that load no model weights
+  (`runtime.check_config`: the checkpoint directories, `task.options`, the reward functions, the tokenizer, the
+  model's and the critic's configs, every task's lengths in `model.max_seq_len`). Its local paths are printed
+  absolute, as the run's config.json records them (`runtime.saved_config`)."""
   del argv
   cfg = _load_config()
   runtime.check_config(cfg)

@@ -1,5 +1,6 @@
 """`runtime.check_config` (`rlax-post check-config`) refuses what `train` refuses before it loads a model, in the
-same words, through the same functions: a critic model's `critic.hf_path`."""
+same words, through the same functions: a critic model's `critic.hf_path`, `model.overrides` that a model setting
+of its own makes, every task's lengths in the model's context, the model's and the critic's configs."""
 
 import os
 import re
@@ -126,3 +127,65 @@ def test_model_vocab_multiple_beside_a_model_overrides_vocab_size_is_refused_as_
       "model.overrides.vocab_size = 320")
   assert _policy_config(_cfg(**{"model.overrides": {"vocab_size": 320}})).vocab_size == 320
   assert _policy_config(_cfg(**{"model.vocab_multiple": 64})).vocab_size == 320  # 259 byte ids, padded to 64s
+
+
+@pytest.mark.parametrize("name, settings, message", [
+    ("demo.py:tiny", {"model.max_seq_len": 12}, "`model.max_seq_len` = 12 cannot hold the 12-token context of "
+     "task 'reverse' plus rl.max_new_tokens = 8 (20 tokens); set model.max_seq_len >= 20."),
+    ("demo.py:tiny", {"model.max_seq_len": 24, "rl.max_new_tokens": 16}, "`model.max_seq_len` = 24 cannot hold "
+     "the 12-token context of task 'reverse' plus rl.max_new_tokens = 16 (28 tokens); set model.max_seq_len >= 28, "
+     "or rl.max_new_tokens <= 12."),
+    ("multiagent.py:tiny", {"model.max_seq_len": 16}, "`model.max_seq_len` = 16 cannot hold the 20-token "
+     "context of task 'relay' plus rl.max_new_tokens = 8 (28 tokens); set model.max_seq_len >= 28."),
+    ("tools_tiny.py", {"model.max_seq_len": 200}, "`model.max_seq_len` = 200 cannot hold the 160-token context "
+     "of task 'tools' plus rl.max_new_tokens = 288 (448 tokens); set model.max_seq_len >= 448, or "
+     "rl.max_new_tokens <= 40."),
+    ("sales.py:tiny", {"model.max_seq_len": 300}, "`model.max_seq_len` = 300 cannot hold the 113-token context "
+     "of task 'sales' plus rl.max_new_tokens = 224 (337 tokens); set model.max_seq_len >= 337, or "
+     "rl.max_new_tokens <= 187."),
+    ("sales.py:tiny", {"model.max_seq_len": 250}, "`model.max_seq_len` = 250 cannot hold the 113-token context "
+     "of task 'sales' plus rl.max_new_tokens = 224 (337 tokens); set model.max_seq_len >= 337."),
+    ("dialogue.py:tiny", {"model.max_seq_len": 500}, "`model.max_seq_len` = 500 cannot hold the 342-token "
+     "context of task 'dialogue' plus rl.max_new_tokens = 448 (790 tokens); set model.max_seq_len >= 790, or "
+     "rl.max_new_tokens <= 158."),
+], ids=["text", "text-shorter-responses", "relay", "tools", "sales",
+                                       "sales-whole-conversations", "dialogue"])
+def test_check_config_checks_every_tasks_lengths_as_train_does(name, settings, message):
+  """check-config checked the prompt + response budget of the dataset task alone; a built-in, role, tool,
+  sales or dialogue task whose rows `model.max_seq_len` cannot hold passed it and stopped `train` as it built
+  the task. Both now reach the task's own `lengths` (`runtime.run_lengths`), and it names what fits (a sales
+  run's `rl.max_new_tokens` may not shrink below a whole conversation, 146 tokens here: with 137 left after the
+  context, only the context is named). (The dataset task's: tests/test_cli.py, with rows for `train` to read.)"""
+  cfg = _cfg(name, **settings)
+  with pytest.raises(ValueError) as checked:
+    runtime.check_config(cfg)
+  assert str(checked.value) == message
+  with pytest.raises(ValueError) as built:  # where `train` refuses it
+    runtime.build_parts(cfg)
+  assert str(built.value) == message
+
+
+@pytest.mark.parametrize("name", ["demo.py:tiny", "multiagent.py:tiny", "tools_tiny.py", "sales.py:tiny",
+                                  "dialogue.py:tiny"])
+def test_check_config_passes_a_context_that_holds_the_tasks_rows(name):
+  """The shipped tiny configs fit: check-config passes them, and its lengths are those `train` builds with."""
+  cfg = _cfg(name)
+  runtime.check_config(cfg)
+  tokenizer = _parts.make_tokenizer(cfg)
+  lengths = _parts.run_lengths(cfg, tokenizer, _parts.model_config(cfg, tokenizer))
+  assert lengths == runtime.build_parts(cfg).lengths
+  assert lengths.sequence <= cfg.model.max_seq_len
+
+
+def test_check_config_builds_the_model_and_critic_configs_as_train_does():
+  """A preset whose overrides do not make a model, and a critic whose vocabulary is not the policy's, passed
+  check-config and were refused once `train` built the model (the critic: once the policy was built)."""
+  bad_heads = _cfg(**{"model.overrides": {"num_heads": 3}})
+  with pytest.raises(ValueError, match=re.escape("Bad `model` config (ModelConfig.num_kv_heads (2) must divide "
+                                                 "num_heads (3).)")):
+    runtime.check_config(bad_heads)
+  critic = _gae_critic(init="preset", overrides={"vocab_size": 999})
+  with pytest.raises(ValueError) as refused:
+    runtime.check_config(critic)
+  assert str(refused.value) == ("The critic's vocabulary (999 ids, critic.init = 'preset') differs from the policy's "
+                                "(264); the critic reads the policy's tokens, so it needs the same tokenizer.")

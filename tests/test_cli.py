@@ -20,6 +20,7 @@ import pytest
 
 import _cli_forks  # pylint: disable=g-bad-import-order
 import _procs  # pylint: disable=g-bad-import-order
+import _tiny_hf  # pylint: disable=g-bad-import-order
 from rlax_post import cli
 from rlax_post import config
 from rlax_post import runtime
@@ -397,6 +398,20 @@ def test_check_config_refuses_a_bad_task_option_as_train_does(tmp_path, config, 
   else:
     args = ("--config", os.path.join(_ROOT, "configs", config), override)
   _check_config_and_train_refuse(args, message, tmp_path)
+
+
+@pytest.mark.parametrize("config, override, message", [
+    ("demo.py:tiny", "--config.model.max_seq_len=12", "`model.max_seq_len` = 12 cannot hold the 12-token context of "
+     "task 'reverse' plus rl.max_new_tokens = 8 (20 tokens); set model.max_seq_len >= 20."),
+    ("multiagent.py:tiny", "--config.model.max_seq_len=24", "`model.max_seq_len` = 24 cannot hold the 20-token "
+     "context of task 'relay' plus rl.max_new_tokens = 8 (28 tokens); set model.max_seq_len >= 28."),
+], ids=["text", "role pipeline"])
+def test_check_config_refuses_a_context_a_built_in_task_cannot_hold_as_train_does(tmp_path, config, override,
+                                                                                  message):
+  """check-config checked the prompt + response budget of the dataset task alone: configs/demo.py:tiny with
+  model.max_seq_len 12 passed it, and `train` refused it once the task was built. Both reach the task's own
+  lengths now (`runtime.run_lengths`), in the same line."""
+  _check_config_and_train_refuse(("--config", os.path.join(_ROOT, "configs", config), override), message, tmp_path)
 
 
 def _arith_rows(tmp_path, n: int = 8) -> tuple[str, ...]:
@@ -1177,10 +1192,7 @@ def test_a_run_whose_hf_checkpoint_is_gone_names_the_run_and_the_ways_out(tmp_pa
   absolute): `export` and `serve` said "`model.hf_path` = '/.../smol' does not exist; set it to a local Hugging
   Face checkpoint directory" (a real-model walk-through), which these commands have no flag to do. The line names
   the run, the path and the ways out."""
-  gone = str(tmp_path / "ckpt" / "smol")
-  os.makedirs(gone)
-  for name in ("config.json", "tokenizer.json"):  # (check-config checks them there; the run's config is the aim)
-    (tmp_path / "ckpt" / "smol" / name).write_text("{}")
+  gone = _tiny_hf.make_checkpoint(str(tmp_path / "ckpt" / "smol"))  # (check-config reads its tokenizer and config)
   out = _cli("check-config", "--config", "configs/dataset.py:tiny,hf", f"--config.model.hf_path={gone}")
   assert out.returncode == 0, out.stderr[-3000:]
   shutil.rmtree(tmp_path / "ckpt")

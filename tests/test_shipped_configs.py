@@ -2,9 +2,9 @@
 combination its docstring shows), every (model, hardware[, critic]) pair of `configs/models.py`, and every work
 unit of each of their sweeps (`rlax-post sweep`). The config checks refuse settings a run would ignore, so a
 shipped config that sets one fails here: fix the config, not the check. Each also passes `rlax-post
-check-config`'s checks (`runtime.check_config`: `model.hf_path`, `task.options`, the reward functions), run from
-the repo root as the configs' relative paths expect. No shipped config has a warm-up that
-the run would cut (`runtime.warmup_cuts`, a warning at its start)."""
+check-config`'s checks (`runtime.check_config`: the checkpoints, `task.options`, the reward functions, the model's
+config, the task's lengths), run from the repo root as the configs' relative paths expect. No shipped config has a
+warm-up that the run would cut (`runtime.warmup_cuts`, a warning at its start)."""
 
 import dataclasses
 import glob

@@ -563,14 +563,13 @@ def check_demos(cfg: config_lib.Config) -> None:
 
 def check_settings(cfg: config_lib.Config) -> None:
   """The checks of `make_dataset_task` that need no tokenizer or data file (`check_options`, `check_demos`,
-  `make_scorer`, `check_splits`), in its order, then the task's lengths against the model's context
-  (`dataset_lengths`, which `train` makes once the task is built): what `rlax-post check-config` and
-  `check-data` run for this task (`envs.check_task`)."""
+  `make_scorer`, `check_splits`), in its order: what `rlax-post check-config` and `check-data` run for this task
+  (`envs.check_task`). Its lengths (`dataset_lengths`) they check as every task's, once the model's context is
+  known (`runtime.check_config`)."""
   check_options(cfg)
   check_demos(cfg)
   make_scorer(cfg)
   check_splits(cfg)
-  dataset_lengths(cfg, config_lib.max_seq_len(cfg))  # (what `DatasetTask.lengths` refuses when `train` starts)
 
 
 def _short_note(eval_source: str | None, held: Split, usable: int, num_eval: int) -> str:

@@ -26,7 +26,8 @@ def make_rl_task(cfg: config_lib.Config, tokenizer) -> _rl.RLTask:
 def task_lengths(cfg: config_lib.Config, tokenizer, max_seq_len: int) -> _rl.Lengths:
   """`make_rl_task(cfg, tokenizer).lengths(max_seq_len)`, without opening the dataset task's files or loading
   its reward functions (its lengths are the config's): what reads a run's checkpoints alone (`rlax-post
-  export`) needs neither, and they may be gone or relative to another directory."""
+  export`) needs neither, and they may be gone or relative to another directory; `rlax-post check-config`
+  checks every task's lengths with it."""
   if cfg.task.name == _dataset.NAME:
     return _dataset.dataset_lengths(cfg, max_seq_len)
   return make_rl_task(cfg, tokenizer).lengths(max_seq_len)
@@ -37,9 +38,10 @@ def check_task(cfg: config_lib.Config) -> None:
   model, in the same words (the builder calls the same function): `task.options` (an unknown key, a bad
   value), a role pipeline's `multiagent` section, and the dataset task's `reward` section (its functions
   loaded, their weights and options checked). `rlax-post check-config` runs it, so such a mistake is named
-  before a job is launched; and a built-in text task's `rl.max_new_tokens` against its longest answer. Checks
-  that need the tokenizer or the files (the data rows, the sales task's `rl.max_new_tokens` against its
-  answers' tokens) and the model's lengths are made by `train` alone."""
+  before a job is launched; and a built-in text task's `rl.max_new_tokens` against its longest answer. The
+  checks that need the tokenizer and the model's context (every task's lengths, the sales task's
+  `rl.max_new_tokens` against its answers' tokens) `rlax-post check-config` makes next, through `task_lengths`
+  (`runtime.check_config`); those that need the data rows, `check-data` and `train`."""
   _check_and_make(cfg)[0](cfg)
 
 

@@ -118,6 +118,23 @@ class Lengths:
   sft: int
 
 
+def check_context(max_seq_len: int, context: int, cfg: config_lib.Config, least: int = 1) -> None:
+  """Refuses a model context of `max_seq_len` tokens that cannot hold task `task.name`'s `context` tokens (all
+  that comes before the first sampled token, and what its rows add) plus `rl.max_new_tokens`: a ValueError naming
+  the values and what fits, a larger `model.max_seq_len` or an `rl.max_new_tokens` that still holds the task's
+  `least` (its own lower bound: the longest answer and EOS, a whole conversation). The built-in tasks'
+  `lengths` call it, which `train` and `rlax-post check-config` both reach (`runtime.run_lengths`)."""
+  new = cfg.rl.max_new_tokens
+  if max_seq_len >= context + new:
+    return
+  fits = [f"model.max_seq_len >= {context + new}"]
+  if max_seq_len - context >= least:
+    fits.append(f"rl.max_new_tokens <= {max_seq_len - context}")
+  raise ValueError(f"`model.max_seq_len` = {max_seq_len} cannot hold the {context}-token context of task "
+                   f"{cfg.task.name!r} plus rl.max_new_tokens = {new} ({context + new} tokens); set "
+                   f"{', or '.join(fits)}.")
+
+
 class Producer(Protocol):
   """Groups of rollouts, one per ticket: `submit(ticket)`, then `step()` until the group comes back."""
 

@@ -39,14 +39,11 @@ class TextTask:
 
   def lengths(self, max_seq_len: int) -> _rl.Lengths:
     """BOS + the longest prompt; responses of `rl.max_new_tokens` (which hold the longest answer + EOS:
-    `text_task_of`)."""
+    `text_task_of`, so a warm-start row is no longer than a training row)."""
     rl, task = self.cfg.rl, self.task
     prompt = task.max_prompt_len + 1
     sft = prompt + task.max_answer_len + 1
-    need = max(prompt + rl.max_new_tokens, sft)
-    if max_seq_len < need:
-      raise ValueError(f"`model.max_seq_len` = {max_seq_len} is shorter than the longest sequence this run "
-                       f"makes ({need} tokens).")
+    _rl.check_context(max_seq_len, prompt, self.cfg, least=task.max_answer_len + 1)
     return _rl.Lengths(prompt=prompt, response=rl.max_new_tokens, sequence=prompt + rl.max_new_tokens, sft=sft)
 
   def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]:

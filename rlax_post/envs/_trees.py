@@ -299,9 +299,8 @@ class RoleTask:
                        f"{self.name!r} plus EOS ({longest + 1} tokens).")
     sequence = prompt + rl.max_new_tokens + 1
     sft = prompt + longest + 1
-    if max_seq_len < max(sequence, sft):
-      raise ValueError(f"`model.max_seq_len` = {max_seq_len} is shorter than the longest sequence this run "
-                       f"makes ({max(sequence, sft)} tokens).")
+    # (the context a row needs: the prompt and the token after its last; the warm start's rows are shorter)
+    _rl.check_context(max_seq_len, prompt + 1, self.cfg, least=longest + 1)
     return _rl.Lengths(prompt=prompt, response=rl.max_new_tokens, sequence=sequence, sft=sft)
 
   def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]:

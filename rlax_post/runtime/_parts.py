@@ -390,18 +390,37 @@ def _pow2_at_least(n: int, floor: int = 16) -> int:
 
 
 def check_config(cfg: config_lib.Config) -> None:
-  """The checks of `build_parts` that need no tokenizer, data file, mesh or model, alone, in its order:
-  `model.hf_path` a checkpoint directory (`check_hf_path`, before its tokenizer is read), a critic model's
-  `critic.hf_path` likewise (`check_critic_hf_path`, as `critic_model_config` checks it), then `task.options`, a
-  role pipeline's `multiagent` section, and the dataset task's reward functions loaded and `reward.weights` /
-  `reward.options` checked against them (`envs.check_task`, the very checks `make_rl_task` makes).
-  `rlax-post check-config` runs it, so a bad task or reward option is named before a job is launched, in the
-  words `train` uses."""
+  """What `build_parts` (and a critic model's `critic_model_config`) refuse, without a data file, mesh or model
+  weights, in their order and words: `model.hf_path` a checkpoint directory (`check_hf_path`, before its
+  tokenizer is read) and a critic model's `critic.hf_path` (`check_critic_hf_path`); `task.options`, a role
+  pipeline's `multiagent` section, the dataset task's reward functions loaded and `reward.weights` /
+  `reward.options` checked against them (`envs.check_task`, the checks `make_rl_task` makes); then with the
+  run's tokenizer (the byte tokenizer, or the checkpoint's tokenizer.json) its `rl.stop` strings, the model's
+  config (`model_config`: a checkpoint's config.json, a preset with its overrides) and the critic's, and every
+  task's lengths in `model.max_seq_len` (`run_lengths`: prompt plus `rl.max_new_tokens`, in each task's own
+  words). `rlax-post check-config` and `check-data` run it, so such a mistake is named in seconds, before a job
+  is launched or a model loaded. What needs the data rows (`check-data`) or the devices is left to `train`."""
   if cfg.model.hf_path is not None:
     check_hf_path(cfg.model.hf_path)
   if _critic_model(cfg) and cfg.critic.init == "hf":
     check_critic_hf_path(cfg.critic)
   envs.check_task(cfg)
+  tokenizer = make_tokenizer(cfg)
+  model_cfg = model_config(cfg, tokenizer)
+  if _critic_model(cfg):
+    critic_model_config(cfg, model_cfg)
+  run_lengths(cfg, tokenizer, model_cfg)
+
+
+def run_lengths(cfg: config_lib.Config, tokenizer, model_cfg: models.ModelConfig,
+                task: envs.RLTask | None = None) -> envs.Lengths:
+  """The run's lengths in the model's context (`model_cfg.max_seq_len`), made by the task's own `lengths`, which
+  refuses a context that cannot hold its prompts plus `rl.max_new_tokens` (naming the values): the built
+  `task`'s, or without one the config's task's (`envs.task_lengths`: the dataset task's files are not opened).
+  `build_parts` and `check_config` both call it, so `check-config` makes `train`'s length checks for every task."""
+  if task is not None:
+    return task.lengths(model_cfg.max_seq_len)
+  return envs.task_lengths(cfg, tokenizer, model_cfg.max_seq_len)
 
 
 def _critic_model(cfg: config_lib.Config) -> bool:
@@ -420,8 +439,7 @@ def build_parts(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None, *
   tokenizer = make_tokenizer(cfg)
   model_cfg = model_config(cfg, tokenizer)
   built = envs.make_rl_task(cfg, tokenizer) if task else None
-  lengths = (built.lengths(model_cfg.max_seq_len) if task else
-             envs.task_lengths(cfg, tokenizer, model_cfg.max_seq_len))
+  lengths = run_lengths(cfg, tokenizer, model_cfg, built)
   graphdef, params_like = models.abstract_params(model_cfg)
   shardings, trainable = param_shardings(params_like, mesh, rules), make_trainable(cfg)
   policy_like = jax.eval_shape(trainable.to_model, *trainable.like(params_like))

@@ -76,9 +76,7 @@ class DialogueTask:
   def lengths(self, max_seq_len: int) -> _rl.Lengths:
     prompt = self.context_len()
     need = prompt + self.cfg.rl.max_new_tokens
-    if max_seq_len < need:
-      raise ValueError(f"`model.max_seq_len` = {max_seq_len} cannot hold the {prompt}-token context plus "
-                       f"`rl.max_new_tokens` = {self.cfg.rl.max_new_tokens}.")
+    _rl.check_context(max_seq_len, prompt, self.cfg)
     return _rl.Lengths(prompt=prompt, response=need - 1, sequence=need, sft=need)
 
   def demonstration(self, episode: int, rng: np.random.Generator, solution: _sim.Solution) -> tools.Demonstration:

@@ -74,9 +74,7 @@ class SalesTask:
     `rl.max_new_tokens`; warm-start rows as wide as training rows."""
     prompt = self.context_len()
     need = prompt + self.cfg.rl.max_new_tokens
-    if max_seq_len < need:
-      raise ValueError(f"`model.max_seq_len` = {max_seq_len} cannot hold the {prompt}-token context plus "
-                       f"`rl.max_new_tokens` = {self.cfg.rl.max_new_tokens}.")
+    _rl.check_context(max_seq_len, prompt, self.cfg, least=self.conversation_tokens())
     return _rl.Lengths(prompt=prompt, response=need - 1, sequence=need, sft=need)
 
   def demonstration(self, episode: int, *, blind: bool, rng: np.random.Generator) -> tools.Demonstration:

@@ -105,9 +105,7 @@ class ToolTask:
     """A context (BOS, prompt, reset observation) of at most `TOOL_PROMPT_LEN` tokens, then everything after
     it (messages and observations) within `rl.max_new_tokens`; warm-start rows as wide as training rows."""
     need = TOOL_PROMPT_LEN + self.cfg.rl.max_new_tokens
-    if max_seq_len < need:
-      raise ValueError(f"`model.max_seq_len` = {max_seq_len} cannot hold a {TOOL_PROMPT_LEN}-token context "
-                       f"plus `rl.max_new_tokens` = {self.cfg.rl.max_new_tokens}.")
+    _rl.check_context(max_seq_len, TOOL_PROMPT_LEN, self.cfg)
     return _rl.Lengths(prompt=TOOL_PROMPT_LEN, response=need - 1, sequence=need, sft=need)
 
   def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]:
