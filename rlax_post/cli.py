@@ -304,14 +304,16 @@ def _fail(command: str, error) -> None:
 _RESUMABLE = ("train", "learner")
 
 
-def _interrupted(command: str) -> None:
+def _interrupted(command: str, auto_resume: bool = False) -> None:
   """Ctrl-C: one line and exit status 130 (128 + SIGINT, as a shell reports it), not KeyboardInterrupt's
   traceback from wherever the command was (a JAX compilation, a sampler's wait); the command's own cleanup has
-  run by then (its `finally` blocks)."""
-  hint = (" The same command with --resume continues from the run's last checkpoint (if it wrote none: without "
-          "--resume)." if command in _RESUMABLE else "")
-  if command in _RESUMABLE and flags.FLAGS.is_parsed() and _AUTO_RESUME.value:
-    hint = " The same command continues from the run's last checkpoint, if it wrote one (--auto_resume)."
+  run by then (its `finally` blocks). `train` / `learner` say how to go on, in the flag the command used
+  (`auto_resume`: --auto_resume; `runtime.continue_with`)."""
+  hint = ""
+  if command in _RESUMABLE:
+    way = runtime.continue_with(auto_resume)
+    hint = (f" {way[0].upper()}{way[1:]} continues from the run's last checkpoint (if it wrote none: "
+            f"{'it starts the run' if auto_resume else 'without --resume'}).")
   print(f"rlax-post {command}: interrupted (Ctrl-C).{hint}", file=sys.stderr)
   sys.exit(128 + signal.SIGINT)
 
@@ -626,7 +628,8 @@ def _train(argv):
     lock = runtime.hold_run(workdir)  # (held until this process ends)
     summary = _stoppable(runtime.train, cfg, workdir, resume)
   del lock
-  _print_summary(summary, warm_start=cfg.sft.steps > 0, random_start=_random_start(cfg))
+  _print_summary(summary, warm_start=cfg.sft.steps > 0, random_start=_random_start(cfg),
+                 auto_resume=resume == "auto")
 
 
 def _stoppable(command, cfg, workdir: str, resume: bool | str) -> dict:
@@ -645,10 +648,11 @@ def _random_start(cfg: config_lib.Config) -> bool:
   return cfg.sft.steps == 0 and not cfg.model.hf_path
 
 
-def _print_summary(summary, *, warm_start: bool = True, random_start: bool = False):
+def _print_summary(summary, *, warm_start: bool = True, random_start: bool = False, auto_resume: bool = False):
   """The run's result line (with its failed reward calls, `reward_failures`), and a line when no RL step had a
   learning signal (`no_signal_line`); `warm_start` False (`sft.steps = 0`): the first figure is the starting
-  model's (it was called the warm start's)."""
+  model's (it was called the warm start's); `auto_resume`: the command has --auto_resume (a run stopped early
+  is continued by running it as it was: `runtime.continue_with`)."""
   initial, final = summary["initial_eval_reward"], summary["final_eval_reward"]
   done, steps = summary.get("rl_steps_done"), summary.get("rl_steps")
   stopped = done is not None and steps is not None and done < steps  # runtime.stop_after_steps
@@ -665,7 +669,7 @@ def _print_summary(summary, *, warm_start: bool = True, random_start: bool = Fal
   if no_signal:
     print(no_signal)
   if stopped:  # (it read as a finished run's result)
-    print(f"Stopped early by runtime.stop_after_steps: the same command with --resume continues it to step "
+    print(f"Stopped early by runtime.stop_after_steps: {runtime.continue_with(auto_resume)} continues it to step "
           f"{steps}.")
   if runtime.is_primary():  # (a multi-host learner's other processes share its summary, not its outputs)
     print(f"Outputs in {summary['workdir']}: {', '.join(_outputs(summary['workdir']))}")
@@ -723,7 +727,8 @@ def _learner(argv):
     lock = runtime.hold_run(workdir)  # (held until this process ends)
     summary = _stoppable(runtime.run_learner, cfg, workdir, resume)
   del lock
-  _print_summary(summary, warm_start=cfg.sft.steps > 0, random_start=_random_start(cfg))
+  _print_summary(summary, warm_start=cfg.sft.steps > 0, random_start=_random_start(cfg),
+                 auto_resume=resume == "auto")
 
 
 def _sampler(argv):
@@ -1243,7 +1248,7 @@ def _run(command: str, handler, args):
       raise
     _fail(command, e.strerror if e.filename is None else e)  # (a checkpoint's own line, or the file's)
   except KeyboardInterrupt:
-    _interrupted(command)
+    _interrupted(command, flags.FLAGS.is_parsed() and _AUTO_RESUME.value)
 
 
 def _command(argv) -> str:

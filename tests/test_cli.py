@@ -846,6 +846,14 @@ def test_ctrl_c_is_one_line_and_status_130_not_a_traceback(tmp_path, capsys):
   assert capsys.readouterr().err == (
       "rlax-post train: interrupted (Ctrl-C). The same command with --resume continues from the run's last "
       "checkpoint (if it wrote none: without --resume).\n")
+  # A command with --auto_resume (a launcher's job, a sweep's unit) continues as it was: adding --resume to it
+  # is refused.
+  with pytest.raises(SystemExit) as stop:
+    cli._interrupted("learner", auto_resume=True)  # pylint: disable=protected-access
+  assert stop.value.code == 130
+  assert capsys.readouterr().err == (
+      "rlax-post learner: interrupted (Ctrl-C). The same command as it was (with --auto_resume) continues from the "
+      "run's last checkpoint (if it wrote none: it starts the run).\n")
 
 
 @pytest.mark.parametrize("command, flag, what", [
@@ -1039,6 +1047,11 @@ def test_a_run_stopped_early_says_so_and_how_to_continue(tmp_path, capsys):
       "\nGreedy eval reward on 16 held-out prompts: warm start 0.250 -> after RL step 2 of 3: 0.500 (+0.250) in "
       "45 s.\nStopped early by runtime.stop_after_steps: the same command with --resume continues it to step 3.\n"
       f"Outputs in {tmp_path}: \n")
+  # Started with --auto_resume (a launcher's job, a sweep's unit): that command, as it was, continues it.
+  cli._print_summary({**base, "rl_steps_done": 2}, auto_resume=True)
+  assert capsys.readouterr().out.splitlines()[2] == (
+      "Stopped early by runtime.stop_after_steps: the same command as it was (with --auto_resume) continues it to "
+      "step 3.")
   cli._print_summary({**base, "rl_steps_done": 3})
   assert "-> after RL 0.500 (+0.250) in 45 s.\nOutputs" in capsys.readouterr().out
   # sft.steps = 0 (an HF checkpoint trained from itself): the first figure was called the warm start's.

@@ -110,6 +110,31 @@ def test_a_refused_checkpoint_names_its_numbers_writes_nothing_and_the_last_one_
   np.testing.assert_array_equal(restored_ref["r"], np.arange(4096.0) * 2)
 
 
+def test_a_refused_checkpoint_of_an_auto_resume_run_says_to_run_its_command_as_it_was(tmp_path, monkeypatch):
+  """An --auto_resume command (a launcher's job, a sweep's unit) is continued by running it again as it was: told
+  to add --resume, a user ran one with both flags, which is refused."""
+  state, ref = {"w": jnp.arange(256.0)}, {"r": jnp.arange(256.0)}
+  ckpt = _checkpoint.RunCheckpointer(tmp_path / "run", max_to_keep=2, auto_resume=True)
+  real = shutil.disk_usage
+  _free(monkeypatch, 10)
+  with pytest.raises(OSError) as refused:
+    ckpt.save(0, state, ref, {"rl_step": 0})
+  assert refused.value.strerror.endswith(
+      "The run has no complete checkpoint yet: free space on that disk, or pass a --workdir on a larger one, and run "
+      "the command again (its --auto_resume starts the run afresh: there is nothing to continue).")
+  monkeypatch.setattr(shutil, "disk_usage", real)
+  ckpt.save(0, state, ref, {"rl_step": 0})
+  ckpt.wait()
+  _free(monkeypatch, 10)
+  with pytest.raises(OSError) as refused:
+    ckpt.save(1, state, ref, {"rl_step": 1})
+  ckpt.close()
+  assert refused.value.strerror.endswith(
+      "Checkpoint step 0, the run's last complete one, is intact: free space on that disk, or move the run's "
+      "directory to a larger one, then run the same command as it was (with --auto_resume).")
+  assert "--resume" not in refused.value.strerror.replace("--auto_resume", "")
+
+
 def test_a_refused_publish_names_its_numbers_and_the_newest_version_stays(tmp_path, monkeypatch):
   params = {"w": jnp.arange(1000.0)}
   real = shutil.disk_usage
@@ -122,7 +147,7 @@ def test_a_refused_publish_names_its_numbers_and_the_newest_version_stays(tmp_pa
       f"Parameter version 0 does not fit in {tmp_path}/params: it needs at least 1000 bytes (a quarter of its 4000 "
       "bytes of arrays: orbax compresses them) and 999 bytes are free (nothing was written). No complete version "
       "was published before it: free space on that disk or move the directory to a larger one (a training run "
-      "continues from its last checkpoint with --resume).")
+      "continues from its last checkpoint with --resume, or by its command as it was where that has --auto_resume).")
   monkeypatch.setattr(shutil, "disk_usage", real)
   pub.publish(params, 0)
   pub.wait()

@@ -64,7 +64,7 @@ def test_sigterm_checkpoints_the_last_finished_step_and_resume_continues_exactly
   assert 2 <= stopped < 20, f"stopped after step {stopped}: the signal must land before the periodic checkpoint"
   assert sorted(runtime.complete_checkpoints(str(split))) == [0, stopped]
   assert (f"Stopped by SIGTERM after RL step {stopped} of 24: checkpoint {stopped} is saved in "
-          f"{split / 'checkpoints'}; the same command with --resume continues the run from it.") in out
+          f"{split / 'checkpoints'}; the same command as it was (with --auto_resume) continues the run from it.") in out
   assert not (split / "summary.json").exists() and not (split / runtime.DONE_FILE).exists()
 
   assert _run("train", split, "--config", _CONFIG + ":tiny", *_SHORT, "--auto_resume",
@@ -105,16 +105,20 @@ def _signal_waiting_learner(tmp_path, workdir, sig, *flags):
 def test_a_learner_waiting_for_rollouts_stops_at_once(tmp_path):
   """No sampler: the learner waits for step 1's groups. A signal ends the wait at once and checkpoint 0 (the
   warm start's) is the run's. SIGTERM leaves its samplers running (no learner.done: a preemption, the learner
-  will be resumed); the resumed learner stopped by Ctrl-C tells them to stop."""
+  will be resumed); the resumed learner stopped by Ctrl-C tells them to stop. Each stop line names the flag
+  its own command used: the first learner is a scheduler's (--auto_resume: run it as it was), the second has
+  --resume."""
   workdir = tmp_path / "run"
   status, seconds, out = _signal_waiting_learner(
       tmp_path, workdir, signal.SIGTERM, "--config", _CONFIG + ":tiny", *_SHORT, "--config.runtime.mode=async",
-      "--config.sft.steps=0")
+      "--config.sft.steps=0", "--auto_resume")
   assert status == 143, out[-3000:]
   assert seconds < 15, f"the learner took {seconds:.1f} s to stop while it waited"
   assert runtime.complete_checkpoints(str(workdir)) == [0] and _lines(workdir / "schedule.jsonl") == []
   assert ("Stopped by SIGTERM after RL step 0 of 24: checkpoint 0 is saved in "
-          f"{workdir / 'checkpoints'}; the same command with --resume continues the run from it.\n") in out
+          f"{workdir / 'checkpoints'}; the same command as it was (with --auto_resume) continues the run from "
+          "it.\n") in out
+  assert "--resume" not in out.replace("--auto_resume", "")
   assert not (workdir / runtime.DONE_FILE).exists() and not (workdir / "summary.json").exists()
 
   status, seconds, out = _signal_waiting_learner(tmp_path, workdir, signal.SIGINT, "--resume")
@@ -125,6 +129,7 @@ def test_a_learner_waiting_for_rollouts_stops_at_once(tmp_path):
   assert ("Stopped by SIGINT after RL step 0 of 24: checkpoint 0 is saved in "
           f"{workdir / 'checkpoints'}; the same command with --resume continues the run from it. Its samplers "
           "were told to stop (learner.done).\n") in out
+  assert "--auto_resume" not in out
   assert (workdir / runtime.DONE_FILE).exists() and not (workdir / "summary.json").exists()
 
 

@@ -19,7 +19,7 @@ from rlax_post.exchange import _store
 
 # What a publish that does not fit tells its reader to do (a training run's publisher is in its workdir).
 _WAY_OUT = ("free space on that disk or move the directory to a larger one (a training run continues from its "
-            "last checkpoint with --resume).")
+            "last checkpoint with --resume, or by its command as it was where that has --auto_resume).")
 
 
 def _handler() -> ocp.CompositeCheckpointHandler:

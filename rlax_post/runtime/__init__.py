@@ -8,6 +8,7 @@ from rlax_post.runtime._check_data import SplitCheck
 from rlax_post.runtime._checkpoint import check_resume_config
 from rlax_post.runtime._checkpoint import checkpoint_step
 from rlax_post.runtime._checkpoint import complete_checkpoints
+from rlax_post.runtime._checkpoint import continue_with
 from rlax_post.runtime._checkpoint import probe_writable
 from rlax_post.runtime._checkpoint import RESULT_SECTIONS
 from rlax_post.runtime._checkpoint import result_settings
@@ -111,8 +112,8 @@ from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
 __all__ = [
     "build_parts", "Channels", "check_auto_resume", "check_config", "check_data", "check_evaluate_options",
-    "check_resume_config", "check_seed", "checkpoint_step", "complete_checkpoints", "config_policy", "Credit",
-    "credit_fidelity", "CriticScores", "DataCheck", "deferred_signals", "discounted_returns", "DONE_FILE", "ENV_AUTO",
+    "check_resume_config", "check_seed", "checkpoint_step", "complete_checkpoints", "config_policy", "continue_with",
+    "Credit", "credit_fidelity", "CriticScores", "DataCheck", "deferred_signals", "discounted_returns", "DONE_FILE", "ENV_AUTO",
     "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "eval_component_means", "EVAL_COMPONENT_PREFIX",
     "eval_record", "eval_scores", "evaluate_run", "EvaluateOptions", "Evaluation", "Evaluator", "exact_oracle",
     "ExactOracle", "export_hf", "Exported", "fit_sets", "generate_hf", "generate_run", "Generated", "GenerateOptions",

@@ -171,13 +171,22 @@ def _reference_is_frozen(state: Any) -> bool:
   return getattr(state, "frozen", None) is not None
 
 
-def _then(steps: list[int]) -> str:
-  """What a checkpoint that did not fit ends with: the run's last complete one of `steps`, intact, and the way on."""
+def continue_with(auto_resume: bool) -> str:
+  """How a stopped run is continued, in the flag its own command used: "the same command with --resume", or
+  for an `--auto_resume` command (a launcher's job, a sweep's unit), which resumes by itself, that command as it
+  was (told to add --resume, a user ran a command with both, which is refused)."""
+  return "the same command as it was (with --auto_resume)" if auto_resume else "the same command with --resume"
+
+
+def _then(steps: list[int], auto_resume: bool) -> str:
+  """What a checkpoint that did not fit ends with: the run's last complete one of `steps`, intact, and the way on
+  (`continue_with`)."""
   if not steps:
+    again = ("its --auto_resume starts the run afresh" if auto_resume else "without --resume")
     return ("The run has no complete checkpoint yet: free space on that disk, or pass a --workdir on a larger one, "
-            "and run the command again (without --resume: there is nothing to continue).")
+            f"and run the command again ({again}: there is nothing to continue).")
   return (f"Checkpoint step {steps[-1]}, the run's last complete one, is intact: free space on that disk, or move "
-          "the run's directory to a larger one, then run the same command with --resume.")
+          f"the run's directory to a larger one, then run {continue_with(auto_resume)}.")
 
 
 class RunCheckpointer:
@@ -186,14 +195,17 @@ class RunCheckpointer:
   On opening, step directories without orbax's commit marker (saves that never finished) are set aside
   (`set_aside`, by process 0 of a multi-host job); `aside` lists (path, reason) of what moved. A reader of
   another process's run (`tidy=False`: replay, which may run while the learner saves) moves nothing.
+  `auto_resume`: the run's command has --auto_resume (a save that does not fit says to run it as it was).
   """
 
-  def __init__(self, workdir: str | epath.Path, *, max_to_keep: int = 2, name: str = "run", tidy: bool = True):
+  def __init__(self, workdir: str | epath.Path, *, max_to_keep: int = 2, name: str = "run", tidy: bool = True,
+               auto_resume: bool = False):
     workdir = os.fspath(workdir)
     if "://" not in workdir:  # Orbax wants absolute paths; bucket URLs (gs://...) already are.
       workdir = os.path.abspath(workdir)
     self.directory = epath.Path(workdir) / "checkpoints"
     self.aside: list[tuple[epath.Path, str]] = []
+    self.auto_resume = auto_resume
     if tidy and _distributed.is_primary() and self.directory.exists():
       for step_dir in sorted(p for p in self.directory.iterdir() if p.name.isdigit()):
         if not exchange.is_complete(step_dir):
@@ -256,14 +268,14 @@ class RunCheckpointer:
     steps = self.agreed_steps()
     previous = [self.directory / str(steps[-1]) / name for name in trees] if steps else None
     needed = exchange.predict(trees, previous)
-    exchange.check_space(self.directory, needed, f"Checkpoint step {step}", _then(steps))
+    exchange.check_space(self.directory, needed, f"Checkpoint step {step}", _then(steps, self.auto_resume))
     return needed
 
   def _wait_for_write(self) -> None:
     """Waits for the save orbax is writing; one that ran out of space is an `OSError` (ENOSPC) saying so."""
     writing, self._writing = self._writing, None
     def intact(step: int) -> str:  # (listed only when the write ran out of space)
-      return _then([s for s in complete_checkpoints(os.fspath(self.directory.parent)) if s < step])
+      return _then([s for s in complete_checkpoints(os.fspath(self.directory.parent)) if s < step], self.auto_resume)
     exchange.wait_for_write(self._manager.wait_until_finished, writing, "Checkpoint step", self.directory, intact)
 
   def restore(self, step: int, *, state_like: Any, state_shardings: Any, ref_like: Any,

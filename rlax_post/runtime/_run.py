@@ -150,6 +150,7 @@ class Run:
   latest: int | None  # the newest complete checkpoint when the run was opened (None: a fresh run)
   t_start: float
   tally: Tally
+  auto_resume: bool = False  # the run's command has --auto_resume (`_checkpoint.continue_with`)
 
   @property
   def cfg(self) -> config_lib.Config:
@@ -288,8 +289,8 @@ class Run:
     samplers = " Its samplers were told to stop (learner.done)." if done else ""
     return _signals.Stopped(stopped.signum, stopped.step, (
         f"Stopped by {name} after RL step {stopped.step} of {self.cfg.rl.steps}: checkpoint {stopped.step} is "
-        f"saved in {os.path.join(self.workdir, 'checkpoints')}; the same command with --resume continues the run "
-        f"from it.{samplers}"))
+        f"saved in {os.path.join(self.workdir, 'checkpoints')}; {_checkpoint.continue_with(self.auto_resume)} "
+        f"continues the run from it.{samplers}"))
 
   def wall_seconds(self, now: float | None = None) -> float:
     """The run's wall time: its earlier attempts' up to the checkpoint this one resumed from, and this one's."""
@@ -458,14 +459,14 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool | str, quiet: bo
   (`_resume.auto_resume`: refused for a run of other settings, or results without a checkpoint)."""
   if resume not in (True, False, "auto"):
     raise ValueError(f"resume must be True, False or 'auto'; got {resume!r}.")
-  t_start, cfg = time.time(), parts.cfg
+  t_start, cfg, auto = time.time(), parts.cfg, resume == "auto"
   workdir = os.fspath(workdir)
   os.makedirs(workdir, exist_ok=True)
   primary = _distributed.is_primary()
   _refuse_foreign_files(workdir)  # (before the checkpointer creates checkpoints/ in what may be a user's folder)
-  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep)
+  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep, auto_resume=auto)
   latest = ckpt.latest_step()
-  if resume == "auto":
+  if auto:
     resume = _auto_resume(workdir, cfg, latest)
   if latest is not None and not resume:
     raise ValueError(f"{workdir} already holds checkpoints (latest RL step {latest}); pass --resume to "
@@ -488,4 +489,4 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool | str, quiet: bo
              ckpt=ckpt, metrics=_metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard,
                                                        wandb=_wandb_run(cfg, workdir), active=primary),
              log=_rowlog.RolloutLog(workdir, active=primary), ui=ui, latest=latest, t_start=t_start,
-             tally=Tally(config_lib.staleness(cfg)))
+             tally=Tally(config_lib.staleness(cfg)), auto_resume=auto)
