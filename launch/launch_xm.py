@@ -5,6 +5,9 @@ Each work unit is a learner job (one or more hosts) and --num_samplers sampler j
 
   # Local processes through xm_local (CPU):
   python -m launch.launch_xm --config configs/demo.py:tiny --workdir_root /tmp/sweep --num_samplers 1
+  # The units as the product of --axis values (as `rlax-post sweep --axis`), not the file's get_sweep:
+  python -m launch.launch_xm --config configs/demo.py:tiny --workdir_root /tmp/sweep \
+      --axis rl.optimizer.learning_rate=1e-6,3e-6 --axis seed=0,1,2
   # Vertex AI / GKE: print the requests (--dry_run), or create them (needs credentials):
   python -m launch.launch_xm --config configs/demo.py --executor vertex --platform tpu \
       --accelerator tpu-v5p:2x2x4 --num_samplers 2 --image IMAGE --workdir_root gs://BUCKET/sweeps/demo \
@@ -51,6 +54,10 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "configs/X.py[:variant
                                           "units (one unit if it has none).", lock_config=True)
 _WORKDIR_ROOT = flags.DEFINE_string("workdir_root", None, "Each unit's workdir is <root>/<unit.dirname>: a "
                                     "local directory, or gs://BUCKET/PATH for Vertex AI and GKE.")
+_AXIS = flags.DEFINE_multi_string("axis", None, "KEY=V1,V2,...: a swept config key and its values, as "
+                                  "`rlax-post sweep --axis` reads them (each as --config.KEY=V reads it; a tuple "
+                                  "key's values as Python tuples: \"KEY=('a','b'),('a',)\"); the units are the "
+                                  "product of the axes in place of the file's get_sweep.")
 _EXECUTOR = flags.DEFINE_enum("executor", "local", ["local", "vertex", "gke"], "Where the jobs run.")
 _PLATFORM = flags.DEFINE_enum("platform", "cpu", ["cpu", "gpu", "tpu"], "The jobs' accelerator platform.")
 _ACCELERATOR = flags.DEFINE_string("accelerator", None, "TPU slice (tpu-v5p:2x2x4, tpu-v5e:4x4) or GPUs per "
@@ -81,7 +88,8 @@ def _dns_label(*parts: str) -> str:
 
 def _units(spec: str, overrides: list[str]) -> list[sweep.WorkUnit]:
   """The sweep's units, each one's full config validated as its jobs will run it: with the command line's
-  overrides and, with samplers, as an async learner (`rlax-post learner` runs runtime.mode=async only)."""
+  overrides and, with samplers, as an async learner (`rlax-post learner` runs runtime.mode=async only). With
+  --axis, the product of the axes (`sweep.work_units`, as `rlax-post sweep --axis`), not the file's get_sweep."""
   samplers = _NUM_SAMPLERS.value
   if samplers > 0:
     modes = [f for f in overrides if re.fullmatch(r"--?config\.runtime\.mode=(?!async$).*", f)]
@@ -91,7 +99,11 @@ def _units(spec: str, overrides: list[str]) -> list[sweep.WorkUnit]:
     launcher = ["--config.runtime.mode=async", f"--config.runtime.num_samplers={samplers}"]
   else:
     launcher = []
-  units = sweep.work_units(spec, [*launcher, *overrides])
+  axes = _AXIS.value or ()
+  units = sweep.work_units(spec, [*launcher, *overrides], axes)
+  if axes and sweep.defines_sweep(spec):  # (stderr: a dry run's stdout is its JSON)
+    print(f"launch_xm: --axis: {len(units)} work unit(s), the product of the axes; {spec}'s own get_sweep is "
+          "not run.", file=sys.stderr)
   sweep.check_overrides(units, overrides)
   for unit in units:
     mode = unit.overrides.get("runtime.mode", "async")

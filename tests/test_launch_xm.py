@@ -126,6 +126,38 @@ def test_local_dry_run_sync(tmp_path):
     assert unit["requests"] == [{"name": "train", "args": args, "env": {"JAX_PLATFORMS": "cpu"}}]
 
 
+def test_local_dry_run_axes_are_the_units_as_the_sweep_reads_them(tmp_path):
+  """`--axis KEY=V1,V2,...` (the sweep's own parsing, `sweep.work_units`): the units are the product of the
+  axes (the last fastest) over the config, in place of the file's get_sweep (demo.py:tiny's sweeps
+  advantage.estimator), each value as `--config.KEY=V` reads it, passed to its job as that flag."""
+  root = str(tmp_path / "runs")
+  proc = _launch("--dry_run", "--workdir_root", root, "--config.rl.steps=1", "--axis",
+                 "rl.optimizer.learning_rate=1e-6,3e-6", "--axis", "seed=0,1", tmp_path=tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  units = json.loads(proc.stdout)["work_units"]
+  assert [u["overrides"] for u in units] == [
+      {"rl.optimizer.learning_rate": 1e-6, "seed": 0}, {"rl.optimizer.learning_rate": 1e-6, "seed": 1},
+      {"rl.optimizer.learning_rate": 3e-6, "seed": 0}, {"rl.optimizer.learning_rate": 3e-6, "seed": 1}]
+  assert units[3]["dirname"] == "03_rl.optimizer.learning_rate=3e-06_seed=1"
+  [job] = units[3]["jobs"]
+  assert job["args"] == ["train", "--config", _CONFIG, "--config.rl.steps=1", "--config.rl.optimizer.learning_rate=3e-06",
+                         "--config.seed=1", "--auto_resume", "--workdir", os.path.join(root, units[3]["dirname"])]
+  assert proc.stderr == (f"launch_xm: --axis: 4 work unit(s), the product of the axes; {_CONFIG}'s own get_sweep is "
+                         "not run.\n")
+
+
+@pytest.mark.parametrize("args, want", [
+    (["--axis", "seed=0,one"], "tiny: --axis seed=one: `seed` takes an int; got 'one'."),
+    (["--axis", "seed=0,1", "--config.seed=3"], "overrides of swept key(s) ['seed'], which the sweep itself varies"),
+], ids=["int", "overridden"])
+def test_a_bad_axis_is_refused_as_the_sweep_refuses_it(tmp_path, args, want):
+  """The sweep's checks (tests/test_sweep.py has every case), before any job or directory is made."""
+  root = tmp_path / "runs"
+  proc = _launch("--dry_run", "--workdir_root", str(root), *args, tmp_path=tmp_path)
+  assert proc.returncode == 1 and want in proc.stderr.splitlines()[-1], proc.stderr[-2000:]
+  assert proc.stdout == "" and not root.exists()
+
+
 def test_local_dry_run_multihost_cpu_learner(tmp_path):
   root = str(tmp_path / "runs")
   proc = _launch("--dry_run", "--workdir_root", root, "--learner_hosts", "2", "--num_samplers", "1",

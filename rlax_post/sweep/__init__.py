@@ -21,6 +21,7 @@ from rlax_post.sweep._units import check_overrides
 from rlax_post.sweep._units import check_value
 from rlax_post.sweep._units import command_line_overrides
 from rlax_post.sweep._units import config_of
+from rlax_post.sweep._units import defines_sweep
 from rlax_post.sweep._units import differences
 from rlax_post.sweep._units import load_module
 from rlax_post.sweep._units import none_overrides
@@ -40,6 +41,7 @@ __all__ = [
     "compare_report",
     "compare_runs",
     "config_of",
+    "defines_sweep",
     "contrasts",
     "differences",
     "differing_settings",
