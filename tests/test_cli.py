@@ -1368,7 +1368,9 @@ cli.main(["rlax-post", "train", "--config", "configs/demo.py:tiny", "--quiet", "
 
 def test_a_checkpoint_the_disk_has_no_room_for_is_one_line_and_resume_continues_from_the_last(tmp_path):
   """The tiny run checkpoints steps 0, 2 and 3; with 1000 bytes free after step 0, step 2 is refused in one line
-  naming its size, the free bytes and step 0, which is intact: the way out it names, --resume, continues from it."""
+  naming its size, the free bytes and step 0, which is intact: the way out it names, --resume, continues from it.
+  A partial write of step 2 (orbax's tmp directory, as a write that filled the disk leaves it) is removed by the
+  resumed run's first save, which says so."""
   workdir = tmp_path / "run"
   out = subprocess.run([sys.executable, "-c", _FULL_AFTER_STEP_0, str(workdir)], capture_output=True, text=True,
                        env=_ENV, cwd=_ROOT, check=False)
@@ -1381,8 +1383,14 @@ def test_a_checkpoint_the_disk_has_no_room_for_is_one_line_and_resume_continues_
       "Checkpoint step 0, the run's last complete one, is intact: free space on that disk, or move the run's "
       "directory to a larger one, then run the same command with --resume.")
   assert sorted(os.listdir(workdir / "checkpoints")) == ["0"]
+  partial = workdir / "checkpoints" / "2.orbax-checkpoint-tmp"  # (orbax's name: tests/test_free_space.py)
+  shutil.copytree(workdir / "checkpoints" / "0" / "state", partial / "state")
   out = _cli("train", "--config", "configs/demo.py:tiny", "--quiet", "--workdir", workdir, "--resume")
   assert out.returncode == 0, out.stderr[-3000:]
+  assert re.search(rf"^warning: Removed {re.escape(str(partial))} \([0-9.]+ kB\): orbax's partial write of an "
+                   "interrupted save, never read, whose space the free-space check counted as used\.$", out.stderr,
+                   re.M), out.stderr[-3000:]
+  assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "3"]  # (checkpoint.max_to_keep = 2)
   with open(workdir / "summary.json") as f:
     assert json.load(f)["resumed_from_step"] == 0
   assert _checkpoint.complete_checkpoints(str(workdir)) == [2, 3]

@@ -5,6 +5,7 @@ The free space is `shutil.disk_usage` patched to a small figure (no tmpfs: the t
 real full disk (a 3 MB tmpfs) is measured in docs/learner.md#checkpoints.
 """
 
+import asyncio
 import collections
 import errno
 import logging
@@ -13,9 +14,11 @@ import shutil
 import sys
 import threading
 
+from etils import epath
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from rlax_post import exchange
@@ -180,6 +183,84 @@ def test_a_bucket_is_not_checked_and_a_missing_directory_is_measured_at_its_near
   assert asked == [str(tmp_path)]
 
 
+def _disk_of(monkeypatch, root, capacity: int) -> None:
+  """`shutil.disk_usage` of a disk of `capacity` bytes holding only the files under `root`, measured at each
+  call: a partial write's bytes are used space, as on a real disk."""
+  def usage(path):
+    del path
+    used = _files(root)
+    return _Usage(capacity, used, capacity - used)
+  monkeypatch.setattr(shutil, "disk_usage", usage)
+
+
+def _interrupted_write(directory, step: int, like) -> str:
+  """What a save of `step` into `directory` interrupted mid-write leaves: orbax's own tmp directory for it (its
+  naming rule and its `create`), holding the items written so far (here those of the complete step `like`),
+  no commit marker. Its path."""
+  tmp = ocp.path.atomicity.AtomicRenameTemporaryPath.from_final(epath.Path(directory) / str(step))
+  asyncio.run(tmp.create())
+  for item in ("state", "ref_params", "params"):
+    if (like / item).is_dir():
+      shutil.copytree(like / item, tmp.get() / item)
+  return os.fspath(tmp.get())
+
+
+def test_partial_writes_are_orbax_s_tmp_directories_of_steps_and_nothing_else(tmp_path):
+  for name in ("3.orbax-checkpoint-tmp", "12.orbax-checkpoint-tmp-1733000000", "4", "notes.orbax-checkpoint-tmp",
+               "5.orbax-checkpoint-tmp.bak", "checkpoints.aside"):
+    (tmp_path / name).mkdir()
+  (tmp_path / "6.orbax-checkpoint-tmp").write_text("a file")
+  (tmp_path / "3.orbax-checkpoint-tmp" / "a").write_bytes(b"x" * 20_000)
+  assert exchange.partial_writes(tmp_path) == [f"{tmp_path}/12.orbax-checkpoint-tmp-1733000000",
+                                               f"{tmp_path}/3.orbax-checkpoint-tmp"]
+  assert exchange.remove_partial_writes(tmp_path) == [f"{tmp_path}/12.orbax-checkpoint-tmp-1733000000 (0 bytes)",
+                                                      f"{tmp_path}/3.orbax-checkpoint-tmp (20.0 kB)"]
+  assert sorted(os.listdir(tmp_path)) == ["4", "5.orbax-checkpoint-tmp.bak", "6.orbax-checkpoint-tmp",
+                                          "checkpoints.aside", "notes.orbax-checkpoint-tmp"]
+  assert exchange.partial_writes("gs://bucket/run/checkpoints") == []
+  assert exchange.partial_writes(tmp_path / "missing") == []
+
+
+def test_an_interrupted_save_s_partial_write_is_removed_before_the_next_save_measures_free_space(tmp_path,
+                                                                                                  monkeypatch):
+  """The disk filled while step 2 was written: orbax's tmp directory of it stayed, and its bytes, counted as used,
+  refused the resumed run's next save (step 3) though the disk had room for it once they were gone."""
+  state, ref = {"w": jnp.arange(4096.0)}, {"r": jnp.arange(4096.0) * 2}
+  run = tmp_path / "run"
+  directory = run / "checkpoints"
+  ckpt = _checkpoint.RunCheckpointer(run, max_to_keep=3)
+  ckpt.save(0, state, ref, {"rl_step": 0})
+  ckpt.close()
+  partial = _interrupted_write(directory, 2, directory / "0")
+  leftover = _files(partial)
+  assert leftover > 10_000  # (step 0's arrays as orbax wrote them: about 24 kB)
+  resumed = _checkpoint.RunCheckpointer(run, max_to_keep=3)  # (a new life of the run: the same directory)
+  needed = exchange.predict(None, [directory / "0" / item for item in ("state", "ref_params", "meta")])
+  # A disk with room for step 3 once the partial write is gone (and a third of its size to spare), not before.
+  _disk_of(monkeypatch, run, _files(run) - leftover + needed.bytes + leftover // 3)
+  with pytest.raises(OSError, match="Checkpoint step 3 does not fit"):  # (what the check said with it there)
+    exchange.check_space(directory, needed, "Checkpoint step 3", "")
+  resumed.save(3, {"w": state["w"] + 3}, ref, {"rl_step": 3})
+  resumed.close()
+  assert resumed.removed == [f"{partial} ({leftover / 1e3:.1f} kB)"]
+  assert sorted(os.listdir(directory)) == ["0", "3"] and _checkpoint.complete_checkpoints(str(run)) == [0, 3]
+
+
+def test_a_failed_publish_s_partial_write_is_removed_before_the_next_publish_measures_free_space(tmp_path,
+                                                                                                 monkeypatch):
+  params = {"w": jnp.arange(8192.0)}
+  pub = exchange.ParamPublisher(tmp_path / "params", max_to_keep=2)
+  pub.publish(params, 0)
+  pub.wait()
+  partial = _interrupted_write(tmp_path / "params", 1, tmp_path / "params" / "0")  # (a publish that failed)
+  leftover = _files(partial)
+  needed = _files(tmp_path / "params" / "0")  # (the newest complete version, as the publisher predicts)
+  _disk_of(monkeypatch, tmp_path, _files(tmp_path) - leftover + needed + leftover // 3)
+  pub.publish(params, 2)
+  pub.close()
+  assert not os.path.exists(partial) and _store.complete_versions(pub.directory) == [0, 2]
+
+
 def test_a_write_that_ran_out_of_space_is_told_from_other_failures():
   assert exchange.is_out_of_space(ValueError(_TORN))
   assert exchange.is_out_of_space(OSError(errno.ENOSPC, "No space"))
@@ -208,7 +289,8 @@ def test_a_write_that_filled_the_disk_names_its_partial_write(tmp_path, monkeypa
   assert error.strerror == (
       f"Checkpoint step 4 did not fit in {tmp_path}: the disk filled while it was written; it needs about 35.5 MB "
       f"(the newest complete one's size) and 3.1 MB are free now. Its partial write, {tmp_path}/4.orbax-checkpoint-"
-      "tmp (12.0 kB), is never read: deleting it frees that space. Step 2 is intact.")
+      "tmp (12.0 kB), is never read: the next save there removes it before it measures the free space (deleting "
+      "it now frees that space at once). Step 2 is intact.")
   error = exchange.out_of_space_error("Checkpoint step 5", tmp_path, 5, exchange.Prediction(35_500_000, None), "")
   assert "partial" not in error.strerror
 

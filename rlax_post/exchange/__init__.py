@@ -30,7 +30,9 @@ Free space. Before writing version v to a local directory, `publish` (every proc
 directory's filesystem has room for it, predicted from the newest complete version's bytes on disk (or, for
 the first, a quarter of the params' raw bytes: `_space.py` says why), and raises `OSError` (ENOSPC) naming
 the bytes needed and free before orbax writes a byte; a write that runs out of space anyway is reported the
-same way when it is waited for (the next `publish`, `wait`, `close`). Bucket URLs are not checked.
+same way when it is waited for (the next `publish`, `wait`, `close`). Bucket URLs are not checked. The
+partial write such a publish leaves (orbax's `<version>.orbax-checkpoint-tmp`) is removed before the next
+check (`remove_partial_writes`), so its bytes are not counted against the next version.
 
 Asynchrony. `publish` returns once the params are copied to host memory; orbax writes them in a background
 thread. `wait()` (or `close()`) blocks until all publishes are visible.
@@ -63,8 +65,10 @@ from rlax_post.exchange._space import check_space
 from rlax_post.exchange._space import FIRST_SAVE_FRACTION
 from rlax_post.exchange._space import is_out_of_space
 from rlax_post.exchange._space import out_of_space_error
+from rlax_post.exchange._space import partial_writes
 from rlax_post.exchange._space import predict
 from rlax_post.exchange._space import Prediction
+from rlax_post.exchange._space import remove_partial_writes
 from rlax_post.exchange._space import wait_for_write
 from rlax_post.exchange._store import as_path
 from rlax_post.exchange._store import is_complete
@@ -73,4 +77,5 @@ from rlax_post.exchange._subscriber import ParamSubscriber
 
 __all__ = ["Lineage", "loads_lineage", "UNKNOWN", "loaded_key", "LocalParams", "ParamPublisher", "ParamSource",
            "ParamSubscriber", "as_path", "is_complete", "quiet_abandoned_io", "check_space", "FIRST_SAVE_FRACTION",
-           "is_out_of_space", "out_of_space_error", "predict", "Prediction", "wait_for_write"]
+           "is_out_of_space", "out_of_space_error", "partial_writes", "predict", "Prediction", "remove_partial_writes",
+           "wait_for_write"]

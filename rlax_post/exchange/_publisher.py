@@ -174,6 +174,8 @@ class ParamPublisher:
     if not _space.is_local(self.directory):
       return _space.predict(params, None)
     self._drain_gc()  # (versions it deletes free their space first)
+    if self._primary:  # (a publish that failed in this life: the next publisher removes a dead writer's)
+      _space.remove_partial_writes(self.directory)
     versions = _store.complete_versions(self.directory)
     needed = _space.predict(params, [self.directory / str(versions[-1])] if versions else None)
     _space.check_space(self.directory, needed, f"Parameter version {version}", _then(versions, self._way_out))

@@ -17,6 +17,12 @@ bytes ("at least"). The smallest share measured or derived: a fresh Adam state h
 moments (1/3 of its raw bytes is non-zero, and that compresses to ~0.92 of itself: 0.31), with its reference
 params 0.46 (measured: 35.5 of 76.8 MB); a LoRA state is mostly its frozen base (~0.9). 1/4 stays below each,
 so a first save that fits is never refused; one that is refused lacks at least a quarter of its raw size.
+
+Partial writes. A write that failed (the disk filled during it) or whose process died leaves orbax's tmp
+directory, `<step>.orbax-checkpoint-tmp`, which is never read, and which orbax removes only when it saves that
+same step again: until then it took the disk's free space, and the next save's check (of another step) was
+refused for want of the space it held. The writer removes them before it checks (`remove_partial_writes`): its
+own previous write has been waited for, and one writer owns the directory (a run's lock, `runtime.hold_run`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import errno
 import logging
 import math
 import os
+import re
 import shutil
 from typing import Any, Callable, Iterable, NamedTuple
 
@@ -38,6 +45,9 @@ FIRST_SAVE_FRACTION = 0.25  # of the raw array bytes, for a save with no complet
 # How tensorstore and orbax say that a write ran out of space (a ValueError: "RESOURCE_EXHAUSTED: ... No
 # space left on device [os_error_code='28']"), besides an OSError with errno ENOSPC.
 _NO_SPACE_TEXTS = ("No space left on device", f"[os_error_code='{errno.ENOSPC}']")
+# Orbax's tmp directory of step <int> (orbax.checkpoint._src.path.atomicity: `<step>.orbax-checkpoint-tmp`;
+# older orbax appended `-<timestamp>`, which its `step.TMP_DIR_STEP_PATTERN` still matches).
+_PARTIAL_WRITE = re.compile(rf"\d+{re.escape(ocp.path.atomicity.TMP_DIR_SUFFIX)}(-\d+)?")
 
 
 def is_local(directory: str | os.PathLike | epath.Path) -> bool:
@@ -116,16 +126,41 @@ def check_space(directory: epath.Path, needed: Prediction, what: str, then: str)
   raise OSError(errno.ENOSPC, f"{what} does not fit in {directory}: {found} (nothing was written). {then}")
 
 
+def partial_writes(directory: str | os.PathLike | epath.Path) -> list[str]:
+  """The paths of orbax's tmp directories of steps in local `directory` (`<step>.orbax-checkpoint-tmp`, module
+  doc), sorted; never a step directory (`<step>`, complete or not). Empty on a bucket (orbax writes there in
+  place, with no tmp directory)."""
+  directory = os.fspath(directory)
+  if not is_local(directory) or not os.path.isdir(directory):
+    return []
+  return sorted(entry.path for entry in os.scandir(directory)
+                if _PARTIAL_WRITE.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False))
+
+
+def remove_partial_writes(directory: str | os.PathLike | epath.Path) -> list[str]:
+  """Removes `partial_writes(directory)` and returns each as 'PATH (SIZE)'. Only for the directory's one writer,
+  when no write of its own is in flight (module doc): a tmp directory is then an interrupted write of its, never
+  read, and a save of the same step would remove it anyway. One that vanished meanwhile is skipped."""
+  removed = []
+  for path in partial_writes(directory):
+    size = on_disk_bytes([path])
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.exists(path):
+      removed.append(f"{path} ({_size(size)})")
+  return removed
+
+
 def out_of_space_error(what: str, directory: epath.Path, step: int, needed: Prediction, then: str) -> OSError:
   """The `OSError` (ENOSPC) for a write of `what` (step `step` of `directory`) that ran out of space while it was
   written (`is_out_of_space`): what it needed, what is free now, the partial write it left (orbax's tmp
-  directory, never read: orbax removes it only when it saves that step again), and `then` (what is intact, the
-  way out)."""
+  directory, never read: the next save there removes it, `remove_partial_writes`), and `then` (what is intact,
+  the way out)."""
   if not is_local(directory):
     return OSError(errno.ENOSPC, f"{what} did not fit in {directory}: the bucket refused it; it needs {needed}. {then}")
   partial = os.path.join(os.fspath(directory), f"{step}{ocp.path.atomicity.TMP_DIR_SUFFIX}")
-  left = (f" Its partial write, {partial} ({_size(on_disk_bytes([partial]))}), is never read: deleting it frees "
-          "that space." if os.path.isdir(partial) else "")
+  left = (f" Its partial write, {partial} ({_size(on_disk_bytes([partial]))}), is never read: the next save there "
+          "removes it before it measures the free space (deleting it now frees that space at once)."
+          if os.path.isdir(partial) else "")
   return OSError(errno.ENOSPC, f"{what} did not fit in {directory}: the disk filled while it was written; it needs "
                                f"{needed} and {_size(free_bytes(directory))} are free now.{left} {then}")
 

@@ -205,6 +205,7 @@ class RunCheckpointer:
       workdir = os.path.abspath(workdir)
     self.directory = epath.Path(workdir) / "checkpoints"
     self.aside: list[tuple[epath.Path, str]] = []
+    self.removed: list[str] = []  # orbax's partial writes `save` removed ('PATH (SIZE)'), for the run to tell
     self.auto_resume = auto_resume
     if tidy and _distributed.is_primary() and self.directory.exists():
       for step_dir in sorted(p for p in self.directory.iterdir() if p.name.isdigit()):
@@ -245,7 +246,8 @@ class RunCheckpointer:
     """Saves step `step`; with LoRA the reference policy is the state's frozen base (`RLUpdate.reference`),
     written once, in the state (it was written twice, and restored as a second copy).
 
-    Waits for the previous save first (orbax's own save would), then refuses, before a byte is written, a
+    Waits for the previous save first (orbax's own save would), removes the partial writes of interrupted
+    saves (`_check_space`), then refuses, before a byte is written, a
     step that a local disk has no room for: `OSError` (ENOSPC) on every process (`exchange.check_space`, with
     the size predicted from the newest complete step's same items on disk, or for the first save a quarter
     of the raw array bytes: `exchange.predict`), naming the bytes needed and free and the last
@@ -264,7 +266,11 @@ class RunCheckpointer:
 
   def _check_space(self, step: int, trees: dict) -> exchange.Prediction:
     """What step `step`'s items `trees` are predicted to take; `OSError` (ENOSPC) on every process when the
-    checkpoints' local disk lacks it (agreed: process 0's newest complete step is measured)."""
+    checkpoints' local disk lacks it (agreed: process 0's newest complete step is measured). Process 0 first
+    removes orbax's partial writes of interrupted saves (`exchange.remove_partial_writes`: their space was
+    counted as used, and a save of another step refused for it), before the listing every process waits for."""
+    if _distributed.is_primary():
+      self.removed += exchange.remove_partial_writes(self.directory)
     steps = self.agreed_steps()
     previous = [self.directory / str(steps[-1]) / name for name in trees] if steps else None
     needed = exchange.predict(trees, previous)

@@ -267,6 +267,10 @@ class Run:
     meta = {**{k: start.history[k] for k in _KEEP if k in start.history}, "rl_step": step, **self.tally.meta(),
             "wall_seconds": self.wall_seconds()}
     self.ckpt.save(step, state, start.ref_params, meta)
+    for partial in self.ckpt.removed:
+      self.ui.warn(f"Removed {partial}: orbax's partial write of an interrupted save, never read, whose space "
+                   "the free-space check counted as used.")
+    self.ckpt.removed.clear()
     source.checkpointed(step)
     kept = _checkpoint.complete_checkpoints(self.workdir)  # A listing: the manager's own view is untouched.
     if kept:
