@@ -283,7 +283,7 @@ def _refuse_foreign(results: Sequence[UnitResult], root: str) -> None:
 
 def _unfinished(results: list[UnitResult], say) -> list[UnitResult]:
   """The units to run: all but those whose summary.json says they finished all the RL steps the unit has now
-  (a unit stopped early is run again, with --resume)."""
+  (a unit stopped early is run again: its --auto_resume resumes it)."""
   pending = []
   for r in results:
     if os.path.exists(os.path.join(r.workdir, "summary.json")) and collect(r).ok and _all_steps(r):
