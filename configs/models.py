@@ -171,11 +171,16 @@ def mesh_shape(model: str, hardware: str, critic: bool = False) -> dict:
     mesh = dict(data=per_granule // (fsdp * tensor) * granules, fsdp=fsdp, tensor=tensor, dcn_data=granules,
                 dcn_fsdp=1)
     cfg = config_lib.load(_build(model, hardware, mesh, critic))
-    model_cfg = models.preset(model, max_seq_len=cfg.model.max_seq_len, **cfg.model.overrides)
-    if runtime.run_memory(cfg, model_cfg)["total"] <= _POD_MEMORY_BUDGET * hw["hbm_bytes"]:
+    if runtime.run_memory(cfg, model_config(cfg))["total"] <= _POD_MEMORY_BUDGET * hw["hbm_bytes"]:
       return mesh
     fsdp *= 2
   raise ValueError(f"{model} does not fit {hardware} with fsdp × tensor inside one granule of {per_granule}.")
+
+
+def model_config(cfg: config_lib.Config) -> models.ModelConfig:
+  """The model a loaded config of this file plans for: `model.preset` with `model.overrides`, in
+  `model.max_seq_len` positions (the overrides may repeat it; `config.load` refuses one that differs)."""
+  return models.preset(cfg.model.preset, **{**cfg.model.overrides, "max_seq_len": cfg.model.max_seq_len})
 
 
 def _parse(arg):

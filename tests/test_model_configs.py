@@ -29,10 +29,6 @@ def _skip_missing_preset(model):
     pytest.skip(f"models.PRESETS has no {model!r} preset yet (it comes with the Gemma 2 model work).")
 
 
-def _model_cfg(cfg):
-  return models.preset(cfg.model.preset, max_seq_len=cfg.model.max_seq_len, **cfg.model.overrides)
-
-
 def _variant(model, hardware, critic):
   return f"{model},{hardware}" + (",critic" if critic else "")
 
@@ -56,7 +52,7 @@ def test_pair_validates_shards_evenly_and_fits(model, hardware, critic):
   mesh_shape = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
   assert cfg.mesh.data * cfg.mesh.fsdp * cfg.mesh.tensor == hw["devices"]
   mesh = sharding.abstract_mesh(mesh_shape)
-  model_cfg = _model_cfg(cfg)
+  model_cfg = model_configs.model_config(cfg)
   assert model_cfg.param_dtype == "float32" and model_cfg.dtype == "bfloat16" and model_cfg.remat
 
   _, params = models.abstract_params(model_cfg)
@@ -98,10 +94,10 @@ def test_pairs_without_room_for_a_critic_are_listed_with_their_estimate(model, h
   hw = model_configs.HARDWARE[hardware]
   assert (model, hardware) not in model_configs.UNSUPPORTED
   plain = config.load(model_configs.get_config(f"{model},{hardware}"))
-  assert runtime.run_memory(plain, _model_cfg(plain))["total"] < 0.9 * hw["hbm_bytes"]
+  assert runtime.run_memory(plain, model_configs.model_config(plain))["total"] < 0.9 * hw["hbm_bytes"]
   mesh = model_configs.mesh_shape(model, hardware, critic=True)
   cfg = config.load(model_configs._build(model, hardware, mesh, critic=True))
-  memory = runtime.run_memory(cfg, _model_cfg(cfg))
+  memory = runtime.run_memory(cfg, model_configs.model_config(cfg))
   share = memory["total"] / hw["hbm_bytes"]
   assert share >= 0.9
   reason = model_configs.UNSUPPORTED_CRITIC[(model, hardware)]
@@ -126,6 +122,24 @@ def test_bad_variants():
     model_configs.get_config("qwen2.5-7b,h100x8,critic,critic")
   with pytest.raises(ValueError, match="with a separate critic is not supported: a second float32"):
     model_configs.get_config("qwen3-1.7b,gpu1,critic")
+
+
+def test_model_overrides_may_repeat_the_context_not_change_it():
+  """The plan's model (`model_config`, what `mesh_shape` sizes pods by) passed `model.max_seq_len` beside
+  `**model.overrides`: overrides that repeated max_seq_len stopped it in a bare TypeError (multiple values for
+  a keyword). A repeat is now the same model; a different value is refused by `config.load`, in its words."""
+  plan = model_configs._build("qwen2.5-0.5b", "gpu1", model_configs.mesh_shape("qwen2.5-0.5b", "gpu1"))
+  plan.model.overrides["max_seq_len"] = 1024
+  cfg = config.load(plan)
+  assert model_configs.model_config(cfg).max_seq_len == cfg.model.max_seq_len == 1024
+  assert model_configs.model_config(cfg).num_layers == models.PRESETS["qwen2.5-0.5b"]["num_layers"]
+  plan.model.overrides["max_seq_len"] = 4096
+  with pytest.raises(ValueError) as refused:
+    config.load(plan)
+  assert str(refused.value) == (
+      "In `config.model`: `model.overrides.max_seq_len` = 4096 and `model.max_seq_len` = 1024 both set the model's "
+      "context and differ (the override built the model, the rest of the run reads model.max_seq_len); set it once: "
+      "model.max_seq_len = 4096, and drop max_seq_len from model.overrides.")
 
 
 # --- Pods and clusters: which mesh axes cross the data-centre network (DCN) --------------------------------
@@ -174,12 +188,12 @@ def test_pod_mesh_keeps_fsdp_and_tensor_inside_a_granule(model, hardware, critic
   # The data axis visits every granule equally often.
   assert sorted(np.unique(granule_of[:, 0, 0], return_counts=True)[1]) == [m.data // granules] * granules
   # fsdp is the smallest power of two whose per-device estimate (with the critic's) is under 80% of the chip.
-  assert runtime.run_memory(cfg, _model_cfg(cfg))["total"] <= 0.8 * hw["hbm_bytes"]
+  assert runtime.run_memory(cfg, model_configs.model_config(cfg))["total"] <= 0.8 * hw["hbm_bytes"]
   if m.fsdp > 1:
     half = model_configs._build(model, hardware, dict(data=m.data * 2, fsdp=m.fsdp // 2, tensor=m.tensor,
                                                        dcn_data=m.dcn_data, dcn_fsdp=1), critic)
     half = config.load(half)
-    assert runtime.run_memory(half, _model_cfg(half))["total"] > 0.8 * hw["hbm_bytes"]
+    assert runtime.run_memory(half, model_configs.model_config(half))["total"] > 0.8 * hw["hbm_bytes"]
 
 
 def test_make_mesh_dcn_checks():
