@@ -181,11 +181,60 @@ def test_check_config_builds_the_model_and_critic_configs_as_train_does():
   """A preset whose overrides do not make a model, and a critic whose vocabulary is not the policy's, passed
   check-config and were refused once `train` built the model (the critic: once the policy was built)."""
   bad_heads = _cfg(**{"model.overrides": {"num_heads": 3}})
-  with pytest.raises(ValueError, match=re.escape("Bad `model` config (ModelConfig.num_kv_heads (2) must divide "
-                                                 "num_heads (3).)")):
+  with pytest.raises(ValueError) as bad:
     runtime.check_config(bad_heads)
+  assert str(bad.value) == ("Bad `model` config (`model.preset` = 'micro', `model.overrides` = {'num_heads': 3}): "
+                            "ModelConfig.num_kv_heads (2) must divide num_heads (3).")
   critic = _gae_critic(init="preset", overrides={"vocab_size": 999})
   with pytest.raises(ValueError) as refused:
     runtime.check_config(critic)
   assert str(refused.value) == ("The critic's vocabulary (999 ids, critic.init = 'preset') differs from the policy's "
                                 "(264); the critic reads the policy's tokens, so it needs the same tokenizer.")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"rope_theta": "x"}, "Bad `model` config (`model.preset` = 'micro', `model.overrides` = {'rope_theta': 'x'}): a "
+     "value of the wrong type ('>' not supported between instances of 'str' and 'int')"),
+    ({"num_heads": 0}, "Bad `model` config (`model.preset` = 'micro', `model.overrides` = {'num_heads': 0}): "
+     "ModelConfig.num_heads must be a positive int; got 0."),
+], ids=["type", "value"])
+def test_a_bad_model_overrides_value_is_named_without_the_list_of_keys(overrides, message):
+  """The error of a known key's bad value listed every ModelConfig field after it (as if the key were wrong;
+  the config has already checked the keys): it now names the preset and overrides, and what is wrong."""
+  with pytest.raises(ValueError) as bad:
+    runtime.check_config(_cfg(**{"model.overrides": overrides}))
+  assert str(bad.value) == message
+
+
+def test_a_critic_overrides_max_seq_len_unlike_the_policys_context_is_refused():
+  """A preset critic's `critic.overrides.max_seq_len` replaced the policy's context in its model and nothing read
+  it: the critic scores the policy's rows (up to `model.max_seq_len` tokens), so a shorter one was silently run
+  past its context (the learner's forward has no check) and a longer one changed nothing. It may now repeat
+  `model.max_seq_len`, by the check `model.overrides` has."""
+  with pytest.raises(ValueError) as refused:
+    _gae_critic(init="preset", overrides={"max_seq_len": 16})
+  assert str(refused.value) == (
+      "In `config`: `critic.overrides.max_seq_len` = 16 and `model.max_seq_len` = 32 both set the critic's context and differ "
+      "(the critic scores the policy's rows, so it has the policy's context); set it once: model.max_seq_len = 16, "
+      "and drop max_seq_len from critic.overrides.")
+  same = _gae_critic(init="preset", overrides={"max_seq_len": 32})
+  runtime.check_config(same)
+  assert _parts.critic_model_config(same, _policy_config(same)).max_seq_len == 32
+
+
+@pytest.mark.parametrize("key, why", [
+    ("tie_embeddings", "a critic reads its value head, never the vocabulary logits, so its vocabulary projection is "
+     "tied to the embedding rather than kept as an untied lm_head nothing trains"),
+    ("value_head", "a critic is a value model: its value head is what it trains"),
+], ids=["tie_embeddings", "value_head"])
+def test_a_critic_overrides_value_that_the_critics_model_replaces_is_refused(key, why):
+  """`models.value_model_config` sets a critic's tie_embeddings and value_head to True: `critic.overrides` that
+  set them False were silently replaced. They are refused with the reason; True (a repeat) is the same model."""
+  with pytest.raises(ValueError) as refused:
+    _gae_critic(init="preset", overrides={key: False})
+  assert str(refused.value) == (f"In `config`: `critic.overrides.{key}` = False: a critic's model has {key} = True "
+                                f"({why}); drop {key} from critic.overrides.")
+  same = _gae_critic(init="preset", overrides={key: True})
+  runtime.check_config(same)
+  built = _parts.critic_model_config(same, _policy_config(same))
+  assert built.tie_embeddings is True and built.value_head is True

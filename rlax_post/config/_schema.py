@@ -164,17 +164,44 @@ def check_own_settings(model: "ModelSection") -> None:
   setting (a context of 128 from the override, tasks, warm-start rows and `run_memory` sized by
   `model.max_seq_len` = 64), or the setting silently replaced it (`value_head`): refused unless they agree
   (`max_seq_len` may repeat `model.max_seq_len`)."""
-  own = dict(model.overrides).get("max_seq_len", model.max_seq_len)
-  if own != model.max_seq_len:
-    raise ValueError(f"`model.overrides.max_seq_len` = {own!r} and `model.max_seq_len` = {model.max_seq_len} both "
-                     "set the model's context and differ (the override built the model, the rest of the run reads "
-                     f"model.max_seq_len); set it once: model.max_seq_len = {own!r}, and drop max_seq_len from "
-                     "model.overrides.")
+  check_context_override(model.overrides, "model.overrides", model.max_seq_len,
+                         "the model's", "the override built the model, the rest of the run reads model.max_seq_len")
   if "value_head" in model.overrides:
     raise ValueError(f"`model.overrides.value_head` = {model.overrides['value_head']!r}: the policy's value head "
                      "follows the critic's settings (one exactly when advantage.estimator = 'gae' and critic.mode = "
                      "'shared'; a head without them is one nothing trains, and False beside them was replaced); "
                      "drop value_head from model.overrides and set those.")
+
+
+def check_context_override(overrides: dict, where: str, max_seq_len: int, whose: str, why: str) -> None:
+  """`overrides` (at `where`) may repeat the run's context `max_seq_len` (`model.max_seq_len`), not change it:
+  `whose` context it would set is the run's, for the reason `why`."""
+  own = dict(overrides).get("max_seq_len", max_seq_len)
+  if own != max_seq_len:
+    raise ValueError(f"`{where}.max_seq_len` = {own!r} and `model.max_seq_len` = {max_seq_len} both set {whose} "
+                     f"context and differ ({why}); set it once: model.max_seq_len = {own!r}, and drop max_seq_len "
+                     f"from {where}.")
+
+
+# What a separate critic's model sets itself (`models.value_model_config`), and why: `critic.overrides` may
+# repeat it, not change it (a different value was silently replaced).
+_CRITIC_SETS = {
+    "value_head": (True, "a critic is a value model: its value head is what it trains"),
+    "tie_embeddings": (True, "a critic reads its value head, never the vocabulary logits, so its vocabulary "
+                             "projection is tied to the embedding rather than kept as an untied lm_head nothing "
+                             "trains"),
+}
+
+
+def check_critic_overrides(overrides: dict, max_seq_len: int) -> None:
+  """`critic.overrides` may not change what the critic shares with the policy (its context: it scores the
+  policy's rows, prompt and response) or what a critic's model sets itself (`_CRITIC_SETS`)."""
+  check_context_override(overrides, "critic.overrides", max_seq_len, "the critic's",
+                         "the critic scores the policy's rows, so it has the policy's context")
+  for key, (value, why) in _CRITIC_SETS.items():
+    if key in overrides and overrides[key] != value:
+      raise ValueError(f"`critic.overrides.{key}` = {overrides[key]!r}: a critic's model has {key} = {value} "
+                       f"({why}); drop {key} from critic.overrides.")
 
 
 def check_trained_dtype(overrides: dict, where: str) -> None:
@@ -403,6 +430,8 @@ class CriticSection:
   # `overrides`), or the checkpoint at `hf_path` (same tokenizer as the policy).
   init: str = choices("policy", "preset", "hf")
   preset: str = choices(*MODEL_PRESETS)
+  # Not its context (`max_seq_len` may only repeat `model.max_seq_len`), nor what a critic's model sets itself
+  # (`check_critic_overrides`).
   overrides: dict = dataclasses.field(default_factory=dict)
   hf_path: str | None = None
   loss: str = choices("clipped", "mse", "huber", "bce")  # bce: targets in [0, 1], the head read as a logit
@@ -540,6 +569,7 @@ class Config:
 
   def __post_init__(self):
     check_model_overrides(self.critic.overrides, "critic.overrides", MODEL_CONFIG_FIELDS)
+    check_critic_overrides(self.critic.overrides, self.model.max_seq_len)
     self._check_multiagent()
     self._check_tree()
     self._check_rounds()

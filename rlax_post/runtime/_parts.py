@@ -140,9 +140,15 @@ def _policy_config(cfg: config_lib.Config, tokenizer) -> models.ModelConfig:
   overrides["max_seq_len"] = config_lib.max_seq_len(cfg)
   try:
     return models.preset(cfg.model.preset, **overrides)
-  except (TypeError, ValueError) as e:
-    valid = sorted(f.name for f in dataclasses.fields(models.ModelConfig))
-    raise ValueError(f"Bad `model` config ({e}); `model.overrides` keys must be among {valid}.") from None
+  except (TypeError, ValueError) as e:  # (the keys are ModelConfig's: `config.ModelSection` checks them)
+    raise ValueError(f"Bad `model` config (`model.preset` = {cfg.model.preset!r}, `model.overrides` = "
+                     f"{dict(cfg.model.overrides)!r}): {_value_error(e)}") from None
+
+
+def _value_error(e: TypeError | ValueError) -> str:
+  """What `ModelConfig` said of a bad override value: its own message, or Python's for a value of a type it
+  cannot compare or measure (a TypeError, e.g. `rope_theta = "x"`)."""
+  return f"a value of the wrong type ({e})" if isinstance(e, TypeError) else str(e)
 
 
 def critic_model_config(cfg: config_lib.Config, policy_cfg: models.ModelConfig) -> models.ModelConfig:
@@ -162,7 +168,8 @@ def critic_model_config(cfg: config_lib.Config, policy_cfg: models.ModelConfig) 
     try:
       base = models.preset(c.preset, **overrides)
     except (TypeError, ValueError) as e:
-      raise ValueError(f"Bad critic model (`critic.preset` = {c.preset!r}, `critic.overrides`): {e}") from None
+      raise ValueError(f"Bad critic model (`critic.preset` = {c.preset!r}, `critic.overrides` = "
+                       f"{dict(c.overrides)!r}): {_value_error(e)}") from None
   else:
     check_critic_hf_path(c)
     base = dataclasses.replace(models.read_hf_config(c.hf_path), max_seq_len=policy_cfg.max_seq_len,
