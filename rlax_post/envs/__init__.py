@@ -67,6 +67,7 @@ from rlax_post.envs._rl import Producer
 from rlax_post.envs._rl import REWARD_PREFIX
 from rlax_post.envs._rl import ROW_METRICS
 from rlax_post.envs._rl import RLTask
+from rlax_post.envs._rl import SeededExamples
 from rlax_post.envs._rl import REWARD_FAILURE
 from rlax_post.envs._rl import ROW_FIELDS
 from rlax_post.envs._rl import row_id
@@ -117,6 +118,7 @@ __all__ = [
     'Lengths',
     'Producer',
     'RLTask',
+    'SeededExamples',
     'REWARD_PREFIX',
     'Renderer',
     'dataset_renderer',

@@ -156,7 +156,8 @@ class Producer(Protocol):
 
 
 class RLTask(Protocol):
-  """A run's task (module docstring)."""
+  """A run's task (module docstring). Optional: `reseeded(seed)`, a copy whose rollouts draw from `seed` over the
+  same held-out examples (`SeededExamples`; `rlax-post evaluate --samples`' passes)."""
   name: str
   num_eval: int
 
@@ -164,6 +165,26 @@ class RLTask(Protocol):
   def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]: ...
   def producer(self, engine: sampler.RlaxEngine, params: Any, version: int, *, split: str = "train"
                ) -> Producer: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class SeededExamples:
+  """The base of a task (a frozen dataclass with the run's `cfg`) whose examples or episodes are drawn from a
+  seed, as its rollouts are: a text task's or a role pipeline's problems, a tool task's worlds, a sales
+  customer, a couple's session. The task draws them from `example_seed` (`kept_seed` where set, else the run's
+  `cfg.seed`) and its rollouts from `cfg.seed`, so `reseeded(seed)` samples anew over the same examples: the
+  held-out set of the run's greedy evaluation stays, whatever the seed (`rlax-post evaluate --samples`)."""
+  kept_seed: int | None = dataclasses.field(default=None, kw_only=True)
+
+  @property
+  def example_seed(self) -> int:
+    """The seed the task's examples or episodes are drawn from."""
+    return self.cfg.seed if self.kept_seed is None else self.kept_seed
+
+  def reseeded(self, seed: int):
+    """This task with its rollouts drawn from `seed` (its `cfg.seed`; the config is otherwise the run's) over the
+    same examples (their seed kept as `kept_seed`)."""
+    return dataclasses.replace(self, cfg=dataclasses.replace(self.cfg, seed=seed), kept_seed=self.example_seed)
 
 
 def budget(mask, prefill: int, *, env_calls: int = 0, terminal: bool = True) -> dict:

@@ -17,17 +17,16 @@ from rlax_post.envs import _tree_rollouts
 
 
 @dataclasses.dataclass(frozen=True)
-class TextTask:
+class TextTask(_rl.SeededExamples):
   """A built-in single-turn text task (reverse / sort / add) as the run's task.
 
   Train tickets are the task's train prompts in the data pipeline's order (`data.prompt_dataset`), held-out
   tickets its eval set (`data.eval_examples`); the warm start's demonstrations come from `data.sft_batches`.
-  Both splits are drawn from `example_seed` (None: `cfg.seed`), the rollouts from `cfg.seed` (`reseeded`).
+  Both splits are drawn from `example_seed`, the rollouts from `cfg.seed` (`SeededExamples`: `reseeded`).
   """
   task: _base.Task
   cfg: config_lib.Config
   tokenizer: Any
-  example_seed: int | None = None
 
   @property
   def name(self) -> str:
@@ -57,16 +56,9 @@ class TextTask:
   def examples(self, split: str):
     """The split's examples by ticket: the train prompts in the data pipeline's order, or the held-out set."""
     _rl.check_split(split)
-    seed = self.cfg.seed if self.example_seed is None else self.example_seed
     if split == "train":
-      return data.prompt_dataset(self.task, seed=seed, num_eval=self.cfg.task.num_eval)
-    return data.eval_examples(self.task, seed=seed, num_eval=self.cfg.task.num_eval)
-
-  def reseeded(self, seed: int) -> "TextTask":
-    """This task sampling with `seed` (its `cfg.seed`: the rollouts' streams) over the same examples (their seed
-    kept as `example_seed`): `rlax-post evaluate --samples`' passes over the held-out set."""
-    kept = self.cfg.seed if self.example_seed is None else self.example_seed
-    return dataclasses.replace(self, cfg=dataclasses.replace(self.cfg, seed=seed), example_seed=kept)
+      return data.prompt_dataset(self.task, seed=self.example_seed, num_eval=self.cfg.task.num_eval)
+    return data.eval_examples(self.task, seed=self.example_seed, num_eval=self.cfg.task.num_eval)
 
   def producer(self, engine: sampler.RlaxEngine, params, version: int, *, split: str = "train") -> _rl.Producer:
     """Chains (`TextProducer`), or with `tree.expansion` tree rollouts for training (`TreeRolloutProducer`;

@@ -21,7 +21,9 @@ and per-row metrics (`ROW_METRICS` sums and reward components): `decode_tokens` 
 messages it saw, on that role's rows).
 
 Seeding: the request for the children of node p of ticket g draws from
-`seed_of(seed, Stream.ROLLOUT, g // P, g mod P)` with stream p, so a tree does not depend on the schedule.
+`seed_of(seed, Stream.ROLLOUT, g // P, g mod P)` with stream p, so a tree does not depend on the schedule; the
+problems are drawn from the task's `example_seed` (the run's seed, but in a `reseeded` copy, which samples anew
+over the same problems: `SeededExamples`).
 """
 from __future__ import annotations
 
@@ -80,9 +82,9 @@ class TreeProducer(_rl.DriverProducer):
     self.offsets = _level_offsets(self.fanout)
     problems = task.pipeline.collab.problems
     if split == "train":
-      self.examples = data.prompt_dataset(problems, seed=cfg.seed, num_eval=cfg.task.num_eval)
+      self.examples = data.prompt_dataset(problems, seed=task.example_seed, num_eval=cfg.task.num_eval)
     else:
-      self.examples = data.eval_examples(problems, seed=cfg.seed, num_eval=cfg.task.num_eval)
+      self.examples = data.eval_examples(problems, seed=task.example_seed, num_eval=cfg.task.num_eval)
     # One policy for every role, or one per role: `params` stacked [R, ...]; role r samples on driver r.
     self.policies = config_lib.num_policies(cfg)
     super().__init__(engine, self._policy(params, 0), version, math.prod(self.fanout))  # _open: ticket -> _Tree
@@ -268,9 +270,10 @@ def _message(c, tokenizer, stops: Sequence[str]) -> tuple[str, tuple[int, ...]]:
 
 
 @dataclasses.dataclass(frozen=True)
-class RoleTask:
+class RoleTask(_rl.SeededExamples):
   """A role pipeline as the run's task (an `envs.RLTask`): trees of `multiagent.fanout` for training, one
-  greedy chain per held-out problem for evaluation, the roles' noisy demonstrations for the warm start."""
+  greedy chain per held-out problem for evaluation, the roles' noisy demonstrations for the warm start; its
+  problems are drawn from `example_seed`, its rollouts from `cfg.seed` (`SeededExamples`: `reseeded`)."""
   pipeline: _collab.Pipeline
   cfg: config_lib.Config
   tokenizer: Any

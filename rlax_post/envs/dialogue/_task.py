@@ -3,7 +3,8 @@
 The policy is the therapist: every episode starts with `PROMPT` and the clients' opening lines; each policy
 message is 'to <name>|both: <strategy>', answered by the clients' lines; an episode's reward is its return
 (the drop in total distress / 2·max_distress). Episode e of a split meets couple `NAME_PAIRS[...]` (the first
-`couples` pairs) with the start state, transitions and paraphrases of seed (seed, split, e); training and
+`couples` pairs) with the start state, transitions and paraphrases of seed (`example_seed`, split, e: the run's
+seed, but in a `reseeded` copy, which samples anew in the same sessions, `envs.SeededExamples`); training and
 warm-start episodes use the training paraphrases, held-out episodes (split "eval") the held-out ones
 (`eval_paraphrases = "heldout"`, the default) or the training ones ("train": new start states and transitions
 in the sentences the policy was trained on; what a small model's policy does, apart from whether it reads new
@@ -45,7 +46,7 @@ _LONGEST_LINE = max(len(f"{_NAME} ({t}): {u.format(p=_NAME)}\n") for t in _rende
 
 
 @dataclasses.dataclass(frozen=True)
-class DialogueTask:
+class DialogueTask(_rl.SeededExamples):
   """Interactive therapy episodes as the run's task (module docstring); built by `make_dialogue_task`."""
   cfg: config_lib.Config
   tokenizer: Any
@@ -63,7 +64,7 @@ class DialogueTask:
 
   def env(self, split: str, episode: int) -> _world.TherapyEnv:
     """Episode `episode` of `split` ('train', 'eval' or 'demo')."""
-    seed = int(np.random.default_rng([self.cfg.seed, _SPLIT_IDS[split], int(episode)]).integers(2**31))
+    seed = int(np.random.default_rng([self.example_seed, _SPLIT_IDS[split], int(episode)]).integers(2**31))
     names = _world.NAME_PAIRS[seed % self.couples]
     variants = self.eval_paraphrases if split == "eval" else "train"
     return _world.TherapyEnv(self.sim, names, seed=seed, variants=variants)

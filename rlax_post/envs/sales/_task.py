@@ -1,8 +1,9 @@
 """The sales conversation as a run's task (`task.name = "sales"`, docs/iterppo.md): an `envs.RLTask`.
 
 Every episode has the same prompt (`PROMPT`, then the customer's greeting); episode e of a split meets
-customer type `customer(split, e)`, drawn from (seed, split, e). Each turn's reward is discounted by γ^t
-(t = the message's index), so an episode's total reward is its discounted return, the quantity the oracle's
+customer type `customer(split, e)`, drawn from (`example_seed`, split, e): the run's seed, but in a `reseeded`
+copy, which samples anew against the same customers (`envs.SeededExamples`). Each turn's reward is discounted by
+γ^t (t = the message's index), so an episode's total reward is its discounted return, the quantity the oracle's
 V^π measures (`sales.policy_values`); with the option `discounted = False` the turns carry the game's raw
 rewards (Iterative PPO's rounds discount them themselves, `iterppo.gamma`). Rollouts run through `EpisodeProducer` (one message per turn, at most
 `patience` of them); held-out ticket j is episode j of split "eval".
@@ -33,7 +34,7 @@ _SPLIT_IDS = {"train": 0, "eval": 1, "demo": 2}
 
 
 @dataclasses.dataclass(frozen=True)
-class SalesTask:
+class SalesTask(_rl.SeededExamples):
   """Sales episodes as the run's task; built from `task.options` by `make_sales_task` (module docstring)."""
   cfg: config_lib.Config
   tokenizer: Any
@@ -48,7 +49,7 @@ class SalesTask:
 
   def customer(self, split: str, episode: int) -> int:
     """The customer type index of episode `episode` of `split` ('train', 'eval' or 'demo')."""
-    rng = np.random.default_rng([self.cfg.seed, _SPLIT_IDS[split], int(episode)])
+    rng = np.random.default_rng([self.example_seed, _SPLIT_IDS[split], int(episode)])
     return int(rng.integers(len(self.game.types)))
 
   def env(self, split: str, episode: int) -> _game.SalesEnv:

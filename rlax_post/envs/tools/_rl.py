@@ -1,6 +1,7 @@
 """The tool-use env as a run's task (`task.name = "tools"`, docs/agentic.md): an `envs.RLTask`.
 
-Task i lives in world `seed + i` (`make_task_prompt(seed + i, i, include_tools=False)`). Only tasks whose
+Task i lives in world `seed + i` (`make_task_prompt(seed + i, i, include_tools=False)`; `seed`: the task's
+`example_seed`, the run's seed but in a `reseeded` copy, whose episodes sample anew). Only tasks whose
 noiseless demonstration fits the sequence budget (at most `max_turns` messages, a context of at most
 `TOOL_PROMPT_LEN` tokens, `max_seq_len - slack` tokens in all) are used: training ticket t is the t-th
 fitting index from 0, held-out ticket j the j-th fitting index from `HELD_OUT_BASE`, warm-start
@@ -30,8 +31,10 @@ OPTIONS = ("max_goals", "max_turns", "max_turn_tokens", "slack", "reward_mode")
 
 
 @dataclasses.dataclass(frozen=True)
-class ToolTask:
-  """Multi-turn `envs.tools` episodes as the run's task; built from `task.options` by `make_tool_task`.
+class ToolTask(_rl.SeededExamples):
+  """Multi-turn `envs.tools` episodes as the run's task; built from `task.options` by `make_tool_task`. Its tasks'
+  worlds and its envs' latency streams are drawn from `example_seed` (`seed`), its rollouts from `cfg.seed`
+  (`SeededExamples`: `reseeded`; a copy shares `_fits`, which depends on `seed` alone).
 
   Attributes:
     cfg: the run's config (seed, rl, sft, task.num_eval); tokenizer: the run's (byte-level lengths).
@@ -53,7 +56,7 @@ class ToolTask:
 
   @property
   def seed(self) -> int:
-    return self.cfg.seed
+    return self.example_seed
 
   @property
   def num_eval(self) -> int:
