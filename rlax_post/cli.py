@@ -132,7 +132,7 @@ _MAX_TOKENS = flags.DEFINE_integer("max_tokens", None, "generate: the most token
                                    "rl.max_new_tokens; 128 with --hf_path).")
 _SAMPLES = flags.DEFINE_integer("samples", 1, "generate: completions per prompt (several need --temperature > 0); "
                                 "evaluate: sampled completions per example, scored as the mean reward and pass@k "
-                                "(several need --temperature > 0; a dataset run's or a built-in text task's; "
+                                "(several need --temperature > 0; over the greedy evaluation's examples, any task's; "
                                 "without --samples: the run's greedy evaluation).")
 # evaluate beyond the run's own held-out set (docs/data.md, "What the policy writes").
 _DATA = flags.DEFINE_string("data", None, "evaluate: a file of rows (a file, glob or directory, as data.eval) read as "

@@ -111,13 +111,9 @@ def test_every_bad_option_is_named_before_any_model_is_built(run, tmp_path):
   with pytest.raises(ValueError, match=r"^--data '.*test.jsonl': a file of rows is read by a dataset run \(task.name "
                                        r"= 'dataset'\) alone; this run's task is 'reverse' \(leave --data out"):
     check(other, runtime.EvaluateOptions(data=test))
-  check(other, runtime.EvaluateOptions(samples=2, temperature=1.0))  # (a built-in text task: its examples kept)
-  tools = config.load({"task": {"name": "tools"}})
-  with pytest.raises(ValueError, match=r"^--samples 2: sampled evaluation runs over a dataset run's rows or a built-in "
-                                       r"text task's \(add, reverse, sort\) held-out examples alone; this run's task "
-                                       r"is 'tools', whose held-out examples are drawn from the run's seed as its "
-                                       r"samples are, .* \(leave --samples out: the run's greedy evaluation"):
-    check(tools, runtime.EvaluateOptions(samples=2, temperature=1.0))
+  for task in ({"name": name} for name in ("reverse", "tools", "sales", "dialogue", "relay")):
+    role = {"advantage": {"estimator": "magrpo"}} if task["name"] == "relay" else {}
+    check(config.load({"task": task, **role}), runtime.EvaluateOptions(samples=2, temperature=1.0))  # (every task)
   check(cfg, runtime.EvaluateOptions(data=test, num=50, samples=8, temperature=1.0))  # (50 > 4: --data's rows)
 
 

@@ -435,6 +435,35 @@ def test_report_leaves_undefined_figures_out(c3_value_run):
          if "| c3_value |" in line][0]
   assert "| 0.250 ± 0.000 |" in row
 
+
+def test_sampled_evaluation_of_a_role_pipeline_runs_the_greedy_evaluation_s_problems(c3_value_run, tmp_path):
+  """`rlax-post evaluate --samples` of a role pipeline's run: K sampled chains of each held-out problem the
+  greedy evaluation runs (the problems' seed stays the run's, whatever --seed: `envs.SeededExamples`), each record
+  with its chain's later roles; a seed gives the same samples again; pass@k from the records."""
+  evaluate = lambda name, **options: runtime.evaluate_run(c3_value_run, step=3, out=str(tmp_path / name),
+                                                          options=runtime.EvaluateOptions(num=4, **options))
+  greedy = evaluate("g.jsonl")
+  g = runtime.read_jsonl(greedy["out"])
+  assert len(g) == 4 and all(len(r["chain"]) == 1 for r in g)  # the router's message, then the worker's
+  # One greedy sample with another seed: the greedy evaluation's chains and rewards.
+  one = runtime.read_jsonl(evaluate("one.jsonl", samples=1, seed=5)["out"])
+  assert [{k: v for k, v in r.items() if k not in ("sample", "passed")} for r in one] == g
+  law = dict(samples=4, temperature=1.0, pass_threshold=1.0)
+  a, b, c = (evaluate(f"{seed}{name}.jsonl", seed=seed, **law) for seed, name in ((3, "a"), (3, "b"), (4, "c")))
+  ra, rb, rc = (runtime.read_jsonl(r["out"]) for r in (a, b, c))
+  for records in (ra, rc):
+    assert [(r["example"], r["sample"], r["prompt"]) for r in records] == [
+        (e, s, g[e]["prompt"]) for e in range(4) for s in range(4)]
+    assert all(len(r["chain"]) == 1 for r in records)
+  assert ra == rb and {k: v for k, v in a.items() if k != "out"} == {k: v for k, v in b.items() if k != "out"}
+  assert [(r["completion"], r["chain"]) for r in ra] != [(r["completion"], r["chain"]) for r in rc]
+  assert [r["passed"] for r in ra] == [r["reward"] >= 1.0 for r in ra]
+  passed = np.asarray([r["passed"] for r in ra]).reshape(4, 4).sum(axis=1)
+  assert a["eval_reward"] == pytest.approx(np.mean([r["reward"] for r in ra]))
+  assert {k: v for k, v in a.items() if k.startswith("pass@")} == {
+      f"pass@{k}": pytest.approx(np.mean([runtime.pass_at_k(4, int(p), k) for p in passed])) for k in (1, 2, 4)}
+
+
 # --- Diagnostics -------------------------------------------------------------------------------------------
 
 

@@ -30,6 +30,7 @@ from rlax_post.runtime._evaluate import check_options as check_evaluate_options
 from rlax_post.runtime._evaluate import EvaluateOptions
 from rlax_post.runtime._evaluate import evaluate_run
 from rlax_post.runtime._evaluate import pass_at_k
+from rlax_post.runtime._evaluate import sampled_evaluation
 from rlax_post.runtime._evaluate import pass_ks
 from rlax_post.runtime._evaluate import samples_path
 from rlax_post.runtime._export import export_hf
@@ -123,7 +124,8 @@ __all__ = [
     "ProcessSource", "QFunction", "read_jsonl", "read_prompts", "read_rounds", "replay", "rescue_audit",
     "rescue_evaluate", "RESULT_SECTIONS", "result_settings", "resume_config_changes", "RLUpdate", "RolloutBatch",
     "round_dir", "RoundSource", "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory", "run_policy_value",
-    "run_rescue_eval", "run_sampler", "RunCheckpointer", "RunPolicy", "SamplerWorker", "SAMPLES_FILE", "samples_path",
+    "run_rescue_eval", "run_sampler", "RunCheckpointer", "RunPolicy", "sampled_evaluation", "SamplerWorker",
+    "SAMPLES_FILE", "samples_path",
     "saved_config", "serve", "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "SplitCheck",
     "Stopped", "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "transitions_of", "UserPrompt",
     "warm_start_cache_entries", "warm_start_cache_key", "write_generation", "write_json"

@@ -13,12 +13,13 @@ held-out set, so its mean reward is the `eval_reward` the run logged at that ste
   example t draws what the run's evaluation of ticket t draws with `seed` = `seed_of(seed, i)` (stream t mod P
   of `seed_of(seed_of(seed, i), ROLLOUT, t // P)`, P: `rl.prompts_per_step`), so a `seed` gives the same
   samples again on the same engine; the examples are the greedy evaluation's, whatever the `seed` (the task
-  `reseeded`: a built-in text task keeps the run's seed for its held-out examples). A dataset run's or a
-  built-in text task's (reverse, sort, add) alone: the other tasks draw their held-out episodes from the run's
-  seed as they draw their samples, and keep no seed of their own for them. Scored as the mean reward over every
-  sample and pass@k for k = 1, 2, 4, ... below K, and K (`pass_at_k`): a sample passes when its reward is at
-  least `pass_threshold`, default 1.0, the full score of a verifiable reward (the built-in `math`, `exact`, a
-  text task's exact match); a weighted sum of rewards or a partial-credit reward wants its own threshold.
+  `reseeded`: a dataset run's held-out rows are read once; every other task draws its examples or episodes, a
+  text task's prompts, a tool task's worlds, a customer, a couple, a role pipeline's problems, from the run's
+  seed kept apart, `envs.SeededExamples`). Every task's (a task without `reseeded` is refused, naming it). Scored
+  as the mean reward over every sample and pass@k for k = 1, 2, 4, ... below K, and K (`pass_at_k`): a sample
+  passes when its reward is at least `pass_threshold`, default 1.0, the full score of a verifiable reward (the
+  built-in `math`, `exact`, a text task's exact match, a solved tool task); a weighted sum of rewards, a
+  partial-credit reward or an episode's return (sales, dialogue) wants its own threshold.
 """
 
 from __future__ import annotations
@@ -90,9 +91,8 @@ def check_options(cfg: config_lib.Config, options: EvaluateOptions) -> None:
   """ValueError (FileNotFoundError for a missing --data) naming the first bad value of `options` for a run of
   `cfg`, before any model is built: `num` or `samples` below 1, a sampling law without `samples` or one
   `rlax-post generate` refuses (`_generate.check_options`: several samples at temperature 0, ...), `data` on a
-  run of another task than the dataset task, `samples` on one of another task than it and the built-in text
-  tasks, a `data` that holds no file or one the run trains on, or a `num` above the held-out examples the run's
-  config asks for."""
+  run of another task than the dataset task, a `data` that holds no file or one the run trains on, or a `num`
+  above the held-out examples the run's config asks for."""
   if options.num is not None and (isinstance(options.num, bool) or not isinstance(options.num, int)
                                   or options.num < 1):
     raise ValueError(f"--num must be an int >= 1 (the examples to evaluate); got {options.num!r}.")
@@ -101,12 +101,6 @@ def check_options(cfg: config_lib.Config, options: EvaluateOptions) -> None:
     raise ValueError(f"--data {options.data!r}: a file of rows is read by a dataset run (task.name = 'dataset') "
                      f"alone; this run's task is {cfg.task.name!r} (leave --data out: the run's greedy evaluation "
                      "on its held-out set).")
-  if options.samples is not None and cfg.task.name not in _SAMPLED_TASKS:
-    raise ValueError(f"--samples {options.samples!r}: sampled evaluation runs over a dataset run's rows or a "
-                     f"built-in text task's ({', '.join(_SAMPLED_TASKS[1:])}) held-out examples alone; this run's "
-                     f"task is {cfg.task.name!r}, whose held-out examples are drawn from the run's seed as its "
-                     "samples are, with no seed of their own to keep them fixed while the samples are reseeded "
-                     "(leave --samples out: the run's greedy evaluation on its held-out set).")
   if options.data is not None:
     data_files(cfg, options.data)
   elif options.num is not None and options.num > cfg.task.num_eval:
@@ -115,9 +109,6 @@ def check_options(cfg: config_lib.Config, options: EvaluateOptions) -> None:
                      f"{', or --data FILE for other rows' if cfg.task.name == _DATASET else ''}.")
 
 
-# The tasks `sampled_groups` reseeds over fixed held-out examples (`reseeded`): the dataset task, the built-in text
-# tasks.
-_SAMPLED_TASKS = (_DATASET, *sorted(envs.TASKS))
 _LAW = ("temperature", "top_p", "top_k", "seed", "pass_threshold")
 
 
@@ -168,13 +159,19 @@ def data_parts(parts: _parts.Parts, path: str, num: int | None) -> _parts.Parts:
   return dataclasses.replace(parts, cfg=cfg, task=task)
 
 
-def sampled_groups(parts: _parts.Parts, params: Any, options: EvaluateOptions, num: int) -> list[list[dict]]:
-  """`options.samples` rows of each of the first `num` held-out tickets of `parts.task` (a dataset task or a
-  built-in text task), in sample order: sample i is held-out pass i, the task's own evaluation producer (one
-  sample per ticket) on an engine of `options`' law, over the task `reseeded` with `seed_of(options.seed, i)`: its
-  rollouts draw from that seed, its held-out examples stay the run's (a dataset task's splits are built already;
-  a text task keeps its examples' seed), and the run's config is otherwise kept (its training settings stay as
-  validated)."""
+def sampled_groups(parts: _parts.Parts, params: Any, options: EvaluateOptions,
+                   num: int) -> list[list[list[dict]]]:
+  """`options.samples` groups of each of the first `num` held-out tickets of `parts.task`, in sample order (a
+  group: the ticket's rows, its first the one scored; a role pipeline's chain holds one per role): sample i is
+  held-out pass i, the task's own evaluation producer (one sample per ticket) on an engine of `options`' law,
+  over the task `reseeded` with `seed_of(options.seed, i)`: its rollouts draw from that seed, its held-out
+  examples stay the run's (a dataset task's splits are built already; the others keep their examples' seed,
+  `envs.SeededExamples`), and the run's config is otherwise kept (its training settings stay as validated). A
+  task without `reseeded` is refused (ValueError naming it)."""
+  if not hasattr(parts.task, "reseeded"):
+    raise ValueError(f"--samples {options.samples}: task {parts.task.name!r} draws its held-out examples from the "
+                     "run's seed as its samples and keeps no seed of them apart (`reseeded`), so its samples cannot "
+                     "be reseeded over the same examples; leave --samples out (the run's greedy evaluation).")
   engine = parts.engine(slots=parts.cfg.eval.batch_size, temperature=options.temperature, top_p=options.top_p,
                         top_k=options.top_k)
   passes = []
@@ -184,18 +181,29 @@ def sampled_groups(parts: _parts.Parts, params: Any, options: EvaluateOptions, n
       passes.append(envs.run_tickets(producer, range(num), slots=parts.cfg.eval.batch_size))
     finally:
       producer.close()
-  return [[rows[t][0] for rows in passes] for t in range(num)]
+  return [[rows[t] for rows in passes] for t in range(num)]
 
 
-def sampled_records(parts: _parts.Parts, groups: list[list[dict]], threshold: float) -> list[dict]:
-  """One `_eval.eval_record` per (example, sample), with the `sample` index after `example` and `passed`
-  (its reward at `threshold` or more)."""
+def sampled_evaluation(parts: _parts.Parts, params: Any, options: EvaluateOptions,
+                       num: int) -> tuple[dict[str, float], list[dict]]:
+  """(scores, records) of `sampled_groups`: the mean reward over every sample (`_eval.eval_scores`) and pass@k
+  (`pass_scores`), and `sampled_records`."""
+  groups = sampled_groups(parts, params, options, num)
+  scored = [[group[0] for group in samples] for samples in groups]
+  scores = {**_eval.eval_scores([row for rows in scored for row in rows]),
+            **pass_scores(np.asarray([[float(r["reward"]) for r in rows] for rows in scored]), options.pass_threshold)}
+  return scores, sampled_records(parts, groups, options.pass_threshold)
+
+
+def sampled_records(parts: _parts.Parts, groups: list[list[list[dict]]], threshold: float) -> list[dict]:
+  """One `_eval.eval_record` per (example, sample) of `sampled_groups`, with the `sample` index after `example`
+  and `passed` (its reward at `threshold` or more)."""
   out = []
-  for example, group in enumerate(groups):
-    for sample, row in enumerate(group):
-      record = _eval.eval_record(parts.tokenizer, parts.cfg.rl.stop, example, [row])
+  for example, samples in enumerate(groups):
+    for sample, group in enumerate(samples):
+      record = _eval.eval_record(parts.tokenizer, parts.cfg.rl.stop, example, group)
       out.append({"example": record.pop("example"), "sample": sample, **record,
-                  "passed": bool(float(row["reward"]) >= threshold)})
+                  "passed": bool(float(group[0]["reward"]) >= threshold)})
   return out
 
 
@@ -243,10 +251,7 @@ def evaluate_run(workdir: str, *, step: int, out: str, options: EvaluateOptions 
     whole = options.data is None and num == parts.task.num_eval
     extra["logged_eval_reward"] = _logged_eval_reward(workdir, run.step) if whole else None
   else:
-    groups = sampled_groups(parts, run.params, options, num)
-    scores = {**_eval.eval_scores([r for g in groups for r in g]),
-              **pass_scores(np.asarray([[float(r["reward"]) for r in g] for g in groups]), options.pass_threshold)}
-    records = sampled_records(parts, groups, options.pass_threshold)
+    scores, records = sampled_evaluation(parts, run.params, options, num)
     extra.update({name: getattr(options, name) for name in ("samples", *_LAW)})
   _metrics.write_jsonl(out, _metrics.stamped(run.step, records))
   return {"step": run.step, **scores, "num_eval": num, "out": out, **extra}
