@@ -931,10 +931,8 @@ def _serve(argv):
   workdir = _source("serve")
   if _SLOTS.value < 1:  # (the engine's words name its option, max_concurrent_decodes)
     raise ValueError(f"--slots must be an int >= 1 (the server's concurrent decodes); got {_SLOTS.value}.")
-  runtime.check_seed(_SEED.value)
   options = sampler.ServeOptions(port=_PORT.value, host=_HOST.value, max_concurrent_decodes=_SLOTS.value,
-                                 temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value,
-                                 seed=_SEED.value, step=_STEP.value)
+                                 law=_sampling_law(), step=_STEP.value)
   if workdir is None:
     server = runtime.serve_hf(_HF_PATH.value, options, _MAX_SEQ_LEN.value, _DTYPE.value)
     what = f"the Hugging Face checkpoint {_HF_PATH.value}"
@@ -947,6 +945,13 @@ def _serve(argv):
   print(f"Stopped serving on {server.address} ({server.signalled}).", flush=True)
 
 
+def _sampling_law() -> sampler.SamplingLaw:
+  """The sampling law of --temperature, --top_p, --top_k and --seed (serve, generate, evaluate), as given: each
+  command's checks refuse a bad one (`SamplingLaw.check`)."""
+  return sampler.SamplingLaw(temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value,
+                             seed=_SEED.value)
+
+
 def _generate(argv):
   """Samples the source's completions of the prompts in this process (`runtime.generate_run`, `generate_hf`) and
   prints them; with --out also writes them as JSON Lines (`runtime.write_generation`)."""
@@ -955,8 +960,7 @@ def _generate(argv):
   prompts = _user_prompts()
   out = _OUT.value and _new_file(_local_out(_OUT.value, "--out", "the samples file"), "--out")
   options = runtime.GenerateOptions(step=_STEP.value, max_tokens=_MAX_TOKENS.value, samples=_SAMPLES.value,
-                                    temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value,
-                                    seed=_SEED.value, raw=_RAW.value)
+                                    law=_sampling_law(), raw=_RAW.value)
   with contextlib.ExitStack() as stack:
     if out:  # (checked writable before the model loads; a directory this made is removed if sampling fails)
       stack.enter_context(_output_dir(os.path.dirname(os.path.abspath(out)), "--out"))
@@ -1043,8 +1047,7 @@ def _evaluate(argv):
                      "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
   options = runtime.EvaluateOptions(
       data=_DATA.value, num=_NUM.value, samples=_SAMPLES.value if flags.FLAGS["samples"].present else None,
-      temperature=_TEMPERATURE.value, top_p=_TOP_P.value, top_k=_TOP_K.value, seed=_SEED.value,
-      pass_threshold=_PASS_THRESHOLD.value)
+      law=_sampling_law(), pass_threshold=_PASS_THRESHOLD.value)
   runtime.check_evaluate_options(runtime.load_run_config(workdir), options)
   step = runtime.checkpoint_step(workdir, _STEP.value, "evaluate")
   out = _new_file(_local_out(_OUT.value or runtime.samples_path(workdir, step, options), "--out",

@@ -18,6 +18,7 @@ from rlax_post import exchange
 from rlax_post import rewards
 from rlax_post import rollouts
 from rlax_post import runtime
+from rlax_post import sampler
 from rlax_post.runtime import _rowlog
 from rlax_post.runtime import _samplers
 
@@ -736,10 +737,10 @@ def test_sampled_evaluation_of_a_text_task_samples_the_greedy_evaluation_s_examp
   workdir = os.fspath(sync_run)
   greedy = runtime.read_jsonl(runtime.evaluate_run(workdir, step=4, out=os.fspath(tmp_path / "g.jsonl"),
                                                    options=runtime.EvaluateOptions(num=4))["out"])
-  sampled = lambda name, **law: runtime.evaluate_run(workdir, step=4, out=os.fspath(tmp_path / name),
-                                                     options=runtime.EvaluateOptions(num=4, **law))
-  law = dict(samples=4, temperature=0.5, pass_threshold=0.1)
-  a, b, c = sampled("a.jsonl", seed=3, **law), sampled("b.jsonl", seed=3, **law), sampled("c.jsonl", seed=4, **law)
+  sampled = lambda name, seed: runtime.evaluate_run(workdir, step=4, out=os.fspath(tmp_path / name), options=(
+      runtime.EvaluateOptions(num=4, samples=4, law=sampler.SamplingLaw(temperature=0.5, seed=seed),
+                              pass_threshold=0.1)))
+  a, b, c = sampled("a.jsonl", 3), sampled("b.jsonl", 3), sampled("c.jsonl", 4)
   ra, rb, rc = (runtime.read_jsonl(r["out"]) for r in (a, b, c))
   # The same 4 examples (prompts) as the greedy evaluation, 4 samples each, for either seed.
   for records in (ra, rc):

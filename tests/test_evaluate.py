@@ -13,6 +13,7 @@ from rlax_post import cli
 from rlax_post import config
 from rlax_post import data
 from rlax_post import runtime
+from rlax_post import sampler
 
 # The reward of the tiny run, by hand: one of 0, 1/4, ..., 1 from the completion's characters and the row's
 # answer (1, a pass at the default threshold, for about a fifth of a random policy's samples).
@@ -85,18 +86,18 @@ def test_pass_ks_are_the_powers_of_two_below_k_and_k():
 
 def test_every_bad_option_is_named_before_any_model_is_built(run, tmp_path):
   workdir, test, cfg = run
-  check = runtime.check_evaluate_options
+  check, law = runtime.check_evaluate_options, sampler.SamplingLaw
   cases = [
       (runtime.EvaluateOptions(num=0), r"^--num must be an int >= 1 \(the examples to evaluate\); got 0\.$"),
       (runtime.EvaluateOptions(num=5), r"^--num 5: the run's held-out set holds 4 examples \(task.num_eval\); pass "
                                        r"--num 4 or less, or --data FILE for other rows\.$"),
-      (runtime.EvaluateOptions(samples=0, temperature=1.0), r"^--samples must be an int >= 1; got 0\.$"),
+      (runtime.EvaluateOptions(samples=0, law=law(1.0)), r"^--samples must be an int >= 1; got 0\.$"),
       (runtime.EvaluateOptions(samples=4), r"^--samples 4 with --temperature 0: greedy sampling gives every sample"),
-      (runtime.EvaluateOptions(temperature=0.7), r"^--temperature 0.7 goes with --samples K \(a sampled evaluation\); "
+      (runtime.EvaluateOptions(law=law(0.7)), r"^--temperature 0.7 goes with --samples K \(a sampled evaluation\); "
                                                  r"without --samples the run's greedy evaluation runs"),
-      (runtime.EvaluateOptions(seed=3), r"^--seed 3 goes with --samples K"),
-      (runtime.EvaluateOptions(samples=2, temperature=1.0, top_p=0.0), r"top_p"),
-      (runtime.EvaluateOptions(samples=2, temperature=1.0, pass_threshold=math.nan),
+      (runtime.EvaluateOptions(law=law(seed=3)), r"^--seed 3 goes with --samples K"),
+      (runtime.EvaluateOptions(samples=2, law=law(1.0, top_p=0.0)), r"top_p"),
+      (runtime.EvaluateOptions(samples=2, law=law(1.0), pass_threshold=math.nan),
        r"^--pass_threshold must be a finite number .*; got nan\.$"),
       (runtime.EvaluateOptions(data=str(tmp_path / "missing.jsonl")),
        rf"^--data '{tmp_path}/missing.jsonl': Data file .*missing.jsonl does not exist"),
@@ -113,8 +114,8 @@ def test_every_bad_option_is_named_before_any_model_is_built(run, tmp_path):
     check(other, runtime.EvaluateOptions(data=test))
   for task in ({"name": name} for name in ("reverse", "tools", "sales", "dialogue", "relay")):
     role = {"advantage": {"estimator": "magrpo"}} if task["name"] == "relay" else {}
-    check(config.load({"task": task, **role}), runtime.EvaluateOptions(samples=2, temperature=1.0))  # (every task)
-  check(cfg, runtime.EvaluateOptions(data=test, num=50, samples=8, temperature=1.0))  # (50 > 4: --data's rows)
+    check(config.load({"task": task, **role}), runtime.EvaluateOptions(samples=2, law=law(1.0)))  # (every task)
+  check(cfg, runtime.EvaluateOptions(data=test, num=50, samples=8, law=law(1.0)))  # (50 > 4: --data's rows)
 
 
 def test_default_output_names_say_what_was_evaluated():
@@ -122,7 +123,7 @@ def test_default_output_names_say_what_was_evaluated():
   assert runtime.samples_path("r", 4) == name() == os.path.join("r", "evaluate", "step_4.jsonl")  # as before
   assert name(data="x/test.jsonl") == os.path.join("r", "evaluate", "step_4.test.jsonl")
   assert name(data="x/*.parquet", num=3) == os.path.join("r", "evaluate", "step_4._.num3.jsonl")
-  assert name(samples=8, temperature=0.7, top_k=40, seed=2) == os.path.join(
+  assert name(samples=8, law=sampler.SamplingLaw(0.7, top_k=40, seed=2)) == os.path.join(
       "r", "evaluate", "step_4.samples8_temperature0.7_top_k40_seed2.jsonl")
 
 
@@ -186,7 +187,7 @@ def test_sampled_evaluation_is_reproducible_by_seed_and_scores_pass_at_k(run, tm
   workdir, test, _ = run
   sampled = lambda seed, name: runtime.evaluate_run(
       workdir, step=1, out=str(tmp_path / name),
-      options=runtime.EvaluateOptions(data=test, samples=4, temperature=1.0, seed=seed))
+      options=runtime.EvaluateOptions(data=test, samples=4, law=sampler.SamplingLaw(1.0, seed=seed)))
   a, b, c = sampled(3, "a.jsonl"), sampled(3, "b.jsonl"), sampled(4, "c.jsonl")
   ra, rb, rc = (runtime.read_jsonl(r["out"]) for r in (a, b, c))
   assert ra == rb and {k: v for k, v in a.items() if k != "out"} == {k: v for k, v in b.items() if k != "out"}

@@ -21,6 +21,7 @@ from rlax_post import config as config_lib
 from rlax_post import envs
 from rlax_post import models
 from rlax_post import runtime
+from rlax_post import sampler
 from rlax_post.runtime import _generate
 from rlax_post.runtime import _serve
 
@@ -117,8 +118,9 @@ def test_the_cli_s_greedy_completions_equal_evaluate_s_and_its_out_records_them(
 
 def test_sampled_completions_follow_their_seed_and_streams(run):
   """Temperature 1: sample j of prompt i draws from stream (i, j) of the seed; top_k 1 is the greedy law."""
-  sample = lambda texts, **kw: [g.tokens for g in runtime.generate_run(
-      run, _prompts(*texts), runtime.GenerateOptions(max_tokens=6, temperature=1.0, **kw)).samples]
+  sample = lambda texts, samples=1, **law: [g.tokens for g in runtime.generate_run(
+      run, _prompts(*texts), runtime.GenerateOptions(max_tokens=6, samples=samples,
+                                                     law=sampler.SamplingLaw(temperature=1.0, **law))).samples]
   two = sample(_GOOD[:2], samples=3, seed=7)
   assert len(two) == 6 and len(set(two)) > 1  # (samples of one prompt differ)
   assert sample(_GOOD[:1], samples=3, seed=7) == two[:3]  # prompt 0's streams, whatever comes after it

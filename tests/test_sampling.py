@@ -77,3 +77,24 @@ def test_sampling_logprobs_is_the_law_the_sampler_draws_from(temperature, top_p,
       freq = np.bincount(draws[:, r], minlength=5) / n
       np.testing.assert_allclose(freq, want[r], atol=0.015)  # 5 standard errors at p = 1/2
       assert np.all(freq[want[r] == 0] == 0)  # never a cut token
+
+
+def test_a_user_s_sampling_law_is_checked_named_and_told_apart_from_the_default():
+  """`SamplingLaw`: the law serve, generate and evaluate take (greedy, nothing cut, seed 0 by default), held as
+  given; `check()` refuses a bad value in one line, `changed()` names what differs from the default, `file_tag`
+  writes it into a file name (top_p, top_k where changed) and `settings()` gives an engine's keywords."""
+  default = sampler.SamplingLaw()
+  assert (default.changed(), default.file_tag()) == ((), "temperature0_seed0")
+  default.check()
+  law = sampler.SamplingLaw(0.7, top_k=40, seed=2)
+  assert (law.changed(), law.file_tag()) == (("temperature", "top_k", "seed"), "temperature0.7_top_k40_seed2")
+  assert sampler.SamplingLaw(1.0, top_p=0.5).file_tag() == "temperature1_top_p0.5_seed0"
+  assert law.settings() == {"temperature": 0.7, "top_p": 1.0, "top_k": 40, "seed": 2}
+  for bad, line in [(dict(temperature=-1.0), r"^temperature must be a number in \[0, 100\] \(0 is greedy\); got -1.0"),
+                    (dict(top_p=0.0), r"^top_p must be a number in \(0, 1\]; got 0.0\.$"),
+                    (dict(top_k=-1), r"^top_k must be an int >= 0 \(0 keeps every token\); got -1\.$"),
+                    (dict(seed=2**32), r"^--seed must be an int in \[0, 2\*\*32\) \(the sampling seed\); got "
+                                       r"4294967296\.$"),
+                    (dict(seed=True), r"^--seed must be an int in \[0, 2\*\*32\) .*; got True\.$")]:
+    with pytest.raises(ValueError, match=line):
+      sampler.SamplingLaw(**bad).check()

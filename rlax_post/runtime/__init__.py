@@ -95,7 +95,6 @@ from rlax_post.runtime._samplers import DONE_FILE
 from rlax_post.runtime._samplers import load_run_config
 from rlax_post.runtime._samplers import run_sampler
 from rlax_post.runtime._samplers import SamplerWorker
-from rlax_post.runtime._serve import check_seed
 from rlax_post.runtime._serve import serve
 from rlax_post.runtime._serve import serve_hf
 from rlax_post.runtime._serve import served_step
@@ -113,7 +112,7 @@ from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
 __all__ = [
     "build_parts", "Channels", "check_auto_resume", "check_config", "check_data", "check_evaluate_options",
-    "check_resume_config", "check_seed", "checkpoint_step", "complete_checkpoints", "config_policy", "continue_with",
+    "check_resume_config", "checkpoint_step", "complete_checkpoints", "config_policy", "continue_with",
     "Credit", "credit_fidelity", "CriticScores", "DataCheck", "deferred_signals", "discounted_returns", "DONE_FILE", "ENV_AUTO",
     "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "eval_component_means", "EVAL_COMPONENT_PREFIX",
     "eval_record", "eval_scores", "evaluate_run", "EvaluateOptions", "Evaluation", "Evaluator", "exact_oracle",

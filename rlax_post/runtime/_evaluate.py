@@ -8,9 +8,9 @@ held-out set, so its mean reward is the `eval_reward` the run logged at that ste
   run's alone (`task.name = "dataset"`), and not one of its training files.
 * `num`: the first `num` usable rows of `data`, or the first `num` examples of the run's held-out set (at most
   its size).
-* `samples` K: K completions per example sampled at `temperature` (with `top_p`, `top_k`) in K passes of the
+* `samples` K: K completions per example sampled at `law`'s temperature (with its top_p, top_k) in K passes of the
   run's evaluation producer (`sampled_groups`), scored as the run scores its held-out samples; sample i of
-  example t draws what the run's evaluation of ticket t draws with `seed` = `seed_of(seed, i)` (stream t mod P
+  example t draws what the run's evaluation of ticket t draws with its `seed` = `seed_of(law.seed, i)` (stream t mod P
   of `seed_of(seed_of(seed, i), ROLLOUT, t // P)`, P: `rl.prompts_per_step`), so a `seed` gives the same
   samples again on the same engine; the examples are the greedy evaluation's, whatever the `seed` (the task
   `reseeded`: a dataset run's held-out rows are read once; every other task draws its examples or episodes, a
@@ -35,6 +35,7 @@ import numpy as np
 from rlax_post import config as config_lib
 from rlax_post import data
 from rlax_post import envs
+from rlax_post import sampler
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _eval
 from rlax_post.runtime import _generate
@@ -51,14 +52,11 @@ _DATASET = "dataset"  # the one task whose rows a file holds
 class EvaluateOptions:
   """What `evaluate_run` scores (module docstring): the rows of `data` (None: the run's held-out set), the
   first `num` examples (None: all), `samples` completions per example (None: the run's greedy evaluation)
-  drawn with `temperature`, `top_p`, `top_k` and `seed`, and the reward at which a sample passes."""
+  drawn by the sampling `law` (with its seed), and the reward at which a sample passes."""
   data: str | None = None
   num: int | None = None
   samples: int | None = None
-  temperature: float = 0.0
-  top_p: float = 1.0
-  top_k: int = 0
-  seed: int = 0
+  law: sampler.SamplingLaw = sampler.SamplingLaw()
   pass_threshold: float = 1.0
 
 
@@ -109,21 +107,18 @@ def check_options(cfg: config_lib.Config, options: EvaluateOptions) -> None:
                      f"{', or --data FILE for other rows' if cfg.task.name == _DATASET else ''}.")
 
 
-_LAW = ("temperature", "top_p", "top_k", "seed", "pass_threshold")
-
-
 def _check_law(options: EvaluateOptions) -> None:
   """The sampling law: `rlax-post generate`'s checks with `samples`; without it, the defaults (the greedy
   evaluation reads none of them); a finite `pass_threshold`."""
   if options.samples is None:
-    defaults = EvaluateOptions()
-    for name in _LAW:
-      if getattr(options, name) != getattr(defaults, name):
-        raise ValueError(f"--{name} {getattr(options, name)!r} goes with --samples K (a sampled evaluation); "
-                         f"without --samples the run's greedy evaluation runs, which reads no --{name}.")
+    given = [(name, getattr(options.law, name)) for name in options.law.changed()]
+    given += [("pass_threshold", options.pass_threshold)] * (options.pass_threshold != EvaluateOptions.pass_threshold)
+    if given:
+      name, value = given[0]
+      raise ValueError(f"--{name} {value!r} goes with --samples K (a sampled evaluation); without --samples the "
+                       f"run's greedy evaluation runs, which reads no --{name}.")
     return
-  _generate.check_options(_generate.GenerateOptions(samples=options.samples, temperature=options.temperature,
-                                                    top_p=options.top_p, top_k=options.top_k, seed=options.seed))
+  _generate.check_options(_generate.GenerateOptions(samples=options.samples, law=options.law))
   threshold = options.pass_threshold
   if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
     raise ValueError(f"--pass_threshold must be a finite number (a sample passes at this reward or more); got "
@@ -164,7 +159,7 @@ def sampled_groups(parts: _parts.Parts, params: Any, options: EvaluateOptions,
   """`options.samples` groups of each of the first `num` held-out tickets of `parts.task`, in sample order (a
   group: the ticket's rows, its first the one scored; a role pipeline's chain holds one per role): sample i is
   held-out pass i, the task's own evaluation producer (one sample per ticket) on an engine of `options`' law,
-  over the task `reseeded` with `seed_of(options.seed, i)`: its rollouts draw from that seed, its held-out
+  over the task `reseeded` with `seed_of(options.law.seed, i)`: its rollouts draw from that seed, its held-out
   examples stay the run's (a dataset task's splits are built already; the others keep their examples' seed,
   `envs.SeededExamples`), and the run's config is otherwise kept (its training settings stay as validated). A
   task without `reseeded` is refused (ValueError naming it)."""
@@ -172,11 +167,12 @@ def sampled_groups(parts: _parts.Parts, params: Any, options: EvaluateOptions,
     raise ValueError(f"--samples {options.samples}: task {parts.task.name!r} draws its held-out examples from the "
                      "run's seed as its samples and keeps no seed of them apart (`reseeded`), so its samples cannot "
                      "be reseeded over the same examples; leave --samples out (the run's greedy evaluation).")
-  engine = parts.engine(slots=parts.cfg.eval.batch_size, temperature=options.temperature, top_p=options.top_p,
-                        top_k=options.top_k)
+  law = options.law
+  engine = parts.engine(slots=parts.cfg.eval.batch_size, temperature=law.temperature, top_p=law.top_p,
+                        top_k=law.top_k)
   passes = []
   for sample in range(options.samples):
-    producer = parts.task.reseeded(envs.seed_of(options.seed, sample)).producer(engine, params, 0, split="eval")
+    producer = parts.task.reseeded(envs.seed_of(law.seed, sample)).producer(engine, params, 0, split="eval")
     try:
       passes.append(envs.run_tickets(producer, range(num), slots=parts.cfg.eval.batch_size))
     finally:
@@ -214,11 +210,9 @@ def samples_path(workdir: str, step: int, options: EvaluateOptions = EvaluateOpt
   names = [] if options.data is None else [_stem(options.data)]
   names += [] if options.num is None else [f"num{options.num}"]
   if options.samples is not None:
-    defaults, o = EvaluateOptions(), options
-    law = [f"samples{o.samples}", f"temperature{o.temperature:g}"]
-    law += [f"top_p{o.top_p:g}"] * (o.top_p != defaults.top_p) + [f"top_k{o.top_k}"] * (o.top_k != defaults.top_k)
-    law += [f"seed{o.seed}"] + [f"pass{o.pass_threshold:g}"] * (o.pass_threshold != defaults.pass_threshold)
-    names.append("_".join(law))
+    threshold = options.pass_threshold
+    names.append("_".join([f"samples{options.samples}", options.law.file_tag(),
+                           *[f"pass{threshold:g}"] * (threshold != EvaluateOptions.pass_threshold)]))
   return os.path.join(workdir, EVALUATE_DIR, f"step_{step}{''.join('.' + n for n in names)}.jsonl")
 
 
@@ -252,7 +246,7 @@ def evaluate_run(workdir: str, *, step: int, out: str, options: EvaluateOptions 
     extra["logged_eval_reward"] = _logged_eval_reward(workdir, run.step) if whole else None
   else:
     scores, records = sampled_evaluation(parts, run.params, options, num)
-    extra.update({name: getattr(options, name) for name in ("samples", *_LAW)})
+    extra.update({"samples": options.samples, **options.law.settings(), "pass_threshold": options.pass_threshold})
   _metrics.write_jsonl(out, _metrics.stamped(run.step, records))
   return {"step": run.step, **scores, "num_eval": num, "out": out, **extra}
 

@@ -52,15 +52,12 @@ class UserPrompt(NamedTuple):
 class GenerateOptions:
   """What to sample: the run's checkpoint `step` (None: the newest committed one; `runtime.checkpoint_step`),
   `max_tokens` per completion (None: a run's `rl.max_new_tokens`, `DEFAULT_MAX_TOKENS` for a Hugging Face
-  checkpoint), `samples` per prompt, the sampling law (temperature 0: greedy), the `seed` of the streams, and
-  `raw`: prompts sent as text, not rendered as the source renders its own (module docstring)."""
+  checkpoint), `samples` per prompt, the sampling `law` (temperature 0: greedy) with the `seed` of the streams,
+  and `raw`: prompts sent as text, not rendered as the source renders its own (module docstring)."""
   step: int | None = None
   max_tokens: int | None = None
   samples: int = 1
-  temperature: float = 0.0
-  top_p: float = 1.0
-  top_k: int = 0
-  seed: int = 0
+  law: sampler.SamplingLaw = sampler.SamplingLaw()
   raw: bool = False
 
 
@@ -166,17 +163,16 @@ def check_prompts(prompts: Sequence[UserPrompt]) -> None:
 
 
 def check_options(options: GenerateOptions) -> None:
-  """ValueError naming the bad value: `samples` or `max_tokens` below 1, several samples of a greedy law
-  (identical copies: refused), or a sampling law `sampler.SamplingParams` refuses."""
+  """ValueError naming the bad value: `samples` or `max_tokens` below 1, a sampling law `SamplingLaw.check`
+  refuses, or several samples of a greedy law (identical copies: refused)."""
   for name in ("samples", "max_tokens"):
     value = getattr(options, name)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
       raise ValueError(f"--{name} must be an int >= 1; got {value!r}.")
-  sampler.SamplingParams(temperature=options.temperature, top_p=options.top_p, top_k=options.top_k)
-  if options.samples > 1 and options.temperature == 0:
+  options.law.check()
+  if options.samples > 1 and options.law.temperature == 0:
     raise ValueError(f"--samples {options.samples} with --temperature 0: greedy sampling gives every sample the "
                      "same tokens; pass --temperature > 0 (e.g. 1) to draw different samples, or --samples 1.")
-  _serve.check_seed(options.seed)
 
 
 def generate_run(workdir: str, prompts: Sequence[UserPrompt], options: GenerateOptions = GenerateOptions(),
@@ -219,8 +215,7 @@ def write_generation(path: str, generation: Generation) -> None:
 def _engine_options(options: GenerateOptions, num_prompts: int, step: int | None = None) -> sampler.ServeOptions:
   """The engine's options: `step`, the sampling law, and one slot per sample up to `MAX_SLOTS`."""
   return sampler.ServeOptions(step=step, max_concurrent_decodes=min(MAX_SLOTS, num_prompts * options.samples),
-                              temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
-                              seed=options.seed)
+                              law=options.law)
 
 
 def prompt_ids(renderer: envs.Renderer | None, tokenizer: Any, item: UserPrompt) -> list[int]:
@@ -267,7 +262,7 @@ def _sample(engine, renderer, prompts, options: GenerateOptions, max_tokens: int
             stops: tuple[str, ...]) -> list[Generated]:
   """Every request checked, then sampled in one driver run over the engine's loaded params."""
   requests = _requests(engine, renderer, prompts, options, max_tokens, stops)
-  completions = sampler.Driver(engine, engine.load_params(), seed=options.seed).sample(requests)
+  completions = sampler.Driver(engine, engine.load_params(), seed=options.law.seed).sample(requests)
   tokenizer, eos = engine.tokenizer, set(engine.stop_ids)
   out = []
   for c in completions:  # (in request order, then sample index)

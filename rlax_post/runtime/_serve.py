@@ -79,13 +79,6 @@ def _check_hf_source(path: str, options: sampler.ServeOptions, max_seq_len: int 
   _check_dtype(dtype)
 
 
-def check_seed(seed: int) -> None:
-  """ValueError unless `seed` (`--seed` of serve, generate and evaluate) is in [0, 2**32): jax's keys are 32-bit,
-  so 2**32 would sample as 0 and 2**63 fail at the first request."""
-  if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
-    raise ValueError(f"--seed must be an int in [0, 2**32) (the sampling seed); got {seed!r}.")
-
-
 def _check_dtype(dtype: str | None) -> None:
   """ValueError unless `dtype` (`--dtype`) is None or a dtype the served model computes in."""
   if dtype is not None and dtype not in models.HF_DTYPES:

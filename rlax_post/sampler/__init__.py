@@ -2,8 +2,10 @@
 
 `RlaxEngine` implements JetStream's `Engine` API (prefill with bucketed lengths and prefix extension,
 insert into slots, one decode step for all slots) plus batched prefill and insert, blocks of decode steps per
-host round trip (`generate_block`) and a sampling law per slot (`SamplingParams`); `rlax-post serve` runs JetStream's orchestrator with it
-behind a gRPC `Server` that rejects malformed requests (`check_request`) before they reach JetStream's threads.
+host round trip (`generate_block`) and a sampling law per slot (`SamplingParams`); `rlax-post serve` runs
+JetStream's orchestrator with it (at its options' `SamplingLaw`, the user's law and seed, as `generate`'s and
+`evaluate`'s) behind a gRPC `Server` that rejects malformed requests (`check_request`) before they reach
+JetStream's threads.
 `Driver` is the RL sampling driver over the engine (continuous batching, shared prefills, parameter versions,
 multi-turn continuation); the training loop and evaluation sample through it (one sampling path).
 `run_episodes` runs multi-turn env episodes on a driver; `EpisodeRunner` streams groups of them.
@@ -33,6 +35,7 @@ from rlax_post.sampler._sampling import sample_rows
 from rlax_post.sampler._sampling import sample_token
 from rlax_post.sampler._sampling import sampling_logprobs
 from rlax_post.sampler._sampling import MAX_TEMPERATURE
+from rlax_post.sampler._sampling import SamplingLaw
 from rlax_post.sampler._sampling import SamplingParams
 from rlax_post.sampler._scoring import ScoreService
 from rlax_post.sampler._serve import check_request
@@ -72,6 +75,7 @@ __all__ = [
     "sample_token",
     "sampling_logprobs",
     "MAX_TEMPERATURE",
+    "SamplingLaw",
     "SamplingParams",
     "ScoreService",
     "SlotSettings",

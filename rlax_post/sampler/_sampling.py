@@ -6,7 +6,7 @@ gives that law's log-probabilities. All truncate through `truncate_rows`, so one
 every way, and both samplers draw by `draw_rows`: the inverse of each row's cumulative distribution at one
 uniform number per row. A Gumbel-max draw (`jax.random.categorical`) needs V random numbers per row; on the
 CPU they took 13% of a tiny model's decode step at 64 slots (docs/benchmarks.md), where one number per row
-costs nothing.
+costs nothing. `SamplingLaw` is the law a user gives `serve`, `generate` and `evaluate`, with its seed.
 """
 
 from __future__ import annotations
@@ -46,6 +46,42 @@ class SamplingParams:
       raise ValueError(f"top_p must be a number in (0, 1]; got {self.top_p!r}.")
     if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
       raise ValueError(f"top_k must be an int >= 0 (0 keeps every token); got {self.top_k!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingLaw:
+  """The sampling law a user gives `serve`, `generate` and `evaluate` (--temperature, --top_p, --top_k,
+  --seed): an engine's default law (`SamplingParams`, here greedy by default) and the `seed` of its streams;
+  the options of those commands hold one (`ServeOptions.law`, ...), and an engine takes its fields as its
+  keywords of the same names (`settings`). Held as given: `check()` refuses a bad value in one line."""
+  temperature: float = 0.0
+  top_p: float = 1.0
+  top_k: int = 0
+  seed: int = 0
+
+  def check(self) -> None:
+    """ValueError naming the first bad value: a law `SamplingParams` refuses, or a seed outside [0, 2**32)
+    (jax's keys are 32-bit: 2**32 would sample as 0, and 2**63 fail at the first request)."""
+    SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+    seed = self.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+      raise ValueError(f"--seed must be an int in [0, 2**32) (the sampling seed); got {seed!r}.")
+
+  def changed(self) -> tuple[str, ...]:
+    """The names of the fields that differ from the default law's (greedy, nothing cut, seed 0), in order."""
+    default = SamplingLaw()
+    return tuple(f.name for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(default, f.name))
+
+  def settings(self) -> dict:
+    """The law as {"temperature", "top_p", "top_k", "seed"}: `RlaxEngine`'s keywords of those names, and the
+    fields of `evaluate`'s result."""
+    return dataclasses.asdict(self)
+
+  def file_tag(self) -> str:
+    """The law in a file name: temperatureT[_top_pP][_top_kK]_seedS (top_p and top_k where not the default's)."""
+    changed = self.changed()
+    return "_".join([f"temperature{self.temperature:g}", *[f"top_p{self.top_p:g}"] * ("top_p" in changed),
+                     *[f"top_k{self.top_k}"] * ("top_k" in changed), f"seed{self.seed}"])
 
 
 def truncate_rows(scaled_bv: jax.Array, top_p_b: jax.Array, top_k_b: jax.Array) -> jax.Array:

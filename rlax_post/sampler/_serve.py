@@ -42,6 +42,7 @@ import orbax.checkpoint as ocp
 from rlax_post import models
 from rlax_post import sharding
 from rlax_post.sampler import _engine
+from rlax_post.sampler import _sampling
 from third_party import jetstream_compat
 
 _js = jetstream_compat.import_jetstream()
@@ -138,15 +139,12 @@ def _merged_in(base: Any, adapters: Any, lora: models.LoRA, dtype: str) -> Any:
 @dataclasses.dataclass(frozen=True)
 class ServeOptions:
   """How `serve` runs: where it listens, which checkpoint step (None: the newest committed one), the engine's
-  slots and sampling law, and the gRPC server's worker threads."""
+  slots and sampling `law` (with its seed; greedy by default), and the gRPC server's worker threads."""
   port: int = 9000
   host: str = "127.0.0.1"
   step: int | None = None
   max_concurrent_decodes: int = 8
-  temperature: float = 0.0
-  top_p: float = 1.0
-  top_k: int = 0
-  seed: int = 0
+  law: _sampling.SamplingLaw = _sampling.SamplingLaw()
   threads: int = 16
 
 
@@ -165,9 +163,8 @@ def serving_engine(model_cfg: models.ModelConfig, graphdef: Any, tokenizer: Any,
   return ServingEngine(model_cfg, graphdef, tokenizer=tokenizer, mesh=mesh,
                        max_concurrent_decodes=options.max_concurrent_decodes,
                        max_prefill_length=max_decode, max_decode_length=max_decode,
-                       temperature=options.temperature, top_p=options.top_p, top_k=options.top_k,
-                       seed=options.seed, checkpoint_dir=checkpoint_dir, step=options.step, lora=lora,
-                       hf_path=hf_path)
+                       **options.law.settings(), checkpoint_dir=checkpoint_dir, step=options.step,
+                       lora=lora, hf_path=hf_path)
 
 
 # --- Request checks ---------------------------------------------------------------------------------------
@@ -575,8 +572,10 @@ class Server:
 def serve(create_engine: Callable[[list], ServingEngine], options: ServeOptions) -> Server:
   """Serves `create_engine(devices)` (first device) on host:port; returns the started server.
 
-  A bad or busy port raises ValueError naming host:port before the engine is built.
+  A bad sampling law (`SamplingLaw.check`), or a bad or busy port, raises ValueError naming it before the
+  engine is built.
   """
+  options.law.check()
   _check_port(options.host, options.port)
   server = Server(options)
   try:
