@@ -737,10 +737,11 @@ def test_sampled_evaluation_of_a_text_task_samples_the_greedy_evaluation_s_examp
   workdir = os.fspath(sync_run)
   greedy = runtime.read_jsonl(runtime.evaluate_run(workdir, step=4, out=os.fspath(tmp_path / "g.jsonl"),
                                                    options=runtime.EvaluateOptions(num=4))["out"])
-  sampled = lambda name, seed: runtime.evaluate_run(workdir, step=4, out=os.fspath(tmp_path / name), options=(
-      runtime.EvaluateOptions(num=4, samples=4, law=sampler.SamplingLaw(temperature=0.5, seed=seed),
-                              pass_threshold=0.1)))
-  a, b, c = sampled("a.jsonl", 3), sampled("b.jsonl", 3), sampled("c.jsonl", 4)
+  sampled = lambda name, samples, law, threshold=1.0: runtime.evaluate_run(
+      workdir, step=4, out=os.fspath(tmp_path / name),
+      options=runtime.EvaluateOptions(num=4, samples=samples, law=law, pass_threshold=threshold))
+  a, b, c = (sampled(f"{name}.jsonl", 4, sampler.SamplingLaw(temperature=0.5, seed=seed), 0.1)
+             for name, seed in (("a", 3), ("b", 3), ("c", 4)))
   ra, rb, rc = (runtime.read_jsonl(r["out"]) for r in (a, b, c))
   # The same 4 examples (prompts) as the greedy evaluation, 4 samples each, for either seed.
   for records in (ra, rc):
@@ -764,6 +765,6 @@ def test_sampled_evaluation_of_a_text_task_samples_the_greedy_evaluation_s_examp
                   for k in (1, 2, 4)}}
   assert 0 < a["pass@1"] < a["pass@2"] < a["pass@4"]
   # One sample at temperature 0: the greedy evaluation's completions, whatever the seed.
-  one = runtime.read_jsonl(sampled("one.jsonl", samples=1, seed=5)["out"])
+  one = runtime.read_jsonl(sampled("one.jsonl", 1, sampler.SamplingLaw(seed=5))["out"])
   keys = ("example", "prompt", "completion", "reward", "finished")
   assert [{k: r[k] for k in keys} for r in one] == [{k: r[k] for k in keys} for r in greedy]
