@@ -15,6 +15,7 @@ from rlax_post import config
 from rlax_post import envs
 from rlax_post import models
 from rlax_post import runtime
+from rlax_post import sampler
 from rlax_post import sharding
 
 sys.path.insert(0, ".")
@@ -68,7 +69,7 @@ def test_one_sample_at_temperature_0_is_the_greedy_evaluation_whatever_the_seed(
   """A greedy pass with another seed than the run's writes the greedy evaluation's transcripts and rewards: the
   same episodes (a customer, a couple drawn from that seed would answer otherwise)."""
   parts, params, greedy = built
-  scores, records = runtime.sampled_evaluation(parts, params, runtime.EvaluateOptions(samples=1, seed=5), _NUM)
+  scores, records = runtime.sampled_evaluation(parts, params, runtime.EvaluateOptions(samples=1, law=sampler.SamplingLaw(seed=5)), _NUM)
   assert [r.pop("sample") for r in records] == [0] * _NUM
   assert [r.pop("passed") for r in records] == [r["reward"] >= 1.0 for r in greedy.samples]
   assert records == greedy.samples
@@ -77,9 +78,8 @@ def test_one_sample_at_temperature_0_is_the_greedy_evaluation_whatever_the_seed(
 
 def test_k_samples_run_the_greedy_evaluation_s_episodes_reproducibly_and_score_pass_at_k(built):
   parts, params, greedy = built
-  law = dict(samples=3, temperature=1.0)
   sampled = lambda seed, **kw: runtime.sampled_evaluation(
-      parts, params, runtime.EvaluateOptions(seed=seed, **law, **kw), _NUM)
+      parts, params, runtime.EvaluateOptions(samples=3, law=sampler.SamplingLaw(1.0, seed=seed), **kw), _NUM)
   (a, ra), (c, rc) = sampled(3), sampled(4)
   rewards = np.asarray([r["reward"] for r in ra]).reshape(_NUM, 3)
   threshold = float(np.median(rewards))  # (some samples pass, where some rewards differ)
@@ -119,4 +119,4 @@ def test_a_task_without_reseeded_is_refused_naming_it(built):
                                        r"seed as its samples .* leave --samples out \(the run's greedy "
                                        r"evaluation\)\.$"):
     runtime.sampled_evaluation(dataclasses.replace(parts, task=_Unseeded()), params,
-                               runtime.EvaluateOptions(samples=2, temperature=1.0), 1)
+                               runtime.EvaluateOptions(samples=2, law=sampler.SamplingLaw(1.0)), 1)

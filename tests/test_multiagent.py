@@ -19,6 +19,7 @@ from rlax_post import data
 from rlax_post import envs
 from rlax_post import models
 from rlax_post import runtime
+from rlax_post import sampler
 from rlax_post.runtime import _batch
 
 sys.path.insert(0, ".")
@@ -446,10 +447,10 @@ def test_sampled_evaluation_of_a_role_pipeline_runs_the_greedy_evaluation_s_prob
   g = runtime.read_jsonl(greedy["out"])
   assert len(g) == 4 and all(len(r["chain"]) == 1 for r in g)  # the router's message, then the worker's
   # One greedy sample with another seed: the greedy evaluation's chains and rewards.
-  one = runtime.read_jsonl(evaluate("one.jsonl", samples=1, seed=5)["out"])
+  one = runtime.read_jsonl(evaluate("one.jsonl", samples=1, law=sampler.SamplingLaw(seed=5))["out"])
   assert [{k: v for k, v in r.items() if k not in ("sample", "passed")} for r in one] == g
-  law = dict(samples=4, temperature=1.0, pass_threshold=1.0)
-  a, b, c = (evaluate(f"{seed}{name}.jsonl", seed=seed, **law) for seed, name in ((3, "a"), (3, "b"), (4, "c")))
+  law = lambda seed: dict(samples=4, law=sampler.SamplingLaw(temperature=1.0, seed=seed), pass_threshold=1.0)
+  a, b, c = (evaluate(f"{seed}{name}.jsonl", **law(seed)) for seed, name in ((3, "a"), (3, "b"), (4, "c")))
   ra, rb, rc = (runtime.read_jsonl(r["out"]) for r in (a, b, c))
   for records in (ra, rc):
     assert [(r["example"], r["sample"], r["prompt"]) for r in records] == [
