@@ -50,8 +50,8 @@ def reads_critic(cfg: Config) -> bool:
 
 def max_seq_len(cfg: Config) -> int:
   """The policy's context in tokens, as `runtime.model_config` builds it: `model.max_seq_len` (a preset's
-  `model.overrides` may repeat it, not change it: `check_own_settings`; with `model.hf_path` they cannot)."""
-  return dict(cfg.model.overrides).get("max_seq_len", cfg.model.max_seq_len)
+  `model.overrides` may repeat it, not change it: `check_own_settings` refuses a different one)."""
+  return cfg.model.max_seq_len
 
 
 def staleness(cfg: Config) -> int:
