@@ -4,6 +4,7 @@ of its own makes, every task's lengths in the model's context, the model's and t
 
 import os
 import re
+import sys
 
 import jax
 import pytest
@@ -12,6 +13,7 @@ from rlax_post import config
 from rlax_post import models
 from rlax_post import runtime
 from rlax_post import sweep
+from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -238,3 +240,16 @@ def test_a_critic_overrides_value_that_the_critics_model_replaces_is_refused(key
   runtime.check_config(same)
   built = _parts.critic_model_config(same, _policy_config(same))
   assert built.tie_embeddings is True and built.value_head is True
+
+
+def test_check_config_refuses_runtime_wandb_without_wandb_in_trains_one_line(monkeypatch):
+  """`runtime.wandb = True` without the wandb package stopped `train` before any work, but `check-config` passed
+  it: both now refuse it by one check (`_metrics.check_wandb`), in one line naming the extra to install."""
+  wanted = _cfg(**{"runtime.wandb": True})
+  monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails and find_spec finds none, as uninstalled
+  with pytest.raises(ValueError) as refused:
+    runtime.check_config(wanted)
+  assert str(refused.value) == _metrics.WANDB_MISSING and "\n" not in str(refused.value)
+  assert "pip install 'rlax-post[wandb]'" in str(refused.value)
+  tokenizer = runtime.check_config(_cfg(**{"runtime.wandb": False}))  # (off: wandb is not asked for)
+  assert isinstance(tokenizer, models.ByteTokenizer) and tokenizer.vocab_size == models.ByteTokenizer().vocab_size

@@ -15,6 +15,7 @@ from rlax_post import data
 from rlax_post import envs
 from rlax_post import models
 from rlax_post import runtime
+from rlax_post.runtime import _parts as runtime_parts
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ENV = _procs.env()
@@ -234,3 +235,16 @@ def test_cli_refuses_another_task_in_one_line():
   assert out.stderr.strip().splitlines() == [
       "rlax-post check-data: error: check-data reads the dataset task's files (task.name = 'dataset'); this "
       "config's task is 'reverse', which reads no data files."]
+
+
+def test_check_data_builds_the_runs_tokenizer_once(tmp_path, monkeypatch):
+  """check-data built the run's tokenizer twice (once in `check_config`, once to render the rows: a checkpoint's
+  tokenizer.json read twice); now it renders with the one `check_config` checked with."""
+  made = []
+  make = runtime_parts.make_tokenizer
+  monkeypatch.setattr(runtime_parts, "make_tokenizer", lambda cfg: made.append(make(cfg)) or made[-1])
+  train = str(tmp_path / "train.jsonl")
+  data.write_jsonl(train, _rows(6))
+  checked = runtime.check_data(_cfg(train, _eval_file(tmp_path)), quiet=True)
+  assert len(made) == 1 and isinstance(made[0], models.ByteTokenizer)
+  assert [(s.name, s.rows, s.usable) for s in checked.splits] == [("train", 6, 6), ("held-out", 20, 4)]

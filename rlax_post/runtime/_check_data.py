@@ -148,8 +148,8 @@ def check_data(cfg: config_lib.Config, tokenizer=None, *, quiet: bool = False) -
   if cfg.task.name != envs.DatasetTask.name:
     raise ValueError(f"check-data reads the dataset task's files (task.name = {envs.DatasetTask.name!r}); this "
                      f"config's task is {cfg.task.name!r}, which reads no data files.")
-  _parts.check_config(cfg)
-  renderer = envs.dataset_renderer(cfg, _parts.make_tokenizer(cfg) if tokenizer is None else tokenizer)
+  run_tokenizer = _parts.check_config(cfg)  # (built once: a checkpoint's tokenizer.json is read once)
+  renderer = envs.dataset_renderer(cfg, run_tokenizer if tokenizer is None else tokenizer)
   (train_rows, train_idx), (eval_rows, eval_idx) = envs.dataset_rows(cfg)
   ui = _metrics.Console(quiet=quiet, progress=cfg.runtime.progress)
   splits = (_check_split("train", train_rows, train_idx, renderer, ui),

@@ -22,6 +22,7 @@ from rlax_post import losses
 from rlax_post import models
 from rlax_post import sampler
 from rlax_post import sharding
+from rlax_post.runtime import _metrics
 
 
 class CheckpointTokenizer(models.HFTokenizer):
@@ -396,9 +397,10 @@ def _pow2_at_least(n: int, floor: int = 16) -> int:
   return b
 
 
-def check_config(cfg: config_lib.Config) -> None:
-  """What `build_parts` (and a critic model's `critic_model_config`) refuse, without a data file, mesh or model
-  weights, in their order and words: `model.hf_path` a checkpoint directory (`check_hf_path`, before its
+def check_config(cfg: config_lib.Config):
+  """What `train` refuses before it builds anything (`runtime.wandb` without the wandb package: `check_wandb`'s
+  one line) and what `build_parts` (and a critic model's `critic_model_config`) refuse, without a data file, mesh
+  or model weights, in their order and words: `model.hf_path` a checkpoint directory (`check_hf_path`, before its
   tokenizer is read) and a critic model's `critic.hf_path` (`check_critic_hf_path`); `task.options`, a role
   pipeline's `multiagent` section, the dataset task's reward functions loaded and `reward.weights` /
   `reward.options` checked against them (`envs.check_task`, the checks `make_rl_task` makes); then with the
@@ -406,7 +408,9 @@ def check_config(cfg: config_lib.Config) -> None:
   config (`model_config`: a checkpoint's config.json, a preset with its overrides) and the critic's, and every
   task's lengths in `model.max_seq_len` (`run_lengths`: prompt plus `rl.max_new_tokens`, in each task's own
   words). `rlax-post check-config` and `check-data` run it, so such a mistake is named in seconds, before a job
-  is launched or a model loaded. What needs the data rows (`check-data`) or the devices is left to `train`."""
+  is launched or a model loaded. What needs the data rows (`check-data`) or the devices is left to `train`.
+  Returns the tokenizer it checked with (`check-data` renders the rows with it: the checkpoint's is read once)."""
+  _metrics.check_wandb(cfg.runtime.wandb)
   if cfg.model.hf_path is not None:
     check_hf_path(cfg.model.hf_path)
   if _critic_model(cfg) and cfg.critic.init == "hf":
@@ -417,6 +421,7 @@ def check_config(cfg: config_lib.Config) -> None:
   if _critic_model(cfg):
     critic_model_config(cfg, model_cfg)
   run_lengths(cfg, tokenizer, model_cfg)
+  return tokenizer
 
 
 def run_lengths(cfg: config_lib.Config, tokenizer, model_cfg: models.ModelConfig,
