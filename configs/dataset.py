@@ -78,7 +78,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint = dict(every=20, max_to_keep=2)
   c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,
                    wandb=False, wandb_project=config_dict.placeholder(str), wandb_entity=config_dict.placeholder(str),
-                   wandb_name=config_dict.placeholder(str), wandb_mode=config_dict.placeholder(str),
+                   wandb_name=config_dict.placeholder(str), wandb_group=config_dict.placeholder(str),
+                   wandb_mode=config_dict.placeholder(str),
                    decode_steps_per_sync=8, refill_after=0, prefill_chunk_rows=0, sampler_layers="auto",
                    refill_queue="auto",
                    max_staleness=1, num_samplers=1, queue="memory", queue_capacity=0, sampler_slots=0,

@@ -115,8 +115,10 @@ def _units(spec: str, overrides: list[str]) -> list[sweep.WorkUnit]:
 
 
 def _plan(spec: str, overrides: list[str], root: str):
-  """[(unit, unit workdir, jobs)] for every work unit of the sweep."""
-  units = _units(spec, overrides)
+  """[(unit, unit workdir, jobs)] for every work unit of the sweep; with `runtime.wandb`, their W&B runs in one
+  group named after the root (`sweep.wandb_group`: its flag joins the overrides, unless the user set a group)."""
+  units, group = sweep.wandb_group(_units(spec, overrides), root)
+  overrides = [*overrides, *group]
   config_lib.load(_CONFIG.value)  # The base config with the command line's overrides must validate.
   accelerator = accelerators.parse(_PLATFORM.value, _ACCELERATOR.value)
   sampler_acc = (accelerators.parse(_PLATFORM.value, _SAMPLER_ACCELERATOR.value)

@@ -126,6 +126,24 @@ def test_local_dry_run_sync(tmp_path):
     assert unit["requests"] == [{"name": "train", "args": args, "env": {"JAX_PLATFORMS": "cpu"}}]
 
 
+def test_a_launchs_wandb_runs_are_one_group_named_after_its_root(tmp_path):
+  """`runtime.wandb`: every unit's job takes the W&B group of the root's name (as `rlax-post sweep`'s units do,
+  `sweep.wandb_group`), after the command line's overrides; each unit's run is named after its workdir."""
+  def dry_run(*args):
+    proc = _launch("--dry_run", "--workdir_root", str(tmp_path / "lr_sweep"), *args, tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)["work_units"]
+
+  for unit, estimator in zip(dry_run("--config.runtime.wandb=true"), ["grpo", "rloo"]):
+    [train] = unit["jobs"]
+    assert train["args"][3:7] == ["--config.runtime.wandb=true", "--config.runtime.wandb_group=lr_sweep",
+                                  f"--config.advantage.estimator={estimator}", "--config.seed=0"]
+    assert train["args"][-1] == str(tmp_path / "lr_sweep" / unit["dirname"])
+  mine = dry_run("--config.runtime.wandb=true", "--config.runtime.wandb_group=mine")
+  assert [[a for a in u["jobs"][0]["args"] if "wandb_group" in a] for u in mine] == [
+      ["--config.runtime.wandb_group=mine"]] * 2
+
+
 def test_local_dry_run_axes_are_the_units_as_the_sweep_reads_them(tmp_path):
   """`--axis KEY=V1,V2,...` (the sweep's own parsing, `sweep.work_units`): the units are the product of the
   axes (the last fastest) over the config, in place of the file's get_sweep (demo.py:tiny's sweeps

@@ -67,6 +67,8 @@ def _wandb_offline():
   with pytest.MonkeyPatch.context() as mp:
     for name, value in (("WANDB_MODE", "offline"), ("WANDB_SILENT", "true"), ("WANDB_CONSOLE", "off")):
       mp.setenv(name, value)
+    for name in ("WANDB_NAME", "WANDB_RUN_GROUP"):  # (the run's own names are checked)
+      mp.delenv(name, raising=False)
     yield
 
 
@@ -76,7 +78,7 @@ def _half_run(tmp_path_factory, _wandb_offline):
   `--auto_resume` (`resume="auto"`: a new workdir starts the run); logging to an offline W&B run in
   workdir/wandb/ where wandb is installed (about 3 s more: its import and its service process)."""
   workdir = tmp_path_factory.mktemp("half") / "run"
-  runtime.train(_cfg(stop_after_steps=2, wandb=_WANDB), workdir, resume="auto", quiet=True)
+  runtime.train(_cfg(stop_after_steps=2, wandb=_WANDB, wandb_group="halves"), workdir, resume="auto", quiet=True)
   return workdir
 
 
@@ -446,6 +448,8 @@ def test_a_resumed_run_continues_its_wandb_run(_half_run, half):
   run_id = json.loads((half / _metrics.WANDB_FILE).read_text())["id"]
   (first,) = (_half_run / "wandb").glob(f"offline-run-*-{run_id}")
   summary, history, logged_config = _wandb_logged(first)
+  (run,) = [r.run for r in _wandb_records(first) if r.WhichOneof("record_type") == "run"]
+  assert (run.run_group, run.display_name) == ("halves", "run")  # runtime.wandb_group; the workdir's name
   assert logged_config["rl"]["steps"] == 4 and logged_config["runtime"]["wandb"] is True
   rows = _metrics.read_jsonl(os.fspath(half / "metrics.jsonl"))
   for phase in ("sft", "rl", "eval"):  # (an evaluation's records are a call of their own: `eval/samples`)

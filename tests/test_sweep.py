@@ -17,6 +17,8 @@ import pytest
 from rlax_post import config as config_lib
 from rlax_post import runtime
 from rlax_post import sweep
+from rlax_post.runtime import _metrics as runtime_metrics
+from rlax_post.runtime import _run as runtime_run
 from rlax_post.sweep import _local
 from rlax_post.sweep import _units
 
@@ -810,3 +812,30 @@ def test_a_sweep_with_no_finished_unit_plots_without_a_warning(tmp_path):
     warnings.simplefilter("error")
     sweep.plot([failed], str(tmp_path / "sweep.png"))
   assert (tmp_path / "sweep.png").stat().st_size > 1000
+
+
+def test_a_sweeps_wandb_runs_are_one_group_named_after_its_root(tmp_path, monkeypatch):
+  """`runtime.wandb`: a sweep's units log to one W&B group, the root directory's name (each unit's run named after
+  its dirname), as a W&B user expects a sweep's runs; a group the user set stays; without W&B no group is set."""
+  monkeypatch.delenv("WANDB_NAME", raising=False)
+  root = str(tmp_path / "lr_sweep")
+  plan = sweep.plan_local(f"{DEMO}:tiny", root, extra_flags=["--config.runtime.wandb=true"],
+                          share_warm_start=False, say=lambda msg: None)
+  assert plan.extra_flags == ["--config.runtime.wandb=true", "--config.runtime.wandb_group=lr_sweep"]
+  assert [r.unit.cfg.runtime.wandb_group for r in plan.results] == ["lr_sweep", "lr_sweep"]
+  command = _local._command(plan.results[0].unit, plan.results[0].workdir, plan.extra_flags, "python")
+  assert command.count("--config.runtime.wandb_group=lr_sweep") == 1
+  # The run a unit's `train` opens (its flags read back as `train` reads them): the group, the unit's dirname.
+  unit = sweep.work_units(f"{DEMO}:tiny", plan.extra_flags)[1]
+  spec = runtime_run._wandb_run(unit.cfg, unit.workdir(root))
+  assert (spec.group, spec.name) == ("lr_sweep", "01_advantage.estimator=rloo_seed=0")
+  assert runtime_metrics.WandbSink(unit.workdir(root), spec)._init_args()["group"] == "lr_sweep"
+  mine = sweep.plan_local(f"{DEMO}:tiny", str(tmp_path / "b"), share_warm_start=False, say=lambda msg: None,
+                          extra_flags=["--config.runtime.wandb=true", "--config.runtime.wandb_group=mine"])
+  assert mine.extra_flags == ["--config.runtime.wandb=true", "--config.runtime.wandb_group=mine"]
+  assert {r.unit.cfg.runtime.wandb_group for r in mine.results} == {"mine"}
+  off = sweep.plan_local(f"{DEMO}:tiny", str(tmp_path / "c"), share_warm_start=False, say=lambda msg: None)
+  assert off.extra_flags == [] and {r.unit.cfg.runtime.wandb_group for r in off.results} == {None}
+  assert runtime_run._wandb_run(off.results[0].unit.cfg, off.results[0].workdir) is None
+  assert [sweep.root_name(r) for r in ("runs/demo/", "gs://bkt/sweeps/demo", ".")] == [
+      "demo", "demo", os.path.basename(os.getcwd())]

@@ -498,12 +498,13 @@ class RuntimeSection:
   plot: bool = True
   # Mirror the logged rows, the eval samples and the config to a Weights & Biases run (the `wandb` extra;
   # docs/configuration.md). The W&B run's project (None: WANDB_PROJECT, else "rlax-post"), entity (None: wandb's,
-  # WANDB_ENTITY or the account's), name (None: WANDB_NAME, else the workdir's) and mode (None: WANDB_MODE, else
-  # online).
+  # WANDB_ENTITY or the account's), name (None: WANDB_NAME, else the workdir's), group (None: WANDB_RUN_GROUP,
+  # else none; a sweep's units: the sweep's root directory's name) and mode (None: WANDB_MODE, else online).
   wandb: bool = False
   wandb_project: str | None = None
   wandb_entity: str | None = None
   wandb_name: str | None = None
+  wandb_group: str | None = None
   wandb_mode: str | None = choices(None, "online", "offline", "disabled")
   # Stop after this many RL steps in this invocation (0: run to rl.steps), as a preempted job would; the
   # last step is checkpointed and `--resume` continues. Lets a long run fit in time-limited slots.

@@ -206,6 +206,7 @@ class WandbRun:
   project: str
   name: str
   entity: str | None = None
+  group: str | None = None  # the runs W&B shows together (a sweep's units); None: WANDB_RUN_GROUP, else none
   mode: str | None = None  # "online", "offline", "disabled"
   config: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # the run's config, shown by W&B
 
@@ -244,7 +245,7 @@ class WandbSink:
       with open(path) as f:
         kept = {"id": json.load(f)["id"], "resume": "allow"}
     where = {} if os.environ.get("WANDB_DIR") else {"dir": self.workdir}
-    return dict(project=spec.project, entity=spec.entity, name=spec.name, mode=spec.mode,
+    return dict(project=spec.project, entity=spec.entity, name=spec.name, group=spec.group, mode=spec.mode,
                 config=dict(spec.config), **where, **kept)
 
   def scalars(self, row: Mapping[str, Any]) -> None:

@@ -447,13 +447,15 @@ def _auto_resume(workdir: str, cfg: config_lib.Config, latest: int | None) -> bo
 def _wandb_run(cfg: config_lib.Config, workdir: str) -> _metrics.WandbRun | None:
   """The W&B run of `runtime.wandb` (None when off), its unset names from wandb's environment variables as TRL
   takes them, else ours (the project: WANDB_PROJECT, else "rlax-post"; the name: WANDB_NAME, else the
-  workdir's), with the run's config as config.json holds it."""
+  workdir's: a sweep unit's dirname), in `runtime.wandb_group` (a sweep sets its units' one; None: wandb's
+  WANDB_RUN_GROUP, else none), with the run's config as config.json holds it."""
   rt, env = cfg.runtime, os.environ
   if not rt.wandb:
     return None
   return _metrics.WandbRun(project=rt.wandb_project or env.get("WANDB_PROJECT") or "rlax-post",
                            name=rt.wandb_name or env.get("WANDB_NAME") or os.path.basename(os.path.abspath(workdir)),
-                           entity=rt.wandb_entity, mode=rt.wandb_mode, config=_paths.saved_config(cfg))
+                           entity=rt.wandb_entity, group=rt.wandb_group, mode=rt.wandb_mode,
+                           config=_paths.saved_config(cfg))
 
 
 def open_run(parts: _parts.Parts, workdir: str, *, resume: bool | str, quiet: bool) -> Run:

@@ -27,9 +27,11 @@ from rlax_post.sweep._units import load_module
 from rlax_post.sweep._units import none_overrides
 from rlax_post.sweep._units import one_of
 from rlax_post.sweep._units import product
+from rlax_post.sweep._units import root_name
 from rlax_post.sweep._units import work_units
 from rlax_post.sweep._units import WorkUnit
 from rlax_post.sweep._units import variants
+from rlax_post.sweep._units import wandb_group
 from rlax_post.sweep._units import zipped
 
 __all__ = [
@@ -54,6 +56,7 @@ __all__ = [
     "plan_local",
     "plot",
     "product",
+    "root_name",
     "run_local",
     "run_plan",
     "table",
@@ -62,5 +65,6 @@ __all__ = [
     "WorkUnit",
     "write_report",
     "variants",
+    "wandb_group",
     "zipped",
 ]

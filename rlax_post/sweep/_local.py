@@ -318,12 +318,14 @@ def plan_local(config: str, root: str, *, extra_flags: Sequence[str] = (), axes:
   not run again. `axes` (`--axis KEY=V1,V2,...`): the units are their product, in place of the file's
   get_sweep (`_units.work_units`). With `share_warm_start`, units pass
   `--config.sft.cache_dir=<root>/warm_start_cache`, so units whose warm start is the same (same seed, task,
-  model and sft settings) compute it once."""
+  model and sft settings) compute it once. With `runtime.wandb`, the units' W&B runs are one group named after
+  `root` (`_units.wandb_group`: `--config.runtime.wandb_group=NAME`, unless the user set one)."""
   units = _units.work_units(config, extra_flags, axes)
   if axes and _units.defines_sweep(config):
     say(f"--axis: {len(units)} work unit(s), the product of the axes; {config}'s own get_sweep is not run.")
   _units.check_overrides(units, extra_flags)
-  cache_dir, extra_flags = _shared_cache(units, root, extra_flags, share_warm_start)
+  units, group = _units.wandb_group(units, root)  # (runtime.wandb: the units' W&B runs in one group)
+  cache_dir, extra_flags = _shared_cache(units, root, [*extra_flags, *group], share_warm_start)
   os.makedirs(root, exist_ok=True)
   results = [UnitResult(unit=u, workdir=u.workdir(root)) for u in units]
   _refuse_stale(results, root)

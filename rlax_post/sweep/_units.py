@@ -461,6 +461,27 @@ def _warm_key(cfg: config_lib.Config) -> str:
   return runtime.warm_start_cache_key(cfg) if cfg.sft.steps > 0 else ""
 
 
+def root_name(root: str) -> str:
+  """The name of a sweep's root directory, a local path or gs://BUCKET/PATH: 'demo' of 'runs/demo/'."""
+  return os.path.basename((root if root.startswith("gs://") else os.path.abspath(root)).rstrip("/"))
+
+
+def wandb_group(units: Sequence[WorkUnit], root: str) -> tuple[list[WorkUnit], list[str]]:
+  """The units in one Weights & Biases group named after the sweep's root directory (`root_name`), as a W&B
+  user expects a sweep's runs: (the units, their configs' `runtime.wandb_group` set to it; the
+  `--config.runtime.wandb_group=NAME` flag their runs take). Each unit's W&B run is named after its workdir, its
+  `dirname`. The units as they are and no flag when none logs to W&B (`runtime.wandb`), or one has a group of
+  its own (the user's: the config, a command-line override, a sweep point), or one carries no config."""
+  cfgs = [u.cfg for u in units]
+  name = root_name(root)
+  if (not name or any(c is None for c in cfgs) or not any(c.runtime.wandb for c in cfgs)
+      or any(c.runtime.wandb_group is not None for c in cfgs)):
+    return list(units), []
+  grouped = [dataclasses.replace(u, cfg=dataclasses.replace(u.cfg, runtime=dataclasses.replace(
+      u.cfg.runtime, wandb_group=name))) for u in units]
+  return grouped, [f"--config.runtime.wandb_group={name}"]
+
+
 def work_units(config: str, overrides: Sequence[str] = (), axes: Sequence[str] = ()) -> list[WorkUnit]:
   """The work units of `config` ('path.py' or 'path.py:variant'), with every key checked against the config
   and every unit's full config (with the command-line `overrides`, `--config.key=value` flags) validated, so
