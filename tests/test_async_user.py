@@ -62,7 +62,7 @@ def stopped_run(tmp_path_factory):
 def test_a_sampler_of_a_finished_run_is_refused(stopped_run, tmp_path):
   """A sampler started on a finished async `train` run (whose samplers were threads) said 'sampling for run
   (16 slots)' and waited for tickets for ever. Now: one error line naming the run's steps and what to do. (On a
-  finished learner's run it exits 0 saying so: the end of the second-run test below.)"""
+  finished learner's run it exits 0 saying so: the end of the second-run-or-sampler test below.)"""
   workdir = tmp_path / "run"
   shutil.copytree(stopped_run, workdir)
   out = _cli("train", *_RUN, "--workdir", "run", "--resume", cwd=tmp_path)
@@ -75,42 +75,12 @@ def test_a_sampler_of_a_finished_run_is_refused(stopped_run, tmp_path):
   assert not os.path.exists(workdir / "admission" / "samplers" / "sampler-0.lock")  # refused before anything
 
 
-def test_a_second_sampler_with_the_same_index_is_refused(stopped_run, tmp_path):
-  """Two `rlax-post sampler --index 0` of one run wrote the same queue shards and heartbeat: the second died
-  with a FileExistsError traceback on a shard (or both sampled the same tickets). Now the second is refused with
-  one line; the first samples on, and a sampler restarted after its predecessor's SIGKILL starts at once."""
-  workdir = os.fspath(tmp_path / "run")
-  shutil.copytree(stopped_run, workdir)
-  logs = [tmp_path / "first.log", tmp_path / "again.log"]
-  started = lambda k: "[sampler-0] sampling for" in logs[k].read_text()  # (it holds the index by then)
-  with open(logs[0], "w") as log:
-    first = _sampler(workdir, 0, log)
-  try:
-    _procs.wait_until(lambda: started(0), "the first sampler", first)
-    line = _error(_cli("sampler", "--workdir", "run", "--index", "0", cwd=tmp_path, timeout_s=60), "sampler")
-    lock = os.path.join("run", "admission", "samplers", "sampler-0.lock")
-    assert line.endswith(f"--index 0: sampler-0 is already running for run (another process holds {lock}); "
-                         "give each sampler its own --index."), line
-    assert first.poll() is None  # the first one goes on
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    with open(logs[1], "w") as log:
-      again = _sampler(workdir, 0, log)  # the lock went with the killed one
-    try:
-      _procs.wait_until(lambda: started(1), "the restarted sampler", again)
-    finally:
-      again.kill()
-      again.wait()
-  finally:
-    first.kill()
-    first.wait()
-
-
-def test_a_second_run_in_a_running_learners_workdir_is_refused(stopped_run, tmp_path):
+def test_a_second_run_or_sampler_beside_a_running_one_is_refused(stopped_run, tmp_path):
   """`rlax-post learner --workdir W --resume` beside W's running learner (a user who forgot it, a launcher
   that relaunched) truncated the running one's schedule and metrics, rolled the queue back and deleted its
   parameter versions, and the two learners then wrote their steps into one schedule (steps missing, measured
-  with the demo's tiny config). Now the second is refused with one line, and so is a `train` there."""
+  with the demo's tiny config). Now the second is refused with one line, and so is a `train` there; and so is
+  a second sampler of one index. (One test: each start of a learner or sampler process costs seconds.)"""
   workdir = os.fspath(tmp_path / "run")
   shutil.copytree(stopped_run, workdir)
   log_path = tmp_path / "learner.log"
@@ -135,10 +105,29 @@ def test_a_second_run_in_a_running_learners_workdir_is_refused(stopped_run, tmp_
     # without the wait, by tests/test_async.py::test_a_learner_left_waiting_for_rollouts_says_once_what_it_waits_for.)
     first.send_signal(signal.SIGKILL)
     first.wait()
-    # Its lock went with it: --resume continues the run (here to its end, with a sampler).
-    with open(tmp_path / "sampler.log", "w") as log:
+    # Two `rlax-post sampler --index 0` of one run wrote the same queue shards and heartbeat: the second died
+    # with a FileExistsError traceback on a shard (or both sampled the same tickets). Now the second is refused
+    # with one line; the first samples on, and a sampler restarted after its predecessor's SIGKILL starts at once.
+    logs = [tmp_path / "sampler.log", tmp_path / "again.log"]
+    started = lambda k: "[sampler-0] sampling for" in logs[k].read_text()  # (it holds the index by then)
+    with open(logs[0], "w") as log:
       sampler = _sampler(workdir, 0, log)
     try:
+      _procs.wait_until(lambda: started(0), "the first sampler", sampler)
+      line = _error(_cli("sampler", "--workdir", "run", "--index", "0", cwd=tmp_path, timeout_s=60), "sampler")
+      lock = os.path.join("run", "admission", "samplers", "sampler-0.lock")
+      assert line.endswith(f"--index 0: sampler-0 is already running for run (another process holds {lock}); "
+                           "give each sampler its own --index."), line
+      assert sampler.poll() is None  # the first one goes on
+    finally:
+      sampler.send_signal(signal.SIGKILL)
+      sampler.wait()
+    # The learner's lock and the sampler's went with them: --resume continues the run (here to its end, with
+    # sampler 0 started again).
+    with open(logs[1], "w") as log:
+      sampler = _sampler(workdir, 0, log)
+    try:
+      _procs.wait_until(lambda: started(1), "the restarted sampler", sampler)
       out = _cli("learner", "--workdir", "run", "--resume", "--quiet", cwd=tmp_path)
       assert out.returncode == 0, out.stderr[-3000:]
     finally:
