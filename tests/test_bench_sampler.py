@@ -43,9 +43,17 @@ def test_admission_counting_the_refill_queue_gives_the_same_completions():
       queue["tokens_per_s"] / samples["tokens_per_s"])
 
 
-def test_no_pair_compared_is_no_identical_outputs_claim():
+def test_no_pair_compared_is_no_identical_outputs_claim_and_the_default_preset_is_tiny(capsys):
   result = bench.main(["--slots", "4", "--requests", "4", "--repeats", "1", "--modes", "eq_k"])
   assert result["identical_outputs"] is None and result["compared_outputs"] == {}  # it said True
+  # models.PRESETS: "tiny" 4 layers of width 128 (4 heads, 2 KV heads of 32, MLP 384); 264 tied embeddings, a
+  # final norm, two norms per layer.
+  assert (result["preset"], result["model_params"]) == ("tiny", 264 * 128 + 128 + 4 * (
+      2 * 128 + 128 * (4 + 2 * 2) * 32 + 4 * 32 * 128 + 3 * 128 * 384))
+  assert "0.8M-parameter model" in capsys.readouterr().out
+  with pytest.raises(SystemExit):
+    bench.main(["--device", "gpu", "--preset", "small"])
+  assert "--preset small is for --device cpu; --device gpu runs a Llama-3.2-1B shape." in capsys.readouterr().err
 
 
 def test_the_hbm_fraction_counts_the_weights_per_step_and_the_span_each_block_read():
@@ -60,19 +68,17 @@ def test_the_hbm_fraction_counts_the_weights_per_step_and_the_span_each_block_re
   assert got["hbm_mean_kv_span"] == 384 and got["decode_tokens_per_s"] == 1000.0
 
 
-def test_the_small_preset_runs_a_bigger_model_and_is_for_the_cpu_only(capsys):
-  tiny = bench.main(["--slots", "4", "--requests", "4", "--repeats", "1", "--modes", "eq_k"])
+# `make test-all`: the one run of a bigger model in this file (its compilation is most of the run; make test's
+# 15-minute budget). The default preset's run, its parameter count and --preset small's refusal on a GPU: the test
+# above.
+@pytest.mark.slow
+def test_the_small_preset_runs_a_bigger_model(capsys):
   small = bench.main(["--slots", "4", "--requests", "4", "--repeats", "1", "--modes", "eq_k", "--preset", "small"])
-  # models.PRESETS: "tiny" 4 layers of width 128 (4 heads, 2 KV heads of 32, MLP 384), "small" 6 layers of
-  # width 256 (8 heads, 4 KV heads of 32, MLP 768); 264 tied embeddings, a final norm, two norms per layer.
-  assert (tiny["preset"], tiny["model_params"]) == ("tiny", 264 * 128 + 128 + 4 * (
-      2 * 128 + 128 * (4 + 2 * 2) * 32 + 4 * 32 * 128 + 3 * 128 * 384))
+  # models.PRESETS: "small" 6 layers of width 256 (8 heads, 4 KV heads of 32, MLP 768); 264 tied embeddings, a
+  # final norm, two norms per layer.
   assert (small["preset"], small["model_params"]) == ("small", 264 * 256 + 256 + 6 * (
       2 * 256 + 256 * (8 + 2 * 4) * 32 + 8 * 32 * 256 + 3 * 256 * 768))
   assert "4.8M-parameter model" in capsys.readouterr().out
-  with pytest.raises(SystemExit):
-    bench.main(["--device", "gpu", "--preset", "small"])
-  assert "--preset small is for --device cpu; --device gpu runs a Llama-3.2-1B shape." in capsys.readouterr().err
 
 
 def test_an_unknown_mode_is_named():
