@@ -1,8 +1,7 @@
-"""End to end through the CLI in subprocesses: a few GRPO steps of the tiny config, and exact resume."""
+"""End to end through the CLI in processes of their own: a few GRPO steps of the tiny config, and exact resume."""
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -25,9 +24,10 @@ _CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _train(workdir, *overrides, resume=False, cwd=None):
-  cmd = [sys.executable, "-m", "rlax_post.cli", "train", "--config", _CONFIG + ":tiny", "--workdir",
-         str(workdir), "--quiet", *overrides] + (["--resume"] if resume else [])
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_ENV, cwd=cwd)
+  """`rlax-post train` of the tiny demo config in a process of its own, forked from the CLI server
+  (`_cli_forks`: its exit status, stdout and stderr are a new process's, less the CLI's import)."""
+  out = _cli_forks.run("train", "--config", _CONFIG + ":tiny", "--workdir", workdir, "--quiet", *overrides,
+                       *(["--resume"] if resume else []), cwd=cwd or os.getcwd(), env=_ENV, timeout=300)
   assert out.returncode == 0, out.stderr[-3000:]
   return out
 
