@@ -92,6 +92,14 @@ def hf_run(checkpoint, tmp_path_factory):
   return cfg, workdir, summary
 
 
+@pytest.fixture(scope="module")
+def run_server(hf_run):
+  """`rlax-post serve --checkpoint` of the run (its newest step, greedy), for the two tests that ask it: one
+  server process, not one each."""
+  with _serving.ServerProcess(hf_run[1]) as server:
+    yield server
+
+
 def test_train_from_hf_checkpoint(checkpoint, hf_run):
   path, embed_vd, down1_df = checkpoint
   cfg, workdir, summary = hf_run
@@ -181,7 +189,7 @@ def test_rlax_post_export_writes_a_checkpoint_transformers_runs_with_our_logits(
 
 
 @pytest.mark.e2e
-def test_serve_answers_an_hf_run_with_its_own_tokenizer(checkpoint, hf_run):
+def test_serve_answers_an_hf_run_with_its_own_tokenizer(checkpoint, hf_run, run_server):
   """`rlax-post serve` of a run made from an HF checkpoint encodes the request and decodes with the
   checkpoint's BPE tokenizer, not the byte tokenizer: the streamed ids are the greedy continuation of the
   HF encoding of the text, under the newest checkpoint's params.
@@ -210,11 +218,10 @@ def test_serve_answers_an_hf_run_with_its_own_tokenizer(checkpoint, hf_run):
   first = _serve.engine_from_workdir(workdir, sampler.ServeOptions(step=0))  # a server of step 0 would fail
   assert not set(map(tuple, _serving.greedy_loop(first.graphdef, first.load_params(), texts, 5, tokenizer))) & set(
       map(tuple, expected))
-  with _serving.ServerProcess(workdir) as server:
-    assert [server.decode(_serving.text_request(text, 5)) for text in texts] == expected
+  assert [run_server.decode(_serving.text_request(text, 5)) for text in texts] == expected
 
 
-def test_serve_hf_path_of_an_export_answers_as_serving_the_run(hf_run, tmp_path):
+def test_serve_hf_path_of_an_export_answers_as_serving_the_run(hf_run, run_server, tmp_path):
   """`rlax-post serve --hf_path DIR` of `rlax-post export`'s DIR (there was no way to serve one) streams, token
   for token, what `serve --checkpoint` of the run streams at the exported step: the same weights, tokenizer and
   model, though the export's context is its source's 256 positions, not the run's model.max_seq_len."""
@@ -224,8 +231,7 @@ def test_serve_hf_path_of_an_export_answers_as_serving_the_run(hf_run, tmp_path)
   texts = ["12+34=", "7+8="]
   requests = [_serving.text_request(text, 5) for text in texts]
   requests.append(_serving.token_request(models.HFTokenizer.from_dir(str(out)).encode("12+34=", add_bos=False), 5))
-  with _serving.ServerProcess(workdir) as server:
-    want = [server.decode(request) for request in requests]
+  want = [run_server.decode(request) for request in requests]
   assert all(want) and want[0] != want[1] and want[0] == want[2]  # the prompt decides the completion
   with _serving.ServerProcess(out, source="--hf_path") as server:
     got = [server.decode(request) for request in requests]
