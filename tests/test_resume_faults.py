@@ -474,6 +474,25 @@ def test_a_resumed_run_continues_its_wandb_run(_half_run, half):
   assert {k: summary[k] for k in expected} == expected and expected["rl/step"] == 4
 
 
+@pytest.mark.skipif(not _WANDB, reason="wandb is not installed (the `wandb` extra)")
+def test_a_run_s_wandb_sink_opens_a_run_of_its_own_beside_an_unfinished_one(_wandb_offline, tmp_path):
+  """A W&B run left open in the process (a caller's own, or that of an earlier `train` that raised): wandb.init's
+  default hands it back, so the sink logged into it, kept its id as the run's and finished it on close."""
+  import wandb  # pylint: disable=g-import-not-at-top  (optional extra)
+  left = wandb.init(project="rlax-post-test", name="left-open", dir=os.fspath(tmp_path))
+  try:
+    (tmp_path / "run").mkdir()
+    sink = _metrics.WandbSink(os.fspath(tmp_path / "run"), _metrics.WandbRun(project="rlax-post-test", name="run"))
+    sink.scalars({"phase": "rl", "step": 1, "reward_mean": 0.5})
+    sink.close()
+    own = json.loads((tmp_path / "run" / _metrics.WANDB_FILE).read_text())["id"]
+    assert own != left.id
+    assert len(list((tmp_path / "run" / "wandb").glob(f"offline-run-*-{own}"))) == 1
+    left.log({"still": 1.0})  # (not finished by the sink's close: a finished run refuses a row)
+  finally:
+    left.finish()
+
+
 def test_runtime_wandb_without_wandb_is_one_line_before_any_work(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` fails, as where it is not installed
   with pytest.raises(ValueError) as e:

@@ -239,6 +239,10 @@ class WandbSink:
     return self._run
 
   def _init_args(self) -> dict:
+    """`wandb.init`'s arguments: the spec's, the kept id of a resumed run, and `reinit="create_new"`: a run of
+    its own whatever other W&B run the process has open (wandb's default hands back an unfinished one: a
+    caller's own, or that of an earlier `train` in the process that raised, whose id and rows this run's would
+    then be, and which `close` would finish)."""
     spec, path = self.spec, os.path.join(self.workdir, WANDB_FILE)
     kept = {}
     if os.path.exists(path):
@@ -246,7 +250,7 @@ class WandbSink:
         kept = {"id": json.load(f)["id"], "resume": "allow"}
     where = {} if os.environ.get("WANDB_DIR") else {"dir": self.workdir}
     return dict(project=spec.project, entity=spec.entity, name=spec.name, group=spec.group, mode=spec.mode,
-                config=dict(spec.config), **where, **kept)
+                config=dict(spec.config), reinit="create_new", **where, **kept)
 
   def scalars(self, row: Mapping[str, Any]) -> None:
     self._open().log({f"{row['phase']}/step": int(row["step"]), **_scalars(row)})
