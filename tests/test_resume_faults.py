@@ -3,6 +3,7 @@ it, `--resume` with nothing to resume refused, a refused resume leaving the run 
 JSON-lines files handled by name; and a resumed run's Weights & Biases run (`runtime.wandb`, offline), which the
 stopped run of this module's resumes logs to (where wandb is installed: the `wandb` extra)."""
 
+import collections
 import importlib.util
 import json
 import os
@@ -491,6 +492,23 @@ def test_a_run_s_wandb_sink_opens_a_run_of_its_own_beside_an_unfinished_one(_wan
     left.log({"still": 1.0})  # (not finished by the sink's close: a finished run refuses a row)
   finally:
     left.finish()
+
+
+@pytest.mark.skipif(not _WANDB, reason="wandb is not installed (the `wandb` extra)")
+def test_a_run_that_raises_ends_its_wandb_run_as_failed(_wandb_offline, tmp_path, monkeypatch):
+  """A run that raised after it logged (here its first checkpoint does not fit the disk) left its W&B run open
+  until the process ended: in a notebook or a caller's loop, a run shown as running, and wandb.init's default
+  handed it to the next run in the process."""
+  usage = collections.namedtuple("usage", "total used free")
+  monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**12, 10**12 - 10, 10))
+  workdir = tmp_path / "run"
+  with pytest.raises(OSError, match="Checkpoint step 0 does not fit"):
+    runtime.train(_cfg(wandb=True), workdir, quiet=True)
+  run_id = json.loads((workdir / _metrics.WANDB_FILE).read_text())["id"]
+  (log,) = (workdir / "wandb").glob(f"offline-run-*-{run_id}")
+  _, history, _ = _wandb_logged(log)
+  assert [h["sft/step"] for h in history if "sft/step" in h] == [1, 2, 3, 4]  # (the warm start's rows: logged)
+  assert [r.exit.exit_code for r in _wandb_records(log) if r.WhichOneof("record_type") == "exit"] == [1]
 
 
 def test_runtime_wandb_without_wandb_is_one_line_before_any_work(tmp_path, monkeypatch):

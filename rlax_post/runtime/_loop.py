@@ -7,6 +7,7 @@ logged rows (`LoggedSource`) with a comparison of metrics in place of the run's 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from typing import Callable
@@ -73,6 +74,20 @@ def _stop_asked(stop: Callable[[], int | None]) -> None:
 
 def _train_with(parts: _parts.Parts, workdir: str, make_source, *, resume: bool | str, quiet: bool) -> dict:
   run = _run.open_run(parts, workdir, resume=resume, quiet=quiet)
+  try:
+    return _train_opened(run, make_source)
+  except _signals.Stopped:  # (its metrics closed: `Run.close_stopped`)
+    raise
+  except BaseException:  # An error (or a second Ctrl-C): its W&B run ends as failed and its event files close,
+    with contextlib.suppress(Exception):  # not left open in a process that goes on (a notebook, a caller's next
+      run.metrics.close(failed=True)  # run); the error is the run's, not one of closing them.
+    raise
+
+
+def _train_opened(run: _run.Run, make_source) -> dict:
+  """`_train_with` once the run is open: its source, its start (the warm start or the restore), the loop, the
+  summary."""
+  parts = run.parts
   source = make_source(parts, run.workdir, run.ui.say)
   try:
     start = run.start(source)

@@ -132,8 +132,8 @@ class Sink(Protocol):
   def rebuild(self, rows: list[dict], samples: list[dict]) -> None:
     """After a resume: the rows and records kept (the ones logged past the checkpoint are gone from both)."""
 
-  def close(self) -> None:
-    ...
+  def close(self, failed: bool = False) -> None:
+    """Ends the mirror; `failed`: the run raised (a W&B run is marked failed, not finished)."""
 
 
 def _scalars(row: Mapping[str, Any]) -> dict[str, float]:
@@ -173,7 +173,8 @@ class TensorBoardSink:
     for step, records in by_step.items():
       self.samples(step, records)
 
-  def close(self) -> None:
+  def close(self, failed: bool = False) -> None:
+    del failed  # (event files have no end state)
     self._writer.close()
 
 
@@ -264,9 +265,9 @@ class WandbSink:
   def rebuild(self, rows: list[dict], samples: list[dict]) -> None:
     del rows, samples  # W&B's history is append-only (the class docstring).
 
-  def close(self) -> None:
+  def close(self, failed: bool = False) -> None:
     if self._run is not None:
-      self._run.finish()
+      self._run.finish(exit_code=1 if failed else None)
       self._run = None
 
 
@@ -331,9 +332,11 @@ class MetricsWriter:
   def read(self) -> list[dict]:
     return read_jsonl(self.path)
 
-  def close(self) -> None:
+  def close(self, failed: bool = False) -> None:
+    """Closes the sinks; `failed`: the run raised (`Sink.close`). A run that raised closes them too, so a process
+    that goes on (a notebook, a caller's next `train`) holds no open W&B run or event file of it."""
     for sink in self._sinks:
-      sink.close()
+      sink.close(failed)
 
 
 SAMPLES_FILE = "eval_samples.jsonl"  # the records of each evaluation's first `eval.samples` examples
