@@ -253,3 +253,22 @@ def test_check_config_refuses_runtime_wandb_without_wandb_in_trains_one_line(mon
   assert "pip install 'rlax-post[wandb]'" in str(refused.value)
   tokenizer = runtime.check_config(_cfg(**{"runtime.wandb": False}))  # (off: wandb is not asked for)
   assert isinstance(tokenizer, models.ByteTokenizer) and tokenizer.vocab_size == models.ByteTokenizer().vocab_size
+
+
+def test_a_tool_task_context_that_holds_no_task_is_refused_not_searched_for_ever():
+  """`model.max_seq_len` = 200 with `rl.max_new_tokens` = 40 (what the lengths check offers for 200) passed both
+  checks, and the warm start then looked for a task whose demonstration fits 200 - slack tokens for ever (none of
+  them does: the shortest has 319). The task's `lengths` now looks through the first training tasks and names the
+  context that holds the shortest; the shipped config's context holds most of them."""
+  cfg = _cfg("tools_tiny.py", **{"model.max_seq_len": 200, "rl.max_new_tokens": 40})
+  message = ("`model.max_seq_len` = 200 holds no tool task's episode: none of the first 1000 training tasks' "
+             "demonstrations (the shortest: 319 tokens) fits in it less task.options slack = 32 tokens, so the warm "
+             "start and the rollouts would look for one for ever; set model.max_seq_len >= 351 (more, for more of "
+             "the tasks).")
+  with pytest.raises(ValueError) as checked:
+    runtime.check_config(cfg)
+  assert str(checked.value) == message
+  with pytest.raises(ValueError) as built:  # where `train` refuses it
+    runtime.build_parts(cfg)
+  assert str(built.value) == message
+  runtime.check_config(_cfg("tools_tiny.py", **{"model.max_seq_len": 351, "rl.max_new_tokens": 191}))

@@ -27,6 +27,7 @@ from rlax_post.envs.tools import _tasks
 NAME = "tools"
 TOOL_PROMPT_LEN = 160  # Most tokens of a tool episode's context before its first message.
 HELD_OUT_BASE = 10**8  # Task indices from here on are held out (greedy eval); training indices are below.
+FIT_SCAN = 1000  # The training tasks `lengths` looks through for one that fits (`ToolTask.check_fits`).
 OPTIONS = ("max_goals", "max_turns", "max_turn_tokens", "slack", "reward_mode")
 
 
@@ -85,6 +86,24 @@ class ToolTask(_rl.SeededExamples):
       self._fits[index] = ok
     return self._fits[index]
 
+  def check_fits(self) -> None:
+    """ValueError when none of the first `FIT_SCAN` training tasks fits (`fits`): the warm start and the rollouts
+    (`nth_fitting`) would look for one for ever. Names the context that holds the shortest of them (or, where none
+    can be done in `max_turns` messages, that). `lengths` calls it, so `train` and `check-config` refuse alike."""
+    if any(self.fits(i) for i in range(FIT_SCAN)):
+      return
+    doable = [i for i in range(FIT_SCAN)
+              if _tasks.synthesize_task(self.seed + i, i, max_goals=self.max_goals).complexity + 1 <= self.max_turns]
+    if not doable:
+      raise ValueError(f"No tool task can be done in task.options max_turns = {self.max_turns} messages (none of the "
+                       f"first {FIT_SCAN}): the warm start and the rollouts would look for one for ever; raise "
+                       "max_turns.")
+    shortest = min(self.demo_len(self.demonstration(i)) for i in doable)
+    raise ValueError(f"`model.max_seq_len` = {self.max_seq_len} holds no tool task's episode: none of the first "
+                     f"{FIT_SCAN} training tasks' demonstrations (the shortest: {shortest} tokens) fits in it less "
+                     f"task.options slack = {self.slack} tokens, so the warm start and the rollouts would look for "
+                     f"one for ever; set model.max_seq_len >= {shortest + self.slack} (more, for more of the tasks).")
+
   def nth_fitting(self, n: int, start: int = 0) -> int:
     table = self._fits.setdefault(("nth", start), [])
     while len(table) <= n:
@@ -109,6 +128,7 @@ class ToolTask(_rl.SeededExamples):
     it (messages and observations) within `rl.max_new_tokens`; warm-start rows as wide as training rows."""
     need = TOOL_PROMPT_LEN + self.cfg.rl.max_new_tokens
     _rl.check_context(max_seq_len, TOOL_PROMPT_LEN, self.cfg)
+    self.check_fits()
     return _rl.Lengths(prompt=TOOL_PROMPT_LEN, response=need - 1, sequence=need, sft=need)
 
   def sft_batches(self, shard_index: int = 0, shard_count: int = 1) -> Iterator[dict]:
