@@ -272,3 +272,14 @@ def test_a_tool_task_context_that_holds_no_task_is_refused_not_searched_for_ever
     runtime.build_parts(cfg)
   assert str(built.value) == message
   runtime.check_config(_cfg("tools_tiny.py", **{"model.max_seq_len": 351, "rl.max_new_tokens": 191}))
+
+
+def test_a_wandb_setting_without_runtime_wandb_is_refused_as_unread():
+  """`runtime.wandb_project` (verl's trainer.project_name, as the config's foreign keys say) without
+  `runtime.wandb = True` was ignored: the run logged nothing to W&B, and nothing said so."""
+  with pytest.raises(ValueError) as refused:
+    _cfg(**{"runtime.wandb_project": "my-project"})
+  assert str(refused.value).endswith(
+      "`runtime.wandb_project` = 'my-project' (default None): read only with runtime.wandb = True; this run has "
+      "runtime.wandb = False")
+  assert _cfg(**{"runtime.wandb": True, "runtime.wandb_project": "my-project"}).runtime.wandb_project == "my-project"
