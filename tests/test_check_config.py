@@ -283,3 +283,5 @@ def test_a_wandb_setting_without_runtime_wandb_is_refused_as_unread():
       "`runtime.wandb_project` = 'my-project' (default None): read only with runtime.wandb = True; this run has "
       "runtime.wandb = False")
   assert _cfg(**{"runtime.wandb": True, "runtime.wandb_project": "my-project"}).runtime.wandb_project == "my-project"
+  with pytest.raises(ValueError, match=r"`runtime.wandb_group` = 'g' \(default None\): read only with runtime.wandb"):
+    _cfg(**{"runtime.wandb_group": "g"})  # (a sweep sets it only when every unit logs to W&B)

@@ -837,5 +837,10 @@ def test_a_sweeps_wandb_runs_are_one_group_named_after_its_root(tmp_path, monkey
   off = sweep.plan_local(f"{DEMO}:tiny", str(tmp_path / "c"), share_warm_start=False, say=lambda msg: None)
   assert off.extra_flags == [] and {r.unit.cfg.runtime.wandb_group for r in off.results} == {None}
   assert runtime_run._wandb_run(off.results[0].unit.cfg, off.results[0].workdir) is None
+  # Units of which only some log to W&B: no group (it would be an unread setting of the others, refused).
+  some = sweep.plan_local(f"{DEMO}:tiny", str(tmp_path / "d"), share_warm_start=False, say=lambda msg: None,
+                          axes=["runtime.wandb=true,false"])
+  assert some.extra_flags == [] and {r.unit.cfg.runtime.wandb_group for r in some.results} == {None}
+  assert sorted(r.unit.cfg.runtime.wandb for r in some.results) == [False, True]
   assert [sweep.root_name(r) for r in ("runs/demo/", "gs://bkt/sweeps/demo", ".")] == [
       "demo", "demo", os.path.basename(os.getcwd())]

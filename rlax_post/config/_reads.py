@@ -190,7 +190,8 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("critic.preset", "critic.overrides"), _is("critic.init", "preset")),
     (("critic.hf_path",), _is("critic.init", "hf")),
     (("model.vocab_multiple",), _VOCAB_MULTIPLE),
-    (tuple(f"runtime.wandb_{k}" for k in ("project", "entity", "name", "mode")), _is("runtime.wandb", True)),
+    (tuple(f"runtime.wandb_{k}" for k in ("project", "entity", "name", "group", "mode")),
+     _is("runtime.wandb", True)),
     (("critic.clip_eps",), _is("critic.loss", "clipped")),
     (("critic.huber_delta",), _is("critic.loss", "huber")),
 )

@@ -470,11 +470,12 @@ def wandb_group(units: Sequence[WorkUnit], root: str) -> tuple[list[WorkUnit], l
   """The units in one Weights & Biases group named after the sweep's root directory (`root_name`), as a W&B
   user expects a sweep's runs: (the units, their configs' `runtime.wandb_group` set to it; the
   `--config.runtime.wandb_group=NAME` flag their runs take). Each unit's W&B run is named after its workdir, its
-  `dirname`. The units as they are and no flag when none logs to W&B (`runtime.wandb`), or one has a group of
-  its own (the user's: the config, a command-line override, a sweep point), or one carries no config."""
+  `dirname`. The units as they are and no flag unless every one logs to W&B (`runtime.wandb`; the group is an
+  unread setting of a unit that does not), or when one has a group of its own (the user's: the config, a
+  command-line override, a sweep point), or one carries no config."""
   cfgs = [u.cfg for u in units]
   name = root_name(root)
-  if (not name or any(c is None for c in cfgs) or not any(c.runtime.wandb for c in cfgs)
+  if (not name or any(c is None for c in cfgs) or not all(c.runtime.wandb for c in cfgs)
       or any(c.runtime.wandb_group is not None for c in cfgs)):
     return list(units), []
   grouped = [dataclasses.replace(u, cfg=dataclasses.replace(u.cfg, runtime=dataclasses.replace(
