@@ -704,8 +704,10 @@ def no_signal_line(summary: dict, *, random_start: bool) -> str | None:
 
 def _outputs(workdir: str) -> list[str]:
   """The run's outputs that `workdir` holds: curves.png and tensorboard/ are off with runtime.plot /
-  runtime.tensorboard = False (the line named them anyway), eval_samples.jsonl with eval.samples = 0."""
-  names = ("summary.json", "metrics.jsonl", runtime.SAMPLES_FILE, "curves.png", "tensorboard/", "checkpoints/")
+  runtime.tensorboard = False (the line named them anyway), eval_samples.jsonl with eval.samples = 0, wandb/
+  (W&B's local files) and wandb_run.json (the W&B run's id) on with runtime.wandb."""
+  names = ("summary.json", "metrics.jsonl", runtime.SAMPLES_FILE, "curves.png", "tensorboard/", "wandb/",
+           runtime.WANDB_FILE, "checkpoints/")
   if "://" in workdir:
     return list(names)
   return [name for name in names if os.path.exists(os.path.join(workdir, name.rstrip("/")))]
@@ -1084,7 +1086,8 @@ def evaluate_line(workdir: str, result: dict) -> str:
   law = "".join(f", {name} {result[name]:g}" for name, default in (("top_p", 1.0), ("top_k", 0))
                 if result[name] != default)
   passes = ", ".join(f"{k} {v:.4f}" for k, v in result.items() if k.startswith("pass@"))
-  return (f"Step {result['step']} of {workdir}: {result['samples']} samples per example at temperature "
+  samples = f"{result['samples']} sample{'s' if result['samples'] != 1 else ''}"
+  return (f"Step {result['step']} of {workdir}: {samples} per example at temperature "
           f"{result['temperature']:g}{law} (seed {result['seed']}) on {where}: mean reward "
           f"{result['eval_reward']:.4f}{errors}; {passes} (a sample passes at reward >= "
           f"{result['pass_threshold']:g}){parts}{_reward_note(result)}. Each sample's prompt, completion and reward: "

@@ -1031,10 +1031,12 @@ def test_the_outputs_line_names_only_the_outputs_the_run_wrote(tmp_path, capsys)
   (tmp_path / "curves.png").write_bytes(b"")
   (tmp_path / "tensorboard").mkdir()
   (tmp_path / "eval_samples.jsonl").write_text("")
+  (tmp_path / "wandb").mkdir()  # (runtime.wandb: W&B's local files and the W&B run's id)
+  (tmp_path / "wandb_run.json").write_text("{}")
   cli._print_summary({"initial_eval_reward": 0.0, "final_eval_reward": 0.0, "num_eval_prompts": 1,
                       "wall_seconds": 1.0, "workdir": str(tmp_path)})
   assert capsys.readouterr().out.endswith(f"Outputs in {tmp_path}: summary.json, metrics.jsonl, eval_samples.jsonl, "
-                                          "curves.png, tensorboard/, checkpoints/\n")
+                                          "curves.png, tensorboard/, wandb/, wandb_run.json, checkpoints/\n")
 
 
 def test_a_run_stopped_early_says_so_and_how_to_continue(tmp_path, capsys):

@@ -213,6 +213,8 @@ def test_sampled_evaluation_is_reproducible_by_seed_and_scores_pass_at_k(run, tm
       f"{a['eval_reward']:.4f}; pass@1 {a['pass@1']:.4f}, pass@2 {a['pass@2']:.4f}, pass@4 {a['pass@4']:.4f} (a "
       f"sample passes at reward >= 1); component means score {a['eval_reward']:.4f}. Each sample's prompt, "
       f"completion and reward: {a['out']}")
+  one = {**{k: v for k, v in a.items() if k not in ("pass@2", "pass@4")}, "samples": 1}
+  assert cli.evaluate_line(workdir, one).startswith(f"Step 1 of {workdir}: 1 sample per example at temperature 1")
 
 
 def test_one_sample_at_temperature_0_is_the_greedy_evaluation(run, tmp_path):

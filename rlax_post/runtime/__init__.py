@@ -63,6 +63,7 @@ from rlax_post.runtime._metrics import MetricsWriter
 from rlax_post.runtime._metrics import plot_curves
 from rlax_post.runtime._metrics import read_jsonl
 from rlax_post.runtime._metrics import SAMPLES_FILE
+from rlax_post.runtime._metrics import WANDB_FILE
 from rlax_post.runtime._metrics import write_json
 from rlax_post.runtime._parts import build_parts
 from rlax_post.runtime._parts import check_config
@@ -113,7 +114,8 @@ from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 __all__ = [
     "build_parts", "Channels", "check_auto_resume", "check_config", "check_data", "check_evaluate_options",
     "check_resume_config", "checkpoint_step", "complete_checkpoints", "config_policy", "continue_with",
-    "Credit", "credit_fidelity", "CriticScores", "DataCheck", "deferred_signals", "discounted_returns", "DONE_FILE", "ENV_AUTO",
+    "Credit", "credit_fidelity", "CriticScores", "DataCheck", "deferred_signals", "discounted_returns", "DONE_FILE",
+    "ENV_AUTO",
     "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "eval_component_means", "EVAL_COMPONENT_PREFIX",
     "eval_record", "eval_scores", "evaluate_run", "EvaluateOptions", "Evaluation", "Evaluator", "exact_oracle",
     "ExactOracle", "export_hf", "Exported", "fit_sets", "generate_hf", "generate_run", "Generated", "GenerateOptions",
@@ -127,5 +129,5 @@ __all__ = [
     "SAMPLES_FILE", "samples_path",
     "saved_config", "serve", "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "SplitCheck",
     "Stopped", "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "transitions_of", "UserPrompt",
-    "warm_start_cache_entries", "warm_start_cache_key", "write_generation", "write_json"
+    "WANDB_FILE", "warm_start_cache_entries", "warm_start_cache_key", "write_generation", "write_json"
 ]
