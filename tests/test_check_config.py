@@ -216,7 +216,8 @@ def test_a_critic_overrides_max_seq_len_unlike_the_policys_context_is_refused():
   with pytest.raises(ValueError) as refused:
     _gae_critic(init="preset", overrides={"max_seq_len": 16})
   assert str(refused.value) == (
-      "In `config`: `critic.overrides.max_seq_len` = 16 and `model.max_seq_len` = 32 both set the critic's context and differ "
+      "In `config`: `critic.overrides.max_seq_len` = 16 and `model.max_seq_len` = 32 both set the critic's context "
+      "and differ "
       "(the critic scores the policy's rows, so it has the policy's context); set it once: model.max_seq_len = 16, "
       "and drop max_seq_len from critic.overrides.")
   same = _gae_critic(init="preset", overrides={"max_seq_len": 32})

@@ -912,7 +912,8 @@ def test_missing_required_flags():
   line = _error(_cli("train", "--config", "configs/demo.py"), "train")
   assert line == "rlax-post train: error: --workdir is required: the directory for checkpoints, metrics and summaries."
   line = _error(_cli("check-config"), "check-config")
-  assert line == "rlax-post check-config: error: --config is required: a configs/*.py file, e.g. --config configs/demo.py."
+  assert line == ("rlax-post check-config: error: --config is required: a configs/*.py file, e.g. --config "
+                  "configs/demo.py.")
   line = _error(_cli("check-config", "--config.rl.steps=3"), "check-config")
   assert line == "rlax-post check-config: error: --config.rl.steps overrides a config file: pass --config FILE too."
 
@@ -1390,7 +1391,7 @@ def test_a_checkpoint_the_disk_has_no_room_for_is_one_line_and_resume_continues_
   out = _cli("train", "--config", "configs/demo.py:tiny", "--quiet", "--workdir", workdir, "--resume")
   assert out.returncode == 0, out.stderr[-3000:]
   assert re.search(rf"^warning: Removed {re.escape(str(partial))} \([0-9.]+ kB\): orbax's partial write of an "
-                   "interrupted save, never read, whose space the free-space check counted as used\.$", out.stderr,
+                   r"interrupted save, never read, whose space the free-space check counted as used\.$", out.stderr,
                    re.M), out.stderr[-3000:]
   assert sorted(os.listdir(workdir / "checkpoints")) == ["2", "3"]  # (checkpoint.max_to_keep = 2)
   with open(workdir / "summary.json") as f:

@@ -266,22 +266,23 @@ def test_the_cli_serves_the_step_it_is_given_and_names_a_missing_one(run, refere
         "steps: [0, 1].")
 
 
+def _completions(run, *flags):
+  """The completions of `_GOOD` by a server of `run` started with `flags`."""
+  with _serving.ServerProcess(run, flags=flags) as server:
+    return [server.decode(_serving.text_request(p, 6)) for p in _GOOD]
+
+
 def test_the_cli_sampling_flags_reach_the_engine(run, references):
-  """`serve --top_k/--top_p` (the command took --temperature only, though ServeOptions had both): at
-  temperature 1, top_k 1 (and a top_p that keeps only the top token) is the greedy completion, which
-  temperature 1 alone is not; `--seed` (the default 0) fixes the samples; bad values are one line before
-  anything says "Serving"."""
-  def completions(*flags):
-    with _serving.ServerProcess(run, flags=flags) as server:
-      return [server.decode(_serving.text_request(p, 6)) for p in _GOOD]
+  """`serve --top_k/--seed` (the command took --temperature only, though ServeOptions had both): at
+  temperature 1, top_k 1 is the greedy completion, which temperature 1 alone is not; another `--seed` draws other
+  samples; bad values are one line before anything says "Serving". (`--top_p`, and the default seed's samples
+  drawn again by a restarted server: the slow test below; the three flags reach the engine through one
+  `sampler.SamplingLaw` the CLI builds.)"""
   greedy = [references[p] for p in _GOOD]
-  assert completions("--temperature", "1", "--top_k", "1") == greedy
-  assert completions("--temperature", "1", "--top_p", "1e-6") == greedy
-  sampled = completions("--temperature", "1")
+  assert _completions(run, "--temperature", "1", "--top_k", "1") == greedy
+  sampled = _completions(run, "--temperature", "1")
   assert sampled != greedy
-  # --seed: a server started again draws the same samples for the same requests; another seed, others.
-  assert completions("--temperature", "1", "--seed", "0") == sampled
-  assert completions("--temperature", "1", "--seed", "7") != sampled
+  assert _completions(run, "--temperature", "1", "--seed", "7") != sampled
   for flags, line in [(("--top_p", "0"), "top_p must be a number in (0, 1]; got 0.0."),
                       (("--top_k", "-1"), "top_k must be an int >= 0 (0 keeps every token); got -1."),
                       (("--slots", "0"), "--slots must be an int >= 1 (the server's concurrent decodes); got 0."),
@@ -290,6 +291,15 @@ def test_the_cli_sampling_flags_reach_the_engine(run, references):
     done = _serving.serve_error(run, *flags)
     assert done.returncode == 2 and "Serving" not in done.stdout, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == f"rlax-post serve: error: {line}"
+
+
+@pytest.mark.slow  # `make test-all`: two more server processes (make test's 15-minute budget).
+def test_top_p_reaches_the_engine_and_the_default_seed_draws_the_same_samples_again(run, references):
+  """At temperature 1, a top_p that keeps only the top token is the greedy completion; `--seed 0` (the default)
+  draws what a server started without it drew."""
+  greedy = [references[p] for p in _GOOD]
+  assert _completions(run, "--temperature", "1", "--top_p", "1e-6") == greedy
+  assert _completions(run, "--temperature", "1", "--seed", "0") == _completions(run, "--temperature", "1")
 
 
 def test_a_prefill_error_fails_its_request_not_the_process(run, references):
