@@ -1369,6 +1369,8 @@ cli.main(["rlax-post", "train", "--config", "configs/demo.py:tiny", "--quiet", "
 """
 
 
+@pytest.mark.slow  # `make test-all` (make test's 15-minute budget, 2026-12-06: 16 s cold): the refusals, their lines
+#                    and the partial write's removal are make test's in tests/test_free_space.py, at the checkpointer.
 def test_a_checkpoint_the_disk_has_no_room_for_is_one_line_and_resume_continues_from_the_last(tmp_path):
   """The tiny run checkpoints steps 0, 2 and 3; with 1000 bytes free after step 0, step 2 is refused in one line
   naming its size, the free bytes and step 0, which is intact: the way out it names, --resume, continues from it.

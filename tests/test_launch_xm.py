@@ -61,6 +61,8 @@ def _env(container_env):
   return {e["name"]: e.get("value", e.get("valueFrom")) for e in container_env or []}
 
 
+@pytest.mark.slow  # `make test-all` (make test's 15-minute budget, 2026-12-06: 13 s cold): the fork server's
+#                    faithfulness is make test's in tests/test_cli_forks.py, for the CLI.
 def test_a_forked_launch_reports_what_a_new_launcher_process_reports(tmp_path):
   """The exit status, stdout and stderr of `python -m launch.launch_xm` are those of `_launch`'s fork: for a
   dry run, and for a rejected request (absl's usage error: the launcher's flags, then the message)."""

@@ -346,9 +346,15 @@ def _rl_rows(workdir):
           for r in rows if r.get("phase") == "rl"}
 
 
-def test_rounds_through_the_cli_resume_mid_round_and_replay_exactly(tmp_path):
-  whole, parted = tmp_path / "whole", tmp_path / "parted"
-  _train(whole)
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+  """A 4-step rounds run through the CLI (2 rounds of 2 steps), shared by the tests that read or resume it."""
+  workdir = tmp_path_factory.mktemp("rounds") / "whole"
+  _train(workdir)
+  return workdir
+
+
+def test_rounds_through_the_cli_record_each_round_and_replay_exactly(whole):
   c = iterppo.get_config("tiny")
   c.rl.steps, c.task.options.patience = 4, 2
   cfg = config.load(c)
@@ -368,20 +374,27 @@ def test_rounds_through_the_cli_resume_mid_round_and_replay_exactly(tmp_path):
   assert sorted(logged) == list(range(1, cfg.rl.steps + 1))
   assert [logged[k]["round"] for k in sorted(logged)] == [(k - 1) // s for k in sorted(logged)]
   assert all(("q_train_loss" in logged[k]) == ((k - 1) % s == 0) for k in logged)  # the round's first step
-  # Stopped inside round 1, then resumed: the same rounds, the same metrics.
-  _train(parted, f"--config.runtime.stop_after_steps={s + 1}")
-  assert [r["round"] for r in runtime.read_rounds(str(parted))] == [0, 1]
-  _train(parted, "--resume")
-  assert _rl_rows(str(parted)) == logged
-  assert [r["metrics"] for r in runtime.read_rounds(str(parted))] == [r["metrics"] for r in records]
   replay = _cli_forks.run("replay", "--workdir", whole, cwd=os.getcwd(), env=_ENV, timeout=600)  # on the run's own mesh
   assert replay.returncode == 0 and "replay:" in replay.stdout, replay.stderr[-3000:]
 
 
-@pytest.mark.slow  # `make test-all`: two more CLI runs than the test above (make test's 15-minute budget).
-def test_a_mid_round_resume_needs_its_round_record_and_makes_a_crashed_round_again(tmp_path):
-  whole, parted = tmp_path / "whole", tmp_path / "parted"
-  _train(whole)
+@pytest.mark.slow  # `make test-all`: two more CLI runs (make test's 15-minute budget; 2026-12-06: 47 s cold with
+#                    the whole run, which the test above keeps in make test).
+def test_rounds_through_the_cli_resume_mid_round_exactly(whole, tmp_path):
+  """Stopped inside round 1, then resumed: the same rounds, the same metrics as the whole run."""
+  s = config.load(iterppo.get_config("tiny")).iterppo.round_steps
+  parted = tmp_path / "parted"
+  _train(parted, f"--config.runtime.stop_after_steps={s + 1}")
+  assert [r["round"] for r in runtime.read_rounds(str(parted))] == [0, 1]
+  _train(parted, "--resume")
+  assert _rl_rows(str(parted)) == _rl_rows(str(whole))
+  assert [r["metrics"] for r in runtime.read_rounds(str(parted))] == [
+      r["metrics"] for r in runtime.read_rounds(str(whole))]
+
+
+@pytest.mark.slow  # `make test-all`: two more CLI runs than the whole run (make test's 15-minute budget).
+def test_a_mid_round_resume_needs_its_round_record_and_makes_a_crashed_round_again(whole, tmp_path):
+  parted = tmp_path / "parted"
   s = config.load(iterppo.get_config("tiny")).iterppo.round_steps
   _train(parted, f"--config.runtime.stop_after_steps={s + 1}")
   broken = tmp_path / "broken"  # a mid-round resume needs the round's record
