@@ -140,24 +140,29 @@ def test_model_vocab_multiple_beside_a_model_overrides_vocab_size_is_refused_as_
     ("multiagent.py:tiny", {"model.max_seq_len": 16}, "`model.max_seq_len` = 16 cannot hold the 20-token "
      "context of task 'relay' plus rl.max_new_tokens = 8 (28 tokens); set model.max_seq_len >= 28."),
     ("tools_tiny.py", {"model.max_seq_len": 200}, "`model.max_seq_len` = 200 cannot hold the 160-token context "
+     "of task 'tools' plus rl.max_new_tokens = 288 (448 tokens); set model.max_seq_len >= 448."),
+    ("tools_tiny.py", {"model.max_seq_len": 300}, "`model.max_seq_len` = 300 cannot hold the 160-token context "
      "of task 'tools' plus rl.max_new_tokens = 288 (448 tokens); set model.max_seq_len >= 448, or "
-     "rl.max_new_tokens <= 40."),
+     "rl.max_new_tokens <= 140."),
     ("sales.py:tiny", {"model.max_seq_len": 300}, "`model.max_seq_len` = 300 cannot hold the 113-token context "
      "of task 'sales' plus rl.max_new_tokens = 224 (337 tokens); set model.max_seq_len >= 337, or "
      "rl.max_new_tokens <= 187."),
     ("sales.py:tiny", {"model.max_seq_len": 250}, "`model.max_seq_len` = 250 cannot hold the 113-token context "
      "of task 'sales' plus rl.max_new_tokens = 224 (337 tokens); set model.max_seq_len >= 337."),
     ("dialogue.py:tiny", {"model.max_seq_len": 500}, "`model.max_seq_len` = 500 cannot hold the 342-token "
-     "context of task 'dialogue' plus rl.max_new_tokens = 448 (790 tokens); set model.max_seq_len >= 790, or "
-     "rl.max_new_tokens <= 158."),
-], ids=["text", "text-shorter-responses", "relay", "tools", "sales",
-                                       "sales-whole-conversations", "dialogue"])
+     "context of task 'dialogue' plus rl.max_new_tokens = 448 (790 tokens); set model.max_seq_len >= 790."),
+    ("dialogue.py:tiny", {"rl.max_new_tokens": 500}, "`model.max_seq_len` = 800 cannot hold the 342-token "
+     "context of task 'dialogue' plus rl.max_new_tokens = 500 (842 tokens); set model.max_seq_len >= 842, or "
+     "rl.max_new_tokens <= 458."),
+], ids=["text", "text-shorter-responses", "relay", "tools-whole-messages", "tools", "sales",
+        "sales-whole-conversations", "dialogue-whole-conversations", "dialogue"])
 def test_check_config_checks_every_tasks_lengths_as_train_does(name, settings, message):
   """check-config checked the prompt + response budget of the dataset task alone; a built-in, role, tool,
   sales or dialogue task whose rows `model.max_seq_len` cannot hold passed it and stopped `train` as it built
   the task. Both now reach the task's own `lengths` (`runtime.run_lengths`), and it names what fits (a sales
   run's `rl.max_new_tokens` may not shrink below a whole conversation, 146 tokens here: with 137 left after the
-  context, only the context is named). (The dataset task's: tests/test_cli.py, with rows for `train` to read.)"""
+  context, only the context is named; a dialogue run's below a whole conversation either, 439 tokens; a tool
+  run's below one whole message and a token more, 129). (The dataset task's: tests/test_cli.py, with rows for `train` to read.)"""
   cfg = _cfg(name, **settings)
   with pytest.raises(ValueError) as checked:
     runtime.check_config(cfg)

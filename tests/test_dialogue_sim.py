@@ -272,6 +272,28 @@ def test_task_warm_start_rows_train_only_the_policy_tokens():
   assert (same.env("eval", 0).variants, same.env("eval", 0).seed) == ("train", task.env("eval", 0).seed)
 
 
+def test_a_whole_conversation_fits_the_budget_the_length_error_may_offer():
+  """The dialogue task's `rl.max_new_tokens` lower bound (what the length error may suggest, `envs.check_context`):
+  by hand (bytes), 3 messages of up to 24 tokens, EOS included, the answers to the first 2 (three lines of at most
+  61 bytes), one token more. Every conversation of 200 random ones, played to its end, stays within it."""
+  tok = models.ByteTokenizer()
+  task = dialogue.make_dialogue_task(_cfg(), tok)
+  assert task.conversation_tokens() == 3 * 24 + 2 * 3 * 61 + 1 == 439
+  assert dialogue.make_dialogue_task(_cfg(horizon=1), tok).conversation_tokens() == 24 + 1
+  rng = np.random.default_rng(0)
+  for episode in range(200):
+    env = task.env("train", episode)
+    env.reset(dialogue.PROMPT)
+    used = 0
+    while not env.done:
+      action = dialogue._sim.ACTIONS[int(rng.integers(len(dialogue._sim.ACTIONS)))]
+      message = _render.therapist_message(env.names, action)
+      observation = env.step(message).observation
+      assert len(tok.encode(message, add_bos=False)) + 1 <= task.max_turn_tokens
+      used += len(tok.encode(message, add_bos=False)) + 1 + len(tok.encode(observation, add_bos=False))
+    assert used < task.conversation_tokens()
+
+
 def row_text(tok, ids):
   return tok.decode(list(ids), skip_special=True)
 

@@ -74,10 +74,19 @@ class DialogueTask(_rl.SeededExamples):
     return len(self.tokenizer.encode(PROMPT, add_bos=True)) + 3 * len(self.tokenizer.encode(
         "x" * _LONGEST_LINE, add_bos=False))
 
+  def conversation_tokens(self) -> int:
+    """The fewest `rl.max_new_tokens` under which no conversation is cut: `horizon` messages of up to
+    `max_turn_tokens` tokens (EOS included), the clients' answers to all but the last (three lines of the longest
+    kind each time), and one token more, so the last message's budget is its own, not the row's."""
+    line = len(self.tokenizer.encode("x" * _LONGEST_LINE, add_bos=False))
+    return self.sim.horizon * self.max_turn_tokens + (self.sim.horizon - 1) * 3 * line + 1
+
   def lengths(self, max_seq_len: int) -> _rl.Lengths:
+    """The context (BOS, prompt, opening), then up to `horizon` turns of a message and the clients' answers
+    within `rl.max_new_tokens`; warm-start rows as wide as training rows."""
     prompt = self.context_len()
     need = prompt + self.cfg.rl.max_new_tokens
-    _rl.check_context(max_seq_len, prompt, self.cfg)
+    _rl.check_context(max_seq_len, prompt, self.cfg, least=self.conversation_tokens())
     return _rl.Lengths(prompt=prompt, response=need - 1, sequence=need, sft=need)
 
   def demonstration(self, episode: int, rng: np.random.Generator, solution: _sim.Solution) -> tools.Demonstration:

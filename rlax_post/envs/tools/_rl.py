@@ -125,9 +125,10 @@ class ToolTask(_rl.SeededExamples):
 
   def lengths(self, max_seq_len: int) -> _rl.Lengths:
     """A context (BOS, prompt, reset observation) of at most `TOOL_PROMPT_LEN` tokens, then everything after
-    it (messages and observations) within `rl.max_new_tokens`; warm-start rows as wide as training rows."""
+    it (messages and observations) within `rl.max_new_tokens` (a shorter budget named in the length error still
+    holds one whole message, EOS included, and a token more); warm-start rows as wide as training rows."""
     need = TOOL_PROMPT_LEN + self.cfg.rl.max_new_tokens
-    _rl.check_context(max_seq_len, TOOL_PROMPT_LEN, self.cfg)
+    _rl.check_context(max_seq_len, TOOL_PROMPT_LEN, self.cfg, least=self.max_turn_tokens + 1)
     self.check_fits()
     return _rl.Lengths(prompt=TOOL_PROMPT_LEN, response=need - 1, sequence=need, sft=need)
 
