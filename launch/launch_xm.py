@@ -173,6 +173,11 @@ def _run_local(title: str, plan) -> int:
   from xmanager import xm_local  # pylint: disable=g-import-not-at-top  (extra xm; only when launching)
   binary = os.path.join(os.path.dirname(sys.executable), "rlax-post")
   earlier = {unit.name for unit, workdir, _ in plan if sweep.finished(_summary(workdir)[0])}
+  env, note = sweep.unit_environment([unit for unit, _, _ in plan], os.environ)
+  if note:  # (xm_local starts its jobs in this process's environment, their env_vars over it)
+    print(f"launch_xm: {note}", file=sys.stderr)
+    for name in set(os.environ) - set(env):
+      del os.environ[name]
   started = time.time()
   try:
     with xm_local.create_experiment(experiment_title=title) as experiment:

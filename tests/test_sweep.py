@@ -844,3 +844,27 @@ def test_a_sweeps_wandb_runs_are_one_group_named_after_its_root(tmp_path, monkey
   assert sorted(r.unit.cfg.runtime.wandb for r in some.results) == [False, True]
   assert [sweep.root_name(r) for r in ("runs/demo/", "gs://bkt/sweeps/demo", ".")] == [
       "demo", "demo", os.path.basename(os.getcwd())]
+
+
+def test_a_sweeps_units_start_without_the_variables_that_name_one_wandb_run(tmp_path, monkeypatch):
+  """WANDB_NAME in the sweep's shell named every unit's W&B run alike, and WANDB_RUN_ID logged every unit into
+  one run: the units' processes start without them (each run named after its unit's workdir), and the sweep says
+  so where a unit logs to W&B."""
+  monkeypatch.setenv("WANDB_NAME", "mine")
+  monkeypatch.setenv("WANDB_RUN_ID", "abc123")
+  said = []
+  plan = sweep.plan_local(f"{DEMO}:tiny", str(tmp_path / "s"), extra_flags=["--config.runtime.wandb=true"],
+                          share_warm_start=False, say=said.append)
+  assert said[0] == ("sweep: WANDB_NAME=mine, WANDB_RUN_ID=abc123 in the environment would name one W&B run: the "
+                     "units start without it, each unit's run named after its workdir (runtime.wandb_name in a "
+                     "sweep point names it).")
+  assert "WANDB_NAME" not in plan.env and "WANDB_RUN_ID" not in plan.env
+  assert plan.env["PATH"] == os.environ["PATH"]
+  monkeypatch.setattr(os, "environ", plan.env)  # the unit's `train` reads its names from its environment
+  names = [runtime_run._wandb_run(r.unit.cfg, r.workdir).name for r in plan.results]
+  assert names == ["00_advantage.estimator=grpo_seed=0", "01_advantage.estimator=rloo_seed=0"]
+  monkeypatch.undo()
+  monkeypatch.setenv("WANDB_NAME", "mine")
+  quiet = []
+  off = sweep.plan_local(f"{DEMO}:tiny", str(tmp_path / "t"), share_warm_start=False, say=quiet.append)
+  assert "WANDB_NAME" not in off.env and not [m for m in quiet if "WANDB" in m]

@@ -31,6 +31,7 @@ from rlax_post.sweep._units import root_name
 from rlax_post.sweep._units import work_units
 from rlax_post.sweep._units import WorkUnit
 from rlax_post.sweep._units import variants
+from rlax_post.sweep._units import unit_environment
 from rlax_post.sweep._units import wandb_group
 from rlax_post.sweep._units import zipped
 
@@ -65,6 +66,7 @@ __all__ = [
     "WorkUnit",
     "write_report",
     "variants",
+    "unit_environment",
     "wandb_group",
     "zipped",
 ]

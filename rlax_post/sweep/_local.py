@@ -180,11 +180,11 @@ class _Running:
   log: Any  # The open train.log.
 
 
-def _start(r: UnitResult, cpus: set[int] | None, extra_flags: Sequence[str], python: str) -> _Running:
+def _start(r: UnitResult, cpus: set[int] | None, plan: LocalSweep, python: str) -> _Running:
   os.makedirs(r.workdir, exist_ok=True)
   log = open(os.path.join(r.workdir, "train.log"), "ab")  # pylint: disable=consider-using-with
   proc = subprocess.Popen(  # pylint: disable=subprocess-popen-preexec-fn
-      _command(r.unit, r.workdir, extra_flags, python), stdout=log, stderr=subprocess.STDOUT,
+      _command(r.unit, r.workdir, plan.extra_flags, python), env=plan.env, stdout=log, stderr=subprocess.STDOUT,
       start_new_session=True,  # Its own process group: stopped whole (with any children) if the sweep stops.
       preexec_fn=(lambda c=cpus: os.sched_setaffinity(0, c)) if cpus else None)
   return _Running(proc, r, time.time(), log)
@@ -308,6 +308,7 @@ class LocalSweep:
   pending: list[UnitResult]
   extra_flags: list[str]  # every unit's extra flags, the shared warm-start cache's included
   cache_dir: str | None  # the warm-start cache the units share
+  env: dict[str, str]  # the units' processes' environment (`_units.unit_environment`)
 
 
 def plan_local(config: str, root: str, *, extra_flags: Sequence[str] = (), axes: Sequence[str] = (),
@@ -325,13 +326,16 @@ def plan_local(config: str, root: str, *, extra_flags: Sequence[str] = (), axes:
     say(f"--axis: {len(units)} work unit(s), the product of the axes; {config}'s own get_sweep is not run.")
   _units.check_overrides(units, extra_flags)
   units, group = _units.wandb_group(units, root)  # (runtime.wandb: the units' W&B runs in one group)
+  env, note = _units.unit_environment(units, os.environ)
+  if note:
+    say(f"sweep: {note}")
   cache_dir, extra_flags = _shared_cache(units, root, [*extra_flags, *group], share_warm_start)
   os.makedirs(root, exist_ok=True)
   results = [UnitResult(unit=u, workdir=u.workdir(root)) for u in units]
   _refuse_stale(results, root)
   _refuse_foreign(results, root)
   return LocalSweep(results=results, pending=_unfinished(results, say), extra_flags=extra_flags,
-                    cache_dir=cache_dir)
+                    cache_dir=cache_dir, env=env)
 
 
 def run_local(config: str, root: str, *, parallel: int = 1, extra_flags: Sequence[str] = (),
@@ -354,7 +358,7 @@ def run_plan(plan: LocalSweep, *, parallel: int = 1, pin_cpus: bool = True, pyth
   (status "interrupted", "not run"): `plan.results` then says what finished."""
   if parallel < 1:
     raise ValueError(f"sweep: --parallel must be >= 1; got {parallel}.")
-  results, pending, extra_flags, cache_dir = plan.results, plan.pending, plan.extra_flags, plan.cache_dir
+  results, pending, cache_dir = plan.results, plan.pending, plan.cache_dir
   units = [r.unit for r in results]
   python = python or sys.executable
   slots = _cpu_slots(parallel) if pin_cpus else [None] * parallel
@@ -370,7 +374,7 @@ def run_plan(plan: LocalSweep, *, parallel: int = 1, pin_cpus: bool = True, pyth
           break
         pending.remove(r)
         slot = free.pop(0)
-        running[slot] = _start(r, slots[slot], extra_flags, python)
+        running[slot] = _start(r, slots[slot], plan, python)
         where = f" on CPUs {sorted(slots[slot])}" if slots[slot] else ""
         say(f"[{r.unit.index + 1}/{len(units)}] {r.unit.name}: started{where}.")
       time.sleep(0.2)

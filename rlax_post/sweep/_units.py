@@ -483,6 +483,23 @@ def wandb_group(units: Sequence[WorkUnit], root: str) -> tuple[list[WorkUnit], l
   return grouped, [f"--config.runtime.wandb_group={name}"]
 
 
+# Variables that name one W&B run, which wandb reads in every process: set in the shell a sweep starts from,
+# WANDB_NAME named every unit's run alike and WANDB_RUN_ID logged every unit into one run.
+ONE_RUN_VARIABLES = ("WANDB_NAME", "WANDB_RUN_ID")
+
+
+def unit_environment(units: Sequence[WorkUnit], environ: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
+  """The environment a sweep's unit processes start with: `environ` without `ONE_RUN_VARIABLES` (each unit's W&B
+  run is its own, named after its workdir, `dirname`), and a line saying so where one was set and a unit logs to
+  W&B (None otherwise)."""
+  env = {k: v for k, v in environ.items() if k not in ONE_RUN_VARIABLES}
+  dropped = [f"{k}={environ[k]}" for k in ONE_RUN_VARIABLES if k in environ]
+  if not dropped or not any(u.cfg is not None and u.cfg.runtime.wandb for u in units):
+    return env, None
+  return env, (f"{', '.join(dropped)} in the environment would name one W&B run: the units start without it, "
+               "each unit's run named after its workdir (runtime.wandb_name in a sweep point names it).")
+
+
 def work_units(config: str, overrides: Sequence[str] = (), axes: Sequence[str] = ()) -> list[WorkUnit]:
   """The work units of `config` ('path.py' or 'path.py:variant'), with every key checked against the config
   and every unit's full config (with the command-line `overrides`, `--config.key=value` flags) validated, so
