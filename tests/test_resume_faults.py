@@ -289,27 +289,8 @@ def test_auto_resume_continues_a_stopped_run_exactly_and_a_finished_one_does_no_
     runtime.train(_cfg(), half, resume="yes", quiet=True)
 
 
-def test_a_fresh_run_clears_what_an_attempt_without_a_checkpoint_left(half):
-  """Without a complete checkpoint nothing can be continued: a fresh run in that workdir removes the old
-  attempt's run data too (queue, params, grants, rows, stop file), which it would otherwise read as its own
-  (a helper review: a thread run re-put groups the old consumption log held; a learner process skipped
-  publishing every version up to the old attempt's newest, so its samplers read the old params)."""
-  for step in ("0", "1", "2"):
-    os.remove(half / "checkpoints" / step / "commit_success.txt")
-  for name in ("queue/consumers", "params/7", "admission/grants", "replay/rows", "critic_params/3"):
-    (half / name).mkdir(parents=True, exist_ok=True)
-    (half / name / "stale.json").write_text("{}")
-  (half / "learner.done").write_text("")
-  summary = runtime.train(_cfg(), half, quiet=True)
-  assert summary["rl_steps_done"] == 4
-  assert not any((half / name).exists() for name in ("queue", "params", "admission", "critic_params",
-                                                         "learner.done"))
-  assert not (half / "replay" / "rows" / "stale.json").exists()
-  assert not (half / _metrics.WANDB_FILE).exists()  # (the old attempt's W&B run is not continued)
-
-
 def test_a_fresh_run_refuses_a_folder_it_did_not_write_and_removes_nothing(tmp_path):
-  """A fresh run clears what an attempt without a checkpoint left (above), but only where a run's config.json
+  """A fresh run clears what an attempt without a checkpoint left (below), but only where a run's config.json
   says an attempt was there: a user's folder holding params/ (and metrics.jsonl) was wiped (a CLI review)."""
   folder = tmp_path / "project"
   (folder / "params").mkdir(parents=True)
@@ -332,7 +313,12 @@ def test_a_fresh_run_refuses_a_folder_it_did_not_write_and_removes_nothing(tmp_p
 
 def test_an_attempt_killed_before_its_first_checkpoint_is_cleared_by_a_fresh_run(straight, tmp_path):
   """A real attempt (`rlax-post train`, SIGKILLed in its warm start) leaves a run's config.json with its
-  outputs, so a fresh run there still clears them: its metrics are the straight run's alone."""
+  outputs, so a fresh run there still clears them: its metrics are the straight run's alone. Without a complete
+  checkpoint nothing can be continued: the fresh run removes the attempt's run data too (queue, params, grants,
+  rows, stop file, the W&B run's id; planted here as a longer attempt leaves them), which it would otherwise read
+  as its own (a helper review: a thread run re-put groups the old consumption log held; a learner process
+  skipped publishing every version up to the old attempt's newest, so its samplers read the old params), and an
+  uncommitted checkpoint (a save the kill cut short) is no checkpoint to resume."""
   workdir = tmp_path / "run"
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   attempt = subprocess.Popen(  # pylint: disable=consider-using-with
@@ -355,10 +341,21 @@ def test_an_attempt_killed_before_its_first_checkpoint_is_cleared_by_a_fresh_run
   # Its SFT rows, every `runtime.log_every` = 1 step (until 2026-12-05 every 10 steps, whatever it said).
   assert {r["phase"] for r in left} == {"sft"} and [r["step"] for r in left] == list(range(1, len(left) + 1))
   assert _checkpoint.complete_checkpoints(os.fspath(workdir)) == []
+  shutil.copytree(straight / "checkpoints" / "2", workdir / "checkpoints" / "2")
+  os.remove(workdir / "checkpoints" / "2" / "commit_success.txt")
+  for name in ("queue/consumers", "params/7", "admission/grants", "replay/rows", "critic_params/3"):
+    (workdir / name).mkdir(parents=True, exist_ok=True)
+    (workdir / name / "stale.json").write_text("{}")
+  (workdir / "learner.done").write_text("")
+  (workdir / _metrics.WANDB_FILE).write_text('{"id": "old"}')
+  assert _checkpoint.complete_checkpoints(os.fspath(workdir)) == []
   summary = runtime.train(_cfg(), workdir, quiet=True)
   assert summary["rl_steps_done"] == 4 and summary["resumed_from_step"] is None
   phases = ("sft", "eval", "rl")
   assert _data_rows(workdir, phases) == _data_rows(straight, phases)
+  assert not any((workdir / name).exists() for name in ("queue", "params", "admission", "critic_params",
+                                                            "learner.done", _metrics.WANDB_FILE))
+  assert not (workdir / "replay" / "rows" / "stale.json").exists()
 
 
 def test_a_torn_last_metrics_line_is_dropped_and_a_corrupt_one_is_named(straight, half, capsys):
