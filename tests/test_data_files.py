@@ -66,6 +66,9 @@ def test_blank_line_index_matches_a_line_by_line_reading(tmp_path, monkeypatch):
     (b'{"q": 1,}', r"b.jsonl:2: not valid JSON \(Expecting property name"),
     (b'[1, 2]', r"b.jsonl:2: a row must be a JSON object .* got a list"),
     (b'{"q": "\xff"}', r"b.jsonl:2: not valid UTF-8"),
+    # A lone surrogate escape: json reads it, and the tokenizer's UnicodeEncodeError named no file or line.
+    (b'{"q": [{"a": "x\\uD800y"}]}', r"b.jsonl:2: the string 'x\\ud800y' holds a lone surrogate escape"),
+    (b'{"\\udfff": 1}', r"b.jsonl:2: the string '\\udfff' holds a lone surrogate escape"),
 ])
 def test_bad_lines_name_file_and_line(tmp_path, line, message):
   path = _write(tmp_path / "b.jsonl", b'{"q": 0}\n' + line + b"\n")
@@ -73,6 +76,8 @@ def test_bad_lines_name_file_and_line(tmp_path, line, message):
   assert rows[0][0] == {"q": 0}
   with pytest.raises(data.RowError, match=message):
     rows[1]
+  pair = data.open_rows(_write(tmp_path / "p.jsonl", b'{"q": "\\ud83d\\ude00 \\u00e9 \\\\ud800"}\n'))
+  assert pair[0][0] == {"q": "\U0001f600 \u00e9 \\ud800"}  # a surrogate pair, and an escaped backslash
 
 
 @pytest.mark.parametrize("text", [

@@ -15,7 +15,8 @@ messages name. Nothing is read into memory at start-up beyond an index:
                decodes i's row group and keeps the last one decoded (reads are in shuffled order, so a file
                with huge row groups is slow: write ones of a few thousand rows).
 
-A line that is not valid UTF-8 or JSON, or not a JSON object, raises `RowError` naming the file and line.
+A line that is not valid UTF-8 or JSON, or not a JSON object, or a string holding a lone surrogate escape
+(`"\\ud800"`, which no tokenizer encodes), raises `RowError` naming the file and line.
 `split_indices` holds out a seeded fraction of the rows; `ordered` gives a split's rows in a seeded order,
 reshuffled each epoch, through grain's index shuffle (no permutation kept in memory).
 """
@@ -169,7 +170,23 @@ def decode_object(data: bytes, where: Where) -> dict:
   if not isinstance(row, dict):
     raise RowError(f"{where}: a row must be a JSON object ({{\"field\": value, ...}}); got a "
                    f"{type(row).__name__}.")
+  if (b"\\ud" in data or b"\\uD" in data) and (bad := _lone_surrogate(row)) is not None:  # (only an escape)
+    raise RowError(f"{where}: the string {bad!r:.80} holds a lone surrogate escape (\\ud800-\\udfff without its "
+                   "pair: no character; UTF-8 and tokenizers cannot encode it).", reason="a lone surrogate escape")
   return row
+
+
+def _lone_surrogate(value: Any) -> str | None:
+  """The first string in `value` (a decoded JSON value: keys, items and values) that holds a lone surrogate
+  (`"\\ud800"` decodes to one; UTF-8, tokenizers and files cannot hold it), or None."""
+  if isinstance(value, str):
+    try:
+      value.encode("utf-8")
+    except UnicodeEncodeError:
+      return value
+    return None
+  items = [*value, *value.values()] if isinstance(value, dict) else value if isinstance(value, list) else ()
+  return next((bad for item in items if (bad := _lone_surrogate(item)) is not None), None)
 
 
 def _scan(chunk: bytes) -> tuple[np.ndarray, np.ndarray]:
