@@ -29,6 +29,11 @@ def test_jsonl_rows_and_line_numbers_skip_blank_lines(tmp_path):
     rows[3]
   bom = data.open_rows(_write(tmp_path / "b.jsonl", '\ufeff{"q": 1}\n{"q": 2}\n'))  # "UTF-8 with BOM"
   assert [bom[i][0]["q"] for i in range(2)] == [1, 2]
+  # A BOM alone on the first line is a blank line, not a row "not valid JSON"; a file of a BOM alone has no rows.
+  bom = data.open_rows(_write(tmp_path / "c.jsonl", '\ufeff \r\n{"q": 1}\r\n'))
+  assert len(bom) == 1 and bom[0] == ({"q": 1}, data.Where(str(tmp_path / "c.jsonl"), 2))
+  with pytest.raises(data.RowError, match=r"d.jsonl has no rows"):
+    data.open_rows(_write(tmp_path / "d.jsonl", "\ufeff"))
   # Python's json reads NaN and Infinity, which JSON has not: an answer of NaN scored 0 on every sample.
   odd = data.open_rows(_write(tmp_path / "n.jsonl", '{"answer": NaN}\n{"answer": -Infinity}\n'))
   for i, name in ((0, "NaN"), (1, "-Infinity")):

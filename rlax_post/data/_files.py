@@ -208,6 +208,8 @@ def _index_lines(path: str) -> tuple[np.ndarray, np.ndarray]:
   starts, text, offset, tail = [np.zeros((1,), np.int64)], [], 0, False
   with open(path, "rb") as f:
     while chunk := f.read(_CHUNK):
+      if not offset and chunk.startswith(_BOM):  # Read as blank: a BOM alone on the first line makes no row.
+        chunk = b" " * len(_BOM) + chunk[len(_BOM):]
       newlines, has = _scan(chunk)
       has[0] |= tail  # A line cut by the chunk's start holds text if either part does.
       tail = bool(has[-1])
