@@ -193,6 +193,13 @@ def test_prompts_files_read_lines_and_json_objects_and_their_prompts_are_checked
     _generate.check_prompts(read)
   with pytest.raises(ValueError, match=rf"^{jsonl}:4: a prompt is a string or a non-empty list of"):
     _generate.check_prompts(read[3:])
+  # Lines end at "\n" alone, as in the run's files: a form feed or U+2028 (which JSON strings may hold raw) cut
+  # one prompt in two, or a valid .jsonl line in two halves "not a JSON object"; a BOM began the first prompt.
+  txt.write_bytes("\ufeffa\fb\r\n\nc\u2028d\x1de\n".encode())
+  assert runtime.read_prompts(str(txt)) == [runtime.UserPrompt(f"{txt}:1", "a\fb"),
+                                            runtime.UserPrompt(f"{txt}:3", "c\u2028d\x1de")]
+  jsonl.write_bytes(("\ufeff" + json.dumps({"prompt": "x\u2028y\fz"}, ensure_ascii=False) + "\r\n").encode())
+  assert runtime.read_prompts(str(jsonl)) == [runtime.UserPrompt(f"{jsonl}:1", "x\u2028y\fz")]
 
 
 def test_prompts_that_do_not_fit_the_context_are_named(run):

@@ -95,17 +95,20 @@ class Generation(NamedTuple):
 
 def read_prompts(path: str) -> list[UserPrompt]:
   """The prompts of file `path`: a .txt file, one prompt per line; a .jsonl file, one JSON object per line with
-  a "prompt" string or a "messages" list of {"role", "content"} strings. Blank lines are skipped (and keep
-  their numbers, as the run's JSON Lines files). ValueError naming the file (and FILE:LINE) for another
-  extension, an unreadable or undecodable file, a line that is no such object, or a file without prompts."""
+  a "prompt" string or a "messages" list of {"role", "content"} strings. Lines end at "\n" or "\r\n", a BOM
+  is dropped, and blank lines are skipped (and keep their numbers), as in the run's JSON Lines files.
+  ValueError naming the file (and FILE:LINE) for another extension, an unreadable or undecodable file, a line
+  that is no such object, or a file without prompts."""
   extension = os.path.splitext(path)[1].lower()
   if extension not in PROMPT_FILES:
     raise ValueError(f"--prompts {path!r} must be a .txt file (one prompt per line) or a .jsonl file (one "
                      "{\"prompt\": ...} or {\"messages\": [...]} object per line); got a file named "
                      f"{os.path.basename(path)!r}.")
   try:
-    with open(path, encoding="utf-8") as f:
-      lines = f.read().splitlines()
+    # Lines end at "\n" (or "\r\n") alone, as the run's JSON Lines files: `splitlines` also cut at form feeds
+    # and U+2028, which JSON strings may hold; a BOM ("UTF-8 with BOM") is dropped.
+    with open(path, encoding="utf-8-sig", newline="") as f:
+      lines = [line.removesuffix("\r") for line in f.read().split("\n")]
   except UnicodeDecodeError as e:
     raise ValueError(f"--prompts {path!r} is not UTF-8 text ({e}).") from None
   numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
