@@ -2,6 +2,7 @@
 own reading, checks and rendering, counted by what the run would do with it; malformed rows past the 256 the
 run reads at start-up are found, named by file and line, and fail the command under `data.bad_rows = "error"`."""
 
+import dataclasses
 import json
 import os
 
@@ -97,6 +98,27 @@ def test_prompt_budget_counts_follow_data_too_long(tmp_path):
   assert verdicts["error"].startswith(
       f"FAILED: no usable held-out row, so the run would stop: held-out: 4 of its 4 rows malformed (most: 4 "
       f"{_TOO_LONG}; the first are named above).")
+
+
+def test_demonstrations_the_warm_start_cuts_are_counted_and_said(tmp_path, caplog):
+  """A demonstration longer than rl.max_new_tokens (8 tokens with its EOS) is cut by the warm start, losing its
+  EOS: until 2026-12-06 neither check-data nor the run said so. Demos "x" * 4..11 + EOS: 4 of 8 are cut."""
+  train = str(tmp_path / "train.jsonl")
+  data.write_jsonl(train, [{**row, "demo": "x" * (4 + i)} for i, row in enumerate(_rows(8))])
+  raw = _cfg(train, _eval_file(tmp_path), demo_field="demo", shuffle=False)
+  cfg = dataclasses.replace(raw, sft=dataclasses.replace(raw.sft, steps=1, batch_size=8))
+  checked = runtime.check_data(cfg, models.ByteTokenizer())
+  assert [s.demos_cut for s in checked.splits] == [4, 0] and checked.ok
+  assert checked.lines()[0].endswith("8 usable, 0 truncated, 0 skipped as too long, 0 malformed; 4 demonstrations "
+                                     "longer than rl.max_new_tokens, which the warm start cuts (their EOS lost)")
+  assert runtime.check_data(raw, models.ByteTokenizer()).splits[0].demos_cut == 0  # no warm start: none read
+  with caplog.at_level("WARNING", logger="rlax_post.data"):
+    batch = next(envs.make_rl_task(cfg, models.ByteTokenizer()).sft_batches())
+  said = [r.getMessage() for r in caplog.records if "warm start" in r.getMessage()]
+  assert said == [f"warm start: train row {train}:5's demonstration has 9 tokens with its EOS, more than "
+                  "rl.max_new_tokens = 8; it is cut to them, without its EOS (later cut demonstrations are not "
+                  "logged; rlax-post check-data counts them): raise rl.max_new_tokens or shorten it."]
+  assert int(batch["loss_mask"][4].sum()) == 8  # (cut: 8 of its 9 tokens trained)
 
 
 def test_a_malformed_held_out_row_the_run_never_reads_stops_nothing(tmp_path):

@@ -36,6 +36,7 @@ from rlax_post.envs._dataset import DatasetTask
 from rlax_post.envs._dataset import Renderer
 from rlax_post.envs._dataset import dataset_renderer
 from rlax_post.envs._dataset import dataset_rows
+from rlax_post.envs._dataset import demo_ids
 from rlax_post.envs._dataset import make_dataset_task
 from rlax_post.envs._dataset import render_row
 from rlax_post.envs._dataset import skip_hint
@@ -123,6 +124,7 @@ __all__ = [
     'Renderer',
     'dataset_renderer',
     'dataset_rows',
+    'demo_ids',
     'render_row',
     'skip_hint',
     'TooLong',

@@ -166,6 +166,13 @@ def render_row(rows: data.Rows, index: int, renderer: Renderer) -> Prompt | str:
   return renderer(index, row, where)
 
 
+def demo_ids(renderer: Renderer, prompt: Prompt) -> list[int]:
+  """A row's demonstration as the warm start trains it: its `data.demo_field` text's ids, then EOS (cut to
+  `rl.max_new_tokens` by `DatasetTask.sft_batches`; `rlax-post check-data` counts the rows it cuts)."""
+  tokenizer = renderer.tokenizer
+  return tokenizer.encode(prompt.row[renderer.section.demo_field], add_bos=False) + [tokenizer.eos_id]
+
+
 def _bos(tokenizer) -> int | None:
   try:
     return tokenizer.bos_id
@@ -460,15 +467,21 @@ class DatasetTask:
       raise ValueError(f"shard_index={shard_index} must be in [0, {shard_count}) and shard_count must divide "
                        f"sft.batch_size={sft.batch_size}.")
     width, block = self.lengths(self.cfg.model.max_seq_len).sft, sft.batch_size // shard_count
-    k = 0
+    k, budget, cut = 0, self.cfg.rl.max_new_tokens, False
     while True:
       tokens = np.full((sft.batch_size, width), self.tokenizer.pad_id, np.int32)
       mask = np.zeros((sft.batch_size, width - 1), np.float32)
       for b in range(sft.batch_size):
         prompt, _ = self.train.get(k)
         k += 1
-        demo = self.tokenizer.encode(prompt.row[s.demo_field], add_bos=False) + [self.tokenizer.eos_id]
-        row = list(prompt.ids) + demo[:self.cfg.rl.max_new_tokens]
+        demo = demo_ids(self.renderer, prompt)
+        if len(demo) > budget and not cut:  # (said once, as a skipped row's reason is)
+          cut = True
+          _LOG.warning("warm start: train row %s's demonstration has %d tokens with its EOS, more than "
+                       "rl.max_new_tokens = %d; it is cut to them, without its EOS (later cut demonstrations are "
+                       "not logged; rlax-post check-data counts them): raise rl.max_new_tokens or shorten it.",
+                       prompt.where, len(demo), budget)
+        row = list(prompt.ids) + demo[:budget]
         tokens[b, :len(row)] = row
         mask[b, len(prompt.ids) - 1:len(row) - 1] = 1.0
       rows = slice(shard_index * block, (shard_index + 1) * block)

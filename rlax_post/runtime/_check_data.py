@@ -6,7 +6,8 @@ train and held-out row in file order with the run's split (`envs.dataset_rows`),
 (`envs.render_row`: the same checks, chat template and prompt budget), and counts per split the usable rows,
 the prompts cut to `data.max_prompt_tokens` (`data.too_long = "truncate"`), the rows skipped for their length
 (`"skip"`) and the malformed ones by reason (`data.row_error_reason`), keeping the first few messages (file and
-line, or record / row number, and the reason). The held-out rows are read as the run reads them: up to its
+line, or record / row number, and the reason), and with a warm start the train rows whose demonstration it cuts
+to `rl.max_new_tokens` (`envs.demo_ids`). The held-out rows are read as the run reads them: up to its
 `task.num_eval`-th usable one (the rows after it are counted as not read: a malformed one there stops no run).
 `DataCheck.ok` is whether the run would go through them: no malformed row under `data.bad_rows = "error"` (a
 prompt too long under `data.too_long = "error"` is one), and a usable row in each split.
@@ -40,6 +41,7 @@ class SplitCheck:
   first_bad: tuple[str, ...]  # the first `FIRST_BAD` malformed rows' messages, in file order
   unread: int = 0  # held-out rows after the run's `task.num_eval` usable ones: the run reads none of them
   longest_skipped: int = 0  # the longest prompt skipped for its length, in tokens (0: none)
+  demos_cut: int = 0  # usable rows whose demonstration the warm start cuts to rl.max_new_tokens (EOS lost)
 
   @property
   def num_bad(self) -> int:
@@ -50,8 +52,10 @@ class SplitCheck:
     a line per reason ("  1 malformed: not valid JSON", most first) and the first malformed rows' messages."""
     files = ", ".join(self.files[:3]) + (f", ... ({len(self.files)} files)" if len(self.files) > 3 else "")
     unread = f", {self.unread} after the task.num_eval usable ones (not read by the run)" if self.unread else ""
+    cut = (f"; {self.demos_cut} demonstrations longer than rl.max_new_tokens, which the warm start cuts (their EOS "
+           "lost)") if self.demos_cut else ""
     out = [f"{self.name}: {self.rows} rows in {files}: {self.usable} usable, {self.truncated} truncated, "
-           f"{self.too_long} skipped as too long, {self.num_bad} malformed{unread}"]
+           f"{self.too_long} skipped as too long, {self.num_bad} malformed{unread}{cut}"]
     out += [f"  {n} malformed: {reason}" for reason, n in sorted(self.bad.items(), key=lambda kv: (-kv[1], kv[0]))]
     if self.first_bad:
       more = f" ({len(self.first_bad)} of {self.num_bad})" if self.num_bad > len(self.first_bad) else ""
@@ -108,11 +112,12 @@ def _why_empty(split: SplitCheck, budget: int) -> str:
   return f"{split.name}: {'; '.join(parts)}"
 
 
-def _check_split(name: str, rows: data.Rows, indices, renderer: envs.Renderer, ui: _metrics.Console,
-                 wanted: int | None = None) -> SplitCheck:
+def _check_split(name: str, rows: data.Rows, indices, renderer: envs.Renderer, ui: _metrics.Console, *,
+                 wanted: int | None = None, demo_budget: int | None = None) -> SplitCheck:
   """The split's rows read in order, under a progress bar of `ui`'s; with `wanted` (the held-out split's
-  `task.num_eval`), only up to the `wanted`-th usable one, as the run reads them."""
-  usable = truncated = too_long = unread = longest = 0
+  `task.num_eval`), only up to the `wanted`-th usable one, as the run reads them; with `demo_budget` (the train
+  split's `rl.max_new_tokens` where a warm start reads demonstrations), the demonstrations longer are counted."""
+  usable = truncated = too_long = unread = longest = demos_cut = 0
   bad: dict[str, int] = {}
   first_bad: list[str] = []
   progress = ui.bar(indices, desc=f"check-data: {name} rows", unit=" rows")
@@ -134,10 +139,12 @@ def _check_split(name: str, rows: data.Rows, indices, renderer: envs.Renderer, u
     else:
       usable += 1
       truncated += out.truncated
+      demos_cut += demo_budget is not None and len(envs.demo_ids(renderer, out)) > demo_budget
   if progress is not indices:  # a bar: its line ended here, also when the held-out split stops early
     progress.close()
   return SplitCheck(name=name, files=tuple(rows.files), rows=len(indices), usable=usable, truncated=truncated,
-                    too_long=too_long, bad=bad, first_bad=tuple(first_bad), unread=unread, longest_skipped=longest)
+                    too_long=too_long, bad=bad, first_bad=tuple(first_bad), unread=unread, longest_skipped=longest,
+                    demos_cut=demos_cut)
 
 
 def check_data(cfg: config_lib.Config, tokenizer=None, *, quiet: bool = False) -> DataCheck:
@@ -152,7 +159,8 @@ def check_data(cfg: config_lib.Config, tokenizer=None, *, quiet: bool = False) -
   renderer = envs.dataset_renderer(cfg, run_tokenizer if tokenizer is None else tokenizer)
   (train_rows, train_idx), (eval_rows, eval_idx) = envs.dataset_rows(cfg)
   ui = _metrics.Console(quiet=quiet, progress=cfg.runtime.progress)
-  splits = (_check_split("train", train_rows, train_idx, renderer, ui),
+  demo_budget = cfg.rl.max_new_tokens if renderer.demos and cfg.data.demo_field is not None else None
+  splits = (_check_split("train", train_rows, train_idx, renderer, ui, demo_budget=demo_budget),
             _check_split("held-out", eval_rows, eval_idx, renderer, ui, wanted=cfg.task.num_eval))
   return DataCheck(splits=splits, bad_rows=cfg.data.bad_rows, too_long=cfg.data.too_long,
                    max_prompt_tokens=cfg.data.max_prompt_tokens)
