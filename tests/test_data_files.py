@@ -200,6 +200,32 @@ def test_array_record_rows(tmp_path):
   assert str(rows.where(5)).endswith("r.arrayrecord (record 5)")  # Named without decoding it.
 
 
+def test_many_shards_hold_no_open_file_each(tmp_path, monkeypatch):
+  """Each JSON Lines and Parquet shard held an open file (an ArrayRecord shard past the first HELD_READERS still
+  does not): a directory of more shards than the open-files limit (1024 on many systems) stopped in a traceback
+  'OSError: [Errno 24] Too many open files'."""
+  pa = pytest.importorskip("pyarrow")
+  pq = pytest.importorskip("pyarrow.parquet")
+  monkeypatch.setattr(data._files, "HELD_READERS", 0, raising=False)  # pylint: disable=protected-access
+  for fmt in ("jsonl", "parquet", "arrayrecord"):
+    folder = tmp_path / fmt
+    folder.mkdir()
+    for i in range(40):
+      path = str(folder / f"part-{i:05d}.{fmt}")
+      if fmt == "jsonl":
+        data.write_jsonl(path, [{"i": i}])
+      elif fmt == "parquet":
+        pq.write_table(pa.table({"i": [i]}), path)
+      else:
+        writer = array_record_module.ArrayRecordWriter(path, "group_size:1")
+        writer.write(json.dumps({"i": i}).encode())
+        writer.close()
+    before = len(os.listdir("/proc/self/fd"))
+    rows = data.open_rows(str(folder))
+    assert [rows[i][0]["i"] for i in (39, 0, 17)] == [39, 0, 17], fmt
+    assert len(os.listdir("/proc/self/fd")) - before < 5, fmt  # (not one per shard)
+
+
 @pytest.mark.parametrize("spec", ["out", "out/*", "out/**"])
 def test_spark_markers_and_metadata_are_not_shards(tmp_path, monkeypatch, spec):
   """A Spark job's output folder: `data.format = "parquet"` read its _SUCCESS marker as a shard and stopped

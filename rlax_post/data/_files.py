@@ -8,12 +8,15 @@ messages name. Nothing is read into memory at start-up beyond an index:
 
   JSON Lines   one pass over each file at open, in 4 MiB chunks, records where each line starts and ends
                (int64 offsets and line numbers: 24 bytes a row; blank lines, of spaces, tabs and CRs of any
-               length, are skipped but keep their numbers); `rows[i]` reads that one line (`os.pread`, safe
-               from any thread) and decodes it without its line end.
-  ArrayRecord  each record is one JSON object in UTF-8; `array_record`'s reader reads one record by index.
+               length, are skipped but keep their numbers); `rows[i]` opens the file and reads that one line
+               (`os.pread`, safe from any thread) and decodes it without its line end.
+  ArrayRecord  each record is one JSON object in UTF-8; `array_record`'s reader reads one record by index
+               (the first `HELD_READERS` files keep their reader open, the others open one per read).
   Parquet      (the `parquet` extra: pyarrow) the file's metadata gives the rows per row group; `rows[i]`
-               decodes i's row group and keeps the last one decoded (reads are in shuffled order, so a file
-               with huge row groups is slow: write ones of a few thousand rows).
+               opens the file to decode i's row group and keeps the last one decoded (reads are in shuffled
+               order, so a file with huge row groups is slow: write ones of a few thousand rows).
+No file is held open between reads beyond those readers: a directory of more shards than the process may open
+at once (1024 on many systems) is read like any other.
 
 A line that is not valid UTF-8 or JSON, or not a JSON object, or a string holding a lone surrogate escape
 (`"\\ud800"`, which no tokenizer encodes), raises `RowError` naming the file and line.
@@ -38,6 +41,7 @@ FORMATS = ("jsonl", "parquet", "arrayrecord")
 EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
               ".arrayrecord": "arrayrecord", ".array_record": "arrayrecord"}
 _CHUNK = 4 << 20
+HELD_READERS = 64  # ArrayRecord files whose reader stays open (`_ArrayRecords`)
 
 
 class RowError(ValueError):
@@ -230,14 +234,17 @@ class _JsonLines:
     keep = np.flatnonzero(text)  # Blank lines are not rows, but keep their numbers.
     self.starts, self.ends = bounds[keep], bounds[keep + 1]
     self.lines = (keep + 1).astype(np.int64)
-    self._fd = os.open(path, os.O_RDONLY)
     if len(self) and self._is_json_array():
       raise ValueError(f"{_display(path)} holds one JSON array of rows ([{{...}}, ...]), not JSON Lines (one JSON "
                        "object per line, as .jsonl, .json and .ndjson files are read); write one row per line, "
                        f"e.g. jq -c '.[]' {path} > rows.jsonl.")
 
   def _read(self, i: int) -> bytes:
-    data = os.pread(self._fd, int(self.ends[i] - self.starts[i]), int(self.starts[i]))
+    fd = os.open(self.path, os.O_RDONLY)  # (per read, as every reader here: `Rows` holds no descriptor per file)
+    try:
+      data = os.pread(fd, int(self.ends[i] - self.starts[i]), int(self.starts[i]))
+    finally:
+      os.close(fd)
     if self.starts[i] == 0 and data.startswith(_BOM):  # a file saved "UTF-8 with BOM" (Windows editors)
       data = data[len(_BOM):]
     return data.rstrip(b"\r\n")
@@ -266,33 +273,58 @@ class _JsonLines:
     # Without its line end, a JSON error at the end of a cut line names that line's column, not column 1.
     return decode_object(self._read(i), where), where
 
-  def __del__(self):
-    if getattr(self, "_fd", None) is not None:
-      os.close(self._fd)
-
 
 class _ArrayRecords:
-  """Random access to the records of one ArrayRecord file; each record is a JSON object in UTF-8."""
+  """Random access to the records of one ArrayRecord file; each record is a JSON object in UTF-8. The first
+  `HELD_READERS` files opened in the process keep their reader open; the others open one per read (slower, but
+  a directory of thousands of shards holds no open file each: past the open-files limit, 1024 on many
+  systems, it stopped in a traceback)."""
+
+  _held = 0  # readers held open in the process
+  _held_lock = threading.Lock()
 
   def __init__(self, path: str):
     self.path = path
     try:
-      self._reader = array_record_module.ArrayRecordReader(path, "readahead_buffer_size:0")
+      reader = self._open()
     except Exception as e:  # pylint: disable=broad-exception-caught  # array_record raises bare errors
       raise ValueError(f"{_display(path)} is not a readable ArrayRecord file ({e}).") from None
+    self._len = reader.num_records()
+    with _ArrayRecords._held_lock:
+      keep = _ArrayRecords._held < HELD_READERS
+      _ArrayRecords._held += keep
+    self._reader = reader if keep else None
+    if not keep:
+      reader.close()
     self._lock = threading.Lock()
 
+  def _open(self):
+    return array_record_module.ArrayRecordReader(self.path, "readahead_buffer_size:0")
+
   def __len__(self) -> int:
-    return self._reader.num_records()
+    return self._len
 
   def where(self, i: int) -> Where:
     return Where(self.path, int(i), unit="record")
 
   def __getitem__(self, i: int) -> tuple[dict, Where]:
     where = self.where(i)
-    with self._lock:
-      data = self._reader.read([int(i)])[0]
+    if self._reader is None:
+      reader = self._open()
+      try:
+        data = reader.read([int(i)])[0]
+      finally:
+        reader.close()
+    else:
+      with self._lock:
+        data = self._reader.read([int(i)])[0]
     return decode_object(data, where), where
+
+  def __del__(self):
+    if getattr(self, "_reader", None) is not None:
+      self._reader.close()
+      with _ArrayRecords._held_lock:
+        _ArrayRecords._held -= 1
 
 
 class _Parquet:
@@ -303,12 +335,12 @@ class _Parquet:
       import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  # optional `parquet` extra
     except ImportError:
       raise ImportError(f"Reading {path!r} needs pyarrow: pip install 'rlax_post[parquet]'.") from None
-    self.path = path
+    self.path, self._pq = path, pq
     try:
-      self._file = pq.ParquetFile(path)
+      with pq.ParquetFile(path) as f:  # (opened again to decode a row group: no open file per shard)
+        meta = self._meta = f.metadata
     except Exception as e:  # pylint: disable=broad-exception-caught  # pyarrow's errors name no file
       raise ValueError(f"{_display(path)} is not a readable Parquet file ({e}).") from None
-    meta = self._file.metadata
     self._bounds = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
     self._lock = threading.Lock()
     self._cached: tuple[int, list[dict]] | None = None
@@ -323,7 +355,8 @@ class _Parquet:
     group = int(np.searchsorted(self._bounds, i, side="right") - 1)
     with self._lock:
       if self._cached is None or self._cached[0] != group:
-        self._cached = (group, self._file.read_row_group(group).to_pylist())
+        with self._pq.ParquetFile(self.path, metadata=self._meta) as f:
+          self._cached = (group, f.read_row_group(group).to_pylist())
       rows = self._cached[1]
     return dict(rows[i - int(self._bounds[group])]), self.where(i)
 
