@@ -104,6 +104,17 @@ def test_a_json_array_file_is_refused_as_a_whole(tmp_path, text):
     rows[0]
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+def test_a_utf16_file_is_refused_as_a_whole(tmp_path, encoding):
+  """A file saved as UTF-16 (Windows Notepad's "Unicode") was read as rows each "not valid UTF-8" or "not valid
+  JSON"; it is one error naming the file and its encoding."""
+  text = "\ufeff" * (encoding == "utf-16-be") + '{"q": 1}\r\n{"q": 2}\r\n'
+  path = _write(tmp_path / "u.jsonl", text.encode(encoding))
+  with pytest.raises(ValueError, match=r"^/.*/u.jsonl is UTF-16 text \(it starts with a UTF-16 byte-order mark\), "
+                                       r"not UTF-8 .*iconv -f UTF-16 -t UTF-8 .*u.jsonl > rows.jsonl.$"):
+    data.open_rows(path)
+
+
 @pytest.mark.parametrize("end", [b"\n", b"\r\n", b""])
 def test_a_truncated_line_names_its_own_column(tmp_path, end):
   """The error is at the end of the line itself, not at column 1 of a next line made of its newline."""

@@ -153,6 +153,7 @@ def file_format(path: str, fmt: str = "auto") -> str:
 
 
 _BOM = b"\xef\xbb\xbf"
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
 
 
 def _no_constant(name: str):
@@ -234,6 +235,10 @@ class _JsonLines:
     keep = np.flatnonzero(text)  # Blank lines are not rows, but keep their numbers.
     self.starts, self.ends = bounds[keep], bounds[keep + 1]
     self.lines = (keep + 1).astype(np.int64)
+    if len(self) and self._read(0).startswith(_UTF16_BOMS):  # (Windows Notepad's "Unicode")
+      raise ValueError(f"{_display(path)} is UTF-16 text (it starts with a UTF-16 byte-order mark), not UTF-8 as "
+                       f"JSON Lines files are read; save it as UTF-8, e.g. iconv -f UTF-16 -t UTF-8 {path} > "
+                       "rows.jsonl.")
     if len(self) and self._is_json_array():
       raise ValueError(f"{_display(path)} holds one JSON array of rows ([{{...}}, ...]), not JSON Lines (one JSON "
                        "object per line, as .jsonl, .json and .ndjson files are read); write one row per line, "
