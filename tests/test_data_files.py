@@ -41,6 +41,28 @@ def test_jsonl_rows_and_line_numbers_skip_blank_lines(tmp_path):
       odd[i]
 
 
+def _append(path, text: str):
+  with open(path, "a", encoding="utf-8") as f:
+    f.write(text)
+
+
+def test_a_file_changed_after_it_was_indexed_is_an_error_not_another_row(tmp_path):
+  """Rows are read at the offsets indexed when the file was opened (now opened per read, so no open file per
+  shard): a file rewritten, replaced or appended to since would give a row cut out of other lines (or another
+  row), silently; each read checks the file is the one indexed."""
+  path = _write(tmp_path / "a.jsonl", '{"q": 1}\n{"q": 2}\n')
+  for change in (lambda: _write(path, '{"q": 10}\n{"q": 20}\n'),  # rewritten in place, longer
+                 lambda: os.replace(_write(tmp_path / "new.jsonl", '{"q": 3}\n{"q": 4}\n'), path),  # replaced
+                 lambda: _append(path, '{"q": 5}\n')):
+    _write(path, '{"q": 1}\n{"q": 2}\n')
+    rows = data.open_rows(path)
+    assert rows[1][0] == {"q": 2}
+    change()
+    with pytest.raises(ValueError, match=r"a.jsonl changed after the run indexed its lines \(its size, modification "
+                                         r"time or inode differ\): .*write a new version to a new file\)\.$"):
+      rows[0]
+
+
 @pytest.mark.parametrize("chunk", [3, 7, 4 << 20])
 def test_blank_lines_of_any_length_are_skipped_across_chunks(tmp_path, monkeypatch, chunk):
   """Spaces, tabs and CRs make a blank line however long it is, and wherever the index's chunks cut it."""

@@ -226,11 +226,17 @@ def _index_lines(path: str) -> tuple[np.ndarray, np.ndarray]:
   return bounds, np.concatenate(text + [np.array([tail])])
 
 
+def _stamp(st: os.stat_result) -> tuple[int, int, int]:
+  """What changes when a file is rewritten, replaced or appended to: its inode, size and modification time."""
+  return st.st_ino, st.st_size, st.st_mtime_ns
+
+
 class _JsonLines:
   """Random access to the lines of one JSON Lines file (module docstring)."""
 
   def __init__(self, path: str):
     self.path = path
+    self._stamp = _stamp(os.stat(path))  # (before the index: a change while it is read shows at the first read)
     bounds, text = _index_lines(path)
     keep = np.flatnonzero(text)  # Blank lines are not rows, but keep their numbers.
     self.starts, self.ends = bounds[keep], bounds[keep + 1]
@@ -247,6 +253,10 @@ class _JsonLines:
   def _read(self, i: int) -> bytes:
     fd = os.open(self.path, os.O_RDONLY)  # (per read, as every reader here: `Rows` holds no descriptor per file)
     try:
+      if _stamp(os.fstat(fd)) != self._stamp:
+        raise ValueError(f"{_display(self.path)} changed after the run indexed its lines (its size, modification time "
+                         "or inode differ): a row read at an indexed offset would be part of another one; leave a "
+                         "run's data files as they are while it runs (write a new version to a new file).")
       data = os.pread(fd, int(self.ends[i] - self.starts[i]), int(self.starts[i]))
     finally:
       os.close(fd)
