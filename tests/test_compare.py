@@ -88,6 +88,18 @@ def test_groups_whose_seeds_all_agree_get_no_interval(tmp_path):
   assert f"| {_LR}=0.005 | +0.000 | - | no spread in either group: no interval |" in sweep.table(results)
 
 
+def test_seeds_at_one_figure_have_no_spread_despite_float_rounding(tmp_path):
+  """Three seeds at 0.1 each: numpy's sample std of them is 1.7e-17, not 0, so both groups at one figure each
+  printed "[+0.600, +0.600] | ±0.000" (the certainty the rule above refuses) and a group "0.100 ± 0.000"."""
+  runs = [_run_on_disk(str(tmp_path), f"{lr}_{s}", seed=s, lr=lr, final=f) for lr, f in ((5e-4, 0.1), (5e-3, 0.7))
+          for s in range(3)]
+  report = sweep.compare_report(sweep.compare_runs(runs))
+  assert [g["final_eval_reward"] for g in report["groups"]] == [(pytest.approx(0.1), 0.0), (pytest.approx(0.7), 0.0)]
+  (c,) = report["contrasts"]
+  assert (c["difference"], c["ci95"], c["mde80"]) == (pytest.approx(0.6), None, None)
+  assert c["why"] == "no spread in either group: no interval"
+
+
 def test_unfinished_and_stopped_runs_are_listed_not_counted(runs, tmp_path):
   going = _run_on_disk(str(tmp_path), "going", seed=3, lr=5e-3, final=None)
   stopped = _run_on_disk(str(tmp_path), "stopped", seed=4, lr=5e-3, final=0.9, done=2)

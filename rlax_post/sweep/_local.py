@@ -418,8 +418,11 @@ def _leave_if_signalled(noted: list[int]) -> None:
 
 
 def _mean_std(values: list[float]) -> tuple[float, float | None]:
-  """(mean, sample std); the std is None for one value (undefined, not 0)."""
+  """(mean, sample std); the std is None for one value (undefined, not 0), and 0 for values that all agree
+  (numpy's of [0.1] * 3 is 1.7e-17, a spread the seeds do not have, which gave an interval of no width)."""
   a = np.asarray(values, dtype=np.float64)
+  if len(a) > 1 and bool(np.all(a == a[0])):
+    return float(a[0]), 0.0
   return float(a.mean()), (float(a.std(ddof=1)) if len(a) > 1 else None)
 
 
