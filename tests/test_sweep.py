@@ -444,9 +444,9 @@ def test_a_sweep_rerun_with_other_settings_is_refused_not_shown_as_ok(tmp_path):
 
 
 def test_what_makes_a_units_workdir_stale(tmp_path):
-  """Only the settings `--resume` compares count (not sft.cache_dir, eval or runtime); a workdir with nothing
-  the sweep reuses (no summary, no checkpoint: the unit starts afresh) and a unit without a config are not
-  checked."""
+  """Only the settings `--resume` compares count (not sft.cache_dir, eval or runtime); a unit without a config
+  is not checked. A run's config.json alone (killed before its first checkpoint) counts too: the unit's
+  `train --auto_resume` refuses it (it passed the sweep's check, and each such unit failed once started)."""
   root = str(tmp_path / "root")
   workdir = _finished_units(root, ["--config.rl.temperature=0.5"])[0].workdir(root)
 
@@ -460,6 +460,10 @@ def test_what_makes_a_units_workdir_stale(tmp_path):
   by_hand = sweep.WorkUnit(index=0, config="c.py", overrides={"advantage.estimator": "grpo", "seed": 0})
   assert _local._stale(sweep.UnitResult(unit=by_hand, workdir=workdir)) is None
   os.remove(os.path.join(workdir, "summary.json"))  # as if killed before its first checkpoint
+  assert stale("--config.rl.temperature=0.7") == "rl.temperature: 0.5 -> 0.7"
+  assert stale("--config.rl.temperature=0.5") is None  # (--auto_resume starts it afresh)
+  with open(os.path.join(workdir, "config.json"), "w") as f:  # no run's config: --auto_resume does not read it
+    json.dump({"model_type": "llama"}, f)
   assert stale("--config.rl.temperature=0.7") is None
 
 

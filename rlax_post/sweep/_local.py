@@ -240,18 +240,22 @@ def _finish(run: _Running, say, total: int) -> None:
 def _stale(r: UnitResult) -> str | None:
   """The settings that decide results (`runtime.resume_config_changes`: seed, task, data, reward, model, sft, rl,
   ...) on which the run in the unit's workdir differs from the unit, e.g. 'rl.steps: 3 -> 4'; None when they
-  agree, or when the workdir holds nothing the sweep would reuse (no summary.json, no complete checkpoint: the
-  unit starts afresh) or no config.json, or the unit carries no config (`WorkUnit.cfg`)."""
+  agree, or when the workdir holds no config.json, or the unit carries no config (`WorkUnit.cfg`). A workdir
+  with nothing the sweep would reuse (no summary.json, no complete checkpoint) is checked as the unit's `train
+  --auto_resume` checks it (`runtime.check_auto_resume`: a run's config.json of other settings is refused, an
+  unreadable one or another program's is not): it passed here, and the unit failed once started."""
   path = os.path.join(r.workdir, "config.json")
   if r.unit.cfg is None or not os.path.isfile(path):
     return None
-  if not os.path.exists(os.path.join(r.workdir, "summary.json")) and not runtime.complete_checkpoints(r.workdir):
-    return None
+  reused = os.path.exists(os.path.join(r.workdir, "summary.json")) or runtime.complete_checkpoints(r.workdir)
   try:
     with open(path) as f:
-      return runtime.resume_config_changes(json.load(f), r.unit.cfg)
+      saved = json.load(f)
   except (OSError, ValueError) as e:  # (an unreadable config.json cannot show the results are the unit's)
-    return f"{path}: {type(e).__name__}: {e}"
+    return f"{path}: {type(e).__name__}: {e}" if reused else None
+  if not reused and not runtime.is_run_config(saved):
+    return None
+  return runtime.resume_config_changes(saved, r.unit.cfg)
 
 
 def _refuse_stale(results: Sequence[UnitResult], root: str) -> None:
