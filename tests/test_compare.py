@@ -123,6 +123,13 @@ def test_bad_run_directories_are_named(tmp_path, runs):
     sweep.compare_runs([str(tmp_path)])
   with pytest.raises(ValueError, match=f"{runs[0] + '/'!r} is given twice"):
     sweep.compare_runs([runs[0], runs[0] + "/"])
+  # A Hugging Face checkpoint's config.json: listed as an "unfinished" run, and (it holds none of the sections
+  # the runs are compared on) every run put in one group.
+  hf = tmp_path / "hf"
+  hf.mkdir()
+  (hf / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 8}))
+  with pytest.raises(ValueError, match=f"{str(hf / 'config.json')} is not a run's config: it has no 'task' and 'rl'"):
+    sweep.compare_runs([runs[0], runs[3], str(hf)])
 
 
 def test_the_cli_prints_the_table_and_writes_the_plot_and_figures(runs, tmp_path):

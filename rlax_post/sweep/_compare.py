@@ -36,6 +36,9 @@ def _saved_config(workdir: str) -> dict:
     raise ValueError(f"{path} cannot be read as a run's config: {type(e).__name__}: {e}") from None
   if not isinstance(saved, dict):
     raise ValueError(f"{path} holds {type(saved).__name__}, not a run's config (a JSON object).")
+  if not runtime.is_run_config(saved):  # (a Hugging Face checkpoint's: every run was put in one group with it)
+    raise ValueError(f"{path} is not a run's config: it has no 'task' and 'rl' sections (keys: {sorted(saved)[:6]}"
+                     "); pass the workdirs of runs of `rlax-post train`.")
   return saved
 
 
