@@ -53,6 +53,8 @@ def test_runs_are_grouped_by_the_settings_they_differ_on_and_contrasted_with_wel
   assert [r.unit.name for r in results] == runs and all(r.ok for r in results)
   assert [r.unit.group for r in results] == [f"{_LR}=0.0005"] * 3 + [f"{_LR}=0.005"] * 3
   report = sweep.compare_report(results)
+  # Each run's directory, not a sweep unit's name it never had ("00_rl.optimizer.learning_rate=0.0005_seed=0").
+  assert [r["dirname"] for r in report["runs"]] == [os.path.basename(w) for w in runs]
   base, other = report["groups"]
   assert base["final_eval_reward"] == (pytest.approx(0.3), pytest.approx(0.1))
   assert other["final_eval_reward"] == (pytest.approx(0.6), pytest.approx(0.1))

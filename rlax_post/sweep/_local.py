@@ -70,7 +70,8 @@ class UnitResult:
     # A null reward (NaN in the run: a diverged seed) leaves the last quarter undefined, not a mean of the rest.
     last_quarter = float(np.mean(tail)) if tail and None not in tail else None
     return {
-        "unit": self.unit.name, "group": self.unit.group, "dirname": self.unit.dirname,
+        # (the workdir's own name: a sweep's unit.dirname; `compare`'s run directory, which has no unit.dirname)
+        "unit": self.unit.name, "group": self.unit.group, "dirname": os.path.basename(os.path.normpath(self.workdir)),
         "overrides": dict(self.unit.overrides), "ok": self.ok, "status": self.status,
         "returncode": self.returncode, "error": self.error or None,
         "initial_eval_reward": s.get("initial_eval_reward"), "final_eval_reward": s.get("final_eval_reward"),
