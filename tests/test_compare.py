@@ -112,6 +112,15 @@ def test_unfinished_and_stopped_runs_are_listed_not_counted(runs, tmp_path):
   assert groups[1]["final_eval_reward"][0] == pytest.approx(0.6)  # 0.9 of the stopped run is not in it
 
 
+def test_a_group_with_no_finished_run_says_so_not_that_its_figure_is_undefined(tmp_path):
+  """"undefined in a group" is what a diverged seed's null figure gives; a group whose one run is still going
+  said it too."""
+  runs = [_run_on_disk(str(tmp_path), f"a{s}", seed=s, lr=5e-4, final=0.2 + 0.1 * s) for s in range(2)]
+  runs.append(_run_on_disk(str(tmp_path), "b", seed=0, lr=5e-3, final=None))
+  (c,) = sweep.compare_report(sweep.compare_runs(runs))["contrasts"]
+  assert (c["difference"], c["ci95"], c["why"]) == (None, None, "no finished run in a group")
+
+
 def test_runs_that_differ_in_nothing_but_the_seed_are_one_group(tmp_path):
   runs = [_run_on_disk(str(tmp_path), f"s{s}", seed=s, lr=5e-4, final=0.1 * s) for s in range(3)]
   results = sweep.compare_runs(runs)

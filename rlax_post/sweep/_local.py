@@ -471,7 +471,9 @@ def contrasts(groups: Sequence[dict[str, Any]], key: str = "final_eval_reward") 
     row = {"group": g["group"], "baseline": base["group"], "key": key, "difference": None, "ci95": None,
            "mde80": None, "df": None, "why": None}
     a, b = base.get(key), g.get(key)
-    if a is None or b is None:
+    if not base["finished"] or not g["finished"]:  # (not "undefined": that is a finished seed's null figure)
+      row["why"] = "no finished run in a group"
+    elif a is None or b is None:
       row["why"] = "undefined in a group"
     else:
       row["difference"] = b[0] - a[0]
