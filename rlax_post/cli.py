@@ -849,8 +849,12 @@ def _sweep_report(results, root: str, spec: str) -> None:
 
 def _compare(argv):
   """Prints the table of the runs given (`sweep.compare_runs`): per run, per group, and the contrasts; with
-  --out the reward curves' PNG, with --json the figures."""
-  workdirs = argv[1:]
+  --out the reward curves' PNG, with --json the figures. A sweep's warm-start cache (`compare ROOT/*/` names
+  it) is left out with a note."""
+  caches = [w for w in argv[1:] if _sweep_cache(w)]
+  if caches:
+    print(f"compare: left out {', '.join(caches)}: a sweep's warm-start cache, not a run.", file=sys.stderr)
+  workdirs = [w for w in argv[1:] if w not in caches]
   if not workdirs:
     raise ValueError("compare needs the workdirs of the runs to compare, e.g. `rlax-post compare runs/a runs/b` "
                      "(a sweep's units: `rlax-post compare ROOT/*/`).")
@@ -871,6 +875,12 @@ def _compare(argv):
   if counted < len(results):
     print(f"{len(results) - counted} of {len(results)} runs are not counted (status above): only runs that did all "
           "their RL steps are results.", file=sys.stderr)
+
+
+def _sweep_cache(path: str) -> bool:
+  """Whether `path` is a sweep root's warm-start cache (`sweep.WARM_CACHE`, no run's config.json in it)."""
+  return (os.path.basename(os.path.normpath(path)) == sweep.WARM_CACHE
+          and not os.path.exists(os.path.join(path, "config.json")))
 
 
 def _check_config(argv):

@@ -151,6 +151,13 @@ def test_the_cli_prints_the_table_and_writes_the_plot_and_figures(runs, tmp_path
   assert f"| {_LR}=0.005 | +0.400 | - | one seed in a group: no spread to test against |" in done.stdout
   assert png.stat().st_size > 10_000
   assert json.loads(figures.read_text())["contrasts"][0]["difference"] == pytest.approx(0.4)
+  # `compare ROOT/*/` (docs/launch.md) names a sweep's warm-start cache too: left out with a note, not an error.
+  cache = tmp_path / "warm_start_cache"
+  (cache / "0a1b2c").mkdir(parents=True)
+  done = _cli_forks.run("compare", runs[0], runs[1], f"{cache}/", cwd=tmp_path, env=env)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert done.stderr == f"compare: left out {cache}/: a sweep's warm-start cache, not a run.\n"
+  assert f"| {runs[1]} | ok |" in done.stdout and "warm_start_cache |" not in done.stdout
   bad = {(): "compare needs the workdirs of the runs to compare",
          ("nope",): f"run 'nope' does not exist; relative paths start at {tmp_path}",
          (runs[0], "--out", png): f"--out {str(png)!r} exists; pass a new file path",

@@ -14,6 +14,7 @@ from rlax_post.sweep._local import run_local
 from rlax_post.sweep._local import run_plan
 from rlax_post.sweep._local import table
 from rlax_post.sweep._local import UnitResult
+from rlax_post.sweep._local import WARM_CACHE
 from rlax_post.sweep._local import write_report
 from rlax_post.sweep._units import apply
 from rlax_post.sweep._units import axis
@@ -62,6 +63,7 @@ __all__ = [
     "run_plan",
     "table",
     "UnitResult",
+    "WARM_CACHE",
     "work_units",
     "WorkUnit",
     "write_report",
