@@ -134,6 +134,10 @@ def test_bad_run_directories_are_named(tmp_path, runs):
     sweep.compare_runs([str(tmp_path)])
   with pytest.raises(ValueError, match=f"{runs[0] + '/'!r} is given twice"):
     sweep.compare_runs([runs[0], runs[0] + "/"])
+  # Two runs of one seed and settings (a copy, a run done again) are not two seeds of their group.
+  twin = _run_on_disk(str(tmp_path), "twin", seed=1, lr=5e-4, final=0.9)
+  with pytest.raises(ValueError, match=f"{runs[1]!r} and {twin!r} ran the same settings that decide results, seed"):
+    sweep.compare_runs([runs[0], runs[1], twin])
   # A Hugging Face checkpoint's config.json: listed as an "unfinished" run, and (it holds none of the sections
   # the runs are compared on) every run put in one group.
   hf = tmp_path / "hf"

@@ -54,7 +54,8 @@ def differing_settings(configs: Sequence[dict]) -> list[str]:
 def compare_runs(workdirs: Sequence[str]) -> list[_local.UnitResult]:
   """One `UnitResult` per run directory (in the order given), its unit's overrides the keys on which the runs
   differ (`differing_settings`; its group: those but the seed) and its name the directory as given. ValueError
-  for no directory, one given twice, or one that is not a run's."""
+  for no directory, one given twice, one that is not a run's, or two runs of the same settings and seed (copies,
+  or a run done again: the group counted them as two seeds, and a Welch interval as independent ones)."""
   if not workdirs:
     raise ValueError("compare needs the workdirs of one run or more, e.g. `rlax-post compare runs/a runs/b`.")
   seen = {}
@@ -64,10 +65,13 @@ def compare_runs(workdirs: Sequence[str]) -> list[_local.UnitResult]:
     seen[real] = w
   configs = [_saved_config(w) for w in workdirs]
   keys = differing_settings(configs)
-  results = []
+  results, same = [], {}
   for index, (workdir, saved) in enumerate(zip(workdirs, configs)):
     settings = runtime.result_settings(saved)
     overrides = {k: settings.get(k) for k in keys}
+    if (twin := same.setdefault(json.dumps(overrides, sort_keys=True, default=str), workdir)) != workdir:
+      raise ValueError(f"{twin!r} and {workdir!r} ran the same settings that decide results, seed included "
+                       "(runtime.result_settings): one group would count them as two seeds; pass one of them.")
     unit = _units.WorkUnit(index=index, config=workdir, overrides=overrides, label=workdir)
     result = _local.collect(_local.UnitResult(unit=unit, workdir=workdir))
     if result.summary is None and not result.error:
