@@ -267,7 +267,7 @@ def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_co
   c.iterppo = dict(episodes=64, round_steps=10, gamma=0.9, q="learned", q_epochs=4, q_batch_size=32,
                    q_holdout=0.2)
   c.eval = dict(every=20, batch_size=eval_batch, samples=4)
-  c.checkpoint = dict(every=50, max_to_keep=2)
+  c.checkpoint = dict(every=50, max_to_keep=2, keep_best=0)
   c.runtime = dict(mode="async", log_every=1, progress=True, tensorboard=True, plot=True, stop_after_steps=0,
                    wandb=False, wandb_project=config_dict.placeholder(str), wandb_entity=config_dict.placeholder(str),
                    wandb_name=config_dict.placeholder(str), wandb_group=config_dict.placeholder(str),

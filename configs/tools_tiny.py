@@ -84,7 +84,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.iterppo = dict(episodes=64, round_steps=10, gamma=0.9, q="learned", q_epochs=4, q_batch_size=32,
                    q_holdout=0.2)
   c.eval = dict(every=10, batch_size=32, samples=4)
-  c.checkpoint = dict(every=20, max_to_keep=2)
+  c.checkpoint = dict(every=20, max_to_keep=2, keep_best=0)
   c.runtime = dict(mode="sync", log_every=1, progress=True, tensorboard=False, plot=True, stop_after_steps=0,
                    wandb=False, wandb_project=config_dict.placeholder(str), wandb_entity=config_dict.placeholder(str),
                    wandb_name=config_dict.placeholder(str), wandb_group=config_dict.placeholder(str),

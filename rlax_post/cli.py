@@ -107,9 +107,10 @@ _DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor w
                              "weights; float32 with --hf_path).")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
 _BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
-_STEP = flags.DEFINE_integer("step", None, "value, rescue-eval, evaluate, export, serve: the checkpoint step to "
-                             "evaluate, export or serve (default: the newest); generate: the checkpoint step to "
-                             "sample (default: the newest committed one).")
+_STEP = flags.DEFINE_string("step", None, "value, rescue-eval, evaluate, export, serve: the checkpoint step to "
+                            "evaluate, export or serve (default: the newest; 'best': the best held-out eval reward's, "
+                            "checkpoint.keep_best); generate: the checkpoint step to sample (default: the newest "
+                            "committed one; 'best' as above).")
 # RESCUE (docs/dialogue.md).
 _SESSIONS = flags.DEFINE_string("sessions", None, "rescue-eval: RESCUE session files (a .json file, a directory "
                                 "of them or a glob); rescue-sim: the directory to write the session files to.")
@@ -944,7 +945,7 @@ def _serve(argv):
   if _SLOTS.value < 1:  # (the engine's words name its option, max_concurrent_decodes)
     raise ValueError(f"--slots must be an int >= 1 (the server's concurrent decodes); got {_SLOTS.value}.")
   options = sampler.ServeOptions(port=_PORT.value, host=_HOST.value, max_concurrent_decodes=_SLOTS.value,
-                                 law=_sampling_law(), step=_STEP.value)
+                                 law=_sampling_law(), step=_step())
   if workdir is None:
     server = runtime.serve_hf(_HF_PATH.value, options, _MAX_SEQ_LEN.value, _DTYPE.value)
     what = f"the Hugging Face checkpoint {_HF_PATH.value}"
@@ -955,6 +956,17 @@ def _serve(argv):
   print(f"Serving {what} with JetStream on {server.address}", flush=True)
   server.wait_for_termination()
   print(f"Stopped serving on {server.address} ({server.signalled}).", flush=True)
+
+
+def _step() -> int | str | None:
+  """--step: a checkpoint step (an int >= 0), 'best' (`runtime.BEST_STEP`) or None (the newest)."""
+  text = _STEP.value
+  if text is None or text == runtime.BEST_STEP:
+    return text
+  if not re.fullmatch(r"\d+", text.strip()):
+    raise ValueError(f"--step must be a checkpoint step (an int >= 0) or {runtime.BEST_STEP!r} (the checkpoint of "
+                     f"the best held-out eval reward); got {text!r}.")
+  return int(text)
 
 
 def _sampling_law() -> sampler.SamplingLaw:
@@ -971,7 +983,7 @@ def _generate(argv):
   workdir = _source("generate")
   prompts = _user_prompts()
   out = _OUT.value and _new_file(_local_out(_OUT.value, "--out", "the samples file"), "--out")
-  options = runtime.GenerateOptions(step=_STEP.value, max_tokens=_MAX_TOKENS.value, samples=_SAMPLES.value,
+  options = runtime.GenerateOptions(step=_step(), max_tokens=_MAX_TOKENS.value, samples=_SAMPLES.value,
                                     law=_sampling_law(), raw=_RAW.value)
   with contextlib.ExitStack() as stack:
     if out:  # (checked writable before the model loads; a directory this made is removed if sampling fails)
@@ -1040,7 +1052,7 @@ def _export(argv):
                      f"{sorted(models.HF_ARCHITECTURES)} (or leave it out: the run's own).")
   dtype = _dtype("export", "the widest the policy holds, float32 for a float32 run")
   with _output_dir(out, "--out"):
-    step, dirs = runtime.export_hf(workdir, out, architecture=architecture, step=_STEP.value, dtype=dtype)
+    step, dirs = runtime.export_hf(workdir, out, architecture=architecture, step=_step(), dtype=dtype)
   if not _QUIET.value:
     # One checkpoint in --out, or one per role in its subdirectories, in the pipeline's role order.
     with open(os.path.join(dirs[0], "config.json")) as f:
@@ -1061,7 +1073,7 @@ def _evaluate(argv):
       data=_DATA.value, num=_NUM.value, samples=_SAMPLES.value if flags.FLAGS["samples"].present else None,
       law=_sampling_law(), pass_threshold=_PASS_THRESHOLD.value)
   runtime.check_evaluate_options(runtime.load_run_config(workdir), options)
-  step = runtime.checkpoint_step(workdir, _STEP.value, "evaluate")
+  step = runtime.checkpoint_step(workdir, _step(), "evaluate")
   out = _new_file(_local_out(_OUT.value or runtime.samples_path(workdir, step, options), "--out",
                              "the samples file"), "--out")
   with _output_dir(os.path.dirname(os.path.abspath(out)), "--out"):
@@ -1156,7 +1168,7 @@ def _value(argv):
   workdir = _run_dir(_required(_WORKDIR, "the workdir of a sales run"), "--workdir",
                      "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
   _json_path()
-  _write_json(runtime.run_policy_value(workdir, step=_STEP.value))
+  _write_json(runtime.run_policy_value(workdir, step=_step()))
 
 
 def _json_path() -> str | None:
@@ -1226,9 +1238,9 @@ def _rescue_eval(argv):
   if _WORKDIR.value is not None:
     workdir = _run_dir(_WORKDIR.value, "--workdir",
                        "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
-    load = functools.partial(runtime.load_run_policy, workdir, step=_STEP.value)
-  elif _STEP.value is not None or _WARM_START.value:  # --step was ignored (the report said step 0).
-    flag = f"--step {_STEP.value}" if _STEP.value is not None else "--warm_start"
+    load = functools.partial(runtime.load_run_policy, workdir, step=_step())
+  elif _step() is not None or _WARM_START.value:  # --step was ignored (the report said step 0).
+    flag = f"--step {_step()}" if _step() is not None else "--warm_start"
     raise ValueError(f"{flag} picks a policy of a run: give it with --workdir (--config evaluates the config's "
                      "starting weights, step 0).")
   else:

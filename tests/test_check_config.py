@@ -131,6 +131,21 @@ def test_model_vocab_multiple_beside_a_model_overrides_vocab_size_is_refused_as_
   assert _policy_config(_cfg(**{"model.vocab_multiple": 64})).vocab_size == 320  # 259 byte ids, padded to 64s
 
 
+def test_keep_best_needs_every_checkpointed_step_evaluated():
+  """`checkpoint.keep_best` ranks checkpoints by their own step's held-out evaluation: a checkpoint cadence that is
+  not a positive multiple of eval.every (TRL asks the same of save_steps and eval_steps) is refused."""
+  for settings in ({"eval.every": 0}, {"checkpoint.every": 3}, {"checkpoint.every": 0}):
+    values = {"checkpoint.every": 2, "eval.every": 2, **settings}  # (demo.py:tiny's, and the change)
+    with pytest.raises(ValueError) as refused:
+      _cfg(**{"checkpoint.keep_best": 1, **settings})
+    assert str(refused.value).endswith(
+        "checkpoint.keep_best = 1 keeps the checkpoints of the best held-out eval reward, so every checkpointed "
+        f"step must be evaluated: checkpoint.every = {values['checkpoint.every']} must be a positive multiple of "
+        f"eval.every = {values['eval.every']}."), settings
+  kept = _cfg(**{"checkpoint.keep_best": 2, "checkpoint.every": 4})
+  assert (kept.checkpoint.keep_best, kept.checkpoint.max_to_keep) == (2, 2)
+
+
 @pytest.mark.parametrize("name, settings, message", [
     ("demo.py:tiny", {"model.max_seq_len": 12}, "`model.max_seq_len` = 12 cannot hold the 12-token context of "
      "task 'reverse' plus rl.max_new_tokens = 8 (20 tokens); set model.max_seq_len >= 20."),

@@ -93,6 +93,54 @@ def test_reading_a_run_logs_no_read_only_notice_and_other_orbax_warnings_still_s
                    f"{notice}{directory}"], shown
 
 
+def _evaluated(step, reward):
+  """A checkpoint's metadata as a run writes it: the warm start's evaluation for step 0, the step's own after."""
+  if step == 0:
+    return {"initial_eval_reward": reward, "eval_step": None, "eval_reward": None}
+  return {"eval_step": step if reward is not None else step - 1, "eval_reward": reward}
+
+
+def test_keep_best_keeps_the_best_evaluated_checkpoints_beside_the_newest_across_a_resume(tmp_path):
+  """`checkpoint.keep_best` (TRL's load_best_model_at_end): the `keep_best` checkpoints of the best held-out eval
+  reward of their own step stay beside the `max_to_keep` newest, also after a resume (orbax reads the kept steps'
+  rewards back), and `--step best` reads the best one (the newest of equal ones). A step not evaluated (a stop
+  signal's checkpoint) is never kept as a best one."""
+  arrays = {"w": jnp.arange(4.0)}
+  ckpt = _checkpoint.RunCheckpointer(tmp_path, max_to_keep=2, keep_best=1)
+  for step, reward in enumerate([0.1, 0.5, 0.2, None, 0.1, 0.0]):
+    ckpt.save(step, arrays, arrays, _evaluated(step, reward))
+  ckpt.close()
+  assert _checkpoint.complete_checkpoints(os.fspath(tmp_path)) == [1, 4, 5]  # 1: the best; 4, 5: the newest
+  resumed = _checkpoint.RunCheckpointer(tmp_path, max_to_keep=2, keep_best=1)
+  for step, reward in [(6, 0.2), (7, 0.3)]:
+    resumed.save(step, arrays, arrays, _evaluated(step, reward))
+  resumed.close()
+  steps = _checkpoint.complete_checkpoints(os.fspath(tmp_path))
+  assert steps == [1, 6, 7]
+  assert _checkpoint.checkpoint_step(os.fspath(tmp_path), "best", "export") == 1
+  assert _checkpoint.checkpoint_step(os.fspath(tmp_path), None, "export") == 7
+  two = _checkpoint.RunCheckpointer(tmp_path / "two", max_to_keep=1, keep_best=2)
+  for step, reward in enumerate([0.9, 0.3, 0.9, 0.4, 0.2]):
+    two.save(step, arrays, arrays, _evaluated(step, reward))
+  two.close()
+  assert _checkpoint.complete_checkpoints(os.fspath(tmp_path / "two")) == [0, 2, 4]
+  assert _checkpoint.checkpoint_step(os.fspath(tmp_path / "two"), "best", "serve") == 2  # (tied with 0: newer)
+  # Without keep_best: the newest alone, as before; `--step best` still reads the best of what is kept.
+  plain = _checkpoint.RunCheckpointer(tmp_path / "plain", max_to_keep=2)
+  for step, reward in enumerate([0.9, 0.3, 0.2]):
+    plain.save(step, arrays, arrays, _evaluated(step, reward))
+  plain.close()
+  assert _checkpoint.complete_checkpoints(os.fspath(tmp_path / "plain")) == [1, 2]
+  assert _checkpoint.checkpoint_step(os.fspath(tmp_path / "plain"), "best", "serve") == 1
+  none = _checkpoint.RunCheckpointer(tmp_path / "none", max_to_keep=2)
+  none.save(3, arrays, arrays, _evaluated(3, None))
+  none.close()
+  with pytest.raises(ValueError, match=r"^--step best: no complete checkpoint of run .*none \(steps \[3\]\) records a "
+                                       r"held-out evaluation of its own step .*; pass --step K\.$"):
+    _checkpoint.checkpoint_step(os.fspath(tmp_path / "none"), "best", "serve")
+  assert _checkpoint.evaluated_reward(2, {"eval_step": 2, "eval_reward": float("nan")}) is None
+
+
 def test_unfinished_checkpoint_is_never_listed(tmp_path):
   params, lrn = _setup_learner()
   state = lrn.init(params, jax.random.key(1))

@@ -121,7 +121,8 @@ def test_command_help_shows_a_flag_s_help_for_that_command_without_its_command_l
   """A flag's help names the commands it is for ("value, rescue-eval, export, serve: the checkpoint step ...");
   each command's --help shows the part for it without that list. The pattern that stripped it allowed no
   hyphen, so --step read "Value, rescue-eval, export, serve: the checkpoint step ..."."""
-  step = "The checkpoint step to evaluate, export or serve (default: the newest)."
+  step = ("The checkpoint step to evaluate, export or serve (default: the newest; 'best': the best held-out eval "
+          "reward's, checkpoint.keep_best).")
   helps = {}
   for command in ("rescue-eval", "export", "serve", "rescue-sim", "train", "convert", "evaluate"):  # one process each
     out = _cli(command, "--help")
@@ -1147,6 +1148,9 @@ def test_evaluate_names_a_run_without_checkpoints_a_missing_step_and_a_used_out_
   line = _error(_cli("evaluate", "--workdir", run, "--step", "2"), "evaluate")
   assert line == (f"rlax-post evaluate: error: --step 2: run {run} holds no complete checkpoint of that step; its "
                   "complete steps: [0, 4].")
+  line = _error(_cli("evaluate", "--workdir", run, "--step", "last"), "evaluate")
+  assert line == ("rlax-post evaluate: error: --step must be a checkpoint step (an int >= 0) or 'best' (the checkpoint "
+                  "of the best held-out eval reward); got 'last'.")
   (run / "evaluate").mkdir()
   (run / "evaluate" / "step_4.jsonl").write_text("")
   line = _error(_cli("evaluate", "--workdir", run), "evaluate")  # the newest step's default

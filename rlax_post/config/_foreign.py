@@ -63,6 +63,9 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("eval_steps", "TRL", "eval.every"),
     ForeignKey("save_steps", "TRL", "checkpoint.every"),
     ForeignKey("save_total_limit", "TRL", "checkpoint.max_to_keep"),
+    ForeignKey("load_best_model_at_end", "TRL", "checkpoint.keep_best",
+               "the number of best checkpoints kept besides the newest (1: the best); `--step best` reads it"),
+    ForeignKey("metric_for_best_model", "TRL", "checkpoint.keep_best", "ranked by the held-out eval reward"),
     ForeignKey("model_name_or_path", "TRL", "model.hf_path", "a local checkpoint directory here"),
     # verl: ppo_trainer.yaml.
     ForeignKey("data.train_files", "verl", "data.train"),

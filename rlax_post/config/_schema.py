@@ -486,7 +486,10 @@ class EvalSection:
 @dataclasses.dataclass(frozen=True)
 class CheckpointSection:
   every: int = bounded(20, low=0)  # RL steps between checkpoints (0: only at the end)
-  max_to_keep: int = bounded(2, low=1)
+  max_to_keep: int = bounded(2, low=1)  # the newest checkpoints kept
+  # The checkpoints of the best held-out eval rewards kept besides the newest (0: none; `--step best` reads the
+  # best); every checkpointed step is then evaluated (checkpoint.every a multiple of eval.every).
+  keep_best: int = bounded(0, low=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -608,6 +611,7 @@ class Config:
                        "in [0, 1]: set critic.mode = 'separate' and critic.loss = 'bce' (got "
                        f"{self.critic.mode!r}, {self.critic.loss!r}), or use c3_mode = 'reward_only'.")
     self._check_signal()
+    self._check_keep_best()
     if self.runtime.sampler_slots and self.runtime.sampler_slots < self.rl.samples_per_prompt:
       raise ValueError(f"runtime.sampler_slots = {self.runtime.sampler_slots} cannot hold one group of "
                        f"rl.samples_per_prompt = {self.rl.samples_per_prompt} samples; use 0 or >= that.")
@@ -620,6 +624,15 @@ class Config:
       check_batches(self, sizes, sampling=False, evaluating=False)
     check_reads(self)  # last: a setting's own checks above name it better than 'not read'
 
+
+  def _check_keep_best(self):
+    """`checkpoint.keep_best` ranks checkpoints by the held-out evaluation of their own step: every checkpointed
+    step must be evaluated (TRL's load_best_model_at_end asks the same of save_steps and eval_steps)."""
+    ck, every = self.checkpoint, self.eval.every
+    if ck.keep_best and not (every and ck.every and ck.every % every == 0):
+      raise ValueError(f"checkpoint.keep_best = {ck.keep_best} keeps the checkpoints of the best held-out eval "
+                       f"reward, so every checkpointed step must be evaluated: checkpoint.every = {ck.every} must be "
+                       f"a positive multiple of eval.every = {every}.")
 
   def _check_signal(self):
     """Runs whose policy could never move: a critic that trains alone for every step, or a group of one sample

@@ -6,6 +6,7 @@ from rlax_post.runtime._check_data import check_data
 from rlax_post.runtime._check_data import DataCheck
 from rlax_post.runtime._check_data import SplitCheck
 from rlax_post.runtime._checkpoint import check_resume_config
+from rlax_post.runtime._checkpoint import BEST as BEST_STEP
 from rlax_post.runtime._checkpoint import checkpoint_step
 from rlax_post.runtime._checkpoint import complete_checkpoints
 from rlax_post.runtime._checkpoint import continue_with
@@ -113,7 +114,7 @@ from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
 __all__ = [
     "build_parts", "Channels", "check_auto_resume", "check_config", "check_data", "check_evaluate_options",
-    "check_resume_config", "checkpoint_step", "complete_checkpoints", "config_policy", "continue_with",
+    "BEST_STEP", "check_resume_config", "checkpoint_step", "complete_checkpoints", "config_policy", "continue_with",
     "Credit", "credit_fidelity", "CriticScores", "DataCheck", "deferred_signals", "discounted_returns", "DONE_FILE",
     "ENV_AUTO",
     "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "eval_component_means", "EVAL_COMPONENT_PREFIX",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import tempfile
 import time
@@ -66,6 +67,65 @@ def set_aside(step_dir: epath.Path, reason: str) -> epath.Path:
   return target
 
 
+BEST = "best"  # `--step best`: the checkpoint of the best held-out eval reward (`best_step`)
+
+
+def evaluated_reward(step: int, meta: dict) -> float | None:
+  """The held-out eval reward of checkpoint `step` from its metadata `meta`: its own step's evaluation (step 0's:
+  the warm start's), None where that step was not evaluated (a stop signal's checkpoint, `checkpoint.every` not a
+  multiple of `eval.every`) or its reward is not finite."""
+  reward = meta.get("initial_eval_reward") if step == 0 else (
+      meta.get("eval_reward") if meta.get("eval_step") == step else None)
+  return float(reward) if reward is not None and math.isfinite(reward) else None
+
+
+def _eval_reward_metric(metrics: dict) -> float:
+  return metrics["eval_reward"]
+
+
+def _manager_options(max_to_keep: int, keep_best: int, name: str) -> ocp.CheckpointManagerOptions:
+  """The saving manager's options: the `max_to_keep` newest checkpoints, and with `keep_best` the `keep_best`
+  ones of the best `evaluated_reward` too (orbax keeps what either policy keeps; `best_fn` as well: orbax 0.12
+  writes a step's metrics, and reads them back when a run resumes, only with one)."""
+  kept, policies = dict(max_to_keep=max_to_keep), ocp.checkpoint_managers
+  if keep_best:
+    best = policies.BestN(get_metric_fn=_eval_reward_metric, n=keep_best, keep_checkpoints_without_metrics=False)
+    kept = dict(best_fn=_eval_reward_metric,
+                preservation_policy=policies.AnyPreservationPolicy([policies.LatestN(max_to_keep), best]))
+  sync = ocp.options.MultiprocessingOptions(barrier_sync_key_prefix=f"rlax_post_{name}_checkpoints")
+  return ocp.CheckpointManagerOptions(**kept, create=True, enable_async_checkpointing=True,
+                                      multiprocessing_options=sync)
+
+
+def _reader(directory: epath.Path) -> ocp.CheckpointManager:
+  """A read-only manager whose restores read this process's shards with no cross-process barrier."""
+  me = jax.process_index()
+  with _without_read_only_notice(directory):
+    return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(
+        read_only=True, save_interval_steps=0, create=False, enable_async_checkpointing=False,  # (no warning)
+        multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})),
+        item_names=_ITEMS)
+
+
+def best_step(workdir: str, steps: list[int]) -> int:
+  """The step of `steps` (run `workdir`'s complete checkpoints, ascending) whose own evaluation scored best
+  (`evaluated_reward`; the newest of equal ones, as `checkpoint.keep_best` keeps them); ValueError when none
+  of them records one."""
+  directory = epath.Path(os.path.abspath(workdir) if "://" not in workdir else workdir) / "checkpoints"
+  reader = _reader(directory)
+  rewards = {}
+  for step in steps:
+    meta = dict(reader.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+    if (reward := evaluated_reward(step, meta)) is not None:
+      rewards[step] = reward
+  reader.close()
+  if not rewards:
+    raise ValueError(f"--step best: no complete checkpoint of run {workdir} (steps {steps}) records a held-out "
+                     "evaluation of its own step (eval.every = 0, or checkpoint.every not a multiple of it); "
+                     "pass --step K.")
+  return max(rewards, key=lambda s: (rewards[s], s))
+
+
 def complete_checkpoints(workdir: str) -> list[int]:
   """The complete checkpoint steps of the run in `workdir`, ascending (a listing: nothing is created)."""
   directory = exchange.as_path(workdir) / "checkpoints"
@@ -107,29 +167,32 @@ def _first_line(e: BaseException) -> str:
   return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 
-def pick_step(steps: list[int], workdir: str, step: int | None, doing: str) -> int:
-  """`step`, or the newest of `steps` (run `workdir`'s complete checkpoints, ascending) when None; the one
-  wording of every command that reads a run's checkpoint (`doing`: "serve", "evaluate", "export", ...):
-  FileNotFoundError when there is none, ValueError naming the complete steps when `step` is none of them."""
+def pick_step(steps: list[int], workdir: str, step: int | str | None, doing: str) -> int:
+  """`step`, the newest of `steps` (run `workdir`'s complete checkpoints, ascending) when None, or with `BEST`
+  the best evaluated one (`best_step`); the one wording of every command that reads a run's checkpoint
+  (`doing`: "serve", "evaluate", "export", ...): FileNotFoundError when there is none, ValueError naming the
+  complete steps when `step` is none of them."""
   if not steps:
     raise FileNotFoundError(f"{os.path.join(workdir, 'checkpoints')} holds no complete checkpoint to {doing} (a "
                             "<step>/ directory with orbax's commit marker); train the run first (its warm start "
                             "saves step 0).")
   if step is None:
     return steps[-1]
+  if step == BEST:
+    return best_step(workdir, steps)
   if step not in steps:
     raise ValueError(f"--step {step}: run {workdir} holds no complete checkpoint of that step; its complete "
                      f"steps: {steps}.")
   return step
 
 
-def checkpoint_step(workdir: str, step: int | None, doing: str) -> int:
+def checkpoint_step(workdir: str, step: int | str | None, doing: str) -> int:
   """`pick_step` over this process's listing of run `workdir` (`complete_checkpoints`: nothing is read, created
   or moved aside, so a run still training is left as it is)."""
   return pick_step(complete_checkpoints(workdir), workdir, step, doing)
 
 
-def restore_state(workdir: str, templates: dict, *, max_to_keep: int, step: int | None = None,
+def restore_state(workdir: str, templates: dict, *, max_to_keep: int, step: int | str | None = None,
                   doing: str = "read") -> tuple[Any, Any, int]:
   """(train state, reference params or None, step) of run `workdir` at checkpoint `step` (None: the newest
   complete one, as process 0 lists them), read without tidying the run; `templates`:
@@ -198,8 +261,8 @@ class RunCheckpointer:
   `auto_resume`: the run's command has --auto_resume (a save that does not fit says to run it as it was).
   """
 
-  def __init__(self, workdir: str | epath.Path, *, max_to_keep: int = 2, name: str = "run", tidy: bool = True,
-               auto_resume: bool = False):
+  def __init__(self, workdir: str | epath.Path, *, max_to_keep: int = 2, keep_best: int = 0, name: str = "run",
+               tidy: bool = True, auto_resume: bool = False):
     workdir = os.fspath(workdir)
     if "://" not in workdir:  # Orbax wants absolute paths; bucket URLs (gs://...) already are.
       workdir = os.path.abspath(workdir)
@@ -213,14 +276,8 @@ class RunCheckpointer:
           reason = f"step {step_dir.name} has no commit marker (a save that never finished)"
           self.aside.append((set_aside(step_dir, reason), reason))
     _distributed.barrier(f"rlax_post_{name}_checkpoints_aside")  # Every process lists what is left.
-    self._manager = ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep, create=True, enable_async_checkpointing=True,
-            multiprocessing_options=ocp.options.MultiprocessingOptions(
-                barrier_sync_key_prefix=f"rlax_post_{name}_checkpoints")),
-        item_names=_ITEMS,
-    )
+    self._manager = ocp.CheckpointManager(self.directory, options=_manager_options(max_to_keep, keep_best, name),
+                                          item_names=_ITEMS)
     self._reader: ocp.CheckpointManager | None = None  # `_local_reader`, made at the first restore
     # (step, its prediction) of the save orbax may be writing
     self._writing: tuple[int, exchange.Prediction] | None = None
@@ -261,7 +318,9 @@ class RunCheckpointer:
     self._wait_for_write()
     needed = self._check_space(step, trees)
     exchange.quiet_abandoned_io()  # (before: a save that fails reports its abandoned writes as they end)
-    self._manager.save(step, args=ocp.args.Composite(**items))
+    reward = evaluated_reward(step, meta)
+    self._manager.save(step, args=ocp.args.Composite(**items),
+                       metrics=None if reward is None else {"eval_reward": reward})
     self._writing = (step, needed)
 
   def _check_space(self, step: int, trees: dict) -> exchange.Prediction:
@@ -324,12 +383,7 @@ class RunCheckpointer:
     it and tried the step before, whose barrier then released the processes still waiting in the newer one,
     so each went on from a step of its own. `restore_newest` agrees on every process's outcome instead."""
     if self._reader is None:
-      me = jax.process_index()
-      with _without_read_only_notice(self.directory):
-        self._reader = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
-            read_only=True, save_interval_steps=0, create=False, enable_async_checkpointing=False,  # (no warning)
-            multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})),
-            item_names=_ITEMS)
+      self._reader = _reader(self.directory)
     return self._reader
 
   def restore_newest(self, **templates) -> tuple[int, Any, Any, dict]:

@@ -28,7 +28,7 @@ class Exported(NamedTuple):
   dirs: tuple[str, ...]  # the checkpoint directories: out_dir, or out_dir/<role name> per role in role order
 
 
-def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, step: int | None = None,
+def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, step: int | str | None = None,
               dtype: str | None = None) -> Exported:
   """Writes the policy of run `workdir` at checkpoint `step` (None: the newest) to `out_dir` as an HF
   checkpoint of `architecture` (a key of `models.HF_ARCHITECTURES`; None: `export_architecture`, the one of

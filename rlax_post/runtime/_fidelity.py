@@ -46,7 +46,7 @@ def _ranks(x: np.ndarray) -> np.ndarray:
   return ranks
 
 
-def credit_fidelity(workdir: str, *, extra: int = 32, batches: int = 1, step: int | None = None) -> dict:
+def credit_fidelity(workdir: str, *, extra: int = 32, batches: int = 1, step: int | str | None = None) -> dict:
   """Fidelity of run `workdir`'s credit at checkpoint `step` (None: the newest), on its first
   `batches × rl.prompts_per_step` held-out problems (credited a step's batch at a time, as in training) with
   `extra` continuations per first-role message (module docstring). Returns `credit_fidelity` (None where undefined: either side

@@ -50,11 +50,11 @@ class UserPrompt(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class GenerateOptions:
-  """What to sample: the run's checkpoint `step` (None: the newest committed one; `runtime.checkpoint_step`),
+  """What to sample: the run's checkpoint `step` (None: the newest committed one; "best": `runtime.checkpoint_step`),
   `max_tokens` per completion (None: a run's `rl.max_new_tokens`, `DEFAULT_MAX_TOKENS` for a Hugging Face
   checkpoint), `samples` per prompt, the sampling `law` (temperature 0: greedy) with the `seed` of the streams,
   and `raw`: prompts sent as text, not rendered as the source renders its own (module docstring)."""
-  step: int | None = None
+  step: int | str | None = None
   max_tokens: int | None = None
   samples: int = 1
   law: sampler.SamplingLaw = sampler.SamplingLaw()

@@ -28,7 +28,7 @@ class RunPolicy:
   source: str = "checkpoint"
 
 
-def load_run_policy(workdir: str, *, step: int | None = None) -> RunPolicy:
+def load_run_policy(workdir: str, *, step: int | str | None = None) -> RunPolicy:
   """Run `workdir`'s policy at checkpoint `step` (None: the newest complete one)."""
   parts = _parts.build_parts(_samplers.load_run_config(os.fspath(workdir)))
   update = _learn.RLUpdate(parts)

@@ -470,7 +470,8 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool | str, quiet: bo
   os.makedirs(workdir, exist_ok=True)
   primary = _distributed.is_primary()
   _refuse_foreign_files(workdir)  # (before the checkpointer creates checkpoints/ in what may be a user's folder)
-  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep, auto_resume=auto)
+  ckpt = _checkpoint.RunCheckpointer(workdir, max_to_keep=cfg.checkpoint.max_to_keep,
+                                     keep_best=cfg.checkpoint.keep_best, auto_resume=auto)
   latest = ckpt.latest_step()
   if auto:
     resume = _auto_resume(workdir, cfg, latest)

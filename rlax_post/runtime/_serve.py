@@ -25,7 +25,7 @@ from rlax_post.runtime import _parts
 from rlax_post.runtime import _samplers
 
 
-def served_step(workdir: str, step: int | None = None) -> int:
+def served_step(workdir: str, step: int | str | None = None) -> int:
   """The checkpoint step to serve: `step` (which must be complete), else the newest complete one
   (`runtime.checkpoint_step`: a listing, so a step still being written, or left by a save that never finished,
   is never read, and serving leaves the run's directory as it is: the run may still be training)."""
