@@ -669,6 +669,9 @@ def _print_summary(summary, *, warm_start: bool = True, random_start: bool = Fal
   no_signal = no_signal_line(summary, random_start=random_start)
   if no_signal:
     print(no_signal)
+  if summary.get("best_checkpoint_step") is not None:
+    print(f"Best checkpoint kept (checkpoint.keep_best): step {summary['best_checkpoint_step']}, eval reward "
+          f"{summary['best_checkpoint_eval_reward']:.3f}; --step best reads it (evaluate, export, serve, generate).")
   if stopped:  # (it read as a finished run's result)
     print(f"Stopped early by runtime.stop_after_steps: {runtime.continue_with(auto_resume)} continues it to step "
           f"{steps}.")

@@ -177,7 +177,8 @@ def test_check_config_checks_every_tasks_lengths_as_train_does(name, settings, m
   the task. Both now reach the task's own `lengths` (`runtime.run_lengths`), and it names what fits (a sales
   run's `rl.max_new_tokens` may not shrink below a whole conversation, 146 tokens here: with 137 left after the
   context, only the context is named; a dialogue run's below a whole conversation either, 439 tokens; a tool
-  run's below one whole message and a token more, 129). (The dataset task's: tests/test_cli.py, with rows for `train` to read.)"""
+  run's below one whole message and a token more, 129). (The dataset task's: tests/test_cli.py, with rows for
+  `train` to read.)"""
   cfg = _cfg(name, **settings)
   with pytest.raises(ValueError) as checked:
     runtime.check_config(cfg)

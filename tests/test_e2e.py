@@ -38,7 +38,9 @@ def _rows(workdir, phase):
 
 
 def test_tiny_grpo_run_writes_finite_summary_and_outputs(tmp_path):
-  out = _train("run", cwd=tmp_path)  # A relative workdir, as `make demo` uses.
+  """A relative workdir, as `make demo` uses; `checkpoint.keep_best = 1`: the best evaluated checkpoint stays
+  beside the 2 newest, named in summary.json and the run's last lines."""
+  out = _train("run", "--config.checkpoint.keep_best=1", cwd=tmp_path)
   summary = json.loads((tmp_path / "run" / "summary.json").read_text())
   for key in ("initial_eval_reward", "final_eval_reward", "wall_seconds", "final_kl"):
     assert np.isfinite(summary[key]), key
@@ -52,7 +54,14 @@ def test_tiny_grpo_run_writes_finite_summary_and_outputs(tmp_path):
   assert len(_rows(tmp_path / "run", "sft")) >= 1
   for name in ("curves.png", "config.json", "tensorboard"):
     assert (tmp_path / "run" / name).exists(), name
-  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == ["2", "3"]  # max_to_keep = 2
+  # Checkpoints 0 (the warm start), 2 (checkpoint.every) and 3 (the last), each evaluated (eval.every = 2, and
+  # the last step): the best of them (the newest of equal ones) is kept beside the max_to_keep = 2 newest.
+  evals = {r["step"]: r["eval_reward"] for r in _rows(tmp_path / "run", "eval")}
+  best = max((0, 2, 3), key=lambda step: (evals[step], step))
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints")) == sorted({str(best), "2", "3"})
+  assert (summary["best_checkpoint_step"], summary["best_checkpoint_eval_reward"]) == (best, evals[best])
+  assert (f"Best checkpoint kept (checkpoint.keep_best): step {best}, eval reward {evals[best]:.3f}; --step best "
+          "reads it") in out.stdout
   # A second run into the same workdir without --resume is refused (nothing is overwritten).
   again = _cli_forks.run("train", "--config", _CONFIG + ":tiny", "--workdir", tmp_path / "run", "--quiet",
                          cwd=os.getcwd(), env=_ENV)

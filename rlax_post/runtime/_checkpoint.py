@@ -107,10 +107,10 @@ def _reader(directory: epath.Path) -> ocp.CheckpointManager:
         item_names=_ITEMS)
 
 
-def best_step(workdir: str, steps: list[int]) -> int:
-  """The step of `steps` (run `workdir`'s complete checkpoints, ascending) whose own evaluation scored best
-  (`evaluated_reward`; the newest of equal ones, as `checkpoint.keep_best` keeps them); ValueError when none
-  of them records one."""
+def best_checkpoint(workdir: str, steps: list[int]) -> tuple[int, float] | None:
+  """(step, eval reward) of the step of `steps` (run `workdir`'s complete checkpoints, ascending) whose own
+  evaluation scored best (`evaluated_reward`; the newest of equal ones, as `checkpoint.keep_best` keeps them);
+  None when none of them records one."""
   directory = epath.Path(os.path.abspath(workdir) if "://" not in workdir else workdir) / "checkpoints"
   reader = _reader(directory)
   rewards = {}
@@ -119,11 +119,18 @@ def best_step(workdir: str, steps: list[int]) -> int:
     if (reward := evaluated_reward(step, meta)) is not None:
       rewards[step] = reward
   reader.close()
-  if not rewards:
+  best = max(rewards, key=lambda s: (rewards[s], s), default=None)
+  return None if best is None else (best, rewards[best])
+
+
+def best_step(workdir: str, steps: list[int]) -> int:
+  """`best_checkpoint`'s step; ValueError when none of `steps` records its own evaluation."""
+  best = best_checkpoint(workdir, steps)
+  if best is None:
     raise ValueError(f"--step best: no complete checkpoint of run {workdir} (steps {steps}) records a held-out "
                      "evaluation of its own step (eval.every = 0, or checkpoint.every not a multiple of it); "
                      "pass --step K.")
-  return max(rewards, key=lambda s: (rewards[s], s))
+  return best[0]
 
 
 def complete_checkpoints(workdir: str) -> list[int]:

@@ -347,11 +347,20 @@ class Run:
         "mode": self.cfg.runtime.mode, "max_staleness": tally.eta, "dropped_stale_total": tally.dropped_total,
         "dropped_future_total": tally.dropped_future_total,
         "mean_staleness": float(np.mean(tally.staleness_means)) if tally.staleness_means else None,
-        "samples_per_s": tally.rows / max(t_end - tally.t_loop, 1e-9), **tally.summary(),
+        "samples_per_s": tally.rows / max(t_end - tally.t_loop, 1e-9), **tally.summary(), **self._best(),
     }
     if primary:
       _metrics.write_summary(os.path.join(self.workdir, "summary.json"), summary)
     return summary
+
+  def _best(self) -> dict:
+    """With `checkpoint.keep_best`: the best evaluated checkpoint the run keeps (`--step best` reads it), its
+    step and eval reward (None, None without it: a run keeps only its newest)."""
+    best = None
+    if self.cfg.checkpoint.keep_best:
+      best = _checkpoint.best_checkpoint(self.workdir, _checkpoint.complete_checkpoints(self.workdir))
+    step, reward = best or (None, None)
+    return {"best_checkpoint_step": step, "best_checkpoint_eval_reward": reward}
 
 
 # What a run keeps in its workdir besides checkpoints and metric outputs: the rollout queue and its consumption
