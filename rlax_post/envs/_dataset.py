@@ -99,11 +99,9 @@ class Renderer:
     else:
       raise data.RowError(f"{where}: field {s.prompt_field!r} must be a string or a non-empty list of "
                           f"{{\"role\": str, \"content\": str}} messages; got {_short(prompt)}.")
-    if s.answer_field is not None and self._field(
-        row, where, s.answer_field, "the reference answer, `data.answer_field`; set it to None if the rows have "
-        "none") is None:  # (a null answer was scored as the text 'None': every sample 0, without a word)
-      raise data.RowError(f"{where}: field {s.answer_field!r} is null (the reference answer, `data.answer_field`, "
-                          "that the reward compares with).")
+    if s.answer_field is not None:
+      self._field(row, where, s.answer_field, "the reference answer, `data.answer_field`; set it to None if "
+                  "the rows have none")
     if self.demos and s.demo_field is not None and not isinstance(
         self._field(row, where, s.demo_field, "the demonstration, `data.demo_field`, which the warm start reads; "
                     "set sft.steps = 0 if the rows have none"), str):
