@@ -117,6 +117,8 @@ def test_keep_best_keeps_the_best_evaluated_checkpoints_beside_the_newest_across
   resumed.close()
   steps = _checkpoint.complete_checkpoints(os.fspath(tmp_path))
   assert steps == [1, 6, 7]
+  # Replay (and the rows a run keeps for it) starts at the oldest of the 2 newest, not at the best step 1.
+  assert [_checkpoint.replay_start(kept, 2) for kept in (steps, [2, 3], [3])] == [6, 2, 3]
   assert _checkpoint.checkpoint_step(os.fspath(tmp_path), "best", "export") == 1
   assert _checkpoint.checkpoint_step(os.fspath(tmp_path), None, "export") == 7
   two = _checkpoint.RunCheckpointer(tmp_path / "two", max_to_keep=1, keep_best=2)

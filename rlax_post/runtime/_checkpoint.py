@@ -133,6 +133,13 @@ def best_step(workdir: str, steps: list[int]) -> int:
   return best[0]
 
 
+def replay_start(steps: list[int], max_to_keep: int) -> int:
+  """The checkpoint `rlax-post replay` starts from, and the oldest step whose rows a run keeps: the oldest of the
+  `max_to_keep` newest of `steps` (complete, ascending). A best checkpoint `checkpoint.keep_best` keeps beyond
+  them is not replayed from: the rows since it would grow with the run."""
+  return steps[-max_to_keep:][0]
+
+
 def complete_checkpoints(workdir: str) -> list[int]:
   """The complete checkpoint steps of the run in `workdir`, ascending (a listing: nothing is created)."""
   directory = exchange.as_path(workdir) / "checkpoints"

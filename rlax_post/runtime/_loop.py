@@ -182,8 +182,8 @@ class Comparison:
 
 
 def replay(workdir: str, *, quiet: bool = False, tolerance: float = 0.0, return_state: bool = False) -> dict:
-  """Re-runs the learner from the run's oldest kept checkpoint over its logged rows; compares the metrics
-  with metrics.jsonl.
+  """Re-runs the learner from the run's oldest kept checkpoint (of its `checkpoint.max_to_keep` newest:
+  `_checkpoint.replay_start`) over its logged rows; compares the metrics with metrics.jsonl.
 
   Returns {"first_step": that checkpoint's step, "steps": replayed steps, "compared_steps": ...,
   "mismatches": [(step, key, logged, replayed), ...]} (and "state", the final train state, with
@@ -201,14 +201,15 @@ def replay(workdir: str, *, quiet: bool = False, tolerance: float = 0.0, return_
   if not kept:
     raise FileNotFoundError(f"{workdir}/checkpoints holds no complete checkpoint to replay from: was it "
                             "written by `rlax-post train` or `rlax-post learner`?")
-  state, ref_params, meta = ckpt.restore(kept[0], **update.checkpoint_templates)
+  first = _checkpoint.replay_start(kept, parts.cfg.checkpoint.max_to_keep)
+  state, ref_params, meta = ckpt.restore(first, **update.checkpoint_templates)
   ckpt.close()
-  source = _sources.LoggedSource(workdir, kept[0])
+  source = _sources.LoggedSource(workdir, first)
   ui = _metrics.Console(quiet=quiet or not _distributed.is_primary(), progress=True)
-  out = Comparison(workdir, steps=kept[0] + len(source.schedule), tolerance=tolerance, ui=ui)
-  state = learn(update, source, out, _run.Start(state, ref_params, kept[0], meta))
-  _check_compared(out, parts.cfg, workdir, kept[0])
-  report = {"first_step": kept[0], "steps": len(source.schedule), "compared_steps": out.compared,
+  out = Comparison(workdir, steps=first + len(source.schedule), tolerance=tolerance, ui=ui)
+  state = learn(update, source, out, _run.Start(state, ref_params, first, meta))
+  _check_compared(out, parts.cfg, workdir, first)
+  report = {"first_step": first, "steps": len(source.schedule), "compared_steps": out.compared,
             "mismatches": out.mismatches}
   if return_state:
     report["state"] = state

@@ -274,7 +274,7 @@ class Run:
     source.checkpointed(step)
     kept = _checkpoint.complete_checkpoints(self.workdir)  # A listing: the manager's own view is untouched.
     if kept:
-      self.log.prune(kept[0])  # Replay starts at the oldest kept checkpoint.
+      self.log.prune(_checkpoint.replay_start(kept, self.cfg.checkpoint.max_to_keep))
 
   def stopped(self, step: int, start: Start, state, source) -> None:
     """A stop signal ended the loop after RL step `step`: checkpoints it as `checkpoint.every` would have (the
