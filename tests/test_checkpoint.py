@@ -100,16 +100,18 @@ def _evaluated(step, reward):
   return {"eval_step": step if reward is not None else step - 1, "eval_reward": reward}
 
 
-def test_keep_best_keeps_the_best_evaluated_checkpoints_beside_the_newest_across_a_resume(tmp_path):
+def test_keep_best_keeps_the_best_evaluated_checkpoints_beside_the_newest_across_a_resume(tmp_path, caplog):
   """`checkpoint.keep_best` (TRL's load_best_model_at_end): the `keep_best` checkpoints of the best held-out eval
   reward of their own step stay beside the `max_to_keep` newest, also after a resume (orbax reads the kept steps'
   rewards back), and `--step best` reads the best one (the newest of equal ones). A step not evaluated (a stop
   signal's checkpoint) is never kept as a best one."""
   arrays = {"w": jnp.arange(4.0)}
   ckpt = _checkpoint.RunCheckpointer(tmp_path, max_to_keep=2, keep_best=1)
-  for step, reward in enumerate([0.1, 0.5, 0.2, None, 0.1, 0.0]):
-    ckpt.save(step, arrays, arrays, _evaluated(step, reward))
-  ckpt.close()
+  with caplog.at_level(logging.WARNING):
+    for step, reward in enumerate([0.1, 0.5, 0.2, None, 0.1, 0.0]):
+      ckpt.save(step, arrays, arrays, _evaluated(step, reward))
+    ckpt.close()
+  assert "metrics" not in caplog.text  # (orbax's notice for step 3, saved without one, is not shown)
   assert _checkpoint.complete_checkpoints(os.fspath(tmp_path)) == [1, 4, 5]  # 1: the best; 4, 5: the newest
   resumed = _checkpoint.RunCheckpointer(tmp_path, max_to_keep=2, keep_best=1)
   for step, reward in [(6, 0.2), (7, 0.3)]:

@@ -43,6 +43,8 @@ _ITEMS = ("state", "ref_params", "meta")
 # What orbax logs (a W line through absl's logger) whenever a CheckpointManager is made with read_only=True,
 # whether or not anything would try to write through it.
 _READ_ONLY_NOTICE = "Given directory is read only="
+# What orbax logs when a manager that ranks checkpoints (`checkpoint.keep_best`) saves one without a metric.
+_NO_METRICS_NOTICE = "Requested `tracked_metric`; did not provide metrics."
 
 
 def _abstract(tree: Any, shardings: Any) -> Any:
@@ -156,14 +158,18 @@ def probe_writable(path: str) -> None:
     pass
 
 
-@contextlib.contextmanager
 def _without_read_only_notice(directory: epath.Path):
   """While the body runs, drops orbax's notice that the checkpoints in `directory` are opened read-only
   (`_READ_ONLY_NOTICE`): `RunCheckpointer`'s reader is read-only on purpose, so that no read can write, and
   the notice was a `W ... Given directory is read only=...` line on every `rlax-post export`, `serve` and
   `--resume`, which users took for a problem. Every other record, orbax's other warnings and this notice for
   any other directory included, goes out as before; the filter is gone after the body."""
-  notice = f"{_READ_ONLY_NOTICE}{directory}"
+  return _without_orbax_notice(f"{_READ_ONLY_NOTICE}{directory}")
+
+
+@contextlib.contextmanager
+def _without_orbax_notice(notice: str):
+  """While the body runs, drops orbax's absl log record whose message is `notice`, and that one alone."""
 
   def keep(record: logging.LogRecord) -> bool:
     return record.getMessage() != notice
@@ -333,8 +339,9 @@ class RunCheckpointer:
     needed = self._check_space(step, trees)
     exchange.quiet_abandoned_io()  # (before: a save that fails reports its abandoned writes as they end)
     reward = evaluated_reward(step, meta)
-    self._manager.save(step, args=ocp.args.Composite(**items),
-                       metrics=None if reward is None else {"eval_reward": reward})
+    with _without_orbax_notice(_NO_METRICS_NOTICE):  # (a stop signal's checkpoint, not evaluated, under keep_best)
+      self._manager.save(step, args=ocp.args.Composite(**items),
+                         metrics=None if reward is None else {"eval_reward": reward})
     self._writing = (step, needed)
 
   def _check_space(self, step: int, trees: dict) -> exchange.Prediction:
