@@ -85,6 +85,9 @@ def test_hf_tokenizer_chat_template_writes_its_bos_once(tmp_path):
     ({"prompt": 5, "answer": 1}, {}, r"t.jsonl:7: field 'prompt' must be a string or a non-empty list of .* int 5"),
     ({"prompt": [{"role": "user"}], "answer": 1}, {}, r"field 'prompt' must be a string or a non-empty list"),
     ({"prompt": "", "answer": 1}, {}, r"t.jsonl:7: field 'prompt' is an empty string"),
+    # (a prompt of only whitespace was accepted until 2026-12-06, where an empty one was refused)
+    ({"prompt": " \t\n ", "answer": 1}, {}, r"^t.jsonl:7: field 'prompt' is only whitespace; expected a prompt with "
+                                           r"text\.$"),
     ({"prompt": "q"}, {}, r"t.jsonl:7: no field 'answer' \(the reference answer"),
     ({"prompt": [{"role": "user", "content": "c"}], "answer": 1}, {},
      r"is a list of messages, but prompts are not rendered with a chat template"),

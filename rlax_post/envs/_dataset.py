@@ -89,6 +89,8 @@ class Renderer:
     if isinstance(prompt, str):
       if not prompt:
         raise data.RowError(f"{where}: field {s.prompt_field!r} is an empty string.")
+      if not prompt.strip():  # (a prompt of spaces, tabs or newlines asks the model nothing, as an empty one)
+        raise data.RowError(f"{where}: field {s.prompt_field!r} is only whitespace; expected a prompt with text.")
     elif isinstance(prompt, list) and prompt and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
         for m in prompt):
