@@ -467,6 +467,27 @@ def test_what_makes_a_units_workdir_stale(tmp_path):
   assert stale("--config.rl.temperature=0.7") is None
 
 
+@pytest.mark.parametrize("text, got", [("[]", "list []"), ("3", "int 3"), ('{"model_type": "llama"}',
+                                                                      "an object with keys ['model_type']")])
+def test_a_reused_workdirs_config_json_that_is_no_runs_is_named(tmp_path, text, got):
+  """A config.json of valid JSON that is no object (`[]`, `3`) beside a summary.json stopped the sweep in an
+  AttributeError (a review, 2026-12-06); it cannot show the results are the unit's, so the sweep refuses it in one
+  line naming the file. Without a summary.json or a checkpoint, nothing is reused: not checked (as `train
+  --auto_resume` does not)."""
+  root = str(tmp_path / "root")
+  units = _finished_units(root, [])
+  path = os.path.join(units[0].workdir(root), "config.json")
+  with open(path, "w") as f:
+    f.write(text)
+  with pytest.raises(ValueError) as info:
+    sweep.plan_local(f"{DEMO}:tiny", root, share_warm_start=False, say=lambda msg: None)
+  assert str(info.value).startswith(f"1 of 2 work units under {root} hold a run with other settings")
+  assert (f"{units[0].dirname} ({path}: not a run's config (expected a JSON object with 'task' and 'rl'); "
+          f"got {got})") in str(info.value)
+  os.remove(os.path.join(units[0].workdir(root), "summary.json"))
+  assert _local._stale(sweep.UnitResult(unit=units[0], workdir=units[0].workdir(root))) is None
+
+
 def test_a_unit_finished_at_fewer_steps_than_it_has_now_is_run_again(tmp_path):
   """A summary of 3 of 3 RL steps is not a finished unit of 4 (where the run's settings allow it to resume)."""
   def unfinished(root, done):

@@ -244,7 +244,9 @@ def _stale(r: UnitResult) -> str | None:
   agree, or when the workdir holds no config.json, or the unit carries no config (`WorkUnit.cfg`). A workdir
   with nothing the sweep would reuse (no summary.json, no complete checkpoint) is checked as the unit's `train
   --auto_resume` checks it (`runtime.check_auto_resume`: a run's config.json of other settings is refused, an
-  unreadable one or another program's is not): it passed here, and the unit failed once started."""
+  unreadable one or another program's is not): it passed here, and the unit failed once started. A workdir the
+  sweep would reuse whose config.json cannot be read or is no run's (`runtime.is_run_config`: `[]`, `3`, another
+  program's object) cannot show its results are the unit's: that is said, naming the file."""
   path = os.path.join(r.workdir, "config.json")
   if r.unit.cfg is None or not os.path.isfile(path):
     return None
@@ -254,9 +256,19 @@ def _stale(r: UnitResult) -> str | None:
       saved = json.load(f)
   except (OSError, ValueError) as e:  # (an unreadable config.json cannot show the results are the unit's)
     return f"{path}: {type(e).__name__}: {e}" if reused else None
-  if not reused and not runtime.is_run_config(saved):
-    return None
+  if not runtime.is_run_config(saved):  # (nor can JSON that is no run's: `[]`, `3` stopped it in an AttributeError)
+    if not reused:
+      return None
+    return f"{path}: not a run's config (expected a JSON object with 'task' and 'rl'); got {_kind(saved)}"
   return runtime.resume_config_changes(saved, r.unit.cfg)
+
+
+def _kind(value: Any) -> str:
+  """What a parsed JSON value is, for an error: 'an object with keys [...]', else its type and text."""
+  if isinstance(value, dict):
+    return f"an object with keys {sorted(value)[:8]}"
+  text = json.dumps(value)
+  return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
 
 
 def _refuse_stale(results: Sequence[UnitResult], root: str) -> None:
