@@ -701,6 +701,54 @@ def test_a_stopped_sweep_lets_its_units_checkpoint_then_kills(tmp_path, monkeypa
     os.kill(int(pid_file.read_text()), 0)  # reaped, not left running
 
 
+# Unit 00 finishes; the other, on SIGTERM, writes a summary of $DONE of its 2 RL steps and exits 0 (a unit whose
+# last step ended in the sweep's grace).
+_FAKE_PYTHON_OK_THEN_ENDS_IN_THE_GRACE = """#!/bin/sh
+while [ $# -gt 0 ]; do [ "$1" = "--workdir" ] && W="$2"; shift; done
+curve() { printf '{"phase": "rl", "step": 2, "reward_mean": %s}\\n' "$1" > "$W/metrics.jsonl"; }
+summary() { printf '{"initial_eval_reward": 0.0, "final_eval_reward": 1.0, "improvement": 1.0, ' > "$W/summary.json"
+            printf '"wall_seconds": 1, "rl_steps": 2, "rl_steps_done": %s}\\n' "$1" >> "$W/summary.json"; }
+case "$W" in
+  *00_*) curve 0.5; summary 2 ;;
+  *) trap 'curve 0.25; summary $DONE; exit 0' TERM
+     echo $$ > "$STALL"; sleep 60 & wait $! ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("done, status", [(2, "ok"), (1, "interrupted")])
+def test_a_unit_that_finishes_in_the_stop_grace_is_ok(tmp_path, monkeypatch, done, status):
+  """A unit that exits 0 in the grace after the sweep's SIGTERM, its summary.json of all its RL steps, finished:
+  it was reported "interrupted" (its outputs not read again; a review, 2026-12-06). One that exits 0 before its
+  last step is still "interrupted"."""
+  fake = _fake_python(tmp_path, _FAKE_PYTHON_OK_THEN_ENDS_IN_THE_GRACE)
+  pid_file = tmp_path / "pid"
+  monkeypatch.setenv("STALL", str(pid_file))
+  monkeypatch.setenv("DONE", str(done))
+  monkeypatch.setattr(_local, "GRACE_S", 10.0)
+
+  def interrupt():
+    raise KeyboardInterrupt
+
+  said = []
+
+  def say(msg):
+    said.append(msg)
+    _stop_when_the_second_unit_runs(pid_file, interrupt)(msg)
+
+  plan = sweep.plan_local(f"{DEMO}:tiny", str(tmp_path / "root"), share_warm_start=False, say=lambda msg: None)
+  with pytest.raises(KeyboardInterrupt):
+    sweep.run_plan(plan, pin_cpus=False, python=fake, say=say)
+  last = plan.results[1]
+  assert [r.status for r in plan.results] == ["ok", status] and last.returncode == 0
+  assert (last.ok, last.interrupted) == (done == 2, done != 2)
+  assert last.figures()["final_eval_reward"] == (1.0 if done == 2 else None)
+  assert last.train_curve == [(2, 0.25)]
+  finished_line = re.fullmatch(rf"\[2/2\] {re.escape(last.unit.name)}: done in \d+ s, eval reward 0.000 -> 1.000\.",
+                               said[-1])
+  assert bool(finished_line) == (done == 2)
+
+
 @pytest.mark.parametrize("name", ["SIGHUP", "SIGINT", "SIGTERM"])
 def test_a_signal_the_caller_ignores_stays_ignored(tmp_path, monkeypatch, name):
   """`nohup rlax-post sweep ...` ignores SIGHUP (a shell's background job, SIGINT): the sweep put its own handler

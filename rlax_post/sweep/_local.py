@@ -228,14 +228,29 @@ def _finish(run: _Running, say, total: int) -> None:
   collect(r)
   where = f"[{r.unit.index + 1}/{total}] {r.unit.name}"
   if r.ok:
-    s = r.summary
-    say(f"{where}: done in {r.seconds:.0f} s, eval reward {_fmt(s.get('initial_eval_reward'))} -> "
-        f"{_fmt(s.get('final_eval_reward'))}.")
+    say(f"{where}: {_done(r)}")
     return
   with open(os.path.join(r.workdir, "train.log"), "rb") as f:
     r.log_tail = f.read()[-2000:].decode(errors="replace")
   why = f"exit {r.returncode}" + (f"; {r.error}" if r.error else "")
   say(f"{where}: FAILED ({why}); log: {os.path.join(r.workdir, 'train.log')}\n{r.log_tail}")
+
+
+def _settle_stopped(run: _Running, say, total: int) -> None:
+  """A unit the sweep stopped: finished (`ok`, its outputs read) when it exited 0 in the grace with a summary of
+  all its RL steps, else `interrupted` (until 2026-12-06 every such unit was, its outputs not read again)."""
+  r = run.result
+  r.returncode, r.seconds = run.proc.returncode, time.time() - run.t0
+  if r.returncode == 0 and collect(r).ok:
+    say(f"[{r.unit.index + 1}/{total}] {r.unit.name}: {_done(r)}")
+  else:
+    r.interrupted = True
+
+
+def _done(r: UnitResult) -> str:
+  s = r.summary
+  return (f"done in {r.seconds:.0f} s, eval reward {_fmt(s.get('initial_eval_reward'))} -> "
+          f"{_fmt(s.get('final_eval_reward'))}.")
 
 
 def _stale(r: UnitResult) -> str | None:
@@ -372,7 +387,8 @@ def run_plan(plan: LocalSweep, *, parallel: int = 1, pin_cpus: bool = True, pyth
   CPUs with `pin_cpus`); returns `plan.results`. If the sweep stops (an error, Ctrl-C, SIGTERM), the unit
   processes it started are stopped (SIGTERM: each checkpoints its last finished step; SIGKILL after `GRACE_S`
   or a further signal), and they and the units it had not started are marked `interrupted`
-  (status "interrupted", "not run"): `plan.results` then says what finished."""
+  (status "interrupted", "not run"), but for a unit that exited 0 in the grace with a summary of all its RL
+  steps (`_settle_stopped`: "ok"): `plan.results` then says what finished."""
   if parallel < 1:
     raise ValueError(f"sweep: --parallel must be >= 1; got {parallel}.")
   results, pending, cache_dir = plan.results, plan.pending, plan.cache_dir
@@ -408,8 +424,7 @@ def run_plan(plan: LocalSweep, *, parallel: int = 1, pin_cpus: bool = True, pyth
           "a second Ctrl-C kills them now).")
     _stop(list(running.values()), signals)
     for run in running.values():
-      run.result.returncode, run.result.seconds = run.proc.returncode, time.time() - run.t0
-      run.result.interrupted = True
+      _settle_stopped(run, say, len(units))
     for r in pending:  # (empty once every unit has run)
       r.interrupted = True
     restore()
