@@ -126,6 +126,28 @@ def test_a_json_array_file_is_refused_as_a_whole(tmp_path, text):
     rows[0]
 
 
+@pytest.mark.parametrize("text", [
+    '{\n  "q": 1,\n  "a": 2\n}\n{\n  "q": 3\n}\n',  # jq . rows.jsonl: was "rows.json:1: not valid JSON" per line
+    '\ufeff{"q": 1,\n "a": [1,\n 2]}\n',  # one object over many lines, its first line not '{' alone
+    '\n  {"q": "x\\n{",\n  "a": 2}',
+])
+def test_a_pretty_printed_json_object_is_refused_as_a_whole(tmp_path, text):
+  """An object spread over several lines (as `jq .` writes) is one error naming the file and what to write
+  instead; each of its lines was a malformed row "not valid JSON" (each skipped with `bad_rows = "skip"`)."""
+  path = _write(tmp_path / "rows.json", text)
+  with pytest.raises(ValueError, match=r"^/.*/rows.json holds a JSON object spread over several lines "
+                                       r"\(pretty-printed, .*\), not JSON Lines .*; write one object per line, "
+                                       r"e.g. jq -c . /.*/rows.json > rows.jsonl.$"):
+    data.open_rows(path)
+  # A first line that opens an object and never closes it on a later line is a malformed row like any other.
+  rows = data.open_rows(_write(tmp_path / "t.jsonl", '{"q": 1, "a":\n{"q": 2}\n'))
+  assert rows[1][0] == {"q": 2}
+  with pytest.raises(data.RowError, match=r"t.jsonl:1: not valid JSON"):
+    rows[0]
+  rows = data.open_rows(_write(tmp_path / "x.jsonl", '{"q": 1} x\n{"q": 2}\n'))  # (its object ends on line 1)
+  assert rows[1][0] == {"q": 2}
+
+
 @pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
 def test_a_utf16_file_is_refused_as_a_whole(tmp_path, encoding):
   """A file saved as UTF-16 (Windows Notepad's "Unicode") was read as rows each "not valid UTF-8" or "not valid

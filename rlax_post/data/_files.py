@@ -153,7 +153,17 @@ def file_format(path: str, fmt: str = "auto") -> str:
 
 
 _BOM = b"\xef\xbb\xbf"
+_SPREAD_BYTES = 1 << 20  # The bytes read for a first object spread over lines (`_JsonLines._is_spread_object`).
+
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def _is_json(line: bytes) -> bool:
+  try:
+    json.loads(line)
+  except ValueError:
+    return False
+  return True
 
 
 def _no_constant(name: str):
@@ -249,6 +259,11 @@ class _JsonLines:
       raise ValueError(f"{_display(path)} holds one JSON array of rows ([{{...}}, ...]), not JSON Lines (one JSON "
                        "object per line, as .jsonl, .json and .ndjson files are read); write one row per line, "
                        f"e.g. jq -c '.[]' {path} > rows.jsonl.")
+    if len(self) and self._is_spread_object():
+      raise ValueError(f"{_display(path)} holds a JSON object spread over several lines (pretty-printed, as `jq .` "
+                       "and json.dump(row, f, indent=2) write), not JSON Lines (one JSON object per line, as .jsonl, "
+                       f".json and .ndjson files are read); write one object per line, e.g. jq -c . {path} > "
+                       "rows.jsonl.")
 
   def _read(self, i: int) -> bytes:
     fd = os.open(self.path, os.O_RDONLY)  # (per read, as every reader here: `Rows` holds no descriptor per file)
@@ -276,6 +291,27 @@ class _JsonLines:
     except ValueError:
       return True
     return len(self) == 1
+
+  def _is_spread_object(self) -> bool:
+    """Whether the file's first row is a JSON object spread over several lines, refused as a whole rather than
+    each line as a malformed row: its first line is '{' alone, or opens an object that is no JSON by itself but
+    ends on a later line (within the file's first `_SPREAD_BYTES` from there; a line `{...` among objects that
+    does not is a malformed row like any other)."""
+    first = self._read(0).strip()
+    if first == b"{":
+      return True
+    if not first.startswith(b"{") or _is_json(first):
+      return False
+    with open(self.path, "rb") as f:
+      f.seek(int(self.starts[0]))
+      head = f.read(_SPREAD_BYTES)
+    text = head.removeprefix(_BOM).decode("utf-8", errors="replace")
+    start = len(text) - len(text.lstrip())
+    try:
+      _, end = json.JSONDecoder().raw_decode(text, start)
+    except ValueError:
+      return False
+    return "\n" in text[start:end]
 
   def __len__(self) -> int:
     return len(self.starts)
