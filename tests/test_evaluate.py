@@ -118,6 +118,34 @@ def test_every_bad_option_is_named_before_any_model_is_built(run, tmp_path):
   check(cfg, runtime.EvaluateOptions(data=test, num=50, samples=8, law=law(1.0)))  # (50 > 4: --data's rows)
 
 
+def test_a_dataset_runs_files_gone_since_it_ran_are_named_with_why_evaluate_reads_them(tmp_path):
+  """A dataset run whose training files moved since it ran: --data's error was "Data file ... does not exist"
+  alone, naming no reason evaluate reads them (a review, 2026-12-06); it rebuilds the run's task from them and
+  checks --data holds none of them, so the error says so and what to do. Before any model is built."""
+  test = tmp_path / "test.jsonl"
+  data.write_jsonl(str(test), _rows(2, 200))
+  held = tmp_path / "e.jsonl"
+  data.write_jsonl(str(held), _rows(2, 100))
+  gone = str(tmp_path / "moved" / "t.jsonl")
+  cfg = config.load({"task": {"name": "dataset"}, "data": {"train": gone, "eval": str(held)}})
+  with pytest.raises(FileNotFoundError) as info:
+    runtime.check_evaluate_options(cfg, runtime.EvaluateOptions(data=str(test)))
+  message = str(info.value)
+  assert message.startswith(
+      f"evaluate opens the run's data.train = {gone!r}: it rebuilds the run's dataset task from its config.json, "
+      f"and refuses --data {str(test)!r} if it holds one of data.train's files (rows the policy trained on); Data "
+      f"file {gone} does not exist; expected a file, a glob or a directory of ")
+  assert message.endswith(" files. Put the run's files back at that path (moved or deleted since it ran), or link "
+                          "them there.") and "\n" not in message
+  with pytest.raises(FileNotFoundError, match=r"^evaluate opens the run's data.train = .*: it rebuilds the run's "
+                                              r"dataset task from its config.json, its held-out rows the ones the "
+                                              r"run scored; Data file .* does not exist"):
+    runtime.check_evaluate_options(cfg, runtime.EvaluateOptions())  # (the run's own held-out set)
+  moved_eval = config.load({"task": {"name": "dataset"}, "data": {"train": str(test), "eval": gone}})
+  with pytest.raises(FileNotFoundError, match=r"^evaluate opens the run's data.eval = "):
+    runtime.check_evaluate_options(moved_eval, runtime.EvaluateOptions(data=str(held)))
+
+
 def test_default_output_names_say_what_was_evaluated():
   name = lambda **kw: runtime.samples_path("r", 4, runtime.EvaluateOptions(**kw))
   assert runtime.samples_path("r", 4) == name() == os.path.join("r", "evaluate", "step_4.jsonl")  # as before

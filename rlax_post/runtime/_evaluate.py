@@ -89,8 +89,9 @@ def check_options(cfg: config_lib.Config, options: EvaluateOptions) -> None:
   """ValueError (FileNotFoundError for a missing --data) naming the first bad value of `options` for a run of
   `cfg`, before any model is built: `num` or `samples` below 1, a sampling law without `samples` or one
   `rlax-post generate` refuses (`_generate.check_options`: several samples at temperature 0, ...), `data` on a
-  run of another task than the dataset task, a `data` that holds no file or one the run trains on, or a `num`
-  above the held-out examples the run's config asks for."""
+  run of another task than the dataset task, a `data` that holds no file or one the run trains on, a `num`
+  above the held-out examples the run's config asks for, or a dataset run's files gone since it ran
+  (`run_train_files`)."""
   if options.num is not None and (isinstance(options.num, bool) or not isinstance(options.num, int)
                                   or options.num < 1):
     raise ValueError(f"--num must be an int >= 1 (the examples to evaluate); got {options.num!r}.")
@@ -105,6 +106,8 @@ def check_options(cfg: config_lib.Config, options: EvaluateOptions) -> None:
     raise ValueError(f"--num {options.num}: the run's held-out set holds {cfg.task.num_eval} examples "
                      f"(task.num_eval); pass --num {cfg.task.num_eval} or less"
                      f"{', or --data FILE for other rows' if cfg.task.name == _DATASET else ''}.")
+  elif cfg.task.name == _DATASET:
+    run_train_files(cfg, None)
 
 
 def _check_law(options: EvaluateOptions) -> None:
@@ -132,12 +135,32 @@ def data_files(cfg: config_lib.Config, path: str) -> list[str]:
     files = data.resolve_files(path, cfg.data.format)
   except (ValueError, FileNotFoundError) as e:
     raise type(e)(f"--data {path!r}: {e}") from None
-  train = {os.path.realpath(f) for f in data.resolve_files(cfg.data.train, cfg.data.format)}
+  train = {os.path.realpath(f) for f in run_train_files(cfg, path)}
   both = [f for f in files if os.path.realpath(f) in train]
   if both:
     raise ValueError(f"--data {path!r} holds {both[0]!r}, a file of the run's data.train ({cfg.data.train!r}): "
                      "its rows trained the policy; pass a file of rows it did not train on.")
   return files
+
+
+def run_train_files(cfg: config_lib.Config, path: str | None) -> list[str]:
+  """The files of a dataset run's `data.train`, its `data.eval` found too: evaluate rebuilds the run's task from
+  its config.json, which opens them, and refuses a --data `path` of data.train's. FileNotFoundError saying so
+  where one is gone (moved or deleted since the run): until 2026-12-06 "Data file ... does not exist" alone did
+  not say why evaluate reads it."""
+  found = {}
+  for key, spec in (("data.train", cfg.data.train), ("data.eval", cfg.data.eval)):
+    if spec is None:
+      continue
+    try:
+      found[key] = data.resolve_files(spec, cfg.data.format)
+    except (ValueError, FileNotFoundError) as e:
+      why = (f", and refuses --data {path!r} if it holds one of data.train's files (rows the policy trained on)"
+             if path is not None else ", its held-out rows the ones the run scored")
+      raise type(e)(f"evaluate opens the run's {key} = {spec!r}: it rebuilds the run's dataset task from its "
+                    f"config.json{why}; {e} Put the run's files back at that path (moved or deleted since it ran), "
+                    "or link them there.") from None
+  return found.get("data.train", [])
 
 
 def data_parts(parts: _parts.Parts, path: str, num: int | None) -> _parts.Parts:
