@@ -494,6 +494,41 @@ def test_the_export_of_a_byte_tokenizer_run_carries_the_byte_tokenizer(lora_run,
   assert again.model_cfg.vocab_size == runtime.build_parts(cfg).model_cfg.vocab_size
 
 
+def test_the_export_of_a_dataset_run_carries_the_chat_template_it_rendered_with(lora_run, newest, tmp_path):
+  """A dataset run that renders its prompts with its own `data.chat_template` (`configs/dataset.py:chat`, over the
+  byte tokenizer) was exported without it: `generate --hf_path` of the export sent the text with BOS, refused
+  chat messages, and transformers' `apply_chat_template` had no template. The export now carries it, so both
+  render a prompt as the run did (`generate --checkpoint`). The LoRA run's checkpoints, under its config as a
+  dataset run's (the export reads no data file: `data.train` need not exist)."""
+  transformers = pytest.importorskip("transformers")
+  workdir, cfg, _ = lora_run
+  template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+              "{% if add_generation_prompt %}<assistant>{% endif %}")
+  raw = config.to_dict(cfg)
+  raw.update(task=dict(raw["task"], name="dataset", options={}),
+             data=dict(raw["data"], train=str(tmp_path / "gone.jsonl"), chat_template=template, max_prompt_tokens=24))
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text(json.dumps(config.to_dict(config.load(raw))))
+  os.symlink(os.path.join(workdir, "checkpoints"), run / "checkpoints")
+  out = tmp_path / "hf"
+  assert runtime.export_hf(str(run), out) == (4, (str(out),))
+  _runs.assert_export_holds(out, newest[1])
+  assert (out / "chat_template.jinja").read_text() == template
+  chat = [{"role": "user", "content": "rev abc="}]
+  want = models.ByteTokenizer().encode("<user>rev abc=\n<assistant>", add_bos=False)
+  auto = transformers.AutoTokenizer.from_pretrained(str(out))
+  assert auto.apply_chat_template(chat, add_generation_prompt=True, tokenize=True)["input_ids"] == want
+  prompt = runtime.UserPrompt("--prompt", tuple(chat))
+  hf = runtime.generate_hf(str(out), [prompt], runtime.GenerateOptions(max_tokens=4))
+  ours = runtime.generate_run(str(run), [prompt], runtime.GenerateOptions(max_tokens=4))
+  assert hf.samples[0].rendered == ours.samples[0].rendered == "<user>rev abc=\n<assistant>"
+  assert hf.samples[0].tokens == ours.samples[0].tokens
+  # A run that renders no chat (`data.chat = "never"`, or a built-in task: the LoRA run itself) writes none.
+  assert runtime.export_hf(workdir, tmp_path / "plain") == (4, (str(tmp_path / "plain"),))
+  assert not (tmp_path / "plain" / "chat_template.jinja").exists()
+
+
 def _written_dtypes(path):
   """{dtype name: tensors} of an exported `model.safetensors` and its config.json's torch_dtype."""
   tensors = safetensors.numpy.load_file(os.path.join(path, "model.safetensors"))
