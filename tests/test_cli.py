@@ -1345,7 +1345,7 @@ def test_serve_step_and_max_seq_len_go_with_their_own_source(tmp_path):
   run = str(tmp_path / "run")
   cases = [
       (("--hf_path", hf, "--step", "3"), f"--step 3 picks a checkpoint of a run's workdir (--checkpoint); the Hugging "
-       f"Face checkpoint directory {hf!r} holds one model: serve it without --step."),
+       f"Face checkpoint directory {hf!r} holds one model: leave --step out."),
       (("--hf_path", hf, "--max_seq_len", "1"),
        "--max_seq_len must be an int >= 2 (the served context: prompt and completion); got 1."),
       (("--checkpoint", "runs/a", "--max_seq_len", "64"),

@@ -262,3 +262,10 @@ def test_a_hugging_face_checkpoint_renders_with_its_chat_template_and_raw_sends_
   assert raw.rendered == "<|begin|>3+4="
   want = _serving.greedy_loop(engine.graphdef, engine.load_params(), ["3+4="], 4, tok)[0]
   assert raw.tokens == tuple(want) + ((tok.eos_id,) if len(want) < 4 else ())
+  # A checkpoint directory holds one model: --step (a number or best) is refused, as by `serve --hf_path`; it was
+  # ignored until 2026-12-06 (the sample came from the one model whatever step was asked).
+  for step in (3, "best"):
+    with pytest.raises(ValueError, match=rf"^--step {step} picks a checkpoint of a run's workdir \(--checkpoint\); "
+                       rf"the Hugging Face checkpoint directory '{path}' holds one model: leave --step out\.$"):
+      runtime.generate_hf(path, [runtime.UserPrompt("--prompt", "3+4=")],
+                          runtime.GenerateOptions(step=step, max_tokens=4), max_seq_len=32)

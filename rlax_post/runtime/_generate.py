@@ -200,8 +200,9 @@ def generate_hf(path: str, prompts: Sequence[UserPrompt], options: GenerateOptio
   (module docstring)."""
   check_prompts(prompts)
   check_options(options)
-  engine = _serve.engine_from_hf(path, _engine_options(options, len(prompts)), max_seq_len=max_seq_len,
-                                 dtype=dtype)
+  # (`options.step` goes to the engine, whose checks refuse one: until 2026-12-06 --step was ignored here.)
+  engine = _serve.engine_from_hf(path, _engine_options(options, len(prompts), options.step),
+                                 max_seq_len=max_seq_len, dtype=dtype)
   renderer = None if options.raw else envs.Renderer(config_lib.DataSection(), engine.tokenizer, demos=False)
   max_tokens = DEFAULT_MAX_TOKENS if options.max_tokens is None else options.max_tokens
   return Generation(f"the Hugging Face checkpoint {path}", None,

@@ -71,7 +71,7 @@ def _check_hf_source(path: str, options: sampler.ServeOptions, max_seq_len: int 
                         run_hint=f"serve that run as it is: `rlax-post serve --checkpoint {path}`")
   if options.step is not None:
     raise ValueError(f"--step {options.step} picks a checkpoint of a run's workdir (--checkpoint); the Hugging "
-                     f"Face checkpoint directory {path!r} holds one model: serve it without --step.")
+                     f"Face checkpoint directory {path!r} holds one model: leave --step out.")
   if max_seq_len is not None and (isinstance(max_seq_len, bool) or not isinstance(max_seq_len, int)
                                   or max_seq_len < 2):
     raise ValueError(f"--max_seq_len must be an int >= 2 (the served context: prompt and completion); got "
