@@ -47,10 +47,10 @@ def _spm_vocab():
 def write(path: str, *, arch: str = "llama", qtype=T.F32, vocab: str = "gpt2", d: int = 64, ff: int = 128,
           layers: int = 2, heads: int = 4, kv_heads: int = 2, seed: int = 0, tied: bool = True,
           rope_dims: int | None = None, extra_tokens: int = 0, block_count: int | None = None,
-          scale: float = 0.08) -> dict:
+          scale: float = 0.08, eos: int = 2, eot: int | None = None) -> dict:
   """Writes a tiny GGUF model; returns its Hugging Face float32 weights before quantisation (normal, standard
   deviation `scale`; norms 1 + that). `rope_dims`, `extra_tokens` (tokens beyond the embedding's rows) and
-  `block_count` write inconsistent files."""
+  `block_count` write inconsistent files; `eos` and `eot` (None: none) are the EOS and end-of-turn ids."""
   tokens, types, merges, scores = _gpt2_vocab(seed) if vocab == "gpt2" else _spm_vocab()
   vocab_size, head_dim = len(tokens), d // heads
   rng = np.random.default_rng(seed)
@@ -86,19 +86,21 @@ def write(path: str, *, arch: str = "llama", qtype=T.F32, vocab: str = "gpt2", d
     w.add_tokenizer_pre("default")
     w.add_token_merges(merges)
     w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w.add_eos_token_id(eos)
     w.add_pad_token_id(0)
     w.add_add_bos_token(False)
   else:
     w.add_token_scores(scores)
     w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    w.add_eos_token_id(eos)
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
     w.add_add_space_prefix(True)
   w.add_token_list(tokens + [f"extra{i}" for i in range(extra_tokens)])
   w.add_token_types(types + [1] * extra_tokens)
   w.add_chat_template(CHAT)
+  if eot is not None:
+    w.add_eot_token_id(eot)
   names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}
   layer = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",

@@ -122,6 +122,26 @@ def test_converted_tokenizer_frames_text_as_the_gguf_file_says(tmp_path, vocab, 
     assert ours.encode(text, add_bos=True) == converted.encode(text) == want, text
 
 
+def test_a_files_end_of_turn_token_stops_generation_as_eos_does(tmp_path):
+  """llama.cpp stops at a file's end-of-turn token (`tokenizer.ggml.eot_token_id`: Llama 3 instruct's <|eot_id|>
+  where its EOS is <|end_of_text|>); the conversion dropped it, so neither transformers' `generate` nor a run
+  from the checkpoint stopped there. generation_config.json now lists it after EOS, as Hugging Face's own
+  checkpoints do; a file with EOS alone keeps one id."""
+  path = str(tmp_path / "m.gguf")
+  _tiny_gguf.write(path, eos=0, eot=2)  # <|endoftext|> and <|im_end|>
+  config = models.convert_gguf(path, str(tmp_path / "hf"))
+  assert config["eos_token_id"] == 0
+  with open(tmp_path / "hf" / "generation_config.json") as f:
+    assert json.load(f) == {"bos_token_id": 1, "eos_token_id": [0, 2], "pad_token_id": 0}
+  assert transformers.GenerationConfig.from_pretrained(str(tmp_path / "hf")).eos_token_id == [0, 2]
+  ours = _parts.CheckpointTokenizer.from_dir(str(tmp_path / "hf"))
+  assert ours.eos_id == 0 and set(ours.stop_ids) == {0, 2}
+  _tiny_gguf.write(str(tmp_path / "plain.gguf"))
+  models.convert_gguf(str(tmp_path / "plain.gguf"), str(tmp_path / "plain"))
+  with open(tmp_path / "plain" / "generation_config.json") as f:
+    assert json.load(f) == {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+
+
 def test_unsupported_inputs_name_themselves(tmp_path):
   path = str(tmp_path / "m.gguf")
   _tiny_gguf.write(path)

@@ -5,7 +5,7 @@
 float32 and rounded to the nearest, ties to even; config.json's `torch_dtype` names it),
 `tokenizer.json` (its post-processor frames text with BOS / EOS as the file's `add_bos_token` /
 `add_eos_token` say), `tokenizer_config.json` (special tokens, `add_bos_token`, the chat template) and
-`generation_config.json`. It reads the file with the `gguf` package (numpy only):
+`generation_config.json` (EOS, and the file's end-of-turn / end-of-message ids: `generation_config`). It reads the file with the `gguf` package (numpy only):
 
   architectures  `llama` → LlamaForCausalLM, `qwen2` → Qwen2ForCausalLM (`ARCHITECTURES`)
   tensor types   F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K (`TENSOR_TYPES`), dequantised
@@ -276,6 +276,21 @@ def _token_id(meta: dict, key: str, vocab: int, path: str) -> int:
   return value
 
 
+def generation_config(meta: dict, config: dict, path: str) -> dict:
+  """generation_config.json: config.json's special ids, its `eos_token_id` a list where the file also names an
+  end-of-turn or end-of-message token (`tokenizer.ggml.eot_token_id`, `eom_token_id`: llama.cpp stops at them;
+  a Llama 3 instruct file whose EOS is <|end_of_text|> ends its turns with <|eot_id|>), so that transformers'
+  `generate` and a run from the checkpoint stop there too (until 2026-12-06 they were dropped, and such a
+  model's samples ran on to max_new_tokens)."""
+  out = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
+  vocab = len(_need(meta, "tokenizer.ggml.tokens", path))
+  ends = list(dict.fromkeys(_token_id(meta, key, vocab, path) for key in ("eos", "eot", "eom")
+                            if f"tokenizer.ggml.{key}_token_id" in meta))
+  if len(ends) > 1:
+    out["eos_token_id"] = ends
+  return out
+
+
 def tokenizer_config(meta: dict, path: str) -> dict:
   tokens = _need(meta, "tokenizer.ggml.tokens", path)
   add_bos, add_eos = _framing(meta)
@@ -328,8 +343,7 @@ def convert_gguf(gguf_path: str, out_dir: str, *, dtype: str = "float32") -> dic
       raise
     raise ValueError(f"{gguf_path}: its vocabulary does not make a tokenizer ({e}).") from None
   files = {"config.json": config, "tokenizer_config.json": tokenizer_config(meta, gguf_path),
-           "generation_config.json": {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")
-                                      if k in config}}
+           "generation_config.json": generation_config(meta, config, gguf_path)}
   tensors = convert_tensors(reader, meta, gguf_path, dtype)
   _write_checkpoint(out_dir, tensors, tok, files)
   return config
