@@ -5,7 +5,8 @@
 float32 and rounded to the nearest, ties to even; config.json's `torch_dtype` names it),
 `tokenizer.json` (its post-processor frames text with BOS / EOS as the file's `add_bos_token` /
 `add_eos_token` say), `tokenizer_config.json` (special tokens, `add_bos_token`, the chat template) and
-`generation_config.json` (EOS, and the file's end-of-turn / end-of-message ids: `generation_config`). It reads the file with the `gguf` package (numpy only):
+`generation_config.json` (EOS, and the file's end-of-turn / end-of-message ids: `generation_config`). It reads
+the file with the `gguf` package (numpy only):
 
   architectures  `llama` → LlamaForCausalLM, `qwen2` → Qwen2ForCausalLM (`ARCHITECTURES`)
   tensor types   F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K (`TENSOR_TYPES`), dequantised
