@@ -166,6 +166,15 @@ def test_numbers_too_large_for_a_float():
   assert not rewards.answers_match("9" * 400 + "1", "9" * 400 + "0")
 
 
+def test_numbers_with_more_digits_than_python_reads_are_no_number():
+  # A model repeating a digit until its token budget: int("3" * 5000) raises ValueError (Python's 4300-digit
+  # limit), which made the built-in reward raise (the sample got `reward.default` and an error) instead of 0.
+  assert rewards.parse_number("3" * 5000) is None and rewards.parse_number("0." + "3" * 5000) is None
+  assert rewards.math_answer(_sample("So it is " + "3" * 5000, answer=3)) == 0.0
+  assert rewards.math_answer(_sample("\\boxed{" + "3" * 5000 + "}", answer="3" * 5000)) == 1.0  # equal texts
+  assert rewards.math_answer(_sample("\\boxed{7}", answer="3" * 5000)) == 0.0
+
+
 def test_answers_match_tolerances():
   assert rewards.answers_match("0.333333", "1/3", rel_tol=1.01e-6)  # now 10^-6 is below the tolerance
   assert rewards.answers_match("0.1", "0.1000000001", abs_tol=0.0)  # relative 10^-9 < 10^-6 still

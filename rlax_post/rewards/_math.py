@@ -14,12 +14,12 @@ or `1{,}234{,}567`: groups of exactly three digits), a leading `$` or `\\$` or s
 not `2x`, `3i`, `2 x`, nor words of arithmetic such as `squared` or `pi`), a scale word first among them,
 which multiplies (`5 million` reads 5000000; a scale word elsewhere or in the plural reads no number), and
 LaTeX spacing and `\\text{}`; the value written becomes a `Fraction` (decimals too; a float only with an
-exponent). Two answers match when both read as numbers that agree, or, when either does not read as a number,
-when their normalised texts are equal. Numbers agree when they are equal, or when either is an approximation
-and |a - b| < max(rel_tol * max(|a|, |b|), abs_tol), computed exactly (the tolerances read as the decimals
-they print as). Integers and fractions of them are exact, and so is any whole number however written (`12.0`,
-`1e6`, a float reference `1000000.0`): `1000001` never matches `1000000`. A decimal that is not whole (`0.1`,
-`3.14159`, a float reference `0.6666666666666666`) is an approximation: `0.3333333` matches `1/3`, while
+exponent; more than 4300 digits, beyond what Python reads, are no number). Two answers match when both read as numbers
+that agree, or, when either does not read as a number, when their normalised texts are equal. Numbers agree when they
+are equal, or when either is an approximation and |a - b| < max(rel_tol * max(|a|, |b|), abs_tol), computed exactly (the
+tolerances read as the decimals they print as). Integers and fractions of them are exact, and so is any whole number
+however written (`12.0`, `1e6`, a float reference `1000000.0`): `1000001` never matches `1000000`. A decimal that is not
+whole (`0.1`, `3.14159`, a float reference `0.6666666666666666`) is an approximation: `0.3333333` matches `1/3`, while
 `0.333333` (off by exactly one part in 10^6) does not at the default rel_tol=1e-6.
 """
 
@@ -189,7 +189,11 @@ def _parse(s: str) -> tuple[Fraction | float, bool] | None:
   if "e" in token.lower():
     value = float(token) * scale
     return (value, False) if math.isfinite(value) else None
-  return Fraction(token) * scale, "." not in token
+  try:
+    value = Fraction(token)
+  except ValueError:  # more digits than Python reads (4300: a model repeating "3" until its token budget)
+    return None
+  return value * scale, "." not in token
 
 
 def _read(s: str) -> tuple[Fraction | float, bool] | None:
