@@ -188,6 +188,17 @@ def test_answers_match_tolerances():
     rewards.answers_match("1", "1", abs_tol=-1)
 
 
+def test_math_reward_reads_answers_in_markdown_bold():
+  # A chat model's bold answer read as no number ("**42**", "** 42", "42**"), so a right answer scored 0.
+  assert rewards.math_answer(_sample("The answer is **42**.", answer=42)) == 1.0
+  assert rewards.math_answer(_sample("**Answer:** 42", answer=42)) == 1.0
+  assert rewards.math_answer(_sample("**Final answer: 42**", answer=42)) == 1.0
+  assert rewards.math_answer(_sample("The answer is **42**, which is even.", answer=42)) == 1.0
+  assert rewards.math_answer(_sample("The answer is **(B)**.", answer="(B)")) == 1.0
+  assert rewards.math_answer(_sample("The answer is **41**.", answer=42)) == 0.0
+  assert rewards.parse_number("2*3") is None
+
+
 def test_math_reward_reads_references_of_every_kind():
   assert rewards.math_answer(_sample("so it is 19", answer=19)) == 1.0
   assert rewards.math_answer(_sample("so it is 19", answer="Add them: 12+7=19\n#### 19")) == 1.0
