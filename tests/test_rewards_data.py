@@ -48,6 +48,11 @@ def test_extract_answer(text, expected):
     ("So the answer is 42, which is even.", "42"),
     ("The answer is 42 because 6*7=42.", "42"),
     ("The answer is 12 apples because he had 12.", "12"),
+    # The Minerva / lm-eval MATH format: "Final Answer:" opens the phrase that states the answer.
+    ("Final Answer: The final answer is 42. I hope it is correct.", "42"),
+    ("**Final Answer:** The final answer is $\\frac{1}{2}$. I hope it is correct.", "$\\frac{1}{2}$"),
+    ("Answer: the answer is 7", "7"),
+    ("The answer is 42, since checking the answer is easy.", "42"),
     ("The answer is 5 million, which is a lot.", "5 million"),  # a scale word is no place to stop
     ("The answer is x = 5, since x + 1 = 6.", "x = 5"),
     ("The answer is $\\frac{1}{2}$, as shown.", "$\\frac{1}{2}$"),

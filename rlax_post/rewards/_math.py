@@ -5,7 +5,7 @@
   2. `#### ...` (GSM8K), up to the end of its line;
   3. "the answer is ..." / "answer: ..." (any case), up to the end of the sentence or line, or, when that
      is no number but starts with one, up to the end of that number and its units ("the answer is 42,
-     which is even" gives "42");
+     which is even" gives "42"; "Final Answer: The final answer is 42. I hope it is correct." gives "42");
   4. the last number in the text.
 `parse_number(s)` reads integers, decimals, fractions (`3/4`, not `1/2/3`, `\\frac{3}{4}`, `\\dfrac`,
 `\\tfrac`, `\\frac12`), signs (also the Unicode minus, and before `\\frac`), thousands separators (`1,234,567`
@@ -32,7 +32,10 @@ import re
 _BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE = re.compile(r"[{}]")
 _HASHES = re.compile(r"####\s*([^\n]*)")
-_ANSWER_IS = re.compile(r"(?:the\s+(?:final\s+)?answer\s+is|final\s+answer\s*:|answer\s*:)\s*:?\s*(.+?)"
+# A phrase may open with "Final Answer:" before another: "Final Answer: The final answer is 42. I hope it is
+# correct." (the Minerva / lm-eval MATH format) states "42", not "The final answer is 42".
+_ANSWER_IS = re.compile(r"(?:(?:final\s+)?answer\s*:[\s*]*)?"
+                        r"(?:the\s+(?:final\s+)?answer\s+is|final\s+answer\s*:|answer\s*:)\s*:?\s*(.+?)"
                         r"(?:\.(?:\s|$)|\n|$)", re.IGNORECASE)
 # A number: thousands-grouped or plain digits, optional decimals, optional /denominator; not preceded by
 # a letter, digit or dot (so "x2" or "5-3" give no "2" / "-3"). A leading ".5" also counts.
