@@ -204,6 +204,16 @@ def test_math_reward_reads_answers_in_markdown_bold():
   assert rewards.parse_number("2*3") is None
 
 
+def test_math_reward_reads_answers_in_latex_math_delimiters():
+  # `$...$` was dropped but `\\(...\\)`, `\\[...\\]` and `\\displaystyle` were kept, so the answer read as no number.
+  assert rewards.math_answer(_sample("The answer is \\(42\\).", answer=42)) == 1.0
+  assert rewards.math_answer(_sample("The answer is \\(\\frac{1}{2}\\).", answer=0.5)) == 1.0
+  assert rewards.math_answer(_sample("Answer: \\[42\\]", answer=42)) == 1.0
+  assert rewards.math_answer(_sample("\\boxed{\\displaystyle \\frac{1}{2}}", answer="1/2")) == 1.0
+  assert rewards.math_answer(_sample("The answer is \\(41\\).", answer=42)) == 0.0
+  assert rewards.answers_match("\\left[ 1, 2 \\right]", "[1,2]")  # brackets written with \\left and \\right kept
+
+
 def test_math_reward_reads_references_of_every_kind():
   assert rewards.math_answer(_sample("so it is 19", answer=19)) == 1.0
   assert rewards.math_answer(_sample("so it is 19", answer="Add them: 12+7=19\n#### 19")) == 1.0

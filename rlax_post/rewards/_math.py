@@ -13,14 +13,15 @@ or `1{,}234{,}567`: groups of exactly three digits), a leading `$` or `\\$` or s
 (`x = 5`), a trailing `%` or unit words (after whitespace, two letters or more: `72 dollars`, `5\\text{ cm}`;
 not `2x`, `3i`, `2 x`, nor words of arithmetic such as `squared` or `pi`), a scale word first among them,
 which multiplies (`5 million` reads 5000000; a scale word elsewhere or in the plural reads no number), and
-LaTeX spacing, `\\text{}` and Markdown bold (`**42**`); the value written becomes a `Fraction` (decimals too; a float
-only with an exponent; more than 4300 digits, beyond what Python reads, are no number). Two answers match when both read
-as numbers that agree, or, when either does not read as a number, when their normalised texts are equal. Numbers agree
-when they are equal, or when either is an approximation and |a - b| < max(rel_tol * max(|a|, |b|), abs_tol), computed
-exactly (the tolerances read as the decimals they print as). Integers and fractions of them are exact, and so is any
-whole number however written (`12.0`, `1e6`, a float reference `1000000.0`): `1000001` never matches `1000000`. A
-decimal that is not whole (`0.1`, `3.14159`, a float reference `0.6666666666666666`) is an approximation: `0.3333333`
-matches `1/3`, while `0.333333` (off by exactly one part in 10^6) does not at the default rel_tol=1e-6.
+LaTeX spacing, math delimiters (`\\(42\\)`), `\\text{}` and Markdown bold (`**42**`); the value written becomes a
+`Fraction` (decimals too; a float only with an exponent; more than 4300 digits, beyond what Python reads, are no
+number). Two answers match when both read as numbers that agree, or, when either does not read as a number, when their
+normalised texts are equal. Numbers agree when they are equal, or when either is an approximation and |a - b| <
+max(rel_tol * max(|a|, |b|), abs_tol), computed exactly (the tolerances read as the decimals they print as). Integers
+and fractions of them are exact, and so is any whole number however written (`12.0`, `1e6`, a float reference
+`1000000.0`): `1000001` never matches `1000000`. A decimal that is not whole (`0.1`, `3.14159`, a float reference
+`0.6666666666666666`) is an approximation: `0.3333333` matches `1/3`, while `0.333333` (off by exactly one part in 10^6)
+does not at the default rel_tol=1e-6.
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def _latex_plain(s: str) -> str:
 def _clean(s: str) -> str:
   s = _latex_plain(s).strip()
   s = _TEXT.sub(r" \1", s)  # a space, so `5\\text{cm}` keeps its unit apart like `5 cm`
-  for token in ("\\$", "$", "\\!", "\\,", "\\;", "\\ ", "\\left", "\\right", "\\%"):
+  for token in ("\\$", "$", "\\(", "\\)", "\\[", "\\]", "\\displaystyle", "\\!", "\\,", "\\;", "\\ ", "\\left",
+                "\\right", "\\%"):
     s = s.replace(token, "")
   s = s.strip().strip("*").strip()  # Markdown bold around an answer: "The answer is **42**", "**Answer:** 42"
   return s.rstrip(".").strip()
