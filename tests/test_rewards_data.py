@@ -214,6 +214,15 @@ def test_math_reward_reads_answers_in_latex_math_delimiters():
   assert rewards.answers_match("\\left[ 1, 2 \\right]", "[1,2]")  # brackets written with \\left and \\right kept
 
 
+def test_math_reward_reads_degrees():
+  # MATH's geometry references are written `90^\\circ`: with the mark kept, neither `\\boxed{90}` nor
+  # `\\boxed{90^{\\circ}}` read as the same number, and a right answer scored 0.
+  assert rewards.math_answer(_sample("\\boxed{90}", answer="\\boxed{90^\\circ}")) == 1.0
+  assert rewards.math_answer(_sample("\\boxed{90^{\\circ}}", answer="90")) == 1.0
+  assert rewards.math_answer(_sample("The angle is 90\u00b0.", answer="90^\\circ")) == 1.0
+  assert rewards.math_answer(_sample("\\boxed{45^\\circ}", answer="90^\\circ")) == 0.0
+
+
 def test_math_reward_reads_references_of_every_kind():
   assert rewards.math_answer(_sample("so it is 19", answer=19)) == 1.0
   assert rewards.math_answer(_sample("so it is 19", answer="Add them: 12+7=19\n#### 19")) == 1.0

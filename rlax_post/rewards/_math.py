@@ -10,10 +10,10 @@
 `parse_number(s)` reads integers, decimals, fractions (`3/4`, not `1/2/3`, `\\frac{3}{4}`, `\\dfrac`,
 `\\tfrac`, `\\frac12`), signs (also the Unicode minus, and before `\\frac`), thousands separators (`1,234,567`
 or `1{,}234{,}567`: groups of exactly three digits), a leading `$` or `\\$` or single-letter variable and `=`
-(`x = 5`), a trailing `%` or unit words (after whitespace, two letters or more: `72 dollars`, `5\\text{ cm}`;
-not `2x`, `3i`, `2 x`, nor words of arithmetic such as `squared` or `pi`), a scale word first among them,
-which multiplies (`5 million` reads 5000000; a scale word elsewhere or in the plural reads no number), and
-LaTeX spacing, math delimiters (`\\(42\\)`), `\\text{}` and Markdown bold (`**42**`); the value written becomes a
+(`x = 5`), a trailing `%`, degrees (`90^\\circ`, `90°`) or unit words (after whitespace, two letters or more:
+`72 dollars`, `5\\text{ cm}`; not `2x`, `3i`, `2 x`, nor words of arithmetic such as `squared` or `pi`), a scale word
+first among them, which multiplies (`5 million` reads 5000000; a scale word elsewhere or in the plural reads no number),
+and LaTeX spacing, math delimiters (`\\(42\\)`), `\\text{}` and Markdown bold (`**42**`); the value written becomes a
 `Fraction` (decimals too; a float only with an exponent; more than 4300 digits, beyond what Python reads, are no
 number). Two answers match when both read as numbers that agree, or, when either does not read as a number, when their
 normalised texts are equal. Numbers agree when they are equal, or when either is an approximation and |a - b| <
@@ -127,7 +127,7 @@ def _clean(s: str) -> str:
   s = _latex_plain(s).strip()
   s = _TEXT.sub(r" \1", s)  # a space, so `5\\text{cm}` keeps its unit apart like `5 cm`
   for token in ("\\$", "$", "\\(", "\\)", "\\[", "\\]", "\\displaystyle", "\\!", "\\,", "\\;", "\\ ", "\\left",
-                "\\right", "\\%"):
+                "\\right", "\\%", "^{\\circ}", "^\\circ", "\u00b0"):  # degrees: MATH writes `90^\\circ`
     s = s.replace(token, "")
   s = s.strip().strip("*").strip()  # Markdown bold around an answer: "The answer is **42**", "**Answer:** 42"
   return s.rstrip(".").strip()
