@@ -48,6 +48,9 @@ def test_extract_answer(text, expected):
     ("So the answer is 42, which is even.", "42"),
     ("The answer is 42 because 6*7=42.", "42"),
     ("The answer is 12 apples because he had 12.", "12"),
+    ("The answer is 42 (six times seven).", "42"),  # a bracketed remark: no place for a number's units
+    ("The answer is: 42 (apples)", "42"),
+    ("The answer is 5 (or 6).", "5 (or 6)"),
     # The Minerva / lm-eval MATH format: "Final Answer:" opens the phrase that states the answer.
     ("Final Answer: The final answer is 42. I hope it is correct.", "42"),
     ("**Final Answer:** The final answer is $\\frac{1}{2}$. I hope it is correct.", "$\\frac{1}{2}$"),

@@ -51,9 +51,10 @@ _SCALES = {"hundred": 100, "thousand": 10**3, "million": 10**6, "billion": 10**9
 _NOT_UNITS = frozenset({"and", "or", "plus", "minus", "times", "over", "divided", "squared", "cubed", "pi", "sqrt",
                         "root", "not", "but", "maybe", "perhaps", "possibly", "otherwise", "else"})
 # Where a stated answer may end before its sentence does: a space, or a comma, semicolon or colon and a space,
-# then a word ("42, which is even", "42 because 6*7=42"); looked for only in its first characters, since a
-# number and its units are short (and so a long run of spaces costs nothing).
-_CLAUSE = re.compile(r"[,;:]?\s+([A-Za-z]+)")
+# then a word, or a bracket and a word ("42, which is even", "42 because 6*7=42", "42 (six times seven)"); looked
+# for only in its first characters, since a number and its units are short (and so a long run of spaces costs
+# nothing).
+_CLAUSE = re.compile(r"[,;:]?\s+\(?([A-Za-z]+)")
 _STATED_NUMBER_CHARS = 100
 _VARIABLE = re.compile(r"(?:[A-Za-z]\s*=(?!=)\s*)?")  # "x = 5": one letter, so not "f(x) = 5" or "xy = 5"
 _PLAIN = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|[-+]?\.\d+(?:[eE][-+]?\d+)?")
@@ -105,7 +106,7 @@ def extract_answer(text: str) -> str | None:
 def _stated(s: str) -> str:
   """A stated answer, which runs to the end of its sentence: all of it when it reads as a number or has no
   number at its start, else its shortest beginning that reads as a number and ends before a clause ("42, which
-  is even" and "42 because 6*7=42" give "42"; "5 million, so" gives "5 million")."""
+  is even", "42 because 6*7=42" and "42 (six times seven)" give "42"; "5 million, so" gives "5 million")."""
   if _read(s) is not None:
     return s
   for clause in _CLAUSE.finditer(s, 0, _STATED_NUMBER_CHARS):
