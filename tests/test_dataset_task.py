@@ -101,6 +101,37 @@ def test_malformed_rows_name_file_line_and_field(tmp_path, row, kw, message):
     envs.Renderer(cfg.data, models.ByteTokenizer())(0, row, data.Where("t.jsonl", 7))
 
 
+@pytest.mark.parametrize("env, message", [
+    ({"name": "nosuch"}, r"^t.jsonl:7: the row's environment 'nosuch' cannot be loaded \(Unknown environment 'nosuch'; "
+                         r"expected .*\); short names: \['tools'\]\.$"),
+    ({"name": "{tmp}/gone.py:Counter"}, r"^t.jsonl:7: the row's environment '.*gone.py:Counter' cannot be loaded "
+                                        r"\(Environment '.*gone.py:Counter': no file '.*gone.py'"),
+    ({"name": "{tmp}/my_env.py:Countr"}, r"cannot be loaded \(Environment '.*my_env.py:Countr': '.*my_env.py' has "
+                                         r"no 'Countr'; its callables: \['Counter'\]\)"),
+    ({"name": "{tmp}/my_env.py:Counter", "args": {"turnz": 2}},
+     r"^t.jsonl:7: the row's environment '.*my_env.py:Counter' cannot be built with args \{'turnz': 2\} "
+     r"\(.*'turns'.*\)\.$"),
+    ({"name": "tools", "args": {"max_turnz": 3}},
+     r"^t.jsonl:7: the row's environment 'tools' cannot be built with args \{'max_turnz': 3\} \(.*'max_turnz'"),
+    ({"name": "tools", "args": {"max_turns": 3}}, None),
+    ({"name": "{tmp}/my_env.py:Counter", "args": {"turns": 2}}, None),
+])
+def test_a_row_naming_an_env_that_cannot_be_built_is_malformed(tmp_path, env, message):
+  """A row's env that is no environment, or args it does not take, is refused when the row is read (check-data,
+  the task's first rows at start-up), naming the row: until 2026-12-06 check-data said OK and the run stopped at
+  the row's first episode (a missing file's error called the env a 'Reward' and named no row)."""
+  (tmp_path / "my_env.py").write_text(_USER_ENV)
+  cfg = _cfg(tmp_path, _rows(2), _rows(2), env_field="env", answer_field=None)
+  env = {**env, "name": env["name"].replace("{tmp}", str(tmp_path))}
+  renderer = envs.Renderer(cfg.data, models.ByteTokenizer())
+  row = {"prompt": "q", "env": env}
+  if message is None:
+    assert renderer(0, row, data.Where("t.jsonl", 7)).row["env"] == env
+    return
+  with pytest.raises(data.RowError, match=message):
+    renderer(0, row, data.Where("t.jsonl", 7))
+
+
 def test_too_long_prompts_skip_truncate_or_error(tmp_path):
   tok = models.ByteTokenizer()
   long_row = {"prompt": "0123456789" * 2, "answer": 1}

@@ -28,10 +28,12 @@ message and place, `rewards.Result.error`, so that a learner can name it whichev
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import logging
 import os
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -114,6 +116,7 @@ class Renderer:
               and isinstance(env.get("args", {}), dict)):
         raise data.RowError(f"{where}: field {s.env_field!r} must be {{\"name\": str, \"args\": {{...}}}}; got "
                             f"{_short(env)}.")
+      check_row_env(env, where)
 
   def text(self, row: dict) -> str:
     """The prompt text the model is given (system prompt and chat template applied)."""
@@ -412,20 +415,57 @@ def _tool_env(episode: int, seed: int, **args) -> tools.ToolEnv:
   return tools.ToolEnv(episode=episode, latency_seed=seed, sleep=False, **args)
 
 
+def _bind(factory: Callable[..., Any], **args) -> None:
+  """Raises TypeError where `factory(**args)` would for its signature (a callable without one passes)."""
+  try:
+    signature = inspect.signature(factory)
+  except (TypeError, ValueError):  # (its first episode tells)
+    return
+  signature.bind(**args)
+
+
 # Environments a row may name by a short name; any other name is "module:callable" or "file.py:callable",
 # called with the row's args to build one env per episode.
 ROW_ENVS = {"tools": _tool_env}
+# What raises TypeError for a short name's row args (`check_row_env`): the tools env takes `tools.ToolEnv`'s
+# keywords but those `_tool_env` sets.
+_ROW_ENV_ARGS = {"tools": functools.partial(_bind, functools.partial(tools.ToolEnv, episode=0, latency_seed=0,
+                                                                   sleep=False))}
+
+
+def _row_env_factory(name: str) -> tuple[Callable[..., Any], Callable[..., None]]:
+  """(what builds env `name` from (episode, seed, **args), what raises TypeError for args it cannot be built
+  with): a short name's (`ROW_ENVS`, `_ROW_ENV_ARGS`), or a loaded "module:callable" / "file.py:callable"'s (called
+  with the args alone). ValueError, or FileNotFoundError, for a name that is none of these."""
+  if name in ROW_ENVS:
+    return ROW_ENVS[name], _ROW_ENV_ARGS[name]
+  _, factory = rewards.load_callable(name, what="environment")
+  return (lambda episode, seed, **args: factory(**args)), functools.partial(_bind, factory)
+
+
+def check_row_env(spec: dict, where: data.Where) -> None:
+  """Raises `data.RowError` when a row's env field `spec` ({"name", "args"}) names no environment (an unknown
+  short name, a missing or broken file or module, a missing callable) or args its callable does not take: the
+  row could run no episode (found out at its first one, maybe hours into a run, while `check-data` said OK)."""
+  name, args = spec["name"], dict(spec.get("args", {}))
+  try:
+    _, check_args = _row_env_factory(name)
+  except (OSError, ValueError) as e:
+    raise data.RowError(f"{where}: the row's environment {name!r} cannot be loaded ({str(e).rstrip('.')}); "
+                        f"short names: {sorted(ROW_ENVS)}.") from None
+  try:
+    check_args(**args)
+  except TypeError as e:
+    raise data.RowError(f"{where}: the row's environment {name!r} cannot be built with args {args} ({e}).") from None
 
 
 def make_row_env(spec: dict, episode: int, seed: int, where: data.Where):
   """A fresh env for one episode of a row whose env field is `spec` ({"name", "args"})."""
   name, args = spec["name"], dict(spec.get("args", {}))
   try:
-    if name in ROW_ENVS:
-      return ROW_ENVS[name](episode, seed, **args)
-    _, factory = rewards.load_callable(name, what="environment")
-    return factory(**args)
-  except (TypeError, ValueError) as e:
+    build, _ = _row_env_factory(name)
+    return build(episode, seed, **args)
+  except (TypeError, ValueError, FileNotFoundError) as e:
     raise ValueError(f"{where}: cannot build environment {name!r} with args {args} ({e}); short names: "
                      f"{sorted(ROW_ENVS)}.") from None
 

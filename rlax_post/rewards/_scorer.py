@@ -68,11 +68,12 @@ def source_digests(specs: Sequence[str]) -> dict[str, str]:
   return out
 
 
-def _load_module(module: str, spec: str):
+def _load_module(module: str, spec: str, what: str = "reward"):
+  what = what.capitalize()  # (the messages name an environment's spec as such, not as a reward's)
   if _names_file(module):
     path = os.path.abspath(module)
     if not os.path.isfile(path):
-      raise FileNotFoundError(f"Reward {spec!r}: no file {path!r} (relative paths are read from {os.getcwd()}).")
+      raise FileNotFoundError(f"{what} {spec!r}: no file {path!r} (relative paths are read from {os.getcwd()}).")
     name = "rlax_post_user_" + hashlib.blake2b(path.encode(), digest_size=6).hexdigest()
     if name not in sys.modules:
       _import_beside(os.path.dirname(path))
@@ -83,18 +84,18 @@ def _load_module(module: str, spec: str):
         file_spec.loader.exec_module(mod)
       except Exception as e:  # pylint: disable=broad-exception-caught  # the user's file: name it, one line
         del sys.modules[name]
-        raise ValueError(f"Reward {spec!r}: importing {path} failed: {_where(e, path)}{type(e).__name__}: "
+        raise ValueError(f"{what} {spec!r}: importing {path} failed: {_where(e, path)}{type(e).__name__}: "
                          f"{e}") from e
     return sys.modules[name]
   try:
     return importlib.import_module(module)
   except ModuleNotFoundError as e:
     if e.name is not None and module.startswith(e.name):  # the module itself (or its package) is missing
-      raise ValueError(f"Reward {spec!r}: cannot import {module!r} ({e}); install it, put it on "
+      raise ValueError(f"{what} {spec!r}: cannot import {module!r} ({e}); install it, put it on "
                        "PYTHONPATH, or name the file instead: 'path/to/file.py:function'.") from None
-    raise ValueError(f"Reward {spec!r}: importing {module!r} failed: {type(e).__name__}: {e}") from e
+    raise ValueError(f"{what} {spec!r}: importing {module!r} failed: {type(e).__name__}: {e}") from e
   except Exception as e:  # pylint: disable=broad-exception-caught  # an error inside the user's module
-    raise ValueError(f"Reward {spec!r}: importing {module!r} failed: {type(e).__name__}: {e}") from e
+    raise ValueError(f"{what} {spec!r}: importing {module!r} failed: {type(e).__name__}: {e}") from e
 
 
 def _import_beside(directory: str) -> None:
@@ -124,7 +125,7 @@ def load_callable(spec: str, what: str = "reward") -> tuple[str, Callable[..., A
     builtins = f"a built-in ({sorted(_builtin.BUILTINS)}), " if what == "reward" else ""
     raise ValueError(f"Unknown {what} {spec!r}; expected {builtins}'package.module:function' or "
                      "'path/to/file.py:function'.")
-  mod = _load_module(module, spec)
+  mod = _load_module(module, spec, what)
   fn = getattr(mod, attr, None)
   if fn is None:
     public = sorted(n for n in vars(mod) if not n.startswith("_") and callable(getattr(mod, n)))
