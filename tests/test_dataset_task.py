@@ -433,6 +433,34 @@ def test_env_rows_start_from_the_rendered_prompt_and_fit_the_engine(tmp_path, pr
     assert len(row["prompt"]) == 25 and len(row["prompt"]) + len(row["tokens"]) <= engine.max_decode_length
 
 
+def test_env_rows_end_within_the_rows_width_where_the_engine_s_rows_are_longer(tmp_path):
+  """data.max_prompt_tokens = 8 and rl.max_new_tokens = 6 make rows 14 wide, while the engine's rows are 16 (its
+  prefill bucket) in a context of 32: an episode of an env that never ends filled all 16 and the run stopped
+  ("A rollout of 4 prompt + 12 response tokens exceeds the batch width 14") until 2026-12-06."""
+  (tmp_path / "my_env.py").write_text(_USER_ENV)
+  rows = [{"prompt": "q", "env": {"name": f"{tmp_path}/my_env.py:Counter", "args": {"turns": 100}}}] * 2
+  train, held = tmp_path / "t.jsonl", tmp_path / "e.jsonl"
+  data.write_jsonl(str(train), rows)
+  data.write_jsonl(str(held), rows)
+  cfg = config.load({
+      "task": {"name": "dataset", "num_eval": 1},
+      "data": {"train": str(train), "eval": str(held), "answer_field": None, "env_field": "env",
+               "max_prompt_tokens": 8, "shuffle": False},
+      "model": {"preset": "micro", "max_seq_len": 32}, "sft": {"steps": 0},
+      "rl": {"steps": 1, "prompts_per_step": 1, "samples_per_prompt": 8, "max_new_tokens": 6},
+      "runtime": {"progress": False, "tensorboard": False, "plot": False}})
+  parts = runtime.build_parts(cfg)
+  engine = parts.sampling_engine()
+  assert parts.lengths.sequence == 14 and engine.max_decode_length == 16
+  producer = parts.task.producer(engine, models.init_params(parts.model_cfg, jax.random.key(0))[1], 0)
+  try:
+    [(_, group)] = envs.run_tickets(producer, [0], slots=8).items()
+  finally:
+    producer.close()
+  assert len(group) == 8
+  assert max(len(row["prompt"]) + len(row["tokens"]) for row in group) == 14  # (the longest fills them)
+
+
 def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_path):
   """A reward that raised or timed out on held-out rows pulled `eval_reward` down with nothing counting it
   (`reward_errors` was a train metric only); the evaluation's scores now carry `eval_reward_errors`, and the

@@ -551,11 +551,13 @@ class DatasetTask:
 
     tokenizer = _TemplateFramed(self.tokenizer) if self.renderer.chat else self.tokenizer
     # The model sees the rendered ids (cut to data.max_prompt_tokens by too_long = 'truncate'); the env's reset
-    # gets the row's prompt text.
+    # gets the row's prompt text. An episode ends within the rows' width (`dataset_lengths`' sequence), where the
+    # engine's rows may be longer (a prefill bucket of 2^k >= data.max_prompt_tokens tokens): until 2026-12-06
+    # a long one stopped the run ("A rollout of ... exceeds the batch width").
     return _episodes.EpisodeProducer(
         self.cfg, tokenizer, engine, params, version, prompt_of=lambda t: rows.get(t)[0].text, env_of=env_of,
         turn_tokens_of=lambda t: budget, max_turns=budget, max_workers=8, samples=None if split == "train" else 1,
-        prompt_ids_of=lambda t: rows.get(t)[0].ids)
+        prompt_ids_of=lambda t: rows.get(t)[0].ids, max_length=self.cfg.data.max_prompt_tokens + budget)
 
 
 def dataset_lengths(cfg: config_lib.Config, max_seq_len: int) -> _rl.Lengths:

@@ -165,19 +165,22 @@ class EpisodeProducer:
     env_timeout_s: longest an env call may run.
     prompt_ids_of: ticket → the prompt's ids as the model sees them (a dataset row's rendered ids, cut to
       `data.max_prompt_tokens`); None: the tokenizer encodes `prompt_of`'s text.
+    max_length: most tokens an episode may hold, its context included: the run's rows' width
+      (`Lengths.sequence`), where the engine's rows may be longer (`sampler.Driver(max_length=)`); None: the
+      engine's `max_decode_length`.
   """
 
   def __init__(self, cfg: config_lib.Config, tokenizer, engine: sampler.RlaxEngine, params, version: int, *,
                prompt_of: Callable[[int], str], env_of: Callable[[int], _protocol.Env],
                turn_tokens_of: Callable[[int], int], max_turns: int, stop_tokens: Sequence[int] = (),
                max_workers: int = 32, env_timeout_s: float = 60.0, samples: int | None = None,
-               prompt_ids_of: Callable[[int], Sequence[int]] | None = None):
+               prompt_ids_of: Callable[[int], Sequence[int]] | None = None, max_length: int | None = None):
     self.cfg, self.tokenizer = cfg, tokenizer
     self.n = cfg.rl.samples_per_prompt if samples is None else samples
     self.p = cfg.rl.prompts_per_step
     self.prompt_of, self.env_of, self.turn_tokens_of = prompt_of, env_of, turn_tokens_of
     self.prompt_ids_of = prompt_ids_of
-    self.driver = sampler.Driver(engine, params, version=version, seed=0, park_wait_s=0.005)
+    self.driver = sampler.Driver(engine, params, version=version, seed=0, park_wait_s=0.005, max_length=max_length)
     self._episode_ids: list[int] = []  # The ids the runner's next env_factory calls take, in order.
     self.runner = sampler.EpisodeRunner(
         self.driver, tokenizer, self._make_env, max_turn_tokens=1, max_turns=max_turns,

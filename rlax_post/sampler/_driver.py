@@ -168,12 +168,15 @@ class Driver:
       (default): only inside `sample()`, where nothing is submitted between steps (but by `on_step`); a loop
       that submits as slots free (`envs.run_tickets` admits a group once its slots are free) would leave them
       idle a block longer each time: measured on the CPU, 18% fewer busy slot-steps and 14% more time.
+    max_length: most tokens a sample's sequence (prompt, messages and observations) may hold, if fewer than the
+      engine's `max_decode_length` (whose rows may be longer: a power-of-two prefill bucket); None: that.
+      Multi-turn episodes must end within the run's rows (`envs.Lengths.sequence`).
   """
 
   def __init__(self, engine: _engine.RlaxEngine, params: Any, *, version: int = 0,
                static_batching: bool = False, share_prefix: bool = True, recompute_on_swap: bool = True,
                seed: int = 0, park_wait_s: float = 0.05, refill_after: int | None = None,
-               run_ahead: bool | None = None):
+               run_ahead: bool | None = None, max_length: int | None = None):
     params = engine.prepare_params(params)  # Checked; each layer's weights apart where the engine wants them.
     self.refill_after = _engine.check_refill_after(engine.refill_after if refill_after is None else refill_after,
                                                    engine.max_concurrent_decodes)
@@ -196,7 +199,7 @@ class Driver:
     self._pending: collections.deque[_samples.Sample] = collections.deque()
     self._finished: list[tuple[int, int, Completion]] = []  # (request order, index, completion).
     self._num_requests = 0
-    self._room = engine.max_decode_length
+    self._room = engine.max_decode_length if max_length is None else min(int(max_length), engine.max_decode_length)
     # Samples waiting on an env future, in parking order: (future, sample, the turn's finish reason).
     self._parked: list[tuple[concurrent.futures.Future, _samples.Sample, str]] = []
     # Finished samples of `Request.keep` requests: (request_id, index) -> (sample, its state as a prefix, the
@@ -702,6 +705,11 @@ class Driver:
     return [c for _, _, c in sorted(out, key=lambda x: x[:2])]
 
   # --- Internals ------------------------------------------------------------------------------------------
+
+  @property
+  def room(self) -> int:
+    """Most tokens a sample's sequence may hold (`max_length`, at most the engine's `max_decode_length`)."""
+    return self._room
 
   def _set_turn_limit(self, sample: _samples.Sample) -> None:
     """This turn's token budget (`_turn_limit`)."""

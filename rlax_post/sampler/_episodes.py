@@ -548,7 +548,7 @@ class EpisodeRunner:
   def _start(self, group: _Group) -> None:
     """Submits the group's requests: its episodes grouped by context (a request shares one prefill)."""
     contexts: dict[tuple[int, ...], list[int]] = {}
-    largest, limit = self._driver.engine.prefill_buckets[-1], self._driver.engine.max_decode_length
+    largest, limit = self._driver.engine.prefill_buckets[-1], self._driver.room
     for future, state in zip(group.resets, group.states):
       observation = future.result()
       if observation is None:  # reset failed: the episode ends with its context, no turn.
