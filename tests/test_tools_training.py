@@ -7,13 +7,16 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 import tokenizers
 
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
+from rlax_post import envs
 from rlax_post import models
+from rlax_post import runtime
 from rlax_post.envs import tools
 
 from configs import tools_tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -126,3 +129,22 @@ def test_tiny_tool_run_end_to_end_with_turn_level_credit(tmp_path):
     assert r["num_nodes"] >= 1  # Turn-level credit: GiGPO's state groups were built.
     for k in ("loss", "reward_mean", "num_nodes"):
       assert r[k] is not None and np.isfinite(r[k]), k
+
+
+def test_episodes_end_within_the_rows_width_where_the_engine_s_rows_are_longer():
+  """rl.max_new_tokens = 64 makes rows 160 + 64 = 224 wide, while the engine's rows are 256 (its prefill bucket)
+  in a context of 448: episodes filled all 256 and the run stopped ("A rollout of 90 prompt + 156 response
+  tokens exceeds the batch width 224") until 2026-12-06."""
+  c = tools_tiny.get_config("tiny")
+  c.rl.max_new_tokens, c.task.options.max_turn_tokens = 64, 32
+  cfg = config.load(c)
+  parts = runtime.build_parts(cfg)
+  engine = parts.sampling_engine()
+  assert parts.lengths.sequence == 224 and engine.max_decode_length == 256
+  producer = parts.task.producer(engine, models.init_params(parts.model_cfg, jax.random.key(0))[1], 0)
+  try:
+    [(_, group)] = envs.run_tickets(producer, [0], slots=cfg.sampler_slots).items()
+  finally:
+    producer.close()
+  assert len(group) == cfg.rl.samples_per_prompt
+  assert max(len(row["prompt"]) + len(row["tokens"]) for row in group) <= 224
