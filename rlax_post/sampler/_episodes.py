@@ -666,6 +666,8 @@ def _callback(members: list[_State], calls: _Calls, tokenizer: Any, max_turns: i
         raise TypeError(f"env.step must return a StepResult; got {type(result).__name__}.")
       # Every conversion first: a bad value raises (env_error) before the step's reward is recorded.
       reward, info = float(result.reward), dict(result.info)
+      if not math.isfinite(reward):  # (it reached the learner: the step's loss NaN, its update skipped, unsaid)
+        raise ValueError(f"env.step returned reward {reward}; rewards must be finite.")
       go_on = not result.done and len(state.messages) < max_turns
       observation = tokenizer.encode(result.observation, add_bos=False) if go_on else None
       state.rewards.append(reward)
