@@ -415,13 +415,13 @@ def _tool_env(episode: int, seed: int, **args) -> tools.ToolEnv:
   return tools.ToolEnv(episode=episode, latency_seed=seed, sleep=False, **args)
 
 
-def _bind(factory: Callable[..., Any], **args) -> None:
-  """Raises TypeError where `factory(**args)` would for its signature (a callable without one passes)."""
+def _args_check(factory: Callable[..., Any]) -> Callable[..., Any]:
+  """What raises TypeError for keyword args that `factory` does not take, by its signature (one without a
+  signature takes any: its first episode tells)."""
   try:
-    signature = inspect.signature(factory)
-  except (TypeError, ValueError):  # (its first episode tells)
-    return
-  signature.bind(**args)
+    return inspect.signature(factory).bind
+  except (TypeError, ValueError):
+    return lambda **args: None
 
 
 # Environments a row may name by a short name; any other name is "module:callable" or "file.py:callable",
@@ -429,18 +429,18 @@ def _bind(factory: Callable[..., Any], **args) -> None:
 ROW_ENVS = {"tools": _tool_env}
 # What raises TypeError for a short name's row args (`check_row_env`): the tools env takes `tools.ToolEnv`'s
 # keywords but those `_tool_env` sets.
-_ROW_ENV_ARGS = {"tools": functools.partial(_bind, functools.partial(tools.ToolEnv, episode=0, latency_seed=0,
-                                                                   sleep=False))}
+_ROW_ENV_ARGS = {"tools": _args_check(functools.partial(tools.ToolEnv, episode=0, latency_seed=0, sleep=False))}
 
 
-def _row_env_factory(name: str) -> tuple[Callable[..., Any], Callable[..., None]]:
+@functools.lru_cache(maxsize=256)  # (every row is checked: a name is loaded once)
+def _row_env_factory(name: str) -> tuple[Callable[..., Any], Callable[..., Any]]:
   """(what builds env `name` from (episode, seed, **args), what raises TypeError for args it cannot be built
   with): a short name's (`ROW_ENVS`, `_ROW_ENV_ARGS`), or a loaded "module:callable" / "file.py:callable"'s (called
   with the args alone). ValueError, or FileNotFoundError, for a name that is none of these."""
   if name in ROW_ENVS:
     return ROW_ENVS[name], _ROW_ENV_ARGS[name]
   _, factory = rewards.load_callable(name, what="environment")
-  return (lambda episode, seed, **args: factory(**args)), functools.partial(_bind, factory)
+  return (lambda episode, seed, **args: factory(**args)), _args_check(factory)
 
 
 def check_row_env(spec: dict, where: data.Where) -> None:
