@@ -1,6 +1,7 @@
 """`data.open_rows`: JSON Lines, ArrayRecord and Parquet rows by index, errors that name file and line,
 streaming (an index, not the file, in memory), held-out splits and seeded orders."""
 
+import gc
 import json
 import os
 import tracemalloc
@@ -46,18 +47,24 @@ def _append(path, text: str):
     f.write(text)
 
 
-def test_a_file_changed_after_it_was_indexed_is_an_error_not_another_row(tmp_path):
-  """Rows are read at the offsets indexed when the file was opened (now opened per read, so no open file per
-  shard): a file rewritten, replaced or appended to since would give a row cut out of other lines (or another
-  row), silently; each read checks the file is the one indexed."""
+@pytest.mark.parametrize("held", [64, 0])
+def test_a_file_changed_after_it_was_indexed_is_an_error_not_another_row(tmp_path, monkeypatch, held):
+  """Rows are read at the offsets indexed when the file was opened: a file rewritten or appended to since would
+  give a row cut out of other lines (or another row), silently; each read checks the file is the one indexed. A
+  file replaced (renamed over) is read from the descriptor the reader holds (the first HELD_READERS files: the
+  indexed rows still), or, opened per read, is an error too."""
+  # (room beside what other tests' readers still hold)  pylint: disable=protected-access
+  monkeypatch.setattr(data._files, "HELD_READERS", held and data._files._held[0] + held)
   path = _write(tmp_path / "a.jsonl", '{"q": 1}\n{"q": 2}\n')
-  for change in (lambda: _write(path, '{"q": 10}\n{"q": 20}\n'),  # rewritten in place, longer
-                 lambda: os.replace(_write(tmp_path / "new.jsonl", '{"q": 3}\n{"q": 4}\n'), path),  # replaced
-                 lambda: _append(path, '{"q": 5}\n')):
+  replace = lambda: os.replace(_write(tmp_path / "new.jsonl", '{"q": 3}\n{"q": 4}\n'), path)
+  for change in (lambda: _write(path, '{"q": 10}\n{"q": 20}\n'), lambda: _append(path, '{"q": 5}\n'), replace):
     _write(path, '{"q": 1}\n{"q": 2}\n')
     rows = data.open_rows(path)
     assert rows[1][0] == {"q": 2}
     change()
+    if change is replace and held:
+      assert [rows[i][0] for i in range(2)] == [{"q": 1}, {"q": 2}]
+      continue
     with pytest.raises(ValueError, match=r"a.jsonl changed after the run indexed its lines \(its size, modification "
                                          r"time or inode differ\): .*write a new version to a new file\)\.$"):
       rows[0]
@@ -256,9 +263,9 @@ def test_array_record_rows(tmp_path):
 
 
 def test_many_shards_hold_no_open_file_each(tmp_path, monkeypatch):
-  """Each JSON Lines and Parquet shard held an open file (an ArrayRecord shard past the first HELD_READERS still
-  does not): a directory of more shards than the open-files limit (1024 on many systems) stopped in a traceback
-  'OSError: [Errno 24] Too many open files'."""
+  """Each JSON Lines and Parquet shard held an open file: a directory of more shards than the open-files limit
+  (1024 on many systems) stopped in a traceback 'OSError: [Errno 24] Too many open files'. Past the first
+  HELD_READERS JSON Lines / ArrayRecord files (0 here), a shard opens one per read; the first ones keep theirs."""
   pa = pytest.importorskip("pyarrow")
   pq = pytest.importorskip("pyarrow.parquet")
   monkeypatch.setattr(data._files, "HELD_READERS", 0, raising=False)  # pylint: disable=protected-access
@@ -279,6 +286,15 @@ def test_many_shards_hold_no_open_file_each(tmp_path, monkeypatch):
     rows = data.open_rows(str(folder))
     assert [rows[i][0]["i"] for i in (39, 0, 17)] == [39, 0, 17], fmt
     assert len(os.listdir("/proc/self/fd")) - before < 5, fmt  # (not one per shard)
+  held = data._files._held[0]  # (files other tests' readers still hold)  pylint: disable=protected-access
+  monkeypatch.setattr(data._files, "HELD_READERS", held + 64, raising=False)  # pylint: disable=protected-access
+  before = len(os.listdir("/proc/self/fd"))
+  rows = data.open_rows(str(tmp_path / "jsonl"))
+  assert [rows[i][0]["i"] for i in (39, 0, 17)] == [39, 0, 17]
+  assert len(os.listdir("/proc/self/fd")) - before == 40  # (kept: no open per read)
+  del rows
+  gc.collect()
+  assert len(os.listdir("/proc/self/fd")) == before and data._files._held[0] == held  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize("spec", ["out", "out/*", "out/**"])

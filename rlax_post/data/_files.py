@@ -8,15 +8,15 @@ messages name. Nothing is read into memory at start-up beyond an index:
 
   JSON Lines   one pass over each file at open, in 4 MiB chunks, records where each line starts and ends
                (int64 offsets and line numbers: 24 bytes a row; blank lines, of spaces, tabs and CRs of any
-               length, are skipped but keep their numbers); `rows[i]` opens the file and reads that one line
-               (`os.pread`, safe from any thread) and decodes it without its line end.
-  ArrayRecord  each record is one JSON object in UTF-8; `array_record`'s reader reads one record by index
-               (the first `HELD_READERS` files keep their reader open, the others open one per read).
+               length, are skipped but keep their numbers); `rows[i]` reads that one line (`os.pread`, safe
+               from any thread) and decodes it without its line end.
+  ArrayRecord  each record is one JSON object in UTF-8; `array_record`'s reader reads one record by index.
   Parquet      (the `parquet` extra: pyarrow) the file's metadata gives the rows per row group; `rows[i]`
                opens the file to decode i's row group and keeps the last one decoded (reads are in shuffled
                order, so a file with huge row groups is slow: write ones of a few thousand rows).
-No file is held open between reads beyond those readers: a directory of more shards than the process may open
-at once (1024 on many systems) is read like any other.
+The first `HELD_READERS` JSON Lines and ArrayRecord files opened in the process keep their descriptor / reader
+open; the others (and Parquet files) open one per read: a directory of more shards than the process may open at
+once (1024 on many systems) is read like any other.
 
 A line that is not valid UTF-8 or JSON, or not a JSON object, or a string holding a lone surrogate escape
 (`"\\ud800"`, which no tokenizer encodes), raises `RowError` naming the file and line.
@@ -41,7 +41,24 @@ FORMATS = ("jsonl", "parquet", "arrayrecord")
 EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet",
               ".arrayrecord": "arrayrecord", ".array_record": "arrayrecord"}
 _CHUNK = 4 << 20
-HELD_READERS = 64  # ArrayRecord files whose reader stays open (`_ArrayRecords`)
+HELD_READERS = 64  # JSON Lines / ArrayRecord files whose descriptor / reader stays open (`_hold`)
+_held = [0]  # files holding one now, in the process
+_held_lock = threading.Lock()
+
+
+def _hold() -> bool:
+  """Whether a file just opened may keep its descriptor (reader) open: the first `HELD_READERS` in the process
+  do; the others open one per read (slower, but a directory of thousands of shards holds no open file each:
+  past the open-files limit, 1024 on many systems, it stopped in a traceback). `_release` gives it back."""
+  with _held_lock:
+    keep = _held[0] < HELD_READERS
+    _held[0] += keep
+  return keep
+
+
+def _release() -> None:
+  with _held_lock:
+    _held[0] -= 1
 
 
 class RowError(ValueError):
@@ -251,6 +268,7 @@ class _JsonLines:
     keep = np.flatnonzero(text)  # Blank lines are not rows, but keep their numbers.
     self.starts, self.ends = bounds[keep], bounds[keep + 1]
     self.lines = (keep + 1).astype(np.int64)
+    self._fd = os.open(path, os.O_RDONLY) if _hold() else None
     if len(self) and self._read(0).startswith(_UTF16_BOMS):  # (Windows Notepad's "Unicode")
       raise ValueError(f"{_display(path)} is UTF-16 text (it starts with a UTF-16 byte-order mark), not UTF-8 as "
                        f"JSON Lines files are read; save it as UTF-8, e.g. iconv -f UTF-16 -t UTF-8 {path} > "
@@ -266,7 +284,7 @@ class _JsonLines:
                        "rows.jsonl.")
 
   def _read(self, i: int) -> bytes:
-    fd = os.open(self.path, os.O_RDONLY)  # (per read, as every reader here: `Rows` holds no descriptor per file)
+    fd = self._fd if self._fd is not None else os.open(self.path, os.O_RDONLY)  # (`_hold`)
     try:
       if _stamp(os.fstat(fd)) != self._stamp:
         raise ValueError(f"{_display(self.path)} changed after the run indexed its lines (its size, modification time "
@@ -274,10 +292,16 @@ class _JsonLines:
                          "run's data files as they are while it runs (write a new version to a new file).")
       data = os.pread(fd, int(self.ends[i] - self.starts[i]), int(self.starts[i]))
     finally:
-      os.close(fd)
+      if fd != self._fd:
+        os.close(fd)
     if self.starts[i] == 0 and data.startswith(_BOM):  # a file saved "UTF-8 with BOM" (Windows editors)
       data = data[len(_BOM):]
     return data.rstrip(b"\r\n")
+
+  def __del__(self):
+    if getattr(self, "_fd", None) is not None:
+      os.close(self._fd)
+      _release()
 
   def _is_json_array(self) -> bool:
     """Whether the file is a JSON array (a common `.json` export), refused as a whole rather than each line
@@ -326,13 +350,8 @@ class _JsonLines:
 
 
 class _ArrayRecords:
-  """Random access to the records of one ArrayRecord file; each record is a JSON object in UTF-8. The first
-  `HELD_READERS` files opened in the process keep their reader open; the others open one per read (slower, but
-  a directory of thousands of shards holds no open file each: past the open-files limit, 1024 on many
-  systems, it stopped in a traceback)."""
-
-  _held = 0  # readers held open in the process
-  _held_lock = threading.Lock()
+  """Random access to the records of one ArrayRecord file; each record is a JSON object in UTF-8. Its reader
+  stays open where `_hold` lets it, else one is opened per read."""
 
   def __init__(self, path: str):
     self.path = path
@@ -341,11 +360,8 @@ class _ArrayRecords:
     except Exception as e:  # pylint: disable=broad-exception-caught  # array_record raises bare errors
       raise ValueError(f"{_display(path)} is not a readable ArrayRecord file ({e}).") from None
     self._len = reader.num_records()
-    with _ArrayRecords._held_lock:
-      keep = _ArrayRecords._held < HELD_READERS
-      _ArrayRecords._held += keep
-    self._reader = reader if keep else None
-    if not keep:
+    self._reader = reader if _hold() else None
+    if self._reader is None:
       reader.close()
     self._lock = threading.Lock()
 
@@ -374,8 +390,7 @@ class _ArrayRecords:
   def __del__(self):
     if getattr(self, "_reader", None) is not None:
       self._reader.close()
-      with _ArrayRecords._held_lock:
-        _ArrayRecords._held -= 1
+      _release()
 
 
 class _Parquet:
