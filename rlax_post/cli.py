@@ -1242,8 +1242,8 @@ def _rescue_eval(argv):
     workdir = _run_dir(_WORKDIR.value, "--workdir",
                        "the workdir of a run of `rlax-post train` (it holds config.json and checkpoints/)")
     load = functools.partial(runtime.load_run_policy, workdir, step=_step())
-  elif _step() is not None or _WARM_START.value:  # --step was ignored (the report said step 0).
-    flag = f"--step {_step()}" if _step() is not None else "--warm_start"
+  elif (step := _step()) is not None or _WARM_START.value:  # --step was ignored (the report said step 0).
+    flag = f"--step {step}" if step is not None else "--warm_start"
     raise ValueError(f"{flag} picks a policy of a run: give it with --workdir (--config evaluates the config's "
                      "starting weights, step 0).")
   else:

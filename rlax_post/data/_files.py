@@ -308,13 +308,7 @@ class _JsonLines:
     as a malformed row: its first row starts with '[' and is its only row or no JSON by itself (a line
     `[...]` among objects is a malformed row like any other)."""
     first = self._read(0).lstrip()
-    if not first.startswith(b"["):
-      return False
-    try:
-      json.loads(first)
-    except ValueError:
-      return True
-    return len(self) == 1
+    return first.startswith(b"[") and (not _is_json(first) or len(self) == 1)
 
   def _is_spread_object(self) -> bool:
     """Whether the file's first row is a JSON object spread over several lines, refused as a whole rather than

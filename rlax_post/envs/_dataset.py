@@ -557,7 +557,7 @@ class DatasetTask:
     return _episodes.EpisodeProducer(
         self.cfg, tokenizer, engine, params, version, prompt_of=lambda t: rows.get(t)[0].text, env_of=env_of,
         turn_tokens_of=lambda t: budget, max_turns=budget, max_workers=8, samples=None if split == "train" else 1,
-        prompt_ids_of=lambda t: rows.get(t)[0].ids, max_length=self.cfg.data.max_prompt_tokens + budget)
+        prompt_ids_of=lambda t: rows.get(t)[0].ids, max_length=self.lengths(self.cfg.model.max_seq_len).sequence)
 
 
 def dataset_lengths(cfg: config_lib.Config, max_seq_len: int) -> _rl.Lengths:

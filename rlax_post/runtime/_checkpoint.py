@@ -113,8 +113,7 @@ def best_checkpoint(workdir: str, steps: list[int]) -> tuple[int, float] | None:
   """(step, eval reward) of the step of `steps` (run `workdir`'s complete checkpoints, ascending) whose own
   evaluation scored best (`evaluated_reward`; the newest of equal ones, as `checkpoint.keep_best` keeps them);
   None when none of them records one."""
-  directory = epath.Path(os.path.abspath(workdir) if "://" not in workdir else workdir) / "checkpoints"
-  reader = _reader(directory)
+  reader = _reader(exchange.as_path(workdir) / "checkpoints")
   rewards = {}
   for step in steps:
     meta = dict(reader.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)

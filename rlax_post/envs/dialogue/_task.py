@@ -71,15 +71,17 @@ class DialogueTask(_rl.SeededExamples):
 
   def context_len(self) -> int:
     """BOS, the prompt and the longest opening (three lines of the longest kind)."""
-    return len(self.tokenizer.encode(PROMPT, add_bos=True)) + 3 * len(self.tokenizer.encode(
-        "x" * _LONGEST_LINE, add_bos=False))
+    return len(self.tokenizer.encode(PROMPT, add_bos=True)) + 3 * self._line_tokens()
+
+  def _line_tokens(self) -> int:
+    """Tokens of a client's line of the longest kind (`_LONGEST_LINE` characters)."""
+    return len(self.tokenizer.encode("x" * _LONGEST_LINE, add_bos=False))
 
   def conversation_tokens(self) -> int:
     """The fewest `rl.max_new_tokens` under which no conversation is cut: `horizon` messages of up to
     `max_turn_tokens` tokens (EOS included), the clients' answers to all but the last (three lines of the longest
     kind each time), and one token more, so the last message's budget is its own, not the row's."""
-    line = len(self.tokenizer.encode("x" * _LONGEST_LINE, add_bos=False))
-    return self.sim.horizon * self.max_turn_tokens + (self.sim.horizon - 1) * 3 * line + 1
+    return self.sim.horizon * self.max_turn_tokens + (self.sim.horizon - 1) * 3 * self._line_tokens() + 1
 
   def lengths(self, max_seq_len: int) -> _rl.Lengths:
     """The context (BOS, prompt, opening), then up to `horizon` turns of a message and the clients' answers

@@ -160,7 +160,7 @@ class ToolTask(_rl.SeededExamples):
     return make(self.cfg, self.tokenizer, engine, params, version, prompt_of=lambda t: self.prompt(index_of(t)),
                 env_of=self.env, turn_tokens_of=lambda t: self.max_turn_tokens, max_turns=self.max_turns,
                 max_workers=8, samples=None if split == "train" else 1,
-                max_length=TOOL_PROMPT_LEN + self.cfg.rl.max_new_tokens)  # (`lengths`' sequence: the rows' width)
+                max_length=self.lengths(self.max_seq_len).sequence)  # (the rows' width)
 
 
 def demo_row(tokenizer, demo: _demos.Demonstration) -> tuple[list[int], list[int]]:
