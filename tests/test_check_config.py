@@ -26,6 +26,16 @@ def _cfg(name: str = "demo.py:tiny", **overrides) -> config.Config:
   return config.load(sweep.apply(module.get_config(variant or None), overrides))
 
 
+def _refusals(cfg: config.Config) -> tuple[str, str]:
+  """The errors `rlax-post check-config` (`runtime.check_config`) and `train` (as it builds the run's parts)
+  give for `cfg`."""
+  with pytest.raises(ValueError) as checked:
+    runtime.check_config(cfg)
+  with pytest.raises(ValueError) as built:  # where `train` refuses it
+    runtime.build_parts(cfg)
+  return str(checked.value), str(built.value)
+
+
 def _gae_critic(**critic) -> config.Config:
   """demo.py:tiny with a separate critic (`advantage.estimator = "gae"`) of `critic` settings."""
   return _cfg(**{"advantage.estimator": "gae", **{f"critic.{k}": v for k, v in critic.items()}})
@@ -180,12 +190,7 @@ def test_check_config_checks_every_tasks_lengths_as_train_does(name, settings, m
   run's below one whole message and a token more, 129). (The dataset task's: tests/test_cli.py, with rows for
   `train` to read.)"""
   cfg = _cfg(name, **settings)
-  with pytest.raises(ValueError) as checked:
-    runtime.check_config(cfg)
-  assert str(checked.value) == message
-  with pytest.raises(ValueError) as built:  # where `train` refuses it
-    runtime.build_parts(cfg)
-  assert str(built.value) == message
+  assert _refusals(cfg) == (message, message)
 
 
 @pytest.mark.parametrize("name", ["demo.py:tiny", "multiagent.py:tiny", "tools_tiny.py", "sales.py:tiny",
@@ -287,12 +292,7 @@ def test_a_tool_task_context_that_holds_no_task_is_refused_not_searched_for_ever
              "demonstrations (the shortest: 319 tokens) fits in it less task.options slack = 32 tokens, so the warm "
              "start and the rollouts would look for one for ever; set model.max_seq_len >= 351 (more, for more of "
              "the tasks).")
-  with pytest.raises(ValueError) as checked:
-    runtime.check_config(cfg)
-  assert str(checked.value) == message
-  with pytest.raises(ValueError) as built:  # where `train` refuses it
-    runtime.build_parts(cfg)
-  assert str(built.value) == message
+  assert _refusals(cfg) == (message, message)
   runtime.check_config(_cfg("tools_tiny.py", **{"model.max_seq_len": 351, "rl.max_new_tokens": 191}))
 
 

@@ -401,22 +401,21 @@ def test_rows_naming_an_env_run_episodes_scored_by_that_env(tmp_path):
   assert any(float(row["reward"]) > 0 for row in logged)
 
 
-@pytest.mark.parametrize("prompt, too_long", [("x" * 23, "error"), ("y" * 40, "truncate")])
-def test_env_rows_start_from_the_rendered_prompt_and_fit_the_engine(tmp_path, prompt, too_long):
-  """An env row's episodes start from the prompt ids the renderer made (cut by too_long = 'truncate', not the
-  row's whole text), and a prompt of the full budget plus the env's reset observation still runs (its first
-  message clipped to the room left): both used to raise in the sampler."""
+def _env_row_episodes(tmp_path, prompt: str, turns: int, data_settings: dict, *, max_seq_len: int,
+                      max_new_tokens: int):
+  """(parts, sampling engine, ticket, its group) of a dataset run's first ticket: two rows of `prompt` whose env
+  is the user's `Counter` of `turns` turns, `data_settings` beside the env rows' own, 8 episodes each."""
   (tmp_path / "my_env.py").write_text(_USER_ENV)
-  rows = [{"prompt": prompt, "env": {"name": f"{tmp_path}/my_env.py:Counter", "args": {"turns": 2}}}] * 2
+  rows = [{"prompt": prompt, "env": {"name": f"{tmp_path}/my_env.py:Counter", "args": {"turns": turns}}}] * 2
   train, held = tmp_path / "t.jsonl", tmp_path / "e.jsonl"
   data.write_jsonl(str(train), rows)
   data.write_jsonl(str(held), rows)
   cfg = config.load({
       "task": {"name": "dataset", "num_eval": 1},
-      "data": {"train": str(train), "eval": str(held), "answer_field": None, "env_field": "env",
-               "max_prompt_tokens": 24, "shuffle": False, "too_long": too_long},
-      "model": {"preset": "micro", "max_seq_len": 40}, "sft": {"steps": 0},
-      "rl": {"steps": 1, "prompts_per_step": 1, "samples_per_prompt": 8, "max_new_tokens": 16},
+      "data": {"train": str(train), "eval": str(held), "answer_field": None, "env_field": "env", "shuffle": False,
+               **data_settings},
+      "model": {"preset": "micro", "max_seq_len": max_seq_len}, "sft": {"steps": 0},
+      "rl": {"steps": 1, "prompts_per_step": 1, "samples_per_prompt": 8, "max_new_tokens": max_new_tokens},
       "runtime": {"progress": False, "tensorboard": False, "plot": False}})
   parts = runtime.build_parts(cfg)  # (8 sampler slots: the tests' 8 fake devices split them)
   engine = parts.sampling_engine()
@@ -425,6 +424,16 @@ def test_env_rows_start_from_the_rendered_prompt_and_fit_the_engine(tmp_path, pr
     [(ticket, group)] = envs.run_tickets(producer, [0], slots=8).items()
   finally:
     producer.close()
+  return parts, engine, ticket, group
+
+
+@pytest.mark.parametrize("prompt, too_long", [("x" * 23, "error"), ("y" * 40, "truncate")])
+def test_env_rows_start_from_the_rendered_prompt_and_fit_the_engine(tmp_path, prompt, too_long):
+  """An env row's episodes start from the prompt ids the renderer made (cut by too_long = 'truncate', not the
+  row's whole text), and a prompt of the full budget plus the env's reset observation still runs (its first
+  message clipped to the room left): both used to raise in the sampler."""
+  parts, engine, ticket, group = _env_row_episodes(tmp_path, prompt, 2, {"max_prompt_tokens": 24, "too_long": too_long},
+                                                   max_seq_len=40, max_new_tokens=16)
   rendered = parts.task.train.get(0)[0]
   assert ticket == 0 and len(rendered.ids) == 24 and rendered.truncated == (too_long == "truncate")
   assert len(group) == 8
@@ -437,26 +446,9 @@ def test_env_rows_end_within_the_rows_width_where_the_engine_s_rows_are_longer(t
   """data.max_prompt_tokens = 8 and rl.max_new_tokens = 6 make rows 14 wide, while the engine's rows are 16 (its
   prefill bucket) in a context of 32: an episode of an env that never ends filled all 16 and the run stopped
   ("A rollout of 4 prompt + 12 response tokens exceeds the batch width 14") until 2026-12-06."""
-  (tmp_path / "my_env.py").write_text(_USER_ENV)
-  rows = [{"prompt": "q", "env": {"name": f"{tmp_path}/my_env.py:Counter", "args": {"turns": 100}}}] * 2
-  train, held = tmp_path / "t.jsonl", tmp_path / "e.jsonl"
-  data.write_jsonl(str(train), rows)
-  data.write_jsonl(str(held), rows)
-  cfg = config.load({
-      "task": {"name": "dataset", "num_eval": 1},
-      "data": {"train": str(train), "eval": str(held), "answer_field": None, "env_field": "env",
-               "max_prompt_tokens": 8, "shuffle": False},
-      "model": {"preset": "micro", "max_seq_len": 32}, "sft": {"steps": 0},
-      "rl": {"steps": 1, "prompts_per_step": 1, "samples_per_prompt": 8, "max_new_tokens": 6},
-      "runtime": {"progress": False, "tensorboard": False, "plot": False}})
-  parts = runtime.build_parts(cfg)
-  engine = parts.sampling_engine()
+  parts, engine, _, group = _env_row_episodes(tmp_path, "q", 100, {"max_prompt_tokens": 8}, max_seq_len=32,
+                                              max_new_tokens=6)
   assert parts.lengths.sequence == 14 and engine.max_decode_length == 16
-  producer = parts.task.producer(engine, models.init_params(parts.model_cfg, jax.random.key(0))[1], 0)
-  try:
-    [(_, group)] = envs.run_tickets(producer, [0], slots=8).items()
-  finally:
-    producer.close()
   assert len(group) == 8
   assert max(len(row["prompt"]) + len(row["tokens"]) for row in group) == 14  # (the longest fills them)
 
