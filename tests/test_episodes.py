@@ -396,7 +396,11 @@ def test_a_step_that_returns_a_bad_value_records_no_reward(engine):
                         (types.SimpleNamespace(observation="", reward=float("nan"), done=True, info={}),
                          "ValueError: env.step returned reward nan; rewards must be finite."),
                         (types.SimpleNamespace(observation="", reward=-math.inf, done=False, info={}),
-                         "ValueError: env.step returned reward -inf; rewards must be finite.")]:
+                         "ValueError: env.step returned reward -inf; rewards must be finite."),
+                        # (finite in float64, inf in the float32 batch until 2026-12-06)
+                        (types.SimpleNamespace(observation="", reward=1e39, done=True, info={}),
+                         "ValueError: env.step returned reward 1e+39, past float32's range (|r| <= 3.4e38, the "
+                         "batch's dtype).")]:
     _, (e,) = _run(engine, lambda result=result: PlainEnv(result), prompts=["ab"], n=1)
     assert (e.end_reason, e.num_turns, e.rewards, e.infos, e.total_reward) == ("env_error", 1, (), (), 0.0)
     assert e.error.startswith(error + ":") or e.error == error

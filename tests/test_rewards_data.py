@@ -3,11 +3,13 @@ in a config (`Scorer`) and their threaded runner (errors, timeouts)."""
 
 from fractions import Fraction
 import logging
+import re
 import sys
 import textwrap
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from rlax_post import rewards
@@ -425,7 +427,8 @@ import decimal, fractions
 import numpy as np
 VALUES = {"fraction": fractions.Fraction(1, 3), "decimal": decimal.Decimal("0.5"), "float32": np.float32(0.25),
           "array0": np.array(2.0), "np_bool": np.bool_(True), "int": 7, "array1": np.array([0.5]),
-          "huge": 10 ** 400, "decimal_nan": decimal.Decimal("NaN"), "complex": 1j}
+          "huge": 10 ** 400, "decimal_nan": decimal.Decimal("NaN"), "complex": 1j, "past_float32": -1e39,
+          "float32_max": float(np.finfo(np.float32).max)}
 def f(sample, *, which):
   return VALUES[which]
 """
@@ -438,8 +441,8 @@ def test_scorer_takes_every_real_number_and_names_what_is_none(tmp_path, monkeyp
   (tmp_path / "returns.py").write_text(_RETURNS)
   monkeypatch.chdir(tmp_path)
   scored = lambda which: rewards.Scorer(["returns.py:f"], options={"f": {"which": which}})(_sample("x")).total
-  got = [scored(w) for w in ("fraction", "decimal", "float32", "array0", "np_bool", "int")]
-  assert got == [pytest.approx(1 / 3), 0.5, 0.25, 2.0, 1.0, 7.0]
+  got = [scored(w) for w in ("fraction", "decimal", "float32", "array0", "np_bool", "int", "float32_max")]
+  assert got == [pytest.approx(1 / 3), 0.5, 0.25, 2.0, 1.0, 7.0, float(np.finfo(np.float32).max)]
   for which, error, message in [
       ("array1", TypeError, r"^reward 'f' returned an array of shape \(1,\); expected a number \(one per sample\) "
                             r"or a dict of numbers\.$"),
@@ -447,9 +450,14 @@ def test_scorer_takes_every_real_number_and_names_what_is_none(tmp_path, monkeyp
                            r"\(int too large to convert to float\)\.$"),
       ("decimal_nan", ValueError, r"^reward 'f' returned Decimal\('NaN'\); rewards must be finite\.$"),
       ("complex", TypeError, r"^reward 'f' returned 1j \(complex\); expected a number"),
+      # (finite in float64, it was inf in the float32 batch until 2026-12-06)
+      ("past_float32", ValueError, r"^reward 'f' returned -1e\+39, past float32's range \(\|r\| <= 3\.4e38, the "
+                                   r"batch's dtype, where it would be inf\)\.$"),
   ]:
     with pytest.raises(error, match=message):
       scored(which)
+  with pytest.raises(ValueError, match=r"^the weighted sum of rewards \['f'\] is 6\.8\d*e\+38, past float32's range"):
+    rewards.Scorer(["returns.py:f"], weights=[2.0], options={"f": {"which": "float32_max"}})(_sample("x"))
 
 
 def _drain(runner, n, timeout=10.0):
@@ -547,3 +555,22 @@ def test_runner_times_out_hung_calls_and_keeps_going():
   assert got["a"].scored.total == got["b"].scored.total == 0.5 and "TimeoutError" in got["a"].error
   assert got["c"].scored.total == 4.0 and got["c"].error is None  # A fresh worker replaced each hung one.
   assert runner.errors == 2
+
+
+def test_runner_without_a_limit_says_once_that_a_call_runs_long(caplog):
+  """With reward.timeout_s = 0 a hung reward hung the run and nothing said why (until 2026-12-06)."""
+  release = threading.Event()
+  runner = rewards.RewardRunner(lambda s: release.wait(30) and rewards.Scored(total=1.0, components={}), workers=2)
+  runner.slow_notice_s = 0.05
+  with caplog.at_level(logging.WARNING, logger="rlax_post.rewards"):
+    runner.submit("a", rewards.Sample(prompt="p", prompt_text="p", completion="x", where="rows.jsonl:7"))
+    runner.submit("b", _sample("y"))
+    assert runner.poll(wait_s=0.3) == []  # (each poll checks; the notice is once per runner)
+    assert runner.poll(wait_s=0.1) == []
+    release.set()
+    got = _drain(runner, 2)
+  runner.close()
+  notes = [r.getMessage() for r in caplog.records]
+  assert len(notes) == 1 and re.match(r"A reward call has run 0 s for rows\.jsonl:7 and has no time limit "
+                                      r"\(reward\.timeout_s = 0\): the run waits for it\.", notes[0]), notes
+  assert [got[k].scored.total for k in "ab"] == [1.0, 1.0] and runner.errors == 0

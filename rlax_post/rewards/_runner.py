@@ -6,7 +6,8 @@ that raises, returns something that is not a reward, or runs longer than `timeou
 (`raised_at`); the first such error's traceback is logged once per process (a run builds several runners, one
 per producer), and each runner's `errors` counts its own. A timed-out call cannot
 be stopped (Python threads cannot be killed): its thread is left to finish and a fresh worker takes its
-place, so hung calls never starve the others.
+place, so hung calls never starve the others. Without a limit a call that has run `slow_notice_s` is logged
+once per runner (the run waits for it: a hung reward would have hung the run unsaid).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class RewardRunner:
     timeout_s: longest a call may run; 0: no limit.
     default: the reward of a sample whose call failed.
   """
+  slow_notice_s = 60.0  # without timeout_s, a call running this long is logged (once per runner)
 
   def __init__(self, scorer: Callable[[Sample], Scored], *, workers: int = 8, timeout_s: float = 0.0,
                default: float = 0.0):
@@ -79,6 +81,7 @@ class RewardRunner:
       raise ValueError(f"Need workers >= 1 and timeout_s >= 0; got {workers}, {timeout_s}.")
     self.scorer, self.timeout_s, self.default = scorer, float(timeout_s), float(default)
     self.errors = 0
+    self._slow_noticed = False
     self._cond = threading.Condition()
     self._queue: collections.deque[_Job] = collections.deque()
     self._running: list[_Job] = []
@@ -138,10 +141,17 @@ class RewardRunner:
     return Result(job.key, Scored(total=self.default, components={}), error=error)
 
   def _expire(self) -> None:
-    """Records a default result for every call past its time limit (lock held)."""
-    if not self.timeout_s:
-      return
+    """Records a default result for every call past its time limit (lock held); without a limit, logs the
+    first call that has run `slow_notice_s`."""
     now = time.monotonic()
+    if not self.timeout_s:
+      slow = [j for j in self._running if now - j.started > self.slow_notice_s]
+      if slow and not self._slow_noticed:
+        self._slow_noticed = True
+        _LOG.warning("A reward call has run %.0f s for %s and has no time limit (reward.timeout_s = 0): the run "
+                     "waits for it. Set reward.timeout_s to give such a call reward.default instead.",
+                     now - slow[0].started, slow[0].sample.where or slow[0].key)
+      return
     for job in [j for j in self._running if now - j.started > self.timeout_s]:
       job.closed = True
       self._running.remove(job)

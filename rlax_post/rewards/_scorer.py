@@ -28,6 +28,8 @@ from rlax_post.rewards import _builtin
 from rlax_post.rewards._sample import Sample
 
 _PROBE = Sample(prompt="", prompt_text="", completion="")
+# Rewards travel in float32 (the batch's dtype): a finite float64 past this became inf there.
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _names_file(module: str) -> bool:
@@ -173,6 +175,9 @@ def _number(value, name: str) -> float:
     raise ValueError(f"reward {name!r} returned {_shown(value)}, which is no float ({e}).") from None
   if not math.isfinite(number):
     raise ValueError(f"reward {name!r} returned {_shown(value)}; rewards must be finite.")
+  if abs(number) > FLOAT32_MAX:
+    raise ValueError(f"reward {name!r} returned {_shown(value)}, past float32's range (|r| <= 3.4e38, the "
+                     "batch's dtype, where it would be inf).")
   return number
 
 
@@ -297,4 +302,7 @@ class Scorer:
         fn_total = _number(value, f.name)
       components[f"reward/{f.name}"] = fn_total
       total += f.weight * fn_total
+    if not abs(total) <= FLOAT32_MAX:  # (inf, or NaN from inf - inf)
+      raise ValueError(f"the weighted sum of rewards {list(self.names)} is {total}, past float32's range "
+                       "(|r| <= 3.4e38, the batch's dtype); scale the rewards or reward.weights down.")
     return Scored(total=total, components=components)

@@ -52,6 +52,7 @@ END_REASONS = ("env_done", "max_turns", "max_decode_length", "env_error", "env_t
 # What `env.step` returns: an `envs.StepResult` or any object with these attributes. Envs and step results
 # are duck-typed because the sampler may not import `envs` (which builds its producers on the sampler).
 _STEP_RESULT_FIELDS = ("observation", "reward", "done", "info")
+_FLOAT32_MAX = float(np.finfo(np.float32).max)  # a step reward past it became inf in the batch (float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -668,6 +669,9 @@ def _callback(members: list[_State], calls: _Calls, tokenizer: Any, max_turns: i
       reward, info = float(result.reward), dict(result.info)
       if not math.isfinite(reward):  # (it reached the learner: the step's loss NaN, its update skipped, unsaid)
         raise ValueError(f"env.step returned reward {reward}; rewards must be finite.")
+      if abs(reward) > _FLOAT32_MAX:  # (the batch's dtype: it became inf there, as above)
+        raise ValueError(f"env.step returned reward {reward}, past float32's range (|r| <= 3.4e38, the batch's "
+                         "dtype).")
       go_on = not result.done and len(state.messages) < max_turns
       observation = tokenizer.encode(result.observation, add_bos=False) if go_on else None
       state.rewards.append(reward)
