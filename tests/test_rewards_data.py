@@ -29,6 +29,8 @@ def _sample(completion, answer=None, ids=(), **kw):
     ("\\boxed{} and 7", "7"),  # an empty box is no answer: the last number
     ("\\boxed{12", "12"),  # unclosed: the last number
     ("work...\n#### 1,000,000\n", "1,000,000"),
+    ("#### The answer is 42.", "42"),  # a stated answer after ####: read as one (it was all of the text)
+    ("#### So x = 5, as shown.", "So x = 5, as shown."),  # no stated answer: the line, as before
     ("Final answer: -3/4", "-3/4"),
     ("12 apples and 13 oranges", "13"),
     ("1,2,3", "3"),  # not a thousands-grouped number: three numbers
@@ -93,6 +95,11 @@ def test_extract_answer_on_many_unclosed_boxes(text, expected):
     ("3 / 4", Fraction(3, 4)), ("50%", Fraction(50)), ("72 dollars", Fraction(72)), (".5", Fraction(1, 2)),
     ("1e3", 1000.0), ("\\$ 5", Fraction(5)), ("1/0", None), ("12,34", None), ("abc", None), ("3 + 4", None),
     ("\\text{7}", Fraction(7)), ("1/2/3", None), ("6 / 2 / 3", None), ("\\frac{1/2}{3}", Fraction(1, 6)),
+    # (no number until 2026-12-06) quoted whole; a mixed number; scientific notation as LaTeX writes it
+    ('"42"', Fraction(42)), ("\u201c-3\u201d", Fraction(-3)), ("2 1/2", Fraction(5, 2)),
+    ("-2\\frac{1}{2}", Fraction(-5, 2)),
+    ("2 3/2", None), ("2 0/3", None), ("3 \\times 10^{5}", Fraction(300000)), ("1.5\\cdot10^{-3}", Fraction(3, 2000)),
+    ("2 × 10^6", Fraction(2_000_000)), ("x \\times 10^5", None),
 ])
 def test_parse_number(s, expected):
   got = rewards.parse_number(s)
@@ -113,6 +120,9 @@ def test_parse_number(s, expected):
     # A scale word first multiplies; anywhere else, or in the plural, it is no number.
     ("5 million", Fraction(5_000_000)), ("2.5 billion", Fraction(2_500_000_000)), ("3 hundred", Fraction(300)),
     ("2 thousand dollars", Fraction(2000)), ("1.5e3 Trillion", 1.5e15), ("5 millions", None),
+    # A rate: the number with its unit, then "/" and a unit (no number until 2026-12-06); not "1/x".
+    ("5 m/s", Fraction(5)), ("9.8 m/s^2", Fraction(49, 5)), ("60 km/h", Fraction(60)), ("1/x", None),
+    ("5/s", None),
     ("5 dollars million", None), ("5 hundred thousand", None),
 ])
 def test_parse_number_units_and_scale_words(s, expected):
@@ -147,6 +157,9 @@ def test_parse_number_after_a_variable(s, expected):
     ("-0.50", "-1/2", True), ("\\frac{1}{2}", "0.5", True), ("1,234", "1234", True), ("72 dollars", "72", True),
     ("(A)", "(a)", True), ("3.14159", "3.1416", False), ("0.1", "0.1000000001", True), ("7", "-7", False),
     (None, "3", False), ("x + 1", "x+1", True),
+    # (different until 2026-12-06) a choice letter with or without brackets; quotes; \sqrt2; \dfrac
+    ("(B)", "B", True), ("(B)", "C", False), ('"Paris"', "Paris", True), ("\\sqrt2", "\\sqrt{2}", True),
+    ("\\dfrac{\\sqrt3}{2}", "\\frac{\\sqrt{3}}{2}", True), ("\\sqrt23", "\\sqrt{23}", False),
 ])
 def test_answers_match(a, b, same):
   assert rewards.answers_match(a, b) is same

@@ -2,24 +2,26 @@
 
 `extract_answer(text)` takes, in this order of preference, the last of:
   1. `\\boxed{...}` / `\\fbox{...}` (braces balanced: `\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`);
-  2. `#### ...` (GSM8K), up to the end of its line;
+  2. `#### ...` (GSM8K), up to the end of its line (a stated answer there as in 3: `#### The answer is 42`);
   3. "the answer is ..." / "answer: ..." (any case), up to the end of the sentence or line, or, when that
      is no number but starts with one, up to the end of that number and its units ("the answer is 42,
      which is even" gives "42"; "Final Answer: The final answer is 42. I hope it is correct." gives "42");
   4. the last number in the text.
 `parse_number(s)` reads integers, decimals, fractions (`3/4`, not `1/2/3`, `\\frac{3}{4}`, `\\dfrac`,
-`\\tfrac`, `\\frac12`), signs (also the Unicode minus, and before `\\frac`), thousands separators (`1,234,567`
+`\\tfrac`, `\\frac12`), mixed numbers (`2 1/2`, `2\\frac{1}{2}`), scientific notation (`3 \\times 10^{5}`,
+`2 × 10^6`), signs (also the Unicode minus, and before `\\frac`), thousands separators (`1,234,567`
 or `1{,}234{,}567`: groups of exactly three digits), a leading `$` or `\\$` or single-letter variable and `=`
 (`x = 5`), a trailing `%`, degrees (`90^\\circ`, `90°`) or unit words (after whitespace, two letters or more:
 `72 dollars`, `5\\text{ cm}`; not `2x`, `3i`, `2 x`, nor words of arithmetic such as `squared` or `pi`), a scale word
 first among them, which multiplies (`5 million` reads 5000000; a scale word elsewhere or in the plural reads no number),
-and LaTeX spacing, math delimiters (`\\(42\\)`), `\\text{}` and Markdown bold (`**42**`); the value written becomes a
+a rate's unit after a number's unit (`5 m/s`), LaTeX spacing, math delimiters (`\\(42\\)`), `\\text{}`, Markdown
+bold (`**42**`) and quotes around the whole (`"42"`); the value written becomes a
 `Fraction` (decimals too; a float only with an exponent; more than 4300 digits, beyond what Python reads, are no
 number). Two answers match when both read as numbers that agree, or, when either does not read as a number, when their
-normalised texts are equal. Numbers agree when they are equal, or when either is an approximation and |a - b| <
-max(rel_tol * max(|a|, |b|), abs_tol), computed exactly (the tolerances read as the decimals they print as). Integers
-and fractions of them are exact, and so is any whole number however written (`12.0`, `1e6`, a float reference
-`1000000.0`): `1000001` never matches `1000000`. A decimal that is not whole (`0.1`, `3.14159`, a float reference
+normalised texts are equal (`_normalise_text`: `(B)` is `B`, `\\sqrt2` is `\\sqrt{2}`). Numbers agree when they are
+equal, or when either is an approximation and |a - b| < max(rel_tol * max(|a|, |b|), abs_tol), computed exactly
+(the tolerances read as the decimals they print as). Integers and fractions of them are exact, and so is any whole
+number however written (`12.0`, `1e6`, a float reference `1000000.0`): `1000001` never matches `1000000`. A decimal that is not whole (`0.1`, `3.14159`, a float reference
 `0.6666666666666666`) is an approximation: `0.3333333` matches `1/3`, while `0.333333` (off by exactly one part in 10^6)
 does not at the default rel_tol=1e-6.
 """
@@ -44,6 +46,13 @@ _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*
                      r"|(?<![\w.])[-+]?\.\d+")
 # A LaTeX fraction with an optional sign before it; each part braced or a single digit (`\\frac12`).
 _FRAC = re.compile(r"([-+]?)\s*\\[dt]?frac\s*(?:\{\s*([^{}]+?)\s*\}|(\d))\s*(?:\{\s*([^{}]+?)\s*\}|(\d))")
+# A mixed number: a whole number and a proper fraction ("2 1/2", "2\\frac{1}{2}"), read as their sum.
+_MIXED = re.compile(r"([-+]?)(\d+)(?:\s+(\d+)\s*/\s*(\d+)|\s*\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\})")
+# Scientific notation as LaTeX or text writes it: "3 \\times 10^{5}", "1.5\\cdot10^{-3}", "2 × 10^6".
+_SCIENTIFIC = re.compile(r"(.+?)\s*(?:\\times|\\cdot|×)\s*10\s*\^\s*(?:\{\s*([-+]?\d{1,4})\s*\}|(\d))")
+# A rate's unit after a number's own ("5 m/s", "9.8 m/s^2", "60 km/h"): letters, maybe a power.
+_PER_UNIT = re.compile(r"[A-Za-z]+(?:\^\{?\d\}?)?")
+_QUOTES = ('"', "'", "`", "\u201c\u201d", "\u2018\u2019")  # an answer quoted whole: "\"Paris\"", "\u201cParis\u201d"
 _TEXT = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\s*\{([^{}]*)\}")
 # Words after a number: a scale word multiplies it; a word of arithmetic or of doubt is no unit, nor does a
 # stated answer end before it ("the answer is 5 and 7", "3, or maybe 4" are not 5 and 3).
@@ -94,8 +103,9 @@ def extract_answer(text: str) -> str | None:
   if boxed is not None:
     return boxed
   hashes = [h.strip() for h in _HASHES.findall(text) if h.strip()]
-  if hashes:
-    return hashes[-1]
+  if hashes:  # ("#### The answer is 42" states 42)
+    stated = _ANSWER_IS.findall(hashes[-1]) if _read(hashes[-1]) is None else []
+    return _stated(stated[-1].strip()) if stated and stated[-1].strip() else hashes[-1]
   stated = [s.strip() for s in _ANSWER_IS.findall(text) if s.strip()]
   if stated:
     return _stated(stated[-1])
@@ -131,7 +141,11 @@ def _clean(s: str) -> str:
                 "\\right", "\\%", "^{\\circ}", "^\\circ", "\u00b0"):  # degrees: MATH writes `90^\\circ`
     s = s.replace(token, "")
   s = s.strip().strip("*").strip()  # Markdown bold around an answer: "The answer is **42**", "**Answer:** 42"
-  return s.rstrip(".").strip()
+  s = s.rstrip(".").strip()
+  for q in _QUOTES:
+    if len(s) >= 2 and s[0] == q[0] and s[-1] == q[-1]:
+      return s[1:-1].strip()
+  return s
 
 
 # Unit symbols read after a number, spaced or not ("3 m", "5g", "5cm", "12 s"); a letter outside them ("2x",
@@ -181,8 +195,23 @@ def _parse(s: str) -> tuple[Fraction | float, bool] | None:
     sign, num, den = frac.group(1), frac.group(2) or frac.group(3), frac.group(4) or frac.group(5)
     ratio = _ratio(_parse(num), _parse(den))
     return (-ratio[0], ratio[1]) if ratio is not None and sign == "-" else ratio
+  mixed = _MIXED.fullmatch(s)
+  if mixed:
+    sign, whole = mixed.group(1), int(mixed.group(2))
+    num, den = int(mixed.group(3) or mixed.group(5)), int(mixed.group(4) or mixed.group(6))
+    if not 0 < num < den:  # ("2 3/2", "2 0/3": no mixed number a person writes)
+      return None
+    return Fraction(-1 if sign == "-" else 1) * (whole + Fraction(num, den)), True
+  scientific = _SCIENTIFIC.fullmatch(s)
+  if scientific:
+    mantissa = _parse(scientific.group(1))
+    power = Fraction(10) ** int(scientific.group(2) or scientific.group(3))
+    return None if mantissa is None else (Fraction(mantissa[0]) * power, mantissa[1])
   if "/" in s:
     num, _, den = s.partition("/")
+    head = _PLAIN.match(num.strip())
+    if _PER_UNIT.fullmatch(den.strip()) and head and num.strip()[head.end():].strip():  # "5 m/s": 5, not 5/s
+      return _parse(num)
     if not num.strip() or not den.strip() or "/" in den:  # "1/2/3": neither (1/2)/3 nor 1/(2/3) is sure
       return None
     return _ratio(_parse(num), _parse(den))
@@ -219,7 +248,11 @@ def parse_number(s: str) -> Fraction | float | None:
 
 
 def _normalise_text(s: str) -> str:
-  return re.sub(r"\s+", "", _clean(s)).lower()
+  """An answer that is no number, as compared: spaces dropped, lower case, `\\sqrt2` as `\\sqrt{2}`, `\\dfrac` /
+  `\\tfrac` as `\\frac`, a choice letter without its brackets (`(B)` as `B`)."""
+  s = re.sub(r"\s+", "", _clean(s)).lower()
+  s = re.sub(r"\\[dt]frac", r"\\frac", re.sub(r"\\sqrt(\d)", r"\\sqrt{\1}", s))
+  return re.sub(r"^\(([a-z])\)$", r"\1", s)
 
 
 def reference_answer(answer) -> str | None:
