@@ -21,9 +21,9 @@ number). Two answers match when both read as numbers that agree, or, when either
 normalised texts are equal (`_normalise_text`: `(B)` is `B`, `\\sqrt2` is `\\sqrt{2}`). Numbers agree when they are
 equal, or when either is an approximation and |a - b| < max(rel_tol * max(|a|, |b|), abs_tol), computed exactly
 (the tolerances read as the decimals they print as). Integers and fractions of them are exact, and so is any whole
-number however written (`12.0`, `1e6`, a float reference `1000000.0`): `1000001` never matches `1000000`. A decimal that is not whole (`0.1`, `3.14159`, a float reference
-`0.6666666666666666`) is an approximation: `0.3333333` matches `1/3`, while `0.333333` (off by exactly one part in 10^6)
-does not at the default rel_tol=1e-6.
+number however written (`12.0`, `1e6`, a float reference `1000000.0`): `1000001` never matches `1000000`. A
+decimal that is not whole (`0.1`, `3.14159`, a float reference `0.6666666666666666`) is an approximation:
+`0.3333333` matches `1/3`, while `0.333333` (off by exactly one part in 10^6) does not at the default rel_tol=1e-6.
 """
 
 from __future__ import annotations
