@@ -262,6 +262,13 @@ def test_a_hugging_face_checkpoint_renders_with_its_chat_template_and_raw_sends_
   assert raw.rendered == "<|begin|>3+4="
   want = _serving.greedy_loop(engine.graphdef, engine.load_params(), ["3+4="], 4, tok)[0]
   assert raw.tokens == tuple(want) + ((tok.eos_id,) if len(want) < 4 else ())
+  # Without --max_tokens: 128 tokens, or the room the context leaves after the prompt (the 32-token context of
+  # this checkpoint refused every prompt with the default 128 until 2026-12-06).
+  room = 32 - len(tok.encode("3+4=", add_bos=True))
+  whole = runtime.generate_hf(path, [runtime.UserPrompt("--prompt", "3+4=")], runtime.GenerateOptions(raw=True),
+                              max_seq_len=32).samples[0]
+  want = _serving.greedy_loop(engine.graphdef, engine.load_params(), ["3+4="], room, tok)[0]
+  assert whole.tokens == tuple(want) + ((tok.eos_id,) if len(want) < room else ())
   # A checkpoint directory holds one model: --step (a number or best) is refused, as by `serve --hf_path`; it was
   # ignored until 2026-12-06 (the sample came from the one model whatever step was asked).
   for step in (3, "best"):

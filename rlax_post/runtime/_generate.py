@@ -37,7 +37,9 @@ from rlax_post.runtime import _samplers
 from rlax_post.runtime import _serve
 
 MAX_SLOTS = sampler.ServeOptions().max_concurrent_decodes  # the engine's slots: at most serve's default, 8
-DEFAULT_MAX_TOKENS = 128  # a Hugging Face checkpoint's completion length without `max_tokens`
+# A Hugging Face checkpoint's completion length without `max_tokens`, or the context's room after the prompt where
+# less (a small-context export refused every prompt until 2026-12-06).
+DEFAULT_MAX_TOKENS = 128
 PROMPT_FILES = (".txt", ".jsonl")
 
 
@@ -51,8 +53,8 @@ class UserPrompt(NamedTuple):
 @dataclasses.dataclass(frozen=True)
 class GenerateOptions:
   """What to sample: the run's checkpoint `step` (None: the newest committed one; "best": `runtime.checkpoint_step`),
-  `max_tokens` per completion (None: a run's `rl.max_new_tokens`, `DEFAULT_MAX_TOKENS` for a Hugging Face
-  checkpoint), `samples` per prompt, the sampling `law` (temperature 0: greedy) with the `seed` of the streams,
+  `max_tokens` per completion (None: a run's `rl.max_new_tokens`; for a Hugging Face checkpoint
+  `DEFAULT_MAX_TOKENS`, or the room the context leaves after the prompt where less), `samples` per prompt, the sampling `law` (temperature 0: greedy) with the `seed` of the streams,
   and `raw`: prompts sent as text, not rendered as the source renders its own (module docstring)."""
   step: int | str | None = None
   max_tokens: int | None = None
@@ -204,9 +206,8 @@ def generate_hf(path: str, prompts: Sequence[UserPrompt], options: GenerateOptio
   engine = _serve.engine_from_hf(path, _engine_options(options, len(prompts), options.step),
                                  max_seq_len=max_seq_len, dtype=dtype)
   renderer = None if options.raw else envs.Renderer(config_lib.DataSection(), engine.tokenizer, demos=False)
-  max_tokens = DEFAULT_MAX_TOKENS if options.max_tokens is None else options.max_tokens
   return Generation(f"the Hugging Face checkpoint {path}", None,
-                    _sample(engine, renderer, prompts, options, max_tokens, ()))
+                    _sample(engine, renderer, prompts, options, options.max_tokens, ()))
 
 
 def write_generation(path: str, generation: Generation) -> None:
@@ -238,22 +239,25 @@ def prompt_ids(renderer: envs.Renderer | None, tokenizer: Any, item: UserPrompt)
   return renderer.encode(renderer.text({renderer.section.prompt_field: prompt}))
 
 
-def _requests(engine, renderer, prompts, options: GenerateOptions, max_tokens: int,
+def _requests(engine, renderer, prompts, options: GenerateOptions, max_tokens: int | None,
               stops: tuple[str, ...]) -> list[sampler.Request]:
   """One request per prompt (n = `options.samples`); ValueError naming the first prompt that leaves too little
-  room in the context for `max_tokens`, or a `max_tokens` larger than the context."""
+  room in the context for `max_tokens`, or a `max_tokens` larger than the context. `max_tokens` None:
+  `DEFAULT_MAX_TOKENS`, or each prompt's room in the context where less."""
   context = engine.max_decode_length
-  if max_tokens >= context:
+  if max_tokens is not None and max_tokens >= context:
     raise ValueError(f"--max_tokens {max_tokens} does not fit the context of {context} tokens (prompt and "
                      f"completion); pass at most {context - 1}.")
   out = []
   for i, item in enumerate(prompts):
     ids = prompt_ids(renderer, engine.tokenizer, item)
-    if len(ids) + max_tokens > context:
-      raise ValueError(f"{item.where}: the prompt renders to {len(ids)} tokens, and with --max_tokens {max_tokens} "
-                       f"they need {len(ids) + max_tokens} positions, more than the context of {context}; "
+    cap = max_tokens if max_tokens is not None else max(1, min(DEFAULT_MAX_TOKENS, context - len(ids)))
+    if len(ids) + cap > context:
+      given = f"--max_tokens {cap}" if max_tokens is not None else "at least 1 new token"
+      raise ValueError(f"{item.where}: the prompt renders to {len(ids)} tokens, and with {given} "
+                       f"they need {len(ids) + cap} positions, more than the context of {context}; "
                        f"shorten it{_room_hint(context - len(ids))}.")
-    out.append(sampler.Request(prompt=tuple(int(t) for t in ids), n=options.samples, max_tokens=max_tokens,
+    out.append(sampler.Request(prompt=tuple(int(t) for t in ids), n=options.samples, max_tokens=cap,
                                request_id=i, stop=stops))
   return out
 
@@ -262,7 +266,7 @@ def _room_hint(room: int) -> str:
   return f" or pass --max_tokens {room} or less" if room >= 1 else " (it leaves no position to generate into)"
 
 
-def _sample(engine, renderer, prompts, options: GenerateOptions, max_tokens: int,
+def _sample(engine, renderer, prompts, options: GenerateOptions, max_tokens: int | None,
             stops: tuple[str, ...]) -> list[Generated]:
   """Every request checked, then sampled in one driver run over the engine's loaded params."""
   requests = _requests(engine, renderer, prompts, options, max_tokens, stops)
