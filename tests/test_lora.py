@@ -16,6 +16,7 @@ import pytest
 import safetensors.numpy
 
 from rlax_post import config
+from rlax_post import envs
 from rlax_post import exchange
 from rlax_post import learner
 from rlax_post import models
@@ -524,6 +525,21 @@ def test_the_export_of_a_dataset_run_carries_the_chat_template_it_rendered_with(
   ours = runtime.generate_run(str(run), [prompt], runtime.GenerateOptions(max_tokens=4))
   assert hf.samples[0].rendered == ours.samples[0].rendered == "<user>rev abc=\n<assistant>"
   assert hf.samples[0].tokens == ours.samples[0].tokens
+  # With data.system_prompt the template carried puts it first where the conversation has none, as the run did (the
+  # export dropped it until 2026-12-06); one that opens with its own system message keeps that one.
+  raw["data"] = dict(raw["data"], system_prompt='Be "brief" \u2014 caf\u00e9\n')
+  (run / "config.json").write_text(json.dumps(config.to_dict(config.load(raw))))
+  runtime.export_hf(str(run), tmp_path / "hf_system")
+  auto = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf_system"))
+  own = [{"role": "system", "content": "S"}] + chat
+  assert [auto.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in (chat, own)] == [
+      '<system>Be "brief" \u2014 caf\u00e9\n\n<user>rev abc=\n<assistant>', "<system>S\n<user>rev abc=\n<assistant>"]
+  # (and as ours renders it: the run's renderer, and the template read back; prompt and system do not fit the
+  # tiny model's 32 positions for `generate`)
+  carried = (tmp_path / "hf_system" / "chat_template.jinja").read_text()
+  run_text = envs.dataset_renderer(config.load(raw), models.ByteTokenizer()).text({"prompt": chat})
+  assert models.render_chat(carried, chat, add_generation_prompt=True) == run_text == auto.apply_chat_template(
+      chat, add_generation_prompt=True, tokenize=False)
   # A run that renders no chat (`data.chat = "never"`, or a built-in task: the LoRA run itself) writes none.
   assert runtime.export_hf(workdir, tmp_path / "plain") == (4, (str(tmp_path / "plain"),))
   assert not (tmp_path / "plain" / "chat_template.jinja").exists()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import json
 import logging
 import os
 import threading
@@ -127,6 +128,20 @@ class Renderer:
     if s.system_prompt and messages[0]["role"] != "system":
       messages = [{"role": "system", "content": s.system_prompt}] + messages
     return models.render_chat(self.template, messages, add_generation_prompt=True, **self.specials)
+
+  def export_template(self) -> str | None:
+    """The chat template an exported checkpoint carries so that it renders a prompt as `text` does: the run's own
+    (`data.chat_template`), with `data.system_prompt` (when set) put first where the messages start without a
+    system message; None where the checkpoint's own template does the same (no own template, no system prompt)
+    or prompts are not rendered as chat (a system prompt before text has no place in a Hugging Face checkpoint)."""
+    s = self.section
+    if not self.chat or not (s.chat_template or s.system_prompt):
+      return None
+    if not s.system_prompt:
+      return self.template
+    system = json.dumps(s.system_prompt, ensure_ascii=False)  # (a jinja string literal: its escapes read back)
+    return ("{% if messages and messages[0]['role'] != 'system' %}{% set messages = [{'role': 'system', "
+            f"'content': {system}}}] + messages %}}{{% endif %}}" + self.template)
 
   def encode(self, text: str) -> list[int]:
     """The ids of a prompt's rendered `text` (`text(row)`): BOS first unless a chat template wrote it."""

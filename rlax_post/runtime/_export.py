@@ -156,16 +156,18 @@ def _copy_tokenizer_files(parts: _parts.Parts, out: str) -> None:
   for name in _TOKENIZER_FILES if source is not None else ():
     if os.path.isfile(os.path.join(source, name)):
       shutil.copyfile(os.path.join(source, name), os.path.join(out, name))
-  template = _run_chat_template(parts.cfg)
+  template = _run_chat_template(parts)
   if template is not None:  # (chat_template.jinja wins over tokenizer_config.json's, in transformers as here)
     with open(os.path.join(out, "chat_template.jinja"), "w", encoding="utf-8") as f:
       f.write(template)
 
 
-def _run_chat_template(cfg) -> str | None:
-  """The chat template a dataset run rendered its prompts with in place of its checkpoint's (`data.chat_template`),
-  which the export carries as its own, so that `generate --hf_path` and transformers' `apply_chat_template`
-  render prompts as the run did (until 2026-12-06 the export kept the checkpoint's, or none: the byte tokenizer's
-  `configs/dataset.py:chat` run was exported without one); None where the run set none or rendered no chat."""
-  section = cfg.data
-  return section.chat_template if cfg.task.name == "dataset" and section.chat != "never" else None
+def _run_chat_template(parts: _parts.Parts) -> str | None:
+  """The chat template a dataset run rendered its prompts with where its checkpoint's would not render them alike
+  (`envs.Renderer.export_template`: `data.chat_template`, `data.system_prompt`), which the export carries as its
+  own, so that `generate --hf_path` and transformers' `apply_chat_template` render prompts as the run did (until
+  2026-12-06 the export kept the checkpoint's, or none: the byte tokenizer's `configs/dataset.py:chat` run was
+  exported without one; and no system prompt); None otherwise."""
+  if parts.cfg.task.name != "dataset":
+    return None
+  return envs.Renderer(parts.cfg.data, parts.tokenizer, demos=False).export_template()
