@@ -144,6 +144,12 @@ def test_export_roundtrip(family, hf_model, tmp_path):
   assert cfg2 == cfg
   for name in params:
     np.testing.assert_array_equal(np.asarray(params2[name]), np.asarray(params[name]))
+  # The RoPE fields transformers 4 reads (rope_theta, rope_scaling, Gemma 3's rope_local_base_freq) say the same
+  # alone: until 2026-12-06 only transformers 5's rope_parameters was written, and a loader that reads the older
+  # fields took a llama3-scaled model unscaled and a Gemma's bases at its defaults.
+  with open(tmp_path / "out" / "config.json") as f:
+    written = json.load(f)
+  assert _hf.config_from_hf({k: v for k, v in written.items() if k != "rope_parameters"}) == cfg
 
 
 def test_exported_files_have_the_modes_of_the_umask(tmp_path):
@@ -353,6 +359,14 @@ def test_config_defaults_and_rope_keys_read_as_transformers_reads_them():
       "full_attention": {"rope_type": "default"}, "sliding_attention": {"rope_type": "default",
                                                                         "rope_theta": 10_000.0}}, **_SMALL))
   assert (gemma3.rope_theta, gemma3.rope_local_theta, gemma3.final_logit_softcap) == (50_000.0, 10_000.0, None)
+  # Gemma 3's rope_scaling is its global layers' (full_attention): agreeing with them, it is read; else refused.
+  nested = {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e3}}
+  read = lambda factor: _hf.config_from_hf(dict(architectures=["Gemma3ForCausalLM"], rope_parameters=nested,
+                                                 rope_scaling={"rope_type": "linear", "factor": factor}, **_SMALL))
+  assert (read(2.0).rope_scaling_factor, read(2.0).rope_theta, read(2.0).rope_local_theta) == (2.0, 1e5, 1e3)
+  with pytest.raises(ValueError, match=r"both rope_scaling .* and rope_parameters .* which disagree"):
+    read(4.0)
   with pytest.raises(ValueError, match=r"both rope_scaling .* and rope_parameters .* which disagree"):
     _hf.config_from_hf(dict(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "linear", "factor": 4.0},
                             rope_parameters={"rope_type": "default", "rope_theta": 5000.0}, **_SMALL))

@@ -111,6 +111,8 @@ def _check_one_rope(hf: dict) -> None:
   scaling, params = hf.get("rope_scaling"), hf.get("rope_parameters")
   if not scaling or not params:
     return
+  # Gemma 3's per-layer-type params: rope_scaling is its global layers' (an export writes both since 2026-12-06).
+  params = params.get("full_attention", params) if isinstance(params.get("full_attention"), dict) else params
   keys = ("rope_type", "type", "factor")
   if any(k in scaling and k in params and scaling[k] != params[k] for k in keys) or (
       scaling.get("rope_type", scaling.get("type")) not in (None, "default")
@@ -503,6 +505,14 @@ def _hf_rope(cfg: ModelConfig, *, scaled: bool = True, theta: float | None = Non
   return rope
 
 
+def _legacy_rope(cfg: ModelConfig) -> dict[str, Any]:
+  """RoPE as transformers 4 (and loaders that follow it, vLLM's) reads it, beside transformers 5's
+  `rope_parameters`: `rope_theta`, and `rope_scaling` where scaled (until 2026-12-06 an export wrote only
+  `rope_parameters`; there a llama3-scaled model or a Gemma's own bases were read unscaled / at the defaults)."""
+  scaling = {k: v for k, v in _hf_rope(cfg).items() if k != "rope_theta"}
+  return {"rope_theta": cfg.rope_theta, **({"rope_scaling": scaling} if cfg.rope_scaling_type else {})}
+
+
 def _hf_config(cfg: ModelConfig, architecture: str, model_type: str) -> dict[str, Any]:
   """The `config.json` of `cfg` as `architecture`; raises where transformers' model would differ."""
   hf = dict(
@@ -519,19 +529,20 @@ def _hf_config(cfg: ModelConfig, architecture: str, model_type: str) -> dict[str
       raise ValueError(f"{architecture} has no query_pre_attn_scalar or logit soft-capping.")
     if cfg.rope_local_theta is not None:
       raise ValueError(f"{architecture} has one RoPE base; cfg.rope_local_theta is set.")
-    return {**hf, "hidden_act": "silu", "rope_theta": cfg.rope_theta, "rope_parameters": _hf_rope(cfg)}
+    return {**hf, "hidden_act": "silu", "rope_parameters": _hf_rope(cfg), **_legacy_rope(cfg)}
   if architecture == "Gemma2ForCausalLM":
     if cfg.rope_scaling_type is not None or cfg.rope_local_theta not in (None, cfg.rope_theta):
       raise ValueError("Gemma2ForCausalLM has one unscaled RoPE for all layers; cfg has RoPE scaling or "
                        "rope_local_theta.")
-    rope = _hf_rope(cfg)
+    rope, legacy = _hf_rope(cfg), _legacy_rope(cfg)
   else:
     if cfg.attn_logit_softcap is not None:
       raise ValueError("Gemma3ForCausalLM ignores attention soft-capping; cfg.attn_logit_softcap is set.")
     local_theta = cfg.rope_theta if cfg.rope_local_theta is None else cfg.rope_local_theta
     rope = {"full_attention": _hf_rope(cfg), "sliding_attention": _hf_rope(cfg, scaled=False, theta=local_theta)}
+    legacy = {**_legacy_rope(cfg), "rope_local_base_freq": local_theta}
   scalar = cfg.query_pre_attn_scalar or cfg.head_dim
-  return {**hf, "hidden_activation": "gelu_pytorch_tanh", "rope_parameters": rope,
+  return {**hf, "hidden_activation": "gelu_pytorch_tanh", "rope_parameters": rope, **legacy,
           # transformers' strict config types this field int.
           "query_pre_attn_scalar": int(scalar) if float(scalar).is_integer() else scalar,
           "attn_logit_softcapping": cfg.attn_logit_softcap, "final_logit_softcapping": cfg.final_logit_softcap,
