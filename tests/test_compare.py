@@ -20,12 +20,13 @@ _DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LR = "rl.optimizer.learning_rate"
 
 
-def _run_on_disk(root, name, *, seed, lr, final, done=4):
+def _run_on_disk(root, name, *, seed, lr, final, done=4, runtime_settings=()):
   """A run's workdir: `train`'s config.json of configs/demo.py:tiny with `seed` and rl learning rate `lr`, a
   summary.json whose final eval reward is `final` (None: no summary.json, a run still going), and its curves."""
   workdir = os.path.join(root, name)
   os.makedirs(workdir)
-  raw = sweep.apply(sweep.config_of(sweep.load_module(_DEMO), "tiny", _DEMO), {"seed": seed, _LR: lr})
+  raw = sweep.apply(sweep.config_of(sweep.load_module(_DEMO), "tiny", _DEMO),
+                    {"seed": seed, _LR: lr, **dict(runtime_settings)})
   cfg = config_lib.load(raw)
   runtime.write_json(os.path.join(workdir, "config.json"), runtime.saved_config(cfg))
   rows = [{"phase": "eval", "step": 0, "eval_reward": 0.1}, {"phase": "rl", "step": 1, "reward_mean": 0.2},
@@ -125,6 +126,19 @@ def test_runs_that_differ_in_nothing_but_the_seed_are_one_group(tmp_path):
   runs = [_run_on_disk(str(tmp_path), f"s{s}", seed=s, lr=5e-4, final=0.1 * s) for s in range(3)]
   results = sweep.compare_runs(runs)
   assert {r.unit.group for r in results} == {"base"} and sweep.compare_report(results)["contrasts"] == []
+
+
+def test_sync_and_async_runs_of_one_seed_are_two_arms(tmp_path):
+  """How a run learned (sync, or async and how stale) is no setting `--resume` compares, but it changes the
+  rollouts' policy: compare refused a sync and an async run of one seed as one run twice (until 2026-12-06)."""
+  arms = {"sync": {}, "async1": {"runtime.mode": "async"},
+          "async2": {"runtime.mode": "async", "runtime.max_staleness": 2}}
+  runs = [_run_on_disk(str(tmp_path), f"{name}_s{s}", seed=s, lr=5e-4, final=0.1 * s, runtime_settings=arm)
+          for name, arm in arms.items() for s in range(2)]
+  results = sweep.compare_runs(runs + [_run_on_disk(str(tmp_path), "sync_s2", seed=2, lr=5e-4, final=0.3)])
+  assert [r.unit.group for r in results[::2]] == [
+      "runtime.max_staleness=None,runtime.mode=sync", "runtime.max_staleness=1,runtime.mode=async",
+      "runtime.max_staleness=2,runtime.mode=async", "runtime.max_staleness=None,runtime.mode=sync"]
 
 
 def test_bad_run_directories_are_named(tmp_path, runs):

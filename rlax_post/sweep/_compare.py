@@ -1,7 +1,8 @@
 """`rlax-post compare`: finished runs side by side, however they were started (`train`, `sweep`, a launcher).
 
 Each run directory's config.json says what it ran; the settings that decide results (`runtime.result_settings`:
-seed, task, data, reward, model, sft, rl, loss, advantage, ...) that differ between the runs name the groups,
+seed, task, data, reward, model, sft, rl, loss, advantage, ..., and how the run learned, `_how_it_ran`:
+`runtime.mode`, and in async mode `runtime.max_staleness`) that differ between the runs name the groups,
 and runs that differ only by `seed` are one group's seeds: the table, figures and plot are the sweep's
 (`table`, `group_figures`, `contrasts`, `plot`), the first run's group the baseline of the contrasts. A run
 that did not do all its RL steps (no summary.json yet, or one that says it stopped early) is listed, never
@@ -42,11 +43,25 @@ def _saved_config(workdir: str) -> dict:
   return saved
 
 
+def _how_it_ran(saved: dict) -> dict:
+  """The runtime settings that change what a run learns: `runtime.mode` (the rollouts' policy versions), and
+  in async mode `runtime.max_staleness` (how far behind they may be). Not settings `--resume` compares (a run may
+  resume in another mode), but two runs of one seed that differ in them are two arms, not one run twice (until
+  2026-12-06 compare refused a sync run and an async run of one seed as copies)."""
+  section = saved.get("runtime") or {}
+  mode = section.get("mode", "sync")
+  return {"runtime.mode": mode, **({"runtime.max_staleness": section.get("max_staleness")} if mode == "async" else {})}
+
+
+def _settings(saved: dict, sections: list[str] | None = None) -> dict:
+  return {**runtime.result_settings(saved, sections), **_how_it_ran(saved)}
+
+
 def differing_settings(configs: Sequence[dict]) -> list[str]:
-  """The result-deciding keys (`runtime.result_settings`, over the sections every config holds) on which the
-  configs do not all agree, sorted; `seed` among them when the seeds differ."""
+  """The result-deciding keys (`runtime.result_settings`, over the sections every config holds, and
+  `_how_it_ran`) on which the configs do not all agree, sorted; `seed` among them when the seeds differ."""
   sections = [k for k in runtime.RESULT_SECTIONS if all(k in c for c in configs)]
-  flats = [runtime.result_settings(c, sections) for c in configs]
+  flats = [_settings(c, sections) for c in configs]
   keys = set().union(*flats)
   return sorted(k for k in keys if len({json.dumps(f.get(k), sort_keys=True, default=str) for f in flats}) > 1)
 
@@ -67,11 +82,12 @@ def compare_runs(workdirs: Sequence[str]) -> list[_local.UnitResult]:
   keys = differing_settings(configs)
   results, same = [], {}
   for index, (workdir, saved) in enumerate(zip(workdirs, configs)):
-    settings = runtime.result_settings(saved)
+    settings = _settings(saved)
     overrides = {k: settings.get(k) for k in keys}
     if (twin := same.setdefault(json.dumps(overrides, sort_keys=True, default=str), workdir)) != workdir:
       raise ValueError(f"{twin!r} and {workdir!r} ran the same settings that decide results, seed included "
-                       "(runtime.result_settings): one group would count them as two seeds; pass one of them.")
+                       "(runtime.result_settings, runtime.mode): one group would count them as two seeds; pass one "
+                       "of them.")
     unit = _units.WorkUnit(index=index, config=workdir, overrides=overrides, label=workdir)
     result = _local.collect(_local.UnitResult(unit=unit, workdir=workdir))
     if result.summary is None and not result.error:
