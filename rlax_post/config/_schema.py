@@ -93,6 +93,9 @@ class RewardSection:
   default: float = 0.0  # the reward of a sample whose function raised or timed out (counted: reward_errors)
   timeout_s: float = bounded(0.0, low=0.0)  # longest a call may run; 0: no limit
   workers: int = bounded(8, low=1)  # threads scoring samples while decoding goes on
+  # A learned reward model, the reward "reward_model": a one-label *ForSequenceClassification Hugging Face
+  # checkpoint directory (docs/data.md); None: none.
+  model: str | None = None
 
 
 # The projections LoRA may adapt (`rlax_post.models.LORA_TARGETS`; a test keeps the two equal).

@@ -34,6 +34,7 @@ from rlax_post.envs._episodes import turn_budget
 from rlax_post.envs._dataset import DatasetProducer
 from rlax_post.envs._dataset import DatasetTask
 from rlax_post.envs._dataset import Renderer
+from rlax_post.envs._reward_model import RewardModel
 from rlax_post.envs._dataset import dataset_renderer
 from rlax_post.envs._dataset import dataset_rows
 from rlax_post.envs._dataset import demo_ids
@@ -122,6 +123,7 @@ __all__ = [
     'SeededExamples',
     'REWARD_PREFIX',
     'Renderer',
+    'RewardModel',
     'dataset_renderer',
     'dataset_rows',
     'demo_ids',

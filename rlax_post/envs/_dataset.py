@@ -44,6 +44,7 @@ from rlax_post import models
 from rlax_post import rewards
 from rlax_post import sampler
 from rlax_post.envs import _episodes
+from rlax_post.envs import _reward_model
 from rlax_post.envs import _rl
 from rlax_post.envs import tools
 
@@ -596,8 +597,13 @@ def make_scorer(cfg: config_lib.Config) -> rewards.Scorer:
   `reward.options`: a missing file or function, a weight per function too many or too few, or an option a
   function does not take is a ValueError (or FileNotFoundError) naming it. `make_dataset_task` and
   `rlax-post check-config` (`check_settings`) both call this, so the two say the same."""
-  scorer = rewards.Scorer([f for f in cfg.reward.fn.split(",") if f.strip()], cfg.reward.weights,
-                          cfg.reward.options)
+  specs = [f.strip() for f in cfg.reward.fn.split(",") if f.strip()]
+  if (_reward_model.NAME in specs) != (cfg.reward.model is not None):
+    raise ValueError(f"reward.model = {cfg.reward.model!r} and reward.fn = {cfg.reward.fn!r}: a reward model is "
+                     f"the reward {_reward_model.NAME!r}; set reward.model to its checkpoint directory and name "
+                     f"{_reward_model.NAME!r} in reward.fn, both or neither.")
+  model = {} if cfg.reward.model is None else {_reward_model.NAME: _reward_model.RewardModel(cfg.reward.model)}
+  scorer = rewards.Scorer(specs, cfg.reward.weights, cfg.reward.options, builtins=model)
   _check_answers(cfg, scorer)
   return scorer
 

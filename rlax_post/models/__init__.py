@@ -35,6 +35,7 @@ from rlax_post.models._hf import export_hf
 from rlax_post.models._hf import hf_architecture
 from rlax_post.models._hf import load_hf
 from rlax_post.models._hf import read_hf_config
+from rlax_post.models._hf import SEQUENCE_CLASSIFIERS
 from rlax_post.models._hf_tokenizer import HFTokenizer
 from rlax_post.models._hf_tokenizer import render_chat
 from rlax_post.models._hf_tokenizer import write_byte_tokenizer
@@ -56,6 +57,7 @@ from rlax_post.models._transformer import Transformer
 
 __all__ = [
     "read_hf_config",
+    "SEQUENCE_CLASSIFIERS",
     "activation_constraints",
     "CACHE_K_LBKHS",
     "CACHE_V_LBKSH",

@@ -38,6 +38,12 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "Gemma3ForCausalLM": ("gemma3_text", dict(qkv_bias=False, qk_norm=True, **_GEMMA_STYLE)),
 }
 _GEMMA_ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+# A one-label sequence classifier (a reward model): the decoder of the causal LM it names, and `score.weight`
+# [1, D] (no bias) read as our scalar head (`value_head`; `value_bias` 0), with no vocabulary head.
+SEQUENCE_CLASSIFIERS = {
+    "LlamaForSequenceClassification": "LlamaForCausalLM", "Qwen2ForSequenceClassification": "Qwen2ForCausalLM",
+    "Qwen3ForSequenceClassification": "Qwen3ForCausalLM", "Gemma2ForSequenceClassification": "Gemma2ForCausalLM",
+    "Gemma3TextForSequenceClassification": "Gemma3ForCausalLM"}
 
 _LAYER = "model.layers.{}."
 # our name -> (HF name, how each HF dim maps to our per-layer axes). An HF dim mapping to several of our
@@ -182,10 +188,17 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
   """Our `ModelConfig` from an HF `config.json` dict; raises on anything our model does not implement."""
   archs = hf.get("architectures") or []
   arch = next((a for a in archs if a in ARCHITECTURES), None)
+  classifier = next((a for a in archs if a in SEQUENCE_CLASSIFIERS), None) if arch is None else None
+  if classifier is not None:
+    arch = SEQUENCE_CLASSIFIERS[classifier]
+    labels = len(hf["id2label"]) if isinstance(hf.get("id2label"), dict) else hf.get("num_labels", 2)
+    if labels != 1:
+      raise ValueError(f"{classifier} with {labels} labels: a reward model has one (num_labels = 1), a score.")
   if arch is None:
     hint = (" (multimodal Gemma 3: only the text-only Gemma3ForCausalLM checkpoints, e.g. gemma-3-1b, load)"
             if "Gemma3ForConditionalGeneration" in archs else "")
-    raise ValueError(f"Unsupported architecture {archs!r}{hint}; supported: {sorted(ARCHITECTURES)}.")
+    raise ValueError(f"Unsupported architecture {archs!r}{hint}; supported: "
+                     f"{sorted(ARCHITECTURES) + sorted(SEQUENCE_CLASSIFIERS)}.")
   _, flags = ARCHITECTURES[arch]
   extra: dict[str, Any] = {}
   if arch in _GEMMA_ARCHS:
@@ -207,8 +220,8 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
       num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
       head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, mlp_dim=hf["intermediate_size"],
       max_seq_len=hf.get("max_position_embeddings", 2048), norm_eps=hf.get("rms_norm_eps", 1e-6),
-      tie_embeddings=bool(hf.get("tie_word_embeddings", arch in _GEMMA_ARCHS)), dtype=dtype,
-      param_dtype=dtype, **flags, **_rope_config(hf, arch), **extra)
+      tie_embeddings=classifier is not None or bool(hf.get("tie_word_embeddings", arch in _GEMMA_ARCHS)),
+      value_head=classifier is not None, dtype=dtype, param_dtype=dtype, **flags, **_rope_config(hf, arch), **extra)
 
 
 def _read_json(file: str):
@@ -340,6 +353,13 @@ def load_hf(path: str, *, mesh: jax.sharding.Mesh | None = None, rules=None,
           blocks = [_read(handles[files[names[l]]], names[l], groups, per_layer, bounds[1:])
                     for l in range(*bounds[0])]
           return np.stack(blocks).astype(out_dtype)
+      elif ours_name in _SCALAR_HEAD:  # A sequence classifier's: `score.weight` [1, D] (HF's score has no bias).
+        check("score.weight", hf_shape("score.weight"), (1, cfg.d_model))
+
+        def cb(index, name=ours_name):
+          if name == "value_bias":
+            return np.zeros((), out_dtype)
+          return handles[files["score.weight"]].get_slice("score.weight")[0:1, index[0]][0].astype(out_dtype)
       else:
         name, groups = _GLOBAL_TENSORS[ours_name]
         if ours_name == "lm_head" and name not in files:

@@ -115,16 +115,19 @@ def _where(error: BaseException, path: str) -> str:
   return f"line {lines[-1]}: " if lines else ""
 
 
-def load_callable(spec: str, what: str = "reward") -> tuple[str, Callable[..., Any]]:
-  """(name, function) of a built-in name, `"module:function"` or `"file.py:function"` (module docstring)."""
+def load_callable(spec: str, what: str = "reward",
+                  builtins: Mapping[str, Callable[..., Any]] = ()) -> tuple[str, Callable[..., Any]]:
+  """(name, function) of a built-in name (`BUILTINS`, and a reward's `builtins` besides: the dataset task's
+  "reward_model"), `"module:function"` or `"file.py:function"` (module docstring)."""
   if not isinstance(spec, str) or not spec.strip():
     raise ValueError(f"A {what} must be named by a non-empty string; got {spec!r}.")
   spec = spec.strip()
-  if what == "reward" and spec in _builtin.BUILTINS:
-    return spec, _builtin.BUILTINS[spec]
+  named = {**_builtin.BUILTINS, **dict(builtins)} if what == "reward" else {}
+  if spec in named:
+    return spec, named[spec]
   module, sep, attr = spec.rpartition(":")
   if not sep or not module or not attr:
-    builtins = f"a built-in ({sorted(_builtin.BUILTINS)}), " if what == "reward" else ""
+    builtins = f"a built-in ({sorted(named)}), " if what == "reward" else ""
     raise ValueError(f"Unknown {what} {spec!r}; expected {builtins}'package.module:function' or "
                      "'path/to/file.py:function'.")
   mod = _load_module(module, spec, what)
@@ -246,16 +249,18 @@ class Scorer:
     weights: one per function; empty: 1 each.
     options: keyword options per function, keyed by its name (the built-in name, or the function's own name:
       `score` for "my_rewards.py:score"; config keys cannot hold the dots of a path).
+    builtins: built-in names besides `BUILTINS` (name -> function), e.g. the dataset task's "reward_model".
   """
 
-  def __init__(self, specs: Sequence[str], weights: Sequence[float] = (), options: Mapping[str, Mapping] = ()):
+  def __init__(self, specs: Sequence[str], weights: Sequence[float] = (), options: Mapping[str, Mapping] = (),
+               builtins: Mapping[str, Callable[..., Any]] = ()):
     specs = [s.strip() for s in specs]
     options = dict(options or {})
     if not specs:
       raise ValueError("No reward function given; name at least one (e.g. reward.fn = 'math').")
     if weights and len(weights) != len(specs):
       raise ValueError(f"{len(weights)} reward weights {list(weights)} for {len(specs)} functions {specs}.")
-    loaded = [load_callable(spec) for spec in specs]
+    loaded = [load_callable(spec, builtins=builtins) for spec in specs]
     names = [name for name, _ in loaded]
     if len(set(names)) != len(names):
       raise ValueError(f"Reward functions {specs} share a name ({names}); each needs its own.")

@@ -39,17 +39,18 @@ class ScoreService:
   Args:
     model_cfg: the scalar model's `ModelConfig`; needs `value_head=True` (`models.value_model_config`).
     graphdef: its graphdef (`models.init_params` / `models.abstract_params`).
-    mesh: the devices it runs on.
-    rules: logical-axis rules (`sharding.Rules`) placing params and splitting the batch over "batch".
+    mesh: the devices it runs on (None: the first local device).
+    rules: logical-axis rules (`sharding.Rules`) placing params and splitting the batch over "batch" (None:
+      `sharding.DEFAULT_RULES`).
     tokenizer: encodes string rows (`encode(text, add_bos=True)`); None: rows must be token ids.
     max_len: the longest row (tokens), at most `model_cfg.max_seq_len` (default: that).
     max_batch: the most rows of one jitted call; a multiple of the devices "batch" spans.
     min_bucket: the shortest padded length.
   """
 
-  def __init__(self, model_cfg: models.ModelConfig, graphdef: Any, *, mesh: jax.sharding.Mesh,
-               rules: sharding.Rules, tokenizer: Any = None, max_len: int | None = None, max_batch: int = 64,
-               min_bucket: int = 16):
+  def __init__(self, model_cfg: models.ModelConfig, graphdef: Any, *, mesh: jax.sharding.Mesh | None = None,
+               rules: sharding.Rules | None = None, tokenizer: Any = None, max_len: int | None = None,
+               max_batch: int = 64, min_bucket: int = 16):
     if not model_cfg.value_head:
       raise ValueError("ScoreService needs a scalar model: a ModelConfig with value_head=True "
                        "(models.value_model_config); got value_head=False.")
@@ -62,7 +63,8 @@ class ScoreService:
     if tokenizer is not None and tokenizer.vocab_size > model_cfg.vocab_size:
       raise ValueError(f"Tokenizer vocab_size {tokenizer.vocab_size} > model vocab_size {model_cfg.vocab_size}.")
     self.model_cfg, self.graphdef, self.tokenizer = model_cfg, graphdef, tokenizer
-    self.mesh, self.rules = mesh, tuple(rules)
+    mesh = sharding.make_mesh({}, devices=jax.local_devices()[:1]) if mesh is None else mesh
+    self.mesh, self.rules = mesh, tuple(sharding.DEFAULT_RULES if rules is None else rules)
     self.max_len, self.max_batch = max_len, max_batch
     row_multiple = _batch_devices(mesh, self.rules)
     if max_batch % row_multiple:
