@@ -238,6 +238,13 @@ def test_a_critic_warm_up_as_long_as_the_run_is_refused():
   with pytest.raises(ValueError, match=r"`critic.warmup_steps` = 1 \(default 0\): read only with "
                      r"advantage.estimator = 'gae', or 'c3' with a value c3_mode"):
     config.load(rounds)
+  # nor a decay of its learning rate: its schedule keeps the rate after the warm-up (it took one and ignored it)
+  rounds["critic"] = {"loss": "mse", "optimizer": {"end_lr_ratio": 0.5}}
+  with pytest.raises(ValueError, match=r"`critic.optimizer.end_lr_ratio` = 0.5 \(default 0.1\): read only with "
+                     r"advantage.estimator = 'gae', or 'c3' with a value c3_mode"):
+    config.load(rounds)
+  rounds["critic"]["optimizer"]["end_lr_ratio"] = 0.1
+  assert config.load(rounds).critic.optimizer.end_lr_ratio == 0.1
 
 
 @pytest.mark.parametrize("raw", [

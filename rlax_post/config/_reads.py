@@ -183,6 +183,8 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("loss.kl_kind",), _KL),
     (("critic",), _CRITIC),
     (("critic.warmup_steps",), _POLICY_CRITIC),  # (Iterative PPO's Q fits apart from the policy's steps)
+    # (Iterative PPO's Q keeps its rate after its warm-up: its schedule never decays, `_rounds.QFunction`)
+    (("critic.optimizer.end_lr_ratio",), _POLICY_CRITIC),
     (("critic.init", "critic.mesh", "critic.publish", "critic.optimizer", "critic.warmup_steps"),
      _is("critic.mode", "separate")),
     (("critic.publish",), _SEPARATE_CRITIC),
