@@ -289,6 +289,17 @@ def test_separate_critic_values_gae_and_fits_its_returns():
   assert any(np.any(a != np.asarray(b)) for a, b in zip(jax.tree.leaves(policy_before), jax.tree.leaves(state.params)))
 
 
+def test_a_bce_critic_refuses_rewards_outside_0_1():
+  """bce's loss softplus(z) − R·z has no minimum for a target R outside [0, 1]: the logit ran off, silently."""
+  update, parts, _, state = _setup(critic__loss="bce", critic__init_bias=0.5)
+  rewards = np.arange(16) % 3 / 2.0
+  adv, fields, _ = update.credit.assign(state, update.batch(_groups(parts, rewards)))
+  assert 0 <= fields["returns"].min() and fields["returns"].max() <= 1 and np.abs(adv).max() > 0
+  with pytest.raises(ValueError, match=r"critic.loss = 'bce' regresses targets in \[0, 1\]; this batch's rewards "
+                     r"\(where GAE's λ-returns end\) span \[-1, 1\].*use critic.loss = 'mse' or 'huber'"):
+    update.credit.assign(state, update.batch(_groups(parts, rewards * 2 - 1)))
+
+
 def test_critic_warmup_trains_the_critic_alone():
   update, parts, params, state = _setup(critic__warmup_steps=2)
   batch = update.batch(_groups(parts, np.arange(16) % 2))

@@ -300,6 +300,24 @@ def test_q_reads_the_response_and_its_fit_lowers_the_error():
   assert np.isfinite(q(params, full)).all()
 
 
+def test_a_bce_q_refuses_returns_outside_0_1():
+  """At γ = 1 the sales game's returns reach 1.2 (two offers heard, then the sale): bce's loss has no minimum
+  there, and Q's logit ran off, silently."""
+  cfg = config.load(_rounds_config(critic__loss="bce", critic__init_bias=0.5, iterppo__gamma=1.0))
+  parts = runtime.build_parts(cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]))
+  q = runtime.QFunction(parts)
+  params = q.initial(jax.device_put(models.init_params(parts.model_cfg, jax.random.key(0))[1],
+                                    parts.param_shardings))
+  returns = runtime.discounted_returns([0.1, 0.1, 1.0], 1.0)
+  assert returns.tolist() == pytest.approx([1.2, 1.1, 1.0])
+  state = [parts.tokenizer.bos_id] + list(b"customer: hi.\n")
+  train = [{"state": state, "action": list(b"close") + [parts.tokenizer.eos_id], "return": float(r)}
+           for r in np.resize(returns, cfg.iterppo.q_batch_size)]
+  with pytest.raises(ValueError, match=r"critic.loss = 'bce' regresses targets in \[0, 1\]; round 2's returns \(at "
+                     r"iterppo.gamma = 1.0\) span \[1, 1.2\]"):
+    q.fit(params, train, 2)
+
+
 def test_the_single_turn_responses_end_where_the_episodes_messages_end(tmp_path):
   """A message of the rounds' episodes ends at EOS or at max_turn_tokens (the task's producer takes no `rl.stop`
   strings); the single-turn phase's responses to the logged states must be such messages too. With rl.stop set,

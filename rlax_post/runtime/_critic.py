@@ -152,6 +152,8 @@ class Critic:
     params = state.critic.params if self.separate else state.params
     if self.tree_credit is not None:
       return self._assign_q(params, batch)
+    # (GAE's λ-returns end at each row's reward and lie in [0, 1] exactly when the rewards do)
+    check_bce_targets(self.loss.kind, batch.rewards, "this batch's rewards (where GAE's λ-returns end)")
     raw_bt = np.asarray(_distributed.to_host(self._values(params, batch.tokens, batch.loss_mask)), np.float32)
     mask_bt = batch.loss_mask
     adv_bt, returns_bt, metrics = self._credit(raw_bt, batch.rewards, mask_bt, batch.group_ids)
@@ -187,6 +189,20 @@ class Critic:
 
 
 _CRITIC_INIT = 7  # fold_in index of the preset critic's init key (apart from the policy's streams)
+_BCE_ROUNDING = 1e-6  # how far outside [0, 1] a bce target may lie by rounding (`check_bce_targets`)
+
+
+def check_bce_targets(kind: str, targets, what: str) -> None:
+  """Refuses regression targets outside [0, 1] for a `bce` value (`what` names them): its loss softplus(z) − R·z
+  has no minimum there, so the logit z runs off for ever, silently (until 2026-12-06 it did). Rounding (a sum of
+  turn rewards that is 1 on paper) is let through."""
+  targets = np.asarray(targets, np.float64)
+  if kind != "bce" or not targets.size:
+    return
+  lo, hi = float(targets.min()), float(targets.max())
+  if lo < -_BCE_ROUNDING or hi > 1 + _BCE_ROUNDING:
+    raise ValueError(f"critic.loss = 'bce' regresses targets in [0, 1]; {what} span [{lo:g}, {hi:g}], where its loss "
+                     "has no minimum (the logit would run off): use critic.loss = 'mse' or 'huber'.")
 
 
 def _gae_credit(raw_bt, rewards_b, mask_bt, group_ids_b, *, kind, gamma, lambda_, normalize):

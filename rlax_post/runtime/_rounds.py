@@ -206,6 +206,8 @@ class QFunction:
     if len(train) < self.batch:
       raise ValueError(f"round {index} has {len(train)} training transitions, fewer than iterppo.q_batch_size = "
                        f"{self.batch}: collect more episodes (iterppo.episodes) or lower the batch size.")
+    _critic.check_bce_targets(self.critic.loss.kind, [t["return"] for t in train],
+                              f"round {index}'s returns (at iterppo.gamma = {it.gamma})")
     tokens, mask, last = pair_rows([(t["state"], t["action"]) for t in train], self.seq_len, self.pad_id)
     value_mask = np.zeros_like(mask)
     value_mask[np.arange(len(train)), last] = 1.0
