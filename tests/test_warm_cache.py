@@ -7,6 +7,7 @@ import os
 import struct
 import sys
 
+import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2
 
@@ -134,6 +135,37 @@ def test_second_run_restores_the_warm_start_and_trains_identically(tmp_path):
 
 def _with_log_every(cfg, every):
   return dataclasses.replace(cfg, runtime=dataclasses.replace(cfg.runtime, log_every=every))
+
+
+def _warm_params(cfg, workdir):
+  parts = runtime.build_parts(cfg)
+  os.makedirs(workdir)
+  init = _parts.initial_params(parts, _learners.key(cfg.seed, envs.Stream.INIT, 0))
+  out = _warm.warm_start(parts, init, _metrics.MetricsWriter(os.fspath(workdir), tensorboard=False),
+                         _metrics.Console(quiet=True))
+  return {k: np.asarray(v) for k, v in out.items()}
+
+
+def test_a_shared_critics_value_head_is_no_part_of_the_cached_warm_start(tmp_path):
+  """The key has no critic settings, so runs with and without a shared value head (and with another
+  critic.init_bias) share an entry: it holds the policy's weights, and each run's head starts at its own bias.
+  Until 2026-12-06 a second shared run restored the first one's bias, and a run without a head failed."""
+  cache = tmp_path / "cache"
+  shared = lambda bias: dataclasses.replace(_cfg(cache, steps=2), advantage=config.AdvantageSection(estimator="gae"),
+                                            critic=config.CriticSection(mode="shared", init_bias=bias))
+  first = _warm_params(shared(0.5), tmp_path / "a")
+  assert float(first["value_bias"]) == 0.5 and not first["value_head"].any()
+  assert len(list((cache / _warm_cache.cache_key(shared(0.5))).iterdir())) == 1
+  second = _warm_params(shared(0.2), tmp_path / "b")  # restored: no second entry
+  assert len(list((cache / _warm_cache.cache_key(shared(0.2))).iterdir())) == 1
+  assert float(second["value_bias"]) == pytest.approx(0.2)
+  plain = _warm_params(_cfg(cache, steps=2), tmp_path / "c")  # GRPO: no head; restored from the same entry
+  assert list(cache.iterdir()) == [cache / _warm_cache.cache_key(_cfg(cache, steps=2))]
+  assert len(list(next(cache.iterdir()).iterdir())) == 1
+  assert sorted(plain) == sorted(set(first) - {"value_head", "value_bias"})
+  for k, v in plain.items():
+    np.testing.assert_array_equal(v, first[k])
+    np.testing.assert_array_equal(v, second[k])
 
 
 def test_half_written_entries_are_ignored(tmp_path):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import functools
 import math
 
+import jax.numpy as jnp
+
 from rlax_post import config as config_lib
 from rlax_post import envs
 from rlax_post import learner
@@ -21,6 +23,8 @@ from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _warm_cache
 
+_VALUE_HEAD = ("value_head", "value_bias")  # a value head's params (`models.value_model_params`)
+
 
 def warm_start(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui: _metrics.Console):
   """The warm-started params from `params` (the initial params on the parts' mesh). Restored from the cache,
@@ -30,13 +34,23 @@ def warm_start(parts: _parts.Parts, params, metrics: _metrics.MetricsWriter, ui:
   both cadences log."""
   if parts.cfg.sft.steps == 0:
     return params
-  out, restored = _warm_cache.warm_start(parts.cfg, params, lambda: _sft_steps(parts, params, metrics, ui),
-                                         say=ui.say)
+  # A shared critic's value head (`critic.mode = "shared"`) is no part of the warm start: the cache holds the
+  # policy's weights alone (its key has no critic settings: a run without the head shares the entry) and the
+  # head starts where this run's `critic.init_bias` puts it, restored or not. Until 2026-12-06 the entry held
+  # the head of the run that wrote it: another run's bias was restored, and a run without a head failed on it.
+  head = {k: jnp.copy(params[k]) for k in _VALUE_HEAD if k in params}  # (copies: SFT donates its state)
+  policy = lambda p: {k: v for k, v in p.items() if k not in head}
+
+  def sft():
+    out, rows = _sft_steps(parts, params, metrics, ui)
+    return policy(out), rows
+
+  out, restored = _warm_cache.warm_start(parts.cfg, policy(params), sft, say=ui.say)
   for row in restored or ():
     if _logs_sft_step(parts.cfg, row["step"]):
       metrics.write(row["step"], {k: math.nan if v is None else v for k, v in row.items() if k != "step"},
                     phase="sft")
-  return out
+  return {**out, **head}
 
 
 def _logs_sft_step(cfg: config_lib.Config, step: int) -> bool:
