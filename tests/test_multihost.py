@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -64,6 +65,14 @@ def test_resolve_flags_env_and_single():
     (("h:1", 2, None), {}, "--process_id is required"),
     ((None, 2, 0), {}, "--coordinator_address must be HOST:PORT"),
     (("nohostport", 2, 0), {}, "--coordinator_address must be HOST:PORT"),
+    # A PORT that is no port: process 0 waited for its peers until JAX's 5-minute timeout (an empty one, 0,
+    # 99999), or stopped in JaxRuntimeError's traceback ('abc').
+    (("localhost:", 2, 0), {}, r"PORT in 1 \.\. 65535\) for a job of 2 processes; got 'localhost:'"),
+    (("localhost:0", 2, 0), {}, "got 'localhost:0'"),
+    (("localhost:99999", 2, 1), {}, "got 'localhost:99999'"),
+    (("localhost:abc", 2, 0), {}, "got 'localhost:abc'"),
+    ((None, None, None), {"RLAX_NUM_PROCESSES": "2", "RLAX_PROCESS_ID": "0", "RLAX_COORDINATOR_ADDRESS": ":8476"},
+     "RLAX_COORDINATOR_ADDRESS must be HOST:PORT"),
     ((None, None, None), {"RLAX_NUM_PROCESSES": "2", "RLAX_PROCESS_ID": "5", "RLAX_COORDINATOR_ADDRESS": "h:1"},
      r"RLAX_PROCESS_ID must be in \[0, 2\)"),
     ((None, None, None), {"RLAX_NUM_PROCESSES": "two"}, "RLAX_NUM_PROCESSES must be an int"),
@@ -71,6 +80,21 @@ def test_resolve_flags_env_and_single():
 def test_resolve_rejects_inconsistent_settings(args, env, match):
   with pytest.raises(ValueError, match=match):
     _distributed.resolve(*args, environ=env)
+
+
+def test_a_coordinator_port_in_use_is_one_clear_error():
+  """Process 0 serves the coordinator's address: a port another program holds is a ValueError naming the flag and
+  the address (the CLI's one line), not JaxRuntimeError's traceback ('Failed to start RPC server')."""
+  with socket.socket() as held:
+    held.bind(("0.0.0.0", 0))
+    held.listen()
+    address = f"127.0.0.1:{held.getsockname()[1]}"
+    code = ("from rlax_post import runtime\ntry:\n"
+            f"  runtime.initialize_distributed({address!r}, 2, 0)\nexcept ValueError as e:\n  print(e)")
+    out = subprocess.run([sys.executable, "-c", code], env=_env(1), capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.startswith(f"--coordinator_address={address}: process 0 of 2 could not join the job ("), out.stdout
+  assert out.stdout.endswith("process 0 serves that address, so its port must be free and its HOST this machine.\n")
 
 
 # --- Data ----------------------------------------------------------------------------------------------------

@@ -104,9 +104,10 @@ def resolve(coordinator_address: str | None = None, num_processes: int | None = 
     raise ValueError(f"{names[2]} must be in [0, {count}) for {names[1]}={count}; got {index}.")
   if count == 1:
     return Topology(source="single")
-  if not address or ":" not in address:
-    raise ValueError(f"{names[0]} must be HOST:PORT of process 0 (the coordinator) for a job of {count} "
-                     f"processes; got {address!r}.")
+  host, _, port = (address or "").rpartition(":")
+  if not host or not port.isdigit() or not 0 < int(port) < 65536:  # (else process 0 waits for peers in vain)
+    raise ValueError(f"{names[0]} must be HOST:PORT of process 0 (the coordinator; PORT in 1 .. 65535) for a "
+                     f"job of {count} processes; got {address!r}.")
   return Topology(source=source, coordinator_address=address, num_processes=count, process_id=index)
 
 
@@ -131,9 +132,15 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if topology.source == "cluster":
     jax.distributed.initialize()
-  else:
+    return topology
+  try:
     jax.distributed.initialize(topology.coordinator_address, num_processes=topology.num_processes,
                                process_id=topology.process_id)
+  except jax.errors.JaxRuntimeError as e:  # Process 0 serves the address: a port in use, another host's name.
+    flag = "--coordinator_address" if topology.source == "flags" else ENV_COORDINATOR
+    raise ValueError(f"{flag}={topology.coordinator_address}: process {topology.process_id} of "
+                     f"{topology.num_processes} could not join the job ({e}); process 0 serves that address, so "
+                     "its port must be free and its HOST this machine.") from None
   return topology
 
 
