@@ -1,11 +1,12 @@
 """GKE: one batch/v1 Job per job of a work unit, built with the `kubernetes` client's models.
 
-Every job is an Indexed Job with one pod per host (completions = parallelism = hosts). A multi-host GPU (or
-CPU) learner gets a headless Service so that its pods resolve as `<job>-<i>.<service>`: process 0's address
-is the coordinator, and each pod's id is its completion index (the `batch.kubernetes.io/job-completion-index`
-annotation, read into RLAX_PROCESS_ID through the downward API). A TPU slice's pods select the slice's node
-pool (`gke-tpu-accelerator`, `gke-tpu-topology`) and request `google.com/tpu` chips; GKE sets the TPU worker
-variables JAX initialises from. Workdirs under gs:// are mounted with the Cloud Storage FUSE CSI driver at
+Every job is an Indexed Job with one pod per host (completions = parallelism = hosts). A multi-host job gets a
+headless Service (the pods' subdomain) so that its pods resolve as `<job>-<i>.<service>`. On a GPU (or CPU)
+learner process 0's address is the coordinator, and each pod's id is its completion index (the
+`batch.kubernetes.io/job-completion-index` annotation, read into RLAX_PROCESS_ID through the downward API). A
+TPU slice's pods select the slice's node pool (`gke-tpu-accelerator`, `gke-tpu-topology`) and request
+`google.com/tpu` chips; GKE sets the TPU worker variables JAX initialises from (TPU_WORKER_HOSTNAMES: those
+same `<job>-<i>.<service>` names, which resolve only through the Service). Workdirs under gs:// are mounted with the Cloud Storage FUSE CSI driver at
 /gcs/BUCKET, so every job of a unit sees one workdir.
 """
 
@@ -54,7 +55,7 @@ def k8s_job(name: str, image: str, job: jobs_lib.Job, *, service: str, workdir_r
       containers=[container], restart_policy="Never", volumes=volumes or None,
       termination_grace_period_seconds=grace_s,
       node_selector=job.accelerator.gke_node_selector() or None,
-      subdomain=service if job.multihost == "coordinator" else None)
+      subdomain=service if job.hosts > 1 else None)
   labels = {"app": "rlax-post", "rlax-post/job": name}
   return client.V1Job(
       api_version="batch/v1", kind="Job",

@@ -227,7 +227,7 @@ def _cloud_requests(title: str, plan, root: str):
       else:
         name = _dns_label(title, f"{unit.index:02d}", job.name)
         service = _dns_label(name, "hosts")
-        if job.multihost == "coordinator":
+        if job.hosts > 1:  # (a TPU slice's too: its TPU_WORKER_HOSTNAMES resolve through it)
           objects.append(gke.headless_service(service, name, _NAMESPACE.value))
         objects.append(gke.k8s_job(name, _IMAGE.value, job, service=service, workdir_root=root,
                                    namespace=_NAMESPACE.value, grace_s=_GRACE.value,

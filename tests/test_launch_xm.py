@@ -269,7 +269,14 @@ def test_gke_tpu_slice_indexed_job(tmp_path):
   doc = _dry_run(tmp_path, "--executor", "gke", "--platform", "tpu", "--accelerator", "tpu-v5p:2x2x4",
                  "--num_samplers", "1", "--k8s_namespace", "rl")
   unit = doc["work_units"][0]
-  learner, sampler = unit["requests"]  # No Service: TPU hosts find each other through GKE's TPU variables.
+  # The slice's 4 pods find each other through GKE's TPU_WORKER_HOSTNAMES, `<job>-<i>.<subdomain>` names that
+  # resolve only through a headless Service of that subdomain (before 2026-12-06 there was none: JAX on each
+  # pod waited in vain for the coordinator's name, then failed).
+  service, learner, sampler = unit["requests"]
+  assert service["kind"] == "Service" and service["metadata"] == {"name": "demo-00-learner-hosts", "namespace": "rl"}
+  assert service["spec"]["clusterIP"] == "None" and service["spec"]["selector"] == {"rlax-post/job": "demo-00-learner"}
+  assert learner["spec"]["template"]["spec"]["subdomain"] == "demo-00-learner-hosts"
+  assert "subdomain" not in sampler["spec"]["template"]["spec"]  # One host: no Service.
   assert learner["kind"] == "Job" and learner["apiVersion"] == "batch/v1"
   assert learner["metadata"]["name"] == "demo-00-learner" and learner["metadata"]["namespace"] == "rl"
   assert learner["metadata"]["annotations"]["rlax-post/workdir"] == f"{_BUCKET_ROOT}/{_UNITS[0]}"
