@@ -80,10 +80,28 @@ _GRACE = flags.DEFINE_integer("grace_s", gke.GRACE_S, "gke: seconds from SIGTERM
                               "in them.", lower_bound=1)
 
 
+# What the experiment's title may take of a job's name: the rest (of GKE's 63 characters) is the unit's index, the
+# job's name and "-hosts" (a Service), which must survive for the names to differ.
+_TITLE_CHARS = 40
+# Vertex AI refuses a CustomJob's display name longer than this.
+_DISPLAY_NAME_CHARS = 128
+
+
 def _dns_label(*parts: str) -> str:
   """A Kubernetes object name: lowercase alphanumerics and '-', at most 63 characters."""
   name = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
   return name[:63].rstrip("-")
+
+
+def _object_name(title: str, unit_index: int, job_name: str) -> str:
+  """A job's GKE name, unique in the experiment: the title cut short, never the unit's index or the job's name."""
+  return _dns_label(_dns_label(title)[:_TITLE_CHARS], f"{unit_index:02d}", job_name)
+
+
+def _display_name(title: str, dirname: str, job_name: str) -> str:
+  """A job's Vertex AI display name: the title and the unit's directory (its index first) cut short, never the
+  job's name."""
+  return f"{title[:_TITLE_CHARS]}-{dirname}"[:_DISPLAY_NAME_CHARS - len(job_name) - 1] + f"-{job_name}"
 
 
 def _units(spec: str, overrides: list[str]) -> list[sweep.WorkUnit]:
@@ -220,12 +238,12 @@ def _cloud_requests(title: str, plan, root: str):
     objects = []
     for job in unit_jobs:
       if _EXECUTOR.value == "vertex":
-        objects.append(vertex.custom_job(f"{title}-{unit.dirname}-{job.name}", _IMAGE.value, job,
+        objects.append(vertex.custom_job(_display_name(title, unit.dirname, job.name), _IMAGE.value, job,
                                          base_output_dir=workdir,
                                          labels={"experiment": _dns_label(title), "work-unit": str(unit.index),
                                                  "role": job.role}))
       else:
-        name = _dns_label(title, f"{unit.index:02d}", job.name)
+        name = _object_name(title, unit.index, job.name)
         service = _dns_label(name, "hosts")
         if job.hosts > 1:  # (a TPU slice's too: its TPU_WORKER_HOSTNAMES resolve through it)
           objects.append(gke.headless_service(service, name, _NAMESPACE.value))
