@@ -15,8 +15,10 @@ single process, so the same runtime code serves both (docs/launch.md, section 4)
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
+import socket
 from typing import Any, Callable, Mapping
 
 import jax
@@ -29,6 +31,10 @@ ENV_NUM_PROCESSES = "RLAX_NUM_PROCESSES"
 ENV_PROCESS_ID = "RLAX_PROCESS_ID"
 # Set to 1 to let JAX find the job itself (`jax.distributed.initialize()` without arguments).
 ENV_AUTO = "RLAX_AUTO_DISTRIBUTED"
+# What JAX reads to find a SLURM job step (`srun`) and an Open MPI job (`mpirun` of Open MPI 4); without them it
+# finds neither (jax/_src/clusters/slurm_cluster.py, ompi_cluster.py).
+_SLURM_STEP = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+_OMPI_URI = "OMPI_MCA_orte_hnp_uri"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,9 +58,10 @@ def _as_int(name: str, value: Any) -> int | None:
 def _cluster_detected(environ: Mapping[str, str]) -> bool:
   """Whether a multi-process launcher that `jax.distributed.initialize()` understands set up this process.
 
-  Cloud TPU pods (GCE or GKE: `TPU_WORKER_HOSTNAMES` or `MEGASCALE_COORDINATOR_ADDRESS`), SLURM with several
-  tasks, Open MPI with several ranks; anything else JAX detects (e.g. the TPU metadata server, Kubernetes
-  indexed jobs) is opted into with RLAX_AUTO_DISTRIBUTED=1.
+  Cloud TPU pods (GCE or GKE: `TPU_WORKER_HOSTNAMES` or `MEGASCALE_COORDINATOR_ADDRESS`), a SLURM job step
+  (`srun`) of several tasks, Open MPI 4's `mpirun` of several ranks (each as JAX finds it: a batch script's
+  own shell, with SLURM_NTASKS but no step, is one process); anything else JAX detects (e.g. the TPU metadata
+  server, Kubernetes indexed jobs) is opted into with RLAX_AUTO_DISTRIBUTED=1.
   """
   if environ.get(ENV_AUTO, "") not in ("", "0"):
     return True
@@ -62,9 +69,9 @@ def _cluster_detected(environ: Mapping[str, str]) -> bool:
     return True
   if len([h for h in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1:
     return True
-  if "SLURM_JOB_ID" in environ and (_as_int("SLURM_NTASKS", environ.get("SLURM_NTASKS")) or 1) > 1:
+  if all(k in environ for k in _SLURM_STEP) and (_as_int("SLURM_NTASKS", environ["SLURM_NTASKS"]) or 1) > 1:
     return True
-  return (_as_int("OMPI_COMM_WORLD_SIZE", environ.get("OMPI_COMM_WORLD_SIZE")) or 1) > 1
+  return _OMPI_URI in environ and (_as_int("OMPI_COMM_WORLD_SIZE", environ.get("OMPI_COMM_WORLD_SIZE")) or 1) > 1
 
 
 def resolve(coordinator_address: str | None = None, num_processes: int | None = None,
@@ -131,17 +138,38 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
   if jax.config.jax_cpu_collectives_implementation != "mpi":
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if topology.source == "cluster":
-    jax.distributed.initialize()
+    try:
+      jax.distributed.initialize()
+    except ValueError as e:  # (JAX's 'coordinator_address should be defined.': it found no cluster it knows)
+      raise ValueError(f"this process looks like one of a multi-process job ({ENV_AUTO}, or a TPU pod's "
+                       f"variables), but jax.distributed could not set it up ({e}); pass --coordinator_address, "
+                       "--num_processes and --process_id (or the RLAX_* variables), or --num_processes=1 for "
+                       "one process.") from None
     return topology
+  flag = "--coordinator_address" if topology.source == "flags" else ENV_COORDINATOR
+  if topology.process_id == 0:
+    _check_port_free(flag, topology.coordinator_address)
   try:
     jax.distributed.initialize(topology.coordinator_address, num_processes=topology.num_processes,
                                process_id=topology.process_id)
-  except jax.errors.JaxRuntimeError as e:  # Process 0 serves the address: a port in use, another host's name.
-    flag = "--coordinator_address" if topology.source == "flags" else ENV_COORDINATOR
+  except jax.errors.JaxRuntimeError as e:
     raise ValueError(f"{flag}={topology.coordinator_address}: process {topology.process_id} of "
-                     f"{topology.num_processes} could not join the job ({e}); process 0 serves that address, so "
-                     "its port must be free and its HOST this machine.") from None
+                     f"{topology.num_processes} could not join the job ({e}).") from None
   return topology
+
+
+def _check_port_free(flag: str, address: str) -> None:
+  """Raises a clear error if the coordinator's port is taken on this machine, where process 0 serves it (JAX's
+  service binds every interface, and on a taken port it raised JaxRuntimeError or crashed the process)."""
+  port = int(address.rpartition(":")[2])
+  try:
+    with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as probe:
+      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as gRPC: a closed port's TIME_WAIT is free)
+      probe.bind(("::" if socket.has_ipv6 else "", port))
+  except OSError as e:
+    if e.errno in (errno.EADDRINUSE, errno.EACCES):  # (others, e.g. no IPv6 here: JAX's own try decides)
+      raise ValueError(f"{flag}={address}: port {port} cannot be served on this machine, where process 0 "
+                       f"runs the job's coordinator ({e.strerror}); pick a free port.") from None
 
 
 def is_primary() -> bool:
