@@ -25,6 +25,9 @@ _TPUS = {
 }
 # Single-host slices of v5e/v6e may have 8 chips on one machine (2x4); multi-host slices have 4 per host.
 _SINGLE_HOST_MAX_CHIPS = {"v4": 4, "v5e": 8, "v5p": 4, "v6e": 8}
+# The slice shapes of the 2D generations (GKE's and Vertex AI's: no machine type or node pool has another; a
+# v4 / v5p slice is whole hosts of 4 chips, 2x2x1 the smallest).
+_TOPOLOGIES_2D = ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")
 
 # GPU type -> (Vertex accelerator enum, Vertex machine type per GPU count, GKE accelerator label, xm resource).
 _GPUS = {
@@ -144,8 +147,10 @@ def parse(platform: str, spec: str | None) -> Accelerator:
     if len(dims) != (3 if kind in ("v4", "v5p") else 2):
       raise ValueError(f"TPU {kind} topologies have {3 if kind in ('v4', 'v5p') else 2} dimensions; "
                        f"got {topology!r}.")
+    if len(dims) == 2 and topology not in _TOPOLOGIES_2D:
+      raise ValueError(f"TPU {kind} slices are {', '.join(_TOPOLOGIES_2D)}; got {topology!r}.")
     acc = Accelerator("tpu", kind, math.prod(dims), topology)
-    if acc.tpu_hosts > 1 and acc.count % _TPUS[kind][2]:
+    if acc.count % _TPUS[kind][2] and (acc.tpu_hosts > 1 or len(dims) == 3):
       raise ValueError(f"TPU slice {spec!r}: {acc.count} chips do not fill hosts of {_TPUS[kind][2]}.")
     return acc
   if platform == "gpu":

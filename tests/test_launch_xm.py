@@ -365,6 +365,12 @@ def test_a_long_experiment_name_keeps_every_jobs_name_its_own(tmp_path):
      "does not match the TPU slice"),
     (["--executor", "vertex", "--platform", "gpu", "--accelerator", "h100x3"], "no machine with 3 h100"),
     (["--executor", "gke", "--platform", "tpu", "--accelerator", "tpu-v9:2x2"], "expected tpu-GEN:TOPOLOGY"),
+    # Slices no machine type or node pool has (Vertex AI refused ct5lp-hightpu-2t; a GKE pod waited for a node
+    # forever): the 2D generations' shapes, whole 4-chip hosts of v4 / v5p.
+    (["--executor", "vertex", "--platform", "tpu", "--accelerator", "tpu-v5e:1x2"],
+     "TPU v5e slices are 1x1, 2x2, 2x4, 4x4, 4x8, 8x8, 8x16, 16x16; got '1x2'."),
+    (["--executor", "gke", "--platform", "tpu", "--accelerator", "tpu-v5p:1x1x1"],
+     "TPU slice 'tpu-v5p:1x1x1': 1 chips do not fill hosts of 4."),
     (["--executor", "gke", "--platform", "gpu", "--accelerator", "h100x8", "--learner_hosts", "2"],
      "set --num_samplers >= 1"),
     (["--executor", "gke", "--config.seed=3"], "overrides of swept key(s) ['seed']"),
