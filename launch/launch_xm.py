@@ -289,7 +289,7 @@ def main(argv: list[str]) -> None:
                for _, _, unit_jobs in plan]
     else:
       built = _cloud_requests(title, plan, root)
-  except ValueError as e:
+  except (ValueError, OSError) as e:  # (OSError: e.g. a unit's data file that does not exist)
     raise app.UsageError(str(e)) from e
   objects, requests = [o for o, _ in built], [r for _, r in built]
   if _DRY_RUN.value:

@@ -385,6 +385,16 @@ def test_dry_run_rejects_bad_requests(tmp_path, args, message):
   assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
 
 
+def test_a_missing_data_file_is_one_line(tmp_path):
+  """A unit's data file that does not exist is the launcher's one-line error, as `rlax-post sweep`'s (until
+  2026-12-06 a FileNotFoundError traceback)."""
+  proc = _launch("--dry_run", "--image", _IMAGE, "--workdir_root", _BUCKET_ROOT, "--executor", "gke",
+                 "--config.data.train=/nonexistent/train.jsonl", tmp_path=tmp_path, config="configs/dataset.py")
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert proc.stderr.splitlines()[-1].startswith("Data file /nonexistent/train.jsonl does not exist; expected a file"), (
+      proc.stderr[-2000:])
+
+
 def test_dry_run_refuses_units_of_another_mode_with_samplers(tmp_path):
   """A unit that sets runtime.mode (here sync) ran as `rlax-post learner --config.runtime.mode=async ...` with
   its own mode after it: refused when --num_samplers > 0, launched as a train job with --num_samplers=0."""
