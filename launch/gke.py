@@ -12,6 +12,8 @@ same `<job>-<i>.<service>` names, which resolve only through the Service). Workd
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from launch import jobs as jobs_lib
 
 _COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
@@ -81,15 +83,15 @@ def to_json(obj) -> dict:
   return client.ApiClient().sanitize_for_serialization(obj)
 
 
-def submit(objects, *, namespace: str) -> list[str]:
-  """Creates the Services and Jobs in the current kubectl context's cluster; returns their names."""
+def submit(objects, *, namespace: str) -> Iterator[str]:
+  """Creates the Services and Jobs in the current kubectl context's cluster, yielding each one's name as soon as
+  it exists (a request refused part way leaves those created before it running: the caller says which)."""
   from kubernetes import client, config  # pylint: disable=g-import-not-at-top,g-multiple-import  (GKE requests only; extra xm)
   config.load_kube_config()
-  batch, core, names = client.BatchV1Api(), client.CoreV1Api(), []
+  batch, core = client.BatchV1Api(), client.CoreV1Api()
   for obj in objects:
     if isinstance(obj, client.V1Service):
       core.create_namespaced_service(namespace=namespace, body=obj)
     else:
       batch.create_namespaced_job(namespace=namespace, body=obj)
-    names.append(obj.metadata.name)
-  return names
+    yield obj.metadata.name

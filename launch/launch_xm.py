@@ -307,8 +307,16 @@ def main(argv: list[str]) -> None:
     names = vertex.submit(flat, project=_GCP_PROJECT.value, region=_GCP_REGION.value)
   else:
     names = gke.submit(flat, namespace=_NAMESPACE.value)
-  for name in names:
-    print(f"created {name}")
+  created = []
+  try:
+    for name in names:  # (each as it is created)
+      print(f"created {name}", flush=True)
+      created.append(name)
+  except BaseException:  # The API refused one (or Ctrl-C): say what runs already, then its own traceback.
+    print(f"launch_xm: stopped after creating {len(created)} of the {len(flat)} requests "
+          f"({', '.join(created) or 'none'}): those run without the rest of their work units; cancel them, or "
+          "create the rest from --dry_run's requests.", file=sys.stderr, flush=True)
+    raise
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ its hosts. Workdirs under gs:// are read and written through Vertex's Cloud Stor
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 import json
 
 from launch import jobs as jobs_lib
@@ -60,10 +61,12 @@ def to_json(message) -> dict:
                                                     always_print_fields_with_no_presence=False))
 
 
-def submit(messages, *, project: str, region: str) -> list[str]:
-  """Creates the CustomJobs (needs Google Cloud credentials); returns their resource names."""
+def submit(messages, *, project: str, region: str) -> Iterator[str]:
+  """Creates the CustomJobs (needs Google Cloud credentials), yielding each one's resource name as soon as it
+  exists (a request refused part way leaves those created before it running: the caller says which)."""
   from google.cloud import aiplatform_v1  # pylint: disable=g-import-not-at-top  (Vertex AI requests only; extra xm)
   client = aiplatform_v1.JobServiceClient(
       client_options={"api_endpoint": f"{region}-aiplatform.googleapis.com"})
   parent = f"projects/{project}/locations/{region}"
-  return [client.create_custom_job(parent=parent, custom_job=m).name for m in messages]
+  for message in messages:
+    yield client.create_custom_job(parent=parent, custom_job=message).name

@@ -5,10 +5,12 @@ The launcher runs in a process of its own each time, as a user runs it (absl par
 forked from a server that imported its heavy dependencies once (`_cli_forks`, ~2 s a run less), checked
 against a new `python -m launch.launch_xm` process by the first test; the end-to-end run starts one too."""
 
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -383,6 +385,51 @@ def test_a_long_experiment_name_keeps_every_jobs_name_its_own(tmp_path):
 def test_dry_run_rejects_bad_requests(tmp_path, args, message):
   proc = _launch("--dry_run", "--image", _IMAGE, "--workdir_root", _BUCKET_ROOT, *args, tmp_path=tmp_path)
   assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+
+
+class _KubernetesAPI(http.server.BaseHTTPRequestHandler):
+  """A cluster's API server that creates the first object posted to it and refuses the others (409: exists)."""
+  paths: list[str] = []
+
+  def do_POST(self):  # pylint: disable=invalid-name
+    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    self.paths.append(self.path)
+    created = len(self.paths) == 1
+    self.send_response(201 if created else 409)
+    self.send_header("Content-Type", "application/json")
+    self.end_headers()
+    self.wfile.write(json.dumps(body if created else {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                                      "reason": "AlreadyExists", "code": 409}).encode())
+
+  def log_message(self, *args):
+    del args
+
+
+def test_a_request_refused_part_way_names_the_jobs_already_created(tmp_path):
+  """GKE (the official client, against an API server that refuses the second Job): the Job created before it is
+  printed, and a line says which were created (until 2026-12-06 the names were printed only after every request
+  succeeded, so a refusal part way left running jobs that the output never named)."""
+  server = http.server.HTTPServer(("127.0.0.1", 0), _KubernetesAPI)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  kubeconfig = tmp_path / "kubeconfig"
+  kubeconfig.write_text(json.dumps({
+      "apiVersion": "v1", "kind": "Config", "current-context": "x",
+      "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
+      "users": [{"name": "u", "user": {"token": "t"}}],
+      "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}]}))
+  try:
+    cmd = [sys.executable, "-m", "launch.launch_xm", *_launch_argv(
+        "--executor", "gke", "--image", _IMAGE, "--workdir_root", _BUCKET_ROOT, tmp_path=tmp_path)]
+    proc = subprocess.run(cmd, cwd=_ROOT, env=_procs.env(KUBECONFIG=str(kubeconfig)), capture_output=True,
+                          text=True, timeout=120)
+  finally:
+    server.shutdown()
+  assert _KubernetesAPI.paths == ["/apis/batch/v1/namespaces/default/jobs"] * 2
+  assert proc.returncode == 1 and proc.stdout == "created demo-00-train\n", proc.stderr[-3000:]
+  assert proc.stderr.startswith("launch_xm: stopped after creating 1 of the 2 requests (demo-00-train): those run "
+                                "without the rest of their work units; cancel them, or create the rest from "
+                                "--dry_run's requests.\n"), proc.stderr[-3000:]
+  assert "ConflictException: (409)" in proc.stderr
 
 
 def test_a_missing_data_file_is_one_line(tmp_path):
