@@ -94,8 +94,10 @@ def _dns_label(*parts: str) -> str:
 
 
 def _object_name(title: str, unit_index: int, job_name: str) -> str:
-  """A job's GKE name, unique in the experiment: the title cut short, never the unit's index or the job's name."""
-  return _dns_label(_dns_label(title)[:_TITLE_CHARS], f"{unit_index:02d}", job_name)
+  """A job's GKE name, unique in the experiment: the title cut short, never the unit's index or the job's name;
+  'u' before one that starts with a digit (its Service's name, a DNS-1035 label, must start with a letter)."""
+  name = _dns_label(_dns_label(title)[:_TITLE_CHARS].rstrip("-"), f"{unit_index:02d}", job_name)
+  return name if name[0].isalpha() else f"u{name}"
 
 
 def _display_name(title: str, dirname: str, job_name: str) -> str:

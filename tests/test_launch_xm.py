@@ -341,16 +341,17 @@ def test_a_long_experiment_name_keeps_every_jobs_name_its_own(tmp_path):
   """GKE object names are at most 63 characters and Vertex AI display names at most 128: a long
   --experiment_name is cut short, never the unit's index or the job's name (until 2026-12-06 every GKE job and
   Service of the experiment had the one name `<title[:63]>`, so all but the first were refused as existing, and a
-  Vertex display name over 128 characters was refused by the API)."""
-  title = "rl-post-training-of-qwen-on-the-tool-use-tasks-with-several-estimators-and-seeds-on-h100-nodes"
+  Vertex display name over 128 characters was refused by the API). A name that starts with a digit gets a 'u'
+  before it: a Service's name must start with a letter (the API refused `2026-...-hosts`)."""
+  title = "2026-12-rl-post-training-of-qwen-on-the-tool-use-tasks-with-several-estimators-and-seeds-on-h100"
   base = ("--executor", "gke", "--platform", "gpu", "--accelerator", "h100x8", "--learner_hosts", "2",
           "--num_samplers", "2", "--experiment_name", title)
   units = _dry_run(tmp_path, *base)["work_units"]
   names = [r["metadata"]["name"] for u in units for r in u["requests"]]
-  cut = title[:40].rstrip("-")
+  cut = "u" + title[:40].rstrip("-")
   assert names == [f"{cut}-{u:02d}-{job}" for u in range(2)
                    for job in ("learner-hosts", "learner", "sampler-0", "sampler-1")]
-  assert max(map(len, names)) <= 63
+  assert max(map(len, names)) <= 63 and names[0] == "u2026-12-rl-post-training-of-qwen-on-the-00-learner-hosts"
   service, learner = units[1]["requests"][:2]
   assert learner["spec"]["template"]["spec"]["subdomain"] == service["metadata"]["name"]
   assert _env(learner["spec"]["template"]["spec"]["containers"][0]["env"])["RLAX_COORDINATOR_ADDRESS"] == (
