@@ -622,6 +622,10 @@ def _resume_mode(workdir: str, cfg) -> bool | str:
 def _train(argv):
   del argv
   cfg = _load_config()
+  if cfg.critic.publish:  # (it was ignored: train publishes nothing)
+    raise ValueError("critic.publish = True is read by `rlax-post learner`, which publishes the separate critic's "
+                     "versions for scorers in other processes; `rlax-post train` publishes none: set it to False, "
+                     "or run the learner (docs/critic.md).")
   path = _new_run_dir(_required(_WORKDIR, "the directory for checkpoints, metrics and summaries"))
   resume = _resume_mode(path, cfg)
   with _output_dir(path) as workdir:

@@ -919,6 +919,15 @@ def test_missing_required_flags():
   assert line == "rlax-post check-config: error: --config.rl.steps overrides a config file: pass --config FILE too."
 
 
+def test_train_refuses_critic_publish_which_only_the_learner_reads(tmp_path):
+  """`critic.publish` was ignored by `train` (only `rlax-post learner` publishes): now one line, no workdir made."""
+  line = _error(_cli("train", "--config", "configs/demo.py:tiny,gae", "--workdir", str(tmp_path / "run"),
+                     "--config.critic.mode=separate", "--config.critic.publish=True"), "train")
+  assert line.startswith("rlax-post train: error: critic.publish = True is read by `rlax-post learner`, which "
+                         "publishes the separate critic's versions")
+  assert not (tmp_path / "run").exists()
+
+
 def test_bugs_keep_their_traceback():
   """Only the exceptions that carry a message for the user become one line; anything else propagates."""
   def bug(argv):
