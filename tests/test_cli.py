@@ -928,6 +928,15 @@ def test_train_refuses_critic_publish_which_only_the_learner_reads(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+def test_value_of_a_run_that_is_not_a_sales_run_is_refused_before_its_checkpoint_loads(tmp_path):
+  """`value` loaded the checkpoint (seconds) before it refused a run of another task."""
+  out = _cli("check-config", "--config", "configs/demo.py:tiny")
+  (tmp_path / "run" / "checkpoints").mkdir(parents=True)  # (no checkpoint: the refusal comes first)
+  (tmp_path / "run" / "config.json").write_text(out.stdout)
+  line = _error(_cli("value", "--workdir", "run", cwd=tmp_path), "value")
+  assert line == "rlax-post value: error: the exact value needs a sales run (task.name = 'sales'); got 'reverse'."
+
+
 def test_bugs_keep_their_traceback():
   """Only the exceptions that carry a message for the user become one line; anything else propagates."""
   def bug(argv):

@@ -23,6 +23,7 @@ from rlax_post import sampler
 from rlax_post.envs import sales
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _policy
+from rlax_post.runtime import _samplers
 
 
 class ModelPolicy:
@@ -90,6 +91,11 @@ class ModelPolicy:
     return probs
 
 
+def _check_sales(name: str) -> None:
+  if name != sales.NAME:
+    raise ValueError(f"the exact value needs a sales run (task.name = {sales.NAME!r}); got {name!r}.")
+
+
 class ExactOracle:
   """The exact values of a sales run's policy `params` (its sampling law: `rl.temperature`, `rl.top_p`,
   `rl.top_k`): `value()` is V^π at the start under the game's γ; `q(turns, message)` is Q^π(history, the
@@ -99,8 +105,7 @@ class ExactOracle:
 
   def __init__(self, parts: _parts.Parts, params, *, gamma: float | None = None):
     cfg, task = parts.cfg, parts.task
-    if cfg.task.name != sales.NAME:
-      raise ValueError(f"the exact value needs a sales run (task.name = {sales.NAME!r}); got {cfg.task.name!r}.")
+    _check_sales(cfg.task.name)
     self.game = task.game
     self.policy = ModelPolicy(parts.graphdef, params, task.tokenizer, task.game, temperature=cfg.rl.temperature,
                               top_p=cfg.rl.top_p, top_k=cfg.rl.top_k,
@@ -134,6 +139,7 @@ def policy_value(parts: _parts.Parts, params) -> dict:
 def run_policy_value(workdir: str, *, step: int | None = None) -> dict:
   """`policy_value` of run `workdir`'s policy at checkpoint `step` (None: the newest), and of its reference
   policy (the warm start RL began from) where the checkpoint holds one: keys `value`, `warm_start_value`."""
+  _check_sales(_samplers.load_run_config(workdir).task.name)  # (before the checkpoint loads: seconds)
   run = _policy.load_run_policy(workdir, step=step)
   out = {"step": run.step, **policy_value(run.parts, run.params)}
   if run.warm_start is not None:
