@@ -467,6 +467,18 @@ def test_metrics_count_groups_newer_than_the_learner_and_report_no_negative_stal
       "dropped_stale": 3.0, "dropped_stale_total": 6.0, "dropped_future": 2.0, "dropped_future_total": 3.0}
   assert tally.meta()["dropped_future_total"] == 3  # carried by the checkpoint to a resumed run
 
+
+def test_the_staleness_histogram_of_a_huge_bound_ends_at_the_run_s_last_version():
+  """η = 10⁶ ("unbounded") wrote η + 1 histogram keys a step (100 MB of metrics.jsonl in 4 steps, 9 s a step);
+  no group can be staler than the learner's last version, rl.steps − 1, so the bins end there."""
+  tally = runtime._run.Tally(eta=10**6, steps=4)  # pylint: disable=protected-access
+  taken = runtime.Taken([(envs.group_id(t), _group_rows(t, 4), st) for t, st in ((8, 0), (9, 3))], [], {})
+  row = tally.add(3, taken)
+  assert sorted(k for k in row if k.startswith("staleness_") and k[-1].isdigit()) == [
+      "staleness_0", "staleness_1", "staleness_2", "staleness_3"]
+  assert (row["staleness_0"], row["staleness_3"], row["staleness_max"]) == (1.0, 1.0, 3.0)
+  assert runtime._run.Tally(eta=2, steps=10).top == 2  # pylint: disable=protected-access
+
 def test_rows_to_batch_matches_the_sync_layout():
   rows = _group_rows(0, 0) + _group_rows(1, 0)
   batch = runtime.rows_to_batch([rows[:2], rows[2:]], seq_len=6, pad_id=0)

@@ -55,10 +55,13 @@ class Start(NamedTuple):
 class Tally:
   """What the loop counts as it goes (mutable): staleness, drops, waits, throughput, reward calls and the ones
   that failed (RL steps', evaluations'), steps without a learning signal, the newest eval score and the progress
-  bar; `begin(history)` continues the counters of a resumed run."""
+  bar; `begin(history)` continues the counters of a resumed run. The staleness histogram's bins end at η, or at
+  `steps` − 1 where that is lower: no group is staler than the learner's last version (a huge η, "unbounded",
+  wrote η + 1 keys a step: 100 MB of metrics.jsonl in 4 steps at η = 10⁶)."""
 
-  def __init__(self, eta: int):
+  def __init__(self, eta: int, steps: int | None = None):
     self.eta = eta
+    self.top = eta if steps is None else min(eta, max(steps - 1, 0))  # the histogram's last bin
     self.begin({})
 
   def begin(self, history: dict) -> None:
@@ -89,7 +92,7 @@ class Tally:
     now = time.time()
     rows = sum(len(group_rows) for _, group_rows, _ in taken.groups)
     staleness = np.asarray([st for _, _, st in taken.groups])
-    hist = np.bincount(np.clip(staleness, 0, self.eta), minlength=self.eta + 1)
+    hist = np.bincount(np.clip(staleness, 0, self.top), minlength=self.top + 1)
     self.dropped_total += len(taken.dropped)
     # (of those: from a lost future, newer than the learner or sampled by a publish not in its history)
     future = sum(st < 0 or g in taken.future for g, st in taken.dropped)
@@ -99,7 +102,7 @@ class Tally:
     self.wait += taken.metrics.get("wait_seconds", 0.0)
     self.staleness_means.append(float(staleness.mean()))
     out = {"policy_version": float(step), "staleness_mean": float(staleness.mean()),
-           "staleness_max": float(staleness.max()), **{f"staleness_{s}": float(hist[s]) for s in range(self.eta + 1)},
+           "staleness_max": float(staleness.max()), **{f"staleness_{s}": float(hist[s]) for s in range(self.top + 1)},
            "dropped_stale": float(len(taken.dropped)), "dropped_stale_total": float(self.dropped_total),
            "dropped_future": float(future), "dropped_future_total": float(self.dropped_future_total),
            **taken.metrics, "learner_idle_frac": self.wait / max(now - self.t_loop, 1e-9),
@@ -505,4 +508,4 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool | str, quiet: bo
              ckpt=ckpt, metrics=_metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard,
                                                        wandb=_wandb_run(cfg, workdir), active=primary),
              log=_rowlog.RolloutLog(workdir, active=primary), ui=ui, latest=latest, t_start=t_start,
-             tally=Tally(config_lib.staleness(cfg)), auto_resume=auto)
+             tally=Tally(config_lib.staleness(cfg), cfg.rl.steps), auto_resume=auto)
