@@ -586,6 +586,7 @@ def _parse_flags(command: str, argv):
     _check_overrides(command, argv)
     argv, nones = sweep.none_overrides(argv)
     parsed = flags.FLAGS(argv)
+    _expand_home(_WORKDIR, _CHECKPOINT)
     if command not in _POSITIONAL:
       _check_no_arguments(command, parsed[1:])
     _check_own_flags(command)
@@ -596,6 +597,15 @@ def _parse_flags(command: str, argv):
     _fail(command, f"{e}; `rlax-post {command} --help` lists its flags.")
   except _USER_ERRORS as e:
     _fail(command, e)
+
+
+def _expand_home(*holders) -> None:
+  """`~` at the start of a directory flag, expanded as a shell expands a word that begins with it: the shell
+  leaves `--workdir=~/run` as typed, and a learner's parameter versions went to $HOME/run/params
+  (`exchange.as_path` expands it) while its config, queue, checkpoints and metrics went to ./~/run."""
+  for holder in holders:
+    if isinstance(holder.value, str) and holder.value.startswith("~"):
+      flags.FLAGS[holder.name].value = os.path.expanduser(holder.value)
 
 
 # --- Commands ---

@@ -713,6 +713,17 @@ def test_workdir_is_created_relative_to_the_working_directory(tmp_path, command,
   assert (tmp_path / "runs").is_dir() and not (tmp_path / "runs" / "a").exists()
 
 
+def test_a_workdir_flag_starting_with_a_tilde_is_under_home(tmp_path):
+  """The shell leaves `--workdir=~/runs/a` as typed: the learner made ./~/runs/a for its config, queue and
+  checkpoints while its parameter versions went to $HOME/runs/a/params (`exchange.as_path` expands `~`)."""
+  (tmp_path / "home").mkdir()
+  out = _cli_forks.run("learner", "--config", _DEMO + ":tiny", "--config.runtime.mode=async", "--workdir=~/runs/a",
+                       "--config.model.hf_path=no/such/ckpt", cwd=tmp_path,
+                       env={**_ENV, "HOME": str(tmp_path / "home")})
+  assert "`model.hf_path` = 'no/such/ckpt'" in _error(out, "learner")
+  assert (tmp_path / "home" / "runs").is_dir() and not (tmp_path / "~").exists()
+
+
 @pytest.mark.parametrize("command", ["train", "learner"])
 def test_a_run_into_a_hugging_face_checkpoint_leaves_it_alone(tmp_path, command):
   """`rlax-post train --workdir CKPT` (a checkpoint `rlax-post convert` wrote) ran, replacing the checkpoint's
