@@ -754,7 +754,9 @@ def _learner(argv):
 def _sampler(argv):
   del argv
   workdir = _required(_WORKDIR, "the workdir of the learner to sample for")
-  _required(_INDEX, "this sampler's index (0, 1, ...; unique per sampler)")
+  # (checked before the run is read: on a finished one `--index -1` said `[sampler--1] ... has finished`, exit 0)
+  if _required(_INDEX, "this sampler's index (0, 1, ...; unique per sampler)") < 0:
+    raise ValueError(f"--index must be an int >= 0; got {_INDEX.value}.")
   if os.path.exists(workdir):  # Else it waits for the learner to create it.
     _writable_dir(workdir)
   if _check_sampled_run(workdir):

@@ -831,6 +831,20 @@ def test_a_sampler_of_a_run_that_is_not_async_is_refused(tmp_path):
                    "--config FILE --config.runtime.mode=async --workdir later`\n")
 
 
+def test_a_negative_sampler_index_is_refused_before_the_run_is_read(tmp_path):
+  """On a finished learner's run `--index -1` said `[sampler--1] the learner of run has finished ...` and exited
+  0; on a run not there yet it said `[sampler--1] waiting for a learner` before the error."""
+  out = _cli("check-config", "--config", "configs/demo.py:tiny", "--config.runtime.mode=async")
+  (tmp_path / "run").mkdir()
+  (tmp_path / "run" / "config.json").write_text(out.stdout)
+  (tmp_path / "run" / "summary.json").write_text(json.dumps({"rl_steps": 2, "rl_steps_done": 2}))
+  (tmp_path / "run" / runtime.DONE_FILE).write_text("done\n")
+  for where in ("run", "later"):
+    out = _cli("sampler", "--workdir", where, "--index", "-1", cwd=tmp_path)
+    assert _error(out, "sampler") == "rlax-post sampler: error: --index must be an int >= 0; got -1."
+    assert out.stdout == ""
+
+
 def test_ctrl_c_is_one_line_and_status_130_not_a_traceback(tmp_path, capsys):
   """Ctrl-C ended every command in KeyboardInterrupt's traceback from wherever it was (a JAX compilation in
   `train`, a sampler's wait); now one line, exit status 130 (128 + SIGINT), and `train` / `learner` say how to
