@@ -9,6 +9,7 @@ import threading
 import time
 import types
 
+import jax
 import numpy as np
 import pytest
 
@@ -728,6 +729,27 @@ def test_the_file_learner_grants_past_the_bound_by_its_drops_and_samplers_read_t
   assert [sampler.claim(0) for _ in range(5)] == [0, 1, 2, 3, None]
   with pytest.raises(ValueError, match="Only the learner"):
     sampler.add_extra(1)
+
+
+def test_a_lora_sampler_waits_for_the_base_as_long_as_the_learner_runs(tmp_path, monkeypatch):
+  """A sampler waited 600 s for LoRA's base (the learner publishes it after its warm start), then ended in a
+  TimeoutError traceback: now it waits until the learner is done, as for the params."""
+  parts = types.SimpleNamespace(base_like=lambda: ({"w": jax.ShapeDtypeStruct((2,), np.float32)}, None))
+  publisher = exchange.ParamPublisher(tmp_path / _samplers.BASE_DIR, max_to_keep=1)
+  publisher.publish({"w": jax.numpy.arange(2.0)}, 0)
+  publisher.close()
+  real, timeouts = exchange.ParamSubscriber.wait_for, []
+
+  def late(self, min_version, **kwargs):  # the base appears only after two waits (a long warm start)
+    if len(timeouts) < 2:
+      timeouts.append(kwargs["timeout_s"])
+      raise TimeoutError("not yet")
+    return real(self, min_version, **kwargs)
+  monkeypatch.setattr(exchange.ParamSubscriber, "wait_for", late)
+  base = _samplers._read_base(parts, str(tmp_path), "s", lambda: False)  # pylint: disable=protected-access
+  assert base["w"].tolist() == [0.0, 1.0] and len(timeouts) == 2
+  stopped = _samplers._read_base(parts, str(tmp_path / "none"), "s", lambda: True)  # pylint: disable=protected-access
+  assert stopped is None
 
 
 def test_a_sampler_ends_with_a_line_in_words():

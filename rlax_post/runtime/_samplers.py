@@ -232,15 +232,22 @@ def load_run_config(workdir: str, *, timeout_s: float = 0.0) -> config_lib.Confi
   return cfg
 
 
-def _read_base(parts: _parts.Parts, workdir: str, name: str, timeout_s: float = 600.0):
+def _read_base(parts: _parts.Parts, workdir: str, name: str, should_stop: Callable[[], bool] = lambda: False):
   """LoRA's frozen base, read once from the learner's `workdir/base` onto this sampler's mesh (None without
-  LoRA: the published versions are the whole params)."""
+  LoRA: the published versions are the whole params), waited for until `should_stop()` (then None), as the
+  params are: the learner publishes it after its warm start, which may take longer than any fixed wait (it
+  waited 600 s, then ended the sampler in a TimeoutError traceback)."""
   base_like, base_sh = parts.base_like()
   if base_like is None:
     return None
   reader = exchange.ParamSubscriber(os.path.join(workdir, BASE_DIR), params_like=base_like, shardings=base_sh,
                                     reader_id=name)
-  return reader.wait_for(0, timeout_s=timeout_s)[1]
+  while not should_stop():
+    try:
+      return reader.wait_for(0, timeout_s=0.5)[1]
+    except TimeoutError:
+      continue
+  return None
 
 
 def sampler_admission(cfg: config_lib.Config, workdir: str, name: str) -> rollouts.FileAdmission:
@@ -309,11 +316,12 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   exchanged_like, exchanged_sh = parts.exchanged_like()
   params = exchange.ParamSubscriber(os.path.join(workdir, "params"), params_like=exchanged_like,
                                     shardings=exchanged_sh, reader_id=name)
-  base = _read_base(parts, workdir, name)
+  should_stop = (epath.Path(workdir) / DONE_FILE).exists
+  base = _read_base(parts, workdir, name, should_stop)
   engine = parts.sampling_engine()
   worker = SamplerWorker(name, lambda p, v: parts.task.producer(engine, p, v),
                          Channels(params, queue, admission, heartbeat=admission.heartbeat), slots=slots,
-                         should_stop=(epath.Path(workdir) / DONE_FILE).exists,
+                         should_stop=should_stop,
                          receive=lambda published: parts.to_model(base, published),
                          queue_room=False)  # one of any number: its tickets ahead stay movable
   if not quiet:
