@@ -469,6 +469,19 @@ def test_metrics_count_groups_newer_than_the_learner_and_report_no_negative_stal
   assert tally.meta()["dropped_future_total"] == 3  # carried by the checkpoint to a resumed run
 
 
+def test_a_resumed_run_s_mean_staleness_covers_the_steps_before_its_checkpoint():
+  """summary.json's `mean_staleness` averaged only the last attempt's steps (a resume with no step left: None),
+  while `dropped_stale_total` covered the run: the checkpoint carries the sum and count of the step means."""
+  first = runtime._run.Tally(eta=1)  # pylint: disable=protected-access
+  for step, st in enumerate((0, 0)):
+    first.add(step, runtime.Taken([(envs.group_id(step), _group_rows(step, 4), st)], [], {}))
+  resumed = runtime._run.Tally(eta=1)  # pylint: disable=protected-access
+  resumed.begin(first.meta())
+  assert (resumed.staleness_sum, resumed.staleness_steps) == (0.0, 2)
+  resumed.add(2, runtime.Taken([(envs.group_id(2), _group_rows(2, 4), 1)], [], {}))
+  assert resumed.staleness_sum / resumed.staleness_steps == pytest.approx(1 / 3)
+
+
 def test_the_staleness_histogram_of_a_huge_bound_ends_at_the_run_s_last_version():
   """η = 10⁶ ("unbounded") wrote η + 1 histogram keys a step (100 MB of metrics.jsonl in 4 steps, 9 s a step);
   no group can be staler than the learner's last version, rl.steps − 1, so the bins end there."""

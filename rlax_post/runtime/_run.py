@@ -79,7 +79,10 @@ class Tally:
     self.t_loop = self.t_last = time.time()
     self.rows = 0
     self.wait = 0.0
-    self.staleness_means: list[float] = []
+    # The steps' staleness means, summed over the run (summary.json's `mean_staleness`; a resumed run's counted only
+    # its last attempt's steps, and none where no step was left)
+    self.staleness_sum = float(history.get("staleness_sum", 0.0))
+    self.staleness_steps = int(history.get("staleness_steps", 0))
     # The checkpoint's own evaluation (a finished run's last step has one): a resume with no step left reports
     # it rather than evaluating again.
     self.eval_step: int | None = history.get("eval_step")
@@ -100,7 +103,7 @@ class Tally:
     self.max_ticket = max([self.max_ticket] + [int(rows_[0]["ticket"]) for _, rows_, _ in taken.groups])
     self.rows += rows
     self.wait += taken.metrics.get("wait_seconds", 0.0)
-    self.staleness_means.append(float(staleness.mean()))
+    self.staleness_sum, self.staleness_steps = self.staleness_sum + float(staleness.mean()), self.staleness_steps + 1
     out = {"policy_version": float(step), "staleness_mean": float(staleness.mean()),
            "staleness_max": float(staleness.max()), **{f"staleness_{s}": float(hist[s]) for s in range(self.top + 1)},
            "dropped_stale": float(len(taken.dropped)), "dropped_stale_total": float(self.dropped_total),
@@ -126,7 +129,8 @@ class Tally:
             "eval_reward": self.last_eval, "eval_step": self.eval_step,
             "reward_errors_total": self.train_calls.failed, "reward_calls_total": self.train_calls.calls,
             "eval_reward_errors_total": self.eval_calls.failed, "eval_reward_calls_total": self.eval_calls.calls,
-            "steps_without_signal": self.steps_without_signal}
+            "steps_without_signal": self.steps_without_signal, "staleness_sum": self.staleness_sum,
+            "staleness_steps": self.staleness_steps}
 
   def summary(self) -> dict:
     """summary.json's counts of reward calls (None where the task's rows count none: the built-in tasks score
@@ -349,7 +353,7 @@ class Run:
         "devices": jax.device_count(), "workdir": os.path.abspath(self.workdir),
         "mode": self.cfg.runtime.mode, "max_staleness": tally.eta, "dropped_stale_total": tally.dropped_total,
         "dropped_future_total": tally.dropped_future_total,
-        "mean_staleness": float(np.mean(tally.staleness_means)) if tally.staleness_means else None,
+        "mean_staleness": tally.staleness_sum / tally.staleness_steps if tally.staleness_steps else None,
         "samples_per_s": tally.rows / max(t_end - tally.t_loop, 1e-9), **tally.summary(), **self._best(),
     }
     if primary:
