@@ -765,6 +765,22 @@ def test_a_lora_sampler_waits_for_the_base_as_long_as_the_learner_runs(tmp_path,
   assert stopped is None
 
 
+def test_a_sampler_stops_at_its_learner_s_learner_done_not_at_one_a_stopped_learner_left(tmp_path):
+  """A sampler started before `learner --resume` (they start in any order) read the learner.done that the
+  Ctrl-C'd learner left, exited at once (`0 groups queued`), and the resumed learner waited for ever."""
+  (tmp_path / runtime.DONE_FILE).write_text("done\n")  # the stopped learner's
+  done = _samplers.learner_done(str(tmp_path))
+  assert not done()
+  _samplers.clear_done(tmp_path)  # the resumed learner starts
+  assert not done()
+  _samplers.write_done(str(tmp_path))  # and ends
+  assert done()
+  left = (tmp_path / runtime.DONE_FILE).read_text()
+  _samplers.write_done(str(tmp_path))  # a later invocation's is its own, also written over an earlier one's
+  assert (tmp_path / runtime.DONE_FILE).read_text() != left
+  assert _samplers.learner_done(str(tmp_path / "new"))() is False
+
+
 def test_a_sampler_ends_with_a_line_in_words():
   """`rlax-post sampler`'s last line (it printed the raw stats dict); no params received: versions '-'."""
   stats = dict(groups=37, late_groups=2, idle_frac=0.125, version=20, swaps=11, first_version=3, seconds=61.6)

@@ -40,6 +40,29 @@ def clear_done(workdir: str) -> None:
     os.remove(os.path.join(os.fspath(workdir), DONE_FILE))
   except FileNotFoundError:
     pass
+
+
+def write_done(workdir: str) -> None:
+  """Writes `DONE_FILE` in `workdir`, its text this invocation's own (`learner_done` tells it from an earlier
+  one's)."""
+  with open(os.path.join(os.fspath(workdir), DONE_FILE), "w") as f:
+    f.write(f"done {time.time_ns()} {os.getpid()}\n")
+
+
+def _done_text(path: epath.Path) -> str | None:
+  try:
+    return path.read_text()
+  except FileNotFoundError:
+    return None
+
+
+def learner_done(workdir: str) -> Callable[[], bool]:
+  """A sampler's `should_stop`: whether the learner of `workdir` has written `DONE_FILE` since this call. One a
+  stopped learner left (Ctrl-C, a refused resume) does not count: a sampler started before the learner resumed
+  (they start in any order) read it, exited at once, and the resumed learner waited for ever."""
+  path = epath.Path(os.fspath(workdir)) / DONE_FILE
+  left = _done_text(path)
+  return lambda: path.exists() and _done_text(path) != left
 BASE_DIR = "base"  # LoRA's frozen base, published once (version 0); `params/` then holds the adapters
 
 
@@ -302,6 +325,7 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   if isinstance(index, bool) or not isinstance(index, int) or index < 0:
     raise ValueError(f"--index must be an int >= 0; got {index!r}.")
   workdir = os.fspath(workdir)
+  should_stop = learner_done(workdir)  # (first: a learner that stops while this sampler starts stops it too)
   cfg = load_run_config(workdir, timeout_s=wait_config_s)
   # The sampler's own mesh: every local device on the fsdp axis; params are resharded onto it on restore.
   parts = _parts.build_parts(cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}))
@@ -316,7 +340,6 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   exchanged_like, exchanged_sh = parts.exchanged_like()
   params = exchange.ParamSubscriber(os.path.join(workdir, "params"), params_like=exchanged_like,
                                     shardings=exchanged_sh, reader_id=name)
-  should_stop = (epath.Path(workdir) / DONE_FILE).exists
   base = _read_base(parts, workdir, name, should_stop)
   engine = parts.sampling_engine()
   worker = SamplerWorker(name, lambda p, v: parts.task.producer(engine, p, v),
@@ -326,6 +349,9 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
                          queue_room=False)  # one of any number: its tickets ahead stay movable
   if not quiet:
     print(f"[{name}] sampling for {workdir} ({slots} slots)", flush=True)
+    if (epath.Path(workdir) / DONE_FILE).exists() and not should_stop():
+      print(f"[{name}] the learner of {workdir} was stopped ({DONE_FILE}); waiting for it to resume: "
+            f"`rlax-post learner --workdir {workdir} --resume`", flush=True)
   t0 = time.time()
   last_print = [0.0]
 

@@ -457,8 +457,7 @@ class ProcessSource(_QueueSource):
         self.critic_publisher.close()
     finally:  # the samplers stop however the learner's last saves end (a preempted learner's follow it)
       if self.primary and samplers_too:
-        with open(os.path.join(self.workdir, _samplers.DONE_FILE), "w") as f:
-          f.write("done\n")
+        _samplers.write_done(self.workdir)
     self.publisher.close()
 
   def sampler_stats(self) -> list[dict]:
