@@ -5,6 +5,7 @@ and the auto loss."""
 import dataclasses
 import json
 import os
+import re
 import threading
 import time
 import types
@@ -779,6 +780,30 @@ def test_a_sampler_stops_at_its_learner_s_learner_done_not_at_one_a_stopped_lear
   _samplers.write_done(str(tmp_path))  # a later invocation's is its own, also written over an earlier one's
   assert (tmp_path / runtime.DONE_FILE).read_text() != left
   assert _samplers.learner_done(str(tmp_path / "new"))() is False
+
+
+def test_a_sampler_refuses_a_run_config_changed_under_it_naming_both_values(tmp_path):
+  """A learner started afresh (other settings) in the workdir of an attempt killed before its first checkpoint
+  was served by the old attempt's samplers: groups of 4 rows at temperature 1.0 for its rl.samples_per_prompt
+  = 2 at 0.5, trained on without a word. Settings that do not decide results (runtime) may change."""
+  cfg = _cfg(mode="async")
+  path = tmp_path / "config.json"
+
+  def write(**rl):
+    raw = json.loads(json.dumps(config.to_dict(cfg)))
+    raw["rl"].update(rl)
+    raw["runtime"]["max_staleness"] = 3  # (a resumed learner's runtime may differ)
+    path.write_text(json.dumps(raw))
+  write()
+  guard = _samplers.config_guard(str(tmp_path), cfg, every_s=0.0)
+  guard()
+  write(samples_per_prompt=2, temperature=0.5)
+  with pytest.raises(ValueError, match=re.escape(
+      "changed since this sampler started, in settings that decide results (the learner's -> this sampler's: "
+      f"rl.samples_per_prompt: 2 -> {cfg.rl.samples_per_prompt}, rl.temperature: 0.5 -> {cfg.rl.temperature!r})")):
+    guard()
+  path.unlink()
+  guard()  # (a learner rewriting it: nothing to compare)
 
 
 def test_a_sampler_ends_with_a_line_in_words():

@@ -26,6 +26,7 @@ from rlax_post import envs
 from rlax_post import exchange
 from rlax_post import rollouts
 from rlax_post import sharding
+from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _learners
 from rlax_post.runtime import _parts
 from rlax_post.runtime import _paths
@@ -255,6 +256,33 @@ def load_run_config(workdir: str, *, timeout_s: float = 0.0) -> config_lib.Confi
   return cfg
 
 
+def config_guard(workdir: str, cfg: config_lib.Config, every_s: float = 1.0) -> Callable[[], None]:
+  """A check for a sampler process to call as it samples (at most once in `every_s`): ValueError when the run's
+  config.json no longer holds `cfg`'s settings that decide results (`_checkpoint.resume_config_changes`),
+  naming each (the learner's -> this sampler's). A learner started afresh in the workdir of an attempt killed
+  before its first checkpoint (SIGKILL, the OOM killer) writes its own config, and the samplers of the old
+  attempt sampled for it with theirs: groups of 4 rows for `rl.samples_per_prompt` = 2, at the old
+  temperature, were trained on without a word. A resumed learner keeps them (`--resume` refuses other ones)."""
+  path, last, seen = epath.Path(workdir) / "config.json", [time.time()], [None]
+
+  def check() -> None:
+    if time.time() - last[0] < every_s:
+      return
+    last[0] = time.time()
+    try:
+      text = path.read_text()
+      raw = json.loads(text) if text != seen[0] else None  # (compared once per text: it takes ~0.1 s)
+    except (OSError, ValueError):  # (gone or half there: a learner is writing it)
+      return
+    changes = _checkpoint.resume_config_changes(raw, cfg) if isinstance(raw, dict) else None
+    seen[0] = text
+    if changes:
+      raise ValueError(f"{path} changed since this sampler started, in settings that decide results (the "
+                       f"learner's -> this sampler's: {changes}): a learner started there with another config. "
+                       "Restart the sampler: it reads the run's config when it starts.")
+  return check
+
+
 def _read_base(parts: _parts.Parts, workdir: str, name: str, should_stop: Callable[[], bool] = lambda: False):
   """LoRA's frozen base, read once from the learner's `workdir/base` onto this sampler's mesh (None without
   LoRA: the published versions are the whole params), waited for until `should_stop()` (then None), as the
@@ -325,8 +353,13 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   if isinstance(index, bool) or not isinstance(index, int) or index < 0:
     raise ValueError(f"--index must be an int >= 0; got {index!r}.")
   workdir = os.fspath(workdir)
-  should_stop = learner_done(workdir)  # (first: a learner that stops while this sampler starts stops it too)
+  done = learner_done(workdir)  # (first: a learner that stops while this sampler starts stops it too)
   cfg = load_run_config(workdir, timeout_s=wait_config_s)
+  guard = config_guard(workdir, cfg)
+
+  def should_stop() -> bool:  # (raises when the run's config changed under this sampler: `config_guard`)
+    guard()
+    return done()
   # The sampler's own mesh: every local device on the fsdp axis; params are resharded onto it on restore.
   parts = _parts.build_parts(cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}))
   _learners.check_sampler_slots(parts)
