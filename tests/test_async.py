@@ -780,6 +780,13 @@ def test_a_sampler_stops_at_its_learner_s_learner_done_not_at_one_a_stopped_lear
   _samplers.write_done(str(tmp_path))  # a later invocation's is its own, also written over an earlier one's
   assert (tmp_path / runtime.DONE_FILE).read_text() != left
   assert _samplers.learner_done(str(tmp_path / "new"))() is False
+  # Started as the learner finished (learner.done written, summary.json not yet): it stops at the summary.
+  done = _samplers.learner_done(str(tmp_path))
+  assert not done()
+  (tmp_path / "summary.json").write_text(json.dumps({"rl_steps": 4, "rl_steps_done": 2}))  # stop_after_steps
+  assert not done()
+  (tmp_path / "summary.json").write_text(json.dumps({"rl_steps": 4, "rl_steps_done": 4}))
+  assert done()
 
 
 def test_a_sampler_refuses_a_run_config_changed_under_it_naming_both_values(tmp_path):

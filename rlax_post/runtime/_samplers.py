@@ -57,13 +57,24 @@ def _done_text(path: epath.Path) -> str | None:
     return None
 
 
+def _finished(workdir: epath.Path) -> bool:
+  """Whether `workdir/summary.json` is a run's that did all its RL steps (written after its `DONE_FILE`)."""
+  try:
+    summary = json.loads((workdir / "summary.json").read_text())
+    return int(summary["rl_steps_done"]) >= int(summary["rl_steps"])
+  except (OSError, ValueError, TypeError, KeyError):
+    return False
+
+
 def learner_done(workdir: str) -> Callable[[], bool]:
-  """A sampler's `should_stop`: whether the learner of `workdir` has written `DONE_FILE` since this call. One a
-  stopped learner left (Ctrl-C, a refused resume) does not count: a sampler started before the learner resumed
-  (they start in any order) read it, exited at once, and the resumed learner waited for ever."""
-  path = epath.Path(os.fspath(workdir)) / DONE_FILE
+  """A sampler's `should_stop`: whether the learner of `workdir` has written `DONE_FILE` since this call, or
+  had written it and then finished the run. One a stopped learner left (Ctrl-C, a refused resume) does not
+  count: a sampler started before the learner resumed (they start in any order) read it, exited at once, and
+  the resumed learner waited for ever."""
+  directory = epath.Path(os.fspath(workdir))
+  path = directory / DONE_FILE
   left = _done_text(path)
-  return lambda: path.exists() and _done_text(path) != left
+  return lambda: path.exists() and (_done_text(path) != left or _finished(directory))
 BASE_DIR = "base"  # LoRA's frozen base, published once (version 0); `params/` then holds the adapters
 
 
