@@ -75,6 +75,8 @@ def learner_done(workdir: str) -> Callable[[], bool]:
   path = directory / DONE_FILE
   left = _done_text(path)
   return lambda: path.exists() and (_done_text(path) != left or _finished(directory))
+
+
 BASE_DIR = "base"  # LoRA's frozen base, published once (version 0); `params/` then holds the adapters
 
 
