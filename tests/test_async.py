@@ -813,6 +813,27 @@ def test_a_sampler_refuses_a_run_config_changed_under_it_naming_both_values(tmp_
   guard()  # (a learner rewriting it: nothing to compare)
 
 
+def test_a_sampler_s_idle_share_counts_from_its_first_params():
+  """The wait for the learner's first params (its warm start) was in a sampler's time but not in its idle time:
+  a sampler idle all along after 1 s of waiting reported about 0.4 idle; its share counts from its first params."""
+
+  class Idle:  # a producer with nothing admitted: the worker waits for newer params, idle
+    group_slots, in_flight_groups, in_flight_samples, version = 1, 0, 0, 0
+
+    def close(self):
+      pass
+
+  params, t0 = exchange.LocalParams(max_to_keep=2), time.time()
+  admission = types.SimpleNamespace(claim=lambda version: None, unanswered=lambda: False)
+  worker = runtime.SamplerWorker("s", lambda p, v: Idle(), runtime.Channels(params, None, admission), slots=1,
+                                 should_stop=lambda: time.time() > t0 + 1.8)
+  publish = threading.Timer(1.0, lambda: params.publish({}, 0, meta={"publish_id": 0}))
+  publish.start()
+  worker.run()
+  publish.join()
+  assert worker.first_version == 0 and worker.stats()["idle_frac"] > 0.8
+
+
 def test_a_sampler_ends_with_a_line_in_words():
   """`rlax-post sampler`'s last line (it printed the raw stats dict); no params received: versions '-'."""
   stats = dict(groups=37, late_groups=2, idle_frac=0.125, version=20, swaps=11, first_version=3, seconds=61.6)

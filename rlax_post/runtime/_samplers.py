@@ -138,6 +138,9 @@ class SamplerWorker:
     if first is None:
       return
     version, params = first
+    # Its idle share counts from here: the wait for the learner's first params (its warm start, minutes on a real
+    # model) was in the time but not in the idle time, and the share read low for the rest of the run.
+    self._t_start = time.time()
     self.first_version = version
     # (Read after this first load: reading it before would reload every sampler once at its start.)
     self._key = exchange.loaded_key(self.source.latest_key(), version)
