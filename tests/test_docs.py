@@ -7,6 +7,8 @@ import runpy
 
 import pytest
 
+from rlax_post import config
+
 _DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 
 
@@ -99,3 +101,72 @@ def test_launch_sweep_block_is_the_demo_configs_sweep():
     assert ns["get_sweep"](arg) == demo(arg)
   assert len(ns["get_sweep"]()) == 6 and ns["get_sweep"]("tiny") == [
       {"advantage.estimator": "grpo", "seed": 0}, {"advantage.estimator": "rloo", "seed": 0}]
+
+
+def _split_top(cell: str) -> list[str]:
+  """`cell` split at its commas outside brackets and backticks: `1, (a, b), `x`` -> ['1', '(a, b)', '`x`']."""
+  parts, depth, tick, start = [], 0, False, 0
+  for i, ch in enumerate(cell):
+    tick ^= ch == "`"
+    depth += (ch in "([{") - (ch in ")]}")
+    if ch == "," and not depth and not tick:
+      parts.append(cell[start:i].strip())
+      start = i + 1
+  return parts + [cell[start:].strip()] if cell.strip() else []
+
+
+def _documented(value: str, actual) -> bool:
+  """Whether a table's written default (`value`, its first backticked span where it has one) is `actual`."""
+  spans = re.findall(r"`([^`]*)`", value)
+  text = (spans[0] if spans else value).replace("\\|", "|").strip().strip('"')
+  if isinstance(actual, bool) or actual is None:
+    return text.lower() == str(actual).lower()
+  if isinstance(actual, (int, float)):
+    return float(text) == actual
+  if isinstance(actual, (tuple, list)):
+    return [t.strip() for t in text.strip("()[]").split(",") if t.strip()] == [str(a) for a in actual]
+  if isinstance(actual, dict):
+    pairs = [t.split(":") for t in text.strip("{}").split(",") if t.strip()]
+    return {k.strip(): v.strip() for k, v in pairs} == {k: str(v) for k, v in actual.items()}
+  return text == actual
+
+
+def _table_defaults(page: str, heading: str) -> list[tuple[str, str]]:
+  """(key, written default) of each row of the first table under the page's `heading` whose keys are listed one
+  value each (`a.b`, `c`, ...: a bare name continues the previous key's section); rows of `*` keys left out."""
+  text = (_DOCS / page).read_text()
+  table = text[text.index("\n| key |", text.index(f"\n## {heading}\n")) + 1:].split("\n\n")[0]
+  out = []
+  for line in table.splitlines()[2:]:
+    cells = [c.strip() for c in line.strip("|").split(" | ")]
+    keys, values = re.findall(r"`([^`]+)`", cells[0]), _split_top(cells[1])
+    if "*" in cells[0] or len(keys) != len(values):
+      continue
+    section = ""
+    for key, value in zip(keys, values):
+      key = key if "." in key or not section else f"{section}.{key}"
+      section = key.rpartition(".")[0]
+      out.append((key, value))
+  return out
+
+
+def _setting(cfg, key: str):
+  for part in key.split("."):
+    cfg = getattr(cfg, part)
+  return cfg
+
+
+@pytest.mark.parametrize("page,heading,variant", [
+    ("configuration.md", "Sections", "demo"), ("data.md", "Files (`data.*`)", None),
+    ("data.md", "Rewards (`reward.*`)", None)])
+def test_documented_defaults_are_the_configs(page, heading, variant):
+  """Each key's default in the docs' tables is configs/demo.py's value (configuration.md: "default (demo)"),
+  or the schema's (data.md's tables of the dataset task's sections)."""
+  if variant == "demo":
+    cfg = config.load(runpy.run_path(str(_DOCS.parent / "configs" / "demo.py"))["get_config"]())
+  else:
+    cfg = config.Config(data=config.DataSection(), reward=config.RewardSection())
+  rows = _table_defaults(page, heading)
+  assert len(rows) > (80 if variant else 5), rows
+  wrong = [(key, value, _setting(cfg, key)) for key, value in rows if not _documented(value, _setting(cfg, key))]
+  assert not wrong, wrong
