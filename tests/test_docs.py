@@ -1,6 +1,9 @@
 """Every ```python block of the capability docs runs, in order, as one script per page (or per section, where
 the page's other blocks need what a test cannot start here: a server)."""
 
+import dataclasses
+import importlib
+import importlib.util
 import pathlib
 import re
 import runpy
@@ -170,3 +173,27 @@ def test_documented_defaults_are_the_configs(page, heading, variant):
   assert len(rows) > (80 if variant else 5), rows
   wrong = [(key, value, _setting(cfg, key)) for key, value in rows if not _documented(value, _setting(cfg, key))]
   assert not wrong, wrong
+
+
+_PACKAGES = ("runtime", "envs", "sampler", "models", "rewards", "learner", "losses", "advantages", "sharding",
+             "rollouts", "exchange", "sweep", "data")
+_NOT_NAMES = ("py", "json", "jsonl", "png", "done")  # files: `models.py`, `sweep.json`, `learner.done`
+
+
+def test_named_package_attributes_exist():
+  """Every `pkg.name` that README.md and docs/*.md write in code (`runtime.check_config`, `envs.Env`) names an
+  attribute of rlax_post's package `pkg` (or one of its private modules, `runtime._warm_cache`); a `runtime.x`
+  or `data.x` that is a config key (`runtime.mode`) or another framework's (`data.train_files`) is not one."""
+  modules = {name: importlib.import_module(f"rlax_post.{name}") for name in _PACKAGES}
+  keys = {"runtime": {f.name for f in dataclasses.fields(config.RuntimeSection)},
+          "data": {f.name for f in dataclasses.fields(config.DataSection)}}
+  foreign = {key.name for key in config.FOREIGN_KEYS}
+  missing = set()
+  for page in [_DOCS.parent / "README.md", *sorted(_DOCS.glob("*.md"))]:
+    for span in re.findall(r"`([^`\n]+)`", page.read_text()):
+      for pkg, name in re.findall(rf"(?<![\w./])({'|'.join(_PACKAGES)})\.([A-Za-z_]\w*)", span):
+        if name in keys.get(pkg, ()) or f"{pkg}.{name}" in foreign or name in _NOT_NAMES:
+          continue
+        if not hasattr(modules[pkg], name) and importlib.util.find_spec(f"rlax_post.{pkg}.{name}") is None:
+          missing.add((page.name, f"{pkg}.{name}"))
+  assert not missing, sorted(missing)

@@ -123,7 +123,7 @@ def check_context(max_seq_len: int, context: int, cfg: config_lib.Config, least:
   that comes before the first sampled token, and what its rows add) plus `rl.max_new_tokens`: a ValueError naming
   the values and what fits, a larger `model.max_seq_len` or an `rl.max_new_tokens` that still holds the task's
   `least` (its own lower bound: the longest answer and EOS, a whole conversation). The built-in tasks'
-  `lengths` call it, which `train` and `rlax-post check-config` both reach (`runtime.run_lengths`)."""
+  `lengths` call it, which `train` and `rlax-post check-config` both reach (`run_lengths`, runtime/_parts.py)."""
   new = cfg.rl.max_new_tokens
   if max_seq_len >= context + new:
     return
