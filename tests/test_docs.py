@@ -33,7 +33,7 @@ def _run(page: str, blocks: list[str]) -> dict:
   return namespace
 
 
-@pytest.mark.parametrize("page", ["credit_assignment.md", "models.md", "configuration.md"])
+@pytest.mark.parametrize("page", ["credit_assignment.md", "models.md", "configuration.md", "tasks_and_data.md"])
 def test_code_blocks_run(page):
   _run(page, _blocks(page))
 
