@@ -10,6 +10,7 @@ import runpy
 
 import pytest
 
+from rlax_post import cli
 from rlax_post import config
 
 _DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
@@ -197,3 +198,26 @@ def test_named_package_attributes_exist():
         if not hasattr(modules[pkg], name) and importlib.util.find_spec(f"rlax_post.{pkg}.{name}") is None:
           missing.add((page.name, f"{pkg}.{name}"))
   assert not missing, sorted(missing)
+
+
+def _command_lines(text: str) -> list[str]:
+  """The lines of `text`'s code blocks (a `\\`-continued line joined) and its inline `rlax-post ...` spans."""
+  text = text.replace("\\\n", " ")
+  blocks = re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S)
+  return [line for block in blocks for line in block.splitlines()] + re.findall(r"`(rlax-post [^`]+)`", text)
+
+
+def test_documented_commands_pass_only_flags_they_read():
+  """Every `rlax-post CMD --flag` that README.md and docs/*.md show (code blocks and inline commands) names a
+  flag CMD reads (its `--help`); a command's words run to the next `#`, `&`, `|` or `;`."""
+  wrong, seen = set(), 0
+  for page in [_DOCS.parent / "README.md", *sorted(_DOCS.glob("*.md"))]:
+    for line in _command_lines(page.read_text()):
+      for command, words in re.findall(r"rlax-post ([a-z-]+)((?:\s+[^\s#&|;]+)*)", line):
+        if command not in cli.COMMANDS:
+          continue  # prose: `rlax-post CMD`, an error line's `rlax-post train: error`
+        for flag in re.findall(r"(?<!\S)--([a-z_]+)(?![\w.])", words):
+          seen += 1
+          if flag != "help" and flag not in cli._COMMANDS[command][2]:  # pylint: disable=protected-access
+            wrong.add((page.name, command, flag))
+  assert seen > 300 and not wrong, (seen, sorted(wrong))
