@@ -4,6 +4,8 @@ the page's other blocks need what a test cannot start here: a server)."""
 import dataclasses
 import importlib
 import importlib.util
+import inspect
+import operator
 import pathlib
 import re
 import runpy
@@ -221,3 +223,41 @@ def test_documented_commands_pass_only_flags_they_read():
           if flag != "help" and flag not in cli._COMMANDS[command][2]:  # pylint: disable=protected-access
             wrong.add((page.name, command, flag))
   assert seen > 300 and not wrong, (seen, sorted(wrong))
+
+
+def _arguments(text: str) -> tuple[list[str], list[str]]:
+  """The positional arguments and the keywords of a call's (or a signature's) `text`, split at commas outside
+  brackets: `a, f(b, c), k=[1, 2]` -> (['a', 'f(b, c)'], ['k']); a name after a bare `*` is a keyword."""
+  positional, keywords, star = [], [], False
+  for arg in _split_top(text):
+    star = star or arg == "*"
+    if arg in ("", "...", "*") or arg.startswith("*"):
+      continue
+    name = re.match(r"(\w+)\s*=", arg) or (star and re.match(r"(\w+)$", arg))
+    (keywords if name else positional).append(name.group(1) if name else arg)
+  return positional, keywords
+
+
+def test_documented_calls_match_their_signatures():
+  """Every call `pkg.fn(a, b, key=...)` that README.md and docs/*.md write in code, of a function of an rlax_post
+  package (or its signature, `data.eval_examples(task, *, seed, num_eval=256)`), passes no more positional
+  arguments than `fn` takes and only keywords it has: `models.logprobs_from_logits(logits, targets,
+  temperature)` and `eval_examples(task, seed, num_eval)` were written so, and both take those last keyword-only."""
+  wrong, seen = [], 0
+  call = re.compile(rf"(?<![\w.])({'|'.join(_PACKAGES)}|config)\.([A-Za-z_][\w.]*)\(([^()]*(?:\([^()]*\)[^()]*)*)\)")
+  for page in [_DOCS.parent / "README.md", *sorted(_DOCS.glob("*.md"))]:
+    for span in re.findall(r"`([^`\n]+)`", page.read_text()):
+      for pkg, name, text in call.findall(span):
+        try:
+          params = inspect.signature(operator.attrgetter(name)(importlib.import_module(f"rlax_post.{pkg}"))).parameters
+        except (AttributeError, TypeError, ValueError):
+          continue  # not a callable of the package: a config key, a method of an instance
+        kinds = [p.kind for p in params.values()]
+        positional, keywords = _arguments(text)
+        seen += 1
+        if inspect.Parameter.VAR_POSITIONAL not in kinds and len(positional) > sum(
+            k in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD) for k in kinds):
+          wrong.append((page.name, f"{pkg}.{name}({text})", "positional"))
+        if inspect.Parameter.VAR_KEYWORD not in kinds and set(keywords) - set(params):
+          wrong.append((page.name, f"{pkg}.{name}({text})", sorted(set(keywords) - set(params))))
+  assert seen > 30 and not wrong, (seen, wrong)
