@@ -1,5 +1,7 @@
 """Every ```python block of the capability docs runs, in order, as one script per page (or per section, where
-the page's other blocks need what a test cannot start here: a server)."""
+the page's other blocks need what a test cannot start here: a server); and what README.md and docs/*.md name is
+there: the tables' defaults are the configs', each `pkg.name` an attribute of the package, each documented call
+fits its function's signature, each `rlax-post CMD --flag` a flag CMD reads."""
 
 import dataclasses
 import importlib
