@@ -100,6 +100,7 @@ def test_arpo_normalises_entropy_by_the_tokens_the_sampler_can_draw():
   producer.close()
 
 
+@pytest.mark.slow  # `make test-all` (make test's 15-minute budget, 13 s; role-pipeline trees' own: test_multiagent)
 def test_episode_trees_do_not_depend_on_the_schedule():
   alone = _trees([2], slots=8)[2]
   crowd = _trees([0, 2, 3], slots=16)[2]

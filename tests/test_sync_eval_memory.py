@@ -7,6 +7,7 @@ import gc
 
 import jax
 import numpy as np
+import pytest
 
 from rlax_post import config
 from rlax_post import runtime
@@ -34,6 +35,7 @@ def _live_kv(model_cfg, rows: int) -> int:
              if a.ndim == 5 and a.shape[:3] == (m.num_layers, rows, m.num_kv_heads) and m.head_dim in a.shape[3:])
 
 
+@pytest.mark.slow  # `make test-all` (make test's 15-minute budget: a memory property of a two-step run, 13 s)
 def test_a_sync_run_evaluates_with_the_samplers_decode_state_dropped(tmp_path, monkeypatch,
                                                                      own_garbage_only):
   c = _tiny_runs.run_config("tiny")
