@@ -61,11 +61,15 @@ def test_scores_are_transformers_scores_of_the_chat_rendered_sample(tmp_path):
     with torch.no_grad():
       want = reference(torch.tensor([ids])).logits[0, 0].item()
     assert reward(_sample(prompt, completion)) == pytest.approx(want, abs=1e-4)
-  # Concurrent calls (the reward runner's threads) are scored in shared batches: the same values.
+  # Concurrent calls (the reward runner's threads) scored in shared batches (the default on an accelerator; one
+  # row a pass on a CPU, where it was faster: benchmarks/reward_model.py): the same values.
+  assert reward.max_batch == 1
   many = [_sample(f"{a}+{b}=", str(a + b)) for a in range(6) for b in range(4)]
   alone = [reward(s) for s in many]
+  batched = envs.RewardModel(path, max_batch=16)
   with concurrent.futures.ThreadPoolExecutor(8) as pool:
-    together = list(pool.map(reward, many))
+    together = list(pool.map(batched, many))
+  assert max(b for b, _ in batched.service.compiled_shapes) > 1  # (rows of several calls in one pass)
   np.testing.assert_allclose(together, alone, atol=1e-4)  # (float32 sums of other batch shapes)
   assert len(set(np.round(alone, 4))) > 12  # (scores that differ: the head reads the text)
   # Without a chat template: the prompt's text and the completion, BOS first as the tokenizer adds it.

@@ -11,7 +11,10 @@ with the reward model's tokenizer, so the two need not share a vocabulary (as TR
 `data.system_prompt` is the policy's, not the reward model's: it is not rendered.
 
 Concurrent calls (the reward runner's threads) are scored together, one batch per `sampler.ScoreService` call
-(length-bucketed, compiled once per shape). The weights load at the first call, on the first local device.
+(length-bucketed, compiled once per shape), at most `max_batch` rows a forward pass: by default one on a CPU,
+where rows padded to a batch bucket made scoring slower (`benchmarks/reward_model.py`: batched 0.7-0.8x of one row
+a pass, docs/benchmarks.md), 16 on an accelerator (not measured there yet). The weights load at the first call,
+on the first local device.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import json
 import os
 import threading
 from typing import Any, Callable, Sequence
+
+import jax
 
 from rlax_post import models
 from rlax_post import sampler
@@ -74,7 +79,7 @@ class RewardModel:
   Construction reads config.json only: a checkpoint that is no one-label sequence classifier (a causal LM's, two
   labels, no config.json) is a ValueError / FileNotFoundError naming it, at start-up and in `check-config`."""
 
-  def __init__(self, path: str, *, max_batch: int = 16):
+  def __init__(self, path: str, *, max_batch: int | None = None):
     cfg = models.read_hf_config(path)
     if not cfg.value_head:
       raise ValueError(f"reward.model = {path!r} is a causal LM's checkpoint, not a reward model: the reward "
@@ -82,7 +87,8 @@ class RewardModel:
     if not os.path.isfile(os.path.join(path, "tokenizer.json")):
       raise FileNotFoundError(f"reward.model = {path!r} holds no tokenizer.json: the reward model encodes the "
                               "prompt and completion with its own tokenizer; save it beside the weights.")
-    self.path, self.max_batch = path, max_batch
+    self.path = path
+    self.max_batch = max_batch or (1 if jax.default_backend() == "cpu" else 16)
     self._lock = threading.Lock()
     self._loaded: _Loaded | None = None
     self._batches = _Batches(self._score)
@@ -97,6 +103,11 @@ class RewardModel:
           pad = json.load(f).get("pad_token_id")
         self._loaded = _Loaded(service, models.HFTokenizer.from_dir(self.path), pad)
       return self._loaded
+
+  @property
+  def service(self) -> sampler.ScoreService:
+    """The scoring service (the weights loaded at first use)."""
+    return self._load().service
 
   def ids(self, sample) -> list[int]:
     """The ids the reward model scores for `sample` (module docstring), trailing pad ids cut."""
@@ -119,7 +130,7 @@ class RewardModel:
     return ids
 
   def _score(self, rows: Sequence[list[int]]) -> Sequence[float]:
-    return self._load().service.score(rows)
+    return self.service.score(rows)
 
   def __call__(self, sample) -> float:
     ids = self.ids(sample)
