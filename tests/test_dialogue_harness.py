@@ -100,10 +100,15 @@ def test_rescue_commands(tmp_path):
     assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
 
 
-def test_bad_harness_input_is_named():
+def test_bad_harness_input_is_named(tmp_path):
   sessions = [dialogue.simulate_session(SIM, 0)]
   with pytest.raises(ValueError, match=r"got \['itp', 'xx'\]"):
     runtime.rescue_evaluate(None, None, sessions, runtime.HarnessOptions(tasks=("itp", "xx")))
+  # A judge that does not load is named before the policy is loaded (it failed after every answer).
+  dialogue.dump_session(sessions[0], tmp_path / "s.json")
+  with pytest.raises(ValueError, match="Judge 'no_such_judge_module:fn': cannot import 'no_such_judge_module'"):
+    runtime.run_rescue_eval(str(tmp_path / "s.json"), lambda: pytest.fail("loaded the policy"),
+                            options=runtime.HarnessOptions(judge="no_such_judge_module:fn"))
   with pytest.raises(ValueError, match="must be an int >= 1; got 0"):
     runtime.simulate_sessions("unused", 0)
   with pytest.raises(ValueError, match="horizon must be an int in 1..12; got 0"):

@@ -97,6 +97,7 @@ def run_rescue_eval(sessions_path: str, load_policy: Callable[[], _policy.RunPol
   weights) and the records beside it (`<out stem>.records.jsonl`)."""
   sessions = dialogue.load_sessions(sessions_path)
   build_instances(sessions, options)  # bad tasks or context rows: an error before the model is built
+  dialogue.judges_of(options.judge)  # so is a judge that does not load (it failed after every answer)
   policy = load_policy()
   if warm_start and policy.warm_start is None:
     raise ValueError(f"checkpoint {policy.step} holds no warm-start (reference) policy.")

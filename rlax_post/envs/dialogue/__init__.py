@@ -32,6 +32,7 @@ from rlax_post.envs.dialogue._harness import demo_row
 from rlax_post.envs.dialogue._harness import prompt_ids
 from rlax_post.envs.dialogue._harness import prompt_text
 from rlax_post.envs.dialogue._metrics import emotion_judge
+from rlax_post.envs.dialogue._metrics import judges_of
 from rlax_post.envs.dialogue._metrics import score
 from rlax_post.envs.dialogue._metrics import viewpoint_judge
 from rlax_post.envs.dialogue._render import parse_message
@@ -59,8 +60,8 @@ __all__ = [
     "leakage", "naive_bayes", "relation_check", "Instance", "instances", "parse", "render_row", "TASKS",
     "COUPLE_PATTERNS", "COUPLE_STRATEGIES", "dump_session", "Emotion", "FAMILY_PATTERNS", "FAMILY_STRATEGIES",
     "load_session", "load_sessions", "parse_session", "Row", "Session", "session_to_json", "Strategy", "SupportMove",
-    "THERAPIST", "Viewpoint", "demo_row", "prompt_ids", "prompt_text", "emotion_judge", "score", "viewpoint_judge",
-    "parse_message", "therapist_message", "Action", "baseline_action", "BOTH", "CoupleSim", "pattern_of",
-    "policy_return", "random_return", "solve", "State", "STRATEGIES", "DialogueTask", "make_dialogue_task", "NAME",
-    "PROMPT", "NAME_PAIRS", "responders", "simulate_session", "TherapyEnv",
+    "THERAPIST", "Viewpoint", "demo_row", "prompt_ids", "prompt_text", "emotion_judge", "judges_of", "score",
+    "viewpoint_judge", "parse_message", "therapist_message", "Action", "baseline_action", "BOTH", "CoupleSim",
+    "pattern_of", "policy_return", "random_return", "solve", "State", "STRATEGIES", "DialogueTask",
+    "make_dialogue_task", "NAME", "PROMPT", "NAME_PAIRS", "responders", "simulate_session", "TherapyEnv",
 ]
