@@ -205,6 +205,10 @@ def test_bad_json_names_path_and_line(tmp_path):
   bad.write_text('{"rows": [\n  {"a": 1},\n  ,\n]}\n')
   with pytest.raises(ValueError, match=r"bad\.json line 3 column 3: expected a JSON object; got invalid JSON"):
     _format.load_session(bad)
+  # A file that is not UTF-8 (a UTF-16 export) raised a UnicodeDecodeError naming no file.
+  bad.write_bytes('{"rows": []}'.encode("utf-16"))
+  with pytest.raises(ValueError, match=r"bad\.json byte 0: expected UTF-8 JSON; got b'\\xff\\xfe"):
+    _format.load_session(bad)
 
 
 def test_load_sessions(tmp_path, monkeypatch):

@@ -365,8 +365,13 @@ def session_to_json(session: Session) -> dict:
 def load_session(path: str | os.PathLike) -> Session:
   """The checked session in the JSON file `path`."""
   path = os.fspath(path)
-  with open(path, encoding="utf-8") as f:
-    text = f.read()
+  with open(path, "rb") as f:
+    data = f.read()
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:  # A ValueError whose message named no file.
+    raise ValueError(f"{path} byte {e.start}: expected UTF-8 JSON; got {data[e.start:e.start + 4]!r} ({e.reason}; "
+                     "a UTF-16 or Latin-1 export? re-save it as UTF-8)") from None
   try:
     obj = json.loads(text)
   except json.JSONDecodeError as e:
