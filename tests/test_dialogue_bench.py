@@ -273,6 +273,7 @@ def test_instances_options(s):
   short = _bench.instances(s, "itp", max_context_rows=2)
   assert [i.context for i in short] == [(0,), (0, 1), (2, 3), (3, 4), (5, 6)]
   assert short[2].user.startswith("[2] therapist (to alex, sam): Alex")
+  assert _bench.instances(s, ("itp", "itp", "rpp")) == _bench.instances(s, ("itp", "rpp"))
   with pytest.raises(ValueError, match=r"Unknown RESCUE tasks \['itq'\]; expected names from \['itp'"):
     _bench.instances(s, ("itp", "itq"))
   with pytest.raises(ValueError, match="max_context_rows must be None or an int >= 1; got 0"):

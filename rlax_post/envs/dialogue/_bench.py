@@ -176,7 +176,7 @@ def _checked_tasks(tasks: str | Sequence[str]) -> tuple[str, ...]:
   unknown = [t for t in tasks if t not in TASKS]
   if unknown:
     raise ValueError(f"Unknown RESCUE tasks {unknown}; expected names from {list(TASKS)}.")
-  return tasks
+  return tuple(dict.fromkeys(tasks))  # A task named twice is asked once (`--tasks itp,itp` doubled its n).
 
 
 def instances(session: _format.Session, tasks: str | Sequence[str] = TASKS, *,
