@@ -111,6 +111,8 @@ def test_bad_harness_input_is_named(tmp_path):
                             options=runtime.HarnessOptions(judge="no_such_judge_module:fn"))
   with pytest.raises(ValueError, match="must be an int >= 1; got 0"):
     runtime.simulate_sessions("unused", 0)
+  with pytest.raises(ValueError, match=r"seed must be an int >= 0 \(a session's numpy seed\); got -1"):
+    runtime.simulate_sessions(str(tmp_path / "neg"), 1, seed=-1)  # numpy's 'expected non-negative integer'
   with pytest.raises(ValueError, match="horizon must be an int in 1..12; got 0"):
     runtime.rescue_audit(horizon=0, sessions=2)
 

@@ -168,6 +168,8 @@ def simulate_session(sim: _sim.CoupleSim, seed: int, *, variants: str = "heldout
   transitions and paraphrases drawn from `default_rng([seed, 1])`, the therapist `therapist(turn, state)` (the
   optimal policy of `_sim.solve` by default); each therapist row whose action is optimal lists the turn's other
   optimal actions in `tied_support`."""
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:  # numpy's error named nothing
+    raise ValueError(f"simulate_session: seed must be an int >= 0 (a session's numpy seed); got {seed!r}.")
   rng = np.random.default_rng([int(seed), 1])
   names = NAME_PAIRS[int(seed) % len(NAME_PAIRS)]
   solution = _sim.solve(sim)
