@@ -7,16 +7,13 @@ import os
 import subprocess
 import sys
 
-import jax
 import numpy as np
 import pytest
 import tokenizers
 
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
-from rlax_post import envs
 from rlax_post import models
-from rlax_post import runtime
 from rlax_post.envs import tools
 
 from configs import tools_tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -131,20 +128,26 @@ def test_tiny_tool_run_end_to_end_with_turn_level_credit(tmp_path):
       assert r[k] is not None and np.isfinite(r[k]), k
 
 
-def test_episodes_end_within_the_rows_width_where_the_engine_s_rows_are_longer():
+def test_tasks_fit_the_rows_width_and_a_width_that_holds_none_is_refused():
   """rl.max_new_tokens = 64 makes rows 160 + 64 = 224 wide, while the engine's rows are 256 (its prefill bucket)
   in a context of 448: episodes filled all 256 and the run stopped ("A rollout of 90 prompt + 156 response
-  tokens exceeds the batch width 224") until 2026-12-06."""
+  tokens exceeds the batch width 224") until 2026-12-06; the episodes were then cut at 224, but the tasks were
+  still picked by model.max_seq_len: every warm-start demonstration lost its end and no held-out task could be
+  done (at rl.max_new_tokens = 160, 38 of the first 40 training tasks). No task's episode fits 224 tokens
+  (the shortest has 319), so that is refused; a width that holds some keeps only those."""
   c = tools_tiny.get_config("tiny")
   c.rl.max_new_tokens, c.task.options.max_turn_tokens = 64, 32
-  cfg = config.load(c)
-  parts = runtime.build_parts(cfg)
-  engine = parts.sampling_engine()
-  assert parts.lengths.sequence == 224 and engine.max_decode_length == 256
-  producer = parts.task.producer(engine, models.init_params(parts.model_cfg, jax.random.key(0))[1], 0)
-  try:
-    [(_, group)] = envs.run_tickets(producer, [0], slots=cfg.sampler_slots).items()
-  finally:
-    producer.close()
-  assert len(group) == cfg.rl.samples_per_prompt
-  assert max(len(row["prompt"]) + len(row["tokens"]) for row in group) <= 224
+  task = tools.make_tool_task(config.load(c), models.ByteTokenizer())
+  with pytest.raises(ValueError) as refused:
+    task.lengths(task.max_seq_len)
+  assert str(refused.value) == (
+      "An episode of 160 + rl.max_new_tokens = 64 tokens (model.max_seq_len = 448) holds no tool task's episode: "
+      "none of the first 1000 training tasks' demonstrations (the shortest: 319 tokens) fits in it less "
+      "task.options slack = 32 tokens, so the warm start and the rollouts would look for one for ever; set "
+      "rl.max_new_tokens >= 191 (more, for more of the tasks).")
+  c.rl.max_new_tokens = 200
+  task = tools.make_tool_task(config.load(c), models.ByteTokenizer())
+  width = task.lengths(task.max_seq_len).sft
+  assert width == task.width() == 360
+  indices = [task.train_index(t) for t in range(8)] + [task.eval_index(j) for j in range(4)]
+  assert all(task.demo_len(task.demonstration(i)) <= width - task.slack for i in indices)

@@ -3,7 +3,8 @@
 Task i lives in world `seed + i` (`make_task_prompt(seed + i, i, include_tools=False)`; `seed`: the task's
 `example_seed`, the run's seed but in a `reseeded` copy, whose episodes sample anew). Only tasks whose
 noiseless demonstration fits the sequence budget (at most `max_turns` messages, a context of at most
-`TOOL_PROMPT_LEN` tokens, `max_seq_len - slack` tokens in all) are used: training ticket t is the t-th
+`TOOL_PROMPT_LEN` tokens, `width() - slack` tokens in all: the rows' width, `TOOL_PROMPT_LEN` +
+`rl.max_new_tokens`, within `max_seq_len`) are used: training ticket t is the t-th
 fitting index from 0, held-out ticket j the j-th fitting index from `HELD_OUT_BASE`, warm-start
 demonstrations come from fitting indices below `HELD_OUT_BASE`. Episodes run through `EpisodeProducer`.
 """
@@ -75,6 +76,12 @@ class ToolTask(_rl.SeededExamples):
     return (1 + len(demo.prompt.encode()) + len(demo.reset_observation.encode()) +
             sum(len(m.encode()) + 1 + len(o.encode()) for m, o in zip(demo.messages, demo.observations)))
 
+  def width(self) -> int:
+    """The most tokens of an episode: the rows' width (`lengths`: the context and `rl.max_new_tokens`), within
+    the model's context. `fits` measured `max_seq_len` alone, so a smaller `rl.max_new_tokens` kept tasks whose
+    episodes the rows cut (the warm start's demonstrations lost their ends, held-out tasks could not be done)."""
+    return min(self.max_seq_len, TOOL_PROMPT_LEN + self.cfg.rl.max_new_tokens)
+
   def fits(self, index: int) -> bool:
     if index not in self._fits:
       task = _tasks.synthesize_task(self.seed + index, index, max_goals=self.max_goals)
@@ -82,7 +89,7 @@ class ToolTask(_rl.SeededExamples):
       if ok:
         demo = self.demonstration(index)
         context = 1 + len(demo.prompt.encode()) + len(demo.reset_observation.encode())
-        ok = context <= TOOL_PROMPT_LEN and self.demo_len(demo) <= self.max_seq_len - self.slack
+        ok = context <= TOOL_PROMPT_LEN and self.demo_len(demo) <= self.width() - self.slack
       self._fits[index] = ok
     return self._fits[index]
 
@@ -99,10 +106,16 @@ class ToolTask(_rl.SeededExamples):
                        f"first {FIT_SCAN}): the warm start and the rollouts would look for one for ever; raise "
                        "max_turns.")
     shortest = min(self.demo_len(self.demonstration(i)) for i in doable)
-    raise ValueError(f"`model.max_seq_len` = {self.max_seq_len} holds no tool task's episode: none of the first "
-                     f"{FIT_SCAN} training tasks' demonstrations (the shortest: {shortest} tokens) fits in it less "
-                     f"task.options slack = {self.slack} tokens, so the warm start and the rollouts would look for "
-                     f"one for ever; set model.max_seq_len >= {shortest + self.slack} (more, for more of the tasks).")
+    if self.width() < self.max_seq_len:
+      what = (f"An episode of {TOOL_PROMPT_LEN} + rl.max_new_tokens = {self.cfg.rl.max_new_tokens} tokens "
+              f"(model.max_seq_len = {self.max_seq_len})")
+      fix = f"rl.max_new_tokens >= {shortest + self.slack - TOOL_PROMPT_LEN}"
+    else:
+      what, fix = f"`model.max_seq_len` = {self.max_seq_len}", f"model.max_seq_len >= {shortest + self.slack}"
+    raise ValueError(f"{what} holds no tool task's episode: none of the first {FIT_SCAN} training tasks' "
+                     f"demonstrations (the shortest: {shortest} tokens) fits in it less task.options slack = "
+                     f"{self.slack} tokens, so the warm start and the rollouts would look for one for ever; set "
+                     f"{fix} (more, for more of the tasks).")
 
   def nth_fitting(self, n: int, start: int = 0) -> int:
     table = self._fits.setdefault(("nth", start), [])
