@@ -109,6 +109,10 @@ def test_bad_harness_input_is_named(tmp_path):
   with pytest.raises(ValueError, match="Judge 'no_such_judge_module:fn': cannot import 'no_such_judge_module'"):
     runtime.run_rescue_eval(str(tmp_path / "s.json"), lambda: pytest.fail("loaded the policy"),
                             options=runtime.HarnessOptions(judge="no_such_judge_module:fn"))
+  (tmp_path / "judge.py").write_text("def score():\n  return 3\n")  # (a TypeError at the first score)
+  with pytest.raises(ValueError, match=r"Judge 'score' cannot be called as fn\(sample\): too many positional"):
+    runtime.run_rescue_eval(str(tmp_path / "s.json"), lambda: pytest.fail("loaded the policy"),
+                            options=runtime.HarnessOptions(judge=f"{tmp_path}/judge.py:score"))
   with pytest.raises(ValueError, match="must be an int >= 1; got 0"):
     runtime.simulate_sessions("unused", 0)
   with pytest.raises(ValueError, match=r"seed must be an int >= 0 \(a session's numpy seed\); got -1"):

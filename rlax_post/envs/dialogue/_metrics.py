@@ -21,6 +21,7 @@ list padded with guesses scores lower (an F1-like balance of recall and precisio
 from __future__ import annotations
 
 import collections
+import inspect
 import numbers
 import re
 from typing import Any, Callable, Mapping, Sequence
@@ -104,8 +105,16 @@ _DEFAULT_JUDGES = {"er": ("emotion_judge", emotion_judge), "vp": ("viewpoint_jud
 
 def _loaded(judge: str | Judge) -> tuple[str, Judge]:
   if callable(judge):
-    return getattr(judge, "__name__", repr(judge)), judge
-  return rewards.load_callable(judge, what="judge")
+    name, fn = getattr(judge, "__name__", repr(judge)), judge
+  else:
+    name, fn = rewards.load_callable(judge, what="judge")
+  try:  # as `rewards.Scorer` checks a reward: a TypeError at the first score came after every answer
+    inspect.signature(fn).bind(object())
+  except TypeError as e:
+    raise ValueError(f"Judge {name!r} cannot be called as fn(sample): {e}.") from None
+  except ValueError:  # Builtins without a signature: found out at the first call.
+    pass
+  return name, fn
 
 
 def judges_of(judge: None | str | Judge | Mapping[str, str | Judge]) -> dict[str, tuple[str, Judge]]:
