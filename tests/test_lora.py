@@ -108,6 +108,11 @@ def test_bad_specs_name_the_allowed_values(model):
     learner.Trainable(lora=(4, 8.0, ("q", "qq")))
   with pytest.raises(ValueError, match="rank"):
     learner.Trainable(lora=(0, 8.0, ("q",)))
+  for alpha in (0.0, -8.0, float("nan"), float("inf")):  # (0 trained nothing, NaN merged into NaN weights)
+    with pytest.raises(ValueError, match=r"LoRA alpha must be a finite number > 0 .*; got " + str(alpha)):
+      learner.Trainable(lora=(4, alpha, ("q",)))
+    with pytest.raises(ValueError, match="LoRA alpha"):
+      models.init_lora(params, models.LoRA(4, alpha, ("q",)), jax.random.key(0))
   with pytest.raises(ValueError, match="base_dtype"):
     learner.Trainable(lora=(4, 8.0, ("q",)), base_dtype="float16")
   with pytest.raises(ValueError, match="not among the params"):

@@ -14,6 +14,7 @@ update, the samplers and the HF export all see ordinary params.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -41,6 +42,11 @@ def check_lora(spec: LoRA) -> LoRA:
   """`spec` if valid; ValueError naming the bad field and the allowed values otherwise."""
   if isinstance(spec.rank, bool) or not isinstance(spec.rank, int) or spec.rank < 1:
     raise ValueError(f"LoRA rank must be an int >= 1; got {spec.rank!r}.")
+  # (alpha 0 scaled every adapter's delta, and so its gradient, to 0: a run that trained nothing; NaN made
+  # every merged weight NaN. `model.lora.alpha` refused them; `models.LoRA` and `learner.Trainable` did not.)
+  if isinstance(spec.alpha, bool) or not isinstance(spec.alpha, numbers.Real) or not 0 < spec.alpha < math.inf:
+    raise ValueError(f"LoRA alpha must be a finite number > 0 (the merged delta is scaled by alpha / rank); got "
+                     f"{spec.alpha!r}.")
   if not spec.targets:
     raise ValueError(f"LoRA needs at least one target among {list(LORA_TARGETS)}; got none.")
   bad = [t for t in spec.targets if t not in _IN_AXES]
