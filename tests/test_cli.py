@@ -1373,6 +1373,15 @@ def test_serve_hf_path_that_is_no_checkpoint_directory_is_named_with_model_hf_pa
                   "(config.json and checkpoints/), not a Hugging Face checkpoint; export its policy first: "
                   f"`rlax-post export --workdir {old} --out DIR`, then set --hf_path to DIR (or serve that run as "
                   f"it is: `rlax-post serve --checkpoint {old}`).")
+  roles = tmp_path / "roles"  # `rlax-post export` of a per-role run: a checkpoint per role (it said "has no
+  for role in ("worker", "router"):  # config.json and no tokenizer.json ... sentencepiece-only tokenizers ...")
+    (roles / role).mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json"):
+      (roles / role / name).write_text("{}")
+  line = _error(_cli("serve", "--hf_path", roles, cwd=tmp_path), "serve")
+  assert line == (f"rlax-post serve: error: `--hf_path` = {str(roles)!r} holds checkpoint directories ['router', "
+                  "'worker'], not one checkpoint (`rlax-post export` of a run with one policy per role writes one per "
+                  f"role); set --hf_path to one of them, e.g. {str(roles / 'router')!r}.")
 
 
 def test_serve_step_and_max_seq_len_go_with_their_own_source(tmp_path):

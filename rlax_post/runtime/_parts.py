@@ -62,6 +62,13 @@ def check_hf_path(path: str, name: str = "`model.hf_path`", run_hint: str | None
                             f"export --workdir {path} --out DIR`, then set {name.strip('`')} to DIR (or "
                             f"{run_hint}).")
   missing = [f for f in needs if not os.path.isfile(os.path.join(path, f))]
+  # No config.json of its own, but a checkpoint per subdirectory: a per-role run's export (one per role)?
+  inner = "config.json" in missing and sorted(d for d in os.listdir(path)
+                                              if all(os.path.isfile(os.path.join(path, d, f)) for f in needs))
+  if inner:  # (said "has no config.json ... sentencepiece-only tokenizers ..." until 2026-12-06)
+    raise FileNotFoundError(f"{name} = {path!r} holds checkpoint directories {inner}, not one checkpoint (`rlax-post "
+                            "export` of a run with one policy per role writes one per role); set "
+                            f"{name.strip('`')} to one of them, e.g. {os.path.join(path, inner[0])!r}.")
   if missing:
     tokenizer = (" and the fast tokenizer's tokenizer.json (tokenizer.save_pretrained; sentencepiece-only "
                  "tokenizers: load them with transformers' AutoTokenizer and save them again)"
