@@ -177,6 +177,8 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("advantage.max_nodes",), _is("advantage.estimator", "gigpo", "graph_gae")),
     (("advantage.c3_mode", "advantage.alpha", "advantage.baseline", "advantage.standardize"),
      _is("advantage.estimator", "c3")),
+    # The critic's weight in C3's baseline: reward_only has no critic, value_only no reward term to weigh.
+    (("advantage.alpha",), _is("advantage.c3_mode", "value_assisted")),
     (("loss.eps_low", "loss.eps_high", "loss.dual_clip"), _loss_kind_is("ppo", "decoupled_ppo")),
     (("loss.seq_eps_low", "loss.seq_eps_high"), _loss_kind_is("gspo")),
     (("loss.behaviour_cap",), _loss_kind_is("decoupled_ppo")),
