@@ -230,6 +230,9 @@ def test_tree_config_errors_name_the_setting():
                        f"\\['tree_grpo', 'treerl'\\]; this run has advantage.estimator = '{estimator}'"):
       _cfg(advantage__estimator=estimator, tree__prefix="mean")
   _cfg(advantage__estimator="tree_grpo", tree__prefix="mean")
+  # K above what a tree grows (3) kept every leaf, as K = 0, and said nothing.
+  with pytest.raises(ValueError, match=r"tree.keep = 4 leaves per tree, but a tree grows .* = 3: set tree.keep <= 3"):
+    _cfg(tree__keep=4)
   with pytest.raises(ValueError, match=r"tree.expansion` must be one of \[.none., .tree_grpo., .treerl., .arpo., .random.\]; got .beam."):
     _cfg(tree__expansion="beam")
   assert sorted(config.TEXT_TASKS) == sorted(_registry.TASKS)  # the config's text tasks are the registry's

@@ -718,6 +718,10 @@ class Config:
     if expansion == "arpo" and self.task.name in TEXT_TASKS:
       raise ValueError(f"tree.expansion = 'arpo' branches after tool calls; task {self.task.name!r} is single-turn "
                        "(use 'tree_grpo', 'treerl' or 'random', or task.name = 'tools').")
+    grown = tree_grown(self) // self.tree.trees
+    if self.tree.keep > grown:  # (min(K, grown) leaves: all of them, as with tree.keep = 0, without a word)
+      raise ValueError(f"tree.keep = {self.tree.keep} leaves per tree, but a tree grows 1 + tree.iterations × "
+                       f"tree.forks × tree.continuations = {grown}: set tree.keep <= {grown} (0 keeps every leaf).")
     if self.rl.samples_per_prompt != tree_leaves(self):
       raise ValueError(f"tree rollouts keep tree.trees × (1 + tree.iterations × tree.forks × tree.continuations, "
                        f"at most tree.keep) = {tree_leaves(self)} leaves per prompt; rl.samples_per_prompt must "
