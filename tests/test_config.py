@@ -144,6 +144,9 @@ _ROUNDS = {"task": {"name": "sales", "options": {"discounted": False}}, "runtime
     ({"multiagent": {"policies": "per_role", "separator": ";"}},
      "`multiagent.separator` = ';' (default '|'), `multiagent.policies` = 'per_role' (default 'shared'): read only "
      "with task.name in ['relay', 'sort_reverse']; this run has task.name = 'reverse'"),
+    # (Its leaves were checked against rl.samples_per_prompt first, as if the run read it.)
+    ({"multiagent": {"fanout": (4, 3)}}, "`multiagent.fanout` = (4, 3) (default ()): read only with task.name in "
+     "['relay', 'sort_reverse']; this run has task.name = 'reverse'"),
     ({"iterppo": {"episodes": 8}}, "`iterppo.episodes` = 8 (default 64): read only with runtime.mode = 'rounds'; "
      "this run has runtime.mode = 'sync'"),
     ({"tree": {"trees": 3, "prefix": "mean"}}, "`tree.trees` = 3 (default 2), `tree.prefix` = 'mean' (default "

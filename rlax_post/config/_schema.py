@@ -659,7 +659,8 @@ class Config:
                        f"task.name must be one of {list(COLLABORATION_TASKS)}, got {self.task.name!r}.")
     if any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in fanout):
       raise ValueError(f"multiagent.fanout must hold positive ints; got {list(fanout)}.")
-    if fanout and math.prod(fanout) != self.rl.samples_per_prompt:
+    # (A fanout set for another task is refused as not read, `check_reads`: no leaves count to match there.)
+    if fanout and self.task.name in COLLABORATION_TASKS and math.prod(fanout) != self.rl.samples_per_prompt:
       raise ValueError(f"multiagent.fanout {list(fanout)} makes {math.prod(fanout)} leaves per prompt; it must "
                        f"equal rl.samples_per_prompt = {self.rl.samples_per_prompt} (the terminal evaluations).")
     if self.task.name in COLLABORATION_TASKS and self.advantage.estimator not in TREE_ESTIMATORS + ("gae",):
