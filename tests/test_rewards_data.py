@@ -171,6 +171,10 @@ def test_answers_match(a, b, same):
     ("\\frac{2}{4}", "1/2", True),
     # So is a whole number written as a decimal or exponent (a float reference 1000000.0).
     ("1000001", "1000000.0", False), ("1e6", "1000001", False), ("12", "12.0", True), ("1e6", "1,000,000", True),
+    # Not an exponent's float off the decimal it prints as: 6.02e23 is a float 4194304 below 6.02 x 10^23 (until
+    # 2026-12-06 a whole "exact" number, which `\boxed{6.02 \times 10^{23}}` and 6.02e23's digits never matched).
+    ("6.02 \\times 10^{23}", "6.02e23", True), ("602000000000000000000000", "6.02e+23", True),
+    ("1e16", "10000000000000001", False),
     # A decimal that is not whole is an approximation: it matches when the difference is below
     # max(rel_tol * max(|a|, |b|), abs_tol), in exact arithmetic. 0.333333 is off from 1/3 by exactly
     # one part in 10^6, which is not below rel_tol = 1e-6; 0.3333333 is off by one part in 10^7.

@@ -21,9 +21,11 @@ number). Two answers match when both read as numbers that agree, or, when either
 normalised texts are equal (`_normalise_text`: `(B)` is `B`, `\\sqrt2` is `\\sqrt{2}`). Numbers agree when they are
 equal, or when either is an approximation and |a - b| < max(rel_tol * max(|a|, |b|), abs_tol), computed exactly
 (the tolerances read as the decimals they print as). Integers and fractions of them are exact, and so is any whole
-number however written (`12.0`, `1e6`, a float reference `1000000.0`): `1000001` never matches `1000000`. A
-decimal that is not whole (`0.1`, `3.14159`, a float reference `0.6666666666666666`) is an approximation:
-`0.3333333` matches `1/3`, while `0.333333` (off by exactly one part in 10^6) does not at the default rel_tol=1e-6.
+number however written (`12.0`, `1e6`, a float reference `1000000.0`): `1000001` never matches `1000000`; but not
+an exponent's float that is not the decimal it prints as (`6.02e23` reads as the float 6.02e23 less 4194304), an
+approximation (it matches `6.02 \\times 10^{23}`). A decimal that is not whole (`0.1`,
+`3.14159`, a float reference `0.6666666666666666`) is an approximation: `0.3333333` matches `1/3`, while `0.333333`
+(off by exactly one part in 10^6) does not at the default rel_tol=1e-6.
 """
 
 from __future__ import annotations
@@ -275,14 +277,19 @@ def _tolerance(name: str, value) -> Fraction:
   return Fraction(repr(float(value)))  # the decimal it prints as: rel_tol=1e-6 is exactly 10^-6
 
 
+def _whole(x: Fraction, exact: bool, read: Fraction | float) -> bool:
+  """Whether a `_parse` result (`read`, `exact`; `x` its Fraction) is exact by being whole (`_numbers_match`)."""
+  return exact or (x.denominator == 1 and not (isinstance(read, float) and Fraction(repr(read)) != x))
+
+
 def _numbers_match(a, b, rel_tol: Fraction, abs_tol: Fraction) -> bool:
   """Two `_parse` results agree (module docstring): exactly when both are exact, else within a tolerance."""
   (x, x_exact), (y, y_exact) = (Fraction(a[0]), a[1]), (Fraction(b[0]), b[1])
   if x == y:
     return True
   # A whole number is exact however it is written ("12.0", a float reference 1000000.0): a tolerance
-  # there would only let a different integer through.
-  if (x_exact or x.denominator == 1) and (y_exact or y.denominator == 1):
+  # there would only let a different integer through. Not a float off the decimal it prints as ("6.02e23").
+  if _whole(x, x_exact, a[0]) and _whole(y, y_exact, b[0]):
     return False
   diff = abs(x - y)  # exact arithmetic, so no float rounding decides a case near the boundary
   return diff < rel_tol * max(abs(x), abs(y)) or diff < abs_tol
