@@ -4,6 +4,7 @@ import json
 import os
 import sys
 
+import ml_collections
 import pytest
 
 import _cli_forks  # pylint: disable=g-bad-import-order
@@ -452,6 +453,23 @@ def test_config_files_spell_out_every_key():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert _keys(module.get_config().to_dict()) == schema, path
+    # A plain None is no key `--config.a.b=v` can set ("Type <class 'NoneType'> ... is not supported for
+    # overriding": reward.model until 2026-12-06); a typed placeholder is.
+    assert not _plain_nones(module.get_config()), (path, _plain_nones(module.get_config()))
+
+
+def _plain_nones(cfg, prefix=""):
+  """The keys of ConfigDict `cfg` whose value is a plain None, not a typed placeholder (`get_ref` refuses it)."""
+  out = []
+  for k in cfg.keys():
+    if isinstance(cfg[k], ml_collections.ConfigDict):
+      out += _plain_nones(cfg[k], prefix + k + ".")
+    elif cfg[k] is None:
+      try:
+        cfg.get_ref(k)
+      except ValueError:
+        out.append(prefix + k)
+  return out
 
 
 def test_flat_settings_gives_leaves_by_dotted_key_and_tuples_for_lists():
