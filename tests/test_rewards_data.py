@@ -159,6 +159,7 @@ def test_parse_number_after_a_variable(s, expected):
     (None, "3", False), ("x + 1", "x+1", True),
     # (different until 2026-12-06) a choice letter with or without brackets; quotes; \sqrt2; \dfrac
     ("(B)", "B", True), ("(B)", "C", False), ('"Paris"', "Paris", True), ("\\sqrt2", "\\sqrt{2}", True),
+    ('"Paris."', "Paris", True), ("\u201cParis.\u201d", "Paris", True), ('"**42**"', "42", True),  # (American quoting)
     ("\\dfrac{\\sqrt3}{2}", "\\frac{\\sqrt{3}}{2}", True), ("\\sqrt23", "\\sqrt{23}", False),
 ])
 def test_answers_match(a, b, same):

@@ -15,7 +15,7 @@ or `1{,}234{,}567`: groups of exactly three digits), a leading `$` or `\\$` or s
 `72 dollars`, `5\\text{ cm}`; not `2x`, `3i`, `2 x`, nor words of arithmetic such as `squared` or `pi`), a scale word
 first among them, which multiplies (`5 million` reads 5000000; a scale word elsewhere or in the plural reads no number),
 a rate's unit after a number's unit (`5 m/s`), LaTeX spacing, math delimiters (`\\(42\\)`), `\\text{}`, Markdown
-bold (`**42**`) and quotes around the whole (`"42"`); the value written becomes a
+bold (`**42**`) and quotes around the whole (`"42"`, `"Paris."`); the value written becomes a
 `Fraction` (decimals too; a float only with an exponent; more than 4300 digits, beyond what Python reads, are no
 number). Two answers match when both read as numbers that agree, or, when either does not read as a number, when their
 normalised texts are equal (`_normalise_text`: `(B)` is `B`, `\\sqrt2` is `\\sqrt{2}`). Numbers agree when they are
@@ -146,7 +146,7 @@ def _clean(s: str) -> str:
   s = s.rstrip(".").strip()
   for q in _QUOTES:
     if len(s) >= 2 and s[0] == q[0] and s[-1] == q[-1]:
-      return s[1:-1].strip()
+      return _clean(s[1:-1])  # (what the quotes hold, cleaned too: a period inside them, "Paris.")
   return s
 
 
