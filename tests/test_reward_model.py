@@ -4,6 +4,8 @@ classifier scores each sample as transformers' model scores the same text, and a
 import concurrent.futures
 import json
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from rlax_post import envs
 from rlax_post import models
 from rlax_post import rewards
 from rlax_post import runtime
+from rlax_post.envs import _reward_model as rm_lib
 
 import _tiny_hf  # pylint: disable=g-bad-import-order
 
@@ -122,3 +125,28 @@ def test_a_dataset_run_trains_on_the_reward_model(tmp_path):
   step = [r for r in runtime.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["phase"] == "rl"][-1]
   assert step["reward_errors"] == 0 and step["reward/reward_model"] == pytest.approx(step["reward_mean"])
   assert step["reward_std"] > 0  # (the samples' texts differ, and so do their scores)
+
+
+def test_exit_waits_for_the_batch_in_flight_and_starts_none():
+  """At exit (`atexit`, `_Batches.close`) the batch in flight finishes and no other starts: a timed-out call's thread
+  (the reward runner leaves it running) still in XLA as Python finalized aborted the process (status 134)."""
+  started, release = threading.Event(), threading.Event()
+
+  def score(rows):
+    started.set()
+    release.wait(10)
+    return [float(sum(r)) for r in rows]
+
+  batches = rm_lib._Batches(score)
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    first = pool.submit(batches, [1, 2])
+    assert started.wait(10)
+    waiting = pool.submit(batches, [3])  # (queued behind the batch in flight)
+    threading.Timer(0.2, release.set).start()
+    t0 = time.monotonic()
+    batches.close(wait_s=10)
+    assert first.done() and first.result() == 3.0 and time.monotonic() - t0 >= 0.15
+    with pytest.raises(RuntimeError, match=r"^the reward model is closed: the process is exiting\.$"):
+      waiting.result(10)
+  with pytest.raises(RuntimeError, match="closed"):
+    batches([4])

@@ -14,15 +14,19 @@ Concurrent calls (the reward runner's threads) are scored together, one batch pe
 (length-bucketed, compiled once per shape), at most `max_batch` rows a forward pass: by default one on a CPU,
 where rows padded to a batch bucket made scoring slower (`benchmarks/reward_model.py`: batched 0.7-0.8x of one row
 a pass, docs/benchmarks.md), 16 on an accelerator (not measured there yet). The weights load at the first call,
-on the first local device.
+on the first local device. At the process's exit a batch in flight is waited for (at most `EXIT_WAIT_S`) and no
+other starts: a timed-out call's thread (the runner leaves it running) still in XLA as Python finalized aborted
+the process (exit status 134).
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
 import threading
+import weakref
 from typing import Any, Callable, Sequence
 
 import jax
@@ -31,6 +35,7 @@ from rlax_post import models
 from rlax_post import sampler
 
 NAME = "reward_model"  # the built-in name of `reward.fn`
+EXIT_WAIT_S = 300.0  # the longest the process's exit waits for a batch in flight
 
 
 class _Batches:
@@ -40,7 +45,7 @@ class _Batches:
   def __init__(self, score: Callable[[Sequence[list[int]]], Sequence[float]]):
     self._score, self._cond = score, threading.Condition()
     self._pending: list[dict] = []
-    self._busy = False
+    self._busy = self._closed = False
 
   def __call__(self, ids: list[int]) -> float:
     slot: dict[str, Any] = {"ids": ids}
@@ -49,6 +54,9 @@ class _Batches:
       while self._busy and "value" not in slot:
         self._cond.wait()
       batch = None
+      if "value" not in slot and self._closed:  # (the process is exiting: no batch starts)
+        self._pending.remove(slot)
+        raise RuntimeError("the reward model is closed: the process is exiting.")
       if "value" not in slot:  # (no batch running: this call scores what waits)
         batch, self._pending, self._busy = self._pending, [], True
     if batch is not None:
@@ -64,6 +72,18 @@ class _Batches:
     if isinstance(slot["value"], BaseException):
       raise slot["value"]
     return slot["value"]
+
+  def close(self, wait_s: float) -> None:
+    """Starts no batch from now on (a call waiting for one raises) and waits up to `wait_s` for the one in flight."""
+    with self._cond:
+      self._closed = True
+      self._cond.notify_all()
+      self._cond.wait_for(lambda: not self._busy, wait_s)
+
+
+def _close_at_exit(batches: weakref.ref) -> None:
+  if (alive := batches()) is not None:
+    alive.close(EXIT_WAIT_S)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +112,7 @@ class RewardModel:
     self._lock = threading.Lock()
     self._loaded: _Loaded | None = None
     self._batches = _Batches(self._score)
+    atexit.register(_close_at_exit, weakref.ref(self._batches))  # (weak: a model no one holds is freed)
 
   def _load(self) -> _Loaded:
     with self._lock:
