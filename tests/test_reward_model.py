@@ -7,6 +7,7 @@ import os
 import threading
 import time
 
+import jax
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -118,6 +119,12 @@ def test_a_dataset_run_trains_on_the_reward_model(tmp_path):
                         ({"fn": "math", "model": rm}, r"reward\.model = '.*rm' and reward\.fn = 'math'")]:
     with pytest.raises(ValueError, match=rf"^{error}: a reward model is the reward 'reward_model'; set reward\.model"):
       envs.check_task(config.load({**raw, "reward": reward}))  # (`rlax-post check-config`, and `train`)
+  # The weights load when the producer is built, not inside the first call's reward.timeout_s.
+  parts = runtime.build_parts(config.load(raw))
+  (reward,) = [f.fn for f in parts.task.scorer.fns]
+  assert not reward.loaded
+  parts.task.producer(parts.sampling_engine(), models.init_params(parts.model_cfg, jax.random.key(0))[1], 0).close()
+  assert reward.loaded
   workdir = str(tmp_path / "run")
   runtime.train(config.load(raw), workdir, quiet=True)
   saved = json.loads(open(os.path.join(workdir, "config.json")).read())

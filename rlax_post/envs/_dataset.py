@@ -379,6 +379,9 @@ class DatasetProducer(_rl.DriverProducer):
     self.n = cfg.rl.samples_per_prompt if split == "train" else 1
     self.p = cfg.rl.prompts_per_step
     super().__init__(engine, params, version, self.n)  # _open: ticket -> _Group
+    for f in task.scorer.fns:  # A reward model's weights load now, not within its first call's time limit.
+      if isinstance(f.fn, _reward_model.RewardModel):
+        f.fn.service  # pylint: disable=pointless-statement
     self.runner = rewards.RewardRunner(task.scorer, workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s,
                                        default=cfg.reward.default)
 

@@ -13,10 +13,10 @@ with the reward model's tokenizer, so the two need not share a vocabulary (as TR
 Concurrent calls (the reward runner's threads) are scored together, one batch per `sampler.ScoreService` call
 (length-bucketed, compiled once per shape), at most `max_batch` rows a forward pass: by default one on a CPU,
 where rows padded to a batch bucket made scoring slower (`benchmarks/reward_model.py`: batched 0.7-0.8x of one row
-a pass, docs/benchmarks.md), 16 on an accelerator (not measured there yet). The weights load at the first call,
-on the first local device. At the process's exit a batch in flight is waited for (at most `EXIT_WAIT_S`) and no
-other starts: a timed-out call's thread (the runner leaves it running) still in XLA as Python finalized aborted
-the process (exit status 134).
+a pass, docs/benchmarks.md), 16 on an accelerator (not measured there yet). The weights load at the first use
+(the dataset task's producer makes it at its start), on the first local device. At the process's exit a batch in
+flight is waited for (at most `EXIT_WAIT_S`) and no other starts: a timed-out call's thread (the runner leaves it
+running) still in XLA as Python finalized aborted the process (exit status 134).
 """
 
 from __future__ import annotations
@@ -124,6 +124,11 @@ class RewardModel:
           pad = json.load(f).get("pad_token_id")
         self._loaded = _Loaded(service, models.HFTokenizer.from_dir(self.path), pad)
       return self._loaded
+
+  @property
+  def loaded(self) -> bool:
+    """Whether the weights are loaded (at the first use of `service` or a call)."""
+    return self._loaded is not None
 
   @property
   def service(self) -> sampler.ScoreService:
