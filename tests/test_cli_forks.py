@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import _cli_forks
 import _procs
 
@@ -15,6 +17,7 @@ def _real(*args, cwd=_ROOT):
                         timeout=120, env=_procs.env(), cwd=cwd)
 
 
+@pytest.mark.slow  # `make test-all` (make test's 15-minute budget): two real processes beside their forks, 11 s
 def test_a_forked_command_has_the_status_stdout_and_stderr_of_a_new_process():
   for args in (("--help",), ("check-config", "--config", "configs/demo.py", "--config.rl.stepz=3")):
     real, forked = _real(*args), _cli_forks.run(*args, cwd=_ROOT)

@@ -119,6 +119,8 @@ def test_tree_config_on_tools_and_arpo_on_text_are_checked():
     config.load(c)
 
 
+@pytest.mark.slow  # `make test-all` (make test's 15-minute budget): a CLI run, 25 s; the text
+# tree run: test_tree_rollouts.py
 def test_a_short_tool_tree_run_trains_and_logs_the_budget(tmp_path):
   # A CLI process on one CPU device, as tests/test_tools_training.py: the episode envs' threads and the
   # learner's sharded programs over 8 fake CPU devices can deadlock in a collective.

@@ -221,6 +221,8 @@ def test_serve_answers_an_hf_run_with_its_own_tokenizer(checkpoint, hf_run, run_
   assert [run_server.decode(_serving.text_request(text, 5)) for text in texts] == expected
 
 
+@pytest.mark.slow  # `make test-all` (make test's 15-minute budget): a server of an export, 11 s;
+# the byte-tokenizer export's: test_serve.py
 def test_serve_hf_path_of_an_export_answers_as_serving_the_run(hf_run, run_server, tmp_path):
   """`rlax-post serve --hf_path DIR` of `rlax-post export`'s DIR (there was no way to serve one) streams, token
   for token, what `serve --checkpoint` of the run streams at the exported step: the same weights, tokenizer and

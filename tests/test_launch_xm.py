@@ -461,6 +461,7 @@ def test_dry_run_refuses_units_of_another_mode_with_samplers(tmp_path):
   assert [u["jobs"][0]["role"] for u in json.loads(proc.stdout)["work_units"]] == ["train", "train"]
 
 
+@pytest.mark.slow  # `make test-all` (make test's 15-minute budget): two failing units' processes, 11 s
 def test_local_failed_units_exit_non_zero(tmp_path):
   root = tmp_path / "runs"  # Both units fail at start-up (no checkpoint there): the launcher reports each.
   proc = _launch("--workdir_root", str(root), "--config.model.hf_path=/nonexistent", tmp_path=tmp_path,

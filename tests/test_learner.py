@@ -361,6 +361,7 @@ def test_sharded_update_matches_single_device(model, ppo):
       None, 'fsdp', 'tensor', None)
 
 
+@pytest.mark.slow  # `make test-all` (make test's 15-minute budget): 9 s
 def test_cpu_update_is_scheduled_for_memory_with_the_same_results(model, ppo):
   # On a CPU mesh jit_update compiles with XLA's memory-optimised scheduler
   # (_step.CPU_COMPILER_OPTIONS): fewer temporaries than the default
