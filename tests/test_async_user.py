@@ -75,6 +75,8 @@ def test_a_sampler_of_a_finished_run_is_refused(stopped_run, tmp_path):
   assert not os.path.exists(workdir / "admission" / "samplers" / "sampler-0.lock")  # refused before anything
 
 
+@pytest.mark.slow  # `make test-all` (make test's 15-minute budget): a learner and two refused
+# commands beside it, 20 s
 def test_a_second_run_or_sampler_beside_a_running_one_is_refused(stopped_run, tmp_path):
   """`rlax-post learner --workdir W --resume` beside W's running learner (a user who forgot it, a launcher
   that relaunched) truncated the running one's schedule and metrics, rolled the queue back and deleted its

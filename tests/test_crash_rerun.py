@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 _SCRIPT = str(pathlib.Path(__file__).resolve().parent / "_crash_rerun.py")
 _ARGS = ["-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", "--max-worker-restart=0"]
 
@@ -31,6 +33,8 @@ def _suite(tmp_path, files):
                         timeout=300, env=env)
 
 
+@pytest.mark.slow  # `make test-all` (make test's 15-minute budget): 8 s; a file that crashes
+# every time still fails in make test (below)
 def test_a_crashed_worker_reruns_the_files_it_left_and_passes_if_they_pass(tmp_path):
   done = _suite(tmp_path, {"test_a.py": _PASSES, "test_b.py": _PASSES, "test_c.py": _CRASHES_ONCE})
   assert done.returncode == 0, done.stdout[-3000:]
