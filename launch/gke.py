@@ -6,8 +6,8 @@ learner process 0's address is the coordinator, and each pod's id is its complet
 `batch.kubernetes.io/job-completion-index` annotation, read into RLAX_PROCESS_ID through the downward API). A
 TPU slice's pods select the slice's node pool (`gke-tpu-accelerator`, `gke-tpu-topology`) and request
 `google.com/tpu` chips; GKE sets the TPU worker variables JAX initialises from (TPU_WORKER_HOSTNAMES: those
-same `<job>-<i>.<service>` names, which resolve only through the Service). Workdirs under gs:// are mounted with the Cloud Storage FUSE CSI driver at
-/gcs/BUCKET, so every job of a unit sees one workdir.
+same `<job>-<i>.<service>` names, which resolve only through the Service). Workdirs under gs:// are mounted with the
+Cloud Storage FUSE CSI driver at /gcs/BUCKET, so every job of a unit sees one workdir.
 """
 
 from __future__ import annotations

@@ -381,7 +381,7 @@ class DatasetProducer(_rl.DriverProducer):
     super().__init__(engine, params, version, self.n)  # _open: ticket -> _Group
     for f in task.scorer.fns:  # A reward model's weights load now, not within its first call's time limit.
       if isinstance(f.fn, _reward_model.RewardModel):
-        f.fn.service  # pylint: disable=pointless-statement
+        f.fn.load()
     self.runner = rewards.RewardRunner(task.scorer, workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s,
                                        default=cfg.reward.default)
 

@@ -125,6 +125,10 @@ class RewardModel:
         self._loaded = _Loaded(service, models.HFTokenizer.from_dir(self.path), pad)
       return self._loaded
 
+  def load(self) -> None:
+    """Loads the weights now (the dataset task's producer, at its start), not at the first call."""
+    self._load()
+
   @property
   def loaded(self) -> bool:
     """Whether the weights are loaded (at the first use of `service` or a call)."""
@@ -150,10 +154,10 @@ class RewardModel:
     else:
       raise ValueError(f"{sample.where}: the prompt is a list of messages and the reward model {self.path!r} has "
                        "no chat template to render them with.")
-    pad = self._loaded.pad_id
-    while len(ids) > 1 and ids[-1] == pad:
-      ids = ids[:-1]
-    return ids
+    end, pad = len(ids), self._loaded.pad_id
+    while end > 1 and ids[end - 1] == pad:
+      end -= 1
+    return list(ids[:end])
 
   def _score(self, rows: Sequence[list[int]]) -> Sequence[float]:
     return self.service.score(rows)

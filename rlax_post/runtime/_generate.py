@@ -54,8 +54,9 @@ class UserPrompt(NamedTuple):
 class GenerateOptions:
   """What to sample: the run's checkpoint `step` (None: the newest committed one; "best": `runtime.checkpoint_step`),
   `max_tokens` per completion (None: a run's `rl.max_new_tokens`; for a Hugging Face checkpoint
-  `DEFAULT_MAX_TOKENS`, or the room the context leaves after the prompt where less), `samples` per prompt, the sampling `law` (temperature 0: greedy) with the `seed` of the streams,
-  and `raw`: prompts sent as text, not rendered as the source renders its own (module docstring)."""
+  `DEFAULT_MAX_TOKENS`, or the room the context leaves after the prompt where less), `samples` per prompt, the
+  sampling `law` (temperature 0: greedy) with the `seed` of the streams, and `raw`: prompts sent as text, not
+  rendered as the source renders its own (module docstring)."""
   step: int | str | None = None
   max_tokens: int | None = None
   samples: int = 1
