@@ -238,7 +238,7 @@ def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_co
                cache_dir=config_dict.placeholder(str))
   c.rl = dict(steps=200, prompts_per_step=hw["prompts"], samples_per_prompt=hw["samples"],
               max_new_tokens=hw["new_tokens"], temperature=1.0, top_p=1.0, top_k=0, stop=(), minibatches=1,
-              epochs=1,
+              epochs=1, filter_groups=False, filter_max_batches=10,
               optimizer=dict(learning_rate=1e-6, warmup_steps=10, end_lr_ratio=0.1, weight_decay=0.0,
                              b1=0.9, b2=0.999, max_grad_norm=1.0))
   c.loss = dict(kind="auto", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,

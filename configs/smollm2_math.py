@@ -46,7 +46,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                cache_dir=config_dict.placeholder(str))
   # Temperature 0.7: at 1.0 the 135M model's samples are right 2% of the time (greedy: 19%), too rare a signal.
   c.rl = dict(steps=30, prompts_per_step=8, samples_per_prompt=8, max_new_tokens=64, temperature=0.7,
-              top_p=1.0, top_k=0, stop=(), minibatches=1, epochs=1,
+              top_p=1.0, top_k=0, stop=(), minibatches=1, epochs=1, filter_groups=False, filter_max_batches=10,
               optimizer=dict(learning_rate=5e-6, warmup_steps=2, end_lr_ratio=0.1, weight_decay=0.0,
                              b1=0.9, b2=0.99, max_grad_norm=1.0))
   c.loss = dict(kind="auto", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,

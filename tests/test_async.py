@@ -328,12 +328,34 @@ def test_take_groups_drops_and_counts_stale_groups_and_sorts_by_ticket():
   for ticket, version in ((5, 9), (1, 2), (3, 9), (4, 8), (2, 10)):
     for i, row in enumerate(_group_rows(ticket, version)):
       q.put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=2)
-  fresh, dropped, _ = runtime.take_groups(q, num_groups=3, learner_version=10, max_staleness=2, poll_s=0.1)
+  fresh, dropped, *_ = runtime.take_groups(q, num_groups=3, learner_version=10, max_staleness=2, poll_s=0.1)
   assert dropped == [(envs.group_id(1), 8)]
   assert [int(rows[0]["ticket"]) for _, rows, _ in fresh] == [3, 4, 5]
   assert [st for _, _, st in fresh] == [1, 2, 1]
   assert q.depth("learner") == 2  # The dropped group was consumed (and counted), not left behind.
 
+
+
+def test_take_groups_filters_groups_without_signal_up_to_the_steps_budget():
+  """Dynamic sampling (`GroupFilter`): a group whose rewards are all equal is consumed, returned with its rows
+  and replaced (`on_drop` admits one more ticket), until the step has dropped `max_drops`; the next such group
+  is trained. A stale group is dropped first, as before, and never counts against the budget."""
+  q = rollouts.MemoryQueue(capacity=64, consumers=("learner",))
+  flat = lambda ticket: [dict(r, reward=np.float32(1.0)) for r in _group_rows(ticket, 10)]
+  for ticket, rows in ((1, flat(1)), (2, _group_rows(2, 10)), (3, _group_rows(3, 5)), (4, flat(4)),
+                       (5, flat(5)), (6, _group_rows(6, 10))):
+    for i, row in enumerate(rows):
+      q.put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=2)
+  drops = []
+  took = runtime.take_groups(q, num_groups=3, learner_version=10, max_staleness=2, poll_s=0.1, on_drop=drops.append,
+                             keep=runtime.GroupFilter(max_drops=2))
+  assert [int(rows[0]["ticket"]) for _, rows, _ in took.fresh] == [2, 5, 6]
+  assert took.dropped == [(envs.group_id(3), 5)]
+  assert [(gid, [float(r["reward"]) for r in rows]) for gid, rows in took.filtered] == [
+      (envs.group_id(1), [1.0, 1.0]), (envs.group_id(4), [1.0, 1.0])]
+  assert sum(drops) == 3 and q.depth("learner") == 0
+  assert runtime.no_signal(_group_rows(7, 0, n=1)) and not runtime.no_signal(_group_rows(7, 0))
+  assert not runtime.GroupFilter().drops(flat(8), 0)  # off: max_drops 0
 
 
 def test_take_groups_drops_and_counts_groups_newer_than_the_learner():
@@ -344,7 +366,7 @@ def test_take_groups_drops_and_counts_groups_newer_than_the_learner():
   for ticket, version in ((3, 6), (1, 4), (2, 3)):
     for i, row in enumerate(_group_rows(ticket, version)):
       q.put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=2)
-  fresh, dropped, future = runtime.take_groups(q, num_groups=2, learner_version=4, max_staleness=1, poll_s=0.1)
+  fresh, dropped, future, _ = runtime.take_groups(q, num_groups=2, learner_version=4, max_staleness=1, poll_s=0.1)
   assert dropped == [(envs.group_id(3), -2)] and future == [envs.group_id(3)]
   assert [(int(rows[0]["ticket"]), st) for _, rows, st in fresh] == [(1, 0), (2, 1)]
   assert rollouts.is_stale(-1, 2) and not rollouts.is_stale(0, 0)
@@ -362,12 +384,12 @@ def test_a_resumed_learner_meets_the_groups_of_a_reopened_file_queue_in_publish_
       for i, row in enumerate(_group_rows(ticket, step)):
         samplers[ticket % 2].put(envs.row_id(ticket, i), row, group_id=envs.group_id(ticket), group_size=2)
       samplers[ticket % 2].flush()
-    fresh, dropped, _ = runtime.take_groups(learner, num_groups=2, learner_version=step, max_staleness=0, poll_s=0.05)
+    fresh, dropped, *_ = runtime.take_groups(learner, num_groups=2, learner_version=step, max_staleness=0, poll_s=0.05)
     assert [(int(rows[0]["ticket"]), st) for _, rows, st in fresh] == [(2 * step, 0), (2 * step + 1, 0)]
     assert dropped == []
   resumed = queue("learner")
   assert resumed.rollback("learner", after_tag=1) == 4  # steps 1 and 2 (tags 2 and 3) come back
-  fresh, dropped, _ = runtime.take_groups(resumed, num_groups=2, learner_version=1, max_staleness=0, poll_s=0.05)
+  fresh, dropped, *_ = runtime.take_groups(resumed, num_groups=2, learner_version=1, max_staleness=0, poll_s=0.05)
   assert [(int(rows[0]["ticket"]), st) for _, rows, st in fresh] == [(2, 0), (3, 0)]
   assert dropped == []
 
@@ -468,6 +490,22 @@ def test_metrics_count_groups_newer_than_the_learner_and_report_no_negative_stal
       "staleness_mean": 0.5, "staleness_max": 1.0, "staleness_0": 1.0, "staleness_1": 1.0,
       "dropped_stale": 3.0, "dropped_stale_total": 6.0, "dropped_future": 2.0, "dropped_future_total": 3.0}
   assert tally.meta()["dropped_future_total"] == 3  # carried by the checkpoint to a resumed run
+
+
+def test_metrics_count_dynamic_samplings_filtered_groups_their_budget_and_tickets():
+  """The filtered groups (`Taken.filtered`): counted per step and over a resumed run, their rows' decode budget
+  beside the trained rows', and their tickets in the checkpoint's `next_ticket` (a resumed sync run starts
+  there, after the last ticket drawn, filtered or not)."""
+  tally = runtime._run.Tally(eta=0, filtering=True)  # pylint: disable=protected-access
+  tally.begin({"filtered_groups_total": 2, "max_ticket_consumed": 3})
+  budget = lambda t, tokens: [dict(r, decode_tokens=tokens) for r in _group_rows(t, 0)]
+  taken = runtime.Taken([(envs.group_id(4), budget(4, 3), 0)], [], {},
+                        filtered=((envs.group_id(5), budget(5, 2)), (envs.group_id(6), budget(6, 4))))
+  row = tally.add(0, taken)
+  assert {k: row[k] for k in ("filtered_groups", "filtered_groups_total", "filtered_decode_tokens")} == {
+      "filtered_groups": 2.0, "filtered_groups_total": 4.0, "filtered_decode_tokens": 12.0}
+  assert (tally.meta()["next_ticket"], tally.meta()["filtered_groups_total"]) == (7, 4)
+  assert "filtered_groups" not in runtime._run.Tally(eta=0).add(0, taken)  # pylint: disable=protected-access
 
 
 def test_a_resumed_run_s_mean_staleness_covers_the_steps_before_its_checkpoint():
@@ -701,7 +739,7 @@ def test_a_step_whose_groups_are_dropped_admits_their_replacements_while_it_wait
   future's groups are dropped). Added as they happen, tickets 4 and 5 start and fill the step."""
   with pytest.raises(TimeoutError, match="no ticket admitted in 20 polls; bound 4"):
     _take_with_a_sampler(admit_drops=False)
-  (fresh, dropped, future), admission = _take_with_a_sampler(admit_drops=True)
+  (fresh, dropped, future, _), admission = _take_with_a_sampler(admit_drops=True)
   assert [(int(rows[0]["ticket"]), st) for _, rows, st in fresh] == [(4, 0), (5, 0)]
   assert dropped == [(envs.group_id(2), 1), (envs.group_id(3), 1)] and future == []
   assert admission.extra() == 2 and admission.limit(1) == 6
@@ -729,6 +767,8 @@ def test_the_thread_source_adds_its_drops_to_the_admission_bound(tmp_path):
   assert source.admission.limit(3) == (3 + 1 + 1) * p + 1
   source.resume(2, {"next_ticket": 9, "dropped_stale_total": 4})  # a resumed learner: its checkpoint's drops
   assert source.admission.extra() == 4
+  source.resume(2, {"next_ticket": 9, "dropped_stale_total": 4, "filtered_groups_total": 3})  # and its filtered
+  assert source.admission.extra() == 7
 
 
 def test_the_file_learner_grants_past_the_bound_by_its_drops_and_samplers_read_them(tmp_path):

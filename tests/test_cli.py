@@ -449,8 +449,9 @@ def test_check_config_and_check_data_refuse_a_context_the_model_cannot_hold_as_t
 def test_unknown_key_names_close_matches_and_the_section_keys():
   line = _error(_cli("check-config", "--config", "configs/demo.py", "--config.rl.stepz=3"), "check-config")
   assert line == ("rlax-post check-config: error: unknown config key --config.rl.stepz; did you mean "
-                  "--config.rl.steps or --config.rl.stop? valid keys of `rl`: ['epochs', 'max_new_tokens', "
-                  "'minibatches', 'optimizer', 'prompts_per_step', 'samples_per_prompt', 'steps', 'stop', "
+                  "--config.rl.steps or --config.rl.stop? valid keys of `rl`: ['epochs', 'filter_groups', "
+                  "'filter_max_batches', 'max_new_tokens', 'minibatches', 'optimizer', 'prompts_per_step', "
+                  "'samples_per_prompt', 'steps', 'stop', "
                   "'temperature', 'top_k', 'top_p'] (`rlax-post check-config --config FILE` prints them all).")
 
 
@@ -483,8 +484,9 @@ def get_config(arg=None):
 """)
   line = _error(_cli("check-config", "--config", "mine.py:tiny", cwd=tmp_path), "check-config")
   assert line == ("rlax-post check-config: error: Unknown key(s) ['config.rl.learning_rate']; did you mean "
-                  "`config.rl.optimizer.learning_rate`? valid keys of `config.rl` are ['epochs', "
-                  "'max_new_tokens', 'minibatches', 'optimizer', 'prompts_per_step', 'samples_per_prompt', 'steps', "
+                  "`config.rl.optimizer.learning_rate`? valid keys of `config.rl` are ['epochs', 'filter_groups', "
+                  "'filter_max_batches', 'max_new_tokens', 'minibatches', 'optimizer', 'prompts_per_step', "
+                  "'samples_per_prompt', 'steps', "
                   "'stop', 'temperature', 'top_k', 'top_p'].")
 
 

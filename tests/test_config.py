@@ -129,6 +129,13 @@ _ROUNDS = {"task": {"name": "sales", "options": {"discounted": False}}, "runtime
      "`loss.behaviour_cap` = 4.0 (default 2.0): read only with loss.kind in ['decoupled_ppo'] (\"auto\": 'ppo', or "
      "'decoupled_ppo' in async mode with max_staleness > 0); this run has the objective 'ppo' (loss.kind = 'auto', "
      "runtime.mode = 'async')"),
+    ({"advantage": {"estimator": "gigpo"}, "rl": {"filter_groups": True, "filter_max_batches": 4}},
+     "`rl.filter_groups` = True (default False), `rl.filter_max_batches` = 4 (default 10): read only with "
+     f"{_A} in ['grpo', 'drgrpo', 'rloo', 'reinforce_pp'], tree.expansion = 'none', runtime.mode in ['sync', "
+     f"'async'] and a task that is not a role pipeline; this run has {_A} = 'gigpo', tree.expansion = 'none', "
+     "runtime.mode = 'sync', task.name = 'reverse'"),
+    ({"rl": {"filter_max_batches": 4}}, "`rl.filter_max_batches` = 4 (default 10): read only with rl.filter_groups = "
+     "True; this run has rl.filter_groups = False"),
     ({"loss": {"kl_kind": "k2"}}, "`loss.kl_kind` = 'k2' (default 'k3'): read only with loss.kl_coef > 0 or "
      "loss.track_kl; this run has loss.kl_coef = 0.0, loss.track_kl = False"),
     ({"runtime": {"num_samplers": 2, "queue": "files", "sampler_timeout_s": 5.0}},
@@ -578,8 +585,8 @@ def test_the_docs_table_is_the_foreign_keys_table():
   assert f"\n{config.foreign_keys_markdown()}\n" in page
 
 
-_RL_KEYS = ("['epochs', 'max_new_tokens', 'minibatches', 'optimizer', 'prompts_per_step', 'samples_per_prompt', 'steps', "
-            "'stop', 'temperature', 'top_k', 'top_p']")
+_RL_KEYS = ("['epochs', 'filter_groups', 'filter_max_batches', 'max_new_tokens', 'minibatches', 'optimizer', "
+            "'prompts_per_step', 'samples_per_prompt', 'steps', 'stop', 'temperature', 'top_k', 'top_p']")
 _TOP_KEYS = ("['advantage', 'checkpoint', 'critic', 'data', 'eval', 'iterppo', 'loss', 'mesh', 'model', 'multiagent', "
              "'reward', 'rl', 'runtime', 'seed', 'sft', 'task', 'tree']")
 

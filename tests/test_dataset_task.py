@@ -604,3 +604,34 @@ def test_a_run_saves_its_paths_absolute_and_resumes_from_where_it_ran(tmp_path, 
     runtime.check_resume_config(saved, more)
   # From there every path the run reads is still found.
   assert runtime.export_hf(f"{here}/run", "hf").step == 2
+
+
+def test_dynamic_sampling_trains_groups_with_signal_and_resumes_at_the_next_ticket(tmp_path, monkeypatch):
+  """DAPO's dynamic sampling (`rl.filter_groups`): the even rows' reward is always 0 (no signal), the odd rows'
+  varies with the completion. Each step's tickets are drawn in order and a flat group is replaced by the next
+  ticket's, so step 1 trains rows 1 and 3 (0 and 2 filtered) and step 2, after a stop and a resume, rows 5 and 7:
+  the resume starts at the ticket after the last one drawn, not at step × P. The filtered groups' decode budget
+  and reward calls are counted."""
+  monkeypatch.chdir(tmp_path)
+  data.write_jsonl("t.jsonl", _rows(12))
+  data.write_jsonl("e.jsonl", _rows(2, 100))
+  with open("rw.py", "w") as f:
+    f.write("def score(sample):\n  return float(sum(sample.completion_ids) % 7) if sample.row['id'] % 2 else 0.0\n")
+  raw = {"task": {"name": "dataset", "num_eval": 2},
+         "data": {"train": "t.jsonl", "eval": "e.jsonl", "max_prompt_tokens": 16, "shuffle": False},
+         "reward": {"fn": "rw.py:score"}, "sft": {"steps": 0}, "model": {"preset": "micro", "max_seq_len": 24},
+         "eval": {"batch_size": 8, "every": 0},
+         "rl": {"steps": 2, "prompts_per_step": 2, "samples_per_prompt": 4, "max_new_tokens": 4,
+                "filter_groups": True, "filter_max_batches": 3},
+         "checkpoint": {"every": 1}, "runtime": {"progress": False, "tensorboard": False, "plot": False}}
+  runtime.train(config.load({**raw, "runtime": {**raw["runtime"], "stop_after_steps": 1}}), "run", quiet=True)
+  summary = runtime.train(config.load(raw), "run", resume=True, quiet=True)
+  with open("run/schedule.jsonl") as f:
+    schedule = [json.loads(line) for line in f]
+  assert [([int(g) for g in e["groups"]], [int(g) for g in e["filtered"]]) for e in schedule] == [
+      ([1, 3], [0, 2]), ([5, 7], [4, 6])]
+  rl = [r for r in runtime.read_jsonl("run/metrics.jsonl") if r["phase"] == "rl"]
+  assert [(r["filtered_groups"], r["filtered_groups_total"], r["frac_zero_signal"]) for r in rl] == [
+      (2.0, 2.0, 0.0), (2.0, 4.0, 0.0)]
+  assert all(0 < r["filtered_decode_tokens"] <= 2 * 4 * 4 for r in rl)
+  assert summary["reward_calls_total"] == 2 * (2 + 2) * 4  # trained and filtered samples alike

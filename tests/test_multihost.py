@@ -154,9 +154,12 @@ def test_row_shard_and_to_global_in_one_process():
 def test_group_payload_round_trip():
   rows = [{"tokens": np.arange(5, dtype=np.int32), "reward": 0.5, "ticket": 7, "versions": [3, 3]},
           {"tokens": np.arange(2, dtype=np.int32), "reward": 1.0, "ticket": 7, "versions": [4]}]
-  fresh, dropped, future = _rowlog.groups_from_payload(_rowlog.groups_payload(
-      [("0000000007", rows, 1)], [("0000000002", 3), ("0000000009", 0)], ["0000000009"]))
+  fresh, dropped, future, filtered = _rowlog.groups_from_payload(_rowlog.groups_payload(
+      [("0000000007", rows, 1)], [("0000000002", 3), ("0000000009", 0)], ["0000000009"],
+      [("0000000008", rows[:1])]))
   assert dropped == [("0000000002", 3), ("0000000009", 0)] and future == ["0000000009"]
+  (fid, frows), = filtered  # dynamic sampling's drops reach every process, rows and all (their budget)
+  assert fid == "0000000008" and len(frows) == 1 and frows[0]["reward"] == 0.5
   (gid, got, st), = fresh
   assert (gid, st, len(got)) == ("0000000007", 1, 2)
   np.testing.assert_array_equal(got[0]["tokens"], rows[0]["tokens"])

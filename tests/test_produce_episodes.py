@@ -198,7 +198,7 @@ def test_a_sampler_worker_runs_the_producer_under_the_staleness_bound(engine):
   try:
     got = []
     for step in range(2):
-      fresh, dropped, _ = runtime.take_groups(queue, num_groups=P, learner_version=step, max_staleness=1,
+      fresh, dropped, *_ = runtime.take_groups(queue, num_groups=P, learner_version=step, max_staleness=1,
                                           poll_s=0.2)
       assert dropped == []
       got.append([(int(rows[0]["ticket"]), st) for _, rows, st in fresh])

@@ -101,6 +101,11 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("critic.cliprange_value", "verl", "critic.clip_eps"),
     ForeignKey("algorithm.adv_estimator", "verl", "advantage.estimator", "'reinforce_plus_plus' is 'reinforce_pp'"),
     ForeignKey("algorithm.lam", "verl", "advantage.lambda_"),
+    ForeignKey("algorithm.filter_groups.enable", "verl", "rl.filter_groups",
+               "ours filters on the reward (verl's metric 'score'; for a 0/1 reward, 'acc')"),
+    ForeignKey("algorithm.filter_groups.max_num_gen_batches", "verl", "rl.filter_max_batches",
+               "verl's 0 is no limit and its limit stops the run; ours is at least 2, and past it a step trains "
+               "the groups that come"),
     ForeignKey("algorithm.norm_adv_by_std_in_grpo", "verl", "advantage.estimator", "False is 'drgrpo'"),
     ForeignKey("algorithm.kl_ctrl.kl_coef", "verl", "loss.kl_coef", _KL_IN_REWARD.format(" (with algorithm.use_kl_in_reward)")),
     ForeignKey("trainer.total_training_steps", "verl", "rl.steps"),

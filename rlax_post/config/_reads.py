@@ -32,8 +32,10 @@ ROUND_TASKS = ("sales", "tools", "dialogue")
 # The keys of `rlax_post.models.PRESETS` (a test keeps the two equal).
 MODEL_PRESETS = ("tiny", "micro", "small", "qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-1.7b",
                  "qwen3-8b", "llama3.2-1b", "llama3.2-3b", "llama3-8b", "gemma2-2b", "gemma3-1b")
-# The group estimators of Iterative PPO's single-turn phase (`runtime.mode = "rounds"`).
-ROUND_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp")
+# The group-relative estimators (one advantage per sample from its group's rewards: 0 where they are all equal),
+# which Iterative PPO's single-turn phase (`runtime.mode = "rounds"`) and dynamic sampling take.
+GROUP_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp")
+ROUND_ESTIMATORS = GROUP_ESTIMATORS
 
 
 def uses_critic(cfg: Config) -> bool:
@@ -151,6 +153,15 @@ _STOP = When(f"task.name in {list(TEXT_TASKS + ('dataset',) + COLLABORATION_TASK
              lambda cfg: f"task.name = {cfg.task.name!r}, tree.expansion = {cfg.tree.expansion!r}",
              lambda cfg: cfg.task.name in TEXT_TASKS + ("dataset",) + COLLABORATION_TASKS
              or cfg.tree.expansion != "none")
+# Dynamic sampling drops groups whose group-relative advantages are all 0: single-turn or episode groups of a
+# group estimator (a role pipeline's or a tree's rows are nodes, whose credit is not the group's spread), sampled
+# by a source that takes groups (not Iterative PPO's rounds).
+_FILTER = When(f"advantage.estimator in {list(GROUP_ESTIMATORS)}, tree.expansion = 'none', runtime.mode in "
+               "['sync', 'async'] and a task that is not a role pipeline",
+               lambda cfg: f"advantage.estimator = {cfg.advantage.estimator!r}, tree.expansion = "
+               f"{cfg.tree.expansion!r}, runtime.mode = {cfg.runtime.mode!r}, task.name = {cfg.task.name!r}",
+               lambda cfg: cfg.advantage.estimator in GROUP_ESTIMATORS and cfg.tree.expansion == "none"
+               and cfg.runtime.mode != "rounds" and cfg.task.name not in COLLABORATION_TASKS)
 _ASYNC_KEYS = ("max_staleness", "num_samplers", "queue", "queue_capacity", "param_versions_to_keep",
                "sampler_timeout_s")
 
@@ -161,6 +172,8 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("multiagent",), _is("task.name", *COLLABORATION_TASKS)),
     (("tree",), _is_not("tree.expansion", "none")),
     (("rl.stop",), _STOP),
+    (("rl.filter_groups", "rl.filter_max_batches"), _FILTER),
+    (("rl.filter_max_batches",), _is("rl.filter_groups", True)),
     (("tree.prefix",), _is("advantage.estimator", *TREE_ROLLOUT_ESTIMATORS)),
     (("iterppo",), _is("runtime.mode", "rounds")),
     (("iterppo.q_epochs", "iterppo.q_batch_size"), _is_not("iterppo.q", "oracle")),  # Q's fit (the oracle has none)

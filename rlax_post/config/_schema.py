@@ -322,6 +322,12 @@ class RLSection:
   stop: tuple = ()  # strings that end a response once its text contains one (besides EOS)
   minibatches: int = bounded(1, low=1)  # optimizer steps per rollout batch (per epoch)
   epochs: int = bounded(1, low=1)  # passes over each rollout batch
+  # DAPO's dynamic sampling (verl's `algorithm.filter_groups`): a group whose rewards are all equal (no signal for
+  # a group-relative advantage) is dropped and another prompt's group sampled in its place, at most
+  # (filter_max_batches - 1) x prompts_per_step drops a step (verl's max_num_gen_batches); then the step trains
+  # what comes (`runtime._sources.GroupFilter`).
+  filter_groups: bool = False
+  filter_max_batches: int = bounded(10, low=2)
   optimizer: OptimizerSection = dataclasses.field(
       default_factory=lambda: OptimizerSection(learning_rate=3e-4, warmup_steps=5))
 

@@ -102,13 +102,17 @@ from rlax_post.runtime._serve import serve_hf
 from rlax_post.runtime._serve import served_step
 from rlax_post.runtime._signals import deferred_signals
 from rlax_post.runtime._signals import Stopped
+from rlax_post.runtime._sources import GroupFilter
+from rlax_post.runtime._sources import group_filter
 from rlax_post.runtime._sources import InlineSource
 from rlax_post.runtime._sources import LoggedSource
 from rlax_post.runtime._sources import ProcessSource
+from rlax_post.runtime._sources import no_signal
 from rlax_post.runtime._sources import Source
 from rlax_post.runtime._sources import take_groups
 from rlax_post.runtime._sources import Taken
 from rlax_post.runtime._sources import ThreadSource
+from rlax_post.runtime._sources import Took
 from rlax_post.runtime._warm_cache import cache_key as warm_start_cache_key
 from rlax_post.runtime._warm_cache import entries as warm_start_cache_entries
 
@@ -116,19 +120,19 @@ __all__ = [
     "build_parts", "Channels", "check_auto_resume", "check_config", "check_data", "check_evaluate_options",
     "BEST_STEP", "check_resume_config", "checkpoint_step", "complete_checkpoints", "config_policy", "continue_with",
     "Credit", "credit_fidelity", "CriticScores", "DataCheck", "deferred_signals", "discounted_returns", "DONE_FILE",
-    "ENV_AUTO",
-    "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "eval_component_means", "EVAL_COMPONENT_PREFIX",
-    "eval_record", "eval_scores", "evaluate_run", "EvaluateOptions", "Evaluation", "Evaluator", "exact_oracle",
-    "ExactOracle", "export_hf", "Exported", "fit_sets", "generate_hf", "generate_run", "Generated", "GenerateOptions",
-    "Generation", "HarnessOptions", "hold_run", "initialize_distributed", "InlineSource", "is_primary", "is_run_config",
-    "learn", "load_run_config", "load_run_policy", "LoggedSource", "make_source", "mean_return", "MetricsWriter",
-    "ModelPolicy", "pair_rows", "Parts", "pass_at_k", "pass_ks", "plot_curves", "policy_value", "probe_writable",
-    "ProcessSource", "QFunction", "read_jsonl", "read_prompts", "read_rounds", "replay", "rescue_audit",
-    "rescue_evaluate", "RESULT_SECTIONS", "result_settings", "resume_config_changes", "RLUpdate", "RolloutBatch",
-    "round_dir", "RoundSource", "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory", "run_policy_value",
-    "run_rescue_eval", "run_sampler", "RunCheckpointer", "RunPolicy", "sampled_evaluation", "SamplerWorker",
-    "SAMPLES_FILE", "samples_path",
-    "saved_config", "serve", "serve_hf", "served_step", "simulate_sessions", "Source", "spearman", "SplitCheck",
-    "Stopped", "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "train", "transitions_of", "UserPrompt",
-    "WANDB_FILE", "warm_start_cache_entries", "warm_start_cache_key", "write_generation", "write_json"
+    "ENV_AUTO", "ENV_COORDINATOR", "ENV_NUM_PROCESSES", "ENV_PROCESS_ID", "eval_component_means",
+    "EVAL_COMPONENT_PREFIX", "eval_record", "eval_scores", "evaluate_run", "EvaluateOptions", "Evaluation",
+    "Evaluator", "exact_oracle", "ExactOracle", "export_hf", "Exported", "fit_sets", "generate_hf", "generate_run",
+    "Generated", "GenerateOptions", "Generation", "GroupFilter", "group_filter", "HarnessOptions", "hold_run",
+    "initialize_distributed", "InlineSource", "is_primary", "is_run_config", "learn", "load_run_config",
+    "load_run_policy", "LoggedSource", "make_source", "mean_return", "MetricsWriter", "ModelPolicy", "no_signal",
+    "pair_rows", "Parts", "pass_at_k", "pass_ks", "plot_curves", "policy_value", "probe_writable", "ProcessSource",
+    "QFunction", "read_jsonl", "read_prompts", "read_rounds", "replay", "rescue_audit", "rescue_evaluate",
+    "RESULT_SECTIONS", "result_settings", "resume_config_changes", "RLUpdate", "RolloutBatch", "round_dir",
+    "RoundSource", "rows_to_batch", "run_learner", "RUN_LOCK", "run_memory", "run_policy_value", "run_rescue_eval",
+    "run_sampler", "RunCheckpointer", "RunPolicy", "sampled_evaluation", "SamplerWorker", "SAMPLES_FILE",
+    "samples_path", "saved_config", "serve", "serve_hf", "served_step", "simulate_sessions", "Source", "spearman",
+    "SplitCheck", "Stopped", "take_groups", "Taken", "ThreadSource", "TIMING_METRICS", "Took", "train",
+    "transitions_of", "UserPrompt", "WANDB_FILE", "warm_start_cache_entries", "warm_start_cache_key",
+    "write_generation", "write_json"
 ]

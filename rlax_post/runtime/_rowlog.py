@@ -24,7 +24,7 @@ SCHEDULE = "schedule.jsonl"
 
 
 def save_rows(path: str, groups: list[tuple[str, list[dict]]]) -> None:
-  payload = {"groups": {gid: {"rows": {str(i): r for i, r in enumerate(rows)}} for gid, rows in groups}}
+  payload = {"groups": {gid: {"rows": _rows_tree(rows)} for gid, rows in groups}}
   tmp = f"{path}.tmp"
   with open(tmp, "wb") as f:
     f.write(flax.serialization.msgpack_serialize(payload))
@@ -34,40 +34,45 @@ def save_rows(path: str, groups: list[tuple[str, list[dict]]]) -> None:
 def load_rows(path: str) -> list[tuple[str, list[dict]]]:
   with open(path, "rb") as f:
     payload = flax.serialization.msgpack_restore(f.read())
-  out = []
-  for gid in sorted(payload["groups"]):
-    rows = payload["groups"][gid]["rows"]
-    out.append((gid, [rows[str(i)] for i in range(len(rows))]))
-  return out
+  return [(gid, _rows_list(payload["groups"][gid]["rows"])) for gid in sorted(payload["groups"])]
 
 
-def groups_payload(fresh, dropped, future) -> bytes:
-  """A step's taken groups as bytes: (group_id, rows, staleness), dropped (group_id, staleness) and the
-  dropped group ids from a lost future, in order."""
+def _rows_tree(rows: list[dict]) -> dict:
+  return {str(i): r for i, r in enumerate(rows)}
+
+
+def _rows_list(tree: dict) -> list[dict]:
+  return [tree[str(i)] for i in range(len(tree))]
+
+
+def groups_payload(fresh, dropped, future, filtered=()) -> bytes:
+  """A step's taken groups as bytes: (group_id, rows, staleness), dropped (group_id, staleness), the dropped
+  group ids from a lost future and the filtered (group_id, rows), in order."""
   return flax.serialization.msgpack_serialize({
-      "fresh": {str(j): {"group_id": gid, "staleness": int(st), "rows": {str(i): r for i, r in enumerate(rows)}}
+      "fresh": {str(j): {"group_id": gid, "staleness": int(st), "rows": _rows_tree(rows)}
                 for j, (gid, rows, st) in enumerate(fresh)},
       "dropped": {str(j): {"group_id": gid, "staleness": int(st)} for j, (gid, st) in enumerate(dropped)},
-      "future": {str(j): gid for j, gid in enumerate(future)}})
+      "future": {str(j): gid for j, gid in enumerate(future)},
+      "filtered": {str(j): {"group_id": gid, "rows": _rows_tree(rows)} for j, (gid, rows) in enumerate(filtered)}})
 
 
 def groups_from_payload(payload: bytes):
   tree = flax.serialization.msgpack_restore(payload)
-  fresh = [tree["fresh"][str(j)] for j in range(len(tree["fresh"]))]
-  dropped = [tree["dropped"][str(j)] for j in range(len(tree["dropped"]))]
-  return ([(g["group_id"], [g["rows"][str(i)] for i in range(len(g["rows"]))], g["staleness"]) for g in fresh],
-          [(g["group_id"], g["staleness"]) for g in dropped],
-          [tree["future"][str(j)] for j in range(len(tree["future"]))])
+  listed = lambda key: [tree.get(key, {})[str(j)] for j in range(len(tree.get(key, {})))]
+  return ([(g["group_id"], _rows_list(g["rows"]), g["staleness"]) for g in listed("fresh")],
+          [(g["group_id"], g["staleness"]) for g in listed("dropped")], listed("future"),
+          [(g["group_id"], _rows_list(g["rows"])) for g in listed("filtered")])
 
 
 _STOP = b"stop:"  # take_shared's payload for "process 0 stopped while it waited" (never a msgpack dict's start)
 
 
-def take_shared(take: Callable[[], tuple[list, list, list]]) -> tuple[list, list, list]:
-  """`take()`'s groups on every process of the learner: process 0 alone reads the queue (`take`) and
-  broadcasts what it took, so every process trains on the same whole batch (a collective on a multi-host
-  learner: the other processes wait in it while process 0 waits for rollouts). A stop signal that ends
-  process 0's wait (`_signals.Stopped`) is broadcast too: every process raises it, at the same step."""
+def take_shared(take: Callable[[], tuple]) -> tuple:
+  """`take()`'s groups (fresh, dropped, future, filtered: `_sources.Took`) on every process of the learner:
+  process 0 alone reads the queue (`take`) and broadcasts what it took, so every process trains on the same
+  whole batch (a collective on a multi-host learner: the other processes wait in it while process 0 waits for
+  rollouts). A stop signal that ends process 0's wait (`_signals.Stopped`) is broadcast too: every process
+  raises it, at the same step."""
   if not _distributed.is_multiprocess():
     return take()
   payload = None
@@ -106,7 +111,8 @@ class RolloutLog:
                           "staleness": [int(st) for _, _, st in taken.groups],
                           "dropped": [g for g, _ in taken.dropped],
                           "dropped_staleness": [int(s) for _, s in taken.dropped],
-                          "dropped_future": list(taken.future)}) + "\n")
+                          "dropped_future": list(taken.future),
+                          "filtered": [gid for gid, _ in taken.filtered]}) + "\n")
 
   def prune(self, up_to_step: int) -> None:
     """Deletes the rows of steps ≤ `up_to_step` (no replay starts before the oldest kept checkpoint)."""

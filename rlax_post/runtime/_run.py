@@ -59,8 +59,8 @@ class Tally:
   `steps` − 1 where that is lower: no group is staler than the learner's last version (a huge η, "unbounded",
   wrote η + 1 keys a step: 100 MB of metrics.jsonl in 4 steps at η = 10⁶)."""
 
-  def __init__(self, eta: int, steps: int | None = None):
-    self.eta = eta
+  def __init__(self, eta: int, steps: int | None = None, filtering: bool = False):
+    self.eta, self.filtering = eta, filtering  # `filtering`: dynamic sampling's metrics (`rl.filter_groups`)
     self.top = eta if steps is None else min(eta, max(steps - 1, 0))  # the histogram's last bin
     self.begin({})
 
@@ -70,6 +70,7 @@ class Tally:
     self.dropped_total = int(history.get("dropped_stale_total", 0))
     self.dropped_future_total = int(history.get("dropped_future_total", 0))
     self.max_ticket = int(history.get("max_ticket_consumed", -1))
+    self.filtered_total = int(history.get("filtered_groups_total", 0))
     # (a checkpoint written before 2026-12-06 holds none of these: they count from the resume on)
     self.train_calls = _health.RewardCalls(int(history.get("reward_errors_total", 0)),
                                            int(history.get("reward_calls_total", 0)))
@@ -100,7 +101,9 @@ class Tally:
     # (of those: from a lost future, newer than the learner or sampled by a publish not in its history)
     future = sum(st < 0 or g in taken.future for g, st in taken.dropped)
     self.dropped_future_total += future
-    self.max_ticket = max([self.max_ticket] + [int(rows_[0]["ticket"]) for _, rows_, _ in taken.groups])
+    self.max_ticket = max([self.max_ticket] + [int(rows_[0]["ticket"]) for _, rows_, _ in taken.groups]
+                          + [int(rows_[0]["ticket"]) for _, rows_ in taken.filtered])
+    self.filtered_total += len(taken.filtered)
     self.rows += rows
     self.wait += taken.metrics.get("wait_seconds", 0.0)
     self.staleness_sum, self.staleness_steps = self.staleness_sum + float(staleness.mean()), self.staleness_steps + 1
@@ -111,7 +114,15 @@ class Tally:
            **taken.metrics, "learner_idle_frac": self.wait / max(now - self.t_loop, 1e-9),
            "samples_per_s": self.rows / max(now - self.t_loop, 1e-9), "step_seconds": now - self.t_last}
     self.t_last = now
-    return out
+    return {**out, **self._filtered(taken)} if self.filtering else out
+
+  def _filtered(self, taken) -> dict:
+    """Dynamic sampling's metrics: the groups it dropped this step and in all, and their share of the step's
+    budget (`filtered_<field>` beside the trained rows' `envs.BUDGET_FIELDS`: the step cost both)."""
+    fields = [k for k in envs.BUDGET_FIELDS if k in taken.groups[0][1][0]]
+    return {"filtered_groups": float(len(taken.filtered)), "filtered_groups_total": float(self.filtered_total),
+            **{f"filtered_{k}": float(sum(float(r[k]) for _, rows_ in taken.filtered for r in rows_))
+               for k in fields}}
 
   def count(self, row: dict, calls: _health.RewardCalls) -> None:
     """Counts an RL step's reward calls and whether it had no learning signal: no group's rewards varied
@@ -126,6 +137,7 @@ class Tally:
     """What a checkpoint records: the counters, and the ticket a resumed source starts from."""
     return {"dropped_stale_total": self.dropped_total, "dropped_future_total": self.dropped_future_total,
             "max_ticket_consumed": self.max_ticket, "next_ticket": self.max_ticket + 1,
+            "filtered_groups_total": self.filtered_total,
             "eval_reward": self.last_eval, "eval_step": self.eval_step,
             "reward_errors_total": self.train_calls.failed, "reward_calls_total": self.train_calls.calls,
             "eval_reward_errors_total": self.eval_calls.failed, "eval_reward_calls_total": self.eval_calls.calls,
@@ -245,10 +257,11 @@ class Run:
   def after_step(self, step: int, start: Start, state, row: dict, taken, source) -> None:
     """Logs, evaluates and checkpoints after RL step `step` (1-based) as the config says."""
     cfg, tally = self.cfg, self.tally
-    calls = _health.reward_calls(r for _, group, _ in taken.groups for r in group)
+    groups = [group for _, group, _ in taken.groups] + [group for _, group in taken.filtered]
+    calls = _health.reward_calls(r for group in groups for r in group)
     # (the learner's view: rows sampled inline, in threads or in processes alike; two prompts at least, so that
     # one row the reward cannot score, e.g. rl.prompts_per_step = 1, does not stop a working reward's run)
-    if step == 1 and len(taken.groups) >= 2:
+    if step == 1 and len(groups) >= 2:
       _health.check_reward_calls(calls, "RL step 1")
     tally.count(row, calls)
     row.update(tally.add(step - 1, taken))
@@ -512,4 +525,4 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool | str, quiet: bo
              ckpt=ckpt, metrics=_metrics.MetricsWriter(workdir, tensorboard=cfg.runtime.tensorboard,
                                                        wandb=_wandb_run(cfg, workdir), active=primary),
              log=_rowlog.RolloutLog(workdir, active=primary), ui=ui, latest=latest, t_start=t_start,
-             tally=Tally(config_lib.staleness(cfg), cfg.rl.steps), auto_resume=auto)
+             tally=Tally(config_lib.staleness(cfg), cfg.rl.steps, cfg.rl.filter_groups), auto_resume=auto)

@@ -22,7 +22,7 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Any, Callable, ContextManager, Protocol
+from typing import Any, Callable, ContextManager, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -48,11 +48,36 @@ class Taken:
   (group_id, staleness) of groups consumed but not trained: outside [0, η] (`rollouts.is_stale`) or sampled by a
   publish not in the learner's history; `metrics` the source's own (waits, queue depth); `future` the ids of
   the dropped groups that came from a lost future (newer than the learner, or sampled by a publish its resume
-  discarded: `take_groups`)."""
+  discarded: `take_groups`); `filtered` (group_id, rows) of the groups dynamic sampling dropped (`GroupFilter`:
+  counted, their budget and reward calls too)."""
   groups: list[tuple[str, list[dict], int]]
   dropped: list[tuple[str, int]]
   metrics: dict
   future: tuple[str, ...] = ()
+  filtered: tuple[tuple[str, list[dict]], ...] = ()
+
+
+def no_signal(rows: list[dict]) -> bool:
+  """Whether a group's rows give every group-relative advantage 0: one row, or rewards all equal in float32 (the
+  learner's test, `advantages.group_stats`' `frac_zero_signal`)."""
+  rewards = np.asarray([float(r["reward"]) for r in rows], np.float32)
+  return len(rows) < 2 or bool(rewards.max() == rewards.min())
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupFilter:
+  """DAPO's dynamic sampling (`rl.filter_groups`): a step drops the groups without signal (`no_signal`) as they
+  come, each replaced by another prompt's group, until it has dropped `max_drops` ((rl.filter_max_batches − 1)
+  × P; 0: off); then it trains what comes, so a task the policy always solves (or always fails) still steps."""
+  max_drops: int = 0
+
+  def drops(self, rows: list[dict], dropped: int) -> bool:
+    """Whether the step, having dropped `dropped` groups so far, drops this one."""
+    return dropped < self.max_drops and no_signal(rows)
+
+
+def group_filter(cfg: config_lib.Config) -> GroupFilter:
+  return GroupFilter((cfg.rl.filter_max_batches - 1) * cfg.rl.prompts_per_step if cfg.rl.filter_groups else 0)
 
 
 class Source(Protocol):
@@ -82,9 +107,12 @@ class InlineSource:
   def __init__(self, parts: _parts.Parts):
     self.parts, self.engine, self.producer = parts, parts.sampling_engine(), None
     self.p, self.n = parts.cfg.rl.prompts_per_step, parts.cfg.rl.samples_per_prompt
+    self.filter = group_filter(parts.cfg)
+    self.next_ticket = 0  # Step k's tickets are k·P … k·P + P − 1, and the replacements of its filtered groups.
 
   def resume(self, step: int, meta: dict) -> None:
-    del step, meta  # Step k's tickets are k·P … k·P + P − 1: nothing else to restore.
+    # (a checkpoint from before 2026-12-06 has none: no filtered groups then)
+    self.next_ticket = int(meta.get("next_ticket", step * self.p))
 
   def publish(self, state, version: int) -> None:
     # The producer samples before the next update donates these params: no copy is needed.
@@ -98,12 +126,21 @@ class InlineSource:
     pass
 
   def take(self, step: int, stop: Callable[[], int | None] = _signals.never) -> Taken:
+    """The next P tickets' groups; with dynamic sampling, each filtered group's replacement drawn from the next
+    tickets (the step's shortfall at a time, in ticket order) until P are kept."""
     del stop  # (the step's sampling is the step: it finishes)
     t0 = time.time()
-    tickets = range(step * self.p, (step + 1) * self.p)
-    done = envs.run_tickets(self.producer, tickets, slots=self.parts.cfg.sampler_slots)
-    groups = [(envs.group_id(t), done[t], staleness_of(done[t], step)) for t in tickets]
-    return Taken(groups, [], {"wait_seconds": time.time() - t0})
+    groups, filtered = [], []
+    while len(groups) < self.p:
+      tickets = range(self.next_ticket, self.next_ticket + self.p - len(groups))
+      self.next_ticket = tickets.stop
+      done = envs.run_tickets(self.producer, tickets, slots=self.parts.cfg.sampler_slots)
+      for t in tickets:
+        if self.filter.drops(done[t], len(filtered)):
+          filtered.append((envs.group_id(t), done[t]))
+        else:
+          groups.append((envs.group_id(t), done[t], staleness_of(done[t], step)))
+    return Taken(groups, [], {"wait_seconds": time.time() - t0}, filtered=tuple(filtered))
 
   def checkpointed(self, step: int) -> None:
     del step
@@ -130,46 +167,63 @@ def outside_history(rows: list[dict], publish_id: Callable[[int], int | None]) -
   return False
 
 
+class Took(NamedTuple):
+  """What `take_groups` took: `fresh` (group_id, rows in sample order, staleness) sorted by ticket; `dropped`
+  (group_id, staleness) and `future` (the dropped ids from a lost future), as `Taken`'s; `filtered` (group_id,
+  rows) of the groups dynamic sampling dropped."""
+  fresh: list[tuple[str, list[dict], int]]
+  dropped: list[tuple[str, int]]
+  future: list[str]
+  filtered: list[tuple[str, list[dict]]]
+
+
 def take_groups(queue, *, num_groups: int, learner_version: int, max_staleness: int, poll_s: float = 1.0,
                 on_timeout: Callable[[int], None] | None = None,
                 publish_id: Callable[[int], int | None] | None = None,
-                on_drop: Callable[[int], None] | None = None
-                ) -> tuple[list[tuple[str, list[dict], int]], list[tuple[str, int]], list[str]]:
+                on_drop: Callable[[int], None] | None = None, keep: GroupFilter = GroupFilter()) -> Took:
   """Takes `num_groups` complete groups within `max_staleness` of `learner_version` from the queue.
 
   Groups are consumed with the tag `learner_version + 1` (the step that takes them). Groups older than
   `max_staleness`, newer than the learner (negative staleness), or with a token sampled by a publish that is
   not in the learner's history (`outside_history` with `publish_id`, the learner's `exchange.Lineage.id_of`:
-  a resumed learner's lost future, whatever its version numbers) are consumed too, dropped and returned in the
-  second list as (group_id, staleness) -- counted by the caller, never silently lost; the third list names
-  those of them from a lost future (the last two kinds). `on_drop(k)` is called as soon as k groups are
-  dropped (the admission's `add_extra`: their replacements must be admitted while this call still waits for
-  the step's groups). The fresh groups come back as (group_id, rows in sample order, staleness), sorted by
-  ticket (the row layout of inline sampling).
+  a resumed learner's lost future, whatever its version numbers) are consumed too, dropped and returned as
+  `dropped` (group_id, staleness) -- counted by the caller, never silently lost; `future` names those of them
+  from a lost future (the last two kinds). Of the others, those `keep` (dynamic sampling's `GroupFilter`) drops
+  come back as `filtered`, rows and all. `on_drop(k)` is called as soon as k groups are dropped or filtered
+  (the admission's `add_extra`: their replacements must be admitted while this call still waits for the step's
+  groups). The fresh groups come back sorted by ticket (the row layout of inline sampling).
   """
-  fresh, dropped, future = [], [], []
-  while len(fresh) < num_groups:
+  out = Took([], [], [], [])
+  while len(out.fresh) < num_groups:
     try:
-      groups = queue.get_groups(_samplers.LEARNER, num_groups - len(fresh), required=envs.ROW_FIELDS,
+      groups = queue.get_groups(_samplers.LEARNER, num_groups - len(out.fresh), required=envs.ROW_FIELDS,
                                 timeout_s=poll_s, tag=learner_version + 1)
     except TimeoutError:
       if on_timeout is not None:
-        on_timeout(len(fresh))
+        on_timeout(len(out.fresh))
       continue
-    dropped_before = len(dropped)
+    before = len(out.dropped) + len(out.filtered)
     for group in groups:
       rows = [dict(r.fields) for r in sorted(group.rows, key=lambda r: r.row_id)]
       st = staleness_of(rows, learner_version)
       lost = st < 0 or (publish_id is not None and outside_history(rows, publish_id))
       if lost or rollouts.is_stale(st, max_staleness):
-        dropped.append((group.group_id, st))
-        future += [group.group_id] if lost else []
+        out.dropped.append((group.group_id, st))
+        out.future.extend([group.group_id] if lost else [])
+      elif keep.drops(rows, len(out.filtered)):
+        out.filtered.append((group.group_id, rows))
       else:
-        fresh.append((group.group_id, rows, st))
-    if on_drop is not None and len(dropped) > dropped_before:
-      on_drop(len(dropped) - dropped_before)
-  fresh.sort(key=lambda g: int(g[1][0]["ticket"]))
-  return fresh, dropped, future
+        out.fresh.append((group.group_id, rows, st))
+    if on_drop is not None and len(out.dropped) + len(out.filtered) > before:
+      on_drop(len(out.dropped) + len(out.filtered) - before)
+  out.fresh.sort(key=lambda g: int(g[1][0]["ticket"]))
+  return out
+
+
+def _drops_before(meta: dict) -> int:
+  """The groups a run consumed without training up to a checkpoint (`meta`): too stale, or filtered by dynamic
+  sampling; a resumed admission grants as many tickets on top of the bound."""
+  return int(meta.get("dropped_stale_total", 0)) + int(meta.get("filtered_groups_total", 0))
 
 
 class _QueueSource:
@@ -188,7 +242,7 @@ class _QueueSource:
   device_lock: ContextManager = contextlib.nullcontext()
 
   def __init__(self, cfg: config_lib.Config, say: Callable[..., None]):
-    self.cfg, self.say, self.eta = cfg, say, config_lib.staleness(cfg)
+    self.cfg, self.say, self.eta, self.filter = cfg, say, config_lib.staleness(cfg), group_filter(cfg)
     self.lineage: exchange.Lineage | None = None  # set by `resume`, or at the first publish of a fresh run
 
   def _load_lineage(self) -> exchange.Lineage:
@@ -235,7 +289,7 @@ class _QueueSource:
   def admission_metrics(self) -> dict:  # the ticket grants' counters, for the step's metrics
     return {}
 
-  def _take_local(self, step: int, stop: Callable[[], int | None]) -> tuple[list, list]:
+  def _take_local(self, step: int, stop: Callable[[], int | None]) -> Took:
     t0, warned = time.time(), [False]
 
     def on_timeout(have: int) -> None:
@@ -255,17 +309,18 @@ class _QueueSource:
                        max_staleness=self.eta, on_timeout=on_timeout, poll_s=self.poll_s,
                        publish_id=None if self.lineage is None else self.lineage.id_of,  # (None: nothing published)
                        # Each drop admits one more ticket in its place, at once: the step may need it.
-                       on_drop=None if self.admission is None else self.admission.add_extra)
+                       on_drop=None if self.admission is None else self.admission.add_extra, keep=self.filter)
 
   def take(self, step: int, stop: Callable[[], int | None] = _signals.never) -> Taken:
     t0 = time.time()
-    fresh, dropped, future = _rowlog.take_shared(lambda: self._take_local(step, stop))
+    fresh, dropped, future, filtered = _rowlog.take_shared(lambda: self._take_local(step, stop))
     samplers = self.sampler_stats()
     idle = [s["idle_frac"] for s in samplers]
     return Taken(fresh, dropped, {
         "wait_seconds": time.time() - t0,
         "queue_depth": float(self.queue.depth(_samplers.LEARNER)) if self.queue is not None else 0.0,
-        "sampler_idle_frac": sum(idle) / len(idle) if idle else 0.0, **self.admission_metrics()}, tuple(future))
+        "sampler_idle_frac": sum(idle) / len(idle) if idle else 0.0, **self.admission_metrics()}, tuple(future),
+        tuple(filtered))
 
   def checkpointed(self, step: int) -> None:
     # A resume never rolls back below checkpoint `step`: the groups consumed up to it can be freed.
@@ -328,7 +383,7 @@ class ThreadSource(_QueueSource):
       first = 0
     self.admission = rollouts.MemoryAdmission(groups_per_step=self.cfg.rl.prompts_per_step,
                                               max_staleness=self.eta, first_ticket=first, done=done,
-                                              extra=int(meta.get("dropped_stale_total", 0)))
+                                              extra=_drops_before(meta))
     for w in self.workers:
       w.channels.admission = self.admission
 
@@ -437,7 +492,7 @@ class ProcessSource(_QueueSource):
     self._resume_lineage(step)
     if self.primary:
       self.queue.rollback(_samplers.LEARNER, step)
-      self.admission.add_extra(int(meta.get("dropped_stale_total", 0)))  # the drops up to the checkpoint
+      self.admission.add_extra(_drops_before(meta))
     publishers = [p for p in (self.publisher, self.critic_publisher) if p is not None]
     for publisher in publishers:
       publisher.delete_newer_than(step)
