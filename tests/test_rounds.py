@@ -300,6 +300,14 @@ def test_q_reads_the_response_and_its_fit_lowers_the_error():
   assert np.isfinite(q(params, full)).all()
 
 
+def test_q_is_a_mean_over_its_transitions_whatever_the_policys_aggregation():
+  """Q trains one position a row: `seq_mean_token_sum_norm` (the policy's Dr.GRPO aggregation) divided its loss by
+  the response window as well (a review's note: 1/R of the mean loss); it is the mean over rows now."""
+  cfg = config.load(_rounds_config(loss__agg_mode="seq_mean_token_sum_norm"))
+  parts = runtime.build_parts(cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1]))
+  assert runtime.QFunction(parts).critic.agg_mode == "token_mean"
+
+
 def test_a_bce_q_refuses_returns_outside_0_1():
   """At γ = 1 the sales game's returns reach 1.2 (two offers heard, then the sale): bce's loss has no minimum
   there, and Q's logit ran off, silently."""

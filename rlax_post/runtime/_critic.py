@@ -78,6 +78,10 @@ class Critic:
     self.section, self.advantage = cfg.critic, cfg.advantage
     self.loss = value_loss(cfg.critic)
     window = parts.lengths.response
+    # GAE's critic values every trained token and aggregates its loss as the policy's is (`loss.agg_mode`); a
+    # value per row (C3's Q-critic, Iterative PPO's Q: one trained position a row) is a mean over the rows, where
+    # `seq_mean_token_sum_norm` divided it by the response window as well (1/R of the mean loss).
+    self.agg_mode = cfg.loss.agg_mode if cfg.advantage.estimator == "gae" else "token_mean"
     self.separate = config_lib.separate_critic(cfg) if separate is None else separate
     if self.separate:
       model_cfg = _parts.critic_model_config(cfg, parts.model_cfg)
@@ -92,7 +96,7 @@ class Critic:
           functools.partial(models.token_values, graphdef, window=window), self.loss)
       self.learner = _learners.make_learner(
           self.parts, _learners.optimizer(cfg.critic.optimizer, total_updates), objective,
-          agg_mode=cfg.loss.agg_mode, max_len=window)
+          agg_mode=self.agg_mode, max_len=window)
     else:
       graphdef, self.parts, self.learner = parts.graphdef, parts, None
     self.batch_sh = _learners.batch_sharding(self.parts)  # the critic's minibatches on its mesh
