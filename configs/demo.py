@@ -56,7 +56,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.loss = dict(kind="auto", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,
                 seq_eps_high=4e-4, dual_clip=config_dict.placeholder(float), kl_coef=0.0,
                 track_kl=True, kl_kind="k3",
-                entropy_coef=0.0, agg_mode="token_mean", micro_batches=1)
+                entropy_coef=0.0, agg_mode="token_mean", micro_batches=1,
+                mask_truncated=False)
   # Read by some estimators only (a value other than the default, set for another, is refused): gamma by gigpo,
   # graph_gae and gae; lambda_ and normalize by graph_gae and gae; omega and episode_method by gigpo; max_nodes
   # by gigpo and graph_gae; num_iters by graph_gae; c3_mode .. standardize by c3.

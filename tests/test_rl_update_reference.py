@@ -85,3 +85,24 @@ def test_a_rule_set_that_maps_batch_elsewhere_places_the_batch_where_the_update_
     _, metrics = update(state, update.reference(state, params), update.batch(_groups(update, parts)), 0)
     losses.append(float(metrics["loss"]))
   np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=1e-7)
+
+
+def test_mask_truncated_trains_no_token_of_an_unfinished_row_and_still_credits_it():
+  """`loss.mask_truncated` (DAPO's overlong filtering, TRL's `mask_truncated_completions`): every third row did not
+  finish; the update equals the one of a batch that finished with those rows' tokens taken out of the loss mask by
+  hand (the group statistics still count their rewards), and differs from training them."""
+  update, parts, params, state = _setup(loss__mask_truncated=True, loss__kl_coef=0.0, loss__track_kl=False)
+  batch = update.batch(_groups(update, parts))
+  unfinished = np.arange(len(batch.finished)) % 3 == 0
+  cut = batch._replace(finished=~unfinished)
+  by_hand = batch._replace(finished=np.ones_like(batch.finished),
+                           loss_mask=batch.loss_mask * (~unfinished)[:, None].astype(np.float32))
+  (new_cut, m_cut), (new_hand, m_hand), (_, m_all) = [
+      update(jax.tree.map(jnp.copy, state), params, b, 0) for b in (cut, by_hand, batch)]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8), new_cut.params, new_hand.params)
+  for key in ("loss", "pg_loss", "entropy", "grad_norm"):
+    np.testing.assert_allclose(float(m_cut[key]), float(m_hand[key]), rtol=1e-5, atol=1e-7)
+  assert m_cut["num_tokens"] == m_hand["num_tokens"] == float(by_hand.loss_mask.sum()) < float(batch.loss_mask.sum())
+  assert m_cut["finished_frac"] == pytest.approx(1 - unfinished.mean())
+  # (Adam's first step is lr·sign(g) per weight: the gradient itself shows the rows left out.)
+  assert abs(float(m_all["grad_norm"]) - float(m_cut["grad_norm"])) > 1e-4 * float(m_all["grad_norm"])

@@ -47,6 +47,8 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
                "clips both sides unless epsilon_high is set; ours are loss.eps_low and loss.eps_high"),
     ForeignKey("epsilon_high", "TRL", "loss.eps_high"),
     ForeignKey("loss_type", "TRL", "loss.agg_mode", _AGG),
+    ForeignKey("mask_truncated_completions", "TRL", "loss.mask_truncated",
+               "ours also leaves out an episode its env did not end (cut by its token budget or max_turns)"),
     ForeignKey("scale_rewards", "TRL", "advantage.estimator", "True / 'group' is 'grpo', False / 'none' is 'drgrpo'"),
     ForeignKey("importance_sampling_level", "TRL", "loss.kind", "'sequence' is 'gspo'"),
     ForeignKey("reward_funcs", "TRL", "reward.fn", "a GRPOTrainer argument; here a config key, names comma-separated"),

@@ -349,6 +349,9 @@ class LossSection:
   entropy_coef: float = bounded(0.0, low=0.0)
   agg_mode: str = choices(*AGG_MODES)
   micro_batches: int = bounded(1, low=1)  # gradient accumulation inside one optimizer step
+  # DAPO's overlong filtering (TRL's mask_truncated_completions): rows that did not finish (no EOS or stop string
+  # within the budget; an episode the env did not end) train no token; they still count in their group's credit.
+  mask_truncated: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

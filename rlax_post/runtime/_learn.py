@@ -153,6 +153,14 @@ class RLUpdate:
     return _distributed.to_host(self.role_score(self.policy(state), batch.tokens, batch.loss_mask,
                                                 _roles_of(batch, self.roles)))
 
+  def policy_mask(self, batch: _batch.RolloutBatch) -> np.ndarray:
+    """The tokens the policy's loss trains: the batch's `loss_mask`, less every token of an unfinished row with
+    `loss.mask_truncated` (DAPO's overlong filtering; after the credit, which counts those rows in their groups'
+    statistics as TRL's `mask_truncated_completions` does)."""
+    if not self.cfg.loss.mask_truncated:
+      return batch.loss_mask
+    return batch.loss_mask * np.asarray(batch.finished, batch.loss_mask.dtype)[:, None]
+
   def reference(self, state, params):
     """The reference policy of a run that starts from `params` as `state`: a copy of them, or with LoRA
     the frozen base itself (the policy with zero adapters; the same arrays: no second copy)."""
@@ -169,7 +177,7 @@ class RLUpdate:
     stats = _learners.host(self.group_stats(batch.rewards, batch.group_ids))
     adv_bt, fields, credit_metrics = self.credit.assign(state, batch)
     # Every process holds the whole batch (host arrays); to_host gathers a multi-host learner's logprobs.
-    full = {"tokens": batch.tokens, "loss_mask": batch.loss_mask, "advantages": adv_bt,
+    full = {"tokens": batch.tokens, "loss_mask": self.policy_mask(batch), "advantages": adv_bt,
             "behaviour_logprobs": batch.behaviour_logprobs, **fields}
     if self.roles > 1:
       full["role"] = _roles_of(batch, self.roles)
