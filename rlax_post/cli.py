@@ -107,10 +107,10 @@ _DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor w
                              "weights; float32 with --hf_path).")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
 _BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
-_STEP = flags.DEFINE_string("step", None, "value, rescue-eval, evaluate, export, serve: the checkpoint step to "
-                            "evaluate, export or serve (default: the newest; 'best': the best held-out eval reward's, "
-                            "checkpoint.keep_best); generate: the checkpoint step to sample (default: the newest "
-                            "committed one; 'best' as above).")
+_STEP = flags.DEFINE_string("step", None, "value, rescue-eval, evaluate, fidelity, export, serve: the checkpoint "
+                            "step to evaluate, export or serve (default: the newest; 'best': the best held-out eval "
+                            "reward's, checkpoint.keep_best); generate: the checkpoint step to sample (default: the "
+                            "newest committed one; 'best' as above).")
 # RESCUE (docs/dialogue.md).
 _SESSIONS = flags.DEFINE_string("sessions", None, "rescue-eval: RESCUE session files (a .json file, a directory "
                                 "of them or a glob); rescue-sim: the directory to write the session files to.")
@@ -216,9 +216,9 @@ _COMMANDS = {
                  "sampled (pass@k); write each example's prompt, completion and reward.",
                  ("workdir", "step", "data", "num", "samples", "temperature", "top_p", "top_k", "seed",
                   "pass_threshold", "out")),
-    "fidelity": ("--workdir DIR [--extra 32] [--batches 1] [--json PATH]",
+    "fidelity": ("--workdir DIR [--step K] [--extra 32] [--batches 1] [--json PATH]",
                  "A role-pipeline run's credit fidelity: Spearman of its credit against sampled ground truth.",
-                 ("workdir", "extra", "batches", "json")),
+                 ("workdir", "step", "extra", "batches", "json")),
     "value": ("--workdir DIR [--step K] [--json PATH]",
               "A sales run's exact policy value V^π (and its warm start's) against the optimal V* (docs/iterppo.md).",
               ("workdir", "step", "json")),
@@ -559,7 +559,7 @@ def _check_overrides(command: str, argv) -> None:
 
 
 def _check_own_flags(command: str) -> None:
-  """A flag of another command (`fidelity --step 2`, `check-config --workdir x`) would be read by no one: the
+  """A flag of another command (`value --extra 4`, `check-config --workdir x`) would be read by no one: the
   command would run as if it were not given. It is refused, naming the commands that read it."""
   own = _COMMANDS[command][2]
   for name in sorted({n for _, _, names in _COMMANDS.values() for n in names} - set(own)):
@@ -1179,7 +1179,8 @@ def _fidelity(argv):
   if _EXTRA.value < 1:
     raise ValueError(f"--extra must be >= 1; got {_EXTRA.value}.")
   _json_path()
-  _write_json(runtime.credit_fidelity(workdir, extra=_EXTRA.value, batches=_BATCHES.value))
+  step = runtime.checkpoint_step(workdir, _step(), "measure the credit fidelity of")  # before any model
+  _write_json(runtime.credit_fidelity(workdir, extra=_EXTRA.value, batches=_BATCHES.value, step=step))
 
 
 def _value(argv):

@@ -581,10 +581,9 @@ def test_values_of_the_right_type_pass():
 
 
 @pytest.mark.parametrize("args, message", [
-    (("fidelity", "--workdir", "nowhere", "--step", "2"),
-     "--step is not a flag of `rlax-post fidelity` (it is read by serve, generate, export, evaluate, "
-     "value, rescue-eval); the flags of "
-     "fidelity: ['--workdir', '--extra', '--batches', '--json']."),
+    (("value", "--workdir", "nowhere", "--extra", "4"),
+     "--extra is not a flag of `rlax-post value` (it is read by fidelity); the flags of "
+     "value: ['--workdir', '--step', '--json']."),
     (("check-config", "--config", "configs/demo.py:tiny", "--workdir", "x", "--resume"),
      "--resume is not a flag of `rlax-post check-config` (it is read by train, learner); the flags of "
      "check-config: ['--config']."),
@@ -592,7 +591,7 @@ def test_values_of_the_right_type_pass():
      "--config is not a flag of `rlax-post serve` (it is read by train, check-config, check-data, learner, "
      "sweep, rescue-eval); the flags of serve: ['--checkpoint', '--step', '--hf_path', '--max_seq_len', '--dtype', "
      "'--port', '--host', '--temperature', '--top_p', '--top_k', '--seed', '--slots']."),
-], ids=["fidelity --step", "check-config --workdir --resume", "serve --config"])
+], ids=["value --extra", "check-config --workdir --resume", "serve --config"])
 def test_a_flag_of_another_command_is_refused(args, message):
   """A flag the command does not read ran as if it were not given: `fidelity --step 2` reported step 3 (the
   newest), `check-config --workdir x --resume` printed the config (a CLI walk-through)."""
@@ -1222,6 +1221,27 @@ def test_evaluate_names_a_run_without_checkpoints_a_missing_step_and_a_used_out_
     line = _error(_cli("evaluate", "--workdir", run, "--step", "0", *args), "evaluate")
     assert line == f"rlax-post evaluate: error: {error}", args
   assert sorted(os.listdir(run / "evaluate")) == ["step_4.jsonl"]
+
+
+def test_fidelity_reads_the_step_it_is_given_and_names_a_missing_or_bad_one_as_evaluate_does(tmp_path):
+  """`rlax-post fidelity` had no --step (it refused one as another command's flag) and always read the newest
+  checkpoint; --step K now picks one, with evaluate's errors, before the run's model is built."""
+  run = tmp_path / "run"
+  (run / "checkpoints" / "2").mkdir(parents=True)  # no orbax commit marker: not complete
+  (run / "config.json").write_text(json.dumps({"task": {}, "rl": {}}))
+  line = _error(_cli("fidelity", "--workdir", run, "--step", "2"), "fidelity")
+  assert line == (f"rlax-post fidelity: error: {run}/checkpoints holds no complete checkpoint to measure the credit "
+                  "fidelity of (a <step>/ directory with orbax's commit marker); train the run first (its warm start "
+                  "saves step 0).")
+  for step in (0, 4):
+    (run / "checkpoints" / str(step)).mkdir()
+    (run / "checkpoints" / str(step) / "commit_success.txt").write_text("")
+  line = _error(_cli("fidelity", "--workdir", run, "--step", "2"), "fidelity")
+  assert line == (f"rlax-post fidelity: error: --step 2: run {run} holds no complete checkpoint of that step; its "
+                  "complete steps: [0, 4].")
+  line = _error(_cli("fidelity", "--workdir", run, "--step", "last"), "fidelity")
+  assert line == ("rlax-post fidelity: error: --step must be a checkpoint step (an int >= 0) or 'best' (the checkpoint "
+                  "of the best held-out eval reward); got 'last'.")
 
 
 def test_outputs_written_with_local_file_calls_refuse_a_url(tmp_path):

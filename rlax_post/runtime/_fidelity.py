@@ -49,8 +49,8 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 def credit_fidelity(workdir: str, *, extra: int = 32, batches: int = 1, step: int | str | None = None) -> dict:
   """Fidelity of run `workdir`'s credit at checkpoint `step` (None: the newest), on its first
   `batches × rl.prompts_per_step` held-out problems (credited a step's batch at a time, as in training) with
-  `extra` continuations per first-role message (module docstring). Returns `credit_fidelity` (None where undefined: either side
-  constant), `candidates` (how many A_j), the estimator's metrics on the held-out
+  `extra` continuations per first-role message (module docstring). Returns `credit_fidelity` (None where
+  undefined: either side constant), `candidates` (how many A_j), the estimator's metrics on the held-out
   trees (`role{d}_adv_var`, `role{d}_influence`) and the held-out `value_first_role` (mean V*)."""
   parts = _parts.build_parts(_samplers.load_run_config(os.fspath(workdir)))
   cfg = parts.cfg
@@ -59,7 +59,8 @@ def credit_fidelity(workdir: str, *, extra: int = 32, batches: int = 1, step: in
                      f"{workdir} ran task {cfg.task.name!r}.")
   update = _learn.RLUpdate(parts)
   state, _, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
-                                             max_to_keep=cfg.checkpoint.max_to_keep, step=step)
+                                             max_to_keep=cfg.checkpoint.max_to_keep, step=step,
+                                             doing="measure the credit fidelity of")
   fanout = parts.task.fanout
   if len(fanout) < 2 or extra <= fanout[1]:
     raise ValueError(f"credit_fidelity needs two roles or more and extra > the second fanout {fanout[1:2]} (the "
