@@ -112,6 +112,23 @@ def test_bad_multiagent_config_is_a_clear_error(overrides, match):
     _cfg("default", **overrides)
 
 
+@pytest.mark.parametrize("estimator", ["c3", "magrpo"])
+def test_a_first_fanout_of_one_is_refused_where_role_1_would_never_train(estimator):
+  """f_1 = 1 gave role 1 one message per problem: c3 compares it with its siblings (none), magrpo with its
+  role's other nodes of the problem (none), so its advantage was 0 on every step, accepted silently."""
+  with pytest.raises(ValueError) as e:
+    _cfg("default", advantage__estimator=estimator, multiagent__fanout=(1, 8))
+  assert str(e.value) == (f"In `config`: multiagent.fanout [1, 8] has f_1 = 1: with advantage.estimator = "
+                          f"{estimator!r} role 1's one message per problem has no other to be compared with, so its "
+                          "advantage is 0 and role 1 never trains. Use f_1 >= 2, or advantage.estimator = 'gae' (a "
+                          "learned critic's baseline).")
+
+
+def test_a_first_fanout_of_one_is_kept_with_a_critic():
+  """gae's baseline is a learned critic's value, not the other messages': role 1 still trains."""
+  assert _cfg("default", advantage__estimator="gae", multiagent__fanout=(1, 8)).multiagent.fanout == (1, 8)
+
+
 def test_tree_estimators_need_a_role_pipeline():
   from configs import demo  # pylint: disable=g-import-not-at-top
   c = demo.get_config("tiny")

@@ -672,6 +672,13 @@ class Config:
     if fanout and self.task.name in COLLABORATION_TASKS and math.prod(fanout) != self.rl.samples_per_prompt:
       raise ValueError(f"multiagent.fanout {list(fanout)} makes {math.prod(fanout)} leaves per prompt; it must "
                        f"equal rl.samples_per_prompt = {self.rl.samples_per_prompt} (the terminal evaluations).")
+    # f_1 = 1: one role-1 message per problem, compared with none (c3: a lone child; magrpo: a role group of one),
+    # so advantage 0 and role 1 never trains; gae's critic baseline still trains it. (All ones: `_check_signal`.)
+    if tree and fanout and fanout[0] == 1 and math.prod(fanout) > 1:
+      raise ValueError(f"multiagent.fanout {list(fanout)} has f_1 = 1: with advantage.estimator = "
+                       f"{self.advantage.estimator!r} role 1's one message per problem has no other to be compared "
+                       "with, so its advantage is 0 and role 1 never trains. Use f_1 >= 2, or advantage.estimator = "
+                       "'gae' (a learned critic's baseline).")
     if self.task.name in COLLABORATION_TASKS and self.advantage.estimator not in TREE_ESTIMATORS + ("gae",):
       raise ValueError(f"task {self.task.name!r} is a role pipeline; advantage.estimator must be one of "
                        f"{list(TREE_ESTIMATORS + ('gae',))}, got {self.advantage.estimator!r}.")
