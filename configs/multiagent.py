@@ -8,6 +8,7 @@ systematic mistakes cancel. Both start from noisy demonstrations of each role (d
   rlax-post train --config configs/multiagent.py:c3 --workdir runs/relay_c3              # C3, reward only
   rlax-post train --config configs/multiagent.py:sort_reverse,c3_value --workdir runs/sr # C3, value-assisted
   rlax-post sweep --config configs/multiagent.py --workdir runs/relay_sweep --parallel 2  # 4 arms × 3 seeds
+  (the sweep runs every arm: an arm's variant is refused there; add `--axis seed=0,1,2` to sweep one arm's seeds)
   rlax-post train --config configs/multiagent.py:c3,per_role --workdir runs/relay_c3_roles # a policy per role
 
 Arms (one variant each; all make K = 8 terminal evaluations per prompt):
@@ -148,6 +149,11 @@ def get_sweep(arg: str | None = None) -> list[dict]:
   `policies` variant, MAGRPO with one shared policy vs one policy per role × seeds 0, 1, 2."""
   variants = (arg or "").split(",")
   seeds = [0] if "tiny" in variants else [0, 1, 2]
+  arm = sweep.one_of(variants, ARMS, "configs/multiagent.py", "arm")
+  if arm and "policies" not in variants:  # (its magrpo point was refused for the arm's unread c3 settings)
+    raise ValueError(f"configs/multiagent.py:{arg}: variant {arm!r} picks one arm, but this sweep runs every arm "
+                     f"itself ({list(_ARMS)} × seeds): drop {arm!r} from the variants, or sweep the one arm with "
+                     f"`--axis seed=0,1,2` (the file's arms are then not read).")
   if "policies" in variants:
     return sweep.product(sweep.axis("multiagent.policies", ["shared", "per_role"]), sweep.axis("seed", seeds))
   tiny = TINY_CRITIC if "tiny" in variants else {}

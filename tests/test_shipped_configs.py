@@ -126,6 +126,23 @@ def test_variants_that_overwrite_each_other_are_refused(name, variant, both, kin
     _module(os.path.join(REPO, "configs", name)).get_config(variant)
 
 
+@pytest.mark.parametrize("variant", ["c3", "c3_value,sort_reverse", "magrpo"])
+def test_a_multiagent_sweep_of_one_arm_says_the_sweep_runs_every_arm(variant):
+  """`sweep --config configs/multiagent.py:c3` was refused as "sweep point 0 (magrpo's) gives an invalid config:
+  ... `advantage.c3_mode` = 'reward_only' ... read only with advantage.estimator = 'c3'", naming neither the
+  variant nor what to do (`:magrpo` ran all four arms, the variant unread)."""
+  arm, spec = variant.split(",")[0], os.path.join(REPO, "configs", "multiagent.py") + f":{variant}"
+  with pytest.raises(ValueError) as e:
+    sweep.work_units(spec)
+  assert str(e.value) == (f"configs/multiagent.py:{variant}: variant {arm!r} picks one arm, but this sweep runs "
+                          "every arm itself (['magrpo', 'c3', 'c3_value', 'c3_noreplay'] × seeds): drop "
+                          f"{arm!r} from the variants, or sweep the one arm with `--axis seed=0,1,2` (the file's "
+                          "arms are then not read).")
+  units = sweep.work_units(spec, axes=["seed=0,1"])  # what it says to do
+  assert [(u.cfg.advantage.estimator, u.cfg.seed) for u in units] == [(arm.partition("_")[0], 0),
+                                                                       (arm.partition("_")[0], 1)]
+
+
 @pytest.mark.parametrize("name, variant, task, estimator", [
     ("demo.py", "tiny,add", "add", "grpo"), ("demo.py", "sort,gae", "sort", "gae"),
     ("multiagent.py", "sort_reverse,c3_value,per_role", "sort_reverse", "c3"),

@@ -361,6 +361,8 @@ def _points(module, arg: str | None, path: str) -> list[Point]:
     return [{}]
   try:
     points = module.get_sweep(arg)
+  except ValueError:  # its own message to the user (a variant it cannot sweep), as `config_of` passes them
+    raise
   except Exception as e:  # pylint: disable=broad-except  (the user's file: any error is theirs to fix)
     line = _line_in(e, path)
     raise ValueError(f"config file {path!r}: get_sweep({arg!r}) failed{f' (line {line})' if line else ''}: "
