@@ -311,6 +311,24 @@ def test_a_fresh_run_refuses_a_folder_it_did_not_write_and_removes_nothing(tmp_p
     runtime.train(_cfg(), folder, quiet=True)
 
 
+def test_a_workdir_at_home_given_from_python_is_expanded_as_the_cli_expands_it(tmp_path, monkeypatch):
+  """`runtime.train(cfg, "~/run")`, `run_learner` and `run_sampler` called from Python wrote the run into a
+  literal ./~/run (only the CLI expanded `~`); each reads $HOME/run now. A folder of files no run wrote, at both
+  places, makes each call stop before any work, naming the directory it read; nothing is created."""
+  home, cwd = tmp_path / "home", tmp_path / "cwd"
+  for folder in (home / "run", cwd / "~" / "run"):
+    (folder / "params").mkdir(parents=True)
+  monkeypatch.setenv("HOME", str(home))
+  monkeypatch.chdir(cwd)
+  before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+  for start in (runtime.train, runtime.run_learner):
+    with pytest.raises(ValueError, match=f"^{re.escape(str(home / 'run'))} holds params/ but no run's config.json"):
+      start(_cfg(), "~/run", quiet=True)
+  with pytest.raises(FileNotFoundError, match=f"^{re.escape(str(home / 'run' / 'config.json'))} does not exist"):
+    runtime.run_sampler("~/run", index=0, quiet=True, wait_config_s=0)
+  assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
 def test_an_attempt_killed_before_its_first_checkpoint_is_cleared_by_a_fresh_run(straight, tmp_path):
   """A real attempt (`rlax-post train`, SIGKILLed in its warm start) leaves a run's config.json with its
   outputs, so a fresh run there still clears them: its metrics are the straight run's alone. Without a complete

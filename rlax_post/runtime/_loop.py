@@ -19,6 +19,7 @@ from rlax_post.runtime import _learn
 from rlax_post.runtime import _learners
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _paths
 from rlax_post.runtime import _resume
 from rlax_post.runtime import _rounds
 from rlax_post.runtime import _run
@@ -123,6 +124,7 @@ def train(cfg: config_lib.Config, workdir: str, *, resume: bool | str = False,
   (main thread) stops it after the step in flight, checkpointed: `_signals.Stopped` (`_train_with`).
   `resume`: True continues the run in `workdir` (`--resume`), False starts one, "auto" decides from what the
   workdir holds (`--auto_resume`, `_resume.auto_resume`)."""
+  workdir = _paths.run_workdir(workdir)
   # Sampling in the learner's process (inline or threads) is a host-driven decode loop on its own devices.
   _distributed.check_single_process("`rlax-post train` (sampling in the learner's process)")
   _warm_cache.check_cache_dir(cfg)
@@ -138,6 +140,7 @@ def run_learner(cfg: config_lib.Config, workdir: str, *, resume: bool | str = Fa
   left by the invocation before is removed first, before anything slow: samplers launched beside this learner
   (a resumed unit) read it as "the learner has finished" and exited, and the learner then waited for ever.
   SIGTERM or Ctrl-C stops it as it stops `train` (`_signals.Stopped`); `resume` as `train` takes it."""
+  workdir = _paths.run_workdir(workdir)
   if resume == "auto":  # (a workdir of another run keeps its learner.done)
     _resume.check_auto_resume(workdir, cfg)
   if _distributed.is_primary():

@@ -24,6 +24,13 @@ PATH_KEYS = ("model.hf_path", "critic.hf_path", "data.train", "data.eval", "sft.
 _KEYS = PATH_KEYS + ("reward.fn",)
 
 
+def run_workdir(workdir) -> str:
+  """A run's workdir (a str or path-like) as `train`, `run_learner` and `run_sampler` take it from their caller:
+  `~` at its start expanded as a shell expands it (`rlax-post` expands its flags; a Python caller's '~/run' wrote
+  the run into ./~/run, its parameter versions alone into $HOME/run/params: `exchange.as_path` expands them)."""
+  return os.path.expanduser(os.fspath(workdir))
+
+
 def _absolute(key: str, value):
   """`value` of config key `key` (one of `_KEYS`) with its local paths absolute."""
   if not isinstance(value, str) or not value:

@@ -368,7 +368,7 @@ def run_sampler(workdir: str, *, index: int, quiet: bool = False, wait_config_s:
   """`rlax-post sampler --index K`: samples for the learner of `workdir` until it writes learner.done."""
   if isinstance(index, bool) or not isinstance(index, int) or index < 0:
     raise ValueError(f"--index must be an int >= 0; got {index!r}.")
-  workdir = os.fspath(workdir)
+  workdir = _paths.run_workdir(workdir)
   done = learner_done(workdir)  # (first: a learner that stops while this sampler starts stops it too)
   cfg = load_run_config(workdir, timeout_s=wait_config_s)
   guard = config_guard(workdir, cfg)
