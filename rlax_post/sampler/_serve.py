@@ -51,6 +51,22 @@ _INVALID = grpc.StatusCode.INVALID_ARGUMENT
 _EMPTY = "the prompt is empty: send at least one character or token id"
 
 
+def _refuse_overflow(params: Any, dtype: str) -> Any:
+  """`params`, loaded in `dtype` (rounded to nearest from the checkpoint's wider weights), as they are; ValueError
+  naming the first leaf holding an inf where `dtype` is narrower than float32: a weight beyond its largest
+  (float16's is 65504) became inf, silently, and served infs and NaNs. `rlax-post export --dtype` refuses such
+  weights the same way (`models.cast_tensors`)."""
+  if jnp.dtype(dtype).itemsize >= 4:
+    return params
+  for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+    if jnp.issubdtype(x.dtype, jnp.floating) and bool(jnp.isinf(x).any()):
+      name = jax.tree_util.keystr(path, simple=True, separator="/")
+      raise ValueError(f"--dtype {dtype!r} cannot hold these weights, which would become inf: {name} (the first; "
+                       f"largest {dtype}: {float(jnp.finfo(dtype).max):.6g}); pass a wider --dtype, e.g. "
+                       "bfloat16 or float32.")
+  return params
+
+
 class ServingEngine(_engine.RlaxEngine):
   """`RlaxEngine` whose `load_params()` takes no arguments, as JetStream's server calls it.
 
@@ -76,6 +92,9 @@ class ServingEngine(_engine.RlaxEngine):
   def load_params(self, *args, **kwargs) -> Any:
     if args or kwargs:
       return super().load_params(*args, **kwargs)
+    return _refuse_overflow(self._load(), self.model_cfg.param_dtype)
+
+  def _load(self) -> Any:
     if self._hf_path is not None:
       return self._load_hf(self._hf_path)
     if self._lora is not None:
