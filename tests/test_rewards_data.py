@@ -124,6 +124,12 @@ def test_parse_number(s, expected):
     ("5 m/s", Fraction(5)), ("9.8 m/s^2", Fraction(49, 5)), ("60 km/h", Fraction(60)), ("1/x", None),
     ("5/s", None),
     ("5 dollars million", None), ("5 hundred thousand", None),
+    # Scientific notation with a unit after it, as a plain number takes one (no number until 2026-12-06).
+    ("3.0 \\times 10^8 m/s", Fraction(300_000_000)), ("3 \\times 10^{8}\\text{ m/s}", Fraction(300_000_000)),
+    ("2 × 10^6 dollars", Fraction(2_000_000)), ("1.5\\cdot10^{-3} s", Fraction(3, 2000)),
+    ("3 \\times 10^8kg", Fraction(300_000_000)), ("2 \\times 10^3 \\times 10^2 m", Fraction(200_000)),
+    ("3 \\times 10^8 x", None), ("3 \\times 10^8 squared", None), ("3 \\times 10^82", None),
+    ("x \\times 10^5 m", None),
 ])
 def test_parse_number_units_and_scale_words(s, expected):
   got = rewards.parse_number(s)
@@ -175,6 +181,7 @@ def test_answers_match(a, b, same):
     # Not an exponent's float off the decimal it prints as: 6.02e23 is a float 4194304 below 6.02 x 10^23 (until
     # 2026-12-06 a whole "exact" number, which `\boxed{6.02 \times 10^{23}}` and 6.02e23's digits never matched).
     ("6.02 \\times 10^{23}", "6.02e23", True), ("602000000000000000000000", "6.02e+23", True),
+    ("3.0 \\times 10^8 m/s", "3e8", True), ("3.0 \\times 10^8 m/s", "3.1e8", False),
     ("1e16", "10000000000000001", False),
     # A decimal that is not whole is an approximation: it matches when the difference is below
     # max(rel_tol * max(|a|, |b|), abs_tol), in exact arithmetic. 0.333333 is off from 1/3 by exactly

@@ -9,12 +9,13 @@
   4. the last number in the text.
 `parse_number(s)` reads integers, decimals, fractions (`3/4`, not `1/2/3`, `\\frac{3}{4}`, `\\dfrac`,
 `\\tfrac`, `\\frac12`), mixed numbers (`2 1/2`, `2\\frac{1}{2}`), scientific notation (`3 \\times 10^{5}`,
-`2 × 10^6`), signs (also the Unicode minus, and before `\\frac`), thousands separators (`1,234,567`
-or `1{,}234{,}567`: groups of exactly three digits), a leading `$` or `\\$` or single-letter variable and `=`
-(`x = 5`), a trailing `%`, degrees (`90^\\circ`, `90°`) or unit words (after whitespace, two letters or more:
-`72 dollars`, `5\\text{ cm}`; not `2x`, `3i`, `2 x`, nor words of arithmetic such as `squared` or `pi`), a scale word
-first among them, which multiplies (`5 million` reads 5000000; a scale word elsewhere or in the plural reads no number),
-a rate's unit after a number's unit (`5 m/s`), LaTeX spacing, math delimiters (`\\(42\\)`), `\\text{}`, Markdown
+`2 × 10^6`; with a unit after it, `3.0 \\times 10^8 m/s`), signs (also the Unicode minus, and before
+`\\frac`), thousands separators (`1,234,567` or `1{,}234{,}567`: groups of exactly three digits), a leading `$`
+or `\\$` or single-letter variable and `=` (`x = 5`), a trailing `%`, degrees (`90^\\circ`, `90°`) or unit
+words (after whitespace, two letters or more: `72 dollars`, `5\\text{ cm}`; not `2x`, `3i`, `2 x`, nor words
+of arithmetic such as `squared` or `pi`), a scale word first among them, which multiplies (`5 million` reads
+5000000; a scale word elsewhere or in the plural reads no number), a rate's unit after a number's unit (`5 m/s`),
+LaTeX spacing, math delimiters (`\\(42\\)`), `\\text{}`, Markdown
 bold (`**42**`) and quotes around the whole (`"42"`, `"Paris."`); the value written becomes a
 `Fraction` (decimals too; a float only with an exponent; more than 4300 digits, beyond what Python reads, are no
 number). Two answers match when both read as numbers that agree, or, when either does not read as a number, when their
@@ -52,6 +53,8 @@ _FRAC = re.compile(r"([-+]?)\s*\\[dt]?frac\s*(?:\{\s*([^{}]+?)\s*\}|(\d))\s*(?:\
 _MIXED = re.compile(r"([-+]?)(\d+)(?:\s+(\d+)\s*/\s*(\d+)|\s*\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\})")
 # Scientific notation as LaTeX or text writes it: "3 \\times 10^{5}", "1.5\\cdot10^{-3}", "2 × 10^6".
 _SCIENTIFIC = re.compile(r"(.+?)\s*(?:\\times|\\cdot|×)\s*10\s*\^\s*(?:\{\s*([-+]?\d{1,4})\s*\}|(\d))")
+# ... then a unit, which starts with a letter: "3.0 \\times 10^8 m/s", "2 × 10^6 dollars".
+_SCIENTIFIC_UNIT = re.compile(_SCIENTIFIC.pattern + r"(\s*[A-Za-z].*)")
 # A rate's unit after a number's own ("5 m/s", "9.8 m/s^2", "60 km/h"): letters, maybe a power.
 _PER_UNIT = re.compile(r"[A-Za-z]+(?:\^\{?\d\}?)?")
 _QUOTES = ('"', "'", "`", "\u201c\u201d", "\u2018\u2019")  # an answer quoted whole: "\"Paris\"", "\u201cParis\u201d"
@@ -189,6 +192,31 @@ def _ratio(num, den):
   return (value, False) if math.isfinite(value) else None
 
 
+def _power(scientific: re.Match) -> Fraction:
+  """The power of ten of a `_SCIENTIFIC` match."""
+  return Fraction(10) ** int(scientific.group(2) or scientific.group(3))
+
+
+def _unit_after(rest: str) -> int | None:
+  """What a unit after a number multiplies it by (`_unit_scale`), a rate's unit too (a unit, "/" and a unit:
+  "m/s", "km/h"); None when `rest` is no unit."""
+  unit, slash, per = rest.partition("/")
+  if slash and not (unit.strip() and _PER_UNIT.fullmatch(per.strip())):
+    return None
+  return _unit_scale(unit)
+
+
+def _with_unit(s: str) -> tuple[Fraction | float, bool] | None:
+  """`_parse` of scientific notation with a unit after it ("3.0 \\times 10^8 m/s" reads 3e8, "2 × 10^6 dollars"
+  2e6; no number until 2026-12-06); None when `s` is not written so, or its parts read as no number and unit."""
+  scientific = _SCIENTIFIC_UNIT.fullmatch(s)
+  scale = None if scientific is None else _unit_after(scientific.group(4))
+  mantissa = None if scale is None else _parse(scientific.group(1))
+  if mantissa is None:
+    return None
+  return Fraction(mantissa[0]) * _power(scientific) * scale, mantissa[1]
+
+
 def _parse(s: str) -> tuple[Fraction | float, bool] | None:
   """`parse_number(s)` and whether it is written exactly: without a decimal point or exponent."""
   s = _clean(s)
@@ -207,8 +235,10 @@ def _parse(s: str) -> tuple[Fraction | float, bool] | None:
   scientific = _SCIENTIFIC.fullmatch(s)
   if scientific:
     mantissa = _parse(scientific.group(1))
-    power = Fraction(10) ** int(scientific.group(2) or scientific.group(3))
-    return None if mantissa is None else (Fraction(mantissa[0]) * power, mantissa[1])
+    return None if mantissa is None else (Fraction(mantissa[0]) * _power(scientific), mantissa[1])
+  united = _with_unit(s)
+  if united is not None:
+    return united
   if "/" in s:
     num, _, den = s.partition("/")
     head = _PLAIN.match(num.strip())
