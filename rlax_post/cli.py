@@ -157,6 +157,8 @@ _CONTEXT_ROWS = flags.DEFINE_integer("max_context_rows", 8, "rescue-eval, rescue
                                      "before each question (0: all).")
 
 _MULTIHOST = ("coordinator_address", "num_processes", "process_id")
+# The flags that name a file or directory: a leading `~` is expanded (`_expand_home`).
+_PATH_FLAGS = (_WORKDIR, _CHECKPOINT, _HF_PATH, _OUT, _DATA, _PROMPTS, _SESSIONS, _GGUF, _JSON)
 # Per command: its usage, one line on what it does, and the flags it reads (`--help` shows only those, not
 # absl's hundreds).
 _COMMANDS = {
@@ -586,7 +588,7 @@ def _parse_flags(command: str, argv):
     _check_overrides(command, argv)
     argv, nones = sweep.none_overrides(argv)
     parsed = flags.FLAGS(argv)
-    _expand_home(_WORKDIR, _CHECKPOINT)
+    _expand_home(*_PATH_FLAGS)
     if command not in _POSITIONAL:
       _check_no_arguments(command, parsed[1:])
     _check_own_flags(command)
@@ -600,9 +602,11 @@ def _parse_flags(command: str, argv):
 
 
 def _expand_home(*holders) -> None:
-  """`~` at the start of a directory flag, expanded as a shell expands a word that begins with it: the shell
-  leaves `--workdir=~/run` as typed, and a learner's parameter versions went to $HOME/run/params
-  (`exchange.as_path` expands it) while its config, queue, checkpoints and metrics went to ./~/run."""
+  """`~` at the start of a path flag (`_PATH_FLAGS`), expanded as a shell expands a word that begins with it:
+  the shell leaves `--workdir=~/run` as typed, and a learner's parameter versions went to $HOME/run/params
+  (`exchange.as_path` expands it) while its config, queue, checkpoints and metrics went to ./~/run; until
+  2026-12-06 the other path flags kept it (`evaluate --out=~/e.jsonl` wrote ./~/e.jsonl, `--data=~/test.jsonl`
+  did not exist)."""
   for holder in holders:
     if isinstance(holder.value, str) and holder.value.startswith("~"):
       flags.FLAGS[holder.name].value = os.path.expanduser(holder.value)

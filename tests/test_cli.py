@@ -725,6 +725,26 @@ def test_a_workdir_flag_starting_with_a_tilde_is_under_home(tmp_path):
   assert (tmp_path / "home" / "runs").is_dir() and not (tmp_path / "~").exists()
 
 
+def test_every_path_flag_starting_with_a_tilde_is_under_home(tmp_path):
+  """`evaluate --out=~/e.jsonl` wrote ./~/e.jsonl and `--data=~/test.jsonl` was a file that did not exist (the
+  shell leaves `~` after `=` as typed); each path flag's `~` is now expanded, as --workdir's was. Here both
+  are refused for what they name under $HOME, before any JAX work."""
+  home, run = tmp_path / "home", tmp_path / "run"
+  (run / "checkpoints" / "0").mkdir(parents=True)
+  (run / "checkpoints" / "0" / "commit_success.txt").write_text("")
+  (run / "config.json").write_text(json.dumps({"task": {}, "rl": {}}))
+  home.mkdir()
+  (home / "e.jsonl").write_text("")
+  env = {**_ENV, "HOME": str(home)}
+  out = _cli_forks.run("evaluate", "--workdir", run, "--out=~/e.jsonl", cwd=tmp_path, env=env)
+  assert _error(out, "evaluate") == (f"rlax-post evaluate: error: --out '{home}/e.jsonl' exists; pass a new file "
+                                     "path (an earlier output is not replaced), or remove it.")
+  out = _cli_forks.run("evaluate", "--workdir", run, "--data=~/test.jsonl", cwd=tmp_path, env=env)
+  assert _error(out, "evaluate").startswith(f"rlax-post evaluate: error: --data '{home}/test.jsonl': a file of rows "
+                                            "is read by a dataset run")
+  assert not (tmp_path / "~").exists()
+
+
 @pytest.mark.parametrize("command", ["train", "learner"])
 def test_a_run_into_a_hugging_face_checkpoint_leaves_it_alone(tmp_path, command):
   """`rlax-post train --workdir CKPT` (a checkpoint `rlax-post convert` wrote) ran, replacing the checkpoint's
