@@ -11,6 +11,7 @@ import pytest
 
 from rlax_post import sharding
 from rlax_post.runtime import _batch
+from rlax_post.runtime import _learn
 
 import _tiny_runs  # pylint: disable=g-bad-import-order
 
@@ -106,3 +107,24 @@ def test_mask_truncated_trains_no_token_of_an_unfinished_row_and_still_credits_i
   assert m_cut["finished_frac"] == pytest.approx(1 - unfinished.mean())
   # (Adam's first step is lr·sign(g) per weight: the gradient itself shows the rows left out.)
   assert abs(float(m_all["grad_norm"]) - float(m_cut["grad_norm"])) > 1e-4 * float(m_all["grad_norm"])
+
+
+def test_a_step_logs_its_updates_mean_and_the_running_skip_count_after_its_last():
+  """An RL step of several updates (`rl.epochs` x `rl.minibatches`) logs each learner metric's mean over them,
+  but `num_skipped`, a running count, as it is after the last: the mean of the counts logged 2.5 after 4
+  skipped updates (a review, 2026-12-06)."""
+  updates = [{"loss": 1.0, "skipped": 0.0, "num_skipped": 3.0}, {"loss": 3.0, "skipped": 1.0, "num_skipped": 4.0}]
+  assert _learn.step_learner_metrics(updates) == {"loss": 2.0, "skipped": 0.5, "num_skipped": 4.0}
+
+
+@pytest.mark.slow
+def test_a_step_of_skipped_updates_logs_the_learners_skip_count():
+  """Rewards that make every update's loss NaN (each skipped, the params kept): the step's `num_skipped` is
+  the state's, 4 then 8 over two steps of 2 epochs x 2 minibatches, and `skipped` is 1."""
+  update, parts, params, state = _setup(rl__epochs=2, rl__minibatches=2)
+  p, n = update.cfg.rl.prompts_per_step, update.cfg.rl.samples_per_prompt
+  batch = update.batch(_tiny_runs.synthetic_groups(parts, [np.nan if i % 2 else 0.0 for i in range(p * n)]))
+  ref = update.reference(state, params)
+  for step, count in ((0, 4), (1, 8)):
+    state, metrics = update(state, ref, batch, step)
+    assert int(state.num_skipped) == count and metrics["num_skipped"] == count and metrics["skipped"] == 1.0

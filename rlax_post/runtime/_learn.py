@@ -220,7 +220,7 @@ class RLUpdate:
           state, m = state.replace(critic=critic_state), {**m, **pm}
         step_metrics.append(m)
     step_metrics = [_learners.host(m) for m in step_metrics]  # One transfer per update.
-    learner_metrics = {k: float(np.mean([m[k] for m in step_metrics])) for k in step_metrics[0]}
+    learner_metrics = step_learner_metrics(step_metrics)
     learner_metrics.setdefault("num_tokens", float(batch.loss_mask.sum()) / cfg.rl.minibatches)  # critic warm-up
     t_learn = time.time() - t1
     metrics = {
@@ -238,6 +238,19 @@ class RLUpdate:
         "learn_seconds": t_learn,
     }
     return state, metrics
+
+
+# A learner metric that is a running count: a step logs its value after the step's last update, not the mean
+# of its updates' (`num_skipped` was 2.5 after 4 skipped updates of rl.minibatches = 2 x rl.epochs = 2).
+_RUNNING_COUNTS = ("num_skipped",)
+
+
+def step_learner_metrics(updates: list[dict]) -> dict[str, float]:
+  """An RL step's learner metrics from its updates' (`rl.epochs` x `rl.minibatches`, in order): each one's
+  mean over them (`skipped`: the fraction of its updates skipped), a running count (`_RUNNING_COUNTS`) its
+  value after the last."""
+  return {k: float(updates[-1][k] if k in _RUNNING_COUNTS else np.mean([m[k] for m in updates]))
+          for k in updates[0]}
 
 
 def _roles_of(batch: _batch.RolloutBatch, roles: int) -> np.ndarray:
