@@ -18,6 +18,7 @@ from rlax_post import config
 from rlax_post import data
 from rlax_post import runtime
 from rlax_post.runtime import _health
+from rlax_post.runtime import _run
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _QUIET = ("--config.runtime.progress=False", "--config.runtime.tensorboard=False", "--config.runtime.plot=False")
@@ -146,3 +147,12 @@ def test_some_failed_calls_and_steps_without_signal_are_counted_and_said(tmp_pat
   assert cli.no_signal_line(summary, random_start=False).endswith("RL could not learn from them.")
   # A task whose rows count no reward calls: None in the summary, nothing on the line.
   assert cli.reward_failures({**summary, **dict.fromkeys(counts, None)}) == ""
+
+
+def test_the_progress_bar_shows_a_kl_only_where_the_step_measured_one():
+  """The bar said kl=0.0000 on every step of a run that measures no KL (`loss.kl_coef = 0`, `loss.track_kl =
+  False`), as if the policy had not moved from its reference; it now leaves the figure out there."""
+  row = {"reward_mean": 0.25, "staleness_mean": 0.5}
+  assert _run.progress_postfix(row, "sync", None) == {"reward": "0.250", "eval": "-"}
+  assert _run.progress_postfix({**row, "kl": 0.01234}, "async", 0.5) == {
+      "reward": "0.250", "kl": "0.0123", "stale": "0.50", "eval": "0.500"}

@@ -154,6 +154,25 @@ class Tally:
             "steps_without_signal": self.steps_without_signal}
 
 
+def progress_postfix(row: dict, mode: str, last_eval: float | None) -> dict[str, str]:
+  """The progress bar's figures after an RL step of metrics `row`: its sampled reward; its KL to the reference
+  where the step measured one (`kl`: `loss.kl_coef > 0` or `loss.track_kl`; until 2026-12-06 the bar said
+  kl=0.0000 where none was measured, as if the policy had not moved) and is known; its mean staleness (none in
+  sync mode: 0 by construction); the newest eval reward ('-' before the first after the start)."""
+  out = {"reward": _figure(row.get("reward_mean"), 3)}
+  if row.get("kl") is not None:
+    out["kl"] = _figure(row["kl"], 4)
+  if mode != "sync":
+    out["stale"] = _figure(row.get("staleness_mean"), 2)
+  out["eval"] = _figure(last_eval, 3)
+  return out
+
+
+def _figure(value: float | None, digits: int) -> str:
+  """`value` to `digits` decimals; '-' for None (not measured yet), 'nan' / 'inf' as they are."""
+  return "-" if value is None else f"{value:.{digits}f}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Run:
   """A learner run (module docstring): its parts, the RL step, the evaluation and the outputs."""
@@ -272,9 +291,7 @@ class Run:
       with source.device_lock:
         tally.last_eval, tally.eval_step = self.evaluate_logged(step, state), step
     if hasattr(tally.bar, "set_postfix"):
-      stale = {} if cfg.runtime.mode == "sync" else {"stale": f"{row['staleness_mean']:.2f}"}
-      tally.bar.set_postfix(reward=f"{row['reward_mean']:.3f}", kl=f"{row.get('kl', 0.0):.4f}", **stale,
-                            eval="-" if tally.last_eval is None else f"{tally.last_eval:.3f}")
+      tally.bar.set_postfix(progress_postfix(row, cfg.runtime.mode, tally.last_eval))
     if self._checkpoints_at(step):
       self._checkpoint(step, start, state, source)
 
