@@ -270,3 +270,21 @@ def test_check_data_builds_the_runs_tokenizer_once(tmp_path, monkeypatch):
   checked = runtime.check_data(_cfg(train, _eval_file(tmp_path)), quiet=True)
   assert len(made) == 1 and isinstance(made[0], models.ByteTokenizer)
   assert [(s.name, s.rows, s.usable) for s in checked.splits] == [("train", 6, 6), ("held-out", 20, 4)]
+
+
+def test_a_path_setting_starting_with_a_tilde_is_under_home(tmp_path, monkeypatch):
+  """The shell leaves `--config.data.train=~/t.jsonl` as typed: check-data and the run looked for ./~/t.jsonl,
+  and `sft.cache_dir=~/wc` made a directory named `~` in the working directory. A leading `~` of a path
+  setting is now expanded when the config is loaded."""
+  home = tmp_path / "home"
+  home.mkdir()
+  data.write_jsonl(str(home / "t.jsonl"), _rows(6))
+  data.write_jsonl(str(home / "e.jsonl"), _rows(4, 100))
+  monkeypatch.setenv("HOME", str(home))
+  cfg = config.load({
+      "task": {"name": "dataset", "num_eval": 4}, "data": {"train": "~/t.jsonl", "eval": "~/e.jsonl"},
+      "reward": {"fn": "math"}, "model": {"max_seq_len": 136}, "rl": {"max_new_tokens": 8},
+      "sft": {"steps": 0, "cache_dir": "~/wc"}})
+  assert (cfg.data.train, cfg.data.eval, cfg.sft.cache_dir) == (f"{home}/t.jsonl", f"{home}/e.jsonl", f"{home}/wc")
+  checked = runtime.check_data(cfg, quiet=True)
+  assert checked.ok and [(s.rows, s.usable) for s in checked.splits] == [(6, 6), (4, 4)]

@@ -15,6 +15,7 @@ from rlax_post.config._schema import LOGICAL_AXES
 from rlax_post.config._schema import MESH_AXES
 from rlax_post.config._schema import MODEL_DTYPES
 from rlax_post.config._schema import load
+from rlax_post.config._schema import PATH_KEYS
 from rlax_post.config._schema import LOSS_KINDS
 from rlax_post.config._schema import LORA_TARGETS
 from rlax_post.config._schema import LoraSection
@@ -92,6 +93,7 @@ __all__ = [
     "DataSection",
     "ModelSection",
     "OptimizerSection",
+    "PATH_KEYS",
     "policy_value_head",
     "QUEUE_BACKENDS",
     "reads_critic",

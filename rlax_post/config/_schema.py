@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from typing import Any
@@ -799,13 +800,32 @@ def check_sampler_slots(cfg: Config, mesh_shape: dict[str, int], axes: tuple[str
   _batches.check(cfg, _batches.sampler_splits(cfg), dict(mesh_shape), tuple(axes))
 
 
+# Config keys (section.field) whose value is a local path, a glob or a directory (`reward.fn` names files too:
+# `runtime._paths`).
+PATH_KEYS = ("model.hf_path", "critic.hf_path", "data.train", "data.eval", "sft.cache_dir", "reward.model")
+
+
 def load(raw: Any) -> Config:
   """Validates a ConfigDict (or mapping) into a `Config`; an unknown key's error names the keys it may mean,
   as the command line's does (`did_you_mean`: another framework's name for ours, our key with its last part, a
-  close spelling)."""
+  close spelling). A leading `~` of a `PATH_KEYS` path is expanded (`expand_home`)."""
   keys = field_keys(Config)
-  return build(Config, raw, suggest=lambda key: did_you_mean(key.removeprefix("config."), keys,
-                                                             lambda k: f"`config.{k}`"))
+  return expand_home(build(Config, raw, suggest=lambda key: did_you_mean(key.removeprefix("config."), keys,
+                                                                         lambda k: f"`config.{k}`")))
+
+
+def expand_home(cfg: Config) -> Config:
+  """`cfg` with a leading `~` of each `PATH_KEYS` path expanded, as a shell expands a word that begins with it:
+  the shell leaves `--config.sft.cache_dir=~/wc` as typed, and until 2026-12-06 the run made a directory
+  named `~` in its working directory for it (and `data.train = "~/t.jsonl"` did not exist)."""
+  sections = {}
+  for key in PATH_KEYS:
+    section, field = key.split(".")
+    value = getattr(getattr(cfg, section), field)
+    if isinstance(value, str) and value.startswith("~"):
+      sections.setdefault(section, {})[field] = os.path.expanduser(value)
+  return dataclasses.replace(cfg, **{name: dataclasses.replace(getattr(cfg, name), **fields)
+                                     for name, fields in sections.items()})
 
 
 def accepts_none(key: str) -> bool:

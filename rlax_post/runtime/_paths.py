@@ -20,7 +20,7 @@ from rlax_post import config as config_lib
 from rlax_post import rewards
 
 # Config keys (section.field) whose value is a local path, a glob or a directory; `reward.fn` names files too.
-PATH_KEYS = ("model.hf_path", "critic.hf_path", "data.train", "data.eval", "sft.cache_dir", "reward.model")
+PATH_KEYS = config_lib.PATH_KEYS
 _KEYS = PATH_KEYS + ("reward.fn",)
 
 
