@@ -684,9 +684,9 @@ def _print_summary(summary, *, warm_start: bool = True, random_start: bool = Fal
     print(f"\nGreedy eval reward on {summary['num_eval_prompts']} held-out prompts: {start} {initial:.3f} "
           f"-> {after} {final:.3f} ({final - initial:+.3f}) in {summary['wall_seconds']:.0f} s"
           f"{reward_failures(summary)}.")
-  no_signal = no_signal_line(summary, random_start=random_start)
-  if no_signal:
-    print(no_signal)
+  for line in (no_signal_line(summary, random_start=random_start), skipped_updates_line(summary)):
+    if line:
+      print(line)
   if summary.get("best_checkpoint_step") is not None:
     print(f"Best checkpoint kept (checkpoint.keep_best): step {summary['best_checkpoint_step']}, eval reward "
           f"{summary['best_checkpoint_eval_reward']:.3f}; --step best reads it (evaluate, export, serve, generate).")
@@ -722,6 +722,19 @@ def no_signal_line(summary: dict, *, random_start: bool) -> str | None:
     line += (" The policy started from random weights (sft.steps = 0 and no model.hf_path): keep a warm start "
              "(sft.steps > 0) or set model.hf_path to a pretrained checkpoint.")
   return line
+
+
+def skipped_updates_line(summary: dict) -> str | None:
+  """The line for a run whose learner skipped RL updates (summary.json's `num_skipped_updates` > 0): their loss,
+  gradients or step were not finite, so the params stayed as they were; until 2026-12-06 the result line alone
+  was printed, as for a clean run (a run of rl.optimizer.learning_rate = 1e30 skipped 3 of its 4 updates and
+  said +0.000). None for a run that skipped none."""
+  skipped = summary.get("num_skipped_updates") or 0
+  if not skipped:
+    return None
+  return (f"Skipped updates: {skipped} RL update{'s' if skipped != 1 else ''} had a loss, gradients or step that "
+          "were not finite and left the params as they were (`skipped` in metrics.jsonl marks their steps): lower "
+          "rl.optimizer.learning_rate, or check the rewards and the model's numerics.")
 
 
 def _outputs(workdir: str) -> list[str]:

@@ -156,3 +156,15 @@ def test_the_progress_bar_shows_a_kl_only_where_the_step_measured_one():
   assert _run.progress_postfix(row, "sync", None) == {"reward": "0.250", "eval": "-"}
   assert _run.progress_postfix({**row, "kl": 0.01234}, "async", 0.5) == {
       "reward": "0.250", "kl": "0.0123", "stale": "0.50", "eval": "0.500"}
+
+
+def test_skipped_updates_are_said_after_the_result():
+  """A run whose learner skipped updates (non-finite loss, gradients or step: the params kept) printed its result
+  line alone, as a clean run (lr 1e30 skipped 3 of 4 updates and said +0.000); it now says how many and where
+  to look."""
+  assert cli.skipped_updates_line({"num_skipped_updates": 0}) is None
+  assert cli.skipped_updates_line({}) is None
+  assert cli.skipped_updates_line({"num_skipped_updates": 3}) == (
+      "Skipped updates: 3 RL updates had a loss, gradients or step that were not finite and left the params as they "
+      "were (`skipped` in metrics.jsonl marks their steps): lower rl.optimizer.learning_rate, or check the rewards "
+      "and the model's numerics.")
