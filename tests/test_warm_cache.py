@@ -62,6 +62,8 @@ def test_cache_key_depends_on_what_decides_the_warm_start(tmp_path):
   assert _warm_cache.cache_key(moved) == key
   assert _warm_cache.cache_key(dataclasses.replace(base, seed=1)) != key
   assert _warm_cache.cache_key(dataclasses.replace(base, sft=dataclasses.replace(base.sft, noise=0.1))) != key
+  # The response budget cuts a dataset task's demonstrations (its warm-start rows): until 2026-12-06 unkeyed.
+  assert _warm_cache.cache_key(dataclasses.replace(base, rl=dataclasses.replace(base.rl, max_new_tokens=24))) != key
 
 
 def test_cache_key_of_role_pipelines_holds_their_prompts_not_their_rl_settings():

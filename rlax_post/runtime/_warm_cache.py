@@ -26,8 +26,9 @@ from rlax_post import data
 from rlax_post import exchange
 from rlax_post.runtime import _checkpoint
 
-# What decides the params after the warm start (the RL sections do not). The role pipelines' demonstrations
-# are rendered with the multiagent section's roles, prompts, template and separator.
+# What decides the params after the warm start (the RL sections do not, but for `rl.max_new_tokens`: `cache_key`).
+# The role pipelines' demonstrations are rendered with the multiagent section's roles, prompts, template and
+# separator.
 _KEY_SECTIONS = ("seed", "task", "model", "sft", "multiagent")
 _NOT_KEYED = {"sft": ("cache_dir",),  # where a warm start may be found, not what it is
               "model": ("lora",),  # the warm start trains every weight whatever RL does after it
@@ -63,6 +64,10 @@ def cache_key(cfg: config_lib.Config) -> str:
           for k in _KEY_SECTIONS}
   spec.update(_data_files(cfg))
   spec["micro_batches"] = d["loss"]["micro_batches"]
+  # The response budget: a dataset task's demonstrations are cut to it, and a task's warm-start rows are as wide
+  # (until 2026-12-06 not keyed: a run of rl.max_new_tokens = 24 restored the warm start of demonstrations cut
+  # to 8 tokens, their EOS never trained).
+  spec["max_new_tokens"] = d["rl"]["max_new_tokens"]
   spec["rows_version"] = ROWS_VERSION
   text = json.dumps(spec, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:20]
