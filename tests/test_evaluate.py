@@ -14,6 +14,7 @@ from rlax_post import config
 from rlax_post import data
 from rlax_post import runtime
 from rlax_post import sampler
+from rlax_post.runtime import _evaluate
 
 # The reward of the tiny run, by hand: one of 0, 1/4, ..., 1 from the completion's characters and the row's
 # answer (1, a pass at the default threshold, for about a fifth of a random policy's samples).
@@ -74,6 +75,15 @@ def test_pass_at_k_is_chen_et_al_s_unbiased_estimator():
   for n, c, k in ((4, 5, 1), (4, 1, 0), (4, 1, 5), (3, -1, 1)):
     with pytest.raises(ValueError, match=rf"^pass@k needs 1 <= k <= n and 0 <= c <= n; got n={n}, c={c}, k={k}\."):
       runtime.pass_at_k(n, c, k)
+
+
+def test_a_reward_at_the_threshold_passes_at_the_precision_rows_store_it():
+  """Rows store rewards as float32: a reward of 0.7 is 0.699999988, which failed --pass_threshold 0.7 (a float64
+  0.7), as 0.9 and 0.95 failed theirs. Both are compared at float32."""
+  rewards = np.asarray([[np.float32(0.7), np.float32(0.9)], [np.float32(0.95), np.float32(0.69)]])
+  assert _evaluate.pass_scores(rewards, 0.7) == {"pass@1": 0.75, "pass@2": 1.0}
+  assert _evaluate.pass_scores(rewards, 0.95) == {"pass@1": 0.25, "pass@2": 0.5}
+  assert _evaluate.pass_scores(rewards, 0.9) == {"pass@1": 0.5, "pass@2": 1.0}
 
 
 def test_pass_ks_are_the_powers_of_two_below_k_and_k():

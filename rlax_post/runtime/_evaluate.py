@@ -77,10 +77,17 @@ def pass_ks(samples: int) -> list[int]:
   return [2**j for j in range(max(samples - 1, 0).bit_length()) if 2**j < samples] + [samples]
 
 
+def passed(rewards, threshold: float) -> np.ndarray:
+  """Whether each of `rewards` passes: is `threshold` or more, both at the float32 precision the rows store
+  rewards in (until 2026-12-06 the float32 reward against the float64 threshold: a reward of 0.7, stored as
+  0.699999988, failed --pass_threshold 0.7, and so did 0.9 and 0.95)."""
+  return np.asarray(rewards, np.float32) >= np.float32(threshold)
+
+
 def pass_scores(rewards_es: np.ndarray, threshold: float) -> dict[str, float]:
   """{"pass@k": the mean over examples of `pass_at_k`} for each k of `pass_ks`; `rewards_es`: [E, S] each
-  example's sample rewards, a sample passing at `threshold` or more."""
-  passed_e = (np.asarray(rewards_es, np.float64) >= threshold).sum(axis=1)
+  example's sample rewards, a sample passing at `threshold` or more (`passed`)."""
+  passed_e = passed(rewards_es, threshold).sum(axis=1)
   n = rewards_es.shape[1]
   return {f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in passed_e])) for k in pass_ks(n)}
 
@@ -216,13 +223,13 @@ def sampled_evaluation(parts: _parts.Parts, params: Any, options: EvaluateOption
 
 def sampled_records(parts: _parts.Parts, groups: list[list[list[dict]]], threshold: float) -> list[dict]:
   """One `_eval.eval_record` per (example, sample) of `sampled_groups`, with the `sample` index after `example`
-  and `passed` (its reward at `threshold` or more)."""
+  and `passed` (its reward at `threshold` or more: `passed`)."""
   out = []
   for example, samples in enumerate(groups):
     for sample, group in enumerate(samples):
       record = _eval.eval_record(parts.tokenizer, parts.cfg.rl.stop, example, group)
       out.append({"example": record.pop("example"), "sample": sample, **record,
-                  "passed": bool(float(group[0]["reward"]) >= threshold)})
+                  "passed": bool(passed(group[0]["reward"], threshold))})
   return out
 
 
