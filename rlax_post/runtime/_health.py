@@ -3,10 +3,11 @@
 A dataset run's reward function that fails on every call (a TRL-style batch function, `fn(completions,
 **kwargs)`, handed one `rewards.Sample`) gave every sample `reward.default` and trained on nothing, ending as a
 clean run at +0.000. The run now stops with one line when every reward call of its start evaluation or of its
-first RL step (when it holds two prompts or more) failed (`check_reward_calls`): the learner reads the counts off the rows (`reward_errors`, one
-call per row) and the first failure's error off the row that carries it (`envs.REWARD_FAILURE`), so the check
-holds whichever process scored the rows (inline, sampler threads, sampler processes). A run where only some
-calls fail goes on; its summary counts them.
+first RL step (when it holds two prompts or more) failed (`check_reward_calls`): the learner reads the counts
+off the rows (`reward_errors`, one call per row) and the first failure's error off the row that carries it
+(`envs.REWARD_FAILURE`), so the check holds whichever process scored the rows (inline, sampler threads, sampler
+processes). A run where only some calls fail goes on; its summary counts them. A run whose learner skipped
+updates (a non-finite loss, gradients or step) says so after its result line (`cli.skipped_updates_line`).
 """
 
 from __future__ import annotations
