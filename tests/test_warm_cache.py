@@ -66,6 +66,20 @@ def test_cache_key_depends_on_what_decides_the_warm_start(tmp_path):
   assert _warm_cache.cache_key(dataclasses.replace(base, rl=dataclasses.replace(base.rl, max_new_tokens=24))) != key
 
 
+def test_cache_key_follows_the_files_of_the_checkpoint_the_warm_start_begins_from(tmp_path):
+  """A Hugging Face checkpoint rewritten at the same `model.hf_path` (exported or converted again) is another
+  warm start: until 2026-12-06 only the path was keyed, and the old weights' warm start was restored."""
+  ckpt = tmp_path / "ckpt"
+  ckpt.mkdir()
+  (ckpt / "model.safetensors").write_bytes(b"a" * 10)
+  base = config.load({})
+  cfg = dataclasses.replace(base, model=dataclasses.replace(base.model, hf_path=str(ckpt)))
+  key = _warm_cache.cache_key(cfg)
+  assert _warm_cache.cache_key(cfg) == key != _warm_cache.cache_key(base)
+  (ckpt / "model.safetensors").write_bytes(b"b" * 11)
+  assert _warm_cache.cache_key(cfg) != key
+
+
 def test_cache_key_of_role_pipelines_holds_their_prompts_not_their_rl_settings():
   relay = config.load(multiagent.get_config("tiny"))
   key = _warm_cache.cache_key(relay)

@@ -57,12 +57,30 @@ def _data_files(cfg: config_lib.Config) -> dict:
   return {"data": config_lib.to_dict(cfg)["data"], "files": stats}
 
 
+def _checkpoint_files(cfg: config_lib.Config) -> dict:
+  """{"checkpoint": the sizes and modification times of the files of `model.hf_path`, the weights the warm start
+  begins from} (a checkpoint rewritten at the same path, exported or converted again, is a new warm start: until
+  2026-12-06 only its path was keyed, and the old weights' warm start was restored); {} without one, or for a
+  bucket's."""
+  path = cfg.model.hf_path
+  if path is None or "://" in path or not os.path.isdir(path):
+    return {}
+  stats = {}
+  for name in sorted(os.listdir(path)):
+    full = os.path.join(path, name)
+    if os.path.isfile(full):
+      st = os.stat(full)
+      stats[name] = [st.st_size, st.st_mtime_ns]
+  return {"checkpoint": stats}
+
+
 def cache_key(cfg: config_lib.Config) -> str:
   """A hash of the sections that decide the warm-started params (and the micro-batching of the SFT step)."""
   d = config_lib.to_dict(cfg)
   spec = {k: {f: v for f, v in d[k].items() if f not in _NOT_KEYED.get(k, ())} if isinstance(d[k], dict) else d[k]
           for k in _KEY_SECTIONS}
   spec.update(_data_files(cfg))
+  spec.update(_checkpoint_files(cfg))
   spec["micro_batches"] = d["loss"]["micro_batches"]
   # The response budget: a dataset task's demonstrations are cut to it, and a task's warm-start rows are as wide
   # (until 2026-12-06 not keyed: a run of rl.max_new_tokens = 24 restored the warm start of demonstrations cut
