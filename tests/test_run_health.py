@@ -168,3 +168,18 @@ def test_skipped_updates_are_said_after_the_result():
       "Skipped updates: 3 RL updates had a loss, gradients or step that were not finite and left the params as they "
       "were (`skipped` in metrics.jsonl marks their steps): lower rl.optimizer.learning_rate, or check the rewards "
       "and the model's numerics.")
+
+
+def test_a_run_with_a_learned_critic_is_not_told_it_had_no_signal():
+  """PPO with a critic at rl.samples_per_prompt = 1 (each group one sample: `frac_zero_signal` 1 at every step)
+  was told "No learning signal ... no gradient" though its rewards varied and its advantages (returns less the
+  critic's values) were not 0 (a probe: grad_norm 0.56). A critic's run leaves `steps_without_signal` out."""
+  tally = _run.Tally(eta=0)
+  for _ in range(3):
+    tally.count({"frac_zero_signal": 1.0}, _health.NO_CALLS)
+  assert tally.summary(critic=False)["steps_without_signal"] == 3
+  assert tally.summary(critic=True)["steps_without_signal"] is None
+  done = {"rl_steps_done": 3}
+  assert cli.no_signal_line({**done, **tally.summary(critic=True)}, random_start=False) is None
+  assert cli.no_signal_line({**done, **tally.summary(critic=False)}, random_start=False).startswith(
+      "No learning signal: in all 3 RL steps")

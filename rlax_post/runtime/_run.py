@@ -144,14 +144,17 @@ class Tally:
             "steps_without_signal": self.steps_without_signal, "staleness_sum": self.staleness_sum,
             "staleness_steps": self.staleness_steps}
 
-  def summary(self) -> dict:
+  def summary(self, critic: bool) -> dict:
     """summary.json's counts of reward calls (None where the task's rows count none: the built-in tasks score
-    inline) and of steps without a learning signal."""
+    inline) and of steps without a learning signal: None with a learned critic (`critic`:
+    `config.uses_critic`), whose advantages (returns less its values) are a signal whatever the groups'
+    rewards (until 2026-12-06 a PPO run at rl.samples_per_prompt = 1, each group one sample, counted every step
+    and was told it had no gradient)."""
     def total(calls: _health.RewardCalls, key: str) -> dict:
       return {f"{key}reward_errors_total": calls.failed if calls.calls else None,
               f"{key}reward_calls_total": calls.calls if calls.calls else None}
     return {**total(self.train_calls, ""), **total(self.eval_calls, "eval_"),
-            "steps_without_signal": self.steps_without_signal}
+            "steps_without_signal": None if critic else self.steps_without_signal}
 
 
 def progress_postfix(row: dict, mode: str, last_eval: float | None) -> dict[str, str]:
@@ -384,7 +387,8 @@ class Run:
         "mode": self.cfg.runtime.mode, "max_staleness": tally.eta, "dropped_stale_total": tally.dropped_total,
         "dropped_future_total": tally.dropped_future_total,
         "mean_staleness": tally.staleness_sum / tally.staleness_steps if tally.staleness_steps else None,
-        "samples_per_s": tally.rows / max(t_end - tally.t_loop, 1e-9), **tally.summary(), **self._best(),
+        "samples_per_s": tally.rows / max(t_end - tally.t_loop, 1e-9),
+        **tally.summary(config_lib.uses_critic(self.cfg)), **self._best(),
     }
     if primary:
       _metrics.write_summary(os.path.join(self.workdir, "summary.json"), summary)
