@@ -175,11 +175,12 @@ _ROUNDS = {"task": {"name": "sales", "options": {"discounted": False}}, "runtime
      "= 'gae', or 'c3' with a value c3_mode, and critic.mode = 'separate' (Iterative PPO's Q is never published); "
      "this run has advantage.estimator = 'grpo', critic.mode = 'separate'"),
     # C3's α weighs the critic against the reward: without a critic, or without the reward term, it was ignored.
-    ({"task": {"name": "relay"}, "advantage": {"estimator": "c3", "c3_mode": "reward_only", "alpha": 0.5}},
+    ({"task": {"name": "relay"}, "advantage": {"estimator": "c3", "c3_mode": "reward_only", "alpha": 0.5},
+      "multiagent": {"fanout": [2, 4]}},
      "`advantage.alpha` = 0.5 (default 1.0): read only with advantage.c3_mode = 'value_assisted'; this run has "
      "advantage.c3_mode = 'reward_only'"),
     ({"task": {"name": "relay"}, "advantage": {"estimator": "c3", "c3_mode": "value_only", "alpha": 0.5},
-      "critic": {"loss": "bce"}},
+      "critic": {"loss": "bce"}, "multiagent": {"fanout": [2, 4]}},
      "`advantage.alpha` = 0.5 (default 1.0): read only with advantage.c3_mode = 'value_assisted'; this run has "
      "advantage.c3_mode = 'value_only'"),
     ({"task": {"name": "tools"}, "rl": {"stop": ["."]}},
@@ -210,7 +211,7 @@ def test_settings_the_run_does_not_read_are_refused(raw, message):
     {"model": {"lora": {"rank": 4, "alpha": 8.0, "targets": ["q"], "base_dtype": "bfloat16"}}},
     {"task": {"name": "relay"}, "advantage": {"estimator": "magrpo"}, "multiagent": {"separator": ";"}},
     {"task": {"name": "relay"}, "advantage": {"estimator": "c3", "c3_mode": "value_assisted", "alpha": 0.5},
-     "critic": {"loss": "bce"}},
+     "critic": {"loss": "bce"}, "multiagent": {"fanout": [2, 4]}},
     {"tree": {"expansion": "treerl", "trees": 1, "forks": 1}, "advantage": {"estimator": "treerl"},
      "rl": {"samples_per_prompt": 2}},
     # A config's warm start turned off by one override (`--config.sft.steps=0`, docs/data.md) keeps its settings;

@@ -105,7 +105,7 @@ def test_bad_pipeline_settings_are_clear_errors(overrides, match):
     (dict(multiagent__fanout=(2, 3)), "makes 6 leaves"),
     (dict(multiagent__fanout=(2, 0, 4)), "positive ints"),
     (dict(advantage__estimator="grpo"), "is a role pipeline"),
-    (dict(advantage__estimator="c3", critic__loss="mse"), "critic.loss = 'bce'"),
+    (dict(advantage__estimator="c3", multiagent__fanout=(2, 4), critic__loss="mse"), "critic.loss = 'bce'"),
 ])
 def test_bad_multiagent_config_is_a_clear_error(overrides, match):
   with pytest.raises(ValueError, match=match):
@@ -122,6 +122,22 @@ def test_a_first_fanout_of_one_is_refused_where_role_1_would_never_train(estimat
                           f"{estimator!r} role 1's one message per problem has no other to be compared with, so its "
                           "advantage is 0 and role 1 never trains. Use f_1 >= 2, or advantage.estimator = 'gae' (a "
                           "learned critic's baseline).")
+
+
+@pytest.mark.parametrize("fanout, flat", [((8, 1), "multiagent.fanout [8, 1]"),
+                                          ((), "the flat fanout [8, 1] (multiagent.fanout empty)")])
+def test_c3_refuses_a_fanout_of_one_at_any_depth(fanout, flat):
+  """c3 compares a message with its siblings only: f_2 = 1 (and the flat default) left role 2's messages lone
+  children, advantage 0 on every step, role 2 untrained (a helper's note, 2026-12-06); magrpo groups a role's
+  nodes over the problem and keeps (8, 1)."""
+  with pytest.raises(ValueError) as e:
+    _cfg("default", advantage__estimator="c3", multiagent__fanout=fanout)
+  assert str(e.value) == (f"In `config`: advantage.estimator = 'c3' credits a message against its siblings (the "
+                          f"other children of its parent); {flat} gives role(s) [2] one message per parent, a lone "
+                          "child with advantage 0, so those roles never train. Set multiagent.fanout with every f_d "
+                          ">= 2 (e.g. [2, 4]), or use advantage.estimator = 'magrpo' (a role's nodes of a problem as "
+                          "its group).")
+  assert _cfg("default", advantage__estimator="magrpo", multiagent__fanout=(8, 1)).multiagent.fanout == (8, 1)
 
 
 def test_a_first_fanout_of_one_is_kept_with_a_critic():

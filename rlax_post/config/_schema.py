@@ -680,6 +680,17 @@ class Config:
                        f"{self.advantage.estimator!r} role 1's one message per problem has no other to be compared "
                        "with, so its advantage is 0 and role 1 never trains. Use f_1 >= 2, or advantage.estimator = "
                        "'gae' (a learned critic's baseline).")
+    # c3 compares a message with its siblings only: f_d = 1 at any depth (the flat default (n, 1, ...) too) leaves
+    # role d's messages lone children, advantage 0, and role d untrained.
+    flat = fanout_of(self)
+    lone = [d + 1 for d, f in enumerate(flat) if f == 1]
+    if self.advantage.estimator == "c3" and self.task.name in COLLABORATION_TASKS and lone and math.prod(flat) > 1:
+      given = (f"multiagent.fanout {list(flat)}" if fanout
+               else f"the flat fanout {list(flat)} (multiagent.fanout empty)")
+      raise ValueError(f"advantage.estimator = 'c3' credits a message against its siblings (the other children of "
+                       f"its parent); {given} gives role(s) {lone} one message per parent, a lone child with "
+                       "advantage 0, so those roles never train. Set multiagent.fanout with every f_d >= 2 (e.g. "
+                       "[2, 4]), or use advantage.estimator = 'magrpo' (a role's nodes of a problem as its group).")
     if self.task.name in COLLABORATION_TASKS and self.advantage.estimator not in TREE_ESTIMATORS + ("gae",):
       raise ValueError(f"task {self.task.name!r} is a role pipeline; advantage.estimator must be one of "
                        f"{list(TREE_ESTIMATORS + ('gae',))}, got {self.advantage.estimator!r}.")
