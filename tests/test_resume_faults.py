@@ -262,10 +262,14 @@ def test_auto_resume_decides_from_what_the_workdir_holds(half, tmp_path):
 
 def test_auto_resume_continues_a_stopped_run_exactly_and_a_finished_one_does_no_step(straight, half):
   """A relaunch under `--auto_resume` of the run stopped after step 2 (a SIGTERM or runtime.stop_after_steps,
-  first launched under it too) continues it as `--resume` does: the straight run's metrics; relaunched once
+  first launched under it too) continues it as `--resume` does: the straight run's metrics, evaluations and eval
+  samples (the stopped invocation evaluated its last step for its summary and logged it: an eval row and
+  samples a straight run lacks, until 2026-12-06); relaunched once
   more, the finished run does no step and reports its final evaluation. A relaunch with other settings is
   refused and changes nothing; so is one over a run whose checkpoints are gone."""
-  assert json.loads((half / "summary.json").read_text())["resumed_from_step"] is None  # (its first launch)
+  stopped = json.loads((half / "summary.json").read_text())
+  assert stopped["resumed_from_step"] is None and stopped["rl_steps_done"] == 2  # (its first launch)
+  assert stopped["final_eval_reward"] is not None  # (evaluated for the summary, unlogged)
   files = {name: (half / name).read_bytes() for name in ("config.json", "metrics.jsonl", "summary.json")}
   with pytest.raises(ValueError, match=r"holds a run of other settings .*rl.steps: 4 -> 6"):
     runtime.train(_cfg([("rl.steps", 6)]), half, resume="auto", quiet=True)
@@ -274,6 +278,10 @@ def test_auto_resume_continues_a_stopped_run_exactly_and_a_finished_one_does_no_
   assert (resumed["resumed_from_step"], resumed["rl_steps_done"]) == (2, 4)
   assert _data_rows(half) == _data_rows(straight)
   evals = _data_rows(half, ("eval",))
+  # The stopped invocation's last step (2) was evaluated and logged, as no straight run or stop signal does.
+  assert evals == _data_rows(straight, ("eval",)) and [r["step"] for r in evals] == [0, 4]
+  samples = (straight / runtime.SAMPLES_FILE).read_bytes()
+  assert (half / runtime.SAMPLES_FILE).read_bytes() == samples
   again = runtime.train(_cfg(), half, resume="auto", quiet=True)
   assert (again["resumed_from_step"], again["rl_steps_done"]) == (4, 4)
   final = json.loads((straight / "summary.json").read_text())["final_eval_reward"]
@@ -475,7 +483,8 @@ def test_a_resumed_run_continues_its_wandb_run(_half_run, half):
   assert {k: summary[k] for k in expected} == expected and expected["rl/step"] == 2
   # Each evaluation's records as a wandb.Table beside the run's files (the summary's: the last one's).
   table = json.loads((first / "files" / summary["eval/samples/path"]).read_text())
-  records = [r for r in _metrics.read_jsonl(os.fspath(half / _metrics.SAMPLES_FILE)) if r["step"] == 2]
+  # (step 0's, the warm start's: the stopped invocation's last step 2 is not evaluated in the log, as in a straight run)
+  records = [r for r in _metrics.read_jsonl(os.fspath(half / _metrics.SAMPLES_FILE)) if r["step"] == 0]
   assert table["columns"] == ["step", "example", "reward", "finished", "prompt", "completion"]
   assert table["data"] == [[r[c] for c in table["columns"]] for r in records] and len(records) == 4
 

@@ -290,7 +290,10 @@ class Run:
     self.log.write(step, taken)
     if _metrics.logged_at(step, cfg.runtime.log_every, cfg.rl.steps):
       self.metrics.write(step, row)
-    if (cfg.eval.every and step % cfg.eval.every == 0) or step == tally.end_step:
+    # At `eval.every` and the run's last step; not where `runtime.stop_after_steps` ends this invocation (as a
+    # stop signal does not: the resumed run's metrics, eval samples and `checkpoint.keep_best` ranking were a
+    # straight run's plus an evaluation there; the summary's figure is evaluated unlogged, `finish`).
+    if (cfg.eval.every and step % cfg.eval.every == 0) or step == cfg.rl.steps:
       with source.device_lock:
         tally.last_eval, tally.eval_step = self.evaluate_logged(step, state), step
     if hasattr(tally.bar, "set_postfix"):
@@ -358,11 +361,14 @@ class Run:
   def finish(self, state, start: Start) -> dict:
     """Closes checkpoints and metrics, plots the curves, writes and returns summary.json. Every process
     of a multi-host learner returns the summary; process 0 alone writes it and the curves."""
-    # The loop evaluates at its last step; a resumed run with no step left to do evaluates here, unless its
-    # checkpoint records that step's evaluation.
+    # The loop evaluates at the run's last step; an invocation stopped early (`runtime.stop_after_steps`), and
+    # a resumed run with no step left to do whose checkpoint records no evaluation of that step, evaluate here,
+    # unlogged (the eval rows stay a straight run's).
     tally = self.tally
     t_final = time.time()
-    final = tally.last_eval if tally.last_eval is not None else self.evaluate_logged(None, state)
+    done = max(tally.end_step, start.step)
+    evaluated = tally.last_eval is not None and tally.eval_step == done
+    final = tally.last_eval if evaluated else self.evaluate_logged(None, state)
     t_end = time.time()
     self.ckpt.close()
     self.metrics.close()
@@ -377,7 +383,7 @@ class Run:
         "initial_eval_reward": initial, "final_eval_reward": final, "improvement": final - initial,
         "wall_seconds": self._run_seconds(start, t_final, t_end), "attempt_wall_seconds": t_end - self.t_start,
         "rl_wall_seconds": t_end - tally.t_loop,
-        "rl_steps": self.cfg.rl.steps, "rl_steps_done": max(tally.end_step, start.step),
+        "rl_steps": self.cfg.rl.steps, "rl_steps_done": done,
         "resumed_from_step": None if self.latest is None else start.step,
         "final_train_reward": rl_rows[-1]["reward_mean"] if rl_rows else None,
         "final_kl": rl_rows[-1].get("kl") if rl_rows else None,
