@@ -14,6 +14,7 @@ import pytest
 
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import runtime
+from rlax_post.runtime import _signals
 
 _CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "demo.py")
 # The demo's tiny config, short: 24 RL steps, no eval but the last, a periodic checkpoint at step 20 only.
@@ -133,12 +134,12 @@ def test_a_learner_waiting_for_rollouts_stops_at_once(tmp_path):
   assert (workdir / runtime.DONE_FILE).exists() and not (workdir / "summary.json").exists()
 
 
-def test_deferred_signals_notes_the_first_and_lets_a_second_act():
+def test_deferred_signals_notes_the_first_and_lets_a_second_ctrl_c_act():
   if threading.current_thread() is not threading.main_thread():
     pytest.skip("signal handlers need the main thread")
   before = signal.signal(signal.SIGINT, signal.default_int_handler)
   try:
-    noted, restore = runtime.deferred_signals((signal.SIGINT,), second_acts=True)
+    noted, restore = runtime.deferred_signals((signal.SIGINT,), second_acts=(signal.SIGINT,))
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(0.01)
     assert noted == [signal.SIGINT]
@@ -156,6 +157,24 @@ def test_deferred_signals_notes_the_first_and_lets_a_second_act():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
   finally:
     signal.signal(signal.SIGINT, before)
+  # The loop's: a scheduler's SIGTERM may come twice (SLURM's step and its srun): the second is noted too, where
+  # it ended the learner mid-step; a Ctrl-C after it still acts at once.
+  before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    noted, restore = runtime.deferred_signals(_signals.STOP_SIGNALS, second_acts=_signals.SECOND_ACTS)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.01)
+    assert noted == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.01)
+    assert noted == [signal.SIGTERM, signal.SIGTERM]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    restore()
+    assert signal.getsignal(signal.SIGTERM) is before[signal.SIGTERM]
+  finally:
+    for sig, handler in before.items():
+      signal.signal(sig, handler)
   assert runtime.Stopped(signal.SIGTERM, 3).exit_status == 143
   assert runtime.Stopped(signal.SIGINT, 3).exit_status == 130
 

@@ -95,9 +95,10 @@ def _train_opened(run: _run.Run, make_source) -> dict:
   except BaseException:  # (a refused resume, a failed warm start): the source stops, its samplers with it
     source.stop()
     raise
-  # From here to the loop's end, Ctrl-C and SIGTERM only ask it to stop between steps; a second one acts at
-  # once, as it did before (the checkpoint being saved stays invisible: orbax's atomic save).
-  noted, restore = _signals.deferred_signals(_signals.STOP_SIGNALS, second_acts=True)
+  # From here to the loop's end, Ctrl-C and SIGTERM only ask it to stop between steps; a Ctrl-C after the first
+  # signal acts at once, as it did before (the checkpoint being saved stays invisible: orbax's atomic save); a
+  # second SIGTERM (a scheduler's notice delivered twice) is noted as the first was.
+  noted, restore = _signals.deferred_signals(_signals.STOP_SIGNALS, second_acts=_signals.SECOND_ACTS)
   try:
     state = learn(run.update, source, run, start, lambda: noted[0] if noted else None)
   except _signals.Stopped as e:

@@ -14,6 +14,9 @@ from typing import Callable, Sequence
 # `rlax-post train` / `learner`: Ctrl-C (the user: stop everything) and SIGTERM (a scheduler's preemption
 # notice: the run will be resumed).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# Of those, the one whose second arrival acts at once (`deferred_signals`' `second_acts`): Ctrl-C, a user who
+# aborts what the first let finish; not SIGTERM, which a scheduler may send twice.
+SECOND_ACTS = (signal.SIGINT,)
 
 
 def never() -> int | None:
@@ -38,16 +41,19 @@ class Stopped(Exception):
     return 128 + self.signum
 
 
-def deferred_signals(signums: Sequence[int], *, second_acts: bool = False) -> tuple[list[int], Callable[[], None]]:
+def deferred_signals(signums: Sequence[int], *,
+                     second_acts: Sequence[int] = ()) -> tuple[list[int], Callable[[], None]]:
   """Notes `signums` from now on, for the caller to act on between its steps. Returns (the signals noted, in
   order; the undo that puts the handlers back).
 
   A signal the caller ignores (SIGHUP under `nohup`, SIGINT in a shell's background job) stays ignored, and one
-  whose handler was not set from Python (`getsignal` is None: it could not be put back) is left alone. With
-  `second_acts`, the first signal noted puts the handlers before back, so a second one acts as it did before
-  (Python's KeyboardInterrupt for Ctrl-C, the default end for SIGTERM): a user can still abort at once what
-  the first one let finish. Only the main thread can set handlers; elsewhere nothing changes (and nothing is
-  noted)."""
+  whose handler was not set from Python (`getsignal` is None: it could not be put back) is left alone. The
+  first signal noted puts the handlers before of `second_acts` back, so a further one of those acts as it did
+  before (`_loop`: SIGINT, Python's KeyboardInterrupt: a user at the keyboard can still abort at once what the
+  first one let finish); the others stay noted (SIGTERM, a scheduler's notice, which may come twice: SLURM
+  signals a job step's tasks and its `srun` forwards the signal to them again; until 2026-12-06 the second
+  SIGTERM ended the learner in the middle of the step the first let finish). Only the main thread can set
+  handlers; elsewhere nothing changes (and nothing is noted)."""
   noted: list[int] = []
   if threading.current_thread() is not threading.main_thread():
     return noted, lambda: None
@@ -61,8 +67,9 @@ def deferred_signals(signums: Sequence[int], *, second_acts: bool = False) -> tu
   def note(signum, frame) -> None:
     del frame
     noted.append(signum)
-    if second_acts:
-      restore()
+    for sig in second_acts:
+      if sig in before:
+        signal.signal(sig, before[sig])
 
   before.update({sig: signal.signal(sig, note) for sig in sigs})
   return noted, restore
