@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from rlax_post import runtime
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _resume
+from rlax_post.runtime import _run
 
 sys.path.insert(0, ".")
 from configs import dataset  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -93,11 +95,30 @@ def half(_half_run, tmp_path):
   return workdir
 
 
-def test_an_uncommitted_step_is_set_aside_and_resume_matches_a_straight_run(straight, half, capsys):
+def test_an_uncommitted_step_is_set_aside_and_resume_matches_a_straight_run(straight, half, capsys, monkeypatch):
+  """A save that never finished is set aside and the resume gives the straight run's metrics; a SIGTERM while the
+  last step's checkpoint commits (after the loop) is noted as one during a step is, not the default end: until
+  2026-12-06 it ended the process with that checkpoint torn, and the relaunch did its steps again."""
   ckpts = half / "checkpoints"
   shutil.copytree(ckpts / "2", ckpts / "3")
   os.remove(ckpts / "3" / "commit_success.txt")  # A save of step 3 that never finished.
-  summary = runtime.train(_cfg(), half, resume=True, quiet=True)
+  ended, wait, fatal = [], _checkpoint.RunCheckpointer._wait_for_write, []
+  monkeypatch.setattr(_run.Run, "close_progress", lambda self: ended.append(True))  # (the loop's last act)
+
+  def wait_signalled(self):
+    if ended and not fatal:  # The first wait after the loop: the last checkpoint's commit.
+      fatal.append(False)
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(0.01)
+    wait(self)
+
+  monkeypatch.setattr(_checkpoint.RunCheckpointer, "_wait_for_write", wait_signalled)
+  before = signal.signal(signal.SIGTERM, lambda *_: fatal.append(True))  # (what the default end would do)
+  try:
+    summary = runtime.train(_cfg(), half, resume=True, quiet=True)
+  finally:
+    signal.signal(signal.SIGTERM, before)
+  assert fatal == [False]  # sent, and taken by the run's handler
   assert summary["resumed_from_step"] == 2 and summary["rl_steps_done"] == 4
   assert _data_rows(half) == _data_rows(straight)
   aside = sorted(os.listdir(half / _checkpoint.ASIDE_DIR))

@@ -101,6 +101,9 @@ def _train_opened(run: _run.Run, make_source) -> dict:
   noted, restore = _signals.deferred_signals(_signals.STOP_SIGNALS, second_acts=_signals.SECOND_ACTS)
   try:
     state = learn(run.update, source, run, start, lambda: noted[0] if noted else None)
+    # The last step's checkpoint commits while a signal is still only noted (moot now: the run finishes); a
+    # SIGTERM there ended the process with that checkpoint torn, and the relaunch did its steps again.
+    run.ckpt.wait()
   except _signals.Stopped as e:
     raise run.close_stopped(e) from None
   finally:
