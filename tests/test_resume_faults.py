@@ -287,7 +287,7 @@ def test_auto_resume_continues_a_stopped_run_exactly_and_a_finished_one_does_no_
   samples (the stopped invocation evaluated its last step for its summary and logged it: an eval row and
   samples a straight run lacks, until 2026-12-06); relaunched once
   more, the finished run does no step and reports its final evaluation. A relaunch with other settings is
-  refused and changes nothing; so is one over a run whose checkpoints are gone."""
+  refused and changes nothing; so is one over a run whose checkpoints are gone, with or without the flag."""
   stopped = json.loads((half / "summary.json").read_text())
   assert stopped["resumed_from_step"] is None and stopped["rl_steps_done"] == 2  # (its first launch)
   assert stopped["final_eval_reward"] is not None  # (evaluated for the summary, unlogged)
@@ -314,6 +314,12 @@ def test_auto_resume_continues_a_stopped_run_exactly_and_a_finished_one_does_no_
   with pytest.raises(ValueError, match=r"summary.json \(RL step 4 of 4\) but no complete checkpoint"):
     runtime.train(_cfg(), half, resume="auto", quiet=True)
   assert (half / "summary.json").read_bytes() == summary
+  # A fresh run there (no flag) removed those results, metrics and curves without a word: refused the same way.
+  metrics = (half / "metrics.jsonl").read_bytes()
+  with pytest.raises(ValueError, match=r"holds a run's summary.json \(RL step 4 of 4\) but no complete checkpoint: "
+                                       r"a run's results, .* or remove its summary.json to start afresh there\.$"):
+    runtime.train(_cfg(), half, quiet=True)
+  assert (half / "summary.json").read_bytes() == summary and (half / "metrics.jsonl").read_bytes() == metrics
   with pytest.raises(ValueError, match=r"resume must be True, False or 'auto'; got 'yes'"):
     runtime.train(_cfg(), half, resume="yes", quiet=True)
 

@@ -9,7 +9,7 @@ The rule, from what the workdir holds (nothing is removed to decide it):
 * config.json of other settings (those `--resume` compares): refused; another run's workdir, whose results a
   relaunch must neither continue nor replace;
 * summary.json but no complete checkpoint: refused; a run's results whose checkpoints are gone, which a fresh
-  start would replace.
+  start would replace (a fresh start without `--auto_resume` refuses them too: `summary_without_checkpoint`).
 """
 
 from __future__ import annotations
@@ -63,12 +63,22 @@ def auto_resume(workdir: str, cfg: config_lib.Config, latest: int | None) -> boo
   check_auto_resume(workdir, cfg)
   if latest is not None:
     return True
-  path = os.path.join(workdir, "summary.json")
-  if os.path.exists(path):
-    summary = _read_json(path)
-    done = (f" (RL step {summary.get('rl_steps_done')} of {summary.get('rl_steps')})"
-            if isinstance(summary, dict) else "")
-    raise ValueError(f"--auto_resume: {workdir} holds a run's summary.json{done} but no complete checkpoint to "
-                     "continue from, so its results would be replaced by a fresh start: pass another --workdir, "
-                     "or start afresh there without --auto_resume.")
+  summary = summary_without_checkpoint(workdir)
+  if summary:
+    raise ValueError(f"--auto_resume: {workdir} holds {summary} but no complete checkpoint to continue from, so "
+                     "its results would be replaced by a fresh start: pass another --workdir, or remove its "
+                     "summary.json to start afresh there.")
   return False
+
+
+def summary_without_checkpoint(workdir: str) -> str | None:
+  """"a run's summary.json (RL step k of n)" when `workdir` holds one (called where it holds no complete
+  checkpoint: a finished run's results whose checkpoints are gone, which a fresh start would remove); None
+  without one."""
+  path = os.path.join(workdir, "summary.json")
+  if not os.path.exists(path):
+    return None
+  summary = _read_json(path)
+  done = (f" (RL step {summary.get('rl_steps_done')} of {summary.get('rl_steps')})"
+          if isinstance(summary, dict) else "")
+  return f"a run's summary.json{done}"

@@ -470,6 +470,19 @@ def _refuse_foreign_files(workdir: str) -> None:
                      "never reached its first checkpoint left). Pass an empty or new --workdir.")
 
 
+def _refuse_results_without_checkpoint(workdir: str) -> None:
+  """ValueError when `workdir`, which holds no complete checkpoint, holds a run's summary.json: a finished run's
+  results whose checkpoints were removed (to free the disk, say), which `_clear_attempt` would delete with its
+  metrics and curves (until 2026-12-06 a fresh run did, without a word; `--auto_resume` refused). An attempt
+  stopped before its first checkpoint writes no summary. Process 0 looks; every process raises."""
+  said = _resume.summary_without_checkpoint(workdir) if _distributed.is_primary() else None
+  said = json.loads(_distributed.broadcast_bytes(json.dumps(said).encode() if _distributed.is_primary() else None))
+  if said:
+    raise ValueError(f"{workdir} holds {said} but no complete checkpoint: a run's results, which a fresh run there "
+                     "would remove with its metrics.jsonl and curves. Pass another --workdir, or remove its "
+                     "summary.json to start afresh there.")
+
+
 def _clear_attempt(workdir: str) -> None:
   """Removes what an attempt that never reached its first checkpoint left (nothing of it can be continued):
   its metric outputs and its run data, which a fresh run would otherwise read as its own (the queue's groups
@@ -539,6 +552,8 @@ def open_run(parts: _parts.Parts, workdir: str, *, resume: bool | str, quiet: bo
     aside = "".join(f"; set aside {path}: {reason}" for path, reason in ckpt.aside)
     raise ValueError(f"--resume: {workdir} holds no complete checkpoint to continue{aside}. Run without "
                      "--resume to start a new run there.")
+  if latest is None:
+    _refuse_results_without_checkpoint(workdir)
   if latest is None and primary:
     _clear_attempt(workdir)
     _write_config(workdir, cfg)  # (a resume writes it once `start` accepts it)
