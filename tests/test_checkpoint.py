@@ -104,7 +104,7 @@ def test_keep_best_keeps_the_best_evaluated_checkpoints_beside_the_newest_across
   """`checkpoint.keep_best` (TRL's load_best_model_at_end): the `keep_best` checkpoints of the best held-out eval
   reward of their own step stay beside the `max_to_keep` newest, also after a resume (orbax reads the kept steps'
   rewards back), and `--step best` reads the best one (the newest of equal ones). A step not evaluated (a stop
-  signal's checkpoint) is never kept as a best one."""
+  signal's checkpoint) is never kept as a best one. Turned on at a resume, it ranks the steps saved before too."""
   arrays = {"w": jnp.arange(4.0)}
   ckpt = _checkpoint.RunCheckpointer(tmp_path, max_to_keep=2, keep_best=1)
   with caplog.at_level(logging.WARNING):
@@ -136,6 +136,19 @@ def test_keep_best_keeps_the_best_evaluated_checkpoints_beside_the_newest_across
   plain.close()
   assert _checkpoint.complete_checkpoints(os.fspath(tmp_path / "plain")) == [1, 2]
   assert _checkpoint.checkpoint_step(os.fspath(tmp_path / "plain"), "best", "serve") == 1
+  # keep_best turned on at a --resume: the steps saved without it rank by their metadata too (orbax ranks by a
+  # metrics item a save writes only under keep_best: the best, step 1, went with the older ones, and `--step
+  # best` named step 6).
+  late = _checkpoint.RunCheckpointer(tmp_path / "late", max_to_keep=3)
+  for step, reward in enumerate([0.1, 0.9, 0.2, 0.3]):
+    late.save(step, arrays, arrays, _evaluated(step, reward))
+  late.close()
+  late = _checkpoint.RunCheckpointer(tmp_path / "late", max_to_keep=3, keep_best=1)
+  for step, reward in [(4, 0.4), (5, 0.5), (6, None), (7, 0.6)]:
+    late.save(step, arrays, arrays, _evaluated(step, reward))
+  late.close()
+  assert _checkpoint.complete_checkpoints(os.fspath(tmp_path / "late")) == [1, 5, 6, 7]
+  assert _checkpoint.checkpoint_step(os.fspath(tmp_path / "late"), "best", "serve") == 1
   none = _checkpoint.RunCheckpointer(tmp_path / "none", max_to_keep=2)
   none.save(3, arrays, arrays, _evaluated(3, None))
   none.close()

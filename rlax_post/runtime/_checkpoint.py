@@ -85,6 +85,35 @@ def _eval_reward_metric(metrics: dict) -> float:
   return metrics["eval_reward"]
 
 
+_METRICS = ocp.checkpoint_manager.METRIC_ITEM_NAME  # orbax's item (and file) of a step's metrics: "metrics"
+
+
+def record_rewards(directory: epath.Path) -> list[int]:
+  """Writes orbax's metrics item (`<step>/metrics/metrics`: {"eval_reward": ...}) of each complete step in
+  `directory` that has none but whose metadata records its own evaluation (`evaluated_reward`); returns those
+  steps. Orbax ranks `checkpoint.keep_best`'s checkpoints by that item alone, which a save writes only under
+  `keep_best`: a run that turned `keep_best` on at a `--resume` had its best checkpoint deleted with the older
+  ones, and `--step best` named the best of the newer ones (until 2026-12-06). A step whose metadata does not
+  read is left alone (a resume sets it aside)."""
+  done, reader = [], None
+  for step_dir in sorted((p for p in directory.iterdir() if exchange.is_complete(p)), key=lambda p: int(p.name)):
+    if (step_dir / _METRICS / _METRICS).exists():
+      continue
+    reader = reader or _reader(directory)
+    step = int(step_dir.name)
+    try:
+      meta = dict(reader.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta)
+    except Exception:  # pylint: disable=broad-except  (damaged: `restore_newest` sets it aside)
+      continue
+    if (reward := evaluated_reward(step, meta)) is not None:
+      (step_dir / _METRICS).mkdir(exist_ok=True)
+      (step_dir / _METRICS / _METRICS).write_text(json.dumps({"eval_reward": reward}))
+      done.append(step)
+  if reader is not None:
+    reader.close()
+  return done
+
+
 def _manager_options(max_to_keep: int, keep_best: int, name: str) -> ocp.CheckpointManagerOptions:
   """The saving manager's options: the `max_to_keep` newest checkpoints, and with `keep_best` the `keep_best`
   ones of the best `evaluated_reward` too (orbax keeps what either policy keeps; `best_fn` as well: orbax 0.12
@@ -294,6 +323,8 @@ class RunCheckpointer:
         if not exchange.is_complete(step_dir):
           reason = f"step {step_dir.name} has no commit marker (a save that never finished)"
           self.aside.append((set_aside(step_dir, reason), reason))
+      if keep_best:  # (before the manager reads the steps' metrics)
+        record_rewards(self.directory)
     _distributed.barrier(f"rlax_post_{name}_checkpoints_aside")  # Every process lists what is left.
     self._manager = ocp.CheckpointManager(self.directory, options=_manager_options(max_to_keep, keep_best, name),
                                           item_names=_ITEMS)
