@@ -58,7 +58,7 @@ def test_nested_section_keeps_its_own_defaults():
      r"`config.advantage.estimator` must be one of \['grpo', 'drgrpo', 'rloo', 'reinforce_pp', 'gigpo', 'graph_gae', 'gae', 'c3', 'magrpo', 'tree_grpo', 'treerl'\]; got 'gpro'"),
     ({"loss": {"kl_kind": "k4"}}, r"must be one of \['k3', 'k1', 'k2'\]"),
     ({"rl": {"top_p": 0.0}}, r"`config.rl.top_p` must be > 0.0 and <= 1.0; got 0.0"),
-    ({"rl": {"temperature": 150.0}}, r"`config.rl.temperature` must be > 0.0 and <= 100.0; got 150.0"),
+    ({"rl": {"temperature": 150.0}}, r"`config.rl.temperature` must be >= 1e-05 and <= 100.0; got 150.0"),
     ({"rl": {"steps": 2.5}}, r"`config.rl.steps` must be an int; got 2.5"),
     ({"runtime": {"progress": "yes"}}, r"must be a bool"),
     ({"rl": {"minibatches": 3}}, r"must be divisible by rl.minibatches = 3"),

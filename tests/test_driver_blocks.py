@@ -628,10 +628,11 @@ def test_a_stop_string_is_checked_in_the_text_the_reward_reads_when_the_decode_c
 
 
 def test_bad_laws_and_stops_raise_clear_errors():
-  with pytest.raises(ValueError, match=r"temperature must be a number in \[0, 100\] \(0 is greedy\); got -1.0"):
+  bad_temperature = r"temperature must be 0 \(greedy\) or a number in \[1e-05, 100\]; got "
+  with pytest.raises(ValueError, match=bad_temperature + "-1.0"):
     _sampling.SamplingParams(temperature=-1.0)
   # Far above it the padded vocabulary's finite mask (-1e9 / T) would stop masking.
-  with pytest.raises(ValueError, match=r"temperature must be a number in \[0, 100\] \(0 is greedy\); got 1000000000000.0"):
+  with pytest.raises(ValueError, match=bad_temperature + "1000000000000.0"):
     _sampling.SamplingParams(temperature=1e12)
   assert _sampling.SamplingParams(temperature=_sampling.MAX_TEMPERATURE).temperature == 100.0
   with pytest.raises(ValueError, match=r"top_p must be a number in \(0, 1\]; got 0"):

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlax_post import models
 from rlax_post import sampler
 
 
@@ -90,7 +91,8 @@ def test_a_user_s_sampling_law_is_checked_named_and_told_apart_from_the_default(
   assert (law.changed(), law.file_tag()) == (("temperature", "top_k", "seed"), "temperature0.7_top_k40_seed2")
   assert sampler.SamplingLaw(1.0, top_p=0.5).file_tag() == "temperature1_top_p0.5_seed0"
   assert law.settings() == {"temperature": 0.7, "top_p": 1.0, "top_k": 40, "seed": 2}
-  for bad, line in [(dict(temperature=-1.0), r"^temperature must be a number in \[0, 100\] \(0 is greedy\); got -1.0"),
+  for bad, line in [(dict(temperature=-1.0), r"^temperature must be 0 \(greedy\) or a number in \[1e-05, 100\]; got "
+                                             r"-1.0"),
                     (dict(top_p=0.0), r"^top_p must be a number in \(0, 1\]; got 0.0\.$"),
                     (dict(top_k=-1), r"^top_k must be an int >= 0 \(0 keeps every token\); got -1\.$"),
                     (dict(seed=2**32), r"^--seed must be an int in \[0, 2\*\*32\) \(the sampling seed\); got "
@@ -98,3 +100,19 @@ def test_a_user_s_sampling_law_is_checked_named_and_told_apart_from_the_default(
                     (dict(seed=True), r"^--seed must be an int in \[0, 2\*\*32\) .*; got True\.$")]:
     with pytest.raises(ValueError, match=line):
       sampler.SamplingLaw(**bad).check()
+
+
+def test_a_temperature_between_greedy_and_min_temperature_is_refused():
+  """Below `MIN_TEMPERATURE` logits / T leave float32's precision: jitted, log softmax(logits / T) of the argmax
+  read +-inf (T = 1e-7 with logits of 300 on the CPU), so a sampled token's logprob (and `generate`'s sum logprob,
+  nan) was infinite. Such a T is refused; at `MIN_TEMPERATURE` itself the argmax's logprob is ~0."""
+  for tiny in (1e-12, 1e-6, sampler.MIN_TEMPERATURE / 2):
+    with pytest.raises(ValueError, match=r"^temperature must be 0 \(greedy\) or a number in \[1e-05, 100\]; got "):
+      sampler.SamplingParams(temperature=tiny)
+    with pytest.raises(ValueError, match=r"^temperature must be 0 \(greedy\)"):
+      sampler.SamplingLaw(temperature=tiny).check()
+  assert sampler.SamplingParams(temperature=sampler.MIN_TEMPERATURE).temperature == 1e-5
+  logits = (jax.random.normal(jax.random.key(0), (8, 264)) * 100).at[:, 259:].set(-1e9)
+  logp = jax.jit(lambda z, t: models.logprobs_from_logits(z, jnp.argmax(z, -1), temperature=t))(
+      logits, jnp.full((8, 1), sampler.MIN_TEMPERATURE, jnp.float32))
+  np.testing.assert_allclose(np.asarray(logp), 0.0, atol=1e-3)

@@ -317,7 +317,7 @@ class RLSection:
   prompts_per_step: int = bounded(32, low=1)
   samples_per_prompt: int = bounded(8, low=1)
   max_new_tokens: int = bounded(8, low=1)
-  temperature: float = bounded(1.0, low=0.0, high=100.0, low_open=True)  # high: sampler.MAX_TEMPERATURE
+  temperature: float = bounded(1.0, low=1e-5, high=100.0)  # sampler.MIN_TEMPERATURE, MAX_TEMPERATURE
   top_p: float = bounded(1.0, low=0.0, high=1.0, low_open=True)
   top_k: int = bounded(0, low=0)
   stop: tuple = ()  # strings that end a response once its text contains one (besides EOS)

@@ -35,6 +35,7 @@ from rlax_post.sampler._sampling import sample_rows
 from rlax_post.sampler._sampling import sample_token
 from rlax_post.sampler._sampling import sampling_logprobs
 from rlax_post.sampler._sampling import MAX_TEMPERATURE
+from rlax_post.sampler._sampling import MIN_TEMPERATURE
 from rlax_post.sampler._sampling import SamplingLaw
 from rlax_post.sampler._sampling import SamplingParams
 from rlax_post.sampler._scoring import ScoreService
@@ -75,6 +76,7 @@ __all__ = [
     "sample_token",
     "sampling_logprobs",
     "MAX_TEMPERATURE",
+    "MIN_TEMPERATURE",
     "SamplingLaw",
     "SamplingParams",
     "ScoreService",

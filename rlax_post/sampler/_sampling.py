@@ -21,15 +21,19 @@ import numpy as np
 # The model masks padded-vocabulary logits to a finite -1e9 (an -inf would turn a fully masked softmax into NaN);
 # divided by a temperature near 1e9 that mask would stop masking. No useful law needs T above this.
 MAX_TEMPERATURE = 100.0
+# Below this (and above 0, greedy) logits / T leave float32's precision: jitted, log softmax(logits / T) of the
+# argmax read +inf or -inf (T = 1e-7 with logits of 300, 1e-11 with logits of 0.3, on the CPU), not ~0: a sampled
+# token's logprob and the learner's were then infinite. vLLM samples greedily below the same 1e-5.
+MIN_TEMPERATURE = 1e-5
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
   """One request's sampling law: softmax(logits / temperature) truncated to top-k, then top-p.
 
-  temperature: in [0, MAX_TEMPERATURE]; 0 is greedy (argmax). top_p: in (0, 1]; 1 keeps every token. top_k:
-  >= 0; 0 keeps every token. Logprobs of a request refer to log softmax(logits / T) with its own T (T = 1 when
-  greedy), before truncation.
+  temperature: 0 (greedy: argmax) or in [MIN_TEMPERATURE, MAX_TEMPERATURE]. top_p: in (0, 1]; 1 keeps every
+  token. top_k: >= 0; 0 keeps every token. Logprobs of a request refer to log softmax(logits / T) with its own T
+  (T = 1 when greedy), before truncation.
   """
   temperature: float = 1.0
   top_p: float = 1.0
@@ -39,9 +43,10 @@ class SamplingParams:
     def number(x):
       return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating)) and np.isfinite(x)
 
-    if not number(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE:
-      raise ValueError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0 is greedy); got "
-                       f"{self.temperature!r}.")
+    if not number(self.temperature) or not (self.temperature == 0
+                                            or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE):
+      raise ValueError(f"temperature must be 0 (greedy) or a number in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]; "
+                       f"got {self.temperature!r}.")
     if not number(self.top_p) or not 0.0 < self.top_p <= 1.0:
       raise ValueError(f"top_p must be a number in (0, 1]; got {self.top_p!r}.")
     if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
