@@ -116,3 +116,16 @@ def test_a_temperature_between_greedy_and_min_temperature_is_refused():
   logp = jax.jit(lambda z, t: models.logprobs_from_logits(z, jnp.argmax(z, -1), temperature=t))(
       logits, jnp.full((8, 1), sampler.MIN_TEMPERATURE, jnp.float32))
   np.testing.assert_allclose(np.asarray(logp), 0.0, atol=1e-3)
+
+
+def test_a_top_k_past_int32_is_refused_and_one_past_the_vocabulary_keeps_every_token():
+  """A slot's top_k is an int32 on the device: `--top_k 99999999999` passed the checks and ended in an
+  OverflowError traceback building the slots' settings. Refused in one line; a top_k at or past the vocabulary
+  keeps every token, as 0 does."""
+  for bad in (2**31, 99999999999):
+    with pytest.raises(ValueError, match=rf"^top_k must be at most 2147483647 \(2\*\*31 - 1: .*\); got {bad}\.$"):
+      sampler.SamplingLaw(temperature=1.0, top_k=bad).check()
+  assert sampler.SamplingParams(top_k=sampler.MAX_TOP_K).top_k == 2**31 - 1
+  logits = jnp.log(jnp.array([[0.4, 0.3, 0.2, 0.1]]))
+  np.testing.assert_allclose(sampler.sampling_logprobs(logits, temperature=1.0, top_k=sampler.MAX_TOP_K),
+                             sampler.sampling_logprobs(logits, temperature=1.0), atol=1e-6)

@@ -319,7 +319,7 @@ class RLSection:
   max_new_tokens: int = bounded(8, low=1)
   temperature: float = bounded(1.0, low=1e-5, high=100.0)  # sampler.MIN_TEMPERATURE, MAX_TEMPERATURE
   top_p: float = bounded(1.0, low=0.0, high=1.0, low_open=True)
-  top_k: int = bounded(0, low=0)
+  top_k: int = bounded(0, low=0, high=2**31 - 1)  # sampler.MAX_TOP_K
   stop: tuple = ()  # strings that end a response once its text contains one (besides EOS)
   minibatches: int = bounded(1, low=1)  # optimizer steps per rollout batch (per epoch)
   epochs: int = bounded(1, low=1)  # passes over each rollout batch

@@ -36,6 +36,7 @@ from rlax_post.sampler._sampling import sample_token
 from rlax_post.sampler._sampling import sampling_logprobs
 from rlax_post.sampler._sampling import MAX_TEMPERATURE
 from rlax_post.sampler._sampling import MIN_TEMPERATURE
+from rlax_post.sampler._sampling import MAX_TOP_K
 from rlax_post.sampler._sampling import SamplingLaw
 from rlax_post.sampler._sampling import SamplingParams
 from rlax_post.sampler._scoring import ScoreService
@@ -77,6 +78,7 @@ __all__ = [
     "sampling_logprobs",
     "MAX_TEMPERATURE",
     "MIN_TEMPERATURE",
+    "MAX_TOP_K",
     "SamplingLaw",
     "SamplingParams",
     "ScoreService",

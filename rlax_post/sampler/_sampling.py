@@ -25,6 +25,8 @@ MAX_TEMPERATURE = 100.0
 # argmax read +inf or -inf (T = 1e-7 with logits of 300, 1e-11 with logits of 0.3, on the CPU), not ~0: a sampled
 # token's logprob and the learner's were then infinite. vLLM samples greedily below the same 1e-5.
 MIN_TEMPERATURE = 1e-5
+# A slot's top_k is an int32 on the device (a larger one overflowed building its settings).
+MAX_TOP_K = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +53,9 @@ class SamplingParams:
       raise ValueError(f"top_p must be a number in (0, 1]; got {self.top_p!r}.")
     if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
       raise ValueError(f"top_k must be an int >= 0 (0 keeps every token); got {self.top_k!r}.")
+    if self.top_k > MAX_TOP_K:  # (every top_k at or past the vocabulary keeps every token, as 0 does)
+      raise ValueError(f"top_k must be at most {MAX_TOP_K} (2**31 - 1: the engine holds it as an int32; any "
+                       f"top_k >= the vocabulary size keeps every token); got {self.top_k!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
