@@ -258,6 +258,19 @@ def test_bad_requests_raise_clear_errors(greedy_engine):
     driver.submit([Request(refs.prompt(3), request_id=1), Request(refs.prompt(4), request_id=1)])
   with pytest.raises(ValueError, match="lack leaf"):
     driver.set_params({k: v for k, v in refs.model()[1].items() if k != "final_norm"}, 1)
+  # A driver's shorter max_length: a prompt that fills it is refused (until 2026-12-06 the step raised a
+  # RuntimeError "driver bug"); one a token shorter generates that token.
+  for bad in (0, 1, "8", True):
+    with pytest.raises(ValueError, match=rf"^max_length must be None .* an int >= 2 .*; got {bad!r}\.$"):
+      _driver.Driver(greedy_engine, refs.model()[1], max_length=bad)
+  short = _driver.Driver(greedy_engine, refs.model()[1], max_length=10)
+  for n in (10, 12):
+    with pytest.raises(ValueError, match=rf"^Request 's': prompt of {n} tokens leaves no room in the driver's "
+                       r"max_length 10 \(its sequences' most tokens\); shorten it to at most 9 tokens\.$"):
+      short.submit([Request(refs.prompt(n), max_tokens=3, request_id="s")])
+  assert short.done
+  c, = short.sample([Request(refs.prompt(9), max_tokens=3, request_id="fits")])
+  assert len(c.tokens) == 1 and c.finish_reason in ("max_decode_length", "stop")
   assert driver.done and driver.stats.prefills == 0  # Nothing was queued by a rejected call.
 
 

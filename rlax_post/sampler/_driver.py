@@ -170,7 +170,9 @@ class Driver:
       idle a block longer each time: measured on the CPU, 18% fewer busy slot-steps and 14% more time.
     max_length: most tokens a sample's sequence (prompt, messages and observations) may hold, if fewer than the
       engine's `max_decode_length` (whose rows may be longer: a power-of-two prefill bucket); None: that.
-      Multi-turn episodes must end within the run's rows (`envs.Lengths.sequence`).
+      Multi-turn episodes must end within the run's rows (`envs.Lengths.sequence`). An int >= 2: a turn's
+      max_tokens is clipped to it (the turn then ends as 'max_decode_length'), and a prompt that fills it is
+      refused at `submit`.
   """
 
   def __init__(self, engine: _engine.RlaxEngine, params: Any, *, version: int = 0,
@@ -199,6 +201,10 @@ class Driver:
     self._pending: collections.deque[_samples.Sample] = collections.deque()
     self._finished: list[tuple[int, int, Completion]] = []  # (request order, index, completion).
     self._num_requests = 0
+    if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer))
+                                   or max_length < 2):
+      raise ValueError(f"max_length must be None (the engine's max_decode_length) or an int >= 2 (a prompt token "
+                       f"and one to generate); got {max_length!r}.")
     self._room = engine.max_decode_length if max_length is None else min(int(max_length), engine.max_decode_length)
     # Samples waiting on an env future, in parking order: (future, sample, the turn's finish reason).
     self._parked: list[tuple[concurrent.futures.Future, _samples.Sample, str]] = []
@@ -278,7 +284,7 @@ class Driver:
     ids = [r.request_id for r in requests]
     if len(set(ids)) != len(ids):
       raise ValueError(f"request_ids must be unique within a call; got {ids}.")
-    queued = [validate_request(r, self.engine) for r in requests]
+    queued = [validate_request(r, self.engine, self._room) for r in requests]
     kept = [r.request_id for r in requests if r.keep and self._has_kept(r.request_id)]
     if kept:
       raise ValueError(f"Requests {kept} keep their samples, but samples of those request_ids are kept already "

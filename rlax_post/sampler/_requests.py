@@ -178,9 +178,10 @@ def check_streams(name: str, seed: Any, stream: Any, sample_streams: Any, n: int
                        f"{sample_streams!r}.")
 
 
-def validate_request(r: Request, engine: Any) -> frozenset[int]:
-  """Raises ValueError naming the bad value of `r` for `engine` (an `RlaxEngine`); returns the request's stop
-  ids (EOS included)."""
+def validate_request(r: Request, engine: Any, max_length: int | None = None) -> frozenset[int]:
+  """Raises ValueError naming the bad value of `r` for `engine` (an `RlaxEngine`) and a driver whose sequences
+  hold at most `max_length` tokens (`Driver(max_length=)`; None: the engine's `max_decode_length`); returns the
+  request's stop ids (EOS included)."""
   prompt = list(r.prompt)
   cfg = engine.model_cfg  # padded embedding rows and the ids the vocabulary skips are no token
   if not prompt or any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in prompt) or (
@@ -193,6 +194,13 @@ def validate_request(r: Request, engine: Any) -> frozenset[int]:
                      f"engine's largest prefill bucket {largest} (buckets {list(engine.prefill_buckets)}).")
   if isinstance(r.n, bool) or not isinstance(r.n, int) or r.n < 1:
     raise ValueError(f"Request {r.request_id!r}: n must be a positive int; got {r.n!r}.")
+  # A driver's shorter max_length clips max_tokens (a turn ends there as 'max_decode_length'), but the prompt
+  # must leave it a token to generate (until 2026-12-06 such a prompt ended the driver's step in a RuntimeError
+  # "driver bug").
+  if max_length is not None and max_length < engine.max_decode_length and len(prompt) >= max_length:
+    raise ValueError(f"Request {r.request_id!r}: prompt of {len(prompt)} tokens leaves no room in the driver's "
+                     f"max_length {max_length} (its sequences' most tokens); shorten it to at most "
+                     f"{max_length - 1} tokens.")
   room = engine.max_decode_length - len(prompt)
   if r.max_tokens is None:
     if room < 1:
