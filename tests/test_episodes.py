@@ -353,6 +353,10 @@ def test_bad_arguments_raise_clear_errors(engine):
     _run(engine, ToyEnv, prompts=[[1, 2]])
   with pytest.raises(ValueError, match="env_factory must build Envs.*got int"):
     _run(engine, lambda: 3)
+  # (until 2026-12-06 "a" was int()'s error, and an id past the vocabulary failed the group's submit later)
+  for bad in (("a",), (100000,)):
+    with pytest.raises(ValueError, match=r"^EpisodeRunner: stop_tokens must be a tuple of ids in \[0, 259\); got"):
+      _episodes.EpisodeRunner(_driver_for(engine), TOK, ToyEnv, max_turn_tokens=2, max_turns=1, stop_tokens=bad)
   driver = _driver_for(engine)
   driver.submit([_requests.Request(TOK.encode("a"), max_tokens=2)])
   with pytest.raises(ValueError, match="idle driver"):

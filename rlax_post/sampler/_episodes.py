@@ -289,6 +289,7 @@ class EpisodeRunner:
       raise ValueError("EpisodeRunner (and run_episodes) needs an idle driver (it collects every completion).")
     self._driver, self._tokenizer, self._env_factory = driver, tokenizer, env_factory
     self._max_turn_tokens, self._max_turns = max_turn_tokens, max_turns
+    _requests.check_stop_tokens("EpisodeRunner", stop_tokens, driver.engine.model_cfg)
     self._stop_tokens = tuple(int(t) for t in stop_tokens)
     self._pool = concurrent.futures.ThreadPoolExecutor(max_workers, thread_name_prefix="rlax_env")
     self._calls = _Calls(self._pool, float(env_timeout_s))

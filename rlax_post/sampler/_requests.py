@@ -178,6 +178,15 @@ def check_streams(name: str, seed: Any, stream: Any, sample_streams: Any, n: int
                        f"{sample_streams!r}.")
 
 
+def check_stop_tokens(name: str, stop_tokens: Any, cfg: Any) -> None:
+  """Raises ValueError (prefixed by `name`) unless `stop_tokens` is a tuple (or list) of token ids of the model
+  `cfg` (an id past its vocabulary is never sampled, so it would stop nothing)."""
+  if not isinstance(stop_tokens, (tuple, list)) or any(
+      isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in stop_tokens) or (
+          cfg.non_token_ids(list(stop_tokens)).size):
+    raise ValueError(f"{name}: stop_tokens must be a tuple of ids in {cfg.token_ids_text()}; got {stop_tokens!r}.")
+
+
 def validate_request(r: Request, engine: Any, max_length: int | None = None) -> frozenset[int]:
   """Raises ValueError naming the bad value of `r` for `engine` (an `RlaxEngine`) and a driver whose sequences
   hold at most `max_length` tokens (`Driver(max_length=)`; None: the engine's `max_decode_length`); returns the
@@ -217,6 +226,7 @@ def validate_request(r: Request, engine: Any, max_length: int | None = None) -> 
   if r.env is not None and not callable(r.env):
     raise ValueError(f"Request {r.request_id!r}: env must be callable or None; got {r.env!r}.")
   check_streams(f"Request {r.request_id!r}", r.seed, r.stream, r.sample_streams, r.n)
+  check_stop_tokens(f"Request {r.request_id!r}", r.stop_tokens, cfg)
   stops = frozenset(int(t) for t in r.stop_tokens) | frozenset(engine.stop_ids)
   if len(stops) > engine.max_stop_tokens:
     raise ValueError(f"Request {r.request_id!r}: {len(stops)} stop ids (EOS included) exceed the engine's "
