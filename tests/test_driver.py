@@ -263,6 +263,15 @@ def test_bad_requests_raise_clear_errors(greedy_engine):
   for bad in (0, 1, "8", True):
     with pytest.raises(ValueError, match=rf"^max_length must be None .* an int >= 2 .*; got {bad!r}\.$"):
       _driver.Driver(greedy_engine, refs.model()[1], max_length=bad)
+  # Until 2026-12-06: AttributeError / TypeError tracebacks, and a seed JAX refused at the first insert.
+  with pytest.raises(ValueError, match=r"^submit and sample take an iterable of Requests; got one Request"):
+    driver.sample(Request(refs.prompt(3), max_tokens=2))
+  with pytest.raises(ValueError, match=r"^submit and sample take sampler.Requests; got a dict: \{'prompt'"):
+    driver.submit([Request(refs.prompt(3), max_tokens=2), {"prompt": [1, 2]}])
+  for bad in ("1", 2**63, 1.0):
+    with pytest.raises(ValueError, match=rf"^seed must be an int in \[-2\*\*63, 2\*\*63\) .*; got {bad!r}\.$"):
+      _driver.Driver(greedy_engine, refs.model()[1], seed=bad)
+  assert driver.done
   short = _driver.Driver(greedy_engine, refs.model()[1], max_length=10)
   for n in (10, 12):
     with pytest.raises(ValueError, match=rf"^Request 's': prompt of {n} tokens leaves no room in the driver's "

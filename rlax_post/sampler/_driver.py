@@ -191,7 +191,9 @@ class Driver:
     self.static_batching = bool(static_batching)
     self.recompute_on_swap = bool(recompute_on_swap)
     self._base_keys: dict[int, np.ndarray] = {}  # seed -> raw key(seed).
-    self._seed = seed
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not -2**63 <= seed < 2**63:
+      raise ValueError(f"seed must be an int in [-2**63, 2**63) (as Request.seed); got {seed!r}.")
+    self._seed = int(seed)
     self._slots = engine.max_concurrent_decodes
     # The engine's decode state (every slot's KV cache, the refill queue): built when a sample first needs it
     # (`_device_state`), dropped once the driver is `done` (`_drop_idle_state`).
@@ -280,7 +282,12 @@ class Driver:
 
   def submit(self, requests: Iterable[Request]) -> None:
     """Validates every request (ValueError naming the bad values) then queues their samples."""
+    if isinstance(requests, Request):
+      raise ValueError("submit and sample take an iterable of Requests; got one Request (pass [request]).")
     requests = list(requests)
+    bad = next((r for r in requests if not isinstance(r, Request)), None)
+    if bad is not None:
+      raise ValueError(f"submit and sample take sampler.Requests; got a {type(bad).__name__}: {bad!r:.100}.")
     ids = [r.request_id for r in requests]
     if len(set(ids)) != len(ids):
       raise ValueError(f"request_ids must be unique within a call; got {ids}.")
