@@ -1,21 +1,21 @@
 """A JetStream `engine_api.Engine` for our nnx transformers: prefill, insert, generate over a slot array.
 
-Continuous batching: the decode state holds `max_concurrent_decodes` slots, each a row of one KV cache `[L,
-slots, S, K, H]` (S = `max_decode_length` positions, prompt and response together; a model's sliding-window
-layers keep a ring of their window instead, `models.KVCache`). `prefill` runs one prompt (`prefill_batch`
-several, padded to one length, run a chunk of rows at a time) into a private cache and keeps the logits of its
-next token (the vocabulary head runs on that position only: `models.forward_at`); `insert` copies that cache
-into a slot (`insert_batch` copies rows of one batched prefix into several slots at once; the same row may go
-into several slots: n samples of one prompt share one prefill); `generate` advances every slot by one token,
-each at its own position; `generate_block` runs up to `steps_per_sync` such steps on the device in one call
-and returns every step's tokens in one block. Told the longest live sequence (`max_length`; the driver knows
-it), a block attends over the first W of the S cache positions only, W the smallest of `kv_buckets` (powers of
-two from `min_kv_bucket`, then S) that its steps fit: a decode step's attention reads the filled part of the
-cache, not all of it. A block stops before a slot would pass W, so a bound below a live slot's position costs
-a short block (none if that slot is at W already), never a token. Attention over W and over all S positions
-agree to float rounding, not bit for bit on every backend: W depends on the longest sequence sharing the
-block, so with `max_length` a sample's logprobs (and, at a rounding tie, a draw) may depend on the schedule;
-`min_kv_bucket` >= S turns spans off.
+Continuous batching: the decode state holds `max_concurrent_decodes` slots, each a row of one KV cache (keys `[L,
+slots, K, H, S]`, values `[L, slots, K, S, H]`; S = `max_decode_length` positions, prompt and response together; a
+model's sliding-window layers keep a ring of their window instead, `models.KVCache`). `prefill` runs one prompt
+(`prefill_batch` several, padded to one length, run a chunk of rows at a time) into a private cache and keeps the
+logits of its next token (the vocabulary head runs on that position only: `models.forward_at`); `insert` copies
+that cache into a slot (`insert_batch` copies rows of one batched prefix into several slots at once; the same row
+may go into several slots: n samples of one prompt share one prefill); `generate` advances every slot by one
+token, each at its own position; `generate_block` runs up to `steps_per_sync` such steps on the device in one call
+and returns every step's tokens in one block. Told the longest live sequence (`max_length`; the driver knows it),
+a block attends over the first W of the S cache positions only, W the smallest of `kv_buckets` (powers of two from
+`min_kv_bucket`, then S) that its steps fit: a decode step's attention reads the filled part of the cache, not all
+of it. A block stops before a slot would pass W, so a bound below a live slot's position costs a short block (none
+if that slot is at W already), never a token. Attention over W and over all S positions agree to float rounding,
+not bit for bit on every backend: W depends on the longest sequence sharing the block, so with `max_length` a
+sample's logprobs (and, at a rounding tie, a draw) may depend on the schedule; `min_kv_bucket` >= S turns spans
+off.
 
 Each decode step, for every live slot: sample a token from the slot's next-token logits under the slot's
 own law (`SamplingParams`, written by `insert`; the engine's law by default) and PRNG stream, record its
