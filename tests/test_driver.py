@@ -419,6 +419,17 @@ def test_an_observation_that_leaves_no_room_ends_the_sample(greedy_engine):
   assert len(env.calls[0]) == 1  # A turn cut by max_decode_length does not ask the env.
 
 
+def test_an_env_observation_that_is_no_list_of_ids_is_named(greedy_engine):
+  """Until 2026-12-06 each observation id went through int(): floats were truncated to ids silently, a string
+  raised int()'s error and an int 'not iterable', naming neither the request nor what was expected."""
+  for bad in ("ab", [1.7, 2.2], np.array([65.9]), 5, [True], [300]):
+    env = lambda i, transcript, reason, bad=bad: bad
+    driver = _driver.Driver(greedy_engine, refs.model()[1])
+    with pytest.raises(ValueError, match=r"^Request 'e': env observation must be None or a list of ids in "
+                       r"\[0, 259\); got "):
+      driver.sample([Request(refs.prompt(5, 1), max_tokens=2, env=env, request_id="e")])
+
+
 def _sampling_engine(slots, steps_per_sync):
   return _engine.RlaxEngine(CFG, refs.model()[0], tokenizer=TOK, max_concurrent_decodes=slots,
                             max_prefill_length=16, max_decode_length=MAX_DECODE, temperature=T, top_p=0.9,

@@ -766,11 +766,18 @@ class Driver:
     """Appends the env's observation: 'queued' (next turn queued), 'done' (env ended it) or 'no_room'."""
     if observation is None:
       return "done"
-    observation = [int(t) for t in observation]
     cfg = self.engine.model_cfg
-    if cfg.non_token_ids(observation).size:
-      raise ValueError(f"Request {sample.request.request_id!r}: env observation ids must be in "
-                       f"{cfg.token_ids_text()}; got {observation}.")
+    # (until 2026-12-06 each id went through int(): a float id was truncated silently, a string or an int
+    # raised int()'s or iteration's error naming nothing)
+    try:
+      ids = None if isinstance(observation, (str, bytes, dict)) else list(observation)
+    except TypeError:  # not iterable
+      ids = None
+    if ids is None or any(isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)) for t in ids) or (
+        cfg.non_token_ids(ids).size):
+      raise ValueError(f"Request {sample.request.request_id!r}: env observation must be None or a list of ids in "
+                       f"{cfg.token_ids_text()}; got {observation!r:.200}.")
+    observation = [int(t) for t in ids]
     if len(sample.request.prompt) + len(sample.tokens) + len(observation) >= self._room:
       return "no_room"  # Dropped: no room to generate after it.
     sample.tokens.extend(observation)
