@@ -208,6 +208,11 @@ def test_prompts_that_do_not_fit_the_context_are_named(run):
   with pytest.raises(ValueError, match=r"^--prompt 2: the prompt renders to 27 tokens, and with --max_tokens 6 they "
                      r"need 33 positions, more than the context of 32; shorten it or pass --max_tokens 5 or less\.$"):
     runtime.generate_run(run, _prompts("rev a=", fits), runtime.GenerateOptions(max_tokens=6))
+  # No --max_tokens: the run's rl.max_new_tokens (8) is named as such, not as a --max_tokens the user never gave.
+  with pytest.raises(ValueError, match=r"^--prompt 2: the prompt renders to 27 tokens, and with the run's "
+                     r"rl.max_new_tokens 8 \(the default of --max_tokens\) they need 35 positions, more than the "
+                     r"context of 32; shorten it or pass --max_tokens 5 or less\.$"):
+    runtime.generate_run(run, _prompts("rev a=", fits))
   with pytest.raises(ValueError, match=r"^--prompt 1: the prompt renders to 33 tokens, .* shorten it \(it leaves no "
                      r"position to generate into\)\.$"):
     runtime.generate_run(run, _prompts("rev " + "a" * 27 + "="), runtime.GenerateOptions(max_tokens=1))

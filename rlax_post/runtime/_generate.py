@@ -254,7 +254,10 @@ def _requests(engine, renderer, prompts, options: GenerateOptions, max_tokens: i
     ids = prompt_ids(renderer, engine.tokenizer, item)
     cap = max_tokens if max_tokens is not None else max(1, min(DEFAULT_MAX_TOKENS, context - len(ids)))
     if len(ids) + cap > context:
-      given = f"--max_tokens {cap}" if max_tokens is not None else "at least 1 new token"
+      # (a run's default is its rl.max_new_tokens: until 2026-12-06 named "--max_tokens N" though none was given)
+      given = (f"--max_tokens {cap}" if options.max_tokens is not None else
+               f"the run's rl.max_new_tokens {cap} (the default of --max_tokens)" if max_tokens is not None else
+               "at least 1 new token")
       raise ValueError(f"{item.where}: the prompt renders to {len(ids)} tokens, and with {given} "
                        f"they need {len(ids) + cap} positions, more than the context of {context}; "
                        f"shorten it{_room_hint(context - len(ids))}.")
