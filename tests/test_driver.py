@@ -278,8 +278,10 @@ def test_bad_requests_raise_clear_errors(greedy_engine):
                        r"max_length 10 \(its sequences' most tokens\); shorten it to at most 9 tokens\.$"):
       short.submit([Request(refs.prompt(n), max_tokens=3, request_id="s")])
   assert short.done
-  c, = short.sample([Request(refs.prompt(9), max_tokens=3, request_id="fits")])
+  c, = short.sample([Request(np.array(refs.prompt(9)), max_tokens=3, request_id="fits")])
   assert len(c.tokens) == 1 and c.finish_reason in ("max_decode_length", "stop")
+  # A numpy prompt's completion holds Python ints, as its tokens do (until 2026-12-06 np.int64s: no JSON).
+  assert c.prompt == tuple(refs.prompt(9)) and {type(t) for t in c.prompt + c.tokens} == {int}
   assert driver.done and driver.stats.prefills == 0  # Nothing was queued by a rejected call.
 
 

@@ -742,7 +742,7 @@ class Driver:
       self._kept[(sample.request.request_id, sample.index)] = (sample, *sample.last_turn_state)
       sample.last_turn_state = None
     return (sample.order, sample.index, Completion(
-        request_id=sample.request.request_id, index=sample.index, prompt=tuple(sample.request.prompt),
+        request_id=sample.request.request_id, index=sample.index, prompt=tuple(map(int, sample.request.prompt)),
         tokens=tuple(sample.tokens), logprobs=tuple(sample.logprobs), versions=tuple(sample.versions),
         mask=tuple(sample.mask), finish_reason=reason, num_turns=sample.turn + 1, forked_at=sample.forked_at,
         fork_prefill=sample.fork_prefill))
