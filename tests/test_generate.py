@@ -116,6 +116,16 @@ def test_the_cli_s_greedy_completions_equal_evaluate_s_and_its_out_records_them(
       f"--out {str(generated)!r} exists; pass a new file path (an earlier output is not replaced), or remove it.")
 
 
+def test_the_engine_queues_samples_only_where_they_outnumber_its_slots():
+  """The refill queue holds rows of the whole context: `generate` asks for one (the engine's default) only where
+  the samples outnumber its slots, where the driver queues the rest; none where every sample has a slot."""
+  law = sampler.SamplingLaw(temperature=1.0)
+  got = [(o.max_concurrent_decodes, o.refill_queue) for o in (
+      _generate._engine_options(runtime.GenerateOptions(samples=samples, law=law), prompts)
+      for prompts, samples in ((1, 1), (2, 4), (3, 3), (9, 1)))]
+  assert got == [(1, 0), (8, 0), (8, None), (8, None)]
+
+
 def test_sampled_completions_follow_their_seed_and_streams(run):
   """Temperature 1: sample j of prompt i draws from stream (i, j) of the seed; top_k 1 is the greedy law."""
   sample = lambda texts, samples=1, **law: [g.tokens for g in runtime.generate_run(

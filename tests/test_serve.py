@@ -414,6 +414,21 @@ def test_check_request_names_the_context_limit_when_it_is_tighter_than_the_bucke
       "ask for at most 5 tokens or shorten the prompt")
 
 
+def test_a_serving_engine_holds_no_refill_queue_which_jetstream_never_reads():
+  """JetStream's orchestrator prefills, inserts and steps (`generate`): it never queues on the device. Until
+  2026-12-06 a server on a CPU held the engine's default queue anyway, 2 x slots rows of the whole context: the
+  decode state 3.4 times the slots' cache (tiny demo run: 224 KB for 66 KB). Now none; `generate` asks for one."""
+  cfg = models.preset("micro", vocab_size=264, valid_vocab_size=259, max_seq_len=64)
+  graphdef = models.abstract_params(cfg)[0]
+  build = lambda options: sampler.serving_engine(cfg, graphdef, models.ByteTokenizer(), "/no/such/checkpoints",
+                                                 options, jax.devices()[:1])
+  engine = build(sampler.ServeOptions())
+  assert engine.refill_queue == 0
+  state = engine.init_decode_state()
+  assert state.queue.prefix.length.shape == (0,) and sum(x.nbytes for x in jax.tree.leaves(state.queue.prefix)) == 0
+  assert build(sampler.ServeOptions(refill_queue=None)).refill_queue == 16  # the engine's default on a CPU: 2 x 8
+
+
 def test_streamed_text_of_a_checkpoint_tokenizer_keeps_characters_split_across_tokens(tmp_path):
   """JetStream decodes each streamed token alone; a byte-level BPE token holding part of "é" or "日" came out
   as U+FFFD (a helper review). The served text is the whole decode's new stable part: the chunks join to the

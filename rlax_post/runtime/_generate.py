@@ -219,9 +219,12 @@ def write_generation(path: str, generation: Generation) -> None:
 
 
 def _engine_options(options: GenerateOptions, num_prompts: int, step: int | None = None) -> sampler.ServeOptions:
-  """The engine's options: `step`, the sampling law, and one slot per sample up to `MAX_SLOTS`."""
-  return sampler.ServeOptions(step=step, max_concurrent_decodes=min(MAX_SLOTS, num_prompts * options.samples),
-                              law=options.law)
+  """The engine's options: `step`, the sampling law, one slot per sample up to `MAX_SLOTS`, and a refill queue
+  (the engine's default) only where the samples outnumber the slots (else it would hold rows of the whole
+  context that nothing is queued on)."""
+  samples = num_prompts * options.samples
+  return sampler.ServeOptions(step=step, max_concurrent_decodes=min(MAX_SLOTS, samples), law=options.law,
+                              refill_queue=None if samples > MAX_SLOTS else 0)
 
 
 def prompt_ids(renderer: envs.Renderer | None, tokenizer: Any, item: UserPrompt) -> list[int]:

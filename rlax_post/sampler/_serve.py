@@ -158,13 +158,18 @@ def _merged_in(base: Any, adapters: Any, lora: models.LoRA, dtype: str) -> Any:
 @dataclasses.dataclass(frozen=True)
 class ServeOptions:
   """How `serve` runs: where it listens, which checkpoint step (None: the newest committed one), the engine's
-  slots and sampling `law` (with its seed; greedy by default), and the gRPC server's worker threads."""
+  slots and sampling `law` (with its seed; greedy by default), the gRPC server's worker threads, and the
+  engine's `refill_queue` (`RlaxEngine(refill_queue=)`): 0, none, by default, since JetStream's orchestrator
+  never queues (until 2026-12-06 a CPU server held the engine's default, 2 x slots rows of the whole context
+  beside the slots' cache, never read: three times the KV memory); `rlax-post generate`'s `Driver` asks for one
+  where it samples more than its slots."""
   port: int = 9000
   host: str = "127.0.0.1"
   step: int | None = None
   max_concurrent_decodes: int = 8
   law: _sampling.SamplingLaw = _sampling.SamplingLaw()
   threads: int = 16
+  refill_queue: int | None = 0
 
 
 def serving_engine(model_cfg: models.ModelConfig, graphdef: Any, tokenizer: Any, checkpoint_dir: str | None,
@@ -182,6 +187,7 @@ def serving_engine(model_cfg: models.ModelConfig, graphdef: Any, tokenizer: Any,
   return ServingEngine(model_cfg, graphdef, tokenizer=tokenizer, mesh=mesh,
                        max_concurrent_decodes=options.max_concurrent_decodes,
                        max_prefill_length=max_decode, max_decode_length=max_decode,
+                       refill_queue=options.refill_queue,
                        **options.law.settings(), checkpoint_dir=checkpoint_dir, step=options.step,
                        lora=lora, hf_path=hf_path)
 
