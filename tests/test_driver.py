@@ -5,6 +5,7 @@ finish reasons, and clear errors."""
 import collections
 import concurrent.futures
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -258,6 +259,12 @@ def test_bad_requests_raise_clear_errors(greedy_engine):
     driver.submit([Request(refs.prompt(3), request_id=1), Request(refs.prompt(4), request_id=1)])
   with pytest.raises(ValueError, match="lack leaf"):
     driver.set_params({k: v for k, v in refs.model()[1].items() if k != "final_norm"}, 1)
+  for bad in (1.5, "v2", -1, None):  # (1.5 was recorded as version 1)
+    with pytest.raises(ValueError, match=rf"^version must be an int >= 0 .*; got {re.escape(repr(bad))}\.$"):
+      driver.set_params(refs.model()[1], bad)
+    with pytest.raises(ValueError, match=r"^version must be an int >= 0"):
+      _driver.Driver(greedy_engine, refs.model()[1], version=bad)
+  assert driver.version == 0
   # A driver's shorter max_length: a prompt that fills it is refused (until 2026-12-06 the step raised a
   # RuntimeError "driver bug"); one a token shorter generates that token.
   for bad in (0, 1, "8", True):

@@ -114,6 +114,15 @@ from rlax_post.sampler._requests import turn_at
 from rlax_post.sampler._requests import validate_request
 
 
+def _check_version(version: Any) -> int:
+  """`version` (a params version, which every token records) as an int; ValueError unless it is an int >= 0 (-1
+  marks env observations; until 2026-12-06 int() turned 1.5 into 1 and "v2" into its error, naming nothing)."""
+  if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or version < 0:
+    raise ValueError(f"version must be an int >= 0 (the params' version, which each token records; -1 marks env "
+                     f"observations); got {version!r}.")
+  return int(version)
+
+
 class _ForkPoint(NamedTuple):
   """Where a fork starts: its parent, the prefix after its first `at` tokens (computed under the current
   params), the version of that prefix's next-token logits, the context tokens prefilled for it, and the turn
@@ -183,7 +192,7 @@ class Driver:
     self.refill_after = _engine.check_refill_after(engine.refill_after if refill_after is None else refill_after,
                                                    engine.max_concurrent_decodes)
     self.engine = engine
-    self.version = int(version)
+    self.version = _check_version(version)
     self._counts = collections.Counter()
     # The params, the id of the `set_params` call that brought them (a version number may come again with other
     # params: a resumed learner republishes its numbers), and the prefixes computed under them.
@@ -261,10 +270,11 @@ class Driver:
   def set_params(self, params: Any, version: int) -> None:
     """Uses `params` (tagged `version`) from the next decode block on (a block already run ahead is handed out
     first: its tokens keep the old version); see the module docstring."""
+    version = _check_version(version)
     params = self.engine.prepare_params(params)  # Checked, in the engine's form (`RlaxEngine.prepare_params`).
     self._settle()  # A block run ahead computed its tokens under the old params.
     self._unstage()  # Queued prefixes are the old params': prefilled again when their samples get slots.
-    self.version = int(version)
+    self.version = version
     self._prefills.swap(params)  # Waiting prefixes are stale: prefilled again when their samples get slots.
     if not self.recompute_on_swap:
       return
