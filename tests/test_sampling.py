@@ -129,3 +129,16 @@ def test_a_top_k_past_int32_is_refused_and_one_past_the_vocabulary_keeps_every_t
   logits = jnp.log(jnp.array([[0.4, 0.3, 0.2, 0.1]]))
   np.testing.assert_allclose(sampler.sampling_logprobs(logits, temperature=1.0, top_k=sampler.MAX_TOP_K),
                              sampler.sampling_logprobs(logits, temperature=1.0), atol=1e-6)
+
+
+def test_the_law_functions_refuse_a_law_the_engine_refuses():
+  """`sampling_logprobs` and `sample_token` took any law: temperature -1 gave the inverted law's logprobs (and
+  draws from it), top_p 0 NaN logprobs, silently. They now refuse what `SamplingParams` refuses, in its words."""
+  logits = jnp.log(jnp.array([[0.7, 0.2, 0.1]]))
+  for law, line in [(dict(temperature=-1.0), r"^temperature must be 0 \(greedy\) or a number in"),
+                    (dict(temperature=1.0, top_p=0.0), r"^top_p must be a number in \(0, 1\]; got 0.0\.$"),
+                    (dict(temperature=1.0, top_k=-2), r"^top_k must be an int >= 0")]:
+    with pytest.raises(ValueError, match=line):
+      sampler.sampling_logprobs(logits, **law)
+    with pytest.raises(ValueError, match=line):
+      sampler.sample_token(logits, jax.random.key(0), **law)

@@ -121,6 +121,7 @@ def sampling_logprobs(logits_bv: jax.Array, *, temperature: float, top_p: float 
   (before truncation), these are the probabilities of what it samples."""
   if logits_bv.ndim != 2:
     raise ValueError(f"logits_bv must be [B, V]; got shape {logits_bv.shape}.")
+  SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)  # (ValueError naming a bad value)
   if temperature == 0.0:
     return jnp.where(jnp.arange(logits_bv.shape[-1]) == jnp.argmax(logits_bv, axis=-1, keepdims=True), 0.0,
                      -jnp.inf)
@@ -140,7 +141,8 @@ def _law(logits_bv: jax.Array, temperature: float, top_p: float, top_k: int) -> 
 def sample_token(logits_bv: jax.Array, rng: jax.Array, *, temperature: float, top_p: float = 1.0,
                  top_k: int = 0) -> jax.Array:
   """Samples one token per row from softmax(logits / temperature), truncated to top-k then top-p; one key
-  for the whole batch. temperature == 0 means greedy (argmax)."""
+  for the whole batch. temperature == 0 means greedy (argmax). ValueError for a law `SamplingParams` refuses."""
+  SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
   if temperature == 0.0:
     return jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
   return draw_rows(_law(logits_bv, temperature, top_p, top_k), jax.random.uniform(rng, logits_bv.shape[:1]))
