@@ -255,6 +255,10 @@ def test_bad_requests_raise_clear_errors(greedy_engine):
   for bad in (264, 259):  # past the embedding; a padding row of it (valid_vocab_size 259 of 264 rows)
     with pytest.raises(ValueError, match=r"prompt must be a non-empty list of ids in \[0, 259\)"):
       driver.submit([Request([TOK.bos_id, bad])])
+  # An iterator (no len(): a TypeError at the first step until 2026-12-06) and bytes (ids here, not later).
+  for bad in (iter(refs.prompt(3)), (t for t in refs.prompt(3)), b"\x01\x02"):
+    with pytest.raises(ValueError, match=r"^Request None: prompt must be a non-empty list of ids in \[0, 259\); got "):
+      driver.submit([Request(bad)])
   with pytest.raises(ValueError, match="unique"):
     driver.submit([Request(refs.prompt(3), request_id=1), Request(refs.prompt(4), request_id=1)])
   with pytest.raises(ValueError, match="lack leaf"):

@@ -191,12 +191,15 @@ def validate_request(r: Request, engine: Any, max_length: int | None = None) -> 
   """Raises ValueError naming the bad value of `r` for `engine` (an `RlaxEngine`) and a driver whose sequences
   hold at most `max_length` tokens (`Driver(max_length=)`; None: the engine's `max_decode_length`); returns the
   request's stop ids (EOS included)."""
-  prompt = list(r.prompt)
+  # (a one-pass iterator passed this check and failed later without a len(); bytes read as ids here but not later)
+  sequence = hasattr(r.prompt, "__len__") and hasattr(r.prompt, "__getitem__") and not isinstance(
+      r.prompt, (str, bytes, bytearray, dict))
+  prompt = list(r.prompt) if sequence else []
   cfg = engine.model_cfg  # padded embedding rows and the ids the vocabulary skips are no token
   if not prompt or any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in prompt) or (
       cfg.non_token_ids(prompt).size):
     raise ValueError(f"Request {r.request_id!r}: prompt must be a non-empty list of ids in "
-                     f"{cfg.token_ids_text()}; got {prompt!r}.")
+                     f"{cfg.token_ids_text()}; got {(prompt if sequence else r.prompt)!r:.200}.")
   largest = engine.prefill_buckets[-1]
   if len(prompt) > largest:
     raise ValueError(f"Request {r.request_id!r}: prompt of {len(prompt)} tokens is longer than the "
