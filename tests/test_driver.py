@@ -505,4 +505,8 @@ def test_bad_seeds_and_streams_raise_clear_errors(greedy_engine):
     driver.submit([Request(refs.prompt(3), seed=1.5, stream=0)])
   with pytest.raises(ValueError, match="sample_streams must be n = 2 distinct ints"):
     driver.submit([Request(refs.prompt(3), n=2, sample_streams=(1, 1))])
+  # A generator was used up by the check: the request then queued no sample, and sample() returned [].
+  with pytest.raises(ValueError, match=r"sample_streams must be n = 2 distinct ints in \[0, 2\*\*32\) or None; got "
+                     r"<generator"):
+    driver.submit([Request(refs.prompt(3), n=2, seed=1, stream=0, sample_streams=(i for i in (5, 6)))])
   assert driver.done

@@ -172,8 +172,11 @@ def check_streams(name: str, seed: Any, stream: Any, sample_streams: Any, n: int
     if not is_int(stream, 0, 2**32):
       raise ValueError(f"{name}: stream must be an int in [0, 2**32); got {stream!r}.")
   if sample_streams is not None:
-    streams = tuple(sample_streams)
-    if len(streams) != n or len(set(streams)) != n or not all(is_int(x, 0, 2**32) for x in streams):
+    # (a one-pass iterator was used up here: its request then queued no sample at all, and sample() returned [])
+    sequence = hasattr(sample_streams, "__len__") and hasattr(sample_streams, "__getitem__") and not isinstance(
+        sample_streams, (str, bytes, dict))
+    streams = tuple(sample_streams) if sequence else ()
+    if not sequence or len(streams) != n or len(set(streams)) != n or not all(is_int(x, 0, 2**32) for x in streams):
       raise ValueError(f"{name}: sample_streams must be n = {n} distinct ints in [0, 2**32) or None; got "
                        f"{sample_streams!r}.")
 
