@@ -347,8 +347,14 @@ def test_a_weight_swap_mid_run_tags_and_scores_tokens_by_version(engine):
 def test_bad_arguments_raise_clear_errors(engine):
   with pytest.raises(ValueError, match="max_turns must be an int >= 1; got 0"):
     _run(engine, ToyEnv, max_turns=0)
-  with pytest.raises(ValueError, match="env_timeout_s must be a positive number"):
-    _run(engine, ToyEnv, env_timeout_s=0)
+  for bad in (0, math.nan):  # (nan was taken: no call ever timed out)
+    with pytest.raises(ValueError, match=r"^env_timeout_s must be a positive number \(math.inf: no timeout\); got "):
+      _run(engine, ToyEnv, env_timeout_s=bad)
+  # No timeout: waiting for a running call raised OverflowError (a wait of inf seconds) until 2026-12-06.
+  with _episodes.EpisodeRunner(_driver_for(engine), TOK, lambda: ToyEnv(sleep_s=0.05), max_turn_tokens=2,
+                               max_turns=1, env_timeout_s=math.inf) as runner:
+    runner.submit("ab", n=1, group_id=0)
+    assert runner.wait_for_envs() and runner.unfinished == 1
   with pytest.raises(ValueError, match="prompts must be strings"):
     _run(engine, ToyEnv, prompts=[[1, 2]])
   with pytest.raises(ValueError, match="env_factory must build Envs.*got int"):

@@ -194,14 +194,16 @@ class _Calls:
       self.expire()
       with self._lock:
         live = list(self._live)
-        ends = [started[0] + self._timeout_s for started, _ in self._live.values() if started[0] is not None]
+        running = [started[0] for started, _ in self._live.values() if started[0] is not None]
       now = time.monotonic()
       if not live or (deadline is not None and now >= deadline):
         return not live
-      # Wake when the first running call would time out, or at the deadline; every 50 ms while calls wait for a
-      # worker (their clocks start when one takes them).
-      wake = [t - now for t in ends] + ([deadline - now] if deadline is not None else [])
-      if len(ends) < len(live):
+      # Wake when the first running call would time out (never, with an infinite timeout: until 2026-12-06 that
+      # wait raised OverflowError), or at the deadline; every 50 ms while calls wait for a worker (their clocks
+      # start when one takes them).
+      wake = [t + self._timeout_s - now for t in running if math.isfinite(self._timeout_s)]
+      wake += [deadline - now] if deadline is not None else []
+      if len(running) < len(live):
         wake.append(0.05)
       concurrent.futures.wait(live, timeout=max(min(wake), 0.0) if wake else None)
 
@@ -273,7 +275,7 @@ class EpisodeRunner:
     max_turn_tokens: most tokens per message (a group may override it).
     max_turns: most messages per episode.
     stop_tokens: ids that end a message (EOS always does).
-    env_timeout_s: longest an env `reset` or `step` may run.
+    env_timeout_s: longest an env `reset` or `step` may run (math.inf: no limit).
     max_workers: threads stepping envs.
   """
 
@@ -283,8 +285,8 @@ class EpisodeRunner:
     for name, value in (("max_turn_tokens", max_turn_tokens), ("max_turns", max_turns),
                         ("max_workers", max_workers)):
       _check_int(name, value, 1)
-    if isinstance(env_timeout_s, bool) or not isinstance(env_timeout_s, (int, float)) or env_timeout_s <= 0:
-      raise ValueError(f"env_timeout_s must be a positive number; got {env_timeout_s!r}.")
+    if isinstance(env_timeout_s, bool) or not isinstance(env_timeout_s, (int, float)) or not env_timeout_s > 0:
+      raise ValueError(f"env_timeout_s must be a positive number (math.inf: no timeout); got {env_timeout_s!r}.")
     if not driver.done:
       raise ValueError("EpisodeRunner (and run_episodes) needs an idle driver (it collects every completion).")
     self._driver, self._tokenizer, self._env_factory = driver, tokenizer, env_factory
