@@ -5,7 +5,9 @@ finish reasons, and clear errors."""
 import collections
 import concurrent.futures
 import dataclasses
+import math
 import re
+import time
 
 import numpy as np
 import pytest
@@ -385,6 +387,20 @@ def test_a_lone_multi_turn_sample_goes_on_after_a_swap(sampling_engine):
   sel = mask & (versions == 1)
   ref = refs.reference_logprobs(params1, c.prompt, c.tokens, T)
   np.testing.assert_allclose(np.array(c.logprobs)[sel], ref[sel], atol=1e-5, rtol=0)
+
+
+def test_park_wait_s_is_checked_and_an_infinite_one_waits_for_the_env(greedy_engine):
+  """park_wait_s = inf (wait as long as the env takes) raised OverflowError in the step that waited; a negative or
+  NaN one was taken. An infinite wait returns once the env's future resolves."""
+  for bad in (-1.0, math.nan, "1"):
+    with pytest.raises(ValueError, match=r"^park_wait_s must be a number >= 0 \(math.inf: wait until an env "):
+      _driver.Driver(greedy_engine, refs.model()[1], park_wait_s=bad)
+  pool = concurrent.futures.ThreadPoolExecutor(1)
+  env = lambda index, transcript, reason: pool.submit(lambda: time.sleep(0.05) or [65]) if len(transcript) < 9 else None
+  driver = _driver.Driver(greedy_engine, refs.model()[1], park_wait_s=math.inf)
+  c, = driver.sample([Request(refs.prompt(5, 1), max_tokens=2, env=env, request_id=0)])
+  assert c.num_turns == 2 and driver.stats.park_waits >= 1
+  pool.shutdown()
 
 
 def test_a_conversation_waiting_at_a_swap_is_rebuilt_under_new_params_of_the_number_held(sampling_engine):

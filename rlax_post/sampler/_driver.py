@@ -95,6 +95,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import itertools
+import math
 import os
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
@@ -222,6 +223,10 @@ class Driver:
     # Finished samples of `Request.keep` requests: (request_id, index) -> (sample, its state as a prefix, the
     # id of the params it was computed under, `Prefills.params_id`).
     self._kept: dict[tuple[Any, int], tuple[_samples.Sample, _engine.Prefix, int]] = {}
+    if isinstance(park_wait_s, bool) or not isinstance(park_wait_s, (int, float, np.integer, np.floating)) or not (
+        park_wait_s >= 0):
+      raise ValueError(f"park_wait_s must be a number >= 0 (math.inf: wait until an env future resolves); got "
+                       f"{park_wait_s!r}.")
     self.park_wait_s = float(park_wait_s)
     self.run_ahead = run_ahead if run_ahead is None else bool(run_ahead)
     self._sampling = False  # Inside `sample()` (run-ahead's default scope).
@@ -449,8 +454,9 @@ class Driver:
       self._fill()
       if not any(self._busy) and self._parked and not self._pending and not self._tickets.staged:  # Wait for an env.
         self._counts["park_waits"] += 1
-        concurrent.futures.wait([f for f, _, _ in self._parked], timeout=self.park_wait_s,
-                                return_when=concurrent.futures.FIRST_COMPLETED)
+        # (an infinite wait is None: concurrent.futures raised OverflowError for inf until 2026-12-06)
+        concurrent.futures.wait([f for f, _, _ in self._parked], return_when=concurrent.futures.FIRST_COMPLETED,
+                                timeout=None if math.isinf(self.park_wait_s) else self.park_wait_s)
         finished += self._unpark()
         self._fill()
       if any(self._busy) or self._tickets.staged:
