@@ -340,6 +340,13 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
     engine.prefill_batch(params, [[1, 2], [-5, 3]])
   with pytest.raises(ValueError, match=rf"prompt 0 holds id {v + 7} at position 1"):
     engine.prefill(params=params, existing_prefix=prefix, padded_tokens=np.array([4, v + 7]), true_length=2)
+  # Float ids were truncated (257.9 prefilled as 257) and ids past 2**31 wrapped by the int32 cast, silently.
+  with pytest.raises(ValueError, match=r"^prompt 0 must hold integer token ids; got dtype float64: \[257.9, 65.5\]"):
+    engine.prefill(params=params, padded_tokens=np.array([257.9, 65.5]), true_length=2)
+  with pytest.raises(ValueError, match=r"^prompt 1 must hold integer token ids; got dtype float64"):
+    engine.prefill_batch(params, [[1, 2], [3.0, 4.0]])
+  with pytest.raises(ValueError, match=rf"^prompt 0 holds id {2**32 + 65} at position 1; ids must be in \[0, {v}\)"):
+    engine.prefill_batch(params, [[1, 2**32 + 65]])
   two = engine.prefill_batch(params, [_prompt(3), _prompt(5, seed=1)])
   settings = engine.slot_settings([None])
   rngs = np.zeros((1, 2), np.uint32)

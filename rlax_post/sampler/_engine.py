@@ -378,15 +378,18 @@ class RlaxEngine(engine_api.Engine):
     lengths = [len(p) for p in prompts]
     t_bucket = _tokenizer_api.bucket_for(max(lengths), self.prefill_buckets)
     tokens_bt = np.full((rows, t_bucket), self.tokenizer.pad_id, np.int32)
-    for i, prompt in enumerate(prompts):
-      tokens_bt[i, :lengths[i]] = np.asarray(prompt, np.int32)
     cfg = self.model_cfg
-    if cfg.non_token_ids(tokens_bt).size:
-      bad = next((i, j, int(t)) for i, p in enumerate(prompts) for j, t in enumerate(np.asarray(p).reshape(-1))
-                 if cfg.non_token_ids([t]).size)
-      raise ValueError(f"prompt {bad[0]} holds id {bad[2]} at position {bad[1]}; ids must be in "
-                       f"{cfg.token_ids_text()} (the model's vocabulary; rows past valid_vocab_size are "
-                       "padding, ids in vocab_gaps no token).")
+    for i, prompt in enumerate(prompts):
+      ids = np.asarray(prompt)
+      # (checked before the int32 cast, which truncated float ids and wrapped ids past 2**31 silently)
+      if ids.dtype.kind not in "iu":
+        raise ValueError(f"prompt {i} must hold integer token ids; got dtype {ids.dtype}: {ids.tolist()!r:.200}.")
+      if cfg.non_token_ids(ids).size:
+        j = next(j for j, t in enumerate(ids.reshape(-1)) if cfg.non_token_ids([t]).size)
+        raise ValueError(f"prompt {i} holds id {int(ids.reshape(-1)[j])} at position {j}; ids must be in "
+                         f"{cfg.token_ids_text()} (the model's vocabulary; rows past valid_vocab_size are "
+                         "padding, ids in vocab_gaps no token).")
+      tokens_bt[i, :lengths[i]] = ids
     true_b = np.ones((rows,), np.int32)
     true_b[:len(prompts)] = lengths
     cache_len = t_bucket if cache_len is None else cache_len
