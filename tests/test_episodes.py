@@ -610,7 +610,7 @@ def test_runner_errors_and_groups_ended_at_reset(engine):
       runner.submit("ab", n=1, group_id="g", max_turn_tokens=0)
     with pytest.raises(ValueError, match="prompt must be a string"):
       runner.submit([1], n=1, group_id="g")
-    for ids in ([], "ab", [1, 2.0], [True]):
+    for ids in ([], "ab", [1, 2.0], [True], (t for t in (1, 2)), b"ab"):  # (a generator: TypeError, no len())
       with pytest.raises(ValueError, match="prompt_ids must be a non-empty sequence of ints or None"):
         runner.submit("ab", n=1, group_id="g", prompt_ids=ids)
     assert runner.pending == 0

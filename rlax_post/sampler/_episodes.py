@@ -336,7 +336,8 @@ class EpisodeRunner:
     self._check_open()
     if not isinstance(prompt, str):
       raise ValueError(f"prompt must be a string; got {prompt!r}.")
-    if prompt_ids is not None and (isinstance(prompt_ids, str) or not len(prompt_ids) or not all(
+    if prompt_ids is not None and (isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__len__")
+                                   or not len(prompt_ids) or not all(
         isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt_ids)):
       raise ValueError(f"prompt_ids must be a non-empty sequence of ints or None; got {prompt_ids!r}.")
     _check_int("n", n, 1)

@@ -95,7 +95,7 @@ class Completion:
   tokens, logprobs, versions, mask: [G] ids after the prompt (stop tokens included), log π_T of each (see
   the module docstring), the params version that computed each token's law, and 1 where the policy sampled
   the token (0 for env observations, which have logprob 0 and version -1).
-  finish_reason: of the last turn: 'stop' (a stop token or EOS), 'length' (max_tokens reached),
+  finish_reason: of the last turn: 'stop' (a stop token, EOS or a stop string), 'length' (max_tokens reached),
   'max_decode_length' (the sequence filled the engine's `max_decode_length`, or the env's observation would
   leave no room to generate; then the observation is dropped).
   num_turns: turns generated.
