@@ -281,8 +281,8 @@ def test_bad_requests_raise_clear_errors(greedy_engine):
     driver.sample(Request(refs.prompt(3), max_tokens=2))
   with pytest.raises(ValueError, match=r"^submit and sample take sampler.Requests; got a dict: \{'prompt'"):
     driver.submit([Request(refs.prompt(3), max_tokens=2), {"prompt": [1, 2]}])
-  for bad in ("1", 2**63, 1.0):
-    with pytest.raises(ValueError, match=rf"^seed must be an int in \[-2\*\*63, 2\*\*63\) .*; got {bad!r}\.$"):
+  for bad in ("1", 2**32, -1, 1.0):  # (jax's keys are 32-bit: 2**32 drew seed 0's samples, -1 2**32 - 1's)
+    with pytest.raises(ValueError, match=rf"^seed must be an int in \[0, 2\*\*32\) .*; got {bad!r}\.$"):
       _driver.Driver(greedy_engine, refs.model()[1], seed=bad)
   assert driver.done
   short = _driver.Driver(greedy_engine, refs.model()[1], max_length=10)
@@ -519,6 +519,11 @@ def test_bad_seeds_and_streams_raise_clear_errors(greedy_engine):
     driver.submit([Request(refs.prompt(3), seed=1, stream=-1)])
   with pytest.raises(ValueError, match="seed must be an int"):
     driver.submit([Request(refs.prompt(3), seed=1.5, stream=0)])
+  # jax's keys are 32-bit: seed 2**32 drew seed 0's samples and -1 those of 2**32 - 1, silently.
+  for bad in (2**32, -1, 2**40):
+    with pytest.raises(ValueError, match=rf"^Request None: seed must be an int in \[0, 2\*\*32\) or None .*; "
+                       rf"got {bad}"):
+      driver.submit([Request(refs.prompt(3), seed=bad, stream=0)])
   with pytest.raises(ValueError, match="sample_streams must be n = 2 distinct ints"):
     driver.submit([Request(refs.prompt(3), n=2, sample_streams=(1, 1))])
   # A generator was used up by the check: the request then queued no sample, and sample() returned [].

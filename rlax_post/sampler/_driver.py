@@ -201,8 +201,9 @@ class Driver:
     self.static_batching = bool(static_batching)
     self.recompute_on_swap = bool(recompute_on_swap)
     self._base_keys: dict[int, np.ndarray] = {}  # seed -> raw key(seed).
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not -2**63 <= seed < 2**63:
-      raise ValueError(f"seed must be an int in [-2**63, 2**63) (as Request.seed); got {seed!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+      raise ValueError(f"seed must be an int in [0, 2**32) (jax's keys are 32-bit: 2**32 would draw seed 0's "
+                       f"samples; as Request.seed); got {seed!r}.")
     self._seed = int(seed)
     self._slots = engine.max_concurrent_decodes
     # The engine's decode state (every slot's KV cache, the refill queue): built when a sample first needs it

@@ -25,7 +25,8 @@ class Request:
   env: multi-turn callback `env(index, transcript, finish_reason) -> observation ids | None`, or a
     `concurrent.futures.Future` of them (module docstring); None: one turn. max_tokens then bounds each turn
     (and is clipped to the room left).
-  seed: None: the samples' streams derive from the driver's seed and the request's submission index. An int:
+  seed: None: the samples' streams derive from the driver's seed and the request's submission index. An int in
+    [0, 2**32) (jax's keys are 32-bit: a wider seed would draw a narrower one's samples):
     turn j of sample i draws from `fold_in(key(seed), stream, i, j)`, whatever the driver's seed and whenever
     the request is submitted (module docstring).
   stream: the request's stream index r, an int in [0, 2**32); required with `seed`, only with it.
@@ -165,8 +166,8 @@ def check_streams(name: str, seed: Any, stream: Any, sample_streams: Any, n: int
     if stream is not None:
       raise ValueError(f"{name}: stream {stream!r} needs a seed (seed is None).")
   else:
-    if not is_int(seed, -2**63, 2**63):
-      raise ValueError(f"{name}: seed must be an int in [-2**63, 2**63) or None; got {seed!r}.")
+    if not is_int(seed, 0, 2**32):  # (until 2026-12-06 [-2**63, 2**63): 2**32 drew seed 0's samples, -1 2**32 - 1's)
+      raise ValueError(f"{name}: seed must be an int in [0, 2**32) or None (jax's keys are 32-bit); got {seed!r}.")
     if stream is None:
       raise ValueError(f"{name}: stream is required when seed is set (seed {seed}).")
     if not is_int(stream, 0, 2**32):
