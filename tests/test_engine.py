@@ -340,6 +340,10 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
     engine.prefill_batch(params, [[1, 2], [-5, 3]])
   with pytest.raises(ValueError, match=rf"prompt 0 holds id {v + 7} at position 1"):
     engine.prefill(params=params, existing_prefix=prefix, padded_tokens=np.array([4, v + 7]), true_length=2)
+  for bad in (2**32, -1, "0"):  # (2**32 drew seed 0's streams; "0" failed at the first insert)
+    with pytest.raises(ValueError, match=rf"^seed must be an int in \[0, 2\*\*32\) .*; got {bad!r}\.$"):
+      _engine.RlaxEngine(CFG, _model()[0], tokenizer=TOK, max_concurrent_decodes=1, max_prefill_length=16,
+                         max_decode_length=32, seed=bad)
   # Float ids were truncated (257.9 prefilled as 257) and ids past 2**31 wrapped by the int32 cast, silently.
   with pytest.raises(ValueError, match=r"^prompt 0 must hold integer token ids; got dtype float64: \[257.9, 65.5\]"):
     engine.prefill(params=params, padded_tokens=np.array([257.9, 65.5]), true_length=2)

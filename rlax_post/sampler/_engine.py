@@ -180,7 +180,10 @@ class RlaxEngine(engine_api.Engine):
     self._max_concurrent_decodes = max_concurrent_decodes
     self._max_prefill_length = max_prefill_length
     self.max_decode_length = max_decode_length
-    self.seed = seed
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+      raise ValueError(f"seed must be an int in [0, 2**32) (jax's keys are 32-bit: 2**32 would draw seed 0's "
+                       f"samples); got {seed!r}.")
+    self.seed = int(seed)
     # A checkpoint's end-of-turn ids stop every slot (`stop_ids`): room for them on top of `max_stop_tokens`,
     # so a request keeps its `max_stop_tokens - 1` stop ids of its own.
     max_stop_tokens += len(self.stop_ids) - 1
