@@ -142,3 +142,15 @@ def test_the_law_functions_refuse_a_law_the_engine_refuses():
       sampler.sampling_logprobs(logits, **law)
     with pytest.raises(ValueError, match=line):
       sampler.sample_token(logits, jax.random.key(0), **law)
+
+
+def test_a_top_p_the_device_reads_as_zero_is_refused():
+  """Below float32's smallest normal number a top_p reads as 0 on the device: the law kept no token, every draw
+  was token 0 and `sampling_logprobs` NaN. Refused; `MIN_TOP_P` itself keeps the top token alone."""
+  for tiny in (1e-39, 1e-50, sampler.MIN_TOP_P / 2):
+    with pytest.raises(ValueError, match=r"^top_p must be at least 1.175e-38 \(float32's smallest normal number"):
+      sampler.SamplingParams(top_p=tiny)
+  logits = jnp.log(jnp.array([[0.1, 0.7, 0.2]]))
+  np.testing.assert_allclose(sampler.sampling_logprobs(logits, temperature=1.0, top_p=sampler.MIN_TOP_P),
+                             [[-np.inf, 0.0, -np.inf]])
+  assert int(sampler.sample_token(logits, jax.random.key(0), temperature=1.0, top_p=sampler.MIN_TOP_P)[0]) == 1

@@ -37,6 +37,7 @@ from rlax_post.sampler._sampling import sampling_logprobs
 from rlax_post.sampler._sampling import MAX_TEMPERATURE
 from rlax_post.sampler._sampling import MIN_TEMPERATURE
 from rlax_post.sampler._sampling import MAX_TOP_K
+from rlax_post.sampler._sampling import MIN_TOP_P
 from rlax_post.sampler._sampling import SamplingLaw
 from rlax_post.sampler._sampling import SamplingParams
 from rlax_post.sampler._scoring import ScoreService
@@ -79,6 +80,7 @@ __all__ = [
     "MAX_TEMPERATURE",
     "MIN_TEMPERATURE",
     "MAX_TOP_K",
+    "MIN_TOP_P",
     "SamplingLaw",
     "SamplingParams",
     "ScoreService",

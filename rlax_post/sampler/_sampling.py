@@ -25,6 +25,9 @@ MAX_TEMPERATURE = 100.0
 # argmax read +inf or -inf (T = 1e-7 with logits of 300, 1e-11 with logits of 0.3, on the CPU), not ~0: a sampled
 # token's logprob and the learner's were then infinite. vLLM samples greedily below the same 1e-5.
 MIN_TEMPERATURE = 1e-5
+# Below float32's smallest normal number a slot's top_p reads as 0 on the device (denormals flush to zero on the
+# CPU): truncation then kept no token and the draw fell back to token 0.
+MIN_TOP_P = float(np.finfo(np.float32).tiny)
 # A slot's top_k is an int32 on the device (a larger one overflowed building its settings).
 MAX_TOP_K = 2**31 - 1
 
@@ -33,8 +36,8 @@ MAX_TOP_K = 2**31 - 1
 class SamplingParams:
   """One request's sampling law: softmax(logits / temperature) truncated to top-k, then top-p.
 
-  temperature: 0 (greedy: argmax) or in [MIN_TEMPERATURE, MAX_TEMPERATURE]. top_p: in (0, 1]; 1 keeps every
-  token. top_k: >= 0; 0 keeps every token. Logprobs of a request refer to log softmax(logits / T) with its own T
+  temperature: 0 (greedy: argmax) or in [MIN_TEMPERATURE, MAX_TEMPERATURE]. top_p: in [MIN_TOP_P, 1]; 1 keeps
+  every token. top_k: >= 0; 0 keeps every token. Logprobs of a request refer to log softmax(logits / T) with its own T
   (T = 1 when greedy), before truncation.
   """
   temperature: float = 1.0
@@ -51,6 +54,10 @@ class SamplingParams:
                        f"got {self.temperature!r}.")
     if not number(self.top_p) or not 0.0 < self.top_p <= 1.0:
       raise ValueError(f"top_p must be a number in (0, 1]; got {self.top_p!r}.")
+    if self.top_p < MIN_TOP_P:  # (until 2026-12-06 taken: the law kept no token, every draw was token 0)
+      raise ValueError(f"top_p must be at least {MIN_TOP_P:.4g} (float32's smallest normal number: the device reads a "
+                       f"smaller one as 0, which keeps no token); got {self.top_p!r}. Any top_p below the top "
+                       "token's probability keeps that token alone.")
     if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
       raise ValueError(f"top_k must be an int >= 0 (0 keeps every token); got {self.top_k!r}.")
     if self.top_k > MAX_TOP_K:  # (every top_k at or past the vocabulary keeps every token, as 0 does)
