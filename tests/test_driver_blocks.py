@@ -644,9 +644,12 @@ def test_bad_laws_and_stops_raise_clear_errors():
     driver.submit([Request(refs.prompt(3), stop_tokens=tuple(range(9)))])
   # Until 2026-12-06: a TypeError ('int' object is not iterable), int()'s ValueError, an int32 OverflowError
   # traceback, and an id past the vocabulary (never sampled: it never stopped anything) taken silently.
-  for bad in (5, ("a",), (2**40,), (TOK.eos_id, 259), (-1,), (True,)):
+  for bad in (5, ("a",), (2**40,), (TOK.eos_id, 259), (-1,), (True,), (t for t in (1, 2)), "ab"):
     with pytest.raises(ValueError, match=r"^Request None: stop_tokens must be a tuple of ids in \[0, 259\); got "):
       driver.submit([Request(refs.prompt(3), stop_tokens=bad)])
+  for good in (range(97, 99), {97, 98}, np.array([97, 98])):  # collections of ids
+    driver.submit([Request(refs.prompt(3), max_tokens=1, stop_tokens=good)])
+  assert [len(c.tokens) for c in driver.sample([])] == [1, 1, 1]
   with pytest.raises(ValueError, match="sampling must be a SamplingParams"):
     driver.submit([Request(refs.prompt(3), sampling={"temperature": 0.5})])
   with pytest.raises(ValueError, match="stop must be a tuple of non-empty strings"):

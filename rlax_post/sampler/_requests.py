@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import concurrent.futures
 import dataclasses
 from typing import Any, Callable, Sequence
@@ -183,9 +184,10 @@ def check_streams(name: str, seed: Any, stream: Any, sample_streams: Any, n: int
 
 
 def check_stop_tokens(name: str, stop_tokens: Any, cfg: Any) -> None:
-  """Raises ValueError (prefixed by `name`) unless `stop_tokens` is a tuple (or list) of token ids of the model
-  `cfg` (an id past its vocabulary is never sampled, so it would stop nothing)."""
-  if not isinstance(stop_tokens, (tuple, list)) or any(
+  """Raises ValueError (prefixed by `name`) unless `stop_tokens` is a collection (tuple, list, range, set, ...;
+  not a one-pass iterator, which this check would use up) of token ids of the model `cfg` (an id past its
+  vocabulary is never sampled, so it would stop nothing)."""
+  if not isinstance(stop_tokens, collections.abc.Collection) or isinstance(stop_tokens, (str, bytes, dict)) or any(
       isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in stop_tokens) or (
           cfg.non_token_ids(list(stop_tokens)).size):
     raise ValueError(f"{name}: stop_tokens must be a tuple of ids in {cfg.token_ids_text()}; got {stop_tokens!r}.")
