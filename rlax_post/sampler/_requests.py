@@ -158,6 +158,11 @@ def turn_at(turn_starts: Sequence[int], mask: Sequence[int], at: int) -> int | N
   return turn if all(mask[turn_starts[turn]:at + 1]) else None
 
 
+def _is_sequence(x: Any) -> bool:
+  """Whether `x` is a sequence of items (a list, tuple, range, array, ...): read more than once, and not a text."""
+  return hasattr(x, "__len__") and hasattr(x, "__getitem__") and not isinstance(x, (str, bytes, bytearray, dict))
+
+
 def check_streams(name: str, seed: Any, stream: Any, sample_streams: Any, n: int) -> None:
   """Raises ValueError (prefixed by `name`) unless seed, stream and sample_streams are valid for `Request`."""
   def is_int(x, lo, hi):
@@ -175,8 +180,7 @@ def check_streams(name: str, seed: Any, stream: Any, sample_streams: Any, n: int
       raise ValueError(f"{name}: stream must be an int in [0, 2**32); got {stream!r}.")
   if sample_streams is not None:
     # (a one-pass iterator was used up here: its request then queued no sample at all, and sample() returned [])
-    sequence = hasattr(sample_streams, "__len__") and hasattr(sample_streams, "__getitem__") and not isinstance(
-        sample_streams, (str, bytes, dict))
+    sequence = _is_sequence(sample_streams)
     streams = tuple(sample_streams) if sequence else ()
     if not sequence or len(streams) != n or len(set(streams)) != n or not all(is_int(x, 0, 2**32) for x in streams):
       raise ValueError(f"{name}: sample_streams must be n = {n} distinct ints in [0, 2**32) or None; got "
@@ -198,8 +202,7 @@ def validate_request(r: Request, engine: Any, max_length: int | None = None) -> 
   hold at most `max_length` tokens (`Driver(max_length=)`; None: the engine's `max_decode_length`); returns the
   request's stop ids (EOS included)."""
   # (a one-pass iterator passed this check and failed later without a len(); bytes read as ids here but not later)
-  sequence = hasattr(r.prompt, "__len__") and hasattr(r.prompt, "__getitem__") and not isinstance(
-      r.prompt, (str, bytes, bytearray, dict))
+  sequence = _is_sequence(r.prompt)
   prompt = list(r.prompt) if sequence else []
   cfg = engine.model_cfg  # padded embedding rows and the ids the vocabulary skips are no token
   if not prompt or any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in prompt) or (
