@@ -10,6 +10,7 @@ sampling still finds the right answer often; GRPO then raises the greedy reward 
   rlax-post train --config configs/demo.py:add,tiny --workdir /tmp/add  # variants combine with commas
                                                                        # (one task: sort,add is an error)
   rlax-post train --config configs/demo.py:gae --workdir runs/ppo        # PPO with a learned critic
+  rlax-post train --config configs/demo.py:dapo --workdir runs/dapo      # GRPO + DAPO's dynamic sampling
 """
 
 import ml_collections
@@ -25,7 +26,12 @@ _TASK_OPTIONS = {
     "sort": dict(min_len=3, max_len=6),
     "add": dict(max_digits=3),
 }
-_VARIANTS = ("default", "tiny", "gae", *_TASK_OPTIONS)
+_VARIANTS = ("default", "tiny", "gae", "dapo", *_TASK_OPTIONS)
+# `dapo`'s sweep (docs/learner.md, "Dynamic sampling"): the filtered arm's steps; the baseline, which samples
+# about 1.6x fewer decode tokens a step early on, runs this factor times as many, enough to pass the filtered
+# arm's total sampled tokens (trained + filtered), so the two arms can be compared at an equal budget.
+DAPO_STEPS = 50
+DAPO_BASELINE_FACTOR = 2
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -104,6 +110,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if "gae" in variants:  # PPO with a separate critic (docs/critic.md): token-level GAE, whitened over the batch.
     c.advantage.estimator = "gae"
     c.advantage.normalize = "batch"
+  if "dapo" in variants:  # GRPO + dynamic sampling (docs/learner.md): flat groups dropped and resampled
+    c.rl.filter_groups = True
+    c.rl.steps = DAPO_STEPS
+    c.eval.every = 5
   if "tiny" in variants:  # A smoke-sized run: compiles and runs in well under a minute.
     c.model.preset = "micro"
     c.task.num_eval = 16
@@ -128,12 +138,19 @@ def get_sweep(arg: str | None = None) -> list[dict]:
     rlax-post sweep --config configs/demo.py --workdir runs/demo_sweep --parallel 2   # 6 units
     rlax-post sweep --config configs/demo.py:tiny --workdir /tmp/sweep --parallel 2   # 2 units, seconds
     rlax-post sweep --config configs/demo.py:gae --workdir runs/critic --parallel 2   # GRPO vs PPO + critic
+    rlax-post sweep --config configs/demo.py:dapo --workdir runs/dapo --share_warm_start  # dynamic sampling
   """
   variants = (arg or "").split(",")
   if "gae" in variants:  # GRPO against PPO with a critic at equal samples, 3 seeds (docs/critic.md)
     # The GRPO arm: the config without `gae` (its critic and normalisation, which GRPO does not read, reset).
     grpo = sweep.differences(get_config(arg), get_config(",".join(v for v in variants if v != "gae")))
     return sweep.product([grpo, {"advantage.estimator": "gae"}], sweep.axis("seed", [0, 1, 2]))
+  if "dapo" in variants:  # GRPO with and without dynamic sampling at equal sampled tokens, 3 seeds
+    # The baseline: filter off and its own (longer) run; both evaluate every 5 steps.
+    baseline = {"rl.filter_groups": False, "rl.steps": DAPO_BASELINE_FACTOR * get_config(arg).rl.steps}
+    seeds = [0] if "tiny" in variants else [0, 1, 2]
+    # Seed-major: a seed's two arms are listed together (a sweep stopped early leaves whole pairs).
+    return sweep.product(sweep.axis("seed", seeds), [{"rl.filter_groups": True}, baseline])
   if "tiny" in variants:
     return sweep.product(sweep.axis("advantage.estimator", ["grpo", "rloo"]), sweep.axis("seed", [0]))
   return sweep.product(sweep.axis("advantage.estimator", ["grpo", "rloo", "drgrpo"]), sweep.axis("seed", [0, 1]))
