@@ -14,7 +14,8 @@ step at 0). Per arm (`rl.filter_groups` off: the baseline; on: the filtered arm)
            tokens: the filtered run's last evaluation, and the baseline's eval curve interpolated linearly in
            cumulative tokens at B (undefined if the baseline sampled fewer than B in all)
   steps    secondary: the eval reward at the filtered run's last step (the baseline's curve at that step)
-  final    each run's last evaluation, and its total sampled tokens
+  final    each run's last evaluation, and its total sampled tokens (per run also: the filtered groups' share
+           of them, `filtered_tokens`, and its `wall_seconds`)
 
 and Welch's 95% interval of the difference (filtered − baseline) with the smallest difference these seeds detect
 at 80% power (`sweep.contrasts`, the figures of `rlax-post compare`). --plot draws eval reward against
@@ -62,6 +63,12 @@ def cumulative_tokens(workdir: str) -> dict[int, float]:
   return out
 
 
+def filtered_tokens(workdir: str) -> float:
+  """The decode tokens of the groups dynamic sampling dropped, over the run (0 without the filter)."""
+  rows = runtime.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+  return float(sum(float(r.get("filtered_decode_tokens", 0.0)) for r in rows if r.get("phase") == "rl"))
+
+
 def eval_points(curve: list[tuple[int, float | None]], tokens: dict[int, float]) -> list[tuple[int, float, float]]:
   """(step, cumulative tokens, eval reward) of each evaluation, in step order."""
   missing = [s for s, _ in curve if s not in tokens]
@@ -94,7 +101,8 @@ def unit_figures(results: list[sweep.UnitResult]) -> list[dict]:
       tokens = cumulative_tokens(r.workdir)
       points = eval_points(r.eval_curve, tokens)
       row.update(points=points, total_tokens=tokens[max(tokens)], final_eval=points[-1][2],
-                 steps=r.summary.get("rl_steps_done"))
+                 steps=r.summary.get("rl_steps_done"), filtered_tokens=filtered_tokens(r.workdir),
+                 wall_seconds=r.summary.get("wall_seconds"))
     units.append(row)
   filtered = {u["seed"]: u for u in units if u["arm"] == ARMS[1] and "points" in u}
   for u in units:

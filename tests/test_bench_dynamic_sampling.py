@@ -55,6 +55,7 @@ def test_equal_budget_and_equal_steps_by_hand(runs, tmp_path, capsys):
   assert sorted(units) == ["a_s0", "a_s1", "b_s0", "b_s1"]
   assert [(p[0], p[1]) for p in units["b_s0"]["points"]] == [(0, 0.0), (2, 320.0)]  # trained + filtered
   assert [u["total_tokens"] for u in out["units"]] == [400.0, 400.0, 320.0, 300.0]
+  assert [u["filtered_tokens"] for u in out["units"]] == [0.0, 0.0, 120.0, 100.0]
   assert [u["budget"] for u in out["units"]] == [320.0, 300.0, 320.0, 300.0]
   # the baseline at its seed's B: 0.3 + (320 - 200) / 200 · 0.4 and 0.4 + (300 - 200) / 200 · 0.2
   assert [u["eval_at_budget"] for u in out["units"]] == pytest.approx([0.54, 0.5, 0.5, 0.6])
