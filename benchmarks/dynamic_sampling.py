@@ -54,12 +54,15 @@ def run_dirs(root: str) -> list[str]:
 
 
 def cumulative_tokens(workdir: str) -> dict[int, float]:
-  """{step: decode tokens sampled up to and including that RL step}, trained plus filtered, step 0 = 0."""
+  """{step: decode tokens sampled up to and including that RL step}, trained plus filtered, step 0 = 0 (a step
+  logged twice counts once: its last row)."""
+  per_step = {int(row["step"]): float(row["decode_tokens"]) + float(row.get("filtered_decode_tokens", 0.0))
+              for row in runtime.read_jsonl(os.path.join(workdir, "metrics.jsonl"))
+              if row.get("phase") == "rl" and "decode_tokens" in row}
   out, total = {0: 0.0}, 0.0
-  for row in runtime.read_jsonl(os.path.join(workdir, "metrics.jsonl")):
-    if row.get("phase") == "rl" and "decode_tokens" in row:
-      total += float(row["decode_tokens"]) + float(row.get("filtered_decode_tokens", 0.0))
-      out[int(row["step"])] = total
+  for step in sorted(per_step):
+    total += per_step[step]
+    out[step] = total
   return out
 
 
