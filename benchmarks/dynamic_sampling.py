@@ -181,8 +181,10 @@ def report(root: str) -> dict:
           "contrasts": {key: sweep.contrasts(groups, key)[0] for key in KEYS}}
 
 
-def _fmt(pair) -> str | None:
-  return None if pair is None else f"{pair[0]:.3f} ± {pair[1]:.3f}" if pair[1] is not None else f"{pair[0]:.3f}"
+def _fmt(pair, digits: int = 3) -> str | None:
+  if pair is None:
+    return None
+  return f"{pair[0]:.{digits}f}" + ("" if pair[1] is None else f" ± {pair[1]:.{digits}f}")
 
 
 def main(argv=None) -> dict:
@@ -197,15 +199,16 @@ def main(argv=None) -> dict:
                                       ("eval_at_budget", "eval@B", ".3f"), ("eval_at_steps", "eval@S", ".3f"),
                                       ("final_eval", "final", ".3f")])
   print()
-  _harness.print_table([{**g, **{k: _fmt(g[k]) for k in KEYS}} for g in out["arms"]],
+  _harness.print_table([{**g, **{k: _fmt(g[k], 0 if k == "total_tokens" else 3) for k in KEYS}} for g in out["arms"]],
                        [("group", "arm", "s"), ("finished", "seeds", "d"), ("eval_at_budget", "eval@B", "s"),
                         ("eval_at_steps", "eval@S", "s"), ("final_eval", "final", "s"),
                         ("total_tokens", "tokens", "s")])
   print()
   for key, c in out["contrasts"].items():
-    ci = "-" if c["ci95"] is None else f"[{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]"
-    diff = "-" if c["difference"] is None else f"{c['difference']:+.3f}"
-    mde = "-" if c["mde80"] is None else f"{c['mde80']:.3f}"
+    d = 0 if key == "total_tokens" else 3
+    ci = "-" if c["ci95"] is None else f"[{c['ci95'][0]:+.{d}f}, {c['ci95'][1]:+.{d}f}]"
+    diff = "-" if c["difference"] is None else f"{c['difference']:+.{d}f}"
+    mde = "-" if c["mde80"] is None else f"{c['mde80']:.{d}f}"
     print(f"{key}: {ARMS[1]} - {ARMS[0]} = {diff}, Welch 95% CI {ci}, detectable at 80% power {mde}"
           + (f" ({c['why']})" if c["why"] else ""))
   _harness.write_json(args.json, out)
