@@ -20,7 +20,7 @@ step at 0). Per arm (`rl.filter_groups` off: the baseline; on: the filtered arm)
 and Welch's 95% interval of the difference (filtered − baseline) with the smallest difference these seeds detect
 at 80% power (`sweep.contrasts`, the figures of `rlax-post compare`). --plot draws eval reward against
 cumulative sampled tokens: seeds as thin lines, each arm's mean (over the seeds, on the tokens all of them
-reached) bold, and B's mean as a dotted line.
+reached) bold, and each seed's two points at its B as dots.
 """
 
 from __future__ import annotations
@@ -159,9 +159,12 @@ def plot(units: list[dict], path: str) -> None:
     if (mean := mean_curve(units, arm)) is not None:
       seeds = sum(u["arm"] == arm and "points" in u for u in units)
       ax.plot(*mean, color=color, lw=2.5, label=f"{arm} (mean of {seeds} seeds)")
-  budgets = [u["budget"] for u in units if u["arm"] == ARMS[1] and "budget" in u]
-  if budgets:
-    ax.axvline(float(np.mean(budgets)), color="gray", ls=":", lw=1, label="equal budget B (mean)")
+  at_budget = [u for u in units if u.get("eval_at_budget") is not None]
+  if at_budget:  # each seed's pair at its own B: the filtered run's end, the baseline interpolated there
+    for arm, color in zip(ARMS, ("tab:blue", "tab:orange")):
+      pairs = [(u["budget"], u["eval_at_budget"]) for u in at_budget if u["arm"] == arm]
+      ax.scatter(*zip(*pairs), color=color, marker="o", s=28, edgecolor="black", lw=0.6, zorder=3,
+                 label="each seed's pair at its B" if arm == ARMS[0] else None)
   ax.set_xlabel("cumulative sampled decode tokens (trained + filtered)")
   ax.set_ylabel("greedy eval reward (held-out)")
   ax.set_title("GRPO with and without dynamic sampling (demo reverse task)")
