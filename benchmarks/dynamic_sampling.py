@@ -149,9 +149,9 @@ def mean_curve(units: list[dict], arm: str, grid: int = 200) -> tuple[np.ndarray
 
 
 def plot(units: list[dict], path: str) -> None:
-  import matplotlib  # pylint: disable=g-import-not-at-top  (only --plot needs it)
+  import matplotlib  # pylint: disable=g-import-not-at-top  (only --plot needs it; heavy import)
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top  (only --plot needs it; heavy import)
   fig, ax = plt.subplots(figsize=(7, 4.2))
   for arm, color in zip(ARMS, ("tab:blue", "tab:orange")):
     for u in (u for u in units if u["arm"] == arm and "points" in u):
