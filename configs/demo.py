@@ -26,7 +26,7 @@ _TASK_OPTIONS = {
     "sort": dict(min_len=3, max_len=6),
     "add": dict(max_digits=3),
 }
-_VARIANTS = ("default", "tiny", "gae", "dapo", *_TASK_OPTIONS)
+_VARIANTS = ("default", "tiny", "gae", *_TASK_OPTIONS, "dapo")
 # `dapo`'s sweep (docs/learner.md, "Dynamic sampling"): the filtered arm's steps; the baseline runs this factor
 # times as many, enough to pass the filtered arm's total sampled tokens (trained + filtered), so the two arms
 # can be compared at an equal budget. A filtered step samples ~1.5x a baseline step's tokens at first, and 4x

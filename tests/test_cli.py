@@ -628,7 +628,7 @@ def test_rescue_eval_of_a_config_refuses_a_run_s_policy_flags(flag, shown):
 
 def test_unknown_variant_is_one_line():
   line = _error(_cli("check-config", "--config", "configs/demo.py:huge"), "check-config")
-  assert "unknown variant(s) ['huge']; valid: ['default', 'tiny', 'gae', 'reverse', 'sort', 'add']" in line
+  assert "unknown variant(s) ['huge']; valid: ['default', 'tiny', 'gae', 'reverse', 'sort', 'add', 'dapo']" in line
 
 
 @pytest.mark.parametrize("name", ["dataset", "demo", "multiagent", "smollm2_math", "tools_tiny"])
