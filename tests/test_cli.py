@@ -170,7 +170,9 @@ def test_every_flag_s_command_list_names_each_command_that_reads_it():
       assert shown[:1].isupper() or shown.startswith("gRPC"), (command, name, shown)
 
 
-@pytest.mark.parametrize("args", [("--help",), ("export", "--help"), ("rescue-eval", "-h")])
+# (The top-level help and -h: `make test-all`, make test's 15-minute budget; one Python process each, ~4 s.)
+@pytest.mark.parametrize("args", [pytest.param(("--help",), marks=pytest.mark.slow), ("export", "--help"),
+                                  pytest.param(("rescue-eval", "-h"), marks=pytest.mark.slow)])
 def test_help_into_a_closed_pipe_ends_quietly(args):
   """`rlax-post --help | head -3` whose reader stops early: exit status 1 and nothing on stderr, as for
   check-config's output (help printed with a plain print: a BrokenPipeError traceback)."""

@@ -281,17 +281,19 @@ def test_the_cli_sampling_flags_reach_the_engine(run, references):
   greedy = [references[p] for p in _GOOD]
   assert _completions(run, "--temperature", "1", "--top_k", "1") == greedy
   assert _completions(run, "--temperature", "1") != greedy
-  for flags, line in [(("--top_p", "0"), "top_p must be a number in (0, 1]; got 0.0."),
-                      (("--top_k", "-1"), "top_k must be an int >= 0 (0 keeps every token); got -1."),
-                      (("--slots", "0"), "--slots must be an int >= 1 (the server's concurrent decodes); got 0."),
-                      (("--seed", "4294967296"), "--seed must be an int in [0, 2**32) (the sampling seed); got "
-                                                 "4294967296.")]:
+  _refused(run, [(("--top_k", "-1"), "top_k must be an int >= 0 (0 keeps every token); got -1."),
+                 (("--slots", "0"), "--slots must be an int >= 1 (the server's concurrent decodes); got 0.")])
+
+
+def _refused(run, cases) -> None:
+  """Each (flags, line): `serve` with those flags exits 2 with that error line, before it says "Serving"."""
+  for flags, line in cases:
     done = _serving.serve_error(run, *flags)
     assert done.returncode == 2 and "Serving" not in done.stdout, done.stderr[-2000:]
     assert done.stderr.strip().splitlines()[-1] == f"rlax-post serve: error: {line}"
 
 
-@pytest.mark.slow  # `make test-all`: four more server processes (make test's 15-minute budget).
+@pytest.mark.slow  # `make test-all`: four more server processes, two refused ones (make test's 15-minute budget).
 def test_top_p_reaches_the_engine_and_the_default_seed_draws_the_same_samples_again(run, references):
   """At temperature 1, a top_p that keeps only the top token is the greedy completion; `--seed 0` (the default)
   draws what a server started without it drew, another `--seed` other samples."""
@@ -300,6 +302,9 @@ def test_top_p_reaches_the_engine_and_the_default_seed_draws_the_same_samples_ag
   sampled = _completions(run, "--temperature", "1")
   assert _completions(run, "--temperature", "1", "--seed", "0") == sampled
   assert _completions(run, "--temperature", "1", "--seed", "7") != sampled
+  _refused(run, [(("--top_p", "0"), "top_p must be a number in (0, 1]; got 0.0."),
+                 (("--seed", "4294967296"), "--seed must be an int in [0, 2**32) (the sampling seed); got "
+                                            "4294967296.")])
 
 
 def test_a_prefill_error_fails_its_request_not_the_process(run, references):
