@@ -15,6 +15,7 @@ import _harness  # pylint: disable=g-import-not-at-top,wrong-import-position
 import sampler as bench  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
+@pytest.mark.slow  # `make test-all` (make test's budget, 10 s): the benchmark's figures are unit-tested below
 def test_a_tiny_run_of_some_modes(tmp_path, capsys):
   path = tmp_path / "sampler.json"
   result = bench.main(["--slots", "4", "--requests", "8", "--repeats", "1", "--modes", "fused_eq,eq_k,cont,stat",

@@ -77,6 +77,9 @@ def test_a_tiny_sweep_of_every_seed_method_is_one_seed_per_arm(name, arms):
   assert len(sweep.work_units(os.path.join("configs", f"{name}.py"))) == 3 * arms  # the full sweeps: 3 seeds
 
 
+# `make test-all` (make test's budget, 12 s): gae on a role pipeline also runs in make test, with one policy per role
+# (tests/test_per_role.py's run).
+@pytest.mark.slow
 def test_mappo_style_gae_on_a_role_pipeline_logs_the_per_role_diagnostics(tmp_path):
   # docs/multiagent.md: "Per step, per role d: role{d}_adv_var ... and role{d}_influence"; with
   # advantage.estimator = "gae" (MAPPO-style, the page says it runs) neither was logged.

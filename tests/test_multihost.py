@@ -208,13 +208,17 @@ def _run_two_process_learner(workdir, tmp_path):
     _end(procs, logs)
 
 
-def test_cli_rejects_bad_flags_and_multiprocess_train(tmp_path):
+def test_cli_rejects_a_process_id_outside_the_processes(tmp_path):
   bad = subprocess.run([sys.executable, "-m", "rlax_post.cli", "learner", "--workdir", os.fspath(tmp_path),
                         *_OVERRIDES, "--coordinator_address", "127.0.0.1:1", "--num_processes", "2",
                         "--process_id", "2"], env=_env(4), capture_output=True, text=True, timeout=120)
   assert bad.returncode == 2
   assert "--process_id must be in [0, 2) for --num_processes=2; got 2." in bad.stderr
-  # `train` samples inside the learner: on 2 processes it stops with a pointer to the async roles.
+
+
+@pytest.mark.slow  # `make test-all` (make test's budget): two processes that join a JAX cluster, ~7 s
+def test_train_on_two_processes_points_at_the_async_roles(tmp_path):
+  """`train` samples inside the learner: on 2 processes it stops with a pointer to the async roles."""
   port = portpicker.pick_unused_port()
   procs = [subprocess.Popen([sys.executable, "-m", "rlax_post.cli", "train", "--workdir",
                              os.fspath(tmp_path / "sync"), "--config", "configs/demo.py:tiny", "--quiet",

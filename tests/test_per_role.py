@@ -252,6 +252,7 @@ def test_a_per_role_run_trains_two_policies_from_one_warm_start(per_role_run, tm
     runtime.serve(workdir, sampler.ServeOptions())
 
 
+@pytest.mark.slow  # `make test-all` (make test's budget): the run's export is checked in float32 above
 def test_rlax_post_export_of_a_per_role_run_writes_each_roles_checkpoint_in_the_asked_dtype(per_role_run, tmp_path):
   """`rlax-post export` of a per-role run wrote both roles' checkpoints, then failed (exit status 2) reading
   OUT/config.json for its closing line; with --dtype bfloat16 each role's tensors are that role's weights
