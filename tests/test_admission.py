@@ -148,7 +148,8 @@ def test_a_sampler_reports_the_groups_it_can_hold_and_is_granted_up_to_them(tmp_
     assert envs.group_capacity(Open(2, 3), slots=8, group_size=2) == 3
 
 
-@pytest.mark.parametrize("stop", [_VOWELS, ()], ids=["stop strings", "none"])
+# (Without stop strings: `make test-all`, make test's budget; the same admission with them stays.)
+@pytest.mark.parametrize("stop", [_VOWELS, pytest.param((), marks=pytest.mark.slow)], ids=["stop strings", "none"])
 def test_groups_admitted_ahead_wait_on_the_refill_queue_and_give_the_same_rows(stop):
   """A single-turn producer (its requests have no env or kept state: `sampler.Request.queueable`) counts its
   engine's refill queue as room (`queue_rows`, 2 x slots on a CPU mesh): groups are admitted ahead, wait on the

@@ -18,7 +18,8 @@ from rlax_post import sampler  # noqa: E402
 
 @pytest.mark.parametrize("config_cls, model_cls, extra", [
     (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {}),
-    (transformers.LlamaConfig, transformers.LlamaForCausalLM, {}),
+    # (Llama: `make test-all`, make test's budget; Qwen 3 is Llama's layers with q/k norms.)
+    pytest.param(transformers.LlamaConfig, transformers.LlamaForCausalLM, {}, marks=pytest.mark.slow),
     (transformers.Gemma2Config, transformers.Gemma2ForCausalLM,
      dict(sliding_window=4, query_pre_attn_scalar=16, attn_logit_softcapping=1.0, final_logit_softcapping=5.0)),
 ], ids=["qwen3", "llama", "gemma2"])

@@ -298,6 +298,7 @@ def test_a_resumed_lora_run_gives_the_uninterrupted_runs_metrics(lora_run, tmp_p
   assert resumed["final_eval_reward"] == summary["final_eval_reward"]
 
 
+@pytest.mark.slow  # `make test-all` (make test's budget): tests/test_async.py checks the same without LoRA
 def test_sampler_threads_at_eta_0_equal_inline_sampling_with_lora(lora_run, tmp_path):
   """Thread samplers receive only the adapters and merge them into the base they hold: at η = 0 they sample
   what inline sampling does, so every data-dependent metric matches."""

@@ -232,6 +232,7 @@ def test_train_on_two_processes_points_at_the_async_roles(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # `make test-all` (make test's budget): two learner processes and a sampler, 18 s
 def test_a_signal_to_process_0_stops_every_learner_process_at_one_step(tmp_path):
   """Two learner processes, no sampler: process 0 waits for rollouts, process 1 in the broadcast of its groups.
   SIGTERM to process 0 alone ends both at the same step (process 0 broadcasts the stop): each exits 143 with

@@ -247,6 +247,7 @@ def test_the_cli_exits_2_without_serving_on_a_bad_or_taken_port(run, server):
   assert server.healthy()
 
 
+@pytest.mark.slow  # `make test-all` (make test's budget, 8 s): --step resolves as evaluate's and fidelity's do
 def test_the_cli_serves_the_step_it_is_given_and_names_a_missing_one(run, references):
   """`serve --step K` serves checkpoint K (the command had no --step: only the newest could be served, though
   a run keeps several); a step that is not committed is one line listing those that are."""

@@ -155,7 +155,8 @@ def _no_cache_writes():
   jax.config.update("jax_enable_compilation_cache", before)
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
+# (The plain model: `make test-all`, make test's budget; "options" holds its layers and more.)
+@pytest.mark.parametrize("kind", [pytest.param("plain", marks=pytest.mark.slow), "options"])
 @pytest.mark.usefixtures("_no_cache_writes")
 def test_drivers_sample_alike_with_apart_and_stacked_layers(kind):
   """The same tokens, logprobs to 1e-5, across a weight swap (`set_params` prepares the new params too)."""
