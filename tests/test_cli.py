@@ -1198,19 +1198,29 @@ def test_export_refuses_a_used_out_directory_and_an_unknown_architecture_or_dtyp
   assert line == "rlax-post export: error: --out is required: the directory to write the Hugging Face checkpoint to."
 
 
+def _run_without_checkpoints(tmp_path):
+  """A run's directory with a config.json and one step without orbax's commit marker (not complete)."""
+  run = tmp_path / "run"
+  (run / "checkpoints" / "2").mkdir(parents=True)
+  (run / "config.json").write_text(json.dumps({"task": {}, "rl": {}}))
+  return run
+
+
+def _complete_checkpoints(run, *steps) -> None:
+  for step in steps:
+    (run / "checkpoints" / str(step)).mkdir()
+    (run / "checkpoints" / str(step) / "commit_success.txt").write_text("")
+
+
 def test_evaluate_names_a_run_without_checkpoints_a_missing_step_and_a_used_out_before_any_jax_work(tmp_path):
   """`rlax-post evaluate` of a run with no complete checkpoint, of a step it does not hold, or into an --out that
   exists (an earlier output, or the default of a step evaluated before) or is a directory: one line each, before
   the run's model is built, and no evaluate/ directory left behind."""
-  run = tmp_path / "run"
-  (run / "checkpoints" / "2").mkdir(parents=True)  # a step without orbax's commit marker: not complete
-  (run / "config.json").write_text(json.dumps({"task": {}, "rl": {}}))
+  run = _run_without_checkpoints(tmp_path)
   line = _error(_cli("evaluate", "--workdir", run), "evaluate")
   assert line == (f"rlax-post evaluate: error: {run}/checkpoints holds no complete checkpoint to evaluate (a <step>/ "
                   "directory with orbax's commit marker); train the run first (its warm start saves step 0).")
-  for step in (0, 4):
-    (run / "checkpoints" / str(step)).mkdir()
-    (run / "checkpoints" / str(step) / "commit_success.txt").write_text("")
+  _complete_checkpoints(run, 0, 4)
   line = _error(_cli("evaluate", "--workdir", run, "--step", "2"), "evaluate")
   assert line == (f"rlax-post evaluate: error: --step 2: run {run} holds no complete checkpoint of that step; its "
                   "complete steps: [0, 4].")
@@ -1248,16 +1258,12 @@ def test_evaluate_names_a_run_without_checkpoints_a_missing_step_and_a_used_out_
 def test_fidelity_reads_the_step_it_is_given_and_names_a_missing_or_bad_one_as_evaluate_does(tmp_path):
   """`rlax-post fidelity` had no --step (it refused one as another command's flag) and always read the newest
   checkpoint; --step K now picks one, with evaluate's errors, before the run's model is built."""
-  run = tmp_path / "run"
-  (run / "checkpoints" / "2").mkdir(parents=True)  # no orbax commit marker: not complete
-  (run / "config.json").write_text(json.dumps({"task": {}, "rl": {}}))
+  run = _run_without_checkpoints(tmp_path)
   line = _error(_cli("fidelity", "--workdir", run, "--step", "2"), "fidelity")
   assert line == (f"rlax-post fidelity: error: {run}/checkpoints holds no complete checkpoint to measure the credit "
                   "fidelity of (a <step>/ directory with orbax's commit marker); train the run first (its warm start "
                   "saves step 0).")
-  for step in (0, 4):
-    (run / "checkpoints" / str(step)).mkdir()
-    (run / "checkpoints" / str(step) / "commit_success.txt").write_text("")
+  _complete_checkpoints(run, 0, 4)
   line = _error(_cli("fidelity", "--workdir", run, "--step", "2"), "fidelity")
   assert line == (f"rlax-post fidelity: error: --step 2: run {run} holds no complete checkpoint of that step; its "
                   "complete steps: [0, 4].")
