@@ -1212,6 +1212,16 @@ def _complete_checkpoints(run, *steps) -> None:
     (run / "checkpoints" / str(step) / "commit_success.txt").write_text("")
 
 
+def _assert_bad_steps_named(command: str, run) -> None:
+  """`command --step 2` of `run` (complete steps 0 and 4) and `--step last`: one line each naming the step."""
+  line = _error(_cli(command, "--workdir", run, "--step", "2"), command)
+  assert line == (f"rlax-post {command}: error: --step 2: run {run} holds no complete checkpoint of that step; its "
+                  "complete steps: [0, 4].")
+  line = _error(_cli(command, "--workdir", run, "--step", "last"), command)
+  assert line == (f"rlax-post {command}: error: --step must be a checkpoint step (an int >= 0) or 'best' (the "
+                  "checkpoint of the best held-out eval reward); got 'last'.")
+
+
 def test_evaluate_names_a_run_without_checkpoints_a_missing_step_and_a_used_out_before_any_jax_work(tmp_path):
   """`rlax-post evaluate` of a run with no complete checkpoint, of a step it does not hold, or into an --out that
   exists (an earlier output, or the default of a step evaluated before) or is a directory: one line each, before
@@ -1221,12 +1231,7 @@ def test_evaluate_names_a_run_without_checkpoints_a_missing_step_and_a_used_out_
   assert line == (f"rlax-post evaluate: error: {run}/checkpoints holds no complete checkpoint to evaluate (a <step>/ "
                   "directory with orbax's commit marker); train the run first (its warm start saves step 0).")
   _complete_checkpoints(run, 0, 4)
-  line = _error(_cli("evaluate", "--workdir", run, "--step", "2"), "evaluate")
-  assert line == (f"rlax-post evaluate: error: --step 2: run {run} holds no complete checkpoint of that step; its "
-                  "complete steps: [0, 4].")
-  line = _error(_cli("evaluate", "--workdir", run, "--step", "last"), "evaluate")
-  assert line == ("rlax-post evaluate: error: --step must be a checkpoint step (an int >= 0) or 'best' (the checkpoint "
-                  "of the best held-out eval reward); got 'last'.")
+  _assert_bad_steps_named("evaluate", run)
   (run / "evaluate").mkdir()
   (run / "evaluate" / "step_4.jsonl").write_text("")
   line = _error(_cli("evaluate", "--workdir", run), "evaluate")  # the newest step's default
@@ -1264,12 +1269,7 @@ def test_fidelity_reads_the_step_it_is_given_and_names_a_missing_or_bad_one_as_e
                   "fidelity of (a <step>/ directory with orbax's commit marker); train the run first (its warm start "
                   "saves step 0).")
   _complete_checkpoints(run, 0, 4)
-  line = _error(_cli("fidelity", "--workdir", run, "--step", "2"), "fidelity")
-  assert line == (f"rlax-post fidelity: error: --step 2: run {run} holds no complete checkpoint of that step; its "
-                  "complete steps: [0, 4].")
-  line = _error(_cli("fidelity", "--workdir", run, "--step", "last"), "fidelity")
-  assert line == ("rlax-post fidelity: error: --step must be a checkpoint step (an int >= 0) or 'best' (the checkpoint "
-                  "of the best held-out eval reward); got 'last'.")
+  _assert_bad_steps_named("fidelity", run)
 
 
 def test_outputs_written_with_local_file_calls_refuse_a_url(tmp_path):

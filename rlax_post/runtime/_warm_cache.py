@@ -44,6 +44,12 @@ _CACHE_WAY_OUT = ("free space on that disk, or set sft.cache_dir to a directory 
                   "no cache), then run the command again.")
 
 
+def _identity(path: str) -> list[int]:
+  """A file's size and modification time: what tells a rewritten file from the one a warm start read."""
+  st = os.stat(path)
+  return [st.st_size, st.st_mtime_ns]
+
+
 def _data_files(cfg: config_lib.Config) -> dict:
   """The dataset task's `data` section and its files' sizes and modification times (a rewritten file is a
   new warm start); {} for the other tasks."""
@@ -52,8 +58,7 @@ def _data_files(cfg: config_lib.Config) -> dict:
   stats = {}
   for spec in (cfg.data.train, cfg.data.eval):
     for f in data.resolve_files(spec, cfg.data.format) if spec is not None else ():
-      st = os.stat(f)
-      stats[os.path.abspath(f)] = [st.st_size, st.st_mtime_ns]
+      stats[os.path.abspath(f)] = _identity(f)
   return {"data": config_lib.to_dict(cfg)["data"], "files": stats}
 
 
@@ -69,8 +74,7 @@ def _checkpoint_files(cfg: config_lib.Config) -> dict:
   for name in sorted(os.listdir(path)):
     full = os.path.join(path, name)
     if os.path.isfile(full):
-      st = os.stat(full)
-      stats[name] = [st.st_size, st.st_mtime_ns]
+      stats[name] = _identity(full)
   return {"checkpoint": stats}
 
 

@@ -105,6 +105,7 @@ import numpy as np
 from rlax_post.sampler import _engine
 from rlax_post.sampler import _prefills
 from rlax_post.sampler import _samples
+from rlax_post.sampler import _sampling
 from rlax_post.sampler import _tickets
 from rlax_post.sampler._requests import check_streams
 from rlax_post.sampler._requests import Completion
@@ -201,7 +202,7 @@ class Driver:
     self.static_batching = bool(static_batching)
     self.recompute_on_swap = bool(recompute_on_swap)
     self._base_keys: dict[int, np.ndarray] = {}  # seed -> raw key(seed).
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+    if not _sampling.is_int(seed, 0, _sampling.SEED_BOUND):
       raise ValueError(f"seed must be an int in [0, 2**32) (jax's keys are 32-bit: 2**32 would draw seed 0's "
                        f"samples; as Request.seed); got {seed!r}.")
     self._seed = int(seed)

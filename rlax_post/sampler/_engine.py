@@ -72,7 +72,9 @@ from rlax_post.sampler._cores import Block
 from rlax_post.sampler._cores import DecodeState
 from rlax_post.sampler._cores import Prefix
 from rlax_post.sampler._cores import SlotSettings
+from rlax_post.sampler._sampling import is_int
 from rlax_post.sampler._sampling import SamplingParams
+from rlax_post.sampler._sampling import SEED_BOUND
 
 engine_api = _tokenizer_api.jetstream_modules.engine_api
 # Most prompts of one `prefill_batch` call: enough to amortise a call, few enough that a call with one
@@ -180,7 +182,7 @@ class RlaxEngine(engine_api.Engine):
     self._max_concurrent_decodes = max_concurrent_decodes
     self._max_prefill_length = max_prefill_length
     self.max_decode_length = max_decode_length
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**32:
+    if not is_int(seed, 0, SEED_BOUND):
       raise ValueError(f"seed must be an int in [0, 2**32) (jax's keys are 32-bit: 2**32 would draw seed 0's "
                        f"samples); got {seed!r}.")
     self.seed = int(seed)

@@ -11,7 +11,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from rlax_post.sampler._sampling import is_int
 from rlax_post.sampler._sampling import SamplingParams
+from rlax_post.sampler._sampling import SEED_BOUND
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,24 +167,23 @@ def _is_sequence(x: Any) -> bool:
 
 def check_streams(name: str, seed: Any, stream: Any, sample_streams: Any, n: int) -> None:
   """Raises ValueError (prefixed by `name`) unless seed, stream and sample_streams are valid for `Request`."""
-  def is_int(x, lo, hi):
-    return not isinstance(x, bool) and isinstance(x, (int, np.integer)) and lo <= x < hi
-
   if seed is None:
     if stream is not None:
       raise ValueError(f"{name}: stream {stream!r} needs a seed (seed is None).")
   else:
-    if not is_int(seed, 0, 2**32):  # (until 2026-12-06 [-2**63, 2**63): 2**32 drew seed 0's samples, -1 2**32 - 1's)
+    # (until 2026-12-06 [-2**63, 2**63): 2**32 drew seed 0's samples, -1 2**32 - 1's)
+    if not is_int(seed, 0, SEED_BOUND):
       raise ValueError(f"{name}: seed must be an int in [0, 2**32) or None (jax's keys are 32-bit); got {seed!r}.")
     if stream is None:
       raise ValueError(f"{name}: stream is required when seed is set (seed {seed}).")
-    if not is_int(stream, 0, 2**32):
+    if not is_int(stream, 0, SEED_BOUND):
       raise ValueError(f"{name}: stream must be an int in [0, 2**32); got {stream!r}.")
   if sample_streams is not None:
     # (a one-pass iterator was used up here: its request then queued no sample at all, and sample() returned [])
     sequence = _is_sequence(sample_streams)
     streams = tuple(sample_streams) if sequence else ()
-    if not sequence or len(streams) != n or len(set(streams)) != n or not all(is_int(x, 0, 2**32) for x in streams):
+    if not sequence or len(streams) != n or len(set(streams)) != n or not all(
+        is_int(x, 0, SEED_BOUND) for x in streams):
       raise ValueError(f"{name}: sample_streams must be n = {n} distinct ints in [0, 2**32) or None; got "
                        f"{sample_streams!r}.")
 

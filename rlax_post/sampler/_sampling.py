@@ -21,6 +21,15 @@ import numpy as np
 # The model masks padded-vocabulary logits to a finite -1e9 (an -inf would turn a fully masked softmax into NaN);
 # divided by a temperature near 1e9 that mask would stop masking. No useful law needs T above this.
 MAX_TEMPERATURE = 100.0
+# jax's keys are 32-bit: a seed or stream index past this bound would draw a narrower one's samples.
+SEED_BOUND = 2**32
+
+
+def is_int(x, lo, hi) -> bool:
+  """Whether `x` is an int (Python's or numpy's; not a bool) in [lo, hi)."""
+  return not isinstance(x, bool) and isinstance(x, (int, np.integer)) and lo <= x < hi
+
+
 # Below this (and above 0, greedy) logits / T leave float32's precision: jitted, log softmax(logits / T) of the
 # argmax read +inf or -inf (T = 1e-7 with logits of 300, 1e-11 with logits of 0.3, on the CPU), not ~0: a sampled
 # token's logprob and the learner's were then infinite. vLLM samples greedily below the same 1e-5.
