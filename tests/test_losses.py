@@ -18,6 +18,25 @@ def test_public_api():
     assert hasattr(losses, name), name
 
 
+
+@pytest.mark.parametrize('quantile', [0.0, 0.2, 0.5, 1.0])
+def test_top_entropy_mask_keeps_the_trained_tokens_at_or_above_numpys_quantile(quantile):
+  """"Beyond the 80/20 rule": τ is numpy's (linear) (1 − ρ) quantile of the trained tokens' entropies alone;
+  the kept tokens are the trained ones with H ≥ τ (ρ = 1: all of them, ρ = 0: the highest)."""
+  rng = np.random.default_rng(0)
+  h = rng.uniform(0.0, 3.0, (4, 6)).astype(np.float32)
+  mask = (rng.uniform(size=(4, 6)) < 0.7).astype(np.float32)
+  h[mask == 0] = 99.0  # Untrained tokens' entropies (garbage off the window) must not move τ.
+  keep, tau = jax.jit(losses.top_entropy_mask, static_argnums=2)(h, mask, quantile)
+  want_tau = np.quantile(h[mask == 1], 1.0 - quantile)
+  np.testing.assert_allclose(float(tau), want_tau, rtol=1e-6)
+  np.testing.assert_array_equal(np.asarray(keep), (mask == 1) & (h >= want_tau))
+  assert int(np.asarray(keep).sum()) == {0.0: 1, 1.0: int(mask.sum())}.get(quantile, np.asarray(keep).sum())
+  keep_none, tau_none = losses.top_entropy_mask(h, np.zeros_like(mask), quantile)
+  assert float(np.asarray(keep_none).sum()) == 0.0 and float(tau_none) == np.inf
+  with pytest.raises(ValueError, match='quantile must lie in \\[0, 1\\]; got 1.5'):
+    losses.top_entropy_mask(h, mask, 1.5)
+
 # (ratio, advantage) cases with eps_low = 0.2, eps_high = 0.28, and the
 # expected loss / clipped flag / d loss / d logp, without and with dual clip 3.
 _PPO_CASES = [

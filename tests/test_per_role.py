@@ -138,16 +138,20 @@ def test_a_role_without_rows_keeps_its_params_exactly(model):
 
 
 def test_role_scores_are_each_rows_logprobs_under_its_roles_policy(model):
+  """... and its entropies (`entropy=True`, for `loss.top_entropy_quantile`)."""
   graphdef, p0, p1 = model
   batch = _batch()
-  role_score = _learn.make_role_score(graphdef, 2, temperature=1.0, window=5)
-  score = _learn.make_score(graphdef, temperature=1.0, window=5)
-  got = np.asarray(role_score(_stack(p0, p1), batch["tokens"], batch["loss_mask"], batch["role"]))
+  role_score = _learn.make_role_score(graphdef, 2, temperature=1.0, window=5, entropy=True)
+  score = _learn.make_score(graphdef, temperature=1.0, window=5, entropy=True)
+  got = role_score(_stack(p0, p1), batch["tokens"], batch["loss_mask"], batch["role"])
   mask = np.asarray(batch["loss_mask"]) > 0
   for r, p in enumerate((p0, p1)):
-    want = np.asarray(score(p, batch["tokens"], batch["loss_mask"]))
+    want = score(p, batch["tokens"], batch["loss_mask"])
     rows = ROLE == r
-    np.testing.assert_allclose(got[rows][mask[rows]], want[rows][mask[rows]], rtol=1e-5, atol=1e-6)
+    for got_bt, want_bt in zip(got, want):  # logprobs, entropies
+      got_bt, want_bt = np.asarray(got_bt), np.asarray(want_bt)
+      np.testing.assert_allclose(got_bt[rows][mask[rows]], want_bt[rows][mask[rows]], rtol=1e-5, atol=1e-6)
+    assert np.asarray(want[1])[rows][mask[rows]].min() > 0  # Entropies of a random model's tokens: positive.
 
 
 # --- Per-role drivers and a short run -------------------------------------------------------------------------

@@ -128,3 +128,32 @@ def test_a_step_of_skipped_updates_logs_the_learners_skip_count():
   for step, count in ((0, 4), (1, 8)):
     state, metrics = update(state, ref, batch, step)
     assert int(state.num_skipped) == count and metrics["num_skipped"] == count and metrics["skipped"] == 1.0
+
+
+def test_top_entropy_quantile_trains_the_policy_gradient_on_the_high_entropy_tokens_only():
+  """`loss.top_entropy_quantile` ρ ("Beyond the 80/20 rule"): the step equals one whose advantages are zeroed by
+  hand on the trained tokens below numpy's (1 − ρ) quantile of the old policy's entropies (their normaliser and
+  entropy term unchanged), and differs from training every token."""
+  update, parts, params, state = _setup(loss__top_entropy_quantile=0.5, loss__kl_coef=0.0, loss__track_kl=False)
+  batch = update.batch(_groups(update, parts))
+  _, entropy_bt = update.score_policy(state, batch)
+  trained = batch.loss_mask == 1
+  tau = np.quantile(entropy_bt[trained], 0.5)
+  keep = trained & (entropy_bt >= tau)
+  adv_bt, fields, _ = update.credit.assign(state, batch)
+  rng = jax.random.key(0)  # The forward pass is deterministic: any key.
+  outs = []
+  for advantages in (adv_bt * keep, adv_bt):
+    full = {"tokens": batch.tokens, "loss_mask": batch.loss_mask, "advantages": advantages,
+            "behaviour_logprobs": batch.behaviour_logprobs, **fields}
+    outs.append(update.learner.step(jax.tree.map(jnp.copy, state), _batch.to_device_batch(full, update.batch_sh),
+                                    rng))
+  (new_hand, m_hand), (_, m_all) = outs
+  new_sel, m_sel = update(jax.tree.map(jnp.copy, state), params, batch, 0)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-8), new_sel.params, new_hand.params)
+  for key in ("loss", "pg_loss", "entropy", "grad_norm"):
+    np.testing.assert_allclose(float(m_sel[key]), float(m_hand[key]), rtol=1e-5, atol=1e-7)
+  assert m_sel["num_tokens"] == float(trained.sum())  # Every trained token stays in the normaliser.
+  assert m_sel["pg_token_frac"] == pytest.approx(keep.sum() / trained.sum()) and 0.4 < m_sel["pg_token_frac"] < 0.6
+  assert m_sel["entropy_threshold"] == pytest.approx(tau, rel=1e-6)
+  assert abs(float(m_all["grad_norm"]) - float(m_sel["grad_norm"])) > 1e-3 * float(m_all["grad_norm"])

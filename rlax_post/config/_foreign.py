@@ -49,6 +49,8 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("loss_type", "TRL", "loss.agg_mode", _AGG),
     ForeignKey("mask_truncated_completions", "TRL", "loss.mask_truncated",
                "ours also leaves out an episode its env did not end (cut by its token budget or max_turns)"),
+    ForeignKey("top_entropy_quantile", "TRL", "loss.top_entropy_quantile",
+               "its entropies are the current policy's per micro-batch; ours the old policy's over the whole batch"),
     ForeignKey("scale_rewards", "TRL", "advantage.estimator", "True / 'group' is 'grpo', False / 'none' is 'drgrpo'"),
     ForeignKey("importance_sampling_level", "TRL", "loss.kind", "'sequence' is 'gspo'"),
     ForeignKey("reward_funcs", "TRL", "reward.fn", "a GRPOTrainer argument; here a config key, names comma-separated"),

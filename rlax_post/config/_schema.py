@@ -353,6 +353,10 @@ class LossSection:
   # DAPO's overlong filtering (TRL's mask_truncated_completions): rows that did not finish (no EOS or stop string
   # within the budget; an episode the env did not end) train no token; they still count in their group's credit.
   mask_truncated: bool = False
+  # "Beyond the 80/20 rule" (Wang et al. 2025; TRL's `top_entropy_quantile`): the policy gradient trains only the
+  # trained tokens whose entropy under the old policy is in the batch's top ρ (`losses.top_entropy_mask`; the
+  # paper's 0.2); the others keep their weight in the loss's normaliser and their KL / entropy terms. 1: all.
+  top_entropy_quantile: float = bounded(1.0, low=0.0, high=1.0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -146,7 +146,10 @@ def _policy_objective(
   `entropy`, `kl` when kl_coef > 0 or the batch carries `ref_logprobs`
   (then it is reported even if untrained), and `behaviour_gap`
   (Σ w·|log π_θ − log π_behav|, the learner/sampler logprob gap of the trained
-  tokens) when the batch carries `behaviour_logprobs`.
+  tokens) when the batch carries `behaviour_logprobs`. A batch's `pg_mask`
+  [B, T − 1] (0/1) multiplies the pg_term only: its zeros train no policy
+  gradient but keep their aggregation weight, their KL and entropy terms, and
+  their share of the pg_term's aux entries (`loss.top_entropy_quantile`).
   """
 
   def objective(params, batch, weights_bt, rng):
@@ -155,6 +158,8 @@ def _policy_objective(
              + (('ref_logprobs',) if kl_coef > 0 else ()))
     logp_bt, entropy_bt = _logprobs(logprob_fn, params, batch, weights_bt)
     pg_bt, aux_bt = pg_term(logp_bt, batch, weights_bt)
+    if 'pg_mask' in batch:  # Tokens the policy gradient skips; they keep their weight in every normaliser.
+      pg_bt = pg_bt * jax.lax.stop_gradient(batch['pg_mask'])
     pg_loss = losses.weighted_sum(pg_bt, weights_bt)
     if entropy_coef == 0:
       entropy_bt = jax.lax.stop_gradient(entropy_bt)

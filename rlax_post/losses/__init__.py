@@ -5,6 +5,7 @@ from rlax_post.losses._aggregate import aggregate
 from rlax_post.losses._aggregate import aggregation_weights
 from rlax_post.losses._aggregate import weighted_sum
 from rlax_post.losses._decoupled import decoupled_ppo
+from rlax_post.losses._entropy import top_entropy_mask
 from rlax_post.losses._gspo import gspo
 from rlax_post.losses._kl import KL_KINDS
 from rlax_post.losses._kl import kl_penalty
@@ -33,6 +34,7 @@ __all__ = (
     'ppo_clip',
     'prediction',
     'prior_logit',
+    'top_entropy_mask',
     'value_clip_fraction',
     'value_loss',
     'weighted_sum',

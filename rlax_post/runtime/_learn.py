@@ -25,6 +25,7 @@ from rlax_post import advantages as advantages_lib
 from rlax_post import config as config_lib
 from rlax_post import envs
 from rlax_post import learner
+from rlax_post import losses
 from rlax_post import models
 from rlax_post.runtime import _batch
 from rlax_post.runtime import _credit
@@ -52,28 +53,33 @@ def make_objective(section: config_lib.LossSection, logprob_fn, kind: str | None
   return factories[kind]()
 
 
-def make_score(graphdef, *, temperature: float, window: int | None = None):
+def make_score(graphdef, *, temperature: float, window: int | None = None, entropy: bool = False):
   """Jitted learner-side logprobs of sequences: `score(params, tokens, needed) -> logp [B, T-1]`, exact where
   `needed` [B, T-1] (the loss mask) is set; with a `window` computed only on each row's W positions from its
-  first needed one (`models.token_logprobs`)."""
-  return jax.jit(lambda params, tokens, needed: models.token_logprobs(
-      graphdef, params, tokens, needed != 0, temperature=temperature, window=window)[0])
+  first needed one (`models.token_logprobs`). `entropy`: the pair (logp, entropy), both [B, T-1]."""
+  return jax.jit(lambda params, tokens, needed: _pick(models.token_logprobs(
+      graphdef, params, tokens, needed != 0, temperature=temperature, window=window), entropy))
 
 
-def make_role_score(graphdef, roles: int, *, temperature: float, window: int | None = None):
+def make_role_score(graphdef, roles: int, *, temperature: float, window: int | None = None, entropy: bool = False):
   """`score(params, tokens, needed, role) -> logp [B, T-1]` of R = `roles` policies stacked [R, ...]: row b
-  under policy role[b] (as `make_score`, one pass per role)."""
+  under policy role[b] (as `make_score`, one pass per role; `entropy`: the pair (logp, entropy))."""
 
   def score(params, tokens, needed, role):
-    logp = jnp.zeros((tokens.shape[0], tokens.shape[1] - 1), jnp.float32)
+    zeros = jnp.zeros((tokens.shape[0], tokens.shape[1] - 1), jnp.float32)
+    logp, ent = zeros, zeros
     for r in range(roles):
       mine = (role == r)[:, None]
-      logp_r = models.token_logprobs(graphdef, learner.role_params(params, r), tokens, (needed != 0) & mine,
-                                     temperature=temperature, window=window)[0]
-      logp = jnp.where(mine, logp_r, logp)
-    return logp
+      logp_r, ent_r = models.token_logprobs(graphdef, learner.role_params(params, r), tokens,
+                                            (needed != 0) & mine, temperature=temperature, window=window)
+      logp, ent = jnp.where(mine, logp_r, logp), jnp.where(mine, ent_r, ent)
+    return _pick((logp, ent), entropy)
 
   return jax.jit(score)
+
+
+def _pick(logp_and_entropy, entropy: bool):
+  return logp_and_entropy if entropy else logp_and_entropy[0]
 
 
 class RLUpdate:
@@ -101,11 +107,17 @@ class RLUpdate:
         agg_mode=cfg.loss.agg_mode,
         max_len=max_new_tokens, trainable=parts.trainable)  # max_len: Dr.GRPO's normaliser, the longest response.
     self.to_model = parts.to_model
-    self.score = make_score(graphdef, temperature=cfg.rl.temperature, window=max_new_tokens)
     # One policy per role: rows carry their `role` (node depth − 1); the policy's params are stacked per role.
     self.roles = parts.trainable.roles
-    self.role_score = make_role_score(graphdef, self.roles, temperature=cfg.rl.temperature,
-                                      window=max_new_tokens) if self.roles > 1 else None
+    # `loss.top_entropy_quantile` < 1: the old policy's scoring pass also gives the entropies that pick the
+    # tokens its gradient trains.
+    self.selects_tokens = cfg.loss.top_entropy_quantile < 1
+    scorer = functools.partial(make_score, graphdef, temperature=cfg.rl.temperature, window=max_new_tokens)
+    self.score = scorer()
+    # The old policy's scoring pass: `score` itself when it is one policy and only logprobs are read.
+    self.policy_score = make_role_score(
+        graphdef, self.roles, temperature=cfg.rl.temperature, window=max_new_tokens, entropy=self.selects_tokens
+    ) if self.roles > 1 else (scorer(entropy=True) if self.selects_tokens else None)
     self.batch_sh = _learners.batch_sharding(parts)
     p = cfg.rl.prompts_per_step
     # Advantages of a batch: from the rewards alone, or (gae) with a learned critic's values.
@@ -114,7 +126,7 @@ class RLUpdate:
                                                 max_new_tokens=max_new_tokens, tree=cfg.tree)
     # What the policy's update reads of the host batch (its objective takes more keys when they are present).
     self.policy_keys = ("tokens", "loss_mask", "advantages", "behaviour_logprobs", "old_logprobs",
-                        "ref_logprobs", "role") + (_critic.CRITIC_KEYS if config_lib.policy_value_head(cfg) else ())
+                        "ref_logprobs", "role", "pg_mask") + (_critic.CRITIC_KEYS if config_lib.policy_value_head(cfg) else ())
     self.max_new_tokens = max_new_tokens
     self.seq_len, self.pad_id = parts.lengths.sequence, parts.tokenizer.pad_id
     # What `RunCheckpointer.restore` needs to put a checkpoint of this run on the mesh. With LoRA the reference
@@ -146,12 +158,21 @@ class RLUpdate:
     role: stacked [R, ...])."""
     return self.to_model(state.frozen, state.params)
 
-  def score_policy(self, state, batch: _batch.RolloutBatch) -> np.ndarray:
-    """The current policy's logprobs of the batch's tokens (each row under its role's policy), on host."""
-    if self.roles == 1:
-      return _distributed.to_host(self.score(self.policy(state), batch.tokens, batch.loss_mask))
-    return _distributed.to_host(self.role_score(self.policy(state), batch.tokens, batch.loss_mask,
-                                                _roles_of(batch, self.roles)))
+  def score_policy(self, state, batch: _batch.RolloutBatch):
+    """The current policy's logprobs of the batch's tokens (each row under its role's policy), on host; with
+    `loss.top_entropy_quantile` < 1 the pair (logprobs, entropies)."""
+    args = (self.policy(state), batch.tokens, batch.loss_mask)
+    if self.roles > 1:
+      args += (_roles_of(batch, self.roles),)
+    return jax.tree.map(_distributed.to_host, (self.policy_score or self.score)(*args))
+
+  def entropy_selection(self, entropy_bt: np.ndarray, mask_bt: np.ndarray) -> tuple[np.ndarray, dict]:
+    """`loss.top_entropy_quantile`'s `pg_mask` of a batch, from its trained tokens' entropies under the old
+    policy, and its metrics: the threshold τ and the fraction of trained tokens the policy gradient keeps."""
+    keep_bt, tau = losses.top_entropy_mask(entropy_bt, mask_bt, self.cfg.loss.top_entropy_quantile)
+    keep_bt = np.asarray(keep_bt)
+    return keep_bt, {"entropy_threshold": float(tau),
+                     "pg_token_frac": float(keep_bt.sum() / max(float((mask_bt != 0).sum()), 1.0))}
 
   def policy_mask(self, batch: _batch.RolloutBatch) -> np.ndarray:
     """The tokens the policy's loss trains: the batch's `loss_mask`, less every token of an unfinished row with
@@ -181,15 +202,19 @@ class RLUpdate:
             "behaviour_logprobs": batch.behaviour_logprobs, **fields}
     if self.roles > 1:
       full["role"] = _roles_of(batch, self.roles)
-    mismatch = {}
+    scoring = {}  # Metrics of the old policy's scoring pass.
+    updates = cfg.rl.epochs * cfg.rl.minibatches
+    old_logp = self.score_policy(state, batch) if self.selects_tokens or updates > 1 else None
+    if self.selects_tokens:
+      old_logp, entropy_bt = old_logp
+      full["pg_mask"], scoring = self.entropy_selection(entropy_bt, full["loss_mask"])
     # One update per batch: the old policy is the current one, read off the update's own forward pass
     # (objectives without `old_logprobs`); more updates need it fixed, so it is scored before the first.
-    if cfg.rl.epochs * cfg.rl.minibatches > 1:
-      old_logp = self.score_policy(state, batch)
+    if updates > 1:
       full["old_logprobs"] = old_logp
       # Sampler vs learner logprobs of the same tokens: float rounding only when on-policy; the policy lag
       # (and any sampler/learner numerics gap) when off-policy. (`behaviour_gap` is its weighted mean.)
-      mismatch["logprob_mismatch_max"] = float(
+      scoring["logprob_mismatch_max"] = float(
           np.max(np.abs(batch.behaviour_logprobs - old_logp) * batch.loss_mask))
     if batch.ref_logprobs is not None:  # The rows' own reference (Iterative PPO's π_i): no reference pass.
       full["ref_logprobs"] = batch.ref_logprobs
@@ -230,7 +255,7 @@ class RLUpdate:
         "finished_frac": float(batch.finished.mean()),
         "frac_zero_signal": stats["frac_zero_signal"],
         **_batch.row_metric_values(batch.row_metrics),
-        **mismatch,
+        **scoring,
         **credit_metrics,
         **learner_metrics,
         "tokens_per_s": (learner_metrics["num_tokens"] * cfg.rl.minibatches * cfg.rl.epochs /
