@@ -558,8 +558,11 @@ def test_every_foreign_name_points_at_one_of_our_keys_and_is_suggested():
     ("epsilon_high", "did you mean <loss.eps_high> (TRL's epsilon_high)?"),
     ("kl_coef", "did you mean <loss.kl_coef>?"),  # (ours by name: not verl's algorithm.kl_ctrl.kl_coef's note)
     ("rl.kl_coef", "did you mean <loss.kl_coef>?"),
-    ("algorithm.kl_ctrl.kl_coef", "did you mean <loss.kl_coef> (verl's algorithm.kl_ctrl.kl_coef: a KL penalty in "
-     "the reward (with algorithm.use_kl_in_reward); ours is a loss term, the KL to the reference policy)?"),
+    ("algorithm.kl_ctrl.kl_coef", "did you mean <advantage.reward_kl_coef> (verl's algorithm.kl_ctrl.kl_coef: a "
+     "row's summed KL, as their group methods sum token rewards; no adaptive controller (kl_ctrl.type 'adaptive')) or "
+     "<loss.kl_coef>?"),
+    ("use_kl_in_reward", "did you mean <advantage.reward_kl_coef> (verl's algorithm.use_kl_in_reward: no switch "
+     "here: advantage.reward_kl_coef > 0 puts the KL in the reward)?"),
     ("actor_rollout_ref.actor.kl_loss_coef", "did you mean <loss.kl_coef> (verl's "
      "actor_rollout_ref.actor.kl_loss_coef)?"),
     ("data.max_response_length", "did you mean <rl.max_new_tokens> (verl's data.max_response_length)?"),

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlax_post import models
 from rlax_post import sharding
 from rlax_post.runtime import _batch
 from rlax_post.runtime import _learn
@@ -157,3 +158,30 @@ def test_top_entropy_quantile_trains_the_policy_gradient_on_the_high_entropy_tok
   assert m_sel["pg_token_frac"] == pytest.approx(keep.sum() / trained.sum()) and 0.4 < m_sel["pg_token_frac"] < 0.6
   assert m_sel["entropy_threshold"] == pytest.approx(tau, rel=1e-6)
   assert abs(float(m_all["grad_norm"]) - float(m_sel["grad_norm"])) > 1e-3 * float(m_all["grad_norm"])
+
+
+def test_kl_in_the_reward_credits_each_rows_reward_less_beta_times_its_summed_kl():
+  """`advantage.reward_kl_coef` β (verl's use_kl_in_reward): the step equals one credited by hand with each row's
+  reward less β · Σ_t (log π_old − log π_ref) over its response tokens (k1; a reference other than the policy),
+  logs the raw reward and the rows' mean KL, and its advantages differ from the unshaped rewards'."""
+  update, parts, params, state = _setup(advantage__reward_kl_coef=0.5, loss__kl_coef=0.0, loss__track_kl=False)
+  ref = jax.device_put(models.init_params(parts.model_cfg, jax.random.key(1))[1], parts.param_shardings)
+  batch = update.batch(_groups(update, parts))
+  old_bt = np.asarray(update.score(update.policy(state), batch.tokens, batch.loss_mask))
+  ref_bt = np.asarray(update.score(ref, batch.tokens, batch.loss_mask))
+  kl_b = ((old_bt - ref_bt) * batch.loss_mask).sum(axis=1)
+  shaped = batch._replace(rewards=(batch.rewards - 0.5 * kl_b).astype(np.float32))
+  adv_bt, fields, _ = update.credit.assign(state, shaped)
+  plain_bt, _, _ = update.credit.assign(state, batch)
+  assert np.abs(adv_bt - plain_bt).max() > 1e-2
+  full = {"tokens": batch.tokens, "loss_mask": batch.loss_mask, "advantages": adv_bt,
+          "behaviour_logprobs": batch.behaviour_logprobs, **fields}
+  new_hand, m_hand = update.learner.step(jax.tree.map(jnp.copy, state), _batch.to_device_batch(full, update.batch_sh),
+                                         jax.random.key(0))
+  new_kl, m_kl = update(jax.tree.map(jnp.copy, state), ref, batch, 0)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), new_kl.params, new_hand.params)
+  for key in ("pg_loss", "grad_norm"):
+    np.testing.assert_allclose(float(m_kl[key]), float(m_hand[key]), rtol=1e-4, atol=1e-7)
+  assert m_kl["reward_kl_mean"] == pytest.approx(kl_b.mean(), rel=1e-5) and abs(kl_b.mean()) > 1e-2
+  assert m_kl["reward_kl_penalty"] == pytest.approx(0.5 * kl_b.mean(), rel=1e-5)
+  assert m_kl["reward_mean"] == pytest.approx(float(batch.rewards.mean()))

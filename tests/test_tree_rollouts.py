@@ -230,6 +230,11 @@ def test_tree_config_errors_name_the_setting():
                        f"\\['tree_grpo', 'treerl'\\]; this run has advantage.estimator = '{estimator}'"):
       _cfg(advantage__estimator=estimator, tree__prefix="mean")
   _cfg(advantage__estimator="tree_grpo", tree__prefix="mean")
+  # The credit's loss mask (a shared segment on one leaf's row) replaced overlong filtering's, silently.
+  with pytest.raises(ValueError, match="loss.mask_truncated with tree.prefix = 'mean' is not built: .* use "
+                     "tree.prefix = 'sum'"):
+    _cfg(advantage__estimator="tree_grpo", tree__prefix="mean", loss__mask_truncated=True)
+  _cfg(advantage__estimator="tree_grpo", loss__mask_truncated=True)
   # K above what a tree grows (3) kept every leaf, as K = 0, and said nothing.
   with pytest.raises(ValueError, match=r"tree.keep = 4 leaves per tree, but a tree grows .* = 3: set tree.keep <= 3"):
     _cfg(tree__keep=4)

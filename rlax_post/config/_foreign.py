@@ -24,7 +24,7 @@ class ForeignKey(NamedTuple):
 
 
 _BOTH_SIDES = "one value for both sides of the clip; ours are loss.eps_low and loss.eps_high"
-_KL_IN_REWARD = "a KL penalty in the reward{}; ours is a loss term, the KL to the reference policy"
+_KL_IN_REWARD = "a row's summed KL, as their group methods sum token rewards; no adaptive controller{}"
 _AGG = ("'grpo' is 'seq_mean_token_mean', 'dr_grpo' is 'seq_mean_token_sum_norm', 'dapo' and 'bnpo' are "
         "'token_mean'")
 _ACTOR = "actor_rollout_ref.actor."
@@ -111,7 +111,12 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
                "verl's 0 is no limit and its limit stops the run; ours is at least 2, and past it a step trains "
                "the groups that come"),
     ForeignKey("algorithm.norm_adv_by_std_in_grpo", "verl", "advantage.estimator", "False is 'drgrpo'"),
-    ForeignKey("algorithm.kl_ctrl.kl_coef", "verl", "loss.kl_coef", _KL_IN_REWARD.format(" (with algorithm.use_kl_in_reward)")),
+    ForeignKey("algorithm.use_kl_in_reward", "verl", "advantage.reward_kl_coef",
+               "no switch here: advantage.reward_kl_coef > 0 puts the KL in the reward"),
+    ForeignKey("algorithm.kl_ctrl.kl_coef", "verl", "advantage.reward_kl_coef", _KL_IN_REWARD.format(
+        " (kl_ctrl.type 'adaptive')")),
+    ForeignKey("algorithm.kl_penalty", "verl", "advantage.reward_kl_kind", "'kl' is 'k1', 'mse' is 'k2', "
+               "'low_var_kl' is 'k3'"),
     ForeignKey("trainer.total_training_steps", "verl", "rl.steps"),
     ForeignKey("trainer.test_freq", "verl", "eval.every"),
     ForeignKey("trainer.save_freq", "verl", "checkpoint.every"),
@@ -131,7 +136,8 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("max_epochs", "OpenRLHF", "rl.epochs"),
     ForeignKey("micro_train_batch_size", "OpenRLHF", "loss.micro_batches",
                "a micro-batch's size per GPU; ours is the number of micro-batches per minibatch"),
-    ForeignKey("init_kl_coef", "OpenRLHF", "loss.kl_coef", _KL_IN_REWARD.format(" (without --use_kl_loss)")),
+    ForeignKey("init_kl_coef", "OpenRLHF", "advantage.reward_kl_coef", _KL_IN_REWARD.format(
+        " (--kl_target); with --use_kl_loss it is loss.kl_coef")),
     ForeignKey("kl_estimator", "OpenRLHF", "loss.kl_kind"),
     ForeignKey("eps_clip", "OpenRLHF", "loss.eps_low", _BOTH_SIDES),
     ForeignKey("value_clip", "OpenRLHF", "critic.clip_eps"),
@@ -165,10 +171,12 @@ _BY_TAIL = _by_tail()
 def _foreign(key: str, keys: set[str]) -> list[tuple[str, str]]:
   """(our key, why) of the table's rows whose name, or a dotted tail of it, is the longest tail of `key` that
   names one: `rl.lr` finds verl's `...optim.lr` (both policy's and critic's). Where that tail is our key's own
-  last part (`rl.kl_coef`, `learning_rate`), the key is ours by name: its why is '' (not verl's KL in the
-  reward), and the row only puts it first."""
+  last part (`rl.kl_coef`, `learning_rate`), the key is ours by name: only rows naming such a key count, each
+  with the why '' (not verl's KL in the reward), and they only put it first."""
   for tail in _tails(key):
     rows = [r for r in _BY_TAIL.get(tail, ()) if r.ours in keys]
+    if any(k.rsplit(".", 1)[-1] == tail for k in keys):  # A name of ours: only its rows (`kl_coef` is
+      rows = [r for r in rows if r.ours.rsplit(".", 1)[-1] == tail]  # loss.kl_coef, not verl's KL in the reward)
     if rows:
       return [(r.ours, "" if tail == r.ours.rsplit(".", 1)[-1] else
                f"{r.framework}'s {r.name}" + (f": {r.note}" if r.note else "")) for r in rows]

@@ -153,9 +153,10 @@ _STOP = When(f"task.name in {list(TEXT_TASKS + ('dataset',) + COLLABORATION_TASK
              lambda cfg: f"task.name = {cfg.task.name!r}, tree.expansion = {cfg.tree.expansion!r}",
              lambda cfg: cfg.task.name in TEXT_TASKS + ("dataset",) + COLLABORATION_TASKS
              or cfg.tree.expansion != "none")
-# Dynamic sampling drops groups whose group-relative advantages are all 0: single-turn or episode groups of a
-# group estimator (a role pipeline's or a tree's rows are nodes, whose credit is not the group's spread), sampled
-# by a source that takes groups (not Iterative PPO's rounds).
+# Dynamic sampling drops groups whose group-relative advantages are all 0, and KL in the reward shapes each row's
+# reward before a group method's credit: single-turn or episode groups of a group estimator (a role pipeline's or
+# a tree's rows are nodes, whose credit is not the group's spread), sampled by a source that takes groups (not
+# Iterative PPO's rounds).
 _FILTER = When(f"advantage.estimator in {list(GROUP_ESTIMATORS)}, tree.expansion = 'none', runtime.mode in "
                "['sync', 'async'] and a task that is not a role pipeline",
                lambda cfg: f"advantage.estimator = {cfg.advantage.estimator!r}, tree.expansion = "
@@ -174,6 +175,10 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("rl.stop",), _STOP),
     (("rl.filter_groups", "rl.filter_max_batches"), _FILTER),
     (("rl.filter_max_batches",), _is("rl.filter_groups", True)),
+    (("advantage.reward_kl_coef", "advantage.reward_kl_kind"), _FILTER),
+    (("advantage.reward_kl_kind",), When("advantage.reward_kl_coef > 0",
+                                         lambda cfg: f"advantage.reward_kl_coef = {cfg.advantage.reward_kl_coef}",
+                                         lambda cfg: cfg.advantage.reward_kl_coef > 0)),
     (("tree.prefix",), _is("advantage.estimator", *TREE_ROLLOUT_ESTIMATORS)),
     (("iterppo",), _is("runtime.mode", "rounds")),
     (("iterppo.q_epochs", "iterppo.q_batch_size"), _is_not("iterppo.q", "oracle")),  # Q's fit (the oracle has none)

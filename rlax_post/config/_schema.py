@@ -382,6 +382,12 @@ class AdvantageSection:
   alpha: float = bounded(1.0, low=0.0, high=1.0)  # c3 value_assisted: the critic's weight in the baseline
   baseline: str = choices("loo", "full_mean")  # c3: leave-one-out, or the sibling group's mean (ablation)
   standardize: bool = True  # c3: standardise within each sibling group (population variance + 1e-8)
+  # KL in the reward (verl's algorithm.use_kl_in_reward, OpenRLHF's PPO): each row's reward less
+  # β · Σ_t kl_t over its trained tokens, kl_t the old policy's (the learner's, at the step's start) against the
+  # reference, before a group method's credit: with k1 the policy gradient is that of E[r] − β·KL(π_θ‖π_ref)
+  # without bias (docs/learner.md); 0: none. Group methods of non-role, non-tree tasks (`RLUpdate.kl_in_reward`).
+  reward_kl_coef: float = bounded(0.0, low=0.0)
+  reward_kl_kind: str = choices("k1", "k2", "k3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -763,6 +769,10 @@ class Config:
     if estimator not in TREE_ROLLOUT_ESTIMATORS + ("grpo", "drgrpo", "rloo"):
       raise ValueError(f"tree rollouts are credited by one of {list(TREE_ROLLOUT_ESTIMATORS + ('grpo', 'drgrpo', 'rloo'))}"
                        f"; got advantage.estimator = {estimator!r}.")
+    # (a review: the credit's own loss mask, each shared segment on its lowest leaf's row, replaced the masked one)
+    if self.loss.mask_truncated and self.tree.prefix == "mean" and estimator in TREE_ROLLOUT_ESTIMATORS:
+      raise ValueError("loss.mask_truncated with tree.prefix = 'mean' is not built: a segment shared by leaves trains "
+                       "once, on one leaf's row, which may be a truncated one; use tree.prefix = 'sum'.")
 
 
 def group_rows(cfg: Config) -> int:

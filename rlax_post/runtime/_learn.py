@@ -182,6 +182,16 @@ class RLUpdate:
       return batch.loss_mask
     return batch.loss_mask * np.asarray(batch.finished, batch.loss_mask.dtype)[:, None]
 
+  def kl_in_reward(self, batch: _batch.RolloutBatch, old_logp_bt, ref_logp_bt) -> tuple[np.ndarray, dict]:
+    """`advantage.reward_kl_coef` β: each row's reward less β · Σ_t kl_t over its policy tokens (`loss_mask`,
+    truncated rows' too: their rewards still count), kl_t = `advantage.reward_kl_kind`(old, ref); and its
+    metrics, the rows' mean Σ_t kl_t and the mean penalty."""
+    kl_bt = np.asarray(losses.kl_penalty(old_logp_bt, ref_logp_bt, kind=self.cfg.advantage.reward_kl_kind))
+    kl_b = (np.where(batch.loss_mask != 0, kl_bt, 0.0)).sum(axis=1)
+    coef = self.cfg.advantage.reward_kl_coef
+    return (batch.rewards - coef * kl_b).astype(np.float32), {"reward_kl_mean": float(kl_b.mean()),
+                                                             "reward_kl_penalty": float(coef * kl_b.mean())}
+
   def reference(self, state, params):
     """The reference policy of a run that starts from `params` as `state`: a copy of them, or with LoRA
     the frozen base itself (the policy with zero adapters; the same arrays: no second copy)."""
@@ -196,18 +206,17 @@ class RLUpdate:
       raise ValueError(f"A row of {batch.lengths.max()} response tokens exceeds the learner's response window "
                        f"of {self.max_new_tokens} tokens (`Lengths.response`).")
     stats = _learners.host(self.group_stats(batch.rewards, batch.group_ids))
-    adv_bt, fields, credit_metrics = self.credit.assign(state, batch)
     # Every process holds the whole batch (host arrays); to_host gathers a multi-host learner's logprobs.
-    full = {"tokens": batch.tokens, "loss_mask": self.policy_mask(batch), "advantages": adv_bt,
-            "behaviour_logprobs": batch.behaviour_logprobs, **fields}
+    full = {"tokens": batch.tokens, "loss_mask": self.policy_mask(batch),
+            "behaviour_logprobs": batch.behaviour_logprobs}
     if self.roles > 1:
       full["role"] = _roles_of(batch, self.roles)
-    scoring = {}  # Metrics of the old policy's scoring pass.
+    scoring = {}  # Metrics of the scoring passes.
     updates = cfg.rl.epochs * cfg.rl.minibatches
-    old_logp = self.score_policy(state, batch) if self.selects_tokens or updates > 1 else None
+    reward_kl = cfg.advantage.reward_kl_coef > 0
+    old_logp = self.score_policy(state, batch) if self.selects_tokens or updates > 1 or reward_kl else None
     if self.selects_tokens:
       old_logp, entropy_bt = old_logp
-      full["pg_mask"], scoring = self.entropy_selection(entropy_bt, full["loss_mask"])
     # One update per batch: the old policy is the current one, read off the update's own forward pass
     # (objectives without `old_logprobs`); more updates need it fixed, so it is scored before the first.
     if updates > 1:
@@ -218,8 +227,17 @@ class RLUpdate:
           np.max(np.abs(batch.behaviour_logprobs - old_logp) * batch.loss_mask))
     if batch.ref_logprobs is not None:  # The rows' own reference (Iterative PPO's π_i): no reference pass.
       full["ref_logprobs"] = batch.ref_logprobs
-    elif cfg.loss.kl_coef > 0 or cfg.loss.track_kl:  # Else no reference pass: it would only feed a metric.
+    elif cfg.loss.kl_coef > 0 or cfg.loss.track_kl or reward_kl:  # Else no reference pass (only for a metric).
       full["ref_logprobs"] = _distributed.to_host(self.score(ref_params, batch.tokens, batch.loss_mask))
+    credited = batch
+    if reward_kl:
+      rewards_b, kl_metrics = self.kl_in_reward(batch, old_logp, full["ref_logprobs"])
+      credited, scoring = batch._replace(rewards=rewards_b), {**scoring, **kl_metrics}
+    full["advantages"], fields, credit_metrics = self.credit.assign(state, credited)
+    full.update(fields)  # (tree rollouts with `tree.prefix` "mean": the credit's loss mask)
+    if self.selects_tokens:
+      full["pg_mask"], selection = self.entropy_selection(entropy_bt, full["loss_mask"])
+      scoring.update(selection)
     t1 = time.time()
     step_metrics = []
     rows = len(batch.tokens)
