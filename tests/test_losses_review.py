@@ -168,6 +168,19 @@ def test_ppo_clip_at_ratio_one_is_the_vanilla_policy_gradient():
     np.testing.assert_allclose(grad, vanilla, rtol=1e-6)
 
 
+@pytest.mark.parametrize('eps', [(0.0, 0.2), (0.2, 0.0), (0.0, 0.0)], ids=['low0', 'high0', 'both0'])
+def test_a_zero_clip_range_still_gives_the_full_gradient_on_its_boundary(eps):
+  # ρ = 1 + eps_high (A > 0) or 1 − eps_low (A < 0) is not clipped: the gradient is −A·ρ there (as in verl).
+  # With an eps of 0 the on-policy ρ = 1 lies on the boundary; the min and the clip tied, and JAX's half
+  # gradients of both ties gave 0.75·A (0.625·A with both eps 0).
+  adv = _j([[1.0, -1.0]])
+  zeros = jnp.zeros((1, 2))
+  ppo = lambda x: jnp.sum(losses.ppo_clip(x, zeros, adv, eps_low=eps[0], eps_high=eps[1])[0])
+  np.testing.assert_allclose(jax.grad(ppo)(zeros), [[-1.0, 1.0]], rtol=1e-6)
+  seq = lambda x: jnp.sum(losses.gspo(x, zeros, _j([1.0]), jnp.ones((1, 2)), eps_low=eps[0], eps_high=eps[1])[0])
+  np.testing.assert_allclose(jax.grad(seq)(zeros), [[-0.5, -0.5]], rtol=1e-6)
+
+
 def test_dual_clip_caps_negative_advantages_at_c_times_abs_a_with_no_gradient():
   adv = _j([[-2.0, -2.0, -2.0, 2.0]])
   old = _j([[0.0, 0.0, 0.0, 0.0]])

@@ -78,10 +78,10 @@ def gspo(
   clipped_b = ((adv_b > 0) & (ratio_b > 1.0 + eps_high)) | (
       (adv_b < 0) & (ratio_b < 1.0 - eps_low))
   flat_b = clipped_b | (adv_b == 0)
+  # Unclipped, min(s·A, clip(s)·A) is s·A exactly; written so, as in `ppo_clip` (a tie of the min and the
+  # clip at a boundary, e.g. s = 1 with an eps of 0, would get half gradients).
   live_ratio_b = jnp.exp(jnp.where(flat_b, 0.0, log_ratio_b))
-  live_loss_b = -jnp.minimum(
-      live_ratio_b * adv_b,
-      jnp.clip(live_ratio_b, 1.0 - eps_low, 1.0 + eps_high) * adv_b)
+  live_loss_b = -live_ratio_b * adv_b
   loss_b = jnp.where(
       flat_b, -jnp.clip(ratio_b, 1.0 - eps_low, 1.0 + eps_high) * adv_b,
       live_loss_b)

@@ -80,11 +80,12 @@ def ppo_clip(
     flat_loss_bt = jnp.where(dual_bt, cap_bt, flat_loss_bt)
     clipped_bt = clipped_bt | dual_bt
 
-  # Elsewhere the formula itself, on a ρ that is 1 (and stopped) at the flat tokens.
+  # Elsewhere min(ρA, clip(ρ)·A) is ρA exactly (an unclipped ρ, or the clip on the side that does not bind),
+  # so the loss is −ρA, written so: the min and the clip tie at a clip boundary, where JAX's gradient of a tie
+  # is a half, and with eps_low or eps_high = 0 the on-policy ρ = 1 sits on one (the gradient came out 0.75·A).
+  # ρ is 1 (and stopped) at the flat tokens.
   flat_bt = clipped_bt | (adv_bt == 0)
   live_ratio_bt = jnp.exp(jnp.where(flat_bt, 0.0, log_ratio_bt))
-  live_loss_bt = -jnp.minimum(
-      live_ratio_bt * adv_bt,
-      jnp.clip(live_ratio_bt, 1.0 - eps_low, 1.0 + eps_high) * adv_bt)
+  live_loss_bt = -live_ratio_bt * adv_bt
   loss_bt = jnp.where(flat_bt, flat_loss_bt, live_loss_bt)
   return loss_bt, clipped_bt.astype(jnp.float32)
