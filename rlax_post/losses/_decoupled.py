@@ -35,6 +35,9 @@ def decoupled_ppo(
   (with `dual_clip`, ppo_clip's cap at −c·A applies before the weight). The
   weight is truncated, as in V-trace, so one stale token cannot dominate the
   update. With π_prox = π_behav, w = 1 exactly and the loss is `ppo_clip`'s.
+  (The paper's objective has no cap; AReaL's code, `behav_imp_weight_cap`,
+  drops a token whose weight exceeds it, w = 0, where this one keeps it at
+  w = C, as the spec, credit_assignment.md §7, asks.)
 
   Args:
     logp_bt: [B, T] log-probabilities of the taken tokens under the current
