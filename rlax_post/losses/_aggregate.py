@@ -26,8 +26,10 @@ def aggregation_weights(
     token_mean:               w = mask / N
     seq_mean_token_mean:      w = mask / (n_b · S)
     seq_mean_token_sum_norm:  w = mask / (max_len · S)   (Dr.GRPO, Liu et al.
-                              2025: a constant length normaliser, so long and
-                              short answers are not weighted differently)
+                              2025: a constant length normaliser, so a token
+                              weighs the same in a long answer as in a short
+                              one, unlike seq_mean_token_mean's 1/n_b; a long
+                              answer then weighs more in all)
 
   Sequences with no valid token (n_b = 0) get weight 0 and are not counted in S,
   so padding rows added to a batch change nothing; an all-empty batch gets all
