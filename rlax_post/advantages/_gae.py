@@ -83,7 +83,9 @@ def gae(
   t ≥ L are ignored (they may hold anything, NaN included) and come back as 0.
   With λ = 1, A_t is the discounted return-to-go (bootstrapped with
   values[b, L]) minus V_t; with λ = 0, A_t = δ_t. A mask with holes restarts
-  the recursion after every invalid step, as if each valid run ended there.
+  the recursion after every invalid step, as if each valid run were cut off
+  there: its last step bootstraps with the value at the invalid step after it
+  (values[b, t + 1]), so that value must be finite.
 
   Args:
     rewards: [B, T] r_t, the reward of step t, times [0, T).
