@@ -21,6 +21,7 @@ from tensorboardX.proto import event_pb2
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
 from rlax_post import runtime
+from rlax_post import sampler
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _resume
@@ -362,6 +363,29 @@ def test_a_workdir_at_home_given_from_python_is_expanded_as_the_cli_expands_it(t
   with pytest.raises(FileNotFoundError, match=f"^{re.escape(str(home / 'run' / 'config.json'))} does not exist"):
     runtime.run_sampler("~/run", index=0, quiet=True, wait_config_s=0)
   assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_run_at_home_named_from_python_is_read_there(tmp_path, monkeypatch):
+  """The entry points that read a run (`replay`, `export_hf`, `credit_fidelity`, `evaluate_run`,
+  `load_run_policy`, `serve`, `generate_run`, `run_policy_value`, `served_step`) took a `~/run` from Python
+  literally (./~/run) while `train` wrote it to $HOME/run; each reads $HOME/run now (`_paths.run_workdir`), here a
+  folder holding no run, so each error names $HOME/run's files."""
+  home, cwd = tmp_path / "home", tmp_path / "cwd"
+  for folder in (home / "run", cwd / "~" / "run"):
+    folder.mkdir(parents=True)
+  monkeypatch.setenv("HOME", str(home))
+  monkeypatch.chdir(cwd)
+  missing = f"^{re.escape(str(home / 'run' / 'config.json'))} does not exist"
+  reads = (runtime.replay, runtime.credit_fidelity, runtime.load_run_policy, runtime.run_policy_value,
+           lambda w: runtime.export_hf(w, "~/out"), lambda w: runtime.evaluate_run(w, step=0, out="~/e.jsonl"),
+           lambda w: runtime.serve(w, sampler.ServeOptions()),
+           lambda w: runtime.generate_run(w, [runtime.UserPrompt("--prompt 1", "hi")]))
+  for read in reads:
+    with pytest.raises(FileNotFoundError, match=missing):
+      read("~/run")
+  with pytest.raises(FileNotFoundError, match=f"^{re.escape(str(home / 'run' / 'checkpoints'))} holds no"):
+    runtime.served_step("~/run")
+  assert not (home / "out").exists() and not (home / "e.jsonl").exists()
 
 
 def test_an_attempt_killed_before_its_first_checkpoint_is_cleared_by_a_fresh_run(straight, tmp_path):

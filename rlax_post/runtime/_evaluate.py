@@ -41,6 +41,7 @@ from rlax_post.runtime import _eval
 from rlax_post.runtime import _generate
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _paths
 from rlax_post.runtime import _policy
 from rlax_post.runtime import _samplers
 
@@ -263,6 +264,7 @@ def evaluate_run(workdir: str, *, step: int, out: str, options: EvaluateOptions 
   logged at that step for the run's own held-out set (None for another file, fewer examples, or none logged);
   sampled: "pass@k" for each k of `pass_ks`, "samples", "temperature", "top_p", "top_k", "seed",
   "pass_threshold"."""
+  workdir, out = _paths.run_workdir(workdir), _paths.run_workdir(out)
   check_options(_samplers.load_run_config(workdir), options)
   # (before the checkpoint's arrays are read; the run's own held-out set only: its figures meet the run's log)
   extra = {"data": options.data} if options.data else {"reward_changed": _check_data_unchanged(workdir, step)}

@@ -20,6 +20,7 @@ from rlax_post import models
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _learn
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _paths
 from rlax_post.runtime import _samplers
 
 
@@ -56,7 +57,7 @@ def export_hf(workdir: str, out_dir: str, *, architecture: str | None = None, st
   if dtype is not None and dtype not in models.HF_DTYPES:
     raise ValueError(f"Export dtype {dtype!r} is not one export writes; pass one of {list(models.HF_DTYPES)} (or "
                      "None: the widest the policy holds).")
-  workdir = os.fspath(workdir)
+  workdir, out_dir = _paths.run_workdir(workdir), _paths.run_workdir(out_dir)
   # No task: the dataset task's data files and reward functions are not read (they may be gone, or relative
   # to the directory the run started in).
   parts = _parts.build_parts(_samplers.load_run_config(workdir), task=False)

@@ -15,7 +15,6 @@ problems (C3, arXiv 2603.06859).
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _learn
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _paths
 from rlax_post.runtime import _samplers
 
 
@@ -52,7 +52,8 @@ def credit_fidelity(workdir: str, *, extra: int = 32, batches: int = 1, step: in
   `extra` continuations per first-role message (module docstring). Returns `credit_fidelity` (None where
   undefined: either side constant), `candidates` (how many A_j), the estimator's metrics on the held-out
   trees (`role{d}_adv_var`, `role{d}_influence`) and the held-out `value_first_role` (mean V*)."""
-  parts = _parts.build_parts(_samplers.load_run_config(os.fspath(workdir)))
+  workdir = _paths.run_workdir(workdir)
+  parts = _parts.build_parts(_samplers.load_run_config(workdir))
   cfg = parts.cfg
   if cfg.task.name not in config_lib.COLLABORATION_TASKS:
     raise ValueError(f"credit_fidelity reads role-pipeline runs (task.name in {list(config_lib.COLLABORATION_TASKS)}); "

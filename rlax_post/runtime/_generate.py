@@ -33,6 +33,7 @@ from rlax_post import sampler
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _eval
 from rlax_post.runtime import _metrics
+from rlax_post.runtime import _paths
 from rlax_post.runtime import _samplers
 from rlax_post.runtime import _serve
 
@@ -187,6 +188,7 @@ def generate_run(workdir: str, prompts: Sequence[UserPrompt], options: GenerateO
   `serve` loads, in `dtype`), rendered as the run renders its prompts, ending at its `rl.stop` strings."""
   check_prompts(prompts)
   check_options(options)
+  workdir = _paths.run_workdir(workdir)
   cfg = _samplers.load_run_config(workdir)
   step = _checkpoint.checkpoint_step(workdir, options.step, "generate from")
   engine = _serve.engine_from_workdir(workdir, _engine_options(options, len(prompts), step), dtype=dtype)

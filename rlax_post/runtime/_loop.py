@@ -8,7 +8,6 @@ logged rows (`LoggedSource`) with a comparison of metrics in place of the run's 
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 from typing import Callable
 
@@ -198,7 +197,7 @@ def replay(workdir: str, *, quiet: bool = False, tolerance: float = 0.0, return_
   (timing metrics are skipped); `tolerance` > 0 accepts relative and absolute differences up to it (another
   mesh or process count sums in another order). Runs on a multi-host learner too (every process replays).
   """
-  workdir = os.fspath(workdir)
+  workdir = _paths.run_workdir(workdir)
   # No task: the rows are logged, so a dataset run's files and reward functions are not read (they may be
   # gone, or relative to the directory the run started in).
   parts = _parts.build_parts(_samplers.load_run_config(workdir), task=False)

@@ -22,6 +22,7 @@ from rlax_post import models
 from rlax_post import sampler
 from rlax_post.envs import sales
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _paths
 from rlax_post.runtime import _policy
 from rlax_post.runtime import _samplers
 
@@ -139,6 +140,7 @@ def policy_value(parts: _parts.Parts, params) -> dict:
 def run_policy_value(workdir: str, *, step: int | None = None) -> dict:
   """`policy_value` of run `workdir`'s policy at checkpoint `step` (None: the newest), and of its reference
   policy (the warm start RL began from) where the checkpoint holds one: keys `value`, `warm_start_value`."""
+  workdir = _paths.run_workdir(workdir)
   _check_sales(_samplers.load_run_config(workdir).task.name)  # (before the checkpoint loads: seconds)
   run = _policy.load_run_policy(workdir, step=step)
   out = {"step": run.step, **policy_value(run.parts, run.params)}

@@ -27,7 +27,8 @@ _KEYS = PATH_KEYS + ("reward.fn",)
 def run_workdir(workdir) -> str:
   """A run's workdir (a str or path-like) as `train`, `run_learner` and `run_sampler` take it from their caller:
   `~` at its start expanded as a shell expands it (`rlax-post` expands its flags; a Python caller's '~/run' wrote
-  the run into ./~/run, its parameter versions alone into $HOME/run/params: `exchange.as_path` expands them)."""
+  the run into ./~/run, its parameter versions alone into $HOME/run/params: `exchange.as_path` expands them);
+  the entry points that read a run (`replay`, `export_hf`, `evaluate_run`, `serve`, ...) expand theirs with it."""
   return os.path.expanduser(os.fspath(workdir))
 
 

@@ -4,7 +4,6 @@ value` and `rescue-eval`)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any
 
 import jax
@@ -13,6 +12,7 @@ from rlax_post import config as config_lib
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _learn
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _paths
 from rlax_post.runtime import _samplers
 
 
@@ -30,7 +30,8 @@ class RunPolicy:
 
 def load_run_policy(workdir: str, *, step: int | str | None = None) -> RunPolicy:
   """Run `workdir`'s policy at checkpoint `step` (None: the newest complete one)."""
-  parts = _parts.build_parts(_samplers.load_run_config(os.fspath(workdir)))
+  workdir = _paths.run_workdir(workdir)
+  parts = _parts.build_parts(_samplers.load_run_config(workdir))
   update = _learn.RLUpdate(parts)
   state, ref_params, step = _checkpoint.restore_state(workdir, update.checkpoint_templates,
                                                       max_to_keep=parts.cfg.checkpoint.max_to_keep, step=step,

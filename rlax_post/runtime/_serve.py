@@ -22,6 +22,7 @@ from rlax_post import models
 from rlax_post import sampler
 from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _parts
+from rlax_post.runtime import _paths
 from rlax_post.runtime import _samplers
 
 
@@ -29,13 +30,14 @@ def served_step(workdir: str, step: int | str | None = None) -> int:
   """The checkpoint step to serve: `step` (which must be complete), else the newest complete one
   (`runtime.checkpoint_step`: a listing, so a step still being written, or left by a save that never finished,
   is never read, and serving leaves the run's directory as it is: the run may still be training)."""
-  return _checkpoint.checkpoint_step(workdir, step, "serve")
+  return _checkpoint.checkpoint_step(_paths.run_workdir(workdir), step, "serve")
 
 
 def engine_from_workdir(workdir: str, options: sampler.ServeOptions = sampler.ServeOptions(), *,
                         devices=None, dtype: str | None = None) -> sampler.ServingEngine:
   """The serving engine of a run's workdir (default devices: the first one), loading `served_step`, its
   weights and activations in `dtype` (None: the run's own `model.dtype` and float32 weights; `_served_dtype`)."""
+  workdir = _paths.run_workdir(workdir)
   cfg = _samplers.load_run_config(workdir)
   _check_servable(cfg, workdir)
   _check_dtype(dtype)
@@ -109,6 +111,7 @@ def serve(workdir: str, options: sampler.ServeOptions, dtype: str | None = None)
   the server answers anything.
   """
   _check_dtype(dtype)
+  workdir = _paths.run_workdir(workdir)
   _check_servable(_samplers.load_run_config(workdir), workdir)
   options = dataclasses.replace(options, step=served_step(workdir, options.step))
   return sampler.serve(lambda devices: engine_from_workdir(workdir, options, devices=devices, dtype=dtype),
