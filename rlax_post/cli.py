@@ -157,7 +157,8 @@ _CONTEXT_ROWS = flags.DEFINE_integer("max_context_rows", 8, "rescue-eval, rescue
                                      "before each question (0: all).")
 
 _MULTIHOST = ("coordinator_address", "num_processes", "process_id")
-# The flags that name a file or directory: a leading `~` is expanded (`_expand_home`).
+# The flags that name a file or directory: a leading `~` is expanded (`_expand_home`; --config FILE's by
+# `_expand_config_spec`, before the flag parser reads the file).
 _PATH_FLAGS = (_WORKDIR, _CHECKPOINT, _HF_PATH, _OUT, _DATA, _PROMPTS, _SESSIONS, _GGUF, _JSON)
 # Per command: its usage, one line on what it does, and the flags it reads (`--help` shows only those, not
 # absl's hundreds).
@@ -465,6 +466,21 @@ def _config_spec(argv) -> str | None:
   return None
 
 
+def _expand_config_spec(argv) -> list[str]:
+  """`argv` with a leading `~` of the --config FILE expanded as `_expand_home` expands the path flags (the shell
+  leaves `--config=~/x.py` as typed; until 2026-12-06 it was refused as a file that cannot be read)."""
+  argv = list(argv)
+  for i, arg in enumerate(argv):
+    if match := re.fullmatch(r"(--?config=)(~.*)", arg, re.S):
+      argv[i] = match.group(1) + os.path.expanduser(match.group(2))
+    elif re.fullmatch(r"--?config", arg) and i + 1 < len(argv) and argv[i + 1].startswith("~"):
+      argv[i + 1] = os.path.expanduser(argv[i + 1])
+    else:
+      continue
+    break  # (the first --config is the one `_config_spec` reads)
+  return argv
+
+
 def _flat_keys(node, prefix: str = "") -> list[str]:
   out = []
   for key, value in node.items():
@@ -584,6 +600,7 @@ def _check_no_arguments(command: str, rest) -> None:
 
 
 def _parse_flags(command: str, argv):
+  argv = _expand_config_spec(argv)
   try:
     _check_overrides(command, argv)
     argv, nones = sweep.none_overrides(argv)

@@ -729,8 +729,9 @@ def test_a_workdir_flag_starting_with_a_tilde_is_under_home(tmp_path):
 
 def test_every_path_flag_starting_with_a_tilde_is_under_home(tmp_path):
   """`evaluate --out=~/e.jsonl` wrote ./~/e.jsonl and `--data=~/test.jsonl` was a file that did not exist (the
-  shell leaves `~` after `=` as typed); each path flag's `~` is now expanded, as --workdir's was. Here both
-  are refused for what they name under $HOME, before any JAX work."""
+  shell leaves `~` after `=` as typed); each path flag's `~` is now expanded, as --workdir's was, and so is
+  `--config=~/c.py`'s (until 2026-12-06 a file it could not read). Here each is refused for what it names under
+  $HOME, before any JAX work."""
   home, run = tmp_path / "home", tmp_path / "run"
   (run / "checkpoints" / "0").mkdir(parents=True)
   (run / "checkpoints" / "0" / "commit_success.txt").write_text("")
@@ -744,6 +745,10 @@ def test_every_path_flag_starting_with_a_tilde_is_under_home(tmp_path):
   out = _cli_forks.run("evaluate", "--workdir", run, "--data=~/test.jsonl", cwd=tmp_path, env=env)
   assert _error(out, "evaluate").startswith(f"rlax-post evaluate: error: --data '{home}/test.jsonl': a file of rows "
                                             "is read by a dataset run")
+  (home / "c.py").write_text("CONFIG = None\n")  # (read, then refused for what it holds: it was not read)
+  out = _cli_forks.run("check-config", "--config=~/c.py", cwd=tmp_path, env=env)
+  assert _error(out, "check-config") == (f"rlax-post check-config: error: --config '{home}/c.py' defines no "
+                                         "get_config(); see docs/configuration.md, 'Writing a config'.")
   assert not (tmp_path / "~").exists()
 
 
