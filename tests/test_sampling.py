@@ -82,8 +82,10 @@ def test_sampling_logprobs_is_the_law_the_sampler_draws_from(temperature, top_p,
 
 def test_a_user_s_sampling_law_is_checked_named_and_told_apart_from_the_default():
   """`SamplingLaw`: the law serve, generate and evaluate take (greedy, nothing cut, seed 0 by default), held as
-  given; `check()` refuses a bad value in one line, `changed()` names what differs from the default, `file_tag`
-  writes it into a file name (top_p, top_k where changed) and `settings()` gives an engine's keywords."""
+  given; `check()` refuses a bad value in one line naming its flag (until 2026-12-06 `--temperature -1` was
+  refused as "temperature must be ...", --seed alone named as a flag), `changed()` names what differs from the
+  default, `file_tag` writes it into a file name (top_p, top_k where changed) and `settings()` gives an engine's
+  keywords."""
   default = sampler.SamplingLaw()
   assert (default.changed(), default.file_tag()) == ((), "temperature0_seed0")
   default.check()
@@ -91,10 +93,10 @@ def test_a_user_s_sampling_law_is_checked_named_and_told_apart_from_the_default(
   assert (law.changed(), law.file_tag()) == (("temperature", "top_k", "seed"), "temperature0.7_top_k40_seed2")
   assert sampler.SamplingLaw(1.0, top_p=0.5).file_tag() == "temperature1_top_p0.5_seed0"
   assert law.settings() == {"temperature": 0.7, "top_p": 1.0, "top_k": 40, "seed": 2}
-  for bad, line in [(dict(temperature=-1.0), r"^temperature must be 0 \(greedy\) or a number in \[1e-05, 100\]; got "
-                                             r"-1.0"),
-                    (dict(top_p=0.0), r"^top_p must be a number in \(0, 1\]; got 0.0\.$"),
-                    (dict(top_k=-1), r"^top_k must be an int >= 0 \(0 keeps every token\); got -1\.$"),
+  for bad, line in [(dict(temperature=-1.0), r"^--temperature must be 0 \(greedy\) or a number in \[1e-05, 100\]; "
+                                             r"got -1.0\.$"),
+                    (dict(top_p=0.0), r"^--top_p must be a number in \(0, 1\]; got 0.0\.$"),
+                    (dict(top_k=-1), r"^--top_k must be an int >= 0 \(0 keeps every token\); got -1\.$"),
                     (dict(seed=2**32), r"^--seed must be an int in \[0, 2\*\*32\) \(the sampling seed\); got "
                                        r"4294967296\.$"),
                     (dict(seed=True), r"^--seed must be an int in \[0, 2\*\*32\) .*; got True\.$")]:
@@ -109,7 +111,7 @@ def test_a_temperature_between_greedy_and_min_temperature_is_refused():
   for tiny in (1e-12, 1e-6, sampler.MIN_TEMPERATURE / 2):
     with pytest.raises(ValueError, match=r"^temperature must be 0 \(greedy\) or a number in \[1e-05, 100\]; got "):
       sampler.SamplingParams(temperature=tiny)
-    with pytest.raises(ValueError, match=r"^temperature must be 0 \(greedy\)"):
+    with pytest.raises(ValueError, match=r"^--temperature must be 0 \(greedy\)"):
       sampler.SamplingLaw(temperature=tiny).check()
   assert sampler.SamplingParams(temperature=sampler.MIN_TEMPERATURE).temperature == 1e-5
   logits = (jax.random.normal(jax.random.key(0), (8, 264)) * 100).at[:, 259:].set(-1e9)
@@ -123,7 +125,7 @@ def test_a_top_k_past_int32_is_refused_and_one_past_the_vocabulary_keeps_every_t
   OverflowError traceback building the slots' settings. Refused in one line; a top_k at or past the vocabulary
   keeps every token, as 0 does."""
   for bad in (2**31, 99999999999):
-    with pytest.raises(ValueError, match=rf"^top_k must be at most 2147483647 \(2\*\*31 - 1: .*\); got {bad}\.$"):
+    with pytest.raises(ValueError, match=rf"^--top_k must be at most 2147483647 \(2\*\*31 - 1: .*\); got {bad}\.$"):
       sampler.SamplingLaw(temperature=1.0, top_k=bad).check()
   assert sampler.SamplingParams(top_k=sampler.MAX_TOP_K).top_k == 2**31 - 1
   logits = jnp.log(jnp.array([[0.4, 0.3, 0.2, 0.1]]))

@@ -282,7 +282,7 @@ def test_the_cli_sampling_flags_reach_the_engine(run, references):
   greedy = [references[p] for p in _GOOD]
   assert _completions(run, "--temperature", "1", "--top_k", "1") == greedy
   assert _completions(run, "--temperature", "1") != greedy
-  _refused(run, [(("--top_k", "-1"), "top_k must be an int >= 0 (0 keeps every token); got -1."),
+  _refused(run, [(("--top_k", "-1"), "--top_k must be an int >= 0 (0 keeps every token); got -1."),
                  (("--slots", "0"), "--slots must be an int >= 1 (the server's concurrent decodes); got 0.")])
 
 
@@ -303,7 +303,7 @@ def test_top_p_reaches_the_engine_and_the_default_seed_draws_the_same_samples_ag
   sampled = _completions(run, "--temperature", "1")
   assert _completions(run, "--temperature", "1", "--seed", "0") == sampled
   assert _completions(run, "--temperature", "1", "--seed", "7") != sampled
-  _refused(run, [(("--top_p", "0"), "top_p must be a number in (0, 1]; got 0.0."),
+  _refused(run, [(("--top_p", "0"), "--top_p must be a number in (0, 1]; got 0.0."),
                  (("--seed", "4294967296"), "--seed must be an int in [0, 2**32) (the sampling seed); got "
                                             "4294967296.")])
 

@@ -54,24 +54,30 @@ class SamplingParams:
   top_k: int = 0
 
   def __post_init__(self):
-    def number(x):
-      return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating)) and np.isfinite(x)
+    _check_law(self.temperature, self.top_p, self.top_k)
 
-    if not number(self.temperature) or not (self.temperature == 0
-                                            or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE):
-      raise ValueError(f"temperature must be 0 (greedy) or a number in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]; "
-                       f"got {self.temperature!r}.")
-    if not number(self.top_p) or not 0.0 < self.top_p <= 1.0:
-      raise ValueError(f"top_p must be a number in (0, 1]; got {self.top_p!r}.")
-    if self.top_p < MIN_TOP_P:  # (until 2026-12-06 taken: the law kept no token, every draw was token 0)
-      raise ValueError(f"top_p must be at least {MIN_TOP_P:.4g} (float32's smallest normal number: the device reads a "
-                       f"smaller one as 0, which keeps no token); got {self.top_p!r}. Any top_p below the top "
-                       "token's probability keeps that token alone.")
-    if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
-      raise ValueError(f"top_k must be an int >= 0 (0 keeps every token); got {self.top_k!r}.")
-    if self.top_k > MAX_TOP_K:  # (every top_k at or past the vocabulary keeps every token, as 0 does)
-      raise ValueError(f"top_k must be at most {MAX_TOP_K} (2**31 - 1: the engine holds it as an int32; any "
-                       f"top_k >= the vocabulary size keeps every token); got {self.top_k!r}.")
+
+def _number(x) -> bool:
+  return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating)) and np.isfinite(x)
+
+
+def _check_law(temperature, top_p, top_k, prefix: str = "") -> None:
+  """ValueError naming the first value `SamplingParams` refuses, as `prefix` + its name ("--": the CLI's flag,
+  `SamplingLaw.check`; until 2026-12-06 `--temperature -1` was refused as "temperature must be ...")."""
+  if not _number(temperature) or not (temperature == 0 or MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE):
+    raise ValueError(f"{prefix}temperature must be 0 (greedy) or a number in [{MIN_TEMPERATURE:g}, "
+                     f"{MAX_TEMPERATURE:g}]; got {temperature!r}.")
+  if not _number(top_p) or not 0.0 < top_p <= 1.0:
+    raise ValueError(f"{prefix}top_p must be a number in (0, 1]; got {top_p!r}.")
+  if top_p < MIN_TOP_P:  # (until 2026-12-06 taken: the law kept no token, every draw was token 0)
+    raise ValueError(f"{prefix}top_p must be at least {MIN_TOP_P:.4g} (float32's smallest normal number: the device "
+                     f"reads a smaller one as 0, which keeps no token); got {top_p!r}. Any top_p below the top "
+                     "token's probability keeps that token alone.")
+  if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)) or top_k < 0:
+    raise ValueError(f"{prefix}top_k must be an int >= 0 (0 keeps every token); got {top_k!r}.")
+  if top_k > MAX_TOP_K:  # (every top_k at or past the vocabulary keeps every token, as 0 does)
+    raise ValueError(f"{prefix}top_k must be at most {MAX_TOP_K} (2**31 - 1: the engine holds it as an int32; any "
+                     f"top_k >= the vocabulary size keeps every token); got {top_k!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +92,10 @@ class SamplingLaw:
   seed: int = 0
 
   def check(self) -> None:
-    """ValueError naming the first bad value: a law `SamplingParams` refuses, or a seed outside [0, 2**32)
-    (jax's keys are 32-bit: 2**32 would sample as 0, and 2**63 fail at the first request)."""
-    SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k)
+    """ValueError naming the first bad value as its flag (--temperature, ...): a law `SamplingParams` refuses
+    (`_check_law`), or a seed outside [0, 2**32) (jax's keys are 32-bit: 2**32 would sample as 0, and 2**63 fail
+    at the first request)."""
+    _check_law(self.temperature, self.top_p, self.top_k, prefix="--")
     seed = self.seed
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
       raise ValueError(f"--seed must be an int in [0, 2**32) (the sampling seed); got {seed!r}.")
