@@ -107,10 +107,12 @@ _DTYPE = flags.DEFINE_string("dtype", None, "export: the dtype of every tensor w
                              "weights; float32 with --hf_path).")
 _EXTRA = flags.DEFINE_integer("extra", 32, "fidelity: continuations per first-role message for the ground truth.")
 _BATCHES = flags.DEFINE_integer("batches", 1, "fidelity: held-out batches of rl.prompts_per_step problems.")
-_STEP = flags.DEFINE_string("step", None, "value, rescue-eval, evaluate, fidelity, export, serve: the checkpoint "
-                            "step to evaluate, export or serve (default: the newest; 'best': the best held-out eval "
-                            "reward's, checkpoint.keep_best); generate: the checkpoint step to sample (default: the "
-                            "newest committed one; 'best' as above).")
+_STEP = flags.DEFINE_string("step", None, "value, rescue-eval, evaluate, export, serve: the checkpoint step to "
+                            "evaluate, export or serve (default: the newest; 'best': the best held-out eval reward's, "
+                            "checkpoint.keep_best); fidelity: the checkpoint step whose credit is measured (default: "
+                            "the newest; 'best': the best held-out eval reward's, checkpoint.keep_best); generate: the "
+                            "checkpoint step to sample (default: the newest committed one; 'best': the best held-out "
+                            "eval reward's).")
 # RESCUE (docs/dialogue.md).
 _SESSIONS = flags.DEFINE_string("sessions", None, "rescue-eval: RESCUE session files (a .json file, a directory "
                                 "of them or a glob); rescue-sim: the directory to write the session files to.")

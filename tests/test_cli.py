@@ -124,12 +124,19 @@ def test_command_help_shows_a_flag_s_help_for_that_command_without_its_command_l
   step = ("The checkpoint step to evaluate, export or serve (default: the newest; 'best': the best held-out eval "
           "reward's, checkpoint.keep_best).")
   helps = {}
-  for command in ("rescue-eval", "export", "serve", "rescue-sim", "train", "convert", "evaluate"):  # one process each
-    out = _cli(command, "--help")
+  for command in ("rescue-eval", "export", "serve", "rescue-sim", "train", "convert", "evaluate", "fidelity",
+                  "generate"):
+    out = _cli(command, "--help")  # (one process each)
     assert out.returncode == 0 and out.stderr == "", command
     helps[command] = _flag_rows(out.stdout)
   for command in ("rescue-eval", "export", "serve", "evaluate"):
     assert helps[command]["--step"] == step, command
+  # (until 2026-12-06 fidelity's read "to evaluate, export or serve", as the others', and generate's "'best' as
+  # above", with nothing above it)
+  assert helps["fidelity"]["--step"] == ("The checkpoint step whose credit is measured (default: the newest; 'best': "
+                                         "the best held-out eval reward's, checkpoint.keep_best).")
+  assert helps["generate"]["--step"] == ("The checkpoint step to sample (default: the newest committed one; 'best': "
+                                         "the best held-out eval reward's).")
   assert helps["evaluate"]["--out"] == ("The JSON Lines file to write, one line per held-out example (per sample "
                                         "with --samples; a new file; default: RUN_WORKDIR/evaluate/step_K.jsonl, "
                                         "named by --data, --num and --samples where given: step_K.test.jsonl).")
