@@ -21,14 +21,19 @@ def _ids(text, *, bos=False, eos=False):
 def test_a_single_turn_row_s_completion_is_the_text_its_reward_read():
   """Cut at the first EOS (and what the sampler wrote after it), then before the first `rl.stop` string; the
   prompt as the model saw it (BOS written out); the dataset task's row index, failed reward flag and components
-  (a NaN one, a failed call's, as null)."""
+  (a NaN one, a failed call's, as null). The row's float32 reward and components are written as the shortest
+  decimals that read back as them (0.7; until 2026-12-06 0.699999988079071, their float64 values)."""
   row = {"prompt": _ids("2+3=", bos=True), "tokens": np.concatenate([_ids("5 ## more", eos=True), _ids("zz")]),
-         "reward": np.float32(0.75), "finished": True, "data_row": np.int64(7), "reward_errors": np.int32(0),
-         "reward/format": np.float32(0.5), "reward/answer": np.float32(np.nan)}
+         "reward": np.float32(0.7), "finished": True, "data_row": np.int64(7), "reward_errors": np.int32(0),
+         "reward/format": np.float32(0.3), "reward/answer": np.float32(np.nan), "reward/exact": 0.1}
   record = runtime.eval_record(_TOK, ("##",), 3, [row])
-  assert record == {"example": 3, "data_row": 7, "prompt": "<bos>2+3=", "completion": "5 ", "reward": 0.75,
-                    "finished": True, "reward_error": False, "components": {"answer": None, "format": 0.5}}
-  assert json.loads(json.dumps(record, allow_nan=False)) == record  # strict JSON
+  assert record == {"example": 3, "data_row": 7, "prompt": "<bos>2+3=", "completion": "5 ", "reward": 0.7,
+                    "finished": True, "reward_error": False,
+                    "components": {"answer": None, "exact": 0.1, "format": 0.3}}
+  text = json.dumps(record, allow_nan=False)
+  assert '"reward": 0.7,' in text and '"format": 0.3}' in text
+  assert json.loads(text) == record  # strict JSON
+  assert np.float32(record["reward"]) == row["reward"]  # (read back at the rows' precision: the same reward)
   assert runtime.eval_record(_TOK, (), 3, [row])["completion"] == "5 ## more"
 
 

@@ -105,9 +105,10 @@ def eval_record(tokenizer: Any, stops: tuple[str, ...], example: int, group: lis
   (its ids decoded as the model saw them, special tokens written out); `completion`: a single-turn row's text as
   the reward read it (decoded to its EOS, special tokens dropped, cut before the first `rl.stop` string), a
   multi-turn row's whole transcript after the prompt (the policy's messages and the env's observations, special
-  tokens written out); `reward`, `finished`; `reward_error` where the row counts failed reward calls, and on a
-  row whose call failed `reward_error_message` (its error: type, message, where it was raised;
-  `envs.REWARD_FAILURE`); `components` {name: value or null} where it has reward components (`reward/<name>`);
+  tokens written out); `reward` (a float32 one as its shortest decimal, 0.7 not 0.699999988079071:
+  `_metrics.short_float`), `finished`; `reward_error` where the row counts failed reward calls, and on a row whose
+  call failed `reward_error_message` (its error: type, message, where it was raised; `envs.REWARD_FAILURE`);
+  `components` {name: value or null} where it has reward components (`reward/<name>`, written as `reward` is);
   a multi-turn row's `turns` (each policy message as the env read it) and `end_reason`; a group of several rows
   (a role pipeline's chain: the later roles) `chain`, each later row's `prompt`, `completion`, `reward` and
   `components`."""
@@ -116,7 +117,7 @@ def eval_record(tokenizer: Any, stops: tuple[str, ...], example: int, group: lis
   if "data_row" in row:
     record["data_row"] = int(row["data_row"])
   record.update(_texts(tokenizer, stops, row, example))
-  record.update(reward=float(row["reward"]), finished=bool(row["finished"]))
+  record.update(reward=_metrics.short_float(row["reward"]), finished=bool(row["finished"]))
   if "reward_errors" in row:
     record["reward_error"] = bool(int(row["reward_errors"]))
   if envs.REWARD_FAILURE in row:
@@ -128,14 +129,15 @@ def eval_record(tokenizer: Any, stops: tuple[str, ...], example: int, group: lis
                        for s, e in zip(row["turn_starts"], row["turn_ends"])]
     record["end_reason"] = str(row["end_reason"])
   if len(group) > 1:
-    record["chain"] = [{**_texts(tokenizer, stops, r, example), "reward": float(r["reward"]), **_components(r)}
-                       for r in group[1:]]
+    record["chain"] = [{**_texts(tokenizer, stops, r, example), "reward": _metrics.short_float(r["reward"]),
+                        **_components(r)} for r in group[1:]]
   return _metrics.strict_json(record)
 
 
 def _components(row: dict) -> dict[str, dict[str, float]]:
   """{"components": the row's reward components by name} where it has any (`reward/<name>` fields), else {}."""
-  found = {k[len(envs.REWARD_PREFIX):]: float(v) for k, v in row.items() if k.startswith(envs.REWARD_PREFIX)}
+  found = {k[len(envs.REWARD_PREFIX):]: _metrics.short_float(v) for k, v in row.items()
+           if k.startswith(envs.REWARD_PREFIX)}
   return {"components": dict(sorted(found.items()))} if found else {}
 
 

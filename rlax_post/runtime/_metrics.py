@@ -101,6 +101,16 @@ def finite_or_none(v):
   return v if math.isfinite(v) else None
 
 
+def short_float(x) -> float:
+  """`x` (a number, numpy scalar or 0-d array) as a Python float; a float32 or float16 one (rows store rewards in
+  float32) as the shortest decimal that reads back as the same float32: a reward of 0.7 writes as 0.7 in JSON,
+  where its float64 value wrote 0.699999988079071 until 2026-12-06. NaN and inf stay as they are."""
+  value = np.asarray(x)
+  if value.dtype in (np.float32, np.float16):
+    return float(str(value[()]))  # (numpy's text of a float32 scalar is its shortest round trip)
+  return float(x)
+
+
 def logged_at(step: int, every: int, last: int) -> bool:
   """Whether a phase of `last` steps that logs every `every` steps (`runtime.log_every`) logs its step `step`
   (1-based): every `every`-th step, and its last one whatever `every` is (RL, and the SFT warm-up)."""
