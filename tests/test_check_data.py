@@ -72,7 +72,10 @@ def test_malformed_rows_past_the_startup_check_are_counted_and_named(tmp_path):
   assert checked.lines()[-1].startswith("FAILED: 2 malformed rows would stop the run when it reaches them")
   skipping = runtime.check_data(_cfg(train, _eval_file(tmp_path), bad_rows="skip"), models.ByteTokenizer())
   assert skipping.ok and skipping.splits == checked.splits  # Same counts; the run skips them and goes on.
-  assert skipping.lines()[-1].startswith("OK: ")
+  # (until 2026-12-06 "OK: the run reads every row", with 16 held-out rows unread and 2 train rows skipped)
+  assert skipping.lines()[-1] == (
+      "OK: 404 of 420 rows read and checked (train 400 of 400, held-out 4 of 20), as the run reads them: 402 usable, "
+      "2 skipped (data.bad_rows = 'skip', data.too_long = 'skip'; skipped rows are counted in data_skipped).")
 
 
 def test_prompt_budget_counts_follow_data_too_long(tmp_path):
@@ -223,7 +226,7 @@ def test_cli_prints_the_summary_and_exits_1_on_a_row_that_stops_the_run(tmp_path
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.splitlines()[0] == f"train: 300 rows in {clean}: 300 usable, 0 truncated, 0 skipped as too " \
                                        "long, 0 malformed"
-  assert out.stdout.splitlines()[-1].startswith("OK: the run reads every row")
+  assert out.stdout.splitlines()[-1].startswith("OK: 308 of 320 rows read and checked")
 
 
 def test_cli_shows_a_progress_bar_per_split_on_stderr_and_none_with_quiet(tmp_path):
@@ -240,8 +243,8 @@ def test_cli_shows_a_progress_bar_per_split_on_stderr_and_none_with_quiet(tmp_pa
       f"train: 300 rows in {train}: 300 usable, 0 truncated, 0 skipped as too long, 0 malformed",
       f"held-out: 20 rows in {eval_}: 8 usable, 0 truncated, 0 skipped as too long, 0 malformed, 12 after the "
       "task.num_eval usable ones (not read by the run)",
-      "OK: the run reads every row (data.bad_rows = 'error', data.too_long = 'skip'; skipped rows are counted in "
-      "data_skipped)."]
+      "OK: 308 of 320 rows read and checked (train 300 of 300, held-out 8 of 20), as the run reads them: 308 usable, "
+      "0 skipped (data.bad_rows = 'error', data.too_long = 'skip'; skipped rows are counted in data_skipped)."]
   last = [update.strip() for update in loud.stderr.replace("\r", "\n").splitlines() if update.strip()]
   train_bar = [u for u in last if u.startswith("check-data: train rows:")]
   held_bar = [u for u in last if u.startswith("check-data: held-out rows:")]

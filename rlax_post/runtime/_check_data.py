@@ -10,7 +10,8 @@ line, or record / row number, and the reason), and with a warm start the train r
 to `rl.max_new_tokens` (`envs.demo_ids`). The held-out rows are read as the run reads them: up to its
 `task.num_eval`-th usable one (the rows after it are counted as not read: a malformed one there stops no run).
 `DataCheck.ok` is whether the run would go through them: no malformed row under `data.bad_rows = "error"` (a
-prompt too long under `data.too_long = "error"` is one), and a usable row in each split.
+prompt too long under `data.too_long = "error"` is one), and a usable row in each split; its verdict then says
+how many rows were read and checked, of how many, and how many of them the run uses and skips.
 A progress bar per split counts its rows read, on stderr as the run's steps' bar (none with `quiet` or
 `runtime.progress = False`).
 """
@@ -92,7 +93,17 @@ class DataCheck:
     if bad and self.bad_rows == "error":
       return (f"FAILED: {bad} malformed rows would stop the run when it reaches them ({policies}); fix them, "
               "or set data.bad_rows = 'skip' to skip and count them.")
-    return f"OK: the run reads every row ({policies}; skipped rows are counted in data_skipped)."
+    return f"OK: {self._read()} ({policies}; skipped rows are counted in data_skipped)."
+
+  def _read(self) -> str:
+    """How many rows were read and checked, of how many, per split, and what the run does with them: until
+    2026-12-06 the verdict said "the run reads every row" also where held-out rows past `task.num_eval` usable
+    ones were not read, or rows were skipped."""
+    read = [s.rows - s.unread for s in self.splits]
+    skipped = sum(s.too_long + s.num_bad for s in self.splits)
+    per_split = ", ".join(f"{s.name} {n} of {s.rows}" for s, n in zip(self.splits, read))
+    return (f"{sum(read)} of {sum(s.rows for s in self.splits)} rows read and checked ({per_split}), as the run "
+            f"reads them: {sum(s.usable for s in self.splits)} usable, {skipped} skipped")
 
 
 def _why_empty(split: SplitCheck, budget: int) -> str:
