@@ -1,5 +1,6 @@
 """Config validation: unknown keys and bad values give errors that name them and list what is allowed."""
 
+import dataclasses
 import json
 import os
 import sys
@@ -11,6 +12,7 @@ import _cli_forks  # pylint: disable=g-bad-import-order
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
 from rlax_post import runtime
+from rlax_post import sampler
 
 sys.path.insert(0, ".")
 from configs import demo  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -44,6 +46,19 @@ def test_the_runs_engines_take_the_runtime_decode_keys():
     config.load(c)
 
 
+def test_the_sampling_law_s_bounds_are_the_engine_s():
+  """A value of rl.temperature, rl.top_p or rl.top_k within the config's bounds is one the engine takes: until
+  2026-12-06 an rl.top_p below `sampler.MIN_TOP_P` passed the config and the run stopped at its engine."""
+  bounds = {f.name: (f.metadata["low"], f.metadata["high"]) for f in dataclasses.fields(config.RLSection)
+            if f.name in ("temperature", "top_p", "top_k")}
+  assert bounds["temperature"] == (sampler.MIN_TEMPERATURE, sampler.MAX_TEMPERATURE)
+  assert bounds["top_p"] == (sampler.MIN_TOP_P, 1.0) and bounds["top_k"] == (0, sampler.MAX_TOP_K)
+  for key in ("temperature", "top_p", "top_k"):  # (each bound itself is taken by both)
+    for bound in bounds[key]:
+      rl = config.load({"rl": {key: bound}}).rl
+      sampler.SamplingParams(temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k)
+
+
 def test_nested_section_keeps_its_own_defaults():
   cfg = config.load({"rl": {"optimizer": {"b1": 0.5}}})
   assert cfg.rl.optimizer.b1 == 0.5
@@ -57,7 +72,8 @@ def test_nested_section_keeps_its_own_defaults():
     ({"advantage": {"estimator": "gpro"}},
      r"`config.advantage.estimator` must be one of \['grpo', 'drgrpo', 'rloo', 'reinforce_pp', 'gigpo', 'graph_gae', 'gae', 'c3', 'magrpo', 'tree_grpo', 'treerl'\]; got 'gpro'"),
     ({"loss": {"kl_kind": "k4"}}, r"must be one of \['k3', 'k1', 'k2'\]"),
-    ({"rl": {"top_p": 0.0}}, r"`config.rl.top_p` must be > 0.0 and <= 1.0; got 0.0"),
+    ({"rl": {"top_p": 0.0}}, r"`config.rl.top_p` must be >= 1.1754943508222875e-38 and <= 1.0; got 0.0"),
+    ({"rl": {"top_p": 1e-40}}, r"`config.rl.top_p` must be >= 1.1754943508222875e-38 and <= 1.0; got 1e-40\."),
     ({"rl": {"temperature": 150.0}}, r"`config.rl.temperature` must be >= 1e-05 and <= 100.0; got 150.0"),
     ({"rl": {"steps": 2.5}}, r"`config.rl.steps` must be an int; got 2.5"),
     ({"runtime": {"progress": "yes"}}, r"must be a bool"),

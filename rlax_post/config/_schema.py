@@ -318,7 +318,9 @@ class RLSection:
   samples_per_prompt: int = bounded(8, low=1)
   max_new_tokens: int = bounded(8, low=1)
   temperature: float = bounded(1.0, low=1e-5, high=100.0)  # sampler.MIN_TEMPERATURE, MAX_TEMPERATURE
-  top_p: float = bounded(1.0, low=0.0, high=1.0, low_open=True)
+  # sampler.MIN_TOP_P, float32's smallest normal number: the engine refuses a smaller top_p (the device reads it
+  # as 0, which keeps no token); until 2026-12-06 any top_p > 0 passed here and the run stopped at its engine.
+  top_p: float = bounded(1.0, low=2.0**-126, high=1.0)
   top_k: int = bounded(0, low=0, high=2**31 - 1)  # sampler.MAX_TOP_K
   stop: tuple = ()  # strings that end a response once its text contains one (besides EOS)
   minibatches: int = bounded(1, low=1)  # optimizer steps per rollout batch (per epoch)
