@@ -46,12 +46,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                            base_dtype=config_dict.placeholder(str)))
   c.mesh = dict(data=1, fsdp=-1, tensor=1, dcn_data=1, dcn_fsdp=1, rules=())
   c.sft = dict(steps=600, batch_size=64, noise=0.0, typo_rate=0.0,
-               optimizer=dict(learning_rate=3e-3, warmup_steps=20, end_lr_ratio=0.1, weight_decay=0.0,
+               optimizer=dict(learning_rate=3e-3, warmup_steps=20, end_lr_ratio=0.1, decay="cosine", weight_decay=0.0,
                               b1=0.9, b2=0.99, max_grad_norm=1.0),
                cache_dir=config_dict.placeholder(str))
   c.rl = dict(steps=100, prompts_per_step=32, samples_per_prompt=8, max_new_tokens=6, temperature=1.0,
               top_p=1.0, top_k=0, stop=(), minibatches=1, epochs=1, filter_groups=False, filter_max_batches=10,
-              optimizer=dict(learning_rate=5e-4, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
+              optimizer=dict(learning_rate=5e-4, warmup_steps=5, end_lr_ratio=0.1, decay="cosine", weight_decay=0.0,
                              b1=0.9, b2=0.99, max_grad_norm=1.0))
   c.loss = dict(kind="auto", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,
                 seq_eps_high=4e-4, dual_clip=config_dict.placeholder(float), kl_coef=0.0, track_kl=True,
@@ -65,7 +65,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.critic = dict(mode="separate", init="policy", preset="tiny", overrides=dict(),
                   hf_path=config_dict.placeholder(str), loss="clipped", clip_eps=0.2, huber_delta=1.0, coef=0.5,
                   init_bias=config_dict.placeholder(float), warmup_steps=0, mesh=dict(), publish=False,
-                  optimizer=dict(learning_rate=1e-3, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
+                  optimizer=dict(learning_rate=1e-3, warmup_steps=5, end_lr_ratio=0.1, decay="cosine", weight_decay=0.0,
                                  b1=0.9, b2=0.99, max_grad_norm=1.0))
   # Role pipelines (task.name "relay" / "sort_reverse", docs/multiagent.md); unused by this config's task.
   c.multiagent = dict(roles=(), prompts=dict(), template="{system}:{view}{history}>", separator="|", fanout=(),

@@ -233,13 +233,13 @@ def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_co
                            base_dtype=config_dict.placeholder(str)))
   c.mesh = dict(rules=(), **mesh)
   c.sft = dict(steps=0, batch_size=rollouts, noise=0.0, typo_rate=0.0,
-               optimizer=dict(learning_rate=1e-5, warmup_steps=10, end_lr_ratio=0.1, weight_decay=0.0,
+               optimizer=dict(learning_rate=1e-5, warmup_steps=10, end_lr_ratio=0.1, decay="cosine", weight_decay=0.0,
                               b1=0.9, b2=0.999, max_grad_norm=1.0),
                cache_dir=config_dict.placeholder(str))
   c.rl = dict(steps=200, prompts_per_step=hw["prompts"], samples_per_prompt=hw["samples"],
               max_new_tokens=hw["new_tokens"], temperature=1.0, top_p=1.0, top_k=0, stop=(), minibatches=1,
               epochs=1, filter_groups=False, filter_max_batches=10,
-              optimizer=dict(learning_rate=1e-6, warmup_steps=10, end_lr_ratio=0.1, weight_decay=0.0,
+              optimizer=dict(learning_rate=1e-6, warmup_steps=10, end_lr_ratio=0.1, decay="cosine", weight_decay=0.0,
                              b1=0.9, b2=0.999, max_grad_norm=1.0))
   c.loss = dict(kind="auto", behaviour_cap=2.0, eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,
                 seq_eps_high=4e-4, dual_clip=config_dict.placeholder(float), kl_coef=0.0,
@@ -254,7 +254,7 @@ def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_co
   c.critic = dict(mode="separate", init="policy", preset="tiny", overrides=dict(),
                   hf_path=config_dict.placeholder(str), loss="clipped", clip_eps=0.2, huber_delta=1.0, coef=0.5,
                   init_bias=config_dict.placeholder(float), warmup_steps=0, mesh=dict(), publish=False,
-                  optimizer=dict(learning_rate=1e-3, warmup_steps=5, end_lr_ratio=0.1, weight_decay=0.0,
+                  optimizer=dict(learning_rate=1e-3, warmup_steps=5, end_lr_ratio=0.1, decay="cosine", weight_decay=0.0,
                                  b1=0.9, b2=0.99, max_grad_norm=1.0))
   if critic:  # PPO with a separate critic of the policy's size, from the policy's weights.
     c.advantage.estimator = "gae"

@@ -330,6 +330,24 @@ def test_a_warm_up_longer_than_its_schedule_is_named_where_it_is_cut():
       "rl.minibatches × rl.epochs): the learning rate warms up over 23 updates instead."]
 
 
+def test_a_sections_decay_shapes_its_optimizers_learning_rate():
+  """`*.optimizer.decay` reaches the optimizer: after one warm-up update of 4, a constant rate stays at the peak and a
+  linear one is at 1 − 0.9·(2 − 1)/3 of it (end_lr_ratio 0.1); `end_lr_ratio` with "constant" is refused."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from rlax_post import learner  # pylint: disable=g-import-not-at-top
+  from rlax_post.runtime import _learners  # pylint: disable=g-import-not-at-top
+  for decay, want in (("constant", 1.0), ("linear", 0.7), ("cosine", 0.1 + 0.9 * 0.75)):
+    section = config.load({"rl": {"optimizer": {"learning_rate": 1.0, "warmup_steps": 1, "decay": decay}}}).rl.optimizer
+    opt = _learners.optimizer(section, 4)
+    params = {"w": np.zeros(2, np.float32)}
+    state = opt.init(params)
+    for _ in range(3):  # the rate of the third update (s = 2)
+      _, state = opt.update({"w": np.ones(2, np.float32)}, state, params)
+    assert float(learner.current_learning_rate(state)) == pytest.approx(want, rel=1e-6), decay
+  with pytest.raises(ValueError, match="rl.optimizer.end_lr_ratio.*rl.optimizer.decay != 'constant'"):
+    config.load({"rl": {"optimizer": {"decay": "constant", "end_lr_ratio": 0.5}}})
+
+
 _PRESETS = ("['tiny', 'micro', 'small', 'qwen2.5-0.5b', 'qwen2.5-1.5b', 'qwen2.5-7b', 'qwen3-0.6b', 'qwen3-1.7b', "
             "'qwen3-8b', 'llama3.2-1b', 'llama3.2-3b', 'llama3-8b', 'gemma2-2b', 'gemma3-1b']")
 

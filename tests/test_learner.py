@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 
+from rlax_post import config
 from rlax_post import learner
 from rlax_post import losses
 from rlax_post import models
@@ -107,6 +108,23 @@ def _sgd_grads(state, new_state, lr):
 def test_public_api():
   for name in learner.__all__:
     assert hasattr(learner, name), name
+
+
+@pytest.mark.parametrize('decay', ['cosine', 'linear', 'constant'])
+def test_lr_schedules_hand_values(decay):
+  """Warm-up 2 of 6 updates to 1.0, end 0.2: then cosine, linear or constant (u = (s − 2) / 4), held after 6."""
+  schedule = learner.make_lr_schedule(learning_rate=1.0, warmup_steps=2, total_steps=6, end_lr_ratio=0.2,
+                                      decay=decay)
+  u = np.array([0.0, 0.25, 0.5, 0.75, 1.0, 1.0])
+  after = {'cosine': 0.2 + 0.8 * 0.5 * (1 + np.cos(np.pi * u)), 'linear': 1.0 - 0.8 * u,
+           'constant': np.ones_like(u)}[decay]
+  want = np.concatenate([[0.0, 0.5], after])  # steps 0..7
+  np.testing.assert_allclose([float(schedule(s)) for s in range(8)], want, atol=1e-6)
+  unwarmed = learner.make_lr_schedule(learning_rate=1.0, warmup_steps=0, total_steps=4, end_lr_ratio=0.2, decay=decay)
+  assert float(unwarmed(0)) == pytest.approx(1.0)
+  assert config.LR_DECAYS == learner.LR_DECAYS  # the config's copy (config imports nothing)
+  with pytest.raises(ValueError, match="decay must be one of \\['cosine', 'linear', 'constant'\\]; got 'step'"):
+    learner.make_lr_schedule(learning_rate=1.0, warmup_steps=0, total_steps=4, decay='step')
 
 
 def test_init_train_state(model):

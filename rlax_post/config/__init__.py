@@ -18,6 +18,7 @@ from rlax_post.config._schema import load
 from rlax_post.config._schema import PATH_KEYS
 from rlax_post.config._schema import LOSS_KINDS
 from rlax_post.config._schema import LORA_TARGETS
+from rlax_post.config._schema import LR_DECAYS
 from rlax_post.config._schema import LoraSection
 from rlax_post.config._schema import LossSection
 from rlax_post.config._reads import loss_kind
@@ -83,6 +84,7 @@ __all__ = [
     "MESH_AXES",
     "load",
     "LORA_TARGETS",
+    "LR_DECAYS",
     "LoraSection",
     "LOSS_KINDS",
     "LossSection",

@@ -57,6 +57,9 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("reward_weights", "TRL", "reward.weights"),
     ForeignKey("max_steps", "TRL", "rl.steps"),
     ForeignKey("warmup_steps", "TRL", "rl.optimizer.warmup_steps"),
+    ForeignKey("lr_scheduler_type", "TRL", "rl.optimizer.decay",
+               "'linear' ends at 0, ours at rl.optimizer.end_lr_ratio x the rate (set it to 0); "
+               "'constant_with_warmup' is 'constant'"),
     ForeignKey("adam_beta1", "TRL", "rl.optimizer.b1"),
     ForeignKey("adam_beta2", "TRL", "rl.optimizer.b2"),
     ForeignKey("logging_steps", "TRL", "runtime.log_every"),
@@ -85,6 +88,8 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("actor_rollout_ref.rollout.top_k", "verl", "rl.top_k", "-1 (off) is our 0"),
     ForeignKey(_ACTOR + "optim.lr", "verl", "rl.optimizer.learning_rate"),
     ForeignKey(_ACTOR + "optim.lr_warmup_steps", "verl", "rl.optimizer.warmup_steps"),
+    ForeignKey(_ACTOR + "optim.warmup_style", "verl", "rl.optimizer.decay", "'constant' or 'cosine', as ours"),
+    ForeignKey(_ACTOR + "optim.min_lr_ratio", "verl", "rl.optimizer.end_lr_ratio"),
     ForeignKey(_ACTOR + "ppo_mini_batch_size", "verl", "rl.minibatches",
                "a minibatch's size in prompts; ours is the number of minibatches (data.train_batch_size / "
                "ppo_mini_batch_size)"),

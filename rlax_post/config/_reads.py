@@ -204,7 +204,7 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("critic",), _CRITIC),
     (("critic.warmup_steps",), _POLICY_CRITIC),  # (Iterative PPO's Q fits apart from the policy's steps)
     # (Iterative PPO's Q keeps its rate after its warm-up: its schedule never decays, `_rounds.QFunction`)
-    (("critic.optimizer.end_lr_ratio",), _POLICY_CRITIC),
+    (("critic.optimizer.end_lr_ratio", "critic.optimizer.decay"), _POLICY_CRITIC),
     (("critic.init", "critic.mesh", "critic.publish", "critic.optimizer", "critic.warmup_steps"),
      _is("critic.mode", "separate")),
     (("critic.publish",), _SEPARATE_CRITIC),
@@ -215,6 +215,7 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (tuple(f"runtime.wandb_{k}" for k in ("project", "entity", "name", "group", "mode")),
      _is("runtime.wandb", True)),
     (("critic.clip_eps",), _is("critic.loss", "clipped")),
+    *(((f"{s}.optimizer.end_lr_ratio",), _is_not(f"{s}.optimizer.decay", "constant")) for s in ("sft", "rl", "critic")),
     (("critic.huber_delta",), _is("critic.loss", "huber")),
 )
 

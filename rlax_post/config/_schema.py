@@ -45,6 +45,7 @@ C3_MODES = ("value_assisted", "reward_only", "value_only")
 # "auto": ppo when training is on-policy (sync, or async with max_staleness = 0), decoupled_ppo otherwise.
 LOSS_KINDS = ("auto", "ppo", "gspo", "decoupled_ppo")
 KL_KINDS = ("k3", "k1", "k2")
+LR_DECAYS = ("cosine", "linear", "constant")  # `learner.LR_DECAYS` (a test keeps the two equal)
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 # "rounds": Iterative PPO's round loop (the `iterppo` section; docs/iterppo.md).
 RUNTIME_MODES = ("sync", "async", "rounds")
@@ -292,6 +293,9 @@ class OptimizerSection:
   learning_rate: float = bounded(1e-3, low=0.0, low_open=True)
   warmup_steps: int = bounded(10, low=0)
   end_lr_ratio: float = bounded(0.1, low=0.0, high=1.0)
+  # After the warm-up: "cosine" or "linear" to end_lr_ratio × learning_rate at the schedule's last update, or
+  # "constant" (`learner.make_lr_schedule`).
+  decay: str = choices(*LR_DECAYS)
   weight_decay: float = bounded(0.0, low=0.0)
   b1: float = bounded(0.9, low=0.0, high=1.0, high_open=True)  # 1.0 would divide by zero in Adam
   b2: float = bounded(0.999, low=0.0, high=1.0, high_open=True)

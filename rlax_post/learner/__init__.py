@@ -13,6 +13,7 @@ from rlax_post.learner._objectives import ValueLoss
 from rlax_post.learner._objectives import with_value_loss
 from rlax_post.learner._optim import clip_per_role
 from rlax_post.learner._optim import current_learning_rate
+from rlax_post.learner._optim import LR_DECAYS
 from rlax_post.learner._optim import make_lr_schedule
 from rlax_post.learner._optim import make_optimizer
 from rlax_post.learner._state import TrainState
@@ -26,6 +27,7 @@ from rlax_post.learner._update import make_update
 
 __all__ = (
     'BASE_DTYPES',
+    'LR_DECAYS',
     'MEMORY_COMPONENTS',
     'TrainState',
     'Trainable',

@@ -6,6 +6,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+# The learning rate's shape after the warm-up (`make_lr_schedule`).
+LR_DECAYS = ('cosine', 'linear', 'constant')
+
 
 def make_lr_schedule(
     *,
@@ -13,16 +16,21 @@ def make_lr_schedule(
     warmup_steps: int,
     total_steps: int,
     end_lr_ratio: float = 0.1,
+    decay: str = 'cosine',
 ) -> optax.Schedule:
-  """Linear warmup from 0 to `learning_rate`, then cosine decay.
+  """Linear warmup from 0 to `learning_rate`, then `decay` (one of LR_DECAYS):
 
     lr(s) = learning_rate · s / warmup_steps                       s < warmup
-    lr(s) = end + (learning_rate − end)·½(1 + cos(π·(s − warmup) /
-            (total_steps − warmup)))                              s ≥ warmup
+    cosine:   lr(s) = end + (learning_rate − end)·½(1 + cos(π·u))  s ≥ warmup
+    linear:   lr(s) = learning_rate − (learning_rate − end)·u      s ≥ warmup
+    constant: lr(s) = learning_rate                                s ≥ warmup
 
-  with end = end_lr_ratio · learning_rate, held after `total_steps`. `s` counts
-  applied updates (skipped ones do not advance it).
+  with u = (s − warmup) / (total_steps − warmup), end = end_lr_ratio ·
+  learning_rate, held after `total_steps` (`constant` does not read
+  end_lr_ratio). `s` counts applied updates (skipped ones do not advance it).
   """
+  if decay not in LR_DECAYS:
+    raise ValueError(f'decay must be one of {list(LR_DECAYS)}; got {decay!r}')
   if learning_rate <= 0:
     raise ValueError(f'learning_rate must be > 0; got {learning_rate}')
   if warmup_steps < 0 or total_steps <= warmup_steps:
@@ -31,13 +39,20 @@ def make_lr_schedule(
         f'{warmup_steps}, total_steps={total_steps}')
   if not 0.0 <= end_lr_ratio <= 1.0:
     raise ValueError(f'end_lr_ratio must be in [0, 1]; got {end_lr_ratio}')
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0,
-      peak_value=learning_rate,
-      warmup_steps=warmup_steps,
-      decay_steps=total_steps,
-      end_value=learning_rate * end_lr_ratio,
-  )
+  if decay == 'cosine':
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=learning_rate,
+        warmup_steps=warmup_steps,
+        decay_steps=total_steps,
+        end_value=learning_rate * end_lr_ratio,
+    )
+  after = (optax.constant_schedule(learning_rate) if decay == 'constant' else
+           optax.linear_schedule(learning_rate, learning_rate * end_lr_ratio, total_steps - warmup_steps))
+  if warmup_steps == 0:
+    return after
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, learning_rate, warmup_steps), after], [warmup_steps])
 
 
 def make_optimizer(
@@ -46,6 +61,7 @@ def make_optimizer(
     warmup_steps: int,
     total_steps: int,
     end_lr_ratio: float = 0.1,
+    decay: str = 'cosine',
     weight_decay: float = 0.0,
     b1: float = 0.9,
     b2: float = 0.999,
@@ -62,8 +78,9 @@ def make_optimizer(
   Args:
     learning_rate: peak learning rate.
     warmup_steps: steps of linear warmup from 0.
-    total_steps: steps at which the cosine reaches its end value.
+    total_steps: steps at which the decay reaches its end value.
     end_lr_ratio: final learning rate as a fraction of the peak.
+    decay: the rate's shape after the warm-up, one of LR_DECAYS.
     weight_decay: decoupled weight decay coefficient.
     b1: Adam's first-moment decay.
     b2: Adam's second-moment decay.
@@ -76,7 +93,7 @@ def make_optimizer(
   """
   schedule = make_lr_schedule(
       learning_rate=learning_rate, warmup_steps=warmup_steps,
-      total_steps=total_steps, end_lr_ratio=end_lr_ratio)
+      total_steps=total_steps, end_lr_ratio=end_lr_ratio, decay=decay)
   if max_grad_norm is not None and max_grad_norm <= 0:
     raise ValueError(f'max_grad_norm must be > 0 or None; got {max_grad_norm}')
   if weight_decay < 0:

@@ -30,7 +30,7 @@ def optimizer(section: config_lib.OptimizerSection, total_steps: int, roles: int
   """AdamW from a config section (`roles` > 1: one policy per role, each role's gradient clipped alone)."""
   return learner.make_optimizer(
       learning_rate=section.learning_rate, warmup_steps=min(section.warmup_steps, max(total_steps - 1, 0)),
-      total_steps=max(total_steps, 1), end_lr_ratio=section.end_lr_ratio,
+      total_steps=max(total_steps, 1), end_lr_ratio=section.end_lr_ratio, decay=section.decay,
       weight_decay=section.weight_decay, b1=section.b1, b2=section.b2, max_grad_norm=section.max_grad_norm,
       roles=roles)
 
