@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlax_post import advantages
 from rlax_post import models
 from rlax_post import sharding
 from rlax_post.runtime import _batch
@@ -185,3 +186,29 @@ def test_kl_in_the_reward_credits_each_rows_reward_less_beta_times_its_summed_kl
   assert m_kl["reward_kl_mean"] == pytest.approx(kl_b.mean(), rel=1e-5) and abs(kl_b.mean()) > 1e-2
   assert m_kl["reward_kl_penalty"] == pytest.approx(0.5 * kl_b.mean(), rel=1e-5)
   assert m_kl["reward_mean"] == pytest.approx(float(batch.rewards.mean()))
+
+
+def test_kl_in_the_reward_of_gae_is_a_reward_at_each_token():
+  """With gae (InstructGPT's PPO) the penalty is a reward −β·kl_t at each trained token besides the outcome at the
+  row's last: the step's returns and advantages are GAE's of those rewards, computed here by hand."""
+  update, parts, params, state = _setup(advantage__estimator="gae", advantage__reward_kl_coef=0.5,
+                                        loss__kl_coef=0.0, loss__track_kl=False)
+  ref = jax.device_put(models.init_params(parts.model_cfg, jax.random.key(1))[1], parts.param_shardings)
+  batch = update.batch(_groups(update, parts))
+  mask = batch.loss_mask
+  kl_bt = (np.asarray(update.score(update.policy(state), batch.tokens, mask))
+           - np.asarray(update.score(ref, batch.tokens, mask))) * mask
+  rows = np.arange(len(mask))
+  r_bt = -0.5 * kl_bt
+  r_bt[rows, batch.prompt_lens + batch.lengths - 2] += batch.rewards  # each row's last trained target
+  values_bt = update.critic.values(state.critic.params, batch.tokens, mask)
+  cfg = update.cfg.advantage
+  adv_bt, returns_bt = (np.asarray(x) for x in advantages.gae_over_mask(r_bt, values_bt, mask, gamma=cfg.gamma,
+                                                                       lambda_=cfg.lambda_))
+  got_bt, fields, _ = update.credit.assign(state, batch._replace(token_rewards=(-0.5 * kl_bt).astype(np.float32)))
+  assert cfg.normalize is None
+  np.testing.assert_allclose(got_bt, adv_bt * mask, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(fields["returns"], returns_bt, rtol=1e-4, atol=1e-5)
+  _, metrics = update(jax.tree.map(jnp.copy, state), ref, batch, 0)
+  assert metrics["return_mean"] == pytest.approx(float(returns_bt[mask > 0].mean()), rel=1e-4)
+  assert metrics["reward_kl_mean"] == pytest.approx(float(kl_bt.sum(axis=1).mean()), rel=1e-5)

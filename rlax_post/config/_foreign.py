@@ -24,7 +24,7 @@ class ForeignKey(NamedTuple):
 
 
 _BOTH_SIDES = "one value for both sides of the clip; ours are loss.eps_low and loss.eps_high"
-_KL_IN_REWARD = "a row's summed KL, as their group methods sum token rewards; no adaptive controller{}"
+_KL_IN_REWARD = "a reward −β·kl_t at each token, summed by a group method, as theirs; no adaptive controller{}"
 _AGG = ("'grpo' is 'seq_mean_token_mean', 'dr_grpo' is 'seq_mean_token_sum_norm', 'dapo' and 'bnpo' are "
         "'token_mean'")
 _ACTOR = "actor_rollout_ref.actor."

@@ -153,16 +153,21 @@ _STOP = When(f"task.name in {list(TEXT_TASKS + ('dataset',) + COLLABORATION_TASK
              lambda cfg: f"task.name = {cfg.task.name!r}, tree.expansion = {cfg.tree.expansion!r}",
              lambda cfg: cfg.task.name in TEXT_TASKS + ("dataset",) + COLLABORATION_TASKS
              or cfg.tree.expansion != "none")
-# Dynamic sampling drops groups whose group-relative advantages are all 0, and KL in the reward shapes each row's
-# reward before a group method's credit: single-turn or episode groups of a group estimator (a role pipeline's or
-# a tree's rows are nodes, whose credit is not the group's spread), sampled by a source that takes groups (not
-# Iterative PPO's rounds).
+# Dynamic sampling drops groups whose group-relative advantages are all 0: single-turn or episode groups of a
+# group estimator (a role pipeline's or a tree's rows are nodes, whose credit is not the group's spread), sampled
+# by a source that takes groups (not Iterative PPO's rounds).
 _FILTER = When(f"advantage.estimator in {list(GROUP_ESTIMATORS)}, tree.expansion = 'none', runtime.mode in "
                "['sync', 'async'] and a task that is not a role pipeline",
                lambda cfg: f"advantage.estimator = {cfg.advantage.estimator!r}, tree.expansion = "
                f"{cfg.tree.expansion!r}, runtime.mode = {cfg.runtime.mode!r}, task.name = {cfg.task.name!r}",
                lambda cfg: cfg.advantage.estimator in GROUP_ESTIMATORS and cfg.tree.expansion == "none"
                and cfg.runtime.mode != "rounds" and cfg.task.name not in COLLABORATION_TASKS)
+# The KL in the reward: token rewards a group method sums into each row's reward, or GAE credits at their tokens;
+# rows that are rows (not a role pipeline's or a tree's nodes) of a source that takes groups.
+_REWARD_KL = When(f"advantage.estimator in {list(GROUP_ESTIMATORS + ('gae',))}, tree.expansion = 'none', "
+                  "runtime.mode in ['sync', 'async'] and a task that is not a role pipeline", _FILTER.now,
+                  lambda cfg: cfg.advantage.estimator in GROUP_ESTIMATORS + ("gae",) and cfg.tree.expansion == "none"
+                  and cfg.runtime.mode != "rounds" and cfg.task.name not in COLLABORATION_TASKS)
 _ASYNC_KEYS = ("max_staleness", "num_samplers", "queue", "queue_capacity", "param_versions_to_keep",
                "sampler_timeout_s")
 
@@ -175,7 +180,7 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("rl.stop",), _STOP),
     (("rl.filter_groups", "rl.filter_max_batches"), _FILTER),
     (("rl.filter_max_batches",), _is("rl.filter_groups", True)),
-    (("advantage.reward_kl_coef", "advantage.reward_kl_kind"), _FILTER),
+    (("advantage.reward_kl_coef", "advantage.reward_kl_kind"), _REWARD_KL),
     (("advantage.reward_kl_kind",), When("advantage.reward_kl_coef > 0",
                                          lambda cfg: f"advantage.reward_kl_coef = {cfg.advantage.reward_kl_coef}",
                                          lambda cfg: cfg.advantage.reward_kl_coef > 0)),

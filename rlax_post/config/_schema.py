@@ -388,10 +388,11 @@ class AdvantageSection:
   alpha: float = bounded(1.0, low=0.0, high=1.0)  # c3 value_assisted: the critic's weight in the baseline
   baseline: str = choices("loo", "full_mean")  # c3: leave-one-out, or the sibling group's mean (ablation)
   standardize: bool = True  # c3: standardise within each sibling group (population variance + 1e-8)
-  # KL in the reward (verl's algorithm.use_kl_in_reward, OpenRLHF's PPO): each row's reward less
-  # β · Σ_t kl_t over its trained tokens, kl_t the old policy's (the learner's, at the step's start) against the
-  # reference, before a group method's credit: with k1 the policy gradient is that of E[r] − β·KL(π_θ‖π_ref)
-  # without bias (docs/learner.md); 0: none. Group methods of non-role, non-tree tasks (`RLUpdate.kl_in_reward`).
+  # KL in the reward (verl's algorithm.use_kl_in_reward, OpenRLHF's PPO): a reward −β·kl_t on each trained token,
+  # kl_t the old policy's (the learner's, at the step's start) against the reference; a group method credits each
+  # row's reward less β·Σ_t kl_t, gae each token's at its token (InstructGPT's PPO). With k1 the policy gradient is
+  # that of E[r] − β·KL(π_θ‖π_ref) without bias (docs/learner.md); 0: none. Non-role, non-tree tasks
+  # (`RLUpdate.kl_in_reward`).
   reward_kl_coef: float = bounded(0.0, low=0.0)
   reward_kl_kind: str = choices("k1", "k2", "k3")
 
@@ -639,6 +640,10 @@ class Config:
       raise ValueError(f"advantage.c3_mode = {self.advantage.c3_mode!r} scores nodes with a Q-critic of success "
                        "in [0, 1]: set critic.mode = 'separate' and critic.loss = 'bce' (got "
                        f"{self.critic.mode!r}, {self.critic.loss!r}), or use c3_mode = 'reward_only'.")
+    if self.advantage.reward_kl_coef > 0 and self.advantage.estimator == "gae" and self.critic.loss == "bce":
+      raise ValueError("advantage.reward_kl_coef > 0 with advantage.estimator = 'gae' and critic.loss = 'bce': the KL "
+                       "penalty's token rewards take GAE's returns out of bce's [0, 1] targets; use critic.loss = "
+                       "'mse', 'clipped' or 'huber'.")
     self._check_signal()
     self._check_keep_best()
     if self.runtime.sampler_slots and self.runtime.sampler_slots < self.rl.samples_per_prompt:

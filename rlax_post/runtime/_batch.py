@@ -54,6 +54,10 @@ class RolloutBatch(NamedTuple):
   # `runtime.mode = "rounds"`): log π_ref of target t+1, 0 off the mask; the learner reads these in place of
   # scoring the run's reference params. None when the rows have none.
   ref_logprobs: np.ndarray | None = None  # [B, T-1] float32
+  # Rewards of each trained token besides the row's outcome (the KL penalty in the reward, set by the learner's
+  # step: `RLUpdate.kl_in_reward`): a group method credits the row with their sum added, GAE with each at its
+  # token. None: none.
+  token_rewards: np.ndarray | None = None  # [B, T-1] float32, 0 off the mask
 
 
 def rows_to_batch(groups: list[list[dict]], *, seq_len: int, pad_id: int) -> RolloutBatch:

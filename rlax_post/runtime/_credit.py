@@ -205,6 +205,11 @@ class Credit:
     """(advantages [B, T-1], extra batch fields (none), metrics) of a step's `RolloutBatch`: the RL step's
     credit interface, shared with the learned critic (`_critic.Critic.assign`). `state` is not read."""
     del state
+    if batch.token_rewards is not None:  # (the KL in the reward: group methods only, `config.READS`)
+      if self.section.estimator not in GROUP_ESTIMATORS:
+        raise ValueError(f"token rewards (advantage.reward_kl_coef) are credited by a group method or gae, not "
+                         f"advantage.estimator = {self.section.estimator!r}.")
+      batch = batch._replace(rewards=(batch.rewards + batch.token_rewards.sum(axis=1)).astype(np.float32))
     if self.section.estimator in TREE_ESTIMATORS:
       adv_bt, metrics = self.tree(batch)
       return adv_bt, {}, metrics

@@ -160,7 +160,8 @@ class Critic:
     check_bce_targets(self.loss.kind, batch.rewards, "this batch's rewards (where GAE's λ-returns end)")
     raw_bt = np.asarray(_distributed.to_host(self._values(params, batch.tokens, batch.loss_mask)), np.float32)
     mask_bt = batch.loss_mask
-    adv_bt, returns_bt, metrics = self._credit(raw_bt, batch.rewards, mask_bt, batch.group_ids)
+    token_rewards_bt = np.zeros_like(mask_bt) if batch.token_rewards is None else batch.token_rewards
+    adv_bt, returns_bt, metrics = self._credit(raw_bt, batch.rewards, mask_bt, batch.group_ids, token_rewards_bt)
     adv_bt, returns_bt = np.asarray(adv_bt), np.asarray(returns_bt)
     metrics = {k: float(v) for k, v in metrics.items()}
     if batch.node_parents is not None:  # a role pipeline's nodes (MAPPO-style GAE): its per-role diagnostics,
@@ -209,15 +210,17 @@ def check_bce_targets(kind: str, targets, what: str) -> None:
                      "has no minimum (the logit would run off): use critic.loss = 'mse' or 'huber'.")
 
 
-def _gae_credit(raw_bt, rewards_b, mask_bt, group_ids_b, *, kind, gamma, lambda_, normalize):
-  """The critic's head outputs -> (advantages, returns, diagnostics): token-level GAE of outcome rewards over
-  the trained tokens, normalised over the batch or the group, and `value_metrics`."""
+def _gae_credit(raw_bt, rewards_b, mask_bt, group_ids_b, token_rewards_bt, *, kind, gamma, lambda_, normalize):
+  """The critic's head outputs -> (advantages, returns, diagnostics): token-level GAE of outcome rewards (at each
+  row's last trained token) plus `token_rewards_bt` (each at its token: the KL in the reward) over the trained
+  tokens, normalised over the batch or the group, and `value_metrics`."""
   values_bt = losses.prediction(raw_bt, kind)
   mask_bt = jnp.asarray(mask_bt) != 0
   t = mask_bt.shape[1]
   last_b = t - 1 - jnp.argmax(mask_bt[:, ::-1], axis=1)  # the last trained position of each row
   has_b = mask_bt.any(axis=1)
   r_bt = jnp.where((jnp.arange(t)[None] == last_b[:, None]) & has_b[:, None], rewards_b[:, None], 0.0)
+  r_bt = r_bt + jnp.where(mask_bt, token_rewards_bt, 0.0)
   adv_bt, returns_bt = adv_lib.gae_over_mask(r_bt, values_bt, mask_bt, gamma=gamma, lambda_=lambda_)
   adv_bt = adv_lib.normalize_bt(adv_bt, mask_bt, group_ids_b, normalize)
   return adv_bt, returns_bt, value_metrics(values_bt, returns_bt, mask_bt, kind)

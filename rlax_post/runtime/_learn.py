@@ -183,14 +183,14 @@ class RLUpdate:
     return batch.loss_mask * np.asarray(batch.finished, batch.loss_mask.dtype)[:, None]
 
   def kl_in_reward(self, batch: _batch.RolloutBatch, old_logp_bt, ref_logp_bt) -> tuple[np.ndarray, dict]:
-    """`advantage.reward_kl_coef` β: each row's reward less β · Σ_t kl_t over its policy tokens (`loss_mask`,
-    truncated rows' too: their rewards still count), kl_t = `advantage.reward_kl_kind`(old, ref); and its
-    metrics, the rows' mean Σ_t kl_t and the mean penalty."""
-    kl_bt = np.asarray(losses.kl_penalty(old_logp_bt, ref_logp_bt, kind=self.cfg.advantage.reward_kl_kind))
-    kl_b = (np.where(batch.loss_mask != 0, kl_bt, 0.0)).sum(axis=1)
+    """`advantage.reward_kl_coef` β: the batch's `token_rewards`, −β · kl_t on each policy token (`loss_mask`,
+    truncated rows' too: their rewards still count), kl_t = `advantage.reward_kl_kind`(old, ref); and their
+    metrics, the rows' mean Σ_t kl_t and the mean penalty β · Σ_t kl_t."""
+    kl_bt = np.where(batch.loss_mask != 0, np.asarray(
+        losses.kl_penalty(old_logp_bt, ref_logp_bt, kind=self.cfg.advantage.reward_kl_kind)), 0.0)
     coef = self.cfg.advantage.reward_kl_coef
-    return (batch.rewards - coef * kl_b).astype(np.float32), {"reward_kl_mean": float(kl_b.mean()),
-                                                             "reward_kl_penalty": float(coef * kl_b.mean())}
+    kl_mean = float(kl_bt.sum(axis=1).mean())
+    return (-coef * kl_bt).astype(np.float32), {"reward_kl_mean": kl_mean, "reward_kl_penalty": coef * kl_mean}
 
   def reference(self, state, params):
     """The reference policy of a run that starts from `params` as `state`: a copy of them, or with LoRA
@@ -231,8 +231,8 @@ class RLUpdate:
       full["ref_logprobs"] = _distributed.to_host(self.score(ref_params, batch.tokens, batch.loss_mask))
     credited = batch
     if reward_kl:
-      rewards_b, kl_metrics = self.kl_in_reward(batch, old_logp, full["ref_logprobs"])
-      credited, scoring = batch._replace(rewards=rewards_b), {**scoring, **kl_metrics}
+      token_rewards_bt, kl_metrics = self.kl_in_reward(batch, old_logp, full["ref_logprobs"])
+      credited, scoring = batch._replace(token_rewards=token_rewards_bt), {**scoring, **kl_metrics}
     full["advantages"], fields, credit_metrics = self.credit.assign(state, credited)
     full.update(fields)  # (tree rollouts with `tree.prefix` "mean": the credit's loss mask)
     if self.selects_tokens:
