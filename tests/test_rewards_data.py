@@ -378,7 +378,7 @@ def test_a_reward_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("spec, error, message", [
-    ("mth", ValueError, r"Unknown reward 'mth'; expected a built-in \(\['exact', 'length', 'math', 'regex'\]\)"),
+    ("mth", ValueError, r"Unknown reward 'mth'; expected a built-in \(\['exact', 'length', 'math', 'regex', 'remote'\]\)"),
     ("no_such_pkg.mod:f", ValueError, r"cannot import 'no_such_pkg.mod'.*'path/to/file.py:function'"),
     ("missing.py:f", FileNotFoundError, r"no file '.*missing.py' \(relative paths are read from"),
     ("my_rewards.py:nope", ValueError, r"has no 'nope'; its callables: \['bad_type', 'boom', 'leave', 'nan'"),
@@ -599,3 +599,78 @@ def test_runner_without_a_limit_says_once_that_a_call_runs_long(caplog):
   assert len(notes) == 1 and re.match(r"A reward call has run 0 s for rows\.jsonl:7 and has no time limit "
                                       r"\(reward\.timeout_s = 0\): the run waits for it\.", notes[0]), notes
   assert [got[k].scored.total for k in "ab"] == [1.0, 1.0] and runner.errors == 0
+
+
+class _RewardServer:
+  """A real HTTP reward server on localhost (a thread): answers `answer(request JSON)` as JSON, or the status
+  code `fail` with no body; keeps what it received."""
+
+  def __init__(self, answer):
+    import http.server  # pylint: disable=g-import-not-at-top
+    import json  # pylint: disable=g-import-not-at-top
+    received, self.fail = [], None
+    outer = self
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+
+      def do_POST(self):  # pylint: disable=invalid-name
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        received.append((body, self.headers.get("Authorization")))
+        if outer.fail:
+          self.send_error(outer.fail)
+          return
+        text = answer(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+
+      def log_message(self, *args):  # quiet
+        del args
+
+    self.received = received
+    self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    self.url = f"http://127.0.0.1:{self.server.server_address[1]}/score"
+    threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+  def close(self):
+    self.server.shutdown()
+    self.server.server_close()
+
+
+def test_remote_reward_posts_the_sample_and_reads_a_number_or_named_parts():
+  """The built-in "remote" (OpenRLHF's --remote_rm_url): one POST of the sample's fields per sample; the server's
+  answer is a reward function's return (a number, or named parts); errors name the URL."""
+  import json  # pylint: disable=g-import-not-at-top
+  answers = {"n": lambda body: json.dumps(len(body["completion"]) / 10), "bad": lambda body: "oops",
+             "list": lambda body: "[1]"}
+  server = _RewardServer(lambda body: answers.get(body["answer"], lambda b: json.dumps(
+      {"format": 0.5, "correct": float(b["completion"] == b["answer"])}))(body))
+  try:
+    options = {"remote": {"url": server.url, "headers": {"Authorization": "Bearer k"}}}
+    scorer = rewards.Scorer(["remote"], options=options)
+    assert scorer(_sample("abc", answer="n", ids=(5, 6), row={"id": 7})).total == pytest.approx(0.3)
+    body, auth = server.received[0]
+    assert body == {"prompt": "p", "prompt_text": "p", "completion": "abc", "completion_ids": [5, 6], "answer": "n",
+                    "row": {"id": 7}, "finished": True} and auth == "Bearer k"
+    parts = scorer(_sample("x", answer="x"))
+    assert parts.total == 1.5 and parts.components == {"reward/remote/format": 0.5, "reward/remote/correct": 1.0,
+                                                       "reward/remote": 1.5}
+    with pytest.raises(ValueError, match=f"the reward server {server.url} answered 'oops', not JSON"):
+      scorer(_sample("x", answer="bad"))
+    with pytest.raises(ValueError, match=r"answered '\[1\]'; expected a number or an object of named numbers"):
+      scorer(_sample("x", answer="list"))
+    server.fail = 503
+    with pytest.raises(RuntimeError, match=f"the reward server {server.url} answered HTTP 503 .* for f.jsonl:3"):
+      scorer(_sample("x", answer="x"))
+  finally:
+    server.close()
+  with pytest.raises(RuntimeError, match=f"the reward server {server.url} could not be reached"):
+    rewards.Scorer(["remote"], options={"remote": {"url": server.url, "timeout_s": 2}})(_sample("x"))
+  with pytest.raises(ValueError, match=r"`reward.options.remote` = \{'url': 'ftp://x'\}: `url` must be an http:// or "
+                     r"https:// URL of the reward server; got 'ftp://x'\."):
+    rewards.Scorer(["remote"], options={"remote": {"url": "ftp://x"}})
+  with pytest.raises(ValueError, match="`timeout_s` must be a number of seconds > 0; got 0"):
+    rewards.Scorer(["remote"], options={"remote": {"url": "http://h", "timeout_s": 0}})
+  with pytest.raises(ValueError, match="missing a required argument: 'url'"):
+    rewards.Scorer(["remote"])

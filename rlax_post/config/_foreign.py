@@ -149,6 +149,8 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("init_kl_coef", "OpenRLHF", "advantage.reward_kl_coef", _KL_IN_REWARD.format(
         " (--kl_target); with --use_kl_loss it is loss.kl_coef")),
     ForeignKey("kl_estimator", "OpenRLHF", "loss.kl_kind"),
+    ForeignKey("remote_rm_url", "OpenRLHF", "reward.fn", "'remote' with reward.options.remote.url; one POST per sample, "
+               "its answer a number or named parts (docs/data.md)"),
     ForeignKey("eps_clip", "OpenRLHF", "loss.eps_low", _BOTH_SIDES),
     ForeignKey("value_clip", "OpenRLHF", "critic.clip_eps"),
     ForeignKey("lambd", "OpenRLHF", "advantage.lambda_"),

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from rlax_post.rewards import _math
+from rlax_post.rewards import _remote
 
 
 def exact(sample, *, ignore_case: bool = False, strip: bool = True) -> float:
@@ -44,7 +45,7 @@ def length(sample, *, max_tokens: int, buffer: int) -> float:
   return (max_tokens - buffer - n) / buffer
 
 
-BUILTINS = {"math": _math.math_answer, "exact": exact, "regex": regex, "length": length}
+BUILTINS = {"math": _math.math_answer, "exact": exact, "regex": regex, "length": length, "remote": _remote.remote}
 # The built-ins that compare a completion with the row's reference answer (`Sample.answer`): without one every
 # call raises, and every sample would get `reward.default`.
 ANSWER_BUILTINS = ("math", "exact")
@@ -71,7 +72,7 @@ def _check_math(rel_tol: Any = 1e-6, abs_tol: Any = 1e-9, **unused) -> None:
     _math._tolerance(f"`{name}`", value)  # pylint: disable=protected-access  # the check answers_match makes
 
 
-_CHECKS = {"regex": _check_regex, "length": _check_length, "math": _check_math}
+_CHECKS = {"regex": _check_regex, "length": _check_length, "math": _check_math, "remote": _remote.check_options}
 
 
 def check_options(name: str, options: dict) -> None:

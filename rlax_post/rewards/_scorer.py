@@ -1,6 +1,6 @@
 """Reward functions named in a config, loaded and combined: `Scorer`.
 
-A function is named by a built-in name (`BUILTINS`: "math", "exact", "regex", "length"), by an import path
+A function is named by a built-in name (`BUILTINS`: "math", "exact", "regex", "length", "remote"), by an import path
 `"package.module:function"`, or by a file path `"path/to/file.py:function"` (relative to the working
 directory; the file is imported as a module of its own, its folder first on `sys.path` as for a script). It is
 called as `fn(sample, **options)` with a `rewards.Sample` and returns a number, or a dict of named numbers:
