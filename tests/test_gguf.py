@@ -122,6 +122,17 @@ def test_converted_tokenizer_frames_text_as_the_gguf_file_says(tmp_path, vocab, 
     assert ours.encode(text, add_bos=True) == converted.encode(text) == want, text
 
 
+def test_llama3_pre_tokenizer_keeps_a_piece_that_is_a_token_whole():
+  """llama.cpp reads Llama 3's pre-tokenizers with `ignore_merges` (Llama 3's tokenizer.json has it too: " Việt"
+  is one token there); ours merged every piece, so "abc", a token no merge makes, became "ab" + "c"."""
+  tokens = ["<|begin_of_text|>", "a", "b", "c", "Ġ", "ab", "abc"]
+  meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [3] + [1] * 6,
+          "tokenizer.ggml.merges": ["a b"]}
+  build = models._gguf.build_tokenizer  # pylint: disable=protected-access
+  assert build({**meta, "tokenizer.ggml.pre": "llama-bpe"}, "f.gguf").encode("abc ab").ids == [6, 4, 5]
+  assert build({**meta, "tokenizer.ggml.pre": "gpt-2"}, "f.gguf").encode("abc ab").ids == [5, 3, 4, 5]
+
+
 def test_a_files_end_of_turn_token_stops_generation_as_eos_does(tmp_path):
   """llama.cpp stops at a file's end-of-turn token (`tokenizer.ggml.eot_token_id`: Llama 3 instruct's <|eot_id|>
   where its EOS is <|end_of_text|>); the conversion dropped it, so neither transformers' `generate` nor a run

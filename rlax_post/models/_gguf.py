@@ -11,7 +11,8 @@ the file with the `gguf` package (numpy only):
   architectures  `llama` → LlamaForCausalLM, `qwen2` → Qwen2ForCausalLM (`ARCHITECTURES`)
   tensor types   F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K (`TENSOR_TYPES`), dequantised
                  to float32 by `gguf.quants`
-  vocabularies   `gpt2` (byte-level BPE: tokens + merges, the pre-tokenizer `tokenizer.ggml.pre` names) and
+  vocabularies   `gpt2` (byte-level BPE: tokens + merges, the pre-tokenizer `tokenizer.ggml.pre` names; under
+                 Llama 3's a piece that is a token stays whole, as in llama.cpp and Llama 3's tokenizer.json) and
                  `llama` (SentencePiece: tokens + scores, byte fallback; merges follow the scores)
 
 llama.cpp's converter permutes the rows of Llama's Q and K projections (its RoPE pairs adjacent dimensions,
@@ -55,6 +56,10 @@ _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?
 _SPLITS = {"default": [_GPT2_SPLIT], "gpt-2": [_GPT2_SPLIT], "smollm": [r"\p{N}", _GPT2_SPLIT],
            "llama3": [_LLAMA3_SPLIT], "llama-bpe": [_LLAMA3_SPLIT], "llama-v3": [_LLAMA3_SPLIT],
            "qwen2": [_QWEN2_SPLIT], "deepseek-r1-qwen": [_QWEN2_SPLIT]}
+# Llama 3's pre-tokenizers: llama.cpp (llama-vocab.cpp) reads them with `ignore_merges` (a piece that is a token
+# is that token, whatever the merges: tiktoken's rule, and `"ignore_merges": true` in Llama 3's tokenizer.json,
+# e.g. " Việt" is one token, not three) and BOS framing on where the file does not say.
+_LLAMA3_PRES = ("llama3", "llama-bpe", "llama-v3")
 _CONTROL, _USER_DEFINED, _BYTE, _UNKNOWN = 3, 4, 6, 2
 
 
@@ -213,11 +218,11 @@ def build_tokenizer(meta: dict, path: str) -> tokenizers.Tokenizer:
   types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
   if model == "gpt2":
     merges = [tuple(m.split(" ", 1)) for m in _need(meta, "tokenizer.ggml.merges", path)]
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                                                     ignore_merges=False))
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in _SPLITS:
       raise ValueError(f"{path}: pre-tokenizer {pre!r} is not supported; supported: {sorted(_SPLITS)}.")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
+                                                     ignore_merges=pre in _LLAMA3_PRES))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Sequence(
         [tokenizers.pre_tokenizers.Split(tokenizers.Regex(r), behavior="isolated") for r in _SPLITS[pre]]
         + [tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
