@@ -133,6 +133,18 @@ def test_llama3_pre_tokenizer_keeps_a_piece_that_is_a_token_whole():
   assert build({**meta, "tokenizer.ggml.pre": "gpt-2"}, "f.gguf").encode("abc ab").ids == [5, 3, 4, 5]
 
 
+def test_llama3_pre_tokenizer_frames_bos_where_the_file_does_not_say():
+  """llama.cpp prepends BOS under Llama 3's pre-tokenizers when the file has no `add_bos_token` (older Llama 3
+  conversions); ours framed none there, so every prompt lost the BOS the model was trained with."""
+  meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["<|begin_of_text|>", "a"],
+          "tokenizer.ggml.token_type": [3, 1], "tokenizer.ggml.merges": [], "tokenizer.ggml.bos_token_id": 0}
+  build = models._gguf.build_tokenizer  # pylint: disable=protected-access
+  assert build({**meta, "tokenizer.ggml.pre": "llama-bpe"}, "f.gguf").encode("a").ids == [0, 1]
+  assert build({**meta, "tokenizer.ggml.pre": "llama-bpe", "tokenizer.ggml.add_bos_token": False},
+               "f.gguf").encode("a").ids == [1]
+  assert build({**meta, "tokenizer.ggml.pre": "qwen2"}, "f.gguf").encode("a").ids == [1]
+
+
 def test_a_files_end_of_turn_token_stops_generation_as_eos_does(tmp_path):
   """llama.cpp stops at a file's end-of-turn token (`tokenizer.ggml.eot_token_id`: Llama 3 instruct's <|eot_id|>
   where its EOS is <|end_of_text|>); the conversion dropped it, so neither transformers' `generate` nor a run

@@ -252,8 +252,9 @@ def build_tokenizer(meta: dict, path: str) -> tokenizers.Tokenizer:
 
 def _framing(meta: dict) -> tuple[bool, bool]:
   """Whether the file's tokenizer prepends BOS and appends EOS (llama.cpp prepends BOS to a SentencePiece
-  vocabulary whose file does not say)."""
-  return (bool(meta.get("tokenizer.ggml.add_bos_token", meta["tokenizer.ggml.model"] == "llama")),
+  vocabulary, and to one of Llama 3's pre-tokenizers, whose file does not say)."""
+  default_bos = meta["tokenizer.ggml.model"] == "llama" or meta.get("tokenizer.ggml.pre") in _LLAMA3_PRES
+  return (bool(meta.get("tokenizer.ggml.add_bos_token", default_bos)),
           bool(meta.get("tokenizer.ggml.add_eos_token", False)))
 
 
