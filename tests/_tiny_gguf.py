@@ -47,10 +47,11 @@ def _spm_vocab():
 def write(path: str, *, arch: str = "llama", qtype=T.F32, vocab: str = "gpt2", d: int = 64, ff: int = 128,
           layers: int = 2, heads: int = 4, kv_heads: int = 2, seed: int = 0, tied: bool = True,
           rope_dims: int | None = None, extra_tokens: int = 0, block_count: int | None = None,
-          scale: float = 0.08, eos: int = 2, eot: int | None = None) -> dict:
+          scale: float = 0.08, eos: int = 2, eot: int | None = None, biases: bool | None = None) -> dict:
   """Writes a tiny GGUF model; returns its Hugging Face float32 weights before quantisation (normal, standard
   deviation `scale`; norms 1 + that). `rope_dims`, `extra_tokens` (tokens beyond the embedding's rows) and
-  `block_count` write inconsistent files; `eos` and `eot` (None: none) are the EOS and end-of-turn ids."""
+  `block_count` write inconsistent files; `eos` and `eot` (None: none) are the EOS and end-of-turn ids; `biases`
+  (None: Qwen2's alone) gives the Q/K/V projections biases."""
   tokens, types, merges, scores = _gpt2_vocab(seed) if vocab == "gpt2" else _spm_vocab()
   vocab_size, head_dim = len(tokens), d // heads
   rng = np.random.default_rng(seed)
@@ -67,7 +68,7 @@ def write(path: str, *, arch: str = "llama", qtype=T.F32, vocab: str = "gpt2", d
                p + "self_attn.o_proj.weight": normal(d, heads * head_dim),
                p + "mlp.gate_proj.weight": normal(ff, d), p + "mlp.up_proj.weight": normal(ff, d),
                p + "mlp.down_proj.weight": normal(d, ff)})
-    if arch == "qwen2":
+    if arch == "qwen2" if biases is None else biases:
       hf.update({p + "self_attn.q_proj.bias": normal(heads * head_dim),
                  p + "self_attn.k_proj.bias": normal(kv_heads * head_dim),
                  p + "self_attn.v_proj.bias": normal(kv_heads * head_dim)})
@@ -115,9 +116,9 @@ def write(path: str, *, arch: str = "llama", qtype=T.F32, vocab: str = "gpt2", d
     else:
       i, rest = name[len("model.layers."):].split(".", 1)
       g = f"blk.{i}.{layer[rest]}"
-    if arch == "llama" and g.endswith("attn_q.weight"):
+    if arch == "llama" and g.endswith(("attn_q.weight", "attn_q.bias")):
       value = permute(value, heads)
-    elif arch == "llama" and g.endswith("attn_k.weight"):
+    elif arch == "llama" and g.endswith(("attn_k.weight", "attn_k.bias")):
       value = permute(value, kv_heads)
     if value.ndim == 1:  # Norms and biases stay float32, as llama.cpp writes them.
       w.add_tensor(g, value)

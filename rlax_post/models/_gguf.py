@@ -120,7 +120,8 @@ def _head_dim(meta: dict, arch: str, heads: int, d: int, path: str) -> int:
 
 def check_shapes(reader: gguf.GGUFReader, config: dict, path: str) -> None:
   """Every tensor's shape is the one the config implies, so that no mismatch (a vocabulary longer than the
-  embedding, heads of another width) surfaces later as an index or reshape error, or not at all."""
+  embedding, heads of another width) surfaces later as an index or reshape error, or not at all; and a llama
+  file holds no Q/K/V biases (llama.cpp adds them where present; our Llama would silently drop them)."""
   d, ff, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
   q, kv = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
   expected = {"token_embd.weight": (vocab, d), "output.weight": (vocab, d), "output_norm.weight": (d,),
@@ -136,6 +137,11 @@ def check_shapes(reader: gguf.GGUFReader, config: dict, path: str) -> None:
                        f"implies {list(want)} (vocab_size {vocab}, hidden {d}, feed-forward {ff}, "
                        f"{config['num_attention_heads']} heads / {config['num_key_value_heads']} KV heads of "
                        f"{config['head_dim']}).")
+  if config["architectures"] == ["LlamaForCausalLM"]:
+    biases = [t.name for t in reader.tensors if t.name.endswith(("attn_q.bias", "attn_k.bias", "attn_v.bias"))]
+    if biases:  # LlamaForCausalLM (attention_bias false) never reads them: the model would run without them.
+      raise ValueError(f"{path}: a llama file with attention biases ({biases[0]!r}, ...) is not supported: our "
+                       "Llama has no Q/K/V biases.")
   blocks = {int(t.name.split(".")[1]) for t in reader.tensors if t.name.startswith("blk.")}
   if blocks != set(range(config["num_hidden_layers"])):
     raise ValueError(f"{path}: the file holds blocks {sorted(blocks)[:8]}{'...' if len(blocks) > 8 else ''} but "
