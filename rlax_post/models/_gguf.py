@@ -79,8 +79,6 @@ def hf_config(meta: dict, path: str, *, tied: bool, dtype: str = "float32") -> d
   if arch not in ARCHITECTURES:
     raise ValueError(f"{path}: architecture {arch!r} is not supported; supported: {sorted(ARCHITECTURES)}.")
   key = lambda k: _need(meta, f"{arch}.{k}", path)
-  if meta.get(f"{arch}.rope.scaling.type", "none") not in ("none",):
-    raise ValueError(f"{path}: RoPE scaling {meta[f'{arch}.rope.scaling.type']!r} is not supported.")
   heads, d = int(key("attention.head_count")), int(key("embedding_length"))
   head_dim = _head_dim(meta, arch, heads, d, path)
   tokens = _need(meta, "tokenizer.ggml.tokens", path)
@@ -95,12 +93,27 @@ def hf_config(meta: dict, path: str, *, tied: bool, dtype: str = "float32") -> d
       "vocab_size": int(meta.get(f"{arch}.vocab_size", len(tokens))), "tie_word_embeddings": tied,
       "hidden_act": "silu", "torch_dtype": dtype, "dtype": dtype,
   }
+  config.update(_rope_scaling(meta, arch, path))
   if arch == "llama":
     config.update(attention_bias=False, mlp_bias=False)
   for name in ("bos", "eos", "padding"):
     if f"tokenizer.ggml.{name}_token_id" in meta:
       config[f"{'pad' if name == 'padding' else name}_token_id"] = int(meta[f"tokenizer.ggml.{name}_token_id"])
   return config
+
+
+def _rope_scaling(meta: dict, arch: str, path: str) -> dict:
+  """config.json's `rope_scaling` as llama.cpp reads the file: the type defaults to "linear" and the factor is
+  `rope.scaling.factor` or the old `rope.scale_linear` (0 or absent: none), so a factor without a type scales
+  (until 2026-12-06 ignored: positions ran unscaled). Types other than "none" and "linear" are refused."""
+  kind = meta.get(f"{arch}.rope.scaling.type", "linear")
+  factor = float(meta.get(f"{arch}.rope.scaling.factor", meta.get(f"{arch}.rope.scale_linear", 0.0)))
+  if kind not in ("none", "linear"):
+    raise ValueError(f"{path}: RoPE scaling {kind!r} ({arch}.rope.scaling.type) is not supported; supported: "
+                     "'none', 'linear'.")
+  if kind == "none" or factor in (0.0, 1.0):
+    return {}
+  return {"rope_scaling": {"rope_type": "linear", "factor": factor}}
 
 
 def _head_dim(meta: dict, arch: str, heads: int, d: int, path: str) -> int:
