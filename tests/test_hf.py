@@ -372,8 +372,20 @@ def test_config_defaults_and_rope_keys_read_as_transformers_reads_them():
                             rope_parameters={"rope_type": "default", "rope_theta": 5000.0}, **_SMALL))
   same = _hf.config_from_hf(dict(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "linear",
                                  "factor": 4.0}, rope_parameters={"rope_type": "linear", "factor": 4.0,
-                                                                  "rope_theta": 5000.0}, **_SMALL))
+                                                                  "rope_theta": 5000.0}, rope_theta=5000.0,
+                                 **_SMALL))
   assert (same.rope_scaling_type, same.rope_scaling_factor, same.rope_theta) == ("linear", 4.0, 5000.0)
+  # Beside rope_scaling transformers takes the top-level rope_theta (default 10000), never rope_parameters': ours
+  # read 5000 where transformers ran 10000 (a tiny Llama's logits 3.3e-3 apart at positions 50-65); refused.
+  for top in ({}, {"rope_theta": 20000.0}):
+    want = transformers.LlamaConfig(rope_scaling={"rope_type": "linear", "factor": 4.0}, rope_parameters={
+        "rope_type": "linear", "factor": 4.0, "rope_theta": 5000.0}, **top, **_SMALL).rope_parameters["rope_theta"]
+    assert want == top.get("rope_theta", 10_000.0)
+    with pytest.raises(ValueError, match=rf"transformers reads the base beside rope_scaling \(rope_theta {want}\), "
+                                         r"not rope_parameters' 5000.0"):
+      _hf.config_from_hf(dict(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "linear", "factor": 4.0},
+                              rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 5000.0}, **top,
+                              **_SMALL))
 
 
 @pytest.mark.parametrize("family, change", [

@@ -125,6 +125,12 @@ def _check_one_rope(hf: dict) -> None:
       and params.get("rope_type", params.get("type")) in (None, "default")):
     raise ValueError(f"config.json has both rope_scaling {scaling} and rope_parameters {params}, which disagree "
                      "on the RoPE scaling; keep one of them.")
+  # transformers takes the base beside rope_scaling (the top-level rope_theta, else 10000), not rope_parameters'.
+  theta = hf.get("rope_theta", 10_000.0)
+  if params is hf["rope_parameters"] and params.get("rope_theta", theta) != theta:
+    raise ValueError(f"config.json has both rope_scaling {scaling} and rope_parameters {params}: transformers reads "
+                     f"the base beside rope_scaling (rope_theta {theta}), not rope_parameters' "
+                     f"{params['rope_theta']}; keep one of them.")
 
 
 def _rope_config(hf: dict, arch: str) -> dict[str, Any]:
