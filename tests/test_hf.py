@@ -381,11 +381,21 @@ def test_config_defaults_and_rope_keys_read_as_transformers_reads_them():
     want = transformers.LlamaConfig(rope_scaling={"rope_type": "linear", "factor": 4.0}, rope_parameters={
         "rope_type": "linear", "factor": 4.0, "rope_theta": 5000.0}, **top, **_SMALL).rope_parameters["rope_theta"]
     assert want == top.get("rope_theta", 10_000.0)
-    with pytest.raises(ValueError, match=rf"transformers reads the base beside rope_scaling \(rope_theta {want}\), "
-                                         r"not rope_parameters' 5000.0"):
+    with pytest.raises(ValueError, match=rf"which disagree on rope_theta \({want} there, 5000.0 in rope_parameters\)"):
       _hf.config_from_hf(dict(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "linear", "factor": 4.0},
                               rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 5000.0}, **top,
                               **_SMALL))
+  # Any other key both give, and the type under either spelling: transformers ran rope_scaling's low_freq_factor 1
+  # where ours ran rope_parameters' 2 (a tiny Llama's logits 2.6e-2 apart at positions 100-115); both refused.
+  llama3 = dict(rope_type="llama3", factor=8.0, high_freq_factor=4.0, original_max_position_embeddings=32)
+  scaling, params = {**llama3, "low_freq_factor": 1.0}, {**llama3, "low_freq_factor": 2.0, "rope_theta": 5000.0}
+  assert transformers.LlamaConfig(rope_scaling=scaling, rope_parameters=params, rope_theta=5000.0,
+                                  **_SMALL).rope_parameters["low_freq_factor"] == 1.0
+  for scaling, params in ((scaling, params), ({"type": "linear", "factor": 8.0}, {**params, "low_freq_factor": 1.0})):
+    with pytest.raises(ValueError, match=r"which disagree on (low_freq_factor \(1.0 there, 2.0 in rope_parameters\)|"
+                                         r"the RoPE type \(linear there, llama3 in rope_parameters\))"):
+      _hf.config_from_hf(dict(architectures=["LlamaForCausalLM"], rope_scaling=scaling, rope_parameters=params,
+                              rope_theta=5000.0, **_SMALL))
 
 
 @pytest.mark.parametrize("family, change", [

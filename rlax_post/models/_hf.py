@@ -112,25 +112,26 @@ def _rope_fields(rope: dict, default_theta: float, *, allow_scaling: bool = True
 
 
 def _check_one_rope(hf: dict) -> None:
-  """A config.json with both `rope_scaling` and `rope_parameters` that disagree on the scaling is refused:
-  transformers takes `rope_scaling` whole (and drops `rope_theta`), merging them took `rope_parameters`'."""
+  """A config.json with both `rope_scaling` and `rope_parameters` that disagree is refused: transformers takes
+  `rope_scaling` whole, its base the top-level `rope_theta` (default 10000), and ignores `rope_parameters`;
+  ours merged them, `rope_parameters` winning. They disagree where their RoPE types differ (`rope_type` or the
+  older `type`) or a key both give differs (a Gemma 3 nested entry keeps its own base)."""
   scaling, params = hf.get("rope_scaling"), hf.get("rope_parameters")
   if not scaling or not params:
     return
   # Gemma 3's per-layer-type params: rope_scaling is its global layers' (an export writes both since 2026-12-06).
-  params = params.get("full_attention", params) if isinstance(params.get("full_attention"), dict) else params
-  keys = ("rope_type", "type", "factor")
-  if any(k in scaling and k in params and scaling[k] != params[k] for k in keys) or (
-      scaling.get("rope_type", scaling.get("type")) not in (None, "default")
-      and params.get("rope_type", params.get("type")) in (None, "default")):
-    raise ValueError(f"config.json has both rope_scaling {scaling} and rope_parameters {params}, which disagree "
-                     "on the RoPE scaling; keep one of them.")
-  # transformers takes the base beside rope_scaling (the top-level rope_theta, else 10000), not rope_parameters'.
-  theta = hf.get("rope_theta", 10_000.0)
-  if params is hf["rope_parameters"] and params.get("rope_theta", theta) != theta:
-    raise ValueError(f"config.json has both rope_scaling {scaling} and rope_parameters {params}: transformers reads "
-                     f"the base beside rope_scaling (rope_theta {theta}), not rope_parameters' "
-                     f"{params['rope_theta']}; keep one of them.")
+  nested = isinstance(params.get("full_attention"), dict)
+  params = params["full_attention"] if nested else params
+  read = {**({} if nested else {"rope_theta": hf.get("rope_theta", 10_000.0)}), **scaling}  # transformers'
+  kind = lambda rope: rope.get("rope_type", rope.get("type")) or "default"
+  differ = [f"{k} ({read[k]} there, {params[k]} in rope_parameters)" for k in sorted(params)
+            if k in read and k not in ("rope_type", "type") and read[k] != params[k]]
+  if kind(read) != kind(params):
+    differ.insert(0, f"the RoPE type ({kind(read)} there, {kind(params)} in rope_parameters)")
+  if differ:
+    raise ValueError(f"config.json has both rope_scaling {scaling} and rope_parameters {params}, which disagree on "
+                     f"{', '.join(differ)}: transformers reads rope_scaling, its base the top-level rope_theta "
+                     "(default 10000); keep one of them.")
 
 
 def _rope_config(hf: dict, arch: str) -> dict[str, Any]:
