@@ -217,6 +217,32 @@ def test_ppo_objective_on_policy_identities(model):
   _tree_allclose(grads, grads_direct, atol=1e-6)
 
 
+def test_cispo_objective_keeps_the_gradient_ppo_clips(model):
+  """The same batch as above (two tokens at ratio 2 with A > 0): CISPO's gradient is the policy gradient with those
+  two tokens weighted by the capped ratio 1.2, where PPO drops them; `clip_frac` counts them."""
+  graphdef, params = model
+  batch = _ppo_batch(graphdef, params)
+  logp_bt, _ = _token_logprobs(graphdef, params, batch['tokens'])
+  b_pos = int(jnp.argmax(batch['advantages'][:, 0]))
+  batch['old_logprobs'] = logp_bt.at[b_pos, 4:6].add(-jnp.log(2.0))
+  del batch['ref_logprobs']
+  mask_bt = batch['loss_mask']
+  w_bt = losses.aggregation_weights(mask_bt, mode='token_mean')
+  objective = learner.cispo_objective(_logprob_fn(graphdef), eps_low=1.0, eps_high=0.2)
+  weight_bt = jnp.ones_like(mask_bt).at[b_pos, 4:6].set(1.2)
+
+  def pg_direct(p):
+    return -jnp.sum(w_bt * weight_bt * batch['advantages'] * _direct_logp(graphdef, p, batch['tokens']))
+
+  @jax.jit
+  def both(p):
+    return jax.grad(objective, has_aux=True)(p, batch, w_bt, jax.random.key(0)), jax.grad(pg_direct)(p)
+
+  (grads, aux), grads_direct = both(params)
+  np.testing.assert_allclose(aux['clip_frac'], 2.0 / mask_bt.sum(), rtol=1e-6)
+  _tree_allclose(grads, grads_direct, atol=1e-6)
+
+
 def test_ppo_objective_needs_ref_logprobs_for_kl(model):
   graphdef, params = model
   batch = _ppo_batch(graphdef, params)

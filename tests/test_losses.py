@@ -37,6 +37,27 @@ def test_top_entropy_mask_keeps_the_trained_tokens_at_or_above_numpys_quantile(q
   with pytest.raises(ValueError, match='quantile must lie in \\[0, 1\\]; got 1.5'):
     losses.top_entropy_mask(h, mask, 1.5)
 
+
+def test_cispo_weights_every_tokens_gradient_by_its_clipped_stopped_ratio():
+  """CISPO: ∇loss/∇logp = −clip(r, 1 − eps_low, 1 + eps_high)·A on every token, where PPO's clip zeroes the
+  first one's (r = 1.5 > 1.28 with A > 0); the value is −clip(r)·A·logp; clipped where r leaves the range."""
+  ratio = np.array([[1.5, 1.1, 0.5, 0.05]], np.float32)
+  adv = np.array([[1.0, -2.0, -1.0, 1.0]], np.float32)
+  logp = np.log(np.array([[0.3, 0.2, 0.1, 0.4]], np.float32))
+  old = logp - np.log(ratio)
+  fn = lambda lp: losses.cispo(lp, old, adv, eps_low=0.9, eps_high=0.28)
+  loss, clipped = fn(logp)
+  weight = np.array([[1.28, 1.1, 0.5, 0.1]], np.float32)
+  np.testing.assert_allclose(loss, -weight * adv * logp, rtol=1e-5)
+  np.testing.assert_allclose(jax.grad(lambda lp: fn(lp)[0].sum())(jnp.asarray(logp)), -weight * adv, rtol=1e-5)
+  np.testing.assert_array_equal(clipped, [[1.0, 0.0, 0.0, 1.0]])
+  ppo_grad = jax.grad(lambda lp: losses.ppo_clip(lp, old, adv, eps_low=0.9, eps_high=0.28)[0].sum())(jnp.asarray(logp))
+  assert float(ppo_grad[0, 0]) == 0.0 and float(jax.grad(lambda lp: fn(lp)[0].sum())(jnp.asarray(logp))[0, 0]) < 0
+  on_policy = jax.grad(lambda lp: losses.cispo(lp, jax.lax.stop_gradient(lp), adv, eps_low=1.0, eps_high=0.28)[0].sum())
+  np.testing.assert_allclose(on_policy(jnp.asarray(logp)), -adv, rtol=1e-6)  # r = 1: PPO's gradient, −A
+  with pytest.raises(ValueError, match='eps_low and eps_high must be >= 0; got -0.1, 0.28'):
+    losses.cispo(logp, old, adv, eps_low=-0.1, eps_high=0.28)
+
 # (ratio, advantage) cases with eps_low = 0.2, eps_high = 0.28, and the
 # expected loss / clipped flag / d loss / d logp, without and with dual clip 3.
 _PPO_CASES = [

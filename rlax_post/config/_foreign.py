@@ -26,7 +26,7 @@ class ForeignKey(NamedTuple):
 _BOTH_SIDES = "one value for both sides of the clip; ours are loss.eps_low and loss.eps_high"
 _KL_IN_REWARD = "a reward −β·kl_t at each token, summed by a group method, as theirs; no adaptive controller{}"
 _AGG = ("'grpo' is 'seq_mean_token_mean', 'dr_grpo' is 'seq_mean_token_sum_norm', 'dapo' and 'bnpo' are "
-        "'token_mean'")
+        "'token_mean'; 'cispo' is loss.kind = 'cispo'")
 _ACTOR = "actor_rollout_ref.actor."
 
 FOREIGN_KEYS: tuple[ForeignKey, ...] = (
@@ -149,8 +149,9 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("init_kl_coef", "OpenRLHF", "advantage.reward_kl_coef", _KL_IN_REWARD.format(
         " (--kl_target); with --use_kl_loss it is loss.kl_coef")),
     ForeignKey("kl_estimator", "OpenRLHF", "loss.kl_kind"),
-    ForeignKey("remote_rm_url", "OpenRLHF", "reward.fn", "'remote' with reward.options.remote.url; one POST per sample, "
-               "its answer a number or named parts (docs/data.md)"),
+    ForeignKey("remote_rm_url", "OpenRLHF", "reward.fn",
+               "'remote' with reward.options.remote.url; one POST per sample, its answer a number or named parts "
+               "(docs/data.md)"),
     ForeignKey("eps_clip", "OpenRLHF", "loss.eps_low", _BOTH_SIDES),
     ForeignKey("value_clip", "OpenRLHF", "critic.clip_eps"),
     ForeignKey("lambd", "OpenRLHF", "advantage.lambda_"),

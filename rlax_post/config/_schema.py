@@ -43,7 +43,7 @@ ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gigpo", "grap
                         "tree_grpo", "treerl")
 C3_MODES = ("value_assisted", "reward_only", "value_only")
 # "auto": ppo when training is on-policy (sync, or async with max_staleness = 0), decoupled_ppo otherwise.
-LOSS_KINDS = ("auto", "ppo", "gspo", "decoupled_ppo")
+LOSS_KINDS = ("auto", "ppo", "gspo", "decoupled_ppo", "cispo")
 KL_KINDS = ("k3", "k1", "k2")
 LR_DECAYS = ("cosine", "linear", "constant")  # `learner.LR_DECAYS` (a test keeps the two equal)
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
@@ -348,6 +348,10 @@ class LossSection:
   # gspo clips a sequence-level ratio, which stays much closer to 1 (GSPO, Zheng et al. 2025: 3e-4 / 4e-4).
   seq_eps_low: float = bounded(3e-4, low=0.0)
   seq_eps_high: float = bounded(4e-4, low=0.0)
+  # cispo clips its importance weight to [1 − low, 1 + high] (MiniMax-M1: no lower bound, a tuned upper one; these
+  # are Trinity-RFT's defaults).
+  cispo_eps_low: float = bounded(1.0, low=0.0)
+  cispo_eps_high: float = bounded(0.28, low=0.0)
   dual_clip: float | None = bounded(None, low=1.0, low_open=True)  # c caps negative-advantage tokens' loss at -c·A
   kl_coef: float = bounded(0.0, low=0.0)
   # With kl_coef = 0: still score the reference policy each step to report `kl` (one more forward pass).

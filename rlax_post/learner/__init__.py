@@ -4,6 +4,7 @@ from rlax_post.learner._memory import COMPONENTS as MEMORY_COMPONENTS
 from rlax_post.learner._memory import estimate_memory
 from rlax_post.learner._memory import format_bytes
 from rlax_post.learner._objectives import decoupled_ppo_objective
+from rlax_post.learner._objectives import cispo_objective
 from rlax_post.learner._objectives import gspo_objective
 from rlax_post.learner._objectives import per_role_objective
 from rlax_post.learner._objectives import ppo_objective
@@ -36,6 +37,7 @@ __all__ = (
     'decoupled_ppo_objective',
     'estimate_memory',
     'format_bytes',
+    'cispo_objective',
     'gspo_objective',
     'init_train_state',
     'jit_update',

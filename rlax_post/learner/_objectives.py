@@ -290,6 +290,36 @@ def gspo_objective(
       kl_kind=kl_kind, entropy_coef=entropy_coef)
 
 
+def cispo_objective(
+    logprob_fn: LogprobFn,
+    *,
+    eps_low: float,
+    eps_high: float,
+    kl_coef: float = 0.0,
+    kl_kind: str = 'k3',
+    entropy_coef: float = 0.0,
+) -> Objective:
+  """CISPO (MiniMax-M1) with KL and entropy terms.
+
+    loss = Σ_bt w·[cispo(logp, old, A) + kl_coef·kl(logp, ref) − entropy_coef·H]
+
+  (`rlax_post.losses.cispo`: −sg(clip(π_θ/π_old, 1 − eps_low, 1 + eps_high))·A·log π_θ). The batch is that of
+  `ppo_objective`; aux (each Σ w·term): `pg_loss` (a value holding log π_θ, not PPO's surrogate), `clip_frac`
+  (tokens whose weight was clipped), `entropy`, and `kl` as in `ppo_objective`.
+  """
+  _check_regularisers(kl_coef, kl_kind, entropy_coef)
+  _check_clip(eps_low, eps_high, None)
+
+  def pg_term(logp_bt, batch, weights_bt):
+    adv_bt, old_logp_bt = _advantages_and_old(batch, weights_bt, logp_bt)
+    pg_bt, clipped_bt = losses.cispo(logp_bt, old_logp_bt, adv_bt, eps_low=eps_low, eps_high=eps_high)
+    return pg_bt, {'clip_frac': clipped_bt}
+
+  return _policy_objective(
+      logprob_fn, pg_term, keys=(), kl_coef=kl_coef,
+      kl_kind=kl_kind, entropy_coef=entropy_coef)
+
+
 def decoupled_ppo_objective(
     logprob_fn: LogprobFn,
     *,

@@ -1,9 +1,11 @@
-"""Per-token policy losses, KL penalties, value losses and their aggregation (spec: credit_assignment.md §7)."""
+"""Per-token policy losses (PPO clip, GSPO, decoupled PPO, CISPO), KL penalties, value losses and their
+aggregation (spec: credit_assignment.md §7)."""
 
 from rlax_post.losses._aggregate import AGG_MODES
 from rlax_post.losses._aggregate import aggregate
 from rlax_post.losses._aggregate import aggregation_weights
 from rlax_post.losses._aggregate import weighted_sum
+from rlax_post.losses._cispo import cispo
 from rlax_post.losses._decoupled import decoupled_ppo
 from rlax_post.losses._entropy import top_entropy_mask
 from rlax_post.losses._gspo import gspo
@@ -26,6 +28,7 @@ __all__ = (
     'aggregate',
     'aggregation_weights',
     'calibration_error',
+    'cispo',
     'decoupled_ppo',
     'explained_variance',
     'gspo',

@@ -44,6 +44,8 @@ def make_objective(section: config_lib.LossSection, logprob_fn, kind: str | None
                                            dual_clip=section.dual_clip, **common),
       "gspo": lambda: learner.gspo_objective(logprob_fn, eps_low=section.seq_eps_low,
                                              eps_high=section.seq_eps_high, **common),
+      "cispo": lambda: learner.cispo_objective(logprob_fn, eps_low=section.cispo_eps_low,
+                                               eps_high=section.cispo_eps_high, **common),
       "decoupled_ppo": lambda: learner.decoupled_ppo_objective(
           logprob_fn, eps_low=section.eps_low, eps_high=section.eps_high,
           behaviour_cap=section.behaviour_cap, dual_clip=section.dual_clip, **common),
@@ -125,8 +127,8 @@ class RLUpdate:
     self.credit = self.critic or _credit.Credit(cfg.advantage, num_groups=p, batch=p * config_lib.group_rows(cfg),
                                                 max_new_tokens=max_new_tokens, tree=cfg.tree)
     # What the policy's update reads of the host batch (its objective takes more keys when they are present).
-    self.policy_keys = ("tokens", "loss_mask", "advantages", "behaviour_logprobs", "old_logprobs",
-                        "ref_logprobs", "role", "pg_mask") + (_critic.CRITIC_KEYS if config_lib.policy_value_head(cfg) else ())
+    self.policy_keys = ("tokens", "loss_mask", "advantages", "behaviour_logprobs", "old_logprobs", "ref_logprobs",
+                        "role", "pg_mask") + (_critic.CRITIC_KEYS if config_lib.policy_value_head(cfg) else ())
     self.max_new_tokens = max_new_tokens
     self.seq_len, self.pad_id = parts.lengths.sequence, parts.tokenizer.pad_id
     # What `RunCheckpointer.restore` needs to put a checkpoint of this run on the mesh. With LoRA the reference
