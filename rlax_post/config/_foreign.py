@@ -53,6 +53,10 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
                "its entropies are the current policy's per micro-batch; ours the old policy's over the whole batch"),
     ForeignKey("scale_rewards", "TRL", "advantage.estimator", "True / 'group' is 'grpo', False / 'none' is 'drgrpo'"),
     ForeignKey("importance_sampling_level", "TRL", "loss.kind", "'sequence' is 'gspo'"),
+    ForeignKey("vllm_importance_sampling_correction", "TRL", "loss.kind",
+               "True is 'decoupled_ppo': each token's weight min(pi_old / pi_sampler, loss.behaviour_cap) is its "
+               "truncated importance sampling"),
+    ForeignKey("vllm_importance_sampling_cap", "TRL", "loss.behaviour_cap"),
     ForeignKey("reward_funcs", "TRL", "reward.fn", "a GRPOTrainer argument; here a config key, names comma-separated"),
     ForeignKey("reward_weights", "TRL", "reward.weights"),
     ForeignKey("max_steps", "TRL", "rl.steps"),
