@@ -201,13 +201,11 @@ class RLUpdate:
       return state.frozen
     return jax.tree.map(jnp.copy, params)
 
-  def __call__(self, state, ref_params, batch: _batch.RolloutBatch, rl_step: int) -> tuple[Any, dict]:
-    """Trains on `batch` as RL step `rl_step` (0-based); returns the new state and the step's metrics."""
+  def host_batch(self, state, ref_params, batch: _batch.RolloutBatch) -> tuple[dict, dict, dict]:
+    """What the step's updates train on, on host: the policy's batch (`policy_keys`, and a critic's fields), the
+    scoring passes' metrics and the credit's. The old policy is scored when several updates, the entropy mask or
+    the KL in the reward read it; the reference when a KL term or metric does."""
     cfg = self.cfg
-    if batch.lengths.max(initial=0) > self.max_new_tokens:  # The logprob window would miss trained tokens.
-      raise ValueError(f"A row of {batch.lengths.max()} response tokens exceeds the learner's response window "
-                       f"of {self.max_new_tokens} tokens (`Lengths.response`).")
-    stats = _learners.host(self.group_stats(batch.rewards, batch.group_ids))
     # Every process holds the whole batch (host arrays); to_host gathers a multi-host learner's logprobs.
     full = {"tokens": batch.tokens, "loss_mask": self.policy_mask(batch),
             "behaviour_logprobs": batch.behaviour_logprobs}
@@ -240,6 +238,16 @@ class RLUpdate:
     if self.selects_tokens:
       full["pg_mask"], selection = self.entropy_selection(entropy_bt, full["loss_mask"])
       scoring.update(selection)
+    return full, scoring, credit_metrics
+
+  def __call__(self, state, ref_params, batch: _batch.RolloutBatch, rl_step: int) -> tuple[Any, dict]:
+    """Trains on `batch` as RL step `rl_step` (0-based); returns the new state and the step's metrics."""
+    cfg = self.cfg
+    if batch.lengths.max(initial=0) > self.max_new_tokens:  # The logprob window would miss trained tokens.
+      raise ValueError(f"A row of {batch.lengths.max()} response tokens exceeds the learner's response window "
+                       f"of {self.max_new_tokens} tokens (`Lengths.response`).")
+    stats = _learners.host(self.group_stats(batch.rewards, batch.group_ids))
+    full, scoring, credit_metrics = self.host_batch(state, ref_params, batch)
     t1 = time.time()
     step_metrics = []
     rows = len(batch.tokens)
