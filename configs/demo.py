@@ -69,7 +69,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Read by some estimators only (a value other than the default, set for another, is refused): gamma by gigpo,
   # graph_gae and gae; lambda_ and normalize by graph_gae and gae; omega and episode_method by gigpo; max_nodes
   # by gigpo and graph_gae; num_iters by graph_gae; c3_mode .. standardize by c3.
-  c.advantage = dict(estimator="grpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
+  c.advantage = dict(estimator="grpo", std="sample", scale="group", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
                      episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0,
                      c3_mode="value_assisted", alpha=1.0, baseline="loo", standardize=True,
                      reward_kl_coef=0.0, reward_kl_kind="k1")

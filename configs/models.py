@@ -247,7 +247,7 @@ def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_co
                 track_kl=False, kl_kind="k3",
                 entropy_coef=0.0, agg_mode="token_mean", micro_batches=micro_batches,
                 mask_truncated=False, top_entropy_quantile=1.0)
-  c.advantage = dict(estimator="grpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
+  c.advantage = dict(estimator="grpo", std="sample", scale="group", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
                      episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0,
                      c3_mode="value_assisted", alpha=1.0, baseline="loo", standardize=True,
                      reward_kl_coef=0.0, reward_kl_kind="k1")

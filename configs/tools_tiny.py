@@ -68,7 +68,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 mask_truncated=False, top_entropy_quantile=1.0)
   # estimator: "grpo" (episode level), "gigpo" or "graph_gae" (turn level over the env's state keys). graph_gae
   # reads `GRAPH_GAE` too (set with it on the command line, or as the sweep's graph_gae arm does).
-  c.advantage = dict(estimator="gigpo", std="sample", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
+  c.advantage = dict(estimator="gigpo", std="sample", scale="group", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
                      episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0,
                      c3_mode="value_assisted", alpha=1.0, baseline="loo", standardize=True,
                      reward_kl_coef=0.0, reward_kl_kind="k1")

@@ -99,6 +99,24 @@ def test_group_advantages_match_spec(method, std):
       assert abs(out.mean()) < 1e-6 and abs(out.std() - 1) < 1e-4
 
 
+@pytest.mark.parametrize('std', ['sample', 'population'])
+def test_grpo_scaled_by_the_batch_std(std):
+  """scale 'batch' (Lite PPO; TRL's scale_rewards='batch'): each row's reward less its group's mean, over the std of
+  all B rewards (B − 1 or B), by float64 loops; the lone member and the constant group stay exactly 0."""
+  fn = _jit(advantages.group_advantages, num_groups=5, method='grpo', std=std, scale='batch')
+  for seed in SEEDS:
+    rewards, group_ids = _group_case(np.random.default_rng(seed))
+    r = [float(x) for x in rewards]
+    mean = sum(r) / len(r)
+    batch_std = math.sqrt(sum((x - mean) ** 2 for x in r) / (len(r) - (std == 'sample')))
+    ref = _ref_group(rewards, group_ids, 'drgrpo', std) / (batch_std + 1e-6)
+    out = np.asarray(fn(rewards, group_ids))
+    np.testing.assert_allclose(out, ref, **TOL)
+    assert np.all(out[[3, 6, 7]] == 0.0)
+  with pytest.raises(ValueError, match="scale must be one of \\['group', 'batch'\\]; got 'row'"):
+    advantages.group_advantages(rewards, group_ids, num_groups=5, scale='row')
+
+
 def test_group_of_one_everywhere_and_all_equal_batch():
   rewards = np.array([0.3, -1.0, 2.0], np.float32)
   for method in advantages.GROUP_METHODS:

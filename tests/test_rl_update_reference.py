@@ -212,3 +212,14 @@ def test_kl_in_the_reward_of_gae_is_a_reward_at_each_token():
   _, metrics = update(jax.tree.map(jnp.copy, state), ref, batch, 0)
   assert metrics["return_mean"] == pytest.approx(float(returns_bt[mask > 0].mean()), rel=1e-4)
   assert metrics["reward_kl_mean"] == pytest.approx(float(kl_bt.sum(axis=1).mean()), rel=1e-5)
+
+
+def test_the_advantage_scale_setting_reaches_the_credit():
+  """`advantage.scale = "batch"`: the run's credit divides each row's centred reward by the std of all rows."""
+  from rlax_post import config  # pylint: disable=g-import-not-at-top
+  from rlax_post.runtime import _credit  # pylint: disable=g-import-not-at-top
+  cfg = config.load({"advantage": {"scale": "batch"}})
+  credit = _credit.Credit(cfg.advantage, num_groups=2, batch=4, max_new_tokens=2, tree=cfg.tree)
+  rewards, groups = np.array([1.0, 0.0, 3.0, 1.0], np.float32), np.array([0, 0, 1, 1], np.int32)
+  np.testing.assert_allclose(credit._fn(rewards, groups), np.array([0.5, -0.5, 1.0, -1.0]) / (np.std(rewards, ddof=1)
+                                                                                        + 1e-6), rtol=1e-5)

@@ -12,6 +12,9 @@ import jax.numpy as jnp
 
 GROUP_METHODS = ('grpo', 'drgrpo', 'rloo', 'reinforce_pp')
 STD_KINDS = ('sample', 'population')
+# grpo's std: over each group, or over the whole batch's rewards (Lite PPO, Liu et al. 2025; TRL's
+# scale_rewards='batch').
+SCALES = ('group', 'batch')
 
 
 def _check_inputs(rewards_b, group_ids_b, num_groups):
@@ -61,12 +64,16 @@ def group_advantages(
     method: str = 'grpo',
     std: str = 'sample',
     eps: float = 1e-6,
+    scale: str = 'group',
 ) -> jax.Array:
   """Group-relative advantage of each trajectory, one scalar per trajectory.
 
   For trajectory i in group g with n_g members, rewards R and mean_g:
 
     grpo (Shao et al. 2024):       (R_i − mean_g) / (std_g + eps)
+                                   (scale 'batch': / (std_B(R) + eps), the std
+                                   of all B rewards: Lite PPO's group mean and
+                                   batch std)
     drgrpo (Liu et al. 2025):      R_i − mean_g
     rloo (Ahmadian et al. 2024):   R_i − (Σ_{j∈g} R_j − R_i) / (n_g − 1)
                                    (= n_g/(n_g − 1)·(R_i − mean_g))
@@ -86,8 +93,10 @@ def group_advantages(
     num_groups: static number of groups G.
     method: one of 'grpo', 'drgrpo', 'rloo', 'reinforce_pp'.
     std: 'sample' (divide by n_g − 1) or 'population' (by n_g); the group std
-      of 'grpo'. 'reinforce_pp' always whitens with the population std.
+      of 'grpo' (B − 1 or B with scale 'batch'). 'reinforce_pp' always
+      whitens with the population std.
     eps: added to the std in 'grpo' and 'reinforce_pp'.
+    scale: 'group' or 'batch': the rewards whose std scales 'grpo'.
 
   Returns:
     [B] float32 advantages.
@@ -97,11 +106,18 @@ def group_advantages(
         f'method must be one of {list(GROUP_METHODS)}; got {method!r}')
   if std not in STD_KINDS:
     raise ValueError(f'std must be one of {list(STD_KINDS)}; got {std!r}')
+  if scale not in SCALES:
+    raise ValueError(f'scale must be one of {list(SCALES)}; got {scale!r}')
   _check_inputs(rewards_b, group_ids_b, num_groups)
   rewards_b, count_b, sum_b, centred_b, sq_sum_b, no_signal_b = _group_moments(
       rewards_b, group_ids_b, num_groups)
 
-  if method == 'grpo':
+  if method == 'grpo' and scale == 'batch':
+    n = rewards_b.shape[0]
+    batch_std = jnp.sqrt(jnp.sum(jnp.square(rewards_b - jnp.mean(rewards_b)))
+                         / max(n - 1 if std == 'sample' else n, 1))
+    adv_b = centred_b / (batch_std + eps)
+  elif method == 'grpo':
     dof_b = count_b - 1.0 if std == 'sample' else count_b
     std_b = jnp.sqrt(sq_sum_b / jnp.maximum(dof_b, 1.0))
     adv_b = centred_b / (std_b + eps)

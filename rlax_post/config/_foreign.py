@@ -51,7 +51,8 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
                "ours also leaves out an episode its env did not end (cut by its token budget or max_turns)"),
     ForeignKey("top_entropy_quantile", "TRL", "loss.top_entropy_quantile",
                "its entropies are the current policy's per micro-batch; ours the old policy's over the whole batch"),
-    ForeignKey("scale_rewards", "TRL", "advantage.estimator", "True / 'group' is 'grpo', False / 'none' is 'drgrpo'"),
+    ForeignKey("scale_rewards", "TRL", "advantage.estimator",
+               "True / 'group' is 'grpo', 'batch' is 'grpo' with advantage.scale = 'batch', False / 'none' is 'drgrpo'"),
     ForeignKey("importance_sampling_level", "TRL", "loss.kind", "'sequence' is 'gspo'"),
     ForeignKey("vllm_importance_sampling_correction", "TRL", "loss.kind",
                "True is 'decoupled_ppo': each token's weight min(pi_old / pi_sampler, loss.behaviour_cap) is its "

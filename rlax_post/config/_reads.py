@@ -192,6 +192,7 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (tuple(f"runtime.{k}" for k in _ASYNC_KEYS), _is("runtime.mode", "async")),
     (("model.lora.alpha", "model.lora.targets", "model.lora.base_dtype"), _LORA),
     (("advantage.std",), _is("advantage.estimator", "grpo", "magrpo", "tree_grpo")),  # GRPO's group std
+    (("advantage.scale",), _is("advantage.estimator", "grpo")),
     (("advantage.eps",), _is("advantage.estimator", "grpo", "reinforce_pp", "magrpo", "tree_grpo")),
     (("advantage.gamma",), _is("advantage.estimator", "gigpo", "graph_gae", "gae")),
     (("advantage.lambda_", "advantage.normalize"), _is("advantage.estimator", "graph_gae", "gae")),

@@ -373,6 +373,8 @@ class LossSection:
 class AdvantageSection:
   estimator: str = choices(*ADVANTAGE_ESTIMATORS)
   std: str = choices("sample", "population")  # group methods
+  # grpo: each group's std, or the whole batch's (Lite PPO's group mean and batch std; TRL's scale_rewards='batch').
+  scale: str = choices("group", "batch")
   eps: float = bounded(1e-6, low=0.0)  # group methods
   gamma: float = bounded(1.0, low=0.0, high=1.0)  # gigpo, graph_gae, gae
   lambda_: float = bounded(1.0, low=0.0, high=1.0)  # graph_gae, gae

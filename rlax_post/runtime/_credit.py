@@ -154,7 +154,7 @@ class Credit:
     num_iters = s.num_iters or max_new_tokens + 1
     if s.estimator in GROUP_ESTIMATORS:
       self._fn = jax.jit(functools.partial(adv_lib.group_advantages, num_groups=num_groups,
-                                           method=s.estimator, std=s.std, eps=s.eps))
+                                           method=s.estimator, std=s.std, eps=s.eps, scale=s.scale))
     elif s.estimator == "gigpo":
       self._fn = jax.jit(functools.partial(adv_lib.gigpo, num_groups=num_groups, gamma=s.gamma,
                                            omega=s.omega, max_nodes=max_nodes,
