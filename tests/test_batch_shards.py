@@ -99,6 +99,20 @@ def test_a_separate_critic_splits_over_its_own_mesh():
               cfg, policy, sampling=False, evaluating=False)
 
 
+def test_a_critic_mesh_that_does_not_span_the_devices_is_refused_as_such():
+  """A critic.mesh of other than the run's devices is refused naming it, before its batches are checked (its
+  batches were refused first, advising a batch size for 3 or 64 devices a run on 8 never has), and two -1 axes
+  when the config is built."""
+  cfg = _tiny(advantage__estimator="gae", critic__mesh={"fsdp": 3})
+  with pytest.raises(ValueError, match=r"^critic.mesh \{'fsdp': 3\} makes a mesh of 3 devices \({'data': 1, "
+                     r"'fsdp': 3, 'tensor': 1}\); the run has 8"):
+    config.check_batches(cfg, _EIGHT, _AXES, sampling=False, evaluating=False)
+  with pytest.raises(ValueError, match=r"critic.mesh \{'fsdp': 3\} makes a mesh of 3 devices"):
+    _tiny(advantage__estimator="gae", critic__mesh={"fsdp": 3}, mesh__fsdp=8)  # an explicit mesh: when built
+  with pytest.raises(ValueError, match=r"critic.mesh maps .*one -1.*got \{'data': -1, 'fsdp': -1\}"):
+    _tiny(advantage__estimator="gae", critic__mesh={"data": -1, "fsdp": -1})
+
+
 def test_q_fit_batches_split_over_the_critic_mesh():
   c = demo.get_config("tiny")
   c.task.name, c.task.options = "sales", {"discounted": False}

@@ -77,12 +77,18 @@ def sampler_splits(cfg: Config) -> list[Split]:
 
 
 def critic_shape(cfg: Config, mesh_shape: dict[str, int]) -> dict[str, int]:
-  """A separate critic's mesh: `critic.mesh` over the run's devices (its -1 resolved), or the run's."""
+  """A separate critic's mesh: `critic.mesh` over the run's devices (its -1 resolved), or the run's; refused
+  unless it spans the run's devices (checked before its batches: a critic.mesh of 3 devices on 8 was refused as
+  a batch size that 3 devices do not divide, its advice a batch size no run of those 8 devices could use)."""
   if not cfg.critic.mesh:
     return dict(mesh_shape)
   shape = {"data": 1, "fsdp": 1, "tensor": 1, **dict(cfg.critic.mesh)}
-  known = math.prod(v for v in shape.values() if v != -1)
-  return {a: max(math.prod(mesh_shape.values()) // known, 1) if v == -1 else v for a, v in shape.items()}
+  known, devices = math.prod(v for v in shape.values() if v != -1), math.prod(mesh_shape.values())
+  shape = {a: max(devices // known, 1) if v == -1 else v for a, v in shape.items()}
+  if math.prod(shape.values()) != devices:
+    raise ValueError(f"critic.mesh {dict(cfg.critic.mesh)} makes a mesh of {math.prod(shape.values())} devices "
+                     f"({shape}); the run has {devices} ({dict(mesh_shape)}; use -1 for one axis to take the rest).")
+  return shape
 
 
 def nearest(value: int, ok: Callable[[int], bool]) -> int | None:

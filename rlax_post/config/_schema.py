@@ -635,7 +635,7 @@ class Config:
                        "critic.mode = 'separate' with model.lora.rank > 0.")
     bad_axes = sorted(set(self.critic.mesh) - {"data", "fsdp", "tensor"})
     if bad_axes or any(isinstance(v, bool) or not isinstance(v, int) or (v < 1 and v != -1)
-                       for v in self.critic.mesh.values()):
+                       for v in self.critic.mesh.values()) or list(self.critic.mesh.values()).count(-1) > 1:
       raise ValueError(f"critic.mesh maps 'data', 'fsdp', 'tensor' to sizes (ints >= 1, or one -1); got "
                        f"{dict(self.critic.mesh)}.")
     if self.critic.loss == "bce" and self.critic.init_bias is not None and not 0 < self.critic.init_bias < 1:

@@ -8,7 +8,6 @@ tokenizer → model config → task → lengths → mesh → abstract params →
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from typing import Any, Callable
 
@@ -282,11 +281,7 @@ def critic_mesh_shape(cfg: config_lib.Config, mesh_shape: dict[str, int]) -> dic
   """The separate critic's mesh shape (`config.critic_shape`: `critic.mesh`, its -1 resolved, or the run's),
   refused unless it spans the run's devices: what the critic's learner builds its mesh with
   (`_critic.critic_mesh`) and `run_memory` counts it on."""
-  shape, devices = config_lib.critic_shape(cfg, mesh_shape), math.prod(mesh_shape.values())
-  if math.prod(shape.values()) != devices:
-    raise ValueError(f"critic.mesh {dict(cfg.critic.mesh)} makes a mesh of {math.prod(shape.values())} devices "
-                     f"({shape}); the run has {devices} ({mesh_shape}; use -1 for one axis to take the rest).")
-  return shape
+  return config_lib.critic_shape(cfg, mesh_shape)
 
 
 def config_rules(cfg: config_lib.Config) -> sharding.Rules:
