@@ -87,7 +87,8 @@ class Critic:
       model_cfg = _parts.critic_model_config(cfg, parts.model_cfg)
       graphdef, params_like = models.abstract_params(model_cfg)
       mesh = critic_mesh(cfg, parts.mesh)
-      critic_sh = _parts.param_shardings(params_like, mesh, parts.rules)
+      where = "the critic's mesh of `critic.mesh`" if cfg.critic.mesh else "the critic's mesh (the policy's)"
+      critic_sh = _parts.param_shardings(params_like, mesh, parts.rules, where)
       self.parts = dataclasses.replace(
           parts, model_cfg=model_cfg, graphdef=graphdef, params_like=params_like, mesh=mesh,
           param_shardings=critic_sh, trainable=learner.Trainable(), to_model=learner.Trainable().to_model,

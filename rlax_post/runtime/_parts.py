@@ -295,8 +295,19 @@ def mesh_and_rules(cfg: config_lib.Config) -> tuple[jax.sharding.Mesh, sharding.
   return mesh, config_rules(cfg)
 
 
-def param_shardings(params_like, mesh, rules):
-  return sharding.named_shardings(models.param_logical_axes(params_like), mesh, rules, shapes=params_like)
+CONFIG_MESH = "the mesh of `mesh.data`, `mesh.fsdp`, `mesh.tensor`"  # `param_shardings`' `where` for the config's
+
+
+def param_shardings(params_like, mesh, rules, where: str = "this process's mesh"):
+  """The params' `NamedSharding`s on `mesh`; a weight dimension its mesh axes do not divide is refused naming
+  `where` (the settings `mesh` came from) too: the sharding's error named the weight and the mesh axis only
+  (`leaf ['k']: dim 2 ('kv_heads') of size 2 is not divisible by mesh axes ('tensor',) of total size 8 ...`)."""
+  try:
+    return sharding.named_shardings(models.param_logical_axes(params_like), mesh, rules, shapes=params_like)
+  except ValueError as e:
+    raise ValueError(f"The model's weights do not split over {where} {dict(mesh.shape)} as the rules place them "
+                     "(`mesh.rules`; by default heads, KV heads, MLP and vocabulary over 'tensor', the model width "
+                     f"over 'fsdp'): {e}. Use mesh sizes that divide them.") from None
 
 
 def make_trainable(cfg: config_lib.Config) -> learner.Trainable:
@@ -455,7 +466,8 @@ def build_parts(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None, *
   built = envs.make_rl_task(cfg, tokenizer) if task else None
   lengths = run_lengths(cfg, tokenizer, model_cfg, built)
   graphdef, params_like = models.abstract_params(model_cfg)
-  shardings, trainable = param_shardings(params_like, mesh, rules), make_trainable(cfg)
+  where = CONFIG_MESH if config_mesh is not None else "this process's mesh"
+  shardings, trainable = param_shardings(params_like, mesh, rules, where), make_trainable(cfg)
   policy_like = jax.eval_shape(trainable.to_model, *trainable.like(params_like))
   policy_sh = sharding.named_shardings(trainable.model_logical_axes(params_like), mesh, rules, shapes=policy_like)
   return Parts(cfg=cfg, tokenizer=tokenizer, model_cfg=model_cfg, task=built, lengths=lengths, mesh=mesh,
