@@ -148,6 +148,16 @@ def test_the_learner_checks_its_mesh_before_building_anything():
   _learners.check_batches(runtime.build_parts(_tiny()), sampling=True)
 
 
+def test_a_mesh_that_does_not_fit_the_devices_is_refused_naming_its_settings():
+  """On the 8 devices (conftest): the sharding's error named no setting ("mesh shape {...} has 4 devices but
+  there are 8 devices", "dcn shape {...} needs 2 granules")."""
+  with pytest.raises(ValueError, match=r"^mesh.data = 2, mesh.fsdp = 2, mesh.tensor = 1, mesh.dcn_data = 1, "
+                     r"mesh.dcn_fsdp = 1 do not fit the run's 8 devices: mesh shape .* has 4 devices but there are 8"):
+    runtime.build_parts(_tiny(mesh__data=2, mesh__fsdp=2))
+  with pytest.raises(ValueError, match=r"^mesh.data = 2, mesh.fsdp = -1, .*mesh.dcn_data = 2, .*needs 2 granules"):
+    runtime.build_parts(_tiny(mesh__data=2, mesh__dcn_data=2))
+
+
 def test_weights_the_mesh_does_not_divide_are_refused_naming_its_settings():
   """tiny's 2 KV heads over 8 'tensor' devices: refused naming the settings the mesh came from (the sharding's
   error named the weight `leaf ['k']` and the mesh axis only), the policy's and a separate critic's."""

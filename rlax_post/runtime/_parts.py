@@ -290,8 +290,17 @@ def config_rules(cfg: config_lib.Config) -> sharding.Rules:
 
 
 def mesh_and_rules(cfg: config_lib.Config) -> tuple[jax.sharding.Mesh, sharding.Rules]:
-  mesh = sharding.make_mesh({"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor},
-                            dcn={"data": cfg.mesh.dcn_data, "fsdp": cfg.mesh.dcn_fsdp})
+  """The config's mesh over the run's devices, and its rules; a mesh that does not fit the devices is refused
+  naming the settings and their values (`sharding.make_mesh`'s error named neither: "mesh shape {...} has 4
+  devices but there are 8 devices", "dcn shape {...} needs 2 granules, ...")."""
+  m = cfg.mesh
+  try:
+    mesh = sharding.make_mesh({"data": m.data, "fsdp": m.fsdp, "tensor": m.tensor},
+                              dcn={"data": m.dcn_data, "fsdp": m.dcn_fsdp})
+  except ValueError as e:
+    raise ValueError(f"mesh.data = {m.data}, mesh.fsdp = {m.fsdp}, mesh.tensor = {m.tensor}, mesh.dcn_data = "
+                     f"{m.dcn_data}, mesh.dcn_fsdp = {m.dcn_fsdp} do not fit the run's {jax.device_count()} "
+                     f"devices: {e}.") from None
   return mesh, config_rules(cfg)
 
 
