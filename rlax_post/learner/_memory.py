@@ -17,10 +17,11 @@ Components (bytes per device):
   grads       one gradient tree of the trained params; with `micro_batches > 1` also the float32
               accumulator (the scan carry of `learner.make_update`).
   optimizer   the optimizer state (AdamW: mu and nu, each like the trained params; hyper-parameters).
-  reference   `param_copies` more copies of the model's params (R each with R policies): the frozen
-              reference policy of the KL term (the runtime holds it; with LoRA it is the frozen base, no
-              copy: the runtime passes one copy fewer), and in async mode the version published to the
-              samplers.
+  reference   `param_copies` more copies of the model's params (R each with R policies): in async mode the
+              version published to the samplers (every role's policy); and `reference_copies` more of one
+              model's params (one whatever R): the frozen reference policy of the KL term, which every
+              role's rows are scored under (the runtime holds it; with LoRA it is the frozen base, no copy:
+              the runtime passes none).
   activations one micro-batch of `batch / micro_batches` rows of `seq_len` tokens, per device
               b = rows / (data · fsdp):
                 remat:    L · [b, T, D] (the block inputs the scan saves) + one block's working set;
@@ -157,7 +158,8 @@ def _lookup_table_bytes(c, mesh, rules, b: int, t: int, base_dtype: str | None =
 
 def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq_len: int,
                     micro_batches: int = 1, remat: bool | None = None, optimizer=None,
-                    rules: sharding.Rules = sharding.DEFAULT_RULES, param_copies: int = 1, kv_slots: int = 0,
+                    rules: sharding.Rules = sharding.DEFAULT_RULES, param_copies: int = 1, reference_copies: int = 0,
+                    kv_slots: int = 0,
                     kv_len: int | None = None, critic_cfg=None,
                     trainable: _trainable.Trainable = _trainable.Trainable(), kv_queue_rows: int = 0,
                     critic_mesh_shape: Mapping[str, int] | None = None, kv_apart: bool = False) -> dict[str, int]:
@@ -174,7 +176,10 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
     optimizer: the optax transformation whose state to count; None: `learner.make_optimizer` (AdamW with
       clipping; its moments take the params' dtype).
     rules: logical-axis rules.
-    param_copies: extra full param trees held besides the learner's (reference policy, published version).
+    param_copies: extra full param trees held besides the learner's (reference policy, published version),
+      each R models with R policies (`trainable.roles`).
+    reference_copies: extra param trees of one model each whatever `trainable.roles` (the runtime's reference
+      policy: every role's rows are scored under the one model the policies started from).
     kv_slots: concurrent decodes whose KV cache is live (sampler slots + eval slots); 0: no sampler. Each
       engine's slot count must divide the mesh axes of 'batch'; this checks their sum.
     kv_len: positions per KV-cache row; None: `seq_len`.
@@ -211,7 +216,7 @@ def estimate_memory(model_cfg, mesh_shape: Mapping[str, int], *, batch: int, seq
     optimizer = _optim.make_optimizer(learning_rate=1e-6, warmup_steps=1, total_steps=2)
 
   out = _state_bytes(model_cfg, mesh, rules, optimizer, micro_batches, trainable)
-  out['reference'] = param_copies * trainable.roles * _model_bytes(model_cfg, mesh, rules)
+  out['reference'] = (param_copies * trainable.roles + reference_copies) * _model_bytes(model_cfg, mesh, rules)
 
   c = model_cfg
   b, t = batch // micro_batches, seq_len

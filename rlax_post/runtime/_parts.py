@@ -237,8 +237,9 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
 
   The learner's batch is one minibatch of `rl.prompts_per_step × rl.samples_per_prompt / rl.minibatches`
   rows of `model.max_seq_len` tokens (an upper bound: the runtime's rows are prompt + `rl.max_new_tokens`).
-  Param copies: the reference policy, plus in async mode the published version the samplers decode with
-  and the next one while it is handed over, plus with `runtime.sampler_layers = "apart"` the samplers' layer
+  Param copies: the reference policy (one model, also with one policy per role: every role's rows are scored
+  under the policy they all started from), plus in async mode the published version the samplers decode with
+  and the next one while it is handed over (every role's policy each), plus with `runtime.sampler_layers = "apart"` the samplers' layer
   weights held apart (one copy, each sampler thread's in async mode; "auto" counts as stacked, its
   accelerators' default). KV cache: in async mode the samplers' slots plus the greedy eval's batch (the
   run evaluates while the samplers decode), else the larger of the two (and of a rounds run's P · n slots
@@ -271,7 +272,7 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   reference = 0 if trainable.lora is not None else 1  # LoRA's reference is its frozen base
   return learner.estimate_memory(
       model_cfg, mesh_shape, batch=rollouts // cfg.rl.minibatches, seq_len=cfg.model.max_seq_len,
-      micro_batches=cfg.loss.micro_batches, param_copies=reference + (2 if is_async else 0) + apart,
+      micro_batches=cfg.loss.micro_batches, param_copies=(2 if is_async else 0) + apart, reference_copies=reference,
       kv_slots=kv_slots, kv_len=cfg.model.max_seq_len, rules=config_rules(cfg), critic_cfg=critic_cfg,
       trainable=trainable, kv_queue_rows=_refill_queue(cfg, kv_slots) or 0,  # ("auto": accelerators' none)
       critic_mesh_shape=critic_mesh, kv_apart=not is_async)
