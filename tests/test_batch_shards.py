@@ -161,12 +161,12 @@ def test_a_mesh_that_does_not_fit_the_devices_is_refused_naming_its_settings():
 def test_weights_the_mesh_does_not_divide_are_refused_naming_its_settings():
   """tiny's 2 KV heads over 8 'tensor' devices: refused naming the settings the mesh came from (the sharding's
   error named the weight `leaf ['k']` and the mesh axis only), the policy's and a separate critic's."""
-  with pytest.raises(ValueError, match=r"^The model's weights do not split over the mesh of `mesh.data`, "
+  with pytest.raises(ValueError, match=r"^The model's weights cannot be placed on the mesh of `mesh.data`, "
                      r"`mesh.fsdp`, `mesh.tensor` \{'data': 1, 'fsdp': 1, 'tensor': 8\} .*leaf \['k'\]: dim 2 "
                      r"\('kv_heads'\) of size 2 is not divisible by mesh axes \('tensor',\) of total size 8"):
     runtime.build_parts(_tiny(mesh__fsdp=1, mesh__tensor=8))
   parts = runtime.build_parts(_tiny(advantage__estimator="gae", critic__mesh={"tensor": 8}))
-  with pytest.raises(ValueError, match=r"^The model's weights do not split over the critic's mesh of `critic.mesh` "
+  with pytest.raises(ValueError, match=r"^The model's weights cannot be placed on the critic's mesh of `critic.mesh` "
                      r"\{'data': 1, 'fsdp': 1, 'tensor': 8\} .*\('kv_heads'\) of size 2"):
     runtime.RLUpdate(parts)
 

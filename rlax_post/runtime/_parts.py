@@ -239,9 +239,9 @@ def run_memory(cfg: config_lib.Config, model_cfg: models.ModelConfig) -> dict[st
   rows of `model.max_seq_len` tokens (an upper bound: the runtime's rows are prompt + `rl.max_new_tokens`).
   Param copies: the reference policy (one model, also with one policy per role: every role's rows are scored
   under the policy they all started from), plus in async mode the published version the samplers decode with
-  and the next one while it is handed over (every role's policy each), plus with `runtime.sampler_layers = "apart"` the samplers' layer
-  weights held apart (one copy, each sampler thread's in async mode; "auto" counts as stacked, its
-  accelerators' default). KV cache: in async mode the samplers' slots plus the greedy eval's batch (the
+  and the next one while it is handed over (every role's policy each), plus with `runtime.sampler_layers =
+  "apart"` the samplers' layer weights held apart (one copy, each sampler thread's in async mode; "auto" counts
+  as stacked, its accelerators' default). KV cache: in async mode the samplers' slots plus the greedy eval's batch (the
   run evaluates while the samplers decode), else the larger of the two (and of a rounds run's P · n slots
   of its single-turn phase): a sync or rounds run samples each step to the end before it evaluates, and a
   `sampler.Driver` with nothing left to decode has dropped its decode state, so the engines' states are never
@@ -309,15 +309,16 @@ CONFIG_MESH = "the mesh of `mesh.data`, `mesh.fsdp`, `mesh.tensor`"  # `param_sh
 
 
 def param_shardings(params_like, mesh, rules, where: str = "this process's mesh"):
-  """The params' `NamedSharding`s on `mesh`; a weight dimension its mesh axes do not divide is refused naming
-  `where` (the settings `mesh` came from) too: the sharding's error named the weight and the mesh axis only
-  (`leaf ['k']: dim 2 ('kv_heads') of size 2 is not divisible by mesh axes ('tensor',) of total size 8 ...`)."""
+  """The params' `NamedSharding`s on `mesh`; a weight the rules cannot place there (a dimension its mesh axes do
+  not divide, a mesh axis two of its dimensions take) is refused naming `where` (the settings `mesh` came from)
+  too: the sharding's error named the weight and the mesh axis only (`leaf ['k']: dim 2 ('kv_heads') of size 2
+  is not divisible by mesh axes ('tensor',) of total size 8 ...`)."""
   try:
     return sharding.named_shardings(models.param_logical_axes(params_like), mesh, rules, shapes=params_like)
   except ValueError as e:
-    raise ValueError(f"The model's weights do not split over {where} {dict(mesh.shape)} as the rules place them "
+    raise ValueError(f"The model's weights cannot be placed on {where} {dict(mesh.shape)} by the rules "
                      "(`mesh.rules`; by default heads, KV heads, MLP and vocabulary over 'tensor', the model width "
-                     f"over 'fsdp'): {e}. Use mesh sizes that divide them.") from None
+                     f"over 'fsdp'): {e}. Use mesh sizes that divide them, or other rules.") from None
 
 
 def make_trainable(cfg: config_lib.Config) -> learner.Trainable:
