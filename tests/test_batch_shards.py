@@ -14,6 +14,7 @@ import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
 from rlax_post import runtime
 from rlax_post import sharding
+from rlax_post.runtime import _eval
 from rlax_post.runtime import _learners
 
 sys.path.insert(0, ".")
@@ -169,6 +170,24 @@ def test_weights_the_mesh_does_not_divide_are_refused_naming_its_settings():
   with pytest.raises(ValueError, match=r"^The model's weights cannot be placed on the critic's mesh of `critic.mesh` "
                      r"\{'data': 1, 'fsdp': 1, 'tensor': 8\} .*\('kv_heads'\) of size 2"):
     runtime.RLUpdate(parts)
+
+
+def test_a_sequence_parallel_learner_and_its_samplers_decode_with_length_unsplit():
+  """Rules whose widths split ('length' over tensor; prompt 13 + response 8: 20 positions, a window of 8) pass
+  `rlax-post learner`'s checks, and its evaluation and its samplers decode with 'length' mapped to None: both
+  stopped as they started, in the engine's cache sharding's words ("leaf .cache.k: mesh axis 'tensor' is used
+  twice in ... (by 'kv_heads' and 'length')")."""
+  rules = [[name, "tensor" if name == "length" else axes] for name, axes in sharding.DEFAULT_RULES]
+  parts = runtime.build_parts(_tiny(mesh__data=2, mesh__fsdp=2, mesh__tensor=2, mesh__rules=rules,
+                                    task__options={"min_len": 3, "max_len": 7, "alphabet": "abcdefgh"}))
+  assert (parts.lengths.prompt, parts.lengths.response) == (13, 8)
+  _learners.check_batches(parts, sampling=False)  # the learner's checks pass
+  evaluator = _eval.make_evaluator(parts)
+  assert evaluator.engine.rules == sharding.DEFAULT_RULES and parts.rules != sharding.DEFAULT_RULES
+  # Its samplers' parts, on their own mesh (every local device on fsdp: 'length' over a tensor axis of 1).
+  local = runtime.build_parts(parts.cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}))
+  _learners.check_sampler_slots(local)
+  assert local.sampling_engine().rules == sharding.DEFAULT_RULES
 
 
 def test_train_on_eight_devices_refuses_before_it_writes(tmp_path):

@@ -376,7 +376,8 @@ class Parts:
   def engine(self, *, slots: int, temperature: float, top_p: float = 1.0, top_k: int = 0,
              lengths: envs.Lengths | None = None, prefill_chunk: int | None = None) -> sampler.RlaxEngine:
     """An engine over this mesh and rules for `slots` concurrent samples of the run's lengths, or `lengths`
-    (its decode state sharded by the rules: `slots` must divide the mesh axes of "batch"): prefill buckets up
+    (its decode state sharded by the rules, 'length' unsplit (`decode_rules`): `slots` must divide the mesh axes
+    of "batch"): prefill buckets up
     to the smallest power of two (≥ 16) that holds a context, decode rows long enough for context + response;
     prefill passes of `runtime.prefill_chunk_rows` rows if set, else of `prefill_chunk` (None: one pass)."""
     lengths = lengths or self.lengths
@@ -387,7 +388,8 @@ class Parts:
       raise ValueError(f"`model.max_seq_len` = {self.model_cfg.max_seq_len} cannot hold contexts of {prompt} "
                        f"tokens plus {response} response tokens.")
     return sampler.RlaxEngine(self.model_cfg, self.graphdef, tokenizer=self.tokenizer, mesh=self.mesh,
-                              rules=self.rules, max_concurrent_decodes=slots, max_prefill_length=min(prefill, decode_len),
+                              rules=decode_rules(self.rules), max_concurrent_decodes=slots,
+                              max_prefill_length=min(prefill, decode_len),
                               max_decode_length=decode_len, temperature=temperature, top_p=top_p, top_k=top_k,
                               steps_per_sync=self.cfg.runtime.decode_steps_per_sync,
                               refill_after=min(self.cfg.runtime.refill_after, slots) or None,
@@ -402,6 +404,17 @@ class Parts:
     groups = -(-slots // config_lib.group_rows(self.cfg))
     return self.engine(slots=slots, temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
                        prefill_chunk=_pow2_at_least(groups, floor=1))
+
+
+def decode_rules(rules: sharding.Rules) -> sharding.Rules:
+  """`rules` with 'length' mapped to None: what an engine decodes under. Sequence-parallel rules split the
+  positions of a learner's update, but a decode step holds one position per row, and the KV cache cannot split
+  its positions beside its KV heads: a learner evaluates on its own mesh, and its samplers (every local device on
+  fsdp, 'length' over axes of size 1) read its rules, so a sequence-parallel `rlax-post learner`, which
+  `_learners.check_lengths` passes, and its samplers stopped as they started, in the cache sharding's words
+  ("leaf .cache.k: mesh axis 'tensor' is used twice in ... (by 'kv_heads' and 'length')"). The weights have no
+  'length' axis: their shardings are the same."""
+  return tuple((name, None if name == "length" else axes) for name, axes in rules)
 
 
 # `runtime.sampler_layers` -> `RlaxEngine(unstack_layers=)`.
