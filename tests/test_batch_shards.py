@@ -238,5 +238,5 @@ def test_sequence_parallel_rules_are_refused_naming_the_widths_before_anything_i
     runtime.train(cfg, str(tmp_path / "run"), quiet=True)
   assert str(err.value) == head + update + "\n  " + decode + tail
   assert not os.path.exists(tmp_path / "run")  # refused before it wrote (or compiled) anything
-  # One tensor device: nothing is split (the engine's cache sharding still refuses 'length' beside 'kv_heads').
+  # One tensor device: nothing is split (and engines decode with 'length' unsplit: `_parts.decode_rules`).
   _learners.check_lengths(runtime.build_parts(_tiny(mesh__fsdp=8, mesh__rules=rules)), sampling=True)

@@ -64,7 +64,7 @@ def check_lengths(parts: _parts.Parts, *, sampling: bool, training: bool = True)
   divide the positions the run's activations hold, before anything is compiled, naming each width and the
   setting: an RL update's rows (T - 1 positions: every token but the last), its vocabulary head's response
   window and a warm-start row (`training`); and any sampling on them (`sampling`: a decode step holds one
-  position per row, and the engine's KV cache cannot put 'length' and 'kv_heads' on one axis). The update
+  position per row; engines decode with 'length' unsplit, `_parts.decode_rules`). The update
   failed at trace time in the activation constraint's words ("activation: dim 1 ('length') of size 11 is not
   divisible ..."), the engine in the cache sharding's ("mesh axis 'tensor' is used twice ...")."""
   axes, shards = learner.sequence_axes(parts.mesh, parts.rules)
