@@ -589,7 +589,9 @@ def test_every_foreign_name_points_at_one_of_our_keys_and_is_suggested():
      "times)?"),
     ("epsilon", "did you mean <loss.eps_low> (TRL's epsilon: clips both sides unless epsilon_high is set; ours are "
      "loss.eps_low and loss.eps_high)?"),
-    ("epsilon_high", "did you mean <loss.eps_high> (TRL's epsilon_high)?"),
+    # (TRL's CISPO clamps its weight at epsilon_high itself, ours at 1 + loss.cispo_eps_high)
+    ("epsilon_high", "did you mean <loss.eps_high> (TRL's epsilon_high: with loss_type 'cispo' it is the weight's "
+     "cap itself (TRL suggests 5.0): loss.cispo_eps_high = epsilon_high - 1)?"),
     ("kl_coef", "did you mean <loss.kl_coef>?"),  # (ours by name: not verl's algorithm.kl_ctrl.kl_coef's note)
     ("rl.kl_coef", "did you mean <loss.kl_coef>?"),
     ("algorithm.kl_ctrl.kl_coef", "did you mean <advantage.reward_kl_coef> (verl's algorithm.kl_ctrl.kl_coef: a "

@@ -26,7 +26,7 @@ class ForeignKey(NamedTuple):
 _BOTH_SIDES = "one value for both sides of the clip; ours are loss.eps_low and loss.eps_high"
 _KL_IN_REWARD = "a reward −β·kl_t at each token, summed by a group method, as theirs; no adaptive controller{}"
 _AGG = ("'grpo' is 'seq_mean_token_mean', 'dr_grpo' is 'seq_mean_token_sum_norm', 'dapo' and 'bnpo' are "
-        "'token_mean'; 'cispo' is loss.kind = 'cispo'")
+        "'token_mean'; 'cispo' is loss.kind = 'cispo' with 'token_mean' (its cap: see epsilon_high)")
 _ACTOR = "actor_rollout_ref.actor."
 
 FOREIGN_KEYS: tuple[ForeignKey, ...] = (
@@ -45,7 +45,9 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("beta", "TRL", "loss.kl_coef", "its KL estimator is k3, ours with loss.kl_kind = 'k3' (the default)"),
     ForeignKey("epsilon", "TRL", "loss.eps_low",
                "clips both sides unless epsilon_high is set; ours are loss.eps_low and loss.eps_high"),
-    ForeignKey("epsilon_high", "TRL", "loss.eps_high"),
+    ForeignKey("epsilon_high", "TRL", "loss.eps_high",
+               "with loss_type 'cispo' it is the weight's cap itself (TRL suggests 5.0): loss.cispo_eps_high = "
+               "epsilon_high - 1"),
     ForeignKey("loss_type", "TRL", "loss.agg_mode", _AGG),
     ForeignKey("mask_truncated_completions", "TRL", "loss.mask_truncated",
                "ours also leaves out an episode its env did not end (cut by its token budget or max_turns)"),
