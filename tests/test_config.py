@@ -610,6 +610,11 @@ def test_every_foreign_name_points_at_one_of_our_keys_and_is_suggested():
     ("trainer.experiment_name", "did you mean <runtime.wandb_name> (verl's trainer.experiment_name)?"),
     ("temperature", "did you mean <rl.temperature>?"),  # (ours: the last-part rule)
     ("rl.stepz", "did you mean <rl.steps> or <rl.stop>?"),  # (a close spelling, as before)
+    # (a critic's key is answered with the critic's: it was the policy's, verl's actor row)
+    ("critic.optimizer.min_lr_ratio", "did you mean <critic.optimizer.end_lr_ratio> (verl's critic.optim.min_lr_ratio: "
+     "its default 0.0, ours 0.1), <rl.optimizer.end_lr_ratio> or <sft.optimizer.end_lr_ratio>?"),
+    ("critic.optimizer.warmup_style", "did you mean <critic.optimizer.decay> (verl's critic.optim.warmup_style: "
+     "'constant' or 'cosine', as ours), <critic.optimizer.warmup_steps> or <rl.optimizer.warmup_steps>?"),
     ("rl.frobnicate", ""),
 ])
 def test_an_unknown_key_is_answered_with_the_key_it_may_mean(key, hint):

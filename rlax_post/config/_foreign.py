@@ -96,7 +96,7 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey(_ACTOR + "optim.lr", "verl", "rl.optimizer.learning_rate"),
     ForeignKey(_ACTOR + "optim.lr_warmup_steps", "verl", "rl.optimizer.warmup_steps"),
     ForeignKey(_ACTOR + "optim.warmup_style", "verl", "rl.optimizer.decay", "'constant' or 'cosine', as ours"),
-    ForeignKey(_ACTOR + "optim.min_lr_ratio", "verl", "rl.optimizer.end_lr_ratio"),
+    ForeignKey(_ACTOR + "optim.min_lr_ratio", "verl", "rl.optimizer.end_lr_ratio", "its default 0.0, ours 0.1"),
     ForeignKey(_ACTOR + "ppo_mini_batch_size", "verl", "rl.minibatches",
                "a minibatch's size in prompts; ours is the number of minibatches (data.train_batch_size / "
                "ppo_mini_batch_size)"),
@@ -117,6 +117,9 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
                "has none"),
     ForeignKey(_ACTOR + "grad_clip", "verl", "rl.optimizer.max_grad_norm"),
     ForeignKey("critic.optim.lr", "verl", "critic.optimizer.learning_rate"),
+    ForeignKey("critic.optim.lr_warmup_steps", "verl", "critic.optimizer.warmup_steps"),
+    ForeignKey("critic.optim.warmup_style", "verl", "critic.optimizer.decay", "'constant' or 'cosine', as ours"),
+    ForeignKey("critic.optim.min_lr_ratio", "verl", "critic.optimizer.end_lr_ratio", "its default 0.0, ours 0.1"),
     ForeignKey("critic.cliprange_value", "verl", "critic.clip_eps"),
     ForeignKey("algorithm.adv_estimator", "verl", "advantage.estimator",
                "'reinforce_plus_plus_baseline' is 'reinforce_pp' (whitened over tokens there, over rows here); "
