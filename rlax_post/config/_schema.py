@@ -293,7 +293,8 @@ class OptimizerSection:
   learning_rate: float = bounded(1e-3, low=0.0, low_open=True)
   warmup_steps: int = bounded(10, low=0)
   end_lr_ratio: float = bounded(0.1, low=0.0, high=1.0)
-  # After the warm-up: "cosine" or "linear" to end_lr_ratio × learning_rate at the schedule's last update, or
+  # After the warm-up: "cosine" or "linear" to end_lr_ratio × learning_rate, reached just after the schedule's last
+  # update (the last one takes the rate a step before it, as TRL's and verl's schedulers), or
   # "constant" (`learner.make_lr_schedule`).
   decay: str = choices(*LR_DECAYS)
   weight_decay: float = bounded(0.0, low=0.0)
