@@ -615,6 +615,8 @@ def test_every_foreign_name_points_at_one_of_our_keys_and_is_suggested():
      "its default 0.0, ours 0.1), <rl.optimizer.end_lr_ratio> or <sft.optimizer.end_lr_ratio>?"),
     ("critic.optimizer.warmup_style", "did you mean <critic.optimizer.decay> (verl's critic.optim.warmup_style: "
      "'constant' or 'cosine', as ours), <critic.optimizer.warmup_steps> or <rl.optimizer.warmup_steps>?"),
+    ("advantage.kl_penalty", "did you mean <advantage.reward_kl_kind> (verl's algorithm.kl_penalty: 'kl' is 'k1', "
+     "'mse' is 'k2', 'low_var_kl' is 'k3' (clamped to [-10, 10] there); 'abs' and 'full' have none)?"),
     ("rl.frobnicate", ""),
 ])
 def test_an_unknown_key_is_answered_with_the_key_it_may_mean(key, hint):

@@ -136,7 +136,7 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("algorithm.kl_ctrl.kl_coef", "verl", "advantage.reward_kl_coef", _KL_IN_REWARD.format(
         " (kl_ctrl.type 'adaptive')")),
     ForeignKey("algorithm.kl_penalty", "verl", "advantage.reward_kl_kind", "'kl' is 'k1', 'mse' is 'k2', "
-               "'low_var_kl' is 'k3'"),
+               "'low_var_kl' is 'k3' (clamped to [-10, 10] there); 'abs' and 'full' have none"),
     ForeignKey("trainer.total_training_steps", "verl", "rl.steps"),
     ForeignKey("trainer.test_freq", "verl", "eval.every"),
     ForeignKey("trainer.save_freq", "verl", "checkpoint.every"),
