@@ -638,10 +638,14 @@ class _RewardServer:
     self.server.server_close()
 
 
-def test_remote_reward_posts_the_sample_and_reads_a_number_or_named_parts():
+def test_remote_reward_posts_the_sample_and_reads_a_number_or_named_parts(monkeypatch):
   """The built-in "remote" (OpenRLHF's --remote_rm_url): one POST of the sample's fields per sample; the server's
-  answer is a reward function's return (a number, or named parts); errors name the URL."""
+  answer is a reward function's return (a number, or named parts); errors name the URL. A server on this machine
+  is reached directly under an http_proxy that would refuse it (urllib sent localhost to the proxy)."""
   import json  # pylint: disable=g-import-not-at-top
+  monkeypatch.setenv("http_proxy", "http://127.0.0.1:9")
+  monkeypatch.delenv("no_proxy", raising=False)
+  monkeypatch.delenv("NO_PROXY", raising=False)
   answers = {"n": lambda body: json.dumps(len(body["completion"]) / 10), "bad": lambda body: "oops",
              "list": lambda body: "[1]"}
   server = _RewardServer(lambda body: answers.get(body["answer"], lambda b: json.dumps(

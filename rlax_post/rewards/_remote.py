@@ -15,6 +15,10 @@ import urllib.parse
 import urllib.request
 
 _SHOWN = 200  # characters of an answer quoted in an error
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
+# A server on this machine is reached directly, whatever http_proxy says (urllib sends even a localhost URL to
+# the proxy unless no_proxy names it); other hosts follow the environment's proxy settings.
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def request_body(sample) -> bytes:
@@ -26,13 +30,15 @@ def request_body(sample) -> bytes:
 
 def remote(sample, *, url: str, timeout_s: float = 60.0, headers: dict | None = None) -> Any:
   """The reward the server at `url` answers for `sample` (a POST of `request_body`, `Content-Type:
-  application/json` and `headers`): a number, or an object of named parts. An HTTP error, no answer within
+  application/json` and `headers`; a loopback host directly, others through the environment's proxy): a
+  number, or an object of named parts. An HTTP error, no answer within
   `timeout_s` seconds or an answer that is neither raises, naming the URL: the sample gets `reward.default`,
   counted in `reward_errors`."""
   request = urllib.request.Request(url, data=request_body(sample), method="POST",
                                    headers={"Content-Type": "application/json", **dict(headers or {})})
+  opener = _DIRECT if urllib.parse.urlparse(url).hostname in _LOOPBACK else urllib.request.build_opener()
   try:
-    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+    with opener.open(request, timeout=timeout_s) as response:
       text = response.read().decode("utf-8", errors="replace")
   except urllib.error.HTTPError as e:
     raise RuntimeError(f"the reward server {url} answered HTTP {e.code} ({e.reason}) for {sample.where or 'a sample'}"
