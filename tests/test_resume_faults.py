@@ -20,6 +20,7 @@ from tensorboardX.proto import event_pb2
 
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
+from rlax_post import models
 from rlax_post import runtime
 from rlax_post import sampler
 from rlax_post.runtime import _checkpoint
@@ -386,6 +387,14 @@ def test_a_run_at_home_named_from_python_is_read_there(tmp_path, monkeypatch):
   with pytest.raises(FileNotFoundError, match=f"^{re.escape(str(home / 'run' / 'checkpoints'))} holds no"):
     runtime.served_step("~/run")
   assert not (home / "out").exists() and not (home / "e.jsonl").exists()
+  # A Hugging Face checkpoint directory named from Python (`serve_hf`, `generate_hf`, `models.load_hf`): an empty
+  # $HOME/ckpt is found (it has no config.json), where '~/ckpt' was "does not exist".
+  (home / "ckpt").mkdir()
+  no_config = re.escape(f"'{home / 'ckpt'}'") + r".*(has no config\.json|config\.json)"
+  for read in (lambda p: runtime.serve_hf(p, sampler.ServeOptions()), models.load_hf,
+               lambda p: runtime.generate_hf(p, [runtime.UserPrompt("--prompt 1", "hi")])):
+    with pytest.raises(FileNotFoundError, match=no_config):
+      read("~/ckpt")
 
 
 def test_an_attempt_killed_before_its_first_checkpoint_is_cleared_by_a_fresh_run(straight, tmp_path):

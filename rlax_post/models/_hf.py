@@ -244,7 +244,8 @@ def _read_json(file: str):
 
 def read_hf_config(path: str, dtype: str = "float32") -> ModelConfig:
   """The `ModelConfig` of the Hugging Face checkpoint directory `path` (its config.json); errors name the
-  file and what is wrong with it."""
+  file and what is wrong with it; `~` at the start of `path` is expanded, as a shell does."""
+  path = os.path.expanduser(os.fspath(path))
   file = os.path.join(path, "config.json")
   if not os.path.isfile(file):
     state = "has no config.json" if os.path.isdir(path) else "is not a directory"
@@ -322,6 +323,7 @@ def load_hf(path: str, *, mesh: jax.sharding.Mesh | None = None, rules=None,
   Returns:
     The config, the static graphdef, and the params dict ([L, ...] stacked layers, our layouts).
   """
+  path = os.path.expanduser(os.fspath(path))  # (as read_hf_config)
   cfg = read_hf_config(path, dtype)
   graphdef, abstract = abstract_params(cfg)
   if mesh is None:

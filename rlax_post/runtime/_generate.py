@@ -203,6 +203,7 @@ def generate_hf(path: str, prompts: Sequence[UserPrompt], options: GenerateOptio
   """`options.samples` completions of each prompt by the Hugging Face checkpoint directory `path` (the engine
   `serve --hf_path` loads, with `max_seq_len` and `dtype`), rendered with its chat template where it has one
   (module docstring)."""
+  path = _paths.local_path(path)
   check_prompts(prompts)
   check_options(options)
   # (`options.step` goes to the engine, whose checks refuse one: until 2026-12-06 --step was ignored here.)

@@ -24,12 +24,17 @@ PATH_KEYS = config_lib.PATH_KEYS
 _KEYS = PATH_KEYS + ("reward.fn",)
 
 
+def local_path(path) -> str:
+  """A local path a Python caller gave (a str or path-like), `~` at its start expanded as a shell expands it."""
+  return os.path.expanduser(os.fspath(path))
+
+
 def run_workdir(workdir) -> str:
   """A run's workdir (a str or path-like) as `train`, `run_learner` and `run_sampler` take it from their caller:
   `~` at its start expanded as a shell expands it (`rlax-post` expands its flags; a Python caller's '~/run' wrote
   the run into ./~/run, its parameter versions alone into $HOME/run/params: `exchange.as_path` expands them);
   the entry points that read a run (`replay`, `export_hf`, `evaluate_run`, `serve`, ...) expand theirs with it."""
-  return os.path.expanduser(os.fspath(workdir))
+  return local_path(workdir)
 
 
 def _absolute(key: str, value):

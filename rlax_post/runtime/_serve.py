@@ -56,6 +56,7 @@ def engine_from_hf(path: str, options: sampler.ServeOptions = sampler.ServeOptio
   run with `model.hf_path = path` and `model.max_seq_len = max_seq_len` builds its model, tokenizer and params
   (None: the checkpoint's max_position_embeddings), its weights and activations in `dtype` (None: float32, as
   such a run's; bfloat16 halves the weights' memory). Errors as `serve_hf`'s."""
+  path = _paths.local_path(path)
   _check_hf_source(path, options, max_seq_len, dtype)
   tokenizer = _parts.checkpoint_tokenizer(path)
   model_cfg = _served_dtype(_parts.hf_model_config(path, tokenizer, max_seq_len), dtype)
@@ -124,6 +125,7 @@ def serve_hf(path: str, options: sampler.ServeOptions, max_seq_len: int | None =
   returns the server. A path that is no checkpoint directory (missing, a file, a GGUF file, a run's workdir,
   no tokenizer.json), a step, a bad `max_seq_len` or `dtype`, or a bad or busy port raise here, before the
   server answers anything."""
+  path = _paths.local_path(path)
   _check_hf_source(path, options, max_seq_len, dtype)
   return sampler.serve(lambda devices: engine_from_hf(path, options, devices=devices, max_seq_len=max_seq_len,
                                                       dtype=dtype), options)
