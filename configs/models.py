@@ -250,7 +250,8 @@ def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_co
   c.advantage = dict(estimator="grpo", std="sample", scale="group", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
                      episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0,
                      c3_mode="value_assisted", alpha=1.0, baseline="loo", standardize=True,
-                     reward_kl_coef=0.0, reward_kl_kind="k1")
+                     reward_kl_coef=0.0, reward_kl_kind="k1", reward_kl_target=0.0,
+                     reward_kl_horizon=10000)
   # The learned critic of advantage.estimator = "gae" (PPO with a critic; docs/critic.md); unused otherwise.
   c.critic = dict(mode="separate", init="policy", preset="tiny", overrides=dict(),
                   hf_path=config_dict.placeholder(str), loss="clipped", clip_eps=0.2, huber_delta=1.0, coef=0.5,

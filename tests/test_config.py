@@ -595,8 +595,11 @@ def test_every_foreign_name_points_at_one_of_our_keys_and_is_suggested():
     ("kl_coef", "did you mean <loss.kl_coef>?"),  # (ours by name: not verl's algorithm.kl_ctrl.kl_coef's note)
     ("rl.kl_coef", "did you mean <loss.kl_coef>?"),
     ("algorithm.kl_ctrl.kl_coef", "did you mean <advantage.reward_kl_coef> (verl's algorithm.kl_ctrl.kl_coef: a "
-     "reward −β·kl_t at each token, summed by a group method, as theirs; no adaptive controller (kl_ctrl.type "
-     "'adaptive')) or <loss.kl_coef>?"),
+     "reward −β·kl_t at each token, summed by a group method, as theirs; with kl_ctrl.type 'adaptive' the start of "
+     "β) or <loss.kl_coef>?"),
+    ("kl_target", "did you mean <advantage.reward_kl_target> (OpenRLHF's kl_target: > 0 adapts β "
+     "(advantage.reward_kl_coef its start) as their adaptive controller, on the batch's mean per-token KL as theirs; "
+     "0 keeps β fixed)?"),
     ("use_kl_in_reward", "did you mean <advantage.reward_kl_coef> (verl's algorithm.use_kl_in_reward: no switch "
      "here: advantage.reward_kl_coef > 0 puts the KL in the reward)?"),
     ("actor_rollout_ref.actor.kl_loss_coef", "did you mean <loss.kl_coef> (verl's "

@@ -174,6 +174,25 @@ def test_kl_bad_kind():
     losses.kl_penalty(x, x, kind='k4')
 
 
+@pytest.mark.parametrize('kl, expected', [
+    (0.15, 0.1 * (1 + 0.2 * 64 / 1000)),   # 50 % over the target: the error clipped to +0.2
+    (0.11, 0.1 * (1 + 0.1 * 64 / 1000)),   # 10 % over: +0.1
+    (0.09, 0.1 * (1 - 0.1 * 64 / 1000)),   # 10 % under: -0.1
+    (0.0, 0.1 * (1 - 0.2 * 64 / 1000)),    # no KL: clipped to -0.2
+    (0.1, 0.1),                            # on target: unchanged
+])
+def test_adaptive_kl_coef_hand_values(kl, expected):
+  """Ziegler et al.'s controller, target 0.1, 64 rows, horizon 1000, from beta = 0.1."""
+  got = losses.adaptive_kl_coef(jnp.float32(0.1), kl, target=0.1, rows=64, horizon=1000)
+  assert got.dtype == jnp.float32 and got.shape == ()
+  np.testing.assert_allclose(float(got), expected, rtol=1e-6)
+
+
+def test_adaptive_kl_coef_bad_settings():
+  with pytest.raises(ValueError, match=r'target > 0 and horizon > 0; got target=0.0, horizon=10'):
+    losses.adaptive_kl_coef(0.1, 0.1, target=0.0, rows=4, horizon=10)
+
+
 # Row lengths 3, 1, 0: N = 4 tokens, S = 2 non-empty rows.
 _MASK = np.array([[1, 1, 1, 0],
                   [1, 0, 0, 0],

@@ -13,6 +13,7 @@ from rlax_post import advantages
 from rlax_post import models
 from rlax_post import sharding
 from rlax_post.runtime import _batch
+from rlax_post.runtime import _checkpoint
 from rlax_post.runtime import _learn
 
 import _tiny_runs  # pylint: disable=g-bad-import-order
@@ -186,6 +187,41 @@ def test_kl_in_the_reward_credits_each_rows_reward_less_beta_times_its_summed_kl
   assert m_kl["reward_kl_mean"] == pytest.approx(kl_b.mean(), rel=1e-5) and abs(kl_b.mean()) > 1e-2
   assert m_kl["reward_kl_penalty"] == pytest.approx(0.5 * kl_b.mean(), rel=1e-5)
   assert m_kl["reward_mean"] == pytest.approx(float(batch.rewards.mean()))
+
+
+def test_adaptive_kl_in_the_reward_adapts_beta_after_each_step_and_checkpoints_it(tmp_path):
+  """`advantage.reward_kl_target` > 0: β starts at reward_kl_coef, penalises the first batch with it, then moves by
+  Ziegler et al.'s rule on the batch's mean per-token KL; the next step penalises with the new β, and β travels in
+  the state's controls through a checkpoint (as a resume reads it)."""
+  update, parts, params, state = _setup(advantage__reward_kl_coef=0.5, advantage__reward_kl_target=0.01,
+                                        advantage__reward_kl_horizon=16, loss__kl_coef=0.0, loss__track_kl=False)
+  ref = jax.device_put(models.init_params(parts.model_cfg, jax.random.key(1))[1], parts.param_shardings)
+  batch = update.batch(_groups(update, parts))
+  mask = batch.loss_mask
+  kl_bt = (np.asarray(update.score(update.policy(state), batch.tokens, mask))
+           - np.asarray(update.score(ref, batch.tokens, mask))) * mask
+  token_mean = float((kl_bt.sum(axis=1) / np.maximum(mask.sum(axis=1), 1)).mean())
+  assert abs(token_mean / 0.01 - 1) > 0.05  # off target: β moves
+  beta1 = 0.5 * (1 + np.clip(token_mean / 0.01 - 1, -0.2, 0.2) * len(mask) / 16)
+  new, m0 = update(jax.tree.map(jnp.copy, state), ref, batch, 0)
+  assert m0["reward_kl_coef"] == 0.5 and m0["reward_kl_penalty"] == pytest.approx(0.5 * m0["reward_kl_mean"])
+  assert m0["reward_kl_token_mean"] == pytest.approx(token_mean, rel=1e-5)
+  assert float(new.controls["reward_kl_coef"]) == pytest.approx(beta1, rel=1e-5) and abs(beta1 - 0.5) > 1e-3
+  ckpt = _checkpoint.RunCheckpointer(tmp_path, max_to_keep=1)
+  ckpt.save(1, new, ref, {"note": "adaptive"})
+  ckpt.wait()
+  restored, _, _ = ckpt.restore(1, **update.checkpoint_templates)
+  ckpt.close()
+  assert float(restored.controls["reward_kl_coef"]) == float(new.controls["reward_kl_coef"])
+  _, m1 = update(restored, ref, batch, 1)
+  assert m1["reward_kl_coef"] == pytest.approx(beta1, rel=1e-5)
+  assert m1["reward_kl_penalty"] == pytest.approx(beta1 * m1["reward_kl_mean"], rel=1e-5)
+
+
+def test_fixed_kl_in_the_reward_keeps_no_controls():
+  """Without a target β is the setting itself: no run state is added to the policy's."""
+  update, _, _, state = _setup(advantage__reward_kl_coef=0.5)
+  assert state.controls is None and update.checkpoint_templates["state_like"].controls is None
 
 
 def test_kl_in_the_reward_of_gae_is_a_reward_at_each_token():

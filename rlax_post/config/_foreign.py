@@ -24,7 +24,9 @@ class ForeignKey(NamedTuple):
 
 
 _BOTH_SIDES = "one value for both sides of the clip; ours are loss.eps_low and loss.eps_high"
-_KL_IN_REWARD = "a reward −β·kl_t at each token, summed by a group method, as theirs; no adaptive controller{}"
+_KL_IN_REWARD = "a reward −β·kl_t at each token, summed by a group method, as theirs{}"
+_KL_TARGET = "> 0 adapts β (advantage.reward_kl_coef its start) as their adaptive controller, on the batch's "\
+             "mean per-token KL as theirs; 0 keeps β fixed"
 _AGG = ("'grpo' is 'seq_mean_token_mean', 'dr_grpo' is 'seq_mean_token_sum_norm', 'dapo' and 'bnpo' are "
         "'token_mean'; 'cispo' is loss.kind = 'cispo' with 'token_mean' (its cap: see epsilon_high)")
 _ACTOR = "actor_rollout_ref.actor."
@@ -134,7 +136,11 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("algorithm.use_kl_in_reward", "verl", "advantage.reward_kl_coef",
                "no switch here: advantage.reward_kl_coef > 0 puts the KL in the reward"),
     ForeignKey("algorithm.kl_ctrl.kl_coef", "verl", "advantage.reward_kl_coef", _KL_IN_REWARD.format(
-        " (kl_ctrl.type 'adaptive')")),
+        "; with kl_ctrl.type 'adaptive' the start of β")),
+    ForeignKey("algorithm.kl_ctrl.type", "verl", "advantage.reward_kl_target",
+               "no switch here: 'adaptive' is a reward_kl_target > 0, 'fixed' is 0"),
+    ForeignKey("algorithm.kl_ctrl.target_kl", "verl", "advantage.reward_kl_target", _KL_TARGET),
+    ForeignKey("algorithm.kl_ctrl.horizon", "verl", "advantage.reward_kl_horizon"),
     ForeignKey("algorithm.kl_penalty", "verl", "advantage.reward_kl_kind", "'kl' is 'k1', 'mse' is 'k2', "
                "'low_var_kl' is 'k3' (clamped to [-10, 10] there); 'abs' and 'full' have none"),
     ForeignKey("trainer.total_training_steps", "verl", "rl.steps"),
@@ -157,7 +163,9 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("micro_train_batch_size", "OpenRLHF", "loss.micro_batches",
                "a micro-batch's size per GPU; ours is the number of micro-batches per minibatch"),
     ForeignKey("init_kl_coef", "OpenRLHF", "advantage.reward_kl_coef", _KL_IN_REWARD.format(
-        " (--kl_target); with --use_kl_loss it is loss.kl_coef")),
+        "; with --kl_target the start of β; with --use_kl_loss it is loss.kl_coef")),
+    ForeignKey("kl_target", "OpenRLHF", "advantage.reward_kl_target", _KL_TARGET),
+    ForeignKey("kl_horizon", "OpenRLHF", "advantage.reward_kl_horizon"),
     ForeignKey("kl_estimator", "OpenRLHF", "loss.kl_kind"),
     ForeignKey("remote_rm_url", "OpenRLHF", "reward.fn",
                "'remote' with reward.options.remote.url; one POST per sample, its answer a number or named parts "

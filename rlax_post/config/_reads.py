@@ -180,10 +180,14 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("rl.stop",), _STOP),
     (("rl.filter_groups", "rl.filter_max_batches"), _FILTER),
     (("rl.filter_max_batches",), _is("rl.filter_groups", True)),
-    (("advantage.reward_kl_coef", "advantage.reward_kl_kind"), _REWARD_KL),
-    (("advantage.reward_kl_kind",), When("advantage.reward_kl_coef > 0",
-                                         lambda cfg: f"advantage.reward_kl_coef = {cfg.advantage.reward_kl_coef}",
-                                         lambda cfg: cfg.advantage.reward_kl_coef > 0)),
+    (("advantage.reward_kl_coef", "advantage.reward_kl_kind", "advantage.reward_kl_target",
+      "advantage.reward_kl_horizon"), _REWARD_KL),
+    (("advantage.reward_kl_kind", "advantage.reward_kl_target"), When(
+        "advantage.reward_kl_coef > 0", lambda cfg: f"advantage.reward_kl_coef = {cfg.advantage.reward_kl_coef}",
+        lambda cfg: cfg.advantage.reward_kl_coef > 0)),
+    (("advantage.reward_kl_horizon",), When(
+        "advantage.reward_kl_target > 0", lambda cfg: f"advantage.reward_kl_target = {cfg.advantage.reward_kl_target}",
+        lambda cfg: cfg.advantage.reward_kl_target > 0)),
     (("tree.prefix",), _is("advantage.estimator", *TREE_ROLLOUT_ESTIMATORS)),
     (("iterppo",), _is("runtime.mode", "rounds")),
     (("iterppo.q_epochs", "iterppo.q_batch_size"), _is_not("iterppo.q", "oracle")),  # Q's fit (the oracle has none)

@@ -399,9 +399,14 @@ class AdvantageSection:
   # kl_t the old policy's (the learner's, at the step's start) against the reference; a group method credits each
   # row's reward less β·Σ_t kl_t, gae each token's at its token (InstructGPT's PPO). With k1 the policy gradient is
   # that of E[r] − β·KL(π_θ‖π_ref) without bias (docs/learner.md); 0: none. Non-role, non-tree tasks
-  # (`RLUpdate.kl_in_reward`).
+  # (`RewardKL`).
   reward_kl_coef: float = bounded(0.0, low=0.0)
   reward_kl_kind: str = choices("k1", "k2", "k3")
+  # > 0: reward_kl_coef is β's start, adapted after each step by Ziegler et al.'s controller to keep the batch's
+  # KL (its rows' mean per-token kl_t) near this target: β·(1 + clip(kl/target − 1, ±0.2)·rows/horizon) (verl's
+  # kl_ctrl.type 'adaptive', OpenRLHF's --kl_target); β is then run state, checkpointed and resumed. 0: fixed β.
+  reward_kl_target: float = bounded(0.0, low=0.0)
+  reward_kl_horizon: int = bounded(10000, low=1)  # rows; the adaptive controller's horizon
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,10 @@ class TrainState:
   # A model trained beside this one on the same batches with its own optimizer (PPO's separate critic: its
   # own `TrainState`), or None. This state's update neither reads nor changes it; it is saved with the state.
   critic: Any = None
+  # Values the RL step adapts from batch to batch and a resume must continue from ({name: float32 []},
+  # replicated), or None: `advantage.reward_kl_target`'s KL coefficient. The update neither reads nor changes
+  # them; they are saved with the state.
+  controls: Any = None
 
 
 def as_raw_key(rng: jax.Array) -> jax.Array:

@@ -10,6 +10,7 @@ from rlax_post.losses._decoupled import decoupled_ppo
 from rlax_post.losses._entropy import top_entropy_mask
 from rlax_post.losses._gspo import gspo
 from rlax_post.losses._kl import KL_KINDS
+from rlax_post.losses._kl import adaptive_kl_coef
 from rlax_post.losses._kl import kl_penalty
 from rlax_post.losses._ppo import ppo_clip
 from rlax_post.losses._value import calibration_error
@@ -25,6 +26,7 @@ __all__ = (
     'AGG_MODES',
     'KL_KINDS',
     'VALUE_LOSSES',
+    'adaptive_kl_coef',
     'aggregate',
     'aggregation_weights',
     'calibration_error',

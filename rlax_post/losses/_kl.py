@@ -47,3 +47,34 @@ def kl_penalty(
     return 0.5 * jnp.square(d_bt)
   # expm1 keeps k3 accurate (and ≥ 0) when d is tiny.
   return jnp.expm1(-d_bt) + d_bt
+
+
+def adaptive_kl_coef(
+    coef: jax.Array,
+    kl: jax.Array,
+    *,
+    target: float,
+    rows: int,
+    horizon: int,
+) -> jax.Array:
+  """The KL coefficient after a batch, by Ziegler et al. (2019)'s adaptive controller.
+
+    β' = β · (1 + clip(kl / target − 1, −0.2, 0.2) · rows / horizon)
+
+  β grows while the batch's KL is above `target` and shrinks while below, by at most 20 % of rows / horizon
+  per batch (verl's `kl_ctrl.type: adaptive`, OpenRLHF's `--kl_target`).
+
+  Args:
+    coef: the coefficient β the batch was penalised with (a scalar).
+    kl: the batch's measured KL (its rows' mean of their tokens' mean kl_t, as verl and OpenRLHF feed it).
+    target: the KL aimed at, > 0.
+    rows: the batch's rows (verl's and OpenRLHF's `n_steps`).
+    horizon: rows over which a constant error multiplies β by about e^{±0.2}.
+
+  Returns:
+    The next β, a float32 scalar.
+  """
+  if target <= 0 or horizon <= 0:
+    raise ValueError(f'adaptive_kl_coef needs target > 0 and horizon > 0; got target={target}, horizon={horizon}')
+  error = jnp.clip(jnp.asarray(kl, jnp.float32) / target - 1.0, -0.2, 0.2)
+  return jnp.asarray(coef, jnp.float32) * (1.0 + error * rows / horizon)

@@ -55,7 +55,7 @@ class RolloutBatch(NamedTuple):
   # scoring the run's reference params. None when the rows have none.
   ref_logprobs: np.ndarray | None = None  # [B, T-1] float32
   # Rewards of each trained token besides the row's outcome (the KL penalty in the reward, set by the learner's
-  # step: `RLUpdate.kl_in_reward`): a group method credits the row with their sum added, GAE with each at its
+  # step: `RewardKL.rewards`): a group method credits the row with their sum added, GAE with each at its
   # token. None: none.
   token_rewards: np.ndarray | None = None  # [B, T-1] float32, 0 off the mask
 

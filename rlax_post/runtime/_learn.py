@@ -27,6 +27,7 @@ from rlax_post import envs
 from rlax_post import learner
 from rlax_post import losses
 from rlax_post import models
+from rlax_post import sharding
 from rlax_post.runtime import _batch
 from rlax_post.runtime import _credit
 from rlax_post.runtime import _critic
@@ -84,6 +85,60 @@ def _pick(logp_and_entropy, entropy: bool):
   return logp_and_entropy if entropy else logp_and_entropy[0]
 
 
+class RewardKL:
+  """The KL in the reward (`advantage.reward_kl_*`): token rewards −β · kl_t, with β fixed (`reward_kl_coef`) or,
+  with `reward_kl_target` > 0, adapted after each step by Ziegler et al.'s controller (`losses.adaptive_kl_coef`).
+  An adapted β is run state: the state's `controls` hold it, so checkpoints, resumes and replays continue it."""
+
+  KEY = "reward_kl_coef"  # its name in `TrainState.controls`
+
+  def __init__(self, section: config_lib.AdvantageSection, mesh):
+    self.section = section
+    self.adaptive = section.reward_kl_target > 0
+    self.sharding = sharding.replicated(mesh)
+    self._start = jax.jit(lambda: jnp.float32(section.reward_kl_coef), out_shardings=self.sharding)
+    self._adapt = jax.jit(lambda coef, kl, rows: losses.adaptive_kl_coef(
+        coef, kl, target=section.reward_kl_target, rows=rows, horizon=section.reward_kl_horizon),
+                          static_argnums=2, out_shardings=self.sharding)
+
+  def init(self, state):
+    """`state` with β's start in its controls when β is adapted."""
+    return state.replace(controls={self.KEY: self._start()}) if self.adaptive else state
+
+  def attach(self, state_like, shardings) -> tuple[Any, Any]:
+    """A state's abstract value and shardings with the adapted β's in their `controls`."""
+    if not self.adaptive:
+      return state_like, shardings
+    return (state_like.replace(controls={self.KEY: jax.ShapeDtypeStruct((), jnp.float32)}),
+            shardings.replace(controls={self.KEY: self.sharding}))
+
+  def coef(self, state) -> float:
+    """β for the batch `state` is about to train on."""
+    if not self.adaptive:
+      return self.section.reward_kl_coef
+    return float(_distributed.to_host(state.controls[self.KEY]))
+
+  def rewards(self, state, batch: _batch.RolloutBatch, old_logp_bt, ref_logp_bt) -> tuple[np.ndarray, dict]:
+    """The batch's `token_rewards`, −β · kl_t on each policy token (`loss_mask`, truncated rows' too: their
+    rewards still count), kl_t = `reward_kl_kind`(old, ref); and their metrics: the rows' mean Σ_t kl_t, its
+    mean penalty β · Σ_t kl_t, the rows' mean per-token kl_t (what the controller reads) and β."""
+    mask_bt = batch.loss_mask != 0
+    kl_bt = np.where(mask_bt, np.asarray(losses.kl_penalty(old_logp_bt, ref_logp_bt, kind=self.section.reward_kl_kind)),
+                     0.0)
+    coef = self.coef(state)
+    kl_mean = float(kl_bt.sum(axis=1).mean())
+    token_mean = float((kl_bt.sum(axis=1) / np.maximum(mask_bt.sum(axis=1), 1)).mean())
+    return (-coef * kl_bt).astype(np.float32), {"reward_kl_mean": kl_mean, "reward_kl_penalty": coef * kl_mean,
+                                                "reward_kl_token_mean": token_mean, "reward_kl_coef": coef}
+
+  def adapt(self, state, metrics: dict, rows: int):
+    """`state` with β adapted to the batch the `rewards` `metrics` describe (of `rows` rows); unchanged when fixed."""
+    if not self.adaptive:
+      return state
+    coef = self._adapt(state.controls[self.KEY], metrics["reward_kl_token_mean"], rows)
+    return state.replace(controls={**state.controls, self.KEY: coef})
+
+
 class RLUpdate:
   """The learner's RL step for one run's configuration (jitted pieces built once)."""
 
@@ -130,6 +185,7 @@ class RLUpdate:
     self.policy_keys = ("tokens", "loss_mask", "advantages", "behaviour_logprobs", "old_logprobs", "ref_logprobs",
                         "role", "pg_mask") + (_critic.CRITIC_KEYS if config_lib.policy_value_head(cfg) else ())
     self.max_new_tokens = max_new_tokens
+    self.reward_kl = RewardKL(cfg.advantage, parts.mesh) if cfg.advantage.reward_kl_coef > 0 else None
     self.seq_len, self.pad_id = parts.lengths.sequence, parts.tokenizer.pad_id
     # What `RunCheckpointer.restore` needs to put a checkpoint of this run on the mesh. With LoRA the reference
     # policy is the frozen base (`reference`), stored in its dtype.
@@ -137,6 +193,8 @@ class RLUpdate:
     state_like, state_sh = self.learner.abstract_state, self.learner.state_shardings
     if self.critic is not None:
       state_like, state_sh = self.critic.attach(state_like, state_sh)
+    if self.reward_kl is not None:
+      state_like, state_sh = self.reward_kl.attach(state_like, state_sh)
     self.checkpoint_templates = dict(
         state_like=state_like, state_shardings=state_sh,
         ref_like=parts.params_like if base_like is None else base_like,
@@ -149,8 +207,10 @@ class RLUpdate:
 
   def init(self, params, seed: int):
     """The RL state of a run starting from the policy `params`: the policy's `TrainState`, with a separate
-    critic's own state in its `critic` field."""
+    critic's own state in its `critic` field and an adapted KL-in-reward coefficient in its `controls`."""
     state = self.learner.init(params, _learners.key(seed, envs.Stream.RL_UPDATE, 0))
+    if self.reward_kl is not None:
+      state = self.reward_kl.init(state)
     if self.critic is None:
       return state
     return state.replace(critic=self.critic.init(params, _learners.key(seed, envs.Stream.CRITIC, 0)))
@@ -184,16 +244,6 @@ class RLUpdate:
       return batch.loss_mask
     return batch.loss_mask * np.asarray(batch.finished, batch.loss_mask.dtype)[:, None]
 
-  def kl_in_reward(self, batch: _batch.RolloutBatch, old_logp_bt, ref_logp_bt) -> tuple[np.ndarray, dict]:
-    """`advantage.reward_kl_coef` β: the batch's `token_rewards`, −β · kl_t on each policy token (`loss_mask`,
-    truncated rows' too: their rewards still count), kl_t = `advantage.reward_kl_kind`(old, ref); and their
-    metrics, the rows' mean Σ_t kl_t and the mean penalty β · Σ_t kl_t."""
-    kl_bt = np.where(batch.loss_mask != 0, np.asarray(
-        losses.kl_penalty(old_logp_bt, ref_logp_bt, kind=self.cfg.advantage.reward_kl_kind)), 0.0)
-    coef = self.cfg.advantage.reward_kl_coef
-    kl_mean = float(kl_bt.sum(axis=1).mean())
-    return (-coef * kl_bt).astype(np.float32), {"reward_kl_mean": kl_mean, "reward_kl_penalty": coef * kl_mean}
-
   def reference(self, state, params):
     """The reference policy of a run that starts from `params` as `state`: a copy of them, or with LoRA
     the frozen base itself (the policy with zero adapters; the same arrays: no second copy)."""
@@ -213,7 +263,7 @@ class RLUpdate:
       full["role"] = _roles_of(batch, self.roles)
     scoring = {}  # Metrics of the scoring passes.
     updates = cfg.rl.epochs * cfg.rl.minibatches
-    reward_kl = cfg.advantage.reward_kl_coef > 0
+    reward_kl = self.reward_kl is not None
     old_logp = self.score_policy(state, batch) if self.selects_tokens or updates > 1 or reward_kl else None
     if self.selects_tokens:
       old_logp, entropy_bt = old_logp
@@ -231,7 +281,7 @@ class RLUpdate:
       full["ref_logprobs"] = _distributed.to_host(self.score(ref_params, batch.tokens, batch.loss_mask))
     credited = batch
     if reward_kl:
-      token_rewards_bt, kl_metrics = self.kl_in_reward(batch, old_logp, full["ref_logprobs"])
+      token_rewards_bt, kl_metrics = self.reward_kl.rewards(state, batch, old_logp, full["ref_logprobs"])
       credited, scoring = batch._replace(token_rewards=token_rewards_bt), {**scoring, **kl_metrics}
     full["advantages"], fields, credit_metrics = self.credit.assign(state, credited)
     full.update(fields)  # (tree rollouts with `tree.prefix` "mean": the credit's loss mask)
@@ -267,11 +317,13 @@ class RLUpdate:
         if train_policy:
           mb_batch = _batch.to_device_batch({k: v[mb] for k, v in full.items() if k in self.policy_keys},
                                             self.batch_sh)
-          critic_state = state.critic  # The policy's jitted update takes its own state only.
-          state, pm = self.learner.step(state.replace(critic=None), mb_batch,
+          aside = {"critic": state.critic, "controls": state.controls}  # The jitted update takes its own state.
+          state, pm = self.learner.step(state.replace(critic=None, controls=None), mb_batch,
                                         _learners.key(cfg.seed, envs.Stream.RL_UPDATE, update_index))
-          state, m = state.replace(critic=critic_state), {**m, **pm}
+          state, m = state.replace(**aside), {**m, **pm}
         step_metrics.append(m)
+    if self.reward_kl is not None:  # β for the next batch (adapted to this one's KL)
+      state = self.reward_kl.adapt(state, scoring, rows)
     step_metrics = [_learners.host(m) for m in step_metrics]  # One transfer per update.
     learner_metrics = step_learner_metrics(step_metrics)
     learner_metrics.setdefault("num_tokens", float(batch.loss_mask.sum()) / cfg.rl.minibatches)  # critic warm-up
