@@ -146,7 +146,7 @@ def _random_ppo_inputs(seed, shape=(4, 16)):
 def test_decoupled_with_prox_equal_behaviour_is_ppo_clip(variant, dual_clip):
   logp_bt, prox_bt, adv_bt = _random_ppo_inputs(2)
   kw = dict(eps_low=0.2, eps_high=0.28, dual_clip=dual_clip)
-  loss_bt, clipped_bt, weight_bt = variant(functools.partial(
+  loss_bt, clipped_bt, weight_bt, _ = variant(functools.partial(
       decoupled_ppo, cap=2.0, **kw))(logp_bt, prox_bt, prox_bt, adv_bt)
   ref_loss_bt, ref_clipped_bt = variant(functools.partial(
       losses.ppo_clip, **kw))(logp_bt, prox_bt, adv_bt)
@@ -168,7 +168,8 @@ def test_decoupled_behaviour_weight_is_truncated_and_stopped(variant):
   w = np.array([[5.0, 2.0, 0.5, 1.0]])
   fn = variant(functools.partial(
       decoupled_ppo, eps_low=0.2, eps_high=0.2, cap=5.0))
-  loss_bt, clipped_bt, weight_bt = fn(logp_bt, prox_bt, behav_bt, adv_bt)
+  loss_bt, clipped_bt, weight_bt, capped_bt = fn(logp_bt, prox_bt, behav_bt, adv_bt)
+  np.testing.assert_array_equal(capped_bt, [[1.0, 0.0, 0.0, 0.0]])
   np.testing.assert_allclose(weight_bt, w, rtol=1e-6)
   np.testing.assert_allclose(loss_bt, -w * 1.1 * adv_bt, rtol=1e-6)
   np.testing.assert_array_equal(clipped_bt, 0.0)
@@ -185,12 +186,56 @@ def test_decoupled_clip_is_around_prox():
   # ρ_prox = 1.5 > 1 + eps with A > 0 is clipped however stale π_behav is;
   # the loss is the clipped one, w·(−1.2·A).
   prox_bt = jnp.zeros((1, 2))
-  loss_bt, clipped_bt, _ = decoupled_ppo(
+  loss_bt, clipped_bt, _, _ = decoupled_ppo(
       jnp.log(jnp.full((1, 2), 1.5)), prox_bt,
       jnp.array([[0.0, jnp.log(0.8)]]), jnp.ones((1, 2)), eps_low=0.2,
       eps_high=0.2, cap=3.0)
   np.testing.assert_allclose(loss_bt, [[-1.2, -1.2 * 1.25]], rtol=1e-6)
   np.testing.assert_array_equal(clipped_bt, 1.0)
+
+
+# Row 0: log-ratios 0.1, 0.5, −0.2 on its trained tokens (a fourth, untrained, at 9); row 1: 0.3 × 4, one token
+# over the cap alone? no: 0.3 < log 1.5 = 0.405, but their sum 1.2 is over it.
+_D = np.array([[0.1, 0.5, -0.2, 9.0], [0.3, 0.3, 0.3, 0.3]], np.float32)
+_M = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], np.float32)
+
+
+@pytest.mark.parametrize('level, mode, expected', [
+    ('token', 'truncate', [[np.exp(0.1), 1.5, np.exp(-0.2), 1.5], [np.exp(0.3)] * 4]),
+    ('token', 'mask', [[np.exp(0.1), 0.0, np.exp(-0.2), 0.0], [np.exp(0.3)] * 4]),
+    ('sequence', 'truncate', [[np.exp(0.4)] * 4, [1.5] * 4]),
+    ('sequence', 'mask', [[np.exp(0.4)] * 4, [0.0] * 4]),
+    ('geometric', 'truncate', [[np.exp(0.4 / 3)] * 4, [np.exp(0.3)] * 4]),
+    ('geometric', 'mask', [[np.exp(0.4 / 3)] * 4, [np.exp(0.3)] * 4]),
+])
+def test_behaviour_weights_hand_values(level, mode, expected):
+  """Each level's ratio (a token's, its row's product over trained tokens, that product's geometric mean),
+  truncated at or masked above the cap 1.5; a row's sum skips its untrained token."""
+  behav_bt = jnp.asarray(-np.abs(_D) - 1.0)
+  weight_bt, capped_bt = losses.behaviour_weights(behav_bt + _D, behav_bt, _M, cap=1.5, level=level, mode=mode)
+  np.testing.assert_allclose(weight_bt, np.asarray(expected, np.float32), rtol=1e-5)
+  over = np.exp(np.asarray({'token': _D, 'sequence': [[0.4] * 4, [1.2] * 4],
+                            'geometric': [[0.4 / 3] * 4, [0.3] * 4]}[level])) > 1.5
+  np.testing.assert_array_equal(capped_bt, over.astype(np.float32))
+
+
+def test_behaviour_weights_of_a_long_sequence_stay_finite():
+  """A row's product of 300 ratios e^1 (e^300 overflows float32) truncates to the cap, masks to 0."""
+  d_bt = jnp.ones((1, 300))
+  for mode, expected in (('truncate', 2.0), ('mask', 0.0)):
+    weight_bt, _ = losses.behaviour_weights(d_bt, jnp.zeros((1, 300)), jnp.ones((1, 300)), cap=2.0,
+                                            level='sequence', mode=mode)
+    np.testing.assert_allclose(weight_bt, expected, rtol=1e-6)
+
+
+def test_behaviour_weights_errors():
+  x = jnp.zeros((2, 3))
+  with pytest.raises(ValueError, match=r"level must be one of \['token', 'sequence', 'geometric'\].*'row'"):
+    losses.behaviour_weights(x, x, x, cap=2.0, level='row')
+  with pytest.raises(ValueError, match=r"mode one of \['truncate', 'mask'\].*'clip'"):
+    losses.behaviour_weights(x, x, x, cap=2.0, mode='clip')
+  with pytest.raises(ValueError, match='cap must be >= 1; got 0.5'):
+    losses.behaviour_weights(x, x, x, cap=0.5)
 
 
 def test_decoupled_errors():
@@ -399,6 +444,36 @@ def test_decoupled_objective_matches_direct_formula(model, batch):
   _check_behaviour_gap(aux, graphdef, params, batch, w_bt)
   assert set(aux) == {'pg_loss', 'clip_frac', 'behaviour_weight',
                       'behaviour_capped_frac', 'entropy', 'behaviour_gap'}
+
+
+@pytest.mark.parametrize('level, mode', [('sequence', 'mask'), ('geometric', 'truncate')])
+def test_decoupled_objective_weights_each_row_by_its_trained_tokens(model, batch, level, mode):
+  """A sequence-level weight reads a row's trained tokens only (what the sampler wrote at padding is ignored):
+  the objective equals the direct formula with each row's weight from its masked log-ratio sum."""
+  graphdef, params = model
+  mask_bt = batch['loss_mask']
+  w_bt = losses.aggregation_weights(mask_bt, mode='token_mean')
+  objective = decoupled_ppo_objective(functools.partial(models.token_logprobs, graphdef), eps_low=0.2,
+                                      eps_high=0.28, behaviour_cap=_CAP, behaviour_level=level,
+                                      behaviour_mode=mode)
+  no_ref = {k: v for k, v in batch.items() if k != 'ref_logprobs'}
+  noisy = dict(no_ref, behaviour_logprobs=jnp.where(mask_bt > 0, batch['behaviour_logprobs'], 50.0))
+  (loss, aux), _ = _value_and_grad(objective, params, noisy, w_bt)
+  valid = mask_bt > 0
+  old_bt = batch['old_logprobs']
+  d_b = jnp.sum(jnp.where(valid, old_bt - batch['behaviour_logprobs'], 0.0), axis=1)
+  if level == 'geometric':
+    d_b = d_b / jnp.maximum(valid.sum(axis=1), 1)
+  r_b = np.exp(np.asarray(d_b, np.float64))
+  weight_b = np.minimum(r_b, _CAP) if mode == 'truncate' else np.where(r_b > _CAP, 0.0, r_b)
+  assert (r_b > _CAP).any() == (level == "sequence")  # the sequence's product passes the cap on a row
+  lp_bt = _direct_logp(graphdef, params, batch['tokens'])
+  ratio_bt = jnp.exp(lp_bt - old_bt)
+  adv_bt = batch['advantages']
+  pg_bt = -jnp.minimum(ratio_bt * adv_bt, jnp.clip(ratio_bt, 0.8, 1.28) * adv_bt)
+  expected = jnp.sum(jnp.where(valid, w_bt * weight_b[:, None] * pg_bt, 0.0))
+  np.testing.assert_allclose(loss, expected, rtol=1e-5)
+  np.testing.assert_allclose(aux['behaviour_capped_frac'], jnp.sum(w_bt * (r_b > _CAP)[:, None]), rtol=1e-5)
 
 
 def test_objective_errors(model, batch):

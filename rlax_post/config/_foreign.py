@@ -62,6 +62,9 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
                "True is 'decoupled_ppo': each token's weight min(pi_old / pi_sampler, loss.behaviour_cap) is its "
                "truncated importance sampling"),
     ForeignKey("vllm_importance_sampling_cap", "TRL", "loss.behaviour_cap"),
+    ForeignKey("vllm_importance_sampling_mode", "TRL", "loss.behaviour_level",
+               "'token_truncate' is loss.behaviour_level 'token' with loss.behaviour_mode 'truncate'; 'token_mask', "
+               "'sequence_truncate' and 'sequence_mask' likewise"),
     ForeignKey("reward_funcs", "TRL", "reward.fn", "a GRPOTrainer argument; here a config key, names comma-separated"),
     ForeignKey("reward_weights", "TRL", "reward.weights"),
     ForeignKey("max_steps", "TRL", "rl.steps"),
@@ -133,6 +136,14 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
                "verl's 0 is no limit and its limit stops the run; ours is at least 2, and past it a step trains "
                "the groups that come"),
     ForeignKey("algorithm.norm_adv_by_std_in_grpo", "verl", "advantage.estimator", "False is 'drgrpo'"),
+    ForeignKey("algorithm.rollout_is", "verl", "loss.kind",
+               "True is 'decoupled_ppo': its weights multiply the clipped loss around the recomputed old policy, as "
+               "verl's"),
+    ForeignKey("algorithm.rollout_is_threshold", "verl", "loss.behaviour_cap"),
+    ForeignKey("algorithm.rollout_is_level", "verl", "loss.behaviour_level"),
+    ForeignKey("algorithm.rollout_is_mode", "verl", "loss.behaviour_mode",
+               "'mask' there also drops ratios below rollout_is_threshold_lower (1 / the threshold by default); ours "
+               "drops only those above loss.behaviour_cap"),
     ForeignKey("algorithm.use_kl_in_reward", "verl", "advantage.reward_kl_coef",
                "no switch here: advantage.reward_kl_coef > 0 puts the KL in the reward"),
     ForeignKey("algorithm.kl_ctrl.kl_coef", "verl", "advantage.reward_kl_coef", _KL_IN_REWARD.format(

@@ -343,7 +343,12 @@ class RLSection:
 @dataclasses.dataclass(frozen=True)
 class LossSection:
   kind: str = choices(*LOSS_KINDS)
-  behaviour_cap: float = bounded(2.0, low=1.0)  # decoupled_ppo: truncation C of π_prox/π_behav
+  behaviour_cap: float = bounded(2.0, low=1.0)  # decoupled_ppo: bound C of π_prox/π_behav
+  # decoupled_ppo: the ratio of each token, of its row's sequence (the product over its trained tokens) or that
+  # product's geometric mean; truncated at C (TIS) or masked above it (AReaL's drop, MIS); TRL's
+  # vllm_importance_sampling_mode, verl's rollout correction (`losses.behaviour_weights`).
+  behaviour_level: str = choices("token", "sequence", "geometric")
+  behaviour_mode: str = choices("truncate", "mask")
   eps_low: float = bounded(0.2, low=0.0)
   eps_high: float = bounded(0.28, low=0.0)
   # gspo clips a sequence-level ratio, which stays much closer to 1 (GSPO, Zheng et al. 2025: 3e-4 / 4e-4).

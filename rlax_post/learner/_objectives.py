@@ -326,6 +326,8 @@ def decoupled_ppo_objective(
     eps_low: float,
     eps_high: float,
     behaviour_cap: float = 2.0,
+    behaviour_level: str = 'token',
+    behaviour_mode: str = 'truncate',
     dual_clip: float | None = None,
     kl_coef: float = 0.0,
     kl_kind: str = 'k3',
@@ -337,22 +339,27 @@ def decoupled_ppo_objective(
                    − entropy_coef·H]
 
   (`rlax_post.losses.decoupled_ppo`: the clip of π_θ/π_prox times the
-  truncated behaviour weight min(π_prox/π_behav, behaviour_cap)). With
-  `behaviour_logprobs` equal to `old_logprobs` it is `ppo_objective`.
+  truncated behaviour weight min(π_prox/π_behav, behaviour_cap), or the
+  sequence's or its geometric mean's, truncated or masked:
+  `losses.behaviour_weights`). With `behaviour_logprobs` equal to
+  `old_logprobs` it is `ppo_objective`.
 
   The batch needs `tokens` [B, T] int32, and [B, T − 1] float32
   `advantages`, `old_logprobs` (π_prox: the learner's recomputation with the
   parameters at the start of the update round) and `behaviour_logprobs`
   (π_behav: the sampler's logprobs), plus `ref_logprobs` when kl_coef > 0.
   aux (each Σ w·term): `pg_loss`, `clip_frac`, `behaviour_weight` (the mean
-  weight), `behaviour_capped_frac` (tokens whose weight hit the cap),
+  weight), `behaviour_capped_frac` (tokens whose ratio passed the cap:
+  truncated, or masked),
   `entropy`, and `kl` as in `ppo_objective`.
 
   Args:
     logprob_fn: the model's `(params, tokens_bt, needed_bt) -> (logp_bt, entropy_bt)`.
     eps_low: see `rlax_post.losses.ppo_clip`.
     eps_high: see `rlax_post.losses.ppo_clip`.
-    behaviour_cap: the truncation C ≥ 1 of the behaviour weight.
+    behaviour_cap: the bound C ≥ 1 of the behaviour weight.
+    behaviour_level: 'token', 'sequence' or 'geometric' (`losses.behaviour_weights`).
+    behaviour_mode: 'truncate' or 'mask' (`losses.behaviour_weights`).
     dual_clip: see `rlax_post.losses.ppo_clip`.
     kl_coef: weight of the KL penalty, ≥ 0.
     kl_kind: 'k1', 'k2' or 'k3', see `rlax_post.losses.kl_penalty`.
@@ -365,20 +372,24 @@ def decoupled_ppo_objective(
   _check_clip(eps_low, eps_high, dual_clip)
   if behaviour_cap < 1:
     raise ValueError(f'behaviour_cap must be >= 1; got {behaviour_cap}')
+  if behaviour_level not in losses.BEHAVIOUR_LEVELS or behaviour_mode not in losses.BEHAVIOUR_MODES:
+    raise ValueError(f'behaviour_level must be one of {list(losses.BEHAVIOUR_LEVELS)} and behaviour_mode one of '
+                     f'{list(losses.BEHAVIOUR_MODES)}; got {behaviour_level!r}, {behaviour_mode!r}')
 
   def pg_term(logp_bt, batch, weights_bt):
     adv_bt, prox_logp_bt = _advantages_and_old(batch, weights_bt, logp_bt)
     # Padding gets behaviour = prox: weight 1, whatever the sampler wrote.
     behav_logp_bt = _per_token(batch, 'behaviour_logprobs', weights_bt,
                                prox_logp_bt)
-    pg_bt, clipped_bt, weight_bt = losses.decoupled_ppo(
+    # A row's sequence-level weight reads its trained tokens: those of positive aggregation weight.
+    pg_bt, clipped_bt, weight_bt, capped_bt = losses.decoupled_ppo(
         logp_bt, prox_logp_bt, behav_logp_bt, adv_bt, eps_low=eps_low,
-        eps_high=eps_high, cap=behaviour_cap, dual_clip=dual_clip)
+        eps_high=eps_high, cap=behaviour_cap, dual_clip=dual_clip, mask_bt=weights_bt > 0,
+        level=behaviour_level, mode=behaviour_mode)
     return pg_bt, {
         'clip_frac': clipped_bt,
         'behaviour_weight': weight_bt,
-        'behaviour_capped_frac': (weight_bt >= behaviour_cap).astype(
-            jnp.float32),
+        'behaviour_capped_frac': capped_bt,
     }
 
   return _policy_objective(

@@ -6,6 +6,9 @@ from rlax_post.losses._aggregate import aggregate
 from rlax_post.losses._aggregate import aggregation_weights
 from rlax_post.losses._aggregate import weighted_sum
 from rlax_post.losses._cispo import cispo
+from rlax_post.losses._decoupled import BEHAVIOUR_LEVELS
+from rlax_post.losses._decoupled import BEHAVIOUR_MODES
+from rlax_post.losses._decoupled import behaviour_weights
 from rlax_post.losses._decoupled import decoupled_ppo
 from rlax_post.losses._entropy import top_entropy_mask
 from rlax_post.losses._gspo import gspo
@@ -24,11 +27,14 @@ from rlax_post.losses._value import value_loss
 
 __all__ = (
     'AGG_MODES',
+    'BEHAVIOUR_LEVELS',
+    'BEHAVIOUR_MODES',
     'KL_KINDS',
     'VALUE_LOSSES',
     'adaptive_kl_coef',
     'aggregate',
     'aggregation_weights',
+    'behaviour_weights',
     'calibration_error',
     'cispo',
     'decoupled_ppo',

@@ -8,6 +8,64 @@ import jax.numpy as jnp
 from rlax_post.losses._ppo import _check_same_shape_bt
 from rlax_post.losses._ppo import ppo_clip
 
+BEHAVIOUR_LEVELS = ('token', 'sequence', 'geometric')
+BEHAVIOUR_MODES = ('truncate', 'mask')
+
+
+def behaviour_weights(
+    prox_logp_bt: jax.Array,
+    behav_logp_bt: jax.Array,
+    mask_bt: jax.Array,
+    *,
+    cap: float,
+    level: str = 'token',
+    mode: str = 'truncate',
+) -> tuple[jax.Array, jax.Array]:
+  """Importance weights π_prox/π_behav of sampled tokens, bounded by `cap`.
+
+  The ratio r is each token's own (`level` 'token': r_t = exp(d_t) with
+  d_t = logπ_prox − logπ_behav), its row's product over the trained tokens
+  ('sequence': exp(Σ_t m_t·d_t), the sequence's likelihood ratio) or that
+  product's per-token geometric mean ('geometric': exp(Σ_t m_t·d_t / Σ_t m_t)),
+  the last two the same for every token of a row. `mode` 'truncate' keeps
+  min(r, cap) (truncated IS: V-trace, TIS); 'mask' keeps r where r ≤ cap and
+  0 above it (masked IS: AReaL's drop, MIS). TRL's
+  `vllm_importance_sampling_mode` and verl's rollout correction name the same
+  six combinations.
+
+  Args:
+    prox_logp_bt: [B, T] log-probabilities under the proximal (learner's) policy.
+    behav_logp_bt: [B, T] log-probabilities under the behaviour (sampler's) policy.
+    mask_bt: [B, T] the trained tokens (> 0); a row's sum reads only these.
+    cap: the bound C ≥ 1.
+    level: 'token', 'sequence' or 'geometric'.
+    mode: 'truncate' or 'mask'.
+
+  Returns:
+    weight_bt: [B, T] float32 weights (no gradient).
+    capped_bt: [B, T] float32, 1.0 where r exceeded the cap (truncated or
+      masked), else 0.0.
+  """
+  if level not in BEHAVIOUR_LEVELS or mode not in BEHAVIOUR_MODES:
+    raise ValueError(f'level must be one of {list(BEHAVIOUR_LEVELS)} and mode one of {list(BEHAVIOUR_MODES)}; '
+                     f'got {level!r}, {mode!r}')
+  if cap < 1.0:
+    raise ValueError(f'cap must be >= 1; got {cap}')
+  _check_same_shape_bt(prox_logp_bt=prox_logp_bt, behav_logp_bt=behav_logp_bt, mask_bt=mask_bt)
+  d_bt = jax.lax.stop_gradient(jnp.asarray(prox_logp_bt, jnp.float32) - jnp.asarray(behav_logp_bt, jnp.float32))
+  if level != 'token':
+    m_bt = (jnp.asarray(mask_bt) > 0).astype(jnp.float32)
+    d_b = (d_bt * m_bt).sum(axis=1)
+    if level == 'geometric':
+      d_b = d_b / jnp.maximum(m_bt.sum(axis=1), 1.0)
+    d_bt = jnp.broadcast_to(d_b[:, None], d_bt.shape)
+  log_cap = jnp.log(jnp.float32(cap))
+  capped_bt = d_bt > log_cap
+  # exp of the clipped log-ratio: a long sequence's product cannot overflow.
+  ratio_bt = jnp.exp(jnp.minimum(d_bt, log_cap))
+  weight_bt = ratio_bt if mode == 'truncate' else jnp.where(capped_bt, 0.0, ratio_bt)
+  return weight_bt, capped_bt.astype(jnp.float32)
+
 
 def decoupled_ppo(
     logp_bt: jax.Array,
@@ -19,7 +77,10 @@ def decoupled_ppo(
     eps_high: float,
     cap: float,
     dual_clip: float | None = None,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+    mask_bt: jax.Array | None = None,
+    level: str = 'token',
+    mode: str = 'truncate',
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """Per-token decoupled PPO loss: trust region around π_prox, IS from π_behav.
 
   In asynchronous RL the sampler's policy π_behav lags the learner. Decoupled
@@ -37,7 +98,9 @@ def decoupled_ppo(
   update. With π_prox = π_behav, w = 1 exactly and the loss is `ppo_clip`'s.
   (The paper's objective has no cap; AReaL's code, `behav_imp_weight_cap`,
   drops a token whose weight exceeds it, w = 0, where this one keeps it at
-  w = C, as the spec, credit_assignment.md §7, asks.)
+  w = C, as the spec, credit_assignment.md §7, asks; `mode` 'mask' drops it.)
+  `level` and `mode` choose the weight as `behaviour_weights` says (the
+  default, 'token' and 'truncate', is the formula above).
 
   Args:
     logp_bt: [B, T] log-probabilities of the taken tokens under the current
@@ -52,23 +115,27 @@ def decoupled_ppo(
     cap: truncation C ≥ 1 of the behaviour weight (below 1 it would also
       down-weight on-policy tokens).
     dual_clip: see `ppo_clip`.
+    mask_bt: [B, T] the trained tokens, which a 'sequence' or 'geometric'
+      weight sums over; None: every token.
+    level: see `behaviour_weights`.
+    mode: see `behaviour_weights`.
 
   Returns:
     loss_bt: [B, T] float32 per-token loss (not aggregated, not masked).
     clipped_bt: [B, T] float32, 1.0 on tokens whose gradient was cut by a clip
       of ρ_prox (see `ppo_clip`), else 0.0.
     weight_bt: [B, T] float32 behaviour weights w (stopped), for metrics.
+    capped_bt: [B, T] float32, 1.0 where the ratio exceeded the cap
+      (`behaviour_weights`).
   """
   _check_same_shape_bt(
       logp_bt=logp_bt, prox_logp_bt=prox_logp_bt, behav_logp_bt=behav_logp_bt,
       adv_bt=adv_bt)
-  if cap < 1.0:
-    raise ValueError(f'cap must be >= 1; got {cap}')
   prox_logp_bt = jax.lax.stop_gradient(jnp.asarray(prox_logp_bt, jnp.float32))
-  behav_logp_bt = jax.lax.stop_gradient(
-      jnp.asarray(behav_logp_bt, jnp.float32))
-  weight_bt = jnp.minimum(jnp.exp(prox_logp_bt - behav_logp_bt), cap)
+  weight_bt, capped_bt = behaviour_weights(
+      prox_logp_bt, behav_logp_bt, jnp.ones_like(prox_logp_bt) if mask_bt is None else mask_bt, cap=cap,
+      level=level, mode=mode)
   loss_bt, clipped_bt = ppo_clip(
       logp_bt, prox_logp_bt, adv_bt, eps_low=eps_low, eps_high=eps_high,
       dual_clip=dual_clip)
-  return weight_bt * loss_bt, clipped_bt, weight_bt
+  return weight_bt * loss_bt, clipped_bt, weight_bt, capped_bt

@@ -49,7 +49,8 @@ def make_objective(section: config_lib.LossSection, logprob_fn, kind: str | None
                                                eps_high=section.cispo_eps_high, **common),
       "decoupled_ppo": lambda: learner.decoupled_ppo_objective(
           logprob_fn, eps_low=section.eps_low, eps_high=section.eps_high,
-          behaviour_cap=section.behaviour_cap, dual_clip=section.dual_clip, **common),
+          behaviour_cap=section.behaviour_cap, behaviour_level=section.behaviour_level,
+          behaviour_mode=section.behaviour_mode, dual_clip=section.dual_clip, **common),
   }
   if kind not in factories:
     raise ValueError(f"`loss.kind` must be one of {sorted(factories)}; got {kind!r}.")
