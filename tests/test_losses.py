@@ -58,6 +58,28 @@ def test_cispo_weights_every_tokens_gradient_by_its_clipped_stopped_ratio():
   with pytest.raises(ValueError, match='eps_low and eps_high must be >= 0; got -0.1, 0.28'):
     losses.cispo(logp, old, adv, eps_low=-0.1, eps_high=0.28)
 
+
+def test_sapo_gates_each_tokens_gradient_smoothly_by_its_ratio():
+  """SAPO: loss = −(4/τ)·σ(τ(r − 1))·A with τ = 1 where A > 0 and 1.05 elsewhere; ∇loss/∇logp = −g·r·A with the gate
+  g = 4σ(1 − σ): PPO's −A on-policy, and a token PPO's clip zeroes (r = 1.5, A > 0) keeps a shrunken gradient."""
+  ratio = np.array([[1.0, 1.5, 0.5, 2.0]], np.float32)
+  adv = np.array([[1.0, 1.0, -2.0, -1.0]], np.float32)
+  logp = np.log(np.array([[0.3, 0.2, 0.1, 0.4]], np.float32))
+  old = logp - np.log(ratio)
+  tau = np.array([[1.0, 1.0, 1.05, 1.05]])
+  sig = 1.0 / (1.0 + np.exp(-tau * (ratio - 1.0)))
+  fn = lambda lp: losses.sapo(lp, old, adv, tau_pos=1.0, tau_neg=1.05)
+  loss, gate = fn(logp)
+  np.testing.assert_allclose(loss, -(4.0 / tau) * sig * adv, rtol=1e-5)
+  np.testing.assert_allclose(gate, 4.0 * sig * (1.0 - sig), rtol=1e-5)
+  grad = jax.grad(lambda lp: fn(lp)[0].sum())(jnp.asarray(logp))
+  np.testing.assert_allclose(grad, -4.0 * sig * (1.0 - sig) * ratio * adv, rtol=1e-5)
+  assert float(grad[0, 0]) == pytest.approx(-1.0) and -1.5 < float(grad[0, 1]) < 0  # r = 1: −A; r = 1.5: not cut
+  ppo_grad = jax.grad(lambda lp: losses.ppo_clip(lp, old, adv, eps_low=0.2, eps_high=0.28)[0].sum())(jnp.asarray(logp))
+  assert float(ppo_grad[0, 1]) == 0.0
+  with pytest.raises(ValueError, match='tau_pos and tau_neg must be > 0; got 0.0, 1.05'):
+    losses.sapo(logp, old, adv, tau_pos=0.0, tau_neg=1.05)
+
 # (ratio, advantage) cases with eps_low = 0.2, eps_high = 0.28, and the
 # expected loss / clipped flag / d loss / d logp, without and with dual clip 3.
 _PPO_CASES = [

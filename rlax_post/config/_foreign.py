@@ -28,7 +28,8 @@ _KL_IN_REWARD = "a reward −β·kl_t at each token, summed by a group method, a
 _KL_TARGET = "> 0 adapts β (advantage.reward_kl_coef its start) as their adaptive controller, on the batch's "\
              "mean per-token KL as theirs; 0 keeps β fixed"
 _AGG = ("'grpo' is 'seq_mean_token_mean', 'dr_grpo' is 'seq_mean_token_sum_norm', 'dapo' and 'bnpo' are "
-        "'token_mean'; 'cispo' is loss.kind = 'cispo' with 'token_mean' (its cap: see epsilon_high)")
+        "'token_mean'; 'cispo' is loss.kind = 'cispo' with 'token_mean' (its cap: see epsilon_high); 'sapo' is "
+        "loss.kind = 'sapo'")
 _ACTOR = "actor_rollout_ref.actor."
 
 FOREIGN_KEYS: tuple[ForeignKey, ...] = (
@@ -58,6 +59,8 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("scale_rewards", "TRL", "advantage.estimator",
                "True / 'group' is 'grpo', 'batch' is 'grpo' with advantage.scale = 'batch', False / 'none' is 'drgrpo'"),
     ForeignKey("importance_sampling_level", "TRL", "loss.kind", "'sequence' is 'gspo'"),
+    ForeignKey("sapo_temperature_pos", "TRL", "loss.sapo_tau_pos"),
+    ForeignKey("sapo_temperature_neg", "TRL", "loss.sapo_tau_neg"),
     ForeignKey("vllm_importance_sampling_correction", "TRL", "loss.kind",
                "True is 'decoupled_ppo': each token's weight min(pi_old / pi_sampler, loss.behaviour_cap) is its "
                "truncated importance sampling"),
@@ -136,6 +139,8 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
                "verl's 0 is no limit and its limit stops the run; ours is at least 2, and past it a step trains "
                "the groups that come"),
     ForeignKey("algorithm.norm_adv_by_std_in_grpo", "verl", "advantage.estimator", "False is 'drgrpo'"),
+    ForeignKey(_ACTOR + "policy_loss.loss_mode", "verl", "loss.kind",
+               "'vanilla' is 'ppo', 'gspo' is 'gspo'; ours also has 'cispo', 'sapo' and 'decoupled_ppo'"),
     ForeignKey("algorithm.rollout_is", "verl", "loss.kind",
                "True is 'decoupled_ppo': its weights multiply the clipped loss around the recomputed old policy, as "
                "verl's"),

@@ -210,6 +210,7 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("loss.eps_low", "loss.eps_high", "loss.dual_clip"), _loss_kind_is("ppo", "decoupled_ppo")),
     (("loss.seq_eps_low", "loss.seq_eps_high"), _loss_kind_is("gspo")),
     (("loss.cispo_eps_low", "loss.cispo_eps_high"), _loss_kind_is("cispo")),
+    (("loss.sapo_tau_pos", "loss.sapo_tau_neg"), _loss_kind_is("sapo")),
     (("loss.behaviour_cap", "loss.behaviour_level", "loss.behaviour_mode"), _loss_kind_is("decoupled_ppo")),
     (("loss.kl_kind",), _KL),
     (("critic",), _CRITIC),

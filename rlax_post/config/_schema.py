@@ -43,7 +43,7 @@ ADVANTAGE_ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gigpo", "grap
                         "tree_grpo", "treerl")
 C3_MODES = ("value_assisted", "reward_only", "value_only")
 # "auto": ppo when training is on-policy (sync, or async with max_staleness = 0), decoupled_ppo otherwise.
-LOSS_KINDS = ("auto", "ppo", "gspo", "decoupled_ppo", "cispo")
+LOSS_KINDS = ("auto", "ppo", "gspo", "decoupled_ppo", "cispo", "sapo")
 KL_KINDS = ("k3", "k1", "k2")
 LR_DECAYS = ("cosine", "linear", "constant")  # `learner.LR_DECAYS` (a test keeps the two equal)
 AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
@@ -358,6 +358,9 @@ class LossSection:
   # are Trinity-RFT's defaults).
   cispo_eps_low: float = bounded(1.0, low=0.0)
   cispo_eps_high: float = bounded(0.28, low=0.0)
+  # sapo's gate temperatures on positive- and negative-advantage tokens (SAPO, Gao et al. 2025: 1.0, 1.05).
+  sapo_tau_pos: float = bounded(1.0, low=0.0, low_open=True)
+  sapo_tau_neg: float = bounded(1.05, low=0.0, low_open=True)
   dual_clip: float | None = bounded(None, low=1.0, low_open=True)  # c caps negative-advantage tokens' loss at -c·A
   kl_coef: float = bounded(0.0, low=0.0)
   # With kl_coef = 0: still score the reference policy each step to report `kl` (one more forward pass).

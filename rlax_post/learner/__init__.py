@@ -8,6 +8,7 @@ from rlax_post.learner._objectives import cispo_objective
 from rlax_post.learner._objectives import gspo_objective
 from rlax_post.learner._objectives import per_role_objective
 from rlax_post.learner._objectives import ppo_objective
+from rlax_post.learner._objectives import sapo_objective
 from rlax_post.learner._objectives import sft_objective
 from rlax_post.learner._objectives import value_objective
 from rlax_post.learner._objectives import ValueLoss
@@ -47,6 +48,7 @@ __all__ = (
     'make_update',
     'per_role_objective',
     'ppo_objective',
+    'sapo_objective',
     'role_params',
     'sft_objective',
     'value_objective',

@@ -320,6 +320,37 @@ def cispo_objective(
       kl_kind=kl_kind, entropy_coef=entropy_coef)
 
 
+def sapo_objective(
+    logprob_fn: LogprobFn,
+    *,
+    tau_pos: float,
+    tau_neg: float,
+    kl_coef: float = 0.0,
+    kl_kind: str = 'k3',
+    entropy_coef: float = 0.0,
+) -> Objective:
+  """SAPO (Qwen) with KL and entropy terms.
+
+    loss = Σ_bt w·[sapo(logp, old, A) + kl_coef·kl(logp, ref) − entropy_coef·H]
+
+  (`rlax_post.losses.sapo`: −(4/τ)·σ(τ(π_θ/π_old − 1))·A, τ = tau_pos where A > 0 else tau_neg). The batch is that
+  of `ppo_objective`; aux (each Σ w·term): `pg_loss`, `sapo_gate` (the gradient's gate, 1 on-policy), `entropy`,
+  and `kl` as in `ppo_objective`.
+  """
+  _check_regularisers(kl_coef, kl_kind, entropy_coef)
+  if not (tau_pos > 0 and tau_neg > 0):
+    raise ValueError(f'tau_pos and tau_neg must be > 0; got {tau_pos}, {tau_neg}')
+
+  def pg_term(logp_bt, batch, weights_bt):
+    adv_bt, old_logp_bt = _advantages_and_old(batch, weights_bt, logp_bt)
+    pg_bt, gate_bt = losses.sapo(logp_bt, old_logp_bt, adv_bt, tau_pos=tau_pos, tau_neg=tau_neg)
+    return pg_bt, {'sapo_gate': gate_bt}
+
+  return _policy_objective(
+      logprob_fn, pg_term, keys=(), kl_coef=kl_coef,
+      kl_kind=kl_kind, entropy_coef=entropy_coef)
+
+
 def decoupled_ppo_objective(
     logprob_fn: LogprobFn,
     *,

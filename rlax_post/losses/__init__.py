@@ -15,6 +15,7 @@ from rlax_post.losses._gspo import gspo
 from rlax_post.losses._kl import KL_KINDS
 from rlax_post.losses._kl import adaptive_kl_coef
 from rlax_post.losses._kl import kl_penalty
+from rlax_post.losses._sapo import sapo
 from rlax_post.losses._ppo import ppo_clip
 from rlax_post.losses._value import calibration_error
 from rlax_post.losses._value import explained_variance
@@ -45,6 +46,7 @@ __all__ = (
     'ppo_clip',
     'prediction',
     'prior_logit',
+    'sapo',
     'top_entropy_mask',
     'value_clip_fraction',
     'value_loss',

@@ -47,6 +47,8 @@ def make_objective(section: config_lib.LossSection, logprob_fn, kind: str | None
                                              eps_high=section.seq_eps_high, **common),
       "cispo": lambda: learner.cispo_objective(logprob_fn, eps_low=section.cispo_eps_low,
                                                eps_high=section.cispo_eps_high, **common),
+      "sapo": lambda: learner.sapo_objective(logprob_fn, tau_pos=section.sapo_tau_pos, tau_neg=section.sapo_tau_neg,
+                                             **common),
       "decoupled_ppo": lambda: learner.decoupled_ppo_objective(
           logprob_fn, eps_low=section.eps_low, eps_high=section.eps_high,
           behaviour_cap=section.behaviour_cap, behaviour_level=section.behaviour_level,
