@@ -66,7 +66,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 dual_clip=config_dict.placeholder(float), kl_coef=0.0,
                 track_kl=True, kl_kind="k3",
                 entropy_coef=0.0, agg_mode="token_mean", micro_batches=1,
-                mask_truncated=False, top_entropy_quantile=1.0)
+                mask_truncated=False, top_entropy_quantile=1.0,
+                off_policy_mask_threshold=config_dict.placeholder(float))
   # Read by some estimators only (a value other than the default, set for another, is refused): gamma by gigpo,
   # graph_gae and gae; lambda_ and normalize by graph_gae and gae; omega and episode_method by gigpo; max_nodes
   # by gigpo and graph_gae; num_iters by graph_gae; c3_mode .. standardize by c3.

@@ -247,7 +247,8 @@ def _build(model: str, hardware: str, mesh: dict, critic: bool = False) -> ml_co
                 dual_clip=config_dict.placeholder(float), kl_coef=0.0,
                 track_kl=False, kl_kind="k3",
                 entropy_coef=0.0, agg_mode="token_mean", micro_batches=micro_batches,
-                mask_truncated=False, top_entropy_quantile=1.0)
+                mask_truncated=False, top_entropy_quantile=1.0,
+                off_policy_mask_threshold=config_dict.placeholder(float))
   c.advantage = dict(estimator="grpo", std="sample", scale="group", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
                      episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0,
                      c3_mode="value_assisted", alpha=1.0, baseline="loo", standardize=True,

@@ -84,7 +84,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 dual_clip=config_dict.placeholder(float), kl_coef=0.0,
                 track_kl=False, kl_kind="k3",
                 entropy_coef=0.0, agg_mode="token_mean", micro_batches=1,
-                mask_truncated=False, top_entropy_quantile=1.0)
+                mask_truncated=False, top_entropy_quantile=1.0,
+                off_policy_mask_threshold=config_dict.placeholder(float))
   # c3: c3_mode, alpha, baseline, standardize; magrpo: std, eps.
   c.advantage = dict(estimator="magrpo", std="sample", scale="group", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,
                      episode_method="drgrpo", normalize=config_dict.placeholder(str), max_nodes=0, num_iters=0,

@@ -66,7 +66,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 dual_clip=config_dict.placeholder(float), kl_coef=0.02,
                 track_kl=False, kl_kind="k3",
                 entropy_coef=0.0, agg_mode="token_mean", micro_batches=1,
-                mask_truncated=False, top_entropy_quantile=1.0)
+                mask_truncated=False, top_entropy_quantile=1.0,
+                off_policy_mask_threshold=config_dict.placeholder(float))
   # estimator: "grpo" (episode level), "gigpo" or "graph_gae" (turn level over the env's state keys). graph_gae
   # reads `GRAPH_GAE` too (set with it on the command line, or as the sweep's graph_gae arm does).
   c.advantage = dict(estimator="gigpo", std="sample", scale="group", eps=1e-6, gamma=1.0, lambda_=1.0, omega=1.0,

@@ -238,6 +238,21 @@ def test_behaviour_weights_errors():
     losses.behaviour_weights(x, x, x, cap=0.5)
 
 
+def test_off_policy_sequence_mask_hand_values():
+  """Rows' mean log(π_behav/π_θ) over trained tokens: 0.4 (row 0; its untrained token's 9 unread), 0.1 (row 1);
+  δ = 0.2 drops row 0's negative-advantage tokens only; row 1 is kept whatever its advantages."""
+  logp_bt = jnp.zeros((2, 4))
+  behav_bt = jnp.asarray([[0.2, 0.6, 0.4, 9.0], [0.1, 0.1, 0.1, 0.1]])
+  adv_bt = jnp.asarray([[-1.0, 2.0, -0.5, -1.0], [-1.0, -1.0, -1.0, -1.0]])
+  mask_bt = jnp.asarray([[1, 1, 1, 0], [1, 1, 1, 1]])
+  keep_bt = losses.off_policy_sequence_mask(logp_bt, behav_bt, adv_bt, mask_bt, threshold=0.2)
+  np.testing.assert_array_equal(keep_bt, [[0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+  keep_hi = losses.off_policy_sequence_mask(logp_bt, behav_bt, adv_bt, mask_bt, threshold=0.4)  # 0.4 is not > 0.4
+  np.testing.assert_array_equal(keep_hi, 1.0)
+  with pytest.raises(ValueError, match='threshold must be >= 0; got -0.1'):
+    losses.off_policy_sequence_mask(logp_bt, behav_bt, adv_bt, mask_bt, threshold=-0.1)
+
+
 def test_decoupled_errors():
   x = jnp.zeros((2, 3))
   kw = dict(eps_low=0.2, eps_high=0.2)
@@ -474,6 +489,41 @@ def test_decoupled_objective_weights_each_row_by_its_trained_tokens(model, batch
   expected = jnp.sum(jnp.where(valid, w_bt * weight_b[:, None] * pg_bt, 0.0))
   np.testing.assert_allclose(loss, expected, rtol=1e-5)
   np.testing.assert_allclose(aux['behaviour_capped_frac'], jnp.sum(w_bt * (r_b > _CAP)[:, None]), rtol=1e-5)
+
+
+@pytest.mark.parametrize('make', [
+    lambda fn, **kw: ppo_objective(fn, eps_low=0.2, eps_high=0.28, **kw),
+    lambda fn, **kw: decoupled_ppo_objective(fn, eps_low=0.2, eps_high=0.28, behaviour_cap=_CAP, **kw),
+])
+def test_off_policy_mask_drops_the_policy_term_of_far_negative_rows(model, batch, make):
+  """`off_policy_threshold` δ: the objective equals the one trained on the batch with the dropped tokens'
+  advantages zeroed by hand (rows whose mean log(π_behav/π_θ) under the current params exceeds δ, where A < 0);
+  the KL and entropy terms and the aggregation weights are untouched; `off_policy_masked_frac` counts them."""
+  graphdef, params = model
+  mask_bt = batch['loss_mask']
+  w_bt = losses.aggregation_weights(mask_bt, mode='token_mean')
+  fn = functools.partial(models.token_logprobs, graphdef)
+  lp_bt = _direct_logp(graphdef, params, batch['tokens'])
+  valid = np.asarray(mask_bt) > 0
+  # The sampler's logprobs: the current ones less a row's offset and noise; rows 1 and 3 (A < 0) at 0.5 and 0.05.
+  offset_b = jnp.asarray([0.1, 0.5, 0.0, 0.05, 0.3, 0.2])[:, None]
+  behav_bt = lp_bt + offset_b + 0.02 * jax.random.normal(jax.random.key(5), lp_bt.shape)
+  batch = dict(batch, behaviour_logprobs=jnp.where(valid, behav_bt, -jnp.inf))
+  kl_b = np.where(valid, np.asarray(behav_bt - lp_bt), 0.0).sum(1) / np.maximum(valid.sum(1), 1)
+  delta = 0.2
+  drop = (np.asarray(batch['advantages']) < 0) & (kl_b[:, None] > delta) & valid
+  assert drop[1].sum() == valid[1].sum() and drop[3].sum() == 0  # row 1 dropped whole, row 3 kept
+  assert 0 < drop.sum() < valid.sum()
+  kw = dict(kl_coef=0.05, entropy_coef=0.01)
+  (loss, aux), grads = _value_and_grad(make(fn, off_policy_threshold=delta, **kw), params, batch, w_bt)
+  by_hand = dict(batch, advantages=jnp.where(drop, 0.0, batch['advantages']))
+  (loss_ref, aux_ref), grads_ref = _value_and_grad(make(fn, **kw), params, by_hand, w_bt)
+  np.testing.assert_allclose(loss, loss_ref, rtol=1e-5)
+  for key in aux_ref:
+    if key != 'clip_frac':  # (a zeroed advantage changes which side of the clip counts)
+      np.testing.assert_allclose(aux[key], aux_ref[key], rtol=1e-5, atol=1e-7, err_msg=key)
+  np.testing.assert_allclose(aux['off_policy_masked_frac'], np.sum(np.asarray(w_bt) * drop), rtol=1e-5)
+  _tree_allclose(grads, grads_ref, atol=1e-6, rtol=1e-4)
 
 
 def test_objective_errors(model, batch):

@@ -60,6 +60,8 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
                "True / 'group' is 'grpo', 'batch' is 'grpo' with advantage.scale = 'batch', False / 'none' is 'drgrpo'"),
     ForeignKey("importance_sampling_level", "TRL", "loss.kind", "'sequence' is 'gspo'"),
     ForeignKey("sapo_temperature_pos", "TRL", "loss.sapo_tau_pos"),
+    ForeignKey("off_policy_mask_threshold", "TRL", "loss.off_policy_mask_threshold",
+               "ours reads the mean log-ratio over each row's trained tokens, per token's advantage sign"),
     ForeignKey("sapo_temperature_neg", "TRL", "loss.sapo_tau_neg"),
     ForeignKey("vllm_importance_sampling_correction", "TRL", "loss.kind",
                "True is 'decoupled_ppo': each token's weight min(pi_old / pi_sampler, loss.behaviour_cap) is its "

@@ -113,7 +113,9 @@ def sft_objective(logprob_fn: LogprobFn) -> Objective:
   return objective
 
 
-def _check_regularisers(kl_coef, kl_kind, entropy_coef):
+def _check_regularisers(kl_coef, kl_kind, entropy_coef, off_policy_threshold=None):
+  if off_policy_threshold is not None and not off_policy_threshold >= 0:
+    raise ValueError(f'off_policy_threshold must be None or >= 0; got {off_policy_threshold}')
   if kl_kind not in losses.KL_KINDS:
     raise ValueError(
         f'kl_kind must be one of {list(losses.KL_KINDS)}; got {kl_kind!r}')
@@ -138,6 +140,7 @@ def _policy_objective(
     kl_coef: float,
     kl_kind: str,
     entropy_coef: float,
+    off_policy_threshold: float | None = None,
 ) -> Objective:
   """Σ_bt w·[pg_term + kl_coef·kl(logp, ref) − entropy_coef·H].
 
@@ -150,14 +153,24 @@ def _policy_objective(
   [B, T − 1] (0/1) multiplies the pg_term only: its zeros train no policy
   gradient but keep their aggregation weight, their KL and entropy terms, and
   their share of the pg_term's aux entries (`loss.top_entropy_quantile`).
+  With `off_policy_threshold` δ the pg_term is also multiplied by DeepSeek-V3.2's
+  off-policy sequence mask under the current policy (`losses.off_policy_sequence_mask`,
+  from `behaviour_logprobs`), its masked share reported as `off_policy_masked_frac`.
   """
 
   def objective(params, batch, weights_bt, rng):
     del rng  # The forward pass is deterministic.
     _require(batch, ('tokens', 'advantages') + keys
-             + (('ref_logprobs',) if kl_coef > 0 else ()))
+             + (('ref_logprobs',) if kl_coef > 0 else ())
+             + (('behaviour_logprobs',) if off_policy_threshold is not None else ()))
     logp_bt, entropy_bt = _logprobs(logprob_fn, params, batch, weights_bt)
     pg_bt, aux_bt = pg_term(logp_bt, batch, weights_bt)
+    if off_policy_threshold is not None:  # DeepSeek-V3.2: negative rows the sampler drew far off the policy
+      stopped_bt = jax.lax.stop_gradient(logp_bt)
+      keep_bt = losses.off_policy_sequence_mask(
+          stopped_bt, _per_token(batch, 'behaviour_logprobs', weights_bt, stopped_bt),
+          _per_token(batch, 'advantages', weights_bt, 0.0), weights_bt != 0, threshold=off_policy_threshold)
+      pg_bt, aux_bt = pg_bt * keep_bt, {**aux_bt, 'off_policy_masked_frac': 1.0 - keep_bt}
     if 'pg_mask' in batch:  # Tokens the policy gradient skips; they keep their weight in every normaliser.
       pg_bt = pg_bt * jax.lax.stop_gradient(batch['pg_mask'])
     pg_loss = losses.weighted_sum(pg_bt, weights_bt)
@@ -196,6 +209,7 @@ def ppo_objective(
     kl_coef: float = 0.0,
     kl_kind: str = 'k3',
     entropy_coef: float = 0.0,
+    off_policy_threshold: float | None = None,
 ) -> Objective:
   """Per-token PPO clip with a KL penalty and an entropy bonus.
 
@@ -216,11 +230,14 @@ def ppo_objective(
     kl_coef: weight of the KL penalty, ≥ 0.
     kl_kind: 'k1', 'k2' or 'k3', see `rlax_post.losses.kl_penalty`.
     entropy_coef: weight of the entropy bonus, ≥ 0.
+    off_policy_threshold: δ ≥ 0 of DeepSeek-V3.2's off-policy sequence mask
+      (`losses.off_policy_sequence_mask`; the batch then needs
+      `behaviour_logprobs`), or None: no mask. Every policy objective takes it.
 
   Returns:
     An objective `(params, batch, weights_bt, rng) -> (loss, aux)`.
   """
-  _check_regularisers(kl_coef, kl_kind, entropy_coef)
+  _check_regularisers(kl_coef, kl_kind, entropy_coef, off_policy_threshold)
   _check_clip(eps_low, eps_high, dual_clip)
 
   def pg_term(logp_bt, batch, weights_bt):
@@ -232,7 +249,8 @@ def ppo_objective(
 
   return _policy_objective(
       logprob_fn, pg_term, keys=(), kl_coef=kl_coef,
-      kl_kind=kl_kind, entropy_coef=entropy_coef)
+      kl_kind=kl_kind, entropy_coef=entropy_coef,
+      off_policy_threshold=off_policy_threshold)
 
 
 def gspo_objective(
@@ -243,6 +261,7 @@ def gspo_objective(
     kl_coef: float = 0.0,
     kl_kind: str = 'k3',
     entropy_coef: float = 0.0,
+    off_policy_threshold: float | None = None,
 ) -> Objective:
   """Sequence-level clip (GSPO, Zheng et al. 2025) with KL and entropy terms.
 
@@ -271,7 +290,7 @@ def gspo_objective(
   Returns:
     An objective `(params, batch, weights_bt, rng) -> (loss, aux)`.
   """
-  _check_regularisers(kl_coef, kl_kind, entropy_coef)
+  _check_regularisers(kl_coef, kl_kind, entropy_coef, off_policy_threshold)
   _check_clip(eps_low, eps_high, None)
 
   def pg_term(logp_bt, batch, weights_bt):
@@ -287,7 +306,8 @@ def gspo_objective(
 
   return _policy_objective(
       logprob_fn, pg_term, keys=(), kl_coef=kl_coef,
-      kl_kind=kl_kind, entropy_coef=entropy_coef)
+      kl_kind=kl_kind, entropy_coef=entropy_coef,
+      off_policy_threshold=off_policy_threshold)
 
 
 def cispo_objective(
@@ -298,6 +318,7 @@ def cispo_objective(
     kl_coef: float = 0.0,
     kl_kind: str = 'k3',
     entropy_coef: float = 0.0,
+    off_policy_threshold: float | None = None,
 ) -> Objective:
   """CISPO (MiniMax-M1) with KL and entropy terms.
 
@@ -307,7 +328,7 @@ def cispo_objective(
   `ppo_objective`; aux (each Σ w·term): `pg_loss` (a value holding log π_θ, not PPO's surrogate), `clip_frac`
   (tokens whose weight was clipped), `entropy`, and `kl` as in `ppo_objective`.
   """
-  _check_regularisers(kl_coef, kl_kind, entropy_coef)
+  _check_regularisers(kl_coef, kl_kind, entropy_coef, off_policy_threshold)
   _check_clip(eps_low, eps_high, None)
 
   def pg_term(logp_bt, batch, weights_bt):
@@ -317,7 +338,8 @@ def cispo_objective(
 
   return _policy_objective(
       logprob_fn, pg_term, keys=(), kl_coef=kl_coef,
-      kl_kind=kl_kind, entropy_coef=entropy_coef)
+      kl_kind=kl_kind, entropy_coef=entropy_coef,
+      off_policy_threshold=off_policy_threshold)
 
 
 def sapo_objective(
@@ -328,6 +350,7 @@ def sapo_objective(
     kl_coef: float = 0.0,
     kl_kind: str = 'k3',
     entropy_coef: float = 0.0,
+    off_policy_threshold: float | None = None,
 ) -> Objective:
   """SAPO (Qwen) with KL and entropy terms.
 
@@ -337,7 +360,7 @@ def sapo_objective(
   of `ppo_objective`; aux (each Σ w·term): `pg_loss`, `sapo_gate` (the gradient's gate, 1 on-policy), `entropy`,
   and `kl` as in `ppo_objective`.
   """
-  _check_regularisers(kl_coef, kl_kind, entropy_coef)
+  _check_regularisers(kl_coef, kl_kind, entropy_coef, off_policy_threshold)
   if not (tau_pos > 0 and tau_neg > 0):
     raise ValueError(f'tau_pos and tau_neg must be > 0; got {tau_pos}, {tau_neg}')
 
@@ -348,7 +371,8 @@ def sapo_objective(
 
   return _policy_objective(
       logprob_fn, pg_term, keys=(), kl_coef=kl_coef,
-      kl_kind=kl_kind, entropy_coef=entropy_coef)
+      kl_kind=kl_kind, entropy_coef=entropy_coef,
+      off_policy_threshold=off_policy_threshold)
 
 
 def decoupled_ppo_objective(
@@ -363,6 +387,7 @@ def decoupled_ppo_objective(
     kl_coef: float = 0.0,
     kl_kind: str = 'k3',
     entropy_coef: float = 0.0,
+    off_policy_threshold: float | None = None,
 ) -> Objective:
   """Decoupled PPO (AReaL) for asynchronous rollouts, with KL and entropy terms.
 
@@ -399,7 +424,7 @@ def decoupled_ppo_objective(
   Returns:
     An objective `(params, batch, weights_bt, rng) -> (loss, aux)`.
   """
-  _check_regularisers(kl_coef, kl_kind, entropy_coef)
+  _check_regularisers(kl_coef, kl_kind, entropy_coef, off_policy_threshold)
   _check_clip(eps_low, eps_high, dual_clip)
   if behaviour_cap < 1:
     raise ValueError(f'behaviour_cap must be >= 1; got {behaviour_cap}')
@@ -425,7 +450,8 @@ def decoupled_ppo_objective(
 
   return _policy_objective(
       logprob_fn, pg_term, keys=('behaviour_logprobs',),
-      kl_coef=kl_coef, kl_kind=kl_kind, entropy_coef=entropy_coef)
+      kl_coef=kl_coef, kl_kind=kl_kind, entropy_coef=entropy_coef,
+      off_policy_threshold=off_policy_threshold)
 
 
 # The model's scalar head: (params, tokens_bt, needed_bt) -> values_bt [B, T − 1], aligned with logprobs

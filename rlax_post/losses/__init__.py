@@ -10,6 +10,7 @@ from rlax_post.losses._decoupled import BEHAVIOUR_LEVELS
 from rlax_post.losses._decoupled import BEHAVIOUR_MODES
 from rlax_post.losses._decoupled import behaviour_weights
 from rlax_post.losses._decoupled import decoupled_ppo
+from rlax_post.losses._decoupled import off_policy_sequence_mask
 from rlax_post.losses._entropy import top_entropy_mask
 from rlax_post.losses._gspo import gspo
 from rlax_post.losses._kl import KL_KINDS
@@ -43,6 +44,7 @@ __all__ = (
     'gspo',
     'kl_penalty',
     'masked_mean_std',
+    'off_policy_sequence_mask',
     'ppo_clip',
     'prediction',
     'prior_logit',

@@ -139,3 +139,41 @@ def decoupled_ppo(
       logp_bt, prox_logp_bt, adv_bt, eps_low=eps_low, eps_high=eps_high,
       dual_clip=dual_clip)
   return weight_bt * loss_bt, clipped_bt, weight_bt, capped_bt
+
+
+def off_policy_sequence_mask(
+    logp_bt: jax.Array,
+    behav_logp_bt: jax.Array,
+    adv_bt: jax.Array,
+    mask_bt: jax.Array,
+    *,
+    threshold: float,
+) -> jax.Array:
+  """DeepSeek-V3.2's off-policy sequence mask: 0 on a negative-advantage token of a row the sampler drew far off.
+
+    kl_b = Σ_t m_t·(logπ_behav − logπ_θ) / Σ_t m_t     (the row's mean log-ratio: a KL(π_behav‖π_θ) estimate)
+    keep = 0 where A_t < 0 and kl_b > threshold, else 1
+
+  A row whose samples the current policy has moved away from (staleness, several updates, a sampler whose
+  numerics differ) is still trained where its advantage is ≥ 0; where negative it is dropped, since pushing
+  down tokens the policy no longer favours mostly adds noise (DeepSeek-V3.2, arXiv 2512.02556, §3.1; TRL's
+  `off_policy_mask_threshold`). With a row-level advantage (GRPO) a row is kept or dropped whole.
+
+  Args:
+    logp_bt: [B, T] log-probabilities under the current policy (read stopped).
+    behav_logp_bt: [B, T] under the sampler's.
+    adv_bt: [B, T] advantages.
+    mask_bt: [B, T] the trained tokens (> 0), over which a row's mean runs.
+    threshold: δ ≥ 0.
+
+  Returns:
+    [B, T] float32 0/1 mask (no gradient).
+  """
+  _check_same_shape_bt(logp_bt=logp_bt, behav_logp_bt=behav_logp_bt, adv_bt=adv_bt, mask_bt=mask_bt)
+  if not threshold >= 0:
+    raise ValueError(f'threshold must be >= 0; got {threshold}')
+  m_bt = (jnp.asarray(mask_bt) > 0).astype(jnp.float32)
+  d_bt = jax.lax.stop_gradient(jnp.asarray(behav_logp_bt, jnp.float32) - jnp.asarray(logp_bt, jnp.float32))
+  kl_b = (d_bt * m_bt).sum(axis=1) / jnp.maximum(m_bt.sum(axis=1), 1.0)
+  drop_bt = (jnp.asarray(adv_bt) < 0) & (kl_b[:, None] > threshold)
+  return jnp.where(drop_bt, 0.0, 1.0).astype(jnp.float32)
