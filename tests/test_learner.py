@@ -217,10 +217,9 @@ def test_ppo_objective_on_policy_identities(model):
   _tree_allclose(grads, grads_direct, atol=1e-6)
 
 
-def test_cispo_objective_keeps_the_gradient_ppo_clips(model):
-  """The same batch as above (two tokens at ratio 2 with A > 0): CISPO's gradient is the policy gradient with those
-  two tokens weighted by the capped ratio 1.2, where PPO drops them; `clip_frac` counts them."""
-  graphdef, params = model
+def _weighted_gradient_case(graphdef, params, objective, weight_at_2):
+  """The batch above with two tokens at ratio 2 and A > 0: (the objective's grads and aux, the grads of the
+  policy gradient with those two tokens weighted by `weight_at_2` and the others by 1, the trained tokens)."""
   batch = _ppo_batch(graphdef, params)
   logp_bt, _ = _token_logprobs(graphdef, params, batch['tokens'])
   b_pos = int(jnp.argmax(batch['advantages'][:, 0]))
@@ -228,8 +227,7 @@ def test_cispo_objective_keeps_the_gradient_ppo_clips(model):
   del batch['ref_logprobs']
   mask_bt = batch['loss_mask']
   w_bt = losses.aggregation_weights(mask_bt, mode='token_mean')
-  objective = learner.cispo_objective(_logprob_fn(graphdef), eps_low=1.0, eps_high=0.2)
-  weight_bt = jnp.ones_like(mask_bt).at[b_pos, 4:6].set(1.2)
+  weight_bt = jnp.ones_like(mask_bt).at[b_pos, 4:6].set(weight_at_2)
 
   def pg_direct(p):
     return -jnp.sum(w_bt * weight_bt * batch['advantages'] * _direct_logp(graphdef, p, batch['tokens']))
@@ -239,37 +237,27 @@ def test_cispo_objective_keeps_the_gradient_ppo_clips(model):
     return jax.grad(objective, has_aux=True)(p, batch, w_bt, jax.random.key(0)), jax.grad(pg_direct)(p)
 
   (grads, aux), grads_direct = both(params)
-  np.testing.assert_allclose(aux['clip_frac'], 2.0 / mask_bt.sum(), rtol=1e-6)
+  return grads, aux, grads_direct, mask_bt.sum()
+
+
+def test_cispo_objective_keeps_the_gradient_ppo_clips(model):
+  """CISPO: those two tokens weighted by the capped ratio 1.2, where PPO drops them; `clip_frac` counts them."""
+  graphdef, params = model
+  objective = learner.cispo_objective(_logprob_fn(graphdef), eps_low=1.0, eps_high=0.2)
+  grads, aux, grads_direct, trained = _weighted_gradient_case(graphdef, params, objective, 1.2)
+  np.testing.assert_allclose(aux['clip_frac'], 2.0 / trained, rtol=1e-6)
   _tree_allclose(grads, grads_direct, atol=1e-6)
 
 
 def test_sapo_objective_gates_the_policy_gradient_by_each_tokens_ratio(model):
-  """The same batch (two tokens at ratio 2 with A > 0): SAPO's gradient is the policy gradient with each token
-  weighted by its gate times its ratio, 4σ(r − 1)(1 − σ(r − 1))·r (1 on-policy, 4σ(1)(1 − σ(1))·2 at ratio 2);
-  `sapo_gate` is the mean gate."""
+  """SAPO: each token weighted by its gate times its ratio, 4σ(r − 1)(1 − σ(r − 1))·r (1 on-policy,
+  4σ(1)(1 − σ(1))·2 at ratio 2); `sapo_gate` is the mean gate."""
   graphdef, params = model
-  batch = _ppo_batch(graphdef, params)
-  logp_bt, _ = _token_logprobs(graphdef, params, batch['tokens'])
-  b_pos = int(jnp.argmax(batch['advantages'][:, 0]))
-  batch['old_logprobs'] = logp_bt.at[b_pos, 4:6].add(-jnp.log(2.0))
-  del batch['ref_logprobs']
-  mask_bt = batch['loss_mask']
-  w_bt = losses.aggregation_weights(mask_bt, mode='token_mean')
   objective = learner.sapo_objective(_logprob_fn(graphdef), tau_pos=1.0, tau_neg=1.05)
   s1 = 1.0 / (1.0 + np.exp(-1.0))
   gate_at_2 = 4.0 * s1 * (1.0 - s1)
-  weight_bt = jnp.ones_like(mask_bt).at[b_pos, 4:6].set(gate_at_2 * 2.0)
-
-  def pg_direct(p):
-    return -jnp.sum(w_bt * weight_bt * batch['advantages'] * _direct_logp(graphdef, p, batch['tokens']))
-
-  @jax.jit
-  def both(p):
-    return jax.grad(objective, has_aux=True)(p, batch, w_bt, jax.random.key(0)), jax.grad(pg_direct)(p)
-
-  (grads, aux), grads_direct = both(params)
-  expected_gate = (mask_bt.sum() - 2.0 + 2.0 * gate_at_2) / mask_bt.sum()
-  np.testing.assert_allclose(aux['sapo_gate'], expected_gate, rtol=1e-5)
+  grads, aux, grads_direct, trained = _weighted_gradient_case(graphdef, params, objective, gate_at_2 * 2.0)
+  np.testing.assert_allclose(aux['sapo_gate'], (trained - 2.0 + 2.0 * gate_at_2) / trained, rtol=1e-5)
   _tree_allclose(grads, grads_direct, atol=1e-6)
 
 
