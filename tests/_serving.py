@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
@@ -50,27 +51,33 @@ def token_request(ids, max_tokens: int, **kwargs):
   return PB.DecodeRequest(token_content=content, max_tokens=max_tokens, **kwargs)
 
 
-def _popen_with_default_sigint(command) -> subprocess.Popen:
+def _popen_with_default_sigint(command, env: dict[str, str] | None = None) -> subprocess.Popen:
   """`command` started with SIGINT at its default, as a terminal's Ctrl-C would find it, also where the tests
   run as a shell script's background job (which ignores SIGINT, and so would the server): a handled signal
   is reset on exec, an ignored one stays ignored. (A `preexec_fn` would run Python in a fork of this
   multithreaded process, which can deadlock.)"""
   previous = signal.signal(signal.SIGINT, signal.default_int_handler)
   try:
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**ENV, **(env or {})})
   finally:
     signal.signal(signal.SIGINT, previous)
 
 
 class ServerProcess:
   """`rlax-post serve --checkpoint workdir [flags]` (`source="--hf_path"`: `--hf_path workdir`) on a free port
-  in a subprocess, up and healthy; `with` stops it."""
+  in a subprocess, up and healthy; `with` stops it. Its output (stdout and stderr) is read as it comes
+  (`output()`), so a server that logs much (`env` JAX_LOG_COMPILES=1) never blocks on a full pipe."""
 
   def __init__(self, workdir, timeout_s: float = 120, flags: tuple[str, ...] = (), host: str = "127.0.0.1",
-               source: str = "--checkpoint"):
+               source: str = "--checkpoint", env: dict[str, str] | None = None):
     self.port = portpicker.pick_unused_port()
     self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
-    self.process = _popen_with_default_sigint(serve_command(workdir, self.port, *flags, host=host, source=source))
+    self.process = _popen_with_default_sigint(serve_command(workdir, self.port, *flags, host=host, source=source),
+                                              env)
+    self._lines: list[str] = []
+    self._reader = threading.Thread(target=self._read, daemon=True)
+    self._reader.start()
     self.channel = grpc.insecure_channel(self.address)
     self.stub = JS.jetstream_pb2_grpc.OrchestratorStub(self.channel)
     try:
@@ -79,9 +86,19 @@ class ServerProcess:
       self.close()
       raise
 
+  def _read(self) -> None:
+    for line in self.process.stdout:
+      self._lines.append(line)
+
+  def output(self) -> str:
+    """What the server wrote so far."""
+    return "".join(self._lines)
+
   def _wait_healthy(self, deadline: float):
     while not self.healthy():
-      assert self.process.poll() is None, self.process.stdout.read()[-3000:]
+      if self.process.poll() is not None:
+        self._reader.join(timeout=10)
+        raise AssertionError(self.output()[-3000:])
       assert time.time() < deadline, "server did not come up"
       time.sleep(0.5)
 
@@ -106,16 +123,22 @@ class ServerProcess:
                                      response_deserializer=PB.DecodeResponse.FromString)
     return list(call(data, timeout=timeout))
 
+  def wait(self, timeout: float) -> str:
+    """Waits for the server to exit (SIGKILL after `timeout` seconds); returns its whole output."""
+    try:
+      self.process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+      self.process.kill()
+      self.process.wait()
+    self._reader.join(timeout=10)
+    return self.output()
+
   def close(self) -> str:
     """Stops the server (SIGTERM); returns its output."""
     self.channel.close()
-    self.process.send_signal(signal.SIGTERM)
-    try:
-      out, _ = self.process.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-      self.process.kill()
-      out, _ = self.process.communicate()
-    return out
+    if self.process.poll() is None:
+      self.process.send_signal(signal.SIGTERM)
+    return self.wait(timeout=30)
 
   def __enter__(self):
     return self

@@ -21,6 +21,7 @@ import types
 import warnings
 
 import _cli_forks
+import _procs
 import _runs
 import _serving
 import grpc
@@ -70,8 +71,15 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(run):
-  with _serving.ServerProcess(run) as process:
+  """The module's server, logging each program JAX compiles (`_compiles`)."""
+  with _serving.ServerProcess(run, env={"JAX_LOG_COMPILES": "1"}) as process:
     yield process
+
+
+def _compiled(output: str) -> list[str]:
+  """The programs a server with JAX_LOG_COMPILES=1 compiled (traced and lowered: its in-memory jit cache
+  missed, whether or not the persistent cache then held the executable), in order, as its `output` logs them."""
+  return re.findall(r"Compiling (\S+) with global shapes and types", output)
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +93,19 @@ def _status(call):
   with pytest.raises(grpc.RpcError) as info:
     call()
   return info.value.code(), info.value.details()
+
+
+def test_the_first_requests_after_serving_compile_nothing(run, server, references):
+  """The server compiled prefill, insert and the decode step at the first request of each prefill bucket, after
+  it had printed "Serving": the first client waited for the compilations (a helper review). It warms up first
+  now (`sampler/_serve.py`: `warm_up`): the first request (bucket 16) and the longest prompt (31 tokens, bucket 32) compile
+  nothing. (The module's first test: the first requests its server gets.)"""
+  _procs.wait_until(lambda: "Serving step" in server.output(), "the line Serving", server.process, 60)
+  up = len(_compiled(server.output()))
+  assert up >= 1, server.output()[-3000:]  # (the log is on: loading the params compiles already)
+  assert server.decode(_serving.text_request(_GOOD[0], 6)) == references[_GOOD[0]]
+  assert len(server.decode(_serving.text_request("rev " + "abcdefgh" * 3 + "a=", 1))) == 1
+  assert _compiled(server.output())[up:] == []  # (without the warm-up: 9, jit(prefill) first)
 
 
 def test_serving_reads_the_newest_committed_step_and_leaves_the_run_alone(run, server, references):
@@ -576,7 +597,7 @@ def test_a_signal_lets_the_open_streams_finish_then_the_server_exits_0(run, sign
     server.process.send_signal(signum)
     got = [_tokens(call) for call in calls[:-1]] + [list(first.stream_content.samples[0].token_ids) +
                                                      _tokens(calls[-1])]
-    out, _ = server.process.communicate(timeout=60)
+    out = server.wait(timeout=60)
   assert got == [want] * 24
   assert server.process.returncode == 0 and "Traceback" not in out, out[-3000:]
   lines = out.strip().splitlines()

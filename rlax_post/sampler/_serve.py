@@ -16,6 +16,8 @@ would end every open stream, and it ignores whether its port was bound. `serve` 
   INTERNAL) and its slot gets `ServingEngine.idle_prefix()`, which produces nothing; the process lives on.
   A request whose client goes away (a cancelled call) frees its slot at the next step: JetStream 0.2.2 only
   cancels its response stream and kept generating into the slot up to `max_tokens`.
+* `warm_up` compiles what a request runs (each prefill bucket's prefill and insert, the decode step) before the
+  server answers anything: the first requests wait for no compilation.
 * `Server.stop_on_signals` (what `rlax-post serve` calls) makes SIGTERM and SIGINT stop the server
   gracefully: the calls already in it finish, then `wait_for_termination` returns.
 """
@@ -597,8 +599,31 @@ class Server:
       self.stop()
 
 
+def warm_up(engine: ServingEngine, params: Any) -> int:
+  """Compiles what JetStream's driver runs for a request, before the server answers any: one prefill of each
+  prefill bucket, its insert into a slot, and a decode step (with the eager ops around them), on a decode state
+  of its own that is dropped after. Returns the prompts prefilled (one per bucket).
+
+  Without it the first request of each bucket waited for its prefill and insert to compile, and the server's
+  first request for the decode step too (seconds on a real model, while the line `Serving ...` had said the
+  server was ready). JetStream 0.2.2 has no warm-up of its own. The prompt of each bucket is the bucket's
+  length of pad ids (`max_decode_length` - 1 for a bucket that long: a request's longest prompt).
+  """
+  state = engine.init_decode_state()
+  lengths = [min(bucket, engine.max_decode_length - 1) for bucket in engine.prefill_buckets]
+  for length in lengths:
+    prefix = engine.prefill(params=params, padded_tokens=np.full((length,), engine.tokenizer.pad_id, np.int32),
+                            true_length=length)
+    state = engine.insert(prefix, state, slot=0)
+  state, tokens = engine.generate(params, state)
+  tokens.convert_to_numpy()  # (the driver's detokenize thread reads the tokens on the host)
+  jax.block_until_ready(state)
+  return len(lengths)
+
+
 def serve(create_engine: Callable[[list], ServingEngine], options: ServeOptions) -> Server:
-  """Serves `create_engine(devices)` (first device) on host:port; returns the started server.
+  """Serves `create_engine(devices)` (first device) on host:port, its programs compiled first (`warm_up`), so
+  that the first request waits for none; returns the started server.
 
   A bad sampling law (`SamplingLaw.check`), or a bad or busy port, raises ValueError naming it before the
   engine is built.
@@ -608,7 +633,9 @@ def serve(create_engine: Callable[[list], ServingEngine], options: ServeOptions)
   server = Server(options)
   try:
     engine = create_engine(jax.devices()[:1])
-    driver = _GuardedDriver(engine, engine.load_params())
+    params = engine.load_params()
+    warm_up(engine, params)
+    driver = _GuardedDriver(engine, params)
     server.start(driver, _CheckedOrchestrator(driver, engine))
   except BaseException:
     server.stop()
