@@ -158,6 +158,28 @@ def test_keep_best_keeps_the_best_evaluated_checkpoints_beside_the_newest_across
   assert _checkpoint.evaluated_reward(2, {"eval_step": 2, "eval_reward": float("nan")}) is None
 
 
+def test_a_stop_signals_checkpoint_is_one_of_the_newest_kept(tmp_path):
+  """A checkpoint a stop signal writes off the `checkpoint.every` cadence (step 23 here, not evaluated) counts
+  among the `max_to_keep` newest as the periodic ones do: it takes the oldest one's place (orbax deletes that
+  only once the new one has committed), and the newest state is the one a resume restores. Under
+  `keep_best` the best evaluated one stays beside them (above)."""
+  arrays = {"w": jnp.arange(4.0)}
+  for max_to_keep, kept in [(1, [23]), (2, [20, 23])]:
+    directory = tmp_path / str(max_to_keep)
+    ckpt = _checkpoint.RunCheckpointer(directory, max_to_keep=max_to_keep)
+    for step in (10, 20):
+      ckpt.save(step, arrays, arrays, {**_evaluated(step, 0.5), "rl_step": step})
+    ckpt.save(23, {"w": arrays["w"] + 23}, arrays, {**_evaluated(23, None), "rl_step": 23})
+    ckpt.close()
+    assert _checkpoint.complete_checkpoints(os.fspath(directory)) == kept
+    shardings = jax.tree.map(lambda x: x.sharding, arrays)
+    reader = _checkpoint.RunCheckpointer(directory, max_to_keep=max_to_keep)
+    step, state, _, meta = reader.restore_newest(state_like=arrays, state_shardings=shardings, ref_like=arrays,
+                                                 ref_shardings=shardings)
+    reader.close()
+    assert (step, meta["rl_step"], state["w"].tolist()) == (23, 23, [23.0, 24.0, 25.0, 26.0])
+
+
 def test_unfinished_checkpoint_is_never_listed(tmp_path):
   params, lrn = _setup_learner()
   state = lrn.init(params, jax.random.key(1))
