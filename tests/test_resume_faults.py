@@ -100,7 +100,12 @@ def half(_half_run, tmp_path):
 def test_an_uncommitted_step_is_set_aside_and_resume_matches_a_straight_run(straight, half, capsys, monkeypatch):
   """A save that never finished is set aside and the resume gives the straight run's metrics; a SIGTERM while the
   last step's checkpoint commits (after the loop) is noted as one during a step is, not the default end: until
-  2026-12-06 it ended the process with that checkpoint torn, and the relaunch did its steps again."""
+  2026-12-06 it ended the process with that checkpoint torn, and the relaunch did its steps again.
+  The attempt before logged to TensorBoard, the resume does not (runtime.tensorboard off): its event files, which
+  stopped at its last step and held steps the resume redoes, are removed, saying so (until 2026-12-06 they
+  were left as they were)."""
+  (half / "tensorboard").mkdir()
+  (half / "tensorboard" / "events.out.tfevents.1.host").write_bytes(b"an earlier attempt's events")
   ckpts = half / "checkpoints"
   shutil.copytree(ckpts / "2", ckpts / "3")
   os.remove(ckpts / "3" / "commit_success.txt")  # A save of step 3 that never finished.
@@ -126,7 +131,11 @@ def test_an_uncommitted_step_is_set_aside_and_resume_matches_a_straight_run(stra
   aside = sorted(os.listdir(half / _checkpoint.ASIDE_DIR))
   assert len(aside) == 2 and aside[0].startswith("3.") and aside[1].endswith(".reason.txt")
   assert "no commit marker" in (half / _checkpoint.ASIDE_DIR / aside[1]).read_text()
-  assert "no commit marker" in capsys.readouterr().err
+  err = capsys.readouterr().err
+  assert "no commit marker" in err
+  assert not (half / "tensorboard").exists()
+  assert (f"warning: runtime.tensorboard is off: removed {half / 'tensorboard'}, the event files of the attempts "
+          "before this resume") in err
   assert runtime.RunCheckpointer(half).complete_steps() == [2, 3, 4]  # Step 3 saved anew, nothing lost.
 
 

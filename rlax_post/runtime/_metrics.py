@@ -304,12 +304,22 @@ class MetricsWriter:
     if active and wandb is not None:
       self._sinks.append(WandbSink(workdir, wandb))
 
-  def rebuild_tensorboard(self) -> None:
-    """Hands the rows of metrics.jsonl and eval_samples.jsonl (after `truncate_after`) to the sinks."""
+  def rebuild_tensorboard(self) -> bool:
+    """Hands the rows of metrics.jsonl and eval_samples.jsonl (after `truncate_after`) to the sinks. Without a
+    TensorBoard sink (`runtime.tensorboard` off at a resume), removes the event files an earlier attempt wrote:
+    they would stop at that attempt's last step, with the steps after the checkpoint this run redoes (which
+    metrics.jsonl dropped). Returns whether it removed them (a resume with TensorBoard on writes them again
+    from metrics.jsonl, which keeps every row)."""
     if self._sinks:
       rows, samples = self.read(), read_jsonl(self.samples_path)
       for sink in self._sinks:
         sink.rebuild(rows, samples)
+    if not self.active or any(isinstance(sink, TensorBoardSink) for sink in self._sinks):
+      return False
+    if not os.path.isdir(self.tb_dir):
+      return False
+    shutil.rmtree(self.tb_dir)
+    return True
 
   def truncate_after(self, step: int, phase: str = "rl") -> None:
     if not self.active:

@@ -231,7 +231,10 @@ class Run:
     source.resume(step, meta)  # first: it may refuse (a queue released past `step`), and then nothing is cut
     self.metrics.truncate_after(step, "rl")
     self.metrics.truncate_after(step, "eval")
-    self.metrics.rebuild_tensorboard()
+    if self.metrics.rebuild_tensorboard():
+      self.ui.warn(f"runtime.tensorboard is off: removed {self.metrics.tb_dir}, the event files of the attempts "
+                   f"before this resume (a copy of metrics.jsonl's rows, which keeps them; a --resume with it on "
+                   "writes them again).")
     self.log.truncate_after(step)
     self.ui.say(f"Resumed {self.workdir} at RL step {step}.")
     return Start(state, ref_params, step, meta)
