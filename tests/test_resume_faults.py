@@ -407,13 +407,17 @@ def test_a_run_at_home_named_from_python_is_read_there(tmp_path, monkeypatch):
 
 
 def test_an_attempt_killed_before_its_first_checkpoint_is_cleared_by_a_fresh_run(straight, tmp_path):
-  """A real attempt (`rlax-post train`, SIGKILLed in its warm start) leaves a run's config.json with its
+  """A real attempt (`rlax-post train`, SIGTERMed in its warm start: a scheduler's preemption) leaves a run's
+  config.json with its
   outputs, so a fresh run there still clears them: its metrics are the straight run's alone. Without a complete
   checkpoint nothing can be continued: the fresh run removes the attempt's run data too (queue, params, grants,
   rows, stop file, the W&B run's id; planted here as a longer attempt leaves them), which it would otherwise read
   as its own (a helper review: a thread run re-put groups the old consumption log held; a learner process
   skipped publishing every version up to the old attempt's newest, so its samplers read the old params), and an
-  uncommitted checkpoint (a save the kill cut short) is no checkpoint to resume."""
+  uncommitted checkpoint (a save the kill cut short) is no checkpoint to resume. SIGTERM ends the warm start at
+  once, as SIGKILL does (the run's handler, which defers it to the end of an RL step, is not set yet: there is
+  no step to finish and nothing to checkpoint; a relaunch with --auto_resume starts afresh, and its samplers,
+  which a preempted learner leaves running, follow the new run), so the status is the signal's."""
   workdir = tmp_path / "run"
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   attempt = subprocess.Popen(  # pylint: disable=consider-using-with
@@ -430,8 +434,12 @@ def test_an_attempt_killed_before_its_first_checkpoint_is_cleared_by_a_fresh_run
       assert time.time() < deadline, "the attempt wrote no SFT row in 300 s"
       time.sleep(0.1)
   finally:
-    attempt.kill()
-    attempt.wait()
+    attempt.terminate()
+    try:
+      attempt.wait(timeout=60)
+    finally:
+      attempt.kill()
+  assert attempt.returncode == -signal.SIGTERM
   left = _metrics.read_jsonl(os.fspath(workdir / "metrics.jsonl"))
   # Its SFT rows, every `runtime.log_every` = 1 step (until 2026-12-05 every 10 steps, whatever it said).
   assert {r["phase"] for r in left} == {"sft"} and [r["step"] for r in left] == list(range(1, len(left) + 1))
