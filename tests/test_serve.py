@@ -98,8 +98,8 @@ def _status(call):
 def test_the_first_requests_after_serving_compile_nothing(run, server, references):
   """The server compiled prefill, insert and the decode step at the first request of each prefill bucket, after
   it had printed "Serving": the first client waited for the compilations (a helper review). It warms up first
-  now (`sampler/_serve.py`: `warm_up`): the first request (bucket 16) and the longest prompt (31 tokens, bucket 32) compile
-  nothing. (The module's first test: the first requests its server gets.)"""
+  now (`sampler/_serve.py`: `warm_up`): the first request (bucket 16) and the longest prompt (31 tokens, bucket
+  32) compile nothing. (The module's first test: the first requests its server gets.)"""
   _procs.wait_until(lambda: "Serving step" in server.output(), "the line Serving", server.process, 60)
   up = len(_compiled(server.output()))
   assert up >= 1, server.output()[-3000:]  # (the log is on: loading the params compiles already)
