@@ -53,7 +53,7 @@ def ppo(model):
   optimizer = learner.make_optimizer(weight_decay=0.01, **PPO_LR)
   objective = learner.ppo_objective(
       _logprob_fn(graphdef), eps_low=0.2, eps_high=0.28, dual_clip=3.0,
-      kl_coef=0.05, kl_kind='k3', entropy_coef=0.01)
+      terms=learner.PolicyTerms(kl_coef=0.05, kl_kind='k3', entropy_coef=0.01))
   updates = {m: learner.make_update(
       optimizer, objective, micro_batches=m, agg_mode='seq_mean_token_mean')
              for m in (1, 2)}
@@ -191,8 +191,8 @@ def test_ppo_objective_on_policy_identities(model):
   w_bt = losses.aggregation_weights(mask_bt, mode='token_mean')
 
   objective = learner.ppo_objective(
-      _logprob_fn(graphdef), eps_low=0.2, eps_high=0.2, kl_coef=0.1,
-      kl_kind='k3')
+      _logprob_fn(graphdef), eps_low=0.2, eps_high=0.2,
+      terms=learner.PolicyTerms(kl_coef=0.1, kl_kind='k3'))
   clipped_bt = jnp.zeros_like(mask_bt).at[b_pos, 4:6].set(1.0)
 
   def pg_direct(p):
@@ -266,14 +266,14 @@ def test_ppo_objective_needs_ref_logprobs_for_kl(model):
   batch = _ppo_batch(graphdef, params)
   del batch['ref_logprobs']
   w_bt = losses.aggregation_weights(batch['loss_mask'], mode='token_mean')
-  objective = learner.ppo_objective(_logprob_fn(graphdef), kl_coef=0.1)
+  objective = learner.ppo_objective(_logprob_fn(graphdef), terms=learner.PolicyTerms(kl_coef=0.1))
   with pytest.raises(ValueError, match=r"lacks keys \['ref_logprobs'\]"):
     objective(params, batch, w_bt, jax.random.key(0))
   _, aux = learner.ppo_objective(_logprob_fn(graphdef))(
       params, batch, w_bt, jax.random.key(0))
   assert set(aux) == {'pg_loss', 'clip_frac', 'entropy'}
   with pytest.raises(ValueError, match=r"\['k1', 'k2', 'k3'\]"):
-    learner.ppo_objective(_logprob_fn(graphdef), kl_kind='k5')
+    learner.ppo_objective(_logprob_fn(graphdef), terms=learner.PolicyTerms(kl_kind='k5'))
 
 
 def test_micro_batches_equal_full_batch(model, ppo):

@@ -102,11 +102,12 @@ def test_needed_position_outside_the_window_is_nan(model, batch):
 
 _OBJECTIVES = {
     'ppo_all_terms': lambda fn: learner.ppo_objective(fn, eps_low=0.2, eps_high=0.28, dual_clip=3.0,
-                                                      kl_coef=0.05, entropy_coef=0.01),
+                                                      terms=learner.PolicyTerms(kl_coef=0.05, entropy_coef=0.01)),
     'ppo_entropy_reported': lambda fn: learner.ppo_objective(fn, eps_low=0.2, eps_high=0.2),
-    'gspo': lambda fn: learner.gspo_objective(fn, eps_low=3e-4, eps_high=4e-4, kl_coef=0.05, kl_kind='k1'),
+    'gspo': lambda fn: learner.gspo_objective(fn, eps_low=3e-4, eps_high=4e-4,
+                                              terms=learner.PolicyTerms(kl_coef=0.05, kl_kind='k1')),
     'decoupled_ppo': lambda fn: learner.decoupled_ppo_objective(fn, eps_low=0.2, eps_high=0.2,
-                                                                entropy_coef=0.02),
+                                                                terms=learner.PolicyTerms(entropy_coef=0.02)),
     'sft': learner.sft_objective,
 }
 

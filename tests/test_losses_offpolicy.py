@@ -11,6 +11,7 @@ from rlax_post import losses
 from rlax_post import models
 from rlax_post.learner._objectives import decoupled_ppo_objective
 from rlax_post.learner._objectives import gspo_objective
+from rlax_post.learner._objectives import PolicyTerms
 from rlax_post.learner._objectives import ppo_objective
 from rlax_post.losses._decoupled import decoupled_ppo
 from rlax_post.losses._gspo import gspo
@@ -340,7 +341,7 @@ def test_gspo_objective_matches_direct_formula(model, batch, mode):
   eps_low, eps_high, kl_coef = 0.03, 0.04, 0.05
   objective = gspo_objective(
       functools.partial(models.token_logprobs, graphdef), eps_low=eps_low,
-      eps_high=eps_high, kl_coef=kl_coef)
+      eps_high=eps_high, terms=PolicyTerms(kl_coef=kl_coef))
   (loss, aux), grads = _value_and_grad(objective, params, batch, w_bt)
 
   valid = mask_bt > 0
@@ -407,8 +408,8 @@ def test_decoupled_objective_is_ppo_when_behaviour_is_old(model, batch):
   graphdef, params = model
   same = dict(batch, behaviour_logprobs=batch['old_logprobs'])
   w_bt = losses.aggregation_weights(same['loss_mask'], mode='token_mean')
-  kw = dict(eps_low=0.2, eps_high=0.28, dual_clip=3.0, kl_coef=0.05,
-            entropy_coef=0.01)
+  kw = dict(eps_low=0.2, eps_high=0.28, dual_clip=3.0,
+            terms=PolicyTerms(kl_coef=0.05, entropy_coef=0.01))
   logprob_fn = functools.partial(models.token_logprobs, graphdef)
   (loss, aux), grads = _value_and_grad(
       decoupled_ppo_objective(logprob_fn, behaviour_cap=_CAP, **kw), params,
@@ -496,7 +497,7 @@ def test_decoupled_objective_weights_each_row_by_its_trained_tokens(model, batch
     lambda fn, **kw: decoupled_ppo_objective(fn, eps_low=0.2, eps_high=0.28, behaviour_cap=_CAP, **kw),
 ])
 def test_off_policy_mask_drops_the_policy_term_of_far_negative_rows(model, batch, make):
-  """`off_policy_threshold` δ: the objective equals the one trained on the batch with the dropped tokens'
+  """`PolicyTerms.off_policy_threshold` δ: the objective equals the one trained on the batch with the dropped tokens'
   advantages zeroed by hand (rows whose mean log(π_behav/π_θ) under the current params exceeds δ, where A < 0);
   the KL and entropy terms and the aggregation weights are untouched; `off_policy_masked_frac` counts them."""
   graphdef, params = model
@@ -514,10 +515,11 @@ def test_off_policy_mask_drops_the_policy_term_of_far_negative_rows(model, batch
   drop = (np.asarray(batch['advantages']) < 0) & (kl_b[:, None] > delta) & valid
   assert drop[1].sum() == valid[1].sum() and drop[3].sum() == 0  # row 1 dropped whole, row 3 kept
   assert 0 < drop.sum() < valid.sum()
-  kw = dict(kl_coef=0.05, entropy_coef=0.01)
-  (loss, aux), grads = _value_and_grad(make(fn, off_policy_threshold=delta, **kw), params, batch, w_bt)
+  terms = PolicyTerms(kl_coef=0.05, entropy_coef=0.01, off_policy_threshold=delta)
+  (loss, aux), grads = _value_and_grad(make(fn, terms=terms), params, batch, w_bt)
   by_hand = dict(batch, advantages=jnp.where(drop, 0.0, batch['advantages']))
-  (loss_ref, aux_ref), grads_ref = _value_and_grad(make(fn, **kw), params, by_hand, w_bt)
+  (loss_ref, aux_ref), grads_ref = _value_and_grad(make(fn, terms=PolicyTerms(kl_coef=0.05, entropy_coef=0.01)),
+                                                   params, by_hand, w_bt)
   np.testing.assert_allclose(loss, loss_ref, rtol=1e-5)
   for key in aux_ref:
     if key != 'clip_frac':  # (a zeroed advantage changes which side of the clip counts)
@@ -532,11 +534,11 @@ def test_objective_errors(model, batch):
   with pytest.raises(ValueError, match='eps_low'):
     gspo_objective(fn, eps_low=-1.0, eps_high=0.1)
   with pytest.raises(ValueError, match=r"\['k1', 'k2', 'k3'\].*'k9'"):
-    gspo_objective(fn, eps_low=0.1, eps_high=0.1, kl_kind='k9')
+    gspo_objective(fn, eps_low=0.1, eps_high=0.1, terms=PolicyTerms(kl_kind='k9'))
   with pytest.raises(ValueError, match='behaviour_cap'):
     decoupled_ppo_objective(fn, eps_low=0.2, eps_high=0.2, behaviour_cap=0.9)
   with pytest.raises(ValueError, match='entropy_coef'):
-    decoupled_ppo_objective(fn, eps_low=0.2, eps_high=0.2, entropy_coef=-1.0)
+    decoupled_ppo_objective(fn, eps_low=0.2, eps_high=0.2, terms=PolicyTerms(entropy_coef=-1.0))
   w_bt = losses.aggregation_weights(batch['loss_mask'], mode='token_mean')
   missing = {k: v for k, v in batch.items() if k != 'behaviour_logprobs'}
   with pytest.raises(ValueError, match=r"lacks keys \['behaviour_logprobs'\]"):

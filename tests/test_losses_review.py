@@ -263,11 +263,12 @@ def test_decoupled_ppo_values_and_gradients_match_numpy(variant, dual):
   cap = 2.0
   fn = variant(functools.partial(losses.decoupled_ppo, eps_low=EPS_LOW, eps_high=EPS_HIGH, cap=cap,
                                  dual_clip=dual))
-  loss, clipped, weight = fn(_j(logp), _j(prox), _j(behav), _j(adv))
+  loss, clipped, weight, capped = fn(_j(logp), _j(prox), _j(behav), _j(adv))
   w = np.minimum(np.exp(prox - behav), cap)
   ppo_loss, ppo_grad, flat = np_ppo(logp, prox, adv, EPS_LOW, EPS_HIGH, dual)
   np.testing.assert_allclose(weight, w, rtol=2e-5)
   assert np.all(np.asarray(weight)[0, :2] == cap)
+  np.testing.assert_array_equal(capped, (prox - behav > np.log(cap)).astype(np.float32))  # where it bound
   np.testing.assert_allclose(loss, w * ppo_loss, rtol=2e-5, atol=1e-5)
   np.testing.assert_array_equal(clipped, flat.astype(np.float32))
   grads = jax.grad(lambda x, p, b: jnp.sum(fn(x, p, b, _j(adv))[0] * _j(mask)), argnums=(0, 1, 2))(
@@ -424,6 +425,8 @@ def np_objective(kind, params, batch, w, *, kl_coef, kl_kind, entropy_coef, dual
 
 
 def _objective(kind, **kwargs):
+  kwargs['terms'] = learner.PolicyTerms(**{k: kwargs.pop(k) for k in ('kl_coef', 'kl_kind', 'entropy_coef')
+                                           if k in kwargs})
   if kind == 'ppo':
     return learner.ppo_objective(_toy_logprob_fn, eps_low=EPS_LOW, eps_high=EPS_HIGH, **kwargs)
   if kind == 'gspo':

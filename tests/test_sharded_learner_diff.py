@@ -71,8 +71,8 @@ def _objective(kind, graphdef, window):
     return learner.value_objective(functools.partial(models.token_values, graphdef, window=window),
                                    learner.ValueLoss("clipped"))
   outputs = functools.partial(models.token_logprobs_and_values, graphdef, window=window)
-  policy = lambda fn: learner.ppo_objective(fn, eps_low=0.2, eps_high=0.28, dual_clip=3.0, kl_coef=0.05,
-                                            kl_kind="k3", entropy_coef=0.01)
+  policy = lambda fn: learner.ppo_objective(fn, eps_low=0.2, eps_high=0.28, dual_clip=3.0, terms=learner.PolicyTerms(
+      kl_coef=0.05, kl_kind="k3", entropy_coef=0.01))
   return learner.with_value_loss(policy, outputs, learner.ValueLoss("clipped"), 0.5)
 
 

@@ -7,6 +7,7 @@ from rlax_post.learner._objectives import decoupled_ppo_objective
 from rlax_post.learner._objectives import cispo_objective
 from rlax_post.learner._objectives import gspo_objective
 from rlax_post.learner._objectives import per_role_objective
+from rlax_post.learner._objectives import PolicyTerms
 from rlax_post.learner._objectives import ppo_objective
 from rlax_post.learner._objectives import sapo_objective
 from rlax_post.learner._objectives import sft_objective
@@ -47,6 +48,7 @@ __all__ = (
     'make_optimizer',
     'make_update',
     'per_role_objective',
+    'PolicyTerms',
     'ppo_objective',
     'sapo_objective',
     'role_params',

@@ -113,15 +113,31 @@ def sft_objective(logprob_fn: LogprobFn) -> Objective:
   return objective
 
 
-def _check_regularisers(kl_coef, kl_kind, entropy_coef, off_policy_threshold=None):
-  if off_policy_threshold is not None and not off_policy_threshold >= 0:
-    raise ValueError(f'off_policy_threshold must be None or >= 0; got {off_policy_threshold}')
-  if kl_kind not in losses.KL_KINDS:
-    raise ValueError(
-        f'kl_kind must be one of {list(losses.KL_KINDS)}; got {kl_kind!r}')
-  if kl_coef < 0 or entropy_coef < 0:
-    raise ValueError(
-        f'kl_coef and entropy_coef must be >= 0; got {kl_coef}, {entropy_coef}')
+@dataclasses.dataclass(frozen=True)
+class PolicyTerms:
+  """What every policy objective adds to its own policy term, built once and passed to whichever objective.
+
+  Attributes:
+    kl_coef: weight ≥ 0 of the KL penalty kl(logp, ref) (`ref_logprobs`).
+    kl_kind: 'k1', 'k2' or 'k3', see `rlax_post.losses.kl_penalty`.
+    entropy_coef: weight ≥ 0 of the entropy bonus.
+    off_policy_threshold: δ ≥ 0 of DeepSeek-V3.2's off-policy sequence mask
+      on the policy term (`losses.off_policy_sequence_mask`; the batch then
+      needs `behaviour_logprobs`), or None: no mask.
+  """
+  kl_coef: float = 0.0
+  kl_kind: str = 'k3'
+  entropy_coef: float = 0.0
+  off_policy_threshold: float | None = None
+
+  def __post_init__(self):
+    # Fail at build time, not at the first trace.
+    if self.off_policy_threshold is not None and not self.off_policy_threshold >= 0:
+      raise ValueError(f'off_policy_threshold must be None or >= 0; got {self.off_policy_threshold}')
+    if self.kl_kind not in losses.KL_KINDS:
+      raise ValueError(f'kl_kind must be one of {list(losses.KL_KINDS)}; got {self.kl_kind!r}')
+    if self.kl_coef < 0 or self.entropy_coef < 0:
+      raise ValueError(f'kl_coef and entropy_coef must be >= 0; got {self.kl_coef}, {self.entropy_coef}')
 
 
 def _check_clip(eps_low, eps_high, dual_clip):
@@ -137,12 +153,9 @@ def _policy_objective(
     pg_term: PgTerm,
     *,
     keys: tuple[str, ...],
-    kl_coef: float,
-    kl_kind: str,
-    entropy_coef: float,
-    off_policy_threshold: float | None = None,
+    terms: PolicyTerms,
 ) -> Objective:
-  """Σ_bt w·[pg_term + kl_coef·kl(logp, ref) − entropy_coef·H].
+  """Σ_bt w·[pg_term + kl_coef·kl(logp, ref) − entropy_coef·H] (`terms`).
 
   The batch needs `tokens`, `advantages` and `keys`, plus `ref_logprobs` when
   kl_coef > 0. aux (each Σ w·term): `pg_loss`, the pg_term's own entries,
@@ -153,10 +166,13 @@ def _policy_objective(
   [B, T − 1] (0/1) multiplies the pg_term only: its zeros train no policy
   gradient but keep their aggregation weight, their KL and entropy terms, and
   their share of the pg_term's aux entries (`loss.top_entropy_quantile`).
-  With `off_policy_threshold` δ the pg_term is also multiplied by DeepSeek-V3.2's
+  With `terms.off_policy_threshold` δ the pg_term is also multiplied by DeepSeek-V3.2's
   off-policy sequence mask under the current policy (`losses.off_policy_sequence_mask`,
   from `behaviour_logprobs`), its masked share reported as `off_policy_masked_frac`.
   """
+
+  kl_coef, kl_kind, entropy_coef = terms.kl_coef, terms.kl_kind, terms.entropy_coef
+  off_policy_threshold = terms.off_policy_threshold
 
   def objective(params, batch, weights_bt, rng):
     del rng  # The forward pass is deterministic.
@@ -206,10 +222,7 @@ def ppo_objective(
     eps_low: float = 0.2,
     eps_high: float = 0.2,
     dual_clip: float | None = None,
-    kl_coef: float = 0.0,
-    kl_kind: str = 'k3',
-    entropy_coef: float = 0.0,
-    off_policy_threshold: float | None = None,
+    terms: PolicyTerms = PolicyTerms(),
 ) -> Objective:
   """Per-token PPO clip with a KL penalty and an entropy bonus.
 
@@ -227,17 +240,12 @@ def ppo_objective(
     eps_low: see `rlax_post.losses.ppo_clip`.
     eps_high: see `rlax_post.losses.ppo_clip`.
     dual_clip: see `rlax_post.losses.ppo_clip`.
-    kl_coef: weight of the KL penalty, ≥ 0.
-    kl_kind: 'k1', 'k2' or 'k3', see `rlax_post.losses.kl_penalty`.
-    entropy_coef: weight of the entropy bonus, ≥ 0.
-    off_policy_threshold: δ ≥ 0 of DeepSeek-V3.2's off-policy sequence mask
-      (`losses.off_policy_sequence_mask`; the batch then needs
-      `behaviour_logprobs`), or None: no mask. Every policy objective takes it.
+    terms: the KL penalty, entropy bonus and off-policy mask every policy
+      objective adds (`PolicyTerms`).
 
   Returns:
     An objective `(params, batch, weights_bt, rng) -> (loss, aux)`.
   """
-  _check_regularisers(kl_coef, kl_kind, entropy_coef, off_policy_threshold)
   _check_clip(eps_low, eps_high, dual_clip)
 
   def pg_term(logp_bt, batch, weights_bt):
@@ -248,9 +256,7 @@ def ppo_objective(
     return pg_bt, {'clip_frac': clipped_bt}
 
   return _policy_objective(
-      logprob_fn, pg_term, keys=(), kl_coef=kl_coef,
-      kl_kind=kl_kind, entropy_coef=entropy_coef,
-      off_policy_threshold=off_policy_threshold)
+      logprob_fn, pg_term, keys=(), terms=terms)
 
 
 def gspo_objective(
@@ -258,10 +264,7 @@ def gspo_objective(
     *,
     eps_low: float,
     eps_high: float,
-    kl_coef: float = 0.0,
-    kl_kind: str = 'k3',
-    entropy_coef: float = 0.0,
-    off_policy_threshold: float | None = None,
+    terms: PolicyTerms = PolicyTerms(),
 ) -> Objective:
   """Sequence-level clip (GSPO, Zheng et al. 2025) with KL and entropy terms.
 
@@ -283,14 +286,11 @@ def gspo_objective(
     logprob_fn: the model's `(params, tokens_bt, needed_bt) -> (logp_bt, entropy_bt)`.
     eps_low: see `rlax_post.losses.gspo` (the paper uses 3e-4).
     eps_high: see `rlax_post.losses.gspo` (the paper uses 4e-4).
-    kl_coef: weight of the KL penalty, ≥ 0.
-    kl_kind: 'k1', 'k2' or 'k3', see `rlax_post.losses.kl_penalty`.
-    entropy_coef: weight of the entropy bonus, ≥ 0.
+    terms: see `ppo_objective`.
 
   Returns:
     An objective `(params, batch, weights_bt, rng) -> (loss, aux)`.
   """
-  _check_regularisers(kl_coef, kl_kind, entropy_coef, off_policy_threshold)
   _check_clip(eps_low, eps_high, None)
 
   def pg_term(logp_bt, batch, weights_bt):
@@ -305,9 +305,7 @@ def gspo_objective(
     return per_token(loss_b), {'clip_frac': per_token(clipped_b)}
 
   return _policy_objective(
-      logprob_fn, pg_term, keys=(), kl_coef=kl_coef,
-      kl_kind=kl_kind, entropy_coef=entropy_coef,
-      off_policy_threshold=off_policy_threshold)
+      logprob_fn, pg_term, keys=(), terms=terms)
 
 
 def cispo_objective(
@@ -315,10 +313,7 @@ def cispo_objective(
     *,
     eps_low: float,
     eps_high: float,
-    kl_coef: float = 0.0,
-    kl_kind: str = 'k3',
-    entropy_coef: float = 0.0,
-    off_policy_threshold: float | None = None,
+    terms: PolicyTerms = PolicyTerms(),
 ) -> Objective:
   """CISPO (MiniMax-M1) with KL and entropy terms.
 
@@ -328,7 +323,6 @@ def cispo_objective(
   `ppo_objective`; aux (each Σ w·term): `pg_loss` (a value holding log π_θ, not PPO's surrogate), `clip_frac`
   (tokens whose weight was clipped), `entropy`, and `kl` as in `ppo_objective`.
   """
-  _check_regularisers(kl_coef, kl_kind, entropy_coef, off_policy_threshold)
   _check_clip(eps_low, eps_high, None)
 
   def pg_term(logp_bt, batch, weights_bt):
@@ -337,9 +331,7 @@ def cispo_objective(
     return pg_bt, {'clip_frac': clipped_bt}
 
   return _policy_objective(
-      logprob_fn, pg_term, keys=(), kl_coef=kl_coef,
-      kl_kind=kl_kind, entropy_coef=entropy_coef,
-      off_policy_threshold=off_policy_threshold)
+      logprob_fn, pg_term, keys=(), terms=terms)
 
 
 def sapo_objective(
@@ -347,10 +339,7 @@ def sapo_objective(
     *,
     tau_pos: float,
     tau_neg: float,
-    kl_coef: float = 0.0,
-    kl_kind: str = 'k3',
-    entropy_coef: float = 0.0,
-    off_policy_threshold: float | None = None,
+    terms: PolicyTerms = PolicyTerms(),
 ) -> Objective:
   """SAPO (Qwen) with KL and entropy terms.
 
@@ -360,7 +349,6 @@ def sapo_objective(
   of `ppo_objective`; aux (each Σ w·term): `pg_loss`, `sapo_gate` (the gradient's gate, 1 on-policy), `entropy`,
   and `kl` as in `ppo_objective`.
   """
-  _check_regularisers(kl_coef, kl_kind, entropy_coef, off_policy_threshold)
   if not (tau_pos > 0 and tau_neg > 0):
     raise ValueError(f'tau_pos and tau_neg must be > 0; got {tau_pos}, {tau_neg}')
 
@@ -370,9 +358,7 @@ def sapo_objective(
     return pg_bt, {'sapo_gate': gate_bt}
 
   return _policy_objective(
-      logprob_fn, pg_term, keys=(), kl_coef=kl_coef,
-      kl_kind=kl_kind, entropy_coef=entropy_coef,
-      off_policy_threshold=off_policy_threshold)
+      logprob_fn, pg_term, keys=(), terms=terms)
 
 
 def decoupled_ppo_objective(
@@ -384,10 +370,7 @@ def decoupled_ppo_objective(
     behaviour_level: str = 'token',
     behaviour_mode: str = 'truncate',
     dual_clip: float | None = None,
-    kl_coef: float = 0.0,
-    kl_kind: str = 'k3',
-    entropy_coef: float = 0.0,
-    off_policy_threshold: float | None = None,
+    terms: PolicyTerms = PolicyTerms(),
 ) -> Objective:
   """Decoupled PPO (AReaL) for asynchronous rollouts, with KL and entropy terms.
 
@@ -417,14 +400,11 @@ def decoupled_ppo_objective(
     behaviour_level: 'token', 'sequence' or 'geometric' (`losses.behaviour_weights`).
     behaviour_mode: 'truncate' or 'mask' (`losses.behaviour_weights`).
     dual_clip: see `rlax_post.losses.ppo_clip`.
-    kl_coef: weight of the KL penalty, ≥ 0.
-    kl_kind: 'k1', 'k2' or 'k3', see `rlax_post.losses.kl_penalty`.
-    entropy_coef: weight of the entropy bonus, ≥ 0.
+    terms: see `ppo_objective`.
 
   Returns:
     An objective `(params, batch, weights_bt, rng) -> (loss, aux)`.
   """
-  _check_regularisers(kl_coef, kl_kind, entropy_coef, off_policy_threshold)
   _check_clip(eps_low, eps_high, dual_clip)
   if behaviour_cap < 1:
     raise ValueError(f'behaviour_cap must be >= 1; got {behaviour_cap}')
@@ -450,8 +430,7 @@ def decoupled_ppo_objective(
 
   return _policy_objective(
       logprob_fn, pg_term, keys=('behaviour_logprobs',),
-      kl_coef=kl_coef, kl_kind=kl_kind, entropy_coef=entropy_coef,
-      off_policy_threshold=off_policy_threshold)
+      terms=terms)
 
 
 # The model's scalar head: (params, tokens_bt, needed_bt) -> values_bt [B, T − 1], aligned with logprobs

@@ -39,8 +39,9 @@ def make_objective(section: config_lib.LossSection, logprob_fn, kind: str | None
   """The policy objective named by `kind` (default `loss.kind`; "auto" resolved by the caller through
   `config.loss_kind`); unknown kinds list the valid ones."""
   kind = section.kind if kind is None else kind
-  common = dict(kl_coef=section.kl_coef, kl_kind=section.kl_kind, entropy_coef=section.entropy_coef,
-                off_policy_threshold=section.off_policy_mask_threshold)
+  common = dict(terms=learner.PolicyTerms(kl_coef=section.kl_coef, kl_kind=section.kl_kind,
+                                         entropy_coef=section.entropy_coef,
+                                         off_policy_threshold=section.off_policy_mask_threshold))
   factories = {
       "ppo": lambda: learner.ppo_objective(logprob_fn, eps_low=section.eps_low, eps_high=section.eps_high,
                                            dual_clip=section.dual_clip, **common),
