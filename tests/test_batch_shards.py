@@ -8,11 +8,14 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 import _procs  # pylint: disable=g-bad-import-order
 from rlax_post import config
+from rlax_post import models
 from rlax_post import runtime
+from rlax_post import sampler
 from rlax_post import sharding
 from rlax_post.runtime import _eval
 from rlax_post.runtime import _learners
@@ -172,18 +175,37 @@ def test_weights_the_mesh_does_not_divide_are_refused_naming_its_settings():
     runtime.RLUpdate(parts)
 
 
-def test_a_sequence_parallel_learner_and_its_samplers_decode_with_length_unsplit():
+def _sampled_tokens(parts, prompts):
+  """Each prompt's 6 tokens from `parts.sampling_engine()` (the run's sampling law, seed 0) with params of
+  key 0."""
+  engine = parts.sampling_engine()
+  params = jax.device_put(models.init_params(parts.model_cfg, jax.random.key(0))[1], engine.param_shardings())
+  requests = [sampler.Request([parts.tokenizer.bos_id, *parts.tokenizer.encode(p)], n=2, max_tokens=6,
+                              request_id=p) for p in prompts]
+  return [(c.request_id, c.index, c.tokens) for c in sampler.Driver(engine, params).sample(requests)]
+
+
+def test_a_sequence_parallel_run_samples_with_length_unsplit():
   """Rules whose widths split ('length' over tensor; prompt 13 + response 8: 20 positions, a window of 8) pass
-  `rlax-post learner`'s checks, and its evaluation and its samplers decode with 'length' mapped to None: both
-  stopped as they started, in the engine's cache sharding's words ("leaf .cache.k: mesh axis 'tensor' is used
-  twice in ... (by 'kv_heads' and 'length')")."""
+  `rlax-post learner`'s checks and `train`'s, and its evaluation and its samplers decode with 'length' mapped to
+  None, sampling the tokens of the default rules: `learner` and its samplers stopped as they started, in the
+  engine's cache sharding's words ("leaf .cache.k: mesh axis 'tensor' is used twice in ... (by 'kv_heads' and
+  'length')"), and until 2026-12-06 `train` and a sampler whose own mesh split 'length' refused such rules
+  ("the sampler's decode steps hold one position per row ...")."""
   rules = [[name, "tensor" if name == "length" else axes] for name, axes in sharding.DEFAULT_RULES]
-  parts = runtime.build_parts(_tiny(mesh__data=2, mesh__fsdp=2, mesh__tensor=2, mesh__rules=rules,
-                                    task__options={"min_len": 3, "max_len": 7, "alphabet": "abcdefgh"}))
+  settings = {"mesh__data": 2, "mesh__fsdp": 2, "mesh__tensor": 2,
+              "task__options": {"min_len": 3, "max_len": 7, "alphabet": "abcdefgh"}}
+  parts = runtime.build_parts(_tiny(mesh__rules=rules, **settings))
   assert (parts.lengths.prompt, parts.lengths.response) == (13, 8)
   _learners.check_batches(parts, sampling=False)  # the learner's checks pass
+  _learners.check_batches(parts, sampling=True)  # and `train`'s
+  _learners.check_sampler_slots(parts)  # and a sampler's on a mesh that splits 'length'
   evaluator = _eval.make_evaluator(parts)
   assert evaluator.engine.rules == sharding.DEFAULT_RULES and parts.rules != sharding.DEFAULT_RULES
+  prompts = ["rev abc=", "rev hgfedc="]
+  got = _sampled_tokens(parts, prompts)
+  assert got == _sampled_tokens(runtime.build_parts(_tiny(**settings)), prompts)
+  assert [len(tokens) for _, _, tokens in got] == [6] * 4 and len({tuple(t) for _, _, t in got}) > 1
   # Its samplers' parts, on their own mesh (every local device on fsdp: 'length' over a tensor axis of 1).
   local = runtime.build_parts(parts.cfg, mesh=sharding.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}))
   _learners.check_sampler_slots(local)
@@ -216,9 +238,8 @@ def test_a_sampler_process_checks_its_slots_on_its_own_mesh(tmp_path):
 
 def test_sequence_parallel_rules_are_refused_naming_the_widths_before_anything_is_built(tmp_path):
   """Rules that split 'length' over tensor: the update's 19 positions (and its response window's 8, the
-  prompt's 12 - 1) and the sampler's one-position decode steps do not split over 2 devices. Before, the
-  update failed at trace time in the activation constraint's words ("activation: dim 1 ('length') of size 19
-  is not divisible ...") and the engine in its cache sharding's ("mesh axis 'tensor' is used twice")."""
+  prompt's 12 - 1) do not split over 2 devices. Before, the update failed at trace time in the activation
+  constraint's words ("activation: dim 1 ('length') of size 19 is not divisible ...")."""
   rules = [[name, "tensor" if name == "length" else axes] for name, axes in sharding.DEFAULT_RULES]
   cfg = _tiny(mesh__data=2, mesh__fsdp=2, mesh__tensor=2, mesh__rules=rules)
   parts = runtime.build_parts(cfg)
@@ -236,7 +257,7 @@ def test_sequence_parallel_rules_are_refused_naming_the_widths_before_anything_i
   assert str(err.value) == head + update + tail
   with pytest.raises(ValueError) as err:
     runtime.train(cfg, str(tmp_path / "run"), quiet=True)
-  assert str(err.value) == head + update + "\n  " + decode + tail
+  assert str(err.value) == head + update + tail  # (sampling is not refused: engines decode with 'length' unsplit)
   assert not os.path.exists(tmp_path / "run")  # refused before it wrote (or compiled) anything
   # One tensor device: nothing is split (and engines decode with 'length' unsplit: `_parts.decode_rules`).
-  _learners.check_lengths(runtime.build_parts(_tiny(mesh__fsdp=8, mesh__rules=rules)), sampling=True)
+  _learners.check_lengths(runtime.build_parts(_tiny(mesh__fsdp=8, mesh__rules=rules)))

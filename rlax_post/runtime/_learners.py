@@ -56,24 +56,21 @@ def check_batches(parts: _parts.Parts, *, sampling: bool) -> None:
   learner evaluates on process 0's own devices, so its evaluation is not checked against the run's mesh."""
   config_lib.check_batches(parts.cfg, dict(parts.mesh.shape), _batch_axes(parts), sampling=sampling,
                            evaluating=not _distributed.is_multiprocess())
-  check_lengths(parts, sampling=sampling)
+  check_lengths(parts)
 
 
-def check_lengths(parts: _parts.Parts, *, sampling: bool, training: bool = True) -> None:
+def check_lengths(parts: _parts.Parts) -> None:
   """Refuses sequence-parallel `mesh.rules` ('length' over mesh axes that 'batch' leaves) whose devices do not
-  divide the positions the run's activations hold, before anything is compiled, naming each width and the
+  divide the positions the learner's activations hold, before anything is compiled, naming each width and the
   setting: an RL update's rows (T - 1 positions: every token but the last), its vocabulary head's response
-  window and a warm-start row (`training`); and any sampling on them (`sampling`: a decode step holds one
-  position per row; engines decode with 'length' unsplit, `_parts.decode_rules`). The update
-  failed at trace time in the activation constraint's words ("activation: dim 1 ('length') of size 11 is not
-  divisible ..."), the engine in the cache sharding's ("mesh axis 'tensor' is used twice ...")."""
+  window and a warm-start row. The update failed at trace time in the activation constraint's words
+  ("activation: dim 1 ('length') of size 11 is not divisible ..."). Sampling is not refused: engines decode with
+  'length' unsplit (`_parts.decode_rules`), so `train` and a sampler whose own mesh splits 'length' sample what
+  they would under rules that map it to None (until 2026-12-06 both refused such rules)."""
   axes, shards = learner.sequence_axes(parts.mesh, parts.rules)
   if shards == 1:
     return
-  lines = _length_lines(parts, shards) if training else []
-  if sampling:
-    lines.append("the sampler's decode steps hold one position per row, which no sequence split divides: "
-                 "sampling needs rules that map 'length' to None.")
+  lines = _length_lines(parts, shards)
   if lines:
     raise ValueError(f"`mesh.rules` map 'length' to the mesh axes {list(axes)} of {shards} devices (mesh "
                      f"{dict(parts.mesh.shape)}), which split every activation's positions:\n  "
@@ -102,7 +99,6 @@ def check_sampler_slots(parts: _parts.Parts) -> None:
   """`check_batches` of an async run's sampler process, on its own mesh: its engine's slots. A sampler whose
   devices did not divide them stopped in JetStream's words ('max_concurrent_decodes = 12 ...')."""
   config_lib.check_sampler_slots(parts.cfg, dict(parts.mesh.shape), _batch_axes(parts))
-  check_lengths(parts, sampling=True, training=False)
 
 
 def _batch_axes(parts: _parts.Parts) -> tuple[str, ...]:

@@ -413,7 +413,8 @@ def decode_rules(rules: sharding.Rules) -> sharding.Rules:
   fsdp, 'length' over axes of size 1) read its rules, so a sequence-parallel `rlax-post learner`, which
   `_learners.check_lengths` passes, and its samplers stopped as they started, in the cache sharding's words
   ("leaf .cache.k: mesh axis 'tensor' is used twice in ... (by 'kv_heads' and 'length')"). The weights have no
-  'length' axis: their shardings are the same."""
+  'length' axis: their shardings are the same, so `train` and a sampler whose own mesh splits 'length' sample
+  the tokens unsplit rules give (`_learners.check_lengths` refuses only the learner's widths)."""
   return tuple((name, None if name == "length" else axes) for name, axes in rules)
 
 
