@@ -12,6 +12,7 @@ import pytest
 from rlax_post import config
 from rlax_post import models
 from rlax_post import runtime
+from rlax_post import sharding
 from rlax_post import sweep
 from rlax_post.runtime import _metrics
 from rlax_post.runtime import _parts
@@ -307,3 +308,21 @@ def test_a_wandb_setting_without_runtime_wandb_is_refused_as_unread():
   assert _cfg(**{"runtime.wandb": True, "runtime.wandb_project": "my-project"}).runtime.wandb_project == "my-project"
   with pytest.raises(ValueError, match=r"`runtime.wandb_group` = 'g' \(default None\): read only with runtime.wandb"):
     _cfg(**{"runtime.wandb_group": "g"})  # (a sweep sets it only when every unit logs to W&B)
+
+
+_HINT = (". Map those logical axes to different mesh axes (by default heads, KV heads, MLP and vocabulary over "
+         "'tensor', the model width over 'fsdp', 'batch' over 'data' and 'fsdp').")
+
+
+@pytest.mark.parametrize("rule, message", [
+    (("heads", "fsdp"), "`mesh.rules` put one mesh axis on two dimensions of a weight of the model, which no mesh "
+                        "can hold: leaf ['o']: mesh axis 'fsdp' is used twice in ('layers', 'heads', 'head_dim', "
+                        "'embed') (by 'heads' and 'embed')"),
+    (("batch", "tensor"), "`mesh.rules` put one mesh axis on two dimensions of the sampler's KV cache, which no "
+                          "mesh can hold: leaf .k: mesh axis 'tensor' is used twice in ('layers', 'batch', "
+                          "'kv_heads', 'head_dim', 'length') (by 'batch' and 'kv_heads')")])
+def test_rules_that_put_a_mesh_axis_twice_on_one_array_are_refused_as_train_refuses_them(rule, message):
+  """check-config passed them; `train` refused a weight's under its mesh's sizes ("cannot be placed on the mesh
+  ...") and the KV cache's once its sampler was built, naming no setting ("leaf .cache.k: ...")."""
+  rules = [[name, rule[1] if name == rule[0] else axes] for name, axes in sharding.DEFAULT_RULES]
+  assert _refusals(_cfg(**{"mesh.rules": rules})) == (message + _HINT,) * 2

@@ -89,6 +89,14 @@ def test_logical_to_spec_errors():
     sharding.logical_to_spec(('embed',), RULES + (('embed', None),))
 
 
+def test_logical_specs_place_a_tree_on_no_mesh_naming_the_leaf():
+  """What `named_shardings` holds on every mesh (`runtime._parts.check_rules` checks `mesh.rules` with it)."""
+  assert sharding.logical_specs({'w': ('embed', 'vocab'), 'b': (None,)}, RULES) == {
+      'w': P('fsdp', 'tensor'), 'b': P(None)}
+  with pytest.raises(ValueError, match=r"^leaf \['o'\]: mesh axis 'tensor' is used twice in \('heads', 'mlp'\)"):
+    sharding.logical_specs({'o': ('heads', 'mlp')}, RULES)
+
+
 @pytest.fixture(scope='module')
 def mesh():
   return sharding.make_mesh({'data': 2, 'fsdp': 2, 'tensor': 2})

@@ -308,11 +308,32 @@ def mesh_and_rules(cfg: config_lib.Config) -> tuple[jax.sharding.Mesh, sharding.
 CONFIG_MESH = "the mesh of `mesh.data`, `mesh.fsdp`, `mesh.tensor`"  # `param_shardings`' `where` for the config's
 
 
+def check_rules(model_cfg: models.ModelConfig, rules: sharding.Rules, params_like) -> None:
+  """Refuses `rules` (`mesh.rules`) that put one mesh axis on two dimensions of one array, which no mesh can
+  hold: a weight of `params_like` (e.g. 'heads' over fsdp beside 'embed'), or the KV cache an engine decodes
+  under `decode_rules` (e.g. 'batch' over tensor beside 'kv_heads'). `build_parts` and `check_config` (so
+  `rlax-post check-config`) both call it; before, check-config passed such rules, `train` refused a weight's
+  under its mesh's sizes ("... cannot be placed on the mesh ...: leaf ['o']: mesh axis 'fsdp' is used twice
+  ...") and the cache's once its sampler was built, naming no setting ("leaf .cache.k: mesh axis 'tensor' is
+  used twice ... (by 'batch' and 'kv_heads')")."""
+  arrays = (("a weight of the model", models.param_logical_axes(params_like), rules),
+            ("the sampler's KV cache", models.cache_axes(model_cfg), decode_rules(rules)))
+  for what, logical, placed_by in arrays:
+    try:
+      sharding.logical_specs(logical, placed_by)
+    except ValueError as e:
+      raise ValueError(f"`mesh.rules` put one mesh axis on two dimensions of {what}, which no mesh can hold: "
+                       f"{e}. Map those logical axes to different mesh axes (by default heads, KV heads, MLP "
+                       "and vocabulary over 'tensor', the model width over 'fsdp', 'batch' over 'data' and "
+                       "'fsdp').") from None
+
+
 def param_shardings(params_like, mesh, rules, where: str = "this process's mesh"):
   """The params' `NamedSharding`s on `mesh`; a weight the rules cannot place there (a dimension its mesh axes do
-  not divide, a mesh axis two of its dimensions take) is refused naming `where` (the settings `mesh` came from)
-  too: the sharding's error named the weight and the mesh axis only (`leaf ['k']: dim 2 ('kv_heads') of size 2
-  is not divisible by mesh axes ('tensor',) of total size 8 ...`)."""
+  not divide; a mesh axis two of its dimensions take, which `check_rules` refuses first where the run's parts
+  are built) is refused naming `where` (the settings `mesh` came from) too: the sharding's error named the
+  weight and the mesh axis only (`leaf ['k']: dim 2 ('kv_heads') of size 2 is not divisible by mesh axes
+  ('tensor',) of total size 8 ...`)."""
   try:
     return sharding.named_shardings(models.param_logical_axes(params_like), mesh, rules, shapes=params_like)
   except ValueError as e:
@@ -445,7 +466,8 @@ def check_config(cfg: config_lib.Config):
   run's tokenizer (the byte tokenizer, or the checkpoint's tokenizer.json) its `rl.stop` strings, the model's
   config (`model_config`: a checkpoint's config.json, a preset with its overrides) and the critic's, and every
   task's lengths in `model.max_seq_len` (`run_lengths`: prompt plus `rl.max_new_tokens`, in each task's own
-  words). `rlax-post check-config` and `check-data` run it, so such a mistake is named in seconds, before a job
+  words), and `mesh.rules` that put one mesh axis on two dimensions of one array (`check_rules`). `rlax-post
+  check-config` and `check-data` run it, so such a mistake is named in seconds, before a job
   is launched or a model loaded. What needs the data rows (`check-data`) or the devices is left to `train`.
   Returns the tokenizer it checked with (`check-data` renders the rows with it: the checkpoint's is read once)."""
   _metrics.check_wandb(cfg.runtime.wandb)
@@ -459,6 +481,7 @@ def check_config(cfg: config_lib.Config):
   if _critic_model(cfg):
     critic_model_config(cfg, model_cfg)
   run_lengths(cfg, tokenizer, model_cfg)
+  check_rules(model_cfg, config_rules(cfg), models.abstract_params(model_cfg)[1])
   return tokenizer
 
 
@@ -491,6 +514,7 @@ def build_parts(cfg: config_lib.Config, mesh: jax.sharding.Mesh | None = None, *
   built = envs.make_rl_task(cfg, tokenizer) if task else None
   lengths = run_lengths(cfg, tokenizer, model_cfg, built)
   graphdef, params_like = models.abstract_params(model_cfg)
+  check_rules(model_cfg, rules, params_like)
   where = CONFIG_MESH if config_mesh is not None else "this process's mesh"
   shardings, trainable = param_shardings(params_like, mesh, rules, where), make_trainable(cfg)
   policy_like = jax.eval_shape(trainable.to_model, *trainable.like(params_like))

@@ -13,6 +13,7 @@ from rlax_post.sharding._rules import activation_constraint_fn
 from rlax_post.sharding._rules import as_rules
 from rlax_post.sharding._rules import activation_shard_shape
 from rlax_post.sharding._rules import batch_sharding
+from rlax_post.sharding._rules import logical_specs
 from rlax_post.sharding._rules import logical_to_spec
 from rlax_post.sharding._rules import named_shardings
 from rlax_post.sharding._rules import replicated
@@ -31,6 +32,7 @@ __all__ = (
     'activation_shard_shape',
     'as_rules',
     'batch_sharding',
+    'logical_specs',
     'logical_to_spec',
     'make_mesh',
     'named_shardings',

@@ -170,16 +170,9 @@ def named_shardings(
   _check_mesh_has_rule_axes(mesh, rules)
 
   def one(path, logical_axes, shaped=None):
-    where = jax.tree_util.keystr(path)
-    if not _is_logical_axes(logical_axes):
-      raise ValueError(
-          f'leaf {where}: expected a tuple of logical axis names; got '
-          f'{logical_axes!r}')
-    try:
-      spec = logical_to_spec(logical_axes, rules)
-    except ValueError as e:
-      raise ValueError(f'leaf {where}: {e}') from None
+    spec = _leaf_spec(path, logical_axes, rules)
     if shaped is not None:
+      where = jax.tree_util.keystr(path)
       _check_divisible(f'leaf {where}', logical_axes, spec, shaped.shape, mesh)
     return NamedSharding(mesh, spec)
 
@@ -188,6 +181,27 @@ def named_shardings(
         one, logical_tree, is_leaf=_is_logical_axes)
   return jax.tree_util.tree_map_with_path(
       one, logical_tree, shapes, is_leaf=_is_logical_axes)
+
+
+def logical_specs(logical_tree: Any, rules: Rules) -> Any:
+  """`logical_tree` (leaves: tuples of logical names) mapped to `PartitionSpec`s, on no mesh: what of
+  `named_shardings` holds on every mesh. A leaf the rules cannot place on any mesh (a mesh axis two of its
+  dimensions take, an unknown logical name) raises ValueError naming the leaf, as `named_shardings` does."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, axes: _leaf_spec(path, axes, rules), logical_tree,
+      is_leaf=_is_logical_axes)
+
+
+def _leaf_spec(path, logical_axes, rules: Rules) -> PartitionSpec:
+  where = jax.tree_util.keystr(path)
+  if not _is_logical_axes(logical_axes):
+    raise ValueError(
+        f'leaf {where}: expected a tuple of logical axis names; got '
+        f'{logical_axes!r}')
+  try:
+    return logical_to_spec(logical_axes, rules)
+  except ValueError as e:
+    raise ValueError(f'leaf {where}: {e}') from None
 
 
 def batch_sharding(
