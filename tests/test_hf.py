@@ -578,3 +578,63 @@ def test_hf_architecture_refuses_features_no_architecture_has():
   with pytest.raises(ValueError, match=r"No Hugging Face architecture has this model's features \{'qkv_bias': True, "
                      r"'qk_norm': True"):
     models.hf_architecture(cfg)
+
+
+_QWEN2 = dict(architectures=["Qwen2ForCausalLM"], **_SMALL)
+
+
+def test_qwen2_use_sliding_window_reads_the_layers_transformers_slides():
+  """transformers slides the layers of index >= max_window_layers (default 28) when use_sliding_window is set
+  (Qwen2Config's layer_types); until 2026-12-06 every use_sliding_window = true was refused, even where no
+  layer slides (Qwen2.5's own configs: max_window_layers 28 of 24 layers, or 70 of 80)."""
+  for extra in ({"max_window_layers": 2}, {"max_window_layers": 70}, {}, {"sliding_window": None},
+                {"max_window_layers": 0, "layer_types": ["full_attention"] * 2}):
+    hf = {**_QWEN2, "use_sliding_window": True, "sliding_window": 4, **extra}
+    assert "sliding_attention" not in transformers.Qwen2Config(**hf).layer_types
+    cfg = _hf.config_from_hf(hf)
+    assert (cfg.layer_types, cfg.sliding_window) == (None, None), extra
+  for arch, config_cls in (("Qwen2ForCausalLM", transformers.Qwen2Config), ("Qwen3ForCausalLM",
+                                                                            transformers.Qwen3Config)):
+    hf = dict(_SMALL, architectures=[arch], use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    cfg = _hf.config_from_hf(hf)
+    assert cfg.layer_types == tuple(config_cls(**hf).layer_types) == ("full_attention", "sliding_attention")
+    assert (cfg.sliding_window, cfg.rope_local_theta) == (4, None)  # (one RoPE: the sliding layer's is the same)
+  with pytest.raises(NotImplementedError, match=r"^linear RoPE scaling with sliding-window layers: "
+                                                r"Qwen2ForCausalLM scales every layer's RoPE"):
+    _hf.config_from_hf(dict(_QWEN2, use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                            rope_scaling={"rope_type": "linear", "factor": 2.0}))
+  with pytest.raises(ValueError, match=r"^layer_types \['full_attention', 'sliding_attention'\] names sliding-window "
+                                       r"layers but the config sets no window \(use_sliding_window = False"):
+    _hf.config_from_hf(dict(_QWEN2, use_sliding_window=False, layer_types=["full_attention", "sliding_attention"]))
+  with pytest.raises(NotImplementedError, match=r"^use_sliding_window=True: LlamaForCausalLM has no sliding windows"):
+    _hf.config_from_hf(dict(_SMALL, architectures=["LlamaForCausalLM"], use_sliding_window=True))
+
+
+def test_a_qwen2_sliding_window_layer_matches_transformers_and_exports(tmp_path):
+  """Two layers, the second sliding (window 4, max_window_layers 1) on 16-token rows: logits as transformers',
+  an export that transformers and we read back the same, and logits the window moves."""
+  config = transformers.Qwen2Config(**{**_SHAPE, **_FAMILIES["qwen2"][2]}, use_sliding_window=True,
+                                    sliding_window=4, max_window_layers=1)
+  torch.manual_seed(0)
+  model = transformers.Qwen2ForCausalLM(config).float().eval()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "q_proj.weight" in name or "k_proj.weight" in name:
+        p.mul_(4.0)
+  cfg, graphdef, params = _hf.load_hf(_save(model, tmp_path / "in"))
+  assert (cfg.layer_types, cfg.sliding_window) == (("full_attention", "sliding_attention"), 4)
+  tokens = _tokens()
+  ours = np.asarray(models.forward(graphdef, params, jnp.asarray(tokens))[0])
+  np.testing.assert_allclose(ours, _hf_logits(model, tokens), atol=1e-4, rtol=1e-4)
+  unwindowed, _ = models.abstract_params(dataclasses.replace(cfg, layer_types=None, sliding_window=None))
+  assert np.abs(np.asarray(models.forward(unwindowed, params, jnp.asarray(tokens))[0]) - ours).max() > 2e-3
+  _hf.export_hf(str(tmp_path / "out"), cfg, params, architecture="Qwen2ForCausalLM")
+  reloaded = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).float().eval()
+  assert reloaded.config.layer_types == ["full_attention", "sliding_attention"] and reloaded.config.sliding_window == 4
+  np.testing.assert_allclose(_hf_logits(reloaded, tokens), _hf_logits(model, tokens), atol=1e-5)
+  assert _hf.load_hf(str(tmp_path / "out"))[0] == cfg
+  with pytest.raises(ValueError, match=r"^LlamaForCausalLM has no sliding-window layers"):
+    _hf._hf_config(dataclasses.replace(cfg, qkv_bias=False), "LlamaForCausalLM", "llama")
+  # A sliding layer before a full one: max_window_layers (transformers 4, vLLM) cannot say it.
+  with pytest.raises(ValueError, match=r"^Qwen2ForCausalLM's sliding-window layers are its last ones"):
+    _hf._hf_config(dataclasses.replace(cfg, layer_types=cfg.layer_types[::-1]), "Qwen2ForCausalLM", "qwen2")

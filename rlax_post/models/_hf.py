@@ -38,6 +38,8 @@ ARCHITECTURES: dict[str, tuple[str, dict[str, Any]]] = {
     "Gemma3ForCausalLM": ("gemma3_text", dict(qkv_bias=False, qk_norm=True, **_GEMMA_STYLE)),
 }
 _GEMMA_ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+# Sliding windows on the layers `layer_types` (by default from `max_window_layers`) names (`_qwen_windows`).
+_QWEN_ARCHS = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # A one-label sequence classifier (a reward model): the decoder of the causal LM it names, and `score.weight`
 # [1, D] (no bias) read as our scalar head (`value_head`; `value_bias` 0), with no vocabulary head.
 SEQUENCE_CLASSIFIERS = {
@@ -191,6 +193,24 @@ def _gemma_config(hf: dict, arch: str) -> dict[str, Any]:
       layer_types=tuple(layer_types))
 
 
+def _qwen_windows(hf: dict) -> dict[str, Any]:
+  """Qwen2 / Qwen3's sliding windows as transformers reads them: `sliding_window` (default 4096) only with
+  `use_sliding_window`, on the layers `layer_types` names "sliding_attention", by default those of index >=
+  `max_window_layers` (default 28). None of them sliding (e.g. `max_window_layers` >= num_hidden_layers, as in
+  Qwen2.5's own configs): no windows (until 2026-12-06 any `use_sliding_window` = true was refused)."""
+  window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window") else None
+  first = hf.get("max_window_layers", 28)
+  types = hf.get("layer_types") or ["sliding_attention" if window is not None and i >= first else "full_attention"
+                                    for i in range(hf["num_hidden_layers"])]
+  if "sliding_attention" not in types:
+    return {}
+  if window is None:  # (transformers builds such a model, then fails in its sliding mask: no window set)
+    raise ValueError(f"layer_types {types} names sliding-window layers but the config sets no window "
+                     f"(use_sliding_window = {hf.get('use_sliding_window')!r}, sliding_window = "
+                     f"{hf.get('sliding_window')!r}); set both, or make every layer 'full_attention'.")
+  return dict(sliding_window=window, layer_types=tuple(types))
+
+
 def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
   """Our `ModelConfig` from an HF `config.json` dict; raises on anything our model does not implement."""
   archs = hf.get("architectures") or []
@@ -217,18 +237,22 @@ def config_from_hf(hf: dict, dtype: str = "float32") -> ModelConfig:
       raise NotImplementedError(f"hidden_act {hf['hidden_act']!r}: our MLP is SwiGLU (silu) only.")
     if arch != "Qwen2ForCausalLM" and hf.get("attention_bias"):
       raise NotImplementedError("attention_bias=True (o_proj bias) is not supported by our attention.")
-    if hf.get("use_sliding_window"):
-      raise NotImplementedError("use_sliding_window=True: Qwen2-style sliding windows are not supported.")
+    extra = _qwen_windows(hf) if arch in _QWEN_ARCHS else {}
+    if arch not in _QWEN_ARCHS and hf.get("use_sliding_window"):
+      raise NotImplementedError(f"use_sliding_window=True: {arch} has no sliding windows (Qwen2 and Qwen3 do).")
   if hf.get("mlp_bias"):
     raise NotImplementedError("mlp_bias=True: our MLP has no biases.")
-  heads = hf["num_attention_heads"]
+  heads, rope = hf["num_attention_heads"], _rope_config(hf, arch)
+  if arch in _QWEN_ARCHS and extra and rope.get("rope_scaling_type"):
+    raise NotImplementedError(f"{rope['rope_scaling_type']} RoPE scaling with sliding-window layers: {arch} "
+                              "scales every layer's RoPE, ours scales the full-attention layers' alone.")
   return ModelConfig(
       vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
       num_heads=heads, num_kv_heads=hf.get("num_key_value_heads") or heads,
       head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, mlp_dim=hf["intermediate_size"],
       max_seq_len=hf.get("max_position_embeddings", 2048), norm_eps=hf.get("rms_norm_eps", 1e-6),
       tie_embeddings=classifier is not None or bool(hf.get("tie_word_embeddings", arch in _GEMMA_ARCHS)),
-      value_head=classifier is not None, dtype=dtype, param_dtype=dtype, **flags, **_rope_config(hf, arch), **extra)
+      value_head=classifier is not None, dtype=dtype, param_dtype=dtype, **flags, **rope, **extra)
 
 
 def _read_json(file: str):
@@ -542,6 +566,24 @@ def _legacy_rope(cfg: ModelConfig) -> dict[str, Any]:
   return {"rope_theta": cfg.rope_theta, **({"rope_scaling": scaling} if cfg.rope_scaling_type else {})}
 
 
+def _hf_windows(cfg: ModelConfig, architecture: str) -> dict[str, Any]:
+  """`cfg`'s sliding-window layers as a Qwen2 / Qwen3 config.json holds them (`_qwen_windows` reads them back;
+  none: no keys). transformers reads `layer_types`, older readers (transformers 4, vLLM) `max_window_layers`,
+  so the sliding layers must be the last ones; and Qwen scales every layer's RoPE, ours the global layers'."""
+  types = tuple(cfg.layer_types or ())
+  if "sliding_attention" not in types:
+    return {}
+  first = types.index("sliding_attention")
+  if architecture not in _QWEN_ARCHS:
+    raise ValueError(f"{architecture} has no sliding-window layers; cfg.layer_types has some.")
+  if any(t != "sliding_attention" for t in types[first:]) or cfg.rope_scaling_type is not None:
+    raise ValueError(f"{architecture}'s sliding-window layers are its last ones (from max_window_layers on), "
+                     f"under every layer's RoPE scaling; cfg has layer_types {list(types)} and rope_scaling_type "
+                     f"{cfg.rope_scaling_type!r}.")
+  return dict(use_sliding_window=True, sliding_window=cfg.sliding_window, max_window_layers=first,
+              layer_types=list(types))
+
+
 def _hf_config(cfg: ModelConfig, architecture: str, model_type: str) -> dict[str, Any]:
   """The `config.json` of `cfg` as `architecture`; raises where transformers' model would differ."""
   hf = dict(
@@ -552,13 +594,12 @@ def _hf_config(cfg: ModelConfig, architecture: str, model_type: str) -> dict[str
       tie_word_embeddings=cfg.tie_embeddings, attention_bias=cfg.qkv_bias, torch_dtype=cfg.param_dtype,
       dtype=cfg.param_dtype)
   if architecture not in _GEMMA_ARCHS:
-    if cfg.layer_types is not None and "sliding_attention" in cfg.layer_types:
-      raise ValueError(f"{architecture} has no sliding-window layers; cfg.layer_types has some.")
+    windows = _hf_windows(cfg, architecture)
     if cfg.query_pre_attn_scalar is not None or cfg.attn_logit_softcap or cfg.final_logit_softcap:
       raise ValueError(f"{architecture} has no query_pre_attn_scalar or logit soft-capping.")
     if cfg.rope_local_theta is not None:
       raise ValueError(f"{architecture} has one RoPE base; cfg.rope_local_theta is set.")
-    return {**hf, "hidden_act": "silu", "rope_parameters": _hf_rope(cfg), **_legacy_rope(cfg)}
+    return {**hf, "hidden_act": "silu", "rope_parameters": _hf_rope(cfg), **_legacy_rope(cfg), **windows}
   if architecture == "Gemma2ForCausalLM":
     if cfg.rope_scaling_type is not None or cfg.rope_local_theta not in (None, cfg.rope_theta):
       raise ValueError("Gemma2ForCausalLM has one unscaled RoPE for all layers; cfg has RoPE scaling or "
