@@ -586,7 +586,7 @@ _QWEN2 = dict(architectures=["Qwen2ForCausalLM"], **_SMALL)
 def test_qwen2_use_sliding_window_reads_the_layers_transformers_slides():
   """transformers slides the layers of index >= max_window_layers (default 28) when use_sliding_window is set
   (Qwen2Config's layer_types); until 2026-12-06 every use_sliding_window = true was refused, even where no
-  layer slides (Qwen2.5's own configs: max_window_layers 28 of 24 layers, or 70 of 80)."""
+  layer slides (max_window_layers, default 28, at or past the layer count)."""
   for extra in ({"max_window_layers": 2}, {"max_window_layers": 70}, {}, {"sliding_window": None},
                 {"max_window_layers": 0, "layer_types": ["full_attention"] * 2}):
     hf = {**_QWEN2, "use_sliding_window": True, "sliding_window": 4, **extra}

@@ -196,8 +196,8 @@ def _gemma_config(hf: dict, arch: str) -> dict[str, Any]:
 def _qwen_windows(hf: dict) -> dict[str, Any]:
   """Qwen2 / Qwen3's sliding windows as transformers reads them: `sliding_window` (default 4096) only with
   `use_sliding_window`, on the layers `layer_types` names "sliding_attention", by default those of index >=
-  `max_window_layers` (default 28). None of them sliding (e.g. `max_window_layers` >= num_hidden_layers, as in
-  Qwen2.5's own configs): no windows (until 2026-12-06 any `use_sliding_window` = true was refused)."""
+  `max_window_layers` (default 28). None of them sliding (e.g. `max_window_layers` >= num_hidden_layers, as
+  under the default 28 with fewer layers): no windows (until 2026-12-06 any `use_sliding_window` = true was refused)."""
   window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window") else None
   first = hf.get("max_window_layers", 28)
   types = hf.get("layer_types") or ["sliding_attention" if window is not None and i >= first else "full_attention"
