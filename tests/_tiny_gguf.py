@@ -48,14 +48,16 @@ def write(path: str, *, arch: str = "llama", qtype=T.F32, vocab: str = "gpt2", d
           layers: int = 2, heads: int = 4, kv_heads: int = 2, seed: int = 0, tied: bool = True,
           rope_dims: int | None = None, extra_tokens: int = 0, block_count: int | None = None,
           scale: float = 0.08, eos: int = 2, eot: int | None = None, biases: bool | None = None,
-          rope_freqs: np.ndarray | None = None) -> dict:
+          rope_freqs: np.ndarray | None = None, padding_rows: int = 0, listed_padding: bool = True) -> dict:
   """Writes a tiny GGUF model; returns its Hugging Face float32 weights before quantisation (normal, standard
   deviation `scale`; norms 1 + that). `rope_dims`, `extra_tokens` (tokens beyond the embedding's rows) and
   `block_count` write inconsistent files; `eos` and `eot` (None: none) are the EOS and end-of-turn ids; `biases`
   (None: Qwen2's alone) gives the Q/K/V projections biases; `rope_freqs` is written as llama.cpp's tensor of
-  RoPE frequency divisors (Llama 3.1's scaling)."""
+  RoPE frequency divisors (Llama 3.1's scaling). `padding_rows`: embedding rows past the vocabulary's tokens,
+  listed as llama.cpp's converter lists them ("[PAD<id>]" tokens of type UNUSED), or with `listed_padding`
+  False named by `<arch>.vocab_size` alone."""
   tokens, types, merges, scores = _gpt2_vocab(seed) if vocab == "gpt2" else _spm_vocab()
-  vocab_size, head_dim = len(tokens), d // heads
+  vocab_size, head_dim = len(tokens) + padding_rows, d // heads
   rng = np.random.default_rng(seed)
   normal = lambda *shape: (scale * rng.standard_normal(shape)).astype(np.float32)
   hf = {"model.embed_tokens.weight": normal(vocab_size, d), "model.norm.weight": 1 + normal(d)}
@@ -99,6 +101,10 @@ def write(path: str, *, arch: str = "llama", qtype=T.F32, vocab: str = "gpt2", d
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
     w.add_add_space_prefix(True)
+  if padding_rows and listed_padding:
+    tokens, types = tokens + [f"[PAD{i}]" for i in range(len(tokens), vocab_size)], types + [5] * padding_rows
+  elif padding_rows:
+    w.add_vocab_size(vocab_size)
   w.add_token_list(tokens + [f"extra{i}" for i in range(extra_tokens)])
   w.add_token_types(types + [1] * extra_tokens)
   w.add_chat_template(CHAT)

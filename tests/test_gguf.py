@@ -209,6 +209,27 @@ def test_a_file_whose_tensors_disagree_with_its_metadata_is_refused(tmp_path, kw
   assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("vocab, listed, tokens", [("gpt2", True, 320), ("llama", True, 282), ("gpt2", False, 320)])
+def test_an_embeddings_padding_rows_are_never_sampled(tmp_path, vocab, listed, tokens):
+  """8 embedding rows past the vocabulary's tokens: listed as llama.cpp's converter lists them ("[PAD<id>]"
+  tokens of type UNUSED, as in Qwen2 files), or named by `<arch>.vocab_size` alone. Either way the converted
+  tokenizer has the real tokens alone and a run's model masks the rest (`hf_model_config`: valid_vocab_size);
+  the listed ones were tokens of the tokenizer, which a run sampled and decoded as "[PAD327]"."""
+  path = str(tmp_path / "m.gguf")
+  _tiny_gguf.write(path, vocab=vocab, padding_rows=8, listed_padding=listed)
+  config = models.convert_gguf(path, str(tmp_path / "hf"))
+  tokenizer = _parts.checkpoint_tokenizer(str(tmp_path / "hf"))
+  cfg = _parts.hf_model_config(str(tmp_path / "hf"), tokenizer)
+  assert (config["vocab_size"], tokenizer.vocab_size, tokenizer.vocab_gaps) == (tokens + 8, tokens, ())
+  assert (cfg.vocab_size, cfg.usable_vocab_size) == (tokens + 8, tokens)
+  _, _, params = models.load_hf(str(tmp_path / "hf"))
+  graphdef, _ = models.abstract_params(cfg)
+  logits = np.asarray(models.forward(graphdef, params, jnp.asarray([[1, 5, 9, 30]]))[0])
+  assert np.isfinite(logits).all() and np.all(logits[..., tokens:] == -1e9)  # (the model's masked logit)
+  assert np.all(np.abs(logits[..., :tokens]) < 1e3)
+  assert tokenizer.decode(tokenizer.encode("the cat")) == "the cat"
+
+
 def test_head_width_comes_from_the_key_length(tmp_path):
   meta = {"general.architecture": "qwen2", "qwen2.attention.head_count": 4, "qwen2.embedding_length": 64,
           "qwen2.feed_forward_length": 128, "qwen2.block_count": 2, "qwen2.context_length": 32,

@@ -13,7 +13,8 @@ the file with the `gguf` package (numpy only):
                  to float32 by `gguf.quants`
   vocabularies   `gpt2` (byte-level BPE: tokens + merges, the pre-tokenizer `tokenizer.ggml.pre` names; under
                  Llama 3's a piece that is a token stays whole, as in llama.cpp and Llama 3's tokenizer.json) and
-                 `llama` (SentencePiece: tokens + scores, byte fallback; merges follow the scores)
+                 `llama` (SentencePiece: tokens + scores, byte fallback; merges follow the scores); tokens of
+                 type UNUSED (an embedding's padding rows) are left out, so a run's model masks their ids
 
 llama.cpp's converter permutes the rows of Llama's Q and K projections (its RoPE pairs adjacent dimensions,
 Hugging Face's the two halves of each head); `_unpermute` undoes it. Qwen2 files keep Hugging Face's order.
@@ -61,7 +62,7 @@ _SPLITS = {"default": [_GPT2_SPLIT], "gpt-2": [_GPT2_SPLIT], "smollm": [r"\p{N}"
 # is that token, whatever the merges: tiktoken's rule, and `"ignore_merges": true` in Llama 3's tokenizer.json,
 # e.g. " Việt" is one token, not three) and BOS framing on where the file does not say.
 _LLAMA3_PRES = ("llama3", "llama-bpe", "llama-v3")
-_CONTROL, _USER_DEFINED, _BYTE, _UNKNOWN = 3, 4, 6, 2
+_CONTROL, _USER_DEFINED, _BYTE, _UNKNOWN, _UNUSED = 3, 4, 6, 2, 5
 
 
 def _fields(reader: gguf.GGUFReader) -> dict[str, Any]:
@@ -239,12 +240,12 @@ def _hf_tensor(tensor, meta: dict, path: str) -> np.ndarray:
   return w
 
 
-def _bpe_merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
-  """SentencePiece BPE merges: every split of a token into two tokens, the higher-scoring merged token first
-  (SentencePiece merges the pair whose result scores highest)."""
-  vocab = {t: i for i, t in enumerate(tokens)}
+def _bpe_merges_from_scores(vocab: dict[str, int], scores: list[float]) -> list[tuple[str, str]]:
+  """SentencePiece BPE merges of `vocab` (token -> id): every split of a token into two tokens, the
+  higher-scoring merged token first (SentencePiece merges the pair whose result scores highest)."""
   merges = []
-  for token, score in zip(tokens, scores):
+  for token, token_id in vocab.items():
+    score = scores[token_id]
     for i in range(1, len(token)):
       left, right = token[:i], token[i:]
       if left in vocab and right in vocab:
@@ -263,13 +264,16 @@ def build_tokenizer(meta: dict, path: str) -> tokenizers.Tokenizer:
   model = _need(meta, "tokenizer.ggml.model", path)
   tokens = list(_need(meta, "tokenizer.ggml.tokens", path))
   types = list(meta.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+  # Tokens of type UNUSED are no text: llama.cpp's converter lists the embedding's padding rows so ("[PAD151643]"
+  # ... in Qwen2 files). Left out, their ids are no token of the tokenizer, which a run's model masks
+  # (`ModelConfig.valid_vocab_size` / `vocab_gaps`); in it, a run sampled them and decoded "[PAD151700]".
+  vocab = {t: i for i, (t, kind) in enumerate(zip(tokens, types)) if kind != _UNUSED}
   if model == "gpt2":
     merges = [tuple(m.split(" ", 1)) for m in _need(meta, "tokenizer.ggml.merges", path)]
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in _SPLITS:
       raise ValueError(f"{path}: pre-tokenizer {pre!r} is not supported; supported: {sorted(_SPLITS)}.")
-    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges,
-                                                     ignore_merges=pre in _LLAMA3_PRES))
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in _LLAMA3_PRES))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.Sequence(
         [tokenizers.pre_tokenizers.Split(tokenizers.Regex(r), behavior="isolated") for r in _SPLITS[pre]]
         + [tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -278,7 +282,7 @@ def build_tokenizer(meta: dict, path: str) -> tokenizers.Tokenizer:
     scores = list(_need(meta, "tokenizer.ggml.scores", path))
     unk = tokens[_token_id(meta, "unknown", len(tokens), path) if "tokenizer.ggml.unknown_token_id" in meta else 0]
     tok = tokenizers.Tokenizer(tokenizers.models.BPE(
-        vocab={t: i for i, t in enumerate(tokens)}, merges=_bpe_merges_from_scores(tokens, scores),
+        vocab=vocab, merges=_bpe_merges_from_scores(vocab, scores),
         unk_token=unk, fuse_unk=True, byte_fallback=True))
     prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
     # As transformers builds Llama tokenizers: spaces become "▁", one is prepended unless the text starts
