@@ -1,5 +1,6 @@
 """Tests for GSPO and decoupled PPO: losses and their learner objectives."""
 
+import dataclasses
 import functools
 
 import jax
@@ -7,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from rlax_post import config
 from rlax_post import losses
 from rlax_post import models
 from rlax_post.learner._objectives import decoupled_ppo_objective
@@ -227,6 +229,12 @@ def test_behaviour_weights_of_a_long_sequence_stay_finite():
     weight_bt, _ = losses.behaviour_weights(d_bt, jnp.zeros((1, 300)), jnp.ones((1, 300)), cap=2.0,
                                             level='sequence', mode=mode)
     np.testing.assert_allclose(weight_bt, expected, rtol=1e-6)
+
+
+def test_the_configs_behaviour_choices_are_the_losses():
+  """`loss.behaviour_level` / `behaviour_mode` offer exactly what `losses.behaviour_weights` computes."""
+  choices = {f.name: f.metadata['choices'] for f in dataclasses.fields(config.LossSection) if 'choices' in f.metadata}
+  assert choices['behaviour_level'] == losses.BEHAVIOUR_LEVELS and choices['behaviour_mode'] == losses.BEHAVIOUR_MODES
 
 
 def test_behaviour_weights_errors():
