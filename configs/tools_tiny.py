@@ -64,7 +64,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 eps_low=0.2, eps_high=0.28, seq_eps_low=3e-4,
                 seq_eps_high=4e-4, cispo_eps_low=1.0, cispo_eps_high=0.28, sapo_tau_pos=1.0, sapo_tau_neg=1.05,
                 dual_clip=config_dict.placeholder(float), kl_coef=0.02,
-                track_kl=False, kl_kind="k3",
+                track_kl=False, kl_kind="k3", kl_ratio_weight=False,
                 entropy_coef=0.0, agg_mode="token_mean", micro_batches=1,
                 mask_truncated=False, top_entropy_quantile=1.0,
                 off_policy_mask_threshold=config_dict.placeholder(float))

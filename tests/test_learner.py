@@ -261,6 +261,40 @@ def test_sapo_objective_gates_the_policy_gradient_by_each_tokens_ratio(model):
   _tree_allclose(grads, grads_direct, atol=1e-6)
 
 
+@pytest.mark.parametrize('stale', [False, True], ids=['on_policy', 'stale'])
+def test_kl_ratio_weight_is_deepseeks_unbiased_kl_estimate(model, stale):
+  """`PolicyTerms.kl_ratio_weight` with k3 (DeepSeek-V3.2): the KL term is Σ w·r·k3(d), r = π_θ/π_old with the
+  gradient through π_θ, d = log π_θ − log π_ref; its gradient Σ w·(r·k3 + r·(1 − e^{−d}))·∇log π_θ, which is
+  Σ w·d·∇log π_θ on-policy (r = 1: the score-function gradient of KL(π_θ‖π_ref)), where plain k3 gives
+  Σ w·(1 − e^{−d})·∇log π_θ. Advantages are zero: only the KL term trains."""
+  graphdef, params = model
+  batch = _ppo_batch(graphdef, params)
+  batch['advantages'] = jnp.zeros_like(batch['advantages'])
+  if not stale:
+    del batch['old_logprobs']  # one update: the old policy is the current one
+  w_bt = losses.aggregation_weights(batch['loss_mask'], mode='token_mean')
+  terms = learner.PolicyTerms(kl_coef=0.1, kl_kind='k3', kl_ratio_weight=True)
+  objective = learner.ppo_objective(_logprob_fn(graphdef), terms=terms)
+  lp_bt = _direct_logp(graphdef, params, batch['tokens'])
+  d_bt = lp_bt - batch['ref_logprobs']
+  old_bt = batch.get('old_logprobs', lp_bt)
+  r_bt = jnp.exp(lp_bt - old_bt)
+  coef_bt = jax.lax.stop_gradient(r_bt * (jnp.expm1(-d_bt) + d_bt) + r_bt * -jnp.expm1(-d_bt))
+
+  def direct(p):
+    return 0.1 * jnp.sum(w_bt * coef_bt * _direct_logp(graphdef, p, batch['tokens']))
+
+  @jax.jit
+  def both(p):
+    return jax.grad(objective, has_aux=True)(p, batch, w_bt, jax.random.key(0)), jax.grad(direct)(p)
+
+  (grads, aux), grads_direct = both(params)
+  np.testing.assert_allclose(aux['kl'], jnp.sum(w_bt * r_bt * (jnp.expm1(-d_bt) + d_bt)), rtol=1e-5)
+  _tree_allclose(grads, grads_direct, atol=1e-7)
+  if not stale:
+    np.testing.assert_allclose(coef_bt, d_bt, rtol=1e-4, atol=1e-6)  # r·k3 + r·(1 − e^{−d}) = d at r = 1
+
+
 def test_ppo_objective_needs_ref_logprobs_for_kl(model):
   graphdef, params = model
   batch = _ppo_batch(graphdef, params)

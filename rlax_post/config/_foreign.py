@@ -59,6 +59,7 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("scale_rewards", "TRL", "advantage.estimator",
                "True / 'group' is 'grpo', 'batch' is 'grpo' with advantage.scale = 'batch', False / 'none' is 'drgrpo'"),
     ForeignKey("importance_sampling_level", "TRL", "loss.kind", "'sequence' is 'gspo'"),
+    ForeignKey("use_bias_correction_kl", "TRL", "loss.kl_ratio_weight"),
     ForeignKey("sapo_temperature_pos", "TRL", "loss.sapo_tau_pos"),
     ForeignKey("off_policy_mask_threshold", "TRL", "loss.off_policy_mask_threshold",
                "ours reads the mean log-ratio over each row's trained tokens, per token's advantage sign"),

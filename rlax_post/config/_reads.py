@@ -212,7 +212,7 @@ READS: tuple[tuple[tuple[str, ...], When], ...] = (
     (("loss.cispo_eps_low", "loss.cispo_eps_high"), _loss_kind_is("cispo")),
     (("loss.sapo_tau_pos", "loss.sapo_tau_neg"), _loss_kind_is("sapo")),
     (("loss.behaviour_cap", "loss.behaviour_level", "loss.behaviour_mode"), _loss_kind_is("decoupled_ppo")),
-    (("loss.kl_kind",), _KL),
+    (("loss.kl_kind", "loss.kl_ratio_weight"), _KL),
     (("critic",), _CRITIC),
     (("critic.warmup_steps",), _POLICY_CRITIC),  # (Iterative PPO's Q fits apart from the policy's steps)
     # (Iterative PPO's Q keeps its rate after its warm-up: its schedule never decays, `_rounds.QFunction`)

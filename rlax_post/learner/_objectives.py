@@ -124,11 +124,17 @@ class PolicyTerms:
     off_policy_threshold: δ ≥ 0 of DeepSeek-V3.2's off-policy sequence mask
       on the policy term (`losses.off_policy_sequence_mask`; the batch then
       needs `behaviour_logprobs`), or None: no mask.
+    kl_ratio_weight: DeepSeek-V3.2's unbiased KL estimate: each token's KL
+      term times π_θ/π_old (the policy term's old policy, stopped; the ratio
+      carries the gradient), so that with k1 or k3 its expectation over the
+      old policy's samples is KL(π_θ‖π_ref) and its gradient that KL's, with
+      no bias however far π_θ has moved (TRL's `use_bias_correction_kl`).
   """
   kl_coef: float = 0.0
   kl_kind: str = 'k3'
   entropy_coef: float = 0.0
   off_policy_threshold: float | None = None
+  kl_ratio_weight: bool = False
 
   def __post_init__(self):
     # Fail at build time, not at the first trace.
@@ -206,6 +212,8 @@ def _policy_objective(
       ref_logp_bt = _per_token(batch, 'ref_logprobs', weights_bt,
                                jax.lax.stop_gradient(logp_bt))
       kl_bt = losses.kl_penalty(logp_bt, ref_logp_bt, kind=kl_kind)
+      if terms.kl_ratio_weight:  # (on-policy the ratio is 1 with the gradient of log π_θ)
+        kl_bt = kl_bt * jnp.exp(logp_bt - _advantages_and_old(batch, weights_bt, logp_bt)[1])
       if kl_coef == 0:
         kl_bt = jax.lax.stop_gradient(kl_bt)
       kl = losses.weighted_sum(kl_bt, weights_bt)

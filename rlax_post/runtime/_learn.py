@@ -41,7 +41,8 @@ def make_objective(section: config_lib.LossSection, logprob_fn, kind: str | None
   kind = section.kind if kind is None else kind
   common = dict(terms=learner.PolicyTerms(kl_coef=section.kl_coef, kl_kind=section.kl_kind,
                                          entropy_coef=section.entropy_coef,
-                                         off_policy_threshold=section.off_policy_mask_threshold))
+                                         off_policy_threshold=section.off_policy_mask_threshold,
+                                         kl_ratio_weight=section.kl_ratio_weight))
   factories = {
       "ppo": lambda: learner.ppo_objective(logprob_fn, eps_low=section.eps_low, eps_high=section.eps_high,
                                            dual_clip=section.dual_clip, **common),
