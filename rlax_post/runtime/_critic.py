@@ -254,7 +254,8 @@ class CriticScores:
     shardings = _parts.param_shardings(like, parts.mesh, parts.rules)
     self.subscriber = exchange.ParamSubscriber(os.path.join(workdir, CRITIC_PARAMS_DIR), params_like=like,
                                                shardings=shardings, reader_id=reader_id)
-    self.service = sampler.ScoreService(model_cfg, graphdef, mesh=parts.mesh, rules=parts.rules,
+    # Scored as the engines decode: 'length' unsplit (its buckets' widths need not divide a sequence split).
+    self.service = sampler.ScoreService(model_cfg, graphdef, mesh=parts.mesh, rules=_parts.decode_rules(parts.rules),
                                         tokenizer=parts.tokenizer, max_len=parts.lengths.sequence,
                                         max_batch=max_batch)
     self.loss = parts.cfg.critic.loss  # `bce`: the head is a logit, its prediction σ(logit)
