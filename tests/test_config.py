@@ -262,6 +262,22 @@ def test_rounds_with_the_oracle_reads_no_critic():
     config.load(rounds)
 
 
+def test_an_adaptive_kl_horizon_that_would_take_beta_to_zero_is_refused():
+  """β·(1 − 0.2·rows/horizon) after a batch under the target: the demo's 8 × 8 = 64 rows over a horizon of 12
+  would take β below 0 (and at 0 it never moves again); 13 keeps it positive."""
+  run = {"rl": {"prompts_per_step": 8, "samples_per_prompt": 8},
+         "advantage": {"reward_kl_coef": 0.05, "reward_kl_target": 0.02, "reward_kl_horizon": 12}}
+  with pytest.raises(ValueError, match=r"advantage.reward_kl_horizon = 12 with a step's 64 rows: the adaptive "
+                     r"controller's .* takes β to 0 or below .*; use a horizon above 12 "):
+    config.load(run)
+  run["advantage"]["reward_kl_horizon"] = 13
+  assert config.load(run).advantage.reward_kl_horizon == 13
+  run["advantage"].update(reward_kl_horizon=12, reward_kl_target=0.0)  # fixed β: the horizon is not read
+  with pytest.raises(ValueError, match=r"`advantage.reward_kl_horizon` = 12 \(default 10000\): read only with "
+                     r"advantage.reward_kl_target > 0"):
+    config.load(run)
+
+
 def test_a_critic_warm_up_as_long_as_the_run_is_refused():
   run = {"advantage": {"estimator": "gae"}, "rl": {"steps": 3}, "critic": {"warmup_steps": 3}}
   with pytest.raises(ValueError, match=r"critic.warmup_steps = 3 trains the critic alone for the first 3 RL steps, "

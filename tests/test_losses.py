@@ -213,6 +213,10 @@ def test_adaptive_kl_coef_hand_values(kl, expected):
 def test_adaptive_kl_coef_bad_settings():
   with pytest.raises(ValueError, match=r'target > 0 and horizon > 0; got target=0.0, horizon=10'):
     losses.adaptive_kl_coef(0.1, 0.1, target=0.0, rows=4, horizon=10)
+  # 50 rows over a horizon of 10: a batch with no KL would give β·(1 − 0.2·5) = 0, and β never moves again.
+  with pytest.raises(ValueError, match=r'rows < 5 \* horizon, so that β stays > 0; got rows=50, horizon=10'):
+    losses.adaptive_kl_coef(0.1, 0.0, target=0.1, rows=50, horizon=10)
+  assert float(losses.adaptive_kl_coef(0.1, 0.0, target=0.1, rows=49, horizon=10)) > 0
 
 
 # Row lengths 3, 1, 0: N = 4 tokens, S = 2 non-empty rows.

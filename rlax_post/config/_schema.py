@@ -421,7 +421,9 @@ class AdvantageSection:
   # KL (its rows' mean per-token kl_t) near this target: β·(1 + clip(kl/target − 1, ±0.2)·rows/horizon) (verl's
   # kl_ctrl.type 'adaptive', OpenRLHF's --kl_target); β is then run state, checkpointed and resumed. 0: fixed β.
   reward_kl_target: float = bounded(0.0, low=0.0)
-  reward_kl_horizon: int = bounded(10000, low=1)  # rows; the adaptive controller's horizon
+  # rows; the adaptive controller's horizon, above a fifth of a step's rows (or a batch under the target would take
+  # β to 0 or below: refused).
+  reward_kl_horizon: int = bounded(10000, low=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -667,10 +669,7 @@ class Config:
       raise ValueError(f"advantage.c3_mode = {self.advantage.c3_mode!r} scores nodes with a Q-critic of success "
                        "in [0, 1]: set critic.mode = 'separate' and critic.loss = 'bce' (got "
                        f"{self.critic.mode!r}, {self.critic.loss!r}), or use c3_mode = 'reward_only'.")
-    if self.advantage.reward_kl_coef > 0 and self.advantage.estimator == "gae" and self.critic.loss == "bce":
-      raise ValueError("advantage.reward_kl_coef > 0 with advantage.estimator = 'gae' and critic.loss = 'bce': the KL "
-                       "penalty's token rewards take GAE's returns out of bce's [0, 1] targets; use critic.loss = "
-                       "'mse', 'clipped' or 'huber'.")
+    self._check_reward_kl(rollouts)
     self._check_signal()
     self._check_keep_best()
     if self.runtime.sampler_slots and self.runtime.sampler_slots < self.rl.samples_per_prompt:
@@ -685,6 +684,22 @@ class Config:
       check_batches(self, sizes, sampling=False, evaluating=False)
     check_reads(self)  # last: a setting's own checks above name it better than 'not read'
 
+
+  def _check_reward_kl(self, rows: int):
+    """The KL in the reward (`advantage.reward_kl_*`) with what it feeds: GAE's bce critic, and the adaptive
+    controller's step over a batch of `rows` rows."""
+    adv = self.advantage
+    if adv.reward_kl_coef > 0 and adv.estimator == "gae" and self.critic.loss == "bce":
+      raise ValueError("advantage.reward_kl_coef > 0 with advantage.estimator = 'gae' and critic.loss = 'bce': the KL "
+                       "penalty's token rewards take GAE's returns out of bce's [0, 1] targets; use critic.loss = "
+                       "'mse', 'clipped' or 'huber'.")
+    # β·(1 − 0.2·rows/horizon) after a batch under the target: 0 or below once rows ≥ 5·horizon.
+    if adv.reward_kl_coef > 0 and adv.reward_kl_target > 0 and rows >= 5 * adv.reward_kl_horizon:
+      raise ValueError(f"advantage.reward_kl_horizon = {adv.reward_kl_horizon} with a step's {rows} rows: the "
+                       f"adaptive controller's β·(1 + clip(kl/target − 1, ±0.2)·{rows}/{adv.reward_kl_horizon}) "
+                       "takes β to 0 or below after one batch under advantage.reward_kl_target (at 0 it stays 0; "
+                       f"below it the reward pays for KL); use a horizon above {rows // 5} (verl's and OpenRLHF's "
+                       "default: 10000).")
 
   def _check_keep_best(self):
     """`checkpoint.keep_best` ranks checkpoints by the held-out evaluation of their own step: every checkpointed

@@ -69,12 +69,16 @@ def adaptive_kl_coef(
     kl: the batch's measured KL (its rows' mean of their tokens' mean kl_t, as verl and OpenRLHF feed it).
     target: the KL aimed at, > 0.
     rows: the batch's rows (verl's and OpenRLHF's `n_steps`).
-    horizon: rows over which a constant error multiplies β by about e^{±0.2}.
+    horizon: rows over which a constant error multiplies β by about e^{±0.2}; more than rows / 5, or one
+      batch under the target would take β to 0 or below.
 
   Returns:
     The next β, a float32 scalar.
   """
   if target <= 0 or horizon <= 0:
     raise ValueError(f'adaptive_kl_coef needs target > 0 and horizon > 0; got target={target}, horizon={horizon}')
+  if rows >= 5 * horizon:  # 1 − 0.2·rows/horizon ≤ 0: a batch under the target would take β to 0 or below
+    raise ValueError(f'adaptive_kl_coef needs rows < 5 * horizon, so that β stays > 0; got rows={rows}, '
+                     f'horizon={horizon}')
   error = jnp.clip(jnp.asarray(kl, jnp.float32) / target - 1.0, -0.2, 0.2)
   return jnp.asarray(coef, jnp.float32) * (1.0 + error * rows / horizon)
