@@ -65,12 +65,14 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
                "ours reads the mean log-ratio over each row's trained tokens, per token's advantage sign"),
     ForeignKey("sapo_temperature_neg", "TRL", "loss.sapo_tau_neg"),
     ForeignKey("vllm_importance_sampling_correction", "TRL", "loss.kind",
-               "True is 'decoupled_ppo': each token's weight min(pi_old / pi_sampler, loss.behaviour_cap) is its "
-               "truncated importance sampling"),
-    ForeignKey("vllm_importance_sampling_cap", "TRL", "loss.behaviour_cap"),
+               "True (theirs by default with vLLM) is 'decoupled_ppo', weighting by pi_old / pi_sampler; their "
+               "default mode and cap ('sequence_mask', 3.0) are loss.behaviour_level 'sequence', "
+               "loss.behaviour_mode 'mask', loss.behaviour_cap 3.0, ours 'token', 'truncate', 2.0"),
+    ForeignKey("vllm_importance_sampling_cap", "TRL", "loss.behaviour_cap", "theirs 3.0 by default, ours 2.0"),
     ForeignKey("vllm_importance_sampling_mode", "TRL", "loss.behaviour_level",
                "'token_truncate' is loss.behaviour_level 'token' with loss.behaviour_mode 'truncate'; 'token_mask', "
-               "'sequence_truncate' and 'sequence_mask' likewise"),
+               "'sequence_truncate' and 'sequence_mask' likewise; theirs is 'sequence_mask' by default, ours "
+               "'token' and 'truncate'"),
     ForeignKey("reward_funcs", "TRL", "reward.fn", "a GRPOTrainer argument; here a config key, names comma-separated"),
     ForeignKey("reward_weights", "TRL", "reward.weights"),
     ForeignKey("max_steps", "TRL", "rl.steps"),

@@ -29,9 +29,9 @@ def behaviour_weights(
   product's per-token geometric mean ('geometric': exp(Σ_t m_t·d_t / Σ_t m_t)),
   the last two the same for every token of a row. `mode` 'truncate' keeps
   min(r, cap) (truncated IS: V-trace, TIS); 'mask' keeps r where r ≤ cap and
-  0 above it (masked IS: AReaL's drop, MIS). TRL's
-  `vllm_importance_sampling_mode` and verl's rollout correction name the same
-  six combinations.
+  0 above it (masked IS: AReaL's drop, MIS). verl's rollout correction
+  (`rollout_is_level`, `rollout_is_mode`) names the same six combinations,
+  TRL's `vllm_importance_sampling_mode` the four of 'token' and 'sequence'.
 
   Args:
     prox_logp_bt: [B, T] log-probabilities under the proximal (learner's) policy.
