@@ -636,6 +636,8 @@ def test_every_foreign_name_points_at_one_of_our_keys_and_is_suggested():
      "'constant' or 'cosine', as ours), <critic.optimizer.warmup_steps> or <rl.optimizer.warmup_steps>?"),
     ("advantage.kl_penalty", "did you mean <advantage.reward_kl_kind> (verl's algorithm.kl_penalty: 'kl' is 'k1', "
      "'mse' is 'k2', 'low_var_kl' is 'k3' (clamped to [-10, 10] there); 'abs' and 'full' have none)?"),
+    # (verl has SAPO too: its temperatures are the actor's)
+    ("actor_rollout_ref.actor.tau_neg", "did you mean <loss.sapo_tau_neg> (verl's actor_rollout_ref.actor.tau_neg)?"),
     # (TRL's importance sampling defaults are not ours: its note says so)
     ("vllm_importance_sampling_cap", "did you mean <loss.behaviour_cap> (TRL's vllm_importance_sampling_cap: theirs "
      "3.0 by default, ours 2.0)?"),

@@ -145,7 +145,11 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
                "the groups that come"),
     ForeignKey("algorithm.norm_adv_by_std_in_grpo", "verl", "advantage.estimator", "False is 'drgrpo'"),
     ForeignKey(_ACTOR + "policy_loss.loss_mode", "verl", "loss.kind",
-               "'vanilla' is 'ppo', 'gspo' is 'gspo'; ours also has 'cispo', 'sapo' and 'decoupled_ppo'"),
+               "'vanilla' is 'ppo'; 'gspo', 'cispo' and 'sapo' are ours of the same name (with 'cispo' their "
+               "clip_ratio_low / _high are loss.cispo_eps_low / _high); ours also has 'decoupled_ppo' (their "
+               "algorithm.rollout_is)"),
+    ForeignKey(_ACTOR + "tau_pos", "verl", "loss.sapo_tau_pos"),
+    ForeignKey(_ACTOR + "tau_neg", "verl", "loss.sapo_tau_neg"),
     ForeignKey("algorithm.rollout_is", "verl", "loss.kind",
                "True is 'decoupled_ppo': its weights multiply the clipped loss around the recomputed old policy, as "
                "verl's"),
