@@ -80,6 +80,20 @@ def test_sapo_gates_each_tokens_gradient_smoothly_by_its_ratio():
   with pytest.raises(ValueError, match='tau_pos and tau_neg must be > 0; got 0.0, 1.05'):
     losses.sapo(logp, old, adv, tau_pos=0.0, tau_neg=1.05)
 
+
+def test_sapo_of_a_huge_ratio_has_a_zero_gradient_not_nan():
+  """A token the old policy gave e^-100 and the current one e^-1 (log-ratio 99: r overflows float32): its gate is
+  0, so its gradient is 0 and its loss −(4/τ)·A; it was 0·inf = NaN, which skipped the whole update."""
+  logp = jnp.array([[-1.0, -1.0, -0.5]])
+  old = jnp.array([[-100.0, -100.0, -0.5]])
+  adv = jnp.array([[1.0, -1.0, 1.0]])
+  fn = lambda lp: losses.sapo(lp, old, adv, tau_pos=1.0, tau_neg=1.05)
+  loss, gate = fn(logp)
+  grad = jax.grad(lambda lp: fn(lp)[0].sum())(logp)
+  np.testing.assert_array_equal(grad, [[0.0, 0.0, -1.0]])
+  np.testing.assert_allclose(loss, [[-4.0, 4.0 / 1.05, -2.0]], rtol=1e-6)
+  np.testing.assert_array_equal(gate, [[0.0, 0.0, 1.0]])
+
 # (ratio, advantage) cases with eps_low = 0.2, eps_high = 0.28, and the
 # expected loss / clipped flag / d loss / d logp, without and with dual clip 3.
 _PPO_CASES = [

@@ -6,6 +6,9 @@ import jax
 import jax.numpy as jnp
 
 
+_MAX_LOG_RATIO = 20.0
+
+
 def sapo(
     logp_bt: jax.Array,
     old_logp_bt: jax.Array,
@@ -40,7 +43,10 @@ def sapo(
   if not (tau_pos > 0 and tau_neg > 0):
     raise ValueError(f'tau_pos and tau_neg must be > 0; got {tau_pos}, {tau_neg}')
   adv_bt = jax.lax.stop_gradient(jnp.asarray(adv_bt, jnp.float32))
-  ratio_bt = jnp.exp(jnp.asarray(logp_bt, jnp.float32) - jax.lax.stop_gradient(jnp.asarray(old_logp_bt, jnp.float32)))
+  log_ratio_bt = jnp.asarray(logp_bt, jnp.float32) - jax.lax.stop_gradient(jnp.asarray(old_logp_bt, jnp.float32))
+  # Bounded as verl's: past e^20 the gate is 0 in float32 (for any τ ≥ 1e-6), while e^89 overflows and the
+  # gradient 4σ(1 − σ)·r would be 0·inf = NaN, skipping the whole update.
+  ratio_bt = jnp.exp(jnp.minimum(log_ratio_bt, _MAX_LOG_RATIO))
   tau_bt = jnp.where(adv_bt > 0, jnp.float32(tau_pos), jnp.float32(tau_neg))
   sig_bt = jax.nn.sigmoid(tau_bt * (ratio_bt - 1.0))
   gate_bt = jax.lax.stop_gradient(4.0 * sig_bt * (1.0 - sig_bt))
