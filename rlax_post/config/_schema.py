@@ -367,7 +367,8 @@ class LossSection:
   track_kl: bool = False
   kl_kind: str = choices(*KL_KINDS)
   # DeepSeek-V3.2's unbiased KL estimate (TRL's use_bias_correction_kl): each token's KL term weighted by
-  # π_θ/π_old, unbiased in value and gradient with k1 and k3 however far the updates move π_θ from π_old.
+  # π_θ/π_old, each token's KL at its prefix unbiased in value and gradient with k1 and k3 however far the updates
+  # move π_θ from π_old.
   kl_ratio_weight: bool = False
   entropy_coef: float = bounded(0.0, low=0.0)
   agg_mode: str = choices(*AGG_MODES)

@@ -127,8 +127,10 @@ class PolicyTerms:
     kl_ratio_weight: DeepSeek-V3.2's unbiased KL estimate: each token's KL
       term times π_θ/π_old (the policy term's old policy, stopped; the ratio
       carries the gradient), so that with k1 or k3 its expectation over the
-      old policy's samples is KL(π_θ‖π_ref) and its gradient that KL's, with
-      no bias however far π_θ has moved (TRL's `use_bias_correction_kl`).
+      old policy's samples is each token's KL(π_θ‖π_ref) at its prefix and
+      its gradient that KL's, with no bias however far π_θ has moved (TRL's
+      `use_bias_correction_kl`). No behaviour weight (`decoupled_ppo`'s)
+      multiplies it.
   """
   kl_coef: float = 0.0
   kl_kind: str = 'k3'
