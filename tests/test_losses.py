@@ -224,6 +224,15 @@ def test_adaptive_kl_coef_hand_values(kl, expected):
   np.testing.assert_allclose(float(got), expected, rtol=1e-6)
 
 
+def test_adaptive_kl_coef_keeps_beta_after_a_nan_kl():
+  """A batch whose KL is NaN (its scoring overflowed) leaves β: β·(1 + NaN) was NaN, kept in the run's state and
+  checkpoints, so every later batch's rewards were NaN. An infinite KL is only over the target: +20 %."""
+  got = losses.adaptive_kl_coef(jnp.float32(0.1), jnp.float32(np.nan), target=0.1, rows=10, horizon=10)
+  assert float(got) == pytest.approx(0.1)
+  got = losses.adaptive_kl_coef(jnp.float32(0.1), jnp.float32(np.inf), target=0.1, rows=10, horizon=10)
+  assert float(got) == pytest.approx(0.12)
+
+
 def test_adaptive_kl_coef_bad_settings():
   with pytest.raises(ValueError, match=r'target > 0 and horizon > 0; got target=0.0, horizon=10'):
     losses.adaptive_kl_coef(0.1, 0.1, target=0.0, rows=4, horizon=10)

@@ -62,7 +62,8 @@ def adaptive_kl_coef(
     β' = β · (1 + clip(kl / target − 1, −0.2, 0.2) · rows / horizon)
 
   β grows while the batch's KL is above `target` and shrinks while below, by at most 20 % of rows / horizon
-  per batch (verl's `kl_ctrl.type: adaptive`, OpenRLHF's `--kl_target`).
+  per batch (verl's `kl_ctrl.type: adaptive`, OpenRLHF's `--kl_target`). A NaN `kl` leaves β as it was
+  (theirs would turn NaN, and every later batch's rewards with it).
 
   Args:
     coef: the coefficient β the batch was penalised with (a scalar).
@@ -80,5 +81,7 @@ def adaptive_kl_coef(
   if rows >= 5 * horizon:  # 1 − 0.2·rows/horizon ≤ 0: a batch under the target would take β to 0 or below
     raise ValueError(f'adaptive_kl_coef needs rows < 5 * horizon, so that β stays > 0; got rows={rows}, '
                      f'horizon={horizon}')
-  error = jnp.clip(jnp.asarray(kl, jnp.float32) / target - 1.0, -0.2, 0.2)
-  return jnp.asarray(coef, jnp.float32) * (1.0 + error * rows / horizon)
+  kl, coef = jnp.asarray(kl, jnp.float32), jnp.asarray(coef, jnp.float32)
+  error = jnp.clip(kl / target - 1.0, -0.2, 0.2)
+  # A NaN KL (a batch whose scoring overflowed) leaves β: it is run state, where a NaN would stay for good.
+  return jnp.where(jnp.isnan(kl), coef, coef * (1.0 + error * rows / horizon))
