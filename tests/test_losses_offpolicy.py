@@ -258,8 +258,11 @@ def test_off_policy_sequence_mask_hand_values():
   np.testing.assert_array_equal(keep_bt, [[0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
   keep_hi = losses.off_policy_sequence_mask(logp_bt, behav_bt, adv_bt, mask_bt, threshold=0.4)  # 0.4 is not > 0.4
   np.testing.assert_array_equal(keep_hi, 1.0)
-  with pytest.raises(ValueError, match='threshold must be >= 0; got -0.1'):
-    losses.off_policy_sequence_mask(logp_bt, behav_bt, adv_bt, mask_bt, threshold=-0.1)
+  for bad in (-0.1, 0.0):  # (at 0 rounding alone would drop on-policy rows)
+    with pytest.raises(ValueError, match=f'threshold must be > 0; got {bad}'):
+      losses.off_policy_sequence_mask(logp_bt, behav_bt, adv_bt, mask_bt, threshold=bad)
+  with pytest.raises(ValueError, match='off_policy_threshold must be None or > 0; got 0.0'):
+    PolicyTerms(off_policy_threshold=0.0)
 
 
 def test_decoupled_errors():

@@ -380,10 +380,10 @@ class LossSection:
   # trained tokens whose entropy under the old policy is in the batch's top ρ (`losses.top_entropy_mask`; the
   # paper's 0.2); the others keep their weight in the loss's normaliser and their KL / entropy terms. 1: all.
   top_entropy_quantile: float = bounded(1.0, low=0.0, high=1.0)
-  # DeepSeek-V3.2's off-policy sequence masking (TRL's off_policy_mask_threshold): δ ≥ 0 drops the policy term of a
+  # DeepSeek-V3.2's off-policy sequence masking (TRL's off_policy_mask_threshold): δ > 0 drops the policy term of a
   # negative-advantage token whose row's mean log(π_sampler/π_θ) over its trained tokens, under the current policy
   # in each update, exceeds δ (`losses.off_policy_sequence_mask`); None: off. Any loss.kind.
-  off_policy_mask_threshold: float | None = bounded(None, low=0.0)
+  off_policy_mask_threshold: float | None = bounded(None, low=0.0, low_open=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -121,7 +121,7 @@ class PolicyTerms:
     kl_coef: weight ≥ 0 of the KL penalty kl(logp, ref) (`ref_logprobs`).
     kl_kind: 'k1', 'k2' or 'k3', see `rlax_post.losses.kl_penalty`.
     entropy_coef: weight ≥ 0 of the entropy bonus.
-    off_policy_threshold: δ ≥ 0 of DeepSeek-V3.2's off-policy sequence mask
+    off_policy_threshold: δ > 0 of DeepSeek-V3.2's off-policy sequence mask
       on the policy term (`losses.off_policy_sequence_mask`; the batch then
       needs `behaviour_logprobs`), or None: no mask.
     kl_ratio_weight: DeepSeek-V3.2's unbiased KL estimate: each token's KL
@@ -140,8 +140,8 @@ class PolicyTerms:
 
   def __post_init__(self):
     # Fail at build time, not at the first trace.
-    if self.off_policy_threshold is not None and not self.off_policy_threshold >= 0:
-      raise ValueError(f'off_policy_threshold must be None or >= 0; got {self.off_policy_threshold}')
+    if self.off_policy_threshold is not None and not self.off_policy_threshold > 0:
+      raise ValueError(f'off_policy_threshold must be None or > 0; got {self.off_policy_threshold}')
     if self.kl_kind not in losses.KL_KINDS:
       raise ValueError(f'kl_kind must be one of {list(losses.KL_KINDS)}; got {self.kl_kind!r}')
     if self.kl_coef < 0 or self.entropy_coef < 0:

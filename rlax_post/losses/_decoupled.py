@@ -164,14 +164,15 @@ def off_policy_sequence_mask(
     behav_logp_bt: [B, T] under the sampler's.
     adv_bt: [B, T] advantages.
     mask_bt: [B, T] the trained tokens (> 0), over which a row's mean runs.
-    threshold: δ ≥ 0.
+    threshold: δ > 0 (at 0, the float rounding between two passes of the same
+      policy would drop about half the negative rows at random).
 
   Returns:
     [B, T] float32 0/1 mask (no gradient).
   """
   _check_same_shape_bt(logp_bt=logp_bt, behav_logp_bt=behav_logp_bt, adv_bt=adv_bt, mask_bt=mask_bt)
-  if not threshold >= 0:
-    raise ValueError(f'threshold must be >= 0; got {threshold}')
+  if not threshold > 0:
+    raise ValueError(f'threshold must be > 0; got {threshold}')
   m_bt = (jnp.asarray(mask_bt) > 0).astype(jnp.float32)
   d_bt = jax.lax.stop_gradient(jnp.asarray(behav_logp_bt, jnp.float32) - jnp.asarray(logp_bt, jnp.float32))
   kl_b = (d_bt * m_bt).sum(axis=1) / jnp.maximum(m_bt.sum(axis=1), 1.0)
