@@ -19,6 +19,7 @@ or `functools.partial(models.token_logprobs, graphdef)` for every position.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -226,6 +227,18 @@ def _policy_objective(
   return objective
 
 
+def _token_ratio_objective(logprob_fn: LogprobFn, token_loss, aux_key: str, terms: PolicyTerms) -> Objective:
+  """The policy objective of a per-token loss of (logp, old logp, A): `token_loss(logp_bt, old_bt, adv_bt) ->
+  (loss_bt, x_bt)`, x_bt reported as Σ w·x under `aux_key` (PPO's clip, CISPO, SAPO)."""
+
+  def pg_term(logp_bt, batch, weights_bt):
+    adv_bt, old_logp_bt = _advantages_and_old(batch, weights_bt, logp_bt)
+    pg_bt, x_bt = token_loss(logp_bt, old_logp_bt, adv_bt)
+    return pg_bt, {aux_key: x_bt}
+
+  return _policy_objective(logprob_fn, pg_term, keys=(), terms=terms)
+
+
 def ppo_objective(
     logprob_fn: LogprobFn,
     *,
@@ -258,15 +271,8 @@ def ppo_objective(
   """
   _check_clip(eps_low, eps_high, dual_clip)
 
-  def pg_term(logp_bt, batch, weights_bt):
-    adv_bt, old_logp_bt = _advantages_and_old(batch, weights_bt, logp_bt)
-    pg_bt, clipped_bt = losses.ppo_clip(
-        logp_bt, old_logp_bt, adv_bt, eps_low=eps_low, eps_high=eps_high,
-        dual_clip=dual_clip)
-    return pg_bt, {'clip_frac': clipped_bt}
-
-  return _policy_objective(
-      logprob_fn, pg_term, keys=(), terms=terms)
+  return _token_ratio_objective(logprob_fn, functools.partial(
+      losses.ppo_clip, eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip), 'clip_frac', terms)
 
 
 def gspo_objective(
@@ -335,13 +341,8 @@ def cispo_objective(
   """
   _check_clip(eps_low, eps_high, None)
 
-  def pg_term(logp_bt, batch, weights_bt):
-    adv_bt, old_logp_bt = _advantages_and_old(batch, weights_bt, logp_bt)
-    pg_bt, clipped_bt = losses.cispo(logp_bt, old_logp_bt, adv_bt, eps_low=eps_low, eps_high=eps_high)
-    return pg_bt, {'clip_frac': clipped_bt}
-
-  return _policy_objective(
-      logprob_fn, pg_term, keys=(), terms=terms)
+  return _token_ratio_objective(
+      logprob_fn, functools.partial(losses.cispo, eps_low=eps_low, eps_high=eps_high), 'clip_frac', terms)
 
 
 def sapo_objective(
@@ -362,13 +363,8 @@ def sapo_objective(
   if not (tau_pos > 0 and tau_neg > 0):
     raise ValueError(f'tau_pos and tau_neg must be > 0; got {tau_pos}, {tau_neg}')
 
-  def pg_term(logp_bt, batch, weights_bt):
-    adv_bt, old_logp_bt = _advantages_and_old(batch, weights_bt, logp_bt)
-    pg_bt, gate_bt = losses.sapo(logp_bt, old_logp_bt, adv_bt, tau_pos=tau_pos, tau_neg=tau_neg)
-    return pg_bt, {'sapo_gate': gate_bt}
-
-  return _policy_objective(
-      logprob_fn, pg_term, keys=(), terms=terms)
+  return _token_ratio_objective(
+      logprob_fn, functools.partial(losses.sapo, tau_pos=tau_pos, tau_neg=tau_neg), 'sapo_gate', terms)
 
 
 def decoupled_ppo_objective(
