@@ -138,12 +138,13 @@ def test_an_unrolled_layer_scan_computes_the_scanned_model():
   graphdef_u, params_u = models.init_params(unrolled, jax.random.key(8))
   assert jax.tree.structure(params) == jax.tree.structure(params_u)
   tokens = jax.random.randint(jax.random.key(9), (2, 12), 0, 64)
-  loss = lambda g: lambda p: models.token_logprobs(g, p, tokens)[0].sum()
-  for g in (graphdef, graphdef_u):
-    assert models.forward(g, params, tokens)[0].shape == (2, 12, 64)
-  np.testing.assert_allclose(models.forward(graphdef_u, params, tokens)[0], models.forward(graphdef, params, tokens)[0],
-                             atol=1e-5, rtol=0)
-  grads, grads_u = jax.grad(loss(graphdef))(params), jax.grad(loss(graphdef_u))(params)
+  # Each compiled whole (static graphdef), not run op by op: one program per model and function.
+  forward = jax.jit(lambda g, p: models.forward(g, p, tokens)[0], static_argnums=0)
+  grad = jax.jit(lambda g, p: jax.grad(lambda q: models.token_logprobs(g, q, tokens)[0].sum())(p), static_argnums=0)
+  logits, logits_u = forward(graphdef, params), forward(graphdef_u, params)
+  assert logits.shape == logits_u.shape == (2, 12, 64)
+  np.testing.assert_allclose(logits_u, logits, atol=1e-5, rtol=0)
+  grads, grads_u = grad(graphdef, params), grad(graphdef_u, params)
   for a, b in zip(jax.tree.leaves(grads_u), jax.tree.leaves(grads)):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
