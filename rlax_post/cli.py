@@ -1156,7 +1156,7 @@ def evaluate_line(workdir: str, result: dict) -> str:
     logged = result["logged_eval_reward"]
     logged = "" if logged is None else f"; the run logged {logged:.4f} at this step"
     if logged and result.get("reward_changed"):  # (the two figures come from different reward code)
-      logged += f" with the reward code as it was (changed since: {', '.join(result['reward_changed'])})"
+      logged += f" with the reward code and model as they were (changed since: {', '.join(result['reward_changed'])})"
     note = "" if logged else _reward_note(result)
     return (f"Step {result['step']} of {workdir}: greedy eval reward {result['eval_reward']:.4f} on "
             f"{where}{errors}{parts}{logged}{note}. Each example's prompt, completion and reward: {result['out']}")
@@ -1172,10 +1172,13 @@ def evaluate_line(workdir: str, result: dict) -> str:
 
 
 def _reward_note(result: dict) -> str:
-  """"; the reward code changed since the checkpoint (FILES): ..." where `result["reward_changed"]` names files."""
+  """"; the reward code or model changed since the checkpoint (PATHS): ..." where `result["reward_changed"]` names
+  the reward files and reward model directories."""
   changed = result.get("reward_changed")
-  return f"; the reward code changed since the checkpoint ({', '.join(changed)}): these are the new code's scores" \
-      if changed else ""
+  if not changed:
+    return ""
+  return (f"; the reward code or model changed since the checkpoint ({', '.join(changed)}): these are the new "
+          "reward's scores")
 
 
 def _new_file(path: str, flag: str, example: str = "samples.jsonl") -> str:

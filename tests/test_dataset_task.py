@@ -526,11 +526,13 @@ def test_held_out_rows_whose_reward_failed_are_counted_in_the_eval_scores(tmp_pa
   again = runtime.evaluate_run(workdir, step=2, out=str(tmp_path / "s3.jsonl"))
   assert again["reward_changed"] == [str(tmp_path / "picky.py")]
   assert cli.evaluate_line(workdir, again).endswith(
-      f"the run logged -0.1000 at this step with the reward code as it was (changed since: {tmp_path}/picky.py). "
+      f"the run logged -0.1000 at this step with the reward code and model as they were (changed since: "
+      f"{tmp_path}/picky.py). "
       f"Each example's prompt, completion and reward: {tmp_path}/s3.jsonl")
   # The sampled evaluation, and the greedy one with no logged figure beside it (--num), say it too: their scores
   # are the new code's.
-  note = f"; the reward code changed since the checkpoint ({tmp_path}/picky.py): these are the new code's scores. "
+  note = (f"; the reward code or model changed since the checkpoint ({tmp_path}/picky.py): these are the new "
+          "reward's scores. ")
   sampled = runtime.evaluate_run(workdir, step=2, out=str(tmp_path / "s4.jsonl"),
                                  options=runtime.EvaluateOptions(samples=1))
   assert sampled["reward_changed"] == [str(tmp_path / "picky.py")] and sampled["eval_reward"] == pytest.approx(-0.1)

@@ -19,6 +19,7 @@ from rlax_post import models
 from rlax_post import rewards
 from rlax_post import runtime
 from rlax_post.envs import _reward_model as rm_lib
+from rlax_post.runtime import _checkpoint
 
 import _tiny_hf  # pylint: disable=g-bad-import-order
 
@@ -132,6 +133,16 @@ def test_a_dataset_run_trains_on_the_reward_model(tmp_path):
   step = [r for r in runtime.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if r["phase"] == "rl"][-1]
   assert step["reward_errors"] == 0 and step["reward/reward_model"] == pytest.approx(step["reward_mean"])
   assert step["reward_std"] > 0  # (the samples' texts differ, and so do their scores)
+  # The checkpoint records the reward model's fingerprint beside the reward code's digests; a model retrained in
+  # place (same shapes, other weights) is named as changed, a file beside it that is no weights is not.
+  ckpt = runtime.RunCheckpointer(workdir)
+  recorded = ckpt.read_meta(ckpt.latest_step())["reward_sources"]
+  ckpt.close()
+  assert recorded == {rm: rewards.checkpoint_fingerprint(rm)}
+  (tmp_path / "rm" / "README.md").write_text("notes")
+  assert _checkpoint.changed_reward_sources(recorded, config.load(saved)) == []
+  _reward_model(tmp_path / "rm", seed=1)
+  assert _checkpoint.changed_reward_sources(recorded, config.load(saved)) == [rm]
 
 
 def test_exit_waits_for_the_batch_in_flight_and_starts_none():

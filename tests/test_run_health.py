@@ -120,7 +120,7 @@ def test_some_failed_calls_and_steps_without_signal_are_counted_and_said(tmp_pat
     f.write("# fixed\n")
   capsys.readouterr()
   assert {k: runtime.train(cfg, workdir, resume=True, quiet=True)[k] for k in counts} == counts
-  assert (f"warning: the reward code changed since checkpoint 3 was written ({tmp_path}/r.py): the RL steps from 3 "
+  assert (f"warning: the reward code or model changed since checkpoint 3 was written ({tmp_path}/r.py): the RL steps from 3 "
           "on score with the new code, the ones logged before with the old.") in capsys.readouterr().err.splitlines()
   # The checkpoints written after such a resume record the new code (a later evaluate or resume compared with the
   # run's first until a review): checkpoint 3 removed, the resume from step 2 re-runs step 3 and writes it anew.

@@ -15,6 +15,7 @@ from rlax_post.rewards._scorer import absolute_spec
 from rlax_post.rewards._scorer import load_callable
 from rlax_post.rewards._scorer import Scored
 from rlax_post.rewards._scorer import Scorer
+from rlax_post.rewards._scorer import checkpoint_fingerprint
 from rlax_post.rewards._scorer import source_digests
 from rlax_post.rewards._text import cut_at_stop
 from rlax_post.rewards._text import decode_completions
@@ -40,5 +41,6 @@ __all__ = [
     'parse_number',
     'reference_answer',
     'score_completions',
+    'checkpoint_fingerprint',
     'source_digests',
 ]

@@ -70,6 +70,31 @@ def source_digests(specs: Sequence[str]) -> dict[str, str]:
   return out
 
 
+_FINGERPRINT_BYTES = 1 << 20  # read from each end of a weights file
+
+
+def checkpoint_fingerprint(path: str) -> str:
+  """A sha256 that tells a Hugging Face checkpoint directory's weights apart from another's (a reward model
+  retrained in place) without reading them whole: over its `config.json`, and each weights file's name, size
+  and first and last MiB (a retrained model's first tensors differ there; their headers, which hold shapes
+  only, would not). A run records it beside its reward code's digests (`rewards.source_digests`), so a resume or
+  an evaluation can say the reward model changed since."""
+  digest = hashlib.sha256()
+  for name in sorted(os.listdir(path)):
+    file = os.path.join(path, name)
+    if name == "config.json":
+      with open(file, "rb") as f:
+        digest.update(f.read())
+    elif name.endswith((".safetensors", ".bin")) and os.path.isfile(file):
+      size = os.path.getsize(file)
+      digest.update(f"{name}:{size}".encode())
+      with open(file, "rb") as f:
+        digest.update(f.read(_FINGERPRINT_BYTES))
+        f.seek(max(size - _FINGERPRINT_BYTES, 0))
+        digest.update(f.read(_FINGERPRINT_BYTES))
+  return digest.hexdigest()
+
+
 def _load_module(module: str, spec: str, what: str = "reward"):
   what = what.capitalize()  # (the messages name an environment's spec as such, not as a reward's)
   if _names_file(module):

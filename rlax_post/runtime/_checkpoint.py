@@ -536,10 +536,15 @@ def data_files(cfg: config_lib.Config) -> dict | None:
 
 def reward_sources(cfg: config_lib.Config) -> dict | None:
   """The dataset task's reward code as a checkpoint records it: the sha256 of each user file `reward.fn` names
-  (`rewards.source_digests`), by path; None for the other tasks."""
+  (`rewards.source_digests`), by path, and the fingerprint of the reward model's checkpoint (`reward.model`,
+  `rewards.checkpoint_fingerprint`: a model retrained in place is told apart), by its directory; None for the
+  other tasks."""
   if cfg.task.name != "dataset":
     return None
-  return rewards.source_digests([f for f in cfg.reward.fn.split(",") if f.strip()])
+  sources = rewards.source_digests([f for f in cfg.reward.fn.split(",") if f.strip()])
+  if cfg.reward.model is not None and os.path.isdir(cfg.reward.model):
+    sources[os.path.abspath(cfg.reward.model)] = rewards.checkpoint_fingerprint(cfg.reward.model)
+  return sources
 
 
 def changed_reward_sources(saved: dict | None, cfg: config_lib.Config) -> list[str]:
