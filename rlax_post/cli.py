@@ -1140,8 +1140,8 @@ def evaluate_line(workdir: str, result: dict) -> str:
   """`rlax-post evaluate`'s one line of `runtime.evaluate_run`'s `result`: the step, how it was scored (greedy,
   or K samples at a temperature and seed, with pass@k), the mean reward, on what, the failed reward calls where
   counted, each reward component's mean (over the calls that succeeded), what the run logged (greedy, on the
-  run's whole held-out set), and that the reward code changed since the checkpoint, where it did: beside the
-  logged figure, its code as it was; else the scores are the code's as it is now (`_reward_note`)."""
+  run's whole held-out set), and that the reward code or model changed since the checkpoint, where it did:
+  beside the logged figure, the reward as it was; else the scores are the reward's as it is now (`_reward_note`)."""
   errors = result.get("eval_reward_errors")
   if "samples" in result:
     errors = f" ({errors:.0f} samples scored reward.default: their reward call failed)" if errors else ""
