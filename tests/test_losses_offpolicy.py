@@ -220,6 +220,11 @@ def test_behaviour_weights_hand_values(level, mode, expected):
   over = np.exp(np.asarray({'token': _D, 'sequence': [[0.4] * 4, [1.2] * 4],
                             'geometric': [[0.4 / 3] * 4, [0.3] * 4]}[level])) > 1.5
   np.testing.assert_array_equal(capped_bt, over.astype(np.float32))
+  # A sampler's padding logprob may be NaN or -inf: the trained tokens' weights do not read it.
+  for pad in (np.nan, -np.inf):
+    padded, _ = losses.behaviour_weights(behav_bt + _D, behav_bt.at[0, 3].set(pad), _M, cap=1.5, level=level,
+                                         mode=mode)
+    np.testing.assert_allclose(np.asarray(padded)[_M > 0], np.asarray(expected, np.float32)[_M > 0], rtol=1e-5)
 
 
 def test_behaviour_weights_of_a_long_sequence_stay_finite():
@@ -256,6 +261,9 @@ def test_off_policy_sequence_mask_hand_values():
   mask_bt = jnp.asarray([[1, 1, 1, 0], [1, 1, 1, 1]])
   keep_bt = losses.off_policy_sequence_mask(logp_bt, behav_bt, adv_bt, mask_bt, threshold=0.2)
   np.testing.assert_array_equal(keep_bt, [[0.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+  for pad in (np.nan, np.inf):  # a sampler's padding logprob, unread
+    np.testing.assert_array_equal(losses.off_policy_sequence_mask(
+        logp_bt, behav_bt.at[0, 3].set(pad), adv_bt, mask_bt, threshold=0.2), keep_bt)
   keep_hi = losses.off_policy_sequence_mask(logp_bt, behav_bt, adv_bt, mask_bt, threshold=0.4)  # 0.4 is not > 0.4
   np.testing.assert_array_equal(keep_hi, 1.0)
   for bad in (-0.1, 0.0):  # (at 0 rounding alone would drop on-policy rows)

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from rlax_post.losses._ppo import _check_same_shape_bt
+from rlax_post.losses._ppo import _row_sums
 from rlax_post.losses._ppo import ppo_clip
 
 BEHAVIOUR_LEVELS = ('token', 'sequence', 'geometric')
@@ -54,10 +55,9 @@ def behaviour_weights(
   _check_same_shape_bt(prox_logp_bt=prox_logp_bt, behav_logp_bt=behav_logp_bt, mask_bt=mask_bt)
   d_bt = jax.lax.stop_gradient(jnp.asarray(prox_logp_bt, jnp.float32) - jnp.asarray(behav_logp_bt, jnp.float32))
   if level != 'token':
-    m_bt = (jnp.asarray(mask_bt) > 0).astype(jnp.float32)
-    d_b = (d_bt * m_bt).sum(axis=1)
+    d_b, n_b = _row_sums(d_bt, jnp.asarray(mask_bt) > 0)
     if level == 'geometric':
-      d_b = d_b / jnp.maximum(m_bt.sum(axis=1), 1.0)
+      d_b = d_b / jnp.maximum(n_b, 1.0)
     d_bt = jnp.broadcast_to(d_b[:, None], d_bt.shape)
   log_cap = jnp.log(jnp.float32(cap))
   capped_bt = d_bt > log_cap
@@ -173,8 +173,8 @@ def off_policy_sequence_mask(
   _check_same_shape_bt(logp_bt=logp_bt, behav_logp_bt=behav_logp_bt, adv_bt=adv_bt, mask_bt=mask_bt)
   if not threshold > 0:
     raise ValueError(f'threshold must be > 0; got {threshold}')
-  m_bt = (jnp.asarray(mask_bt) > 0).astype(jnp.float32)
   d_bt = jax.lax.stop_gradient(jnp.asarray(behav_logp_bt, jnp.float32) - jnp.asarray(logp_bt, jnp.float32))
-  kl_b = (d_bt * m_bt).sum(axis=1) / jnp.maximum(m_bt.sum(axis=1), 1.0)
+  kl_b, n_b = _row_sums(d_bt, jnp.asarray(mask_bt) > 0)
+  kl_b = kl_b / jnp.maximum(n_b, 1.0)
   drop_bt = (jnp.asarray(adv_bt) < 0) & (kl_b[:, None] > threshold)
   return jnp.where(drop_bt, 0.0, 1.0).astype(jnp.float32)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from rlax_post.losses._ppo import _row_sums
+
 
 def gspo(
     logp_bt: jax.Array,
@@ -68,10 +70,8 @@ def gspo(
   old_logp_bt = jax.lax.stop_gradient(jnp.asarray(old_logp_bt, jnp.float32))
   adv_b = jax.lax.stop_gradient(jnp.asarray(adv_b, jnp.float32))
 
-  len_b = jnp.sum(valid_bt, axis=1).astype(jnp.float32)
-  # where, not a product with the mask: padding may hold −inf or NaN.
-  log_ratio_bt = jnp.where(valid_bt, logp_bt - old_logp_bt, 0.0)
-  log_ratio_b = jnp.sum(log_ratio_bt, axis=1) / jnp.maximum(len_b, 1.0)
+  log_ratio_b, len_b = _row_sums(logp_bt - old_logp_bt, valid_bt)
+  log_ratio_b = log_ratio_b / jnp.maximum(len_b, 1.0)
   # As in `ppo_clip`: s's values choose the branch, and s stays out of the gradient where the loss is flat
   # in it (clipped, or A = 0), so an s past float32's range cannot make the gradient NaN.
   ratio_b = jnp.exp(jax.lax.stop_gradient(log_ratio_b))

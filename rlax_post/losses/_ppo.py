@@ -13,6 +13,13 @@ def _check_same_shape_bt(**arrays: jax.Array) -> None:
     raise ValueError(f'expected arrays of equal shape [B, T]; got {shapes}')
 
 
+def _row_sums(x_bt: jax.Array, valid_bt: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Each row's sum of `x_bt` [B, T] over its `valid_bt` entries, and their count, [B] float32 each. A `where`,
+  not a product with the mask: an entry outside it may hold −inf or NaN (a sampler's padding logprob)."""
+  sum_b = jnp.sum(jnp.where(valid_bt, jnp.asarray(x_bt, jnp.float32), 0.0), axis=1)
+  return sum_b, jnp.sum(valid_bt, axis=1).astype(jnp.float32)
+
+
 def ppo_clip(
     logp_bt: jax.Array,
     old_logp_bt: jax.Array,
