@@ -57,7 +57,8 @@ FOREIGN_KEYS: tuple[ForeignKey, ...] = (
     ForeignKey("top_entropy_quantile", "TRL", "loss.top_entropy_quantile",
                "its entropies are the current policy's per micro-batch; ours the old policy's over the whole batch"),
     ForeignKey("scale_rewards", "TRL", "advantage.estimator",
-               "True / 'group' is 'grpo', 'batch' is 'grpo' with advantage.scale = 'batch', False / 'none' is 'drgrpo'"),
+               "True / 'group' is 'grpo', 'batch' is 'grpo' with advantage.scale = 'batch', False / 'none' is "
+               "'drgrpo'"),
     ForeignKey("importance_sampling_level", "TRL", "loss.kind", "'sequence' is 'gspo'"),
     ForeignKey("use_bias_correction_kl", "TRL", "loss.kl_ratio_weight"),
     ForeignKey("sapo_temperature_pos", "TRL", "loss.sapo_tau_pos"),

@@ -685,7 +685,6 @@ class Config:
       check_batches(self, sizes, sampling=False, evaluating=False)
     check_reads(self)  # last: a setting's own checks above name it better than 'not read'
 
-
   def _check_reward_kl(self, rows: int):
     """The KL in the reward (`advantage.reward_kl_*`) with what it feeds: GAE's bce critic, and the adaptive
     controller's step over a batch of `rows` rows."""

@@ -223,8 +223,8 @@ class Run:
     _check_resume(meta, self.cfg)  # the step restored (an older one, where the newest is damaged)
     changed = _checkpoint.changed_reward_sources(meta.get("reward_sources"), self.cfg)
     if changed:  # (allowed: a reward fixed mid-run is a reason to resume; the steps from here score with it)
-      self.ui.warn(f"the reward code or model changed since checkpoint {step} was written ({', '.join(changed)}): the RL "
-                   f"steps from {step} on score with the new code, the ones logged before with the old.")
+      self.ui.warn(f"the reward code or model changed since checkpoint {step} was written ({', '.join(changed)}): "
+                   f"the RL steps from {step} on score with the new code, the ones logged before with the old.")
       # The checkpoints from here record the code their steps score with (a later evaluate or resume compares
       # against it, not against the code the run began with).
       meta = {**meta, "reward_sources": _checkpoint.reward_sources(self.cfg)}
